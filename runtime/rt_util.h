@@ -1,0 +1,53 @@
+/*
+ * rt_util: small shared pieces of libkvrt — located error messages, half-float
+ * conversion and checked allocation. Every fallible runtime call reports through an
+ * rt_err: one line "file: reason" (or "file:line:col: reason" where a place exists),
+ * with no trailing newline, written once by the function that detects the problem.
+ */
+#ifndef RT_UTIL_H
+#define RT_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One-line error message buffer. msg is "" while no error happened. */
+typedef struct rt_err {
+	char msg[512];
+} rt_err;
+
+/* printf-style: write a message into err (if err is non-NULL). Returns -1 so callers can
+ * `return rt_err_set(err, ...)`. */
+int rt_err_set(rt_err *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* IEEE-754 binary16 -> binary32, exact for all inputs including subnormals, inf, NaN. */
+float rt_fp16_to_f32(uint16_t h);
+
+/* bfloat16 -> binary32 (exact: bf16 is the top half of an f32). */
+float rt_bf16_to_f32(uint16_t h);
+
+/* malloc/calloc that abort with file:line on out-of-memory; use only for sizes that
+ * were already validated (never for sizes read from untrusted input). */
+void *rt_xmalloc(size_t n, const char *file, int line);
+void *rt_xcalloc(size_t n, size_t sz, const char *file, int line);
+#define RT_MALLOC(n) rt_xmalloc((n), __FILE__, __LINE__)
+#define RT_CALLOC(n, sz) rt_xcalloc((n), (sz), __FILE__, __LINE__)
+
+/* Invariant check that stays on in release builds: prints file:line and aborts. */
+#define RT_ASSERT(c) \
+	((c) ? (void)0 : rt_assert_fail(#c, __FILE__, __LINE__))
+void rt_assert_fail(const char *expr, const char *file, int line)
+	__attribute__((noreturn));
+
+/* Read a whole file into a NUL-terminated heap buffer (caller frees). Fails with
+ * "PATH: reason" on open/read errors. *len receives the byte count (without NUL). */
+char *rt_read_file(const char *path, size_t *len, rt_err *err);
+
+/* 1 if s[0..n) is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF); otherwise 0
+ * and *bad_off receives the byte offset of the first invalid sequence. */
+int rt_utf8_valid(const char *s, size_t n, size_t *bad_off);
+
+/* Wall-clock seconds from a monotonic clock. */
+double rt_now(void);
+
+#endif

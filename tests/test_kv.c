@@ -1,0 +1,186 @@
+/*
+ * test_kv: the KV store (runtime/rt_kv.c). Checks the one-allocation layout, append
+ * semantics (count 1, log_count 0, zeroed statistics), and that eviction by
+ * rt_kv_head_keep is an exact in-place gather of every per-entry array, independently
+ * per (layer, KV head), on grouped-query shapes.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_kv.h"
+
+/* A value that encodes (head, position, dim) so any misplaced copy is detected. */
+static float tag(int head, int pos, int d)
+{
+	return (float)(head * 100000 + pos * 100 + d);
+}
+
+static void fill(rt_kv *kv, int n)
+{
+	float k[64], v[64];
+	for (int l = 0; l < kv->n_layer; l++)
+		for (int g = 0; g < kv->n_kv_head; g++) {
+			int hid = l * kv->n_kv_head + g;
+			rt_kv_head *h = rt_kv_head_at(kv, l, g);
+			for (int p = 0; p < n; p++) {
+				for (int d = 0; d < kv->head_dim; d++) {
+					k[d] = tag(hid, p, d);
+					v[d] = -tag(hid, p, d);
+				}
+				int32_t i = rt_kv_append(kv, h, k, v, p);
+				ck_assert_int_eq(i, p);
+				for (size_t b = 0; b < kv->stat_bytes; b++)
+					h->stats[(size_t)i * kv->stat_bytes + b] = (uint8_t)(p + b);
+			}
+		}
+}
+
+START_TEST(test_init_shapes)
+{
+	/* 9 query / 3 KV heads, as SmolLM2 */
+	rt_kv kv;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_kv_init(&kv, 2, 3, 3, 64, 16, 8, 4, &err), 0);
+	ck_assert_int_eq(kv.group, 3);
+	for (int i = 0; i < 6; i++) {
+		ck_assert_int_eq(kv.heads[i].n, 0);
+		ck_assert_int_eq(kv.heads[i].cap, 16);
+		ck_assert_uint_eq((uintptr_t)kv.heads[i].k % 64, 0);
+	}
+	/* bytes per entry: 2 × 64 f32 + pos + count + log_count + span + 8 stat bytes */
+	ck_assert_uint_eq(rt_kv_entry_bytes(&kv), 2 * 64 * 4 + 4 + 4 + 4 + 2 + 8);
+	ck_assert_int_eq(rt_kv_entries(&kv), 0);
+	rt_kv_free(&kv);
+}
+END_TEST
+
+START_TEST(test_init_rejects_bad_shapes)
+{
+	rt_kv kv;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_kv_init(&kv, 0, 3, 3, 64, 16, 0, 0, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "invalid shape"));
+	ck_assert_int_eq(rt_kv_init(&kv, 2, 3, 3, 64, -5, 0, 0, &err), -1);
+	ck_assert_int_eq(rt_kv_init(&kv, 30, 3, 3, 64, 2000000000, 0, 0, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "kv:"));
+	rt_kv_free(&kv); /* safe on a failed init */
+}
+END_TEST
+
+START_TEST(test_append_defaults)
+{
+	rt_kv kv;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_kv_init(&kv, 1, 1, 4, 8, 4, 3, 0, &err), 0); /* 4/1 group */
+	fill(&kv, 3);
+	rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
+	ck_assert_int_eq(h->n, 3);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(h->pos[i], i);
+		ck_assert_float_eq(h->count[i], 1.0f);
+		ck_assert_float_eq(h->log_count[i], 0.0f);
+		ck_assert_int_eq(h->span[i], 0);
+		ck_assert_float_eq(h->k[i * 8 + 5], tag(0, i, 5));
+	}
+	ck_assert_int_eq(rt_kv_entries(&kv), 3);
+	ck_assert_int_eq(rt_kv_bytes_used(&kv), 3 * (int64_t)rt_kv_entry_bytes(&kv));
+	rt_kv_free(&kv);
+}
+END_TEST
+
+/* Each head keeps a different set; every array must follow its entry. */
+START_TEST(test_keep_gathers_per_head)
+{
+	rt_kv kv;
+	rt_err err = {0};
+	const int n = 10, hd = 16;
+	ck_assert_int_eq(rt_kv_init(&kv, 2, 3, 3, hd, n, 5, 0, &err), 0);
+	fill(&kv, n);
+	static const int32_t sets[6][10] = {
+		{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, /* keep all */
+		{0, 9},                         /* first and last */
+		{3, 4, 5},
+		{1, 3, 5, 7, 9},
+		{8},
+		{0, 2, 4, 6},
+	};
+	static const int nk[6] = {10, 2, 3, 5, 1, 4};
+	for (int hid = 0; hid < 6; hid++) {
+		rt_kv_head *h = &kv.heads[hid];
+		h->count[sets[hid][0]] = 3.0f; /* a prototype: count and log travel together */
+		h->log_count[sets[hid][0]] = logf(3.0f);
+		h->span[sets[hid][nk[hid] - 1]] = 7;
+		rt_kv_head_keep(&kv, h, sets[hid], nk[hid]);
+	}
+	int64_t total = 0;
+	for (int hid = 0; hid < 6; hid++) {
+		rt_kv_head *h = &kv.heads[hid];
+		ck_assert_int_eq(h->n, nk[hid]);
+		total += nk[hid];
+		for (int j = 0; j < nk[hid]; j++) {
+			int p = sets[hid][j];
+			ck_assert_int_eq(h->pos[j], p);
+			for (int d = 0; d < hd; d++) {
+				ck_assert_float_eq(h->k[j * hd + d], tag(hid, p, d));
+				ck_assert_float_eq(h->v[j * hd + d], -tag(hid, p, d));
+			}
+			for (int b = 0; b < 5; b++)
+				ck_assert_int_eq(h->stats[j * 5 + b], (uint8_t)(p + b));
+		}
+		ck_assert_float_eq(h->count[0], 3.0f);
+		ck_assert_float_eq_tol(h->log_count[0], logf(3.0f), 1e-7);
+		ck_assert_int_eq(h->span[nk[hid] - 1], 7);
+	}
+	ck_assert_int_eq(rt_kv_entries(&kv), total);
+	rt_kv_free(&kv);
+}
+END_TEST
+
+/* Appending after an eviction reuses the freed slots: capacity bounds the memory. */
+START_TEST(test_append_after_keep)
+{
+	rt_kv kv;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_kv_init(&kv, 1, 4, 1, 4, 4, 0, 8, &err), 0); /* 4/4: plain MHA */
+	fill(&kv, 4);
+	rt_kv_head *h = rt_kv_head_at(&kv, 0, 2);
+	memset(h->state, 0xab, 8);
+	int32_t keep[] = {1, 3};
+	rt_kv_head_keep(&kv, h, keep, 2);
+	float k[4] = {1, 2, 3, 4}, v[4] = {5, 6, 7, 8};
+	ck_assert_int_eq(rt_kv_append(&kv, h, k, v, 4), 2);
+	ck_assert_int_eq(rt_kv_append(&kv, h, k, v, 5), 3);
+	ck_assert_int_eq(h->pos[0], 1);
+	ck_assert_int_eq(h->pos[1], 3);
+	ck_assert_int_eq(h->pos[3], 5);
+	ck_assert_float_eq(h->v[3 * 4 + 2], 7.0f);
+	rt_kv_reset(&kv);
+	ck_assert_int_eq(rt_kv_entries(&kv), 0);
+	ck_assert_int_eq(h->state[5], 0);
+	rt_kv_free(&kv);
+}
+END_TEST
+
+static Suite *kv_suite(void)
+{
+	Suite *s = suite_create("kv");
+	TCase *tc = tcase_create("store");
+	tcase_add_test(tc, test_init_shapes);
+	tcase_add_test(tc, test_init_rejects_bad_shapes);
+	tcase_add_test(tc, test_append_defaults);
+	tcase_add_test(tc, test_keep_gathers_per_head);
+	tcase_add_test(tc, test_append_after_keep);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(kv_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
