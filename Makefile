@@ -13,7 +13,7 @@ PREFIX     ?= /usr/local
 MODEL_DIR  ?= models
 MODEL      ?= $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 # Debian packages the build and tests need (installed by `make deps` when missing).
-DEB_PKGS   := flex bison check libsubunit-dev libopenblas-dev libpcre2-dev pkg-config python3 python3-pip
+DEB_PKGS   := flex bison check libsubunit-dev libopenblas-dev libpcre2-dev pkg-config
 
 ifeq ($(SAN),1)
 B          := build-asan
@@ -60,6 +60,8 @@ help:
 ## deps: apt-get install the Debian packages the build needs (only those missing)
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v python3 >/dev/null 2>&1 || missing="$$missing python3"; \
+	{ command -v pip3 || command -v pip || python3 -m pip --version; } >/dev/null 2>&1 || missing="$$missing python3-pip"; \
 	if [ -n "$$missing" ]; then \
 	  echo "deps: installing$$missing"; \
 	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \

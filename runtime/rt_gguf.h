@@ -112,4 +112,21 @@ const rt_gguf_tensor *rt_gguf_find_tensor(const rt_gguf *g, const char *name);
 /* Name of a ggml type id ("Q4_1"), or "unknown". */
 const char *rt_ggml_type_name(uint32_t type);
 
+/* Block geometry of any ggml type the container knows (ggml.c type_traits), decodable
+ * or not: *blck values per block, *bytes bytes per block. Returns 0, or -1 for an
+ * unknown type id. */
+int rt_ggml_type_size(uint32_t type, uint32_t *blck, uint32_t *bytes);
+
+/* Name of a metadata value type ("u32", "string"), or "unknown". */
+const char *rt_gguf_vtype_name(uint32_t type);
+
+/* Alignment of the data section in bytes (general.alignment, default 32) and the file
+ * offset where the data section starts. */
+uint32_t rt_gguf_alignment(const rt_gguf *g);
+uint64_t rt_gguf_data_offset(const rt_gguf *g);
+
+/* Element i of a string-array kv; {NULL, 0} when kv is not a string array or i >= arr_n.
+ * (Elements of numeric arrays sit unaligned in the mapping at arr_data: memcpy them.) */
+rt_gguf_str rt_gguf_arr_str(const rt_gguf_kv *kv, uint64_t i);
+
 #endif

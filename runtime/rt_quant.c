@@ -187,10 +187,10 @@ static void deq_q6_k(const uint8_t *x, float *y, int64_t nb)
 				const int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
 				const int q3 = (int)((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
 				const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-				y[l + 0] = d * sc[is + 0] * q1;
-				y[l + 32] = d * sc[is + 2] * q2;
-				y[l + 64] = d * sc[is + 4] * q3;
-				y[l + 96] = d * sc[is + 6] * q4;
+				y[l + 0] = d * (float)sc[is + 0] * (float)q1;
+				y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+				y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+				y[l + 96] = d * (float)sc[is + 6] * (float)q4;
 			}
 			y += 128;
 			ql += 64;

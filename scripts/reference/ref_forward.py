@@ -104,12 +104,37 @@ def rope(x, pos, base, mode="normal"):
 	return out
 
 
+def _q8_act(x, block=32):
+	"""ggml's activation quantisation before a quantised matmul (Q8_0/Q8_1 block of
+	32: d = max|x| / 127 stored as f16, q = round(x / d)); returns the dequantised
+	float32 values f16(d) * q that llama.cpp's integer dot products effectively use."""
+	shp = x.shape
+	b = x.reshape(-1, shp[-1] // block, block).astype(np.float32)
+	amax = np.max(np.abs(b), axis=-1, keepdims=True)
+	d = amax / np.float32(127.0)
+	inv = np.where(d > 0, np.float32(1.0) / np.where(d > 0, d, 1), 0).astype(np.float32)
+	q = np.round(b * inv)  # roundf: half away from zero; ties are measure-zero here
+	return (d.astype(np.float16).astype(np.float32) * q).reshape(shp).astype(np.float32)
+
+
+def _f16(x):
+	return x.astype(np.float16).astype(np.float32)
+
+
 def silu(x):
 	return x / (np.float32(1.0) + np.exp(-x))
 
 
-def forward(m, ids, rope_mode="normal", return_hidden=False):
-	"""Logits [n x n_vocab] float32 for token ids [n] (positions 0..n-1, causal)."""
+def forward(m, ids, rope_mode="normal", return_hidden=False, llama_numerics=False):
+	"""Logits [n x n_vocab] float32 for token ids [n] (positions 0..n-1, causal).
+
+	llama_numerics=True is a diagnostic, not the reference: it adds llama.cpp
+	CPU's rounding steps (Q8 activation quantisation in front of every
+	quantised matmul, F16 K/V cache, Q and the attention weights rounded to F16
+	for the F16 matmuls), to show which part of the llama.cpp-vs-reference gap
+	those steps explain."""
+	aq = _q8_act if llama_numerics else (lambda t: t)
+	hq = _f16 if llama_numerics else (lambda t: t)
 	ids = np.asarray(ids, dtype=np.int64)
 	n = len(ids)
 	d = m.head_dim
@@ -121,11 +146,12 @@ def forward(m, ids, rope_mode="normal", return_hidden=False):
 	for L in range(m.n_layer):
 		p = "blk.%d." % L
 		h = rms_norm(x, m.w[p + "attn_norm.weight"], m.eps)
-		q = (h @ m.w[p + "attn_q.weight"].T).reshape(n, m.n_head, d)
-		k = (h @ m.w[p + "attn_k.weight"].T).reshape(n, m.n_head_kv, d)
-		v = (h @ m.w[p + "attn_v.weight"].T).reshape(n, m.n_head_kv, d)
-		q = rope(q, pos, m.rope_base, rope_mode)
-		k = rope(k, pos, m.rope_base, rope_mode)
+		hA = aq(h)
+		q = (hA @ m.w[p + "attn_q.weight"].T).reshape(n, m.n_head, d)
+		k = (hA @ m.w[p + "attn_k.weight"].T).reshape(n, m.n_head_kv, d)
+		v = hq((hA @ m.w[p + "attn_v.weight"].T).reshape(n, m.n_head_kv, d))
+		q = hq(rope(q, pos, m.rope_base, rope_mode))
+		k = hq(rope(k, pos, m.rope_base, rope_mode))
 		att = np.empty((n, m.n_head, d), dtype=np.float32)
 		for hh in range(m.n_head):
 			kv = hh // rep
@@ -133,14 +159,14 @@ def forward(m, ids, rope_mode="normal", return_hidden=False):
 			s = s - s.max(axis=1, keepdims=True)
 			e = np.exp(s)
 			e /= e.sum(axis=1, keepdims=True, dtype=np.float32)
-			att[:, hh, :] = e @ v[:, kv, :]
-		x = x + att.reshape(n, m.n_embd) @ m.w[p + "attn_output.weight"].T
-		h = rms_norm(x, m.w[p + "ffn_norm.weight"], m.eps)
+			att[:, hh, :] = hq(e) @ v[:, kv, :]
+		x = x + aq(att.reshape(n, m.n_embd)) @ m.w[p + "attn_output.weight"].T
+		h = aq(rms_norm(x, m.w[p + "ffn_norm.weight"], m.eps))
 		g = h @ m.w[p + "ffn_gate.weight"].T
 		u = h @ m.w[p + "ffn_up.weight"].T
-		x = x + (silu(g) * u) @ m.w[p + "ffn_down.weight"].T
+		x = x + aq(silu(g) * u) @ m.w[p + "ffn_down.weight"].T
 	h = rms_norm(x, m.w["output_norm.weight"], m.eps)
-	logits = h @ m.output.T
+	logits = aq(h) @ m.output.T
 	assert logits.dtype == np.float32
 	if return_hidden:
 		return logits, h

@@ -1,0 +1,48 @@
+/*
+ * kvp_emit_c: the C back end. Turns one checked struct kvp_ir into a C11 translation unit
+ * that defines the policy's statistics layout and the hooks of the policy ABI
+ * (runtime/rt_policy.h) and exports `const struct kvp_policy kvp_policy_<symbol>`; and
+ * writes the `registry` unit that lists compiled policies in
+ * `const struct kvp_policy *const kvp_registry[]` with `kvp_registry_count`.
+ *
+ * Contract (DESIGN.md section 3, aesthetics.md section 12): line 1 is the banner
+ * "/" "* generated from X.kvp by kvpc VERSION — do not edit *" "/"; the output is a pure
+ * function of the IR and the options (byte-for-byte deterministic); `#line N "X.kvp"`
+ * precedes code derived from a source construct unless opts->line_directives is 0; the
+ * unit compiles with -std=c11 -Wall -Wextra -Werror; nothing from the .kvp source is
+ * pasted as code: generated identifiers (stat_0, param_1) are used, names appear only in
+ * fully escaped string literals and comments are made of generated text only, numbers
+ * are printed as C99 hex floats of the stored doubles.
+ */
+#ifndef KVP_EMIT_C_H
+#define KVP_EMIT_C_H
+
+#include <stdio.h>
+
+#include "kvp_ir.h"
+
+struct kvp_emit_opts {
+	int line_directives;   /* 1: emit #line back to the .kvp source (default) */
+};
+
+/* Emit the policy ir (already passed kvp_ir_check) to out. Returns 0, or -1 when writing
+ * fails (errno is kept). */
+int kvp_emit_c(const struct kvp_ir *ir, const struct kvp_emit_opts *opts, FILE *out);
+
+/* Emit the registry unit for n policies named names[0..n) (policy names as in the IR, in
+ * the order given). Returns 0, or -1 when two names map to the same symbol (err gets
+ * "registry: policies NAME and NAME ...") or writing fails. */
+int kvp_emit_registry(const char *const *names, int n, FILE *out, char *err, size_t err_len);
+
+/* The exported C symbol of a policy: "kvp_policy_" + the name lower-cased with every byte
+ * outside [a-z0-9_] replaced by '_'; when that changed anything (or the name is empty),
+ * "_" + 8 hex digits of the name's hash are appended so distinct names give distinct
+ * symbols. Writes at most len bytes (NUL included); returns the full length. */
+size_t kvp_emit_symbol(const char *name, char *buf, size_t len);
+
+/* Write s as the body of a C string literal (no quotes): printable ASCII except \ " ? is
+ * copied, everything else becomes an octal escape, so no byte sequence (trigraphs, line
+ * splices, comment closers, non-ASCII) can leave the literal. */
+void kvp_emit_cstr(FILE *out, const char *s);
+
+#endif

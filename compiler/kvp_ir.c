@@ -1,0 +1,649 @@
+/*
+ * kvp_ir: builders, folding, checking and layout of the policy IR (see kvp_ir.h). The
+ * checker is the back end's safety net: the front end's sema reports user errors with
+ * better wording first, so every problem found here is reported once with its location.
+ */
+#include "kvp_ir.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_util.h"
+
+static char *dupstr(const char *s)
+{
+	size_t n = strlen(s ? s : "");
+	char *d = RT_MALLOC(n + 1);
+	memcpy(d, s ? s : "", n + 1);
+	return d;
+}
+
+/* Grow *arr (element size sz) so that index n fits. */
+static void grow(void **arr, int *cap, int n, size_t sz)
+{
+	if (n < *cap)
+		return;
+	int nc = *cap ? *cap * 2 : 16;
+	while (nc <= n)
+		nc *= 2;
+	void *p = realloc(*arr, (size_t)nc * sz);
+	RT_ASSERT(p != NULL);
+	*arr = p;
+	*cap = nc;
+}
+
+void kvp_ir_hash(const void *bytes, size_t n, char out[17])
+{
+	const unsigned char *p = bytes;
+	uint64_t h = 0xcbf29ce484222325ull;
+	for (size_t i = 0; i < n; i++) {
+		h ^= p[i];
+		h *= 0x100000001b3ull;
+	}
+	snprintf(out, 17, "%016llx", (unsigned long long)h);
+}
+
+void kvp_ir_init(struct kvp_ir *ir, const char *name, const char *source,
+                 const char *source_hash, const char *summary)
+{
+	memset(ir, 0, sizeof *ir);
+	ir->name = dupstr(name);
+	ir->source = dupstr(source);
+	ir->source_hash = dupstr(source_hash ? source_hash : "0000000000000000");
+	ir->summary = dupstr(summary);
+	ir->score.expr = -1;
+	ir->score.kernel = -1;
+	ir->score.reduce = KVP_REDUCE_MEAN;
+	ir->score.pool = KVP_POOL_NONE;
+	ir->guards.sinks = -1;
+	ir->guards.recent = -1;
+	ir->alloc.budget = -1;
+	ir->alloc.budget_unit = KVP_UNIT_ENTRIES;
+	ir->alloc.beta = -1;
+	ir->alloc.from = -1;
+	ir->alloc.to = -1;
+	ir->alloc.floor = -1;
+	ir->action.run = -1;
+	ir->action.floor = -1;
+	ir->trigger.kind = KVP_TRIG_NEVER;
+	ir->trigger.n = -1;
+	ir->trigger.threshold = -1;
+	ir->trigger.target = -1;
+	ir->positions = KVP_POS_ORIGINAL;
+}
+
+void kvp_ir_free(struct kvp_ir *ir)
+{
+	for (int i = 0; i < ir->n_params; i++) {
+		free(ir->params[i].name);
+		free(ir->params[i].doc);
+	}
+	for (int i = 0; i < ir->n_consts; i++)
+		free(ir->consts[i].name);
+	for (int i = 0; i < ir->n_stats; i++)
+		free(ir->stats[i].name);
+	for (int i = 0; i < ir->guards.n_spans; i++)
+		free(ir->guards.spans[i]);
+	free(ir->guards.spans);
+	free(ir->alloc.list);
+	free(ir->params);
+	free(ir->consts);
+	free(ir->stats);
+	free(ir->nodes);
+	free(ir->name);
+	free(ir->source);
+	free(ir->source_hash);
+	free(ir->summary);
+	memset(ir, 0, sizeof *ir);
+}
+
+int kvp_ir_add_param(struct kvp_ir *ir, struct kvp_loc loc, const char *name, double def,
+                     enum kvp_unit unit, const char *doc)
+{
+	grow((void **)&ir->params, &ir->cap_params, ir->n_params, sizeof *ir->params);
+	struct kvp_ir_param *p = &ir->params[ir->n_params];
+	p->name = dupstr(name);
+	p->def = def;
+	p->unit = unit;
+	p->doc = dupstr(doc);
+	p->loc = loc;
+	return ir->n_params++;
+}
+
+int kvp_ir_add_const(struct kvp_ir *ir, struct kvp_loc loc, const char *name, double value)
+{
+	grow((void **)&ir->consts, &ir->cap_consts, ir->n_consts, sizeof *ir->consts);
+	struct kvp_ir_const *c = &ir->consts[ir->n_consts];
+	c->name = dupstr(name);
+	c->value = value;
+	c->loc = loc;
+	return ir->n_consts++;
+}
+
+int kvp_ir_add_stat(struct kvp_ir *ir, struct kvp_loc loc, const char *name,
+                    enum kvp_ir_stat_kind kind, int32_t arg, int32_t alpha,
+                    enum kvp_ir_history hist, int32_t window)
+{
+	grow((void **)&ir->stats, &ir->cap_stats, ir->n_stats, sizeof *ir->stats);
+	struct kvp_ir_stat *s = &ir->stats[ir->n_stats];
+	memset(s, 0, sizeof *s);
+	s->name = dupstr(name);
+	s->loc = loc;
+	s->kind = kind;
+	s->arg = arg;
+	s->alpha = alpha;
+	s->hist = hist;
+	s->window = window;
+	return ir->n_stats++;
+}
+
+static int32_t add_node(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_op op)
+{
+	grow((void **)&ir->nodes, &ir->cap_nodes, ir->n_nodes, sizeof *ir->nodes);
+	struct kvp_ir_expr *e = &ir->nodes[ir->n_nodes];
+	memset(e, 0, sizeof *e);
+	e->op = op;
+	e->loc = loc;
+	e->a = e->b = e->c = -1;
+	e->index = -1;
+	return ir->n_nodes++;
+}
+
+int32_t kvp_ir_num(struct kvp_ir *ir, struct kvp_loc loc, double v)
+{
+	int32_t i = add_node(ir, loc, KVP_OP_NUM);
+	ir->nodes[i].num = v;
+	return i;
+}
+
+int32_t kvp_ir_param_ref(struct kvp_ir *ir, struct kvp_loc loc, int param)
+{
+	int32_t i = add_node(ir, loc, KVP_OP_PARAM);
+	ir->nodes[i].index = param;
+	return i;
+}
+
+int32_t kvp_ir_stat_ref(struct kvp_ir *ir, struct kvp_loc loc, int stat)
+{
+	int32_t i = add_node(ir, loc, KVP_OP_STAT);
+	ir->nodes[i].index = stat;
+	return i;
+}
+
+int32_t kvp_ir_signal(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_signal sig)
+{
+	int32_t i = add_node(ir, loc, KVP_OP_SIGNAL);
+	ir->nodes[i].sig = sig;
+	return i;
+}
+
+int32_t kvp_ir_unary(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_op op, int32_t a)
+{
+	int32_t i = add_node(ir, loc, op);
+	ir->nodes[i].a = a;
+	return i;
+}
+
+int32_t kvp_ir_binary(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_op op, int32_t a,
+                      int32_t b)
+{
+	int32_t i = add_node(ir, loc, op);
+	ir->nodes[i].a = a;
+	ir->nodes[i].b = b;
+	return i;
+}
+
+int32_t kvp_ir_select(struct kvp_ir *ir, struct kvp_loc loc, int32_t c, int32_t a, int32_t b)
+{
+	int32_t i = add_node(ir, loc, KVP_OP_SELECT);
+	ir->nodes[i].a = c;
+	ir->nodes[i].b = a;
+	ir->nodes[i].c = b;
+	return i;
+}
+
+int32_t kvp_ir_caote(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_caote_mode mode,
+                     int32_t a)
+{
+	int32_t i = add_node(ir, loc, KVP_OP_CAOTE);
+	ir->nodes[i].a = a;
+	ir->nodes[i].mode = mode;
+	return i;
+}
+
+int32_t kvp_ir_normalize(struct kvp_ir *ir, struct kvp_loc loc, int32_t a)
+{
+	int32_t i = add_node(ir, loc, KVP_OP_NORMALIZE);
+	ir->nodes[i].a = a;
+	return i;
+}
+
+void kvp_ir_add_span(struct kvp_ir *ir, const char *name)
+{
+	int n = ir->guards.n_spans;
+	char **p = realloc(ir->guards.spans, (size_t)(n + 1) * sizeof *p);
+	RT_ASSERT(p != NULL);
+	p[n] = dupstr(name);
+	ir->guards.spans = p;
+	ir->guards.n_spans = n + 1;
+}
+
+void kvp_ir_set_list(struct kvp_ir *ir, const double *v, int n)
+{
+	free(ir->alloc.list);
+	ir->alloc.list = NULL;
+	ir->alloc.n_list = 0;
+	if (n <= 0)
+		return;
+	ir->alloc.list = RT_MALLOC((size_t)n * sizeof(double));
+	memcpy(ir->alloc.list, v, (size_t)n * sizeof(double));
+	ir->alloc.n_list = n;
+}
+
+/* ---- names --------------------------------------------------------------------------- */
+
+const char *kvp_ir_op_name(enum kvp_ir_op op)
+{
+	static const char *const names[KVP_OP_COUNT_] = {
+		[KVP_OP_NUM] = "number", [KVP_OP_PARAM] = "param", [KVP_OP_STAT] = "stat",
+		[KVP_OP_SIGNAL] = "signal", [KVP_OP_NEG] = "-", [KVP_OP_NOT] = "not",
+		[KVP_OP_LOG] = "log", [KVP_OP_EXP] = "exp", [KVP_OP_ABS] = "abs",
+		[KVP_OP_SQRT] = "sqrt", [KVP_OP_ADD] = "+", [KVP_OP_SUB] = "-", [KVP_OP_MUL] = "*",
+		[KVP_OP_DIV] = "/", [KVP_OP_MIN] = "min", [KVP_OP_MAX] = "max", [KVP_OP_POW] = "pow",
+		[KVP_OP_LT] = "<", [KVP_OP_LE] = "<=", [KVP_OP_GT] = ">", [KVP_OP_GE] = ">=",
+		[KVP_OP_EQ] = "==", [KVP_OP_NE] = "!=", [KVP_OP_AND] = "and", [KVP_OP_OR] = "or",
+		[KVP_OP_SELECT] = "if", [KVP_OP_CAOTE] = "caote", [KVP_OP_NORMALIZE] = "normalize",
+	};
+	return (unsigned)op < KVP_OP_COUNT_ && names[op] ? names[op] : "?";
+}
+
+const char *kvp_ir_signal_name(enum kvp_ir_signal s)
+{
+	static const char *const names[KVP_SIG_COUNT_] = {
+		[KVP_SIG_ATTN] = "attn", [KVP_SIG_SEEN] = "seen", [KVP_SIG_CONTEXT] = "context",
+		[KVP_SIG_PROMPT_LEN] = "prompt_len", [KVP_SIG_ENTRIES] = "entries",
+		[KVP_SIG_POS] = "pos", [KVP_SIG_AGE] = "age", [KVP_SIG_COUNT] = "count",
+		[KVP_SIG_KEY_NORM] = "key_norm", [KVP_SIG_VALUE_NORM] = "value_norm",
+		[KVP_SIG_KEY_COS_MEAN] = "key_cos_mean", [KVP_SIG_LAYER] = "layer",
+		[KVP_SIG_N_LAYER] = "n_layer",
+	};
+	return (unsigned)s < KVP_SIG_COUNT_ && names[s] ? names[s] : "?";
+}
+
+const char *kvp_ir_stat_kind_name(enum kvp_ir_stat_kind k)
+{
+	static const char *const names[KVP_STAT_KIND_COUNT_] = {
+		[KVP_STAT_SUM] = "sum", [KVP_STAT_MEAN] = "mean", [KVP_STAT_COUNT] = "count",
+		[KVP_STAT_EMA] = "ema", [KVP_STAT_LAST] = "last",
+	};
+	return (unsigned)k < KVP_STAT_KIND_COUNT_ ? names[k] : "?";
+}
+
+/* ---- analysis -------------------------------------------------------------------------- */
+
+static int node_ok(const struct kvp_ir *ir, int32_t e)
+{
+	return e >= 0 && e < ir->n_nodes;
+}
+
+/* Operand count of an op. */
+static int arity(enum kvp_ir_op op)
+{
+	switch (op) {
+	case KVP_OP_NUM: case KVP_OP_PARAM: case KVP_OP_STAT: case KVP_OP_SIGNAL:
+		return 0;
+	case KVP_OP_NEG: case KVP_OP_NOT: case KVP_OP_LOG: case KVP_OP_EXP: case KVP_OP_ABS:
+	case KVP_OP_SQRT: case KVP_OP_CAOTE: case KVP_OP_NORMALIZE:
+		return 1;
+	case KVP_OP_SELECT:
+		return 3;
+	default:
+		return 2;
+	}
+}
+
+/* Operands are always created before their parent, so a well-formed tree has strictly
+ * smaller operand indices: recursion depth is bounded and cycles are impossible. */
+static int operands_ok(const struct kvp_ir *ir, int32_t e)
+{
+	const struct kvp_ir_expr *x = &ir->nodes[e];
+	int n = arity(x->op);
+	int32_t ops[3] = { x->a, x->b, x->c };
+	for (int i = 0; i < n; i++)
+		if (ops[i] < 0 || ops[i] >= e)
+			return 0;
+	return 1;
+}
+
+int kvp_ir_expr_per_qhead(const struct kvp_ir *ir, int32_t e)
+{
+	if (!node_ok(ir, e))
+		return 0;
+	const struct kvp_ir_expr *x = &ir->nodes[e];
+	if (x->op == KVP_OP_SIGNAL)
+		return x->sig == KVP_SIG_ATTN;
+	if (x->op == KVP_OP_STAT)
+		return x->index >= 0 && x->index < ir->n_stats &&
+		       kvp_ir_expr_per_qhead(ir, ir->stats[x->index].arg);
+	int n = arity(x->op);
+	int32_t ops[3] = { x->a, x->b, x->c };
+	for (int i = 0; i < n; i++)
+		if (ops[i] < e && kvp_ir_expr_per_qhead(ir, ops[i]))
+			return 1;
+	return 0;
+}
+
+static int signal_allowed(enum kvp_ir_signal s, enum kvp_ir_ctx c)
+{
+	switch (s) {
+	case KVP_SIG_SEEN: case KVP_SIG_CONTEXT: case KVP_SIG_PROMPT_LEN: case KVP_SIG_N_LAYER:
+		return 1;
+	case KVP_SIG_LAYER:
+		return c != KVP_CTX_SCALAR;
+	case KVP_SIG_ATTN:
+		return c == KVP_CTX_OBSERVE;
+	case KVP_SIG_KEY_COS_MEAN:
+		return c == KVP_CTX_SCORE;
+	case KVP_SIG_ENTRIES: case KVP_SIG_POS: case KVP_SIG_AGE: case KVP_SIG_COUNT:
+	case KVP_SIG_KEY_NORM: case KVP_SIG_VALUE_NORM:
+		return c != KVP_CTX_SCALAR;
+	default:
+		return 0;
+	}
+}
+
+int kvp_ir_expr_allowed(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c)
+{
+	if (!node_ok(ir, e) || !operands_ok(ir, e))
+		return 0;
+	const struct kvp_ir_expr *x = &ir->nodes[e];
+	switch (x->op) {
+	case KVP_OP_NUM:
+		return isfinite(x->num);
+	case KVP_OP_PARAM:
+		return x->index >= 0 && x->index < ir->n_params;
+	case KVP_OP_STAT:
+		return c == KVP_CTX_SCORE && x->index >= 0 && x->index < ir->n_stats;
+	case KVP_OP_SIGNAL:
+		return (unsigned)x->sig < KVP_SIG_COUNT_ && signal_allowed(x->sig, c);
+	case KVP_OP_CAOTE: case KVP_OP_NORMALIZE:
+		if (c != KVP_CTX_SCORE)
+			return 0;
+		break;
+	default:
+		if ((unsigned)x->op >= KVP_OP_COUNT_)
+			return 0;
+		break;
+	}
+	int n = arity(x->op);
+	int32_t ops[3] = { x->a, x->b, x->c };
+	for (int i = 0; i < n; i++)
+		if (!kvp_ir_expr_allowed(ir, ops[i], c))
+			return 0;
+	return 1;
+}
+
+int kvp_ir_fold(const struct kvp_ir *ir, int32_t e, double *out)
+{
+	if (!node_ok(ir, e) || !operands_ok(ir, e))
+		return 0;
+	const struct kvp_ir_expr *x = &ir->nodes[e];
+	double a = 0, b = 0, c = 0;
+	int n = arity(x->op);
+	if (x->op == KVP_OP_NUM) {
+		*out = x->num;
+		return 1;
+	}
+	if (n == 0 || x->op == KVP_OP_CAOTE || x->op == KVP_OP_NORMALIZE)
+		return 0;
+	if (!kvp_ir_fold(ir, x->a, &a) || (n > 1 && !kvp_ir_fold(ir, x->b, &b)) ||
+	    (n > 2 && !kvp_ir_fold(ir, x->c, &c)))
+		return 0;
+	double r;
+	switch (x->op) {
+	case KVP_OP_NEG: r = -a; break;
+	case KVP_OP_NOT: r = a == 0; break;
+	case KVP_OP_LOG: r = log(a); break;
+	case KVP_OP_EXP: r = exp(a); break;
+	case KVP_OP_ABS: r = fabs(a); break;
+	case KVP_OP_SQRT: r = sqrt(a); break;
+	case KVP_OP_ADD: r = a + b; break;
+	case KVP_OP_SUB: r = a - b; break;
+	case KVP_OP_MUL: r = a * b; break;
+	case KVP_OP_DIV: r = a / b; break;
+	case KVP_OP_MIN: r = a < b ? a : b; break;
+	case KVP_OP_MAX: r = a > b ? a : b; break;
+	case KVP_OP_POW: r = pow(a, b); break;
+	case KVP_OP_LT: r = a < b; break;
+	case KVP_OP_LE: r = a <= b; break;
+	case KVP_OP_GT: r = a > b; break;
+	case KVP_OP_GE: r = a >= b; break;
+	case KVP_OP_EQ: r = a == b; break;
+	case KVP_OP_NE: r = a != b; break;
+	case KVP_OP_AND: r = a != 0 && b != 0; break;
+	case KVP_OP_OR: r = a != 0 || b != 0; break;
+	case KVP_OP_SELECT: r = a != 0 ? b : c; break;
+	default: return 0;
+	}
+	*out = r;
+	return 1;
+}
+
+void kvp_ir_layout(struct kvp_ir *ir)
+{
+	uint32_t we = 0, wq = 0;
+	unsigned needs = 0;
+	ir->uses_obs_count = 0;
+	for (int i = 0; i < ir->n_stats; i++)
+		if (ir->stats[i].kind == KVP_STAT_MEAN)
+			ir->uses_obs_count = 1;
+	/* the visible-step counter comes first in the shared block */
+	if (ir->uses_obs_count)
+		ir->obs_count_word = (int32_t)we++;
+	else
+		ir->obs_count_word = -1;
+	for (int i = 0; i < ir->n_stats; i++) {
+		struct kvp_ir_stat *s = &ir->stats[i];
+		s->per_qhead = kvp_ir_expr_per_qhead(ir, s->arg);
+		s->ring = 0;
+		if (s->hist == KVP_HIST_LAST_STEPS) {
+			double w = 0;
+			if (kvp_ir_fold(ir, s->window, &w) && w >= 1 && w <= 1 << 20)
+				s->ring = (int32_t)w;
+		}
+		int32_t nw;
+		if (s->hist != KVP_HIST_LAST_STEPS)
+			nw = 1;
+		else if (s->kind == KVP_STAT_COUNT)
+			nw = (s->ring + 31) / 32; /* one bit per step */
+		else if (s->kind == KVP_STAT_LAST || s->kind == KVP_STAT_EMA)
+			nw = 1; /* last/ema ignore the window: the latest step is inside it */
+		else
+			nw = s->ring; /* one float per step */
+		if (nw < 1)
+			nw = 1;
+		s->n_words = nw;
+		if (s->per_qhead) {
+			s->word = (int32_t)wq;
+			wq += (uint32_t)nw;
+		} else {
+			s->word = (int32_t)we;
+			we += (uint32_t)nw;
+		}
+		if (s->per_qhead)
+			needs |= KVP_NEED_ATTN;
+		if (s->hist == KVP_HIST_PROMPT_TAIL)
+			needs |= KVP_NEED_PROMPT_LEN;
+	}
+	ir->stat_words_entry = we;
+	ir->stat_words_qhead = wq;
+	/* key/value reads */
+	for (int32_t e = 0; e < ir->n_nodes; e++) {
+		const struct kvp_ir_expr *x = &ir->nodes[e];
+		if (x->op == KVP_OP_SIGNAL && (x->sig == KVP_SIG_KEY_NORM || x->sig == KVP_SIG_KEY_COS_MEAN))
+			needs |= KVP_NEED_KEYS;
+		if (x->op == KVP_OP_SIGNAL && x->sig == KVP_SIG_VALUE_NORM)
+			needs |= KVP_NEED_VALUES;
+		if (x->op == KVP_OP_CAOTE)
+			needs |= KVP_NEED_VALUES;
+	}
+	if (ir->action.kind != KVP_ACT_EVICT)
+		needs |= KVP_NEED_KEYS | KVP_NEED_VALUES;
+	if (ir->guards.protect_all_spans || ir->guards.n_spans > 0)
+		needs |= KVP_NEED_SPANS;
+	ir->needs = needs;
+}
+
+/* ---- checking ---------------------------------------------------------------------------- */
+
+struct checker {
+	struct kvp_ir *ir;
+	kvp_ir_diag_fn diag;
+	void *user;
+	int n;
+};
+
+static void problem(struct checker *ck, struct kvp_loc loc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void problem(struct checker *ck, struct kvp_loc loc, const char *fmt, ...)
+{
+	char msg[256];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	ck->n++;
+	if (ck->diag)
+		ck->diag(ck->user, loc, msg);
+}
+
+static const char *ctx_name(enum kvp_ir_ctx c)
+{
+	return c == KVP_CTX_SCALAR ? "a scalar (budget, guard, trigger)" :
+	       c == KVP_CTX_OBSERVE ? "a statistic's argument" : "the score";
+}
+
+/* Check an optional (-1 allowed when !required) expression for context c. */
+static void check_expr(struct checker *ck, int32_t e, enum kvp_ir_ctx c, int required,
+                       struct kvp_loc where, const char *what)
+{
+	if (e < 0) {
+		if (required)
+			problem(ck, where, "%s is missing", what);
+		return;
+	}
+	if (!node_ok(ck->ir, e)) {
+		problem(ck, where, "%s refers to expression %d out of range", what, (int)e);
+		return;
+	}
+	if (!kvp_ir_expr_allowed(ck->ir, e, c)) {
+		/* find the first offending node for the location */
+		struct kvp_loc loc = ck->ir->nodes[e].loc;
+		for (int32_t i = 0; i <= e; i++) {
+			const struct kvp_ir_expr *x = &ck->ir->nodes[i];
+			if (x->op == KVP_OP_SIGNAL && !signal_allowed(x->sig, c)) {
+				loc = x->loc;
+				problem(ck, loc, "%s: '%s' cannot be used in %s", what,
+				        kvp_ir_signal_name(x->sig), ctx_name(c));
+				return;
+			}
+		}
+		problem(ck, loc, "%s cannot be evaluated in %s", what, ctx_name(c));
+	}
+}
+
+/* A required compile-time integer in [lo, hi]. */
+static void check_const(struct checker *ck, int32_t e, double lo, double hi,
+                        struct kvp_loc where, const char *what)
+{
+	double v;
+	if (!kvp_ir_fold(ck->ir, e, &v)) {
+		problem(ck, node_ok(ck->ir, e) ? ck->ir->nodes[e].loc : where,
+		        "%s must be a constant number", what);
+		return;
+	}
+	if (!(v >= lo && v <= hi) || v != floor(v))
+		problem(ck, ck->ir->nodes[e].loc, "%s must be a whole number in %.17g..%.17g, not %.17g",
+		        what, lo, hi, v);
+}
+
+int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
+{
+	struct checker ck = { ir, diag, user, 0 };
+	for (int i = 0; i < ir->n_params; i++)
+		if (!isfinite(ir->params[i].def) || (unsigned)ir->params[i].unit >= KVP_UNIT_COUNT_)
+			problem(&ck, ir->params[i].loc, "param '%s' needs a finite default and a unit",
+			        ir->params[i].name);
+	for (int i = 0; i < ir->n_stats; i++) {
+		struct kvp_ir_stat *s = &ir->stats[i];
+		if ((unsigned)s->kind >= KVP_STAT_KIND_COUNT_) {
+			problem(&ck, s->loc, "stat '%s' has an unknown kind", s->name);
+			continue;
+		}
+		check_expr(&ck, s->arg, KVP_CTX_OBSERVE, 1, s->loc, "the statistic's argument");
+		if (s->kind == KVP_STAT_EMA)
+			check_expr(&ck, s->alpha, KVP_CTX_SCALAR, 1, s->loc, "the EMA rate");
+		if (s->hist == KVP_HIST_LAST_STEPS)
+			check_const(&ck, s->window, 1, 1 << 20, s->loc, "a history window (steps)");
+		else if (s->hist == KVP_HIST_PROMPT_TAIL)
+			check_expr(&ck, s->window, KVP_CTX_SCALAR, 1, s->loc, "the observation window");
+		else if (s->hist != KVP_HIST_WHOLE)
+			problem(&ck, s->loc, "stat '%s' has an unknown history", s->name);
+	}
+	struct kvp_ir_score *sc = &ir->score;
+	check_expr(&ck, sc->expr, KVP_CTX_SCORE, 0, sc->loc, "the score");
+	if (sc->reduce == KVP_REDUCE_NONE && sc->expr >= 0 && kvp_ir_expr_per_qhead(ir, sc->expr))
+		problem(&ck, sc->loc, "the score depends on the query head (attention); choose a group reduction mean, max or sum");
+	if ((unsigned)sc->reduce > KVP_REDUCE_NONE)
+		problem(&ck, sc->loc, "unknown group reduction");
+	if (sc->pool != KVP_POOL_NONE)
+		check_const(&ck, sc->kernel, 1, 1 << 16, sc->loc, "the pooling kernel (entries)");
+	double k;
+	if (sc->pool != KVP_POOL_NONE && kvp_ir_fold(ir, sc->kernel, &k) && fmod(k, 2) != 1)
+		problem(&ck, ir->nodes[sc->kernel].loc, "the pooling kernel must be odd, not %.17g", k);
+	check_expr(&ck, ir->guards.sinks, KVP_CTX_SCALAR, 0, ir->guards.loc, "the sink guard");
+	check_expr(&ck, ir->guards.recent, KVP_CTX_SCALAR, 0, ir->guards.loc, "the recent guard");
+	struct kvp_ir_alloc *al = &ir->alloc;
+	int needs_budget = ir->trigger.kind != KVP_TRIG_NEVER;
+	check_expr(&ck, al->budget, KVP_CTX_SCALAR, needs_budget, al->loc, "the budget");
+	if (al->layers == KVP_LAYERS_PYRAMID || al->layers == KVP_LAYERS_FUNNEL)
+		check_expr(&ck, al->beta, KVP_CTX_SCALAR, 0, al->loc, "the pyramid beta");
+	if (al->layers == KVP_LAYERS_LINEAR) {
+		check_expr(&ck, al->from, KVP_CTX_SCALAR, 1, al->loc, "the first layer's multiplier");
+		check_expr(&ck, al->to, KVP_CTX_SCALAR, 1, al->loc, "the last layer's multiplier");
+	}
+	if (al->layers == KVP_LAYERS_LIST) {
+		if (al->n_list < 1)
+			problem(&ck, al->loc, "a layer list needs at least one multiplier");
+		for (int i = 0; i < al->n_list; i++)
+			if (!isfinite(al->list[i]) || al->list[i] < 0)
+				problem(&ck, al->loc, "layer multiplier %d must be a finite number >= 0", i);
+	}
+	if ((unsigned)al->layers > KVP_LAYERS_LIST || (unsigned)al->heads > KVP_HEADS_GLOBAL)
+		problem(&ck, al->loc, "unknown allocation");
+	check_expr(&ck, al->floor, KVP_CTX_SCALAR, 0, al->loc, "the allocation floor");
+	if (sc->over_layer && al->heads != KVP_HEADS_EACH)
+		problem(&ck, sc->loc, "a layer-wide score reduction needs every KV head of a layer to keep the same entries; it cannot be combined with adaptive or global allocation");
+	if (sc->over_layer && ir->action.kind != KVP_ACT_EVICT)
+		problem(&ck, sc->loc, "a layer-wide score reduction cannot be combined with merging");
+	if ((unsigned)ir->action.kind > KVP_ACT_SPLIT)
+		problem(&ck, ir->action.loc, "unknown action");
+	check_expr(&ck, ir->action.run, KVP_CTX_SCALAR, 0, ir->action.loc, "the prototype size");
+	check_expr(&ck, ir->action.floor, KVP_CTX_SCALAR, 0, ir->action.loc, "the singleton floor");
+	struct kvp_ir_trig *tr = &ir->trigger;
+	if ((unsigned)tr->kind > KVP_TRIG_PREFILL_BLOCK)
+		problem(&ck, tr->loc, "unknown trigger");
+	if (tr->kind == KVP_TRIG_EVERY_N || tr->kind == KVP_TRIG_PREFILL_BLOCK)
+		check_expr(&ck, tr->n, KVP_CTX_SCALAR, 1, tr->loc, "the trigger period");
+	check_expr(&ck, tr->threshold, KVP_CTX_SCALAR, 0, tr->loc, "the trigger threshold");
+	check_expr(&ck, tr->target, KVP_CTX_SCALAR, 0, tr->loc, "the compression target");
+	if (ir->positions != KVP_POS_ORIGINAL && ir->positions != KVP_POS_COMPACTED)
+		problem(&ck, ir->loc, "unknown position convention");
+	if (ck.n == 0)
+		kvp_ir_layout(ir);
+	return ck.n;
+}

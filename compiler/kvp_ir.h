@@ -1,0 +1,389 @@
+/*
+ * kvp_ir: the typed, checked, location-carrying description of one KV-cache policy — the
+ * contract between the front end (parser + sema + lowering, which builds it) and the back
+ * ends (the C emitter, later CUDA), which read it. One struct kvp_ir holds:
+ *
+ *   params      runtime knobs: name, default, unit (entries/tokens/ratio/steps/scalar)
+ *   consts      named compile-time numbers (kept only for comments; uses are folded to NUM)
+ *   stats       per-entry statistics updated by observe at every step: sum / mean /
+ *               count(cond) / ema(alpha) / last of a signal expression, over the whole
+ *               history, the last W steps (ring buffer), or the prompt tail (observation
+ *               window of the last w prompt queries, SnapKV)
+ *   score       expression tree evaluated per entry and query head at compress time, then
+ *               1-D pooling and group reduction (mean/max/sum/none, or layer-wide mean as
+ *               TOVA), in either order
+ *   guards      sinks (first S positions), recent (last R positions), protected spans
+ *   budget      entries per (layer, KV head) on average, as an expression (a ratio policy
+ *               writes ratio * context)
+ *   allocation  across layers (uniform / pyramid(beta) / linear(a, b) / explicit list) and
+ *               across heads (per head / adaptive within a layer with a floor / one global
+ *               pool with a floor)
+ *   action      evict, merge evicted entries into a kept neighbour (a prototype carrying a
+ *               count), or split (merge with a singleton floor)
+ *   trigger     never / every step / over budget down to a target / every N steps / at
+ *               prompt end / per prefill block of b tokens
+ *   positions   original or compacted
+ *
+ * Expressions live in one node array (ir->nodes) and refer to each other by index
+ * (int32_t, -1 = none); every node carries its source location. All strings are owned by
+ * the IR (copied on entry) and freed by kvp_ir_free. Nothing here is ever pasted into
+ * generated code as text: the emitter prints names only inside escaped string literals
+ * and numbers from the stored doubles.
+ *
+ * Evaluation contexts decide which signals an expression may use (kvp_ir_check enforces):
+ *   KVP_CTX_SCALAR   budget, target, guards, trigger N, window w, floor, alpha:
+ *                    numbers, params, context, seen, prompt_len, n_layer
+ *   KVP_CTX_OBSERVE  a statistic's argument (evaluated per visible entry, per query head,
+ *                    at every step): + attn, pos, age, count, entries, key/value norm,
+ *                    layer
+ *   KVP_CTX_SCORE    the score (per entry, per query head, at compress): stats, pos, age,
+ *                    count, entries, key/value norm, key_cos_mean, and the whole-head
+ *                    transforms caote() and normalize()
+ */
+#ifndef KVP_IR_H
+#define KVP_IR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rt_policy.h"
+
+#define KVP_VERSION "0.1.0"
+
+/* A place in the .kvp source: 1-based line and column (0 = unknown). */
+struct kvp_loc {
+	int line;
+	int col;
+};
+
+/* ---- expressions ----------------------------------------------------------------- */
+
+enum kvp_ir_op {
+	KVP_OP_NUM = 0, /* num */
+	KVP_OP_PARAM,   /* index into ir->params: the runtime value ctx->params[index] */
+	KVP_OP_STAT,    /* index into ir->stats: the statistic's current value (SCORE only) */
+	KVP_OP_SIGNAL,  /* sig */
+	/* unary (a) */
+	KVP_OP_NEG, KVP_OP_NOT, KVP_OP_LOG, KVP_OP_EXP, KVP_OP_ABS, KVP_OP_SQRT,
+	/* binary (a, b); comparisons and logic give 0 or 1 */
+	KVP_OP_ADD, KVP_OP_SUB, KVP_OP_MUL, KVP_OP_DIV, KVP_OP_MIN, KVP_OP_MAX, KVP_OP_POW,
+	KVP_OP_LT, KVP_OP_LE, KVP_OP_GT, KVP_OP_GE, KVP_OP_EQ, KVP_OP_NE, KVP_OP_AND, KVP_OP_OR,
+	/* ternary: a ? b : c */
+	KVP_OP_SELECT,
+	/* whole-head transforms (SCORE only): their argument a is evaluated for every entry
+	 * of the head (per query head) first, then transformed as a vector */
+	KVP_OP_CAOTE,     /* CAOTE output error of score a (mode: exact/fast), arXiv 2504.14051:
+	                     alpha_j = a_j / sum_i a_i;
+	                     exact: o = sum_i alpha_i v_i (the attention output when a is the
+	                            last step's attention); fast: o = mean_i v_i;
+	                     result_j = alpha_j / (1 - alpha_j) * ||o - v_j||_2
+	                     (+inf when alpha_j >= 1) */
+	KVP_OP_NORMALIZE, /* a_j / sum_i a_i (0 when the sum is 0) */
+	KVP_OP_COUNT_
+};
+
+enum kvp_ir_signal {
+	KVP_SIG_ATTN = 0,   /* OBSERVE: attention probability of the entry at this step, for
+	                       this query head (includes the log-count bias) */
+	KVP_SIG_SEEN,       /* tokens seen: step + 1 in OBSERVE, ctx->seen elsewhere (tokens) */
+	KVP_SIG_CONTEXT,    /* the context a ratio refers to: prompt_len when known and the
+	                       prompt is not yet exceeded, else seen (tokens) */
+	KVP_SIG_PROMPT_LEN, /* prompt length, or seen when unknown (tokens) */
+	KVP_SIG_ENTRIES,    /* entries in the head (visible ones in OBSERVE) */
+	KVP_SIG_POS,        /* original position of the entry (tokens) */
+	KVP_SIG_AGE,        /* seen - 1 - pos (tokens) */
+	KVP_SIG_COUNT,      /* tokens the entry represents (1 unless merged) */
+	KVP_SIG_KEY_NORM,   /* ||k_i||_2 (KnormPress: low key norm = important) */
+	KVP_SIG_VALUE_NORM, /* ||v_i||_2 */
+	KVP_SIG_KEY_COS_MEAN, /* SCORE: cos(k_i, a), a = mean_j k_j/||k_j|| over the head's
+	                         entries (KeyDiff anchor, arXiv 2504.15364) */
+	KVP_SIG_LAYER,      /* layer index of the head (OBSERVE and SCORE) */
+	KVP_SIG_N_LAYER,    /* layers of the model */
+	KVP_SIG_COUNT_
+};
+
+enum kvp_ir_caote_mode {
+	KVP_CAOTE_EXACT = 0,
+	KVP_CAOTE_FAST,
+};
+
+struct kvp_ir_expr {
+	enum kvp_ir_op op;
+	struct kvp_loc loc;
+	double num;              /* KVP_OP_NUM */
+	int32_t index;           /* KVP_OP_PARAM / KVP_OP_STAT */
+	enum kvp_ir_signal sig;  /* KVP_OP_SIGNAL */
+	int mode;                /* KVP_OP_CAOTE: enum kvp_ir_caote_mode */
+	int32_t a, b, c;         /* operands (node indices), -1 when unused */
+};
+
+/* ---- parameters and constants ------------------------------------------------------ */
+
+struct kvp_ir_param {
+	char *name;
+	double def;
+	enum kvp_unit unit;
+	char *doc;               /* "" when none */
+	struct kvp_loc loc;
+};
+
+struct kvp_ir_const {
+	char *name;
+	double value;
+	struct kvp_loc loc;
+};
+
+/* ---- statistics -------------------------------------------------------------------- */
+
+enum kvp_ir_stat_kind {
+	KVP_STAT_SUM = 0, /* sum of arg over the history */
+	KVP_STAT_MEAN,    /* sum / steps the entry was visible (within the history) */
+	KVP_STAT_COUNT,   /* steps at which arg (a condition) was non-zero */
+	KVP_STAT_EMA,     /* s <- (1 - alpha) s + alpha arg at every visible step (from 0) */
+	KVP_STAT_LAST,    /* arg at the latest step the entry was visible */
+	KVP_STAT_KIND_COUNT_
+};
+
+enum kvp_ir_history {
+	KVP_HIST_WHOLE = 0,  /* every step since the entry was appended */
+	KVP_HIST_LAST_STEPS, /* the last `window` steps (a constant; ring buffer per entry) */
+	KVP_HIST_PROMPT_TAIL, /* only steps at positions >= prompt_len - window: the queries of
+	                        the observation window at the end of the prompt (SnapKV);
+	                        `window` may use params; needs the prompt length */
+};
+
+struct kvp_ir_stat {
+	char *name;
+	struct kvp_loc loc;
+	enum kvp_ir_stat_kind kind;
+	int32_t arg;             /* OBSERVE expression (the condition for COUNT) */
+	int32_t alpha;           /* EMA rate, SCALAR expression; -1 otherwise */
+	enum kvp_ir_history hist;
+	int32_t window;          /* SCALAR expression (steps), -1 for WHOLE */
+	/* layout, filled by kvp_ir_layout: */
+	int per_qhead;           /* 1 when arg depends on attn (stored per query head) */
+	int32_t word;            /* first 4-byte word in the entry's (entry or qhead) block */
+	int32_t n_words;         /* words used */
+	int32_t ring;            /* LAST_STEPS: the window as a constant number of steps */
+};
+
+/* ---- score pipeline ---------------------------------------------------------------- */
+
+enum kvp_ir_reduce {
+	KVP_REDUCE_MEAN = 0,  /* mean over the query heads of the group (kvpress) */
+	KVP_REDUCE_MAX,
+	KVP_REDUCE_SUM,
+	KVP_REDUCE_NONE,      /* the score does not depend on the query head */
+};
+
+enum kvp_ir_pool {
+	KVP_POOL_NONE = 0,
+	KVP_POOL_MAX,         /* max over [i - k/2, i + k/2] of the scored entries */
+	KVP_POOL_AVG,         /* sum over the same window / k (zero padding counts, as
+	                         torch avg_pool1d with padding=k/2) */
+};
+
+struct kvp_ir_score {
+	int32_t expr;            /* SCORE expression; -1: no score (every entry scores 0, so
+	                            the tie rule keeps the lowest positions) */
+	enum kvp_ir_reduce reduce;
+	enum kvp_ir_pool pool;
+	int32_t kernel;          /* pooling kernel (odd constant entries), 0 when no pooling */
+	int pool_before_reduce;  /* 1: pool each query head then reduce (kvpress);
+	                            0: reduce then pool (KVCache-Factory) */
+	int over_layer;          /* 1: reduce over every query head of the layer, so one
+	                            selection is shared by all KV heads of the layer (TOVA);
+	                            needs heads holding the same positions */
+	struct kvp_loc loc;
+};
+
+/* ---- guards, budget, allocation, action, trigger ----------------------------------- */
+
+struct kvp_ir_guards {
+	int32_t sinks;           /* SCALAR (tokens): keep entries with pos < sinks; -1 none */
+	int32_t recent;          /* SCALAR (tokens): keep entries with pos >= seen - recent;
+	                            -1 none. Pooling only spans entries outside this window. */
+	int protect_all_spans;   /* keep every entry with a span id != 0 */
+	int n_spans;
+	char **spans;            /* [n_spans] names of the request spans to keep */
+	struct kvp_loc loc;
+};
+
+enum kvp_ir_layers {
+	KVP_LAYERS_UNIFORM = 0,
+	KVP_LAYERS_PYRAMID,      /* PyramidKV (KVCache-Factory): beta; the recent guard is w;
+	                            most entries at layer 0 */
+	KVP_LAYERS_FUNNEL,       /* the pyramid reversed: most entries at the last layer
+	                            (Scissorhands' reading in cold-compress) */
+	KVP_LAYERS_LINEAR,       /* budget scaled by a linear ramp from `from` (layer 0) to
+	                            `to` (last layer), renormalised to the same total
+	                            (funnel: linear(0.8, 1.2)) */
+	KVP_LAYERS_LIST,         /* explicit multipliers, resampled to n_layer by nearest
+	                            index and renormalised to the same total */
+};
+
+enum kvp_ir_heads {
+	KVP_HEADS_EACH = 0,      /* every KV head of a layer gets the layer budget */
+	KVP_HEADS_ADAPTIVE,      /* Ada-KV: global top-(G·B) across the heads of a layer,
+	                            b_g = round(floor·B + (1 - floor)·n_g) */
+	KVP_HEADS_GLOBAL,        /* one pool over all layers and heads: top-(L·G·B) overall,
+	                            each head keeps at least floor·B_l */
+};
+
+enum kvp_ir_action {
+	KVP_ACT_EVICT = 0,
+	KVP_ACT_MERGE,           /* each evicted entry is merged into the adjacent kept entry
+	                            (previous or next in position order) whose key is more
+	                            cosine-similar (ties: previous); count-weighted mean of
+	                            keys and values, counts add, log_count = log(count), the
+	                            kept entry's position stays. A prototype never grows past
+	                            `run` tokens; an evicted entry that does not fit is
+	                            dropped. */
+	KVP_ACT_SPLIT,           /* add/split (GraceKV-style, simplified): as MERGE with
+	                            run = slot, after the `floor` highest-scoring evicted
+	                            singletons per head are kept exactly (singleton floor,
+	                            charged to the budget first) */
+};
+
+enum kvp_ir_trigger {
+	KVP_TRIG_NEVER = 0,      /* full cache */
+	KVP_TRIG_EVERY_STEP,     /* after every step when entries > target */
+	KVP_TRIG_OVER_BUDGET,    /* when entries > threshold (default budget), down to target */
+	KVP_TRIG_EVERY_N,        /* every n steps (seen % n == 0) when entries > target */
+	KVP_TRIG_PROMPT_END,     /* once, when the prompt is done, down to target */
+	KVP_TRIG_PREFILL_BLOCK,  /* after every block of n tokens and at prompt end, when
+	                            entries > target */
+};
+/* "entries" in a trigger is the average over heads (total entries / (L·G)), so
+ * per-layer and per-head allocations do not re-trigger on their larger heads. The
+ * target is the average entries per head that compress leaves (before allocation). */
+
+struct kvp_ir_alloc {
+	int32_t budget;          /* SCALAR (entries per head, average): required unless NEVER */
+	enum kvp_unit budget_unit; /* ENTRIES or RATIO: how the source wrote it (docs only) */
+	enum kvp_ir_layers layers;
+	int32_t beta;            /* PYRAMID/FUNNEL: SCALAR; -1 = 20 */
+	int32_t from, to;        /* LINEAR: SCALAR */
+	int n_list;
+	double *list;            /* LIST: [n_list] multipliers */
+	enum kvp_ir_heads heads;
+	int32_t floor;           /* ADAPTIVE/GLOBAL: SCALAR fraction in [0, 1]; -1 = 0.2 */
+	struct kvp_loc loc;
+};
+
+struct kvp_ir_act {
+	enum kvp_ir_action kind;
+	int32_t run;             /* MERGE/SPLIT: SCALAR max tokens per prototype; -1 = no cap */
+	int32_t floor;           /* SPLIT: singleton floor, SCALAR (entries per head); -1 = 0 */
+	struct kvp_loc loc;
+};
+
+struct kvp_ir_trig {
+	enum kvp_ir_trigger kind;
+	int32_t n;               /* EVERY_N / PREFILL_BLOCK: SCALAR (steps / tokens) */
+	int32_t threshold;       /* OVER_BUDGET: SCALAR entries per head; -1 = budget */
+	int32_t target;          /* SCALAR entries per head left by compress; -1 = budget */
+	struct kvp_loc loc;
+};
+
+/* ---- the policy -------------------------------------------------------------------- */
+
+struct kvp_ir {
+	char *name;              /* policy name (any bytes; the emitter sanitises) */
+	char *source;            /* path of the .kvp file as given on the command line */
+	char *source_hash;       /* 16 hex digits (kvp_ir_hash of the source bytes) */
+	char *summary;           /* one-line description, "" when none */
+	struct kvp_loc loc;      /* of the policy header */
+
+	int n_params, n_consts, n_stats, n_nodes;
+	struct kvp_ir_param *params;
+	struct kvp_ir_const *consts;
+	struct kvp_ir_stat *stats;
+	struct kvp_ir_expr *nodes;
+	int cap_params, cap_consts, cap_stats, cap_nodes;
+
+	struct kvp_ir_score score;
+	struct kvp_ir_guards guards;
+	struct kvp_ir_alloc alloc;
+	struct kvp_ir_act action;
+	struct kvp_ir_trig trigger;
+	enum kvp_positions positions;
+
+	/* layout, filled by kvp_ir_layout (called by kvp_ir_check): */
+	uint32_t stat_words_entry, stat_words_qhead;
+	unsigned needs;          /* KVP_NEED_* */
+	int uses_obs_count;      /* a per-entry word counts visible steps (MEAN stats) */
+	int32_t obs_count_word;
+};
+
+/* One diagnostic from kvp_ir_check: "source:line:col: error: msg". */
+typedef void (*kvp_ir_diag_fn)(void *user, struct kvp_loc loc, const char *msg);
+
+/* Start an empty policy (trigger NEVER, no score, reduce MEAN, positions ORIGINAL,
+ * all optional expressions -1). name/source/summary are copied; source_hash may be NULL
+ * (then "0000000000000000"). */
+void kvp_ir_init(struct kvp_ir *ir, const char *name, const char *source,
+                 const char *source_hash, const char *summary);
+void kvp_ir_free(struct kvp_ir *ir);
+
+/* FNV-1a 64 of bytes as 16 lower-case hex digits into out[17]. */
+void kvp_ir_hash(const void *bytes, size_t n, char out[17]);
+
+/* Builders. Each returns the new index (params, consts, stats, nodes). Strings are copied. */
+int kvp_ir_add_param(struct kvp_ir *ir, struct kvp_loc loc, const char *name, double def,
+                     enum kvp_unit unit, const char *doc);
+int kvp_ir_add_const(struct kvp_ir *ir, struct kvp_loc loc, const char *name, double value);
+int kvp_ir_add_stat(struct kvp_ir *ir, struct kvp_loc loc, const char *name,
+                    enum kvp_ir_stat_kind kind, int32_t arg, int32_t alpha,
+                    enum kvp_ir_history hist, int32_t window);
+int32_t kvp_ir_num(struct kvp_ir *ir, struct kvp_loc loc, double v);
+int32_t kvp_ir_param_ref(struct kvp_ir *ir, struct kvp_loc loc, int param);
+int32_t kvp_ir_stat_ref(struct kvp_ir *ir, struct kvp_loc loc, int stat);
+int32_t kvp_ir_signal(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_signal sig);
+int32_t kvp_ir_unary(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_op op, int32_t a);
+int32_t kvp_ir_binary(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_op op, int32_t a,
+                      int32_t b);
+int32_t kvp_ir_select(struct kvp_ir *ir, struct kvp_loc loc, int32_t c, int32_t a, int32_t b);
+int32_t kvp_ir_caote(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_caote_mode mode,
+                     int32_t a);
+int32_t kvp_ir_normalize(struct kvp_ir *ir, struct kvp_loc loc, int32_t a);
+
+/* Spans to protect (copied). */
+void kvp_ir_add_span(struct kvp_ir *ir, const char *name);
+/* Layer multipliers for KVP_LAYERS_LIST (copied). */
+void kvp_ir_set_list(struct kvp_ir *ir, const double *v, int n);
+
+/* Evaluation contexts (see the file comment). */
+enum kvp_ir_ctx {
+	KVP_CTX_SCALAR = 0,
+	KVP_CTX_OBSERVE,
+	KVP_CTX_SCORE,
+};
+
+/* 1 if expression e may be evaluated in context c (all its signals, stats and
+ * transforms are allowed there). */
+int kvp_ir_expr_allowed(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c);
+
+/* Fold e to a constant if it uses only numbers (params are not constant). Returns 1 and
+ * *out on success. */
+int kvp_ir_fold(const struct kvp_ir *ir, int32_t e, double *out);
+
+/* Validate the whole policy (indices in range, contexts, constant windows/kernels, a
+ * budget when a trigger needs one, reduce NONE only for a query-head-free score, ...) and
+ * compute the layout (kvp_ir_layout). Reports each problem through diag and returns the
+ * number of problems (0 = the back end may emit). The front end's sema reports user
+ * errors first with better messages; this is the back end's own safety net. */
+int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user);
+
+/* Compute stat word offsets, needs flags. Called by kvp_ir_check. */
+void kvp_ir_layout(struct kvp_ir *ir);
+
+/* 1 if expression e depends on the query head (reads attn or a per-qhead stat). */
+int kvp_ir_expr_per_qhead(const struct kvp_ir *ir, int32_t e);
+
+/* Names for messages and comments. */
+const char *kvp_ir_op_name(enum kvp_ir_op op);
+const char *kvp_ir_signal_name(enum kvp_ir_signal s);
+const char *kvp_ir_stat_kind_name(enum kvp_ir_stat_kind k);
+
+#endif

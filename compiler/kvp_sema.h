@@ -1,0 +1,136 @@
+/*
+ * kvp_sema: semantic analysis of one parsed .kvp policy — names, types, units,
+ * evaluation contexts, and budget feasibility — and the resolved view of the policy that
+ * lowering (kvp_lower.c) turns into the IR (compiler/kvp_ir.h).
+ *
+ * Units (docs/language.md section 5): a value is a plain number, a ratio of the context,
+ * a count of entries, tokens or steps, or a condition. A bare number literal has no
+ * unit yet and takes the unit its use needs (`budget = 2048` is 2048 entries); a named
+ * value keeps the unit of its definition (`param b = 2048` is a plain number and is not
+ * a budget). Adding, subtracting, comparing or taking min/max needs equal units;
+ * `ratio * X` is an X; `X / X` is a plain number.
+ *
+ * Contexts: each expression is evaluated somewhere — a constant (param/const defaults),
+ * a scalar known per sequence (budget, guards, triggers, targets, windows), the
+ * observation of one attention step (a statistic's argument), or the score at compress
+ * time. Each built-in is allowed in some of them (table in kvp_sema.c); a use elsewhere
+ * is a located error that says where the name can be used.
+ *
+ * Feasibility checks fold expressions with the parameters' defaults (the runtime
+ * re-validates overrides given with --set): budget 0, windows of 0, a recent window or
+ * sinks that fill the budget, targets above the budget, even pooling kernels, ...
+ */
+#ifndef KVP_SEMA_H
+#define KVP_SEMA_H
+
+#include "kvp_ast.h"
+
+/* Units of sema (finer than the ABI's enum kvp_unit: ANY and BOOL exist only here). */
+typedef enum kvp_sunit {
+	KVP_SU_ANY = 0, /* an untyped number literal (or an expression of them) */
+	KVP_SU_NUM,     /* a plain number */
+	KVP_SU_RATIO,   /* a fraction of the context */
+	KVP_SU_ENTRIES,
+	KVP_SU_TOKENS,
+	KVP_SU_STEPS,
+	KVP_SU_BOOL,    /* a condition */
+	KVP_SU_ERR,     /* already reported */
+} kvp_sunit;
+
+typedef enum kvp_sym_kind {
+	KVP_SYM_PARAM,
+	KVP_SYM_CONST,
+	KVP_SYM_STAT,
+} kvp_sym_kind;
+
+/* Aggregations of a statistic. */
+typedef enum kvp_agg {
+	KVP_AGG_SUM,
+	KVP_AGG_MEAN,
+	KVP_AGG_COUNT,
+	KVP_AGG_EMA,
+	KVP_AGG_LAST,
+} kvp_agg;
+
+/* A user definition. */
+typedef struct kvp_sym {
+	const char *name;
+	kvp_sym_kind kind;
+	const kvp_stmt *stmt;
+	kvp_sunit unit;       /* PARAM, CONST: of the value; STAT: KVP_SU_NUM */
+	double value;         /* PARAM: default; CONST: value */
+	int ok;               /* the definition checked without errors */
+	/* STAT: */
+	kvp_agg agg;
+	const kvp_expr *arg;   /* the aggregated signal expression (condition for count) */
+	const kvp_expr *alpha; /* ema rate, or NULL */
+	int per_qhead;         /* the argument reads attn */
+	int ir_index;          /* index in the IR (params, stats), filled by kvp_lower */
+} kvp_sym;
+
+typedef enum kvp_layers_kind {
+	KVP_LY_UNIFORM, KVP_LY_PYRAMID, KVP_LY_FUNNEL, KVP_LY_LINEAR, KVP_LY_LIST,
+} kvp_layers_kind;
+typedef enum kvp_alloc_kind { KVP_AL_UNIFORM, KVP_AL_ADAPTIVE, KVP_AL_GLOBAL } kvp_alloc_kind;
+typedef enum kvp_action_kind { KVP_AC_EVICT, KVP_AC_MERGE, KVP_AC_ADD_SPLIT } kvp_action_kind;
+typedef enum kvp_pool_kind { KVP_PL_NONE, KVP_PL_MAX, KVP_PL_AVG } kvp_pool_kind;
+typedef enum kvp_reduce_kind {
+	KVP_RD_DEFAULT, KVP_RD_MEAN, KVP_RD_MAX, KVP_RD_SUM,
+} kvp_reduce_kind;
+
+/* The resolved policy: which statement sets what, and the checked choices. Pointers
+ * point into the kvp_file's tree. */
+typedef struct kvp_sema {
+	const kvp_file *file;
+	kvp_sym *syms;        /* [n_syms] in definition order */
+	int n_syms, cap_syms;
+
+	const kvp_stmt *setting[KVP_SET_COUNT_]; /* the statement that sets each, or NULL */
+	const kvp_stmt *group, *sinks, *recent, *all_spans, *compress;
+	const kvp_stmt **spans; /* [n_spans] `keep span NAME` */
+	int n_spans;
+
+	kvp_sunit budget_unit;  /* ENTRIES or RATIO (when a budget is set) */
+	kvp_sunit sinks_unit, recent_unit, target_unit, threshold_unit, floor_unit;
+	const kvp_expr *threshold; /* `when entries > X`: X */
+
+	/* `budget`, `layers`, `allocate`, `action`, `pool` and `group` resolved: */
+	kvp_layers_kind layers;
+	const kvp_expr *beta, *lin_from, *lin_to, *list; /* arguments (or NULL) */
+	kvp_alloc_kind allocate;
+	const kvp_expr *alloc_floor;
+	kvp_action_kind action;
+	const kvp_expr *run, *slot, *act_floor;
+	kvp_pool_kind pool;
+	const kvp_expr *kernel;
+	kvp_reduce_kind reduce;
+	int over_layer;
+	int pool_before_reduce; /* 1 (default): pool each query head, then reduce */
+	int compacted;          /* positions = compacted */
+	int score_per_qhead;    /* the score depends on the query head */
+} kvp_sema;
+
+/* Check a tree that parsed without errors. Diagnostics go to f->src; the result is
+ * usable for lowering only when f->src->n_errors is 0. Never NULL; free with
+ * kvp_sema_free. */
+kvp_sema *kvp_sema_check(const kvp_file *f);
+void kvp_sema_free(kvp_sema *s);
+
+/* The symbol called name, or NULL. */
+const kvp_sym *kvp_sema_lookup(const kvp_sema *s, const char *name);
+
+/* The value of a named argument of a call (or the positional argument at index pos when
+ * it is not named; pos < 0: named only); NULL when absent. */
+const kvp_expr *kvp_call_arg(const kvp_expr *call, const char *name, int pos);
+
+struct kvp_ir;
+/* Lower a checked policy (kvp_sema_check reported no error) into ir, which must be
+ * freshly initialised by kvp_ir_init. Fills s->syms[i].ir_index. Returns 0, or -1 with
+ * a located error in f->src for a construct the IR cannot represent. */
+int kvp_lower(kvp_sema *s, struct kvp_ir *ir);
+
+/* The one-line summary of a policy: the first own-line comment before `policy`, without
+ * the leading '#' and blanks ("" when none). Arena-allocated in f. */
+const char *kvp_file_summary(kvp_file *f);
+
+#endif

@@ -1,0 +1,355 @@
+/*
+ * k_compress: the compress pipeline every generated policy instantiates (DESIGN.md
+ * section 5): score -> [pool] -> group-reduce -> [pool] -> [layer-wide reduce] -> guards
+ * -> allocation (per layer schedule; per head, adaptive across a layer's heads, or one
+ * global pool) -> selection (k_select, tie rule: equal scores keep the lower position)
+ * -> action (evict, or merge evicted entries into a kept neighbour as a prototype with a
+ * count) -> compaction (rt_kv_head_keep, an in-place gather).
+ *
+ * The generated code supplies the per-query-head score function (its statistics and
+ * expression inlined) and a filled struct k_compress_cfg of constants and parameter
+ * values. All work memory is carved out of ctx->scratch (k_compress_scratch_bytes);
+ * nothing is allocated.
+ */
+#ifndef K_COMPRESS_H
+#define K_COMPRESS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "k_alloc.h"
+#include "k_score.h"
+#include "k_select.h"
+#include "rt_kv.h"
+#include "rt_policy.h"
+
+enum { K_LAYERS_UNIFORM = 0, K_LAYERS_PYRAMID, K_LAYERS_FUNNEL, K_LAYERS_LINEAR, K_LAYERS_LIST };
+enum { K_HEADS_EACH = 0, K_HEADS_ADAPTIVE, K_HEADS_GLOBAL };
+enum { K_ACT_EVICT = 0, K_ACT_MERGE, K_ACT_SPLIT };
+enum { K_POOL_NONE = 0, K_POOL_MAX, K_POOL_AVG };
+enum { K_FLAG_GUARD = 1, K_FLAG_KEEP = 2, K_FLAG_SINGLE = 4 };
+
+/* The policy's compress configuration (constants and current parameter values). */
+struct k_compress_cfg {
+	int has_score;          /* 0: every entry scores 0 (position rules only) */
+	int reduce;             /* K_REDUCE_MEAN/MAX/SUM, or -1: score independent of the
+	                           query head (computed once) */
+	int over_layer;         /* reduce across the KV heads of a layer too (TOVA) */
+	int pool;               /* K_POOL_* */
+	int32_t kernel;         /* pooling kernel (odd, entries) */
+	int pool_before_reduce;
+	int n_tmp;              /* [cap] float temporaries the score function uses */
+	double target;          /* average entries per head to keep */
+	double sinks;           /* keep pos < sinks (tokens); <= 0: none */
+	double recent;          /* keep pos >= seen - recent (tokens); <= 0: none */
+	int layers;             /* K_LAYERS_* */
+	double beta, from, to;
+	const double *list;
+	int n_list;
+	int heads;              /* K_HEADS_* */
+	double floor_frac;      /* adaptive/global floor in [0, 1] */
+	int action;             /* K_ACT_* */
+	double run;             /* max tokens per prototype (<= 0: unlimited) */
+	double single_floor;    /* SPLIT: exact singletons kept per head */
+	int protect_all_spans;
+	const char *const *spans; /* [n_spans] span names to protect */
+	int n_spans;
+};
+
+/* Per-query-head score of every entry of head h into out[h->n]; r is the query head in
+ * the group (0 when the score does not depend on it). tmp: [n_tmp × cap] floats,
+ * vec: [2 × head_dim] doubles (CAOTE output, KeyDiff anchor). */
+typedef void (*k_score_fn)(const struct kvp_ctx *ctx, const rt_kv *kv, const rt_kv_head *h,
+                           int layer, int r, float *out, float *tmp, double *vec);
+
+static inline size_t k_align64(size_t n)
+{
+	return (n + 63) & ~(size_t)63;
+}
+
+/* Scratch bytes for compress on this store's shape with n_tmp score temporaries. */
+static inline size_t k_compress_scratch_bytes(const rt_kv *kv, int n_tmp)
+{
+	size_t H = (size_t)kv->n_layer * kv->n_kv_head, c = (size_t)kv->cap;
+	return k_align64(H * c * sizeof(float)) + 2 * k_align64(H * c) +
+	       k_align64((size_t)kv->group * c * sizeof(float)) + k_align64(c * sizeof(float)) +
+	       k_align64((size_t)(n_tmp > 0 ? n_tmp : 1) * c * sizeof(float)) +
+	       k_align64((size_t)2 * kv->head_dim * sizeof(double)) +
+	       2 * k_align64(H * c * sizeof(struct k_cand)) + k_align64(c * sizeof(int32_t)) +
+	       k_align64((size_t)kv->n_layer * sizeof(double)) +
+	       3 * k_align64(H * sizeof(void *)) + 3 * k_align64(H * sizeof(int32_t)) + 64;
+}
+
+/* Does the request's span id s name a span the policy protects? */
+static inline int k_span_protected(const struct kvp_ctx *ctx, const struct k_compress_cfg *cfg,
+                                   uint16_t s)
+{
+	if (s == 0)
+		return 0;
+	if (cfg->protect_all_spans)
+		return 1;
+	if (!ctx->span_names || s > ctx->n_spans || !ctx->span_names[s])
+		return 0;
+	for (int j = 0; j < cfg->n_spans; j++)
+		if (strcmp(ctx->span_names[s], cfg->spans[j]) == 0)
+			return 1;
+	return 0;
+}
+
+/* Merge entry src into entry dst of head h: count-weighted mean of keys and values,
+ * counts add, log_count = log(count); dst keeps its position and statistics. */
+static inline void k_merge_entry(const rt_kv *kv, rt_kv_head *h, int32_t dst, int32_t src)
+{
+	size_t d = (size_t)kv->head_dim;
+	double cd = h->count[dst], cs = h->count[src], c = cd + cs;
+	float *kd = h->k + dst * d, *vd = h->v + dst * d;
+	const float *ks = h->k + src * d, *vs = h->v + src * d;
+	for (size_t j = 0; j < d; j++) {
+		kd[j] = (float)((cd * kd[j] + cs * ks[j]) / c);
+		vd[j] = (float)((cd * vd[j] + cs * vs[j]) / c);
+	}
+	h->count[dst] = (float)c;
+	h->log_count[dst] = (float)log(c);
+}
+
+/* cos(k_a, k_b) of two entries of h (0 when either key is zero). */
+static inline double k_entry_cos(const rt_kv *kv, const rt_kv_head *h, int32_t a, int32_t b)
+{
+	size_t d = (size_t)kv->head_dim;
+	const float *x = h->k + a * d, *y = h->k + b * d;
+	double xy = 0, xx = 0, yy = 0;
+	for (size_t j = 0; j < d; j++) {
+		xy += (double)x[j] * y[j];
+		xx += (double)x[j] * x[j];
+		yy += (double)y[j] * y[j];
+	}
+	return xx > 0 && yy > 0 ? xy / sqrt(xx * yy) : 0.0;
+}
+
+/* Fold every evicted entry (flags without K_FLAG_KEEP) into the adjacent kept entry
+ * (previous or next kept in index order, not a protected singleton, whose count stays
+ * <= run when run > 0) with the more similar key; ties and equal similarity go to the
+ * previous one. Entries are processed in index order. */
+static inline void k_merge_evicted(const rt_kv *kv, rt_kv_head *h, const uint8_t *flags, double run)
+{
+	int32_t n = h->n, prev = -1;
+	for (int32_t i = 0; i < n; i++) {
+		if (flags[i] & K_FLAG_KEEP) {
+			prev = i;
+			continue;
+		}
+		int32_t next = -1;
+		for (int32_t j = i + 1; j < n; j++)
+			if (flags[j] & K_FLAG_KEEP) {
+				next = j;
+				break;
+			}
+		int32_t cands[2] = { prev, next };
+		int32_t best = -1;
+		double best_cos = 0;
+		for (int c = 0; c < 2; c++) {
+			int32_t t = cands[c];
+			if (t < 0 || (flags[t] & K_FLAG_SINGLE))
+				continue;
+			if (run > 0 && (double)h->count[t] + h->count[i] > run)
+				continue;
+			double cs = k_entry_cos(kv, h, i, t);
+			if (best < 0 || cs > best_cos) {
+				best = t;
+				best_cos = cs;
+			}
+		}
+		if (best >= 0)
+			k_merge_entry(kv, h, best, i);
+	}
+}
+
+/* Per-layer budgets (entries per head, before guards) for average target T. */
+static inline void k_layer_budgets(const struct k_compress_cfg *cfg, const rt_kv *kv, double T,
+                                   double *out)
+{
+	int L = kv->n_layer;
+	switch (cfg->layers) {
+	case K_LAYERS_PYRAMID:
+	case K_LAYERS_FUNNEL: {
+		double n = (double)rt_kv_entries(kv) / ((double)L * kv->n_kv_head);
+		k_layers_pyramid(T, cfg->recent > 0 ? cfg->recent : 0, cfg->beta, floor(n), L,
+		                 cfg->layers == K_LAYERS_FUNNEL, out);
+		break;
+	}
+	case K_LAYERS_LINEAR:
+		k_layers_linear(T, cfg->from, cfg->to, L, out);
+		break;
+	case K_LAYERS_LIST:
+		k_layers_list(T, cfg->list, cfg->n_list, L, out);
+		break;
+	default:
+		for (int l = 0; l < L; l++)
+			out[l] = T;
+	}
+}
+
+/* Run the pipeline on every head of kv. Returns 0, or -1 with err set when the scratch
+ * area is too small. */
+static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
+                                 const struct k_compress_cfg *cfg, k_score_fn score_fn,
+                                 rt_err *err)
+{
+	size_t need = k_compress_scratch_bytes(kv, cfg->n_tmp);
+	if (!ctx->scratch || ctx->scratch_len < need)
+		return rt_err_set(err, "policy: compress needs %zu bytes of scratch, runtime gave %zu",
+		                  need, ctx->scratch_len);
+	const int L = kv->n_layer, G = kv->n_kv_head, R = kv->group;
+	const size_t H = (size_t)L * G, c = (size_t)kv->cap;
+	uint8_t *p = (uint8_t *)(((uintptr_t)ctx->scratch + 63) & ~(uintptr_t)63);
+	float *score = (float *)(void *)p; p += k_align64(H * c * sizeof(float));
+	uint8_t *flags = p; p += k_align64(H * c);
+	uint8_t *candm = p; p += k_align64(H * c);
+	float *qs = (float *)(void *)p; p += k_align64((size_t)R * c * sizeof(float));
+	float *pooled = (float *)(void *)p; p += k_align64(c * sizeof(float));
+	float *tmp = (float *)(void *)p; p += k_align64((size_t)(cfg->n_tmp > 0 ? cfg->n_tmp : 1) * c * sizeof(float));
+	double *vec = (double *)(void *)p; p += k_align64((size_t)2 * kv->head_dim * sizeof(double));
+	struct k_cand *cbuf = (struct k_cand *)(void *)p; p += k_align64(H * c * sizeof(struct k_cand));
+	struct k_cand *ctmp = (struct k_cand *)(void *)p; p += k_align64(H * c * sizeof(struct k_cand));
+	int32_t *keep = (int32_t *)(void *)p; p += k_align64(c * sizeof(int32_t));
+	double *lb = (double *)(void *)p; p += k_align64((size_t)L * sizeof(double));
+	const float **sp = (const float **)(void *)p; p += k_align64(H * sizeof(void *));
+	const int32_t **pp = (const int32_t **)(void *)p; p += k_align64(H * sizeof(void *));
+	const uint8_t **cp = (const uint8_t **)(void *)p; p += k_align64(H * sizeof(void *));
+	int32_t *nn = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
+	int32_t *base = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
+	int32_t *alloc = (int32_t *)(void *)p;
+	const double seen = (double)ctx->seen;
+
+	/* 1. scores and guards per head */
+	for (int l = 0; l < L; l++)
+		for (int g = 0; g < G; g++) {
+			size_t hi = (size_t)l * G + g;
+			rt_kv_head *h = rt_kv_head_at(kv, l, g);
+			const int32_t n = h->n;
+			float *s = score + hi * c;
+			uint8_t *f = flags + hi * c;
+			int32_t n_dom = 0;
+			for (int32_t i = 0; i < n; i++) {
+				int guard = (cfg->sinks > 0 && h->pos[i] < cfg->sinks) ||
+				            (cfg->recent > 0 && h->pos[i] >= seen - cfg->recent) ||
+				            k_span_protected(ctx, cfg, h->span[i]);
+				f[i] = guard ? K_FLAG_GUARD : 0;
+				if (!(cfg->recent > 0 && h->pos[i] >= seen - cfg->recent))
+					n_dom = i + 1;
+			}
+			if (!cfg->has_score) {
+				for (int32_t i = 0; i < n; i++)
+					s[i] = 0.0f;
+				continue;
+			}
+			if (cfg->reduce < 0) {
+				score_fn(ctx, kv, h, l, 0, s, tmp, vec);
+			} else {
+				for (int r = 0; r < R; r++) {
+					float *q = qs + (size_t)r * c;
+					score_fn(ctx, kv, h, l, r, q, tmp, vec);
+					if (cfg->pool != K_POOL_NONE && cfg->pool_before_reduce) {
+						k_pool(q, pooled, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX);
+						memcpy(q, pooled, (size_t)n_dom * sizeof(float));
+					}
+				}
+				k_reduce(s, qs, R, (int32_t)c, n, cfg->reduce);
+			}
+			if (cfg->pool != K_POOL_NONE && (!cfg->pool_before_reduce || cfg->reduce < 0)) {
+				k_pool(s, pooled, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX);
+				memcpy(s, pooled, (size_t)n_dom * sizeof(float));
+			}
+		}
+
+	/* 2. layer-wide reduction: one score per position shared by the layer's KV heads */
+	if (cfg->over_layer && cfg->has_score && G > 1)
+		for (int l = 0; l < L; l++) {
+			const rt_kv_head *h0 = rt_kv_head_at(kv, l, 0);
+			float *s0 = score + (size_t)l * G * c;
+			for (int g = 1; g < G; g++) {
+				const rt_kv_head *hg = rt_kv_head_at(kv, l, g);
+				RT_ASSERT(hg->n == h0->n);
+				RT_ASSERT(memcmp(hg->pos, h0->pos, (size_t)h0->n * sizeof(int32_t)) == 0);
+			}
+			for (int32_t i = 0; i < h0->n; i++) {
+				double acc = s0[i];
+				for (int g = 1; g < G; g++) {
+					double x = score[((size_t)l * G + g) * c + i];
+					acc = cfg->reduce == K_REDUCE_MAX ? (x > acc ? x : acc) : acc + x;
+				}
+				if (cfg->reduce == K_REDUCE_MEAN || cfg->reduce < 0)
+					acc /= G;
+				for (int g = 0; g < G; g++)
+					score[((size_t)l * G + g) * c + i] = (float)acc;
+			}
+		}
+
+	/* 3. allocation: per-layer budget, minus the guarded entries, split across heads */
+	k_layer_budgets(cfg, kv, cfg->target, lb);
+	for (int l = 0; l < L; l++)
+		for (int g = 0; g < G; g++) {
+			size_t hi = (size_t)l * G + g;
+			rt_kv_head *h = rt_kv_head_at(kv, l, g);
+			const uint8_t *f = flags + hi * c;
+			uint8_t *cm = candm + hi * c;
+			int32_t n_guard = 0;
+			for (int32_t i = 0; i < h->n; i++) {
+				n_guard += (f[i] & K_FLAG_GUARD) != 0;
+				cm[i] = !(f[i] & K_FLAG_GUARD);
+			}
+			int32_t b = k_round_entries(lb[l]) - n_guard;
+			base[hi] = b > 0 ? b : 0;
+			nn[hi] = h->n;
+			sp[hi] = score + hi * c;
+			pp[hi] = h->pos;
+			cp[hi] = cm;
+		}
+	if (cfg->heads == K_HEADS_EACH) {
+		for (size_t hi = 0; hi < H; hi++)
+			alloc[hi] = base[hi];
+	} else {
+		size_t per = cfg->heads == K_HEADS_ADAPTIVE ? (size_t)G : H;
+		for (size_t h0 = 0; h0 < H; h0 += per)
+			k_alloc_adaptive((int)per, sp + h0, pp + h0, cp + h0, nn + h0, base + h0,
+			                 cfg->floor_frac, alloc + h0, cbuf, ctmp);
+	}
+
+	/* 4. selection, action, compaction per head */
+	for (int l = 0; l < L; l++)
+		for (int g = 0; g < G; g++) {
+			size_t hi = (size_t)l * G + g;
+			rt_kv_head *h = rt_kv_head_at(kv, l, g);
+			uint8_t *f = flags + hi * c;
+			uint8_t *cm = candm + hi * c;
+			uint8_t *kp = (uint8_t *)(void *)pooled; /* [cap] bytes fit in [cap] floats */
+			memset(kp, 0, (size_t)h->n);
+			k_select_topk(sp[hi], h->pos, cm, h->n, alloc[hi], kp, cbuf, ctmp);
+			for (int32_t i = 0; i < h->n; i++)
+				if (kp[i] || (f[i] & K_FLAG_GUARD))
+					f[i] |= K_FLAG_KEEP;
+			if (cfg->action == K_ACT_SPLIT && cfg->single_floor > 0) {
+				for (int32_t i = 0; i < h->n; i++) {
+					cm[i] = kp[i];
+					kp[i] = 0;
+				}
+				k_select_topk(sp[hi], h->pos, cm, h->n, k_round_entries(cfg->single_floor),
+				              kp, cbuf, ctmp);
+				for (int32_t i = 0; i < h->n; i++)
+					if (kp[i])
+						f[i] |= K_FLAG_SINGLE;
+			}
+			if (cfg->action != K_ACT_EVICT)
+				k_merge_evicted(kv, h, f, cfg->run);
+			int32_t nk = 0;
+			for (int32_t i = 0; i < h->n; i++)
+				if (f[i] & K_FLAG_KEEP)
+					keep[nk++] = i;
+			if (nk < h->n)
+				rt_kv_head_keep(kv, h, keep, nk);
+		}
+	return 0;
+}
+
+#endif

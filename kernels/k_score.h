@@ -1,0 +1,137 @@
+/*
+ * k_score: the vector stages of a policy's score at compress time, over the n entries of
+ * one (layer, KV head): key/value norms and the KeyDiff anchor cosine, the CAOTE
+ * output-error transform, normalisation, 1-D pooling over the entry axis, and the group
+ * reduction over the query heads of a KV head (GQA). Every function is a plain loop in a
+ * fixed order, so results are reproducible; tests compare each with hand-computed values.
+ */
+#ifndef K_SCORE_H
+#define K_SCORE_H
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
+/* ||x||_2 of x[d]. */
+static inline double k_norm(const float *x, int d)
+{
+	double s = 0;
+	for (int j = 0; j < d; j++)
+		s += (double)x[j] * x[j];
+	return sqrt(s);
+}
+
+/* KeyDiff anchor (arXiv 2504.15364): a[d] = mean over the n keys k[n × d] of k_i/||k_i||
+ * (zero keys contribute 0). */
+static inline void k_key_anchor(const float *k, int32_t n, int d, double *a)
+{
+	for (int j = 0; j < d; j++)
+		a[j] = 0;
+	for (int32_t i = 0; i < n; i++) {
+		const float *ki = k + (size_t)i * d;
+		double nk = k_norm(ki, d);
+		if (nk > 0)
+			for (int j = 0; j < d; j++)
+				a[j] += ki[j] / nk;
+	}
+	if (n > 0)
+		for (int j = 0; j < d; j++)
+			a[j] /= n;
+}
+
+/* cos(x, a) for x[d] (float) and a[d] (double); 0 when either is zero. */
+static inline double k_cos_anchor(const float *x, const double *a, int d)
+{
+	double xy = 0, xx = 0, aa = 0;
+	for (int j = 0; j < d; j++) {
+		xy += x[j] * a[j];
+		xx += (double)x[j] * x[j];
+		aa += a[j] * a[j];
+	}
+	return xx > 0 && aa > 0 ? xy / sqrt(xx * aa) : 0.0;
+}
+
+/* s[j] <- s[j] / sum_i s[i] over n entries (all 0 when the sum is 0). */
+static inline void k_normalize(float *s, int32_t n)
+{
+	double t = 0;
+	for (int32_t i = 0; i < n; i++)
+		t += s[i];
+	for (int32_t i = 0; i < n; i++)
+		s[i] = t != 0 ? (float)(s[i] / t) : 0.0f;
+}
+
+/* CAOTE (Goel et al., arXiv 2504.14051), in place on s[n] with values v[n × d]:
+ * alpha_j = s_j / sum_i s_i; o = sum_i alpha_i v_i (exact) or mean_i v_i (fast);
+ * s_j <- alpha_j / (1 - alpha_j) * ||o - v_j||_2, and FLT_MAX when alpha_j >= 1
+ * (removing the only attended entry is never cheap). o is [d] scratch. */
+static inline void k_caote(float *s, const float *v, int32_t n, int d, int fast, double *o)
+{
+	double t = 0;
+	for (int32_t i = 0; i < n; i++)
+		t += s[i];
+	for (int j = 0; j < d; j++)
+		o[j] = 0;
+	for (int32_t i = 0; i < n; i++) {
+		double w = fast ? 1.0 / n : (t != 0 ? s[i] / t : 0.0);
+		for (int j = 0; j < d; j++)
+			o[j] += w * v[(size_t)i * d + j];
+	}
+	for (int32_t i = 0; i < n; i++) {
+		double a = t != 0 ? s[i] / t : 0.0;
+		if (a >= 1.0) {
+			s[i] = FLT_MAX;
+			continue;
+		}
+		double e = 0;
+		for (int j = 0; j < d; j++) {
+			double x = o[j] - v[(size_t)i * d + j];
+			e += x * x;
+		}
+		s[i] = (float)(a / (1.0 - a) * sqrt(e));
+	}
+}
+
+/* 1-D pooling over the first n entries, stride 1, window [i - k/2, i + k/2] clipped to
+ * [0, n): max pooling ignores the padding (-inf); average pooling divides by k (zero
+ * padding counted, as torch avg_pool1d(padding=k/2)). in[n] -> out[n], out != in. */
+static inline void k_pool(const float *in, float *out, int32_t n, int32_t k, int is_max)
+{
+	int32_t h = k / 2;
+	for (int32_t i = 0; i < n; i++) {
+		int32_t lo = i - h < 0 ? 0 : i - h, hi = i + h >= n ? n - 1 : i + h;
+		if (is_max) {
+			float m = in[lo];
+			for (int32_t j = lo + 1; j <= hi; j++)
+				if (in[j] > m)
+					m = in[j];
+			out[i] = m;
+		} else {
+			double s = 0;
+			for (int32_t j = lo; j <= hi; j++)
+				s += in[j];
+			out[i] = (float)(s / k);
+		}
+	}
+}
+
+enum k_reduce_kind { K_REDUCE_MEAN = 0, K_REDUCE_MAX, K_REDUCE_SUM };
+
+/* Group reduction: dst[i] = reduce over r < group of src[r × stride + i], i < n. */
+static inline void k_reduce(float *dst, const float *src, int group, int32_t stride, int32_t n,
+                            int kind)
+{
+	for (int32_t i = 0; i < n; i++) {
+		double acc = src[i];
+		for (int r = 1; r < group; r++) {
+			double x = src[(size_t)r * stride + i];
+			if (kind == K_REDUCE_MAX)
+				acc = x > acc ? x : acc;
+			else
+				acc += x;
+		}
+		dst[i] = (float)(kind == K_REDUCE_MEAN ? acc / group : acc);
+	}
+}
+
+#endif

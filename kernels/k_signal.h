@@ -1,0 +1,58 @@
+/*
+ * k_signal: the scalar signals generated policies read outside the per-entry loops —
+ * the context a ratio refers to, the prompt length, the average entries per head and the
+ * free room of the store — shared by should_compress, next_trigger and compress.
+ */
+#ifndef K_SIGNAL_H
+#define K_SIGNAL_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "rt_kv.h"
+#include "rt_policy.h"
+
+/* The context (tokens) a ratio budget refers to when `seen` tokens were seen: the prompt
+ * length while the prompt is known and not yet exceeded, else the tokens seen. */
+static inline double k_context(const struct kvp_ctx *ctx, double seen)
+{
+	if (ctx->prompt_len >= 0 && seen <= (double)ctx->prompt_len)
+		return (double)ctx->prompt_len;
+	return seen;
+}
+
+/* The prompt length (tokens), or `seen` when unknown. */
+static inline double k_prompt_len(const struct kvp_ctx *ctx, double seen)
+{
+	return ctx->prompt_len >= 0 ? (double)ctx->prompt_len : seen;
+}
+
+/* Average entries per (layer, KV head): total / (n_layer × n_kv_head). */
+static inline double k_avg_entries(const rt_kv *kv)
+{
+	return (double)rt_kv_entries(kv) / ((double)kv->n_layer * kv->n_kv_head);
+}
+
+/* Entries every head can still append: min over heads of cap - n. */
+static inline int32_t k_room(const rt_kv *kv)
+{
+	int32_t room = kv->cap;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		if (kv->cap - kv->heads[i].n < room)
+			room = kv->cap - kv->heads[i].n;
+	return room;
+}
+
+/* A period (steps or tokens) as a whole number >= 1. */
+static inline double k_period(double x)
+{
+	return x >= 1 ? floor(x) : 1;
+}
+
+/* 1 when `seen` is a multiple of period p (p >= 1). */
+static inline int k_every(double seen, double p)
+{
+	return fmod(seen, k_period(p)) == 0;
+}
+
+#endif

@@ -1,0 +1,164 @@
+/*
+ * rt_policy: the policy ABI — what a policy compiled by kvpc exports and how the runtime
+ * drives it (DESIGN.md section 5). A compiled policy is one `const struct kvp_policy`: its
+ * name and source, its parameters (runtime knobs with defaults and units), the size of its
+ * per-entry statistics and per-head state, its position convention, what the runtime must
+ * hand it (needs flags), and five hooks:
+ *
+ *   init_entries     after entries are appended to a head (new positions, keys, values)
+ *   observe          after the attention of ONE query token over one KV head's entries:
+ *                    the probabilities of every query head of the group, the attention
+ *                    output o of each, the step (= the query token's position)
+ *   should_compress  after each step or chunk: 1 if compress must run now
+ *   compress         the whole cache (all layers and heads), so allocation across layers
+ *                    and heads is possible
+ *   next_trigger     how many more tokens may be appended before the policy must run, so
+ *                    the runtime processes the largest chunk that cannot cross a trigger
+ *                    and chunked evaluation equals token-by-token evaluation
+ *
+ * Units used throughout: "entries" are slots of one (layer, KV head) list, "tokens" are
+ * positions of the text, "steps" are query tokens processed (one observe per step, layer
+ * and KV head). Statistics are stored in 4-byte words per entry: stat_words_entry shared
+ * words plus stat_words_qhead words for each query head of the group, so
+ * stat_bytes = 4 × (stat_words_entry + group × stat_words_qhead); the same for per-head
+ * state: state_bytes = 4 × (state_words + head_dim × state_words_dim).
+ *
+ * The runtime owns everything passed in; hooks never allocate. compress works in
+ * ctx->scratch (at least scratch_bytes(kv) bytes, 64-byte aligned, allocated once).
+ */
+#ifndef RT_POLICY_H
+#define RT_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rt_kv.h"
+
+#define KVP_ABI_VERSION 1
+
+/* Unit of a parameter value: what the number counts. */
+enum kvp_unit {
+	KVP_UNIT_SCALAR = 0, /* a plain number (thresholds, EMA rates, exponents) */
+	KVP_UNIT_ENTRIES,    /* entries of one (layer, KV head) list */
+	KVP_UNIT_TOKENS,     /* token positions of the text */
+	KVP_UNIT_RATIO,      /* a fraction of the context (0..1) or a compression factor */
+	KVP_UNIT_STEPS,      /* query steps (decode or prefill tokens processed) */
+	KVP_UNIT_COUNT_
+};
+
+/* Where kept keys sit after compaction (DESIGN.md section 4). */
+enum kvp_positions {
+	KVP_POS_ORIGINAL = 0, /* keys keep the RoPE of their original position (H2O, SnapKV, TOVA) */
+	KVP_POS_COMPACTED,    /* the runtime re-rotates kept keys to their index in the cache
+	                         (StreamingLLM) after each compress */
+};
+
+/* Processing phase of the sequence. */
+enum kvp_phase {
+	KVP_PHASE_PREFILL = 0, /* tokens of the prompt (the context to compress) */
+	KVP_PHASE_DECODE,      /* generated or scored continuation tokens */
+};
+
+/* What the runtime must compute and pass to the hooks (bit flags of needs). */
+enum {
+	KVP_NEED_ATTN = 1u << 0,   /* observe needs the attention probabilities */
+	KVP_NEED_OUT = 1u << 1,    /* observe needs the attention outputs o */
+	KVP_NEED_KEYS = 1u << 2,   /* init_entries / compress read keys */
+	KVP_NEED_VALUES = 1u << 3, /* init_entries / compress read values */
+	KVP_NEED_SPANS = 1u << 4,  /* compress reads protected span ids (rt_kv_head.span) */
+	KVP_NEED_PROMPT_LEN = 1u << 5, /* the prompt length must be known before prefill
+	                                  (observation windows over the prompt tail) */
+};
+
+/* One runtime knob. The runtime copies the defaults into kvp_ctx.params and applies
+ * `--set name=value` overrides; hooks read ctx->params[i], never the default. */
+struct kvp_param {
+	const char *name;    /* as written in the .kvp file */
+	double def;          /* default value */
+	enum kvp_unit unit;
+	const char *doc;     /* one line, may be "" */
+};
+
+/* The per-sequence context the runtime passes to every hook. */
+struct kvp_ctx {
+	const double *params;   /* [n_params] current parameter values */
+	int64_t seen;           /* tokens appended to the cache so far (positions 0..seen-1) */
+	int64_t prompt_len;     /* tokens of the prompt, or -1 when unknown (pure streaming) */
+	enum kvp_phase phase;   /* phase of the last processed token */
+	int prompt_done;        /* 1 once every prompt token has been processed */
+	int64_t compress_count; /* compress calls so far in this sequence */
+	int64_t last_compress_seen; /* ctx.seen at the last compress (0 if none) */
+	const char *const *span_names; /* [n_spans + 1] names of the request's protected spans,
+	                                  span id s (1..n_spans) is span_names[s]; [0] unused */
+	int n_spans;
+	void *scratch;          /* >= policy->scratch_bytes(kv) bytes for compress */
+	size_t scratch_len;
+};
+
+/* What observe receives for one query token (one step) over one KV head. The entries
+ * visible to this query are the first n of the head (entries are kept in position order
+ * and the query sees every entry whose position is <= step). */
+struct kvp_obs {
+	int64_t step;          /* position of the query token; tokens seen = step + 1 */
+	int32_t n;             /* visible entries */
+	int group;             /* query heads sharing the KV head */
+	const float *probs;    /* [group × n] attention probabilities (rows sum to 1), or NULL
+	                          unless KVP_NEED_ATTN */
+	const float *out;      /* [group × head_dim] attention outputs, or NULL unless
+	                          KVP_NEED_OUT */
+};
+
+struct kvp_policy {
+	int abi_version;        /* KVP_ABI_VERSION */
+	const char *name;       /* policy name as written in the .kvp file */
+	const char *source;     /* path of the .kvp file the code was generated from */
+	const char *source_hash; /* 16 hex digits, FNV-1a 64 of the source bytes */
+	const char *summary;    /* one-line description (the leading comment), may be "" */
+	int n_params;
+	const struct kvp_param *params; /* [n_params] */
+	uint32_t stat_words_entry; /* per-entry words shared by the group */
+	uint32_t stat_words_qhead; /* per-entry words for each query head */
+	uint32_t state_words;      /* per-head state words */
+	uint32_t state_words_dim;  /* per-head state words per head_dim */
+	enum kvp_positions positions;
+	unsigned needs;         /* KVP_NEED_* */
+
+	/* Entries [first, first + n) of head (layer, kv_head) were just appended (statistics
+	 * already zeroed by rt_kv_append). May be NULL. */
+	void (*init_entries)(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,
+	                     int32_t first, int32_t n);
+	/* One step of attention over head (layer, kv_head). May be NULL. */
+	void (*observe)(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,
+	                const struct kvp_obs *obs);
+	/* 1 when compress must run now (after ctx->seen tokens), else 0. */
+	int (*should_compress)(const struct kvp_ctx *ctx, const rt_kv *kv);
+	/* Compress the whole cache. Returns 0, or -1 with err set (e.g. scratch too small). */
+	int (*compress)(const struct kvp_ctx *ctx, rt_kv *kv, rt_err *err);
+	/* The largest number of tokens k >= 1 that may be appended (and observed) before
+	 * should_compress can become true: after k tokens it may be true, before it is not.
+	 * Bounded by the free capacity of the heads; INT32_MAX when the policy never runs. */
+	int32_t (*next_trigger)(const struct kvp_ctx *ctx, const rt_kv *kv);
+	/* Bytes of ctx->scratch compress needs for this store's shape. */
+	size_t (*scratch_bytes)(const rt_kv *kv);
+};
+
+/* Bytes of per-entry statistics and per-head state a store needs for policy p with this
+ * GQA group size and head_dim (pass them to rt_kv_init). */
+size_t kvp_policy_stat_bytes(const struct kvp_policy *p, int group);
+size_t kvp_policy_state_bytes(const struct kvp_policy *p, int head_dim);
+
+/* Index of the parameter called name, or -1. */
+int kvp_policy_param_index(const struct kvp_policy *p, const char *name);
+
+/* Fill vals[0..n_params) with the defaults. */
+void kvp_policy_param_defaults(const struct kvp_policy *p, double *vals);
+
+/* Apply one "name=value" override to vals. Fails (-1, err "policy NAME: ...") on an
+ * unknown name or a value that is not a finite number. */
+int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *assign,
+                         rt_err *err);
+
+/* Name of a unit ("entries", "tokens", ...). */
+const char *kvp_unit_name(enum kvp_unit u);
+
+#endif

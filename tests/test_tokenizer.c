@@ -1,0 +1,763 @@
+/*
+ * test_tokenizer: the byte-level BPE tokenizer (runtime/rt_tokenizer.c).
+ *
+ * Model-free cases build tiny GPT-2-style vocabularies with gguf_writer and check
+ * hand-computed BPE results (merge order by rank, leftmost on ties, no merges across
+ * pre-tokenizer pieces, byte fallback), special-token partitioning, error messages and
+ * the ChatML renderer. Model cases (env KVRT_MODEL = the SmolLM2-135M-Instruct GGUF)
+ * compare against tests/golden/tokenizer/golden.txt, written by make_golden.py from
+ * llama.cpp's own tokenizer (llama-cpp-python, vocab_only) and jinja2: every golden text's
+ * ids exactly, decode(tokenize(x)) == x, the decoded bytes of all 49152 tokens (hash), the
+ * end-of-generation set, and 1 MB inputs in bounded time.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "support/gguf_writer.h"
+#include "rt_tokenizer.h"
+
+#define GOLDEN "tests/golden/tokenizer/golden.txt"
+
+/* ---- golden file ----------------------------------------------------------------- */
+
+typedef struct gcase {
+	char name[64];
+	int special, roundtrip;
+	char *text;
+	size_t len;
+	int32_t *ids;
+	int64_t n_ids;
+} gcase;
+
+typedef struct golden {
+	gcase cases[128];
+	int n;
+	int32_t eog[64];
+	int n_eog;
+	uint64_t vocab_fnv;
+	struct {
+		char *sys, *user, *render; /* sys NULL = template default */
+	} chat[16];
+	int n_chat;
+} golden;
+
+static uint64_t fnv64(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ULL;
+	return h;
+}
+#define FNV_INIT 0xcbf29ce484222325ULL
+
+/* Hex to bytes (NUL-terminated copy); "-" and "=" are the empty string. */
+static char *unhex(const char *h, size_t *len)
+{
+	size_t n = strlen(h);
+	if (!strcmp(h, "-") || !strcmp(h, "="))
+		n = 0;
+	ck_assert_msg(n % 2 == 0, "odd hex length %zu", n);
+	char *s = malloc(n / 2 + 1);
+	for (size_t i = 0; i < n / 2; i++) {
+		unsigned v;
+		ck_assert_int_eq(sscanf(h + 2 * i, "%2x", &v), 1);
+		s[i] = (char)v;
+	}
+	s[n / 2] = '\0';
+	if (len)
+		*len = n / 2;
+	return s;
+}
+
+static char *read_prefix(const char *path, size_t n)
+{
+	FILE *f = fopen(path, "rb");
+	ck_assert_msg(f != NULL, "cannot open %s", path);
+	char *s = malloc(n + 1);
+	ck_assert_uint_eq(fread(s, 1, n, f), n);
+	fclose(f);
+	s[n] = '\0';
+	return s;
+}
+
+static int32_t *parse_ids(char *rest, int64_t *n)
+{
+	char *end;
+	long long cnt = strtoll(rest, &end, 10);
+	ck_assert(cnt >= 0);
+	int32_t *ids = malloc(((size_t)cnt + 1) * sizeof *ids);
+	for (long long i = 0; i < cnt; i++)
+		ids[i] = (int32_t)strtol(end, &end, 10);
+	*n = cnt;
+	return ids;
+}
+
+static void golden_load(golden *g)
+{
+	memset(g, 0, sizeof *g);
+	FILE *f = fopen(GOLDEN, "r");
+	ck_assert_msg(f != NULL, "cannot open " GOLDEN " (run the tests from the repo root)");
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t ll;
+	gcase *c = NULL;
+	while ((ll = getline(&line, &cap, f)) > 0) {
+		if (line[ll - 1] == '\n')
+			line[--ll] = '\0';
+		if (!strncmp(line, "case ", 5)) {
+			ck_assert_int_lt(g->n, 128);
+			c = &g->cases[g->n++];
+			ck_assert_int_eq(sscanf(line + 5, "%63s %d %d", c->name, &c->special, &c->roundtrip), 3);
+		} else if (!strncmp(line, "text ", 5)) {
+			c->text = unhex(line + 5, &c->len);
+		} else if (!strncmp(line, "file ", 5)) {
+			char path[256], sha[80];
+			size_t n;
+			unsigned long long h;
+			ck_assert_int_eq(sscanf(line + 5, "%255s %zu %llx %79s", path, &n, &h, sha), 4);
+			c->text = read_prefix(path, n);
+			c->len = n;
+			ck_assert_msg(fnv64(FNV_INIT, c->text, n) == h,
+			              "%s changed on this system (FNV-1a-64 of %zu bytes; sha256 should be %s)",
+			              path, n, sha);
+		} else if (!strncmp(line, "ids ", 4)) {
+			c->ids = parse_ids(line + 4, &c->n_ids);
+		} else if (!strncmp(line, "eog ", 4)) {
+			int64_t n;
+			int32_t *ids = parse_ids(line + 4, &n);
+			ck_assert_int_le(n, 64);
+			memcpy(g->eog, ids, (size_t)n * sizeof *ids);
+			g->n_eog = (int)n;
+			free(ids);
+		} else if (!strncmp(line, "vocab_fnv ", 10)) {
+			g->vocab_fnv = strtoull(line + 10, NULL, 16);
+		} else if (!strncmp(line, "chat ", 5)) {
+			char *a = strtok(line + 5, " "), *b = strtok(NULL, " "), *r = strtok(NULL, " ");
+			ck_assert(a && b && r && g->n_chat < 16);
+			g->chat[g->n_chat].sys = strcmp(a, "-") ? unhex(a, NULL) : NULL;
+			g->chat[g->n_chat].user = unhex(b, NULL);
+			g->chat[g->n_chat].render = unhex(r, NULL);
+			g->n_chat++;
+		}
+	}
+	free(line);
+	fclose(f);
+	ck_assert_int_ge(g->n, 30);
+	for (int i = 0; i < g->n; i++)
+		ck_assert_msg(g->cases[i].ids != NULL && (g->cases[i].text != NULL),
+		              "golden case %s incomplete", g->cases[i].name);
+}
+
+static void golden_free(golden *g)
+{
+	for (int i = 0; i < g->n; i++) {
+		free(g->cases[i].text);
+		free(g->cases[i].ids);
+	}
+	for (int i = 0; i < g->n_chat; i++) {
+		free(g->chat[i].sys);
+		free(g->chat[i].user);
+		free(g->chat[i].render);
+	}
+}
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+/* Tokenize into a fresh array (size query first); asserts success. */
+static int32_t *tok(const rt_tokenizer *t, const char *s, size_t n, int special, int64_t *count)
+{
+	rt_err err = {{0}};
+	int64_t m = rt_tokenize(t, s, n, special, NULL, 0, &err);
+	ck_assert_msg(m >= 0, "tokenize failed: %s", err.msg);
+	int32_t *ids = malloc(((size_t)m + 1) * sizeof *ids);
+	ck_assert_int_eq(rt_tokenize(t, s, n, special, ids, m, &err), m);
+	*count = m;
+	return ids;
+}
+
+/* Concatenated decoded bytes of ids (heap, NUL-terminated). */
+static char *detok(const rt_tokenizer *t, const int32_t *ids, int64_t n, size_t *len)
+{
+	size_t cap = 64, w = 0;
+	char *s = malloc(cap);
+	for (int64_t i = 0; i < n; i++) {
+		int k = rt_token_to_bytes(t, ids[i], NULL, 0);
+		ck_assert_int_ge(k, 0);
+		while (w + (size_t)k + 1 > cap)
+			s = realloc(s, cap *= 2);
+		ck_assert_int_eq(rt_token_to_bytes(t, ids[i], s + w, k), k);
+		w += (size_t)k;
+	}
+	s[w] = '\0';
+	*len = w;
+	return s;
+}
+
+/* Compare id arrays; on mismatch report the first differing index. */
+static void assert_ids(const char *what, const int32_t *got, int64_t ng, const int32_t *exp, int64_t ne)
+{
+	int64_t i = 0;
+	while (i < ng && i < ne && got[i] == exp[i])
+		i++;
+	ck_assert_msg(ng == ne && i == ne, "%s: %lld ids, expected %lld; first difference at %lld (got %d, expected %d)",
+	              what, (long long)ng, (long long)ne, (long long)i, i < ng ? got[i] : -1,
+	              i < ne ? exp[i] : -1);
+}
+
+/* ---- synthetic vocabularies ------------------------------------------------------ */
+
+/* GPT-2 bytes_to_unicode symbol of byte b, UTF-8. */
+static void byte_sym(int b, char out[4])
+{
+	int n = 0, cp = -1;
+	for (int x = 0; x < 256; x++) {
+		int keep = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
+		int c = keep ? x : 256 + n++;
+		if (x == b)
+			cp = c;
+	}
+	memset(out, 0, 4);
+	if (cp < 0x80) {
+		out[0] = (char)cp;
+	} else {
+		out[0] = (char)(0xC0 | (cp >> 6));
+		out[1] = (char)(0x80 | (cp & 0x3F));
+	}
+}
+
+/*
+ * Vocabulary: 0 "<|endoftext|>" (control), 1 "<|im_start|>" (control), 2 "<|im_end|>"
+ * (control), 3..258 the 256 byte symbols (id = 3 + byte), then the extra tokens below,
+ * then one user-defined token "<tool>". Extra token k has id 259 + k.
+ */
+static const char *const EXTRA[] = {"ab", "bc", "abc", "aa", "Ġa", "Ġab", "aaaa", "12"};
+enum { ID_AB = 259, ID_BC, ID_ABC, ID_AA, ID_SP_A, ID_SP_AB, ID_AAAA, ID_12, ID_TOOL };
+#define N_SYN (ID_TOOL + 1)
+#define B(c) (3 + (int)(unsigned char)(c))
+
+/* Write a synthetic tokenizer GGUF to a temp file. what selects a defect for error tests:
+ * 0 none, 1 no tokenizer.ggml.model, 2 model "llama", 3 pre "llama-bpe", 4 no merges,
+ * 5 a merge without a space, 6 no tokenizer.ggml.pre. */
+static char *write_syn(int what)
+{
+	static const char *const merges[] = {
+		"a b",   /* 0 -> ab */
+		"b c",   /* 1 -> bc */
+		"ab c",  /* 2 -> abc */
+		"a a",   /* 3 -> aa */
+		"Ġ a",   /* 4 -> Ġa */
+		"Ġa b",  /* 5 -> Ġab */
+		"aa aa", /* 6 -> aaaa */
+		"1 2",   /* 7 -> 12 (never applies: smollm splits digits) */
+		"x y",   /* 8 -> xy, not in the vocabulary */
+		"a Ġ",   /* 9 -> never applies: 'a' and ' ' are in different pieces */
+	};
+	const char *toks[N_SYN];
+	int32_t types[N_SYN];
+	char syms[256][4];
+	toks[0] = "<|endoftext|>";
+	toks[1] = "<|im_start|>";
+	toks[2] = "<|im_end|>";
+	for (int i = 0; i < 3; i++)
+		types[i] = 3;
+	for (int b = 0; b < 256; b++) {
+		byte_sym(b, syms[b]);
+		toks[3 + b] = syms[b];
+		types[3 + b] = 1;
+	}
+	for (int k = 0; k < (int)(sizeof EXTRA / sizeof EXTRA[0]); k++) {
+		toks[259 + k] = EXTRA[k];
+		types[259 + k] = 1;
+	}
+	toks[ID_TOOL] = "<tool>";
+	types[ID_TOOL] = 4;
+	const char *bad_merges[] = {"a b", "nospace"};
+
+	gw *w = gw_init();
+	gw_kv_str(w, "general.architecture", "llama");
+	if (what != 1)
+		gw_kv_str(w, "tokenizer.ggml.model", what == 2 ? "llama" : "gpt2");
+	if (what != 6)
+		gw_kv_str(w, "tokenizer.ggml.pre", what == 3 ? "llama-bpe" : "smollm");
+	gw_kv_str_arr(w, "tokenizer.ggml.tokens", toks, N_SYN);
+	gw_kv_i32_arr(w, "tokenizer.ggml.token_type", types, N_SYN);
+	if (what == 5)
+		gw_kv_str_arr(w, "tokenizer.ggml.merges", bad_merges, 2);
+	else if (what != 4)
+		gw_kv_str_arr(w, "tokenizer.ggml.merges", merges, sizeof merges / sizeof merges[0]);
+	gw_kv_u32(w, "tokenizer.ggml.eos_token_id", 2);
+	char *path = strdup("/tmp/test_tokenizer_XXXXXX");
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(gw_write(w, path), 0);
+	gw_free(w);
+	return path;
+}
+
+static rt_tokenizer *open_syn(void)
+{
+	char *path = write_syn(0);
+	rt_err err = {{0}};
+	rt_gguf *g = rt_gguf_open(path, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	rt_tokenizer *t = rt_tokenizer_init(g, &err);
+	ck_assert_msg(t != NULL, "%s", err.msg);
+	rt_gguf_close(g); /* the tokenizer keeps its own copies */
+	unlink(path);
+	free(path);
+	return t;
+}
+
+static void expect_syn(const rt_tokenizer *t, const char *text, int special, const int32_t *exp, int64_t ne)
+{
+	int64_t n;
+	int32_t *ids = tok(t, text, strlen(text), special, &n);
+	assert_ids(text, ids, n, exp, ne);
+	free(ids);
+}
+#define EXPECT(t, text, special, ...)                                                    \
+	do {                                                                                  \
+		const int32_t e_[] = {__VA_ARGS__};                                               \
+		expect_syn(t, text, special, e_, (int64_t)(sizeof e_ / sizeof e_[0]));            \
+	} while (0)
+
+START_TEST(test_bpe_merge_order)
+{
+	rt_tokenizer *t = open_syn();
+	ck_assert_int_eq(rt_tokenizer_n_vocab(t), N_SYN);
+	/* (a,b) rank 0 before (b,c) rank 1, then (ab,c) rank 2 */
+	EXPECT(t, "abc", 0, ID_ABC);
+	/* "bcab": (a,b) rank 0 merges first, then (b,c) rank 1; (bc,ab) has no rank */
+	EXPECT(t, "bcab", 0, ID_BC, ID_AB);
+	/* equal ranks: leftmost first; "aaa" -> aa a; "aaaaa" -> aa aa a -> aaaa a */
+	EXPECT(t, "aaa", 0, ID_AA, B('a'));
+	EXPECT(t, "aaaaa", 0, ID_AAAA, B('a'));
+	/* " ab": the space belongs to the letter piece, so Ġ+a (rank 4) beats nothing,
+	 * but a+b (rank 0) comes first: Ġ ab, and (Ġ,ab) has no rank */
+	EXPECT(t, " ab", 0, B(' '), ID_AB);
+	/* " a b": pieces " a", " b" -> Ġa, Ġ b */
+	EXPECT(t, " a b", 0, ID_SP_A, B(' '), B('b'));
+	/* merge result "xy" is not a token: its bytes */
+	EXPECT(t, "xy", 0, B('x'), B('y'));
+	rt_tokenizer_free(t);
+}
+END_TEST
+
+START_TEST(test_pretokenizer_pieces)
+{
+	rt_tokenizer *t = open_syn();
+	/* smollm splits every digit: the "1 2" merge must never apply */
+	EXPECT(t, "12", 0, B('1'), B('2'));
+	EXPECT(t, "a12b", 0, B('a'), B('1'), B('2'), B('b'));
+	/* "a " : the letter run and the trailing space are different pieces ("a Ġ" unused) */
+	EXPECT(t, "a ", 0, B('a'), B(' '));
+	/* "aa  ab": "aa", " " (\s+(?!\S) leaves one space), " ab" -> Ġ ab */
+	EXPECT(t, "aa  ab", 0, ID_AA, B(' '), B(' '), ID_AB);
+	/* contractions are their own pieces: "a's" -> a, ' s */
+	EXPECT(t, "a's", 0, B('a'), B('\''), B('s'));
+	/* punctuation runs with an optional leading space: " !?" one piece (no merges) */
+	EXPECT(t, "a !?", 0, B('a'), B(' '), B('!'), B('?'));
+	/* empty input */
+	int64_t n;
+	int32_t *ids = tok(t, "", 0, 0, &n);
+	ck_assert_int_eq(n, 0);
+	free(ids);
+	rt_tokenizer_free(t);
+}
+END_TEST
+
+START_TEST(test_special_partition)
+{
+	rt_tokenizer *t = open_syn();
+	/* control tokens only with parse_special */
+	EXPECT(t, "<|im_start|>ab<|im_end|>", 1, 1, ID_AB, 2);
+	EXPECT(t, "<|im_end|>", 0, B('<'), B('|'), B('i'), B('m'), B('_'), B('e'), B('n'), B('d'),
+	       B('|'), B('>'));
+	/* a user-defined token is matched either way */
+	EXPECT(t, "ab<tool>ab", 0, ID_AB, ID_TOOL, ID_AB);
+	EXPECT(t, "<tool><tool>", 1, ID_TOOL, ID_TOOL);
+	/* partial special text stays plain text */
+	EXPECT(t, "<|im_start|", 1, B('<'), B('|'), B('i'), B('m'), B('_'), B('s'), B('t'), B('a'),
+	       B('r'), B('t'), B('|'));
+	ck_assert_int_eq(rt_tokenizer_find(t, "<tool>"), ID_TOOL);
+	ck_assert_int_eq(rt_tokenizer_find(t, "abc"), ID_ABC);
+	ck_assert_int_eq(rt_tokenizer_find(t, "xy"), -1); /* interned merge result, not a token */
+	ck_assert_int_eq(rt_tokenizer_find(t, "zzz"), -1);
+	/* EOG: <|endoftext|>, <|im_end|> (by text), eos id 2; not <|im_start|> */
+	ck_assert(rt_tokenizer_is_eog(t, 0));
+	ck_assert(rt_tokenizer_is_eog(t, 2));
+	ck_assert(!rt_tokenizer_is_eog(t, 1));
+	ck_assert(!rt_tokenizer_is_eog(t, ID_AB));
+	ck_assert(!rt_tokenizer_is_eog(t, -1));
+	ck_assert(!rt_tokenizer_is_eog(t, N_SYN));
+	rt_tokenizer_free(t);
+}
+END_TEST
+
+START_TEST(test_decode_and_buffers)
+{
+	rt_tokenizer *t = open_syn();
+	char buf[32];
+	ck_assert_int_eq(rt_token_to_bytes(t, ID_SP_AB, buf, sizeof buf), 3);
+	ck_assert(!memcmp(buf, " ab", 3));
+	ck_assert_int_eq(rt_token_to_bytes(t, B('\n'), buf, sizeof buf), 1);
+	ck_assert_int_eq(buf[0], '\n');
+	ck_assert_int_eq(rt_token_to_bytes(t, B(0xff), buf, sizeof buf), 1);
+	ck_assert_int_eq((unsigned char)buf[0], 0xff);
+	ck_assert_int_eq(rt_token_to_bytes(t, 1, buf, sizeof buf), 12); /* control: literal */
+	ck_assert(!memcmp(buf, "<|im_start|>", 12));
+	/* short buffer: writes cap bytes, returns the full length */
+	memset(buf, '#', sizeof buf);
+	ck_assert_int_eq(rt_token_to_bytes(t, 1, buf, 3), 12);
+	ck_assert(!memcmp(buf, "<|i#", 4));
+	ck_assert_int_eq(rt_token_to_bytes(t, -1, buf, sizeof buf), -1);
+	ck_assert_int_eq(rt_token_to_bytes(t, N_SYN, buf, sizeof buf), -1);
+
+	/* output capacity: the count is always the full one, at most cap ids written */
+	rt_err err = {{0}};
+	int32_t out[4] = {-7, -7, -7, -7};
+	ck_assert_int_eq(rt_tokenize(t, "x y z", 5, 0, out, 2, &err), 5);
+	ck_assert_int_eq(out[0], B('x'));
+	ck_assert_int_eq(out[1], B(' '));
+	ck_assert_int_eq(out[2], -7);
+	ck_assert_int_eq(rt_tokenize(t, "x y z", 5, 0, NULL, 0, &err), 5);
+	rt_tokenizer_free(t);
+}
+END_TEST
+
+START_TEST(test_invalid_utf8)
+{
+	rt_tokenizer *t = open_syn();
+	static const struct {
+		const char *s;
+		size_t n;
+		size_t at;
+	} bad[] = {
+		{"\xff", 1, 0},
+		{"ab\xc3", 3, 2},          /* truncated 2-byte sequence */
+		{"a\xc0\xaf", 3, 1},       /* overlong '/' */
+		{"xy\xed\xa0\x80z", 6, 2}, /* UTF-16 surrogate */
+		{"\xf4\x90\x80\x80", 4, 0}, /* > U+10FFFF */
+		{"ok\x80", 3, 2},          /* stray continuation */
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		rt_err err = {{0}};
+		int32_t out[16];
+		ck_assert_int_eq(rt_tokenize(t, bad[i].s, bad[i].n, 1, out, 16, &err), -1);
+		char want[64];
+		snprintf(want, sizeof want, "text: invalid UTF-8 at byte %zu", bad[i].at);
+		ck_assert_str_eq(err.msg, want);
+	}
+	rt_tokenizer_free(t);
+}
+END_TEST
+
+START_TEST(test_init_errors)
+{
+	static const char *const want[] = {
+		NULL,
+		"key 'tokenizer.ggml.model' missing",
+		"model 'llama' unsupported",
+		"pre-tokenizer 'llama-bpe' unsupported",
+		"key 'tokenizer.ggml.merges' missing",
+		"merge 1 'nospace' has no space separator",
+		"key 'tokenizer.ggml.pre' missing",
+	};
+	for (int what = 1; what <= 6; what++) {
+		char *path = write_syn(what);
+		rt_err err = {{0}};
+		rt_gguf *g = rt_gguf_open(path, &err);
+		ck_assert_msg(g != NULL, "%s", err.msg);
+		ck_assert_ptr_null(rt_tokenizer_init(g, &err));
+		ck_assert_msg(strstr(err.msg, want[what]) && strstr(err.msg, path) &&
+		                  strstr(err.msg, ": tokenizer: "),
+		              "case %d: '%s' lacks '%s'", what, err.msg, want[what]);
+		rt_gguf_close(g);
+		unlink(path);
+		free(path);
+	}
+}
+END_TEST
+
+START_TEST(test_chat_render)
+{
+	golden g;
+	golden_load(&g);
+	ck_assert_int_ge(g.n_chat, 3);
+	for (int i = 0; i < g.n_chat; i++) {
+		char *s = rt_chat_render(g.chat[i].sys, g.chat[i].user);
+		ck_assert_str_eq(s, g.chat[i].render);
+		free(s);
+	}
+	/* the documented default prompt, spelled out (model_and_data.md 1.6) */
+	char *s = rt_chat_render(NULL, "Hi");
+	ck_assert_str_eq(s, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+	                    "Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+	free(s);
+	golden_free(&g);
+}
+END_TEST
+
+/* ---- real model ------------------------------------------------------------------- */
+
+static rt_tokenizer *model_tok;
+static golden *model_golden;
+
+static void model_setup(void)
+{
+	const char *path = getenv("KVRT_MODEL");
+	rt_err err = {{0}};
+	rt_gguf *g = rt_gguf_open(path, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	model_tok = rt_tokenizer_init(g, &err);
+	ck_assert_msg(model_tok != NULL, "%s", err.msg);
+	rt_gguf_close(g);
+	model_golden = malloc(sizeof *model_golden);
+	golden_load(model_golden);
+}
+
+static void model_teardown(void)
+{
+	rt_tokenizer_free(model_tok);
+	golden_free(model_golden);
+	free(model_golden);
+}
+
+static int sanitized(void)
+{
+	const char *s = getenv("KVRT_SANITIZED");
+	return s && *s && strcmp(s, "0");
+}
+
+START_TEST(test_model_selfcheck)
+{
+	/* model_and_data.md 1.6 vectors, also in the golden file (verified by llama.cpp) */
+	static const struct {
+		const char *text;
+		int32_t ids[20];
+		int n;
+	} v[] = {
+		{"Hello, we can use", {19556, 28, 392, 416, 722}, 5},
+		{"The capital of France is", {504, 3575, 282, 4649, 314}, 5},
+		{"\n", {198}, 1},
+		{"Hello world! 123", {19556, 905, 17, 216, 33, 34, 35}, 7},
+		{"  multiple   spaces", {216, 2701, 256, 5600}, 4},
+		{"Caf\xc3\xa9 d\xc3\xa9j\xc3\xa0 vu.", {51, 1939, 2756, 32564, 90, 16739, 386, 101, 30}, 9},
+		{"You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+		 {2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182}, 16},
+	};
+	ck_assert_int_eq(rt_tokenizer_n_vocab(model_tok), 49152);
+	for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+		int64_t n;
+		int32_t *ids = tok(model_tok, v[i].text, strlen(v[i].text), 0, &n);
+		assert_ids(v[i].text, ids, n, v[i].ids, v[i].n);
+		free(ids);
+	}
+	ck_assert_int_eq(rt_tokenizer_find(model_tok, "<|endoftext|>"), 0);
+	ck_assert_int_eq(rt_tokenizer_find(model_tok, "<|im_start|>"), 1);
+	ck_assert_int_eq(rt_tokenizer_find(model_tok, "<|im_end|>"), 2);
+	ck_assert_int_eq(rt_tokenizer_find(model_tok, "\xc4\x8a"), 198); /* "Ċ" = "\n" */
+}
+END_TEST
+
+START_TEST(test_model_goldens)
+{
+	golden *g = model_golden;
+	for (int i = 0; i < g->n; i++) {
+		gcase *c = &g->cases[i];
+		if (sanitized() && c->len > 4096)
+			continue;
+		int64_t n;
+		int32_t *ids = tok(model_tok, c->text, c->len, c->special, &n);
+		assert_ids(c->name, ids, n, c->ids, c->n_ids);
+		free(ids);
+	}
+}
+END_TEST
+
+START_TEST(test_model_roundtrip)
+{
+	golden *g = model_golden;
+	int checked = 0;
+	for (int i = 0; i < g->n; i++) {
+		gcase *c = &g->cases[i];
+		size_t len;
+		char *back = detok(model_tok, c->ids, c->n_ids, &len);
+		if (c->roundtrip) {
+			ck_assert_msg(len == c->len && !memcmp(back, c->text, len), "%s: decode(ids) != text",
+			              c->name);
+			checked++;
+		} else {
+			/* bytes without a token (0x04 0x06 0x13 0x1d here) are dropped, as llama.cpp does */
+			char *kept = malloc(c->len + 1);
+			size_t k = 0;
+			for (size_t j = 0; j < c->len; j++) {
+				unsigned char b = (unsigned char)c->text[j];
+				if (b != 0x04 && b != 0x06 && b != 0x13 && b != 0x14 && b != 0x16 && b != 0x1d)
+					kept[k++] = c->text[j];
+			}
+			ck_assert_msg(len == k && !memcmp(back, kept, k), "%s: decode != text minus dropped bytes",
+			              c->name);
+			ck_assert_uint_lt(k, c->len);
+			free(kept);
+		}
+		free(back);
+	}
+	ck_assert_int_ge(checked, 30);
+}
+END_TEST
+
+START_TEST(test_model_vocab_decode)
+{
+	uint64_t h = FNV_INIT;
+	char buf[512];
+	for (int32_t id = 0; id < rt_tokenizer_n_vocab(model_tok); id++) {
+		int n = rt_token_to_bytes(model_tok, id, buf, sizeof buf);
+		ck_assert(n >= 0 && n <= (int)sizeof buf);
+		uint8_t le[4] = {(uint8_t)n, (uint8_t)(n >> 8), (uint8_t)(n >> 16), (uint8_t)(n >> 24)};
+		h = fnv64(h, le, 4);
+		h = fnv64(h, buf, (size_t)n);
+	}
+	ck_assert_msg(h == model_golden->vocab_fnv, "decoded vocabulary hash %016llx, llama.cpp %016llx",
+	              (unsigned long long)h, (unsigned long long)model_golden->vocab_fnv);
+}
+END_TEST
+
+START_TEST(test_model_eog)
+{
+	golden *g = model_golden;
+	int n = 0;
+	for (int32_t id = 0; id < rt_tokenizer_n_vocab(model_tok); id++)
+		n += rt_tokenizer_is_eog(model_tok, id);
+	ck_assert_int_eq(n, g->n_eog);
+	for (int i = 0; i < g->n_eog; i++)
+		ck_assert_msg(rt_tokenizer_is_eog(model_tok, g->eog[i]), "id %d should end generation",
+		              g->eog[i]);
+	/* concretely: <|endoftext|> 0, <|im_end|> 2, <reponame> 4 (llama.cpp's FIM-repo rule) */
+	ck_assert_int_eq(g->n_eog, 3);
+	ck_assert(rt_tokenizer_is_eog(model_tok, 0) && rt_tokenizer_is_eog(model_tok, 2));
+	ck_assert(!rt_tokenizer_is_eog(model_tok, 1));
+}
+END_TEST
+
+START_TEST(test_model_special_both_ways)
+{
+	const char *s = "<|im_start|>user\nHi<|im_end|>\n";
+	int64_t n1, n0;
+	int32_t *a = tok(model_tok, s, strlen(s), 1, &n1);
+	int32_t *b = tok(model_tok, s, strlen(s), 0, &n0);
+	ck_assert_int_eq(a[0], 1);
+	ck_assert_int_eq(a[n1 - 2], 2);
+	ck_assert_int_eq(a[n1 - 1], 198);
+	for (int64_t i = 0; i < n0; i++)
+		ck_assert_msg(b[i] > 16, "plain text produced control token %d", b[i]);
+	ck_assert_int_gt(n0, n1);
+	/* both decode back to the same text */
+	size_t la, lb;
+	char *da = detok(model_tok, a, n1, &la), *db = detok(model_tok, b, n0, &lb);
+	ck_assert_str_eq(da, s);
+	ck_assert_str_eq(db, s);
+	free(a);
+	free(b);
+	free(da);
+	free(db);
+	/* the rendered chat prompt tokenizes to <|im_start|> ... <|im_start|> ass istant \n
+	 * (ids 1 520 9531 198 from llama.cpp) */
+	char *p = rt_chat_render(NULL, "What is 2+2?");
+	int32_t *c = tok(model_tok, p, strlen(p), 1, &n1);
+	ck_assert_int_eq(c[0], 1);
+	ck_assert_int_eq(c[n1 - 4], 1);
+	ck_assert_int_eq(c[n1 - 3], 520);
+	ck_assert_int_eq(c[n1 - 2], 9531);
+	ck_assert_int_eq(c[n1 - 1], 198);
+	ck_assert_int_eq(rt_tokenizer_find(model_tok, "ass"), 520);
+	free(c);
+	free(p);
+}
+END_TEST
+
+START_TEST(test_model_invalid_utf8)
+{
+	rt_err err = {{0}};
+	const char s[] = "The capital of Fran\xe7\x61 is";
+	ck_assert_int_eq(rt_tokenize(model_tok, s, sizeof s - 1, 0, NULL, 0, &err), -1);
+	ck_assert_str_eq(err.msg, "text: invalid UTF-8 at byte 19");
+}
+END_TEST
+
+/* Large inputs: linear-time BPE and regex on prose, one long word, one long whitespace
+ * run and one long punctuation run; each round-trips and stays within a time bound. */
+START_TEST(test_model_long_inputs)
+{
+	size_t n = sanitized() ? 100000 : 1000000;
+	const gcase *gpl = NULL;
+	for (int i = 0; i < model_golden->n; i++)
+		if (!strcmp(model_golden->cases[i].name, "gpl3_20k"))
+			gpl = &model_golden->cases[i];
+	ck_assert_ptr_nonnull(gpl);
+	char *s = malloc(n + 1);
+	for (int kind = 0; kind < 4; kind++) {
+		for (size_t i = 0; i < n; i++)
+			s[i] = kind == 0 ? gpl->text[i % gpl->len] : kind == 1 ? 'q' : kind == 2 ? ' ' : '!';
+		double t0 = rt_now();
+		int64_t m;
+		int32_t *ids = tok(model_tok, s, n, 0, &m);
+		double dt = rt_now() - t0;
+		ck_assert_msg(dt < (sanitized() ? 30.0 : 8.0), "kind %d: %zu bytes took %.2f s", kind, n, dt);
+		ck_assert_int_gt(m, 0);
+		ck_assert_int_lt(m, (int64_t)n);
+		size_t len;
+		char *back = detok(model_tok, ids, m, &len);
+		ck_assert(len == n && !memcmp(back, s, n));
+		free(back);
+		free(ids);
+	}
+	free(s);
+}
+END_TEST
+
+static Suite *tokenizer_suite(void)
+{
+	Suite *s = suite_create("tokenizer");
+	TCase *tc = tcase_create("synthetic");
+	tcase_add_test(tc, test_bpe_merge_order);
+	tcase_add_test(tc, test_pretokenizer_pieces);
+	tcase_add_test(tc, test_special_partition);
+	tcase_add_test(tc, test_decode_and_buffers);
+	tcase_add_test(tc, test_invalid_utf8);
+	tcase_add_test(tc, test_init_errors);
+	tcase_add_test(tc, test_chat_render);
+	suite_add_tcase(s, tc);
+
+	const char *model = getenv("KVRT_MODEL");
+	if (model && *model) {
+		TCase *tm = tcase_create("model");
+		tcase_set_timeout(tm, 300);
+		tcase_add_unchecked_fixture(tm, model_setup, model_teardown);
+		tcase_add_test(tm, test_model_selfcheck);
+		tcase_add_test(tm, test_model_goldens);
+		tcase_add_test(tm, test_model_roundtrip);
+		tcase_add_test(tm, test_model_vocab_decode);
+		tcase_add_test(tm, test_model_eog);
+		tcase_add_test(tm, test_model_special_both_ways);
+		tcase_add_test(tm, test_model_invalid_utf8);
+		tcase_add_test(tm, test_model_long_inputs);
+		suite_add_tcase(s, tm);
+	} else {
+		fprintf(stderr, "test_tokenizer: KVRT_MODEL not set, real-model cases skipped\n");
+	}
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(tokenizer_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
