@@ -23,6 +23,8 @@
 
 struct kvp_emit_opts {
 	int line_directives;   /* 1: emit #line back to the .kvp source (default) */
+	const char *out_name;  /* the generated file's name for the #line that switches back
+	                          after source-derived code; NULL: no switch back */
 };
 
 /* Emit the policy ir (already passed kvp_ir_check) to out. Returns 0, or -1 when writing

@@ -527,6 +527,21 @@ static const char *ctx_name(enum kvp_ir_ctx c)
 	       c == KVP_CTX_OBSERVE ? "a statistic's argument" : "the score";
 }
 
+/* The node (in e's subtree) that makes e not allowed in c, or -1 when the fault is
+ * structural (an operand or index out of range). */
+static int32_t first_bad(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c)
+{
+	if (!node_ok(ir, e) || !operands_ok(ir, e))
+		return -1;
+	const struct kvp_ir_expr *x = &ir->nodes[e];
+	int n = arity(x->op);
+	int32_t ops[3] = { x->a, x->b, x->c };
+	for (int i = 0; i < n; i++)
+		if (!kvp_ir_expr_allowed(ir, ops[i], c))
+			return first_bad(ir, ops[i], c);
+	return kvp_ir_expr_allowed(ir, e, c) ? -1 : e;
+}
+
 /* Check an optional (-1 allowed when !required) expression for context c. */
 static void check_expr(struct checker *ck, int32_t e, enum kvp_ir_ctx c, int required,
                        struct kvp_loc where, const char *what)
@@ -541,18 +556,17 @@ static void check_expr(struct checker *ck, int32_t e, enum kvp_ir_ctx c, int req
 		return;
 	}
 	if (!kvp_ir_expr_allowed(ck->ir, e, c)) {
-		/* find the first offending node for the location */
-		struct kvp_loc loc = ck->ir->nodes[e].loc;
-		for (int32_t i = 0; i <= e; i++) {
-			const struct kvp_ir_expr *x = &ck->ir->nodes[i];
-			if (x->op == KVP_OP_SIGNAL && !signal_allowed(x->sig, c)) {
-				loc = x->loc;
-				problem(ck, loc, "%s: '%s' cannot be used in %s", what,
-				        kvp_ir_signal_name(x->sig), ctx_name(c));
-				return;
-			}
-		}
-		problem(ck, loc, "%s cannot be evaluated in %s", what, ctx_name(c));
+		int32_t bad = first_bad(ck->ir, e, c);
+		const struct kvp_ir_expr *x = &ck->ir->nodes[bad >= 0 ? bad : e];
+		if (bad >= 0 && x->op == KVP_OP_SIGNAL)
+			problem(ck, x->loc, "%s: '%s' cannot be used in %s", what,
+			        kvp_ir_signal_name(x->sig), ctx_name(c));
+		else if (bad >= 0 && (x->op == KVP_OP_STAT || x->op == KVP_OP_CAOTE ||
+		                      x->op == KVP_OP_NORMALIZE))
+			problem(ck, x->loc, "%s: %s cannot be used in %s", what,
+			        x->op == KVP_OP_STAT ? "a statistic" : kvp_ir_op_name(x->op), ctx_name(c));
+		else
+			problem(ck, x->loc, "%s is malformed (bad operand or reference)", what);
 	}
 }
 

@@ -106,7 +106,13 @@ typedef struct kvp_sema {
 	kvp_reduce_kind reduce;
 	int over_layer;
 	int pool_before_reduce; /* 1 (default): pool each query head, then reduce */
+	int group_order_loc_set; /* `before pool` / `after pool` was written */
+	kvp_srcloc group_order_loc;
 	int compacted;          /* positions = compacted */
+	int compress_bad;       /* the trigger had an error */
+	/* folded values (parameters at their defaults) for the feasibility checks */
+	int sinks_ty_known, recent_ty_known, threshold_known, target_known;
+	double sinks_v, recent_v, threshold_v, target_v;
 	int score_per_qhead;    /* the score depends on the query head */
 } kvp_sema;
 
@@ -128,6 +134,13 @@ struct kvp_ir;
  * freshly initialised by kvp_ir_init. Fills s->syms[i].ir_index. Returns 0, or -1 with
  * a located error in f->src for a construct the IR cannot represent. */
 int kvp_lower(kvp_sema *s, struct kvp_ir *ir);
+
+/* The whole front end on one source: parse, check, kvp_ir_init (name, source = src->path,
+ * FNV hash of the bytes, summary), lower, and the back end's kvp_ir_check (its messages
+ * are reported in src at their line and column). Returns 0 when ir is ready for an
+ * emitter (free it with kvp_ir_free), else the number of errors reported in src (ir is
+ * left empty and needs no free). */
+int kvp_compile(kvp_src *src, struct kvp_ir *ir);
 
 /* The one-line summary of a policy: the first own-line comment before `policy`, without
  * the leading '#' and blanks ("" when none). Arena-allocated in f. */

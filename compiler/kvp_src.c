@@ -159,6 +159,19 @@ kvp_srcloc kvp_src_loc(const kvp_src *src, uint32_t off, uint32_t end)
 	return l;
 }
 
+kvp_srcloc kvp_src_loc_at(const kvp_src *src, int line, int col)
+{
+	if (line < 1)
+		line = 1;
+	if (line > src->n_lines)
+		line = src->n_lines;
+	uint32_t off = src->line_start[line - 1];
+	for (int c = 1; c < col && off < src->len && src->text[off] != '\n'; off++)
+		if (!is_cont((unsigned char)src->text[off + 1]))
+			c++;
+	return kvp_src_loc(src, off, off + 1 <= src->len ? off + 1 : off);
+}
+
 static void diag_put(kvp_src *src, const char *s, size_t n)
 {
 	if (src->diags_len + n + 1 > src->diags_cap) {

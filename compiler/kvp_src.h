@@ -63,6 +63,9 @@ void kvp_src_pos(const kvp_src *src, uint32_t off, int *line, int *col);
 /* A kvp_srcloc for bytes [off, end). */
 kvp_srcloc kvp_src_loc(const kvp_src *src, uint32_t off, uint32_t end);
 
+/* A one-character kvp_srcloc at 1-based line and column (clamped into the text). */
+kvp_srcloc kvp_src_loc_at(const kvp_src *src, int line, int col);
+
 /* Report an error (printf-style message, no trailing newline or period) at loc. */
 void kvp_src_error(kvp_src *src, kvp_srcloc loc, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

@@ -374,23 +374,23 @@ arg:
 
 /* The spelling of a token kind for messages: keywords and punctuation quoted ('policy',
  * '='), descriptions bare (identifier, end of line). */
+static int is_word_symbol(yysymbol_kind_t k)
+{
+	return k >= YYSYMBOL_POLICY && k <= YYSYMBOL_STEP;
+}
+
 static void describe_symbol(yysymbol_kind_t k, char *buf, size_t n)
 {
 	const char *s = yysymbol_name(k);
-	size_t len = strlen(s);
-	if (k == YYSYMBOL_YYEOF) {
+	if (k == YYSYMBOL_YYEOF)
 		snprintf(buf, n, "end of file");
-	} else if (k == YYSYMBOL_YYUNDEF || k == YYSYMBOL_YYerror) {
+	else if (k == YYSYMBOL_YYUNDEF || k == YYSYMBOL_YYerror)
 		snprintf(buf, n, "invalid token");
-	} else if (len >= 2 && s[0] == '"') {
-		const char *in = s + 1;
-		int w = (int)len - 2;
-		int quoted = k != YYSYMBOL_IDENT && k != YYSYMBOL_NUMBER && k != YYSYMBOL_PERCENT &&
-		             k != YYSYMBOL_NL;
-		snprintf(buf, n, quoted ? "'%.*s'" : "%.*s", w, in);
-	} else {
+	else if (k == YYSYMBOL_IDENT || k == YYSYMBOL_NUMBER || k == YYSYMBOL_PERCENT ||
+	         k == YYSYMBOL_NL || s[0] == '\'')
 		snprintf(buf, n, "%s", s);
-	}
+	else
+		snprintf(buf, n, "'%s'", s);
 }
 
 static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
@@ -412,12 +412,20 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
 		snprintf(what + l, sizeof what - l, " '%.*s'", w > 40 ? 40 : w,
 		         ps->src->text + loc.off);
 	}
-	enum { MAX_EXPECTED = 5 };
+	enum { MAX_EXPECTED = 64, MAX_LISTED = 4 };
 	yysymbol_kind_t exp[MAX_EXPECTED];
 	int n = yypcontext_expected_tokens(ctx, exp, MAX_EXPECTED);
+	if (n < 0)
+		n = 0;
+	int expr_start = 0;
+	for (int i = 0; i < n; i++)
+		expr_start += exp[i] == YYSYMBOL_NUMBER || exp[i] == YYSYMBOL_IDENT ||
+		              exp[i] == YYSYMBOL_53_;
 	char msg[512];
 	int len = snprintf(msg, sizeof msg, "unexpected %s", what);
-	if (n > 0 && n < MAX_EXPECTED) {
+	if (expr_start == 3) {
+		len += snprintf(msg + len, sizeof msg - (size_t)len, "; expected an expression");
+	} else if (n > 0 && n <= MAX_LISTED) {
 		len += snprintf(msg + len, sizeof msg - (size_t)len, "; expected ");
 		for (int i = 0; i < n; i++) {
 			char e[64];
@@ -426,6 +434,12 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
 			                i == 0 ? "" : i == n - 1 ? " or " : ", ", e);
 		}
 	}
+	int want_ident = 0;
+	for (int i = 0; i < n; i++)
+		want_ident |= exp[i] == YYSYMBOL_IDENT;
+	if (is_word_symbol(tok) && (want_ident || n == 0))
+		snprintf(msg + len, sizeof msg - (size_t)len, " ('%s' is a reserved word)",
+		         yysymbol_name(tok));
 	kvp_src_error(ps->src, loc, "%s", msg);
 	if (tok == YYSYMBOL_YYEOF && ps->in_body)
 		kvp_src_note(ps->src, ps->f->lbrace, "the '{' of policy '%s' is not closed",

@@ -425,8 +425,8 @@ static int cmd_ppl(int argc, char **argv)
 	if (use > n)
 		use = n;
 	if (use < 2) {
-		fprintf(stderr, "kvrt: %s: text has %lld tokens; perplexity needs at least 2\n", o.text,
-		        (long long)n);
+		fprintf(stderr, "kvrt: %s: text has %lld token%s; perplexity needs at least 2\n", o.text,
+		        (long long)n, n == 1 ? "" : "s");
 		goto out;
 	}
 	if (o.dump && !(dump = fopen(o.dump, "w"))) {
@@ -620,19 +620,23 @@ static int cmd_bench(int argc, char **argv)
 		return rc == 1 ? 0 : rc;
 	long ctxs[32];
 	int n_ctx = 0;
-	{
-		char list[256];
-		snprintf(list, sizeof list, "%s", o.ctx_list);
-		for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
-		     tok = strtok_r(NULL, ",", &save)) {
-			if (n_ctx == 32)
-				return usage_err("bench ", "--ctx: more than 32 lengths in '%s'", o.ctx_list);
-			if (parse_int(tok, 1, INT_MAX, &ctxs[n_ctx]))
-				return usage_err("bench ", "--ctx: '%s' is not a list of token counts", o.ctx_list);
-			n_ctx++;
-		}
-		if (n_ctx == 0)
-			return usage_err("bench ", "--ctx: '%s' is empty", o.ctx_list);
+	for (const char *p = o.ctx_list;;) {
+		char item[32];
+		size_t len = strcspn(p, ",");
+		if (n_ctx == 32)
+			return usage_err("bench ", "--ctx: more than 32 lengths in '%s'", o.ctx_list);
+		if (len == 0 || len >= sizeof item)
+			return usage_err("bench ", "--ctx: '%s' is not a comma-separated list of token counts",
+			                 o.ctx_list);
+		memcpy(item, p, len);
+		item[len] = 0;
+		if (parse_int(item, 1, INT_MAX, &ctxs[n_ctx]))
+			return usage_err("bench ", "--ctx: '%s' is not a comma-separated list of token counts",
+			                 o.ctx_list);
+		n_ctx++;
+		if (!p[len])
+			break;
+		p += len + 1;
 	}
 	set_threads(o.threads);
 	rt_gguf *g = NULL;
@@ -707,6 +711,7 @@ static int cmd_bench(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+	rt_model_blas_setup(argv);
 	if (argc < 2)
 		return usage_err("", "%s", "missing command (tokenize, ppl, run, bench)");
 	const char *cmd = argv[1];

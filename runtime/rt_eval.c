@@ -120,6 +120,16 @@ void rt_json_str(FILE *out, const char *s)
 	fputc('"', out);
 }
 
+/* ,"key":value with the given format, or null when value is not finite (JSON has no inf) */
+static void json_num(FILE *out, const char *key, double v, const char *fmt)
+{
+	fprintf(out, ",\"%s\":", key);
+	if (isfinite(v))
+		fprintf(out, fmt, v);
+	else
+		fputs("null", out);
+}
+
 void rt_eval_json(FILE *out, const rt_model *m, const char *text, const char *policy,
                   const rt_ppl_result *r, int threads, int chunk)
 {
@@ -131,12 +141,12 @@ void rt_eval_json(FILE *out, const rt_model *m, const char *text, const char *po
 		fputs(",\"text\":", out);
 		rt_json_str(out, text);
 	}
-	fprintf(out,
-	        ",\"tokens\":%lld,\"scored\":%lld,\"ppl\":%.6f,\"nll_mean\":%.6f,\"top1_acc\":%.6f,"
-	        "\"seconds\":%.3f,\"tokens_per_s\":%.2f,\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld,"
-	        "\"threads\":%d,\"chunk\":%d}\n",
-	        (long long)r->tokens, (long long)r->scored, r->ppl, r->nll_mean,
-	        r->scored ? (double)r->top1_hits / (double)r->scored : 0.0, r->seconds,
-	        r->tokens_per_s, (long long)r->kv_entries_peak, (long long)r->kv_bytes_peak, threads,
-	        chunk);
+	fprintf(out, ",\"tokens\":%lld,\"scored\":%lld", (long long)r->tokens, (long long)r->scored);
+	json_num(out, "ppl", r->ppl, "%.6f");
+	json_num(out, "nll_mean", r->nll_mean, "%.6f");
+	json_num(out, "top1_acc", r->scored ? (double)r->top1_hits / (double)r->scored : 0.0, "%.6f");
+	json_num(out, "seconds", r->seconds, "%.3f");
+	json_num(out, "tokens_per_s", r->tokens_per_s, "%.2f");
+	fprintf(out, ",\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld,\"threads\":%d,\"chunk\":%d}\n",
+	        (long long)r->kv_entries_peak, (long long)r->kv_bytes_peak, threads, chunk);
 }

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 
 #include "rt_quant.h"
 
@@ -308,6 +310,27 @@ void rt_model_free(rt_model *m)
 	free(m);
 }
 
+void rt_model_blas_setup(char **argv)
+{
+	static const char *const fallbacks[] = { "Prescott", "Core2", "Penryn", "Dunnington",
+		                                 "Nehalem", "Atom", "Sandybridge", "Katmai" };
+	if (getenv("OPENBLAS_CORETYPE"))
+		return;
+	const char *core = openblas_get_corename();
+	int fallback = 0;
+	for (size_t i = 0; core && i < sizeof fallbacks / sizeof fallbacks[0]; i++)
+		fallback |= strcasecmp(core, fallbacks[i]) == 0;
+	__builtin_cpu_init();
+	if (!fallback || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+		return;
+	int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+	if (setenv("OPENBLAS_CORETYPE", avx512 ? "SkylakeX" : "Haswell", 1) != 0)
+		return;
+	execv("/proc/self/exe", argv);
+	/* exec failed: carry on with the detected kernels (correct, only slower) */
+}
+
 int rt_model_kv_init(const rt_model *m, rt_kv *kv, int32_t cap, rt_err *err)
 {
 	return rt_kv_init(kv, m->hp.n_layer, m->hp.n_head_kv, m->hp.group, m->hp.head_dim, cap, 0, 0,
@@ -420,9 +443,40 @@ static void rope_apply(float *x, int C, int n_heads, int head_dim, int n_rot, co
 	}
 }
 
+/* Softmax of the G query heads' score rows of one chunk row over its visible prefix of
+ * lim entries (logit + log count), zeroing the rest up to ld; exp in f32, sum in double. */
+static void softmax_rows(float *P, size_t ld, int G, int lim, const float *log_count)
+{
+	for (int g = 0; g < G; g++) {
+		float *row = P + (size_t)g * ld;
+		float mx = -INFINITY;
+		for (int i = 0; i < lim; i++) {
+			row[i] += log_count[i];
+			if (row[i] > mx)
+				mx = row[i];
+		}
+		double sum = 0.0;
+		for (int i = 0; i < lim; i++) {
+			row[i] = expf(row[i] - mx);
+			sum += row[i];
+		}
+		float inv = (float)(1.0 / sum);
+		for (int i = 0; i < lim; i++)
+			row[i] *= inv;
+		for (size_t i = (size_t)lim; i < ld; i++)
+			row[i] = 0.0f;
+	}
+}
+
+/* Score-block budget in floats: rows of a chunk are processed in blocks whose
+ * [rows·G × entries] score matrix stays around 1 MiB, i.e. in cache across the QK^T
+ * product, the softmax and the P·V product. */
+#define ATT_BLOCK_FLOATS (1u << 18)
+
 /* Attention of the C chunk rows for every KV head of one layer. The chunk's keys and
  * values were appended already, so each head holds nb = n - C earlier entries followed
- * by the chunk's C entries; row r attends to the prefix of nb + r + 1 entries. */
+ * by the chunk's C entries; row r attends to the prefix of nb + r + 1 entries. Rows are
+ * taken in blocks [r0, r1) that only score the nb + r1 entries they can see. */
 static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0)
 {
 	const rt_model_hparams *hp = &f->m->hp;
@@ -435,43 +489,29 @@ static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0)
 		for (int r = 0; r < C; r++)
 			memcpy(f->qg + (size_t)r * G * hd, f->q + (size_t)r * qd + (size_t)j * G * hd,
 			       (size_t)G * hd * sizeof(float));
-		float *S = f->s;
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C * G, n, hd, scale, f->qg, hd, h->k,
-		            hd, 0.0f, S, n);
-		for (int r = 0; r < C; r++) {
-			const int lim = nb + r + 1;
-			for (int g = 0; g < G; g++) {
-				float *row = S + ((size_t)r * G + g) * n;
-				float mx = -INFINITY;
-				for (int i = 0; i < lim; i++) {
-					row[i] += h->log_count[i];
-					if (row[i] > mx)
-						mx = row[i];
-				}
-				double sum = 0.0;
-				for (int i = 0; i < lim; i++) {
-					row[i] = expf(row[i] - mx);
-					sum += row[i];
-				}
-				float inv = (float)(1.0 / sum);
-				for (int i = 0; i < lim; i++)
-					row[i] *= inv;
-				for (int i = lim; i < n; i++)
-					row[i] = 0.0f;
-			}
-		}
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, C * G, hd, n, 1.0f, S, n, h->v, hd,
-		            0.0f, f->og, hd);
-		for (int r = 0; r < C; r++) {
-			memcpy(f->att + (size_t)r * qd + (size_t)j * G * hd, f->og + (size_t)r * G * hd,
-			       (size_t)G * hd * sizeof(float));
-			if (f->observe) {
+		int rb = (int)(ATT_BLOCK_FLOATS / ((size_t)G * n));
+		rb = rb < 1 ? 1 : rb > C ? C : rb;
+		for (int r0 = 0; r0 < C; r0 += rb) {
+			const int r1 = r0 + rb < C ? r0 + rb : C, nr = r1 - r0, ncol = nb + r1;
+			float *S = f->s, *og = f->og + (size_t)r0 * G * hd;
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr * G, ncol, hd, scale,
+			            f->qg + (size_t)r0 * G * hd, hd, h->k, hd, 0.0f, S, ncol);
+			for (int r = r0; r < r1; r++)
+				softmax_rows(S + (size_t)(r - r0) * G * ncol, (size_t)ncol, G, nb + r + 1,
+				             h->log_count);
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr * G, hd, ncol, 1.0f, S,
+			            ncol, h->v, hd, 0.0f, og, hd);
+			for (int r = r0; r < r1; r++) {
+				memcpy(f->att + (size_t)r * qd + (size_t)j * G * hd, f->og + (size_t)r * G * hd,
+				       (size_t)G * hd * sizeof(float));
+				if (!f->observe)
+					continue;
 				/* S is no longer needed after the P·V product: pack this row's
-				 * [G × n] block to [G × lim] in place (each move goes left) */
+				 * [G × ncol] block to [G × lim] in place (each move goes left) */
 				const int lim = nb + r + 1;
-				float *P = S + (size_t)r * G * n;
-				for (int g = 1; g < G && lim < n; g++)
-					memmove(P + (size_t)g * lim, P + (size_t)g * n, (size_t)lim * sizeof(float));
+				float *P = S + (size_t)(r - r0) * G * ncol;
+				for (int g = 1; g < G && lim < ncol; g++)
+					memmove(P + (size_t)g * lim, P + (size_t)g * ncol, (size_t)lim * sizeof(float));
 				rt_attn_view v = {
 					.layer = layer, .kv_head = j, .row = r, .pos = pos0 + r,
 					.n_entries = lim, .group = G, .head_dim = hd,

@@ -157,6 +157,15 @@ enum rt_logits_mode {
 int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
                      float *logits, enum rt_logits_mode mode, rt_err *err);
 
+/* OpenBLAS picks its kernels by CPU model at load time and falls back to the SSE3
+ * "Prescott" kernels on CPUs it does not recognise (common on virtual machines), which
+ * makes the f32 GEMMs about 3x slower. Call first thing in main(): when OPENBLAS_CORETYPE
+ * is unset, the detected core is such a fallback and the CPU has AVX2+FMA, it sets
+ * OPENBLAS_CORETYPE to SkylakeX (AVX-512F/BW/DQ/VL present) or Haswell and re-executes
+ * /proc/self/exe with the same argv (the variable must be set before OpenBLAS's
+ * constructor runs). Returns only when nothing is to be done or exec failed. */
+void rt_model_blas_setup(char **argv);
+
 /* Allocate a KV store shaped for the model (cap entries per head, no policy state). */
 int rt_model_kv_init(const rt_model *m, rt_kv *kv, int32_t cap, rt_err *err);
 

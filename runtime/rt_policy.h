@@ -161,4 +161,13 @@ int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *a
 /* Name of a unit ("entries", "tokens", ...). */
 const char *kvp_unit_name(enum kvp_unit u);
 
+/* The policies compiled into a binary: defined by the unit `kvpc emit --target registry`
+ * writes (NULL-terminated, kvp_registry_count entries, command-line order). */
+extern const struct kvp_policy *const kvp_registry[];
+extern const int kvp_registry_count;
+
+/* The registered policy called name, or NULL. */
+const struct kvp_policy *kvp_registry_find(const struct kvp_policy *const *reg, int n,
+                                           const char *name);
+
 #endif

@@ -9,13 +9,19 @@
  *   2. pre-tokenization of each remaining fragment: for "smollm" first `\p{N}` (every
  *      number codepoint its own piece; the text between matches is kept as pieces), then
  *      the GPT-2 pattern on each piece. Both run with PCRE2 in UTF+UCP mode; `\s` is
- *      spelled out as llama.cpp's whitespace set (Unicode White_Space);
+ *      spelled out as llama.cpp's whitespace set (Unicode White_Space), and \p{L}/\p{N}
+ *      get the Unicode 15 additions llama.cpp knows, so every codepoint is classified
+ *      as llama.cpp classifies it;
  *   3. byte-level BPE per piece: the piece's bytes become GPT-2 bytes->unicode symbols,
  *      then the adjacent pair of lowest merge rank is merged (equal ranks: leftmost first)
  *      until no pair has a rank, via a binary heap and an (id, id) -> rank hash map, so a
  *      piece of n bytes costs O(n log n);
  *   4. each final symbol maps to its vocabulary id (or, for a symbol missing from the
- *      vocabulary, to the ids of its single bytes).
+ *      vocabulary, to the ids of its single bytes; a byte without a token is dropped).
+ *
+ * End of generation follows llama.cpp too: the GGUF eos/eot/eom ids plus every token whose
+ * text is on llama.cpp's EOG and FIM pad/repo/sep lists (SmolLM2: 0 <|endoftext|>,
+ * 2 <|im_end|>, 4 <reponame>).
  *
  * Every string the BPE can meet (vocabulary tokens, both halves of each merge and each
  * merge's result) is interned once at init; vocabulary strings keep their token id, the
@@ -66,13 +72,15 @@ static const struct {
 };
 
 /* Token texts llama.cpp treats as end-of-generation (llama-vocab.cpp, load: "maintain a
- * list of tokens that cause end-of-generation"), plus its FIM pad/repo/sep spellings. */
+ * list of tokens that cause end-of-generation"): its EOG list, then its FIM pad, FIM repo
+ * and FIM sep spellings, which it also makes EOG (hence SmolLM2's <reponame>, id 4).
+ * llama.cpp also forces each of these tokens to the control type; so do we. */
 static const char *const EOG_TEXTS[] = {
-	"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-	"<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
-	/* FIM pad */ "<|fim_pad|>", "<fim-pad>", "<PAD>",
-	/* FIM repo */ "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
-	/* FIM sep */ "<|file_sep|>",
+	"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+	"<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+	"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
+	"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
+	"<|file_sep|>",
 };
 
 /* ---- string interning ---------------------------------------------------------- */
@@ -379,6 +387,11 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 		rt_err_set(err, "%s: tokenizer: 'tokenizer.ggml.merges' is not a string array", path);
 		return NULL;
 	}
+	if (kmerge->arr_n > (1u << 26)) {
+		rt_err_set(err, "%s: tokenizer: %llu merges (at most 67108864)", path,
+		           (unsigned long long)kmerge->arr_n);
+		return NULL;
+	}
 
 	rt_tokenizer *t = RT_CALLOC(1, sizeof *t);
 	t->n_vocab = (int32_t)ktok->arr_n;
@@ -393,9 +406,29 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 		strtab_add(&t->st, s->s, s->len);
 	}
 
+	/* end of generation: llama.cpp's text list (made control tokens), plus the GGUF
+	 * eos, eot and eom ids */
+	t->eog = RT_CALLOC((size_t)t->n_vocab, 1);
+	for (size_t i = 0; i < sizeof EOG_TEXTS / sizeof EOG_TEXTS[0]; i++) {
+		int32_t id = rt_tokenizer_find(t, EOG_TEXTS[i]);
+		if (id >= 0) {
+			t->eog[id] = 1;
+			t->type[id] = TT_CONTROL;
+		}
+	}
+	static const char *const eog_keys[] = {
+		"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
+	};
+	for (size_t i = 0; i < sizeof eog_keys / sizeof eog_keys[0]; i++) {
+		int32_t id = opt_id(g, eog_keys[i], t->n_vocab);
+		if (id >= 0)
+			t->eog[id] = 1;
+	}
+
 	/* bytes -> symbols. SmolLM2's vocabulary has no token for 21 bytes (0x04, 0x06, 0x13,
-	 * 0x14, 0x16, 0x1d, 0xc0, 0xc1, 0xf5..0xff); such a byte's symbol gets an id >=
-	 * n_vocab and is dropped from the output, as llama.cpp drops it. */
+	 * 0x14, 0x16, 0x1d, 0xc0, 0xc1, 0xf1, 0xf2, 0xf5..0xff; so the lead byte of any
+	 * codepoint U+40000..U+BFFFF too); such a byte's symbol gets an id >= n_vocab and is
+	 * dropped from the output, as llama.cpp drops it. */
 	uint32_t cp_of_byte[256];
 	byte_map_init(cp_of_byte);
 	int32_t byte_of_cp[512];
@@ -493,20 +526,6 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 		}
 	}
 	qsort(t->specials, (size_t)t->n_specials, sizeof *t->specials, cmp_special);
-
-	/* end of generation: llama.cpp's text list, plus the GGUF eos and eot ids */
-	t->eog = RT_CALLOC((size_t)t->n_vocab, 1);
-	for (size_t i = 0; i < sizeof EOG_TEXTS / sizeof EOG_TEXTS[0]; i++) {
-		int32_t id = rt_tokenizer_find(t, EOG_TEXTS[i]);
-		if (id >= 0)
-			t->eog[id] = 1;
-	}
-	int32_t eos = opt_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab);
-	int32_t eot = opt_id(g, "tokenizer.ggml.eot_token_id", t->n_vocab);
-	if (eos >= 0)
-		t->eog[eos] = 1;
-	if (eot >= 0)
-		t->eog[eot] = 1;
 
 	t->re_gpt2 = re_compile(RE_GPT2, path, err);
 	if (!t->re_gpt2)

@@ -137,16 +137,18 @@ START_TEST(test_matches_reference)
 	/* llama.cpp quantises activations to Q8_1 before its Q4_1 dot products, so it is
 	 * close but not exact. Measured over 2048 tokens: top-1 agreement 0.9619, max
 	 * |dlogprob| 0.454, ppl 19.7155 vs llama.cpp's 19.7401. The floor leaves room for
-	 * BLAS/rounding differences (and the 256-token sanitized run). */
-	ck_assert_msg(agree >= 0.95, "top-1 agreement with llama.cpp %.4f < 0.95", agree);
+	 * BLAS/rounding differences and for the 256-token sanitized run (measured 0.9569). */
+	ck_assert_msg(agree >= 0.94, "top-1 agreement with llama.cpp %.4f < 0.94", agree);
 	free(lp), free(top1);
 	rt_model_free(m);
 	golden_free(&g);
 }
 END_TEST
 
-int main(void)
+int main(int argc, char **argv)
 {
+	(void)argc;
+	rt_model_blas_setup(argv); /* fast BLAS kernels on CPUs OpenBLAS does not recognise */
 	Suite *s = suite_create("real_model");
 	TCase *tc = tcase_create("gpl3");
 	tcase_set_timeout(tc, 600);

@@ -240,7 +240,8 @@ enum { ID_AB = 259, ID_BC, ID_ABC, ID_AA, ID_SP_A, ID_SP_AB, ID_AAAA, ID_12, ID_
 
 /* Write a synthetic tokenizer GGUF to a temp file. what selects a defect for error tests:
  * 0 none, 1 no tokenizer.ggml.model, 2 model "llama", 3 pre "llama-bpe", 4 no merges,
- * 5 a merge without a space, 6 no tokenizer.ggml.pre. */
+ * 5 a merge without a space, 6 no tokenizer.ggml.pre; 7 is valid but types "<|im_end|>" as
+ * a normal token; 8 a token_type array shorter than the vocabulary. */
 static char *write_syn(int what)
 {
 	static const char *const merges[] = {
@@ -274,6 +275,8 @@ static char *write_syn(int what)
 	}
 	toks[ID_TOOL] = "<tool>";
 	types[ID_TOOL] = 4;
+	if (what == 7)
+		types[2] = 1;
 	const char *bad_merges[] = {"a b", "nospace"};
 
 	gw *w = gw_init();
@@ -283,13 +286,14 @@ static char *write_syn(int what)
 	if (what != 6)
 		gw_kv_str(w, "tokenizer.ggml.pre", what == 3 ? "llama-bpe" : "smollm");
 	gw_kv_str_arr(w, "tokenizer.ggml.tokens", toks, N_SYN);
-	gw_kv_i32_arr(w, "tokenizer.ggml.token_type", types, N_SYN);
+	gw_kv_i32_arr(w, "tokenizer.ggml.token_type", types, what == 8 ? N_SYN - 1 : N_SYN);
 	if (what == 5)
 		gw_kv_str_arr(w, "tokenizer.ggml.merges", bad_merges, 2);
 	else if (what != 4)
 		gw_kv_str_arr(w, "tokenizer.ggml.merges", merges, sizeof merges / sizeof merges[0]);
 	gw_kv_u32(w, "tokenizer.ggml.eos_token_id", 2);
-	char *path = strdup("/tmp/test_tokenizer_XXXXXX");
+	char *path = strdup("/tmp/test_tokenizer_......");
+	memset(path + strlen(path) - 6, 'X', 6); /* mkstemp's template suffix */
 	int fd = mkstemp(path);
 	ck_assert_int_ge(fd, 0);
 	close(fd);
@@ -298,9 +302,9 @@ static char *write_syn(int what)
 	return path;
 }
 
-static rt_tokenizer *open_syn(void)
+static rt_tokenizer *open_syn_variant(int what)
 {
-	char *path = write_syn(0);
+	char *path = write_syn(what);
 	rt_err err = {{0}};
 	rt_gguf *g = rt_gguf_open(path, &err);
 	ck_assert_msg(g != NULL, "%s", err.msg);
@@ -310,6 +314,11 @@ static rt_tokenizer *open_syn(void)
 	unlink(path);
 	free(path);
 	return t;
+}
+
+static rt_tokenizer *open_syn(void)
+{
+	return open_syn_variant(0);
 }
 
 static void expect_syn(const rt_tokenizer *t, const char *text, int special, const int32_t *exp, int64_t ne)
@@ -398,6 +407,23 @@ START_TEST(test_special_partition)
 }
 END_TEST
 
+/* llama.cpp forces EOG-named tokens to the control type even when the GGUF says normal:
+ * "<|im_end|>" then ends generation, is matched only with parse_special, and decodes
+ * literally. */
+START_TEST(test_eog_text_forces_control)
+{
+	rt_tokenizer *t = open_syn_variant(7);
+	ck_assert(rt_tokenizer_is_eog(t, 2));
+	EXPECT(t, "a<|im_end|>", 1, B('a'), 2);
+	EXPECT(t, "<|im_end|>", 0, B('<'), B('|'), B('i'), B('m'), B('_'), B('e'), B('n'), B('d'),
+	       B('|'), B('>'));
+	char buf[16];
+	ck_assert_int_eq(rt_token_to_bytes(t, 2, buf, sizeof buf), 10);
+	ck_assert(!memcmp(buf, "<|im_end|>", 10));
+	rt_tokenizer_free(t);
+}
+END_TEST
+
 START_TEST(test_decode_and_buffers)
 {
 	rt_tokenizer *t = open_syn();
@@ -425,6 +451,9 @@ START_TEST(test_decode_and_buffers)
 	ck_assert_int_eq(out[1], B(' '));
 	ck_assert_int_eq(out[2], -7);
 	ck_assert_int_eq(rt_tokenize(t, "x y z", 5, 0, NULL, 0, &err), 5);
+	ck_assert_int_eq(rt_tokenize(t, NULL, 0, 1, NULL, 0, &err), 0);
+	ck_assert_int_eq(rt_tokenize(t, "x", 1, 0, NULL, 4, &err), -1);
+	ck_assert_str_eq(err.msg, "text: bad output buffer (cap 4)");
 	rt_tokenizer_free(t);
 }
 END_TEST
@@ -456,6 +485,98 @@ START_TEST(test_invalid_utf8)
 }
 END_TEST
 
+/* Deterministic generator for the property tests (64-bit LCG, high bits). */
+static uint32_t rng_next(uint64_t *s)
+{
+	*s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+	return (uint32_t)(*s >> 33);
+}
+
+/* Random valid UTF-8 of about n bytes mixing ASCII, spaces, digits, Latin, CJK, emoji and
+ * combining marks; skip_notoken leaves out the bytes SmolLM2 has no token for. */
+static size_t rand_utf8(uint64_t *st, char *o, size_t n, int skip_notoken)
+{
+	static const uint32_t lo[] = {0x00, 0x20, 0x30, 0x09, 0xA0, 0x300, 0x4E00, 0x1F300, 0x10000};
+	static const uint32_t hi[] = {0x7F, 0x20, 0x39, 0x0D, 0x24F, 0x36F, 0x9FFF, 0x1FAFF, 0x10FFFF};
+	size_t w = 0;
+	while (w + 4 <= n) {
+		int r = (int)(rng_next(st) % 9);
+		uint32_t cp = lo[r] + rng_next(st) % (hi[r] - lo[r] + 1);
+		if (cp >= 0xD800 && cp <= 0xDFFF)
+			continue;
+		/* SmolLM2 has no token for bytes 04 06 13 14 16 1d, nor for the lead bytes f1 f2
+		 * of U+40000..U+BFFFF (planes 4-11, unassigned) */
+		if (skip_notoken && (cp == 0x04 || cp == 0x06 || cp == 0x13 || cp == 0x14 || cp == 0x16 ||
+		                     cp == 0x1d || (cp >= 0x40000 && cp <= 0xBFFFF)))
+			continue;
+		if (cp < 0x80) {
+			o[w++] = (char)cp;
+		} else if (cp < 0x800) {
+			o[w++] = (char)(0xC0 | (cp >> 6));
+			o[w++] = (char)(0x80 | (cp & 0x3F));
+		} else if (cp < 0x10000) {
+			o[w++] = (char)(0xE0 | (cp >> 12));
+			o[w++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+			o[w++] = (char)(0x80 | (cp & 0x3F));
+		} else {
+			o[w++] = (char)(0xF0 | (cp >> 18));
+			o[w++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+			o[w++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+			o[w++] = (char)(0x80 | (cp & 0x3F));
+		}
+	}
+	return w;
+}
+
+static void roundtrip_random(const rt_tokenizer *t, int iters, int skip_notoken)
+{
+	uint64_t st = 12345;
+	char buf[512];
+	for (int it = 0; it < iters; it++) {
+		size_t n = rand_utf8(&st, buf, 1 + rng_next(&st) % sizeof buf, skip_notoken);
+		int64_t m;
+		int32_t *ids = tok(t, buf, n, (int)(it & 1), &m);
+		size_t len;
+		char *back = detok(t, ids, m, &len);
+		ck_assert_msg(len == n && !memcmp(back, buf, n), "iteration %d: decode(tokenize(x)) != x", it);
+		free(back);
+		free(ids);
+	}
+}
+
+/* Random bytes: either valid UTF-8 (then ids come back) or one located error, never a crash. */
+START_TEST(test_random_bytes_and_roundtrip)
+{
+	rt_tokenizer *t = open_syn();
+	uint64_t st = 777;
+	int n_bad = 0;
+	for (int it = 0; it < 2000; it++) {
+		char buf[64];
+		size_t n = rng_next(&st) % sizeof buf;
+		for (size_t i = 0; i < n; i++)
+			buf[i] = (char)(rng_next(&st) & (it & 1 ? 0xFF : 0xBF));
+		rt_err err = {{0}};
+		int32_t out[128];
+		size_t bad_at;
+		int valid = rt_utf8_valid(buf, n, &bad_at);
+		int64_t m = rt_tokenize(t, buf, n, 1, out, 128, &err);
+		if (valid) {
+			ck_assert_int_ge(m, 0);
+			ck_assert_int_le(m, (int64_t)n);
+		} else {
+			char want[64];
+			snprintf(want, sizeof want, "text: invalid UTF-8 at byte %zu", bad_at);
+			ck_assert_int_eq(m, -1);
+			ck_assert_str_eq(err.msg, want);
+			n_bad++;
+		}
+	}
+	ck_assert_int_gt(n_bad, 100);
+	roundtrip_random(t, 300, 0);
+	rt_tokenizer_free(t);
+}
+END_TEST
+
 START_TEST(test_init_errors)
 {
 	static const char *const want[] = {
@@ -466,8 +587,12 @@ START_TEST(test_init_errors)
 		"key 'tokenizer.ggml.merges' missing",
 		"merge 1 'nospace' has no space separator",
 		"key 'tokenizer.ggml.pre' missing",
+		NULL,
+		"'tokenizer.ggml.token_type' is not an i32 array of 268 entries",
 	};
-	for (int what = 1; what <= 6; what++) {
+	for (int what = 1; what <= 8; what++) {
+		if (!want[what])
+			continue;
 		char *path = write_syn(what);
 		rt_err err = {{0}};
 		rt_gguf *g = rt_gguf_open(path, &err);
@@ -611,6 +736,12 @@ START_TEST(test_model_roundtrip)
 }
 END_TEST
 
+START_TEST(test_model_random_roundtrip)
+{
+	roundtrip_random(model_tok, sanitized() ? 100 : 500, 1);
+}
+END_TEST
+
 START_TEST(test_model_vocab_decode)
 {
 	uint64_t h = FNV_INIT;
@@ -727,8 +858,10 @@ static Suite *tokenizer_suite(void)
 	tcase_add_test(tc, test_bpe_merge_order);
 	tcase_add_test(tc, test_pretokenizer_pieces);
 	tcase_add_test(tc, test_special_partition);
+	tcase_add_test(tc, test_eog_text_forces_control);
 	tcase_add_test(tc, test_decode_and_buffers);
 	tcase_add_test(tc, test_invalid_utf8);
+	tcase_add_test(tc, test_random_bytes_and_roundtrip);
 	tcase_add_test(tc, test_init_errors);
 	tcase_add_test(tc, test_chat_render);
 	suite_add_tcase(s, tc);
@@ -741,6 +874,7 @@ static Suite *tokenizer_suite(void)
 		tcase_add_test(tm, test_model_selfcheck);
 		tcase_add_test(tm, test_model_goldens);
 		tcase_add_test(tm, test_model_roundtrip);
+		tcase_add_test(tm, test_model_random_roundtrip);
 		tcase_add_test(tm, test_model_vocab_decode);
 		tcase_add_test(tm, test_model_eog);
 		tcase_add_test(tm, test_model_special_both_ways);

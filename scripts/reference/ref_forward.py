@@ -61,14 +61,28 @@ class Model:
 		if self.n_rot != self.head_dim:
 			raise ValueError("%s: partial rotary (%d of %d) not supported" % (path, self.n_rot, self.head_dim))
 		self.w = {}
+		self._raw = {}
 		for t in r.tensors:
+			if t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
+				self._raw[t.name] = np.asarray(t.data)
 			a = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
 			# ne = (ne0, ne1): ne1 rows of ne0 values
 			shape = tuple(int(x) for x in reversed(t.shape))
 			self.w[t.name] = np.ascontiguousarray(a.reshape(shape))
 		self.tok_embd = self.w["token_embd.weight"]  # [n_vocab x n_embd]
-		self.output = self.w.get("output.weight", self.tok_embd)
+		self.output_name = "output.weight" if "output.weight" in self.w else "token_embd.weight"
+		self.output = self.w[self.output_name]
 		self.n_vocab = self.tok_embd.shape[0]
+
+
+	def q4_1_min(self, name):
+		"""Per-block minimum m [rows x n_blocks] float32 of a Q4_1 tensor, else None."""
+		raw = self._raw.get(name)
+		if raw is None:
+			return None
+		rows = raw.shape[0]
+		blk = raw.reshape(rows, -1, 20)
+		return blk[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32)
 
 
 def rms_norm(x, w, eps):
@@ -104,37 +118,60 @@ def rope(x, pos, base, mode="normal"):
 	return out
 
 
-def _q8_act(x, block=32):
-	"""ggml's activation quantisation before a quantised matmul (Q8_0/Q8_1 block of
-	32: d = max|x| / 127 stored as f16, q = round(x / d)); returns the dequantised
-	float32 values f16(d) * q that llama.cpp's integer dot products effectively use."""
-	shp = x.shape
-	b = x.reshape(-1, shp[-1] // block, block).astype(np.float32)
-	amax = np.max(np.abs(b), axis=-1, keepdims=True)
-	d = amax / np.float32(127.0)
-	inv = np.where(d > 0, np.float32(1.0) / np.where(d > 0, d, 1), 0).astype(np.float32)
-	q = np.round(b * inv)  # roundf: half away from zero; ties are measure-zero here
-	return (d.astype(np.float16).astype(np.float32) * q).reshape(shp).astype(np.float32)
-
-
 def _f16(x):
 	return x.astype(np.float16).astype(np.float32)
+
+
+def _q8_act(x, block=32):
+	"""ggml's activation quantisation in front of a quantised matmul (Q8_0/Q8_1,
+	blocks of 32): d = max|x| / 127, q = round(x / d). Returns (f16(d) * q as
+	float32 [same shape as x], d [.. x n_blocks], q [.. x n_blocks x 32])."""
+	shp = x.shape
+	b = x.reshape(shp[:-1] + (shp[-1] // block, block)).astype(np.float32)
+	d = np.max(np.abs(b), axis=-1, keepdims=True) / np.float32(127.0)
+	inv = np.where(d > 0, np.float32(1.0) / np.where(d > 0, d, 1), 0).astype(np.float32)
+	q = np.round(b * inv)
+	return (_f16(d) * q).reshape(shp).astype(np.float32), d[..., 0], q
 
 
 def silu(x):
 	return x / (np.float32(1.0) + np.exp(-x))
 
 
+class _Numerics:
+	"""Matrix products y = x W^T, exact (float32) or as llama.cpp's CPU backend
+	rounds them (diagnostic only, see forward())."""
+
+	def __init__(self, m, llama):
+		self.m = m
+		self.llama = llama
+
+	def mm(self, x, name):
+		W = self.m.w[name]
+		if not self.llama:
+			return x @ W.T
+		xq, d, q = _q8_act(x)
+		y = xq @ W.T
+		mins = self.m.q4_1_min(name)
+		if mins is not None:
+			# Q4_1 x Q8_1: the min term uses s = f16(d * sum(q)), not f16(d) * sum(q)
+			s = q.sum(axis=-1)
+			y = y + (_f16(d * s) - _f16(d) * s) @ mins.T
+		return y.astype(np.float32)
+
+	def h16(self, x):
+		return _f16(x) if self.llama else x
+
+
 def forward(m, ids, rope_mode="normal", return_hidden=False, llama_numerics=False):
 	"""Logits [n x n_vocab] float32 for token ids [n] (positions 0..n-1, causal).
 
 	llama_numerics=True is a diagnostic, not the reference: it adds llama.cpp
-	CPU's rounding steps (Q8 activation quantisation in front of every
+	CPU's rounding steps (Q8_1/Q8_0 activation quantisation in front of every
 	quantised matmul, F16 K/V cache, Q and the attention weights rounded to F16
-	for the F16 matmuls), to show which part of the llama.cpp-vs-reference gap
+	for the F16 matmuls), to show how much of the llama.cpp-vs-reference gap
 	those steps explain."""
-	aq = _q8_act if llama_numerics else (lambda t: t)
-	hq = _f16 if llama_numerics else (lambda t: t)
+	nm = _Numerics(m, llama_numerics)
 	ids = np.asarray(ids, dtype=np.int64)
 	n = len(ids)
 	d = m.head_dim
@@ -146,12 +183,11 @@ def forward(m, ids, rope_mode="normal", return_hidden=False, llama_numerics=Fals
 	for L in range(m.n_layer):
 		p = "blk.%d." % L
 		h = rms_norm(x, m.w[p + "attn_norm.weight"], m.eps)
-		hA = aq(h)
-		q = (hA @ m.w[p + "attn_q.weight"].T).reshape(n, m.n_head, d)
-		k = (hA @ m.w[p + "attn_k.weight"].T).reshape(n, m.n_head_kv, d)
-		v = hq((hA @ m.w[p + "attn_v.weight"].T).reshape(n, m.n_head_kv, d))
-		q = hq(rope(q, pos, m.rope_base, rope_mode))
-		k = hq(rope(k, pos, m.rope_base, rope_mode))
+		q = nm.mm(h, p + "attn_q.weight").reshape(n, m.n_head, d)
+		k = nm.mm(h, p + "attn_k.weight").reshape(n, m.n_head_kv, d)
+		v = nm.h16(nm.mm(h, p + "attn_v.weight").reshape(n, m.n_head_kv, d))
+		q = nm.h16(rope(q, pos, m.rope_base, rope_mode))
+		k = nm.h16(rope(k, pos, m.rope_base, rope_mode))
 		att = np.empty((n, m.n_head, d), dtype=np.float32)
 		for hh in range(m.n_head):
 			kv = hh // rep
@@ -159,14 +195,14 @@ def forward(m, ids, rope_mode="normal", return_hidden=False, llama_numerics=Fals
 			s = s - s.max(axis=1, keepdims=True)
 			e = np.exp(s)
 			e /= e.sum(axis=1, keepdims=True, dtype=np.float32)
-			att[:, hh, :] = hq(e) @ v[:, kv, :]
-		x = x + aq(att.reshape(n, m.n_embd)) @ m.w[p + "attn_output.weight"].T
-		h = aq(rms_norm(x, m.w[p + "ffn_norm.weight"], m.eps))
-		g = h @ m.w[p + "ffn_gate.weight"].T
-		u = h @ m.w[p + "ffn_up.weight"].T
-		x = x + aq(silu(g) * u) @ m.w[p + "ffn_down.weight"].T
+			att[:, hh, :] = nm.h16(e) @ v[:, kv, :]
+		x = x + nm.mm(att.reshape(n, m.n_embd), p + "attn_output.weight")
+		h = rms_norm(x, m.w[p + "ffn_norm.weight"], m.eps)
+		g = nm.mm(h, p + "ffn_gate.weight")
+		u = nm.mm(h, p + "ffn_up.weight")
+		x = x + nm.mm(silu(g) * u, p + "ffn_down.weight")
 	h = rms_norm(x, m.w["output_norm.weight"], m.eps)
-	logits = aq(h) @ m.output.T
+	logits = nm.mm(h, m.output_name)
 	assert logits.dtype == np.float32
 	if return_hidden:
 		return logits, h

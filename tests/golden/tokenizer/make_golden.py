@@ -120,7 +120,12 @@ CASES = [
     ("json", '{"key": [1, 2, 3], "nested": {"a": null, "b": true}, "s": "x\\ny"}', 0, 1),
     ("scripts", "Ελληνικά Русский текст العربية עברית हिन्दी ภาษาไทย ქართული Հայերեն", 0, 1),
     ("unicode_spaces", "a\u00a0b\u2003c\u3000d\u0085e\u200bf\u2028g\u202fh\u1680i", 0, 1),
+    # U+180E: whitespace for PCRE2's \s, not for llama.cpp (not Unicode White_Space)
+    ("mongolian_vs", "a\u180eb \u180e. c\u180e\u180e \n\u180e \u180e!", 0, 1),
     ("math_alnum", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝐁𝐨𝐥𝐝 𝟙𝟚𝟛 😀", 0, 1),
+    # letters/numbers new in Unicode 15.0/15.1 (CJK ext H/I, Kawi, Nag Mundari, Kaktovik)
+    ("unicode15", "\U00031350's \U0002EBF0\U0002EBF1x \U00011F04\U00011F05 \U0001E4D0'll "
+                  "\U00011F50\U00011F51 \U0001D2C0\U0001E4F0!", 0, 1),
     ("mixed_alnum", "abc123def456 x2 H2O CO2 A1B2C3 ４５６ fullwidth", 0, 1),
     ("repeated_letters", "a" * 70 + " " + "ab" * 30, 0, 1),
     ("control_bytes", "\x01\x02\x03 \x7f\x1b[0m\x0b\x0c", 0, 1),

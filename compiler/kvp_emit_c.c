@@ -1,0 +1,934 @@
+/*
+ * kvp_emit_c: the C back end (see kvp_emit_c.h). The output is built in memory (so
+ * lines can be counted for `#line` switches back to the generated file) and written at
+ * once. Layout of a generated unit:
+ *
+ *   banner, file comment (policy, statistics layout)
+ *   includes (rt_policy.h and the kernel templates)
+ *   parameter table, protected-span names, layer list
+ *   stat_read_N()   read-out of statistic N at compress time
+ *   observe()       the fused per-step statistic update loop
+ *   score_q()       the per-query-head score (vector stages, then the elementwise tree)
+ *   fires(), should_compress(), next_trigger()   the trigger
+ *   compress()      k_compress_run instantiated with the policy's configuration
+ *   the exported const struct kvp_policy
+ *
+ * Safety: source text reaches the output only through emit_cstr (escaped literal bodies)
+ * and emit_comment_name (bytes outside [A-Za-z0-9_] become '?'); numbers are printed
+ * with %.17g (exact round trip) from the IR's doubles.
+ */
+#include "kvp_emit_c.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_util.h"
+
+/* ---- output buffer ---------------------------------------------------------------- */
+
+struct em {
+	char *buf;
+	size_t len, cap;
+	const struct kvp_ir *ir;
+	const struct kvp_emit_opts *opts;
+	int n_vec;          /* whole-head transform nodes, numbered in node order */
+	int in_src;         /* a #line to the .kvp source is in effect */
+	int32_t *vec_of;    /* [n_nodes] temporary index of a transform node, -1 otherwise */
+};
+
+static void put(struct em *em, const char *s, size_t n)
+{
+	if (em->len + n + 1 > em->cap) {
+		size_t nc = em->cap ? em->cap * 2 : 8192;
+		while (nc < em->len + n + 1)
+			nc *= 2;
+		char *p = realloc(em->buf, nc);
+		RT_ASSERT(p != NULL);
+		em->buf = p;
+		em->cap = nc;
+	}
+	memcpy(em->buf + em->len, s, n);
+	em->len += n;
+	em->buf[em->len] = 0;
+}
+
+static void out(struct em *em, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void out(struct em *em, const char *fmt, ...)
+{
+	char small[512];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(small, sizeof small, fmt, ap);
+	va_end(ap);
+	RT_ASSERT(n >= 0);
+	if ((size_t)n < sizeof small) {
+		put(em, small, (size_t)n);
+		return;
+	}
+	char *big = RT_MALLOC((size_t)n + 1);
+	va_start(ap, fmt);
+	vsnprintf(big, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	put(em, big, (size_t)n);
+	free(big);
+}
+
+static int lines_so_far(const struct em *em)
+{
+	int n = 1;
+	for (size_t i = 0; i < em->len; i++)
+		n += em->buf[i] == '\n';
+	return n;
+}
+
+/* ---- escaping --------------------------------------------------------------------- */
+
+static void cstr_into(struct em *em, const char *s)
+{
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		unsigned c = *p;
+		if (c >= 0x20 && c < 0x7f && c != '\\' && c != '"' && c != '?') {
+			char ch = (char)c;
+			put(em, &ch, 1);
+		} else {
+			out(em, "\\%03o", c);
+		}
+	}
+}
+
+void kvp_emit_cstr(FILE *f, const char *s)
+{
+	struct em em = { 0 };
+	cstr_into(&em, s);
+	if (em.len)
+		fwrite(em.buf, 1, em.len, f);
+	free(em.buf);
+}
+
+/* A name inside a comment: only [A-Za-z0-9_] pass, at most 40 bytes. */
+static void comment_name(struct em *em, const char *s)
+{
+	size_t n = 0;
+	for (const unsigned char *p = (const unsigned char *)s; *p && n < 40; p++, n++) {
+		unsigned c = *p;
+		char ch = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		          c == '_' ? (char)c : '?';
+		put(em, &ch, 1);
+	}
+	if (*s && strlen(s) > 40)
+		put(em, "...", 3);
+}
+
+/* A path inside a comment: [A-Za-z0-9_./-] pass; never forms a comment closer. */
+static void comment_path(struct em *em, const char *s)
+{
+	char prev = 0;
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		unsigned c = *p;
+		char ch = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		          c == '_' || c == '.' || c == '-' || (c == '/' && prev != '*') ? (char)c : '?';
+		put(em, &ch, 1);
+		prev = ch;
+	}
+}
+
+/* A double as a C double literal (%.17g round-trips exactly). */
+static void num(struct em *em, double v)
+{
+	char b[64];
+	snprintf(b, sizeof b, "%.17g", v);
+	int is_int = strspn(b, "-0123456789") == strlen(b);
+	if (v < 0)
+		out(em, "(%s%s)", b, is_int ? ".0" : "");
+	else
+		out(em, "%s%s", b, is_int ? ".0" : "");
+}
+
+size_t kvp_emit_symbol(const char *name, char *buf, size_t len)
+{
+	char tmp[256];
+	size_t n = 0;
+	int changed = name[0] == 0;
+	for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+		unsigned c = *p;
+		char ch;
+		if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')
+			ch = (char)c;
+		else if (c >= 'A' && c <= 'Z')
+			ch = (char)(c - 'A' + 'a'), changed = 1;
+		else
+			ch = '_', changed = 1;
+		if (n < 200)
+			tmp[n++] = ch;
+		else
+			changed = 1;
+	}
+	tmp[n] = 0;
+	char hash[17];
+	kvp_ir_hash(name, strlen(name), hash);
+	if (changed)
+		return (size_t)snprintf(buf, len, "kvp_policy_%s_%.8s", tmp, hash);
+	return (size_t)snprintf(buf, len, "kvp_policy_%s", tmp);
+}
+
+/* ---- #line ------------------------------------------------------------------------ */
+
+static void line_src(struct em *em, struct kvp_loc loc)
+{
+	if (!em->opts->line_directives || loc.line <= 0)
+		return;
+	em->in_src = 1;
+	out(em, "#line %d \"", loc.line);
+	cstr_into(em, em->ir->source);
+	out(em, "\"\n");
+}
+
+static void line_back(struct em *em)
+{
+	if (!em->in_src || !em->opts->out_name)
+		return;
+	em->in_src = 0;
+	int next = lines_so_far(em) + 1;
+	out(em, "#line %d \"", next);
+	cstr_into(em, em->opts->out_name);
+	out(em, "\"\n");
+}
+
+/* ---- expressions -------------------------------------------------------------------- */
+
+enum ectx { E_SCALAR, E_OBSERVE, E_SCORE };
+
+static void expr(struct em *em, int32_t e, enum ectx c);
+
+static void signal_expr(struct em *em, enum kvp_ir_signal s, enum ectx c)
+{
+	switch (s) {
+	case KVP_SIG_ATTN: out(em, "attn"); break;
+	case KVP_SIG_SEEN: out(em, "seen"); break;
+	case KVP_SIG_CONTEXT: out(em, "k_context(ctx, seen)"); break;
+	case KVP_SIG_PROMPT_LEN: out(em, "k_prompt_len(ctx, seen)"); break;
+	case KVP_SIG_ENTRIES: out(em, "(double)n"); break;
+	case KVP_SIG_POS: out(em, "(double)h->pos[i]"); break;
+	case KVP_SIG_AGE: out(em, "(seen - 1.0 - (double)h->pos[i])"); break;
+	case KVP_SIG_COUNT: out(em, "(double)h->count[i]"); break;
+	case KVP_SIG_KEY_NORM: out(em, "k_norm(h->k + (size_t)i * d, d)"); break;
+	case KVP_SIG_VALUE_NORM: out(em, "k_norm(h->v + (size_t)i * d, d)"); break;
+	case KVP_SIG_KEY_COS_MEAN: out(em, "k_cos_anchor(h->k + (size_t)i * d, vec + d, d)"); break;
+	case KVP_SIG_LAYER: out(em, "(double)layer"); break;
+	case KVP_SIG_N_LAYER: out(em, "(double)kv->n_layer"); break;
+	default: out(em, "0.0"); break;
+	}
+	(void)c;
+}
+
+static void bin(struct em *em, const struct kvp_ir_expr *x, const char *op, enum ectx c)
+{
+	out(em, "(");
+	expr(em, x->a, c);
+	out(em, " %s ", op);
+	expr(em, x->b, c);
+	out(em, ")");
+}
+
+static void cmp(struct em *em, const struct kvp_ir_expr *x, const char *op, enum ectx c)
+{
+	out(em, "(");
+	expr(em, x->a, c);
+	out(em, " %s ", op);
+	expr(em, x->b, c);
+	out(em, " ? 1.0 : 0.0)");
+}
+
+static void call1(struct em *em, const char *fn, int32_t a, enum ectx c)
+{
+	out(em, "%s(", fn);
+	expr(em, a, c);
+	out(em, ")");
+}
+
+static void call2(struct em *em, const char *fn, const struct kvp_ir_expr *x, enum ectx c)
+{
+	out(em, "%s(", fn);
+	expr(em, x->a, c);
+	out(em, ", ");
+	expr(em, x->b, c);
+	out(em, ")");
+}
+
+static void expr(struct em *em, int32_t e, enum ectx c)
+{
+	const struct kvp_ir_expr *x = &em->ir->nodes[e];
+	switch (x->op) {
+	case KVP_OP_NUM: num(em, x->num); break;
+	case KVP_OP_PARAM: out(em, "P[%d]", (int)x->index); break;
+	case KVP_OP_STAT: out(em, "stat_read_%d(ctx, kv, h, i, r)", (int)x->index); break;
+	case KVP_OP_SIGNAL: signal_expr(em, x->sig, c); break;
+	case KVP_OP_NEG: out(em, "(-"); expr(em, x->a, c); out(em, ")"); break;
+	case KVP_OP_NOT: out(em, "("); expr(em, x->a, c); out(em, " == 0 ? 1.0 : 0.0)"); break;
+	case KVP_OP_LOG: call1(em, "log", x->a, c); break;
+	case KVP_OP_EXP: call1(em, "exp", x->a, c); break;
+	case KVP_OP_ABS: call1(em, "fabs", x->a, c); break;
+	case KVP_OP_SQRT: call1(em, "sqrt", x->a, c); break;
+	case KVP_OP_ADD: bin(em, x, "+", c); break;
+	case KVP_OP_SUB: bin(em, x, "-", c); break;
+	case KVP_OP_MUL: bin(em, x, "*", c); break;
+	case KVP_OP_DIV: bin(em, x, "/", c); break;
+	case KVP_OP_MIN: call2(em, "fmin", x, c); break;
+	case KVP_OP_MAX: call2(em, "fmax", x, c); break;
+	case KVP_OP_POW: call2(em, "pow", x, c); break;
+	case KVP_OP_LT: cmp(em, x, "<", c); break;
+	case KVP_OP_LE: cmp(em, x, "<=", c); break;
+	case KVP_OP_GT: cmp(em, x, ">", c); break;
+	case KVP_OP_GE: cmp(em, x, ">=", c); break;
+	case KVP_OP_EQ: cmp(em, x, "==", c); break;
+	case KVP_OP_NE: cmp(em, x, "!=", c); break;
+	case KVP_OP_AND:
+		out(em, "((");
+		expr(em, x->a, c);
+		out(em, ") != 0 && (");
+		expr(em, x->b, c);
+		out(em, ") != 0 ? 1.0 : 0.0)");
+		break;
+	case KVP_OP_OR:
+		out(em, "((");
+		expr(em, x->a, c);
+		out(em, ") != 0 || (");
+		expr(em, x->b, c);
+		out(em, ") != 0 ? 1.0 : 0.0)");
+		break;
+	case KVP_OP_SELECT:
+		out(em, "((");
+		expr(em, x->a, c);
+		out(em, ") != 0 ? ");
+		expr(em, x->b, c);
+		out(em, " : ");
+		expr(em, x->c, c);
+		out(em, ")");
+		break;
+	case KVP_OP_CAOTE:
+	case KVP_OP_NORMALIZE:
+		out(em, "(double)tmp[(size_t)%d * cap + (size_t)i]", (int)em->vec_of[e]);
+		break;
+	default:
+		out(em, "0.0");
+		break;
+	}
+}
+
+/* The expression as readable pseudo-source for comments (names sanitised). */
+static void expr_comment(struct em *em, int32_t e)
+{
+	const struct kvp_ir *ir = em->ir;
+	const struct kvp_ir_expr *x = &ir->nodes[e];
+	switch (x->op) {
+	case KVP_OP_NUM: {
+		char b[64];
+		snprintf(b, sizeof b, "%.17g", x->num);
+		out(em, "%s", b);
+		return;
+	}
+	case KVP_OP_PARAM: comment_name(em, ir->params[x->index].name); return;
+	case KVP_OP_STAT: comment_name(em, ir->stats[x->index].name); return;
+	case KVP_OP_SIGNAL: out(em, "%s", kvp_ir_signal_name(x->sig)); return;
+	case KVP_OP_NEG: out(em, "-"); expr_comment(em, x->a); return;
+	case KVP_OP_NOT: out(em, "not "); expr_comment(em, x->a); return;
+	case KVP_OP_ADD: case KVP_OP_SUB: case KVP_OP_MUL: case KVP_OP_DIV:
+	case KVP_OP_LT: case KVP_OP_LE: case KVP_OP_GT: case KVP_OP_GE: case KVP_OP_EQ:
+	case KVP_OP_NE: case KVP_OP_AND: case KVP_OP_OR:
+		out(em, "(");
+		expr_comment(em, x->a);
+		out(em, " %s ", kvp_ir_op_name(x->op));
+		expr_comment(em, x->b);
+		out(em, ")");
+		return;
+	case KVP_OP_SELECT:
+		out(em, "if(");
+		expr_comment(em, x->a);
+		out(em, ", ");
+		expr_comment(em, x->b);
+		out(em, ", ");
+		expr_comment(em, x->c);
+		out(em, ")");
+		return;
+	case KVP_OP_CAOTE:
+		out(em, "caote(");
+		expr_comment(em, x->a);
+		out(em, ", %s)", x->mode == KVP_CAOTE_FAST ? "fast" : "exact");
+		return;
+	default:
+		out(em, "%s(", kvp_ir_op_name(x->op));
+		expr_comment(em, x->a);
+		if (x->b >= 0) {
+			out(em, ", ");
+			expr_comment(em, x->b);
+		}
+		out(em, ")");
+		return;
+	}
+}
+
+/* 1 if expression e (or anything below it) uses signal s. */
+static int uses_signal(const struct kvp_ir *ir, int32_t e, enum kvp_ir_signal s)
+{
+	if (e < 0)
+		return 0;
+	const struct kvp_ir_expr *x = &ir->nodes[e];
+	if (x->op == KVP_OP_SIGNAL)
+		return x->sig == s;
+	return uses_signal(ir, x->a, s) || uses_signal(ir, x->b, s) || uses_signal(ir, x->c, s);
+}
+
+/* Scalar expression e, or the default d when e < 0. */
+static void scalar_or(struct em *em, int32_t e, double d)
+{
+	if (e >= 0)
+		expr(em, e, E_SCALAR);
+	else
+		num(em, d);
+}
+
+/* ---- sections ----------------------------------------------------------------------- */
+
+static const char *hist_name(enum kvp_ir_history h)
+{
+	return h == KVP_HIST_WHOLE ? "the whole history" :
+	       h == KVP_HIST_LAST_STEPS ? "the last steps (ring)" : "the prompt tail";
+}
+
+static void emit_header(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	out(em, "/* generated from ");
+	comment_path(em, ir->source);
+	out(em, " by kvpc %s \xe2\x80\x94 do not edit */\n", KVP_VERSION);
+	out(em, "/*\n * Policy ");
+	comment_name(em, ir->name);
+	out(em, " (source hash %.16s) compiled to the hooks of the policy ABI\n",
+	    strspn(ir->source_hash, "0123456789abcdef") >= 16 ? ir->source_hash : "0000000000000000");
+	out(em, " * (runtime/rt_policy.h) with the kernel templates of kernels/ instantiated.\n");
+	out(em, " * Statistics, 4-byte words per entry: %u shared, then %u per query head.\n",
+	    ir->stat_words_entry, ir->stat_words_qhead);
+	if (ir->uses_obs_count)
+		out(em, " *   word %d (shared): steps the entry was visible\n", (int)ir->obs_count_word);
+	for (int i = 0; i < ir->n_stats; i++) {
+		const struct kvp_ir_stat *s = &ir->stats[i];
+		out(em, " *   stat_%d ", i);
+		comment_name(em, s->name);
+		out(em, " = %s(", kvp_ir_stat_kind_name(s->kind));
+		expr_comment(em, s->arg);
+		out(em, ") over %s: %s words %d..%d\n", hist_name(s->hist),
+		    s->per_qhead ? "per query head," : "shared,", (int)s->word,
+		    (int)(s->word + s->n_words - 1));
+	}
+	for (int i = 0; i < ir->n_params; i++) {
+		out(em, " *   param %d ", i);
+		comment_name(em, ir->params[i].name);
+		out(em, " (%s)\n", kvp_unit_name(ir->params[i].unit));
+	}
+	out(em, " */\n");
+	out(em, "#include <math.h>\n#include <stddef.h>\n#include <stdint.h>\n\n");
+	out(em, "#include \"k_compress.h\"\n#include \"k_score.h\"\n#include \"k_signal.h\"\n");
+	out(em, "#include \"k_stat.h\"\n#include \"rt_kv.h\"\n#include \"rt_policy.h\"\n\n");
+	out(em, "#include <string.h>\n\n");
+	out(em, "#define STAT_WORDS_ENTRY %uu\n#define STAT_WORDS_QHEAD %uu\n\n",
+	    ir->stat_words_entry, ir->stat_words_qhead);
+}
+
+static void emit_tables(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	if (ir->n_params > 0) {
+		out(em, "static const struct kvp_param policy_params[%d] = {\n", ir->n_params);
+		for (int i = 0; i < ir->n_params; i++) {
+			const struct kvp_ir_param *p = &ir->params[i];
+			line_src(em, p->loc);
+			out(em, "\t{ \"");
+			cstr_into(em, p->name);
+			out(em, "\", ");
+			num(em, p->def);
+			static const char *const units[] = { "KVP_UNIT_SCALAR", "KVP_UNIT_ENTRIES",
+			                                     "KVP_UNIT_TOKENS", "KVP_UNIT_RATIO",
+			                                     "KVP_UNIT_STEPS" };
+			out(em, ", %s, \"", (unsigned)p->unit < KVP_UNIT_COUNT_ ? units[p->unit] : units[0]);
+			cstr_into(em, p->doc);
+			out(em, "\" },\n");
+		}
+		line_back(em);
+		out(em, "};\n\n");
+	}
+	if (ir->guards.n_spans > 0) {
+		out(em, "static const char *const policy_spans[%d] = {\n", ir->guards.n_spans);
+		for (int i = 0; i < ir->guards.n_spans; i++) {
+			out(em, "\t\"");
+			cstr_into(em, ir->guards.spans[i]);
+			out(em, "\",\n");
+		}
+		out(em, "};\n\n");
+	}
+	if (ir->alloc.layers == KVP_LAYERS_LIST && ir->alloc.n_list > 0) {
+		out(em, "static const double policy_layer_list[%d] = {\n", ir->alloc.n_list);
+		for (int i = 0; i < ir->alloc.n_list; i++) {
+			out(em, "\t");
+			num(em, ir->alloc.list[i]);
+			out(em, ",\n");
+		}
+		out(em, "};\n\n");
+	}
+}
+
+static void emit_stat_reads(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	for (int k = 0; k < ir->n_stats; k++) {
+		const struct kvp_ir_stat *s = &ir->stats[k];
+		out(em, "/* stat_%d ", k);
+		comment_name(em, s->name);
+		out(em, ": its value at compress time */\n");
+		out(em, "static inline double stat_read_%d(const struct kvp_ctx *ctx, const rt_kv *kv,\n"
+		        "                                  const rt_kv_head *h, int32_t i, int r)\n{\n", k);
+		out(em, "\tconst uint32_t *b = k_stat_block(kv, h, i);\n");
+		if (s->per_qhead)
+			out(em, "\tconst uint32_t *w = b + STAT_WORDS_ENTRY + (size_t)r * STAT_WORDS_QHEAD + %d;\n",
+			    (int)s->word);
+		else
+			out(em, "\tconst uint32_t *w = b + %d;\n\t(void)r;\n", (int)s->word);
+		int ring = s->hist == KVP_HIST_LAST_STEPS && s->kind != KVP_STAT_LAST &&
+		           s->kind != KVP_STAT_EMA;
+		const char *steps = NULL;
+		char stepbuf[160];
+		if (s->kind == KVP_STAT_MEAN) {
+			if (s->hist == KVP_HIST_LAST_STEPS)
+				snprintf(stepbuf, sizeof stepbuf, "fmin((double)k_stat_getf(b + %d), %d.0)",
+				         (int)ir->obs_count_word, (int)s->ring);
+			else
+				snprintf(stepbuf, sizeof stepbuf, "(double)k_stat_getf(b + %d)",
+				         (int)ir->obs_count_word);
+			steps = stepbuf;
+		}
+		if (s->kind == KVP_STAT_MEAN && s->hist == KVP_HIST_PROMPT_TAIL) {
+			out(em, "\tconst double *P = ctx->params;\n\tconst double seen = (double)ctx->seen;\n");
+			out(em, "\t(void)P;\n\t(void)seen;\n");
+			line_src(em, s->loc);
+			out(em, "\tconst double tail = k_stat_tail_steps(ctx->seen, ctx->prompt_len, ");
+			expr(em, s->window, E_SCALAR);
+			out(em, ");\n");
+			line_back(em);
+			out(em, "\treturn k_stat_mean(k_stat_getf(w), fmin(%s, tail));\n}\n\n", steps);
+			continue;
+		}
+		out(em, "\t(void)ctx;\n");
+		if (!steps)
+			out(em, "\t(void)b;\n");
+		if (ring && s->kind == KVP_STAT_COUNT)
+			out(em, "\treturn k_stat_ring_count(w, %d);\n", (int)s->ring);
+		else if (ring && s->kind == KVP_STAT_MEAN)
+			out(em, "\treturn k_stat_mean(k_stat_ring_sum(w, %d), %s);\n", (int)s->ring, steps);
+		else if (ring)
+			out(em, "\treturn k_stat_ring_sum(w, %d);\n", (int)s->ring);
+		else if (s->kind == KVP_STAT_MEAN)
+			out(em, "\treturn k_stat_mean(k_stat_getf(w), %s);\n", steps);
+		else
+			out(em, "\treturn k_stat_getf(w);\n");
+		out(em, "}\n\n");
+	}
+}
+
+/* The update statement of stat k with value x_k (inside the entry loop). */
+static void stat_update(struct em *em, int k, const char *ind)
+{
+	const struct kvp_ir_stat *s = &em->ir->stats[k];
+	const char *w = s->per_qhead ? "q" : "b";
+	line_src(em, s->loc);
+	out(em, "%sconst double x_%d = ", ind, k);
+	expr(em, s->arg, E_OBSERVE);
+	out(em, ";\n");
+	line_back(em);
+	if (s->hist == KVP_HIST_PROMPT_TAIL)
+		out(em, "%sif (tail_%d)\n%s\t", ind, k, ind);
+	else
+		out(em, "%s", ind);
+	int ring = s->hist == KVP_HIST_LAST_STEPS;
+	switch (s->kind) {
+	case KVP_STAT_SUM:
+	case KVP_STAT_MEAN:
+		if (ring)
+			out(em, "k_stat_ring_put(%s + %d, %d, ob->step, x_%d);\n", w, (int)s->word,
+			    (int)s->ring, k);
+		else
+			out(em, "k_stat_sum(%s + %d, x_%d);\n", w, (int)s->word, k);
+		break;
+	case KVP_STAT_COUNT:
+		if (ring)
+			out(em, "k_stat_ring_put_bit(%s + %d, %d, ob->step, x_%d);\n", w, (int)s->word,
+			    (int)s->ring, k);
+		else
+			out(em, "k_stat_count(%s + %d, x_%d);\n", w, (int)s->word, k);
+		break;
+	case KVP_STAT_EMA:
+		out(em, "k_stat_ema(%s + %d, x_%d, alpha_%d);\n", w, (int)s->word, k, k);
+		break;
+	default:
+		out(em, "k_stat_last(%s + %d, x_%d);\n", w, (int)s->word, k);
+		break;
+	}
+}
+
+static void emit_observe(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	if (ir->n_stats == 0)
+		return;
+	int any_q = 0, any_e = 0;
+	for (int k = 0; k < ir->n_stats; k++) {
+		if (ir->stats[k].per_qhead)
+			any_q = 1;
+		else
+			any_e = 1;
+	}
+	out(em, "/* observe: one step (query token ob->step) over head (layer, kv_head); updates\n"
+	        " * every statistic of the ob->n visible entries (k_stat.h templates, fused). */\n");
+	out(em, "static void observe(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,\n"
+	        "                    const struct kvp_obs *ob)\n{\n");
+	out(em, "\trt_kv_head *h = rt_kv_head_at(kv, layer, kv_head);\n");
+	out(em, "\tconst double *P = ctx->params;\n");
+	out(em, "\tconst double seen = (double)(ob->step + 1);\n");
+	out(em, "\tconst int32_t n = ob->n;\n\tconst int d = kv->head_dim;\n");
+	out(em, "\t(void)P;\n\t(void)seen;\n\t(void)d;\n");
+	for (int k = 0; k < ir->n_stats; k++) {
+		const struct kvp_ir_stat *s = &ir->stats[k];
+		if (s->kind == KVP_STAT_EMA) {
+			line_src(em, s->loc);
+			out(em, "\tconst double alpha_%d = ", k);
+			expr(em, s->alpha, E_SCALAR);
+			out(em, ";\n");
+			line_back(em);
+		}
+		if (s->hist == KVP_HIST_PROMPT_TAIL) {
+			line_src(em, s->loc);
+			out(em, "\tconst int tail_%d = k_stat_in_prompt_tail(ob->step, ctx->prompt_len, ", k);
+			expr(em, s->window, E_SCALAR);
+			out(em, ");\n");
+			line_back(em);
+		}
+	}
+	out(em, "\tfor (int32_t i = 0; i < n; i++) {\n");
+	out(em, "\t\tuint32_t *b = k_stat_block(kv, h, i);\n");
+	if (ir->uses_obs_count)
+		out(em, "\t\tk_stat_sum(b + %d, 1.0);\n", (int)ir->obs_count_word);
+	if (any_e)
+		for (int k = 0; k < ir->n_stats; k++)
+			if (!ir->stats[k].per_qhead)
+				stat_update(em, k, "\t\t");
+	if (any_q) {
+		out(em, "\t\tfor (int r = 0; r < ob->group; r++) {\n");
+		out(em, "\t\t\tconst double attn = ob->probs[(size_t)r * (size_t)n + (size_t)i];\n");
+		out(em, "\t\t\tuint32_t *q = b + STAT_WORDS_ENTRY + (size_t)r * STAT_WORDS_QHEAD;\n");
+		for (int k = 0; k < ir->n_stats; k++)
+			if (ir->stats[k].per_qhead)
+				stat_update(em, k, "\t\t\t");
+		out(em, "\t\t}\n");
+	}
+	out(em, "\t}\n}\n\n");
+}
+
+static void emit_score(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	int32_t e = ir->score.expr;
+	if (e < 0)
+		return;
+	out(em, "/* score_q: the score of every entry of h for query head r (lowest evicted first):\n"
+	        " *   ");
+	expr_comment(em, e);
+	out(em, "\n */\n");
+	out(em, "static void score_q(const struct kvp_ctx *ctx, const rt_kv *kv, const rt_kv_head *h,\n"
+	        "                    int layer, int r, float *out, float *tmp, double *vec)\n{\n");
+	out(em, "\tconst double *P = ctx->params;\n\tconst double seen = (double)ctx->seen;\n");
+	out(em, "\tconst int32_t n = h->n;\n\tconst int d = kv->head_dim;\n");
+	out(em, "\tconst size_t cap = (size_t)kv->cap;\n");
+	out(em, "\t(void)P;\n\t(void)seen;\n\t(void)d;\n\t(void)cap;\n\t(void)layer;\n\t(void)r;\n");
+	out(em, "\t(void)tmp;\n\t(void)vec;\n");
+	if (uses_signal(ir, e, KVP_SIG_KEY_COS_MEAN))
+		out(em, "\tk_key_anchor(h->k, n, d, vec + d);\n");
+	for (int32_t v = 0; v <= e; v++) {
+		if (em->vec_of[v] < 0)
+			continue;
+		const struct kvp_ir_expr *x = &ir->nodes[v];
+		line_src(em, x->loc);
+		out(em, "\tfor (int32_t i = 0; i < n; i++)\n\t\ttmp[(size_t)%d * cap + (size_t)i] = (float)",
+		    (int)em->vec_of[v]);
+		expr(em, x->a, E_SCORE);
+		out(em, ";\n");
+		line_back(em);
+		if (x->op == KVP_OP_CAOTE)
+			out(em, "\tk_caote(tmp + (size_t)%d * cap, h->v, n, d, %d, vec);\n",
+			    (int)em->vec_of[v], x->mode == KVP_CAOTE_FAST);
+		else
+			out(em, "\tk_normalize(tmp + (size_t)%d * cap, n);\n", (int)em->vec_of[v]);
+	}
+	line_src(em, ir->score.loc.line > 0 ? ir->score.loc : ir->nodes[e].loc);
+	out(em, "\tfor (int32_t i = 0; i < n; i++)\n\t\tout[i] = (float)");
+	expr(em, e, E_SCORE);
+	out(em, ";\n");
+	line_back(em);
+	out(em, "}\n\n");
+}
+
+/* target expression (or budget) of compress and the trigger */
+static void target_expr(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	int32_t t = ir->trigger.target >= 0 ? ir->trigger.target : ir->alloc.budget;
+	scalar_or(em, t, 0);
+}
+
+static void emit_trigger(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	const struct kvp_ir_trig *tr = &ir->trigger;
+	out(em, "/* fires: would the trigger fire after `seen` tokens with `entries` entries per head\n"
+	        " * on average? (should_compress asks now; next_trigger asks ahead) */\n");
+	out(em, "static int fires(const struct kvp_ctx *ctx, const rt_kv *kv, double seen, double entries)\n{\n");
+	out(em, "\tconst double *P = ctx->params;\n");
+	out(em, "\t(void)P;\n\t(void)kv;\n\t(void)seen;\n\t(void)entries;\n");
+	line_src(em, tr->loc);
+	switch (tr->kind) {
+	case KVP_TRIG_NEVER:
+		out(em, "\treturn 0;\n");
+		break;
+	case KVP_TRIG_EVERY_STEP:
+		out(em, "\treturn entries > ");
+		target_expr(em);
+		out(em, ";\n");
+		break;
+	case KVP_TRIG_OVER_BUDGET:
+		out(em, "\treturn entries > ");
+		scalar_or(em, tr->threshold >= 0 ? tr->threshold : ir->alloc.budget, 0);
+		out(em, ";\n");
+		break;
+	case KVP_TRIG_EVERY_N:
+		out(em, "\treturn k_every(seen, ");
+		scalar_or(em, tr->n, 1);
+		out(em, ") && entries > ");
+		target_expr(em);
+		out(em, ";\n");
+		break;
+	case KVP_TRIG_PROMPT_END:
+		out(em, "\treturn ctx->prompt_len >= 0 && seen == (double)ctx->prompt_len && entries > ");
+		target_expr(em);
+		out(em, ";\n");
+		break;
+	case KVP_TRIG_PREFILL_BLOCK:
+		out(em, "\treturn (k_every(seen, ");
+		scalar_or(em, tr->n, 1);
+		out(em, ") || (ctx->prompt_len >= 0 && seen == (double)ctx->prompt_len)) && entries > ");
+		target_expr(em);
+		out(em, ";\n");
+		break;
+	}
+	line_back(em);
+	out(em, "}\n\n");
+	out(em, "static int should_compress(const struct kvp_ctx *ctx, const rt_kv *kv)\n{\n");
+	out(em, "\treturn fires(ctx, kv, (double)ctx->seen, k_avg_entries(kv));\n}\n\n");
+	out(em, "/* next_trigger: the first k (tokens) after which fires() may hold, bounded by the\n"
+	        " * room left in the store; 0 when no head has room. */\n");
+	out(em, "static int32_t next_trigger(const struct kvp_ctx *ctx, const rt_kv *kv)\n{\n");
+	out(em, "\tconst int32_t room = k_room(kv);\n");
+	out(em, "\tconst double seen = (double)ctx->seen, avg = k_avg_entries(kv);\n");
+	out(em, "\tfor (int32_t k = 1; k <= room; k++)\n");
+	out(em, "\t\tif (fires(ctx, kv, seen + k, avg + k))\n\t\t\treturn k;\n");
+	out(em, "\treturn room;\n}\n\n");
+}
+
+static void emit_compress(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	if (ir->trigger.kind == KVP_TRIG_NEVER)
+		return;
+	const struct kvp_ir_score *sc = &ir->score;
+	const struct kvp_ir_alloc *al = &ir->alloc;
+	out(em, "/* compress: k_compress_run (kernels/k_compress.h) with this policy's pipeline. */\n");
+	out(em, "static int compress(const struct kvp_ctx *ctx, rt_kv *kv, rt_err *err)\n{\n");
+	out(em, "\tconst double *P = ctx->params;\n\tconst double seen = (double)ctx->seen;\n");
+	out(em, "\t(void)P;\n\t(void)seen;\n");
+	out(em, "\tstruct k_compress_cfg cfg;\n\tmemset(&cfg, 0, sizeof cfg);\n");
+	int has_score = sc->expr >= 0;
+	out(em, "\tcfg.has_score = %d;\n", has_score);
+	static const char *const reds[] = { "K_REDUCE_MEAN", "K_REDUCE_MAX", "K_REDUCE_SUM", "-1" };
+	int per_q = has_score && kvp_ir_expr_per_qhead(ir, sc->expr);
+	out(em, "\tcfg.reduce = %s;\n", per_q ? reds[sc->reduce] : "-1");
+	out(em, "\tcfg.over_layer = %d;\n", sc->over_layer);
+	if (sc->pool != KVP_POOL_NONE) {
+		double k = 1;
+		kvp_ir_fold(ir, sc->kernel, &k);
+		out(em, "\tcfg.pool = %s;\n\tcfg.kernel = %d;\n\tcfg.pool_before_reduce = %d;\n",
+		    sc->pool == KVP_POOL_MAX ? "K_POOL_MAX" : "K_POOL_AVG", (int)k,
+		    sc->pool_before_reduce);
+	}
+	out(em, "\tcfg.n_tmp = %d;\n", em->n_vec);
+	line_src(em, al->loc);
+	out(em, "\tcfg.target = ");
+	target_expr(em);
+	out(em, ";\n");
+	line_back(em);
+	if (ir->guards.sinks >= 0 || ir->guards.recent >= 0) {
+		line_src(em, ir->guards.loc);
+		if (ir->guards.sinks >= 0) {
+			out(em, "\tcfg.sinks = ");
+			expr(em, ir->guards.sinks, E_SCALAR);
+			out(em, ";\n");
+		}
+		if (ir->guards.recent >= 0) {
+			out(em, "\tcfg.recent = ");
+			expr(em, ir->guards.recent, E_SCALAR);
+			out(em, ";\n");
+		}
+		line_back(em);
+	}
+	static const char *const layers[] = { "K_LAYERS_UNIFORM", "K_LAYERS_PYRAMID",
+	                                      "K_LAYERS_FUNNEL", "K_LAYERS_LINEAR", "K_LAYERS_LIST" };
+	out(em, "\tcfg.layers = %s;\n", layers[al->layers]);
+	if (al->layers == KVP_LAYERS_PYRAMID || al->layers == KVP_LAYERS_FUNNEL) {
+		out(em, "\tcfg.beta = ");
+		scalar_or(em, al->beta, 20);
+		out(em, ";\n");
+	} else if (al->layers == KVP_LAYERS_LINEAR) {
+		out(em, "\tcfg.from = ");
+		scalar_or(em, al->from, 1);
+		out(em, ";\n\tcfg.to = ");
+		scalar_or(em, al->to, 1);
+		out(em, ";\n");
+	} else if (al->layers == KVP_LAYERS_LIST && al->n_list > 0) {
+		out(em, "\tcfg.list = policy_layer_list;\n\tcfg.n_list = %d;\n", al->n_list);
+	}
+	static const char *const heads[] = { "K_HEADS_EACH", "K_HEADS_ADAPTIVE", "K_HEADS_GLOBAL" };
+	out(em, "\tcfg.heads = %s;\n", heads[al->heads]);
+	if (al->heads != KVP_HEADS_EACH) {
+		out(em, "\tcfg.floor_frac = fmin(1.0, fmax(0.0, ");
+		scalar_or(em, al->floor, 0.2);
+		out(em, "));\n");
+	}
+	static const char *const acts[] = { "K_ACT_EVICT", "K_ACT_MERGE", "K_ACT_SPLIT" };
+	line_src(em, ir->action.loc);
+	out(em, "\tcfg.action = %s;\n", acts[ir->action.kind]);
+	if (ir->action.kind != KVP_ACT_EVICT) {
+		out(em, "\tcfg.run = ");
+		scalar_or(em, ir->action.run, 0);
+		out(em, ";\n");
+	}
+	if (ir->action.kind == KVP_ACT_SPLIT) {
+		out(em, "\tcfg.single_floor = ");
+		scalar_or(em, ir->action.floor, 0);
+		out(em, ";\n");
+	}
+	line_back(em);
+	if (ir->guards.protect_all_spans)
+		out(em, "\tcfg.protect_all_spans = 1;\n");
+	if (ir->guards.n_spans > 0)
+		out(em, "\tcfg.spans = policy_spans;\n\tcfg.n_spans = %d;\n", ir->guards.n_spans);
+	out(em, "\treturn k_compress_run(ctx, kv, &cfg, %s, err);\n}\n\n", has_score ? "score_q" : "NULL");
+	out(em, "static size_t scratch_bytes(const rt_kv *kv)\n{\n");
+	out(em, "\treturn k_compress_scratch_bytes(kv, %d);\n}\n\n", em->n_vec);
+}
+
+static void emit_policy(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	char sym[300];
+	kvp_emit_symbol(ir->name, sym, sizeof sym);
+	int compresses = ir->trigger.kind != KVP_TRIG_NEVER;
+	out(em, "extern const struct kvp_policy %s;\n", sym);
+	out(em, "const struct kvp_policy %s = {\n", sym);
+	out(em, "\t.abi_version = KVP_ABI_VERSION,\n\t.name = \"");
+	cstr_into(em, ir->name);
+	out(em, "\",\n\t.source = \"");
+	cstr_into(em, ir->source);
+	out(em, "\",\n\t.source_hash = \"");
+	cstr_into(em, ir->source_hash);
+	out(em, "\",\n\t.summary = \"");
+	cstr_into(em, ir->summary);
+	out(em, "\",\n\t.n_params = %d,\n", ir->n_params);
+	out(em, "\t.params = %s,\n", ir->n_params > 0 ? "policy_params" : "NULL");
+	out(em, "\t.stat_words_entry = STAT_WORDS_ENTRY,\n\t.stat_words_qhead = STAT_WORDS_QHEAD,\n");
+	out(em, "\t.state_words = 0,\n\t.state_words_dim = 0,\n");
+	out(em, "\t.positions = %s,\n",
+	    ir->positions == KVP_POS_COMPACTED ? "KVP_POS_COMPACTED" : "KVP_POS_ORIGINAL");
+	out(em, "\t.needs = ");
+	static const char *const needs[] = { "KVP_NEED_ATTN", "KVP_NEED_OUT", "KVP_NEED_KEYS",
+	                                     "KVP_NEED_VALUES", "KVP_NEED_SPANS", "KVP_NEED_PROMPT_LEN" };
+	int first = 1;
+	for (int b = 0; b < 6; b++)
+		if (ir->needs & (1u << b)) {
+			out(em, "%s%s", first ? "" : " | ", needs[b]);
+			first = 0;
+		}
+	if (first)
+		out(em, "0");
+	out(em, ",\n\t.init_entries = NULL,\n");
+	out(em, "\t.observe = %s,\n", ir->n_stats > 0 ? "observe" : "NULL");
+	out(em, "\t.should_compress = should_compress,\n");
+	out(em, "\t.compress = %s,\n", compresses ? "compress" : "NULL");
+	out(em, "\t.next_trigger = next_trigger,\n");
+	out(em, "\t.scratch_bytes = %s,\n};\n", compresses ? "scratch_bytes" : "NULL");
+}
+
+int kvp_emit_c(const struct kvp_ir *ir, const struct kvp_emit_opts *opts, FILE *f)
+{
+	struct kvp_emit_opts defaults = { 1, NULL };
+	struct em em = { 0 };
+	em.ir = ir;
+	em.opts = opts ? opts : &defaults;
+	em.vec_of = RT_MALLOC((size_t)(ir->n_nodes > 0 ? ir->n_nodes : 1) * sizeof(int32_t));
+	for (int32_t i = 0; i < ir->n_nodes; i++) {
+		int v = ir->nodes[i].op == KVP_OP_CAOTE || ir->nodes[i].op == KVP_OP_NORMALIZE;
+		em.vec_of[i] = v ? em.n_vec++ : -1;
+	}
+	emit_header(&em);
+	emit_tables(&em);
+	emit_stat_reads(&em);
+	emit_observe(&em);
+	emit_score(&em);
+	emit_trigger(&em);
+	emit_compress(&em);
+	emit_policy(&em);
+	int rc = fwrite(em.buf, 1, em.len, f) == em.len ? 0 : -1;
+	free(em.buf);
+	free(em.vec_of);
+	return rc;
+}
+
+int kvp_emit_registry(const char *const *names, int n, FILE *f, char *err, size_t err_len)
+{
+	struct em em = { 0 };
+	char (*syms)[300] = RT_MALLOC((size_t)(n > 0 ? n : 1) * sizeof *syms);
+	for (int i = 0; i < n; i++) {
+		kvp_emit_symbol(names[i], syms[i], sizeof syms[i]);
+		for (int j = 0; j < i; j++)
+			if (strcmp(syms[i], syms[j]) == 0) {
+				if (err && err_len)
+					snprintf(err, err_len,
+					         "registry: policies %d and %d have the same name or symbol (%s)",
+					         j + 1, i + 1, syms[i]);
+				free(syms);
+				return -1;
+			}
+	}
+	out(&em, "/* generated from %d polic%s by kvpc %s \xe2\x80\x94 do not edit */\n", n,
+	    n == 1 ? "y" : "ies", KVP_VERSION);
+	out(&em, "/* The registry of the policies compiled into this binary, in command-line order. */\n");
+	out(&em, "#include <stddef.h>\n\n#include \"rt_policy.h\"\n\n");
+	for (int i = 0; i < n; i++)
+		out(&em, "extern const struct kvp_policy %s;\n", syms[i]);
+	out(&em, "\nconst struct kvp_policy *const kvp_registry[%d] = {\n", n + 1);
+	for (int i = 0; i < n; i++)
+		out(&em, "\t&%s,\n", syms[i]);
+	out(&em, "\tNULL,\n};\n\nconst int kvp_registry_count = %d;\n", n);
+	int rc = fwrite(em.buf, 1, em.len, f) == em.len ? 0 : -1;
+	free(em.buf);
+	free(syms);
+	return rc;
+}

@@ -1,0 +1,390 @@
+/*
+ * kvp_lower: turns a checked .kvp policy (kvp_sema) into the typed IR of kvp_ir.h, the
+ * contract with the back ends. Lowering makes the language's conveniences explicit:
+ *   - a ratio in a size slot (budget, recent window, target, trigger limit, singleton
+ *     floor) becomes `ratio * context` entries/tokens (KVP_SIG_CONTEXT);
+ *   - `budget` used as a value becomes the budget's own expression, in entries;
+ *   - consts are folded to numbers, parameters stay runtime references;
+ *   - flow(q) becomes normalize(q) (direct relevance, GraceKV's first hop);
+ *   - defaults that the IR leaves to the language are made explicit: the group
+ *     reduction is mean for a score that depends on the query head and none otherwise;
+ *     add_split's slot is 64 tokens (GraceKV's target slot length).
+ * It never reports a user error that kvp_sema could have reported; kvp_ir_check is the
+ * back end's own safety net afterwards.
+ */
+#include "kvp_ir.h"
+#include "kvp_sema.h"
+
+#include <string.h>
+
+typedef struct lower {
+	kvp_sema *s;
+	struct kvp_ir *ir;
+} lower;
+
+static struct kvp_loc L(kvp_srcloc l)
+{
+	struct kvp_loc o = { l.line, l.col };
+	return o;
+}
+
+static const struct {
+	const char *name;
+	enum kvp_ir_signal sig;
+} SIGMAP[] = {
+	{ "attn", KVP_SIG_ATTN },
+	{ "seen", KVP_SIG_SEEN },
+	{ "context", KVP_SIG_CONTEXT },
+	{ "prompt_len", KVP_SIG_PROMPT_LEN },
+	{ "n_layers", KVP_SIG_N_LAYER },
+	{ "pos", KVP_SIG_POS },
+	{ "age", KVP_SIG_AGE },
+	{ "size", KVP_SIG_COUNT },
+	{ "key_norm", KVP_SIG_KEY_NORM },
+	{ "value_norm", KVP_SIG_VALUE_NORM },
+	{ "key_cos_mean", KVP_SIG_KEY_COS_MEAN },
+};
+
+static int32_t lower_expr(lower *lw, const kvp_expr *e);
+
+static int32_t lower_budget(lower *lw, kvp_srcloc at);
+
+/* e in entries/tokens: a ratio is multiplied by the context */
+static int32_t lower_size(lower *lw, const kvp_expr *e, kvp_sunit u)
+{
+	int32_t v = lower_expr(lw, e);
+	if (u != KVP_SU_RATIO || v < 0)
+		return v;
+	int32_t c = kvp_ir_signal(lw->ir, L(e->loc), KVP_SIG_CONTEXT);
+	return kvp_ir_binary(lw->ir, L(e->loc), KVP_OP_MUL, v, c);
+}
+
+static int32_t lower_budget(lower *lw, kvp_srcloc at)
+{
+	(void)at;
+	const kvp_stmt *b = lw->s->setting[KVP_SET_BUDGET];
+	return lower_size(lw, b->value, lw->s->budget_unit);
+}
+
+static enum kvp_ir_op binop(kvp_op op)
+{
+	switch (op) {
+	case KVP_ASTOP_ADD: return KVP_OP_ADD;
+	case KVP_ASTOP_SUB: return KVP_OP_SUB;
+	case KVP_ASTOP_MUL: return KVP_OP_MUL;
+	case KVP_ASTOP_DIV: return KVP_OP_DIV;
+	case KVP_ASTOP_LT: return KVP_OP_LT;
+	case KVP_ASTOP_LE: return KVP_OP_LE;
+	case KVP_ASTOP_GT: return KVP_OP_GT;
+	case KVP_ASTOP_GE: return KVP_OP_GE;
+	case KVP_ASTOP_EQ: return KVP_OP_EQ;
+	case KVP_ASTOP_NE: return KVP_OP_NE;
+	case KVP_ASTOP_AND: return KVP_OP_AND;
+	case KVP_ASTOP_OR: return KVP_OP_OR;
+	default: return KVP_OP_COUNT_;
+	}
+}
+
+static int32_t lower_call(lower *lw, const kvp_expr *e)
+{
+	struct kvp_ir *ir = lw->ir;
+	const char *f = e->name;
+	struct kvp_loc at = L(e->loc);
+	if (!strcmp(f, "min") || !strcmp(f, "max") || !strcmp(f, "pow")) {
+		int32_t a = lower_expr(lw, kvp_call_arg(e, "a", 0));
+		int32_t b = lower_expr(lw, kvp_call_arg(e, "b", 1));
+		enum kvp_ir_op op = !strcmp(f, "min") ? KVP_OP_MIN : !strcmp(f, "max") ? KVP_OP_MAX :
+		                    KVP_OP_POW;
+		return kvp_ir_binary(ir, at, op, a, b);
+	}
+	if (!strcmp(f, "abs") || !strcmp(f, "log") || !strcmp(f, "exp") || !strcmp(f, "sqrt")) {
+		int32_t a = lower_expr(lw, kvp_call_arg(e, "x", 0));
+		enum kvp_ir_op op = !strcmp(f, "abs") ? KVP_OP_ABS : !strcmp(f, "log") ? KVP_OP_LOG :
+		                    !strcmp(f, "exp") ? KVP_OP_EXP : KVP_OP_SQRT;
+		return kvp_ir_unary(ir, at, op, a);
+	}
+	if (!strcmp(f, "if")) {
+		int32_t c = lower_expr(lw, kvp_call_arg(e, "cond", 0));
+		int32_t a = lower_expr(lw, kvp_call_arg(e, "then", 1));
+		int32_t b = lower_expr(lw, kvp_call_arg(e, "else", 2));
+		return kvp_ir_select(ir, at, c, a, b);
+	}
+	if (!strcmp(f, "caote")) {
+		int32_t a = lower_expr(lw, kvp_call_arg(e, "score", 0));
+		const kvp_expr *m = kvp_call_arg(e, "mode", 1);
+		enum kvp_ir_caote_mode mode =
+			m && !strcmp(m->name, "fast") ? KVP_CAOTE_FAST : KVP_CAOTE_EXACT;
+		return kvp_ir_caote(ir, at, mode, a);
+	}
+	if (!strcmp(f, "normalize") || !strcmp(f, "flow")) {
+		const kvp_expr *x = kvp_call_arg(e, !strcmp(f, "flow") ? "relevance" : "score", 0);
+		return kvp_ir_normalize(ir, at, lower_expr(lw, x));
+	}
+	return -1;
+}
+
+static int32_t lower_expr(lower *lw, const kvp_expr *e)
+{
+	struct kvp_ir *ir = lw->ir;
+	struct kvp_loc at = L(e->loc);
+	switch (e->kind) {
+	case KVP_E_NUM:
+		return kvp_ir_num(ir, at, e->num);
+	case KVP_E_NAME: {
+		const kvp_sym *y = kvp_sema_lookup(lw->s, e->name);
+		if (y) {
+			switch (y->kind) {
+			case KVP_SYM_PARAM: return kvp_ir_param_ref(ir, at, y->ir_index);
+			case KVP_SYM_CONST: return kvp_ir_num(ir, at, y->value);
+			case KVP_SYM_STAT: return kvp_ir_stat_ref(ir, at, y->ir_index);
+			}
+		}
+		for (size_t i = 0; i < sizeof SIGMAP / sizeof SIGMAP[0]; i++)
+			if (!strcmp(SIGMAP[i].name, e->name))
+				return kvp_ir_signal(ir, at, SIGMAP[i].sig);
+		return -1;
+	}
+	case KVP_E_CALL:
+		return lower_call(lw, e);
+	case KVP_E_UNARY:
+		return kvp_ir_unary(ir, at, e->op == KVP_ASTOP_NOT ? KVP_OP_NOT : KVP_OP_NEG,
+		                    lower_expr(lw, e->a));
+	case KVP_E_BINARY:
+		return kvp_ir_binary(ir, at, binop(e->op), lower_expr(lw, e->a),
+		                     lower_expr(lw, e->b));
+	case KVP_E_BUDGET:
+		return lower_budget(lw, e->loc);
+	case KVP_E_ENTRIES:
+		return kvp_ir_signal(ir, at, KVP_SIG_ENTRIES);
+	default:
+		return -1;
+	}
+}
+
+static enum kvp_unit abi_unit(kvp_sunit u)
+{
+	switch (u) {
+	case KVP_SU_RATIO: return KVP_UNIT_RATIO;
+	case KVP_SU_ENTRIES: return KVP_UNIT_ENTRIES;
+	case KVP_SU_TOKENS: return KVP_UNIT_TOKENS;
+	case KVP_SU_STEPS: return KVP_UNIT_STEPS;
+	default: return KVP_UNIT_SCALAR;
+	}
+}
+
+/* the comment at the end of a statement's line, without '#' and blanks ("" if none) */
+static const char *trailing_doc(const kvp_file *f, const kvp_stmt *st)
+{
+	int line = st->loc.line;
+	for (int i = 0; i < f->n_comments; i++) {
+		const kvp_comment *c = &f->comments[i];
+		if (!c->own_line && c->loc.line == line && c->loc.off >= st->loc.end) {
+			const char *t = c->text + 1;
+			while (*t == ' ' || *t == '\t')
+				t++;
+			return t;
+		}
+	}
+	return "";
+}
+
+static enum kvp_ir_stat_kind stat_kind(kvp_agg a)
+{
+	switch (a) {
+	case KVP_AGG_SUM: return KVP_STAT_SUM;
+	case KVP_AGG_MEAN: return KVP_STAT_MEAN;
+	case KVP_AGG_COUNT: return KVP_STAT_COUNT;
+	case KVP_AGG_EMA: return KVP_STAT_EMA;
+	default: return KVP_STAT_LAST;
+	}
+}
+
+int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
+{
+	lower lw = { s, ir };
+	const kvp_file *f = s->file;
+	ir->loc = L(f->name_loc);
+
+	/* definitions in order: each uses only the ones above it */
+	for (int i = 0; i < s->n_syms; i++) {
+		kvp_sym *y = &s->syms[i];
+		const kvp_stmt *st = y->stmt;
+		switch (y->kind) {
+		case KVP_SYM_PARAM:
+			y->ir_index = kvp_ir_add_param(ir, L(st->name_loc), y->name, y->value,
+			                               abi_unit(y->unit), trailing_doc(f, st));
+			break;
+		case KVP_SYM_CONST:
+			y->ir_index = kvp_ir_add_const(ir, L(st->name_loc), y->name, y->value);
+			break;
+		case KVP_SYM_STAT: {
+			int32_t arg = lower_expr(&lw, y->arg);
+			int32_t alpha = y->alpha ? lower_expr(&lw, y->alpha) : -1;
+			enum kvp_ir_history h = KVP_HIST_WHOLE;
+			int32_t win = -1;
+			if (st->window == KVP_W_LAST) {
+				h = KVP_HIST_LAST_STEPS;
+				win = lower_expr(&lw, st->window_len);
+			} else if (st->window == KVP_W_PROMPT_TAIL) {
+				h = KVP_HIST_PROMPT_TAIL;
+				win = lower_expr(&lw, st->window_len);
+			}
+			y->ir_index = kvp_ir_add_stat(ir, L(st->name_loc), y->name, stat_kind(y->agg),
+			                              arg, alpha, h, win);
+			break;
+		}
+		}
+	}
+
+	/* score pipeline */
+	const kvp_stmt *score = s->setting[KVP_SET_SCORE];
+	ir->score.expr = score ? lower_expr(&lw, score->value) : -1;
+	ir->score.loc = L(score ? score->loc : f->name_loc);
+	if (!s->score_per_qhead)
+		ir->score.reduce = KVP_REDUCE_NONE;
+	else
+		switch (s->reduce) {
+		case KVP_RD_MAX: ir->score.reduce = KVP_REDUCE_MAX; break;
+		case KVP_RD_SUM: ir->score.reduce = KVP_REDUCE_SUM; break;
+		default: ir->score.reduce = KVP_REDUCE_MEAN; break;
+		}
+	ir->score.over_layer = s->over_layer;
+	ir->score.pool = s->pool == KVP_PL_MAX ? KVP_POOL_MAX :
+	                 s->pool == KVP_PL_AVG ? KVP_POOL_AVG : KVP_POOL_NONE;
+	ir->score.kernel = s->kernel ? lower_expr(&lw, s->kernel) : 0;
+	ir->score.pool_before_reduce = s->pool_before_reduce;
+
+	/* guards */
+	ir->guards.sinks = s->sinks ? lower_size(&lw, s->sinks->value, s->sinks_unit) : -1;
+	ir->guards.recent = s->recent ? lower_size(&lw, s->recent->value, s->recent_unit) : -1;
+	ir->guards.protect_all_spans = s->all_spans != NULL;
+	for (int i = 0; i < s->n_spans; i++)
+		kvp_ir_add_span(ir, s->spans[i]->value->name);
+	const kvp_stmt *g0 = s->sinks ? s->sinks : s->recent ? s->recent :
+	                     s->all_spans ? s->all_spans : s->n_spans ? s->spans[0] : NULL;
+	ir->guards.loc = L(g0 ? g0->loc : f->name_loc);
+
+	/* budget and allocation */
+	const kvp_stmt *budget = s->setting[KVP_SET_BUDGET];
+	ir->alloc.budget = budget ? lower_budget(&lw, budget->loc) : -1;
+	ir->alloc.budget_unit = s->budget_unit == KVP_SU_RATIO ? KVP_UNIT_RATIO : KVP_UNIT_ENTRIES;
+	ir->alloc.loc = L(budget ? budget->loc : f->name_loc);
+	switch (s->layers) {
+	case KVP_LY_UNIFORM: ir->alloc.layers = KVP_LAYERS_UNIFORM; break;
+	case KVP_LY_PYRAMID: ir->alloc.layers = KVP_LAYERS_PYRAMID; break;
+	case KVP_LY_FUNNEL: ir->alloc.layers = KVP_LAYERS_FUNNEL; break;
+	case KVP_LY_LINEAR: ir->alloc.layers = KVP_LAYERS_LINEAR; break;
+	case KVP_LY_LIST: ir->alloc.layers = KVP_LAYERS_LIST; break;
+	}
+	ir->alloc.beta = s->beta ? lower_expr(&lw, s->beta) : -1;
+	ir->alloc.from = s->lin_from ? lower_expr(&lw, s->lin_from) : -1;
+	ir->alloc.to = s->lin_to ? lower_expr(&lw, s->lin_to) : -1;
+	if (s->layers == KVP_LY_LIST) {
+		int n = s->list->n_args;
+		double v[1024];
+		for (int i = 0; i < n; i++) {
+			int32_t node = lower_expr(&lw, s->list->args[i]);
+			if (!kvp_ir_fold(ir, node, &v[i])) {
+				kvp_src_error(f->src, s->list->args[i]->loc,
+				              "a layer multiplier must be a constant");
+				return -1;
+			}
+		}
+		kvp_ir_set_list(ir, v, n);
+	}
+	ir->alloc.heads = s->allocate == KVP_AL_ADAPTIVE ? KVP_HEADS_ADAPTIVE :
+	                  s->allocate == KVP_AL_GLOBAL ? KVP_HEADS_GLOBAL : KVP_HEADS_EACH;
+	ir->alloc.floor = s->alloc_floor ? lower_expr(&lw, s->alloc_floor) : -1;
+
+	/* action */
+	const kvp_stmt *action = s->setting[KVP_SET_ACTION];
+	ir->action.loc = L(action ? action->loc : f->name_loc);
+	ir->action.run = -1;
+	ir->action.floor = -1;
+	switch (s->action) {
+	case KVP_AC_EVICT:
+		ir->action.kind = KVP_ACT_EVICT;
+		break;
+	case KVP_AC_MERGE:
+		ir->action.kind = KVP_ACT_MERGE;
+		ir->action.run = s->run ? lower_expr(&lw, s->run) : -1;
+		break;
+	case KVP_AC_ADD_SPLIT:
+		ir->action.kind = KVP_ACT_SPLIT;
+		ir->action.run = s->slot ? lower_expr(&lw, s->slot) :
+		                           kvp_ir_num(ir, L(action->loc), 64);
+		ir->action.floor = s->act_floor ? lower_size(&lw, s->act_floor, s->floor_unit) : -1;
+		break;
+	}
+
+	/* trigger */
+	const kvp_stmt *c = s->compress;
+	ir->trigger.n = -1;
+	ir->trigger.threshold = -1;
+	ir->trigger.target = -1;
+	if (!c) {
+		ir->trigger.kind = KVP_TRIG_NEVER;
+		ir->trigger.loc = L(f->name_loc);
+	} else {
+		ir->trigger.loc = L(c->loc);
+		switch (c->trigger) {
+		case KVP_T_EVERY_STEP:
+			ir->trigger.kind = KVP_TRIG_EVERY_STEP;
+			break;
+		case KVP_T_EVERY:
+			ir->trigger.kind = KVP_TRIG_EVERY_N;
+			ir->trigger.n = lower_expr(&lw, c->value);
+			break;
+		case KVP_T_WHEN:
+			ir->trigger.kind = KVP_TRIG_OVER_BUDGET;
+			ir->trigger.threshold = lower_size(&lw, s->threshold, s->threshold_unit);
+			break;
+		case KVP_T_AT:
+			ir->trigger.kind = KVP_TRIG_PROMPT_END;
+			break;
+		case KVP_T_PER:
+			ir->trigger.kind = KVP_TRIG_PREFILL_BLOCK;
+			ir->trigger.n = lower_expr(&lw, c->value);
+			break;
+		}
+		if (c->target)
+			ir->trigger.target = lower_size(&lw, c->target, s->target_unit);
+	}
+	ir->positions = s->compacted ? KVP_POS_COMPACTED : KVP_POS_ORIGINAL;
+	return 0;
+}
+
+static void ir_diag(void *user, struct kvp_loc loc, const char *msg)
+{
+	kvp_src *src = user;
+	kvp_src_error(src, kvp_src_loc_at(src, loc.line, loc.col), "%s", msg);
+}
+
+int kvp_compile(kvp_src *src, struct kvp_ir *ir)
+{
+	memset(ir, 0, sizeof *ir);
+	kvp_file *f = kvp_parse(src);
+	if (src->n_errors) {
+		kvp_file_free(f);
+		return src->n_errors;
+	}
+	kvp_sema *s = kvp_sema_check(f);
+	if (src->n_errors) {
+		kvp_sema_free(s);
+		kvp_file_free(f);
+		return src->n_errors;
+	}
+	char hash[17];
+	kvp_ir_hash(src->text, src->len, hash);
+	kvp_ir_init(ir, f->name, src->path, hash, kvp_file_summary(f));
+	if (kvp_lower(s, ir) == 0)
+		kvp_ir_check(ir, ir_diag, src);
+	kvp_sema_free(s);
+	kvp_file_free(f);
+	if (src->n_errors) {
+		kvp_ir_free(ir);
+		memset(ir, 0, sizeof *ir);
+		return src->n_errors;
+	}
+	return 0;
+}

@@ -1,0 +1,1791 @@
+/*
+ * kvp_sema: names, types, units, contexts and feasibility of one .kvp policy (the rules
+ * are in kvp_sema.h and docs/language.md sections 5-7). Two passes over the statements:
+ *   1. definitions in source order (param, const, stat): each may use only the
+ *      definitions above it;
+ *   2. everything else (budget first, so `budget` has a unit), then the cross-statement
+ *      checks (a trigger needs a budget, guards must leave room for the score, ...).
+ * Every problem is one located error, with a note pointing at the other statement
+ * involved and a "did you mean" for near-miss names.
+ */
+#include "kvp_sema.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* evaluation contexts (bit mask) */
+enum {
+	CX_CONST = 1,   /* param / const defaults */
+	CX_SCALAR = 2,  /* budget, guards, triggers, targets, windows, arguments */
+	CX_OBSERVE = 4, /* a statistic's argument, at every attention step */
+	CX_SCORE = 8,   /* the score, at compress time */
+};
+
+/* the type of a checked expression */
+typedef struct ty {
+	kvp_sunit u;
+	int known;     /* value v is known (parameters at their defaults) */
+	double v;
+	int constant;  /* no parameter and no signal: a compile-time constant */
+	int per_qhead; /* depends on the query head (reads attn) */
+} ty;
+
+static const ty TY_ERR = { KVP_SU_ERR, 0, 0, 0, 0 };
+
+/* ---- built-in tables ------------------------------------------------------------- */
+
+typedef struct builtin_sig {
+	const char *name;
+	kvp_sunit unit;
+	unsigned cx;
+	int per_qhead;
+} builtin_sig;
+
+static const builtin_sig SIGNALS[] = {
+	{ "attn", KVP_SU_NUM, CX_OBSERVE, 1 },
+	{ "seen", KVP_SU_TOKENS, CX_SCALAR | CX_OBSERVE | CX_SCORE, 0 },
+	{ "context", KVP_SU_TOKENS, CX_SCALAR | CX_SCORE, 0 },
+	{ "prompt_len", KVP_SU_TOKENS, CX_SCALAR, 0 },
+	{ "n_layers", KVP_SU_NUM, CX_SCALAR, 0 },
+	{ "pos", KVP_SU_TOKENS, CX_OBSERVE | CX_SCORE, 0 },
+	{ "age", KVP_SU_TOKENS, CX_OBSERVE | CX_SCORE, 0 },
+	{ "size", KVP_SU_TOKENS, CX_OBSERVE | CX_SCORE, 0 },
+	{ "key_norm", KVP_SU_NUM, CX_OBSERVE | CX_SCORE, 0 },
+	{ "value_norm", KVP_SU_NUM, CX_OBSERVE | CX_SCORE, 0 },
+	{ "key_cos_mean", KVP_SU_NUM, CX_SCORE, 0 },
+};
+#define N_SIGNALS (int)(sizeof SIGNALS / sizeof SIGNALS[0])
+
+/* functions usable inside expressions */
+static const char *const FUNCTIONS[] = {
+	"min", "max", "abs", "log", "exp", "sqrt", "pow", "if", "caote", "normalize", "flow",
+};
+#define N_FUNCTIONS (int)(sizeof FUNCTIONS / sizeof FUNCTIONS[0])
+
+static const char *const AGGREGATES[] = { "sum", "mean", "count", "ema", "last" };
+
+/* words that are values of one setting */
+typedef struct setting_word {
+	const char *name;
+	const char *what;    /* "a layer schedule" */
+	const char *setting; /* "layers" */
+} setting_word;
+
+static const setting_word SETTING_WORDS[] = {
+	{ "uniform", "a layer schedule or an allocation", "layers" },
+	{ "pyramid", "a layer schedule", "layers" },
+	{ "funnel", "a layer schedule", "layers" },
+	{ "linear", "a layer schedule", "layers" },
+	{ "adaptive", "an allocation", "allocate" },
+	{ "global", "an allocation", "allocate" },
+	{ "evict", "an action", "action" },
+	{ "merge", "an action", "action" },
+	{ "add_split", "an action", "action" },
+	{ "avg", "a pooling", "pool" },
+	{ "none", "a pooling", "pool" },
+	{ "original", "a position convention", "positions" },
+	{ "compacted", "a position convention", "positions" },
+};
+#define N_SETTING_WORDS (int)(sizeof SETTING_WORDS / sizeof SETTING_WORDS[0])
+
+static const builtin_sig *find_signal(const char *name)
+{
+	for (int i = 0; i < N_SIGNALS; i++)
+		if (strcmp(SIGNALS[i].name, name) == 0)
+			return &SIGNALS[i];
+	return NULL;
+}
+
+static int in_list(const char *name, const char *const *list, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (strcmp(list[i], name) == 0)
+			return 1;
+	return 0;
+}
+
+static int is_aggregate(const char *name)
+{
+	return in_list(name, AGGREGATES, 5);
+}
+
+static const setting_word *find_setting_word(const char *name)
+{
+	for (int i = 0; i < N_SETTING_WORDS; i++)
+		if (strcmp(SETTING_WORDS[i].name, name) == 0)
+			return &SETTING_WORDS[i];
+	return NULL;
+}
+
+/* ---- state and reporting --------------------------------------------------------- */
+
+typedef struct sema {
+	kvp_sema *out;
+	kvp_src *src;
+	/* pass 1 bookkeeping: every definition's name in source order, defined or not yet */
+	const kvp_stmt **defs;
+	int n_defs;
+	int n_defined; /* defs[0..n_defined) are visible */
+	int have_budget; /* budget statement checked ok */
+	ty budget;
+} sema;
+
+#define ERR(S, loc, ...) kvp_src_error((S)->src, (loc), __VA_ARGS__)
+#define NOTE(S, loc, ...) kvp_src_note((S)->src, (loc), __VA_ARGS__)
+
+static const char *unit_name(kvp_sunit u)
+{
+	switch (u) {
+	case KVP_SU_ANY: return "a number";
+	case KVP_SU_NUM: return "a plain number";
+	case KVP_SU_RATIO: return "a ratio";
+	case KVP_SU_ENTRIES: return "entries";
+	case KVP_SU_TOKENS: return "tokens";
+	case KVP_SU_STEPS: return "steps";
+	case KVP_SU_BOOL: return "a condition";
+	default: return "an invalid value";
+	}
+}
+
+static const char *cx_where(unsigned cx)
+{
+	switch (cx) {
+	case CX_CONST: return "a default value (only numbers and consts)";
+	case CX_SCALAR: return "a budget, guard, trigger or argument";
+	case CX_OBSERVE: return "a statistic";
+	case CX_SCORE: return "the score";
+	default: return "this place";
+	}
+}
+
+/* "statistics and the score", from a mask of contexts */
+static void cx_list(unsigned mask, char *buf, size_t n)
+{
+	const char *parts[3];
+	int k = 0;
+	if (mask & CX_SCALAR)
+		parts[k++] = "budgets, guards and triggers";
+	if (mask & CX_OBSERVE)
+		parts[k++] = "statistics";
+	if (mask & CX_SCORE)
+		parts[k++] = "the score";
+	buf[0] = '\0';
+	for (int i = 0; i < k; i++) {
+		size_t l = strlen(buf);
+		snprintf(buf + l, n - l, "%s%s", i == 0 ? "" : i == k - 1 ? " and " : ", ",
+		         parts[i]);
+	}
+}
+
+/* Best near-miss of name among candidates (NULL when none is close). */
+static const char *suggest_from(const char *name, const char *const *cands, int n,
+                                const char *best, int *best_d)
+{
+	size_t len = strlen(name);
+	int cap = len <= 3 ? 1 : 2;
+	for (int i = 0; i < n; i++) {
+		if (!cands[i])
+			continue;
+		int d = kvp_edit_distance(name, cands[i], cap);
+		if (d <= cap && d < *best_d && d < (int)len) {
+			*best_d = d;
+			best = cands[i];
+		}
+	}
+	return best;
+}
+
+/* A near-miss among the visible user names, signals and functions. */
+static const char *suggest_name(const sema *S, const char *name, int with_functions)
+{
+	int best_d = 1000;
+	const char *best = NULL;
+	const char *tmp[64];
+	int k = 0;
+	for (int i = 0; i < S->n_defined && k < 64; i++)
+		tmp[k++] = S->defs[i]->name;
+	best = suggest_from(name, tmp, k, best, &best_d);
+	k = 0;
+	for (int i = 0; i < N_SIGNALS; i++)
+		tmp[k++] = SIGNALS[i].name;
+	best = suggest_from(name, tmp, k, best, &best_d);
+	if (with_functions) {
+		best = suggest_from(name, FUNCTIONS, N_FUNCTIONS, best, &best_d);
+		best = suggest_from(name, AGGREGATES, 5, best, &best_d);
+	}
+	return best;
+}
+
+static int is_int(double v)
+{
+	return v == floor(v);
+}
+
+/* a number for messages: integers without decimals */
+static void fmt_num(double v, char *buf, size_t n)
+{
+	if (is_int(v) && fabs(v) < 1e15)
+		snprintf(buf, n, "%.0f", v);
+	else
+		snprintf(buf, n, "%g", v);
+}
+
+/* ---- symbols --------------------------------------------------------------------- */
+
+static kvp_sym *sym_add(sema *S, const kvp_stmt *st, kvp_sym_kind kind)
+{
+	kvp_sema *o = S->out;
+	if (o->n_syms == o->cap_syms) {
+		o->cap_syms = o->cap_syms ? 2 * o->cap_syms : 16;
+		kvp_sym *p = realloc(o->syms, sizeof *p * (size_t)o->cap_syms);
+		if (!p) {
+			fprintf(stderr, "kvpc: out of memory\n");
+			abort();
+		}
+		o->syms = p;
+	}
+	kvp_sym *y = &o->syms[o->n_syms++];
+	memset(y, 0, sizeof *y);
+	y->name = st->name;
+	y->kind = kind;
+	y->stmt = st;
+	y->ir_index = -1;
+	return y;
+}
+
+const kvp_sym *kvp_sema_lookup(const kvp_sema *s, const char *name)
+{
+	for (int i = 0; i < s->n_syms; i++)
+		if (strcmp(s->syms[i].name, name) == 0)
+			return &s->syms[i];
+	return NULL;
+}
+
+const kvp_expr *kvp_call_arg(const kvp_expr *call, const char *name, int pos)
+{
+	if (!call || call->kind != KVP_E_CALL)
+		return NULL;
+	int k = 0;
+	for (int i = 0; i < call->n_args; i++) {
+		const kvp_expr *a = call->args[i];
+		if (a->kind == KVP_E_ARG) {
+			if (strcmp(a->name, name) == 0)
+				return a->a;
+		} else {
+			if (k == pos)
+				return a;
+			k++;
+		}
+	}
+	return NULL;
+}
+
+/* Check the arguments of call against the parameter names names[0..n): positional ones
+ * fill names in order, named ones must be among names, none twice. required[i] says
+ * whether names[i] must be given. Returns 0 when fine. */
+static int check_args(sema *S, const kvp_expr *call, const char *const *names,
+                      const int *required, int n)
+{
+	int given[8] = { 0 };
+	int k = 0, bad = 0;
+	for (int i = 0; i < call->n_args; i++) {
+		const kvp_expr *a = call->args[i];
+		int slot = -1;
+		if (a->kind == KVP_E_ARG) {
+			for (int j = 0; j < n; j++)
+				if (strcmp(names[j], a->name) == 0)
+					slot = j;
+			if (slot < 0) {
+				int d = 1000;
+				const char *s = suggest_from(a->name, names, n, NULL, &d);
+				if (n == 0)
+					ERR(S, a->name_loc, "%s() takes no arguments", call->name);
+				else if (s)
+					ERR(S, a->name_loc,
+					    "%s() has no argument '%s'; did you mean '%s'?",
+					    call->name, a->name, s);
+				else
+					ERR(S, a->name_loc, "%s() has no argument '%s'", call->name,
+					    a->name);
+				bad = 1;
+				continue;
+			}
+		} else {
+			if (k >= n) {
+				ERR(S, a->loc, "too many arguments to %s() (it takes %d)",
+				    call->name, n);
+				bad = 1;
+				continue;
+			}
+			slot = k++;
+		}
+		if (given[slot]) {
+			ERR(S, a->loc, "argument '%s' of %s() is given twice", names[slot],
+			    call->name);
+			bad = 1;
+		}
+		given[slot] = 1;
+	}
+	for (int j = 0; j < n && !bad; j++) {
+		if (required[j] && !given[j]) {
+			ERR(S, call->loc, "%s() needs the argument '%s'", call->name, names[j]);
+			bad = 1;
+		}
+	}
+	return bad ? -1 : 0;
+}
+
+/* ---- expressions ----------------------------------------------------------------- */
+
+static ty check_expr(sema *S, const kvp_expr *e, unsigned cx);
+
+static ty ty_make(kvp_sunit u)
+{
+	ty t = { u, 0, 0, 0, 0 };
+	return t;
+}
+
+static ty ty_const(kvp_sunit u, double v)
+{
+	ty t = { u, 1, v, 1, 0 };
+	return t;
+}
+
+/* unit of a + b (and of comparisons, min, max); ERR when they differ */
+static kvp_sunit unify(kvp_sunit a, kvp_sunit b)
+{
+	if (a == b)
+		return a;
+	if (a == KVP_SU_ANY)
+		return b;
+	if (b == KVP_SU_ANY)
+		return a;
+	return KVP_SU_ERR;
+}
+
+static ty combine(ty a, ty b, kvp_sunit u)
+{
+	ty t = ty_make(u);
+	t.known = a.known && b.known;
+	t.constant = a.constant && b.constant;
+	t.per_qhead = a.per_qhead || b.per_qhead;
+	return t;
+}
+
+static int need_number(sema *S, const kvp_expr *at, ty t, const char *what)
+{
+	if (t.u == KVP_SU_BOOL) {
+		ERR(S, at->loc, "%s needs a number, not a condition", what);
+		return -1;
+	}
+	return 0;
+}
+
+static ty check_binary(sema *S, const kvp_expr *e, unsigned cx)
+{
+	ty a = check_expr(S, e->a, cx);
+	ty b = check_expr(S, e->b, cx);
+	if (a.u == KVP_SU_ERR || b.u == KVP_SU_ERR)
+		return TY_ERR;
+	const char *op = kvp_op_text(e->op);
+	kvp_sunit u;
+	switch (e->op) {
+	case KVP_ASTOP_AND:
+	case KVP_ASTOP_OR:
+		if (a.u != KVP_SU_BOOL || b.u != KVP_SU_BOOL) {
+			const kvp_expr *bad = a.u != KVP_SU_BOOL ? e->a : e->b;
+			ERR(S, bad->loc, "'%s' needs conditions on both sides; this is %s", op,
+			    unit_name(a.u != KVP_SU_BOOL ? a.u : b.u));
+			return TY_ERR;
+		}
+		u = KVP_SU_BOOL;
+		break;
+	case KVP_ASTOP_ADD:
+	case KVP_ASTOP_SUB:
+	case KVP_ASTOP_LT:
+	case KVP_ASTOP_LE:
+	case KVP_ASTOP_GT:
+	case KVP_ASTOP_GE:
+	case KVP_ASTOP_EQ:
+	case KVP_ASTOP_NE:
+		if (a.u == KVP_SU_BOOL || b.u == KVP_SU_BOOL) {
+			ERR(S, (a.u == KVP_SU_BOOL ? e->a : e->b)->loc,
+			    "'%s' needs numbers on both sides, not a condition", op);
+			return TY_ERR;
+		}
+		u = unify(a.u, b.u);
+		if (u == KVP_SU_ERR) {
+			ERR(S, e->loc, "unit mismatch in '%s': the left side is %s, the right side is %s",
+			    op, unit_name(a.u), unit_name(b.u));
+			return TY_ERR;
+		}
+		if (e->op != KVP_ASTOP_ADD && e->op != KVP_ASTOP_SUB)
+			u = KVP_SU_BOOL;
+		break;
+	case KVP_ASTOP_MUL:
+		if (need_number(S, a.u == KVP_SU_BOOL ? e->a : e->b,
+		                a.u == KVP_SU_BOOL ? a : b, "'*'"))
+			return TY_ERR;
+		if (a.u == KVP_SU_ANY || a.u == KVP_SU_NUM || a.u == KVP_SU_RATIO)
+			u = (a.u == KVP_SU_NUM && b.u == KVP_SU_ANY) ? KVP_SU_NUM : b.u;
+		else if (b.u == KVP_SU_ANY || b.u == KVP_SU_NUM || b.u == KVP_SU_RATIO)
+			u = a.u;
+		else {
+			ERR(S, e->loc, "unit mismatch in '*': cannot multiply %s by %s",
+			    unit_name(a.u), unit_name(b.u));
+			return TY_ERR;
+		}
+		if (a.u == KVP_SU_RATIO && b.u == KVP_SU_ANY)
+			u = KVP_SU_RATIO;
+		break;
+	case KVP_ASTOP_DIV:
+		if (need_number(S, a.u == KVP_SU_BOOL ? e->a : e->b,
+		                a.u == KVP_SU_BOOL ? a : b, "'/'"))
+			return TY_ERR;
+		if (b.u == KVP_SU_ANY || b.u == KVP_SU_NUM)
+			u = a.u;
+		else
+			u = KVP_SU_NUM; /* X / X, or a rate per X */
+		break;
+	default:
+		return TY_ERR;
+	}
+	ty t = combine(a, b, u);
+	if (t.known) {
+		double x = a.v, y = b.v, r = 0;
+		switch (e->op) {
+		case KVP_ASTOP_ADD: r = x + y; break;
+		case KVP_ASTOP_SUB: r = x - y; break;
+		case KVP_ASTOP_MUL: r = x * y; break;
+		case KVP_ASTOP_DIV:
+			if (y == 0) {
+				if (t.constant) {
+					ERR(S, e->b->loc, "division by zero");
+					return TY_ERR;
+				}
+				t.known = 0;
+			} else {
+				r = x / y;
+			}
+			break;
+		case KVP_ASTOP_LT: r = x < y; break;
+		case KVP_ASTOP_LE: r = x <= y; break;
+		case KVP_ASTOP_GT: r = x > y; break;
+		case KVP_ASTOP_GE: r = x >= y; break;
+		case KVP_ASTOP_EQ: r = x == y; break;
+		case KVP_ASTOP_NE: r = x != y; break;
+		case KVP_ASTOP_AND: r = (x != 0) && (y != 0); break;
+		case KVP_ASTOP_OR: r = (x != 0) || (y != 0); break;
+		default: break;
+		}
+		t.v = r;
+		if (!isfinite(r))
+			t.known = 0;
+	}
+	return t;
+}
+
+/* the name of a definition that comes later in the file, or NULL */
+static const kvp_stmt *later_def(const sema *S, const char *name)
+{
+	for (int i = S->n_defined; i < S->n_defs; i++)
+		if (strcmp(S->defs[i]->name, name) == 0)
+			return S->defs[i];
+	return NULL;
+}
+
+static ty check_name(sema *S, const kvp_expr *e, unsigned cx)
+{
+	const char *name = e->name;
+	const kvp_sym *y = kvp_sema_lookup(S->out, name);
+	if (y) {
+		if (!y->ok)
+			return TY_ERR;
+		if (y->kind == KVP_SYM_STAT) {
+			if (!(cx & CX_SCORE)) {
+				if (cx & CX_OBSERVE)
+					ERR(S, e->loc,
+					    "statistic '%s' cannot be used inside another statistic",
+					    name);
+				else
+					ERR(S, e->loc,
+					    "statistic '%s' is a per-entry value; it can be used only in the score",
+					    name);
+				return TY_ERR;
+			}
+			ty t = ty_make(KVP_SU_NUM);
+			t.per_qhead = y->per_qhead;
+			return t;
+		}
+		if (y->kind == KVP_SYM_PARAM && cx == CX_CONST) {
+			ERR(S, e->loc,
+			    "'%s' is a parameter (changeable at run time); a default can use only numbers and consts",
+			    name);
+			return TY_ERR;
+		}
+		ty t = ty_const(y->unit, y->value);
+		t.constant = y->kind == KVP_SYM_CONST;
+		return t;
+	}
+	const builtin_sig *sg = find_signal(name);
+	if (sg) {
+		if (!(sg->cx & cx)) {
+			if (strcmp(name, "attn") == 0 && cx == CX_SCORE)
+				ERR(S, e->loc,
+				    "'attn' is the attention of the current step and exists only inside a statistic; define `stat a = last(attn)` and use 'a'");
+			else {
+				char where[128];
+				cx_list(sg->cx, where, sizeof where);
+				ERR(S, e->loc, "'%s' cannot be used in %s; it is available in %s",
+				    name, cx_where(cx), where);
+			}
+			return TY_ERR;
+		}
+		ty t = ty_make(sg->unit);
+		t.per_qhead = sg->per_qhead;
+		return t;
+	}
+	const kvp_stmt *later = later_def(S, name);
+	if (later) {
+		ERR(S, e->loc, "'%s' is used before its definition", name);
+		NOTE(S, later->name_loc, "'%s' is defined here", name);
+		return TY_ERR;
+	}
+	const setting_word *w = find_setting_word(name);
+	if (w) {
+		ERR(S, e->loc, "'%s' is %s; it is a value of `%s = ...`, not a number", name,
+		    w->what, w->setting);
+		return TY_ERR;
+	}
+	if (in_list(name, FUNCTIONS, N_FUNCTIONS) || is_aggregate(name)) {
+		ERR(S, e->loc, "'%s' is a function; call it as %s(...)", name, name);
+		return TY_ERR;
+	}
+	const char *s = suggest_name(S, name, 0);
+	if (s)
+		ERR(S, e->loc, "unknown name '%s'; did you mean '%s'?", name, s);
+	else
+		ERR(S, e->loc, "unknown name '%s'", name);
+	return TY_ERR;
+}
+
+static ty check_call(sema *S, const kvp_expr *e, unsigned cx)
+{
+	const char *f = e->name;
+	if (is_aggregate(f)) {
+		ERR(S, e->loc,
+		    "%s(...) is a statistic; define it with `stat NAME = %s(...)` and use NAME",
+		    f, f);
+		return TY_ERR;
+	}
+	const setting_word *w = find_setting_word(f);
+	if (w) {
+		ERR(S, e->loc, "%s(...) is %s; write it as `%s = %s(...)`", f, w->what,
+		    w->setting, f);
+		return TY_ERR;
+	}
+	if (!in_list(f, FUNCTIONS, N_FUNCTIONS)) {
+		int d = 1000;
+		const char *s = suggest_from(f, FUNCTIONS, N_FUNCTIONS, NULL, &d);
+		s = suggest_from(f, AGGREGATES, 5, s, &d);
+		if (s)
+			ERR(S, e->name_loc, "unknown function '%s'; did you mean '%s'?", f, s);
+		else
+			ERR(S, e->name_loc, "unknown function '%s'", f);
+		return TY_ERR;
+	}
+	int is_minmax = !strcmp(f, "min") || !strcmp(f, "max");
+	if (is_minmax || !strcmp(f, "pow")) {
+		static const char *const n2[] = { "a", "b" };
+		static const int r2[] = { 1, 1 };
+		if (check_args(S, e, n2, r2, 2))
+			return TY_ERR;
+		const kvp_expr *ea = kvp_call_arg(e, "a", 0), *eb = kvp_call_arg(e, "b", 1);
+		ty a = check_expr(S, ea, cx), b = check_expr(S, eb, cx);
+		if (a.u == KVP_SU_ERR || b.u == KVP_SU_ERR)
+			return TY_ERR;
+		if (need_number(S, ea, a, f) || need_number(S, eb, b, f))
+			return TY_ERR;
+		kvp_sunit u = KVP_SU_NUM;
+		if (is_minmax) {
+			u = unify(a.u, b.u);
+			if (u == KVP_SU_ERR) {
+				ERR(S, e->loc, "unit mismatch in %s(): %s and %s", f,
+				    unit_name(a.u), unit_name(b.u));
+				return TY_ERR;
+			}
+		}
+		ty t = combine(a, b, u);
+		if (t.known)
+			t.v = !strcmp(f, "min") ? fmin(a.v, b.v) :
+			      !strcmp(f, "max") ? fmax(a.v, b.v) : pow(a.v, b.v);
+		if (!isfinite(t.v))
+			t.known = 0;
+		return t;
+	}
+	if (!strcmp(f, "abs") || !strcmp(f, "log") || !strcmp(f, "exp") || !strcmp(f, "sqrt")) {
+		static const char *const n1[] = { "x" };
+		static const int r1[] = { 1 };
+		if (check_args(S, e, n1, r1, 1))
+			return TY_ERR;
+		const kvp_expr *ex = kvp_call_arg(e, "x", 0);
+		ty a = check_expr(S, ex, cx);
+		if (a.u == KVP_SU_ERR || need_number(S, ex, a, f))
+			return TY_ERR;
+		ty t = a;
+		if (strcmp(f, "abs") != 0)
+			t.u = KVP_SU_NUM;
+		if (t.known) {
+			t.v = !strcmp(f, "abs") ? fabs(a.v) : !strcmp(f, "log") ? log(a.v) :
+			      !strcmp(f, "exp") ? exp(a.v) : sqrt(a.v);
+			if (!isfinite(t.v))
+				t.known = 0;
+		}
+		return t;
+	}
+	if (!strcmp(f, "if")) {
+		static const char *const n3[] = { "cond", "then", "else" };
+		static const int r3[] = { 1, 1, 1 };
+		if (check_args(S, e, n3, r3, 3))
+			return TY_ERR;
+		const kvp_expr *ec = kvp_call_arg(e, "cond", 0);
+		const kvp_expr *ea = kvp_call_arg(e, "then", 1), *eb = kvp_call_arg(e, "else", 2);
+		ty c = check_expr(S, ec, cx), a = check_expr(S, ea, cx), b = check_expr(S, eb, cx);
+		if (c.u == KVP_SU_ERR || a.u == KVP_SU_ERR || b.u == KVP_SU_ERR)
+			return TY_ERR;
+		if (c.u != KVP_SU_BOOL) {
+			ERR(S, ec->loc, "the first argument of if() must be a condition, not %s",
+			    unit_name(c.u));
+			return TY_ERR;
+		}
+		kvp_sunit u = unify(a.u, b.u);
+		if (u == KVP_SU_ERR) {
+			ERR(S, e->loc, "unit mismatch in if(): %s and %s", unit_name(a.u),
+			    unit_name(b.u));
+			return TY_ERR;
+		}
+		ty t = combine(combine(c, a, u), b, u);
+		if (t.known)
+			t.v = c.v != 0 ? a.v : b.v;
+		return t;
+	}
+	/* whole-head transforms: score only */
+	if (!(cx & CX_SCORE)) {
+		ERR(S, e->loc, "%s() transforms the score of every entry of a head; it can be used only in the score",
+		    f);
+		return TY_ERR;
+	}
+	if (!strcmp(f, "caote")) {
+		static const char *const nc[] = { "score", "mode" };
+		static const int rc[] = { 1, 0 };
+		if (check_args(S, e, nc, rc, 2))
+			return TY_ERR;
+		const kvp_expr *ex = kvp_call_arg(e, "score", 0);
+		const kvp_expr *em = kvp_call_arg(e, "mode", 1);
+		ty a = check_expr(S, ex, cx);
+		if (a.u == KVP_SU_ERR || need_number(S, ex, a, "caote()"))
+			return TY_ERR;
+		if (em && (em->kind != KVP_E_NAME ||
+		           (strcmp(em->name, "exact") != 0 && strcmp(em->name, "fast") != 0))) {
+			ERR(S, em->loc, "caote() mode is 'exact' (attention output) or 'fast' (mean value)");
+			return TY_ERR;
+		}
+		ty t = ty_make(KVP_SU_NUM);
+		t.per_qhead = a.per_qhead;
+		return t;
+	}
+	if (!strcmp(f, "normalize")) {
+		static const char *const nn[] = { "score" };
+		static const int rn[] = { 1 };
+		if (check_args(S, e, nn, rn, 1))
+			return TY_ERR;
+		const kvp_expr *ex = kvp_call_arg(e, "score", 0);
+		ty a = check_expr(S, ex, cx);
+		if (a.u == KVP_SU_ERR || need_number(S, ex, a, "normalize()"))
+			return TY_ERR;
+		ty t = ty_make(KVP_SU_NUM);
+		t.per_qhead = a.per_qhead;
+		return t;
+	}
+	/* flow(question_stat, hops = 1): GraceKV's relevance from the question */
+	static const char *const nf[] = { "relevance", "hops" };
+	static const int rf[] = { 1, 0 };
+	if (check_args(S, e, nf, rf, 2))
+		return TY_ERR;
+	const kvp_expr *ex = kvp_call_arg(e, "relevance", 0);
+	const kvp_expr *eh = kvp_call_arg(e, "hops", 1);
+	const kvp_sym *y = ex->kind == KVP_E_NAME ? kvp_sema_lookup(S->out, ex->name) : NULL;
+	if (!y || y->kind != KVP_SYM_STAT || y->stmt->window != KVP_W_PROMPT_TAIL ||
+	    y->agg != KVP_AGG_SUM || !y->per_qhead) {
+		ty a = check_expr(S, ex, cx);
+		if (a.u != KVP_SU_ERR)
+			ERR(S, ex->loc,
+			    "flow() starts from the question's attention: a statistic `sum(attn) over prompt tail W`");
+		return TY_ERR;
+	}
+	if (eh) {
+		ty h = check_expr(S, eh, CX_SCALAR);
+		if (h.u == KVP_SU_ERR)
+			return TY_ERR;
+		if (!h.constant || h.v != 1) {
+			ERR(S, eh->loc, "flow() supports hops = 1 (direct relevance); multi-hop propagation is not available yet");
+			return TY_ERR;
+		}
+	}
+	ty t = ty_make(KVP_SU_NUM);
+	t.per_qhead = 1;
+	return t;
+}
+
+static ty check_expr(sema *S, const kvp_expr *e, unsigned cx)
+{
+	switch (e->kind) {
+	case KVP_E_NUM:
+		switch (e->unit) {
+		case KVP_LIT_ENTRIES: return ty_const(KVP_SU_ENTRIES, e->num);
+		case KVP_LIT_TOKENS: return ty_const(KVP_SU_TOKENS, e->num);
+		case KVP_LIT_STEPS: return ty_const(KVP_SU_STEPS, e->num);
+		case KVP_LIT_PERCENT: return ty_const(KVP_SU_RATIO, e->num);
+		default: return ty_const(KVP_SU_ANY, e->num);
+		}
+	case KVP_E_NAME:
+		return check_name(S, e, cx);
+	case KVP_E_CALL:
+		return check_call(S, e, cx);
+	case KVP_E_ARG:
+		ERR(S, e->loc, "a named argument can only appear inside a call");
+		return TY_ERR;
+	case KVP_E_UNARY: {
+		ty a = check_expr(S, e->a, cx);
+		if (a.u == KVP_SU_ERR)
+			return TY_ERR;
+		if (e->op == KVP_ASTOP_NOT) {
+			if (a.u != KVP_SU_BOOL) {
+				ERR(S, e->a->loc, "'not' needs a condition, not %s", unit_name(a.u));
+				return TY_ERR;
+			}
+			a.v = a.v == 0;
+			return a;
+		}
+		if (need_number(S, e->a, a, "'-'"))
+			return TY_ERR;
+		a.v = -a.v;
+		return a;
+	}
+	case KVP_E_BINARY:
+		return check_binary(S, e, cx);
+	case KVP_E_LIST:
+		ERR(S, e->loc, "a list [...] can only be a value of `layers = [...]`");
+		return TY_ERR;
+	case KVP_E_BUDGET:
+		if (!(cx & (CX_SCALAR))) {
+			ERR(S, e->loc, "'budget' can be used in guards, triggers and targets, not in %s",
+			    cx_where(cx));
+			return TY_ERR;
+		}
+		if (!S->have_budget) {
+			if (!S->out->setting[KVP_SET_BUDGET])
+				ERR(S, e->loc, "'budget' is used but the policy sets no budget");
+			return TY_ERR;
+		}
+		{
+			ty t = S->budget;
+			t.u = KVP_SU_ENTRIES;
+			t.known = S->budget.known && S->budget.u == KVP_SU_ENTRIES;
+			t.constant = 0;
+			return t;
+		}
+	case KVP_E_ENTRIES:
+		if (!(cx & (CX_OBSERVE | CX_SCORE))) {
+			ERR(S, e->loc, "'entries' (the entries a head holds) cannot be used in %s; a trigger writes `compress when entries > LIMIT`",
+			    cx_where(cx));
+			return TY_ERR;
+		}
+		return ty_make(KVP_SU_ENTRIES);
+	}
+	return TY_ERR;
+}
+
+/* Check e in context cx and require one of the units in acc[0..n) (ANY becomes acc[0]).
+ * what names the slot in messages ("the budget"). */
+static ty check_unit(sema *S, const kvp_expr *e, unsigned cx, const kvp_sunit *acc, int n,
+                     const char *what)
+{
+	ty t = check_expr(S, e, cx);
+	if (t.u == KVP_SU_ERR)
+		return t;
+	if (t.u == KVP_SU_ANY) {
+		t.u = acc[0];
+		return t;
+	}
+	for (int i = 0; i < n; i++)
+		if (t.u == acc[i])
+			return t;
+	char want[96] = "";
+	for (int i = 0; i < n; i++) {
+		size_t l = strlen(want);
+		snprintf(want + l, sizeof want - l, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ",
+		         unit_name(acc[i]));
+	}
+	ERR(S, e->loc, "%s must be %s, not %s", what, want, unit_name(t.u));
+	return TY_ERR;
+}
+
+/* a compile-time constant, integer >= lo */
+static int need_const(sema *S, const kvp_expr *e, ty t, const char *what)
+{
+	if (t.u == KVP_SU_ERR)
+		return -1;
+	if (!t.constant || !t.known) {
+		ERR(S, e->loc, "%s is compiled in: use a number or a `const`, not a parameter or signal",
+		    what);
+		return -1;
+	}
+	return 0;
+}
+
+static const kvp_sunit U_NUM[] = { KVP_SU_NUM };
+/* sizes: a token kept as itself is one entry, so tokens count as entries */
+static const kvp_sunit U_SIZE[] = { KVP_SU_ENTRIES, KVP_SU_RATIO, KVP_SU_TOKENS };
+static const kvp_sunit U_TOKENS[] = { KVP_SU_TOKENS };
+static const kvp_sunit U_TOKENS_RATIO[] = { KVP_SU_TOKENS, KVP_SU_RATIO };
+static const kvp_sunit U_STEPS[] = { KVP_SU_STEPS };
+static const kvp_sunit U_ENTRIES[] = { KVP_SU_ENTRIES };
+static const kvp_sunit U_FRACTION[] = { KVP_SU_NUM, KVP_SU_RATIO };
+
+/* ---- pass 1: definitions ----------------------------------------------------------- */
+
+static int name_is_builtin(const char *name, const char **what)
+{
+	if (find_signal(name)) {
+		*what = "a built-in signal";
+		return 1;
+	}
+	if (in_list(name, FUNCTIONS, N_FUNCTIONS) || is_aggregate(name)) {
+		*what = "a built-in function";
+		return 1;
+	}
+	if (find_setting_word(name) || !strcmp(name, "exact") || !strcmp(name, "fast")) {
+		*what = "a built-in word";
+		return 1;
+	}
+	return 0;
+}
+
+static void check_value_def(sema *S, const kvp_stmt *st, kvp_sym *y)
+{
+	ty t = check_expr(S, st->value, CX_CONST);
+	if (t.u == KVP_SU_ERR)
+		return;
+	if (t.u == KVP_SU_BOOL) {
+		ERR(S, st->value->loc, "a %s is a number, not a condition",
+		    st->kind == KVP_S_PARAM ? "parameter" : "constant");
+		return;
+	}
+	if (!t.known) {
+		ERR(S, st->value->loc, "the value of '%s' is not a finite number", st->name);
+		return;
+	}
+	y->unit = t.u == KVP_SU_ANY ? KVP_SU_NUM : t.u;
+	y->value = t.v;
+	y->ok = 1;
+}
+
+static void check_stat(sema *S, const kvp_stmt *st, kvp_sym *y)
+{
+	const kvp_expr *v = st->value;
+	if (v->kind != KVP_E_CALL || !is_aggregate(v->name)) {
+		if (v->kind == KVP_E_CALL && !in_list(v->name, FUNCTIONS, N_FUNCTIONS) &&
+		    !find_setting_word(v->name)) {
+			int d = 1000;
+			const char *s = suggest_from(v->name, AGGREGATES, 5, NULL, &d);
+			if (s) {
+				ERR(S, v->name_loc, "unknown statistic '%s'; did you mean '%s'?",
+				    v->name, s);
+				return;
+			}
+		}
+		ERR(S, v->loc,
+		    "a statistic is sum(X), mean(X), count(COND), ema(X, alpha) or last(X) of a signal");
+		return;
+	}
+	const char *f = v->name;
+	kvp_agg agg = !strcmp(f, "sum") ? KVP_AGG_SUM : !strcmp(f, "mean") ? KVP_AGG_MEAN :
+	              !strcmp(f, "count") ? KVP_AGG_COUNT : !strcmp(f, "ema") ? KVP_AGG_EMA :
+	              KVP_AGG_LAST;
+	const char *arg0 = agg == KVP_AGG_COUNT ? "cond" : "x";
+	const char *names[2] = { arg0, "alpha" };
+	static const int req[2] = { 1, 1 };
+	if (check_args(S, v, names, req, agg == KVP_AGG_EMA ? 2 : 1))
+		return;
+	const kvp_expr *arg = kvp_call_arg(v, arg0, 0);
+	ty a = check_expr(S, arg, CX_OBSERVE);
+	if (a.u == KVP_SU_ERR)
+		return;
+	if (agg == KVP_AGG_COUNT && a.u != KVP_SU_BOOL) {
+		ERR(S, arg->loc, "count() counts the steps at which a condition holds; this is %s",
+		    unit_name(a.u));
+		return;
+	}
+	if (agg != KVP_AGG_COUNT && a.u == KVP_SU_BOOL) {
+		ERR(S, arg->loc, "%s() of a condition; use count(...) to count the steps where it holds",
+		    f);
+		return;
+	}
+	if (agg == KVP_AGG_EMA) {
+		const kvp_expr *al = kvp_call_arg(v, "alpha", 1);
+		ty t = check_unit(S, al, CX_SCALAR, U_FRACTION, 2, "the ema rate alpha");
+		if (t.u == KVP_SU_ERR)
+			return;
+		if (t.known && (t.v <= 0 || t.v > 1)) {
+			char b[32];
+			fmt_num(t.v, b, sizeof b);
+			ERR(S, al->loc, "the ema rate alpha must be in (0, 1]; got %s", b);
+			return;
+		}
+		y->alpha = al;
+	}
+	if ((agg == KVP_AGG_EMA || agg == KVP_AGG_LAST) &&
+	    (st->window == KVP_W_LAST || st->window == KVP_W_PROMPT_TAIL)) {
+		ERR(S, st->window_loc, "%s() has no history window; remove this `over` clause", f);
+		return;
+	}
+	if (st->window == KVP_W_LAST) {
+		ty w = check_unit(S, st->window_len, CX_SCALAR, U_STEPS, 1, "a history window");
+		if (need_const(S, st->window_len, w, "a history window (a ring buffer per entry)"))
+			return;
+		if (w.v < 1 || !is_int(w.v)) {
+			char b[32];
+			fmt_num(w.v, b, sizeof b);
+			ERR(S, st->window_len->loc,
+			    "a history window must be a whole number of steps >= 1; got %s", b);
+			return;
+		}
+		if (w.v > 65536) {
+			ERR(S, st->window_len->loc,
+			    "a history window of more than 65536 steps is too large for a ring buffer; use `over all`");
+			return;
+		}
+	} else if (st->window == KVP_W_PROMPT_TAIL) {
+		ty w = check_unit(S, st->window_len, CX_SCALAR, U_TOKENS, 1, "an observation window");
+		if (w.u == KVP_SU_ERR)
+			return;
+		if (w.known && (w.v < 1 || !is_int(w.v))) {
+			char b[32];
+			fmt_num(w.v, b, sizeof b);
+			ERR(S, st->window_len->loc,
+			    "an observation window must be a whole number of tokens >= 1; got %s", b);
+			return;
+		}
+	}
+	y->agg = agg;
+	y->arg = arg;
+	y->per_qhead = a.per_qhead;
+	y->unit = KVP_SU_NUM;
+	y->ok = 1;
+}
+
+static void pass_definitions(sema *S, const kvp_file *f)
+{
+	S->defs = calloc((size_t)f->n_stmts + 1, sizeof *S->defs);
+	if (!S->defs)
+		abort();
+	for (int i = 0; i < f->n_stmts; i++) {
+		const kvp_stmt *st = f->stmts[i];
+		if (st->kind == KVP_S_PARAM || st->kind == KVP_S_CONST || st->kind == KVP_S_STAT)
+			S->defs[S->n_defs++] = st;
+	}
+	for (int i = 0; i < S->n_defs; i++) {
+		const kvp_stmt *st = S->defs[i];
+		const char *what;
+		int dup = 0;
+		for (int j = 0; j < i; j++) {
+			if (strcmp(S->defs[j]->name, st->name) == 0) {
+				ERR(S, st->name_loc, "'%s' is already defined", st->name);
+				NOTE(S, S->defs[j]->name_loc, "'%s' was first defined here", st->name);
+				dup = 1;
+				break;
+			}
+		}
+		int builtin = 0;
+		if (!dup && name_is_builtin(st->name, &what)) {
+			ERR(S, st->name_loc, "'%s' is %s; choose another name", st->name, what);
+			builtin = 1;
+		}
+		kvp_sym *y = sym_add(S, st, st->kind == KVP_S_PARAM ? KVP_SYM_PARAM :
+		                            st->kind == KVP_S_CONST ? KVP_SYM_CONST : KVP_SYM_STAT);
+		if (dup) {
+			/* keep the first definition visible under this name */
+			y->name = "";
+		} else if (builtin) {
+			/* visible but not ok: its uses report nothing more */
+		} else if (st->kind == KVP_S_STAT) {
+			check_stat(S, st, y);
+		} else {
+			check_value_def(S, st, y);
+		}
+		S->n_defined = i + 1;
+	}
+}
+
+/* ---- pass 2: settings, guards, trigger ------------------------------------------- */
+
+/* the first statement of this kind, or report a duplicate */
+static int set_once(sema *S, const kvp_stmt **slot, const kvp_stmt *st, const char *what)
+{
+	if (*slot) {
+		ERR(S, st->loc, "%s is given twice", what);
+		NOTE(S, (*slot)->loc, "first given here");
+		return -1;
+	}
+	*slot = st;
+	return 0;
+}
+
+static const char *word_of(const kvp_expr *v)
+{
+	if (v->kind == KVP_E_NAME || v->kind == KVP_E_CALL)
+		return v->name;
+	return NULL;
+}
+
+/* report an unknown choice for a setting with a suggestion */
+static void bad_choice(sema *S, const kvp_expr *v, const char *setting,
+                       const char *const *choices, int n)
+{
+	const char *w = word_of(v);
+	char list[200] = "";
+	for (int i = 0; i < n; i++) {
+		size_t l = strlen(list);
+		snprintf(list + l, sizeof list - l, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ",
+		         choices[i]);
+	}
+	int d = 1000;
+	const char *s = w ? suggest_from(w, choices, n, NULL, &d) : NULL;
+	if (s)
+		ERR(S, v->kind == KVP_E_CALL ? v->name_loc : v->loc,
+		    "unknown %s '%s'; did you mean '%s'?", setting, w, s);
+	else
+		ERR(S, v->loc, "%s must be %s", setting, list);
+}
+
+static int positive(sema *S, const kvp_expr *e, ty t, const char *what, int integer)
+{
+	if (t.u == KVP_SU_ERR)
+		return -1;
+	if (t.known && (t.v <= 0 || (integer && !is_int(t.v)))) {
+		char b[32];
+		fmt_num(t.v, b, sizeof b);
+		ERR(S, e->loc, "%s must be %s > 0; got %s", what,
+		    integer ? "a whole number" : "a number", b);
+		return -1;
+	}
+	return 0;
+}
+
+static void check_budget(sema *S, const kvp_stmt *st)
+{
+	ty t = check_unit(S, st->value, CX_SCALAR, U_SIZE, 3, "the budget");
+	if (t.u == KVP_SU_ERR)
+		return;
+	if (t.known) {
+		char b[32];
+		fmt_num(t.u == KVP_SU_RATIO ? t.v * 100 : t.v, b, sizeof b);
+		if (t.v == 0) {
+			ERR(S, st->value->loc, "the budget is 0%s; a policy must keep at least one entry per head",
+			    t.u == KVP_SU_RATIO ? "% of the context" : " entries");
+			return;
+		}
+		if (t.v < 0) {
+			ERR(S, st->value->loc, "the budget is negative (%s%s)", b,
+			    t.u == KVP_SU_RATIO ? "%" : " entries");
+			return;
+		}
+		if (t.u == KVP_SU_RATIO && t.v > 1) {
+			ERR(S, st->value->loc, "the budget is %s%% of the context; a ratio budget is at most 100%%",
+			    b);
+			return;
+		}
+	}
+	S->out->budget_unit = t.u;
+	S->budget = t;
+	S->have_budget = 1;
+}
+
+static void check_layers(sema *S, const kvp_stmt *st)
+{
+	static const char *const choices[] = { "uniform", "pyramid", "funnel", "linear", "[...]" };
+	const kvp_expr *v = st->value;
+	kvp_sema *o = S->out;
+	if (v->kind == KVP_E_LIST) {
+		if (v->n_args == 0 || v->n_args > 1024) {
+			ERR(S, v->loc, "a layer list needs between 1 and 1024 multipliers");
+			return;
+		}
+		int nonzero = 0;
+		for (int i = 0; i < v->n_args; i++) {
+			if (v->args[i]->kind == KVP_E_ARG) {
+				ERR(S, v->args[i]->loc, "a layer list holds numbers, not named arguments");
+				return;
+			}
+			ty t = check_unit(S, v->args[i], CX_SCALAR, U_NUM, 1, "a layer multiplier");
+			if (need_const(S, v->args[i], t, "a layer multiplier"))
+				return;
+			if (t.v < 0) {
+				ERR(S, v->args[i]->loc, "a layer multiplier must be >= 0");
+				return;
+			}
+			nonzero |= t.v > 0;
+		}
+		if (!nonzero) {
+			ERR(S, v->loc, "every layer multiplier is 0; the policy would keep nothing");
+			return;
+		}
+		o->layers = KVP_LY_LIST;
+		o->list = v;
+		return;
+	}
+	const char *w = word_of(v);
+	if (w && !strcmp(w, "uniform") && v->kind == KVP_E_NAME) {
+		o->layers = KVP_LY_UNIFORM;
+		return;
+	}
+	if (w && (!strcmp(w, "pyramid") || !strcmp(w, "funnel"))) {
+		static const char *const n[] = { "beta" };
+		static const int r[] = { 0 };
+		if (v->kind == KVP_E_CALL && check_args(S, v, n, r, 1))
+			return;
+		const kvp_expr *beta = kvp_call_arg(v, "beta", 0);
+		if (beta) {
+			ty t = check_unit(S, beta, CX_SCALAR, U_NUM, 1, "beta");
+			if (positive(S, beta, t, "beta", 0))
+				return;
+		}
+		o->layers = !strcmp(w, "pyramid") ? KVP_LY_PYRAMID : KVP_LY_FUNNEL;
+		o->beta = beta;
+		return;
+	}
+	if (w && !strcmp(w, "linear")) {
+		static const char *const n[] = { "from", "to" };
+		static const int r[] = { 1, 1 };
+		if (v->kind != KVP_E_CALL) {
+			ERR(S, v->loc, "linear needs its end points, as in `layers = linear(0.8, 1.2)`");
+			return;
+		}
+		if (check_args(S, v, n, r, 2))
+			return;
+		const kvp_expr *a = kvp_call_arg(v, "from", 0), *b = kvp_call_arg(v, "to", 1);
+		ty ta = check_unit(S, a, CX_SCALAR, U_NUM, 1, "the first multiplier");
+		ty tb = check_unit(S, b, CX_SCALAR, U_NUM, 1, "the last multiplier");
+		if (ta.u == KVP_SU_ERR || tb.u == KVP_SU_ERR)
+			return;
+		if ((ta.known && ta.v < 0) || (tb.known && tb.v < 0) ||
+		    (ta.known && tb.known && ta.v + tb.v <= 0)) {
+			ERR(S, v->loc, "linear() multipliers must be >= 0 and not both 0");
+			return;
+		}
+		o->layers = KVP_LY_LINEAR;
+		o->lin_from = a;
+		o->lin_to = b;
+		return;
+	}
+	bad_choice(S, v, "layer schedule", choices, 5);
+}
+
+static int check_floor(sema *S, const kvp_expr *fl)
+{
+	ty t = check_unit(S, fl, CX_SCALAR, U_FRACTION, 2, "the floor");
+	if (t.u == KVP_SU_ERR)
+		return -1;
+	if (t.known && (t.v < 0 || t.v > 1)) {
+		char b[32];
+		fmt_num(t.v, b, sizeof b);
+		ERR(S, fl->loc, "the floor is a fraction of the budget in [0, 1]; got %s", b);
+		return -1;
+	}
+	return 0;
+}
+
+static void check_allocate(sema *S, const kvp_stmt *st)
+{
+	static const char *const choices[] = { "uniform", "adaptive", "global" };
+	const kvp_expr *v = st->value;
+	const char *w = word_of(v);
+	kvp_sema *o = S->out;
+	if (w && !strcmp(w, "uniform") && v->kind == KVP_E_NAME) {
+		o->allocate = KVP_AL_UNIFORM;
+		return;
+	}
+	if (w && (!strcmp(w, "adaptive") || !strcmp(w, "global"))) {
+		static const char *const n[] = { "floor" };
+		static const int r[] = { 0 };
+		if (v->kind == KVP_E_CALL && check_args(S, v, n, r, 1))
+			return;
+		const kvp_expr *fl = kvp_call_arg(v, "floor", 0);
+		if (fl && check_floor(S, fl))
+			return;
+		o->allocate = !strcmp(w, "adaptive") ? KVP_AL_ADAPTIVE : KVP_AL_GLOBAL;
+		o->alloc_floor = fl;
+		return;
+	}
+	bad_choice(S, v, "allocation", choices, 3);
+}
+
+static void check_pool(sema *S, const kvp_stmt *st)
+{
+	static const char *const choices[] = { "max(kernel = K)", "avg(kernel = K)", "none" };
+	static const char *const words[] = { "max", "avg", "none" };
+	const kvp_expr *v = st->value;
+	const char *w = word_of(v);
+	kvp_sema *o = S->out;
+	if (w && !strcmp(w, "none") && v->kind == KVP_E_NAME) {
+		o->pool = KVP_PL_NONE;
+		return;
+	}
+	if (w && (!strcmp(w, "max") || !strcmp(w, "avg"))) {
+		if (v->kind != KVP_E_CALL) {
+			ERR(S, v->loc, "pooling needs a kernel size, as in `pool = %s(kernel = 7)`", w);
+			return;
+		}
+		static const char *const n[] = { "kernel" };
+		static const int r[] = { 1 };
+		if (check_args(S, v, n, r, 1))
+			return;
+		const kvp_expr *k = kvp_call_arg(v, "kernel", 0);
+		ty t = check_unit(S, k, CX_SCALAR, U_ENTRIES, 1, "the pooling kernel");
+		if (need_const(S, k, t, "the pooling kernel"))
+			return;
+		if (t.v < 1 || !is_int(t.v) || ((long long)t.v) % 2 == 0 || t.v > 1023) {
+			char b[32];
+			fmt_num(t.v, b, sizeof b);
+			ERR(S, k->loc, "the pooling kernel must be an odd whole number from 1 to 1023; got %s",
+			    b);
+			return;
+		}
+		o->pool = !strcmp(w, "max") ? KVP_PL_MAX : KVP_PL_AVG;
+		o->kernel = k;
+		return;
+	}
+	int d = 1000;
+	const char *s = w ? suggest_from(w, words, 3, NULL, &d) : NULL;
+	if (s)
+		ERR(S, v->kind == KVP_E_CALL ? v->name_loc : v->loc,
+		    "unknown pooling '%s'; did you mean '%s'?", w, s);
+	else
+		ERR(S, v->loc, "pool must be %s, %s or %s", choices[0], choices[1], choices[2]);
+}
+
+static void check_action(sema *S, const kvp_stmt *st)
+{
+	static const char *const choices[] = { "evict", "merge", "add_split" };
+	const kvp_expr *v = st->value;
+	const char *w = word_of(v);
+	kvp_sema *o = S->out;
+	if (w && !strcmp(w, "evict") && v->kind == KVP_E_NAME) {
+		o->action = KVP_AC_EVICT;
+		return;
+	}
+	if (w && !strcmp(w, "merge")) {
+		static const char *const n[] = { "run" };
+		static const int r[] = { 0 };
+		if (v->kind == KVP_E_CALL && check_args(S, v, n, r, 1))
+			return;
+		const kvp_expr *run = kvp_call_arg(v, "run", 0);
+		if (run) {
+			ty t = check_unit(S, run, CX_SCALAR, U_TOKENS, 1, "the merge run");
+			if (positive(S, run, t, "the merge run", 1))
+				return;
+		}
+		o->action = KVP_AC_MERGE;
+		o->run = run;
+		return;
+	}
+	if (w && !strcmp(w, "add_split")) {
+		static const char *const n[] = { "slot", "floor" };
+		static const int r[] = { 0, 0 };
+		if (v->kind == KVP_E_CALL && check_args(S, v, n, r, 2))
+			return;
+		const kvp_expr *slot = kvp_call_arg(v, "slot", 0);
+		const kvp_expr *fl = kvp_call_arg(v, "floor", 1);
+		if (slot) {
+			ty t = check_unit(S, slot, CX_SCALAR, U_TOKENS, 1, "the slot length");
+			if (positive(S, slot, t, "the slot length", 1))
+				return;
+		}
+		if (fl) {
+			ty t = check_unit(S, fl, CX_SCALAR, U_SIZE, 3, "the singleton floor");
+			if (t.u == KVP_SU_ERR)
+				return;
+			if (t.known && t.v < 0) {
+				ERR(S, fl->loc, "the singleton floor must be >= 0");
+				return;
+			}
+			o->floor_unit = t.u;
+		}
+		o->action = KVP_AC_ADD_SPLIT;
+		o->slot = slot;
+		o->act_floor = fl;
+		return;
+	}
+	bad_choice(S, v, "action", choices, 3);
+}
+
+static void check_positions(sema *S, const kvp_stmt *st)
+{
+	static const char *const choices[] = { "original", "compacted" };
+	const kvp_expr *v = st->value;
+	if (v->kind == KVP_E_NAME && !strcmp(v->name, "original"))
+		S->out->compacted = 0;
+	else if (v->kind == KVP_E_NAME && !strcmp(v->name, "compacted"))
+		S->out->compacted = 1;
+	else
+		bad_choice(S, v, "position convention", choices, 2);
+}
+
+static void check_group(sema *S, const kvp_stmt *st)
+{
+	static const char *const reducers[] = { "mean", "max", "sum" };
+	kvp_sema *o = S->out;
+	const kvp_word *w = &st->words[0];
+	if (!strcmp(w->s, "mean"))
+		o->reduce = KVP_RD_MEAN;
+	else if (!strcmp(w->s, "max"))
+		o->reduce = KVP_RD_MAX;
+	else if (!strcmp(w->s, "sum"))
+		o->reduce = KVP_RD_SUM;
+	else {
+		int d = 1000;
+		const char *s = suggest_from(w->s, reducers, 3, NULL, &d);
+		if (s)
+			ERR(S, w->loc, "unknown group reduction '%s'; did you mean '%s'?", w->s, s);
+		else
+			ERR(S, w->loc, "the group reduction must be mean, max or sum");
+		return;
+	}
+	int seen_over = 0, seen_pool = 0;
+	for (int i = 1; i < st->n_words; i++) {
+		const kvp_word *m = &st->words[i];
+		if (m->tag == KVP_WORD_OVER) {
+			if (strcmp(m->s, "layer") != 0) {
+				ERR(S, m->loc, "a group reduction goes over the query heads of a KV head, or `over layer`; '%s' is not known",
+				    m->s);
+				return;
+			}
+			if (seen_over++) {
+				ERR(S, m->loc, "`over layer` is given twice");
+				return;
+			}
+			o->over_layer = 1;
+		} else {
+			if (strcmp(m->s, "before") != 0 && strcmp(m->s, "after") != 0) {
+				ERR(S, m->loc, "write `before pool` (reduce, then pool) or `after pool` (pool each query head, then reduce)");
+				return;
+			}
+			if (seen_pool++) {
+				ERR(S, m->loc, "the order relative to pooling is given twice");
+				return;
+			}
+			o->pool_before_reduce = !strcmp(m->s, "after");
+			o->group_order_loc_set = 1;
+			o->group_order_loc = m->loc;
+		}
+	}
+}
+
+static void check_keep(sema *S, const kvp_stmt *st)
+{
+	static const char *const kinds[] = { "sinks", "recent", "span", "spans" };
+	kvp_sema *o = S->out;
+	const kvp_word *w = &st->words[0];
+	if (!strcmp(w->s, "sinks") || !strcmp(w->s, "recent")) {
+		int sinks = w->s[0] == 's';
+		if (set_once(S, sinks ? &o->sinks : &o->recent, st,
+		             sinks ? "`keep sinks`" : "`keep recent`"))
+			return;
+		if (!st->value) {
+			ERR(S, w->loc, "`keep %s` needs a number of tokens, as in `keep %s %d`", w->s,
+			    w->s, sinks ? 4 : 32);
+			if (sinks)
+				o->sinks = NULL;
+			else
+				o->recent = NULL;
+			return;
+		}
+		ty t = sinks ? check_unit(S, st->value, CX_SCALAR, U_TOKENS, 1, "the sink count")
+		             : check_unit(S, st->value, CX_SCALAR, U_TOKENS_RATIO, 2,
+		                          "the recent window");
+		if (t.u != KVP_SU_ERR && t.known && t.v <= 0) {
+			ERR(S, st->value->loc, "`keep %s %s` keeps nothing; remove it or keep at least 1 token",
+			    w->s, t.v == 0 ? "0" : "a negative count");
+			t.u = KVP_SU_ERR;
+		}
+		if (t.u == KVP_SU_ERR) {
+			if (sinks)
+				o->sinks = NULL;
+			else
+				o->recent = NULL;
+			return;
+		}
+		if (sinks) {
+			o->sinks_unit = t.u;
+			o->sinks_ty_known = t.known;
+			o->sinks_v = t.v;
+		} else {
+			o->recent_unit = t.u;
+			o->recent_ty_known = t.known;
+			o->recent_v = t.v;
+		}
+		return;
+	}
+	if (!strcmp(w->s, "span")) {
+		if (!st->value || st->value->kind != KVP_E_NAME) {
+			ERR(S, st->value ? st->value->loc : w->loc,
+			    "`keep span` names a protected span supplied with the request, as in `keep span system`");
+			return;
+		}
+		for (int i = 0; i < o->n_spans; i++) {
+			if (!strcmp(o->spans[i]->value->name, st->value->name)) {
+				ERR(S, st->value->loc, "span '%s' is already kept", st->value->name);
+				NOTE(S, o->spans[i]->value->loc, "first kept here");
+				return;
+			}
+		}
+		const kvp_stmt **sp = realloc(o->spans, sizeof *sp * (size_t)(o->n_spans + 1));
+		if (!sp)
+			abort();
+		o->spans = sp;
+		o->spans[o->n_spans++] = st;
+		return;
+	}
+	if (!strcmp(w->s, "spans")) {
+		if (st->value) {
+			ERR(S, st->value->loc, "`keep spans` keeps every protected span and takes no value; use `keep span NAME` for one");
+			return;
+		}
+		set_once(S, &o->all_spans, st, "`keep spans`");
+		return;
+	}
+	int d = 1000;
+	const char *s = suggest_from(w->s, kinds, 4, NULL, &d);
+	if (s)
+		ERR(S, w->loc, "unknown guard '%s'; did you mean '%s'?", w->s, s);
+	else
+		ERR(S, w->loc, "a guard is `keep sinks N`, `keep recent N`, `keep span NAME` or `keep spans`");
+}
+
+static void check_compress(sema *S, const kvp_stmt *st)
+{
+	kvp_sema *o = S->out;
+	if (o->compress) {
+		ERR(S, st->loc, "a policy has one trigger; `compress` is already given");
+		NOTE(S, o->compress->loc, "first given here");
+		return;
+	}
+	o->compress = st;
+	int bad = 0;
+	switch (st->trigger) {
+	case KVP_T_EVERY_STEP:
+		break;
+	case KVP_T_EVERY: {
+		ty t = check_unit(S, st->value, CX_SCALAR, U_STEPS, 1, "the trigger period");
+		if (t.u == KVP_SU_ERR)
+			bad = 1;
+		else if (t.known && (t.v < 1 || !is_int(t.v))) {
+			char b[32];
+			fmt_num(t.v, b, sizeof b);
+			ERR(S, st->value->loc, "`compress every %s steps` %s; the period must be a whole number >= 1",
+			    b, t.v == 0 ? "never runs" : "is not a period");
+			bad = 1;
+		}
+		break;
+	}
+	case KVP_T_WHEN: {
+		const kvp_expr *c = st->value;
+		if (c->kind != KVP_E_BINARY || c->op != KVP_ASTOP_GT || c->a->kind != KVP_E_ENTRIES) {
+			ERR(S, c->loc, "a trigger condition is `entries > LIMIT` (compress when a head holds more than LIMIT entries)");
+			bad = 1;
+			break;
+		}
+		ty t = check_unit(S, c->b, CX_SCALAR, U_SIZE, 3, "the trigger limit");
+		if (t.u == KVP_SU_ERR) {
+			bad = 1;
+			break;
+		}
+		if (positive(S, c->b, t, "the trigger limit", 0)) {
+			bad = 1;
+			break;
+		}
+		o->threshold = c->b;
+		o->threshold_unit = t.u;
+		o->threshold_known = t.known;
+		o->threshold_v = t.v;
+		break;
+	}
+	case KVP_T_AT:
+		if (strcmp(st->words[0].s, "end") != 0) {
+			ERR(S, st->words[0].loc, "the trigger is `compress at prompt end`");
+			bad = 1;
+		}
+		break;
+	case KVP_T_PER: {
+		if (strcmp(st->words[0].s, "block") != 0) {
+			ERR(S, st->words[0].loc, "the trigger is `compress per block N` (N tokens of the prompt)");
+			bad = 1;
+			break;
+		}
+		ty t = check_unit(S, st->value, CX_SCALAR, U_TOKENS, 1, "the block size");
+		if (positive(S, st->value, t, "the block size", 1))
+			bad = 1;
+		break;
+	}
+	}
+	if (st->target) {
+		ty t = check_unit(S, st->target, CX_SCALAR, U_SIZE, 3, "the target");
+		if (t.u == KVP_SU_ERR || positive(S, st->target, t, "the target", 0)) {
+			bad = 1;
+		} else {
+			o->target_unit = t.u;
+			o->target_known = t.known;
+			o->target_v = t.v;
+		}
+	}
+	if (bad)
+		o->compress_bad = 1;
+}
+
+/* a human form of a folded size: "2048 entries", "20%" */
+static void fmt_size(double v, kvp_sunit u, char *buf, size_t n)
+{
+	char b[32];
+	fmt_num(u == KVP_SU_RATIO ? v * 100 : v, b, sizeof b);
+	snprintf(buf, n, "%s%s", b, u == KVP_SU_RATIO ? "%" : u == KVP_SU_TOKENS ? " tokens" :
+	                            u == KVP_SU_ENTRIES ? " entries" : "");
+}
+
+/* entries and tokens are compared directly (a kept token is one entry); ratios only
+ * with ratios */
+static int same_family(kvp_sunit a, kvp_sunit b)
+{
+	if (a == KVP_SU_RATIO || b == KVP_SU_RATIO)
+		return a == b;
+	return 1;
+}
+
+static void cross_checks(sema *S)
+{
+	kvp_sema *o = S->out;
+	const kvp_stmt *score = o->setting[KVP_SET_SCORE];
+	const kvp_stmt *budget = o->setting[KVP_SET_BUDGET];
+	const kvp_stmt *action = o->setting[KVP_SET_ACTION];
+	const kvp_stmt *pool = o->setting[KVP_SET_POOL];
+
+	if (o->compress && !budget) {
+		ERR(S, o->compress->loc, "`compress` needs a budget; add `budget = N entries` or `budget = P%%`");
+		return;
+	}
+	if (budget && !o->compress) {
+		ERR(S, budget->loc, "the budget is never enforced: nothing triggers compression; add e.g. `compress when entries > budget`");
+		return;
+	}
+	if (!S->have_budget || o->compress_bad)
+		return;
+
+	/* guards versus the budget (parameters at their defaults) */
+	double B = S->budget.v;
+	int Bk = S->budget.known;
+	kvp_sunit Bu = o->budget_unit;
+	char bs[48], xs[48], ys[48];
+	fmt_size(B, Bu, bs, sizeof bs);
+	if (o->recent && o->recent_ty_known && Bk && same_family(o->recent_unit, Bu) &&
+	    o->recent_v >= B) {
+		fmt_size(o->recent_v, o->recent_unit, xs, sizeof xs);
+		ERR(S, o->recent->value->loc,
+		    "the recent window (%s) is not smaller than the budget (%s): no entry would be chosen by score",
+		    xs, bs);
+		NOTE(S, budget->value->loc, "the budget is set here");
+		return;
+	}
+	if (o->sinks && o->sinks_ty_known && Bk && same_family(o->sinks_unit, Bu) &&
+	    o->sinks_v >= B) {
+		fmt_size(o->sinks_v, o->sinks_unit, xs, sizeof xs);
+		ERR(S, o->sinks->value->loc, "the sinks (%s) fill the whole budget (%s)", xs, bs);
+		NOTE(S, budget->value->loc, "the budget is set here");
+		return;
+	}
+	if (o->sinks && o->recent && o->sinks_ty_known && o->recent_ty_known && Bk &&
+	    same_family(o->sinks_unit, Bu) && same_family(o->recent_unit, Bu) &&
+	    o->sinks_v + o->recent_v > B) {
+		fmt_size(o->sinks_v, o->sinks_unit, xs, sizeof xs);
+		fmt_size(o->recent_v, o->recent_unit, ys, sizeof ys);
+		ERR(S, o->recent->loc, "sinks (%s) + recent (%s) exceed the budget (%s)", xs, ys, bs);
+		NOTE(S, budget->value->loc, "the budget is set here");
+		return;
+	}
+	if (o->compress->target && o->target_known && Bk && same_family(o->target_unit, Bu) &&
+	    o->target_v > B) {
+		fmt_size(o->target_v, o->target_unit, xs, sizeof xs);
+		ERR(S, o->compress->target->loc, "the target (%s) is larger than the budget (%s)", xs,
+		    bs);
+		NOTE(S, budget->value->loc, "the budget is set here");
+		return;
+	}
+	if (o->compress->target && o->threshold && o->target_known && o->threshold_known &&
+	    same_family(o->target_unit, o->threshold_unit) && o->target_v >= o->threshold_v) {
+		fmt_size(o->target_v, o->target_unit, xs, sizeof xs);
+		fmt_size(o->threshold_v, o->threshold_unit, ys, sizeof ys);
+		ERR(S, o->compress->target->loc,
+		    "the target (%s) must be below the trigger limit (%s), or compress would remove nothing",
+		    xs, ys);
+		return;
+	}
+
+	if (!score) {
+		if (action && o->action != KVP_AC_EVICT) {
+			ERR(S, action->value->loc, "action %s chooses entries by score; the policy has no `score`",
+			    o->action == KVP_AC_MERGE ? "merge" : "add_split");
+			return;
+		}
+		if (o->group) {
+			ERR(S, o->group->loc, "the group reduction does not apply: the policy has no `score`");
+			return;
+		}
+		if (pool) {
+			ERR(S, pool->loc, "pooling smooths a score; the policy has no `score`");
+			return;
+		}
+		/* without a score only the guards choose: they must fill the budget exactly */
+		int fits = 0;
+		if (Bk && (o->sinks || o->recent)) {
+			double g = 0;
+			int known = 1;
+			if (o->sinks) {
+				known &= o->sinks_ty_known && same_family(o->sinks_unit, Bu);
+				g += o->sinks_v;
+			}
+			if (o->recent) {
+				known &= o->recent_ty_known && same_family(o->recent_unit, Bu);
+				g += o->recent_v;
+			}
+			fits = known && g == B;
+		}
+		if (!fits) {
+			ERR(S, o->compress->loc,
+			    "compress has no `score` to choose the entries outside the guards; add one (e.g. `score = pos` keeps the newest) or make sinks + recent equal the budget");
+			return;
+		}
+	} else if (o->group && !o->score_per_qhead) {
+		ERR(S, o->group->loc,
+		    "the group reduction does not apply: the score does not depend on the query head (it reads no statistic of 'attn')");
+		return;
+	}
+	if (o->group_order_loc_set && !pool) {
+		ERR(S, o->group_order_loc, "the order relative to pooling is given, but the policy has no `pool`");
+		return;
+	}
+	if (o->over_layer && o->allocate != KVP_AL_UNIFORM) {
+		ERR(S, o->group->loc,
+		    "unsupported combination: `over layer` shares one selection across the heads of a layer, which needs `allocate = uniform`");
+		return;
+	}
+	if (o->action == KVP_AC_ADD_SPLIT && o->allocate != KVP_AL_GLOBAL) {
+		ERR(S, action->value->loc, "add_split competes for one global budget; add `allocate = global`");
+		return;
+	}
+	if (o->allocate == KVP_AL_GLOBAL && o->layers != KVP_LY_UNIFORM) {
+		ERR(S, o->setting[KVP_SET_LAYERS]->value->loc,
+		    "a per-layer schedule has no effect with one global pool (`allocate = global`)");
+		return;
+	}
+}
+
+kvp_sema *kvp_sema_check(const kvp_file *f)
+{
+	kvp_sema *o = calloc(1, sizeof *o);
+	if (!o)
+		abort();
+	o->file = f;
+	o->pool_before_reduce = 1;
+	sema S;
+	memset(&S, 0, sizeof S);
+	S.out = o;
+	S.src = f->src;
+
+	pass_definitions(&S, f);
+	/* settings: each at most once; budget first so `budget` has a unit */
+	for (int i = 0; i < f->n_stmts; i++) {
+		const kvp_stmt *st = f->stmts[i];
+		if (st->kind == KVP_S_SETTING) {
+			char what[48];
+			snprintf(what, sizeof what, "`%s`", kvp_setting_text(st->setting));
+			set_once(&S, &o->setting[st->setting], st, what);
+		} else if (st->kind == KVP_S_GROUP) {
+			set_once(&S, &o->group, st, "`group`");
+		}
+	}
+	if (o->setting[KVP_SET_BUDGET])
+		check_budget(&S, o->setting[KVP_SET_BUDGET]);
+	for (int k = 0; k < KVP_SET_COUNT_; k++) {
+		const kvp_stmt *st = o->setting[k];
+		if (!st || k == KVP_SET_BUDGET)
+			continue;
+		switch ((kvp_setting)k) {
+		case KVP_SET_SCORE: {
+			ty t = check_expr(&S, st->value, CX_SCORE);
+			if (t.u == KVP_SU_BOOL) {
+				ERR(&S, st->value->loc, "the score must be a number, not a condition; use if(COND, A, B)");
+				o->setting[k] = NULL;
+			} else if (t.u == KVP_SU_ERR) {
+				o->setting[k] = NULL;
+			} else {
+				o->score_per_qhead = t.per_qhead;
+			}
+			break;
+		}
+		case KVP_SET_LAYERS: check_layers(&S, st); break;
+		case KVP_SET_ALLOCATE: check_allocate(&S, st); break;
+		case KVP_SET_POOL: check_pool(&S, st); break;
+		case KVP_SET_POSITIONS: check_positions(&S, st); break;
+		case KVP_SET_ACTION: check_action(&S, st); break;
+		default: break;
+		}
+	}
+	if (o->group)
+		check_group(&S, o->group);
+	for (int i = 0; i < f->n_stmts; i++) {
+		const kvp_stmt *st = f->stmts[i];
+		if (st->kind == KVP_S_KEEP)
+			check_keep(&S, st);
+		else if (st->kind == KVP_S_COMPRESS)
+			check_compress(&S, st);
+	}
+	if (f->src->n_errors == 0)
+		cross_checks(&S);
+	free(S.defs);
+	return o;
+}
+
+void kvp_sema_free(kvp_sema *s)
+{
+	if (!s)
+		return;
+	free(s->syms);
+	free(s->spans);
+	free(s);
+}
+
+const char *kvp_file_summary(kvp_file *f)
+{
+	for (int i = 0; i < f->n_comments; i++) {
+		const kvp_comment *c = &f->comments[i];
+		if (!c->own_line || (f->name && c->loc.off > f->name_loc.off))
+			break;
+		const char *t = c->text + 1;
+		while (*t == ' ' || *t == '\t')
+			t++;
+		if (*t)
+			return kvp_arena_strndup(&f->arena, t, strlen(t));
+	}
+	return "";
+}

@@ -1,0 +1,290 @@
+/*
+ * kvpc: the policy compiler's command line. It models the three jobs a policy author
+ * needs: check a .kvp file (located diagnostics only), emit C for one policy or the
+ * registry of several, and print a file in canonical form.
+ *
+ *   kvpc check FILE.kvp...
+ *   kvpc emit --target c FILE.kvp [-o OUT] [--no-line]
+ *   kvpc emit --target registry A.kvp B.kvp... [-o OUT]
+ *   kvpc fmt FILE.kvp... [-w]
+ *   kvpc --help | --version
+ *
+ * Exit status: 0 success, 1 diagnostics (errors in a .kvp file, or an output that cannot
+ * be written), 2 usage errors (unknown command or option, missing file argument).
+ * Diagnostics go to stderr in the format of compiler/kvp_src.h; output files are
+ * written only when there are no errors, and a failed write removes the partial file.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_emit_c.h"
+#include "kvp_fmt.h"
+#include "kvp_ir.h"
+#include "kvp_sema.h"
+#include "kvp_src.h"
+
+static const char USAGE[] =
+	"usage: kvpc check FILE.kvp...\n"
+	"       kvpc emit --target c FILE.kvp [-o OUT] [--no-line]\n"
+	"       kvpc emit --target registry A.kvp B.kvp... [-o OUT]\n"
+	"       kvpc fmt FILE.kvp... [-w]\n"
+	"       kvpc --help | --version\n";
+
+static const char HELP[] =
+	"kvpc: the compiler of .kvp KV-cache compression policies (docs/language.md).\n"
+	"\n"
+	"commands:\n"
+	"  check FILE.kvp...      parse and check each file; print located diagnostics\n"
+	"  emit --target c FILE   emit the policy as C (policy ABI, runtime/rt_policy.h)\n"
+	"       -o OUT            write to OUT instead of stdout\n"
+	"       --no-line         omit #line directives back to the .kvp source\n"
+	"  emit --target registry FILES...\n"
+	"                         emit the registry unit listing the policies of FILES\n"
+	"  fmt FILE.kvp...        print each file in canonical form\n"
+	"       -w                rewrite the files in place instead\n"
+	"\n"
+	"exit status: 0 success, 1 diagnostics, 2 usage error\n";
+
+static int usage(const char *msg)
+{
+	if (msg)
+		fprintf(stderr, "kvpc: %s\n", msg);
+	fputs(USAGE, stderr);
+	return 2;
+}
+
+/* Open and check one file; prints its diagnostics. Returns the src (NULL when the file
+ * cannot be read, after printing why) and *ok. */
+static kvp_src *load(const char *path)
+{
+	char err[512];
+	kvp_src *src = kvp_src_open(path, err, sizeof err);
+	if (!src)
+		fprintf(stderr, "%s: error: %s\n", path, strchr(err, ':') ? strchr(err, ':') + 2 : err);
+	return src;
+}
+
+static int cmd_check(int argc, char **argv)
+{
+	if (argc == 0)
+		return usage("check: no input file");
+	int bad = 0;
+	for (int i = 0; i < argc; i++) {
+		if (argv[i][0] == '-' && argv[i][1])
+			return usage("check: unknown option");
+	}
+	for (int i = 0; i < argc; i++) {
+		kvp_src *src = load(argv[i]);
+		if (!src) {
+			bad = 1;
+			continue;
+		}
+		struct kvp_ir ir;
+		if (kvp_compile(src, &ir) == 0)
+			kvp_ir_free(&ir);
+		else
+			bad = 1;
+		fputs(kvp_src_diags(src), stderr);
+		kvp_src_free(src);
+	}
+	return bad;
+}
+
+/* Write through a temporary buffer so that a failing emitter leaves no partial file. */
+static int write_out(const char *out_path, char *buf, size_t len)
+{
+	if (!out_path) {
+		if (fwrite(buf, 1, len, stdout) != len || fflush(stdout) != 0) {
+			fprintf(stderr, "kvpc: error: cannot write to stdout: %s\n", strerror(errno));
+			return 1;
+		}
+		return 0;
+	}
+	FILE *f = fopen(out_path, "wb");
+	if (!f) {
+		fprintf(stderr, "%s: error: cannot create: %s\n", out_path, strerror(errno));
+		return 1;
+	}
+	int ok = fwrite(buf, 1, len, f) == len;
+	ok &= fclose(f) == 0;
+	if (!ok) {
+		fprintf(stderr, "%s: error: cannot write: %s\n", out_path, strerror(errno));
+		remove(out_path);
+		return 1;
+	}
+	return 0;
+}
+
+static int cmd_emit(int argc, char **argv)
+{
+	const char *target = NULL, *out = NULL;
+	int lines = 1;
+	const char **files = calloc((size_t)argc + 1, sizeof *files);
+	int n_files = 0;
+	if (!files)
+		return 1;
+	int rc = 0;
+	for (int i = 0; i < argc; i++) {
+		if (!strcmp(argv[i], "--target") || !strcmp(argv[i], "-o")) {
+			if (i + 1 >= argc) {
+				rc = usage("emit: option needs a value");
+				goto done;
+			}
+			if (argv[i][1] == 'o')
+				out = argv[++i];
+			else
+				target = argv[++i];
+		} else if (!strncmp(argv[i], "--target=", 9)) {
+			target = argv[i] + 9;
+		} else if (!strcmp(argv[i], "--no-line")) {
+			lines = 0;
+		} else if (argv[i][0] == '-' && argv[i][1]) {
+			rc = usage("emit: unknown option");
+			goto done;
+		} else {
+			files[n_files++] = argv[i];
+		}
+	}
+	if (!target) {
+		rc = usage("emit: --target c or --target registry is required");
+		goto done;
+	}
+	int is_c = !strcmp(target, "c");
+	if (!is_c && strcmp(target, "registry") != 0) {
+		rc = usage("emit: unknown target (use c or registry)");
+		goto done;
+	}
+	if (n_files == 0 || (is_c && n_files != 1)) {
+		rc = usage(is_c ? "emit --target c: exactly one input file" : "emit: no input file");
+		goto done;
+	}
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *mem = open_memstream(&buf, &len);
+	if (!mem) {
+		rc = 1;
+		goto done;
+	}
+	if (is_c) {
+		kvp_src *src = load(files[0]);
+		struct kvp_ir ir;
+		if (!src) {
+			rc = 1;
+		} else if (kvp_compile(src, &ir) != 0) {
+			rc = 1;
+		} else {
+			struct kvp_emit_opts opts = { .line_directives = lines };
+			if (kvp_emit_c(&ir, &opts, mem) != 0) {
+				fprintf(stderr, "%s: error: the C emitter failed\n", files[0]);
+				rc = 1;
+			}
+			kvp_ir_free(&ir);
+		}
+		if (src) {
+			fputs(kvp_src_diags(src), stderr);
+			kvp_src_free(src);
+		}
+	} else {
+		char **names = calloc((size_t)n_files, sizeof *names);
+		int n_names = 0;
+		for (int i = 0; i < n_files && names; i++) {
+			kvp_src *src = load(files[i]);
+			struct kvp_ir ir;
+			if (!src) {
+				rc = 1;
+				continue;
+			}
+			if (kvp_compile(src, &ir) == 0) {
+				names[n_names++] = strdup(ir.name);
+				kvp_ir_free(&ir);
+			} else {
+				rc = 1;
+			}
+			fputs(kvp_src_diags(src), stderr);
+			kvp_src_free(src);
+		}
+		if (rc == 0 && names) {
+			char err[512] = "";
+			if (kvp_emit_registry((const char *const *)names, n_names, mem, err,
+			                      sizeof err) != 0) {
+				fprintf(stderr, "kvpc: error: %s\n", err[0] ? err : "registry failed");
+				rc = 1;
+			}
+		}
+		for (int i = 0; i < n_names; i++)
+			free(names[i]);
+		free(names);
+	}
+	fclose(mem);
+	if (rc == 0)
+		rc = write_out(out, buf, len);
+	free(buf);
+done:
+	free(files);
+	return rc;
+}
+
+static int cmd_fmt(int argc, char **argv)
+{
+	int write = 0, n_files = 0;
+	for (int i = 0; i < argc; i++) {
+		if (!strcmp(argv[i], "-w"))
+			write = 1;
+		else if (argv[i][0] == '-' && argv[i][1])
+			return usage("fmt: unknown option");
+		else
+			n_files++;
+	}
+	if (n_files == 0)
+		return usage("fmt: no input file");
+	int rc = 0;
+	for (int i = 0; i < argc; i++) {
+		if (!strcmp(argv[i], "-w"))
+			continue;
+		kvp_src *src = load(argv[i]);
+		if (!src) {
+			rc = 1;
+			continue;
+		}
+		char *text = kvp_fmt_src(src);
+		fputs(kvp_src_diags(src), stderr);
+		if (!text) {
+			rc = 1;
+		} else if (write) {
+			if (strlen(text) != src->len || memcmp(text, src->text, src->len) != 0)
+				rc |= write_out(argv[i], text, strlen(text));
+		} else {
+			rc |= write_out(NULL, text, strlen(text));
+		}
+		free(text);
+		kvp_src_free(src);
+	}
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2)
+		return usage(NULL);
+	const char *cmd = argv[1];
+	if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+		fputs(HELP, stdout);
+		fputs(USAGE, stdout);
+		return 0;
+	}
+	if (!strcmp(cmd, "--version")) {
+		printf("kvpc %s\n", KVP_VERSION);
+		return 0;
+	}
+	if (!strcmp(cmd, "check"))
+		return cmd_check(argc - 2, argv + 2);
+	if (!strcmp(cmd, "emit"))
+		return cmd_emit(argc - 2, argv + 2);
+	if (!strcmp(cmd, "fmt"))
+		return cmd_fmt(argc - 2, argv + 2);
+	fprintf(stderr, "kvpc: unknown command '%s'\n", cmd);
+	fputs(USAGE, stderr);
+	return 2;
+}

@@ -1,0 +1,162 @@
+/*
+ * rt_stats: the statistics the A/B command reports when it compares a policy run (Q) with
+ * a full-cache reference run (P) on the same tokens, and when it compares two policies A
+ * and B with each other.
+ *
+ * (a) Per-token comparison of two logit rows (KL(P || Q) from log-softmax in double, the
+ *     probabilities of the correct next token, top-1 agreement) and a summary over a run
+ *     that follows llama.cpp's `llama-perplexity --kl-divergence` (tools/perplexity/
+ *     perplexity.cpp): mean KLD with its standard error, median, percentiles, max, PPL
+ *     ratio, "same top p" and "RMS Δp".
+ * (b) A paired bootstrap confidence interval for the mean of per-token differences
+ *     d_i = nll_B,i - nll_A,i (Efron & Tibshirani 1993, percentile interval), with a
+ *     circular block bootstrap option (Politis & Romano 1992) for autocorrelated tokens,
+ *     driven by a documented fixed-seed PRNG (splitmix64-seeded xoshiro256**, Blackman &
+ *     Vigna 2018) so results are reproducible and re-implementable (tests/golden/stats/).
+ *
+ * Percentile definition (same as llama.cpp's KL mode and numpy.percentile's default
+ * "linear" method): sort the n values v[0..n-1]; for a fraction f in [0,1] let
+ * p = f*(n-1), i = floor(p); result = (1-(p-i))*v[i] + (p-i)*v[min(i+1,n-1)]; f <= 0 gives
+ * v[0], f >= 1 gives v[n-1]. The median is the middle value (mean of the two middle values
+ * for even n), which equals the 0.5 percentile.
+ */
+#ifndef RT_STATS_H
+#define RT_STATS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rt_util.h"
+
+/* ---- (a) per-token comparison and KL summary ----------------------------------------- */
+
+/* One token's comparison of the reference distribution P and the candidate Q. */
+typedef struct rt_tok_cmp {
+	double kld;        /* KL(P || Q) = sum_v P(v) (log P(v) - log Q(v)), nats, >= 0 */
+	double nll_p;      /* -log P(target), nats */
+	double nll_q;      /* -log Q(target), nats */
+	double prob_p;     /* P(target) */
+	double prob_q;     /* Q(target) */
+	int32_t top_p;     /* argmax of P (lowest id on ties) */
+	int32_t top_q;     /* argmax of Q (lowest id on ties) */
+} rt_tok_cmp;
+
+/* Compare two logit rows logits_p[n_vocab], logits_q[n_vocab] (unnormalised, float) for a
+ * next token `target` in [0, n_vocab). Log-softmax is computed in double with the max
+ * subtracted, so large logits do not overflow. Returns 0, or -1 with err set for
+ * n_vocab <= 0, a target out of range, or a non-finite logit ("logits: ..."). */
+int rt_stats_token_cmp(const float *logits_p, const float *logits_q, int32_t n_vocab,
+                       int32_t target, rt_tok_cmp *out, rt_err *err);
+
+/* Accumulates per-token comparisons over a run. Owns a growing array of the KLD values
+ * (8 bytes per token; grown geometrically, so adding is amortised O(1)). */
+typedef struct rt_kld_acc {
+	double *kld;       /* [n] per-token KL values in order of addition */
+	int64_t n, cap;
+	double sum_kld, sum_kld2;
+	double sum_nll_p, sum_nll_q;
+	double sum_dp, sum_dp2;      /* dp = prob_q - prob_p of the correct token */
+	int64_t n_same_top;
+} rt_kld_acc;
+
+/* Summary of a run (all zero when n == 0). */
+typedef struct rt_kld_summary {
+	int64_t n;                 /* tokens */
+	double kld_mean, kld_mean_err; /* mean and its standard error sqrt(var/(n-1)) */
+	double kld_median, kld_p90, kld_p95, kld_p99, kld_p999, kld_max, kld_min;
+	double ppl_p, ppl_q;       /* exp(mean nll) of the reference and the candidate */
+	double ppl_ratio;          /* ppl_q / ppl_p = exp(mean(nll_q - nll_p)) */
+	double same_top1;          /* fraction of tokens with top_p == top_q, in [0,1] */
+	double rms_dp;             /* sqrt(mean((prob_q - prob_p)^2)), a probability in [0,1]
+	                            * (llama.cpp prints it as a percentage) */
+	double mean_dp;            /* mean(prob_q - prob_p) */
+} rt_kld_summary;
+
+void rt_kld_acc_init(rt_kld_acc *a);
+void rt_kld_acc_free(rt_kld_acc *a);
+/* Reset to zero tokens, keeping the allocation. */
+void rt_kld_acc_reset(rt_kld_acc *a);
+/* Add one token (aborts on out-of-memory, like RT_MALLOC). */
+void rt_kld_acc_add(rt_kld_acc *a, const rt_tok_cmp *c);
+/* Summarise (sorts a copy of the KLD values; a is unchanged). */
+void rt_kld_acc_summary(const rt_kld_acc *a, rt_kld_summary *out);
+
+/* Percentile of ascending-sorted values v[n] at fraction f (definition above). n >= 1. */
+double rt_stats_percentile_sorted(const double *v, int64_t n, double f);
+/* Median of ascending-sorted values v[n]. n >= 1. */
+double rt_stats_median_sorted(const double *v, int64_t n);
+/* Sort v[n] ascending in place (total order; NaN must not occur). */
+void rt_stats_sort(double *v, int64_t n);
+
+/* ---- PRNG ----------------------------------------------------------------------------- */
+
+/* xoshiro256** 1.0 (Blackman & Vigna, prng.di.unimi.it), state seeded by four successive
+ * outputs of splitmix64 starting from `seed` (the seeding the authors recommend). */
+typedef struct rt_rng {
+	uint64_t s[4];
+} rt_rng;
+
+void rt_rng_seed(rt_rng *r, uint64_t seed);
+uint64_t rt_rng_next(rt_rng *r);
+/* Uniform integer in [0, n), n >= 1, unbiased by rejection: draw x until
+ * x >= (2^64 - n) mod n, return x mod n. */
+uint64_t rt_rng_below(rt_rng *r, uint64_t n);
+
+/* ---- (b) paired bootstrap ------------------------------------------------------------- */
+
+/* Result of a bootstrap of the mean of d[n]. */
+typedef struct rt_boot_ci {
+	int64_t n;          /* sample size (tokens) */
+	double mean;        /* sample mean of d */
+	double lo, hi;      /* percentile interval at `level` */
+	double level;       /* e.g. 0.95 */
+	int n_resamples;    /* B */
+	int64_t block_len;  /* L (1 = ordinary iid bootstrap) */
+	uint64_t seed;
+} rt_boot_ci;
+
+/* Paired bootstrap percentile interval for the mean of d[n] (pass d_i = nll_B,i - nll_A,i
+ * for the A/B comparison; the pairing is implicit because whole d_i are resampled).
+ *
+ * Algorithm (reproduced bit for bit by tests/golden/stats/make_golden.py):
+ *   rng = rt_rng_seed(seed); k = ceil(n / L)
+ *   for b in 0..B-1:  s = 0.0; taken = 0
+ *       for j in 0..k-1: start = rt_rng_below(rng, n)
+ *           for t in 0..L-1 while taken < n: s += d[(start + t) mod n] - d[0]; taken++
+ *       m[b] = d[0] + s / n
+ *   sort m; lo = percentile(m, (1-level)/2); hi = percentile(m, 1-(1-level)/2)
+ * With L = 1 this is the ordinary bootstrap; L > 1 is the circular block bootstrap, which
+ * keeps runs of L consecutive tokens together so that the autocorrelation of per-token
+ * losses (neighbouring tokens share context) does not make the interval too narrow.
+ * Centring on d[0] makes a constant sample give exactly that constant as lo = hi = mean.
+ * `work` may be NULL (then B doubles are allocated and freed) or a caller buffer of
+ * B doubles. The sample mean uses the same centring.
+ * Errors (-1, err set): n < 1, B < 2, L < 1, level not in (0,1), non-finite d_i. */
+int rt_bootstrap_mean_ci(const double *d, int64_t n, int n_resamples, int64_t block_len,
+                         double level, uint64_t seed, double *work, rt_boot_ci *out,
+                         rt_err *err);
+
+/* Default settings used by the A/B command. */
+#define RT_BOOT_DEFAULT_B 1000
+#define RT_BOOT_DEFAULT_SEED 0x6b7670632d616221ULL /* "kvpc-ab!" */
+
+/* Verdict on a CI of d = metric_B - metric_A where lower is better (NLL). */
+typedef enum rt_verdict {
+	RT_VERDICT_TIE = 0,    /* mean exactly 0 */
+	RT_VERDICT_A_BETTER,   /* mean > 0: B has the higher loss */
+	RT_VERDICT_B_BETTER,   /* mean < 0 */
+} rt_verdict;
+
+/* Which side is better and whether the interval excludes 0 (*significant = 1 when
+ * lo > 0 or hi < 0). */
+rt_verdict rt_verdict_of(const rt_boot_ci *ci, int *significant);
+
+/* One verdict line, e.g.
+ *   "A (snapkv) better: mean dNLL(B-A) = +0.01234 nats/token, 95% CI [+0.00800, +0.01700],
+ *    significant"
+ * or "... not significant (CI includes 0)". Writes at most cap bytes (NUL-terminated,
+ * truncated if needed) and returns the full length like snprintf. Names may be NULL. */
+int rt_verdict_format(const rt_boot_ci *ci, const char *name_a, const char *name_b,
+                      char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,593 @@
+/*
+ * test_policies: drives the hooks of every compiled library policy (policies/NAME.kvp
+ * emitted by kvpc and linked in through the registry) on a synthetic KV store and
+ * synthetic attention traces, and compares the kept positions with hand-computed
+ * references — including ties (equal scores keep the lower position) and the
+ * grouped-query shapes 9/3, 4/1 and 4/4 (query heads / KV heads).
+ *
+ * The harness plays the runtime: per token it appends one entry to every (layer, KV
+ * head), calls observe once per (layer, KV head) with the attention rows of the group
+ * (weights from the test, normalised over the visible entries; uniform when all weights
+ * are 0) and the attention outputs, then asks should_compress and runs compress. It also
+ * checks next_trigger against should_compress at every step.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_kv.h"
+#include "rt_policy.h"
+
+/* ---- harness -------------------------------------------------------------------------- */
+
+typedef double (*weight_fn)(int layer, int g, int r, int64_t step, int32_t pos, void *u);
+typedef void (*entry_fn)(int layer, int g, int32_t pos, float *k, float *v, int d, void *u);
+
+struct harness {
+	const struct kvp_policy *p;
+	rt_kv kv;
+	double params[32];
+	struct kvp_ctx ctx;
+	void *scratch;
+	float *probs, *outs, *kbuf, *vbuf;
+	int L, G, R, d;
+	int compresses;
+	weight_fn w;
+	entry_fn e;
+	void *u;
+};
+
+static const struct kvp_policy *policy(const char *name)
+{
+	const struct kvp_policy *p = kvp_registry_find(kvp_registry, kvp_registry_count, name);
+	ck_assert_msg(p != NULL, "policy %s is not in the registry", name);
+	ck_assert_int_eq(p->abi_version, KVP_ABI_VERSION);
+	return p;
+}
+
+static void default_entry(int layer, int g, int32_t pos, float *k, float *v, int d, void *u)
+{
+	(void)u;
+	for (int j = 0; j < d; j++) {
+		k[j] = (float)((pos * 7 + j * 3 + layer + g) % 11) - 5.0f;
+		v[j] = (float)((pos * 5 + j + 2 * g) % 13) - 6.0f;
+	}
+}
+
+static void h_open(struct harness *h, const char *name, int L, int G, int R, int d, int32_t cap,
+                   int64_t prompt_len)
+{
+	memset(h, 0, sizeof *h);
+	h->p = policy(name);
+	h->L = L, h->G = G, h->R = R, h->d = d;
+	rt_err err = { "" };
+	ck_assert_msg(rt_kv_init(&h->kv, L, G, R, d, cap, kvp_policy_stat_bytes(h->p, R),
+	                         kvp_policy_state_bytes(h->p, d), &err) == 0, "%s", err.msg);
+	ck_assert_int_le(h->p->n_params, 32);
+	kvp_policy_param_defaults(h->p, h->params);
+	h->ctx.params = h->params;
+	h->ctx.prompt_len = prompt_len;
+	if (h->p->scratch_bytes) {
+		h->ctx.scratch_len = h->p->scratch_bytes(&h->kv);
+		h->scratch = malloc(h->ctx.scratch_len);
+		h->ctx.scratch = h->scratch;
+	}
+	h->probs = calloc((size_t)R * cap, sizeof(float));
+	h->outs = calloc((size_t)R * d, sizeof(float));
+	h->kbuf = calloc((size_t)d, sizeof(float));
+	h->vbuf = calloc((size_t)d, sizeof(float));
+	h->e = default_entry;
+}
+
+static void h_close(struct harness *h)
+{
+	rt_kv_free(&h->kv);
+	free(h->scratch);
+	free(h->probs);
+	free(h->outs);
+	free(h->kbuf);
+	free(h->vbuf);
+}
+
+static void h_set(struct harness *h, const char *assign)
+{
+	rt_err err = { "" };
+	ck_assert_msg(kvp_policy_param_set(h->p, h->params, assign, &err) == 0, "%s", err.msg);
+}
+
+static int32_t kv_room(const rt_kv *kv)
+{
+	int32_t room = kv->cap;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		if (kv->cap - kv->heads[i].n < room)
+			room = kv->cap - kv->heads[i].n;
+	return room;
+}
+
+/* One token: append, observe, maybe compress. */
+static void h_step(struct harness *h)
+{
+	const int64_t t = h->ctx.seen;
+	int32_t nt = h->p->next_trigger(&h->ctx, &h->kv);
+	int32_t room = kv_room(&h->kv);
+	for (int l = 0; l < h->L; l++)
+		for (int g = 0; g < h->G; g++) {
+			rt_kv_head *hd = rt_kv_head_at(&h->kv, l, g);
+			h->e(l, g, (int32_t)t, h->kbuf, h->vbuf, h->d, h->u);
+			int32_t i = rt_kv_append(&h->kv, hd, h->kbuf, h->vbuf, (int32_t)t);
+			if (h->p->init_entries)
+				h->p->init_entries(&h->ctx, &h->kv, l, g, i, 1);
+		}
+	for (int l = 0; l < h->L; l++)
+		for (int g = 0; g < h->G; g++) {
+			rt_kv_head *hd = rt_kv_head_at(&h->kv, l, g);
+			int32_t n = hd->n;
+			for (int r = 0; r < h->R; r++) {
+				float *row = h->probs + (size_t)r * n;
+				double s = 0;
+				for (int32_t i = 0; i < n; i++) {
+					double w = h->w ? h->w(l, g, r, t, hd->pos[i], h->u) : 1.0;
+					row[i] = (float)w;
+					s += w;
+				}
+				for (int32_t i = 0; i < n; i++)
+					row[i] = s > 0 ? (float)(row[i] / s) : 1.0f / (float)n;
+				for (int j = 0; j < h->d; j++) {
+					double o = 0;
+					for (int32_t i = 0; i < n; i++)
+						o += row[i] * hd->v[(size_t)i * h->d + j];
+					h->outs[(size_t)r * h->d + j] = (float)o;
+				}
+			}
+			struct kvp_obs ob = { t, n, h->R, h->probs, h->outs };
+			if (h->p->observe)
+				h->p->observe(&h->ctx, &h->kv, l, g, &ob);
+		}
+	h->ctx.seen = t + 1;
+	h->ctx.phase = h->ctx.prompt_len >= 0 && h->ctx.seen > h->ctx.prompt_len ?
+	               KVP_PHASE_DECODE : KVP_PHASE_PREFILL;
+	h->ctx.prompt_done = h->ctx.prompt_len >= 0 && h->ctx.seen >= h->ctx.prompt_len;
+	int fire = h->p->should_compress(&h->ctx, &h->kv);
+	/* next_trigger said how many tokens may come before a compress can be due */
+	if (nt > 1)
+		ck_assert_msg(!fire, "%s: fired after 1 token though next_trigger was %d", h->p->name, nt);
+	else if (nt == 1 && room > 1)
+		ck_assert_msg(fire, "%s: next_trigger 1 but no compress", h->p->name);
+	if (fire) {
+		ck_assert_ptr_nonnull(h->p->compress);
+		rt_err err = { "" };
+		ck_assert_msg(h->p->compress(&h->ctx, &h->kv, &err) == 0, "%s", err.msg);
+		h->ctx.compress_count++;
+		h->ctx.last_compress_seen = h->ctx.seen;
+		h->compresses++;
+	}
+}
+
+static void h_feed(struct harness *h, int n)
+{
+	for (int i = 0; i < n; i++)
+		h_step(h);
+}
+
+/* Assert head (l, g) holds exactly the positions want[0..n) (in order). */
+static void expect_pos(struct harness *h, int l, int g, const int32_t *want, int n)
+{
+	rt_kv_head *hd = rt_kv_head_at(&h->kv, l, g);
+	char got[512] = "", exp[512] = "";
+	for (int i = 0; i < hd->n && strlen(got) < 480; i++)
+		snprintf(got + strlen(got), sizeof got - strlen(got), "%d ", hd->pos[i]);
+	for (int i = 0; i < n && strlen(exp) < 480; i++)
+		snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%d ", want[i]);
+	ck_assert_msg(hd->n == n && memcmp(hd->pos, want, (size_t)n * sizeof(int32_t)) == 0,
+	              "%s %d/%d shape, layer %d head %d: kept [%s], expected [%s]", h->p->name,
+	              h->G * h->R, h->G, l, g, got, exp);
+}
+
+static void expect_all(struct harness *h, const int32_t *want, int n)
+{
+	for (int l = 0; l < h->L; l++)
+		for (int g = 0; g < h->G; g++)
+			expect_pos(h, l, g, want, n);
+}
+
+/* The three grouped-query shapes: (KV heads, group) for 9/3, 4/1 and 4/4. */
+static const int shapes[3][2] = { { 3, 3 }, { 1, 4 }, { 4, 1 } };
+
+/* ---- attention traces ------------------------------------------------------------ */
+
+/* every query puts all its weight on positions 2 and 5 (uniform before they exist) */
+static double w_heavy_2_5(int l, int g, int r, int64_t t, int32_t pos, void *u)
+{
+	(void)l, (void)g, (void)r, (void)t, (void)u;
+	return pos == 2 || pos == 5 ? 1.0 : 0.0;
+}
+
+/* KV head g's queries attend only position g + 1 */
+static double w_head_pos(int l, int g, int r, int64_t t, int32_t pos, void *u)
+{
+	(void)l, (void)r, (void)t, (void)u;
+	return pos == g + 1 ? 1.0 : 0.0;
+}
+
+/* ---- tests ------------------------------------------------------------------------ */
+
+START_TEST(full_keeps_everything)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "full", 2, shapes[s][0], shapes[s][1], 8, 16, -1);
+		h_feed(&h, 12);
+		int32_t want[12];
+		for (int i = 0; i < 12; i++)
+			want[i] = i;
+		expect_all(&h, want, 12);
+		ck_assert_int_eq(h.compresses, 0);
+		/* never runs: next_trigger is the room left */
+		ck_assert_int_eq(h.p->next_trigger(&h.ctx, &h.kv), 4);
+		h_close(&h);
+	}
+}
+END_TEST
+
+START_TEST(window_keeps_last)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "sliding_window", 2, shapes[s][0], shapes[s][1], 8, 16, -1);
+		h_set(&h, "window=4");
+		h_feed(&h, 10);
+		const int32_t want[] = { 6, 7, 8, 9 };
+		expect_all(&h, want, 4);
+		h_close(&h);
+	}
+}
+END_TEST
+
+START_TEST(streaming_llm_sinks_and_recent)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "streaming_llm", 2, shapes[s][0], shapes[s][1], 8, 16, -1);
+		h_set(&h, "sinks=2");
+		h_set(&h, "recent=3");
+		h_feed(&h, 10);
+		const int32_t want[] = { 0, 1, 7, 8, 9 };
+		expect_all(&h, want, 5);
+		ck_assert_int_eq(h.p->positions, KVP_POS_COMPACTED);
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* H2O, every step; heavy 25% + recent 12.5% of a prompt of 8 tokens = budget 3 with
+ * a recent window of 1. Attention on positions 2 and 5 (uniform before they exist):
+ * per query head acc = {0: 1.5, 1: 0.5, 2: 2} at step 3, so {0,2,3}; then {0,2,4};
+ * at step 5 positions 2 and 5 share: {0: 1.5, 2: 3.5, 4: 0} -> {0,2,5}; at step 6
+ * {0: 1.5, 2: 4, 5: 1} -> {0,2,6}. */
+START_TEST(h2o_heavy_hitters)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "h2o", 1, shapes[s][0], shapes[s][1], 4, 8, 8);
+		h_set(&h, "heavy=0.25");
+		h_set(&h, "recent=0.125");
+		h.w = w_heavy_2_5;
+		h_feed(&h, 4);
+		const int32_t a[] = { 0, 2, 3 };
+		expect_all(&h, a, 3);
+		h_feed(&h, 2);
+		const int32_t b[] = { 0, 2, 5 };
+		expect_all(&h, b, 3);
+		h_feed(&h, 1);
+		const int32_t c[] = { 0, 2, 6 };
+		expect_all(&h, c, 3);
+		ck_assert_int_eq(h.compresses, 4);
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* TOVA with uniform attention: every entry ties, so the lowest positions stay. */
+START_TEST(tova_ties_keep_lower)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "tova", 2, shapes[s][0], shapes[s][1], 4, 8, -1);
+		h_set(&h, "states=3");
+		h_feed(&h, 6);
+		const int32_t want[] = { 0, 1, 2 };
+		expect_all(&h, want, 3);
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* TOVA's layer-wide mean (9/3): KV head g attends position g+1 only; the mean over the
+ * layer's 9 query heads gives positions 1, 2, 3 a third each, so every KV head keeps
+ * {1,2,3} (a per-head choice would keep {0,1,2} for head 0). */
+START_TEST(tova_layer_mean_gqa)
+{
+	struct harness h;
+	h_open(&h, "tova", 1, 3, 3, 4, 8, -1);
+	h_set(&h, "states=3");
+	h.w = w_head_pos;
+	h_feed(&h, 6);
+	const int32_t want[] = { 1, 2, 3 };
+	expect_all(&h, want, 3);
+	h_close(&h);
+}
+END_TEST
+
+/* SnapKV: prompt of 12, window 3 (queries 9..11 observe; 9..11 kept), budget 5, max
+ * pooling k=7 over the 9 prefix entries. Window queries put 2/3 on position 2 and 1/3
+ * on 6: obs = {2: 2, 6: 1}; pooled = 2 for 0..5 (they see 2), 1 for 6..8; two free
+ * slots, ties keep the lower positions -> {0, 1}. Decode appends without eviction. */
+static double w_snap(int l, int g, int r, int64_t t, int32_t pos, void *u)
+{
+	(void)l, (void)g, (void)r, (void)u;
+	if (t < 9)
+		return pos == 8 ? 1.0 : 0.0; /* before the window: ignored by the statistic */
+	return pos == 2 ? 2.0 : pos == 6 ? 1.0 : 0.0;
+}
+
+START_TEST(snapkv_window_pooling)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "snapkv", 2, shapes[s][0], shapes[s][1], 4, 16, 12);
+		h_set(&h, "capacity=5");
+		h_set(&h, "window=3");
+		h.w = w_snap;
+		h_feed(&h, 11);
+		ck_assert_int_eq(h.compresses, 0);
+		h_feed(&h, 1);
+		ck_assert_int_eq(h.compresses, 1);
+		const int32_t a[] = { 0, 1, 9, 10, 11 };
+		expect_all(&h, a, 5);
+		h_feed(&h, 2);
+		const int32_t b[] = { 0, 1, 9, 10, 11, 12, 13 };
+		expect_all(&h, b, 7);
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* Scissorhands' window roll-off. 700 steps, no eviction until the end. Position 0 gets
+ * no attention during steps 1..299, position 1 none during 400..599 and half weight
+ * during 300..399 and from 600; every other entry gets more than 1/seen (never "low"; exactly uniform rows
+ * are avoided, since float 1/n may round below the double threshold). At step 699 the
+ * last-400-step counts are 0 for position 0 (its lows rolled off) and 400 for
+ * position 1, 0 for the rest; with 2 free
+ * slots + recent 1 the kept set is {0, 2, 699} (0 and 2 tie at 0 and beat 3..698 by
+ * position). A whole-history count would have evicted 0 (299 lows). */
+static double w_sciss(int l, int g, int r, int64_t t, int32_t pos, void *u)
+{
+	(void)l, (void)g, (void)r, (void)u;
+	if (pos == 0)
+		return t >= 300 ? 1.0 : 0.0;
+	if (pos == 1)
+		return t < 300 ? 1.0 : t >= 400 && t < 600 ? 0.0 : 0.5;
+	return 1.0;
+}
+
+START_TEST(scissorhands_window_rolloff)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "scissorhands", 1, shapes[s][0], shapes[s][1], 4, 704, -1);
+		h_set(&h, "capacity=1000");
+		h_set(&h, "recent=1");
+		h.w = w_sciss;
+		h_feed(&h, 700);
+		ck_assert_int_eq(h.compresses, 0);
+		/* budget = capacity × 700 tokens = 6, target half of it = 3 */
+		char a[64];
+		snprintf(a, sizeof a, "capacity=%.17g", 6.0 / 700.0);
+		h_set(&h, a);
+		ck_assert(h.p->should_compress(&h.ctx, &h.kv));
+		rt_err err = { "" };
+		ck_assert_int_eq(h.p->compress(&h.ctx, &h.kv, &err), 0);
+		const int32_t want[] = { 0, 2, 699 };
+		expect_all(&h, want, 3);
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* KnormPress: the lowest key norms stay. Key norms by position: 2 1 1 3 5 4 (first
+ * coordinate, the rest 0); budget 2 -> {1, 2}; budget 1 -> {1} (tie with 2, lower). */
+static void e_knorm(int layer, int g, int32_t pos, float *k, float *v, int d, void *u)
+{
+	(void)layer, (void)g, (void)u;
+	static const float norms[] = { 2, 1, 1, 3, 5, 4 };
+	for (int j = 0; j < d; j++)
+		k[j] = v[j] = 0;
+	k[0] = pos < 6 ? -norms[pos] : 9; /* sign must not matter */
+	v[0] = 1;
+}
+
+START_TEST(knorm_lowest_norms)
+{
+	for (int s = 0; s < 3; s++) {
+		for (int budget = 1; budget <= 2; budget++) {
+			struct harness h;
+			h_open(&h, "knorm", 2, shapes[s][0], shapes[s][1], 4, 8, 6);
+			char a[64];
+			snprintf(a, sizeof a, "keep=%.17g", budget / 6.0); /* of a 6-token prompt */
+			h_set(&h, a);
+			h.e = e_knorm;
+			h_feed(&h, 6);
+			const int32_t want[] = { 1, 2 };
+			expect_all(&h, want, budget);
+			h_close(&h);
+		}
+	}
+}
+END_TEST
+
+/* KeyDiff: keys (1,0) (1,0) (0,1) (1,0); anchor = mean of unit keys = (3/4, 1/4);
+ * cos = 0.949 for (1,0), 0.316 for (0,1); the least similar (position 2) first, then
+ * the tie among 0, 1, 3 keeps 0. Budget 2, prompt of 4 -> {0, 2}. */
+static void e_keydiff(int layer, int g, int32_t pos, float *k, float *v, int d, void *u)
+{
+	(void)layer, (void)g, (void)u;
+	for (int j = 0; j < d; j++)
+		k[j] = v[j] = 0;
+	if (pos == 2)
+		k[1] = 3;
+	else
+		k[0] = (float)(1 + pos); /* lengths differ: only directions matter */
+	v[0] = 1;
+}
+
+START_TEST(keydiff_least_similar)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "keydiff", 1, shapes[s][0], shapes[s][1], 4, 8, 4);
+		h_set(&h, "capacity=2");
+		h.e = e_keydiff;
+		h_feed(&h, 4);
+		const int32_t want[] = { 0, 2 };
+		expect_all(&h, want, 2);
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* CAOTE (exact) over H2O's accumulated attention, blocks of 3, heavy 2, recent 0.
+ * Steps 0..2 attend with weights 5:3:2 over the visible entries, so
+ * acc = (1 + 5/8 + 1/2, 3/8 + 3/10, 1/5) = (2.125, 0.675, 0.2); alpha = acc / 3 =
+ * (17/24, 9/40, 1/15). Values (first coordinate) 2.25, 0, 10: o = 2.2604;
+ * c = alpha/(1-alpha)·|o - v| = (0.0253, 0.6563, 0.5528): entry 0, the most attended,
+ * is the cheapest to drop because its value is almost the output. Kept {1, 2}; plain
+ * accumulated attention would keep {0, 1}. */
+static double w_caote(int l, int g, int r, int64_t t, int32_t pos, void *u)
+{
+	(void)l, (void)g, (void)r, (void)t, (void)u;
+	return pos == 0 ? 5.0 : pos == 1 ? 3.0 : 2.0;
+}
+
+static void e_caote(int layer, int g, int32_t pos, float *k, float *v, int d, void *u)
+{
+	(void)layer, (void)g, (void)u;
+	for (int j = 0; j < d; j++)
+		k[j] = v[j] = 0;
+	k[0] = 1;
+	v[0] = pos == 0 ? 2.25f : pos == 1 ? 0.0f : 10.0f;
+}
+
+START_TEST(caote_output_error)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "caote_h2o", 1, shapes[s][0], shapes[s][1], 4, 8, -1);
+		h_set(&h, "heavy=2");
+		h_set(&h, "recent=0");
+		h_set(&h, "block=3");
+		h.w = w_caote;
+		h.e = e_caote;
+		h_feed(&h, 3);
+		const int32_t want[] = { 1, 2 };
+		expect_all(&h, want, 2);
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* Chunked feeding at next_trigger boundaries gives the same cache as token by token
+ * (the runtime's exactness argument), for a policy with a batch target. */
+START_TEST(chunked_equals_stepwise)
+{
+	struct harness a, b;
+	h_open(&a, "scissorhands", 2, 3, 3, 4, 32, -1);
+	h_open(&b, "scissorhands", 2, 3, 3, 4, 32, -1);
+	h_set(&a, "capacity=0.5"); /* half of the tokens seen, halved again on compress */
+	h_set(&b, "capacity=0.5");
+	h_set(&a, "recent=2");
+	h_set(&b, "recent=2");
+	a.w = b.w = w_heavy_2_5;
+	h_feed(&a, 20);
+	/* b: append chunks of next_trigger tokens, checking only at chunk ends */
+	while (b.ctx.seen < 20) {
+		int32_t k = b.p->next_trigger(&b.ctx, &b.kv);
+		ck_assert_int_ge(k, 1);
+		if (b.ctx.seen + k > 20)
+			k = (int32_t)(20 - b.ctx.seen);
+		for (int32_t i = 0; i < k; i++)
+			h_step(&b); /* h_step checks should_compress each token: it must stay 0
+			               until the last token of the chunk */
+	}
+	for (int l = 0; l < 2; l++)
+		for (int g = 0; g < 3; g++) {
+			rt_kv_head *x = rt_kv_head_at(&a.kv, l, g), *y = rt_kv_head_at(&b.kv, l, g);
+			ck_assert_int_eq(x->n, y->n);
+			ck_assert_int_eq(memcmp(x->pos, y->pos, (size_t)x->n * sizeof(int32_t)), 0);
+		}
+	h_close(&a);
+	h_close(&b);
+}
+END_TEST
+
+START_TEST(registry_and_params)
+{
+	ck_assert_int_ge(kvp_registry_count, 10);
+	ck_assert_ptr_null(kvp_registry[kvp_registry_count]);
+	for (int i = 0; i < kvp_registry_count; i++) {
+		const struct kvp_policy *p = kvp_registry[i];
+		ck_assert_int_eq(p->abi_version, KVP_ABI_VERSION);
+		ck_assert_uint_eq(strlen(p->source_hash), 16);
+		ck_assert_ptr_nonnull(p->should_compress);
+		ck_assert_ptr_nonnull(p->next_trigger);
+		for (int j = 0; j < p->n_params; j++)
+			ck_assert_int_eq(kvp_policy_param_index(p, p->params[j].name), j);
+	}
+	const struct kvp_policy *p = policy("tova");
+	double v[32];
+	kvp_policy_param_defaults(p, v);
+	rt_err err = { "" };
+	ck_assert_int_eq(kvp_policy_param_set(p, v, "nosuch=1", &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "no parameter 'nosuch'"));
+	ck_assert_int_eq(kvp_policy_param_set(p, v, "states=abc", &err), -1);
+	ck_assert_int_eq(kvp_policy_param_set(p, v, "states=inf", &err), -1);
+	ck_assert_int_eq(kvp_policy_param_set(p, v, "states", &err), -1);
+	int bi = kvp_policy_param_index(p, "states");
+	ck_assert_int_ge(bi, 0);
+	ck_assert(v[bi] == 512.0); /* the default of policies/tova.kvp */
+	ck_assert_int_eq(kvp_policy_param_set(p, v, "states=77", &err), 0);
+	ck_assert(v[bi] == 77.0);
+}
+END_TEST
+
+static Suite *policies_suite(void)
+{
+	Suite *s = suite_create("policies");
+	TCase *tc = tcase_create("hooks");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, registry_and_params);
+	tcase_add_test(tc, full_keeps_everything);
+	tcase_add_test(tc, window_keeps_last);
+	tcase_add_test(tc, streaming_llm_sinks_and_recent);
+	tcase_add_test(tc, h2o_heavy_hitters);
+	tcase_add_test(tc, tova_ties_keep_lower);
+	tcase_add_test(tc, tova_layer_mean_gqa);
+	tcase_add_test(tc, snapkv_window_pooling);
+	tcase_add_test(tc, scissorhands_window_rolloff);
+	tcase_add_test(tc, knorm_lowest_norms);
+	tcase_add_test(tc, keydiff_least_similar);
+	tcase_add_test(tc, caote_output_error);
+	tcase_add_test(tc, chunked_equals_stepwise);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(policies_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int nf = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return nf == 0 ? 0 : 1;
+}

@@ -1,0 +1,421 @@
+/*
+ * test_svg: the A/B report's SVG line plot (runtime/rt_svg.c).
+ *
+ * A tiny XML checker in this file (balanced and properly nested tags, quoted attributes,
+ * only the five predefined entities or character references after '&', no raw '<' in
+ * text or attribute values, one root element) validates every rendered plot. Checks: the
+ * escaping of & < > " ' in title, axis labels and legend names, replacement of control
+ * bytes and invalid UTF-8, NaN/inf/non-positive-x points skipped with the line broken at
+ * the gap, equal spacing of powers of two on the log2 axis and of equal steps on the y
+ * axis (marker coordinates parsed back), tick labels, byte-identical output on repeated
+ * renders and in the written file, and the error cases.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rt_svg.h"
+
+/* ---- tiny XML well-formedness checker ---------------------------------------------- */
+
+static int is_name_char(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+	       c == '_' || c == '-' || c == ':' || c == '.';
+}
+
+/* Checks an entity reference at s ('&'); returns its length or 0 if invalid. */
+static size_t entity_len(const char *s)
+{
+	static const char *const ents[] = {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;"};
+	for (int i = 0; i < 5; i++)
+		if (!strncmp(s, ents[i], strlen(ents[i])))
+			return strlen(ents[i]);
+	if (s[1] == '#') {
+		size_t i = 2;
+		int hex = s[2] == 'x';
+		if (hex)
+			i++;
+		size_t st = i;
+		while ((s[i] >= '0' && s[i] <= '9') ||
+		       (hex && ((s[i] >= 'a' && s[i] <= 'f') || (s[i] >= 'A' && s[i] <= 'F'))))
+			i++;
+		if (i > st && s[i] == ';')
+			return i + 1;
+	}
+	return 0;
+}
+
+/* Returns NULL when xml is well-formed, else a static message. */
+static const char *xml_check(const char *xml)
+{
+	static char msg[256];
+	char stack[64][32];
+	int depth = 0, roots = 0;
+	const char *p = xml;
+	while (*p) {
+		if (*p == '<') {
+			if (!strncmp(p, "<?", 2)) {
+				const char *e = strstr(p, "?>");
+				if (!e)
+					return "unterminated <?";
+				p = e + 2;
+				continue;
+			}
+			if (!strncmp(p, "<!--", 4)) {
+				const char *e = strstr(p, "-->");
+				if (!e)
+					return "unterminated comment";
+				p = e + 3;
+				continue;
+			}
+			int closing = p[1] == '/';
+			p += closing ? 2 : 1;
+			char name[32];
+			size_t n = 0;
+			while (is_name_char(*p) && n < sizeof(name) - 1)
+				name[n++] = *p++;
+			name[n] = '\0';
+			if (n == 0)
+				return "empty tag name";
+			if (closing) {
+				while (*p == ' ')
+					p++;
+				if (*p != '>')
+					return "junk in end tag";
+				p++;
+				if (depth == 0 || strcmp(stack[depth - 1], name)) {
+					snprintf(msg, sizeof(msg), "</%s> does not close <%s>", name,
+					         depth ? stack[depth - 1] : "(nothing)");
+					return msg;
+				}
+				depth--;
+				continue;
+			}
+			if (depth == 0)
+				roots++;
+			for (;;) {
+				while (*p == ' ' || *p == '\n' || *p == '\t')
+					p++;
+				if (*p == '>') {
+					if (depth == 64)
+						return "too deep";
+					snprintf(stack[depth++], 32, "%s", name);
+					p++;
+					break;
+				}
+				if (p[0] == '/' && p[1] == '>') {
+					p += 2;
+					break;
+				}
+				size_t an = 0;
+				while (is_name_char(*p)) {
+					p++;
+					an++;
+				}
+				if (an == 0 || *p != '=') {
+					snprintf(msg, sizeof(msg), "bad attribute in <%s>", name);
+					return msg;
+				}
+				p++;
+				char q = *p;
+				if (q != '"' && q != '\'')
+					return "unquoted attribute value";
+				p++;
+				while (*p && *p != q) {
+					if (*p == '<')
+						return "'<' inside an attribute value";
+					if (*p == '&') {
+						size_t el = entity_len(p);
+						if (!el)
+							return "bad entity in attribute";
+						p += el;
+						continue;
+					}
+					p++;
+				}
+				if (*p != q)
+					return "unterminated attribute value";
+				p++;
+			}
+		} else if (*p == '&') {
+			size_t el = entity_len(p);
+			if (!el)
+				return "bad entity in text";
+			p += el;
+		} else {
+			if (depth == 0 && !(*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r'))
+				return "text outside the root element";
+			p++;
+		}
+	}
+	if (depth)
+		return "unclosed elements at end";
+	if (roots != 1)
+		return "not exactly one root element";
+	return NULL;
+}
+
+#define ASSERT_WF(xml)                                                          \
+	do {                                                                    \
+		const char *wf_ = xml_check(xml);                               \
+		ck_assert_msg(wf_ == NULL, "not well-formed: %s", wf_ ? wf_ : ""); \
+	} while (0)
+
+static int count_sub(const char *s, const char *sub)
+{
+	int n = 0;
+	for (const char *p = strstr(s, sub); p; p = strstr(p + 1, sub))
+		n++;
+	return n;
+}
+
+/* ---- tests ------------------------------------------------------------------------- */
+
+START_TEST(test_checker_itself)
+{
+	/* the checker must reject what it is meant to catch */
+	ck_assert_ptr_null(xml_check("<?xml version=\"1.0\"?>\n<a x=\"1\"><b/>t&amp;</a>\n"));
+	ck_assert_ptr_nonnull(xml_check("<a><b></a></b>"));
+	ck_assert_ptr_nonnull(xml_check("<a>"));
+	ck_assert_ptr_nonnull(xml_check("<a>x & y</a>"));
+	ck_assert_ptr_nonnull(xml_check("<a t=\"<\"/>"));
+	ck_assert_ptr_nonnull(xml_check("<a t=x/>"));
+	ck_assert_ptr_nonnull(xml_check("<a/><b/>"));
+	ck_assert_ptr_nonnull(xml_check("<a>1 < 2</a>"));
+}
+END_TEST
+
+static const double X4[4] = {2, 4, 8, 16};
+
+START_TEST(test_basic_wellformed)
+{
+	double ya[4] = {10.5, 10.9, 11.6, 13.2}, yb[4] = {10.4, 10.6, 11.0, 11.9};
+	rt_svg_series s[2] = {{"snapkv", X4, ya, 4}, {"h2o", X4, yb, 4}};
+	rt_svg_plot p = {"Perplexity vs compression", "compression ratio", "perplexity", 0, 0, 1};
+	rt_err err = {0};
+	size_t len;
+	char *svg = rt_svg_render(&p, s, 2, &len, &err);
+	ck_assert_ptr_nonnull(svg);
+	ck_assert_uint_eq(len, strlen(svg));
+	ASSERT_WF(svg);
+	ck_assert(strstr(svg, "<svg xmlns=\"http://www.w3.org/2000/svg\"") != NULL);
+	ck_assert_int_eq(count_sub(svg, "class=\"pt\""), 8);
+	ck_assert_int_eq(count_sub(svg, "class=\"legend-pt\""), 2);
+	ck_assert(strstr(svg, ">snapkv</text>") && strstr(svg, ">h2o</text>"));
+	ck_assert(strstr(svg, ">Perplexity vs compression</text>"));
+	ck_assert(strstr(svg, ">compression ratio</text>") && strstr(svg, ">perplexity</text>"));
+	/* power-of-two tick labels on the x axis */
+	for (int i = 0; i < 4; i++) {
+		char want[64];
+		snprintf(want, sizeof(want), "text-anchor=\"middle\">%g</text>", X4[i]);
+		ck_assert_msg(strstr(svg, want), "missing x tick %g", X4[i]);
+	}
+	/* y ticks: range 10.4..13.2 gives 1-2-5 step 0.5 from 10.0 to 13.5 */
+	ck_assert(strstr(svg, ">10.0</text>") && strstr(svg, ">13.5</text>"));
+	ck_assert(strstr(svg, ">12.5</text>"));
+	ck_assert(!strstr(svg, ">14.0</text>") && !strstr(svg, ">9.5</text>"));
+	free(svg);
+}
+END_TEST
+
+/* Parse the cx/cy of every circle marker of class pt. */
+static int circles(const char *svg, double *cx, double *cy, int cap)
+{
+	int n = 0;
+	for (const char *q = strstr(svg, "<circle class=\"pt\""); q && n < cap;
+	     q = strstr(q + 1, "<circle class=\"pt\"")) {
+		ck_assert_int_eq(sscanf(q, "<circle class=\"pt\" cx=\"%lf\" cy=\"%lf\"", &cx[n],
+		                        &cy[n]), 2);
+		n++;
+	}
+	return n;
+}
+
+START_TEST(test_log2_and_linear_spacing)
+{
+	double y[4] = {1, 2, 3, 4};
+	rt_svg_series s = {"a", X4, y, 4};
+	rt_svg_plot p = {"t", "x", "y", 800, 500, 1};
+	rt_err err = {0};
+	char *svg = rt_svg_render(&p, &s, 1, NULL, &err);
+	ck_assert_ptr_nonnull(svg);
+	double cx[8], cy[8];
+	ck_assert_int_eq(circles(svg, cx, cy, 8), 4);
+	double dx = cx[1] - cx[0], dy = cy[1] - cy[0];
+	ck_assert(dx > 50 && dy < -20);
+	for (int i = 1; i < 4; i++) {
+		ck_assert_msg(fabs((cx[i] - cx[i - 1]) - dx) < 0.02, "log2 spacing %g vs %g",
+		              cx[i] - cx[i - 1], dx);
+		ck_assert(fabs((cy[i] - cy[i - 1]) - dy) < 0.02);
+	}
+	free(svg);
+
+	/* linear x axis: x = 1, 2, 4 gives spacing 1 : 2 */
+	double xl[3] = {1, 2, 4}, yl[3] = {0, 0, 0};
+	rt_svg_series sl = {"lin", xl, yl, 3};
+	p.x_log2 = 0;
+	svg = rt_svg_render(&p, &sl, 1, NULL, &err);
+	ck_assert_ptr_nonnull(svg);
+	ASSERT_WF(svg);
+	ck_assert_int_eq(circles(svg, cx, cy, 8), 3);
+	ck_assert(fabs((cx[2] - cx[1]) - 2 * (cx[1] - cx[0])) < 0.02);
+	ck_assert(cy[0] == cy[1] && cy[1] == cy[2]);
+	free(svg);
+}
+END_TEST
+
+START_TEST(test_escaping)
+{
+	double y[2] = {1, 2};
+	rt_svg_series s[2] = {{"x&y<z>", X4, y, 2}, {"q\"uote's", X4, y, 2}};
+	rt_svg_plot p = {"a<b & \"c\" 'd'>", "ratio <&>", "kld \"nats\"\x01\xff caf\xc3\xa9",
+	                 0, 0, 1};
+	rt_err err = {0};
+	char *svg = rt_svg_render(&p, s, 2, NULL, &err);
+	ck_assert_ptr_nonnull(svg);
+	ASSERT_WF(svg);
+	ck_assert(strstr(svg, ">a&lt;b &amp; &quot;c&quot; &apos;d&apos;&gt;</text>"));
+	ck_assert(strstr(svg, "<title>a&lt;b &amp; &quot;c&quot; &apos;d&apos;&gt;</title>"));
+	ck_assert(strstr(svg, ">ratio &lt;&amp;&gt;</text>"));
+	ck_assert(strstr(svg, ">x&amp;y&lt;z&gt;</text>"));
+	ck_assert(strstr(svg, ">q&quot;uote&apos;s</text>"));
+	/* control byte and invalid UTF-8 replaced, valid UTF-8 kept */
+	ck_assert(strstr(svg, ">kld &quot;nats&quot;?? caf\xc3\xa9</text>"));
+	ck_assert(!strstr(svg, "a<b"));
+	ck_assert(!strchr(svg, '\x01') && !strchr(svg, '\xff'));
+
+	/* the escaper on its own, including a truncated multibyte sequence */
+	char *buf = NULL;
+	size_t len = 0, cap = 0;
+	rt_svg_escape_append(&buf, &len, &cap, "<&>\"'\t\n\xe2\x82");
+	ck_assert_str_eq(buf, "&lt;&amp;&gt;&quot;&apos;\t\n??");
+	ck_assert_uint_eq(len, strlen(buf));
+	free(buf);
+}
+END_TEST
+
+START_TEST(test_nan_skipped)
+{
+	double x[6] = {1, 2, 4, 8, 16, 32};
+	double y[6] = {1, 2, NAN, 4, 5, INFINITY};
+	double x2[4] = {0, -2, 4, 8}, y2[4] = {3, 3, NAN, 1};
+	rt_svg_series s[2] = {{"gappy", x, y, 6}, {"neg", x2, y2, 4}};
+	rt_svg_plot p = {"t", NULL, NULL, 0, 0, 1};
+	rt_err err = {0};
+	char *svg = rt_svg_render(&p, s, 2, NULL, &err);
+	ck_assert_ptr_nonnull(svg);
+	ASSERT_WF(svg);
+	ck_assert(!strstr(svg, "nan") && !strstr(svg, "inf"));
+	/* 4 drawable points in series 0 (circles), 1 in series 1 (squares: x=0, -2 are not
+	 * drawable on a log axis, y=NaN is skipped) */
+	ck_assert_int_eq(count_sub(svg, "<circle class=\"pt\""), 4);
+	ck_assert_int_eq(count_sub(svg, "<rect class=\"pt\""), 1);
+	/* series 0's path: M L (gap) M L, no segment across the NaN */
+	const char *g0 = strstr(svg, "id=\"series0\"");
+	ck_assert_ptr_nonnull(g0);
+	const char *d = strstr(g0, " d=\"");
+	ck_assert_ptr_nonnull(d);
+	const char *e = strchr(d + 4, '"');
+	int nm = 0, nl = 0;
+	for (const char *c = d + 4; c < e; c++) {
+		nm += *c == 'M';
+		nl += *c == 'L';
+	}
+	ck_assert_int_eq(nm, 2);
+	ck_assert_int_eq(nl, 2);
+	free(svg);
+
+	/* all points missing: still a valid plot with axes */
+	double xn[2] = {NAN, NAN}, yn[2] = {1, 2};
+	rt_svg_series sn = {"none", xn, yn, 2};
+	svg = rt_svg_render(&p, &sn, 1, NULL, &err);
+	ck_assert_ptr_nonnull(svg);
+	ASSERT_WF(svg);
+	ck_assert_int_eq(count_sub(svg, "class=\"pt\""), 0);
+	free(svg);
+	/* no series at all */
+	svg = rt_svg_render(&p, NULL, 0, NULL, &err);
+	ck_assert_ptr_nonnull(svg);
+	ASSERT_WF(svg);
+	free(svg);
+}
+END_TEST
+
+START_TEST(test_deterministic_and_file)
+{
+	double y[4] = {0.0123, 0.05, 0.11, 0.31}, y2[4] = {0.01, 0.02, 0.09, 0.2};
+	rt_svg_series s[2] = {{"a", X4, y, 4}, {"b", X4, y2, 4}};
+	rt_svg_plot p = {"KLD", "compression", "mean KLD (nats)", 0, 0, 1};
+	rt_err err = {0};
+	size_t l1, l2;
+	char *a = rt_svg_render(&p, s, 2, &l1, &err);
+	char *b = rt_svg_render(&p, s, 2, &l2, &err);
+	ck_assert_uint_eq(l1, l2);
+	ck_assert(memcmp(a, b, l1) == 0);
+	char path[] = "tests/tmp/svgXXXXXX";
+	int fd = mkstemp(path);
+	if (fd < 0) {
+		snprintf(path, sizeof(path), "/tmp/svgXXXXXX");
+		fd = mkstemp(path);
+	}
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(rt_svg_write(path, &p, s, 2, &err), 0);
+	size_t fl;
+	char *f = rt_read_file(path, &fl, &err);
+	ck_assert_ptr_nonnull(f);
+	ck_assert_uint_eq(fl, l1);
+	ck_assert(memcmp(f, a, l1) == 0);
+	unlink(path);
+	free(f);
+	free(a);
+	free(b);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+	rt_err err = {0};
+	double y[1] = {1};
+	rt_svg_series s = {"a", X4, y, 1};
+	rt_svg_plot p = {"t", NULL, NULL, 10, 10, 1};
+	ck_assert_ptr_null(rt_svg_render(&p, &s, 1, NULL, &err));
+	ck_assert_str_eq(err.msg, "svg: size 10x10 outside 200..8192 pixels");
+	p.width = p.height = 0;
+	rt_svg_series bad = {"b", NULL, y, 3};
+	ck_assert_ptr_null(rt_svg_render(&p, &bad, 1, NULL, &err));
+	ck_assert_str_eq(err.msg, "svg: series 0 has no data arrays or a negative count");
+	ck_assert_ptr_null(rt_svg_render(&p, &s, -1, NULL, &err));
+	ck_assert_int_eq(rt_svg_write("/nonexistent-dir/x.svg", &p, &s, 1, &err), -1);
+	ck_assert_str_eq(err.msg,
+	                 "/nonexistent-dir/x.svg: cannot open for writing: No such file or directory");
+}
+END_TEST
+
+static Suite *svg_suite(void)
+{
+	Suite *s = suite_create("svg");
+	TCase *tc = tcase_create("core");
+	tcase_add_test(tc, test_checker_itself);
+	tcase_add_test(tc, test_basic_wellformed);
+	tcase_add_test(tc, test_log2_and_linear_spacing);
+	tcase_add_test(tc, test_escaping);
+	tcase_add_test(tc, test_nan_skipped);
+	tcase_add_test(tc, test_deterministic_and_file);
+	tcase_add_test(tc, test_errors);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(svg_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
