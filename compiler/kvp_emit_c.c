@@ -234,11 +234,14 @@ static void bin(struct em *em, const struct kvp_ir_expr *x, const char *op, enum
 	out(em, ")");
 }
 
+/* Comparisons are made in float32, the precision of attention probabilities and stored
+ * statistics: `attn < 1 / seen` must not call a uniform row "below uniform" because
+ * 1/n rounded to float lies below the double 1/n. */
 static void cmp(struct em *em, const struct kvp_ir_expr *x, const char *op, enum ectx c)
 {
-	out(em, "(");
+	out(em, "((float)");
 	expr(em, x->a, c);
-	out(em, " %s ", op);
+	out(em, " %s (float)", op);
 	expr(em, x->b, c);
 	out(em, " ? 1.0 : 0.0)");
 }

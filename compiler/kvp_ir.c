@@ -494,6 +494,8 @@ void kvp_ir_layout(struct kvp_ir *ir)
 		needs |= KVP_NEED_KEYS | KVP_NEED_VALUES;
 	if (ir->guards.protect_all_spans || ir->guards.n_spans > 0)
 		needs |= KVP_NEED_SPANS;
+	if (ir->trigger.kind == KVP_TRIG_PROMPT_END || ir->trigger.kind == KVP_TRIG_PREFILL_BLOCK)
+		needs |= KVP_NEED_PROMPT_LEN;
 	ir->needs = needs;
 }
 
@@ -601,8 +603,14 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 		check_expr(&ck, s->arg, KVP_CTX_OBSERVE, 1, s->loc, "the statistic's argument");
 		if (s->kind == KVP_STAT_EMA)
 			check_expr(&ck, s->alpha, KVP_CTX_SCALAR, 1, s->loc, "the EMA rate");
-		if (s->hist == KVP_HIST_LAST_STEPS)
-			check_const(&ck, s->window, 1, 1 << 20, s->loc, "a history window (steps)");
+		if (s->hist == KVP_HIST_LAST_STEPS) {
+			/* sum/mean keep one float per step and entry (and query head): cap the
+			 * ring so a statistic cannot outweigh the keys and values many times */
+			int float_ring = s->kind == KVP_STAT_SUM || s->kind == KVP_STAT_MEAN;
+			check_const(&ck, s->window, 1, float_ring ? KVP_IR_MAX_FLOAT_RING : 1 << 20,
+			            s->loc, float_ring ? "a sum/mean history window (steps; count() keeps 1 bit per step and allows longer windows)" :
+			                                 "a history window (steps)");
+		}
 		else if (s->hist == KVP_HIST_PROMPT_TAIL)
 			check_expr(&ck, s->window, KVP_CTX_SCALAR, 1, s->loc, "the observation window");
 		else if (s->hist != KVP_HIST_WHOLE)

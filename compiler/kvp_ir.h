@@ -50,6 +50,10 @@
 
 #define KVP_VERSION "0.1.0"
 
+/* Longest history window of a sum/mean statistic over the last W steps: those keep one
+ * float per step, entry and query head (count keeps one bit and allows 2^20 steps). */
+#define KVP_IR_MAX_FLOAT_RING 128
+
 /* A place in the .kvp source: 1-based line and column (0 = unknown). */
 struct kvp_loc {
 	int line;
@@ -65,7 +69,8 @@ enum kvp_ir_op {
 	KVP_OP_SIGNAL,  /* sig */
 	/* unary (a) */
 	KVP_OP_NEG, KVP_OP_NOT, KVP_OP_LOG, KVP_OP_EXP, KVP_OP_ABS, KVP_OP_SQRT,
-	/* binary (a, b); comparisons and logic give 0 or 1 */
+	/* binary (a, b); comparisons (made in float32, the precision of attention and
+	 * statistics) and logic give 0 or 1 */
 	KVP_OP_ADD, KVP_OP_SUB, KVP_OP_MUL, KVP_OP_DIV, KVP_OP_MIN, KVP_OP_MAX, KVP_OP_POW,
 	KVP_OP_LT, KVP_OP_LE, KVP_OP_GT, KVP_OP_GE, KVP_OP_EQ, KVP_OP_NE, KVP_OP_AND, KVP_OP_OR,
 	/* ternary: a ? b : c */
@@ -232,8 +237,9 @@ enum kvp_ir_heads {
 
 enum kvp_ir_action {
 	KVP_ACT_EVICT = 0,
-	KVP_ACT_MERGE,           /* each evicted entry is merged into the adjacent kept entry
-	                            (previous or next in position order) whose key is more
+	KVP_ACT_MERGE,           /* each evicted entry is merged into the adjacent kept,
+	                            unguarded entry (previous or next in position order;
+	                            guarded entries stay exact) whose key is more
 	                            cosine-similar (ties: previous); count-weighted mean of
 	                            keys and values, counts add, log_count = log(count), the
 	                            kept entry's position stays. A prototype never grows past

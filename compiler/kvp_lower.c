@@ -15,6 +15,7 @@
 #include "kvp_ir.h"
 #include "kvp_sema.h"
 
+#include <stdint.h>
 #include <string.h>
 
 typedef struct lower {
@@ -172,13 +173,21 @@ static enum kvp_unit abi_unit(kvp_sunit u)
 	}
 }
 
-/* the comment at the end of a statement's line, without '#' and blanks ("" if none) */
+/* the comment at the end of a statement's line, without '#' and blanks ("" if none):
+ * the same comment kvpc fmt keeps at the end of that statement's line (it must come
+ * before the next statement, so `a = 1; b = 2  # doc` documents b only) */
 static const char *trailing_doc(const kvp_file *f, const kvp_stmt *st)
 {
-	int line = st->loc.line;
+	uint32_t next = UINT32_MAX;
+	for (int i = 0; i < f->n_stmts; i++)
+		if (f->stmts[i]->loc.off > st->loc.off && f->stmts[i]->loc.off < next)
+			next = f->stmts[i]->loc.off;
+	int line, col;
+	kvp_src_pos(f->src, st->loc.end, &line, &col);
 	for (int i = 0; i < f->n_comments; i++) {
 		const kvp_comment *c = &f->comments[i];
-		if (!c->own_line && c->loc.line == line && c->loc.off >= st->loc.end) {
+		if (!c->own_line && c->loc.line == line && c->loc.off >= st->loc.end &&
+		    c->loc.off < next) {
 			const char *t = c->text + 1;
 			while (*t == ' ' || *t == '\t')
 				t++;

@@ -9,6 +9,7 @@
  * involved and a "did you mean" for near-miss names.
  */
 #include "kvp_sema.h"
+#include "kvp_ir.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -128,6 +129,7 @@ typedef struct sema {
 	const kvp_stmt **defs;
 	int n_defs;
 	int n_defined; /* defs[0..n_defined) are visible */
+	const kvp_stmt *current; /* the definition being checked */
 	int have_budget; /* budget statement checked ok */
 	ty budget;
 } sema;
@@ -501,6 +503,10 @@ static ty check_name(sema *S, const kvp_expr *e, unsigned cx)
 	const char *name = e->name;
 	const kvp_sym *y = kvp_sema_lookup(S->out, name);
 	if (y) {
+		if (y->stmt == S->current) {
+			ERR(S, e->loc, "'%s' is used in its own definition", name);
+			return TY_ERR;
+		}
 		if (!y->ok)
 			return TY_ERR;
 		if (y->kind == KVP_SYM_STAT) {
@@ -829,6 +835,15 @@ static ty check_unit(sema *S, const kvp_expr *e, unsigned cx, const kvp_sunit *a
 		snprintf(want + l, sizeof want - l, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ",
 		         unit_name(acc[i]));
 	}
+	const kvp_sym *y = e->kind == KVP_E_NAME ? kvp_sema_lookup(S->out, e->name) : NULL;
+	if (y && y->kind != KVP_SYM_STAT && t.u == KVP_SU_NUM) {
+		char b[32];
+		fmt_num(y->value, b, sizeof b);
+		ERR(S, e->loc, "%s must be %s, not a plain number; give '%s' a unit, as in `%s %s = %s %s`",
+		    what, want, e->name, y->kind == KVP_SYM_PARAM ? "param" : "const", e->name, b,
+		    acc[0] == KVP_SU_RATIO ? "%" : unit_name(acc[0]));
+		return TY_ERR;
+	}
 	ERR(S, e->loc, "%s must be %s, not %s", what, want, unit_name(t.u));
 	return TY_ERR;
 }
@@ -968,6 +983,12 @@ static void check_stat(sema *S, const kvp_stmt *st, kvp_sym *y)
 			    "a history window of more than 65536 steps is too large for a ring buffer; use `over all`");
 			return;
 		}
+		if ((agg == KVP_AGG_SUM || agg == KVP_AGG_MEAN) && w.v > KVP_IR_MAX_FLOAT_RING) {
+			ERR(S, st->window_len->loc,
+			    "%s() over the last %.0f steps keeps one number per step and entry; the limit is %d steps (count() keeps one bit and allows 65536)",
+			    f, w.v, KVP_IR_MAX_FLOAT_RING);
+			return;
+		}
 	} else if (st->window == KVP_W_PROMPT_TAIL) {
 		ty w = check_unit(S, st->window_len, CX_SCALAR, U_TOKENS, 1, "an observation window");
 		if (w.u == KVP_SU_ERR)
@@ -1022,9 +1043,17 @@ static void pass_definitions(sema *S, const kvp_file *f)
 		} else if (builtin) {
 			/* visible but not ok: its uses report nothing more */
 		} else if (st->kind == KVP_S_STAT) {
+			S->current = st;
 			check_stat(S, st, y);
+			S->current = NULL;
 		} else {
+			S->current = st;
 			check_value_def(S, st, y);
+			S->current = NULL;
+		}
+		if (!y->ok && S->src->n_errors == 0) {
+			/* every failed definition must have said why; never lower a broken one */
+			ERR(S, st->name_loc, "the definition of '%s' is not valid", st->name);
 		}
 		S->n_defined = i + 1;
 	}

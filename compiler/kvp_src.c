@@ -137,20 +137,34 @@ static int is_cont(unsigned char c)
 	return (c & 0xC0) == 0x80;
 }
 
-void kvp_src_pos(const kvp_src *src, uint32_t off, int *line, int *col)
+void kvp_src_pos(kvp_src *src, uint32_t off, int *line, int *col)
 {
 	if (off > src->len)
 		off = (uint32_t)src->len;
-	int li = line_of(src, off);
+	int li;
 	int c = 1;
-	for (uint32_t i = src->line_start[li]; i < off; i++)
+	uint32_t from;
+	if (src->pos_line > 0 && off >= src->pos_off &&
+	    (src->pos_line == src->n_lines || off < src->line_start[src->pos_line])) {
+		/* same line as the last query, further right: continue from there */
+		li = src->pos_line - 1;
+		c = src->pos_col;
+		from = src->pos_off;
+	} else {
+		li = line_of(src, off);
+		from = src->line_start[li];
+	}
+	for (uint32_t i = from; i < off; i++)
 		if (!is_cont((unsigned char)src->text[i]))
 			c++;
+	src->pos_off = off;
+	src->pos_line = li + 1;
+	src->pos_col = c;
 	*line = li + 1;
 	*col = c;
 }
 
-kvp_srcloc kvp_src_loc(const kvp_src *src, uint32_t off, uint32_t end)
+kvp_srcloc kvp_src_loc(kvp_src *src, uint32_t off, uint32_t end)
 {
 	kvp_srcloc l;
 	l.off = off;
@@ -159,7 +173,7 @@ kvp_srcloc kvp_src_loc(const kvp_src *src, uint32_t off, uint32_t end)
 	return l;
 }
 
-kvp_srcloc kvp_src_loc_at(const kvp_src *src, int line, int col)
+kvp_srcloc kvp_src_loc_at(kvp_src *src, int line, int col)
 {
 	if (line < 1)
 		line = 1;

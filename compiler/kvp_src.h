@@ -44,6 +44,10 @@ typedef struct kvp_src {
 	int n_errors;        /* errors reported (including dropped ones) */
 	int n_notes;
 	char *diags;         /* collected diagnostics text, NUL-terminated (owned) */
+	/* kvp_src_pos cache: offset, line index and column of the last query, so the
+	 * scanner's left-to-right queries cost O(token) even on a 1 MB line */
+	uint32_t pos_off;
+	int pos_line, pos_col;
 	size_t diags_len, diags_cap;
 } kvp_src;
 
@@ -58,13 +62,13 @@ kvp_src *kvp_src_from_mem(const char *name, const char *text, size_t len);
 void kvp_src_free(kvp_src *src);
 
 /* Line (1-based) and column (1-based, code points) of byte offset off (clamped to len). */
-void kvp_src_pos(const kvp_src *src, uint32_t off, int *line, int *col);
+void kvp_src_pos(kvp_src *src, uint32_t off, int *line, int *col);
 
 /* A kvp_srcloc for bytes [off, end). */
-kvp_srcloc kvp_src_loc(const kvp_src *src, uint32_t off, uint32_t end);
+kvp_srcloc kvp_src_loc(kvp_src *src, uint32_t off, uint32_t end);
 
 /* A one-character kvp_srcloc at 1-based line and column (clamped into the text). */
-kvp_srcloc kvp_src_loc_at(const kvp_src *src, int line, int col);
+kvp_srcloc kvp_src_loc_at(kvp_src *src, int line, int col);
 
 /* Report an error (printf-style message, no trailing newline or period) at loc. */
 void kvp_src_error(kvp_src *src, kvp_srcloc loc, const char *fmt, ...)

@@ -175,7 +175,7 @@ static int cmd_emit(int argc, char **argv)
 		} else if (kvp_compile(src, &ir) != 0) {
 			rc = 1;
 		} else {
-			struct kvp_emit_opts opts = { .line_directives = lines };
+			struct kvp_emit_opts opts = { .line_directives = lines, .out_name = out };
 			if (kvp_emit_c(&ir, &opts, mem) != 0) {
 				fprintf(stderr, "%s: error: the C emitter failed\n", files[0]);
 				rc = 1;

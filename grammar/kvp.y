@@ -47,6 +47,7 @@ struct kvp_parse {
 	int stop;      /* a fatal error happened: the scanner returns end of file */
 	int too_deep;  /* an expression deeper than KVP_MAX_DEPTH has been reported */
 	int in_body;   /* inside `policy NAME { ... }` */
+	uint32_t open_at[KVP_MAX_PARENS + 1]; /* scanner: offsets of the open ( and [ */
 };
 
 /* A span from the first to the last symbol of a rule; an empty rule sits at the end of
@@ -379,6 +380,21 @@ static int is_word_symbol(yysymbol_kind_t k)
 	return k >= YYSYMBOL_POLICY && k <= YYSYMBOL_STEP;
 }
 
+/* a token that starts a statement (or ends the body): seeing one inside brackets means
+ * a bracket was left open */
+static int is_stmt_start(yysymbol_kind_t k)
+{
+	static const char *const starts[] = {
+		"policy", "param", "const", "stat", "score", "budget", "group", "layers",
+		"allocate", "pool", "keep", "action", "compress", "positions", "'}'",
+	};
+	const char *s = yysymbol_name(k);
+	for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++)
+		if (!strcmp(s, starts[i]))
+			return 1;
+	return k == YYSYMBOL_YYEOF;
+}
+
 static void describe_symbol(yysymbol_kind_t k, char *buf, size_t n)
 {
 	const char *s = yysymbol_name(k);
@@ -400,7 +416,7 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
 	yysymbol_kind_t tok = yypcontext_token(ctx);
 	kvp_srcloc loc = *yypcontext_location(ctx);
 	if (tok == YYSYMBOL_YYEOF && ps->f->name == NULL && ps->last_tok == 0) {
-		kvp_src_error(ps->src, loc,
+		kvp_src_error(ps->src, kvp_src_loc(ps->src, 0, 0),
 		              "empty policy file; expected 'policy NAME { ... }'");
 		return 0;
 	}
@@ -420,7 +436,7 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
 	int expr_start = 0;
 	for (int i = 0; i < n; i++)
 		expr_start += exp[i] == YYSYMBOL_NUMBER || exp[i] == YYSYMBOL_IDENT ||
-		              exp[i] == YYSYMBOL_53_;
+		              !strcmp(yysymbol_name(exp[i]), "'('");
 	char msg[512];
 	int len = snprintf(msg, sizeof msg, "unexpected %s", what);
 	if (expr_start == 3) {
@@ -441,7 +457,11 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
 		snprintf(msg + len, sizeof msg - (size_t)len, " ('%s' is a reserved word)",
 		         yysymbol_name(tok));
 	kvp_src_error(ps->src, loc, "%s", msg);
-	if (tok == YYSYMBOL_YYEOF && ps->in_body)
+	if (ps->depth > 0 && is_stmt_start(tok)) {
+		uint32_t at = ps->open_at[ps->depth - 1];
+		kvp_src_note(ps->src, kvp_src_loc(ps->src, at, at + 1), "this '%c' is not closed",
+		             ps->src->text[at]);
+	} else if (tok == YYSYMBOL_YYEOF && ps->in_body)
 		kvp_src_note(ps->src, ps->f->lbrace, "the '{' of policy '%s' is not closed",
 		             ps->f->name ? ps->f->name : "");
 	return 0;

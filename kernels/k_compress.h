@@ -128,7 +128,8 @@ static inline double k_entry_cos(const rt_kv *kv, const rt_kv_head *h, int32_t a
 }
 
 /* Fold every evicted entry (flags without K_FLAG_KEEP) into the adjacent kept entry
- * (previous or next kept in index order, not a protected singleton, whose count stays
+ * (previous or next kept in index order; not a guarded entry (sinks, recent, spans
+ * stay exact) nor a floor singleton; whose count stays
  * <= run when run > 0) with the more similar key; ties and equal similarity go to the
  * previous one. Entries are processed in index order. */
 static inline void k_merge_evicted(const rt_kv *kv, rt_kv_head *h, const uint8_t *flags, double run)
@@ -150,7 +151,7 @@ static inline void k_merge_evicted(const rt_kv *kv, rt_kv_head *h, const uint8_t
 		double best_cos = 0;
 		for (int c = 0; c < 2; c++) {
 			int32_t t = cands[c];
-			if (t < 0 || (flags[t] & K_FLAG_SINGLE))
+			if (t < 0 || (flags[t] & (K_FLAG_SINGLE | K_FLAG_GUARD)))
 				continue;
 			if (run > 0 && (double)h->count[t] + h->count[i] > run)
 				continue;

@@ -79,6 +79,20 @@ static inline int32_t k_select_topk(const float *score, const int32_t *pos, cons
 			keep[buf[j].idx] = 1;
 		return m;
 	}
+	if (m - k <= 8) {
+		/* few to drop (one eviction per step): drop the worst m - k by linear scans,
+		 * O(m (m - k)) instead of a sort; same total order, same result */
+		for (int32_t j = 0; j < m; j++)
+			keep[buf[j].idx] = 1;
+		for (int32_t e = 0; e < m - k; e++) {
+			int32_t worst = -1;
+			for (int32_t j = 0; j < m; j++)
+				if (keep[buf[j].idx] && (worst < 0 || k_cand_before(&buf[worst], &buf[j])))
+					worst = j;
+			keep[buf[worst].idx] = 0;
+		}
+		return k;
+	}
 	k_cand_sort(buf, m, tmp);
 	for (int32_t j = 0; j < k; j++)
 		keep[buf[j].idx] = 1;

@@ -150,12 +150,21 @@ enum rt_logits_mode {
 
 /* Run tokens[0..n) at positions pos0..pos0+n-1 through the model, appending one entry per
  * token to every (layer, KV head) of kv (shapes must match the model), in internal chunks
- * of at most f->max_chunk tokens. Errors (-1, err set, kv unchanged only if the error is
- * found before the first chunk): token id out of range, pos0+n beyond the model's
- * context_length, a KV head without room for a chunk (cap reached) or with more entries
- * than f->cap, a KV store of another shape. Logits are f32 pre-softmax scores. */
+ * of at most f->max_chunk tokens. Within the call no entry is evicted, so every head needs
+ * room for n more entries. Errors (-1, err set, checked before anything is computed, so
+ * kv is unchanged): token id out of range, pos0+n beyond the model's context_length, a
+ * head whose entries + n exceed kv->cap or f->cap ("KV cache full"), a KV store of another
+ * shape, logits requested with a NULL buffer. Logits are f32 pre-softmax scores; the
+ * observe hook, when set, is called per (layer, KV head, query row) in that nesting. */
 int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
                      float *logits, enum rt_logits_mode mode, rt_err *err);
+
+/* The attention softmax used by the forward, exposed for tests and kernels: for each of
+ * the G rows P[g·ld .. g·ld + ld) (scaled scores q·k/sqrt(d)), add log_count[0..lim) to the
+ * first lim values and replace them by softmax probabilities (exp with max error about
+ * 2 ulp, arguments below -80 are clamped to -80; the sum is accumulated in double), and
+ * set values lim..ld-1 to 0. lim >= 1, ld >= lim. */
+void rt_attn_softmax(float *P, size_t ld, int G, int lim, const float *log_count);
 
 /* OpenBLAS picks its kernels by CPU model at load time and falls back to the SSE3
  * "Prescott" kernels on CPUs it does not recognise (common on virtual machines), which

@@ -67,6 +67,98 @@ const char *kvp_unit_name(enum kvp_unit u)
 	return (unsigned)u < KVP_UNIT_COUNT_ ? names[u] : "?";
 }
 
+int kvp_run_init(struct kvp_run *r, rt_kv *kv, const struct kvp_policy *p, int n_layer,
+                 int n_kv_head, int group, int head_dim, int32_t cap, int64_t prompt_len,
+                 rt_err *err)
+{
+	memset(r, 0, sizeof *r);
+	if (!p || p->abi_version != KVP_ABI_VERSION || !p->should_compress || !p->next_trigger)
+		return rt_err_set(err, "policy %s: not a policy of ABI version %d",
+		                  p && p->name ? p->name : "?", KVP_ABI_VERSION);
+	if (rt_kv_init(kv, n_layer, n_kv_head, group, head_dim, cap, kvp_policy_stat_bytes(p, group),
+	               kvp_policy_state_bytes(p, head_dim), err) != 0)
+		return -1;
+	r->p = p;
+	r->params = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof(double));
+	if (p->scratch_bytes) {
+		r->scratch_len = p->scratch_bytes(kv);
+		r->scratch = aligned_alloc(64, (r->scratch_len + 63) & ~(size_t)63);
+	}
+	if (!r->params || (p->scratch_bytes && !r->scratch)) {
+		kvp_run_free(r);
+		rt_kv_free(kv);
+		return rt_err_set(err, "policy %s: cannot allocate %zu bytes of scratch", p->name,
+		                  r->scratch_len);
+	}
+	kvp_policy_param_defaults(p, r->params);
+	r->ctx.params = r->params;
+	r->ctx.scratch = r->scratch;
+	r->ctx.scratch_len = r->scratch_len;
+	kvp_run_reset(r, kv, prompt_len);
+	return 0;
+}
+
+void kvp_run_free(struct kvp_run *r)
+{
+	free(r->params);
+	free(r->scratch);
+	memset(r, 0, sizeof *r);
+}
+
+void kvp_run_reset(struct kvp_run *r, rt_kv *kv, int64_t prompt_len)
+{
+	rt_kv_reset(kv);
+	r->ctx.seen = 0;
+	r->ctx.prompt_len = prompt_len;
+	r->ctx.phase = KVP_PHASE_PREFILL;
+	r->ctx.prompt_done = prompt_len == 0;
+	r->ctx.compress_count = 0;
+	r->ctx.last_compress_seen = 0;
+	r->compressions = 0;
+	r->policy_seconds = 0;
+}
+
+int kvp_run_set(struct kvp_run *r, const char *assign, rt_err *err)
+{
+	return kvp_policy_param_set(r->p, r->params, assign, err);
+}
+
+int32_t kvp_run_chunk(struct kvp_run *r, const rt_kv *kv, int32_t want)
+{
+	double t0 = rt_now();
+	int32_t k = r->p->next_trigger(&r->ctx, kv);
+	r->policy_seconds += rt_now() - t0;
+	if (want < k)
+		k = want;
+	if (r->ctx.prompt_len >= 0 && r->ctx.seen < r->ctx.prompt_len &&
+	    r->ctx.seen + k > r->ctx.prompt_len)
+		k = (int32_t)(r->ctx.prompt_len - r->ctx.seen);
+	return k > 0 ? k : 0;
+}
+
+int kvp_run_advance(struct kvp_run *r, rt_kv *kv, int32_t n, rt_err *err)
+{
+	struct kvp_ctx *c = &r->ctx;
+	c->seen += n;
+	c->phase = c->prompt_len >= 0 && c->seen > c->prompt_len ? KVP_PHASE_DECODE : KVP_PHASE_PREFILL;
+	c->prompt_done = c->prompt_len >= 0 && c->seen >= c->prompt_len;
+	double t0 = rt_now();
+	int fire = r->p->should_compress(c, kv);
+	int rc = 0;
+	if (fire && r->p->compress) {
+		if (r->p->compress(c, kv, err) != 0)
+			rc = -1;
+		else {
+			c->compress_count++;
+			c->last_compress_seen = c->seen;
+			r->compressions++;
+			rc = 1;
+		}
+	}
+	r->policy_seconds += rt_now() - t0;
+	return rc;
+}
+
 const struct kvp_policy *kvp_registry_find(const struct kvp_policy *const *reg, int n,
                                            const char *name)
 {

@@ -52,6 +52,9 @@ enum kvp_positions {
 	KVP_POS_COMPACTED,    /* the runtime re-rotates kept keys to their index in the cache
 	                         (StreamingLLM) after each compress */
 };
+/* Either way rt_kv_head.pos keeps each entry's ORIGINAL position: policies use it for
+ * guards (sinks, recent), ages and the tie rule. Under COMPACTED the runtime tracks the
+ * rotation separately (entry i is rotated to index i, the query to index n). */
 
 /* Processing phase of the sequence. */
 enum kvp_phase {
@@ -67,7 +70,9 @@ enum {
 	KVP_NEED_VALUES = 1u << 3, /* init_entries / compress read values */
 	KVP_NEED_SPANS = 1u << 4,  /* compress reads protected span ids (rt_kv_head.span) */
 	KVP_NEED_PROMPT_LEN = 1u << 5, /* the prompt length must be known before prefill
-	                                  (observation windows over the prompt tail) */
+	                                  (observation windows over the prompt tail, triggers
+	                                  at the prompt end); with prompt_len -1 they never
+	                                  fire */
 };
 
 /* One runtime knob. The runtime copies the defaults into kvp_ctx.params and applies
@@ -134,9 +139,11 @@ struct kvp_policy {
 	int (*should_compress)(const struct kvp_ctx *ctx, const rt_kv *kv);
 	/* Compress the whole cache. Returns 0, or -1 with err set (e.g. scratch too small). */
 	int (*compress)(const struct kvp_ctx *ctx, rt_kv *kv, rt_err *err);
-	/* The largest number of tokens k >= 1 that may be appended (and observed) before
-	 * should_compress can become true: after k tokens it may be true, before it is not.
-	 * Bounded by the free capacity of the heads; INT32_MAX when the policy never runs. */
+	/* How many tokens k may be appended (and observed) before the policy must run:
+	 * should_compress stays 0 after 1 .. k-1 more tokens and may be 1 after k. Bounded
+	 * by the room of the store (min over heads of cap - n): a policy that never runs
+	 * returns the room, and 0 means some head is full. The runtime feeds chunks of at
+	 * most k tokens, which makes chunked processing equal to token-by-token. */
 	int32_t (*next_trigger)(const struct kvp_ctx *ctx, const rt_kv *kv);
 	/* Bytes of ctx->scratch compress needs for this store's shape. */
 	size_t (*scratch_bytes)(const rt_kv *kv);
@@ -160,6 +167,48 @@ int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *a
 
 /* Name of a unit ("entries", "tokens", ...). */
 const char *kvp_unit_name(enum kvp_unit u);
+
+/* ---- driving a policy (what the runtime's sequence loop calls) ---------------------
+ *
+ * One kvp_run per sequence slot: the parameter values, the context and the scratch
+ * area, allocated once by kvp_run_init. Per chunk the runtime asks kvp_run_chunk how
+ * many tokens it may process, appends them to the store (calling init_entries), runs
+ * attention with observe for each token, then calls kvp_run_advance, which moves the
+ * context forward and compresses when the policy says so. */
+struct kvp_run {
+	const struct kvp_policy *p;
+	double *params;          /* [n_params], defaults then --set overrides */
+	struct kvp_ctx ctx;
+	void *scratch;
+	size_t scratch_len;
+	int64_t compressions;    /* compress calls in this sequence */
+	double policy_seconds;   /* time spent in should_compress/compress/next_trigger */
+};
+
+/* Create the store kv (n_layer × n_kv_head heads of cap entries, statistics and state
+ * sized for p) and the run state for it. prompt_len: tokens of the prompt, -1 when
+ * unknown. Returns 0, or -1 with err set (bad shape, allocation failure); on failure
+ * both are left freed. */
+int kvp_run_init(struct kvp_run *r, rt_kv *kv, const struct kvp_policy *p, int n_layer,
+                 int n_kv_head, int group, int head_dim, int32_t cap, int64_t prompt_len,
+                 rt_err *err);
+void kvp_run_free(struct kvp_run *r);
+
+/* Start a new sequence on the same store: empty the store (rt_kv_reset), zero the
+ * counters, keep the parameter values. */
+void kvp_run_reset(struct kvp_run *r, rt_kv *kv, int64_t prompt_len);
+
+/* Apply "name=value" (see kvp_policy_param_set). */
+int kvp_run_set(struct kvp_run *r, const char *assign, rt_err *err);
+
+/* Tokens the runtime may process in its next chunk: min(want, next_trigger), and not
+ * past the prompt end while the prompt is being processed. 0 when the store is full. */
+int32_t kvp_run_chunk(struct kvp_run *r, const rt_kv *kv, int32_t want);
+
+/* After n tokens were appended and observed: advance ctx.seen/phase and compress if
+ * should_compress says so. Returns 1 when it compressed, 0 when not, -1 with err set
+ * when compress failed. */
+int kvp_run_advance(struct kvp_run *r, rt_kv *kv, int32_t n, rt_err *err);
 
 /* The policies compiled into a binary: defined by the unit `kvpc emit --target registry`
  * writes (NULL-terminated, kvp_registry_count entries, command-line order). */

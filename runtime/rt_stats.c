@@ -289,22 +289,74 @@ rt_verdict rt_verdict_of(const rt_boot_ci *ci, int *significant)
 }
 
 int rt_verdict_format(const rt_boot_ci *ci, const char *name_a, const char *name_b,
-                      char *buf, size_t cap)
+                      const char *metric, const char *unit, char *buf, size_t cap)
 {
 	int sig;
 	rt_verdict v = rt_verdict_of(ci, &sig);
-	const char *who;
 	char head[300];
 	if (v == RT_VERDICT_TIE) {
 		snprintf(head, sizeof(head), "A (%s) and B (%s) tie", name_a ? name_a : "A",
 		         name_b ? name_b : "B");
 	} else {
-		who = v == RT_VERDICT_A_BETTER ? "A" : "B";
+		const char *who = v == RT_VERDICT_A_BETTER ? "A" : "B";
 		const char *nm = v == RT_VERDICT_A_BETTER ? name_a : name_b;
 		snprintf(head, sizeof(head), "%s (%s) better", who, nm ? nm : who);
 	}
-	return snprintf(buf, cap,
-	                "%s: mean dNLL(B-A) = %+.5f nats/token, %g%% CI [%+.5f, %+.5f], %s",
-	                head, ci->mean, ci->level * 100.0, ci->lo, ci->hi,
+	return snprintf(buf, cap, "%s: mean d%s(B-A) = %+.5f %s, %g%% CI [%+.5f, %+.5f], %s",
+	                head, metric ? metric : "NLL", ci->mean, unit ? unit : "nats/token",
+	                ci->level * 100.0, ci->lo, ci->hi,
 	                sig ? "significant" : "not significant (CI includes 0)");
+}
+
+int64_t rt_bootstrap_block_len(int64_t n)
+{
+	if (n <= 1)
+		return 1;
+	int64_t l = (int64_t)llround(cbrt((double)n));
+	return l < 1 ? 1 : l;
+}
+
+/* ---- JSON ----------------------------------------------------------------------------- */
+
+/* %.9g, or null for NaN/inf (JSON has no non-finite numbers). */
+static const char *jnum(double v, char *b, size_t cap)
+{
+	if (!isfinite(v))
+		snprintf(b, cap, "null");
+	else
+		snprintf(b, cap, "%.9g", v);
+	return b;
+}
+
+int rt_kld_summary_json(const rt_kld_summary *s, char *buf, size_t cap)
+{
+	char b[16][40];
+	return snprintf(buf, cap,
+	                "\"tokens\": %lld, \"kld_mean\": %s, \"kld_mean_err\": %s, "
+	                "\"kld_median\": %s, \"kld_p90\": %s, \"kld_p95\": %s, \"kld_p99\": %s, "
+	                "\"kld_p999\": %s, \"kld_max\": %s, \"kld_min\": %s, \"ppl_ref\": %s, "
+	                "\"ppl\": %s, \"ppl_ratio\": %s, \"same_top1\": %s, \"rms_dp\": %s, "
+	                "\"mean_dp\": %s",
+	                (long long)s->n, jnum(s->kld_mean, b[0], 40), jnum(s->kld_mean_err, b[1], 40),
+	                jnum(s->kld_median, b[2], 40), jnum(s->kld_p90, b[3], 40),
+	                jnum(s->kld_p95, b[4], 40), jnum(s->kld_p99, b[5], 40),
+	                jnum(s->kld_p999, b[6], 40), jnum(s->kld_max, b[7], 40),
+	                jnum(s->kld_min, b[8], 40), jnum(s->ppl_p, b[9], 40), jnum(s->ppl_q, b[10], 40),
+	                jnum(s->ppl_ratio, b[11], 40), jnum(s->same_top1, b[12], 40),
+	                jnum(s->rms_dp, b[13], 40), jnum(s->mean_dp, b[14], 40));
+}
+
+int rt_boot_ci_json(const rt_boot_ci *ci, char *buf, size_t cap)
+{
+	char b[4][40];
+	int sig;
+	rt_verdict_of(ci, &sig);
+	return snprintf(buf, cap,
+	                "\"n\": %lld, \"mean\": %s, \"ci_lo\": %s, \"ci_hi\": %s, \"level\": %s, "
+	                "\"resamples\": %d, \"block_len\": %lld, \"seed\": %llu, "
+	                "\"significant\": %s",
+	                (long long)ci->n, jnum(ci->mean, b[0], 40), jnum(ci->lo, b[1], 40),
+	                jnum(ci->hi, b[2], 40), jnum(ci->level, b[3], 40), ci->n_resamples,
+	                (long long)ci->block_len, (unsigned long long)ci->seed,
+	                sig ? "true" : "false");
 }

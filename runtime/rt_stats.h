@@ -18,7 +18,8 @@
  * "linear" method): sort the n values v[0..n-1]; for a fraction f in [0,1] let
  * p = f*(n-1), i = floor(p); result = (1-(p-i))*v[i] + (p-i)*v[min(i+1,n-1)]; f <= 0 gives
  * v[0], f >= 1 gives v[n-1]. The median is the middle value (mean of the two middle values
- * for even n), which equals the 0.5 percentile.
+ * for even n), which equals the 0.5 percentile. (llama.cpp passes the fraction as a float,
+ * e.g. 0.99f; we use doubles, so results can differ in the last few bits.)
  */
 #ifndef RT_STATS_H
 #define RT_STATS_H
@@ -32,7 +33,9 @@
 
 /* One token's comparison of the reference distribution P and the candidate Q. */
 typedef struct rt_tok_cmp {
-	double kld;        /* KL(P || Q) = sum_v P(v) (log P(v) - log Q(v)), nats, >= 0 */
+	double kld;        /* KL(P || Q) = sum_v P(v) (log P(v) - log Q(v)), nats; rounding
+	                    * noise below 0 is clamped to 0 (llama.cpp does not clamp, so its
+	                    * minimum can print as -0.000003) */
 	double nll_p;      /* -log P(target), nats */
 	double nll_q;      /* -log Q(target), nats */
 	double prob_p;     /* P(target) */
@@ -136,6 +139,12 @@ int rt_bootstrap_mean_ci(const double *d, int64_t n, int n_resamples, int64_t bl
                          double level, uint64_t seed, double *work, rt_boot_ci *out,
                          rt_err *err);
 
+/* Suggested block length for n autocorrelated per-token values: max(1, round(cbrt(n)))
+ * tokens (16 for 4096 tokens). The mean-squared-error-optimal block length for the
+ * variance of a mean grows like n^(1/3) (Hall, Horowitz & Jing 1995); the constant depends
+ * on the autocorrelation (Politis & White 2004 estimate it) and is taken as 1 here. */
+int64_t rt_bootstrap_block_len(int64_t n);
+
 /* Default settings used by the A/B command. */
 #define RT_BOOT_DEFAULT_B 1000
 #define RT_BOOT_DEFAULT_SEED 0x6b7670632d616221ULL /* "kvpc-ab!" */
@@ -151,12 +160,28 @@ typedef enum rt_verdict {
  * lo > 0 or hi < 0). */
 rt_verdict rt_verdict_of(const rt_boot_ci *ci, int *significant);
 
-/* One verdict line, e.g.
+/* One verdict line for a per-token metric where lower is better (metric NULL = "NLL",
+ * unit NULL = "nats/token"; e.g. "KLD" works the same way with d_i = kld_B,i - kld_A,i):
  *   "A (snapkv) better: mean dNLL(B-A) = +0.01234 nats/token, 95% CI [+0.00800, +0.01700],
  *    significant"
- * or "... not significant (CI includes 0)". Writes at most cap bytes (NUL-terminated,
- * truncated if needed) and returns the full length like snprintf. Names may be NULL. */
+ * or "... not significant (CI includes 0)", or "A (x) and B (y) tie: ...". Writes at most
+ * cap bytes (NUL-terminated, truncated if needed) and returns the full length like
+ * snprintf. Names may be NULL ("A", "B"). */
 int rt_verdict_format(const rt_boot_ci *ci, const char *name_a, const char *name_b,
-                      char *buf, size_t cap);
+                      const char *metric, const char *unit, char *buf, size_t cap);
+
+/* ---- JSON fragments for reports ------------------------------------------------------- */
+
+/* Write the summary as JSON object members (no braces), keys as in issue 4 / llama.cpp:
+ *   "tokens": n, "kld_mean": .., "kld_mean_err": .., "kld_median": .., "kld_p90": ..,
+ *   "kld_p95": .., "kld_p99": .., "kld_p999": .., "kld_max": .., "kld_min": ..,
+ *   "ppl_ref": .., "ppl": .., "ppl_ratio": .., "same_top1": .., "rms_dp": .., "mean_dp": ..
+ * Numbers use %.9g; non-finite values are written as null. Returns the full length like
+ * snprintf (output truncated to cap-1 bytes, always NUL-terminated when cap > 0). */
+int rt_kld_summary_json(const rt_kld_summary *s, char *buf, size_t cap);
+
+/* Same for a bootstrap result: "n": .., "mean": .., "ci_lo": .., "ci_hi": .., "level": ..,
+ * "resamples": .., "block_len": .., "seed": .., "significant": true|false. */
+int rt_boot_ci_json(const rt_boot_ci *ci, char *buf, size_t cap);
 
 #endif

@@ -108,6 +108,7 @@ typedef struct axis {
 	int n_ticks;
 	int log2;
 	int decimals; /* for linear tick labels */
+	int sci;      /* 1: label with %.3g (extreme magnitudes) */
 } axis;
 
 static void axis_linear(axis *a, double mn, double mx)
@@ -127,6 +128,22 @@ static void axis_linear(axis *a, double mn, double mx)
 	double step = (norm < 1.5 ? 1.0 : norm < 3.0 ? 2.0 : norm < 7.0 ? 5.0 : 10.0) * mag;
 	a->lo = floor(mn / step) * step;
 	a->hi = ceil(mx / step) * step;
+	if (!(isfinite(step) && step > 0.0 && isfinite(a->lo) && isfinite(a->hi) &&
+	      a->hi > a->lo)) {
+		/* extreme magnitudes: scale the data range itself, ticks at both ends */
+		if (!isfinite(mx))
+			mx = mn;
+		a->lo = mn;
+		a->hi = mx;
+		a->ticks[0] = mn;
+		a->ticks[1] = mx;
+		a->n_ticks = 2;
+		a->decimals = 0;
+		a->log2 = 0;
+		a->sci = 1;
+		return;
+	}
+	a->sci = 0;
 	a->n_ticks = 0;
 	int nt = (int)lround((a->hi - a->lo) / step);
 	for (int i = 0; i <= nt && a->n_ticks < 64; i++) {
@@ -149,15 +166,33 @@ static void axis_log2(axis *a, double mn, double mx)
 		mx = 8.0;
 	}
 	double lo = log2(mn) - 0.25, hi = log2(mx) + 0.25;
+	int k0 = (int)ceil(lo), k1 = (int)floor(hi);
+	if (k0 > k1) { /* no power of two inside: widen to the neighbouring ones */
+		lo = floor(log2(mn)) - 0.25;
+		hi = ceil(log2(mx)) + 0.25;
+		k0 = (int)ceil(lo);
+		k1 = (int)floor(hi);
+	}
 	a->lo = lo;
 	a->hi = hi;
-	int k0 = (int)ceil(lo), k1 = (int)floor(hi);
+	a->sci = 0;
 	int stride = 1;
 	while ((k1 - k0) / stride + 1 > 12)
 		stride *= 2;
 	a->n_ticks = 0;
 	for (int k = k0; k <= k1 && a->n_ticks < 64; k += stride)
 		a->ticks[a->n_ticks++] = k;
+}
+
+/* (v - lo) / (hi - lo), computed on halves so that extreme finite values do not
+ * overflow; 0.5 for an empty range; always finite. */
+static double frac(double v, double lo, double hi)
+{
+	double den = hi * 0.5 - lo * 0.5;
+	if (!(den > 0.0) || !isfinite(den))
+		return 0.5;
+	double f = (v * 0.5 - lo * 0.5) / den;
+	return isfinite(f) ? f : 0.5;
 }
 
 static void tick_label(const axis *a, double v, char *buf, size_t cap)
@@ -168,6 +203,8 @@ static void tick_label(const axis *a, double v, char *buf, size_t cap)
 			snprintf(buf, cap, "%.0f", ldexp(1.0, k));
 		else
 			snprintf(buf, cap, "1/%.0f", ldexp(1.0, -k));
+	} else if (a->sci) {
+		snprintf(buf, cap, "%.3g", v);
 	} else {
 		snprintf(buf, cap, "%.*f", a->decimals, v);
 	}
@@ -253,9 +290,9 @@ char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, 
 	double x0 = 72.0, x1 = W - 20.0 - legend_w, y0 = 48.0, y1 = H - 56.0;
 	if (x1 < x0 + 50.0)
 		x1 = x0 + 50.0;
-#define MAPX(v) (x0 + ((ax.log2 ? log2(v) : (v)) - ax.lo) / (ax.hi - ax.lo) * (x1 - x0))
-#define MAPY(v) (y1 - ((v) - ay.lo) / (ay.hi - ay.lo) * (y1 - y0))
-#define MAPXT(t) (x0 + ((t) - ax.lo) / (ax.hi - ax.lo) * (x1 - x0))
+#define MAPX(v) (x0 + frac(ax.log2 ? log2(v) : (v), ax.lo, ax.hi) * (x1 - x0))
+#define MAPY(v) (y1 - frac((v), ay.lo, ay.hi) * (y1 - y0))
+#define MAPXT(t) (x0 + frac((t), ax.lo, ax.hi) * (x1 - x0))
 
 	sbuf b = {0};
 	sb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");

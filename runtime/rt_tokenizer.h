@@ -40,7 +40,8 @@ int rt_token_to_bytes(const rt_tokenizer *t, int32_t id, char *buf, int cap);
 /* Token id of an exact vocabulary string (e.g. "<|im_end|>"), or -1. */
 int32_t rt_tokenizer_find(const rt_tokenizer *t, const char *piece);
 
-/* 1 when id ends generation (<|endoftext|>, <|im_end|>, and the GGUF eos id). */
+/* 1 when id ends generation, by llama.cpp's rule: the GGUF eos/eot/eom ids and the tokens
+ * named <|endoftext|>, <|im_end|>, <reponame>, ... (for SmolLM2 the set is {0, 2, 4}). */
 int rt_tokenizer_is_eog(const rt_tokenizer *t, int32_t id);
 
 /* Render a single-turn ChatML prompt (system message optional: NULL uses the template's

@@ -438,6 +438,14 @@ START_TEST(checker_rejects)
 	                P(ir, 0));
 	ck_assert_int_eq(check_count(ir), 1);
 	ir_delete(ir);
+	/* a float ring longer than KVP_IR_MAX_FLOAT_RING; the same window is fine for count */
+	ir = ir_h2o();
+	kvp_ir_add_stat(ir, L(3), "m", KVP_STAT_MEAN, S(ir, KVP_SIG_ATTN), -1, KVP_HIST_LAST_STEPS,
+	                N(ir, KVP_IR_MAX_FLOAT_RING + 1));
+	kvp_ir_add_stat(ir, L(3), "c", KVP_STAT_COUNT, S(ir, KVP_SIG_ATTN), -1, KVP_HIST_LAST_STEPS,
+	                N(ir, KVP_IR_MAX_FLOAT_RING + 1));
+	ck_assert_int_eq(check_count(ir), 1);
+	ir_delete(ir);
 	/* even pooling kernel */
 	ir = ir_snapkv();
 	ir->score.kernel = N(ir, 4);

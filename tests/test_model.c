@@ -11,7 +11,10 @@
  *     next token's logits == the reference restricted to those kept positions (1e-5);
  *   - an entry of count 2 == two identical entries (1e-5), and != one entry;
  *   - the observe hook sees probabilities that sum to 1 and outputs equal to Σ p v;
- *   - bad files and inputs give one clear error, never a crash.
+ *   - bad files and inputs give one clear error, never a crash;
+ *   - rt_eval (runtime/rt_eval.c): perplexity, per-token log-probabilities and argmaxes
+ *     equal those computed here from the reference logits; the --dump lines and the raw
+ *     logits file hold what they claim; rt_logprob on hand-computed rows.
  */
 #include <check.h>
 #include <math.h>
@@ -22,6 +25,7 @@
 #include <unistd.h>
 
 #include "support/gguf_writer.h"
+#include "rt_eval.h"
 #include "rt_gguf.h"
 #include "rt_kv.h"
 #include "rt_model.h"
@@ -461,7 +465,7 @@ START_TEST(test_count_oracle)
 	tiny_model_cfg c = shape_cfg(_i, RT_GGML_F32);
 	const char *path = write_model(&c);
 	rt_model *m = load_ok(path);
-	enum { P = 9 };
+	enum { P = 37 }; /* > 16 entries: the vectorised softmax path sees the counts too */
 	int32_t tok[P + 1];
 	test_tokens(tok, P + 1, c.n_vocab, 11u);
 	rt_err err = {0};
@@ -473,15 +477,20 @@ START_TEST(test_count_oracle)
 		ck_assert_int_eq(rt_model_kv_init(m, kvs[i], P + 8, &err), 0);
 		ck_assert_int_eq(rt_model_forward(&f, kvs[i], tok, P, 0, NULL, RT_LOGITS_NONE, &err), 0);
 	}
-	/* per head, a different entry e: store a duplicates it, store b gives it count 2 */
+	/* per head, two different entries (one early, one in the last 16): store a duplicates
+	 * them, store b gives them count 2 and 3 (a holds 1 and 2 extra copies) */
 	for (int l = 0; l < c.n_layer; l++)
 		for (int j = 0; j < c.n_head_kv; j++) {
-			int e = (l * 5 + j * 3 + 1) % P;
+			int e1 = (l * 5 + j * 3 + 1) % P, e2 = P - 1 - (l + j) % 3;
 			rt_kv_head *ha = rt_kv_head_at(&a, l, j), *hb = rt_kv_head_at(&b, l, j);
 			size_t hd = (size_t)c.n_embd / c.n_head;
-			rt_kv_append(&a, ha, ha->k + e * hd, ha->v + e * hd, ha->pos[e]);
-			hb->count[e] = 2.0f;
-			hb->log_count[e] = logf(2.0f);
+			rt_kv_append(&a, ha, ha->k + e1 * hd, ha->v + e1 * hd, ha->pos[e1]);
+			rt_kv_append(&a, ha, ha->k + e2 * hd, ha->v + e2 * hd, ha->pos[e2]);
+			rt_kv_append(&a, ha, ha->k + e2 * hd, ha->v + e2 * hd, ha->pos[e2]);
+			hb->count[e1] = 2.0f;
+			hb->log_count[e1] = logf(2.0f);
+			hb->count[e2] = 3.0f;
+			hb->log_count[e2] = logf(3.0f);
 		}
 	float *la = malloc((size_t)c.n_vocab * sizeof *la);
 	float *lb = malloc((size_t)c.n_vocab * sizeof *lb);
@@ -490,7 +499,7 @@ START_TEST(test_count_oracle)
 	ck_assert_int_eq(rt_model_forward(&f, &b, tok + P, 1, P, lb, RT_LOGITS_LAST, &err), 0);
 	ck_assert_int_eq(rt_model_forward(&f, &base, tok + P, 1, P, l0, RT_LOGITS_LAST, &err), 0);
 	double d = max_diff_f(la, lb, (size_t)c.n_vocab);
-	ck_assert_msg(d <= 1e-5, "count 2 vs duplicate: %g", d);
+	ck_assert_msg(d <= 1e-5, "counts 2, 3 vs duplicates: %g", d);
 	ck_assert_msg(max_diff_f(la, l0, (size_t)c.n_vocab) > 1e-4, "duplicate had no effect");
 	free(la), free(lb), free(l0);
 	for (int i = 0; i < 3; i++)
@@ -688,6 +697,188 @@ START_TEST(test_bad_forward_inputs)
 }
 END_TEST
 
+/* ---- evaluation ---------------------------------------------------------------------- */
+
+START_TEST(test_softmax_accuracy)
+{
+	/* rt_attn_softmax against a double-precision softmax on rows of many lengths (vector
+	 * body and scalar tail), with log counts, large spreads and a padded tail */
+	enum { LD = 300, G = 3 };
+	static float P[G * LD], lc[LD];
+	double worst = 0;
+	unsigned seed = 42;
+	for (int lim = 1; lim <= 290; lim += (lim < 40 ? 1 : 17)) {
+		for (int i = 0; i < LD; i++) {
+			seed = seed * 1103515245u + 12345u;
+			lc[i] = (seed >> 9) % 4 == 0 ? logf((float)(1 + (seed >> 20) % 5)) : 0.0f;
+		}
+		for (int i = 0; i < G * LD; i++) {
+			seed = seed * 1103515245u + 12345u;
+			float u = (float)((seed >> 8) & 0xffff) / 65536.0f;
+			P[i] = (i % 3 == 0 ? 60.0f : 8.0f) * (u - 0.5f); /* spreads up to 60 */
+		}
+		double ref[G * LD];
+		for (int g = 0; g < G; g++) {
+			double mx = -INFINITY, sum = 0;
+			for (int i = 0; i < lim; i++)
+				mx = fmax(mx, (double)P[g * LD + i] + lc[i]);
+			for (int i = 0; i < lim; i++)
+				sum += exp((double)P[g * LD + i] + lc[i] - mx);
+			for (int i = 0; i < lim; i++)
+				ref[g * LD + i] = exp((double)P[g * LD + i] + lc[i] - mx) / sum;
+		}
+		rt_attn_softmax(P, LD, G, lim, lc);
+		for (int g = 0; g < G; g++) {
+			double s = 0;
+			for (int i = 0; i < LD; i++) {
+				double p = P[g * LD + i];
+				if (i >= lim) {
+					ck_assert(p == 0.0);
+					continue;
+				}
+				s += p;
+				/* relative error where it matters, absolute for tiny probabilities */
+				worst = fmax(worst, fabs(p - ref[g * LD + i]) / fmax(ref[g * LD + i], 1e-6));
+			}
+			ck_assert_double_eq_tol(s, 1.0, 1e-5);
+		}
+	}
+	ck_assert_msg(worst <= 2e-6, "softmax relative error %g", worst);
+	/* a spread beyond the clamp: exp(-100) is negligible, the rest exact */
+	float row[20] = { 0 }, zero[20] = { 0 };
+	row[3] = -100.0f;
+	rt_attn_softmax(row, 20, 1, 20, zero);
+	ck_assert_float_eq_tol(row[0], 1.0f / 19.0f, 1e-7f);
+	ck_assert(row[3] < 1e-30f);
+}
+END_TEST
+
+START_TEST(test_logprob_hand)
+{
+	/* softmax of log(1..4) is (1, 2, 3, 4) / 10 */
+	float l[4] = { 0.0f, logf(2.0f), logf(3.0f), logf(4.0f) };
+	int32_t top1 = -1;
+	ck_assert_double_eq_tol(rt_logprob(l, 4, 2, &top1), log(0.3), 1e-6);
+	ck_assert_int_eq(top1, 3);
+	/* shift invariance with large logits: no overflow */
+	float big[3] = { 1000.0f, 1001.0f, 1000.0f };
+	ck_assert_double_eq_tol(rt_logprob(big, 3, 1, &top1), -log(1.0 + 2.0 * exp(-1.0)), 1e-6);
+	ck_assert_int_eq(top1, 1);
+	/* ties: the lowest id wins */
+	float tie[4] = { -1.0f, 5.0f, 5.0f, 2.0f };
+	rt_logprob(tie, 4, 0, &top1);
+	ck_assert_int_eq(top1, 1);
+}
+END_TEST
+
+START_TEST(test_eval_ppl_matches_reference)
+{
+	tiny_model_cfg c = shape_cfg(_i, RT_GGML_Q8_0);
+	const char *path = write_model(&c);
+	rt_model *m = load_ok(path);
+	ref r;
+	ref_load(&r, &c, path);
+	enum { N = 21 };
+	int32_t tok[N];
+	test_tokens(tok, N, c.n_vocab, 77u);
+	double *rl = malloc((size_t)N * c.n_vocab * sizeof *rl);
+	ref_forward(&r, tok, N, vis_all, NULL, rl);
+	/* reference NLL: logsumexp in double over the reference logits */
+	double nll = 0, ref_lp[N];
+	int32_t ref_top1[N];
+	for (int i = 0; i + 1 < N; i++) {
+		const double *row = rl + (size_t)i * c.n_vocab;
+		double mx = row[0];
+		ref_top1[i] = 0;
+		for (int v = 1; v < c.n_vocab; v++)
+			if (row[v] > mx)
+				mx = row[v], ref_top1[i] = v;
+		double s = 0;
+		for (int v = 0; v < c.n_vocab; v++)
+			s += exp(row[v] - mx);
+		ref_lp[i] = row[tok[i + 1]] - mx - log(s);
+		nll -= ref_lp[i];
+	}
+	double ref_ppl = exp(nll / (N - 1));
+
+	char dpath[256], lpath[256];
+	tmp_path(dpath, sizeof dpath, "dump");
+	tmp_path(lpath, sizeof lpath, "logits");
+	FILE *dump = fopen(dpath, "w"), *lg = fopen(lpath, "wb");
+	ck_assert(dump && lg);
+	rt_ppl_opts o = { .chunk = 6, .dump = dump, .logits = lg };
+	float lp[N];
+	int32_t top1[N];
+	rt_ppl_result res;
+	rt_err err = {0};
+	ck_assert_msg(rt_eval_ppl(m, tok, N, &o, lp, top1, &res, &err) == 0, "%s", err.msg);
+	fclose(dump);
+	fclose(lg);
+	ck_assert_int_eq(res.tokens, N);
+	ck_assert_int_eq(res.scored, N - 1);
+	ck_assert_msg(fabs(res.ppl - ref_ppl) <= 1e-5 * ref_ppl, "ppl %g vs reference %g", res.ppl, ref_ppl);
+	ck_assert_double_eq_tol(res.nll_mean, nll / (N - 1), 1e-5);
+	int hits = 0;
+	for (int i = 0; i + 1 < N; i++) {
+		ck_assert_msg(fabs(lp[i] - ref_lp[i]) <= 1e-4, "logprob %d: %g vs %g", i, lp[i], ref_lp[i]);
+		ck_assert_int_eq(top1[i], ref_top1[i]);
+		hits += ref_top1[i] == tok[i + 1];
+	}
+	ck_assert_int_eq(res.top1_hits, hits);
+	ck_assert_int_eq(res.kv_entries_peak, (int64_t)N * c.n_layer * c.n_head_kv);
+	ck_assert_int_gt(res.kv_bytes_peak, res.kv_entries_peak * 2 * (c.n_embd / c.n_head) * 4 - 1);
+
+	/* dump: N-1 JSON lines {"pos":i+1,"token":t[i+1],"logprob":lp,"top1":a} */
+	FILE *f = fopen(dpath, "r");
+	char line[256];
+	int rows = 0;
+	while (fgets(line, sizeof line, f)) {
+		long pos, t, a;
+		double l;
+		ck_assert_msg(sscanf(line, "{\"pos\":%ld,\"token\":%ld,\"logprob\":%lf,\"top1\":%ld}", &pos,
+		                     &t, &l, &a) == 4, "bad dump line: %s", line);
+		ck_assert_int_eq(pos, rows + 1);
+		ck_assert_int_eq(t, tok[rows + 1]);
+		ck_assert_double_eq_tol(l, ref_lp[rows], 1e-4);
+		ck_assert_int_eq(a, ref_top1[rows]);
+		rows++;
+	}
+	fclose(f);
+	ck_assert_int_eq(rows, N - 1);
+
+	/* logits file: raw f32 [N × V] equal to the reference */
+	f = fopen(lpath, "rb");
+	float *raw = malloc((size_t)N * c.n_vocab * sizeof *raw);
+	ck_assert_uint_eq(fread(raw, sizeof(float), (size_t)N * c.n_vocab + 1, f), (size_t)N * c.n_vocab);
+	fclose(f);
+	ck_assert(max_diff_fd(raw, rl, (size_t)N * c.n_vocab) <= 1e-4);
+	free(raw);
+
+	/* JSON summary: one line with the required keys */
+	FILE *js = tmpfile();
+	rt_eval_json(js, m, "t\"x.txt", "full", &res, 2, 6);
+	rewind(js);
+	char buf[1024];
+	ck_assert_ptr_nonnull(fgets(buf, sizeof buf, js));
+	fclose(js);
+	const char *keys[] = { "{\"policy\":\"full\"", "\"tokens\":21", "\"ppl\":", "\"nll_mean\":",
+		               "\"tokens_per_s\":", "\"kv_entries_peak\":", "\"kv_bytes_peak\":",
+		               "\"threads\":2", "\"text\":\"t\\\"x.txt\"" };
+	for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+		ck_assert_msg(strstr(buf, keys[k]) != NULL, "JSON lacks %s: %s", keys[k], buf);
+
+	/* too few tokens / too many */
+	ck_assert_int_eq(rt_eval_ppl(m, tok, 1, &o, NULL, NULL, &res, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "at least 2 tokens"));
+	unlink(dpath);
+	unlink(lpath);
+	free(rl);
+	ref_free(&r);
+	rt_model_free(m);
+	unlink(path);
+}
+END_TEST
+
 static Suite *model_suite(void)
 {
 	Suite *s = suite_create("model");
@@ -703,6 +894,11 @@ static Suite *model_suite(void)
 	tcase_add_test(bad, test_bad_files);
 	tcase_add_test(bad, test_bad_forward_inputs);
 	suite_add_tcase(s, bad);
+	TCase *ev = tcase_create("eval");
+	tcase_add_test(ev, test_logprob_hand);
+	tcase_add_test(ev, test_softmax_accuracy);
+	tcase_add_loop_test(ev, test_eval_ppl_matches_reference, 0, 3);
+	suite_add_tcase(s, ev);
 	return s;
 }
 

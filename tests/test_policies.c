@@ -28,12 +28,11 @@ typedef void (*entry_fn)(int layer, int g, int32_t pos, float *k, float *v, int 
 struct harness {
 	const struct kvp_policy *p;
 	rt_kv kv;
-	double params[32];
-	struct kvp_ctx ctx;
-	void *scratch;
+	struct kvp_run run;      /* params, ctx and scratch (rt_policy.h) */
 	float *probs, *outs, *kbuf, *vbuf;
 	int L, G, R, d;
 	int compresses;
+	int32_t span_from, span_to; /* positions [from, to) carry span id 1 */
 	weight_fn w;
 	entry_fn e;
 	void *u;
@@ -63,17 +62,9 @@ static void h_open(struct harness *h, const char *name, int L, int G, int R, int
 	h->p = policy(name);
 	h->L = L, h->G = G, h->R = R, h->d = d;
 	rt_err err = { "" };
-	ck_assert_msg(rt_kv_init(&h->kv, L, G, R, d, cap, kvp_policy_stat_bytes(h->p, R),
-	                         kvp_policy_state_bytes(h->p, d), &err) == 0, "%s", err.msg);
-	ck_assert_int_le(h->p->n_params, 32);
-	kvp_policy_param_defaults(h->p, h->params);
-	h->ctx.params = h->params;
-	h->ctx.prompt_len = prompt_len;
-	if (h->p->scratch_bytes) {
-		h->ctx.scratch_len = h->p->scratch_bytes(&h->kv);
-		h->scratch = malloc(h->ctx.scratch_len);
-		h->ctx.scratch = h->scratch;
-	}
+	ck_assert_msg(kvp_run_init(&h->run, &h->kv, h->p, L, G, R, d, cap, prompt_len, &err) == 0,
+	              "%s", err.msg);
+	ck_assert_uint_eq(h->kv.stat_bytes, kvp_policy_stat_bytes(h->p, R));
 	h->probs = calloc((size_t)R * cap, sizeof(float));
 	h->outs = calloc((size_t)R * d, sizeof(float));
 	h->kbuf = calloc((size_t)d, sizeof(float));
@@ -83,8 +74,8 @@ static void h_open(struct harness *h, const char *name, int L, int G, int R, int
 
 static void h_close(struct harness *h)
 {
+	kvp_run_free(&h->run);
 	rt_kv_free(&h->kv);
-	free(h->scratch);
 	free(h->probs);
 	free(h->outs);
 	free(h->kbuf);
@@ -94,7 +85,7 @@ static void h_close(struct harness *h)
 static void h_set(struct harness *h, const char *assign)
 {
 	rt_err err = { "" };
-	ck_assert_msg(kvp_policy_param_set(h->p, h->params, assign, &err) == 0, "%s", err.msg);
+	ck_assert_msg(kvp_run_set(&h->run, assign, &err) == 0, "%s", err.msg);
 }
 
 static int32_t kv_room(const rt_kv *kv)
@@ -106,24 +97,33 @@ static int32_t kv_room(const rt_kv *kv)
 	return room;
 }
 
-/* One token: append, observe, maybe compress. */
-static void h_step(struct harness *h)
+/* Append token t to every head. */
+static void h_append(struct harness *h, int64_t t)
 {
-	const int64_t t = h->ctx.seen;
-	int32_t nt = h->p->next_trigger(&h->ctx, &h->kv);
-	int32_t room = kv_room(&h->kv);
+	const struct kvp_ctx *ctx = &h->run.ctx;
 	for (int l = 0; l < h->L; l++)
 		for (int g = 0; g < h->G; g++) {
 			rt_kv_head *hd = rt_kv_head_at(&h->kv, l, g);
 			h->e(l, g, (int32_t)t, h->kbuf, h->vbuf, h->d, h->u);
 			int32_t i = rt_kv_append(&h->kv, hd, h->kbuf, h->vbuf, (int32_t)t);
+			if (t >= h->span_from && t < h->span_to)
+				hd->span[i] = 1;
 			if (h->p->init_entries)
-				h->p->init_entries(&h->ctx, &h->kv, l, g, i, 1);
+				h->p->init_entries(ctx, &h->kv, l, g, i, 1);
 		}
+}
+
+/* Observe the attention step of query token t (entries of later tokens of the same
+ * chunk may already be in the store: the query sees positions <= t only). */
+static void h_observe(struct harness *h, int64_t t)
+{
+	const struct kvp_ctx *ctx = &h->run.ctx;
 	for (int l = 0; l < h->L; l++)
 		for (int g = 0; g < h->G; g++) {
 			rt_kv_head *hd = rt_kv_head_at(&h->kv, l, g);
-			int32_t n = hd->n;
+			int32_t n = 0; /* visible: positions <= t (a prefix: entries are in order) */
+			while (n < hd->n && hd->pos[n] <= t)
+				n++;
 			for (int r = 0; r < h->R; r++) {
 				float *row = h->probs + (size_t)r * n;
 				double s = 0;
@@ -143,26 +143,44 @@ static void h_step(struct harness *h)
 			}
 			struct kvp_obs ob = { t, n, h->R, h->probs, h->outs };
 			if (h->p->observe)
-				h->p->observe(&h->ctx, &h->kv, l, g, &ob);
+				h->p->observe(ctx, &h->kv, l, g, &ob);
 		}
-	h->ctx.seen = t + 1;
-	h->ctx.phase = h->ctx.prompt_len >= 0 && h->ctx.seen > h->ctx.prompt_len ?
-	               KVP_PHASE_DECODE : KVP_PHASE_PREFILL;
-	h->ctx.prompt_done = h->ctx.prompt_len >= 0 && h->ctx.seen >= h->ctx.prompt_len;
-	int fire = h->p->should_compress(&h->ctx, &h->kv);
-	/* next_trigger said how many tokens may come before a compress can be due */
+}
+
+/* Process k tokens as one chunk as the runtime does (append all, then attention for
+ * each query), then let the policy run (kvp_run_advance). */
+static void h_chunk(struct harness *h, int32_t k)
+{
+	for (int32_t j = 0; j < k; j++)
+		h_append(h, h->run.ctx.seen + j);
+	for (int32_t j = 0; j < k; j++)
+		h_observe(h, h->run.ctx.seen + j);
+	rt_err err = { "" };
+	int rc = kvp_run_advance(&h->run, &h->kv, k, &err);
+	ck_assert_msg(rc >= 0, "%s", err.msg);
+	h->compresses += rc;
+}
+
+/* One token, checking next_trigger's promise against should_compress. */
+static void h_step(struct harness *h)
+{
+	int32_t nt = h->p->next_trigger(&h->run.ctx, &h->kv);
+	int32_t room = kv_room(&h->kv);
+	h_append(h, h->run.ctx.seen);
+	h_observe(h, h->run.ctx.seen);
+	struct kvp_ctx after = h->run.ctx;
+	after.seen++;
+	int fire = h->p->should_compress(&after, &h->kv);
 	if (nt > 1)
 		ck_assert_msg(!fire, "%s: fired after 1 token though next_trigger was %d", h->p->name, nt);
 	else if (nt == 1 && room > 1)
 		ck_assert_msg(fire, "%s: next_trigger 1 but no compress", h->p->name);
-	if (fire) {
-		ck_assert_ptr_nonnull(h->p->compress);
-		rt_err err = { "" };
-		ck_assert_msg(h->p->compress(&h->ctx, &h->kv, &err) == 0, "%s", err.msg);
-		h->ctx.compress_count++;
-		h->ctx.last_compress_seen = h->ctx.seen;
-		h->compresses++;
-	}
+	int before = h->compresses;
+	rt_err err = { "" };
+	int rc = kvp_run_advance(&h->run, &h->kv, 1, &err);
+	ck_assert_msg(rc >= 0, "%s", err.msg);
+	h->compresses += rc;
+	ck_assert_int_eq(h->compresses - before, fire && h->p->compress ? 1 : 0);
 }
 
 static void h_feed(struct harness *h, int n)
@@ -225,7 +243,7 @@ START_TEST(full_keeps_everything)
 		expect_all(&h, want, 12);
 		ck_assert_int_eq(h.compresses, 0);
 		/* never runs: next_trigger is the room left */
-		ck_assert_int_eq(h.p->next_trigger(&h.ctx, &h.kv), 4);
+		ck_assert_int_eq(h.p->next_trigger(&h.run.ctx, &h.kv), 4);
 		h_close(&h);
 	}
 }
@@ -386,13 +404,39 @@ START_TEST(scissorhands_window_rolloff)
 		char a[64];
 		snprintf(a, sizeof a, "capacity=%.17g", 6.0 / 700.0);
 		h_set(&h, a);
-		ck_assert(h.p->should_compress(&h.ctx, &h.kv));
+		ck_assert(h.p->should_compress(&h.run.ctx, &h.kv));
 		rt_err err = { "" };
-		ck_assert_int_eq(h.p->compress(&h.ctx, &h.kv, &err), 0);
+		ck_assert_int_eq(h.p->compress(&h.run.ctx, &h.kv, &err), 0);
 		const int32_t want[] = { 0, 2, 699 };
 		expect_all(&h, want, 3);
 		h_close(&h);
 	}
+}
+END_TEST
+
+/* Uniform attention is never "below uniform": with every row exactly 1/n no entry
+ * collects a low count (the comparison is made at float precision), so all scores tie
+ * and the compress keeps the lowest positions plus the recent one. */
+START_TEST(scissorhands_uniform_is_not_low)
+{
+	struct harness h;
+	h_open(&h, "scissorhands", 1, 3, 3, 4, 400, -1);
+	h_set(&h, "capacity=1000");
+	h_set(&h, "recent=1");
+	h_feed(&h, 390);
+	for (int g = 0; g < 3; g++) {
+		rt_kv_head *hd = rt_kv_head_at(&h.kv, 0, g);
+		for (size_t b = 0; b < (size_t)hd->n * h.kv.stat_bytes; b++)
+			ck_assert_int_eq(hd->stats[b], 0);
+	}
+	char a[64];
+	snprintf(a, sizeof a, "capacity=%.17g", 6.0 / 390.0);
+	h_set(&h, a);
+	rt_err err = { "" };
+	ck_assert_int_eq(h.p->compress(&h.run.ctx, &h.kv, &err), 0);
+	const int32_t want[] = { 0, 1, 389 };
+	expect_all(&h, want, 3);
+	h_close(&h);
 }
 END_TEST
 
@@ -415,7 +459,7 @@ START_TEST(knorm_lowest_norms)
 			struct harness h;
 			h_open(&h, "knorm", 2, shapes[s][0], shapes[s][1], 4, 8, 6);
 			char a[64];
-			snprintf(a, sizeof a, "keep=%.17g", budget / 6.0); /* of a 6-token prompt */
+			snprintf(a, sizeof a, "kept=%.17g", budget / 6.0); /* of a 6-token prompt */
 			h_set(&h, a);
 			h.e = e_knorm;
 			h_feed(&h, 6);
@@ -497,37 +541,166 @@ START_TEST(caote_output_error)
 }
 END_TEST
 
-/* Chunked feeding at next_trigger boundaries gives the same cache as token by token
- * (the runtime's exactness argument), for a policy with a batch target. */
-START_TEST(chunked_equals_stepwise)
+/* Ada-KV over SnapKV, 9/3, one layer: prompt of 26, window 2 (24, 25 kept), capacity 4
+ * per head = 2 free each, 6 over the layer; floor 0.5. Window queries: KV head 0's
+ * attend 3 (3/4) and 15 (1/4); head 1's query heads 0 and 1 attend 10, query head 2
+ * attends 20; head 2's attend uniformly. Group mean then max pooling (k = 7):
+ * head 0: 1.5 on 0..6, 0.5 on 12..18; head 1: 4/3 on 7..13, 2/3 on 17..23; head 2:
+ * flat. The layer's top 6 are all head 0's (1.5 > 4/3): n = (6, 0, 0), so
+ * b = round(0.5·2 + 0.5·n) = (4, 1, 1): head 0 keeps 0..3, head 1 keeps 7 (ties keep
+ * the lowest), head 2 keeps 0 (flat: lowest). With a max group reduction head 1 would
+ * have won. */
+static double w_ada(int l, int g, int r, int64_t t, int32_t pos, void *u)
+{
+	(void)l, (void)u;
+	if (t < 24)
+		return pos == 0 ? 1.0 : 0.0;
+	if (g == 0)
+		return pos == 3 ? 3.0 : pos == 15 ? 1.0 : 0.0;
+	if (g == 1)
+		return pos == (r < 2 ? 10 : 20) ? 1.0 : 0.0;
+	return 1.0;
+}
+
+START_TEST(adakv_adaptive_heads_gqa)
+{
+	struct harness h;
+	h_open(&h, "adakv_snapkv", 1, 3, 3, 4, 32, 26);
+	h_set(&h, "capacity=4");
+	h_set(&h, "window=2");
+	h_set(&h, "floor=0.5");
+	h.w = w_ada;
+	h_feed(&h, 26);
+	ck_assert_int_eq(h.compresses, 1);
+	const int32_t a[] = { 0, 1, 2, 3, 24, 25 }, b[] = { 7, 24, 25 }, c[] = { 0, 24, 25 };
+	expect_pos(&h, 0, 0, a, 6);
+	expect_pos(&h, 0, 1, b, 3);
+	expect_pos(&h, 0, 2, c, 3);
+	h_close(&h);
+}
+END_TEST
+
+/* PyramidKV, 4 layers, prompt 60, window 2, capacity 12, beta 20 (KVCache-Factory):
+ * min = 10 // 20 = 0, max = 20, step = 20 // 3 = 6: layers keep 20, 14, 8, 2 prefix
+ * entries + the window. Uniform attention makes every score equal, so each layer keeps
+ * its lowest positions. */
+START_TEST(pyramidkv_layer_budgets)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "pyramidkv", 4, shapes[s][0], shapes[s][1], 4, 64, 60);
+		h_set(&h, "capacity=12");
+		h_set(&h, "window=2");
+		h_set(&h, "beta=20");
+		h_feed(&h, 60);
+		const int keep[4] = { 20, 14, 8, 2 };
+		for (int l = 0; l < 4; l++) {
+			int32_t want[24];
+			for (int i = 0; i < keep[l]; i++)
+				want[i] = i;
+			want[keep[l]] = 58;
+			want[keep[l] + 1] = 59;
+			for (int g = 0; g < h.G; g++)
+				expect_pos(&h, l, g, want, keep[l] + 2);
+		}
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* GraceKV (simplified: first-hop relevance, global pool, add/split): prompt 16, the
+ * question = the last 4 prompt tokens (their attention is the relevance), recent 2,
+ * capacity 50% -> 8 entries. Question queries attend 5, 9, 10, 11 with weights
+ * 4:3:2:1. Positions 6 and 7 carry the request's span 1. When span 1 is "system" (a
+ * span the policy keeps) the guards are {6, 7, 14, 15} and the 4 free slots go to
+ * 5, 9, 10, 11; when it is another span, 6 free slots take 5, 9, 10, 11 and then the
+ * zero-score ties 0, 1. The singleton floor (16) and the guards keep every kept entry
+ * exact, so nothing can absorb the evicted ones. */
+static double w_grace(int l, int g, int r, int64_t t, int32_t pos, void *u)
+{
+	(void)l, (void)g, (void)r, (void)u;
+	if (t < 12)
+		return 1.0;
+	return pos == 5 ? 4.0 : pos == 9 ? 3.0 : pos == 10 ? 2.0 : pos == 11 ? 1.0 : 0.0;
+}
+
+START_TEST(gracekv_spans_and_relevance)
+{
+	for (int named = 0; named < 2; named++) {
+		struct harness h;
+		h_open(&h, "gracekv", 1, 1, 4, 4, 20, 16);
+		h_set(&h, "capacity=0.5");
+		h_set(&h, "question=4");
+		h_set(&h, "recent=2");
+		const char *names[2] = { NULL, named ? "system" : "citations" };
+		h.run.ctx.span_names = names;
+		h.run.ctx.n_spans = 1;
+		h.span_from = 6;
+		h.span_to = 8;
+		h.w = w_grace;
+		h_feed(&h, 16);
+		ck_assert_int_eq(h.compresses, 1);
+		const int32_t a[] = { 5, 6, 7, 9, 10, 11, 14, 15 }, b[] = { 0, 1, 5, 9, 10, 11, 14, 15 };
+		expect_all(&h, named ? a : b, 8);
+		rt_kv_head *hd = rt_kv_head_at(&h.kv, 0, 0);
+		for (int i = 0; i < hd->n; i++)
+			ck_assert_float_eq(hd->count[i], 1.0f);
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* Chunked feeding through kvp_run_chunk (chunks of at most `want` tokens that never
+ * cross a trigger or the prompt end) gives the same cache as token-by-token feeding,
+ * for policies with every-step, batch, block and prompt-end triggers. */
+static void chunked_vs_stepwise(const char *name, const char *const *sets, int n_sets,
+                                int64_t prompt_len, int total, int32_t want)
 {
 	struct harness a, b;
-	h_open(&a, "scissorhands", 2, 3, 3, 4, 32, -1);
-	h_open(&b, "scissorhands", 2, 3, 3, 4, 32, -1);
-	h_set(&a, "capacity=0.5"); /* half of the tokens seen, halved again on compress */
-	h_set(&b, "capacity=0.5");
-	h_set(&a, "recent=2");
-	h_set(&b, "recent=2");
-	a.w = b.w = w_heavy_2_5;
-	h_feed(&a, 20);
-	/* b: append chunks of next_trigger tokens, checking only at chunk ends */
-	while (b.ctx.seen < 20) {
-		int32_t k = b.p->next_trigger(&b.ctx, &b.kv);
-		ck_assert_int_ge(k, 1);
-		if (b.ctx.seen + k > 20)
-			k = (int32_t)(20 - b.ctx.seen);
-		for (int32_t i = 0; i < k; i++)
-			h_step(&b); /* h_step checks should_compress each token: it must stay 0
-			               until the last token of the chunk */
+	h_open(&a, name, 2, 3, 3, 4, 40, prompt_len);
+	h_open(&b, name, 2, 3, 3, 4, 40, prompt_len);
+	for (int i = 0; i < n_sets; i++) {
+		h_set(&a, sets[i]);
+		h_set(&b, sets[i]);
 	}
+	a.w = b.w = w_heavy_2_5;
+	h_feed(&a, total);
+	int32_t max_k = 0;
+	while (b.run.ctx.seen < total) {
+		int32_t k = kvp_run_chunk(&b.run, &b.kv, want);
+		ck_assert_int_ge(k, 1);
+		ck_assert_int_le(k, want);
+		if (b.run.ctx.seen + k > total)
+			k = (int32_t)(total - b.run.ctx.seen);
+		max_k = k > max_k ? k : max_k;
+		h_chunk(&b, k);
+	}
+	ck_assert_int_gt(max_k, 1); /* real multi-token chunks happened */
+	ck_assert_int_eq(a.compresses, b.compresses);
+	ck_assert_int_gt(a.compresses, 0);
 	for (int l = 0; l < 2; l++)
 		for (int g = 0; g < 3; g++) {
 			rt_kv_head *x = rt_kv_head_at(&a.kv, l, g), *y = rt_kv_head_at(&b.kv, l, g);
 			ck_assert_int_eq(x->n, y->n);
 			ck_assert_int_eq(memcmp(x->pos, y->pos, (size_t)x->n * sizeof(int32_t)), 0);
+			ck_assert_int_eq(memcmp(x->stats, y->stats, (size_t)x->n * a.kv.stat_bytes), 0);
 		}
 	h_close(&a);
 	h_close(&b);
+}
+
+START_TEST(chunked_equals_stepwise)
+{
+	const char *sc[] = { "capacity=0.5", "recent=2" };
+	chunked_vs_stepwise("scissorhands", sc, 2, -1, 30, 7);
+	const char *h2[] = { "heavy=0.2", "recent=0.1" };
+	chunked_vs_stepwise("h2o", h2, 2, 20, 30, 6);
+	const char *ca[] = { "heavy=4", "recent=2", "block=5" };
+	chunked_vs_stepwise("caote_h2o", ca, 3, 17, 30, 8);
+	const char *sn[] = { "capacity=6", "window=3" };
+	chunked_vs_stepwise("snapkv", sn, 2, 23, 30, 9);
+	const char *tv[] = { "states=5" };
+	chunked_vs_stepwise("tova", tv, 1, -1, 30, 4);
 }
 END_TEST
 
@@ -575,9 +748,13 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, tova_layer_mean_gqa);
 	tcase_add_test(tc, snapkv_window_pooling);
 	tcase_add_test(tc, scissorhands_window_rolloff);
+	tcase_add_test(tc, scissorhands_uniform_is_not_low);
 	tcase_add_test(tc, knorm_lowest_norms);
 	tcase_add_test(tc, keydiff_least_similar);
 	tcase_add_test(tc, caote_output_error);
+	tcase_add_test(tc, adakv_adaptive_heads_gqa);
+	tcase_add_test(tc, pyramidkv_layer_budgets);
+	tcase_add_test(tc, gracekv_spans_and_relevance);
 	tcase_add_test(tc, chunked_equals_stepwise);
 	suite_add_tcase(s, tc);
 	return s;

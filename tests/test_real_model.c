@@ -11,6 +11,7 @@
  * Asserted: max |logprob - ref| <= 1e-3 over all positions, argmax == ref's everywhere,
  * ppl within 0.1% of the ref's; and agreement with llama.cpp above a floor set a little
  * below what was measured. With KVRT_SANITIZED=1 only the first 256 positions are run.
+ * A second test checks the decode path (prefill, then one token per call) the same way.
  */
 #include <check.h>
 #include <math.h>
@@ -145,6 +146,43 @@ START_TEST(test_matches_reference)
 }
 END_TEST
 
+/* The decode path (single-token forward calls, matrix-vector products, last-row logits)
+ * after a prefill in uneven chunks agrees with the reference too. */
+START_TEST(test_decode_matches_reference)
+{
+	golden g;
+	golden_load(&g);
+	enum { PRE = 61, DEC = 24 };
+	ck_assert_int_ge(g.n, PRE + DEC + 1);
+	rt_err err = {0};
+	rt_model *m = rt_model_load(model_path(), &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	rt_kv kv;
+	rt_fwd f;
+	ck_assert_int_eq(rt_model_kv_init(m, &kv, PRE + DEC, &err), 0);
+	ck_assert_int_eq(rt_fwd_init(&f, m, 13, PRE + DEC, &err), 0);
+	float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
+	ck_assert_msg(rt_model_forward(&f, &kv, g.tok, PRE, 0, logits, RT_LOGITS_LAST, &err) == 0, "%s",
+	              err.msg);
+	double maxd = 0;
+	for (int i = PRE - 1; i < PRE + DEC - 1; i++) {
+		if (i > PRE - 1)
+			ck_assert_msg(rt_model_forward(&f, &kv, g.tok + i, 1, i, logits, RT_LOGITS_LAST, &err) == 0,
+			              "%s", err.msg);
+		int32_t top1;
+		double lp = rt_logprob(logits, m->hp.n_vocab, g.tok[i + 1], &top1);
+		maxd = fmax(maxd, fabs(lp - g.ref_lp[i]));
+		ck_assert_int_eq(top1, g.ref_top1[i]);
+	}
+	ck_assert_msg(maxd <= 1e-3, "decode: max |logprob - ref| = %g", maxd);
+	free(logits);
+	rt_fwd_free(&f);
+	rt_kv_free(&kv);
+	rt_model_free(m);
+	golden_free(&g);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	(void)argc;
@@ -153,6 +191,7 @@ int main(int argc, char **argv)
 	TCase *tc = tcase_create("gpl3");
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, test_matches_reference);
+	tcase_add_test(tc, test_decode_matches_reference);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

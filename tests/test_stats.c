@@ -380,12 +380,12 @@ static void boot_fn(const char *kind, char **sp, FILE *f, void *ctx)
 	rt_boot_ci ci;
 	rt_err err = {0};
 	ck_assert_int_eq(rt_bootstrap_mean_ci(g->v, g->n, B, L, level, seed, NULL, &ci, &err), 0);
-	/* same PRNG, same operation order: equal to the last bits in practice */
-	ck_assert_msg(close_rel(ci.mean, mean, 1e-14), "%s mean %.17g vs %.17g", g->name,
+	/* same PRNG, same operation order (C11 mode: no FMA contraction): bit-identical */
+	ck_assert_msg(close_rel(ci.mean, mean, 0), "%s mean %.17g vs %.17g", g->name,
 	              ci.mean, mean);
-	ck_assert_msg(close_rel(ci.lo, lo, 1e-14), "%s L=%lld lo %.17g vs %.17g", g->name,
+	ck_assert_msg(close_rel(ci.lo, lo, 0), "%s L=%lld lo %.17g vs %.17g", g->name,
 	              (long long)L, ci.lo, lo);
-	ck_assert_msg(close_rel(ci.hi, hi, 1e-14), "%s L=%lld hi %.17g vs %.17g", g->name,
+	ck_assert_msg(close_rel(ci.hi, hi, 0), "%s L=%lld hi %.17g vs %.17g", g->name,
 	              (long long)L, ci.hi, hi);
 	/* the interval covers the sample mean (all golden samples are well-behaved) */
 	ck_assert(ci.lo <= ci.mean && ci.mean <= ci.hi);
@@ -492,7 +492,7 @@ START_TEST(test_verdict)
 	int sig;
 	ck_assert_int_eq(rt_verdict_of(&ci, &sig), RT_VERDICT_A_BETTER);
 	ck_assert_int_eq(sig, 1);
-	int n = rt_verdict_format(&ci, "snapkv", "h2o", buf, sizeof(buf));
+	int n = rt_verdict_format(&ci, "snapkv", "h2o", NULL, NULL, buf, sizeof(buf));
 	ck_assert_int_eq(n, (int)strlen(buf));
 	ck_assert_str_eq(buf, "A (snapkv) better: mean dNLL(B-A) = +0.01230 nats/token, "
 	                      "95% CI [+0.00800, +0.01700], significant");
@@ -501,16 +501,71 @@ START_TEST(test_verdict)
 	ci.hi = 0.001;
 	ck_assert_int_eq(rt_verdict_of(&ci, &sig), RT_VERDICT_B_BETTER);
 	ck_assert_int_eq(sig, 0);
-	rt_verdict_format(&ci, NULL, NULL, buf, sizeof(buf));
-	ck_assert_str_eq(buf, "B (B) better: mean dNLL(B-A) = -0.00200 nats/token, "
+	rt_verdict_format(&ci, NULL, NULL, "KLD", "nats", buf, sizeof(buf));
+	ck_assert_str_eq(buf, "B (B) better: mean dKLD(B-A) = -0.00200 nats, "
 	                      "95% CI [-0.00600, +0.00100], not significant (CI includes 0)");
 	ci.mean = 0.0;
 	ck_assert_int_eq(rt_verdict_of(&ci, &sig), RT_VERDICT_TIE);
+	rt_verdict_format(&ci, "x", "y", NULL, NULL, buf, sizeof(buf));
+	ck_assert_str_eq(buf, "A (x) and B (y) tie: mean dNLL(B-A) = +0.00000 nats/token, "
+	                      "95% CI [-0.00600, +0.00100], not significant (CI includes 0)");
 	/* truncation keeps a NUL and reports the full length */
 	char small[8];
-	n = rt_verdict_format(&ci, "a", "b", small, sizeof(small));
+	n = rt_verdict_format(&ci, "a", "b", NULL, NULL, small, sizeof(small));
 	ck_assert_int_gt(n, 7);
 	ck_assert_uint_eq(strlen(small), 7);
+}
+END_TEST
+
+START_TEST(test_block_len_and_autocorrelation)
+{
+	ck_assert_int_eq(rt_bootstrap_block_len(0), 1);
+	ck_assert_int_eq(rt_bootstrap_block_len(1), 1);
+	ck_assert_int_eq(rt_bootstrap_block_len(2), 1);
+	ck_assert_int_eq(rt_bootstrap_block_len(1000), 10);
+	ck_assert_int_eq(rt_bootstrap_block_len(4096), 16);
+	ck_assert_int_eq(rt_bootstrap_block_len(100000), 46);
+	/* On the AR(1) golden series (phi = 0.8) the block bootstrap interval must be much
+	 * wider than the iid one: the iid bootstrap ignores the positive autocorrelation
+	 * (variance inflation (1+phi)/(1-phi) = 9, so about 3x in width). */
+	load_vecs();
+	const gvec *g = find_vec("d_ar1");
+	rt_boot_ci iid, blk;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_bootstrap_mean_ci(g->v, g->n, 1000, 1, 0.95, 3, NULL, &iid, &err), 0);
+	ck_assert_int_eq(rt_bootstrap_mean_ci(g->v, g->n, 1000, 32, 0.95, 3, NULL, &blk, &err), 0);
+	double wi = iid.hi - iid.lo, wb = blk.hi - blk.lo;
+	ck_assert_msg(wb > 1.8 * wi, "block width %g vs iid width %g", wb, wi);
+	/* and on the iid golden sample the two agree roughly */
+	g = find_vec("d_iid");
+	ck_assert_int_eq(rt_bootstrap_mean_ci(g->v, g->n, 1000, 1, 0.95, 3, NULL, &iid, &err), 0);
+	ck_assert_int_eq(rt_bootstrap_mean_ci(g->v, g->n, 1000, 8, 0.95, 3, NULL, &blk, &err), 0);
+	wi = iid.hi - iid.lo;
+	wb = blk.hi - blk.lo;
+	ck_assert_msg(wb > 0.7 * wi && wb < 1.4 * wi, "block width %g vs iid width %g", wb, wi);
+}
+END_TEST
+
+START_TEST(test_json)
+{
+	rt_kld_summary s = {.n = 3, .kld_mean = 0.5, .kld_mean_err = 0.25, .kld_median = 0.125,
+	                    .kld_p90 = 1, .kld_p95 = 2, .kld_p99 = 3, .kld_p999 = 4, .kld_max = 5,
+	                    .kld_min = 0, .ppl_p = 10, .ppl_q = 11, .ppl_ratio = 1.1,
+	                    .same_top1 = 2.0 / 3.0, .rms_dp = NAN, .mean_dp = -0.01};
+	char buf[1024];
+	int n = rt_kld_summary_json(&s, buf, sizeof(buf));
+	ck_assert_int_eq(n, (int)strlen(buf));
+	ck_assert_str_eq(buf, "\"tokens\": 3, \"kld_mean\": 0.5, \"kld_mean_err\": 0.25, "
+	                      "\"kld_median\": 0.125, \"kld_p90\": 1, \"kld_p95\": 2, "
+	                      "\"kld_p99\": 3, \"kld_p999\": 4, \"kld_max\": 5, \"kld_min\": 0, "
+	                      "\"ppl_ref\": 10, \"ppl\": 11, \"ppl_ratio\": 1.1, "
+	                      "\"same_top1\": 0.666666667, \"rms_dp\": null, \"mean_dp\": -0.01");
+	rt_boot_ci ci = {.n = 4096, .mean = -0.002, .lo = -0.004, .hi = -0.001, .level = 0.95,
+	                 .n_resamples = 1000, .block_len = 16, .seed = 7};
+	rt_boot_ci_json(&ci, buf, sizeof(buf));
+	ck_assert_str_eq(buf, "\"n\": 4096, \"mean\": -0.002, \"ci_lo\": -0.004, "
+	                      "\"ci_hi\": -0.001, \"level\": 0.95, \"resamples\": 1000, "
+	                      "\"block_len\": 16, \"seed\": 7, \"significant\": true");
 }
 END_TEST
 
@@ -530,6 +585,8 @@ static Suite *stats_suite(void)
 	tcase_add_test(tc, test_bootstrap_coverage);
 	tcase_add_test(tc, test_bootstrap_errors);
 	tcase_add_test(tc, test_verdict);
+	tcase_add_test(tc, test_block_len_and_autocorrelation);
+	tcase_add_test(tc, test_json);
 	suite_add_tcase(s, tc);
 	return s;
 }

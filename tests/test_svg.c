@@ -287,6 +287,7 @@ START_TEST(test_escaping)
 	ck_assert(strstr(svg, ">kld &quot;nats&quot;?? caf\xc3\xa9</text>"));
 	ck_assert(!strstr(svg, "a<b"));
 	ck_assert(!strchr(svg, '\x01') && !strchr(svg, '\xff'));
+	free(svg);
 
 	/* the escaper on its own, including a truncated multibyte sequence */
 	char *buf = NULL;
@@ -377,6 +378,40 @@ START_TEST(test_deterministic_and_file)
 }
 END_TEST
 
+START_TEST(test_odd_ranges)
+{
+	rt_err err = {0};
+	rt_svg_plot p = {"t", "x", "y", 0, 0, 1};
+	/* one point at a ratio that is not a power of two: ticks at the neighbours 2 and 4 */
+	double x3[1] = {3}, y3[1] = {0.5};
+	rt_svg_series s3 = {"three", x3, y3, 1};
+	char *svg = rt_svg_render(&p, &s3, 1, NULL, &err);
+	ck_assert_ptr_nonnull(svg);
+	ASSERT_WF(svg);
+	ck_assert(strstr(svg, "text-anchor=\"middle\">2</text>"));
+	ck_assert(strstr(svg, "text-anchor=\"middle\">4</text>"));
+	ck_assert_int_eq(count_sub(svg, "class=\"pt\""), 1);
+	free(svg);
+	/* extreme magnitudes and sub-1 ratios: finite coordinates, no nan/inf text */
+	double xe[3] = {0.25, 1, 1024}, ye[3] = {-1.7e308, 0, 1.7e308};
+	rt_svg_series se = {"extreme", xe, ye, 3};
+	svg = rt_svg_render(&p, &se, 1, NULL, &err);
+	ck_assert_ptr_nonnull(svg);
+	ASSERT_WF(svg);
+	ck_assert(!strstr(svg, "nan") && !strstr(svg, "inf"));
+	ck_assert(strstr(svg, ">1/4</text>") && strstr(svg, ">1024</text>"));
+	ck_assert_int_eq(count_sub(svg, "class=\"pt\""), 3);
+	free(svg);
+	double yt[2] = {1.7e308, 1.7e308};
+	rt_svg_series st = {"top", xe, yt, 2};
+	svg = rt_svg_render(&p, &st, 1, NULL, &err);
+	ck_assert_ptr_nonnull(svg);
+	ASSERT_WF(svg);
+	ck_assert(!strstr(svg, "nan") && !strstr(svg, "inf"));
+	free(svg);
+}
+END_TEST
+
 START_TEST(test_errors)
 {
 	rt_err err = {0};
@@ -406,6 +441,7 @@ static Suite *svg_suite(void)
 	tcase_add_test(tc, test_escaping);
 	tcase_add_test(tc, test_nan_skipped);
 	tcase_add_test(tc, test_deterministic_and_file);
+	tcase_add_test(tc, test_odd_ranges);
 	tcase_add_test(tc, test_errors);
 	suite_add_tcase(s, tc);
 	return s;

@@ -8,8 +8,9 @@ model on the same token sequence:
 
 For each pair (P = the first named, Q = the second) it prints, over all N
 positions and the full vocabulary: KL(P || Q) mean / p99 / max in nats,
-top-1 agreement rate, max |logit difference|, and the perplexity of each over
-the N-1 next-token predictions.
+top-1 agreement rate, max |logit difference|, max |difference of the log-prob
+of the actual next token|, and the perplexity of each over the N-1 next-token
+predictions.
 
 The ref and llama logits are read from DIR (written by
 `make_model_golden.py --dump DIR`) or recomputed when DIR lacks them.
@@ -49,6 +50,7 @@ def stats(P, Q, ids, chunk=128):
 	maxd = 0.0
 	nll_p = 0.0
 	nll_q = 0.0
+	maxlp = 0.0
 	for a in range(0, n, chunk):
 		b = min(n, a + chunk)
 		lp = log_softmax(P[a:b])
@@ -59,18 +61,19 @@ def stats(P, Q, ids, chunk=128):
 		for r in range(a, min(b, n - 1)):
 			nll_p -= lp[r - a, ids[r + 1]]
 			nll_q -= lq[r - a, ids[r + 1]]
+			maxlp = max(maxlp, abs(lp[r - a, ids[r + 1]] - lq[r - a, ids[r + 1]]))
 	return {
 		"kl_mean": float(kl.mean()), "kl_p99": float(np.percentile(kl, 99)), "kl_max": float(kl.max()),
-		"kl_argmax": int(np.argmax(kl)), "top1": agree / n, "max_dlogit": maxd,
+		"kl_argmax": int(np.argmax(kl)), "top1": agree / n, "max_dlogit": maxd, "max_dlogprob": maxlp,
 		"ppl_p": float(np.exp(nll_p / (n - 1))), "ppl_q": float(np.exp(nll_q / (n - 1))),
 	}
 
 
 def report(name_p, name_q, s):
 	print("%s vs %s: KL(%s||%s) mean %.3e p99 %.3e max %.3e (pos %d); top-1 agreement %.4f; "
-	      "max|dlogit| %.4f; ppl %s %.4f, ppl %s %.4f" % (
+	      "max|dlogit| %.4f; max|dlogprob(next)| %.6f; ppl %s %.4f, ppl %s %.4f" % (
 		name_p, name_q, name_p, name_q, s["kl_mean"], s["kl_p99"], s["kl_max"], s["kl_argmax"],
-		s["top1"], s["max_dlogit"], name_p, s["ppl_p"], name_q, s["ppl_q"]))
+		s["top1"], s["max_dlogit"], s["max_dlogprob"], name_p, s["ppl_p"], name_q, s["ppl_q"]))
 
 
 def load_f32(path, vocab):

@@ -11,7 +11,13 @@ mean / max, top-1 agreement and max |dlogit| for:
   ref              vs ref_llamanum    what those rounding steps alone do to ref
   ref              vs ref_neox        the wrong (rotate-half) RoPE layout, for scale
 
-Usage: noise_floor.py [--model M] [--text T] [--n 512]
+--hidden adds a probe on "The capital of France is" (ids 504 3575 282 4649 314):
+llama.cpp's final hidden state (embedding=True, no pooling) against ref's, exact
+and with llama.cpp's rounding emulated, for RoPE bases 30000/100000/300000, the
+effect of a 1e-5 relative perturbation of the embeddings, and the output matmul
+applied to llama.cpp's own hidden state (exact f32 vs emulated Q8_0).
+
+Usage: noise_floor.py [--model M] [--text T] [--n 512] [--hidden]
 """
 
 import argparse
@@ -39,6 +45,50 @@ def llama_logits(model, ids, n_batch=512, type_kv=None):
 	return out
 
 
+def llama_hidden(model, ids):
+	"""llama.cpp's final normed hidden state [n x n_embd] (embedding mode, no pooling)."""
+	import llama_cpp
+	llm = llama_cpp.Llama(model_path=model, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE,
+			      n_ctx=512, n_threads=2, verbose=False)
+	llm.eval(list(ids))
+	n_embd = llm.n_embd()
+	h = np.array([np.ctypeslib.as_array(llama_cpp.llama_get_embeddings_ith(llm.ctx, i), shape=(n_embd,))
+		      for i in range(len(ids))], dtype=np.float32)
+	del llm
+	return h
+
+
+def hidden_probe(model):
+	ids = [504, 3575, 282, 4649, 314]
+	e = llama_hidden(model, ids)
+	L = llama_logits(model, ids)
+	m = ref_forward.Model(model)
+
+	def rel(h):
+		return " ".join("%.4f" % v for v in np.linalg.norm(e - h, axis=1) / np.linalg.norm(e, axis=1))
+
+	print("hidden probe, relative L2 distance to llama.cpp's final hidden state per position:")
+	for emu in (False, True):
+		for base in (30000.0, 100000.0, 300000.0):
+			m.rope_base = base
+			_, h = ref_forward.forward(m, ids, return_hidden=True, llama_numerics=emu)
+			print("  %-14s base %-8g %s" % ("ref_llamanum" if emu else "ref", base, rel(h)))
+	m.rope_base = 100000.0
+	E = m.tok_embd
+	_, h0 = ref_forward.forward(m, ids, return_hidden=True)
+	_, g0 = ref_forward.forward(m, ids, return_hidden=True, llama_numerics=True)
+	m.tok_embd = E * np.float32(1.0 + 1e-5)
+	_, h1 = ref_forward.forward(m, ids, return_hidden=True)
+	_, g1 = ref_forward.forward(m, ids, return_hidden=True, llama_numerics=True)
+	m.tok_embd = E
+	d = lambda a, b: " ".join("%.2e" % v for v in np.linalg.norm(a - b, axis=1) / np.linalg.norm(a, axis=1))
+	print("  embeddings x (1+1e-5): ref moves %s; ref_llamanum moves %s" % (d(h0, h1), d(g0, g1)))
+	nm = ref_forward._Numerics(m, True)
+	print("  logits from llama.cpp's hidden state, max|dlogit| per position: exact f32 %s; emulated Q8_0 %s" % (
+		" ".join("%.2e" % v for v in np.abs(e @ m.output.T - L).max(axis=1)),
+		" ".join("%.2e" % v for v in np.abs(nm.mm(e, m.output_name) - L).max(axis=1))))
+
+
 def row(name, P, Q, ids):
 	s = compare.stats(P, Q, ids)
 	print("%-34s KL mean %.3e  max %.3e  top-1 %.4f  max|dlogit| %.4f" % (
@@ -50,7 +100,10 @@ def main(argv):
 	ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
 	ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
 	ap.add_argument("--n", type=int, default=512)
+	ap.add_argument("--hidden", action="store_true")
 	a = ap.parse_args(argv[1:])
+	if a.hidden:
+		hidden_probe(a.model)
 	with open(a.text, encoding="utf-8") as fh:
 		ids = llama_ref.tokenize(a.model, fh.read())[:a.n]
 	print("first %d tokens of %s; llama-cpp-python %s" % (len(ids), a.text, llama_ref.version()))

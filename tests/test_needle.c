@@ -1,0 +1,537 @@
+/*
+ * test_needle: passkey and needle-in-a-haystack prompt builders and scorers
+ * (runtime/rt_needle.c).
+ *
+ * Model-free cases: the scorers on hand-written generations, the seed -> passkey map
+ * against values from the Python re-implementation of the PRNG
+ * (tests/golden/stats/make_golden.py's Rng), haystack reading (plain, gzip, errors), and the
+ * builders with a synthetic byte-level tokenizer written with gguf_writer: exact lengths,
+ * needle tokens at the reported place, depth within one filler repeat, sentence-end
+ * placement for NIAH, error cases.
+ * Model cases (env KVRT_MODEL = the SmolLM2 GGUF): for 1024, 2048 and 4096 tokens and
+ * depths 0/25/50/75/100, plain and ChatML: context + question == requested length, the
+ * decoded needle/filler/question texts are the published strings, the needle is within
+ * one filler repeat of the requested depth, plain passkey prompts are the tokenizer's own
+ * canonical tokenization of their text, and NIAH prompts from coreutils.info.gz (or
+ * GPL-3) put the needle where an independent re-implementation of the placement rule
+ * (last '.' token within RT_NIAH_MAX_BACK tokens before the depth, else a line end) says.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rt_needle.h"
+#include "support/gguf_writer.h"
+
+/* ---- scorers ------------------------------------------------------------------------- */
+
+START_TEST(test_score_passkey)
+{
+	ck_assert_int_eq(rt_needle_score_passkey("12345", 12345), 1);
+	ck_assert_int_eq(rt_needle_score_passkey(" 12345. Remember it.", 12345), 1);
+	ck_assert_int_eq(rt_needle_score_passkey("The pass key is 12345 and 7", 12345), 1);
+	ck_assert_int_eq(rt_needle_score_passkey("1234", 12345), 0);
+	ck_assert_int_eq(rt_needle_score_passkey("123456", 12345), 0);
+	ck_assert_int_eq(rt_needle_score_passkey("012345", 12345), 0);
+	ck_assert_int_eq(rt_needle_score_passkey("key 7, then 12345", 12345), 0);
+	ck_assert_int_eq(rt_needle_score_passkey("no digits here", 12345), 0);
+	ck_assert_int_eq(rt_needle_score_passkey("", 1), 0);
+	ck_assert_int_eq(rt_needle_score_passkey("1 2345", 12345), 0);
+	ck_assert_int_eq(rt_needle_score_passkey("x50000y", 50000), 1);
+}
+END_TEST
+
+START_TEST(test_score_niah)
+{
+	ck_assert_int_eq(rt_needle_score_niah(" eat a sandwich and sit in Dolores Park."), 1);
+	ck_assert_int_eq(rt_needle_score_niah("SANDWICH in dolores park"), 1);
+	ck_assert_int_eq(rt_needle_score_niah("eat a sandwich"), 0);
+	ck_assert_int_eq(rt_needle_score_niah("go to Dolores Park"), 0);
+	ck_assert_int_eq(rt_needle_score_niah("Dolores  Park sandwich"), 0);
+	ck_assert_int_eq(rt_needle_score_niah(""), 0);
+	rt_needle_prompt p = {0};
+	p.kind = RT_NEEDLE_PASSKEY;
+	p.passkey = 42;
+	ck_assert_int_eq(rt_needle_score(&p, "42"), 1);
+	ck_assert_int_eq(rt_needle_score(&p, "sandwich Dolores Park"), 0);
+	p.kind = RT_NEEDLE_NIAH;
+	ck_assert_int_eq(rt_needle_score(&p, "42"), 0);
+	ck_assert_int_eq(rt_needle_score(&p, "a sandwich in Dolores Park"), 1);
+}
+END_TEST
+
+START_TEST(test_passkey_seed)
+{
+	/* 1 + Rng(seed).below(50000) from tests/golden/stats/make_golden.py */
+	ck_assert_uint_eq(rt_needle_passkey_for_seed(0), 16421);
+	ck_assert_uint_eq(rt_needle_passkey_for_seed(1), 29558);
+	ck_assert_uint_eq(rt_needle_passkey_for_seed(2), 29576);
+	ck_assert_uint_eq(rt_needle_passkey_for_seed(42), 8743);
+	ck_assert_uint_eq(rt_needle_passkey_for_seed(1024), 46223);
+	int distinct = 0;
+	uint32_t seen[200];
+	for (int s = 0; s < 200; s++) {
+		uint32_t k = rt_needle_passkey_for_seed((uint64_t)s);
+		ck_assert(k >= 1 && k <= 50000);
+		int dup = 0;
+		for (int j = 0; j < s; j++)
+			dup |= seen[j] == k;
+		distinct += !dup;
+		seen[s] = k;
+	}
+	ck_assert_int_ge(distinct, 195);
+}
+END_TEST
+
+/* ---- haystack files ------------------------------------------------------------------ */
+
+START_TEST(test_read_text)
+{
+	char dir[] = "/tmp/test_needle_XXXXXX";
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	char plain[256], gz[256], cmd[600];
+	snprintf(plain, sizeof(plain), "%s/hay.txt", dir);
+	snprintf(gz, sizeof(gz), "%s/hay.txt.gz", dir);
+	FILE *f = fopen(plain, "w");
+	ck_assert_ptr_nonnull(f);
+	for (int i = 0; i < 5000; i++)
+		fprintf(f, "Line %d of the haystack. It has words.\n", i);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "gzip -c '%s' > '%s'", plain, gz);
+	ck_assert_int_eq(system(cmd), 0);
+	rt_err err = {0};
+	size_t n1, n2;
+	char *a = rt_needle_read_text(plain, &n1, &err);
+	char *b = rt_needle_read_text(gz, &n2, &err);
+	ck_assert_ptr_nonnull(a);
+	ck_assert_msg(b != NULL, "%s", err.msg);
+	ck_assert_uint_eq(n1, n2);
+	ck_assert_uint_gt(n1, 100000);
+	ck_assert(memcmp(a, b, n1) == 0);
+	ck_assert(b[n2] == '\0');
+	free(a);
+	free(b);
+	/* a .gz that is not gzip data */
+	ck_assert_int_eq(rename(plain, gz), 0);
+	ck_assert_ptr_null(rt_needle_read_text(gz, &n1, &err));
+	ck_assert_msg(strstr(err.msg, "gzip -dc failed") && !strncmp(err.msg, gz, strlen(gz)),
+	              "%s", err.msg);
+	unlink(gz);
+	ck_assert_ptr_null(rt_needle_read_text(gz, &n1, &err));
+	snprintf(cmd, sizeof(cmd), "%s: No such file or directory", gz);
+	ck_assert_str_eq(err.msg, cmd);
+	rmdir(dir);
+}
+END_TEST
+
+/* ---- synthetic byte-level tokenizer ----------------------------------------------------- */
+
+static void byte_sym(int b, char out[4])
+{
+	int n = 0, cp = -1;
+	for (int x = 0; x < 256; x++) {
+		int keep = (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255);
+		int c = keep ? x : 256 + n++;
+		if (x == b)
+			cp = c;
+	}
+	memset(out, 0, 4);
+	if (cp < 0x80) {
+		out[0] = (char)cp;
+	} else {
+		out[0] = (char)(0xC0 | (cp >> 6));
+		out[1] = (char)(0x80 | (cp & 0x3F));
+	}
+}
+
+/* Vocabulary: 3 control tokens, the 256 byte symbols (id 3 + byte), "ĠT", "ĠTh", "ĠThe". */
+static rt_tokenizer *syn_tokenizer(void)
+{
+	static const char *const merges[] = {"Ġ T", "ĠT h", "ĠTh e"};
+	const char *toks[262];
+	int32_t types[262];
+	char syms[256][4];
+	toks[0] = "<|endoftext|>";
+	toks[1] = "<|im_start|>";
+	toks[2] = "<|im_end|>";
+	for (int i = 0; i < 3; i++)
+		types[i] = 3;
+	for (int b = 0; b < 256; b++) {
+		byte_sym(b, syms[b]);
+		toks[3 + b] = syms[b];
+		types[3 + b] = 1;
+	}
+	toks[259] = "ĠT";
+	toks[260] = "ĠTh";
+	toks[261] = "ĠThe";
+	types[259] = types[260] = types[261] = 1;
+	gw *w = gw_init();
+	gw_kv_str(w, "general.architecture", "llama");
+	gw_kv_str(w, "tokenizer.ggml.model", "gpt2");
+	gw_kv_str(w, "tokenizer.ggml.pre", "smollm");
+	gw_kv_str_arr(w, "tokenizer.ggml.tokens", toks, 262);
+	gw_kv_i32_arr(w, "tokenizer.ggml.token_type", types, 262);
+	gw_kv_str_arr(w, "tokenizer.ggml.merges", merges, 3);
+	gw_kv_u32(w, "tokenizer.ggml.eos_token_id", 2);
+	char path[] = "/tmp/test_needle_tok_XXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(gw_write(w, path), 0);
+	gw_free(w);
+	rt_err err = {0};
+	rt_gguf *g = rt_gguf_open(path, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	rt_tokenizer *t = rt_tokenizer_init(g, &err);
+	ck_assert_msg(t != NULL, "%s", err.msg);
+	rt_gguf_close(g);
+	unlink(path);
+	return t;
+}
+
+/* Decode ids[n] into a heap string. */
+static char *decode(const rt_tokenizer *t, const int32_t *ids, int64_t n)
+{
+	size_t cap = 64, len = 0;
+	char *s = malloc(cap);
+	for (int64_t i = 0; i < n; i++) {
+		char b[512];
+		int l = rt_token_to_bytes(t, ids[i], b, sizeof(b));
+		ck_assert(l >= 0 && l < (int)sizeof(b));
+		while (len + (size_t)l + 1 > cap)
+			s = realloc(s, cap *= 2);
+		memcpy(s + len, b, (size_t)l);
+		len += (size_t)l;
+	}
+	s[len] = '\0';
+	return s;
+}
+
+static int32_t *tokenize(const rt_tokenizer *t, const char *s, int special, int64_t *n)
+{
+	rt_err err = {0};
+	int64_t k = rt_tokenize(t, s, strlen(s), special, NULL, 0, &err);
+	ck_assert_int_ge(k, 0);
+	int32_t *ids = malloc((size_t)(k + 1) * sizeof(int32_t));
+	ck_assert_int_eq(rt_tokenize(t, s, strlen(s), special, ids, k, &err), k);
+	*n = k;
+	return ids;
+}
+
+/* Checks common to every passkey prompt. unit_max bounds the filler repeat in tokens. */
+static void check_passkey(const rt_tokenizer *t, const rt_needle_prompt *p, int64_t n_tokens,
+                          double depth, int chat)
+{
+	ck_assert_int_eq(p->kind, RT_NEEDLE_PASSKEY);
+	ck_assert_int_eq(p->n_ctx + p->n_question, n_tokens);
+	/* the needle tokens are where reported and decode to the published needle */
+	char want[160];
+	snprintf(want, sizeof(want), " The pass key is %u. Remember it. %u is the pass key.",
+	         p->passkey, p->passkey);
+	char *nd = decode(t, p->ctx + p->needle_pos, p->needle_len);
+	ck_assert_str_eq(nd, want);
+	free(nd);
+	ck_assert_str_eq(p->answer, (snprintf(want, sizeof(want), "%u", p->passkey), want));
+	/* depth: within one filler repeat of depth% of the filler */
+	ck_assert_int_eq(p->hay_tokens, p->n_ctx - p->hay_start - p->needle_len);
+	double target = p->hay_start + depth / 100.0 * (double)p->hay_tokens;
+	ck_assert_msg(fabs((double)p->needle_pos - target) <= (double)p->unit,
+	              "N=%lld depth %g: needle at %lld, target %.1f, unit %lld",
+	              (long long)n_tokens, depth, (long long)p->needle_pos, target,
+	              (long long)p->unit);
+	/* filler before the needle is whole repeats of the filler text */
+	int64_t pre = p->needle_pos - p->hay_start;
+	ck_assert_int_eq(pre % p->unit, 0);
+	char *fill = decode(t, p->ctx + p->hay_start, pre);
+	size_t fl = strlen(RT_PASSKEY_FILLER);
+	ck_assert_uint_eq(strlen(fill), (size_t)(pre / p->unit) * fl);
+	for (int64_t r = 0; r < pre / p->unit; r++)
+		ck_assert(!strncmp(fill + r * fl, RT_PASSKEY_FILLER, fl));
+	free(fill);
+	/* instruction and question texts */
+	char *head = decode(t, p->ctx, p->hay_start);
+	char *q = decode(t, p->question, p->n_question);
+	if (chat) {
+		ck_assert(!strncmp(head, "<|im_start|>system\n", 19));
+		ck_assert(strstr(head, "<|im_start|>user\n" RT_PASSKEY_INSTRUCTION) != NULL);
+		ck_assert_str_eq(q, "\nWhat is the pass key?<|im_end|>\n<|im_start|>assistant\n"
+		                    "The pass key is");
+	} else {
+		ck_assert_str_eq(head, RT_PASSKEY_INSTRUCTION);
+		ck_assert_str_eq(q, "\nWhat is the pass key? The pass key is");
+	}
+	free(head);
+	free(q);
+}
+
+START_TEST(test_syn_passkey)
+{
+	rt_tokenizer *t = syn_tokenizer();
+	const int64_t lens[] = {400, 517, 1000};
+	const double depths[] = {0, 10, 25, 50, 75, 90, 100};
+	for (int c = 0; c < 2; c++)
+		for (int i = 0; i < 3; i++)
+			for (int j = 0; j < 7; j++) {
+				rt_needle_prompt p;
+				rt_err err = {0};
+				ck_assert_msg(rt_needle_passkey(t, lens[i], depths[j], (uint64_t)(i * 7 + j),
+				                                c, &p, &err) == 0, "%s", err.msg);
+				/* byte-level: a repeat is its bytes, with " The" merged (4 times) */
+				ck_assert_int_eq(p.unit, (int64_t)strlen(RT_PASSKEY_FILLER) - 4 * 3);
+				check_passkey(t, &p, lens[i], depths[j], c);
+				ck_assert_uint_eq(p.passkey, rt_needle_passkey_for_seed((uint64_t)(i * 7 + j)));
+				rt_needle_prompt_free(&p);
+			}
+	/* depth 0: the needle follows the instruction directly */
+	rt_needle_prompt p;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_needle_passkey(t, 700, 0, 5, 0, &p, &err), 0);
+	ck_assert_int_eq(p.needle_pos, p.hay_start);
+	rt_needle_prompt_free(&p);
+	/* errors */
+	ck_assert_int_eq(rt_needle_passkey(t, 100, 50, 1, 0, &p, &err), -1);
+	ck_assert_msg(!strncmp(err.msg, "passkey: 100 tokens is too short; the fixed parts take ",
+	                       55), "%s", err.msg);
+	ck_assert_ptr_null(p.ctx);
+	ck_assert_int_eq(rt_needle_passkey(t, 1000, 101, 1, 0, &p, &err), -1);
+	ck_assert_str_eq(err.msg, "passkey: depth 101% outside [0, 100]");
+	ck_assert_int_eq(rt_needle_passkey(t, 1000, NAN, 1, 0, &p, &err), -1);
+	rt_tokenizer_free(t);
+}
+END_TEST
+
+/* Checks common to every NIAH prompt. */
+static void check_niah(const rt_tokenizer *t, const rt_needle_prompt *p, int64_t n_tokens,
+                       double depth, int chat, int64_t *max_back)
+{
+	ck_assert_int_eq(p->kind, RT_NEEDLE_NIAH);
+	ck_assert_int_eq(p->n_ctx + p->n_question, n_tokens);
+	char *nd = decode(t, p->ctx + p->needle_pos, p->needle_len);
+	ck_assert_str_eq(nd, "\n" RT_NIAH_NEEDLE "\n");
+	free(nd);
+	ck_assert_int_eq(p->hay_tokens, p->n_ctx - p->hay_start - p->needle_len);
+	int64_t want = p->hay_start + (int64_t)llround(depth / 100.0 * (double)p->hay_tokens);
+	ck_assert_int_eq(p->target_pos, want);
+	ck_assert_int_le(p->needle_pos, want);
+	if (depth == 100.0) {
+		ck_assert_int_eq(p->needle_pos + p->needle_len, p->n_ctx);
+	} else {
+		/* Oracle for the documented rule on the haystack tokens around the needle: the
+		 * last '.'-ending token at or before the target within RT_NIAH_MAX_BACK tokens
+		 * (or the haystack start), else the last newline-ending token, else the target. */
+		int64_t H = p->hay_tokens, w = want - p->hay_start;
+		int32_t *hay = malloc((size_t)H * sizeof(int32_t));
+		int64_t pre = p->needle_pos - p->hay_start;
+		memcpy(hay, p->ctx + p->hay_start, (size_t)pre * sizeof(int32_t));
+		memcpy(hay + pre, p->ctx + p->needle_pos + p->needle_len,
+		       (size_t)(H - pre) * sizeof(int32_t));
+		int64_t lim = w > RT_NIAH_MAX_BACK ? w - RT_NIAH_MAX_BACK : 0, ins = -1;
+		for (int64_t k = w; k >= lim && ins < 0; k--) {
+			char b[256];
+			int l = k ? rt_token_to_bytes(t, hay[k - 1], b, sizeof(b)) : 0;
+			while (l > 0 && (b[l - 1] == ' ' || b[l - 1] == '\n' || b[l - 1] == '\t'))
+				l--;
+			if (k == 0 || (l > 0 && b[l - 1] == '.'))
+				ins = k;
+		}
+		for (int64_t k = w; k >= lim && ins < 0; k--) {
+			char b[256];
+			int l = rt_token_to_bytes(t, hay[k - 1], b, sizeof(b));
+			if (l > 0 && b[l - 1] == '\n')
+				ins = k;
+		}
+		if (ins < 0)
+			ins = w;
+		ck_assert_int_eq(p->needle_pos, p->hay_start + ins);
+		free(hay);
+	}
+	if (want - p->needle_pos > *max_back)
+		*max_back = want - p->needle_pos;
+	char *q = decode(t, p->question, p->n_question);
+	if (chat)
+		ck_assert_str_eq(q, "\n" RT_NIAH_QUESTION "<|im_end|>\n<|im_start|>assistant\n"
+		                    RT_NIAH_PRIME);
+	else
+		ck_assert_str_eq(q, "\n\n" RT_NIAH_QUESTION " " RT_NIAH_PRIME);
+	free(q);
+	ck_assert_str_eq(p->answer, "sandwich; Dolores Park");
+}
+
+START_TEST(test_syn_niah)
+{
+	rt_tokenizer *t = syn_tokenizer();
+	/* sentences of varying length, with control bytes and invalid UTF-8 to be cleaned */
+	size_t cap = 200000, len = 0;
+	char *hay = malloc(cap);
+	for (int i = 0; len < cap - 200; i++)
+		len += (size_t)snprintf(hay + len, cap - len, "Sentence %d has %.*s words.%s ", i,
+		                        i % 7 + 1, "aaaaaaa", i % 11 == 0 ? "\x1f\xff\n" : "");
+	int64_t max_back = 0;
+	const double depths[] = {0, 25, 50, 75, 100};
+	for (int c = 0; c < 2; c++)
+		for (int j = 0; j < 5; j++) {
+			rt_needle_prompt p;
+			rt_err err = {0};
+			ck_assert_msg(rt_needle_niah(t, hay, len, 1500, depths[j], c, &p, &err) == 0, "%s",
+			              err.msg);
+			check_niah(t, &p, 1500, depths[j], c, &max_back);
+			for (int64_t i = 0; i < p.n_ctx; i++) /* cleaned: no 0x1f, no raw 0xff */
+				ck_assert(p.ctx[i] != 3 + 0x1f && p.ctx[i] != 3 + 0xff);
+			rt_needle_prompt_free(&p);
+		}
+	/* sentences here are < 40 bytes, one token each */
+	ck_assert_int_lt(max_back, 40);
+	/* a haystack shorter than needed is repeated */
+	rt_needle_prompt p;
+	rt_err err = {0};
+	const char *tiny = "Short text. Only two sentences.";
+	ck_assert_int_eq(rt_needle_niah(t, tiny, strlen(tiny), 600, 50, 0, &p, &err), 0);
+	check_niah(t, &p, 600, 50, 0, &max_back);
+	rt_needle_prompt_free(&p);
+	/* errors */
+	ck_assert_int_eq(rt_needle_niah(t, hay, len, 50, 50, 0, &p, &err), -1);
+	ck_assert_msg(!strncmp(err.msg, "niah: 50 tokens is too short", 28), "%s", err.msg);
+	ck_assert_int_eq(rt_needle_niah(t, hay, 0, 600, 50, 0, &p, &err), -1);
+	ck_assert_str_eq(err.msg, "niah: empty haystack text");
+	ck_assert_int_eq(rt_needle_niah(t, hay, len, 600, -1, 0, &p, &err), -1);
+	ck_assert_str_eq(err.msg, "niah: depth -1% outside [0, 100]");
+	free(hay);
+	rt_tokenizer_free(t);
+}
+END_TEST
+
+/* ---- real model tokenizer ----------------------------------------------------------------- */
+
+static rt_tokenizer *g_tok;
+
+static void model_setup(void)
+{
+	rt_err err = {0};
+	rt_gguf *g = rt_gguf_open(getenv("KVRT_MODEL"), &err);
+	if (!g) {
+		fprintf(stderr, "test_needle: %s\n", err.msg);
+		return;
+	}
+	g_tok = rt_tokenizer_init(g, &err);
+	if (!g_tok)
+		fprintf(stderr, "test_needle: %s\n", err.msg);
+	rt_gguf_close(g);
+}
+
+static void model_teardown(void)
+{
+	rt_tokenizer_free(g_tok);
+	g_tok = NULL;
+}
+
+static int n_lengths(void)
+{
+	const char *s = getenv("KVRT_SANITIZED");
+	return s && *s == '1' ? 1 : 3;
+}
+
+static const int64_t LENS[3] = {1024, 2048, 4096};
+static const double DEPTHS[5] = {0, 25, 50, 75, 100};
+
+START_TEST(test_model_passkey)
+{
+	ck_assert_msg(g_tok != NULL, "tokenizer did not load");
+	for (int c = 0; c < 2; c++)
+		for (int i = 0; i < n_lengths(); i++)
+			for (int j = 0; j < 5; j++) {
+				rt_needle_prompt p;
+				rt_err err = {0};
+				uint64_t seed = (uint64_t)LENS[i] * 1000 + (uint64_t)DEPTHS[j];
+				ck_assert_msg(rt_needle_passkey(g_tok, LENS[i], DEPTHS[j], seed, c, &p, &err) ==
+				              0, "%s", err.msg);
+				ck_assert_int_eq(p.unit, 24); /* measured: 24 SmolLM2 tokens per repeat */
+				check_passkey(g_tok, &p, LENS[i], DEPTHS[j], c);
+				/* the prompt is the canonical tokenization of its own text */
+				int32_t *all = malloc((size_t)LENS[i] * sizeof(int32_t));
+				memcpy(all, p.ctx, (size_t)p.n_ctx * sizeof(int32_t));
+				memcpy(all + p.n_ctx, p.question, (size_t)p.n_question * sizeof(int32_t));
+				char *text = decode(g_tok, all, LENS[i]);
+				int64_t n2;
+				int32_t *re = tokenize(g_tok, text, c, &n2);
+				ck_assert_int_eq(n2, LENS[i]);
+				ck_assert(memcmp(re, all, (size_t)n2 * sizeof(int32_t)) == 0);
+				free(re);
+				free(text);
+				free(all);
+				rt_needle_prompt_free(&p);
+			}
+}
+END_TEST
+
+START_TEST(test_model_niah)
+{
+	ck_assert_msg(g_tok != NULL, "tokenizer did not load");
+	const char *paths[] = {"/usr/share/info/coreutils.info.gz",
+	                       "/usr/share/common-licenses/GPL-3"};
+	char *hay = NULL;
+	size_t len = 0;
+	const char *used = NULL;
+	for (int k = 0; k < 2 && !hay; k++) {
+		rt_err err = {0};
+		if (access(paths[k], R_OK) == 0 && (hay = rt_needle_read_text(paths[k], &len, &err)))
+			used = paths[k];
+	}
+	if (!hay) {
+		fprintf(stderr, "test_needle: no haystack text found, NIAH model case skipped\n");
+		return;
+	}
+	int64_t max_back = 0;
+	for (int c = 0; c < 2; c++)
+		for (int i = 0; i < n_lengths(); i++)
+			for (int j = 0; j < 5; j++) {
+				rt_needle_prompt p;
+				rt_err err = {0};
+				ck_assert_msg(rt_needle_niah(g_tok, hay, len, LENS[i], DEPTHS[j], c, &p, &err) ==
+				              0, "%s", err.msg);
+				check_niah(g_tok, &p, LENS[i], DEPTHS[j], c, &max_back);
+				rt_needle_prompt_free(&p);
+			}
+	fprintf(stderr, "test_needle: NIAH on %s: needle at most %lld tokens before the "
+	        "requested depth\n", used, (long long)max_back);
+	ck_assert_int_le(max_back, RT_NIAH_MAX_BACK);
+	free(hay);
+}
+END_TEST
+
+static Suite *needle_suite(void)
+{
+	Suite *s = suite_create("needle");
+	TCase *tc = tcase_create("core");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_score_passkey);
+	tcase_add_test(tc, test_score_niah);
+	tcase_add_test(tc, test_passkey_seed);
+	tcase_add_test(tc, test_read_text);
+	tcase_add_test(tc, test_syn_passkey);
+	tcase_add_test(tc, test_syn_niah);
+	suite_add_tcase(s, tc);
+	const char *model = getenv("KVRT_MODEL");
+	if (model && *model) {
+		TCase *tm = tcase_create("model");
+		tcase_set_timeout(tm, 600);
+		tcase_add_unchecked_fixture(tm, model_setup, model_teardown);
+		tcase_add_test(tm, test_model_passkey);
+		tcase_add_test(tm, test_model_niah);
+		suite_add_tcase(s, tm);
+	} else {
+		fprintf(stderr, "test_needle: KVRT_MODEL not set, real-model cases skipped\n");
+	}
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(needle_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
