@@ -169,6 +169,12 @@ $(B)/gen/policies/%.o: $(B)/gen/policies/%.c
 
 $(B)/tests/test_policies: $(B)/tests/test_policies.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
+# CUDA selection kernel (kernels/k_select.cuh) checked against the CPU kernel on random
+# heads with ties and NaN; building needs nvcc, running needs a GPU.
+$(B)/k_select_check: kernels/k_select_check.cu kernels/k_select.cuh kernels/k_select.h
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 -O2 -Ikernels -Iruntime $< -o $@
 # ---- end policies
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -32,6 +32,7 @@
 struct em {
 	char *buf;
 	size_t len, cap;
+	int lines;          /* newlines written so far */
 	const struct kvp_ir *ir;
 	const struct kvp_emit_opts *opts;
 	int n_vec;          /* whole-head transform nodes, numbered in node order */
@@ -51,6 +52,8 @@ static void put(struct em *em, const char *s, size_t n)
 		em->cap = nc;
 	}
 	memcpy(em->buf + em->len, s, n);
+	for (size_t i = 0; i < n; i++)
+		em->lines += s[i] == '\n';
 	em->len += n;
 	em->buf[em->len] = 0;
 }
@@ -77,12 +80,10 @@ static void out(struct em *em, const char *fmt, ...)
 	free(big);
 }
 
+/* The line number the next byte will be on. */
 static int lines_so_far(const struct em *em)
 {
-	int n = 1;
-	for (size_t i = 0; i < em->len; i++)
-		n += em->buf[i] == '\n';
-	return n;
+	return em->lines + 1;
 }
 
 /* ---- escaping --------------------------------------------------------------------- */
@@ -427,6 +428,13 @@ static void emit_header(struct em *em)
 		    s->per_qhead ? "per query head," : "shared,", (int)s->word,
 		    (int)(s->word + s->n_words - 1));
 	}
+	for (int i = 0; i < ir->n_consts; i++) {
+		char b[64];
+		snprintf(b, sizeof b, "%.17g", ir->consts[i].value);
+		out(em, " *   const ");
+		comment_name(em, ir->consts[i].name);
+		out(em, " = %s (folded into the code)\n", b);
+	}
 	for (int i = 0; i < ir->n_params; i++) {
 		out(em, " *   param %d ", i);
 		comment_name(em, ir->params[i].name);
@@ -463,6 +471,8 @@ static void emit_tables(struct em *em)
 		line_back(em);
 		out(em, "};\n\n");
 	}
+	if (ir->trigger.kind == KVP_TRIG_NEVER)
+		return; /* spans and layer lists are read only by compress */
 	if (ir->guards.n_spans > 0) {
 		out(em, "static const char *const policy_spans[%d] = {\n", ir->guards.n_spans);
 		for (int i = 0; i < ir->guards.n_spans; i++) {
@@ -642,8 +652,8 @@ static void emit_score(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
 	int32_t e = ir->score.expr;
-	if (e < 0)
-		return;
+	if (e < 0 || ir->trigger.kind == KVP_TRIG_NEVER)
+		return; /* no score, or no compress to use it */
 	out(em, "/* score_q: the score of every entry of h for query head r (lowest evicted first):\n"
 	        " *   ");
 	expr_comment(em, e);
@@ -881,6 +891,7 @@ static void emit_policy(struct em *em)
 
 int kvp_emit_c(const struct kvp_ir *ir, const struct kvp_emit_opts *opts, FILE *f)
 {
+	RT_ASSERT(ir->checked); /* the layout and the indices were validated */
 	struct kvp_emit_opts defaults = { 1, NULL };
 	struct em em = { 0 };
 	em.ir = ir;

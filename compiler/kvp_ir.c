@@ -667,5 +667,6 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 		problem(&ck, ir->loc, "unknown position convention");
 	if (ck.n == 0)
 		kvp_ir_layout(ir);
+	ir->checked = ck.n == 0;
 	return ck.n;
 }

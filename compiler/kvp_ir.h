@@ -193,7 +193,8 @@ struct kvp_ir_score {
 	                            the tie rule keeps the lowest positions) */
 	enum kvp_ir_reduce reduce;
 	enum kvp_ir_pool pool;
-	int32_t kernel;          /* pooling kernel (odd constant entries), 0 when no pooling */
+	int32_t kernel;          /* pooling kernel: a node folding to an odd constant
+	                            (entries); -1 when no pooling */
 	int pool_before_reduce;  /* 1: pool each query head then reduce (kvpress);
 	                            0: reduce then pool (KVCache-Factory) */
 	int over_layer;          /* 1: reduce over every query head of the layer, so one
@@ -316,6 +317,7 @@ struct kvp_ir {
 	enum kvp_positions positions;
 
 	/* layout, filled by kvp_ir_layout (called by kvp_ir_check): */
+	int checked;             /* 1 once kvp_ir_check passed (the emitters assert it) */
 	uint32_t stat_words_entry, stat_words_qhead;
 	unsigned needs;          /* KVP_NEED_* */
 	int uses_obs_count;      /* a per-entry word counts visible steps (MEAN stats) */

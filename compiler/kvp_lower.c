@@ -21,6 +21,7 @@
 typedef struct lower {
 	kvp_sema *s;
 	struct kvp_ir *ir;
+	int in_budget; /* lowering the budget's expression */
 } lower;
 
 static struct kvp_loc L(kvp_srcloc l)
@@ -62,9 +63,16 @@ static int32_t lower_size(lower *lw, const kvp_expr *e, kvp_sunit u)
 
 static int32_t lower_budget(lower *lw, kvp_srcloc at)
 {
-	(void)at;
 	const kvp_stmt *b = lw->s->setting[KVP_SET_BUDGET];
-	return lower_size(lw, b->value, lw->s->budget_unit);
+	if (!b || lw->in_budget) {
+		/* sema rejects both; never recurse */
+		kvp_src_error(lw->s->file->src, at, "'budget' has no value here");
+		return -1;
+	}
+	lw->in_budget = 1;
+	int32_t v = lower_size(lw, b->value, lw->s->budget_unit);
+	lw->in_budget = 0;
+	return v;
 }
 
 static enum kvp_ir_op binop(kvp_op op)
@@ -210,7 +218,7 @@ static enum kvp_ir_stat_kind stat_kind(kvp_agg a)
 
 int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 {
-	lower lw = { s, ir };
+	lower lw = { s, ir, 0 };
 	const kvp_file *f = s->file;
 	ir->loc = L(f->name_loc);
 

@@ -131,6 +131,7 @@ typedef struct sema {
 	int n_defined; /* defs[0..n_defined) are visible */
 	const kvp_stmt *current; /* the definition being checked */
 	int have_budget; /* budget statement checked ok */
+	int in_budget;   /* checking the budget's own expression */
 	ty budget;
 } sema;
 
@@ -791,10 +792,14 @@ static ty check_expr(sema *S, const kvp_expr *e, unsigned cx)
 			    cx_where(cx));
 			return TY_ERR;
 		}
+		if (S->in_budget) {
+			ERR(S, e->loc, "'budget' is used in its own definition");
+			return TY_ERR;
+		}
 		if (!S->have_budget) {
 			if (!S->out->setting[KVP_SET_BUDGET])
 				ERR(S, e->loc, "'budget' is used but the policy sets no budget");
-			return TY_ERR;
+			return TY_ERR; /* the budget's own error is reported */
 		}
 		{
 			ty t = S->budget;
@@ -1116,7 +1121,9 @@ static int positive(sema *S, const kvp_expr *e, ty t, const char *what, int inte
 
 static void check_budget(sema *S, const kvp_stmt *st)
 {
+	S->in_budget = 1;
 	ty t = check_unit(S, st->value, CX_SCALAR, U_SIZE, 3, "the budget");
+	S->in_budget = 0;
 	if (t.u == KVP_SU_ERR)
 		return;
 	if (t.known) {

@@ -21,7 +21,7 @@
 #include "rt_util.h"
 
 #define EXIT_USAGE 2
-#define DEFAULT_CHUNK 256
+#define DEFAULT_CHUNK 512
 
 static const char *const help_top =
 	"NAME\n"
@@ -103,13 +103,15 @@ static const char *const help_ppl =
 	"    -m, --model MODEL  GGUF model file\n"
 	"    -t, --text FILE    the text; must be valid UTF-8\n"
 	"    --ctx N            score the first N tokens (default: the whole text, up to the\n"
-	"                       model's context_length); N above context_length is an error\n"
-	"    --chunk N          tokens per forward chunk (default 256); the result does not\n"
+	"                       model's context_length); N above context_length is an error;\n"
+	"                       a shorter text is scored whole\n"
+	"    --chunk N          tokens per forward chunk (default 512); the result does not\n"
 	"                       depend on it beyond float rounding\n"
 	"    --threads N        BLAS threads (default: OPENBLAS_NUM_THREADS or all cores)\n"
 	"    --json             print one JSON object instead of the table: policy, model,\n"
-	"                       text, tokens, scored, ppl, nll_mean, top1_acc, seconds,\n"
-	"                       tokens_per_s, kv_entries_peak, kv_bytes_peak, threads, chunk\n"
+	"                       model_sha256, text, tokens, scored, ppl, nll_mean, top1_acc,\n"
+	"                       seconds, tokens_per_s, kv_entries_peak, kv_bytes_peak,\n"
+	"                       threads, chunk\n"
 	"    --dump FILE        write one JSON line per scored token to FILE:\n"
 	"                       {\"pos\":P,\"token\":T,\"logprob\":L,\"top1\":A}\n"
 	"                       P = position of the scored token (1..N-1), T its id,\n"
@@ -147,6 +149,7 @@ static const char *const help_run =
 	"                       the rendered prompt are parsed as such\n"
 	"    --system TEXT      system message for --chat (default: the template's)\n"
 	"    --stats            print prompt/generated token counts and speed on stderr\n"
+	"    --chunk N          prompt prefill chunk (default 512)\n"
 	"    --threads N        BLAS threads\n"
 	"    -h, --help         show this text\n"
 	"\n"
@@ -171,7 +174,7 @@ static const char *const help_bench =
 	"    -m, --model MODEL  GGUF model file\n"
 	"    --ctx LIST         comma-separated context lengths (default 128,1024,4096)\n"
 	"    --decode N         decode steps after each prefill (default 32)\n"
-	"    --chunk N          prefill chunk (default 256)\n"
+	"    --chunk N          prefill chunk (default 512)\n"
 	"    --threads N        BLAS threads\n"
 	"    -h, --help         show this text\n"
 	"\n"
@@ -214,8 +217,10 @@ typedef struct opts {
 enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECIAL, O_STATS,
        O_THREADS, O_DECODE };
 
-/* Parse argv for command cmd with the options it accepts (allowed: a string of the long
- * option ids / short letters). Returns 0, 1 for --help shown, or EXIT_USAGE. */
+/* Parse argv (argv[0] is the command name) with the command's long options lo and short
+ * options so into o, checking every numeric value. --ctx is one count, or for `bench`
+ * (whose o->ctx_list is preset) a list kept as text. Returns 0, 1 after printing help,
+ * or EXIT_USAGE after printing the error. */
 static int parse_opts(const char *cmd, const char *help, int argc, char **argv, opts *o,
                       const struct option *lo, const char *so)
 {
@@ -344,6 +349,111 @@ static void set_threads(long t)
 		openblas_set_num_threads((int)t);
 }
 
+/* ---- SHA-256 (FIPS 180-4) of the model file, for the --json record -------------------- */
+
+typedef struct sha256 {
+	uint32_t h[8];
+	uint8_t buf[64];
+	uint64_t len;   /* bytes hashed */
+} sha256;
+
+static const uint32_t sha256_k[64] = {
+	0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+	0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+	0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+	0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+	0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+	0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+	0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+	0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+};
+
+#define ROR32(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha256_block(sha256 *c, const uint8_t *p)
+{
+	uint32_t w[64], a[8];
+	for (int i = 0; i < 16; i++)
+		w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
+		       (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+	for (int i = 16; i < 64; i++) {
+		uint32_t s0 = ROR32(w[i - 15], 7) ^ ROR32(w[i - 15], 18) ^ (w[i - 15] >> 3);
+		uint32_t s1 = ROR32(w[i - 2], 17) ^ ROR32(w[i - 2], 19) ^ (w[i - 2] >> 10);
+		w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+	}
+	memcpy(a, c->h, sizeof a);
+	for (int i = 0; i < 64; i++) {
+		uint32_t S1 = ROR32(a[4], 6) ^ ROR32(a[4], 11) ^ ROR32(a[4], 25);
+		uint32_t ch = (a[4] & a[5]) ^ (~a[4] & a[6]);
+		uint32_t t1 = a[7] + S1 + ch + sha256_k[i] + w[i];
+		uint32_t S0 = ROR32(a[0], 2) ^ ROR32(a[0], 13) ^ ROR32(a[0], 22);
+		uint32_t maj = (a[0] & a[1]) ^ (a[0] & a[2]) ^ (a[1] & a[2]);
+		memmove(a + 1, a, 7 * sizeof a[0]);
+		a[4] += t1;
+		a[0] = t1 + S0 + maj;
+	}
+	for (int i = 0; i < 8; i++)
+		c->h[i] += a[i];
+}
+
+static void sha256_init(sha256 *c)
+{
+	static const uint32_t h0[8] = { 0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+		                        0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19 };
+	memcpy(c->h, h0, sizeof h0);
+	c->len = 0;
+}
+
+static void sha256_update(sha256 *c, const uint8_t *p, size_t n)
+{
+	size_t have = (size_t)(c->len % 64);
+	c->len += n;
+	if (have) {
+		size_t take = 64 - have < n ? 64 - have : n;
+		memcpy(c->buf + have, p, take);
+		p += take, n -= take;
+		if (have + take < 64)
+			return;
+		sha256_block(c, c->buf);
+	}
+	for (; n >= 64; p += 64, n -= 64)
+		sha256_block(c, p);
+	memcpy(c->buf, p, n);
+}
+
+static void sha256_hex(sha256 *c, char out[65])
+{
+	uint64_t bits = c->len * 8;
+	uint8_t pad[72] = { 0x80 };
+	size_t padn = (size_t)((c->len % 64) < 56 ? 56 - c->len % 64 : 120 - c->len % 64);
+	for (int i = 0; i < 8; i++)
+		pad[padn + i] = (uint8_t)(bits >> (56 - 8 * i));
+	sha256_update(c, pad, padn + 8);
+	for (int i = 0; i < 8; i++)
+		snprintf(out + 8 * i, 9, "%08x", c->h[i]);
+}
+
+/* Hex SHA-256 of a file into out[65]; 0, or -1 (out = "") when it cannot be read. */
+static int file_sha256(const char *path, char out[65])
+{
+	out[0] = 0;
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return -1;
+	static uint8_t buf[1 << 20];
+	sha256 c;
+	sha256_init(&c);
+	size_t n;
+	while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+		sha256_update(&c, buf, n);
+	int bad = ferror(f);
+	fclose(f);
+	if (bad)
+		return -1;
+	sha256_hex(&c, out);
+	return 0;
+}
+
 /* ---- commands -------------------------------------------------------------------------- */
 
 static int cmd_tokenize(int argc, char **argv)
@@ -458,7 +568,9 @@ static int cmd_ppl(int argc, char **argv)
 	lg = NULL;
 	int threads = openblas_get_num_threads();
 	if (o.json) {
-		rt_eval_json(stdout, m, o.text, "full", &r, threads, (int)o.chunk);
+		char sha[65];
+		file_sha256(o.model, sha); /* omitted from the record when unreadable */
+		rt_eval_json(stdout, m, sha, o.text, "full", &r, threads, (int)o.chunk);
 	} else {
 		printf("model        %s\n", m->path);
 		printf("text         %s (%lld tokens, first %lld scored)\n", o.text, (long long)n,
@@ -538,6 +650,10 @@ static int cmd_run(int argc, char **argv)
 	const char *prompt = o.prompt;
 	if (o.chat) {
 		rendered = rt_chat_render(o.system, o.prompt);
+		if (!rendered) {
+			fprintf(stderr, "kvrt: prompt: out of memory rendering the chat template\n");
+			goto out;
+		}
 		prompt = rendered;
 	}
 	if (!(ids = tokenize_all(tk, "prompt", prompt, strlen(prompt), o.chat, &n)))
@@ -580,7 +696,7 @@ static int cmd_run(int argc, char **argv)
 			fwrite(buf, 1, (size_t)(nb < (int)sizeof buf ? nb : (int)sizeof buf), stdout);
 		fflush(stdout);
 		gen++;
-		if (pos >= cap)
+		if (gen >= o.n_gen || pos >= cap) /* done, or no room to feed it back */
 			break;
 		if (rt_model_forward(&f, &kv, &t, 1, (int32_t)pos, logits, RT_LOGITS_LAST, &err) < 0) {
 			runtime_err(&err);
@@ -648,7 +764,9 @@ static int cmd_bench(int argc, char **argv)
 	rt_gguf_close(g);
 	for (int i = 0; i < n_ctx; i++)
 		if (ctxs[i] + o.decode > m->hp.n_ctx) {
-			fprintf(stderr, "kvrt: %s: --ctx %ld plus %ld decode steps exceed the model's context_length %d\n",
+			fprintf(stderr,
+			        "kvrt: %s: --ctx %ld plus %ld decode steps exceed the model's "
+			        "context_length %d\n",
 			        o.model, ctxs[i], o.decode, (int)m->hp.n_ctx);
 			rt_model_free(m);
 			return EXIT_USAGE;

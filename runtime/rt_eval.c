@@ -130,13 +130,17 @@ static void json_num(FILE *out, const char *key, double v, const char *fmt)
 		fputs("null", out);
 }
 
-void rt_eval_json(FILE *out, const rt_model *m, const char *text, const char *policy,
-                  const rt_ppl_result *r, int threads, int chunk)
+void rt_eval_json(FILE *out, const rt_model *m, const char *model_sha256, const char *text,
+                  const char *policy, const rt_ppl_result *r, int threads, int chunk)
 {
 	fputs("{\"policy\":", out);
 	rt_json_str(out, policy);
 	fputs(",\"model\":", out);
 	rt_json_str(out, m->path);
+	if (model_sha256 && *model_sha256) {
+		fputs(",\"model_sha256\":", out);
+		rt_json_str(out, model_sha256);
+	}
 	if (text) {
 		fputs(",\"text\":", out);
 		rt_json_str(out, text);

@@ -55,10 +55,11 @@ double rt_logprob(const float *logits, int n_vocab, int32_t tok, int32_t *top1);
 /* Print a JSON string literal (quotes, escapes for ", \\, control bytes). */
 void rt_json_str(FILE *out, const char *s);
 
-/* The `kvrt ppl --json` object (one line): policy, model, text, tokens, scored, ppl,
- * nll_mean, top1_acc, seconds, tokens_per_s, kv_entries_peak, kv_bytes_peak, threads,
- * chunk. text may be NULL. */
-void rt_eval_json(FILE *out, const rt_model *m, const char *text, const char *policy,
-                  const rt_ppl_result *r, int threads, int chunk);
+/* The `kvrt ppl --json` object (one line): policy, model, model_sha256, text, tokens,
+ * scored, ppl, nll_mean, top1_acc, seconds, tokens_per_s, kv_entries_peak, kv_bytes_peak,
+ * threads, chunk. text and model_sha256 may be NULL (then omitted); non-finite numbers
+ * are written as null. */
+void rt_eval_json(FILE *out, const rt_model *m, const char *model_sha256, const char *text,
+                  const char *policy, const rt_ppl_result *r, int threads, int chunk);
 
 #endif

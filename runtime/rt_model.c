@@ -14,6 +14,19 @@
 
 #include "rt_quant.h"
 
+/* Score-block budget in floats: rows of a chunk are processed in blocks whose
+ * [rows·G × entries] score matrix stays around 1 MiB, i.e. in cache across the QK^T
+ * product, the softmax and the P·V product. */
+#define ATT_BLOCK_FLOATS ((size_t)1 << 18)
+
+/* Floats of score scratch for G query heads over up to cap entries: a row block has
+ * rb·G·ncol <= ATT_BLOCK_FLOATS when rb > 1 rows, else G·ncol <= G·cap. */
+static size_t score_floats(int G, int32_t cap)
+{
+	size_t one_row = (size_t)G * (size_t)cap;
+	return one_row > ATT_BLOCK_FLOATS ? one_row : ATT_BLOCK_FLOATS;
+}
+
 /* Upper bounds that keep every size computation far from overflow for hostile files. */
 #define MAX_LAYERS 1024
 #define MAX_DIM (1 << 17)
@@ -353,9 +366,9 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 		C * E, C * E, C * qd, C * kd, C * kd, C * qd, C * G * hd, C * G * hd,
 		0, C * (size_t)hp->n_ff, C * (size_t)hp->n_ff, C * (size_t)hp->n_rot,
 	};
-	if ((size_t)cap > SIZE_MAX / sizeof(float) / 16 / (C * G))
+	if ((size_t)cap > SIZE_MAX / sizeof(float) / 16 / G)
 		return rt_err_set(err, "%s: forward: capacity %d too large", m->path, (int)cap);
-	sizes[8] = C * G * (size_t)cap;
+	sizes[8] = score_floats((int)G, cap);
 	size_t total = 0;
 	for (int i = 0; i < 12; i++)
 		total += (sizes[i] + 15) & ~(size_t)15;
@@ -546,11 +559,6 @@ void rt_attn_softmax(float *P, size_t ld, int G, int lim, const float *log_count
 	}
 }
 
-/* Score-block budget in floats: rows of a chunk are processed in blocks whose
- * [rows·G × entries] score matrix stays around 1 MiB, i.e. in cache across the QK^T
- * product, the softmax and the P·V product. */
-#define ATT_BLOCK_FLOATS (1u << 18)
-
 /* Attention of the C chunk rows for every KV head of one layer. The chunk's keys and
  * values were appended already, so each head holds nb = n - C earlier entries followed
  * by the chunk's C entries; row r attends to the prefix of nb + r + 1 entries. Rows are
@@ -569,6 +577,7 @@ static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0)
 			       (size_t)G * hd * sizeof(float));
 		int rb = (int)(ATT_BLOCK_FLOATS / ((size_t)G * n));
 		rb = rb < 1 ? 1 : rb > C ? C : rb;
+		RT_ASSERT((size_t)rb * G * n <= score_floats(G, f->cap));
 		for (int r0 = 0; r0 < C; r0 += rb) {
 			const int r1 = r0 + rb < C ? r0 + rb : C, nr = r1 - r0, ncol = nb + r1;
 			float *S = f->s, *og = f->og + (size_t)r0 * G * hd;
@@ -673,7 +682,9 @@ int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t
 		                  m->path, (long long)pos0 + n, (int)hp->n_ctx);
 	if (kv->n_layer != hp->n_layer || kv->n_kv_head != hp->n_head_kv ||
 	    kv->head_dim != hp->head_dim || kv->group != hp->group)
-		return rt_err_set(err, "%s: forward: KV store shape (%d layers, %d kv heads, head_dim %d) does not match the model",
+		return rt_err_set(err,
+		                  "%s: forward: KV store shape (%d layers, %d kv heads, head_dim %d) "
+		                  "does not match the model",
 		                  m->path, kv->n_layer, kv->n_kv_head, kv->head_dim);
 	for (int i = 0; i < n; i++)
 		if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
@@ -682,7 +693,9 @@ int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t
 	int32_t room = kv->cap < f->cap ? kv->cap : f->cap;
 	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
 		if ((int64_t)kv->heads[i].n + n > room)
-			return rt_err_set(err, "%s: KV cache full: layer %d kv head %d holds %d entries, %d more exceed the capacity %d",
+			return rt_err_set(err,
+			                  "%s: KV cache full: layer %d kv head %d holds %d entries, "
+			                  "%d more exceed the capacity %d",
 			                  m->path, i / kv->n_kv_head, i % kv->n_kv_head,
 			                  (int)kv->heads[i].n, n, (int)room);
 	for (int done = 0; done < n;) {

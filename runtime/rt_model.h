@@ -128,7 +128,7 @@ typedef struct rt_fwd {
 	float *att;     /* [max_chunk × n_head·head_dim] attention output */
 	float *qg;      /* [max_chunk·group × head_dim] one KV head's packed queries */
 	float *og;      /* [max_chunk·group × head_dim] their outputs */
-	float *s;       /* [max_chunk·group × cap] scores / probabilities */
+	float *s;       /* [max(2^18, group × cap)] scores / probabilities of a row block */
 	float *gate;    /* [max_chunk × n_ff] */
 	float *up;      /* [max_chunk × n_ff] */
 	float *rope_cs; /* [max_chunk × n_rot] interleaved cos, sin per rotated pair */

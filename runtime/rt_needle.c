@@ -381,6 +381,15 @@ char *rt_needle_read_text(const char *path, size_t *len, rt_err *err)
 	return rt_read_file(path, len, err);
 }
 
+size_t rt_needle_info_body(const char *text, size_t len)
+{
+	int seen = 0;
+	for (size_t i = 0; i + 1 < len; i++)
+		if (text[i] == '\x1f' && text[i + 1] == '\n' && ++seen == 2)
+			return i + 2;
+	return 0;
+}
+
 /* ---- scoring --------------------------------------------------------------------------- */
 
 int rt_needle_score_passkey(const char *g, uint32_t key)

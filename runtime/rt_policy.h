@@ -107,8 +107,10 @@ struct kvp_obs {
 	int64_t step;          /* position of the query token; tokens seen = step + 1 */
 	int32_t n;             /* visible entries */
 	int group;             /* query heads sharing the KV head */
-	const float *probs;    /* [group × n] attention probabilities (rows sum to 1), or NULL
-	                          unless KVP_NEED_ATTN */
+	const float *probs;    /* [group × n] attention probabilities, row r (query head r of
+	                          the group) at probs + r × n, each row summing to 1 over the
+	                          visible entries (log-count bias included); NULL unless
+	                          KVP_NEED_ATTN */
 	const float *out;      /* [group × head_dim] attention outputs, or NULL unless
 	                          KVP_NEED_OUT */
 };
@@ -137,7 +139,8 @@ struct kvp_policy {
 	                const struct kvp_obs *obs);
 	/* 1 when compress must run now (after ctx->seen tokens), else 0. */
 	int (*should_compress)(const struct kvp_ctx *ctx, const rt_kv *kv);
-	/* Compress the whole cache. Returns 0, or -1 with err set (e.g. scratch too small). */
+	/* Compress the whole cache. Returns 0, or -1 with err set (e.g. scratch too small).
+	 * NULL (with scratch_bytes NULL) for a policy that never compresses. */
 	int (*compress)(const struct kvp_ctx *ctx, rt_kv *kv, rt_err *err);
 	/* How many tokens k may be appended (and observed) before the policy must run:
 	 * should_compress stays 0 after 1 .. k-1 more tokens and may be 1 after k. Bounded
@@ -174,7 +177,21 @@ const char *kvp_unit_name(enum kvp_unit u);
  * area, allocated once by kvp_run_init. Per chunk the runtime asks kvp_run_chunk how
  * many tokens it may process, appends them to the store (calling init_entries), runs
  * attention with observe for each token, then calls kvp_run_advance, which moves the
- * context forward and compresses when the policy says so. */
+ * context forward and compresses when the policy says so:
+ *
+ *   kvp_run_init(&run, &kv, policy, L, G, R, d, cap, prompt_len, &err);
+ *   while (tokens remain) {
+ *       k = kvp_run_chunk(&run, &kv, max_chunk);        // 0: the store is full
+ *       for each (layer, kv head): rt_kv_append the k new entries (+ init_entries)
+ *       forward the k tokens; in each layer, for each query token t of the chunk and
+ *           each KV head: softmax over the entries with pos <= t (logit + log_count),
+ *           then policy->observe(&run.ctx, &kv, layer, g, &(struct kvp_obs){ t, n_vis,
+ *           R, probs [R × n_vis], outs [R × d] })
+ *       kvp_run_advance(&run, &kv, k, &err);            // may compress
+ *   }
+ *
+ * so a chunk never crosses a trigger or the prompt end and chunked evaluation equals
+ * token-by-token evaluation (tests/test_policies.c checks this). */
 struct kvp_run {
 	const struct kvp_policy *p;
 	double *params;          /* [n_params], defaults then --set overrides */

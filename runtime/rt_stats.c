@@ -85,16 +85,21 @@ void rt_kld_acc_reset(rt_kld_acc *a)
 	a->cap = cap;
 }
 
+void rt_kld_acc_reserve(rt_kld_acc *a, int64_t n)
+{
+	if (n <= a->cap)
+		return;
+	double *k = realloc(a->kld, (size_t)n * sizeof(double));
+	if (!k)
+		rt_assert_fail("out of memory", __FILE__, __LINE__);
+	a->kld = k;
+	a->cap = n;
+}
+
 void rt_kld_acc_add(rt_kld_acc *a, const rt_tok_cmp *c)
 {
-	if (a->n == a->cap) {
-		int64_t nc = a->cap ? 2 * a->cap : 1024;
-		double *k = realloc(a->kld, (size_t)nc * sizeof(double));
-		if (!k)
-			rt_assert_fail("out of memory", __FILE__, __LINE__);
-		a->kld = k;
-		a->cap = nc;
-	}
+	if (a->n == a->cap)
+		rt_kld_acc_reserve(a, a->cap ? 2 * a->cap : 1024);
 	a->kld[a->n++] = c->kld;
 	a->sum_kld += c->kld;
 	a->sum_kld2 += c->kld * c->kld;
@@ -308,12 +313,75 @@ int rt_verdict_format(const rt_boot_ci *ci, const char *name_a, const char *name
 	                sig ? "significant" : "not significant (CI includes 0)");
 }
 
+/* Autocovariance of d[n] at lag k around mean: sum_{i>=k} e_i e_{i-k} / n. */
+static double acv_at(const double *d, int64_t n, double mean, int64_t k)
+{
+	double s = 0.0;
+	for (int64_t i = k; i < n; i++)
+		s += (d[i] - mean) * (d[i - k] - mean);
+	return s / (double)n;
+}
+
 int64_t rt_bootstrap_block_len(int64_t n)
 {
 	if (n <= 1)
 		return 1;
 	int64_t l = (int64_t)llround(cbrt((double)n));
 	return l < 1 ? 1 : l;
+}
+
+int64_t rt_bootstrap_block_len_auto(const double *d, int64_t n)
+{
+	if (n < 8)
+		return 1;
+	double dn = (double)n, mean = 0.0;
+	for (int64_t i = 0; i < n; i++)
+		mean += d[i];
+	mean /= dn;
+	int64_t K = (int64_t)floor(sqrt(log10(dn)));
+	if (K < 5)
+		K = 5;
+	int64_t m_max = (int64_t)ceil(sqrt(dn)) + K;
+	if (m_max > n - 1)
+		m_max = n - 1;
+	/* autocovariance at lag k, computed on demand (m_max is O(sqrt n)) */
+#define ACV(k) acv_at(d, n, mean, (k))
+	double r0 = ACV(0);
+	if (!(r0 > 0.0) || !isfinite(r0))
+		return 1;
+	double thr = 2.0 * sqrt(log10(dn) / dn);
+	int64_t m_hat = m_max - K > 0 ? m_max - K : 0;
+	for (int64_t m = 0; m + K <= m_max; m++) {
+		int ok = 1;
+		for (int64_t k = 1; k <= K && ok; k++)
+			ok = fabs(ACV(m + k) / r0) < thr;
+		if (ok) {
+			m_hat = m;
+			break;
+		}
+	}
+	int64_t M = 2 * (m_hat > 1 ? m_hat : 1);
+	if (M > m_max)
+		M = m_max;
+	double g = r0, G = 0.0;
+	for (int64_t k = 1; k <= M; k++) {
+		double t = (double)k / (double)M;
+		double lam = t <= 0.5 ? 1.0 : 2.0 * (1.0 - t);
+		double r = ACV(k);
+		g += 2.0 * lam * r;
+		G += 2.0 * lam * (double)k * r;
+	}
+#undef ACV
+	double D = 4.0 / 3.0 * g * g;
+	if (!(D > 0.0))
+		return 1;
+	double b = cbrt(2.0 * G * G / D) * cbrt(dn);
+	double bmax = ceil(fmin(3.0 * sqrt(dn), dn / 3.0));
+	if (!(b >= 1.0))
+		b = 1.0;
+	if (b > bmax)
+		b = bmax;
+	return (int64_t)llround(b);
 }
 
 /* ---- JSON ----------------------------------------------------------------------------- */

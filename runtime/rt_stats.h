@@ -79,7 +79,10 @@ void rt_kld_acc_init(rt_kld_acc *a);
 void rt_kld_acc_free(rt_kld_acc *a);
 /* Reset to zero tokens, keeping the allocation. */
 void rt_kld_acc_reset(rt_kld_acc *a);
-/* Add one token (aborts on out-of-memory, like RT_MALLOC). */
+/* Pre-size for n tokens so that rt_kld_acc_add never allocates (call before the
+ * evaluation loop; aborts on out-of-memory). */
+void rt_kld_acc_reserve(rt_kld_acc *a, int64_t n);
+/* Add one token (grows geometrically when not reserved; aborts on out-of-memory). */
 void rt_kld_acc_add(rt_kld_acc *a, const rt_tok_cmp *c);
 /* Summarise (sorts a copy of the KLD values; a is unchanged). */
 void rt_kld_acc_summary(const rt_kld_acc *a, rt_kld_summary *out);
@@ -144,6 +147,24 @@ int rt_bootstrap_mean_ci(const double *d, int64_t n, int n_resamples, int64_t bl
  * variance of a mean grows like n^(1/3) (Hall, Horowitz & Jing 1995); the constant depends
  * on the autocorrelation (Politis & White 2004 estimate it) and is taken as 1 here. */
 int64_t rt_bootstrap_block_len(int64_t n);
+
+/* Data-driven block length for the circular block bootstrap of the mean of d[n]: the
+ * rule of Politis & White (2004) with the correction of Patton, Politis & White (2009),
+ *   e = d - mean(d); R(k) = sum_{i>=k} e_i e_{i-k} / n  (autocovariance)
+ *   K = max(5, floor(sqrt(log10 n))); m_max = min(ceil(sqrt n) + K, n - 1)
+ *   m = smallest m >= 0 with |R(m+k)/R(0)| < 2 sqrt(log10(n)/n) for k = 1..K
+ *       (m_max - K when there is none); M = min(2 max(m, 1), m_max)
+ *   flat-top kernel lam(t) = 1 for t <= 1/2, 2(1 - t) for 1/2 < t <= 1
+ *   g = R(0) + 2 sum_{k=1..M} lam(k/M) R(k);  G = 2 sum_{k=1..M} lam(k/M) k R(k)
+ *   L = (2 G^2 / ((4/3) g^2))^(1/3) n^(1/3), clamped to [1, ceil(min(3 sqrt n, n/3))]
+ * and rounded to the nearest integer. Returns 1 for n < 8 or a constant sample.
+ * Measured on the real model (SmolLM2-135M, 1023 tokens of coreutils.info, NLL
+ * differences of sinks+window vs window eviction at 8x): autocorrelation 0.19-0.25 up
+ * to lag 16, this rule picks L = 57, and the 95% interval is 2.5x as wide as the iid
+ * bootstrap's (which is therefore far too optimistic), close to where the width stops
+ * growing with L (L = 64..128). The A/B command should use this. O(n sqrt n) time, no
+ * allocation. */
+int64_t rt_bootstrap_block_len_auto(const double *d, int64_t n);
 
 /* Default settings used by the A/B command. */
 #define RT_BOOT_DEFAULT_B 1000

@@ -325,6 +325,64 @@ START_TEST(merge_into_neighbours)
 }
 END_TEST
 
+/* score = -pos (older entries are worth more), for the pipeline test below */
+static void score_neg_pos(const struct kvp_ctx *ctx, const rt_kv *kv, const rt_kv_head *h,
+                          int layer, int r, float *out, float *tmp, double *vec)
+{
+	(void)ctx, (void)kv, (void)layer, (void)r, (void)tmp, (void)vec;
+	for (int32_t i = 0; i < h->n; i++)
+		out[i] = (float)-h->pos[i];
+}
+
+/* The whole pipeline with a merge action on one head of 8 entries (keys all along x):
+ * sink 1 (position 0), recent 2 (6, 7), target 5 -> 2 free slots: positions 1, 2 win
+ * (score -pos). Evicted 3, 4, 5 fold into the previous kept unguarded entry (2), up to
+ * a run of 3 tokens: 3 and 4 join 2 (count 3), 5 cannot (2 is full, 6 is guarded) and
+ * is dropped. Counts: 1 1 3 1 1. */
+START_TEST(pipeline_merge)
+{
+	rt_kv kv;
+	rt_err err = { "" };
+	ck_assert_int_eq(rt_kv_init(&kv, 1, 1, 1, 2, 8, 0, 0, &err), 0);
+	rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
+	for (int i = 0; i < 8; i++) {
+		const float k[2] = { 1, 0 }, v[2] = { (float)i, 0 };
+		rt_kv_append(&kv, h, k, v, i);
+	}
+	struct kvp_ctx ctx;
+	memset(&ctx, 0, sizeof ctx);
+	ctx.seen = 8;
+	ctx.prompt_len = -1;
+	ctx.scratch_len = k_compress_scratch_bytes(&kv, 0);
+	ctx.scratch = malloc(ctx.scratch_len);
+	struct k_compress_cfg cfg;
+	memset(&cfg, 0, sizeof cfg);
+	cfg.has_score = 1;
+	cfg.reduce = -1;
+	cfg.target = 5;
+	cfg.sinks = 1;
+	cfg.recent = 2;
+	cfg.action = K_ACT_MERGE;
+	cfg.run = 3;
+	ck_assert_int_eq(k_compress_run(&ctx, &kv, &cfg, score_neg_pos, &err), 0);
+	const int32_t pos[5] = { 0, 1, 2, 6, 7 };
+	const float cnt[5] = { 1, 1, 3, 1, 1 };
+	ck_assert_int_eq(h->n, 5);
+	for (int i = 0; i < 5; i++) {
+		ck_assert_int_eq(h->pos[i], pos[i]);
+		ck_assert_float_eq(h->count[i], cnt[i]);
+	}
+	/* the prototype's value is the mean of 2, 3, 4 */
+	ck_assert_float_eq_tol(h->v[2 * 2], 3.0f, 1e-6);
+	/* too little scratch is an error, not a crash */
+	ctx.scratch_len = 16;
+	ck_assert_int_eq(k_compress_run(&ctx, &kv, &cfg, score_neg_pos, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "scratch"));
+	free(ctx.scratch);
+	rt_kv_free(&kv);
+}
+END_TEST
+
 static Suite *kernels_suite(void)
 {
 	Suite *s = suite_create("kernels");
@@ -340,6 +398,7 @@ static Suite *kernels_suite(void)
 	tcase_add_test(tc, layer_budgets);
 	tcase_add_test(tc, adaptive_heads);
 	tcase_add_test(tc, merge_into_neighbours);
+	tcase_add_test(tc, pipeline_merge);
 	suite_add_tcase(s, tc);
 	return s;
 }

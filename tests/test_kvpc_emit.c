@@ -13,6 +13,9 @@
  *   KVPC_UPDATE_GOLDEN=1 build/tests/test_kvpc_emit
  */
 #include <check.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +24,11 @@
 
 #include "kvp_emit_c.h"
 #include "kvp_ir.h"
+#include "kvp_sema.h"
+#include "kvp_src.h"
 
-/* ---- IR-built policies (mirror the policies/ files; locations are plausible lines) ------ */
+/* ---- IR-built policies (shaped like the policies/ files but built here, so the back
+ * end is tested without the front end; their sources are named ir/NAME.kvp) ---------- */
 
 #define L(n) ((struct kvp_loc){ (n), 5 })
 
@@ -47,7 +53,7 @@ static int32_t B(struct kvp_ir *ir, enum kvp_ir_op op, int32_t a, int32_t b)
 /* H2O: accumulated attention, group sum, recent guard, every step (arXiv 2306.14048). */
 static struct kvp_ir *ir_h2o(void)
 {
-	struct kvp_ir *ir = ir_new("h2o", "policies/h2o.kvp");
+	struct kvp_ir *ir = ir_new("h2o", "ir/h2o.kvp");
 	int budget = kvp_ir_add_param(ir, L(3), "budget", 64, KVP_UNIT_ENTRIES, "entries per KV head");
 	int recent = kvp_ir_add_param(ir, L(4), "recent", 8, KVP_UNIT_TOKENS, "recent window");
 	int acc = kvp_ir_add_stat(ir, L(5), "acc", KVP_STAT_SUM, S(ir, KVP_SIG_ATTN), -1,
@@ -67,7 +73,7 @@ static struct kvp_ir *ir_h2o(void)
 /* SnapKV: observation window over the prompt tail, max pooling k=7, prompt end. */
 static struct kvp_ir *ir_snapkv(void)
 {
-	struct kvp_ir *ir = ir_new("snapkv", "policies/snapkv.kvp");
+	struct kvp_ir *ir = ir_new("snapkv", "ir/snapkv.kvp");
 	int budget = kvp_ir_add_param(ir, L(3), "budget", 1024, KVP_UNIT_ENTRIES, "");
 	int window = kvp_ir_add_param(ir, L(4), "window", 32, KVP_UNIT_TOKENS, "observation window");
 	int obs = kvp_ir_add_stat(ir, L(5), "obs", KVP_STAT_SUM, S(ir, KVP_SIG_ATTN), -1,
@@ -87,7 +93,7 @@ static struct kvp_ir *ir_snapkv(void)
 /* Scissorhands: count(attn < 1/seen) over the last 400 steps, batch eviction. */
 static struct kvp_ir *ir_scissorhands(void)
 {
-	struct kvp_ir *ir = ir_new("scissorhands", "policies/scissorhands.kvp");
+	struct kvp_ir *ir = ir_new("scissorhands", "ir/scissorhands.kvp");
 	int budget = kvp_ir_add_param(ir, L(3), "budget", 0.2, KVP_UNIT_RATIO, "");
 	int recent = kvp_ir_add_param(ir, L(4), "recent", 10, KVP_UNIT_TOKENS, "");
 	int32_t cond = B(ir, KVP_OP_LT, S(ir, KVP_SIG_ATTN), B(ir, KVP_OP_DIV, N(ir, 1), S(ir, KVP_SIG_SEEN)));
@@ -110,7 +116,7 @@ static struct kvp_ir *ir_scissorhands(void)
  * the remaining emitter paths. */
 static struct kvp_ir *ir_caote_mix(void)
 {
-	struct kvp_ir *ir = ir_new("caote_mix", "policies/caote_mix.kvp");
+	struct kvp_ir *ir = ir_new("caote_mix", "ir/caote_mix.kvp");
 	int budget = kvp_ir_add_param(ir, L(3), "budget", 256, KVP_UNIT_ENTRIES, "");
 	int acc = kvp_ir_add_stat(ir, L(4), "acc", KVP_STAT_MEAN, S(ir, KVP_SIG_ATTN), -1,
 	                          KVP_HIST_WHOLE, -1);
@@ -213,7 +219,10 @@ static void write_all(const char *path, const char *s)
 /* Compile C source with the project's strict flags; returns the exit status. */
 static int compile_c(const char *src, const char *tag)
 {
-	char dir[] = "/tmp/kvpc_emit_XXXXXX";
+	char dir[64] = "/tmp/kvpc_emit_";
+	size_t dl = strlen(dir);
+	memset(dir + dl, 'X', 6); /* mkdtemp's template suffix */
+	dir[dl + 6] = 0;
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	char cpath[256], opath[256], cmd[1024];
 	snprintf(cpath, sizeof cpath, "%s/%s.c", dir, tag);
@@ -234,7 +243,7 @@ static void golden_check(struct kvp_ir *ir, const char *name)
 {
 	char path[256], outname[256];
 	snprintf(path, sizeof path, "tests/golden/emit/%s.c.golden", name);
-	snprintf(outname, sizeof outname, "build/gen/policies/%s.c", name);
+	snprintf(outname, sizeof outname, "ir/%s.c", name);
 	char *a = emit_str(ir, 1, outname);
 	char *b = emit_str(ir, 1, outname);
 	ck_assert_str_eq(a, b); /* deterministic within a process */
@@ -299,7 +308,7 @@ START_TEST(line_directives_switch)
 	struct kvp_ir *ir = ir_h2o();
 	char *on = emit_str(ir, 1, "out.c");
 	char *off = emit_str(ir, 0, "out.c");
-	ck_assert_ptr_nonnull(strstr(on, "#line 5 \"policies/h2o.kvp\"\n"));
+	ck_assert_ptr_nonnull(strstr(on, "#line 5 \"ir/h2o.kvp\"\n"));
 	ck_assert_ptr_nonnull(strstr(on, "\"out.c\"\n"));
 	ck_assert_ptr_null(strstr(off, "#line"));
 	ck_assert_int_eq(compile_c(off, "h2o_nolines"), 0);
@@ -326,7 +335,7 @@ START_TEST(banner_and_determinism)
 	struct kvp_ir *a = ir_scissorhands(), *b = ir_scissorhands();
 	char *sa = emit_str(a, 1, "x.c"), *sb = emit_str(b, 1, "x.c");
 	ck_assert_str_eq(sa, sb);
-	const char *banner = "/* generated from policies/scissorhands.kvp by kvpc " KVP_VERSION
+	const char *banner = "/* generated from ir/scissorhands.kvp by kvpc " KVP_VERSION
 	                     " \xe2\x80\x94 do not edit */\n";
 	ck_assert_int_eq(strncmp(sa, banner, strlen(banner)), 0);
 	free(sa);
@@ -496,11 +505,299 @@ START_TEST(layout_words)
 }
 END_TEST
 
+/* The library policies through the real front end (kvp_compile): two independent
+ * compilations emit byte-identical C, and the --no-line form compiles -Werror. */
+static char *compile_policy(const char *path, int lines)
+{
+	char err[256] = "";
+	kvp_src *src = kvp_src_open(path, err, sizeof err);
+	ck_assert_msg(src != NULL, "%s", err);
+	struct kvp_ir ir;
+	int ne = kvp_compile(src, &ir);
+	ck_assert_msg(ne == 0, "%s: %s", path, kvp_src_diags(src));
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	struct kvp_emit_opts o = { lines, "out.c" };
+	ck_assert_int_eq(kvp_emit_c(&ir, &o, f), 0);
+	fclose(f);
+	kvp_ir_free(&ir);
+	kvp_src_free(src);
+	return buf;
+}
+
+START_TEST(library_policies)
+{
+	DIR *d = opendir("policies");
+	ck_assert_ptr_nonnull(d);
+	struct dirent *e;
+	int n = 0;
+	while ((e = readdir(d)) != NULL) {
+		size_t l = strlen(e->d_name);
+		if (l < 5 || strcmp(e->d_name + l - 4, ".kvp") != 0)
+			continue;
+		char path[512];
+		snprintf(path, sizeof path, "policies/%s", e->d_name);
+		char *a = compile_policy(path, 1), *b = compile_policy(path, 1);
+		ck_assert_msg(strcmp(a, b) == 0, "%s: two compilations differ", path);
+		char banner[600];
+		snprintf(banner, sizeof banner, "/* generated from %s by kvpc ", path);
+		ck_assert_int_eq(strncmp(a, banner, strlen(banner)), 0);
+		ck_assert_ptr_nonnull(strstr(a, "#line "));
+		char *c = compile_policy(path, 0);
+		ck_assert_ptr_null(strstr(c, "#line"));
+		ck_assert_msg(compile_c(c, "lib") == 0, "%s: emitted C does not compile", path);
+		free(a);
+		free(b);
+		free(c);
+		n++;
+	}
+	closedir(d);
+	ck_assert_int_ge(n, 12);
+}
+END_TEST
+
+/* ---- random valid IR: every combination the checker accepts must emit C that
+ * compiles -Werror (emitter coverage beyond the hand-built policies) ----------------- */
+
+static unsigned rnd_state = 12345;
+static unsigned rnd(unsigned n)
+{
+	rnd_state = rnd_state * 1103515245u + 12345u;
+	return (rnd_state >> 16) % n;
+}
+
+static int32_t rnd_expr(struct kvp_ir *ir, enum kvp_ir_ctx c, int depth)
+{
+	static const enum kvp_ir_signal scalar[] = { KVP_SIG_SEEN, KVP_SIG_CONTEXT,
+	                                             KVP_SIG_PROMPT_LEN, KVP_SIG_N_LAYER };
+	static const enum kvp_ir_signal observe[] = { KVP_SIG_ATTN, KVP_SIG_SEEN, KVP_SIG_POS,
+	                                              KVP_SIG_AGE, KVP_SIG_COUNT, KVP_SIG_ENTRIES,
+	                                              KVP_SIG_KEY_NORM, KVP_SIG_VALUE_NORM,
+	                                              KVP_SIG_LAYER };
+	static const enum kvp_ir_signal score[] = { KVP_SIG_POS, KVP_SIG_AGE, KVP_SIG_KEY_NORM,
+	                                            KVP_SIG_VALUE_NORM, KVP_SIG_KEY_COS_MEAN,
+	                                            KVP_SIG_CONTEXT, KVP_SIG_COUNT };
+	unsigned k = depth > 3 ? rnd(3) : rnd(9);
+	if (k == 0)
+		return N(ir, (double)rnd(100) / 7.0 - 3);
+	if (k == 1 && ir->n_params > 0)
+		return P(ir, (int)rnd((unsigned)ir->n_params));
+	if (k == 1 || k == 2) {
+		if (c == KVP_CTX_SCALAR)
+			return S(ir, scalar[rnd(4)]);
+		if (c == KVP_CTX_OBSERVE)
+			return S(ir, observe[rnd(9)]);
+		if (ir->n_stats > 0 && rnd(2))
+			return kvp_ir_stat_ref(ir, L(9), (int)rnd((unsigned)ir->n_stats));
+		return S(ir, score[rnd(7)]);
+	}
+	if (k == 3)
+		return kvp_ir_unary(ir, L(9), (enum kvp_ir_op)(KVP_OP_NEG + rnd(6)),
+		                    rnd_expr(ir, c, depth + 1));
+	if (k == 4)
+		return kvp_ir_select(ir, L(9), rnd_expr(ir, c, depth + 1), rnd_expr(ir, c, depth + 1),
+		                     rnd_expr(ir, c, depth + 1));
+	if (k == 5 && c == KVP_CTX_SCORE)
+		return rnd(2) ? kvp_ir_caote(ir, L(9), (enum kvp_ir_caote_mode)rnd(2), rnd_expr(ir, c, depth + 1))
+		              : kvp_ir_normalize(ir, L(9), rnd_expr(ir, c, depth + 1));
+	int32_t a = rnd_expr(ir, c, depth + 1), b = rnd_expr(ir, c, depth + 1);
+	return B(ir, (enum kvp_ir_op)(KVP_OP_ADD + rnd(15)), a, b);
+}
+
+static struct kvp_ir *ir_random(int seed)
+{
+	rnd_state = (unsigned)seed * 2654435761u + 1;
+	char name[32];
+	snprintf(name, sizeof name, "random_%d", seed);
+	struct kvp_ir *ir = ir_new(name, "ir/random.kvp");
+	int np = (int)rnd(4);
+	for (int i = 0; i < np; i++) {
+		char pn[16];
+		snprintf(pn, sizeof pn, "p%d", i);
+		kvp_ir_add_param(ir, L(2 + i), pn, (double)rnd(50), (enum kvp_unit)rnd(5), "");
+	}
+	int ns = (int)rnd(4);
+	for (int i = 0; i < ns; i++) {
+		char sn[16];
+		snprintf(sn, sizeof sn, "s%d", i);
+		enum kvp_ir_stat_kind kind = (enum kvp_ir_stat_kind)rnd(5);
+		enum kvp_ir_history hist = (enum kvp_ir_history)rnd(3);
+		int32_t arg = rnd_expr(ir, KVP_CTX_OBSERVE, 0);
+		int32_t alpha = kind == KVP_STAT_EMA ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
+		int32_t win = hist == KVP_HIST_LAST_STEPS ? N(ir, 1 + rnd(100)) :
+		              hist == KVP_HIST_PROMPT_TAIL ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
+		kvp_ir_add_stat(ir, L(6 + i), sn, kind, arg, alpha, hist, win);
+	}
+	ir->score.expr = rnd(5) ? rnd_expr(ir, KVP_CTX_SCORE, 0) : -1;
+	ir->score.reduce = (enum kvp_ir_reduce)rnd(3);
+	ir->score.pool = (enum kvp_ir_pool)rnd(3);
+	ir->score.kernel = N(ir, 1 + 2 * rnd(4));
+	ir->score.pool_before_reduce = (int)rnd(2);
+	ir->trigger.kind = (enum kvp_ir_trigger)rnd(6);
+	ir->trigger.n = rnd_expr(ir, KVP_CTX_SCALAR, 2);
+	ir->trigger.threshold = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
+	ir->trigger.target = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
+	ir->alloc.budget = rnd_expr(ir, KVP_CTX_SCALAR, 1);
+	ir->alloc.layers = (enum kvp_ir_layers)rnd(5);
+	ir->alloc.beta = rnd(2) ? N(ir, 20) : -1;
+	ir->alloc.from = N(ir, 0.5);
+	ir->alloc.to = rnd_expr(ir, KVP_CTX_SCALAR, 2);
+	double m[2] = { 1, 2 };
+	kvp_ir_set_list(ir, m, 2);
+	ir->alloc.heads = (enum kvp_ir_heads)rnd(3);
+	ir->alloc.floor = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
+	ir->action.kind = ir->alloc.heads == KVP_HEADS_EACH ? (enum kvp_ir_action)rnd(3) : KVP_ACT_EVICT;
+	ir->action.run = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
+	ir->action.floor = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
+	ir->score.over_layer = ir->alloc.heads == KVP_HEADS_EACH && ir->action.kind == KVP_ACT_EVICT ?
+	                       (int)rnd(2) : 0;
+	ir->guards.sinks = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
+	ir->guards.recent = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
+	ir->guards.protect_all_spans = (int)rnd(2);
+	if (rnd(2))
+		kvp_ir_add_span(ir, "s\"pan");
+	ir->positions = (enum kvp_positions)rnd(2);
+	return ir;
+}
+
+/* Build src (one emitted policy) into a shared object together with the runtime pieces
+ * its hooks call, load it and return its exported policy (NULL on failure). *handle
+ * receives the dlopen handle. */
+static const struct kvp_policy *load_policy(const char *src, const char *name, void **handle)
+{
+	char dir[64] = "/tmp/kvpc_run_";
+	size_t dl = strlen(dir);
+	memset(dir + dl, 'X', 6);
+	dir[dl + 6] = 0;
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	char cpath[128], sopath[128], cmd[1024];
+	snprintf(cpath, sizeof cpath, "%s/p.c", dir);
+	snprintf(sopath, sizeof sopath, "%s/p.so", dir);
+	write_all(cpath, src);
+	const char *cc = getenv("CC") ? getenv("CC") : "cc";
+	/* under `make test-asan` the policy is instrumented too */
+	const char *san = getenv("KVRT_SANITIZED") ? "-fsanitize=address,undefined -fno-sanitize-recover=undefined" : "";
+	snprintf(cmd, sizeof cmd,
+	         "%s -std=c11 -O1 -D_GNU_SOURCE -fPIC -shared %s -Iruntime -Ikernels %s runtime/rt_kv.c "
+	         "runtime/rt_util.c -o %s -lm 2>&1", cc, san, cpath, sopath);
+	int rc = system(cmd);
+	unlink(cpath);
+	*handle = rc == 0 ? dlopen(sopath, RTLD_NOW | RTLD_LOCAL) : NULL;
+	unlink(sopath);
+	rmdir(dir);
+	if (!*handle)
+		return NULL;
+	char sym[300];
+	kvp_emit_symbol(name, sym, sizeof sym);
+	return dlsym(*handle, sym);
+}
+
+/* Drive a loaded policy on 2 layers × 3 KV heads × group 3 for up to 80 tokens with
+ * pseudo-random attention and keys, in chunks from kvp_run_chunk; check the store's
+ * invariants after every chunk: n <= cap, positions strictly increasing, counts >= 1,
+ * and (for layer-wide selections) equal position lists across a layer's heads. */
+static void drive_policy(const struct kvp_policy *p, int prompt_len)
+{
+	enum { L = 2, G = 3, R = 3, D = 4, CAP = 48 };
+	rt_kv kv;
+	struct kvp_run run;
+	rt_err err = { "" };
+	ck_assert_msg(kvp_run_init(&run, &kv, p, L, G, R, D, CAP, prompt_len, &err) == 0, "%s",
+	              err.msg);
+	for (int i = 0; i < p->n_params; i++)
+		run.params[i] = 1 + (double)(rnd(40)) / (rnd(2) ? 1 : 40);
+	const char *names[2] = { NULL, "s\"pan" };
+	run.ctx.span_names = names;
+	run.ctx.n_spans = 1;
+	float probs[R * CAP], outs[R * D], k[D], v[D];
+	memset(outs, 0, sizeof outs);
+	while (run.ctx.seen < 80) {
+		int32_t c = kvp_run_chunk(&run, &kv, 1 + (int32_t)rnd(6));
+		if (c == 0)
+			break; /* full and the policy does not make room: the runtime would stop */
+		int64_t t0 = run.ctx.seen;
+		for (int64_t t = t0; t < t0 + c; t++)
+			for (int l = 0; l < L; l++)
+				for (int g = 0; g < G; g++) {
+					for (int j = 0; j < D; j++) {
+						k[j] = (float)rnd(9) - 4;
+						v[j] = (float)rnd(7) - 3;
+					}
+					rt_kv_head *h = rt_kv_head_at(&kv, l, g);
+					int32_t i = rt_kv_append(&kv, h, k, v, (int32_t)t);
+					h->span[i] = t % 11 == 3;
+				}
+		for (int64_t t = t0; t < t0 + c; t++)
+			for (int l = 0; l < L; l++)
+				for (int g = 0; g < G; g++) {
+					rt_kv_head *h = rt_kv_head_at(&kv, l, g);
+					int32_t n = 0;
+					while (n < h->n && h->pos[n] <= t)
+						n++;
+					for (int r = 0; r < R; r++) {
+						double sum = 0;
+						for (int32_t i = 0; i < n; i++)
+							sum += probs[r * n + i] = (float)(1 + rnd(5));
+						for (int32_t i = 0; i < n; i++)
+							probs[r * n + i] = (float)(probs[r * n + i] / sum);
+					}
+					struct kvp_obs ob = { t, n, R, probs, outs };
+					if (p->observe)
+						p->observe(&run.ctx, &kv, l, g, &ob);
+				}
+		ck_assert_msg(kvp_run_advance(&run, &kv, c, &err) >= 0, "%s", err.msg);
+		for (int l = 0; l < L; l++)
+			for (int g = 0; g < G; g++) {
+				rt_kv_head *h = rt_kv_head_at(&kv, l, g);
+				ck_assert_int_le(h->n, CAP);
+				for (int32_t i = 0; i < h->n; i++) {
+					ck_assert(h->count[i] >= 1.0f);
+					ck_assert(i == 0 || h->pos[i] > h->pos[i - 1]);
+					ck_assert_int_lt(h->pos[i], run.ctx.seen);
+				}
+			}
+	}
+	kvp_run_free(&run);
+	rt_kv_free(&kv);
+}
+
+START_TEST(random_ir_compiles)
+{
+	/* KVPC_RANDOM_IR=N runs N policies instead of 12 (a longer local search) */
+	int want = getenv("KVPC_RANDOM_IR") ? atoi(getenv("KVPC_RANDOM_IR")) : 12;
+	int emitted = 0;
+	for (int seed = 0; seed < 4 * want && emitted < want; seed++) {
+		struct kvp_ir *ir = ir_random(seed);
+		/* random reduce NONE with a per-query-head score is the one invalid draw */
+		if (ir->score.expr >= 0 && kvp_ir_expr_per_qhead(ir, ir->score.expr) &&
+		    ir->score.reduce == KVP_REDUCE_NONE)
+			ir->score.reduce = KVP_REDUCE_MEAN;
+		int nd = 0;
+		ck_assert_msg(kvp_ir_check(ir, diag_print, &nd) == 0, "random IR %d rejected", seed);
+		char *src = emit_str(ir, seed % 2, "random.c");
+		char tag[32];
+		snprintf(tag, sizeof tag, "random_%d", seed);
+		ck_assert_msg(compile_c(src, tag) == 0, "random IR %d: emitted C does not compile", seed);
+		/* and its hooks run on a synthetic store without breaking it */
+		void *handle = NULL;
+		const struct kvp_policy *p = load_policy(src, ir->name, &handle);
+		ck_assert_msg(p != NULL, "random IR %d: cannot load (%s)", seed, handle ? "symbol" : dlerror());
+		drive_policy(p, seed % 3 == 0 ? -1 : 30);
+		dlclose(handle);
+		free(src);
+		ir_delete(ir);
+		emitted++;
+	}
+	ck_assert_int_eq(emitted, want);
+}
+END_TEST
+
 static Suite *emit_suite(void)
 {
 	Suite *s = suite_create("kvpc_emit");
 	TCase *tc = tcase_create("emit");
-	tcase_set_timeout(tc, 120);
+	tcase_set_timeout(tc, 1200);
 	tcase_add_test(tc, golden_h2o);
 	tcase_add_test(tc, golden_snapkv);
 	tcase_add_test(tc, golden_scissorhands);
@@ -512,6 +809,8 @@ static Suite *emit_suite(void)
 	tcase_add_test(tc, registry);
 	tcase_add_test(tc, checker_rejects);
 	tcase_add_test(tc, layout_words);
+	tcase_add_test(tc, library_policies);
+	tcase_add_test(tc, random_ir_compiles);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -569,6 +569,53 @@ START_TEST(test_observe_hook)
 }
 END_TEST
 
+/* Long context: enough entries that the attention splits a chunk into several row
+ * blocks (rows·group·entries above 2^18 floats); a 64-token chunk after a 2000-token
+ * prefill equals 64 single-token calls, and observe still sees exact probabilities. */
+START_TEST(test_long_context_row_blocks)
+{
+	tiny_model_cfg c = shape_cfg(0, RT_GGML_F32);
+	c.n_ctx = 2100;
+	const char *path = write_model(&c);
+	rt_model *m = load_ok(path);
+	enum { P = 2000, C = 64 };
+	int32_t *tok = malloc((P + C) * sizeof *tok);
+	test_tokens(tok, P + C, c.n_vocab, 2024u);
+	rt_err err = {0};
+	rt_kv a, b;
+	rt_fwd fa, fb;
+	ck_assert_int_eq(rt_model_kv_init(m, &a, P + C, &err), 0);
+	ck_assert_int_eq(rt_model_kv_init(m, &b, P + C, &err), 0);
+	ck_assert_int_eq(rt_fwd_init(&fa, m, 500, P + C, &err), 0);
+	ck_assert_int_eq(rt_fwd_init(&fb, m, 500, P + C, &err), 0);
+	ck_assert_int_eq(rt_model_forward(&fa, &a, tok, P, 0, NULL, RT_LOGITS_NONE, &err), 0);
+	ck_assert_int_eq(rt_model_forward(&fb, &b, tok, P, 0, NULL, RT_LOGITS_NONE, &err), 0);
+	/* the chunk is split: 2^18 / (3 · 2064) = 42 rows per block < 64 */
+	ck_assert_int_lt((1 << 18) / (c.n_head / c.n_head_kv * (P + C)), C);
+	obs_acc acc = {0};
+	acc.chunk_start = P;
+	fa.observe = obs_cb;
+	fa.observe_user = &acc;
+	float *la = malloc((size_t)C * c.n_vocab * sizeof *la);
+	float *lb = malloc((size_t)C * c.n_vocab * sizeof *lb);
+	ck_assert_int_eq(rt_model_forward(&fa, &a, tok + P, C, P, la, RT_LOGITS_ALL, &err), 0);
+	for (int i = 0; i < C; i++)
+		ck_assert_int_eq(rt_model_forward(&fb, &b, tok + P + i, 1, P + i,
+		                                  lb + (size_t)i * c.n_vocab, RT_LOGITS_ALL, &err), 0);
+	double d = max_diff_f(la, lb, (size_t)C * c.n_vocab);
+	ck_assert_msg(d <= 1e-5, "chunk vs token-by-token at 2000 tokens: %g", d);
+	ck_assert_int_eq(acc.calls, (long)C * c.n_layer * c.n_head_kv);
+	ck_assert_int_eq(acc.bad_n, 0);
+	ck_assert_msg(acc.worst_sum < 1e-5 && acc.worst_out < 1e-5, "observe: sum %g, out %g",
+	              acc.worst_sum, acc.worst_out);
+	free(la), free(lb), free(tok);
+	rt_fwd_free(&fa), rt_fwd_free(&fb);
+	rt_kv_free(&a), rt_kv_free(&b);
+	rt_model_free(m);
+	unlink(path);
+}
+END_TEST
+
 /* ---- bad inputs ---------------------------------------------------------------------- */
 
 enum damage { D_NONE, D_ARCH, D_MISSING, D_SHAPE, D_NO_CTX, D_HEADS };
@@ -816,7 +863,8 @@ START_TEST(test_eval_ppl_matches_reference)
 	fclose(lg);
 	ck_assert_int_eq(res.tokens, N);
 	ck_assert_int_eq(res.scored, N - 1);
-	ck_assert_msg(fabs(res.ppl - ref_ppl) <= 1e-5 * ref_ppl, "ppl %g vs reference %g", res.ppl, ref_ppl);
+	ck_assert_msg(fabs(res.ppl - ref_ppl) <= 1e-5 * ref_ppl, "ppl %g vs reference %g", res.ppl,
+	              ref_ppl);
 	ck_assert_double_eq_tol(res.nll_mean, nll / (N - 1), 1e-5);
 	int hits = 0;
 	for (int i = 0; i + 1 < N; i++) {
@@ -856,14 +904,14 @@ START_TEST(test_eval_ppl_matches_reference)
 
 	/* JSON summary: one line with the required keys */
 	FILE *js = tmpfile();
-	rt_eval_json(js, m, "t\"x.txt", "full", &res, 2, 6);
+	rt_eval_json(js, m, "00ff", "t\"x.txt", "full", &res, 2, 6);
 	rewind(js);
 	char buf[1024];
 	ck_assert_ptr_nonnull(fgets(buf, sizeof buf, js));
 	fclose(js);
 	const char *keys[] = { "{\"policy\":\"full\"", "\"tokens\":21", "\"ppl\":", "\"nll_mean\":",
 		               "\"tokens_per_s\":", "\"kv_entries_peak\":", "\"kv_bytes_peak\":",
-		               "\"threads\":2", "\"text\":\"t\\\"x.txt\"" };
+		               "\"threads\":2", "\"text\":\"t\\\"x.txt\"", "\"model_sha256\":\"00ff\"" };
 	for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
 		ck_assert_msg(strstr(buf, keys[k]) != NULL, "JSON lacks %s: %s", keys[k], buf);
 
@@ -889,6 +937,7 @@ static Suite *model_suite(void)
 	tcase_add_loop_test(tc, test_evicted_cache_oracle, 0, 3);
 	tcase_add_loop_test(tc, test_count_oracle, 0, 3);
 	tcase_add_test(tc, test_observe_hook);
+	tcase_add_test(tc, test_long_context_row_blocks);
 	suite_add_tcase(s, tc);
 	TCase *bad = tcase_create("errors");
 	tcase_add_test(bad, test_bad_files);

@@ -88,9 +88,23 @@ END_TEST
 
 /* ---- haystack files ------------------------------------------------------------------ */
 
+START_TEST(test_info_body)
+{
+	const char info[] = "preamble\n\x1f\nFile: x.info,  Node: Top\n* Menu:\n"
+	                    "\x1f\nFile: x.info,  Node: Intro\nProse.\n\x1f\nmore";
+	size_t off = rt_needle_info_body(info, sizeof(info) - 1);
+	ck_assert_str_eq(info + off, "File: x.info,  Node: Intro\nProse.\n\x1f\nmore");
+	ck_assert_uint_eq(rt_needle_info_body("plain text", 10), 0);
+	ck_assert_uint_eq(rt_needle_info_body("a\x1f\nb", 4), 0);
+	ck_assert_uint_eq(rt_needle_info_body("\x1f\n\x1f\n", 4), 4);
+	ck_assert_uint_eq(rt_needle_info_body("\x1f\n\x1f", 3), 0);
+}
+END_TEST
+
 START_TEST(test_read_text)
 {
-	char dir[] = "/tmp/test_needle_XXXXXX";
+	char dir[] = "/tmp/test_needle_......";
+	memset(dir + strlen(dir) - 6, 'X', 6); /* mkdtemp's template suffix */
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	char plain[256], gz[256], cmd[600];
 	snprintf(plain, sizeof(plain), "%s/hay.txt", dir);
@@ -176,7 +190,8 @@ static rt_tokenizer *syn_tokenizer(void)
 	gw_kv_i32_arr(w, "tokenizer.ggml.token_type", types, 262);
 	gw_kv_str_arr(w, "tokenizer.ggml.merges", merges, 3);
 	gw_kv_u32(w, "tokenizer.ggml.eos_token_id", 2);
-	char path[] = "/tmp/test_needle_tok_XXXXXX";
+	char path[] = "/tmp/test_needle_tok_......";
+	memset(path + strlen(path) - 6, 'X', 6); /* mkstemp's template suffix */
 	int fd = mkstemp(path);
 	ck_assert_int_ge(fd, 0);
 	close(fd);
@@ -483,17 +498,23 @@ START_TEST(test_model_niah)
 		fprintf(stderr, "test_needle: no haystack text found, NIAH model case skipped\n");
 		return;
 	}
+	size_t body = rt_needle_info_body(hay, len);
+	if (strstr(used, "coreutils.info"))
+		ck_assert_msg(!strncmp(hay + body, "File: coreutils.info,  Node: Introduction", 41),
+		              "Info body starts with %.60s", hay + body);
 	int64_t max_back = 0;
-	for (int c = 0; c < 2; c++)
-		for (int i = 0; i < n_lengths(); i++)
-			for (int j = 0; j < 5; j++) {
-				rt_needle_prompt p;
-				rt_err err = {0};
-				ck_assert_msg(rt_needle_niah(g_tok, hay, len, LENS[i], DEPTHS[j], c, &p, &err) ==
-				              0, "%s", err.msg);
-				check_niah(g_tok, &p, LENS[i], DEPTHS[j], c, &max_back);
-				rt_needle_prompt_free(&p);
-			}
+	for (int b = 0; b < 2; b++)
+		for (int c = 0; c < 2; c++)
+			for (int i = 0; i < n_lengths(); i++)
+				for (int j = 0; j < 5; j++) {
+					rt_needle_prompt p;
+					rt_err err = {0};
+					size_t off = b ? body : 0;
+					ck_assert_msg(rt_needle_niah(g_tok, hay + off, len - off, LENS[i],
+					                             DEPTHS[j], c, &p, &err) == 0, "%s", err.msg);
+					check_niah(g_tok, &p, LENS[i], DEPTHS[j], c, &max_back);
+					rt_needle_prompt_free(&p);
+				}
 	fprintf(stderr, "test_needle: NIAH on %s: needle at most %lld tokens before the "
 	        "requested depth\n", used, (long long)max_back);
 	ck_assert_int_le(max_back, RT_NIAH_MAX_BACK);
@@ -509,6 +530,7 @@ static Suite *needle_suite(void)
 	tcase_add_test(tc, test_score_passkey);
 	tcase_add_test(tc, test_score_niah);
 	tcase_add_test(tc, test_passkey_seed);
+	tcase_add_test(tc, test_info_body);
 	tcase_add_test(tc, test_read_text);
 	tcase_add_test(tc, test_syn_passkey);
 	tcase_add_test(tc, test_syn_niah);

@@ -6,7 +6,10 @@
  * numpy, the PRNG streams and the paired (block) bootstrap intervals against a pure-Python
  * re-implementation of the same PRNG and algorithm (tests/golden/stats/golden.txt, written
  * by tests/golden/stats/make_golden.py); exact-constant intervals, coverage of the mean,
- * the verdict and its error cases.
+ * the verdict and its error cases; the Politis-White block length against the same
+ * script (including real autocorrelated NLL differences, tests/golden/stats/d_real.txt)
+ * and against the closed form for a long AR(1) series; block intervals wider than iid
+ * ones on autocorrelated data; the JSON fragments.
  */
 #include <check.h>
 #include <math.h>
@@ -266,6 +269,8 @@ START_TEST(test_summary_golden)
 	int found = 0;
 	rt_kld_acc acc;
 	rt_kld_acc_init(&acc);
+	rt_kld_acc_reserve(&acc, 250);
+	double *const reserved = acc.kld;
 	while (getline(&line, &cap, f) > 0) {
 		if (strncmp(line, "sum ", 4))
 			continue;
@@ -298,6 +303,7 @@ START_TEST(test_summary_golden)
 		rt_kld_summary s;
 		rt_kld_acc_summary(&acc, &s);
 		ck_assert_int_eq(s.n, NT);
+		ck_assert_ptr_eq(acc.kld, reserved); /* reserved: no reallocation while adding */
 		ASSERT_CLOSE(s.kld_mean, want[0], 1e-12);
 		ASSERT_CLOSE(s.kld_median, want[1], 1e-12);
 		ASSERT_CLOSE(s.kld_p99, want[2], 1e-12);
@@ -546,6 +552,57 @@ START_TEST(test_block_len_and_autocorrelation)
 }
 END_TEST
 
+static void pw_fn(const char *kind, char **sp, FILE *f, void *ctx)
+{
+	(void)f;
+	if (strcmp(kind, "pwblock"))
+		return;
+	const gvec *g = find_vec(next_tok(sp));
+	int64_t want = tok_ll(sp);
+	int64_t got = rt_bootstrap_block_len_auto(g->v, g->n);
+	ck_assert_msg(got == want, "%s: block length %lld, python %lld", g->name, (long long)got,
+	              (long long)want);
+	(*(int *)ctx)++;
+}
+
+START_TEST(test_block_len_auto)
+{
+	load_vecs();
+	int n = 0;
+	for_each_line(pw_fn, &n);
+	ck_assert_int_eq(n, 4); /* d_iid 1, d_ar1 17, d_small 1, d_real 57 */
+	/* constant and tiny samples */
+	double c[100];
+	for (int i = 0; i < 100; i++)
+		c[i] = 0.25;
+	ck_assert_int_eq(rt_bootstrap_block_len_auto(c, 100), 1);
+	ck_assert_int_eq(rt_bootstrap_block_len_auto(c, 3), 1);
+	/* AR(1) with phi = 0.5, n = 100000: the theoretical optimum is
+	 * (2 G^2 / (4/3 g^2))^(1/3) n^(1/3) with g = sum R(k) = 1/(1-phi)^2 and
+	 * G = sum |k| R(k) = 2 phi / ((1-phi^2)(1-phi)^2) (unit innovations): 64.4 tokens. */
+	const int64_t N = 100000;
+	const double phi = 0.5;
+	double *a = malloc((size_t)N * sizeof(double));
+	rt_rng r;
+	rt_rng_seed(&r, 2024);
+	double prev = 0.0;
+	for (int64_t i = 0; i < N; i++) {
+		double u1 = ((double)(rt_rng_next(&r) >> 11) + 0.5) / 9007199254740992.0;
+		double u2 = (double)(rt_rng_next(&r) >> 11) / 9007199254740992.0;
+		double z = sqrt(-2.0 * log(u1)) * cos(2 * M_PI * u2);
+		a[i] = prev = phi * prev + z;
+	}
+	double g = 1.0 / ((1 - phi) * (1 - phi));
+	double G = 2 * phi / ((1 - phi * phi) * (1 - phi) * (1 - phi));
+	double theory = cbrt(2 * G * G / (4.0 / 3.0 * g * g)) * cbrt((double)N);
+	ck_assert(fabs(theory - 64.37) < 0.01);
+	int64_t L = rt_bootstrap_block_len_auto(a, N);
+	ck_assert_msg(L > 0.75 * theory && L < 1.25 * theory, "L = %lld, theory %.1f",
+	              (long long)L, theory);
+	free(a);
+}
+END_TEST
+
 START_TEST(test_json)
 {
 	rt_kld_summary s = {.n = 3, .kld_mean = 0.5, .kld_mean_err = 0.25, .kld_median = 0.125,
@@ -586,6 +643,7 @@ static Suite *stats_suite(void)
 	tcase_add_test(tc, test_bootstrap_errors);
 	tcase_add_test(tc, test_verdict);
 	tcase_add_test(tc, test_block_len_and_autocorrelation);
+	tcase_add_test(tc, test_block_len_auto);
 	tcase_add_test(tc, test_json);
 	suite_add_tcase(s, tc);
 	return s;

@@ -14,9 +14,15 @@ Python repr, i.e. round-trip exact):
   rng SEED N x0 .. x{N-1}                      first N xoshiro256** outputs
   below SEED BOUND N x0 .. x{N-1}              first N rt_rng_below(BOUND) draws
   boot NAME B L LEVEL SEED MEAN LO HI          paired (block) bootstrap of vec NAME
+  pwblock NAME L_ROUNDED L_REAL M_HAT M        Politis-White block length of vec NAME
+
+d_real.txt (input, committed): 1023 real per-token NLL differences, SmolLM2-135M-Instruct
+Q4_1 on coreutils.info (from "Node: Introduction"), sinks(4)+recent vs recent-only eviction
+at budget 128 (8x), chunk 16 -- autocorrelated data for the block-length rule.
 
 Run from the repository root:  python3 tests/golden/stats/make_golden.py
 """
+import math
 import os
 import numpy as np
 
@@ -104,6 +110,39 @@ def bootstrap(d, B, L, level, seed):
     m.sort()
     alpha = (1.0 - level) / 2.0
     return mean, percentile_sorted(m, alpha), percentile_sorted(m, 1.0 - alpha)
+
+
+def pw_block(x):
+    """Politis & White (2004) / Patton, Politis & White (2009) circular-block length."""
+    x = np.asarray(x, dtype=np.float64)
+    n = len(x)
+    if n < 8:
+        return 1.0, 0, 0
+    e = x - x.mean()
+    K = max(5, int(math.floor(math.sqrt(math.log10(n)))))
+    m_max = min(int(math.ceil(math.sqrt(n))) + K, n - 1)
+    acv = np.array([float(np.dot(e[k:], e[:n - k])) / n for k in range(m_max + 1)])
+    if not acv[0] > 0:
+        return 1.0, 0, 0
+    thr = 2.0 * math.sqrt(math.log10(n) / n)
+    m_hat = max(m_max - K, 0)
+    for m in range(0, m_max - K + 1):
+        if all(abs(acv[m + k] / acv[0]) < thr for k in range(1, K + 1)):
+            m_hat = m
+            break
+    M = min(2 * max(m_hat, 1), m_max)
+    g, G = acv[0], 0.0
+    for k in range(1, M + 1):
+        t = k / M
+        lam = 1.0 if t <= 0.5 else 2.0 * (1.0 - t)
+        g += 2 * lam * acv[k]
+        G += 2 * lam * k * acv[k]
+    D = 4.0 / 3.0 * g * g
+    if not D > 0:
+        return 1.0, m_hat, M
+    b = (2 * G * G / D) ** (1.0 / 3.0) * n ** (1.0 / 3.0)
+    bmax = math.ceil(min(3 * math.sqrt(n), n / 3))
+    return min(max(b, 1.0), bmax), m_hat, M
 
 
 def log_softmax(x):
@@ -207,6 +246,17 @@ def main():
                                     ("d_small", 2000, 3, 0.8, 1)):
         mean, lo, hi = bootstrap(samples[name], B, L, level, seed)
         lines.append("boot %s %d %d %s %d %s %s %s" % (name, B, L, r(level), seed, r(mean), r(lo), r(hi)))
+
+    # Politis-White block length (same rule as rt_bootstrap_block_len_auto).
+    real_d = os.path.join(os.path.dirname(OUT), "d_real.txt")
+    pw_samples = dict(samples)
+    if os.path.exists(real_d):
+        pw_samples["d_real"] = np.loadtxt(real_d)
+        lines.append("vec d_real %d %s" % (len(pw_samples["d_real"]),
+                                            " ".join(r(x) for x in pw_samples["d_real"])))
+    for name, v in pw_samples.items():
+        b, m_hat, M = pw_block(v)
+        lines.append("pwblock %s %d %s %d %d" % (name, int(round(b)), r(b), m_hat, M))
 
     with open(OUT, "w") as f:
         f.write("\n".join(lines) + "\n")
