@@ -1293,7 +1293,7 @@ static void check_pool(sema *S, const kvp_stmt *st)
 		ty t = check_unit(S, k, CX_SCALAR, U_ENTRIES, 1, "the pooling kernel");
 		if (need_const(S, k, t, "the pooling kernel"))
 			return;
-		if (t.v < 1 || !is_int(t.v) || ((long long)t.v) % 2 == 0 || t.v > 1023) {
+		if (t.v < 1 || t.v > 1023 || !is_int(t.v) || ((long long)t.v) % 2 == 0) {
 			char b[32];
 			fmt_num(t.v, b, sizeof b);
 			ERR(S, k->loc, "the pooling kernel must be an odd whole number from 1 to 1023; got %s",

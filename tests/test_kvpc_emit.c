@@ -697,7 +697,7 @@ static const struct kvp_policy *load_policy(const char *src, const char *name, v
  * pseudo-random attention and keys, in chunks from kvp_run_chunk; check the store's
  * invariants after every chunk: n <= cap, positions strictly increasing, counts >= 1,
  * and (for layer-wide selections) equal position lists across a layer's heads. */
-static void drive_policy(const struct kvp_policy *p, int prompt_len)
+static int64_t drive_policy(const struct kvp_policy *p, int prompt_len)
 {
 	enum { L = 2, G = 3, R = 3, D = 4, CAP = 48 };
 	rt_kv kv;
@@ -758,15 +758,17 @@ static void drive_policy(const struct kvp_policy *p, int prompt_len)
 				}
 			}
 	}
+	int64_t nc = run.compressions;
 	kvp_run_free(&run);
 	rt_kv_free(&kv);
+	return nc;
 }
 
 START_TEST(random_ir_compiles)
 {
 	/* KVPC_RANDOM_IR=N runs N policies instead of 12 (a longer local search) */
 	int want = getenv("KVPC_RANDOM_IR") ? atoi(getenv("KVPC_RANDOM_IR")) : 12;
-	int emitted = 0;
+	int emitted = 0, compressed = 0;
 	for (int seed = 0; seed < 4 * want && emitted < want; seed++) {
 		struct kvp_ir *ir = ir_random(seed);
 		/* random reduce NONE with a per-query-head score is the one invalid draw */
@@ -783,13 +785,16 @@ START_TEST(random_ir_compiles)
 		void *handle = NULL;
 		const struct kvp_policy *p = load_policy(src, ir->name, &handle);
 		ck_assert_msg(p != NULL, "random IR %d: cannot load (%s)", seed, handle ? "symbol" : dlerror());
-		drive_policy(p, seed % 3 == 0 ? -1 : 30);
+		compressed += drive_policy(p, seed % 3 == 0 ? -1 : 30) > 0;
 		dlclose(handle);
 		free(src);
 		ir_delete(ir);
 		emitted++;
 	}
 	ck_assert_int_eq(emitted, want);
+	ck_assert_int_ge(compressed, want / 4); /* the drives really exercised compress */
+	if (getenv("KVPC_RANDOM_IR"))
+		fprintf(stderr, "random IR: %d policies, %d compressed\n", emitted, compressed);
 }
 END_TEST
 

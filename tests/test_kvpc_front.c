@@ -768,6 +768,22 @@ START_TEST(test_driver_exit_codes)
 	ck_assert_ptr_null(strstr(c, "#line"));
 	free(c);
 	remove(out);
+	/* fmt -w rewrites a file into its canonical form */
+	char *messy = read_all(GOLDEN "/fmt/messy.kvp", &len);
+	char *want = read_all(GOLDEN "/fmt/messy.fmt", NULL);
+	snprintf(out, sizeof out, "/tmp/kvpc_front_%d.kvp", (int)getpid());
+	FILE *f = fopen(out, "wb");
+	ck_assert_ptr_nonnull(f);
+	fwrite(messy, 1, len, f);
+	fclose(f);
+	snprintf(args, sizeof args, "fmt -w %s", out);
+	ck_assert_int_eq(run(args), 0);
+	c = read_all(out, NULL);
+	ck_assert_str_eq(c, want);
+	free(c);
+	free(messy);
+	free(want);
+	remove(out);
 }
 END_TEST
 
