@@ -106,9 +106,26 @@ install: $(BINS) $(B)/libkvrt.a
 	install -m 644 runtime/*.h $(PREFIX)/include/kvrt/
 	$(if $(wildcard kernels/*),install -m 644 $(wildcard kernels/*) $(PREFIX)/share/kvpc/kernels/)
 
+## fuzz: build the libFuzzer target of the kvpc front end (clang) and run it FUZZ_TIME seconds
+FUZZ_CC    ?= clang
+FUZZ_TIME  ?= 60
+FUZZ_SRCS  := tests/fuzz/fuzz_kvpc_check.c $(KVPC_SRCS) runtime/rt_util.c runtime/rt_policy.c runtime/rt_kv.c
+build-fuzz/fuzz_kvpc_check: $(FUZZ_SRCS) grammar/kvp.y grammar/kvp.l $(wildcard compiler/*.h runtime/*.h)
+	@mkdir -p build-fuzz/gen build-fuzz/corpus
+	bison -Wall -Werror --defines=build-fuzz/gen/kvp.tab.h -o build-fuzz/gen/kvp.tab.c grammar/kvp.y
+	flex --header-file=build-fuzz/gen/kvp.lex.h -o build-fuzz/gen/kvp.lex.c grammar/kvp.l
+	$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
+	  -Iruntime -Icompiler -Ikernels -Ibuild-fuzz/gen $(FUZZ_SRCS) \
+	  build-fuzz/gen/kvp.tab.c build-fuzz/gen/kvp.lex.c -o $@ -lm
+
+fuzz: deps build-fuzz/fuzz_kvpc_check
+	build-fuzz/fuzz_kvpc_check -max_total_time=$(FUZZ_TIME) -max_len=4096 -timeout=10 \
+	  -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ -dict=tests/fuzz/kvp.dict \
+	  build-fuzz/corpus policies tests/golden/kvp/bad tests/golden/kvp/good tests/golden/kvp/fmt
+
 ## clean: remove build outputs (not the model)
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
 
 # ---- rules -------------------------------------------------------------------
 
@@ -149,6 +166,9 @@ $(B)/tests/%: $(B)/tests/%.o $(SUP_OBJS) $(if $(KVPC_SRCS),$(B)/libkvpc.a) $(B)/
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
 
+# the front-end suite also runs the driver binary (exit codes)
+$(B)/tests/test_kvpc_front: | $(B)/kvpc
+
 # ---- policies: every policies/*.kvp is emitted to C by build/kvpc and compiled into the
 # test binary that drives the compiled hooks (tests/test_policies.c). (owned by the back end)
 POLICY_KVPS := $(sort $(wildcard policies/*.kvp))
@@ -169,6 +189,12 @@ $(B)/gen/policies/%.o: $(B)/gen/policies/%.c
 
 $(B)/tests/test_policies: $(B)/tests/test_policies.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
+# tests/test_seq.c drives every compiled policy through rt_seq and counts allocations by
+# wrapping the allocator at link time (the sequence loop must allocate nothing per token).
+$(B)/tests/test_seq: $(B)/tests/test_seq.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
+	$(CC) $(LDFLAGS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=aligned_alloc,--wrap=posix_memalign \
+	  -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
 # CUDA selection kernel (kernels/k_select.cuh) checked against the CPU kernel on random
 # heads with ties and NaN; building needs nvcc, running needs a GPU.

@@ -221,6 +221,7 @@ static void signal_expr(struct em *em, enum kvp_ir_signal s, enum ectx c)
 	case KVP_SIG_KEY_COS_MEAN: out(em, "k_cos_anchor(h->k + (size_t)i * d, vec + d, d)"); break;
 	case KVP_SIG_LAYER: out(em, "(double)layer"); break;
 	case KVP_SIG_N_LAYER: out(em, "(double)kv->n_layer"); break;
+	case KVP_SIG_BUDGET: out(em, "budget_of(ctx, kv, seen)"); break;
 	default: out(em, "0.0"); break;
 	}
 	(void)c;
@@ -493,6 +494,25 @@ static void emit_tables(struct em *em)
 	}
 }
 
+/* budget_of: the policy's budget, or the runtime's compression-ratio override. */
+static void emit_budget(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	if (ir->alloc.budget < 0)
+		return;
+	out(em, "/* budget_of: entries per head on average: the policy's budget, or context / R when\n"
+	        " * the runtime overrides it with a compression ratio R (kvp_ctx.ratio). */\n");
+	out(em, "static inline double budget_of(const struct kvp_ctx *ctx, const rt_kv *kv, double seen)\n{\n");
+	out(em, "\tconst double *P = ctx->params;\n\t(void)P;\n\t(void)kv;\n");
+	out(em, "\tif (ctx->ratio > 0)\n\t\treturn k_context(ctx, seen) / ctx->ratio;\n");
+	line_src(em, ir->alloc.loc);
+	out(em, "\treturn ");
+	expr(em, ir->alloc.budget, E_SCALAR);
+	out(em, ";\n");
+	line_back(em);
+	out(em, "}\n\n");
+}
+
 static void emit_stat_reads(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
@@ -695,8 +715,10 @@ static void emit_score(struct em *em)
 static void target_expr(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
-	int32_t t = ir->trigger.target >= 0 ? ir->trigger.target : ir->alloc.budget;
-	scalar_or(em, t, 0);
+	if (ir->trigger.target >= 0)
+		expr(em, ir->trigger.target, E_SCALAR);
+	else
+		out(em, "budget_of(ctx, kv, seen)");
 }
 
 static void emit_trigger(struct em *em)
@@ -720,7 +742,10 @@ static void emit_trigger(struct em *em)
 		break;
 	case KVP_TRIG_OVER_BUDGET:
 		out(em, "\treturn entries > ");
-		scalar_or(em, tr->threshold >= 0 ? tr->threshold : ir->alloc.budget, 0);
+		if (tr->threshold >= 0)
+			expr(em, tr->threshold, E_SCALAR);
+		else
+			out(em, "budget_of(ctx, kv, seen)");
 		out(em, ";\n");
 		break;
 	case KVP_TRIG_EVERY_N:
@@ -769,6 +794,9 @@ static void emit_compress(struct em *em)
 	out(em, "\tconst double *P = ctx->params;\n\tconst double seen = (double)ctx->seen;\n");
 	out(em, "\t(void)P;\n\t(void)seen;\n");
 	out(em, "\tstruct k_compress_cfg cfg;\n\tmemset(&cfg, 0, sizeof cfg);\n");
+	out(em, "\tcfg.name = \"");
+	cstr_into(em, ir->name);
+	out(em, "\";\n\tcfg.budget = budget_of(ctx, kv, seen);\n");
 	int has_score = sc->expr >= 0;
 	out(em, "\tcfg.has_score = %d;\n", has_score);
 	static const char *const reds[] = { "K_REDUCE_MEAN", "K_REDUCE_MAX", "K_REDUCE_SUM", "-1" };
@@ -903,6 +931,7 @@ int kvp_emit_c(const struct kvp_ir *ir, const struct kvp_emit_opts *opts, FILE *
 	}
 	emit_header(&em);
 	emit_tables(&em);
+	emit_budget(&em);
 	emit_stat_reads(&em);
 	emit_observe(&em);
 	emit_score(&em);

@@ -268,7 +268,7 @@ const char *kvp_ir_signal_name(enum kvp_ir_signal s)
 		[KVP_SIG_POS] = "pos", [KVP_SIG_AGE] = "age", [KVP_SIG_COUNT] = "count",
 		[KVP_SIG_KEY_NORM] = "key_norm", [KVP_SIG_VALUE_NORM] = "value_norm",
 		[KVP_SIG_KEY_COS_MEAN] = "key_cos_mean", [KVP_SIG_LAYER] = "layer",
-		[KVP_SIG_N_LAYER] = "n_layer",
+		[KVP_SIG_N_LAYER] = "n_layer", [KVP_SIG_BUDGET] = "budget",
 	};
 	return (unsigned)s < KVP_SIG_COUNT_ && names[s] ? names[s] : "?";
 }
@@ -340,6 +340,7 @@ static int signal_allowed(enum kvp_ir_signal s, enum kvp_ir_ctx c)
 {
 	switch (s) {
 	case KVP_SIG_SEEN: case KVP_SIG_CONTEXT: case KVP_SIG_PROMPT_LEN: case KVP_SIG_N_LAYER:
+	case KVP_SIG_BUDGET:
 		return 1;
 	case KVP_SIG_LAYER:
 		return c != KVP_CTX_SCALAR;
@@ -529,6 +530,22 @@ static const char *ctx_name(enum kvp_ir_ctx c)
 	       c == KVP_CTX_OBSERVE ? "a statistic's argument" : "the score";
 }
 
+/* 1 if expression e (a well-formed tree) uses signal sig. */
+static int uses_sig(const struct kvp_ir *ir, int32_t e, enum kvp_ir_signal sig)
+{
+	if (!node_ok(ir, e) || !operands_ok(ir, e))
+		return 0;
+	const struct kvp_ir_expr *x = &ir->nodes[e];
+	if (x->op == KVP_OP_SIGNAL)
+		return x->sig == sig;
+	int n = arity(x->op);
+	int32_t ops[3] = { x->a, x->b, x->c };
+	for (int i = 0; i < n; i++)
+		if (uses_sig(ir, ops[i], sig))
+			return 1;
+	return 0;
+}
+
 /* The node (in e's subtree) that makes e not allowed in c, or -1 when the fault is
  * structural (an operand or index out of range). */
 static int32_t first_bad(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c)
@@ -632,6 +649,13 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 	struct kvp_ir_alloc *al = &ir->alloc;
 	int needs_budget = ir->trigger.kind != KVP_TRIG_NEVER;
 	check_expr(&ck, al->budget, KVP_CTX_SCALAR, needs_budget, al->loc, "the budget");
+	if (al->budget >= 0 && node_ok(ir, al->budget) && uses_sig(ir, al->budget, KVP_SIG_BUDGET))
+		problem(&ck, al->loc, "the budget cannot be defined in terms of itself");
+	for (int32_t e = 0; e < ir->n_nodes; e++)
+		if (al->budget < 0 && ir->nodes[e].op == KVP_OP_SIGNAL && ir->nodes[e].sig == KVP_SIG_BUDGET) {
+			problem(&ck, ir->nodes[e].loc, "'budget' is used but the policy sets no budget");
+			break;
+		}
 	if (al->layers == KVP_LAYERS_PYRAMID || al->layers == KVP_LAYERS_FUNNEL)
 		check_expr(&ck, al->beta, KVP_CTX_SCALAR, 0, al->loc, "the pyramid beta");
 	if (al->layers == KVP_LAYERS_LINEAR) {

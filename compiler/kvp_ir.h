@@ -104,6 +104,10 @@ enum kvp_ir_signal {
 	                         entries (KeyDiff anchor, arXiv 2504.15364) */
 	KVP_SIG_LAYER,      /* layer index of the head (OBSERVE and SCORE) */
 	KVP_SIG_N_LAYER,    /* layers of the model */
+	KVP_SIG_BUDGET,     /* the policy's budget (entries per head): its own expression, or
+	                       context / ctx->ratio under a compression-ratio override. Lower
+	                       `budget` used as a value (`to 0.5 * budget`) to this signal so
+	                       targets follow the override; not allowed inside the budget */
 	KVP_SIG_COUNT_
 };
 

@@ -437,10 +437,32 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
 	for (int i = 0; i < n; i++)
 		expr_start += exp[i] == YYSYMBOL_NUMBER || exp[i] == YYSYMBOL_IDENT ||
 		              !strcmp(yysymbol_name(exp[i]), "'('");
+	/* after a complete expression many operators are possible: name the likely fix */
+	int comma = 0, rparen = 0, rbracket = 0, nl = 0, plus = 0;
+	for (int i = 0; i < n; i++) {
+		const char *e = yysymbol_name(exp[i]);
+		comma |= !strcmp(e, "','");
+		rparen |= !strcmp(e, "')'");
+		rbracket |= !strcmp(e, "']'");
+		nl |= exp[i] == YYSYMBOL_NL;
+		plus |= !strcmp(e, "'+'");
+	}
 	char msg[512];
 	int len = snprintf(msg, sizeof msg, "unexpected %s", what);
+	const char *tn = yysymbol_name(tok);
+	int cmp = !strcmp(tn, "'<'") || !strcmp(tn, "'>'") || !strcmp(tn, "<=") ||
+	          !strcmp(tn, ">=") || !strcmp(tn, "==") || !strcmp(tn, "!=");
 	if (expr_start == 3) {
 		len += snprintf(msg + len, sizeof msg - (size_t)len, "; expected an expression");
+	} else if (cmp && plus) {
+		len += snprintf(msg + len, sizeof msg - (size_t)len,
+		                "; comparisons do not chain (write `a < b and b < c`)");
+	} else if (n > MAX_LISTED && plus && comma && (rparen || rbracket)) {
+		len += snprintf(msg + len, sizeof msg - (size_t)len, "; expected an operator, ',' or '%c'",
+		                rparen ? ')' : ']');
+	} else if (n > MAX_LISTED && plus && nl) {
+		len += snprintf(msg + len, sizeof msg - (size_t)len,
+		                "; expected an operator or the end of the statement");
 	} else if (n > 0 && n <= MAX_LISTED) {
 		len += snprintf(msg + len, sizeof msg - (size_t)len, "; expected ");
 		for (int i = 0; i < n; i++) {

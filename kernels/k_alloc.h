@@ -9,7 +9,8 @@
  *   heads jointly decides each head's share n_g; b_g = round(floor * B_g + (1 - floor) *
  *   n_g)), used within one layer or over every head of the model (global pool).
  *
- * Budgets are in entries per head. Rounding is round-half-up of non-negative values.
+ * Budgets are in entries per head. A budget keeps floor(x) entries (k_floor_entries);
+ * Ada-KV's per-head formula rounds to nearest (k_round_entries), as the paper's code.
  */
 #ifndef K_ALLOC_H
 #define K_ALLOC_H
@@ -26,6 +27,18 @@ static inline int32_t k_round_entries(double x)
 	if (x > 2147483647.0)
 		return INT32_MAX;
 	return (int32_t)floor(x + 0.5);
+}
+
+/* A budget or target in entries: the largest whole number of entries not above x, so
+ * after a compress `entries > budget` no longer holds. A relative tolerance of 1e-9
+ * absorbs rounding of ratio × context (0.29 × 100 = 28.999999999999996 keeps 29). */
+static inline int32_t k_floor_entries(double x)
+{
+	if (!(x > 0))
+		return 0;
+	if (x > 2147483647.0)
+		return INT32_MAX;
+	return (int32_t)floor(x + 1e-9 * x);
 }
 
 /* PyramidKV per-layer budgets (entries, window included). B: average budget per head

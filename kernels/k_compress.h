@@ -32,6 +32,8 @@ enum { K_FLAG_GUARD = 1, K_FLAG_KEEP = 2, K_FLAG_SINGLE = 4 };
 
 /* The policy's compress configuration (constants and current parameter values). */
 struct k_compress_cfg {
+	const char *name;       /* policy name, for messages */
+	double budget;          /* the budget (entries per head), for messages */
 	int has_score;          /* 0: every entry scores 0 (position rules only) */
 	int reduce;             /* K_REDUCE_MEAN/MAX/SUM, or -1: score independent of the
 	                           query head (computed once) */
@@ -201,6 +203,13 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	if (!ctx->scratch || ctx->scratch_len < need)
 		return rt_err_set(err, "policy: compress needs %zu bytes of scratch, runtime gave %zu",
 		                  need, ctx->scratch_len);
+	if (ctx->ratio > 0) {
+		/* a compression-ratio override must leave room for the guards */
+		double sk = cfg->sinks > 0 ? cfg->sinks : 0, rc = cfg->recent > 0 ? cfg->recent : 0;
+		if (sk + rc > cfg->target)
+			return rt_err_set(err, "policy %s: at ratio %g the budget (%.0f entries) is below the guards (sinks %g + recent %g)",
+			                  cfg->name ? cfg->name : "?", ctx->ratio, floor(cfg->budget), sk, rc);
+	}
 	const int L = kv->n_layer, G = kv->n_kv_head, R = kv->group;
 	const size_t H = (size_t)L * G, c = (size_t)kv->cap;
 	uint8_t *p = (uint8_t *)(((uintptr_t)ctx->scratch + 63) & ~(uintptr_t)63);
@@ -300,7 +309,7 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 				n_guard += (f[i] & K_FLAG_GUARD) != 0;
 				cm[i] = !(f[i] & K_FLAG_GUARD);
 			}
-			int32_t b = k_round_entries(lb[l]) - n_guard;
+			int32_t b = k_floor_entries(lb[l]) - n_guard;
 			base[hi] = b > 0 ? b : 0;
 			nn[hi] = h->n;
 			sp[hi] = score + hi * c;
@@ -335,7 +344,7 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 					cm[i] = kp[i];
 					kp[i] = 0;
 				}
-				k_select_topk(sp[hi], h->pos, cm, h->n, k_round_entries(cfg->single_floor),
+				k_select_topk(sp[hi], h->pos, cm, h->n, k_floor_entries(cfg->single_floor),
 				              kp, cbuf, ctmp);
 				for (int32_t i = 0; i < h->n; i++)
 					if (kp[i])

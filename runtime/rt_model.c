@@ -456,6 +456,25 @@ static void rope_apply(float *x, int C, int n_heads, int head_dim, int n_rot, co
 	}
 }
 
+/* RoPE of nh consecutive heads starting at head h0 in each of C rows of `stride` floats,
+ * the same rotation as rope_apply (used by the compacted position convention). */
+static void rope_heads(float *x, int C, size_t stride, int h0, int nh, int head_dim, int n_rot,
+                       const float *cs)
+{
+	for (int r = 0; r < C; r++) {
+		const float *c = cs + (size_t)r * n_rot;
+		for (int h = h0; h < h0 + nh; h++) {
+			float *v = x + (size_t)r * stride + (size_t)h * head_dim;
+			for (int i = 0; i < n_rot / 2; i++) {
+				float x0 = v[2 * i], x1 = v[2 * i + 1];
+				float co = c[2 * i], si = c[2 * i + 1];
+				v[2 * i] = x0 * co - x1 * si;
+				v[2 * i + 1] = x0 * si + x1 * co;
+			}
+		}
+	}
+}
+
 /* ---- softmax ------------------------------------------------------------------------ */
 /* The attention softmax runs over up to context-length entries for every query head and
  * chunk row, so it is written with GCC vector extensions (16 floats) and compiled in
@@ -622,20 +641,36 @@ static void forward_chunk(rt_fwd *f, rt_kv *kv, const int32_t *tok, int C, int32
 	for (int r = 0; r < C; r++)
 		memcpy(f->x + (size_t)r * E, m->tok_embd + (size_t)tok[r] * E, (size_t)E * sizeof(float));
 	rope_table(f->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
+	int32_t rope_at = pos0; /* the position rope_cs's row 0 holds */
 	for (int l = 0; l < hp->n_layer; l++) {
 		const rt_layer *L = &m->layers[l];
 		rms_norm(f->xn, f->x, L->attn_norm, C, E, hp->norm_eps);
 		matmul_wt(f->q, f->xn, L->wq, C, qd, E);
 		matmul_wt(f->k, f->xn, L->wk, C, kd, E);
 		matmul_wt(f->v, f->xn, L->wv, C, kd, E);
-		rope_apply(f->q, C, hp->n_head, hd, hp->n_rot, f->rope_cs);
-		rope_apply(f->k, C, hp->n_head_kv, hd, hp->n_rot, f->rope_cs);
+		if (!f->rope_at_index) {
+			rope_apply(f->q, C, hp->n_head, hd, hp->n_rot, f->rope_cs);
+			rope_apply(f->k, C, hp->n_head_kv, hd, hp->n_rot, f->rope_cs);
+		} else {
+			for (int j = 0; j < hp->n_head_kv; j++) {
+				int32_t at = rt_kv_head_at(kv, l, j)->n; /* index of row 0's key */
+				if (at != rope_at) {
+					rope_table(f->rope_cs, C, at, hp->n_rot, hp->rope_base);
+					rope_at = at;
+				}
+				rope_heads(f->q, C, (size_t)qd, j * hp->group, hp->group, hd, hp->n_rot,
+				           f->rope_cs);
+				rope_heads(f->k, C, (size_t)kd, j, 1, hd, hp->n_rot, f->rope_cs);
+			}
+		}
 		for (int j = 0; j < hp->n_head_kv; j++) {
 			rt_kv_head *h = rt_kv_head_at(kv, l, j);
 			for (int r = 0; r < C; r++)
 				rt_kv_append(kv, h, f->k + (size_t)r * kd + (size_t)j * hd,
 				             f->v + (size_t)r * kd + (size_t)j * hd, pos0 + r);
 		}
+		for (int j = 0; f->on_append && j < hp->n_head_kv; j++)
+			f->on_append(f->append_user, l, j, rt_kv_head_at(kv, l, j)->n - C, C);
 		attend_layer(f, kv, l, C, pos0);
 		/* x += att · Wo^T (accumulate straight into the residual) */
 		if (C == 1)

@@ -111,6 +111,10 @@ typedef struct rt_attn_view {
 /* Observation hook (a compiled policy's `observe`, DESIGN.md section 5). */
 typedef void (*rt_observe_fn)(void *user, const rt_attn_view *v);
 
+/* Append hook (a compiled policy's `init_entries`): entries [first, first + n) of
+ * (layer, kv_head) were just appended. */
+typedef void (*rt_append_fn)(void *user, int layer, int kv_head, int32_t first, int32_t n);
+
 /* Forward context: scratch for one sequence, sized for chunks of up to max_chunk tokens
  * and a KV store of up to cap entries per head. */
 typedef struct rt_fwd {
@@ -119,6 +123,18 @@ typedef struct rt_fwd {
 	int32_t cap;            /* entries per head the scratch can attend over */
 	rt_observe_fn observe;  /* NULL, or called per (layer, KV head, query row) */
 	void *observe_user;
+	/* NULL, or called per (layer, KV head) once the chunk's keys and values were appended
+	 * to every KV head of the layer, before the layer's attention (so init_entries runs
+	 * before observe sees the new entries) */
+	rt_append_fn on_append;
+	void *append_user;
+	/* RoPE positions. 0 (rt_fwd_init's default): queries and keys of a token are rotated
+	 * at its position in the text (pos0 + row; keys keep their original rotation). 1: the
+	 * compacted convention (StreamingLLM's pos_shift): per (layer, KV head), the key of
+	 * chunk row r is rotated at the index it gets in that head's entry list (entries
+	 * before the chunk + r) and the group's queries of row r at the same index; the caller
+	 * re-rotates kept keys to their new index after each eviction (rt_seq does). */
+	int rope_at_index;
 	/* scratch (one allocation) */
 	float *x;       /* [max_chunk × n_embd] residual stream */
 	float *xn;      /* [max_chunk × n_embd] normalised input */

@@ -123,6 +123,18 @@ int kvp_run_set(struct kvp_run *r, const char *assign, rt_err *err)
 	return kvp_policy_param_set(r->p, r->params, assign, err);
 }
 
+int kvp_run_set_ratio(struct kvp_run *r, double R, rt_err *err)
+{
+	if (R != 0 && !(isfinite(R) && R >= 1))
+		return rt_err_set(err, "policy %s: compression ratio must be a finite number >= 1, got %g",
+		                  r->p->name, R);
+	if (R != 0 && !r->p->compress)
+		return rt_err_set(err, "policy %s: never compresses, so a compression ratio does not apply",
+		                  r->p->name);
+	r->ctx.ratio = R;
+	return 0;
+}
+
 int32_t kvp_run_chunk(struct kvp_run *r, const rt_kv *kv, int32_t want)
 {
 	double t0 = rt_now();

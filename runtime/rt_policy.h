@@ -98,6 +98,12 @@ struct kvp_ctx {
 	int n_spans;
 	void *scratch;          /* >= policy->scratch_bytes(kv) bytes for compress */
 	size_t scratch_len;
+	double ratio;           /* compression factor override R (> 1), 0 = none: the budget
+	                           becomes context / R entries per head (k_context: the prompt
+	                           length while known, else the tokens seen) in place of the
+	                           policy's own budget; schedules, allocation and targets
+	                           written relative to the budget follow it, guards keep their
+	                           values (compress fails when they exceed it) */
 };
 
 /* What observe receives for one query token (one step) over one KV head. The entries
@@ -217,6 +223,11 @@ void kvp_run_reset(struct kvp_run *r, rt_kv *kv, int64_t prompt_len);
 
 /* Apply "name=value" (see kvp_policy_param_set). */
 int kvp_run_set(struct kvp_run *r, const char *assign, rt_err *err);
+
+/* Override the policy's budget with a compression factor: budget = context / R entries
+ * per head (see kvp_ctx.ratio); R = 0 removes the override. Fails (-1, err) unless R is
+ * 0 or a finite number >= 1, or when the policy never compresses (no budget). */
+int kvp_run_set_ratio(struct kvp_run *r, double R, rt_err *err);
 
 /* Tokens the runtime may process in its next chunk: min(want, next_trigger), and not
  * past the prompt end while the prompt is being processed. 0 when the store is full. */

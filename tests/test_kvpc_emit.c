@@ -478,6 +478,17 @@ START_TEST(checker_rejects)
 	ir->score.expr = e;
 	ck_assert_int_eq(check_count(ir), 1);
 	ir_delete(ir);
+	/* the budget defined through itself; 'budget' used without a budget */
+	ir = ir_h2o();
+	ir->alloc.budget = B(ir, KVP_OP_MUL, N(ir, 2), S(ir, KVP_SIG_BUDGET));
+	ck_assert_int_eq(check_count(ir), 1);
+	ir_delete(ir);
+	ir = ir_h2o();
+	ir->trigger.kind = KVP_TRIG_NEVER;
+	ir->alloc.budget = -1;
+	ir->guards.recent = S(ir, KVP_SIG_BUDGET);
+	ck_assert_int_eq(check_count(ir), 1);
+	ir_delete(ir);
 	/* valid ones pass */
 	ir = ir_caote_mix();
 	ck_assert_int_eq(check_count(ir), 0);
@@ -567,10 +578,13 @@ static unsigned rnd(unsigned n)
 	return (rnd_state >> 16) % n;
 }
 
+static int rnd_no_budget; /* generating the budget itself: no KVP_SIG_BUDGET */
+
 static int32_t rnd_expr(struct kvp_ir *ir, enum kvp_ir_ctx c, int depth)
 {
 	static const enum kvp_ir_signal scalar[] = { KVP_SIG_SEEN, KVP_SIG_CONTEXT,
-	                                             KVP_SIG_PROMPT_LEN, KVP_SIG_N_LAYER };
+	                                             KVP_SIG_PROMPT_LEN, KVP_SIG_N_LAYER,
+	                                             KVP_SIG_BUDGET };
 	static const enum kvp_ir_signal observe[] = { KVP_SIG_ATTN, KVP_SIG_SEEN, KVP_SIG_POS,
 	                                              KVP_SIG_AGE, KVP_SIG_COUNT, KVP_SIG_ENTRIES,
 	                                              KVP_SIG_KEY_NORM, KVP_SIG_VALUE_NORM,
@@ -585,7 +599,7 @@ static int32_t rnd_expr(struct kvp_ir *ir, enum kvp_ir_ctx c, int depth)
 		return P(ir, (int)rnd((unsigned)ir->n_params));
 	if (k == 1 || k == 2) {
 		if (c == KVP_CTX_SCALAR)
-			return S(ir, scalar[rnd(4)]);
+			return S(ir, scalar[rnd(rnd_no_budget ? 4 : 5)]);
 		if (c == KVP_CTX_OBSERVE)
 			return S(ir, observe[rnd(9)]);
 		if (ir->n_stats > 0 && rnd(2))
@@ -638,7 +652,9 @@ static struct kvp_ir *ir_random(int seed)
 	ir->trigger.n = rnd_expr(ir, KVP_CTX_SCALAR, 2);
 	ir->trigger.threshold = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
 	ir->trigger.target = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
+	rnd_no_budget = 1;
 	ir->alloc.budget = rnd_expr(ir, KVP_CTX_SCALAR, 1);
+	rnd_no_budget = 0;
 	ir->alloc.layers = (enum kvp_ir_layers)rnd(5);
 	ir->alloc.beta = rnd(2) ? N(ir, 20) : -1;
 	ir->alloc.from = N(ir, 0.5);
@@ -707,6 +723,8 @@ static int64_t drive_policy(const struct kvp_policy *p, int prompt_len)
 	              err.msg);
 	for (int i = 0; i < p->n_params; i++)
 		run.params[i] = 1 + (double)(rnd(40)) / (rnd(2) ? 1 : 40);
+	if (p->compress && rnd(3) == 0)
+		ck_assert_int_eq(kvp_run_set_ratio(&run, 1 + rnd(8), &err), 0);
 	const char *names[2] = { NULL, "s\"pan" };
 	run.ctx.span_names = names;
 	run.ctx.n_spans = 1;
@@ -746,7 +764,11 @@ static int64_t drive_policy(const struct kvp_policy *p, int prompt_len)
 					if (p->observe)
 						p->observe(&run.ctx, &kv, l, g, &ob);
 				}
-		ck_assert_msg(kvp_run_advance(&run, &kv, c, &err) >= 0, "%s", err.msg);
+		if (kvp_run_advance(&run, &kv, c, &err) < 0) {
+			/* the one legitimate failure: a ratio override below the guards */
+			ck_assert_msg(run.ctx.ratio > 0 && strstr(err.msg, "below the guards"), "%s", err.msg);
+			break;
+		}
 		for (int l = 0; l < L; l++)
 			for (int g = 0; g < G; g++) {
 				rt_kv_head *h = rt_kv_head_at(&kv, l, g);

@@ -704,6 +704,56 @@ START_TEST(chunked_equals_stepwise)
 }
 END_TEST
 
+/* A compression-ratio override R (kvp_run_set_ratio): the budget becomes context / R
+ * entries per head. H2O streaming (context = tokens seen), R = 4, every step: the rule
+ * "entries > seen / 4 -> keep floor(seen / 4)" keeps exactly floor(seen / 4) entries
+ * after every step (the recent guard, 10% of the context, stays below the budget). */
+START_TEST(ratio_override_h2o)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "h2o", 2, shapes[s][0], shapes[s][1], 4, 64, -1);
+		rt_err err = { "" };
+		ck_assert_int_eq(kvp_run_set_ratio(&h.run, 4, &err), 0);
+		h.w = w_heavy_2_5;
+		for (int t = 1; t <= 40; t++) {
+			h_step(&h);
+			for (int l = 0; l < 2; l++)
+				for (int g = 0; g < h.G; g++)
+					ck_assert_int_eq(rt_kv_head_at(&h.kv, l, g)->n, t / 4);
+		}
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* Guards larger than the overridden budget are an error, not a silent overflow; bad
+ * ratios are rejected. */
+START_TEST(ratio_override_errors)
+{
+	struct harness h;
+	h_open(&h, "h2o", 1, 1, 4, 4, 16, -1);
+	rt_err err = { "" };
+	ck_assert_int_eq(kvp_run_set_ratio(&h.run, 0.5, &err), -1);
+	ck_assert_int_eq(kvp_run_set_ratio(&h.run, NAN, &err), -1);
+	ck_assert_int_eq(kvp_run_set_ratio(&h.run, INFINITY, &err), -1);
+	ck_assert_int_eq(kvp_run_set_ratio(&h.run, 4, &err), 0);
+	h_set(&h, "recent=0.5"); /* half the context is guarded: more than a quarter */
+	h_append(&h, 0);
+	h_observe(&h, 0);
+	ck_assert_int_eq(kvp_run_advance(&h.run, &h.kv, 1, &err), -1);
+	ck_assert_msg(strstr(err.msg, "policy h2o: at ratio 4 the budget (0 entries) is below the guards") != NULL,
+	              "%s", err.msg);
+	h_close(&h);
+	struct harness f;
+	h_open(&f, "full", 1, 1, 4, 4, 16, -1);
+	ck_assert_int_eq(kvp_run_set_ratio(&f.run, 2, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "never compresses"));
+	ck_assert_int_eq(kvp_run_set_ratio(&f.run, 0, &err), 0);
+	h_close(&f);
+}
+END_TEST
+
 START_TEST(registry_and_params)
 {
 	ck_assert_int_ge(kvp_registry_count, 10);
@@ -756,6 +806,8 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, pyramidkv_layer_budgets);
 	tcase_add_test(tc, gracekv_spans_and_relevance);
 	tcase_add_test(tc, chunked_equals_stepwise);
+	tcase_add_test(tc, ratio_override_h2o);
+	tcase_add_test(tc, ratio_override_errors);
 	suite_add_tcase(s, tc);
 	return s;
 }

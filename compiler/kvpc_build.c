@@ -1,0 +1,828 @@
+/*
+ * kvpc_build: `kvpc build` (policies -> a per-deployment binary, cached by a content hash)
+ * and the front of `kvpc ab` (build both policies, then run the binary's A/B engine).
+ * The build recipe, the runtime search order and the cache key are documented in
+ * kvpc_build.h; the A/B engine and its options in runtime/rt_ab.h.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvp_emit_c.h"
+#include "kvp_ir.h"
+#include "kvp_sema.h"
+#include "kvp_src.h"
+#include "kvpc_build.h"
+#include "rt_ab.h"
+
+#ifndef KVPC_COMMIT
+#define KVPC_COMMIT "unknown"
+#endif
+
+/* Bumped whenever the layout of the cache directory or the generated main changes. */
+#define CACHE_FORMAT "kvpc-build-cache-1"
+#define MAX_ARGS 96
+
+static const char BUILD_USAGE[] =
+	"usage: kvpc build FILE.kvp... -o BIN [-v]\n";
+
+static const char BUILD_HELP[] =
+	"kvpc build: compile policies into a per-deployment binary.\n"
+	"\n"
+	"  kvpc build FILE.kvp... -o BIN [-v]\n"
+	"\n"
+	"Emits C for each policy, a registry and a main, compiles them with $CC (default cc)\n"
+	"and links them against libkvrt.a, OpenBLAS and PCRE2. BIN then offers the runtime's\n"
+	"commands with these policies (BIN --help; BIN info lists them with their parameters;\n"
+	"BIN ab compares two of them).\n"
+	"\n"
+	"  -o BIN     the binary to write (replaced atomically)\n"
+	"  -v         print the compiler command line and timings\n"
+	"\n"
+	"Builds are cached by a hash of the policy sources, the kvpc version, the compiler\n"
+	"flags and the runtime library and headers, in $KVPC_CACHE (default\n"
+	"$XDG_CACHE_HOME/kvpc or ~/.cache/kvpc); unchanged inputs are not rebuilt.\n"
+	"exit status: 0 success, 1 diagnostics or build error, 2 usage error\n";
+
+static const char AB_USAGE[] =
+	"usage: kvpc ab A.kvp B.kvp --model M --text FILE [--ratio 2,4,8] [--task ppl|needle]\n"
+	"               [--ctx N] [--json OUT] [--csv OUT] [--plot OUT.svg] [-v] [more: BIN ab --help]\n";
+
+/* ---- small helpers ----------------------------------------------------------------------- */
+
+static void errf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void errf(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+static int is_file(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int is_dir(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* mkdir -p; 0 or -1 (errno set). */
+static int mkdirs(const char *path)
+{
+	char buf[PATH_MAX];
+	if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = 0;
+		if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+			return -1;
+		*p = '/';
+	}
+	if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+		return -1;
+	return is_dir(buf) ? 0 : (errno = ENOTDIR, -1);
+}
+
+/* Write len bytes to path (create/truncate). 0 or -1 with a message printed. */
+static int write_file(const char *path, const char *buf, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f) {
+		errf("%s: error: cannot create: %s", path, strerror(errno));
+		return -1;
+	}
+	int ok = fwrite(buf, 1, len, f) == len;
+	ok &= fclose(f) == 0;
+	if (!ok) {
+		errf("%s: error: cannot write: %s", path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* Hash the bytes of a file into c (path and size first, so a rename changes the key).
+ * 0, or -1 when it cannot be read. */
+static int hash_file(rt_sha256 *c, const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return -1;
+	rt_sha256_update(c, path, strlen(path) + 1);
+	char buf[1 << 16];
+	size_t n;
+	while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+		rt_sha256_update(c, buf, n);
+	int bad = ferror(f);
+	fclose(f);
+	return bad ? -1 : 0;
+}
+
+static int ends_with(const char *s, const char *suf)
+{
+	size_t a = strlen(s), b = strlen(suf);
+	return a >= b && !strcmp(s + a - b, suf);
+}
+
+/* Hash every header-like file (*.h, *.cuh, *.cu) of dir, in name order. */
+static int hash_dir_headers(rt_sha256 *c, const char *dir)
+{
+	struct dirent **ents = NULL;
+	int n = scandir(dir, &ents, NULL, alphasort);
+	if (n < 0)
+		return -1;
+	int rc = 0;
+	for (int i = 0; i < n; i++) {
+		const char *nm = ents[i]->d_name;
+		if (nm[0] != '.' && (ends_with(nm, ".h") || ends_with(nm, ".cuh") || ends_with(nm, ".cu"))) {
+			char p[PATH_MAX + 300];
+			snprintf(p, sizeof p, "%s/%s", dir, nm);
+			if (is_file(p) && hash_file(c, p) != 0)
+				rc = -1;
+		}
+		free(ents[i]);
+	}
+	free(ents);
+	return rc;
+}
+
+/* ---- where the runtime is -------------------------------------------------------------- */
+
+struct toolchain {
+	char inc_rt[PATH_MAX];    /* runtime headers (rt_*.h) */
+	char inc_k[PATH_MAX];     /* kernel templates (k_*.h) */
+	char lib[PATH_MAX];       /* libkvrt.a */
+	const char *where;        /* "build tree", "prefix", "source tree" */
+	char cc[PATH_MAX];
+	char *args[MAX_ARGS];     /* compiler flags (before the sources), heap strings */
+	int n_args;
+	char *libs[MAX_ARGS];     /* link flags (after libkvrt.a) */
+	int n_libs;
+};
+
+static int try_layout(struct toolchain *tc, const char *lib, const char *rt, const char *k,
+                      const char *where)
+{
+	char p[PATH_MAX + 96];
+	snprintf(p, sizeof p, "%s/rt_policy.h", rt);
+	if (!is_file(lib) || !is_file(p) || !is_dir(k))
+		return 0;
+	if (!realpath(lib, tc->lib) || !realpath(rt, tc->inc_rt) || !realpath(k, tc->inc_k))
+		return 0;
+	tc->where = where;
+	return 1;
+}
+
+static void split_push(char **arr, int *n, const char *s)
+{
+	char *copy = strdup(s);
+	for (char *save = NULL, *t = strtok_r(copy, " \t\n", &save); t && *n < MAX_ARGS - 1;
+	     t = strtok_r(NULL, " \t\n", &save))
+		arr[(*n)++] = strdup(t);
+	free(copy);
+}
+
+/* Output of a fixed command (no user input is ever passed to the shell), "" on failure. */
+static void capture(const char *cmd, char *out, size_t cap)
+{
+	out[0] = 0;
+	FILE *p = popen(cmd, "r");
+	if (!p)
+		return;
+	size_t n = fread(out, 1, cap - 1, p);
+	out[n] = 0;
+	if (pclose(p) != 0)
+		out[0] = 0;
+}
+
+static void toolchain_free(struct toolchain *tc)
+{
+	for (int i = 0; i < tc->n_args; i++)
+		free(tc->args[i]);
+	for (int i = 0; i < tc->n_libs; i++)
+		free(tc->libs[i]);
+	tc->n_args = tc->n_libs = 0;
+}
+
+static int toolchain_find(struct toolchain *tc)
+{
+	memset(tc, 0, sizeof *tc);
+	char exe[PATH_MAX], d[PATH_MAX], a[PATH_MAX + 64], b[PATH_MAX + 64], c[PATH_MAX + 64];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+	int found = 0;
+	if (n > 0) {
+		exe[n] = 0;
+		snprintf(d, sizeof d, "%s", exe);
+		char *slash = strrchr(d, '/');
+		if (slash)
+			*slash = 0;
+		snprintf(a, sizeof a, "%s/libkvrt.a", d);
+		snprintf(b, sizeof b, "%s/../runtime", d);
+		snprintf(c, sizeof c, "%s/../kernels", d);
+		found = try_layout(tc, a, b, c, "build tree");
+		if (!found) {
+			snprintf(a, sizeof a, "%s/../lib/libkvrt.a", d);
+			snprintf(b, sizeof b, "%s/../include/kvrt", d);
+			snprintf(c, sizeof c, "%s/../share/kvpc/kernels", d);
+			found = try_layout(tc, a, b, c, "prefix");
+		}
+	}
+#ifdef KVPC_SRCDIR
+	if (!found) {
+		snprintf(a, sizeof a, "%s/build/libkvrt.a", KVPC_SRCDIR);
+		snprintf(b, sizeof b, "%s/runtime", KVPC_SRCDIR);
+		snprintf(c, sizeof c, "%s/kernels", KVPC_SRCDIR);
+		found = try_layout(tc, a, b, c, "source tree");
+	}
+#endif
+	if (!found) {
+		errf("kvpc: error: cannot find the runtime (libkvrt.a, rt_policy.h, kernels/) for %s: "
+		     "looked in its directory (build tree: D/libkvrt.a, D/../runtime) and its prefix "
+		     "(D/../lib/libkvrt.a, D/../include/kvrt, D/../share/kvpc/kernels); run `make` or "
+		     "`make install PREFIX=...`", n > 0 ? exe : "kvpc");
+		return -1;
+	}
+	const char *cc = getenv("CC");
+	snprintf(tc->cc, sizeof tc->cc, "%s", cc && *cc ? cc : "cc");
+	split_push(tc->args, &tc->n_args, "-O2 -std=c11 -D_GNU_SOURCE -fno-strict-aliasing");
+#if defined(__SANITIZE_ADDRESS__)
+	split_push(tc->args, &tc->n_args,
+	           "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined");
+#endif
+	char inc[PATH_MAX + 3];
+	snprintf(inc, sizeof inc, "-I%s", tc->inc_rt);
+	tc->args[tc->n_args++] = strdup(inc);
+	snprintf(inc, sizeof inc, "-I%s", tc->inc_k);
+	tc->args[tc->n_args++] = strdup(inc);
+	char pk[4096];
+	capture("pkg-config --cflags openblas libpcre2-8 2>/dev/null", pk, sizeof pk);
+	split_push(tc->args, &tc->n_args, pk);
+	capture("pkg-config --libs openblas libpcre2-8 2>/dev/null", pk, sizeof pk);
+	split_push(tc->libs, &tc->n_libs, pk[0] ? pk : "-lopenblas -lpcre2-8");
+	split_push(tc->libs, &tc->n_libs, "-lm -lpthread");
+#if defined(__SANITIZE_ADDRESS__)
+	split_push(tc->libs, &tc->n_libs, "-fsanitize=address,undefined");
+#endif
+	return 0;
+}
+
+/* ---- the cache ---------------------------------------------------------------------------- */
+
+static int cache_root(char *out, size_t cap)
+{
+	const char *e = getenv("KVPC_CACHE");
+	if (e && *e)
+		snprintf(out, cap, "%s", e);
+	else if ((e = getenv("XDG_CACHE_HOME")) && *e == '/')
+		snprintf(out, cap, "%s/kvpc", e);
+	else if ((e = getenv("HOME")) && *e)
+		snprintf(out, cap, "%s/.cache/kvpc", e);
+	else
+		snprintf(out, cap, "/tmp/kvpc-cache-%ld", (long)getuid());
+	if (mkdirs(out) != 0) {
+		errf("%s: error: cannot create the build cache: %s (set KVPC_CACHE)", out,
+		     strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* Run argv (no shell) with stdout+stderr to log_path. Returns the exit status, or -1. */
+static int run_logged(char *const argv[], const char *log_path)
+{
+	fflush(stdout);
+	fflush(stderr);
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+			close(fd);
+		}
+		execvp(argv[0], argv);
+		fprintf(stderr, "%s: cannot run: %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One policy as emitted. */
+struct unit {
+	char *name;      /* registered name */
+	char *c;         /* generated C */
+	size_t c_len;
+	char *src;       /* source bytes */
+	size_t src_len;
+};
+
+static const char MAIN_C[] =
+	"/* generated by kvpc build — do not edit: the per-deployment binary's entry point */\n"
+	"#include <string.h>\n"
+	"\n"
+	"#include \"rt_ab.h\"\n"
+	"#include \"rt_cli.h\"\n"
+	"#include \"rt_model.h\"\n"
+	"#include \"rt_policy.h\"\n"
+	"\n"
+	"int main(int argc, char **argv)\n"
+	"{\n"
+	"\trt_model_blas_setup(argv);\n"
+	"\tif (argc > 1 && strcmp(argv[1], \"ab\") == 0)\n"
+	"\t\treturn rt_ab_main(argc - 1, argv + 1, kvp_registry, kvp_registry_count);\n"
+	"\treturn rt_cli_main(argc, argv, kvp_registry, kvp_registry_count);\n"
+	"}\n";
+
+/* Compile every policy; on success fill units[] (names deduplicated). */
+static int emit_units(const char *const *files, int n, struct unit *units, char **reg_c,
+                      size_t *reg_len, int *n_units)
+{
+	int rc = 0;
+	*n_units = 0;
+	for (int i = 0; i < n; i++) {
+		char err[512];
+		kvp_src *src = kvp_src_open(files[i], err, sizeof err);
+		if (!src) {
+			const char *why = strstr(err, ": ");
+			errf("%s: error: %s", files[i], why ? why + 2 : err);
+			rc = 1;
+			continue;
+		}
+		struct kvp_ir ir;
+		if (kvp_compile(src, &ir) != 0) {
+			fputs(kvp_src_diags(src), stderr);
+			kvp_src_free(src);
+			rc = 1;
+			continue;
+		}
+		fputs(kvp_src_diags(src), stderr); /* warnings, if any */
+		/* the same policy given twice is built once; the same name with another source
+		 * gets a suffix so both can be registered */
+		int dup = 0, clash = 0;
+		for (int j = 0; j < *n_units; j++) {
+			if (strcmp(units[j].name, ir.name) != 0)
+				continue;
+			if (units[j].src_len == src->len && !memcmp(units[j].src, src->text, src->len))
+				dup = 1;
+			else
+				clash++;
+		}
+		if (!dup && clash) {
+			char nm[512];
+			snprintf(nm, sizeof nm, "%s~%d", ir.name, clash + 1);
+			free(ir.name);
+			ir.name = strdup(nm);
+		}
+		if (!dup) {
+			struct unit *u = &units[(*n_units)++];
+			char outname[32];
+			snprintf(outname, sizeof outname, "policy_%d.c", *n_units - 1);
+			FILE *mem = open_memstream(&u->c, &u->c_len);
+			struct kvp_emit_opts opts = { .line_directives = 1, .out_name = outname };
+			if (!mem || kvp_emit_c(&ir, &opts, mem) != 0) {
+				errf("%s: error: the C emitter failed", files[i]);
+				rc = 1;
+			}
+			if (mem)
+				fclose(mem);
+			u->name = strdup(ir.name);
+			u->src = malloc(src->len + 1);
+			memcpy(u->src, src->text, src->len);
+			u->src_len = src->len;
+		}
+		kvp_ir_free(&ir);
+		kvp_src_free(src);
+	}
+	if (rc)
+		return rc;
+	const char **names = calloc((size_t)*n_units + 1, sizeof *names);
+	for (int i = 0; i < *n_units; i++)
+		names[i] = units[i].name;
+	FILE *mem = open_memstream(reg_c, reg_len);
+	char err[512] = "";
+	if (!mem || kvp_emit_registry(names, *n_units, mem, err, sizeof err) != 0) {
+		errf("kvpc: error: %s", err[0] ? err : "cannot emit the registry");
+		rc = 1;
+	}
+	if (mem)
+		fclose(mem);
+	free(names);
+	return rc;
+}
+
+/* Copy src to dst atomically (temporary file in dst's directory, then rename), mode 755.
+ * When dst already has the same bytes it is left alone and *same = 1. */
+static int install_bin(const char *src, const char *dst, int *same)
+{
+	*same = 0;
+	size_t na = 0, nb = 0;
+	rt_err e;
+	char *a = rt_read_file(src, &na, &e);
+	if (!a) {
+		errf("%s: error: cannot read the cached binary", src);
+		return -1;
+	}
+	char *b = is_file(dst) ? rt_read_file(dst, &nb, &e) : NULL;
+	if (b && na == nb && !memcmp(a, b, na)) {
+		*same = 1;
+		free(a);
+		free(b);
+		return 0;
+	}
+	free(b);
+	char tmp[PATH_MAX];
+	if (snprintf(tmp, sizeof tmp, "%s.tmpXXXXXX", dst) >= (int)sizeof tmp) {
+		errf("%s: error: path too long", dst);
+		free(a);
+		return -1;
+	}
+	int fd = mkstemp(tmp);
+	if (fd < 0) {
+		errf("%s: error: cannot create: %s", dst, strerror(errno));
+		free(a);
+		return -1;
+	}
+	size_t off = 0;
+	while (off < na) {
+		ssize_t w = write(fd, a + off, na - off);
+		if (w <= 0)
+			break;
+		off += (size_t)w;
+	}
+	int ok = off == na && fchmod(fd, 0755) == 0;
+	ok &= close(fd) == 0;
+	free(a);
+	if (!ok || rename(tmp, dst) != 0) {
+		errf("%s: error: cannot write: %s", dst, strerror(errno));
+		unlink(tmp);
+		return -1;
+	}
+	return 0;
+}
+
+int kvpc_build_cached(const char *const *files, int n, int verbose, char *bin, size_t bin_cap,
+                      char **names, int *n_names, int *compiled, double *seconds)
+{
+	struct unit *units = calloc((size_t)n + 1, sizeof *units);
+	char *reg_c = NULL, *tmp = NULL;
+	size_t reg_len = 0;
+	int n_units = 0, rc = 1;
+	char *own[MAX_ARGS];      /* heap paths to free */
+	int n_own = 0;
+	struct toolchain tc;
+	memset(&tc, 0, sizeof tc);
+	double t0 = now_s();
+	*compiled = 0;
+	*seconds = 0;
+	if (n_names)
+		*n_names = 0;
+	if (n > MAX_ARGS / 2) {
+		errf("kvpc build: error: at most %d policies per binary", MAX_ARGS / 2);
+		goto done;
+	}
+	if (emit_units(files, n, units, &reg_c, &reg_len, &n_units) != 0)
+		goto done;
+	if (toolchain_find(&tc) != 0)
+		goto done;
+	/* the key */
+	rt_sha256 h;
+	rt_sha256_init(&h);
+	rt_sha256_update(&h, CACHE_FORMAT, sizeof CACHE_FORMAT);
+	rt_sha256_update(&h, KVP_VERSION, sizeof KVP_VERSION);
+	for (int i = 0; i < n_units; i++) {
+		rt_sha256_update(&h, units[i].src, units[i].src_len);
+		rt_sha256_update(&h, "", 1);
+		rt_sha256_update(&h, units[i].c, units[i].c_len);
+		rt_sha256_update(&h, "", 1);
+	}
+	rt_sha256_update(&h, reg_c, reg_len);
+	rt_sha256_update(&h, MAIN_C, sizeof MAIN_C);
+	rt_sha256_update(&h, tc.cc, strlen(tc.cc) + 1);
+	for (int i = 0; i < tc.n_args; i++)
+		rt_sha256_update(&h, tc.args[i], strlen(tc.args[i]) + 1);
+	for (int i = 0; i < tc.n_libs; i++)
+		rt_sha256_update(&h, tc.libs[i], strlen(tc.libs[i]) + 1);
+	if (hash_file(&h, tc.lib) != 0 || hash_dir_headers(&h, tc.inc_rt) != 0 ||
+	    hash_dir_headers(&h, tc.inc_k) != 0) {
+		errf("%s: error: cannot read the runtime library or its headers", tc.lib);
+		goto done;
+	}
+	char key[65];
+	rt_sha256_hex(&h, key);
+	key[32] = 0;
+	char root[PATH_MAX], dir[PATH_MAX + 80];
+	if (cache_root(root, sizeof root) != 0)
+		goto done;
+	snprintf(dir, sizeof dir, "%s/%s", root, key);
+	if ((size_t)snprintf(bin, bin_cap, "%s/bin", dir) >= bin_cap) {
+		errf("%s: error: path too long", dir);
+		goto done;
+	}
+	if (verbose)
+		fprintf(stderr, "kvpc build: %s runtime %s; cache %s\n", tc.where, tc.lib, dir);
+	if (is_file(bin) && access(bin, X_OK) == 0) {
+		rc = 0;
+		goto done;
+	}
+	/* build in a private directory, then rename it into place */
+	if (asprintf(&tmp, "%s/.tmp-%s-%ld", root, key, (long)getpid()) < 0) {
+		tmp = NULL;
+		goto done;
+	}
+	if (mkdirs(tmp) != 0) {
+		errf("%s: error: cannot create: %s", tmp, strerror(errno));
+		goto done;
+	}
+	char *argv[3 * MAX_ARGS];
+	int na = 0;
+	argv[na++] = tc.cc;
+	for (int i = 0; i < tc.n_args; i++)
+		argv[na++] = tc.args[i];
+	for (int i = 0; i <= n_units + 1; i++) {
+		char *p = NULL;
+		const char *text = i < n_units ? units[i].c : i == n_units ? reg_c : MAIN_C;
+		size_t len = i < n_units ? units[i].c_len : i == n_units ? reg_len : sizeof MAIN_C - 1;
+		int ok = i < n_units ? asprintf(&p, "%s/policy_%d.c", tmp, i)
+		         : asprintf(&p, "%s/%s", tmp, i == n_units ? "registry.c" : "main.c");
+		if (ok < 0)
+			goto done;
+		own[n_own++] = p;
+		argv[na++] = p;
+		if (write_file(p, text, len) != 0)
+			goto done;
+	}
+	argv[na++] = tc.lib;
+	for (int i = 0; i < tc.n_libs; i++)
+		argv[na++] = tc.libs[i];
+	char *out = NULL, *log = NULL;
+	if (asprintf(&out, "%s/bin", tmp) < 0 || (own[n_own++] = out, 0) ||
+	    asprintf(&log, "%s/build.log", tmp) < 0)
+		goto done;
+	own[n_own++] = log;
+	argv[na++] = "-o";
+	argv[na++] = out;
+	argv[na] = NULL;
+	if (verbose) {
+		for (int i = 0; i < na; i++)
+			fprintf(stderr, "%s%s", i ? " " : "", argv[i]);
+		fputc('\n', stderr);
+	}
+	double t1 = now_s();
+	int st = run_logged(argv, log);
+	if (st != 0) {
+		size_t ll = 0;
+		rt_err e;
+		char *text = rt_read_file(log, &ll, &e);
+		if (text)
+			fputs(text, stderr);
+		free(text);
+		errf("kvpc build: error: %s failed (exit %d) on the generated code; sources and log "
+		     "kept in %s", tc.cc, st, tmp);
+		goto done;
+	}
+	if (verbose)
+		fprintf(stderr, "kvpc build: emit %.2f s, cc %.2f s\n", t1 - t0, now_s() - t1);
+	if (rename(tmp, dir) != 0) {
+		/* another build of the same key won the race: use its result */
+		for (int i = 0; i < n_own; i++)
+			unlink(own[i]);
+		rmdir(tmp);
+		if (!is_file(bin)) {
+			errf("%s: error: cannot move the build into the cache: %s", dir, strerror(errno));
+			goto done;
+		}
+	}
+	*compiled = 1;
+	rc = 0;
+done:
+	*seconds = now_s() - t0;
+	for (int i = 0; i < n_units; i++) {
+		if (rc == 0 && names)
+			names[i] = strdup(units[i].name);
+		free(units[i].name);
+		free(units[i].c);
+		free(units[i].src);
+	}
+	if (rc == 0 && n_names)
+		*n_names = n_units;
+	for (int i = 0; i < n_own; i++)
+		free(own[i]);
+	free(units);
+	free(reg_c);
+	free(tmp);
+	toolchain_free(&tc);
+	return rc;
+}
+
+/* ---- kvpc build --------------------------------------------------------------------------- */
+
+int kvpc_cmd_build(int argc, char **argv)
+{
+	const char *out = NULL;
+	int verbose = 0, n_files = 0;
+	const char **files = calloc((size_t)argc + 1, sizeof *files);
+	for (int i = 0; i < argc; i++) {
+		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+			fputs(BUILD_HELP, stdout);
+			free(files);
+			return 0;
+		} else if (!strcmp(argv[i], "-o")) {
+			if (i + 1 >= argc) {
+				free(files);
+				fputs("kvpc build: -o needs a value\n", stderr);
+				fputs(BUILD_USAGE, stderr);
+				return 2;
+			}
+			out = argv[++i];
+		} else if (!strcmp(argv[i], "-v")) {
+			verbose = 1;
+		} else if (argv[i][0] == '-' && argv[i][1]) {
+			fprintf(stderr, "kvpc build: unknown option '%s'\n", argv[i]);
+			fputs(BUILD_USAGE, stderr);
+			free(files);
+			return 2;
+		} else {
+			files[n_files++] = argv[i];
+		}
+	}
+	if (!n_files || !out) {
+		fprintf(stderr, "kvpc build: %s\n", !n_files ? "no input file" : "-o BIN is required");
+		fputs(BUILD_USAGE, stderr);
+		free(files);
+		return 2;
+	}
+	/* a clear error for an unwritable output before any work */
+	char dirbuf[PATH_MAX];
+	snprintf(dirbuf, sizeof dirbuf, "%s", out);
+	char *slash = strrchr(dirbuf, '/');
+	const char *odir = slash ? (slash == dirbuf ? "/" : (*slash = 0, dirbuf)) : ".";
+	if (!is_dir(odir) || access(odir, W_OK) != 0 || is_dir(out)) {
+		errf("%s: error: cannot write the binary: %s", out,
+		     is_dir(out) ? "is a directory"
+		     : !is_dir(odir) ? "no such directory" : strerror(EACCES));
+		free(files);
+		return 1;
+	}
+	char bin[PATH_MAX + 64];
+	int compiled = 0, n_names = 0;
+	double secs = 0;
+	int rc = kvpc_build_cached(files, n_files, verbose, bin, sizeof bin, NULL, &n_names,
+	                           &compiled, &secs);
+	free(files);
+	if (rc)
+		return 1;
+	int same = 0;
+	if (install_bin(bin, out, &same) != 0)
+		return 1;
+	if (compiled)
+		fprintf(stderr, "kvpc build: %s: compiled %d polic%s in %.2f s\n", out, n_names,
+		        n_names == 1 ? "y" : "ies", secs);
+	else
+		fprintf(stderr, "kvpc build: %s: %s (cached)\n", out,
+		        same ? "up to date" : "copied from the cache");
+	return 0;
+}
+
+/* ---- kvpc ab ------------------------------------------------------------------------------ */
+
+/* Options of `BIN ab` that take a value (everything else is a flag or a policy file). */
+static const char *const AB_VALUE_OPTS[] = {
+	"--model", "--text", "--ratio", "--task", "--ctx", "--chunk", "--json", "--csv", "--plot",
+	"--set", "--set-a", "--set-b", "--threads", "--lengths", "--depths", "--seed",
+	"--resamples", "--mode", "--haystack", "--a", "--b", "--commit", "--label-a", "--label-b",
+	"--trials", "--answer", "--source-sha256-a", "--source-sha256-b", NULL,
+};
+
+static int ab_takes_value(const char *opt)
+{
+	for (int i = 0; AB_VALUE_OPTS[i]; i++)
+		if (!strcmp(opt, AB_VALUE_OPTS[i]))
+			return 1;
+	return 0;
+}
+
+int kvpc_cmd_ab(int argc, char **argv)
+{
+	const char *files[2];
+	int n_files = 0, verbose = 0;
+	char **pass = calloc((size_t)argc + 32, sizeof *pass);
+	int np = 0;
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			fputs(AB_USAGE, stdout);
+			fputs("\nBuilds (cached, see kvpc build --help) both policies into one binary and runs\n"
+			      "its `ab` command, which loads the model once and runs the full-cache reference\n"
+			      "and both policies over the same tokens, per compression ratio. All options\n"
+			      "after the two files are those of `BIN ab --help`; -v shows the build.\n",
+			      stdout);
+			free(pass);
+			return 0;
+		} else if (!strcmp(a, "-v")) {
+			verbose = 1;
+		} else if (a[0] == '-' && a[1]) {
+			pass[np++] = argv[i];
+			if (!strchr(a, '=') && ab_takes_value(a)) {
+				if (i + 1 >= argc) {
+					fprintf(stderr, "kvpc ab: %s needs a value\n", a);
+					fputs(AB_USAGE, stderr);
+					free(pass);
+					return 2;
+				}
+				pass[np++] = argv[++i];
+			}
+		} else if (n_files < 2) {
+			files[n_files++] = a;
+		} else {
+			fprintf(stderr, "kvpc ab: more than two policy files ('%s')\n", a);
+			fputs(AB_USAGE, stderr);
+			free(pass);
+			return 2;
+		}
+	}
+	if (n_files != 2) {
+		fputs("kvpc ab: two policy files are needed (A.kvp B.kvp; the same file twice compares "
+		      "a policy with itself)\n", stderr);
+		fputs(AB_USAGE, stderr);
+		free(pass);
+		return 2;
+	}
+	char bin[PATH_MAX + 64];
+	char *names[2] = { NULL, NULL };
+	int compiled = 0, n_names = 0;
+	double secs = 0;
+	if (kvpc_build_cached(files, 2, verbose, bin, sizeof bin, names, &n_names, &compiled,
+	                      &secs) != 0) {
+		free(pass);
+		return 1;
+	}
+	if (compiled || verbose)
+		fprintf(stderr, "kvpc ab: built %s and %s in %.2f s\n", files[0], files[1], secs);
+	/* names: the same file (or identical sources) twice registers one policy */
+	const char *na = names[0], *nb = n_names > 1 ? names[1] : names[0];
+	char sha[2][65];
+	for (int i = 0; i < 2; i++) {
+		rt_err e;
+		if (rt_sha256_file(files[i], sha[i], &e) != 0)
+			snprintf(sha[i], sizeof sha[i], "unknown");
+	}
+	char *args[12];
+	int k = 0;
+	char *const fixed[] = { bin, "ab", "--a", (char *)na, "--b", (char *)nb, "--commit",
+		                KVPC_COMMIT, "--source-sha256-a", sha[0], "--source-sha256-b", sha[1] };
+	for (k = 0; k < 12; k++)
+		args[k] = fixed[k];
+	char **full = calloc((size_t)np + 16, sizeof *full);
+	int nf = 0;
+	for (int i = 0; i < k; i++)
+		full[nf++] = args[i];
+	for (int i = 0; i < np; i++)
+		full[nf++] = pass[i];
+	full[nf] = NULL;
+	if (verbose) {
+		for (int i = 0; i < nf; i++)
+			fprintf(stderr, "%s%s", i ? " " : "", full[i]);
+		fputc('\n', stderr);
+	}
+	fflush(stdout);
+	fflush(stderr);
+	execv(bin, full);
+	errf("%s: error: cannot run: %s", bin, strerror(errno));
+	free(full);
+	free(pass);
+	free(names[0]);
+	free(names[1]);
+	return 1;
+}

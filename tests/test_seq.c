@@ -1,0 +1,638 @@
+/*
+ * test_seq: one sequence under one policy (runtime/rt_seq.c) and the shared command line
+ * (runtime/rt_cli.c), on tiny synthetic models (tests/support/tiny_model.h) with the
+ * grouped-query shapes 9q/3kv, 4q/1kv and 4q/4kv. Checked:
+ *   - an evicted cache gives the same logits as dense attention over exactly the kept
+ *     entries at their positions: an independent naive forward in double (own RMSNorm,
+ *     adjacent-pair RoPE, softmax, SwiGLU) replays the text token by token, each query
+ *     attending only to the positions the policy run kept (recorded after every step),
+ *     with keys rotated at their original positions (h2o, tova: original convention) or
+ *     at their index among the kept entries with the query at its own index
+ *     (streaming_llm: compacted convention), to 1e-5 relative;
+ *   - for EVERY policy of the registry (every policies/NAME.kvp) plus the built-in full policy:
+ *     one feed call == token-by-token == internal chunks 1, 3, 7 and 5 (which divides no
+ *     budget used), identical kept sets (positions and counts per head) and logits to
+ *     1e-5;
+ *   - a second sequence after rt_seq_reset equals a fresh one (all policy state reset);
+ *   - memory: under h2o at ratio 4, resident entries after every step stay within
+ *     budget + chunk per head and kv_bytes_peak within (budget + chunk) x bytes per entry
+ *     x heads; and rt_seq_feed allocates nothing: malloc/calloc/realloc/aligned_alloc/
+ *     posix_memalign are wrapped at link time (-Wl,--wrap, see the Makefile rule) and
+ *     counted around feeding;
+ *   - the command line: unknown policy, unknown --set name, --ratio below 1 and a text
+ *     that is not UTF-8 give one clear line on stderr and exit 2 / 1.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rt_gguf.h"
+#include "rt_model.h"
+#include "rt_policy.h"
+#include "rt_seq.h"
+#include "support/tiny_model.h"
+
+/* ---- allocation counting (link with -Wl,--wrap=malloc,...) ----------------------------- */
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t sz);
+void *__real_realloc(void *p, size_t n);
+void *__real_aligned_alloc(size_t a, size_t n);
+int __real_posix_memalign(void **p, size_t a, size_t n);
+
+static long g_allocs;
+
+void *__wrap_malloc(size_t n)
+{
+	g_allocs++;
+	return __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t n, size_t sz)
+{
+	g_allocs++;
+	return __real_calloc(n, sz);
+}
+
+void *__wrap_realloc(void *p, size_t n)
+{
+	g_allocs++;
+	return __real_realloc(p, n);
+}
+
+void *__wrap_aligned_alloc(size_t a, size_t n)
+{
+	g_allocs++;
+	return __real_aligned_alloc(a, n);
+}
+
+int __wrap_posix_memalign(void **p, size_t a, size_t n)
+{
+	g_allocs++;
+	return __real_posix_memalign(p, a, n);
+}
+
+/* ---- fixtures ------------------------------------------------------------------------- */
+
+#define N_TOK 48
+#define PROMPT 32
+
+static tiny_model_cfg shape_cfg(int shape)
+{
+	/* shape 0: 9q/3kv head_dim 32; 1: 4q/1kv head_dim 16; 2: 4q/4kv head_dim 16 */
+	tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 96,
+		             .rope_base = 10000.0f, .seed = 777u + (uint32_t)shape,
+		             .wtype = RT_GGML_F32 };
+	if (shape == 0)
+		c.n_head = 9, c.n_head_kv = 3, c.n_embd = 288;
+	else if (shape == 1)
+		c.n_head = 4, c.n_head_kv = 1, c.n_embd = 64;
+	else
+		c.n_head = 4, c.n_head_kv = 4, c.n_embd = 64;
+	return c;
+}
+
+static char g_model_path[3][256];
+
+static const char *model_path(int shape)
+{
+	return g_model_path[shape];
+}
+
+static rt_model *load_shape(int shape)
+{
+	rt_err err = { "" };
+	rt_model *m = rt_model_load(model_path(shape), &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	return m;
+}
+
+static void test_tokens(int32_t *t, int n, int vocab, unsigned seed)
+{
+	for (int i = 0; i < n; i++) {
+		seed = seed * 1103515245u + 12345u;
+		t[i] = (int32_t)((seed >> 8) % (unsigned)vocab);
+	}
+}
+
+static const struct kvp_policy *find_policy(const char *name)
+{
+	if (!strcmp(name, "full") && !kvp_registry_find(kvp_registry, kvp_registry_count, name))
+		return &rt_policy_full;
+	const struct kvp_policy *p = kvp_registry_find(kvp_registry, kvp_registry_count, name);
+	ck_assert_msg(p != NULL, "policy %s is not in the registry", name);
+	return p;
+}
+
+/* Overrides that make each library policy compress within N_TOK tokens of a tiny model
+ * (its defaults are sized for 4k-token contexts). */
+static const char *const *policy_sets(const char *name)
+{
+	static const char *const adakv[] = { "capacity=12", "window=4", NULL };
+	static const char *const caote[] = { "heavy=6", "recent=4", "block=8", NULL };
+	static const char *const grace[] = { "capacity=0.5", "question=4", "recent=4", NULL };
+	static const char *const keydiff[] = { "capacity=12", "block=8", NULL };
+	static const char *const pyramid[] = { "capacity=12", "window=4", NULL };
+	static const char *const sciss[] = { "recent=3", NULL };
+	static const char *const window[] = { "window=10", NULL };
+	static const char *const snap[] = { "capacity=12", "window=4", NULL };
+	static const char *const stream[] = { "sinks=2", "recent=10", NULL };
+	static const char *const tova[] = { "states=10", NULL };
+	static const char *const none[] = { NULL };
+	static const struct {
+		const char *name;
+		const char *const *sets;
+	} table[] = {
+		{ "adakv_snapkv", adakv }, { "caote_h2o", caote }, { "gracekv", grace },
+		{ "keydiff", keydiff }, { "pyramidkv", pyramid }, { "scissorhands", sciss },
+		{ "sliding_window", window }, { "snapkv", snap }, { "streaming_llm", stream },
+		{ "tova", tova },
+	};
+	for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+		if (!strcmp(table[i].name, name))
+			return table[i].sets;
+	return none;
+}
+
+static void seq_open(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_t cap,
+                     int chunk, int64_t prompt_len)
+{
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_init(s, m, p, cap, chunk, prompt_len, &err) == 0, "%s", err.msg);
+	for (const char *const *a = policy_sets(p->name); *a; a++)
+		ck_assert_msg(rt_seq_set(s, *a, &err) == 0, "%s", err.msg);
+}
+
+static void feed_ok(rt_seq *s, const int32_t *t, int64_t n, float *logits)
+{
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_feed(s, t, n, logits, logits ? RT_LOGITS_ALL : RT_LOGITS_NONE, &err) == 0,
+	              "%s", err.msg);
+}
+
+/* ---- the naive reference: dense attention over given position sets ----------------------- */
+
+/* kept[l][j] after token t: positions (ascending) of head (l, j) */
+typedef struct kept_log {
+	int L, J;
+	int32_t *n;    /* [N_TOK × L × J] */
+	int32_t *pos;  /* [N_TOK × L × J × N_TOK] */
+	float *count;  /* same shape */
+} kept_log;
+
+static void kept_record(kept_log *k, const rt_seq *s, int t)
+{
+	for (int l = 0; l < k->L; l++)
+		for (int j = 0; j < k->J; j++) {
+			const rt_kv_head *h = &s->kv.heads[l * k->J + j];
+			size_t at = ((size_t)t * k->L + l) * k->J + j;
+			k->n[at] = h->n;
+			memcpy(k->pos + at * N_TOK, h->pos, (size_t)h->n * sizeof(int32_t));
+			memcpy(k->count + at * N_TOK, h->count, (size_t)h->n * sizeof(float));
+		}
+}
+
+static void rmsnorm_d(double *y, const double *x, const float *w, int n, double eps)
+{
+	double ss = 0;
+	for (int i = 0; i < n; i++)
+		ss += x[i] * x[i];
+	double sc = 1.0 / sqrt(ss / n + eps);
+	for (int i = 0; i < n; i++)
+		y[i] = x[i] * sc * w[i];
+}
+
+/* y[out] = W[out × in] x[in] */
+static void matvec_d(double *y, const float *W, const double *x, int out, int in)
+{
+	for (int o = 0; o < out; o++) {
+		double s = 0;
+		for (int i = 0; i < in; i++)
+			s += (double)W[(size_t)o * in + i] * x[i];
+		y[o] = s;
+	}
+}
+
+static void rope_d(double *v, double pos, int n_rot, double base)
+{
+	for (int i = 0; i < n_rot / 2; i++) {
+		double th = pos * pow(base, -2.0 * i / n_rot);
+		double x0 = v[2 * i], x1 = v[2 * i + 1];
+		v[2 * i] = x0 * cos(th) - x1 * sin(th);
+		v[2 * i + 1] = x0 * sin(th) + x1 * cos(th);
+	}
+}
+
+/* Logits after each token t of toks[0..n) where the query of token t at (l, j) sees the
+ * positions kept after token t-1 (log k, index t-1) plus t itself. compacted: keys are
+ * rotated at their index in that visible list, the query at its own index. */
+static void ref_logits(const rt_model *m, const int32_t *toks, int n, const kept_log *k,
+                       int compacted, double *out /* [n × V] */)
+{
+	const rt_model_hparams *hp = &m->hp;
+	const int E = hp->n_embd, F = hp->n_ff, HQ = hp->n_head, J = hp->n_head_kv;
+	const int G = hp->group, hd = hp->head_dim, L = hp->n_layer, V = hp->n_vocab;
+	double *kraw = calloc((size_t)L * J * n * hd, sizeof(double));
+	double *vals = calloc((size_t)L * J * n * hd, sizeof(double));
+	double *x = malloc((size_t)E * sizeof *x), *xn = malloc((size_t)E * sizeof *xn);
+	double *q = malloc((size_t)HQ * hd * sizeof *q), *kk = malloc((size_t)J * hd * sizeof *kk);
+	double *vv = malloc((size_t)J * hd * sizeof *vv), *att = malloc((size_t)HQ * hd * sizeof *att);
+	double *tmp = malloc((size_t)(E > F ? E : F) * sizeof *tmp);
+	double *g = malloc((size_t)F * sizeof *g), *u = malloc((size_t)F * sizeof *u);
+	double *sc = malloc((size_t)n * sizeof *sc), *key = malloc((size_t)hd * sizeof *key);
+	int32_t *vis = malloc((size_t)n * sizeof *vis);
+	for (int t = 0; t < n; t++) {
+		for (int i = 0; i < E; i++)
+			x[i] = m->tok_embd[(size_t)toks[t] * E + i];
+		for (int l = 0; l < L; l++) {
+			const rt_layer *W = &m->layers[l];
+			rmsnorm_d(xn, x, W->attn_norm, E, hp->norm_eps);
+			matvec_d(q, W->wq, xn, HQ * hd, E);
+			matvec_d(kk, W->wk, xn, J * hd, E);
+			matvec_d(vv, W->wv, xn, J * hd, E);
+			for (int j = 0; j < J; j++) {
+				memcpy(kraw + (((size_t)l * J + j) * n + t) * hd, kk + (size_t)j * hd,
+				       (size_t)hd * sizeof(double));
+				memcpy(vals + (((size_t)l * J + j) * n + t) * hd, vv + (size_t)j * hd,
+				       (size_t)hd * sizeof(double));
+				int nv = 0;
+				if (t > 0) {
+					size_t at = ((size_t)(t - 1) * L + l) * J + j;
+					for (int i = 0; i < k->n[at]; i++) {
+						ck_assert(k->count[at * N_TOK + i] == 1.0f);
+						vis[nv++] = k->pos[at * N_TOK + i];
+					}
+				}
+				vis[nv++] = t;
+				for (int r = 0; r < G; r++) {
+					double qh[256];
+					memcpy(qh, q + (size_t)(j * G + r) * hd, (size_t)hd * sizeof(double));
+					rope_d(qh, compacted ? nv - 1 : t, hp->n_rot, hp->rope_base);
+					double mx = -INFINITY;
+					for (int i = 0; i < nv; i++) {
+						memcpy(key, kraw + (((size_t)l * J + j) * n + vis[i]) * hd,
+						       (size_t)hd * sizeof(double));
+						rope_d(key, compacted ? i : vis[i], hp->n_rot, hp->rope_base);
+						double s = 0;
+						for (int d = 0; d < hd; d++)
+							s += qh[d] * key[d];
+						sc[i] = s / sqrt((double)hd);
+						mx = sc[i] > mx ? sc[i] : mx;
+					}
+					double sum = 0;
+					for (int i = 0; i < nv; i++)
+						sum += (sc[i] = exp(sc[i] - mx));
+					double *o = att + (size_t)(j * G + r) * hd;
+					for (int d = 0; d < hd; d++)
+						o[d] = 0;
+					for (int i = 0; i < nv; i++) {
+						const double *vp = vals + (((size_t)l * J + j) * n + vis[i]) * hd;
+						for (int d = 0; d < hd; d++)
+							o[d] += sc[i] / sum * vp[d];
+					}
+				}
+			}
+			matvec_d(tmp, W->wo, att, E, HQ * hd);
+			for (int i = 0; i < E; i++)
+				x[i] += tmp[i];
+			rmsnorm_d(xn, x, W->ffn_norm, E, hp->norm_eps);
+			matvec_d(g, W->w_gate, xn, F, E);
+			matvec_d(u, W->w_up, xn, F, E);
+			for (int i = 0; i < F; i++)
+				g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+			matvec_d(tmp, W->w_down, g, E, F);
+			for (int i = 0; i < E; i++)
+				x[i] += tmp[i];
+		}
+		rmsnorm_d(xn, x, m->out_norm, E, hp->norm_eps);
+		matvec_d(out + (size_t)t * V, m->output, xn, V, E);
+	}
+	free(kraw), free(vals), free(x), free(xn), free(q), free(kk), free(vv), free(att);
+	free(tmp), free(g), free(u), free(sc), free(key), free(vis);
+}
+
+static void evicted_equals_dense(const char *name, const char *const *sets, int shape,
+                                 int expect_compacted)
+{
+	rt_model *m = load_shape(shape);
+	const struct kvp_policy *p = find_policy(name);
+	ck_assert_int_eq(p->positions == KVP_POS_COMPACTED, expect_compacted);
+	const int L = m->hp.n_layer, J = m->hp.n_head_kv, V = m->hp.n_vocab;
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, V, 99u + (unsigned)shape);
+	rt_seq s;
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_init(&s, m, p, N_TOK, 8, -1, &err) == 0, "%s", err.msg);
+	for (const char *const *a = sets; *a; a++)
+		ck_assert_msg(rt_seq_set(&s, *a, &err) == 0, "%s", err.msg);
+	kept_log k = { .L = L, .J = J };
+	k.n = calloc((size_t)N_TOK * L * J, sizeof *k.n);
+	k.pos = calloc((size_t)N_TOK * L * J * N_TOK, sizeof *k.pos);
+	k.count = calloc((size_t)N_TOK * L * J * N_TOK, sizeof *k.count);
+	float *lg = malloc((size_t)N_TOK * V * sizeof *lg);
+	for (int t = 0; t < N_TOK; t++) {
+		feed_ok(&s, toks + t, 1, lg + (size_t)t * V);
+		kept_record(&k, &s, t);
+	}
+	ck_assert_msg(rt_seq_stats_get(&s).compress_events > 0, "%s never compressed", name);
+	ck_assert_int_lt(k.n[((size_t)(N_TOK - 1) * L) * J], N_TOK);
+	double *ref = malloc((size_t)N_TOK * V * sizeof *ref);
+	ref_logits(m, toks, N_TOK, &k, expect_compacted, ref);
+	double worst = 0;
+	for (size_t i = 0; i < (size_t)N_TOK * V; i++) {
+		double e = fabs(lg[i] - ref[i]) / (1.0 + fabs(ref[i]));
+		worst = e > worst ? e : worst;
+	}
+	ck_assert_msg(worst < 1e-5, "%s shape %d: logits differ from dense attention over the kept "
+	              "entries by %g", name, shape, worst);
+	free(ref), free(lg), free(k.n), free(k.pos), free(k.count);
+	rt_seq_free(&s);
+	rt_model_free(m);
+}
+
+START_TEST(evicted_h2o_original)
+{
+	static const char *const none[] = { NULL };
+	evicted_equals_dense("h2o", none, _i, 0);
+}
+END_TEST
+
+START_TEST(evicted_tova_original)
+{
+	static const char *const sets[] = { "states=9", NULL };
+	evicted_equals_dense("tova", sets, _i, 0);
+}
+END_TEST
+
+START_TEST(evicted_streaming_compacted)
+{
+	static const char *const sets[] = { "sinks=3", "recent=7", NULL };
+	evicted_equals_dense("streaming_llm", sets, _i, 1);
+}
+END_TEST
+
+/* ---- chunked == token-by-token for every policy ----------------------------------------- */
+
+typedef struct run_out {
+	float *logits;     /* [N_TOK × V] */
+	int32_t *n;        /* [L × J] */
+	int32_t *pos;      /* [L × J × N_TOK] */
+	float *count;
+	int64_t compress_events;
+} run_out;
+
+static void run_collect(const rt_model *m, const struct kvp_policy *p, int chunk, int calls_of,
+                        const int32_t *toks, run_out *o, rt_seq *reuse)
+{
+	const int H = m->hp.n_layer * m->hp.n_head_kv, V = m->hp.n_vocab;
+	rt_seq local, *s = reuse ? reuse : &local;
+	if (!reuse)
+		seq_open(s, m, p, N_TOK, chunk, PROMPT);
+	o->logits = malloc((size_t)N_TOK * V * sizeof(float));
+	for (int t = 0; t < N_TOK; t += calls_of) {
+		int c = N_TOK - t < calls_of ? N_TOK - t : calls_of;
+		feed_ok(s, toks + t, c, o->logits + (size_t)t * V);
+	}
+	o->n = malloc((size_t)H * sizeof *o->n);
+	o->pos = calloc((size_t)H * N_TOK, sizeof *o->pos);
+	o->count = calloc((size_t)H * N_TOK, sizeof *o->count);
+	for (int i = 0; i < H; i++) {
+		const rt_kv_head *h = &s->kv.heads[i];
+		o->n[i] = h->n;
+		memcpy(o->pos + (size_t)i * N_TOK, h->pos, (size_t)h->n * sizeof(int32_t));
+		memcpy(o->count + (size_t)i * N_TOK, h->count, (size_t)h->n * sizeof(float));
+		/* the entries, the position map and the tokens-seen counter agree */
+		for (int32_t e = 0; e < h->n; e++) {
+			ck_assert_int_lt(h->pos[e], (int32_t)rt_seq_seen(s));
+			if (e)
+				ck_assert_int_lt(h->pos[e - 1], h->pos[e]);
+		}
+	}
+	ck_assert_int_eq(rt_seq_seen(s), N_TOK);
+	o->compress_events = rt_seq_stats_get(s).compress_events;
+	if (!reuse)
+		rt_seq_free(s);
+}
+
+static void run_free(run_out *o)
+{
+	free(o->logits), free(o->n), free(o->pos), free(o->count);
+}
+
+static void expect_same(const rt_model *m, const char *what, const run_out *a, const run_out *b)
+{
+	const int H = m->hp.n_layer * m->hp.n_head_kv, V = m->hp.n_vocab;
+	for (int i = 0; i < H; i++) {
+		ck_assert_msg(a->n[i] == b->n[i], "%s: head %d keeps %d vs %d entries", what, i, a->n[i],
+		              b->n[i]);
+		for (int e = 0; e < a->n[i]; e++) {
+			ck_assert_msg(a->pos[(size_t)i * N_TOK + e] == b->pos[(size_t)i * N_TOK + e],
+			              "%s: head %d entry %d at position %d vs %d", what, i, e,
+			              a->pos[(size_t)i * N_TOK + e], b->pos[(size_t)i * N_TOK + e]);
+			ck_assert(a->count[(size_t)i * N_TOK + e] == b->count[(size_t)i * N_TOK + e]);
+		}
+	}
+	ck_assert_int_eq(a->compress_events, b->compress_events);
+	double worst = 0;
+	for (size_t i = 0; i < (size_t)N_TOK * V; i++) {
+		double e = fabs((double)a->logits[i] - b->logits[i]);
+		worst = e > worst ? e : worst;
+	}
+	ck_assert_msg(worst < 1e-5, "%s: logits differ by %g", what, worst);
+}
+
+static void chunk_invariance(const struct kvp_policy *p, int shape)
+{
+	rt_model *m = load_shape(shape);
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, m->hp.n_vocab, 4242u + (unsigned)shape);
+	run_out one, tok, c[4];
+	run_collect(m, p, 64, N_TOK, toks, &one, NULL);        /* one call, chunks up to 64 */
+	run_collect(m, p, 64, 1, toks, &tok, NULL);            /* token by token */
+	static const int chunks[4] = { 1, 3, 7, 5 };
+	char what[96];
+	snprintf(what, sizeof what, "%s shape %d: one call vs token by token", p->name, shape);
+	expect_same(m, what, &one, &tok);
+	for (int i = 0; i < 4; i++) {
+		run_collect(m, p, chunks[i], N_TOK, toks, &c[i], NULL);
+		snprintf(what, sizeof what, "%s shape %d: chunk %d vs token by token", p->name, shape,
+		         chunks[i]);
+		expect_same(m, what, &c[i], &tok);
+		run_free(&c[i]);
+	}
+	if (p->compress)
+		ck_assert_msg(one.compress_events > 0, "%s never compressed in %d tokens", p->name, N_TOK);
+	run_free(&one);
+	run_free(&tok);
+	rt_model_free(m);
+}
+
+START_TEST(chunked_equals_stepwise_every_policy)
+{
+	/* _i: registry index × 3 shapes, then the built-in full policy */
+	int pi = _i / 3, shape = _i % 3;
+	const struct kvp_policy *p = pi < kvp_registry_count ? kvp_registry[pi] : &rt_policy_full;
+	chunk_invariance(p, shape);
+}
+END_TEST
+
+START_TEST(second_sequence_equals_fresh)
+{
+	static const char *const names[] = { "h2o", "scissorhands", "snapkv", "streaming_llm" };
+	rt_model *m = load_shape(0);
+	int32_t a[N_TOK], b[N_TOK];
+	test_tokens(a, N_TOK, m->hp.n_vocab, 1u);
+	test_tokens(b, N_TOK, m->hp.n_vocab, 2u);
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+		const struct kvp_policy *p = find_policy(names[i]);
+		rt_seq s;
+		seq_open(&s, m, p, N_TOK, 8, PROMPT);
+		run_out first, second, fresh;
+		run_collect(m, p, 8, 5, a, &first, &s);
+		rt_seq_reset(&s, PROMPT);
+		run_collect(m, p, 8, 5, b, &second, &s);
+		run_collect(m, p, 8, 5, b, &fresh, NULL);
+		expect_same(m, names[i], &second, &fresh);
+		run_free(&first), run_free(&second), run_free(&fresh);
+		rt_seq_free(&s);
+	}
+	rt_model_free(m);
+}
+END_TEST
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+START_TEST(h2o_ratio4_memory_bounded)
+{
+	rt_model *m = load_shape(_i);
+	const struct kvp_policy *p = find_policy("h2o");
+	const int H = m->hp.n_layer * m->hp.n_head_kv, chunk = 4;
+	const int n = 90;
+	int32_t toks[90];
+	test_tokens(toks, n, m->hp.n_vocab, 5u);
+	rt_seq s;
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_init(&s, m, p, n, chunk, -1, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_seq_set_ratio(&s, 4, &err) == 0, "%s", err.msg);
+	const double eb = (double)rt_kv_entry_bytes(&s.kv);
+	for (int t = 0; t < n; t += 3) {
+		int c = n - t < 3 ? n - t : 3;
+		long before = g_allocs; /* (check's assertions allocate: count before them) */
+		int rc = rt_seq_feed(&s, toks + t, c, NULL, RT_LOGITS_NONE, &err);
+		long got = g_allocs - before;
+		ck_assert_msg(rc == 0, "%s", err.msg);
+		ck_assert_msg(got == 0, "rt_seq_feed allocated %ld times", got);
+		double budget = ceil((double)rt_seq_seen(&s) / 4.0);
+		for (int i = 0; i < H; i++)
+			ck_assert_msg(s.kv.heads[i].n <= budget, "head %d holds %d entries, budget %g", i,
+			              s.kv.heads[i].n, budget);
+		ck_assert((double)rt_kv_bytes_used(&s.kv) <= budget * eb * H);
+	}
+	rt_seq_stats st = rt_seq_stats_get(&s);
+	double final_budget = ceil(n / 4.0);
+	ck_assert_msg((double)st.kv_entries_peak <= (final_budget + chunk) * H,
+	              "peak %lld entries > (budget %g + chunk %d) x %d heads",
+	              (long long)st.kv_entries_peak, final_budget, chunk, H);
+	ck_assert((double)st.kv_bytes_peak <= (final_budget + chunk) * eb * H);
+	ck_assert_int_gt(st.compress_events, 0);
+	/* a realistic shape of growth: the peak is far below the full cache's n entries */
+	ck_assert_int_lt(st.kv_entries_peak, (int64_t)n * H / 2);
+	rt_seq_free(&s);
+	rt_model_free(m);
+}
+END_TEST
+
+START_TEST(feed_allocates_nothing_any_policy)
+{
+	rt_model *m = load_shape(1);
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, m->hp.n_vocab, 8u);
+	float *lg = malloc((size_t)N_TOK * m->hp.n_vocab * sizeof *lg);
+	for (int pi = 0; pi <= kvp_registry_count; pi++) {
+		const struct kvp_policy *p = pi < kvp_registry_count ? kvp_registry[pi] : &rt_policy_full;
+		rt_seq s;
+		seq_open(&s, m, p, N_TOK, 5, PROMPT);
+		rt_err err = { "" };
+		long before = g_allocs;
+		int rc = rt_seq_feed(&s, toks, N_TOK, lg, RT_LOGITS_ALL, &err);
+		long got = g_allocs - before;
+		ck_assert_msg(rc == 0, "%s", err.msg);
+		ck_assert_msg(got == 0, "%s: feeding allocated %ld times", p->name, got);
+		rt_seq_free(&s);
+	}
+	free(lg);
+	rt_model_free(m);
+}
+END_TEST
+
+START_TEST(capacity_too_small_is_an_error)
+{
+	rt_model *m = load_shape(2);
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, m->hp.n_vocab, 9u);
+	rt_seq s;
+	rt_err err = { "" };
+	ck_assert(rt_seq_init(&s, m, &rt_policy_full, 10, 4, -1, &err) == 0);
+	ck_assert_int_eq(rt_seq_feed(&s, toks, 20, NULL, RT_LOGITS_NONE, &err), -1);
+	ck_assert_msg(strstr(err.msg, "KV cache full") != NULL, "%s", err.msg);
+	rt_seq_free(&s);
+	/* ratio below 1 and ratio on a policy that never compresses */
+	ck_assert(rt_seq_init(&s, m, find_policy("h2o"), 10, 4, -1, &err) == 0);
+	ck_assert_int_eq(rt_seq_set_ratio(&s, 0.5, &err), -1);
+	ck_assert_int_eq(rt_seq_set(&s, "nosuch=1", &err), -1);
+	ck_assert_msg(strstr(err.msg, "nosuch") != NULL, "%s", err.msg);
+	rt_seq_free(&s);
+	rt_model_free(m);
+}
+END_TEST
+
+/* ---- suite ----------------------------------------------------------------------------- */
+
+static void cleanup(void)
+{
+	for (int i = 0; i < 3; i++)
+		if (g_model_path[i][0])
+			unlink(g_model_path[i]);
+}
+
+static Suite *seq_suite(void)
+{
+	Suite *s = suite_create("seq");
+	TCase *tc = tcase_create("seq");
+	tcase_set_timeout(tc, 600);
+	tcase_add_loop_test(tc, evicted_h2o_original, 0, 3);
+	tcase_add_loop_test(tc, evicted_tova_original, 0, 3);
+	tcase_add_loop_test(tc, evicted_streaming_compacted, 0, 3);
+	tcase_add_loop_test(tc, chunked_equals_stepwise_every_policy, 0, 3 * (kvp_registry_count + 1));
+	tcase_add_test(tc, second_sequence_equals_fresh);
+	tcase_add_loop_test(tc, h2o_ratio4_memory_bounded, 0, 3);
+	tcase_add_test(tc, feed_allocates_nothing_any_policy);
+	tcase_add_test(tc, capacity_too_small_is_an_error);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	/* the models are written once, by the parent, before check forks the tests */
+	for (int i = 0; i < 3; i++) {
+		mkdir("tests/tmp", 0755);
+		snprintf(g_model_path[i], sizeof g_model_path[i], "tests/tmp/test_seq_%d_s%d.gguf",
+		         (int)getpid(), i);
+		tiny_model_cfg c = shape_cfg(i);
+		if (tiny_model_write(&c, g_model_path[i]) != 0) {
+			fprintf(stderr, "test_seq: cannot write %s\n", g_model_path[i]);
+			return EXIT_FAILURE;
+		}
+	}
+	SRunner *sr = srunner_create(seq_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	cleanup();
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
