@@ -144,12 +144,13 @@ static const char AB_HELP[] =
 	"    both policies (budget overridden to context / R entries per KV head; a policy that\n"
 	"    never compresses keeps every token) run over the same tokens, chunk by chunk in\n"
 	"    lockstep, and every token's distribution is compared with the reference's.\n"
-	"    task ppl (default): streaming perplexity of the first N tokens of FILE (prompt\n"
-	"    length unknown, so the budget is seen / R as the text streams in); the table shows\n"
+	"    task ppl (default): streaming perplexity of the first N tokens of FILE, which are\n"
+	"    the prompt (so the budget is N / R entries per KV head from the first token on and\n"
+	"    policies that trigger at the prompt end run once, after the last token); it shows\n"
 	"    ppl, kld_mean, kld_p99, kld_max, ppl_ratio, same_top1, rms_dp (llama.cpp's\n"
 	"    --kl-divergence statistics), kv_entries_peak, kv_bytes_peak, compression\n"
 	"    (reference peak bytes / peak bytes), tokens_per_s, compress_events and\n"
-	"    policy_seconds; then the paired circular block bootstrap 95%% CI of the mean\n"
+	"    policy_seconds; then the paired circular block bootstrap 95% CI of the mean\n"
 	"    per-token NLL difference B - A (block length by Politis & White 2004) and a verdict.\n"
 	"    task needle: passkey retrieval (prompt built to exact token lengths, greedy answer,\n"
 	"    exact match) for every length x depth; accuracy per policy and an exact sign\n"
@@ -514,7 +515,7 @@ static int run_ppl(ab_run *r, rt_err *err)
 	r->ref_ready = 1;
 	for (int k = 0; k < r->o.n_ratios; k++) {
 		for (int s = 0; s < 2; s++) {
-			if (side_init(r, &r->rows[k], s, cap, -1, err) != 0)
+			if (side_init(r, &r->rows[k], s, cap, n, err) != 0)
 				return -1;
 			r->rows[k].side[s].nll = RT_MALLOC((size_t)(n - 1) * sizeof(double));
 			rt_kld_acc_reserve(&r->rows[k].side[s].acc, n - 1);
@@ -863,8 +864,12 @@ static void print_report(const ab_run *r, FILE *out)
 		        (long long)r->n, r->o.text, (long long)(r->n - 1), r->o.model, r->threads);
 	for (int k = 0; k < r->o.n_ratios; k++) {
 		const ab_row *row = &r->rows[k];
-		fprintf(out, "\n== compression ratio %g (budget = context / %g entries per KV head)\n",
-		        row->ratio, row->ratio);
+		if (needle)
+			fprintf(out, "\n== compression ratio %g (budget = prompt length / %g entries per KV "
+			        "head)\n", row->ratio, row->ratio);
+		else
+			fprintf(out, "\n== compression ratio %g (budget = %lld / %g = %.1f entries per KV "
+			        "head)\n", row->ratio, (long long)r->n, row->ratio, (double)r->n / row->ratio);
 		fprintf(out, "%-16s %16s %16s %16s\n", "metric", "full (ref)", r->pol[0]->name,
 		        r->pol[1]->name);
 		for (int m = 0; m < M_COUNT; m++) {

@@ -36,24 +36,45 @@ void rt_grace_unrope(float *x, int d, int n_rot, float base, int32_t pos)
 	rope_by(x, d, n_rot, base, -(double)pos);
 }
 
-/* Un-rotate the key k[d] at position pos into out[d] (double), in double throughout. */
-static void unrope_d(const float *k, int d, int n_rot, float base, int32_t pos, double *out)
+/* Un-rotate the key k[d] at position pos into out[d] (double), in double throughout.
+ * cs: [n_rot] cos, sin of this position's angles (the table of rope_table), or NULL. */
+static void unrope_d(const float *k, int d, int n_rot, float base, int32_t pos, const double *cs,
+                     double *out)
 {
 	for (int i = 0; i < d; i++)
 		out[i] = k[i];
 	for (int i = 0; i < n_rot / 2; i++) {
-		double theta = -(double)pos * pow((double)base, -2.0 * i / n_rot);
-		double c = cos(theta), s = sin(theta);
+		double c, s;
+		if (cs) {
+			c = cs[2 * i];
+			s = cs[2 * i + 1];
+		} else {
+			double theta = -(double)pos * pow((double)base, -2.0 * i / n_rot);
+			c = cos(theta);
+			s = sin(theta);
+		}
 		double x0 = out[2 * i], x1 = out[2 * i + 1];
 		out[2 * i] = x0 * c - x1 * s;
 		out[2 * i + 1] = x0 * s + x1 * c;
 	}
 }
 
-void rt_grace_prototype(const float *K, const float *V, const int32_t *P, const float *w,
-                        const int32_t *idx, int n, int d, int n_rot, float base,
-                        float *k_out, float *v_out, int32_t *pos_out, float *count_out,
-                        double *coherence_out, double *work)
+/* cos, sin of the un-rotation angle -pos·base^(-2i/n_rot) for n positions P[0..n):
+ * cs [n × n_rot], the same double values unrope_d computes without a table. */
+static void rope_table(double *cs, const int32_t *P, int32_t n, int n_rot, float base)
+{
+	for (int32_t e = 0; e < n; e++)
+		for (int i = 0; i < n_rot / 2; i++) {
+			double theta = -(double)P[e] * pow((double)base, -2.0 * i / n_rot);
+			cs[(size_t)e * n_rot + 2 * i] = cos(theta);
+			cs[(size_t)e * n_rot + 2 * i + 1] = sin(theta);
+		}
+}
+
+static void prototype(const float *K, const float *V, const int32_t *P, const float *w,
+                      const int32_t *idx, int n, int d, int n_rot, float base, const double *cs,
+                      int key_mode, int count_mode, float *k_out, float *v_out,
+                      int32_t *pos_out, float *count_out, double *coherence_out, double *work)
 {
 	RT_ASSERT(n >= 1);
 	if (n == 1) {
@@ -73,7 +94,11 @@ void rt_grace_prototype(const float *K, const float *V, const int32_t *P, const 
 	for (int j = 0; j < n; j++) {
 		int32_t e = idx[j];
 		psum += P[e];
-		unrope_d(K + (size_t)e * d, d, n_rot, base, P[e], kt);
+		if (key_mode == RT_GRACE_KEY_POST)
+			for (int i = 0; i < d; i++)
+				kt[i] = K[(size_t)e * d + i];
+		else
+			unrope_d(K + (size_t)e * d, d, n_rot, base, P[e], cs ? cs + (size_t)e * n_rot : NULL, kt);
 		double nn = 0.0;
 		for (int i = 0; i < d; i++) {
 			ksum[i] += kt[i];
@@ -94,9 +119,10 @@ void rt_grace_prototype(const float *K, const float *V, const int32_t *P, const 
 		k_out[i] = (float)m;
 	}
 	mnorm = sqrt(mnorm);
-	rope_by(k_out, d, n_rot, base, (double)p);
+	if (key_mode != RT_GRACE_KEY_POST)
+		rope_by(k_out, d, n_rot, base, (double)p);
 	double coh = mnorm / (norm_sum / n + 1e-12);
-	double m = (double)n * coh * coh;
+	double m = count_mode == RT_GRACE_COUNT_N ? (double)n : (double)n * coh * coh;
 	m = m < 1.0 ? 1.0 : m > n ? n : m;
 	/* value: relevance-weighted, beta = 0.1 · mean w smooths toward the plain mean */
 	double beta = 0.1 * wsum / n;
@@ -120,6 +146,16 @@ void rt_grace_prototype(const float *K, const float *V, const int32_t *P, const 
 		*coherence_out = coh;
 }
 
+void rt_grace_prototype(const float *K, const float *V, const int32_t *P, const float *w,
+                        const int32_t *idx, int n, int d, int n_rot, float base,
+                        float *k_out, float *v_out, int32_t *pos_out, float *count_out,
+                        double *coherence_out, double *work)
+{
+	prototype(K, V, P, w, idx, n, d, n_rot, base, NULL, RT_GRACE_KEY_UNROPE,
+	          RT_GRACE_COUNT_COHERENCE, k_out, v_out, pos_out, count_out,
+	          coherence_out, work);
+}
+
 /* ---- segmentation --------------------------------------------------------------------- */
 
 void rt_grace_seg_params_default(rt_grace_seg_params *sp)
@@ -130,7 +166,8 @@ void rt_grace_seg_params_default(rt_grace_seg_params *sp)
 	sp->target_len = 64;
 	sp->lambda_stab = 0.5;
 	sp->lambda_s = 1.0;
-	sp->lambda_len = 1.0;
+	sp->lambda_len = 4.0;
+	sp->cut_cost = 3.0;
 	sp->n_win = 3;
 	sp->win[0] = 2;
 	sp->win[1] = 4;
@@ -273,7 +310,7 @@ int rt_grace_segment(const rt_grace_seg_params *sp, int32_t n, int n_embd, int n
 			if (f[i] == -INFINITY)
 				continue;
 			double pen = (len - T) / T;
-			double val = f[i] + (i > 0 ? b[i - 1] : 0.0) - sp->lambda_len * pen * pen;
+			double val = f[i] + (i > 0 ? b[i - 1] - sp->cut_cost : 0.0) - sp->lambda_len * pen * pen;
 			if (val > f[j]) {
 				f[j] = val;
 				arg[j] = i;
@@ -402,8 +439,13 @@ struct rt_grace_scratch {
 	gnode *nodes;      /* [2 × LG × C] */
 	gact *acts;        /* [3 × LG × C] */
 	rt_grace_item *heap; /* [3 × LG × C] */
-	double *cq, *zall; /* [LG × maxq] */
-	float *logit;      /* [maxq × C] */
+	double *cq, *zall; /* [LG × maxq] max context logit, Σ exp(logit - max) per probe row */
+	float *E;          /* [LG × C × maxq] exp(logit - cq) / zall per entry and probe row
+	                      (row stride nq of the head; 0 outside the context) */
+	float *logit;      /* [maxq × C] one head's probe logits */
+	float *Mq;         /* [maxq × d] numerators of one range */
+	double *Zq;        /* [maxq] */
+	double *cs;        /* [C × n_rot] un-rotation table of the entries' positions */
 	int32_t *owner;    /* [LG × C] */
 	float *ktmp, *vtmp; /* [d] */
 	double *dwork;     /* [3 × d] */
@@ -450,7 +492,9 @@ int rt_grace_init(rt_grace *g, const rt_kv *kv, int n_rot, float rope_base,
 		LG * (C + 1) * sizeof(int32_t), LG * sizeof(int32_t), /* segb, nseg */
 		LG * C, LG * C * sizeof(fcand),                /* isfloor, fc */
 		2 * LG * C * sizeof(gnode), 3 * LG * C * sizeof(gact), 3 * LG * C * sizeof(rt_grace_item),
-		2 * LG * maxq * sizeof(double), maxq * C * sizeof(float), LG * C * sizeof(int32_t),
+		2 * LG * maxq * sizeof(double), LG * maxq * C * sizeof(float), maxq * C * sizeof(float),
+		LG * C * sizeof(int32_t),
+		maxq * d * sizeof(float), maxq * sizeof(double), C * (size_t)(n_rot > 0 ? n_rot : 1) * sizeof(double),
 		2 * d * sizeof(float), 3 * d * sizeof(double),
 		2 * C * d * sizeof(float), C * sizeof(int32_t), 2 * C * sizeof(float),
 		C * sizeof(uint16_t), C * kv->stat_bytes + 1, C * sizeof(ordk),
@@ -490,8 +534,12 @@ int rt_grace_init(rt_grace *g, const rt_kv *kv, int n_rot, float rope_base,
 	s->heap = ptr[k++];
 	s->cq = ptr[k++];
 	s->zall = s->cq + LG * maxq;
+	s->E = ptr[k++];
 	s->logit = ptr[k++];
 	s->owner = ptr[k++];
+	s->Mq = ptr[k++];
+	s->Zq = ptr[k++];
+	s->cs = ptr[k++];
 	s->ktmp = ptr[k++];
 	s->vtmp = s->ktmp + d;
 	s->dwork = ptr[k++];
@@ -551,8 +599,45 @@ static const float *probes_of(const rt_grace *g, int lg, int32_t *nq, int32_t *f
 	return s->kv->heads[lg].k + (size_t)(hi - tail) * d;
 }
 
+/* M[q] += w[q] · v and Z[q] += w[q] for the nq probe rows, w = E[e, ·] (row stride nq)
+ * of one member e with value v[d]. The d-loop is written with 8-float GCC vectors when d is
+ * a multiple of 8 and compiled in AVX-512 / AVX2 / baseline clones picked at load. */
+typedef float v8f __attribute__((vector_size(32)));
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void accum_member(float *M, double *Z, const float *E, int32_t e, int32_t nq,
+                         const float *v, int d)
+{
+	const float *wr = E + (size_t)e * nq;
+	if (d % 8 == 0) {
+		for (int32_t qi = 0; qi < nq; qi++) {
+			const float w = wr[qi];
+			float *Mr = M + (size_t)qi * d;
+			Z[qi] += w;
+			for (int i = 0; i < d; i += 8) {
+				v8f a, x;
+				memcpy(&a, Mr + i, sizeof a);
+				memcpy(&x, v + i, sizeof x);
+				a += w * x;
+				memcpy(Mr + i, &a, sizeof a);
+			}
+		}
+		return;
+	}
+	for (int32_t qi = 0; qi < nq; qi++) {
+		const float w = wr[qi];
+		float *Mr = M + (size_t)qi * d;
+		Z[qi] += w;
+		for (int i = 0; i < d; i++)
+			Mr[i] += w * v[i];
+	}
+}
+
 /* Distortion D(I) of representing members [a, b) of head lg by one prototype, and
- * D_drop(I) of representing them by nothing (section 9.4 [S]). */
+ * D_drop(I) of representing them by nothing (section 9.4 [S]). Per probe row q (weights
+ * and sums relative to the row's context mass, so the shift cancels):
+ *   Z = Σ e_t, M = Σ e_t v_t, Z~ = m e~, M~ = Z~ v~,
+ *   D_q = λ_Z (Z - Z~)²/(Z² + ε) + λ_M ‖M - M~‖²/(‖M‖² + ε),  D = Σ Z D_q / Σ Z. */
 static void eval_range(rt_grace *g, int lg, int32_t a, int32_t b, double *D, double *Ddrop)
 {
 	struct rt_grace_scratch *s = g->s;
@@ -565,45 +650,42 @@ static void eval_range(rt_grace *g, int lg, int32_t a, int32_t b, double *D, dou
 	float m = 1.0f;
 	int32_t pp;
 	if (n > 1)
-		rt_grace_prototype(h->k, h->v, h->pos, s->R + (size_t)lg * C, idx, n, d, g->n_rot,
-		                   g->rope_base, s->ktmp, s->vtmp, &pp, &m, NULL, s->dwork);
+		prototype(h->k, h->v, h->pos, s->R + (size_t)lg * C, idx, n, d, g->n_rot, g->rope_base,
+		          g->n_rot > 0 ? s->cs : NULL, s->p->key_mode, s->p->count_mode, s->ktmp,
+		          s->vtmp, &pp, &m, NULL, s->dwork);
 	int32_t nq, fe;
 	const float *Q = probes_of(g, lg, &nq, &fe);
 	size_t maxq = (size_t)g->max_probe * g->group;
 	if (maxq < 1)
 		maxq = 1;
 	const double *cq = s->cq + (size_t)lg * maxq, *za = s->zall + (size_t)lg * maxq;
-	double *M = s->dwork + 2 * d;
+	const float *E = s->E + (size_t)lg * maxq * C;
+	float *M = s->Mq;
+	double *Zs = s->Zq;
+	memset(M, 0, (size_t)nq * d * sizeof(float));
+	for (int32_t qi = 0; qi < nq; qi++)
+		Zs[qi] = 0.0;
+	for (int32_t j = 0; j < n; j++)
+		accum_member(M, Zs, E, idx[j], nq, h->v + (size_t)idx[j] * d, d);
 	double sw = 0.0, sD = 0.0, sDd = 0.0;
 	for (int32_t qi = 0; qi < nq; qi++) {
-		const float *q = Q + (size_t)qi * d;
 		if (!(za[qi] > 0.0))
 			continue;
-		double Z = 0.0;
-		for (int i = 0; i < d; i++)
-			M[i] = 0.0;
-		for (int32_t j = 0; j < n; j++) {
-			const float *k = h->k + (size_t)idx[j] * d, *v = h->v + (size_t)idx[j] * d;
-			double dot = 0.0;
-			for (int i = 0; i < d; i++)
-				dot += (double)q[i] * k[i];
-			double e = exp(dot * scale - cq[qi]) / za[qi];
-			Z += e;
-			for (int i = 0; i < d; i++)
-				M[i] += e * v[i];
-		}
+		const double Z = Zs[qi];
+		const float *Mr = M + (size_t)qi * d;
 		double mm = 0.0;
 		for (int i = 0; i < d; i++)
-			mm += M[i] * M[i];
+			mm += (double)Mr[i] * Mr[i];
 		double Dq = 0.0;
 		if (n > 1) {
+			const float *q = Q + (size_t)qi * d;
 			double dot = 0.0;
 			for (int i = 0; i < d; i++)
 				dot += (double)q[i] * s->ktmp[i];
 			double Zt = m * exp(dot * scale - cq[qi]) / za[qi];
 			double dm = 0.0;
 			for (int i = 0; i < d; i++) {
-				double t = M[i] - Zt * s->vtmp[i];
+				double t = Mr[i] - Zt * s->vtmp[i];
 				dm += t * t;
 			}
 			Dq = s->p->lambda_z * (Z - Zt) * (Z - Zt) / (Z * Z + eps) +
@@ -766,11 +848,14 @@ static void relevance(rt_grace *g, int32_t ctx_b, int32_t ctx_e)
 		const float *Q = probes_of(g, lg, &nq, &fe);
 		for (int32_t t = 0; t < n; t++)
 			R[t] = 0.0f;
-		if (nq > 0)
+		float *Eh = s->E + (size_t)lg * maxq * C;
+		if (nq > 0 && n > 0)
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, n, d, scale, Q, d, h->k, d,
 			            0.0f, s->logit, n);
+		else
+			nq = 0;
 		for (int32_t qi = 0; qi < nq; qi++) {
-			float *row = s->logit + (size_t)qi * n;
+			const float *row = s->logit + (size_t)qi * n;
 			/* distortion normaliser over the context */
 			double c = -INFINITY, z = 0.0;
 			for (int32_t t = ctx_b; t < ctx_e; t++)
@@ -779,6 +864,9 @@ static void relevance(rt_grace *g, int32_t ctx_b, int32_t ctx_e)
 				z += exp(row[t] - c);
 			s->cq[(size_t)lg * maxq + qi] = ctx_e > ctx_b ? c : 0.0;
 			s->zall[(size_t)lg * maxq + qi] = z;
+			/* distortion weights e_t = exp(logit - c) / z, stored [entry × probe row] */
+			for (int32_t t = 0; t < n; t++)
+				Eh[(size_t)t * nq + qi] = t >= ctx_b && t < ctx_e ? (float)(exp(row[t] - c) / z) : 0.0f;
 			if (in->rel)
 				continue;
 			/* direct relevance: softmax over the visible entries (logit + log count) */
@@ -903,6 +991,10 @@ int rt_grace_compress(rt_grace *g, rt_kv *kv, const rt_grace_params *p,
 		return rt_err_set(err, "gracekv: compression factor %g must be a finite number >= 1", p->x);
 	if (p->recent < 0 || p->floor < 0 || p->seg_len < 1 || p->hops < 0 || p->hop_seeds < 0)
 		return rt_err_set(err, "gracekv: negative recent/floor/hops or segment length < 1");
+	if ((p->key_mode != RT_GRACE_KEY_UNROPE && p->key_mode != RT_GRACE_KEY_POST) ||
+	    (p->count_mode != RT_GRACE_COUNT_COHERENCE && p->count_mode != RT_GRACE_COUNT_N))
+		return rt_err_set(err, "gracekv: unknown key mode %d or count mode %d", p->key_mode,
+		                  p->count_mode);
 	if (in->prefix < 0 || in->suffix < 0 || (int64_t)in->prefix + in->suffix > n)
 		return rt_err_set(err, "gracekv: prefix %d + suffix %d exceed the %d entries", (int)in->prefix,
 		                  (int)in->suffix, (int)n);
@@ -939,6 +1031,8 @@ int rt_grace_compress(rt_grace *g, rt_kv *kv, const rt_grace_params *p,
 	s->n = n;
 	s->n_nodes = 0;
 	s->n_acts = 0;
+	if (g->n_rot > 0)
+		rope_table(s->cs, kv->heads[0].pos, n, g->n_rot, g->rope_base);
 
 	relevance(g, ctx_b, ctx_e);
 
@@ -1087,9 +1181,10 @@ int rt_grace_compress(rt_grace *g, rt_kv *kv, const rt_grace_params *p,
 			} else {
 				const gnode *nd = &s->nodes[ow];
 				float m;
-				rt_grace_prototype(h->k, h->v, h->pos, s->R + (size_t)lg * C, mem + nd->a,
-				                   nd->b - nd->a, d, g->n_rot, g->rope_base, ko, vo,
-				                   &s->spos[out], &m, NULL, s->dwork);
+				prototype(h->k, h->v, h->pos, s->R + (size_t)lg * C, mem + nd->a, nd->b - nd->a,
+				          d, g->n_rot, g->rope_base, g->n_rot > 0 ? s->cs : NULL, p->key_mode,
+				          p->count_mode, ko, vo,
+				          &s->spos[out], &m, NULL, s->dwork);
 				s->scnt[out] = m;
 				s->slc[out] = logf(m);
 				s->sspan[out] = 0;

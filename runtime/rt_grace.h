@@ -61,7 +61,8 @@ typedef struct rt_grace_seg_params {
 	int target_len;     /* preferred length, tokens (64) */
 	double lambda_stab; /* κ = mean - lambda_stab · std over (layer, window) (0.5) */
 	double lambda_s;    /* weight of the surprisal z-score (1.0) */
-	double lambda_len;  /* DP penalty per segment: lambda_len·((len-target)/target)² (1.0) */
+	double lambda_len;  /* DP penalty per segment: lambda_len·((len-target)/target)² (4.0) */
+	double cut_cost;    /* DP cost of each cut, robust-z units (3.0) */
 	int n_win;          /* window sizes used (1..4) */
 	int win[4];         /* tokens; default {2, 4, 8} */
 } rt_grace_seg_params;
@@ -78,8 +79,10 @@ size_t rt_grace_segment_work(int32_t n, int n_embd, int n_hid, int n_win);
  *   κ = 1 - cos(h_i - mu-, mu+ - h_i)   (0 when a vector is zero or i = n-1);
  * κ_i = mean κ - lambda_stab · std κ; the strength of a cut between tokens i and i+1 is
  *   b_i = z(κ)_i + lambda_s · z(surprisal)_{i+1},  z = robust z-score (median, 1.4826·MAD).
- * A DP picks the cuts maximising Σ b - lambda_len Σ ((len - target)/target)² with every
- * length in [min_len, max_len]; ties keep the lower cut. n < min_len gives one segment.
+ * A DP picks the cuts maximising Σ (b - cut_cost) - lambda_len Σ ((len - target)/target)²
+ * with every length in [min_len, max_len] (a cut pays only where the boundary stands
+ * cut_cost robust sigmas above the median; the length term pulls toward target_len); ties
+ * keep the lower cut. n < min_len gives one segment.
  * Outputs: seg_start[0..k) (first token of each segment, seg_start[0] = 0), returns k
  * (>= 1); boundary[0..n) receives b_i (b_{n-1} = 0) unless NULL. work: see above.
  * Errors (-1, err "gracekv segment: ..."): n < 1, bad parameters, n_hid < 1 with a NULL
@@ -123,6 +126,18 @@ typedef void (*rt_grace_trace_fn)(void *user, enum rt_grace_action kind, int lay
                                   int kv_head, int32_t pos, int32_t members, int cost,
                                   double delta);
 
+/* How a prototype's key is formed (rt_grace_params.key_mode). */
+enum rt_grace_key_mode {
+	RT_GRACE_KEY_UNROPE = 0, /* [S] un-rotate, average, re-rotate at the rounded mean position */
+	RT_GRACE_KEY_POST,       /* [D] mean of the post-RoPE keys (first-order exact for every
+	                            query: q·mean k = mean q·k, algorithms.md 10.2) */
+};
+/* How a prototype's count is formed (rt_grace_params.count_mode). */
+enum rt_grace_count_mode {
+	RT_GRACE_COUNT_COHERENCE = 0, /* [S] m = clamp(n·ℏ², 1, n) */
+	RT_GRACE_COUNT_N,             /* [D] m = n (the exact-case count, algorithms.md 10.1) */
+};
+
 typedef struct rt_grace_params {
 	double x;            /* compression factor >= 1: B_total = floor(L·G·N_ctx / x) */
 	int32_t recent;      /* r: newest context tokens kept exact in every head (charged) */
@@ -131,9 +146,11 @@ typedef struct rt_grace_params {
 	double lambda_m;     /* distortion weight of the attention numerator (1) */
 	double lambda_graph; /* share of the multi-hop relevance (0.3; 0 without hop_attn) */
 	int hops;            /* propagation hops (2) */
-	int hop_seeds;       /* seeds per hop (8) */
+	int hop_seeds;       /* seeds per hop (8; at most 64 are used) */
 	double hop_decay;    /* weight factor per hop (0.5) */
 	int32_t seg_len;     /* fixed segment length when no segments are given (64) */
+	int key_mode;        /* enum rt_grace_key_mode (RT_GRACE_KEY_UNROPE, the paper's) */
+	int count_mode;      /* enum rt_grace_count_mode (RT_GRACE_COUNT_COHERENCE) */
 } rt_grace_params;
 
 void rt_grace_params_default(rt_grace_params *p);

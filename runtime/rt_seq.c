@@ -86,6 +86,7 @@ static void seq_rerotate(rt_seq *s)
 	const rt_model_hparams *hp = &s->m->hp;
 	const int n_rot = hp->n_rot, d = hp->head_dim;
 	const int H = s->kv.n_layer * s->kv.n_kv_head;
+	double cached = 0; /* delta the cos/sin table holds (0: none) */
 	for (int hi = 0; hi < H; hi++) {
 		rt_kv_head *h = &s->kv.heads[hi];
 		int32_t *ri = s->rot_idx + (size_t)hi * (size_t)hp->n_ctx;
@@ -96,10 +97,16 @@ static void seq_rerotate(rt_seq *s)
 			if (old == i)
 				continue;
 			double delta = (double)i - (double)old;
+			if (delta != cached) {
+				for (int p = 0; p < n_rot / 2; p++) {
+					s->rot_cs[2 * p] = cos(delta * s->rot_freq[p]);
+					s->rot_cs[2 * p + 1] = sin(delta * s->rot_freq[p]);
+				}
+				cached = delta;
+			}
 			float *k = h->k + (size_t)i * d;
 			for (int p = 0; p < n_rot / 2; p++) {
-				double th = delta * pow((double)hp->rope_base, -2.0 * p / n_rot);
-				double co = cos(th), si = sin(th);
+				double co = s->rot_cs[2 * p], si = s->rot_cs[2 * p + 1];
 				double x0 = k[2 * p], x1 = k[2 * p + 1];
 				k[2 * p] = (float)(x0 * co - x1 * si);
 				k[2 * p + 1] = (float)(x0 * si + x1 * co);
@@ -132,11 +139,15 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 	if (p->positions == KVP_POS_COMPACTED) {
 		size_t n = (size_t)hp->n_layer * hp->n_head_kv * (size_t)hp->n_ctx;
 		s->rot_idx = malloc(n * sizeof *s->rot_idx);
-		if (!s->rot_idx) {
+		s->rot_freq = malloc((size_t)(hp->n_rot / 2 + 1) * sizeof *s->rot_freq);
+		s->rot_cs = malloc((size_t)(hp->n_rot + 1) * sizeof *s->rot_cs);
+		if (!s->rot_idx || !s->rot_freq || !s->rot_cs) {
 			rt_seq_free(s);
 			return rt_err_set(err, "%s: sequence: cannot allocate %zu bytes of position map",
 			                  m->path, n * sizeof(int32_t));
 		}
+		for (int p = 0; p < hp->n_rot / 2; p++)
+			s->rot_freq[p] = pow((double)hp->rope_base, -2.0 * p / hp->n_rot);
 		s->fwd.rope_at_index = 1;
 	}
 	s->fwd.on_append = (p->init_entries || s->rot_idx) ? seq_on_append : NULL;
@@ -153,6 +164,8 @@ void rt_seq_free(rt_seq *s)
 	rt_kv_free(&s->kv);
 	rt_fwd_free(&s->fwd);
 	free(s->rot_idx);
+	free(s->rot_freq);
+	free(s->rot_cs);
 	memset(s, 0, sizeof *s);
 }
 
@@ -232,8 +245,11 @@ int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
 		int rc = kvp_run_advance(&s->run, &s->kv, k, err);
 		if (rc < 0)
 			return -1;
-		if (rc == 1 && s->rot_idx)
+		if (rc == 1 && s->rot_idx) {
+			double t1 = rt_now();
 			seq_rerotate(s);
+			s->hook_seconds += rt_now() - t1;
+		}
 		done += k;
 		s->st.tokens += k;
 	}

@@ -52,7 +52,8 @@ typedef struct rt_seq_stats {
 	int64_t kv_bytes_peak;   /* bytes those entries occupied (rt_kv_bytes_used) */
 	int64_t compress_events; /* compress calls */
 	double policy_seconds;   /* wall time inside policy hooks (init_entries, observe,
-	                          * should_compress, compress, next_trigger) */
+	                          * should_compress, compress, next_trigger) and in the
+	                          * compacted convention's re-rotation */
 	double seconds;          /* wall time inside rt_seq_feed */
 } rt_seq_stats;
 
@@ -66,6 +67,8 @@ typedef struct rt_seq {
 	int32_t cap;
 	int32_t *rot_idx;        /* COMPACTED only: [n_layer·n_kv_head × n_ctx] index each
 	                          * entry's key is rotated at, by (head, original position) */
+	double *rot_freq;        /* COMPACTED only: [n_rot / 2] base^(-2i/n_rot) */
+	double *rot_cs;          /* COMPACTED only: [n_rot] cos, sin of the current delta */
 	double hook_seconds;     /* observe + init_entries time (kvp_run counts the rest) */
 	rt_seq_stats st;
 } rt_seq;

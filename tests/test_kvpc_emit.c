@@ -384,6 +384,27 @@ START_TEST(no_injection)
 }
 END_TEST
 
+/* A trigger limit/target that repeats the budget's expression (a front end inlining
+ * `budget`) is emitted as budget_of() so a ratio override moves it; a guard that happens
+ * to equal the budget is not. */
+START_TEST(budget_copies_follow_override)
+{
+	struct kvp_ir *ir = ir_new("copy", "ir/copy.kvp");
+	int w = kvp_ir_add_param(ir, L(2), "w", 64, KVP_UNIT_ENTRIES, "");
+	ir->alloc.budget = B(ir, KVP_OP_MUL, P(ir, w), N(ir, 2));
+	ir->trigger.kind = KVP_TRIG_OVER_BUDGET;
+	ir->trigger.threshold = B(ir, KVP_OP_MUL, P(ir, w), N(ir, 2));
+	ir->trigger.target = B(ir, KVP_OP_MUL, N(ir, 0.5), B(ir, KVP_OP_MUL, P(ir, w), N(ir, 2)));
+	ir->guards.recent = B(ir, KVP_OP_MUL, P(ir, w), N(ir, 2));
+	char *src = emit_str(ir, 0, NULL);
+	ck_assert_ptr_nonnull(strstr(src, "return entries > budget_of(ctx, kv, seen);"));
+	ck_assert_ptr_nonnull(strstr(src, "cfg.target = (0.5 * budget_of(ctx, kv, seen));"));
+	ck_assert_ptr_nonnull(strstr(src, "cfg.recent = (P[0] * 2.0);"));
+	free(src);
+	ir_delete(ir);
+}
+END_TEST
+
 START_TEST(symbols)
 {
 	char a[300], b[300], c[300];
@@ -832,6 +853,7 @@ static Suite *emit_suite(void)
 	tcase_add_test(tc, line_directives_switch);
 	tcase_add_test(tc, banner_and_determinism);
 	tcase_add_test(tc, no_injection);
+	tcase_add_test(tc, budget_copies_follow_override);
 	tcase_add_test(tc, symbols);
 	tcase_add_test(tc, registry);
 	tcase_add_test(tc, checker_rejects);

@@ -727,6 +727,32 @@ START_TEST(ratio_override_h2o)
 }
 END_TEST
 
+/* The override also moves limits and targets written relative to the budget:
+ * scissorhands' `when entries > budget to 0.5 * budget` with R = 2 and a 40-token
+ * prompt means budget 20, target 10 (its own budget would be 20% = 8, target 4):
+ * the cache grows to 21 at token 21 -> 10, to 21 again at token 32 -> 10, then 18 at
+ * token 40. */
+START_TEST(ratio_override_moves_targets)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "scissorhands", 1, shapes[s][0], shapes[s][1], 4, 48, 40);
+		rt_err err = { "" };
+		h_set(&h, "recent=2");
+		ck_assert_int_eq(kvp_run_set_ratio(&h.run, 2, &err), 0);
+		h.w = w_heavy_2_5;
+		const int at[3] = { 21, 32, 40 }, want[3] = { 10, 10, 18 };
+		for (int j = 0; j < 3; j++) {
+			h_feed(&h, at[j] - (int)h.run.ctx.seen);
+			for (int g = 0; g < h.G; g++)
+				ck_assert_int_eq(rt_kv_head_at(&h.kv, 0, g)->n, want[j]);
+		}
+		ck_assert_int_eq(h.compresses, 2);
+		h_close(&h);
+	}
+}
+END_TEST
+
 /* Guards larger than the overridden budget are an error, not a silent overflow; bad
  * ratios are rejected. */
 START_TEST(ratio_override_errors)
@@ -807,6 +833,7 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, gracekv_spans_and_relevance);
 	tcase_add_test(tc, chunked_equals_stepwise);
 	tcase_add_test(tc, ratio_override_h2o);
+	tcase_add_test(tc, ratio_override_moves_targets);
 	tcase_add_test(tc, ratio_override_errors);
 	suite_add_tcase(s, tc);
 	return s;

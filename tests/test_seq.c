@@ -8,19 +8,30 @@
  *     attending only to the positions the policy run kept (recorded after every step),
  *     with keys rotated at their original positions (h2o, tova: original convention) or
  *     at their index among the kept entries with the query at its own index
- *     (streaming_llm: compacted convention), to 1e-5 relative;
+ *     (streaming_llm: compacted convention), and after SnapKV's prompt-end compression
+ *     for the decode tokens, to 1e-5 relative;
  *   - for EVERY policy of the registry (every policies/NAME.kvp) plus the built-in full policy:
  *     one feed call == token-by-token == internal chunks 1, 3, 7 and 5 (which divides no
  *     budget used), identical kept sets (positions and counts per head) and logits to
  *     1e-5;
  *   - a second sequence after rt_seq_reset equals a fresh one (all policy state reset);
+ *   - a policy's init_entries runs on every appended entry before observe sees it, once
+ *     per entry and head, and observe gets no probabilities unless the policy asks;
+ *   - budget edges: ratios that leave 0 or 1 entries, a ratio equal to the text; prompts
+ *     one under, equal to, one over and far over a sliding window keep exactly the last
+ *     min(n, W) positions;
  *   - memory: under h2o at ratio 4, resident entries after every step stay within
  *     budget + chunk per head and kv_bytes_peak within (budget + chunk) x bytes per entry
  *     x heads; and rt_seq_feed allocates nothing: malloc/calloc/realloc/aligned_alloc/
  *     posix_memalign are wrapped at link time (-Wl,--wrap, see the Makefile rule) and
  *     counted around feeding;
- *   - the command line: unknown policy, unknown --set name, --ratio below 1 and a text
- *     that is not UTF-8 give one clear line on stderr and exit 2 / 1.
+ *   - the command line (rt_cli_main with argv, stdout and stderr captured): unknown
+ *     policy, unknown --set name, a non-numeric --set value, --ratio below 1 or on a
+ *     policy that never compresses, a bad --depths list, an unknown command exit 2; a
+ *     text that is not UTF-8 and a missing model exit 1, each with one clear line; every
+ *     --help exits 0; `ppl --json` carries the KL statistics, memory figures and hashes,
+ *     its compression at --ratio 2 is 2, and the full policy's ppl equals the reference
+ *     ppl of the policy run; needle, run and info --json work end to end.
  */
 #include <check.h>
 #include <math.h>
@@ -30,6 +41,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "rt_cli.h"
 #include "rt_gguf.h"
 #include "rt_model.h"
 #include "rt_policy.h"
@@ -96,7 +108,7 @@ static tiny_model_cfg shape_cfg(int shape)
 	return c;
 }
 
-static char g_model_path[3][256];
+static char g_model_path[4][256]; /* shapes 0..2, and 3: shape 1 with a 1024-token context */
 
 static const char *model_path(int shape)
 {
@@ -316,7 +328,7 @@ static void ref_logits(const rt_model *m, const int32_t *toks, int n, const kept
 }
 
 static void evicted_equals_dense(const char *name, const char *const *sets, int shape,
-                                 int expect_compacted)
+                                 int expect_compacted, int64_t prompt_len)
 {
 	rt_model *m = load_shape(shape);
 	const struct kvp_policy *p = find_policy(name);
@@ -326,7 +338,7 @@ static void evicted_equals_dense(const char *name, const char *const *sets, int 
 	test_tokens(toks, N_TOK, V, 99u + (unsigned)shape);
 	rt_seq s;
 	rt_err err = { "" };
-	ck_assert_msg(rt_seq_init(&s, m, p, N_TOK, 8, -1, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_seq_init(&s, m, p, N_TOK, 8, prompt_len, &err) == 0, "%s", err.msg);
 	for (const char *const *a = sets; *a; a++)
 		ck_assert_msg(rt_seq_set(&s, *a, &err) == 0, "%s", err.msg);
 	kept_log k = { .L = L, .J = J };
@@ -357,21 +369,28 @@ static void evicted_equals_dense(const char *name, const char *const *sets, int 
 START_TEST(evicted_h2o_original)
 {
 	static const char *const none[] = { NULL };
-	evicted_equals_dense("h2o", none, _i, 0);
+	evicted_equals_dense("h2o", none, _i, 0, -1);
 }
 END_TEST
 
 START_TEST(evicted_tova_original)
 {
 	static const char *const sets[] = { "states=9", NULL };
-	evicted_equals_dense("tova", sets, _i, 0);
+	evicted_equals_dense("tova", sets, _i, 0, -1);
 }
 END_TEST
 
 START_TEST(evicted_streaming_compacted)
 {
 	static const char *const sets[] = { "sinks=3", "recent=7", NULL };
-	evicted_equals_dense("streaming_llm", sets, _i, 1);
+	evicted_equals_dense("streaming_llm", sets, _i, 1, -1);
+}
+END_TEST
+
+START_TEST(evicted_snapkv_prompt_end)
+{
+	static const char *const sets[] = { "capacity=12", "window=4", NULL };
+	evicted_equals_dense("snapkv", sets, _i, 0, PROMPT);
 }
 END_TEST
 
@@ -504,6 +523,78 @@ START_TEST(second_sequence_equals_fresh)
 }
 END_TEST
 
+/* ---- hook order: init_entries runs on every new entry before observe sees it --------- */
+
+static long g_inits, g_observes, g_bad_order;
+
+static void mark_init(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head, int32_t first,
+                      int32_t n)
+{
+	(void)ctx;
+	rt_kv_head *h = rt_kv_head_at(kv, layer, kv_head);
+	for (int32_t i = first; i < first + n; i++) {
+		uint32_t w = (uint32_t)h->pos[i] + 1;
+		memcpy(h->stats + (size_t)i * kv->stat_bytes, &w, 4);
+	}
+	g_inits += n;
+}
+
+static void mark_observe(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,
+                         const struct kvp_obs *ob)
+{
+	(void)ctx;
+	rt_kv_head *h = rt_kv_head_at(kv, layer, kv_head);
+	for (int32_t i = 0; i < ob->n; i++) {
+		uint32_t w;
+		memcpy(&w, h->stats + (size_t)i * kv->stat_bytes, 4);
+		g_bad_order += w != (uint32_t)h->pos[i] + 1;
+	}
+	g_bad_order += ob->probs != NULL; /* the policy did not ask for them */
+	g_bad_order += h->pos[ob->n - 1] != ob->step;
+	g_observes++;
+}
+
+static int never(const struct kvp_ctx *ctx, const rt_kv *kv)
+{
+	(void)ctx, (void)kv;
+	return 0;
+}
+
+static int32_t room_of(const struct kvp_ctx *ctx, const rt_kv *kv)
+{
+	(void)ctx;
+	int32_t room = kv->cap;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		room = kv->cap - kv->heads[i].n < room ? kv->cap - kv->heads[i].n : room;
+	return room;
+}
+
+START_TEST(init_entries_before_observe)
+{
+	static const struct kvp_policy marker = {
+		.abi_version = KVP_ABI_VERSION, .name = "marker", .source = "test", .source_hash = "0",
+		.stat_words_entry = 1, .init_entries = mark_init, .observe = mark_observe,
+		.should_compress = never, .next_trigger = room_of,
+	};
+	rt_model *m = load_shape(_i);
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, m->hp.n_vocab, 3u);
+	rt_seq s;
+	rt_err err = { "" };
+	ck_assert(rt_seq_init(&s, m, &marker, N_TOK, 7, -1, &err) == 0);
+	g_inits = g_observes = g_bad_order = 0;
+	feed_ok(&s, toks, 20, NULL);
+	feed_ok(&s, toks + 20, 1, NULL);
+	feed_ok(&s, toks + 21, N_TOK - 21, NULL);
+	const long H = (long)m->hp.n_layer * m->hp.n_head_kv;
+	ck_assert_int_eq(g_inits, N_TOK * H);
+	ck_assert_int_eq(g_observes, N_TOK * H);
+	ck_assert_int_eq(g_bad_order, 0);
+	rt_seq_free(&s);
+	rt_model_free(m);
+}
+END_TEST
+
 /* ---- memory ----------------------------------------------------------------------------- */
 
 START_TEST(h2o_ratio4_memory_bounded)
@@ -590,11 +681,257 @@ START_TEST(capacity_too_small_is_an_error)
 }
 END_TEST
 
+/* Budget edges: a ratio so large that the budget rounds to 0 or 1 entries, a prompt
+ * shorter than, equal to, one over and far over a fixed budget. Each either runs with
+ * every head within budget + chunk or fails with a clear error; never a crash. */
+START_TEST(budget_edges)
+{
+	rt_model *m = load_shape(0);
+	const int H = m->hp.n_layer * m->hp.n_head_kv;
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, m->hp.n_vocab, 11u);
+	rt_err err = { "" };
+	static const double ratios[] = { 1, 1000, N_TOK, N_TOK / 2.0 };
+	for (size_t i = 0; i < sizeof ratios / sizeof ratios[0]; i++) {
+		rt_seq s;
+		ck_assert(rt_seq_init(&s, m, find_policy("h2o"), N_TOK, 4, -1, &err) == 0);
+		ck_assert_msg(rt_seq_set_ratio(&s, ratios[i], &err) == 0, "%s", err.msg);
+		int rc = rt_seq_feed(&s, toks, N_TOK, NULL, RT_LOGITS_NONE, &err);
+		if (rc != 0) {
+			ck_assert_msg(strstr(err.msg, "h2o") != NULL, "unclear error: %s", err.msg);
+		} else {
+			double budget = ceil(N_TOK / ratios[i]);
+			for (int h = 0; h < H; h++)
+				ck_assert_int_le(s.kv.heads[h].n, budget + 4);
+		}
+		rt_seq_free(&s);
+	}
+	/* sliding window of W entries; prompts of W - 1, W, W + 1 and 4W tokens */
+	static const int lens[] = { 9, 10, 11, 40 };
+	for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+		rt_seq s;
+		ck_assert(rt_seq_init(&s, m, find_policy("sliding_window"), N_TOK, 8, lens[i], &err) == 0);
+		ck_assert(rt_seq_set(&s, "window=10", &err) == 0);
+		ck_assert_msg(rt_seq_feed(&s, toks, lens[i], NULL, RT_LOGITS_NONE, &err) == 0, "%s",
+		              err.msg);
+		for (int h = 0; h < H; h++) {
+			const rt_kv_head *hd = &s.kv.heads[h];
+			int want = lens[i] < 10 ? lens[i] : 10;
+			ck_assert_int_eq(hd->n, want);
+			for (int e = 0; e < hd->n; e++)
+				ck_assert_int_eq(hd->pos[e], lens[i] - want + e);
+		}
+		rt_seq_free(&s);
+	}
+	rt_model_free(m);
+}
+END_TEST
+
+/* ---- the command line ------------------------------------------------------------------ */
+
+/* Run rt_cli_main on argv (NULL-terminated) with the registry, capturing stdout and stderr
+ * (NUL-terminated, truncated to the buffer sizes). Returns the exit status. */
+static int cli(char *out, size_t on, char *errb, size_t en, const char *const *args)
+{
+	char *argv[32];
+	int argc = 0;
+	while (args[argc] && argc < 31) {
+		argv[argc] = (char *)args[argc];
+		argc++;
+	}
+	argv[argc] = NULL;
+	char po[128], pe[128];
+	snprintf(po, sizeof po, "tests/tmp/test_seq_%d.out", (int)getpid());
+	snprintf(pe, sizeof pe, "tests/tmp/test_seq_%d.err", (int)getpid());
+	fflush(stdout);
+	fflush(stderr);
+	int so = dup(1), se = dup(2);
+	FILE *fo = fopen(po, "w"), *fe = fopen(pe, "w");
+	ck_assert(fo && fe);
+	dup2(fileno(fo), 1);
+	dup2(fileno(fe), 2);
+	int rc = rt_cli_main(argc, argv, kvp_registry, kvp_registry_count);
+	fflush(stdout);
+	fflush(stderr);
+	dup2(so, 1);
+	dup2(se, 2);
+	close(so), close(se);
+	fclose(fo), fclose(fe);
+	FILE *f = fopen(po, "r");
+	size_t n = fread(out, 1, on - 1, f);
+	out[n] = 0;
+	fclose(f);
+	f = fopen(pe, "r");
+	n = fread(errb, 1, en - 1, f);
+	errb[n] = 0;
+	fclose(f);
+	unlink(po), unlink(pe);
+	return rc;
+}
+
+static int count_lines(const char *s)
+{
+	int n = 0;
+	for (; *s; s++)
+		n += *s == '\n';
+	return n;
+}
+
+static const char *write_text(char *path, const char *tag, const char *bytes, size_t n)
+{
+	snprintf(path, 128, "tests/tmp/test_seq_%d_%s.txt", (int)getpid(), tag);
+	FILE *f = fopen(path, "wb");
+	ck_assert(f != NULL);
+	ck_assert_uint_eq(fwrite(bytes, 1, n, f), n);
+	fclose(f);
+	return path;
+}
+
+static const char k_text[] =
+	"The quick brown fox jumps over the lazy dog. A stitch in time saves nine. "
+	"All that glitters is not gold; the early bird catches the worm.";
+
+START_TEST(cli_bad_input)
+{
+	char out[8192], e[2048];
+	char tp[128], bp[128];
+	const char *txt = write_text(tp, "ok", k_text, sizeof k_text - 1);
+	const char *mp = model_path(0);
+	/* unknown policy: usage error naming it and the policies there are */
+	const char *a1[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "nosuch", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a1), 2);
+	ck_assert_msg(strstr(e, "kvx: unknown policy 'nosuch'") == e && strstr(e, "h2o"), "%s", e);
+	ck_assert_int_le(count_lines(e), 2);
+	/* unknown --set name */
+	const char *a2[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "h2o",
+		             "--set", "bogus=3", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a2), 2);
+	ck_assert_msg(strstr(e, "policy h2o: no parameter 'bogus'") != NULL, "%s", e);
+	ck_assert_int_le(count_lines(e), 2);
+	/* a --set value that is not a number */
+	const char *a3[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "h2o",
+		             "--set", "heavy=lots", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a3), 2);
+	ck_assert_msg(strstr(e, "needs a finite number") != NULL, "%s", e);
+	/* ratio below 1 */
+	const char *a4[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "h2o",
+		             "--ratio", "0.5", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a4), 2);
+	ck_assert_msg(strstr(e, "--ratio: '0.5' is not a compression factor >= 1") != NULL, "%s", e);
+	/* ratio on a policy that never compresses */
+	const char *a5[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "full",
+		             "--ratio", "4", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a5), 2);
+	ck_assert_msg(strstr(e, "never compresses") != NULL, "%s", e);
+	/* text that is not UTF-8: runtime error with the file and byte offset */
+	static const char bad[] = "valid start \xff\xfe then junk";
+	const char *btxt = write_text(bp, "bad", bad, sizeof bad - 1);
+	const char *a6[] = { "kvx", "ppl", "--model", mp, "--text", btxt, "--policy", "h2o", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a6), 1);
+	char want[256];
+	snprintf(want, sizeof want, "kvx: %s: not valid UTF-8 at byte 12\n", btxt);
+	ck_assert_str_eq(e, want);
+	unlink(btxt);
+	/* a missing model file: runtime error */
+	const char *a7[] = { "kvx", "ppl", "--model", "tests/tmp/no_such_model.gguf", "--text", txt,
+		             NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a7), 1);
+	ck_assert_int_eq(count_lines(e), 1);
+	ck_assert_msg(strstr(e, "no_such_model.gguf") != NULL, "%s", e);
+	/* unknown command and option */
+	const char *a8[] = { "kvx", "frobnicate", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a8), 2);
+	const char *a9[] = { "kvx", "needle", "--model", mp, "--depths", "0,150", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a9), 2);
+	ck_assert_msg(strstr(e, "--depths") != NULL, "%s", e);
+	/* every command's --help exits 0 and names the command */
+	static const char *const cmds[] = { "info", "ppl", "needle", "run", "tokenize", "bench" };
+	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+		const char *ah[] = { "kvx", cmds[i], "--help", NULL };
+		ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, ah), 0);
+		char nm[64];
+		snprintf(nm, sizeof nm, "kvx %s - ", cmds[i]);
+		ck_assert_msg(strstr(out, nm) != NULL, "%s --help: %s", cmds[i], out);
+		ck_assert_str_eq(e, "");
+	}
+	unlink(txt);
+}
+END_TEST
+
+/* ppl through the command line on a tiny model: the JSON record carries the reference
+ * statistics and memory figures, and the KL of the full policy against itself is 0. */
+START_TEST(cli_ppl_json)
+{
+	char out[8192], e[2048];
+	char text[4096] = "";
+	for (int i = 0; i < 6; i++)
+		strcat(text, k_text);
+	char tp[128];
+	const char *txt = write_text(tp, "ppl", text, strlen(text));
+	const char *mp = model_path(1);
+	const char *a[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "h2o",
+		            "--ratio", "2", "--ctx", "80", "--chunk", "7", "--json", NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, a) == 0, "%s", e);
+	static const char *const keys[] = { "\"kld_mean\":", "\"kld_p99\":", "\"kld_max\":",
+		"\"ppl_ratio\":", "\"same_top1\":", "\"rms_dp\":", "\"kv_entries_peak\":",
+		"\"kv_bytes_peak\":", "\"compression\":", "\"tokens_per_s\":",
+		"\"compress_events\":", "\"policy_seconds\":", "\"model_sha256\":",
+		"\"text_sha256\":", "\"params\":{\"heavy\":0.1,\"recent\":0.1}", "\"ratio\":2" };
+	for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+		ck_assert_msg(strstr(out, keys[i]) != NULL, "missing %s in %s", keys[i], out);
+	double comp = atof(strstr(out, "\"compression\":") + 14);
+	ck_assert_msg(comp > 1.9 && comp < 2.1, "compression %g at ratio 2", comp);
+	ck_assert(atof(strstr(out, "\"kld_mean\":") + 11) > 0);
+	ck_assert_int_eq(count_lines(out), 1);
+	/* full vs full: no reference run, and ppl equals the h2o run's reference ppl */
+	double ppl_ref = atof(strstr(out, "\"ppl_ref\":") + 10);
+	const char *b[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "full",
+		            "--ctx", "80", "--json", NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, b) == 0, "%s", e);
+	ck_assert(strstr(out, "kld_mean") == NULL);
+	double ppl = atof(strstr(out, "\"ppl\":") + 6);
+	ck_assert_msg(fabs(ppl - ppl_ref) < 1e-4 * ppl, "full ppl %g vs reference %g", ppl, ppl_ref);
+	unlink(txt);
+}
+END_TEST
+
+/* needle and run end to end on a tiny model (its answers are noise; the commands must
+ * build the prompts, prefill under the policy, generate and report) */
+START_TEST(cli_needle_and_run)
+{
+	char out[16384], e[2048];
+	const char *mp = model_path(3);
+	const char *a[] = { "kvx", "needle", "--model", mp, "--policy", "h2o", "--ratio", "2",
+		            "--lengths", "600", "--depths", "0,100", "--mode", "agnostic", "--json",
+		            NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, a) == 0, "%s", e);
+	ck_assert_msg(strstr(out, "\"task\":\"passkey\",\"mode\":\"agnostic\"") != NULL, "%s", out);
+	ck_assert_msg(strstr(out, "{\"length\":600,\"depth\":0,") != NULL, "%s", out);
+	ck_assert_msg(strstr(out, "{\"length\":600,\"depth\":100,") != NULL, "%s", out);
+	ck_assert_msg(strstr(out, "\"accuracy\":") != NULL, "%s", out);
+	/* a length too short for the fixed parts is a clear runtime error */
+	const char *b[] = { "kvx", "needle", "--model", mp, "--lengths", "20", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, b), 1);
+	ck_assert_msg(strstr(e, "too short") != NULL, "%s", e);
+	const char *c[] = { "kvx", "run", "--model", mp, "--prompt", "hello there", "-n", "6",
+		            "--policy", "streaming_llm", "--set", "sinks=1", "--set", "recent=4", NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, c) == 0, "%s", e);
+	ck_assert_int_eq(count_lines(out), 1);
+	const char *d[] = { "kvx", "info", "--json", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, d), 0);
+	for (int i = 0; i < kvp_registry_count; i++) {
+		char nm[80];
+		snprintf(nm, sizeof nm, "{\"name\":\"%s\"", kvp_registry[i]->name);
+		ck_assert_msg(strstr(out, nm) != NULL, "info lacks %s", nm);
+	}
+}
+END_TEST
+
 /* ---- suite ----------------------------------------------------------------------------- */
 
 static void cleanup(void)
 {
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < 4; i++)
 		if (g_model_path[i][0])
 			unlink(g_model_path[i]);
 }
@@ -607,11 +944,17 @@ static Suite *seq_suite(void)
 	tcase_add_loop_test(tc, evicted_h2o_original, 0, 3);
 	tcase_add_loop_test(tc, evicted_tova_original, 0, 3);
 	tcase_add_loop_test(tc, evicted_streaming_compacted, 0, 3);
+	tcase_add_loop_test(tc, evicted_snapkv_prompt_end, 0, 3);
 	tcase_add_loop_test(tc, chunked_equals_stepwise_every_policy, 0, 3 * (kvp_registry_count + 1));
 	tcase_add_test(tc, second_sequence_equals_fresh);
+	tcase_add_loop_test(tc, init_entries_before_observe, 0, 3);
 	tcase_add_loop_test(tc, h2o_ratio4_memory_bounded, 0, 3);
 	tcase_add_test(tc, feed_allocates_nothing_any_policy);
 	tcase_add_test(tc, capacity_too_small_is_an_error);
+	tcase_add_test(tc, budget_edges);
+	tcase_add_test(tc, cli_bad_input);
+	tcase_add_test(tc, cli_ppl_json);
+	tcase_add_test(tc, cli_needle_and_run);
 	suite_add_tcase(s, tc);
 	return s;
 }
@@ -619,11 +962,13 @@ static Suite *seq_suite(void)
 int main(void)
 {
 	/* the models are written once, by the parent, before check forks the tests */
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 4; i++) {
 		mkdir("tests/tmp", 0755);
 		snprintf(g_model_path[i], sizeof g_model_path[i], "tests/tmp/test_seq_%d_s%d.gguf",
 		         (int)getpid(), i);
-		tiny_model_cfg c = shape_cfg(i);
+		tiny_model_cfg c = shape_cfg(i < 3 ? i : 1);
+		if (i == 3)
+			c.n_ctx = 1024;
 		if (tiny_model_write(&c, g_model_path[i]) != 0) {
 			fprintf(stderr, "test_seq: cannot write %s\n", g_model_path[i]);
 			return EXIT_FAILURE;

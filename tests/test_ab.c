@@ -1,0 +1,660 @@
+/*
+ * test_ab: the A/B engine (runtime/rt_ab.c, `BIN ab`) and its front `kvpc ab`, end to end
+ * on a tiny synthetic GGUF model (grouped-query: 9 query / 3 KV heads) written by the test,
+ * with real policies (policies/full.kvp, policies/h2o.kvp) compiled by `kvpc build`.
+ *
+ * Oracles: a policy against itself must give identical metrics, a per-token NLL
+ * difference of exactly 0 with the bootstrap CI exactly [0, 0] and a "tie ... not
+ * significant" verdict; the full policy against the reference must give KL exactly 0 (the
+ * same chunks reach the same code), a small-budget policy KL > 0 and less KV memory; the
+ * reference perplexity must equal rt_eval_ppl's (another code path: rt_model_forward
+ * without rt_seq) to 1e-6 relative; the JSON must parse (a small recursive-descent
+ * parser below) and carry the metadata keys, the model and text SHA-256 must equal
+ * coreutils' sha256sum, the CSV must be rectangular and the SVG well-formed enough to
+ * hold one panel per metric.
+ */
+#include <check.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "rt_eval.h"
+#include "rt_gguf.h"
+#include "rt_model.h"
+#include "rt_tokenizer.h"
+#include "rt_util.h"
+#include "support/tiny_model.h"
+
+static char g_kvpc[PATH_MAX + 16];
+static char g_tmp[PATH_MAX];
+static char g_model[PATH_MAX + 32], g_text[PATH_MAX + 32], g_bin[PATH_MAX + 32];
+
+#define CTX_TOKENS 160
+
+/* ---- a small JSON reader (RFC 8259 syntax; numbers as double) ---------------------------- */
+
+enum jt { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
+
+typedef struct jv {
+	enum jt t;
+	double num;        /* J_NUM, J_BOOL (0/1) */
+	char *str;         /* J_STR */
+	int n;             /* J_ARR, J_OBJ */
+	char **keys;       /* J_OBJ [n] */
+	struct jv *items;  /* [n] */
+} jv;
+
+typedef struct jp {
+	const char *s;
+	int bad;
+} jp;
+
+static void jws(jp *p)
+{
+	while (*p->s == ' ' || *p->s == '\t' || *p->s == '\n' || *p->s == '\r')
+		p->s++;
+}
+
+static char *jstr(jp *p)
+{
+	if (*p->s != '"') {
+		p->bad = 1;
+		return NULL;
+	}
+	p->s++;
+	size_t cap = 64, len = 0;
+	char *out = malloc(cap);
+	while (*p->s && *p->s != '"') {
+		char c = *p->s++;
+		if ((unsigned char)c < 0x20) {
+			p->bad = 1;
+			break;
+		}
+		if (c == '\\') {
+			char e = *p->s++;
+			const char *map = strchr("\"\\/bfnrt", e);
+			if (e == 'u') {
+				for (int i = 0; i < 4; i++)
+					if (!isxdigit((unsigned char)p->s[i]))
+						p->bad = 1;
+				if (!p->bad)
+					p->s += 4;
+				c = '?';
+			} else if (map && e) {
+				c = "\"\\/\b\f\n\r\t"[map - "\"\\/bfnrt"];
+			} else {
+				p->bad = 1;
+				break;
+			}
+		}
+		if (len + 2 > cap)
+			out = realloc(out, cap *= 2);
+		out[len++] = c;
+	}
+	out[len] = 0;
+	if (*p->s != '"')
+		p->bad = 1;
+	else
+		p->s++;
+	return out;
+}
+
+static void jparse(jp *p, jv *v, int depth)
+{
+	memset(v, 0, sizeof *v);
+	jws(p);
+	if (depth > 64) {
+		p->bad = 1;
+		return;
+	}
+	if (*p->s == '{' || *p->s == '[') {
+		int obj = *p->s == '{';
+		v->t = obj ? J_OBJ : J_ARR;
+		p->s++;
+		jws(p);
+		if (*p->s == (obj ? '}' : ']')) {
+			p->s++;
+			return;
+		}
+		for (;;) {
+			v->items = realloc(v->items, (size_t)(v->n + 1) * sizeof *v->items);
+			if (obj) {
+				v->keys = realloc(v->keys, (size_t)(v->n + 1) * sizeof *v->keys);
+				jws(p);
+				v->keys[v->n] = jstr(p);
+				jws(p);
+				if (p->bad || *p->s != ':') {
+					p->bad = 1;
+					memset(&v->items[v->n++], 0, sizeof *v->items);
+					return;
+				}
+				p->s++;
+			}
+			jparse(p, &v->items[v->n++], depth + 1);
+			if (p->bad)
+				return;
+			jws(p);
+			if (*p->s == ',') {
+				p->s++;
+				continue;
+			}
+			if (*p->s == (obj ? '}' : ']')) {
+				p->s++;
+				return;
+			}
+			p->bad = 1;
+			return;
+		}
+	} else if (*p->s == '"') {
+		v->t = J_STR;
+		v->str = jstr(p);
+	} else if (!strncmp(p->s, "true", 4) || !strncmp(p->s, "false", 5)) {
+		v->t = J_BOOL;
+		v->num = *p->s == 't';
+		p->s += *p->s == 't' ? 4 : 5;
+	} else if (!strncmp(p->s, "null", 4)) {
+		v->t = J_NULL;
+		p->s += 4;
+	} else {
+		/* -? int frac? exp? */
+		const char *q = p->s;
+		if (*q == '-')
+			q++;
+		if (!isdigit((unsigned char)*q)) {
+			p->bad = 1;
+			return;
+		}
+		char *end;
+		v->t = J_NUM;
+		v->num = strtod(p->s, &end);
+		p->s = end;
+	}
+}
+
+static void jfree(jv *v)
+{
+	for (int i = 0; i < v->n; i++) {
+		if (v->keys)
+			free(v->keys[i]);
+		jfree(&v->items[i]);
+	}
+	free(v->keys);
+	free(v->items);
+	free(v->str);
+}
+
+/* Member by a dotted path ("meta.policies.A.name"; array elements as numbers). */
+static const jv *jget(const jv *v, const char *path)
+{
+	char buf[256];
+	snprintf(buf, sizeof buf, "%s", path);
+	char *save = NULL;
+	for (char *k = strtok_r(buf, ".", &save); k && v; k = strtok_r(NULL, ".", &save)) {
+		const jv *next = NULL;
+		if (v->t == J_OBJ) {
+			for (int i = 0; i < v->n; i++)
+				if (!strcmp(v->keys[i], k))
+					next = &v->items[i];
+		} else if (v->t == J_ARR && isdigit((unsigned char)k[0])) {
+			int i = atoi(k);
+			next = i < v->n ? &v->items[i] : NULL;
+		}
+		v = next;
+	}
+	return v;
+}
+
+static double jnum(const jv *root, const char *path)
+{
+	const jv *v = jget(root, path);
+	ck_assert_msg(v && (v->t == J_NUM || v->t == J_BOOL), "JSON: %s missing or not a number",
+	              path);
+	return v->num;
+}
+
+static const char *jstrv(const jv *root, const char *path)
+{
+	const jv *v = jget(root, path);
+	ck_assert_msg(v && v->t == J_STR, "JSON: %s missing or not a string", path);
+	return v->str;
+}
+
+static void load_json(const char *path, jv *out)
+{
+	rt_err e;
+	size_t n;
+	char *text = rt_read_file(path, &n, &e);
+	ck_assert_msg(text, "%s", e.msg);
+	jp p = { text, 0 };
+	jparse(&p, out, 0);
+	jws(&p);
+	ck_assert_msg(!p.bad && *p.s == 0, "%s: invalid JSON near byte %ld", path,
+	              (long)(p.s - text));
+	free(text);
+}
+
+START_TEST(json_reader_rejects_bad_json)
+{
+	const char *bad[] = { "{", "{\"a\" 1}", "[1,]", "{\"a\":tru}", "\"\x01\"", "[01x]", NULL };
+	for (int i = 0; bad[i]; i++) {
+		jp p = { bad[i], 0 };
+		jv v;
+		jparse(&p, &v, 0);
+		jws(&p);
+		ck_assert_msg(p.bad || *p.s != 0, "accepted %s", bad[i]);
+		jfree(&v);
+	}
+	jp p = { "{\"a\": [1, {\"b\": -2.5e1}], \"c\": \"x\\ny\", \"d\": null}", 0 };
+	jv v;
+	jparse(&p, &v, 0);
+	ck_assert(!p.bad);
+	ck_assert(jnum(&v, "a.1.b") == -25);
+	ck_assert_str_eq(jstrv(&v, "c"), "x\ny");
+	jfree(&v);
+}
+END_TEST
+
+/* ---- running programs ------------------------------------------------------------------- */
+
+static int run(char *const argv[], char **out, char **err)
+{
+	char po[PATH_MAX + 16], pe[PATH_MAX + 16];
+	snprintf(po, sizeof po, "%s/out.%d.txt", g_tmp, (int)getpid());
+	snprintf(pe, sizeof pe, "%s/err.%d.txt", g_tmp, (int)getpid());
+	fflush(stdout);
+	fflush(stderr);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fo < 0 || fe < 0)
+			_exit(126);
+		dup2(fo, 1);
+		dup2(fe, 2);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	rt_err e;
+	size_t n;
+	*out = rt_read_file(po, &n, &e);
+	*err = rt_read_file(pe, &n, &e);
+	ck_assert_ptr_nonnull(*out);
+	ck_assert_ptr_nonnull(*err);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* `BIN ab` with the model and text and extra arguments (NULL-terminated). */
+static int run_ab(char **out, char **err, ...)
+{
+	char *argv[48];
+	int k = 0;
+	char ctx[32];
+	snprintf(ctx, sizeof ctx, "%d", CTX_TOKENS);
+	argv[k++] = g_bin;
+	argv[k++] = "ab";
+	argv[k++] = "--model";
+	argv[k++] = g_model;
+	argv[k++] = "--text";
+	argv[k++] = g_text;
+	argv[k++] = "--ctx";
+	argv[k++] = ctx;
+	argv[k++] = "--chunk";
+	argv[k++] = "48";
+	va_list ap;
+	va_start(ap, err);
+	for (char *a; (a = va_arg(ap, char *)) && k < 47;)
+		argv[k++] = a;
+	va_end(ap);
+	argv[k] = NULL;
+	return run(argv, out, err);
+}
+
+static void sha256sum(const char *path, char out[65])
+{
+	char cmd[PATH_MAX + 32];
+	snprintf(cmd, sizeof cmd, "sha256sum '%s'", path);
+	FILE *p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	char line[PATH_MAX + 80] = "";
+	ck_assert_ptr_nonnull(fgets(line, sizeof line, p));
+	pclose(p);
+	memcpy(out, line, 64);
+	out[64] = 0;
+}
+
+static void tmp_path(char *buf, size_t cap, const char *name)
+{
+	snprintf(buf, cap, "%s/%s", g_tmp, name);
+}
+
+/* ---- tests ------------------------------------------------------------------------------ */
+
+static const char *const SAME_METRICS[] = {
+	"ppl", "kld_mean", "kld_p99", "kld_max", "ppl_ratio", "same_top1", "rms_dp",
+	"kv_entries_peak", "kv_bytes_peak", "compression", "compress_events", NULL,
+};
+
+START_TEST(policy_against_itself_ties_exactly)
+{
+	char json[PATH_MAX + 16];
+	tmp_path(json, sizeof json, "self.json");
+	char *out, *err;
+	int rc = run_ab(&out, &err, "--a", "h2o", "--b", "h2o", "--ratio", "4", "--json", json,
+	                NULL);
+	ck_assert_msg(rc == 0, "ab failed (%d): %s", rc, err);
+	ck_assert_msg(strstr(out, "tie") && strstr(out, "not significant"), "verdict:\n%s", out);
+	jv j;
+	load_json(json, &j);
+	for (int i = 0; SAME_METRICS[i]; i++) {
+		char pa[96], pb[96];
+		snprintf(pa, sizeof pa, "results.0.A.%s", SAME_METRICS[i]);
+		snprintf(pb, sizeof pb, "results.0.B.%s", SAME_METRICS[i]);
+		ck_assert_msg(jnum(&j, pa) == jnum(&j, pb), "%s: %.17g vs %.17g", SAME_METRICS[i],
+		              jnum(&j, pa), jnum(&j, pb));
+	}
+	/* the policy really compressed (otherwise the test would prove little) */
+	ck_assert(jnum(&j, "results.0.A.compress_events") > 0);
+	ck_assert(jnum(&j, "results.0.A.kld_mean") > 0);
+	ck_assert(jnum(&j, "results.0.nll_diff.mean") == 0);
+	ck_assert(jnum(&j, "results.0.nll_diff.ci_lo") == 0);
+	ck_assert(jnum(&j, "results.0.nll_diff.ci_hi") == 0);
+	ck_assert(jnum(&j, "results.0.significant") == 0);
+	ck_assert_str_eq(jstrv(&j, "results.0.better"), "tie");
+	jfree(&j);
+	free(out);
+	free(err);
+}
+END_TEST
+
+static double at(const jv *j, int k, const char *side, const char *m)
+{
+	char p[128];
+	snprintf(p, sizeof p, "results.%d.%s.%s", k, side, m);
+	return jnum(j, p);
+}
+
+START_TEST(full_vs_small_budget)
+{
+	char json[PATH_MAX + 16], csv[PATH_MAX + 16], svg[PATH_MAX + 16];
+	tmp_path(json, sizeof json, "fvh.json");
+	tmp_path(csv, sizeof csv, "fvh.csv");
+	tmp_path(svg, sizeof svg, "fvh.svg");
+	char *out, *err;
+	int rc = run_ab(&out, &err, "--a", "full", "--b", "h2o", "--ratio", "2,8", "--commit",
+	                "abc123", "--threads", "1", "--json", json, "--csv", csv, "--plot", svg,
+	                NULL);
+	ck_assert_msg(rc == 0, "ab failed (%d): %s", rc, err);
+	ck_assert_msg(strstr(out, "== compression ratio 2") && strstr(out, "== compression ratio 8"),
+	              "%s", out);
+	jv j;
+	load_json(json, &j);
+	for (int k = 0; k < 2; k++) {
+#define AT(side, m) at(&j, k, side, m)
+		ck_assert(AT("A", "kld_mean") == 0);
+		ck_assert(AT("A", "kld_max") == 0);
+		ck_assert(AT("A", "ppl_ratio") == 1);
+		ck_assert(AT("A", "same_top1") == 1);
+		ck_assert(AT("A", "rms_dp") == 0);
+		ck_assert(AT("A", "compress_events") == 0);
+		ck_assert(AT("A", "kv_entries_peak") == 2 * 3 * CTX_TOKENS); /* layers x KV heads x N */
+		ck_assert_msg(AT("B", "kld_mean") > 0, "h2o KL %g", AT("B", "kld_mean"));
+		ck_assert(AT("B", "kld_max") >= AT("B", "kld_p99"));
+		ck_assert(AT("B", "kv_entries_peak") < AT("A", "kv_entries_peak"));
+		ck_assert(AT("B", "compress_events") > 0);
+		/* budget N/R per head, plus at most one chunk before compress */
+		double R = k == 0 ? 2 : 8;
+		ck_assert_msg(AT("B", "kv_entries_peak") <= 2 * 3 * (CTX_TOKENS / R + 48),
+		              "peak %g at ratio %g", AT("B", "kv_entries_peak"), R);
+		ck_assert(AT("B", "compression") > 1);
+#undef AT
+	}
+	ck_assert(jnum(&j, "results.1.B.kld_mean") > jnum(&j, "results.0.B.kld_mean"));
+	ck_assert(jnum(&j, "results.1.B.compression") > jnum(&j, "results.0.B.compression"));
+	/* metadata */
+	char sha[65];
+	ck_assert_str_eq(jstrv(&j, "meta.commit"), "abc123");
+	ck_assert_str_eq(jstrv(&j, "meta.task"), "ppl");
+	sha256sum(g_model, sha);
+	ck_assert_str_eq(jstrv(&j, "meta.model_sha256"), sha);
+	sha256sum(g_text, sha);
+	ck_assert_str_eq(jstrv(&j, "meta.text_sha256"), sha);
+	ck_assert(jnum(&j, "meta.tokens") == CTX_TOKENS);
+	ck_assert(jnum(&j, "meta.threads") == 1);
+	ck_assert(jnum(&j, "meta.ratios.0") == 2 && jnum(&j, "meta.ratios.1") == 8);
+	ck_assert_str_eq(jstrv(&j, "meta.policies.A.name"), "full");
+	ck_assert_str_eq(jstrv(&j, "meta.policies.B.name"), "h2o");
+	ck_assert_int_eq((int)strlen(jstrv(&j, "meta.policies.B.source_hash")), 16);
+	ck_assert(jnum(&j, "meta.policies.B.params.heavy") == 0.1);
+	ck_assert(jnum(&j, "meta.policies.B.params.recent") == 0.1);
+	ck_assert(jget(&j, "meta.policies.A.params") &&
+	          jget(&j, "meta.policies.A.params")->t == J_OBJ);
+	ck_assert(jnum(&j, "meta.bootstrap.resamples") == 1000);
+	/* the reference perplexity through another code path (rt_eval_ppl: rt_model_forward,
+	 * no rt_seq) */
+	rt_err e;
+	rt_gguf *g = rt_gguf_open(g_model, &e);
+	ck_assert_msg(g, "%s", e.msg);
+	rt_tokenizer *tok = rt_tokenizer_init(g, &e);
+	rt_model *m = rt_model_load_gguf(g, &e);
+	rt_gguf_close(g);
+	ck_assert(tok && m);
+	size_t len;
+	char *text = rt_read_file(g_text, &len, &e);
+	int32_t ids[4096];
+	int64_t n = rt_tokenize(tok, text, len, 0, ids, 4096, &e);
+	ck_assert(n >= CTX_TOKENS);
+	rt_ppl_opts po = { .chunk = 64 };
+	rt_ppl_result pr;
+	ck_assert_int_eq(rt_eval_ppl(m, ids, CTX_TOKENS, &po, NULL, NULL, &pr, &e), 0);
+	double ref = jnum(&j, "reference.ppl");
+	ck_assert_msg(fabs(ref - pr.ppl) <= 1e-6 * pr.ppl, "reference ppl %.9g vs rt_eval %.9g",
+	              ref, pr.ppl);
+	ck_assert(fabs(jnum(&j, "results.0.A.ppl") - pr.ppl) <= 1e-6 * pr.ppl);
+	free(text);
+	rt_model_free(m);
+	rt_tokenizer_free(tok);
+	jfree(&j);
+
+	/* CSV: header + (ref, A, B) per ratio, all rows with the header's field count */
+	char *c = rt_read_file(csv, &len, &e);
+	ck_assert_ptr_nonnull(c);
+	int rows = 0, fields0 = -1;
+	for (char *line = c; *line;) {
+		int fields = 1, q = 0;
+		char *s = line;
+		for (; *s && (q || *s != '\n'); s++) {
+			if (*s == '"')
+				q = !q;
+			else if (*s == ',' && !q)
+				fields++;
+		}
+		if (fields0 < 0)
+			fields0 = fields;
+		ck_assert_msg(fields == fields0, "CSV row %d has %d fields, header %d", rows, fields,
+		              fields0);
+		rows++;
+		line = *s ? s + 1 : s;
+	}
+	ck_assert_int_eq(rows, 1 + 3 * 2);
+	ck_assert(strstr(c, "model_sha256") && strstr(c, "abc123") && strstr(c, "kld_mean"));
+	free(c);
+	/* SVG: one document holding one nested panel per plotted metric */
+	c = rt_read_file(svg, &len, &e);
+	ck_assert_ptr_nonnull(c);
+	ck_assert(!strncmp(c, "<?xml", 5));
+	int svgs = 0, closes = 0;
+	for (char *s = c; (s = strstr(s, "<svg")); s++)
+		svgs++;
+	for (char *s = c; (s = strstr(s, "</svg>")); s++)
+		closes++;
+	ck_assert_int_eq(svgs, closes);
+	ck_assert_int_ge(svgs, 1 + 6);
+	ck_assert(strstr(c, "kld_mean") && strstr(c, "h2o"));
+	free(c);
+	free(out);
+	free(err);
+}
+END_TEST
+
+START_TEST(kvpc_ab_front_builds_and_runs)
+{
+	if (access(g_kvpc, X_OK) != 0)
+		ck_abort_msg("%s missing", g_kvpc);
+	char ctx[16];
+	snprintf(ctx, sizeof ctx, "%d", CTX_TOKENS);
+	char *argv[] = { g_kvpc, "ab", "policies/h2o.kvp", "policies/h2o.kvp", "--model", g_model,
+		         "--text", g_text, "--ctx", ctx, "--ratio", "4", NULL };
+	char *out, *err;
+	int rc = run(argv, &out, &err);
+	ck_assert_msg(rc == 0, "kvpc ab failed (%d): %s", rc, err);
+	ck_assert_msg(strstr(out, "A = h2o") && strstr(out, "B = h2o") && strstr(out, "tie"),
+	              "%s", out);
+	free(out);
+	free(err);
+	/* the front needs two files */
+	char *bad[] = { g_kvpc, "ab", "policies/h2o.kvp", "--model", g_model, NULL };
+	ck_assert_int_eq(run(bad, &out, &err), 2);
+	free(out);
+	free(err);
+}
+END_TEST
+
+START_TEST(needle_task_runs)
+{
+	char json[PATH_MAX + 16];
+	tmp_path(json, sizeof json, "needle.json");
+	char *out, *err;
+	int rc = run_ab(&out, &err, "--task", "needle", "--a", "h2o", "--b", "h2o", "--lengths",
+	                "400", "--depths", "0,100", "--ratio", "2", "--json", json, NULL);
+	ck_assert_msg(rc == 0, "needle ab failed (%d): %s", rc, err);
+	jv j;
+	load_json(json, &j);
+	ck_assert(jnum(&j, "results.0.A.trials") == 2);
+	ck_assert(jnum(&j, "results.0.A.accuracy") == jnum(&j, "results.0.B.accuracy"));
+	ck_assert(jnum(&j, "results.0.A.kv_entries_peak") < 2 * 3 * 400);
+	ck_assert_str_eq(jstrv(&j, "results.0.better"), "tie");
+	ck_assert(jnum(&j, "results.0.discordant.p_value") == 1);
+	jfree(&j);
+	free(out);
+	free(err);
+}
+END_TEST
+
+START_TEST(bad_arguments)
+{
+	char *out, *err;
+	ck_assert_int_eq(run_ab(&out, &err, "--a", "nosuch", NULL), 2);
+	ck_assert_msg(strstr(err, "nosuch") && strstr(err, "h2o"), "%s", err);
+	free(out);
+	free(err);
+	ck_assert_int_eq(run_ab(&out, &err, "--ratio", "0.5", NULL), 2);
+	ck_assert_msg(strstr(err, "--ratio"), "%s", err);
+	free(out);
+	free(err);
+	ck_assert_int_eq(run_ab(&out, &err, "--set", "nosuch=1", NULL), 2);
+	ck_assert_msg(strstr(err, "nosuch"), "%s", err);
+	free(out);
+	free(err);
+	char *argv[] = { g_bin, "ab", "--model", "no/such/model.gguf", "--text", g_text, NULL };
+	ck_assert_int_eq(run(argv, &out, &err), 1);
+	ck_assert_msg(strstr(err, "no/such/model.gguf") && strchr(err, '\n') == err + strlen(err) - 1,
+	              "%s", err);
+	free(out);
+	free(err);
+	/* guards larger than the ratio's budget: a clear error, not a crash */
+	ck_assert_int_eq(run_ab(&out, &err, "--a", "h2o", "--b", "h2o", "--ratio", "16", NULL), 1);
+	ck_assert_msg(strstr(err, "h2o") && strstr(err, "ratio"), "%s", err);
+	free(out);
+	free(err);
+}
+END_TEST
+
+static Suite *ab_suite(void)
+{
+	Suite *s = suite_create("ab");
+	TCase *tc = tcase_create("ab");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, json_reader_rejects_bad_json);
+	tcase_add_test(tc, policy_against_itself_ties_exactly);
+	tcase_add_test(tc, full_vs_small_budget);
+	tcase_add_test(tc, kvpc_ab_front_builds_and_runs);
+	tcase_add_test(tc, needle_task_runs);
+	tcase_add_test(tc, bad_arguments);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+/* Some English prose, enough for CTX_TOKENS byte-level tokens. */
+static const char TEXT[] =
+	"The quick brown fox jumps over the lazy dog. A cache keeps what was computed so that it "
+	"need not be computed again; a small cache must decide what to forget. Attention sinks "
+	"are the first tokens of a text, which absorb the attention that has nowhere else to go. "
+	"Heavy hitters are the tokens that receive most of the attention over time. The grass is "
+	"green, the sky is blue, the sun is yellow, and here we go, there and back again. "
+	"Compression trades memory for quality, and an honest comparison measures both.\n";
+
+int main(void)
+{
+	snprintf(g_tmp, sizeof g_tmp, "/tmp/kvpc_test_ab_XXXXXX");
+	if (!mkdtemp(g_tmp)) {
+		perror("mkdtemp");
+		return EXIT_FAILURE;
+	}
+	const char *k = getenv("KVPC");
+	if (k && *k) {
+		snprintf(g_kvpc, sizeof g_kvpc, "%s", k);
+	} else {
+		char exe[PATH_MAX];
+		ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+		if (n <= 0)
+			return EXIT_FAILURE;
+		exe[n] = 0;
+		*strrchr(exe, '/') = 0;
+		char *up = strrchr(exe, '/');
+		if (up)
+			*up = 0;
+		snprintf(g_kvpc, sizeof g_kvpc, "%s/kvpc", exe);
+	}
+	char cache[PATH_MAX + 16];
+	snprintf(cache, sizeof cache, "%s/cache", g_tmp);
+	setenv("KVPC_CACHE", cache, 1);
+	snprintf(g_model, sizeof g_model, "%s/tiny.gguf", g_tmp);
+	snprintf(g_text, sizeof g_text, "%s/text.txt", g_tmp);
+	snprintf(g_bin, sizeof g_bin, "%s/kv-ab", g_tmp);
+	tiny_model_cfg c = { .n_layer = 2, .n_embd = 72, .n_head = 9, .n_head_kv = 3, .n_ff = 96,
+		             .n_vocab = 300, .n_ctx = 1024, .rope_base = 10000, .seed = 7,
+		             .wtype = RT_GGML_F32 };
+	FILE *f = fopen(g_text, "w");
+	if (tiny_model_write(&c, g_model) != 0 || !f || fputs(TEXT, f) < 0 || fclose(f) != 0) {
+		fprintf(stderr, "test_ab: cannot write the model or text under %s\n", g_tmp);
+		return EXIT_FAILURE;
+	}
+	/* the binary under test: full and h2o (shared by the tests, built once here) */
+	char cmd[4 * PATH_MAX];
+	snprintf(cmd, sizeof cmd, "'%s' build policies/full.kvp policies/h2o.kvp -o '%s' 2>/dev/null",
+	         g_kvpc, g_bin);
+	if (system(cmd) != 0) {
+		fprintf(stderr, "test_ab: `%s build` failed (build kvpc first, or set KVPC)\n", g_kvpc);
+		return EXIT_FAILURE;
+	}
+	SRunner *sr = srunner_create(ab_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+	if (!failed && system(cmd) != 0)
+		fprintf(stderr, "test_ab: could not remove %s\n", g_tmp);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,926 @@
+/*
+ * test_grace: the GraceKV compression core (runtime/rt_grace.c) on synthetic data with
+ * grouped-query shapes (9 query / 3 KV heads, 4 / 1). References are independent: a
+ * float RoPE written like the forward's, rt_model's attention softmax for the merged-entry
+ * semantics, hand-computed distortions and utilities for a two-segment case, a qsort
+ * oracle for the heap order, a bitwise copy of the store for exactness at x = 1, and the
+ * budget formula floor(L·G·N_ctx / x) for the entry count.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_grace.h"
+#include "rt_kv.h"
+#include "rt_model.h"
+
+static uint64_t rng_state;
+
+static void rng_seed(uint64_t s)
+{
+	rng_state = s * 6364136223846793005ULL + 1442695040888963407ULL;
+}
+
+/* uniform in [-1, 1) */
+static float rnd(void)
+{
+	rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+	return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* The forward's RoPE (rt_model.c rope_table/rope_apply): cos/sin in double rounded to
+ * float, products in float. */
+static void ref_rope(float *x, int d, int n_rot, float base, int pos)
+{
+	(void)d;
+	for (int i = 0; i < n_rot / 2; i++) {
+		double theta = (double)pos * pow((double)base, -2.0 * i / n_rot);
+		float co = (float)cos(theta), si = (float)sin(theta);
+		float x0 = x[2 * i], x1 = x[2 * i + 1];
+		x[2 * i] = x0 * co - x1 * si;
+		x[2 * i + 1] = x0 * si + x1 * co;
+	}
+}
+
+/* A store of L layers × G KV heads (group R, head_dim d) holding n random singletons at
+ * positions 0..n-1; keys are random pre-RoPE vectors rotated at their position. Statistics
+ * (8 bytes per entry) and spans carry tags so any misplaced copy shows. */
+static void make_store(rt_kv *kv, int L, int G, int R, int d, int n_rot, int32_t n,
+                       int32_t cap, uint64_t seed)
+{
+	rt_err err = {0};
+	ck_assert_int_eq(rt_kv_init(kv, L, G, R, d, cap, 8, 0, &err), 0);
+	rng_seed(seed);
+	float k[128], v[128];
+	for (int l = 0; l < L; l++)
+		for (int g = 0; g < G; g++) {
+			rt_kv_head *h = rt_kv_head_at(kv, l, g);
+			for (int32_t t = 0; t < n; t++) {
+				for (int i = 0; i < d; i++) {
+					k[i] = 2.0f * rnd();
+					v[i] = rnd();
+				}
+				ref_rope(k, d, n_rot, 10000.0f, t);
+				int32_t e = rt_kv_append(kv, h, k, v, t);
+				h->span[e] = (uint16_t)(t % 3);
+				for (int b = 0; b < 8; b++)
+					h->stats[(size_t)e * 8 + b] = (uint8_t)(t * 7 + b + l + g);
+			}
+		}
+}
+
+/* ---- RoPE --------------------------------------------------------------------------- */
+
+START_TEST(test_rope_roundtrip)
+{
+	const int d = 64;
+	float x[64], y[64], r[64];
+	rng_seed(1);
+	for (int i = 0; i < d; i++)
+		x[i] = rnd();
+	int32_t positions[] = { 0, 1, 17, 1234, 8191 };
+	for (int pi = 0; pi < 5; pi++) {
+		for (int nr = 0; nr <= 64; nr += 32) {
+			memcpy(y, x, sizeof y);
+			memcpy(r, x, sizeof r);
+			rt_grace_rope(y, d, nr, 100000.0f, positions[pi]);
+			ref_rope(r, d, nr, 100000.0f, positions[pi]);
+			for (int i = 0; i < d; i++)
+				ck_assert_float_eq_tol(y[i], r[i], 2e-6f);
+			for (int i = nr; i < d; i++)
+				ck_assert_float_eq(y[i], x[i]); /* unrotated dims untouched */
+			rt_grace_unrope(y, d, nr, 100000.0f, positions[pi]);
+			for (int i = 0; i < d; i++)
+				ck_assert_float_eq_tol(y[i], x[i], 2e-6f);
+		}
+	}
+	/* one pair by hand: pos 1, i = 0 rotates by exactly 1 radian */
+	float p[2] = { 1.0f, 0.0f };
+	rt_grace_rope(p, 2, 2, 10000.0f, 1);
+	ck_assert_float_eq_tol(p[0], (float)cos(1.0), 1e-7f);
+	ck_assert_float_eq_tol(p[1], (float)sin(1.0), 1e-7f);
+}
+END_TEST
+
+/* ---- prototypes and merged-entry semantics ------------------------------------------ */
+
+START_TEST(test_merge_identical_keys)
+{
+	/* the same pre-RoPE key at positions 10, 13, 17, 20: coherence 1, count 4, the key
+	 * re-rotated at round(15) = 15 */
+	const int d = 64, nr = 64;
+	float K[4 * 64], V[4 * 64], k0[64], kt[64], vt[64];
+	int32_t P[4] = { 10, 13, 17, 20 }, idx[4] = { 0, 1, 2, 3 }, pos;
+	double work[128], coh;
+	float cnt;
+	rng_seed(2);
+	for (int i = 0; i < d; i++)
+		k0[i] = rnd();
+	for (int j = 0; j < 4; j++) {
+		memcpy(K + j * d, k0, sizeof k0);
+		ref_rope(K + j * d, d, nr, 10000.0f, P[j]);
+		for (int i = 0; i < d; i++)
+			V[j * d + i] = (float)(j + 1);
+	}
+	rt_grace_prototype(K, V, P, NULL, idx, 4, d, nr, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
+	ck_assert_int_eq(pos, 15);
+	ck_assert_double_eq_tol(coh, 1.0, 1e-6);
+	ck_assert_float_eq_tol(cnt, 4.0f, 1e-5f);
+	float ref[64];
+	memcpy(ref, k0, sizeof ref);
+	ref_rope(ref, d, nr, 10000.0f, 15);
+	for (int i = 0; i < d; i++) {
+		ck_assert_float_eq_tol(kt[i], ref[i], 1e-5f);
+		ck_assert_float_eq_tol(vt[i], 2.5f, 1e-6f); /* plain mean of 1..4 */
+	}
+	/* relevance weights (1, 0, 0, 0): beta = 0.025, v~ = (1.025·1 + 0.025·(2+3+4)) / 1.1 */
+	float w[4] = { 1, 0, 0, 0 };
+	rt_grace_prototype(K, V, P, w, idx, 4, d, nr, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
+	ck_assert_float_eq_tol(vt[0], (float)((1.025 + 0.025 * 9) / 1.1), 1e-6f);
+	/* opposite keys: coherence 0, count clamped to 1; rounding half up: mean 11.5 -> 12 */
+	int32_t P2[2] = { 11, 12 };
+	float K2[4] = { 1, 0, -1, 0 }, V2[4] = { 0, 0, 0, 0 };
+	rt_grace_prototype(K2, V2, P2, NULL, idx, 2, 2, 0, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
+	ck_assert_double_eq_tol(coh, 0.0, 1e-9);
+	ck_assert_float_eq(cnt, 1.0f);
+	ck_assert_int_eq(pos, 12);
+	/* a single member is itself, bit for bit */
+	rt_grace_prototype(K, V, P, NULL, idx + 2, 1, d, nr, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
+	ck_assert_int_eq(memcmp(kt, K + 2 * d, d * sizeof(float)), 0);
+	ck_assert_int_eq(pos, 17);
+	ck_assert_float_eq(cnt, 1.0f);
+}
+END_TEST
+
+/* Attention output [G × d] of queries Q [G × d] over n entries, through rt_model's
+ * softmax (logit + log_count), accumulated in double. */
+static void attend(const float *Q, int G, const float *K, const float *V, const float *lc, int n,
+                   int d, double *out)
+{
+	float P[4 * 16];
+	for (int g = 0; g < G; g++)
+		for (int i = 0; i < n; i++) {
+			double s = 0.0;
+			for (int c = 0; c < d; c++)
+				s += (double)Q[g * d + c] * K[i * d + c];
+			P[g * n + i] = (float)(s / sqrt((double)d));
+		}
+	rt_attn_softmax(P, (size_t)n, G, n, lc);
+	for (int g = 0; g < G; g++)
+		for (int c = 0; c < d; c++) {
+			double o = 0.0;
+			for (int i = 0; i < n; i++)
+				o += (double)P[g * n + i] * V[i * d + c];
+			out[g * d + c] = o;
+		}
+}
+
+START_TEST(test_exact_case_attention)
+{
+	/* five tokens with the SAME post-RoPE key (only unrotated dims are non-zero, n_rot 4
+	 * of d 8) and different values, plus three other tokens; a 4/1 group of queries.
+	 * Merging the five into one entry with count 5 (log 5 on its logit) and the mean value
+	 * gives the same attention output as the five originals (algorithms.md 10.1). */
+	const int d = 8, nr = 4, G = 4;
+	float K[8 * 8], V[8 * 8], lc[8] = { 0 };
+	int32_t P[8];
+	rng_seed(3);
+	float kshared[8] = { 0, 0, 0, 0, 0.7f, -0.3f, 0.2f, 0.9f };
+	for (int i = 0; i < 8; i++) {
+		P[i] = i * 3;
+		for (int c = 0; c < d; c++) {
+			K[i * d + c] = i < 5 ? kshared[c] : rnd();
+			V[i * d + c] = rnd();
+		}
+		if (i >= 5)
+			ref_rope(K + i * d, d, nr, 10000.0f, P[i]);
+	}
+	float Q[4 * 8];
+	for (int i = 0; i < G * d; i++)
+		Q[i] = 3.0f * rnd();
+	double o_full[32], o_merged[32];
+	attend(Q, G, K, V, lc, 8, d, o_full);
+	int32_t idx[5] = { 0, 1, 2, 3, 4 }, pos;
+	float w[8] = { 0.2f, 0.2f, 0.2f, 0.2f, 0.2f, 0, 0, 0 }; /* equal relevance */
+	float K2[4 * 8], V2[4 * 8], lc2[4] = { 0 }, cnt;
+	double work[16], coh;
+	rt_grace_prototype(K, V, P, w, idx, 5, d, nr, 10000.0f, K2, V2, &pos, &cnt, &coh, work);
+	ck_assert_int_eq(pos, 6); /* mean of 0, 3, 6, 9, 12 */
+	ck_assert_double_eq_tol(coh, 1.0, 1e-7);
+	ck_assert_float_eq_tol(cnt, 5.0f, 1e-5f);
+	lc2[0] = logf(cnt);
+	for (int i = 0; i < d; i++)
+		ck_assert_float_eq(K2[i], kshared[i]); /* un-rotate/re-rotate leaves it alone */
+	memcpy(K2 + d, K + 5 * d, 3 * d * sizeof(float));
+	memcpy(V2 + d, V + 5 * d, 3 * d * sizeof(float));
+	attend(Q, G, K2, V2, lc2, 4, d, o_merged);
+	for (int i = 0; i < G * d; i++)
+		ck_assert_double_eq_tol(o_merged[i], o_full[i], 2e-6);
+	/* without the log-count bias the merged entry is under-weighted: outputs differ */
+	lc2[0] = 0.0f;
+	attend(Q, G, K2, V2, lc2, 4, d, o_merged);
+	double diff = 0.0;
+	for (int i = 0; i < G * d; i++)
+		diff += fabs(o_merged[i] - o_full[i]);
+	ck_assert(diff > 1e-3);
+}
+END_TEST
+
+START_TEST(test_key_and_count_modes)
+{
+	/* one 4/1 head, 6 tokens in one segment, x = 6: B_total = 1, so the store becomes the
+	 * root prototype. Paper mode equals rt_grace_prototype; KEY_POST + COUNT_N gives the
+	 * plain mean of the post-RoPE keys at count 6. */
+	const int d = 8;
+	for (int mode = 0; mode < 2; mode++) {
+		rt_kv kv;
+		make_store(&kv, 1, 1, 4, d, d, 6, 6, 60);
+		rt_kv ref;
+		make_store(&ref, 1, 1, 4, d, d, 6, 6, 60);
+		rt_grace g;
+		rt_err err = {0};
+		ck_assert_int_eq(rt_grace_init(&g, &kv, d, 10000.0f, 1, &err), 0);
+		rt_grace_params p;
+		rt_grace_params_default(&p);
+		p.x = 6.0;
+		p.recent = 0;
+		p.key_mode = mode ? RT_GRACE_KEY_POST : RT_GRACE_KEY_UNROPE;
+		p.count_mode = mode ? RT_GRACE_COUNT_N : RT_GRACE_COUNT_COHERENCE;
+		rt_grace_input in = { 0 };
+		float rel[6] = { 1, 1, 1, 1, 1, 1 };
+		in.rel = rel;
+		ck_assert_msg(rt_grace_compress(&g, &kv, &p, &in, NULL, &err) == 0, "%s", err.msg);
+		const rt_kv_head *h = &kv.heads[0], *r = &ref.heads[0];
+		ck_assert_int_eq(h->n, 1);
+		ck_assert_int_eq(h->pos[0], 3); /* round(2.5) half up */
+		if (mode) {
+			ck_assert_float_eq(h->count[0], 6.0f);
+			for (int i = 0; i < d; i++) {
+				double m = 0.0;
+				for (int t = 0; t < 6; t++)
+					m += r->k[t * d + i];
+				ck_assert_float_eq_tol(h->k[i], (float)(m / 6.0), 1e-6f);
+			}
+		} else {
+			int32_t idx[6] = { 0, 1, 2, 3, 4, 5 }, pos;
+			float kt[8], vt[8], cnt;
+			double work[16];
+			rt_grace_prototype(r->k, r->v, r->pos, rel, idx, 6, d, d, 10000.0f, kt, vt, &pos, &cnt,
+			                   NULL, work);
+			ck_assert_int_eq(memcmp(kt, h->k, sizeof kt), 0);
+			ck_assert_int_eq(memcmp(vt, h->v, sizeof vt), 0);
+			ck_assert_float_eq(cnt, h->count[0]);
+			ck_assert(cnt < 6.0f); /* random keys are incoherent */
+		}
+		rt_grace_free(&g);
+		rt_kv_free(&ref);
+		rt_kv_free(&kv);
+	}
+}
+END_TEST
+
+/* ---- the heap and its tie rule -------------------------------------------------------- */
+
+static int oracle_cmp(const void *a, const void *b)
+{
+	const rt_grace_item *x = a, *y = b;
+	double ux = isnan(x->u) ? -INFINITY : x->u, uy = isnan(y->u) ? -INFINITY : y->u;
+	if (ux > uy)
+		return -1;
+	if (ux < uy)
+		return 1;
+	int kx[4] = { x->layer, x->kv_head, x->pos, x->id }, ky[4] = { y->layer, y->kv_head, y->pos, y->id };
+	for (int i = 0; i < 4; i++)
+		if (kx[i] != ky[i])
+			return kx[i] < ky[i] ? -1 : 1;
+	return 0;
+}
+
+START_TEST(test_heap_order_and_ties)
+{
+	rt_grace_item buf[16];
+	rt_grace_heap h = { buf, 0, 16 };
+	/* equal utility 1.0 on purpose: lower layer, then head, then position pops first */
+	rt_grace_item in[] = {
+		{ 1.0, 2, 0, 5, 0 }, { 1.0, 1, 2, 9, 1 }, { 1.0, 1, 0, 40, 2 }, { 1.0, 1, 0, 7, 3 },
+		{ 2.5, 9, 9, 99, 4 }, { NAN, 0, 0, 0, 5 }, { -1.0, 0, 0, 0, 6 }, { 1.0, 0, 1, 3, 7 },
+	};
+	for (int i = 0; i < 8; i++)
+		rt_grace_heap_push(&h, &in[i]);
+	int want[] = { 4, 7, 3, 2, 1, 0, 6, 5 };
+	rt_grace_item o;
+	for (int i = 0; i < 8; i++) {
+		ck_assert(rt_grace_heap_pop(&h, &o));
+		ck_assert_int_eq(o.id, want[i]);
+	}
+	ck_assert_int_eq(rt_grace_heap_pop(&h, &o), 0);
+	/* 2000 random items with many ties against a qsort oracle */
+	enum { N = 2000 };
+	static rt_grace_item big[N], ref[N];
+	rt_grace_heap hb = { big, 0, N };
+	rng_seed(4);
+	for (int i = 0; i < N; i++) {
+		rt_grace_item it = { (double)(int)(4 * rnd()), (int)(3 + 3 * rnd()), (int)(2 + 2 * rnd()),
+		                     (int)(50 + 50 * rnd()), i };
+		ref[i] = it;
+		rt_grace_heap_push(&hb, &it);
+	}
+	qsort(ref, N, sizeof ref[0], oracle_cmp);
+	for (int i = 0; i < N; i++) {
+		ck_assert(rt_grace_heap_pop(&hb, &o));
+		ck_assert_int_eq(o.id, ref[i].id);
+	}
+}
+END_TEST
+
+/* ---- Split beats Add (hand-computed) --------------------------------------------------- */
+
+typedef struct trace_log {
+	int n;
+	int kind[16], members[16], cost[16];
+	int32_t pos[16];
+	double delta[16];
+} trace_log;
+
+static void trace_cb(void *user, enum rt_grace_action kind, int layer, int kv_head, int32_t pos,
+                     int32_t members, int cost, double delta)
+{
+	trace_log *t = user;
+	(void)layer;
+	(void)kv_head;
+	if (t->n < 16) {
+		t->kind[t->n] = kind;
+		t->members[t->n] = members;
+		t->cost[t->n] = cost;
+		t->pos[t->n] = pos;
+		t->delta[t->n] = delta;
+		t->n++;
+	}
+}
+
+/* One layer, one KV head of a 4/1 group, d = 2, no rotation. Segment A = tokens 0, 1
+ * with opposite keys (1,0), (-1,0) and values (1,0), (0,1); segment B = tokens 2, 3 with
+ * the same key (0,1) and value (0.5,0.5). One probe token whose four query rows are
+ * (√2, 0), so logits are k_x: 1, -1, 0, 0. Budget 2 entries (x = 2, no recent, no floor). */
+static void split_case(float relA, float relB, trace_log *tl, rt_kv *kv, rt_grace_stats *st)
+{
+	rt_err err = {0};
+	ck_assert_int_eq(rt_kv_init(kv, 1, 1, 4, 2, 8, 0, 0, &err), 0);
+	float K[4][2] = { { 1, 0 }, { -1, 0 }, { 0, 1 }, { 0, 1 } };
+	float V[4][2] = { { 1, 0 }, { 0, 1 }, { 0.5f, 0.5f }, { 0.5f, 0.5f } };
+	rt_kv_head *h = rt_kv_head_at(kv, 0, 0);
+	for (int t = 0; t < 4; t++)
+		rt_kv_append(kv, h, K[t], V[t], t);
+	rt_grace g;
+	ck_assert_int_eq(rt_grace_init(&g, kv, 0, 10000.0f, 1, &err), 0);
+	float q[4 * 2];
+	for (int r = 0; r < 4; r++) {
+		q[2 * r] = (float)sqrt(2.0);
+		q[2 * r + 1] = 0.0f;
+	}
+	float rel[4] = { relA, relA, relB, relB };
+	int32_t seg[2] = { 0, 2 }, ppos = 4;
+	rt_grace_params p;
+	rt_grace_params_default(&p);
+	p.x = 2.0;
+	p.recent = 0;
+	p.floor = 0;
+	rt_grace_input in = { 0 };
+	in.seg_start = seg;
+	in.n_seg = 2;
+	in.probe_q = q;
+	in.probe_pos = &ppos;
+	in.n_probe = 1;
+	in.rel = rel;
+	in.trace = trace_cb;
+	in.trace_user = tl;
+	memset(tl, 0, sizeof *tl);
+	ck_assert_msg(rt_grace_compress(&g, kv, &p, &in, st, &err) == 0, "%s", err.msg);
+	rt_grace_free(&g);
+}
+
+START_TEST(test_split_beats_add)
+{
+	/* by hand (λ_Z = λ_M = 1; the normaliser of the probe cancels in every ratio):
+	 * A as one prototype: mean key 0, coherence 0 -> m = 1, k~ = 0, logit 0; v~ = (0.5, 0.5)
+	 *   (equal relevance). Z = e^0 + e^-2, Z~ = e^0 relative to the max logit 1 -> shift:
+	 *   Z = 1 + e^-2, Z~ = e^-1; M = (1, e^-2), M~ = e^-1 (0.5, 0.5).
+	 *   D(A) = (Z - Z~)²/Z² + |M - M~|²/|M|²;  D_drop = 2;  singletons have D = 0.
+	 * B: identical keys (coherence 1, m = 2) and values: D(B) = 0. */
+	double Z = 1.0 + exp(-2.0), Zt = exp(-1.0);
+	double m0 = 1.0 - 0.5 * Zt, m1 = exp(-2.0) - 0.5 * Zt;
+	double DA = (Z - Zt) * (Z - Zt) / (Z * Z) + (m0 * m0 + m1 * m1) / (1.0 + exp(-4.0));
+	ck_assert_double_eq_tol(DA, 1.1132, 1e-3); /* 0.45694 + 0.65630 */
+	/* relevance 0.45 / 0.05 per token -> R(A) = 0.9, R(B) = 0.1 */
+	double u_add_a = 0.9 * (2.0 - DA), u_split_a = 0.9 * DA, u_add_b = 0.1 * 2.0;
+	ck_assert(u_add_a > u_add_b && u_split_a > u_add_b);
+	trace_log tl;
+	rt_kv kv;
+	rt_grace_stats st;
+	split_case(0.45f, 0.05f, &tl, &kv, &st);
+	ck_assert_int_eq(st.b_total, 2);
+	ck_assert_int_eq(tl.n, 2);
+	ck_assert_int_eq(tl.kind[0], RT_GRACE_ADD);
+	ck_assert_int_eq(tl.pos[0], 0);
+	ck_assert_double_eq_tol(tl.delta[0], u_add_a, 1e-5);
+	ck_assert_int_eq(tl.kind[1], RT_GRACE_SPLIT_BINARY); /* beats Add(B) */
+	ck_assert_int_eq(tl.cost[1], 1);
+	ck_assert_double_eq_tol(tl.delta[1], u_split_a, 1e-5);
+	rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
+	ck_assert_int_eq(h->n, 2); /* tokens 0 and 1 exactly, segment B not covered */
+	ck_assert_int_eq(h->pos[0], 0);
+	ck_assert_int_eq(h->pos[1], 1);
+	ck_assert_float_eq(h->k[2], -1.0f);
+	ck_assert_float_eq(h->count[0], 1.0f);
+	rt_kv_free(&kv);
+
+	/* the same case with B relevant (R(A) = 0.9/2.1, R(B) = 1.2/2.1): Add(B) = 0.571·2
+	 * outranks everything, then Add(A) = 0.429·0.887 beats Split(B) (Δ = 0) */
+	split_case(0.45f, 0.6f, &tl, &kv, &st);
+	ck_assert_int_eq(tl.n, 2);
+	ck_assert_int_eq(tl.kind[0], RT_GRACE_ADD);
+	ck_assert_int_eq(tl.pos[0], 2);
+	ck_assert_double_eq_tol(tl.delta[0], 1.2 / 2.1 * 2.0, 1e-5);
+	ck_assert_int_eq(tl.kind[1], RT_GRACE_ADD);
+	ck_assert_double_eq_tol(tl.delta[1], 0.9 / 2.1 * (2.0 - DA), 1e-5);
+	h = rt_kv_head_at(&kv, 0, 0);
+	ck_assert_int_eq(h->n, 2);
+	ck_assert_int_eq(h->pos[0], 1); /* A: round(0.5) = 1, count 1 (incoherent) */
+	ck_assert_float_eq(h->count[0], 1.0f);
+	ck_assert_float_eq_tol(h->v[0], 0.5f, 1e-7f);
+	ck_assert_int_eq(h->pos[1], 3); /* B: round(2.5) = 3, count 2 */
+	ck_assert_float_eq_tol(h->count[1], 2.0f, 1e-6f);
+	ck_assert_float_eq_tol(h->log_count[1], logf(2.0f), 1e-6f);
+	rt_kv_free(&kv);
+}
+END_TEST
+
+/* ---- whole-store behaviour ----------------------------------------------------------- */
+
+typedef struct shape {
+	int L, G, R;
+} shape;
+
+static const shape shapes[] = { { 2, 3, 3 }, { 3, 1, 4 } }; /* 9/3 and 4/1 */
+
+/* Random normalised trajectories with a turn every 37 tokens, for the segmenter. */
+static int32_t make_segments(int32_t n_ctx, int32_t *seg, float *bound_ctx)
+{
+	const int E = 16;
+	float *hd = malloc((size_t)n_ctx * E * sizeof(float));
+	float dir[16] = { 0 };
+	float x[16] = { 0 };
+	for (int32_t i = 0; i < n_ctx; i++) {
+		if (i % 37 == 0)
+			for (int e = 0; e < E; e++)
+				dir[e] = rnd();
+		for (int e = 0; e < E; e++) {
+			x[e] += dir[e] + 0.05f * rnd();
+			hd[(size_t)i * E + e] = x[e];
+		}
+	}
+	rt_grace_seg_params sp;
+	rt_grace_seg_params_default(&sp);
+	double *work = malloc(rt_grace_segment_work(n_ctx, E, 1, sp.n_win) * sizeof(double));
+	const float *hl[1] = { hd };
+	rt_err err = {0};
+	int32_t k = rt_grace_segment(&sp, n_ctx, E, 1, hl, NULL, work, bound_ctx, seg, &err);
+	ck_assert_msg(k >= 1, "%s", err.msg);
+	free(work);
+	free(hd);
+	return k;
+}
+
+static void run_compress(rt_kv *kv, double x, int32_t prefix, int32_t suffix, int32_t recent,
+                         int64_t floor, int use_segments, rt_grace_stats *st)
+{
+	const int32_t n = kv->heads[0].n;
+	rt_grace g;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_grace_init(&g, kv, kv->head_dim, 10000.0f, 16, &err), 0);
+	int32_t *seg = malloc((size_t)n * sizeof(int32_t));
+	float *bound = calloc((size_t)n, sizeof(float));
+	rt_grace_params p;
+	rt_grace_params_default(&p);
+	p.x = x;
+	p.recent = recent;
+	p.floor = floor;
+	rt_grace_input in = { 0 };
+	in.prefix = prefix;
+	in.suffix = suffix;
+	if (use_segments) {
+		int32_t k = make_segments(n - prefix - suffix, seg, bound + prefix);
+		for (int32_t i = 0; i < k; i++)
+			seg[i] += prefix;
+		in.seg_start = seg;
+		in.n_seg = k;
+		in.boundary = bound;
+	}
+	ck_assert_msg(rt_grace_compress(&g, kv, &p, &in, st, &err) == 0, "%s", err.msg);
+	free(seg);
+	free(bound);
+	rt_grace_free(&g);
+}
+
+START_TEST(test_x1_exact)
+{
+	for (int si = 0; si < 2; si++)
+		for (int use_seg = 0; use_seg < 2; use_seg++) {
+			const shape s = shapes[si];
+			rt_kv kv;
+			make_store(&kv, s.L, s.G, s.R, 16, 16, 300, 320, 10 + si);
+			void *copy = malloc(kv.mem_bytes);
+			memcpy(copy, kv.mem, kv.mem_bytes);
+			rt_grace_stats st;
+			run_compress(&kv, 1.0, 5, 12, 20, 7, use_seg, &st);
+			/* every tree fully expanded: the whole allocation is bit-identical */
+			ck_assert_int_eq(st.b_total, (int64_t)s.L * s.G * (300 - 17));
+			ck_assert_int_eq(st.prototypes, 0);
+			ck_assert_int_eq(st.b_floor, 7);
+			ck_assert_int_eq(memcmp(copy, kv.mem, kv.mem_bytes), 0);
+			free(copy);
+			rt_kv_free(&kv);
+		}
+}
+END_TEST
+
+START_TEST(test_budget_exact)
+{
+	const double xs[] = { 2.0, 3.3, 8.0, 16.0 };
+	for (int si = 0; si < 2; si++)
+		for (int xi = 0; xi < 4; xi++) {
+			const shape s = shapes[si];
+			const int LG = s.L * s.G;
+			const int32_t n = 400, prefix = 3, suffix = 16, recent = 8;
+			rt_kv kv;
+			make_store(&kv, s.L, s.G, s.R, 16, 16, n, n, 20 + si);
+			rt_kv ref;
+			make_store(&ref, s.L, s.G, s.R, 16, 16, n, n, 20 + si);
+			rt_grace_stats st;
+			run_compress(&kv, xs[xi], prefix, suffix, recent, 2 * LG, 1, &st);
+			int64_t want = (int64_t)floor((double)LG * (n - prefix - suffix) / xs[xi]);
+			ck_assert_int_eq(st.b_total, want);
+			ck_assert_int_eq(rt_kv_entries(&kv) - (int64_t)LG * (prefix + suffix), want);
+			ck_assert_int_eq(st.entries, rt_kv_entries(&kv));
+			ck_assert_int_eq(st.spent, st.b_alloc);
+			ck_assert(st.prototypes > 0);
+			for (int lg = 0; lg < LG; lg++) {
+				const rt_kv_head *h = &kv.heads[lg], *r = &ref.heads[lg];
+				double tokens = 0.0;
+				for (int32_t i = 0; i < h->n; i++) {
+					if (i > 0)
+						ck_assert(h->pos[i] >= h->pos[i - 1]); /* position order */
+					ck_assert(h->count[i] >= 1.0f);
+					ck_assert_float_eq_tol(h->log_count[i], logf(h->count[i]), 1e-6f);
+					tokens += h->count[i];
+					if (h->count[i] == 1.0f && h->span[i] != 0)
+						ck_assert_int_eq(h->span[i], h->pos[i] % 3);
+				}
+				ck_assert(tokens <= n + 1e-3);
+				/* prefix, recent window and suffix kept exactly */
+				for (int32_t i = 0; i < prefix; i++)
+					ck_assert_int_eq(memcmp(h->k + i * 16, r->k + i * 16, 16 * sizeof(float)), 0);
+				for (int32_t j = 0; j < suffix + recent; j++) {
+					int32_t i = h->n - 1 - j, t = n - 1 - j;
+					ck_assert_int_eq(h->pos[i], t);
+					ck_assert_int_eq(memcmp(h->k + i * 16, r->k + (size_t)t * 16, 16 * sizeof(float)), 0);
+					ck_assert_int_eq(memcmp(h->v + i * 16, r->v + (size_t)t * 16, 16 * sizeof(float)), 0);
+					ck_assert_int_eq(memcmp(h->stats + (size_t)i * 8, r->stats + (size_t)t * 8, 8), 0);
+				}
+			}
+			rt_kv_free(&ref);
+			rt_kv_free(&kv);
+		}
+}
+END_TEST
+
+START_TEST(test_singleton_floor)
+{
+	/* 9/3 shape; relevance supplied: a spike on token 40 of head (0, 1), token 90 of head
+	 * (1, 2) and token 41 of head (0, 1), flat elsewhere. x = 16 is far too tight to
+	 * reach them by splits; a floor of 3 keeps exactly those three tokens bit for bit. */
+	const int L = 2, G = 3, LG = 6;
+	const int32_t n = 200;
+	rt_kv kv, ref;
+	make_store(&kv, L, G, 3, 16, 16, n, n, 30);
+	make_store(&ref, L, G, 3, 16, 16, n, n, 30);
+	float *rel = malloc((size_t)LG * n * sizeof(float));
+	for (int i = 0; i < LG * n; i++)
+		rel[i] = 1.0f;
+	rel[1 * n + 40] = 500.0f;
+	rel[5 * n + 90] = 400.0f;
+	rel[1 * n + 41] = 300.0f;
+	rt_grace g;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_grace_init(&g, &kv, 16, 10000.0f, 4, &err), 0);
+	rt_grace_params p;
+	rt_grace_params_default(&p);
+	p.x = 16.0;
+	p.recent = 4;
+	p.floor = 3;
+	rt_grace_input in = { 0 };
+	in.rel = rel;
+	rt_grace_stats st;
+	ck_assert_msg(rt_grace_compress(&g, &kv, &p, &in, &st, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(st.b_total, LG * n / 16);
+	ck_assert_int_eq(st.b_floor, 3);
+	ck_assert_int_eq(rt_kv_entries(&kv), LG * n / 16);
+	int32_t want_lg[3] = { 1, 5, 1 }, want_t[3] = { 40, 90, 41 };
+	for (int w = 0; w < 3; w++) {
+		const rt_kv_head *h = &kv.heads[want_lg[w]], *r = &ref.heads[want_lg[w]];
+		int found = 0;
+		for (int32_t i = 0; i < h->n; i++)
+			if (h->pos[i] == want_t[w] && h->count[i] == 1.0f &&
+			    memcmp(h->k + i * 16, r->k + (size_t)want_t[w] * 16, 16 * sizeof(float)) == 0 &&
+			    memcmp(h->v + i * 16, r->v + (size_t)want_t[w] * 16, 16 * sizeof(float)) == 0)
+				found = 1;
+		ck_assert_msg(found, "floor token %d of head %d not kept exactly", want_t[w], want_lg[w]);
+	}
+	free(rel);
+	rt_grace_free(&g);
+	rt_kv_free(&ref);
+	rt_kv_free(&kv);
+}
+END_TEST
+
+static void hop_row(void *user, int32_t src, float *row)
+{
+	/* token 150 (the seed) attends entirely to token 20; every other token to itself */
+	int32_t n = *(int32_t *)user;
+	for (int32_t t = 0; t < n; t++)
+		row[t] = 0.0f;
+	row[src == 150 ? 20 : src] = 1.0f;
+}
+
+START_TEST(test_probe_relevance_and_hops)
+{
+	/* 4/1 shape. Route 1: the caller's probe queries; route 2: the same attention computed
+	 * here (softmax of q·k/√d over the visible entries, summed over probes and the group)
+	 * passed as rel. Both must give the same store bit for bit. */
+	const int L = 1, G = 1, R = 4, d = 16;
+	const int32_t n = 180, suffix = 8;
+	rt_kv a, b;
+	make_store(&a, L, G, R, d, d, n, n, 40);
+	make_store(&b, L, G, R, d, d, n, n, 40);
+	const int np = 2;
+	float q[2 * 4 * 16];
+	for (int i = 0; i < np * R * d; i++)
+		q[i] = 2.0f * rnd();
+	int32_t ppos[2] = { 175, 179 };
+	float *rel = calloc(n, sizeof(float));
+	const rt_kv_head *h = &a.heads[0];
+	for (int u = 0; u < np; u++)
+		for (int r = 0; r < R; r++) {
+			double lg[180], mx = -INFINITY, sum = 0.0;
+			int32_t vis = ppos[u] + 1;
+			for (int32_t t = 0; t < vis; t++) {
+				double s = 0.0;
+				for (int c = 0; c < d; c++)
+					s += (double)q[(u * R + r) * d + c] * h->k[t * d + c];
+				lg[t] = s / 4.0;
+				mx = lg[t] > mx ? lg[t] : mx;
+			}
+			for (int32_t t = 0; t < vis; t++)
+				sum += exp(lg[t] - mx);
+			for (int32_t t = 0; t < vis; t++)
+				rel[t] += (float)(exp(lg[t] - mx) / sum);
+		}
+	rt_grace g;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_grace_init(&g, &a, d, 10000.0f, 4, &err), 0);
+	rt_grace_params p;
+	rt_grace_params_default(&p);
+	p.x = 6.0;
+	p.recent = 4;
+	p.floor = 2;
+	rt_grace_input in = { 0 };
+	in.suffix = suffix;
+	in.probe_q = q;
+	in.probe_pos = ppos;
+	in.n_probe = np;
+	ck_assert_msg(rt_grace_compress(&g, &a, &p, &in, NULL, &err) == 0, "%s", err.msg);
+	in.rel = rel;
+	ck_assert_msg(rt_grace_compress(&g, &b, &p, &in, NULL, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(a.heads[0].n, b.heads[0].n);
+	for (int32_t i = 0; i < a.heads[0].n; i++) {
+		ck_assert_int_eq(a.heads[0].pos[i], b.heads[0].pos[i]);
+		ck_assert_float_eq_tol(a.heads[0].k[i * d], b.heads[0].k[i * d], 1e-6f);
+		ck_assert_float_eq_tol(a.heads[0].count[i], b.heads[0].count[i], 1e-5f);
+	}
+	rt_kv_free(&a);
+	rt_kv_free(&b);
+
+	/* multi-hop: direct relevance peaks at token 150; token 150 attends to token 20. With
+	 * the flow (λ_graph 0.5, one hop) a floor of 2 keeps 150 and 20; without it, 150 and
+	 * the second-highest direct token (60). */
+	for (int with_hop = 0; with_hop < 2; with_hop++) {
+		rt_kv c;
+		make_store(&c, L, G, R, d, d, n, n, 41);
+		for (int32_t t = 0; t < n; t++)
+			rel[t] = 1.0f;
+		rel[150] = 1000.0f;
+		rel[60] = 30.0f;
+		int32_t nn = n;
+		rt_grace_input ih = { 0 };
+		ih.suffix = suffix;
+		ih.rel = rel;
+		ih.hop_attn = with_hop ? hop_row : NULL;
+		ih.hop_user = &nn;
+		rt_grace_params ph = p;
+		ph.x = 20.0;
+		ph.lambda_graph = 0.5;
+		ph.hops = 1;
+		ph.hop_seeds = 1;
+		ph.floor = 2;
+		ck_assert_msg(rt_grace_compress(&g, &c, &ph, &ih, NULL, &err) == 0, "%s", err.msg);
+		int has20 = 0, has60 = 0, has150 = 0;
+		for (int32_t i = 0; i < c.heads[0].n; i++) {
+			if (c.heads[0].count[i] != 1.0f)
+				continue;
+			has20 |= c.heads[0].pos[i] == 20;
+			has60 |= c.heads[0].pos[i] == 60;
+			has150 |= c.heads[0].pos[i] == 150;
+		}
+		ck_assert(has150);
+		ck_assert_int_eq(has20, with_hop);
+		ck_assert_int_eq(has60, !with_hop);
+		rt_kv_free(&c);
+	}
+	free(rel);
+	rt_grace_free(&g);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+	rt_kv kv;
+	make_store(&kv, 2, 3, 3, 16, 16, 64, 64, 50);
+	rt_grace g;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_grace_init(&g, &kv, 16, 10000.0f, 4, &err), 0);
+	rt_grace_params p;
+	rt_grace_params_default(&p);
+	rt_grace_input in = { 0 };
+	void *copy = malloc(kv.mem_bytes);
+	memcpy(copy, kv.mem, kv.mem_bytes);
+	p.x = 0.5;
+	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, NULL, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "gracekv: compression factor"));
+	p.x = 16.0;
+	p.recent = 32; /* 32 × 6 entries > 64 × 6 / 16 */
+	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, NULL, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "recent window"));
+	p.recent = 2;
+	in.prefix = 40;
+	in.suffix = 30;
+	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, NULL, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "prefix"));
+	in.prefix = in.suffix = 0;
+	kv.heads[4].count[7] = 3.0f;
+	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, NULL, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "merged"));
+	kv.heads[4].count[7] = 1.0f;
+	ck_assert_int_eq(memcmp(copy, kv.mem, kv.mem_bytes), 0); /* unchanged on error */
+	/* no context at all (prefix + suffix = n): nothing to compress, store unchanged */
+	in.prefix = 40;
+	in.suffix = 24;
+	rt_grace_stats st;
+	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, &st, &err), 0);
+	ck_assert_int_eq(st.b_total, 0);
+	ck_assert_int_eq(memcmp(copy, kv.mem, kv.mem_bytes), 0);
+	/* an empty store */
+	rt_kv_reset(&kv);
+	in.prefix = in.suffix = 0;
+	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, &st, &err), 0);
+	ck_assert_int_eq(rt_kv_entries(&kv), 0);
+	free(copy);
+	rt_grace_free(&g);
+	rt_kv_free(&kv);
+}
+END_TEST
+
+/* ---- segmentation --------------------------------------------------------------------- */
+
+START_TEST(test_segment_turn)
+{
+	/* a trajectory moving along e1 for tokens 0..49, then along e2: the cut is at 50 */
+	const int E = 8;
+	const int32_t n = 100;
+	float hd[100 * 8];
+	rng_seed(6);
+	for (int32_t i = 0; i < n; i++)
+		for (int e = 0; e < E; e++) {
+			float v = 0.01f * rnd();
+			if (e == 0)
+				v += (float)(i < 50 ? i : 49);
+			if (e == 1)
+				v += (float)(i < 50 ? 0 : i - 49);
+			hd[i * E + e] = v;
+		}
+	rt_grace_seg_params sp;
+	rt_grace_seg_params_default(&sp);
+	double *work = malloc(rt_grace_segment_work(n, E, 2, sp.n_win) * sizeof(double));
+	const float *hl[2] = { hd, hd };
+	int32_t seg[100];
+	float bnd[100];
+	rt_err err = {0};
+	int32_t k = rt_grace_segment(&sp, n, E, 2, hl, NULL, work, bnd, seg, &err);
+	ck_assert_int_eq(k, 2);
+	ck_assert_int_eq(seg[0], 0);
+	ck_assert_int_eq(seg[1], 50);
+	for (int32_t i = 0; i + 1 < n; i++)
+		if (i != 49)
+			ck_assert(bnd[i] < bnd[49]);
+	/* a straight line with a surprisal spike on token 70: the cut moves to 70 */
+	for (int32_t i = 0; i < n; i++)
+		for (int e = 0; e < E; e++)
+			hd[i * E + e] = (e == 0 ? (float)i : 0.0f) + 0.01f * rnd();
+	float sur[100];
+	for (int32_t i = 0; i < n; i++)
+		sur[i] = 2.0f + 0.1f * rnd();
+	sur[70] = 12.0f;
+	k = rt_grace_segment(&sp, n, E, 1, hl, sur, work, NULL, seg, &err);
+	ck_assert_int_eq(k, 2);
+	ck_assert_int_eq(seg[1], 70);
+	/* fewer than 16 tokens: one segment */
+	k = rt_grace_segment(&sp, 15, E, 1, hl, NULL, work, NULL, seg, &err);
+	ck_assert_int_eq(k, 1);
+	ck_assert_int_eq(seg[0], 0);
+	ck_assert_int_eq(rt_grace_segment(&sp, 0, E, 1, hl, NULL, work, NULL, seg, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "gracekv segment"));
+	free(work);
+}
+END_TEST
+
+START_TEST(test_segment_bounds)
+{
+	/* random walks of several lengths: every segment length lies in [16, 128] */
+	const int E = 12;
+	const int32_t lens[] = { 16, 17, 31, 129, 257, 1000 };
+	rt_grace_seg_params sp;
+	rt_grace_seg_params_default(&sp);
+	rng_seed(7);
+	for (int li = 0; li < 6; li++) {
+		const int32_t n = lens[li];
+		float *hd = malloc((size_t)n * E * sizeof(float));
+		float *sur = malloc((size_t)n * sizeof(float));
+		float x[12] = { 0 };
+		for (int32_t i = 0; i < n; i++) {
+			for (int e = 0; e < E; e++) {
+				x[e] += rnd();
+				hd[(size_t)i * E + e] = x[e];
+			}
+			sur[i] = 5.0f * (rnd() + 1.0f);
+		}
+		double *work = malloc(rt_grace_segment_work(n, E, 1, sp.n_win) * sizeof(double));
+		int32_t *seg = malloc((size_t)n * sizeof(int32_t));
+		const float *hl[1] = { hd };
+		rt_err err = {0};
+		int32_t k = rt_grace_segment(&sp, n, E, 1, hl, sur, work, NULL, seg, &err);
+		ck_assert_msg(k >= 1, "%s", err.msg);
+		ck_assert_int_eq(seg[0], 0);
+		for (int32_t i = 0; i < k; i++) {
+			int32_t len = (i + 1 < k ? seg[i + 1] : n) - seg[i];
+			ck_assert_msg(len >= 16 && len <= 128, "n %d: segment %d has %d tokens", n, i, len);
+		}
+		if (n >= 257)
+			ck_assert(k >= 3);
+		free(seg);
+		free(work);
+		free(sur);
+		free(hd);
+	}
+}
+END_TEST
+
+static Suite *grace_suite(void)
+{
+	Suite *s = suite_create("grace");
+	TCase *tc = tcase_create("core");
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_rope_roundtrip);
+	tcase_add_test(tc, test_merge_identical_keys);
+	tcase_add_test(tc, test_exact_case_attention);
+	tcase_add_test(tc, test_key_and_count_modes);
+	tcase_add_test(tc, test_heap_order_and_ties);
+	tcase_add_test(tc, test_split_beats_add);
+	tcase_add_test(tc, test_x1_exact);
+	tcase_add_test(tc, test_budget_exact);
+	tcase_add_test(tc, test_singleton_floor);
+	tcase_add_test(tc, test_probe_relevance_and_hops);
+	tcase_add_test(tc, test_errors);
+	tcase_add_test(tc, test_segment_turn);
+	tcase_add_test(tc, test_segment_bounds);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(grace_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
