@@ -746,7 +746,18 @@ int kvpc_cmd_ab(int argc, char **argv)
 			fputs("\nBuilds (cached, see kvpc build --help) both policies into one binary and runs\n"
 			      "its `ab` command, which loads the model once and runs the full-cache reference\n"
 			      "and both policies over the same tokens, per compression ratio. All options\n"
-			      "after the two files are those of `BIN ab --help`; -v shows the build.\n",
+			      "after the two files are those of `BIN ab --help`; -v shows the build.\n"
+			      "\n"
+			      "  --model M, --text FILE   the GGUF model and the text (task ppl)\n"
+			      "  --ratio LIST             compression ratios (default 4): budget = N / R\n"
+			      "  --task ppl|needle        perplexity + KL (default) or passkey accuracy\n"
+			      "  --ctx N                  tokens of the text (default all, <= context)\n"
+			      "  --set k=v, --set-a k=v, --set-b k=v   parameter overrides\n"
+			      "  --json OUT, --csv OUT, --plot OUT.svg   reports with run metadata\n"
+			      "  --lengths L,.., --depths D,.., --mode agnostic|aware   needle task\n"
+			      "  --threads N, --chunk N, --resamples B, --seed S\n"
+			      "\n"
+			      "exit status: 0 success, 1 build or runtime error, 2 usage error\n",
 			      stdout);
 			free(pass);
 			return 0;
