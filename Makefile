@@ -159,8 +159,17 @@ $(B)/libkvpc.a: $(KVPC_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(B)/kvpc: $(B)/compiler/kvpc_main.o $(B)/libkvpc.a $(B)/libkvrt.a
+# kvpc build/ab find the runtime from the build tree (or an installed prefix) and stamp the
+# commit into the binaries they build.
+KVPC_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+$(B)/compiler/kvpc_build.o: CFLAGS += -DKVPC_SRCDIR='"$(CURDIR)"' -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
+$(B)/compiler/kvpc_build.o: $(wildcard .git/HEAD .git/refs/heads/*)
+
+$(B)/kvpc: $(B)/compiler/kvpc_main.o $(B)/compiler/kvpc_build.o $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# order-only: these suites run $(B)/kvpc, which is not linked into them
+$(B)/tests/test_build $(B)/tests/test_ab: | $(B)/kvpc
 
 $(B)/tests/%: $(B)/tests/%.o $(SUP_OBJS) $(if $(KVPC_SRCS),$(B)/libkvpc.a) $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)

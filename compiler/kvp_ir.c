@@ -328,6 +328,8 @@ int kvp_ir_expr_per_qhead(const struct kvp_ir *ir, int32_t e)
 	if (x->op == KVP_OP_STAT)
 		return x->index >= 0 && x->index < ir->n_stats &&
 		       kvp_ir_expr_per_qhead(ir, ir->stats[x->index].arg);
+	if (x->op == KVP_OP_CAOTE && x->mode == KVP_CAOTE_EXACT)
+		return 1;
 	int n = arity(x->op);
 	int32_t ops[3] = { x->a, x->b, x->c };
 	for (int i = 0; i < n; i++)
@@ -490,7 +492,12 @@ void kvp_ir_layout(struct kvp_ir *ir)
 			needs |= KVP_NEED_VALUES;
 		if (x->op == KVP_OP_CAOTE)
 			needs |= KVP_NEED_VALUES;
+		if (x->op == KVP_OP_CAOTE && x->mode == KVP_CAOTE_EXACT)
+			needs |= KVP_NEED_OUT;
 	}
+	/* the exact CAOTE's true attention outputs: one row per query head of the group */
+	ir->state_words = 0;
+	ir->state_words_dim = (needs & KVP_NEED_OUT) ? 16u /* K_OUT_MAX_GROUP */ : 0u;
 	if (ir->action.kind != KVP_ACT_EVICT)
 		needs |= KVP_NEED_KEYS | KVP_NEED_VALUES;
 	if (ir->guards.protect_all_spans || ir->guards.n_spans > 0)
@@ -637,7 +644,7 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 	check_expr(&ck, sc->expr, KVP_CTX_SCORE, 0, sc->loc, "the score");
 	if (sc->reduce == KVP_REDUCE_NONE && sc->expr >= 0 && kvp_ir_expr_per_qhead(ir, sc->expr))
 		problem(&ck, sc->loc, "the score depends on the query head (attention); choose a group reduction mean, max or sum");
-	if ((unsigned)sc->reduce > KVP_REDUCE_NONE)
+	if ((unsigned)sc->reduce > KVP_REDUCE_L2)
 		problem(&ck, sc->loc, "unknown group reduction");
 	if (sc->pool != KVP_POOL_NONE)
 		check_const(&ck, sc->kernel, 1, 1 << 16, sc->loc, "the pooling kernel (entries)");

@@ -79,8 +79,10 @@ enum kvp_ir_op {
 	 * of the head (per query head) first, then transformed as a vector */
 	KVP_OP_CAOTE,     /* CAOTE output error of score a (mode: exact/fast), arXiv 2504.14051:
 	                     alpha_j = a_j / sum_i a_i;
-	                     exact: o = sum_i alpha_i v_i (the attention output when a is the
-	                            last step's attention); fast: o = mean_i v_i;
+	                     exact: o = the TRUE attention output of the query head at the
+	                            latest observed step (kept in the head's state by
+	                            observe; needs KVP_NEED_OUT; depends on the query
+	                            head); fast: o = mean_i v_i (FastCAOTE);
 	                     result_j = alpha_j / (1 - alpha_j) * ||o - v_j||_2
 	                     (+inf when alpha_j >= 1) */
 	KVP_OP_NORMALIZE, /* a_j / sum_i a_i (0 when the sum is 0) */
@@ -183,6 +185,9 @@ enum kvp_ir_reduce {
 	KVP_REDUCE_MAX,
 	KVP_REDUCE_SUM,
 	KVP_REDUCE_NONE,      /* the score does not depend on the query head */
+	KVP_REDUCE_L2,        /* sqrt of the sum of squares over the group: CAOTE's GQA rule
+	                         (algorithms.md section 8), the root of the total squared
+	                         output error of the query heads sharing the entry */
 };
 
 enum kvp_ir_pool {
@@ -324,6 +329,9 @@ struct kvp_ir {
 	int checked;             /* 1 once kvp_ir_check passed (the emitters assert it) */
 	uint32_t stat_words_entry, stat_words_qhead;
 	unsigned needs;          /* KVP_NEED_* */
+	uint32_t state_words;    /* per-head state words (rt_policy.h) */
+	uint32_t state_words_dim; /* per-head state words per head_dim: K_OUT_MAX_GROUP rows
+	                             of attention output when an exact CAOTE reads them */
 	int uses_obs_count;      /* a per-entry word counts visible steps (MEAN stats) */
 	int32_t obs_count_word;
 };
@@ -390,7 +398,8 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user);
 /* Compute stat word offsets, needs flags. Called by kvp_ir_check. */
 void kvp_ir_layout(struct kvp_ir *ir);
 
-/* 1 if expression e depends on the query head (reads attn or a per-qhead stat). */
+/* 1 if expression e depends on the query head (reads attn or a per-qhead stat, or is an
+ * exact CAOTE, which reads the query head's attention output). */
 int kvp_ir_expr_per_qhead(const struct kvp_ir *ir, int32_t e);
 
 /* Names for messages and comments. */

@@ -24,12 +24,15 @@
 #include "kvp_ir.h"
 #include "kvp_sema.h"
 #include "kvp_src.h"
+#include "kvpc_build.h"
 
 static const char USAGE[] =
 	"usage: kvpc check FILE.kvp...\n"
 	"       kvpc emit --target c FILE.kvp [-o OUT] [--no-line]\n"
 	"       kvpc emit --target registry A.kvp B.kvp... [-o OUT]\n"
 	"       kvpc fmt FILE.kvp... [-w]\n"
+	"       kvpc build FILE.kvp... -o BIN [-v]\n"
+	"       kvpc ab A.kvp B.kvp --model M --text FILE [--ratio 2,4,8] [...]\n"
 	"       kvpc --help | --version\n";
 
 static const char HELP[] =
@@ -44,6 +47,12 @@ static const char HELP[] =
 	"                         emit the registry unit listing the policies of FILES\n"
 	"  fmt FILE.kvp...        print each file in canonical form\n"
 	"       -w                rewrite the files in place instead\n"
+	"  build FILE.kvp... -o BIN\n"
+	"                         compile policies into a per-deployment binary (cached);\n"
+	"                         BIN info | ppl | needle | run | ab (BIN CMD --help)\n"
+	"  ab A.kvp B.kvp --model M --text FILE\n"
+	"                         build both into one binary and compare them side by side\n"
+	"                         on the real model (kvpc ab --help)\n"
 	"\n"
 	"exit status: 0 success, 1 diagnostics, 2 usage error\n";
 
@@ -284,6 +293,10 @@ int main(int argc, char **argv)
 		return cmd_emit(argc - 2, argv + 2);
 	if (!strcmp(cmd, "fmt"))
 		return cmd_fmt(argc - 2, argv + 2);
+	if (!strcmp(cmd, "build"))
+		return kvpc_cmd_build(argc - 2, argv + 2);
+	if (!strcmp(cmd, "ab"))
+		return kvpc_cmd_ab(argc - 2, argv + 2);
 	fprintf(stderr, "kvpc: unknown command '%s'\n", cmd);
 	fputs(USAGE, stderr);
 	return 2;

@@ -35,7 +35,7 @@ struct k_compress_cfg {
 	const char *name;       /* policy name, for messages */
 	double budget;          /* the budget (entries per head), for messages */
 	int has_score;          /* 0: every entry scores 0 (position rules only) */
-	int reduce;             /* K_REDUCE_MEAN/MAX/SUM, or -1: score independent of the
+	int reduce;             /* K_REDUCE_MEAN/MAX/SUM/L2, or -1: score independent of the
 	                           query head (computed once) */
 	int over_layer;         /* reduce across the KV heads of a layer too (TOVA) */
 	int pool;               /* K_POOL_* */
@@ -283,14 +283,18 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 				RT_ASSERT(hg->n == h0->n);
 				RT_ASSERT(memcmp(hg->pos, h0->pos, (size_t)h0->n * sizeof(int32_t)) == 0);
 			}
+			const int l2 = cfg->reduce == K_REDUCE_L2;
 			for (int32_t i = 0; i < h0->n; i++) {
-				double acc = s0[i];
+				double acc = l2 ? (double)s0[i] * s0[i] : s0[i];
 				for (int g = 1; g < G; g++) {
 					double x = score[((size_t)l * G + g) * c + i];
-					acc = cfg->reduce == K_REDUCE_MAX ? (x > acc ? x : acc) : acc + x;
+					acc = cfg->reduce == K_REDUCE_MAX ? (x > acc ? x : acc) :
+					      l2 ? acc + x * x : acc + x;
 				}
 				if (cfg->reduce == K_REDUCE_MEAN || cfg->reduce < 0)
 					acc /= G;
+				else if (l2)
+					acc = sqrt(acc);
 				for (int g = 0; g < G; g++)
 					score[((size_t)l * G + g) * c + i] = (float)acc;
 			}

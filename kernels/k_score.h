@@ -11,6 +11,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 /* ||x||_2 of x[d]. */
 static inline double k_norm(const float *x, int d)
@@ -61,21 +62,47 @@ static inline void k_normalize(float *s, int32_t n)
 		s[i] = t != 0 ? (float)(s[i] / t) : 0.0f;
 }
 
+/* Query heads per KV head whose attention output a policy's per-head state can hold
+ * (the state is sized per head_dim, not per group: rt_policy.h state_words_dim). The
+ * generated compress refuses a larger group with an error. */
+#define K_OUT_MAX_GROUP 16
+
+/* Store the attention outputs out[group × d] of the latest observed step into a KV
+ * head's state (rows of d floats, query head r at row r; at most K_OUT_MAX_GROUP rows). */
+static inline void k_out_store(uint8_t *state, const float *out, int group, int d)
+{
+	int rows = group < K_OUT_MAX_GROUP ? group : K_OUT_MAX_GROUP;
+	memcpy(state, out, (size_t)rows * (size_t)d * sizeof(float));
+}
+
+/* The stored output of query head r: [d] floats. */
+static inline const float *k_out_row(const uint8_t *state, int r, int d)
+{
+	return (const float *)(const void *)state + (size_t)r * (size_t)d;
+}
+
 /* CAOTE (Goel et al., arXiv 2504.14051), in place on s[n] with values v[n × d]:
- * alpha_j = s_j / sum_i s_i; o = sum_i alpha_i v_i (exact) or mean_i v_i (fast);
+ * alpha_j = s_j / sum_i s_i (the base score normalised to sum 1);
+ * exact (o_true != NULL): o = o_true[d], the TRUE attention output of the query head
+ * at the latest observed step; fast (o_true == NULL): o = mean_i v_i (FastCAOTE);
  * s_j <- alpha_j / (1 - alpha_j) * ||o - v_j||_2, and FLT_MAX when alpha_j >= 1
- * (removing the only attended entry is never cheap). o is [d] scratch. */
-static inline void k_caote(float *s, const float *v, int32_t n, int d, int fast, double *o)
+ * (removing the only attended entry is never cheap). o is [d] scratch. When the base
+ * score is the latest step's attention, this is exactly the change of that step's
+ * output if entry j alone were removed: o - o'_j = alpha_j (v_j - o) / (1 - alpha_j). */
+static inline void k_caote(float *s, const float *v, int32_t n, int d, const float *o_true,
+                           double *o)
 {
 	double t = 0;
 	for (int32_t i = 0; i < n; i++)
 		t += s[i];
 	for (int j = 0; j < d; j++)
-		o[j] = 0;
-	for (int32_t i = 0; i < n; i++) {
-		double w = fast ? 1.0 / n : (t != 0 ? s[i] / t : 0.0);
+		o[j] = o_true ? (double)o_true[j] : 0.0;
+	if (!o_true && n > 0) {
+		for (int32_t i = 0; i < n; i++)
+			for (int j = 0; j < d; j++)
+				o[j] += v[(size_t)i * d + j];
 		for (int j = 0; j < d; j++)
-			o[j] += w * v[(size_t)i * d + j];
+			o[j] /= n;
 	}
 	for (int32_t i = 0; i < n; i++) {
 		double a = t != 0 ? s[i] / t : 0.0;
@@ -115,22 +142,27 @@ static inline void k_pool(const float *in, float *out, int32_t n, int32_t k, int
 	}
 }
 
-enum k_reduce_kind { K_REDUCE_MEAN = 0, K_REDUCE_MAX, K_REDUCE_SUM };
+/* L2: sqrt of the sum of squares (CAOTE's GQA rule, algorithms.md section 8: the
+ * squared output errors of the query heads sharing an entry add up). */
+enum k_reduce_kind { K_REDUCE_MEAN = 0, K_REDUCE_MAX, K_REDUCE_SUM, K_REDUCE_L2 };
 
 /* Group reduction: dst[i] = reduce over r < group of src[r × stride + i], i < n. */
 static inline void k_reduce(float *dst, const float *src, int group, int32_t stride, int32_t n,
                             int kind)
 {
 	for (int32_t i = 0; i < n; i++) {
-		double acc = src[i];
+		double acc = kind == K_REDUCE_L2 ? (double)src[i] * src[i] : src[i];
 		for (int r = 1; r < group; r++) {
 			double x = src[(size_t)r * stride + i];
 			if (kind == K_REDUCE_MAX)
 				acc = x > acc ? x : acc;
+			else if (kind == K_REDUCE_L2)
+				acc += x * x;
 			else
 				acc += x;
 		}
-		dst[i] = (float)(kind == K_REDUCE_MEAN ? acc / group : acc);
+		dst[i] = (float)(kind == K_REDUCE_MEAN ? acc / group :
+		                 kind == K_REDUCE_L2 ? sqrt(acc) : acc);
 	}
 }
 
