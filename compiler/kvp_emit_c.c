@@ -478,6 +478,10 @@ static void emit_header(struct em *em)
 	out(em, "#include <string.h>\n\n");
 	out(em, "#define STAT_WORDS_ENTRY %uu\n#define STAT_WORDS_QHEAD %uu\n\n",
 	    ir->stat_words_entry, ir->stat_words_qhead);
+	if (ir->needs & KVP_NEED_OUT)
+		out(em, "/* per-head state: the attention output of each query head at the latest step */\n"
+		        "_Static_assert(K_OUT_MAX_GROUP == %d, \"kvpc and kernels/k_score.h disagree on the output rows\");\n\n",
+		    KVP_IR_OUT_ROWS);
 }
 
 static void emit_tables(struct em *em)
@@ -643,7 +647,8 @@ static void stat_update(struct em *em, int k, const char *ind)
 static void emit_observe(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
-	if (ir->n_stats == 0)
+	const int keep_out = (ir->needs & KVP_NEED_OUT) != 0;
+	if (ir->n_stats == 0 && !keep_out)
 		return;
 	int any_q = 0, any_e = 0;
 	for (int k = 0; k < ir->n_stats; k++) {
@@ -661,6 +666,13 @@ static void emit_observe(struct em *em)
 	out(em, "\tconst double seen = (double)(ob->step + 1);\n");
 	out(em, "\tconst int32_t n = ob->n;\n\tconst int d = kv->head_dim;\n");
 	out(em, "\t(void)P;\n\t(void)seen;\n\t(void)d;\n");
+	if (keep_out)
+		out(em, "\t/* exact CAOTE: the true attention output of each query head at this step */\n"
+		        "\tif (ob->out)\n\t\tk_out_store(h->state, ob->out, ob->group, d);\n");
+	if (ir->n_stats == 0) {
+		out(em, "\t(void)n;\n}\n\n");
+		return;
+	}
 	for (int k = 0; k < ir->n_stats; k++) {
 		const struct kvp_ir_stat *s = &ir->stats[k];
 		if (s->kind == KVP_STAT_EMA) {
@@ -727,9 +739,12 @@ static void emit_score(struct em *em)
 		expr(em, x->a, E_SCORE);
 		out(em, ";\n");
 		line_back(em);
-		if (x->op == KVP_OP_CAOTE)
-			out(em, "\tk_caote(tmp + (size_t)%d * cap, h->v, n, d, %d, vec);\n",
-			    (int)em->vec_of[v], x->mode == KVP_CAOTE_FAST);
+		if (x->op == KVP_OP_CAOTE && x->mode == KVP_CAOTE_FAST)
+			out(em, "\tk_caote(tmp + (size_t)%d * cap, h->v, n, d, NULL, vec);\n",
+			    (int)em->vec_of[v]);
+		else if (x->op == KVP_OP_CAOTE)
+			out(em, "\tk_caote(tmp + (size_t)%d * cap, h->v, n, d, k_out_row(h->state, r, d), vec);\n",
+			    (int)em->vec_of[v]);
 		else
 			out(em, "\tk_normalize(tmp + (size_t)%d * cap, n);\n", (int)em->vec_of[v]);
 	}
@@ -829,12 +844,20 @@ static void emit_compress(struct em *em)
 	out(em, "\tconst double *P = ctx->params;\n\tconst double seen = (double)ctx->seen;\n");
 	out(em, "\t(void)P;\n\t(void)seen;\n");
 	out(em, "\tstruct k_compress_cfg cfg;\n\tmemset(&cfg, 0, sizeof cfg);\n");
+	if (ir->needs & KVP_NEED_OUT)
+		out(em, "\tif (kv->group > K_OUT_MAX_GROUP || kv->state_bytes < (size_t)K_OUT_MAX_GROUP * (size_t)kv->head_dim * sizeof(float))\n"
+		        "\t\treturn rt_err_set(err, \"policy %%s: the exact CAOTE keeps the attention output of at most %%d query heads per KV head; this model has %%d\", \"");
+	if (ir->needs & KVP_NEED_OUT) {
+		cstr_into(em, ir->name);
+		out(em, "\", K_OUT_MAX_GROUP, kv->group);\n");
+	}
 	out(em, "\tcfg.name = \"");
 	cstr_into(em, ir->name);
 	out(em, "\";\n\tcfg.budget = budget_of(ctx, kv, seen);\n");
 	int has_score = sc->expr >= 0;
 	out(em, "\tcfg.has_score = %d;\n", has_score);
-	static const char *const reds[] = { "K_REDUCE_MEAN", "K_REDUCE_MAX", "K_REDUCE_SUM", "-1" };
+	static const char *const reds[] = { "K_REDUCE_MEAN", "K_REDUCE_MAX", "K_REDUCE_SUM", "-1",
+	                                    "K_REDUCE_L2" };
 	int per_q = has_score && kvp_ir_expr_per_qhead(ir, sc->expr);
 	out(em, "\tcfg.reduce = %s;\n", per_q ? reds[sc->reduce] : "-1");
 	out(em, "\tcfg.over_layer = %d;\n", sc->over_layer);
@@ -930,7 +953,8 @@ static void emit_policy(struct em *em)
 	out(em, "\",\n\t.n_params = %d,\n", ir->n_params);
 	out(em, "\t.params = %s,\n", ir->n_params > 0 ? "policy_params" : "NULL");
 	out(em, "\t.stat_words_entry = STAT_WORDS_ENTRY,\n\t.stat_words_qhead = STAT_WORDS_QHEAD,\n");
-	out(em, "\t.state_words = 0,\n\t.state_words_dim = 0,\n");
+	out(em, "\t.state_words = %u,\n\t.state_words_dim = %u,\n", ir->state_words,
+	    ir->state_words_dim);
 	out(em, "\t.positions = %s,\n",
 	    ir->positions == KVP_POS_COMPACTED ? "KVP_POS_COMPACTED" : "KVP_POS_ORIGINAL");
 	out(em, "\t.needs = ");
@@ -945,7 +969,8 @@ static void emit_policy(struct em *em)
 	if (first)
 		out(em, "0");
 	out(em, ",\n\t.init_entries = NULL,\n");
-	out(em, "\t.observe = %s,\n", ir->n_stats > 0 ? "observe" : "NULL");
+	out(em, "\t.observe = %s,\n",
+	    ir->n_stats > 0 || (ir->needs & KVP_NEED_OUT) ? "observe" : "NULL");
 	out(em, "\t.should_compress = should_compress,\n");
 	out(em, "\t.compress = %s,\n", compresses ? "compress" : "NULL");
 	out(em, "\t.next_trigger = next_trigger,\n");

@@ -497,7 +497,7 @@ void kvp_ir_layout(struct kvp_ir *ir)
 	}
 	/* the exact CAOTE's true attention outputs: one row per query head of the group */
 	ir->state_words = 0;
-	ir->state_words_dim = (needs & KVP_NEED_OUT) ? 16u /* K_OUT_MAX_GROUP */ : 0u;
+	ir->state_words_dim = (needs & KVP_NEED_OUT) ? KVP_IR_OUT_ROWS : 0u;
 	if (ir->action.kind != KVP_ACT_EVICT)
 		needs |= KVP_NEED_KEYS | KVP_NEED_VALUES;
 	if (ir->guards.protect_all_spans || ir->guards.n_spans > 0)
@@ -643,7 +643,7 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 	struct kvp_ir_score *sc = &ir->score;
 	check_expr(&ck, sc->expr, KVP_CTX_SCORE, 0, sc->loc, "the score");
 	if (sc->reduce == KVP_REDUCE_NONE && sc->expr >= 0 && kvp_ir_expr_per_qhead(ir, sc->expr))
-		problem(&ck, sc->loc, "the score depends on the query head (attention); choose a group reduction mean, max or sum");
+		problem(&ck, sc->loc, "the score depends on the query head (attention); choose a group reduction mean, max, sum or l2");
 	if ((unsigned)sc->reduce > KVP_REDUCE_L2)
 		problem(&ck, sc->loc, "unknown group reduction");
 	if (sc->pool != KVP_POOL_NONE)

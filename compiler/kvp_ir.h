@@ -10,7 +10,7 @@
  *               history, the last W steps (ring buffer), or the prompt tail (observation
  *               window of the last w prompt queries, SnapKV)
  *   score       expression tree evaluated per entry and query head at compress time, then
- *               1-D pooling and group reduction (mean/max/sum/none, or layer-wide mean as
+ *               1-D pooling and group reduction (mean/max/sum/l2/none, also layer-wide as
  *               TOVA), in either order
  *   guards      sinks (first S positions), recent (last R positions), protected spans
  *   budget      entries per (layer, KV head) on average, as an expression (a ratio policy
@@ -53,6 +53,10 @@
 /* Longest history window of a sum/mean statistic over the last W steps: those keep one
  * float per step, entry and query head (count keeps one bit and allows 2^20 steps). */
 #define KVP_IR_MAX_FLOAT_RING 128
+
+/* Rows of attention output (query heads per KV head) the per-head state holds for an
+ * exact CAOTE: state_words_dim of such a policy (kernels/k_score.h K_OUT_MAX_GROUP). */
+#define KVP_IR_OUT_ROWS 16
 
 /* A place in the .kvp source: 1-based line and column (0 = unknown). */
 struct kvp_loc {

@@ -263,6 +263,7 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 		switch (s->reduce) {
 		case KVP_RD_MAX: ir->score.reduce = KVP_REDUCE_MAX; break;
 		case KVP_RD_SUM: ir->score.reduce = KVP_REDUCE_SUM; break;
+		case KVP_RD_L2: ir->score.reduce = KVP_REDUCE_L2; break;
 		default: ir->score.reduce = KVP_REDUCE_MEAN; break;
 		}
 	ir->score.over_layer = s->over_layer;

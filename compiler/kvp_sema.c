@@ -700,7 +700,8 @@ static ty check_call(sema *S, const kvp_expr *e, unsigned cx)
 			return TY_ERR;
 		}
 		ty t = ty_make(KVP_SU_NUM);
-		t.per_qhead = a.per_qhead;
+		/* exact mode reads the query head's attention output */
+		t.per_qhead = a.per_qhead || !(em && !strcmp(em->name, "fast"));
 		return t;
 	}
 	if (!strcmp(f, "normalize")) {
@@ -1382,7 +1383,7 @@ static void check_positions(sema *S, const kvp_stmt *st)
 
 static void check_group(sema *S, const kvp_stmt *st)
 {
-	static const char *const reducers[] = { "mean", "max", "sum" };
+	static const char *const reducers[] = { "mean", "max", "sum", "l2" };
 	kvp_sema *o = S->out;
 	const kvp_word *w = &st->words[0];
 	if (!strcmp(w->s, "mean"))
@@ -1391,13 +1392,15 @@ static void check_group(sema *S, const kvp_stmt *st)
 		o->reduce = KVP_RD_MAX;
 	else if (!strcmp(w->s, "sum"))
 		o->reduce = KVP_RD_SUM;
+	else if (!strcmp(w->s, "l2"))
+		o->reduce = KVP_RD_L2;
 	else {
 		int d = 1000;
-		const char *s = suggest_from(w->s, reducers, 3, NULL, &d);
+		const char *s = suggest_from(w->s, reducers, 4, NULL, &d);
 		if (s)
 			ERR(S, w->loc, "unknown group reduction '%s'; did you mean '%s'?", w->s, s);
 		else
-			ERR(S, w->loc, "the group reduction must be mean, max or sum");
+			ERR(S, w->loc, "the group reduction must be mean, max, sum or l2");
 		return;
 	}
 	int seen_over = 0, seen_pool = 0;

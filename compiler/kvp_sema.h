@@ -75,7 +75,7 @@ typedef enum kvp_alloc_kind { KVP_AL_UNIFORM, KVP_AL_ADAPTIVE, KVP_AL_GLOBAL } k
 typedef enum kvp_action_kind { KVP_AC_EVICT, KVP_AC_MERGE, KVP_AC_ADD_SPLIT } kvp_action_kind;
 typedef enum kvp_pool_kind { KVP_PL_NONE, KVP_PL_MAX, KVP_PL_AVG } kvp_pool_kind;
 typedef enum kvp_reduce_kind {
-	KVP_RD_DEFAULT, KVP_RD_MEAN, KVP_RD_MAX, KVP_RD_SUM,
+	KVP_RD_DEFAULT, KVP_RD_MEAN, KVP_RD_MAX, KVP_RD_SUM, KVP_RD_L2,
 } kvp_reduce_kind;
 
 /* The resolved policy: which statement sets what, and the checked choices. Pointers

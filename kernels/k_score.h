@@ -1,8 +1,10 @@
 /*
  * k_score: the vector stages of a policy's score at compress time, over the n entries of
  * one (layer, KV head): key/value norms and the KeyDiff anchor cosine, the CAOTE
- * output-error transform, normalisation, 1-D pooling over the entry axis, and the group
- * reduction over the query heads of a KV head (GQA). Every function is a plain loop in a
+ * output-error transform (with the true attention outputs a policy keeps in its per-head
+ * state, or the mean value), normalisation, 1-D pooling over the entry axis, and the
+ * group reduction over the query heads of a KV head (GQA: mean, max, sum, or l2, the
+ * root sum of squares). Every function is a plain loop in a
  * fixed order, so results are reproducible; tests compare each with hand-computed values.
  */
 #ifndef K_SCORE_H

@@ -128,7 +128,7 @@ static const char *const help_ppl =
 	"    text); tokens_per_s counts the policy run only; compress_events is the number\n"
 	"    of compress calls; policy_seconds the time spent inside policy code (observe,\n"
 	"    init_entries, should_compress, next_trigger, compress). The store is allocated\n"
-	"    for N entries per head (ratio budgets grow with the text), so kv_entries_peak,\n"
+	"    for N entries per head (the text's length), so kv_entries_peak,\n"
 	"    not the allocation, is the memory a deployment needs.\n"
 	"\n"
 	"OPTIONS\n"
@@ -142,7 +142,9 @@ static const char *const help_ppl =
 	"                        the model's context_length)\n"
 	"    --prompt N          treat the first N tokens as the prompt (prompt-end\n"
 	"                        triggers such as SnapKV's fire after it; ratio budgets\n"
-	"                        refer to it); default: unknown (pure streaming)\n"
+	"                        refer to it); default: every scored token, so a ratio\n"
+	"                        budget is a fixed N / R entries per head from the first\n"
+	"                        token, as in `kvpc ab`\n"
 	"    --chunk N           most tokens per forward chunk (default 512)\n"
 	"    --threads N         BLAS threads\n"
 	"    --json              one JSON object: policy, params, ratio, model, model_sha256,\n"
@@ -831,9 +833,13 @@ static int cmd_ppl(int argc, char **argv)
 	}
 	const int V = m->hp.n_vocab;
 	int block = (int)(o.chunk < use ? o.chunk : use);
-	if (rt_seq_init(&sq, m, p, (int32_t)use, block, o.prompt_len, &err) != 0 ||
+	/* Without --prompt the whole scored text is the prompt, so a ratio budget is
+	 * use / R entries per head from the first token (a fixed cache budget, the convention
+	 * `kvpc ab` uses too) rather than growing from 0 with the tokens seen. */
+	int64_t prompt_len = o.prompt_len >= 0 ? o.prompt_len : use;
+	if (rt_seq_init(&sq, m, p, (int32_t)use, block, prompt_len, &err) != 0 ||
 	    seq_apply(&sq, &o, &err) != 0 ||
-	    (ref && rt_seq_init(&sp, m, &rt_policy_full, (int32_t)use, block, o.prompt_len, &err) != 0)) {
+	    (ref && rt_seq_init(&sp, m, &rt_policy_full, (int32_t)use, block, prompt_len, &err) != 0)) {
 		runtime_err(&err);
 		goto out;
 	}
@@ -910,10 +916,9 @@ static int cmd_ppl(int argc, char **argv)
 		}
 	}
 	rt_seq_stats st = rt_seq_stats_get(&sq);
-	if (st.compress_events == 0 && p->compress && (p->needs & KVP_NEED_PROMPT_LEN) &&
-	    o.prompt_len < 0)
-		fprintf(stderr, "%s: note: policy %s never compressed: its triggers need the prompt "
-		        "length (give --prompt N)\n", g_prog, p->name);
+	if (st.compress_events == 0 && p->compress)
+		fprintf(stderr, "%s: note: policy %s never compressed on these %lld tokens (its budget "
+		        "or trigger was not reached)\n", g_prog, p->name, (long long)use);
 	double mean_entries = rt_seq_mean_entries(&sq);
 	double compression = mean_entries > 0 ? (double)use / mean_entries : 0;
 	double nll_mean = nll / (double)scored, ppl = exp(nll_mean);
@@ -940,7 +945,7 @@ static int cmd_ppl(int argc, char **argv)
 		fputs(",\"text_sha256\":", stdout);
 		rt_json_str(stdout, tsha);
 		printf(",\"threads\":%d,\"chunk\":%d,\"prompt\":%ld,\"tokens\":%lld,\"scored\":%lld",
-		       threads, block, o.prompt_len, (long long)use, (long long)scored);
+		       threads, block, (long)prompt_len, (long long)use, (long long)scored);
 		json_num(stdout, "ppl", ppl);
 		json_num(stdout, "nll_mean", nll_mean);
 		json_num(stdout, "top1_acc", (double)hits / (double)scored);

@@ -48,12 +48,40 @@ int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *a
 	if (idx < 0)
 		return rt_err_set(err, "policy %s: no parameter '%.*s'", p->name, (int)(nl > 64 ? 64 : nl),
 		                  assign);
+	const struct kvp_param *pp = &p->params[idx];
 	char *end = NULL;
 	errno = 0;
 	double v = strtod(eq + 1, &end);
-	if (end == eq + 1 || *end != 0 || errno == ERANGE || !isfinite(v))
+	if (end == eq + 1 || errno == ERANGE || !isfinite(v))
 		return rt_err_set(err, "policy %s: parameter %s needs a finite number, got '%.64s'",
-		                  p->name, p->params[idx].name, eq + 1);
+		                  p->name, pp->name, eq + 1);
+	/* a ratio may be written as a percentage, as in the .kvp source ("25%") */
+	if (*end == '%' && end[1] == 0 && pp->unit == KVP_UNIT_RATIO) {
+		v /= 100.0;
+		end++;
+	}
+	if (*end != 0)
+		return rt_err_set(err, "policy %s: parameter %s needs a number%s, got '%.64s'", p->name,
+		                  pp->name, pp->unit == KVP_UNIT_RATIO ? " or a percentage" : "", eq + 1);
+	/* the compile-time unit rules, re-checked for run-time values: sizes and windows count
+	 * entries, tokens or steps, so they are whole and non-negative; ratios are non-negative */
+	switch (pp->unit) {
+	case KVP_UNIT_ENTRIES:
+	case KVP_UNIT_TOKENS:
+	case KVP_UNIT_STEPS:
+		if (v < 0 || v != floor(v) || v > 1e9)
+			return rt_err_set(err, "policy %s: parameter %s counts %s: it needs a whole number "
+			                  "between 0 and 1e9, got '%.64s'", p->name, pp->name,
+			                  kvp_unit_name(pp->unit), eq + 1);
+		break;
+	case KVP_UNIT_RATIO:
+		if (v < 0)
+			return rt_err_set(err, "policy %s: parameter %s is a ratio: it cannot be negative, "
+			                  "got '%.64s'", p->name, pp->name, eq + 1);
+		break;
+	default:
+		break;
+	}
 	vals[idx] = v;
 	return 0;
 }

@@ -169,8 +169,11 @@ int kvp_policy_param_index(const struct kvp_policy *p, const char *name);
 /* Fill vals[0..n_params) with the defaults. */
 void kvp_policy_param_defaults(const struct kvp_policy *p, double *vals);
 
-/* Apply one "name=value" override to vals. Fails (-1, err "policy NAME: ...") on an
- * unknown name or a value that is not a finite number. */
+/* Apply one "name=value" override to vals. A ratio parameter also accepts a percentage
+ * ("25%" = 0.25). Fails (-1, err "policy NAME: ...") on an unknown name, a value that is not
+ * a finite number, a negative ratio, or an entries/tokens/steps value that is not a whole
+ * number in [0, 1e9] (the same unit rules kvpc applies to the defaults). Budget-versus-guard
+ * feasibility is checked when compress runs, against the values then in force. */
 int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *assign,
                          rt_err *err);
 

@@ -139,14 +139,15 @@ START_TEST(pool_and_reduce)
 }
 END_TEST
 
-/* CAOTE exact equals ||o - o'_j|| where o'_j renormalises the attention without j. */
+/* CAOTE exact, given the true output o of attention a (the base score is that step's
+ * attention), equals ||o - o'_j|| where o'_j renormalises the attention without j. */
 START_TEST(caote_exact_is_the_output_change)
 {
 	enum { D = 3 };
 	const float v[4 * D] = { 1, 0, 2, -1, 3, 0, 0.5f, 0.5f, 0.5f, 4, -2, 1 };
 	const float a[4] = { 0.1f, 0.4f, 0.3f, 0.2f };
 	for (int n = 2; n <= 4; n++) {
-		float s[4];
+		float s[4], of[D];
 		double sum = 0, o[D] = { 0 }, work[D];
 		for (int i = 0; i < n; i++)
 			sum += a[i];
@@ -155,7 +156,9 @@ START_TEST(caote_exact_is_the_output_change)
 			for (int j = 0; j < D; j++)
 				o[j] += a[i] / sum * v[i * D + j];
 		}
-		k_caote(s, v, n, D, 0, work);
+		for (int j = 0; j < D; j++)
+			of[j] = (float)o[j];
+		k_caote(s, v, n, D, of, work);
 		for (int e = 0; e < n; e++) {
 			double o2[D] = { 0 }, rest = sum - a[e], err = 0;
 			for (int i = 0; i < n; i++)
@@ -167,22 +170,54 @@ START_TEST(caote_exact_is_the_output_change)
 			ck_assert_double_eq_tol(s[e], sqrt(err), 1e-5);
 		}
 	}
-	/* two entries: c_0 = a_0 ||v_1 - v_0||, c_1 = a_1 ||v_1 - v_0|| (a sums to 1) */
+	/* two entries, attention (1/4, 3/4) on values 0, 8: the true output is 6;
+	 * c_0 = (1/4)/(3/4)·|6 - 0| = 2, c_1 = 3·|6 - 8| = 6 */
 	float s2[2] = { 0.25f, 0.75f };
-	const float v2[2] = { 0, 8 };
+	const float v2[2] = { 0, 8 }, o6[1] = { 6 };
 	double w1[1];
-	k_caote(s2, v2, 2, 1, 0, w1);
+	k_caote(s2, v2, 2, 1, o6, w1);
 	ck_assert_float_eq_tol(s2[0], 2.0f, 1e-6);
 	ck_assert_float_eq_tol(s2[1], 6.0f, 1e-6);
+	/* the output is the TRUE one, not the score-weighted mean: with o = 1 (another
+	 * query's output), c_0 = 1/3·1, c_1 = 3·7 */
+	float s5[2] = { 0.25f, 0.75f };
+	const float o1[1] = { 1 };
+	k_caote(s5, v2, 2, 1, o1, w1);
+	ck_assert_float_eq_tol(s5[0], 1.0f / 3, 1e-6);
+	ck_assert_float_eq_tol(s5[1], 21.0f, 1e-5);
 	/* fast: mean value 4; c = a/(1-a)·|4 - v| = (1/3·4, 3·4) */
 	float s3[2] = { 0.25f, 0.75f };
-	k_caote(s3, v2, 2, 1, 1, w1);
+	k_caote(s3, v2, 2, 1, NULL, w1);
 	ck_assert_float_eq_tol(s3[0], 4.0f / 3, 1e-6);
 	ck_assert_float_eq_tol(s3[1], 12.0f, 1e-5);
 	/* a single entry holds all the attention: never cheap */
 	float s4[1] = { 1 };
-	k_caote(s4, v2, 1, 1, 0, w1);
+	k_caote(s4, v2, 1, 1, o6, w1);
 	ck_assert(s4[0] == FLT_MAX);
+}
+END_TEST
+
+/* CAOTE's GQA rule (L2 over the group): per-head errors 3 and 4 give 5; 9/3 and 4/1
+ * shapes; the stored outputs come back per query head. */
+START_TEST(reduce_l2_and_output_state)
+{
+	/* group of 3, stride 2, 2 entries: (3, 4, 0) -> 5; (1, 2, 2) -> 3 */
+	const float q[6] = { 3, 1, 4, 2, 0, 2 };
+	float r[2];
+	k_reduce(r, q, 3, 2, 2, K_REDUCE_L2);
+	ck_assert_float_eq_tol(r[0], 5.0f, 1e-6);
+	ck_assert_float_eq_tol(r[1], 3.0f, 1e-6);
+	/* group of 4: (1, 1, 1, 1) -> 2 */
+	const float q4[4] = { 1, 1, 1, 1 };
+	k_reduce(r, q4, 4, 1, 1, K_REDUCE_L2);
+	ck_assert_float_eq_tol(r[0], 2.0f, 1e-6);
+	uint8_t state[K_OUT_MAX_GROUP * 2 * sizeof(float)];
+	memset(state, 0, sizeof state);
+	const float outs[3 * 2] = { 1, 2, 3, 4, 5, 6 };
+	k_out_store(state, outs, 3, 2);
+	ck_assert_float_eq(k_out_row(state, 1, 2)[0], 3);
+	ck_assert_float_eq(k_out_row(state, 2, 2)[1], 6);
+	ck_assert_float_eq(k_out_row(state, 3, 2)[0], 0);
 }
 END_TEST
 
@@ -393,6 +428,7 @@ static Suite *kernels_suite(void)
 	tcase_add_test(tc, topk_matches_rank_reference);
 	tcase_add_test(tc, pool_and_reduce);
 	tcase_add_test(tc, caote_exact_is_the_output_change);
+	tcase_add_test(tc, reduce_l2_and_output_state);
 	tcase_add_test(tc, keydiff_anchor);
 	tcase_add_test(tc, stat_rings);
 	tcase_add_test(tc, layer_budgets);

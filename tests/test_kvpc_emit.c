@@ -112,6 +112,39 @@ static struct kvp_ir *ir_scissorhands(void)
 	return ir;
 }
 
+/* CAOTE (exact) over H2O's accumulated attention, the GQA rule l2, per prefill block of
+ * 128: the score reads the TRUE attention output that observe keeps per query head. */
+static struct kvp_ir *ir_caote_exact(void)
+{
+	struct kvp_ir *ir = ir_new("caote_exact", "ir/caote_exact.kvp");
+	int budget = kvp_ir_add_param(ir, L(3), "budget", 2048, KVP_UNIT_ENTRIES, "");
+	int block = kvp_ir_add_param(ir, L(4), "block", 128, KVP_UNIT_TOKENS, "prefill block");
+	int acc = kvp_ir_add_stat(ir, L(5), "acc", KVP_STAT_SUM, S(ir, KVP_SIG_ATTN), -1,
+	                          KVP_HIST_WHOLE, -1);
+	ir->score.expr = kvp_ir_caote(ir, L(6), KVP_CAOTE_EXACT, kvp_ir_stat_ref(ir, L(6), acc));
+	ir->score.loc = L(6);
+	ir->score.reduce = KVP_REDUCE_L2;
+	ir->alloc.budget = P(ir, budget);
+	ir->alloc.loc = L(7);
+	ir->trigger.kind = KVP_TRIG_PREFILL_BLOCK;
+	ir->trigger.n = P(ir, block);
+	ir->trigger.loc = L(8);
+	return ir;
+}
+
+/* An exact CAOTE of a score that reads no attention (key norm): no statistics, yet the
+ * policy observes (to keep the outputs) and its score depends on the query head. */
+static struct kvp_ir *ir_caote_knorm(void)
+{
+	struct kvp_ir *ir = ir_new("caote_knorm", "ir/caote_knorm.kvp");
+	int budget = kvp_ir_add_param(ir, L(3), "budget", 64, KVP_UNIT_ENTRIES, "");
+	ir->score.expr = kvp_ir_caote(ir, L(4), KVP_CAOTE_EXACT, S(ir, KVP_SIG_KEY_NORM));
+	ir->score.reduce = KVP_REDUCE_MEAN;
+	ir->alloc.budget = P(ir, budget);
+	ir->trigger.kind = KVP_TRIG_EVERY_STEP;
+	return ir;
+}
+
 /* CAOTE over H2O (fast form), per prefill block, with a merge action and spans: touches
  * the remaining emitter paths. */
 static struct kvp_ir *ir_caote_mix(void)
@@ -284,6 +317,42 @@ START_TEST(golden_scissorhands)
 	struct kvp_ir *ir = ir_scissorhands();
 	golden_check(ir, "scissorhands");
 	ir_delete(ir);
+}
+END_TEST
+
+START_TEST(golden_caote_exact)
+{
+	struct kvp_ir *ir = ir_caote_exact();
+	golden_check(ir, "caote_exact");
+	/* the exact CAOTE asks the runtime for the attention outputs and keeps one row of
+	 * head_dim floats per query head in the per-head state */
+	ck_assert_uint_eq(ir->needs & KVP_NEED_OUT, KVP_NEED_OUT);
+	ck_assert_uint_eq(ir->needs & KVP_NEED_ATTN, KVP_NEED_ATTN);
+	ck_assert_uint_eq(ir->state_words_dim, KVP_IR_OUT_ROWS);
+	char *s = emit_str(ir, 0, "caote_exact.c");
+	ck_assert_ptr_nonnull(strstr(s, ".needs = KVP_NEED_ATTN | KVP_NEED_OUT | KVP_NEED_VALUES"));
+	ck_assert_ptr_nonnull(strstr(s, "k_out_store(h->state, ob->out, ob->group, d);"));
+	ck_assert_ptr_nonnull(strstr(s, "k_out_row(h->state, r, d)"));
+	ck_assert_ptr_nonnull(strstr(s, "cfg.reduce = K_REDUCE_L2;"));
+	ck_assert_ptr_nonnull(strstr(s, ".state_words_dim = 16,"));
+	free(s);
+	ir_delete(ir);
+	/* fast mode reads no output */
+	struct kvp_ir *f = ir_caote_mix();
+	free(emit_str(f, 0, "caote_mix.c")); /* checks and lays out the IR */
+	ck_assert_uint_eq(f->needs & KVP_NEED_VALUES, KVP_NEED_VALUES);
+	ck_assert_uint_eq(f->needs & KVP_NEED_OUT, 0);
+	ck_assert_uint_eq(f->state_words_dim, 0);
+	ir_delete(f);
+	/* no statistics: observe only keeps the outputs */
+	struct kvp_ir *k = ir_caote_knorm();
+	ck_assert_int_eq(kvp_ir_expr_per_qhead(k, k->score.expr), 1);
+	char *ks = emit_str(k, 1, "caote_knorm.c");
+	ck_assert_int_eq(compile_c(ks, "caote_knorm"), 0);
+	ck_assert_ptr_nonnull(strstr(ks, ".observe = observe,"));
+	ck_assert_ptr_nonnull(strstr(ks, ".needs = KVP_NEED_OUT | KVP_NEED_KEYS | KVP_NEED_VALUES"));
+	free(ks);
+	ir_delete(k);
 }
 END_TEST
 
@@ -849,6 +918,7 @@ static Suite *emit_suite(void)
 	tcase_add_test(tc, golden_h2o);
 	tcase_add_test(tc, golden_snapkv);
 	tcase_add_test(tc, golden_scissorhands);
+	tcase_add_test(tc, golden_caote_exact);
 	tcase_add_test(tc, compiles_all_paths);
 	tcase_add_test(tc, line_directives_switch);
 	tcase_add_test(tc, banner_and_determinism);

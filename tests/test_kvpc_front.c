@@ -486,7 +486,7 @@ START_TEST(test_lower_scissorhands)
 	/* score = -low */
 	ck_assert_int_eq(node(&ir, ir.score.expr)->op, KVP_OP_NEG);
 	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_MEAN);
-	/* when entries > budget to 0.5 * budget; budget = capacity * context */
+	/* when entries > budget to left * budget; budget = capacity * context */
 	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_OVER_BUDGET);
 	const struct kvp_ir_expr *th = node(&ir, ir.trigger.threshold);
 	ck_assert_int_eq(th->op, KVP_OP_MUL);
@@ -494,9 +494,14 @@ START_TEST(test_lower_scissorhands)
 	expect_signal(&ir, th->b, KVP_SIG_CONTEXT);
 	const struct kvp_ir_expr *tg = node(&ir, ir.trigger.target);
 	ck_assert_int_eq(tg->op, KVP_OP_MUL);
-	expect_fold(&ir, tg->a, 0.5);
+	expect_param(&ir, tg->a, 2);
+	ck_assert_double_eq(ir.params[2].def, 0.5);
 	ck_assert_int_eq(node(&ir, tg->b)->op, KVP_OP_MUL);
 	expect_param(&ir, ir.guards.recent, 1);
+	/* the funnel: a linear ramp 0.5 .. 1.5 over the layers */
+	ck_assert_int_eq(ir.alloc.layers, KVP_LAYERS_LINEAR);
+	expect_fold(&ir, ir.alloc.from, 0.5);
+	expect_fold(&ir, ir.alloc.to, 1.5);
 	kvp_ir_free(&ir);
 }
 END_TEST
@@ -555,6 +560,22 @@ START_TEST(test_lower_caote_gracekv)
 	ck_assert_int_eq(node(&ir, s->a)->op, KVP_OP_STAT);
 	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_PREFILL_BLOCK);
 	expect_param(&ir, ir.trigger.n, 2);
+	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_L2); /* CAOTE's GQA rule */
+	ck_assert_uint_eq(ir.needs & KVP_NEED_OUT, KVP_NEED_OUT);
+	kvp_ir_free(&ir);
+
+	/* FastCAOTE: the mean value, no attention output; a per-query-head score still */
+	compile_file("policies/caote_fast_h2o.kvp", &ir);
+	s = node(&ir, ir.score.expr);
+	ck_assert_int_eq(s->mode, KVP_CAOTE_FAST);
+	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_L2);
+	ck_assert_uint_eq(ir.needs & KVP_NEED_OUT, 0);
+	kvp_ir_free(&ir);
+
+	/* over TOVA: l2 over the layer */
+	compile_file("policies/caote_tova.kvp", &ir);
+	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_L2);
+	ck_assert_int_eq(ir.score.over_layer, 1);
 	kvp_ir_free(&ir);
 
 	compile_file("policies/gracekv.kvp", &ir);

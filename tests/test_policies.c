@@ -414,6 +414,86 @@ START_TEST(scissorhands_window_rolloff)
 }
 END_TEST
 
+/* The same trace under the whole-history variant: the counts at step 699 are 299 for
+ * position 0 (steps 1..299, its lows never roll off), 400 for position 1 (steps
+ * 300..699) and 0 for the rest, so 2 free slots + recent 1 keep {2, 3, 699}. */
+START_TEST(scissorhands_whole_history)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "scissorhands_whole", 1, shapes[s][0], shapes[s][1], 4, 704, -1);
+		h_set(&h, "capacity=1000");
+		h_set(&h, "recent=1");
+		h.w = w_sciss;
+		h_feed(&h, 700);
+		ck_assert_int_eq(h.compresses, 0);
+		char a[64];
+		snprintf(a, sizeof a, "capacity=%.17g", 6.0 / 700.0);
+		h_set(&h, a);
+		rt_err err = { "" };
+		ck_assert_int_eq(h.p->compress(&h.run.ctx, &h.kv, &err), 0);
+		const int32_t want[] = { 2, 3, 699 };
+		expect_all(&h, want, 3);
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* Per-step single eviction (left = 1, cold-compress's reading): prompt of 40, budget
+ * 25% = 10 entries, recent 2. From token 11 on every step evicts exactly one entry, so
+ * each head holds 10 after every step and compress ran 30 times by token 40. The
+ * attention sits on positions 2 and 5 (the rest is below uniform at every step), so
+ * they survive; the others go oldest first (most low steps). Kept at the end: 2, 5 and
+ * the newest 8 - the recent 38, 39 among them. */
+START_TEST(scissorhands_single_eviction)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "scissorhands", 1, shapes[s][0], shapes[s][1], 4, 48, 40);
+		h_set(&h, "capacity=0.25");
+		h_set(&h, "recent=2");
+		h_set(&h, "left=1");
+		h.w = w_heavy_2_5;
+		for (int t = 1; t <= 40; t++) {
+			h_step(&h);
+			for (int g = 0; g < h.G; g++)
+				ck_assert_int_eq(rt_kv_head_at(&h.kv, 0, g)->n, t <= 10 ? t : 10);
+		}
+		ck_assert_int_eq(h.compresses, 30);
+		const int32_t want[] = { 2, 5, 32, 33, 34, 35, 36, 37, 38, 39 };
+		expect_all(&h, want, 10);
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* The funnel: 4 layers, prompt 48, budget 50% = 24, batch target 12 on average, layer
+ * multipliers 0.5, 5/6, 7/6, 1.5 -> 6, 10, 14, 18 entries per head after the first
+ * compression (token 25); uniform attention ties everything, so each keeps its lowest
+ * positions plus the recent 24. */
+START_TEST(scissorhands_funnel_layers)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "scissorhands", 4, shapes[s][0], shapes[s][1], 4, 64, 48);
+		h_set(&h, "capacity=0.5");
+		h_set(&h, "recent=1");
+		h_feed(&h, 25);
+		ck_assert_int_eq(h.compresses, 1);
+		const int keep[4] = { 6, 10, 14, 18 };
+		for (int l = 0; l < 4; l++) {
+			int32_t want[20];
+			for (int i = 0; i < keep[l] - 1; i++)
+				want[i] = i;
+			want[keep[l] - 1] = 24;
+			for (int g = 0; g < h.G; g++)
+				expect_pos(&h, l, g, want, keep[l]);
+		}
+		h_close(&h);
+	}
+}
+END_TEST
+
 /* Uniform attention is never "below uniform": with every row exactly 1/n no entry
  * collects a low count (the comparison is made at float precision), so all scores tie
  * and the compress keeps the lowest positions plus the recent one. */
@@ -501,17 +581,23 @@ START_TEST(keydiff_least_similar)
 }
 END_TEST
 
-/* CAOTE (exact) over H2O's accumulated attention, blocks of 3, heavy 2, recent 0.
- * Steps 0..2 attend with weights 5:3:2 over the visible entries, so
- * acc = (1 + 5/8 + 1/2, 3/8 + 3/10, 1/5) = (2.125, 0.675, 0.2); alpha = acc / 3 =
- * (17/24, 9/40, 1/15). Values (first coordinate) 2.25, 0, 10: o = 2.2604;
- * c = alpha/(1-alpha)·|o - v| = (0.0253, 0.6563, 0.5528): entry 0, the most attended,
- * is the cheapest to drop because its value is almost the output. Kept {1, 2}; plain
- * accumulated attention would keep {0, 1}. */
+/* CAOTE over H2O, blocks of 3, heavy 2, recent 0: one eviction among three entries
+ * after the first block. Steps 0 and 1 attend uniformly, step 2 with weights 1:1:5, so
+ * acc = (1 + 1/2 + 1/7, 1/2 + 1/7, 5/7) = (23/14, 9/14, 10/14) and alpha = acc / 3 =
+ * (23/42, 9/42, 10/42). Values (first coordinate) 6, 2, 8; the TRUE output of step 2
+ * is o = (6 + 2 + 5·8) / 7 = 48/7, so
+ *   c = alpha/(1 - alpha)·|o - v| = (23/19·6/7, 9/33·34/7, 10/32·8/7)
+ *     = (1.0376, 1.3247, 0.3571): entry 2 goes, kept {0, 1}.
+ * The three readings disagree: plain H2O evicts the least accumulated (1) -> {0, 2};
+ * the score-weighted mean o_w = 236/42 = 5.619 would give (0.461, 0.987, 0.744) and
+ * evict 0 -> {1, 2}; FastCAOTE (mean value 16/3) gives (0.807, 0.909, 0.833) and evicts
+ * 0 -> {1, 2}. */
 static double w_caote(int l, int g, int r, int64_t t, int32_t pos, void *u)
 {
-	(void)l, (void)g, (void)r, (void)t, (void)u;
-	return pos == 0 ? 5.0 : pos == 1 ? 3.0 : 2.0;
+	(void)l, (void)g, (void)r, (void)u;
+	if (t < 2)
+		return 1.0;
+	return pos == 2 ? 5.0 : 1.0;
 }
 
 static void e_caote(int layer, int g, int32_t pos, float *k, float *v, int d, void *u)
@@ -520,24 +606,151 @@ static void e_caote(int layer, int g, int32_t pos, float *k, float *v, int d, vo
 	for (int j = 0; j < d; j++)
 		k[j] = v[j] = 0;
 	k[0] = 1;
-	v[0] = pos == 0 ? 2.25f : pos == 1 ? 0.0f : 10.0f;
+	v[0] = pos == 0 ? 6.0f : pos == 1 ? 2.0f : pos == 2 ? 8.0f : 1.0f;
 }
 
-START_TEST(caote_output_error)
+START_TEST(caote_true_output)
 {
 	for (int s = 0; s < 3; s++) {
+		for (int fast = 0; fast < 2; fast++) {
+			struct harness h;
+			h_open(&h, fast ? "caote_fast_h2o" : "caote_h2o", 1, shapes[s][0], shapes[s][1],
+			       4, 8, -1);
+			h_set(&h, "heavy=2");
+			h_set(&h, "recent=0");
+			h_set(&h, "block=3");
+			h.w = w_caote;
+			h.e = e_caote;
+			h_feed(&h, 2);
+			ck_assert_int_eq(h.compresses, 0);
+			h_feed(&h, 1);
+			ck_assert_int_eq(h.compresses, 1);
+			const int32_t exact[] = { 0, 1 }, mean[] = { 1, 2 };
+			expect_all(&h, fast ? mean : exact, 2);
+			h_close(&h);
+		}
+	}
+}
+END_TEST
+
+/* CAOTE's GQA rule: the group score is the root sum of the per-query-head squared
+ * errors (group = l2). Same entries and values as caote_true_output; at step 2 query
+ * head r attends with its own weights, so each has its own alpha and true output:
+ *   r0 (2:1:3): alpha (11/18, 4/18, 3/18), o = 38/6: c = (0.5238, 1.2381, 0.3333)
+ *   r1 (1:1:3): alpha (17/30, 7/30, 6/30), o = 6.4:  c = (0.5231, 1.3391, 0.4000)
+ *   r2 (1:1:2): alpha (7/12, 3/12, 2/12), o = 6:     c = (0,      1.3333, 0.4000)
+ *   r3 (5:2:5): alpha (23/36, 8/36, 5/36), o = 74/12: c = (0.2949, 1.1905, 0.2957)
+ * 9/3 (r0..r2 per KV head): l2 = (0.7403, 2.2592, 0.6566) evicts 2 -> {0, 1}; the sum
+ * (1.0469, 3.9106, 1.1333) or mean would evict 0 -> {1, 2}.
+ * 4/1 (r0..r3): l2 = (0.7969, 2.5537, 0.7201) evicts 2 -> {0, 1}; the sum
+ * (1.3418, 5.1010, 1.4290) would evict 0. */
+static double w_caote_gqa(int l, int g, int r, int64_t t, int32_t pos, void *u)
+{
+	(void)l, (void)g, (void)u;
+	static const double w[4][3] = { { 2, 1, 3 }, { 1, 1, 3 }, { 1, 1, 2 }, { 5, 2, 5 } };
+	if (t < 2)
+		return 1.0;
+	return pos < 3 ? w[r][pos] : 0.0;
+}
+
+START_TEST(caote_gqa_l2)
+{
+	const int shp[2][2] = { { 3, 3 }, { 1, 4 } };
+	for (int s = 0; s < 2; s++) {
 		struct harness h;
-		h_open(&h, "caote_h2o", 1, shapes[s][0], shapes[s][1], 4, 8, -1);
+		h_open(&h, "caote_h2o", 1, shp[s][0], shp[s][1], 4, 8, -1);
 		h_set(&h, "heavy=2");
 		h_set(&h, "recent=0");
 		h_set(&h, "block=3");
-		h.w = w_caote;
+		h.w = w_caote_gqa;
 		h.e = e_caote;
 		h_feed(&h, 3);
-		const int32_t want[] = { 1, 2 };
+		ck_assert_int_eq(h.compresses, 1);
+		const int32_t want[] = { 0, 1 };
 		expect_all(&h, want, 2);
 		h_close(&h);
 	}
+}
+END_TEST
+
+/* CAOTE over TOVA (blocks of 3, 2 states): the base is step 2's attention itself,
+ * alpha = (1/7, 1/7, 5/7), o = 48/7, c = (1/6·6/7, 1/6·34/7, 5/2·8/7) =
+ * (0.143, 0.810, 2.857): entry 0 goes, kept {1, 2} (plain TOVA drops the tie 0/1 at
+ * the higher position: {0, 2}). CAOTE over SnapKV (prompt 4, window 1, capacity 3,
+ * window kept): query 3 attends 1:1:5:0, the same alpha and o on 0..2 -> {1, 2, 3}. */
+static double w_caote_last(int l, int g, int r, int64_t t, int32_t pos, void *u)
+{
+	(void)l, (void)g, (void)r, (void)u;
+	if (t < 2)
+		return 1.0;
+	return pos == 2 ? 5.0 : pos < 2 ? 1.0 : 0.0;
+}
+
+START_TEST(caote_tova_snapkv)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "caote_tova", 1, shapes[s][0], shapes[s][1], 4, 8, -1);
+		h_set(&h, "states=2");
+		h_set(&h, "block=3");
+		h.w = w_caote_last;
+		h.e = e_caote;
+		h_feed(&h, 3);
+		const int32_t a[] = { 1, 2 };
+		expect_all(&h, a, 2);
+		h_close(&h);
+		struct harness k;
+		h_open(&k, "caote_snapkv", 1, shapes[s][0], shapes[s][1], 4, 8, 4);
+		h_set(&k, "capacity=3");
+		h_set(&k, "window=1");
+		k.w = w_caote_last;
+		k.e = e_caote;
+		h_feed(&k, 4);
+		ck_assert_int_eq(k.compresses, 1);
+		const int32_t b[] = { 1, 2, 3 };
+		expect_all(&k, b, 3);
+		h_close(&k);
+	}
+}
+END_TEST
+
+/* A group larger than the 16 output rows the state holds is refused with an error at
+ * the first compress, not read out of bounds. */
+START_TEST(caote_group_too_large)
+{
+	struct harness h;
+	h_open(&h, "caote_h2o", 1, 1, 17, 4, 8, -1);
+	h_set(&h, "heavy=2");
+	h_set(&h, "recent=0");
+	h_set(&h, "block=3");
+	for (int t = 0; t < 3; t++) {
+		h_append(&h, t);
+		h_observe(&h, t);
+	}
+	rt_err err = { "" };
+	ck_assert_int_eq(kvp_run_advance(&h.run, &h.kv, 3, &err), -1);
+	ck_assert_msg(strstr(err.msg, "policy caote_h2o: the exact CAOTE keeps the attention output of at most 16 query heads per KV head; this model has 17") != NULL,
+	              "%s", err.msg);
+	h_close(&h);
+}
+END_TEST
+
+/* The exact forms ask the runtime for the attention outputs and keep them per query
+ * head in the head's state; the fast form needs neither. */
+START_TEST(caote_needs_outputs)
+{
+	const char *exact[] = { "caote_h2o", "caote_tova", "caote_snapkv" };
+	for (int i = 0; i < 3; i++) {
+		const struct kvp_policy *p = policy(exact[i]);
+		ck_assert_uint_eq(p->needs & KVP_NEED_OUT, KVP_NEED_OUT);
+		ck_assert_uint_eq(p->needs & KVP_NEED_ATTN, KVP_NEED_ATTN);
+		ck_assert_ptr_nonnull(p->observe);
+		ck_assert_uint_ge(kvp_policy_state_bytes(p, 64), (size_t)16 * 64 * sizeof(float));
+	}
+	const struct kvp_policy *f = policy("caote_fast_h2o");
+	ck_assert_uint_eq(f->needs & KVP_NEED_OUT, 0);
+	ck_assert_uint_eq(kvp_policy_state_bytes(f, 64), 0);
+	ck_assert_uint_eq(policy("h2o")->needs & KVP_NEED_OUT, 0);
 }
 END_TEST
 
@@ -684,6 +897,9 @@ static void chunked_vs_stepwise(const char *name, const char *const *sets, int n
 			ck_assert_int_eq(x->n, y->n);
 			ck_assert_int_eq(memcmp(x->pos, y->pos, (size_t)x->n * sizeof(int32_t)), 0);
 			ck_assert_int_eq(memcmp(x->stats, y->stats, (size_t)x->n * a.kv.stat_bytes), 0);
+			/* the exact CAOTE's stored outputs: the last query of a chunk is the last step */
+			if (a.kv.state_bytes)
+				ck_assert_int_eq(memcmp(x->state, y->state, a.kv.state_bytes), 0);
 		}
 	h_close(&a);
 	h_close(&b);
@@ -697,6 +913,10 @@ START_TEST(chunked_equals_stepwise)
 	chunked_vs_stepwise("h2o", h2, 2, 20, 30, 6);
 	const char *ca[] = { "heavy=4", "recent=2", "block=5" };
 	chunked_vs_stepwise("caote_h2o", ca, 3, 17, 30, 8);
+	const char *ct[] = { "states=4", "block=5" };
+	chunked_vs_stepwise("caote_tova", ct, 2, 17, 30, 8);
+	const char *sw[] = { "capacity=0.5", "recent=2", "left=1" };
+	chunked_vs_stepwise("scissorhands_whole", sw, 3, -1, 30, 7);
 	const char *sn[] = { "capacity=6", "window=3" };
 	chunked_vs_stepwise("snapkv", sn, 2, 23, 30, 9);
 	const char *tv[] = { "states=5" };
@@ -827,7 +1047,14 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, scissorhands_uniform_is_not_low);
 	tcase_add_test(tc, knorm_lowest_norms);
 	tcase_add_test(tc, keydiff_least_similar);
-	tcase_add_test(tc, caote_output_error);
+	tcase_add_test(tc, caote_true_output);
+	tcase_add_test(tc, caote_gqa_l2);
+	tcase_add_test(tc, caote_tova_snapkv);
+	tcase_add_test(tc, caote_needs_outputs);
+	tcase_add_test(tc, caote_group_too_large);
+	tcase_add_test(tc, scissorhands_whole_history);
+	tcase_add_test(tc, scissorhands_single_eviction);
+	tcase_add_test(tc, scissorhands_funnel_layers);
 	tcase_add_test(tc, adakv_adaptive_heads_gqa);
 	tcase_add_test(tc, pyramidkv_layer_budgets);
 	tcase_add_test(tc, gracekv_spans_and_relevance);
