@@ -95,7 +95,7 @@ bench: deps model $(B)/kvrt
 
 ## demo: the main job: real model perplexity on a real offline text and a short generation
 demo: deps model
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(BINS) $(B)/libkvrt.a
 	@scripts/demo.sh $(B) $(MODEL)
 
 ## install: install kvrt, kvpc, libkvrt.a and headers under PREFIX (default /usr/local)

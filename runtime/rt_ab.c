@@ -149,7 +149,7 @@ static const char AB_HELP[] =
 	"    policies that trigger at the prompt end run once, after the last token); it shows\n"
 	"    ppl, kld_mean, kld_p99, kld_max, ppl_ratio, same_top1, rms_dp (llama.cpp's\n"
 	"    --kl-divergence statistics), kv_entries_peak, kv_bytes_peak, compression\n"
-	"    (reference peak bytes / peak bytes), tokens_per_s, compress_events and\n"
+	"    (reference peak entries / peak entries), tokens_per_s, compress_events and\n"
 	"    policy_seconds; then the paired circular block bootstrap 95% CI of the mean\n"
 	"    per-token NLL difference B - A (block length by Politis & White 2004) and a verdict.\n"
 	"    task needle: passkey retrieval (prompt built to exact token lengths, greedy answer,\n"
@@ -777,7 +777,7 @@ static const struct {
 	{ "accuracy", 0, 1, "passkey accuracy" },
 	{ "kv_entries_peak", 1, 2, "peak KV entries (all heads)" },
 	{ "kv_bytes_peak", 2, 2, "peak KV bytes" },
-	{ "compression", 4, 2, "full peak bytes / peak bytes" },
+	{ "compression", 4, 2, "full peak entries / peak entries" },
 	{ "tokens_per_s", 3, 2, "tokens/s" },
 	{ "compress_events", 1, 2, "compress calls" },
 	{ "policy_seconds", 0, 2, "seconds in policy code" },
@@ -808,8 +808,11 @@ static double metric_val(const ab_run *r, const ab_side *sd, int m)
 	case M_ENTRIES: return (double)st->kv_entries_peak;
 	case M_BYTES: return (double)st->kv_bytes_peak;
 	case M_COMPRESSION:
-		return st->kv_bytes_peak > 0 ? (double)r->ref_st.kv_bytes_peak / (double)st->kv_bytes_peak
-		                             : NAN;
+		/* in entries, like `ppl`'s compression: a policy's statistics bytes show in
+		 * kv_bytes_peak, not here */
+		return st->kv_entries_peak > 0
+		               ? (double)r->ref_st.kv_entries_peak / (double)st->kv_entries_peak
+		               : NAN;
 	case M_TPS: return st->seconds > 0 ? (double)st->tokens / st->seconds : NAN;
 	case M_EVENTS: return (double)st->compress_events;
 	case M_POLICY_S: return st->policy_seconds;

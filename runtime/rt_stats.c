@@ -302,6 +302,12 @@ int rt_verdict_format(const rt_boot_ci *ci, const char *name_a, const char *name
 	if (v == RT_VERDICT_TIE) {
 		snprintf(head, sizeof(head), "A (%s) and B (%s) tie", name_a ? name_a : "A",
 		         name_b ? name_b : "B");
+	} else if (!sig) {
+		/* a point estimate inside a CI that includes 0 names no winner */
+		const char *who = v == RT_VERDICT_A_BETTER ? "A" : "B";
+		snprintf(head, sizeof(head),
+		         "no significant difference between A (%s) and B (%s), point estimate "
+		         "favours %s", name_a ? name_a : "A", name_b ? name_b : "B", who);
 	} else {
 		const char *who = v == RT_VERDICT_A_BETTER ? "A" : "B";
 		const char *nm = v == RT_VERDICT_A_BETTER ? name_a : name_b;

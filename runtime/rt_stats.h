@@ -185,7 +185,9 @@ rt_verdict rt_verdict_of(const rt_boot_ci *ci, int *significant);
  * unit NULL = "nats/token"; e.g. "KLD" works the same way with d_i = kld_B,i - kld_A,i):
  *   "A (snapkv) better: mean dNLL(B-A) = +0.01234 nats/token, 95% CI [+0.00800, +0.01700],
  *    significant"
- * or "... not significant (CI includes 0)", or "A (x) and B (y) tie: ...". Writes at most
+ * "no significant difference between A (x) and B (y), point estimate favours B: ...,
+ *  not significant (CI includes 0)" when the CI includes 0, or "A (x) and B (y) tie: ..."
+ * when the mean difference is exactly 0. Writes at most
  * cap bytes (NUL-terminated, truncated if needed) and returns the full length like
  * snprintf. Names may be NULL ("A", "B"). */
 int rt_verdict_format(const rt_boot_ci *ci, const char *name_a, const char *name_b,

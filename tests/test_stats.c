@@ -508,7 +508,8 @@ START_TEST(test_verdict)
 	ck_assert_int_eq(rt_verdict_of(&ci, &sig), RT_VERDICT_B_BETTER);
 	ck_assert_int_eq(sig, 0);
 	rt_verdict_format(&ci, NULL, NULL, "KLD", "nats", buf, sizeof(buf));
-	ck_assert_str_eq(buf, "B (B) better: mean dKLD(B-A) = -0.00200 nats, "
+	ck_assert_str_eq(buf, "no significant difference between A (A) and B (B), point estimate "
+	                      "favours B: mean dKLD(B-A) = -0.00200 nats, "
 	                      "95% CI [-0.00600, +0.00100], not significant (CI includes 0)");
 	ci.mean = 0.0;
 	ck_assert_int_eq(rt_verdict_of(&ci, &sig), RT_VERDICT_TIE);

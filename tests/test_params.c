@@ -1,0 +1,103 @@
+/*
+ * test_params: run-time parameter overrides (`--set NAME=VALUE`, kvp_policy_param_set in
+ * runtime/rt_policy.c). The values a user types are untrusted input: they get the same
+ * unit rules kvpc applies to the defaults (whole non-negative counts for entries, tokens
+ * and steps; non-negative ratios, which may be written as percentages) and a one-line error
+ * that names the policy and the parameter.
+ */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rt_policy.h"
+
+static const struct kvp_param PARAMS[] = {
+	{ "sinks", 4, KVP_UNIT_ENTRIES, "" },
+	{ "recent", 32, KVP_UNIT_TOKENS, "" },
+	{ "every", 8, KVP_UNIT_STEPS, "" },
+	{ "heavy", 0.1, KVP_UNIT_RATIO, "" },
+	{ "alpha", -0.5, KVP_UNIT_SCALAR, "" },
+};
+static const struct kvp_policy POL = {
+	.abi_version = KVP_ABI_VERSION,
+	.name = "demo",
+	.n_params = 5,
+	.params = PARAMS,
+};
+
+/* Apply one assignment; returns the error text ("" on success) in err. */
+static int set(double *v, const char *a, rt_err *err)
+{
+	err->msg[0] = 0;
+	return kvp_policy_param_set(&POL, v, a, err);
+}
+
+START_TEST(test_accepts_valid_values)
+{
+	double v[5];
+	rt_err err;
+	kvp_policy_param_defaults(&POL, v);
+	ck_assert_double_eq(v[3], 0.1);
+	ck_assert_int_eq(set(v, "sinks=0", &err), 0);
+	ck_assert_double_eq(v[0], 0);
+	ck_assert_int_eq(set(v, "recent=128", &err), 0);
+	ck_assert_double_eq(v[1], 128);
+	ck_assert_int_eq(set(v, "every=1", &err), 0);
+	ck_assert_int_eq(set(v, "heavy=0.25", &err), 0);
+	ck_assert_double_eq_tol(v[3], 0.25, 1e-15);
+	ck_assert_int_eq(set(v, "heavy=25%", &err), 0); /* a percentage, as in .kvp files */
+	ck_assert_double_eq_tol(v[3], 0.25, 1e-15);
+	ck_assert_int_eq(set(v, "alpha=-3.5", &err), 0); /* scalars may be negative */
+	ck_assert_double_eq(v[4], -3.5);
+}
+END_TEST
+
+START_TEST(test_rejects_bad_values)
+{
+	double v[5];
+	rt_err err;
+	kvp_policy_param_defaults(&POL, v);
+	static const struct {
+		const char *assign, *want;
+	} cases[] = {
+		{ "recent=-3", "parameter recent counts tokens: it needs a whole number" },
+		{ "sinks=2.5", "parameter sinks counts entries: it needs a whole number" },
+		{ "every=1e12", "parameter every counts steps" },
+		{ "heavy=-0.1", "parameter heavy is a ratio: it cannot be negative" },
+		{ "heavy=abc", "parameter heavy needs a finite number" },
+		{ "recent=10%", "parameter recent needs a number, got '10%'" },
+		{ "heavy=5%%", "parameter heavy needs a number or a percentage" },
+		{ "alpha=inf", "needs a finite number" },
+		{ "nosuch=1", "policy demo: no parameter 'nosuch'" },
+		{ "=1", "--set expects NAME=VALUE" },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		ck_assert_int_eq(set(v, cases[i].assign, &err), -1);
+		ck_assert_msg(strstr(err.msg, cases[i].want), "%s: got '%s'", cases[i].assign, err.msg);
+		ck_assert_msg(strncmp(err.msg, "policy demo: ", 13) == 0, "%s", err.msg);
+	}
+	/* nothing changed by the rejected assignments */
+	ck_assert_double_eq(v[0], 4);
+	ck_assert_double_eq(v[1], 32);
+	ck_assert_double_eq(v[3], 0.1);
+}
+END_TEST
+
+static Suite *params_suite(void)
+{
+	Suite *s = suite_create("params");
+	TCase *tc = tcase_create("set");
+	tcase_add_test(tc, test_accepts_valid_values);
+	tcase_add_test(tc, test_rejects_bad_values);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(params_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
