@@ -1,7 +1,8 @@
 /*
  * rt_cli: the shared command line (see rt_cli.h) — option parsing, the help pages and
- * the commands info, ppl, needle, run, tokenize and bench over rt_seq (one sequence
- * under one policy), rt_eval's scoring helpers, rt_stats (KL summary) and rt_needle.
+ * the commands info, ppl, needle, run, tokenize, bench and keepmap over rt_seq (one
+ * sequence under one policy), rt_eval's scoring helpers, rt_stats (KL summary), rt_needle
+ * and rt_keepmap (the SVG of the kept positions).
  */
 #include "rt_cli.h"
 
@@ -18,6 +19,7 @@
 #include "rt_ab.h"
 #include "rt_eval.h"
 #include "rt_gguf.h"
+#include "rt_keepmap.h"
 #include "rt_model.h"
 #include "rt_needle.h"
 #include "rt_seq.h"
@@ -45,6 +47,7 @@ static const char *const help_top =
 	"    %s run --model MODEL --prompt TEXT [-n N] [--chat] [--policy NAME] ...\n"
 	"    %s tokenize --model MODEL --text FILE\n"
 	"    %s bench --model MODEL [--ctx N,N,...]\n"
+	"    %s keepmap --model MODEL --text FILE [--policy NAME] ... --svg OUT\n"
 	"    %s COMMAND --help\n"
 	"\n"
 	"DESCRIPTION\n"
@@ -64,6 +67,8 @@ static const char *const help_top =
 	"    run       greedy generation from a prompt under a policy\n"
 	"    tokenize  print the token ids of a text file\n"
 	"    bench     prefill and decode speed at several context lengths (full cache)\n"
+	"    keepmap   draw (SVG) which positions every layer and KV head keeps under a\n"
+	"              policy after a prompt\n"
 	"\n"
 	"OPTIONS\n"
 	"    -h, --help     show this text (or a command's, after the command)\n"
@@ -295,6 +300,44 @@ static const char *const help_bench =
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error, 2 usage error.\n";
 
+static const char *const help_keepmap =
+	"NAME\n"
+	"    %s keepmap - draw which positions a KV-cache policy keeps, per layer and KV head\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    %s keepmap --model MODEL --text FILE [--ctx N] [--policy NAME]\n"
+	"             [--set NAME=VALUE]... [--ratio R] [--prompt N] [--chunk N]\n"
+	"             [--threads N] --svg OUT\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    Tokenizes FILE, feeds its first N tokens through the model under the policy\n"
+	"    (the N tokens are the prompt, as for ppl, so prompt-end triggers fire after the\n"
+	"    last one), then writes OUT, an SVG grid with one row per (layer, KV head), rows\n"
+	"    grouped by layer and labelled \"L0 H0\", ..., and x = token position 0..N-1\n"
+	"    (bins of ceil(N / 1000) positions when N > 1000). A cell is blue where the head\n"
+	"    keeps the position, hatched orange where it holds a merged prototype (an entry\n"
+	"    standing for more than one token, drawn at its position), grey where the\n"
+	"    position was evicted; each row ends with its kept-entry count. The title gives\n"
+	"    the policy, its parameters, the ratio, N and the kept entries per head.\n"
+	"    Prints one line: entries kept in all heads, mean / min / max per head, merged.\n"
+	"\n"
+	"OPTIONS\n"
+	"    -m, --model MODEL   GGUF model file\n"
+	"    -t, --text FILE     the text; must be valid UTF-8\n"
+	"    --ctx N             feed the first N tokens (default: the whole text, up to the\n"
+	"                        model's context_length)\n"
+	"    --policy NAME       policy (default %s); --set, --ratio as for ppl\n"
+	"    --prompt N          the prompt length given to the policy (default: N)\n"
+	"    --svg OUT           the SVG file to write (required)\n"
+	"    --chunk N, --threads N, -h/--help  as for ppl\n"
+	"\n"
+	"EXIT STATUS\n"
+	"    0 success, 1 runtime error, 2 usage error.\n"
+	"\n"
+	"EXAMPLE\n"
+	"    %s keepmap --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text t.txt \\\n"
+	"           --ctx 512 --policy h2o --ratio 4 --svg h2o.svg\n";
+
 /* Print a help page: a printf format whose %s slots the caller fills in order (the
  * program name, and the default policy's name where a page says "default %s"); n_args
  * documents how many the page has. */
@@ -367,7 +410,7 @@ static int parse_list(const char *s, double lo, double hi, int integral, double 
 
 typedef struct opts {
 	const char *model, *text, *prompt, *system, *dump, *logits, *ctx_list;
-	const char *policy, *haystack, *lengths, *depths;
+	const char *policy, *haystack, *lengths, *depths, *svg;
 	const char *sets[MAX_SETS];
 	int n_sets;
 	long ctx, chunk, n_gen, threads, decode, prompt_len, seed;
@@ -377,7 +420,7 @@ typedef struct opts {
 
 enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECIAL, O_STATS,
        O_THREADS, O_DECODE, O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_HAYSTACK,
-       O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN };
+       O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG };
 
 /* Parse argv (argv[0] is the command name) with the command's long options lo and short
  * options so into o, checking every value. Returns 0, 1 after printing help (help_fn),
@@ -477,6 +520,7 @@ static int parse_opts(const char *cmd, void (*help_fn)(void), int argc, char **a
 		case O_HAYSTACK: o->haystack = optarg; break;
 		case O_LENGTHS: o->lengths = optarg; break;
 		case O_DEPTHS: o->depths = optarg; break;
+		case O_SVG: o->svg = optarg; break;
 		case O_NOREF: o->no_ref = 1; break;
 		case O_JSON: o->json = 1; break;
 		case O_DUMP: o->dump = optarg; break;
@@ -1481,6 +1525,123 @@ static int cmd_bench(int argc, char **argv)
 	return rc;
 }
 
+/* ---- keepmap ------------------------------------------------------------------------------ */
+
+static void help_keepmap_fn(void)
+{
+	print_help(help_keepmap, 4, g_prog, g_prog, default_policy_name(), g_prog);
+}
+
+static int cmd_keepmap(int argc, char **argv)
+{
+	static const struct option lo[] = {
+		{ "model", required_argument, 0, 'm' }, { "text", required_argument, 0, 't' },
+		{ "ctx", required_argument, 0, O_CTX }, { "chunk", required_argument, 0, O_CHUNK },
+		{ "threads", required_argument, 0, O_THREADS },
+		{ "policy", required_argument, 0, O_POLICY }, { "set", required_argument, 0, O_SET },
+		{ "ratio", required_argument, 0, O_RATIO },
+		{ "prompt", required_argument, 0, O_PROMPTLEN }, { "svg", required_argument, 0, O_SVG },
+		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+	};
+	opts o = { .chunk = DEFAULT_CHUNK, .prompt_len = -1 };
+	int rc = parse_opts("keepmap", help_keepmap_fn, argc, argv, &o, lo, ":m:t:h", 1);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	if (!o.text)
+		return usage_err("keepmap", "%s", "--text is required");
+	if (!o.svg)
+		return usage_err("keepmap", "%s", "--svg is required");
+	const struct kvp_policy *p = policy_from_opts("keepmap", &o, &rc);
+	if (!p)
+		return rc;
+	set_threads(o.threads);
+	size_t len;
+	char *text = read_text(o.text, &len);
+	if (!text)
+		return EXIT_FAILURE;
+	rt_gguf *g = NULL;
+	rt_tokenizer *tk = NULL;
+	rt_model *m = NULL;
+	int32_t *ids = NULL;
+	rt_keepmap_head *heads = NULL;
+	rt_seq s = { 0 };
+	rt_err err = { "" };
+	int64_t n = 0;
+	rc = EXIT_FAILURE;
+	if (open_model(o.model, &g, &tk, &m) < 0)
+		goto out;
+	rt_gguf_close(g);
+	g = NULL;
+	if (o.ctx > m->hp.n_ctx) {
+		fprintf(stderr, "%s: %s: --ctx %ld exceeds the model's context_length %d\n", g_prog,
+		        o.model, o.ctx, (int)m->hp.n_ctx);
+		rc = EXIT_USAGE;
+		goto out;
+	}
+	if (!(ids = tokenize_all(tk, o.text, text, len, 0, &n)))
+		goto out;
+	int64_t use = o.ctx ? o.ctx : m->hp.n_ctx;
+	if (use > n)
+		use = n;
+	if (use < 1) {
+		fprintf(stderr, "%s: %s: text has no tokens\n", g_prog, o.text);
+		goto out;
+	}
+	int block = (int)(o.chunk < use ? o.chunk : use);
+	int64_t prompt_len = o.prompt_len >= 0 ? o.prompt_len : use;
+	if (rt_seq_init(&s, m, p, (int32_t)use, block, prompt_len, &err) != 0 ||
+	    seq_apply(&s, &o, &err) != 0 || rt_seq_feed(&s, ids, use, NULL, RT_LOGITS_NONE, &err) != 0) {
+		runtime_err(&err);
+		goto out;
+	}
+	rt_seq_stats st = rt_seq_stats_get(&s);
+	if (st.compress_events == 0 && p->compress)
+		fprintf(stderr, "%s: note: policy %s never compressed on these %lld tokens (its budget "
+		        "or trigger was not reached)\n", g_prog, p->name, (long long)use);
+	const int nh = s.kv.n_layer * s.kv.n_kv_head;
+	if (!(heads = calloc((size_t)nh, sizeof *heads))) {
+		fprintf(stderr, "%s: out of memory\n", g_prog);
+		goto out;
+	}
+	for (int i = 0; i < nh; i++) {
+		heads[i].pos = s.kv.heads[i].pos;
+		heads[i].count = s.kv.heads[i].count;
+		heads[i].n = s.kv.heads[i].n;
+	}
+	char params[1024] = "";
+	size_t used = 0;
+	for (int i = 0; i < p->n_params && used < sizeof params - 1; i++) {
+		int w = snprintf(params + used, sizeof params - used, "%s%s=%g", i ? " " : "",
+		                 p->params[i].name, s.run.params[i]);
+		if (w < 0)
+			break;
+		used += (size_t)w;
+	}
+	rt_keepmap km = { .n_layer = s.kv.n_layer, .n_kv_head = s.kv.n_kv_head, .n_tokens = use,
+		          .heads = heads, .policy = p->name, .params = params, .ratio = o.ratio };
+	if (rt_keepmap_write(o.svg, &km, &err) != 0) {
+		runtime_err(&err);
+		goto out;
+	}
+	rt_keepmap_summary sm;
+	rt_keepmap_summarize(&km, &sm);
+	printf("keepmap %s: policy %s, %lld tokens, %d x %d heads: kept %lld entries, mean %.1f per "
+	       "head (%.1f%%), min %d, max %d, %lld merged, %lld compressions\n", o.svg, p->name,
+	       (long long)use, km.n_layer, km.n_kv_head, (long long)sm.entries, sm.mean_per_head,
+	       100.0 * sm.mean_per_head / (double)use, (int)sm.min_per_head, (int)sm.max_per_head,
+	       (long long)sm.merged, (long long)st.compress_events);
+	rc = fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
+out:
+	rt_seq_free(&s);
+	free(heads);
+	free(ids);
+	rt_model_free(m);
+	rt_tokenizer_free(tk);
+	rt_gguf_close(g);
+	free(text);
+	return rc;
+}
+
 /* ---- entry --------------------------------------------------------------------------------- */
 
 int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int n_reg)
@@ -1493,11 +1654,11 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 	g_reg = reg;
 	g_n_reg = reg ? n_reg : 0;
 	if (argc < 2)
-		return usage_err("", "%s", "missing command (info, ppl, needle, run, tokenize, bench)");
+		return usage_err("", "%s", "missing command (info, ppl, needle, run, tokenize, bench, keepmap)");
 	const char *cmd = argv[1];
 	if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
-		print_help(help_top, 9, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog,
-		           g_prog);
+		print_help(help_top, 10, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog,
+		           g_prog, g_prog);
 		return 0;
 	}
 	static const struct {
@@ -1505,7 +1666,7 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 		int (*fn)(int, char **);
 	} cmds[] = {
 		{ "info", cmd_info }, { "ppl", cmd_ppl }, { "needle", cmd_needle }, { "run", cmd_run },
-		{ "tokenize", cmd_tokenize }, { "bench", cmd_bench },
+		{ "tokenize", cmd_tokenize }, { "bench", cmd_bench }, { "keepmap", cmd_keepmap },
 	};
 	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
 		if (!strcmp(cmd, cmds[i].name))

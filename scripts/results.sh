@@ -1,0 +1,423 @@
+#!/usr/bin/env bash
+# `make results` (issue 5 item 5): every policy in policies/ on the real model
+# (SmolLM2-135M-Instruct, Q4_1) and two offline texts, at several compression ratios, with
+# the full cache as the reference, and passkey accuracy at several prompt lengths and
+# depths; writes docs/results.md (tables, commit, model hash, parameters, command, wall
+# time) and docs/results/*.svg (kld_mean against the ratio, one line per policy).
+#
+# Steps:
+#  1. build one per-deployment binary holding every policy (kvpc build is cached);
+#  2. cut the first RESULTS_TOKENS tokens' worth of bytes of each text (the Info manuals of
+#     coreutils and gettext, decompressed with zcat; the GPL-3 text where one is missing);
+#     iconv -c drops a multi-byte character that the byte cut may have split;
+#  3. for each text, policy and ratio: `BIN ppl --ctx N --ratio R --json` (streaming
+#     perplexity with the full-cache reference in the same run, so every JSON line carries
+#     both ppl and ppl_ref, and the KL statistics against it); --ratio R makes the budget
+#     N / R entries per (layer, KV head) in place of the policy's own budget (a fixed entry
+#     count such as snapkv's 1024 included). A policy whose guards exceed N / R is refused
+#     by the binary and reported as "n/a (guards exceed budget)". StreamingLLM and the
+#     sliding window have no budget but their guards, so their window is set to the
+#     ratio's budget (recent = N/R - sinks; window = N/R), as `make demo` does;
+#  4. `BIN needle --task passkey --lengths LENGTHS --depths DEPTHS --ratio R` per policy
+#     in NEEDLE_POLICIES at each ratio in NEEDLE_RATIOS, plus the full cache;
+#  5. render docs/results.md and the SVG plots from the collected JSON (python3, stdlib).
+# Each measurement is cached as one JSON file under OUT (keyed by text, tokens, policy,
+# ratio), so an interrupted run resumes where it stopped; RESULTS_FRESH=1 discards them.
+#
+# Usage: scripts/results.sh [BUILD_DIR [MODEL]]
+# Environment (defaults in brackets):
+#   RESULTS_TOKENS [4096]        tokens scored per text
+#   RATIOS ["2 4 8 16 32 64 128"] compression ratios (64 and 128 are refused where guards
+#                                exceed N / R; those cells read n/a)
+#   POLICIES [every policies/*.kvp except full, in file order]
+#   TEXTS ["coreutils gettext"]  names of /usr/share/info/NAME.info.gz (GPL-3 if missing)
+#   LENGTHS [1024,2048,4096]     passkey prompt lengths (tokens)
+#   DEPTHS [0,25,50,75,100]      passkey depths (percent)
+#   NEEDLE_POLICIES [$POLICIES]  policies run through the passkey test
+#   NEEDLE_RATIOS [8 16 32]      ratios of the passkey test
+#   THREADS [nproc]              BLAS threads
+#   RESULTS_DOC [docs/results.md] RESULTS_NOTE: a paragraph put at the top of the document
+#   OUT [BUILD_DIR/results]      where the binary, texts and JSON go
+set -euo pipefail
+bdir=${1:-build}
+model=${2:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+tokens=${RESULTS_TOKENS:-4096}
+ratios=${RATIOS:-2 4 8 16 32 64 128}
+texts=${TEXTS:-coreutils gettext}
+lengths=${LENGTHS:-1024,2048,4096}
+depths=${DEPTHS:-0,25,50,75,100}
+threads=${THREADS:-$(nproc)}
+doc=${RESULTS_DOC:-docs/results.md}
+out=${OUT:-$bdir/results}
+if [ -z "${POLICIES:-}" ]; then
+	POLICIES=$(for f in policies/*.kvp; do b=$(basename "$f" .kvp); [ "$b" = full ] || printf '%s ' "$b"; done)
+fi
+policies=$POLICIES
+needle_policies=${NEEDLE_POLICIES:-$policies}
+needle_ratios=${NEEDLE_RATIOS:-8 16 32}
+cmdline="$0 $*"
+envline="RESULTS_TOKENS=$tokens RATIOS=\"$ratios\" TEXTS=\"$texts\" LENGTHS=$lengths DEPTHS=$depths THREADS=$threads POLICIES=\"$policies\" NEEDLE_POLICIES=\"$needle_policies\" NEEDLE_RATIOS=\"$needle_ratios\""
+
+[ -r "$model" ] || { echo "results.sh: $model: model not found (scripts/fetch_model.sh)" >&2; exit 1; }
+[ "${RESULTS_FRESH:-0}" = 1 ] && rm -rf "$out/ppl" "$out/needle"
+mkdir -p "$out/ppl" "$out/needle" "$(dirname "$doc")" docs/results
+start=$(date +%s)
+
+# 1. one binary with every policy (the full cache included, for the needle baseline)
+bin="$out/bin"
+"$bdir/kvpc" build policies/*.kvp -o "$bin"
+
+# 2. texts
+textfiles=()
+for t in $texts; do
+	f="$out/$t.$tokens.txt"
+	if [ -r "/usr/share/info/$t.info.gz" ]; then
+		{ zcat "/usr/share/info/$t.info.gz" || true; } | head -c $((tokens * 16)) |
+			iconv -c -f UTF-8 -t UTF-8 >"$f"
+	else
+		echo "results.sh: /usr/share/info/$t.info.gz missing; using GPL-3 for $t" >&2
+		iconv -c -f UTF-8 -t UTF-8 /usr/share/common-licenses/GPL-3 >"$f"
+	fi
+	textfiles+=("$f")
+done
+
+# 3. perplexity and KL against the full cache
+# extra_sets POLICY RATIO: --set arguments that size a guard-only policy to the ratio
+# (CAOTE over H2O's recent guard of 1024 tokens is split with the heavy hitters half and
+# half, as H2O's own 10% + 10%); a prompt-end policy (SnapKV, PyramidKV, Ada-KV, GraceKV,
+# CAOTE over SnapKV) compresses once when the prompt ends, which in a ppl run without
+# --prompt is after the last token, so it is run with the first half of the text as its
+# prompt (--prompt N/2, budget N/2 / R entries per head) and scored on the second half.
+extra_sets() {
+	local b=$(($3 / $2))
+	case $1 in
+	streaming_llm) echo "--set recent=$((b - 4))" ;;
+	sliding_window) echo "--set window=$b" ;;
+	caote_h2o | caote_fast_h2o) echo "--set heavy=$((b - b / 2)) --set recent=$((b / 2))" ;;
+	esac
+}
+prompt_end() { grep -q '^[[:space:]]*compress at prompt end' "policies/$1.kvp"; }
+for f in "${textfiles[@]}"; do
+	t=$(basename "$f" ".$tokens.txt")
+	mkdir -p "$out/ppl/$t.$tokens"
+	for p in $policies; do
+		for r in $ratios; do
+			j="$out/ppl/$t.$tokens/$p.r$r.json"
+			[ -s "$j" ] && continue
+			pe=()
+			n=$tokens
+			if prompt_end "$p"; then
+				n=$((tokens / 2))
+				pe=(--prompt "$n" --dump "$j.dump")
+			fi
+			# shellcheck disable=SC2046
+			if "$bin" ppl --model "$model" --text "$f" --ctx "$tokens" --policy "$p" \
+				--ratio "$r" --threads "$threads" --json "${pe[@]}" $(extra_sets "$p" "$r" "$n") \
+				>"$j.tmp" 2>"$j.err"; then
+				mv "$j.tmp" "$j"
+				echo "ppl $t $p r$r: $(jq -r '"ppl \(.ppl) kld_mean \(.kld_mean) (\(.seconds|floor) s)"' "$j")"
+			else
+				rc=$?
+				rm -f "$j.tmp"
+				jq -cn --arg p "$p" --argjson r "$r" --argjson rc "$rc" --rawfile e "$j.err" \
+					'{policy:$p, ratio:$r, error:($e|rtrimstr("\n")), rc:$rc}' >"$j"
+				echo "ppl $t $p r$r: refused: $(tail -n1 "$j.err")"
+			fi
+			rm -f "$j.err"
+		done
+	done
+done
+
+# 4. passkey accuracy
+needle_run() { # POLICY RATIO(or -) FILE
+	local p=$1 r=$2 j=$3 ra=()
+	[ -s "$j" ] && return 0
+	[ "$r" = - ] || ra=(--ratio "$r")
+	# shellcheck disable=SC2046
+	if "$bin" needle --model "$model" --task passkey --lengths "$lengths" --depths "$depths" \
+		--policy "$p" "${ra[@]}" --threads "$threads" --json \
+		$( [ "$r" = - ] || extra_sets_needle "$p" "$r") >"$j.tmp" 2>"$j.err"; then
+		mv "$j.tmp" "$j"
+		echo "needle $p r$r: accuracy $(jq -r .accuracy "$j")"
+	else
+		rc=$?
+		rm -f "$j.tmp"
+		jq -cn --arg p "$p" --arg r "$r" --argjson rc "$rc" --rawfile e "$j.err" \
+			'{policy:$p, ratio:$r, error:($e|rtrimstr("\n")), rc:$rc}' >"$j"
+		echo "needle $p r$r: refused: $(tail -n1 "$j.err")"
+	fi
+	rm -f "$j.err"
+}
+# the guard-only policies sized to the shortest length's budget
+extra_sets_needle() { extra_sets "$1" "$2" "${lengths%%,*}"; }
+nkey="L${lengths//,/-}.D${depths//,/-}"
+mkdir -p "$out/needle/$nkey"
+needle_run full - "$out/needle/$nkey/full.json"
+for r in $needle_ratios; do
+	for p in $needle_policies; do
+		needle_run "$p" "$r" "$out/needle/$nkey/$p.r$r.json"
+	done
+done
+
+# 5. render
+wall=$(($(date +%s) - start))
+commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+dirty=$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo " (with uncommitted changes)" || true)
+model_sha=$(sha256sum "$model" | cut -d' ' -f1)
+python3 - "$out" "$doc" "$tokens" "$ratios" "$texts" "$policies" "$needle_policies" \
+	"$needle_ratios" "$nkey" "$threads" "$commit$dirty" "$model" "$model_sha" "$wall" \
+	"$cmdline" "$envline" "${RESULTS_NOTE:-}" <<'PY'
+import json, os, sys, glob, math, html
+(out, doc, tokens, ratios, texts, policies, npolicies, nratios, nkey, threads, commit,
+ model, model_sha, wall, cmdline, envline, note) = sys.argv[1:]
+tokens = int(tokens); ratios = [int(r) for r in ratios.split()]
+texts = texts.split(); policies = policies.split()
+npolicies = npolicies.split(); nratios = nratios.split()
+founding = {"scissorhands", "scissorhands_whole", "caote_h2o", "caote_fast_h2o",
+            "caote_tova", "caote_snapkv", "gracekv"}
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+def second_half(j, dump):
+    """Rescore a prompt-end run on the tokens after its prompt (pos >= prompt): the
+    prompt's own tokens were scored before the one compression, from the full cache."""
+    P = j.get("prompt", 0)
+    rows = []
+    with open(dump) as f:
+        for line in f:
+            d = json.loads(line)
+            if d["pos"] >= P: rows.append(d)
+    if not rows: return j
+    n = len(rows)
+    nll = -sum(d["logprob"] for d in rows) / n
+    nref = -sum(d["logprob_ref"] for d in rows) / n
+    k = sorted(d["kld"] for d in rows)
+    km = sum(k) / n
+    var = sum((x - km) ** 2 for x in k) / max(n - 1, 1)
+    j = dict(j)
+    j.update(ppl=math.exp(nll), ppl_ref=math.exp(nref), ppl_ratio=math.exp(nll - nref),
+             kld_mean=km, kld_mean_err=math.sqrt(var / n), kld_max=k[-1],
+             kld_p99=k[min(n - 1, int(math.ceil(0.99 * n)) - 1)],
+             same_top1=None, rms_dp=math.sqrt(sum((math.exp(d["logprob"]) - math.exp(d["logprob_ref"])) ** 2 for d in rows) / n),
+             scored_after_prompt=n, prompt_end=True)
+    return j
+
+def fmt(x, nd=3):
+    if x is None: return "–"
+    if abs(x) >= 100: return "%.1f" % x
+    return ("%." + str(nd) + "f") % x
+
+L = []
+L.append("# Results: every policy on SmolLM2-135M-Instruct (Q4_1)\n")
+L.append("Generated by `scripts/results.sh` (`make results`); do not edit by hand.\n")
+if note:
+    L.append(note + "\n")
+L.append("| | |\n|---|---|")
+L.append("| commit | `%s` |" % commit)
+L.append("| model | `%s`, sha256 `%s` |" % (model, model_sha))
+L.append("| tokens scored per text | %d |" % tokens)
+L.append("| ratios | %s |" % ", ".join(map(str, ratios)))
+L.append("| BLAS threads | %s |" % threads)
+L.append("| command | `%s %s` |" % (envline, cmdline.strip()))
+L.append("| wall time | %d s (%.1f min) for this invocation; cells cached by an earlier invocation are not re-run |" % (int(wall), int(wall) / 60))
+secs = 0.0
+for fn in glob.glob(os.path.join(out, "ppl", "*.%d" % tokens, "*.json")):
+    j = load(fn)
+    if j and "seconds" in j: secs += j["seconds"]
+L.append("| ppl measurement time | %.0f s (sum of the `seconds` of every ppl cell below, each including its full-cache reference) |\n" % secs)
+L.append("Every cell is one `BIN ppl --ctx N --ratio R --json` run: streaming perplexity "
+         "(teacher forcing, each token scored from the cache the policy left) and the mean "
+         "KL divergence (nats per token) of the policy's next-token distribution from the "
+         "full cache's, computed in the same run. `--ratio R` gives every (layer, KV head) "
+         "a budget of N / R entries from the first token. Cells read `ppl / kld_mean`; "
+         "the full-cache row is the reference (KL 0 by definition). `n/a` marks a ratio "
+         "at which the policy's guards exceed the budget (the binary refuses it). "
+         "StreamingLLM's recent window and the sliding window are set to the ratio's "
+         "budget. Founding methods (issue 5) are in **bold**.\n")
+
+plots = []
+for t in texts:
+    d = os.path.join(out, "ppl", "%s.%d" % (t, tokens))
+    rows = {}
+    ref = None; textsha = None
+    pe_ref = None; pe_n = None; pe_set = set()
+    for p in policies:
+        for r in ratios:
+            fn = os.path.join(d, "%s.r%d.json" % (p, r))
+            j = load(fn)
+            if j is None: continue
+            if os.path.exists(fn + ".dump"):
+                pe_set.add(p)
+            if "error" not in j and os.path.exists(fn + ".dump"):
+                j = second_half(j, fn + ".dump")
+                pe_ref = j["ppl_ref"]; pe_n = j["prompt"]
+            elif "ppl_ref" in j and ref is None:
+                ref = j["ppl_ref"]; textsha = j.get("text_sha256")
+            rows.setdefault(p, {})[r] = j
+    L.append("## Text: %s (first %d tokens of /usr/share/info/%s.info.gz%s)\n" % (
+        t, tokens, t, ", sha256 `%s`" % textsha[:16] if textsha else ""))
+    if not rows:
+        L.append("No measurement collected for this text in this run.\n")
+        continue
+    series = {}
+    for part in ("stream", "prompt"):
+      sel = [p for p in policies if p in rows and ((p in pe_set) == (part == "prompt"))]
+      if not sel: continue
+      if part == "prompt":
+        L.append("\nPrompt-end policies (compress once when the prompt ends): the first %s "
+                 "tokens are the prompt, compressed at its end to %s / R entries per head; "
+                 "the cells score only the %d tokens after it (the cache grows by them), "
+                 "against the full cache on the same tokens.\n" % (
+                 pe_n if pe_n else tokens // 2, pe_n if pe_n else tokens // 2,
+                 tokens - (pe_n if pe_n else tokens // 2)))
+        rref = pe_ref
+      else:
+        L.append("Streaming policies (budget N / R entries per head from the first token, "
+                 "every token scored):\n")
+        rref = ref
+      L.append("| policy | " + " | ".join("×%d" % r for r in ratios) + " |")
+      L.append("|---|" + "---|" * len(ratios))
+      L.append("| full cache (reference) | " + " | ".join(
+        ("%s / 0" % fmt(rref)) if rref else "–" for _ in ratios) + " |")
+      for p in sel:
+        cells = []
+        for r in ratios:
+            j = rows[p].get(r)
+            if j is None: cells.append("not run")
+            elif "error" in j:
+                cells.append("n/a (guards exceed budget)" if "exceed" in j["error"] or
+                             "guard" in j["error"] else "error (rc %s)" % j.get("rc"))
+            else:
+                cells.append("%s / %s" % (fmt(j["ppl"]), fmt(j["kld_mean"], 4)))
+                series.setdefault(p + (" (prompt)" if part == "prompt" else ""), []).append((r, j["kld_mean"]))
+        name = "**%s**" % p if p in founding else p
+        L.append("| %s | %s |" % (name, " | ".join(cells)))
+      L.append("")
+    # second table: the full statistics
+    L.append("<details><summary>all statistics (%s)</summary>\n" % t)
+    L.append("| policy | ratio | ppl | ppl_ratio | kld_mean | ± err | kld_p99 | kld_max | same_top1 | rms_dp | entries/head | kv_bytes_peak | tok/s | policy s |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for p in policies:
+        for r in ratios:
+            j = rows.get(p, {}).get(r)
+            if j is None or "error" in j: continue
+            L.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %.1f | %.2f |" % (
+                p, r, fmt(j["ppl"]), fmt(j["ppl_ratio"]), fmt(j["kld_mean"], 4), fmt(j.get("kld_mean_err"), 4),
+                fmt(j["kld_p99"]), fmt(j["kld_max"]), fmt(j["same_top1"]), fmt(j["rms_dp"], 4),
+                j.get("kv_entries_per_head", "–"), j["kv_bytes_peak"], j["tokens_per_s"],
+                j["policy_seconds"]))
+    L.append("\n</details>\n")
+    # plot
+    if series:
+        svg = os.path.join("docs", "results", "kld_%s.svg" % t)
+        W, H, ml, mr, mt, mb = 640, 360, 60, 170, 30, 40
+        xs = sorted({r for s in series.values() for r, _ in s})
+        ys = [k for s in series.values() for _, k in s if k > 0]
+        lo = math.floor(math.log10(min(ys))) if ys else -3
+        hi = math.ceil(math.log10(max(ys))) if ys else 0
+        if hi == lo: hi = lo + 1
+        lx0, lx1 = math.log2(min(xs)), math.log2(max(xs))
+        if lx1 == lx0: lx1 = lx0 + 1
+        X = lambda r: ml + (math.log2(r) - lx0) / (lx1 - lx0) * (W - ml - mr)
+        Y = lambda k: mt + (hi - math.log10(max(k, 10 ** lo))) / (hi - lo) * (H - mt - mb)
+        pal = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
+               "#666666", "#1f78b4", "#b2df8a", "#fb9a99", "#cab2d6", "#ff7f00", "#6a3d9a",
+               "#b15928", "#000000"]
+        s = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">' % (W, H),
+             '<rect width="100%" height="100%" fill="white"/>',
+             '<text x="%d" y="18" font-size="13">mean KL vs full cache (nats, log scale) — %s, %d tokens</text>' % (ml, html.escape(t), tokens)]
+        for e in range(lo, hi + 1):
+            y = Y(10 ** e)
+            s.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%d" y="%.1f" text-anchor="end">1e%d</text>' % (ml, W - mr, y, y, ml - 4, y + 4, e))
+        for r in xs:
+            x = X(r)
+            s.append('<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#ddd"/><text x="%.1f" y="%d" text-anchor="middle">×%d</text>' % (x, x, mt, H - mb, x, H - mb + 14, r))
+        s.append('<text x="%d" y="%d" text-anchor="middle">compression ratio</text>' % ((ml + W - mr) // 2, H - 6))
+        for i, (p, pts) in enumerate(sorted(series.items())):
+            c = pal[i % len(pal)]
+            fp = p.split(" ")[0] in founding
+            dash = '' if fp else ' stroke-dasharray="4 3"'
+            pts = sorted(pts)
+            s.append('<polyline fill="none" stroke="%s" stroke-width="%s"%s points="%s"/>' % (
+                c, "2.2" if fp else "1.4", dash,
+                " ".join("%.1f,%.1f" % (X(r), Y(k)) for r, k in pts)))
+            for r, k in pts:
+                s.append('<circle cx="%.1f" cy="%.1f" r="2.5" fill="%s"/>' % (X(r), Y(k), c))
+            ly = mt + 12 + i * 14
+            s.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"%s/><text x="%d" y="%d">%s</text>' % (
+                W - mr + 8, W - mr + 28, ly - 4, ly - 4, c, dash, W - mr + 32, ly, html.escape(p)))
+        s.append('</svg>')
+        with open(svg, "w") as f:
+            f.write("\n".join(s) + "\n")
+        plots.append(svg)
+        L.append("![mean KL against the ratio, %s](results/kld_%s.svg)\n" % (t, t))
+
+    # where a founding method wins or loses, from the numbers above
+    base = {"caote_h2o": "h2o", "caote_fast_h2o": "h2o", "caote_tova": "tova",
+            "caote_snapkv": "snapkv", "scissorhands": "h2o", "scissorhands_whole": "h2o",
+            "gracekv": "snapkv"}
+    def kl(p, r):
+        j = rows.get(p, {}).get(r)
+        return j["kld_mean"] if j and "error" not in j else None
+    lines = []
+    for p in policies:
+        if p not in founding or p not in rows: continue
+        for r in ratios:
+            k = kl(p, r)
+            if k is None: continue
+            b = base.get(p); kb = kl(b, r) if b else None
+            others = [(kl(q, r), q) for q in policies if q not in founding and
+                      (q in pe_set) == (p in pe_set) and kl(q, r) is not None]
+            best = min(others) if others else None
+            parts = []
+            if kb is not None:
+                parts.append("%s its base %s (%s vs %s)" % (
+                    "beats" if k < kb else "loses to" if k > kb else "ties", b, fmt(k, 4), fmt(kb, 4)))
+            if best is not None:
+                parts.append("%s the best baseline %s (%s)" % (
+                    "beats" if k < best[0] else "loses to" if k > best[0] else "ties", best[1], fmt(best[0], 4)))
+            if parts:
+                lines.append("* **%s** ×%d: %s." % (p, r, "; ".join(parts)))
+    if lines:
+        L.append("Founding methods against the baselines on this text (mean KL, lower is better; "
+                 "a difference within about two `kld_mean_err` of each other is noise — see the "
+                 "statistics table):\n")
+        L.extend(lines)
+        L.append("")
+
+# needle
+nd = os.path.join(out, "needle", nkey)
+full = load(os.path.join(nd, "full.json"))
+L.append("## Passkey retrieval (`BIN needle --task passkey`, aware mode)\n")
+if full is None and not glob.glob(os.path.join(nd, "*.json")):
+    L.append("No passkey measurement collected in this run.\n")
+else:
+    lengths, depths = nkey[1:].split(".D")
+    L.append("Prompt lengths %s tokens, depths %s %%; each cell is correct answers / prompts; "
+             "a ratio's budget is L / R entries per (layer, KV head) for each length L. "
+             "StreamingLLM's and the sliding window's windows are sized to the shortest length.\n" % (
+             lengths.replace("-", ", "), depths.replace("-", ", ")))
+    def acc(j):
+        if j is None: return "not run"
+        if "error" in j:
+            return "n/a (guards exceed budget)" if "exceed" in j["error"] or "guard" in j["error"] else "error (rc %s)" % j.get("rc")
+        res = j["results"]
+        return "%d/%d" % (sum(1 for x in res if x["correct"]), len(res))
+    L.append("| policy | " + " | ".join("×%s" % r for r in nratios) + " |")
+    L.append("|---|" + "---|" * len(nratios))
+    L.append("| full cache (reference) | " + " | ".join(acc(full) for _ in nratios) + " |")
+    for p in npolicies:
+        cells = [acc(load(os.path.join(nd, "%s.r%s.json" % (p, r)))) for r in nratios]
+        if all(c == "not run" for c in cells): continue
+        L.append("| %s | %s |" % ("**%s**" % p if p in founding else p, " | ".join(cells)))
+    L.append("")
+
+with open(doc, "w") as f:
+    f.write("\n".join(L) + "\n")
+print("results.sh: wrote %s and %s" % (doc, ", ".join(plots) if plots else "no plot"))
+PY
