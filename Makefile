@@ -47,7 +47,7 @@ BINS       := $(B)/kvrt $(if $(wildcard compiler/kvpc_main.c),$(B)/kvpc)
 .SECONDARY:
 .DELETE_ON_ERROR:
 
-.PHONY: all help deps model check test test-asan bench demo fuzz install clean cuda
+.PHONY: all help deps model check test test-asan bench demo results fuzz install clean cuda
 .DEFAULT_GOAL := all
 
 ## all: build libkvrt, the kvrt CLI, the kvpc compiler and every test binary
@@ -93,10 +93,16 @@ test-asan: $(TEST_BINS)
 bench: deps model $(B)/kvrt
 	@$(B)/kvrt bench --model $(MODEL)
 
-## demo: the main job: real model perplexity on a real offline text and a short generation
+## demo: the main job: A/B two policies on the real model and a real text, then a generation
 demo: deps model
 	@$(MAKE) --no-print-directory $(BINS) $(B)/libkvrt.a
 	@scripts/demo.sh $(B) $(MODEL)
+
+## results: every policy x compression 2..128 x two texts + passkey -> docs/results.md (hours)
+# (RESULTS_TOKENS, RATIOS, LENGTHS, POLICIES narrow the sweep; see scripts/results.sh)
+results: deps model
+	@$(MAKE) --no-print-directory $(BINS) $(B)/libkvrt.a
+	@scripts/results.sh $(B) $(MODEL)
 
 ## install: install kvrt, kvpc, libkvrt.a and headers under PREFIX (default /usr/local)
 install: $(BINS) $(B)/libkvrt.a
