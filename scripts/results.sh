@@ -38,6 +38,8 @@
 #   THREADS [nproc]              BLAS threads
 #   RESULTS_DOC [docs/results.md] RESULTS_NOTE: a paragraph put at the top of the document
 #   OUT [BUILD_DIR/results]      where the binary, texts and JSON go
+#   RESULTS_RENDER_ONLY=1        measure nothing: render what the cache holds (cells not
+#                                measured read "not run")
 set -euo pipefail
 bdir=${1:-build}
 model=${2:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -84,7 +86,8 @@ done
 # 3. perplexity and KL against the full cache
 # extra_sets POLICY RATIO: --set arguments that size a guard-only policy to the ratio
 # (CAOTE over H2O's recent guard of 1024 tokens is split with the heavy hitters half and
-# half, as H2O's own 10% + 10%); a prompt-end policy (SnapKV, PyramidKV, Ada-KV, GraceKV,
+# half, as H2O's own 10% + 10%, and H2O itself gets the same halves: its recent share of 10%
+# would otherwise stay 10% of the context and take most of a small budget); a prompt-end policy (SnapKV, PyramidKV, Ada-KV, GraceKV,
 # CAOTE over SnapKV) compresses once when the prompt ends, which in a ppl run without
 # --prompt is after the last token, so it is run with the first half of the text as its
 # prompt (--prompt N/2, budget N/2 / R entries per head) and scored on the second half.
@@ -94,10 +97,16 @@ extra_sets() {
 	streaming_llm) echo "--set recent=$((b - 4))" ;;
 	sliding_window) echo "--set window=$b" ;;
 	caote_h2o | caote_fast_h2o) echo "--set heavy=$((b - b / 2)) --set recent=$((b / 2))" ;;
+	h2o) # heavy and recent halves of the budget, as the H2O paper (shares of the context)
+		local h
+		h=$(awk -v r="$2" 'BEGIN { printf "%g", 50 / r }')
+		echo "--set heavy=$h% --set recent=$h%" ;;
 	esac
 }
 prompt_end() { grep -q '^[[:space:]]*compress at prompt end' "policies/$1.kvp"; }
-for f in "${textfiles[@]}"; do
+render_only=${RESULTS_RENDER_ONLY:-0}
+[ "$render_only" = 1 ] && textfiles=()
+for f in ${textfiles[@]+"${textfiles[@]}"}; do
 	t=$(basename "$f" ".$tokens.txt")
 	mkdir -p "$out/ppl/$t.$tokens"
 	for p in $policies; do
@@ -132,6 +141,7 @@ done
 needle_run() { # POLICY RATIO(or -) FILE
 	local p=$1 r=$2 j=$3 ra=()
 	[ -s "$j" ] && return 0
+	[ "$render_only" = 1 ] && return 0
 	[ "$r" = - ] || ra=(--ratio "$r")
 	# shellcheck disable=SC2046
 	if "$bin" needle --model "$model" --task passkey --lengths "$lengths" --depths "$depths" \
@@ -178,7 +188,8 @@ founding = {"scissorhands", "scissorhands_whole", "caote_h2o", "caote_fast_h2o",
 
 def load(path):
     try:
-        with open(path) as f:
+        # errors="replace": a generated answer can end inside a multi-byte character
+        with open(path, encoding="utf-8", errors="replace") as f:
             return json.load(f)
     except (OSError, ValueError):
         return None
@@ -225,10 +236,15 @@ L.append("| ratios | %s |" % ", ".join(map(str, ratios)))
 L.append("| BLAS threads | %s |" % threads)
 L.append("| command | `%s %s` |" % (envline, cmdline.strip()))
 L.append("| wall time | %d s (%.1f min) for this invocation; cells cached by an earlier invocation are not re-run |" % (int(wall), int(wall) / 60))
-secs = 0.0
-for fn in glob.glob(os.path.join(out, "ppl", "*.%d" % tokens, "*.json")):
+secs = 0.0; commits = {}
+for fn in (glob.glob(os.path.join(out, "ppl", "*.%d" % tokens, "*.json")) +
+           glob.glob(os.path.join(out, "needle", nkey, "*.json"))):
     j = load(fn)
     if j and "seconds" in j: secs += j["seconds"]
+    if j and "commit" in j: commits[j["commit"]] = commits.get(j["commit"], 0) + 1
+if len(commits) > 1:
+    L.append("| cells measured at | %s (the binary is rebuilt from the working tree when it changes; a resumed run can mix builds — `RESULTS_FRESH=1` for one build) |" % ", ".join(
+        "`%s` (%d cells)" % (c, n) for c, n in sorted(commits.items(), key=lambda x: -x[1])))
 L.append("| ppl measurement time | %.0f s (sum of the `seconds` of every ppl cell below, each including its full-cache reference) |\n" % secs)
 L.append("Every cell is one `BIN ppl --ctx N --ratio R --json` run: streaming perplexity "
          "(teacher forcing, each token scored from the cache the policy left) and the mean "
@@ -364,6 +380,14 @@ for t in texts:
     def kl(p, r):
         j = rows.get(p, {}).get(r)
         return j["kld_mean"] if j and "error" not in j else None
+    def cmp(p, q, r):
+        """beats / loses to / is within noise of (two standard errors of the difference)"""
+        a, b = rows[p][r], rows[q][r]
+        e = 2 * math.sqrt((a.get("kld_mean_err") or 0) ** 2 + (b.get("kld_mean_err") or 0) ** 2)
+        d = a["kld_mean"] - b["kld_mean"]
+        return "is within noise of" if abs(d) <= e else "beats" if d < 0 else "loses to"
+    def peak(p, r):
+        return rows[p][r]["kv_bytes_peak"]
     lines = []
     for p in policies:
         if p not in founding or p not in rows: continue
@@ -376,17 +400,21 @@ for t in texts:
             best = min(others) if others else None
             parts = []
             if kb is not None:
-                parts.append("%s its base %s (%s vs %s)" % (
-                    "beats" if k < kb else "loses to" if k > kb else "ties", b, fmt(k, 4), fmt(kb, 4)))
-            if best is not None:
-                parts.append("%s the best baseline %s (%s)" % (
-                    "beats" if k < best[0] else "loses to" if k > best[0] else "ties", best[1], fmt(best[0], 4)))
+                parts.append("%s its base %s (%s vs %s; peak KV bytes %.1f vs %.1f MB)" % (
+                    cmp(p, b, r), b, fmt(k, 4), fmt(kb, 4), peak(p, r) / 1e6, peak(b, r) / 1e6))
+            if best is not None and best[1] != b:
+                parts.append("%s the best baseline %s (%s; peak %.1f MB)" % (
+                    cmp(p, best[1], r), best[1], fmt(best[0], 4), peak(best[1], r) / 1e6))
+            elif best is not None:
+                parts.append("its base is the best baseline")
             if parts:
                 lines.append("* **%s** ×%d: %s." % (p, r, "; ".join(parts)))
     if lines:
         L.append("Founding methods against the baselines on this text (mean KL, lower is better; "
-                 "a difference within about two `kld_mean_err` of each other is noise — see the "
-                 "statistics table):\n")
+                 "\"within noise\" when the difference is at most two standard errors of it, from "
+                 "`kld_mean_err`). Peak KV bytes are given because the block-wise methods (CAOTE "
+                 "evicts once per 128-token block) hold up to a block more entries between "
+                 "compressions than per-step H2O/TOVA at the same final budget:\n")
         L.extend(lines)
         L.append("")
 
