@@ -58,7 +58,7 @@ static void golden_load(void)
 		return;
 	rt_err err = { { 0 } };
 	size_t len;
-	g_buf = rt_read_file(GOLDEN_DIR "quant_golden.bin", &len, &err);
+	g_buf = rt_read_file(GOLDEN_DIR "quant_golden.dat", &len, &err);
 	ck_assert_msg(g_buf != NULL, "%s", err.msg);
 	ck_assert_uint_ge(len, 12);
 	ck_assert_int_eq(memcmp(g_buf, "KVQG", 4), 0);
@@ -356,7 +356,7 @@ START_TEST(test_real_model_rows)
 	rt_gguf *g = rt_gguf_open(path, &err);
 	ck_assert_msg(g != NULL, "%s", err.msg);
 	size_t len;
-	char *buf = rt_read_file(GOLDEN_DIR "model_rows.bin", &len, &err);
+	char *buf = rt_read_file(GOLDEN_DIR "model_rows.dat", &len, &err);
 	ck_assert_msg(buf != NULL, "%s", err.msg);
 	ck_assert_int_eq(memcmp(buf, "KVMR", 4), 0);
 	uint32_t n_rows = rd32(buf + 8);

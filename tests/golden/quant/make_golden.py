@@ -5,21 +5,21 @@ made with gguf 0.19.0, numpy 2.4).
 
 Writes, next to this script:
 
-  quant_golden.bin  cases of (type, input f32 or none, encoded block bytes, decoded f32).
+  quant_golden.dat  cases of (type, input f32 or none, encoded block bytes, decoded f32).
       For types gguf.quants can encode (F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) the input
       vector is quantised by gguf.quants (has_input = 1), so test_quant can also check the
       C encoders of tests/support/gguf_writer.c bit-exactly. For K-quants (Q4_K, Q5_K,
       Q6_K), which gguf.quants only decodes, the blocks are random bytes with sane fp16
       scales (has_input = 0). The decoded values always come from gguf.quants.dequantize.
-  model_rows.bin    (only with --model PATH) a few rows of blk.0.attn_q.weight (Q4_1)
+  model_rows.dat    (only with --model PATH) a few rows of blk.0.attn_q.weight (Q4_1)
       and token_embd.weight (Q8_0) of the real SmolLM2-135M-Instruct Q4_1 file, decoded by
       gguf.GGUFReader + gguf.quants.dequantize.
 
 Binary layout (little-endian):
-  quant_golden.bin: "KVQG", u32 version=1, u32 n_cases, then per case:
+  quant_golden.dat: "KVQG", u32 version=1, u32 n_cases, then per case:
       char name[32] (NUL-padded), u32 ggml_type, u32 n_values, u32 has_input, u32 n_bytes,
       [f32 input[n_values] if has_input], u8 bytes[n_bytes], f32 decoded[n_values]
-  model_rows.bin: "KVMR", u32 version=1, u32 n_rows, then per row:
+  model_rows.dat: "KVMR", u32 version=1, u32 n_rows, then per row:
       char tensor[64], u32 ggml_type, u32 row, u32 n_values, f32 values[n_values]
 
 Run from the repository root:
@@ -171,11 +171,11 @@ def make_model_rows(model, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="real model GGUF for model_rows.bin")
+    ap.add_argument("--model", help="real model GGUF for model_rows.dat")
     a = ap.parse_args()
-    make_quant(os.path.join(HERE, "quant_golden.bin"))
+    make_quant(os.path.join(HERE, "quant_golden.dat"))
     if a.model:
-        make_model_rows(a.model, os.path.join(HERE, "model_rows.bin"))
+        make_model_rows(a.model, os.path.join(HERE, "model_rows.dat"))
     return 0
 
 
