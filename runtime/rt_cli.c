@@ -30,6 +30,8 @@
 #define EXIT_USAGE 2
 #define DEFAULT_CHUNK 512
 #define MAX_SETS 64
+/* entries per head a ratio run's store holds beyond its budget (see cmd_ppl) */
+#define PPL_CAP_SLACK 1024
 #define MAX_LIST 32
 
 static const char *g_prog = "kvrt";
@@ -111,6 +113,7 @@ static const char *const help_ppl =
 	"    %s ppl --model MODEL --text FILE [--policy NAME] [--set NAME=VALUE]...\n"
 	"             [--ratio R] [--ctx N] [--prompt N] [--chunk N] [--threads N] [--json]\n"
 	"             [--dump FILE] [--logits FILE] [--no-ref]\n"
+	"    %s ppl --model MODEL --text FILE --batch RUNS [--ctx N] [--prompt N] [--json] ...\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Tokenizes FILE, keeps its first N tokens and feeds them through the model\n"
@@ -133,8 +136,9 @@ static const char *const help_ppl =
 	"    text); tokens_per_s counts the policy run only; compress_events is the number\n"
 	"    of compress calls; policy_seconds the time spent inside policy code (observe,\n"
 	"    init_entries, should_compress, next_trigger, compress). The store is allocated\n"
-	"    for N entries per head (the text's length), so kv_entries_peak,\n"
-	"    not the allocation, is the memory a deployment needs.\n"
+	"    for N entries per head (the text's length), or N / R + 1024 with --ratio R and\n"
+	"    no --prompt, so kv_entries_peak, not the allocation, is the memory a deployment\n"
+	"    needs.\n"
 	"\n"
 	"OPTIONS\n"
 	"    -m, --model MODEL   GGUF model file\n"
@@ -163,6 +167,15 @@ static const char *const help_ppl =
 	"    --logits FILE       write the policy run's raw little-endian f32 logits\n"
 	"                        [N × n_vocab] to FILE (row i after tokens 0..i)\n"
 	"    --no-ref            skip the full-cache reference (half the work)\n"
+	"    --batch RUNS        run several policies on the same text in one pass: RUNS has\n"
+	"                        one run per line, `POLICY [--ratio R] [--set NAME=VALUE]...`\n"
+	"                        ('#' starts a comment line). All runs and the reference are\n"
+	"                        fed in lockstep and each chunk's weight GEMMs run once for\n"
+	"                        all of them (the weights are read once, not once per run);\n"
+	"                        each run gives what a separate `ppl` run gives (one report\n"
+	"                        or JSON line per run, in file order, with \"batch\": the\n"
+	"                        sequences in the pass) up to float summation order;\n"
+	"                        seconds and tokens_per_s are the shared pass's\n"
 	"    -h, --help          show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -410,7 +423,7 @@ static int parse_list(const char *s, double lo, double hi, int integral, double 
 
 typedef struct opts {
 	const char *model, *text, *prompt, *system, *dump, *logits, *ctx_list;
-	const char *policy, *haystack, *lengths, *depths, *svg;
+	const char *policy, *haystack, *lengths, *depths, *svg, *batch;
 	const char *sets[MAX_SETS];
 	int n_sets;
 	long ctx, chunk, n_gen, threads, decode, prompt_len, seed;
@@ -420,7 +433,7 @@ typedef struct opts {
 
 enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECIAL, O_STATS,
        O_THREADS, O_DECODE, O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_HAYSTACK,
-       O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG };
+       O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH };
 
 /* Parse argv (argv[0] is the command name) with the command's long options lo and short
  * options so into o, checking every value. Returns 0, 1 after printing help (help_fn),
@@ -493,6 +506,7 @@ static int parse_opts(const char *cmd, void (*help_fn)(void), int argc, char **a
 			o->ratio = r;
 			break;
 		}
+		case O_BATCH: o->batch = optarg; break;
 		case O_SET:
 			if (o->n_sets == MAX_SETS)
 				return usage_err(cmd, "--set: more than %d overrides", MAX_SETS);
@@ -812,7 +826,213 @@ static int cmd_info(int argc, char **argv)
 
 static void help_ppl_fn(void)
 {
-	print_help(help_ppl, 5, g_prog, g_prog, g_prog, default_policy_name(), g_prog);
+	print_help(help_ppl, 6, g_prog, g_prog, g_prog, g_prog, default_policy_name(), g_prog);
+}
+
+/* One policy run of `ppl`: the policy with its --set overrides and --ratio (from the
+ * command line, or one line of a --batch file), its sequence and its running scores. */
+typedef struct ppl_run {
+	const struct kvp_policy *p;
+	opts o;                  /* sets and ratio of this run */
+	char *line;              /* owned copy of the batch line the sets point into, or NULL */
+	rt_seq seq;
+	rt_kld_acc acc;
+	double nll;
+	int64_t scored, hits;
+} ppl_run;
+
+/* Parse a --batch file: one run per non-blank line that does not start with '#':
+ * `POLICY [--ratio R] [--set NAME=VALUE]...`. Checks every policy, override and ratio
+ * (as --policy/--set/--ratio would) and reports FILE:LINE: reason. Returns the runs (n in
+ * *n) or NULL after printing the error (*rc set). */
+static ppl_run *ppl_batch_parse(const char *path, int *n, int *rc)
+{
+	size_t len;
+	rt_err err = { "" };
+	char *txt = rt_read_file(path, &len, &err);
+	*n = 0;
+	*rc = EXIT_USAGE;
+	if (!txt) {
+		runtime_err(&err);
+		return NULL;
+	}
+	int cap = 8;
+	ppl_run *runs = calloc((size_t)cap, sizeof *runs);
+	int lineno = 0, ok = runs != NULL;
+	for (char *save = NULL, *ln = strtok_r(txt, "\n", &save); ok && ln;
+	     ln = strtok_r(NULL, "\n", &save)) {
+		lineno++;
+		char *q = ln + strspn(ln, " \t\r");
+		if (!*q || *q == '#')
+			continue;
+		if (*n == cap) {
+			ppl_run *nr = realloc(runs, (size_t)cap * 2 * sizeof *runs);
+			if (!nr) {
+				ok = 0;
+				break;
+			}
+			memset(nr + cap, 0, (size_t)cap * sizeof *runs);
+			runs = nr, cap *= 2;
+		}
+		ppl_run *r = &runs[*n];
+		if (!(r->line = strdup(q))) {
+			ok = 0;
+			break;
+		}
+		(*n)++;
+		char *tok_save = NULL, *w = strtok_r(r->line, " \t\r", &tok_save);
+		const char *name = w;
+		const char *why = NULL;
+		char whybuf[160];
+		while (!why && (w = strtok_r(NULL, " \t\r", &tok_save))) {
+			char *v = strtok_r(NULL, " \t\r", &tok_save);
+			if (strcmp(w, "--ratio") && strcmp(w, "--set")) {
+				snprintf(whybuf, sizeof whybuf, "unknown word '%s' (expected --ratio R or "
+				         "--set NAME=VALUE)", w);
+				why = whybuf;
+			} else if (!v) {
+				snprintf(whybuf, sizeof whybuf, "%s needs a value", w);
+				why = whybuf;
+			} else if (!strcmp(w, "--ratio")) {
+				char *end;
+				errno = 0;
+				double x = strtod(v, &end);
+				if (errno || end == v || *end || !isfinite(x) || x < 1) {
+					snprintf(whybuf, sizeof whybuf, "--ratio: '%s' is not a compression "
+					         "factor >= 1", v);
+					why = whybuf;
+				}
+				r->o.ratio = x;
+			} else if (r->o.n_sets == MAX_SETS) {
+				why = "more than 64 --set overrides";
+			} else if (!strchr(v, '=') || v[0] == '=') {
+				snprintf(whybuf, sizeof whybuf, "--set: expected NAME=VALUE, got '%s'", v);
+				why = whybuf;
+			} else {
+				r->o.sets[r->o.n_sets++] = v;
+			}
+		}
+		if (!why) {
+			r->o.policy = name;
+			int prc; /* policy_from_opts prints its own message */
+			r->p = policy_from_opts("ppl", &r->o, &prc);
+			if (!r->p) {
+				fprintf(stderr, "%s: %s:%d: the run above is refused\n", g_prog, path, lineno);
+				free(txt);
+				*rc = prc;
+				return runs; /* caller frees; r->p NULL marks failure */
+			}
+		}
+		if (why) {
+			fprintf(stderr, "%s: %s:%d: %s\n", g_prog, path, lineno, why);
+			free(txt);
+			r->p = NULL;
+			return runs;
+		}
+	}
+	free(txt);
+	if (!ok) {
+		fprintf(stderr, "%s: out of memory reading %s\n", g_prog, path);
+		*rc = EXIT_FAILURE;
+		*n = -1;
+		return runs;
+	}
+	if (*n == 0) {
+		fprintf(stderr, "%s: %s: no runs (one `POLICY [--ratio R] [--set NAME=VALUE]...` per "
+		        "line)\n", g_prog, path);
+		return runs;
+	}
+	*rc = 0;
+	return runs;
+}
+
+static void ppl_report(const ppl_run *r, const rt_model *m, const opts *o, const char *msha,
+                       const char *tsha, int64_t n, int64_t use, int64_t prompt_len, int block,
+                       int ref, int batch)
+{
+	const struct kvp_policy *p = r->p;
+	rt_seq_stats st = rt_seq_stats_get(&r->seq);
+	if (st.compress_events == 0 && p->compress)
+		fprintf(stderr, "%s: note: policy %s never compressed on these %lld tokens (its budget "
+		        "or trigger was not reached)\n", g_prog, p->name, (long long)use);
+	double mean_entries = rt_seq_mean_entries(&r->seq);
+	double compression = mean_entries > 0 ? (double)use / mean_entries : 0;
+	double nll_mean = r->nll / (double)r->scored, ppl = exp(nll_mean);
+	double tps = st.seconds > 0 ? (double)use / st.seconds : 0;
+	int threads = openblas_get_num_threads();
+	rt_kld_summary ks;
+	memset(&ks, 0, sizeof ks);
+	if (ref)
+		rt_kld_acc_summary((rt_kld_acc *)&r->acc, &ks);
+	if (o->json) {
+		fputc('{', stdout);
+		json_policy(stdout, &r->seq, r->o.ratio);
+		fputs(",\"model\":", stdout);
+		rt_json_str(stdout, m->path);
+		if (msha[0]) {
+			fputs(",\"model_sha256\":", stdout);
+			rt_json_str(stdout, msha);
+		}
+		fputs(",\"text\":", stdout);
+		rt_json_str(stdout, o->text);
+		fputs(",\"text_sha256\":", stdout);
+		rt_json_str(stdout, tsha);
+		printf(",\"threads\":%d,\"chunk\":%d,\"prompt\":%ld,\"tokens\":%lld,\"scored\":%lld,"
+		       "\"batch\":%d",
+		       threads, block, (long)prompt_len, (long long)use, (long long)r->scored, batch);
+		json_num(stdout, "ppl", ppl);
+		json_num(stdout, "nll_mean", nll_mean);
+		json_num(stdout, "top1_acc", (double)r->hits / (double)r->scored);
+		printf(",\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld",
+		       (long long)st.kv_entries_peak, (long long)st.kv_bytes_peak);
+		json_num(stdout, "kv_entries_per_head", mean_entries);
+		json_num(stdout, "compression", compression);
+		json_num(stdout, "tokens_per_s", tps);
+		printf(",\"compress_events\":%lld", (long long)st.compress_events);
+		json_num(stdout, "policy_seconds", st.policy_seconds);
+		json_num(stdout, "seconds", st.seconds);
+		if (ref) {
+			json_num(stdout, "kld_mean", ks.kld_mean);
+			json_num(stdout, "kld_mean_err", ks.kld_mean_err);
+			json_num(stdout, "kld_median", ks.kld_median);
+			json_num(stdout, "kld_p99", ks.kld_p99);
+			json_num(stdout, "kld_max", ks.kld_max);
+			json_num(stdout, "ppl_ref", ks.ppl_p);
+			json_num(stdout, "ppl_ratio", ks.ppl_ratio);
+			json_num(stdout, "same_top1", ks.same_top1);
+			json_num(stdout, "rms_dp", ks.rms_dp);
+		}
+		fputs("}\n", stdout);
+		return;
+	}
+	printf("model            %s\n", m->path);
+	printf("text             %s (%lld tokens, first %lld scored)\n", o->text, (long long)n,
+	       (long long)use);
+	printf("policy           %s", p->name);
+	for (int i = 0; i < p->n_params; i++)
+		printf(" %s=%g", p->params[i].name, r->seq.run.params[i]);
+	if (r->o.ratio > 0)
+		printf(" ratio=%g", r->o.ratio);
+	putchar('\n');
+	printf("ppl              %.4f\n", ppl);
+	printf("nll_mean         %.6f nats/token\n", nll_mean);
+	printf("top1_acc         %.4f\n", (double)r->hits / (double)r->scored);
+	if (ref) {
+		printf("ppl_ref          %.4f (full cache), ppl_ratio %.4f\n", ks.ppl_p, ks.ppl_ratio);
+		printf("kld              mean %.6f ± %.6f, p99 %.6f, max %.6f nats\n", ks.kld_mean,
+		       ks.kld_mean_err, ks.kld_p99, ks.kld_max);
+		printf("same_top1        %.4f, rms_dp %.4f\n", ks.same_top1, ks.rms_dp);
+	}
+	printf("kv peak          %lld entries, %.2f MiB\n", (long long)st.kv_entries_peak,
+	       (double)st.kv_bytes_peak / (1024.0 * 1024.0));
+	printf("compression      %.2fx (%.1f entries per head at the end)\n", compression,
+	       mean_entries);
+	printf("compressions     %lld (%.3f s in policy code)\n", (long long)st.compress_events,
+	       st.policy_seconds);
+	printf("speed            %.1f tokens/s (%.2f s, %d threads%s)\n", tps, st.seconds, threads,
+	       batch > 1 ? ", shared by the batch" : "");
+	if (batch > 1)
+		putchar('\n');
 }
 
 static int cmd_ppl(int argc, char **argv)
@@ -825,7 +1045,8 @@ static int cmd_ppl(int argc, char **argv)
 		{ "threads", required_argument, 0, O_THREADS },
 		{ "policy", required_argument, 0, O_POLICY }, { "set", required_argument, 0, O_SET },
 		{ "ratio", required_argument, 0, O_RATIO }, { "no-ref", no_argument, 0, O_NOREF },
-		{ "prompt", required_argument, 0, O_PROMPTLEN }, { "help", no_argument, 0, 'h' },
+		{ "prompt", required_argument, 0, O_PROMPTLEN },
+		{ "batch", required_argument, 0, O_BATCH }, { "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
 	opts o = { .chunk = DEFAULT_CHUNK, .prompt_len = -1 };
@@ -834,27 +1055,55 @@ static int cmd_ppl(int argc, char **argv)
 		return rc == 1 ? 0 : rc;
 	if (!o.text)
 		return usage_err("ppl", "%s", "--text is required");
-	const struct kvp_policy *p = policy_from_opts("ppl", &o, &rc);
-	if (!p)
-		return rc;
+	ppl_run *runs = NULL;
+	int K = 0;
+	if (o.batch) {
+		if (o.policy || o.n_sets || o.ratio > 0 || o.dump || o.logits)
+			return usage_err("ppl", "%s", "--batch gives every run's policy, --set and --ratio; "
+			                 "--policy, --set, --ratio, --dump and --logits cannot be combined "
+			                 "with it");
+		runs = ppl_batch_parse(o.batch, &K, &rc);
+		if (rc) {
+			for (int i = 0; runs && i < (K > 0 ? K : 0); i++)
+				free(runs[i].line);
+			free(runs);
+			return rc;
+		}
+	} else {
+		const struct kvp_policy *p = policy_from_opts("ppl", &o, &rc);
+		if (!p)
+			return rc;
+		runs = calloc(1, sizeof *runs);
+		if (!runs) {
+			fprintf(stderr, "%s: out of memory\n", g_prog);
+			return EXIT_FAILURE;
+		}
+		K = 1;
+		runs[0].p = p;
+		runs[0].o = o;
+	}
 	set_threads(o.threads);
 	size_t len;
 	char *text = read_text(o.text, &len);
-	if (!text)
-		return EXIT_FAILURE;
 	rt_gguf *g = NULL;
 	rt_tokenizer *tk = NULL;
 	rt_model *m = NULL;
 	int32_t *ids = NULL;
-	float *lq = NULL, *lp = NULL;
+	float *lg = NULL;
 	FILE *dump = NULL, *lgf = NULL;
-	rt_seq sq = { 0 }, sp = { 0 };
-	rt_kld_acc acc;
-	rt_kld_acc_init(&acc);
+	rt_seq sp = { 0 };
+	rt_seq **all = NULL;
+	rt_seq_batch b = { 0 };
 	rt_err err = { "" };
 	int64_t n = 0;
-	int ref = !o.no_ref && strcmp(p->name, "full") != 0;
+	int ref = !o.no_ref;
+	for (int i = 0; i < K; i++)
+		rt_kld_acc_init(&runs[i].acc);
 	rc = EXIT_FAILURE;
+	if (!text)
+		goto out;
+	if (K == 1 && !strcmp(runs[0].p->name, "full"))
+		ref = 0;
 	if (open_model(o.model, &g, &tk, &m) < 0)
 		goto out;
 	rt_gguf_close(g);
@@ -876,25 +1125,57 @@ static int cmd_ppl(int argc, char **argv)
 		goto out;
 	}
 	const int V = m->hp.n_vocab;
+	const int S = K + ref; /* sequences fed in lockstep; the reference is the last */
 	int block = (int)(o.chunk < use ? o.chunk : use);
+	if (S > 1) { /* bound the batch's stacked rows and logits (S × block rows) */
+		int cap_rows = 512 / S;
+		block = block < cap_rows ? block : cap_rows < 1 ? 1 : cap_rows;
+	}
 	/* Without --prompt the whole scored text is the prompt, so a ratio budget is
 	 * use / R entries per head from the first token (a fixed cache budget, the convention
 	 * `kvpc ab` uses too) rather than growing from 0 with the tokens seen. */
 	int64_t prompt_len = o.prompt_len >= 0 ? o.prompt_len : use;
-	if (rt_seq_init(&sq, m, p, (int32_t)use, block, prompt_len, &err) != 0 ||
-	    seq_apply(&sq, &o, &err) != 0 ||
-	    (ref && rt_seq_init(&sp, m, &rt_policy_full, (int32_t)use, block, prompt_len, &err) != 0)) {
+	all = calloc((size_t)S, sizeof *all);
+	if (!all) {
+		fprintf(stderr, "%s: out of memory\n", g_prog);
+		goto out;
+	}
+	for (int i = 0; i < K; i++) {
+		/* A ratio budget over the whole scored text is a fixed use / R entries per head;
+		 * the store gets that plus PPL_CAP_SLACK entries for what a policy holds between
+		 * compressions (a block-wise policy's block, a batch eviction's overshoot), so a
+		 * batch of many ratios fits in memory. A policy that overshoots further stops with
+		 * "KV cache full". Otherwise (full cache, own budget, --prompt) the store holds
+		 * every scored token. */
+		int64_t cap = use;
+		if (runs[i].o.ratio > 0 && prompt_len == use &&
+		    (int64_t)ceil((double)use / runs[i].o.ratio) + PPL_CAP_SLACK < use)
+			cap = (int64_t)ceil((double)use / runs[i].o.ratio) + PPL_CAP_SLACK;
+		if (rt_seq_init(&runs[i].seq, m, runs[i].p, (int32_t)cap, block, prompt_len, &err) != 0 ||
+		    seq_apply(&runs[i].seq, &runs[i].o, &err) != 0) {
+			runtime_err(&err);
+			goto out;
+		}
+		all[i] = &runs[i].seq;
+	}
+	if (ref) {
+		if (rt_seq_init(&sp, m, &rt_policy_full, (int32_t)use, block, prompt_len, &err) != 0) {
+			runtime_err(&err);
+			goto out;
+		}
+		all[K] = &sp;
+	}
+	if (S > 1 && rt_seq_batch_init(&b, all, S, block, &err) != 0) {
 		runtime_err(&err);
 		goto out;
 	}
-	lq = malloc((size_t)block * V * sizeof *lq);
-	lp = ref ? malloc((size_t)block * V * sizeof *lp) : NULL;
-	if (!lq || (ref && !lp)) {
+	lg = malloc((size_t)S * block * V * sizeof *lg);
+	if (!lg) {
 		fprintf(stderr, "%s: out of memory for the logits of a %d-token chunk\n", g_prog, block);
 		goto out;
 	}
-	if (ref)
-		rt_kld_acc_reserve(&acc, use);
+	for (int i = 0; ref && i < K; i++)
+		rt_kld_acc_reserve(&runs[i].acc, use);
 	if (o.dump && !(dump = fopen(o.dump, "w"))) {
 		fprintf(stderr, "%s: %s: %s\n", g_prog, o.dump, strerror(errno));
 		goto out;
@@ -903,42 +1184,48 @@ static int cmd_ppl(int argc, char **argv)
 		fprintf(stderr, "%s: %s: %s\n", g_prog, o.logits, strerror(errno));
 		goto out;
 	}
-	double nll = 0;
-	int64_t scored = 0, hits = 0;
 	for (int64_t done = 0; done < use; done += block) {
 		int c = use - done < block ? (int)(use - done) : block;
-		if (rt_seq_feed(&sq, ids + done, c, lq, RT_LOGITS_ALL, &err) != 0 ||
-		    (ref && rt_seq_feed(&sp, ids + done, c, lp, RT_LOGITS_ALL, &err) != 0)) {
+		int frc = S > 1 ? rt_seq_batch_feed(&b, ids + done, c, lg, RT_LOGITS_ALL, &err)
+		                : rt_seq_feed(all[0], ids + done, c, lg, RT_LOGITS_ALL, &err);
+		if (frc != 0) {
 			runtime_err(&err);
 			goto out;
 		}
-		if (lgf && fwrite(lq, sizeof(float), (size_t)c * V, lgf) != (size_t)c * V) {
+		/* sequence i's row r at lg + (i·c + r)·V */
+		if (lgf && fwrite(lg, sizeof(float), (size_t)c * V, lgf) != (size_t)c * V) {
 			fprintf(stderr, "%s: %s: write failed\n", g_prog, o.logits);
 			goto out;
 		}
-		for (int r = 0; r < c && done + r + 1 < use; r++) {
-			int32_t tgt = ids[done + r + 1], top1;
-			const float *rq = lq + (size_t)r * V;
-			double l = rt_logprob(rq, V, tgt, &top1);
-			nll -= l;
-			scored++;
-			hits += top1 == tgt;
-			rt_tok_cmp cmp;
-			if (ref && rt_stats_token_cmp(lp + (size_t)r * V, rq, V, tgt, &cmp, &err) != 0) {
-				fprintf(stderr, "%s: %s: token %lld: %s\n", g_prog, o.text,
-				        (long long)(done + r + 1), err.msg);
-				goto out;
-			}
-			if (ref)
-				rt_kld_acc_add(&acc, &cmp);
-			if (dump) {
-				fprintf(dump, "{\"pos\":%lld,\"token\":%d,\"logprob\":%.6f,\"top1\":%d",
-				        (long long)(done + r + 1), (int)tgt, l, (int)top1);
-				if (ref)
-					fprintf(dump, ",\"logprob_ref\":%.6f,\"kld\":%.9g", -cmp.nll_p, cmp.kld);
-				if (fputs("}\n", dump) < 0) {
-					fprintf(stderr, "%s: %s: write failed\n", g_prog, o.dump);
+		const float *lp = ref ? lg + (size_t)K * c * V : NULL;
+		for (int i = 0; i < K; i++) {
+			ppl_run *r = &runs[i];
+			const float *lq = lg + (size_t)i * c * V;
+			for (int j = 0; j < c && done + j + 1 < use; j++) {
+				int32_t tgt = ids[done + j + 1], top1;
+				const float *rq = lq + (size_t)j * V;
+				double l = rt_logprob(rq, V, tgt, &top1);
+				r->nll -= l;
+				r->scored++;
+				r->hits += top1 == tgt;
+				rt_tok_cmp cmp;
+				if (ref && rt_stats_token_cmp(lp + (size_t)j * V, rq, V, tgt, &cmp, &err) != 0) {
+					fprintf(stderr, "%s: %s: token %lld: %s\n", g_prog, o.text,
+					        (long long)(done + j + 1), err.msg);
 					goto out;
+				}
+				if (ref)
+					rt_kld_acc_add(&r->acc, &cmp);
+				if (dump) {
+					fprintf(dump, "{\"pos\":%lld,\"token\":%d,\"logprob\":%.6f,\"top1\":%d",
+					        (long long)(done + j + 1), (int)tgt, l, (int)top1);
+					if (ref)
+						fprintf(dump, ",\"logprob_ref\":%.6f,\"kld\":%.9g", -cmp.nll_p,
+						        cmp.kld);
+					if (fputs("}\n", dump) < 0) {
+						fprintf(stderr, "%s: %s: write failed\n", g_prog, o.dump);
+						goto out;
+					}
 				}
 			}
 		}
@@ -959,98 +1246,29 @@ static int cmd_ppl(int argc, char **argv)
 			goto out;
 		}
 	}
-	rt_seq_stats st = rt_seq_stats_get(&sq);
-	if (st.compress_events == 0 && p->compress)
-		fprintf(stderr, "%s: note: policy %s never compressed on these %lld tokens (its budget "
-		        "or trigger was not reached)\n", g_prog, p->name, (long long)use);
-	double mean_entries = rt_seq_mean_entries(&sq);
-	double compression = mean_entries > 0 ? (double)use / mean_entries : 0;
-	double nll_mean = nll / (double)scored, ppl = exp(nll_mean);
-	double tps = st.seconds > 0 ? (double)use / st.seconds : 0;
-	int threads = openblas_get_num_threads();
-	rt_kld_summary ks;
-	memset(&ks, 0, sizeof ks);
-	if (ref)
-		rt_kld_acc_summary(&acc, &ks);
+	char msha[65] = "", tsha[65] = "";
 	if (o.json) {
-		char msha[65], tsha[65];
 		file_sha256(o.model, msha);
 		buf_sha256(text, len, tsha);
-		fputc('{', stdout);
-		json_policy(stdout, &sq, o.ratio);
-		fputs(",\"model\":", stdout);
-		rt_json_str(stdout, m->path);
-		if (msha[0]) {
-			fputs(",\"model_sha256\":", stdout);
-			rt_json_str(stdout, msha);
-		}
-		fputs(",\"text\":", stdout);
-		rt_json_str(stdout, o.text);
-		fputs(",\"text_sha256\":", stdout);
-		rt_json_str(stdout, tsha);
-		printf(",\"threads\":%d,\"chunk\":%d,\"prompt\":%ld,\"tokens\":%lld,\"scored\":%lld",
-		       threads, block, (long)prompt_len, (long long)use, (long long)scored);
-		json_num(stdout, "ppl", ppl);
-		json_num(stdout, "nll_mean", nll_mean);
-		json_num(stdout, "top1_acc", (double)hits / (double)scored);
-		printf(",\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld",
-		       (long long)st.kv_entries_peak, (long long)st.kv_bytes_peak);
-		json_num(stdout, "kv_entries_per_head", mean_entries);
-		json_num(stdout, "compression", compression);
-		json_num(stdout, "tokens_per_s", tps);
-		printf(",\"compress_events\":%lld", (long long)st.compress_events);
-		json_num(stdout, "policy_seconds", st.policy_seconds);
-		json_num(stdout, "seconds", st.seconds);
-		if (ref) {
-			json_num(stdout, "kld_mean", ks.kld_mean);
-			json_num(stdout, "kld_mean_err", ks.kld_mean_err);
-			json_num(stdout, "kld_median", ks.kld_median);
-			json_num(stdout, "kld_p99", ks.kld_p99);
-			json_num(stdout, "kld_max", ks.kld_max);
-			json_num(stdout, "ppl_ref", ks.ppl_p);
-			json_num(stdout, "ppl_ratio", ks.ppl_ratio);
-			json_num(stdout, "same_top1", ks.same_top1);
-			json_num(stdout, "rms_dp", ks.rms_dp);
-		}
-		fputs("}\n", stdout);
-	} else {
-		printf("model            %s\n", m->path);
-		printf("text             %s (%lld tokens, first %lld scored)\n", o.text, (long long)n,
-		       (long long)use);
-		printf("policy           %s", p->name);
-		for (int i = 0; i < p->n_params; i++)
-			printf(" %s=%g", p->params[i].name, sq.run.params[i]);
-		if (o.ratio > 0)
-			printf(" ratio=%g", o.ratio);
-		putchar('\n');
-		printf("ppl              %.4f\n", ppl);
-		printf("nll_mean         %.6f nats/token\n", nll_mean);
-		printf("top1_acc         %.4f\n", (double)hits / (double)scored);
-		if (ref) {
-			printf("ppl_ref          %.4f (full cache), ppl_ratio %.4f\n", ks.ppl_p, ks.ppl_ratio);
-			printf("kld              mean %.6f ± %.6f, p99 %.6f, max %.6f nats\n", ks.kld_mean,
-			       ks.kld_mean_err, ks.kld_p99, ks.kld_max);
-			printf("same_top1        %.4f, rms_dp %.4f\n", ks.same_top1, ks.rms_dp);
-		}
-		printf("kv peak          %lld entries, %.2f MiB\n", (long long)st.kv_entries_peak,
-		       (double)st.kv_bytes_peak / (1024.0 * 1024.0));
-		printf("compression      %.2fx (%.1f entries per head at the end)\n", compression,
-		       mean_entries);
-		printf("compressions     %lld (%.3f s in policy code)\n", (long long)st.compress_events,
-		       st.policy_seconds);
-		printf("speed            %.1f tokens/s (%.2f s, %d threads)\n", tps, st.seconds, threads);
 	}
+	for (int i = 0; i < K; i++)
+		ppl_report(&runs[i], m, &o, msha, tsha, n, use, prompt_len, block, ref, S);
 	rc = fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
 out:
 	if (dump)
 		fclose(dump);
 	if (lgf)
 		fclose(lgf);
-	rt_kld_acc_free(&acc);
-	rt_seq_free(&sq);
+	for (int i = 0; i < K; i++) {
+		rt_kld_acc_free(&runs[i].acc);
+		rt_seq_free(&runs[i].seq);
+		free(runs[i].line);
+	}
+	free(runs);
+	rt_seq_batch_free(&b);
 	rt_seq_free(&sp);
-	free(lq);
-	free(lp);
+	free(all);
+	free(lg);
 	free(ids);
 	rt_model_free(m);
 	rt_tokenizer_free(tk);

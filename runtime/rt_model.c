@@ -582,7 +582,8 @@ void rt_attn_softmax(float *P, size_t ld, int G, int lim, const float *log_count
  * values were appended already, so each head holds nb = n - C earlier entries followed
  * by the chunk's C entries; row r attends to the prefix of nb + r + 1 entries. Rows are
  * taken in blocks [r0, r1) that only score the nb + r1 entries they can see. */
-static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0)
+static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0, const float *q,
+                         float *att)
 {
 	const rt_model_hparams *hp = &f->m->hp;
 	const int G = hp->group, hd = hp->head_dim, qd = hp->n_head * hd;
@@ -592,7 +593,7 @@ static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0)
 		const int n = h->n, nb = n - C;
 		RT_ASSERT(nb >= 0 && n <= f->cap);
 		for (int r = 0; r < C; r++)
-			memcpy(f->qg + (size_t)r * G * hd, f->q + (size_t)r * qd + (size_t)j * G * hd,
+			memcpy(f->qg + (size_t)r * G * hd, q + (size_t)r * qd + (size_t)j * G * hd,
 			       (size_t)G * hd * sizeof(float));
 		int rb = (int)(ATT_BLOCK_FLOATS / ((size_t)G * n));
 		rb = rb < 1 ? 1 : rb > C ? C : rb;
@@ -608,7 +609,7 @@ static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0)
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr * G, hd, ncol, 1.0f, S,
 			            ncol, h->v, hd, 0.0f, og, hd);
 			for (int r = r0; r < r1; r++) {
-				memcpy(f->att + (size_t)r * qd + (size_t)j * G * hd, f->og + (size_t)r * G * hd,
+				memcpy(att + (size_t)r * qd + (size_t)j * G * hd, f->og + (size_t)r * G * hd,
 				       (size_t)G * hd * sizeof(float));
 				if (!f->observe)
 					continue;
@@ -630,88 +631,115 @@ static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0)
 	}
 }
 
-/* One chunk of C <= max_chunk tokens. logits_row: NULL, or where row `lrow_from`.. go. */
-static void forward_chunk(rt_fwd *f, rt_kv *kv, const int32_t *tok, int C, int32_t pos0,
-                          float *logits, int lrow_from)
+/* One chunk of C tokens for K sequences in lockstep (K = 1, big = fs[0]: the plain
+ * forward). big's scratch holds the K·C stacked rows (sequence k's rows at k·C); the weight
+ * GEMMs run once over all of them, everything that depends on a sequence's cache runs per
+ * sequence with its own forward context. logits: NULL, or where sequence k's rows
+ * lrow_from..C-1 go, row r of sequence k at logits + (k·lstride + r - lrow_from)·n_vocab. */
+static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int K,
+                          const int32_t *tok, int C, int32_t pos0, float *logits,
+                          size_t lstride, int lrow_from)
 {
-	const rt_model *m = f->m;
+	const rt_model *m = big->m;
 	const rt_model_hparams *hp = &m->hp;
 	const int E = hp->n_embd, hd = hp->head_dim, F = hp->n_ff;
 	const int qd = hp->n_head * hd, kd = hp->n_head_kv * hd;
-	for (int r = 0; r < C; r++)
-		memcpy(f->x + (size_t)r * E, m->tok_embd + (size_t)tok[r] * E, (size_t)E * sizeof(float));
-	rope_table(f->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
-	int32_t rope_at = pos0; /* the position rope_cs's row 0 holds */
+	const int rows = K * C;
+	for (int k = 0; k < K; k++)
+		for (int r = 0; r < C; r++)
+			memcpy(big->x + ((size_t)k * C + r) * E, m->tok_embd + (size_t)tok[r] * E,
+			       (size_t)E * sizeof(float));
+	rope_table(big->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
+	big->rope_at = pos0;
+	for (int k = 0; k < K; k++)
+		if (fs[k] != big && fs[k]->rope_at_index) {
+			rope_table(fs[k]->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
+			fs[k]->rope_at = pos0;
+		}
 	for (int l = 0; l < hp->n_layer; l++) {
 		const rt_layer *L = &m->layers[l];
-		rms_norm(f->xn, f->x, L->attn_norm, C, E, hp->norm_eps);
-		matmul_wt(f->q, f->xn, L->wq, C, qd, E);
-		matmul_wt(f->k, f->xn, L->wk, C, kd, E);
-		matmul_wt(f->v, f->xn, L->wv, C, kd, E);
-		if (!f->rope_at_index) {
-			rope_apply(f->q, C, hp->n_head, hd, hp->n_rot, f->rope_cs);
-			rope_apply(f->k, C, hp->n_head_kv, hd, hp->n_rot, f->rope_cs);
-		} else {
-			for (int j = 0; j < hp->n_head_kv; j++) {
-				int32_t at = rt_kv_head_at(kv, l, j)->n; /* index of row 0's key */
-				if (at != rope_at) {
-					rope_table(f->rope_cs, C, at, hp->n_rot, hp->rope_base);
-					rope_at = at;
+		rms_norm(big->xn, big->x, L->attn_norm, rows, E, hp->norm_eps);
+		matmul_wt(big->q, big->xn, L->wq, rows, qd, E);
+		matmul_wt(big->k, big->xn, L->wk, rows, kd, E);
+		matmul_wt(big->v, big->xn, L->wv, rows, kd, E);
+		for (int s = 0; s < K; s++) {
+			rt_fwd *f = fs[s];
+			rt_kv *kv = kvs[s];
+			float *q = big->q + (size_t)s * C * qd, *kk = big->k + (size_t)s * C * kd;
+			float *vv = big->v + (size_t)s * C * kd, *att = big->att + (size_t)s * C * qd;
+			if (!f->rope_at_index) {
+				rope_apply(q, C, hp->n_head, hd, hp->n_rot, big->rope_cs);
+				rope_apply(kk, C, hp->n_head_kv, hd, hp->n_rot, big->rope_cs);
+			} else {
+				/* f->rope_cs holds the table whose row 0 is at f->rope_at */
+				for (int j = 0; j < hp->n_head_kv; j++) {
+					int32_t at = rt_kv_head_at(kv, l, j)->n; /* index of row 0's key */
+					if (at != f->rope_at) {
+						rope_table(f->rope_cs, C, at, hp->n_rot, hp->rope_base);
+						f->rope_at = at;
+					}
+					rope_heads(q, C, (size_t)qd, j * hp->group, hp->group, hd, hp->n_rot,
+					           f->rope_cs);
+					rope_heads(kk, C, (size_t)kd, j, 1, hd, hp->n_rot, f->rope_cs);
 				}
-				rope_heads(f->q, C, (size_t)qd, j * hp->group, hp->group, hd, hp->n_rot,
-				           f->rope_cs);
-				rope_heads(f->k, C, (size_t)kd, j, 1, hd, hp->n_rot, f->rope_cs);
 			}
+			for (int j = 0; j < hp->n_head_kv; j++) {
+				rt_kv_head *h = rt_kv_head_at(kv, l, j);
+				for (int r = 0; r < C; r++)
+					rt_kv_append(kv, h, kk + (size_t)r * kd + (size_t)j * hd,
+					             vv + (size_t)r * kd + (size_t)j * hd, pos0 + r);
+			}
+			for (int j = 0; f->on_append && j < hp->n_head_kv; j++)
+				f->on_append(f->append_user, l, j, rt_kv_head_at(kv, l, j)->n - C, C);
+			attend_layer(f, kv, l, C, pos0, q, att);
 		}
-		for (int j = 0; j < hp->n_head_kv; j++) {
-			rt_kv_head *h = rt_kv_head_at(kv, l, j);
-			for (int r = 0; r < C; r++)
-				rt_kv_append(kv, h, f->k + (size_t)r * kd + (size_t)j * hd,
-				             f->v + (size_t)r * kd + (size_t)j * hd, pos0 + r);
-		}
-		for (int j = 0; f->on_append && j < hp->n_head_kv; j++)
-			f->on_append(f->append_user, l, j, rt_kv_head_at(kv, l, j)->n - C, C);
-		attend_layer(f, kv, l, C, pos0);
 		/* x += att · Wo^T (accumulate straight into the residual) */
-		if (C == 1)
-			cblas_sgemv(CblasRowMajor, CblasNoTrans, E, qd, 1.0f, L->wo, qd, f->att, 1, 1.0f,
-			            f->x, 1);
+		if (rows == 1)
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, E, qd, 1.0f, L->wo, qd, big->att, 1, 1.0f,
+			            big->x, 1);
 		else
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, E, qd, 1.0f, f->att, qd,
-			            L->wo, qd, 1.0f, f->x, E);
-		rms_norm(f->xn, f->x, L->ffn_norm, C, E, hp->norm_eps);
-		matmul_wt(f->gate, f->xn, L->w_gate, C, F, E);
-		matmul_wt(f->up, f->xn, L->w_up, C, F, E);
-		for (size_t i = 0; i < (size_t)C * F; i++) {
-			float g = f->gate[i];
-			f->gate[i] = g / (1.0f + expf(-g)) * f->up[i];
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, E, qd, 1.0f, big->att, qd,
+			            L->wo, qd, 1.0f, big->x, E);
+		rms_norm(big->xn, big->x, L->ffn_norm, rows, E, hp->norm_eps);
+		matmul_wt(big->gate, big->xn, L->w_gate, rows, F, E);
+		matmul_wt(big->up, big->xn, L->w_up, rows, F, E);
+		for (size_t i = 0; i < (size_t)rows * F; i++) {
+			float g = big->gate[i];
+			big->gate[i] = g / (1.0f + expf(-g)) * big->up[i];
 		}
-		if (C == 1)
-			cblas_sgemv(CblasRowMajor, CblasNoTrans, E, F, 1.0f, L->w_down, F, f->gate, 1, 1.0f,
-			            f->x, 1);
+		if (rows == 1)
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, E, F, 1.0f, L->w_down, F, big->gate, 1, 1.0f,
+			            big->x, 1);
 		else
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, E, F, 1.0f, f->gate, F,
-			            L->w_down, F, 1.0f, f->x, E);
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, E, F, 1.0f, big->gate, F,
+			            L->w_down, F, 1.0f, big->x, E);
+		for (int s = 0; s < K; s++)
+			if (fs[s]->on_layer)
+				fs[s]->on_layer(fs[s]->layer_user, l, C, pos0, big->x + (size_t)s * C * E,
+				                big->q + (size_t)s * C * qd);
 	}
 	if (!logits)
 		return;
-	int nr = C - lrow_from;
-	rms_norm(f->xn, f->x + (size_t)lrow_from * E, m->out_norm, nr, E, hp->norm_eps);
-	matmul_wt(logits, f->xn, m->output, nr, hp->n_vocab, E);
+	const int nr = C - lrow_from;
+	for (int s = 0; s < K; s++)
+		rms_norm(big->xn + (size_t)s * nr * E, big->x + ((size_t)s * C + lrow_from) * E,
+		         m->out_norm, nr, E, hp->norm_eps);
+	if ((size_t)nr == lstride || K == 1) {
+		/* the K blocks of nr rows are consecutive rows of the output */
+		matmul_wt(logits, big->xn, m->output, K * nr, hp->n_vocab, E);
+	} else {
+		for (int s = 0; s < K; s++)
+			matmul_wt(logits + (size_t)s * lstride * hp->n_vocab, big->xn + (size_t)s * nr * E,
+			          m->output, nr, hp->n_vocab, E);
+	}
 }
 
-int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
-                     float *logits, enum rt_logits_mode mode, rt_err *err)
+/* The checks rt_model_forward documents, for one sequence. */
+static int forward_check(const rt_fwd *f, const rt_kv *kv, const int32_t *tokens, int n,
+                         int32_t pos0, rt_err *err)
 {
 	const rt_model *m = f->m;
 	const rt_model_hparams *hp = &m->hp;
-	if (n < 0 || pos0 < 0)
-		return rt_err_set(err, "%s: forward: invalid token count %d or position %d", m->path, n,
-		                  (int)pos0);
-	if (n == 0)
-		return 0;
-	if (mode != RT_LOGITS_NONE && !logits)
-		return rt_err_set(err, "%s: forward: logits requested without a buffer", m->path);
 	if ((int64_t)pos0 + n > hp->n_ctx)
 		return rt_err_set(err, "%s: context of %lld tokens exceeds the model's context_length %d",
 		                  m->path, (long long)pos0 + n, (int)hp->n_ctx);
@@ -733,18 +761,59 @@ int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t
 			                  "%d more exceed the capacity %d",
 			                  m->path, i / kv->n_kv_head, i % kv->n_kv_head,
 			                  (int)kv->heads[i].n, n, (int)room);
+	return 0;
+}
+
+int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,
+                           const int32_t *tokens, int n, int32_t pos0, float *logits,
+                           enum rt_logits_mode mode, rt_err *err)
+{
+	const rt_model *m = big->m;
+	const rt_model_hparams *hp = &m->hp;
+	if (K < 1 || K > big->max_chunk)
+		return rt_err_set(err, "%s: forward: batch of %d sequences for a scratch of %d rows",
+		                  m->path, K, big->max_chunk);
+	if (n < 0 || pos0 < 0)
+		return rt_err_set(err, "%s: forward: invalid token count %d or position %d", m->path, n,
+		                  (int)pos0);
+	if (n == 0)
+		return 0;
+	if (mode != RT_LOGITS_NONE && !logits)
+		return rt_err_set(err, "%s: forward: logits requested without a buffer", m->path);
+	int chunk = big->max_chunk / K;
+	for (int k = 0; k < K; k++) {
+		if (f[k]->m != m)
+			return rt_err_set(err, "%s: forward: batch of sequences of different models",
+			                  m->path);
+		if (K > 1 && f[k] == big)
+			return rt_err_set(err, "%s: forward: the batch scratch is one of its sequences",
+			                  m->path);
+		if (forward_check(f[k], kv[k], tokens, n, pos0, err) != 0)
+			return -1;
+		if (f[k]->max_chunk < chunk)
+			chunk = f[k]->max_chunk;
+	}
 	for (int done = 0; done < n;) {
-		int C = n - done < f->max_chunk ? n - done : f->max_chunk;
+		int C = n - done < chunk ? n - done : chunk;
 		float *lg = NULL;
 		int from = 0;
+		size_t stride = 0;
 		if (mode == RT_LOGITS_ALL) {
 			lg = logits + (size_t)done * hp->n_vocab;
+			stride = (size_t)n;
 		} else if (mode == RT_LOGITS_LAST && done + C == n) {
 			lg = logits;
 			from = C - 1;
+			stride = 1;
 		}
-		forward_chunk(f, kv, tokens + done, C, pos0 + done, lg, from);
+		forward_chunk(big, f, kv, K, tokens + done, C, pos0 + done, lg, stride, from);
 		done += C;
 	}
 	return 0;
+}
+
+int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
+                     float *logits, enum rt_logits_mode mode, rt_err *err)
+{
+	return rt_model_forward_batch(f, &f, &kv, 1, tokens, n, pos0, logits, mode, err);
 }

@@ -115,6 +115,13 @@ typedef void (*rt_observe_fn)(void *user, const rt_attn_view *v);
  * (layer, kv_head) were just appended. */
 typedef void (*rt_append_fn)(void *user, int layer, int kv_head, int32_t first, int32_t n);
 
+/* Layer hook (the prompt trace of rt_seq): layer `layer` has run for the C rows of a
+ * chunk at positions pos0 .. pos0+C-1. x: [C × n_embd] the residual stream after the
+ * layer; q: [C × n_head·head_dim] the layer's post-RoPE queries as the attention used them.
+ * Pointers are valid only during the call. */
+typedef void (*rt_layer_fn)(void *user, int layer, int C, int32_t pos0, const float *x,
+                            const float *q);
+
 /* Forward context: scratch for one sequence, sized for chunks of up to max_chunk tokens
  * and a KV store of up to cap entries per head. */
 typedef struct rt_fwd {
@@ -128,6 +135,8 @@ typedef struct rt_fwd {
 	 * before observe sees the new entries) */
 	rt_append_fn on_append;
 	void *append_user;
+	rt_layer_fn on_layer;   /* NULL, or called after every layer of every chunk */
+	void *layer_user;
 	/* RoPE positions. 0 (rt_fwd_init's default): queries and keys of a token are rotated
 	 * at its position in the text (pos0 + row; keys keep their original rotation). 1: the
 	 * compacted convention (StreamingLLM's pos_shift): per (layer, KV head), the key of
@@ -135,6 +144,7 @@ typedef struct rt_fwd {
 	 * before the chunk + r) and the group's queries of row r at the same index; the caller
 	 * re-rotates kept keys to their new index after each eviction (rt_seq does). */
 	int rope_at_index;
+	int32_t rope_at;        /* internal: the position rope_cs's row 0 holds */
 	/* scratch (one allocation) */
 	float *x;       /* [max_chunk × n_embd] residual stream */
 	float *xn;      /* [max_chunk × n_embd] normalised input */
@@ -174,6 +184,21 @@ enum rt_logits_mode {
  * observe hook, when set, is called per (layer, KV head, query row) in that nesting. */
 int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
                      float *logits, enum rt_logits_mode mode, rt_err *err);
+
+/* Batched forward of K sequences that consume the SAME tokens[0..n) at the same positions
+ * pos0.. (teacher forcing one text under K policies in lockstep): the weight GEMMs run once
+ * over the K·C rows of a chunk, so the weights are read once per chunk instead of K times;
+ * embedding, RoPE, the append to kv[k], attention (with f[k]'s hooks, position convention
+ * and attention scratch) and the layer hook are per sequence, exactly as rt_model_forward
+ * does them. big: a forward context whose max_chunk >= K (its scratch holds the stacked
+ * rows; internal chunks are min(big->max_chunk / K, f[k]->max_chunk) tokens); it may not
+ * be one of f[]. logits: [K × n × n_vocab] (RT_LOGITS_ALL: sequence k's row i at
+ * (k·n + i)·n_vocab) or [K × n_vocab] (RT_LOGITS_LAST). Same errors as rt_model_forward,
+ * checked for every sequence before anything is computed; K >= 1. With K = 1 the results
+ * equal rt_model_forward's up to float summation order of the GEMMs. */
+int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,
+                           const int32_t *tokens, int n, int32_t pos0, float *logits,
+                           enum rt_logits_mode mode, rt_err *err);
 
 /* The attention softmax used by the forward, exposed for tests and kernels: for each of
  * the G rows P[g·ld .. g·ld + ld) (scaled scores q·k/sqrt(d)), add log_count[0..lim) to the

@@ -73,6 +73,44 @@ enum {
 	                                  (observation windows over the prompt tail, triggers
 	                                  at the prompt end); with prompt_len -1 they never
 	                                  fire */
+	KVP_NEED_TRACE = 1u << 6, /* compress reads the prompt trace (struct kvp_trace: hidden
+	                             states and queries of sampled layers, the queries of every
+	                             layer for the prompt tail, per-token surprisal), which the
+	                             runtime records while the prompt is processed; implies
+	                             KVP_NEED_PROMPT_LEN */
+};
+
+/* Layers the prompt trace samples, and the prompt-tail length whose queries it keeps for
+ * every layer. */
+#define KVP_TRACE_LAYERS 4
+#define KVP_TRACE_TAIL 128
+
+/* The prompt trace (KVP_NEED_TRACE): what the forward computed for each prompt token that
+ * the KV store does not keep, recorded by the runtime (rt_seq) for positions
+ * 0 .. n-1 of the prompt (row = position), so a one-shot compress at the prompt end can
+ * segment the text by its hidden-state trajectory and surprisal and probe the cache with
+ * the question's queries (GraceKV, algorithms.md section 9). All arrays are runtime-owned
+ * and valid during compress; rows at positions >= n are undefined. Queries are post-RoPE
+ * exactly as the attention used them (under KVP_POS_COMPACTED: rotated at the entry
+ * index, not the position). */
+struct kvp_trace {
+	int32_t n;              /* prompt positions recorded (== prompt length once done) */
+	int32_t cap;            /* rows per sampled layer in hid and q */
+	int n_layer, n_embd, n_head, head_dim;
+	int n_sample;           /* KVP_TRACE_LAYERS */
+	int sample_layer[KVP_TRACE_LAYERS]; /* increasing; round((s+1)·n_layer/4) - 1 */
+	const float *hid;       /* [n_sample × cap × n_embd]: the residual stream after layer
+	                           sample_layer[s], RMS-normalised (x / rms(x), no weight) */
+	const float *q;         /* [n_sample × cap × n_head·head_dim]: the post-RoPE queries of
+	                           layer sample_layer[s] (query head h at h·head_dim) */
+	int32_t tail_start;     /* first position of the tail: max(0, prompt_len - TAIL) */
+	int32_t tail_n;         /* tail rows recorded: positions tail_start .. +tail_n-1 */
+	const float *q_tail;    /* [n_layer × KVP_TRACE_TAIL × n_head·head_dim]: every layer's
+	                           post-RoPE queries of the tail positions (row = pos -
+	                           tail_start) */
+	const float *surprisal; /* [cap]: -log p(token at p | tokens < p) in nats, from the
+	                           logits the forward computed (with the cache the policy kept
+	                           then: the full prompt for a prompt-end policy); [0] = 0 */
 };
 
 /* One runtime knob. The runtime copies the defaults into kvp_ctx.params and applies
@@ -104,6 +142,7 @@ struct kvp_ctx {
 	                           policy's own budget; schedules, allocation and targets
 	                           written relative to the budget follow it, guards keep their
 	                           values (compress fails when they exceed it) */
+	const struct kvp_trace *trace; /* the prompt trace (KVP_NEED_TRACE), else NULL */
 };
 
 /* What observe receives for one query token (one step) over one KV head. The entries

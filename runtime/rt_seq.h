@@ -38,6 +38,10 @@
 #include "rt_policy.h"
 #include "rt_util.h"
 
+/* Prompt chunk while a trace is recorded and the caller does not want every row's logits
+ * (the trace's surprisal needs them; the chunk bounds the internal logits buffer). */
+#define RT_SEQ_TRACE_CHUNK 64
+
 /* The built-in full-cache policy: no statistics, no hooks, never compresses (the exact
  * reference every other policy is compared with). Name "full". */
 extern const struct kvp_policy rt_policy_full;
@@ -70,6 +74,12 @@ typedef struct rt_seq {
 	double *rot_freq;        /* COMPACTED only: [n_rot / 2] base^(-2i/n_rot) */
 	double *rot_cs;          /* COMPACTED only: [n_rot] cos, sin of the current delta */
 	double hook_seconds;     /* observe + init_entries time (kvp_run counts the rest) */
+	/* the prompt trace (KVP_NEED_TRACE only; run.ctx.trace points at tr) */
+	struct kvp_trace tr;
+	float *tr_mem;           /* one allocation: hid, q, q_tail, surprisal, prev, lg */
+	float *tr_prev;          /* [n_vocab] logits of the last prompt row seen so far */
+	double tr_prev_lse;      /* their log-sum-exp; < -1e300 when there is none */
+	float *tr_lg;            /* [RT_SEQ_TRACE_CHUNK × n_vocab] logits when the caller asks none */
 	rt_seq_stats st;
 } rt_seq;
 
@@ -104,6 +114,39 @@ int rt_seq_set_ratio(rt_seq *s, double R, rt_err *err);
  * its budget plus a chunk), a failed compress. */
 int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
                 enum rt_logits_mode mode, rt_err *err);
+
+/* K sequences fed the same tokens in lockstep (one text under several policies, as
+ * `ppl --policy a,b,...` and the A/B engine do): each chunk's weight GEMMs run once over
+ * all K sequences' rows (rt_model_forward_batch), so the weights are read once per chunk
+ * instead of K times; everything else is each sequence's own, exactly as rt_seq_feed. The
+ * sequences stay owned by the caller. */
+typedef struct rt_seq_batch {
+	int K;
+	rt_seq **s;              /* [K] (borrowed) */
+	rt_fwd big;              /* scratch for K × chunk stacked rows */
+	int chunk;               /* tokens per internal chunk at most */
+	rt_fwd **fw;             /* [K] &s[k]->fwd */
+	rt_kv **kv;              /* [K] &s[k]->kv */
+	float *lg;               /* [K × chunk × n_vocab] logits of one internal chunk */
+	void *mem;               /* fw, kv */
+} rt_seq_batch;
+
+/* Set up a batch over s[0..K) (same model, K >= 1, each at its own start) with internal
+ * chunks of at most `chunk` tokens (1..4096; the scratch holds K·chunk rows and K·chunk
+ * rows of logits: K·chunk·n_vocab·4 bytes). Errors (-1, err): bad sizes, sequences of
+ * different models, allocation failure (b is then safe to free). */
+int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_err *err);
+void rt_seq_batch_free(rt_seq_batch *b);
+
+/* Feed tokens[0..n) to every sequence of the batch; they must all have seen the same
+ * number of tokens. Each internal chunk is the smallest of the sequences' allowed chunks
+ * (so no policy's trigger is crossed: every sequence sees exactly what rt_seq_feed would
+ * give it, up to float summation order). logits: NULL with RT_LOGITS_NONE; for
+ * RT_LOGITS_ALL [K × n × n_vocab] (sequence k's row i at (k·n + i)·n_vocab); for
+ * RT_LOGITS_LAST [K × n_vocab]. Every sequence's `seconds` counter grows by the batch's
+ * wall time (shared). Errors as rt_seq_feed, plus sequences at different positions. */
+int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *logits,
+                      enum rt_logits_mode mode, rt_err *err);
 
 /* Tokens seen so far (= the position of the next token). */
 int64_t rt_seq_seen(const rt_seq *s);

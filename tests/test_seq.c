@@ -489,6 +489,79 @@ static void chunk_invariance(const struct kvp_policy *p, int shape)
 	rt_model_free(m);
 }
 
+/* Every library policy and the full cache in ONE lockstep batch (rt_seq_batch_feed, calls
+ * of 5 tokens, internal chunks up to 8) against each policy alone token by token: the same
+ * kept entries, the same compress events and logits within 1e-5 (only the GEMM row counts
+ * differ). */
+static void batch_invariance(int shape)
+{
+	rt_model *m = load_shape(shape);
+	const int V = m->hp.n_vocab, K = kvp_registry_count + 1;
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, m->hp.n_vocab, 4242u + (unsigned)shape);
+	rt_seq *seqs = calloc((size_t)K, sizeof *seqs);
+	rt_seq **sp = calloc((size_t)K, sizeof *sp);
+	float *lg = malloc((size_t)K * 5 * V * sizeof(float));
+	run_out *got = calloc((size_t)K, sizeof *got);
+	for (int k = 0; k < K; k++) {
+		seq_open(&seqs[k], m, k < kvp_registry_count ? kvp_registry[k] : &rt_policy_full, N_TOK,
+		         64, PROMPT);
+		sp[k] = &seqs[k];
+		got[k].logits = malloc((size_t)N_TOK * V * sizeof(float));
+	}
+	rt_seq_batch b;
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_batch_init(&b, sp, K, 8, &err) == 0, "%s", err.msg);
+	for (int t = 0; t < N_TOK; t += 5) {
+		int c = N_TOK - t < 5 ? N_TOK - t : 5;
+		ck_assert_msg(rt_seq_batch_feed(&b, toks + t, c, lg, RT_LOGITS_ALL, &err) == 0, "%s",
+		              err.msg);
+		for (int k = 0; k < K; k++)
+			memcpy(got[k].logits + (size_t)t * V, lg + (size_t)k * c * V,
+			       (size_t)c * V * sizeof(float));
+	}
+	/* a batch of sequences at different positions is refused */
+	rt_seq_reset(&seqs[0], PROMPT);
+	ck_assert_int_eq(rt_seq_batch_feed(&b, toks, 1, NULL, RT_LOGITS_NONE, &err), -1);
+	ck_assert_msg(strstr(err.msg, "has seen 0 tokens") != NULL, "%s", err.msg);
+	rt_seq_batch_free(&b);
+	for (int k = 0; k < K; k++) {
+		const struct kvp_policy *p = seqs[k].p;
+		run_out ref;
+		run_collect(m, p, 64, 1, toks, &ref, NULL);
+		if (k == 0) { /* reset above: replay it alone, chunk 64, to fill got[0]'s store */
+			run_free(&got[0]);
+			run_collect(m, p, 64, N_TOK, toks, &got[0], NULL);
+		} else {
+			const int H = m->hp.n_layer * m->hp.n_head_kv;
+			got[k].n = malloc((size_t)H * sizeof *got[k].n);
+			got[k].pos = calloc((size_t)H * N_TOK, sizeof *got[k].pos);
+			got[k].count = calloc((size_t)H * N_TOK, sizeof *got[k].count);
+			for (int i = 0; i < H; i++) {
+				const rt_kv_head *h = &seqs[k].kv.heads[i];
+				got[k].n[i] = h->n;
+				memcpy(got[k].pos + (size_t)i * N_TOK, h->pos, (size_t)h->n * sizeof(int32_t));
+				memcpy(got[k].count + (size_t)i * N_TOK, h->count, (size_t)h->n * sizeof(float));
+			}
+			got[k].compress_events = rt_seq_stats_get(&seqs[k]).compress_events;
+		}
+		char what[96];
+		snprintf(what, sizeof what, "%s shape %d: batch of %d vs alone", p->name, shape, K);
+		expect_same(m, what, &got[k], &ref);
+		run_free(&ref);
+		run_free(&got[k]);
+		rt_seq_free(&seqs[k]);
+	}
+	free(got), free(lg), free(sp), free(seqs);
+	rt_model_free(m);
+}
+
+START_TEST(batch_equals_alone_every_policy)
+{
+	batch_invariance(_i);
+}
+END_TEST
+
 START_TEST(chunked_equals_stepwise_every_policy)
 {
 	/* _i: registry index × 3 shapes, then the built-in full policy */
@@ -567,6 +640,148 @@ static int32_t room_of(const struct kvp_ctx *ctx, const rt_kv *kv)
 		room = kv->cap - kv->heads[i].n < room ? kv->cap - kv->heads[i].n : room;
 	return room;
 }
+
+/* ---- the prompt trace (KVP_NEED_TRACE) --------------------------------------------------- */
+
+/* Feed toks under a trace-only policy (no hooks, never compresses) in calls of `calls`
+ * tokens with chunk `chunk`, or in a batch with the full cache when batch is set, and copy
+ * the trace: surprisal [N_TOK], hid and q of every sampled layer, q_tail. */
+typedef struct trace_copy {
+	int32_t n, tail_start, tail_n;
+	int sample[KVP_TRACE_LAYERS];
+	float *sur, *hid, *q, *qt;
+} trace_copy;
+
+static void trace_run(const rt_model *m, const int32_t *toks, int chunk, int calls, int batch,
+                      trace_copy *o)
+{
+	static const struct kvp_policy tracer = {
+		.abi_version = KVP_ABI_VERSION, .name = "tracer", .source = "test", .source_hash = "0",
+		.needs = KVP_NEED_TRACE | KVP_NEED_PROMPT_LEN, .should_compress = never,
+		.next_trigger = room_of,
+	};
+	rt_err err = { "" };
+	rt_seq s, f;
+	ck_assert_msg(rt_seq_init(&s, m, &tracer, N_TOK, chunk, PROMPT, &err) == 0, "%s", err.msg);
+	ck_assert(s.run.ctx.trace == &s.tr);
+	if (batch) {
+		ck_assert_msg(rt_seq_init(&f, m, &rt_policy_full, N_TOK, chunk, PROMPT, &err) == 0, "%s",
+		              err.msg);
+		ck_assert(f.run.ctx.trace == NULL);
+		rt_seq *sp[2] = { &f, &s };
+		rt_seq_batch b;
+		ck_assert_msg(rt_seq_batch_init(&b, sp, 2, chunk, &err) == 0, "%s", err.msg);
+		for (int t = 0; t < N_TOK; t += calls) {
+			int c = N_TOK - t < calls ? N_TOK - t : calls;
+			ck_assert_msg(rt_seq_batch_feed(&b, toks + t, c, NULL, RT_LOGITS_NONE, &err) == 0,
+			              "%s", err.msg);
+		}
+		rt_seq_batch_free(&b);
+		rt_seq_free(&f);
+	} else {
+		float *last = malloc((size_t)m->hp.n_vocab * sizeof(float));
+		for (int t = 0; t < N_TOK; t += calls) {
+			int c = N_TOK - t < calls ? N_TOK - t : calls;
+			ck_assert_msg(rt_seq_feed(&s, toks + t, c, last, RT_LOGITS_LAST, &err) == 0, "%s",
+			              err.msg);
+		}
+		free(last);
+	}
+	const struct kvp_trace *t = &s.tr;
+	const size_t E = (size_t)t->n_embd, qd = (size_t)t->n_head * t->head_dim;
+	o->n = t->n, o->tail_start = t->tail_start, o->tail_n = t->tail_n;
+	memcpy(o->sample, t->sample_layer, sizeof o->sample);
+	o->sur = malloc(N_TOK * sizeof(float));
+	o->hid = malloc(KVP_TRACE_LAYERS * (size_t)PROMPT * E * sizeof(float));
+	o->q = malloc(KVP_TRACE_LAYERS * (size_t)PROMPT * qd * sizeof(float));
+	o->qt = malloc((size_t)t->n_layer * PROMPT * qd * sizeof(float));
+	memcpy(o->sur, t->surprisal, PROMPT * sizeof(float));
+	for (int i = 0; i < KVP_TRACE_LAYERS; i++) {
+		memcpy(o->hid + (size_t)i * PROMPT * E, t->hid + (size_t)i * t->cap * E,
+		       PROMPT * E * sizeof(float));
+		memcpy(o->q + (size_t)i * PROMPT * qd, t->q + (size_t)i * t->cap * qd,
+		       PROMPT * qd * sizeof(float));
+	}
+	for (int l = 0; l < t->n_layer; l++)
+		memcpy(o->qt + (size_t)l * PROMPT * qd, t->q_tail + (size_t)l * KVP_TRACE_TAIL * qd,
+		       PROMPT * qd * sizeof(float));
+	rt_seq_free(&s);
+}
+
+static void trace_free(trace_copy *o)
+{
+	free(o->sur), free(o->hid), free(o->q), free(o->qt);
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+	double w = 0;
+	for (size_t i = 0; i < n; i++)
+		w = fabs((double)a[i] - b[i]) > w ? fabs((double)a[i] - b[i]) : w;
+	return w;
+}
+
+START_TEST(trace_records_the_prompt)
+{
+	rt_model *m = load_shape(_i);
+	const int V = m->hp.n_vocab, L = m->hp.n_layer, E = m->hp.n_embd;
+	const size_t qd = (size_t)m->hp.n_head * m->hp.head_dim;
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, V, 99u + (unsigned)_i);
+	trace_copy a, b, c;
+	trace_run(m, toks, 64, N_TOK, 0, &a); /* one call, LAST logits only */
+	trace_run(m, toks, 64, 1, 0, &b);     /* token by token */
+	trace_run(m, toks, 5, 7, 1, &c);      /* batched with the full cache, odd chunks */
+	ck_assert_int_eq(a.n, PROMPT);
+	ck_assert_int_eq(a.tail_start, 0);
+	ck_assert_int_eq(a.tail_n, PROMPT);
+	/* sampled layers: round((s+1)·L/4) - 1 */
+	for (int i = 0; i < KVP_TRACE_LAYERS; i++)
+		ck_assert_int_eq(a.sample[i], (int)lround((i + 1) * (double)L / 4) - 1);
+	/* surprisal against an independent log-softmax (double) of the full cache's logits */
+	rt_seq f;
+	seq_open(&f, m, &rt_policy_full, N_TOK, 64, PROMPT);
+	float *lg = malloc((size_t)N_TOK * V * sizeof(float));
+	feed_ok(&f, toks, N_TOK, lg);
+	ck_assert(a.sur[0] == 0.0f);
+	for (int p = 1; p < PROMPT; p++) {
+		const float *row = lg + (size_t)(p - 1) * V;
+		double mx = row[0], sum = 0;
+		for (int i = 1; i < V; i++)
+			mx = row[i] > mx ? row[i] : mx;
+		for (int i = 0; i < V; i++)
+			sum += exp((double)row[i] - mx);
+		double want = mx + log(sum) - row[toks[p]];
+		ck_assert_msg(fabs(a.sur[p] - want) < 1e-4, "surprisal at %d: %g vs %g", p, a.sur[p],
+		              want);
+	}
+	free(lg);
+	rt_seq_free(&f);
+	/* hidden rows are RMS-normalised; the last sampled layer's queries are also the tail's */
+	for (int i = 0; i < KVP_TRACE_LAYERS; i++)
+		for (int p = 0; p < PROMPT; p++) {
+			double ss = 0;
+			const float *h = a.hid + ((size_t)i * PROMPT + p) * E;
+			for (int e = 0; e < E; e++)
+				ss += (double)h[e] * h[e];
+			ck_assert_msg(fabs(sqrt(ss / E) - 1) < 1e-4, "rms %g", sqrt(ss / E));
+		}
+	const int ls = a.sample[KVP_TRACE_LAYERS - 1];
+	ck_assert(max_diff(a.q + (size_t)(KVP_TRACE_LAYERS - 1) * PROMPT * qd,
+	                   a.qt + (size_t)ls * PROMPT * qd, PROMPT * qd) == 0);
+	/* the same trace however the tokens are chunked or batched */
+	const trace_copy *o[2] = { &b, &c };
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(o[k]->n, PROMPT);
+		ck_assert(max_diff(a.sur, o[k]->sur, PROMPT) < 1e-5);
+		ck_assert(max_diff(a.hid, o[k]->hid, KVP_TRACE_LAYERS * (size_t)PROMPT * E) < 1e-5);
+		ck_assert(max_diff(a.q, o[k]->q, KVP_TRACE_LAYERS * (size_t)PROMPT * qd) < 1e-5);
+		ck_assert(max_diff(a.qt, o[k]->qt, (size_t)L * PROMPT * qd) < 1e-5);
+	}
+	trace_free(&a), trace_free(&b), trace_free(&c);
+	rt_model_free(m);
+}
+END_TEST
 
 START_TEST(init_entries_before_observe)
 {
@@ -882,6 +1097,8 @@ START_TEST(cli_ppl_json)
 	ck_assert_msg(comp > 1.9 && comp < 2.1, "compression %g at ratio 2", comp);
 	ck_assert(atof(strstr(out, "\"kld_mean\":") + 11) > 0);
 	ck_assert_int_eq(count_lines(out), 1);
+	char out_h2o_keep[8192];
+	memcpy(out_h2o_keep, out, sizeof out_h2o_keep);
 	/* full vs full: no reference run, and ppl equals the h2o run's reference ppl */
 	double ppl_ref = atof(strstr(out, "\"ppl_ref\":") + 10);
 	const char *b[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "full",
@@ -890,6 +1107,40 @@ START_TEST(cli_ppl_json)
 	ck_assert(strstr(out, "kld_mean") == NULL);
 	double ppl = atof(strstr(out, "\"ppl\":") + 6);
 	ck_assert_msg(fabs(ppl - ppl_ref) < 1e-4 * ppl, "full ppl %g vs reference %g", ppl, ppl_ref);
+	/* --batch: the h2o run above and a tova run in one lockstep pass give what separate runs
+	 * give (ppl and KL), one JSON line each in file order */
+	double h2o_ppl = atof(strstr(out_h2o_keep, "\"ppl\":") + 6);
+	double h2o_kld = atof(strstr(out_h2o_keep, "\"kld_mean\":") + 11);
+	const char *c1[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "tova",
+		             "--ratio", "4", "--ctx", "80", "--json", NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, c1) == 0, "%s", e);
+	double tova_ppl = atof(strstr(out, "\"ppl\":") + 6);
+	char bp[128];
+	const char *runs = "# two runs\nh2o --ratio 2\n\n  tova --ratio 4\n";
+	const char *bf = write_text(bp, "runs", runs, strlen(runs));
+	const char *c2[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--batch", bf,
+		             "--ctx", "80", "--json", NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, c2) == 0, "%s", e);
+	ck_assert_int_eq(count_lines(out), 2);
+	const char *l2 = strchr(out, '\n') + 1;
+	ck_assert(strstr(out, "\"policy\":\"h2o\"") < l2 && strstr(l2, "\"policy\":\"tova\""));
+	ck_assert(strstr(out, "\"batch\":3") != NULL);
+	ck_assert_msg(fabs(atof(strstr(out, "\"ppl\":") + 6) - h2o_ppl) < 1e-4 * h2o_ppl, "%s", out);
+	ck_assert(fabs(atof(strstr(out, "\"kld_mean\":") + 11) - h2o_kld) < 1e-4 * h2o_kld + 1e-7);
+	ck_assert(fabs(atof(strstr(l2, "\"ppl\":") + 6) - tova_ppl) < 1e-4 * tova_ppl);
+	/* a bad batch line names the file and the line; --batch excludes --policy */
+	const char *bad = "h2o --ratio 2\nh2o --ratio 0.5\n";
+	write_text(bp, "runs", bad, strlen(bad));
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, c2), 2);
+	ck_assert_msg(strstr(e, ":2: --ratio: '0.5' is not a compression factor >= 1") != NULL, "%s", e);
+	const char *bad2 = "nosuch\n";
+	write_text(bp, "runs", bad2, strlen(bad2));
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, c2), 2);
+	ck_assert_msg(strstr(e, "unknown policy 'nosuch'") && strstr(e, ":1:"), "%s", e);
+	const char *c3[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--batch", bf,
+		             "--policy", "h2o", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, c3), 2);
+	unlink(bf);
 	unlink(txt);
 }
 END_TEST
@@ -945,6 +1196,8 @@ static Suite *seq_suite(void)
 	tcase_add_loop_test(tc, evicted_streaming_compacted, 0, 3);
 	tcase_add_loop_test(tc, evicted_snapkv_prompt_end, 0, 3);
 	tcase_add_loop_test(tc, chunked_equals_stepwise_every_policy, 0, 3 * (kvp_registry_count + 1));
+	tcase_add_loop_test(tc, batch_equals_alone_every_policy, 0, 3);
+	tcase_add_loop_test(tc, trace_records_the_prompt, 0, 3);
 	tcase_add_test(tc, second_sequence_equals_fresh);
 	tcase_add_loop_test(tc, init_entries_before_observe, 0, 3);
 	tcase_add_loop_test(tc, h2o_ratio4_memory_bounded, 0, 3);
