@@ -175,7 +175,10 @@ static const char *const help_ppl =
 	"                        each run gives what a separate `ppl` run gives (one report\n"
 	"                        or JSON line per run, in file order, with \"batch\": the\n"
 	"                        sequences in the pass) up to float summation order;\n"
-	"                        seconds and tokens_per_s are the shared pass's\n"
+	"                        seconds and tokens_per_s are the shared pass's. A run\n"
+	"                        whose policy fails (guards above its ratio's budget) leaves\n"
+	"                        the pass with an error line ({..., \"error\": why}) and\n"
+	"                        exit status 1; the other runs go on\n"
 	"    -h, --help          show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -1198,8 +1201,15 @@ static int cmd_ppl(int argc, char **argv)
 			goto out;
 		}
 		const float *lp = ref ? lg + (size_t)K * c * V : NULL;
+		if (ref && S > 1 && rt_seq_batch_error(&b, K)) {
+			fprintf(stderr, "%s: the full-cache reference failed: %s\n", g_prog,
+			        rt_seq_batch_error(&b, K));
+			goto out;
+		}
 		for (int i = 0; i < K; i++) {
 			ppl_run *r = &runs[i];
+			if (S > 1 && rt_seq_batch_error(&b, i))
+				continue; /* left the batch: reported below */
 			const float *lq = lg + (size_t)i * c * V;
 			for (int j = 0; j < c && done + j + 1 < use; j++) {
 				int32_t tgt = ids[done + j + 1], top1;
@@ -1251,9 +1261,25 @@ static int cmd_ppl(int argc, char **argv)
 		file_sha256(o.model, msha);
 		buf_sha256(text, len, tsha);
 	}
-	for (int i = 0; i < K; i++)
-		ppl_report(&runs[i], m, &o, msha, tsha, n, use, prompt_len, block, ref, S);
-	rc = fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
+	int failed = 0;
+	for (int i = 0; i < K; i++) {
+		const char *why = S > 1 ? rt_seq_batch_error(&b, i) : NULL;
+		if (!why) {
+			ppl_report(&runs[i], m, &o, msha, tsha, n, use, prompt_len, block, ref, S);
+			continue;
+		}
+		/* a run whose policy failed in the batch: the others are still reported */
+		failed++;
+		fprintf(stderr, "%s: policy %s: %s\n", g_prog, runs[i].p->name, why);
+		if (o.json) {
+			fputc('{', stdout);
+			json_policy(stdout, &runs[i].seq, runs[i].o.ratio);
+			fputs(",\"error\":", stdout);
+			rt_json_str(stdout, why);
+			fputs("}\n", stdout);
+		}
+	}
+	rc = fflush(stdout) == 0 && !failed ? 0 : EXIT_FAILURE;
 out:
 	if (dump)
 		fclose(dump);

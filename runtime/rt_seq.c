@@ -6,6 +6,7 @@
 #include "rt_seq.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -439,7 +440,8 @@ int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_er
 		if (s[k]->m != m)
 			return rt_err_set(err, "sequence batch: sequences of different models");
 	const size_t lg_bytes = (size_t)K * chunk * m->hp.n_vocab * sizeof(float);
-	b->mem = malloc((size_t)K * (sizeof(rt_fwd *) + sizeof(rt_kv *) + sizeof(rt_seq *)));
+	const size_t ptrs = (size_t)K * (sizeof(rt_fwd *) + sizeof(rt_kv *) + sizeof(rt_seq *));
+	b->mem = calloc(1, ptrs + (size_t)K * (sizeof(int) + 512));
 	b->lg = malloc(lg_bytes);
 	if (!b->mem || !b->lg) {
 		rt_seq_batch_free(b);
@@ -449,16 +451,19 @@ int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_er
 	b->fw = b->mem;
 	b->kv = (rt_kv **)(b->fw + K);
 	b->s = (rt_seq **)(b->kv + K);
+	b->why = (char (*)[512])(b->s + K);
+	b->idx = (int *)(b->why + K);
 	for (int k = 0; k < K; k++) {
 		b->s[k] = s[k];
 		b->fw[k] = &s[k]->fwd;
 		b->kv[k] = &s[k]->kv;
+		b->idx[k] = k;
 	}
 	if (rt_fwd_init(&b->big, m, K * chunk, 1, err) != 0) {
 		rt_seq_batch_free(b);
 		return -1;
 	}
-	b->K = K;
+	b->K = b->n_active = K;
 	b->chunk = chunk;
 	return 0;
 }
@@ -471,11 +476,26 @@ void rt_seq_batch_free(rt_seq_batch *b)
 	memset(b, 0, sizeof *b);
 }
 
+const char *rt_seq_batch_error(const rt_seq_batch *b, int k)
+{
+	RT_ASSERT(k >= 0 && k < b->K);
+	return b->why[k][0] ? b->why[k] : NULL;
+}
+
+/* Sequence in slot i leaves the batch (its policy failed with err): the last active slot
+ * moves into its place. */
+static void batch_drop(rt_seq_batch *b, int i, const rt_err *err)
+{
+	snprintf(b->why[b->idx[i]], sizeof b->why[0], "%s", err->msg[0] ? err->msg : "failed");
+	int last = --b->n_active;
+	b->s[i] = b->s[last], b->fw[i] = b->fw[last], b->kv[i] = b->kv[last];
+	b->idx[i] = b->idx[last];
+}
+
 int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *logits,
                       enum rt_logits_mode mode, rt_err *err)
 {
-	const int K = b->K;
-	if (K < 1)
+	if (b->K < 1)
 		return rt_err_set(err, "sequence batch: not initialised");
 	const rt_model *m = b->s[0]->m;
 	const int V = m->hp.n_vocab;
@@ -483,8 +503,10 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 		return rt_err_set(err, "%s: sequence: negative token count", m->path);
 	if (mode != RT_LOGITS_NONE && !logits)
 		return rt_err_set(err, "%s: sequence: logits requested without a buffer", m->path);
+	if (b->n_active < 1)
+		return rt_err_set(err, "sequence batch: every sequence has left (%s)", b->why[0]);
 	const int64_t seen = b->s[0]->run.ctx.seen;
-	for (int k = 1; k < K; k++)
+	for (int k = 1; k < b->n_active; k++)
 		if (b->s[k]->run.ctx.seen != seen)
 			return rt_err_set(err,
 			                  "sequence batch: policy %s has seen %lld tokens, policy %s %lld",
@@ -494,13 +516,21 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 	for (int64_t done = 0; done < n;) {
 		int32_t k = n - done < b->chunk ? (int32_t)(n - done) : b->chunk;
 		int tr = 0;
-		for (int i = 0; i < K; i++) {
+		for (int i = 0; i < b->n_active;) {
 			int32_t c = kvp_run_chunk(&b->s[i]->run, &b->s[i]->kv, k);
-			if (c == 0)
-				return seq_full_err(b->s[i], err);
+			if (c == 0) {
+				rt_err e = { "" };
+				seq_full_err(b->s[i], &e);
+				batch_drop(b, i, &e);
+				continue;
+			}
 			k = c < k ? c : k;
 			tr |= trace_wants_logits(b->s[i]);
+			i++;
 		}
+		const int K = b->n_active;
+		if (K == 0)
+			return rt_err_set(err, "sequence batch: every sequence has left (%s)", b->why[0]);
 		const int last = done + k == n;
 		enum rt_logits_mode md = RT_LOGITS_NONE;
 		if (mode == RT_LOGITS_ALL || tr)
@@ -510,21 +540,35 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 		if (rt_model_forward_batch(&b->big, b->fw, b->kv, K, tokens + done, k,
 		                           (int32_t)(seen + done), b->lg, md, err) != 0)
 			return -1;
+		/* copy every slot's rows out before any slot leaves (leaving moves slots) */
 		for (int i = 0; i < K; i++) {
 			const float *rows = md == RT_LOGITS_ALL ? b->lg + (size_t)i * k * V : NULL;
+			const int o = b->idx[i];
 			if (mode == RT_LOGITS_ALL)
-				memcpy(logits + ((size_t)i * n + done) * V, rows, (size_t)k * V * sizeof(float));
+				memcpy(logits + ((size_t)o * n + done) * V, rows, (size_t)k * V * sizeof(float));
 			else if (mode == RT_LOGITS_LAST && last)
-				memcpy(logits + (size_t)i * V,
+				memcpy(logits + (size_t)o * V,
 				       rows ? rows + (size_t)(k - 1) * V : b->lg + (size_t)i * V,
 				       (size_t)V * sizeof(float));
-			if (seq_chunk_done(b->s[i], tokens + done, k, rows, err) != 0)
-				return -1;
 		}
+		int drop[K];
+		for (int i = 0; i < K; i++) {
+			const float *rows = md == RT_LOGITS_ALL ? b->lg + (size_t)i * k * V : NULL;
+			rt_err e = { "" };
+			drop[i] = seq_chunk_done(b->s[i], tokens + done, k, rows, &e) != 0;
+			if (drop[i])
+				snprintf(b->why[b->idx[i]], sizeof b->why[0], "%s", e.msg[0] ? e.msg : "failed");
+		}
+		for (int i = K - 1; i >= 0; i--)
+			if (drop[i]) {
+				rt_err e;
+				snprintf(e.msg, sizeof e.msg, "%s", b->why[b->idx[i]]);
+				batch_drop(b, i, &e);
+			}
 		done += k;
 	}
 	const double dt = rt_now() - t0;
-	for (int i = 0; i < K; i++)
+	for (int i = 0; i < b->n_active; i++)
 		b->s[i]->st.seconds += dt;
 	return 0;
 }

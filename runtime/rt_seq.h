@@ -121,14 +121,17 @@ int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
  * instead of K times; everything else is each sequence's own, exactly as rt_seq_feed. The
  * sequences stay owned by the caller. */
 typedef struct rt_seq_batch {
-	int K;
-	rt_seq **s;              /* [K] (borrowed) */
+	int K;                   /* sequences given to rt_seq_batch_init */
+	int n_active;            /* those still fed: a sequence whose policy fails leaves */
+	rt_seq **s;              /* [K] (borrowed); slots 0..n_active-1 are the active ones */
+	int *idx;                /* [K] the caller's index of slot i */
+	char (*why)[512];        /* [K] by caller's index: "" or why that sequence left */
 	rt_fwd big;              /* scratch for K × chunk stacked rows */
 	int chunk;               /* tokens per internal chunk at most */
-	rt_fwd **fw;             /* [K] &s[k]->fwd */
-	rt_kv **kv;              /* [K] &s[k]->kv */
+	rt_fwd **fw;             /* [K] &s[slot]->fwd */
+	rt_kv **kv;              /* [K] &s[slot]->kv */
 	float *lg;               /* [K × chunk × n_vocab] logits of one internal chunk */
-	void *mem;               /* fw, kv */
+	void *mem;               /* s, idx, why, fw, kv */
 } rt_seq_batch;
 
 /* Set up a batch over s[0..K) (same model, K >= 1, each at its own start) with internal
@@ -138,15 +141,22 @@ typedef struct rt_seq_batch {
 int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_err *err);
 void rt_seq_batch_free(rt_seq_batch *b);
 
-/* Feed tokens[0..n) to every sequence of the batch; they must all have seen the same
- * number of tokens. Each internal chunk is the smallest of the sequences' allowed chunks
- * (so no policy's trigger is crossed: every sequence sees exactly what rt_seq_feed would
- * give it, up to float summation order). logits: NULL with RT_LOGITS_NONE; for
+/* Feed tokens[0..n) to every active sequence of the batch; they must all have seen the
+ * same number of tokens. Each internal chunk is the smallest of the sequences' allowed
+ * chunks (so no policy's trigger is crossed: every sequence sees exactly what rt_seq_feed
+ * would give it, up to float summation order). logits: NULL with RT_LOGITS_NONE; for
  * RT_LOGITS_ALL [K × n × n_vocab] (sequence k's row i at (k·n + i)·n_vocab); for
- * RT_LOGITS_LAST [K × n_vocab]. Every sequence's `seconds` counter grows by the batch's
- * wall time (shared). Errors as rt_seq_feed, plus sequences at different positions. */
+ * RT_LOGITS_LAST [K × n_vocab] (k: the caller's index; a sequence that left keeps
+ * whatever its rows held). A sequence whose policy fails (a compress error such as guards
+ * above the budget, or "KV cache full") leaves the batch: rt_seq_batch_error says why,
+ * the others go on. Every sequence's `seconds` counter grows by the batch's wall time
+ * (shared). Errors (-1, err): a forward error (every sequence is then unusable),
+ * sequences at different positions, no active sequence left. */
 int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *logits,
                       enum rt_logits_mode mode, rt_err *err);
+
+/* NULL while sequence k (the caller's index) is in the batch, else why it left. */
+const char *rt_seq_batch_error(const rt_seq_batch *b, int k);
 
 /* Tokens seen so far (= the position of the next token). */
 int64_t rt_seq_seen(const rt_seq *s);

@@ -1128,6 +1128,16 @@ START_TEST(cli_ppl_json)
 	ck_assert_msg(fabs(atof(strstr(out, "\"ppl\":") + 6) - h2o_ppl) < 1e-4 * h2o_ppl, "%s", out);
 	ck_assert(fabs(atof(strstr(out, "\"kld_mean\":") + 11) - h2o_kld) < 1e-4 * h2o_kld + 1e-7);
 	ck_assert(fabs(atof(strstr(l2, "\"ppl\":") + 6) - tova_ppl) < 1e-4 * tova_ppl);
+	/* a run whose guards exceed its budget leaves the pass with an error line; the
+	 * others are unchanged and the exit status is 1 */
+	const char *some = "scissorhands --ratio 16\nh2o --ratio 2\n";
+	write_text(bp, "runs", some, strlen(some));
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, c2), 1);
+	ck_assert_int_eq(count_lines(out), 2);
+	l2 = strchr(out, '\n') + 1;
+	ck_assert_msg(strstr(out, "\"error\":") && strstr(out, "\"error\":") < l2, "%s", out);
+	ck_assert_msg(strstr(e, "policy scissorhands: ") != NULL, "%s", e);
+	ck_assert(fabs(atof(strstr(l2, "\"ppl\":") + 6) - h2o_ppl) < 1e-4 * h2o_ppl);
 	/* a bad batch line names the file and the line; --batch excludes --policy */
 	const char *bad = "h2o --ratio 2\nh2o --ratio 0.5\n";
 	write_text(bp, "runs", bad, strlen(bad));
