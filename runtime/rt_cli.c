@@ -113,7 +113,8 @@ static const char *const help_ppl =
 	"    %s ppl --model MODEL --text FILE [--policy NAME] [--set NAME=VALUE]...\n"
 	"             [--ratio R] [--ctx N] [--prompt N] [--chunk N] [--threads N] [--json]\n"
 	"             [--dump FILE] [--logits FILE] [--no-ref]\n"
-	"    %s ppl --model MODEL --text FILE --batch RUNS [--ctx N] [--prompt N] [--json] ...\n"
+	"    %s ppl --model MODEL --text FILE --batch RUNS [--ctx N] [--prompt N]\n"
+	"             [--score-from P] [--json] ...\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Tokenizes FILE, keeps its first N tokens and feeds them through the model\n"
@@ -167,6 +168,9 @@ static const char *const help_ppl =
 	"    --logits FILE       write the policy run's raw little-endian f32 logits\n"
 	"                        [N × n_vocab] to FILE (row i after tokens 0..i)\n"
 	"    --no-ref            skip the full-cache reference (half the work)\n"
+	"    --score-from P      score only the tokens at positions >= P (all tokens are\n"
+	"                        still fed); with --prompt N, P = N + 1 scores exactly the\n"
+	"                        tokens predicted from the cache a prompt-end policy left\n"
 	"    --batch RUNS        run several policies on the same text in one pass: RUNS has\n"
 	"                        one run per line, `POLICY [--ratio R] [--set NAME=VALUE]...`\n"
 	"                        ('#' starts a comment line). All runs and the reference are\n"
@@ -429,14 +433,14 @@ typedef struct opts {
 	const char *policy, *haystack, *lengths, *depths, *svg, *batch;
 	const char *sets[MAX_SETS];
 	int n_sets;
-	long ctx, chunk, n_gen, threads, decode, prompt_len, seed;
+	long ctx, chunk, n_gen, threads, decode, prompt_len, seed, score_from;
 	double ratio;
 	int json, chat, special, stats, no_ref, task_niah, mode_agnostic;
 } opts;
 
 enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECIAL, O_STATS,
        O_THREADS, O_DECODE, O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_HAYSTACK,
-       O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH };
+       O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM };
 
 /* Parse argv (argv[0] is the command name) with the command's long options lo and short
  * options so into o, checking every value. Returns 0, 1 after printing help (help_fn),
@@ -510,6 +514,11 @@ static int parse_opts(const char *cmd, void (*help_fn)(void), int argc, char **a
 			break;
 		}
 		case O_BATCH: o->batch = optarg; break;
+		case O_SCOREFROM:
+			if (parse_int(optarg, 1, INT_MAX, &v))
+				return usage_err(cmd, "--score-from: '%s' is not a position >= 1", optarg);
+			o->score_from = v;
+			break;
 		case O_SET:
 			if (o->n_sets == MAX_SETS)
 				return usage_err(cmd, "--set: more than %d overrides", MAX_SETS);
@@ -981,8 +990,9 @@ static void ppl_report(const ppl_run *r, const rt_model *m, const opts *o, const
 		fputs(",\"text_sha256\":", stdout);
 		rt_json_str(stdout, tsha);
 		printf(",\"threads\":%d,\"chunk\":%d,\"prompt\":%ld,\"tokens\":%lld,\"scored\":%lld,"
-		       "\"batch\":%d",
-		       threads, block, (long)prompt_len, (long long)use, (long long)r->scored, batch);
+		       "\"score_from\":%ld,\"batch\":%d",
+		       threads, block, (long)prompt_len, (long long)use, (long long)r->scored,
+		       o->score_from > 1 ? o->score_from : 1, batch);
 		json_num(stdout, "ppl", ppl);
 		json_num(stdout, "nll_mean", nll_mean);
 		json_num(stdout, "top1_acc", (double)r->hits / (double)r->scored);
@@ -1049,7 +1059,8 @@ static int cmd_ppl(int argc, char **argv)
 		{ "policy", required_argument, 0, O_POLICY }, { "set", required_argument, 0, O_SET },
 		{ "ratio", required_argument, 0, O_RATIO }, { "no-ref", no_argument, 0, O_NOREF },
 		{ "prompt", required_argument, 0, O_PROMPTLEN },
-		{ "batch", required_argument, 0, O_BATCH }, { "help", no_argument, 0, 'h' },
+		{ "batch", required_argument, 0, O_BATCH },
+		{ "score-from", required_argument, 0, O_SCOREFROM }, { "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
 	opts o = { .chunk = DEFAULT_CHUNK, .prompt_len = -1 };
@@ -1125,6 +1136,12 @@ static int cmd_ppl(int argc, char **argv)
 	if (use < 2) {
 		fprintf(stderr, "%s: %s: text has %lld token%s; perplexity needs at least 2\n", g_prog,
 		        o.text, (long long)n, n == 1 ? "" : "s");
+		goto out;
+	}
+	if (o.score_from >= use) {
+		fprintf(stderr, "%s: --score-from %ld: only %lld tokens are scored (positions "
+		        "1..%lld)\n", g_prog, o.score_from, (long long)use, (long long)use - 1);
+		rc = EXIT_USAGE;
 		goto out;
 	}
 	const int V = m->hp.n_vocab;
@@ -1212,6 +1229,8 @@ static int cmd_ppl(int argc, char **argv)
 				continue; /* left the batch: reported below */
 			const float *lq = lg + (size_t)i * c * V;
 			for (int j = 0; j < c && done + j + 1 < use; j++) {
+				if (done + j + 1 < o.score_from)
+					continue;
 				int32_t tgt = ids[done + j + 1], top1;
 				const float *rq = lq + (size_t)j * V;
 				double l = rt_logprob(rq, V, tgt, &top1);

@@ -106,34 +106,58 @@ extra_sets() {
 prompt_end() { grep -q '^[[:space:]]*compress at prompt end' "policies/$1.kvp"; }
 render_only=${RESULTS_RENDER_ONLY:-0}
 [ "$render_only" = 1 ] && textfiles=()
+# policy_hash NAME: the source hash the binary holds (a cached cell of another hash is stale)
+"$bin" info --json >"$out/info.json"
+policy_hash() { jq -r --arg p "$1" '.policies[] | select(.name == $p) | .source_hash' "$out/info.json"; }
+# One lockstep pass (`BIN ppl --batch`) per text and protocol runs every (policy, ratio)
+# cell not cached yet: the weights are read once per token for all of them, and the
+# full-cache reference is computed once. Streaming policies score every token; prompt-end
+# policies get the first half as the prompt and score the tokens after it (--score-from).
 for f in ${textfiles[@]+"${textfiles[@]}"}; do
 	t=$(basename "$f" ".$tokens.txt")
 	mkdir -p "$out/ppl/$t.$tokens"
-	for p in $policies; do
-		for r in $ratios; do
-			j="$out/ppl/$t.$tokens/$p.r$r.json"
-			[ -s "$j" ] && continue
-			pe=()
-			n=$tokens
-			if prompt_end "$p"; then
-				n=$((tokens / 2))
-				pe=(--prompt "$n" --dump "$j.dump")
-			fi
-			# shellcheck disable=SC2046
-			if "$bin" ppl --model "$model" --text "$f" --ctx "$tokens" --policy "$p" \
-				--ratio "$r" --threads "$threads" --json "${pe[@]}" $(extra_sets "$p" "$r" "$n") \
-				>"$j.tmp" 2>"$j.err"; then
-				mv "$j.tmp" "$j"
-				echo "ppl $t $p r$r: $(jq -r '"ppl \(.ppl) kld_mean \(.kld_mean) (\(.seconds|floor) s)"' "$j")"
-			else
-				rc=$?
-				rm -f "$j.tmp"
-				jq -cn --arg p "$p" --argjson r "$r" --argjson rc "$rc" --rawfile e "$j.err" \
-					'{policy:$p, ratio:$r, error:($e|rtrimstr("\n")), rc:$rc}' >"$j"
-				echo "ppl $t $p r$r: refused: $(tail -n1 "$j.err")"
-			fi
-			rm -f "$j.err"
+	for group in stream prompt_end; do
+		runs="$out/ppl/$t.$tokens/$group.runs"
+		: >"$runs"
+		cells=()
+		for p in $policies; do
+			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
+			h=$(policy_hash "$p")
+			for r in $ratios; do
+				j="$out/ppl/$t.$tokens/$p.r$r.json"
+				if [ -s "$j" ] && [ "$(jq -r '.policy_hash // ""' "$j")" = "$h" ]; then continue; fi
+				n=$tokens
+				[ $group = prompt_end ] && n=$((tokens / 2))
+				echo "$p --ratio $r $(extra_sets "$p" "$r" "$n")" >>"$runs"
+				cells+=("$j")
+			done
 		done
+		[ ${#cells[@]} -gt 0 ] || continue
+		pe=()
+		[ $group = prompt_end ] && pe=(--prompt $((tokens / 2)) --score-from $((tokens / 2 + 1)))
+		echo "ppl $t $group: ${#cells[@]} runs in one pass ($(date -u +%H:%M:%S))"
+		set +e
+		"$bin" ppl --model "$model" --text "$f" --ctx "$tokens" --threads "$threads" --json \
+			--batch "$runs" "${pe[@]}" >"$runs.jsonl" 2>"$runs.err"
+		rc=$?
+		set -e
+		i=0
+		while IFS= read -r line; do
+			[ $i -lt ${#cells[@]} ] || break
+			j=${cells[$i]}
+			if echo "$line" | jq -e 'has("error")' >/dev/null; then
+				echo "$line" | jq -c --arg h "$(echo "$line" | jq -r .policy_hash)" '. + {rc: 1}' >"$j"
+				echo "ppl $t $(echo "$line" | jq -r '"\(.policy) r\(.ratio)"'): refused: $(echo "$line" | jq -r .error)"
+			else
+				echo "$line" >"$j"
+				echo "ppl $t $(echo "$line" | jq -r '"\(.policy) r\(.ratio): ppl \(.ppl) kld_mean \(.kld_mean)"')"
+			fi
+			i=$((i + 1))
+		done <"$runs.jsonl"
+		if [ $i -lt ${#cells[@]} ]; then
+			echo "results.sh: ppl $t $group stopped (status $rc) after $i of ${#cells[@]} runs:" >&2
+			tail -n 3 "$runs.err" >&2
+		fi
 	done
 done
 
@@ -176,10 +200,12 @@ dirty=$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo " (with unco
 model_sha=$(sha256sum "$model" | cut -d' ' -f1)
 python3 - "$out" "$doc" "$tokens" "$ratios" "$texts" "$policies" "$needle_policies" \
 	"$needle_ratios" "$nkey" "$threads" "$commit$dirty" "$model" "$model_sha" "$wall" \
-	"$cmdline" "$envline" "${RESULTS_NOTE:-}" <<'PY'
+	"$cmdline" "$envline" "${RESULTS_NOTE:-}" \
+	"$(for p in $policies; do prompt_end "$p" && printf '%s ' "$p"; done)" <<'PY'
 import json, os, sys, glob, math, html
 (out, doc, tokens, ratios, texts, policies, npolicies, nratios, nkey, threads, commit,
- model, model_sha, wall, cmdline, envline, note) = sys.argv[1:]
+ model, model_sha, wall, cmdline, envline, note, pe_policies) = sys.argv[1:]
+pe_policies = set(pe_policies.split())
 tokens = int(tokens); ratios = [int(r) for r in ratios.split()]
 texts = texts.split(); policies = policies.split()
 npolicies = npolicies.split(); nratios = nratios.split()
@@ -267,10 +293,13 @@ for t in texts:
             fn = os.path.join(d, "%s.r%d.json" % (p, r))
             j = load(fn)
             if j is None: continue
-            if os.path.exists(fn + ".dump"):
+            if p in pe_policies:
                 pe_set.add(p)
-            if "error" not in j and os.path.exists(fn + ".dump"):
-                j = second_half(j, fn + ".dump")
+            if "error" not in j and p in pe_policies:
+                if j.get("score_from", 1) <= 1 and os.path.exists(fn + ".dump"):
+                    j = second_half(j, fn + ".dump")  # a cell cached by the per-run script
+                else:
+                    j = dict(j, prompt_end=True, scored_after_prompt=j["scored"])
                 pe_ref = j["ppl_ref"]; pe_n = j["prompt"]
             elif "ppl_ref" in j and ref is None:
                 ref = j["ppl_ref"]; textsha = j.get("text_sha256")

@@ -1138,6 +1138,14 @@ START_TEST(cli_ppl_json)
 	ck_assert_msg(strstr(out, "\"error\":") && strstr(out, "\"error\":") < l2, "%s", out);
 	ck_assert_msg(strstr(e, "policy scissorhands: ") != NULL, "%s", e);
 	ck_assert(fabs(atof(strstr(l2, "\"ppl\":") + 6) - h2o_ppl) < 1e-4 * h2o_ppl);
+	/* --score-from P scores the tokens at positions P .. ctx-1 only */
+	const char *d1[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "full",
+		             "--ctx", "80", "--score-from", "41", "--json", NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, d1) == 0, "%s", e);
+	ck_assert_msg(strstr(out, "\"scored\":39,\"score_from\":41") != NULL, "%s", out);
+	const char *d2[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--ctx", "80",
+		             "--score-from", "80", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, d2), 2);
 	/* a bad batch line names the file and the line; --batch excludes --policy */
 	const char *bad = "h2o --ratio 2\nh2o --ratio 0.5\n";
 	write_text(bp, "runs", bad, strlen(bad));
