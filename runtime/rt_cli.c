@@ -201,7 +201,7 @@ static const char *const help_needle =
 	"    %s needle --model MODEL [--task passkey|niah] [--haystack FILE]\n"
 	"             [--lengths L,...] [--depths D,...] [--policy NAME] [--set NAME=VALUE]...\n"
 	"             [--ratio R] [--mode aware|agnostic] [--gen N] [--seed S] [--chat]\n"
-	"             [--chunk N] [--threads N] [--json]\n"
+	"             [--chunk N] [--threads N] [--json] [--batch RUNS]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    For every length L and depth D builds a prompt of exactly L tokens with the\n"
@@ -234,6 +234,11 @@ static const char *const help_needle =
 	"                        seed + 1000003 L + D\n"
 	"    --chat              wrap the prompt in the model's ChatML template\n"
 	"    --chunk N, --threads N, -h/--help  as for ppl\n"
+	"    --batch RUNS        several runs (`POLICY [--ratio R] [--set NAME=VALUE]...` per\n"
+	"                        line, as for ppl) on the same prompts: each prompt is\n"
+	"                        prefilled for all runs in lockstep (one weight pass per\n"
+	"                        chunk), then each run generates its own answer; one report\n"
+	"                        or JSON object per run, in file order\n"
 	"    --json              one JSON object: policy, params, ratio, task, mode, model,\n"
 	"                        model_sha256, commit, results [{length, depth, answer,\n"
 	"                        generated, correct, kv_entries_peak, compress_events}],\n"
@@ -350,6 +355,11 @@ static const char *const help_keepmap =
 	"    --prompt N          the prompt length given to the policy (default: N)\n"
 	"    --svg OUT           the SVG file to write (required)\n"
 	"    --chunk N, --threads N, -h/--help  as for ppl\n"
+	"    --batch RUNS        several runs (`POLICY [--ratio R] [--set NAME=VALUE]...` per\n"
+	"                        line, as for ppl) on the same prompts: each prompt is\n"
+	"                        prefilled for all runs in lockstep (one weight pass per\n"
+	"                        chunk), then each run generates its own answer; one report\n"
+	"                        or JSON object per run, in file order\n"
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error, 2 usage error.\n"
@@ -853,11 +863,23 @@ typedef struct ppl_run {
 	int64_t scored, hits;
 } ppl_run;
 
+/* Store capacity of a run: every prompt token, or for a ratio run of a policy that
+ * compresses as it goes (no prompt-end trigger) its budget plus PPL_CAP_SLACK. */
+static int32_t run_cap(const ppl_run *r, int64_t len, int64_t extra)
+{
+	int64_t cap = len + extra;
+	if (r->o.ratio > 0 && !(r->p->needs & KVP_NEED_PROMPT_LEN)) {
+		int64_t c = (int64_t)ceil((double)len / r->o.ratio) + PPL_CAP_SLACK + extra;
+		cap = c < cap ? c : cap;
+	}
+	return (int32_t)cap;
+}
+
 /* Parse a --batch file: one run per non-blank line that does not start with '#':
  * `POLICY [--ratio R] [--set NAME=VALUE]...`. Checks every policy, override and ratio
  * (as --policy/--set/--ratio would) and reports FILE:LINE: reason. Returns the runs (n in
  * *n) or NULL after printing the error (*rc set). */
-static ppl_run *ppl_batch_parse(const char *path, int *n, int *rc)
+static ppl_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
 {
 	size_t len;
 	rt_err err = { "" };
@@ -927,7 +949,7 @@ static ppl_run *ppl_batch_parse(const char *path, int *n, int *rc)
 		if (!why) {
 			r->o.policy = name;
 			int prc; /* policy_from_opts prints its own message */
-			r->p = policy_from_opts("ppl", &r->o, &prc);
+			r->p = policy_from_opts(cmd, &r->o, &prc);
 			if (!r->p) {
 				fprintf(stderr, "%s: %s:%d: the run above is refused\n", g_prog, path, lineno);
 				free(txt);
@@ -1076,7 +1098,7 @@ static int cmd_ppl(int argc, char **argv)
 			return usage_err("ppl", "%s", "--batch gives every run's policy, --set and --ratio; "
 			                 "--policy, --set, --ratio, --dump and --logits cannot be combined "
 			                 "with it");
-		runs = ppl_batch_parse(o.batch, &K, &rc);
+		runs = runs_parse("ppl", o.batch, &K, &rc);
 		if (rc) {
 			for (int i = 0; runs && i < (K > 0 ? K : 0); i++)
 				free(runs[i].line);
@@ -1162,15 +1184,12 @@ static int cmd_ppl(int argc, char **argv)
 	}
 	for (int i = 0; i < K; i++) {
 		/* A ratio budget over the whole scored text is a fixed use / R entries per head;
-		 * the store gets that plus PPL_CAP_SLACK entries for what a policy holds between
-		 * compressions (a block-wise policy's block, a batch eviction's overshoot), so a
-		 * batch of many ratios fits in memory. A policy that overshoots further stops with
-		 * "KV cache full". Otherwise (full cache, own budget, --prompt) the store holds
-		 * every scored token. */
-		int64_t cap = use;
-		if (runs[i].o.ratio > 0 && prompt_len == use &&
-		    (int64_t)ceil((double)use / runs[i].o.ratio) + PPL_CAP_SLACK < use)
-			cap = (int64_t)ceil((double)use / runs[i].o.ratio) + PPL_CAP_SLACK;
+		 * a policy that compresses as it goes gets that plus PPL_CAP_SLACK entries for what
+		 * it holds between compressions (a block-wise policy's block, a batch eviction's
+		 * overshoot), so a batch of many ratios fits in memory; one that overshoots
+		 * further stops with "KV cache full". Otherwise (full cache, own budget, a
+		 * prompt-end policy, --prompt) the store holds every scored token. */
+		int64_t cap = prompt_len == use ? run_cap(&runs[i], use, 0) : use;
 		if (rt_seq_init(&runs[i].seq, m, runs[i].p, (int32_t)cap, block, prompt_len, &err) != 0 ||
 		    seq_apply(&runs[i].seq, &runs[i].o, &err) != 0) {
 			runtime_err(&err);
@@ -1289,7 +1308,7 @@ static int cmd_ppl(int argc, char **argv)
 		}
 		/* a run whose policy failed in the batch: the others are still reported */
 		failed++;
-		fprintf(stderr, "%s: policy %s: %s\n", g_prog, runs[i].p->name, why);
+		fprintf(stderr, "%s: %s\n", g_prog, why); /* why names the policy */
 		if (o.json) {
 			fputc('{', stdout);
 			json_policy(stdout, &runs[i].seq, runs[i].o.ratio);
@@ -1370,6 +1389,14 @@ static void help_needle_fn(void)
 	print_help(help_needle, 3, g_prog, g_prog, default_policy_name());
 }
 
+/* One needle result of one run (length, depth). */
+typedef struct needle_res {
+	char gen[512];
+	char answer[64];
+	int correct;
+	int64_t peak, compress_events;
+} needle_res;
+
 static int cmd_needle(int argc, char **argv)
 {
 	static const struct option lo[] = {
@@ -1380,6 +1407,7 @@ static int cmd_needle(int argc, char **argv)
 		{ "task", required_argument, 0, O_TASK }, { "gen", required_argument, 0, O_GEN },
 		{ "seed", required_argument, 0, O_SEED }, { "chat", no_argument, 0, O_CHAT },
 		{ "chunk", required_argument, 0, O_CHUNK }, { "threads", required_argument, 0, O_THREADS },
+		{ "batch", required_argument, 0, O_BATCH },
 		{ "json", no_argument, 0, O_JSON }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	opts o = { .chunk = DEFAULT_CHUNK, .seed = 1, .lengths = "1024,2048,4096",
@@ -1397,9 +1425,31 @@ static int cmd_needle(int argc, char **argv)
 		                 "in 0..100", o.depths);
 	if (o.haystack && !o.task_niah)
 		return usage_err("needle", "%s", "--haystack needs --task niah");
-	const struct kvp_policy *p = policy_from_opts("needle", &o, &rc);
-	if (!p)
-		return rc;
+	ppl_run *runs = NULL;
+	int K = 0;
+	if (o.batch) {
+		if (o.policy || o.n_sets || o.ratio > 0)
+			return usage_err("needle", "%s", "--batch gives every run's policy, --set and "
+			                 "--ratio; --policy, --set and --ratio cannot be combined with it");
+		runs = runs_parse("needle", o.batch, &K, &rc);
+		if (rc) {
+			for (int i = 0; runs && i < (K > 0 ? K : 0); i++)
+				free(runs[i].line);
+			free(runs);
+			return rc;
+		}
+	} else {
+		const struct kvp_policy *p = policy_from_opts("needle", &o, &rc);
+		if (!p)
+			return rc;
+		if (!(runs = calloc(1, sizeof *runs))) {
+			fprintf(stderr, "%s: out of memory\n", g_prog);
+			return EXIT_FAILURE;
+		}
+		K = 1;
+		runs[0].p = p;
+		runs[0].o = o;
+	}
 	int64_t n_gen = o.n_gen ? o.n_gen : o.task_niah ? 20 : 8;
 	set_threads(o.threads);
 	rt_gguf *g = NULL;
@@ -1407,15 +1457,17 @@ static int cmd_needle(int argc, char **argv)
 	rt_model *m = NULL;
 	char *hay = NULL;
 	size_t hay_len = 0, hay_off = 0;
-	float *logits = NULL;
-	rt_seq s = { 0 };
+	float *logits = NULL, *one = NULL;
+	rt_seq **all = NULL;
+	rt_seq_batch b = { 0 };
+	needle_res *res = NULL;
 	rt_err err = { "" };
 	rc = EXIT_FAILURE;
 	if (o.task_niah) {
 		const char *path = o.haystack ? o.haystack : "/usr/share/info/coreutils.info.gz";
 		if (!(hay = rt_needle_read_text(path, &hay_len, &err))) {
 			runtime_err(&err);
-			return EXIT_FAILURE;
+			goto out;
 		}
 		hay_off = rt_needle_info_body(hay, hay_len);
 	}
@@ -1435,40 +1487,44 @@ static int cmd_needle(int argc, char **argv)
 		if ((int64_t)lens[i] > max_len)
 			max_len = (int64_t)lens[i];
 	}
-	int32_t cap = (int32_t)(max_len + n_gen);
-	if (rt_seq_init(&s, m, p, cap, (int)o.chunk, -1, &err) != 0 || seq_apply(&s, &o, &err) != 0 ||
-	    !(logits = malloc((size_t)m->hp.n_vocab * sizeof *logits))) {
-		if (!err.msg[0])
-			rt_err_set(&err, "out of memory");
+	const int V = m->hp.n_vocab;
+	/* prompt chunk: a batch stacks K × chunk rows, so it is bounded as in ppl */
+	int chunk = (int)o.chunk;
+	if (K > 1 && chunk > 512 / K)
+		chunk = 512 / K < 1 ? 1 : 512 / K;
+	if (!(all = calloc((size_t)K, sizeof *all)) ||
+	    !(res = calloc((size_t)K * n_len * n_dep, sizeof *res)) ||
+	    !(logits = malloc((size_t)K * V * sizeof *logits)) ||
+	    !(one = malloc((size_t)V * sizeof *one))) {
+		fprintf(stderr, "%s: out of memory\n", g_prog);
+		goto out;
+	}
+	for (int i = 0; i < K; i++) {
+		if (rt_seq_init(&runs[i].seq, m, runs[i].p, run_cap(&runs[i], max_len, n_gen), chunk, -1,
+		                &err) != 0 ||
+		    seq_apply(&runs[i].seq, &runs[i].o, &err) != 0) {
+			runtime_err(&err);
+			goto out;
+		}
+		all[i] = &runs[i].seq;
+	}
+	if (K > 1 && rt_seq_batch_init(&b, all, K, chunk, &err) != 0) {
 		runtime_err(&err);
 		goto out;
 	}
 	const char *task = o.task_niah ? "niah" : "passkey";
 	const char *mode = o.mode_agnostic ? "agnostic" : "aware";
-	if (o.json) {
-		char msha[65];
-		file_sha256(o.model, msha);
-		fputc('{', stdout);
-		json_policy(stdout, &s, o.ratio);
-		printf(",\"task\":\"%s\",\"mode\":\"%s\",\"model\":", task, mode);
-		rt_json_str(stdout, m->path);
-		if (msha[0]) {
-			fputs(",\"model_sha256\":", stdout);
-			rt_json_str(stdout, msha);
-		}
-		fputs(",\"results\":[", stdout);
-	} else {
-		printf("%s under %s (%s mode), exact match per length and depth (%%)\n", task, p->name,
-		       mode);
+	if (!o.json && K == 1) {
+		printf("%s under %s (%s mode), exact match per length and depth (%%)\n", task,
+		       runs[0].p->name, mode);
 		printf("%8s", "length");
 		for (int j = 0; j < n_dep; j++)
 			printf(" %6g", deps[j]);
 		printf("   acc\n");
 	}
-	int total = 0, correct = 0;
 	for (int i = 0; i < n_len; i++) {
 		int row_ok = 0;
-		if (!o.json)
+		if (!o.json && K == 1)
 			printf("%8lld", (long long)lens[i]);
 		for (int j = 0; j < n_dep; j++) {
 			rt_needle_prompt np;
@@ -1480,54 +1536,118 @@ static int cmd_needle(int argc, char **argv)
 				                            (uint64_t)deps[j],
 				                    o.chat, &np, &err);
 			if (brc != 0) {
-				if (!o.json)
+				if (!o.json && K == 1)
 					putchar('\n');
 				runtime_err(&err);
 				goto out;
 			}
 			int64_t plen = o.mode_agnostic ? np.n_ctx : np.n_ctx + np.n_question;
-			rt_seq_reset(&s, plen);
-			char gen[512];
-			if (rt_seq_feed(&s, np.ctx, np.n_ctx, NULL, RT_LOGITS_NONE, &err) != 0 ||
-			    rt_seq_feed(&s, np.question, np.n_question, logits, RT_LOGITS_LAST, &err) != 0 ||
-			    greedy(&s, tk, logits, n_gen, gen, sizeof gen, NULL, &err) < 0) {
-				rt_needle_prompt_free(&np);
-				if (!o.json)
+			for (int k = 0; k < K; k++)
+				rt_seq_reset(&runs[k].seq, plen);
+			/* the prompt in lockstep (or alone), then each run's answer on its own */
+			int frc = K > 1
+				? (rt_seq_batch_feed(&b, np.ctx, np.n_ctx, NULL, RT_LOGITS_NONE, &err) != 0 ||
+				   rt_seq_batch_feed(&b, np.question, np.n_question, logits, RT_LOGITS_LAST,
+				                     &err) != 0)
+				: (rt_seq_feed(all[0], np.ctx, np.n_ctx, NULL, RT_LOGITS_NONE, &err) != 0 ||
+				   rt_seq_feed(all[0], np.question, np.n_question, logits, RT_LOGITS_LAST,
+				               &err) != 0);
+			for (int k = 0; !frc && k < K; k++) {
+				if (K > 1 && rt_seq_batch_error(&b, k))
+					continue;
+				needle_res *nr = &res[((size_t)k * n_len + i) * n_dep + j];
+				memcpy(one, logits + (size_t)k * V, (size_t)V * sizeof *one);
+				if (greedy(all[k], tk, one, n_gen, nr->gen, sizeof nr->gen, NULL, &err) < 0)
+					frc = 1;
+				nr->correct = rt_needle_score(&np, nr->gen);
+				/* an answer cut inside a multi-byte character keeps its valid prefix */
+				size_t bad;
+				if (!rt_utf8_valid(nr->gen, strlen(nr->gen), &bad))
+					nr->gen[bad] = 0;
+				snprintf(nr->answer, sizeof nr->answer, "%s", np.answer);
+				rt_seq_stats st = rt_seq_stats_get(all[k]);
+				nr->peak = st.kv_entries_peak;
+				nr->compress_events = st.compress_events;
+			}
+			rt_needle_prompt_free(&np);
+			if (frc) {
+				if (!o.json && K == 1)
 					putchar('\n');
 				runtime_err(&err);
 				goto out;
 			}
-			int ok = rt_needle_score(&np, gen);
-			rt_seq_stats st = rt_seq_stats_get(&s);
-			total++;
-			correct += ok;
-			row_ok += ok;
-			if (o.json) {
-				printf("%s{\"length\":%lld,\"depth\":%g,\"answer\":", total > 1 ? "," : "",
-				       (long long)lens[i], deps[j]);
-				rt_json_str(stdout, np.answer);
-				fputs(",\"generated\":", stdout);
-				rt_json_str(stdout, gen);
-				printf(",\"correct\":%s,\"kv_entries_peak\":%lld,\"compress_events\":%lld}",
-				       ok ? "true" : "false", (long long)st.kv_entries_peak,
-				       (long long)st.compress_events);
-			} else {
-				printf(" %6d", ok);
+			if (!o.json && K == 1) {
+				row_ok += res[(size_t)i * n_dep + j].correct;
+				printf(" %6d", res[(size_t)i * n_dep + j].correct);
 				fflush(stdout);
 			}
-			rt_needle_prompt_free(&np);
 		}
-		if (!o.json)
+		if (!o.json && K == 1)
 			printf("  %.2f\n", (double)row_ok / n_dep);
 	}
+	char msha[65] = "";
 	if (o.json)
+		file_sha256(o.model, msha);
+	int failed = 0;
+	for (int k = 0; k < K; k++) {
+		const char *why = K > 1 ? rt_seq_batch_error(&b, k) : NULL;
+		int correct = 0, total = n_len * n_dep;
+		for (int q = 0; q < total; q++)
+			correct += res[(size_t)k * total + q].correct;
+		if (why) {
+			failed++;
+			fprintf(stderr, "%s: %s\n", g_prog, why); /* why names the policy */
+		}
+		if (!o.json) {
+			if (K > 1 && !why)
+				printf("%s%s ratio %g: accuracy %d/%d = %.3f\n", runs[k].p->name,
+				       runs[k].o.n_sets ? " (with --set)" : "", runs[k].o.ratio, correct, total,
+				       (double)correct / total);
+			else if (!why)
+				printf("accuracy %d/%d = %.3f\n", correct, total, (double)correct / total);
+			continue;
+		}
+		fputc('{', stdout);
+		json_policy(stdout, &runs[k].seq, runs[k].o.ratio);
+		if (why) {
+			fputs(",\"error\":", stdout);
+			rt_json_str(stdout, why);
+			fputs("}\n", stdout);
+			continue;
+		}
+		printf(",\"task\":\"%s\",\"mode\":\"%s\",\"model\":", task, mode);
+		rt_json_str(stdout, m->path);
+		if (msha[0]) {
+			fputs(",\"model_sha256\":", stdout);
+			rt_json_str(stdout, msha);
+		}
+		printf(",\"batch\":%d,\"results\":[", K);
+		for (int i = 0; i < n_len; i++)
+			for (int j = 0; j < n_dep; j++) {
+				const needle_res *nr = &res[((size_t)k * n_len + i) * n_dep + j];
+				printf("%s{\"length\":%lld,\"depth\":%g,\"answer\":", i + j ? "," : "",
+				       (long long)lens[i], deps[j]);
+				rt_json_str(stdout, nr->answer);
+				fputs(",\"generated\":", stdout);
+				rt_json_str(stdout, nr->gen);
+				printf(",\"correct\":%s,\"kv_entries_peak\":%lld,\"compress_events\":%lld}",
+				       nr->correct ? "true" : "false", (long long)nr->peak,
+				       (long long)nr->compress_events);
+			}
 		printf("],\"accuracy\":%.6g}\n", (double)correct / total);
-	else
-		printf("accuracy %d/%d = %.3f\n", correct, total, (double)correct / total);
-	rc = fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
+	}
+	rc = fflush(stdout) == 0 && !failed ? 0 : EXIT_FAILURE;
 out:
-	rt_seq_free(&s);
+	for (int i = 0; i < K; i++) {
+		rt_seq_free(&runs[i].seq);
+		free(runs[i].line);
+	}
+	free(runs);
+	rt_seq_batch_free(&b);
+	free(all);
+	free(res);
 	free(logits);
+	free(one);
 	free(hay);
 	rt_model_free(m);
 	rt_tokenizer_free(tk);

@@ -161,36 +161,55 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 	done
 done
 
-# 4. passkey accuracy
-needle_run() { # POLICY RATIO(or -) FILE
-	local p=$1 r=$2 j=$3 ra=()
-	[ -s "$j" ] && return 0
-	[ "$render_only" = 1 ] && return 0
-	[ "$r" = - ] || ra=(--ratio "$r")
-	# shellcheck disable=SC2046
-	if "$bin" needle --model "$model" --task passkey --lengths "$lengths" --depths "$depths" \
-		--policy "$p" "${ra[@]}" --threads "$threads" --json \
-		$( [ "$r" = - ] || extra_sets_needle "$p" "$r") >"$j.tmp" 2>"$j.err"; then
-		mv "$j.tmp" "$j"
-		echo "needle $p r$r: accuracy $(jq -r .accuracy "$j")"
-	else
-		rc=$?
-		rm -f "$j.tmp"
-		jq -cn --arg p "$p" --arg r "$r" --argjson rc "$rc" --rawfile e "$j.err" \
-			'{policy:$p, ratio:$r, error:($e|rtrimstr("\n")), rc:$rc}' >"$j"
-		echo "needle $p r$r: refused: $(tail -n1 "$j.err")"
-	fi
-	rm -f "$j.err"
-}
+# 4. passkey accuracy: `BIN needle --batch` per protocol (the streaming policies prefill
+# token by token once their budget fills, the prompt-end ones and the full cache in large
+# chunks), every (policy, ratio) cell not cached yet, one JSON file per cell
 # the guard-only policies sized to the shortest length's budget
 extra_sets_needle() { extra_sets "$1" "$2" "${lengths%%,*}"; }
 nkey="L${lengths//,/-}.D${depths//,/-}"
 mkdir -p "$out/needle/$nkey"
-needle_run full - "$out/needle/$nkey/full.json"
-for r in $needle_ratios; do
-	for p in $needle_policies; do
-		needle_run "$p" "$r" "$out/needle/$nkey/$p.r$r.json"
+for group in stream prompt_end; do
+	[ "$render_only" = 1 ] && break
+	runs="$out/needle/$nkey/$group.runs"
+	: >"$runs"
+	cells=()
+	if [ $group = prompt_end ] && [ ! -s "$out/needle/$nkey/full.json" ]; then
+		echo "full" >>"$runs"
+		cells+=("$out/needle/$nkey/full.json")
+	fi
+	for r in $needle_ratios; do
+		for p in $needle_policies; do
+			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
+			j="$out/needle/$nkey/$p.r$r.json"
+			if [ -s "$j" ] && [ "$(jq -r '.policy_hash // ""' "$j")" = "$(policy_hash "$p")" ]; then continue; fi
+			echo "$p --ratio $r $(extra_sets_needle "$p" "$r")" >>"$runs"
+			cells+=("$j")
+		done
 	done
+	[ ${#cells[@]} -gt 0 ] || continue
+	echo "needle $group: ${#cells[@]} runs in one pass ($(date -u +%H:%M:%S))"
+	set +e
+	"$bin" needle --model "$model" --task passkey --lengths "$lengths" --depths "$depths" \
+		--threads "$threads" --json --batch "$runs" >"$runs.jsonl" 2>"$runs.err"
+	rc=$?
+	set -e
+	i=0
+	while IFS= read -r line; do
+		[ $i -lt ${#cells[@]} ] || break
+		j=${cells[$i]}
+		if echo "$line" | jq -e 'has("error")' >/dev/null; then
+			echo "$line" | jq -c '. + {rc: 1}' >"$j"
+			echo "needle $(echo "$line" | jq -r '"\(.policy) r\(.ratio)"'): refused: $(echo "$line" | jq -r .error)"
+		else
+			echo "$line" >"$j"
+			echo "needle $(echo "$line" | jq -r '"\(.policy) r\(.ratio): accuracy \(.accuracy)"')"
+		fi
+		i=$((i + 1))
+	done <"$runs.jsonl"
+	if [ $i -lt ${#cells[@]} ]; then
+		echo "results.sh: needle $group stopped (status $rc) after $i of ${#cells[@]} runs:" >&2
+		tail -n 3 "$runs.err" >&2
+	fi
 done
 
 # 5. render
@@ -459,12 +478,18 @@ else:
              "a ratio's budget is L / R entries per (layer, KV head) for each length L. "
              "StreamingLLM's and the sliding window's windows are sized to the shortest length.\n" % (
              lengths.replace("-", ", "), depths.replace("-", ", ")))
+    lens = [int(x) for x in lengths.split("-")]
+    nd_dep = len(depths.split("-"))
+    L.append("Each cell gives the correct answers out of %d depths at each length (%s tokens), "
+             "then the total.\n" % (nd_dep, " / ".join(str(x) for x in lens)))
     def acc(j):
         if j is None: return "not run"
         if "error" in j:
-            return "n/a (guards exceed budget)" if "exceed" in j["error"] or "guard" in j["error"] else "error (rc %s)" % j.get("rc")
+            return "n/a (guards exceed budget)" if "exceed" in j["error"] or "guard" in j["error"] or "below" in j["error"] else "error (rc %s)" % j.get("rc")
         res = j["results"]
-        return "%d/%d" % (sum(1 for x in res if x["correct"]), len(res))
+        per = [sum(1 for x in res if x["correct"] and x["length"] == n) for n in lens]
+        return "%s (%d/%d)" % (" / ".join(str(c) for c in per),
+                               sum(1 for x in res if x["correct"]), len(res))
     L.append("| policy | " + " | ".join("×%s" % r for r in nratios) + " |")
     L.append("|---|" + "---|" * len(nratios))
     L.append("| full cache (reference) | " + " | ".join(acc(full) for _ in nratios) + " |")

@@ -1177,6 +1177,22 @@ START_TEST(cli_needle_and_run)
 	ck_assert_msg(strstr(out, "{\"length\":600,\"depth\":0,") != NULL, "%s", out);
 	ck_assert_msg(strstr(out, "{\"length\":600,\"depth\":100,") != NULL, "%s", out);
 	ck_assert_msg(strstr(out, "\"accuracy\":") != NULL, "%s", out);
+	/* --batch: the same run next to a snapkv run and the full cache gives the same answers
+	 * (the "generated" texts) as alone */
+	char single[16384], bp[128];
+	memcpy(single, out, sizeof single);
+	const char *runs = "full\nh2o --ratio 2\nsnapkv --ratio 2 --set window=8\n";
+	const char *bf = write_text(bp, "nruns", runs, strlen(runs));
+	const char *a2[] = { "kvx", "needle", "--model", mp, "--batch", bf, "--lengths", "600",
+		             "--depths", "0,100", "--mode", "agnostic", "--json", NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, a2) == 0, "%s", e);
+	ck_assert_int_eq(count_lines(out), 3);
+	const char *h = strstr(out, "\"policy\":\"h2o\"");
+	ck_assert(h != NULL && strstr(out, "\"policy\":\"snapkv\"") > h);
+	const char *gs = strstr(single, "\"results\":"), *gb = strstr(h, "\"results\":");
+	size_t glen = (size_t)(strstr(gs, "],\"accuracy\"") - gs);
+	ck_assert_msg(strncmp(gs, gb, glen) == 0, "alone %.*s\nbatch %.*s", (int)glen, gs, (int)glen, gb);
+	unlink(bf);
 	/* a length too short for the fixed parts is a clear runtime error */
 	const char *b[] = { "kvx", "needle", "--model", mp, "--lengths", "20", NULL };
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, b), 1);
