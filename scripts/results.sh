@@ -96,7 +96,7 @@ extra_sets() {
 	case $1 in
 	streaming_llm) echo "--set recent=$((b - 4))" ;;
 	sliding_window) echo "--set window=$b" ;;
-	caote_h2o | caote_fast_h2o) echo "--set heavy=$((b - b / 2)) --set recent=$((b / 2))" ;;
+	caote_h2o | caote_fast_h2o | h2o_block) echo "--set heavy=$((b - b / 2)) --set recent=$((b / 2))" ;;
 	h2o) # heavy and recent halves of the budget, as the H2O paper (shares of the context)
 		local h
 		h=$(awk -v r="$2" 'BEGIN { printf "%g", 50 / r }')
@@ -439,17 +439,22 @@ for t in texts:
     lines = []
     for p in policies:
         if p not in founding or p not in rows: continue
+        # h2o_block (the control for CAOTE's schedule) is not a baseline method
         for r in ratios:
             k = kl(p, r)
             if k is None: continue
             b = base.get(p); kb = kl(b, r) if b else None
-            others = [(kl(q, r), q) for q in policies if q not in founding and
+            others = [(kl(q, r), q) for q in policies if q not in founding and q != "h2o_block" and
                       (q in pe_set) == (p in pe_set) and kl(q, r) is not None]
             best = min(others) if others else None
             parts = []
             if kb is not None:
                 parts.append("%s its base %s (%s vs %s; peak KV bytes %.1f vs %.1f MB)" % (
                     cmp(p, b, r), b, fmt(k, 4), fmt(kb, 4), peak(p, r) / 1e6, peak(b, r) / 1e6))
+            c = {"caote_h2o": "h2o_block", "caote_fast_h2o": "h2o_block"}.get(p)
+            if c and kl(c, r) is not None:
+                parts.append("%s the same-schedule control %s (%s; peak %.1f MB)" % (
+                    cmp(p, c, r), c, fmt(kl(c, r), 4), peak(c, r) / 1e6))
             if best is not None and best[1] != b:
                 parts.append("%s the best baseline %s (%s; peak %.1f MB)" % (
                     cmp(p, best[1], r), best[1], fmt(best[0], 4), peak(best[1], r) / 1e6))
