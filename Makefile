@@ -170,6 +170,9 @@ $(B)/libkvpc.a: $(KVPC_OBJS)
 KVPC_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 $(B)/compiler/kvpc_build.o: CFLAGS += -DKVPC_SRCDIR='"$(CURDIR)"' -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
 $(B)/compiler/kvpc_build.o: $(wildcard .git/HEAD .git/refs/heads/*)
+# the runtime's command line records the commit it was built from in every JSON report
+$(B)/runtime/rt_cli.o: CFLAGS += -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
+$(B)/runtime/rt_cli.o: $(wildcard .git/HEAD .git/refs/heads/*)
 
 $(B)/kvpc: $(B)/compiler/kvpc_main.o $(B)/compiler/kvpc_build.o $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
