@@ -869,6 +869,28 @@ START_TEST(feed_allocates_nothing_any_policy)
 		ck_assert_msg(got == 0, "%s: feeding allocated %ld times", p->name, got);
 		rt_seq_free(&s);
 	}
+	/* nor does a lockstep batch of every policy and the full cache */
+	ck_assert(kvp_registry_count >= 0 && kvp_registry_count < 1000);
+	const int K = kvp_registry_count + 1;
+	rt_seq *seqs = calloc(1000, sizeof *seqs), **sp = calloc(1000, sizeof *sp);
+	float *blg = malloc((size_t)K * N_TOK * (size_t)m->hp.n_vocab * sizeof *blg);
+	for (int k = 0; k < K; k++) {
+		seq_open(&seqs[k], m, k < kvp_registry_count ? kvp_registry[k] : &rt_policy_full, N_TOK,
+		         5, PROMPT);
+		sp[k] = &seqs[k];
+	}
+	rt_seq_batch b;
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_batch_init(&b, sp, K, 5, &err) == 0, "%s", err.msg);
+	long before = g_allocs;
+	int rc = rt_seq_batch_feed(&b, toks, N_TOK, blg, RT_LOGITS_ALL, &err);
+	long got = g_allocs - before; /* read before check's own asserts allocate */
+	ck_assert_msg(rc == 0, "%s", err.msg);
+	ck_assert_msg(got == 0, "batch feeding allocated %ld times", got);
+	rt_seq_batch_free(&b);
+	for (int k = 0; k < K; k++)
+		rt_seq_free(&seqs[k]);
+	free(seqs), free(sp), free(blg);
 	free(lg);
 	rt_model_free(m);
 }
