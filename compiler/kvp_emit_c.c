@@ -832,6 +832,65 @@ static void emit_trigger(struct em *em)
 	out(em, "\treturn room;\n}\n\n");
 }
 
+/* The end of compress for `action = add_split`: the GraceKV core through k_grace_run
+ * (kernels/k_compress.h) with the policy's values in an rt_gracekv_cfg
+ * (runtime/rt_gracekv.h); cfg already holds the score's reduction. */
+static void emit_grace_tail(struct em *em, int has_score)
+{
+	const struct kvp_ir *ir = em->ir;
+	out(em, "\tstruct rt_gracekv_cfg gc;\n\trt_gracekv_cfg_default(&gc);\n");
+	out(em, "\tgc.name = cfg.name;\n\tgc.budget = cfg.budget;\n");
+	if (ir->guards.sinks >= 0 || ir->guards.recent >= 0) {
+		line_src(em, ir->guards.loc);
+		if (ir->guards.sinks >= 0) {
+			out(em, "\tgc.sinks = ");
+			expr(em, ir->guards.sinks, E_SCALAR);
+			out(em, ";\n");
+		}
+		out(em, "\tgc.recent = ");
+		scalar_or(em, ir->guards.recent, 0);
+		out(em, ";\n");
+		line_back(em);
+	} else {
+		out(em, "\tgc.recent = 0;\n");
+	}
+	line_src(em, ir->alloc.loc);
+	out(em, "\tgc.head_share = fmin(1.0, fmax(0.0, ");
+	scalar_or(em, ir->alloc.floor, 0);
+	out(em, "));\n");
+	line_back(em);
+	line_src(em, ir->action.loc);
+	out(em, "\tgc.slot = ");
+	scalar_or(em, ir->action.run, 64);
+	out(em, ";\n\tgc.floor = ");
+	scalar_or(em, ir->action.floor, 0);
+	out(em, ";\n");
+	line_back(em);
+	/* the question: the window of the first prompt-tail statistic, else the default */
+	for (int k = 0; k < ir->n_stats; k++)
+		if (ir->stats[k].hist == KVP_HIST_PROMPT_TAIL && ir->stats[k].window >= 0) {
+			line_src(em, ir->stats[k].loc);
+			out(em, "\tgc.probe = ");
+			expr(em, ir->stats[k].window, E_SCALAR);
+			out(em, ";\n");
+			line_back(em);
+			break;
+		}
+	if (ir->score.pool != KVP_POOL_NONE) {
+		double k = 1;
+		kvp_ir_fold(ir, ir->score.kernel, &k);
+		out(em, "\tgc.pool = %d;\n\tgc.pool_max = %d;\n", (int)k, ir->score.pool == KVP_POOL_MAX);
+	}
+	if (ir->guards.protect_all_spans)
+		out(em, "\tgc.protect_all_spans = 1;\n");
+	if (ir->guards.n_spans > 0)
+		out(em, "\tgc.spans = policy_spans;\n\tgc.n_spans = %d;\n", ir->guards.n_spans);
+	out(em, "\treturn k_grace_run(ctx, kv, &cfg, %s, &gc, err);\n}\n\n",
+	    has_score ? "score_q" : "NULL");
+	out(em, "static size_t scratch_bytes(const rt_kv *kv)\n{\n");
+	out(em, "\treturn k_grace_scratch_bytes(kv, %d);\n}\n\n", em->n_vec);
+}
+
 static void emit_compress(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
@@ -911,6 +970,10 @@ static void emit_compress(struct em *em)
 		scalar_or(em, al->floor, 0.2);
 		out(em, "));\n");
 	}
+	if (kvp_ir_grace_core(ir)) {
+		emit_grace_tail(em, has_score);
+		return;
+	}
 	static const char *const acts[] = { "K_ACT_EVICT", "K_ACT_MERGE", "K_ACT_SPLIT" };
 	line_src(em, ir->action.loc);
 	out(em, "\tcfg.action = %s;\n", acts[ir->action.kind]);
@@ -959,9 +1022,10 @@ static void emit_policy(struct em *em)
 	    ir->positions == KVP_POS_COMPACTED ? "KVP_POS_COMPACTED" : "KVP_POS_ORIGINAL");
 	out(em, "\t.needs = ");
 	static const char *const needs[] = { "KVP_NEED_ATTN", "KVP_NEED_OUT", "KVP_NEED_KEYS",
-	                                     "KVP_NEED_VALUES", "KVP_NEED_SPANS", "KVP_NEED_PROMPT_LEN" };
+	                                     "KVP_NEED_VALUES", "KVP_NEED_SPANS", "KVP_NEED_PROMPT_LEN",
+	                                     "KVP_NEED_TRACE" };
 	int first = 1;
-	for (int b = 0; b < 6; b++)
+	for (int b = 0; b < 7; b++)
 		if (ir->needs & (1u << b)) {
 			out(em, "%s%s", first ? "" : " | ", needs[b]);
 			first = 0;

@@ -504,7 +504,18 @@ void kvp_ir_layout(struct kvp_ir *ir)
 		needs |= KVP_NEED_SPANS;
 	if (ir->trigger.kind == KVP_TRIG_PROMPT_END || ir->trigger.kind == KVP_TRIG_PREFILL_BLOCK)
 		needs |= KVP_NEED_PROMPT_LEN;
+	/* add_split runs the GraceKV core: segments and probes come from the prompt trace,
+	 * the question span from the span ids */
+	if (kvp_ir_grace_core(ir))
+		needs |= KVP_NEED_TRACE | KVP_NEED_PROMPT_LEN | KVP_NEED_SPANS;
 	ir->needs = needs;
+}
+
+int kvp_ir_grace_core(const struct kvp_ir *ir)
+{
+	return ir->action.kind == KVP_ACT_SPLIT && ir->alloc.heads == KVP_HEADS_GLOBAL &&
+	       ir->trigger.kind == KVP_TRIG_PROMPT_END && ir->positions == KVP_POS_ORIGINAL &&
+	       !ir->score.over_layer;
 }
 
 /* ---- checking ---------------------------------------------------------------------------- */

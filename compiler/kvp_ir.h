@@ -259,10 +259,16 @@ enum kvp_ir_action {
 	                            kept entry's position stays. A prototype never grows past
 	                            `run` tokens; an evicted entry that does not fit is
 	                            dropped. */
-	KVP_ACT_SPLIT,           /* add/split (GraceKV-style, simplified): as MERGE with
-	                            run = slot, after the `floor` highest-scoring evicted
-	                            singletons per head are kept exactly (singleton floor,
-	                            charged to the budget first) */
+	KVP_ACT_SPLIT,           /* add/split (GraceKV, arXiv 2608.07001): with one global
+	                            pool, a prompt-end trigger and original positions
+	                            (kvp_ir_grace_core) the GraceKV core runtime/rt_grace
+	                            via rt_gracekv: `run` is the slot (target segment) length,
+	                            `floor` the singleton floor per head, the allocation
+	                            floor the per-head coverage share, the score the direct
+	                            relevance. Otherwise (hand-built IRs only) a simplified
+	                            version: as MERGE with run = slot, after the `floor`
+	                            highest-scoring evicted singletons per head are kept
+	                            exactly (charged to the budget first) */
 };
 
 enum kvp_ir_trigger {
@@ -405,6 +411,13 @@ void kvp_ir_layout(struct kvp_ir *ir);
 /* 1 if expression e depends on the query head (reads attn or a per-qhead stat, or is an
  * exact CAOTE, which reads the query head's attention output). */
 int kvp_ir_expr_per_qhead(const struct kvp_ir *ir, int32_t e);
+
+/* 1 when the policy runs the GraceKV core (runtime/rt_gracekv): a SPLIT action over one
+ * global pool, compressing once at the prompt end, original positions, a score without
+ * layer-wide reduction (what `action = add_split` with `allocate = global` and
+ * `compress at prompt end` lowers to; pooling applies after the group reduction). Other SPLIT combinations, which only a
+ * hand-built IR can express, keep the simplified merge of k_compress_run. */
+int kvp_ir_grace_core(const struct kvp_ir *ir);
 
 /* Names for messages and comments. */
 const char *kvp_ir_op_name(enum kvp_ir_op op);

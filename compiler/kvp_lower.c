@@ -8,7 +8,8 @@
  *   - flow(q) becomes normalize(q) (direct relevance, GraceKV's first hop);
  *   - defaults that the IR leaves to the language are made explicit: the group
  *     reduction is mean for a score that depends on the query head and none otherwise;
- *     add_split's slot is 64 tokens (GraceKV's target slot length).
+ *     add_split's slot is 64 tokens (GraceKV's target slot length), and its pooling
+ *     comes after the group reduction (the core's relevance is per KV head).
  * It never reports a user error that kvp_sema could have reported; kvp_ir_check is the
  * back end's own safety net afterwards.
  */
@@ -270,7 +271,8 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 	ir->score.pool = s->pool == KVP_PL_MAX ? KVP_POOL_MAX :
 	                 s->pool == KVP_PL_AVG ? KVP_POOL_AVG : KVP_POOL_NONE;
 	ir->score.kernel = s->kernel ? lower_expr(&lw, s->kernel) : 0;
-	ir->score.pool_before_reduce = s->pool_before_reduce;
+	/* add_split (the GraceKV core) pools the group-reduced relevance */
+	ir->score.pool_before_reduce = s->action == KVP_AC_ADD_SPLIT ? 0 : s->pool_before_reduce;
 
 	/* guards */
 	ir->guards.sinks = s->sinks ? lower_size(&lw, s->sinks->value, s->sinks_unit) : -1;

@@ -1732,6 +1732,22 @@ static void cross_checks(sema *S)
 		ERR(S, action->value->loc, "add_split competes for one global budget; add `allocate = global`");
 		return;
 	}
+	/* add_split runs the GraceKV core: one compression of the whole prompt */
+	if (o->action == KVP_AC_ADD_SPLIT && o->compress && o->compress->trigger != KVP_T_AT) {
+		ERR(S, o->compress->loc,
+		    "add_split (GraceKV) compresses the whole prompt once; use `compress at prompt end`");
+		return;
+	}
+	if (o->action == KVP_AC_ADD_SPLIT && o->compacted) {
+		ERR(S, o->setting[KVP_SET_POSITIONS]->value->loc,
+		    "add_split keeps each prototype at its members' mean original position; use `positions = original`");
+		return;
+	}
+	if (o->action == KVP_AC_ADD_SPLIT && o->group_order_loc_set && o->pool_before_reduce) {
+		ERR(S, o->group_order_loc,
+		    "with add_split the relevance is pooled after the group reduction; write `before pool` or leave the order out");
+		return;
+	}
 	if (o->allocate == KVP_AL_GLOBAL && o->layers != KVP_LY_UNIFORM) {
 		ERR(S, o->setting[KVP_SET_LAYERS]->value->loc,
 		    "a per-layer schedule has no effect with one global pool (`allocate = global`)");

@@ -455,6 +455,8 @@ struct rt_grace_scratch {
 	uint16_t *sspan;   /* [C] */
 	uint8_t *sstat;    /* [C × stat_bytes] */
 	ordk *ord;         /* [C] */
+	rt_grace_item *lheap; /* [3 × C] one head's heap (coverage floor phase) */
+	int64_t *hspent;   /* [LG] entries the coverage floor phase gave each head */
 	int64_t n_nodes, n_acts;
 	/* per call */
 	const rt_kv *kv;
@@ -468,23 +470,17 @@ static size_t al64(size_t n)
 	return (n + 63) & ~(size_t)63;
 }
 
-int rt_grace_init(rt_grace *g, const rt_kv *kv, int n_rot, float rope_base,
-                  int32_t max_probe, rt_err *err)
+/* Sizes of the scratch blocks for a store shape (n_sizes entries, the first being the
+ * scratch header); each block is 64-byte aligned in the single area. */
+enum { N_SIZES = 31 };
+
+static int scratch_sizes(const rt_kv *kv, int n_rot, int32_t max_probe, size_t *sizes)
 {
-	memset(g, 0, sizeof *g);
-	if (!kv || kv->n_layer <= 0 || kv->n_kv_head <= 0 || kv->group <= 0 || kv->head_dim <= 0 ||
-	    kv->cap <= 0)
-		return rt_err_set(err, "gracekv: invalid KV store shape");
-	if (n_rot < 0 || n_rot > kv->head_dim || n_rot % 2 || !(rope_base > 0.0f))
-		return rt_err_set(err, "gracekv: bad RoPE (n_rot %d of head_dim %d, base %g)", n_rot,
-		                  kv->head_dim, (double)rope_base);
-	if (max_probe < 0)
-		return rt_err_set(err, "gracekv: max_probe %d is negative", (int)max_probe);
 	const size_t LG = (size_t)kv->n_layer * kv->n_kv_head, C = (size_t)kv->cap, d = (size_t)kv->head_dim;
 	size_t maxq = (size_t)max_probe * kv->group;
 	if (maxq < 1)
 		maxq = 1;
-	const size_t sizes[] = {
+	const size_t v[] = {
 		sizeof(struct rt_grace_scratch),
 		LG * C * sizeof(float),                        /* R */
 		3 * C * sizeof(double), C * sizeof(float), C,  /* sbar.., row, sel */
@@ -498,24 +494,60 @@ int rt_grace_init(rt_grace *g, const rt_kv *kv, int n_rot, float rope_base,
 		2 * d * sizeof(float), 3 * d * sizeof(double),
 		2 * C * d * sizeof(float), C * sizeof(int32_t), 2 * C * sizeof(float),
 		C * sizeof(uint16_t), C * kv->stat_bytes + 1, C * sizeof(ordk),
+		3 * C * sizeof(rt_grace_item), LG * sizeof(int64_t),
 	};
-	size_t total = 0;
-	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+	RT_ASSERT(sizeof v / sizeof v[0] == N_SIZES);
+	memcpy(sizes, v, sizeof v);
+	return N_SIZES;
+}
+
+static int check_shape(const rt_kv *kv, int n_rot, float rope_base, int32_t max_probe, rt_err *err)
+{
+	if (!kv || kv->n_layer <= 0 || kv->n_kv_head <= 0 || kv->group <= 0 || kv->head_dim <= 0 ||
+	    kv->cap <= 0)
+		return rt_err_set(err, "gracekv: invalid KV store shape");
+	if (n_rot < 0 || n_rot > kv->head_dim || n_rot % 2 || !(rope_base > 0.0f))
+		return rt_err_set(err, "gracekv: bad RoPE (n_rot %d of head_dim %d, base %g)", n_rot,
+		                  kv->head_dim, (double)rope_base);
+	if (max_probe < 0)
+		return rt_err_set(err, "gracekv: max_probe %d is negative", (int)max_probe);
+	return 0;
+}
+
+size_t rt_grace_bytes(const rt_kv *kv, int n_rot, int32_t max_probe)
+{
+	size_t sizes[N_SIZES];
+	if (!kv || kv->n_layer <= 0 || kv->n_kv_head <= 0 || kv->group <= 0 || kv->head_dim <= 0 ||
+	    kv->cap <= 0 || max_probe < 0)
+		return 0;
+	int ns = scratch_sizes(kv, n_rot, max_probe, sizes);
+	size_t total = 64; /* room to align a caller's area */
+	for (int i = 0; i < ns; i++) {
 		if (sizes[i] > SIZE_MAX / 4 - total)
-			return rt_err_set(err, "gracekv: scratch for %d entries per head is too large", (int)C);
+			return SIZE_MAX;
 		total += al64(sizes[i]);
 	}
-	uint8_t *m = aligned_alloc(64, total);
-	if (!m)
-		return rt_err_set(err, "gracekv: cannot allocate %zu bytes of scratch", total);
-	memset(m, 0, total);
+	return total;
+}
+
+/* Carve the scratch blocks out of mem (64-byte aligned, at least rt_grace_bytes). */
+static void carve(rt_grace *g, const rt_kv *kv, int n_rot, float rope_base, int32_t max_probe,
+                  uint8_t *m)
+{
+	const size_t LG = (size_t)kv->n_layer * kv->n_kv_head, C = (size_t)kv->cap, d = (size_t)kv->head_dim;
+	size_t maxq = (size_t)max_probe * kv->group;
+	if (maxq < 1)
+		maxq = 1;
+	size_t sizes[N_SIZES];
+	int ns = scratch_sizes(kv, n_rot, max_probe, sizes);
 	uint8_t *q = m;
-	void *ptr[sizeof sizes / sizeof sizes[0]];
-	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+	void *ptr[N_SIZES];
+	for (int i = 0; i < ns; i++) {
 		ptr[i] = q;
 		q += al64(sizes[i]);
 	}
 	struct rt_grace_scratch *s = ptr[0];
+	memset(s, 0, sizeof *s);
 	int k = 1;
 	s->R = ptr[k++];
 	s->sbar = ptr[k++];
@@ -551,7 +583,9 @@ int rt_grace_init(rt_grace *g, const rt_kv *kv, int n_rot, float rope_base,
 	s->sspan = ptr[k++];
 	s->sstat = ptr[k++];
 	s->ord = ptr[k++];
-	RT_ASSERT(k == (int)(sizeof sizes / sizeof sizes[0]));
+	s->lheap = ptr[k++];
+	s->hspent = ptr[k++];
+	RT_ASSERT(k == ns);
 	g->n_layer = kv->n_layer;
 	g->n_kv_head = kv->n_kv_head;
 	g->group = kv->group;
@@ -561,15 +595,50 @@ int rt_grace_init(rt_grace *g, const rt_kv *kv, int n_rot, float rope_base,
 	g->cap = kv->cap;
 	g->max_probe = max_probe;
 	g->stat_bytes = kv->stat_bytes;
+	g->s = s;
+}
+
+int rt_grace_init(rt_grace *g, const rt_kv *kv, int n_rot, float rope_base,
+                  int32_t max_probe, rt_err *err)
+{
+	memset(g, 0, sizeof *g);
+	if (check_shape(kv, n_rot, rope_base, max_probe, err))
+		return -1;
+	size_t total = rt_grace_bytes(kv, n_rot, max_probe);
+	if (total == SIZE_MAX)
+		return rt_err_set(err, "gracekv: scratch for %d entries per head is too large", (int)kv->cap);
+	uint8_t *m = aligned_alloc(64, al64(total));
+	if (!m)
+		return rt_err_set(err, "gracekv: cannot allocate %zu bytes of scratch", total);
+	memset(m, 0, al64(total));
+	carve(g, kv, n_rot, rope_base, max_probe, m);
 	g->mem = m;
 	g->mem_bytes = total;
-	g->s = s;
+	g->owns = 1;
+	return 0;
+}
+
+int rt_grace_init_at(rt_grace *g, const rt_kv *kv, int n_rot, float rope_base,
+                     int32_t max_probe, void *mem, size_t len, rt_err *err)
+{
+	memset(g, 0, sizeof *g);
+	if (check_shape(kv, n_rot, rope_base, max_probe, err))
+		return -1;
+	size_t total = rt_grace_bytes(kv, n_rot, max_probe);
+	if (!mem || total == SIZE_MAX || len < total)
+		return rt_err_set(err, "gracekv: scratch of %zu bytes given, %zu needed", len, total);
+	uint8_t *m = (uint8_t *)(((uintptr_t)mem + 63) & ~(uintptr_t)63);
+	carve(g, kv, n_rot, rope_base, max_probe, m);
+	g->mem = mem;
+	g->mem_bytes = len;
+	g->owns = 0;
 	return 0;
 }
 
 void rt_grace_free(rt_grace *g)
 {
-	free(g->mem);
+	if (g->owns)
+		free(g->mem);
 	memset(g, 0, sizeof *g);
 }
 
@@ -961,6 +1030,68 @@ static void relevance(rt_grace *g, int32_t ctx_b, int32_t ctx_e)
 	}
 }
 
+struct counts {
+	int64_t adds, sbin, ssal;
+};
+
+/* Pop and apply actions of heap hp while *left > 0 (section 9.6 [S]): an Add puts its
+ * root in the frontier and offers its split, a Split replaces a node by its children and
+ * offers theirs (into the same heap). A popped action costing more than is left can only
+ * be a 2-entry salient split with 1 entry left: its binary alternative is pushed. */
+static void compete(rt_grace *g, rt_grace_heap *hp, int64_t *left, struct counts *cnt)
+{
+	struct rt_grace_scratch *s = g->s;
+	const rt_grace_input *in = s->in;
+	rt_grace_item it;
+	while (*left > 0 && rt_grace_heap_pop(hp, &it)) {
+		gact *ac = &s->acts[it.id];
+		gnode *nd = &s->nodes[ac->node];
+		if (ac->cost > *left) {
+			RT_ASSERT(ac->kind == ACT_SAL);
+			gact *alt = &s->acts[s->n_acts];
+			memset(alt, 0, sizeof *alt);
+			alt->node = ac->node;
+			alt->kind = ACT_BIN;
+			alt->cost = 1;
+			alt->cut = ac->bcut;
+			alt->delta = ac->bdelta;
+			alt->dch[0] = ac->bdch[0];
+			alt->dch[1] = ac->bdch[1];
+			push_act(g, hp, (int32_t)s->n_acts++, alt->delta);
+			continue;
+		}
+		*left -= ac->cost;
+		if (in->trace)
+			in->trace(in->trace_user, (enum rt_grace_action)ac->kind, it.layer, it.kv_head, it.pos,
+			          nd->b - nd->a, ac->cost, ac->delta);
+		if (ac->kind == ACT_ADD) {
+			cnt->adds++;
+			nd->frontier = 1;
+			if (nd->b - nd->a >= 2)
+				offer_split(g, hp, ac->node);
+			continue;
+		}
+		nd->frontier = 0;
+		const int32_t a = nd->a, b = nd->b, lg = nd->lg;
+		int32_t ch[3], nch = 0;
+		if (ac->kind == ACT_BIN) {
+			cnt->sbin++;
+			ch[nch++] = new_node(g, lg, a, ac->cut, ac->dch[0]);
+			ch[nch++] = new_node(g, lg, ac->cut, b, ac->dch[1]);
+		} else {
+			cnt->ssal++;
+			if (ac->cut > a)
+				ch[nch++] = new_node(g, lg, a, ac->cut, ac->dch[0]);
+			ch[nch++] = new_node(g, lg, ac->cut, ac->cut + 1, 0.0);
+			if (ac->cut + 1 < b)
+				ch[nch++] = new_node(g, lg, ac->cut + 1, b, ac->dch[2]);
+		}
+		for (int k = 0; k < nch; k++)
+			if (s->nodes[ch[k]].b - s->nodes[ch[k]].a >= 2)
+				offer_split(g, hp, ch[k]);
+	}
+}
+
 int rt_grace_compress(rt_grace *g, rt_kv *kv, const rt_grace_params *p,
                       const rt_grace_input *in, rt_grace_stats *st, rt_err *err)
 {
@@ -1019,12 +1150,22 @@ int rt_grace_compress(rt_grace *g, rt_kv *kv, const rt_grace_params *p,
 		return rt_err_set(err, "gracekv: the recent window (%d tokens × %d heads = %lld entries) exceeds the budget of %lld entries at x = %g",
 		                  (int)r_eff, LG, (long long)b_recent, (long long)b_total, p->x);
 	const int32_t tree_e = ctx_e - (int32_t)r_eff;
+	/* pinned entries of the tree region (protected spans inside the context): exact and
+	 * charged before the floor [D] */
+	int64_t n_pin = 0;
+	if (in->pin)
+		for (int32_t t = ctx_b; t < tree_e; t++)
+			n_pin += in->pin[t] != 0;
+	const int64_t b_pin = (int64_t)LG * n_pin;
+	if (b_recent + b_pin > b_total)
+		return rt_err_set(err, "gracekv: the recent window and the pinned entries (%lld + %lld entries) exceed the budget of %lld entries at x = %g",
+		                  (long long)b_recent, (long long)b_pin, (long long)b_total, p->x);
 	int64_t b_floor = p->floor;
-	if (b_floor > b_total - b_recent)
-		b_floor = b_total - b_recent;
-	if (b_floor > (int64_t)LG * (tree_e - ctx_b))
-		b_floor = (int64_t)LG * (tree_e - ctx_b);
-	const int64_t b_alloc = b_total - b_recent - b_floor;
+	if (b_floor > b_total - b_recent - b_pin)
+		b_floor = b_total - b_recent - b_pin;
+	if (b_floor > (int64_t)LG * (tree_e - ctx_b - n_pin))
+		b_floor = (int64_t)LG * (tree_e - ctx_b - n_pin);
+	const int64_t b_alloc = b_total - b_recent - b_pin - b_floor;
 	s->kv = kv;
 	s->p = p;
 	s->in = in;
@@ -1038,13 +1179,31 @@ int rt_grace_compress(rt_grace *g, rt_kv *kv, const rt_grace_params *p,
 
 	/* singleton floor: the highest ω·R tokens of the tree region over all heads */
 	memset(s->isfloor, 0, (size_t)LG * C);
-	if (b_floor > 0) {
+	if (n_pin > 0)
+		for (int lg = 0; lg < LG; lg++)
+			for (int32_t t = ctx_b; t < tree_e; t++)
+				s->isfloor[(size_t)lg * C + t] = in->pin[t] != 0;
+	if (b_floor > 0 && p->floor_each) {
+		/* per head [D]: each head its own b_floor / LG best tokens (the remainder to the
+		 * lowest heads), so a head with peaked relevance cannot take another's floor */
+		for (int lg = 0; lg < LG; lg++) {
+			int64_t q = b_floor / LG + (lg < b_floor % LG);
+			int64_t nf = 0;
+			for (int32_t t = ctx_b; t < tree_e; t++)
+				if (!s->isfloor[(size_t)lg * C + t])
+					s->fc[nf++] = (fcand){ (float)(omega_of(g, lg) * s->R[(size_t)lg * C + t]), lg, t };
+			qsort(s->fc, (size_t)nf, sizeof(fcand), cmp_fcand);
+			for (int64_t i = 0; i < q && i < nf; i++)
+				s->isfloor[(size_t)lg * C + s->fc[i].e] = 1;
+		}
+	} else if (b_floor > 0) {
 		int64_t nf = 0;
 		for (int lg = 0; lg < LG; lg++)
 			for (int32_t t = ctx_b; t < tree_e; t++)
-				s->fc[nf++] = (fcand){ (float)(omega_of(g, lg) * s->R[(size_t)lg * C + t]), lg, t };
+				if (!s->isfloor[(size_t)lg * C + t])
+					s->fc[nf++] = (fcand){ (float)(omega_of(g, lg) * s->R[(size_t)lg * C + t]), lg, t };
 		qsort(s->fc, (size_t)nf, sizeof(fcand), cmp_fcand);
-		for (int64_t i = 0; i < b_floor; i++)
+		for (int64_t i = 0; i < b_floor && i < nf; i++)
 			s->isfloor[(size_t)s->fc[i].lg * C + s->fc[i].e] = 1;
 	}
 	/* members and segment ranges per head */
@@ -1069,10 +1228,18 @@ int rt_grace_compress(rt_grace *g, rt_kv *kv, const rt_grace_params *p,
 		s->nmem[lg] = nm;
 		s->nseg[lg] = ns;
 	}
-	/* roots: one Add per (layer, KV head, segment) */
+	/* roots: one Add per (layer, KV head, segment); with a coverage floor each head
+	 * first spends its share on its own best actions (own heap), then all compete */
 	rt_grace_heap hp = { s->heap, 0, (int32_t)(3 * (int64_t)LG * C) };
+	int64_t left = b_alloc;
+	struct counts cnt = { 0, 0, 0 };
+	const int64_t share = p->head_share > 0.0 ?
+	                      (int64_t)floor((p->head_share > 1.0 ? 1.0 : p->head_share) *
+	                                     (double)b_alloc / LG) : 0;
 	for (int lg = 0; lg < LG; lg++) {
 		const int32_t *sb = s->segb + (size_t)lg * (C + 1);
+		rt_grace_heap lh = { s->lheap, 0, 3 * C };
+		rt_grace_heap *th = share > 0 ? &lh : &hp;
 		for (int32_t k = 0; k < s->nseg[lg]; k++) {
 			double D = 0.0, Dd = 0.0;
 			eval_range(g, lg, sb[k], sb[k + 1], &D, &Dd);
@@ -1085,61 +1252,23 @@ int rt_grace_compress(rt_grace *g, rt_kv *kv, const rt_grace_params *p,
 			ac->kind = ACT_ADD;
 			ac->cost = 1;
 			ac->delta = omega_of(g, lg) * s->nodes[ni].R * (Dd - D);
-			push_act(g, &hp, (int32_t)s->n_acts++, ac->delta);
+			push_act(g, th, (int32_t)s->n_acts++, ac->delta);
+		}
+		s->hspent[lg] = 0;
+		if (share > 0) {
+			int64_t mine = share < left ? share : left;
+			int64_t before = mine;
+			compete(g, &lh, &mine, &cnt);
+			s->hspent[lg] = before - mine;
+			left -= before - mine;
+			rt_grace_item it;
+			while (rt_grace_heap_pop(&lh, &it))
+				rt_grace_heap_push(&hp, &it);
 		}
 	}
 	/* the competition (section 9.6 [S]) */
-	int64_t left = b_alloc, adds = 0, sbin = 0, ssal = 0;
-	rt_grace_item it;
-	while (left > 0 && rt_grace_heap_pop(&hp, &it)) {
-		gact *ac = &s->acts[it.id];
-		gnode *nd = &s->nodes[ac->node];
-		if (ac->cost > left) {
-			/* only a 2-entry salient split can exceed a left budget >= 1: offer its
-			 * binary alternative instead */
-			RT_ASSERT(ac->kind == ACT_SAL);
-			gact *alt = &s->acts[s->n_acts];
-			memset(alt, 0, sizeof *alt);
-			alt->node = ac->node;
-			alt->kind = ACT_BIN;
-			alt->cost = 1;
-			alt->cut = ac->bcut;
-			alt->delta = ac->bdelta;
-			alt->dch[0] = ac->bdch[0];
-			alt->dch[1] = ac->bdch[1];
-			push_act(g, &hp, (int32_t)s->n_acts++, alt->delta);
-			continue;
-		}
-		left -= ac->cost;
-		if (in->trace)
-			in->trace(in->trace_user, (enum rt_grace_action)ac->kind, it.layer, it.kv_head, it.pos,
-			          nd->b - nd->a, ac->cost, ac->delta);
-		if (ac->kind == ACT_ADD) {
-			adds++;
-			nd->frontier = 1;
-			if (nd->b - nd->a >= 2)
-				offer_split(g, &hp, ac->node);
-			continue;
-		}
-		nd->frontier = 0;
-		const int32_t a = nd->a, b = nd->b, lg = nd->lg;
-		int32_t ch[3], nch = 0;
-		if (ac->kind == ACT_BIN) {
-			sbin++;
-			ch[nch++] = new_node(g, lg, a, ac->cut, ac->dch[0]);
-			ch[nch++] = new_node(g, lg, ac->cut, b, ac->dch[1]);
-		} else {
-			ssal++;
-			if (ac->cut > a)
-				ch[nch++] = new_node(g, lg, a, ac->cut, ac->dch[0]);
-			ch[nch++] = new_node(g, lg, ac->cut, ac->cut + 1, 0.0);
-			if (ac->cut + 1 < b)
-				ch[nch++] = new_node(g, lg, ac->cut + 1, b, ac->dch[2]);
-		}
-		for (int k = 0; k < nch; k++)
-			if (s->nodes[ch[k]].b - s->nodes[ch[k]].a >= 2)
-				offer_split(g, &hp, ch[k]);
-	}
+	compete(g, &hp, &left, &cnt);
+	const int64_t adds = cnt.adds, sbin = cnt.sbin, ssal = cnt.ssal;
 	/* materialise: each head's frontier + exact entries, in position order */
 	for (size_t i = 0; i < (size_t)LG * C; i++)
 		s->owner[i] = -1;
@@ -1215,6 +1344,7 @@ int rt_grace_compress(rt_grace *g, rt_kv *kv, const rt_grace_params *p,
 		st->b_total = b_total;
 		st->b_recent = b_recent;
 		st->b_floor = b_floor;
+		st->b_pin = b_pin;
 		st->b_alloc = b_alloc;
 		st->spent = b_alloc - left;
 		st->adds = adds;

@@ -19,8 +19,9 @@
  * Units: "entries" are slots of one (layer, KV head) list; "tokens" are positions of the
  * text. Shapes use L = n_layer, G = n_kv_head, R = group (query heads per KV head),
  * d = head_dim, n = entries per head at the call (the same in every head).
- * Memory: rt_grace_init allocates all scratch once for a store shape; rt_grace_compress
- * allocates nothing.
+ * Memory: rt_grace_init allocates all scratch once for a store shape (rt_grace_init_at
+ * carves it from the caller's memory instead, as the compiled policy does with its
+ * ctx->scratch); rt_grace_compress allocates nothing.
  */
 #ifndef RT_GRACE_H
 #define RT_GRACE_H
@@ -151,6 +152,11 @@ typedef struct rt_grace_params {
 	int32_t seg_len;     /* fixed segment length when no segments are given (64) */
 	int key_mode;        /* enum rt_grace_key_mode (RT_GRACE_KEY_UNROPE, the paper's) */
 	int count_mode;      /* enum rt_grace_count_mode (RT_GRACE_COUNT_COHERENCE) */
+	int floor_each;      /* 0: the singleton floor is the `floor` best tokens over all
+	                        heads [S]; 1: each head keeps its own floor / (L·G) best [D] */
+	double head_share;   /* coverage floor in [0, 1] [D]: before the global competition
+	                        each head spends up to head_share · B_alloc / (L·G) entries on
+	                        its own best actions (0: one global competition only, [S]) */
 } rt_grace_params;
 
 void rt_grace_params_default(rt_grace_params *p);
@@ -176,6 +182,9 @@ typedef struct rt_grace_input {
 	                          attention summed over probes and the group); NULL: computed
 	                          from the probes */
 	const float *omega;    /* [L × G] head sensitivity ω; NULL: 1 */
+	const uint8_t *pin;    /* [n] 1: the entry is kept exactly in every head, charged
+	                          before the floor (protected spans inside the context) [D];
+	                          NULL: none */
 	rt_grace_attn_row_fn hop_attn; /* NULL: no multi-hop propagation */
 	void *hop_user;
 	rt_grace_trace_fn trace; /* NULL, or called for every action the competition applies */
@@ -186,6 +195,7 @@ typedef struct rt_grace_stats {
 	int64_t n_ctx;       /* context tokens N_ctx = n - prefix - suffix */
 	int64_t b_total;     /* floor(L·G·N_ctx / x) */
 	int64_t b_recent;    /* L·G·r charged to the recent window */
+	int64_t b_pin;       /* L·G · pinned context entries outside the recent window */
 	int64_t b_floor;     /* singleton floor entries (after clamping) */
 	int64_t b_alloc;     /* left for Add/Split */
 	int64_t spent;       /* entries the competition used (<= b_alloc) */
@@ -202,6 +212,7 @@ typedef struct rt_grace {
 	size_t stat_bytes;
 	void *mem;           /* one allocation behind all scratch */
 	size_t mem_bytes;
+	int owns;            /* 1: mem was allocated by rt_grace_init (freed by rt_grace_free) */
 	struct rt_grace_scratch *s;
 } rt_grace;
 
@@ -212,19 +223,34 @@ int rt_grace_init(rt_grace *g, const rt_kv *kv, int n_rot, float rope_base,
                   int32_t max_probe, rt_err *err);
 void rt_grace_free(rt_grace *g);
 
+/* Bytes of scratch rt_grace_init_at needs for stores shaped like kv (cap entries per
+ * head, its statistics size), n_rot rotated dims and max_probe probe tokens, alignment
+ * slack included: ≈ L·G·C·(4·max_probe·group + 440) bytes. 0 for a bad shape, SIZE_MAX
+ * when it overflows. */
+size_t rt_grace_bytes(const rt_kv *kv, int n_rot, int32_t max_probe);
+
+/* As rt_grace_init, but in the caller's memory mem[len] (len >= rt_grace_bytes; any
+ * alignment): nothing is allocated and rt_grace_free does not free mem. This is how a
+ * compiled policy's compress hook runs the core in ctx->scratch. The area need not be
+ * zeroed. Errors as rt_grace_init, and len too small. */
+int rt_grace_init_at(rt_grace *g, const rt_kv *kv, int n_rot, float rope_base,
+                     int32_t max_probe, void *mem, size_t len, rt_err *err);
+
 /* Compress kv once (after prefill). Every head must hold the same n singleton entries
  * (count 1) with strictly increasing positions, n <= g->cap. Keeps the prefix and suffix
- * exact and uncharged; of the context it keeps the recent window and the singleton floor
- * exact, then runs the Add/Split competition over the segment trees until the budget is
- * spent or every tree is fully expanded, and rewrites every head in position order (ties:
+ * exact and uncharged; of the context it keeps the recent window, the pinned entries and
+ * the singleton floor exact (charged in that order), then runs the Add/Split competition
+ * over the segment trees — first each head on its own for its coverage share
+ * (head_share), then all heads in one heap — until the budget is spent or every tree is
+ * fully expanded, and rewrites every head in position order (ties:
  * the lower first member): exact entries keep k, v, pos, span, statistics and count 1;
  * prototypes get k~, v~, pos = rounded mean position, count m, log_count log m, span 0,
  * zeroed statistics. At x = 1 the store is bit-identical to the input. The charged
  * entries after compression equal b_total whenever the context has at least that many
  * tokens. st may be NULL. Errors (-1, err "gracekv: ...", kv unchanged): shape mismatch,
  * heads of different lengths or positions, merged entries in the input, x < 1,
- * prefix/suffix/segments out of range, n_probe > max_probe, and a recent window whose
- * L·G·r entries exceed b_total. */
+ * prefix/suffix/segments out of range, n_probe > max_probe, and a recent window plus
+ * pinned entries whose L·G·(r + pins) entries exceed b_total. */
 int rt_grace_compress(rt_grace *g, rt_kv *kv, const rt_grace_params *p,
                       const rt_grace_input *in, rt_grace_stats *st, rt_err *err);
 

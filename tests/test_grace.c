@@ -4,16 +4,32 @@
  * float RoPE written like the forward's, rt_model's attention softmax for the merged-entry
  * semantics, hand-computed distortions and utilities for a two-segment case, a qsort
  * oracle for the heap order, a bitwise copy of the store for exactness at x = 1, and the
- * budget formula floor(L·G·N_ctx / x) for the entry count.
+ * budget formula floor(L·G·N_ctx / x) for the entry count. The glue of the compiled
+ * policy (runtime/rt_gracekv, kernels/k_compress.h k_grace_run) is checked against the
+ * core called directly with an input built by hand from a synthetic prompt trace, and,
+ * through rt_seq on tiny synthetic models (9/3, 4/1) with the runtime's own trace, at
+ * compression 1 against the full cache's logits.
  */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "k_compress.h"
+#include "kvp_emit_c.h"
+#include "kvp_ir.h"
+#include "kvp_sema.h"
+#include "kvp_src.h"
+#include "k_signal.h"
 #include "rt_grace.h"
+#include "rt_gracekv.h"
 #include "rt_kv.h"
 #include "rt_model.h"
+#include "rt_seq.h"
+#include "support/tiny_model.h"
 
 static uint64_t rng_state;
 
@@ -894,6 +910,742 @@ START_TEST(test_segment_bounds)
 }
 END_TEST
 
+/* ---- the compiled policy's glue (rt_gracekv, k_grace_run) --------------------------- */
+
+/* A synthetic prompt trace for a store of L layers × G·R query heads of d dims and n
+ * positions: 2 sampled layers (0 and L-1) whose hidden states move along e0 until
+ * position `turn`, then along e1 (plus noise); flat surprisal; random tail queries except
+ * the last n_q positions, whose queries in every layer and head point at the key of
+ * context entry `target` of that head (scaled to dominate the softmax). */
+typedef struct syn_trace {
+	struct kvp_trace tr;
+	float *hid, *q, *q_tail, *sur;
+} syn_trace;
+
+static void syn_trace_make(syn_trace *t, const rt_kv *kv, int32_t n, int32_t turn, int32_t n_q,
+                           int32_t target)
+{
+	const int L = kv->n_layer, G = kv->n_kv_head, R = kv->group, d = kv->head_dim;
+	const int H = G * R, E = H * d;
+	const int32_t cap = kv->cap;
+	memset(t, 0, sizeof *t);
+	t->hid = calloc((size_t)2 * cap * E, sizeof(float));
+	t->q = calloc((size_t)2 * cap * H * d, sizeof(float));
+	t->q_tail = calloc((size_t)L * KVP_TRACE_TAIL * H * d, sizeof(float));
+	t->sur = calloc((size_t)cap, sizeof(float));
+	for (int s = 0; s < 2; s++)
+		for (int32_t i = 0; i < n; i++)
+			for (int e = 0; e < E; e++) {
+				float v = 0.01f * rnd();
+				if (e == 0)
+					v += (float)(i < turn ? i : turn - 1);
+				if (e == 1)
+					v += (float)(i < turn ? 0 : i - turn + 1);
+				t->hid[((size_t)s * cap + i) * E + e] = v;
+			}
+	for (size_t i = 0; i < (size_t)2 * cap * H * d; i++)
+		t->q[i] = rnd();
+	for (int32_t i = 0; i < n; i++)
+		t->sur[i] = i == 0 ? 0.0f : 2.0f + 0.1f * rnd();
+	const int32_t ts = n > KVP_TRACE_TAIL ? n - KVP_TRACE_TAIL : 0;
+	for (int l = 0; l < L; l++)
+		for (int32_t p = ts; p < n; p++)
+			for (int hq = 0; hq < H; hq++) {
+				float *q = t->q_tail + (((size_t)l * KVP_TRACE_TAIL + (size_t)(p - ts)) * H + hq) * d;
+				const rt_kv_head *h = &kv->heads[l * G + hq / R];
+				for (int i = 0; i < d; i++)
+					q[i] = p >= n - n_q ? 12.0f * h->k[(size_t)target * d + i] : 0.3f * rnd();
+			}
+	t->tr.n = n;
+	t->tr.cap = cap;
+	t->tr.n_layer = L;
+	t->tr.n_embd = E;
+	t->tr.n_head = H;
+	t->tr.head_dim = d;
+	t->tr.n_sample = 2;
+	t->tr.sample_layer[0] = 0;
+	t->tr.sample_layer[1] = L - 1;
+	t->tr.hid = t->hid;
+	t->tr.q = t->q;
+	t->tr.tail_start = ts;
+	t->tr.tail_n = n - ts;
+	t->tr.q_tail = t->q_tail;
+	t->tr.surprisal = t->sur;
+}
+
+static void syn_trace_free(syn_trace *t)
+{
+	free(t->hid);
+	free(t->q);
+	free(t->q_tail);
+	free(t->sur);
+}
+
+/* 64-byte aligned scratch of n bytes */
+static void *scratch_new(size_t n)
+{
+	return aligned_alloc(64, (n + 63) & ~(size_t)63);
+}
+
+/* Reference hop row for the glue's multi-hop flow, written independently: the attention
+ * of the query at position src (trace->q of each sampled layer, every query head) over the
+ * keys at positions 0..src of that layer's store, softmax in double, averaged. */
+struct ref_hop {
+	const syn_trace *st;
+	const rt_kv *kv;
+};
+
+static void ref_hop_row(void *user, int32_t src, float *row)
+{
+	const struct ref_hop *u = user;
+	const rt_kv *kv = u->kv;
+	const int G = kv->n_kv_head, R = kv->group, d = kv->head_dim, H = G * R;
+	const int32_t n = kv->heads[0].n;
+	float *lg = malloc((size_t)(src + 1) * sizeof(float));
+	for (int32_t t = 0; t < n; t++)
+		row[t] = 0.0f;
+	for (int s = 0; s < u->st->tr.n_sample; s++)
+		for (int hq = 0; hq < H; hq++) {
+			const float *q = u->st->tr.q + (((size_t)s * u->st->tr.cap + src) * H + hq) * d;
+			const rt_kv_head *h = &kv->heads[u->st->tr.sample_layer[s] * G + hq / R];
+			float mx = -INFINITY;
+			double z = 0.0;
+			for (int32_t t = 0; t <= src; t++) {
+				double x = 0.0;
+				for (int i = 0; i < d; i++)
+					x += (double)q[i] * h->k[(size_t)t * d + i];
+				lg[t] = (float)(x * (1.0 / sqrt((double)d)));
+				mx = lg[t] > mx ? lg[t] : mx;
+			}
+			for (int32_t t = 0; t <= src; t++)
+				z += exp((double)lg[t] - mx);
+			for (int32_t t = 0; t <= src; t++)
+				row[t] += (float)(exp((double)lg[t] - mx) / z);
+		}
+	for (int32_t t = 0; t <= src; t++)
+		row[t] /= (float)(u->st->tr.n_sample * H);
+	free(lg);
+}
+
+START_TEST(test_glue_plumbing)
+{
+	/* The glue against the core called directly with an input built here by hand from
+	 * the same trace: prefix = the 2 sink tokens, segments of the context from the
+	 * sampled hidden states (the turn at position 60 must be a cut), probes = the last 6
+	 * positions' queries of every layer, budget 40 entries per head over everything. */
+	for (int run = 0; run < 4; run++) {
+		const int si = run % 2, hops = run < 2 ? 1 : 2;
+		const shape sh = shapes[si];
+		const int L = sh.L, G = sh.G, R = sh.R, LG = L * G, d = 16;
+		const int32_t n = 120, turn = 60, nq = 6, target = 30, sinks = 2;
+		rt_kv kv, ref;
+		make_store(&kv, L, G, R, d, d, n, 128, 70 + si);
+		make_store(&ref, L, G, R, d, d, n, 128, 70 + si);
+		for (int lg = 0; lg < LG; lg++)
+			for (int32_t i = 0; i < n; i++)
+				kv.heads[lg].span[i] = ref.heads[lg].span[i] = 0;
+		rng_seed(80 + si);
+		syn_trace st;
+		syn_trace_make(&st, &kv, n, turn, nq, target);
+		struct kvp_ctx ctx;
+		memset(&ctx, 0, sizeof ctx);
+		ctx.seen = n;
+		ctx.prompt_len = n;
+		ctx.prompt_done = 1;
+		ctx.trace = &st.tr;
+		rt_gracekv_cfg c;
+		rt_gracekv_cfg_default(&c);
+		c.budget = 40;
+		c.sinks = sinks;
+		c.recent = 8;
+		c.slot = 32;
+		c.floor = 1;
+		c.probe = nq;
+		c.hops = hops;
+		size_t len = rt_gracekv_scratch_bytes(&kv);
+		void *mem = scratch_new(len);
+		rt_gracekv_info info;
+		rt_err err = {0};
+		ck_assert_msg(rt_gracekv_compress(&ctx, &kv, &c, mem, len, &info, &err) == 0, "%s", err.msg);
+		ck_assert_int_eq(info.prefix, sinks);
+		ck_assert_int_eq(info.suffix, 0);
+		ck_assert_int_eq(info.used_trace, 1);
+		ck_assert_int_eq(info.n_probe, nq);
+		/* segments: start at the prefix, lengths in [slot/4, 2·slot], a cut at the turn */
+		ck_assert_int_ge(info.n_seg, 2);
+		ck_assert_int_eq(info.seg_start[0], sinks);
+		int cut_at_turn = 0;
+		for (int k = 0; k < info.n_seg; k++) {
+			int32_t e = k + 1 < info.n_seg ? info.seg_start[k + 1] : n;
+			ck_assert_int_ge(e - info.seg_start[k], 8);
+			ck_assert_int_le(e - info.seg_start[k], 64);
+			cut_at_turn |= info.seg_start[k] == turn;
+		}
+		ck_assert_msg(cut_at_turn, "no segment starts at the turn (position %d)", (int)turn);
+		/* the budget covers every entry: L·G·40 in all, the sinks among them */
+		ck_assert_int_eq(rt_kv_entries(&kv), (int64_t)LG * 40);
+		ck_assert_int_eq(info.st.b_total, (int64_t)LG * (40 - sinks));
+		/* the probed token is the floor of every head, kept bit for bit */
+		for (int lg = 0; lg < LG; lg++) {
+			const rt_kv_head *h = &kv.heads[lg], *r = &ref.heads[lg];
+			int found = 0;
+			for (int32_t i = 0; i < h->n; i++)
+				found |= h->pos[i] == target && h->count[i] == 1.0f &&
+				         memcmp(h->k + (size_t)i * d, r->k + (size_t)target * d, d * sizeof(float)) == 0;
+			ck_assert_msg(found, "head %d lost the probed token", lg);
+			ck_assert_int_eq(h->pos[0], 0);
+			ck_assert_int_eq(h->pos[1], 1);
+		}
+		/* oracle: the core on the reference store with the input built here */
+		rt_grace_seg_params sp;
+		rt_grace_seg_params_default(&sp);
+		sp.target_len = 32;
+		sp.min_len = 8;
+		sp.max_len = 64;
+		const int E = G * R * d;
+		const float *hl[2] = { st.hid + (size_t)sinks * E, st.hid + ((size_t)128 + sinks) * E };
+		double *work = malloc(rt_grace_segment_work(n, E, 2, 4) * sizeof(double));
+		int32_t seg[128];
+		float bound[128] = { 0 };
+		int32_t k = rt_grace_segment(&sp, n - sinks, E, 2, hl, st.sur + sinks, work, bound + sinks,
+		                             seg, &err);
+		ck_assert_int_eq(k, info.n_seg);
+		for (int i = 0; i < k; i++) {
+			seg[i] += sinks;
+			ck_assert_int_eq(seg[i], info.seg_start[i]);
+		}
+		float *pq = malloc((size_t)LG * nq * R * d * sizeof(float));
+		int32_t ppos[6];
+		for (int l = 0; l < L; l++)
+			for (int g = 0; g < G; g++)
+				for (int u = 0; u < nq; u++)
+					for (int r = 0; r < R; r++)
+						for (int i = 0; i < d; i++)
+							pq[((((size_t)l * G + g) * nq + u) * R + r) * d + i] =
+							        st.q_tail[(((size_t)l * KVP_TRACE_TAIL + (size_t)(n - nq + u)) * G * R +
+							                   (size_t)g * R + r) * d + i];
+		for (int u = 0; u < nq; u++)
+			ppos[u] = n - nq + u;
+		rt_grace g;
+		ck_assert_int_eq(rt_grace_init(&g, &ref, 0, 1.0f, KVP_TRACE_TAIL, &err), 0);
+		rt_grace_params gp;
+		rt_grace_params_default(&gp);
+		gp.x = (double)LG * (n - sinks) / ((double)LG * (40 - sinks) + 0.5);
+		gp.recent = 8;
+		gp.floor = LG;
+		gp.floor_each = 1;
+		gp.seg_len = 32;
+		gp.key_mode = RT_GRACE_KEY_POST;
+		gp.lambda_graph = hops > 1 ? 0.3 : 0.0;
+		gp.hops = hops - 1;
+		rt_grace_input in = { 0 };
+		struct ref_hop rh = { &st, &ref };
+		if (hops > 1) {
+			in.hop_attn = ref_hop_row;
+			in.hop_user = &rh;
+		}
+		in.prefix = sinks;
+		in.seg_start = seg;
+		in.n_seg = k;
+		in.boundary = bound;
+		in.probe_q = pq;
+		in.probe_pos = ppos;
+		in.n_probe = nq;
+		rt_grace_stats gst;
+		ck_assert_msg(rt_grace_compress(&g, &ref, &gp, &in, &gst, &err) == 0, "%s", err.msg);
+		for (int lg = 0; lg < LG; lg++) {
+			const rt_kv_head *a = &kv.heads[lg], *b = &ref.heads[lg];
+			ck_assert_int_eq(a->n, b->n);
+			ck_assert_int_eq(memcmp(a->pos, b->pos, (size_t)a->n * sizeof(int32_t)), 0);
+			ck_assert_int_eq(memcmp(a->k, b->k, (size_t)a->n * d * sizeof(float)), 0);
+			ck_assert_int_eq(memcmp(a->v, b->v, (size_t)a->n * d * sizeof(float)), 0);
+			ck_assert_int_eq(memcmp(a->count, b->count, (size_t)a->n * sizeof(float)), 0);
+		}
+		rt_grace_free(&g);
+		free(pq);
+		free(work);
+		free(mem);
+		syn_trace_free(&st);
+		rt_kv_free(&ref);
+		rt_kv_free(&kv);
+	}
+}
+END_TEST
+
+/* score for k_grace_run: the key norm of each entry, the same for every query head */
+static void score_knorm(const struct kvp_ctx *ctx, const rt_kv *kv, const rt_kv_head *h, int layer,
+                        int r, float *out, float *tmp, double *vec)
+{
+	(void)ctx;
+	(void)layer;
+	(void)r;
+	(void)tmp;
+	(void)vec;
+	for (int32_t i = 0; i < h->n; i++) {
+		double s = 0.0;
+		for (int j = 0; j < kv->head_dim; j++)
+			s += (double)h->k[(size_t)i * kv->head_dim + j] * h->k[(size_t)i * kv->head_dim + j];
+		out[i] = (float)sqrt(s);
+	}
+}
+
+START_TEST(test_glue_x1_and_spans)
+{
+	/* Compression 1 (budget = the prompt) through k_grace_run, the code the generated
+	 * compress calls, with and without a score and a trace: the store is bit-identical.
+	 * Then spans: `system` at 10..14 (inside the context) is kept exactly, `question`
+	 * at the end is the uncharged-in-the-core suffix. */
+	for (int si = 0; si < 2; si++)
+		for (int mode = 0; mode < 3; mode++) {
+			const shape sh = shapes[si];
+			const int L = sh.L, G = sh.G, R = sh.R, LG = L * G, d = 16;
+			const int32_t n = 100;
+			rt_kv kv;
+			make_store(&kv, L, G, R, d, d, n, n, 90 + si);
+			for (int lg = 0; lg < LG; lg++)
+				for (int32_t i = 0; i < n; i++)
+					kv.heads[lg].span[i] = i >= 10 && i < 15 ? 1 : i >= n - 7 ? 2 : 0;
+			void *copy = malloc(kv.mem_bytes);
+			memcpy(copy, kv.mem, kv.mem_bytes);
+			rng_seed(100 + si);
+			syn_trace st;
+			syn_trace_make(&st, &kv, n, 40, 4, 50);
+			const char *names[3] = { NULL, "system", "question" };
+			const char *const prot[2] = { "system", "question" };
+			struct kvp_ctx ctx;
+			memset(&ctx, 0, sizeof ctx);
+			ctx.seen = n;
+			ctx.prompt_len = n;
+			ctx.prompt_done = 1;
+			ctx.span_names = names;
+			ctx.n_spans = 2;
+			ctx.trace = mode >= 1 ? &st.tr : NULL;
+			struct k_compress_cfg cfg;
+			memset(&cfg, 0, sizeof cfg);
+			cfg.name = "t";
+			cfg.has_score = mode == 2;
+			cfg.reduce = K_REDUCE_SUM;
+			cfg.n_tmp = 1;
+			rt_gracekv_cfg gc;
+			rt_gracekv_cfg_default(&gc);
+			gc.budget = n;
+			gc.recent = 8;
+			gc.slot = 16;
+			gc.probe = 4;
+			gc.spans = prot;
+			gc.n_spans = 2;
+			ctx.scratch_len = k_grace_scratch_bytes(&kv, 1);
+			ctx.scratch = scratch_new(ctx.scratch_len);
+			rt_err err = {0};
+			ck_assert_msg(k_grace_run(&ctx, &kv, &cfg, mode == 2 ? score_knorm : NULL, &gc, &err) == 0,
+			              "%s", err.msg);
+			ck_assert_int_eq(memcmp(copy, kv.mem, kv.mem_bytes), 0);
+			/* x = 4 over everything: protected entries exact, total = budget */
+			gc.budget = n / 4;
+			ck_assert_msg(k_grace_run(&ctx, &kv, &cfg, mode == 2 ? score_knorm : NULL, &gc, &err) == 0,
+			              "%s", err.msg);
+			ck_assert_int_eq(rt_kv_entries(&kv), (int64_t)LG * (n / 4));
+			const rt_kv_head *r0 = NULL;
+			for (int lg = 0; lg < LG; lg++) {
+				const rt_kv_head *h = &kv.heads[lg];
+				int sys = 0, q = 0;
+				for (int32_t i = 0; i < h->n; i++) {
+					sys += h->span[i] == 1 && h->count[i] == 1.0f;
+					q += h->span[i] == 2 && h->count[i] == 1.0f;
+				}
+				ck_assert_int_eq(sys, 5);
+				ck_assert_int_eq(q, 7);
+				ck_assert_int_eq(h->pos[h->n - 1], n - 1);
+				r0 = h;
+			}
+			(void)r0;
+			/* a second compress meets a compressed store: a clear error */
+			ck_assert_int_eq(k_grace_run(&ctx, &kv, &cfg, NULL, &gc, &err), -1);
+			ck_assert_ptr_nonnull(strstr(err.msg, "once"));
+			free(ctx.scratch);
+			free(copy);
+			syn_trace_free(&st);
+			rt_kv_free(&kv);
+		}
+}
+END_TEST
+
+START_TEST(test_glue_errors)
+{
+	const int d = 16;
+	rt_kv kv;
+	make_store(&kv, 2, 3, 3, d, d, 64, 64, 110);
+	struct kvp_ctx ctx;
+	memset(&ctx, 0, sizeof ctx);
+	ctx.seen = 64;
+	ctx.prompt_len = 64;
+	rt_gracekv_cfg c;
+	rt_gracekv_cfg_default(&c);
+	c.name = "gk";
+	c.budget = 16;
+	c.recent = 32;
+	size_t len = rt_gracekv_scratch_bytes(&kv);
+	void *mem = scratch_new(len);
+	void *copy = malloc(kv.mem_bytes);
+	memcpy(copy, kv.mem, kv.mem_bytes);
+	rt_err err = {0};
+	/* the recent window exceeds the budget (ratio 4 with recent 32) */
+	ck_assert_int_eq(rt_gracekv_compress(&ctx, &kv, &c, mem, len, NULL, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "policy gk: the budget (16 entries per head) is below the guards"));
+	/* scratch too small */
+	c.recent = 4;
+	ck_assert_int_eq(rt_gracekv_compress(&ctx, &kv, &c, mem, len - 1, NULL, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "bytes of scratch"));
+	/* a trace of another shape */
+	syn_trace st;
+	rng_seed(111);
+	syn_trace_make(&st, &kv, 64, 30, 4, 10);
+	st.tr.head_dim = 8;
+	ctx.trace = &st.tr;
+	ck_assert_int_eq(rt_gracekv_compress(&ctx, &kv, &c, mem, len, NULL, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "prompt trace"));
+	ck_assert_int_eq(memcmp(copy, kv.mem, kv.mem_bytes), 0);
+	/* rt_grace_init_at: too little memory */
+	rt_grace g;
+	ck_assert_int_eq(rt_grace_init_at(&g, &kv, 0, 1.0f, 4, mem, 100, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "gracekv: scratch of 100 bytes"));
+	syn_trace_free(&st);
+	free(copy);
+	free(mem);
+	rt_kv_free(&kv);
+}
+END_TEST
+
+START_TEST(test_init_at_equals_init)
+{
+	/* the core in caller memory (unaligned start) gives the store of the owned scratch */
+	rt_kv a, b;
+	make_store(&a, 2, 3, 3, 16, 16, 150, 160, 120);
+	make_store(&b, 2, 3, 3, 16, 16, 150, 160, 120);
+	rt_grace ga, gb;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_grace_init(&ga, &a, 16, 10000.0f, 8, &err), 0);
+	size_t len = rt_grace_bytes(&b, 16, 8);
+	ck_assert_uint_gt(len, 0);
+	uint8_t *raw = malloc(len + 7);
+	memset(raw, 0xA5, len + 7); /* not zeroed: init_at must not rely on zeros */
+	ck_assert_int_eq(rt_grace_init_at(&gb, &b, 16, 10000.0f, 8, raw + 7, len, &err), 0);
+	rt_grace_params p;
+	rt_grace_params_default(&p);
+	p.x = 6.0;
+	p.recent = 4;
+	p.floor = 12;
+	rt_grace_input in = { 0 };
+	in.prefix = 2;
+	in.suffix = 5;
+	rt_grace_stats sa, sb;
+	ck_assert_int_eq(rt_grace_compress(&ga, &a, &p, &in, &sa, &err), 0);
+	ck_assert_int_eq(rt_grace_compress(&gb, &b, &p, &in, &sb, &err), 0);
+	ck_assert_int_eq(sa.entries, sb.entries);
+	for (int lg = 0; lg < 6; lg++) {
+		ck_assert_int_eq(a.heads[lg].n, b.heads[lg].n);
+		ck_assert_int_eq(memcmp(a.heads[lg].k, b.heads[lg].k, (size_t)a.heads[lg].n * 16 * sizeof(float)), 0);
+		ck_assert_int_eq(memcmp(a.heads[lg].pos, b.heads[lg].pos, (size_t)a.heads[lg].n * sizeof(int32_t)), 0);
+	}
+	rt_grace_free(&gb); /* does not free the caller's memory */
+	free(raw);
+	rt_grace_free(&ga);
+	rt_kv_free(&a);
+	rt_kv_free(&b);
+}
+END_TEST
+
+START_TEST(test_coverage_share_and_floor_each)
+{
+	/* 9/3 shape, relevance concentrated in head (0, 0): with one global competition and
+	 * a global floor that head takes most entries; with floor_each and head_share = 1
+	 * every head holds the same number (its equal share), still B_total in all. */
+	const int L = 2, G = 3, LG = 6;
+	const int32_t n = 240;
+	for (int mode = 0; mode < 2; mode++) {
+		rt_kv kv;
+		make_store(&kv, L, G, 3, 16, 16, n, n, 130);
+		float *rel = malloc((size_t)LG * n * sizeof(float));
+		for (int lg = 0; lg < LG; lg++)
+			for (int32_t t = 0; t < n; t++)
+				rel[lg * n + t] = lg == 0 ? (float)(1 + t % 7) * 100.0f : 1.0f;
+		rt_grace g;
+		rt_err err = {0};
+		ck_assert_int_eq(rt_grace_init(&g, &kv, 16, 10000.0f, 4, &err), 0);
+		rt_grace_params p;
+		rt_grace_params_default(&p);
+		p.x = 8.0;
+		p.recent = 4;
+		p.floor = 60;
+		p.floor_each = mode;
+		p.head_share = mode ? 1.0 : 0.0;
+		rt_grace_input in = { 0 };
+		in.rel = rel;
+		rt_grace_stats st;
+		ck_assert_msg(rt_grace_compress(&g, &kv, &p, &in, &st, &err) == 0, "%s", err.msg);
+		ck_assert_int_eq(rt_kv_entries(&kv), LG * n / 8);
+		if (mode == 0) {
+			ck_assert_int_gt(kv.heads[0].n, n / 8 + 10);
+		} else {
+			for (int lg = 0; lg < LG; lg++)
+				ck_assert_int_eq(kv.heads[lg].n, n / 8);
+		}
+		free(rel);
+		rt_grace_free(&g);
+		rt_kv_free(&kv);
+	}
+}
+END_TEST
+
+/* ---- through rt_seq with the runtime's trace: compression 1 equals the full cache ---- */
+
+static const rt_gracekv_cfg *g_seq_cfg;
+
+static int seq_should(const struct kvp_ctx *ctx, const rt_kv *kv)
+{
+	(void)kv;
+	return ctx->prompt_len >= 0 && ctx->seen == ctx->prompt_len && ctx->compress_count == 0;
+}
+
+static int32_t seq_next(const struct kvp_ctx *ctx, const rt_kv *kv)
+{
+	int32_t room = kv->cap - kv->heads[0].n;
+	for (int g = 1; g < kv->n_layer * kv->n_kv_head; g++)
+		if (kv->cap - kv->heads[g].n < room)
+			room = kv->cap - kv->heads[g].n;
+	if (ctx->prompt_len >= 0 && ctx->seen < ctx->prompt_len && ctx->prompt_len - ctx->seen < room)
+		return (int32_t)(ctx->prompt_len - ctx->seen);
+	return room;
+}
+
+static int seq_compress(const struct kvp_ctx *ctx, rt_kv *kv, rt_err *err)
+{
+	/* what the generated compress of an add_split policy does (kvpc emit) */
+	struct k_compress_cfg cfg;
+	memset(&cfg, 0, sizeof cfg);
+	cfg.name = "grace_test";
+	cfg.has_score = 1;
+	cfg.reduce = K_REDUCE_SUM;
+	cfg.n_tmp = 1;
+	rt_gracekv_cfg gc = *g_seq_cfg;
+	gc.budget = ctx->ratio > 0 ? k_context(ctx, (double)ctx->seen) / ctx->ratio : gc.budget;
+	ck_assert_ptr_nonnull(ctx->trace);
+	ck_assert_int_eq(ctx->trace->n, ctx->prompt_len);
+	return k_grace_run(ctx, kv, &cfg, score_knorm, &gc, err);
+}
+
+static size_t seq_scratch(const rt_kv *kv)
+{
+	return k_grace_scratch_bytes(kv, 1);
+}
+
+static const struct kvp_policy seq_policy = {
+	.abi_version = KVP_ABI_VERSION,
+	.name = "grace_test",
+	.source = "tests/test_grace.c",
+	.source_hash = "0000000000000000",
+	.summary = "",
+	.positions = KVP_POS_ORIGINAL,
+	.needs = KVP_NEED_KEYS | KVP_NEED_VALUES | KVP_NEED_SPANS | KVP_NEED_PROMPT_LEN | KVP_NEED_TRACE,
+	.should_compress = seq_should,
+	.compress = seq_compress,
+	.next_trigger = seq_next,
+	.scratch_bytes = seq_scratch,
+};
+
+START_TEST(test_seq_ratio1_equals_full)
+{
+	/* tiny synthetic llama models 9/3 and 4/1; a 70-token prompt, then 10 tokens one by
+	 * one. At ratio 1 the core keeps everything (bit-identical store), so every logit
+	 * equals the full cache's; at ratio 4 it compresses to the budget and differs. */
+	for (int si = 0; si < 2; si++) {
+		tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 128,
+		                     .rope_base = 10000.0f, .seed = 4242u + (uint32_t)si, .wtype = RT_GGML_F32 };
+		if (si == 0)
+			c.n_head = 9, c.n_head_kv = 3, c.n_embd = 288;
+		else
+			c.n_head = 4, c.n_head_kv = 1, c.n_embd = 64;
+		char path[128];
+		snprintf(path, sizeof path, "tests/tmp/test_grace_%d_%d.gguf", (int)getpid(), si);
+		ck_assert_int_eq(tiny_model_write(&c, path), 0);
+		rt_err err = {0};
+		rt_model *m = rt_model_load(path, &err);
+		ck_assert_msg(m != NULL, "%s", err.msg);
+		const int64_t P = 70, T = 10;
+		int32_t tok[80];
+		unsigned sd = 9u + (unsigned)si;
+		for (int i = 0; i < P + T; i++) {
+			sd = sd * 1103515245u + 12345u;
+			tok[i] = (int32_t)((sd >> 8) % 290u);
+		}
+		rt_gracekv_cfg gc;
+		rt_gracekv_cfg_default(&gc);
+		gc.recent = 4;
+		gc.slot = 16;
+		gc.floor = 2;
+		gc.probe = 8;
+		g_seq_cfg = &gc;
+		const int V = m->hp.n_vocab;
+		float *lf = malloc((size_t)V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
+		for (int ri = 0; ri < 2; ri++) {
+			const double ratio = ri == 0 ? 1.0 : 4.0;
+			rt_seq full, gs;
+			ck_assert_msg(rt_seq_init(&full, m, &rt_policy_full, 96, 32, P, &err) == 0, "%s", err.msg);
+			ck_assert_msg(rt_seq_init(&gs, m, &seq_policy, 96, 32, P, &err) == 0, "%s", err.msg);
+			ck_assert_msg(rt_seq_set_ratio(&gs, ratio, &err) == 0, "%s", err.msg);
+			ck_assert_int_eq(rt_seq_feed(&full, tok, P, NULL, RT_LOGITS_NONE, &err), 0);
+			ck_assert_msg(rt_seq_feed(&gs, tok, P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
+			ck_assert_int_eq(rt_seq_stats_get(&gs).compress_events, 1);
+			/* the budget over all heads: floor(L·G·P / ratio) entries */
+			const int64_t LGm = (int64_t)m->hp.n_layer * m->hp.n_head_kv;
+			ck_assert_int_eq(rt_kv_entries(&gs.kv), (int64_t)floor((double)LGm * P / ratio));
+			double maxdiff = 0.0;
+			for (int64_t t = 0; t < T; t++) {
+				ck_assert_int_eq(rt_seq_feed(&full, tok + P + t, 1, lf, RT_LOGITS_LAST, &err), 0);
+				ck_assert_int_eq(rt_seq_feed(&gs, tok + P + t, 1, lg, RT_LOGITS_LAST, &err), 0);
+				for (int v = 0; v < V; v++) {
+					double dd = fabs((double)lf[v] - lg[v]);
+					maxdiff = dd > maxdiff ? dd : maxdiff;
+				}
+			}
+			if (ri == 0)
+				ck_assert_msg(maxdiff == 0.0, "ratio 1: logits differ from the full cache by %g", maxdiff);
+			else
+				ck_assert_msg(maxdiff > 1e-4, "ratio 4: logits equal the full cache (nothing compressed?)");
+			rt_seq_free(&gs);
+			rt_seq_free(&full);
+		}
+		free(lf);
+		free(lg);
+		rt_model_free(m);
+		unlink(path);
+	}
+}
+END_TEST
+
+/* ---- the compiler side: add_split reaches the core ---------------------------------- */
+
+/* Emit the policy of .kvp file path as C; NULL (and the diagnostics on stderr) when it
+ * does not compile. *n_err receives the number of errors. */
+static char *emit_file(const char *path, unsigned *needs, int *n_err)
+{
+	char e[256];
+	kvp_src *src = kvp_src_open(path, e, sizeof e);
+	ck_assert_msg(src != NULL, "%s", e);
+	struct kvp_ir ir;
+	*n_err = kvp_compile(src, &ir);
+	char *buf = NULL;
+	if (*n_err == 0) {
+		size_t len = 0;
+		FILE *f = open_memstream(&buf, &len);
+		struct kvp_emit_opts o = { 1, "gracekv.c" };
+		ck_assert_int_eq(kvp_emit_c(&ir, &o, f), 0);
+		fclose(f);
+		*needs = ir.needs;
+		kvp_ir_free(&ir);
+	}
+	kvp_src_free(src);
+	return buf;
+}
+
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	long n = ftell(f);
+	fseek(f, 0, SEEK_SET);
+	char *b = malloc((size_t)n + 1);
+	size_t got = fread(b, 1, (size_t)n, f);
+	b[got] = 0;
+	fclose(f);
+	return b;
+}
+
+static void spit(const char *path, const char *s)
+{
+	FILE *f = fopen(path, "wb");
+	ck_assert_ptr_nonnull(f);
+	fputs(s, f);
+	fclose(f);
+}
+
+START_TEST(test_emit_gracekv)
+{
+	/* policies/gracekv.kvp compiles to a compress that calls k_grace_run (the core) and
+	 * asks for the prompt trace; the C is deterministic, matches the golden
+	 * (KVPC_UPDATE_GOLDEN=1 rewrites it) and compiles with -Werror */
+	unsigned needs = 0;
+	int ne = 0;
+	char *a = emit_file("policies/gracekv.kvp", &needs, &ne);
+	ck_assert_int_eq(ne, 0);
+	char *b = emit_file("policies/gracekv.kvp", &needs, &ne);
+	ck_assert_str_eq(a, b);
+	ck_assert_uint_eq(needs & KVP_NEED_TRACE, KVP_NEED_TRACE);
+	ck_assert_uint_eq(needs & KVP_NEED_PROMPT_LEN, KVP_NEED_PROMPT_LEN);
+	ck_assert_ptr_nonnull(strstr(a, "return k_grace_run(ctx, kv, &cfg, score_q, &gc, err);"));
+	ck_assert_ptr_nonnull(strstr(a, "return k_grace_scratch_bytes(kv, "));
+	ck_assert_ptr_nonnull(strstr(a, "KVP_NEED_TRACE"));
+	ck_assert_ptr_null(strstr(a, "k_compress_run("));
+	const char *gp = "tests/golden/emit/gracekv.c.golden";
+	if (getenv("KVPC_UPDATE_GOLDEN"))
+		spit(gp, a);
+	char *g = slurp(gp);
+	ck_assert_msg(g != NULL, "missing golden %s (run with KVPC_UPDATE_GOLDEN=1)", gp);
+	ck_assert_msg(strcmp(a, g) == 0, "%s differs from the emitter output", gp);
+	char dir[] = "/tmp/kvpc_grace_XXXXXX";
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	char cpath[128], opath[128], cmd[512];
+	snprintf(cpath, sizeof cpath, "%s/gracekv.c", dir);
+	snprintf(opath, sizeof opath, "%s/gracekv.o", dir);
+	spit(cpath, a);
+	snprintf(cmd, sizeof cmd,
+	         "%s -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime -Ikernels -c %s -o %s 2>&1",
+	         getenv("CC") ? getenv("CC") : "cc", cpath, opath);
+	ck_assert_int_eq(system(cmd), 0);
+	unlink(cpath);
+	unlink(opath);
+	rmdir(dir);
+	free(g);
+	free(a);
+	free(b);
+}
+END_TEST
+
+START_TEST(test_check_add_split)
+{
+	/* kvpc check: add_split needs one compression of the whole prompt with original
+	 * positions, and a group-before-pool order */
+	const char *bad[][2] = {
+		{ "compress at prompt end", "compress every 8 steps" },
+		{ "positions = original", "positions = compacted" },
+		{ "group = sum", "group = sum after pool" },
+	};
+	char *orig = slurp("policies/gracekv.kvp");
+	ck_assert_ptr_nonnull(orig);
+	for (int i = 0; i < 3; i++) {
+		char *at = strstr(orig, bad[i][0]);
+		ck_assert_ptr_nonnull(at);
+		size_t pre = (size_t)(at - orig);
+		char *mut = malloc(strlen(orig) + 64);
+		memcpy(mut, orig, pre);
+		strcpy(mut + pre, bad[i][1]);
+		strcat(mut, at + strlen(bad[i][0]));
+		char path[128];
+		snprintf(path, sizeof path, "tests/tmp/test_grace_%d_%d.kvp", (int)getpid(), i);
+		spit(path, mut);
+		unsigned needs = 0;
+		int ne = 0;
+		char *c = emit_file(path, &needs, &ne);
+		ck_assert_msg(ne > 0 && c == NULL, "mutation %d (%s) was accepted", i, bad[i][1]);
+		unlink(path);
+		free(mut);
+	}
+	free(orig);
+}
+END_TEST
+
 static Suite *grace_suite(void)
 {
 	Suite *s = suite_create("grace");
@@ -912,12 +1664,21 @@ static Suite *grace_suite(void)
 	tcase_add_test(tc, test_errors);
 	tcase_add_test(tc, test_segment_turn);
 	tcase_add_test(tc, test_segment_bounds);
+	tcase_add_test(tc, test_init_at_equals_init);
+	tcase_add_test(tc, test_coverage_share_and_floor_each);
+	tcase_add_test(tc, test_glue_plumbing);
+	tcase_add_test(tc, test_glue_x1_and_spans);
+	tcase_add_test(tc, test_glue_errors);
+	tcase_add_test(tc, test_seq_ratio1_equals_full);
+	tcase_add_test(tc, test_emit_gracekv);
+	tcase_add_test(tc, test_check_add_split);
 	suite_add_tcase(s, tc);
 	return s;
 }
 
 int main(void)
 {
+	mkdir("tests/tmp", 0755); /* scratch models and sources of the compiled-path tests */
 	SRunner *sr = srunner_create(grace_suite());
 	srunner_run_all(sr, CK_NORMAL);
 	int failed = srunner_ntests_failed(sr);

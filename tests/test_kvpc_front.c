@@ -586,7 +586,7 @@ START_TEST(test_lower_caote_gracekv)
 	ck_assert_int_eq(ir.stats[0].hist, KVP_HIST_PROMPT_TAIL);
 	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_SUM);
 	ck_assert_int_eq(ir.alloc.heads, KVP_HEADS_GLOBAL);
-	expect_fold(&ir, ir.alloc.floor, 0);
+	expect_fold(&ir, ir.alloc.floor, 0.8);
 	ck_assert_int_eq(ir.action.kind, KVP_ACT_SPLIT);
 	expect_fold(&ir, ir.action.run, 64);
 	expect_fold(&ir, ir.action.floor, 16);

@@ -853,7 +853,9 @@ START_TEST(gracekv_spans_and_relevance)
 		h.w = w_grace;
 		h_feed(&h, 16);
 		ck_assert_int_eq(h.compresses, 1);
-		const int32_t a[] = { 5, 6, 7, 9, 10, 11, 14, 15 }, b[] = { 0, 1, 5, 9, 10, 11, 14, 15 };
+		/* GraceKV core: 4 sinks exact; budget 8 over everything leaves 2 floor entries after
+		 * recent 2 (named: the pinned span 6..7 takes them); relevance max-pooled over 7 */
+		const int32_t a[] = { 0, 1, 2, 3, 6, 7, 14, 15 }, b[] = { 0, 1, 2, 3, 4, 5, 14, 15 };
 		expect_all(&h, named ? a : b, 8);
 		rt_kv_head *hd = rt_kv_head_at(&h.kv, 0, 0);
 		for (int i = 0; i < hd->n; i++)
