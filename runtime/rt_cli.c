@@ -217,6 +217,9 @@ static const char *const help_needle =
 	"    In aware mode the first answer token comes from the prefill's last position,\n"
 	"    computed before the prompt-end compression (as kvpress's presses compress\n"
 	"    during the prefill forward); every later token sees the compressed cache.\n"
+	"    The question's tokens (with the answer's opening) are marked as the protected\n"
+	"    span `question`: a policy with `keep span question` keeps them exactly, and\n"
+	"    GraceKV probes the cache with them.\n"
 	"    Prints a table of 1/0 per length and depth and the accuracy.\n"
 	"\n"
 	"OPTIONS\n"
@@ -1397,6 +1400,9 @@ typedef struct needle_res {
 	int64_t peak, compress_events;
 } needle_res;
 
+/* the protected span the needle prompts mark: the question (with the answer's opening) */
+static const char *const needle_spans[] = { "", "question" };
+
 static int cmd_needle(int argc, char **argv)
 {
 	static const struct option lo[] = {
@@ -1507,6 +1513,7 @@ static int cmd_needle(int argc, char **argv)
 			goto out;
 		}
 		all[i] = &runs[i].seq;
+		rt_seq_set_span_names(all[i], needle_spans, 1);
 	}
 	if (K > 1 && rt_seq_batch_init(&b, all, K, chunk, &err) != 0) {
 		runtime_err(&err);
@@ -1544,14 +1551,20 @@ static int cmd_needle(int argc, char **argv)
 			int64_t plen = o.mode_agnostic ? np.n_ctx : np.n_ctx + np.n_question;
 			for (int k = 0; k < K; k++)
 				rt_seq_reset(&runs[k].seq, plen);
-			/* the prompt in lockstep (or alone), then each run's answer on its own */
+			/* the prompt in lockstep (or alone), the question's tokens marked as the span
+			 * `question`, then each run's answer on its own */
 			int frc = K > 1
-				? (rt_seq_batch_feed(&b, np.ctx, np.n_ctx, NULL, RT_LOGITS_NONE, &err) != 0 ||
-				   rt_seq_batch_feed(&b, np.question, np.n_question, logits, RT_LOGITS_LAST,
-				                     &err) != 0)
-				: (rt_seq_feed(all[0], np.ctx, np.n_ctx, NULL, RT_LOGITS_NONE, &err) != 0 ||
-				   rt_seq_feed(all[0], np.question, np.n_question, logits, RT_LOGITS_LAST,
-				               &err) != 0);
+				? rt_seq_batch_feed(&b, np.ctx, np.n_ctx, NULL, RT_LOGITS_NONE, &err) != 0
+				: rt_seq_feed(all[0], np.ctx, np.n_ctx, NULL, RT_LOGITS_NONE, &err) != 0;
+			for (int k = 0; k < K; k++)
+				rt_seq_span(all[k], 1);
+			if (!frc)
+				frc = K > 1 ? rt_seq_batch_feed(&b, np.question, np.n_question, logits,
+				                                RT_LOGITS_LAST, &err) != 0
+				            : rt_seq_feed(all[0], np.question, np.n_question, logits,
+				                          RT_LOGITS_LAST, &err) != 0;
+			for (int k = 0; k < K; k++)
+				rt_seq_span(all[k], 0);
 			for (int k = 0; !frc && k < K; k++) {
 				if (K > 1 && rt_seq_batch_error(&b, k))
 					continue;

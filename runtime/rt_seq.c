@@ -49,6 +49,11 @@ const struct kvp_policy rt_policy_full = {
 static void seq_on_append(void *user, int layer, int kv_head, int32_t first, int32_t n)
 {
 	rt_seq *s = user;
+	if (s->cur_span) {
+		rt_kv_head *h = rt_kv_head_at(&s->kv, layer, kv_head);
+		for (int32_t i = first; i < first + n; i++)
+			h->span[i] = s->cur_span;
+	}
 	if (s->rot_idx) {
 		const rt_kv_head *h = rt_kv_head_at(&s->kv, layer, kv_head);
 		int32_t *ri = s->rot_idx +
@@ -290,7 +295,7 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 			s->rot_freq[p] = pow((double)hp->rope_base, -2.0 * p / hp->n_rot);
 		s->fwd.rope_at_index = 1;
 	}
-	s->fwd.on_append = (p->init_entries || s->rot_idx) ? seq_on_append : NULL;
+	s->fwd.on_append = seq_on_append; /* span ids, the position map, init_entries */
 	s->fwd.append_user = s;
 	s->fwd.observe = p->observe ? seq_observe : NULL;
 	s->fwd.observe_user = s;
@@ -319,7 +324,21 @@ void rt_seq_reset(rt_seq *s, int64_t prompt_len)
 	kvp_run_reset(&s->run, &s->kv, prompt_len);
 	memset(&s->st, 0, sizeof s->st);
 	s->hook_seconds = 0;
+	s->cur_span = 0;
 	trace_reset(s);
+}
+
+void rt_seq_set_span_names(rt_seq *s, const char *const *names, int n)
+{
+	RT_ASSERT(n >= 0 && n <= 65535);
+	s->run.ctx.span_names = names;
+	s->run.ctx.n_spans = n;
+}
+
+void rt_seq_span(rt_seq *s, int id)
+{
+	RT_ASSERT(id >= 0 && id <= s->run.ctx.n_spans);
+	s->cur_span = (uint16_t)id;
 }
 
 int rt_seq_set(rt_seq *s, const char *assign, rt_err *err)

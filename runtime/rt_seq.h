@@ -74,6 +74,7 @@ typedef struct rt_seq {
 	double *rot_freq;        /* COMPACTED only: [n_rot / 2] base^(-2i/n_rot) */
 	double *rot_cs;          /* COMPACTED only: [n_rot] cos, sin of the current delta */
 	double hook_seconds;     /* observe + init_entries time (kvp_run counts the rest) */
+	uint16_t cur_span;       /* protected-span id given to the entries appended next */
 	/* the prompt trace (KVP_NEED_TRACE only; run.ctx.trace points at tr) */
 	struct kvp_trace tr;
 	float *tr_mem;           /* one allocation: hid, q, q_tail, surprisal, prev, lg */
@@ -96,6 +97,14 @@ void rt_seq_free(rt_seq *s);
 /* Start a new sequence on the same allocation: empty store, zeroed policy state and
  * counters, the given prompt length; parameters and ratio are kept. */
 void rt_seq_reset(rt_seq *s, int64_t prompt_len);
+
+/* Protected spans (DESIGN.md section 4: `keep span NAME` in a policy): names[1..n] name
+ * span ids 1..n (names[0] is unused; the array must outlive the sequence), n <= 65535.
+ * rt_seq_span(s, id) gives every entry appended afterwards span id `id` (0 = none) until
+ * the next call, so a caller marks a system prompt or a question by setting the span
+ * before feeding it. rt_seq_reset keeps the names and sets the current span to 0. */
+void rt_seq_set_span_names(rt_seq *s, const char *const *names, int n);
+void rt_seq_span(rt_seq *s, int id);
 
 /* "name=value" parameter override (kvp_policy_param_set's errors). */
 int rt_seq_set(rt_seq *s, const char *assign, rt_err *err);

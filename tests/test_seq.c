@@ -783,6 +783,55 @@ START_TEST(trace_records_the_prompt)
 }
 END_TEST
 
+/* Protected spans: entries appended after rt_seq_span(s, id) carry that id, alone and in a
+ * lockstep batch, and the policy sees the names. */
+START_TEST(spans_mark_appended_entries)
+{
+	static const char *const names[] = { "", "system", "question" };
+	/* span ids: 1 = system, 2 = question */
+	rt_model *m = load_shape(_i);
+	int32_t toks[18];
+	test_tokens(toks, 18, m->hp.n_vocab, 5u);
+	rt_seq a, b2;
+	seq_open(&a, m, &rt_policy_full, 32, 4, -1);
+	seq_open(&b2, m, &rt_policy_full, 32, 4, -1);
+	rt_seq *sp[2] = { &a, &b2 };
+	rt_seq_batch b;
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_batch_init(&b, sp, 2, 4, &err) == 0, "%s", err.msg);
+	for (int k = 0; k < 2; k++) {
+		rt_seq_set_span_names(sp[k], names, 2);
+		ck_assert(sp[k]->run.ctx.span_names == names && sp[k]->run.ctx.n_spans == 2);
+	}
+	/* both sequences in one batch: system-marked, unmarked, question-marked tokens */
+	for (int k = 0; k < 2; k++)
+		rt_seq_span(sp[k], 1);
+	ck_assert(rt_seq_batch_feed(&b, toks, 3, NULL, RT_LOGITS_NONE, &err) == 0);
+	for (int k = 0; k < 2; k++)
+		rt_seq_span(sp[k], 0);
+	ck_assert(rt_seq_batch_feed(&b, toks + 3, 10, NULL, RT_LOGITS_NONE, &err) == 0);
+	for (int k = 0; k < 2; k++)
+		rt_seq_span(sp[k], 2);
+	ck_assert(rt_seq_batch_feed(&b, toks + 13, 5, NULL, RT_LOGITS_NONE, &err) == 0);
+	for (int k = 0; k < 2; k++)
+		for (int i = 0; i < m->hp.n_layer * m->hp.n_head_kv; i++) {
+			const rt_kv_head *h = &sp[k]->kv.heads[i];
+			ck_assert_int_eq(h->n, 18);
+			for (int e = 0; e < 18; e++)
+				ck_assert_int_eq(h->span[e], e < 3 ? 1 : e < 13 ? 0 : 2);
+		}
+	/* reset keeps the names, clears the current span */
+	rt_seq_reset(&a, -1);
+	feed_ok(&a, toks, 2, NULL);
+	ck_assert_int_eq(a.kv.heads[0].span[0], 0);
+	ck_assert(a.run.ctx.span_names == names);
+	rt_seq_batch_free(&b);
+	rt_seq_free(&a);
+	rt_seq_free(&b2);
+	rt_model_free(m);
+}
+END_TEST
+
 START_TEST(init_entries_before_observe)
 {
 	static const struct kvp_policy marker = {
@@ -1254,6 +1303,7 @@ static Suite *seq_suite(void)
 	tcase_add_loop_test(tc, chunked_equals_stepwise_every_policy, 0, 3 * (kvp_registry_count + 1));
 	tcase_add_loop_test(tc, batch_equals_alone_every_policy, 0, 3);
 	tcase_add_loop_test(tc, trace_records_the_prompt, 0, 3);
+	tcase_add_loop_test(tc, spans_mark_appended_entries, 0, 3);
 	tcase_add_test(tc, second_sequence_equals_fresh);
 	tcase_add_loop_test(tc, init_entries_before_observe, 0, 3);
 	tcase_add_loop_test(tc, h2o_ratio4_memory_bounded, 0, 3);
