@@ -56,7 +56,7 @@ if [ -z "${POLICIES:-}" ]; then
 fi
 policies=$POLICIES
 needle_policies=${NEEDLE_POLICIES:-$policies}
-needle_ratios=${NEEDLE_RATIOS:-8 16 32}
+needle_ratios=${NEEDLE_RATIOS-8 16 32}
 cmdline="$0 $*"
 envline="RESULTS_TOKENS=$tokens RATIOS=\"$ratios\" TEXTS=\"$texts\" LENGTHS=$lengths DEPTHS=$depths THREADS=$threads POLICIES=\"$policies\" NEEDLE_POLICIES=\"$needle_policies\" NEEDLE_RATIOS=\"$needle_ratios\""
 
