@@ -281,17 +281,21 @@ L.append("| ratios | %s |" % ", ".join(map(str, ratios)))
 L.append("| BLAS threads | %s |" % threads)
 L.append("| command | `%s %s` |" % (envline, cmdline.strip()))
 L.append("| wall time | %d s (%.1f min) for this invocation; cells cached by an earlier invocation are not re-run |" % (int(wall), int(wall) / 60))
-secs = 0.0; commits = {}
+secs = 0.0; commits = {}; passes = set()
 for fn in (glob.glob(os.path.join(out, "ppl", "*.%d" % tokens, "*.json")) +
            glob.glob(os.path.join(out, "needle", nkey, "*.json"))):
     j = load(fn)
-    if j and "seconds" in j: secs += j["seconds"]
+    # the cells of one lockstep pass share its wall time: count each pass once
+    if j and "seconds" in j and (os.path.dirname(fn), j["seconds"]) not in passes:
+        passes.add((os.path.dirname(fn), j["seconds"])); secs += j["seconds"]
     if j and "commit" in j: commits[j["commit"]] = commits.get(j["commit"], 0) + 1
 if len(commits) > 1:
     L.append("| cells measured at | %s (the binary is rebuilt from the working tree when it changes; a resumed run can mix builds — `RESULTS_FRESH=1` for one build) |" % ", ".join(
         "`%s` (%d cells)" % (c, n) for c, n in sorted(commits.items(), key=lambda x: -x[1])))
-L.append("| ppl measurement time | %.0f s (sum of the `seconds` of every ppl cell below, each including its full-cache reference) |\n" % secs)
-L.append("Every cell is one `BIN ppl --ctx N --ratio R --json` run: streaming perplexity "
+L.append("| ppl measurement time | %.0f s (sum over the lockstep passes of their wall time; each pass includes its full-cache reference) |\n" % secs)
+L.append("Every cell is one run of a `BIN ppl --batch` pass (all cells of a text and protocol "
+         "fed in lockstep with one full-cache reference; each run computes what a separate "
+         "`BIN ppl --ctx N --ratio R --json` computes, tests/test_seq.c checks it): streaming perplexity "
          "(teacher forcing, each token scored from the cache the policy left) and the mean "
          "KL divergence (nats per token) of the policy's next-token distribution from the "
          "full cache's, computed in the same run. `--ratio R` gives every (layer, KV head) "
@@ -364,6 +368,7 @@ for t in texts:
       L.append("")
     # second table: the full statistics
     L.append("<details><summary>all statistics (%s)</summary>\n" % t)
+    L.append("`tok/s` is the throughput of the whole lockstep pass the cell was measured in.\n")
     L.append("| policy | ratio | ppl | ppl_ratio | kld_mean | ± err | kld_p99 | kld_max | same_top1 | rms_dp | entries/head | kv_bytes_peak | tok/s | policy s |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in policies:
