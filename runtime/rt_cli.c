@@ -201,7 +201,7 @@ static const char *const help_needle =
 	"    %s needle --model MODEL [--task passkey|niah] [--haystack FILE]\n"
 	"             [--lengths L,...] [--depths D,...] [--policy NAME] [--set NAME=VALUE]...\n"
 	"             [--ratio R] [--mode aware|agnostic] [--gen N] [--seed S] [--chat]\n"
-	"             [--chunk N] [--threads N] [--json] [--batch RUNS]\n"
+	"             [--chunk N] [--threads N] [--json] [--batch RUNS] [--mark-question]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    For every length L and depth D builds a prompt of exactly L tokens with the\n"
@@ -217,9 +217,10 @@ static const char *const help_needle =
 	"    In aware mode the first answer token comes from the prefill's last position,\n"
 	"    computed before the prompt-end compression (as kvpress's presses compress\n"
 	"    during the prefill forward); every later token sees the compressed cache.\n"
-	"    The question's tokens (with the answer's opening) are marked as the protected\n"
-	"    span `question`: a policy with `keep span question` keeps them exactly, and\n"
-	"    GraceKV probes the cache with them.\n"
+	"    With --mark-question the question's tokens (with the answer's opening) are\n"
+	"    marked as the protected span `question`: a policy with `keep span question`\n"
+	"    keeps them exactly, and GraceKV probes the cache with them (otherwise with its\n"
+	"    `question` parameter's prompt tail).\n"
 	"    Prints a table of 1/0 per length and depth and the accuracy.\n"
 	"\n"
 	"OPTIONS\n"
@@ -237,6 +238,7 @@ static const char *const help_needle =
 	"                        seed + 1000003 L + D\n"
 	"    --chat              wrap the prompt in the model's ChatML template\n"
 	"    --chunk N, --threads N, -h/--help  as for ppl\n"
+	"    --mark-question     mark the question as the protected span `question`\n"
 	"    --batch RUNS        several runs (`POLICY [--ratio R] [--set NAME=VALUE]...` per\n"
 	"                        line, as for ppl) on the same prompts: each prompt is\n"
 	"                        prefilled for all runs in lockstep (one weight pass per\n"
@@ -358,11 +360,6 @@ static const char *const help_keepmap =
 	"    --prompt N          the prompt length given to the policy (default: N)\n"
 	"    --svg OUT           the SVG file to write (required)\n"
 	"    --chunk N, --threads N, -h/--help  as for ppl\n"
-	"    --batch RUNS        several runs (`POLICY [--ratio R] [--set NAME=VALUE]...` per\n"
-	"                        line, as for ppl) on the same prompts: each prompt is\n"
-	"                        prefilled for all runs in lockstep (one weight pass per\n"
-	"                        chunk), then each run generates its own answer; one report\n"
-	"                        or JSON object per run, in file order\n"
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error, 2 usage error.\n"
@@ -448,12 +445,12 @@ typedef struct opts {
 	int n_sets;
 	long ctx, chunk, n_gen, threads, decode, prompt_len, seed, score_from;
 	double ratio;
-	int json, chat, special, stats, no_ref, task_niah, mode_agnostic;
+	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question;
 } opts;
 
 enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECIAL, O_STATS,
        O_THREADS, O_DECODE, O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_HAYSTACK,
-       O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM };
+       O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM, O_MARKQ };
 
 /* Parse argv (argv[0] is the command name) with the command's long options lo and short
  * options so into o, checking every value. Returns 0, 1 after printing help (help_fn),
@@ -527,6 +524,7 @@ static int parse_opts(const char *cmd, void (*help_fn)(void), int argc, char **a
 			break;
 		}
 		case O_BATCH: o->batch = optarg; break;
+		case O_MARKQ: o->mark_question = 1; break;
 		case O_SCOREFROM:
 			if (parse_int(optarg, 1, INT_MAX, &v))
 				return usage_err(cmd, "--score-from: '%s' is not a position >= 1", optarg);
@@ -1414,6 +1412,7 @@ static int cmd_needle(int argc, char **argv)
 		{ "seed", required_argument, 0, O_SEED }, { "chat", no_argument, 0, O_CHAT },
 		{ "chunk", required_argument, 0, O_CHUNK }, { "threads", required_argument, 0, O_THREADS },
 		{ "batch", required_argument, 0, O_BATCH },
+		{ "mark-question", no_argument, 0, O_MARKQ },
 		{ "json", no_argument, 0, O_JSON }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	opts o = { .chunk = DEFAULT_CHUNK, .seed = 1, .lengths = "1024,2048,4096",
@@ -1556,7 +1555,7 @@ static int cmd_needle(int argc, char **argv)
 			int frc = K > 1
 				? rt_seq_batch_feed(&b, np.ctx, np.n_ctx, NULL, RT_LOGITS_NONE, &err) != 0
 				: rt_seq_feed(all[0], np.ctx, np.n_ctx, NULL, RT_LOGITS_NONE, &err) != 0;
-			for (int k = 0; k < K; k++)
+			for (int k = 0; o.mark_question && k < K; k++)
 				rt_seq_span(all[k], 1);
 			if (!frc)
 				frc = K > 1 ? rt_seq_batch_feed(&b, np.question, np.n_question, logits,
