@@ -215,7 +215,7 @@ done
 # 5. render
 wall=$(($(date +%s) - start))
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-dirty=$(git status --porcelain 2>/dev/null | grep -qv '^??' && echo " (with uncommitted changes)" || true)
+dirty=$(git status --porcelain 2>/dev/null | grep -v '^??' | grep -qv ' docs/results' && echo " (with uncommitted changes)" || true)
 model_sha=$(sha256sum "$model" | cut -d' ' -f1)
 python3 - "$out" "$doc" "$tokens" "$ratios" "$texts" "$policies" "$needle_policies" \
 	"$needle_ratios" "$nkey" "$threads" "$commit$dirty" "$model" "$model_sha" "$wall" \
