@@ -736,6 +736,34 @@ static void buf_sha256(const void *p, size_t n, char out[65])
 	rt_sha256_hex(&c, out);
 }
 
+/* The model of --model and the tokens of the text (len bytes) for ppl and keepmap: *n
+ * tokens in *ids (caller frees), *use = min(n, --ctx or the model's context_length). Returns
+ * 0, or -1 after printing the error with *rc the exit status (usage error: --ctx beyond the
+ * model's context_length). */
+static int open_text_model(const opts *o, const char *text, size_t len, rt_tokenizer **tk,
+                           rt_model **m, int32_t **ids, int64_t *n, int64_t *use, int *rc)
+{
+	rt_gguf *g = NULL;
+	*rc = EXIT_FAILURE;
+	if (open_model(o->model, &g, tk, m) < 0) {
+		rt_gguf_close(g);
+		return -1;
+	}
+	rt_gguf_close(g);
+	if (o->ctx > (*m)->hp.n_ctx) {
+		fprintf(stderr, "%s: %s: --ctx %ld exceeds the model's context_length %d\n", g_prog,
+		        o->model, o->ctx, (int)(*m)->hp.n_ctx);
+		*rc = EXIT_USAGE;
+		return -1;
+	}
+	if (!(*ids = tokenize_all(*tk, o->text, text, len, 0, n)))
+		return -1;
+	*use = o->ctx ? o->ctx : (*m)->hp.n_ctx;
+	if (*use > *n)
+		*use = *n;
+	return 0;
+}
+
 /* ---- JSON helpers ----------------------------------------------------------------------- */
 
 static void json_num(FILE *out, const char *key, double v)
@@ -852,9 +880,10 @@ static void help_ppl_fn(void)
 	print_help(help_ppl, 6, g_prog, g_prog, g_prog, g_prog, default_policy_name(), g_prog);
 }
 
-/* One policy run of `ppl`: the policy with its --set overrides and --ratio (from the
- * command line, or one line of a --batch file), its sequence and its running scores. */
-typedef struct ppl_run {
+/* One policy run of `ppl` or `needle`: the policy with its --set overrides and --ratio
+ * (from the command line, or one line of a --batch file), its sequence and, for ppl, its
+ * running scores. */
+typedef struct cli_run {
 	const struct kvp_policy *p;
 	opts o;                  /* sets and ratio of this run */
 	char *line;              /* owned copy of the batch line the sets point into, or NULL */
@@ -862,11 +891,11 @@ typedef struct ppl_run {
 	rt_kld_acc acc;
 	double nll;
 	int64_t scored, hits;
-} ppl_run;
+} cli_run;
 
 /* Store capacity of a run: every prompt token, or for a ratio run of a policy that
  * compresses as it goes (no prompt-end trigger) its budget plus PPL_CAP_SLACK. */
-static int32_t run_cap(const ppl_run *r, int64_t len, int64_t extra)
+static int32_t run_cap(const cli_run *r, int64_t len, int64_t extra)
 {
 	int64_t cap = len + extra;
 	if (r->o.ratio > 0 && !(r->p->needs & KVP_NEED_PROMPT_LEN)) {
@@ -876,11 +905,22 @@ static int32_t run_cap(const ppl_run *r, int64_t len, int64_t extra)
 	return (int32_t)cap;
 }
 
+/* Free K runs (their sequences and batch lines) and the array; K < 0 counts as 0. */
+static void runs_free(cli_run *runs, int K)
+{
+	for (int i = 0; runs && i < K; i++) {
+		rt_kld_acc_free(&runs[i].acc);
+		rt_seq_free(&runs[i].seq);
+		free(runs[i].line);
+	}
+	free(runs);
+}
+
 /* Parse a --batch file: one run per non-blank line that does not start with '#':
  * `POLICY [--ratio R] [--set NAME=VALUE]...`. Checks every policy, override and ratio
  * (as --policy/--set/--ratio would) and reports FILE:LINE: reason. Returns the runs (n in
  * *n) or NULL after printing the error (*rc set). */
-static ppl_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
+static cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
 {
 	size_t len;
 	rt_err err = { "" };
@@ -892,7 +932,7 @@ static ppl_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
 		return NULL;
 	}
 	int cap = 8;
-	ppl_run *runs = calloc((size_t)cap, sizeof *runs);
+	cli_run *runs = calloc((size_t)cap, sizeof *runs);
 	int lineno = 0, ok = runs != NULL;
 	for (char *save = NULL, *ln = strtok_r(txt, "\n", &save); ok && ln;
 	     ln = strtok_r(NULL, "\n", &save)) {
@@ -901,7 +941,7 @@ static ppl_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
 		if (!*q || *q == '#')
 			continue;
 		if (*n == cap) {
-			ppl_run *nr = realloc(runs, (size_t)cap * 2 * sizeof *runs);
+			cli_run *nr = realloc(runs, (size_t)cap * 2 * sizeof *runs);
 			if (!nr) {
 				ok = 0;
 				break;
@@ -909,7 +949,7 @@ static ppl_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
 			memset(nr + cap, 0, (size_t)cap * sizeof *runs);
 			runs = nr, cap *= 2;
 		}
-		ppl_run *r = &runs[*n];
+		cli_run *r = &runs[*n];
 		if (!(r->line = strdup(q))) {
 			ok = 0;
 			break;
@@ -969,7 +1009,6 @@ static ppl_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
 	if (!ok) {
 		fprintf(stderr, "%s: out of memory reading %s\n", g_prog, path);
 		*rc = EXIT_FAILURE;
-		*n = -1;
 		return runs;
 	}
 	if (*n == 0) {
@@ -981,7 +1020,41 @@ static ppl_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
 	return runs;
 }
 
-static void ppl_report(const ppl_run *r, const rt_model *m, const opts *o, const char *msha,
+/* The runs of a command: the lines of --batch, or the one run --policy/--set/--ratio give.
+ * Returns them (count in *K; free with runs_free) or NULL after printing the error, *rc
+ * the exit status. */
+static cli_run *runs_from_opts(const char *cmd, const opts *o, int *K, int *rc)
+{
+	cli_run *runs;
+	*K = 0;
+	if (o->batch) {
+		if (o->policy || o->n_sets || o->ratio > 0) {
+			*rc = usage_err(cmd, "%s", "--batch gives every run's policy, --set and --ratio; "
+			                "--policy, --set and --ratio cannot be combined with it");
+			return NULL;
+		}
+		runs = runs_parse(cmd, o->batch, K, rc);
+		if (*rc) {
+			runs_free(runs, *K);
+			return NULL;
+		}
+		return runs;
+	}
+	const struct kvp_policy *p = policy_from_opts(cmd, o, rc);
+	if (!p)
+		return NULL;
+	if (!(runs = calloc(1, sizeof *runs))) {
+		fprintf(stderr, "%s: out of memory\n", g_prog);
+		*rc = EXIT_FAILURE;
+		return NULL;
+	}
+	*K = 1;
+	runs[0].p = p;
+	runs[0].o = *o;
+	return runs;
+}
+
+static void ppl_report(const cli_run *r, const rt_model *m, const opts *o, const char *msha,
                        const char *tsha, int64_t n, int64_t use, int64_t prompt_len, int block,
                        int ref, int batch)
 {
@@ -1092,37 +1165,16 @@ static int cmd_ppl(int argc, char **argv)
 		return rc == 1 ? 0 : rc;
 	if (!o.text)
 		return usage_err("ppl", "%s", "--text is required");
-	ppl_run *runs = NULL;
-	int K = 0;
-	if (o.batch) {
-		if (o.policy || o.n_sets || o.ratio > 0 || o.dump || o.logits)
-			return usage_err("ppl", "%s", "--batch gives every run's policy, --set and --ratio; "
-			                 "--policy, --set, --ratio, --dump and --logits cannot be combined "
-			                 "with it");
-		runs = runs_parse("ppl", o.batch, &K, &rc);
-		if (rc) {
-			for (int i = 0; runs && i < (K > 0 ? K : 0); i++)
-				free(runs[i].line);
-			free(runs);
-			return rc;
-		}
-	} else {
-		const struct kvp_policy *p = policy_from_opts("ppl", &o, &rc);
-		if (!p)
-			return rc;
-		runs = calloc(1, sizeof *runs);
-		if (!runs) {
-			fprintf(stderr, "%s: out of memory\n", g_prog);
-			return EXIT_FAILURE;
-		}
-		K = 1;
-		runs[0].p = p;
-		runs[0].o = o;
-	}
+	if (o.batch && (o.dump || o.logits))
+		return usage_err("ppl", "%s", "--dump and --logits write one run's tokens; they cannot "
+		                 "be combined with --batch");
+	int K;
+	cli_run *runs = runs_from_opts("ppl", &o, &K, &rc);
+	if (!runs)
+		return rc;
 	set_threads(o.threads);
 	size_t len;
 	char *text = read_text(o.text, &len);
-	rt_gguf *g = NULL;
 	rt_tokenizer *tk = NULL;
 	rt_model *m = NULL;
 	int32_t *ids = NULL;
@@ -1141,21 +1193,9 @@ static int cmd_ppl(int argc, char **argv)
 		goto out;
 	if (K == 1 && !strcmp(runs[0].p->name, "full"))
 		ref = 0;
-	if (open_model(o.model, &g, &tk, &m) < 0)
+	int64_t use;
+	if (open_text_model(&o, text, len, &tk, &m, &ids, &n, &use, &rc) < 0)
 		goto out;
-	rt_gguf_close(g);
-	g = NULL;
-	if (o.ctx > m->hp.n_ctx) {
-		fprintf(stderr, "%s: %s: --ctx %ld exceeds the model's context_length %d\n", g_prog,
-		        o.model, o.ctx, (int)m->hp.n_ctx);
-		rc = EXIT_USAGE;
-		goto out;
-	}
-	if (!(ids = tokenize_all(tk, o.text, text, len, 0, &n)))
-		goto out;
-	int64_t use = o.ctx ? o.ctx : m->hp.n_ctx;
-	if (use > n)
-		use = n;
 	if (use < 2) {
 		fprintf(stderr, "%s: %s: text has %lld token%s; perplexity needs at least 2\n", g_prog,
 		        o.text, (long long)n, n == 1 ? "" : "s");
@@ -1244,7 +1284,7 @@ static int cmd_ppl(int argc, char **argv)
 			goto out;
 		}
 		for (int i = 0; i < K; i++) {
-			ppl_run *r = &runs[i];
+			cli_run *r = &runs[i];
 			if (S > 1 && rt_seq_batch_error(&b, i))
 				continue; /* left the batch: reported below */
 			const float *lq = lg + (size_t)i * c * V;
@@ -1324,12 +1364,7 @@ out:
 		fclose(dump);
 	if (lgf)
 		fclose(lgf);
-	for (int i = 0; i < K; i++) {
-		rt_kld_acc_free(&runs[i].acc);
-		rt_seq_free(&runs[i].seq);
-		free(runs[i].line);
-	}
-	free(runs);
+	runs_free(runs, K);
 	rt_seq_batch_free(&b);
 	rt_seq_free(&sp);
 	free(all);
@@ -1337,7 +1372,6 @@ out:
 	free(ids);
 	rt_model_free(m);
 	rt_tokenizer_free(tk);
-	rt_gguf_close(g);
 	free(text);
 	return rc;
 }
@@ -1430,31 +1464,10 @@ static int cmd_needle(int argc, char **argv)
 		                 "in 0..100", o.depths);
 	if (o.haystack && !o.task_niah)
 		return usage_err("needle", "%s", "--haystack needs --task niah");
-	ppl_run *runs = NULL;
-	int K = 0;
-	if (o.batch) {
-		if (o.policy || o.n_sets || o.ratio > 0)
-			return usage_err("needle", "%s", "--batch gives every run's policy, --set and "
-			                 "--ratio; --policy, --set and --ratio cannot be combined with it");
-		runs = runs_parse("needle", o.batch, &K, &rc);
-		if (rc) {
-			for (int i = 0; runs && i < (K > 0 ? K : 0); i++)
-				free(runs[i].line);
-			free(runs);
-			return rc;
-		}
-	} else {
-		const struct kvp_policy *p = policy_from_opts("needle", &o, &rc);
-		if (!p)
-			return rc;
-		if (!(runs = calloc(1, sizeof *runs))) {
-			fprintf(stderr, "%s: out of memory\n", g_prog);
-			return EXIT_FAILURE;
-		}
-		K = 1;
-		runs[0].p = p;
-		runs[0].o = o;
-	}
+	int K;
+	cli_run *runs = runs_from_opts("needle", &o, &K, &rc);
+	if (!runs)
+		return rc;
 	int64_t n_gen = o.n_gen ? o.n_gen : o.task_niah ? 20 : 8;
 	set_threads(o.threads);
 	rt_gguf *g = NULL;
@@ -1650,11 +1663,7 @@ static int cmd_needle(int argc, char **argv)
 	}
 	rc = fflush(stdout) == 0 && !failed ? 0 : EXIT_FAILURE;
 out:
-	for (int i = 0; i < K; i++) {
-		rt_seq_free(&runs[i].seq);
-		free(runs[i].line);
-	}
-	free(runs);
+	runs_free(runs, K);
 	rt_seq_batch_free(&b);
 	free(all);
 	free(res);
@@ -1954,7 +1963,6 @@ static int cmd_keepmap(int argc, char **argv)
 	char *text = read_text(o.text, &len);
 	if (!text)
 		return EXIT_FAILURE;
-	rt_gguf *g = NULL;
 	rt_tokenizer *tk = NULL;
 	rt_model *m = NULL;
 	int32_t *ids = NULL;
@@ -1963,21 +1971,9 @@ static int cmd_keepmap(int argc, char **argv)
 	rt_err err = { "" };
 	int64_t n = 0;
 	rc = EXIT_FAILURE;
-	if (open_model(o.model, &g, &tk, &m) < 0)
+	int64_t use;
+	if (open_text_model(&o, text, len, &tk, &m, &ids, &n, &use, &rc) < 0)
 		goto out;
-	rt_gguf_close(g);
-	g = NULL;
-	if (o.ctx > m->hp.n_ctx) {
-		fprintf(stderr, "%s: %s: --ctx %ld exceeds the model's context_length %d\n", g_prog,
-		        o.model, o.ctx, (int)m->hp.n_ctx);
-		rc = EXIT_USAGE;
-		goto out;
-	}
-	if (!(ids = tokenize_all(tk, o.text, text, len, 0, &n)))
-		goto out;
-	int64_t use = o.ctx ? o.ctx : m->hp.n_ctx;
-	if (use > n)
-		use = n;
 	if (use < 1) {
 		fprintf(stderr, "%s: %s: text has no tokens\n", g_prog, o.text);
 		goto out;
@@ -2032,7 +2028,6 @@ out:
 	free(ids);
 	rt_model_free(m);
 	rt_tokenizer_free(tk);
-	rt_gguf_close(g);
 	free(text);
 	return rc;
 }

@@ -501,8 +501,8 @@ const char *rt_seq_batch_error(const rt_seq_batch *b, int k)
 	return b->why[k][0] ? b->why[k] : NULL;
 }
 
-/* Sequence in slot i leaves the batch (its policy failed with err): the last active slot
- * moves into its place. */
+/* Sequence in slot i leaves the batch because of err: its reason is kept under the
+ * caller's index and the last active slot moves into its place. */
 static void batch_drop(rt_seq_batch *b, int i, const rt_err *err)
 {
 	snprintf(b->why[b->idx[i]], sizeof b->why[0], "%s", err->msg[0] ? err->msg : "failed");
@@ -570,20 +570,14 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 				       rows ? rows + (size_t)(k - 1) * V : b->lg + (size_t)i * V,
 				       (size_t)V * sizeof(float));
 		}
-		int drop[K];
-		for (int i = 0; i < K; i++) {
+		/* from the last slot down, so a leaving slot is only ever replaced by one already
+		 * advanced */
+		for (int i = K - 1; i >= 0; i--) {
 			const float *rows = md == RT_LOGITS_ALL ? b->lg + (size_t)i * k * V : NULL;
 			rt_err e = { "" };
-			drop[i] = seq_chunk_done(b->s[i], tokens + done, k, rows, &e) != 0;
-			if (drop[i])
-				snprintf(b->why[b->idx[i]], sizeof b->why[0], "%s", e.msg[0] ? e.msg : "failed");
-		}
-		for (int i = K - 1; i >= 0; i--)
-			if (drop[i]) {
-				rt_err e;
-				snprintf(e.msg, sizeof e.msg, "%s", b->why[b->idx[i]]);
+			if (seq_chunk_done(b->s[i], tokens + done, k, rows, &e) != 0)
 				batch_drop(b, i, &e);
-			}
+		}
 		done += k;
 	}
 	const double dt = rt_now() - t0;

@@ -104,6 +104,32 @@ extra_sets() {
 	esac
 }
 prompt_end() { grep -q '^[[:space:]]*compress at prompt end' "policies/$1.kvp"; }
+# split_pass WHAT RUNS RC JQ CELL...: the JSON lines of a --batch pass (RUNS.jsonl, in the
+# order of the runs file) into one cache file per cell; a line with an "error" (the run left
+# the pass: guards above its budget) is cached with rc 1. JQ formats a success for the log.
+split_pass() {
+	local what=$1 runs=$2 rc=$3 fmt=$4 i=0 line
+	shift 4
+	local cells=("$@")
+	while IFS= read -r line; do
+		[ $i -lt ${#cells[@]} ] || break
+		local tag
+		tag=$(echo "$line" | jq -r '"\(.policy) r\(.ratio)"')
+		if echo "$line" | jq -e 'has("error")' >/dev/null; then
+			echo "$line" | jq -c '. + {rc: 1}' >"${cells[$i]}"
+			echo "$what $tag: refused: $(echo "$line" | jq -r .error)"
+		else
+			echo "$line" >"${cells[$i]}"
+			echo "$what $tag: $(echo "$line" | jq -r "$fmt")"
+		fi
+		i=$((i + 1))
+	done <"$runs.jsonl"
+	if [ $i -lt ${#cells[@]} ]; then
+		echo "results.sh: $what stopped (status $rc) after $i of ${#cells[@]} runs:" >&2
+		tail -n 3 "$runs.err" >&2
+	fi
+}
+
 render_only=${RESULTS_RENDER_ONLY:-0}
 [ "$render_only" = 1 ] && textfiles=()
 # policy_hash NAME: the source hash the binary holds (a cached cell of another hash is stale)
@@ -141,23 +167,7 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 			--batch "$runs" "${pe[@]}" >"$runs.jsonl" 2>"$runs.err"
 		rc=$?
 		set -e
-		i=0
-		while IFS= read -r line; do
-			[ $i -lt ${#cells[@]} ] || break
-			j=${cells[$i]}
-			if echo "$line" | jq -e 'has("error")' >/dev/null; then
-				echo "$line" | jq -c --arg h "$(echo "$line" | jq -r .policy_hash)" '. + {rc: 1}' >"$j"
-				echo "ppl $t $(echo "$line" | jq -r '"\(.policy) r\(.ratio)"'): refused: $(echo "$line" | jq -r .error)"
-			else
-				echo "$line" >"$j"
-				echo "ppl $t $(echo "$line" | jq -r '"\(.policy) r\(.ratio): ppl \(.ppl) kld_mean \(.kld_mean)"')"
-			fi
-			i=$((i + 1))
-		done <"$runs.jsonl"
-		if [ $i -lt ${#cells[@]} ]; then
-			echo "results.sh: ppl $t $group stopped (status $rc) after $i of ${#cells[@]} runs:" >&2
-			tail -n 3 "$runs.err" >&2
-		fi
+		split_pass "ppl $t $group" "$runs" "$rc" '"ppl \(.ppl) kld_mean \(.kld_mean)"' "${cells[@]}"
 	done
 done
 
@@ -193,23 +203,7 @@ for group in stream prompt_end; do
 		--threads "$threads" --json --batch "$runs" >"$runs.jsonl" 2>"$runs.err"
 	rc=$?
 	set -e
-	i=0
-	while IFS= read -r line; do
-		[ $i -lt ${#cells[@]} ] || break
-		j=${cells[$i]}
-		if echo "$line" | jq -e 'has("error")' >/dev/null; then
-			echo "$line" | jq -c '. + {rc: 1}' >"$j"
-			echo "needle $(echo "$line" | jq -r '"\(.policy) r\(.ratio)"'): refused: $(echo "$line" | jq -r .error)"
-		else
-			echo "$line" >"$j"
-			echo "needle $(echo "$line" | jq -r '"\(.policy) r\(.ratio): accuracy \(.accuracy)"')"
-		fi
-		i=$((i + 1))
-	done <"$runs.jsonl"
-	if [ $i -lt ${#cells[@]} ]; then
-		echo "results.sh: needle $group stopped (status $rc) after $i of ${#cells[@]} runs:" >&2
-		tail -n 3 "$runs.err" >&2
-	fi
+	split_pass "needle $group" "$runs" "$rc" '"accuracy \(.accuracy)"' "${cells[@]}"
 done
 
 # 5. render
