@@ -1,6 +1,8 @@
 # kvpc — plain GNU make build. `make help` lists the targets.
 #
-# Layout: runtime/rt_*.c -> build/libkvrt.a; runtime/kvrt_main.c -> build/kvrt;
+# Layout: runtime/LAYER/rt_*.c -> build/libkvrt.a (LAYER: base report kv model policy eval cli,
+# lowest first; scripts/check_layers.sh keeps every include pointing down);
+# runtime/cli/kvrt_main.c -> build/kvrt;
 # grammar/kvp.{l,y} + compiler/kvp_*.c -> build/libkvpc.a; compiler/kvpc_main.c ->
 # build/kvpc; tests/test_*.c -> build/tests/test_* (one `check` suite per module).
 # `make check SAN=1` style builds go to build-asan/ (AddressSanitizer + UBSan).
@@ -33,7 +35,8 @@ CFLAGS     += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime -Icompiler 
 LDFLAGS    += $(SANFLAGS)
 LDLIBS     := $(PKG_LIBS) -lm -lpthread
 
-RT_SRCS    := $(sort $(wildcard runtime/rt_*.c))
+RT_LAYERS  := base report kv model policy eval cli
+RT_SRCS    := $(foreach l,$(RT_LAYERS),$(sort $(wildcard runtime/$(l)/rt_*.c)))
 RT_OBJS    := $(RT_SRCS:%.c=$(B)/%.o)
 KVPC_SRCS  := $(sort $(wildcard compiler/kvp_*.c))
 GEN_SRCS   := $(if $(wildcard grammar/kvp.y),$(B)/gen/kvp.tab.c $(B)/gen/kvp.lex.c)
@@ -75,6 +78,7 @@ model:
 
 ## check: install deps, fetch the model, build, run every suite, then again under ASan+UBSan
 check: deps model
+	@scripts/check_layers.sh $(RT_LAYERS)
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory test
 	@$(MAKE) --no-print-directory SAN=1 all
@@ -109,14 +113,14 @@ install: $(BINS) $(B)/libkvrt.a
 	install -d $(PREFIX)/bin $(PREFIX)/lib $(PREFIX)/include/kvrt $(PREFIX)/share/kvpc/kernels
 	install -m 755 $(BINS) $(PREFIX)/bin/
 	install -m 644 $(B)/libkvrt.a $(PREFIX)/lib/
-	install -m 644 runtime/*.h $(PREFIX)/include/kvrt/
+	for l in $(RT_LAYERS); do install -d $(PREFIX)/include/kvrt/$$l && install -m 644 runtime/$$l/*.h $(PREFIX)/include/kvrt/$$l/; done
 	$(if $(wildcard kernels/*),install -m 644 $(wildcard kernels/*) $(PREFIX)/share/kvpc/kernels/)
 
 ## fuzz: build the libFuzzer target of the kvpc front end (clang) and run it FUZZ_TIME seconds
 FUZZ_CC    ?= clang
 FUZZ_TIME  ?= 60
-FUZZ_SRCS  := tests/fuzz/fuzz_kvpc_check.c $(KVPC_SRCS) runtime/rt_util.c runtime/rt_policy.c runtime/rt_kv.c
-build-fuzz/fuzz_kvpc_check: $(FUZZ_SRCS) grammar/kvp.y grammar/kvp.l $(wildcard compiler/*.h runtime/*.h)
+FUZZ_SRCS  := tests/fuzz/fuzz_kvpc_check.c $(KVPC_SRCS) runtime/base/rt_util.c runtime/policy/rt_policy.c runtime/kv/rt_kv.c
+build-fuzz/fuzz_kvpc_check: $(FUZZ_SRCS) grammar/kvp.y grammar/kvp.l $(wildcard compiler/*.h runtime/*/*.h)
 	@mkdir -p build-fuzz/gen build-fuzz/corpus
 	bison -Wall -Werror --defines=build-fuzz/gen/kvp.tab.h -o build-fuzz/gen/kvp.tab.c grammar/kvp.y
 	flex --header-file=build-fuzz/gen/kvp.lex.h -o build-fuzz/gen/kvp.lex.c grammar/kvp.l
@@ -143,7 +147,7 @@ $(B)/libkvrt.a: $(RT_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(B)/kvrt: $(B)/runtime/kvrt_main.o $(B)/libkvrt.a
+$(B)/kvrt: $(B)/runtime/cli/kvrt_main.o $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # The grammar: bison and flex outputs are generated into $(B)/gen, never committed.
@@ -171,8 +175,8 @@ KVPC_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown
 $(B)/compiler/kvpc_build.o: CFLAGS += -DKVPC_SRCDIR='"$(CURDIR)"' -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
 $(B)/compiler/kvpc_build.o: $(wildcard .git/HEAD .git/refs/heads/*)
 # the runtime's command line records the commit it was built from in every JSON report
-$(B)/runtime/rt_cli.o: CFLAGS += -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
-$(B)/runtime/rt_cli.o: $(wildcard .git/HEAD .git/refs/heads/*)
+$(B)/runtime/cli/rt_cli.o: CFLAGS += -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
+$(B)/runtime/cli/rt_cli.o: $(wildcard .git/HEAD .git/refs/heads/*)
 
 $(B)/kvpc: $(B)/compiler/kvpc_main.o $(B)/compiler/kvpc_build.o $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -193,7 +197,7 @@ POLICY_KVPS := $(sort $(wildcard policies/*.kvp))
 POLICY_CS   := $(POLICY_KVPS:policies/%.kvp=$(B)/gen/policies/%.c)
 POLICY_OBJS := $(POLICY_CS:.c=.o) $(if $(POLICY_KVPS),$(B)/gen/policies/registry.o)
 
-$(B)/gen/policies/%.c: policies/%.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/rt_policy.h
+$(B)/gen/policies/%.c: policies/%.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/policy/rt_policy.h
 	@mkdir -p $(dir $@)
 	$(B)/kvpc emit --target c $< -o $@
 

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_util.h"
+#include "base/rt_util.h"
 
 /* ---- output buffer ---------------------------------------------------------------- */
 
@@ -444,7 +444,7 @@ static void emit_header(struct em *em)
 	comment_name(em, ir->name);
 	out(em, " (source hash %.16s) compiled to the hooks of the policy ABI\n",
 	    strspn(ir->source_hash, "0123456789abcdef") >= 16 ? ir->source_hash : "0000000000000000");
-	out(em, " * (runtime/rt_policy.h) with the kernel templates of kernels/ instantiated.\n");
+	out(em, " * (runtime/policy/rt_policy.h) with the kernel templates of kernels/ instantiated.\n");
 	out(em, " * Statistics, 4-byte words per entry: %u shared, then %u per query head.\n",
 	    ir->stat_words_entry, ir->stat_words_qhead);
 	if (ir->uses_obs_count)
@@ -474,7 +474,7 @@ static void emit_header(struct em *em)
 	out(em, " */\n");
 	out(em, "#include <math.h>\n#include <stddef.h>\n#include <stdint.h>\n\n");
 	out(em, "#include \"k_compress.h\"\n#include \"k_score.h\"\n#include \"k_signal.h\"\n");
-	out(em, "#include \"k_stat.h\"\n#include \"rt_kv.h\"\n#include \"rt_policy.h\"\n\n");
+	out(em, "#include \"k_stat.h\"\n#include \"kv/rt_kv.h\"\n#include \"policy/rt_policy.h\"\n\n");
 	out(em, "#include <string.h>\n\n");
 	out(em, "#define STAT_WORDS_ENTRY %uu\n#define STAT_WORDS_QHEAD %uu\n\n",
 	    ir->stat_words_entry, ir->stat_words_qhead);
@@ -834,7 +834,7 @@ static void emit_trigger(struct em *em)
 
 /* The end of compress for `action = add_split`: the GraceKV core through k_grace_run
  * (kernels/k_compress.h) with the policy's values in an rt_gracekv_cfg
- * (runtime/rt_gracekv.h); cfg already holds the score's reduction. */
+ * (runtime/policy/rt_gracekv.h); cfg already holds the score's reduction. */
 static void emit_grace_tail(struct em *em, int has_score)
 {
 	const struct kvp_ir *ir = em->ir;
@@ -1087,7 +1087,7 @@ int kvp_emit_registry(const char *const *names, int n, FILE *f, char *err, size_
 	out(&em, "/* generated from %d polic%s by kvpc %s \xe2\x80\x94 do not edit */\n", n,
 	    n == 1 ? "y" : "ies", KVP_VERSION);
 	out(&em, "/* The registry of the policies compiled into this binary, in command-line order. */\n");
-	out(&em, "#include <stddef.h>\n\n#include \"rt_policy.h\"\n\n");
+	out(&em, "#include <stddef.h>\n\n#include \"policy/rt_policy.h\"\n\n");
 	for (int i = 0; i < n; i++)
 		out(&em, "extern const struct kvp_policy %s;\n", syms[i]);
 	out(&em, "\nconst struct kvp_policy *const kvp_registry[%d] = {\n", n + 1);

@@ -1,7 +1,7 @@
 /*
  * kvp_emit_c: the C back end. Turns one checked struct kvp_ir into a C11 translation unit
  * that defines the policy's statistics layout and the hooks of the policy ABI
- * (runtime/rt_policy.h) and exports `const struct kvp_policy kvp_policy_<symbol>`; and
+ * (runtime/policy/rt_policy.h) and exports `const struct kvp_policy kvp_policy_<symbol>`; and
  * writes the `registry` unit that lists compiled policies in
  * `const struct kvp_policy *const kvp_registry[]` with `kvp_registry_count`.
  *

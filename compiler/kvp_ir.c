@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_util.h"
+#include "base/rt_util.h"
 
 static char *dupstr(const char *s)
 {

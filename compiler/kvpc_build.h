@@ -2,7 +2,7 @@
  * kvpc_build: the part of the kvpc driver that turns .kvp files into a per-deployment
  * binary (`kvpc build`) and the front of the A/B comparison (`kvpc ab`), which builds two
  * policies into one binary and hands the comparison to that binary's `ab` command
- * (runtime/rt_ab.h).
+ * (runtime/eval/rt_ab.h).
  *
  * A build emits C for every policy (compiler/kvp_emit_c.h), the registry unit listing
  * them, and a main() that dispatches to the runtime's command line (rt_cli_main, and
@@ -39,7 +39,7 @@ int kvpc_cmd_build(int argc, char **argv);
 
 /* `kvpc ab A.kvp B.kvp --model M --text FILE [options]` (argv excludes "ab"): builds
  * (cached) both policies into one binary and executes `BIN ab --a NAME --b NAME ...` with
- * the remaining options (runtime/rt_ab.h documents them). Returns only on error (exit
+ * the remaining options (runtime/eval/rt_ab.h documents them). Returns only on error (exit
  * status as kvpc_cmd_build) or for --help. */
 int kvpc_cmd_ab(int argc, char **argv);
 

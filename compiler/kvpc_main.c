@@ -40,7 +40,7 @@ static const char HELP[] =
 	"\n"
 	"commands:\n"
 	"  check FILE.kvp...      parse and check each file; print located diagnostics\n"
-	"  emit --target c FILE   emit the policy as C (policy ABI, runtime/rt_policy.h)\n"
+	"  emit --target c FILE   emit the policy as C (policy ABI, runtime/policy/rt_policy.h)\n"
 	"       -o OUT            write to OUT instead of stdout\n"
 	"       --no-line         omit #line directives back to the .kvp source\n"
 	"  emit --target registry FILES...\n"

@@ -6,7 +6,7 @@
  * -> action (evict, or merge evicted entries into a kept neighbour as a prototype with a
  * count) -> compaction (rt_kv_head_keep, an in-place gather). `action = add_split`
  * (GraceKV) takes the other road, k_grace_run: the score becomes the core's direct
- * relevance and runtime/rt_gracekv runs the whole GraceKV compression (rt_grace).
+ * relevance and runtime/policy/rt_gracekv runs the whole GraceKV compression (rt_grace).
  *
  * The generated code supplies the per-query-head score function (its statistics and
  * expression inlined) and a filled struct k_compress_cfg of constants and parameter
@@ -23,9 +23,9 @@
 #include "k_alloc.h"
 #include "k_score.h"
 #include "k_select.h"
-#include "rt_gracekv.h"
-#include "rt_kv.h"
-#include "rt_policy.h"
+#include "policy/rt_gracekv.h"
+#include "kv/rt_kv.h"
+#include "policy/rt_policy.h"
 
 enum { K_LAYERS_UNIFORM = 0, K_LAYERS_PYRAMID, K_LAYERS_FUNNEL, K_LAYERS_LINEAR, K_LAYERS_LIST };
 enum { K_HEADS_EACH = 0, K_HEADS_ADAPTIVE, K_HEADS_GLOBAL };
@@ -369,7 +369,7 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	return 0;
 }
 
-/* ---- add_split: the GraceKV core (runtime/rt_grace via runtime/rt_gracekv) ---------- */
+/* ---- add_split: the GraceKV core (runtime/policy/rt_grace via runtime/policy/rt_gracekv) ---------- */
 
 /* Scratch bytes of k_grace_run: the relevance [L × G × cap], one head's per-query-head
  * scores and the score temporaries, then rt_gracekv's area. */

@@ -9,8 +9,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "rt_kv.h"
-#include "rt_policy.h"
+#include "kv/rt_kv.h"
+#include "policy/rt_policy.h"
 
 /* The context (tokens) a ratio budget refers to when `seen` tokens were seen: the prompt
  * length while the prompt is known and not yet exceeded, else the tokens seen. */

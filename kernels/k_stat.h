@@ -26,7 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "rt_kv.h"
+#include "kv/rt_kv.h"
 
 /* The statistics block of entry i: [stat_bytes / 4] words. */
 static inline uint32_t *k_stat_block(const rt_kv *kv, const rt_kv_head *h, int32_t i)

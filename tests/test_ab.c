@@ -1,5 +1,5 @@
 /*
- * test_ab: the A/B engine (runtime/rt_ab.c, `BIN ab`) and its front `kvpc ab`, end to end
+ * test_ab: the A/B engine (runtime/eval/rt_ab.c, `BIN ab`) and its front `kvpc ab`, end to end
  * on a tiny synthetic GGUF model (grouped-query: 9 query / 3 KV heads) written by the test,
  * with real policies (policies/full.kvp, policies/h2o.kvp) compiled by `kvpc build`.
  *
@@ -27,11 +27,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "rt_eval.h"
-#include "rt_gguf.h"
-#include "rt_model.h"
-#include "rt_tokenizer.h"
-#include "rt_util.h"
+#include "eval/rt_eval.h"
+#include "model/rt_gguf.h"
+#include "model/rt_model.h"
+#include "model/rt_tokenizer.h"
+#include "base/rt_util.h"
 #include "support/tiny_model.h"
 
 static char g_kvpc[PATH_MAX + 16];

@@ -6,7 +6,7 @@
  * compiler does not run: the message says so and neither the cached nor the output
  * binary changes); editing a policy must rebuild; bad inputs (a missing file, a syntax
  * error, an unwritable output) must give a clear one-line error and exit 1. Also checks
- * the SHA-256 of runtime/rt_ab.h (used by the cache key and the A/B metadata) against
+ * the SHA-256 of runtime/eval/rt_ab.h (used by the cache key and the A/B metadata) against
  * FIPS 180-4 test vectors and coreutils' sha256sum.
  *
  * The kvpc under test is $KVPC, else the kvpc next to this test's build directory
@@ -24,7 +24,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "rt_ab.h"
+#include "base/rt_sha256.h"
+#include "eval/rt_ab.h"
 
 static char g_kvpc[PATH_MAX + 16];
 static char g_tmp[PATH_MAX];

@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "rt_gguf.h"
-#include "rt_quant.h"
-#include "rt_util.h"
+#include "model/rt_gguf.h"
+#include "model/rt_quant.h"
+#include "base/rt_util.h"
 #include "support/gguf_writer.h"
 
 static char g_dir[64];

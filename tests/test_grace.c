@@ -1,11 +1,11 @@
 /*
- * test_grace: the GraceKV compression core (runtime/rt_grace.c) on synthetic data with
+ * test_grace: the GraceKV compression core (runtime/policy/rt_grace.c) on synthetic data with
  * grouped-query shapes (9 query / 3 KV heads, 4 / 1). References are independent: a
  * float RoPE written like the forward's, rt_model's attention softmax for the merged-entry
  * semantics, hand-computed distortions and utilities for a two-segment case, a qsort
  * oracle for the heap order, a bitwise copy of the store for exactness at x = 1, and the
  * budget formula floor(L·G·N_ctx / x) for the entry count. The glue of the compiled
- * policy (runtime/rt_gracekv, kernels/k_compress.h k_grace_run) is checked against the
+ * policy (runtime/policy/rt_gracekv, kernels/k_compress.h k_grace_run) is checked against the
  * core called directly with an input built by hand from a synthetic prompt trace, and,
  * through rt_seq on tiny synthetic models (9/3, 4/1) with the runtime's own trace, at
  * compression 1 against the full cache's logits.
@@ -24,11 +24,11 @@
 #include "kvp_sema.h"
 #include "kvp_src.h"
 #include "k_signal.h"
-#include "rt_grace.h"
-#include "rt_gracekv.h"
-#include "rt_kv.h"
-#include "rt_model.h"
-#include "rt_seq.h"
+#include "policy/rt_grace.h"
+#include "policy/rt_gracekv.h"
+#include "kv/rt_kv.h"
+#include "model/rt_model.h"
+#include "policy/rt_seq.h"
 #include "support/tiny_model.h"
 
 static uint64_t rng_state;

@@ -1,5 +1,5 @@
 /*
- * test_keepmap: the kept-positions SVG of `BIN keepmap` (runtime/rt_keepmap.c), on hand-made
+ * test_keepmap: the kept-positions SVG of `BIN keepmap` (runtime/report/rt_keepmap.c), on hand-made
  * kept sets (no model): the number of kept ("k") and merged ("m") cells in every row of
  * grouped-query shapes 9/3 and 4/1 with two layers, the x position of a cell, binning of a
  * long text (ceil(N / 1000) tokens per column, partial columns drawn with opacity),
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "rt_keepmap.h"
+#include "report/rt_keepmap.h"
 
 #include "support/xml_check.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_kv: the KV store (runtime/rt_kv.c). Checks the one-allocation layout, append
+ * test_kv: the KV store (runtime/kv/rt_kv.c). Checks the one-allocation layout, append
  * semantics (count 1, log_count 0, zeroed statistics), and that eviction by
  * rt_kv_head_keep is an exact in-place gather of every per-entry array, independently
  * per (layer, KV head), on grouped-query shapes.
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_kv.h"
+#include "kv/rt_kv.h"
 
 /* A value that encodes (head, position, dim) so any misplaced copy is detected. */
 static float tag(int head, int pos, int d)

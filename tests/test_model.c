@@ -1,5 +1,5 @@
 /*
- * test_model: the llama forward pass (runtime/rt_model.c) on tiny synthetic models written
+ * test_model: the llama forward pass (runtime/model/rt_model.c) on tiny synthetic models written
  * by tests/support/tiny_model.c, with grouped-query shapes 9q/3kv, 4q/1kv and 4q/4kv and
  * F32, Q4_1 and Q8_0 weights. The oracle is an independent naive forward written here
  * with plain loops in double precision (its own RMSNorm, adjacent-pair RoPE, softmax
@@ -12,7 +12,7 @@
  *   - an entry of count 2 == two identical entries (1e-5), and != one entry;
  *   - the observe hook sees probabilities that sum to 1 and outputs equal to Σ p v;
  *   - bad files and inputs give one clear error, never a crash;
- *   - rt_eval (runtime/rt_eval.c): perplexity, per-token log-probabilities and argmaxes
+ *   - rt_eval (runtime/eval/rt_eval.c): perplexity, per-token log-probabilities and argmaxes
  *     equal those computed here from the reference logits; the --dump lines and the raw
  *     logits file hold what they claim; rt_logprob on hand-computed rows.
  */
@@ -25,11 +25,11 @@
 #include <unistd.h>
 
 #include "support/gguf_writer.h"
-#include "rt_eval.h"
-#include "rt_gguf.h"
-#include "rt_kv.h"
-#include "rt_model.h"
-#include "rt_quant.h"
+#include "eval/rt_eval.h"
+#include "model/rt_gguf.h"
+#include "kv/rt_kv.h"
+#include "model/rt_model.h"
+#include "model/rt_quant.h"
 #include "support/tiny_model.h"
 
 /* ---- fixtures ---------------------------------------------------------------------- */

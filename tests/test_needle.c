@@ -1,6 +1,6 @@
 /*
  * test_needle: passkey and needle-in-a-haystack prompt builders and scorers
- * (runtime/rt_needle.c).
+ * (runtime/eval/rt_needle.c).
  *
  * Model-free cases: the scorers on hand-written generations, the seed -> passkey map
  * against values from the Python re-implementation of the PRNG
@@ -23,7 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "rt_needle.h"
+#include "eval/rt_needle.h"
 #include "support/gguf_writer.h"
 
 /* ---- scorers ------------------------------------------------------------------------- */

@@ -1,6 +1,6 @@
 /*
  * test_params: run-time parameter overrides (`--set NAME=VALUE`, kvp_policy_param_set in
- * runtime/rt_policy.c). The values a user types are untrusted input: they get the same
+ * runtime/policy/rt_policy.c). The values a user types are untrusted input: they get the same
  * unit rules kvpc applies to the defaults (whole non-negative counts for entries, tokens
  * and steps; non-negative ratios, which may be written as percentages) and a one-line error
  * that names the policy and the parameter.
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_policy.h"
+#include "policy/rt_policy.h"
 
 static const struct kvp_param PARAMS[] = {
 	{ "sinks", 4, KVP_UNIT_ENTRIES, "" },

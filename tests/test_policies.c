@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_kv.h"
-#include "rt_policy.h"
+#include "kv/rt_kv.h"
+#include "policy/rt_policy.h"
 
 /* ---- harness -------------------------------------------------------------------------- */
 

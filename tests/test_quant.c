@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "support/gguf_writer.h"
-#include "rt_gguf.h"
-#include "rt_quant.h"
-#include "rt_util.h"
+#include "model/rt_gguf.h"
+#include "model/rt_quant.h"
+#include "base/rt_util.h"
 
 #define GOLDEN_DIR "tests/golden/quant/"
 

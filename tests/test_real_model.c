@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_eval.h"
-#include "rt_model.h"
+#include "eval/rt_eval.h"
+#include "model/rt_model.h"
 
 #define GOLDEN "tests/golden/model/gpl3_2048.txt"
 

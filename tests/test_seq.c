@@ -1,6 +1,6 @@
 /*
- * test_seq: one sequence under one policy (runtime/rt_seq.c) and the shared command line
- * (runtime/rt_cli.c), on tiny synthetic models (tests/support/tiny_model.h) with the
+ * test_seq: one sequence under one policy (runtime/policy/rt_seq.c) and the shared command line
+ * (runtime/cli/rt_cli.c), on tiny synthetic models (tests/support/tiny_model.h) with the
  * grouped-query shapes 9q/3kv, 4q/1kv and 4q/4kv. Checked:
  *   - an evicted cache gives the same logits as dense attention over exactly the kept
  *     entries at their positions: an independent naive forward in double (own RMSNorm,
@@ -41,11 +41,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "rt_cli.h"
-#include "rt_gguf.h"
-#include "rt_model.h"
-#include "rt_policy.h"
-#include "rt_seq.h"
+#include "cli/rt_cli.h"
+#include "model/rt_gguf.h"
+#include "model/rt_model.h"
+#include "policy/rt_policy.h"
+#include "policy/rt_seq.h"
 #include "support/tiny_model.h"
 
 /* ---- allocation counting (link with -Wl,--wrap=malloc,...) ----------------------------- */

@@ -1,5 +1,5 @@
 /*
- * test_stats: the A/B statistics (runtime/rt_stats.c).
+ * test_stats: the A/B statistics (runtime/eval/rt_stats.c).
  *
  * Hand-computed KL divergences of small distributions; per-token KL, NLL and top-1 of
  * random float32 logit rows, percentiles/medians and a 250-token run summary against
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_stats.h"
+#include "eval/rt_stats.h"
 
 #define GOLDEN "tests/golden/stats/golden.txt"
 

@@ -1,5 +1,5 @@
 /*
- * test_svg: the A/B report's SVG line plot (runtime/rt_svg.c).
+ * test_svg: the A/B report's SVG line plot (runtime/report/rt_svg.c).
  *
  * A tiny XML checker in this file (balanced and properly nested tags, quoted attributes,
  * only the five predefined entities or character references after '&', no raw '<' in
@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "rt_svg.h"
+#include "report/rt_svg.h"
 
 #include "support/xml_check.h"
 

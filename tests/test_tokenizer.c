@@ -1,5 +1,5 @@
 /*
- * test_tokenizer: the byte-level BPE tokenizer (runtime/rt_tokenizer.c).
+ * test_tokenizer: the byte-level BPE tokenizer (runtime/model/rt_tokenizer.c).
  *
  * Model-free cases build tiny GPT-2-style vocabularies with gguf_writer and check
  * hand-computed BPE results (merge order by rank, leftmost on ties, no merges across
@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "support/gguf_writer.h"
-#include "rt_tokenizer.h"
+#include "model/rt_tokenizer.h"
 
 #define GOLDEN "tests/golden/tokenizer/golden.txt"
 

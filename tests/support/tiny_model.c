@@ -17,8 +17,8 @@
 #include <string.h>
 
 #include "gguf_writer.h"
-#include "rt_gguf.h"
-#include "rt_quant.h"
+#include "model/rt_gguf.h"
+#include "model/rt_quant.h"
 
 typedef struct rng {
 	uint64_t s;

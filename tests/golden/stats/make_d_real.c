@@ -21,12 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rt_eval.h"
-#include "rt_kv.h"
-#include "rt_model.h"
-#include "rt_needle.h"
-#include "rt_stats.h"
-#include "rt_tokenizer.h"
+#include "eval/rt_eval.h"
+#include "kv/rt_kv.h"
+#include "model/rt_model.h"
+#include "eval/rt_needle.h"
+#include "eval/rt_stats.h"
+#include "model/rt_tokenizer.h"
 
 enum { N = 1024, CHUNK = 16, BUDGET = 128, SINKS = 4 };
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference values for tests/test_stats.c (runtime/rt_stats.c), computed independently
+"""Reference values for tests/test_stats.c (runtime/eval/rt_stats.c), computed independently
 with numpy and a pure-Python re-implementation of the PRNG and the bootstrap.
 
 Writes tests/golden/stats/golden.txt, one record per line (space separated, floats as

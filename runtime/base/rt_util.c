@@ -1,0 +1,175 @@
+/*
+ * rt_util: error buffers, half-float conversion, checked allocation, file reading and
+ * UTF-8 validation shared by the whole runtime.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "base/rt_util.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int rt_err_set(rt_err *err, const char *fmt, ...)
+{
+	if (err) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+		va_end(ap);
+	}
+	return -1;
+}
+
+float rt_fp16_to_f32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+	uint32_t exp = (h >> 10) & 0x1fu;
+	uint32_t man = h & 0x3ffu;
+	uint32_t bits;
+	if (exp == 0) {
+		if (man == 0) {
+			bits = sign;
+		} else { /* subnormal: normalise */
+			int e = -1;
+			do {
+				e++;
+				man <<= 1;
+			} while (!(man & 0x400u));
+			man &= 0x3ffu;
+			bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
+		}
+	} else if (exp == 0x1f) {
+		bits = sign | 0x7f800000u | (man << 13);
+	} else {
+		bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+	}
+	float f;
+	memcpy(&f, &bits, sizeof f);
+	return f;
+}
+
+float rt_bf16_to_f32(uint16_t h)
+{
+	uint32_t bits = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &bits, sizeof f);
+	return f;
+}
+
+void rt_assert_fail(const char *expr, const char *file, int line)
+{
+	fprintf(stderr, "%s:%d: internal error: assertion failed: %s\n", file, line, expr);
+	abort();
+}
+
+void *rt_xmalloc(size_t n, const char *file, int line)
+{
+	void *p = malloc(n ? n : 1);
+	if (!p) {
+		fprintf(stderr, "%s:%d: out of memory (%zu bytes)\n", file, line, n);
+		abort();
+	}
+	return p;
+}
+
+void *rt_xcalloc(size_t n, size_t sz, const char *file, int line)
+{
+	void *p = calloc(n ? n : 1, sz ? sz : 1);
+	if (!p) {
+		fprintf(stderr, "%s:%d: out of memory (%zu x %zu bytes)\n", file, line, n, sz);
+		abort();
+	}
+	return p;
+}
+
+char *rt_read_file(const char *path, size_t *len, rt_err *err)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		rt_err_set(err, "%s: cannot open: %s", path, strerror(errno));
+		return NULL;
+	}
+	size_t cap = 1 << 16, n = 0;
+	char *buf = malloc(cap);
+	if (!buf) {
+		fclose(f);
+		rt_err_set(err, "%s: out of memory", path);
+		return NULL;
+	}
+	for (;;) {
+		if (n + 1 >= cap) {
+			char *nb = realloc(buf, cap * 2);
+			if (!nb) {
+				free(buf);
+				fclose(f);
+				rt_err_set(err, "%s: out of memory", path);
+				return NULL;
+			}
+			buf = nb;
+			cap *= 2;
+		}
+		size_t got = fread(buf + n, 1, cap - n - 1, f);
+		n += got;
+		if (got == 0)
+			break;
+	}
+	if (ferror(f)) {
+		rt_err_set(err, "%s: read error: %s", path, strerror(errno));
+		free(buf);
+		fclose(f);
+		return NULL;
+	}
+	fclose(f);
+	buf[n] = 0;
+	if (len)
+		*len = n;
+	return buf;
+}
+
+int rt_utf8_valid(const char *s, size_t n, size_t *bad_off)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	size_t i = 0;
+	while (i < n) {
+		unsigned c = p[i];
+		size_t k;
+		uint32_t cp, min;
+		if (c < 0x80) {
+			i++;
+			continue;
+		} else if ((c & 0xe0) == 0xc0) {
+			k = 1, cp = c & 0x1f, min = 0x80;
+		} else if ((c & 0xf0) == 0xe0) {
+			k = 2, cp = c & 0x0f, min = 0x800;
+		} else if ((c & 0xf8) == 0xf0) {
+			k = 3, cp = c & 0x07, min = 0x10000;
+		} else {
+			goto bad;
+		}
+		if (i + k >= n) /* truncated sequence */
+			goto bad;
+		for (size_t j = 1; j <= k; j++) {
+			if ((p[i + j] & 0xc0) != 0x80)
+				goto bad;
+			cp = (cp << 6) | (p[i + j] & 0x3f);
+		}
+		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+			goto bad;
+		i += k + 1;
+	}
+	return 1;
+bad:
+	if (bad_off)
+		*bad_off = i;
+	return 0;
+}
+
+double rt_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}

@@ -1,0 +1,24 @@
+/*
+ * rt_cli: the command line shared by build/kvrt and the per-deployment binaries that
+ * `kvpc build` links (issue 4): one main() body that runs a GGUF llama model under any of
+ * the KV-cache policies compiled into the binary (plus the built-in `full`), with the
+ * commands info, ppl (streaming perplexity, with a full-cache reference in the same run
+ * for KL statistics), needle (passkey / needle-in-a-haystack retrieval), run (greedy
+ * generation), tokenize and bench. Every command has a man-page style --help.
+ *
+ * Exit status: 0 success, 1 runtime error (unreadable or invalid file, model or policy
+ * failure), 2 usage error (bad command line: unknown command, option, policy or
+ * parameter, bad value). Errors are one line on stderr: "PROG: PATH: reason".
+ */
+#ifndef RT_CLI_H
+#define RT_CLI_H
+
+#include "policy/rt_policy.h"
+
+/* Run the command line argv[0..argc) (argv[0] names the program in messages) with the
+ * policies reg[0..n_reg) (NULL/0: only the built-in full policy). The default policy of
+ * the policy-aware commands is reg[0] when n_reg > 0, else full. Returns the exit
+ * status. Writes results to stdout and errors to stderr. */
+int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int n_reg);
+
+#endif

@@ -1,0 +1,1225 @@
+/*
+ * rt_ab: the A/B engine of a per-deployment binary (`BIN ab`) — see rt_ab.h.
+ */
+#include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "eval/rt_ab.h"
+#include "base/rt_sha256.h"
+#include "eval/rt_eval.h"
+#include "model/rt_gguf.h"
+#include "model/rt_model.h"
+#include "eval/rt_needle.h"
+#include "policy/rt_seq.h"
+#include "eval/rt_stats.h"
+#include "report/rt_svg.h"
+#include "model/rt_tokenizer.h"
+
+/* ---- options -------------------------------------------------------------------------- */
+
+#define AB_MAX_RATIOS 16
+#define AB_MAX_SETS 64
+#define AB_MAX_TRIALS 256
+
+static const char AB_HELP[] =
+	"NAME\n"
+	"    BIN ab - compare two compiled policies (A, B) against the full cache and each other\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    BIN ab --model M --text FILE [--a NAME] [--b NAME] [--ratio 2,4,8] [--task ppl|needle]\n"
+	"           [--ctx N] [--chunk N] [--threads N] [--set k=v]... [--set-a k=v]... [--set-b k=v]...\n"
+	"           [--json OUT] [--csv OUT] [--plot OUT.svg] [--resamples B] [--seed S]\n"
+	"           [--lengths 1024,2048] [--depths 0,50,100] [--mode agnostic|aware]\n"
+	"    (normally started by `kvpc ab A.kvp B.kvp ...`, which builds BIN)\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    Loads the model once. For each compression ratio R the full-cache reference and\n"
+	"    both policies (budget overridden to context / R entries per KV head; a policy that\n"
+	"    never compresses keeps every token) run over the same tokens, chunk by chunk in\n"
+	"    lockstep, and every token's distribution is compared with the reference's.\n"
+	"    task ppl (default): streaming perplexity of the first N tokens of FILE, which are\n"
+	"    the prompt (so the budget is N / R entries per KV head from the first token on and\n"
+	"    policies that trigger at the prompt end run once, after the last token); it shows\n"
+	"    ppl, kld_mean, kld_p99, kld_max, ppl_ratio, same_top1, rms_dp (llama.cpp's\n"
+	"    --kl-divergence statistics), kv_entries_peak, kv_bytes_peak, compression\n"
+	"    (reference peak entries / peak entries), tokens_per_s, compress_events and\n"
+	"    policy_seconds; then the paired circular block bootstrap 95% CI of the mean\n"
+	"    per-token NLL difference B - A (block length by Politis & White 2004) and a verdict.\n"
+	"    task needle: passkey retrieval (prompt built to exact token lengths, greedy answer,\n"
+	"    exact match) for every length x depth; accuracy per policy and an exact sign\n"
+	"    (McNemar) test on the discordant trials.\n"
+	"\n"
+	"OPTIONS\n"
+	"    --model M          GGUF model\n"
+	"    --text FILE        the text (task ppl; UTF-8, .gz is decompressed)\n"
+	"    --a NAME, --b NAME the policies (default: the binary's first two, or the only one)\n"
+	"    --ratio LIST       compression ratios, each >= 1 (default 4)\n"
+	"    --task ppl|needle  what to measure (default ppl)\n"
+	"    --ctx N            tokens of the text to use (default all, up to context_length)\n"
+	"    --chunk N          tokens per forward chunk (default 512; results do not depend on it)\n"
+	"    --threads N        BLAS threads (default: OPENBLAS_NUM_THREADS or all cores)\n"
+	"    --set k=v          parameter override for every policy that has k\n"
+	"    --set-a k=v, --set-b k=v   override for one side only\n"
+	"    --json OUT         write the report as one JSON object (meta + results)\n"
+	"    --csv OUT          write one row per ratio and policy (metadata in columns)\n"
+	"    --plot OUT.svg     one SVG with a panel per metric against the ratio\n"
+	"    --resamples B      bootstrap resamples (default 1000); --seed S its seed\n"
+	"    --lengths LIST     needle: prompt lengths in tokens (default 1024,2048)\n"
+	"    --depths LIST      needle: depths in percent (default 0,25,50,75,100)\n"
+	"    --mode M           needle: agnostic (compress before the question, default) or aware\n"
+	"    --commit C, --source-sha256-a HEX, --source-sha256-b HEX   metadata (set by kvpc ab)\n"
+	"\n"
+	"EXIT STATUS\n"
+	"    0 success, 1 runtime error (\"ab: PATH: reason\" on stderr), 2 usage error.\n";
+
+typedef struct ab_opts {
+	const char *model, *text, *task, *json, *csv, *plot, *commit, *mode;
+	const char *name[2];
+	const char *sha[2];
+	double ratios[AB_MAX_RATIOS];
+	int n_ratios;
+	int64_t ctx;
+	int chunk, threads, resamples;
+	uint64_t seed;
+	const char *sets[2][AB_MAX_SETS];
+	int set_all[2][AB_MAX_SETS]; /* 1: from --set (skipped by a policy without the name) */
+	int n_sets[2];
+	int64_t lengths[16];
+	int n_lengths;
+	double depths[16];
+	int n_depths;
+} ab_opts;
+
+/* Parse a comma list of numbers into out[cap]; returns the count or -1. */
+static int parse_list(const char *s, double *out, int cap)
+{
+	int n = 0;
+	const char *p = s;
+	while (*p) {
+		char *end;
+		errno = 0;
+		double v = strtod(p, &end);
+		if (end == p || errno || !isfinite(v) || n >= cap)
+			return -1;
+		out[n++] = v;
+		p = end;
+		if (*p == ',')
+			p++;
+		else if (*p)
+			return -1;
+	}
+	return n;
+}
+
+static int usage_err(const char *fmt, const char *arg)
+{
+	fputs("ab: ", stderr);
+	fprintf(stderr, fmt, arg);
+	fputs("\nusage: BIN ab --model M --text FILE [--ratio LIST] [options]; BIN ab --help\n", stderr);
+	return 2;
+}
+
+enum {
+	O_A = 256, O_B, O_RATIO, O_TASK, O_CTX, O_CHUNK, O_THREADS, O_SET, O_SETA, O_SETB, O_JSON,
+	O_CSV, O_PLOT, O_RES, O_SEED, O_LEN, O_DEP, O_MODE, O_COMMIT, O_SHAA, O_SHAB, O_MODEL,
+	O_TEXT,
+};
+
+static int parse_opts(int argc, char **argv, ab_opts *o)
+{
+	static const struct option lo[] = {
+		{ "model", required_argument, 0, O_MODEL }, { "text", required_argument, 0, O_TEXT },
+		{ "a", required_argument, 0, O_A }, { "b", required_argument, 0, O_B },
+		{ "ratio", required_argument, 0, O_RATIO }, { "task", required_argument, 0, O_TASK },
+		{ "ctx", required_argument, 0, O_CTX }, { "chunk", required_argument, 0, O_CHUNK },
+		{ "threads", required_argument, 0, O_THREADS }, { "set", required_argument, 0, O_SET },
+		{ "set-a", required_argument, 0, O_SETA }, { "set-b", required_argument, 0, O_SETB },
+		{ "json", required_argument, 0, O_JSON }, { "csv", required_argument, 0, O_CSV },
+		{ "plot", required_argument, 0, O_PLOT }, { "resamples", required_argument, 0, O_RES },
+		{ "seed", required_argument, 0, O_SEED }, { "lengths", required_argument, 0, O_LEN },
+		{ "depths", required_argument, 0, O_DEP }, { "mode", required_argument, 0, O_MODE },
+		{ "commit", required_argument, 0, O_COMMIT },
+		{ "source-sha256-a", required_argument, 0, O_SHAA },
+		{ "source-sha256-b", required_argument, 0, O_SHAB },
+		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+	};
+	memset(o, 0, sizeof *o);
+	o->task = "ppl";
+	o->mode = "agnostic";
+	o->commit = "unknown";
+	o->chunk = 512;
+	o->resamples = RT_BOOT_DEFAULT_B;
+	o->seed = RT_BOOT_DEFAULT_SEED;
+	o->ratios[0] = 4;
+	o->n_ratios = 1;
+	o->lengths[0] = 1024;
+	o->lengths[1] = 2048;
+	o->n_lengths = 2;
+	const double dd[5] = { 0, 25, 50, 75, 100 };
+	memcpy(o->depths, dd, sizeof dd);
+	o->n_depths = 5;
+	optind = 1;
+	opterr = 0;
+	int c;
+	while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
+		char *end;
+		double tmp[16];
+		long v;
+		int n;
+		switch (c) {
+		case 'h':
+			fputs(AB_HELP, stdout);
+			return 1;
+		case O_MODEL: o->model = optarg; break;
+		case O_TEXT: o->text = optarg; break;
+		case O_A: o->name[0] = optarg; break;
+		case O_B: o->name[1] = optarg; break;
+		case O_TASK:
+			if (strcmp(optarg, "ppl") && strcmp(optarg, "needle"))
+				return usage_err("--task: '%s' is not ppl or needle", optarg);
+			o->task = optarg;
+			break;
+		case O_MODE:
+			if (strcmp(optarg, "agnostic") && strcmp(optarg, "aware"))
+				return usage_err("--mode: '%s' is not agnostic or aware", optarg);
+			o->mode = optarg;
+			break;
+		case O_RATIO:
+			o->n_ratios = parse_list(optarg, o->ratios, AB_MAX_RATIOS);
+			if (o->n_ratios < 1)
+				return usage_err("--ratio: '%s' is not a comma list of numbers (at most 16)", optarg);
+			for (int i = 0; i < o->n_ratios; i++)
+				if (!(o->ratios[i] >= 1))
+					return usage_err("--ratio: '%s': every ratio must be >= 1", optarg);
+			break;
+		case O_LEN:
+			n = parse_list(optarg, tmp, 16);
+			if (n < 1)
+				return usage_err("--lengths: '%s' is not a comma list of token counts", optarg);
+			for (int i = 0; i < n; i++) {
+				if (!(tmp[i] >= 16 && tmp[i] <= 1e7) || tmp[i] != floor(tmp[i]))
+					return usage_err("--lengths: '%s': lengths are whole numbers >= 16", optarg);
+				o->lengths[i] = (int64_t)tmp[i];
+			}
+			o->n_lengths = n;
+			break;
+		case O_DEP:
+			n = parse_list(optarg, o->depths, 16);
+			if (n < 1)
+				return usage_err("--depths: '%s' is not a comma list of percentages", optarg);
+			for (int i = 0; i < n; i++)
+				if (!(o->depths[i] >= 0 && o->depths[i] <= 100))
+					return usage_err("--depths: '%s': depths are in 0..100", optarg);
+			o->n_depths = n;
+			break;
+		case O_CTX: case O_CHUNK: case O_THREADS: case O_RES:
+			errno = 0;
+			v = strtol(optarg, &end, 10);
+			if (errno || *end || end == optarg || v < (c == O_RES ? 2 : c == O_CTX ? 2 : 1) ||
+			    v > (c == O_CTX ? 100000000L : c == O_RES ? 1000000L : c == O_THREADS ? 1024 : 65536))
+				return usage_err("'%s' is out of range for its option", optarg);
+			if (c == O_CTX) o->ctx = v;
+			else if (c == O_CHUNK) o->chunk = (int)v;
+			else if (c == O_THREADS) o->threads = (int)v;
+			else o->resamples = (int)v;
+			break;
+		case O_SEED:
+			errno = 0;
+			o->seed = strtoull(optarg, &end, 0);
+			if (errno || *end || end == optarg)
+				return usage_err("--seed: '%s' is not a number", optarg);
+			break;
+		case O_SET: case O_SETA: case O_SETB:
+			if (!strchr(optarg, '='))
+				return usage_err("--set: '%s' is not name=value", optarg);
+			for (int s = 0; s < 2; s++) {
+				if ((c == O_SETA && s == 1) || (c == O_SETB && s == 0))
+					continue;
+				if (o->n_sets[s] >= AB_MAX_SETS)
+					return usage_err("too many --set options (%s)", optarg);
+				o->set_all[s][o->n_sets[s]] = c == O_SET;
+				o->sets[s][o->n_sets[s]++] = optarg;
+			}
+			break;
+		case O_JSON: o->json = optarg; break;
+		case O_CSV: o->csv = optarg; break;
+		case O_PLOT: o->plot = optarg; break;
+		case O_COMMIT: o->commit = optarg; break;
+		case O_SHAA: o->sha[0] = optarg; break;
+		case O_SHAB: o->sha[1] = optarg; break;
+		case ':':
+			return usage_err("%s needs a value", argv[optind - 1]);
+		default:
+			return usage_err("unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		return usage_err("unexpected argument '%s'", argv[optind]);
+	if (!o->model)
+		return usage_err("%s", "--model is required");
+	if (!strcmp(o->task, "ppl") && !o->text)
+		return usage_err("%s", "--text is required for --task ppl");
+	return 0;
+}
+
+/* ---- the run ------------------------------------------------------------------------------ */
+
+/* One policy at one ratio. */
+typedef struct ab_side {
+	rt_seq seq;
+	int ready;            /* seq initialised */
+	int ratio_applied;    /* 0: the policy never compresses, it keeps every token */
+	rt_kld_acc acc;
+	double *nll;          /* [n_scored] per-token NLL (ppl task) */
+	rt_kld_summary sum;
+	rt_seq_stats st;      /* ppl: the run's counters; needle: summed over trials */
+	int hits, trials;
+	uint8_t ok[AB_MAX_TRIALS];
+} ab_side;
+
+typedef struct ab_row {
+	double ratio;
+	ab_side side[2];
+	rt_boot_ci ci;        /* ppl: mean NLL difference B - A */
+	int n01, n10;         /* needle: trials only B / only A got right */
+	double p_value;       /* needle: exact two-sided sign test on n01 vs n10 */
+	int better;           /* 0 tie, 1 A, 2 B */
+	int significant;
+	char verdict[600];
+} ab_row;
+
+typedef struct ab_run {
+	ab_opts o;
+	const struct kvp_policy *pol[2];
+	rt_model *m;
+	rt_tokenizer *tok;
+	char model_sha[65], text_sha[65];
+	int32_t *tokens;
+	int64_t n;                /* tokens used (ppl) */
+	ab_row rows[AB_MAX_RATIOS];
+	rt_seq ref;
+	int ref_ready;
+	rt_seq_stats ref_st;
+	double ref_nll_sum;
+	int ref_hits, ref_trials;
+	int threads;
+	int progress;             /* stderr is a terminal */
+	double progress_t;
+	double t_start;
+} ab_run;
+
+static void progress(ab_run *r, double frac, const char *what)
+{
+	if (!r->progress)
+		return;
+	double t = rt_now();
+	if (frac < 1 && t - r->progress_t < 0.2)
+		return;
+	r->progress_t = t;
+	int w = 30, k = (int)(frac * w + 0.5);
+	char bar[64];
+	for (int i = 0; i < w; i++)
+		bar[i] = i < k ? '#' : '.';
+	bar[w] = 0;
+	fprintf(stderr, "\r\033[Kab [%s] %3.0f%% %s (%.0f s)", bar, 100 * frac, what, t - r->t_start);
+	if (frac >= 1)
+		fputs("\r\033[K", stderr);
+	fflush(stderr);
+}
+
+/* Apply the --set options of one side to seq. */
+static int apply_sets(ab_run *r, int side, rt_seq *s, rt_err *err)
+{
+	for (int i = 0; i < r->o.n_sets[side]; i++) {
+		const char *a = r->o.sets[side][i];
+		char name[256];
+		size_t len = (size_t)(strchr(a, '=') - a);
+		snprintf(name, sizeof name, "%.*s", (int)(len < 255 ? len : 255), a);
+		if (r->o.set_all[side][i] && kvp_policy_param_index(s->p, name) < 0)
+			continue;
+		if (rt_seq_set(s, a, err) != 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int check_sets(ab_run *r, rt_err *err)
+{
+	for (int i = 0; i < r->o.n_sets[0]; i++) {
+		if (!r->o.set_all[0][i])
+			continue;
+		const char *a = r->o.sets[0][i];
+		char name[256];
+		size_t len = (size_t)(strchr(a, '=') - a);
+		snprintf(name, sizeof name, "%.*s", (int)(len < 255 ? len : 255), a);
+		if (kvp_policy_param_index(r->pol[0], name) < 0 &&
+		    kvp_policy_param_index(r->pol[1], name) < 0)
+			return rt_err_set(err, "--set %s: neither %s nor %s has a parameter '%s'", a,
+			                  r->pol[0]->name, r->pol[1]->name, name);
+	}
+	return 0;
+}
+
+static int side_init(ab_run *r, ab_row *row, int side, int32_t cap, int64_t prompt_len,
+                     rt_err *err)
+{
+	ab_side *s = &row->side[side];
+	if (rt_seq_init(&s->seq, r->m, r->pol[side], cap, r->o.chunk, prompt_len, err) != 0)
+		return -1;
+	s->ready = 1;
+	if (apply_sets(r, side, &s->seq, err) != 0)
+		return -1;
+	s->ratio_applied = r->pol[side]->compress != NULL;
+	if (s->ratio_applied && rt_seq_set_ratio(&s->seq, row->ratio, err) != 0)
+		return -1;
+	rt_kld_acc_init(&s->acc);
+	return 0;
+}
+
+/* Bootstrap and verdict of one ratio (ppl). */
+static int ppl_verdict(ab_run *r, ab_row *row, rt_err *err)
+{
+	int64_t n = r->n - 1;
+	double *d = RT_MALLOC((size_t)n * sizeof *d);
+	double *work = RT_MALLOC((size_t)r->o.resamples * sizeof *work);
+	for (int64_t i = 0; i < n; i++)
+		d[i] = row->side[1].nll[i] - row->side[0].nll[i];
+	int64_t L = rt_bootstrap_block_len_auto(d, n);
+	int rc = rt_bootstrap_mean_ci(d, n, r->o.resamples, L, 0.95, r->o.seed, work, &row->ci, err);
+	free(d);
+	free(work);
+	if (rc != 0)
+		return -1;
+	rt_verdict v = rt_verdict_of(&row->ci, &row->significant);
+	row->better = v == RT_VERDICT_A_BETTER ? 1 : v == RT_VERDICT_B_BETTER ? 2 : 0;
+	rt_verdict_format(&row->ci, r->pol[0]->name, r->pol[1]->name, NULL, NULL, row->verdict,
+	                  sizeof row->verdict);
+	return 0;
+}
+
+static int run_ppl(ab_run *r, rt_err *err)
+{
+	const int V = r->m->hp.n_vocab;
+	const int64_t n = r->n;
+	const int32_t cap = (int32_t)n;
+	const int C = r->o.chunk < 128 ? r->o.chunk : 128; /* tokens per lockstep step */
+	if (rt_seq_init(&r->ref, r->m, &rt_policy_full, cap, r->o.chunk, -1, err) != 0)
+		return -1;
+	r->ref_ready = 1;
+	for (int k = 0; k < r->o.n_ratios; k++) {
+		for (int s = 0; s < 2; s++) {
+			if (side_init(r, &r->rows[k], s, cap, n, err) != 0)
+				return -1;
+			r->rows[k].side[s].nll = RT_MALLOC((size_t)(n - 1) * sizeof(double));
+			rt_kld_acc_reserve(&r->rows[k].side[s].acc, n - 1);
+		}
+	}
+	float *lref = RT_MALLOC((size_t)C * (size_t)V * sizeof(float));
+	float *lq = RT_MALLOC((size_t)C * (size_t)V * sizeof(float));
+	int rc = 0;
+	const double work_total = (double)n * (1 + 2 * r->o.n_ratios);
+	double work_done = 0;
+	char what[96];
+	for (int64_t off = 0; off < n && rc == 0; off += C) {
+		int c = (int)(n - off < C ? n - off : C);
+		if (rt_seq_feed(&r->ref, r->tokens + off, c, lref, RT_LOGITS_ALL, err) != 0) {
+			rc = -1;
+			break;
+		}
+		work_done += c;
+		for (int i = 0; i < c; i++)
+			if (off + i + 1 < n) {
+				int32_t t = r->tokens[off + i + 1];
+				r->ref_nll_sum -= rt_logprob(lref + (size_t)i * V, V, t, NULL);
+			}
+		for (int k = 0; k < r->o.n_ratios && rc == 0; k++) {
+			for (int s = 0; s < 2 && rc == 0; s++) {
+				ab_side *sd = &r->rows[k].side[s];
+				snprintf(what, sizeof what, "%lld/%lld tokens, ratio %g, %s",
+				         (long long)(off + c), (long long)n, r->rows[k].ratio, r->pol[s]->name);
+				progress(r, work_done / work_total, what);
+				if (rt_seq_feed(&sd->seq, r->tokens + off, c, lq, RT_LOGITS_ALL, err) != 0) {
+					char m2[512];
+					snprintf(m2, sizeof m2, "%s", err->msg);
+					rt_err_set(err, "policy %s at ratio %g: %s", r->pol[s]->name,
+					           r->rows[k].ratio, m2);
+					rc = -1;
+					break;
+				}
+				work_done += c;
+				for (int i = 0; i < c; i++) {
+					int64_t pos = off + i;
+					if (pos + 1 >= n)
+						break;
+					rt_tok_cmp cmp;
+					if (rt_stats_token_cmp(lref + (size_t)i * V, lq + (size_t)i * V, V,
+					                       r->tokens[pos + 1], &cmp, err) != 0) {
+						rc = -1;
+						break;
+					}
+					rt_kld_acc_add(&sd->acc, &cmp);
+					sd->nll[pos] = cmp.nll_q;
+				}
+			}
+		}
+	}
+	progress(r, 1, "done");
+	free(lref);
+	free(lq);
+	if (rc)
+		return -1;
+	r->ref_st = rt_seq_stats_get(&r->ref);
+	for (int k = 0; k < r->o.n_ratios; k++) {
+		for (int s = 0; s < 2; s++) {
+			ab_side *sd = &r->rows[k].side[s];
+			rt_kld_acc_summary(&sd->acc, &sd->sum);
+			sd->st = rt_seq_stats_get(&sd->seq);
+		}
+		if (ppl_verdict(r, &r->rows[k], err) != 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* ---- needle --------------------------------------------------------------------------- */
+
+#define NEEDLE_GEN 10 /* tokens generated for the answer (a passkey has at most 5 digits) */
+
+/* Prefill prompt pr into s (reset first), generate greedily, score. Returns 1 hit, 0 miss,
+ * -1 error. */
+static int needle_trial(ab_run *r, rt_seq *s, const rt_needle_prompt *pr, float *logits,
+                        rt_err *err)
+{
+	const int V = r->m->hp.n_vocab;
+	const int aware = !strcmp(r->o.mode, "aware");
+	rt_seq_reset(s, aware ? pr->n_ctx + pr->n_question : pr->n_ctx);
+	if (rt_seq_feed(s, pr->ctx, pr->n_ctx, NULL, RT_LOGITS_NONE, err) != 0 ||
+	    rt_seq_feed(s, pr->question, pr->n_question, logits, RT_LOGITS_LAST, err) != 0)
+		return -1;
+	char out[256];
+	size_t len = 0;
+	for (int g = 0; g < NEEDLE_GEN; g++) {
+		int32_t top = 0;
+		rt_logprob(logits, V, 0, &top);
+		if (rt_tokenizer_is_eog(r->tok, top))
+			break;
+		char piece[64];
+		int k = rt_token_to_bytes(r->tok, top, piece, sizeof piece);
+		if (k > 0 && len + (size_t)k < sizeof out - 1) {
+			memcpy(out + len, piece, (size_t)k);
+			len += (size_t)k;
+		}
+		if (g + 1 < NEEDLE_GEN && rt_seq_feed(s, &top, 1, logits, RT_LOGITS_LAST, err) != 0)
+			return -1;
+	}
+	out[len] = 0;
+	return rt_needle_score_passkey(out, pr->passkey);
+}
+
+/* Two-sided exact sign test of k successes out of n fair coin flips (McNemar's exact test
+ * on the discordant pairs): min(1, 2 * P(X <= min(k, n - k))). 1 for n = 0. */
+static double sign_test_p(int k, int n)
+{
+	if (n == 0)
+		return 1;
+	int m = k < n - k ? k : n - k;
+	double p = 0;
+	for (int i = 0; i <= m; i++)
+		p += exp(lgamma(n + 1.0) - lgamma(i + 1.0) - lgamma(n - i + 1.0) - n * log(2.0));
+	return p * 2 > 1 ? 1 : p * 2;
+}
+
+static void side_add_stats(ab_side *sd)
+{
+	rt_seq_stats t = rt_seq_stats_get(&sd->seq);
+	sd->st.tokens += t.tokens;
+	sd->st.chunks += t.chunks;
+	if (t.kv_entries_peak > sd->st.kv_entries_peak)
+		sd->st.kv_entries_peak = t.kv_entries_peak;
+	if (t.kv_bytes_peak > sd->st.kv_bytes_peak)
+		sd->st.kv_bytes_peak = t.kv_bytes_peak;
+	sd->st.compress_events += t.compress_events;
+	sd->st.policy_seconds += t.policy_seconds;
+	sd->st.seconds += t.seconds;
+}
+
+static int run_needle(ab_run *r, rt_err *err)
+{
+	int64_t maxlen = 0;
+	for (int i = 0; i < r->o.n_lengths; i++)
+		if (r->o.lengths[i] > maxlen)
+			maxlen = r->o.lengths[i];
+	if (maxlen + NEEDLE_GEN > r->m->hp.n_ctx)
+		return rt_err_set(err, "--lengths: %lld tokens (+%d generated) exceed the model's "
+		                  "context_length %d", (long long)maxlen, NEEDLE_GEN, r->m->hp.n_ctx);
+	int n_trials = r->o.n_lengths * r->o.n_depths;
+	if (n_trials > AB_MAX_TRIALS)
+		return rt_err_set(err, "needle: %d trials; at most %d (lengths x depths)", n_trials,
+		                  AB_MAX_TRIALS);
+	int32_t cap = (int32_t)(maxlen + NEEDLE_GEN);
+	if (rt_seq_init(&r->ref, r->m, &rt_policy_full, cap, r->o.chunk, -1, err) != 0)
+		return -1;
+	r->ref_ready = 1;
+	for (int k = 0; k < r->o.n_ratios; k++)
+		for (int s = 0; s < 2; s++) {
+			if (side_init(r, &r->rows[k], s, cap, -1, err) != 0)
+				return -1;
+			memset(&r->rows[k].side[s].st, 0, sizeof(rt_seq_stats));
+		}
+	float *logits = RT_MALLOC((size_t)r->m->hp.n_vocab * sizeof(float));
+	int rc = 0, trial = 0;
+	double total = (double)n_trials * (1 + 2 * r->o.n_ratios), done = 0;
+	rt_seq_stats ref_sum;
+	memset(&ref_sum, 0, sizeof ref_sum);
+	for (int li = 0; li < r->o.n_lengths && rc == 0; li++) {
+		for (int di = 0; di < r->o.n_depths && rc == 0; di++, trial++) {
+			rt_needle_prompt pr;
+			if (rt_needle_passkey(r->tok, r->o.lengths[li], r->o.depths[di],
+			                      (uint64_t)trial + 1, 0, &pr, err) != 0) {
+				rc = -1;
+				break;
+			}
+			char what[96];
+			snprintf(what, sizeof what, "trial %d/%d (%lld tokens, depth %g%%)", trial + 1,
+			         n_trials, (long long)r->o.lengths[li], r->o.depths[di]);
+			progress(r, done / total, what);
+			int hit = needle_trial(r, &r->ref, &pr, logits, err);
+			if (hit < 0)
+				rc = -1;
+			else {
+				rt_seq_stats t = rt_seq_stats_get(&r->ref);
+				ref_sum.tokens += t.tokens;
+				ref_sum.seconds += t.seconds;
+				if (t.kv_entries_peak > ref_sum.kv_entries_peak)
+					ref_sum.kv_entries_peak = t.kv_entries_peak;
+				if (t.kv_bytes_peak > ref_sum.kv_bytes_peak)
+					ref_sum.kv_bytes_peak = t.kv_bytes_peak;
+				r->ref_hits += hit;
+				r->ref_trials++;
+			}
+			done++;
+			for (int k = 0; k < r->o.n_ratios && rc == 0; k++)
+				for (int s = 0; s < 2 && rc == 0; s++) {
+					ab_side *sd = &r->rows[k].side[s];
+					progress(r, done / total, what);
+					hit = needle_trial(r, &sd->seq, &pr, logits, err);
+					if (hit < 0) {
+						char m2[512];
+						snprintf(m2, sizeof m2, "%s", err->msg);
+						rt_err_set(err, "policy %s at ratio %g: %s", r->pol[s]->name,
+						           r->rows[k].ratio, m2);
+						rc = -1;
+						break;
+					}
+					side_add_stats(sd);
+					sd->ok[sd->trials++] = (uint8_t)hit;
+					sd->hits += hit;
+					done++;
+				}
+			rt_needle_prompt_free(&pr);
+		}
+	}
+	progress(r, 1, "done");
+	free(logits);
+	if (rc)
+		return -1;
+	r->ref_st = ref_sum;
+	for (int k = 0; k < r->o.n_ratios; k++) {
+		ab_row *row = &r->rows[k];
+		for (int t = 0; t < n_trials; t++) {
+			row->n10 += row->side[0].ok[t] && !row->side[1].ok[t];
+			row->n01 += !row->side[0].ok[t] && row->side[1].ok[t];
+		}
+		row->p_value = sign_test_p(row->n01, row->n01 + row->n10);
+		row->better = row->n10 > row->n01 ? 1 : row->n01 > row->n10 ? 2 : 0;
+		row->significant = row->p_value < 0.05;
+		const char *na = r->pol[0]->name, *nb = r->pol[1]->name;
+		char head[300];
+		if (row->better == 0)
+			snprintf(head, sizeof head, "A (%s) and B (%s) tie", na, nb);
+		else
+			snprintf(head, sizeof head, "%s (%s) better", row->better == 1 ? "A" : "B",
+			         row->better == 1 ? na : nb);
+		snprintf(row->verdict, sizeof row->verdict,
+		         "%s: accuracy %d/%d vs %d/%d, discordant trials %d (A only) vs %d (B only), "
+		         "exact sign test p = %.3g, %s", head, row->side[0].hits, n_trials,
+		         row->side[1].hits, n_trials, row->n10, row->n01, row->p_value,
+		         row->significant ? "significant" : "not significant");
+	}
+	return 0;
+}
+
+/* ---- reporting ------------------------------------------------------------------------- */
+
+enum { M_PPL, M_KLD_MEAN, M_KLD_P99, M_KLD_MAX, M_PPL_RATIO, M_SAME_TOP1, M_RMS_DP, M_ACC,
+       M_ENTRIES, M_BYTES, M_COMPRESSION, M_TPS, M_EVENTS, M_POLICY_S, M_COUNT };
+
+static const struct {
+	const char *name;
+	int fmt;        /* 0 %.5f, 1 integer, 2 bytes (MiB in the table), 3 %.1f, 4 %.2fx */
+	int needle;     /* 0 ppl only, 1 needle only, 2 both */
+	const char *axis;
+} METRICS[M_COUNT] = {
+	{ "ppl", 0, 0, "perplexity" },
+	{ "kld_mean", 0, 0, "mean KL(full || policy), nats" },
+	{ "kld_p99", 0, 0, "99th percentile KL, nats" },
+	{ "kld_max", 0, 0, "max KL, nats" },
+	{ "ppl_ratio", 0, 0, "ppl / ppl(full)" },
+	{ "same_top1", 0, 0, "same top-1 token as full" },
+	{ "rms_dp", 0, 0, "RMS dp of the correct token" },
+	{ "accuracy", 0, 1, "passkey accuracy" },
+	{ "kv_entries_peak", 1, 2, "peak KV entries (all heads)" },
+	{ "kv_bytes_peak", 2, 2, "peak KV bytes" },
+	{ "compression", 4, 2, "full peak entries / peak entries" },
+	{ "tokens_per_s", 3, 2, "tokens/s" },
+	{ "compress_events", 1, 2, "compress calls" },
+	{ "policy_seconds", 0, 2, "seconds in policy code" },
+};
+
+static int metric_on(const ab_run *r, int m)
+{
+	int needle = !strcmp(r->o.task, "needle");
+	return METRICS[m].needle == 2 || METRICS[m].needle == needle;
+}
+
+/* Value of metric m for a side, or for the reference when sd is NULL. */
+static double metric_val(const ab_run *r, const ab_side *sd, int m)
+{
+	const rt_seq_stats *st = sd ? &sd->st : &r->ref_st;
+	int64_t scored = r->n - 1;
+	switch (m) {
+	case M_PPL: return sd ? sd->sum.ppl_q : exp(r->ref_nll_sum / (double)scored);
+	case M_KLD_MEAN: return sd ? sd->sum.kld_mean : 0;
+	case M_KLD_P99: return sd ? sd->sum.kld_p99 : 0;
+	case M_KLD_MAX: return sd ? sd->sum.kld_max : 0;
+	case M_PPL_RATIO: return sd ? sd->sum.ppl_ratio : 1;
+	case M_SAME_TOP1: return sd ? sd->sum.same_top1 : 1;
+	case M_RMS_DP: return sd ? sd->sum.rms_dp : 0;
+	case M_ACC:
+		return sd ? (sd->trials ? (double)sd->hits / sd->trials : NAN)
+		          : (r->ref_trials ? (double)r->ref_hits / r->ref_trials : NAN);
+	case M_ENTRIES: return (double)st->kv_entries_peak;
+	case M_BYTES: return (double)st->kv_bytes_peak;
+	case M_COMPRESSION:
+		/* in entries, like `ppl`'s compression: a policy's statistics bytes show in
+		 * kv_bytes_peak, not here */
+		return st->kv_entries_peak > 0
+		               ? (double)r->ref_st.kv_entries_peak / (double)st->kv_entries_peak
+		               : NAN;
+	case M_TPS: return st->seconds > 0 ? (double)st->tokens / st->seconds : NAN;
+	case M_EVENTS: return (double)st->compress_events;
+	case M_POLICY_S: return st->policy_seconds;
+	}
+	return NAN;
+}
+
+static void fmt_val(char *buf, size_t cap, int fmt, double v)
+{
+	if (!isfinite(v))
+		snprintf(buf, cap, "-");
+	else if (fmt == 1)
+		snprintf(buf, cap, "%.0f", v);
+	else if (fmt == 2)
+		snprintf(buf, cap, "%.2f MiB", v / 1048576.0);
+	else if (fmt == 3)
+		snprintf(buf, cap, "%.1f", v);
+	else if (fmt == 4)
+		snprintf(buf, cap, "%.2fx", v);
+	else
+		snprintf(buf, cap, "%.5f", v);
+}
+
+static void params_str(const rt_seq *s, char *buf, size_t cap)
+{
+	size_t len = 0;
+	buf[0] = 0;
+	for (int i = 0; i < s->p->n_params && len < cap; i++)
+		len += (size_t)snprintf(buf + len, cap - len, "%s%s=%g", i ? " " : "",
+		                        s->p->params[i].name, s->run.params[i]);
+	if (!s->p->n_params)
+		snprintf(buf, cap, "(no parameters)");
+}
+
+static void print_report(const ab_run *r, FILE *out)
+{
+	const int needle = !strcmp(r->o.task, "needle");
+	fprintf(out, "kvpc ab: A = %s (%s), B = %s (%s)\n", r->pol[0]->name, r->pol[0]->source,
+	        r->pol[1]->name, r->pol[1]->source);
+	for (int s = 0; s < 2; s++) {
+		char ps[1024];
+		params_str(&r->rows[0].side[s].seq, ps, sizeof ps);
+		fprintf(out, "  %s: %s%s\n", s ? "B" : "A", ps,
+		        r->rows[0].side[s].ratio_applied ? "" : "; never compresses, ratio ignored");
+	}
+	if (needle)
+		fprintf(out, "task needle (passkey, question-%s): %d trials (%d lengths x %d depths); "
+		        "model %s; %d threads\n", r->o.mode, r->ref_trials, r->o.n_lengths,
+		        r->o.n_depths, r->o.model, r->threads);
+	else
+		fprintf(out, "task ppl (streaming): %lld tokens of %s (%lld scored); model %s; %d threads\n",
+		        (long long)r->n, r->o.text, (long long)(r->n - 1), r->o.model, r->threads);
+	for (int k = 0; k < r->o.n_ratios; k++) {
+		const ab_row *row = &r->rows[k];
+		if (needle)
+			fprintf(out, "\n== compression ratio %g (budget = prompt length / %g entries per KV "
+			        "head)\n", row->ratio, row->ratio);
+		else
+			fprintf(out, "\n== compression ratio %g (budget = %lld / %g = %.1f entries per KV "
+			        "head)\n", row->ratio, (long long)r->n, row->ratio, (double)r->n / row->ratio);
+		fprintf(out, "%-16s %16s %16s %16s\n", "metric", "full (ref)", r->pol[0]->name,
+		        r->pol[1]->name);
+		for (int m = 0; m < M_COUNT; m++) {
+			if (!metric_on(r, m))
+				continue;
+			char a[48], b[48], c[48];
+			fmt_val(a, sizeof a, METRICS[m].fmt, metric_val(r, NULL, m));
+			fmt_val(b, sizeof b, METRICS[m].fmt, metric_val(r, &row->side[0], m));
+			fmt_val(c, sizeof c, METRICS[m].fmt, metric_val(r, &row->side[1], m));
+			fprintf(out, "%-16s %16s %16s %16s\n", METRICS[m].name, a, b, c);
+		}
+		if (!needle)
+			fprintf(out, "dNLL (B - A)     mean %+.5f nats/token, 95%% CI [%+.5f, %+.5f] "
+			        "(paired circular block bootstrap, block %lld tokens, %d resamples)\n",
+			        row->ci.mean, row->ci.lo, row->ci.hi, (long long)row->ci.block_len,
+			        row->ci.n_resamples);
+		fprintf(out, "verdict: %s\n", row->verdict);
+	}
+}
+
+static void jnum(FILE *f, double v)
+{
+	if (isfinite(v))
+		fprintf(f, "%.9g", v);
+	else
+		fputs("null", f);
+}
+
+static void json_side_meta(FILE *f, const ab_run *r, int s)
+{
+	const struct kvp_policy *p = r->pol[s];
+	const rt_seq *q = &r->rows[0].side[s].seq;
+	fputs("{\"name\": ", f);
+	rt_json_str(f, p->name);
+	fputs(", \"source\": ", f);
+	rt_json_str(f, p->source);
+	fputs(", \"source_hash\": ", f);
+	rt_json_str(f, p->source_hash);
+	fputs(", \"source_sha256\": ", f);
+	rt_json_str(f, r->o.sha[s] ? r->o.sha[s] : "unknown");
+	fputs(", \"summary\": ", f);
+	rt_json_str(f, p->summary ? p->summary : "");
+	fputs(", \"params\": {", f);
+	for (int i = 0; i < p->n_params; i++) {
+		fputs(i ? ", " : "", f);
+		rt_json_str(f, p->params[i].name);
+		fputs(": ", f);
+		jnum(f, q->run.params[i]);
+	}
+	fputs("}, \"param_defaults\": {", f);
+	for (int i = 0; i < p->n_params; i++) {
+		fputs(i ? ", " : "", f);
+		rt_json_str(f, p->params[i].name);
+		fputs(": ", f);
+		jnum(f, p->params[i].def);
+	}
+	fprintf(f, "}, \"ratio_applied\": %s}", r->rows[0].side[s].ratio_applied ? "true" : "false");
+}
+
+static int write_json(const ab_run *r, const char *path, rt_err *err)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return rt_err_set(err, "%s: %s", path, strerror(errno));
+	const int needle = !strcmp(r->o.task, "needle");
+	fputs("{\n\"meta\": {\"tool\": \"kvpc ab\", \"commit\": ", f);
+	rt_json_str(f, r->o.commit);
+	fputs(", \"task\": ", f);
+	rt_json_str(f, r->o.task);
+	fputs(", \"model\": ", f);
+	rt_json_str(f, r->o.model);
+	fputs(", \"model_sha256\": ", f);
+	rt_json_str(f, r->model_sha);
+	fputs(", \"text\": ", f);
+	if (r->o.text)
+		rt_json_str(f, r->o.text);
+	else
+		fputs("null", f);
+	fputs(", \"text_sha256\": ", f);
+	if (r->o.text)
+		rt_json_str(f, r->text_sha);
+	else
+		fputs("null", f);
+	fprintf(f, ", \"tokens\": %lld, \"threads\": %d, \"chunk\": %d, \"ratios\": [",
+	        (long long)(needle ? 0 : r->n), r->threads, r->o.chunk);
+	for (int k = 0; k < r->o.n_ratios; k++) {
+		fputs(k ? ", " : "", f);
+		jnum(f, r->rows[k].ratio);
+	}
+	fprintf(f, "], \"bootstrap\": {\"resamples\": %d, \"seed\": %llu, \"level\": 0.95}",
+	        r->o.resamples, (unsigned long long)r->o.seed);
+	if (needle) {
+		fputs(", \"needle\": {\"mode\": ", f);
+		rt_json_str(f, r->o.mode);
+		fputs(", \"lengths\": [", f);
+		for (int i = 0; i < r->o.n_lengths; i++)
+			fprintf(f, "%s%lld", i ? ", " : "", (long long)r->o.lengths[i]);
+		fputs("], \"depths\": [", f);
+		for (int i = 0; i < r->o.n_depths; i++) {
+			fputs(i ? ", " : "", f);
+			jnum(f, r->o.depths[i]);
+		}
+		fputs("]}", f);
+	}
+	fputs(",\n  \"policies\": {\"A\": ", f);
+	json_side_meta(f, r, 0);
+	fputs(",\n               \"B\": ", f);
+	json_side_meta(f, r, 1);
+	fputs("}},\n\"reference\": {\"policy\": \"full\"", f);
+	for (int m = 0; m < M_COUNT; m++) {
+		if (!metric_on(r, m))
+			continue;
+		fprintf(f, ", \"%s\": ", METRICS[m].name);
+		jnum(f, metric_val(r, NULL, m));
+	}
+	fputs("},\n\"results\": [", f);
+	for (int k = 0; k < r->o.n_ratios; k++) {
+		const ab_row *row = &r->rows[k];
+		fputs(k ? ",\n  {\"ratio\": " : "\n  {\"ratio\": ", f);
+		jnum(f, row->ratio);
+		for (int s = 0; s < 2; s++) {
+			fprintf(f, ", \"%s\": {\"policy\": ", s ? "B" : "A");
+			rt_json_str(f, r->pol[s]->name);
+			for (int m = 0; m < M_COUNT; m++) {
+				if (!metric_on(r, m))
+					continue;
+				fprintf(f, ", \"%s\": ", METRICS[m].name);
+				jnum(f, metric_val(r, &row->side[s], m));
+			}
+			if (!needle) {
+				char buf[1024];
+				rt_kld_summary_json(&row->side[s].sum, buf, sizeof buf);
+				fprintf(f, ", \"kl\": {%s}", buf);
+			} else {
+				fprintf(f, ", \"hits\": %d, \"trials\": %d", row->side[s].hits,
+				        row->side[s].trials);
+			}
+			fputs("}", f);
+		}
+		if (!needle) {
+			char buf[512];
+			rt_boot_ci_json(&row->ci, buf, sizeof buf);
+			fprintf(f, ", \"nll_diff\": {%s}", buf);
+		} else {
+			fprintf(f, ", \"discordant\": {\"a_only\": %d, \"b_only\": %d, \"p_value\": ",
+			        row->n10, row->n01);
+			jnum(f, row->p_value);
+			fputs("}", f);
+		}
+		fprintf(f, ", \"better\": \"%s\", \"significant\": %s, \"verdict\": ",
+		        row->better == 1 ? "A" : row->better == 2 ? "B" : "tie",
+		        row->significant ? "true" : "false");
+		rt_json_str(f, row->verdict);
+		fputs("}", f);
+	}
+	fputs("\n]\n}\n", f);
+	if (fclose(f) != 0)
+		return rt_err_set(err, "%s: write error: %s", path, strerror(errno));
+	return 0;
+}
+
+/* A CSV field: quoted when it holds a comma, quote or line break. */
+static void csv_str(FILE *f, const char *s)
+{
+	if (!strpbrk(s, ",\"\n\r")) {
+		fputs(s, f);
+		return;
+	}
+	fputc('"', f);
+	for (; *s; s++) {
+		if (*s == '"')
+			fputc('"', f);
+		fputc(*s, f);
+	}
+	fputc('"', f);
+}
+
+static int write_csv(const ab_run *r, const char *path, rt_err *err)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return rt_err_set(err, "%s: %s", path, strerror(errno));
+	const int needle = !strcmp(r->o.task, "needle");
+	fputs("commit,task,model,model_sha256,text,text_sha256,tokens,threads,ratio,side,policy,"
+	      "source_hash,source_sha256,params", f);
+	for (int m = 0; m < M_COUNT; m++)
+		if (metric_on(r, m))
+			fprintf(f, ",%s", METRICS[m].name);
+	fputs(needle ? ",a_only,b_only,p_value" : ",dnll_mean,dnll_ci_lo,dnll_ci_hi,block_len",
+	      f);
+	fputs(",better,significant,verdict\n", f);
+	for (int k = 0; k < r->o.n_ratios; k++) {
+		const ab_row *row = &r->rows[k];
+		for (int s = -1; s < 2; s++) {
+			csv_str(f, r->o.commit);
+			fprintf(f, ",%s,", r->o.task);
+			csv_str(f, r->o.model);
+			fprintf(f, ",%s,", r->model_sha);
+			csv_str(f, r->o.text ? r->o.text : "");
+			fprintf(f, ",%s,%lld,%d,%g,%s,", r->o.text ? r->text_sha : "",
+			        (long long)(needle ? 0 : r->n), r->threads, row->ratio,
+			        s < 0 ? "ref" : s ? "B" : "A");
+			char ps[1024] = "";
+			if (s >= 0) {
+				csv_str(f, r->pol[s]->name);
+				fprintf(f, ",%s,%s,", r->pol[s]->source_hash,
+				        r->o.sha[s] ? r->o.sha[s] : "unknown");
+				params_str(&row->side[s].seq, ps, sizeof ps);
+				csv_str(f, ps);
+			} else {
+				fputs("full,,,", f);
+			}
+			for (int m = 0; m < M_COUNT; m++) {
+				if (!metric_on(r, m))
+					continue;
+				double v = metric_val(r, s < 0 ? NULL : &row->side[s], m);
+				if (isfinite(v))
+					fprintf(f, ",%.9g", v);
+				else
+					fputs(",", f);
+			}
+			if (needle)
+				fprintf(f, ",%d,%d,%.6g,", row->n10, row->n01, row->p_value);
+			else
+				fprintf(f, ",%.9g,%.9g,%.9g,%lld,", row->ci.mean, row->ci.lo, row->ci.hi,
+				        (long long)row->ci.block_len);
+			fprintf(f, "%s,%s,", row->better == 1 ? "A" : row->better == 2 ? "B" : "tie",
+			        row->significant ? "true" : "false");
+			csv_str(f, row->verdict);
+			fputc('\n', f);
+		}
+	}
+	if (fclose(f) != 0)
+		return rt_err_set(err, "%s: write error: %s", path, strerror(errno));
+	return 0;
+}
+
+/* One SVG holding one panel per metric (each an rt_svg plot nested as an <svg> element at
+ * its grid place, two columns), x = compression ratio (log2 axis when every ratio > 1 and
+ * there are at least two), series: A, B and the full-cache reference. */
+static int write_plot(const ab_run *r, const char *path, rt_err *err)
+{
+	int ms[M_COUNT], nm = 0;
+	for (int m = 0; m < M_COUNT; m++)
+		if (metric_on(r, m) && m != M_ENTRIES && m != M_KLD_MAX)
+			ms[nm++] = m;
+	const int W = 560, H = 360, cols = 2, rows = (nm + cols - 1) / cols;
+	int nr = r->o.n_ratios, log2x = nr >= 2;
+	for (int k = 0; k < nr; k++)
+		if (!(r->rows[k].ratio > 0))
+			log2x = 0;
+	double x[AB_MAX_RATIOS], y[3][AB_MAX_RATIOS];
+	for (int k = 0; k < nr; k++)
+		x[k] = r->rows[k].ratio;
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return rt_err_set(err, "%s: %s", path, strerror(errno));
+	fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+	        "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" height=\"%d\" "
+	        "viewBox=\"0 0 %d %d\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+	        cols * W, rows * H + 40, cols * W, rows * H + 40);
+	char *esc = NULL;
+	size_t el = 0, ec = 0;
+	char title[512];
+	snprintf(title, sizeof title, "kvpc ab (%s): A = %s, B = %s", r->o.task, r->pol[0]->name,
+	         r->pol[1]->name);
+	rt_svg_escape_append(&esc, &el, &ec, title);
+	fprintf(f, "<text x=\"%d\" y=\"26\" font-family=\"sans-serif\" font-size=\"18\" "
+	        "text-anchor=\"middle\">%s</text>\n", cols * W / 2, esc);
+	free(esc);
+	int rc = 0;
+	for (int i = 0; i < nm && rc == 0; i++) {
+		int m = ms[i];
+		for (int k = 0; k < nr; k++) {
+			y[0][k] = metric_val(r, &r->rows[k].side[0], m);
+			y[1][k] = metric_val(r, &r->rows[k].side[1], m);
+			y[2][k] = metric_val(r, NULL, m);
+			if (METRICS[m].fmt == 2) {
+				y[0][k] /= 1048576.0;
+				y[1][k] /= 1048576.0;
+				y[2][k] /= 1048576.0;
+			}
+		}
+		char la[300], lb[300], yl[128];
+		snprintf(la, sizeof la, "A: %s", r->pol[0]->name);
+		snprintf(lb, sizeof lb, "B: %s", r->pol[1]->name);
+		snprintf(yl, sizeof yl, "%s%s", METRICS[m].axis, METRICS[m].fmt == 2 ? " (MiB)" : "");
+		rt_svg_series ser[3] = { { la, x, y[0], nr }, { lb, x, y[1], nr },
+			                 { "full cache", x, y[2], nr } };
+		rt_svg_plot pl = { METRICS[m].name, "compression ratio", yl, W, H, log2x };
+		size_t len = 0;
+		char *svg = rt_svg_render(&pl, ser, 3, &len, err);
+		if (!svg) {
+			rc = -1;
+			break;
+		}
+		/* drop the XML declaration; place the panel */
+		char *body = strstr(svg, "<svg");
+		fprintf(f, "<g transform=\"translate(%d,%d)\">\n%s</g>\n", (i % cols) * W,
+		        40 + (i / cols) * H, body ? body : svg);
+		free(svg);
+	}
+	fputs("</svg>\n", f);
+	if (fclose(f) != 0 && rc == 0)
+		return rt_err_set(err, "%s: write error: %s", path, strerror(errno));
+	return rc;
+}
+
+/* ---- entry point ------------------------------------------------------------------------ */
+
+static void run_free(ab_run *r)
+{
+	for (int k = 0; k < AB_MAX_RATIOS; k++)
+		for (int s = 0; s < 2; s++) {
+			ab_side *sd = &r->rows[k].side[s];
+			if (sd->ready)
+				rt_seq_free(&sd->seq);
+			rt_kld_acc_free(&sd->acc);
+			free(sd->nll);
+		}
+	if (r->ref_ready)
+		rt_seq_free(&r->ref);
+	free(r->tokens);
+	if (r->tok)
+		rt_tokenizer_free(r->tok);
+	if (r->m)
+		rt_model_free(r->m);
+}
+
+/* Tokenize the first ctx tokens of the text (all when ctx is 0). */
+static int load_text(ab_run *r, rt_err *err)
+{
+	size_t len = 0;
+	char *text = rt_needle_read_text(r->o.text, &len, err);
+	if (!text)
+		return -1;
+	if (rt_sha256_file(r->o.text, r->text_sha, err) != 0) {
+		free(text);
+		return -1;
+	}
+	int64_t want = r->o.ctx ? r->o.ctx : r->m->hp.n_ctx;
+	if (want > r->m->hp.n_ctx) {
+		free(text);
+		return rt_err_set(err, "--ctx %lld exceeds the model's context_length %d",
+		                  (long long)want, r->m->hp.n_ctx);
+	}
+	/* tokenize a prefix (16 bytes per wanted token, cut at a character boundary) first */
+	size_t cut = len;
+	if ((double)want * 16 < (double)len) {
+		cut = (size_t)want * 16;
+		while (cut > 0 && ((unsigned char)text[cut] & 0xC0) == 0x80)
+			cut--;
+	}
+	int64_t n = rt_tokenize(r->tok, text, cut, 0, NULL, 0, err);
+	if (n < 0) {
+		free(text);
+		char m2[512];
+		snprintf(m2, sizeof m2, "%s", err->msg);
+		return rt_err_set(err, "%s: %s", r->o.text, m2);
+	}
+	r->tokens = RT_MALLOC((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+	rt_tokenize(r->tok, text, cut, 0, r->tokens, n, err);
+	free(text);
+	r->n = n < want ? n : want;
+	if (r->n < 2)
+		return rt_err_set(err, "%s: %lld tokens; at least 2 are needed", r->o.text,
+		                  (long long)r->n);
+	return 0;
+}
+
+int rt_ab_main(int argc, char **argv, const struct kvp_policy *const *reg, int n_reg)
+{
+	ab_run *r = calloc(1, sizeof *r);
+	if (!r)
+		return 1;
+	int rc = parse_opts(argc, argv, &r->o);
+	if (rc) {
+		free(r);
+		return rc == 1 ? 0 : rc;
+	}
+	rt_err err = { "" };
+	for (int s = 0; s < 2; s++) {
+		const char *nm = r->o.name[s];
+		if (nm) {
+			r->pol[s] = kvp_registry_find(reg, n_reg, nm);
+			if (!r->pol[s]) {
+				fprintf(stderr, "ab: no policy '%s' in this binary (it has:", nm);
+				for (int i = 0; i < n_reg; i++)
+					fprintf(stderr, " %s", reg[i]->name);
+				fputs(")\n", stderr);
+				free(r);
+				return 2;
+			}
+		} else if (n_reg > 0) {
+			r->pol[s] = reg[s < n_reg ? s : 0];
+		} else {
+			fputs("ab: this binary holds no policy\n", stderr);
+			free(r);
+			return 2;
+		}
+	}
+	for (int k = 0; k < r->o.n_ratios; k++)
+		r->rows[k].ratio = r->o.ratios[k];
+	if (check_sets(r, &err) != 0) {
+		fprintf(stderr, "ab: %s\n", err.msg);
+		free(r);
+		return 2;
+	}
+	if (r->o.threads > 0)
+		openblas_set_num_threads(r->o.threads);
+	r->threads = openblas_get_num_threads();
+	r->progress = isatty(2);
+	r->t_start = rt_now();
+	rc = 1;
+	rt_gguf *g = rt_gguf_open(r->o.model, &err);
+	if (!g)
+		goto fail;
+	r->tok = rt_tokenizer_init(g, &err);
+	if (r->tok)
+		r->m = rt_model_load_gguf(g, &err);
+	rt_gguf_close(g);
+	if (!r->tok || !r->m)
+		goto fail;
+	if (rt_sha256_file(r->o.model, r->model_sha, &err) != 0)
+		goto fail;
+	if (!strcmp(r->o.task, "ppl")) {
+		if (load_text(r, &err) != 0 || run_ppl(r, &err) != 0)
+			goto fail;
+	} else {
+		if (r->o.text && rt_sha256_file(r->o.text, r->text_sha, &err) != 0)
+			goto fail;
+		if (run_needle(r, &err) != 0)
+			goto fail;
+	}
+	print_report(r, stdout);
+	fflush(stdout);
+	if ((r->o.json && write_json(r, r->o.json, &err) != 0) ||
+	    (r->o.csv && write_csv(r, r->o.csv, &err) != 0) ||
+	    (r->o.plot && write_plot(r, r->o.plot, &err) != 0))
+		goto fail;
+	rc = 0;
+	goto out;
+fail:
+	if (r->progress)
+		fputs("\r\033[K", stderr);
+	fprintf(stderr, "ab: %s\n", err.msg[0] ? err.msg : "failed");
+out:
+	run_free(r);
+	free(r);
+	return rc;
+}

@@ -1,0 +1,429 @@
+/*
+ * rt_needle: builds passkey and needle-in-a-haystack prompts to an exact token count with
+ * the model's tokenizer, reads (optionally gzip'ed) haystack files, and scores generated
+ * answers. See rt_needle.h for the layouts and references.
+ */
+#include "eval/rt_needle.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "eval/rt_stats.h"
+
+/* Tokenize a NUL-terminated string into a fresh heap array. */
+static int32_t *tok_str(const rt_tokenizer *t, const char *s, size_t len, int special,
+                        int64_t *n, rt_err *err)
+{
+	int64_t k = rt_tokenize(t, s, len, special, NULL, 0, err);
+	if (k < 0)
+		return NULL;
+	int32_t *ids = RT_MALLOC((size_t)(k ? k : 1) * sizeof(int32_t));
+	if (rt_tokenize(t, s, len, special, ids, k, err) != k) {
+		free(ids);
+		rt_err_set(err, "tokenizer: inconsistent token count");
+		return NULL;
+	}
+	*n = k;
+	return ids;
+}
+
+/* ChatML pieces around the user message, from the tokenizer's own template renderer:
+ * opener = "<|im_start|>system\n...<|im_end|>\n<|im_start|>user\n",
+ * closer = "<|im_end|>\n<|im_start|>assistant\n". Heap strings. */
+static void chat_split(char **opener, char **closer)
+{
+	static const char mark[] = "\x01kvpc-user\x01";
+	char *r = rt_chat_render(NULL, mark);
+	char *m = strstr(r, mark);
+	RT_ASSERT(m != NULL);
+	size_t ol = (size_t)(m - r);
+	*opener = RT_MALLOC(ol + 1);
+	memcpy(*opener, r, ol);
+	(*opener)[ol] = '\0';
+	const char *c = m + strlen(mark);
+	*closer = RT_MALLOC(strlen(c) + 1);
+	strcpy(*closer, c);
+	free(r);
+}
+
+/* Concatenate up to 4 strings (NULL ends) into a heap string. */
+static char *cat(const char *a, const char *b, const char *c, const char *d)
+{
+	const char *v[4] = {a, b, c, d};
+	size_t n = 0;
+	for (int i = 0; i < 4 && v[i]; i++)
+		n += strlen(v[i]);
+	char *s = RT_MALLOC(n + 1);
+	s[0] = '\0';
+	for (int i = 0; i < 4 && v[i]; i++)
+		strcat(s, v[i]);
+	return s;
+}
+
+void rt_needle_prompt_free(rt_needle_prompt *p)
+{
+	if (!p)
+		return;
+	free(p->ctx);
+	free(p->question);
+	memset(p, 0, sizeof(*p));
+}
+
+uint32_t rt_needle_passkey_for_seed(uint64_t seed)
+{
+	rt_rng r;
+	rt_rng_seed(&r, seed);
+	return (uint32_t)(1 + rt_rng_below(&r, 50000));
+}
+
+/* Build the prefix / question strings for a task. */
+static void task_strings(int chat, const char *instruction, const char *question,
+                         const char *prime, char **prefix, char **q)
+{
+	if (chat) {
+		char *op, *cl;
+		chat_split(&op, &cl);
+		*prefix = cat(op, instruction, NULL, NULL);
+		*q = cat("\n", question, cl, prime);
+		free(op);
+		free(cl);
+	} else {
+		*prefix = cat(instruction, NULL, NULL, NULL);
+		*q = cat(instruction[0] ? "\n" : "\n\n", question, " ", prime);
+	}
+}
+
+int rt_needle_passkey(const rt_tokenizer *t, int64_t n_tokens, double depth, uint64_t seed,
+                      int chat, rt_needle_prompt *out, rt_err *err)
+{
+	memset(out, 0, sizeof(*out));
+	if (!(depth >= 0.0 && depth <= 100.0))
+		return rt_err_set(err, "passkey: depth %g%% outside [0, 100]", depth);
+	uint32_t key = rt_needle_passkey_for_seed(seed);
+	char needle[160];
+	snprintf(needle, sizeof(needle), " The pass key is %u. Remember it. %u is the pass key.",
+	         key, key);
+	char *prefix, *qs;
+	task_strings(chat, RT_PASSKEY_INSTRUCTION, RT_PASSKEY_QUESTION, RT_PASSKEY_PRIME, &prefix,
+	             &qs);
+	int64_t np = 0, nf = 0, nn = 0, nq = 0;
+	int32_t *tp = tok_str(t, prefix, strlen(prefix), chat, &np, err);
+	int32_t *tf = tp ? tok_str(t, RT_PASSKEY_FILLER, strlen(RT_PASSKEY_FILLER), 0, &nf, err)
+	                 : NULL;
+	int32_t *tn = tf ? tok_str(t, needle, strlen(needle), 0, &nn, err) : NULL;
+	int32_t *tq = tn ? tok_str(t, qs, strlen(qs), chat, &nq, err) : NULL;
+	free(prefix);
+	free(qs);
+	int rc = -1;
+	if (!tq)
+		goto done;
+	RT_ASSERT(nf > 0);
+	int64_t fixed = np + nn + nq;
+	if (n_tokens < fixed) {
+		rt_err_set(err, "passkey: %lld tokens is too short; the fixed parts take %lld",
+		           (long long)n_tokens, (long long)fixed);
+		goto done;
+	}
+	int64_t F = n_tokens - fixed;
+	double want = depth / 100.0 * (double)F;
+	int64_t s = (int64_t)llround(want / (double)nf) * nf;
+	while (s > F)
+		s -= nf;
+	out->kind = RT_NEEDLE_PASSKEY;
+	out->n_ctx = np + F + nn;
+	out->ctx = RT_MALLOC((size_t)out->n_ctx * sizeof(int32_t));
+	int64_t o = 0;
+	memcpy(out->ctx, tp, (size_t)np * sizeof(int32_t));
+	o = np;
+	for (int64_t i = 0; i < s; i++)
+		out->ctx[o++] = tf[i % nf];
+	memcpy(out->ctx + o, tn, (size_t)nn * sizeof(int32_t));
+	o += nn;
+	for (int64_t i = s; i < F; i++)
+		out->ctx[o++] = tf[i % nf];
+	RT_ASSERT(o == out->n_ctx);
+	out->question = tq;
+	out->n_question = nq;
+	tq = NULL;
+	out->needle_pos = np + s;
+	out->needle_len = nn;
+	out->target_pos = np + (int64_t)llround(want);
+	out->hay_start = np;
+	out->hay_tokens = F;
+	out->unit = nf;
+	out->depth = depth;
+	out->passkey = key;
+	snprintf(out->answer, sizeof(out->answer), "%u", key);
+	rc = 0;
+done:
+	free(tp);
+	free(tf);
+	free(tn);
+	free(tq);
+	return rc;
+}
+
+/* Copy text[0..n) replacing invalid UTF-8 and control bytes (not tab/newline) by ' '. */
+static char *clean_text(const char *text, size_t n)
+{
+	char *s = RT_MALLOC(n + 1);
+	size_t i = 0;
+	while (i < n) {
+		unsigned char c = (unsigned char)text[i];
+		if (c < 0x80) {
+			s[i] = (c < 0x20 && c != '\t' && c != '\n') || c == 0x7f ? ' ' : (char)c;
+			i++;
+			continue;
+		}
+		size_t k = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+		size_t bad;
+		if (k > 1 && i + k <= n && rt_utf8_valid(text + i, k, &bad)) {
+			memcpy(s + i, text + i, k);
+			i += k;
+		} else {
+			s[i++] = ' ';
+		}
+	}
+	s[n] = '\0';
+	return s;
+}
+
+/* line_end = 0: 1 if the token's text, ignoring trailing white space, ends with '.'.
+ * line_end = 1: 1 if the token's text ends with a newline. */
+static int ends_boundary(const rt_tokenizer *t, int32_t id, int line_end)
+{
+	char b[256];
+	int l = rt_token_to_bytes(t, id, b, (int)sizeof(b));
+	if (l <= 0 || l > (int)sizeof(b))
+		return 0;
+	if (line_end)
+		return b[l - 1] == '\n';
+	while (l > 0 && (b[l - 1] == ' ' || b[l - 1] == '\n' || b[l - 1] == '\t'))
+		l--;
+	return l > 0 && b[l - 1] == '.';
+}
+
+int rt_needle_niah(const rt_tokenizer *t, const char *text, size_t len, int64_t n_tokens,
+                   double depth, int chat, rt_needle_prompt *out, rt_err *err)
+{
+	memset(out, 0, sizeof(*out));
+	if (!(depth >= 0.0 && depth <= 100.0))
+		return rt_err_set(err, "niah: depth %g%% outside [0, 100]", depth);
+	if (len == 0)
+		return rt_err_set(err, "niah: empty haystack text");
+	static const char needle[] = "\n" RT_NIAH_NEEDLE "\n";
+	char *prefix, *qs;
+	task_strings(chat, "", RT_NIAH_QUESTION, RT_NIAH_PRIME, &prefix, &qs);
+	int64_t np = 0, nn = 0, nq = 0, nh = 0;
+	int32_t *tp = tok_str(t, prefix, strlen(prefix), chat, &np, err);
+	int32_t *tn = tp ? tok_str(t, needle, strlen(needle), 0, &nn, err) : NULL;
+	int32_t *tq = tn ? tok_str(t, qs, strlen(qs), chat, &nq, err) : NULL;
+	int32_t *th = NULL;
+	free(prefix);
+	free(qs);
+	int rc = -1;
+	if (!tq)
+		goto done;
+	int64_t fixed = np + nn + nq;
+	if (n_tokens < fixed) {
+		rt_err_set(err, "niah: %lld tokens is too short; the fixed parts take %lld",
+		           (long long)n_tokens, (long long)fixed);
+		goto done;
+	}
+	int64_t H = n_tokens - fixed;
+	/* Tokenize a growing prefix of the text until it yields H tokens (plus a margin,
+	 * since the cut may split the last word), or the whole text. */
+	size_t take = (size_t)H * 6 + 4096;
+	for (;;) {
+		int whole = take >= len;
+		size_t n = whole ? len : take;
+		while (!whole && n > 0 && ((unsigned char)text[n] & 0xc0) == 0x80)
+			n--; /* cut at a character boundary */
+		char *c = clean_text(text, n);
+		free(th);
+		th = tok_str(t, c, n, 0, &nh, err);
+		free(c);
+		if (!th)
+			goto done;
+		if (whole || nh >= H + 16)
+			break;
+		take *= 2;
+	}
+	if (nh == 0) {
+		rt_err_set(err, "niah: haystack text has no tokens");
+		goto done;
+	}
+	int64_t want = (int64_t)llround(depth / 100.0 * (double)H);
+	int64_t ins = want;
+	if (want < H) {
+		/* back to just after a '.' token; else a line end; else the exact offset */
+		int64_t lim = want > RT_NIAH_MAX_BACK ? want - RT_NIAH_MAX_BACK : 0;
+		int found = 0;
+		for (int pass = 0; pass < 2 && !found; pass++)
+			for (int64_t k = want; k >= lim; k--) {
+				if (k == 0 || ends_boundary(t, th[(k - 1) % nh], pass)) {
+					ins = k;
+					found = 1;
+					break;
+				}
+			}
+	}
+	out->kind = RT_NEEDLE_NIAH;
+	out->n_ctx = np + H + nn;
+	out->ctx = RT_MALLOC((size_t)out->n_ctx * sizeof(int32_t));
+	memcpy(out->ctx, tp, (size_t)np * sizeof(int32_t));
+	int64_t o = np;
+	for (int64_t i = 0; i < ins; i++)
+		out->ctx[o++] = th[i % nh];
+	memcpy(out->ctx + o, tn, (size_t)nn * sizeof(int32_t));
+	o += nn;
+	for (int64_t i = ins; i < H; i++)
+		out->ctx[o++] = th[i % nh];
+	RT_ASSERT(o == out->n_ctx);
+	out->question = tq;
+	out->n_question = nq;
+	tq = NULL;
+	out->needle_pos = np + ins;
+	out->needle_len = nn;
+	out->target_pos = np + want;
+	out->hay_start = np;
+	out->hay_tokens = H;
+	out->unit = 0;
+	out->depth = depth;
+	snprintf(out->answer, sizeof(out->answer), "sandwich; Dolores Park");
+	rc = 0;
+done:
+	free(tp);
+	free(tn);
+	free(tq);
+	free(th);
+	return rc;
+}
+
+/* ---- haystack files -------------------------------------------------------------------- */
+
+static char *read_gzip(const char *path, size_t *len, rt_err *err)
+{
+	int fd[2];
+	if (access(path, R_OK) != 0) {
+		rt_err_set(err, "%s: %s", path, strerror(errno));
+		return NULL;
+	}
+	if (pipe(fd) != 0) {
+		rt_err_set(err, "%s: pipe: %s", path, strerror(errno));
+		return NULL;
+	}
+	pid_t pid = fork();
+	if (pid < 0) {
+		close(fd[0]);
+		close(fd[1]);
+		rt_err_set(err, "%s: fork: %s", path, strerror(errno));
+		return NULL;
+	}
+	if (pid == 0) {
+		close(fd[0]);
+		if (dup2(fd[1], 1) < 0)
+			_exit(127);
+		close(fd[1]);
+		int dn = open("/dev/null", O_WRONLY);
+		if (dn >= 0)
+			dup2(dn, 2);
+		execlp("gzip", "gzip", "-dc", "--", path, (char *)NULL);
+		_exit(127);
+	}
+	close(fd[1]);
+	size_t cap = 1 << 20, n = 0;
+	char *buf = RT_MALLOC(cap + 1);
+	for (;;) {
+		if (n == cap) {
+			cap *= 2;
+			char *nb = realloc(buf, cap + 1);
+			if (!nb)
+				rt_assert_fail("out of memory", __FILE__, __LINE__);
+			buf = nb;
+		}
+		ssize_t r = read(fd[0], buf + n, cap - n);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		n += (size_t)r;
+	}
+	close(fd[0]);
+	int st = 0;
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		free(buf);
+		rt_err_set(err, "%s: gzip -dc failed (exit status %d)", path,
+		           WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+		return NULL;
+	}
+	buf[n] = '\0';
+	*len = n;
+	return buf;
+}
+
+char *rt_needle_read_text(const char *path, size_t *len, rt_err *err)
+{
+	size_t pl = strlen(path);
+	if (pl > 3 && !strcmp(path + pl - 3, ".gz"))
+		return read_gzip(path, len, err);
+	return rt_read_file(path, len, err);
+}
+
+size_t rt_needle_info_body(const char *text, size_t len)
+{
+	int seen = 0;
+	for (size_t i = 0; i + 1 < len; i++)
+		if (text[i] == '\x1f' && text[i + 1] == '\n' && ++seen == 2)
+			return i + 2;
+	return 0;
+}
+
+/* ---- scoring --------------------------------------------------------------------------- */
+
+int rt_needle_score_passkey(const char *g, uint32_t key)
+{
+	char want[16];
+	snprintf(want, sizeof(want), "%u", key);
+	const char *p = g;
+	while (*p && !isdigit((unsigned char)*p))
+		p++;
+	if (!*p)
+		return 0;
+	size_t n = 0;
+	while (isdigit((unsigned char)p[n]))
+		n++;
+	return n == strlen(want) && !strncmp(p, want, n);
+}
+
+static int contains_ci(const char *hay, const char *needle)
+{
+	size_t n = strlen(needle);
+	for (const char *p = hay; *p; p++)
+		if (!strncasecmp(p, needle, n))
+			return 1;
+	return 0;
+}
+
+int rt_needle_score_niah(const char *g)
+{
+	return contains_ci(g, "sandwich") && contains_ci(g, "Dolores Park");
+}
+
+int rt_needle_score(const rt_needle_prompt *p, const char *generated)
+{
+	if (p->kind == RT_NEEDLE_PASSKEY)
+		return rt_needle_score_passkey(generated, p->passkey);
+	return rt_needle_score_niah(generated);
+}

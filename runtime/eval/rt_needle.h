@@ -1,0 +1,129 @@
+/*
+ * rt_needle: synthetic long-context retrieval prompts built to an exact token length with
+ * the model's own tokenizer, and their scorers (shared/research/model_and_data.md 2.1):
+ *
+ *  - passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"): an instruction,
+ *    repeats of the filler "The grass is green. The sky is blue. ...", the needle "The pass
+ *    key is K. Remember it. K is the pass key." at a depth of d% of the filler, more
+ *    filler, and the primed question "What is the pass key? The pass key is". Scored by
+ *    exact match of the first number generated.
+ *  - needle in a haystack (gkamradt/LLMTest_NeedleInAHaystack, offline variant): real text
+ *    (e.g. coreutils.info) cut to length, the needle "The best thing to do in San Francisco
+ *    is eat a sandwich and sit in Dolores Park on a sunny day." inserted at d% of the
+ *    haystack tokens moved back to just after the previous '.' token (as the original
+ *    does), and a primed question. Scored by keywords ("sandwich" and "Dolores Park").
+ *
+ * The context (everything up to the question) and the question are returned as separate
+ * token arrays, so a caller can compress the cache after the context only
+ * (question-agnostic) or after context + question (question-aware). Their lengths add up
+ * exactly to the requested token count. With `chat` set the prompt is wrapped in the
+ * model's ChatML template (rt_chat_render): the context opens the user turn, the
+ * question closes it and opens the assistant turn, ending in the answer priming.
+ * Measured with the full cache on SmolLM2-135M-Instruct (greedy, one sample each): plain
+ * prompts retrieve the passkey and the NIAH needle at 1024 (depth 50) and 4096 (depth 25)
+ * tokens; ChatML prompts do too except the 4096-token passkey (" a magical key that
+ * ..."), so plain is the better default for this model.
+ */
+#ifndef RT_NEEDLE_H
+#define RT_NEEDLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/rt_tokenizer.h"
+#include "base/rt_util.h"
+
+typedef enum rt_needle_kind {
+	RT_NEEDLE_PASSKEY = 0,
+	RT_NEEDLE_NIAH = 1,
+} rt_needle_kind;
+
+/* The exact strings (model_and_data.md 2.1). */
+#define RT_PASSKEY_INSTRUCTION                                                          \
+	"There is an important info hidden inside a lot of irrelevant text. Find it and " \
+	"memorize them. I will quiz you about the important information there."
+#define RT_PASSKEY_FILLER                                                               \
+	" The grass is green. The sky is blue. The sun is yellow. Here we go. There and " \
+	"back again."
+#define RT_PASSKEY_QUESTION "What is the pass key?"
+#define RT_PASSKEY_PRIME "The pass key is"
+#define RT_NIAH_NEEDLE                                                                  \
+	"The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park " \
+	"on a sunny day."
+#define RT_NIAH_QUESTION "What is the best thing to do in San Francisco?"
+#define RT_NIAH_PRIME "The best thing to do in San Francisco is"
+/* How far (tokens) the NIAH needle may move back from the requested depth. */
+#define RT_NIAH_MAX_BACK 128
+
+/* A built prompt. Owns ctx and question (free with rt_needle_prompt_free). */
+typedef struct rt_needle_prompt {
+	rt_needle_kind kind;
+	int32_t *ctx;          /* [n_ctx] token ids: (chat opener) instruction/haystack+needle */
+	int64_t n_ctx;
+	int32_t *question;     /* [n_question] token ids: question + answer priming */
+	int64_t n_question;
+	int64_t needle_pos;    /* token offset of the needle's first token in ctx */
+	int64_t needle_len;    /* tokens of the needle */
+	int64_t target_pos;    /* token offset in ctx the requested depth maps to */
+	int64_t hay_start;     /* offset in ctx where the filler/haystack begins */
+	int64_t hay_tokens;    /* filler/haystack tokens in ctx (excluding the needle) */
+	int64_t unit;          /* passkey: tokens per filler repeat; NIAH: 0 */
+	double depth;          /* requested depth, percent of the filler/haystack */
+	uint32_t passkey;      /* passkey task: the key (1..50000) */
+	char answer[64];       /* expected answer: the key's digits, or RT_NIAH_NEEDLE's
+	                        * keywords "sandwich; Dolores Park" */
+} rt_needle_prompt;
+
+/* The passkey for a seed: 1 + rt_rng_below(50000) of rt_rng seeded with seed (rt_stats.h),
+ * so a (length, depth, seed) triple always gives the same prompt. */
+uint32_t rt_needle_passkey_for_seed(uint64_t seed);
+
+/* Build a passkey prompt of exactly n_tokens tokens (n_ctx + n_question == n_tokens).
+ * Layout: [chat opener] instruction, filler tokens, needle, filler tokens, question. The
+ * filler is the tokenized RT_PASSKEY_FILLER repeated cyclically for the F tokens left over;
+ * the needle goes at the filler-repeat boundary nearest to depth% of F (never past F), so
+ * |needle_pos - target_pos| <= unit; when F is not a multiple of the repeat, the stream ends
+ * with a partial repeat just before the question. depth in [0, 100].
+ * Errors (-1, err set): depth outside [0,100], n_tokens too small to hold the fixed parts
+ * ("passkey: N tokens is too short; the fixed parts take M"), tokenizer failures. */
+int rt_needle_passkey(const rt_tokenizer *t, int64_t n_tokens, double depth, uint64_t seed,
+                      int chat, rt_needle_prompt *out, rt_err *err);
+
+/* Build a needle-in-a-haystack prompt of exactly n_tokens tokens from haystack text[len]
+ * (UTF-8; invalid bytes and control bytes other than tab/newline are replaced by ' ').
+ * Only as much of the text as needed is tokenized; if the whole text is too short it is
+ * repeated. With H haystack tokens and w = round(depth% * H), the needle (newline-wrapped
+ * RT_NIAH_NEEDLE) goes right after the last token at or before w whose text ends with '.'
+ * (trailing white space ignored) — gkamradt's rule — searched back at most
+ * RT_NIAH_MAX_BACK tokens (the start of the haystack also counts); if there is none (info
+ * menus, code listings), after the last token ending in a newline in that window; if
+ * neither, exactly at w. Depth 100 puts it at the very end.
+ * Errors: as rt_needle_passkey ("niah: ..."), and an empty text. */
+int rt_needle_niah(const rt_tokenizer *t, const char *text, size_t len, int64_t n_tokens,
+                   double depth, int chat, rt_needle_prompt *out, rt_err *err);
+
+void rt_needle_prompt_free(rt_needle_prompt *p);
+
+/* Read a haystack file: plain text, or gzip-compressed when the name ends in ".gz"
+ * (decompressed by running `gzip -dc` without a shell). Returns a NUL-terminated heap
+ * buffer (caller frees) and its length, or NULL with "PATH: reason". */
+char *rt_needle_read_text(const char *path, size_t *len, rt_err *err);
+
+/* For a GNU Info file (nodes separated by "\x1f\n"), the byte offset where the second
+ * node starts, i.e. past the license preamble and the Top node with its long menus, so a
+ * haystack starts on prose ("File: coreutils.info,  Node: Introduction, ..." for
+ * coreutils.info). 0 when text[len] has fewer than two separators (not an Info file). */
+size_t rt_needle_info_body(const char *text, size_t len);
+
+/* 1 if the first run of decimal digits in generated text equals `key` exactly (no leading
+ * zeros, not a longer number), else 0 (also 0 when there is no digit). */
+int rt_needle_score_passkey(const char *generated, uint32_t key);
+
+/* 1 if generated text contains both "sandwich" and "Dolores Park" (ASCII
+ * case-insensitive), else 0. */
+int rt_needle_score_niah(const char *generated);
+
+/* Score by the prompt's kind. */
+int rt_needle_score(const rt_needle_prompt *p, const char *generated);
+
+#endif

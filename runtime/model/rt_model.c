@@ -1,0 +1,819 @@
+/*
+ * rt_model: loading a GGUF `llama` model into f32 weights and its chunked forward pass
+ * over the ragged KV store; see rt_model.h for the maths and the contracts.
+ */
+#include "model/rt_model.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "model/rt_quant.h"
+
+/* Score-block budget in floats: rows of a chunk are processed in blocks whose
+ * [rows·G × entries] score matrix stays around 1 MiB, i.e. in cache across the QK^T
+ * product, the softmax and the P·V product. */
+#define ATT_BLOCK_FLOATS ((size_t)1 << 18)
+
+/* Floats of score scratch for G query heads over up to cap entries: a row block has
+ * rb·G·ncol <= ATT_BLOCK_FLOATS when rb > 1 rows, else G·ncol <= G·cap. */
+static size_t score_floats(int G, int32_t cap)
+{
+	size_t one_row = (size_t)G * (size_t)cap;
+	return one_row > ATT_BLOCK_FLOATS ? one_row : ATT_BLOCK_FLOATS;
+}
+
+/* Upper bounds that keep every size computation far from overflow for hostile files. */
+#define MAX_LAYERS 1024
+#define MAX_DIM (1 << 17)
+#define MAX_VOCAB (1 << 22)
+
+/* ---- loading ----------------------------------------------------------------------- */
+
+static int get_u32_req(const rt_gguf *g, const char *arch, const char *suffix, uint32_t *out,
+                       rt_err *err)
+{
+	char key[128];
+	snprintf(key, sizeof key, "%s.%s", arch, suffix);
+	return rt_gguf_get_u32(g, key, out, err);
+}
+
+/* Optional key: keeps *out (the default) when absent; fails only on a wrong type. */
+static int get_u32_opt(const rt_gguf *g, const char *arch, const char *suffix, uint32_t *out,
+                       rt_err *err)
+{
+	char key[128];
+	snprintf(key, sizeof key, "%s.%s", arch, suffix);
+	if (!rt_gguf_find_kv(g, key))
+		return 0;
+	return rt_gguf_get_u32(g, key, out, err);
+}
+
+static int get_f32_opt(const rt_gguf *g, const char *arch, const char *suffix, float *out,
+                       rt_err *err)
+{
+	char key[128];
+	snprintf(key, sizeof key, "%s.%s", arch, suffix);
+	if (!rt_gguf_find_kv(g, key))
+		return 0;
+	return rt_gguf_get_f32(g, key, out, err);
+}
+
+/* A tensor the model needs: its name and expected shape (ne1 = 0 for 1-D). */
+typedef struct want {
+	char name[96];
+	int64_t ne0, ne1;
+	const float **dst;
+	const rt_gguf_tensor *t;
+	size_t off;          /* floats from the start of the weight allocation */
+} want;
+
+static int check_tensor(const rt_gguf *g, want *w, rt_err *err)
+{
+	const char *path = rt_gguf_path(g);
+	const rt_gguf_tensor *t = rt_gguf_find_tensor(g, w->name);
+	if (!t)
+		return rt_err_set(err, "%s: missing tensor '%s'", path, w->name);
+	int want_dims = w->ne1 ? 2 : 1;
+	int64_t got1 = t->n_dims >= 2 ? t->ne[1] : 1;
+	int extra = 0;
+	for (uint32_t d = 2; d < t->n_dims; d++)
+		extra |= t->ne[d] != 1;
+	if (t->ne[0] != w->ne0 || got1 != (w->ne1 ? w->ne1 : 1) || extra) {
+		if (want_dims == 2)
+			return rt_err_set(err, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
+			                  path, w->name, (long long)t->ne[0], (long long)got1,
+			                  (long long)w->ne0, (long long)w->ne1);
+		return rt_err_set(err, "%s: tensor '%s' has shape [%lld, %lld], expected [%lld]", path,
+		                  w->name, (long long)t->ne[0], (long long)got1, (long long)w->ne0);
+	}
+	if (!rt_quant_supported(t->type))
+		return rt_err_set(err, "%s: tensor '%s' has unsupported type %s (%u)", path, w->name,
+		                  rt_ggml_type_name(t->type), t->type);
+	int64_t n1 = w->ne1 ? w->ne1 : 1;
+	size_t rb = rt_quant_row_bytes(t->type, t->ne[0]);
+	if (rb == 0)
+		return rt_err_set(err, "%s: tensor '%s' row of %lld values is not a whole number of %s blocks",
+		                  path, w->name, (long long)t->ne[0], rt_ggml_type_name(t->type));
+	if (t->nbytes != rb * (uint64_t)n1)
+		return rt_err_set(err, "%s: tensor '%s' holds %llu bytes, expected %llu", path, w->name,
+		                  (unsigned long long)t->nbytes, (unsigned long long)(rb * (uint64_t)n1));
+	w->t = t;
+	return 0;
+}
+
+static int read_hparams(const rt_gguf *g, rt_model_hparams *hp, uint32_t *file_type, rt_err *err)
+{
+	const char *path = rt_gguf_path(g);
+	rt_gguf_str arch;
+	if (rt_gguf_get_str(g, "general.architecture", &arch, err) < 0)
+		return -1;
+	if (arch.len != 5 || memcmp(arch.s, "llama", 5) != 0)
+		return rt_err_set(err, "%s: architecture '%.*s' is not supported (only 'llama')", path,
+		                  (int)(arch.len > 64 ? 64 : arch.len), arch.s);
+	const char *a = "llama";
+	uint32_t n_layer, n_embd, n_ff, n_head, n_head_kv, n_ctx, n_rot = 0, head_dim = 0;
+	if (get_u32_req(g, a, "block_count", &n_layer, err) < 0 ||
+	    get_u32_req(g, a, "embedding_length", &n_embd, err) < 0 ||
+	    get_u32_req(g, a, "feed_forward_length", &n_ff, err) < 0 ||
+	    get_u32_req(g, a, "attention.head_count", &n_head, err) < 0 ||
+	    get_u32_req(g, a, "context_length", &n_ctx, err) < 0)
+		return -1;
+	n_head_kv = n_head;
+	float base = 10000.0f, eps = 0.0f;
+	if (get_u32_opt(g, a, "attention.head_count_kv", &n_head_kv, err) < 0 ||
+	    get_u32_opt(g, a, "attention.key_length", &head_dim, err) < 0 ||
+	    get_u32_opt(g, a, "rope.dimension_count", &n_rot, err) < 0 ||
+	    get_f32_opt(g, a, "rope.freq_base", &base, err) < 0)
+		return -1;
+	char key[128];
+	snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
+	if (rt_gguf_get_f32(g, key, &eps, err) < 0)
+		return -1;
+	if (n_layer < 1 || n_layer > MAX_LAYERS)
+		return rt_err_set(err, "%s: llama.block_count %u out of range 1..%d", path, n_layer, MAX_LAYERS);
+	if (n_embd < 1 || n_embd > MAX_DIM || n_ff < 1 || n_ff > MAX_DIM)
+		return rt_err_set(err, "%s: embedding_length %u / feed_forward_length %u out of range 1..%d",
+		                  path, n_embd, n_ff, MAX_DIM);
+	if (n_head < 1 || n_head > n_embd || n_head_kv < 1 || n_head % n_head_kv != 0)
+		return rt_err_set(err, "%s: head_count %u must be a positive multiple of head_count_kv %u",
+		                  path, n_head, n_head_kv);
+	if (head_dim == 0) {
+		if (n_embd % n_head != 0)
+			return rt_err_set(err, "%s: embedding_length %u is not a multiple of head_count %u",
+			                  path, n_embd, n_head);
+		head_dim = n_embd / n_head;
+	}
+	if (head_dim > 4096 || (uint64_t)head_dim * n_head > MAX_DIM)
+		return rt_err_set(err, "%s: attention.key_length %u out of range", path, head_dim);
+	if (n_rot == 0)
+		n_rot = head_dim;
+	if (n_rot % 2 != 0 || n_rot > head_dim)
+		return rt_err_set(err, "%s: rope.dimension_count %u must be even and <= head_dim %u", path,
+		                  n_rot, head_dim);
+	if (n_ctx < 1 || n_ctx > (1u << 24))
+		return rt_err_set(err, "%s: context_length %u out of range", path, n_ctx);
+	if (!(base > 0.0f) || !isfinite(base))
+		return rt_err_set(err, "%s: rope.freq_base %g must be positive", path, (double)base);
+	if (!(eps > 0.0f) || !isfinite(eps))
+		return rt_err_set(err, "%s: layer_norm_rms_epsilon %g must be positive", path, (double)eps);
+	hp->n_layer = (int)n_layer;
+	hp->n_embd = (int)n_embd;
+	hp->n_ff = (int)n_ff;
+	hp->n_head = (int)n_head;
+	hp->n_head_kv = (int)n_head_kv;
+	hp->group = (int)(n_head / n_head_kv);
+	hp->head_dim = (int)head_dim;
+	hp->n_rot = (int)n_rot;
+	hp->n_ctx = (int32_t)n_ctx;
+	hp->rope_base = base;
+	hp->norm_eps = eps;
+	*file_type = UINT32_MAX;
+	if (rt_gguf_find_kv(g, "general.file_type") &&
+	    rt_gguf_get_u32(g, "general.file_type", file_type, err) < 0)
+		return -1;
+	return 0;
+}
+
+rt_model *rt_model_load_gguf(const rt_gguf *g, rt_err *err)
+{
+	const char *path = rt_gguf_path(g);
+	rt_model_hparams hp;
+	uint32_t ftype;
+	if (read_hparams(g, &hp, &ftype, err) < 0)
+		return NULL;
+	const rt_gguf_tensor *te = rt_gguf_find_tensor(g, "token_embd.weight");
+	if (!te) {
+		rt_err_set(err, "%s: missing tensor 'token_embd.weight'", path);
+		return NULL;
+	}
+	int64_t nv = te->n_dims >= 2 ? te->ne[1] : 0;
+	if (nv < 1 || nv > MAX_VOCAB) {
+		rt_err_set(err, "%s: tensor 'token_embd.weight' has %lld rows, expected 1..%d", path,
+		           (long long)nv, MAX_VOCAB);
+		return NULL;
+	}
+	hp.n_vocab = (int)nv;
+	uint32_t vs = (uint32_t)nv;
+	if (get_u32_opt(g, "llama", "vocab_size", &vs, err) < 0)
+		return NULL;
+	if (vs != (uint32_t)nv) {
+		rt_err_set(err, "%s: llama.vocab_size %u disagrees with token_embd.weight's %lld rows", path,
+		           vs, (long long)nv);
+		return NULL;
+	}
+
+	rt_model *m = calloc(1, sizeof *m);
+	if (!m) {
+		rt_err_set(err, "%s: out of memory", path);
+		return NULL;
+	}
+	m->hp = hp;
+	m->file_type = ftype;
+	snprintf(m->path, sizeof m->path, "%s", path);
+	m->layers = calloc((size_t)hp.n_layer, sizeof *m->layers);
+	int64_t qd = (int64_t)hp.n_head * hp.head_dim, kd = (int64_t)hp.n_head_kv * hp.head_dim;
+	int64_t E = hp.n_embd, F = hp.n_ff;
+	size_t n_want = 3 + 9 * (size_t)hp.n_layer;
+	want *w = calloc(n_want, sizeof *w);
+	if (!m->layers || !w) {
+		rt_err_set(err, "%s: out of memory", path);
+		free(w);
+		rt_model_free(m);
+		return NULL;
+	}
+	size_t nw = 0;
+#define WANT(nm, a0, a1, d)                                                     \
+	do {                                                                    \
+		snprintf(w[nw].name, sizeof w[nw].name, "%s", (nm));            \
+		w[nw].ne0 = (a0), w[nw].ne1 = (a1), w[nw].dst = (d);            \
+		nw++;                                                           \
+	} while (0)
+	WANT("token_embd.weight", E, nv, &m->tok_embd);
+	WANT("output_norm.weight", E, 0, &m->out_norm);
+	m->tied_output = rt_gguf_find_tensor(g, "output.weight") == NULL;
+	if (!m->tied_output)
+		WANT("output.weight", E, nv, &m->output);
+	for (int l = 0; l < hp.n_layer; l++) {
+		rt_layer *L = &m->layers[l];
+		char nm[96];
+#define WANT_L(sfx, a0, a1, d)                                                  \
+	do {                                                                    \
+		snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, (sfx));          \
+		WANT(nm, a0, a1, d);                                            \
+	} while (0)
+		WANT_L("attn_norm", E, 0, &L->attn_norm);
+		WANT_L("attn_q", E, qd, &L->wq);
+		WANT_L("attn_k", E, kd, &L->wk);
+		WANT_L("attn_v", E, kd, &L->wv);
+		WANT_L("attn_output", qd, E, &L->wo);
+		WANT_L("ffn_norm", E, 0, &L->ffn_norm);
+		WANT_L("ffn_gate", E, F, &L->w_gate);
+		WANT_L("ffn_up", E, F, &L->w_up);
+		WANT_L("ffn_down", F, E, &L->w_down);
+#undef WANT_L
+	}
+#undef WANT
+	size_t total = 0;
+	for (size_t i = 0; i < nw; i++) {
+		if (check_tensor(g, &w[i], err) < 0) {
+			free(w);
+			rt_model_free(m);
+			return NULL;
+		}
+		w[i].off = total;
+		/* keep each tensor 64-byte aligned for BLAS */
+		total += ((size_t)(w[i].ne0 * (w[i].ne1 ? w[i].ne1 : 1)) + 15) & ~(size_t)15;
+	}
+	m->mem_bytes = total * sizeof(float);
+	m->mem = aligned_alloc(64, m->mem_bytes);
+	if (!m->mem) {
+		rt_err_set(err, "%s: cannot allocate %zu bytes for the f32 weights", path, m->mem_bytes);
+		free(w);
+		rt_model_free(m);
+		return NULL;
+	}
+	for (size_t i = 0; i < nw; i++) {
+		float *dst = m->mem + w[i].off;
+		int64_t n = w[i].ne0 * (w[i].ne1 ? w[i].ne1 : 1);
+		if (rt_dequant(w[i].t->type, w[i].t->data, dst, n) < 0) {
+			rt_err_set(err, "%s: tensor '%s': cannot decode type %s", path, w[i].name,
+			           rt_ggml_type_name(w[i].t->type));
+			free(w);
+			rt_model_free(m);
+			return NULL;
+		}
+		for (int64_t j = 0; j < n; j++) {
+			if (!isfinite(dst[j])) {
+				rt_err_set(err, "%s: tensor '%s' holds a non-finite value at element %lld",
+				           path, w[i].name, (long long)j);
+				free(w);
+				rt_model_free(m);
+				return NULL;
+			}
+		}
+		*w[i].dst = dst;
+	}
+	if (m->tied_output)
+		m->output = m->tok_embd;
+	free(w);
+	return m;
+}
+
+rt_model *rt_model_load(const char *path, rt_err *err)
+{
+	rt_gguf *g = rt_gguf_open(path, err);
+	if (!g)
+		return NULL;
+	rt_model *m = rt_model_load_gguf(g, err);
+	rt_gguf_close(g);
+	return m;
+}
+
+void rt_model_free(rt_model *m)
+{
+	if (!m)
+		return;
+	free(m->mem);
+	free(m->layers);
+	free(m);
+}
+
+void rt_model_blas_setup(char **argv)
+{
+	static const char *const fallbacks[] = { "Prescott", "Core2", "Penryn", "Dunnington",
+		                                 "Nehalem", "Atom", "Sandybridge", "Katmai" };
+	if (getenv("OPENBLAS_CORETYPE"))
+		return;
+	const char *core = openblas_get_corename();
+	int fallback = 0;
+	for (size_t i = 0; core && i < sizeof fallbacks / sizeof fallbacks[0]; i++)
+		fallback |= strcasecmp(core, fallbacks[i]) == 0;
+	__builtin_cpu_init();
+	if (!fallback || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+		return;
+	int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+	if (setenv("OPENBLAS_CORETYPE", avx512 ? "SkylakeX" : "Haswell", 1) != 0)
+		return;
+	execv("/proc/self/exe", argv);
+	/* exec failed: carry on with the detected kernels (correct, only slower) */
+}
+
+int rt_model_kv_init(const rt_model *m, rt_kv *kv, int32_t cap, rt_err *err)
+{
+	return rt_kv_init(kv, m->hp.n_layer, m->hp.n_head_kv, m->hp.group, m->hp.head_dim, cap, 0, 0,
+	                  err);
+}
+
+/* ---- forward scratch --------------------------------------------------------------- */
+
+int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err *err)
+{
+	memset(f, 0, sizeof *f);
+	const rt_model_hparams *hp = &m->hp;
+	if (max_chunk < 1 || max_chunk > 65536 || cap < 1)
+		return rt_err_set(err, "%s: forward: invalid chunk %d or capacity %d", m->path, max_chunk,
+		                  (int)cap);
+	size_t C = (size_t)max_chunk, E = (size_t)hp->n_embd;
+	size_t qd = (size_t)hp->n_head * hp->head_dim, kd = (size_t)hp->n_head_kv * hp->head_dim;
+	size_t G = (size_t)hp->group, hd = (size_t)hp->head_dim;
+	size_t sizes[12] = {
+		C * E, C * E, C * qd, C * kd, C * kd, C * qd, C * G * hd, C * G * hd,
+		0, C * (size_t)hp->n_ff, C * (size_t)hp->n_ff, C * (size_t)hp->n_rot,
+	};
+	if ((size_t)cap > SIZE_MAX / sizeof(float) / 16 / G)
+		return rt_err_set(err, "%s: forward: capacity %d too large", m->path, (int)cap);
+	sizes[8] = score_floats((int)G, cap);
+	size_t total = 0;
+	for (int i = 0; i < 12; i++)
+		total += (sizes[i] + 15) & ~(size_t)15;
+	f->mem_bytes = total * sizeof(float);
+	f->mem = aligned_alloc(64, f->mem_bytes);
+	if (!f->mem) {
+		rt_err_set(err, "%s: forward: cannot allocate %zu bytes of scratch", m->path, f->mem_bytes);
+		f->mem_bytes = 0;
+		return -1;
+	}
+	memset(f->mem, 0, f->mem_bytes);
+	float *p = f->mem;
+	float **slots[12] = { &f->x, &f->xn, &f->q, &f->k, &f->v, &f->att, &f->qg, &f->og,
+		              &f->s, &f->gate, &f->up, &f->rope_cs };
+	for (int i = 0; i < 12; i++) {
+		*slots[i] = p;
+		p += (sizes[i] + 15) & ~(size_t)15;
+	}
+	f->m = m;
+	f->max_chunk = max_chunk;
+	f->cap = cap;
+	return 0;
+}
+
+void rt_fwd_free(rt_fwd *f)
+{
+	free(f->mem);
+	memset(f, 0, sizeof *f);
+}
+
+/* ---- forward ----------------------------------------------------------------------- */
+
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) ⊙ w for C rows of n values. */
+static void rms_norm(float *y, const float *x, const float *w, int C, int n, float eps)
+{
+	for (int r = 0; r < C; r++) {
+		const float *xr = x + (size_t)r * n;
+		float *yr = y + (size_t)r * n;
+		double ss = 0.0;
+		for (int i = 0; i < n; i++)
+			ss += (double)xr[i] * xr[i];
+		float scale = (float)(1.0 / sqrt(ss / n + (double)eps));
+		for (int i = 0; i < n; i++)
+			yr[i] = xr[i] * scale * w[i];
+	}
+}
+
+/* Y[C × out] = X[C × in] · W[out × in]^T */
+static void matmul_wt(float *Y, const float *X, const float *W, int C, int out, int in)
+{
+	if (C == 1)
+		cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, W, in, X, 1, 0.0f, Y, 1);
+	else
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, out, in, 1.0f, X, in, W, in,
+		            0.0f, Y, out);
+}
+
+/* cos/sin of pos·base^(-2i/n_rot) for each row's position, computed in double. */
+static void rope_table(float *cs, int C, int32_t pos0, int n_rot, float base)
+{
+	for (int r = 0; r < C; r++) {
+		double pos = (double)(pos0 + r);
+		for (int i = 0; i < n_rot / 2; i++) {
+			double theta = pos * pow((double)base, -2.0 * i / n_rot);
+			cs[(size_t)r * n_rot + 2 * i] = (float)cos(theta);
+			cs[(size_t)r * n_rot + 2 * i + 1] = (float)sin(theta);
+		}
+	}
+}
+
+/* ggml RoPE mode 0 ("normal"): rotate adjacent pairs (x[2i], x[2i+1]) of each head. */
+static void rope_apply(float *x, int C, int n_heads, int head_dim, int n_rot, const float *cs)
+{
+	for (int r = 0; r < C; r++) {
+		const float *c = cs + (size_t)r * n_rot;
+		for (int h = 0; h < n_heads; h++) {
+			float *v = x + ((size_t)r * n_heads + h) * head_dim;
+			for (int i = 0; i < n_rot / 2; i++) {
+				float x0 = v[2 * i], x1 = v[2 * i + 1];
+				float co = c[2 * i], si = c[2 * i + 1];
+				v[2 * i] = x0 * co - x1 * si;
+				v[2 * i + 1] = x0 * si + x1 * co;
+			}
+		}
+	}
+}
+
+/* RoPE of nh consecutive heads starting at head h0 in each of C rows of `stride` floats,
+ * the same rotation as rope_apply (used by the compacted position convention). */
+static void rope_heads(float *x, int C, size_t stride, int h0, int nh, int head_dim, int n_rot,
+                       const float *cs)
+{
+	for (int r = 0; r < C; r++) {
+		const float *c = cs + (size_t)r * n_rot;
+		for (int h = h0; h < h0 + nh; h++) {
+			float *v = x + (size_t)r * stride + (size_t)h * head_dim;
+			for (int i = 0; i < n_rot / 2; i++) {
+				float x0 = v[2 * i], x1 = v[2 * i + 1];
+				float co = c[2 * i], si = c[2 * i + 1];
+				v[2 * i] = x0 * co - x1 * si;
+				v[2 * i + 1] = x0 * si + x1 * co;
+			}
+		}
+	}
+}
+
+/* ---- softmax ------------------------------------------------------------------------ */
+/* The attention softmax runs over up to context-length entries for every query head and
+ * chunk row, so it is written with GCC vector extensions (16 floats) and compiled in
+ * AVX-512 / AVX2 / baseline clones picked at load time (target_clones). exp is the
+ * Cephes expf polynomial (max error about 2 ulp); arguments are clamped at -80, where
+ * exp is 1.8e-35 of the row maximum's weight. Sums are accumulated in double. */
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef double v8d __attribute__((vector_size(64)));
+
+#define V16 16
+/* unaligned 16-float load/store, and lane-wise m ? a : b for a comparison mask m
+ * (macros, so no vector is passed by value across a call and no ABI question arises) */
+#define V16_LOAD(v, p) memcpy(&(v), (p), sizeof(v16f))
+#define V16_STORE(p, v) memcpy((p), &(v), sizeof(v16f))
+#define V16_SEL(m, a, b) ((v16f)(((m) & (v16i)(a)) | (~(m) & (v16i)(b))))
+
+/* *x = exp(*x), lane-wise */
+static inline __attribute__((always_inline)) void v16_exp(v16f *px)
+{
+	const v16f zero = { 0 };
+	const v16f lo = zero - 80.0f, magic = zero + 12582912.0f; /* 1.5·2^23 */
+	v16f x = *px;
+	x = V16_SEL(x < lo, lo, x);
+	v16f t = x * 1.44269504088896341f + magic;   /* round(x·log2 e) in the low bits */
+	v16i n = (v16i)t - (v16i)magic;
+	v16f fn = t - magic;
+	v16f r = x - fn * 0.693359375f;
+	r = r - fn * -2.12194440e-4f;
+	v16f y = zero + 1.9875691500e-4f;
+	y = y * r + 1.3981999507e-3f;
+	y = y * r + 8.3334519073e-3f;
+	y = y * r + 4.1665795894e-2f;
+	y = y * r + 1.6666665459e-1f;
+	y = y * r + 5.0000001201e-1f;
+	y = y * (r * r) + r + 1.0f;
+	*px = (v16f)((v16i)y + (n << 23));
+}
+
+static inline __attribute__((always_inline)) float s_exp(float x)
+{
+	v16f v = { x };
+	v16_exp(&v);
+	return v[0];
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void rt_attn_softmax(float *P, size_t ld, int G, int lim, const float *log_count)
+{
+	const int lv = lim - lim % V16;
+	for (int g = 0; g < G; g++) {
+		float *row = P + (size_t)g * ld;
+		v16f vmx = { 0 };
+		vmx -= INFINITY;
+		int i = 0;
+		for (; i < lv; i += V16) {
+			v16f x, lc;
+			V16_LOAD(x, row + i);
+			V16_LOAD(lc, log_count + i);
+			x += lc;
+			V16_STORE(row + i, x);
+			vmx = V16_SEL(x > vmx, x, vmx);
+		}
+		float mx = -INFINITY;
+		for (int k = 0; k < V16; k++)
+			mx = vmx[k] > mx ? vmx[k] : mx;
+		for (; i < lim; i++) {
+			row[i] += log_count[i];
+			mx = row[i] > mx ? row[i] : mx;
+		}
+		v8d acc = { 0 };
+		for (i = 0; i < lv; i += V16) {
+			v16f e;
+			V16_LOAD(e, row + i);
+			e -= mx;
+			v16_exp(&e);
+			V16_STORE(row + i, e);
+			v8f a, b;
+			memcpy(&a, row + i, sizeof a);
+			memcpy(&b, row + i + 8, sizeof b);
+			acc += __builtin_convertvector(a, v8d) + __builtin_convertvector(b, v8d);
+		}
+		double sum = 0.0;
+		for (int k = 0; k < 8; k++)
+			sum += acc[k];
+		for (; i < lim; i++) {
+			row[i] = s_exp(row[i] - mx);
+			sum += row[i];
+		}
+		const float inv = (float)(1.0 / sum);
+		for (i = 0; i < lv; i += V16) {
+			v16f x;
+			V16_LOAD(x, row + i);
+			x *= inv;
+			V16_STORE(row + i, x);
+		}
+		for (; i < lim; i++)
+			row[i] *= inv;
+		memset(row + lim, 0, (ld - (size_t)lim) * sizeof(float));
+	}
+}
+
+/* Attention of the C chunk rows for every KV head of one layer. The chunk's keys and
+ * values were appended already, so each head holds nb = n - C earlier entries followed
+ * by the chunk's C entries; row r attends to the prefix of nb + r + 1 entries. Rows are
+ * taken in blocks [r0, r1) that only score the nb + r1 entries they can see. */
+static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0, const float *q,
+                         float *att)
+{
+	const rt_model_hparams *hp = &f->m->hp;
+	const int G = hp->group, hd = hp->head_dim, qd = hp->n_head * hd;
+	const float scale = 1.0f / sqrtf((float)hd);
+	for (int j = 0; j < hp->n_head_kv; j++) {
+		rt_kv_head *h = rt_kv_head_at(kv, layer, j);
+		const int n = h->n, nb = n - C;
+		RT_ASSERT(nb >= 0 && n <= f->cap);
+		for (int r = 0; r < C; r++)
+			memcpy(f->qg + (size_t)r * G * hd, q + (size_t)r * qd + (size_t)j * G * hd,
+			       (size_t)G * hd * sizeof(float));
+		int rb = (int)(ATT_BLOCK_FLOATS / ((size_t)G * n));
+		rb = rb < 1 ? 1 : rb > C ? C : rb;
+		RT_ASSERT((size_t)rb * G * n <= score_floats(G, f->cap));
+		for (int r0 = 0; r0 < C; r0 += rb) {
+			const int r1 = r0 + rb < C ? r0 + rb : C, nr = r1 - r0, ncol = nb + r1;
+			float *S = f->s, *og = f->og + (size_t)r0 * G * hd;
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr * G, ncol, hd, scale,
+			            f->qg + (size_t)r0 * G * hd, hd, h->k, hd, 0.0f, S, ncol);
+			for (int r = r0; r < r1; r++)
+				rt_attn_softmax(S + (size_t)(r - r0) * G * ncol, (size_t)ncol, G, nb + r + 1,
+				                h->log_count);
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr * G, hd, ncol, 1.0f, S,
+			            ncol, h->v, hd, 0.0f, og, hd);
+			for (int r = r0; r < r1; r++) {
+				memcpy(att + (size_t)r * qd + (size_t)j * G * hd, f->og + (size_t)r * G * hd,
+				       (size_t)G * hd * sizeof(float));
+				if (!f->observe)
+					continue;
+				/* S is no longer needed after the P·V product: pack this row's
+				 * [G × ncol] block to [G × lim] in place (each move goes left) */
+				const int lim = nb + r + 1;
+				float *P = S + (size_t)(r - r0) * G * ncol;
+				for (int g = 1; g < G && lim < ncol; g++)
+					memmove(P + (size_t)g * lim, P + (size_t)g * ncol, (size_t)lim * sizeof(float));
+				rt_attn_view v = {
+					.layer = layer, .kv_head = j, .row = r, .pos = pos0 + r,
+					.n_entries = lim, .group = G, .head_dim = hd,
+					.probs = P, .probs_ld = (size_t)lim,
+					.out = f->og + (size_t)r * G * hd, .head = h,
+				};
+				f->observe(f->observe_user, &v);
+			}
+		}
+	}
+}
+
+/* One chunk of C tokens for K sequences in lockstep (K = 1, big = fs[0]: the plain
+ * forward). big's scratch holds the K·C stacked rows (sequence k's rows at k·C); the weight
+ * GEMMs run once over all of them, everything that depends on a sequence's cache runs per
+ * sequence with its own forward context. logits: NULL, or where sequence k's rows
+ * lrow_from..C-1 go, row r of sequence k at logits + (k·lstride + r - lrow_from)·n_vocab. */
+static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int K,
+                          const int32_t *tok, int C, int32_t pos0, float *logits,
+                          size_t lstride, int lrow_from)
+{
+	const rt_model *m = big->m;
+	const rt_model_hparams *hp = &m->hp;
+	const int E = hp->n_embd, hd = hp->head_dim, F = hp->n_ff;
+	const int qd = hp->n_head * hd, kd = hp->n_head_kv * hd;
+	const int rows = K * C;
+	for (int k = 0; k < K; k++)
+		for (int r = 0; r < C; r++)
+			memcpy(big->x + ((size_t)k * C + r) * E, m->tok_embd + (size_t)tok[r] * E,
+			       (size_t)E * sizeof(float));
+	rope_table(big->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
+	big->rope_at = pos0;
+	for (int k = 0; k < K; k++)
+		if (fs[k] != big && fs[k]->rope_at_index) {
+			rope_table(fs[k]->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
+			fs[k]->rope_at = pos0;
+		}
+	for (int l = 0; l < hp->n_layer; l++) {
+		const rt_layer *L = &m->layers[l];
+		rms_norm(big->xn, big->x, L->attn_norm, rows, E, hp->norm_eps);
+		matmul_wt(big->q, big->xn, L->wq, rows, qd, E);
+		matmul_wt(big->k, big->xn, L->wk, rows, kd, E);
+		matmul_wt(big->v, big->xn, L->wv, rows, kd, E);
+		for (int s = 0; s < K; s++) {
+			rt_fwd *f = fs[s];
+			rt_kv *kv = kvs[s];
+			float *q = big->q + (size_t)s * C * qd, *kk = big->k + (size_t)s * C * kd;
+			float *vv = big->v + (size_t)s * C * kd, *att = big->att + (size_t)s * C * qd;
+			if (!f->rope_at_index) {
+				rope_apply(q, C, hp->n_head, hd, hp->n_rot, big->rope_cs);
+				rope_apply(kk, C, hp->n_head_kv, hd, hp->n_rot, big->rope_cs);
+			} else {
+				/* f->rope_cs holds the table whose row 0 is at f->rope_at */
+				for (int j = 0; j < hp->n_head_kv; j++) {
+					int32_t at = rt_kv_head_at(kv, l, j)->n; /* index of row 0's key */
+					if (at != f->rope_at) {
+						rope_table(f->rope_cs, C, at, hp->n_rot, hp->rope_base);
+						f->rope_at = at;
+					}
+					rope_heads(q, C, (size_t)qd, j * hp->group, hp->group, hd, hp->n_rot,
+					           f->rope_cs);
+					rope_heads(kk, C, (size_t)kd, j, 1, hd, hp->n_rot, f->rope_cs);
+				}
+			}
+			for (int j = 0; j < hp->n_head_kv; j++) {
+				rt_kv_head *h = rt_kv_head_at(kv, l, j);
+				for (int r = 0; r < C; r++)
+					rt_kv_append(kv, h, kk + (size_t)r * kd + (size_t)j * hd,
+					             vv + (size_t)r * kd + (size_t)j * hd, pos0 + r);
+			}
+			for (int j = 0; f->on_append && j < hp->n_head_kv; j++)
+				f->on_append(f->append_user, l, j, rt_kv_head_at(kv, l, j)->n - C, C);
+			attend_layer(f, kv, l, C, pos0, q, att);
+		}
+		/* x += att · Wo^T (accumulate straight into the residual) */
+		if (rows == 1)
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, E, qd, 1.0f, L->wo, qd, big->att, 1, 1.0f,
+			            big->x, 1);
+		else
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, E, qd, 1.0f, big->att, qd,
+			            L->wo, qd, 1.0f, big->x, E);
+		rms_norm(big->xn, big->x, L->ffn_norm, rows, E, hp->norm_eps);
+		matmul_wt(big->gate, big->xn, L->w_gate, rows, F, E);
+		matmul_wt(big->up, big->xn, L->w_up, rows, F, E);
+		for (size_t i = 0; i < (size_t)rows * F; i++) {
+			float g = big->gate[i];
+			big->gate[i] = g / (1.0f + expf(-g)) * big->up[i];
+		}
+		if (rows == 1)
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, E, F, 1.0f, L->w_down, F, big->gate, 1, 1.0f,
+			            big->x, 1);
+		else
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, E, F, 1.0f, big->gate, F,
+			            L->w_down, F, 1.0f, big->x, E);
+		for (int s = 0; s < K; s++)
+			if (fs[s]->on_layer)
+				fs[s]->on_layer(fs[s]->layer_user, l, C, pos0, big->x + (size_t)s * C * E,
+				                big->q + (size_t)s * C * qd);
+	}
+	if (!logits)
+		return;
+	const int nr = C - lrow_from;
+	for (int s = 0; s < K; s++)
+		rms_norm(big->xn + (size_t)s * nr * E, big->x + ((size_t)s * C + lrow_from) * E,
+		         m->out_norm, nr, E, hp->norm_eps);
+	if ((size_t)nr == lstride || K == 1) {
+		/* the K blocks of nr rows are consecutive rows of the output */
+		matmul_wt(logits, big->xn, m->output, K * nr, hp->n_vocab, E);
+	} else {
+		for (int s = 0; s < K; s++)
+			matmul_wt(logits + (size_t)s * lstride * hp->n_vocab, big->xn + (size_t)s * nr * E,
+			          m->output, nr, hp->n_vocab, E);
+	}
+}
+
+/* The checks rt_model_forward documents, for one sequence. */
+static int forward_check(const rt_fwd *f, const rt_kv *kv, const int32_t *tokens, int n,
+                         int32_t pos0, rt_err *err)
+{
+	const rt_model *m = f->m;
+	const rt_model_hparams *hp = &m->hp;
+	if ((int64_t)pos0 + n > hp->n_ctx)
+		return rt_err_set(err, "%s: context of %lld tokens exceeds the model's context_length %d",
+		                  m->path, (long long)pos0 + n, (int)hp->n_ctx);
+	if (kv->n_layer != hp->n_layer || kv->n_kv_head != hp->n_head_kv ||
+	    kv->head_dim != hp->head_dim || kv->group != hp->group)
+		return rt_err_set(err,
+		                  "%s: forward: KV store shape (%d layers, %d kv heads, head_dim %d) "
+		                  "does not match the model",
+		                  m->path, kv->n_layer, kv->n_kv_head, kv->head_dim);
+	for (int i = 0; i < n; i++)
+		if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+			return rt_err_set(err, "%s: token %d at index %d is outside the vocabulary (0..%d)",
+			                  m->path, (int)tokens[i], i, hp->n_vocab - 1);
+	int32_t room = kv->cap < f->cap ? kv->cap : f->cap;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		if ((int64_t)kv->heads[i].n + n > room)
+			return rt_err_set(err,
+			                  "%s: KV cache full: layer %d kv head %d holds %d entries, "
+			                  "%d more exceed the capacity %d",
+			                  m->path, i / kv->n_kv_head, i % kv->n_kv_head,
+			                  (int)kv->heads[i].n, n, (int)room);
+	return 0;
+}
+
+int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,
+                           const int32_t *tokens, int n, int32_t pos0, float *logits,
+                           enum rt_logits_mode mode, rt_err *err)
+{
+	const rt_model *m = big->m;
+	const rt_model_hparams *hp = &m->hp;
+	if (K < 1 || K > big->max_chunk)
+		return rt_err_set(err, "%s: forward: batch of %d sequences for a scratch of %d rows",
+		                  m->path, K, big->max_chunk);
+	if (n < 0 || pos0 < 0)
+		return rt_err_set(err, "%s: forward: invalid token count %d or position %d", m->path, n,
+		                  (int)pos0);
+	if (n == 0)
+		return 0;
+	if (mode != RT_LOGITS_NONE && !logits)
+		return rt_err_set(err, "%s: forward: logits requested without a buffer", m->path);
+	int chunk = big->max_chunk / K;
+	for (int k = 0; k < K; k++) {
+		if (f[k]->m != m)
+			return rt_err_set(err, "%s: forward: batch of sequences of different models",
+			                  m->path);
+		if (K > 1 && f[k] == big)
+			return rt_err_set(err, "%s: forward: the batch scratch is one of its sequences",
+			                  m->path);
+		if (forward_check(f[k], kv[k], tokens, n, pos0, err) != 0)
+			return -1;
+		if (f[k]->max_chunk < chunk)
+			chunk = f[k]->max_chunk;
+	}
+	for (int done = 0; done < n;) {
+		int C = n - done < chunk ? n - done : chunk;
+		float *lg = NULL;
+		int from = 0;
+		size_t stride = 0;
+		if (mode == RT_LOGITS_ALL) {
+			lg = logits + (size_t)done * hp->n_vocab;
+			stride = (size_t)n;
+		} else if (mode == RT_LOGITS_LAST && done + C == n) {
+			lg = logits;
+			from = C - 1;
+			stride = 1;
+		}
+		forward_chunk(big, f, kv, K, tokens + done, C, pos0 + done, lg, stride, from);
+		done += C;
+	}
+	return 0;
+}
+
+int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
+                     float *logits, enum rt_logits_mode mode, rt_err *err)
+{
+	return rt_model_forward_batch(f, &f, &kv, 1, tokens, n, pos0, logits, mode, err);
+}

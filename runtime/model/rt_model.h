@@ -1,0 +1,222 @@
+/*
+ * rt_model: a Llama-architecture decoder (GGUF arch `llama`: SmolLM2, TinyLlama, Llama
+ * 2/3) and its exact f32 forward pass over the ragged KV store of rt_kv.
+ *
+ * Loading reads the hyper-parameters from the GGUF metadata (llama.block_count,
+ * embedding_length, feed_forward_length, attention.head_count(_kv), rope.freq_base,
+ * rope.dimension_count, attention.layer_norm_rms_epsilon, context_length), checks that
+ * every tensor exists with the expected shape and a type rt_quant can decode, and
+ * dequantises all weights to f32 into one allocation. Tied output (no output.weight:
+ * logits = token_embd^T h) and an explicit output.weight are both supported.
+ *
+ * The forward follows llama.cpp's llm_build_llama (ggml-org/llama.cpp, src/llama-model.cpp):
+ *   x = embd[token]
+ *   per layer: h = RMSNorm(x)·w_attn_norm; q, k, v = h·Wq^T, h·Wk^T, h·Wv^T;
+ *              RoPE "normal" mode on q and k (rotate ADJACENT pairs (x[2i], x[2i+1]) by
+ *              pos·base^(-2i/n_rot) — ggml's mode 0, not HF's rotate-half: the GGUF
+ *              converter permuted the Q/K rows); append k, v to the (layer, KV head)
+ *              entry lists; attention; x += o·Wo^T;
+ *              h = RMSNorm(x)·w_ffn_norm; x += (silu(h·Wg^T) ⊙ h·Wu^T)·Wd^T
+ *   logits = RMSNorm(x)·w_out_norm · W_out^T
+ * Attention of query head q (KV head j = q / group) over that head's entries i:
+ *   logit_i = q·k_i / sqrt(head_dim) + log(count_i),  p = softmax(logit),  o = Σ p_i v_i.
+ * For singleton entries (count 1) this is exactly standard causal attention; a merged
+ * prototype with count n stands for n identical tokens (DESIGN.md section 4).
+ *
+ * Prefill is chunked: a chunk of up to max_chunk tokens is processed at once (GEMMs via
+ * OpenBLAS over the chunk), its keys/values are appended to the store, and query row r of
+ * the chunk attends to the entries that existed before the chunk plus the chunk's rows
+ * 0..r (causal within the chunk). All scratch is sized by rt_fwd_init; nothing is
+ * allocated per token.
+ */
+#ifndef RT_MODEL_H
+#define RT_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/rt_gguf.h"
+#include "kv/rt_kv.h"
+#include "base/rt_util.h"
+
+/* Hyper-parameters as read from the GGUF metadata (and tensor shapes). */
+typedef struct rt_model_hparams {
+	int n_layer;      /* transformer blocks */
+	int n_embd;       /* hidden size */
+	int n_ff;         /* SwiGLU inner size */
+	int n_head;       /* query heads */
+	int n_head_kv;    /* KV heads (n_head % n_head_kv == 0) */
+	int group;        /* query heads per KV head, n_head / n_head_kv */
+	int head_dim;     /* values per head */
+	int n_rot;        /* rotated dimensions per head (even, <= head_dim) */
+	int n_vocab;      /* rows of token_embd */
+	int32_t n_ctx;    /* llama.context_length: positions 0..n_ctx-1 are valid */
+	float rope_base;  /* llama.rope.freq_base */
+	float norm_eps;   /* llama.attention.layer_norm_rms_epsilon */
+} rt_model_hparams;
+
+/* One block's weights, all f32, row-major [out × in] (a ggml tensor's rows). */
+typedef struct rt_layer {
+	const float *attn_norm; /* [n_embd] */
+	const float *wq;        /* [n_head·head_dim × n_embd] */
+	const float *wk;        /* [n_head_kv·head_dim × n_embd] */
+	const float *wv;        /* [n_head_kv·head_dim × n_embd] */
+	const float *wo;        /* [n_embd × n_head·head_dim] */
+	const float *ffn_norm;  /* [n_embd] */
+	const float *w_gate;    /* [n_ff × n_embd] */
+	const float *w_up;      /* [n_ff × n_embd] */
+	const float *w_down;    /* [n_embd × n_ff] */
+} rt_layer;
+
+typedef struct rt_model {
+	rt_model_hparams hp;
+	char path[512];          /* the file it was loaded from */
+	uint32_t file_type;      /* general.file_type, or UINT32_MAX when absent */
+	int tied_output;         /* 1 when logits use token_embd (no output.weight) */
+	const float *tok_embd;   /* [n_vocab × n_embd] */
+	const float *out_norm;   /* [n_embd] */
+	const float *output;     /* [n_vocab × n_embd]; == tok_embd when tied */
+	rt_layer *layers;        /* [n_layer] */
+	float *mem;              /* the single allocation behind every weight */
+	size_t mem_bytes;
+} rt_model;
+
+/* Load a `llama` model from an open GGUF. Returns NULL and sets err to "PATH: reason" for
+ * another architecture, a missing or ill-typed key, a missing tensor, a tensor of the
+ * wrong shape or of a type rt_quant cannot decode, or inconsistent hyper-parameters.
+ * The model copies (dequantises) everything it needs; g may be closed afterwards.
+ * Caller frees with rt_model_free. */
+rt_model *rt_model_load_gguf(const rt_gguf *g, rt_err *err);
+/* Open PATH, load, close it. Same errors plus rt_gguf_open's. */
+rt_model *rt_model_load(const char *path, rt_err *err);
+void rt_model_free(rt_model *m);
+
+/* What the attention loop hands a policy after computing one query row of one
+ * (layer, KV head): the probabilities of the group's query heads over the entries this
+ * row attended and their attention outputs. Pointers are valid only during the call. */
+typedef struct rt_attn_view {
+	int layer;              /* 0..n_layer-1 */
+	int kv_head;            /* 0..n_head_kv-1 */
+	int row;                /* query row within the chunk */
+	int32_t pos;            /* the query token's position */
+	int32_t n_entries;      /* entries attended: a prefix of the head's list */
+	int group;              /* query heads of this KV head (rows of probs/out) */
+	int head_dim;
+	const float *probs;     /* [group × n_entries] contiguous (rows sum to 1) */
+	size_t probs_ld;        /* == n_entries: floats between consecutive heads' rows */
+	const float *out;       /* [group × head_dim], contiguous */
+	rt_kv_head *head;       /* the entry list (entries 0..n_entries-1 were attended) */
+} rt_attn_view;
+
+/* Observation hook (a compiled policy's `observe`, DESIGN.md section 5). */
+typedef void (*rt_observe_fn)(void *user, const rt_attn_view *v);
+
+/* Append hook (a compiled policy's `init_entries`): entries [first, first + n) of
+ * (layer, kv_head) were just appended. */
+typedef void (*rt_append_fn)(void *user, int layer, int kv_head, int32_t first, int32_t n);
+
+/* Layer hook (the prompt trace of rt_seq): layer `layer` has run for the C rows of a
+ * chunk at positions pos0 .. pos0+C-1. x: [C × n_embd] the residual stream after the
+ * layer; q: [C × n_head·head_dim] the layer's post-RoPE queries as the attention used them.
+ * Pointers are valid only during the call. */
+typedef void (*rt_layer_fn)(void *user, int layer, int C, int32_t pos0, const float *x,
+                            const float *q);
+
+/* Forward context: scratch for one sequence, sized for chunks of up to max_chunk tokens
+ * and a KV store of up to cap entries per head. */
+typedef struct rt_fwd {
+	const rt_model *m;
+	int max_chunk;          /* tokens per internal chunk */
+	int32_t cap;            /* entries per head the scratch can attend over */
+	rt_observe_fn observe;  /* NULL, or called per (layer, KV head, query row) */
+	void *observe_user;
+	/* NULL, or called per (layer, KV head) once the chunk's keys and values were appended
+	 * to every KV head of the layer, before the layer's attention (so init_entries runs
+	 * before observe sees the new entries) */
+	rt_append_fn on_append;
+	void *append_user;
+	rt_layer_fn on_layer;   /* NULL, or called after every layer of every chunk */
+	void *layer_user;
+	/* RoPE positions. 0 (rt_fwd_init's default): queries and keys of a token are rotated
+	 * at its position in the text (pos0 + row; keys keep their original rotation). 1: the
+	 * compacted convention (StreamingLLM's pos_shift): per (layer, KV head), the key of
+	 * chunk row r is rotated at the index it gets in that head's entry list (entries
+	 * before the chunk + r) and the group's queries of row r at the same index; the caller
+	 * re-rotates kept keys to their new index after each eviction (rt_seq does). */
+	int rope_at_index;
+	int32_t rope_at;        /* internal: the position rope_cs's row 0 holds */
+	/* scratch (one allocation) */
+	float *x;       /* [max_chunk × n_embd] residual stream */
+	float *xn;      /* [max_chunk × n_embd] normalised input */
+	float *q;       /* [max_chunk × n_head·head_dim] */
+	float *k;       /* [max_chunk × n_head_kv·head_dim] */
+	float *v;       /* [max_chunk × n_head_kv·head_dim] */
+	float *att;     /* [max_chunk × n_head·head_dim] attention output */
+	float *qg;      /* [max_chunk·group × head_dim] one KV head's packed queries */
+	float *og;      /* [max_chunk·group × head_dim] their outputs */
+	float *s;       /* [max(2^18, group × cap)] scores / probabilities of a row block */
+	float *gate;    /* [max_chunk × n_ff] */
+	float *up;      /* [max_chunk × n_ff] */
+	float *rope_cs; /* [max_chunk × n_rot] interleaved cos, sin per rotated pair */
+	void *mem;
+	size_t mem_bytes;
+} rt_fwd;
+
+/* Size the scratch. max_chunk >= 1, cap >= 1. Returns -1 with err on bad sizes or
+ * allocation failure (f is then safe to rt_fwd_free). */
+int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err *err);
+void rt_fwd_free(rt_fwd *f);
+
+/* Which logits rt_model_forward writes. */
+enum rt_logits_mode {
+	RT_LOGITS_NONE = 0,   /* logits may be NULL */
+	RT_LOGITS_ALL = 1,    /* logits is [n × n_vocab], row i for tokens[i] */
+	RT_LOGITS_LAST = 2,   /* logits is [n_vocab], for tokens[n-1] only */
+};
+
+/* Run tokens[0..n) at positions pos0..pos0+n-1 through the model, appending one entry per
+ * token to every (layer, KV head) of kv (shapes must match the model), in internal chunks
+ * of at most f->max_chunk tokens. Within the call no entry is evicted, so every head needs
+ * room for n more entries. Errors (-1, err set, checked before anything is computed, so
+ * kv is unchanged): token id out of range, pos0+n beyond the model's context_length, a
+ * head whose entries + n exceed kv->cap or f->cap ("KV cache full"), a KV store of another
+ * shape, logits requested with a NULL buffer. Logits are f32 pre-softmax scores; the
+ * observe hook, when set, is called per (layer, KV head, query row) in that nesting. */
+int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
+                     float *logits, enum rt_logits_mode mode, rt_err *err);
+
+/* Batched forward of K sequences that consume the SAME tokens[0..n) at the same positions
+ * pos0.. (teacher forcing one text under K policies in lockstep): the weight GEMMs run once
+ * over the K·C rows of a chunk, so the weights are read once per chunk instead of K times;
+ * embedding, RoPE, the append to kv[k], attention (with f[k]'s hooks, position convention
+ * and attention scratch) and the layer hook are per sequence, exactly as rt_model_forward
+ * does them. big: a forward context whose max_chunk >= K (its scratch holds the stacked
+ * rows; internal chunks are min(big->max_chunk / K, f[k]->max_chunk) tokens); it may not
+ * be one of f[]. logits: [K × n × n_vocab] (RT_LOGITS_ALL: sequence k's row i at
+ * (k·n + i)·n_vocab) or [K × n_vocab] (RT_LOGITS_LAST). Same errors as rt_model_forward,
+ * checked for every sequence before anything is computed; K >= 1. With K = 1 the results
+ * equal rt_model_forward's up to float summation order of the GEMMs. */
+int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,
+                           const int32_t *tokens, int n, int32_t pos0, float *logits,
+                           enum rt_logits_mode mode, rt_err *err);
+
+/* The attention softmax used by the forward, exposed for tests and kernels: for each of
+ * the G rows P[g·ld .. g·ld + ld) (scaled scores q·k/sqrt(d)), add log_count[0..lim) to the
+ * first lim values and replace them by softmax probabilities (exp with max error about
+ * 2 ulp, arguments below -80 are clamped to -80; the sum is accumulated in double), and
+ * set values lim..ld-1 to 0. lim >= 1, ld >= lim. */
+void rt_attn_softmax(float *P, size_t ld, int G, int lim, const float *log_count);
+
+/* OpenBLAS picks its kernels by CPU model at load time and falls back to the SSE3
+ * "Prescott" kernels on CPUs it does not recognise (common on virtual machines), which
+ * makes the f32 GEMMs about 3x slower. Call first thing in main(): when OPENBLAS_CORETYPE
+ * is unset, the detected core is such a fallback and the CPU has AVX2+FMA, it sets
+ * OPENBLAS_CORETYPE to SkylakeX (AVX-512F/BW/DQ/VL present) or Haswell and re-executes
+ * /proc/self/exe with the same argv (the variable must be set before OpenBLAS's
+ * constructor runs). Returns only when nothing is to be done or exec failed. */
+void rt_model_blas_setup(char **argv);
+
+/* Allocate a KV store shaped for the model (cap entries per head, no policy state). */
+int rt_model_kv_init(const rt_model *m, rt_kv *kv, int32_t cap, rt_err *err);
+
+#endif

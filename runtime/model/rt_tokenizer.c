@@ -1,0 +1,878 @@
+/*
+ * rt_tokenizer: the byte-level BPE tokenizer of GPT-2-family GGUF models (SmolLM2 uses
+ * tokenizer.ggml.model = "gpt2", pre = "smollm"), reproducing llama.cpp's llama-vocab.cpp
+ * and unicode.cpp token for token:
+ *
+ *   1. special-token partition (tokenizer_st_partition): control/unknown tokens (only when
+ *      parse_special) and user-defined tokens (always) are cut out of the text where their
+ *      text occurs verbatim, longest token first;
+ *   2. pre-tokenization of each remaining fragment: for "smollm" first `\p{N}` (every
+ *      number codepoint its own piece; the text between matches is kept as pieces), then
+ *      the GPT-2 pattern on each piece. Both run with PCRE2 in UTF+UCP mode; `\s` is
+ *      spelled out as llama.cpp's whitespace set (Unicode White_Space), and \p{L}/\p{N}
+ *      get the Unicode 15 additions llama.cpp knows, so every codepoint is classified
+ *      as llama.cpp classifies it;
+ *   3. byte-level BPE per piece: the piece's bytes become GPT-2 bytes->unicode symbols,
+ *      then the adjacent pair of lowest merge rank is merged (equal ranks: leftmost first)
+ *      until no pair has a rank, via a binary heap and an (id, id) -> rank hash map, so a
+ *      piece of n bytes costs O(n log n);
+ *   4. each final symbol maps to its vocabulary id (or, for a symbol missing from the
+ *      vocabulary, to the ids of its single bytes; a byte without a token is dropped).
+ *
+ * End of generation follows llama.cpp too: the GGUF eos/eot/eom ids plus every token whose
+ * text is on llama.cpp's EOG and FIM pad/repo/sep lists (SmolLM2: 0 <|endoftext|>,
+ * 2 <|im_end|>, 4 <reponame>).
+ *
+ * Every string the BPE can meet (vocabulary tokens, both halves of each merge and each
+ * merge's result) is interned once at init; vocabulary strings keep their token id, the
+ * others get ids >= n_vocab. Symbols are then plain integers during BPE.
+ */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "model/rt_tokenizer.h"
+
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* GGUF tokenizer.ggml.token_type values (llama.h enum llama_token_type). */
+enum {
+	TT_UNDEFINED = 0, TT_NORMAL = 1, TT_UNKNOWN = 2, TT_CONTROL = 3,
+	TT_USER_DEFINED = 4, TT_UNUSED = 5, TT_BYTE = 6,
+};
+
+/* Unicode White_Space, the set llama.cpp's unicode-data.cpp marks as `\s`. */
+#define WS "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+
+/* Letters and numbers assigned in Unicode 15.0/15.1 (Kawi, Nag Mundari, Kaktovik numerals,
+ * CJK extensions H and I, ...) that llama.cpp's tables know and PCRE2 10.42 (Unicode 14)
+ * does not. Found by comparing llama.cpp's unicode_cpt_flags_from_cpt() with PCRE2's
+ * \p{L}/\p{N} over every codepoint; with them the two classify all codepoints alike
+ * (a newer PCRE2 already has them, which is harmless). */
+#define L15 "\\x{1123F}-\\x{11240}\\x{11F02}\\x{11F04}-\\x{11F10}\\x{11F12}-\\x{11F33}\\x{1342F}" \
+	"\\x{13441}-\\x{13446}\\x{1B132}\\x{1B155}\\x{1DF25}-\\x{1DF2A}\\x{1E030}-\\x{1E06D}" \
+	"\\x{1E4D0}-\\x{1E4EB}\\x{2B739}\\x{2EBF0}-\\x{2EE5D}\\x{31350}-\\x{323AF}"
+#define N15 "\\x{11F50}-\\x{11F59}\\x{1D2C0}-\\x{1D2D3}\\x{1E4F0}-\\x{1E4F9}"
+#define LET "\\p{L}" L15
+#define NUM "\\p{N}" N15
+
+/* The GPT-2 pattern; the final `|\s+` is what llama.cpp's hand-written matcher
+ * (unicode_regex_split_custom_gpt2) does for a lone whitespace before a non-space. */
+static const char RE_GPT2[] =
+	"'s|'t|'re|'ve|'m|'ll|'d| ?[" LET "]+| ?[" NUM "]+| ?[^" WS LET NUM "]+"
+	"|[" WS "]+(?![^" WS "])|[" WS "]+";
+static const char RE_DIGIT[] = "[" NUM "]";
+
+/* Pre-tokenizers we implement: name -> whether the `\p{N}` pass runs first. */
+static const struct {
+	const char *name;
+	int split_digits;
+} PRE_TYPES[] = {
+	{"smollm", 1}, {"starcoder", 1}, {"refact", 1}, {"gpt-2", 0},
+};
+
+/* Token texts llama.cpp treats as end-of-generation (llama-vocab.cpp, load: "maintain a
+ * list of tokens that cause end-of-generation"): its EOG list, then its FIM pad, FIM repo
+ * and FIM sep spellings, which it also makes EOG (hence SmolLM2's <reponame>, id 4).
+ * llama.cpp also forces each of these tokens to the control type; so do we. */
+static const char *const EOG_TEXTS[] = {
+	"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+	"<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+	"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
+	"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
+	"<|file_sep|>",
+};
+
+/* ---- string interning ---------------------------------------------------------- */
+
+typedef struct strtab {
+	char *blob;          /* all strings back to back */
+	size_t blob_len, blob_cap;
+	uint64_t *off;       /* [n] offset into blob */
+	uint32_t *len;       /* [n] */
+	int32_t n, cap;
+	int32_t *slots;      /* open addressing: string id or -1 */
+	uint32_t n_slots;    /* power of two */
+} strtab;
+
+static uint32_t hash_bytes(const char *s, size_t n)
+{
+	uint32_t h = 2166136261u;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ (uint8_t)s[i]) * 16777619u;
+	return h;
+}
+
+static int strtab_eq(const strtab *st, int32_t id, const char *s, size_t n)
+{
+	return st->len[id] == n && memcmp(st->blob + st->off[id], s, n) == 0;
+}
+
+/* Id of s[0..n), or -1. */
+static int32_t strtab_find(const strtab *st, const char *s, size_t n)
+{
+	if (!st->n_slots)
+		return -1;
+	uint32_t mask = st->n_slots - 1, i = hash_bytes(s, n) & mask;
+	for (;;) {
+		int32_t id = st->slots[i];
+		if (id < 0)
+			return -1;
+		if (strtab_eq(st, id, s, n))
+			return id;
+		i = (i + 1) & mask;
+	}
+}
+
+static void strtab_rehash(strtab *st, uint32_t n_slots)
+{
+	free(st->slots);
+	st->slots = RT_MALLOC(n_slots * sizeof *st->slots);
+	memset(st->slots, 0xff, n_slots * sizeof *st->slots);
+	st->n_slots = n_slots;
+	uint32_t mask = n_slots - 1;
+	for (int32_t id = 0; id < st->n; id++) {
+		uint32_t i = hash_bytes(st->blob + st->off[id], st->len[id]) & mask;
+		while (st->slots[i] >= 0) {
+			/* a later duplicate replaces the earlier one (llama.cpp: token_to_id[text] = id) */
+			if (strtab_eq(st, st->slots[i], st->blob + st->off[id], st->len[id]))
+				break;
+			i = (i + 1) & mask;
+		}
+		st->slots[i] = id;
+	}
+}
+
+/* Append s as a new id (even if equal to an existing string; the newest wins lookups). */
+static int32_t strtab_add(strtab *st, const char *s, size_t n)
+{
+	if (st->n == st->cap) {
+		st->cap = st->cap ? st->cap * 2 : 1024;
+		st->off = realloc(st->off, (size_t)st->cap * sizeof *st->off);
+		st->len = realloc(st->len, (size_t)st->cap * sizeof *st->len);
+		RT_ASSERT(st->off && st->len);
+	}
+	if (st->blob_len + n + 1 > st->blob_cap) {
+		while (st->blob_len + n + 1 > st->blob_cap)
+			st->blob_cap = st->blob_cap ? st->blob_cap * 2 : 65536;
+		st->blob = realloc(st->blob, st->blob_cap);
+		RT_ASSERT(st->blob);
+	}
+	memcpy(st->blob + st->blob_len, s, n);
+	st->blob[st->blob_len + n] = '\0';
+	int32_t id = st->n++;
+	st->off[id] = st->blob_len;
+	st->len[id] = (uint32_t)n;
+	st->blob_len += n + 1;
+	if ((uint64_t)st->n * 2 > st->n_slots) {
+		strtab_rehash(st, st->n_slots ? st->n_slots * 2 : 4096);
+	} else {
+		uint32_t mask = st->n_slots - 1, i = hash_bytes(s, n) & mask;
+		while (st->slots[i] >= 0 && !strtab_eq(st, st->slots[i], s, n))
+			i = (i + 1) & mask;
+		st->slots[i] = id;
+	}
+	return id;
+}
+
+/* Id of s[0..n), interning it when new. */
+static int32_t strtab_intern(strtab *st, const char *s, size_t n)
+{
+	int32_t id = strtab_find(st, s, n);
+	return id >= 0 ? id : strtab_add(st, s, n);
+}
+
+static void strtab_free(strtab *st)
+{
+	free(st->blob);
+	free(st->off);
+	free(st->len);
+	free(st->slots);
+}
+
+/* ---- merge table: (left id, right id) -> (rank, result id) ---------------------- */
+
+typedef struct merge_slot {
+	uint64_t key;   /* (left << 32 | right) + 1; 0 = empty */
+	int32_t rank;
+	int32_t result;
+} merge_slot;
+
+static uint32_t hash_u64(uint64_t k)
+{
+	k ^= k >> 33;
+	k *= 0xff51afd7ed558ccdULL;
+	k ^= k >> 33;
+	return (uint32_t)k;
+}
+
+static uint64_t merge_key(int32_t a, int32_t b)
+{
+	return (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
+}
+
+/* ---- the tokenizer -------------------------------------------------------------- */
+
+typedef struct special_tok {
+	int32_t id;
+	int32_t type;
+	const char *text; /* into strtab blob */
+	uint32_t len;
+} special_tok;
+
+struct rt_tokenizer {
+	int32_t n_vocab;
+	uint8_t *type;           /* [n_vocab] GGUF token type */
+	strtab st;               /* ids 0..n_vocab-1 are the vocabulary */
+	char *dec;               /* decoded bytes of every token, back to back */
+	uint64_t *dec_off;       /* [n_vocab + 1] */
+	merge_slot *merges;
+	uint32_t n_merge_slots;  /* power of two */
+	int32_t byte_sym[256];   /* string id of each byte's GPT-2 symbol (>= n_vocab: no token) */
+	special_tok *specials;   /* longest first */
+	int n_specials;
+	uint8_t *eog;            /* [n_vocab] */
+	int split_digits;
+	pcre2_code *re_gpt2, *re_digit;
+};
+
+/* GPT-2 bytes_to_unicode(): printable Latin-1 bytes map to themselves, the other 68
+ * bytes to U+0100.. in byte order. */
+static void byte_map_init(uint32_t cp_of_byte[256])
+{
+	int n = 0;
+	for (int b = 0; b < 256; b++) {
+		int keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+		cp_of_byte[b] = keep ? (uint32_t)b : (uint32_t)(256 + n++);
+	}
+}
+
+static int utf8_put(uint32_t cp, char *o)
+{
+	if (cp < 0x80) {
+		o[0] = (char)cp;
+		return 1;
+	}
+	if (cp < 0x800) {
+		o[0] = (char)(0xC0 | (cp >> 6));
+		o[1] = (char)(0x80 | (cp & 0x3F));
+		return 2;
+	}
+	if (cp < 0x10000) {
+		o[0] = (char)(0xE0 | (cp >> 12));
+		o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+		o[2] = (char)(0x80 | (cp & 0x3F));
+		return 3;
+	}
+	o[0] = (char)(0xF0 | (cp >> 18));
+	o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+	o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+	o[3] = (char)(0x80 | (cp & 0x3F));
+	return 4;
+}
+
+/* Decode one UTF-8 codepoint of valid text s[0..n); returns its length. */
+static int utf8_get(const char *s, size_t n, uint32_t *cp)
+{
+	const uint8_t *u = (const uint8_t *)s;
+	int len = u[0] < 0x80 ? 1 : u[0] < 0xE0 ? 2 : u[0] < 0xF0 ? 3 : 4;
+	if ((size_t)len > n)
+		len = 1;
+	uint32_t c = len == 1 ? u[0] : len == 2 ? (u[0] & 0x1Fu) : len == 3 ? (u[0] & 0x0Fu) : (u[0] & 0x07u);
+	for (int i = 1; i < len; i++)
+		c = (c << 6) | (u[i] & 0x3Fu);
+	*cp = c;
+	return len;
+}
+
+static pcre2_code *re_compile(const char *pat, const char *path, rt_err *err)
+{
+	int ec;
+	PCRE2_SIZE eo;
+	pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED,
+	                               PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &ec, &eo, NULL);
+	if (!re) {
+		PCRE2_UCHAR msg[160];
+		pcre2_get_error_message(ec, msg, sizeof msg);
+		rt_err_set(err, "%s: tokenizer: PCRE2 cannot compile the pre-tokenizer pattern at %zu: %s",
+		           path, (size_t)eo, (const char *)msg);
+		return NULL;
+	}
+	/* JIT is an optimisation only; the interpreter gives the same matches. */
+	(void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+	return re;
+}
+
+static const rt_gguf_kv *find_arr(const rt_gguf *g, const char *key, uint32_t elem_type,
+                                  int required, rt_err *err)
+{
+	const rt_gguf_kv *kv = rt_gguf_find_kv(g, key);
+	if (!kv) {
+		if (required)
+			rt_err_set(err, "%s: tokenizer: key '%s' missing", rt_gguf_path(g), key);
+		return NULL;
+	}
+	if (kv->type != RT_GGUF_ARRAY || kv->arr_type != elem_type) {
+		rt_err_set(err, "%s: tokenizer: key '%s' is not an array of type %u", rt_gguf_path(g),
+		           key, elem_type);
+		return NULL;
+	}
+	return kv;
+}
+
+static int cmp_special(const void *a, const void *b)
+{
+	const special_tok *x = a, *y = b;
+	if (x->len != y->len)
+		return x->len > y->len ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Optional integer key (tokenizer.ggml.eos_token_id etc.): -1 when absent or out of range. */
+static int32_t opt_id(const rt_gguf *g, const char *key, int32_t n_vocab)
+{
+	uint32_t v;
+	if (!rt_gguf_find_kv(g, key) || rt_gguf_get_u32(g, key, &v, NULL) != 0 || v >= (uint32_t)n_vocab)
+		return -1;
+	return (int32_t)v;
+}
+
+rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
+{
+	const char *path = rt_gguf_path(g);
+	rt_gguf_str model, pre;
+	if (rt_gguf_get_str(g, "tokenizer.ggml.model", &model, NULL) != 0) {
+		rt_err_set(err, "%s: tokenizer: key 'tokenizer.ggml.model' missing or not a string", path);
+		return NULL;
+	}
+	if (model.len != 4 || memcmp(model.s, "gpt2", 4) != 0) {
+		rt_err_set(err, "%s: tokenizer: model '%.*s' unsupported (only byte-level BPE 'gpt2')",
+		           path, (int)(model.len > 64 ? 64 : model.len), model.s);
+		return NULL;
+	}
+	if (rt_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL) != 0) {
+		rt_err_set(err, "%s: tokenizer: key 'tokenizer.ggml.pre' missing or not a string", path);
+		return NULL;
+	}
+	int split_digits = -1;
+	for (size_t i = 0; i < sizeof PRE_TYPES / sizeof PRE_TYPES[0]; i++)
+		if (strlen(PRE_TYPES[i].name) == pre.len && memcmp(PRE_TYPES[i].name, pre.s, pre.len) == 0)
+			split_digits = PRE_TYPES[i].split_digits;
+	if (split_digits < 0) {
+		rt_err_set(err, "%s: tokenizer: pre-tokenizer '%.*s' unsupported (smollm, starcoder, refact, gpt-2)",
+		           path, (int)(pre.len > 64 ? 64 : pre.len), pre.s);
+		return NULL;
+	}
+	const rt_gguf_kv *ktok = find_arr(g, "tokenizer.ggml.tokens", RT_GGUF_STRING, 1, err);
+	if (!ktok)
+		return NULL;
+	if (ktok->arr_n == 0 || ktok->arr_n > (1u << 24)) {
+		rt_err_set(err, "%s: tokenizer: %llu tokens (expected 1..16777216)", path,
+		           (unsigned long long)ktok->arr_n);
+		return NULL;
+	}
+	const rt_gguf_kv *ktype = rt_gguf_find_kv(g, "tokenizer.ggml.token_type");
+	if (ktype && (ktype->type != RT_GGUF_ARRAY || ktype->arr_n != ktok->arr_n ||
+	              (ktype->arr_type != RT_GGUF_I32 && ktype->arr_type != RT_GGUF_U32))) {
+		rt_err_set(err, "%s: tokenizer: 'tokenizer.ggml.token_type' is not an i32 array of %llu entries",
+		           path, (unsigned long long)ktok->arr_n);
+		return NULL;
+	}
+	const rt_gguf_kv *kmerge = rt_gguf_find_kv(g, "tokenizer.ggml.merges");
+	if (!kmerge) {
+		rt_err_set(err, "%s: tokenizer: key 'tokenizer.ggml.merges' missing", path);
+		return NULL;
+	}
+	if (kmerge->type != RT_GGUF_ARRAY || kmerge->arr_type != RT_GGUF_STRING) {
+		rt_err_set(err, "%s: tokenizer: 'tokenizer.ggml.merges' is not a string array", path);
+		return NULL;
+	}
+	if (kmerge->arr_n > (1u << 26)) {
+		rt_err_set(err, "%s: tokenizer: %llu merges (at most 67108864)", path,
+		           (unsigned long long)kmerge->arr_n);
+		return NULL;
+	}
+
+	rt_tokenizer *t = RT_CALLOC(1, sizeof *t);
+	t->n_vocab = (int32_t)ktok->arr_n;
+	t->split_digits = split_digits;
+	t->type = RT_MALLOC((size_t)t->n_vocab);
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		int32_t ty = TT_NORMAL;
+		if (ktype)
+			memcpy(&ty, (const char *)ktype->arr_data + 4 * (size_t)i, 4);
+		t->type[i] = (ty >= 0 && ty <= TT_BYTE) ? (uint8_t)ty : TT_UNDEFINED;
+		const rt_gguf_str *s = &ktok->arr_strs[i];
+		strtab_add(&t->st, s->s, s->len);
+	}
+
+	/* end of generation: llama.cpp's text list (made control tokens), plus the GGUF
+	 * eos, eot and eom ids */
+	t->eog = RT_CALLOC((size_t)t->n_vocab, 1);
+	for (size_t i = 0; i < sizeof EOG_TEXTS / sizeof EOG_TEXTS[0]; i++) {
+		int32_t id = rt_tokenizer_find(t, EOG_TEXTS[i]);
+		if (id >= 0) {
+			t->eog[id] = 1;
+			t->type[id] = TT_CONTROL;
+		}
+	}
+	static const char *const eog_keys[] = {
+		"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
+	};
+	for (size_t i = 0; i < sizeof eog_keys / sizeof eog_keys[0]; i++) {
+		int32_t id = opt_id(g, eog_keys[i], t->n_vocab);
+		if (id >= 0)
+			t->eog[id] = 1;
+	}
+
+	/* bytes -> symbols. SmolLM2's vocabulary has no token for 21 bytes (0x04, 0x06, 0x13,
+	 * 0x14, 0x16, 0x1d, 0xc0, 0xc1, 0xf1, 0xf2, 0xf5..0xff; so the lead byte of any
+	 * codepoint U+40000..U+BFFFF too); such a byte's symbol gets an id >= n_vocab and is
+	 * dropped from the output, as llama.cpp drops it. */
+	uint32_t cp_of_byte[256];
+	byte_map_init(cp_of_byte);
+	int32_t byte_of_cp[512];
+	for (int i = 0; i < 512; i++)
+		byte_of_cp[i] = -1;
+	for (int b = 0; b < 256; b++) {
+		char u[4];
+		int n = utf8_put(cp_of_byte[b], u);
+		byte_of_cp[cp_of_byte[b]] = b;
+		t->byte_sym[b] = strtab_intern(&t->st, u, (size_t)n);
+	}
+
+	/* merges "A B" (split at the first space after the first byte, as llama.cpp) */
+	uint64_t n_merges = kmerge->arr_n;
+	uint32_t ms = 1024;
+	while (ms < n_merges * 2 + 2)
+		ms *= 2;
+	t->n_merge_slots = ms;
+	t->merges = RT_CALLOC(ms, sizeof *t->merges);
+	for (uint64_t r = 0; r < n_merges; r++) {
+		const rt_gguf_str *m = &kmerge->arr_strs[r];
+		const char *sp = m->len > 1 ? memchr(m->s + 1, ' ', m->len - 1) : NULL;
+		if (!sp) {
+			rt_err_set(err, "%s: tokenizer: merge %llu '%.*s' has no space separator", path,
+			           (unsigned long long)r, (int)(m->len > 64 ? 64 : m->len), m->s);
+			goto fail;
+		}
+		size_t la = (size_t)(sp - m->s), lb = m->len - la - 1;
+		int32_t a = strtab_intern(&t->st, m->s, la);
+		int32_t b = strtab_intern(&t->st, sp + 1, lb);
+		char stackbuf[512];
+		char *cat = la + lb <= sizeof stackbuf ? stackbuf : RT_MALLOC(la + lb);
+		memcpy(cat, m->s, la);
+		memcpy(cat + la, sp + 1, lb);
+		int32_t res = strtab_intern(&t->st, cat, la + lb);
+		if (cat != stackbuf)
+			free(cat);
+		if (t->st.n > INT32_MAX / 2) {
+			rt_err_set(err, "%s: tokenizer: too many merge strings", path);
+			goto fail;
+		}
+		uint64_t key = merge_key(a, b);
+		uint32_t i = hash_u64(key) & (ms - 1);
+		while (t->merges[i].key && t->merges[i].key != key)
+			i = (i + 1) & (ms - 1);
+		if (!t->merges[i].key) { /* a duplicate pair keeps its first (lowest) rank */
+			t->merges[i].key = key;
+			t->merges[i].rank = (int32_t)r;
+			t->merges[i].result = res;
+		}
+	}
+
+	/* decoded bytes of every token */
+	size_t total = 0;
+	for (int32_t i = 0; i < t->n_vocab; i++)
+		total += t->st.len[i];
+	t->dec = RT_MALLOC(total + 1);
+	t->dec_off = RT_MALLOC(((size_t)t->n_vocab + 1) * sizeof *t->dec_off);
+	size_t w = 0;
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		const char *s = t->st.blob + t->st.off[i];
+		size_t n = t->st.len[i];
+		t->dec_off[i] = w;
+		if (t->type[i] == TT_NORMAL) {
+			size_t valid_to;
+			int ok = rt_utf8_valid(s, n, &valid_to);
+			for (size_t k = 0; k < n;) {
+				uint32_t cp;
+				int l = ok ? utf8_get(s + k, n - k, &cp) : 1;
+				if (ok && cp < 512 && byte_of_cp[cp] >= 0) {
+					t->dec[w++] = (char)byte_of_cp[cp];
+				} else { /* outside the byte alphabet: keep the raw text */
+					memcpy(t->dec + w, s + k, (size_t)l);
+					w += (size_t)l;
+				}
+				k += (size_t)l;
+			}
+		} else {
+			memcpy(t->dec + w, s, n);
+			w += n;
+		}
+	}
+	t->dec_off[t->n_vocab] = w;
+
+	/* special tokens for the partition step */
+	t->specials = RT_MALLOC((size_t)t->n_vocab * sizeof *t->specials);
+	for (int32_t i = 0; i < t->n_vocab; i++) {
+		int ty = t->type[i];
+		if ((ty == TT_CONTROL || ty == TT_USER_DEFINED || ty == TT_UNKNOWN) && t->st.len[i] > 0) {
+			special_tok *sp = &t->specials[t->n_specials++];
+			sp->id = i;
+			sp->type = ty;
+			sp->text = t->st.blob + t->st.off[i];
+			sp->len = t->st.len[i];
+		}
+	}
+	qsort(t->specials, (size_t)t->n_specials, sizeof *t->specials, cmp_special);
+
+	t->re_gpt2 = re_compile(RE_GPT2, path, err);
+	if (!t->re_gpt2)
+		goto fail;
+	if (t->split_digits) {
+		t->re_digit = re_compile(RE_DIGIT, path, err);
+		if (!t->re_digit)
+			goto fail;
+	}
+	return t;
+fail:
+	rt_tokenizer_free(t);
+	return NULL;
+}
+
+void rt_tokenizer_free(rt_tokenizer *t)
+{
+	if (!t)
+		return;
+	strtab_free(&t->st);
+	free(t->type);
+	free(t->dec);
+	free(t->dec_off);
+	free(t->merges);
+	free(t->specials);
+	free(t->eog);
+	if (t->re_gpt2)
+		pcre2_code_free(t->re_gpt2);
+	if (t->re_digit)
+		pcre2_code_free(t->re_digit);
+	free(t);
+}
+
+int32_t rt_tokenizer_n_vocab(const rt_tokenizer *t)
+{
+	return t->n_vocab;
+}
+
+int32_t rt_tokenizer_find(const rt_tokenizer *t, const char *piece)
+{
+	int32_t id = strtab_find(&t->st, piece, strlen(piece));
+	return id < t->n_vocab ? id : -1;
+}
+
+int rt_tokenizer_is_eog(const rt_tokenizer *t, int32_t id)
+{
+	return id >= 0 && id < t->n_vocab && t->eog[id];
+}
+
+int rt_token_to_bytes(const rt_tokenizer *t, int32_t id, char *buf, int cap)
+{
+	if (id < 0 || id >= t->n_vocab)
+		return -1;
+	size_t n = t->dec_off[id + 1] - t->dec_off[id];
+	if (buf && cap > 0)
+		memcpy(buf, t->dec + t->dec_off[id], n < (size_t)cap ? n : (size_t)cap);
+	return (int)n;
+}
+
+/* ---- tokenize ------------------------------------------------------------------ */
+
+typedef struct bpe_sym {
+	int32_t id;     /* string id */
+	int32_t start;  /* byte offset in the piece */
+	int32_t len;    /* bytes; 0 = merged away */
+	int32_t prev, next;
+} bpe_sym;
+
+typedef struct bpe_pair {
+	int32_t rank, left, right;
+	int32_t lid, rid, res;
+} bpe_pair;
+
+/* Per-call state: output sink and scratch reused across pieces. */
+typedef struct tok_run {
+	const rt_tokenizer *t;
+	int32_t *out;
+	int64_t cap, n;
+	bpe_sym *sym;
+	bpe_pair *heap;
+	size_t sym_cap, heap_cap, heap_n;
+	pcre2_match_data *md;
+	rt_err *err;
+} tok_run;
+
+static void emit(tok_run *r, int32_t id)
+{
+	if (r->n < r->cap)
+		r->out[r->n] = id;
+	r->n++;
+}
+
+static int pair_less(const bpe_pair *a, const bpe_pair *b)
+{
+	return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
+}
+
+static void heap_push(tok_run *r, bpe_pair p)
+{
+	if (r->heap_n == r->heap_cap) {
+		r->heap_cap = r->heap_cap ? r->heap_cap * 2 : 256;
+		r->heap = realloc(r->heap, r->heap_cap * sizeof *r->heap);
+		RT_ASSERT(r->heap);
+	}
+	size_t i = r->heap_n++;
+	while (i > 0) {
+		size_t up = (i - 1) / 2;
+		if (!pair_less(&p, &r->heap[up]))
+			break;
+		r->heap[i] = r->heap[up];
+		i = up;
+	}
+	r->heap[i] = p;
+}
+
+static bpe_pair heap_pop(tok_run *r)
+{
+	bpe_pair top = r->heap[0], last = r->heap[--r->heap_n];
+	size_t i = 0, n = r->heap_n;
+	for (;;) {
+		size_t c = 2 * i + 1;
+		if (c >= n)
+			break;
+		if (c + 1 < n && pair_less(&r->heap[c + 1], &r->heap[c]))
+			c++;
+		if (!pair_less(&r->heap[c], &last))
+			break;
+		r->heap[i] = r->heap[c];
+		i = c;
+	}
+	if (n)
+		r->heap[i] = last;
+	return top;
+}
+
+static const merge_slot *merge_find(const rt_tokenizer *t, int32_t a, int32_t b)
+{
+	uint64_t key = merge_key(a, b);
+	uint32_t mask = t->n_merge_slots - 1, i = hash_u64(key) & mask;
+	for (;;) {
+		const merge_slot *m = &t->merges[i];
+		if (m->key == key)
+			return m;
+		if (!m->key)
+			return NULL;
+		i = (i + 1) & mask;
+	}
+}
+
+static void try_pair(tok_run *r, int32_t left, int32_t right)
+{
+	if (left < 0 || right < 0)
+		return;
+	const merge_slot *m = merge_find(r->t, r->sym[left].id, r->sym[right].id);
+	if (m)
+		heap_push(r, (bpe_pair){m->rank, left, right, r->sym[left].id, r->sym[right].id, m->result});
+}
+
+/* Byte-level BPE of one pre-tokenized piece p[0..n), n >= 1. */
+static void bpe_piece(tok_run *r, const char *p, size_t n)
+{
+	const rt_tokenizer *t = r->t;
+	if (n > r->sym_cap) {
+		free(r->sym);
+		r->sym_cap = n > 2 * r->sym_cap ? n : 2 * r->sym_cap;
+		r->sym = RT_MALLOC(r->sym_cap * sizeof *r->sym);
+	}
+	bpe_sym *s = r->sym;
+	for (size_t i = 0; i < n; i++)
+		s[i] = (bpe_sym){t->byte_sym[(uint8_t)p[i]], (int32_t)i, 1, (int32_t)i - 1,
+		                 i + 1 < n ? (int32_t)i + 1 : -1};
+	r->heap_n = 0;
+	for (size_t i = 1; i < n; i++)
+		try_pair(r, (int32_t)i - 1, (int32_t)i);
+	while (r->heap_n) {
+		bpe_pair q = heap_pop(r);
+		bpe_sym *L = &s[q.left], *R = &s[q.right];
+		if (L->len == 0 || R->len == 0 || L->id != q.lid || R->id != q.rid)
+			continue; /* stale */
+		L->id = q.res;
+		L->len += R->len;
+		R->len = 0;
+		L->next = R->next;
+		if (R->next >= 0)
+			s[R->next].prev = q.left;
+		try_pair(r, L->prev, q.left);
+		try_pair(r, q.left, L->next);
+	}
+	for (int32_t i = 0; i >= 0; i = s[i].next) {
+		if (s[i].id < t->n_vocab) {
+			emit(r, s[i].id);
+		} else { /* a string outside the vocabulary: its bytes that have tokens */
+			for (int32_t k = 0; k < s[i].len; k++) {
+				int32_t b = t->byte_sym[(uint8_t)p[s[i].start + k]];
+				if (b < t->n_vocab)
+					emit(r, b);
+			}
+		}
+	}
+}
+
+/* Run re over s[0..n), calling piece() for every match and every unmatched gap. */
+static int regex_split(tok_run *r, const pcre2_code *re, const char *s, size_t n,
+                       int (*piece)(tok_run *, const char *, size_t))
+{
+	size_t pos = 0;
+	while (pos < n) {
+		int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, r->md, NULL);
+		if (rc == PCRE2_ERROR_NOMATCH)
+			break;
+		if (rc < 0) {
+			PCRE2_UCHAR msg[160];
+			pcre2_get_error_message(rc, msg, sizeof msg);
+			return rt_err_set(r->err, "text: pre-tokenizer regex failed near byte %zu: %s", pos,
+			                  (const char *)msg);
+		}
+		PCRE2_SIZE *ov = pcre2_get_ovector_pointer(r->md);
+		size_t ms = ov[0], me = ov[1];
+		if (me == ms) { /* no pattern here matches empty; guard against a loop anyway */
+			me = ms + 1;
+			while (me < n && ((uint8_t)s[me] & 0xC0) == 0x80)
+				me++;
+		}
+		if (ms > pos && piece(r, s + pos, ms - pos) < 0)
+			return -1;
+		if (piece(r, s + ms, me - ms) < 0)
+			return -1;
+		pos = me;
+	}
+	if (pos < n && piece(r, s + pos, n - pos) < 0)
+		return -1;
+	return 0;
+}
+
+static int piece_bpe(tok_run *r, const char *s, size_t n)
+{
+	bpe_piece(r, s, n);
+	return 0;
+}
+
+static int piece_gpt2(tok_run *r, const char *s, size_t n)
+{
+	return regex_split(r, r->t->re_gpt2, s, n, piece_bpe);
+}
+
+/* Pre-tokenize and BPE one raw-text fragment. */
+static int fragment(tok_run *r, const char *s, size_t n)
+{
+	if (n == 0)
+		return 0;
+	if (r->t->split_digits)
+		return regex_split(r, r->t->re_digit, s, n, piece_gpt2);
+	return piece_gpt2(r, s, n);
+}
+
+/* tokenizer_st_partition: cut special tokens out of s[0..n) (the longest token first,
+ * every occurrence left to right within each remaining raw fragment), then tokenize the
+ * raw fragments. Fragments live in a list of (start, len, id) where id -1 is raw text. */
+typedef struct frag {
+	size_t start, len;
+	int32_t id;
+} frag;
+
+int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
+                    int32_t *out, int64_t cap, rt_err *err)
+{
+	size_t bad;
+	if (len && !text)
+		return rt_err_set(err, "text: NULL with length %zu", len);
+	if (!rt_utf8_valid(text, len, &bad))
+		return rt_err_set(err, "text: invalid UTF-8 at byte %zu", bad);
+	if (cap < 0 || (cap > 0 && !out))
+		return rt_err_set(err, "text: bad output buffer (cap %lld)", (long long)cap);
+
+	/* two fragment lists: each special token rewrites cur into nxt, O(fragments) */
+	size_t nf = 1, fcap = 16;
+	frag *fr = RT_MALLOC(fcap * sizeof *fr), *nx = RT_MALLOC(fcap * sizeof *nx);
+	fr[0] = (frag){0, len, -1};
+	for (int k = 0; k < t->n_specials; k++) {
+		const special_tok *sp = &t->specials[k];
+		if (!parse_special && sp->type != TT_USER_DEFINED)
+			continue;
+		size_t nn = 0;
+		for (size_t f = 0; f < nf; f++) {
+			frag cur = fr[f];
+			while (cur.id < 0 && cur.len >= sp->len) {
+				const char *base = text + cur.start;
+				const char *hit = memmem(base, cur.len, sp->text, sp->len);
+				if (!hit)
+					break;
+				size_t off = (size_t)(hit - base);
+				if (nn + 3 > fcap) {
+					fcap *= 2;
+					fr = realloc(fr, fcap * sizeof *fr);
+					nx = realloc(nx, fcap * sizeof *nx);
+					RT_ASSERT(fr && nx);
+				}
+				if (off > 0)
+					nx[nn++] = (frag){cur.start, off, -1};
+				nx[nn++] = (frag){cur.start + off, sp->len, sp->id};
+				cur = (frag){cur.start + off + sp->len, cur.len - off - sp->len, -1};
+			}
+			if (cur.id >= 0 || cur.len > 0) {
+				if (nn + 1 > fcap) {
+					fcap *= 2;
+					fr = realloc(fr, fcap * sizeof *fr);
+					nx = realloc(nx, fcap * sizeof *nx);
+					RT_ASSERT(fr && nx);
+				}
+				nx[nn++] = cur;
+			}
+		}
+		frag *tmp = fr;
+		fr = nx;
+		nx = tmp;
+		nf = nn;
+	}
+
+	tok_run r = {.t = t, .out = out, .cap = cap, .err = err};
+	r.md = pcre2_match_data_create(4, NULL);
+	RT_ASSERT(r.md);
+	int rc = 0;
+	for (size_t f = 0; f < nf && rc == 0; f++) {
+		if (fr[f].id >= 0)
+			emit(&r, fr[f].id);
+		else
+			rc = fragment(&r, text + fr[f].start, fr[f].len);
+	}
+	pcre2_match_data_free(r.md);
+	free(r.sym);
+	free(r.heap);
+	free(fr);
+	free(nx);
+	return rc < 0 ? -1 : r.n;
+}
+
+/* ---- chat template ------------------------------------------------------------- */
+
+char *rt_chat_render(const char *system, const char *user)
+{
+	static const char def_sys[] = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+	static const char fmt[] = "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n"
+	                          "<|im_start|>assistant\n";
+	const char *sys = system ? system : def_sys;
+	const char *usr = user ? user : "";
+	size_t n = strlen(fmt) + strlen(sys) + strlen(usr);
+	char *s = RT_MALLOC(n + 1);
+	snprintf(s, n + 1, fmt, sys, usr);
+	return s;
+}

@@ -1,0 +1,52 @@
+/*
+ * rt_tokenizer: byte-level BPE (GPT-2 style) built from a GGUF file's
+ * tokenizer.ggml.{tokens,token_type,merges}, with the pre-tokenizer named by
+ * tokenizer.ggml.pre ("smollm": every digit its own piece, then the GPT-2 regex; run
+ * with PCRE2 for Unicode classes), special/control tokens matched verbatim in the
+ * input when allowed, decoding back to UTF-8 bytes, and the ChatML chat template of
+ * SmolLM2 (model_and_data.md section 1.6). Matches llama.cpp's llama-vocab.cpp.
+ */
+#ifndef RT_TOKENIZER_H
+#define RT_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/rt_gguf.h"
+#include "base/rt_util.h"
+
+typedef struct rt_tokenizer rt_tokenizer;
+
+/* Build from an open GGUF (the tokenizer copies what it needs; g may be closed after).
+ * Fails with "PATH: tokenizer: reason" for a missing/unsupported model or pre-tokenizer. */
+rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err);
+void rt_tokenizer_free(rt_tokenizer *t);
+
+int32_t rt_tokenizer_n_vocab(const rt_tokenizer *t);
+
+/* Tokenize len bytes of UTF-8 text. parse_special=1 lets control tokens such as
+ * "<|im_start|>" in the text map to their ids (needed for chat prompts); 0 treats them as
+ * plain text. No BOS is added. Returns the number of ids; writes at most cap ids to out
+ * (call with out=NULL, cap=0 to size). Returns -1 with err set on invalid UTF-8
+ * ("text: invalid UTF-8 at byte N"). */
+int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
+                    int32_t *out, int64_t cap, rt_err *err);
+
+/* Bytes of one token's text (byte-level BPE symbols mapped back to raw bytes; control
+ * tokens give their literal text). Writes up to cap bytes, returns the full length, or -1
+ * for an out-of-range id. */
+int rt_token_to_bytes(const rt_tokenizer *t, int32_t id, char *buf, int cap);
+
+/* Token id of an exact vocabulary string (e.g. "<|im_end|>"), or -1. */
+int32_t rt_tokenizer_find(const rt_tokenizer *t, const char *piece);
+
+/* 1 when id ends generation, by llama.cpp's rule: the GGUF eos/eot/eom ids and the tokens
+ * named <|endoftext|>, <|im_end|>, <reponame>, ... (for SmolLM2 the set is {0, 2, 4}). */
+int rt_tokenizer_is_eog(const rt_tokenizer *t, int32_t id);
+
+/* Render a single-turn ChatML prompt (system message optional: NULL uses the template's
+ * default "You are a helpful AI assistant named SmolLM, trained by Hugging Face") with
+ * the generation prompt appended. Returns a heap string the caller frees. */
+char *rt_chat_render(const char *system, const char *user);
+
+#endif

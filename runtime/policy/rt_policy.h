@@ -1,0 +1,292 @@
+/*
+ * rt_policy: the policy ABI — what a policy compiled by kvpc exports and how the runtime
+ * drives it (DESIGN.md section 5). A compiled policy is one `const struct kvp_policy`: its
+ * name and source, its parameters (runtime knobs with defaults and units), the size of its
+ * per-entry statistics and per-head state, its position convention, what the runtime must
+ * hand it (needs flags), and five hooks:
+ *
+ *   init_entries     after entries are appended to a head (new positions, keys, values)
+ *   observe          after the attention of ONE query token over one KV head's entries:
+ *                    the probabilities of every query head of the group, the attention
+ *                    output o of each, the step (= the query token's position)
+ *   should_compress  after each step or chunk: 1 if compress must run now
+ *   compress         the whole cache (all layers and heads), so allocation across layers
+ *                    and heads is possible
+ *   next_trigger     how many more tokens may be appended before the policy must run, so
+ *                    the runtime processes the largest chunk that cannot cross a trigger
+ *                    and chunked evaluation equals token-by-token evaluation
+ *
+ * Units used throughout: "entries" are slots of one (layer, KV head) list, "tokens" are
+ * positions of the text, "steps" are query tokens processed (one observe per step, layer
+ * and KV head). Statistics are stored in 4-byte words per entry: stat_words_entry shared
+ * words plus stat_words_qhead words for each query head of the group, so
+ * stat_bytes = 4 × (stat_words_entry + group × stat_words_qhead); the same for per-head
+ * state: state_bytes = 4 × (state_words + head_dim × state_words_dim).
+ *
+ * The runtime owns everything passed in; hooks never allocate. compress works in
+ * ctx->scratch (at least scratch_bytes(kv) bytes, 64-byte aligned, allocated once).
+ */
+#ifndef RT_POLICY_H
+#define RT_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv/rt_kv.h"
+
+#define KVP_ABI_VERSION 1
+
+/* Unit of a parameter value: what the number counts. */
+enum kvp_unit {
+	KVP_UNIT_SCALAR = 0, /* a plain number (thresholds, EMA rates, exponents) */
+	KVP_UNIT_ENTRIES,    /* entries of one (layer, KV head) list */
+	KVP_UNIT_TOKENS,     /* token positions of the text */
+	KVP_UNIT_RATIO,      /* a fraction of the context (0..1) or a compression factor */
+	KVP_UNIT_STEPS,      /* query steps (decode or prefill tokens processed) */
+	KVP_UNIT_COUNT_
+};
+
+/* Where kept keys sit after compaction (DESIGN.md section 4). */
+enum kvp_positions {
+	KVP_POS_ORIGINAL = 0, /* keys keep the RoPE of their original position (H2O, SnapKV, TOVA) */
+	KVP_POS_COMPACTED,    /* the runtime re-rotates kept keys to their index in the cache
+	                         (StreamingLLM) after each compress */
+};
+/* Either way rt_kv_head.pos keeps each entry's ORIGINAL position: policies use it for
+ * guards (sinks, recent), ages and the tie rule. Under COMPACTED the runtime tracks the
+ * rotation separately (entry i is rotated to index i, the query to index n). */
+
+/* Processing phase of the sequence. */
+enum kvp_phase {
+	KVP_PHASE_PREFILL = 0, /* tokens of the prompt (the context to compress) */
+	KVP_PHASE_DECODE,      /* generated or scored continuation tokens */
+};
+
+/* What the runtime must compute and pass to the hooks (bit flags of needs). */
+enum {
+	KVP_NEED_ATTN = 1u << 0,   /* observe needs the attention probabilities */
+	KVP_NEED_OUT = 1u << 1,    /* observe needs the attention outputs o */
+	KVP_NEED_KEYS = 1u << 2,   /* init_entries / compress read keys */
+	KVP_NEED_VALUES = 1u << 3, /* init_entries / compress read values */
+	KVP_NEED_SPANS = 1u << 4,  /* compress reads protected span ids (rt_kv_head.span) */
+	KVP_NEED_PROMPT_LEN = 1u << 5, /* the prompt length must be known before prefill
+	                                  (observation windows over the prompt tail, triggers
+	                                  at the prompt end); with prompt_len -1 they never
+	                                  fire */
+	KVP_NEED_TRACE = 1u << 6, /* compress reads the prompt trace (struct kvp_trace: hidden
+	                             states and queries of sampled layers, the queries of every
+	                             layer for the prompt tail, per-token surprisal), which the
+	                             runtime records while the prompt is processed; implies
+	                             KVP_NEED_PROMPT_LEN */
+};
+
+/* Layers the prompt trace samples, and the prompt-tail length whose queries it keeps for
+ * every layer. */
+#define KVP_TRACE_LAYERS 4
+#define KVP_TRACE_TAIL 128
+
+/* The prompt trace (KVP_NEED_TRACE): what the forward computed for each prompt token that
+ * the KV store does not keep, recorded by the runtime (rt_seq) for positions
+ * 0 .. n-1 of the prompt (row = position), so a one-shot compress at the prompt end can
+ * segment the text by its hidden-state trajectory and surprisal and probe the cache with
+ * the question's queries (GraceKV, algorithms.md section 9). All arrays are runtime-owned
+ * and valid during compress; rows at positions >= n are undefined. Queries are post-RoPE
+ * exactly as the attention used them (under KVP_POS_COMPACTED: rotated at the entry
+ * index, not the position). */
+struct kvp_trace {
+	int32_t n;              /* prompt positions recorded (== prompt length once done) */
+	int32_t cap;            /* rows per sampled layer in hid and q */
+	int n_layer, n_embd, n_head, head_dim;
+	int n_sample;           /* KVP_TRACE_LAYERS */
+	int sample_layer[KVP_TRACE_LAYERS]; /* increasing; round((s+1)·n_layer/4) - 1 */
+	const float *hid;       /* [n_sample × cap × n_embd]: the residual stream after layer
+	                           sample_layer[s], RMS-normalised (x / rms(x), no weight) */
+	const float *q;         /* [n_sample × cap × n_head·head_dim]: the post-RoPE queries of
+	                           layer sample_layer[s] (query head h at h·head_dim) */
+	int32_t tail_start;     /* first position of the tail: max(0, prompt_len - TAIL) */
+	int32_t tail_n;         /* tail rows recorded: positions tail_start .. +tail_n-1 */
+	const float *q_tail;    /* [n_layer × KVP_TRACE_TAIL × n_head·head_dim]: every layer's
+	                           post-RoPE queries of the tail positions (row = pos -
+	                           tail_start) */
+	const float *surprisal; /* [cap]: -log p(token at p | tokens < p) in nats, from the
+	                           logits the forward computed (with the cache the policy kept
+	                           then: the full prompt for a prompt-end policy); [0] = 0 */
+};
+
+/* One runtime knob. The runtime copies the defaults into kvp_ctx.params and applies
+ * `--set name=value` overrides; hooks read ctx->params[i], never the default. */
+struct kvp_param {
+	const char *name;    /* as written in the .kvp file */
+	double def;          /* default value */
+	enum kvp_unit unit;
+	const char *doc;     /* one line, may be "" */
+};
+
+/* The per-sequence context the runtime passes to every hook. */
+struct kvp_ctx {
+	const double *params;   /* [n_params] current parameter values */
+	int64_t seen;           /* tokens appended to the cache so far (positions 0..seen-1) */
+	int64_t prompt_len;     /* tokens of the prompt, or -1 when unknown (pure streaming) */
+	enum kvp_phase phase;   /* phase of the last processed token */
+	int prompt_done;        /* 1 once every prompt token has been processed */
+	int64_t compress_count; /* compress calls so far in this sequence */
+	int64_t last_compress_seen; /* ctx.seen at the last compress (0 if none) */
+	const char *const *span_names; /* [n_spans + 1] names of the request's protected spans,
+	                                  span id s (1..n_spans) is span_names[s]; [0] unused */
+	int n_spans;
+	void *scratch;          /* >= policy->scratch_bytes(kv) bytes for compress */
+	size_t scratch_len;
+	double ratio;           /* compression factor override R (> 1), 0 = none: the budget
+	                           becomes context / R entries per head (k_context: the prompt
+	                           length while known, else the tokens seen) in place of the
+	                           policy's own budget; schedules, allocation and targets
+	                           written relative to the budget follow it, guards keep their
+	                           values (compress fails when they exceed it) */
+	const struct kvp_trace *trace; /* the prompt trace (KVP_NEED_TRACE), else NULL */
+};
+
+/* What observe receives for one query token (one step) over one KV head. The entries
+ * visible to this query are the first n of the head (entries are kept in position order
+ * and the query sees every entry whose position is <= step). */
+struct kvp_obs {
+	int64_t step;          /* position of the query token; tokens seen = step + 1 */
+	int32_t n;             /* visible entries */
+	int group;             /* query heads sharing the KV head */
+	const float *probs;    /* [group × n] attention probabilities, row r (query head r of
+	                          the group) at probs + r × n, each row summing to 1 over the
+	                          visible entries (log-count bias included); NULL unless
+	                          KVP_NEED_ATTN */
+	const float *out;      /* [group × head_dim] attention outputs, or NULL unless
+	                          KVP_NEED_OUT */
+};
+
+struct kvp_policy {
+	int abi_version;        /* KVP_ABI_VERSION */
+	const char *name;       /* policy name as written in the .kvp file */
+	const char *source;     /* path of the .kvp file the code was generated from */
+	const char *source_hash; /* 16 hex digits, FNV-1a 64 of the source bytes */
+	const char *summary;    /* one-line description (the leading comment), may be "" */
+	int n_params;
+	const struct kvp_param *params; /* [n_params] */
+	uint32_t stat_words_entry; /* per-entry words shared by the group */
+	uint32_t stat_words_qhead; /* per-entry words for each query head */
+	uint32_t state_words;      /* per-head state words */
+	uint32_t state_words_dim;  /* per-head state words per head_dim */
+	enum kvp_positions positions;
+	unsigned needs;         /* KVP_NEED_* */
+
+	/* Entries [first, first + n) of head (layer, kv_head) were just appended (statistics
+	 * already zeroed by rt_kv_append). May be NULL. */
+	void (*init_entries)(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,
+	                     int32_t first, int32_t n);
+	/* One step of attention over head (layer, kv_head). May be NULL. */
+	void (*observe)(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,
+	                const struct kvp_obs *obs);
+	/* 1 when compress must run now (after ctx->seen tokens), else 0. */
+	int (*should_compress)(const struct kvp_ctx *ctx, const rt_kv *kv);
+	/* Compress the whole cache. Returns 0, or -1 with err set (e.g. scratch too small).
+	 * NULL (with scratch_bytes NULL) for a policy that never compresses. */
+	int (*compress)(const struct kvp_ctx *ctx, rt_kv *kv, rt_err *err);
+	/* How many tokens k may be appended (and observed) before the policy must run:
+	 * should_compress stays 0 after 1 .. k-1 more tokens and may be 1 after k. Bounded
+	 * by the room of the store (min over heads of cap - n): a policy that never runs
+	 * returns the room, and 0 means some head is full. The runtime feeds chunks of at
+	 * most k tokens, which makes chunked processing equal to token-by-token. */
+	int32_t (*next_trigger)(const struct kvp_ctx *ctx, const rt_kv *kv);
+	/* Bytes of ctx->scratch compress needs for this store's shape. */
+	size_t (*scratch_bytes)(const rt_kv *kv);
+};
+
+/* Bytes of per-entry statistics and per-head state a store needs for policy p with this
+ * GQA group size and head_dim (pass them to rt_kv_init). */
+size_t kvp_policy_stat_bytes(const struct kvp_policy *p, int group);
+size_t kvp_policy_state_bytes(const struct kvp_policy *p, int head_dim);
+
+/* Index of the parameter called name, or -1. */
+int kvp_policy_param_index(const struct kvp_policy *p, const char *name);
+
+/* Fill vals[0..n_params) with the defaults. */
+void kvp_policy_param_defaults(const struct kvp_policy *p, double *vals);
+
+/* Apply one "name=value" override to vals. A ratio parameter also accepts a percentage
+ * ("25%" = 0.25). Fails (-1, err "policy NAME: ...") on an unknown name, a value that is not
+ * a finite number, a negative ratio, or an entries/tokens/steps value that is not a whole
+ * number in [0, 1e9] (the same unit rules kvpc applies to the defaults). Budget-versus-guard
+ * feasibility is checked when compress runs, against the values then in force. */
+int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *assign,
+                         rt_err *err);
+
+/* Name of a unit ("entries", "tokens", ...). */
+const char *kvp_unit_name(enum kvp_unit u);
+
+/* ---- driving a policy (what the runtime's sequence loop calls) ---------------------
+ *
+ * One kvp_run per sequence slot: the parameter values, the context and the scratch
+ * area, allocated once by kvp_run_init. Per chunk the runtime asks kvp_run_chunk how
+ * many tokens it may process, appends them to the store (calling init_entries), runs
+ * attention with observe for each token, then calls kvp_run_advance, which moves the
+ * context forward and compresses when the policy says so:
+ *
+ *   kvp_run_init(&run, &kv, policy, L, G, R, d, cap, prompt_len, &err);
+ *   while (tokens remain) {
+ *       k = kvp_run_chunk(&run, &kv, max_chunk);        // 0: the store is full
+ *       for each (layer, kv head): rt_kv_append the k new entries (+ init_entries)
+ *       forward the k tokens; in each layer, for each query token t of the chunk and
+ *           each KV head: softmax over the entries with pos <= t (logit + log_count),
+ *           then policy->observe(&run.ctx, &kv, layer, g, &(struct kvp_obs){ t, n_vis,
+ *           R, probs [R × n_vis], outs [R × d] })
+ *       kvp_run_advance(&run, &kv, k, &err);            // may compress
+ *   }
+ *
+ * so a chunk never crosses a trigger or the prompt end and chunked evaluation equals
+ * token-by-token evaluation (tests/test_policies.c checks this). */
+struct kvp_run {
+	const struct kvp_policy *p;
+	double *params;          /* [n_params], defaults then --set overrides */
+	struct kvp_ctx ctx;
+	void *scratch;
+	size_t scratch_len;
+	int64_t compressions;    /* compress calls in this sequence */
+	double policy_seconds;   /* time spent in should_compress/compress/next_trigger */
+};
+
+/* Create the store kv (n_layer × n_kv_head heads of cap entries, statistics and state
+ * sized for p) and the run state for it. prompt_len: tokens of the prompt, -1 when
+ * unknown. Returns 0, or -1 with err set (bad shape, allocation failure); on failure
+ * both are left freed. */
+int kvp_run_init(struct kvp_run *r, rt_kv *kv, const struct kvp_policy *p, int n_layer,
+                 int n_kv_head, int group, int head_dim, int32_t cap, int64_t prompt_len,
+                 rt_err *err);
+void kvp_run_free(struct kvp_run *r);
+
+/* Start a new sequence on the same store: empty the store (rt_kv_reset), zero the
+ * counters, keep the parameter values. */
+void kvp_run_reset(struct kvp_run *r, rt_kv *kv, int64_t prompt_len);
+
+/* Apply "name=value" (see kvp_policy_param_set). */
+int kvp_run_set(struct kvp_run *r, const char *assign, rt_err *err);
+
+/* Override the policy's budget with a compression factor: budget = context / R entries
+ * per head (see kvp_ctx.ratio); R = 0 removes the override. Fails (-1, err) unless R is
+ * 0 or a finite number >= 1, or when the policy never compresses (no budget). */
+int kvp_run_set_ratio(struct kvp_run *r, double R, rt_err *err);
+
+/* Tokens the runtime may process in its next chunk: min(want, next_trigger), and not
+ * past the prompt end while the prompt is being processed. 0 when the store is full. */
+int32_t kvp_run_chunk(struct kvp_run *r, const rt_kv *kv, int32_t want);
+
+/* After n tokens were appended and observed: advance ctx.seen/phase and compress if
+ * should_compress says so. Returns 1 when it compressed, 0 when not, -1 with err set
+ * when compress failed. */
+int kvp_run_advance(struct kvp_run *r, rt_kv *kv, int32_t n, rt_err *err);
+
+/* The policies compiled into a binary: defined by the unit `kvpc emit --target registry`
+ * writes (NULL-terminated, kvp_registry_count entries, command-line order). */
+extern const struct kvp_policy *const kvp_registry[];
+extern const int kvp_registry_count;
+
+/* The registered policy called name, or NULL. */
+const struct kvp_policy *kvp_registry_find(const struct kvp_policy *const *reg, int n,
+                                           const char *name);
+
+#endif

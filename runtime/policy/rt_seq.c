@@ -1,0 +1,587 @@
+/*
+ * rt_seq: one sequence under one policy — chunk planning, the forward's append and
+ * observe hooks bridged to the policy ABI, compression, the compacted position
+ * convention's re-rotation, and the memory/time counters; see rt_seq.h.
+ */
+#include "policy/rt_seq.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the built-in full-cache policy ----------------------------------------------------- */
+
+static int full_should_compress(const struct kvp_ctx *ctx, const rt_kv *kv)
+{
+	(void)ctx;
+	(void)kv;
+	return 0;
+}
+
+/* The room of the store: min over heads of cap - n (a policy that never runs). */
+static int32_t full_next_trigger(const struct kvp_ctx *ctx, const rt_kv *kv)
+{
+	(void)ctx;
+	int32_t room = kv->cap;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		if (kv->cap - kv->heads[i].n < room)
+			room = kv->cap - kv->heads[i].n;
+	return room;
+}
+
+const struct kvp_policy rt_policy_full = {
+	.abi_version = KVP_ABI_VERSION,
+	.name = "full",
+	.source = "(built in)",
+	.source_hash = "0000000000000000",
+	.summary = "Full cache: every token is kept (the exact reference).",
+	.n_params = 0,
+	.params = NULL,
+	.positions = KVP_POS_ORIGINAL,
+	.needs = 0,
+	.should_compress = full_should_compress,
+	.next_trigger = full_next_trigger,
+};
+
+/* ---- hooks from the forward ------------------------------------------------------------ */
+
+static void seq_on_append(void *user, int layer, int kv_head, int32_t first, int32_t n)
+{
+	rt_seq *s = user;
+	if (s->cur_span) {
+		rt_kv_head *h = rt_kv_head_at(&s->kv, layer, kv_head);
+		for (int32_t i = first; i < first + n; i++)
+			h->span[i] = s->cur_span;
+	}
+	if (s->rot_idx) {
+		const rt_kv_head *h = rt_kv_head_at(&s->kv, layer, kv_head);
+		int32_t *ri = s->rot_idx +
+		              (size_t)(layer * s->kv.n_kv_head + kv_head) * (size_t)s->m->hp.n_ctx;
+		for (int32_t i = first; i < first + n; i++)
+			ri[h->pos[i]] = i;
+	}
+	if (s->p->init_entries) {
+		double t0 = rt_now();
+		s->p->init_entries(&s->run.ctx, &s->kv, layer, kv_head, first, n);
+		s->hook_seconds += rt_now() - t0;
+	}
+}
+
+static void seq_observe(void *user, const rt_attn_view *v)
+{
+	rt_seq *s = user;
+	const struct kvp_obs ob = {
+		.step = v->pos,
+		.n = v->n_entries,
+		.group = v->group,
+		.probs = (s->p->needs & KVP_NEED_ATTN) ? v->probs : NULL,
+		.out = (s->p->needs & KVP_NEED_OUT) ? v->out : NULL,
+	};
+	double t0 = rt_now();
+	s->p->observe(&s->run.ctx, &s->kv, v->layer, v->kv_head, &ob);
+	s->hook_seconds += rt_now() - t0;
+}
+
+/* ---- the prompt trace (KVP_NEED_TRACE) ---------------------------------------------- */
+
+/* Records, for prompt positions, the RMS-normalised residual stream and the queries of the
+ * sampled layers, and every layer's queries of the prompt tail (struct kvp_trace). */
+static void seq_on_layer(void *user, int layer, int C, int32_t pos0, const float *x,
+                         const float *q)
+{
+	rt_seq *s = user;
+	struct kvp_trace *t = &s->tr;
+	const int64_t lim = s->run.ctx.prompt_len < t->cap ? s->run.ctx.prompt_len : t->cap;
+	const int E = t->n_embd;
+	const size_t qd = (size_t)t->n_head * t->head_dim;
+	for (int r = 0; r < C; r++) {
+		const int64_t p = (int64_t)pos0 + r;
+		if (p >= lim)
+			break;
+		const float *xr = x + (size_t)r * E, *qr = q + (size_t)r * qd;
+		for (int si = 0; si < t->n_sample; si++) { /* a small model may sample a layer twice */
+			if (t->sample_layer[si] != layer)
+				continue;
+			double ss = 0;
+			for (int i = 0; i < E; i++)
+				ss += (double)xr[i] * xr[i];
+			const float inv = (float)(1.0 / sqrt(ss / E + 1e-30));
+			float *h = (float *)t->hid + ((size_t)si * t->cap + (size_t)p) * E;
+			for (int i = 0; i < E; i++)
+				h[i] = xr[i] * inv;
+			memcpy((float *)t->q + ((size_t)si * t->cap + (size_t)p) * qd, qr,
+			       qd * sizeof(float));
+		}
+		if (p >= t->tail_start && p < t->tail_start + KVP_TRACE_TAIL)
+			memcpy((float *)t->q_tail +
+			               ((size_t)layer * KVP_TRACE_TAIL + (size_t)(p - t->tail_start)) * qd,
+			       qr, qd * sizeof(float));
+	}
+}
+
+/* log Σ exp(row[i]) over n values, in double */
+static double row_lse(const float *row, int n)
+{
+	float mx = row[0];
+	for (int i = 1; i < n; i++)
+		mx = row[i] > mx ? row[i] : mx;
+	double sum = 0;
+	for (int i = 0; i < n; i++)
+		sum += exp((double)row[i] - mx);
+	return (double)mx + log(sum);
+}
+
+/* After a chunk of C tokens at positions seen..seen+C-1 whose logits rows are lg
+ * ([C × n_vocab]): the surprisal of every prompt token the rows (or the previous chunk's
+ * last row) predict, and the recorded-positions count. */
+static void trace_chunk(rt_seq *s, const int32_t *tok, int C, const float *lg)
+{
+	struct kvp_trace *t = &s->tr;
+	const int V = s->m->hp.n_vocab;
+	const int64_t seen = s->run.ctx.seen, pl = s->run.ctx.prompt_len;
+	const int64_t lim = pl < t->cap ? pl : t->cap;
+	float *sur = (float *)t->surprisal;
+	if (seen >= lim)
+		return;
+	RT_ASSERT(lg);
+	if (seen == 0)
+		sur[0] = 0;
+	else if (s->tr_prev_lse > -1e300)
+		sur[seen] = (float)(s->tr_prev_lse - s->tr_prev[tok[0]]);
+	for (int r = 1; r < C && seen + r < lim; r++) {
+		const float *row = lg + (size_t)(r - 1) * V;
+		sur[seen + r] = (float)(row_lse(row, V) - row[tok[r]]);
+	}
+	if (seen + C < lim) {
+		memcpy(s->tr_prev, lg + (size_t)(C - 1) * V, (size_t)V * sizeof(float));
+		s->tr_prev_lse = row_lse(s->tr_prev, V);
+	}
+	t->n = (int32_t)(seen + C < lim ? seen + C : lim);
+}
+
+/* Whether the next chunk needs every row's logits for the trace. */
+static int trace_wants_logits(const rt_seq *s)
+{
+	if (!s->tr_mem)
+		return 0;
+	const int64_t lim = s->run.ctx.prompt_len < s->tr.cap ? s->run.ctx.prompt_len : s->tr.cap;
+	return s->run.ctx.seen < lim;
+}
+
+static void trace_reset(rt_seq *s)
+{
+	if (!s->tr_mem)
+		return;
+	s->tr.n = 0;
+	int64_t pl = s->run.ctx.prompt_len;
+	s->tr.tail_start = pl > KVP_TRACE_TAIL ? (int32_t)(pl - KVP_TRACE_TAIL) : 0;
+	s->tr.tail_n = pl < 0 ? 0 : (int32_t)(pl - s->tr.tail_start);
+	s->tr_prev_lse = -INFINITY;
+}
+
+static int trace_init(rt_seq *s, rt_err *err)
+{
+	const rt_model_hparams *hp = &s->m->hp;
+	struct kvp_trace *t = &s->tr;
+	const size_t E = (size_t)hp->n_embd, qd = (size_t)hp->n_head * hp->head_dim;
+	const size_t cap = (size_t)s->cap, V = (size_t)hp->n_vocab;
+	const size_t n_hid = KVP_TRACE_LAYERS * cap * E, n_q = KVP_TRACE_LAYERS * cap * qd;
+	const size_t n_tail = (size_t)hp->n_layer * KVP_TRACE_TAIL * qd;
+	const size_t total = n_hid + n_q + n_tail + cap + V + (size_t)RT_SEQ_TRACE_CHUNK * V;
+	s->tr_mem = calloc(total, sizeof(float));
+	if (!s->tr_mem)
+		return rt_err_set(err, "%s: sequence: cannot allocate %zu bytes of prompt trace",
+		                  s->m->path, total * sizeof(float));
+	t->cap = s->cap;
+	t->n_layer = hp->n_layer;
+	t->n_embd = hp->n_embd;
+	t->n_head = hp->n_head;
+	t->head_dim = hp->head_dim;
+	t->n_sample = KVP_TRACE_LAYERS;
+	for (int i = 0; i < KVP_TRACE_LAYERS; i++) {
+		int l = (int)lround((double)(i + 1) * hp->n_layer / KVP_TRACE_LAYERS) - 1;
+		t->sample_layer[i] = l < 0 ? 0 : l;
+	}
+	float *p = s->tr_mem;
+	t->hid = p;
+	p += n_hid;
+	t->q = p;
+	p += n_q;
+	t->q_tail = p;
+	p += n_tail;
+	t->surprisal = p;
+	p += cap;
+	s->tr_prev = p;
+	p += V;
+	s->tr_lg = p;
+	s->run.ctx.trace = t;
+	s->fwd.on_layer = seq_on_layer;
+	s->fwd.layer_user = s;
+	trace_reset(s);
+	return 0;
+}
+
+/* ---- compacted positions ----------------------------------------------------------------- */
+
+/* After a compress under KVP_POS_COMPACTED: turn every kept key from the index it was
+ * rotated at to its current index i (delta = i - old), so entry i sits at rotation i. */
+static void seq_rerotate(rt_seq *s)
+{
+	const rt_model_hparams *hp = &s->m->hp;
+	const int n_rot = hp->n_rot, d = hp->head_dim;
+	const int H = s->kv.n_layer * s->kv.n_kv_head;
+	double cached = 0; /* delta the cos/sin table holds (0: none) */
+	for (int hi = 0; hi < H; hi++) {
+		rt_kv_head *h = &s->kv.heads[hi];
+		int32_t *ri = s->rot_idx + (size_t)hi * (size_t)hp->n_ctx;
+		for (int32_t i = 0; i < h->n; i++) {
+			int32_t old = ri[h->pos[i]];
+			RT_ASSERT(old >= i);
+			ri[h->pos[i]] = i;
+			if (old == i)
+				continue;
+			double delta = (double)i - (double)old;
+			if (delta != cached) {
+				for (int p = 0; p < n_rot / 2; p++) {
+					s->rot_cs[2 * p] = cos(delta * s->rot_freq[p]);
+					s->rot_cs[2 * p + 1] = sin(delta * s->rot_freq[p]);
+				}
+				cached = delta;
+			}
+			float *k = h->k + (size_t)i * d;
+			for (int p = 0; p < n_rot / 2; p++) {
+				double co = s->rot_cs[2 * p], si = s->rot_cs[2 * p + 1];
+				double x0 = k[2 * p], x1 = k[2 * p + 1];
+				k[2 * p] = (float)(x0 * co - x1 * si);
+				k[2 * p + 1] = (float)(x0 * si + x1 * co);
+			}
+		}
+	}
+}
+
+/* ---- lifecycle ----------------------------------------------------------------------- */
+
+int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_t cap,
+                int max_chunk, int64_t prompt_len, rt_err *err)
+{
+	memset(s, 0, sizeof *s);
+	const rt_model_hparams *hp = &m->hp;
+	if (cap < 1 || max_chunk < 1 || max_chunk > 65536)
+		return rt_err_set(err, "%s: sequence: invalid capacity %d or chunk %d", m->path, (int)cap,
+		                  max_chunk);
+	if (kvp_run_init(&s->run, &s->kv, p, hp->n_layer, hp->n_head_kv, hp->group, hp->head_dim,
+	                 cap, prompt_len, err) != 0)
+		return -1;
+	s->m = m;
+	s->p = p;
+	s->cap = cap;
+	s->max_chunk = max_chunk;
+	if (rt_fwd_init(&s->fwd, m, max_chunk, cap, err) != 0) {
+		rt_seq_free(s);
+		return -1;
+	}
+	if (p->positions == KVP_POS_COMPACTED) {
+		size_t n = (size_t)hp->n_layer * hp->n_head_kv * (size_t)hp->n_ctx;
+		s->rot_idx = malloc(n * sizeof *s->rot_idx);
+		s->rot_freq = malloc((size_t)(hp->n_rot / 2 + 1) * sizeof *s->rot_freq);
+		s->rot_cs = malloc((size_t)(hp->n_rot + 1) * sizeof *s->rot_cs);
+		if (!s->rot_idx || !s->rot_freq || !s->rot_cs) {
+			rt_seq_free(s);
+			return rt_err_set(err, "%s: sequence: cannot allocate %zu bytes of position map",
+			                  m->path, n * sizeof(int32_t));
+		}
+		for (int p = 0; p < hp->n_rot / 2; p++)
+			s->rot_freq[p] = pow((double)hp->rope_base, -2.0 * p / hp->n_rot);
+		s->fwd.rope_at_index = 1;
+	}
+	s->fwd.on_append = seq_on_append; /* span ids, the position map, init_entries */
+	s->fwd.append_user = s;
+	s->fwd.observe = p->observe ? seq_observe : NULL;
+	s->fwd.observe_user = s;
+	if ((p->needs & KVP_NEED_TRACE) && trace_init(s, err) != 0) {
+		rt_seq_free(s);
+		return -1;
+	}
+	return 0;
+}
+
+void rt_seq_free(rt_seq *s)
+{
+	if (s->p)
+		kvp_run_free(&s->run);
+	rt_kv_free(&s->kv);
+	rt_fwd_free(&s->fwd);
+	free(s->rot_idx);
+	free(s->rot_freq);
+	free(s->rot_cs);
+	free(s->tr_mem);
+	memset(s, 0, sizeof *s);
+}
+
+void rt_seq_reset(rt_seq *s, int64_t prompt_len)
+{
+	kvp_run_reset(&s->run, &s->kv, prompt_len);
+	memset(&s->st, 0, sizeof s->st);
+	s->hook_seconds = 0;
+	s->cur_span = 0;
+	trace_reset(s);
+}
+
+void rt_seq_set_span_names(rt_seq *s, const char *const *names, int n)
+{
+	RT_ASSERT(n >= 0 && n <= 65535);
+	s->run.ctx.span_names = names;
+	s->run.ctx.n_spans = n;
+}
+
+void rt_seq_span(rt_seq *s, int id)
+{
+	RT_ASSERT(id >= 0 && id <= s->run.ctx.n_spans);
+	s->cur_span = (uint16_t)id;
+}
+
+int rt_seq_set(rt_seq *s, const char *assign, rt_err *err)
+{
+	return kvp_run_set(&s->run, assign, err);
+}
+
+int rt_seq_set_ratio(rt_seq *s, double R, rt_err *err)
+{
+	return kvp_run_set_ratio(&s->run, R, err);
+}
+
+int64_t rt_seq_seen(const rt_seq *s)
+{
+	return s->run.ctx.seen;
+}
+
+double rt_seq_mean_entries(const rt_seq *s)
+{
+	return (double)rt_kv_entries(&s->kv) / ((double)s->kv.n_layer * s->kv.n_kv_head);
+}
+
+rt_seq_stats rt_seq_stats_get(const rt_seq *s)
+{
+	rt_seq_stats st = s->st;
+	st.compress_events = s->run.compressions;
+	st.policy_seconds = s->run.policy_seconds + s->hook_seconds;
+	return st;
+}
+
+/* ---- feeding ------------------------------------------------------------------------- */
+
+/* The policy-side half of one chunk: after the forward appended and observed the C tokens
+ * tok[0..C) (logits rows lg [C × n_vocab], or NULL when none were computed): the trace,
+ * the counters, kvp_run_advance (may compress) and the compacted re-rotation. */
+static int seq_chunk_done(rt_seq *s, const int32_t *tok, int C, const float *lg, rt_err *err)
+{
+	if (trace_wants_logits(s))
+		trace_chunk(s, tok, C, lg);
+	s->st.chunks++;
+	int64_t e = rt_kv_entries(&s->kv);
+	if (e > s->st.kv_entries_peak) {
+		s->st.kv_entries_peak = e;
+		s->st.kv_bytes_peak = rt_kv_bytes_used(&s->kv);
+	}
+	int rc = kvp_run_advance(&s->run, &s->kv, C, err);
+	if (rc < 0)
+		return -1;
+	if (rc == 1 && s->rot_idx) {
+		double t1 = rt_now();
+		seq_rerotate(s);
+		s->hook_seconds += rt_now() - t1;
+	}
+	s->st.tokens += C;
+	return 0;
+}
+
+static int seq_full_err(const rt_seq *s, rt_err *err)
+{
+	return rt_err_set(err,
+	                  "policy %s: KV cache full at token %lld: the store holds %d "
+	                  "entries per head and the policy frees none (budget above "
+	                  "the capacity?)",
+	                  s->p->name, (long long)s->run.ctx.seen, (int)s->cap);
+}
+
+int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
+                enum rt_logits_mode mode, rt_err *err)
+{
+	const int V = s->m->hp.n_vocab;
+	if (n < 0)
+		return rt_err_set(err, "%s: sequence: negative token count", s->m->path);
+	if (mode != RT_LOGITS_NONE && !logits)
+		return rt_err_set(err, "%s: sequence: logits requested without a buffer", s->m->path);
+	double t0 = rt_now();
+	for (int64_t done = 0; done < n;) {
+		int32_t want = n - done < s->max_chunk ? (int32_t)(n - done) : s->max_chunk;
+		const int tr = trace_wants_logits(s) && mode != RT_LOGITS_ALL;
+		if (tr && want > RT_SEQ_TRACE_CHUNK)
+			want = RT_SEQ_TRACE_CHUNK;
+		int32_t k = kvp_run_chunk(&s->run, &s->kv, want);
+		if (k == 0)
+			return seq_full_err(s, err);
+		float *lg = NULL;
+		enum rt_logits_mode md = RT_LOGITS_NONE;
+		if (mode == RT_LOGITS_ALL) {
+			lg = logits + (size_t)done * V;
+			md = RT_LOGITS_ALL;
+		} else if (tr) {
+			lg = s->tr_lg;
+			md = RT_LOGITS_ALL;
+		} else if (mode == RT_LOGITS_LAST && done + k == n) {
+			lg = logits;
+			md = RT_LOGITS_LAST;
+		}
+		if (rt_model_forward(&s->fwd, &s->kv, tokens + done, k, (int32_t)s->run.ctx.seen, lg, md,
+		                     err) != 0)
+			return -1;
+		if (tr && mode == RT_LOGITS_LAST && done + k == n)
+			memcpy(logits, s->tr_lg + (size_t)(k - 1) * V, (size_t)V * sizeof(float));
+		if (seq_chunk_done(s, tokens + done, k, md == RT_LOGITS_ALL ? lg : NULL, err) != 0)
+			return -1;
+		done += k;
+	}
+	s->st.seconds += rt_now() - t0;
+	return 0;
+}
+
+/* ---- lockstep batches ---------------------------------------------------------------- */
+
+int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_err *err)
+{
+	memset(b, 0, sizeof *b);
+	if (K < 1 || chunk < 1 || chunk > 4096)
+		return rt_err_set(err, "sequence batch: invalid size %d or chunk %d", K, chunk);
+	const rt_model *m = s[0]->m;
+	for (int k = 1; k < K; k++)
+		if (s[k]->m != m)
+			return rt_err_set(err, "sequence batch: sequences of different models");
+	const size_t lg_bytes = (size_t)K * chunk * m->hp.n_vocab * sizeof(float);
+	const size_t ptrs = (size_t)K * (sizeof(rt_fwd *) + sizeof(rt_kv *) + sizeof(rt_seq *));
+	b->mem = calloc(1, ptrs + (size_t)K * (sizeof(int) + 512));
+	b->lg = malloc(lg_bytes);
+	if (!b->mem || !b->lg) {
+		rt_seq_batch_free(b);
+		return rt_err_set(err, "%s: sequence batch: cannot allocate %zu bytes of logits",
+		                  m->path, lg_bytes);
+	}
+	b->fw = b->mem;
+	b->kv = (rt_kv **)(b->fw + K);
+	b->s = (rt_seq **)(b->kv + K);
+	b->why = (char (*)[512])(b->s + K);
+	b->idx = (int *)(b->why + K);
+	for (int k = 0; k < K; k++) {
+		b->s[k] = s[k];
+		b->fw[k] = &s[k]->fwd;
+		b->kv[k] = &s[k]->kv;
+		b->idx[k] = k;
+	}
+	if (rt_fwd_init(&b->big, m, K * chunk, 1, err) != 0) {
+		rt_seq_batch_free(b);
+		return -1;
+	}
+	b->K = b->n_active = K;
+	b->chunk = chunk;
+	return 0;
+}
+
+void rt_seq_batch_free(rt_seq_batch *b)
+{
+	rt_fwd_free(&b->big);
+	free(b->mem);
+	free(b->lg);
+	memset(b, 0, sizeof *b);
+}
+
+const char *rt_seq_batch_error(const rt_seq_batch *b, int k)
+{
+	RT_ASSERT(k >= 0 && k < b->K);
+	return b->why[k][0] ? b->why[k] : NULL;
+}
+
+/* Sequence in slot i leaves the batch because of err: its reason is kept under the
+ * caller's index and the last active slot moves into its place. */
+static void batch_drop(rt_seq_batch *b, int i, const rt_err *err)
+{
+	snprintf(b->why[b->idx[i]], sizeof b->why[0], "%s", err->msg[0] ? err->msg : "failed");
+	int last = --b->n_active;
+	b->s[i] = b->s[last], b->fw[i] = b->fw[last], b->kv[i] = b->kv[last];
+	b->idx[i] = b->idx[last];
+}
+
+int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *logits,
+                      enum rt_logits_mode mode, rt_err *err)
+{
+	if (b->K < 1)
+		return rt_err_set(err, "sequence batch: not initialised");
+	const rt_model *m = b->s[0]->m;
+	const int V = m->hp.n_vocab;
+	if (n < 0)
+		return rt_err_set(err, "%s: sequence: negative token count", m->path);
+	if (mode != RT_LOGITS_NONE && !logits)
+		return rt_err_set(err, "%s: sequence: logits requested without a buffer", m->path);
+	if (b->n_active < 1)
+		return rt_err_set(err, "sequence batch: every sequence has left (%s)", b->why[0]);
+	const int64_t seen = b->s[0]->run.ctx.seen;
+	for (int k = 1; k < b->n_active; k++)
+		if (b->s[k]->run.ctx.seen != seen)
+			return rt_err_set(err,
+			                  "sequence batch: policy %s has seen %lld tokens, policy %s %lld",
+			                  b->s[0]->p->name, (long long)seen, b->s[k]->p->name,
+			                  (long long)b->s[k]->run.ctx.seen);
+	double t0 = rt_now();
+	for (int64_t done = 0; done < n;) {
+		int32_t k = n - done < b->chunk ? (int32_t)(n - done) : b->chunk;
+		int tr = 0;
+		for (int i = 0; i < b->n_active;) {
+			int32_t c = kvp_run_chunk(&b->s[i]->run, &b->s[i]->kv, k);
+			if (c == 0) {
+				rt_err e = { "" };
+				seq_full_err(b->s[i], &e);
+				batch_drop(b, i, &e);
+				continue;
+			}
+			k = c < k ? c : k;
+			tr |= trace_wants_logits(b->s[i]);
+			i++;
+		}
+		const int K = b->n_active;
+		if (K == 0)
+			return rt_err_set(err, "sequence batch: every sequence has left (%s)", b->why[0]);
+		const int last = done + k == n;
+		enum rt_logits_mode md = RT_LOGITS_NONE;
+		if (mode == RT_LOGITS_ALL || tr)
+			md = RT_LOGITS_ALL;
+		else if (mode == RT_LOGITS_LAST && last)
+			md = RT_LOGITS_LAST;
+		if (rt_model_forward_batch(&b->big, b->fw, b->kv, K, tokens + done, k,
+		                           (int32_t)(seen + done), b->lg, md, err) != 0)
+			return -1;
+		/* copy every slot's rows out before any slot leaves (leaving moves slots) */
+		for (int i = 0; i < K; i++) {
+			const float *rows = md == RT_LOGITS_ALL ? b->lg + (size_t)i * k * V : NULL;
+			const int o = b->idx[i];
+			if (mode == RT_LOGITS_ALL)
+				memcpy(logits + ((size_t)o * n + done) * V, rows, (size_t)k * V * sizeof(float));
+			else if (mode == RT_LOGITS_LAST && last)
+				memcpy(logits + (size_t)o * V,
+				       rows ? rows + (size_t)(k - 1) * V : b->lg + (size_t)i * V,
+				       (size_t)V * sizeof(float));
+		}
+		/* from the last slot down, so a leaving slot is only ever replaced by one already
+		 * advanced */
+		for (int i = K - 1; i >= 0; i--) {
+			const float *rows = md == RT_LOGITS_ALL ? b->lg + (size_t)i * k * V : NULL;
+			rt_err e = { "" };
+			if (seq_chunk_done(b->s[i], tokens + done, k, rows, &e) != 0)
+				batch_drop(b, i, &e);
+		}
+		done += k;
+	}
+	const double dt = rt_now() - t0;
+	for (int i = 0; i < b->n_active; i++)
+		b->s[i]->st.seconds += dt;
+	return 0;
+}

@@ -1,0 +1,179 @@
+/*
+ * rt_seq: one sequence evaluated under one KV-cache policy — the loop that joins the
+ * model forward (rt_model), the KV store (rt_kv) and a compiled policy (rt_policy), as
+ * DESIGN.md sections 4-5 describe it. An rt_seq owns the store (cap entries per
+ * (layer, KV head)), the policy's run state (parameters, context, scratch) and the
+ * forward scratch, all allocated once by rt_seq_init; feeding tokens allocates nothing.
+ *
+ * Per chunk: kvp_run_chunk gives the largest number of tokens that cannot cross the
+ * policy's next trigger (or the prompt end); the forward appends their keys/values to
+ * every head, calls the policy's init_entries on the new entries (rt_fwd.on_append),
+ * runs attention and hands every (layer, KV head, query row) to the policy's observe
+ * (probabilities and outputs only when its needs flags ask for them); then
+ * kvp_run_advance moves the context forward and compresses when the policy says so.
+ * Chunked feeding is therefore exactly token-by-token feeding (tests/test_seq.c).
+ *
+ * Positions. KVP_POS_ORIGINAL: keys keep the RoPE of their token position. KVP_POS_
+ * COMPACTED (StreamingLLM's pos_shift, Xiao et al. 2024): the forward rotates the key and
+ * the queries of a new token at the index the key gets in its (layer, KV head) list
+ * (rt_fwd.rope_at_index), and after every compress rt_seq re-rotates each kept key from
+ * the index it was rotated at to its new index by the delta rotation (ggml "normal" RoPE:
+ * adjacent pairs (x[2i], x[2i+1]) turned by delta·base^(-2i/n_rot), computed in double).
+ * The index each entry was rotated at is kept per (head, original position) in rt_seq,
+ * not in rt_kv. Repeated delta rotations accumulate float rounding (about 1e-7 relative
+ * per compress that moves the key).
+ *
+ * Capacity: a store of cap entries per head must hold the policy's largest budget plus
+ * one chunk. Ratio budgets in streaming mode grow with the tokens seen, so rt_cli uses
+ * cap = tokens to process; kv_entries_peak is the real memory figure (entries in use,
+ * not capacity).
+ */
+#ifndef RT_SEQ_H
+#define RT_SEQ_H
+
+#include <stdint.h>
+
+#include "kv/rt_kv.h"
+#include "model/rt_model.h"
+#include "policy/rt_policy.h"
+#include "base/rt_util.h"
+
+/* Prompt chunk while a trace is recorded and the caller does not want every row's logits
+ * (the trace's surprisal needs them; the chunk bounds the internal logits buffer). */
+#define RT_SEQ_TRACE_CHUNK 64
+
+/* The built-in full-cache policy: no statistics, no hooks, never compresses (the exact
+ * reference every other policy is compared with). Name "full". */
+extern const struct kvp_policy rt_policy_full;
+
+/* Counters of one sequence since rt_seq_init / rt_seq_reset. */
+typedef struct rt_seq_stats {
+	int64_t tokens;          /* tokens fed */
+	int64_t chunks;          /* forward calls (chunks) */
+	int64_t kv_entries_peak; /* max over chunks of the entries held by all (layer, KV head)
+	                          * lists together, measured after a chunk's append (before any
+	                          * compress), so it includes the chunk */
+	int64_t kv_bytes_peak;   /* bytes those entries occupied (rt_kv_bytes_used) */
+	int64_t compress_events; /* compress calls */
+	double policy_seconds;   /* wall time inside policy hooks (init_entries, observe,
+	                          * should_compress, compress, next_trigger) and in the
+	                          * compacted convention's re-rotation */
+	double seconds;          /* wall time inside rt_seq_feed */
+} rt_seq_stats;
+
+typedef struct rt_seq {
+	const rt_model *m;
+	const struct kvp_policy *p;
+	rt_kv kv;                /* the store: cap entries per head */
+	struct kvp_run run;      /* parameters, kvp_ctx, scratch */
+	rt_fwd fwd;              /* forward scratch for chunks of max_chunk tokens */
+	int max_chunk;
+	int32_t cap;
+	int32_t *rot_idx;        /* COMPACTED only: [n_layer·n_kv_head × n_ctx] index each
+	                          * entry's key is rotated at, by (head, original position) */
+	double *rot_freq;        /* COMPACTED only: [n_rot / 2] base^(-2i/n_rot) */
+	double *rot_cs;          /* COMPACTED only: [n_rot] cos, sin of the current delta */
+	double hook_seconds;     /* observe + init_entries time (kvp_run counts the rest) */
+	uint16_t cur_span;       /* protected-span id given to the entries appended next */
+	/* the prompt trace (KVP_NEED_TRACE only; run.ctx.trace points at tr) */
+	struct kvp_trace tr;
+	float *tr_mem;           /* one allocation: hid, q, q_tail, surprisal, prev, lg */
+	float *tr_prev;          /* [n_vocab] logits of the last prompt row seen so far */
+	double tr_prev_lse;      /* their log-sum-exp; < -1e300 when there is none */
+	float *tr_lg;            /* [RT_SEQ_TRACE_CHUNK × n_vocab] logits when the caller asks none */
+	rt_seq_stats st;
+} rt_seq;
+
+/* Create a sequence of model m under policy p (rt_policy_full or a compiled one) with a
+ * store of cap entries per head (>= 1) and forward chunks of at most max_chunk tokens
+ * (1..65536). prompt_len: tokens of the prompt (ctx.prompt_len; -1 = pure streaming, then
+ * prompt-end triggers never fire). Parameters start at the policy's defaults.
+ * Returns 0, or -1 with err set (bad sizes, a policy of another ABI, allocation
+ * failure); s is then safe to rt_seq_free. */
+int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_t cap,
+                int max_chunk, int64_t prompt_len, rt_err *err);
+void rt_seq_free(rt_seq *s);
+
+/* Start a new sequence on the same allocation: empty store, zeroed policy state and
+ * counters, the given prompt length; parameters and ratio are kept. */
+void rt_seq_reset(rt_seq *s, int64_t prompt_len);
+
+/* Protected spans (DESIGN.md section 4: `keep span NAME` in a policy): names[1..n] name
+ * span ids 1..n (names[0] is unused; the array must outlive the sequence), n <= 65535.
+ * rt_seq_span(s, id) gives every entry appended afterwards span id `id` (0 = none) until
+ * the next call, so a caller marks a system prompt or a question by setting the span
+ * before feeding it. rt_seq_reset keeps the names and sets the current span to 0. */
+void rt_seq_set_span_names(rt_seq *s, const char *const *names, int n);
+void rt_seq_span(rt_seq *s, int id);
+
+/* "name=value" parameter override (kvp_policy_param_set's errors). */
+int rt_seq_set(rt_seq *s, const char *assign, rt_err *err);
+
+/* Compression-factor override: budget = context / R entries per head (kvp_run_set_ratio;
+ * R = 0 removes it). Errors: R not 0 and not a finite number >= 1; the policy never
+ * compresses. */
+int rt_seq_set_ratio(rt_seq *s, double R, rt_err *err);
+
+/* Feed tokens[0..n) at positions seen..seen+n-1. logits: NULL with mode RT_LOGITS_NONE,
+ * [n × n_vocab] for RT_LOGITS_ALL (row i after tokens[i]), [n_vocab] for RT_LOGITS_LAST.
+ * Internally split into the largest chunks (<= max_chunk) that cannot cross the policy's
+ * next trigger or the prompt end. Errors (-1, err set; the sequence is then unusable
+ * until rt_seq_reset): a forward error (token out of range, context_length exceeded),
+ * "KV cache full" when the policy leaves no room in the store (capacity too small for
+ * its budget plus a chunk), a failed compress. */
+int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
+                enum rt_logits_mode mode, rt_err *err);
+
+/* K sequences fed the same tokens in lockstep (one text under several policies, as
+ * `ppl --policy a,b,...` and the A/B engine do): each chunk's weight GEMMs run once over
+ * all K sequences' rows (rt_model_forward_batch), so the weights are read once per chunk
+ * instead of K times; everything else is each sequence's own, exactly as rt_seq_feed. The
+ * sequences stay owned by the caller. */
+typedef struct rt_seq_batch {
+	int K;                   /* sequences given to rt_seq_batch_init */
+	int n_active;            /* those still fed: a sequence whose policy fails leaves */
+	rt_seq **s;              /* [K] (borrowed); slots 0..n_active-1 are the active ones */
+	int *idx;                /* [K] the caller's index of slot i */
+	char (*why)[512];        /* [K] by caller's index: "" or why that sequence left */
+	rt_fwd big;              /* scratch for K × chunk stacked rows */
+	int chunk;               /* tokens per internal chunk at most */
+	rt_fwd **fw;             /* [K] &s[slot]->fwd */
+	rt_kv **kv;              /* [K] &s[slot]->kv */
+	float *lg;               /* [K × chunk × n_vocab] logits of one internal chunk */
+	void *mem;               /* s, idx, why, fw, kv */
+} rt_seq_batch;
+
+/* Set up a batch over s[0..K) (same model, K >= 1, each at its own start) with internal
+ * chunks of at most `chunk` tokens (1..4096; the scratch holds K·chunk rows and K·chunk
+ * rows of logits: K·chunk·n_vocab·4 bytes). Errors (-1, err): bad sizes, sequences of
+ * different models, allocation failure (b is then safe to free). */
+int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_err *err);
+void rt_seq_batch_free(rt_seq_batch *b);
+
+/* Feed tokens[0..n) to every active sequence of the batch; they must all have seen the
+ * same number of tokens. Each internal chunk is the smallest of the sequences' allowed
+ * chunks (so no policy's trigger is crossed: every sequence sees exactly what rt_seq_feed
+ * would give it, up to float summation order). logits: NULL with RT_LOGITS_NONE; for
+ * RT_LOGITS_ALL [K × n × n_vocab] (sequence k's row i at (k·n + i)·n_vocab); for
+ * RT_LOGITS_LAST [K × n_vocab] (k: the caller's index; a sequence that left keeps
+ * whatever its rows held). A sequence whose policy fails (a compress error such as guards
+ * above the budget, or "KV cache full") leaves the batch: rt_seq_batch_error says why,
+ * the others go on. Every sequence's `seconds` counter grows by the batch's wall time
+ * (shared). Errors (-1, err): a forward error (every sequence is then unusable),
+ * sequences at different positions, no active sequence left. */
+int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *logits,
+                      enum rt_logits_mode mode, rt_err *err);
+
+/* NULL while sequence k (the caller's index) is in the batch, else why it left. */
+const char *rt_seq_batch_error(const rt_seq_batch *b, int k);
+
+/* Tokens seen so far (= the position of the next token). */
+int64_t rt_seq_seen(const rt_seq *s);
+
+/* Mean entries per (layer, KV head) list now: rt_kv_entries / (n_layer × n_kv_head). */
+double rt_seq_mean_entries(const rt_seq *s);
+
+/* Counters, with policy_seconds filled in. */
+rt_seq_stats rt_seq_stats_get(const rt_seq *s);
+
+#endif

@@ -1,0 +1,296 @@
+/*
+ * rt_keepmap: draws the kept positions of every (layer, KV head) list as an SVG grid
+ * (rows = heads grouped by layer, columns = token positions or bins of them). See
+ * rt_keepmap.h for the contract; text escaping is rt_svg's.
+ */
+#include "report/rt_keepmap.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "report/rt_svg.h"
+
+/* ---- layout (pixels) ------------------------------------------------------------------ */
+
+#define KM_LEFT 64      /* row labels */
+#define KM_GRID_W 1240  /* grid width */
+#define KM_RIGHT 56     /* per-row kept counts */
+#define KM_TOP 100      /* title, subtitle, legend */
+#define KM_LAYER_GAP 3  /* extra space between layers */
+#define KM_BOTTOM 56    /* x axis and footnote */
+
+static const char *const km_kept = "#0072B2";   /* Okabe & Ito blue */
+static const char *const km_merged = "#D55E00"; /* Okabe & Ito vermillion */
+static const char *const km_bg = "#ECECEC";
+
+/* ---- growable text buffer ------------------------------------------------------------- */
+
+typedef struct kbuf {
+	char *s;
+	size_t len, cap;
+} kbuf;
+
+__attribute__((format(printf, 2, 3)))
+static void kb_printf(kbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	RT_ASSERT(n >= 0);
+	if (b->len + (size_t)n + 1 > b->cap) {
+		size_t nc = b->cap ? b->cap : 4096;
+		while (nc < b->len + (size_t)n + 1)
+			nc *= 2;
+		char *p = realloc(b->s, nc);
+		if (!p)
+			rt_assert_fail("out of memory", __FILE__, __LINE__);
+		b->s = p;
+		b->cap = nc;
+	}
+	va_start(ap, fmt);
+	vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	b->len += (size_t)n;
+}
+
+static void kb_text(kbuf *b, const char *text)
+{
+	rt_svg_escape_append(&b->s, &b->len, &b->cap, text);
+}
+
+/* ---- summary -------------------------------------------------------------------------- */
+
+void rt_keepmap_summarize(const rt_keepmap *km, rt_keepmap_summary *s)
+{
+	memset(s, 0, sizeof *s);
+	int nh = km->n_layer * km->n_kv_head;
+	for (int h = 0; h < nh; h++) {
+		const rt_keepmap_head *e = &km->heads[h];
+		s->entries += e->n;
+		if (h == 0 || e->n < s->min_per_head)
+			s->min_per_head = e->n;
+		if (h == 0 || e->n > s->max_per_head)
+			s->max_per_head = e->n;
+		for (int32_t i = 0; e->count && i < e->n; i++)
+			s->merged += e->count[i] > 1.0f;
+	}
+	s->mean_per_head = nh > 0 ? (double)s->entries / nh : 0;
+}
+
+/* ---- validation ----------------------------------------------------------------------- */
+
+static int km_check(const rt_keepmap *km, rt_err *err)
+{
+	if (!km || km->n_layer < 1 || km->n_kv_head < 1 ||
+	    (int64_t)km->n_layer * km->n_kv_head > 4096)
+		return rt_err_set(err, "keepmap: need 1..4096 (layer, KV head) rows, got %d x %d",
+		                  km ? km->n_layer : 0, km ? km->n_kv_head : 0);
+	if (km->n_tokens < 1)
+		return rt_err_set(err, "keepmap: need at least 1 token, got %lld",
+		                  (long long)km->n_tokens);
+	if (!km->heads)
+		return rt_err_set(err, "keepmap: no head lists given");
+	for (int l = 0; l < km->n_layer; l++)
+		for (int h = 0; h < km->n_kv_head; h++) {
+			const rt_keepmap_head *e = &km->heads[l * km->n_kv_head + h];
+			if (e->n < 0 || (e->n > 0 && !e->pos))
+				return rt_err_set(err, "keepmap: layer %d head %d: bad entry list (n = %d)",
+				                  l, h, (int)e->n);
+			for (int32_t i = 0; i < e->n; i++) {
+				if (e->pos[i] < 0 || e->pos[i] >= km->n_tokens)
+					return rt_err_set(err, "keepmap: layer %d head %d entry %d: position %d "
+					                  "outside 0..%lld", l, h, (int)i, (int)e->pos[i],
+					                  (long long)km->n_tokens - 1);
+				if (e->count && !(e->count[i] >= 1.0f))
+					return rt_err_set(err, "keepmap: layer %d head %d entry %d: count %g "
+					                  "below 1", l, h, (int)i, (double)e->count[i]);
+			}
+		}
+	return 0;
+}
+
+/* Smallest 1-2-5 step >= raw. */
+static int64_t nice_step(double raw)
+{
+	int64_t p = 1;
+	for (;;) {
+		if ((double)p >= raw)
+			return p;
+		if ((double)(2 * p) >= raw)
+			return 2 * p;
+		if ((double)(5 * p) >= raw)
+			return 5 * p;
+		p *= 10;
+	}
+}
+
+/* ---- render --------------------------------------------------------------------------- */
+
+char *rt_keepmap_render(const rt_keepmap *km, size_t *len, rt_err *err)
+{
+	if (km_check(km, err) != 0)
+		return NULL;
+	const int L = km->n_layer, H = km->n_kv_head, rows = L * H;
+	const int64_t N = km->n_tokens;
+	const int64_t bin = (N + RT_KEEPMAP_MAX_COLS - 1) / RT_KEEPMAP_MAX_COLS;
+	const int cols = (int)((N + bin - 1) / bin);
+	const double cw = (double)KM_GRID_W / cols;
+	int rh = 720 / rows;
+	if (rh > 14)
+		rh = 14;
+	if (rh < 3)
+		rh = 3;
+	const int gap = L > 1 ? KM_LAYER_GAP : 0;
+	const int grid_h = rows * rh + (L - 1) * gap;
+	const int width = KM_LEFT + KM_GRID_W + KM_RIGHT;
+	const int height = KM_TOP + grid_h + KM_BOTTOM;
+	const int font = rh - 1 < 11 ? rh - 1 : 11;
+	int32_t *cnt = calloc((size_t)cols, sizeof *cnt);
+	unsigned char *mrg = calloc((size_t)cols, 1);
+	if (!cnt || !mrg) {
+		free(cnt);
+		free(mrg);
+		rt_err_set(err, "keepmap: out of memory for %d columns", cols);
+		return NULL;
+	}
+	rt_keepmap_summary sm;
+	rt_keepmap_summarize(km, &sm);
+
+	kbuf b = { 0 };
+	kb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+	          "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" "
+	          "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Arial, "
+	          "sans-serif\">\n", width, height, width, height);
+	kb_printf(&b, "<defs>\n<pattern id=\"hatch\" patternUnits=\"userSpaceOnUse\" width=\"4\" "
+	          "height=\"4\" patternTransform=\"rotate(45)\"><rect width=\"4\" height=\"4\" "
+	          "fill=\"%s\"/><rect width=\"1.5\" height=\"4\" fill=\"#FFFFFF\" "
+	          "fill-opacity=\"0.55\"/></pattern>\n</defs>\n", km_merged);
+	kb_printf(&b, "<style type=\"text/css\">.k{fill:%s}.m{fill:url(#hatch)}.bg{fill:%s}"
+	          ".lab{font-size:%dpx;fill:#333333}.t{font-size:15px;font-weight:bold}"
+	          ".s{font-size:12px;fill:#222222}</style>\n", km_kept, km_bg, font);
+	kb_printf(&b, "<rect width=\"%d\" height=\"%d\" fill=\"#FFFFFF\"/>\n", width, height);
+
+	/* title, parameters, statistics */
+	kb_printf(&b, "<text class=\"t\" x=\"%d\" y=\"22\">Kept KV entries per (layer, KV head): "
+	          "policy ", KM_LEFT);
+	kb_text(&b, km->policy ? km->policy : "?");
+	kb_printf(&b, "</text>\n<text class=\"s\" x=\"%d\" y=\"42\">", KM_LEFT);
+	if (km->params && *km->params) {
+		kb_printf(&b, "params ");
+		kb_text(&b, km->params);
+		kb_printf(&b, "; ");
+	}
+	if (km->ratio > 0)
+		kb_printf(&b, "ratio %g; ", km->ratio);
+	else
+		kb_printf(&b, "policy's own budget; ");
+	kb_printf(&b, "N = %lld tokens; %d layers x %d KV heads</text>\n", (long long)N, L, H);
+	kb_printf(&b, "<text class=\"s\" x=\"%d\" y=\"60\">kept per head: mean %.1f of %lld "
+	          "positions (%.1f%%), min %d, max %d; %lld entries, %lld merged prototypes; "
+	          "1 column = %lld token%s</text>\n", KM_LEFT, sm.mean_per_head, (long long)N,
+	          100.0 * sm.mean_per_head / (double)N, (int)sm.min_per_head, (int)sm.max_per_head,
+	          (long long)sm.entries, (long long)sm.merged, (long long)bin, bin > 1 ? "s" : "");
+
+	/* legend */
+	int lx = KM_LEFT;
+	kb_printf(&b, "<g class=\"legend\">\n<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" "
+	          "fill=\"%s\"/><text class=\"s\" x=\"%d\" y=\"82\">kept token%s</text>\n", lx,
+	          km_kept, lx + 18, bin > 1 ? " (opacity = share of the column's tokens)" : "");
+	lx += bin > 1 ? 390 : 110;
+	kb_printf(&b, "<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" fill=\"url(#hatch)\"/>"
+	          "<text class=\"s\" x=\"%d\" y=\"82\">merged prototype (count &gt; 1), at its "
+	          "position</text>\n", lx, lx + 18);
+	lx += 300;
+	kb_printf(&b, "<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" fill=\"%s\"/>"
+	          "<text class=\"s\" x=\"%d\" y=\"82\">evicted</text>\n", lx, km_bg, lx + 18);
+	kb_printf(&b, "<text class=\"s\" x=\"%d\" y=\"82\" text-anchor=\"end\">kept</text>\n</g>\n",
+	          width - 4);
+
+	/* rows */
+	kb_printf(&b, "<g shape-rendering=\"crispEdges\">\n");
+	for (int l = 0; l < L; l++)
+		for (int h = 0; h < H; h++) {
+			const rt_keepmap_head *e = &km->heads[l * H + h];
+			int y = KM_TOP + (l * H + h) * rh + l * gap;
+			memset(cnt, 0, (size_t)cols * sizeof *cnt);
+			memset(mrg, 0, (size_t)cols);
+			for (int32_t i = 0; i < e->n; i++) {
+				int c = (int)(e->pos[i] / bin);
+				cnt[c]++;
+				if (e->count && e->count[i] > 1.0f)
+					mrg[c] = 1;
+			}
+			kb_printf(&b, "<g id=\"row-%d-%d\">", l, h);
+			kb_printf(&b, "<rect class=\"bg\" x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\"/>",
+			          KM_LEFT, y, KM_GRID_W, rh - (rh > 4));
+			for (int c = 0; c < cols; c++) {
+				if (!cnt[c])
+					continue;
+				kb_printf(&b, "<rect class=\"%s\" x=\"%.2f\" y=\"%d\" width=\"%.2f\" "
+				          "height=\"%d\"", mrg[c] ? "m" : "k", KM_LEFT + c * cw, y, cw,
+				          rh - (rh > 4));
+				int64_t span = c == cols - 1 ? N - (int64_t)c * bin : bin;
+				if (span > 1 && !mrg[c] && cnt[c] < span)
+					kb_printf(&b, " fill-opacity=\"%.2f\"", (double)cnt[c] / (double)span);
+				kb_printf(&b, "/>");
+			}
+			if (rh >= 6 || h == 0)
+				kb_printf(&b, "<text class=\"lab\" x=\"%d\" y=\"%d\" text-anchor=\"end\">"
+				          "L%d H%d</text>", KM_LEFT - 4, y + rh - 2, l, h);
+			if (rh >= 6)
+				kb_printf(&b, "<text class=\"lab\" x=\"%d\" y=\"%d\" text-anchor=\"end\">"
+				          "%d</text>", width - 4, y + rh - 2, (int)e->n);
+			kb_printf(&b, "</g>\n");
+		}
+	kb_printf(&b, "</g>\n");
+
+	/* x axis */
+	int ya = KM_TOP + grid_h + 2;
+	int64_t step = nice_step((double)N / 10.0);
+	kb_printf(&b, "<g class=\"axis\" stroke=\"#444444\" stroke-width=\"1\">\n"
+	          "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>\n", KM_LEFT, ya,
+	          KM_LEFT + KM_GRID_W, ya);
+	for (int64_t p = 0; p < N; p += step) {
+		double x = KM_LEFT + (double)p * cw / (double)bin;
+		kb_printf(&b, "<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\"/>\n", x, ya, x, ya + 5);
+	}
+	kb_printf(&b, "</g>\n<g class=\"s\" text-anchor=\"middle\">\n");
+	for (int64_t p = 0; p < N; p += step) {
+		double x = KM_LEFT + (double)p * cw / (double)bin;
+		kb_printf(&b, "<text x=\"%.2f\" y=\"%d\">%lld</text>\n", x, ya + 18, (long long)p);
+	}
+	kb_printf(&b, "</g>\n<text class=\"s\" x=\"%d\" y=\"%d\" text-anchor=\"middle\">token "
+	          "position (original, 0 = first token of the text)</text>\n",
+	          KM_LEFT + KM_GRID_W / 2, ya + 40);
+	kb_printf(&b, "</svg>\n");
+	free(cnt);
+	free(mrg);
+	if (len)
+		*len = b.len;
+	return b.s;
+}
+
+int rt_keepmap_write(const char *path, const rt_keepmap *km, rt_err *err)
+{
+	size_t n;
+	char *s = rt_keepmap_render(km, &n, err);
+	if (!s)
+		return -1;
+	FILE *f = fopen(path, "wb");
+	if (!f) {
+		rt_err_set(err, "%s: %s", path, strerror(errno));
+		free(s);
+		return -1;
+	}
+	int bad = fwrite(s, 1, n, f) != n;
+	bad |= fclose(f) != 0;
+	free(s);
+	if (bad)
+		return rt_err_set(err, "%s: write failed", path);
+	return 0;
+}

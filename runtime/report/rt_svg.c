@@ -1,0 +1,438 @@
+/*
+ * rt_svg: renders the A/B report's metric-versus-compression line plot as SVG 1.1 text
+ * (axes, "nice" 1-2-5 linear ticks or power-of-two log ticks, grid, legend, gaps at
+ * missing points). See rt_svg.h for the contract.
+ */
+#include "report/rt_svg.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- growable text buffer ------------------------------------------------------------- */
+
+typedef struct sbuf {
+	char *s;
+	size_t len, cap;
+} sbuf;
+
+static void sb_reserve(char **s, size_t *len, size_t *cap, size_t extra)
+{
+	if (*len + extra + 1 <= *cap)
+		return;
+	size_t nc = *cap ? *cap : 1024;
+	while (nc < *len + extra + 1)
+		nc *= 2;
+	char *p = realloc(*s, nc);
+	if (!p)
+		rt_assert_fail("out of memory", __FILE__, __LINE__);
+	*s = p;
+	*cap = nc;
+}
+
+__attribute__((format(printf, 2, 3)))
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	RT_ASSERT(n >= 0);
+	sb_reserve(&b->s, &b->len, &b->cap, (size_t)n);
+	va_start(ap, fmt);
+	vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	b->len += (size_t)n;
+}
+
+void rt_svg_escape_append(char **buf, size_t *len, size_t *cap, const char *text)
+{
+	if (!text)
+		return;
+	size_t n = strlen(text);
+	for (size_t i = 0; i < n;) {
+		unsigned char c = (unsigned char)text[i];
+		const char *rep = NULL;
+		char one[2] = {0, 0};
+		size_t adv = 1;
+		switch (c) {
+		case '&': rep = "&amp;"; break;
+		case '<': rep = "&lt;"; break;
+		case '>': rep = "&gt;"; break;
+		case '"': rep = "&quot;"; break;
+		case '\'': rep = "&apos;"; break;
+		default:
+			if (c < 0x20 && c != '\t' && c != '\n') {
+				rep = "?";
+			} else if (c < 0x80) {
+				one[0] = (char)c;
+				rep = one;
+			} else {
+				size_t k = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+				size_t bad;
+				if (k > 1 && i + k <= n && rt_utf8_valid(text + i, k, &bad)) {
+					sb_reserve(buf, len, cap, k);
+					memcpy(*buf + *len, text + i, k);
+					*len += k;
+					(*buf)[*len] = '\0';
+					i += k;
+					continue;
+				}
+				rep = "?";
+			}
+		}
+		size_t rl = strlen(rep);
+		sb_reserve(buf, len, cap, rl);
+		memcpy(*buf + *len, rep, rl);
+		*len += rl;
+		(*buf)[*len] = '\0';
+		i += adv;
+	}
+}
+
+static void sb_text(sbuf *b, const char *text)
+{
+	sb_reserve(&b->s, &b->len, &b->cap, 0);
+	rt_svg_escape_append(&b->s, &b->len, &b->cap, text);
+}
+
+/* ---- axes ----------------------------------------------------------------------------- */
+
+/* An axis: data range [lo, hi] in axis units (log2(x) on a log axis) and tick values. */
+typedef struct axis {
+	double lo, hi;
+	double ticks[64];
+	int n_ticks;
+	int log2;
+	int decimals; /* for linear tick labels */
+	int sci;      /* 1: label with %.3g (extreme magnitudes) */
+} axis;
+
+static void axis_linear(axis *a, double mn, double mx)
+{
+	if (!(mn <= mx)) { /* no finite data */
+		mn = 0.0;
+		mx = 1.0;
+	}
+	if (mx == mn) {
+		double pad = mn == 0.0 ? 1.0 : fabs(mn) * 0.1;
+		mn -= pad;
+		mx += pad;
+	}
+	double raw = (mx - mn) / 5.0;
+	double mag = pow(10.0, floor(log10(raw)));
+	double norm = raw / mag;
+	double step = (norm < 1.5 ? 1.0 : norm < 3.0 ? 2.0 : norm < 7.0 ? 5.0 : 10.0) * mag;
+	a->lo = floor(mn / step) * step;
+	a->hi = ceil(mx / step) * step;
+	if (!(isfinite(step) && step > 0.0 && isfinite(a->lo) && isfinite(a->hi) &&
+	      a->hi > a->lo)) {
+		/* extreme magnitudes: scale the data range itself, ticks at both ends */
+		if (!isfinite(mx))
+			mx = mn;
+		a->lo = mn;
+		a->hi = mx;
+		a->ticks[0] = mn;
+		a->ticks[1] = mx;
+		a->n_ticks = 2;
+		a->decimals = 0;
+		a->log2 = 0;
+		a->sci = 1;
+		return;
+	}
+	a->sci = 0;
+	a->n_ticks = 0;
+	int nt = (int)lround((a->hi - a->lo) / step);
+	for (int i = 0; i <= nt && a->n_ticks < 64; i++) {
+		double v = a->lo + i * step;
+		if (fabs(v) < step * 1e-9)
+			v = 0.0;
+		a->ticks[a->n_ticks++] = v;
+	}
+	int d = -(int)floor(log10(step) + 1e-9);
+	a->decimals = d > 0 ? d : 0;
+	a->log2 = 0;
+}
+
+static void axis_log2(axis *a, double mn, double mx)
+{
+	a->log2 = 1;
+	a->decimals = 0;
+	if (!(mn <= mx)) {
+		mn = 1.0;
+		mx = 8.0;
+	}
+	double lo = log2(mn) - 0.25, hi = log2(mx) + 0.25;
+	int k0 = (int)ceil(lo), k1 = (int)floor(hi);
+	if (k0 > k1) { /* no power of two inside: widen to the neighbouring ones */
+		lo = floor(log2(mn)) - 0.25;
+		hi = ceil(log2(mx)) + 0.25;
+		k0 = (int)ceil(lo);
+		k1 = (int)floor(hi);
+	}
+	a->lo = lo;
+	a->hi = hi;
+	a->sci = 0;
+	int stride = 1;
+	while ((k1 - k0) / stride + 1 > 12)
+		stride *= 2;
+	a->n_ticks = 0;
+	for (int k = k0; k <= k1 && a->n_ticks < 64; k += stride)
+		a->ticks[a->n_ticks++] = k;
+}
+
+/* (v - lo) / (hi - lo), computed on halves so that extreme finite values do not
+ * overflow; 0.5 for an empty range; always finite. */
+static double frac(double v, double lo, double hi)
+{
+	double den = hi * 0.5 - lo * 0.5;
+	if (!(den > 0.0) || !isfinite(den))
+		return 0.5;
+	double f = (v * 0.5 - lo * 0.5) / den;
+	return isfinite(f) ? f : 0.5;
+}
+
+static void tick_label(const axis *a, double v, char *buf, size_t cap)
+{
+	if (a->log2) {
+		int k = (int)v;
+		if (k >= 0)
+			snprintf(buf, cap, "%.0f", ldexp(1.0, k));
+		else
+			snprintf(buf, cap, "1/%.0f", ldexp(1.0, -k));
+	} else if (a->sci) {
+		snprintf(buf, cap, "%.3g", v);
+	} else {
+		snprintf(buf, cap, "%.*f", a->decimals, v);
+	}
+}
+
+/* ---- plot ----------------------------------------------------------------------------- */
+
+static const char *const PALETTE[8] = {
+	"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442",
+};
+static const char *const DASH[4] = {"", "8 4", "3 3", "10 3 3 3"};
+
+static int point_ok(const rt_svg_plot *p, double x, double y)
+{
+	return isfinite(x) && isfinite(y) && (!p->x_log2 || x > 0.0);
+}
+
+/* One marker at (cx, cy) for series i: circle, square, triangle, diamond. */
+static void marker(sbuf *b, const char *cls, int i, double cx, double cy, const char *col)
+{
+	switch (i % 4) {
+	case 0:
+		sb_printf(b, "<circle class=\"%s\" cx=\"%.2f\" cy=\"%.2f\" r=\"4\" fill=\"%s\"/>\n",
+		          cls, cx, cy, col);
+		break;
+	case 1:
+		sb_printf(b, "<rect class=\"%s\" x=\"%.2f\" y=\"%.2f\" width=\"7\" height=\"7\" "
+		          "fill=\"%s\"/>\n", cls, cx - 3.5, cy - 3.5, col);
+		break;
+	case 2:
+		sb_printf(b, "<path class=\"%s\" d=\"M%.2f %.2fL%.2f %.2fL%.2f %.2fZ\" fill=\"%s\"/>\n",
+		          cls, cx, cy - 5, cx + 4.5, cy + 3.5, cx - 4.5, cy + 3.5, col);
+		break;
+	default:
+		sb_printf(b, "<path class=\"%s\" d=\"M%.2f %.2fL%.2f %.2fL%.2f %.2fL%.2f %.2fZ\" "
+		          "fill=\"%s\"/>\n", cls, cx, cy - 5, cx + 5, cy, cx, cy + 5, cx - 5, cy, col);
+	}
+}
+
+char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, size_t *len,
+                    rt_err *err)
+{
+	if (n_series < 0 || n_series > 64) {
+		rt_err_set(err, "svg: %d series (allowed 0..64)", n_series);
+		return NULL;
+	}
+	for (int i = 0; i < n_series; i++)
+		if (s[i].n < 0 || (s[i].n > 0 && (!s[i].x || !s[i].y))) {
+			rt_err_set(err, "svg: series %d has no data arrays or a negative count", i);
+			return NULL;
+		}
+	int W = p->width ? p->width : 720, H = p->height ? p->height : 440;
+	if (W < 200 || W > 8192 || H < 200 || H > 8192) {
+		rt_err_set(err, "svg: size %dx%d outside 200..8192 pixels", W, H);
+		return NULL;
+	}
+
+	/* data ranges over drawable points */
+	double xmn = INFINITY, xmx = -INFINITY, ymn = INFINITY, ymx = -INFINITY;
+	size_t maxname = 0;
+	for (int i = 0; i < n_series; i++) {
+		size_t nl = s[i].name ? strlen(s[i].name) : 0;
+		if (nl > maxname)
+			maxname = nl;
+		for (int j = 0; j < s[i].n; j++) {
+			double x = s[i].x[j], y = s[i].y[j];
+			if (!point_ok(p, x, y))
+				continue;
+			xmn = fmin(xmn, x);
+			xmx = fmax(xmx, x);
+			ymn = fmin(ymn, y);
+			ymx = fmax(ymx, y);
+		}
+	}
+	axis ax, ay;
+	if (p->x_log2)
+		axis_log2(&ax, xmn, xmx);
+	else
+		axis_linear(&ax, xmn, xmx);
+	axis_linear(&ay, ymn, ymx);
+
+	double legend_w = n_series ? 44.0 + 7.0 * (double)(maxname > 40 ? 40 : maxname) : 0.0;
+	double x0 = 72.0, x1 = W - 20.0 - legend_w, y0 = 48.0, y1 = H - 56.0;
+	if (x1 < x0 + 50.0)
+		x1 = x0 + 50.0;
+#define MAPX(v) (x0 + frac(ax.log2 ? log2(v) : (v), ax.lo, ax.hi) * (x1 - x0))
+#define MAPY(v) (y1 - frac((v), ay.lo, ay.hi) * (y1 - y0))
+#define MAPXT(t) (x0 + frac((t), ax.lo, ax.hi) * (x1 - x0))
+
+	sbuf b = {0};
+	sb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+	sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" "
+	          "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, "
+	          "Arial, sans-serif\" font-size=\"12\">\n", W, H, W, H);
+	sb_printf(&b, "<title>");
+	sb_text(&b, p->title ? p->title : "plot");
+	sb_printf(&b, "</title>\n");
+	sb_printf(&b, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", W, H);
+	if (p->title) {
+		sb_printf(&b, "<text x=\"%.2f\" y=\"28\" text-anchor=\"middle\" font-size=\"16\" "
+		          "font-weight=\"bold\">", (x0 + x1) / 2);
+		sb_text(&b, p->title);
+		sb_printf(&b, "</text>\n");
+	}
+
+	/* grid, ticks and tick labels */
+	sb_printf(&b, "<g class=\"grid\" stroke=\"#dddddd\" stroke-width=\"1\">\n");
+	for (int i = 0; i < ax.n_ticks; i++) {
+		double X = MAPXT(ax.ticks[i]);
+		sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", X, y0, X, y1);
+	}
+	for (int i = 0; i < ay.n_ticks; i++) {
+		double Y = MAPY(ay.ticks[i]);
+		sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, Y, x1, Y);
+	}
+	sb_printf(&b, "</g>\n");
+	sb_printf(&b, "<g class=\"axes\" stroke=\"#000000\" stroke-width=\"1\">\n");
+	sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, y1, x1, y1);
+	sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, y0, x0, y1);
+	for (int i = 0; i < ax.n_ticks; i++) {
+		double X = MAPXT(ax.ticks[i]);
+		sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", X, y1, X,
+		          y1 + 5);
+	}
+	for (int i = 0; i < ay.n_ticks; i++) {
+		double Y = MAPY(ay.ticks[i]);
+		sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0 - 5, Y, x0,
+		          Y);
+	}
+	sb_printf(&b, "</g>\n");
+	char lab[64];
+	sb_printf(&b, "<g class=\"ticklabels\" fill=\"#000000\">\n");
+	for (int i = 0; i < ax.n_ticks; i++) {
+		tick_label(&ax, ax.ticks[i], lab, sizeof(lab));
+		sb_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">%s</text>\n",
+		          MAPXT(ax.ticks[i]), y1 + 19, lab);
+	}
+	for (int i = 0; i < ay.n_ticks; i++) {
+		tick_label(&ay, ay.ticks[i], lab, sizeof(lab));
+		sb_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"end\">%s</text>\n", x0 - 8,
+		          MAPY(ay.ticks[i]) + 4, lab);
+	}
+	sb_printf(&b, "</g>\n");
+	if (p->x_label) {
+		sb_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">", (x0 + x1) / 2,
+		          (double)H - 14);
+		sb_text(&b, p->x_label);
+		sb_printf(&b, "</text>\n");
+	}
+	if (p->y_label) {
+		double cy = (y0 + y1) / 2;
+		sb_printf(&b, "<text x=\"18\" y=\"%.2f\" text-anchor=\"middle\" "
+		          "transform=\"rotate(-90 18 %.2f)\">", cy, cy);
+		sb_text(&b, p->y_label);
+		sb_printf(&b, "</text>\n");
+	}
+
+	/* series: lines broken at missing points, then markers */
+	for (int i = 0; i < n_series; i++) {
+		const char *col = PALETTE[i % 8];
+		const char *dash = DASH[i % 4];
+		sb_printf(&b, "<g class=\"series\" id=\"series%d\">\n", i);
+		sb_printf(&b, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s%s%s d=\"", col,
+		          dash[0] ? " stroke-dasharray=\"" : "", dash, dash[0] ? "\"" : "");
+		int pen = 0;
+		for (int j = 0; j < s[i].n; j++) {
+			double x = s[i].x[j], y = s[i].y[j];
+			if (!point_ok(p, x, y)) {
+				pen = 0;
+				continue;
+			}
+			sb_printf(&b, "%s%.2f %.2f", pen ? " L" : (b.s[b.len - 1] == '"' ? "M" : " M"),
+			          MAPX(x), MAPY(y));
+			pen = 1;
+		}
+		sb_printf(&b, "\"/>\n");
+		for (int j = 0; j < s[i].n; j++) {
+			double x = s[i].x[j], y = s[i].y[j];
+			if (point_ok(p, x, y))
+				marker(&b, "pt", i, MAPX(x), MAPY(y), col);
+		}
+		sb_printf(&b, "</g>\n");
+	}
+
+	/* legend */
+	if (n_series) {
+		double lx = x1 + 16, ly = y0 + 6;
+		sb_printf(&b, "<g class=\"legend\">\n");
+		for (int i = 0; i < n_series; i++) {
+			const char *col = PALETTE[i % 8];
+			const char *dash = DASH[i % 4];
+			double yy = ly + 20.0 * i;
+			sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" "
+			          "stroke-width=\"2\"%s%s%s/>\n", lx, yy, lx + 28, yy, col,
+			          dash[0] ? " stroke-dasharray=\"" : "", dash, dash[0] ? "\"" : "");
+			marker(&b, "legend-pt", i, lx + 14, yy, col);
+			sb_printf(&b, "<text x=\"%.2f\" y=\"%.2f\">", lx + 34, yy + 4);
+			sb_text(&b, s[i].name ? s[i].name : "");
+			sb_printf(&b, "</text>\n");
+		}
+		sb_printf(&b, "</g>\n");
+	}
+	sb_printf(&b, "</svg>\n");
+#undef MAPX
+#undef MAPY
+#undef MAPXT
+	if (len)
+		*len = b.len;
+	return b.s;
+}
+
+int rt_svg_write(const char *path, const rt_svg_plot *p, const rt_svg_series *s,
+                 int n_series, rt_err *err)
+{
+	size_t n;
+	char *txt = rt_svg_render(p, s, n_series, &n, err);
+	if (!txt)
+		return -1;
+	FILE *f = fopen(path, "wb");
+	if (!f) {
+		rt_err_set(err, "%s: cannot open for writing: %s", path, strerror(errno));
+		free(txt);
+		return -1;
+	}
+	size_t w = fwrite(txt, 1, n, f);
+	free(txt);
+	int bad = w != n;
+	if (fclose(f) != 0 || bad)
+		return rt_err_set(err, "%s: write failed: %s", path, strerror(errno));
+	return 0;
+}
