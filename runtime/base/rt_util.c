@@ -51,6 +51,35 @@ float rt_fp16_to_f32(uint16_t h)
 	return f;
 }
 
+uint16_t rt_f32_to_fp16(float f)
+{
+	uint32_t x;
+	memcpy(&x, &f, sizeof x);
+	uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+	uint32_t ax = x & 0x7fffffffu;
+	if (ax > 0x7f800000u) /* NaN: keep it quiet and non-zero */
+		return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+	if (ax >= 0x477ff000u) /* rounds to >= 65520: inf */
+		return (uint16_t)(sign | 0x7c00u);
+	if (ax < 0x38800000u) { /* below 2^-14: subnormal half (or zero) */
+		if (ax < 0x33000000u) /* below 2^-25 (half the smallest subnormal): zero */
+			return sign;
+		uint32_t e = ax >> 23, man = (ax & 0x7fffffu) | 0x800000u;
+		/* f = man * 2^(e - 150) and a subnormal half is h * 2^-24: h = man >> (126 - e) */
+		uint32_t dropped = 126 - e;
+		uint32_t half = man >> dropped;
+		uint32_t rem = man & ((1u << dropped) - 1), mid = 1u << (dropped - 1);
+		if (rem > mid || (rem == mid && (half & 1u)))
+			half++;
+		return (uint16_t)(sign | half);
+	}
+	uint32_t h = ((ax >> 13) - ((127u - 15u) << 10));
+	uint32_t rem = ax & 0x1fffu;
+	if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+		h++; /* may carry into the exponent, up to inf: correct */
+	return (uint16_t)(sign | h);
+}
+
 float rt_bf16_to_f32(uint16_t h)
 {
 	uint32_t bits = (uint32_t)h << 16;

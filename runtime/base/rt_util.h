@@ -23,6 +23,11 @@ int rt_err_set(rt_err *err, const char *fmt, ...)
 /* IEEE-754 binary16 -> binary32, exact for all inputs including subnormals, inf, NaN. */
 float rt_fp16_to_f32(uint16_t h);
 
+/* binary32 -> IEEE-754 binary16, round to nearest, ties to even (as the F16C instruction
+ * VCVTPS2PH with rounding mode 0): overflow gives inf, tiny values round to subnormals or
+ * zero, NaN stays a (quiet) NaN with its sign. */
+uint16_t rt_f32_to_fp16(float f);
+
 /* bfloat16 -> binary32 (exact: bf16 is the top half of an f32). */
 float rt_bf16_to_f32(uint16_t h);
 

@@ -1,0 +1,239 @@
+/*
+ * rt_kvq: KV-cache quantisation codecs — see rt_kvq.h for the layouts and the papers.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "base/rt_util.h"
+#include "kv/rt_kvq.h"
+
+/* ORDER RT_KVQ_KIND */
+static const int rt_kvq_bits_tab[RT_KVQ_N_KIND] = { 32, 16, 8, 4, 2 };
+static const char *const rt_kvq_names[RT_KVQ_N_KIND] = { "f32", "f16", "q8", "q4", "q2" };
+
+int rt_kvq_bits(rt_kvq_kind kind)
+{
+	RT_ASSERT(kind >= 0 && kind < RT_KVQ_N_KIND);
+	return rt_kvq_bits_tab[kind];
+}
+
+const char *rt_kvq_name(rt_kvq_kind kind)
+{
+	RT_ASSERT(kind >= 0 && kind < RT_KVQ_N_KIND);
+	return rt_kvq_names[kind];
+}
+
+int rt_kvq_parse(const char *name)
+{
+	for (int i = 0; i < RT_KVQ_N_KIND; i++)
+		if (strcmp(name, rt_kvq_names[i]) == 0)
+			return i;
+	return -1;
+}
+
+static int is_quant(rt_kvq_kind kind)
+{
+	return kind == RT_KVQ_Q8 || kind == RT_KVQ_Q4 || kind == RT_KVQ_Q2;
+}
+
+/* ---- one asymmetric group: f16 scale, f16 min, n codes of `bits` bits ---------------------- */
+
+/* Bytes of the codes of n elements (n * bits a multiple of 8 here: n is 32). */
+static size_t codes_bytes(int bits, int n)
+{
+	return (size_t)n * (size_t)bits / 8;
+}
+
+static void put_code(uint8_t *codes, int bits, int i, unsigned c)
+{
+	int per = 8 / bits, sh = (i % per) * bits;
+	uint8_t *b = codes + i / per;
+	*b = (uint8_t)((*b & ~(((1u << bits) - 1) << sh)) | (c << sh));
+}
+
+static unsigned get_code(const uint8_t *codes, int bits, int i)
+{
+	int per = 8 / bits;
+	return (codes[i / per] >> ((i % per) * bits)) & ((1u << bits) - 1);
+}
+
+/* Encode x[0], x[stride], ... (n values) into hdr (scale, min as f16) and codes. */
+static void group_encode(int bits, const float *x, int n, int stride, uint16_t hdr[2],
+                         uint8_t *codes)
+{
+	float lo = x[0], hi = x[0];
+	for (int i = 1; i < n; i++) {
+		float v = x[(size_t)i * stride];
+		lo = v < lo ? v : lo;
+		hi = v > hi ? v : hi;
+	}
+	int top = (1 << bits) - 1;
+	hdr[0] = rt_f32_to_fp16((hi - lo) / (float)top);
+	hdr[1] = rt_f32_to_fp16(lo);
+	float s = rt_fp16_to_f32(hdr[0]), m = rt_fp16_to_f32(hdr[1]);
+	memset(codes, 0, codes_bytes(bits, n));
+	for (int i = 0; i < n; i++) {
+		float q = s > 0 ? nearbyintf((x[(size_t)i * stride] - m) / s) : 0.0f;
+		unsigned c = q <= 0 ? 0u : q >= (float)top ? (unsigned)top : (unsigned)q;
+		put_code(codes, bits, i, c);
+	}
+}
+
+/* ---- values ------------------------------------------------------------------------------ */
+
+static size_t vgroup_bytes(int bits)
+{
+	return 4 + codes_bytes(bits, RT_KVQ_VGROUP);
+}
+
+size_t rt_kvq_vrow_bytes(rt_kvq_kind kind, int d)
+{
+	if (kind == RT_KVQ_F32)
+		return (size_t)d * 4;
+	if (kind == RT_KVQ_F16)
+		return (size_t)d * 2;
+	RT_ASSERT(is_quant(kind) && d % RT_KVQ_VGROUP == 0);
+	return (size_t)(d / RT_KVQ_VGROUP) * vgroup_bytes(rt_kvq_bits(kind));
+}
+
+void rt_kvq_vrow_encode(rt_kvq_kind kind, const float *x, int d, uint8_t *out)
+{
+	if (kind == RT_KVQ_F32) {
+		memcpy(out, x, (size_t)d * 4);
+		return;
+	}
+	if (kind == RT_KVQ_F16) {
+		for (int i = 0; i < d; i++) {
+			uint16_t h = rt_f32_to_fp16(x[i]);
+			memcpy(out + 2 * i, &h, 2);
+		}
+		return;
+	}
+	int bits = rt_kvq_bits(kind);
+	size_t gb = vgroup_bytes(bits);
+	for (int g = 0; g < d / RT_KVQ_VGROUP; g++) {
+		uint16_t hdr[2];
+		uint8_t *o = out + (size_t)g * gb;
+		group_encode(bits, x + g * RT_KVQ_VGROUP, RT_KVQ_VGROUP, 1, hdr, o + 4);
+		memcpy(o, hdr, 4);
+	}
+}
+
+void rt_kvq_vrow_axpy(rt_kvq_kind kind, const uint8_t *row, int d, float w, float *acc)
+{
+	if (kind == RT_KVQ_F32) {
+		for (int i = 0; i < d; i++) {
+			float v;
+			memcpy(&v, row + 4 * i, 4);
+			acc[i] += w * v;
+		}
+		return;
+	}
+	if (kind == RT_KVQ_F16) {
+		for (int i = 0; i < d; i++) {
+			uint16_t h;
+			memcpy(&h, row + 2 * i, 2);
+			acc[i] += w * rt_fp16_to_f32(h);
+		}
+		return;
+	}
+	int bits = rt_kvq_bits(kind);
+	size_t gb = vgroup_bytes(bits);
+	for (int g = 0; g < d / RT_KVQ_VGROUP; g++) {
+		const uint8_t *o = row + (size_t)g * gb;
+		uint16_t hdr[2];
+		memcpy(hdr, o, 4);
+		float s = rt_fp16_to_f32(hdr[0]), m = rt_fp16_to_f32(hdr[1]);
+		float *a = acc + g * RT_KVQ_VGROUP;
+		for (int i = 0; i < RT_KVQ_VGROUP; i++)
+			a[i] += w * (m + s * (float)get_code(o + 4, bits, i));
+	}
+}
+
+void rt_kvq_vrow_decode(rt_kvq_kind kind, const uint8_t *row, int d, float *x)
+{
+	memset(x, 0, (size_t)d * sizeof *x);
+	rt_kvq_vrow_axpy(kind, row, d, 1.0f, x);
+}
+
+/* ---- keys ---------------------------------------------------------------------------------- */
+
+static size_t kchan_bytes(int bits)
+{
+	return 4 + codes_bytes(bits, RT_KVQ_KTILE);
+}
+
+size_t rt_kvq_ktile_bytes(rt_kvq_kind kind, int d)
+{
+	if (!is_quant(kind))
+		return (size_t)RT_KVQ_KTILE * rt_kvq_vrow_bytes(kind, d);
+	return (size_t)d * kchan_bytes(rt_kvq_bits(kind));
+}
+
+void rt_kvq_ktile_encode(rt_kvq_kind kind, const float *k, int d, uint8_t *out)
+{
+	if (!is_quant(kind)) {
+		size_t rb = rt_kvq_vrow_bytes(kind, d);
+		for (int t = 0; t < RT_KVQ_KTILE; t++)
+			rt_kvq_vrow_encode(kind, k + (size_t)t * d, d, out + t * rb);
+		return;
+	}
+	int bits = rt_kvq_bits(kind);
+	size_t cb = kchan_bytes(bits);
+	for (int c = 0; c < d; c++) {
+		uint16_t hdr[2];
+		uint8_t *o = out + (size_t)c * cb;
+		group_encode(bits, k + c, RT_KVQ_KTILE, d, hdr, o + 4);
+		memcpy(o, hdr, 4);
+	}
+}
+
+void rt_kvq_ktile_decode(rt_kvq_kind kind, const uint8_t *tile, int d, int t, float *x)
+{
+	RT_ASSERT(t >= 0 && t < RT_KVQ_KTILE);
+	if (!is_quant(kind)) {
+		size_t rb = rt_kvq_vrow_bytes(kind, d);
+		rt_kvq_vrow_decode(kind, tile + (size_t)t * rb, d, x);
+		return;
+	}
+	int bits = rt_kvq_bits(kind);
+	size_t cb = kchan_bytes(bits);
+	for (int c = 0; c < d; c++) {
+		const uint8_t *o = tile + (size_t)c * cb;
+		uint16_t hdr[2];
+		memcpy(hdr, o, 4);
+		x[c] = rt_fp16_to_f32(hdr[1]) + rt_fp16_to_f32(hdr[0]) * (float)get_code(o + 4, bits, t);
+	}
+}
+
+void rt_kvq_ktile_logits(rt_kvq_kind kind, const uint8_t *tile, int d, int n, const float *q,
+                         float scale, float *logits)
+{
+	RT_ASSERT(n >= 0 && n <= RT_KVQ_KTILE);
+	if (!is_quant(kind)) {
+		float row[512];
+		RT_ASSERT(d <= 512);
+		for (int t = 0; t < n; t++) {
+			rt_kvq_ktile_decode(kind, tile, d, t, row);
+			float s = 0;
+			for (int c = 0; c < d; c++)
+				s += q[c] * row[c];
+			logits[t] = scale * s;
+		}
+		return;
+	}
+	int bits = rt_kvq_bits(kind);
+	size_t cb = kchan_bytes(bits);
+	float acc[RT_KVQ_KTILE] = { 0 }, base = 0;
+	for (int c = 0; c < d; c++) {
+		const uint8_t *o = tile + (size_t)c * cb;
+		uint16_t hdr[2];
+		memcpy(hdr, o, 4);
+		float w = q[c] * rt_fp16_to_f32(hdr[0]);
+		base += q[c] * rt_fp16_to_f32(hdr[1]);
+		for (int t = 0; t < n; t++)
+			acc[t] += w * (float)get_code(o + 4, bits, t);
+	}
+	for (int t = 0; t < n; t++)
+		logits[t] = scale * (base + acc[t]);
+}

@@ -1,0 +1,81 @@
+/*
+ * rt_kvq: KV-cache quantisation codecs — how a stored key or value is laid out in bytes at
+ * each storage tier, and how attention reads it back without materialising f32 rows.
+ *
+ * Outline
+ *   tiers      RT_KVQ_F32, F16, Q8, Q4, Q2 (bits per element; ORDER RT_KVQ_KIND)
+ *   values     quantised per token: each row of head_dim values is cut into groups of
+ *              RT_KVQ_VGROUP channels, each group asymmetric min/max with an f16 scale and
+ *              an f16 minimum (KIVI, Liu et al. 2024, arXiv 2402.02750: values per token)
+ *   keys       quantised per channel: a *tile* of RT_KVQ_KTILE consecutive entries holds, for
+ *              each of the head_dim channels, an f16 scale, an f16 minimum and RT_KVQ_KTILE codes
+ *              (KIVI: key outliers live in channels, so a channel's range is shared across
+ *              tokens). A tile is encoded when it is full; until then its entries stay at a
+ *              higher tier (KIVI's full-precision residual).
+ *   reading    rt_kvq_ktile_logits computes q·k for every entry of a key tile from the codes:
+ *              q·k_t = sum_c q_c min_c + sum_c (q_c scale_c) code_ct, so one pass over the tile
+ *              needs no dequantised keys; rt_kvq_vrow_axpy adds w·v to an f32 accumulator.
+ *
+ * Why these group sizes: 32 is ggml's block size and short enough that the residual of
+ * entries waiting for a full key tile stays small (at most 31 per list); at head_dim 64 and 4 bits a value row takes
+ * 2 × (4 + 16) = 40 bytes and a key 64 × (4 + 16) / 32 = 40 bytes per entry, 3.2x smaller than
+ * f16's 128 bytes, the scales counted.
+ *
+ * Rounding: scale = (max - min) / (2^bits - 1) and min are rounded to f16 first and the codes
+ * are computed against the rounded pair, so decode(encode(x)) is within scale/2 of x plus the
+ * f16 rounding of min (bounds checked in tests/test_kvq.c). A constant group (max == min) has
+ * scale 0 and decodes exactly to its f16-rounded value. Non-finite inputs are not accepted:
+ * the caller stores only finite keys and values (the forward pass produces no others).
+ */
+#ifndef RT_KVQ_H
+#define RT_KVQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ORDER RT_KVQ_KIND: rt_kvq_bits[] and rt_kvq_names[] in rt_kvq.c follow this order. */
+typedef enum rt_kvq_kind {
+	RT_KVQ_F32 = 0,
+	RT_KVQ_F16,
+	RT_KVQ_Q8,
+	RT_KVQ_Q4,
+	RT_KVQ_Q2,
+	RT_KVQ_N_KIND
+} rt_kvq_kind;
+
+#define RT_KVQ_VGROUP 32   /* channels per value group (per-token quantisation) */
+#define RT_KVQ_KTILE  32   /* entries per key tile (per-channel quantisation) */
+
+/* Bits per element of a tier (32, 16, 8, 4, 2). */
+int rt_kvq_bits(rt_kvq_kind kind);
+/* "f32", "f16", "q8", "q4", "q2"; rt_kvq_parse returns the kind or -1 for another name. */
+const char *rt_kvq_name(rt_kvq_kind kind);
+int rt_kvq_parse(const char *name);
+
+/* ---- values: one row of d channels (d a multiple of RT_KVQ_VGROUP for Q8/Q4/Q2) ---------- */
+
+/* Bytes of one stored value row of d channels at kind (scales included). */
+size_t rt_kvq_vrow_bytes(rt_kvq_kind kind, int d);
+/* Encode x[d] into out[rt_kvq_vrow_bytes(kind, d)]. */
+void rt_kvq_vrow_encode(rt_kvq_kind kind, const float *x, int d, uint8_t *out);
+/* Decode a stored row into x[d]. */
+void rt_kvq_vrow_decode(rt_kvq_kind kind, const uint8_t *row, int d, float *x);
+/* acc[d] += w * decode(row): the attention output's weighted sum over values, read on the fly. */
+void rt_kvq_vrow_axpy(rt_kvq_kind kind, const uint8_t *row, int d, float w, float *acc);
+
+/* ---- keys: one tile of RT_KVQ_KTILE entries × d channels, per-channel groups -------------- */
+
+/* Bytes of one stored key tile (all RT_KVQ_KTILE entries) at kind. For F32/F16 a tile is
+ * simply RT_KVQ_KTILE rows; for Q8/Q4/Q2 it is d × (2 f16 + RT_KVQ_KTILE codes). */
+size_t rt_kvq_ktile_bytes(rt_kvq_kind kind, int d);
+/* Encode k[RT_KVQ_KTILE × d] (row-major, entry t at k + t*d) into out. */
+void rt_kvq_ktile_encode(rt_kvq_kind kind, const float *k, int d, uint8_t *out);
+/* Decode entry t (0 <= t < RT_KVQ_KTILE) of a tile into x[d]. */
+void rt_kvq_ktile_decode(rt_kvq_kind kind, const uint8_t *tile, int d, int t, float *x);
+/* logits[t] = scale * (q · k_t) for the first n entries of a tile (n <= RT_KVQ_KTILE), read
+ * from the codes without dequantising a row; equals the dot with rt_kvq_ktile_decode's rows
+ * up to f32 summation order. */
+void rt_kvq_ktile_logits(rt_kvq_kind kind, const uint8_t *tile, int d, int n, const float *q,
+                         float scale, float *logits);
+
+#endif
