@@ -610,9 +610,11 @@ START_TEST(test_json)
 	                    .kld_p90 = 1, .kld_p95 = 2, .kld_p99 = 3, .kld_p999 = 4, .kld_max = 5,
 	                    .kld_min = 0, .ppl_p = 10, .ppl_q = 11, .ppl_ratio = 1.1,
 	                    .same_top1 = 2.0 / 3.0, .rms_dp = NAN, .mean_dp = -0.01};
-	char buf[1024];
-	int n = rt_kld_summary_json(&s, buf, sizeof(buf));
-	ck_assert_int_eq(n, (int)strlen(buf));
+	char *buf = NULL;
+	size_t blen = 0;
+	FILE *f = open_memstream(&buf, &blen);
+	rt_kld_summary_json(f, &s);
+	ck_assert_int_eq(fclose(f), 0);
 	ck_assert_str_eq(buf, "\"tokens\": 3, \"kld_mean\": 0.5, \"kld_mean_err\": 0.25, "
 	                      "\"kld_median\": 0.125, \"kld_p90\": 1, \"kld_p95\": 2, "
 	                      "\"kld_p99\": 3, \"kld_p999\": 4, \"kld_max\": 5, \"kld_min\": 0, "
@@ -620,10 +622,22 @@ START_TEST(test_json)
 	                      "\"same_top1\": 0.666666667, \"rms_dp\": null, \"mean_dp\": -0.01");
 	rt_boot_ci ci = {.n = 4096, .mean = -0.002, .lo = -0.004, .hi = -0.001, .level = 0.95,
 	                 .n_resamples = 1000, .block_len = 16, .seed = 7};
-	rt_boot_ci_json(&ci, buf, sizeof(buf));
+	free(buf);
+	f = open_memstream(&buf, &blen);
+	rt_boot_ci_json(f, &ci);
+	ck_assert_int_eq(fclose(f), 0);
 	ck_assert_str_eq(buf, "\"n\": 4096, \"mean\": -0.002, \"ci_lo\": -0.004, "
 	                      "\"ci_hi\": -0.001, \"level\": 0.95, \"resamples\": 1000, "
 	                      "\"block_len\": 16, \"seed\": 7, \"significant\": true");
+	free(buf);
+	/* the default seed ("kvpc-ab!", above 2^53) is written as a string, digit for digit */
+	ci.seed = RT_BOOT_DEFAULT_SEED;
+	f = open_memstream(&buf, &blen);
+	rt_boot_ci_json(f, &ci);
+	ck_assert_int_eq(fclose(f), 0);
+	/* 0x6b7670632d616221 in decimal (Python int) */
+	ck_assert_ptr_nonnull(strstr(buf, "\"seed\": \"7743500180575576609\""));
+	free(buf);
 }
 END_TEST
 

@@ -152,12 +152,11 @@ START_TEST(test_escaping)
 	free(svg);
 
 	/* the escaper on its own, including a truncated multibyte sequence */
-	char *buf = NULL;
-	size_t len = 0, cap = 0;
-	rt_svg_escape_append(&buf, &len, &cap, "<&>\"'\t\n\xe2\x82");
-	ck_assert_str_eq(buf, "&lt;&amp;&gt;&quot;&apos;\t\n??");
-	ck_assert_uint_eq(len, strlen(buf));
-	free(buf);
+	rt_buf buf = RT_BUF_INIT;
+	rt_svg_escape_append(&buf, "<&>\"'\t\n\xe2\x82");
+	ck_assert_str_eq(buf.s, "&lt;&amp;&gt;&quot;&apos;\t\n??");
+	ck_assert_uint_eq(buf.len, strlen(buf.s));
+	rt_buf_free(&buf);
 }
 END_TEST
 

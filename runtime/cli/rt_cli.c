@@ -20,6 +20,7 @@
 #include "eval/rt_ab.h"
 #include "eval/rt_eval.h"
 #include "model/rt_gguf.h"
+#include "report/rt_json.h"
 #include "report/rt_keepmap.h"
 #include "model/rt_model.h"
 #include "eval/rt_needle.h"
@@ -767,15 +768,6 @@ static int open_text_model(const opts *o, const char *text, size_t len, rt_token
 
 /* ---- JSON helpers ----------------------------------------------------------------------- */
 
-static void json_num(FILE *out, const char *key, double v)
-{
-	fprintf(out, ",\"%s\":", key);
-	if (isfinite(v))
-		fprintf(out, "%.9g", v);
-	else
-		fputs("null", out);
-}
-
 /* ,"policy":..,"params":{..},"ratio":.. ,"commit":.. (the run metadata) */
 static void json_policy(FILE *out, const rt_seq *s, double ratio)
 {
@@ -790,11 +782,12 @@ static void json_policy(FILE *out, const rt_seq *s, double ratio)
 		if (i)
 			fputc(',', out);
 		rt_json_str(out, s->p->params[i].name);
-		fprintf(out, ":%.9g", s->run.params[i]);
+		fputc(':', out);
+		rt_json_num(out, s->run.params[i]);
 	}
 	fputc('}', out);
 	if (ratio > 0)
-		json_num(out, "ratio", ratio);
+		rt_json_member_num(out, "ratio", ratio);
 	else
 		fputs(",\"ratio\":null", out);
 #ifdef KVPC_COMMIT
@@ -827,7 +820,9 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 			const struct kvp_param *q = &p->params[i];
 			fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
 			rt_json_str(stdout, q->name);
-			printf(",\"default\":%.9g,\"unit\":\"%s\",\"doc\":", q->def, kvp_unit_name(q->unit));
+			fputs(",\"default\":", stdout);
+			rt_json_num(stdout, q->def);
+			printf(",\"unit\":\"%s\",\"doc\":", kvp_unit_name(q->unit));
 			rt_json_str(stdout, q->doc ? q->doc : "");
 			fputc('}', stdout);
 		}
@@ -1090,27 +1085,27 @@ static void ppl_report(const cli_run *r, const rt_model *m, const opts *o, const
 		       "\"score_from\":%ld,\"batch\":%d",
 		       threads, block, (long)prompt_len, (long long)use, (long long)r->scored,
 		       o->score_from > 1 ? o->score_from : 1, batch);
-		json_num(stdout, "ppl", ppl);
-		json_num(stdout, "nll_mean", nll_mean);
-		json_num(stdout, "top1_acc", (double)r->hits / (double)r->scored);
+		rt_json_member_num(stdout, "ppl", ppl);
+		rt_json_member_num(stdout, "nll_mean", nll_mean);
+		rt_json_member_num(stdout, "top1_acc", (double)r->hits / (double)r->scored);
 		printf(",\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld",
 		       (long long)st.kv_entries_peak, (long long)st.kv_bytes_peak);
-		json_num(stdout, "kv_entries_per_head", mean_entries);
-		json_num(stdout, "compression", compression);
-		json_num(stdout, "tokens_per_s", tps);
+		rt_json_member_num(stdout, "kv_entries_per_head", mean_entries);
+		rt_json_member_num(stdout, "compression", compression);
+		rt_json_member_num(stdout, "tokens_per_s", tps);
 		printf(",\"compress_events\":%lld", (long long)st.compress_events);
-		json_num(stdout, "policy_seconds", st.policy_seconds);
-		json_num(stdout, "seconds", st.seconds);
+		rt_json_member_num(stdout, "policy_seconds", st.policy_seconds);
+		rt_json_member_num(stdout, "seconds", st.seconds);
 		if (ref) {
-			json_num(stdout, "kld_mean", ks.kld_mean);
-			json_num(stdout, "kld_mean_err", ks.kld_mean_err);
-			json_num(stdout, "kld_median", ks.kld_median);
-			json_num(stdout, "kld_p99", ks.kld_p99);
-			json_num(stdout, "kld_max", ks.kld_max);
-			json_num(stdout, "ppl_ref", ks.ppl_p);
-			json_num(stdout, "ppl_ratio", ks.ppl_ratio);
-			json_num(stdout, "same_top1", ks.same_top1);
-			json_num(stdout, "rms_dp", ks.rms_dp);
+			rt_json_member_num(stdout, "kld_mean", ks.kld_mean);
+			rt_json_member_num(stdout, "kld_mean_err", ks.kld_mean_err);
+			rt_json_member_num(stdout, "kld_median", ks.kld_median);
+			rt_json_member_num(stdout, "kld_p99", ks.kld_p99);
+			rt_json_member_num(stdout, "kld_max", ks.kld_max);
+			rt_json_member_num(stdout, "ppl_ref", ks.ppl_p);
+			rt_json_member_num(stdout, "ppl_ratio", ks.ppl_ratio);
+			rt_json_member_num(stdout, "same_top1", ks.same_top1);
+			rt_json_member_num(stdout, "rms_dp", ks.rms_dp);
 		}
 		fputs("}\n", stdout);
 		return;

@@ -18,6 +18,7 @@
 #include "eval/rt_needle.h"
 #include "policy/rt_seq.h"
 #include "eval/rt_stats.h"
+#include "report/rt_json.h"
 #include "report/rt_svg.h"
 #include "model/rt_tokenizer.h"
 
@@ -792,14 +793,6 @@ static void print_report(const ab_run *r, FILE *out)
 	}
 }
 
-static void jnum(FILE *f, double v)
-{
-	if (isfinite(v))
-		fprintf(f, "%.9g", v);
-	else
-		fputs("null", f);
-}
-
 static void json_side_meta(FILE *f, const ab_run *r, int s)
 {
 	const struct kvp_policy *p = r->pol[s];
@@ -819,14 +812,14 @@ static void json_side_meta(FILE *f, const ab_run *r, int s)
 		fputs(i ? ", " : "", f);
 		rt_json_str(f, p->params[i].name);
 		fputs(": ", f);
-		jnum(f, q->run.params[i]);
+		rt_json_num(f, q->run.params[i]);
 	}
 	fputs("}, \"param_defaults\": {", f);
 	for (int i = 0; i < p->n_params; i++) {
 		fputs(i ? ", " : "", f);
 		rt_json_str(f, p->params[i].name);
 		fputs(": ", f);
-		jnum(f, p->params[i].def);
+		rt_json_num(f, p->params[i].def);
 	}
 	fprintf(f, "}, \"ratio_applied\": %s}", r->rows[0].side[s].ratio_applied ? "true" : "false");
 }
@@ -859,10 +852,11 @@ static int write_json(const ab_run *r, const char *path, rt_err *err)
 	        (long long)(needle ? 0 : r->n), r->threads, r->o.chunk);
 	for (int k = 0; k < r->o.n_ratios; k++) {
 		fputs(k ? ", " : "", f);
-		jnum(f, r->rows[k].ratio);
+		rt_json_num(f, r->rows[k].ratio);
 	}
-	fprintf(f, "], \"bootstrap\": {\"resamples\": %d, \"seed\": %llu, \"level\": 0.95}",
-	        r->o.resamples, (unsigned long long)r->o.seed);
+	fprintf(f, "], \"bootstrap\": {\"resamples\": %d, \"seed\": ", r->o.resamples);
+	rt_json_uint(f, r->o.seed);
+	fputs(", \"level\": 0.95}", f);
 	if (needle) {
 		fputs(", \"needle\": {\"mode\": ", f);
 		rt_json_str(f, r->o.mode);
@@ -872,7 +866,7 @@ static int write_json(const ab_run *r, const char *path, rt_err *err)
 		fputs("], \"depths\": [", f);
 		for (int i = 0; i < r->o.n_depths; i++) {
 			fputs(i ? ", " : "", f);
-			jnum(f, r->o.depths[i]);
+			rt_json_num(f, r->o.depths[i]);
 		}
 		fputs("]}", f);
 	}
@@ -885,13 +879,13 @@ static int write_json(const ab_run *r, const char *path, rt_err *err)
 		if (!metric_on(r, m))
 			continue;
 		fprintf(f, ", \"%s\": ", METRICS[m].name);
-		jnum(f, metric_val(r, NULL, m));
+		rt_json_num(f, metric_val(r, NULL, m));
 	}
 	fputs("},\n\"results\": [", f);
 	for (int k = 0; k < r->o.n_ratios; k++) {
 		const ab_row *row = &r->rows[k];
 		fputs(k ? ",\n  {\"ratio\": " : "\n  {\"ratio\": ", f);
-		jnum(f, row->ratio);
+		rt_json_num(f, row->ratio);
 		for (int s = 0; s < 2; s++) {
 			fprintf(f, ", \"%s\": {\"policy\": ", s ? "B" : "A");
 			rt_json_str(f, r->pol[s]->name);
@@ -899,12 +893,12 @@ static int write_json(const ab_run *r, const char *path, rt_err *err)
 				if (!metric_on(r, m))
 					continue;
 				fprintf(f, ", \"%s\": ", METRICS[m].name);
-				jnum(f, metric_val(r, &row->side[s], m));
+				rt_json_num(f, metric_val(r, &row->side[s], m));
 			}
 			if (!needle) {
-				char buf[1024];
-				rt_kld_summary_json(&row->side[s].sum, buf, sizeof buf);
-				fprintf(f, ", \"kl\": {%s}", buf);
+				fputs(", \"kl\": {", f);
+				rt_kld_summary_json(f, &row->side[s].sum);
+				fputs("}", f);
 			} else {
 				fprintf(f, ", \"hits\": %d, \"trials\": %d", row->side[s].hits,
 				        row->side[s].trials);
@@ -912,13 +906,13 @@ static int write_json(const ab_run *r, const char *path, rt_err *err)
 			fputs("}", f);
 		}
 		if (!needle) {
-			char buf[512];
-			rt_boot_ci_json(&row->ci, buf, sizeof buf);
-			fprintf(f, ", \"nll_diff\": {%s}", buf);
+			fputs(", \"nll_diff\": {", f);
+			rt_boot_ci_json(f, &row->ci);
+			fputs("}", f);
 		} else {
 			fprintf(f, ", \"discordant\": {\"a_only\": %d, \"b_only\": %d, \"p_value\": ",
 			        row->n10, row->n01);
-			jnum(f, row->p_value);
+			rt_json_num(f, row->p_value);
 			fputs("}", f);
 		}
 		fprintf(f, ", \"better\": \"%s\", \"significant\": %s, \"verdict\": ",
@@ -1033,15 +1027,14 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 	        "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" height=\"%d\" "
 	        "viewBox=\"0 0 %d %d\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
 	        cols * W, rows * H + 40, cols * W, rows * H + 40);
-	char *esc = NULL;
-	size_t el = 0, ec = 0;
+	rt_buf esc = RT_BUF_INIT;
 	char title[512];
 	snprintf(title, sizeof title, "kvpc ab (%s): A = %s, B = %s", r->o.task, r->pol[0]->name,
 	         r->pol[1]->name);
-	rt_svg_escape_append(&esc, &el, &ec, title);
+	rt_svg_escape_append(&esc, title);
 	fprintf(f, "<text x=\"%d\" y=\"26\" font-family=\"sans-serif\" font-size=\"18\" "
-	        "text-anchor=\"middle\">%s</text>\n", cols * W / 2, esc);
-	free(esc);
+	        "text-anchor=\"middle\">%s</text>\n", cols * W / 2, esc.s);
+	rt_buf_free(&esc);
 	int rc = 0;
 	for (int i = 0; i < nm && rc == 0; i++) {
 		int m = ms[i];

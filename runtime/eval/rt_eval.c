@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "report/rt_json.h"
+
 double rt_logprob(const float *logits, int n_vocab, int32_t tok, int32_t *top1)
 {
 	int32_t best = 0;
@@ -104,32 +106,6 @@ int rt_eval_ppl(const rt_model *m, const int32_t *tokens, int64_t n, const rt_pp
 	return rc;
 }
 
-void rt_json_str(FILE *out, const char *s)
-{
-	fputc('"', out);
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		if (*p == '"' || *p == '\\')
-			fprintf(out, "\\%c", *p);
-		else if (*p == '\n')
-			fputs("\\n", out);
-		else if (*p < 0x20)
-			fprintf(out, "\\u%04x", *p);
-		else
-			fputc(*p, out);
-	}
-	fputc('"', out);
-}
-
-/* ,"key":value with the given format, or null when value is not finite (JSON has no inf) */
-static void json_num(FILE *out, const char *key, double v, const char *fmt)
-{
-	fprintf(out, ",\"%s\":", key);
-	if (isfinite(v))
-		fprintf(out, fmt, v);
-	else
-		fputs("null", out);
-}
-
 void rt_eval_json(FILE *out, const rt_model *m, const char *model_sha256, const char *text,
                   const char *policy, const rt_ppl_result *r, int threads, int chunk)
 {
@@ -146,11 +122,12 @@ void rt_eval_json(FILE *out, const rt_model *m, const char *model_sha256, const 
 		rt_json_str(out, text);
 	}
 	fprintf(out, ",\"tokens\":%lld,\"scored\":%lld", (long long)r->tokens, (long long)r->scored);
-	json_num(out, "ppl", r->ppl, "%.6f");
-	json_num(out, "nll_mean", r->nll_mean, "%.6f");
-	json_num(out, "top1_acc", r->scored ? (double)r->top1_hits / (double)r->scored : 0.0, "%.6f");
-	json_num(out, "seconds", r->seconds, "%.3f");
-	json_num(out, "tokens_per_s", r->tokens_per_s, "%.2f");
+	rt_json_member_fixed(out, "ppl", r->ppl, 6);
+	rt_json_member_fixed(out, "nll_mean", r->nll_mean, 6);
+	rt_json_member_fixed(out, "top1_acc",
+	                     r->scored ? (double)r->top1_hits / (double)r->scored : 0.0, 6);
+	rt_json_member_fixed(out, "seconds", r->seconds, 3);
+	rt_json_member_fixed(out, "tokens_per_s", r->tokens_per_s, 2);
 	fprintf(out, ",\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld,\"threads\":%d,\"chunk\":%d}\n",
 	        (long long)r->kv_entries_peak, (long long)r->kv_bytes_peak, threads, chunk);
 }

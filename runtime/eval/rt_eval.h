@@ -52,8 +52,6 @@ int rt_eval_ppl(const rt_model *m, const int32_t *tokens, int64_t n, const rt_pp
  * row's argmax (lowest index on ties) in *top1. */
 double rt_logprob(const float *logits, int n_vocab, int32_t tok, int32_t *top1);
 
-/* Print a JSON string literal (quotes, escapes for ", \\, control bytes). */
-void rt_json_str(FILE *out, const char *s);
 
 /* The `kvrt ppl --json` object (one line): policy, model, model_sha256, text, tokens,
  * scored, ppl, nll_mean, top1_acc, seconds, tokens_per_s, kv_entries_peak, kv_bytes_peak,

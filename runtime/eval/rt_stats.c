@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "report/rt_json.h"
+
 /* ---- per-token comparison ------------------------------------------------------------ */
 
 /* max and log-sum-exp of a logit row in double; argmax keeps the lowest id on ties. */
@@ -392,45 +394,44 @@ int64_t rt_bootstrap_block_len_auto(const double *d, int64_t n)
 
 /* ---- JSON ----------------------------------------------------------------------------- */
 
-/* %.9g, or null for NaN/inf (JSON has no non-finite numbers). */
-static const char *jnum(double v, char *b, size_t cap)
+/* "key": v members with ", " between them (the first without). */
+static void json_members(FILE *out, const char *const *keys, const double *v, int n)
 {
-	if (!isfinite(v))
-		snprintf(b, cap, "null");
-	else
-		snprintf(b, cap, "%.9g", v);
-	return b;
+	for (int i = 0; i < n; i++) {
+		fputs(i ? ", " : "", out);
+		rt_json_str(out, keys[i]);
+		fputs(": ", out);
+		rt_json_num(out, v[i]);
+	}
 }
 
-int rt_kld_summary_json(const rt_kld_summary *s, char *buf, size_t cap)
+void rt_kld_summary_json(FILE *out, const rt_kld_summary *s)
 {
-	char b[16][40];
-	return snprintf(buf, cap,
-	                "\"tokens\": %lld, \"kld_mean\": %s, \"kld_mean_err\": %s, "
-	                "\"kld_median\": %s, \"kld_p90\": %s, \"kld_p95\": %s, \"kld_p99\": %s, "
-	                "\"kld_p999\": %s, \"kld_max\": %s, \"kld_min\": %s, \"ppl_ref\": %s, "
-	                "\"ppl\": %s, \"ppl_ratio\": %s, \"same_top1\": %s, \"rms_dp\": %s, "
-	                "\"mean_dp\": %s",
-	                (long long)s->n, jnum(s->kld_mean, b[0], 40), jnum(s->kld_mean_err, b[1], 40),
-	                jnum(s->kld_median, b[2], 40), jnum(s->kld_p90, b[3], 40),
-	                jnum(s->kld_p95, b[4], 40), jnum(s->kld_p99, b[5], 40),
-	                jnum(s->kld_p999, b[6], 40), jnum(s->kld_max, b[7], 40),
-	                jnum(s->kld_min, b[8], 40), jnum(s->ppl_p, b[9], 40), jnum(s->ppl_q, b[10], 40),
-	                jnum(s->ppl_ratio, b[11], 40), jnum(s->same_top1, b[12], 40),
-	                jnum(s->rms_dp, b[13], 40), jnum(s->mean_dp, b[14], 40));
+	static const char *const keys[] = { "kld_mean", "kld_mean_err", "kld_median", "kld_p90",
+		"kld_p95", "kld_p99", "kld_p999", "kld_max", "kld_min", "ppl_ref", "ppl",
+		"ppl_ratio", "same_top1", "rms_dp", "mean_dp" };
+	const double v[] = { s->kld_mean, s->kld_mean_err, s->kld_median, s->kld_p90, s->kld_p95,
+		s->kld_p99, s->kld_p999, s->kld_max, s->kld_min, s->ppl_p, s->ppl_q, s->ppl_ratio,
+		s->same_top1, s->rms_dp, s->mean_dp };
+	fputs("\"tokens\": ", out);
+	rt_json_int(out, s->n);
+	fputs(", ", out);
+	json_members(out, keys, v, (int)(sizeof v / sizeof v[0]));
 }
 
-int rt_boot_ci_json(const rt_boot_ci *ci, char *buf, size_t cap)
+void rt_boot_ci_json(FILE *out, const rt_boot_ci *ci)
 {
-	char b[4][40];
+	static const char *const keys[] = { "mean", "ci_lo", "ci_hi", "level" };
+	const double v[] = { ci->mean, ci->lo, ci->hi, ci->level };
 	int sig;
 	rt_verdict_of(ci, &sig);
-	return snprintf(buf, cap,
-	                "\"n\": %lld, \"mean\": %s, \"ci_lo\": %s, \"ci_hi\": %s, \"level\": %s, "
-	                "\"resamples\": %d, \"block_len\": %lld, \"seed\": %llu, "
-	                "\"significant\": %s",
-	                (long long)ci->n, jnum(ci->mean, b[0], 40), jnum(ci->lo, b[1], 40),
-	                jnum(ci->hi, b[2], 40), jnum(ci->level, b[3], 40), ci->n_resamples,
-	                (long long)ci->block_len, (unsigned long long)ci->seed,
-	                sig ? "true" : "false");
+	fputs("\"n\": ", out);
+	rt_json_int(out, ci->n);
+	fputs(", ", out);
+	json_members(out, keys, v, 4);
+	fprintf(out, ", \"resamples\": %d, \"block_len\": ", ci->n_resamples);
+	rt_json_int(out, ci->block_len);
+	fputs(", \"seed\": ", out);
+	rt_json_uint(out, ci->seed);
+	fprintf(out, ", \"significant\": %s", sig ? "true" : "false");
 }

@@ -26,6 +26,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/rt_util.h"
 
@@ -195,16 +196,17 @@ int rt_verdict_format(const rt_boot_ci *ci, const char *name_a, const char *name
 
 /* ---- JSON fragments for reports ------------------------------------------------------- */
 
-/* Write the summary as JSON object members (no braces), keys as in issue 4 / llama.cpp:
+/* Write the summary to out as JSON object members (no braces), keys as llama.cpp's
+ * perplexity --kl-divergence names them:
  *   "tokens": n, "kld_mean": .., "kld_mean_err": .., "kld_median": .., "kld_p90": ..,
  *   "kld_p95": .., "kld_p99": .., "kld_p999": .., "kld_max": .., "kld_min": ..,
  *   "ppl_ref": .., "ppl": .., "ppl_ratio": .., "same_top1": .., "rms_dp": .., "mean_dp": ..
- * Numbers use %.9g; non-finite values are written as null. Returns the full length like
- * snprintf (output truncated to cap-1 bytes, always NUL-terminated when cap > 0). */
-int rt_kld_summary_json(const rt_kld_summary *s, char *buf, size_t cap);
+ * Numbers as report/rt_json.h writes them (%.9g, null when not finite). */
+void rt_kld_summary_json(FILE *out, const rt_kld_summary *s);
 
 /* Same for a bootstrap result: "n": .., "mean": .., "ci_lo": .., "ci_hi": .., "level": ..,
- * "resamples": .., "block_len": .., "seed": .., "significant": true|false. */
-int rt_boot_ci_json(const rt_boot_ci *ci, char *buf, size_t cap);
+ * "resamples": .., "block_len": .., "seed": .., "significant": true|false. The seed is a
+ * 64-bit integer: above 2^53 it is written as a decimal string (rt_json_uint). */
+void rt_boot_ci_json(FILE *out, const rt_boot_ci *ci);
 
 #endif

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "model/rt_quant.h"
+#include "model/rt_rope.h"
 
 /* Score-block budget in floats: rows of a chunk are processed in blocks whose
  * [rows·G × entries] score matrix stays around 1 MiB, i.e. in cache across the QK^T
@@ -426,55 +427,6 @@ static void matmul_wt(float *Y, const float *X, const float *W, int C, int out, 
 		            0.0f, Y, out);
 }
 
-/* cos/sin of pos·base^(-2i/n_rot) for each row's position, computed in double. */
-static void rope_table(float *cs, int C, int32_t pos0, int n_rot, float base)
-{
-	for (int r = 0; r < C; r++) {
-		double pos = (double)(pos0 + r);
-		for (int i = 0; i < n_rot / 2; i++) {
-			double theta = pos * pow((double)base, -2.0 * i / n_rot);
-			cs[(size_t)r * n_rot + 2 * i] = (float)cos(theta);
-			cs[(size_t)r * n_rot + 2 * i + 1] = (float)sin(theta);
-		}
-	}
-}
-
-/* ggml RoPE mode 0 ("normal"): rotate adjacent pairs (x[2i], x[2i+1]) of each head. */
-static void rope_apply(float *x, int C, int n_heads, int head_dim, int n_rot, const float *cs)
-{
-	for (int r = 0; r < C; r++) {
-		const float *c = cs + (size_t)r * n_rot;
-		for (int h = 0; h < n_heads; h++) {
-			float *v = x + ((size_t)r * n_heads + h) * head_dim;
-			for (int i = 0; i < n_rot / 2; i++) {
-				float x0 = v[2 * i], x1 = v[2 * i + 1];
-				float co = c[2 * i], si = c[2 * i + 1];
-				v[2 * i] = x0 * co - x1 * si;
-				v[2 * i + 1] = x0 * si + x1 * co;
-			}
-		}
-	}
-}
-
-/* RoPE of nh consecutive heads starting at head h0 in each of C rows of `stride` floats,
- * the same rotation as rope_apply (used by the compacted position convention). */
-static void rope_heads(float *x, int C, size_t stride, int h0, int nh, int head_dim, int n_rot,
-                       const float *cs)
-{
-	for (int r = 0; r < C; r++) {
-		const float *c = cs + (size_t)r * n_rot;
-		for (int h = h0; h < h0 + nh; h++) {
-			float *v = x + (size_t)r * stride + (size_t)h * head_dim;
-			for (int i = 0; i < n_rot / 2; i++) {
-				float x0 = v[2 * i], x1 = v[2 * i + 1];
-				float co = c[2 * i], si = c[2 * i + 1];
-				v[2 * i] = x0 * co - x1 * si;
-				v[2 * i + 1] = x0 * si + x1 * co;
-			}
-		}
-	}
-}
-
 /* ---- softmax ------------------------------------------------------------------------ */
 /* The attention softmax runs over up to context-length entries for every query head and
  * chunk row, so it is written with GCC vector extensions (16 floats) and compiled in
@@ -649,11 +601,11 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 		for (int r = 0; r < C; r++)
 			memcpy(big->x + ((size_t)k * C + r) * E, m->tok_embd + (size_t)tok[r] * E,
 			       (size_t)E * sizeof(float));
-	rope_table(big->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
+	rt_rope_table_f32(big->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
 	big->rope_at = pos0;
 	for (int k = 0; k < K; k++)
 		if (fs[k] != big && fs[k]->rope_at_index) {
-			rope_table(fs[k]->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
+			rt_rope_table_f32(fs[k]->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
 			fs[k]->rope_at = pos0;
 		}
 	for (int l = 0; l < hp->n_layer; l++) {
@@ -668,19 +620,20 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 			float *q = big->q + (size_t)s * C * qd, *kk = big->k + (size_t)s * C * kd;
 			float *vv = big->v + (size_t)s * C * kd, *att = big->att + (size_t)s * C * qd;
 			if (!f->rope_at_index) {
-				rope_apply(q, C, hp->n_head, hd, hp->n_rot, big->rope_cs);
-				rope_apply(kk, C, hp->n_head_kv, hd, hp->n_rot, big->rope_cs);
+				rt_rope_apply_f32(q, C, (size_t)qd, 0, hp->n_head, hd, hp->n_rot, big->rope_cs);
+				rt_rope_apply_f32(kk, C, (size_t)kd, 0, hp->n_head_kv, hd, hp->n_rot,
+				                  big->rope_cs);
 			} else {
 				/* f->rope_cs holds the table whose row 0 is at f->rope_at */
 				for (int j = 0; j < hp->n_head_kv; j++) {
 					int32_t at = rt_kv_head_at(kv, l, j)->n; /* index of row 0's key */
 					if (at != f->rope_at) {
-						rope_table(f->rope_cs, C, at, hp->n_rot, hp->rope_base);
+						rt_rope_table_f32(f->rope_cs, C, at, hp->n_rot, hp->rope_base);
 						f->rope_at = at;
 					}
-					rope_heads(q, C, (size_t)qd, j * hp->group, hp->group, hd, hp->n_rot,
-					           f->rope_cs);
-					rope_heads(kk, C, (size_t)kd, j, 1, hd, hp->n_rot, f->rope_cs);
+					rt_rope_apply_f32(q, C, (size_t)qd, j * hp->group, hp->group, hd,
+					                  hp->n_rot, f->rope_cs);
+					rt_rope_apply_f32(kk, C, (size_t)kd, j, 1, hd, hp->n_rot, f->rope_cs);
 				}
 			}
 			for (int j = 0; j < hp->n_head_kv; j++) {

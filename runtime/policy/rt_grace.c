@@ -12,28 +12,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- RoPE ----------------------------------------------------------------------------- */
+#include "model/rt_rope.h"
 
-static void rope_by(float *x, int d, int n_rot, float base, double pos)
-{
-	RT_ASSERT(n_rot >= 0 && n_rot <= d && n_rot % 2 == 0);
-	for (int i = 0; i < n_rot / 2; i++) {
-		double theta = pos * pow((double)base, -2.0 * i / n_rot);
-		double c = cos(theta), s = sin(theta);
-		double x0 = x[2 * i], x1 = x[2 * i + 1];
-		x[2 * i] = (float)(x0 * c - x1 * s);
-		x[2 * i + 1] = (float)(x0 * s + x1 * c);
-	}
-}
+/* ---- RoPE (model/rt_rope) ------------------------------------------------------------- */
 
 void rt_grace_rope(float *x, int d, int n_rot, float base, int32_t pos)
 {
-	rope_by(x, d, n_rot, base, (double)pos);
+	RT_ASSERT(n_rot >= 0 && n_rot <= d && n_rot % 2 == 0);
+	rt_rope_by_f32(x, n_rot, base, (double)pos);
 }
 
 void rt_grace_unrope(float *x, int d, int n_rot, float base, int32_t pos)
 {
-	rope_by(x, d, n_rot, base, -(double)pos);
+	RT_ASSERT(n_rot >= 0 && n_rot <= d && n_rot % 2 == 0);
+	rt_rope_by_f32(x, n_rot, base, -(double)pos);
 }
 
 /* Un-rotate the key k[d] at position pos into out[d] (double), in double throughout.
@@ -43,20 +35,10 @@ static void unrope_d(const float *k, int d, int n_rot, float base, int32_t pos, 
 {
 	for (int i = 0; i < d; i++)
 		out[i] = k[i];
-	for (int i = 0; i < n_rot / 2; i++) {
-		double c, s;
-		if (cs) {
-			c = cs[2 * i];
-			s = cs[2 * i + 1];
-		} else {
-			double theta = -(double)pos * pow((double)base, -2.0 * i / n_rot);
-			c = cos(theta);
-			s = sin(theta);
-		}
-		double x0 = out[2 * i], x1 = out[2 * i + 1];
-		out[2 * i] = x0 * c - x1 * s;
-		out[2 * i + 1] = x0 * s + x1 * c;
-	}
+	if (cs)
+		rt_rope_rotate_f64(out, n_rot, cs);
+	else
+		rt_rope_by_f64(out, n_rot, base, -(double)pos);
 }
 
 /* cos, sin of the un-rotation angle -pos·base^(-2i/n_rot) for n positions P[0..n):
@@ -64,11 +46,7 @@ static void unrope_d(const float *k, int d, int n_rot, float base, int32_t pos, 
 static void rope_table(double *cs, const int32_t *P, int32_t n, int n_rot, float base)
 {
 	for (int32_t e = 0; e < n; e++)
-		for (int i = 0; i < n_rot / 2; i++) {
-			double theta = -(double)P[e] * pow((double)base, -2.0 * i / n_rot);
-			cs[(size_t)e * n_rot + 2 * i] = cos(theta);
-			cs[(size_t)e * n_rot + 2 * i + 1] = sin(theta);
-		}
+		rt_rope_cs_f64(cs + (size_t)e * n_rot, -(double)P[e], n_rot, base, NULL);
 }
 
 static void prototype(const float *K, const float *V, const int32_t *P, const float *w,
@@ -120,7 +98,7 @@ static void prototype(const float *K, const float *V, const int32_t *P, const fl
 	}
 	mnorm = sqrt(mnorm);
 	if (key_mode != RT_GRACE_KEY_POST)
-		rope_by(k_out, d, n_rot, base, (double)p);
+		rt_grace_rope(k_out, d, n_rot, base, (int32_t)p);
 	double coh = mnorm / (norm_sum / n + 1e-12);
 	double m = count_mode == RT_GRACE_COUNT_N ? (double)n : (double)n * coh * coh;
 	m = m < 1.0 ? 1.0 : m > n ? n : m;

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/rt_rope.h"
+
 /* ---- the built-in full-cache policy ----------------------------------------------------- */
 
 static int full_should_compress(const struct kvp_ctx *ctx, const rt_kv *kv)
@@ -243,19 +245,10 @@ static void seq_rerotate(rt_seq *s)
 				continue;
 			double delta = (double)i - (double)old;
 			if (delta != cached) {
-				for (int p = 0; p < n_rot / 2; p++) {
-					s->rot_cs[2 * p] = cos(delta * s->rot_freq[p]);
-					s->rot_cs[2 * p + 1] = sin(delta * s->rot_freq[p]);
-				}
+				rt_rope_cs_f64(s->rot_cs, delta, n_rot, hp->rope_base, s->rot_freq);
 				cached = delta;
 			}
-			float *k = h->k + (size_t)i * d;
-			for (int p = 0; p < n_rot / 2; p++) {
-				double co = s->rot_cs[2 * p], si = s->rot_cs[2 * p + 1];
-				double x0 = k[2 * p], x1 = k[2 * p + 1];
-				k[2 * p] = (float)(x0 * co - x1 * si);
-				k[2 * p + 1] = (float)(x0 * si + x1 * co);
-			}
+			rt_rope_rotate_f32_by_f64(h->k + (size_t)i * d, n_rot, s->rot_cs);
 		}
 	}
 }
@@ -291,8 +284,7 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 			return rt_err_set(err, "%s: sequence: cannot allocate %zu bytes of position map",
 			                  m->path, n * sizeof(int32_t));
 		}
-		for (int p = 0; p < hp->n_rot / 2; p++)
-			s->rot_freq[p] = pow((double)hp->rope_base, -2.0 * p / hp->n_rot);
+		rt_rope_freqs(s->rot_freq, hp->n_rot, hp->rope_base);
 		s->fwd.rope_at_index = 1;
 	}
 	s->fwd.on_append = seq_on_append; /* span ids, the position map, init_entries */

@@ -7,7 +7,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,42 +25,6 @@
 static const char *const km_kept = "#0072B2";   /* Okabe & Ito blue */
 static const char *const km_merged = "#D55E00"; /* Okabe & Ito vermillion */
 static const char *const km_bg = "#ECECEC";
-
-/* ---- growable text buffer ------------------------------------------------------------- */
-
-typedef struct kbuf {
-	char *s;
-	size_t len, cap;
-} kbuf;
-
-__attribute__((format(printf, 2, 3)))
-static void kb_printf(kbuf *b, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(NULL, 0, fmt, ap);
-	va_end(ap);
-	RT_ASSERT(n >= 0);
-	if (b->len + (size_t)n + 1 > b->cap) {
-		size_t nc = b->cap ? b->cap : 4096;
-		while (nc < b->len + (size_t)n + 1)
-			nc *= 2;
-		char *p = realloc(b->s, nc);
-		if (!p)
-			rt_assert_fail("out of memory", __FILE__, __LINE__);
-		b->s = p;
-		b->cap = nc;
-	}
-	va_start(ap, fmt);
-	vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
-	va_end(ap);
-	b->len += (size_t)n;
-}
-
-static void kb_text(kbuf *b, const char *text)
-{
-	rt_svg_escape_append(&b->s, &b->len, &b->cap, text);
-}
 
 /* ---- summary -------------------------------------------------------------------------- */
 
@@ -161,36 +124,36 @@ char *rt_keepmap_render(const rt_keepmap *km, size_t *len, rt_err *err)
 	rt_keepmap_summary sm;
 	rt_keepmap_summarize(km, &sm);
 
-	kbuf b = { 0 };
-	kb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+	rt_buf b = RT_BUF_INIT;
+	rt_buf_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
 	          "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" "
 	          "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Arial, "
 	          "sans-serif\">\n", width, height, width, height);
-	kb_printf(&b, "<defs>\n<pattern id=\"hatch\" patternUnits=\"userSpaceOnUse\" width=\"4\" "
+	rt_buf_printf(&b, "<defs>\n<pattern id=\"hatch\" patternUnits=\"userSpaceOnUse\" width=\"4\" "
 	          "height=\"4\" patternTransform=\"rotate(45)\"><rect width=\"4\" height=\"4\" "
 	          "fill=\"%s\"/><rect width=\"1.5\" height=\"4\" fill=\"#FFFFFF\" "
 	          "fill-opacity=\"0.55\"/></pattern>\n</defs>\n", km_merged);
-	kb_printf(&b, "<style type=\"text/css\">.k{fill:%s}.m{fill:url(#hatch)}.bg{fill:%s}"
+	rt_buf_printf(&b, "<style type=\"text/css\">.k{fill:%s}.m{fill:url(#hatch)}.bg{fill:%s}"
 	          ".lab{font-size:%dpx;fill:#333333}.t{font-size:15px;font-weight:bold}"
 	          ".s{font-size:12px;fill:#222222}</style>\n", km_kept, km_bg, font);
-	kb_printf(&b, "<rect width=\"%d\" height=\"%d\" fill=\"#FFFFFF\"/>\n", width, height);
+	rt_buf_printf(&b, "<rect width=\"%d\" height=\"%d\" fill=\"#FFFFFF\"/>\n", width, height);
 
 	/* title, parameters, statistics */
-	kb_printf(&b, "<text class=\"t\" x=\"%d\" y=\"22\">Kept KV entries per (layer, KV head): "
+	rt_buf_printf(&b, "<text class=\"t\" x=\"%d\" y=\"22\">Kept KV entries per (layer, KV head): "
 	          "policy ", KM_LEFT);
-	kb_text(&b, km->policy ? km->policy : "?");
-	kb_printf(&b, "</text>\n<text class=\"s\" x=\"%d\" y=\"42\">", KM_LEFT);
+	rt_svg_escape_append(&b, km->policy ? km->policy : "?");
+	rt_buf_printf(&b, "</text>\n<text class=\"s\" x=\"%d\" y=\"42\">", KM_LEFT);
 	if (km->params && *km->params) {
-		kb_printf(&b, "params ");
-		kb_text(&b, km->params);
-		kb_printf(&b, "; ");
+		rt_buf_printf(&b, "params ");
+		rt_svg_escape_append(&b, km->params);
+		rt_buf_printf(&b, "; ");
 	}
 	if (km->ratio > 0)
-		kb_printf(&b, "ratio %g; ", km->ratio);
+		rt_buf_printf(&b, "ratio %g; ", km->ratio);
 	else
-		kb_printf(&b, "policy's own budget; ");
-	kb_printf(&b, "N = %lld tokens; %d layers x %d KV heads</text>\n", (long long)N, L, H);
-	kb_printf(&b, "<text class=\"s\" x=\"%d\" y=\"60\">kept per head: mean %.1f of %lld "
+		rt_buf_printf(&b, "policy's own budget; ");
+	rt_buf_printf(&b, "N = %lld tokens; %d layers x %d KV heads</text>\n", (long long)N, L, H);
+	rt_buf_printf(&b, "<text class=\"s\" x=\"%d\" y=\"60\">kept per head: mean %.1f of %lld "
 	          "positions (%.1f%%), min %d, max %d; %lld entries, %lld merged prototypes; "
 	          "1 column = %lld token%s</text>\n", KM_LEFT, sm.mean_per_head, (long long)N,
 	          100.0 * sm.mean_per_head / (double)N, (int)sm.min_per_head, (int)sm.max_per_head,
@@ -198,21 +161,21 @@ char *rt_keepmap_render(const rt_keepmap *km, size_t *len, rt_err *err)
 
 	/* legend */
 	int lx = KM_LEFT;
-	kb_printf(&b, "<g class=\"legend\">\n<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" "
+	rt_buf_printf(&b, "<g class=\"legend\">\n<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" "
 	          "fill=\"%s\"/><text class=\"s\" x=\"%d\" y=\"82\">kept token%s</text>\n", lx,
 	          km_kept, lx + 18, bin > 1 ? " (opacity = share of the column's tokens)" : "");
 	lx += bin > 1 ? 390 : 110;
-	kb_printf(&b, "<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" fill=\"url(#hatch)\"/>"
+	rt_buf_printf(&b, "<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" fill=\"url(#hatch)\"/>"
 	          "<text class=\"s\" x=\"%d\" y=\"82\">merged prototype (count &gt; 1), at its "
 	          "position</text>\n", lx, lx + 18);
 	lx += 300;
-	kb_printf(&b, "<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" fill=\"%s\"/>"
+	rt_buf_printf(&b, "<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" fill=\"%s\"/>"
 	          "<text class=\"s\" x=\"%d\" y=\"82\">evicted</text>\n", lx, km_bg, lx + 18);
-	kb_printf(&b, "<text class=\"s\" x=\"%d\" y=\"82\" text-anchor=\"end\">kept</text>\n</g>\n",
+	rt_buf_printf(&b, "<text class=\"s\" x=\"%d\" y=\"82\" text-anchor=\"end\">kept</text>\n</g>\n",
 	          width - 4);
 
 	/* rows */
-	kb_printf(&b, "<g shape-rendering=\"crispEdges\">\n");
+	rt_buf_printf(&b, "<g shape-rendering=\"crispEdges\">\n");
 	for (int l = 0; l < L; l++)
 		for (int h = 0; h < H; h++) {
 			const rt_keepmap_head *e = &km->heads[l * H + h];
@@ -225,54 +188,52 @@ char *rt_keepmap_render(const rt_keepmap *km, size_t *len, rt_err *err)
 				if (e->count && e->count[i] > 1.0f)
 					mrg[c] = 1;
 			}
-			kb_printf(&b, "<g id=\"row-%d-%d\">", l, h);
-			kb_printf(&b, "<rect class=\"bg\" x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\"/>",
+			rt_buf_printf(&b, "<g id=\"row-%d-%d\">", l, h);
+			rt_buf_printf(&b, "<rect class=\"bg\" x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\"/>",
 			          KM_LEFT, y, KM_GRID_W, rh - (rh > 4));
 			for (int c = 0; c < cols; c++) {
 				if (!cnt[c])
 					continue;
-				kb_printf(&b, "<rect class=\"%s\" x=\"%.2f\" y=\"%d\" width=\"%.2f\" "
+				rt_buf_printf(&b, "<rect class=\"%s\" x=\"%.2f\" y=\"%d\" width=\"%.2f\" "
 				          "height=\"%d\"", mrg[c] ? "m" : "k", KM_LEFT + c * cw, y, cw,
 				          rh - (rh > 4));
 				int64_t span = c == cols - 1 ? N - (int64_t)c * bin : bin;
 				if (span > 1 && !mrg[c] && cnt[c] < span)
-					kb_printf(&b, " fill-opacity=\"%.2f\"", (double)cnt[c] / (double)span);
-				kb_printf(&b, "/>");
+					rt_buf_printf(&b, " fill-opacity=\"%.2f\"", (double)cnt[c] / (double)span);
+				rt_buf_printf(&b, "/>");
 			}
 			if (rh >= 6 || h == 0)
-				kb_printf(&b, "<text class=\"lab\" x=\"%d\" y=\"%d\" text-anchor=\"end\">"
+				rt_buf_printf(&b, "<text class=\"lab\" x=\"%d\" y=\"%d\" text-anchor=\"end\">"
 				          "L%d H%d</text>", KM_LEFT - 4, y + rh - 2, l, h);
 			if (rh >= 6)
-				kb_printf(&b, "<text class=\"lab\" x=\"%d\" y=\"%d\" text-anchor=\"end\">"
+				rt_buf_printf(&b, "<text class=\"lab\" x=\"%d\" y=\"%d\" text-anchor=\"end\">"
 				          "%d</text>", width - 4, y + rh - 2, (int)e->n);
-			kb_printf(&b, "</g>\n");
+			rt_buf_printf(&b, "</g>\n");
 		}
-	kb_printf(&b, "</g>\n");
+	rt_buf_printf(&b, "</g>\n");
 
 	/* x axis */
 	int ya = KM_TOP + grid_h + 2;
 	int64_t step = nice_step((double)N / 10.0);
-	kb_printf(&b, "<g class=\"axis\" stroke=\"#444444\" stroke-width=\"1\">\n"
+	rt_buf_printf(&b, "<g class=\"axis\" stroke=\"#444444\" stroke-width=\"1\">\n"
 	          "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>\n", KM_LEFT, ya,
 	          KM_LEFT + KM_GRID_W, ya);
 	for (int64_t p = 0; p < N; p += step) {
 		double x = KM_LEFT + (double)p * cw / (double)bin;
-		kb_printf(&b, "<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\"/>\n", x, ya, x, ya + 5);
+		rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\"/>\n", x, ya, x, ya + 5);
 	}
-	kb_printf(&b, "</g>\n<g class=\"s\" text-anchor=\"middle\">\n");
+	rt_buf_printf(&b, "</g>\n<g class=\"s\" text-anchor=\"middle\">\n");
 	for (int64_t p = 0; p < N; p += step) {
 		double x = KM_LEFT + (double)p * cw / (double)bin;
-		kb_printf(&b, "<text x=\"%.2f\" y=\"%d\">%lld</text>\n", x, ya + 18, (long long)p);
+		rt_buf_printf(&b, "<text x=\"%.2f\" y=\"%d\">%lld</text>\n", x, ya + 18, (long long)p);
 	}
-	kb_printf(&b, "</g>\n<text class=\"s\" x=\"%d\" y=\"%d\" text-anchor=\"middle\">token "
+	rt_buf_printf(&b, "</g>\n<text class=\"s\" x=\"%d\" y=\"%d\" text-anchor=\"middle\">token "
 	          "position (original, 0 = first token of the text)</text>\n",
 	          KM_LEFT + KM_GRID_W / 2, ya + 40);
-	kb_printf(&b, "</svg>\n");
+	rt_buf_printf(&b, "</svg>\n");
 	free(cnt);
 	free(mrg);
-	if (len)
-		*len = b.len;
-	return b.s;
+	return rt_buf_take(&b, len);
 }
 
 int rt_keepmap_write(const char *path, const rt_keepmap *km, rt_err *err)

@@ -7,49 +7,13 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- growable text buffer ------------------------------------------------------------- */
-
-typedef struct sbuf {
-	char *s;
-	size_t len, cap;
-} sbuf;
-
-static void sb_reserve(char **s, size_t *len, size_t *cap, size_t extra)
+void rt_svg_escape_append(rt_buf *b, const char *text)
 {
-	if (*len + extra + 1 <= *cap)
-		return;
-	size_t nc = *cap ? *cap : 1024;
-	while (nc < *len + extra + 1)
-		nc *= 2;
-	char *p = realloc(*s, nc);
-	if (!p)
-		rt_assert_fail("out of memory", __FILE__, __LINE__);
-	*s = p;
-	*cap = nc;
-}
-
-__attribute__((format(printf, 2, 3)))
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(NULL, 0, fmt, ap);
-	va_end(ap);
-	RT_ASSERT(n >= 0);
-	sb_reserve(&b->s, &b->len, &b->cap, (size_t)n);
-	va_start(ap, fmt);
-	vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
-	va_end(ap);
-	b->len += (size_t)n;
-}
-
-void rt_svg_escape_append(char **buf, size_t *len, size_t *cap, const char *text)
-{
+	rt_buf_reserve(b, 0);
 	if (!text)
 		return;
 	size_t n = strlen(text);
@@ -74,29 +38,16 @@ void rt_svg_escape_append(char **buf, size_t *len, size_t *cap, const char *text
 				size_t k = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
 				size_t bad;
 				if (k > 1 && i + k <= n && rt_utf8_valid(text + i, k, &bad)) {
-					sb_reserve(buf, len, cap, k);
-					memcpy(*buf + *len, text + i, k);
-					*len += k;
-					(*buf)[*len] = '\0';
+					rt_buf_append(b, text + i, k);
 					i += k;
 					continue;
 				}
 				rep = "?";
 			}
 		}
-		size_t rl = strlen(rep);
-		sb_reserve(buf, len, cap, rl);
-		memcpy(*buf + *len, rep, rl);
-		*len += rl;
-		(*buf)[*len] = '\0';
+		rt_buf_puts(b, rep);
 		i += adv;
 	}
-}
-
-static void sb_text(sbuf *b, const char *text)
-{
-	sb_reserve(&b->s, &b->len, &b->cap, 0);
-	rt_svg_escape_append(&b->s, &b->len, &b->cap, text);
 }
 
 /* ---- axes ----------------------------------------------------------------------------- */
@@ -223,23 +174,23 @@ static int point_ok(const rt_svg_plot *p, double x, double y)
 }
 
 /* One marker at (cx, cy) for series i: circle, square, triangle, diamond. */
-static void marker(sbuf *b, const char *cls, int i, double cx, double cy, const char *col)
+static void marker(rt_buf *b, const char *cls, int i, double cx, double cy, const char *col)
 {
 	switch (i % 4) {
 	case 0:
-		sb_printf(b, "<circle class=\"%s\" cx=\"%.2f\" cy=\"%.2f\" r=\"4\" fill=\"%s\"/>\n",
+		rt_buf_printf(b, "<circle class=\"%s\" cx=\"%.2f\" cy=\"%.2f\" r=\"4\" fill=\"%s\"/>\n",
 		          cls, cx, cy, col);
 		break;
 	case 1:
-		sb_printf(b, "<rect class=\"%s\" x=\"%.2f\" y=\"%.2f\" width=\"7\" height=\"7\" "
+		rt_buf_printf(b, "<rect class=\"%s\" x=\"%.2f\" y=\"%.2f\" width=\"7\" height=\"7\" "
 		          "fill=\"%s\"/>\n", cls, cx - 3.5, cy - 3.5, col);
 		break;
 	case 2:
-		sb_printf(b, "<path class=\"%s\" d=\"M%.2f %.2fL%.2f %.2fL%.2f %.2fZ\" fill=\"%s\"/>\n",
+		rt_buf_printf(b, "<path class=\"%s\" d=\"M%.2f %.2fL%.2f %.2fL%.2f %.2fZ\" fill=\"%s\"/>\n",
 		          cls, cx, cy - 5, cx + 4.5, cy + 3.5, cx - 4.5, cy + 3.5, col);
 		break;
 	default:
-		sb_printf(b, "<path class=\"%s\" d=\"M%.2f %.2fL%.2f %.2fL%.2f %.2fL%.2f %.2fZ\" "
+		rt_buf_printf(b, "<path class=\"%s\" d=\"M%.2f %.2fL%.2f %.2fL%.2f %.2fL%.2f %.2fZ\" "
 		          "fill=\"%s\"/>\n", cls, cx, cy - 5, cx + 5, cy, cx, cy + 5, cx - 5, cy, col);
 	}
 }
@@ -294,80 +245,80 @@ char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, 
 #define MAPY(v) (y1 - frac((v), ay.lo, ay.hi) * (y1 - y0))
 #define MAPXT(t) (x0 + frac((t), ax.lo, ax.hi) * (x1 - x0))
 
-	sbuf b = {0};
-	sb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-	sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" "
+	rt_buf b = RT_BUF_INIT;
+	rt_buf_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+	rt_buf_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" "
 	          "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, "
 	          "Arial, sans-serif\" font-size=\"12\">\n", W, H, W, H);
-	sb_printf(&b, "<title>");
-	sb_text(&b, p->title ? p->title : "plot");
-	sb_printf(&b, "</title>\n");
-	sb_printf(&b, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", W, H);
+	rt_buf_printf(&b, "<title>");
+	rt_svg_escape_append(&b, p->title ? p->title : "plot");
+	rt_buf_printf(&b, "</title>\n");
+	rt_buf_printf(&b, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", W, H);
 	if (p->title) {
-		sb_printf(&b, "<text x=\"%.2f\" y=\"28\" text-anchor=\"middle\" font-size=\"16\" "
+		rt_buf_printf(&b, "<text x=\"%.2f\" y=\"28\" text-anchor=\"middle\" font-size=\"16\" "
 		          "font-weight=\"bold\">", (x0 + x1) / 2);
-		sb_text(&b, p->title);
-		sb_printf(&b, "</text>\n");
+		rt_svg_escape_append(&b, p->title);
+		rt_buf_printf(&b, "</text>\n");
 	}
 
 	/* grid, ticks and tick labels */
-	sb_printf(&b, "<g class=\"grid\" stroke=\"#dddddd\" stroke-width=\"1\">\n");
+	rt_buf_printf(&b, "<g class=\"grid\" stroke=\"#dddddd\" stroke-width=\"1\">\n");
 	for (int i = 0; i < ax.n_ticks; i++) {
 		double X = MAPXT(ax.ticks[i]);
-		sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", X, y0, X, y1);
+		rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", X, y0, X, y1);
 	}
 	for (int i = 0; i < ay.n_ticks; i++) {
 		double Y = MAPY(ay.ticks[i]);
-		sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, Y, x1, Y);
+		rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, Y, x1, Y);
 	}
-	sb_printf(&b, "</g>\n");
-	sb_printf(&b, "<g class=\"axes\" stroke=\"#000000\" stroke-width=\"1\">\n");
-	sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, y1, x1, y1);
-	sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, y0, x0, y1);
+	rt_buf_printf(&b, "</g>\n");
+	rt_buf_printf(&b, "<g class=\"axes\" stroke=\"#000000\" stroke-width=\"1\">\n");
+	rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, y1, x1, y1);
+	rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, y0, x0, y1);
 	for (int i = 0; i < ax.n_ticks; i++) {
 		double X = MAPXT(ax.ticks[i]);
-		sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", X, y1, X,
+		rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", X, y1, X,
 		          y1 + 5);
 	}
 	for (int i = 0; i < ay.n_ticks; i++) {
 		double Y = MAPY(ay.ticks[i]);
-		sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0 - 5, Y, x0,
+		rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0 - 5, Y, x0,
 		          Y);
 	}
-	sb_printf(&b, "</g>\n");
+	rt_buf_printf(&b, "</g>\n");
 	char lab[64];
-	sb_printf(&b, "<g class=\"ticklabels\" fill=\"#000000\">\n");
+	rt_buf_printf(&b, "<g class=\"ticklabels\" fill=\"#000000\">\n");
 	for (int i = 0; i < ax.n_ticks; i++) {
 		tick_label(&ax, ax.ticks[i], lab, sizeof(lab));
-		sb_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">%s</text>\n",
+		rt_buf_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">%s</text>\n",
 		          MAPXT(ax.ticks[i]), y1 + 19, lab);
 	}
 	for (int i = 0; i < ay.n_ticks; i++) {
 		tick_label(&ay, ay.ticks[i], lab, sizeof(lab));
-		sb_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"end\">%s</text>\n", x0 - 8,
+		rt_buf_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"end\">%s</text>\n", x0 - 8,
 		          MAPY(ay.ticks[i]) + 4, lab);
 	}
-	sb_printf(&b, "</g>\n");
+	rt_buf_printf(&b, "</g>\n");
 	if (p->x_label) {
-		sb_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">", (x0 + x1) / 2,
+		rt_buf_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">", (x0 + x1) / 2,
 		          (double)H - 14);
-		sb_text(&b, p->x_label);
-		sb_printf(&b, "</text>\n");
+		rt_svg_escape_append(&b, p->x_label);
+		rt_buf_printf(&b, "</text>\n");
 	}
 	if (p->y_label) {
 		double cy = (y0 + y1) / 2;
-		sb_printf(&b, "<text x=\"18\" y=\"%.2f\" text-anchor=\"middle\" "
+		rt_buf_printf(&b, "<text x=\"18\" y=\"%.2f\" text-anchor=\"middle\" "
 		          "transform=\"rotate(-90 18 %.2f)\">", cy, cy);
-		sb_text(&b, p->y_label);
-		sb_printf(&b, "</text>\n");
+		rt_svg_escape_append(&b, p->y_label);
+		rt_buf_printf(&b, "</text>\n");
 	}
 
 	/* series: lines broken at missing points, then markers */
 	for (int i = 0; i < n_series; i++) {
 		const char *col = PALETTE[i % 8];
 		const char *dash = DASH[i % 4];
-		sb_printf(&b, "<g class=\"series\" id=\"series%d\">\n", i);
-		sb_printf(&b, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s%s%s d=\"", col,
+		rt_buf_printf(&b, "<g class=\"series\" id=\"series%d\">\n", i);
+		rt_buf_printf(&b, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s%s%s d=\"", col,
 		          dash[0] ? " stroke-dasharray=\"" : "", dash, dash[0] ? "\"" : "");
 		int pen = 0;
 		for (int j = 0; j < s[i].n; j++) {
@@ -376,44 +327,42 @@ char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, 
 				pen = 0;
 				continue;
 			}
-			sb_printf(&b, "%s%.2f %.2f", pen ? " L" : (b.s[b.len - 1] == '"' ? "M" : " M"),
+			rt_buf_printf(&b, "%s%.2f %.2f", pen ? " L" : (b.s[b.len - 1] == '"' ? "M" : " M"),
 			          MAPX(x), MAPY(y));
 			pen = 1;
 		}
-		sb_printf(&b, "\"/>\n");
+		rt_buf_printf(&b, "\"/>\n");
 		for (int j = 0; j < s[i].n; j++) {
 			double x = s[i].x[j], y = s[i].y[j];
 			if (point_ok(p, x, y))
 				marker(&b, "pt", i, MAPX(x), MAPY(y), col);
 		}
-		sb_printf(&b, "</g>\n");
+		rt_buf_printf(&b, "</g>\n");
 	}
 
 	/* legend */
 	if (n_series) {
 		double lx = x1 + 16, ly = y0 + 6;
-		sb_printf(&b, "<g class=\"legend\">\n");
+		rt_buf_printf(&b, "<g class=\"legend\">\n");
 		for (int i = 0; i < n_series; i++) {
 			const char *col = PALETTE[i % 8];
 			const char *dash = DASH[i % 4];
 			double yy = ly + 20.0 * i;
-			sb_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" "
+			rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" "
 			          "stroke-width=\"2\"%s%s%s/>\n", lx, yy, lx + 28, yy, col,
 			          dash[0] ? " stroke-dasharray=\"" : "", dash, dash[0] ? "\"" : "");
 			marker(&b, "legend-pt", i, lx + 14, yy, col);
-			sb_printf(&b, "<text x=\"%.2f\" y=\"%.2f\">", lx + 34, yy + 4);
-			sb_text(&b, s[i].name ? s[i].name : "");
-			sb_printf(&b, "</text>\n");
+			rt_buf_printf(&b, "<text x=\"%.2f\" y=\"%.2f\">", lx + 34, yy + 4);
+			rt_svg_escape_append(&b, s[i].name ? s[i].name : "");
+			rt_buf_printf(&b, "</text>\n");
 		}
-		sb_printf(&b, "</g>\n");
+		rt_buf_printf(&b, "</g>\n");
 	}
-	sb_printf(&b, "</svg>\n");
+	rt_buf_printf(&b, "</svg>\n");
 #undef MAPX
 #undef MAPY
 #undef MAPXT
-	if (len)
-		*len = b.len;
-	return b.s;
+	return rt_buf_take(&b, len);
 }
 
 int rt_svg_write(const char *path, const rt_svg_plot *p, const rt_svg_series *s,

@@ -18,6 +18,7 @@
 
 #include <stddef.h>
 
+#include "base/rt_buf.h"
 #include "base/rt_util.h"
 
 /* One series; x and y have n entries each (borrowed, not copied). */
@@ -46,9 +47,8 @@ char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, 
 int rt_svg_write(const char *path, const rt_svg_plot *p, const rt_svg_series *s,
                  int n_series, rt_err *err);
 
-/* Append the XML-escaped form of text to a heap buffer *buf of length *len / capacity
- * *cap (grown with realloc; aborts on out-of-memory). Exposed for tests and for other
- * XML/HTML writers. */
-void rt_svg_escape_append(char **buf, size_t *len, size_t *cap, const char *text);
+/* Append the XML-escaped form of text (NULL: nothing) to b; b->s is non-NULL afterwards.
+ * Shared by the SVG writers (rt_keepmap, the A/B grid) and exposed for tests. */
+void rt_svg_escape_append(rt_buf *b, const char *text);
 
 #endif
