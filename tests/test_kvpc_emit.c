@@ -800,28 +800,28 @@ static const struct kvp_policy *load_policy(const char *src, const char *name, v
 }
 
 /* Drive a loaded policy on 2 layers × 3 KV heads × group 3 for up to 80 tokens with
- * pseudo-random attention and keys, in chunks from kvp_run_chunk; check the store's
+ * pseudo-random attention and keys, in chunks from rt_run_chunk; check the store's
  * invariants after every chunk: n <= cap, positions strictly increasing, counts >= 1,
  * and (for layer-wide selections) equal position lists across a layer's heads. */
 static int64_t drive_policy(const struct kvp_policy *p, int prompt_len)
 {
 	enum { L = 2, G = 3, R = 3, D = 4, CAP = 48 };
 	rt_kv kv;
-	struct kvp_run run;
+	struct rt_run run;
 	rt_err err = { "" };
-	ck_assert_msg(kvp_run_init(&run, &kv, p, L, G, R, D, CAP, prompt_len, &err) == 0, "%s",
+	ck_assert_msg(rt_run_init(&run, &kv, p, L, G, R, D, CAP, prompt_len, &err) == 0, "%s",
 	              err.msg);
 	for (int i = 0; i < p->n_params; i++)
 		run.params[i] = 1 + (double)(rnd(40)) / (rnd(2) ? 1 : 40);
 	if (p->compress && rnd(3) == 0)
-		ck_assert_int_eq(kvp_run_set_ratio(&run, 1 + rnd(8), &err), 0);
+		ck_assert_int_eq(rt_run_set_ratio(&run, 1 + rnd(8), &err), 0);
 	const char *names[2] = { NULL, "s\"pan" };
 	run.ctx.span_names = names;
 	run.ctx.n_spans = 1;
 	float probs[R * CAP], outs[R * D], k[D], v[D];
 	memset(outs, 0, sizeof outs);
 	while (run.ctx.seen < 80) {
-		int32_t c = kvp_run_chunk(&run, &kv, 1 + (int32_t)rnd(6));
+		int32_t c = rt_run_chunk(&run, &kv, 1 + (int32_t)rnd(6));
 		if (c == 0)
 			break; /* full and the policy does not make room: the runtime would stop */
 		int64_t t0 = run.ctx.seen;
@@ -854,7 +854,7 @@ static int64_t drive_policy(const struct kvp_policy *p, int prompt_len)
 					if (p->observe)
 						p->observe(&run.ctx, &kv, l, g, &ob);
 				}
-		if (kvp_run_advance(&run, &kv, c, &err) < 0) {
+		if (rt_run_advance(&run, &kv, c, &err) < 0) {
 			/* the one legitimate failure: a ratio override below the guards */
 			ck_assert_msg(run.ctx.ratio > 0 && strstr(err.msg, "below the guards"), "%s", err.msg);
 			break;
@@ -871,7 +871,7 @@ static int64_t drive_policy(const struct kvp_policy *p, int prompt_len)
 			}
 	}
 	int64_t nc = run.compressions;
-	kvp_run_free(&run);
+	rt_run_free(&run);
 	rt_kv_free(&kv);
 	return nc;
 }

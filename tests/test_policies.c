@@ -28,7 +28,7 @@ typedef void (*entry_fn)(int layer, int g, int32_t pos, float *k, float *v, int 
 struct harness {
 	const struct kvp_policy *p;
 	rt_kv kv;
-	struct kvp_run run;      /* params, ctx and scratch (rt_policy.h) */
+	struct rt_run run;      /* params, ctx and scratch (rt_policy.h) */
 	float *probs, *outs, *kbuf, *vbuf;
 	int L, G, R, d;
 	int compresses;
@@ -40,7 +40,7 @@ struct harness {
 
 static const struct kvp_policy *policy(const char *name)
 {
-	const struct kvp_policy *p = kvp_registry_find(kvp_registry, kvp_registry_count, name);
+	const struct kvp_policy *p = rt_registry_find(kvp_registry, kvp_registry_count, name);
 	ck_assert_msg(p != NULL, "policy %s is not in the registry", name);
 	ck_assert_int_eq(p->abi_version, KVP_ABI_VERSION);
 	return p;
@@ -62,7 +62,7 @@ static void h_open(struct harness *h, const char *name, int L, int G, int R, int
 	h->p = policy(name);
 	h->L = L, h->G = G, h->R = R, h->d = d;
 	rt_err err = { "" };
-	ck_assert_msg(kvp_run_init(&h->run, &h->kv, h->p, L, G, R, d, cap, prompt_len, &err) == 0,
+	ck_assert_msg(rt_run_init(&h->run, &h->kv, h->p, L, G, R, d, cap, prompt_len, &err) == 0,
 	              "%s", err.msg);
 	ck_assert_uint_eq(h->kv.stat_bytes, kvp_policy_stat_bytes(h->p, R));
 	h->probs = calloc((size_t)R * cap, sizeof(float));
@@ -74,7 +74,7 @@ static void h_open(struct harness *h, const char *name, int L, int G, int R, int
 
 static void h_close(struct harness *h)
 {
-	kvp_run_free(&h->run);
+	rt_run_free(&h->run);
 	rt_kv_free(&h->kv);
 	free(h->probs);
 	free(h->outs);
@@ -85,7 +85,7 @@ static void h_close(struct harness *h)
 static void h_set(struct harness *h, const char *assign)
 {
 	rt_err err = { "" };
-	ck_assert_msg(kvp_run_set(&h->run, assign, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_run_set(&h->run, assign, &err) == 0, "%s", err.msg);
 }
 
 static int32_t kv_room(const rt_kv *kv)
@@ -148,7 +148,7 @@ static void h_observe(struct harness *h, int64_t t)
 }
 
 /* Process k tokens as one chunk as the runtime does (append all, then attention for
- * each query), then let the policy run (kvp_run_advance). */
+ * each query), then let the policy run (rt_run_advance). */
 static void h_chunk(struct harness *h, int32_t k)
 {
 	for (int32_t j = 0; j < k; j++)
@@ -156,7 +156,7 @@ static void h_chunk(struct harness *h, int32_t k)
 	for (int32_t j = 0; j < k; j++)
 		h_observe(h, h->run.ctx.seen + j);
 	rt_err err = { "" };
-	int rc = kvp_run_advance(&h->run, &h->kv, k, &err);
+	int rc = rt_run_advance(&h->run, &h->kv, k, &err);
 	ck_assert_msg(rc >= 0, "%s", err.msg);
 	h->compresses += rc;
 }
@@ -177,7 +177,7 @@ static void h_step(struct harness *h)
 		ck_assert_msg(fire, "%s: next_trigger 1 but no compress", h->p->name);
 	int before = h->compresses;
 	rt_err err = { "" };
-	int rc = kvp_run_advance(&h->run, &h->kv, 1, &err);
+	int rc = rt_run_advance(&h->run, &h->kv, 1, &err);
 	ck_assert_msg(rc >= 0, "%s", err.msg);
 	h->compresses += rc;
 	ck_assert_int_eq(h->compresses - before, fire && h->p->compress ? 1 : 0);
@@ -728,7 +728,7 @@ START_TEST(caote_group_too_large)
 		h_observe(&h, t);
 	}
 	rt_err err = { "" };
-	ck_assert_int_eq(kvp_run_advance(&h.run, &h.kv, 3, &err), -1);
+	ck_assert_int_eq(rt_run_advance(&h.run, &h.kv, 3, &err), -1);
 	ck_assert_msg(strstr(err.msg, "policy caote_h2o: the exact CAOTE keeps the attention output of at most 16 query heads per KV head; this model has 17") != NULL,
 	              "%s", err.msg);
 	h_close(&h);
@@ -865,7 +865,7 @@ START_TEST(gracekv_spans_and_relevance)
 }
 END_TEST
 
-/* Chunked feeding through kvp_run_chunk (chunks of at most `want` tokens that never
+/* Chunked feeding through rt_run_chunk (chunks of at most `want` tokens that never
  * cross a trigger or the prompt end) gives the same cache as token-by-token feeding,
  * for policies with every-step, batch, block and prompt-end triggers. */
 static void chunked_vs_stepwise(const char *name, const char *const *sets, int n_sets,
@@ -882,7 +882,7 @@ static void chunked_vs_stepwise(const char *name, const char *const *sets, int n
 	h_feed(&a, total);
 	int32_t max_k = 0;
 	while (b.run.ctx.seen < total) {
-		int32_t k = kvp_run_chunk(&b.run, &b.kv, want);
+		int32_t k = rt_run_chunk(&b.run, &b.kv, want);
 		ck_assert_int_ge(k, 1);
 		ck_assert_int_le(k, want);
 		if (b.run.ctx.seen + k > total)
@@ -926,7 +926,7 @@ START_TEST(chunked_equals_stepwise)
 }
 END_TEST
 
-/* A compression-ratio override R (kvp_run_set_ratio): the budget becomes context / R
+/* A compression-ratio override R (rt_run_set_ratio): the budget becomes context / R
  * entries per head. H2O streaming (context = tokens seen), R = 4, every step: the rule
  * "entries > seen / 4 -> keep floor(seen / 4)" keeps exactly floor(seen / 4) entries
  * after every step (the recent guard, 10% of the context, stays below the budget). */
@@ -936,7 +936,7 @@ START_TEST(ratio_override_h2o)
 		struct harness h;
 		h_open(&h, "h2o", 2, shapes[s][0], shapes[s][1], 4, 64, -1);
 		rt_err err = { "" };
-		ck_assert_int_eq(kvp_run_set_ratio(&h.run, 4, &err), 0);
+		ck_assert_int_eq(rt_run_set_ratio(&h.run, 4, &err), 0);
 		h.w = w_heavy_2_5;
 		for (int t = 1; t <= 40; t++) {
 			h_step(&h);
@@ -961,7 +961,7 @@ START_TEST(ratio_override_moves_targets)
 		h_open(&h, "scissorhands", 1, shapes[s][0], shapes[s][1], 4, 48, 40);
 		rt_err err = { "" };
 		h_set(&h, "recent=2");
-		ck_assert_int_eq(kvp_run_set_ratio(&h.run, 2, &err), 0);
+		ck_assert_int_eq(rt_run_set_ratio(&h.run, 2, &err), 0);
 		h.w = w_heavy_2_5;
 		const int at[3] = { 21, 32, 40 }, want[3] = { 10, 10, 18 };
 		for (int j = 0; j < 3; j++) {
@@ -982,22 +982,22 @@ START_TEST(ratio_override_errors)
 	struct harness h;
 	h_open(&h, "h2o", 1, 1, 4, 4, 16, -1);
 	rt_err err = { "" };
-	ck_assert_int_eq(kvp_run_set_ratio(&h.run, 0.5, &err), -1);
-	ck_assert_int_eq(kvp_run_set_ratio(&h.run, NAN, &err), -1);
-	ck_assert_int_eq(kvp_run_set_ratio(&h.run, INFINITY, &err), -1);
-	ck_assert_int_eq(kvp_run_set_ratio(&h.run, 4, &err), 0);
+	ck_assert_int_eq(rt_run_set_ratio(&h.run, 0.5, &err), -1);
+	ck_assert_int_eq(rt_run_set_ratio(&h.run, NAN, &err), -1);
+	ck_assert_int_eq(rt_run_set_ratio(&h.run, INFINITY, &err), -1);
+	ck_assert_int_eq(rt_run_set_ratio(&h.run, 4, &err), 0);
 	h_set(&h, "recent=0.5"); /* half the context is guarded: more than a quarter */
 	h_append(&h, 0);
 	h_observe(&h, 0);
-	ck_assert_int_eq(kvp_run_advance(&h.run, &h.kv, 1, &err), -1);
+	ck_assert_int_eq(rt_run_advance(&h.run, &h.kv, 1, &err), -1);
 	ck_assert_msg(strstr(err.msg, "policy h2o: at ratio 4 the budget (0 entries) is below the guards") != NULL,
 	              "%s", err.msg);
 	h_close(&h);
 	struct harness f;
 	h_open(&f, "full", 1, 1, 4, 4, 16, -1);
-	ck_assert_int_eq(kvp_run_set_ratio(&f.run, 2, &err), -1);
+	ck_assert_int_eq(rt_run_set_ratio(&f.run, 2, &err), -1);
 	ck_assert_ptr_nonnull(strstr(err.msg, "never compresses"));
-	ck_assert_int_eq(kvp_run_set_ratio(&f.run, 0, &err), 0);
+	ck_assert_int_eq(rt_run_set_ratio(&f.run, 0, &err), 0);
 	h_close(&f);
 }
 END_TEST

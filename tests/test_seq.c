@@ -133,9 +133,9 @@ static void test_tokens(int32_t *t, int n, int vocab, unsigned seed)
 
 static const struct kvp_policy *find_policy(const char *name)
 {
-	if (!strcmp(name, "full") && !kvp_registry_find(kvp_registry, kvp_registry_count, name))
+	if (!strcmp(name, "full") && !rt_registry_find(kvp_registry, kvp_registry_count, name))
 		return &rt_policy_full;
-	const struct kvp_policy *p = kvp_registry_find(kvp_registry, kvp_registry_count, name);
+	const struct kvp_policy *p = rt_registry_find(kvp_registry, kvp_registry_count, name);
 	ck_assert_msg(p != NULL, "policy %s is not in the registry", name);
 	return p;
 }

@@ -594,7 +594,7 @@ static const char *default_policy_name(void)
 /* The named policy (the registry first, then the built-in full), or NULL. */
 static const struct kvp_policy *find_policy(const char *name)
 {
-	const struct kvp_policy *p = kvp_registry_find(g_reg, g_n_reg, name);
+	const struct kvp_policy *p = rt_registry_find(g_reg, g_n_reg, name);
 	if (!p && !strcmp(name, "full"))
 		p = &rt_policy_full;
 	return p;
@@ -612,7 +612,7 @@ static const struct kvp_policy *policy_from_opts(const char *cmd, const opts *o,
 		for (int i = 0; i < g_n_reg && used < sizeof list - 70; i++)
 			used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "",
 			                         g_reg[i]->name);
-		if (!kvp_registry_find(g_reg, g_n_reg, "full"))
+		if (!rt_registry_find(g_reg, g_n_reg, "full"))
 			snprintf(list + used, sizeof list - used, "%sfull", used ? ", " : "");
 		*rc = usage_err(cmd, "unknown policy '%s' (this binary has: %s)", name, list);
 		return NULL;
@@ -862,7 +862,7 @@ static int cmd_info(int argc, char **argv)
 		if (!o.json)
 			putchar('\n');
 	}
-	if (!kvp_registry_find(g_reg, g_n_reg, "full"))
+	if (!rt_registry_find(g_reg, g_n_reg, "full"))
 		info_one(&rt_policy_full, o.json, first);
 	if (o.json)
 		fputs("]}\n", stdout);

@@ -1149,7 +1149,7 @@ int rt_ab_main(int argc, char **argv, const struct kvp_policy *const *reg, int n
 	for (int s = 0; s < 2; s++) {
 		const char *nm = r->o.name[s];
 		if (nm) {
-			r->pol[s] = kvp_registry_find(reg, n_reg, nm);
+			r->pol[s] = rt_registry_find(reg, n_reg, nm);
 			if (!r->pol[s]) {
 				fprintf(stderr, "ab: no policy '%s' in this binary (it has:", nm);
 				for (int i = 0; i < n_reg; i++)

@@ -3,7 +3,7 @@
  * (`BIN ab`, started by `kvpc ab`, issue 4 item 3). It loads the model once and, for each
  * compression ratio R, runs three sequences over the same tokens in lockstep, chunk by
  * chunk: the full-cache reference P and the two policies A and B (each with its budget
- * overridden to context / R, kvp_run_set_ratio). Every chunk's logits are compared at once
+ * overridden to context / R, rt_run_set_ratio). Every chunk's logits are compared at once
  * (rt_stats_token_cmp), so per-token KL against the reference needs no logits buffer
  * beyond one chunk per sequence; all ratios advance together, so the reference runs once.
  *

@@ -95,7 +95,7 @@ const char *kvp_unit_name(enum kvp_unit u)
 	return (unsigned)u < KVP_UNIT_COUNT_ ? names[u] : "?";
 }
 
-int kvp_run_init(struct kvp_run *r, rt_kv *kv, const struct kvp_policy *p, int n_layer,
+int rt_run_init(struct rt_run *r, rt_kv *kv, const struct kvp_policy *p, int n_layer,
                  int n_kv_head, int group, int head_dim, int32_t cap, int64_t prompt_len,
                  rt_err *err)
 {
@@ -113,7 +113,7 @@ int kvp_run_init(struct kvp_run *r, rt_kv *kv, const struct kvp_policy *p, int n
 		r->scratch = aligned_alloc(64, (r->scratch_len + 63) & ~(size_t)63);
 	}
 	if (!r->params || (p->scratch_bytes && !r->scratch)) {
-		kvp_run_free(r);
+		rt_run_free(r);
 		rt_kv_free(kv);
 		return rt_err_set(err, "policy %s: cannot allocate %zu bytes of scratch", p->name,
 		                  r->scratch_len);
@@ -122,18 +122,18 @@ int kvp_run_init(struct kvp_run *r, rt_kv *kv, const struct kvp_policy *p, int n
 	r->ctx.params = r->params;
 	r->ctx.scratch = r->scratch;
 	r->ctx.scratch_len = r->scratch_len;
-	kvp_run_reset(r, kv, prompt_len);
+	rt_run_reset(r, kv, prompt_len);
 	return 0;
 }
 
-void kvp_run_free(struct kvp_run *r)
+void rt_run_free(struct rt_run *r)
 {
 	free(r->params);
 	free(r->scratch);
 	memset(r, 0, sizeof *r);
 }
 
-void kvp_run_reset(struct kvp_run *r, rt_kv *kv, int64_t prompt_len)
+void rt_run_reset(struct rt_run *r, rt_kv *kv, int64_t prompt_len)
 {
 	rt_kv_reset(kv);
 	r->ctx.seen = 0;
@@ -146,12 +146,12 @@ void kvp_run_reset(struct kvp_run *r, rt_kv *kv, int64_t prompt_len)
 	r->policy_seconds = 0;
 }
 
-int kvp_run_set(struct kvp_run *r, const char *assign, rt_err *err)
+int rt_run_set(struct rt_run *r, const char *assign, rt_err *err)
 {
 	return kvp_policy_param_set(r->p, r->params, assign, err);
 }
 
-int kvp_run_set_ratio(struct kvp_run *r, double R, rt_err *err)
+int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err)
 {
 	if (R != 0 && !(isfinite(R) && R >= 1))
 		return rt_err_set(err, "policy %s: compression ratio must be a finite number >= 1, got %g",
@@ -163,7 +163,7 @@ int kvp_run_set_ratio(struct kvp_run *r, double R, rt_err *err)
 	return 0;
 }
 
-int32_t kvp_run_chunk(struct kvp_run *r, const rt_kv *kv, int32_t want)
+int32_t rt_run_chunk(struct rt_run *r, const rt_kv *kv, int32_t want)
 {
 	double t0 = rt_now();
 	int32_t k = r->p->next_trigger(&r->ctx, kv);
@@ -176,7 +176,7 @@ int32_t kvp_run_chunk(struct kvp_run *r, const rt_kv *kv, int32_t want)
 	return k > 0 ? k : 0;
 }
 
-int kvp_run_advance(struct kvp_run *r, rt_kv *kv, int32_t n, rt_err *err)
+int rt_run_advance(struct rt_run *r, rt_kv *kv, int32_t n, rt_err *err)
 {
 	struct kvp_ctx *c = &r->ctx;
 	c->seen += n;
@@ -199,7 +199,7 @@ int kvp_run_advance(struct kvp_run *r, rt_kv *kv, int32_t n, rt_err *err)
 	return rc;
 }
 
-const struct kvp_policy *kvp_registry_find(const struct kvp_policy *const *reg, int n,
+const struct kvp_policy *rt_registry_find(const struct kvp_policy *const *reg, int n,
                                            const char *name)
 {
 	for (int i = 0; i < n; i++)

@@ -221,26 +221,26 @@ const char *kvp_unit_name(enum kvp_unit u);
 
 /* ---- driving a policy (what the runtime's sequence loop calls) ---------------------
  *
- * One kvp_run per sequence slot: the parameter values, the context and the scratch
- * area, allocated once by kvp_run_init. Per chunk the runtime asks kvp_run_chunk how
+ * One rt_run per sequence slot: the parameter values, the context and the scratch
+ * area, allocated once by rt_run_init. Per chunk the runtime asks rt_run_chunk how
  * many tokens it may process, appends them to the store (calling init_entries), runs
- * attention with observe for each token, then calls kvp_run_advance, which moves the
+ * attention with observe for each token, then calls rt_run_advance, which moves the
  * context forward and compresses when the policy says so:
  *
- *   kvp_run_init(&run, &kv, policy, L, G, R, d, cap, prompt_len, &err);
+ *   rt_run_init(&run, &kv, policy, L, G, R, d, cap, prompt_len, &err);
  *   while (tokens remain) {
- *       k = kvp_run_chunk(&run, &kv, max_chunk);        // 0: the store is full
+ *       k = rt_run_chunk(&run, &kv, max_chunk);        // 0: the store is full
  *       for each (layer, kv head): rt_kv_append the k new entries (+ init_entries)
  *       forward the k tokens; in each layer, for each query token t of the chunk and
  *           each KV head: softmax over the entries with pos <= t (logit + log_count),
  *           then policy->observe(&run.ctx, &kv, layer, g, &(struct kvp_obs){ t, n_vis,
  *           R, probs [R × n_vis], outs [R × d] })
- *       kvp_run_advance(&run, &kv, k, &err);            // may compress
+ *       rt_run_advance(&run, &kv, k, &err);            // may compress
  *   }
  *
  * so a chunk never crosses a trigger or the prompt end and chunked evaluation equals
  * token-by-token evaluation (tests/test_policies.c checks this). */
-struct kvp_run {
+struct rt_run {
 	const struct kvp_policy *p;
 	double *params;          /* [n_params], defaults then --set overrides */
 	struct kvp_ctx ctx;
@@ -254,31 +254,31 @@ struct kvp_run {
  * sized for p) and the run state for it. prompt_len: tokens of the prompt, -1 when
  * unknown. Returns 0, or -1 with err set (bad shape, allocation failure); on failure
  * both are left freed. */
-int kvp_run_init(struct kvp_run *r, rt_kv *kv, const struct kvp_policy *p, int n_layer,
+int rt_run_init(struct rt_run *r, rt_kv *kv, const struct kvp_policy *p, int n_layer,
                  int n_kv_head, int group, int head_dim, int32_t cap, int64_t prompt_len,
                  rt_err *err);
-void kvp_run_free(struct kvp_run *r);
+void rt_run_free(struct rt_run *r);
 
 /* Start a new sequence on the same store: empty the store (rt_kv_reset), zero the
  * counters, keep the parameter values. */
-void kvp_run_reset(struct kvp_run *r, rt_kv *kv, int64_t prompt_len);
+void rt_run_reset(struct rt_run *r, rt_kv *kv, int64_t prompt_len);
 
 /* Apply "name=value" (see kvp_policy_param_set). */
-int kvp_run_set(struct kvp_run *r, const char *assign, rt_err *err);
+int rt_run_set(struct rt_run *r, const char *assign, rt_err *err);
 
 /* Override the policy's budget with a compression factor: budget = context / R entries
  * per head (see kvp_ctx.ratio); R = 0 removes the override. Fails (-1, err) unless R is
  * 0 or a finite number >= 1, or when the policy never compresses (no budget). */
-int kvp_run_set_ratio(struct kvp_run *r, double R, rt_err *err);
+int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err);
 
 /* Tokens the runtime may process in its next chunk: min(want, next_trigger), and not
  * past the prompt end while the prompt is being processed. 0 when the store is full. */
-int32_t kvp_run_chunk(struct kvp_run *r, const rt_kv *kv, int32_t want);
+int32_t rt_run_chunk(struct rt_run *r, const rt_kv *kv, int32_t want);
 
 /* After n tokens were appended and observed: advance ctx.seen/phase and compress if
  * should_compress says so. Returns 1 when it compressed, 0 when not, -1 with err set
  * when compress failed. */
-int kvp_run_advance(struct kvp_run *r, rt_kv *kv, int32_t n, rt_err *err);
+int rt_run_advance(struct rt_run *r, rt_kv *kv, int32_t n, rt_err *err);
 
 /* The policies compiled into a binary: defined by the unit `kvpc emit --target registry`
  * writes (NULL-terminated, kvp_registry_count entries, command-line order). */
@@ -286,7 +286,7 @@ extern const struct kvp_policy *const kvp_registry[];
 extern const int kvp_registry_count;
 
 /* The registered policy called name, or NULL. */
-const struct kvp_policy *kvp_registry_find(const struct kvp_policy *const *reg, int n,
+const struct kvp_policy *rt_registry_find(const struct kvp_policy *const *reg, int n,
                                            const char *name);
 
 #endif

@@ -263,7 +263,7 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 	if (cap < 1 || max_chunk < 1 || max_chunk > 65536)
 		return rt_err_set(err, "%s: sequence: invalid capacity %d or chunk %d", m->path, (int)cap,
 		                  max_chunk);
-	if (kvp_run_init(&s->run, &s->kv, p, hp->n_layer, hp->n_head_kv, hp->group, hp->head_dim,
+	if (rt_run_init(&s->run, &s->kv, p, hp->n_layer, hp->n_head_kv, hp->group, hp->head_dim,
 	                 cap, prompt_len, err) != 0)
 		return -1;
 	s->m = m;
@@ -301,7 +301,7 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 void rt_seq_free(rt_seq *s)
 {
 	if (s->p)
-		kvp_run_free(&s->run);
+		rt_run_free(&s->run);
 	rt_kv_free(&s->kv);
 	rt_fwd_free(&s->fwd);
 	free(s->rot_idx);
@@ -313,7 +313,7 @@ void rt_seq_free(rt_seq *s)
 
 void rt_seq_reset(rt_seq *s, int64_t prompt_len)
 {
-	kvp_run_reset(&s->run, &s->kv, prompt_len);
+	rt_run_reset(&s->run, &s->kv, prompt_len);
 	memset(&s->st, 0, sizeof s->st);
 	s->hook_seconds = 0;
 	s->cur_span = 0;
@@ -335,12 +335,12 @@ void rt_seq_span(rt_seq *s, int id)
 
 int rt_seq_set(rt_seq *s, const char *assign, rt_err *err)
 {
-	return kvp_run_set(&s->run, assign, err);
+	return rt_run_set(&s->run, assign, err);
 }
 
 int rt_seq_set_ratio(rt_seq *s, double R, rt_err *err)
 {
-	return kvp_run_set_ratio(&s->run, R, err);
+	return rt_run_set_ratio(&s->run, R, err);
 }
 
 int64_t rt_seq_seen(const rt_seq *s)
@@ -365,7 +365,7 @@ rt_seq_stats rt_seq_stats_get(const rt_seq *s)
 
 /* The policy-side half of one chunk: after the forward appended and observed the C tokens
  * tok[0..C) (logits rows lg [C × n_vocab], or NULL when none were computed): the trace,
- * the counters, kvp_run_advance (may compress) and the compacted re-rotation. */
+ * the counters, rt_run_advance (may compress) and the compacted re-rotation. */
 static int seq_chunk_done(rt_seq *s, const int32_t *tok, int C, const float *lg, rt_err *err)
 {
 	if (trace_wants_logits(s))
@@ -376,7 +376,7 @@ static int seq_chunk_done(rt_seq *s, const int32_t *tok, int C, const float *lg,
 		s->st.kv_entries_peak = e;
 		s->st.kv_bytes_peak = rt_kv_bytes_used(&s->kv);
 	}
-	int rc = kvp_run_advance(&s->run, &s->kv, C, err);
+	int rc = rt_run_advance(&s->run, &s->kv, C, err);
 	if (rc < 0)
 		return -1;
 	if (rc == 1 && s->rot_idx) {
@@ -411,7 +411,7 @@ int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
 		const int tr = trace_wants_logits(s) && mode != RT_LOGITS_ALL;
 		if (tr && want > RT_SEQ_TRACE_CHUNK)
 			want = RT_SEQ_TRACE_CHUNK;
-		int32_t k = kvp_run_chunk(&s->run, &s->kv, want);
+		int32_t k = rt_run_chunk(&s->run, &s->kv, want);
 		if (k == 0)
 			return seq_full_err(s, err);
 		float *lg = NULL;
@@ -528,7 +528,7 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 		int32_t k = n - done < b->chunk ? (int32_t)(n - done) : b->chunk;
 		int tr = 0;
 		for (int i = 0; i < b->n_active;) {
-			int32_t c = kvp_run_chunk(&b->s[i]->run, &b->s[i]->kv, k);
+			int32_t c = rt_run_chunk(&b->s[i]->run, &b->s[i]->kv, k);
 			if (c == 0) {
 				rt_err e = { "" };
 				seq_full_err(b->s[i], &e);

@@ -5,12 +5,12 @@
  * (layer, KV head)), the policy's run state (parameters, context, scratch) and the
  * forward scratch, all allocated once by rt_seq_init; feeding tokens allocates nothing.
  *
- * Per chunk: kvp_run_chunk gives the largest number of tokens that cannot cross the
+ * Per chunk: rt_run_chunk gives the largest number of tokens that cannot cross the
  * policy's next trigger (or the prompt end); the forward appends their keys/values to
  * every head, calls the policy's init_entries on the new entries (rt_fwd.on_append),
  * runs attention and hands every (layer, KV head, query row) to the policy's observe
  * (probabilities and outputs only when its needs flags ask for them); then
- * kvp_run_advance moves the context forward and compresses when the policy says so.
+ * rt_run_advance moves the context forward and compresses when the policy says so.
  * Chunked feeding is therefore exactly token-by-token feeding (tests/test_seq.c).
  *
  * Positions. KVP_POS_ORIGINAL: keys keep the RoPE of their token position. KVP_POS_
@@ -65,7 +65,7 @@ typedef struct rt_seq {
 	const rt_model *m;
 	const struct kvp_policy *p;
 	rt_kv kv;                /* the store: cap entries per head */
-	struct kvp_run run;      /* parameters, kvp_ctx, scratch */
+	struct rt_run run;      /* parameters, kvp_ctx, scratch */
 	rt_fwd fwd;              /* forward scratch for chunks of max_chunk tokens */
 	int max_chunk;
 	int32_t cap;
@@ -73,7 +73,7 @@ typedef struct rt_seq {
 	                          * entry's key is rotated at, by (head, original position) */
 	double *rot_freq;        /* COMPACTED only: [n_rot / 2] base^(-2i/n_rot) */
 	double *rot_cs;          /* COMPACTED only: [n_rot] cos, sin of the current delta */
-	double hook_seconds;     /* observe + init_entries time (kvp_run counts the rest) */
+	double hook_seconds;     /* observe + init_entries time (rt_run counts the rest) */
 	uint16_t cur_span;       /* protected-span id given to the entries appended next */
 	/* the prompt trace (KVP_NEED_TRACE only; run.ctx.trace points at tr) */
 	struct kvp_trace tr;
@@ -109,7 +109,7 @@ void rt_seq_span(rt_seq *s, int id);
 /* "name=value" parameter override (kvp_policy_param_set's errors). */
 int rt_seq_set(rt_seq *s, const char *assign, rt_err *err);
 
-/* Compression-factor override: budget = context / R entries per head (kvp_run_set_ratio;
+/* Compression-factor override: budget = context / R entries per head (rt_run_set_ratio;
  * R = 0 removes it). Errors: R not 0 and not a finite number >= 1; the policy never
  * compresses. */
 int rt_seq_set_ratio(rt_seq *s, double R, rt_err *err);
