@@ -15,7 +15,7 @@ PREFIX     ?= /usr/local
 MODEL_DIR  ?= models
 MODEL      ?= $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 # Debian packages the build and tests need (installed by `make deps` when missing).
-DEB_PKGS   := flex bison check libsubunit-dev libopenblas-dev libpcre2-dev pkg-config
+DEB_PKGS   := flex bison check libsubunit-dev libopenblas-dev libpcre2-dev zlib1g-dev pkg-config clang libclang-rt-dev
 
 ifeq ($(SAN),1)
 B          := build-asan
@@ -27,8 +27,8 @@ SANFLAGS   :=
 OPT        := -O2
 endif
 
-PKG_CFLAGS := $(shell pkg-config --cflags openblas check libpcre2-8 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs openblas libpcre2-8 2>/dev/null)
+PKG_CFLAGS := $(shell pkg-config --cflags openblas check libpcre2-8 zlib 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs openblas libpcre2-8 zlib 2>/dev/null)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 CFLAGS     ?= $(OPT) -g
 CFLAGS     += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime -Icompiler -Ikernels -I$(B)/gen $(PKG_CFLAGS) $(SANFLAGS)

@@ -280,10 +280,10 @@ static int toolchain_find(struct toolchain *tc)
 	snprintf(inc, sizeof inc, "-I%s", tc->inc_k);
 	tc->args[tc->n_args++] = strdup(inc);
 	char pk[4096];
-	capture("pkg-config --cflags openblas libpcre2-8 2>/dev/null", pk, sizeof pk);
+	capture("pkg-config --cflags openblas libpcre2-8 zlib 2>/dev/null", pk, sizeof pk);
 	split_push(tc->args, &tc->n_args, pk);
-	capture("pkg-config --libs openblas libpcre2-8 2>/dev/null", pk, sizeof pk);
-	split_push(tc->libs, &tc->n_libs, pk[0] ? pk : "-lopenblas -lpcre2-8");
+	capture("pkg-config --libs openblas libpcre2-8 zlib 2>/dev/null", pk, sizeof pk);
+	split_push(tc->libs, &tc->n_libs, pk[0] ? pk : "-lopenblas -lpcre2-8 -lz");
 	split_push(tc->libs, &tc->n_libs, "-lm -lpthread");
 #if defined(__SANITIZE_ADDRESS__)
 	split_push(tc->libs, &tc->n_libs, "-fsanitize=address,undefined");

@@ -573,6 +573,18 @@ START_TEST(bad_arguments)
 	              "%s", err);
 	free(out);
 	free(err);
+	/* inputs and outputs are checked before the model is loaded (the model does not exist) */
+	char *zero[] = { g_bin, "ab", "--model", "no/such/model.gguf", "--text", "/dev/zero", NULL };
+	ck_assert_int_eq(run(zero, &out, &err), 1);
+	ck_assert_str_eq(err, "ab: /dev/zero: not a regular file (a character device); a text must be a file\n");
+	free(out);
+	free(err);
+	char *badout[] = { g_bin, "ab", "--model", "no/such/model.gguf", "--text", g_text,
+		           "--plot", "no/such/dir/p.svg", NULL };
+	ck_assert_int_eq(run(badout, &out, &err), 2);
+	ck_assert_str_eq(err, "ab: --plot: no/such/dir/p.svg: directory 'no/such/dir' does not exist\n");
+	free(out);
+	free(err);
 	/* guards larger than the ratio's budget: a clear error, not a crash */
 	ck_assert_int_eq(run_ab(&out, &err, "--a", "h2o", "--b", "h2o", "--ratio", "16", NULL), 1);
 	ck_assert_msg(strstr(err, "h2o") && strstr(err, "ratio"), "%s", err);

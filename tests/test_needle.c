@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/rt_text.h"
 #include "eval/rt_needle.h"
 #include "support/gguf_writer.h"
 
@@ -98,46 +99,6 @@ START_TEST(test_info_body)
 	ck_assert_uint_eq(rt_needle_info_body("a\x1f\nb", 4), 0);
 	ck_assert_uint_eq(rt_needle_info_body("\x1f\n\x1f\n", 4), 4);
 	ck_assert_uint_eq(rt_needle_info_body("\x1f\n\x1f", 3), 0);
-}
-END_TEST
-
-START_TEST(test_read_text)
-{
-	char dir[] = "/tmp/test_needle_......";
-	memset(dir + strlen(dir) - 6, 'X', 6); /* mkdtemp's template suffix */
-	ck_assert_ptr_nonnull(mkdtemp(dir));
-	char plain[256], gz[256], cmd[600];
-	snprintf(plain, sizeof(plain), "%s/hay.txt", dir);
-	snprintf(gz, sizeof(gz), "%s/hay.txt.gz", dir);
-	FILE *f = fopen(plain, "w");
-	ck_assert_ptr_nonnull(f);
-	for (int i = 0; i < 5000; i++)
-		fprintf(f, "Line %d of the haystack. It has words.\n", i);
-	fclose(f);
-	snprintf(cmd, sizeof(cmd), "gzip -c '%s' > '%s'", plain, gz);
-	ck_assert_int_eq(system(cmd), 0);
-	rt_err err = {0};
-	size_t n1, n2;
-	char *a = rt_needle_read_text(plain, &n1, &err);
-	char *b = rt_needle_read_text(gz, &n2, &err);
-	ck_assert_ptr_nonnull(a);
-	ck_assert_msg(b != NULL, "%s", err.msg);
-	ck_assert_uint_eq(n1, n2);
-	ck_assert_uint_gt(n1, 100000);
-	ck_assert(memcmp(a, b, n1) == 0);
-	ck_assert(b[n2] == '\0');
-	free(a);
-	free(b);
-	/* a .gz that is not gzip data */
-	ck_assert_int_eq(rename(plain, gz), 0);
-	ck_assert_ptr_null(rt_needle_read_text(gz, &n1, &err));
-	ck_assert_msg(strstr(err.msg, "gzip -dc failed") && !strncmp(err.msg, gz, strlen(gz)),
-	              "%s", err.msg);
-	unlink(gz);
-	ck_assert_ptr_null(rt_needle_read_text(gz, &n1, &err));
-	snprintf(cmd, sizeof(cmd), "%s: No such file or directory", gz);
-	ck_assert_str_eq(err.msg, cmd);
-	rmdir(dir);
 }
 END_TEST
 
@@ -491,7 +452,7 @@ START_TEST(test_model_niah)
 	const char *used = NULL;
 	for (int k = 0; k < 2 && !hay; k++) {
 		rt_err err = {0};
-		if (access(paths[k], R_OK) == 0 && (hay = rt_needle_read_text(paths[k], &len, &err)))
+		if (access(paths[k], R_OK) == 0 && (hay = rt_text_read(paths[k], &len, &err)))
 			used = paths[k];
 	}
 	if (!hay) {
@@ -531,7 +492,6 @@ static Suite *needle_suite(void)
 	tcase_add_test(tc, test_score_niah);
 	tcase_add_test(tc, test_passkey_seed);
 	tcase_add_test(tc, test_info_body);
-	tcase_add_test(tc, test_read_text);
 	tcase_add_test(tc, test_syn_passkey);
 	tcase_add_test(tc, test_syn_niah);
 	suite_add_tcase(s, tc);

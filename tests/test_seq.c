@@ -1108,13 +1108,15 @@ START_TEST(cli_bad_input)
 		             "--ratio", "4", NULL };
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a5), 2);
 	ck_assert_msg(strstr(e, "never compresses") != NULL, "%s", e);
-	/* text that is not UTF-8: runtime error with the file and byte offset */
+	/* text that is not UTF-8: runtime error with the file, line, column and byte offset
+	 * (rt_text_read's message) */
 	static const char bad[] = "valid start \xff\xfe then junk";
 	const char *btxt = write_text(bp, "bad", bad, sizeof bad - 1);
 	const char *a6[] = { "kvx", "ppl", "--model", mp, "--text", btxt, "--policy", "h2o", NULL };
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a6), 1);
 	char want[256];
-	snprintf(want, sizeof want, "kvx: %s: not valid UTF-8 at byte 12\n", btxt);
+	snprintf(want, sizeof want, "kvx: %s:1:13: not valid UTF-8 (byte offset 12, byte 0xff); a text "
+	         "must be UTF-8\n", btxt);
 	ck_assert_str_eq(e, want);
 	unlink(btxt);
 	/* a missing model file: runtime error */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 int rt_err_set(rt_err *err, const char *fmt, ...)
@@ -119,6 +120,12 @@ char *rt_read_file(const char *path, size_t *len, rt_err *err)
 	FILE *f = fopen(path, "rb");
 	if (!f) {
 		rt_err_set(err, "%s: cannot open: %s", path, strerror(errno));
+		return NULL;
+	}
+	struct stat st; /* a device or FIFO would be read without end */
+	if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+		rt_err_set(err, "%s: not a regular file", path);
+		fclose(f);
 		return NULL;
 	}
 	size_t cap = 1 << 16, n = 0;

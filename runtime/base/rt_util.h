@@ -44,8 +44,9 @@ void *rt_xcalloc(size_t n, size_t sz, const char *file, int line);
 void rt_assert_fail(const char *expr, const char *file, int line)
 	__attribute__((noreturn));
 
-/* Read a whole file into a NUL-terminated heap buffer (caller frees). Fails with
- * "PATH: reason" on open/read errors. *len receives the byte count (without NUL). */
+/* Read a whole regular file into a NUL-terminated heap buffer (caller frees). Fails with
+ * "PATH: reason" on open/read errors and for anything but a regular file. *len receives
+ * the byte count (without NUL). Texts given by the user go through rt_text_read instead. */
 char *rt_read_file(const char *path, size_t *len, rt_err *err);
 
 /* 1 if s[0..n) is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF); otherwise 0

@@ -4,7 +4,9 @@
  * sequence under one policy), rt_eval's scoring helpers, rt_stats (KL summary), rt_needle
  * and rt_keepmap (the SVG of the kept positions).
  */
+#include "base/rt_outpath.h"
 #include "base/rt_sha256.h"
+#include "base/rt_text.h"
 #include "cli/rt_cli.h"
 
 #include <cblas.h>
@@ -578,6 +580,13 @@ static int parse_opts(const char *cmd, void (*help_fn)(void), int argc, char **a
 		return usage_err(cmd, "unexpected argument '%s'", argv[optind]);
 	if (need_model && !o->model)
 		return usage_err(cmd, "%s", "--model is required");
+	/* every file written at the end must be writable before any work starts */
+	const char *outs[][2] = { { "--svg", o->svg }, { "--dump", o->dump }, { "--logits", o->logits } };
+	for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+		rt_err err = { "" };
+		if (outs[i][1] && rt_outpath_check(outs[i][1], &err) != 0)
+			return usage_err(cmd, "%s: %s", outs[i][0], err.msg);
+	}
 	return 0;
 }
 
@@ -653,17 +662,9 @@ static int seq_apply(rt_seq *s, const opts *o, rt_err *err)
 static char *read_text(const char *path, size_t *len)
 {
 	rt_err err = { "" };
-	char *s = rt_read_file(path, len, &err);
-	if (!s) {
+	char *s = rt_text_read(path, len, &err);
+	if (!s)
 		runtime_err(&err);
-		return NULL;
-	}
-	size_t bad;
-	if (!rt_utf8_valid(s, *len, &bad)) {
-		fprintf(stderr, "%s: %s: not valid UTF-8 at byte %zu\n", g_prog, path, bad);
-		free(s);
-		return NULL;
-	}
 	return s;
 }
 
@@ -920,7 +921,7 @@ static cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
 {
 	size_t len;
 	rt_err err = { "" };
-	char *txt = rt_read_file(path, &len, &err);
+	char *txt = rt_text_read(path, &len, &err);
 	*n = 0;
 	*rc = EXIT_USAGE;
 	if (!txt) {
@@ -1479,7 +1480,7 @@ static int cmd_needle(int argc, char **argv)
 	rc = EXIT_FAILURE;
 	if (o.task_niah) {
 		const char *path = o.haystack ? o.haystack : "/usr/share/info/coreutils.info.gz";
-		if (!(hay = rt_needle_read_text(path, &hay_len, &err))) {
+		if (!(hay = rt_text_read(path, &hay_len, &err))) {
 			runtime_err(&err);
 			goto out;
 		}

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "eval/rt_ab.h"
+#include "base/rt_outpath.h"
+#include "base/rt_text.h"
 #include "base/rt_sha256.h"
 #include "eval/rt_eval.h"
 #include "model/rt_gguf.h"
@@ -303,6 +305,8 @@ typedef struct ab_run {
 	char model_sha[65], text_sha[65];
 	int32_t *tokens;
 	int64_t n;                /* tokens used (ppl) */
+	char *text;               /* --text, read before the model (load_text takes it) */
+	size_t text_len;
 	ab_row rows[AB_MAX_RATIOS];
 	rt_seq ref;
 	int ref_ready;
@@ -1077,6 +1081,7 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 
 static void run_free(ab_run *r)
 {
+	free(r->text);
 	for (int k = 0; k < AB_MAX_RATIOS; k++)
 		for (int s = 0; s < 2; s++) {
 			ab_side *sd = &r->rows[k].side[s];
@@ -1098,9 +1103,9 @@ static void run_free(ab_run *r)
 static int load_text(ab_run *r, rt_err *err)
 {
 	size_t len = 0;
-	char *text = rt_needle_read_text(r->o.text, &len, err);
-	if (!text)
-		return -1;
+	char *text = r->text; /* read and checked before the model was loaded */
+	len = r->text_len;
+	r->text = NULL;
 	if (rt_sha256_file(r->o.text, r->text_sha, err) != 0) {
 		free(text);
 		return -1;
@@ -1173,12 +1178,22 @@ int rt_ab_main(int argc, char **argv, const struct kvp_policy *const *reg, int n
 		free(r);
 		return 2;
 	}
+	const char *outs[][2] = { { "--json", r->o.json }, { "--csv", r->o.csv }, { "--plot", r->o.plot } };
+	for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
+		if (outs[i][1] && rt_outpath_check(outs[i][1], &err) != 0) {
+			fprintf(stderr, "ab: %s: %s\n", outs[i][0], err.msg);
+			free(r);
+			return 2;
+		}
 	if (r->o.threads > 0)
 		openblas_set_num_threads(r->o.threads);
 	r->threads = openblas_get_num_threads();
 	r->progress = isatty(2);
 	r->t_start = rt_now();
 	rc = 1;
+	/* inputs and outputs are checked before the model is loaded */
+	if (r->o.text && !(r->text = rt_text_read(r->o.text, &r->text_len, &err)))
+		goto fail;
 	rt_gguf *g = rt_gguf_open(r->o.model, &err);
 	if (!g)
 		goto fail;

@@ -1,21 +1,16 @@
 /*
  * rt_needle: builds passkey and needle-in-a-haystack prompts to an exact token count with
- * the model's tokenizer, reads (optionally gzip'ed) haystack files, and scores generated
+ * the model's tokenizer, finds the body of an Info haystack, and scores generated
  * answers. See rt_needle.h for the layouts and references.
  */
 #include "eval/rt_needle.h"
 
 #include <ctype.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "eval/rt_stats.h"
 
@@ -310,76 +305,6 @@ done:
 }
 
 /* ---- haystack files -------------------------------------------------------------------- */
-
-static char *read_gzip(const char *path, size_t *len, rt_err *err)
-{
-	int fd[2];
-	if (access(path, R_OK) != 0) {
-		rt_err_set(err, "%s: %s", path, strerror(errno));
-		return NULL;
-	}
-	if (pipe(fd) != 0) {
-		rt_err_set(err, "%s: pipe: %s", path, strerror(errno));
-		return NULL;
-	}
-	pid_t pid = fork();
-	if (pid < 0) {
-		close(fd[0]);
-		close(fd[1]);
-		rt_err_set(err, "%s: fork: %s", path, strerror(errno));
-		return NULL;
-	}
-	if (pid == 0) {
-		close(fd[0]);
-		if (dup2(fd[1], 1) < 0)
-			_exit(127);
-		close(fd[1]);
-		int dn = open("/dev/null", O_WRONLY);
-		if (dn >= 0)
-			dup2(dn, 2);
-		execlp("gzip", "gzip", "-dc", "--", path, (char *)NULL);
-		_exit(127);
-	}
-	close(fd[1]);
-	size_t cap = 1 << 20, n = 0;
-	char *buf = RT_MALLOC(cap + 1);
-	for (;;) {
-		if (n == cap) {
-			cap *= 2;
-			char *nb = realloc(buf, cap + 1);
-			if (!nb)
-				rt_assert_fail("out of memory", __FILE__, __LINE__);
-			buf = nb;
-		}
-		ssize_t r = read(fd[0], buf + n, cap - n);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			break;
-		n += (size_t)r;
-	}
-	close(fd[0]);
-	int st = 0;
-	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
-	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-		free(buf);
-		rt_err_set(err, "%s: gzip -dc failed (exit status %d)", path,
-		           WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-		return NULL;
-	}
-	buf[n] = '\0';
-	*len = n;
-	return buf;
-}
-
-char *rt_needle_read_text(const char *path, size_t *len, rt_err *err)
-{
-	size_t pl = strlen(path);
-	if (pl > 3 && !strcmp(path + pl - 3, ".gz"))
-		return read_gzip(path, len, err);
-	return rt_read_file(path, len, err);
-}
 
 size_t rt_needle_info_body(const char *text, size_t len)
 {

@@ -104,11 +104,6 @@ int rt_needle_niah(const rt_tokenizer *t, const char *text, size_t len, int64_t 
 
 void rt_needle_prompt_free(rt_needle_prompt *p);
 
-/* Read a haystack file: plain text, or gzip-compressed when the name ends in ".gz"
- * (decompressed by running `gzip -dc` without a shell). Returns a NUL-terminated heap
- * buffer (caller frees) and its length, or NULL with "PATH: reason". */
-char *rt_needle_read_text(const char *path, size_t *len, rt_err *err);
-
 /* For a GNU Info file (nodes separated by "\x1f\n"), the byte offset where the second
  * node starts, i.e. past the license preamble and the Top node with its long menus, so a
  * haystack starts on prose ("File: coreutils.info,  Node: Introduction, ..." for

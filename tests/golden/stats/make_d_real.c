@@ -5,7 +5,7 @@
  *
  *   make build/libkvrt.a
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Iruntime tests/golden/stats/make_d_real.c build/libkvrt.a \
- *      $(pkg-config --libs openblas libpcre2-8) -lm -lpthread -o /tmp/make_d_real
+ *      $(pkg-config --libs openblas libpcre2-8 zlib) -lm -lpthread -o /tmp/make_d_real
  *   /tmp/make_d_real models/SmolLM2-135M-Instruct.Q4_1.gguf > tests/golden/stats/d_real.txt
  *
  * What it measures: SmolLM2-135M-Instruct reads 1024 tokens of coreutils.info starting at
@@ -24,6 +24,7 @@
 #include "eval/rt_eval.h"
 #include "kv/rt_kv.h"
 #include "model/rt_model.h"
+#include "base/rt_text.h"
 #include "eval/rt_needle.h"
 #include "eval/rt_stats.h"
 #include "model/rt_tokenizer.h"
@@ -82,7 +83,7 @@ int main(int argc, char **argv)
 	rt_tokenizer *t = g ? rt_tokenizer_init(g, &err) : NULL;
 	rt_model *m = t ? rt_model_load_gguf(g, &err) : NULL;
 	size_t len = 0;
-	char *txt = m ? rt_needle_read_text("/usr/share/info/coreutils.info.gz", &len, &err) : NULL;
+	char *txt = m ? rt_text_read("/usr/share/info/coreutils.info.gz", &len, &err) : NULL;
 	if (!txt) {
 		fprintf(stderr, "make_d_real: %s\n", err.msg);
 		return 1;
