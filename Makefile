@@ -50,7 +50,7 @@ BINS       := $(B)/kvrt $(if $(wildcard compiler/kvpc_main.c),$(B)/kvpc)
 .SECONDARY:
 .DELETE_ON_ERROR:
 
-.PHONY: all help deps model check test test-asan bench demo results fuzz install clean cuda
+.PHONY: all help deps model check test test-asan bench demo results fuzz fuzz-build fuzz-smoke install clean cuda
 .DEFAULT_GOAL := all
 
 ## all: build libkvrt, the kvrt CLI, the kvpc compiler and every test binary
@@ -116,10 +116,23 @@ install: $(BINS) $(B)/libkvrt.a
 	for l in $(RT_LAYERS); do install -d $(PREFIX)/include/kvrt/$$l && install -m 644 runtime/$$l/*.h $(PREFIX)/include/kvrt/$$l/; done
 	$(if $(wildcard kernels/*),install -m 644 $(wildcard kernels/*) $(PREFIX)/share/kvpc/kernels/)
 
-## fuzz: build the libFuzzer target of the kvpc front end (clang) and run it FUZZ_TIME seconds
-FUZZ_CC    ?= clang
-FUZZ_TIME  ?= 60
+## fuzz: build the libFuzzer targets (clang) and run each FUZZ_TIME seconds on its corpus
+# Targets (tests/fuzz/fuzz_*.c): kvpc_check (the .kvp front end), gguf (the GGUF reader, the
+# vocabulary and model loaders), tokenizer (BPE encode of arbitrary bytes), text (the text and
+# haystack loader). Seeds: tests/fuzz/corpus/NAME (committed), build-fuzz/seeds/NAME (tiny
+# models written by tests/fuzz/gen_seeds.c); new inputs go to build-fuzz/corpus/NAME; every
+# crash or hang found is kept under tests/fuzz/regress/NAME and replayed by `make check`.
+FUZZ_CC      ?= clang
+FUZZ_TIME    ?= 60
+FUZZ_TARGETS := kvpc_check gguf tokenizer text
+FUZZ_BINS    := $(FUZZ_TARGETS:%=build-fuzz/fuzz_%)
+FUZZ_CFLAGS  := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+  -Iruntime -Icompiler -Ikernels -Ibuild-fuzz/gen -Itests/support $(PKG_CFLAGS)
+FUZZ_RT_SRCS := $(foreach l,$(filter-out cli,$(RT_LAYERS)),$(sort $(wildcard runtime/$(l)/rt_*.c)))
+FUZZ_RT_OBJS := $(FUZZ_RT_SRCS:%.c=build-fuzz/obj/%.o)
+FUZZ_SUP_OBJS := build-fuzz/obj/tests/support/gguf_writer.o build-fuzz/obj/tests/support/tiny_model.o
 FUZZ_SRCS  := tests/fuzz/fuzz_kvpc_check.c $(KVPC_SRCS) runtime/base/rt_util.c runtime/policy/rt_policy.c runtime/kv/rt_kv.c
+
 build-fuzz/fuzz_kvpc_check: $(FUZZ_SRCS) grammar/kvp.y grammar/kvp.l $(wildcard compiler/*.h runtime/*/*.h)
 	@mkdir -p build-fuzz/gen build-fuzz/corpus
 	bison -Wall -Werror --defines=build-fuzz/gen/kvp.tab.h -o build-fuzz/gen/kvp.tab.c grammar/kvp.y
@@ -128,10 +141,33 @@ build-fuzz/fuzz_kvpc_check: $(FUZZ_SRCS) grammar/kvp.y grammar/kvp.l $(wildcard 
 	  -Iruntime -Icompiler -Ikernels -Ibuild-fuzz/gen $(FUZZ_SRCS) \
 	  build-fuzz/gen/kvp.tab.c build-fuzz/gen/kvp.lex.c -o $@ -lm
 
-fuzz: deps build-fuzz/fuzz_kvpc_check
-	build-fuzz/fuzz_kvpc_check -max_total_time=$(FUZZ_TIME) -max_len=4096 -timeout=10 \
-	  -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ -dict=tests/fuzz/kvp.dict \
-	  build-fuzz/corpus policies tests/golden/kvp/bad tests/golden/kvp/good tests/golden/kvp/fmt
+build-fuzz/obj/%.o: %.c $(wildcard runtime/*/*.h tests/support/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+build-fuzz/libkvrt.a: $(FUZZ_RT_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+build-fuzz/fuzz_%: build-fuzz/obj/tests/fuzz/fuzz_%.o $(FUZZ_SUP_OBJS) build-fuzz/libkvrt.a
+	$(FUZZ_CC) -fsanitize=fuzzer,address,undefined -o $@ $^ $(LDLIBS)
+
+build-fuzz/gen_seeds: build-fuzz/obj/tests/fuzz/gen_seeds.o $(FUZZ_SUP_OBJS) build-fuzz/libkvrt.a
+	$(FUZZ_CC) -fsanitize=address,undefined -o $@ $^ $(LDLIBS)
+
+build-fuzz/seeds/.stamp: build-fuzz/gen_seeds
+	@rm -rf build-fuzz/seeds && mkdir -p build-fuzz/seeds
+	build-fuzz/gen_seeds build-fuzz/seeds
+	@touch $@
+
+fuzz-build: $(FUZZ_BINS) build-fuzz/seeds/.stamp
+
+fuzz: deps fuzz-build
+	@for t in $(FUZZ_TARGETS); do scripts/fuzz.sh run $$t $(FUZZ_TIME) || exit 1; done
+
+## fuzz-smoke: replay every fuzz target's corpus and regressions, then fuzz 5 s each (make check)
+fuzz-smoke: fuzz-build
+	@for t in $(FUZZ_TARGETS); do scripts/fuzz.sh smoke $$t 5 || exit 1; done
 
 ## clean: remove build outputs (not the model)
 clean:

@@ -25,7 +25,8 @@
 
 struct rt_gguf {
 	char *path;
-	int fd;
+	int fd;               /* -1 for rt_gguf_open_mem */
+	int owns_map;         /* the mapping is ours to munmap */
 	const uint8_t *map;
 	uint64_t size;
 	uint32_t version;
@@ -537,6 +538,25 @@ static int parse(rt_gguf *g, rt_err *err)
 	return place_tensors(g, c.off, err);
 }
 
+/* Parse size bytes at map; on failure the mapping (if owned) and fd are released. */
+static rt_gguf *open_common(const char *path, int fd, const void *map, int owns_map,
+                            uint64_t size, rt_err *err)
+{
+	rt_gguf *g = RT_CALLOC(1, sizeof *g);
+	size_t pl = strlen(path) + 1;
+	g->path = RT_MALLOC(pl);
+	memcpy(g->path, path, pl);
+	g->fd = fd;
+	g->owns_map = owns_map;
+	g->map = map;
+	g->size = size;
+	if (parse(g, err) < 0) {
+		rt_gguf_close(g);
+		return NULL;
+	}
+	return g;
+}
+
 rt_gguf *rt_gguf_open(const char *path, rt_err *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* no hang on a FIFO */
@@ -566,18 +586,16 @@ rt_gguf *rt_gguf_open(const char *path, rt_err *err)
 		close(fd);
 		return NULL;
 	}
-	rt_gguf *g = RT_CALLOC(1, sizeof *g);
-	size_t pl = strlen(path) + 1;
-	g->path = RT_MALLOC(pl);
-	memcpy(g->path, path, pl);
-	g->fd = fd;
-	g->map = map;
-	g->size = (uint64_t)st.st_size;
-	if (parse(g, err) < 0) {
-		rt_gguf_close(g);
+	return open_common(path, fd, map, 1, (uint64_t)st.st_size, err);
+}
+
+rt_gguf *rt_gguf_open_mem(const char *name, const void *data, size_t size, rt_err *err)
+{
+	if (size == 0) {
+		rt_err_set(err, "%s: empty file (expected a GGUF model)", name);
 		return NULL;
 	}
-	return g;
+	return open_common(name, -1, data, 0, (uint64_t)size, err);
 }
 
 void rt_gguf_close(rt_gguf *g)
@@ -591,7 +609,7 @@ void rt_gguf_close(rt_gguf *g)
 	free(g->tensors);
 	free(g->kv_idx);
 	free(g->t_idx);
-	if (g->map)
+	if (g->map && g->owns_map)
 		munmap((void *)g->map, (size_t)g->size);
 	if (g->fd >= 0)
 		close(g->fd);

@@ -88,6 +88,11 @@ typedef struct rt_gguf rt_gguf;
 rt_gguf *rt_gguf_open(const char *path, rt_err *err);
 void rt_gguf_close(rt_gguf *g);
 
+/* The same reader over size bytes already in memory (a test's or a fuzzer's buffer);
+ * name stands for the path in messages. The bytes are borrowed, never written, and
+ * must stay valid until rt_gguf_close(); nothing outside data[0..size) is read. */
+rt_gguf *rt_gguf_open_mem(const char *name, const void *data, size_t size, rt_err *err);
+
 const char *rt_gguf_path(const rt_gguf *g);
 uint64_t rt_gguf_file_size(const rt_gguf *g);
 uint32_t rt_gguf_version(const rt_gguf *g);
