@@ -33,6 +33,7 @@
 #include "model/rt_tokenizer.h"
 #include "base/rt_util.h"
 #include "support/tiny_model.h"
+#include "support/xml_check.h"
 
 static char g_kvpc[PATH_MAX + 16];
 static char g_tmp[PATH_MAX];
@@ -441,6 +442,18 @@ START_TEST(full_vs_small_budget)
 	ck_assert(jget(&j, "meta.policies.A.params") &&
 	          jget(&j, "meta.policies.A.params")->t == J_OBJ);
 	ck_assert(jnum(&j, "meta.bootstrap.resamples") == 1000);
+	/* the default seed 0x6b7670632d616221 is above 2^53: written as a decimal string so a
+	 * parser reading numbers as doubles cannot round it */
+	ck_assert_str_eq(jstrv(&j, "meta.bootstrap.seed"), "7743500180575576609");
+	ck_assert_str_eq(jstrv(&j, "results.0.nll_diff.seed"), "7743500180575576609");
+	/* and Python's json module (an independent parser) reads the file and the seed */
+	if (system("command -v python3 >/dev/null 2>&1") == 0) {
+		char cmd[PATH_MAX + 400];
+		snprintf(cmd, sizeof cmd, "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); "
+		         "assert int(d[\"meta\"][\"bootstrap\"][\"seed\"]) == 0x6b7670632d616221; "
+		         "assert len(d[\"results\"]) == 2' '%s'", json);
+		ck_assert_msg(system(cmd) == 0, "python3 json could not read %s", json);
+	}
 	/* the reference perplexity through another code path (rt_eval_ppl: rt_model_forward,
 	 * no rt_seq) */
 	rt_err e;
@@ -500,8 +513,17 @@ START_TEST(full_vs_small_budget)
 	for (char *s = c; (s = strstr(s, "</svg>")); s++)
 		closes++;
 	ck_assert_int_eq(svgs, closes);
-	ck_assert_int_ge(svgs, 1 + 6);
+	ck_assert_int_ge(svgs, 1 + 1 + 6);
 	ck_assert(strstr(c, "kld_mean") && strstr(c, "h2o"));
+	const char *bad_xml = xml_check(c);
+	ck_assert_msg(bad_xml == NULL, "%s: %s", svg, bad_xml);
+	/* the verdict panel (paired dNLL interval per ratio around the zero line), error bars
+	 * (mean KL), and the text with its token count in the title */
+	ck_assert(strstr(c, "verdict: paired dNLL, 95% bootstrap CI") && strstr(c, "class=\"ref\""));
+	ck_assert(strstr(c, "class=\"errbar\""));
+	char want[PATH_MAX + 64];
+	snprintf(want, sizeof want, "; %s, %d tokens (%d scored)", g_text, CTX_TOKENS, CTX_TOKENS - 1);
+	ck_assert_msg(strstr(c, want), "title lacks '%s'", want);
 	free(c);
 	free(out);
 	free(err);

@@ -56,8 +56,8 @@ static const double X4[4] = {2, 4, 8, 16};
 START_TEST(test_basic_wellformed)
 {
 	double ya[4] = {10.5, 10.9, 11.6, 13.2}, yb[4] = {10.4, 10.6, 11.0, 11.9};
-	rt_svg_series s[2] = {{"snapkv", X4, ya, 4}, {"h2o", X4, yb, 4}};
-	rt_svg_plot p = {"Perplexity vs compression", "compression ratio", "perplexity", 0, 0, 1};
+	rt_svg_series s[2] = {{"snapkv", X4, ya, 4, NULL, NULL}, {"h2o", X4, yb, 4, NULL, NULL}};
+	rt_svg_plot p = {"Perplexity vs compression", "compression ratio", "perplexity", 0, 0, 1, 0, 0, 0};
 	rt_err err = {0};
 	size_t len;
 	char *svg = rt_svg_render(&p, s, 2, &len, &err);
@@ -100,8 +100,8 @@ static int circles(const char *svg, double *cx, double *cy, int cap)
 START_TEST(test_log2_and_linear_spacing)
 {
 	double y[4] = {1, 2, 3, 4};
-	rt_svg_series s = {"a", X4, y, 4};
-	rt_svg_plot p = {"t", "x", "y", 800, 500, 1};
+	rt_svg_series s = {"a", X4, y, 4, NULL, NULL};
+	rt_svg_plot p = {"t", "x", "y", 800, 500, 1, 0, 0, 0};
 	rt_err err = {0};
 	char *svg = rt_svg_render(&p, &s, 1, NULL, &err);
 	ck_assert_ptr_nonnull(svg);
@@ -118,7 +118,7 @@ START_TEST(test_log2_and_linear_spacing)
 
 	/* linear x axis: x = 1, 2, 4 gives spacing 1 : 2 */
 	double xl[3] = {1, 2, 4}, yl[3] = {0, 0, 0};
-	rt_svg_series sl = {"lin", xl, yl, 3};
+	rt_svg_series sl = {"lin", xl, yl, 3, NULL, NULL};
 	p.x_log2 = 0;
 	svg = rt_svg_render(&p, &sl, 1, NULL, &err);
 	ck_assert_ptr_nonnull(svg);
@@ -133,9 +133,9 @@ END_TEST
 START_TEST(test_escaping)
 {
 	double y[2] = {1, 2};
-	rt_svg_series s[2] = {{"x&y<z>", X4, y, 2}, {"q\"uote's", X4, y, 2}};
+	rt_svg_series s[2] = {{"x&y<z>", X4, y, 2, NULL, NULL}, {"q\"uote's", X4, y, 2, NULL, NULL}};
 	rt_svg_plot p = {"a<b & \"c\" 'd'>", "ratio <&>", "kld \"nats\"\x01\xff caf\xc3\xa9",
-	                 0, 0, 1};
+	                 0, 0, 1, 0, 0, 0};
 	rt_err err = {0};
 	char *svg = rt_svg_render(&p, s, 2, NULL, &err);
 	ck_assert_ptr_nonnull(svg);
@@ -165,8 +165,8 @@ START_TEST(test_nan_skipped)
 	double x[6] = {1, 2, 4, 8, 16, 32};
 	double y[6] = {1, 2, NAN, 4, 5, INFINITY};
 	double x2[4] = {0, -2, 4, 8}, y2[4] = {3, 3, NAN, 1};
-	rt_svg_series s[2] = {{"gappy", x, y, 6}, {"neg", x2, y2, 4}};
-	rt_svg_plot p = {"t", NULL, NULL, 0, 0, 1};
+	rt_svg_series s[2] = {{"gappy", x, y, 6, NULL, NULL}, {"neg", x2, y2, 4, NULL, NULL}};
+	rt_svg_plot p = {"t", NULL, NULL, 0, 0, 1, 0, 0, 0};
 	rt_err err = {0};
 	char *svg = rt_svg_render(&p, s, 2, NULL, &err);
 	ck_assert_ptr_nonnull(svg);
@@ -193,7 +193,7 @@ START_TEST(test_nan_skipped)
 
 	/* all points missing: still a valid plot with axes */
 	double xn[2] = {NAN, NAN}, yn[2] = {1, 2};
-	rt_svg_series sn = {"none", xn, yn, 2};
+	rt_svg_series sn = {"none", xn, yn, 2, NULL, NULL};
 	svg = rt_svg_render(&p, &sn, 1, NULL, &err);
 	ck_assert_ptr_nonnull(svg);
 	ASSERT_WF(svg);
@@ -210,8 +210,8 @@ END_TEST
 START_TEST(test_deterministic_and_file)
 {
 	double y[4] = {0.0123, 0.05, 0.11, 0.31}, y2[4] = {0.01, 0.02, 0.09, 0.2};
-	rt_svg_series s[2] = {{"a", X4, y, 4}, {"b", X4, y2, 4}};
-	rt_svg_plot p = {"KLD", "compression", "mean KLD (nats)", 0, 0, 1};
+	rt_svg_series s[2] = {{"a", X4, y, 4, NULL, NULL}, {"b", X4, y2, 4, NULL, NULL}};
+	rt_svg_plot p = {"KLD", "compression", "mean KLD (nats)", 0, 0, 1, 0, 0, 0};
 	rt_err err = {0};
 	size_t l1, l2;
 	char *a = rt_svg_render(&p, s, 2, &l1, &err);
@@ -240,10 +240,10 @@ END_TEST
 START_TEST(test_odd_ranges)
 {
 	rt_err err = {0};
-	rt_svg_plot p = {"t", "x", "y", 0, 0, 1};
+	rt_svg_plot p = {"t", "x", "y", 0, 0, 1, 0, 0, 0};
 	/* one point at a ratio that is not a power of two: ticks at the neighbours 2 and 4 */
 	double x3[1] = {3}, y3[1] = {0.5};
-	rt_svg_series s3 = {"three", x3, y3, 1};
+	rt_svg_series s3 = {"three", x3, y3, 1, NULL, NULL};
 	char *svg = rt_svg_render(&p, &s3, 1, NULL, &err);
 	ck_assert_ptr_nonnull(svg);
 	ASSERT_WF(svg);
@@ -253,7 +253,7 @@ START_TEST(test_odd_ranges)
 	free(svg);
 	/* extreme magnitudes and sub-1 ratios: finite coordinates, no nan/inf text */
 	double xe[3] = {0.25, 1, 1024}, ye[3] = {-1.7e308, 0, 1.7e308};
-	rt_svg_series se = {"extreme", xe, ye, 3};
+	rt_svg_series se = {"extreme", xe, ye, 3, NULL, NULL};
 	svg = rt_svg_render(&p, &se, 1, NULL, &err);
 	ck_assert_ptr_nonnull(svg);
 	ASSERT_WF(svg);
@@ -262,7 +262,7 @@ START_TEST(test_odd_ranges)
 	ck_assert_int_eq(count_sub(svg, "class=\"pt\""), 3);
 	free(svg);
 	double yt[2] = {1.7e308, 1.7e308};
-	rt_svg_series st = {"top", xe, yt, 2};
+	rt_svg_series st = {"top", xe, yt, 2, NULL, NULL};
 	svg = rt_svg_render(&p, &st, 1, NULL, &err);
 	ck_assert_ptr_nonnull(svg);
 	ASSERT_WF(svg);
@@ -275,18 +275,77 @@ START_TEST(test_errors)
 {
 	rt_err err = {0};
 	double y[1] = {1};
-	rt_svg_series s = {"a", X4, y, 1};
-	rt_svg_plot p = {"t", NULL, NULL, 10, 10, 1};
+	rt_svg_series s = {"a", X4, y, 1, NULL, NULL};
+	rt_svg_plot p = {"t", NULL, NULL, 10, 10, 1, 0, 0, 0};
 	ck_assert_ptr_null(rt_svg_render(&p, &s, 1, NULL, &err));
 	ck_assert_str_eq(err.msg, "svg: size 10x10 outside 200..8192 pixels");
 	p.width = p.height = 0;
-	rt_svg_series bad = {"b", NULL, y, 3};
+	rt_svg_series bad = {"b", NULL, y, 3, NULL, NULL};
 	ck_assert_ptr_null(rt_svg_render(&p, &bad, 1, NULL, &err));
 	ck_assert_str_eq(err.msg, "svg: series 0 has no data arrays or a negative count");
 	ck_assert_ptr_null(rt_svg_render(&p, &s, -1, NULL, &err));
 	ck_assert_int_eq(rt_svg_write("/nonexistent-dir/x.svg", &p, &s, 1, &err), -1);
 	ck_assert_str_eq(err.msg,
 	                 "/nonexistent-dir/x.svg: cannot open for writing: No such file or directory");
+}
+END_TEST
+
+/* Error bars, the reference line, dodging and hollow markers (rt_svg.h). */
+START_TEST(error_bars_dodge_and_reference_line)
+{
+	static const double y[4] = { 1.0, 2.0, 3.0, 4.0 };
+	static const double lo[4] = { 0.5, 1.5, NAN, 3.0 }, hi[4] = { 1.5, 3.0, 3.5, 4.5 };
+	rt_svg_series s[2] = { { "a", X4, y, 4, lo, hi }, { "b", X4, y, 4, NULL, NULL } };
+	rt_svg_plot p = { "t", "x", "y", 0, 0, 1, 10.0, 1, -1.0 };
+	rt_err err = { 0 };
+	char *svg = rt_svg_render(&p, s, 2, NULL, &err);
+	ck_assert_msg(svg != NULL, "%s", err.msg);
+	const char *bad = xml_check(svg);
+	ck_assert_msg(bad == NULL, "%s", bad);
+	/* 3 bars (the NaN end drops one), each: stem at the marker's x, caps 8 px wide */
+	ck_assert_int_eq(count_sub(svg, "class=\"errbar\""), 3);
+	double cx[8], cy[8];
+	ck_assert_int_eq(circles(svg, cx, cy, 8), 4);
+	const char *q = svg;
+	int k = 0;
+	double scale = NAN;
+	for (int j = 0; j < 4; j++) {
+		if (j == 2)
+			continue;
+		q = strstr(q, "class=\"errbar\"");
+		double X1, Yl, X2, Yh, c0, c1, c2, c3;
+		ck_assert_int_eq(sscanf(strstr(q, "d=\"") + 3, "M%lf %lfL%lf %lfM%lf %*f L%lf", &X1, &Yl,
+		                        &X2, &Yh, &c0, &c1), 6);
+		(void)c2, (void)c3;
+		ck_assert(X1 == X2 && fabs(X1 - cx[j]) < 0.01);
+		ck_assert(fabs(c0 - (X1 - 4)) < 0.01 && fabs(c1 - (X1 + 4)) < 0.01);
+		/* one linear y scale maps lo, y and hi: (Y(lo) - Y(y)) / (y - lo) is the same */
+		double sc = (Yl - cy[j]) / (y[j] - lo[j]), sc2 = (cy[j] - Yh) / (hi[j] - y[j]);
+		ck_assert(fabs(sc - sc2) < 0.02 * sc);
+		if (k++)
+			ck_assert(fabs(sc - scale) < 0.02 * sc);
+		scale = sc;
+		q++;
+	}
+	/* series b (squares, hollow) sits 10 px right of series a at every x */
+	double rx[4];
+	q = svg;
+	for (int j = 0; j < 4; j++) {
+		q = strstr(q, "<rect class=\"pt\"");
+		ck_assert_ptr_nonnull(q);
+		ck_assert_int_eq(sscanf(q, "<rect class=\"pt\" x=\"%lf\"", &rx[j]), 1);
+		ck_assert(strstr(q, "fill=\"#ffffff\"") < strchr(q, '>'));
+		ck_assert(fabs(rx[j] + 3.5 - cx[j] - 10.0) < 0.01);
+		q++;
+	}
+	/* the reference line at y = -1 extends the y range below every point */
+	const char *ref = strstr(svg, "class=\"ref\"");
+	ck_assert_ptr_nonnull(ref);
+	double ry;
+	ck_assert_int_eq(sscanf(ref, "class=\"ref\" x1=\"%*f\" y1=\"%lf\"", &ry), 1);
+	for (int j = 0; j < 4; j++)
+		ck_assert(ry > cy[j]);
+	free(svg);
 }
 END_TEST
 
@@ -302,6 +361,7 @@ static Suite *svg_suite(void)
 	tcase_add_test(tc, test_deterministic_and_file);
 	tcase_add_test(tc, test_odd_ranges);
 	tcase_add_test(tc, test_errors);
+	tcase_add_test(tc, error_bars_dodge_and_reference_line);
 	suite_add_tcase(s, tc);
 	return s;
 }

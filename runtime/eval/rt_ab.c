@@ -1007,21 +1007,76 @@ static int write_csv(const ab_run *r, const char *path, rt_err *err)
 	return 0;
 }
 
-/* One SVG holding one panel per metric (each an rt_svg plot nested as an <svg> element at
- * its grid place, two columns), x = compression ratio (log2 axis when every ratio > 1 and
- * there are at least two), series: A, B and the full-cache reference. */
+/* Wilson score interval (Wilson 1927) at 95% for h hits in n trials; NaN for n = 0. */
+static void wilson95(int h, int n, double *lo, double *hi)
+{
+	if (n <= 0) {
+		*lo = *hi = NAN;
+		return;
+	}
+	const double z = 1.959963984540054, z2 = z * z;
+	double p = (double)h / n, den = 1 + z2 / n, mid = (p + z2 / (2.0 * n)) / den;
+	double half = z * sqrt(p * (1 - p) / n + z2 / (4.0 * n * n)) / den;
+	*lo = fmax(0.0, mid - half);
+	*hi = fmin(1.0, mid + half);
+}
+
+/* Error bar ends of metric m for side s (2 = the reference) of row k, where the metric has
+ * a statistic for one: mean KL ± 1.96 standard errors, accuracy's Wilson interval. */
+static int metric_bar(const ab_run *r, int m, int k, int s, double *lo, double *hi)
+{
+	const ab_side *sd = s < 2 ? &r->rows[k].side[s] : NULL;
+	if (m == M_KLD_MEAN && sd && sd->sum.n > 1) {
+		*lo = sd->sum.kld_mean - 1.959963984540054 * sd->sum.kld_mean_err;
+		*hi = sd->sum.kld_mean + 1.959963984540054 * sd->sum.kld_mean_err;
+		return 1;
+	}
+	if (m == M_ACC) {
+		if (sd)
+			wilson95(sd->hits, sd->trials, lo, hi);
+		else
+			wilson95(r->ref_hits, r->ref_trials, lo, hi);
+		return 1;
+	}
+	return 0;
+}
+
+/* Render one panel and place it at grid cell i (two columns under a 40-pixel title). */
+static int put_panel(FILE *f, int i, int W, int H, const rt_svg_plot *pl,
+                     const rt_svg_series *ser, int n_ser, rt_err *err)
+{
+	size_t len = 0;
+	char *svg = rt_svg_render(pl, ser, n_ser, &len, err);
+	if (!svg)
+		return -1;
+	char *body = strstr(svg, "<svg"); /* drop the XML declaration */
+	fprintf(f, "<g transform=\"translate(%d,%d)\">\n%s</g>\n", (i % 2) * W, 40 + (i / 2) * H,
+	        body ? body : svg);
+	free(svg);
+	return 0;
+}
+
+/* One SVG holding, for the ppl task, first the verdict panel (the paired bootstrap
+ * interval of the mean NLL difference B - A per ratio, with the zero line: an interval
+ * clear of zero is a significant difference), then one panel per metric (each an rt_svg
+ * plot nested as an <svg> element at its grid place, two columns), x = compression ratio
+ * (log2 axis when every ratio > 1 and there are at least two), series: A, B and the
+ * full-cache reference, drawn side by side (dodged) with distinct markers and dashes so
+ * equal values stay visible, with error bars where the metric has an interval. The title
+ * names the policies, the text and the token count. */
 static int write_plot(const ab_run *r, const char *path, rt_err *err)
 {
+	const int needle = !strcmp(r->o.task, "needle");
 	int ms[M_COUNT], nm = 0;
 	for (int m = 0; m < M_COUNT; m++)
 		if (metric_on(r, m) && m != M_ENTRIES && m != M_KLD_MAX)
 			ms[nm++] = m;
-	const int W = 560, H = 360, cols = 2, rows = (nm + cols - 1) / cols;
+	const int W = 560, H = 360, cols = 2, np = nm + !needle, rows = (np + cols - 1) / cols;
 	int nr = r->o.n_ratios, log2x = nr >= 2;
 	for (int k = 0; k < nr; k++)
 		if (!(r->rows[k].ratio > 0))
 			log2x = 0;
-	double x[AB_MAX_RATIOS], y[3][AB_MAX_RATIOS];
+	double x[AB_MAX_RATIOS], y[3][AB_MAX_RATIOS], lo[3][AB_MAX_RATIOS], hi[3][AB_MAX_RATIOS];
 	for (int k = 0; k < nr; k++)
 		x[k] = r->rows[k].ratio;
 	FILE *f = fopen(path, "w");
@@ -1032,44 +1087,58 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 	        "viewBox=\"0 0 %d %d\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
 	        cols * W, rows * H + 40, cols * W, rows * H + 40);
 	rt_buf esc = RT_BUF_INIT;
-	char title[512];
-	snprintf(title, sizeof title, "kvpc ab (%s): A = %s, B = %s", r->o.task, r->pol[0]->name,
-	         r->pol[1]->name);
+	char title[1024];
+	int tl = snprintf(title, sizeof title, "kvpc ab (%s): A = %s, B = %s", r->o.task,
+	                  r->pol[0]->name, r->pol[1]->name);
+	if (!needle && tl > 0 && (size_t)tl < sizeof title)
+		snprintf(title + tl, sizeof title - (size_t)tl, "; %s, %lld tokens (%lld scored)",
+		         r->o.text, (long long)r->n, (long long)(r->n - 1));
+	else if (tl > 0 && (size_t)tl < sizeof title)
+		snprintf(title + tl, sizeof title - (size_t)tl, "; passkey, %d trials per policy and ratio",
+		         r->rows[0].side[0].trials);
 	rt_svg_escape_append(&esc, title);
 	fprintf(f, "<text x=\"%d\" y=\"26\" font-family=\"sans-serif\" font-size=\"18\" "
 	        "text-anchor=\"middle\">%s</text>\n", cols * W / 2, esc.s);
 	rt_buf_free(&esc);
-	int rc = 0;
-	for (int i = 0; i < nm && rc == 0; i++) {
-		int m = ms[i];
+	int rc = 0, panel = 0;
+	if (!needle) {
 		for (int k = 0; k < nr; k++) {
-			y[0][k] = metric_val(r, &r->rows[k].side[0], m);
-			y[1][k] = metric_val(r, &r->rows[k].side[1], m);
-			y[2][k] = metric_val(r, NULL, m);
-			if (METRICS[m].fmt == 2) {
-				y[0][k] /= 1048576.0;
-				y[1][k] /= 1048576.0;
-				y[2][k] /= 1048576.0;
-			}
+			y[0][k] = r->rows[k].ci.mean;
+			lo[0][k] = r->rows[k].ci.lo;
+			hi[0][k] = r->rows[k].ci.hi;
 		}
-		char la[300], lb[300], yl[128];
+		char nm_b[320], ttl[128];
+		snprintf(nm_b, sizeof nm_b, "B - A (%s - %s)", r->pol[1]->name, r->pol[0]->name);
+		snprintf(ttl, sizeof ttl, "verdict: paired dNLL, %.0f%% bootstrap CI",
+		         100 * (r->rows[0].ci.level > 0 ? r->rows[0].ci.level : 0.95));
+		rt_svg_series ser = { nm_b, x, y[0], nr, lo[0], hi[0] };
+		rt_svg_plot pl = { ttl, "compression ratio", "mean NLL(B) - NLL(A), nats/token", W, H,
+			           log2x, 0, 1, 0.0 };
+		rc = put_panel(f, panel++, W, H, &pl, &ser, 1, err);
+	}
+	for (int i = 0; i < nm && rc == 0; i++) {
+		int m = ms[i], bars = 0;
+		for (int k = 0; k < nr; k++)
+			for (int s = 0; s < 3; s++) {
+				y[s][k] = metric_val(r, s < 2 ? &r->rows[k].side[s] : NULL, m);
+				lo[s][k] = hi[s][k] = NAN;
+				bars |= metric_bar(r, m, k, s, &lo[s][k], &hi[s][k]);
+				if (METRICS[m].fmt == 2) {
+					y[s][k] /= 1048576.0;
+					lo[s][k] /= 1048576.0;
+					hi[s][k] /= 1048576.0;
+				}
+			}
+		char la[300], lb[300], yl[160];
 		snprintf(la, sizeof la, "A: %s", r->pol[0]->name);
 		snprintf(lb, sizeof lb, "B: %s", r->pol[1]->name);
-		snprintf(yl, sizeof yl, "%s%s", METRICS[m].axis, METRICS[m].fmt == 2 ? " (MiB)" : "");
-		rt_svg_series ser[3] = { { la, x, y[0], nr }, { lb, x, y[1], nr },
-			                 { "full cache", x, y[2], nr } };
-		rt_svg_plot pl = { METRICS[m].name, "compression ratio", yl, W, H, log2x };
-		size_t len = 0;
-		char *svg = rt_svg_render(&pl, ser, 3, &len, err);
-		if (!svg) {
-			rc = -1;
-			break;
-		}
-		/* drop the XML declaration; place the panel */
-		char *body = strstr(svg, "<svg");
-		fprintf(f, "<g transform=\"translate(%d,%d)\">\n%s</g>\n", (i % cols) * W,
-		        40 + (i / cols) * H, body ? body : svg);
-		free(svg);
+		snprintf(yl, sizeof yl, "%s%s%s", METRICS[m].axis, METRICS[m].fmt == 2 ? " (MiB)" : "",
+		         m == M_KLD_MEAN ? " (bars: 95% normal CI)" : m == M_ACC ? " (bars: 95% Wilson)" : "");
+		rt_svg_series ser[3] = { { la, x, y[0], nr, bars ? lo[0] : NULL, bars ? hi[0] : NULL },
+			                 { lb, x, y[1], nr, bars ? lo[1] : NULL, bars ? hi[1] : NULL },
+			                 { "full cache", x, y[2], nr, bars ? lo[2] : NULL, bars ? hi[2] : NULL } };
+		rt_svg_plot pl = { METRICS[m].name, "compression ratio", yl, W, H, log2x, 8.0, 0, 0.0 };
+		rc = put_panel(f, panel++, W, H, &pl, ser, 3, err);
 	}
 	fputs("</svg>\n", f);
 	if (fclose(f) != 0 && rc == 0)

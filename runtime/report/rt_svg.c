@@ -173,9 +173,16 @@ static int point_ok(const rt_svg_plot *p, double x, double y)
 	return isfinite(x) && isfinite(y) && (!p->x_log2 || x > 0.0);
 }
 
-/* One marker at (cx, cy) for series i: circle, square, triangle, diamond. */
+/* One marker at (cx, cy) for series i: circle, square, triangle, diamond; filled for even
+ * i, hollow (white inside a coloured outline) for odd i. */
 static void marker(rt_buf *b, const char *cls, int i, double cx, double cy, const char *col)
 {
+	char fill[80];
+	if (i % 2)
+		snprintf(fill, sizeof fill, "#ffffff\" stroke=\"%s\" stroke-width=\"1.5", col);
+	else
+		snprintf(fill, sizeof fill, "%s", col);
+	col = fill;
 	switch (i % 4) {
 	case 0:
 		rt_buf_printf(b, "<circle class=\"%s\" cx=\"%.2f\" cy=\"%.2f\" r=\"4\" fill=\"%s\"/>\n",
@@ -228,8 +235,15 @@ char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, 
 			xmx = fmax(xmx, x);
 			ymn = fmin(ymn, y);
 			ymx = fmax(ymx, y);
+			for (int e = 0; e < 2 && s[i].lo && s[i].hi; e++) {
+				double v = e ? s[i].hi[j] : s[i].lo[j];
+				if (isfinite(v))
+					ymn = fmin(ymn, v), ymx = fmax(ymx, v);
+			}
 		}
 	}
+	if (p->ref_line && isfinite(p->ref_y) && ymn <= ymx)
+		ymn = fmin(ymn, p->ref_y), ymx = fmax(ymx, p->ref_y);
 	axis ax, ay;
 	if (p->x_log2)
 		axis_log2(&ax, xmn, xmx);
@@ -241,7 +255,9 @@ char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, 
 	double x0 = 72.0, x1 = W - 20.0 - legend_w, y0 = 48.0, y1 = H - 56.0;
 	if (x1 < x0 + 50.0)
 		x1 = x0 + 50.0;
-#define MAPX(v) (x0 + frac(ax.log2 ? log2(v) : (v), ax.lo, ax.hi) * (x1 - x0))
+	double dodge = isfinite(p->dodge) && fabs(p->dodge) < 50 ? p->dodge : 0.0;
+#define MAPX(v) (x0 + frac(ax.log2 ? log2(v) : (v), ax.lo, ax.hi) * (x1 - x0) + \
+                 (i - (n_series - 1) / 2.0) * dodge)
 #define MAPY(v) (y1 - frac((v), ay.lo, ay.hi) * (y1 - y0))
 #define MAPXT(t) (x0 + frac((t), ax.lo, ax.hi) * (x1 - x0))
 
@@ -313,7 +329,12 @@ char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, 
 		rt_buf_printf(&b, "</text>\n");
 	}
 
-	/* series: lines broken at missing points, then markers */
+	if (p->ref_line && isfinite(p->ref_y) && ay.lo <= p->ref_y && p->ref_y <= ay.hi)
+		rt_buf_printf(&b, "<line class=\"ref\" x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" "
+		          "stroke=\"#000000\" stroke-width=\"1\" stroke-dasharray=\"2 2\"/>\n",
+		          x0, MAPY(p->ref_y), x1, MAPY(p->ref_y));
+
+	/* series: lines broken at missing points, error bars, then markers */
 	for (int i = 0; i < n_series; i++) {
 		const char *col = PALETTE[i % 8];
 		const char *dash = DASH[i % 4];
@@ -332,6 +353,15 @@ char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, 
 			pen = 1;
 		}
 		rt_buf_printf(&b, "\"/>\n");
+		for (int j = 0; j < s[i].n && s[i].lo && s[i].hi; j++) {
+			double x = s[i].x[j], y = s[i].y[j], lo = s[i].lo[j], hi = s[i].hi[j];
+			if (!point_ok(p, x, y) || !isfinite(lo) || !isfinite(hi))
+				continue;
+			double X = MAPX(x), Yl = MAPY(lo), Yh = MAPY(hi);
+			rt_buf_printf(&b, "<path class=\"errbar\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
+			          "d=\"M%.2f %.2fL%.2f %.2fM%.2f %.2fL%.2f %.2fM%.2f %.2fL%.2f %.2f\"/>\n", col,
+			          X, Yl, X, Yh, X - 4, Yl, X + 4, Yl, X - 4, Yh, X + 4, Yh);
+		}
 		for (int j = 0; j < s[i].n; j++) {
 			double x = s[i].x[j], y = s[i].y[j];
 			if (point_ok(p, x, y))

@@ -3,7 +3,9 @@
  * --plot OUT.svg`): several series of (x, y) points, x = compression ratio on a log2 axis
  * (or a linear axis), y = one metric, with a title, axis labels, tick marks and labels, a
  * legend and a colour-blind-safe palette (Okabe & Ito 2008) with a distinct dash pattern
- * and marker per series so the plot also reads in grey scale.
+ * and marker per series (filled for even series, hollow for odd ones, so a point hidden
+ * under another series' point still shows) so the plot also reads in grey scale; optional
+ * error bars, a horizontal reference line and a sideways offset ("dodge") between series.
  *
  * Output is deterministic: the same input gives the same bytes (coordinates printed with
  * two decimals in the C locale, no timestamps). All user text is XML-escaped (& < > " '),
@@ -27,6 +29,9 @@ typedef struct rt_svg_series {
 	const double *x;    /* [n] */
 	const double *y;    /* [n] */
 	int n;
+	/* [n] each, or both NULL: the ends of an interval around y[j] (e.g. a 95% confidence
+	 * interval), drawn as a vertical error bar with caps; a non-finite end is not drawn */
+	const double *lo, *hi;
 } rt_svg_series;
 
 typedef struct rt_svg_plot {
@@ -35,6 +40,12 @@ typedef struct rt_svg_plot {
 	const char *y_label;  /* may be NULL */
 	int width, height;    /* pixels; 0 selects 720 x 440 */
 	int x_log2;           /* 1: log2 x axis with ticks at powers of two */
+	/* pixels between neighbouring series at one x, so equal points and their error bars
+	 * stay visible side by side: series i is drawn at x + (i - (n_series - 1) / 2) * dodge
+	 * pixels (0: no offset) */
+	double dodge;
+	int ref_line;         /* 1: a horizontal reference line at ref_y, inside the y range */
+	double ref_y;
 } rt_svg_plot;
 
 /* Render the plot to a NUL-terminated heap string (caller frees); *len (if non-NULL)
