@@ -76,13 +76,15 @@ deps:
 model:
 	@scripts/fetch_model.sh $(MODEL_DIR)
 
-## check: install deps, fetch the model, build, run every suite, then again under ASan+UBSan
+## check: install deps, fetch the model, build, run every suite, again under ASan+UBSan, fuzz-smoke
 check: deps model
 	@scripts/check_layers.sh $(RT_LAYERS)
+	@$(PYTHON) scripts/check_doc_paths.py
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory test
 	@$(MAKE) --no-print-directory SAN=1 all
 	@$(MAKE) --no-print-directory SAN=1 test-asan
+	@$(MAKE) --no-print-directory fuzz-smoke
 
 ## test: run the test suites of the current build (no deps/model step)
 test: $(TEST_BINS)
