@@ -1,5 +1,5 @@
 /*
- * test_kv: the KV store (runtime/kv/rt_kv.c). Checks the one-allocation layout, append
+ * test_kv: the KV store (runtime/kv/rt_kv.c) and its block pool (rt_kvpool.c). Checks the layout, append
  * semantics (count 1, log_count 0, zeroed statistics), and that eviction by
  * rt_kv_head_keep is an exact in-place gather of every per-entry array, independently
  * per (layer, KV head), on grouped-query shapes.
@@ -163,6 +163,94 @@ START_TEST(test_append_after_keep)
 }
 END_TEST
 
+/* Blocks of a private pool, by hand: a 9/3-shaped store (2 layers × 3 KV heads, head_dim
+ * 64, 8 statistics bytes) takes one block per list at entries 1, 17, 33 (RT_KV_BLOCK =
+ * 16); keeping 5 of 40 entries returns every emptied block at once; a reservation the
+ * pool cannot grant fails with nothing taken and a second store's entries untouched;
+ * reset and free return everything. */
+START_TEST(test_pool_blocks)
+{
+	rt_kvpool pool = { .limit = INT64_MAX };
+	rt_kv kv, other;
+	rt_err err = { "" };
+	ck_assert_int_eq(rt_kv_init_pool(&kv, &pool, 2, 3, 3, 64, 64, 8, 0, &err), 0);
+	ck_assert_int_eq(rt_kv_init_pool(&other, &pool, 1, 1, 4, 64, 64, 0, 0, &err), 0);
+	const int64_t bb = 16 * (2 * 64 * 4 + 4 + 4 + 4 + 2 + 8); /* 16 entries of 534 bytes */
+	ck_assert_int_eq(kv.block_bytes, bb);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 0); /* init takes no block */
+	fill(&kv, 1);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 6);
+	rt_kv_reset(&kv);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 0);
+	fill(&kv, 40); /* 40 entries: 3 blocks per list */
+	for (int i = 0; i < 6; i++)
+		ck_assert_int_eq(kv.heads[i].nb, 3);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 18);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 18 * bb);
+	ck_assert_int_eq(rt_kv_bytes_held(&kv), 18 * bb);
+	const int32_t keep[5] = { 0, 9, 17, 30, 39 };
+	rt_kv_head_keep(&kv, rt_kv_head_at(&kv, 1, 2), keep, 5);
+	ck_assert_int_eq(rt_kv_head_at(&kv, 1, 2)->nb, 1);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 16);
+	ck_assert_int_eq(rt_kv_head_at(&kv, 1, 2)->pos[4], 39);
+	ck_assert(rt_kv_head_at(&kv, 1, 2)->k[4 * 64 + 5] == tag(5, 39, 5));
+	ck_assert_int_eq(rt_kv_bytes_peak(&kv), 18 * bb);
+	/* the other store: one list, 20 entries = 2 blocks of its own size */
+	float k[64] = { 1 }, v[64] = { 2 };
+	for (int p = 0; p < 20; p++)
+		rt_kv_append(&other, rt_kv_head_at(&other, 0, 0), k, v, p);
+	const int64_t used = rt_kvpool_get(&pool).used;
+	ck_assert_int_eq(used, 16 * bb + 2 * other.block_bytes);
+	/* the limit leaves room for 4 more of kv's blocks: 9 entries more need 5 (1 per list
+	 * holding 40, none for the list of 5) */
+	rt_kvpool_set_limit(&pool, used + 4 * bb);
+	ck_assert_int_eq(rt_kv_reserve(&kv, 9, &err), -1);
+	ck_assert_msg(strstr(err.msg, "KV pool exhausted") != NULL, "%s", err.msg);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, used);
+	ck_assert_int_eq(rt_kvpool_get(&pool).refused, 1);
+	ck_assert_int_eq(rt_kv_entries(&kv), 5 * 40 + 5);
+	ck_assert_int_eq(rt_kv_reserve(&kv, 8, &err), 0); /* 40 + 8 fits in 3 blocks */
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, used);
+	rt_kvpool_set_limit(&pool, used + 6 * bb);
+	/* 12 more: 52 entries need a 4th block in 5 lists, 17 a 2nd in the sixth */
+	ck_assert_int_eq(rt_kv_reserve(&kv, 12, &err), 0);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, used + 6 * bb);
+	ck_assert_int_eq(rt_kv_reserve(&kv, 100, &err), -1); /* capacity 64 */
+	ck_assert_msg(strstr(err.msg, "capacity") != NULL, "%s", err.msg);
+	ck_assert_int_eq(other.heads[0].n, 20);
+	ck_assert(other.heads[0].k[19 * 64] == 1.0f && other.heads[0].v[19 * 64] == 2.0f);
+	/* trim after a compaction that set n itself returns the reserved-but-unused blocks */
+	rt_kv_trim(&kv);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, used);
+	rt_kv_free(&kv);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 2);
+	rt_kv_free(&other);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 0);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
+	ck_assert_int_eq(rt_kvpool_get(&pool).peak, used + 6 * bb);
+}
+END_TEST
+
+START_TEST(test_pool_parse_size)
+{
+	int64_t b = 0;
+	rt_err err = { "" };
+	ck_assert_int_eq(rt_kvpool_parse_size("512M", &b, &err), 0);
+	ck_assert_int_eq(b, 512LL << 20);
+	ck_assert_int_eq(rt_kvpool_parse_size("2GiB", &b, &err), 0);
+	ck_assert_int_eq(b, 2LL << 30);
+	ck_assert_int_eq(rt_kvpool_parse_size("4096", &b, &err), 0);
+	ck_assert_int_eq(b, 4096);
+	ck_assert_int_eq(rt_kvpool_parse_size("3k", &b, &err), 0);
+	ck_assert_int_eq(b, 3072);
+	const char *bad[] = { "", "M", "-1G", "0", "12X", "1.5G", "99999999999T" };
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		ck_assert_msg(rt_kvpool_parse_size(bad[i], &b, &err) == -1, "'%s' accepted", bad[i]);
+		ck_assert(strstr(err.msg, "memory size") != NULL);
+	}
+}
+END_TEST
+
 static Suite *kv_suite(void)
 {
 	Suite *s = suite_create("kv");
@@ -172,6 +260,8 @@ static Suite *kv_suite(void)
 	tcase_add_test(tc, test_append_defaults);
 	tcase_add_test(tc, test_keep_gathers_per_head);
 	tcase_add_test(tc, test_append_after_keep);
+	tcase_add_test(tc, test_pool_blocks);
+	tcase_add_test(tc, test_pool_parse_size);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -891,11 +891,155 @@ START_TEST(h2o_ratio4_memory_bounded)
 	ck_assert_msg((double)st.kv_entries_peak <= (final_budget + chunk) * H,
 	              "peak %lld entries > (budget %g + chunk %d) x %d heads",
 	              (long long)st.kv_entries_peak, final_budget, chunk, H);
-	ck_assert((double)st.kv_bytes_peak <= (final_budget + chunk) * eb * H);
+	/* the bytes are pool blocks: each list holds ceil(entries / RT_KV_BLOCK) blocks */
+	const double blk = (double)RT_KV_BLOCK * eb;
+	ck_assert_msg((double)st.kv_bytes_peak <= ceil((final_budget + chunk) / RT_KV_BLOCK) * blk * H,
+	              "peak %lld bytes", (long long)st.kv_bytes_peak);
+	ck_assert((double)st.kv_bytes_peak >= (double)st.kv_entries_peak * eb);
 	ck_assert_int_gt(st.compress_events, 0);
 	/* a realistic shape of growth: the peak is far below the full cache's n entries */
 	ck_assert_int_lt(st.kv_entries_peak, (int64_t)n * H / 2);
 	rt_seq_free(&s);
+	rt_model_free(m);
+}
+END_TEST
+
+
+/* ---- the KV block pool -------------------------------------------------------------- */
+
+/* Every list of s holds exactly the blocks its entries need (ceil(n / RT_KV_BLOCK): an
+ * emptied block is never kept), and the store's count is the sum over its lists. Returns
+ * the store's blocks. */
+static int64_t check_blocks(const rt_seq *s, const char *what, int64_t at)
+{
+	int64_t sum = 0;
+	for (int i = 0; i < s->kv.n_layer * s->kv.n_kv_head; i++) {
+		const rt_kv_head *h = &s->kv.heads[i];
+		const int32_t want = (h->n + RT_KV_BLOCK - 1) / RT_KV_BLOCK;
+		ck_assert_msg(h->nb == want, "%s at token %lld: list %d holds %d entries in %d blocks",
+		              what, (long long)at, i, h->n, h->nb);
+		sum += h->nb;
+	}
+	ck_assert_msg(sum == s->kv.blocks, "%s: lists hold %lld blocks, the store counts %lld", what,
+	              (long long)sum, (long long)s->kv.blocks);
+	return sum;
+}
+
+/* Under every policy (and the full cache) in one lockstep batch, on the 9/3 and 4/1
+ * shapes, fed 3 tokens a step: after every step the pool's blocks in use equal the sum
+ * over every (sequence, layer, KV head) list of the blocks its entries need, the pool's
+ * bytes are blocks x block bytes, and resetting (a finished sequence) or freeing returns
+ * every block. */
+START_TEST(pool_accounting_every_policy)
+{
+	rt_model *m = load_shape(_i);
+	rt_kvpool *pool = rt_kvpool_process();
+	const rt_kvpool_stats base = rt_kvpool_get(pool);
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, m->hp.n_vocab, 21u);
+	const int K = kvp_registry_count + 1;
+	rt_seq *seqs = calloc((size_t)K, sizeof *seqs), **sp = calloc((size_t)K, sizeof *sp);
+	for (int k = 0; k < K; k++) {
+		seq_open(&seqs[k], m, k < kvp_registry_count ? kvp_registry[k] : &rt_policy_full, N_TOK,
+		         5, PROMPT);
+		sp[k] = &seqs[k];
+	}
+	rt_seq_batch b;
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_batch_init(&b, sp, K, 5, &err) == 0, "%s", err.msg);
+	for (int t = 0; t < N_TOK; t += 3) {
+		const int c = N_TOK - t < 3 ? N_TOK - t : 3;
+		ck_assert_msg(rt_seq_batch_feed(&b, toks + t, c, NULL, RT_LOGITS_NONE, &err) == 0, "%s",
+		              err.msg);
+		int64_t blocks = 0, bytes = 0;
+		for (int k = 0; k < K; k++) {
+			ck_assert_msg(rt_seq_batch_error(&b, k) == NULL, "%s", rt_seq_batch_error(&b, k));
+			int64_t nb = check_blocks(&seqs[k], seqs[k].p->name, t + c);
+			blocks += nb;
+			bytes += nb * seqs[k].kv.block_bytes;
+			ck_assert_int_eq(rt_kv_bytes_held(&seqs[k].kv), nb * seqs[k].kv.block_bytes);
+		}
+		const rt_kvpool_stats ps = rt_kvpool_get(pool);
+		ck_assert_int_eq(ps.blocks - base.blocks, blocks);
+		ck_assert_int_eq(ps.used - base.used, bytes);
+	}
+	rt_seq_batch_free(&b);
+	/* a finished sequence returns every block: reset, then free */
+	for (int k = 0; k < K; k++) {
+		rt_seq_stats st = rt_seq_stats_get(&seqs[k]);
+		ck_assert_int_ge(st.kv_bytes_peak, st.kv_entries_peak * (int64_t)rt_kv_entry_bytes(&seqs[k].kv));
+		rt_seq_reset(&seqs[k], PROMPT);
+		ck_assert_int_eq(seqs[k].kv.blocks, 0);
+		check_blocks(&seqs[k], seqs[k].p->name, 0);
+	}
+	ck_assert_int_eq(rt_kvpool_get(pool).blocks, base.blocks);
+	ck_assert_int_eq(rt_kvpool_get(pool).used, base.used);
+	ck_assert_msg(rt_seq_feed(&seqs[0], toks, 7, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
+	ck_assert_int_gt(rt_kvpool_get(pool).blocks, base.blocks);
+	for (int k = 0; k < K; k++)
+		rt_seq_free(&seqs[k]);
+	ck_assert_int_eq(rt_kvpool_get(pool).blocks, base.blocks);
+	ck_assert_int_eq(rt_kvpool_get(pool).used, base.used);
+	free(seqs), free(sp);
+	rt_model_free(m);
+}
+END_TEST
+
+/* A pool too small for two sequences: in a lockstep batch a streaming policy that never
+ * needs more than one block per list and the full cache that needs one more every
+ * RT_KV_BLOCK tokens. The pool holds the streaming sequence's blocks and two per list of
+ * the full cache, so the full cache leaves the batch with "KV pool exhausted" at token
+ * 2·RT_KV_BLOCK with its entries intact, and the streaming sequence's logits equal those
+ * it gets alone with an unlimited pool (bit for bit: the same single-sequence forward
+ * after the other leaves; before, the batched GEMMs agree to float summation order). A
+ * lone sequence gets the same error from rt_seq_feed. */
+START_TEST(pool_exhaustion_fails_one_sequence)
+{
+	rt_model *m = load_shape(0);
+	rt_kvpool *pool = rt_kvpool_process();
+	const int V = m->hp.n_vocab, H = m->hp.n_layer * m->hp.n_head_kv;
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, V, 23u);
+	const struct kvp_policy *ps = find_policy("streaming_llm");
+	float *solo = malloc((size_t)N_TOK * V * sizeof *solo);
+	float *blg = malloc((size_t)2 * N_TOK * V * sizeof *blg);
+	rt_seq a, f;
+	rt_err err = { "" };
+	seq_open(&a, m, ps, N_TOK, 4, -1);
+	ck_assert_msg(rt_seq_feed(&a, toks, N_TOK, solo, RT_LOGITS_ALL, &err) == 0, "%s", err.msg);
+	ck_assert_int_le(rt_seq_stats_get(&a).kv_bytes_peak, (int64_t)H * a.kv.block_bytes);
+	rt_seq_reset(&a, -1);
+	ck_assert_msg(rt_seq_init(&f, m, &rt_policy_full, N_TOK, 4, -1, &err) == 0, "%s", err.msg);
+	const int64_t used0 = rt_kvpool_get(pool).used;
+	rt_kvpool_set_limit(pool, used0 + H * a.kv.block_bytes + 2 * H * f.kv.block_bytes);
+	rt_seq *sp[2] = { &a, &f };
+	rt_seq_batch b;
+	ck_assert_msg(rt_seq_batch_init(&b, sp, 2, 4, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_seq_batch_feed(&b, toks, N_TOK, blg, RT_LOGITS_ALL, &err) == 0, "%s", err.msg);
+	ck_assert_ptr_null(rt_seq_batch_error(&b, 0));
+	const char *why = rt_seq_batch_error(&b, 1);
+	ck_assert_ptr_nonnull(why);
+	ck_assert_msg(strstr(why, "KV pool exhausted") && strstr(why, "full"), "%s", why);
+	ck_assert_int_eq(rt_seq_seen(&f), 2 * RT_KV_BLOCK);
+	for (int i = 0; i < H; i++)
+		ck_assert_int_eq(f.kv.heads[i].n, 2 * RT_KV_BLOCK);
+	double maxd = 0;
+	for (size_t i = 0; i < (size_t)N_TOK * V; i++)
+		maxd = fmax(maxd, fabs((double)blg[i] - solo[i]));
+	ck_assert_msg(maxd < 1e-4, "streaming logits moved by %g when the full cache failed", maxd);
+	rt_seq_batch_free(&b);
+	/* a lone sequence: the same clean error, nothing appended */
+	rt_seq_reset(&f, -1);
+	rt_seq_reset(&a, -1);
+	rt_kvpool_set_limit(pool, used0 + 2 * H * f.kv.block_bytes);
+	ck_assert_int_eq(rt_seq_feed(&f, toks, N_TOK, NULL, RT_LOGITS_NONE, &err), -1);
+	ck_assert_msg(strstr(err.msg, "KV pool exhausted"), "%s", err.msg);
+	ck_assert_int_le(rt_kvpool_get(pool).used, rt_kvpool_get(pool).limit);
+	rt_kvpool_set_limit(pool, INT64_MAX);
+	rt_seq_free(&a);
+	rt_seq_free(&f);
+	ck_assert_int_eq(rt_kvpool_get(pool).used, used0);
+	free(solo), free(blg);
 	rt_model_free(m);
 }
 END_TEST
@@ -1310,6 +1454,8 @@ static Suite *seq_suite(void)
 	tcase_add_loop_test(tc, init_entries_before_observe, 0, 3);
 	tcase_add_loop_test(tc, h2o_ratio4_memory_bounded, 0, 3);
 	tcase_add_test(tc, feed_allocates_nothing_any_policy);
+	tcase_add_loop_test(tc, pool_accounting_every_policy, 0, 2);
+	tcase_add_test(tc, pool_exhaustion_fails_one_sequence);
 	tcase_add_test(tc, capacity_too_small_is_an_error);
 	tcase_add_test(tc, budget_edges);
 	tcase_add_test(tc, cli_bad_input);

@@ -1,45 +1,89 @@
 /*
- * rt_kv: the ragged per-(layer, KV head) KV store; see rt_kv.h. All arrays of all heads
- * live in one allocation carved into 64-byte-aligned slices.
+ * rt_kv: the ragged per-(layer, KV head) KV store on blocks of the process's pool; see
+ * rt_kv.h. Each per-entry array of each list is a page-aligned span of one reserved
+ * mapping; blocks are committed by writing and decommitted with madvise.
  */
 #include "kv/rt_kv.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
-static size_t align64(size_t n)
+/* Largest address space one store may reserve (a guard against absurd capacities). */
+#define KV_MAX_RESERVE ((size_t)1 << 40)
+
+/* The per-entry arrays of a list, in layout order. */
+enum { A_K, A_V, A_POS, A_COUNT, A_LOGC, A_SPAN, A_STATS, A_N };
+
+static size_t page_size(void)
 {
-	return (n + 63) & ~(size_t)63;
+	static size_t ps;
+	if (!ps) {
+		long v = sysconf(_SC_PAGESIZE);
+		ps = v > 0 ? (size_t)v : 4096;
+	}
+	return ps;
 }
 
-/* Bytes of one head's arrays, or 0 on overflow. */
-static size_t head_bytes(int head_dim, int32_t cap, size_t stat_bytes, size_t state_bytes)
+static size_t page_up(size_t n)
 {
-	size_t c = (size_t)cap, hd = (size_t)head_dim;
-	if (c > SIZE_MAX / 8 / (hd + 1) || (stat_bytes && c > SIZE_MAX / 8 / stat_bytes))
-		return 0;
-	return 2 * align64(c * hd * sizeof(float)) + align64(c * sizeof(int32_t)) +
-	       2 * align64(c * sizeof(float)) + align64(c * sizeof(uint16_t)) +
-	       align64(c * stat_bytes) + align64(state_bytes);
+	size_t ps = page_size();
+	return (n + ps - 1) / ps * ps;
+}
+
+/* Bytes per entry of array a. */
+static size_t elem_bytes(const rt_kv *kv, int a)
+{
+	switch (a) {
+	case A_K:
+	case A_V: return kv->row_bytes;
+	case A_POS: return sizeof(int32_t);
+	case A_COUNT:
+	case A_LOGC: return sizeof(float);
+	case A_SPAN: return sizeof(uint16_t);
+	default: return kv->stat_bytes;
+	}
+}
+
+static uint8_t *array_base(const rt_kv_head *h, int a)
+{
+	void *p[A_N] = { h->k, h->v, h->pos, h->count, h->log_count, h->span, h->stats };
+	return p[a];
+}
+
+int32_t rt_kv_blocks_for(int32_t n)
+{
+	return n <= 0 ? 0 : (n - 1) / RT_KV_BLOCK + 1;
+}
+
+static size_t row_bytes_of(enum rt_kv_type t, int head_dim)
+{
+	switch (t) {
+	case RT_KV_F32: return (size_t)head_dim * sizeof(float);
+	}
+	return 0;
 }
 
 int rt_kv_init(rt_kv *kv, int n_layer, int n_kv_head, int group, int head_dim, int32_t cap,
                size_t stat_bytes, size_t state_bytes, rt_err *err)
 {
+	return rt_kv_init_pool(kv, rt_kvpool_process(), n_layer, n_kv_head, group, head_dim, cap,
+	                       stat_bytes, state_bytes, err);
+}
+
+int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int group,
+                    int head_dim, int32_t cap, size_t stat_bytes, size_t state_bytes,
+                    rt_err *err)
+{
 	memset(kv, 0, sizeof *kv);
 	if (n_layer <= 0 || n_kv_head <= 0 || group <= 0 || head_dim <= 0 || cap <= 0)
 		return rt_err_set(err, "kv: invalid shape (layers %d, kv heads %d, group %d, head_dim %d, capacity %d)",
 		                  n_layer, n_kv_head, group, head_dim, (int)cap);
-	size_t hb = head_bytes(head_dim, cap, stat_bytes, state_bytes);
-	size_t nh = (size_t)n_layer * (size_t)n_kv_head;
-	if (hb == 0 || nh > SIZE_MAX / hb / 2)
-		return rt_err_set(err, "kv: capacity %d entries per head is too large", (int)cap);
-	size_t total = align64(nh * sizeof(rt_kv_head)) + nh * hb;
-	uint8_t *mem = aligned_alloc(64, align64(total));
-	if (!mem)
-		return rt_err_set(err, "kv: cannot allocate %zu bytes for %d entries per head", total, (int)cap);
-	memset(mem, 0, align64(total));
+	if (head_dim > 65536 || stat_bytes > 65536 || state_bytes > ((size_t)1 << 30))
+		return rt_err_set(err, "kv: head_dim %d, %zu statistics bytes or %zu state bytes too large",
+		                  head_dim, stat_bytes, state_bytes);
 	kv->n_layer = n_layer;
 	kv->n_kv_head = n_kv_head;
 	kv->group = group;
@@ -47,40 +91,107 @@ int rt_kv_init(rt_kv *kv, int n_layer, int n_kv_head, int group, int head_dim, i
 	kv->cap = cap;
 	kv->stat_bytes = stat_bytes;
 	kv->state_bytes = state_bytes;
+	kv->type = RT_KV_F32;
+	kv->row_bytes = row_bytes_of(kv->type, head_dim);
+	kv->pool = pool;
+	kv->block_bytes = (int64_t)(RT_KV_BLOCK * rt_kv_entry_bytes(kv));
+	const size_t nh = (size_t)n_layer * (size_t)n_kv_head;
+	const size_t capr = (size_t)rt_kv_blocks_for(cap) * RT_KV_BLOCK;
+	size_t hb = 0;
+	for (int a = 0; a < A_N; a++) {
+		size_t eb = elem_bytes(kv, a);
+		if (eb && capr > KV_MAX_RESERVE / eb)
+			hb = KV_MAX_RESERVE + 1;
+		else
+			hb += page_up(capr * eb);
+	}
+	if (hb > KV_MAX_RESERVE || nh > KV_MAX_RESERVE / hb) {
+		memset(kv, 0, sizeof *kv);
+		return rt_err_set(err, "kv: capacity %d entries per head is too large", (int)cap);
+	}
+	const size_t total = nh * hb, sb = (state_bytes + 63) & ~(size_t)63;
+	kv->meta = calloc(1, nh * sizeof(rt_kv_head) + 64 + nh * sb);
+	void *mem = mmap(NULL, total, PROT_READ | PROT_WRITE,
+	                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (!kv->meta || mem == MAP_FAILED) {
+		free(kv->meta);
+		if (mem != MAP_FAILED)
+			munmap(mem, total);
+		memset(kv, 0, sizeof *kv);
+		return rt_err_set(err, "kv: cannot reserve %zu bytes for %d entries per head", total,
+		                  (int)cap);
+	}
 	kv->mem = mem;
 	kv->mem_bytes = total;
-	kv->heads = (rt_kv_head *)mem;
-	uint8_t *p = mem + align64(nh * sizeof(rt_kv_head));
-	size_t c = (size_t)cap, hd = (size_t)head_dim;
+	kv->heads = kv->meta;
+	uint8_t *st = (uint8_t *)(((uintptr_t)(kv->heads + nh) + 63) & ~(uintptr_t)63);
+	uint8_t *p = mem;
 	for (size_t i = 0; i < nh; i++) {
 		rt_kv_head *h = &kv->heads[i];
+		void **arr[A_N] = { (void **)&h->k, (void **)&h->v, (void **)&h->pos,
+		                    (void **)&h->count, (void **)&h->log_count, (void **)&h->span,
+		                    (void **)&h->stats };
 		h->cap = cap;
-		h->k = (float *)p, p += align64(c * hd * sizeof(float));
-		h->v = (float *)p, p += align64(c * hd * sizeof(float));
-		h->pos = (int32_t *)p, p += align64(c * sizeof(int32_t));
-		h->count = (float *)p, p += align64(c * sizeof(float));
-		h->log_count = (float *)p, p += align64(c * sizeof(float));
-		h->span = (uint16_t *)p, p += align64(c * sizeof(uint16_t));
-		h->stats = p, p += align64(c * stat_bytes);
-		h->state = p, p += align64(state_bytes);
+		for (int a = 0; a < A_N; a++) {
+			*arr[a] = p;
+			p += page_up(capr * elem_bytes(kv, a));
+		}
+		h->state = st + i * sb;
 	}
-	RT_ASSERT((size_t)(p - mem) == total);
+	RT_ASSERT((size_t)(p - (uint8_t *)mem) == total);
 	return 0;
+}
+
+/* Hand the pages of list h past its first keep blocks back to the operating system. */
+static void head_unmap(rt_kv *kv, rt_kv_head *h, int32_t keep)
+{
+	if (h->nb_mapped <= keep)
+		return;
+	for (int a = 0; a < A_N; a++) {
+		size_t eb = elem_bytes(kv, a);
+		size_t from = page_up((size_t)keep * RT_KV_BLOCK * eb);
+		size_t to = page_up((size_t)h->nb_mapped * RT_KV_BLOCK * eb);
+		if (eb && to > from)
+			madvise(array_base(h, a) + from, to - from, MADV_DONTNEED);
+	}
+	h->nb_mapped = keep;
+}
+
+/* List h keeps blocks for its n entries and returns the rest. */
+static void head_trim(rt_kv *kv, rt_kv_head *h)
+{
+	int32_t need = rt_kv_blocks_for(h->n);
+	RT_ASSERT(need <= h->nb);
+	if (need < h->nb) {
+		rt_kvpool_give(kv->pool, h->nb - need, kv->block_bytes);
+		kv->blocks -= h->nb - need;
+		h->nb = need;
+	}
+	if (h->nb_mapped > h->nb + 1)
+		head_unmap(kv, h, h->nb + 1);
 }
 
 void rt_kv_free(rt_kv *kv)
 {
-	free(kv->mem);
+	if (kv->pool && kv->blocks)
+		rt_kvpool_give(kv->pool, kv->blocks, kv->block_bytes);
+	if (kv->mem)
+		munmap(kv->mem, kv->mem_bytes);
+	free(kv->meta);
 	memset(kv, 0, sizeof *kv);
 }
 
 void rt_kv_reset(rt_kv *kv)
 {
 	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++) {
-		kv->heads[i].n = 0;
+		rt_kv_head *h = &kv->heads[i];
+		h->n = 0;
+		head_trim(kv, h);
+		head_unmap(kv, h, 0);
 		if (kv->state_bytes)
-			memset(kv->heads[i].state, 0, kv->state_bytes);
+			memset(h->state, 0, kv->state_bytes);
 	}
+	kv->blocks_peak = 0;
 }
 
 rt_kv_head *rt_kv_head_at(rt_kv *kv, int layer, int kv_head)
@@ -89,9 +200,64 @@ rt_kv_head *rt_kv_head_at(rt_kv *kv, int layer, int kv_head)
 	return &kv->heads[layer * kv->n_kv_head + kv_head];
 }
 
+static void blocks_taken(rt_kv *kv, int64_t n)
+{
+	kv->blocks += n;
+	if (kv->blocks > kv->blocks_peak)
+		kv->blocks_peak = kv->blocks;
+}
+
+int rt_kv_reserve(rt_kv *kv, int32_t add, rt_err *err)
+{
+	RT_ASSERT(add >= 0);
+	const int nh = kv->n_layer * kv->n_kv_head;
+	int64_t need = 0;
+	for (int i = 0; i < nh; i++) {
+		const rt_kv_head *h = &kv->heads[i];
+		if ((int64_t)h->n + add > h->cap)
+			return rt_err_set(err,
+			                  "KV cache full: layer %d kv head %d holds %d entries, %d more "
+			                  "exceed the capacity %d",
+			                  i / kv->n_kv_head, i % kv->n_kv_head, (int)h->n, (int)add,
+			                  (int)h->cap);
+		int32_t nb = rt_kv_blocks_for(h->n + add);
+		need += nb > h->nb ? nb - h->nb : 0;
+	}
+	if (need == 0)
+		return 0;
+	if (rt_kvpool_take(kv->pool, need, kv->block_bytes) != 0) {
+		rt_kvpool_stats ps = rt_kvpool_get(kv->pool);
+		return rt_err_set(err,
+		                  "KV pool exhausted: %lld more blocks (%lld bytes) needed, %lld of "
+		                  "%lld bytes in use",
+		                  (long long)need, (long long)(need * kv->block_bytes),
+		                  (long long)ps.used, (long long)ps.limit);
+	}
+	for (int i = 0; i < nh; i++) {
+		rt_kv_head *h = &kv->heads[i];
+		int32_t nb = rt_kv_blocks_for(h->n + add);
+		if (nb > h->nb) {
+			h->nb = nb;
+			if (h->nb_mapped < nb)
+				h->nb_mapped = nb;
+		}
+	}
+	blocks_taken(kv, need);
+	return 0;
+}
+
 int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, int32_t pos)
 {
 	RT_ASSERT(h->n < h->cap);
+	if (h->n >= h->nb * RT_KV_BLOCK) {
+		if (rt_kvpool_take(kv->pool, 1, kv->block_bytes) != 0)
+			rt_assert_fail("KV pool grants a block to an append without a reservation",
+			               __FILE__, __LINE__);
+		h->nb++;
+		if (h->nb_mapped < h->nb)
+			h->nb_mapped = h->nb;
+		blocks_taken(kv, 1);
+	}
 	int32_t i = h->n++;
 	size_t hd = (size_t)kv->head_dim;
 	memcpy(h->k + (size_t)i * hd, k, hd * sizeof(float));
@@ -125,12 +291,19 @@ void rt_kv_head_keep(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_ke
 			memcpy(h->stats + (size_t)j * sb, h->stats + (size_t)i * sb, sb);
 	}
 	h->n = n_keep;
+	head_trim(kv, h);
+}
+
+void rt_kv_trim(rt_kv *kv)
+{
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		head_trim(kv, &kv->heads[i]);
 }
 
 size_t rt_kv_entry_bytes(const rt_kv *kv)
 {
-	return 2 * (size_t)kv->head_dim * sizeof(float) + sizeof(int32_t) + 2 * sizeof(float) +
-	       sizeof(uint16_t) + kv->stat_bytes;
+	return 2 * kv->row_bytes + sizeof(int32_t) + 2 * sizeof(float) + sizeof(uint16_t) +
+	       kv->stat_bytes;
 }
 
 int64_t rt_kv_entries(const rt_kv *kv)
@@ -144,4 +317,14 @@ int64_t rt_kv_entries(const rt_kv *kv)
 int64_t rt_kv_bytes_used(const rt_kv *kv)
 {
 	return rt_kv_entries(kv) * (int64_t)rt_kv_entry_bytes(kv);
+}
+
+int64_t rt_kv_bytes_held(const rt_kv *kv)
+{
+	return kv->blocks * kv->block_bytes;
+}
+
+int64_t rt_kv_bytes_peak(const rt_kv *kv)
+{
+	return kv->blocks_peak * kv->block_bytes;
 }

@@ -5,9 +5,27 @@
  * attention adds log n to the entry's logit), a protected-span id, and the policy's
  * per-entry statistics. Different KV heads may hold different entries and lengths.
  *
- * Memory: one allocation per sequence at its capacity (entries per head), made by
- * rt_kv_init; eviction is an in-place gather (rt_kv_head_keep); nothing is allocated per
- * token. See DESIGN.md section 4.
+ * Memory: blocks from the process's KV pool (rt_kvpool.h, DESIGN.md sections 4 and 9).
+ * A list's entries live in fixed-size blocks of RT_KV_BLOCK entries; the list's block
+ * table is its block count nb: block b holds entries [b·RT_KV_BLOCK, (b+1)·RT_KV_BLOCK)
+ * of every per-entry array. Each array of a list is one span of address space reserved
+ * at the store's capacity (rt_kv_init, mmap without backing) and page-aligned, so the
+ * entries of a list stay contiguous (attention, every policy and the compiled code index
+ * them as arrays) while only the pages of blocks the list holds are resident: a block is
+ * committed when its entries are first written, and returning a block hands its whole
+ * pages back to the operating system (madvise MADV_DONTNEED; one spare block per list
+ * stays mapped so a list oscillating around a block edge does not fault every token).
+ * This is the vAttention layout (Prabhu et al. 2024, arXiv 2405.04437): physical blocks on
+ * demand behind a contiguous virtual view.
+ *
+ * Appending past a list's last block takes a block (rt_kv_reserve takes them for a whole
+ * chunk up front and fails cleanly when the pool is exhausted); compaction
+ * (rt_kv_head_keep, rt_kv_trim) gathers the kept entries forward and returns every
+ * emptied block in the same call; nothing is allocated per token.
+ *
+ * Element types: keys and values are stored as rows of kv->row_bytes bytes (type
+ * RT_KV_F32: head_dim floats); the block and page arithmetic uses row_bytes only, so a
+ * narrower element type changes the bytes per block, not the layout.
  */
 #ifndef RT_KV_H
 #define RT_KV_H
@@ -16,10 +34,21 @@
 #include <stdint.h>
 
 #include "base/rt_util.h"
+#include "kv/rt_kvpool.h"
+
+/* Entries per block. */
+#define RT_KV_BLOCK 16
+
+/* Key/value element type of a store. */
+enum rt_kv_type {
+	RT_KV_F32 = 0, /* float32, head_dim values per row */
+};
 
 typedef struct rt_kv_head {
 	int32_t n;          /* entries in use, 0..cap */
 	int32_t cap;        /* capacity in entries (same for every head of an rt_kv) */
+	int32_t nb;         /* blocks held: entries 0..nb·RT_KV_BLOCK-1 are backed */
+	int32_t nb_mapped;  /* blocks whose pages may be resident (>= nb) */
 	float *k;           /* [cap × head_dim] keys, RoPE applied at pos */
 	float *v;           /* [cap × head_dim] values */
 	int32_t *pos;       /* [cap] original position (tokens from the start of the text) */
@@ -38,39 +67,69 @@ typedef struct rt_kv {
 	int32_t cap;        /* entries per head */
 	size_t stat_bytes;  /* per-entry policy statistics, bytes */
 	size_t state_bytes; /* per-head policy state, bytes */
+	enum rt_kv_type type; /* key/value element type */
+	size_t row_bytes;   /* bytes of one key (or value) row */
 	rt_kv_head *heads;  /* [n_layer × n_kv_head], index layer * n_kv_head + kv_head */
-	void *mem;          /* the single allocation behind every array above */
+	rt_kvpool *pool;    /* the pool the blocks come from (the process's) */
+	int64_t block_bytes; /* bytes of one block: RT_KV_BLOCK × rt_kv_entry_bytes */
+	int64_t blocks;     /* blocks held by all lists together */
+	int64_t blocks_peak; /* most blocks held at once since init / reset */
+	void *mem;          /* the reserved address space behind every per-entry array */
 	size_t mem_bytes;
+	void *meta;         /* the heads and their policy state (an ordinary allocation) */
 } rt_kv;
 
-/* Allocate a store for n_layer × n_kv_head heads of capacity cap entries. Fails (returns
- * -1, sets err) on non-positive shapes or a size that overflows or cannot be allocated;
- * kv is then zeroed and safe to rt_kv_free. */
+/* Create a store for n_layer × n_kv_head heads of capacity cap entries whose blocks come
+ * from the process's pool (rt_kvpool_process). Reserves address space for cap entries
+ * per list and takes no block. Fails (returns -1, sets err) on non-positive shapes, a size
+ * that overflows or cannot be reserved; kv is then zeroed and safe to rt_kv_free. */
 int rt_kv_init(rt_kv *kv, int n_layer, int n_kv_head, int group, int head_dim, int32_t cap,
                size_t stat_bytes, size_t state_bytes, rt_err *err);
+/* The same with an explicit pool (tests; a server with several pools). */
+int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int group,
+                    int head_dim, int32_t cap, size_t stat_bytes, size_t state_bytes,
+                    rt_err *err);
+/* Return every block to the pool and release the address space. */
 void rt_kv_free(rt_kv *kv);
 
-/* Empty every head (n = 0) and zero policy state; keeps the allocation. */
+/* Empty every head (n = 0), return every block and zero policy state; keeps the
+ * reservation. */
 void rt_kv_reset(rt_kv *kv);
 
 /* The entry list of (layer, kv_head). Asserts the indices are in range. */
 rt_kv_head *rt_kv_head_at(rt_kv *kv, int layer, int kv_head);
 
+/* Make every list able to take `add` more entries without a new block: take the blocks
+ * that are missing, all or none. Errors (-1, err set, nothing taken, the store unchanged):
+ * a list would exceed the capacity, or the pool cannot grant the blocks ("KV pool
+ * exhausted: ..."). */
+int rt_kv_reserve(rt_kv *kv, int32_t add, rt_err *err);
+
 /* Append one entry (count 1, span 0, zeroed statistics) holding key k[head_dim] and value
- * v[head_dim] at original position pos. Returns its index. Asserts n < cap: the caller
- * (the runtime's chunk planner) guarantees room before it runs attention. */
+ * v[head_dim] at original position pos. Returns its index. Asserts n < cap. When the
+ * entry starts a new block and none was reserved, takes one and asserts the pool grants
+ * it: callers that must survive a full pool reserve first (rt_kv_reserve). */
 int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, int32_t pos);
 
 /* Keep exactly the entries keep[0..n_keep) (strictly increasing indices into the head),
- * in that order, by an in-place gather of every per-entry array; the rest are evicted.
- * Asserts the indices are valid and sorted. */
+ * in that order, by an in-place gather of every per-entry array; the rest are evicted and
+ * every block left empty returns to the pool. Asserts the indices are valid and sorted. */
 void rt_kv_head_keep(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep);
 
+/* Return the blocks past each list's entries (after a compaction that set h->n itself). */
+void rt_kv_trim(rt_kv *kv);
+
 /* Entries in use over all heads, and the bytes they occupy (keys, values, metadata and
- * statistics) — the "KV bytes" figure reported by evaluation. */
+ * statistics). */
 int64_t rt_kv_entries(const rt_kv *kv);
 int64_t rt_kv_bytes_used(const rt_kv *kv);
+/* Bytes of the blocks the store holds now (blocks × block_bytes), and their peak since
+ * init / reset: the pool memory the sequence really occupies ("KV bytes" of evaluation). */
+int64_t rt_kv_bytes_held(const rt_kv *kv);
+int64_t rt_kv_bytes_peak(const rt_kv *kv);
 /* Bytes one entry occupies (keys + values + metadata + statistics). */
 size_t rt_kv_entry_bytes(const rt_kv *kv);
+/* Blocks a list of n entries holds: ceil(n / RT_KV_BLOCK). */
+int32_t rt_kv_blocks_for(int32_t n);
 
 #endif

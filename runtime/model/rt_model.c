@@ -688,7 +688,7 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 }
 
 /* The checks rt_model_forward documents, for one sequence. */
-static int forward_check(const rt_fwd *f, const rt_kv *kv, const int32_t *tokens, int n,
+static int forward_check(const rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n,
                          int32_t pos0, rt_err *err)
 {
 	const rt_model *m = f->m;
@@ -714,6 +714,9 @@ static int forward_check(const rt_fwd *f, const rt_kv *kv, const int32_t *tokens
 			                  "%d more exceed the capacity %d",
 			                  m->path, i / kv->n_kv_head, i % kv->n_kv_head,
 			                  (int)kv->heads[i].n, n, (int)room);
+	rt_err e = { "" };
+	if (rt_kv_reserve(kv, n, &e) != 0) /* blocks for the n new entries of every list */
+		return rt_err_set(err, "%s: %s", m->path, e.msg);
 	return 0;
 }
 

@@ -179,7 +179,8 @@ enum rt_logits_mode {
  * of at most f->max_chunk tokens. Within the call no entry is evicted, so every head needs
  * room for n more entries. Errors (-1, err set, checked before anything is computed, so
  * kv is unchanged): token id out of range, pos0+n beyond the model's context_length, a
- * head whose entries + n exceed kv->cap or f->cap ("KV cache full"), a KV store of another
+ * head whose entries + n exceed kv->cap or f->cap ("KV cache full"), a KV pool that cannot
+ * grant the blocks of the n new entries ("KV pool exhausted"; rt_kv_reserve), a KV store of another
  * shape, logits requested with a NULL buffer. Logits are f32 pre-softmax scores; the
  * observe hook, when set, is called per (layer, KV head, query row) in that nesting. */
 int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,

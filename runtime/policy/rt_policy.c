@@ -189,6 +189,7 @@ int rt_run_advance(struct rt_run *r, rt_kv *kv, int32_t n, rt_err *err)
 		if (r->p->compress(c, kv, err) != 0)
 			rc = -1;
 		else {
+			rt_kv_trim(kv); /* blocks emptied by a compaction that set n itself */
 			c->compress_count++;
 			c->last_compress_seen = c->seen;
 			r->compressions++;

@@ -276,7 +276,8 @@ int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err);
 int32_t rt_run_chunk(struct rt_run *r, const rt_kv *kv, int32_t want);
 
 /* After n tokens were appended and observed: advance ctx.seen/phase and compress if
- * should_compress says so. Returns 1 when it compressed, 0 when not, -1 with err set
+ * should_compress says so; after a compress every emptied block returns to the pool
+ * (rt_kv_trim). Returns 1 when it compressed, 0 when not, -1 with err set
  * when compress failed. */
 int rt_run_advance(struct rt_run *r, rt_kv *kv, int32_t n, rt_err *err);
 

@@ -371,11 +371,11 @@ static int seq_chunk_done(rt_seq *s, const int32_t *tok, int C, const float *lg,
 	if (trace_wants_logits(s))
 		trace_chunk(s, tok, C, lg);
 	s->st.chunks++;
-	int64_t e = rt_kv_entries(&s->kv);
-	if (e > s->st.kv_entries_peak) {
+	int64_t e = rt_kv_entries(&s->kv), held = rt_kv_bytes_held(&s->kv);
+	if (e > s->st.kv_entries_peak)
 		s->st.kv_entries_peak = e;
-		s->st.kv_bytes_peak = rt_kv_bytes_used(&s->kv);
-	}
+	if (held > s->st.kv_bytes_peak)
+		s->st.kv_bytes_peak = held;
 	int rc = rt_run_advance(&s->run, &s->kv, C, err);
 	if (rc < 0)
 		return -1;
@@ -397,6 +397,17 @@ static int seq_full_err(const rt_seq *s, rt_err *err)
 	                  s->p->name, (long long)s->run.ctx.seen, (int)s->cap);
 }
 
+/* Take the pool blocks of the next k entries of every list before the forward, so an
+ * exhausted pool fails this sequence alone, with nothing appended. */
+static int seq_reserve(rt_seq *s, int32_t k, rt_err *err)
+{
+	rt_err e = { "" };
+	if (rt_kv_reserve(&s->kv, k, &e) == 0)
+		return 0;
+	return rt_err_set(err, "policy %s at token %lld: %s", s->p->name,
+	                  (long long)s->run.ctx.seen, e.msg);
+}
+
 int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
                 enum rt_logits_mode mode, rt_err *err)
 {
@@ -414,6 +425,8 @@ int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
 		int32_t k = rt_run_chunk(&s->run, &s->kv, want);
 		if (k == 0)
 			return seq_full_err(s, err);
+		if (seq_reserve(s, k, err) != 0)
+			return -1;
 		float *lg = NULL;
 		enum rt_logits_mode md = RT_LOGITS_NONE;
 		if (mode == RT_LOGITS_ALL) {
@@ -536,6 +549,14 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 				continue;
 			}
 			k = c < k ? c : k;
+			i++;
+		}
+		for (int i = 0; i < b->n_active;) {
+			rt_err e = { "" };
+			if (seq_reserve(b->s[i], k, &e) != 0) {
+				batch_drop(b, i, &e);
+				continue;
+			}
 			tr |= trace_wants_logits(b->s[i]);
 			i++;
 		}

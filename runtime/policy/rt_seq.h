@@ -25,8 +25,9 @@
  *
  * Capacity: a store of cap entries per head must hold the policy's largest budget plus
  * one chunk. Ratio budgets in streaming mode grow with the tokens seen, so rt_cli uses
- * cap = tokens to process; kv_entries_peak is the real memory figure (entries in use,
- * not capacity).
+ * cap = tokens to process. The capacity is reserved address space only: the store's
+ * memory is the blocks it holds from the process's KV pool (rt_kv.h), so
+ * kv_bytes_peak is the real memory figure.
  */
 #ifndef RT_SEQ_H
 #define RT_SEQ_H
@@ -53,7 +54,9 @@ typedef struct rt_seq_stats {
 	int64_t kv_entries_peak; /* max over chunks of the entries held by all (layer, KV head)
 	                          * lists together, measured after a chunk's append (before any
 	                          * compress), so it includes the chunk */
-	int64_t kv_bytes_peak;   /* bytes those entries occupied (rt_kv_bytes_used) */
+	int64_t kv_bytes_peak;   /* most bytes of KV pool blocks the store held at once
+	                          * (rt_kv_bytes_held after a chunk's append): the resident
+	                          * KV memory of the sequence */
 	int64_t compress_events; /* compress calls */
 	double policy_seconds;   /* wall time inside policy hooks (init_entries, observe,
 	                          * should_compress, compress, next_trigger) and in the
@@ -120,7 +123,9 @@ int rt_seq_set_ratio(rt_seq *s, double R, rt_err *err);
  * next trigger or the prompt end. Errors (-1, err set; the sequence is then unusable
  * until rt_seq_reset): a forward error (token out of range, context_length exceeded),
  * "KV cache full" when the policy leaves no room in the store (capacity too small for
- * its budget plus a chunk), a failed compress. */
+ * its budget plus a chunk), "KV pool exhausted" when the process's pool cannot grant the
+ * blocks of the next chunk (nothing of that chunk is appended; other sequences are
+ * untouched), a failed compress. */
 int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
                 enum rt_logits_mode mode, rt_err *err);
 
@@ -157,7 +162,8 @@ void rt_seq_batch_free(rt_seq_batch *b);
  * RT_LOGITS_ALL [K × n × n_vocab] (sequence k's row i at (k·n + i)·n_vocab); for
  * RT_LOGITS_LAST [K × n_vocab] (k: the caller's index; a sequence that left keeps
  * whatever its rows held). A sequence whose policy fails (a compress error such as guards
- * above the budget, or "KV cache full") leaves the batch: rt_seq_batch_error says why,
+ * above the budget, "KV cache full", or "KV pool exhausted" for its next chunk's blocks)
+ * leaves the batch: rt_seq_batch_error says why,
  * the others go on. Every sequence's `seconds` counter grows by the batch's wall time
  * (shared). Errors (-1, err): a forward error (every sequence is then unusable),
  * sequences at different positions, no active sequence left. */
