@@ -23,7 +23,9 @@
 #include "kvp_sema.h"
 #include "kvp_src.h"
 #include "kvpc_build.h"
+#include "base/rt_outpath.h"
 #include "base/rt_sha256.h"
+#include "base/rt_text.h"
 
 #ifndef KVPC_COMMIT
 #define KVPC_COMMIT "unknown"
@@ -795,6 +797,32 @@ int kvpc_cmd_ab(int argc, char **argv)
 		fputs(AB_USAGE, stderr);
 		free(pass);
 		return 2;
+	}
+	/* the text and the output paths first: a bad one is reported before the build */
+	for (int i = 0; i < np; i++) {
+		const char *o = pass[i], *eq = strchr(o, '=');
+		const char *val = eq ? eq + 1 : i + 1 < np ? pass[i + 1] : NULL;
+		size_t ol = eq ? (size_t)(eq - o) : strlen(o);
+		rt_err e = { "" };
+		if (!val)
+			break;
+		if (ol == 6 && !strncmp(o, "--text", 6)) {
+			size_t n;
+			char *t = rt_text_read(val, &n, &e);
+			free(t);
+			if (!t) {
+				fprintf(stderr, "kvpc ab: %s\n", e.msg);
+				free(pass);
+				return 1;
+			}
+		} else if (((ol == 6 && (!strncmp(o, "--json", 6) || !strncmp(o, "--plot", 6))) ||
+		            (ol == 5 && !strncmp(o, "--csv", 5))) && rt_outpath_check(val, &e) != 0) {
+			fprintf(stderr, "kvpc ab: %.*s: %s\n", (int)ol, o, e.msg);
+			free(pass);
+			return 2;
+		}
+		if (!eq && ab_takes_value(o))
+			i++;
 	}
 	char bin[PATH_MAX + 64];
 	char *names[2] = { NULL, NULL };

@@ -550,6 +550,21 @@ START_TEST(kvpc_ab_front_builds_and_runs)
 	ck_assert_int_eq(run(bad, &out, &err), 2);
 	free(out);
 	free(err);
+	/* the front checks the text and the output paths before it builds anything (the
+	 * message is kvpc's, not the built binary's "ab: ...") */
+	char *zero[] = { g_kvpc, "ab", "policies/h2o.kvp", "policies/tova.kvp", "--model", g_model,
+		         "--text", "/dev/zero", NULL };
+	ck_assert_int_eq(run(zero, &out, &err), 1);
+	ck_assert_str_eq(err, "kvpc ab: /dev/zero: not a regular file (a character device); a text "
+	                      "must be a file\n");
+	free(out);
+	free(err);
+	char *badcsv[] = { g_kvpc, "ab", "policies/h2o.kvp", "policies/tova.kvp", "--model", g_model,
+		           "--text", g_text, "--csv=no/such/dir/r.csv", NULL };
+	ck_assert_int_eq(run(badcsv, &out, &err), 2);
+	ck_assert_str_eq(err, "kvpc ab: --csv: no/such/dir/r.csv: directory 'no/such/dir' does not exist\n");
+	free(out);
+	free(err);
 }
 END_TEST
 
