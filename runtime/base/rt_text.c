@@ -70,7 +70,7 @@ static char *gunzip(const char *name, const unsigned char *gz, size_t n, size_t 
 		rt_err_set(err, "%s: zlib: cannot start inflating", name);
 		return NULL;
 	}
-	size_t cap = n < (1u << 16) ? (1u << 18) : 4 * n, used = 0;
+	size_t cap = 4 * n + 4096, used = 0; /* text compresses about 3-4x; grown by doubling */
 	if (cap > RT_TEXT_MAX_BYTES + 1)
 		cap = RT_TEXT_MAX_BYTES + 1;
 	char *buf = malloc(cap + 1);

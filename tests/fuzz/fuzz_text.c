@@ -8,7 +8,11 @@
  *     gives the plain verdict and the same bytes back;
  *   - hostile gzip: the raw input read as gzip data is refused or yields a text that
  *     passes the plain check (no crash, no read outside the input, bounded memory).
- * The Info-file body finder of the haystack reader runs on every accepted text.
+ * Every accepted text then goes where a haystack goes: the Info-file body finder, and
+ * rt_needle_niah with the tiny byte-level vocabulary of tests/support/tiny_model.c, for a
+ * length and depth taken from the first two bytes; a prompt it builds must have exactly
+ * the requested length, the needle inside the haystack within RT_NIAH_MAX_BACK tokens
+ * before the requested depth, and only vocabulary ids.
  * Built and run by `make fuzz`; seeds: tests/fuzz/corpus/text.
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -19,10 +23,71 @@
 #include <string.h>
 #include <zlib.h>
 
+#include <unistd.h>
+
 #include "base/rt_text.h"
 #include "eval/rt_needle.h"
+#include "model/rt_gguf.h"
+#include "model/rt_tokenizer.h"
+#include "tiny_model.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+
+static rt_tokenizer *g_tok;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	(void)argc, (void)argv;
+	char tmp[] = "/tmp/fuzz_text_XXXXXX";
+	int fd = mkstemp(tmp);
+	tiny_model_cfg cfg = { .n_layer = 1, .n_embd = 8, .n_head = 2, .n_head_kv = 1, .n_ff = 16,
+		               .n_vocab = 300, .n_ctx = 64, .rope_base = 10000, .seed = 1, .wtype = 0 };
+	rt_err err = { "" };
+	rt_gguf *g = fd >= 0 && tiny_model_write(&cfg, tmp) == 0 ? rt_gguf_open(tmp, &err) : NULL;
+	g_tok = g ? rt_tokenizer_init(g, &err) : NULL;
+	rt_gguf_close(g);
+	if (fd >= 0)
+		close(fd), unlink(tmp);
+	if (!g_tok) {
+		fprintf(stderr, "fuzz_text: no tiny tokenizer: %s\n", err.msg);
+		abort();
+	}
+	return 0;
+}
+
+/* A haystack prompt from text t[0..n) (see the header). */
+static void haystack(const char *t, size_t n, const uint8_t *data, size_t size)
+{
+	int64_t want = 1 + (size > 0 ? data[0] : 0) * 3;
+	double depth = size > 1 ? data[1] % 101 : 50;
+	rt_needle_prompt p;
+	rt_err err = { "" };
+	if (rt_needle_niah(g_tok, t, n, want, depth, size > 2 && (data[2] & 1), &p, &err) != 0) {
+		if (strncmp(err.msg, "niah: ", 6) != 0) {
+			fprintf(stderr, "niah error without its prefix: %s\n", err.msg);
+			abort();
+		}
+		return;
+	}
+	int32_t nv = rt_tokenizer_n_vocab(g_tok);
+	int ok = p.n_ctx + p.n_question == want && p.hay_start >= 0 &&
+	         p.needle_pos >= p.hay_start && p.needle_pos <= p.hay_start + p.hay_tokens &&
+	         p.needle_pos <= p.target_pos && p.target_pos - p.needle_pos <= RT_NIAH_MAX_BACK &&
+	         p.needle_pos + p.needle_len <= p.n_ctx;
+	for (int64_t i = 0; i < p.n_ctx && ok; i++)
+		ok = p.ctx[i] >= 0 && p.ctx[i] < nv;
+	for (int64_t i = 0; i < p.n_question && ok; i++)
+		ok = p.question[i] >= 0 && p.question[i] < nv;
+	if (!ok) {
+		fprintf(stderr, "niah prompt broken: want %lld, ctx %lld + question %lld, needle at "
+		        "%lld (target %lld, haystack %lld+%lld)\n", (long long)want, (long long)p.n_ctx,
+		        (long long)p.n_question, (long long)p.needle_pos, (long long)p.target_pos,
+		        (long long)p.hay_start, (long long)p.hay_tokens);
+		abort();
+	}
+	rt_needle_prompt_free(&p);
+}
 
 /* The offset of the first byte that makes s[0..n) not a text, or n when it is one. */
 static size_t first_bad(const uint8_t *s, size_t n)
@@ -86,7 +151,11 @@ static void expect(const char *what, const uint8_t *s, size_t n, int is_gz, size
 			fprintf(stderr, "%s: loader changed the text\n", what);
 			abort();
 		}
-		(void)rt_needle_info_body(t, len);
+		size_t body = rt_needle_info_body(t, len);
+		if (body > len)
+			abort();
+		if (!strcmp(what, "plain"))
+			haystack(t + body, len - body, want, want_n);
 		free(t);
 		return;
 	}
