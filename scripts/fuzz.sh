@@ -18,7 +18,7 @@ for d in tests/fuzz/corpus/$name build-fuzz/seeds/$name; do [ -d "$d" ] && seeds
 case $name in
   kvpc_check) opts+=(-max_len=4096 -dict=tests/fuzz/kvp.dict)
               seeds+=(policies tests/golden/kvp/bad tests/golden/kvp/good tests/golden/kvp/fmt) ;;
-  gguf)       opts+=(-max_len=65536) ;;
+  gguf)       opts+=(-max_len=65536 -dict=tests/fuzz/gguf.dict) ;;
   tokenizer)  opts+=(-max_len=4096 -dict=tests/fuzz/tokenizer.dict) ;;
   text)       opts+=(-max_len=16384) ;;
   *) echo "fuzz.sh: unknown target '$name'" >&2; exit 2 ;;
