@@ -7,10 +7,13 @@
 #include "kvp_src.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static void *xrealloc(void *p, size_t n)
 {
@@ -72,9 +75,26 @@ kvp_src *kvp_src_from_mem(const char *name, const char *text, size_t len)
 
 kvp_src *kvp_src_open(const char *path, char *err, size_t errlen)
 {
-	FILE *f = fopen(path, "rb");
+	/* open without blocking (a FIFO would wait for a writer) and read only regular files
+	 * (a device such as /dev/zero never ends) */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) != 0) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "%s: not a regular file%s", path,
+		         S_ISDIR(st.st_mode) ? " (a directory)" : "");
+		close(fd);
+		return NULL;
+	}
+	FILE *f = fdopen(fd, "rb");
 	if (!f) {
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		close(fd);
 		return NULL;
 	}
 	size_t cap = 4096, len = 0;

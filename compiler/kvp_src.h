@@ -52,7 +52,9 @@ typedef struct kvp_src {
 } kvp_src;
 
 /* Read PATH into a new kvp_src. Returns NULL and writes "PATH: reason" into err[errlen]
- * when the file cannot be read or is larger than KVP_MAX_SOURCE. Free with kvp_src_free. */
+ * when the file cannot be read, is not a regular file (a directory, FIFO or device: opened
+ * without blocking and refused before any read) or is larger than KVP_MAX_SOURCE. Free
+ * with kvp_src_free. */
 kvp_src *kvp_src_open(const char *path, char *err, size_t errlen);
 
 /* A kvp_src over a copy of text[0..len) named name (for tests and the fuzzer); never

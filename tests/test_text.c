@@ -1,7 +1,8 @@
 /*
  * test_text: the text/haystack loader (runtime/base/rt_text.c), the output-path check
- * (runtime/base/rt_outpath.c) and that the command line uses both before any model work:
- * every command below names a model that does not exist, so the input or output error
+ * (runtime/base/rt_outpath.c), that the command line uses both before any model work, and
+ * that the policy source reader (compiler/kvp_src.c) refuses non-files the same way.
+ * Every command below names a model that does not exist, so the input or output error
  * can only be seen if it is checked first. Expected messages and offsets are worked out
  * by hand from the bytes written; gzip data comes from the gzip program (an independent
  * encoder), except where zlib must build a shape gzip cannot (a bomb, a truncation).
@@ -22,6 +23,7 @@
 #include "base/rt_outpath.h"
 #include "base/rt_text.h"
 #include "cli/rt_cli.h"
+#include "kvp_src.h"
 
 static char g_dir[PATH_MAX];
 
@@ -211,6 +213,29 @@ START_TEST(output_paths_are_checked_without_creating_files)
 }
 END_TEST
 
+/* The policy source reader refuses what the text loader refuses, without blocking. */
+START_TEST(policy_sources_must_be_regular_files)
+{
+	char err[512];
+	ck_assert_ptr_null(kvp_src_open("/dev/zero", err, sizeof err));
+	ck_assert_str_eq(err, "/dev/zero: not a regular file");
+	ck_assert_ptr_null(kvp_src_open(g_dir, err, sizeof err));
+	char want[PATH_MAX + 64];
+	snprintf(want, sizeof want, "%s: not a regular file (a directory)", g_dir);
+	ck_assert_str_eq(err, want);
+	const char *fifo = tmp_path("policy.fifo");
+	ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+	alarm(10); /* opening a FIFO for reading would wait for a writer */
+	ck_assert_ptr_null(kvp_src_open(fifo, err, sizeof err));
+	alarm(0);
+	snprintf(want, sizeof want, "%s: not a regular file", fifo);
+	ck_assert_str_eq(err, want);
+	kvp_src *src = kvp_src_open(write_file("p.kvp", "policy p {}\n", 12), err, sizeof err);
+	ck_assert_msg(src != NULL, "%s", err);
+	kvp_src_free(src);
+}
+END_TEST
+
 /* Run rt_cli_main(argv) in a child (10 s limit); its exit status, stderr in *err. */
 static int run_cli(char **err, char **argv)
 {
@@ -291,6 +316,7 @@ static Suite *text_suite(void)
 	tcase_add_test(tc, size_cap_is_enforced);
 	tcase_add_test(tc, output_paths_are_checked_without_creating_files);
 	tcase_add_test(tc, cli_refuses_bad_inputs_before_the_model);
+	tcase_add_test(tc, policy_sources_must_be_regular_files);
 	suite_add_tcase(s, tc);
 	return s;
 }
