@@ -570,11 +570,13 @@ END_TEST
 
 START_TEST(needle_task_runs)
 {
-	char json[PATH_MAX + 16];
+	char json[PATH_MAX + 16], svg[PATH_MAX + 16];
 	tmp_path(json, sizeof json, "needle.json");
+	tmp_path(svg, sizeof svg, "needle.svg");
 	char *out, *err;
 	int rc = run_ab(&out, &err, "--task", "needle", "--a", "h2o", "--b", "h2o", "--lengths",
-	                "400", "--depths", "0,100", "--ratio", "2", "--json", json, NULL);
+	                "400", "--depths", "0,100", "--ratio", "2", "--json", json, "--plot", svg,
+	                NULL);
 	ck_assert_msg(rc == 0, "needle ab failed (%d): %s", rc, err);
 	jv j;
 	load_json(json, &j);
@@ -586,6 +588,18 @@ START_TEST(needle_task_runs)
 	jfree(&j);
 	free(out);
 	free(err);
+	/* the plot: the sign test's discordant counts as the verdict panel, Wilson bars on the
+	 * accuracy, well-formed XML */
+	size_t len;
+	rt_err e;
+	char *c = rt_read_file(svg, &len, &e);
+	ck_assert_ptr_nonnull(c);
+	const char *bad_xml = xml_check(c);
+	ck_assert_msg(bad_xml == NULL, "%s: %s", svg, bad_xml);
+	ck_assert(strstr(c, "verdict: discordant trials (exact sign test)"));
+	ck_assert(strstr(c, "passkey accuracy (bars: 95% Wilson)") && strstr(c, "class=\"errbar\""));
+	ck_assert(strstr(c, "2 trials per policy and ratio"));
+	free(c);
 }
 END_TEST
 

@@ -1056,9 +1056,10 @@ static int put_panel(FILE *f, int i, int W, int H, const rt_svg_plot *pl,
 	return 0;
 }
 
-/* One SVG holding, for the ppl task, first the verdict panel (the paired bootstrap
- * interval of the mean NLL difference B - A per ratio, with the zero line: an interval
- * clear of zero is a significant difference), then one panel per metric (each an rt_svg
+/* One SVG holding first the verdict panel — for the ppl task the paired bootstrap
+ * interval of the mean NLL difference B - A per ratio, with the zero line (an interval
+ * clear of zero is a significant difference); for the needle task the discordant trial
+ * counts the exact sign test compares — then one panel per metric (each an rt_svg
  * plot nested as an <svg> element at its grid place, two columns), x = compression ratio
  * (log2 axis when every ratio > 1 and there are at least two), series: A, B and the
  * full-cache reference, drawn side by side (dodged) with distinct markers and dashes so
@@ -1071,7 +1072,7 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 	for (int m = 0; m < M_COUNT; m++)
 		if (metric_on(r, m) && m != M_ENTRIES && m != M_KLD_MAX)
 			ms[nm++] = m;
-	const int W = 560, H = 360, cols = 2, np = nm + !needle, rows = (np + cols - 1) / cols;
+	const int W = 560, H = 360, cols = 2, np = nm + 1, rows = (np + cols - 1) / cols;
 	int nr = r->o.n_ratios, log2x = nr >= 2;
 	for (int k = 0; k < nr; k++)
 		if (!(r->rows[k].ratio > 0))
@@ -1115,6 +1116,19 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 		rt_svg_plot pl = { ttl, "compression ratio", "mean NLL(B) - NLL(A), nats/token", W, H,
 			           log2x, 0, 1, 0.0 };
 		rc = put_panel(f, panel++, W, H, &pl, &ser, 1, err);
+	} else {
+		/* the sign test's data: trials only A got right, only B got right */
+		for (int k = 0; k < nr; k++) {
+			y[0][k] = r->rows[k].n10;
+			y[1][k] = r->rows[k].n01;
+		}
+		char na[300], nb[300];
+		snprintf(na, sizeof na, "only A right (%s)", r->pol[0]->name);
+		snprintf(nb, sizeof nb, "only B right (%s)", r->pol[1]->name);
+		rt_svg_series ser[2] = { { na, x, y[0], nr, NULL, NULL }, { nb, x, y[1], nr, NULL, NULL } };
+		rt_svg_plot pl = { "verdict: discordant trials (exact sign test)", "compression ratio",
+			           "trials", W, H, log2x, 8.0, 1, 0.0 };
+		rc = put_panel(f, panel++, W, H, &pl, ser, 2, err);
 	}
 	for (int i = 0; i < nm && rc == 0; i++) {
 		int m = ms[i], bars = 0;
