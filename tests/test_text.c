@@ -297,6 +297,11 @@ START_TEST(cli_refuses_bad_inputs_before_the_model)
 	ck_assert_int_eq(run_cli(&err, dump), 2);
 	ck_assert_msg(strstr(err, "--dump: ") && strstr(err, ": is a directory"), "%s", err);
 	free(err);
+	/* a --batch run list is read by the same loader */
+	char *batch[] = { "kvrt", "ppl", "--model", NOMODEL, "--text", txt, "--batch", "/dev/zero", NULL };
+	ck_assert_int_eq(run_cli(&err, batch), 2);
+	ck_assert_str_eq(err, "kvrt: /dev/zero: not a regular file (a character device); a text must be a file\n");
+	free(err);
 	/* with good inputs the model is the first thing that fails */
 	char *good[] = { "kvrt", "ppl", "--model", NOMODEL, "--text", txt, NULL };
 	ck_assert_int_eq(run_cli(&err, good), 1);
