@@ -95,9 +95,9 @@ test-asan: $(TEST_BINS)
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  scripts/run_tests.sh $(B) $(TEST_BINS)
 
-## bench: prefill/decode tokens/s at 128, 1024, 4096 tokens of context (real model)
+## bench: kvrt beside llama-bench (scripts/build_llama.sh): pp512, tg128, tg128 at depth 4096, 1 and 2 threads
 bench: deps model $(B)/kvrt
-	@$(B)/kvrt bench --model $(MODEL)
+	@scripts/bench.sh $(B) $(MODEL)
 
 ## demo: the main job: A/B two policies on the real model and a real text, then a generation
 demo: deps model

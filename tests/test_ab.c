@@ -460,7 +460,8 @@ START_TEST(full_vs_small_budget)
 	rt_gguf *g = rt_gguf_open(g_model, &e);
 	ck_assert_msg(g, "%s", e.msg);
 	rt_tokenizer *tok = rt_tokenizer_init(g, &e);
-	rt_model *m = rt_model_load_gguf(g, &e);
+	const rt_model_opts eo = { .exact = 1, .threads = 0 };
+	rt_model *m = rt_model_load_opts(g, &eo, &e);
 	rt_gguf_close(g);
 	ck_assert(tok && m);
 	size_t len;

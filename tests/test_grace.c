@@ -31,6 +31,9 @@
 #include "policy/rt_seq.h"
 #include "support/tiny_model.h"
 
+/* the exact path: these tests compare against f32 references */
+static const rt_model_opts exact_opts = { .exact = 1, .threads = 0 };
+
 static uint64_t rng_state;
 
 static void rng_seed(uint64_t s)
@@ -1469,7 +1472,7 @@ START_TEST(test_seq_ratio1_equals_full)
 		snprintf(path, sizeof path, "tests/tmp/test_grace_%d_%d.gguf", (int)getpid(), si);
 		ck_assert_int_eq(tiny_model_write(&c, path), 0);
 		rt_err err = {0};
-		rt_model *m = rt_model_load(path, &err);
+		rt_model *m = rt_model_open(path, &exact_opts, &err);
 		ck_assert_msg(m != NULL, "%s", err.msg);
 		const int64_t P = 70, T = 10;
 		int32_t tok[80];

@@ -22,6 +22,9 @@
 #include "eval/rt_eval.h"
 #include "model/rt_model.h"
 
+/* the exact path: these tests compare against f32 references */
+static const rt_model_opts exact_opts = { .exact = 1, .threads = 0 };
+
 #define GOLDEN "tests/golden/model/gpl3_2048.txt"
 
 typedef struct golden {
@@ -92,7 +95,7 @@ START_TEST(test_matches_reference)
 	const char *san = getenv("KVRT_SANITIZED");
 	int n = san && !strcmp(san, "1") ? 256 : g.n;
 	rt_err err = {0};
-	rt_model *m = rt_model_load(model_path(), &err);
+	rt_model *m = rt_model_open(model_path(), &exact_opts, &err);
 	ck_assert_msg(m != NULL, "%s", err.msg);
 	ck_assert_int_eq(m->hp.n_layer, 30);
 	ck_assert_int_eq(m->hp.n_head, 9);
@@ -163,7 +166,7 @@ START_TEST(test_decode_matches_reference)
 	enum { PRE = 61, DEC = 24 };
 	ck_assert_int_ge(g.n, PRE + DEC + 1);
 	rt_err err = {0};
-	rt_model *m = rt_model_load(model_path(), &err);
+	rt_model *m = rt_model_open(model_path(), &exact_opts, &err);
 	ck_assert_msg(m != NULL, "%s", err.msg);
 	rt_kv kv;
 	rt_fwd f;

@@ -48,6 +48,9 @@
 #include "policy/rt_seq.h"
 #include "support/tiny_model.h"
 
+/* the exact path: these tests compare against f32 references */
+static const rt_model_opts exact_opts = { .exact = 1, .threads = 0 };
+
 /* ---- allocation counting (link with -Wl,--wrap=malloc,...) ----------------------------- */
 
 void *__real_malloc(size_t n);
@@ -118,7 +121,7 @@ static const char *model_path(int shape)
 static rt_model *load_shape(int shape)
 {
 	rt_err err = { "" };
-	rt_model *m = rt_model_load(model_path(shape), &err);
+	rt_model *m = rt_model_open(model_path(shape), &exact_opts, &err);
 	ck_assert_msg(m != NULL, "%s", err.msg);
 	return m;
 }

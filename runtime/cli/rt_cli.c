@@ -18,12 +18,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "eval/rt_ab.h"
 #include "eval/rt_eval.h"
 #include "model/rt_gguf.h"
 #include "report/rt_json.h"
 #include "report/rt_keepmap.h"
+#include "model/rt_dot.h"
 #include "model/rt_model.h"
 #include "eval/rt_needle.h"
 #include "policy/rt_seq.h"
@@ -162,7 +164,10 @@ static const char *const help_ppl =
 	"                        budget is a fixed N / R entries per head from the first\n"
 	"                        token, as in `kvpc ab`\n"
 	"    --chunk N           most tokens per forward chunk (default 512)\n"
-	"    --threads N         BLAS threads\n"
+	"    --threads N         threads (exact path: OpenBLAS's; fast path: the pool)\n"
+	"    --fast              the fast path (weights in their GGUF types, 8-bit activations\n"
+	"                        when decoding); default --exact (f32 weights, OpenBLAS): the\n"
+	"                        quality figures are measured on the exact path\n"
 	"    --json              one JSON object: policy, params, ratio, model, model_sha256,\n"
 	"                        text, text_sha256, commit, threads, chunk, tokens, scored,\n"
 	"                        ppl, nll_mean, top1_acc, kv_entries_peak, kv_bytes_peak,\n"
@@ -243,7 +248,7 @@ static const char *const help_needle =
 	"    --seed S            passkey seed (default 1); the key of (L, D) is drawn from\n"
 	"                        seed + 1000003 L + D\n"
 	"    --chat              wrap the prompt in the model's ChatML template\n"
-	"    --chunk N, --threads N, -h/--help  as for ppl\n"
+	"    --chunk N, --threads N, --fast, -h/--help  as for ppl\n"
 	"    --mark-question     mark the question as the protected span `question`\n"
 	"    --batch RUNS        several runs (`POLICY [--ratio R] [--set NAME=VALUE]...` per\n"
 	"                        line, as for ppl) on the same prompts: each prompt is\n"
@@ -283,7 +288,8 @@ static const char *const help_run =
 	"    --policy NAME      policy (default %s); --set, --ratio as for ppl\n"
 	"    --stats            print token counts, speed, KV peak and compressions on stderr\n"
 	"    --chunk N          prompt prefill chunk (default 512)\n"
-	"    --threads N        BLAS threads\n"
+	"    --threads N        threads (default: every core)\n"
+	"    --exact            the exact path (f32 weights, OpenBLAS); default: the fast path\n"
 	"    -h, --help         show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -317,20 +323,27 @@ static const char *const help_bench =
 	"\n"
 	"SYNOPSIS\n"
 	"    %s bench --model MODEL [--ctx N,N,...] [--decode N] [--chunk N] [--threads N]\n"
+	"             [--exact] [--pp N] [--tg N] [--depth D,D,...]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    For each context length L: prefills L synthetic tokens into an empty full cache\n"
 	"    (chunked, logits for the last token only) and reports prefill tokens/s; then\n"
 	"    feeds --decode single tokens (each with its logits, as generation does) and\n"
 	"    reports decode tokens/s at that depth. A benchmark, not a test: figures depend\n"
-	"    on the machine and the BLAS thread count.\n"
+	"    on the machine and the thread count.\n"
+	"    With --pp or --tg it runs llama-bench's tests instead and prints one line per\n"
+	"    test, 'NAME TOKENS_PER_S': ppN prefills N tokens into an empty cache; tgN feeds\n"
+	"    N single tokens after an untimed prefill of each --depth D (tgN, tgN@dD).\n"
 	"\n"
 	"OPTIONS\n"
 	"    -m, --model MODEL  GGUF model file\n"
 	"    --ctx LIST         comma-separated context lengths (default 128,1024,4096)\n"
 	"    --decode N         decode steps after each prefill (default 32)\n"
 	"    --chunk N          prefill chunk (default 512)\n"
-	"    --threads N        BLAS threads\n"
+	"    --threads N        threads (fast path: the pool; exact path: OpenBLAS)\n"
+	"    --exact            the exact path (f32 weights, OpenBLAS); default: the fast path\n"
+	"    --pp N, --tg N     llama-bench's prompt and generation tests (0: off)\n"
+	"    --depth LIST       cache depths for --tg (default 0)\n"
 	"    -h, --help         show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -365,7 +378,7 @@ static const char *const help_keepmap =
 	"    --policy NAME       policy (default %s); --set, --ratio as for ppl\n"
 	"    --prompt N          the prompt length given to the policy (default: N)\n"
 	"    --svg OUT           the SVG file to write (required)\n"
-	"    --chunk N, --threads N, -h/--help  as for ppl\n"
+	"    --chunk N, --threads N, --fast, -h/--help  as for ppl\n"
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error, 2 usage error.\n"
@@ -452,11 +465,14 @@ typedef struct opts {
 	long ctx, chunk, n_gen, threads, decode, prompt_len, seed, score_from;
 	double ratio;
 	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question;
+	int exact;  /* 1: the exact path, 0: the fast path (each command sets its default) */
+	long pp, tg; /* bench: llama-bench's tests */
 } opts;
 
 enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECIAL, O_STATS,
        O_THREADS, O_DECODE, O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_HAYSTACK,
-       O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM, O_MARKQ };
+       O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM, O_MARKQ,
+       O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH };
 
 /* Parse argv (argv[0] is the command name) with the command's long options lo and short
  * options so into o, checking every value. Returns 0, 1 after printing help (help_fn),
@@ -506,9 +522,25 @@ static int parse_opts(const char *cmd, void (*help_fn)(void), int argc, char **a
 			o->chunk = v;
 			break;
 		case O_THREADS:
-			if (parse_int(optarg, 1, 1024, &v))
-				return usage_err(cmd, "--threads: '%s' is not a number in 1..1024", optarg);
+			if (parse_int(optarg, 1, 256, &v))
+				return usage_err(cmd, "--threads: '%s' is not a number in 1..256", optarg);
 			o->threads = v;
+			break;
+		case O_EXACT:
+			o->exact = 1;
+			break;
+		case O_PP:
+		case O_TG:
+			if (parse_int(optarg, 0, 1 << 20, &v))
+				return usage_err(cmd, "--%s: '%s' is not a number in 0..1048576",
+				                 c == O_PP ? "pp" : "tg", optarg);
+			*(c == O_PP ? &o->pp : &o->tg) = v;
+			break;
+		case O_DEPTH:
+			o->depths = optarg;
+			break;
+		case O_FAST:
+			o->exact = 0;
 			break;
 		case O_DECODE:
 			if (parse_int(optarg, 1, 1 << 20, &v))
@@ -694,7 +726,18 @@ static int32_t *tokenize_all(const rt_tokenizer *tk, const char *what, const cha
 	return ids;
 }
 
-static int open_model(const char *path, rt_gguf **g, rt_tokenizer **tk, rt_model **m)
+/* Threads when --threads is not given: the exact path keeps OpenBLAS's own default
+ * (OPENBLAS_NUM_THREADS or every core), the fast path takes every online core. */
+static int default_threads(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+}
+
+/* Open the GGUF of path, its tokenizer (tk non-NULL) and the model (m non-NULL) on the
+ * path o->exact asks for with o->threads threads. */
+static int open_model(const char *path, const opts *o, rt_gguf **g, rt_tokenizer **tk,
+                      rt_model **m)
 {
 	rt_err err = { "" };
 	*g = rt_gguf_open(path, &err);
@@ -702,7 +745,12 @@ static int open_model(const char *path, rt_gguf **g, rt_tokenizer **tk, rt_model
 		return runtime_err(&err), -1;
 	if (tk && !(*tk = rt_tokenizer_init(*g, &err)))
 		return runtime_err(&err), -1;
-	if (m && !(*m = rt_model_load_gguf(*g, &err)))
+	if (!m)
+		return 0;
+	rt_model_opts mo = { .exact = o->exact, .threads = o->threads > 0 ? (int)o->threads : 0 };
+	if (!o->exact && o->threads <= 0)
+		mo.threads = default_threads();
+	if (!(*m = rt_model_load_opts(*g, &mo, &err)))
 		return runtime_err(&err), -1;
 	return 0;
 }
@@ -750,7 +798,7 @@ static int open_text_model(const opts *o, const char *text, size_t len, rt_token
 {
 	rt_gguf *g = NULL;
 	*rc = EXIT_FAILURE;
-	if (open_model(o->model, &g, tk, m) < 0) {
+	if (open_model(o->model, o, &g, tk, m) < 0) {
 		rt_gguf_close(g);
 		return -1;
 	}
@@ -1066,7 +1114,7 @@ static void ppl_report(const cli_run *r, const rt_model *m, const opts *o, const
 	double compression = mean_entries > 0 ? (double)use / mean_entries : 0;
 	double nll_mean = r->nll / (double)r->scored, ppl = exp(nll_mean);
 	double tps = st.seconds > 0 ? (double)use / st.seconds : 0;
-	int threads = openblas_get_num_threads();
+	int threads = m->exact ? openblas_get_num_threads() : rt_model_threads(m);
 	rt_kld_summary ks;
 	memset(&ks, 0, sizeof ks);
 	if (ref)
@@ -1150,7 +1198,8 @@ static int cmd_ppl(int argc, char **argv)
 		{ "ctx", required_argument, 0, O_CTX }, { "chunk", required_argument, 0, O_CHUNK },
 		{ "json", no_argument, 0, O_JSON }, { "dump", required_argument, 0, O_DUMP },
 		{ "logits", required_argument, 0, O_LOGITS },
-		{ "threads", required_argument, 0, O_THREADS },
+		{ "threads", required_argument, 0, O_THREADS }, { "exact", no_argument, 0, O_EXACT },
+		{ "fast", no_argument, 0, O_FAST },
 		{ "policy", required_argument, 0, O_POLICY }, { "set", required_argument, 0, O_SET },
 		{ "ratio", required_argument, 0, O_RATIO }, { "no-ref", no_argument, 0, O_NOREF },
 		{ "prompt", required_argument, 0, O_PROMPTLEN },
@@ -1158,7 +1207,7 @@ static int cmd_ppl(int argc, char **argv)
 		{ "score-from", required_argument, 0, O_SCOREFROM }, { "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
-	opts o = { .chunk = DEFAULT_CHUNK, .prompt_len = -1 };
+	opts o = { .chunk = DEFAULT_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = parse_opts("ppl", help_ppl_fn, argc, argv, &o, lo, ":m:t:h", 1);
 	if (rc)
 		return rc == 1 ? 0 : rc;
@@ -1443,12 +1492,13 @@ static int cmd_needle(int argc, char **argv)
 		{ "ratio", required_argument, 0, O_RATIO }, { "mode", required_argument, 0, O_MODE },
 		{ "task", required_argument, 0, O_TASK }, { "gen", required_argument, 0, O_GEN },
 		{ "seed", required_argument, 0, O_SEED }, { "chat", no_argument, 0, O_CHAT },
-		{ "chunk", required_argument, 0, O_CHUNK }, { "threads", required_argument, 0, O_THREADS },
+		{ "chunk", required_argument, 0, O_CHUNK }, { "threads", required_argument, 0, O_THREADS }, { "exact", no_argument, 0, O_EXACT },
+		{ "fast", no_argument, 0, O_FAST },
 		{ "batch", required_argument, 0, O_BATCH },
 		{ "mark-question", no_argument, 0, O_MARKQ },
 		{ "json", no_argument, 0, O_JSON }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
-	opts o = { .chunk = DEFAULT_CHUNK, .seed = 1, .lengths = "1024,2048,4096",
+	opts o = { .chunk = DEFAULT_CHUNK, .seed = 1, .exact = 1, .lengths = "1024,2048,4096",
 		   .depths = "0,25,50,75,100" };
 	int rc = parse_opts("needle", help_needle_fn, argc, argv, &o, lo, ":m:h", 1);
 	if (rc)
@@ -1488,7 +1538,7 @@ static int cmd_needle(int argc, char **argv)
 		}
 		hay_off = rt_needle_info_body(hay, hay_len);
 	}
-	if (open_model(o.model, &g, &tk, &m) < 0)
+	if (open_model(o.model, &o, &g, &tk, &m) < 0)
 		goto out;
 	rt_gguf_close(g);
 	g = NULL;
@@ -1687,7 +1737,8 @@ static int cmd_run(int argc, char **argv)
 	static const struct option lo[] = {
 		{ "model", required_argument, 0, 'm' }, { "prompt", required_argument, 0, 'p' },
 		{ "chat", no_argument, 0, O_CHAT }, { "system", required_argument, 0, O_SYSTEM },
-		{ "stats", no_argument, 0, O_STATS }, { "threads", required_argument, 0, O_THREADS },
+		{ "stats", no_argument, 0, O_STATS }, { "threads", required_argument, 0, O_THREADS }, { "exact", no_argument, 0, O_EXACT },
+		{ "fast", no_argument, 0, O_FAST },
 		{ "chunk", required_argument, 0, O_CHUNK }, { "policy", required_argument, 0, O_POLICY },
 		{ "set", required_argument, 0, O_SET }, { "ratio", required_argument, 0, O_RATIO },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
@@ -1719,7 +1770,7 @@ static int cmd_run(int argc, char **argv)
 	rt_err err = { "" };
 	int64_t n = 0;
 	rc = EXIT_FAILURE;
-	if (open_model(o.model, &g, &tk, &m) < 0)
+	if (open_model(o.model, &o, &g, &tk, &m) < 0)
 		goto out;
 	rt_gguf_close(g);
 	g = NULL;
@@ -1817,7 +1868,7 @@ static int cmd_tokenize(int argc, char **argv)
 	int32_t *ids = NULL;
 	int64_t n = 0;
 	rc = EXIT_FAILURE;
-	if (open_model(o.model, &g, &tk, NULL) == 0 &&
+	if (open_model(o.model, &o, &g, &tk, NULL) == 0 &&
 	    (ids = tokenize_all(tk, o.text, text, len, o.special, &n))) {
 		for (int64_t i = 0; i < n; i++)
 			printf(i ? " %d" : "%d", (int)ids[i]);
@@ -1838,12 +1889,100 @@ static void help_bench_fn(void)
 	print_help(help_bench, 2, g_prog, g_prog);
 }
 
+/* One llama-bench test on a fresh full cache: prefill `depth` tokens untimed, then time
+ * either a prefill of n tokens (pp) or n single-token steps (tg). Returns tokens/s, or -1
+ * after printing the error. */
+static double bench_one(rt_model *m, int chunk, int depth, int n, int pp)
+{
+	const int32_t cap = depth + n;
+	rt_kv kv;
+	rt_fwd f;
+	rt_err err = { "" };
+	int32_t *tok = malloc((size_t)cap * sizeof *tok);
+	float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
+	unsigned sd = 12345u;
+	for (int j = 0; tok && j < cap; j++) {
+		sd = sd * 1103515245u + 12345u;
+		tok[j] = (int32_t)((sd >> 8) % (unsigned)m->hp.n_vocab);
+	}
+	double tps = -1.0;
+	if (!tok || !logits || rt_model_kv_init(m, &kv, cap, &err) < 0) {
+		fprintf(stderr, "%s: bench: out of memory for %d entries\n", g_prog, (int)cap);
+		free(tok), free(logits);
+		return -1.0;
+	}
+	if (rt_fwd_init(&f, m, chunk, cap, &err) < 0) {
+		runtime_err(&err);
+		goto out;
+	}
+	if (depth > 0 && rt_model_forward(&f, &kv, tok, depth, 0, NULL, RT_LOGITS_NONE, &err) < 0)
+		goto fail;
+	double t0 = rt_now();
+	if (pp) {
+		if (rt_model_forward(&f, &kv, tok + depth, n, depth, logits, RT_LOGITS_LAST, &err) < 0)
+			goto fail;
+	} else {
+		for (int j = 0; j < n; j++)
+			if (rt_model_forward(&f, &kv, tok + depth + j, 1, depth + j, logits, RT_LOGITS_LAST,
+			                     &err) < 0)
+				goto fail;
+	}
+	tps = n / (rt_now() - t0);
+	goto out;
+fail:
+	runtime_err(&err);
+out:
+	rt_fwd_free(&f);
+	rt_kv_free(&kv);
+	free(tok), free(logits);
+	return tps;
+}
+
+/* bench --pp/--tg: llama-bench's tests, one line each */
+static int bench_llama(rt_model *m, const opts *o, long pp, long tg, const char *depths)
+{
+	double dd[MAX_LIST];
+	int nd = 0;
+	if (parse_list(depths, 0, INT_MAX, 1, dd, &nd))
+		return usage_err("bench", "--depth: '%s' is not a comma-separated list of token counts",
+		                 depths);
+	for (int i = 0; i < nd; i++)
+		if ((long)dd[i] + (pp > tg ? pp : tg) > m->hp.n_ctx)
+			return usage_err("bench", "--depth %ld plus the test exceeds the model's context_length %d",
+			                 (long)dd[i], (int)m->hp.n_ctx);
+	printf("# kvrt %s path, %d threads, isa %s\n", m->exact ? "exact" : "fast",
+	       m->exact ? openblas_get_num_threads() : rt_model_threads(m),
+	       rt_dot_isa_name(rt_dot_isa_best()));
+	if (pp > 0) {
+		double t = bench_one(m, (int)(o->chunk < pp ? o->chunk : pp), 0, (int)pp, 1);
+		if (t < 0)
+			return EXIT_FAILURE;
+		printf("pp%ld %.2f\n", pp, t);
+		fflush(stdout);
+	}
+	for (int i = 0; tg > 0 && i < nd; i++) {
+		const int d = (int)dd[i];
+		double t = bench_one(m, (int)o->chunk, d, (int)tg, 0);
+		if (t < 0)
+			return EXIT_FAILURE;
+		if (d > 0)
+			printf("tg%ld@d%d %.2f\n", tg, d, t);
+		else
+			printf("tg%ld %.2f\n", tg, t);
+		fflush(stdout);
+	}
+	return 0;
+}
+
 static int cmd_bench(int argc, char **argv)
 {
 	static const struct option lo[] = {
 		{ "model", required_argument, 0, 'm' }, { "ctx", required_argument, 0, O_CTX },
 		{ "decode", required_argument, 0, O_DECODE }, { "chunk", required_argument, 0, O_CHUNK },
-		{ "threads", required_argument, 0, O_THREADS }, { "help", no_argument, 0, 'h' },
+		{ "pp", required_argument, 0, O_PP }, { "tg", required_argument, 0, O_TG },
+		{ "depth", required_argument, 0, O_DEPTH },
+		{ "threads", required_argument, 0, O_THREADS }, { "exact", no_argument, 0, O_EXACT },
+		{ "fast", no_argument, 0, O_FAST }, { "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
 	opts o = { .ctx_list = "128,1024,4096", .decode = 32, .chunk = DEFAULT_CHUNK };
@@ -1858,11 +1997,16 @@ static int cmd_bench(int argc, char **argv)
 	set_threads(o.threads);
 	rt_gguf *g = NULL;
 	rt_model *m = NULL;
-	if (open_model(o.model, &g, NULL, &m) < 0) {
+	if (open_model(o.model, &o, &g, NULL, &m) < 0) {
 		rt_gguf_close(g);
 		return EXIT_FAILURE;
 	}
 	rt_gguf_close(g);
+	if (o.pp > 0 || o.tg > 0) {
+		rc = bench_llama(m, &o, o.pp, o.tg, o.depths ? o.depths : "0");
+		rt_model_free(m);
+		return rc;
+	}
 	for (int i = 0; i < n_ctx; i++)
 		if ((long)ctxd[i] + o.decode > m->hp.n_ctx) {
 			fprintf(stderr,
@@ -1872,9 +2016,10 @@ static int cmd_bench(int argc, char **argv)
 			rt_model_free(m);
 			return EXIT_USAGE;
 		}
-	printf("model %s: %d layers, %d/%d heads, vocab %d; %d BLAS threads, chunk %ld\n",
+	printf("model %s: %d layers, %d/%d heads, vocab %d; %s path, %d threads, chunk %ld\n",
 	       m->path, m->hp.n_layer, m->hp.n_head, m->hp.n_head_kv, m->hp.n_vocab,
-	       openblas_get_num_threads(), o.chunk);
+	       m->exact ? "exact" : "fast", m->exact ? openblas_get_num_threads() : rt_model_threads(m),
+	       o.chunk);
 	printf("%9s %15s %14s %11s %15s %10s\n", "context", "prefill tok/s", "decode tok/s",
 	       "prefill s", "decode ms/tok", "KV MiB");
 	rc = 0;
@@ -1940,13 +2085,14 @@ static int cmd_keepmap(int argc, char **argv)
 	static const struct option lo[] = {
 		{ "model", required_argument, 0, 'm' }, { "text", required_argument, 0, 't' },
 		{ "ctx", required_argument, 0, O_CTX }, { "chunk", required_argument, 0, O_CHUNK },
-		{ "threads", required_argument, 0, O_THREADS },
+		{ "threads", required_argument, 0, O_THREADS }, { "exact", no_argument, 0, O_EXACT },
+		{ "fast", no_argument, 0, O_FAST },
 		{ "policy", required_argument, 0, O_POLICY }, { "set", required_argument, 0, O_SET },
 		{ "ratio", required_argument, 0, O_RATIO },
 		{ "prompt", required_argument, 0, O_PROMPTLEN }, { "svg", required_argument, 0, O_SVG },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
-	opts o = { .chunk = DEFAULT_CHUNK, .prompt_len = -1 };
+	opts o = { .chunk = DEFAULT_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = parse_opts("keepmap", help_keepmap_fn, argc, argv, &o, lo, ":m:t:h", 1);
 	if (rc)
 		return rc == 1 ? 0 : rc;

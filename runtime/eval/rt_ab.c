@@ -1281,8 +1281,10 @@ int rt_ab_main(int argc, char **argv, const struct kvp_policy *const *reg, int n
 	if (!g)
 		goto fail;
 	r->tok = rt_tokenizer_init(g, &err);
+	/* A/B comparisons are quality measurements: always on the exact path */
+	const rt_model_opts mo = { .exact = 1, .threads = 0 };
 	if (r->tok)
-		r->m = rt_model_load_gguf(g, &err);
+		r->m = rt_model_load_opts(g, &mo, &err);
 	rt_gguf_close(g);
 	if (!r->tok || !r->m)
 		goto fail;

@@ -70,7 +70,9 @@ typedef struct want {
 	int64_t ne0, ne1;
 	const float **dst;
 	const rt_gguf_tensor *t;
-	size_t off;          /* floats from the start of the weight allocation */
+	rt_wmat *mat;        /* the fast path's view of a matrix, or NULL for a vector */
+	int raw;             /* 1: kept in its block type (qmem), 0: dequantised (mem) */
+	size_t off;          /* floats from the start of mem, or bytes from the start of qmem */
 } want;
 
 static int check_tensor(const rt_gguf *g, want *w, rt_err *err)
@@ -104,6 +106,50 @@ static int check_tensor(const rt_gguf *g, want *w, rt_err *err)
 		return rt_err_set(err, "%s: tensor '%s' holds %llu bytes, expected %llu", path, w->name,
 		                  (unsigned long long)t->nbytes, (unsigned long long)(rb * (uint64_t)n1));
 	w->t = t;
+	return 0;
+}
+
+/* Copy (fast path, raw) or dequantise one checked tensor into the model, refusing a
+ * non-finite weight, and set its pointer and its matrix view. */
+static int load_tensor(rt_model *m, want *w, const char *path, rt_err *err)
+{
+	const int64_t rows = w->ne1 ? w->ne1 : 1, n = w->ne0 * rows;
+	const size_t rb = rt_quant_row_bytes(w->t->type, w->ne0);
+	if (w->raw) {
+		uint8_t *dst = (uint8_t *)m->qmem + w->off;
+		memcpy(dst, w->t->data, (size_t)w->t->nbytes);
+		/* the finiteness check decodes the rows a slice at a time */
+		float *tmp = malloc((size_t)w->ne0 * 64 * sizeof(float));
+		if (!tmp)
+			return rt_err_set(err, "%s: out of memory", path);
+		for (int64_t r0 = 0; r0 < rows; r0 += 64) {
+			const int64_t nr = rows - r0 < 64 ? rows - r0 : 64;
+			rt_dequant(w->t->type, dst + (size_t)r0 * rb, tmp, nr * w->ne0);
+			for (int64_t j = 0; j < nr * w->ne0; j++)
+				if (!isfinite(tmp[j])) {
+					free(tmp);
+					return rt_err_set(err, "%s: tensor '%s' holds a non-finite value at element %lld",
+					                  path, w->name, (long long)(r0 * w->ne0 + j));
+				}
+		}
+		free(tmp);
+		*w->mat = (rt_wmat){ .type = w->t->type, .rows = (int)rows, .cols = (int)w->ne0,
+			             .row_bytes = rb, .data = dst };
+		*w->dst = NULL;
+		return 0;
+	}
+	float *dst = m->mem + w->off;
+	if (rt_dequant(w->t->type, w->t->data, dst, n) < 0)
+		return rt_err_set(err, "%s: tensor '%s': cannot decode type %s", path, w->name,
+		                  rt_ggml_type_name(w->t->type));
+	for (int64_t j = 0; j < n; j++)
+		if (!isfinite(dst[j]))
+			return rt_err_set(err, "%s: tensor '%s' holds a non-finite value at element %lld",
+			                  path, w->name, (long long)j);
+	*w->dst = dst;
+	if (w->mat)
+		*w->mat = (rt_wmat){ .type = RT_GGML_F32, .rows = (int)rows, .cols = (int)w->ne0,
+			             .row_bytes = (size_t)w->ne0 * sizeof(float), .data = dst };
 	return 0;
 }
 
@@ -180,9 +226,13 @@ static int read_hparams(const rt_gguf *g, rt_model_hparams *hp, uint32_t *file_t
 	return 0;
 }
 
-rt_model *rt_model_load_gguf(const rt_gguf *g, rt_err *err)
+rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *err)
 {
 	const char *path = rt_gguf_path(g);
+	if (o->threads < 0 || o->threads > 256) {
+		rt_err_set(err, "%s: thread count %d is outside 1..256", path, o->threads);
+		return NULL;
+	}
 	rt_model_hparams hp;
 	uint32_t ftype;
 	if (read_hparams(g, &hp, &ftype, err) < 0)
@@ -215,6 +265,7 @@ rt_model *rt_model_load_gguf(const rt_gguf *g, rt_err *err)
 	}
 	m->hp = hp;
 	m->file_type = ftype;
+	m->exact = o->exact != 0;
 	snprintf(m->path, sizeof m->path, "%s", path);
 	m->layers = calloc((size_t)hp.n_layer, sizeof *m->layers);
 	int64_t qd = (int64_t)hp.n_head * hp.head_dim, kd = (int64_t)hp.n_head_kv * hp.head_dim;
@@ -228,80 +279,105 @@ rt_model *rt_model_load_gguf(const rt_gguf *g, rt_err *err)
 		return NULL;
 	}
 	size_t nw = 0;
-#define WANT(nm, a0, a1, d)                                                     \
+#define WANT_M(nm, a0, a1, d, mt)                                               \
 	do {                                                                    \
 		snprintf(w[nw].name, sizeof w[nw].name, "%s", (nm));            \
 		w[nw].ne0 = (a0), w[nw].ne1 = (a1), w[nw].dst = (d);            \
+		w[nw].mat = (mt);                                               \
 		nw++;                                                           \
 	} while (0)
-	WANT("token_embd.weight", E, nv, &m->tok_embd);
+#define WANT(nm, a0, a1, d) WANT_M(nm, a0, a1, d, NULL)
+	WANT_M("token_embd.weight", E, nv, &m->tok_embd, &m->embd);
 	WANT("output_norm.weight", E, 0, &m->out_norm);
 	m->tied_output = rt_gguf_find_tensor(g, "output.weight") == NULL;
 	if (!m->tied_output)
-		WANT("output.weight", E, nv, &m->output);
+		WANT_M("output.weight", E, nv, &m->output, &m->out);
 	for (int l = 0; l < hp.n_layer; l++) {
 		rt_layer *L = &m->layers[l];
 		char nm[96];
-#define WANT_L(sfx, a0, a1, d)                                                  \
+#define WANT_L(sfx, a0, a1, d, mt)                                              \
 	do {                                                                    \
 		snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, (sfx));          \
-		WANT(nm, a0, a1, d);                                            \
+		WANT_M(nm, a0, a1, d, mt);                                      \
 	} while (0)
-		WANT_L("attn_norm", E, 0, &L->attn_norm);
-		WANT_L("attn_q", E, qd, &L->wq);
-		WANT_L("attn_k", E, kd, &L->wk);
-		WANT_L("attn_v", E, kd, &L->wv);
-		WANT_L("attn_output", qd, E, &L->wo);
-		WANT_L("ffn_norm", E, 0, &L->ffn_norm);
-		WANT_L("ffn_gate", E, F, &L->w_gate);
-		WANT_L("ffn_up", E, F, &L->w_up);
-		WANT_L("ffn_down", F, E, &L->w_down);
+		WANT_L("attn_norm", E, 0, &L->attn_norm, NULL);
+		WANT_L("attn_q", E, qd, &L->wq, &L->mq);
+		WANT_L("attn_k", E, kd, &L->wk, &L->mk);
+		WANT_L("attn_v", E, kd, &L->wv, &L->mv);
+		WANT_L("attn_output", qd, E, &L->wo, &L->mo);
+		WANT_L("ffn_norm", E, 0, &L->ffn_norm, NULL);
+		WANT_L("ffn_gate", E, F, &L->w_gate, &L->mgate);
+		WANT_L("ffn_up", E, F, &L->w_up, &L->mup);
+		WANT_L("ffn_down", F, E, &L->w_down, &L->mdown);
 #undef WANT_L
 	}
 #undef WANT
-	size_t total = 0;
+#undef WANT_M
+	size_t total = 0, qtotal = 0;
 	for (size_t i = 0; i < nw; i++) {
 		if (check_tensor(g, &w[i], err) < 0) {
 			free(w);
 			rt_model_free(m);
 			return NULL;
 		}
+		/* the fast path keeps a matrix in its block type when rt_dot multiplies it */
+		w[i].raw = !m->exact && w[i].mat && rt_matmul_supported(w[i].t->type, (int)w[i].ne0);
+		if (w[i].raw) {
+			w[i].off = qtotal;
+			qtotal += ((size_t)w[i].t->nbytes + 63) & ~(size_t)63;
+			continue;
+		}
 		w[i].off = total;
 		/* keep each tensor 64-byte aligned for BLAS */
 		total += ((size_t)(w[i].ne0 * (w[i].ne1 ? w[i].ne1 : 1)) + 15) & ~(size_t)15;
 	}
 	m->mem_bytes = total * sizeof(float);
-	m->mem = aligned_alloc(64, m->mem_bytes);
-	if (!m->mem) {
-		rt_err_set(err, "%s: cannot allocate %zu bytes for the f32 weights", path, m->mem_bytes);
+	m->mem = aligned_alloc(64, m->mem_bytes ? m->mem_bytes : 64);
+	m->qmem_bytes = qtotal;
+	m->qmem = qtotal ? aligned_alloc(64, qtotal) : NULL;
+	if (!m->mem || (qtotal && !m->qmem)) {
+		rt_err_set(err, "%s: cannot allocate %zu bytes for the weights", path,
+		           m->mem_bytes + m->qmem_bytes);
 		free(w);
 		rt_model_free(m);
 		return NULL;
 	}
 	for (size_t i = 0; i < nw; i++) {
-		float *dst = m->mem + w[i].off;
-		int64_t n = w[i].ne0 * (w[i].ne1 ? w[i].ne1 : 1);
-		if (rt_dequant(w[i].t->type, w[i].t->data, dst, n) < 0) {
-			rt_err_set(err, "%s: tensor '%s': cannot decode type %s", path, w[i].name,
-			           rt_ggml_type_name(w[i].t->type));
+		if (load_tensor(m, &w[i], path, err) < 0) {
 			free(w);
 			rt_model_free(m);
 			return NULL;
 		}
-		for (int64_t j = 0; j < n; j++) {
-			if (!isfinite(dst[j])) {
-				rt_err_set(err, "%s: tensor '%s' holds a non-finite value at element %lld",
-				           path, w[i].name, (long long)j);
-				free(w);
-				rt_model_free(m);
-				return NULL;
-			}
-		}
-		*w[i].dst = dst;
 	}
-	if (m->tied_output)
+	if (m->tied_output) {
 		m->output = m->tok_embd;
+		m->out = m->embd;
+	}
 	free(w);
+	/* the exact path keeps OpenBLAS's own thread setting unless a count was given */
+	if ((!m->exact || o->threads > 0) &&
+	    rt_model_set_threads(m, o->threads > 0 ? o->threads : 1, err) < 0) {
+		rt_model_free(m);
+		return NULL;
+	}
+	return m;
+}
+
+rt_model *rt_model_load_gguf(const rt_gguf *g, rt_err *err)
+{
+	const rt_model_opts o = { .exact = 0, .threads = 1 };
+	return rt_model_load_opts(g, &o, err);
+}
+
+
+
+rt_model *rt_model_open(const char *path, const rt_model_opts *o, rt_err *err)
+{
+	rt_gguf *g = rt_gguf_open(path, err);
+	if (!g)
+		return NULL;
+	rt_model *m = rt_model_load_opts(g, o, err);
+	rt_gguf_close(g);
 	return m;
 }
 
@@ -315,10 +391,36 @@ rt_model *rt_model_load(const char *path, rt_err *err)
 	return m;
 }
 
+int rt_model_set_threads(rt_model *m, int n, rt_err *err)
+{
+	if (n < 1 || n > 256)
+		return rt_err_set(err, "%s: thread count %d is outside 1..256", m->path, n);
+	if (m->exact) {
+		openblas_set_num_threads(n);
+		return 0;
+	}
+	if (rt_pool_threads(m->pool) != n || !m->pool) {
+		rt_pool *p = rt_pool_create(n, err);
+		if (!p)
+			return -1;
+		rt_pool_free(m->pool);
+		m->pool = p;
+	}
+	openblas_set_num_threads(1);
+	return 0;
+}
+
+int rt_model_threads(const rt_model *m)
+{
+	return m->exact ? 1 : rt_pool_threads(m->pool);
+}
+
 void rt_model_free(rt_model *m)
 {
 	if (!m)
 		return;
+	rt_pool_free(m->pool);
+	free(m->qmem);
 	free(m->mem);
 	free(m->layers);
 	free(m);
@@ -363,13 +465,16 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 	size_t C = (size_t)max_chunk, E = (size_t)hp->n_embd;
 	size_t qd = (size_t)hp->n_head * hp->head_dim, kd = (size_t)hp->n_head_kv * hp->head_dim;
 	size_t G = (size_t)hp->group, hd = (size_t)hp->head_dim;
-	size_t sizes[12] = {
-		C * E, C * E, C * qd, C * kd, C * kd, C * qd, C * G * hd, C * G * hd,
-		0, C * (size_t)hp->n_ff, C * (size_t)hp->n_ff, C * (size_t)hp->n_rot,
-	};
-	if ((size_t)cap > SIZE_MAX / sizeof(float) / 16 / G)
+	const int n_att = m->exact ? 1 : rt_pool_threads(m->pool);
+	if ((size_t)cap > SIZE_MAX / sizeof(float) / 16 / G / (size_t)n_att)
 		return rt_err_set(err, "%s: forward: capacity %d too large", m->path, (int)cap);
-	sizes[8] = score_floats((int)G, cap);
+	f->n_att = n_att;
+	f->qg_stride = (C * G * hd + 15) & ~(size_t)15;
+	f->s_stride = (score_floats((int)G, cap) + 15) & ~(size_t)15;
+	size_t sizes[12] = {
+		C * E, C * E, C * qd, C * kd, C * kd, C * qd, f->qg_stride * n_att, f->qg_stride * n_att,
+		f->s_stride * n_att, C * (size_t)hp->n_ff, C * (size_t)hp->n_ff, C * (size_t)hp->n_rot,
+	};
 	size_t total = 0;
 	for (int i = 0; i < 12; i++)
 		total += (sizes[i] + 15) & ~(size_t)15;
@@ -388,6 +493,14 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 		*slots[i] = p;
 		p += (sizes[i] + 15) & ~(size_t)15;
 	}
+	if (!m->exact) {
+		int in = (int)(E > qd ? E : qd);
+		in = in > hp->n_ff ? in : hp->n_ff;
+		if (rt_matmul_scratch_init(&f->mm, n_att, max_chunk, in, err) < 0) {
+			rt_fwd_free(f);
+			return -1;
+		}
+	}
 	f->m = m;
 	f->max_chunk = max_chunk;
 	f->cap = cap;
@@ -396,6 +509,7 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 
 void rt_fwd_free(rt_fwd *f)
 {
+	rt_matmul_scratch_free(&f->mm);
 	free(f->mem);
 	memset(f, 0, sizeof *f);
 }
@@ -425,6 +539,66 @@ static void matmul_wt(float *Y, const float *X, const float *W, int C, int out, 
 	else
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, out, in, 1.0f, X, in, W, in,
 		            0.0f, Y, out);
+}
+
+/* ---- fast-path helpers: rows split over the pool ----------------------------------- */
+
+enum { ROW_NORM, ROW_ROPE, ROW_SILU };
+
+typedef struct row_job {
+	int op, C;
+	float *y;            /* NORM: output; ROPE: rotated in place; SILU: gate (in place) */
+	const float *x;      /* NORM: input; SILU: up */
+	const float *w;      /* NORM: weights; ROPE: the cos/sin table */
+	int n;               /* NORM/SILU: values per row; ROPE: heads per row */
+	int head_dim, n_rot;
+	float eps;
+} row_job;
+
+static void row_job_fn(void *a, int ith, int nth)
+{
+	const row_job *j = a;
+	long r0, r1;
+	rt_pool_range(j->C, ith, nth, &r0, &r1);
+	const int nr = (int)(r1 - r0);
+	if (nr <= 0)
+		return;
+	if (j->op == ROW_NORM) {
+		rms_norm(j->y + (size_t)r0 * j->n, j->x + (size_t)r0 * j->n, j->w, nr, j->n, j->eps);
+	} else if (j->op == ROW_ROPE) {
+		const size_t stride = (size_t)j->n * j->head_dim;
+		rt_rope_apply_f32(j->y + (size_t)r0 * stride, nr, stride, 0, j->n, j->head_dim, j->n_rot,
+		                  j->w + (size_t)r0 * j->n_rot);
+	} else {
+		for (size_t i = (size_t)r0 * j->n; i < (size_t)r1 * j->n; i++) {
+			float g = j->y[i];
+			j->y[i] = g / (1.0f + expf(-g)) * j->x[i];
+		}
+	}
+}
+
+/* run a row job on the model's pool (the exact path and single rows run inline) */
+static void rows_run(const rt_model *m, row_job *j)
+{
+	if (m->exact || j->C < 2 || !m->pool)
+		row_job_fn(j, 0, 1);
+	else
+		rt_pool_run(m->pool, row_job_fn, j);
+}
+
+static void norm_rows(const rt_model *m, float *y, const float *x, const float *w, int C, int n,
+                      float eps)
+{
+	row_job j = { .op = ROW_NORM, .C = C, .y = y, .x = x, .w = w, .n = n, .eps = eps };
+	rows_run(m, &j);
+}
+
+static void rope_rows(const rt_model *m, float *x, int C, int n_heads, int head_dim, int n_rot,
+                      const float *cs)
+{
+	row_job j = { .op = ROW_ROPE, .C = C, .y = x, .w = cs, .n = n_heads, .head_dim = head_dim,
+		      .n_rot = n_rot };
+	rows_run(m, &j);
 }
 
 /* ---- softmax ------------------------------------------------------------------------ */
@@ -530,57 +704,95 @@ void rt_attn_softmax(float *P, size_t ld, int G, int lim, const float *log_count
 	}
 }
 
-/* Attention of the C chunk rows for every KV head of one layer. The chunk's keys and
- * values were appended already, so each head holds nb = n - C earlier entries followed
- * by the chunk's C entries; row r attends to the prefix of nb + r + 1 entries. Rows are
- * taken in blocks [r0, r1) that only score the nb + r1 entries they can see. */
-static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0, const float *q,
-                         float *att)
+/* Attention of the C chunk rows for KV head j of one layer. The chunk's keys and values
+ * were appended already, so the head holds nb = n - C earlier entries followed by the
+ * chunk's C entries; row r attends to the prefix of nb + r + 1 entries. Rows are taken in
+ * blocks [r0, r1) that only score the nb + r1 entries they can see. qg, og, S: this
+ * call's slices of the forward's attention scratch. */
+static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t pos0,
+                        const float *q, float *att, float *qg, float *og_all, float *S)
 {
 	const rt_model_hparams *hp = &f->m->hp;
 	const int G = hp->group, hd = hp->head_dim, qd = hp->n_head * hd;
 	const float scale = 1.0f / sqrtf((float)hd);
-	for (int j = 0; j < hp->n_head_kv; j++) {
-		rt_kv_head *h = rt_kv_head_at(kv, layer, j);
-		const int n = h->n, nb = n - C;
-		RT_ASSERT(nb >= 0 && n <= f->cap);
-		for (int r = 0; r < C; r++)
-			memcpy(f->qg + (size_t)r * G * hd, q + (size_t)r * qd + (size_t)j * G * hd,
+	rt_kv_head *h = rt_kv_head_at(kv, layer, j);
+	const int n = h->n, nb = n - C;
+	RT_ASSERT(nb >= 0 && n <= f->cap);
+	for (int r = 0; r < C; r++)
+		memcpy(qg + (size_t)r * G * hd, q + (size_t)r * qd + (size_t)j * G * hd,
+		       (size_t)G * hd * sizeof(float));
+	int rb = (int)(ATT_BLOCK_FLOATS / ((size_t)G * n));
+	rb = rb < 1 ? 1 : rb > C ? C : rb;
+	RT_ASSERT((size_t)rb * G * n <= score_floats(G, f->cap));
+	for (int r0 = 0; r0 < C; r0 += rb) {
+		const int r1 = r0 + rb < C ? r0 + rb : C, nr = r1 - r0, ncol = nb + r1;
+		float *og = og_all + (size_t)r0 * G * hd;
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr * G, ncol, hd, scale,
+		            qg + (size_t)r0 * G * hd, hd, h->k, hd, 0.0f, S, ncol);
+		for (int r = r0; r < r1; r++)
+			rt_attn_softmax(S + (size_t)(r - r0) * G * ncol, (size_t)ncol, G, nb + r + 1,
+			                h->log_count);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr * G, hd, ncol, 1.0f, S,
+		            ncol, h->v, hd, 0.0f, og, hd);
+		for (int r = r0; r < r1; r++) {
+			memcpy(att + (size_t)r * qd + (size_t)j * G * hd, og_all + (size_t)r * G * hd,
 			       (size_t)G * hd * sizeof(float));
-		int rb = (int)(ATT_BLOCK_FLOATS / ((size_t)G * n));
-		rb = rb < 1 ? 1 : rb > C ? C : rb;
-		RT_ASSERT((size_t)rb * G * n <= score_floats(G, f->cap));
-		for (int r0 = 0; r0 < C; r0 += rb) {
-			const int r1 = r0 + rb < C ? r0 + rb : C, nr = r1 - r0, ncol = nb + r1;
-			float *S = f->s, *og = f->og + (size_t)r0 * G * hd;
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr * G, ncol, hd, scale,
-			            f->qg + (size_t)r0 * G * hd, hd, h->k, hd, 0.0f, S, ncol);
-			for (int r = r0; r < r1; r++)
-				rt_attn_softmax(S + (size_t)(r - r0) * G * ncol, (size_t)ncol, G, nb + r + 1,
-				                h->log_count);
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr * G, hd, ncol, 1.0f, S,
-			            ncol, h->v, hd, 0.0f, og, hd);
-			for (int r = r0; r < r1; r++) {
-				memcpy(att + (size_t)r * qd + (size_t)j * G * hd, f->og + (size_t)r * G * hd,
-				       (size_t)G * hd * sizeof(float));
-				if (!f->observe)
-					continue;
-				/* S is no longer needed after the P·V product: pack this row's
-				 * [G × ncol] block to [G × lim] in place (each move goes left) */
-				const int lim = nb + r + 1;
-				float *P = S + (size_t)(r - r0) * G * ncol;
-				for (int g = 1; g < G && lim < ncol; g++)
-					memmove(P + (size_t)g * lim, P + (size_t)g * ncol, (size_t)lim * sizeof(float));
-				rt_attn_view v = {
-					.layer = layer, .kv_head = j, .row = r, .pos = pos0 + r,
-					.n_entries = lim, .group = G, .head_dim = hd,
-					.probs = P, .probs_ld = (size_t)lim,
-					.out = f->og + (size_t)r * G * hd, .head = h,
-				};
-				f->observe(f->observe_user, &v);
-			}
+			if (!f->observe)
+				continue;
+			/* S is no longer needed after the P·V product: pack this row's
+			 * [G × ncol] block to [G × lim] in place (each move goes left) */
+			const int lim = nb + r + 1;
+			float *P = S + (size_t)(r - r0) * G * ncol;
+			for (int g = 1; g < G && lim < ncol; g++)
+				memmove(P + (size_t)g * lim, P + (size_t)g * ncol, (size_t)lim * sizeof(float));
+			rt_attn_view v = {
+				.layer = layer, .kv_head = j, .row = r, .pos = pos0 + r,
+				.n_entries = lim, .group = G, .head_dim = hd,
+				.probs = P, .probs_ld = (size_t)lim,
+				.out = og_all + (size_t)r * G * hd, .head = h,
+			};
+			f->observe(f->observe_user, &v);
 		}
 	}
+}
+
+typedef struct att_job {
+	rt_fwd *f;
+	rt_kv *kv;
+	int layer, C;
+	int32_t pos0;
+	const float *q;
+	float *att;
+} att_job;
+
+/* the KV heads of a layer dealt out round-robin to the first n_att threads, each with
+ * its own slice of the scratch (a head's result does not depend on which thread ran it) */
+static void att_job_fn(void *a, int ith, int nth)
+{
+	att_job *j = a;
+	rt_fwd *f = j->f;
+	const int nt = nth < f->n_att ? nth : f->n_att;
+	if (ith >= nt)
+		return;
+	for (int h = ith; h < f->m->hp.n_head_kv; h += nt)
+		attend_head(f, j->kv, j->layer, h, j->C, j->pos0, j->q, j->att,
+		            f->qg + (size_t)ith * f->qg_stride, f->og + (size_t)ith * f->qg_stride,
+		            f->s + (size_t)ith * f->s_stride);
+}
+
+/* Attention of the C chunk rows for every KV head of one layer: in parallel over the KV
+ * heads on the fast path (unless an observe hook that is not declared parallel-safe is
+ * set), else head by head in order. */
+static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0, const float *q,
+                         float *att)
+{
+	if (!f->m->exact && f->n_att > 1 && (!f->observe || f->observe_parallel)) {
+		att_job j = { f, kv, layer, C, pos0, q, att };
+		rt_pool_run(f->m->pool, att_job_fn, &j);
+		return;
+	}
+	for (int j = 0; j < f->m->hp.n_head_kv; j++)
+		attend_head(f, kv, layer, j, C, pos0, q, att, f->qg, f->og, f->s);
 }
 
 /* One chunk of C tokens for K sequences in lockstep (K = 1, big = fs[0]: the plain
@@ -597,10 +809,16 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 	const int E = hp->n_embd, hd = hp->head_dim, F = hp->n_ff;
 	const int qd = hp->n_head * hd, kd = hp->n_head_kv * hd;
 	const int rows = K * C;
+	rt_pool *pool = m->pool;
 	for (int k = 0; k < K; k++)
-		for (int r = 0; r < C; r++)
-			memcpy(big->x + ((size_t)k * C + r) * E, m->tok_embd + (size_t)tok[r] * E,
-			       (size_t)E * sizeof(float));
+		for (int r = 0; r < C; r++) {
+			float *xr = big->x + ((size_t)k * C + r) * E;
+			if (m->tok_embd)
+				memcpy(xr, m->tok_embd + (size_t)tok[r] * E, (size_t)E * sizeof(float));
+			else
+				rt_dequant(m->embd.type,
+				           (const uint8_t *)m->embd.data + (size_t)tok[r] * m->embd.row_bytes, xr, E);
+		}
 	rt_rope_table_f32(big->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
 	big->rope_at = pos0;
 	for (int k = 0; k < K; k++)
@@ -610,19 +828,24 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 		}
 	for (int l = 0; l < hp->n_layer; l++) {
 		const rt_layer *L = &m->layers[l];
-		rms_norm(big->xn, big->x, L->attn_norm, rows, E, hp->norm_eps);
-		matmul_wt(big->q, big->xn, L->wq, rows, qd, E);
-		matmul_wt(big->k, big->xn, L->wk, rows, kd, E);
-		matmul_wt(big->v, big->xn, L->wv, rows, kd, E);
+		norm_rows(m, big->xn, big->x, L->attn_norm, rows, E, hp->norm_eps);
+		if (m->exact) {
+			matmul_wt(big->q, big->xn, L->wq, rows, qd, E);
+			matmul_wt(big->k, big->xn, L->wk, rows, kd, E);
+			matmul_wt(big->v, big->xn, L->wv, rows, kd, E);
+		} else {
+			float *const Y[3] = { big->q, big->k, big->v };
+			const rt_wmat *const W[3] = { &L->mq, &L->mk, &L->mv };
+			rt_matmul_multi(pool, &big->mm, 3, Y, big->xn, W, rows);
+		}
 		for (int s = 0; s < K; s++) {
 			rt_fwd *f = fs[s];
 			rt_kv *kv = kvs[s];
 			float *q = big->q + (size_t)s * C * qd, *kk = big->k + (size_t)s * C * kd;
 			float *vv = big->v + (size_t)s * C * kd, *att = big->att + (size_t)s * C * qd;
 			if (!f->rope_at_index) {
-				rt_rope_apply_f32(q, C, (size_t)qd, 0, hp->n_head, hd, hp->n_rot, big->rope_cs);
-				rt_rope_apply_f32(kk, C, (size_t)kd, 0, hp->n_head_kv, hd, hp->n_rot,
-				                  big->rope_cs);
+				rope_rows(m, q, C, hp->n_head, hd, hp->n_rot, big->rope_cs);
+				rope_rows(m, kk, C, hp->n_head_kv, hd, hp->n_rot, big->rope_cs);
 			} else {
 				/* f->rope_cs holds the table whose row 0 is at f->rope_at */
 				for (int j = 0; j < hp->n_head_kv; j++) {
@@ -647,20 +870,28 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 			attend_layer(f, kv, l, C, pos0, q, att);
 		}
 		/* x += att · Wo^T (accumulate straight into the residual) */
-		if (rows == 1)
+		if (!m->exact)
+			rt_matmul(pool, &big->mm, big->x, big->att, &L->mo, rows, 1);
+		else if (rows == 1)
 			cblas_sgemv(CblasRowMajor, CblasNoTrans, E, qd, 1.0f, L->wo, qd, big->att, 1, 1.0f,
 			            big->x, 1);
 		else
 			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, E, qd, 1.0f, big->att, qd,
 			            L->wo, qd, 1.0f, big->x, E);
-		rms_norm(big->xn, big->x, L->ffn_norm, rows, E, hp->norm_eps);
-		matmul_wt(big->gate, big->xn, L->w_gate, rows, F, E);
-		matmul_wt(big->up, big->xn, L->w_up, rows, F, E);
-		for (size_t i = 0; i < (size_t)rows * F; i++) {
-			float g = big->gate[i];
-			big->gate[i] = g / (1.0f + expf(-g)) * big->up[i];
+		norm_rows(m, big->xn, big->x, L->ffn_norm, rows, E, hp->norm_eps);
+		if (m->exact) {
+			matmul_wt(big->gate, big->xn, L->w_gate, rows, F, E);
+			matmul_wt(big->up, big->xn, L->w_up, rows, F, E);
+		} else {
+			float *const Y[2] = { big->gate, big->up };
+			const rt_wmat *const W[2] = { &L->mgate, &L->mup };
+			rt_matmul_multi(pool, &big->mm, 2, Y, big->xn, W, rows);
 		}
-		if (rows == 1)
+		row_job sj = { .op = ROW_SILU, .C = rows, .y = big->gate, .x = big->up, .n = F };
+		rows_run(m, &sj);
+		if (!m->exact)
+			rt_matmul(pool, &big->mm, big->x, big->gate, &L->mdown, rows, 1);
+		else if (rows == 1)
 			cblas_sgemv(CblasRowMajor, CblasNoTrans, E, F, 1.0f, L->w_down, F, big->gate, 1, 1.0f,
 			            big->x, 1);
 		else
@@ -675,15 +906,23 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 		return;
 	const int nr = C - lrow_from;
 	for (int s = 0; s < K; s++)
-		rms_norm(big->xn + (size_t)s * nr * E, big->x + ((size_t)s * C + lrow_from) * E,
-		         m->out_norm, nr, E, hp->norm_eps);
+		norm_rows(m, big->xn + (size_t)s * nr * E, big->x + ((size_t)s * C + lrow_from) * E,
+		          m->out_norm, nr, E, hp->norm_eps);
 	if ((size_t)nr == lstride || K == 1) {
 		/* the K blocks of nr rows are consecutive rows of the output */
-		matmul_wt(logits, big->xn, m->output, K * nr, hp->n_vocab, E);
+		if (m->exact)
+			matmul_wt(logits, big->xn, m->output, K * nr, hp->n_vocab, E);
+		else
+			rt_matmul(pool, &big->mm, logits, big->xn, &m->out, K * nr, 0);
 	} else {
-		for (int s = 0; s < K; s++)
-			matmul_wt(logits + (size_t)s * lstride * hp->n_vocab, big->xn + (size_t)s * nr * E,
-			          m->output, nr, hp->n_vocab, E);
+		for (int s = 0; s < K; s++) {
+			float *ls = logits + (size_t)s * lstride * hp->n_vocab;
+			const float *xs = big->xn + (size_t)s * nr * E;
+			if (m->exact)
+				matmul_wt(ls, xs, m->output, nr, hp->n_vocab, E);
+			else
+				rt_matmul(pool, &big->mm, ls, xs, &m->out, nr, 0);
+		}
 	}
 }
 

@@ -36,7 +36,9 @@
 #include <stdint.h>
 
 #include "model/rt_gguf.h"
+#include "model/rt_matmul.h"
 #include "kv/rt_kv.h"
+#include "base/rt_pool.h"
 #include "base/rt_util.h"
 
 /* Hyper-parameters as read from the GGUF metadata (and tensor shapes). */
@@ -55,7 +57,8 @@ typedef struct rt_model_hparams {
 	float norm_eps;   /* llama.attention.layer_norm_rms_epsilon */
 } rt_model_hparams;
 
-/* One block's weights, all f32, row-major [out × in] (a ggml tensor's rows). */
+/* One block's weights, row-major [out × in] (a ggml tensor's rows). The exact path reads
+ * the f32 pointers; the fast path reads the rt_wmat views (the GGUF block data). */
 typedef struct rt_layer {
 	const float *attn_norm; /* [n_embd] */
 	const float *wq;        /* [n_head·head_dim × n_embd] */
@@ -66,6 +69,8 @@ typedef struct rt_layer {
 	const float *w_gate;    /* [n_ff × n_embd] */
 	const float *w_up;      /* [n_ff × n_embd] */
 	const float *w_down;    /* [n_embd × n_ff] */
+	/* fast path: the same matrices in their file types (NULL data on the exact path) */
+	rt_wmat mq, mk, mv, mo, mgate, mup, mdown;
 } rt_layer;
 
 typedef struct rt_model {
@@ -77,18 +82,52 @@ typedef struct rt_model {
 	const float *out_norm;   /* [n_embd] */
 	const float *output;     /* [n_vocab × n_embd]; == tok_embd when tied */
 	rt_layer *layers;        /* [n_layer] */
-	float *mem;              /* the single allocation behind every weight */
+	float *mem;              /* the f32 weights (exact: all; fast: norms and any matrix
+	                          * whose type has no rt_dot kernel, dequantised) */
 	size_t mem_bytes;
+	int exact;               /* 1: the exact path (f32 weights, OpenBLAS) */
+	rt_wmat embd, out;       /* fast path: token_embd and the output matrix (== embd when tied) */
+	void *qmem;              /* fast path: the block data behind every rt_wmat */
+	size_t qmem_bytes;
+	rt_pool *pool;           /* the fast path's threads (NULL: one) */
 } rt_model;
 
-/* Load a `llama` model from an open GGUF. Returns NULL and sets err to "PATH: reason" for
- * another architecture, a missing or ill-typed key, a missing tensor, a tensor of the
- * wrong shape or of a type rt_quant cannot decode, or inconsistent hyper-parameters.
- * The model copies (dequantises) everything it needs; g may be closed afterwards.
- * Caller frees with rt_model_free. */
+/* How to load a model. */
+typedef struct rt_model_opts {
+	/* 1: the exact path (DESIGN.md section 8): every weight dequantised to f32 at load,
+	 * matmuls by OpenBLAS, the function the exactness tests check. 0: the fast path:
+	 * matrices stay in their GGUF block types (a type without an rt_dot kernel, such as
+	 * Q5_0, is dequantised to f32 and multiplied in f32) and are multiplied by rt_matmul. */
+	int exact;
+	/* fast path: threads of the pool (0 or 1: one). Exact path: 0 keeps OpenBLAS's
+	 * setting, n > 0 sets it to n (rt_model_set_threads) */
+	int threads;
+} rt_model_opts;
+
+/* Load with options; same errors as rt_model_load_gguf plus a thread count outside
+ * 0..256 or a pool that cannot start. */
+rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *err);
+
+/* Set the thread count (1..256). Fast path: the pool is replaced by one of n threads and
+ * OpenBLAS (called from the pool's threads for prefill tiles) is set to one thread. Exact
+ * path: OpenBLAS's thread count is set to n (the process-wide setting). Forward contexts
+ * made before the call keep their scratch and use at most the threads they were sized
+ * for. Returns -1 with err when the pool cannot start (the model keeps its old pool). */
+int rt_model_set_threads(rt_model *m, int n, rt_err *err);
+/* The fast path's thread count (1 for an exact model). */
+int rt_model_threads(const rt_model *m);
+
+/* Load a `llama` model from an open GGUF on the fast path with one thread (the library's
+ * default; rt_model_load_opts asks for the exact path). Returns NULL and sets err to
+ * "PATH: reason" for another architecture, a missing or ill-typed key, a missing tensor, a
+ * tensor of the wrong shape or of a type rt_quant cannot decode, a non-finite weight, or
+ * inconsistent hyper-parameters. The model copies everything it needs; g may be closed
+ * afterwards. Caller frees with rt_model_free. */
 rt_model *rt_model_load_gguf(const rt_gguf *g, rt_err *err);
-/* Open PATH, load, close it. Same errors plus rt_gguf_open's. */
+/* Open PATH, load (fast path, one thread), close it. Same errors plus rt_gguf_open's. */
 rt_model *rt_model_load(const char *path, rt_err *err);
+/* Open PATH, load with options o (see rt_model_opts below), close it. */
+rt_model *rt_model_open(const char *path, const struct rt_model_opts *o, rt_err *err);
 void rt_model_free(rt_model *m);
 
 /* What the attention loop hands a policy after computing one query row of one
@@ -158,12 +197,21 @@ typedef struct rt_fwd {
 	float *gate;    /* [max_chunk × n_ff] */
 	float *up;      /* [max_chunk × n_ff] */
 	float *rope_cs; /* [max_chunk × n_rot] interleaved cos, sin per rotated pair */
+	/* fast path: qg, og and s hold n_att copies (one per pool thread) att_stride floats
+	 * apart each, so the KV heads of a layer are attended in parallel (only when observe
+	 * is NULL or observe_parallel is set: the hook is then called from several threads,
+	 * for different KV heads) */
+	int n_att;
+	size_t qg_stride, s_stride;
+	int observe_parallel;
+	rt_matmul_scratch mm;   /* fast path: quantised activations and dequantised tiles */
 	void *mem;
 	size_t mem_bytes;
 } rt_fwd;
 
-/* Size the scratch. max_chunk >= 1, cap >= 1. Returns -1 with err on bad sizes or
- * allocation failure (f is then safe to rt_fwd_free). */
+/* Size the scratch (for the fast path: for the model's thread count at this call).
+ * max_chunk >= 1, cap >= 1. Returns -1 with err on bad sizes or allocation failure (f is
+ * then safe to rt_fwd_free). */
 int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err *err);
 void rt_fwd_free(rt_fwd *f);
 

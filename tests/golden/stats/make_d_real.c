@@ -81,7 +81,8 @@ int main(int argc, char **argv)
 	rt_err err = {0};
 	rt_gguf *g = rt_gguf_open(argv[1], &err);
 	rt_tokenizer *t = g ? rt_tokenizer_init(g, &err) : NULL;
-	rt_model *m = t ? rt_model_load_gguf(g, &err) : NULL;
+	const rt_model_opts mo = { .exact = 1, .threads = 0 }; /* the exact path, as measured */
+	rt_model *m = t ? rt_model_load_opts(g, &mo, &err) : NULL;
 	size_t len = 0;
 	char *txt = m ? rt_text_read("/usr/share/info/coreutils.info.gz", &len, &err) : NULL;
 	if (!txt) {

@@ -1,0 +1,705 @@
+/*
+ * rt_dot: quantised dot-product kernels (scalar reference, AVX2, AVX-512 VNNI) and the
+ * activation quantisers; see rt_dot.h for the formats and the maths. Block layouts of the
+ * weights are those of ggml-common.h (the same as rt_quant.c decodes). Weight blocks are
+ * read with unaligned loads: GGUF tensor data is only 32-byte aligned as a whole and the
+ * blocks are 18, 20, 34, 144 or 210 bytes long.
+ */
+#include "model/rt_dot.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/rt_gguf.h"
+#include "base/rt_util.h"
+
+#define QK 32
+#define QK_K 256
+
+static size_t align64(size_t n)
+{
+	return (n + 63) & ~(size_t)63;
+}
+
+static inline float ld_f16(const uint8_t *p)
+{
+	return rt_fp16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+/* ---- activation buffers ----------------------------------------------------------- */
+
+/* 32-blocks: d[nb] s[nb] f32, then the codes at a 64-byte offset. */
+static size_t q8b_codes_off(int n)
+{
+	return align64((size_t)(n / QK) * 2 * sizeof(float));
+}
+
+/* 256-blocks: d[nb] f32, codes at a 64-byte offset, then n/16 int16 sums. */
+static size_t q8k_codes_off(int n)
+{
+	return align64((size_t)(n / QK_K) * sizeof(float));
+}
+
+size_t rt_dot_act_bytes(uint32_t wtype, int n)
+{
+	if (n <= 0)
+		return 0;
+	switch (wtype) {
+	case RT_GGML_Q4_0:
+	case RT_GGML_Q4_1:
+	case RT_GGML_Q8_0:
+		return n % QK ? 0 : align64(q8b_codes_off(n) + (size_t)n);
+	case RT_GGML_Q4_K:
+	case RT_GGML_Q6_K:
+		return n % QK_K ? 0 : align64(q8k_codes_off(n) + (size_t)n + (size_t)n / 16 * 2);
+	case RT_GGML_F16:
+	case RT_GGML_F32:
+		return align64((size_t)n * sizeof(float));
+	default:
+		return 0;
+	}
+}
+
+/* Q8_0/Q8_1 blocks of 32: d = max|x|/127, q = round(x/d), s = d·Σq (quantize_row_q8_1). */
+static void quant_q8b(const float *x, void *xa, int n)
+{
+	const int nb = n / QK;
+	float *d = xa, *s = d + nb;
+	int8_t *q = (int8_t *)xa + q8b_codes_off(n);
+	for (int b = 0; b < nb; b++) {
+		const float *xb = x + (size_t)b * QK;
+		float amax = 0.0f;
+		for (int j = 0; j < QK; j++)
+			amax = fmaxf(amax, fabsf(xb[j]));
+		const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+		int sum = 0;
+		for (int j = 0; j < QK; j++) {
+			const int v = (int)roundf(xb[j] * id);
+			q[b * QK + j] = (int8_t)v;
+			sum += v;
+		}
+		d[b] = db;
+		s[b] = db * (float)sum;
+	}
+}
+
+/* Q8_K blocks of 256 (quantize_row_q8_K_ref): d = max/-127 for the signed value of largest
+ * magnitude, q = min(127, round(x/d)), sums of each 16 codes. */
+static void quant_q8k(const float *x, void *xa, int n)
+{
+	const int nb = n / QK_K;
+	float *d = xa;
+	int8_t *q = (int8_t *)xa + q8k_codes_off(n);
+	int16_t *bs = (int16_t *)(q + n);
+	for (int b = 0; b < nb; b++) {
+		const float *xb = x + (size_t)b * QK_K;
+		float max = 0.0f, amax = 0.0f;
+		for (int j = 0; j < QK_K; j++) {
+			const float ax = fabsf(xb[j]);
+			if (ax > amax) {
+				amax = ax;
+				max = xb[j];
+			}
+		}
+		int8_t *qb = q + (size_t)b * QK_K;
+		if (amax == 0.0f) {
+			d[b] = 0.0f;
+			memset(qb, 0, QK_K);
+			memset(bs + b * 16, 0, 16 * sizeof(int16_t));
+			continue;
+		}
+		const float iscale = -127.0f / max;
+		for (int j = 0; j < QK_K; j++) {
+			const int v = (int)roundf(iscale * xb[j]);
+			qb[j] = (int8_t)(v < 127 ? v : 127);
+		}
+		for (int g = 0; g < 16; g++) {
+			int sum = 0;
+			for (int j = 0; j < 16; j++)
+				sum += qb[g * 16 + j];
+			bs[b * 16 + g] = (int16_t)sum;
+		}
+		d[b] = 1.0f / iscale;
+	}
+}
+
+static void quant_f32(const float *x, void *xa, int n)
+{
+	memcpy(xa, x, (size_t)n * sizeof(float));
+}
+
+/* ---- scalar reference kernels ----------------------------------------------------- */
+
+static float dot_q4_0_scalar(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa, *s = d + nb;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	float sum = 0.0f;
+	for (int b = 0; b < nb; b++, w += 18, q += QK) {
+		int isum = 0;
+		for (int j = 0; j < QK / 2; j++)
+			isum += (w[2 + j] & 0x0F) * q[j] + (w[2 + j] >> 4) * q[j + QK / 2];
+		const float dw = ld_f16(w);
+		sum += dw * (d[b] * (float)isum - 8.0f * s[b]);
+	}
+	return sum;
+}
+
+static float dot_q4_1_scalar(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa, *s = d + nb;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	float sum = 0.0f;
+	for (int b = 0; b < nb; b++, w += 20, q += QK) {
+		int isum = 0;
+		for (int j = 0; j < QK / 2; j++)
+			isum += (w[4 + j] & 0x0F) * q[j] + (w[4 + j] >> 4) * q[j + QK / 2];
+		sum += ld_f16(w) * d[b] * (float)isum + ld_f16(w + 2) * s[b];
+	}
+	return sum;
+}
+
+static float dot_q8_0_scalar(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	float sum = 0.0f;
+	for (int b = 0; b < nb; b++, w += 34, q += QK) {
+		const int8_t *qw = (const int8_t *)(w + 2);
+		int isum = 0;
+		for (int j = 0; j < QK; j++)
+			isum += qw[j] * q[j];
+		sum += ld_f16(w) * d[b] * (float)isum;
+	}
+	return sum;
+}
+
+/* 6-bit scale and min j of a Q4_K block (get_scale_min_k4 in ggml-quants.c). */
+static inline void scale_min_k4(int j, const uint8_t *q, int *d, int *m)
+{
+	if (j < 4) {
+		*d = q[j] & 63;
+		*m = q[j + 4] & 63;
+	} else {
+		*d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+		*m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+	}
+}
+
+/* Σ_j m_j·(bsum[2j] + bsum[2j+1]) and the 8 scales of one Q4_K block. */
+static inline int q4k_scales(const uint8_t *scales, const int16_t *bs, int sc[8])
+{
+	int summ = 0;
+	for (int j = 0; j < 8; j++) {
+		int m;
+		scale_min_k4(j, scales, &sc[j], &m);
+		summ += m * (bs[2 * j] + bs[2 * j + 1]);
+	}
+	return summ;
+}
+
+static float dot_q4_k_scalar(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK_K;
+	const float *d = xa;
+	const int8_t *q = (const int8_t *)xa + q8k_codes_off(n);
+	const int16_t *bs = (const int16_t *)(q + n);
+	float sum = 0.0f;
+	for (int b = 0; b < nb; b++, w += 144, q += QK_K, bs += 16) {
+		int sc[8];
+		const int summ = q4k_scales(w + 4, bs, sc);
+		const uint8_t *qs = w + 16;
+		int isum = 0;
+		for (int k = 0; k < 4; k++) {
+			int lo = 0, hi = 0;
+			for (int l = 0; l < 32; l++) {
+				lo += (qs[32 * k + l] & 0x0F) * q[64 * k + l];
+				hi += (qs[32 * k + l] >> 4) * q[64 * k + 32 + l];
+			}
+			isum += sc[2 * k] * lo + sc[2 * k + 1] * hi;
+		}
+		sum += ld_f16(w) * d[b] * (float)isum - ld_f16(w + 2) * d[b] * (float)summ;
+	}
+	return sum;
+}
+
+/* 6-bit code of value e (0..255) of a Q6_K block, unsigned (0..63). */
+static inline int q6k_code(const uint8_t *w, int e)
+{
+	const int half = e / 128, t = (e % 128) / 32, l = e % 32;
+	const uint8_t *ql = w + 64 * half, *qh = w + 128 + 32 * half;
+	const int lo = t & 1 ? ql[l + 32] : ql[l];
+	const int nib = t >= 2 ? lo >> 4 : lo & 0x0F;
+	return nib | (((qh[l] >> (2 * t)) & 3) << 4);
+}
+
+static float dot_q6_k_scalar(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK_K;
+	const float *d = xa;
+	const int8_t *q = (const int8_t *)xa + q8k_codes_off(n);
+	const int16_t *bs = (const int16_t *)(q + n);
+	float sum = 0.0f;
+	for (int b = 0; b < nb; b++, w += 210, q += QK_K, bs += 16) {
+		const int8_t *sc = (const int8_t *)(w + 192);
+		int isum = 0;
+		for (int g = 0; g < 16; g++) {
+			int s = 0;
+			for (int j = 0; j < 16; j++)
+				s += q6k_code(w, g * 16 + j) * q[g * 16 + j];
+			isum += sc[g] * (s - 32 * bs[g]);
+		}
+		sum += ld_f16(w + 208) * d[b] * (float)isum;
+	}
+	return sum;
+}
+
+static float dot_f16_scalar(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const float *x = xa;
+	float sum = 0.0f;
+	for (int i = 0; i < n; i++)
+		sum += ld_f16(w + 2 * i) * x[i];
+	return sum;
+}
+
+static float dot_f32_scalar(const void *wv, const void *xa, int n)
+{
+	const float *x = xa;
+	float sum = 0.0f;
+	for (int i = 0; i < n; i++) {
+		float wi;
+		memcpy(&wi, (const uint8_t *)wv + 4 * (size_t)i, 4);
+		sum += wi * x[i];
+	}
+	return sum;
+}
+
+/* ---- AVX2 ---------------------------------------------------------------------------- */
+
+#define AVX2_ATTR __attribute__((target("avx2,fma,f16c")))
+
+AVX2_ATTR static inline float hsum256(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+AVX2_ATTR static inline int hsum256_i32(__m256i v)
+{
+	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+	return _mm_cvtsi128_si32(s);
+}
+
+AVX2_ATTR static inline float f16_avx2(const uint8_t *p)
+{
+	uint16_t h;
+	memcpy(&h, p, 2);
+	return _cvtsh_ss(h);
+}
+
+/* the 32 nibbles of a 16-byte run as bytes: low nibbles (values 0..15) then high */
+AVX2_ATTR static inline __m256i nibbles_avx2(const uint8_t *p)
+{
+	const __m128i raw = _mm_loadu_si128((const __m128i *)p);
+	const __m256i v = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+	return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* Σ over 8 int32 lanes of unsigned a[i]·signed b[i] pairs (maddubs then madd) */
+AVX2_ATTR static inline __m256i dot_u8s8_avx2(__m256i a, __m256i b)
+{
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1));
+}
+
+AVX2_ATTR static float dot_q4_0_avx2(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa, *s = d + nb;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	__m256 acc = _mm256_setzero_ps();
+	float corr = 0.0f;
+	for (int b = 0; b < nb; b++, w += 18) {
+		const __m256i y = _mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK));
+		const __m256i p = dot_u8s8_avx2(nibbles_avx2(w + 2), y);
+		const float dw = f16_avx2(w);
+		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * d[b]), acc);
+		corr += dw * s[b];
+	}
+	return hsum256(acc) - 8.0f * corr;
+}
+
+AVX2_ATTR static float dot_q4_1_avx2(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa, *s = d + nb;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	__m256 acc = _mm256_setzero_ps();
+	float mins = 0.0f;
+	for (int b = 0; b < nb; b++, w += 20) {
+		const __m256i y = _mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK));
+		const __m256i p = dot_u8s8_avx2(nibbles_avx2(w + 4), y);
+		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16_avx2(w) * d[b]), acc);
+		mins += f16_avx2(w + 2) * s[b];
+	}
+	return hsum256(acc) + mins;
+}
+
+AVX2_ATTR static float dot_q8_0_avx2(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	__m256 acc = _mm256_setzero_ps();
+	for (int b = 0; b < nb; b++, w += 34) {
+		const __m256i x = _mm256_loadu_si256((const __m256i *)(w + 2));
+		const __m256i y = _mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK));
+		const __m256i p = dot_u8s8_avx2(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16_avx2(w) * d[b]), acc);
+	}
+	return hsum256(acc);
+}
+
+AVX2_ATTR static float dot_q4_k_avx2(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK_K;
+	const float *d = xa;
+	const int8_t *q = (const int8_t *)xa + q8k_codes_off(n);
+	const int16_t *bs = (const int16_t *)(q + n);
+	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	float sum = 0.0f;
+	for (int b = 0; b < nb; b++, w += 144, q += QK_K, bs += 16) {
+		int sc[8];
+		const int summ = q4k_scales(w + 4, bs, sc);
+		__m256i acc = _mm256_setzero_si256();
+		for (int k = 0; k < 4; k++) {
+			const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * k));
+			const __m256i lo = _mm256_and_si256(raw, m4);
+			const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+			const __m256i y0 = _mm256_loadu_si256((const __m256i *)(q + 64 * k));
+			const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q + 64 * k + 32));
+			const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0),
+			                                     _mm256_set1_epi16((short)sc[2 * k]));
+			const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1),
+			                                     _mm256_set1_epi16((short)sc[2 * k + 1]));
+			acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+		}
+		sum += f16_avx2(w) * d[b] * (float)hsum256_i32(acc) - f16_avx2(w + 2) * d[b] * (float)summ;
+	}
+	return sum;
+}
+
+AVX2_ATTR static float dot_q6_k_avx2(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK_K;
+	const float *d = xa;
+	const int8_t *q = (const int8_t *)xa + q8k_codes_off(n);
+	const int16_t *bs = (const int16_t *)(q + n);
+	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+	float sum = 0.0f;
+	for (int b = 0; b < nb; b++, w += 210, q += QK_K, bs += 16) {
+		const int8_t *sc = (const int8_t *)(w + 192);
+		__m256i acc = _mm256_setzero_si256();
+		for (int half = 0; half < 2; half++) {
+			const uint8_t *ql = w + 64 * half, *qh = w + 128 + 32 * half;
+			const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+			const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+			const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+			__m256i c[4];
+			c[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+			                       _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+			c[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+			                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+			c[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+			                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+			c[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+			                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+			for (int t = 0; t < 4; t++) {
+				const int g = 8 * half + 2 * t;
+				const __m256i y = _mm256_loadu_si256((const __m256i *)(q + 128 * half + 32 * t));
+				const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+				acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(c[t], y), scv));
+			}
+		}
+		int corr = 0;
+		for (int g = 0; g < 16; g++)
+			corr += sc[g] * bs[g];
+		sum += f16_avx2(w + 208) * d[b] * (float)(hsum256_i32(acc) - 32 * corr);
+	}
+	return sum;
+}
+
+AVX2_ATTR static float dot_f16_avx2(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const float *x = xa;
+	__m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+	int i = 0;
+	for (; i + 16 <= n; i += 16) {
+		const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * i)));
+		const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + 2 * i + 16)));
+		a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
+		a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
+	}
+	float sum = hsum256(_mm256_add_ps(a0, a1));
+	for (; i < n; i++)
+		sum += f16_avx2(w + 2 * i) * x[i];
+	return sum;
+}
+
+AVX2_ATTR static float dot_f32_avx2(const void *wv, const void *xa, int n)
+{
+	const float *w = wv, *x = xa;
+	__m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+	int i = 0;
+	for (; i + 16 <= n; i += 16) {
+		a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+		a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+	}
+	float sum = hsum256(_mm256_add_ps(a0, a1));
+	for (; i < n; i++) {
+		float wi;
+		memcpy(&wi, w + i, 4);
+		sum += wi * x[i];
+	}
+	return sum;
+}
+
+/* ---- AVX-512 (F, BW, VL, DQ, VNNI) --------------------------------------------------- */
+
+#define AVX512_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+/* the nibbles of two blocks' 16-byte runs p0, p1 as 64 bytes: p0 low, p0 high, p1 low,
+ * p1 high (each 16 values 0..15) */
+AVX512_ATTR static inline __m512i nibbles2_avx512(const uint8_t *p0, const uint8_t *p1)
+{
+	const __m256i raw = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)p1),
+	                                     _mm_loadu_si128((const __m128i *)p0));
+	const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
+	/* lanes [p0, p1, p0>>4, p1>>4] -> [p0, p0>>4, p1, p1>>4] */
+	return _mm512_and_si512(_mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0)),
+	                        _mm512_set1_epi8(0x0F));
+}
+
+/* scale a for lanes 0..7 and b for lanes 8..15 */
+AVX512_ATTR static inline __m512 pair_scale(float a, float b)
+{
+	return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
+}
+
+AVX512_ATTR static float dot_q4_0_avx512(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa, *s = d + nb;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	__m512 acc = _mm512_setzero_ps();
+	float corr = 0.0f;
+	int b = 0;
+	for (; b + 2 <= nb; b += 2, w += 36) {
+		const __m512i y = _mm512_loadu_si512((const void *)(q + (size_t)b * QK));
+		const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles2_avx512(w + 2, w + 20), y);
+		const float d0 = f16_avx2(w), d1 = f16_avx2(w + 18);
+		acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), pair_scale(d0 * d[b], d1 * d[b + 1]), acc);
+		corr += d0 * s[b] + d1 * s[b + 1];
+	}
+	float sum = _mm512_reduce_add_ps(acc);
+	if (b < nb) {
+		const __m256i y = _mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK));
+		const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles_avx2(w + 2), y);
+		const float dw = f16_avx2(w);
+		sum += dw * d[b] * (float)hsum256_i32(p);
+		corr += dw * s[b];
+	}
+	return sum - 8.0f * corr;
+}
+
+AVX512_ATTR static float dot_q4_1_avx512(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa, *s = d + nb;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	__m512 acc = _mm512_setzero_ps();
+	float mins = 0.0f;
+	int b = 0;
+	for (; b + 2 <= nb; b += 2, w += 40) {
+		const __m512i y = _mm512_loadu_si512((const void *)(q + (size_t)b * QK));
+		const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles2_avx512(w + 4, w + 24), y);
+		acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+		                      pair_scale(f16_avx2(w) * d[b], f16_avx2(w + 20) * d[b + 1]), acc);
+		mins += f16_avx2(w + 2) * s[b] + f16_avx2(w + 22) * s[b + 1];
+	}
+	float sum = _mm512_reduce_add_ps(acc);
+	if (b < nb) {
+		const __m256i y = _mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK));
+		const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles_avx2(w + 4), y);
+		sum += f16_avx2(w) * d[b] * (float)hsum256_i32(p);
+		mins += f16_avx2(w + 2) * s[b];
+	}
+	return sum + mins;
+}
+
+AVX512_ATTR static float dot_q8_0_avx512(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	const __m512i zero = _mm512_setzero_si512();
+	__m512 acc = _mm512_setzero_ps();
+	int b = 0;
+	for (; b + 2 <= nb; b += 2, w += 68) {
+		const __m256i x0 = _mm256_loadu_si256((const __m256i *)(w + 2));
+		const __m256i x1 = _mm256_loadu_si256((const __m256i *)(w + 36));
+		const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(x0), x1, 1);
+		const __m512i y = _mm512_loadu_si512((const void *)(q + (size_t)b * QK));
+		const __mmask64 neg = _mm512_movepi8_mask(x);
+		const __m512i sy = _mm512_mask_sub_epi8(y, neg, zero, y);
+		const __m512i p = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(x), sy);
+		acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
+		                      pair_scale(f16_avx2(w) * d[b], f16_avx2(w + 34) * d[b + 1]), acc);
+	}
+	float sum = _mm512_reduce_add_ps(acc);
+	if (b < nb) {
+		const __m256i x = _mm256_loadu_si256((const __m256i *)(w + 2));
+		const __m256i y = _mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK));
+		const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x),
+		                                      _mm256_sign_epi8(y, x));
+		sum += f16_avx2(w) * d[b] * (float)hsum256_i32(p);
+	}
+	return sum;
+}
+
+AVX512_ATTR static float dot_f16_avx512(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const float *x = xa;
+	__m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+	int i = 0;
+	for (; i + 32 <= n; i += 32) {
+		const __m512 w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * i)));
+		const __m512 w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + 2 * i + 32)));
+		a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i), a0);
+		a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i + 16), a1);
+	}
+	float sum = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+	for (; i < n; i++)
+		sum += f16_avx2(w + 2 * i) * x[i];
+	return sum;
+}
+
+AVX512_ATTR static float dot_f32_avx512(const void *wv, const void *xa, int n)
+{
+	const float *w = wv, *x = xa;
+	__m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+	int i = 0;
+	for (; i + 32 <= n; i += 32) {
+		a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
+		a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
+	}
+	float sum = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+	for (; i < n; i++) {
+		float wi;
+		memcpy(&wi, w + i, 4);
+		sum += wi * x[i];
+	}
+	return sum;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------ */
+
+static const rt_dot_kernel kernels[][3] = {
+	{ { RT_GGML_Q4_0, QK, RT_ISA_SCALAR, quant_q8b, dot_q4_0_scalar },
+	  { RT_GGML_Q4_0, QK, RT_ISA_AVX2, quant_q8b, dot_q4_0_avx2 },
+	  { RT_GGML_Q4_0, QK, RT_ISA_AVX512, quant_q8b, dot_q4_0_avx512 } },
+	{ { RT_GGML_Q4_1, QK, RT_ISA_SCALAR, quant_q8b, dot_q4_1_scalar },
+	  { RT_GGML_Q4_1, QK, RT_ISA_AVX2, quant_q8b, dot_q4_1_avx2 },
+	  { RT_GGML_Q4_1, QK, RT_ISA_AVX512, quant_q8b, dot_q4_1_avx512 } },
+	{ { RT_GGML_Q8_0, QK, RT_ISA_SCALAR, quant_q8b, dot_q8_0_scalar },
+	  { RT_GGML_Q8_0, QK, RT_ISA_AVX2, quant_q8b, dot_q8_0_avx2 },
+	  { RT_GGML_Q8_0, QK, RT_ISA_AVX512, quant_q8b, dot_q8_0_avx512 } },
+	{ { RT_GGML_Q4_K, QK_K, RT_ISA_SCALAR, quant_q8k, dot_q4_k_scalar },
+	  { RT_GGML_Q4_K, QK_K, RT_ISA_AVX2, quant_q8k, dot_q4_k_avx2 },
+	  { RT_GGML_Q4_K, QK_K, RT_ISA_AVX512, quant_q8k, dot_q4_k_avx2 } },
+	{ { RT_GGML_Q6_K, QK_K, RT_ISA_SCALAR, quant_q8k, dot_q6_k_scalar },
+	  { RT_GGML_Q6_K, QK_K, RT_ISA_AVX2, quant_q8k, dot_q6_k_avx2 },
+	  { RT_GGML_Q6_K, QK_K, RT_ISA_AVX512, quant_q8k, dot_q6_k_avx2 } },
+	{ { RT_GGML_F16, 1, RT_ISA_SCALAR, quant_f32, dot_f16_scalar },
+	  { RT_GGML_F16, 1, RT_ISA_AVX2, quant_f32, dot_f16_avx2 },
+	  { RT_GGML_F16, 1, RT_ISA_AVX512, quant_f32, dot_f16_avx512 } },
+	{ { RT_GGML_F32, 1, RT_ISA_SCALAR, quant_f32, dot_f32_scalar },
+	  { RT_GGML_F32, 1, RT_ISA_AVX2, quant_f32, dot_f32_avx2 },
+	  { RT_GGML_F32, 1, RT_ISA_AVX512, quant_f32, dot_f32_avx512 } },
+};
+
+static int detect_isa(void)
+{
+	__builtin_cpu_init();
+	int isa = RT_ISA_SCALAR;
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+	    __builtin_cpu_supports("f16c"))
+		isa = RT_ISA_AVX2;
+	if (isa == RT_ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
+	    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+	    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni"))
+		isa = RT_ISA_AVX512;
+	const char *env = getenv("KVRT_ISA");
+	if (env) {
+		int want = strcmp(env, "scalar") == 0 ? RT_ISA_SCALAR
+		           : strcmp(env, "avx2") == 0 ? RT_ISA_AVX2
+		                                      : RT_ISA_AVX512;
+		if (want < isa)
+			isa = want;
+	}
+	return isa;
+}
+
+int rt_dot_isa_best(void)
+{
+	static int cached = -1;
+	int v = __atomic_load_n(&cached, __ATOMIC_ACQUIRE);
+	if (v < 0) {
+		v = detect_isa();
+		__atomic_store_n(&cached, v, __ATOMIC_RELEASE);
+	}
+	return v;
+}
+
+const char *rt_dot_isa_name(int isa)
+{
+	return isa == RT_ISA_AVX512 ? "avx512" : isa == RT_ISA_AVX2 ? "avx2" : "scalar";
+}
+
+const rt_dot_kernel *rt_dot_kernel_get(uint32_t wtype, int isa)
+{
+	const int best = rt_dot_isa_best();
+	if (isa > best)
+		isa = best;
+	if (isa < RT_ISA_SCALAR)
+		isa = RT_ISA_SCALAR;
+	for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
+		if (kernels[i][0].wtype == wtype)
+			return &kernels[i][isa];
+	return NULL;
+}

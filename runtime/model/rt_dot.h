@@ -1,0 +1,73 @@
+/*
+ * rt_dot: dot products of one weight row kept in its GGUF block type against one
+ * activation row quantised per block, the way ggml's CPU backend multiplies
+ * (ggml-org/llama.cpp, ggml/src/ggml-cpu/quants.c and arch/x86/quants.c): the row of
+ * activations x[n] is quantised once per matmul to 8-bit blocks matching the weight's
+ * block size, and each weight row is dotted against it in integer arithmetic per block,
+ * scaled by the two blocks' scales.
+ *
+ *   weight type   activation blocks      per-block product (d = scale, q = 8-bit code)
+ *   Q4_0          Q8_0 (32)              dw·dx · Σ (nib - 8)·qx
+ *   Q4_1          Q8_1 (32, with s)      dw·dx · Σ nib·qx + mw·sx,   sx = dx·Σ qx
+ *   Q8_0          Q8_0 (32)              dw·dx · Σ qw·qx
+ *   Q4_K          Q8_K (256, bsums)      d·dx · Σ_j sc_j Σ nib·qx - dmin·dx · Σ_j m_j·bsum_j
+ *   Q6_K          Q8_K (256, bsums)      d·dx · Σ_g sc_g (Σ q6·qx - 32·bsum_g)
+ *   F16, F32      none (x stays f32)     Σ w·x in f32
+ * Activation codes are round(x / d) with d = max|x| / 127 over the block (Q8_K: d =
+ * max / -127 for the signed value of largest magnitude, codes clamped to 127, as
+ * quantize_row_q8_K_ref does). Unlike ggml, d and s are kept in f32 (ggml rounds Q8_0 and
+ * Q8_1 scales to f16), and the codes, the per-block scales and the block sums are stored
+ * in separate arrays of the activation buffer (so wide loads of the codes are contiguous):
+ *   [nb floats d][nb floats s (Q8_1 only)][n int8 codes][n/16 int16 sums (Q8_K only)].
+ *
+ * Each kernel exists as portable scalar C (the reference) and in AVX2 (+FMA, F16C) and
+ * AVX-512 (F, BW, VL, VNNI) versions, compiled with target attributes in this one file
+ * and chosen at run time from CPUID (rt_dot_isa_best). At the AVX-512 level the legacy
+ * formats (Q4_0, Q4_1, Q8_0) and F16/F32 take 512-bit VNNI code (two blocks per step);
+ * the K-quants (Q4_K, Q6_K) run their AVX2 code there. A CPU with AVX-512 but without
+ * VNNI (Skylake-X) runs the AVX2 level. Integer block sums are exact in every version; the versions differ
+ * only in the order of the f32 additions across blocks.
+ */
+#ifndef RT_DOT_H
+#define RT_DOT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum rt_dot_isa {
+	RT_ISA_SCALAR = 0,
+	RT_ISA_AVX2 = 1,    /* AVX2 + FMA + F16C */
+	RT_ISA_AVX512 = 2,  /* AVX-512 F, BW, VL, DQ + VNNI (+ F16C) */
+};
+
+/* The best level this CPU supports (CPUID, cached after the first call), lowered by the
+ * environment variable KVRT_ISA=scalar|avx2|avx512 when set to a lower level. */
+int rt_dot_isa_best(void);
+/* "scalar", "avx2", "avx512". */
+const char *rt_dot_isa_name(int isa);
+
+/* Dot of one weight row w (n values, GGUF type wtype) with an activation row xa prepared
+ * by the matching rt_dot_quant: returns Σ_i w_i·x_i as described above. */
+typedef float (*rt_dot_fn)(const void *w, const void *xa, int n);
+/* Quantise x[n] into the activation buffer xa (rt_dot_act_bytes bytes). */
+typedef void (*rt_dot_quant_fn)(const float *x, void *xa, int n);
+
+typedef struct rt_dot_kernel {
+	uint32_t wtype;          /* GGUF weight type */
+	int block;               /* values per activation block (1 for F16/F32) */
+	int isa;                 /* the level this kernel was compiled for */
+	rt_dot_quant_fn quant;   /* activation preparation (F16/F32: a copy) */
+	rt_dot_fn dot;
+} rt_dot_kernel;
+
+/* The kernel for weights of type wtype at ISA level isa (clamped to rt_dot_isa_best()),
+ * or NULL when wtype is not one of Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, F32. The table is
+ * static: the pointer stays valid for the process. */
+const rt_dot_kernel *rt_dot_kernel_get(uint32_t wtype, int isa);
+
+/* Bytes of the activation buffer for a row of n values in front of weights of type
+ * wtype (64-byte multiple); 0 when wtype is unsupported or n is not a whole number of
+ * its blocks. */
+size_t rt_dot_act_bytes(uint32_t wtype, int n);
+
+#endif

@@ -1,0 +1,185 @@
+/*
+ * rt_matmul: the fast path's matrix products; see rt_matmul.h.
+ */
+#include "model/rt_matmul.h"
+
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/rt_dot.h"
+#include "model/rt_gguf.h"
+#include "model/rt_quant.h"
+
+/* one type per distinct activation format (32-blocks, 256-blocks, f32): a row of the
+ * activation scratch holds all three, so one job may mix weight types */
+static const uint32_t act_types[] = { RT_GGML_Q4_0, RT_GGML_Q4_K, RT_GGML_F32 };
+
+int rt_matmul_scratch_init(rt_matmul_scratch *s, int n_threads, int max_rows, int max_in,
+                           rt_err *err)
+{
+	memset(s, 0, sizeof *s);
+	if (n_threads < 1 || n_threads > 256 || max_rows < 1 || max_in < 1 || max_in > (1 << 20) ||
+	    max_rows > (1 << 20))
+		return rt_err_set(err, "matmul: invalid scratch shape (%d threads, %d rows, %d columns)",
+		                  n_threads, max_rows, max_in);
+	size_t stride = 0;
+	for (size_t i = 0; i < sizeof act_types / sizeof act_types[0]; i++) {
+		stride += rt_dot_act_bytes(act_types[i], max_in);
+	}
+	s->act_stride = stride;
+	s->act = aligned_alloc(64, stride * (size_t)max_rows);
+	s->tiles = aligned_alloc(64, (size_t)n_threads * RT_MATMUL_TILE * (size_t)max_in * sizeof(float));
+	if (!s->act || !s->tiles) {
+		rt_matmul_scratch_free(s);
+		return rt_err_set(err, "matmul: cannot allocate scratch for %d rows of %d on %d threads",
+		                  max_rows, max_in, n_threads);
+	}
+	s->n_threads = n_threads;
+	s->max_rows = max_rows;
+	s->max_in = max_in;
+	return 0;
+}
+
+void rt_matmul_scratch_free(rt_matmul_scratch *s)
+{
+	free(s->act);
+	free(s->tiles);
+	memset(s, 0, sizeof *s);
+}
+
+int rt_matmul_supported(uint32_t type, int cols)
+{
+	return rt_dot_kernel_get(type, RT_ISA_SCALAR) && rt_dot_act_bytes(type, cols) > 0 &&
+	       rt_quant_row_bytes(type, cols) > 0;
+}
+
+typedef struct mm_job {
+	rt_matmul_scratch *s;
+	int n, C, in, accumulate, nth;
+	const float *X;
+	float *const *Y;
+	const rt_wmat *const *W;
+	const rt_dot_kernel *k[4];
+	size_t act_off[4];   /* byte offset of matrix i's quantised rows within each act row */
+	long row0[5];        /* prefix sums of rows (dot path) or tiles (gemm path) */
+} mm_job;
+
+/* the matrix holding global index g of a prefix-sum table */
+static int which(const long *row0, int n, long g)
+{
+	int i = 0;
+	while (i + 1 < n && g >= row0[i + 1])
+		i++;
+	return i;
+}
+
+static void dot_job(void *a, int ith, int nth)
+{
+	mm_job *j = a;
+	if (ith >= j->nth)
+		return;
+	nth = j->nth;
+	/* deal out groups of 8 rows (no two threads write one cache line when C = 1) */
+	const long groups = (j->row0[j->n] + 7) / 8;
+	long g0, g1;
+	rt_pool_range(groups, ith, nth, &g0, &g1);
+	long lo = g0 * 8, hi = g1 * 8 < j->row0[j->n] ? g1 * 8 : j->row0[j->n];
+	const size_t st = j->s->act_stride;
+	for (long g = lo; g < hi;) {
+		const int i = which(j->row0, j->n, g);
+		const rt_wmat *W = j->W[i];
+		const long end = hi < j->row0[i + 1] ? hi : j->row0[i + 1];
+		const rt_dot_fn dot = j->k[i]->dot;
+		const uint8_t *act = j->s->act + j->act_off[i];
+		float *Y = j->Y[i];
+		const int out = W->rows;
+		for (long r = g - j->row0[i]; r < end - j->row0[i]; r++) {
+			const uint8_t *wr = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
+			for (int c = 0; c < j->C; c++) {
+				const float v = dot(wr, act + (size_t)c * st, j->in);
+				if (j->accumulate)
+					Y[(size_t)c * out + r] += v;
+				else
+					Y[(size_t)c * out + r] = v;
+			}
+		}
+		g = end;
+	}
+}
+
+static void gemm_job(void *a, int ith, int nth)
+{
+	mm_job *j = a;
+	if (ith >= j->nth)
+		return;
+	nth = j->nth;
+	float *tile = j->s->tiles + (size_t)ith * RT_MATMUL_TILE * (size_t)j->s->max_in;
+	const int in = j->in;
+	for (long t = ith; t < j->row0[j->n]; t += nth) {
+		const int i = which(j->row0, j->n, t);
+		const rt_wmat *W = j->W[i];
+		const int o0 = (int)(t - j->row0[i]) * RT_MATMUL_TILE;
+		const int nr = W->rows - o0 < RT_MATMUL_TILE ? W->rows - o0 : RT_MATMUL_TILE;
+		const float *B;
+		if (W->type == RT_GGML_F32 && ((uintptr_t)W->data & 3) == 0) {
+			B = (const float *)((const uint8_t *)W->data + (size_t)o0 * W->row_bytes);
+		} else {
+			rt_dequant(W->type, (const uint8_t *)W->data + (size_t)o0 * W->row_bytes, tile,
+			           (int64_t)nr * in);
+			B = tile;
+		}
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->C, nr, in, 1.0f, j->X, in, B, in,
+		            j->accumulate ? 1.0f : 0.0f, j->Y[i] + o0, W->rows);
+	}
+}
+
+static void run(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y, const float *X,
+                const rt_wmat *const *W, int C, int accumulate)
+{
+	RT_ASSERT(n >= 1 && n <= 4 && C >= 1 && C <= s->max_rows);
+	mm_job j = { .s = s, .n = n, .C = C, .in = W[0]->cols, .accumulate = accumulate, .X = X,
+		     .Y = Y, .W = W };
+	RT_ASSERT(j.in <= s->max_in);
+	j.nth = rt_pool_threads(p) < s->n_threads ? rt_pool_threads(p) : s->n_threads;
+	const int gemm = C >= RT_MATMUL_GEMM_ROWS;
+	j.row0[0] = 0;
+	size_t off = 0;
+	for (int i = 0; i < n; i++) {
+		RT_ASSERT(W[i]->cols == j.in);
+		j.k[i] = rt_dot_kernel_get(W[i]->type, rt_dot_isa_best());
+		RT_ASSERT(j.k[i] != NULL);
+		long units = gemm ? (W[i]->rows + RT_MATMUL_TILE - 1) / RT_MATMUL_TILE : W[i]->rows;
+		j.row0[i + 1] = j.row0[i] + units;
+		if (gemm)
+			continue;
+		/* quantise X once per distinct activation format (same quant function) */
+		int same = -1;
+		for (int k = 0; k < i; k++)
+			if (j.k[k]->quant == j.k[i]->quant && j.k[k]->block == j.k[i]->block)
+				same = k;
+		if (same >= 0) {
+			j.act_off[i] = j.act_off[same];
+			continue;
+		}
+		const size_t need = rt_dot_act_bytes(W[i]->type, j.in);
+		RT_ASSERT(need > 0 && off + need <= s->act_stride);
+		j.act_off[i] = off;
+		for (int c = 0; c < C; c++)
+			j.k[i]->quant(X + (size_t)c * j.in, s->act + (size_t)c * s->act_stride + off, j.in);
+		off += need;
+	}
+	rt_pool_run(p, gemm ? gemm_job : dot_job, &j);
+}
+
+void rt_matmul(rt_pool *p, rt_matmul_scratch *s, float *Y, const float *X, const rt_wmat *W,
+               int C, int accumulate)
+{
+	run(p, s, 1, &Y, X, &W, C, accumulate);
+}
+
+void rt_matmul_multi(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y,
+                     const float *X, const rt_wmat *const *W, int C)
+{
+	run(p, s, n, Y, X, W, C, 0);
+}

