@@ -7,6 +7,7 @@
  */
 #include "model/rt_dot.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -653,12 +654,18 @@ static const rt_dot_kernel kernels[][3] = {
 	  { RT_GGML_F32, 1, RT_ISA_AVX512, quant_f32, dot_f32_avx512 } },
 };
 
+/* F16C from CPUID leaf 1 (ECX bit 29): not every compiler's __builtin_cpu_supports knows it */
+static int has_f16c(void)
+{
+	unsigned a, b, c, d;
+	return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+
 static int detect_isa(void)
 {
 	__builtin_cpu_init();
 	int isa = RT_ISA_SCALAR;
-	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-	    __builtin_cpu_supports("f16c"))
+	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())
 		isa = RT_ISA_AVX2;
 	if (isa == RT_ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
 	    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
