@@ -9,7 +9,8 @@
 
 SHELL      := /bin/bash
 CC         ?= cc
-NVCC       ?= nvcc
+# nvcc: from PATH, else the toolkit's usual place; empty when there is no CUDA toolkit
+NVCC       ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
 PYTHON     ?= python3
 PREFIX     ?= /usr/local
 MODEL_DIR  ?= models
@@ -35,7 +36,7 @@ CFLAGS     += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime -Icompiler 
 LDFLAGS    += $(SANFLAGS)
 LDLIBS     := $(PKG_LIBS) -lm -lpthread
 
-RT_LAYERS  := base report kv model policy eval cli
+RT_LAYERS  := base report kv model policy cuda eval cli
 RT_SRCS    := $(foreach l,$(RT_LAYERS),$(sort $(wildcard runtime/$(l)/rt_*.c)))
 RT_OBJS    := $(RT_SRCS:%.c=$(B)/%.o)
 KVPC_SRCS  := $(sort $(wildcard compiler/kvp_*.c))
@@ -76,7 +77,7 @@ deps:
 model:
 	@scripts/fetch_model.sh $(MODEL_DIR)
 
-## check: install deps, fetch the model, build, run every suite, again under ASan+UBSan, fuzz-smoke
+## check: install deps, fetch the model, build, run every suite, again under ASan+UBSan, fuzz-smoke, make cuda
 check: deps model
 	@scripts/check_layers.sh $(RT_LAYERS)
 	@$(PYTHON) scripts/check_doc_paths.py
@@ -85,6 +86,7 @@ check: deps model
 	@$(MAKE) --no-print-directory SAN=1 all
 	@$(MAKE) --no-print-directory SAN=1 test-asan
 	@$(MAKE) --no-print-directory fuzz-smoke
+	@$(MAKE) --no-print-directory cuda
 
 ## test: run the test suites of the current build (no deps/model step)
 test: $(TEST_BINS)
@@ -109,6 +111,18 @@ demo: deps model
 results: deps model
 	@$(MAKE) --no-print-directory $(BINS) $(B)/libkvrt.a
 	@scripts/results.sh $(B) $(MODEL)
+
+## cuda: nvcc -Werror build of libkvrt_cuda, every policy's CUDA unit and the checks; host tests; device tests if a GPU (docs/cuda.md)
+cuda:
+ifeq ($(NVCC),)
+	@echo "cuda: nvcc not found (no CUDA toolkit): the CUDA code was not built"
+else
+	@$(MAKE) --no-print-directory $(CUDA_ALL)
+	@$(B)/cuda/test_cuda_host
+	@if $(B)/cuda/cuda_probe >$(B)/cuda/probe.txt 2>&1; then \
+	  cat $(B)/cuda/probe.txt; $(B)/cuda/k_select_check && $(B)/cuda/gpu_check --kernels; \
+	else echo "cuda: device tests skipped (no GPU): $$(cat $(B)/cuda/probe.txt)"; fi
+endif
 
 ## install: install kvrt, kvpc, libkvrt.a and headers under PREFIX (default /usr/local)
 install: $(BINS) $(B)/libkvrt.a
@@ -258,11 +272,61 @@ $(B)/tests/test_seq: $(B)/tests/test_seq.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkv
 	$(CC) $(LDFLAGS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=aligned_alloc,--wrap=posix_memalign \
 	  -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
-# CUDA selection kernel (kernels/k_select.cuh) checked against the CPU kernel on random
-# heads with ties and NaN; building needs nvcc, running needs a GPU.
-$(B)/k_select_check: kernels/k_select_check.cu kernels/k_select.cuh kernels/k_select.h
-	@mkdir -p $(dir $@)
-	$(NVCC) -std=c++17 -O2 -Ikernels -Iruntime $< -o $@
 # ---- end policies
+
+# ---- CUDA (nvcc): libkvrt_cuda, the policies' CUDA units, the checks ------------------------
+# One real architecture (sm_90, H100/H200) plus its PTX, which the driver JIT-compiles for
+# newer GPUs: one device compile per file keeps the build short. Host code gets the
+# project's warning flags; every nvcc warning is an error.
+CUDA_ARCH   ?= -gencode arch=compute_90,code=[sm_90,compute_90]
+NVFLAGS     := -std=c++17 -O2 $(CUDA_ARCH) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
+               -D_GNU_SOURCE -Iruntime -Ikernels -I$(B)/gen
+CUDA_LIBS   := -lcublas -lcudart
+CUDA_SRCS   := $(sort $(wildcard runtime/cuda/rt_*.cu))
+CUDA_LIBSRCS := $(filter-out %_main.cu,$(CUDA_SRCS))
+CUDA_OBJS   := $(CUDA_LIBSRCS:%.cu=$(B)/%.o)
+CUDA_HDRS   := $(wildcard runtime/cuda/*.h runtime/cuda/*.cuh kernels/*.cuh)
+CUDA_ALL    := $(B)/libkvrt_cuda.a $(B)/cuda/cuda_probe $(B)/cuda/k_select_check \
+               $(B)/cuda/test_cuda_host $(B)/cuda/gpu_check
+# every policies/*.kvp emitted to CUDA by build/kvpc and compiled like the runtime (plus
+# --fmad=false: statistics round as the C code does)
+POLICY_CUS  := $(POLICY_KVPS:policies/%.kvp=$(B)/gen/policies_cuda/%.cu)
+POLICY_CUOS := $(POLICY_CUS:.cu=.o) $(if $(POLICY_KVPS),$(B)/gen/policies_cuda/registry.o)
+CUDA_TEST_LINK = $(POLICY_CUOS) $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvrt_cuda.a $(B)/libkvpc.a $(B)/libkvrt.a
+
+$(B)/gen/policies_cuda/%.cu: policies/%.kvp $(B)/kvpc
+	@mkdir -p $(dir $@)
+	$(B)/kvpc emit --target cuda $< -o $@
+
+$(B)/gen/policies_cuda/registry.cu: $(POLICY_KVPS) $(B)/kvpc
+	@mkdir -p $(dir $@)
+	$(B)/kvpc emit --target cuda-registry $(POLICY_KVPS) -o $@
+
+$(B)/gen/policies_cuda/%.o: $(B)/gen/policies_cuda/%.cu $(CUDA_HDRS) $(wildcard kernels/*.h)
+	$(NVCC) $(NVFLAGS) --fmad=false -c $< -o $@
+
+$(B)/cuda/%.o: tests/cuda/%.cu $(CUDA_HDRS) $(wildcard kernels/*.h runtime/*/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) --fmad=false -Itests -c $< -o $@
+
+$(B)/cuda/test_cuda_host $(B)/cuda/gpu_check: $(B)/cuda/%: $(B)/cuda/%.o $(CUDA_TEST_LINK)
+	$(NVCC) $(CUDA_ARCH) -o $@ $^ $(CUDA_LIBS) $(CHECK_LIBS) $(LDLIBS)
+
+$(B)/runtime/cuda/%.o: runtime/cuda/%.cu $(CUDA_HDRS) $(wildcard runtime/*/*.h kernels/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(B)/libkvrt_cuda.a: $(CUDA_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/cuda/cuda_probe: runtime/cuda/rt_cuda_probe_main.cu $(B)/libkvrt_cuda.a $(B)/libkvrt.a
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $< $(B)/libkvrt_cuda.a $(B)/libkvrt.a -o $@ $(CUDA_LIBS) $(LDLIBS)
+
+# the selection kernel against the CPU kernel on random heads with ties and NaN (GPU)
+$(B)/cuda/k_select_check: kernels/k_select_check.cu kernels/k_select.cuh kernels/k_select.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $< -o $@
 
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kvp_emit_c.h"
+#include "kvp_emit_cuda.h"
 #include "kvp_fmt.h"
 #include "kvp_ir.h"
 #include "kvp_sema.h"
@@ -30,6 +31,7 @@ static const char USAGE[] =
 	"usage: kvpc check FILE.kvp...\n"
 	"       kvpc emit --target c FILE.kvp [-o OUT] [--no-line]\n"
 	"       kvpc emit --target registry A.kvp B.kvp... [-o OUT]\n"
+	"       kvpc emit --target cuda FILE.kvp [-o OUT] | --target cuda-registry A.kvp...\n"
 	"       kvpc fmt FILE.kvp... [-w]\n"
 	"       kvpc build FILE.kvp... -o BIN [-v]\n"
 	"       kvpc ab A.kvp B.kvp --model M --text FILE [--ratio 2,4,8] [...]\n"
@@ -45,6 +47,9 @@ static const char HELP[] =
 	"       --no-line         omit #line directives back to the .kvp source\n"
 	"  emit --target registry FILES...\n"
 	"                         emit the registry unit listing the policies of FILES\n"
+	"  emit --target cuda FILE   emit the policy's CUDA unit (docs/cuda.md)\n"
+	"  emit --target cuda-registry FILES...\n"
+	"                         emit the CUDA registry and backend table of FILES\n"
 	"  fmt FILE.kvp...        print each file in canonical form\n"
 	"       -w                rewrite the files in place instead\n"
 	"  build FILE.kvp... -o BIN\n"
@@ -160,9 +165,10 @@ static int cmd_emit(int argc, char **argv)
 		rc = usage("emit: --target c or --target registry is required");
 		goto done;
 	}
-	int is_c = !strcmp(target, "c");
-	if (!is_c && strcmp(target, "registry") != 0) {
-		rc = usage("emit: unknown target (use c or registry)");
+	const int is_cu = !strcmp(target, "cuda"), is_cureg = !strcmp(target, "cuda-registry");
+	int is_c = !strcmp(target, "c") || is_cu;
+	if (!is_c && strcmp(target, "registry") != 0 && !is_cureg) {
+		rc = usage("emit: unknown target (use c, registry, cuda or cuda-registry)");
 		goto done;
 	}
 	if (n_files == 0 || (is_c && n_files != 1)) {
@@ -185,8 +191,8 @@ static int cmd_emit(int argc, char **argv)
 			rc = 1;
 		} else {
 			struct kvp_emit_opts opts = { .line_directives = lines, .out_name = out };
-			if (kvp_emit_c(&ir, &opts, mem) != 0) {
-				fprintf(stderr, "%s: error: the C emitter failed\n", files[0]);
+			if ((is_cu ? kvp_emit_cuda(&ir, mem) : kvp_emit_c(&ir, &opts, mem)) != 0) {
+				fprintf(stderr, "%s: error: the %s emitter failed\n", files[0], is_cu ? "CUDA" : "C");
 				rc = 1;
 			}
 			kvp_ir_free(&ir);
@@ -216,8 +222,8 @@ static int cmd_emit(int argc, char **argv)
 		}
 		if (rc == 0 && names) {
 			char err[512] = "";
-			if (kvp_emit_registry((const char *const *)names, n_names, mem, err,
-			                      sizeof err) != 0) {
+			if ((is_cureg ? kvp_emit_cuda_registry((const char *const *)names, n_names, mem, err, sizeof err)
+			              : kvp_emit_registry((const char *const *)names, n_names, mem, err, sizeof err)) != 0) {
 				fprintf(stderr, "kvpc: error: %s\n", err[0] ? err : "registry failed");
 				rc = 1;
 			}

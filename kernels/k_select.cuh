@@ -8,7 +8,9 @@
  * rank before candidate i (O(n^2 / threads) per head, no atomics, no sort
  * instability), and keeps i when rank(i) < k. Exact and deterministic; fine for the
  * budgets of prompt compression. A radix-select version can replace it behind the
- * same launcher. CPU reference: k_select_topk / k_select_ref_rank in k_select.h.
+ * same launcher. CPU reference: k_select_topk / k_select_ref_rank in k_select.h; the order
+ * k_cu_before is host+device so the host references of kernels/k_compact.cuh share it.
+ * Versions: 1. Build line: nvcc -std=c++17 -arch=sm_90 -Ikernels -Iruntime (see the Makefile).
  */
 #ifndef K_SELECT_CUH
 #define K_SELECT_CUH
@@ -16,7 +18,7 @@
 #include <stdint.h>
 
 /* 1 if (sa, pa, ia) ranks strictly before (sb, pb, ib): the k_cand_before order. */
-__device__ __forceinline__ int k_cu_before(float sa, int32_t pa, int32_t ia, float sb, int32_t pb,
+__host__ __device__ __forceinline__ int k_cu_before(float sa, int32_t pa, int32_t ia, float sb, int32_t pb,
                                            int32_t ib)
 {
 	int an = isnan(sa), bn = isnan(sb);
@@ -32,7 +34,7 @@ __device__ __forceinline__ int k_cu_before(float sa, int32_t pa, int32_t ia, flo
 /* One block per head h: scores [H × cap], pos [H × cap], cand [H × cap] (1 =
  * candidate), n [H] entries, k [H] entries to keep; keep [H × cap] receives 1 for the
  * chosen candidates and 0 elsewhere (guards are the caller's business). */
-__global__ void k_cu_select_topk(const float *score, const int32_t *pos, const uint8_t *cand,
+static __global__ void k_cu_select_topk(const float *score, const int32_t *pos, const uint8_t *cand,
                                  const int32_t *n, const int32_t *k, int32_t cap, uint8_t *keep)
 {
 	const int h = blockIdx.x;

@@ -23,7 +23,7 @@ check() { # FILE MAX_RANK ALLOWED_SET(optional, space separated)
 	done < <(grep -n -o '#include "[a-z]*/[^"]*"' "$f" | sed 's/#include "//; s/"$//')
 }
 for l in "$@"; do
-	for f in runtime/"$l"/*.[ch]; do [ -e "$f" ] && check "$f" "${rank[$l]}"; done
+	for f in runtime/"$l"/*.[ch] runtime/"$l"/*.cu runtime/"$l"/*.cuh; do [ -e "$f" ] && check "$f" "${rank[$l]}"; done
 done
 for f in kernels/*.h kernels/*.cuh; do [ -e "$f" ] && check "$f" 0 "base kv policy"; done
 for f in compiler/*.[ch]; do [ -e "$f" ] && check "$f" 0 "base policy kv"; done

@@ -769,7 +769,11 @@ START_TEST(test_driver_exit_codes)
 	ck_assert_int_eq(run("check"), 2);
 	ck_assert_int_eq(run("frobnicate policies/h2o.kvp"), 2);
 	ck_assert_int_eq(run("emit policies/h2o.kvp"), 2);
-	ck_assert_int_eq(run("emit --target cuda policies/h2o.kvp"), 2);
+	ck_assert_int_eq(run("emit --target metal policies/h2o.kvp"), 2);
+	ck_assert_int_eq(run("emit --target cuda policies/h2o.kvp -o /dev/null"), 0);
+	ck_assert_int_eq(run("emit --target cuda policies/h2o.kvp policies/tova.kvp"), 2);
+	ck_assert_int_eq(run("emit --target cuda-registry policies/h2o.kvp policies/tova.kvp -o /dev/null"), 0);
+	ck_assert_int_eq(run("emit --target cuda " GOLDEN "/bad/budget_zero.kvp -o /dev/null"), 1);
 	ck_assert_int_eq(run("emit --target c policies/h2o.kvp --bogus"), 2);
 	ck_assert_int_eq(run("fmt policies/h2o.kvp"), 0);
 	ck_assert_int_eq(run("fmt " GOLDEN "/bad/syn_missing_operand.kvp"), 1);

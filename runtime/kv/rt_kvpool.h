@@ -17,17 +17,26 @@
 #ifndef RT_KVPOOL_H
 #define RT_KVPOOL_H
 
-#include <stdatomic.h>
 #include <stdint.h>
 
 #include "base/rt_util.h"
 
+/* C++ units (the CUDA backend, runtime/cuda) include this header only for the layout and
+ * never touch the counters; C++ before C++23 has no _Atomic qualifier, and an _Atomic
+ * int64_t has the size and alignment of an int64_t. */
+#ifdef __cplusplus
+#define RT_KVPOOL_ATOMIC
+#else
+#include <stdatomic.h>
+#define RT_KVPOOL_ATOMIC _Atomic
+#endif
+
 typedef struct rt_kvpool {
-	_Atomic int64_t limit;    /* hard limit in bytes (INT64_MAX: none) */
-	_Atomic int64_t used;     /* bytes of the blocks held by every store */
-	_Atomic int64_t blocks;   /* blocks held by every store */
-	_Atomic int64_t peak;     /* high-water mark of used since start or rt_kvpool_peak_reset */
-	_Atomic int64_t refused;  /* takes refused for lack of room */
+	RT_KVPOOL_ATOMIC int64_t limit;   /* hard limit in bytes (INT64_MAX: none) */
+	RT_KVPOOL_ATOMIC int64_t used;    /* bytes of the blocks held by every store */
+	RT_KVPOOL_ATOMIC int64_t blocks;  /* blocks held by every store */
+	RT_KVPOOL_ATOMIC int64_t peak;    /* high-water mark of used since start or rt_kvpool_peak_reset */
+	RT_KVPOOL_ATOMIC int64_t refused; /* takes refused for lack of room */
 } rt_kvpool;
 
 /* A snapshot of the counters. */

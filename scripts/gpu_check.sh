@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# gpu_check.sh [MODEL] [TEXT]: the CUDA backend's device checks, unattended, in a few
+# minutes on a machine with an NVIDIA GPU (docs/cuda.md):
+#   1. build (make cuda: libkvrt_cuda, every policy's CUDA unit, the checks)
+#   2. kernels vs their CPU references + decode attention bandwidth (share of peak)
+#   3. the selection kernel vs the CPU kernel (ties keep the lower position)
+#   4. every policy: 512 tokens of TEXT on the CPU exact path and on the GPU: logits
+#      within 1e-3, equal kept sets
+#   5. prefill and decode tokens/s (f32 and f16 weights)
+# Prints one table; exit 0 when every check passed, 1 otherwise (or without a GPU).
+set -u
+cd "$(dirname "$0")/.."
+model=${1:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+text=${2:-/usr/share/common-licenses/GPL-3}
+[ -r "$text" ] || text=docs/architecture.md
+B=build
+make -j"$(nproc)" all >/dev/null && make --no-print-directory cuda >"$B/gpu_check.build.log" 2>&1 ||
+	{ tail -20 "$B/gpu_check.build.log"; echo "gpu_check: build failed"; exit 1; }
+if ! "$B/cuda/cuda_probe"; then
+	echo "gpu_check: no GPU here: device checks not run"
+	exit 1
+fi
+[ -r "$model" ] || { echo "gpu_check: $model: model not found (make model)"; exit 1; }
+rc=0
+echo "## kernels"
+timeout 120 "$B/cuda/gpu_check" --kernels || rc=1
+echo "## selection"
+timeout 60 "$B/cuda/k_select_check" || rc=1
+echo "## equivalence (CPU exact path vs GPU, $text)"
+timeout 600 "$B/cuda/gpu_check" --equiv "$model" "$text" 512 || rc=1
+echo "## benchmark"
+timeout 300 "$B/cuda/gpu_check" --bench "$model" || rc=1
+[ "$rc" = 0 ] && echo "gpu_check: all checks passed" || echo "gpu_check: some checks FAILED"
+exit "$rc"
