@@ -119,9 +119,15 @@ ifeq ($(NVCC),)
 else
 	@$(MAKE) --no-print-directory $(CUDA_ALL)
 	@$(B)/cuda/test_cuda_host
+	@$(B)/kvpc build --cuda policies/h2o.kvp -o $(B)/cuda/kv-h2o-cuda
 	@if $(B)/cuda/cuda_probe >$(B)/cuda/probe.txt 2>&1; then \
 	  cat $(B)/cuda/probe.txt; $(B)/cuda/k_select_check && $(B)/cuda/gpu_check --kernels; \
-	else echo "cuda: device tests skipped (no GPU): $$(cat $(B)/cuda/probe.txt)"; fi
+	else \
+	  $(B)/cuda/kv-h2o-cuda ppl --device cuda --policy h2o --model $(MODEL) --text README.md 2>$(B)/cuda/nogpu.txt; \
+	  st=$$?; grep -q "no CUDA device" $(B)/cuda/nogpu.txt && [ $$st = 1 ] || \
+	    { echo "cuda: --device cuda without a GPU gave exit $$st: $$(cat $(B)/cuda/nogpu.txt)"; exit 1; }; \
+	  echo "cuda: kvpc build --cuda works; --device cuda without a GPU: exit 1, $$(cat $(B)/cuda/nogpu.txt)"; \
+	  echo "cuda: device tests skipped (no GPU): $$(cat $(B)/cuda/probe.txt)"; fi
 endif
 
 ## install: install kvrt, kvpc, libkvrt.a and headers under PREFIX (default /usr/local)
@@ -129,7 +135,8 @@ install: $(BINS) $(B)/libkvrt.a
 	install -d $(PREFIX)/bin $(PREFIX)/lib $(PREFIX)/include/kvrt $(PREFIX)/share/kvpc/kernels
 	install -m 755 $(BINS) $(PREFIX)/bin/
 	install -m 644 $(B)/libkvrt.a $(PREFIX)/lib/
-	for l in $(RT_LAYERS); do install -d $(PREFIX)/include/kvrt/$$l && install -m 644 runtime/$$l/*.h $(PREFIX)/include/kvrt/$$l/; done
+	for l in $(RT_LAYERS); do install -d $(PREFIX)/include/kvrt/$$l && install -m 644 runtime/$$l/*.h $$(ls runtime/$$l/*.cuh 2>/dev/null) $(PREFIX)/include/kvrt/$$l/; done
+	$(if $(wildcard $(B)/libkvrt_cuda.a),install -m 644 $(B)/libkvrt_cuda.a $(PREFIX)/lib/)
 	$(if $(wildcard kernels/*),install -m 644 $(wildcard kernels/*) $(PREFIX)/share/kvpc/kernels/)
 
 ## fuzz: build the libFuzzer targets (clang) and run each FUZZ_TIME seconds on its corpus
@@ -235,8 +242,9 @@ $(B)/runtime/cli/rt_cli.o: $(wildcard .git/HEAD .git/refs/heads/*)
 $(B)/kvpc: $(B)/compiler/kvpc_main.o $(B)/compiler/kvpc_build.o $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# order-only: these suites run $(B)/kvpc, which is not linked into them
+# order-only: these suites run $(B)/kvpc (or $(B)/kvrt), which is not linked into them
 $(B)/tests/test_build $(B)/tests/test_ab: | $(B)/kvpc
+$(B)/tests/test_device: | $(B)/kvrt
 
 $(B)/tests/%: $(B)/tests/%.o $(SUP_OBJS) $(if $(KVPC_SRCS),$(B)/libkvpc.a) $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "kvp_emit_c.h"
+#include "kvp_emit_cuda.h"
 #include "kvp_ir.h"
 #include "kvp_sema.h"
 #include "kvp_src.h"
@@ -36,7 +37,7 @@
 #define MAX_ARGS 96
 
 static const char BUILD_USAGE[] =
-	"usage: kvpc build FILE.kvp... -o BIN [-v]\n";
+	"usage: kvpc build FILE.kvp... -o BIN [--cuda] [-v]\n";
 
 static const char BUILD_HELP[] =
 	"kvpc build: compile policies into a per-deployment binary.\n"
@@ -49,6 +50,10 @@ static const char BUILD_HELP[] =
 	"BIN ab compares two of them).\n"
 	"\n"
 	"  -o BIN     the binary to write (replaced atomically)\n"
+	"  --cuda     also emit each policy's CUDA unit, compile them with nvcc ($NVCC, else\n"
+	"             nvcc on PATH or /usr/local/cuda/bin/nvcc) and link libkvrt_cuda.a (built\n"
+	"             by make cuda), cuBLAS and the CUDA runtime: BIN ppl|bench --device cuda\n"
+	"             then run on the GPU (docs/cuda.md)\n"
 	"  -v         print the compiler command line and timings\n"
 	"\n"
 	"Builds are cached by a hash of the policy sources, the kvpc version, the compiler\n"
@@ -352,6 +357,8 @@ struct unit {
 	char *name;      /* registered name */
 	char *c;         /* generated C */
 	size_t c_len;
+	char *cu;        /* generated CUDA (--cuda), else NULL */
+	size_t cu_len;
 	char *src;       /* source bytes */
 	size_t src_len;
 };
@@ -375,7 +382,7 @@ static const char MAIN_C[] =
 
 /* Compile every policy; on success fill units[] (names deduplicated). */
 static int emit_units(const char *const *files, int n, struct unit *units, char **reg_c,
-                      size_t *reg_len, int *n_units)
+                      size_t *reg_len, int *n_units, int cuda)
 {
 	int rc = 0;
 	*n_units = 0;
@@ -425,6 +432,15 @@ static int emit_units(const char *const *files, int n, struct unit *units, char 
 			}
 			if (mem)
 				fclose(mem);
+			if (cuda) {
+				FILE *cm = open_memstream(&u->cu, &u->cu_len);
+				if (!cm || kvp_emit_cuda(&ir, cm) != 0) {
+					errf("%s: error: the CUDA emitter failed", files[i]);
+					rc = 1;
+				}
+				if (cm)
+					fclose(cm);
+			}
 			u->name = strdup(ir.name);
 			u->src = malloc(src->len + 1);
 			memcpy(u->src, src->text, src->len);
@@ -500,14 +516,106 @@ static int install_bin(const char *src, const char *dst, int *same)
 	return 0;
 }
 
+/* --cuda: nvcc ($NVCC, PATH, /usr/local/cuda/bin) and libkvrt_cuda.a beside libkvrt.a. */
+struct cuda_tools {
+	char nvcc[PATH_MAX];
+	char lib[PATH_MAX + 32];
+	char libdir[PATH_MAX + 32]; /* the toolkit's lib64 (cuBLAS, CUDA runtime) */
+};
+
+static int cuda_find(const struct toolchain *tc, struct cuda_tools *ct)
+{
+	const char *e = getenv("NVCC");
+	char found[PATH_MAX] = "";
+	if (e && *e)
+		snprintf(found, sizeof found, "%s", e);
+	else
+		capture("command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; }",
+		        found, sizeof found);
+	found[strcspn(found, "\n")] = 0;
+	if (!found[0] || access(found, X_OK) != 0 || !realpath(found, ct->nvcc)) {
+		errf("kvpc build --cuda: error: nvcc not found (set NVCC, or install the CUDA toolkit)");
+		return -1;
+	}
+	snprintf(ct->lib, sizeof ct->lib, "%s", tc->lib);
+	char *slash = strrchr(ct->lib, '/');
+	snprintf(slash ? slash + 1 : ct->lib, sizeof ct->lib - (size_t)(slash ? slash + 1 - ct->lib : 0),
+	         "libkvrt_cuda.a");
+	if (!is_file(ct->lib)) {
+		errf("kvpc build --cuda: error: %s not found (run make cuda)", ct->lib);
+		return -1;
+	}
+	char d[PATH_MAX];
+	snprintf(d, sizeof d, "%s", ct->nvcc);
+	slash = strrchr(d, '/');
+	if (slash)
+		*slash = 0;
+	snprintf(ct->libdir, sizeof ct->libdir, "-L%s/../lib64", d);
+	return 0;
+}
+
+/* Compile the CUDA units of a --cuda build into dir: policy_I.cu and registry_cuda.cu ->
+ * .o (their paths appended to objs/own). Returns 0, or -1 after printing nvcc's log. */
+static int cuda_compile(const struct toolchain *tc, const struct cuda_tools *ct,
+                        const struct unit *units, int n_units, const char *cureg, size_t cureg_len,
+                        const char *dir, char **objs, int *n_objs, char **own, int *n_own)
+{
+	const char *arch = getenv("KVPC_CUDA_ARCH");
+	for (int i = 0; i <= n_units; i++) {
+		char *src = NULL, *obj = NULL, *log = NULL;
+		if (asprintf(&src, "%s/%s%d.cu", dir, i < n_units ? "policy_" : "registry_cuda", i) < 0 ||
+		    asprintf(&obj, "%s/%s%d.o", dir, i < n_units ? "policy_" : "registry_cuda", i) < 0 ||
+		    asprintf(&log, "%s/nvcc_%d.log", dir, i) < 0)
+			return -1;
+		own[(*n_own)++] = src;
+		own[(*n_own)++] = obj;
+		own[(*n_own)++] = log;
+		if (write_file(src, i < n_units ? units[i].cu : cureg, i < n_units ? units[i].cu_len : cureg_len) != 0)
+			return -1;
+		char inc_rt[PATH_MAX + 3], inc_k[PATH_MAX + 3];
+		snprintf(inc_rt, sizeof inc_rt, "-I%s", tc->inc_rt);
+		snprintf(inc_k, sizeof inc_k, "-I%s", tc->inc_k);
+		char *argv[] = { (char *)ct->nvcc, "-std=c++17", "-O2", "--fmad=false", "-D_GNU_SOURCE", "-gencode",
+			         (char *)(arch && *arch ? arch : "arch=compute_90,code=[sm_90,compute_90]"),
+			         inc_rt, inc_k, "-c", src, "-o", obj, NULL };
+		int st = run_logged(argv, log);
+		if (st != 0) {
+			size_t ll = 0;
+			rt_err e;
+			char *text = rt_read_file(log, &ll, &e);
+			if (text)
+				fputs(text, stderr);
+			free(text);
+			errf("kvpc build --cuda: error: nvcc failed (exit %d) on %s; sources and log kept in %s",
+			     st, src, dir);
+			return -1;
+		}
+		objs[(*n_objs)++] = obj;
+	}
+	return 0;
+}
+
+static int build_cached(const char *const *files, int n, int verbose, int cuda, char *bin,
+                        size_t bin_cap, char **names, int *n_names, int *compiled, double *seconds);
+
 int kvpc_build_cached(const char *const *files, int n, int verbose, char *bin, size_t bin_cap,
                       char **names, int *n_names, int *compiled, double *seconds)
 {
+	return build_cached(files, n, verbose, 0, bin, bin_cap, names, n_names, compiled, seconds);
+}
+
+static int build_cached(const char *const *files, int n, int verbose, int cuda, char *bin,
+                        size_t bin_cap, char **names, int *n_names, int *compiled, double *seconds)
+{
 	struct unit *units = calloc((size_t)n + 1, sizeof *units);
-	char *reg_c = NULL, *tmp = NULL;
-	size_t reg_len = 0;
+	char *reg_c = NULL, *tmp = NULL, *cureg = NULL;
+	size_t reg_len = 0, cureg_len = 0;
+	struct cuda_tools ct;
+	memset(&ct, 0, sizeof ct);
+	char *objs[MAX_ARGS];
+	int n_objs = 0;
 	int n_units = 0, rc = 1;
-	char *own[MAX_ARGS];      /* heap paths to free */
+	char *own[4 * MAX_ARGS];  /* heap paths to free */
 	int n_own = 0;
 	struct toolchain tc;
 	memset(&tc, 0, sizeof tc);
@@ -520,10 +628,25 @@ int kvpc_build_cached(const char *const *files, int n, int verbose, char *bin, s
 		errf("kvpc build: error: at most %d policies per binary", MAX_ARGS / 2);
 		goto done;
 	}
-	if (emit_units(files, n, units, &reg_c, &reg_len, &n_units) != 0)
+	if (emit_units(files, n, units, &reg_c, &reg_len, &n_units, cuda) != 0)
 		goto done;
-	if (toolchain_find(&tc) != 0)
+	if (toolchain_find(&tc) != 0 || (cuda && cuda_find(&tc, &ct) != 0))
 		goto done;
+	if (cuda) {
+		const char **nm = calloc((size_t)n_units + 1, sizeof *nm);
+		for (int i = 0; nm && i < n_units; i++)
+			nm[i] = units[i].name;
+		FILE *mem = nm ? open_memstream(&cureg, &cureg_len) : NULL;
+		char err[512] = "";
+		int bad = !mem || kvp_emit_cuda_registry(nm, n_units, mem, err, sizeof err) != 0;
+		if (mem)
+			fclose(mem);
+		free(nm);
+		if (bad) {
+			errf("kvpc build --cuda: error: %s", err[0] ? err : "cannot emit the CUDA registry");
+			goto done;
+		}
+	}
 	/* the key */
 	rt_sha256 h;
 	rt_sha256_init(&h);
@@ -537,6 +660,20 @@ int kvpc_build_cached(const char *const *files, int n, int verbose, char *bin, s
 	}
 	rt_sha256_update(&h, reg_c, reg_len);
 	rt_sha256_update(&h, MAIN_C, sizeof MAIN_C);
+	if (cuda) {
+		rt_sha256_update(&h, "cuda", 5);
+		for (int i = 0; i < n_units; i++)
+			rt_sha256_update(&h, units[i].cu, units[i].cu_len);
+		rt_sha256_update(&h, cureg, cureg_len);
+		rt_sha256_update(&h, ct.nvcc, strlen(ct.nvcc) + 1);
+		const char *arch = getenv("KVPC_CUDA_ARCH");
+		if (arch)
+			rt_sha256_update(&h, arch, strlen(arch) + 1);
+		if (hash_file(&h, ct.lib) != 0) {
+			errf("%s: error: cannot read", ct.lib);
+			goto done;
+		}
+	}
 	rt_sha256_update(&h, tc.cc, strlen(tc.cc) + 1);
 	for (int i = 0; i < tc.n_args; i++)
 		rt_sha256_update(&h, tc.args[i], strlen(tc.args[i]) + 1);
@@ -573,6 +710,9 @@ int kvpc_build_cached(const char *const *files, int n, int verbose, char *bin, s
 		errf("%s: error: cannot create: %s", tmp, strerror(errno));
 		goto done;
 	}
+	if (cuda && cuda_compile(&tc, &ct, units, n_units, cureg, cureg_len, tmp, objs, &n_objs, own,
+	                         &n_own) != 0)
+		goto done;
 	char *argv[3 * MAX_ARGS];
 	int na = 0;
 	argv[na++] = tc.cc;
@@ -591,9 +731,19 @@ int kvpc_build_cached(const char *const *files, int n, int verbose, char *bin, s
 		if (write_file(p, text, len) != 0)
 			goto done;
 	}
+	for (int i = 0; i < n_objs; i++)
+		argv[na++] = objs[i];
+	if (cuda)
+		argv[na++] = ct.lib;
 	argv[na++] = tc.lib;
 	for (int i = 0; i < tc.n_libs; i++)
 		argv[na++] = tc.libs[i];
+	if (cuda) {
+		argv[na++] = ct.libdir;
+		argv[na++] = "-lcublas";
+		argv[na++] = "-lcudart";
+		argv[na++] = "-lstdc++";
+	}
 	char *out = NULL, *log = NULL;
 	if (asprintf(&out, "%s/bin", tmp) < 0 || (own[n_own++] = out, 0) ||
 	    asprintf(&log, "%s/build.log", tmp) < 0)
@@ -641,6 +791,7 @@ done:
 			names[i] = strdup(units[i].name);
 		free(units[i].name);
 		free(units[i].c);
+		free(units[i].cu);
 		free(units[i].src);
 	}
 	if (rc == 0 && n_names)
@@ -649,6 +800,7 @@ done:
 		free(own[i]);
 	free(units);
 	free(reg_c);
+	free(cureg);
 	free(tmp);
 	toolchain_free(&tc);
 	return rc;
@@ -659,7 +811,7 @@ done:
 int kvpc_cmd_build(int argc, char **argv)
 {
 	const char *out = NULL;
-	int verbose = 0, n_files = 0;
+	int verbose = 0, n_files = 0, cuda = 0;
 	const char **files = calloc((size_t)argc + 1, sizeof *files);
 	for (int i = 0; i < argc; i++) {
 		if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -676,6 +828,8 @@ int kvpc_cmd_build(int argc, char **argv)
 			out = argv[++i];
 		} else if (!strcmp(argv[i], "-v")) {
 			verbose = 1;
+		} else if (!strcmp(argv[i], "--cuda")) {
+			cuda = 1;
 		} else if (argv[i][0] == '-' && argv[i][1]) {
 			fprintf(stderr, "kvpc build: unknown option '%s'\n", argv[i]);
 			fputs(BUILD_USAGE, stderr);
@@ -706,8 +860,8 @@ int kvpc_cmd_build(int argc, char **argv)
 	char bin[PATH_MAX + 64];
 	int compiled = 0, n_names = 0;
 	double secs = 0;
-	int rc = kvpc_build_cached(files, n_files, verbose, bin, sizeof bin, NULL, &n_names,
-	                           &compiled, &secs);
+	int rc = build_cached(files, n_files, verbose, cuda, bin, sizeof bin, NULL, &n_names,
+	                      &compiled, &secs);
 	free(files);
 	if (rc)
 		return 1;

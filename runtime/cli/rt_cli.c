@@ -8,6 +8,7 @@
 #include "base/rt_sha256.h"
 #include "base/rt_text.h"
 #include "cli/rt_cli.h"
+#include "cli/rt_cli_cuda.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -80,6 +81,8 @@ static const char *const help_top =
 	"\n"
 	"OPTIONS\n"
 	"    -h, --help     show this text (or a command's, after the command)\n"
+	"    --device cuda  run ppl or bench on the GPU (binaries built with kvpc build --cuda;\n"
+	"                   docs/cuda.md); the default is --device cpu\n"
 	"\n"
 	"ENVIRONMENT\n"
 	"    OPENBLAS_NUM_THREADS  BLAS threads (default: all cores); --threads overrides\n"
@@ -2203,8 +2206,16 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 		{ "info", cmd_info }, { "ppl", cmd_ppl }, { "needle", cmd_needle }, { "run", cmd_run },
 		{ "tokenize", cmd_tokenize }, { "bench", cmd_bench }, { "keepmap", cmd_keepmap },
 	};
+	const char *device;
+	const int cargc = rt_cli_device_take(argc - 1, argv + 1, &device);
+	if (cargc < 0)
+		return usage_err(cmd, "%s", "--device needs a value (cpu or cuda)");
+	if (!strcmp(device, "cuda"))
+		return rt_cli_cuda_run(g_prog, cargc, argv + 1, reg, g_n_reg);
+	if (strcmp(device, "cpu") != 0)
+		return usage_err(cmd, "--device: '%s' is not cpu or cuda", device);
 	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
 		if (!strcmp(cmd, cmds[i].name))
-			return cmds[i].fn(argc - 1, argv + 1);
+			return cmds[i].fn(cargc, argv + 1);
 	return usage_err("", "unknown command '%s'", cmd);
 }

@@ -1,0 +1,84 @@
+/*
+ * test_device: the command line's --device option (runtime/cli/rt_cli_cuda.h) in a binary
+ * built without CUDA (B/kvrt): `--device cuda` fails with exit status 1 and one line
+ * naming why (no CUDA in this binary), an unknown device or a missing value is a usage
+ * error (2), `--device cpu` is the ordinary CPU path. The CUDA-enabled binary's answer on
+ * a machine without a GPU is checked by `make cuda`.
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char kvrt_path[1024];
+
+/* Run kvrt with args; stderr (first line) into err. Returns the exit status. */
+static int run(const char *args, char *err, size_t cap)
+{
+	char cmd[2048], tmp[64];
+	snprintf(tmp, sizeof tmp, "/tmp/test_device_%d.err", (int)getpid());
+	snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s", kvrt_path, args, tmp);
+	int st = system(cmd);
+	err[0] = 0;
+	FILE *f = fopen(tmp, "r");
+	if (f) {
+		if (!fgets(err, (int)cap, f))
+			err[0] = 0;
+		fclose(f);
+	}
+	remove(tmp);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(test_device_cuda_without_backend)
+{
+	if (!kvrt_path[0])
+		return;
+	char err[1024];
+	ck_assert_int_eq(run("ppl --device cuda --model models/none.gguf --text README.md", err, sizeof err), 1);
+	ck_assert_msg(strstr(err, "--device cuda") && strstr(err, "built without CUDA"), "stderr: %s", err);
+	ck_assert_int_eq(run("bench --device=cuda --model models/none.gguf", err, sizeof err), 1);
+	ck_assert_msg(strstr(err, "built without CUDA"), "stderr: %s", err);
+}
+END_TEST
+
+START_TEST(test_device_usage)
+{
+	if (!kvrt_path[0])
+		return;
+	char err[1024];
+	ck_assert_int_eq(run("ppl --device tpu --model m --text t", err, sizeof err), 2);
+	ck_assert_msg(strstr(err, "'tpu' is not cpu or cuda"), "stderr: %s", err);
+	ck_assert_int_eq(run("ppl --model m --text t --device", err, sizeof err), 2);
+	ck_assert_msg(strstr(err, "--device needs a value"), "stderr: %s", err);
+	/* --device cpu is the CPU path: its own error for the missing model file */
+	ck_assert_int_eq(run("ppl --device cpu --model models/none.gguf --text README.md", err, sizeof err), 1);
+	ck_assert_msg(strstr(err, "none.gguf"), "stderr: %s", err);
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+	(void)argc;
+	/* argv[0] is B/tests/test_device: the binary is B/kvrt */
+	const char *slash = strrchr(argv[0], '/');
+	if (slash && slash - argv[0] > 6 && !strncmp(slash - 6, "/tests", 6)) {
+		snprintf(kvrt_path, sizeof kvrt_path, "%.*s/kvrt", (int)(slash - 6 - argv[0]), argv[0]);
+		if (access(kvrt_path, X_OK) != 0)
+			kvrt_path[0] = '\0';
+	}
+	if (!kvrt_path[0])
+		fprintf(stderr, "test_device: no kvrt next to the test binary; build it (make build/kvrt)\n");
+	Suite *s = suite_create("device");
+	TCase *tc = tcase_create("device");
+	tcase_add_test(tc, test_device_cuda_without_backend);
+	tcase_add_test(tc, test_device_usage);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int nf = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return nf ? EXIT_FAILURE : EXIT_SUCCESS;
+}
