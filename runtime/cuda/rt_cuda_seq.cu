@@ -187,8 +187,9 @@ static int scratch_alloc(rt_cuda_seq *s, rt_err *err)
 	const rt_model_hparams *hp = &s->m->hp;
 	const size_t C = (size_t)s->max_chunk, E = (size_t)hp->n_embd, F = (size_t)hp->n_ff;
 	const size_t qd = (size_t)hp->n_head * hp->head_dim, kd = (size_t)hp->n_head_kv * hp->head_dim;
-	const int obs = s->cp != NULL;
-	const size_t att = k_cu_attn_scratch_floats(hp->n_head_kv, hp->group, s->cap, (int)C, obs);
+	/* sized for the row-parallel kernel (C rows per KV head), which policies without
+	 * statistics use as well; the observing kernel needs one row's worth */
+	const size_t att = k_cu_attn_scratch_floats(hp->n_head_kv, hp->group, s->cap, (int)C, 0);
 	const size_t big = F > (size_t)hp->n_vocab ? F : (size_t)hp->n_vocab;
 	const size_t fl[11] = { C * E, C * E, C * qd, C * kd, C * kd, C * qd, C * F, C * F,
 		                C * (size_t)hp->n_rot, att, C * (size_t)hp->n_vocab };
