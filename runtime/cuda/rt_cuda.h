@@ -94,7 +94,7 @@ int rt_cuda_seq_feed(rt_cuda_seq *s, const int32_t *tokens, int64_t n, float *lo
  * statistics of every head: what the equivalence check compares with rt_seq's store).
  * NULL with err on a CUDA failure. The pointer stays owned by s. */
 const rt_kv *rt_cuda_seq_kv(rt_cuda_seq *s, rt_err *err);
-/* Tokens seen; compress calls so far; device-side seconds (events) of attention. */
+/* Tokens seen; compress calls so far. */
 int64_t rt_cuda_seq_seen(const rt_cuda_seq *s);
 int64_t rt_cuda_seq_compressions(const rt_cuda_seq *s);
 
