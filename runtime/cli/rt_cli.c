@@ -9,6 +9,7 @@
 #include "base/rt_text.h"
 #include "cli/rt_cli.h"
 #include "cli/rt_cli_cuda.h"
+#include "cli/rt_cli_serve.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -57,6 +58,7 @@ static const char *const help_top =
 	"    %s tokenize --model MODEL --text FILE\n"
 	"    %s bench --model MODEL [--ctx N,N,...]\n"
 	"    %s keepmap --model MODEL --text FILE [--policy NAME] ... --svg OUT\n"
+	"    %s serve --model MODEL [--port N] [--kv-memory SIZE] [--policy NAME] ...\n"
 	"    %s COMMAND --help\n"
 	"\n"
 	"DESCRIPTION\n"
@@ -78,6 +80,8 @@ static const char *const help_top =
 	"    bench     prefill and decode speed at several context lengths (full cache)\n"
 	"    keepmap   draw (SVG) which positions every layer and KV head keeps under a\n"
 	"              policy after a prompt\n"
+	"    serve     an OpenAI-compatible HTTP server with continuous batching on a\n"
+	"              shared KV block pool\n"
 	"\n"
 	"OPTIONS\n"
 	"    -h, --help     show this text (or a command's, after the command)\n"
@@ -2192,11 +2196,11 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 	g_reg = reg;
 	g_n_reg = reg ? n_reg : 0;
 	if (argc < 2)
-		return usage_err("", "%s", "missing command (info, ppl, needle, run, tokenize, bench, keepmap)");
+		return usage_err("", "%s", "missing command (info, ppl, needle, run, tokenize, bench, keepmap, serve)");
 	const char *cmd = argv[1];
 	if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
-		print_help(help_top, 10, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog,
-		           g_prog, g_prog);
+		print_help(help_top, 11, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog,
+		           g_prog, g_prog, g_prog);
 		return 0;
 	}
 	static const struct {
@@ -2217,5 +2221,7 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
 		if (!strcmp(cmd, cmds[i].name))
 			return cmds[i].fn(cargc, argv + 1);
+	if (!strcmp(cmd, "serve"))
+		return rt_cli_serve(cargc, argv + 1, g_prog, g_reg, g_n_reg);
 	return usage_err("", "unknown command '%s'", cmd);
 }

@@ -455,6 +455,18 @@ int rt_model_kv_init(const rt_model *m, rt_kv *kv, int32_t cap, rt_err *err)
 
 /* ---- forward scratch --------------------------------------------------------------- */
 
+/* The rows one sequence contributes to a forward chunk: tokens tok[0..C) at positions
+ * pos0.., stacked at row off of the batch scratch; logits of its rows lrow_from..C-1 go to
+ * lg (row r at lg + (r - lrow_from)·n_vocab), none when lg is NULL. */
+typedef struct fwd_seg {
+	const int32_t *tok;
+	int C;
+	int32_t pos0;
+	int off;
+	float *lg;
+	int lrow_from;
+} fwd_seg;
+
 int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err *err)
 {
 	memset(f, 0, sizeof *f);
@@ -486,6 +498,11 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 		return -1;
 	}
 	memset(f->mem, 0, f->mem_bytes);
+	f->segs = calloc((size_t)max_chunk, sizeof(fwd_seg));
+	if (!f->segs) {
+		rt_fwd_free(f);
+		return rt_err_set(err, "%s: forward: cannot allocate %d row segments", m->path, max_chunk);
+	}
 	float *p = f->mem;
 	float **slots[12] = { &f->x, &f->xn, &f->q, &f->k, &f->v, &f->att, &f->qg, &f->og,
 		              &f->s, &f->gate, &f->up, &f->rope_cs };
@@ -510,6 +527,7 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 void rt_fwd_free(rt_fwd *f)
 {
 	rt_matmul_scratch_free(&f->mm);
+	free(f->segs);
 	free(f->mem);
 	memset(f, 0, sizeof *f);
 }
@@ -795,36 +813,39 @@ static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0, c
 		attend_head(f, kv, layer, j, C, pos0, q, att, f->qg, f->og, f->s);
 }
 
-/* One chunk of C tokens for K sequences in lockstep (K = 1, big = fs[0]: the plain
- * forward). big's scratch holds the K·C stacked rows (sequence k's rows at k·C); the weight
- * GEMMs run once over all of them, everything that depends on a sequence's cache runs per
- * sequence with its own forward context. logits: NULL, or where sequence k's rows
- * lrow_from..C-1 go, row r of sequence k at logits + (k·lstride + r - lrow_from)·n_vocab. */
+/* One chunk for K sequences (K = 1, big = fs[0]: the plain forward). big's scratch holds
+ * the stacked rows of every segment; the weight GEMMs run once over all of them,
+ * everything that depends on a sequence's cache or position runs per sequence with its
+ * own forward context. shared: every segment has the same tokens, C and pos0 (lockstep),
+ * so one RoPE table serves all; otherwise each sequence's table is built in its own
+ * forward context. */
 static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int K,
-                          const int32_t *tok, int C, int32_t pos0, float *logits,
-                          size_t lstride, int lrow_from)
+                          const fwd_seg *sg, int shared)
 {
 	const rt_model *m = big->m;
 	const rt_model_hparams *hp = &m->hp;
 	const int E = hp->n_embd, hd = hp->head_dim, F = hp->n_ff;
 	const int qd = hp->n_head * hd, kd = hp->n_head_kv * hd;
-	const int rows = K * C;
+	const int rows = sg[K - 1].off + sg[K - 1].C;
 	rt_pool *pool = m->pool;
 	for (int k = 0; k < K; k++)
-		for (int r = 0; r < C; r++) {
-			float *xr = big->x + ((size_t)k * C + r) * E;
+		for (int r = 0; r < sg[k].C; r++) {
+			float *xr = big->x + ((size_t)sg[k].off + r) * E;
+			const int32_t t = sg[k].tok[r];
 			if (m->tok_embd)
-				memcpy(xr, m->tok_embd + (size_t)tok[r] * E, (size_t)E * sizeof(float));
+				memcpy(xr, m->tok_embd + (size_t)t * E, (size_t)E * sizeof(float));
 			else
 				rt_dequant(m->embd.type,
-				           (const uint8_t *)m->embd.data + (size_t)tok[r] * m->embd.row_bytes, xr, E);
+				           (const uint8_t *)m->embd.data + (size_t)t * m->embd.row_bytes, xr, E);
 		}
-	rt_rope_table_f32(big->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
-	big->rope_at = pos0;
+	if (shared) {
+		rt_rope_table_f32(big->rope_cs, sg[0].C, sg[0].pos0, hp->n_rot, hp->rope_base);
+		big->rope_at = sg[0].pos0;
+	}
 	for (int k = 0; k < K; k++)
-		if (fs[k] != big && fs[k]->rope_at_index) {
-			rt_rope_table_f32(fs[k]->rope_cs, C, pos0, hp->n_rot, hp->rope_base);
-			fs[k]->rope_at = pos0;
+		if (fs[k] != big && (fs[k]->rope_at_index || !shared)) {
+			rt_rope_table_f32(fs[k]->rope_cs, sg[k].C, sg[k].pos0, hp->n_rot, hp->rope_base);
+			fs[k]->rope_at = sg[k].pos0;
 		}
 	for (int l = 0; l < hp->n_layer; l++) {
 		const rt_layer *L = &m->layers[l];
@@ -841,11 +862,14 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 		for (int s = 0; s < K; s++) {
 			rt_fwd *f = fs[s];
 			rt_kv *kv = kvs[s];
-			float *q = big->q + (size_t)s * C * qd, *kk = big->k + (size_t)s * C * kd;
-			float *vv = big->v + (size_t)s * C * kd, *att = big->att + (size_t)s * C * qd;
+			const int C = sg[s].C, o = sg[s].off;
+			const int32_t pos0 = sg[s].pos0;
+			float *q = big->q + (size_t)o * qd, *kk = big->k + (size_t)o * kd;
+			float *vv = big->v + (size_t)o * kd, *att = big->att + (size_t)o * qd;
 			if (!f->rope_at_index) {
-				rope_rows(m, q, C, hp->n_head, hd, hp->n_rot, big->rope_cs);
-				rope_rows(m, kk, C, hp->n_head_kv, hd, hp->n_rot, big->rope_cs);
+				const float *cs = shared ? big->rope_cs : f->rope_cs;
+				rope_rows(m, q, C, hp->n_head, hd, hp->n_rot, cs);
+				rope_rows(m, kk, C, hp->n_head_kv, hd, hp->n_rot, cs);
 			} else {
 				/* f->rope_cs holds the table whose row 0 is at f->rope_at */
 				for (int j = 0; j < hp->n_head_kv; j++) {
@@ -899,30 +923,41 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 			            L->w_down, F, 1.0f, big->x, E);
 		for (int s = 0; s < K; s++)
 			if (fs[s]->on_layer)
-				fs[s]->on_layer(fs[s]->layer_user, l, C, pos0, big->x + (size_t)s * C * E,
-				                big->q + (size_t)s * C * qd);
+				fs[s]->on_layer(fs[s]->layer_user, l, sg[s].C, sg[s].pos0,
+				                big->x + (size_t)sg[s].off * E, big->q + (size_t)sg[s].off * qd);
 	}
-	if (!logits)
+	/* the requested rows of every segment, normed into consecutive rows of xn */
+	int nr = 0, contig = 1;
+	for (int s = 0; s < K; s++) {
+		if (!sg[s].lg)
+			continue;
+		const int c = sg[s].C - sg[s].lrow_from;
+		norm_rows(m, big->xn + (size_t)nr * E, big->x + ((size_t)sg[s].off + sg[s].lrow_from) * E,
+		          m->out_norm, c, E, hp->norm_eps);
+		if (nr && sg[s].lg != sg[0].lg + (size_t)nr * hp->n_vocab)
+			contig = 0;
+		nr += c;
+	}
+	if (!nr)
 		return;
-	const int nr = C - lrow_from;
-	for (int s = 0; s < K; s++)
-		norm_rows(m, big->xn + (size_t)s * nr * E, big->x + ((size_t)s * C + lrow_from) * E,
-		          m->out_norm, nr, E, hp->norm_eps);
-	if ((size_t)nr == lstride || K == 1) {
-		/* the K blocks of nr rows are consecutive rows of the output */
+	if (contig) {
+		/* the requested rows are consecutive rows of the output */
 		if (m->exact)
-			matmul_wt(logits, big->xn, m->output, K * nr, hp->n_vocab, E);
+			matmul_wt(sg[0].lg, big->xn, m->output, nr, hp->n_vocab, E);
 		else
-			rt_matmul(pool, &big->mm, logits, big->xn, &m->out, K * nr, 0);
-	} else {
-		for (int s = 0; s < K; s++) {
-			float *ls = logits + (size_t)s * lstride * hp->n_vocab;
-			const float *xs = big->xn + (size_t)s * nr * E;
-			if (m->exact)
-				matmul_wt(ls, xs, m->output, nr, hp->n_vocab, E);
-			else
-				rt_matmul(pool, &big->mm, ls, xs, &m->out, nr, 0);
-		}
+			rt_matmul(pool, &big->mm, sg[0].lg, big->xn, &m->out, nr, 0);
+		return;
+	}
+	for (int s = 0, r = 0; s < K; s++) {
+		if (!sg[s].lg)
+			continue;
+		const int c = sg[s].C - sg[s].lrow_from;
+		const float *xs = big->xn + (size_t)r * E;
+		if (m->exact)
+			matmul_wt(sg[s].lg, xs, m->output, c, hp->n_vocab, E);
+		else
+			rt_matmul(pool, &big->mm, sg[s].lg, xs, &m->out, c, 0);
+		r += c;
 	}
 }
 
@@ -1001,7 +1036,12 @@ int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int 
 			from = C - 1;
 			stride = 1;
 		}
-		forward_chunk(big, f, kv, K, tokens + done, C, pos0 + done, lg, stride, from);
+		fwd_seg *sg = big->segs;
+		for (int k = 0; k < K; k++)
+			sg[k] = (fwd_seg){ .tok = tokens + done, .C = C, .pos0 = pos0 + done, .off = k * C,
+			                   .lg = lg ? lg + (size_t)k * stride * hp->n_vocab : NULL,
+			                   .lrow_from = from };
+		forward_chunk(big, f, kv, K, sg, 1);
 		done += C;
 	}
 	return 0;
@@ -1011,4 +1051,38 @@ int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t
                      float *logits, enum rt_logits_mode mode, rt_err *err)
 {
 	return rt_model_forward_batch(f, &f, &kv, 1, tokens, n, pos0, logits, mode, err);
+}
+
+int rt_model_forward_multi(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,
+                           const int32_t *const *tokens, const int *n, const int32_t *pos0,
+                           float *const *logits, const int *all_rows, rt_err *err)
+{
+	const rt_model *m = big->m;
+	if (K < 1 || K > big->max_chunk)
+		return rt_err_set(err, "%s: forward: batch of %d sequences for a scratch of %d rows",
+		                  m->path, K, big->max_chunk);
+	fwd_seg *sg = big->segs;
+	int rows = 0;
+	for (int k = 0; k < K; k++) {
+		if (f[k]->m != m)
+			return rt_err_set(err, "%s: forward: batch of sequences of different models",
+			                  m->path);
+		if (K > 1 && f[k] == big)
+			return rt_err_set(err, "%s: forward: the batch scratch is one of its sequences",
+			                  m->path);
+		if (n[k] < 1 || n[k] > f[k]->max_chunk || pos0[k] < 0)
+			return rt_err_set(err, "%s: forward: sequence %d: %d tokens at position %d for a "
+			                  "chunk of %d", m->path, k, n[k], (int)pos0[k], f[k]->max_chunk);
+		if (n[k] > big->max_chunk - rows)
+			return rt_err_set(err, "%s: forward: more than %d rows in one batch", m->path,
+			                  big->max_chunk);
+		if (forward_check(f[k], kv[k], tokens[k], n[k], pos0[k], err) != 0)
+			return -1;
+		sg[k] = (fwd_seg){ .tok = tokens[k], .C = n[k], .pos0 = pos0[k], .off = rows,
+		                   .lg = logits ? logits[k] : NULL,
+		                   .lrow_from = all_rows && all_rows[k] ? 0 : n[k] - 1 };
+		rows += n[k];
+	}
+	forward_chunk(big, f, kv, K, sg, 0);
+	return 0;
 }

@@ -205,6 +205,7 @@ typedef struct rt_fwd {
 	size_t qg_stride, s_stride;
 	int observe_parallel;
 	rt_matmul_scratch mm;   /* fast path: quantised activations and dequantised tiles */
+	void *segs;     /* [max_chunk] internal: the sequences' rows of a batched chunk */
 	void *mem;
 	size_t mem_bytes;
 } rt_fwd;
@@ -248,6 +249,21 @@ int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t
 int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,
                            const int32_t *tokens, int n, int32_t pos0, float *logits,
                            enum rt_logits_mode mode, rt_err *err);
+
+/* Continuous-batching forward: K sequences, each with its OWN tokens tokens[k][0..n[k])
+ * at its own positions pos0[k].. (a decode step of one token, or a prefill chunk), in
+ * one chunk: the weight GEMMs run once over the Σ n[k] stacked rows, everything else per
+ * sequence exactly as rt_model_forward (appends to kv[k], f[k]'s hooks, position
+ * convention and attention scratch). No internal chunking: Σ n[k] <= big->max_chunk,
+ * 1 <= n[k] <= f[k]->max_chunk. logits[k]: NULL (none), or where sequence k's logits go:
+ * [n[k] × n_vocab] when all_rows[k] is 1, else [n_vocab] for its last row (all_rows may
+ * be NULL: last rows only). big may be f[0] only when K = 1. Same errors as
+ * rt_model_forward, checked for every sequence before anything is computed, plus sizes
+ * outside the limits above. With all n[k] equal and the same tokens and positions it
+ * computes what rt_model_forward_batch does. */
+int rt_model_forward_multi(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,
+                           const int32_t *const *tokens, const int *n, const int32_t *pos0,
+                           float *const *logits, const int *all_rows, rt_err *err);
 
 /* The attention softmax used by the forward, exposed for tests and kernels: for each of
  * the G rows P[g·ld .. g·ld + ld) (scaled scores q·k/sqrt(d)), add log_count[0..lim) to the

@@ -598,3 +598,104 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 		b->s[i]->st.seconds += dt;
 	return 0;
 }
+
+/* ---- continuous batching -------------------------------------------------------------- */
+
+int rt_seq_multi_init(rt_seq_multi *b, const rt_model *m, int max_seqs, int max_rows,
+                      rt_err *err)
+{
+	memset(b, 0, sizeof *b);
+	if (max_seqs < 1 || max_rows < 1 || max_rows > 65536 || max_seqs > max_rows)
+		return rt_err_set(err, "sequence step: invalid size %d sequences, %d rows", max_seqs,
+		                  max_rows);
+	const size_t K = (size_t)max_seqs;
+	const size_t ptrs = K * (sizeof(rt_fwd *) + sizeof(rt_kv *) + sizeof(int32_t *) +
+	                         sizeof(float *));
+	b->mem = calloc(1, ptrs + K * (3 * sizeof(int) + sizeof(int32_t)));
+	if (!b->mem)
+		return rt_err_set(err, "%s: sequence step: out of memory", m->path);
+	b->fw = b->mem;
+	b->kv = (rt_kv **)(b->fw + K);
+	b->tok = (const int32_t **)(b->kv + K);
+	b->lgp = (float **)(b->tok + K);
+	b->n = (int *)(b->lgp + K);
+	b->all = b->n + K;
+	b->idx = b->all + K;
+	b->pos = (int32_t *)(b->idx + K);
+	if (rt_fwd_init(&b->big, m, max_rows, 1, err) != 0) {
+		rt_seq_multi_free(b);
+		return -1;
+	}
+	b->max_seqs = max_seqs;
+	b->max_rows = max_rows;
+	return 0;
+}
+
+void rt_seq_multi_free(rt_seq_multi *b)
+{
+	rt_fwd_free(&b->big);
+	free(b->mem);
+	memset(b, 0, sizeof *b);
+}
+
+int rt_seq_multi_step(rt_seq_multi *b, rt_seq *const *s, int K, const int32_t *const *tok,
+                      int *n, float *logits, rt_err *why, rt_err *err)
+{
+	if (K < 1 || K > b->max_seqs)
+		return rt_err_set(err, "sequence step: %d sequences for a step of %d", K, b->max_seqs);
+	const int V = b->big.m->hp.n_vocab;
+	int J = 0, rows = 0;
+	for (int i = 0; i < K; i++) {
+		why[i].msg[0] = 0;
+		if (s[i]->m != b->big.m || n[i] < 1)
+			return rt_err_set(err, "sequence step: sequence %d: another model or %d tokens", i,
+			                  n[i]);
+		int32_t want = n[i] < s[i]->max_chunk ? n[i] : s[i]->max_chunk;
+		const int tr = trace_wants_logits(s[i]);
+		if (tr && want > RT_SEQ_TRACE_CHUNK)
+			want = RT_SEQ_TRACE_CHUNK;
+		int32_t k = rt_run_chunk(&s[i]->run, &s[i]->kv, want);
+		if (k == 0 || rows + k > b->max_rows) {
+			if (k == 0)
+				seq_full_err(s[i], &why[i]);
+			else
+				rt_err_set(&why[i], "sequence step: more than %d rows", b->max_rows);
+			n[i] = -1;
+			continue;
+		}
+		if (seq_reserve(s[i], k, &why[i]) != 0) {
+			n[i] = -1;
+			continue;
+		}
+		b->fw[J] = &s[i]->fwd;
+		b->kv[J] = &s[i]->kv;
+		b->tok[J] = tok[i];
+		b->n[J] = k;
+		b->pos[J] = (int32_t)s[i]->run.ctx.seen;
+		b->lgp[J] = tr ? s[i]->tr_lg : logits + (size_t)i * V;
+		b->all[J] = tr;
+		b->idx[J] = i;
+		n[i] = k;
+		rows += k;
+		J++;
+	}
+	if (J == 0)
+		return 0;
+	double t0 = rt_now();
+	if (rt_model_forward_multi(&b->big, b->fw, b->kv, J, b->tok, b->n, b->pos, b->lgp, b->all,
+	                           err) != 0)
+		return -1;
+	for (int j = 0; j < J; j++) {
+		const int i = b->idx[j], k = b->n[j];
+		rt_seq *q = s[i];
+		if (b->all[j])
+			memcpy(logits + (size_t)i * V, q->tr_lg + (size_t)(k - 1) * V,
+			       (size_t)V * sizeof(float));
+		if (seq_chunk_done(q, tok[i], k, b->all[j] ? q->tr_lg : NULL, &why[i]) != 0)
+			n[i] = -1;
+	}
+	const double dt = rt_now() - t0;
+	for (int j = 0; j < J; j++)
+		s[b->idx[j]]->st.seconds += dt;
+	return J;
+}

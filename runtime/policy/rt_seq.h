@@ -173,6 +173,44 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 /* NULL while sequence k (the caller's index) is in the batch, else why it left. */
 const char *rt_seq_batch_error(const rt_seq_batch *b, int k);
 
+/* Continuous batching (a server's step loop): K sequences, each at its own position with
+ * its own tokens, advance in one forward whose weight GEMMs run once over all their rows
+ * (rt_model_forward_multi). Sequences may join and leave between steps. */
+typedef struct rt_seq_multi {
+	int max_seqs;            /* sequences per step at most */
+	int max_rows;            /* rows (tokens) per step at most, over all sequences */
+	rt_fwd big;              /* scratch for max_rows stacked rows */
+	rt_fwd **fw;             /* [max_seqs] per step: the fed sequences' forward contexts */
+	rt_kv **kv;              /* [max_seqs] their stores */
+	const int32_t **tok;     /* [max_seqs] their tokens */
+	int *n;                  /* [max_seqs] their token counts */
+	int32_t *pos;            /* [max_seqs] their first positions */
+	float **lgp;             /* [max_seqs] where their logits go */
+	int *all;                /* [max_seqs] 1: every row's logits (a prompt trace) */
+	int *idx;                /* [max_seqs] the caller's index of each fed sequence */
+	void *mem;
+} rt_seq_multi;
+
+/* Scratch for steps of at most max_seqs sequences and max_rows tokens (1..65536 each,
+ * max_seqs <= max_rows). Errors (-1, err): bad sizes, allocation failure (b is then safe
+ * to free). */
+int rt_seq_multi_init(rt_seq_multi *b, const rt_model *m, int max_seqs, int max_rows,
+                      rt_err *err);
+void rt_seq_multi_free(rt_seq_multi *b);
+
+/* One step: sequence s[i] (i < K <= max_seqs, all of b's model) is offered n[i] >= 1
+ * tokens tok[i][0..n[i]) at its next position and takes the largest prefix its policy
+ * allows (rt_seq_feed's chunk rule: no trigger or prompt end crossed, at most its
+ * max_chunk, a trace chunk while it records a prompt trace); n[i] is set to the tokens
+ * taken, and logits[i·n_vocab ..] to the logits after its last taken token. Σ n[i] must
+ * not exceed max_rows. A sequence that cannot go on (KV cache full, KV pool exhausted —
+ * its chunk is then not appended — or a failed compress) gets n[i] = -1 and why[i] set;
+ * the others go on. Every fed sequence's `seconds` grows by the step's wall time.
+ * Returns the sequences fed, or -1 with err set on a forward error (every sequence of
+ * the step is then unusable) or bad sizes. */
+int rt_seq_multi_step(rt_seq_multi *b, rt_seq *const *s, int K, const int32_t *const *tok,
+                      int *n, float *logits, rt_err *why, rt_err *err);
+
 /* Tokens seen so far (= the position of the next token). */
 int64_t rt_seq_seen(const rt_seq *s);
 

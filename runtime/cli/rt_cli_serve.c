@@ -1,0 +1,201 @@
+/*
+ * rt_cli_serve: `serve` options, checked before the model loads; see rt_cli_serve.h.
+ */
+#include "cli/rt_cli_serve.h"
+
+#include <cblas.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv/rt_kvpool.h"
+#include "policy/rt_seq.h"
+#include "serve/rt_serve.h"
+
+static const char *const help =
+	"NAME\n"
+	"    %s serve - an OpenAI-compatible HTTP server under the binary's KV-cache policies\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    %s serve --model MODEL [--host 127.0.0.1] [--port 8080] [--policy NAME]\n"
+	"             [--set NAME=VALUE]... [--ratio R] [--kv-memory SIZE] [--max-seqs N]\n"
+	"             [--queue N] [--chunk N] [--step-rows N] [--threads N] [--api-key KEY]\n"
+	"             [--trace FILE] [--max-body SIZE] [--timeout S]\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    Serves POST /v1/completions and /v1/chat/completions (ChatML; \"stream\": true\n"
+	"    streams Server-Sent Events in OpenAI's chunk format), GET /v1/models, /health\n"
+	"    and /metrics (Prometheus). Sampling: temperature (0 = greedy, the same tokens\n"
+	"    as `run`), top_p, top_k, seed, max_tokens, stop. A request may choose its\n"
+	"    policy: \"kv\": {\"policy\": NAME, \"ratio\": R, \"set\": {NAME: VALUE}}, checked\n"
+	"    as --policy, --ratio and --set are. The system message is the protected span\n"
+	"    `system`; a message or prompt segment with \"protect\": true is span `pinned`.\n"
+	"\n"
+	"    Every active sequence advances in one weight pass per step; prompts are\n"
+	"    prefilled in chunks between the others' decode steps. A request is admitted\n"
+	"    when its worst-case KV footprint fits in the pool beside the admitted ones\n"
+	"    (else it waits in the queue; a full queue answers 503 with Retry-After). A\n"
+	"    client that disconnects frees its sequence at the next step. SIGTERM drains:\n"
+	"    new requests get 503, the others finish, then the server exits 0.\n"
+	"\n"
+	"OPTIONS\n"
+	"    -m, --model MODEL   GGUF model file\n"
+	"    --host ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
+	"    --port N            TCP port (default 8080; 0 picks a free one, printed)\n"
+	"    --policy NAME       default policy of requests without \"kv\" (default %s)\n"
+	"    --set NAME=VALUE    default parameter of that policy (repeatable)\n"
+	"    --ratio R           default compression ratio (>= 1)\n"
+	"    --kv-memory SIZE    KV pool bytes, e.g. 512M, 2G (default 1G)\n"
+	"    --max-seqs N        active sequences at most (default 16)\n"
+	"    --queue N           waiting requests at most (default 64)\n"
+	"    --chunk N           prefill chunk per sequence and step (default 64)\n"
+	"    --step-rows N       tokens per step over all sequences (default 256)\n"
+	"    --threads N         BLAS threads\n"
+	"    --api-key KEY       require \"Authorization: Bearer KEY\"\n"
+	"    --trace FILE        append one JSON line per finished request\n"
+	"    --max-body SIZE     request body limit (default 1M)\n"
+	"    --timeout S         idle connection timeout in seconds (default 30)\n"
+	"    -h, --help          show this text\n"
+	"\n"
+	"EXIT STATUS\n"
+	"    0 after a drain, 1 runtime error (model, address), 2 usage error.\n";
+
+static int usage(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int usage(const char *prog, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "%s: serve: ", prog);
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, "\nTry '%s serve --help' for more information.\n", prog);
+	va_end(ap);
+	return 2;
+}
+
+static int int_arg(const char *prog, const char *opt, const char *v, long lo, long hi, int *out)
+{
+	char *end = NULL;
+	long x = strtol(v, &end, 10);
+	if (!*v || *end || x < lo || x > hi)
+		return usage(prog, "%s: '%s' is not a whole number in %ld..%ld", opt, v, lo, hi);
+	*out = (int)x;
+	return 0;
+}
+
+enum { O_HOST = 256, O_PORT, O_POLICY, O_SET, O_RATIO, O_MEM, O_SEQS, O_QUEUE, O_CHUNK,
+       O_ROWS, O_THREADS, O_KEY, O_TRACE, O_BODY, O_TIMEOUT };
+
+int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_policy *const *reg,
+                 int n_reg)
+{
+	static const struct option lo[] = {
+		{ "model", required_argument, 0, 'm' }, { "host", required_argument, 0, O_HOST },
+		{ "port", required_argument, 0, O_PORT }, { "policy", required_argument, 0, O_POLICY },
+		{ "set", required_argument, 0, O_SET }, { "ratio", required_argument, 0, O_RATIO },
+		{ "kv-memory", required_argument, 0, O_MEM }, { "max-seqs", required_argument, 0, O_SEQS },
+		{ "queue", required_argument, 0, O_QUEUE }, { "chunk", required_argument, 0, O_CHUNK },
+		{ "step-rows", required_argument, 0, O_ROWS }, { "threads", required_argument, 0, O_THREADS },
+		{ "api-key", required_argument, 0, O_KEY }, { "trace", required_argument, 0, O_TRACE },
+		{ "max-body", required_argument, 0, O_BODY }, { "timeout", required_argument, 0, O_TIMEOUT },
+		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+	};
+	const char *defp = n_reg > 0 && reg[0] ? reg[0]->name : "full";
+	rt_serve_cfg c = { .prog = prog, .host = "127.0.0.1", .port = 8080, .kv_memory = 1LL << 30,
+	                   .max_seqs = 16, .queue = 64, .chunk = 64, .step_rows = 256,
+	                   .max_body = 1 << 20, .timeout_s = 30 };
+	char **sets = calloc((size_t)argc + 1, sizeof *sets);
+	int threads = 0, rc = 2;
+	rt_err err = { "" };
+	if (!sets)
+		return 1;
+	optind = 1;
+	opterr = 0;
+	int ch;
+	while ((ch = getopt_long(argc, argv, ":m:h", lo, NULL)) != -1) {
+		switch (ch) {
+		case 'm': c.model = optarg; break;
+		case 'h': printf(help, prog, prog, defp); rc = 0; goto out;
+		case O_HOST: c.host = optarg; break;
+		case O_PORT: if (int_arg(prog, "--port", optarg, 0, 65535, &c.port)) goto out; break;
+		case O_POLICY: c.policy = optarg; break;
+		case O_SET: sets[c.n_sets++] = optarg; break;
+		case O_RATIO: {
+			char *end = NULL;
+			c.ratio = strtod(optarg, &end);
+			if (!*optarg || *end || !isfinite(c.ratio) || c.ratio < 1) {
+				usage(prog, "--ratio: '%s' is not a number >= 1", optarg);
+				goto out;
+			}
+			break;
+		}
+		case O_MEM:
+		case O_BODY: {
+			int64_t b;
+			if (rt_kvpool_parse_size(optarg, &b, &err) != 0) {
+				usage(prog, "%s: %s", ch == O_MEM ? "--kv-memory" : "--max-body", err.msg);
+				goto out;
+			}
+			if (ch == O_MEM)
+				c.kv_memory = b;
+			else
+				c.max_body = b;
+			break;
+		}
+		case O_SEQS: if (int_arg(prog, "--max-seqs", optarg, 1, 4096, &c.max_seqs)) goto out; break;
+		case O_QUEUE: if (int_arg(prog, "--queue", optarg, 0, 100000, &c.queue)) goto out; break;
+		case O_CHUNK: if (int_arg(prog, "--chunk", optarg, 1, 4096, &c.chunk)) goto out; break;
+		case O_ROWS: if (int_arg(prog, "--step-rows", optarg, 1, 65536, &c.step_rows)) goto out; break;
+		case O_THREADS: if (int_arg(prog, "--threads", optarg, 1, 1024, &threads)) goto out; break;
+		case O_KEY: c.api_key = optarg; break;
+		case O_TRACE: c.trace = optarg; break;
+		case O_TIMEOUT: if (int_arg(prog, "--timeout", optarg, 1, 86400, &c.timeout_s)) goto out; break;
+		case ':': usage(prog, "option %s needs a value", argv[optind - 1]); goto out;
+		default: usage(prog, "unknown option '%s'", argv[optind - 1]); goto out;
+		}
+	}
+	if (optind < argc) {
+		usage(prog, "unexpected argument '%s'", argv[optind]);
+		goto out;
+	}
+	if (!c.model) {
+		usage(prog, "--model is required");
+		goto out;
+	}
+	if (c.step_rows < c.max_seqs) {
+		usage(prog, "--step-rows %d is below --max-seqs %d (each active sequence needs a row)",
+		      c.step_rows, c.max_seqs);
+		goto out;
+	}
+	/* the default policy, its parameters and ratio, checked as --policy/--set/--ratio */
+	const char *pn = c.policy ? c.policy : defp;
+	const struct kvp_policy *p = rt_registry_find(reg, n_reg, pn);
+	if (!p && !strcmp(pn, "full"))
+		p = &rt_policy_full;
+	if (!p) {
+		usage(prog, "unknown policy '%s' (see `%s info`)", pn, prog);
+		goto out;
+	}
+	double *vals = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof *vals);
+	for (int i = 0; vals && i < c.n_sets; i++)
+		if (kvp_policy_param_set(p, vals, sets[i], &err) != 0) {
+			free(vals);
+			usage(prog, "--set: %s", err.msg);
+			goto out;
+		}
+	free(vals);
+	if (c.ratio > 0 && !p->compress) {
+		usage(prog, "--ratio: policy %s never compresses, so a ratio does not apply", p->name);
+		goto out;
+	}
+	c.policy = p->name;
+	c.sets = sets;
+	if (threads > 0)
+		openblas_set_num_threads(threads);
+	rc = rt_serve_run(&c, reg, n_reg);
+out:
+	free(sets);
+	return rc;
+}

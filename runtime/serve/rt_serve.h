@@ -1,0 +1,59 @@
+/*
+ * rt_serve: `BIN serve`, an OpenAI-compatible HTTP server (libmicrohttpd, one thread per
+ * connection; jansson for JSON) on the process's KV block pool (kv/rt_kvpool.h), with
+ * continuous batching: one scheduler thread advances every active sequence in one
+ * weight pass per step (rt_seq_multi_step), new requests join at step boundaries and
+ * long prompts are prefilled in chunks between the others' decode steps. Admission by
+ * pool bytes against a request's worst-case footprint, a bounded queue, 503 with
+ * Retry-After beyond it; a client that disconnects frees its sequence at the next step
+ * boundary; SIGTERM (or SIGINT) drains: new requests get 503, queued and active ones
+ * finish, then the process exits 0. docs/serving.md describes the API.
+ *
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions (ChatML, the SmolLM2 /
+ * Qwen2 template), both with "stream": true as Server-Sent Events in OpenAI's chunk
+ * format; GET /v1/models, GET /health, GET /metrics (Prometheus text format 0.0.4).
+ */
+#ifndef RT_SERVE_H
+#define RT_SERVE_H
+
+#include <stdint.h>
+
+#include "policy/rt_policy.h"
+
+typedef struct rt_serve_cfg {
+	const char *prog;          /* program name in messages */
+	const char *model;         /* GGUF file */
+	const char *host;          /* IPv4 address to listen on (default 127.0.0.1) */
+	int port;                  /* TCP port; 0 picks a free one (printed on stderr) */
+	const char *policy;        /* default policy of requests without "kv" (NULL: reg[0]) */
+	char *const *sets;         /* default "name=value" parameters of that policy */
+	int n_sets;
+	double ratio;              /* default compression ratio (0: the policy's budget) */
+	int64_t kv_memory;         /* KV pool bytes (the hard limit) */
+	int max_seqs;              /* active sequences at most */
+	int queue;                 /* waiting requests at most */
+	int chunk;                 /* prefill chunk (tokens per sequence per step) */
+	int step_rows;             /* tokens per step over all sequences */
+	int64_t max_body;          /* request body bytes at most */
+	int timeout_s;             /* idle connection timeout, seconds */
+	const char *api_key;       /* required bearer token, or NULL */
+	const char *trace;         /* JSON-lines trace file, or NULL */
+} rt_serve_cfg;
+
+/* Load the model, listen and serve until SIGTERM/SIGINT; the policies are reg[0..n_reg)
+ * plus the built-in full. The caller has checked the configuration's ranges and the
+ * default policy's parameters. Returns the exit status: 0 after a drain, 1 on a startup
+ * failure (message on stderr: "PROG: serve: reason"). */
+int rt_serve_run(const rt_serve_cfg *cfg, const struct kvp_policy *const *reg, int n_reg);
+
+/* The worst-case KV footprint, in entries per (layer, KV head) list, of a sequence of
+ * n_prompt + max_tokens tokens under the policy and parameters of s (a fresh sequence,
+ * reset to its start again on return) with prefill chunks of `chunk` tokens: the whole
+ * sequence for a policy that never compresses or has no ratio override (the ABI exposes
+ * no policy's own budget); with ratio R, max(P, ceil(P/R) + T) for a policy that
+ * compresses at the prompt end (the whole prompt is held before it runs), else
+ * ceil((P+T)/R) plus the longest chunk its trigger allows at that budget. */
+struct rt_seq;
+int64_t rt_serve_footprint(struct rt_seq *s, int64_t n_prompt, int64_t max_tokens, int chunk);
+
+#endif

@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""End-to-end tests of `BIN serve` against a server this script starts on a loopback
+port and stops itself (SIGTERM: the drain must exit 0).
+
+References are independent of the server: greedy output must equal `BIN run` for the
+same prompt, policy and prefill chunk; the pinned span must survive compression under
+a policy that keeps it (and not under one that does not); every bad input must get a
+clear 4xx while the server keeps serving the others unchanged. The real `openai`
+client drives completions, chat and streaming; curl drives the raw HTTP cases.
+
+Usage: test_serve.py BIN MODEL   (BIN built by kvpc with h2o, snapkv and h2o_pinned)
+"""
+import concurrent.futures as cf
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BIN, MODEL = sys.argv[1], sys.argv[2]
+MODEL_ID = os.path.basename(MODEL).replace(".gguf", "")
+CHUNK = 32
+FAILS = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILS.append(what)
+
+
+def start(trace):
+    args = [BIN, "serve", "--model", MODEL, "--port", "0", "--kv-memory", "96M",
+            "--max-seqs", "8", "--queue", "64", "--chunk", str(CHUNK), "--timeout", "2",
+            "--max-body", "256K", "--threads", "1", "--trace", trace, "--policy", "h2o"]
+    p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+    line = p.stderr.readline()
+    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+    if not m:
+        p.kill()
+        sys.exit("server did not start: " + line + p.stderr.read())
+    threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
+    return p, int(m.group(1))
+
+
+def run_cli(prompt, n, policy, ratio, chat=False, system=None):
+    args = [BIN, "run", "--model", MODEL, "--prompt", prompt, "-n", str(n), "--policy", policy,
+            "--chunk", str(CHUNK), "--threads", "1"]
+    if ratio:
+        args += ["--ratio", str(ratio)]
+    if chat:
+        args += ["--chat"] + (["--system", system] if system else [])
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout[:-1] if out.stdout.endswith("\n") else out.stdout
+
+
+def post(port, path, body, raw=False, timeout=60):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = body if raw else json.dumps(body).encode()
+    c.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    txt = r.read().decode("utf-8", "replace")
+    c.close()
+    try:
+        return r.status, json.loads(txt), r
+    except ValueError:
+        return r.status, txt, r
+
+
+def get(port, path):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", path)
+    r = c.getresponse()
+    t = r.read().decode()
+    c.close()
+    return r.status, t
+
+
+def metric(port, name):
+    _, t = get(port, "/metrics")
+    m = re.search(r"^%s (\S+)$" % re.escape(name), t, re.M)
+    return float(m.group(1)) if m else None
+
+
+def main():
+    try:
+        import openai
+    except ImportError:
+        openai = None
+        print("SKIP the openai client cases: the Python package `openai` is not installed "
+              "(make deps installs it with pip)")
+    trace = tempfile.mktemp(suffix=".jsonl")
+    srv, port = start(trace)
+    t_start = time.time()
+    base = "http://127.0.0.1:%d/v1" % port
+    try:
+        prompt = "The three primary colors are"
+        ref_h2o = run_cli(prompt, 12, "h2o", 2)
+        story = ("The lighthouse keeper walked up the spiral stairs every evening to light the lamp. "
+                 "Ships passed the rocky coast safely because of his careful work. One stormy night "
+                 "the lamp went out, and the keeper had to climb the tower in the dark wind to fix it. ") * 2
+        ref_snap = run_cli(story, 12, "snapkv", 2)
+        sysmsg, user = "You answer in one short sentence.", "What is the capital of Italy?"
+        ref_chat = run_cli(user, 10, "h2o", 2, chat=True, system=sysmsg)
+
+        # ---- the openai client: completions, chat, streaming, per-request policy
+        if openai:
+            cl = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60)
+            ids = [m.id for m in cl.models.list().data]
+            check(ids == [MODEL_ID], "GET /v1/models lists the model: %s" % ids)
+            r = cl.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=12,
+                                      temperature=0, extra_body={"kv": {"ratio": 2}})
+            check(r.choices[0].text == ref_h2o,
+                  "completion (h2o x2) equals `run`: %r vs %r" % (r.choices[0].text, ref_h2o))
+            check(r.usage.completion_tokens >= 1 and r.usage.prompt_tokens > 0, "usage filled")
+            r = cl.completions.create(model=MODEL_ID, prompt=story, max_tokens=12, temperature=0,
+                                      extra_body={"kv": {"policy": "snapkv", "ratio": 2}})
+            check(r.choices[0].text == ref_snap and r.model_extra["kv"]["policy"] == "snapkv",
+                  "per-request policy snapkv x2 equals `run`: %r vs %r" % (r.choices[0].text, ref_snap))
+            parts, usage = [], None
+            for ch in cl.chat.completions.create(
+                    model=MODEL_ID, max_tokens=10, temperature=0, stream=True,
+                    messages=[{"role": "system", "content": sysmsg}, {"role": "user", "content": user}],
+                    extra_body={"kv": {"ratio": 2}}):
+                if ch.choices and ch.choices[0].delta.content:
+                    parts.append(ch.choices[0].delta.content)
+                usage = ch.usage or usage
+            check("".join(parts) == ref_chat,
+                  "streamed chat equals `run --chat`: %r vs %r" % ("".join(parts), ref_chat))
+            check(usage is not None and usage.completion_tokens == len(parts) or usage is not None,
+                  "the last stream chunk carries usage")
+            r = cl.chat.completions.create(model=MODEL_ID, max_tokens=10, temperature=0,
+                                           messages=[{"role": "system", "content": sysmsg},
+                                                     {"role": "user", "content": user}],
+                                           extra_body={"kv": {"ratio": 2}})
+            check(r.choices[0].message.content == ref_chat, "chat (not streamed) equals `run --chat`")
+            r = cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8,
+                                      temperature=0.8, top_p=0.9, seed=7)
+            r2 = cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8,
+                                       temperature=0.8, top_p=0.9, seed=7)
+            check(r.choices[0].text == r2.choices[0].text, "sampling with a seed is reproducible")
+            r = cl.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=12, temperature=0,
+                                      stop=[" and"], extra_body={"kv": {"ratio": 2}})
+            want = ref_h2o.split(" and")[0] if " and" in ref_h2o else ref_h2o
+            check(r.choices[0].text == want, "stop string cuts the text: %r" % r.choices[0].text)
+            try:
+                cl.completions.create(model=MODEL_ID, prompt="x", max_tokens=5,
+                                      extra_body={"kv": {"policy": "nosuch"}})
+                check(False, "the openai client sees a 400 for an unknown policy")
+            except openai.BadRequestError as e:
+                check("unknown policy 'nosuch'" in str(e), "the openai client sees a 400: %s" % e)
+
+        # ---- a pinned span is kept by a policy that keeps it, not by one that does not
+        filler = " ".join("Item %d is a plain filler sentence about nothing much." % i for i in range(6))
+        req = "REQUIREMENT: every answer must mention the number 4217."
+        msgs = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": req, "protect": True},
+                {"role": "user", "content": filler + " Now summarise."}]
+        st, a, _ = post(port, "/v1/chat/completions", {"messages": msgs, "max_tokens": 4,
+                        "temperature": 0, "kv": {"policy": "h2o_pinned", "ratio": 4}})
+        kv = a.get("kv", {}) if st == 200 else {}
+        check(st == 200 and kv.get("pinned_tokens", 0) > 5 and kv["pinned_kept"] == kv["pinned_tokens"]
+              and kv["compress_events"] > 0,
+              "pinned span kept under h2o_pinned x4: %s" % {k: kv.get(k) for k in ("pinned_tokens", "pinned_kept", "compress_events")})
+        st, a, _ = post(port, "/v1/chat/completions", {"messages": msgs, "max_tokens": 4,
+                        "temperature": 0, "kv": {"policy": "h2o", "ratio": 4}})
+        kv = a.get("kv", {}) if st == 200 else {}
+        check(st == 200 and kv.get("pinned_kept", 99) < kv.get("pinned_tokens", 0),
+              "without `keep span pinned` h2o x4 evicts part of it: %s/%s" % (kv.get("pinned_kept"), kv.get("pinned_tokens")))
+        st, a, _ = post(port, "/v1/completions", {"prompt": [{"text": req, "protect": True}, filler],
+                        "max_tokens": 2, "temperature": 0, "kv": {"policy": "h2o_pinned", "ratio": 4}})
+        kv = a.get("kv", {}) if st == 200 else {}
+        check(st == 200 and kv.get("pinned_tokens", 0) > 5 and kv["pinned_kept"] == kv["pinned_tokens"],
+              "a protected prompt segment is kept: %s" % kv)
+
+        # ---- bad input: a clear 4xx each, the server keeps serving
+        long_prompt = "word " * 9000
+        cases = [
+            ("malformed JSON", b'{"prompt": "x",', 400, "invalid JSON"),
+            ("not an object", b'[1,2]', 400, "JSON object"),
+            ("wrong type max_tokens", {"prompt": "x", "max_tokens": "8"}, 400, "max_tokens"),
+            ("wrong type temperature", {"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+            ("wrong type prompt", {"prompt": 5}, 400, "prompt"),
+            ("wrong type stream", {"prompt": "x", "stream": "yes"}, 400, "stream"),
+            ("missing prompt", {"max_tokens": 3}, 400, "prompt is required"),
+            ("unknown policy", {"prompt": "x", "kv": {"policy": "nosuch"}}, 400, "unknown policy"),
+            ("unknown parameter", {"prompt": "x", "kv": {"policy": "h2o", "set": {"nosuch": 3}}}, 400, "nosuch"),
+            ("bad parameter value", {"prompt": "x", "kv": {"policy": "h2o", "set": {"heavy": -1}}}, 400, "heavy"),
+            ("ratio below 1", {"prompt": "x", "kv": {"ratio": 0.5}}, 400, "ratio"),
+            ("unknown kv field", {"prompt": "x", "kv": {"budget": 3}}, 400, "unknown field"),
+            ("budget below the guards", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 200}}, 400, "below the guards"),
+            ("max_tokens beyond the context", {"prompt": "x", "max_tokens": 100000}, 400, "beyond the context"),
+            ("prompt over the context", {"prompt": long_prompt, "max_tokens": 1}, 400, "context_length"),
+            ("unknown model", {"model": "gpt-9", "prompt": "x"}, 404, "does not exist"),
+            ("invalid UTF-8", b'{"prompt": "\xff\xfe"}', 400, "decode byte"),
+            ("oversized body", b'{"prompt": "' + b"a" * 300000 + b'"}', 413, "exceeds"),
+        ]
+        for name, body, want, text in cases:
+            st, a, resp = post(port, "/v1/completions", body, raw=isinstance(body, bytes))
+            msg = a.get("error", {}).get("message", "") if isinstance(a, dict) else str(a)
+            check(st == want and text in msg, "%s: %d %s" % (name, st, msg[:110]))
+        out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "GET",
+                              base + "/completions"], capture_output=True, text=True, timeout=30)
+        check(out.stdout == "405", "curl GET /v1/completions: %s" % out.stdout)
+        out = subprocess.run(["curl", "-s", base.replace("/v1", "/nosuch")], capture_output=True,
+                             text=True, timeout=30)
+        check('"not_found_error"' in out.stdout, "curl unknown endpoint: 404 object")
+        out = subprocess.run(["curl", "-s", "-N", base + "/completions", "-d",
+                              json.dumps({"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                          "stream": True, "kv": {"ratio": 2}})],
+                             capture_output=True, text=True, timeout=60)
+        ev = [json.loads(l[6:]) for l in out.stdout.splitlines() if l.startswith("data: {")]
+        check(out.stdout.rstrip().endswith("data: [DONE]") and
+              "".join(e["choices"][0]["text"] for e in ev) == ref_h2o and "usage" in ev[-1],
+              "curl streams SSE chunks that add up to `run`'s text, usage last")
+
+        # a request that never finishes sending: the connection is dropped after --timeout
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro")
+        t0 = time.time()
+        st, a, _ = post(port, "/v1/completions", {"prompt": prompt, "max_tokens": 12,
+                        "temperature": 0, "kv": {"ratio": 2}})
+        check(st == 200 and a["choices"][0]["text"] == ref_h2o,
+              "served while a client never finishes sending")
+        s.settimeout(10)
+        try:
+            gone = s.recv(100) == b""
+        except OSError:
+            gone = True
+        check(gone and time.time() - t0 < 10, "the unfinished request is dropped after the timeout")
+        s.close()
+
+        # a client that disconnects mid-stream frees its sequence at once
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        body = json.dumps({"prompt": filler, "max_tokens": 2000, "stream": True,
+                           "temperature": 0, "kv": {"policy": "full"}}).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        got = b""
+        while b"data: {" not in got:
+            got += s.recv(4096)
+        s.close()
+        freed = False
+        for _ in range(100):
+            if metric(port, "kvpc_sequences_active") == 0 and metric(port, "kvpc_pool_bytes_in_use") == 0:
+                freed = True
+                break
+            time.sleep(0.05)
+        check(freed, "a client that disconnects mid-stream frees its sequence and blocks")
+
+        # 64 concurrent clients (bounded: 8 active, 64 queued); outputs unchanged
+        def one(i):
+            return post(port, "/v1/completions", {"prompt": prompt, "max_tokens": 4,
+                        "temperature": 0, "kv": {"ratio": 2}}, timeout=120)[:2]
+        st, solo, _ = post(port, "/v1/completions", {"prompt": prompt, "max_tokens": 4,
+                           "temperature": 0, "kv": {"ratio": 2}})
+        solo = solo["choices"][0]["text"]
+        t0 = time.time()
+        with cf.ThreadPoolExecutor(64) as ex:
+            res = list(ex.map(one, range(64)))
+        codes = [c for c, _ in res]
+        texts = {a["choices"][0]["text"] for c, a in res if c == 200}
+        check(all(c in (200, 503) for c in codes) and codes.count(200) >= 8 and texts == {solo},
+              "64 concurrent clients: %d x 200, %d x 503 in %.1f s, outputs %s" %
+              (codes.count(200), codes.count(503), time.time() - t0, texts))
+        check(metric(port, "kvpc_pool_bytes_in_use") == 0, "every block is back in the pool")
+        st, t = get(port, "/metrics")
+        names = ["kvpc_pool_bytes_total", "kvpc_pool_blocks_in_use", "kvpc_kv_entries_in_use",
+                 "kvpc_sequences_queued", "kvpc_requests_total{status=\"400\"}",
+                 "kvpc_compress_events_total{policy=\"h2o\"}", "kvpc_entries_evicted_total",
+                 "kvpc_step_seconds_bucket", "kvpc_tokens_per_second", "kvpc_prompt_tokens_total"]
+        check(st == 200 and all(n in t for n in names), "/metrics has the kvpc_ families")
+        st, t = get(port, "/health")
+        check(st == 200 and '"ok"' in t, "/health")
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        try:
+            rc = srv.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            rc = None
+    check(rc == 0, "SIGTERM drains and exits 0 (rc %s)" % rc)
+    lines = [json.loads(l) for l in open(trace)]
+    check(len(lines) > 10 and all(k in lines[0] for k in ("id", "policy", "params", "prompt_tokens",
+          "generated_tokens", "kv_entries_peak", "kv_bytes_peak", "compress_events",
+          "entries_evicted", "eviction_rate", "ttft_s", "total_s")), "--trace writes one JSON line per request")
+    os.unlink(trace)
+    print("serve tests: %d failed, %.1f s" % (len(FAILS), time.time() - t_start))
+    sys.exit(1 if FAILS else 0)
+
+
+if __name__ == "__main__":
+    main()
