@@ -51,7 +51,7 @@ BINS       := $(B)/kvrt $(if $(wildcard compiler/kvpc_main.c),$(B)/kvpc)
 .SECONDARY:
 .DELETE_ON_ERROR:
 
-.PHONY: all help deps model check test test-asan bench demo results fuzz fuzz-build fuzz-smoke install clean cuda
+.PHONY: all help deps model check test test-asan bench bench-serve demo results fuzz fuzz-build fuzz-smoke install clean cuda
 .DEFAULT_GOAL := all
 
 ## all: build libkvrt, the kvrt CLI, the kvpc compiler and every test binary
@@ -107,6 +107,11 @@ test-asan: $(TEST_BINS)
 ## bench: kvrt beside llama-bench (scripts/build_llama.sh): pp512, tg128, tg128 at depth 4096, 1 and 2 threads
 bench: deps model $(B)/kvrt
 	@scripts/bench.sh $(B) $(MODEL)
+
+## bench-serve: serving benchmark table (kvrt serve full / h2o x8 / tova x8 at one --kv-memory, llama-server when buildable)
+bench-serve: deps model $(B)/kvpc $(B)/libkvrt.a
+	@$(B)/kvpc build policies/h2o.kvp policies/tova.kvp -o $(B)/bench_serve_bin
+	@$(PYTHON) scripts/bench_serve.py $(B)/bench_serve_bin $(MODEL)
 
 ## demo: the main job: A/B two policies on the real model and a real text, then a generation
 demo: deps model
