@@ -147,7 +147,7 @@ def kvrt_row(policy, ratio):
 def llama_row():
     script = os.path.join(ROOT, "scripts", "build_llama.sh")
     if not os.path.exists(script):
-        return None, "scripts/build_llama.sh is not in this tree"
+        return None, "the llama.cpp build script (scripts/build_llama.sh) is not in this tree"
     out = subprocess.run([script], capture_output=True, text=True)
     srv = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
     srv = os.path.join(os.path.dirname(srv), "llama-server") if srv else ""
