@@ -3,7 +3,6 @@
  */
 #include "cli/rt_cli_serve.h"
 
-#include <cblas.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <math.h>
@@ -23,7 +22,7 @@ static const char *const help =
 	"    %s serve --model MODEL [--host 127.0.0.1] [--port 8080] [--policy NAME]\n"
 	"             [--set NAME=VALUE]... [--ratio R] [--kv-memory SIZE] [--max-seqs N]\n"
 	"             [--queue N] [--chunk N] [--step-rows N] [--threads N] [--api-key KEY]\n"
-	"             [--trace FILE] [--max-body SIZE] [--timeout S]\n"
+	"             [--trace FILE] [--max-body SIZE] [--timeout S] [--exact]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Serves POST /v1/completions and /v1/chat/completions (ChatML; \"stream\": true\n"
@@ -53,7 +52,9 @@ static const char *const help =
 	"    --queue N           waiting requests at most (default 64)\n"
 	"    --chunk N           prefill chunk per sequence and step (default 64)\n"
 	"    --step-rows N       tokens per step over all sequences (default 256)\n"
-	"    --threads N         BLAS threads\n"
+	"    --threads N         threads (fast path: the pool, default every core; exact\n"
+	"                        path: OpenBLAS's)\n"
+	"    --exact             the exact path (f32 weights, OpenBLAS); default: the fast path\n"
 	"    --api-key KEY       require \"Authorization: Bearer KEY\"\n"
 	"    --trace FILE        append one JSON line per finished request\n"
 	"    --max-body SIZE     request body limit (default 1M)\n"
@@ -86,7 +87,7 @@ static int int_arg(const char *prog, const char *opt, const char *v, long lo, lo
 }
 
 enum { O_HOST = 256, O_PORT, O_POLICY, O_SET, O_RATIO, O_MEM, O_SEQS, O_QUEUE, O_CHUNK,
-       O_ROWS, O_THREADS, O_KEY, O_TRACE, O_BODY, O_TIMEOUT };
+       O_ROWS, O_THREADS, O_KEY, O_TRACE, O_BODY, O_TIMEOUT, O_EXACT };
 
 int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_policy *const *reg,
                  int n_reg)
@@ -100,6 +101,7 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		{ "step-rows", required_argument, 0, O_ROWS }, { "threads", required_argument, 0, O_THREADS },
 		{ "api-key", required_argument, 0, O_KEY }, { "trace", required_argument, 0, O_TRACE },
 		{ "max-body", required_argument, 0, O_BODY }, { "timeout", required_argument, 0, O_TIMEOUT },
+		{ "exact", no_argument, 0, O_EXACT },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	const char *defp = n_reg > 0 && reg[0] ? reg[0]->name : "full";
@@ -148,8 +150,9 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		case O_QUEUE: if (int_arg(prog, "--queue", optarg, 0, 100000, &c.queue)) goto out; break;
 		case O_CHUNK: if (int_arg(prog, "--chunk", optarg, 1, 4096, &c.chunk)) goto out; break;
 		case O_ROWS: if (int_arg(prog, "--step-rows", optarg, 1, 65536, &c.step_rows)) goto out; break;
-		case O_THREADS: if (int_arg(prog, "--threads", optarg, 1, 1024, &threads)) goto out; break;
+		case O_THREADS: if (int_arg(prog, "--threads", optarg, 1, 256, &threads)) goto out; break;
 		case O_KEY: c.api_key = optarg; break;
+		case O_EXACT: c.exact = 1; break;
 		case O_TRACE: c.trace = optarg; break;
 		case O_TIMEOUT: if (int_arg(prog, "--timeout", optarg, 1, 86400, &c.timeout_s)) goto out; break;
 		case ':': usage(prog, "option %s needs a value", argv[optind - 1]); goto out;
@@ -192,8 +195,7 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 	}
 	c.policy = p->name;
 	c.sets = sets;
-	if (threads > 0)
-		openblas_set_num_threads(threads);
+	c.threads = threads;
 	rc = rt_serve_run(&c, reg, n_reg);
 out:
 	free(sets);

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kv/rt_kvpool.h"
 #include "model/rt_gguf.h"
@@ -1401,7 +1402,11 @@ static int srv_open(srv *S, rt_err *err)
 	if (!g)
 		return -1;
 	S->tk = rt_tokenizer_init(g, err);
-	S->m = S->tk ? rt_model_load_gguf(g, err) : NULL;
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	rt_model_opts mo = { .exact = c->exact,
+	                     .threads = c->threads > 0 ? c->threads
+	                                : c->exact ? 0 : (int)(ncpu < 1 ? 1 : ncpu > 256 ? 256 : ncpu) };
+	S->m = S->tk ? rt_model_load_opts(g, &mo, err) : NULL;
 	rt_gguf_close(g);
 	if (!S->m)
 		return -1;

@@ -38,6 +38,8 @@ typedef struct rt_serve_cfg {
 	int timeout_s;             /* idle connection timeout, seconds */
 	const char *api_key;       /* required bearer token, or NULL */
 	const char *trace;         /* JSON-lines trace file, or NULL */
+	int exact;                 /* 1: the exact path (f32 weights, OpenBLAS); 0: the fast path */
+	int threads;               /* threads of the model (0: every online core) */
 } rt_serve_cfg;
 
 /* Load the model, listen and serve until SIGTERM/SIGINT; the policies are reg[0..n_reg)

@@ -38,7 +38,7 @@ def check(cond, what):
 def start(trace):
     args = [BIN, "serve", "--model", MODEL, "--port", "0", "--kv-memory", "96M",
             "--max-seqs", "16", "--queue", "64", "--chunk", str(CHUNK), "--timeout", "2",
-            "--max-body", "256K", "--threads", "1", "--trace", trace, "--policy", "h2o"]
+            "--max-body", "256K", "--threads", "2", "--trace", trace, "--policy", "h2o"]
     p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     line = p.stderr.readline()
     m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
@@ -51,7 +51,7 @@ def start(trace):
 
 def run_cli(prompt, n, policy, ratio, chat=False, system=None):
     args = [BIN, "run", "--model", MODEL, "--prompt", prompt, "-n", str(n), "--policy", policy,
-            "--chunk", str(CHUNK), "--threads", "1"]
+            "--chunk", str(CHUNK), "--threads", "2"]
     if ratio:
         args += ["--ratio", str(ratio)]
     if chat:
