@@ -30,17 +30,25 @@ kvrt_run() {
 	"$bdir/kvrt" bench --model "$model" --pp 512 --tg 128 --depth "0,$depth" --threads "$1" \
 		${KVRT_BENCH_FLAGS:-} | grep -v '^#'
 }
+# --repack 0: a GGML_NATIVE build on a CPU with AMX compiles ggml's AMX matmul, whose
+# first tile load dies with SIGILL where the kernel has not granted the AMX state (seen on
+# this project's machine); without repacking llama.cpp runs its AVX-512 VNNI kernels.
 llama_run() {
-	"$llama_bin/llama-bench" -m "$model" -t "$1" -p 512 -n 128 -d "0,$depth" -r "$reps" -o csv \
-		2>/dev/null | python3 -c '
+	{
+		"$llama_bin/llama-bench" -m "$model" -t "$1" -p 512 -n 128 -r "$reps" --repack 0 -o csv \
+			2>/dev/null
+		"$llama_bin/llama-bench" -m "$model" -t "$1" -p 0 -n 128 -d "$depth" -r "$reps" --repack 0 \
+			-o csv 2>/dev/null | tail -n +2
+	} | python3 -c '
 import csv, sys
 rows = list(csv.DictReader(sys.stdin))
 for r in rows:
     p, g, d = int(r["n_prompt"]), int(r["n_gen"]), int(r.get("n_depth", 0) or 0)
+    ts = r["avg_ts"]
     if p and not g and d == 0:
-        print(f"pp{p} {r[\"avg_ts\"]}")
+        print("pp%d %s" % (p, ts))
     elif g and not p:
-        print(f"tg{g}" + (f"@d{d}" if d else "") + f" {r[\"avg_ts\"]}")
+        print("tg%d%s %s" % (g, "@d%d" % d if d else "", ts))
 '
 }
 
