@@ -136,6 +136,7 @@ def kvrt_row(policy, ratio):
     if "listening" not in line:
         p.kill()
         return None
+    threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
     body = lambda i: {"prompt": prompt_text(i), "max_tokens": GEN, "temperature": 0,
                       "stream": True, "stream_options": {"include_usage": True}}
     r = load(port, body, lambda: metric(port, "kvpc_sequences_active"))
@@ -148,9 +149,9 @@ def llama_row():
     script = os.path.join(ROOT, "scripts", "build_llama.sh")
     if not os.path.exists(script):
         return None, "the llama.cpp build script (scripts/build_llama.sh) is not in this tree"
-    out = subprocess.run([script], capture_output=True, text=True)
-    srv = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
-    srv = os.path.join(os.path.dirname(srv), "llama-server") if srv else ""
+    out = subprocess.run([script], capture_output=True, text=True)  # prints the binaries' folder
+    folder = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
+    srv = os.path.join(folder, "llama-server") if folder else ""
     if not srv or not os.access(srv, os.X_OK):
         return None, "llama-server could not be built (%s)" % (out.stderr.strip()[-200:] or "no binary")
     # f16 KV per token: 2 (K, V) x layers x KV heads x head_dim x 2 bytes (SmolLM2-135M: 30 x 3 x 64)
@@ -190,7 +191,7 @@ def main():
     lr, why = llama_row()
     if lr:
         rows.append(("llama-server (f16 KV)", lr))
-    print()
+    print(flush=True)
     print("| server | admitted at once | finished | gen tok/s | TTFT p50 s | TTFT p99 s |")
     print("|---|---|---|---|---|---|")
     for name, r in rows:
@@ -206,3 +207,5 @@ def main():
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    os._exit(0)  # cut-off clients may still block in their sockets: do not wait for them
