@@ -123,7 +123,8 @@ typedef enum kvp_trigger_kind {
 	KVP_T_EVERY,      /* every N steps */
 	KVP_T_WHEN,       /* when COND */
 	KVP_T_AT,         /* at prompt end */
-	KVP_T_PER,        /* per block N */
+	KVP_T_PER,        /* per block N (words: "block"), per prompt block N (words: "block",
+	                     "prompt") */
 } kvp_trigger_kind;
 
 /* A bare word with its span (group reducer and modifiers, keep kinds, trigger words).

@@ -811,6 +811,9 @@ static void emit_trigger(struct em *em)
 		out(em, ";\n");
 		break;
 	case KVP_TRIG_PREFILL_BLOCK:
+		if (tr->prompt_only)
+			out(em, "\tif (ctx->prompt_len >= 0 && seen > (double)ctx->prompt_len)\n"
+			        "\t\treturn 0; /* blocks of the prompt only */\n");
 		out(em, "\treturn (k_every(seen, ");
 		scalar_or(em, tr->n, 1);
 		out(em, ") || (ctx->prompt_len >= 0 && seen == (double)ctx->prompt_len)) && entries > ");
@@ -832,37 +835,24 @@ static void emit_trigger(struct em *em)
 	out(em, "\treturn room;\n}\n\n");
 }
 
-/* The end of compress for `action = add_split`: the GraceKV core through k_grace_run
- * (kernels/k_compress.h) with the policy's values in an rt_gracekv_cfg
- * (runtime/policy/rt_gracekv.h); cfg already holds the score's reduction. */
-static void emit_grace_tail(struct em *em, int has_score)
+/* The GraceKV core's values in an rt_gracekv_cfg (runtime/policy/rt_gracekv.h), from the
+ * policy's guards, allocation, action and question window. */
+static void emit_grace_cfg(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
-	out(em, "\tstruct rt_gracekv_cfg gc;\n\trt_gracekv_cfg_default(&gc);\n");
-	out(em, "\tgc.name = cfg.name;\n\tgc.budget = cfg.budget;\n");
-	if (ir->guards.sinks >= 0 || ir->guards.recent >= 0) {
-		line_src(em, ir->guards.loc);
-		if (ir->guards.sinks >= 0) {
-			out(em, "\tgc.sinks = ");
-			expr(em, ir->guards.sinks, E_SCALAR);
-			out(em, ";\n");
-		}
-		out(em, "\tgc.recent = ");
-		scalar_or(em, ir->guards.recent, 0);
-		out(em, ";\n");
-		line_back(em);
-	} else {
-		out(em, "\tgc.recent = 0;\n");
-	}
+	out(em, "\trt_gracekv_cfg_default(gc);\n");
+	out(em, "\tgc->name = cfg->name;\n\tgc->budget = cfg->budget;\n");
+	out(em, "\tgc->sinks = cfg->has_sinks ? cfg->sinks : gc->sinks;\n");
+	out(em, "\tgc->recent = cfg->has_recent ? cfg->recent : 0;\n");
 	line_src(em, ir->alloc.loc);
-	out(em, "\tgc.head_share = fmin(1.0, fmax(0.0, ");
+	out(em, "\tgc->head_share = fmin(1.0, fmax(0.0, ");
 	scalar_or(em, ir->alloc.floor, 0);
 	out(em, "));\n");
 	line_back(em);
 	line_src(em, ir->action.loc);
-	out(em, "\tgc.slot = ");
+	out(em, "\tgc->slot = ");
 	scalar_or(em, ir->action.run, 64);
-	out(em, ";\n\tgc.floor = ");
+	out(em, ";\n\tgc->floor = ");
 	scalar_or(em, ir->action.floor, 0);
 	out(em, ";\n");
 	line_back(em);
@@ -870,7 +860,7 @@ static void emit_grace_tail(struct em *em, int has_score)
 	for (int k = 0; k < ir->n_stats; k++)
 		if (ir->stats[k].hist == KVP_HIST_PROMPT_TAIL && ir->stats[k].window >= 0) {
 			line_src(em, ir->stats[k].loc);
-			out(em, "\tgc.probe = ");
+			out(em, "\tgc->probe = ");
 			expr(em, ir->stats[k].window, E_SCALAR);
 			out(em, ";\n");
 			line_back(em);
@@ -879,16 +869,136 @@ static void emit_grace_tail(struct em *em, int has_score)
 	if (ir->score.pool != KVP_POOL_NONE) {
 		double k = 1;
 		kvp_ir_fold(ir, ir->score.kernel, &k);
-		out(em, "\tgc.pool = %d;\n\tgc.pool_max = %d;\n", (int)k, ir->score.pool == KVP_POOL_MAX);
+		out(em, "\tgc->pool = %d;\n\tgc->pool_max = %d;\n", (int)k, ir->score.pool == KVP_POOL_MAX);
 	}
 	if (ir->guards.protect_all_spans)
-		out(em, "\tgc.protect_all_spans = 1;\n");
+		out(em, "\tgc->protect_all_spans = 1;\n");
 	if (ir->guards.n_spans > 0)
-		out(em, "\tgc.spans = policy_spans;\n\tgc.n_spans = %d;\n", ir->guards.n_spans);
-	out(em, "\treturn k_grace_run(ctx, kv, &cfg, %s, &gc, err);\n}\n\n",
-	    has_score ? "score_q" : "NULL");
-	out(em, "static size_t scratch_bytes(const rt_kv *kv)\n{\n");
-	out(em, "\treturn k_grace_scratch_bytes(kv, %d);\n}\n\n", em->n_vec);
+		out(em, "\tgc->spans = policy_spans;\n\tgc->n_spans = %d;\n", ir->guards.n_spans);
+}
+
+/* The score's reduction, pooling and the guards of cfg. */
+static void emit_cfg_score_guards(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	const struct kvp_ir_score *sc = &ir->score;
+	int has_score = sc->expr >= 0;
+	out(em, "\tcfg->has_score = %d;\n", has_score);
+	/* ORDER: enum kvp_ir_reduce (compiler/kvp_ir.h) -> K_REDUCE_* (kernels/k_score.h) */
+	static const char *const reds[] = { "K_REDUCE_MEAN", "K_REDUCE_MAX", "K_REDUCE_SUM", "-1",
+	                                    "K_REDUCE_L2" };
+	int per_q = has_score && kvp_ir_expr_per_qhead(ir, sc->expr);
+	out(em, "\tcfg->reduce = %s;\n", per_q ? reds[sc->reduce] : "-1");
+	out(em, "\tcfg->over_layer = %d;\n", sc->over_layer);
+	if (sc->pool != KVP_POOL_NONE) {
+		double k = 1;
+		kvp_ir_fold(ir, sc->kernel, &k);
+		out(em, "\tcfg->pool = %s;\n\tcfg->kernel = %d;\n\tcfg->pool_before_reduce = %d;\n",
+		    sc->pool == KVP_POOL_MAX ? "K_POOL_MAX" : "K_POOL_AVG", (int)k,
+		    sc->pool_before_reduce);
+	}
+	out(em, "\tcfg->n_tmp = %d;\n", em->n_vec);
+	line_src(em, ir->alloc.loc);
+	out(em, "\tcfg->target = ");
+	target_expr(em);
+	out(em, ";\n");
+	line_back(em);
+	if (ir->guards.sinks >= 0 || ir->guards.recent >= 0) {
+		int follow = 0;
+		for (int g = 0; g < 2; g++) {
+			int32_t e = g ? ir->guards.recent : ir->guards.sinks;
+			follow |= uses_signal(ir, e, KVP_SIG_CONTEXT) || uses_signal(ir, e, KVP_SIG_SEEN) ||
+			          uses_signal(ir, e, KVP_SIG_PROMPT_LEN) || uses_signal(ir, e, KVP_SIG_BUDGET);
+		}
+		if (follow)
+			out(em, "\tcfg->guards_follow_context = 1;\n");
+		line_src(em, ir->guards.loc);
+		if (ir->guards.sinks >= 0) {
+			out(em, "\tcfg->has_sinks = 1;\n\tcfg->sinks = ");
+			expr(em, ir->guards.sinks, E_SCALAR);
+			out(em, ";\n");
+		}
+		if (ir->guards.recent >= 0) {
+			out(em, "\tcfg->has_recent = 1;\n\tcfg->recent = ");
+			expr(em, ir->guards.recent, E_SCALAR);
+			out(em, ";\n");
+		}
+		line_back(em);
+	}
+	if (ir->guards.protect_all_spans)
+		out(em, "\tcfg->protect_all_spans = 1;\n");
+	if (ir->guards.n_spans > 0)
+		out(em, "\tcfg->spans = policy_spans;\n\tcfg->n_spans = %d;\n", ir->guards.n_spans);
+}
+
+/* The allocation and the action of cfg. */
+static void emit_cfg_alloc_action(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	const struct kvp_ir_alloc *al = &ir->alloc;
+	/* ORDER: enum kvp_ir_layers (compiler/kvp_ir.h) -> K_LAYERS_* (kernels/k_compress.h) */
+	static const char *const layers[] = { "K_LAYERS_UNIFORM", "K_LAYERS_PYRAMID",
+	                                      "K_LAYERS_FUNNEL", "K_LAYERS_LINEAR", "K_LAYERS_LIST" };
+	out(em, "\tcfg->layers = %s;\n", layers[al->layers]);
+	if (al->layers == KVP_LAYERS_PYRAMID || al->layers == KVP_LAYERS_FUNNEL) {
+		out(em, "\tcfg->beta = ");
+		scalar_or(em, al->beta, 20);
+		out(em, ";\n");
+	} else if (al->layers == KVP_LAYERS_LINEAR) {
+		out(em, "\tcfg->from = ");
+		scalar_or(em, al->from, 1);
+		out(em, ";\n\tcfg->to = ");
+		scalar_or(em, al->to, 1);
+		out(em, ";\n");
+	} else if (al->layers == KVP_LAYERS_LIST && al->n_list > 0) {
+		out(em, "\tcfg->list = policy_layer_list;\n\tcfg->n_list = %d;\n", al->n_list);
+	}
+	/* ORDER: enum kvp_ir_heads (compiler/kvp_ir.h) -> K_HEADS_* (kernels/k_compress.h) */
+	static const char *const heads[] = { "K_HEADS_EACH", "K_HEADS_ADAPTIVE", "K_HEADS_GLOBAL" };
+	out(em, "\tcfg->heads = %s;\n", heads[al->heads]);
+	if (al->heads != KVP_HEADS_EACH) {
+		out(em, "\tcfg->floor_frac = fmin(1.0, fmax(0.0, ");
+		scalar_or(em, al->floor, 0.2);
+		out(em, "));\n");
+	}
+	if (kvp_ir_grace_core(ir))
+		return; /* the GraceKV core reads its action from the rt_gracekv_cfg */
+	/* ORDER: enum kvp_ir_action (compiler/kvp_ir.h) -> K_ACT_* (kernels/k_compress.h) */
+	static const char *const acts[] = { "K_ACT_EVICT", "K_ACT_MERGE", "K_ACT_SPLIT" };
+	line_src(em, ir->action.loc);
+	out(em, "\tcfg->action = %s;\n", acts[ir->action.kind]);
+	if (ir->action.kind != KVP_ACT_EVICT) {
+		out(em, "\tcfg->run = ");
+		scalar_or(em, ir->action.run, 0);
+		out(em, ";\n");
+	}
+	if (ir->action.kind == KVP_ACT_SPLIT) {
+		out(em, "\tcfg->single_floor = ");
+		scalar_or(em, ir->action.floor, 0);
+		out(em, ";\n");
+	}
+	line_back(em);
+}
+
+/* config(): the policy's compress configuration after `seen` tokens, shared by compress
+ * and check. */
+static void emit_config(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	out(em, "/* config: this policy's compress configuration (kernels/k_compress.h) after\n"
+	        " * `seen` tokens, with the parameters in force. */\n");
+	out(em, "static void config(const struct kvp_ctx *ctx, const rt_kv *kv, double seen,\n"
+	        "                   struct k_compress_cfg *cfg)\n{\n");
+	out(em, "\tconst double *P = ctx->params;\n\t(void)P;\n");
+	out(em, "\tmemset(cfg, 0, sizeof *cfg);\n");
+	out(em, "\tcfg->name = \"");
+	cstr_into(em, ir->name);
+	out(em, "\";\n\tcfg->budget = budget_of(ctx, kv, seen);\n");
+	if (ir->alloc.budget_unit == KVP_UNIT_RATIO)
+		out(em, "\tcfg->budget_shared = 1;\n");
+	emit_cfg_score_guards(em);
+	emit_cfg_alloc_action(em);
+	out(em, "}\n\n");
 }
 
 static void emit_compress(struct em *em)
@@ -896,105 +1006,45 @@ static void emit_compress(struct em *em)
 	const struct kvp_ir *ir = em->ir;
 	if (ir->trigger.kind == KVP_TRIG_NEVER)
 		return;
-	const struct kvp_ir_score *sc = &ir->score;
-	const struct kvp_ir_alloc *al = &ir->alloc;
-	out(em, "/* compress: k_compress_run (kernels/k_compress.h) with this policy's pipeline. */\n");
+	int has_score = ir->score.expr >= 0;
+	int grace = kvp_ir_grace_core(ir);
+	emit_config(em);
+	if (grace) {
+		out(em, "/* grace_config: the GraceKV core's values (runtime/policy/rt_gracekv.h). */\n");
+		out(em, "static void grace_config(const struct kvp_ctx *ctx, const struct k_compress_cfg *cfg,\n"
+		        "                         struct rt_gracekv_cfg *gc)\n{\n");
+		out(em, "\tconst double *P = ctx->params;\n\t(void)P;\n");
+		emit_grace_cfg(em);
+		out(em, "}\n\n");
+	}
+	out(em, "/* compress: %s (kernels/k_compress.h) with this policy's pipeline. */\n",
+	    grace ? "k_grace_run" : "k_compress_run");
 	out(em, "static int compress(const struct kvp_ctx *ctx, rt_kv *kv, rt_err *err)\n{\n");
-	out(em, "\tconst double *P = ctx->params;\n\tconst double seen = (double)ctx->seen;\n");
-	out(em, "\t(void)P;\n\t(void)seen;\n");
-	out(em, "\tstruct k_compress_cfg cfg;\n\tmemset(&cfg, 0, sizeof cfg);\n");
-	if (ir->needs & KVP_NEED_OUT)
+	if (ir->needs & KVP_NEED_OUT) {
 		out(em, "\tif (kv->group > K_OUT_MAX_GROUP || kv->state_bytes < (size_t)K_OUT_MAX_GROUP * (size_t)kv->head_dim * sizeof(float))\n"
 		        "\t\treturn rt_err_set(err, \"policy %%s: the exact CAOTE keeps the attention output of at most %%d query heads per KV head; this model has %%d\", \"");
-	if (ir->needs & KVP_NEED_OUT) {
 		cstr_into(em, ir->name);
 		out(em, "\", K_OUT_MAX_GROUP, kv->group);\n");
 	}
-	out(em, "\tcfg.name = \"");
-	cstr_into(em, ir->name);
-	out(em, "\";\n\tcfg.budget = budget_of(ctx, kv, seen);\n");
-	int has_score = sc->expr >= 0;
-	out(em, "\tcfg.has_score = %d;\n", has_score);
-	static const char *const reds[] = { "K_REDUCE_MEAN", "K_REDUCE_MAX", "K_REDUCE_SUM", "-1",
-	                                    "K_REDUCE_L2" };
-	int per_q = has_score && kvp_ir_expr_per_qhead(ir, sc->expr);
-	out(em, "\tcfg.reduce = %s;\n", per_q ? reds[sc->reduce] : "-1");
-	out(em, "\tcfg.over_layer = %d;\n", sc->over_layer);
-	if (sc->pool != KVP_POOL_NONE) {
-		double k = 1;
-		kvp_ir_fold(ir, sc->kernel, &k);
-		out(em, "\tcfg.pool = %s;\n\tcfg.kernel = %d;\n\tcfg.pool_before_reduce = %d;\n",
-		    sc->pool == KVP_POOL_MAX ? "K_POOL_MAX" : "K_POOL_AVG", (int)k,
-		    sc->pool_before_reduce);
+	out(em, "\tstruct k_compress_cfg cfg;\n\tconfig(ctx, kv, (double)ctx->seen, &cfg);\n");
+	if (grace) {
+		out(em, "\tstruct rt_gracekv_cfg gc;\n\tgrace_config(ctx, &cfg, &gc);\n");
+		out(em, "\treturn k_grace_run(ctx, kv, &cfg, %s, &gc, err);\n}\n\n",
+		    has_score ? "score_q" : "NULL");
+	} else {
+		out(em, "\treturn k_compress_run(ctx, kv, &cfg, %s, err);\n}\n\n",
+		    has_score ? "score_q" : "NULL");
 	}
-	out(em, "\tcfg.n_tmp = %d;\n", em->n_vec);
-	line_src(em, al->loc);
-	out(em, "\tcfg.target = ");
-	target_expr(em);
-	out(em, ";\n");
-	line_back(em);
-	if (ir->guards.sinks >= 0 || ir->guards.recent >= 0) {
-		line_src(em, ir->guards.loc);
-		if (ir->guards.sinks >= 0) {
-			out(em, "\tcfg.sinks = ");
-			expr(em, ir->guards.sinks, E_SCALAR);
-			out(em, ";\n");
-		}
-		if (ir->guards.recent >= 0) {
-			out(em, "\tcfg.recent = ");
-			expr(em, ir->guards.recent, E_SCALAR);
-			out(em, ";\n");
-		}
-		line_back(em);
-	}
-	static const char *const layers[] = { "K_LAYERS_UNIFORM", "K_LAYERS_PYRAMID",
-	                                      "K_LAYERS_FUNNEL", "K_LAYERS_LINEAR", "K_LAYERS_LIST" };
-	out(em, "\tcfg.layers = %s;\n", layers[al->layers]);
-	if (al->layers == KVP_LAYERS_PYRAMID || al->layers == KVP_LAYERS_FUNNEL) {
-		out(em, "\tcfg.beta = ");
-		scalar_or(em, al->beta, 20);
-		out(em, ";\n");
-	} else if (al->layers == KVP_LAYERS_LINEAR) {
-		out(em, "\tcfg.from = ");
-		scalar_or(em, al->from, 1);
-		out(em, ";\n\tcfg.to = ");
-		scalar_or(em, al->to, 1);
-		out(em, ";\n");
-	} else if (al->layers == KVP_LAYERS_LIST && al->n_list > 0) {
-		out(em, "\tcfg.list = policy_layer_list;\n\tcfg.n_list = %d;\n", al->n_list);
-	}
-	static const char *const heads[] = { "K_HEADS_EACH", "K_HEADS_ADAPTIVE", "K_HEADS_GLOBAL" };
-	out(em, "\tcfg.heads = %s;\n", heads[al->heads]);
-	if (al->heads != KVP_HEADS_EACH) {
-		out(em, "\tcfg.floor_frac = fmin(1.0, fmax(0.0, ");
-		scalar_or(em, al->floor, 0.2);
-		out(em, "));\n");
-	}
-	if (kvp_ir_grace_core(ir)) {
-		emit_grace_tail(em, has_score);
-		return;
-	}
-	static const char *const acts[] = { "K_ACT_EVICT", "K_ACT_MERGE", "K_ACT_SPLIT" };
-	line_src(em, ir->action.loc);
-	out(em, "\tcfg.action = %s;\n", acts[ir->action.kind]);
-	if (ir->action.kind != KVP_ACT_EVICT) {
-		out(em, "\tcfg.run = ");
-		scalar_or(em, ir->action.run, 0);
-		out(em, ";\n");
-	}
-	if (ir->action.kind == KVP_ACT_SPLIT) {
-		out(em, "\tcfg.single_floor = ");
-		scalar_or(em, ir->action.floor, 0);
-		out(em, ";\n");
-	}
-	line_back(em);
-	if (ir->guards.protect_all_spans)
-		out(em, "\tcfg.protect_all_spans = 1;\n");
-	if (ir->guards.n_spans > 0)
-		out(em, "\tcfg.spans = policy_spans;\n\tcfg.n_spans = %d;\n", ir->guards.n_spans);
-	out(em, "\treturn k_compress_run(ctx, kv, &cfg, %s, err);\n}\n\n", has_score ? "score_q" : "NULL");
+	out(em, "/* check: the budget and guards in force for a sequence whose context is the prompt\n"
+	        " * (runtime/policy/rt_budget.h), before it starts. */\n");
+	out(em, "static int check(const struct kvp_ctx *ctx, const rt_kv *kv, rt_err *err)\n{\n");
+	out(em, "\tconst double seen = (double)ctx->prompt_len;\n");
+	out(em, "\tstruct k_compress_cfg cfg;\n\tconfig(ctx, kv, seen, &cfg);\n");
+	out(em, "\tdouble *lb = cfg.layers == K_LAYERS_UNIFORM ? NULL : (double *)ctx->scratch;\n");
+	out(em, "\treturn k_budget_check(ctx, kv, &cfg, seen, seen, lb, err) < 0 ? -1 : 0;\n}\n\n");
 	out(em, "static size_t scratch_bytes(const rt_kv *kv)\n{\n");
-	out(em, "\treturn k_compress_scratch_bytes(kv, %d);\n}\n\n", em->n_vec);
+	out(em, "\treturn %s(kv, %d);\n}\n\n", grace ? "k_grace_scratch_bytes" : "k_compress_scratch_bytes",
+	    em->n_vec);
 }
 
 static void emit_policy(struct em *em)
@@ -1038,7 +1088,8 @@ static void emit_policy(struct em *em)
 	out(em, "\t.should_compress = should_compress,\n");
 	out(em, "\t.compress = %s,\n", compresses ? "compress" : "NULL");
 	out(em, "\t.next_trigger = next_trigger,\n");
-	out(em, "\t.scratch_bytes = %s,\n};\n", compresses ? "scratch_bytes" : "NULL");
+	out(em, "\t.scratch_bytes = %s,\n", compresses ? "scratch_bytes" : "NULL");
+	out(em, "\t.check = %s,\n};\n", compresses ? "check" : "NULL");
 }
 
 int kvp_emit_c(const struct kvp_ir *ir, const struct kvp_emit_opts *opts, FILE *f)

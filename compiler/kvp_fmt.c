@@ -183,7 +183,7 @@ static void put_stmt(FILE *f, const kvp_stmt *s)
 			break;
 		case KVP_T_AT: fprintf(f, "at prompt %s", s->words[0].s); break;
 		case KVP_T_PER:
-			fprintf(f, "per %s ", s->words[0].s);
+			fprintf(f, "per %s%s ", s->n_words > 1 ? "prompt " : "", s->words[0].s);
 			put_expr(f, s->value, 0);
 			break;
 		}

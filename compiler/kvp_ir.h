@@ -278,7 +278,9 @@ enum kvp_ir_trigger {
 	KVP_TRIG_EVERY_N,        /* every n steps (seen % n == 0) when entries > target */
 	KVP_TRIG_PROMPT_END,     /* once, when the prompt is done, down to target */
 	KVP_TRIG_PREFILL_BLOCK,  /* after every block of n tokens and at prompt end, when
-	                            entries > target */
+	                            entries > target; with prompt_only only while the prompt
+	                            is processed (KeyDiff's block-wise prefill), else also
+	                            every n decode steps (CAOTE's schedule) */
 };
 /* "entries" in a trigger is the average over heads (total entries / (L·G)), so
  * per-layer and per-head allocations do not re-trigger on their larger heads. The
@@ -307,6 +309,9 @@ struct kvp_ir_act {
 struct kvp_ir_trig {
 	enum kvp_ir_trigger kind;
 	int32_t n;               /* EVERY_N / PREFILL_BLOCK: SCALAR (steps / tokens) */
+	int prompt_only;         /* PREFILL_BLOCK: 1 = blocks of the prompt only (`compress per
+	                            prompt block N`): no trigger once seen > prompt_len (a
+	                            stream of unknown prompt length is all prompt) */
 	int32_t threshold;       /* OVER_BUDGET: SCALAR entries per head; -1 = budget */
 	int32_t target;          /* SCALAR entries per head left by compress; -1 = budget */
 	struct kvp_loc loc;

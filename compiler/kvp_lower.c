@@ -365,6 +365,7 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 		case KVP_T_PER:
 			ir->trigger.kind = KVP_TRIG_PREFILL_BLOCK;
 			ir->trigger.n = lower_expr(&lw, c->value);
+			ir->trigger.prompt_only = c->n_words > 1;
 			break;
 		}
 		if (c->target)

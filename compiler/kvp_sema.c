@@ -9,6 +9,8 @@
  * involved and a "did you mean" for near-miss names.
  */
 #include "kvp_sema.h"
+
+#include "policy/rt_budget.h"
 #include "kvp_ir.h"
 
 #include <math.h>
@@ -368,6 +370,25 @@ static kvp_sunit unify(kvp_sunit a, kvp_sunit b)
 	return KVP_SU_ERR;
 }
 
+/* A hint after a unit mismatch between a share of the context and a count of tokens or
+ * entries: "; `h * context` is that share in tokens" (the ratio side named when it is a
+ * name). Empty otherwise. */
+static void ratio_hint(const sema *S, const kvp_expr *ea, kvp_sunit a, const kvp_expr *eb,
+                       kvp_sunit b, char *buf, size_t n)
+{
+	buf[0] = 0;
+	int count_a = a == KVP_SU_TOKENS || a == KVP_SU_ENTRIES;
+	int count_b = b == KVP_SU_TOKENS || b == KVP_SU_ENTRIES;
+	const kvp_expr *r = a == KVP_SU_RATIO && count_b ? ea : b == KVP_SU_RATIO && count_a ? eb : NULL;
+	if (!r)
+		return;
+	int w = (int)(r->loc.end - r->loc.off);
+	int simple = r->kind == KVP_E_NAME || r->kind == KVP_E_NUM;
+	snprintf(buf, n, "; a ratio is a share of the context: write `%s%.*s%s * context` for that "
+	         "share in tokens", simple ? "" : "(", w > 40 ? 40 : w, S->src->text + r->loc.off,
+	         simple ? "" : ")");
+}
+
 static ty combine(ty a, ty b, kvp_sunit u)
 {
 	ty t = ty_make(u);
@@ -420,8 +441,10 @@ static ty check_binary(sema *S, const kvp_expr *e, unsigned cx)
 		}
 		u = unify(a.u, b.u);
 		if (u == KVP_SU_ERR) {
-			ERR(S, e->loc, "unit mismatch in '%s': the left side is %s, the right side is %s",
-			    op, unit_name(a.u), unit_name(b.u));
+			char hint[160];
+			ratio_hint(S, e->a, a.u, e->b, b.u, hint, sizeof hint);
+			ERR(S, e->loc, "unit mismatch in '%s': the left side is %s, the right side is %s%s",
+			    op, unit_name(a.u), unit_name(b.u), hint);
 			return TY_ERR;
 		}
 		if (e->op != KVP_ASTOP_ADD && e->op != KVP_ASTOP_SUB)
@@ -619,8 +642,10 @@ static ty check_call(sema *S, const kvp_expr *e, unsigned cx)
 		if (is_minmax) {
 			u = unify(a.u, b.u);
 			if (u == KVP_SU_ERR) {
-				ERR(S, e->loc, "unit mismatch in %s(): %s and %s", f,
-				    unit_name(a.u), unit_name(b.u));
+				char hint[160];
+				ratio_hint(S, ea, a.u, eb, b.u, hint, sizeof hint);
+				ERR(S, e->loc, "unit mismatch in %s(): %s and %s%s", f,
+				    unit_name(a.u), unit_name(b.u), hint);
 				return TY_ERR;
 			}
 		}
@@ -669,8 +694,10 @@ static ty check_call(sema *S, const kvp_expr *e, unsigned cx)
 		}
 		kvp_sunit u = unify(a.u, b.u);
 		if (u == KVP_SU_ERR) {
-			ERR(S, e->loc, "unit mismatch in if(): %s and %s", unit_name(a.u),
-			    unit_name(b.u));
+			char hint[160];
+			ratio_hint(S, ea, a.u, eb, b.u, hint, sizeof hint);
+			ERR(S, e->loc, "unit mismatch in if(): %s and %s%s", unit_name(a.u),
+			    unit_name(b.u), hint);
 			return TY_ERR;
 		}
 		ty t = combine(combine(c, a, u), b, u);
@@ -848,6 +875,15 @@ static ty check_unit(sema *S, const kvp_expr *e, unsigned cx, const kvp_sunit *a
 		ERR(S, e->loc, "%s must be %s, not a plain number; give '%s' a unit, as in `%s %s = %s %s`",
 		    what, want, e->name, y->kind == KVP_SYM_PARAM ? "param" : "const", e->name, b,
 		    acc[0] == KVP_SU_RATIO ? "%" : unit_name(acc[0]));
+		return TY_ERR;
+	}
+	int wants_count = 0;
+	for (int i = 0; i < n; i++)
+		wants_count |= acc[i] == KVP_SU_TOKENS || acc[i] == KVP_SU_ENTRIES;
+	if (t.u == KVP_SU_RATIO && wants_count) {
+		char hint[160];
+		ratio_hint(S, e, t.u, e, KVP_SU_TOKENS, hint, sizeof hint);
+		ERR(S, e->loc, "%s must be %s, not a ratio%s", what, want, hint);
 		return TY_ERR;
 	}
 	ERR(S, e->loc, "%s must be %s, not %s", what, want, unit_name(t.u));
@@ -1570,7 +1606,7 @@ static void check_compress(sema *S, const kvp_stmt *st)
 		break;
 	case KVP_T_PER: {
 		if (strcmp(st->words[0].s, "block") != 0) {
-			ERR(S, st->words[0].loc, "the trigger is `compress per block N` (N tokens of the prompt)");
+			ERR(S, st->words[0].loc, "the trigger is `compress per block N` (every N tokens, prompt and decoding) or `compress per prompt block N` (blocks of the prompt only)");
 			bad = 1;
 			break;
 		}
@@ -1610,6 +1646,35 @@ static int same_family(kvp_sunit a, kvp_sunit b)
 	if (a == KVP_SU_RATIO || b == KVP_SU_RATIO)
 		return a == b;
 	return 1;
+}
+
+/* The budget and the guards through the runtime's own check (runtime/policy/rt_budget.h),
+ * so kvpc check and the runtime refuse the same sizes with the same message. Guards in
+ * another unit family than the budget (tokens against a share of the context) are known
+ * only at run time, where the same check runs again. 1 when it reported an error. */
+static int check_budget_guards(sema *S, const kvp_stmt *budget)
+{
+	kvp_sema *o = S->out;
+	kvp_sunit Bu = o->budget_unit;
+	struct rt_budget rb = {
+		.scale = Bu == KVP_SU_RATIO ? RT_BUDGET_SHARE : RT_BUDGET_ENTRIES,
+		.budget = S->budget.v, .budget_shared = Bu == KVP_SU_RATIO,
+	};
+	char msg[400];
+	if (rt_budget_check(&rb, msg, sizeof msg) != 0) {
+		ERR(S, budget->value->loc, "%s", msg);
+		return 1;
+	}
+	rb.has_sinks = o->sinks && o->sinks_ty_known && same_family(o->sinks_unit, Bu);
+	rb.sinks = o->sinks_v;
+	rb.has_recent = o->recent && o->recent_ty_known && same_family(o->recent_unit, Bu);
+	rb.recent = o->recent_v;
+	if (rt_budget_check(&rb, msg, sizeof msg) != 0) {
+		ERR(S, rb.has_recent ? o->recent->loc : o->sinks->loc, "%s", msg);
+		NOTE(S, budget->value->loc, "the budget is set here");
+		return 1;
+	}
+	return 0;
 }
 
 static void cross_checks(sema *S)
@@ -1653,15 +1718,8 @@ static void cross_checks(sema *S)
 		NOTE(S, budget->value->loc, "the budget is set here");
 		return;
 	}
-	if (o->sinks && o->recent && o->sinks_ty_known && o->recent_ty_known && Bk &&
-	    same_family(o->sinks_unit, Bu) && same_family(o->recent_unit, Bu) &&
-	    o->sinks_v + o->recent_v > B) {
-		fmt_size(o->sinks_v, o->sinks_unit, xs, sizeof xs);
-		fmt_size(o->recent_v, o->recent_unit, ys, sizeof ys);
-		ERR(S, o->recent->loc, "sinks (%s) + recent (%s) exceed the budget (%s)", xs, ys, bs);
-		NOTE(S, budget->value->loc, "the budget is set here");
+	if (Bk && check_budget_guards(S, budget))
 		return;
-	}
 	if (o->compress->target && o->target_known && Bk && same_family(o->target_unit, Bu) &&
 	    o->target_v > B) {
 		fmt_size(o->target_v, o->target_unit, xs, sizeof xs);
@@ -1767,6 +1825,9 @@ kvp_sema *kvp_sema_check(const kvp_file *f)
 	S.out = o;
 	S.src = f->src;
 
+	if (f->name && strcmp(f->name, "full") == 0)
+		ERR(&S, f->name_loc, "the policy name 'full' is reserved for the runtime's built-in full "
+		    "cache (the reference every policy is compared with); choose another name");
 	pass_definitions(&S, f);
 	/* settings: each at most once; budget first so `budget` has a unit */
 	for (int i = 0; i < f->n_stmts; i++) {

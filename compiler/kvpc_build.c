@@ -362,6 +362,7 @@ struct unit {
 	size_t cu_len;
 	char *src;       /* source bytes */
 	size_t src_len;
+	const char *file; /* the .kvp path it came from (the caller's string) */
 };
 
 static const char MAIN_C[] =
@@ -404,22 +405,25 @@ static int emit_units(const char *const *files, int n, struct unit *units, char 
 			continue;
 		}
 		fputs(kvp_src_diags(src), stderr); /* warnings, if any */
-		/* the same policy given twice is built once; the same name with another source
-		 * gets a suffix so both can be registered */
-		int dup = 0, clash = 0;
+		/* the same policy given twice is built once; two different policies of one
+		 * name cannot both be registered (BIN --policy NAME must name one) */
+		int dup = 0, clash = -1;
 		for (int j = 0; j < *n_units; j++) {
 			if (strcmp(units[j].name, ir.name) != 0)
 				continue;
 			if (units[j].src_len == src->len && !memcmp(units[j].src, src->text, src->len))
 				dup = 1;
 			else
-				clash++;
+				clash = j;
 		}
-		if (!dup && clash) {
-			char nm[512];
-			snprintf(nm, sizeof nm, "%s~%d", ir.name, clash + 1);
-			free(ir.name);
-			ir.name = strdup(nm);
+		if (!dup && clash >= 0) {
+			errf("%s: error: policy '%s' is already defined by %s; two policies of one name "
+			     "cannot be built together (rename one: `policy NEW_NAME {`)", files[i], ir.name,
+			     units[clash].file);
+			kvp_ir_free(&ir);
+			kvp_src_free(src);
+			rc = 1;
+			continue;
 		}
 		if (!dup) {
 			struct unit *u = &units[(*n_units)++];
@@ -446,6 +450,7 @@ static int emit_units(const char *const *files, int n, struct unit *units, char 
 			u->src = malloc(src->len + 1);
 			memcpy(u->src, src->text, src->len);
 			u->src_len = src->len;
+			u->file = files[i];
 		}
 		kvp_ir_free(&ir);
 		kvp_src_free(src);

@@ -45,8 +45,8 @@ int kvpc_cmd_ab(int argc, char **argv);
 
 /* Build files[0..n) into a cached binary. Writes its path (inside the cache) to bin, and
  * when names is not NULL the registered policy names to names[0..*n_names) (heap strings
- * the caller frees): the same source given twice is registered once, a name repeated with
- * another source gets "~2" appended. *compiled = 1 when the compiler ran (0: cache hit);
+ * the caller frees): the same source given twice is registered once; two different
+ * sources of one policy name are an error (named by file). *compiled = 1 when the compiler ran (0: cache hit);
  * *seconds = wall time. verbose: print the runtime found, the cache directory and the
  * compiler command. Returns 0, or 1 after printing diagnostics/errors. */
 int kvpc_build_cached(const char *const *files, int n, int verbose, char *bin, size_t bin_cap,

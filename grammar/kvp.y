@@ -282,6 +282,15 @@ stmt:
 	kvp_list *l = kvp_list_push(kvp_list_new(), word_new(ps, $3, @3, 0));
 	$$->words = words_finish(ps, l, &$$->n_words);
       }
+  | COMPRESS PER PROMPT IDENT expr target
+      {
+	$$ = kvp_stmt_new(ps->f, KVP_S_COMPRESS, @$);
+	$$->name_loc = @1; $$->trigger = KVP_T_PER; $$->value = $5;
+	$$->trigger_loc = kvp_src_loc(ps->src, @2.off, @5.end); $$->target = $6;
+	kvp_list *l = kvp_list_push(kvp_list_new(), word_new(ps, $4, @4, 0));
+	kvp_list_push(l, word_new(ps, "prompt", @3, 0));
+	$$->words = words_finish(ps, l, &$$->n_words);
+      }
   ;
 
 setting:
@@ -395,6 +404,15 @@ static int is_stmt_start(yysymbol_kind_t k)
 	return k == YYSYMBOL_YYEOF;
 }
 
+/* 1 when the parser could start a statement here (a statement keyword is expected). */
+static int stmt_expected(const yysymbol_kind_t *exp, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (!strcmp(yysymbol_name(exp[i]), "budget") || !strcmp(yysymbol_name(exp[i]), "param"))
+			return 1;
+	return 0;
+}
+
 static void describe_symbol(yysymbol_kind_t k, char *buf, size_t n)
 {
 	const char *s = yysymbol_name(k);
@@ -476,8 +494,27 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
 	for (int i = 0; i < n; i++)
 		want_ident |= exp[i] == YYSYMBOL_IDENT;
 	if (is_word_symbol(tok) && (want_ident || n == 0))
-		snprintf(msg + len, sizeof msg - (size_t)len, " ('%s' is a reserved word)",
-		         yysymbol_name(tok));
+		len += snprintf(msg + len, sizeof msg - (size_t)len, " ('%s' is a reserved word)",
+		                yysymbol_name(tok));
+	/* a misspelt statement keyword where a statement starts: "did you mean" */
+	if (tok == YYSYMBOL_IDENT && ps->in_body && len < (int)sizeof msg) {
+		static const char *const kws[] = {
+			"param", "const", "stat", "score", "budget", "group", "layers", "allocate",
+			"pool", "keep", "action", "compress", "positions",
+		};
+		char word[65];
+		int w = (int)(loc.end - loc.off);
+		snprintf(word, sizeof word, "%.*s", w > 64 ? 64 : w, ps->src->text + loc.off);
+		int cap = strlen(word) <= 3 ? 1 : 2, best_d = cap + 1;
+		const char *best = NULL;
+		for (size_t i = 0; i < sizeof kws / sizeof kws[0]; i++) {
+			int d = kvp_edit_distance(word, kws[i], cap);
+			if (d <= cap && d < best_d && d < (int)strlen(word))
+				best_d = d, best = kws[i];
+		}
+		if (best && stmt_expected(exp, n))
+			snprintf(msg + len, sizeof msg - (size_t)len, "; did you mean '%s'?", best);
+	}
 	kvp_src_error(ps->src, loc, "%s", msg);
 	if (ps->depth > 0 && is_stmt_start(tok)) {
 		uint32_t at = ps->open_at[ps->depth - 1];

@@ -23,8 +23,10 @@
 #include "k_alloc.h"
 #include "k_score.h"
 #include "k_select.h"
+#include "k_signal.h"
 #include "policy/rt_gracekv.h"
 #include "kv/rt_kv.h"
+#include "policy/rt_budget.h"
 #include "policy/rt_policy.h"
 
 enum { K_LAYERS_UNIFORM = 0, K_LAYERS_PYRAMID, K_LAYERS_FUNNEL, K_LAYERS_LINEAR, K_LAYERS_LIST };
@@ -46,8 +48,11 @@ struct k_compress_cfg {
 	int pool_before_reduce;
 	int n_tmp;              /* [cap] float temporaries the score function uses */
 	double target;          /* average entries per head to keep */
-	double sinks;           /* keep pos < sinks (tokens); <= 0: none */
-	double recent;          /* keep pos >= seen - recent (tokens); <= 0: none */
+	int has_sinks, has_recent; /* the policy has `keep sinks` / `keep recent` */
+	double sinks;           /* keep pos < sinks (tokens) */
+	double recent;          /* keep pos >= seen - recent (tokens) */
+	int budget_shared;      /* the budget is written as a share of the context */
+	int guards_follow_context; /* sinks or recent grow with the context (a share of it) */
 	int layers;             /* K_LAYERS_* */
 	double beta, from, to;
 	const double *list;
@@ -171,19 +176,17 @@ static inline void k_merge_evicted(const rt_kv *kv, rt_kv_head *h, const uint8_t
 	}
 }
 
-/* Per-layer budgets (entries per head, before guards) for average target T. */
-static inline void k_layer_budgets(const struct k_compress_cfg *cfg, const rt_kv *kv, double T,
+/* Per-layer budgets (entries per head, guards included) for average target T over L
+ * layers; n: entries per head before compression (PyramidKV's branches read it). */
+static inline void k_layer_budgets(const struct k_compress_cfg *cfg, int L, double T, double n,
                                    double *out)
 {
-	int L = kv->n_layer;
 	switch (cfg->layers) {
 	case K_LAYERS_PYRAMID:
-	case K_LAYERS_FUNNEL: {
-		double n = (double)rt_kv_entries(kv) / ((double)L * kv->n_kv_head);
-		k_layers_pyramid(T, cfg->recent > 0 ? cfg->recent : 0, cfg->beta, floor(n), L,
+	case K_LAYERS_FUNNEL:
+		k_layers_pyramid(T, cfg->has_recent ? cfg->recent : 0, cfg->beta, floor(n), L,
 		                 cfg->layers == K_LAYERS_FUNNEL, out);
 		break;
-	}
 	case K_LAYERS_LINEAR:
 		k_layers_linear(T, cfg->from, cfg->to, L, out);
 		break;
@@ -196,6 +199,56 @@ static inline void k_layer_budgets(const struct k_compress_cfg *cfg, const rt_kv
 	}
 }
 
+/* The budget and guards in force after `seen` tokens, with n entries per head before
+ * compression, checked by rt_budget_check (runtime/policy/rt_budget.h: every layer's
+ * budget and the target at least 1 entry, the guards inside the budget). Fills
+ * lb[kv->n_layer] (may be NULL under K_LAYERS_UNIFORM) with the per-layer targets
+ * compress keeps. A budget that follows a context still growing (a share of the context,
+ * or a --ratio, while the prompt length is unknown or passed) fails only early in a
+ * stream: then every layer keeps at least 1 entry, and guards of a fixed size stay whole
+ * (returns 1); guards that grow with the context too never fit and are an error.
+ * Returns 0, 1 (early in a stream), or -1 with err "policy NAME: reason". */
+static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
+                                 const struct k_compress_cfg *cfg, double seen, double n,
+                                 double *lb, rt_err *err)
+{
+	const int L = kv->n_layer;
+	if (lb)
+		k_layer_budgets(cfg, L, cfg->budget, n, lb);
+	struct rt_budget b = {
+		.scale = RT_BUDGET_ENTRIES, .budget = cfg->budget,
+		.target = cfg->target != cfg->budget ? cfg->target : 0, .n_layer = L,
+		.layer = lb && cfg->layers != K_LAYERS_UNIFORM ? lb : NULL,
+		.has_sinks = cfg->has_sinks, .has_recent = cfg->has_recent,
+		.sinks = cfg->sinks, .recent = cfg->recent, .context = k_context(ctx, seen),
+		.ratio = ctx->ratio, .budget_shared = cfg->budget_shared,
+	};
+	char msg[400];
+	int relative = cfg->budget_shared || ctx->ratio > 0;
+	int growing = relative && cfg->budget > 0 &&
+	              !(ctx->prompt_len >= 0 && seen <= (double)ctx->prompt_len);
+	struct rt_budget alone = b;
+	alone.has_sinks = alone.has_recent = 0;
+	int early = 0;
+	if (rt_budget_check(&alone, msg, sizeof msg) != 0) {
+		if (!growing)
+			return rt_err_set(err, "policy %s: %s", cfg->name ? cfg->name : "?", msg);
+		early = 1; /* below one entry: the context will grow */
+	}
+	if (!early && rt_budget_check(&b, msg, sizeof msg) != 0) {
+		int sinks_bad = cfg->has_sinks && !(cfg->sinks > 0);
+		if (!growing || cfg->guards_follow_context || sinks_bad)
+			return rt_err_set(err, "policy %s: %s", cfg->name ? cfg->name : "?", msg);
+		early = 1; /* guards of a fixed size: the budget will grow past them */
+	}
+	if (lb) {
+		k_layer_budgets(cfg, L, cfg->target, n, lb);
+		for (int l = 0; early && l < L; l++)
+			lb[l] = lb[l] > 1 ? lb[l] : 1;
+	}
+	return early;
+}
+
 /* Run the pipeline on every head of kv. Returns 0, or -1 with err set when the scratch
  * area is too small. */
 static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
@@ -206,13 +259,6 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	if (!ctx->scratch || ctx->scratch_len < need)
 		return rt_err_set(err, "policy: compress needs %zu bytes of scratch, runtime gave %zu",
 		                  need, ctx->scratch_len);
-	if (ctx->ratio > 0) {
-		/* a compression-ratio override must leave room for the guards */
-		double sk = cfg->sinks > 0 ? cfg->sinks : 0, rc = cfg->recent > 0 ? cfg->recent : 0;
-		if (sk + rc > cfg->target)
-			return rt_err_set(err, "policy %s: at ratio %g the budget (%.0f entries) is below the guards (sinks %g + recent %g)",
-			                  cfg->name ? cfg->name : "?", ctx->ratio, floor(cfg->budget), sk, rc);
-	}
 	const int L = kv->n_layer, G = kv->n_kv_head, R = kv->group;
 	const size_t H = (size_t)L * G, c = (size_t)kv->cap;
 	uint8_t *p = (uint8_t *)(((uintptr_t)ctx->scratch + 63) & ~(uintptr_t)63);
@@ -234,6 +280,8 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	int32_t *base = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
 	int32_t *alloc = (int32_t *)(void *)p;
 	const double seen = (double)ctx->seen;
+	if (k_budget_check(ctx, kv, cfg, seen, (double)rt_kv_entries(kv) / (double)H, lb, err) < 0)
+		return -1;
 
 	/* 1. scores and guards per head */
 	for (int l = 0; l < L; l++)
@@ -245,11 +293,11 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 			uint8_t *f = flags + hi * c;
 			int32_t n_dom = 0;
 			for (int32_t i = 0; i < n; i++) {
-				int guard = (cfg->sinks > 0 && h->pos[i] < cfg->sinks) ||
-				            (cfg->recent > 0 && h->pos[i] >= seen - cfg->recent) ||
+				int in_recent = cfg->has_recent && h->pos[i] >= seen - cfg->recent;
+				int guard = (cfg->has_sinks && h->pos[i] < cfg->sinks) || in_recent ||
 				            k_span_protected(ctx, cfg, h->span[i]);
 				f[i] = guard ? K_FLAG_GUARD : 0;
-				if (!(cfg->recent > 0 && h->pos[i] >= seen - cfg->recent))
+				if (!in_recent)
 					n_dom = i + 1;
 			}
 			if (!cfg->has_score) {
@@ -303,8 +351,8 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 			}
 		}
 
-	/* 3. allocation: per-layer budget, minus the guarded entries, split across heads */
-	k_layer_budgets(cfg, kv, cfg->target, lb);
+	/* 3. allocation: per-layer budget (lb, from k_budget_check), minus the guarded
+	 * entries, split across heads */
 	for (int l = 0; l < L; l++)
 		for (int g = 0; g < G; g++) {
 			size_t hi = (size_t)l * G + g;
@@ -398,6 +446,16 @@ static inline int k_grace_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	if (!ctx->scratch || need == 0 || need == SIZE_MAX || ctx->scratch_len < need)
 		return rt_err_set(err, "policy %s: compress needs %zu bytes of scratch, runtime gave %zu",
 		                  cfg->name ? cfg->name : "?", need, ctx->scratch_len);
+	/* the same budget check as every policy, on the core's values */
+	struct k_compress_cfg bc = *cfg;
+	bc.budget = bc.target = gc->budget;
+	bc.has_sinks = gc->sinks > 0;
+	bc.sinks = gc->sinks;
+	bc.has_recent = gc->recent > 0;
+	bc.recent = gc->recent;
+	bc.layers = K_LAYERS_UNIFORM;
+	if (k_budget_check(ctx, kv, &bc, (double)ctx->seen, 0, NULL, err) < 0)
+		return -1;
 	const int L = kv->n_layer, G = kv->n_kv_head, R = kv->group;
 	const size_t H = (size_t)L * G, c = (size_t)kv->cap;
 	uint8_t *p = (uint8_t *)(((uintptr_t)ctx->scratch + 63) & ~(uintptr_t)63);

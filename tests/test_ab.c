@@ -1,7 +1,7 @@
 /*
  * test_ab: the A/B engine (runtime/eval/rt_ab.c, `BIN ab`) and its front `kvpc ab`, end to end
  * on a tiny synthetic GGUF model (grouped-query: 9 query / 3 KV heads) written by the test,
- * with real policies (policies/full.kvp, policies/h2o.kvp) compiled by `kvpc build`.
+ * with a real policy (policies/h2o.kvp; "full" is the built-in full cache) compiled by `kvpc build`.
  *
  * Oracles: a policy against itself must give identical metrics, a per-token NLL
  * difference of exactly 0 with the bootstrap CI exactly [0, 0] and a "tie ... not
@@ -705,9 +705,9 @@ int main(void)
 		fprintf(stderr, "test_ab: cannot write the model or text under %s\n", g_tmp);
 		return EXIT_FAILURE;
 	}
-	/* the binary under test: full and h2o (shared by the tests, built once here) */
+	/* the binary under test: h2o and the built-in full (shared by the tests, built once here) */
 	char cmd[4 * PATH_MAX];
-	snprintf(cmd, sizeof cmd, "'%s' build policies/full.kvp policies/h2o.kvp -o '%s' 2>/dev/null",
+	snprintf(cmd, sizeof cmd, "'%s' build policies/h2o.kvp -o '%s' 2>/dev/null",
 	         g_kvpc, g_bin);
 	if (system(cmd) != 0) {
 		fprintf(stderr, "test_ab: `%s build` failed (build kvpc first, or set KVPC)\n", g_kvpc);

@@ -225,6 +225,27 @@ START_TEST(missing_file_is_an_error)
 }
 END_TEST
 
+/* Two different policies of one name in one build are an error naming both files (they
+ * were silently registered as NAME and NAME~2); the same file twice is built once. */
+START_TEST(duplicate_policy_name_is_an_error)
+{
+	char kvp[PATH_MAX + 16], bin[PATH_MAX + 16];
+	path_in_tmp(kvp, sizeof kvp, "h2o_copy.kvp");
+	path_in_tmp(bin, sizeof bin, "kv-dup");
+	write_text(kvp, "policy h2o {\n    budget = 64\n    score = pos\n    compress every step\n}\n");
+	const char *files[] = { "policies/h2o.kvp", kvp };
+	char *err;
+	int rc = build(files, 2, bin, &err);
+	ck_assert_int_eq(rc, 1);
+	char want[2 * PATH_MAX + 128];
+	snprintf(want, sizeof want, "%s: error: policy 'h2o' is already defined by policies/h2o.kvp",
+	         kvp);
+	ck_assert_msg(strstr(err, want) != NULL, "%s", err);
+	ck_assert_int_ne(access(bin, F_OK), 0);
+	free(err);
+}
+END_TEST
+
 START_TEST(syntax_error_is_located)
 {
 	char kvp[PATH_MAX + 16], bin[PATH_MAX + 16];
@@ -348,6 +369,7 @@ static Suite *build_suite(void)
 	tcase_add_test(tc, changed_policy_rebuilds);
 	tcase_add_test(tc, missing_file_is_an_error);
 	tcase_add_test(tc, syntax_error_is_located);
+	tcase_add_test(tc, duplicate_policy_name_is_an_error);
 	tcase_add_test(tc, unwritable_output_is_an_error);
 	tcase_add_test(tc, usage_errors);
 	suite_add_tcase(s, tc);

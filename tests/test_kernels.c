@@ -394,7 +394,8 @@ START_TEST(pipeline_merge)
 	memset(&cfg, 0, sizeof cfg);
 	cfg.has_score = 1;
 	cfg.reduce = -1;
-	cfg.target = 5;
+	cfg.budget = cfg.target = 5;
+	cfg.has_sinks = cfg.has_recent = 1;
 	cfg.sinks = 1;
 	cfg.recent = 2;
 	cfg.action = K_ACT_MERGE;

@@ -363,10 +363,10 @@ START_TEST(test_policies_compile)
 	int n;
 	char **files = list_kvp("policies", &n);
 	static const char *const required[] = {
-		"full", "sliding_window", "streaming_llm", "h2o", "tova", "snapkv", "pyramidkv",
+		"sliding_window", "streaming_llm", "h2o", "tova", "snapkv", "pyramidkv",
 		"adakv_snapkv", "scissorhands", "caote_h2o", "knorm", "keydiff", "gracekv",
 	};
-	ck_assert_int_ge(n, 13);
+	ck_assert_int_ge(n, 12);
 	for (size_t r = 0; r < sizeof required / sizeof required[0]; r++) {
 		int found = 0;
 		for (int i = 0; i < n; i++) {
@@ -526,10 +526,14 @@ START_TEST(test_lower_position_rules)
 	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_NONE);
 	kvp_ir_free(&ir);
 
-	compile_file("policies/full.kvp", &ir);
+	/* a policy without compress keeps everything; "full" itself is the runtime's */
+	static const char keep_all[] = "policy keep_all {\n    positions = original\n}\n";
+	kvp_src *ka = kvp_src_from_mem("keep_all.kvp", keep_all, strlen(keep_all));
+	ck_assert_int_eq(kvp_compile(ka, &ir), 0);
 	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_NEVER);
 	ck_assert_int_eq(ir.alloc.budget, -1);
 	kvp_ir_free(&ir);
+	kvp_src_free(ka);
 
 	compile_file("policies/tova.kvp", &ir);
 	ck_assert_int_eq(ir.score.over_layer, 1);
@@ -546,6 +550,7 @@ START_TEST(test_lower_position_rules)
 	compile_file("policies/keydiff.kvp", &ir);
 	expect_signal(&ir, node(&ir, ir.score.expr)->a, KVP_SIG_KEY_COS_MEAN);
 	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_PREFILL_BLOCK);
+	ck_assert_int_eq(ir.trigger.prompt_only, 1); /* `per prompt block`: prefill only */
 	expect_param(&ir, ir.trigger.n, 1);
 	kvp_ir_free(&ir);
 }
@@ -560,6 +565,7 @@ START_TEST(test_lower_caote_gracekv)
 	ck_assert_int_eq(s->mode, KVP_CAOTE_EXACT);
 	ck_assert_int_eq(node(&ir, s->a)->op, KVP_OP_STAT);
 	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_PREFILL_BLOCK);
+	ck_assert_int_eq(ir.trigger.prompt_only, 0); /* `per block`: decoding too */
 	expect_param(&ir, ir.trigger.n, 2);
 	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_L2); /* CAOTE's GQA rule */
 	ck_assert_uint_eq(ir.needs & KVP_NEED_OUT, KVP_NEED_OUT);

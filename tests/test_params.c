@@ -6,6 +6,7 @@
  * that names the policy and the parameter.
  */
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,12 +84,45 @@ START_TEST(test_rejects_bad_values)
 }
 END_TEST
 
+/* `info` shows parameters in the units the .kvp source writes them (rt_param_format):
+ * a ratio as a percentage, counts with their unit word; the --set form drops the word. */
+START_TEST(test_format_source_units)
+{
+	static const struct {
+		int i;
+		double v;
+		const char *src, *set;
+	} cases[] = {
+		{ 3, 0.1, "10%", "10%" },          { 3, 0.125, "12.5%", "12.5%" },
+		{ 1, 32, "32 tokens", "32" },      { 1, 1, "1 token", "1" },
+		{ 0, 2048, "2048 entries", "2048" }, { 0, 1, "1 entry", "1" },
+		{ 2, 400, "400 steps", "400" },    { 4, -0.5, "-0.5", "-0.5" },
+	};
+	for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+		char a[64], b[64];
+		rt_param_format(&PARAMS[cases[k].i], cases[k].v, a, sizeof a);
+		rt_param_format_set(&PARAMS[cases[k].i], cases[k].v, b, sizeof b);
+		ck_assert_str_eq(a, cases[k].src);
+		ck_assert_str_eq(b, cases[k].set);
+		/* the --set form reads back as the same value */
+		double v[5];
+		kvp_policy_param_defaults(&POL, v);
+		char assign[96];
+		snprintf(assign, sizeof assign, "%s=%s", PARAMS[cases[k].i].name, b);
+		rt_err err;
+		ck_assert_int_eq(set(v, assign, &err), 0);
+		ck_assert_double_eq_tol(v[cases[k].i], cases[k].v, 1e-15);
+	}
+}
+END_TEST
+
 static Suite *params_suite(void)
 {
 	Suite *s = suite_create("params");
 	TCase *tc = tcase_create("set");
 	tcase_add_test(tc, test_accepts_valid_values);
 	tcase_add_test(tc, test_rejects_bad_values);
+	tcase_add_test(tc, test_format_source_units);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -929,7 +929,9 @@ END_TEST
 /* A compression-ratio override R (rt_run_set_ratio): the budget becomes context / R
  * entries per head. H2O streaming (context = tokens seen), R = 4, every step: the rule
  * "entries > seen / 4 -> keep floor(seen / 4)" keeps exactly floor(seen / 4) entries
- * after every step (the recent guard, 10% of the context, stays below the budget). */
+ * after every step from step 4 on (the recent guard, 10% of the context, stays below
+ * the budget); before, the budget is below one entry and compress keeps one entry
+ * instead of emptying the cache (runtime/policy/rt_budget.h, rule 2). */
 START_TEST(ratio_override_h2o)
 {
 	for (int s = 0; s < 3; s++) {
@@ -942,7 +944,7 @@ START_TEST(ratio_override_h2o)
 			h_step(&h);
 			for (int l = 0; l < 2; l++)
 				for (int g = 0; g < h.G; g++)
-					ck_assert_int_eq(rt_kv_head_at(&h.kv, l, g)->n, t / 4);
+					ck_assert_int_eq(rt_kv_head_at(&h.kv, l, g)->n, t < 4 ? 1 : t / 4);
 		}
 		h_close(&h);
 	}
@@ -977,6 +979,108 @@ END_TEST
 
 /* Guards larger than the overridden budget are an error, not a silent overflow; bad
  * ratios are rejected. */
+/* One validation before the run (rt_policy_check, runtime/policy/rt_budget.h), with the
+ * prompt as the context: a budget that comes to 0 entries (TOVA --set states=0), a
+ * ratio far above the text (--ratio 1e9), guards in tokens above a budget written as a
+ * share of the context (Scissorhands 25% with recent 64 at 128 tokens; its funnel
+ * halves layer 0), `--set sinks=0` (kvpc refuses `keep sinks 0`). Feasible values
+ * pass. */
+static void expect_check(const char *name, int64_t prompt, const char *const *sets, int n_sets,
+                         double ratio, const char *want)
+{
+	struct harness h;
+	h_open(&h, name, 2, 1, 4, 4, 160, prompt);
+	for (int i = 0; i < n_sets; i++)
+		h_set(&h, sets[i]);
+	rt_err err = { "" };
+	if (ratio > 0)
+		ck_assert_int_eq(rt_run_set_ratio(&h.run, ratio, &err), 0);
+	int rc = rt_policy_check(&h.run, &h.kv, &err);
+	if (want) {
+		ck_assert_int_eq(rc, -1);
+		ck_assert_str_eq(err.msg, want);
+	} else {
+		ck_assert_msg(rc == 0, "%s", err.msg);
+	}
+	h_close(&h);
+}
+
+START_TEST(check_before_run)
+{
+	const char *tova0[] = { "states=0" };
+	expect_check("tova", 128, tova0, 1, 0,
+	             "policy tova: the budget comes to 0 entries per KV head, below 1 entry; raise "
+	             "the budget or lower the compression ratio");
+	const char *tova8[] = { "states=8" };
+	expect_check("tova", 128, tova8, 1, 0, NULL);
+	expect_check("h2o", 128, NULL, 0, 1e9,
+	             "policy h2o: the budget comes to 1.28e-07 entries per KV head (128 tokens of "
+	             "context / ratio 1e+09), below 1 entry; raise the budget or lower the "
+	             "compression ratio");
+	expect_check("h2o", 128, NULL, 0, 8, NULL);
+	const char *sc[] = { "capacity=0.25", "recent=64" };
+	expect_check("scissorhands", 128, sc, 2, 0,
+	             "policy scissorhands: the guards (recent 64 tokens) exceed the budget (32 "
+	             "entries per KV head (a share of 128 tokens of context)); guards count inside "
+	             "the budget: lower them or raise the budget");
+	const char *sc2[] = { "capacity=0.25", "recent=8" };
+	expect_check("scissorhands", 128, sc2, 2, 0, NULL);
+	const char *sc3[] = { "capacity=0.25", "recent=24" }; /* layer 0: 16 entries */
+	expect_check("scissorhands", 128, sc3, 2, 0,
+	             "policy scissorhands: the guards (recent 24 tokens) exceed the budget (16 "
+	             "entries per KV head at layer 0 (a share of 128 tokens of context)); guards "
+	             "count inside the budget: lower them or raise the budget");
+	const char *st0[] = { "sinks=0" };
+	expect_check("streaming_llm", 128, st0, 1, 0,
+	             "policy streaming_llm: the sinks (0) keep nothing; remove `keep sinks` or keep "
+	             "at least 1 token");
+	/* the same refusal at the first compress when the prompt length is unknown */
+	struct harness h;
+	h_open(&h, "tova", 1, 1, 4, 4, 16, -1);
+	h_set(&h, "states=0");
+	rt_err err = { "" };
+	ck_assert_int_eq(rt_policy_check(&h.run, &h.kv, &err), 0); /* nothing known yet */
+	h_append(&h, 0);
+	h_observe(&h, 0);
+	ck_assert_int_eq(rt_run_advance(&h.run, &h.kv, 1, &err), -1);
+	ck_assert_str_eq(err.msg, "policy tova: the budget comes to 0 entries per KV head, below 1 "
+	                 "entry; raise the budget or lower the compression ratio");
+	h_close(&h);
+}
+END_TEST
+
+/* `compress per prompt block N` (KeyDiff) cuts after every block of the prompt and at
+ * its end, never while decoding; `compress per block N` (CAOTE) goes on every N decode
+ * steps. Blocks of 4, budget 6, an 8-token prompt then 12 decoded tokens: KeyDiff cuts
+ * once (8 -> 6) and then holds 6 + 12 = 18; CAOTE over H2O (heavy 4 + recent 2) cuts at
+ * 8, 12, 16 and 20 and holds 6. */
+START_TEST(block_schedules)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness k;
+		h_open(&k, "keydiff", 1, shapes[s][0], shapes[s][1], 4, 32, 8);
+		h_set(&k, "capacity=6");
+		h_set(&k, "block=4");
+		h_feed(&k, 8);
+		ck_assert_int_eq(k.compresses, 1);
+		ck_assert_int_eq(k.kv.heads[0].n, 6);
+		h_feed(&k, 12);
+		ck_assert_int_eq(k.compresses, 1);
+		ck_assert_int_eq(k.kv.heads[0].n, 18);
+		h_close(&k);
+		struct harness c;
+		h_open(&c, "caote_h2o", 1, shapes[s][0], shapes[s][1], 4, 32, 8);
+		h_set(&c, "heavy=4");
+		h_set(&c, "recent=2");
+		h_set(&c, "block=4");
+		h_feed(&c, 20);
+		ck_assert_int_eq(c.compresses, 4);
+		ck_assert_int_eq(c.kv.heads[0].n, 6);
+		h_close(&c);
+	}
+}
+END_TEST
+
 START_TEST(ratio_override_errors)
 {
 	struct harness h;
@@ -989,9 +1093,18 @@ START_TEST(ratio_override_errors)
 	h_set(&h, "recent=0.5"); /* half the context is guarded: more than a quarter */
 	h_append(&h, 0);
 	h_observe(&h, 0);
-	ck_assert_int_eq(rt_run_advance(&h.run, &h.kv, 1, &err), -1);
-	ck_assert_msg(strstr(err.msg, "policy h2o: at ratio 4 the budget (0 entries) is below the guards") != NULL,
-	              "%s", err.msg);
+	/* streaming: one token of context, a budget of 0.25 entries: one entry stays */
+	ck_assert_int_eq(rt_run_advance(&h.run, &h.kv, 1, &err), 1);
+	ck_assert_int_eq(h.kv.heads[0].n, 1);
+	for (int t = 1; t < 8; t++) {
+		h_append(&h, t);
+		h_observe(&h, t);
+	}
+	/* 8 tokens: budget 2 entries, recent window 4 tokens */
+	ck_assert_int_eq(rt_run_advance(&h.run, &h.kv, 7, &err), -1);
+	ck_assert_str_eq(err.msg, "policy h2o: the guards (recent 4 tokens) exceed the budget (2 "
+	                 "entries per KV head (8 tokens of context / ratio 4)); guards count inside "
+	                 "the budget: lower them or raise the budget");
 	h_close(&h);
 	struct harness f;
 	h_open(&f, "full", 1, 1, 4, 4, 16, -1);
@@ -1064,6 +1177,8 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, ratio_override_h2o);
 	tcase_add_test(tc, ratio_override_moves_targets);
 	tcase_add_test(tc, ratio_override_errors);
+	tcase_add_test(tc, check_before_run);
+	tcase_add_test(tc, block_schedules);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -152,7 +152,9 @@ static void scale_down(rt_seq *s, const struct kvp_policy *p)
 {
 	static const struct {
 		const char *policy, *set;
-	} extras[] = { { "gracekv", "capacity=0.5" } };
+	} extras[] = { { "gracekv", "capacity=0.5" },
+	               /* funnel: layer 0 keeps half the budget, which must hold the recent 4 */
+	               { "scissorhands", "capacity=0.3" }, { "scissorhands_whole", "capacity=0.3" } };
 	rt_err err = { "" };
 	for (int i = 0; i < p->n_params; i++) {
 		const struct kvp_param *q = &p->params[i];

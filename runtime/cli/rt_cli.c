@@ -878,8 +878,12 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 			const struct kvp_param *q = &p->params[i];
 			fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
 			rt_json_str(stdout, q->name);
+			char src[64];
+			rt_param_format(q, q->def, src, sizeof src);
 			fputs(",\"default\":", stdout);
 			rt_json_num(stdout, q->def);
+			fputs(",\"default_source\":", stdout);
+			rt_json_str(stdout, src);
 			printf(",\"unit\":\"%s\",\"doc\":", kvp_unit_name(q->unit));
 			rt_json_str(stdout, q->doc ? q->doc : "");
 			fputc('}', stdout);
@@ -896,8 +900,9 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 		printf("    no parameters\n");
 	for (int i = 0; i < p->n_params; i++) {
 		const struct kvp_param *q = &p->params[i];
-		char set[96];
-		snprintf(set, sizeof set, "%s=%g", q->name, q->def);
+		char set[96], v[64];
+		rt_param_format_set(q, q->def, v, sizeof v);
+		snprintf(set, sizeof set, "%s=%s", q->name, v);
 		printf("    --set %-22s %-8s %s\n", set, kvp_unit_name(q->unit), q->doc ? q->doc : "");
 	}
 }

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,6 +87,27 @@ int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *a
 	return 0;
 }
 
+void rt_param_format_set(const struct kvp_param *q, double v, char *buf, size_t n)
+{
+	if (q->unit == KVP_UNIT_RATIO)
+		snprintf(buf, n, "%.9g%%", v * 100);
+	else
+		snprintf(buf, n, "%.9g", v);
+}
+
+void rt_param_format(const struct kvp_param *q, double v, char *buf, size_t n)
+{
+	static const char *const words[KVP_UNIT_COUNT_][2] = {
+		[KVP_UNIT_ENTRIES] = { "entry", "entries" }, [KVP_UNIT_TOKENS] = { "token", "tokens" },
+		[KVP_UNIT_STEPS] = { "step", "steps" },
+	};
+	rt_param_format_set(q, v, buf, n);
+	if ((unsigned)q->unit < KVP_UNIT_COUNT_ && words[q->unit][0]) {
+		size_t l = strlen(buf);
+		snprintf(buf + l, n > l ? n - l : 0, " %s", words[q->unit][v != 1]);
+	}
+}
+
 const char *kvp_unit_name(enum kvp_unit u)
 {
 	static const char *const names[KVP_UNIT_COUNT_] = {
@@ -163,6 +185,13 @@ int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err)
 	return 0;
 }
 
+int rt_policy_check(const struct rt_run *r, const rt_kv *kv, rt_err *err)
+{
+	if (!r->p->check || r->ctx.prompt_len <= 0)
+		return 0;
+	return r->p->check(&r->ctx, kv, err);
+}
+
 int32_t rt_run_chunk(struct rt_run *r, const rt_kv *kv, int32_t want)
 {
 	double t0 = rt_now();
@@ -206,5 +235,39 @@ const struct kvp_policy *rt_registry_find(const struct kvp_policy *const *reg, i
 	for (int i = 0; i < n; i++)
 		if (reg[i] && strcmp(reg[i]->name, name) == 0)
 			return reg[i];
-	return NULL;
+	return strcmp(name, rt_policy_full.name) == 0 ? &rt_policy_full : NULL;
 }
+
+/* ---- the built-in full cache ------------------------------------------------------- */
+
+static int full_should_compress(const struct kvp_ctx *ctx, const rt_kv *kv)
+{
+	(void)ctx;
+	(void)kv;
+	return 0;
+}
+
+/* The room of the store: min over heads of cap - n (a policy that never runs). */
+static int32_t full_next_trigger(const struct kvp_ctx *ctx, const rt_kv *kv)
+{
+	(void)ctx;
+	int32_t room = kv->cap;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		if (kv->cap - kv->heads[i].n < room)
+			room = kv->cap - kv->heads[i].n;
+	return room;
+}
+
+const struct kvp_policy rt_policy_full = {
+	.abi_version = KVP_ABI_VERSION,
+	.name = "full",
+	.source = "(built in)",
+	.source_hash = "0000000000000000",
+	.summary = "Full cache: every token is kept (the exact reference).",
+	.n_params = 0,
+	.params = NULL,
+	.positions = KVP_POS_ORIGINAL,
+	.needs = 0,
+	.should_compress = full_should_compress,
+	.next_trigger = full_next_trigger,
+};

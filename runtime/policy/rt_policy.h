@@ -34,7 +34,7 @@
 
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 1
+#define KVP_ABI_VERSION 2
 
 /* Unit of a parameter value: what the number counts. */
 enum kvp_unit {
@@ -195,6 +195,12 @@ struct kvp_policy {
 	int32_t (*next_trigger)(const struct kvp_ctx *ctx, const rt_kv *kv);
 	/* Bytes of ctx->scratch compress needs for this store's shape. */
 	size_t (*scratch_bytes)(const rt_kv *kv);
+	/* Check the budget and guards in force for a sequence whose context is its prompt
+	 * (ctx->prompt_len >= 0 tokens) with ctx's parameters and ratio, on kv's shape, before
+	 * the sequence starts: the rules of runtime/policy/rt_budget.h, which compress applies
+	 * again every time it runs. May use ctx->scratch. Returns 0, or -1 with err
+	 * "policy NAME: reason". NULL (with compress) for a policy that never compresses. */
+	int (*check)(const struct kvp_ctx *ctx, const rt_kv *kv, rt_err *err);
 };
 
 /* Bytes of per-entry statistics and per-head state a store needs for policy p with this
@@ -215,6 +221,13 @@ void kvp_policy_param_defaults(const struct kvp_policy *p, double *vals);
  * feasibility is checked when compress runs, against the values then in force. */
 int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *assign,
                          rt_err *err);
+
+/* A parameter value as the .kvp source writes it: a ratio as a percentage ("12.5%"), a
+ * count with its unit word ("32 tokens", "1 entry", "400 steps"), a plain number as is;
+ * into buf[0..n) (always terminated). rt_param_format_set gives the `--set` form, which
+ * omits the unit word (`--set NAME=VALUE` takes "12.5%" or "32"). */
+void rt_param_format(const struct kvp_param *q, double v, char *buf, size_t n);
+void rt_param_format_set(const struct kvp_param *q, double v, char *buf, size_t n);
 
 /* Name of a unit ("entries", "tokens", ...). */
 const char *kvp_unit_name(enum kvp_unit u);
@@ -271,6 +284,15 @@ int rt_run_set(struct rt_run *r, const char *assign, rt_err *err);
  * 0 or a finite number >= 1, or when the policy never compresses (no budget). */
 int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err);
 
+/* Check the parameters, ratio and layer schedule in force against the store kv before a
+ * sequence with a known prompt starts (policy->check: every layer's budget at least 1
+ * entry per KV head, the guards inside it, with the same message kvpc check gives).
+ * Nothing to check (0) for a policy that never compresses or an unknown prompt length
+ * (compress checks then, each time it runs). Returns 0, or -1 with err set. Call it
+ * after rt_run_init/rt_run_reset and the --set/--ratio overrides; request parameters
+ * of a server go through the same call. */
+int rt_policy_check(const struct rt_run *r, const rt_kv *kv, rt_err *err);
+
 /* Tokens the runtime may process in its next chunk: min(want, next_trigger), and not
  * past the prompt end while the prompt is being processed. 0 when the store is full. */
 int32_t rt_run_chunk(struct rt_run *r, const rt_kv *kv, int32_t want);
@@ -286,7 +308,13 @@ int rt_run_advance(struct rt_run *r, rt_kv *kv, int32_t n, rt_err *err);
 extern const struct kvp_policy *const kvp_registry[];
 extern const int kvp_registry_count;
 
-/* The registered policy called name, or NULL. */
+/* The built-in full-cache policy: no statistics, no hooks, never compresses (the exact
+ * reference every other policy is compared with). Name "full", reserved. */
+extern const struct kvp_policy rt_policy_full;
+
+/* The registered policy called name; "full" (a reserved name: kvpc refuses a policy of
+ * that name) is the runtime's built-in full cache, rt_policy_full (rt_seq.h); NULL for
+ * any other name. */
 const struct kvp_policy *rt_registry_find(const struct kvp_policy *const *reg, int n,
                                            const char *name);
 

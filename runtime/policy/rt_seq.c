@@ -12,40 +12,6 @@
 
 #include "model/rt_rope.h"
 
-/* ---- the built-in full-cache policy ----------------------------------------------------- */
-
-static int full_should_compress(const struct kvp_ctx *ctx, const rt_kv *kv)
-{
-	(void)ctx;
-	(void)kv;
-	return 0;
-}
-
-/* The room of the store: min over heads of cap - n (a policy that never runs). */
-static int32_t full_next_trigger(const struct kvp_ctx *ctx, const rt_kv *kv)
-{
-	(void)ctx;
-	int32_t room = kv->cap;
-	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
-		if (kv->cap - kv->heads[i].n < room)
-			room = kv->cap - kv->heads[i].n;
-	return room;
-}
-
-const struct kvp_policy rt_policy_full = {
-	.abi_version = KVP_ABI_VERSION,
-	.name = "full",
-	.source = "(built in)",
-	.source_hash = "0000000000000000",
-	.summary = "Full cache: every token is kept (the exact reference).",
-	.n_params = 0,
-	.params = NULL,
-	.positions = KVP_POS_ORIGINAL,
-	.needs = 0,
-	.should_compress = full_should_compress,
-	.next_trigger = full_next_trigger,
-};
-
 /* ---- hooks from the forward ------------------------------------------------------------ */
 
 static void seq_on_append(void *user, int layer, int kv_head, int32_t first, int32_t n)
@@ -416,6 +382,9 @@ int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
 		return rt_err_set(err, "%s: sequence: negative token count", s->m->path);
 	if (mode != RT_LOGITS_NONE && !logits)
 		return rt_err_set(err, "%s: sequence: logits requested without a buffer", s->m->path);
+	/* the budget and guards in force, before the first token (rt_budget) */
+	if (s->run.ctx.seen == 0 && n > 0 && rt_policy_check(&s->run, &s->kv, err) != 0)
+		return -1;
 	double t0 = rt_now();
 	for (int64_t done = 0; done < n;) {
 		int32_t want = n - done < s->max_chunk ? (int32_t)(n - done) : s->max_chunk;
@@ -536,6 +505,19 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 			                  "sequence batch: policy %s has seen %lld tokens, policy %s %lld",
 			                  b->s[0]->p->name, (long long)seen, b->s[k]->p->name,
 			                  (long long)b->s[k]->run.ctx.seen);
+	/* the budget and guards in force, before the first token (rt_budget): a sequence whose
+	 * policy fails them leaves the batch */
+	if (seen == 0 && n > 0)
+		for (int i = 0; i < b->n_active;) {
+			rt_err e = { "" };
+			if (rt_policy_check(&b->s[i]->run, &b->s[i]->kv, &e) != 0) {
+				batch_drop(b, i, &e);
+				continue;
+			}
+			i++;
+		}
+	if (b->n_active < 1)
+		return rt_err_set(err, "sequence batch: every sequence has left (%s)", b->why[0]);
 	double t0 = rt_now();
 	for (int64_t done = 0; done < n;) {
 		int32_t k = n - done < b->chunk ? (int32_t)(n - done) : b->chunk;

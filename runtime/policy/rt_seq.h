@@ -43,10 +43,6 @@
  * (the trace's surprisal needs them; the chunk bounds the internal logits buffer). */
 #define RT_SEQ_TRACE_CHUNK 64
 
-/* The built-in full-cache policy: no statistics, no hooks, never compresses (the exact
- * reference every other policy is compared with). Name "full". */
-extern const struct kvp_policy rt_policy_full;
-
 /* Counters of one sequence since rt_seq_init / rt_seq_reset. */
 typedef struct rt_seq_stats {
 	int64_t tokens;          /* tokens fed */
