@@ -10,8 +10,14 @@
  *   observe()       the fused per-step statistic update loop
  *   score_q()       the per-query-head score (vector stages, then the elementwise tree)
  *   fires(), should_compress(), next_trigger()   the trigger
- *   compress()      k_compress_run instantiated with the policy's configuration
+ *   config()        the policy's k_compress_cfg after `seen` tokens
+ *   compress()      k_compress_run (or k_grace_run) with that configuration
+ *   check()         the budget check before a sequence starts (runtime/policy/rt_budget.h)
  *   the exported const struct kvp_policy
+ *
+ * Every function body declares only the locals it uses (with_locals: the body is emitted
+ * once to see which names it reads); hooks keep the ABI's signatures, so unused
+ * parameters are allowed by one pragma at the top.
  *
  * Safety: source text reaches the output only through emit_cstr (escaped literal bodies)
  * and emit_comment_name (bytes outside [A-Za-z0-9_] become '?'); numbers are printed
@@ -86,6 +92,82 @@ static void out(struct em *em, const char *fmt, ...)
 static int lines_so_far(const struct em *em)
 {
 	return em->lines + 1;
+}
+
+/* ---- locals: a generated function declares only the names its body uses ---------- */
+
+/* One local a body may need: its name and its declaration (one line, no tab). */
+struct local {
+	const char *name;
+	const char *decl;
+};
+
+/* 1 if C text names the identifier id: as a whole word, outside comments, string and
+ * character literals, and not as a member (after "->" or "."). */
+static int names_ident(const char *text, const char *id)
+{
+	size_t n = strlen(id);
+	for (const char *p = text; *p; p++) {
+		if (p[0] == '/' && p[1] == '*') {
+			const char *e = strstr(p + 2, "*/");
+			if (!e)
+				return 0;
+			p = e + 1;
+			continue;
+		}
+		if (*p == '"' || *p == '\'') {
+			char q = *p;
+			for (p++; *p && *p != q; p++)
+				if (*p == '\\' && p[1])
+					p++;
+			if (!*p)
+				return 0;
+			continue;
+		}
+		int word = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || *p == '_';
+		if (!word)
+			continue;
+		const char *b = p;
+		while ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+		       *p == '_')
+			p++;
+		int member = (b > text && b[-1] == '.') || (b > text + 1 && b[-1] == '>' && b[-2] == '-');
+		if (!member && (size_t)(p - b) == n && !memcmp(b, id, n))
+			return 1;
+		p--;
+	}
+	return 0;
+}
+
+typedef void (*body_fn)(struct em *em, const void *arg);
+
+/* Emit body(em, arg) preceded by the declarations of those of loc[0..n) it uses (or that
+ * a used later declaration uses). The body is emitted twice: once to read which names it
+ * uses (the output is then discarded), once for real, so #line numbers stay exact. */
+static void with_locals(struct em *em, const struct local *loc, int n, body_fn body,
+                        const void *arg)
+{
+	RT_ASSERT(n <= 16);
+	size_t len0 = em->len;
+	int lines0 = em->lines, src0 = em->in_src;
+	body(em, arg);
+	char *text = RT_MALLOC(em->len - len0 + 1);
+	memcpy(text, em->buf + len0, em->len - len0 + 1);
+	em->len = len0;
+	em->buf[len0] = 0;
+	em->lines = lines0;
+	em->in_src = src0;
+	int used[16] = { 0 };
+	for (int i = n - 1; i >= 0; i--) {
+		used[i] = names_ident(text, loc[i].name);
+		for (int j = i + 1; j < n && !used[i]; j++)
+			used[i] = used[j] && names_ident(loc[j].decl, loc[i].name);
+	}
+	free(text);
+	for (int i = 0; i < n; i++)
+		if (used[i])
+			out(em, "\t%s\n", loc[i].decl);
+	body(em, arg);
 }
 
 /* ---- escaping --------------------------------------------------------------------- */
@@ -476,6 +558,9 @@ static void emit_header(struct em *em)
 	out(em, "#include \"k_compress.h\"\n#include \"k_score.h\"\n#include \"k_signal.h\"\n");
 	out(em, "#include \"k_stat.h\"\n#include \"kv/rt_kv.h\"\n#include \"policy/rt_policy.h\"\n\n");
 	out(em, "#include <string.h>\n\n");
+	out(em, "/* Hooks and helpers keep the signatures of the ABI and the kernels; each policy reads\n"
+	        " * only some of their arguments. */\n"
+	        "#pragma GCC diagnostic ignored \"-Wunused-parameter\"\n\n");
 	out(em, "#define STAT_WORDS_ENTRY %uu\n#define STAT_WORDS_QHEAD %uu\n\n",
 	    ir->stat_words_entry, ir->stat_words_qhead);
 	if (ir->needs & KVP_NEED_OUT)
@@ -496,9 +581,12 @@ static void emit_tables(struct em *em)
 			cstr_into(em, p->name);
 			out(em, "\", ");
 			num(em, p->def);
-			static const char *const units[] = { "KVP_UNIT_SCALAR", "KVP_UNIT_ENTRIES",
-			                                     "KVP_UNIT_TOKENS", "KVP_UNIT_RATIO",
-			                                     "KVP_UNIT_STEPS" };
+			/* ORDER(unit): enum kvp_unit (runtime/policy/rt_policy.h), by name */
+			static const char *const units[KVP_UNIT_COUNT_] = {
+				[KVP_UNIT_SCALAR] = "KVP_UNIT_SCALAR", [KVP_UNIT_ENTRIES] = "KVP_UNIT_ENTRIES",
+				[KVP_UNIT_TOKENS] = "KVP_UNIT_TOKENS", [KVP_UNIT_RATIO] = "KVP_UNIT_RATIO",
+				[KVP_UNIT_STEPS] = "KVP_UNIT_STEPS",
+			};
 			out(em, ", %s, \"", (unsigned)p->unit < KVP_UNIT_COUNT_ ? units[p->unit] : units[0]);
 			cstr_into(em, p->doc);
 			out(em, "\" },\n");
@@ -528,6 +616,20 @@ static void emit_tables(struct em *em)
 	}
 }
 
+static const struct local P_LOCAL[] = { { "P", "const double *P = ctx->params;" } };
+
+static void budget_body(struct em *em, const void *arg)
+{
+	(void)arg;
+	const struct kvp_ir *ir = em->ir;
+	out(em, "\tif (ctx->ratio > 0)\n\t\treturn k_context(ctx, seen) / ctx->ratio;\n");
+	line_src(em, ir->alloc.loc);
+	out(em, "\treturn ");
+	expr(em, ir->alloc.budget, E_SCALAR);
+	out(em, ";\n");
+	line_back(em);
+}
+
 /* budget_of: the policy's budget, or the runtime's compression-ratio override. */
 static void emit_budget(struct em *em)
 {
@@ -537,14 +639,47 @@ static void emit_budget(struct em *em)
 	out(em, "/* budget_of: entries per head on average: the policy's budget, or context / R when\n"
 	        " * the runtime overrides it with a compression ratio R (kvp_ctx.ratio). */\n");
 	out(em, "static inline double budget_of(const struct kvp_ctx *ctx, const rt_kv *kv, double seen)\n{\n");
-	out(em, "\tconst double *P = ctx->params;\n\t(void)P;\n\t(void)kv;\n");
-	out(em, "\tif (ctx->ratio > 0)\n\t\treturn k_context(ctx, seen) / ctx->ratio;\n");
-	line_src(em, ir->alloc.loc);
-	out(em, "\treturn ");
-	expr(em, ir->alloc.budget, E_SCALAR);
-	out(em, ";\n");
-	line_back(em);
+	with_locals(em, P_LOCAL, 1, budget_body, NULL);
 	out(em, "}\n\n");
+}
+
+/* The body of stat_read_k: its value read out of the entry's words. */
+static void stat_read_body(struct em *em, const void *arg)
+{
+	const struct kvp_ir *ir = em->ir;
+	const int k = *(const int *)arg;
+	const struct kvp_ir_stat *s = &ir->stats[k];
+	int ring = s->hist == KVP_HIST_LAST_STEPS && s->kind != KVP_STAT_LAST &&
+	           s->kind != KVP_STAT_EMA;
+	const char *steps = NULL;
+	char stepbuf[160];
+	if (s->kind == KVP_STAT_MEAN) {
+		if (s->hist == KVP_HIST_LAST_STEPS)
+			snprintf(stepbuf, sizeof stepbuf, "fmin((double)k_stat_getf(b + %d), %d.0)",
+			         (int)ir->obs_count_word, (int)s->ring);
+		else
+			snprintf(stepbuf, sizeof stepbuf, "(double)k_stat_getf(b + %d)",
+			         (int)ir->obs_count_word);
+		steps = stepbuf;
+	}
+	if (s->kind == KVP_STAT_MEAN && s->hist == KVP_HIST_PROMPT_TAIL) {
+		line_src(em, s->loc);
+		out(em, "\tconst double tail = k_stat_tail_steps(ctx->seen, ctx->prompt_len, ");
+		expr(em, s->window, E_SCALAR);
+		out(em, ");\n");
+		line_back(em);
+		out(em, "\treturn k_stat_mean(k_stat_getf(w), fmin(%s, tail));\n", steps);
+	} else if (ring && s->kind == KVP_STAT_COUNT) {
+		out(em, "\treturn k_stat_ring_count(w, %d);\n", (int)s->ring);
+	} else if (ring && s->kind == KVP_STAT_MEAN) {
+		out(em, "\treturn k_stat_mean(k_stat_ring_sum(w, %d), %s);\n", (int)s->ring, steps);
+	} else if (ring) {
+		out(em, "\treturn k_stat_ring_sum(w, %d);\n", (int)s->ring);
+	} else if (s->kind == KVP_STAT_MEAN) {
+		out(em, "\treturn k_stat_mean(k_stat_getf(w), %s);\n", steps);
+	} else {
+		out(em, "\treturn k_stat_getf(w);\n");
+	}
 }
 
 static void emit_stat_reads(struct em *em)
@@ -557,49 +692,20 @@ static void emit_stat_reads(struct em *em)
 		out(em, ": its value at compress time */\n");
 		out(em, "static inline double stat_read_%d(const struct kvp_ctx *ctx, const rt_kv *kv,\n"
 		        "                                  const rt_kv_head *h, int32_t i, int r)\n{\n", k);
-		out(em, "\tconst uint32_t *b = k_stat_block(kv, h, i);\n");
+		char wdecl[128];
 		if (s->per_qhead)
-			out(em, "\tconst uint32_t *w = b + STAT_WORDS_ENTRY + (size_t)r * STAT_WORDS_QHEAD + %d;\n",
-			    (int)s->word);
+			snprintf(wdecl, sizeof wdecl,
+			         "const uint32_t *w = b + STAT_WORDS_ENTRY + (size_t)r * STAT_WORDS_QHEAD + %d;",
+			         (int)s->word);
 		else
-			out(em, "\tconst uint32_t *w = b + %d;\n\t(void)r;\n", (int)s->word);
-		int ring = s->hist == KVP_HIST_LAST_STEPS && s->kind != KVP_STAT_LAST &&
-		           s->kind != KVP_STAT_EMA;
-		const char *steps = NULL;
-		char stepbuf[160];
-		if (s->kind == KVP_STAT_MEAN) {
-			if (s->hist == KVP_HIST_LAST_STEPS)
-				snprintf(stepbuf, sizeof stepbuf, "fmin((double)k_stat_getf(b + %d), %d.0)",
-				         (int)ir->obs_count_word, (int)s->ring);
-			else
-				snprintf(stepbuf, sizeof stepbuf, "(double)k_stat_getf(b + %d)",
-				         (int)ir->obs_count_word);
-			steps = stepbuf;
-		}
-		if (s->kind == KVP_STAT_MEAN && s->hist == KVP_HIST_PROMPT_TAIL) {
-			out(em, "\tconst double *P = ctx->params;\n\tconst double seen = (double)ctx->seen;\n");
-			out(em, "\t(void)P;\n\t(void)seen;\n");
-			line_src(em, s->loc);
-			out(em, "\tconst double tail = k_stat_tail_steps(ctx->seen, ctx->prompt_len, ");
-			expr(em, s->window, E_SCALAR);
-			out(em, ");\n");
-			line_back(em);
-			out(em, "\treturn k_stat_mean(k_stat_getf(w), fmin(%s, tail));\n}\n\n", steps);
-			continue;
-		}
-		out(em, "\t(void)ctx;\n");
-		if (!steps)
-			out(em, "\t(void)b;\n");
-		if (ring && s->kind == KVP_STAT_COUNT)
-			out(em, "\treturn k_stat_ring_count(w, %d);\n", (int)s->ring);
-		else if (ring && s->kind == KVP_STAT_MEAN)
-			out(em, "\treturn k_stat_mean(k_stat_ring_sum(w, %d), %s);\n", (int)s->ring, steps);
-		else if (ring)
-			out(em, "\treturn k_stat_ring_sum(w, %d);\n", (int)s->ring);
-		else if (s->kind == KVP_STAT_MEAN)
-			out(em, "\treturn k_stat_mean(k_stat_getf(w), %s);\n", steps);
-		else
-			out(em, "\treturn k_stat_getf(w);\n");
+			snprintf(wdecl, sizeof wdecl, "const uint32_t *w = b + %d;", (int)s->word);
+		const struct local loc[] = {
+			{ "P", "const double *P = ctx->params;" },
+			{ "seen", "const double seen = (double)ctx->seen;" },
+			{ "b", "const uint32_t *b = k_stat_block(kv, h, i);" },
+			{ "w", wdecl },
+		};
+		with_locals(em, loc, 4, stat_read_body, &k);
 		out(em, "}\n\n");
 	}
 }
@@ -644,12 +750,12 @@ static void stat_update(struct em *em, int k, const char *ind)
 	}
 }
 
-static void emit_observe(struct em *em)
+/* The body of observe: the output store, then the fused statistic loop. */
+static void observe_body(struct em *em, const void *arg)
 {
+	(void)arg;
 	const struct kvp_ir *ir = em->ir;
 	const int keep_out = (ir->needs & KVP_NEED_OUT) != 0;
-	if (ir->n_stats == 0 && !keep_out)
-		return;
 	int any_q = 0, any_e = 0;
 	for (int k = 0; k < ir->n_stats; k++) {
 		if (ir->stats[k].per_qhead)
@@ -657,22 +763,11 @@ static void emit_observe(struct em *em)
 		else
 			any_e = 1;
 	}
-	out(em, "/* observe: one step (query token ob->step) over head (layer, kv_head); updates\n"
-	        " * every statistic of the ob->n visible entries (k_stat.h templates, fused). */\n");
-	out(em, "static void observe(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,\n"
-	        "                    const struct kvp_obs *ob)\n{\n");
-	out(em, "\trt_kv_head *h = rt_kv_head_at(kv, layer, kv_head);\n");
-	out(em, "\tconst double *P = ctx->params;\n");
-	out(em, "\tconst double seen = (double)(ob->step + 1);\n");
-	out(em, "\tconst int32_t n = ob->n;\n\tconst int d = kv->head_dim;\n");
-	out(em, "\t(void)P;\n\t(void)seen;\n\t(void)d;\n");
 	if (keep_out)
 		out(em, "\t/* exact CAOTE: the true attention output of each query head at this step */\n"
 		        "\tif (ob->out)\n\t\tk_out_store(h->state, ob->out, ob->group, d);\n");
-	if (ir->n_stats == 0) {
-		out(em, "\t(void)n;\n}\n\n");
+	if (ir->n_stats == 0)
 		return;
-	}
 	for (int k = 0; k < ir->n_stats; k++) {
 		const struct kvp_ir_stat *s = &ir->stats[k];
 		if (s->kind == KVP_STAT_EMA) {
@@ -707,26 +802,35 @@ static void emit_observe(struct em *em)
 				stat_update(em, k, "\t\t\t");
 		out(em, "\t\t}\n");
 	}
-	out(em, "\t}\n}\n\n");
+	out(em, "\t}\n");
 }
 
-static void emit_score(struct em *em)
+static void emit_observe(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
+	if (ir->n_stats == 0 && !(ir->needs & KVP_NEED_OUT))
+		return;
+	out(em, "/* observe: one step (query token ob->step) over head (layer, kv_head); updates\n"
+	        " * every statistic of the ob->n visible entries (k_stat.h templates, fused). */\n");
+	out(em, "static void observe(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,\n"
+	        "                    const struct kvp_obs *ob)\n{\n");
+	static const struct local loc[] = {
+		{ "h", "rt_kv_head *h = rt_kv_head_at(kv, layer, kv_head);" },
+		{ "P", "const double *P = ctx->params;" },
+		{ "seen", "const double seen = (double)(ob->step + 1);" },
+		{ "n", "const int32_t n = ob->n;" },
+		{ "d", "const int d = kv->head_dim;" },
+	};
+	with_locals(em, loc, 5, observe_body, NULL);
+	out(em, "}\n\n");
+}
+
+/* The body of score_q: the whole-head transforms, then the elementwise tree. */
+static void score_body(struct em *em, const void *arg)
+{
+	(void)arg;
+	const struct kvp_ir *ir = em->ir;
 	int32_t e = ir->score.expr;
-	if (e < 0 || ir->trigger.kind == KVP_TRIG_NEVER)
-		return; /* no score, or no compress to use it */
-	out(em, "/* score_q: the score of every entry of h for query head r (lowest evicted first):\n"
-	        " *   ");
-	expr_comment(em, e);
-	out(em, "\n */\n");
-	out(em, "static void score_q(const struct kvp_ctx *ctx, const rt_kv *kv, const rt_kv_head *h,\n"
-	        "                    int layer, int r, float *out, float *tmp, double *vec)\n{\n");
-	out(em, "\tconst double *P = ctx->params;\n\tconst double seen = (double)ctx->seen;\n");
-	out(em, "\tconst int32_t n = h->n;\n\tconst int d = kv->head_dim;\n");
-	out(em, "\tconst size_t cap = (size_t)kv->cap;\n");
-	out(em, "\t(void)P;\n\t(void)seen;\n\t(void)d;\n\t(void)cap;\n\t(void)layer;\n\t(void)r;\n");
-	out(em, "\t(void)tmp;\n\t(void)vec;\n");
 	if (uses_signal(ir, e, KVP_SIG_KEY_COS_MEAN))
 		out(em, "\tk_key_anchor(h->k, n, d, vec + d);\n");
 	for (int32_t v = 0; v <= e; v++) {
@@ -753,6 +857,28 @@ static void emit_score(struct em *em)
 	expr(em, e, E_SCORE);
 	out(em, ";\n");
 	line_back(em);
+}
+
+static void emit_score(struct em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	int32_t e = ir->score.expr;
+	if (e < 0 || ir->trigger.kind == KVP_TRIG_NEVER)
+		return; /* no score, or no compress to use it */
+	out(em, "/* score_q: the score of every entry of h for query head r (lowest evicted first):\n"
+	        " *   ");
+	expr_comment(em, e);
+	out(em, "\n */\n");
+	out(em, "static void score_q(const struct kvp_ctx *ctx, const rt_kv *kv, const rt_kv_head *h,\n"
+	        "                    int layer, int r, float *out, float *tmp, double *vec)\n{\n");
+	static const struct local loc[] = {
+		{ "P", "const double *P = ctx->params;" },
+		{ "seen", "const double seen = (double)ctx->seen;" },
+		{ "n", "const int32_t n = h->n;" },
+		{ "d", "const int d = kv->head_dim;" },
+		{ "cap", "const size_t cap = (size_t)kv->cap;" },
+	};
+	with_locals(em, loc, 5, score_body, NULL);
 	out(em, "}\n\n");
 }
 
@@ -769,15 +895,11 @@ static void target_expr(struct em *em)
 	}
 }
 
-static void emit_trigger(struct em *em)
+/* The body of fires: the trigger's condition. */
+static void fires_body(struct em *em, const void *arg)
 {
-	const struct kvp_ir *ir = em->ir;
-	const struct kvp_ir_trig *tr = &ir->trigger;
-	out(em, "/* fires: would the trigger fire after `seen` tokens with `entries` entries per head\n"
-	        " * on average? (should_compress asks now; next_trigger asks ahead) */\n");
-	out(em, "static int fires(const struct kvp_ctx *ctx, const rt_kv *kv, double seen, double entries)\n{\n");
-	out(em, "\tconst double *P = ctx->params;\n");
-	out(em, "\t(void)P;\n\t(void)kv;\n\t(void)seen;\n\t(void)entries;\n");
+	(void)arg;
+	const struct kvp_ir_trig *tr = &em->ir->trigger;
 	line_src(em, tr->loc);
 	switch (tr->kind) {
 	case KVP_TRIG_NEVER:
@@ -822,6 +944,14 @@ static void emit_trigger(struct em *em)
 		break;
 	}
 	line_back(em);
+}
+
+static void emit_trigger(struct em *em)
+{
+	out(em, "/* fires: would the trigger fire after `seen` tokens with `entries` entries per head\n"
+	        " * on average? (should_compress asks now; next_trigger asks ahead) */\n");
+	out(em, "static int fires(const struct kvp_ctx *ctx, const rt_kv *kv, double seen, double entries)\n{\n");
+	with_locals(em, P_LOCAL, 1, fires_body, NULL);
 	out(em, "}\n\n");
 	out(em, "static int should_compress(const struct kvp_ctx *ctx, const rt_kv *kv)\n{\n");
 	out(em, "\treturn fires(ctx, kv, (double)ctx->seen, k_avg_entries(kv));\n}\n\n");
@@ -884,9 +1014,12 @@ static void emit_cfg_score_guards(struct em *em)
 	const struct kvp_ir_score *sc = &ir->score;
 	int has_score = sc->expr >= 0;
 	out(em, "\tcfg->has_score = %d;\n", has_score);
-	/* ORDER: enum kvp_ir_reduce (compiler/kvp_ir.h) -> K_REDUCE_* (kernels/k_score.h) */
-	static const char *const reds[] = { "K_REDUCE_MEAN", "K_REDUCE_MAX", "K_REDUCE_SUM", "-1",
-	                                    "K_REDUCE_L2" };
+	/* ORDER(reduce): enum kvp_ir_reduce (compiler/kvp_ir.h) to enum k_reduce_kind
+	 * (kernels/k_score.h); -1 = query-head independent */
+	static const char *const reds[] = {
+		[KVP_REDUCE_MEAN] = "K_REDUCE_MEAN", [KVP_REDUCE_MAX] = "K_REDUCE_MAX",
+		[KVP_REDUCE_SUM] = "K_REDUCE_SUM", [KVP_REDUCE_NONE] = "-1", [KVP_REDUCE_L2] = "K_REDUCE_L2",
+	};
 	int per_q = has_score && kvp_ir_expr_per_qhead(ir, sc->expr);
 	out(em, "\tcfg->reduce = %s;\n", per_q ? reds[sc->reduce] : "-1");
 	out(em, "\tcfg->over_layer = %d;\n", sc->over_layer);
@@ -936,9 +1069,13 @@ static void emit_cfg_alloc_action(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
 	const struct kvp_ir_alloc *al = &ir->alloc;
-	/* ORDER: enum kvp_ir_layers (compiler/kvp_ir.h) -> K_LAYERS_* (kernels/k_compress.h) */
-	static const char *const layers[] = { "K_LAYERS_UNIFORM", "K_LAYERS_PYRAMID",
-	                                      "K_LAYERS_FUNNEL", "K_LAYERS_LINEAR", "K_LAYERS_LIST" };
+	/* ORDER(layers): enum kvp_ir_layers (compiler/kvp_ir.h) to K_LAYERS_*
+	 * (kernels/k_compress.h) */
+	static const char *const layers[] = {
+		[KVP_LAYERS_UNIFORM] = "K_LAYERS_UNIFORM", [KVP_LAYERS_PYRAMID] = "K_LAYERS_PYRAMID",
+		[KVP_LAYERS_FUNNEL] = "K_LAYERS_FUNNEL", [KVP_LAYERS_LINEAR] = "K_LAYERS_LINEAR",
+		[KVP_LAYERS_LIST] = "K_LAYERS_LIST",
+	};
 	out(em, "\tcfg->layers = %s;\n", layers[al->layers]);
 	if (al->layers == KVP_LAYERS_PYRAMID || al->layers == KVP_LAYERS_FUNNEL) {
 		out(em, "\tcfg->beta = ");
@@ -953,8 +1090,12 @@ static void emit_cfg_alloc_action(struct em *em)
 	} else if (al->layers == KVP_LAYERS_LIST && al->n_list > 0) {
 		out(em, "\tcfg->list = policy_layer_list;\n\tcfg->n_list = %d;\n", al->n_list);
 	}
-	/* ORDER: enum kvp_ir_heads (compiler/kvp_ir.h) -> K_HEADS_* (kernels/k_compress.h) */
-	static const char *const heads[] = { "K_HEADS_EACH", "K_HEADS_ADAPTIVE", "K_HEADS_GLOBAL" };
+	/* ORDER(heads): enum kvp_ir_heads (compiler/kvp_ir.h) to K_HEADS_*
+	 * (kernels/k_compress.h) */
+	static const char *const heads[] = {
+		[KVP_HEADS_EACH] = "K_HEADS_EACH", [KVP_HEADS_ADAPTIVE] = "K_HEADS_ADAPTIVE",
+		[KVP_HEADS_GLOBAL] = "K_HEADS_GLOBAL",
+	};
 	out(em, "\tcfg->heads = %s;\n", heads[al->heads]);
 	if (al->heads != KVP_HEADS_EACH) {
 		out(em, "\tcfg->floor_frac = fmin(1.0, fmax(0.0, ");
@@ -963,8 +1104,12 @@ static void emit_cfg_alloc_action(struct em *em)
 	}
 	if (kvp_ir_grace_core(ir))
 		return; /* the GraceKV core reads its action from the rt_gracekv_cfg */
-	/* ORDER: enum kvp_ir_action (compiler/kvp_ir.h) -> K_ACT_* (kernels/k_compress.h) */
-	static const char *const acts[] = { "K_ACT_EVICT", "K_ACT_MERGE", "K_ACT_SPLIT" };
+	/* ORDER(action): enum kvp_ir_action (compiler/kvp_ir.h) to K_ACT_*
+	 * (kernels/k_compress.h) */
+	static const char *const acts[] = {
+		[KVP_ACT_EVICT] = "K_ACT_EVICT", [KVP_ACT_MERGE] = "K_ACT_MERGE",
+		[KVP_ACT_SPLIT] = "K_ACT_SPLIT",
+	};
 	line_src(em, ir->action.loc);
 	out(em, "\tcfg->action = %s;\n", acts[ir->action.kind]);
 	if (ir->action.kind != KVP_ACT_EVICT) {
@@ -980,16 +1125,10 @@ static void emit_cfg_alloc_action(struct em *em)
 	line_back(em);
 }
 
-/* config(): the policy's compress configuration after `seen` tokens, shared by compress
- * and check. */
-static void emit_config(struct em *em)
+static void config_body(struct em *em, const void *arg)
 {
+	(void)arg;
 	const struct kvp_ir *ir = em->ir;
-	out(em, "/* config: this policy's compress configuration (kernels/k_compress.h) after\n"
-	        " * `seen` tokens, with the parameters in force. */\n");
-	out(em, "static void config(const struct kvp_ctx *ctx, const rt_kv *kv, double seen,\n"
-	        "                   struct k_compress_cfg *cfg)\n{\n");
-	out(em, "\tconst double *P = ctx->params;\n\t(void)P;\n");
 	out(em, "\tmemset(cfg, 0, sizeof *cfg);\n");
 	out(em, "\tcfg->name = \"");
 	cstr_into(em, ir->name);
@@ -998,6 +1137,23 @@ static void emit_config(struct em *em)
 		out(em, "\tcfg->budget_shared = 1;\n");
 	emit_cfg_score_guards(em);
 	emit_cfg_alloc_action(em);
+}
+
+static void grace_config_body(struct em *em, const void *arg)
+{
+	(void)arg;
+	emit_grace_cfg(em);
+}
+
+/* config(): the policy's compress configuration after `seen` tokens, shared by compress
+ * and check. */
+static void emit_config(struct em *em)
+{
+	out(em, "/* config: this policy's compress configuration (kernels/k_compress.h) after\n"
+	        " * `seen` tokens, with the parameters in force. */\n");
+	out(em, "static void config(const struct kvp_ctx *ctx, const rt_kv *kv, double seen,\n"
+	        "                   struct k_compress_cfg *cfg)\n{\n");
+	with_locals(em, P_LOCAL, 1, config_body, NULL);
 	out(em, "}\n\n");
 }
 
@@ -1013,8 +1169,7 @@ static void emit_compress(struct em *em)
 		out(em, "/* grace_config: the GraceKV core's values (runtime/policy/rt_gracekv.h). */\n");
 		out(em, "static void grace_config(const struct kvp_ctx *ctx, const struct k_compress_cfg *cfg,\n"
 		        "                         struct rt_gracekv_cfg *gc)\n{\n");
-		out(em, "\tconst double *P = ctx->params;\n\t(void)P;\n");
-		emit_grace_cfg(em);
+		with_locals(em, P_LOCAL, 1, grace_config_body, NULL);
 		out(em, "}\n\n");
 	}
 	out(em, "/* compress: %s (kernels/k_compress.h) with this policy's pipeline. */\n",
@@ -1071,11 +1226,13 @@ static void emit_policy(struct em *em)
 	out(em, "\t.positions = %s,\n",
 	    ir->positions == KVP_POS_COMPACTED ? "KVP_POS_COMPACTED" : "KVP_POS_ORIGINAL");
 	out(em, "\t.needs = ");
+	/* ORDER(needs): bit b of KVP_NEED_* (runtime/policy/rt_policy.h) is needs[b] */
 	static const char *const needs[] = { "KVP_NEED_ATTN", "KVP_NEED_OUT", "KVP_NEED_KEYS",
 	                                     "KVP_NEED_VALUES", "KVP_NEED_SPANS", "KVP_NEED_PROMPT_LEN",
 	                                     "KVP_NEED_TRACE" };
+	_Static_assert(sizeof needs / sizeof needs[0] == 7, "ORDER(needs): one name per KVP_NEED_ bit");
 	int first = 1;
-	for (int b = 0; b < 7; b++)
+	for (int b = 0; b < (int)(sizeof needs / sizeof needs[0]); b++)
 		if (ir->needs & (1u << b)) {
 			out(em, "%s%s", first ? "" : " | ", needs[b]);
 			first = 0;

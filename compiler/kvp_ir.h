@@ -184,6 +184,8 @@ struct kvp_ir_stat {
 
 /* ---- score pipeline ---------------------------------------------------------------- */
 
+/* ORDER(reduce): mapped by name to enum k_reduce_kind (kernels/k_score.h) in
+ * compiler/kvp_emit_c.c; a new value needs both. */
 enum kvp_ir_reduce {
 	KVP_REDUCE_MEAN = 0,  /* mean over the query heads of the group (kvpress) */
 	KVP_REDUCE_MAX,
@@ -228,6 +230,7 @@ struct kvp_ir_guards {
 	struct kvp_loc loc;
 };
 
+/* ORDER(layers): mapped to K_LAYERS_* (kernels/k_compress.h) in compiler/kvp_emit_c.c. */
 enum kvp_ir_layers {
 	KVP_LAYERS_UNIFORM = 0,
 	KVP_LAYERS_PYRAMID,      /* PyramidKV (KVCache-Factory): beta; the recent guard is w;
@@ -241,6 +244,7 @@ enum kvp_ir_layers {
 	                            index and renormalised to the same total */
 };
 
+/* ORDER(heads): mapped to K_HEADS_* (kernels/k_compress.h) in compiler/kvp_emit_c.c. */
 enum kvp_ir_heads {
 	KVP_HEADS_EACH = 0,      /* every KV head of a layer gets the layer budget */
 	KVP_HEADS_ADAPTIVE,      /* Ada-KV: global top-(G·B) across the heads of a layer,
@@ -249,6 +253,7 @@ enum kvp_ir_heads {
 	                            each head keeps at least floor·B_l */
 };
 
+/* ORDER(action): mapped to K_ACT_* (kernels/k_compress.h) in compiler/kvp_emit_c.c. */
 enum kvp_ir_action {
 	KVP_ACT_EVICT = 0,
 	KVP_ACT_MERGE,           /* each evicted entry is merged into the adjacent kept,

@@ -217,13 +217,12 @@ static enum kvp_ir_stat_kind stat_kind(kvp_agg a)
 	}
 }
 
-int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
+/* The definitions in order (each uses only the ones above it). */
+static void lower_defs(lower *lw)
 {
-	lower lw = { s, ir, 0 };
+	kvp_sema *s = lw->s;
+	struct kvp_ir *ir = lw->ir;
 	const kvp_file *f = s->file;
-	ir->loc = L(f->name_loc);
-
-	/* definitions in order: each uses only the ones above it */
 	for (int i = 0; i < s->n_syms; i++) {
 		kvp_sym *y = &s->syms[i];
 		const kvp_stmt *st = y->stmt;
@@ -236,16 +235,16 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 			y->ir_index = kvp_ir_add_const(ir, L(st->name_loc), y->name, y->value);
 			break;
 		case KVP_SYM_STAT: {
-			int32_t arg = lower_expr(&lw, y->arg);
-			int32_t alpha = y->alpha ? lower_expr(&lw, y->alpha) : -1;
+			int32_t arg = lower_expr(lw, y->arg);
+			int32_t alpha = y->alpha ? lower_expr(lw, y->alpha) : -1;
 			enum kvp_ir_history h = KVP_HIST_WHOLE;
 			int32_t win = -1;
 			if (st->window == KVP_W_LAST) {
 				h = KVP_HIST_LAST_STEPS;
-				win = lower_expr(&lw, st->window_len);
+				win = lower_expr(lw, st->window_len);
 			} else if (st->window == KVP_W_PROMPT_TAIL) {
 				h = KVP_HIST_PROMPT_TAIL;
-				win = lower_expr(&lw, st->window_len);
+				win = lower_expr(lw, st->window_len);
 			}
 			y->ir_index = kvp_ir_add_stat(ir, L(st->name_loc), y->name, stat_kind(y->agg),
 			                              arg, alpha, h, win);
@@ -254,9 +253,17 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 		}
 	}
 
+}
+
+/* The score pipeline and the guards. */
+static void lower_score_guards(lower *lw)
+{
+	kvp_sema *s = lw->s;
+	struct kvp_ir *ir = lw->ir;
+	const kvp_file *f = s->file;
 	/* score pipeline */
 	const kvp_stmt *score = s->setting[KVP_SET_SCORE];
-	ir->score.expr = score ? lower_expr(&lw, score->value) : -1;
+	ir->score.expr = score ? lower_expr(lw, score->value) : -1;
 	ir->score.loc = L(score ? score->loc : f->name_loc);
 	if (!s->score_per_qhead)
 		ir->score.reduce = KVP_REDUCE_NONE;
@@ -270,13 +277,13 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 	ir->score.over_layer = s->over_layer;
 	ir->score.pool = s->pool == KVP_PL_MAX ? KVP_POOL_MAX :
 	                 s->pool == KVP_PL_AVG ? KVP_POOL_AVG : KVP_POOL_NONE;
-	ir->score.kernel = s->kernel ? lower_expr(&lw, s->kernel) : 0;
+	ir->score.kernel = s->kernel ? lower_expr(lw, s->kernel) : 0;
 	/* add_split (the GraceKV core) pools the group-reduced relevance */
 	ir->score.pool_before_reduce = s->action == KVP_AC_ADD_SPLIT ? 0 : s->pool_before_reduce;
 
 	/* guards */
-	ir->guards.sinks = s->sinks ? lower_size(&lw, s->sinks->value, s->sinks_unit) : -1;
-	ir->guards.recent = s->recent ? lower_size(&lw, s->recent->value, s->recent_unit) : -1;
+	ir->guards.sinks = s->sinks ? lower_size(lw, s->sinks->value, s->sinks_unit) : -1;
+	ir->guards.recent = s->recent ? lower_size(lw, s->recent->value, s->recent_unit) : -1;
 	ir->guards.protect_all_spans = s->all_spans != NULL;
 	for (int i = 0; i < s->n_spans; i++)
 		kvp_ir_add_span(ir, s->spans[i]->value->name);
@@ -284,9 +291,17 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 	                     s->all_spans ? s->all_spans : s->n_spans ? s->spans[0] : NULL;
 	ir->guards.loc = L(g0 ? g0->loc : f->name_loc);
 
+}
+
+/* The budget, the layer schedule and the allocation across heads. -1 after an error. */
+static int lower_alloc(lower *lw)
+{
+	kvp_sema *s = lw->s;
+	struct kvp_ir *ir = lw->ir;
+	const kvp_file *f = s->file;
 	/* budget and allocation */
 	const kvp_stmt *budget = s->setting[KVP_SET_BUDGET];
-	ir->alloc.budget = budget ? lower_budget(&lw, budget->loc) : -1;
+	ir->alloc.budget = budget ? lower_budget(lw, budget->loc) : -1;
 	ir->alloc.budget_unit = s->budget_unit == KVP_SU_RATIO ? KVP_UNIT_RATIO : KVP_UNIT_ENTRIES;
 	ir->alloc.loc = L(budget ? budget->loc : f->name_loc);
 	switch (s->layers) {
@@ -296,14 +311,14 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 	case KVP_LY_LINEAR: ir->alloc.layers = KVP_LAYERS_LINEAR; break;
 	case KVP_LY_LIST: ir->alloc.layers = KVP_LAYERS_LIST; break;
 	}
-	ir->alloc.beta = s->beta ? lower_expr(&lw, s->beta) : -1;
-	ir->alloc.from = s->lin_from ? lower_expr(&lw, s->lin_from) : -1;
-	ir->alloc.to = s->lin_to ? lower_expr(&lw, s->lin_to) : -1;
+	ir->alloc.beta = s->beta ? lower_expr(lw, s->beta) : -1;
+	ir->alloc.from = s->lin_from ? lower_expr(lw, s->lin_from) : -1;
+	ir->alloc.to = s->lin_to ? lower_expr(lw, s->lin_to) : -1;
 	if (s->layers == KVP_LY_LIST) {
 		int n = s->list->n_args;
 		double v[1024];
 		for (int i = 0; i < n; i++) {
-			int32_t node = lower_expr(&lw, s->list->args[i]);
+			int32_t node = lower_expr(lw, s->list->args[i]);
 			if (!kvp_ir_fold(ir, node, &v[i])) {
 				kvp_src_error(f->src, s->list->args[i]->loc,
 				              "a layer multiplier must be a constant");
@@ -314,8 +329,17 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 	}
 	ir->alloc.heads = s->allocate == KVP_AL_ADAPTIVE ? KVP_HEADS_ADAPTIVE :
 	                  s->allocate == KVP_AL_GLOBAL ? KVP_HEADS_GLOBAL : KVP_HEADS_EACH;
-	ir->alloc.floor = s->alloc_floor ? lower_expr(&lw, s->alloc_floor) : -1;
+	ir->alloc.floor = s->alloc_floor ? lower_expr(lw, s->alloc_floor) : -1;
 
+	return 0;
+}
+
+/* The action and the trigger. */
+static void lower_action_trigger(lower *lw)
+{
+	kvp_sema *s = lw->s;
+	struct kvp_ir *ir = lw->ir;
+	const kvp_file *f = s->file;
 	/* action */
 	const kvp_stmt *action = s->setting[KVP_SET_ACTION];
 	ir->action.loc = L(action ? action->loc : f->name_loc);
@@ -327,13 +351,13 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 		break;
 	case KVP_AC_MERGE:
 		ir->action.kind = KVP_ACT_MERGE;
-		ir->action.run = s->run ? lower_expr(&lw, s->run) : -1;
+		ir->action.run = s->run ? lower_expr(lw, s->run) : -1;
 		break;
 	case KVP_AC_ADD_SPLIT:
 		ir->action.kind = KVP_ACT_SPLIT;
-		ir->action.run = s->slot ? lower_expr(&lw, s->slot) :
+		ir->action.run = s->slot ? lower_expr(lw, s->slot) :
 		                           kvp_ir_num(ir, L(action->loc), 64);
-		ir->action.floor = s->act_floor ? lower_size(&lw, s->act_floor, s->floor_unit) : -1;
+		ir->action.floor = s->act_floor ? lower_size(lw, s->act_floor, s->floor_unit) : -1;
 		break;
 	}
 
@@ -353,24 +377,35 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 			break;
 		case KVP_T_EVERY:
 			ir->trigger.kind = KVP_TRIG_EVERY_N;
-			ir->trigger.n = lower_expr(&lw, c->value);
+			ir->trigger.n = lower_expr(lw, c->value);
 			break;
 		case KVP_T_WHEN:
 			ir->trigger.kind = KVP_TRIG_OVER_BUDGET;
-			ir->trigger.threshold = lower_size(&lw, s->threshold, s->threshold_unit);
+			ir->trigger.threshold = lower_size(lw, s->threshold, s->threshold_unit);
 			break;
 		case KVP_T_AT:
 			ir->trigger.kind = KVP_TRIG_PROMPT_END;
 			break;
 		case KVP_T_PER:
 			ir->trigger.kind = KVP_TRIG_PREFILL_BLOCK;
-			ir->trigger.n = lower_expr(&lw, c->value);
+			ir->trigger.n = lower_expr(lw, c->value);
 			ir->trigger.prompt_only = c->n_words > 1;
 			break;
 		}
 		if (c->target)
-			ir->trigger.target = lower_size(&lw, c->target, s->target_unit);
+			ir->trigger.target = lower_size(lw, c->target, s->target_unit);
 	}
+}
+
+int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
+{
+	lower lw = { s, ir, 0 };
+	ir->loc = L(s->file->name_loc);
+	lower_defs(&lw);
+	lower_score_guards(&lw);
+	if (lower_alloc(&lw) != 0)
+		return -1;
+	lower_action_trigger(&lw);
 	ir->positions = s->compacted ? KVP_POS_COMPACTED : KVP_POS_ORIGINAL;
 	return 0;
 }

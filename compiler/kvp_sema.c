@@ -601,150 +601,138 @@ static ty check_name(sema *S, const kvp_expr *e, unsigned cx)
 	return TY_ERR;
 }
 
-static ty check_call(sema *S, const kvp_expr *e, unsigned cx)
+/* min(a, b), max(a, b) (equal units) and pow(a, b) (plain) */
+static ty check_call_binary(sema *S, const kvp_expr *e, unsigned cx)
 {
 	const char *f = e->name;
-	if (is_aggregate(f)) {
-		ERR(S, e->loc,
-		    "%s(...) is a statistic; define it with `stat NAME = %s(...)` and use NAME",
-		    f, f);
-		return TY_ERR;
-	}
-	const setting_word *w = find_setting_word(f);
-	if (w) {
-		ERR(S, e->loc, "%s(...) is %s; write it as `%s = %s(...)`", f, w->what,
-		    w->setting, f);
-		return TY_ERR;
-	}
-	if (!in_list(f, FUNCTIONS, N_FUNCTIONS)) {
-		int d = 1000;
-		const char *s = suggest_from(f, FUNCTIONS, N_FUNCTIONS, NULL, &d);
-		s = suggest_from(f, AGGREGATES, 5, s, &d);
-		if (s)
-			ERR(S, e->name_loc, "unknown function '%s'; did you mean '%s'?", f, s);
-		else
-			ERR(S, e->name_loc, "unknown function '%s'", f);
-		return TY_ERR;
-	}
 	int is_minmax = !strcmp(f, "min") || !strcmp(f, "max");
-	if (is_minmax || !strcmp(f, "pow")) {
-		static const char *const n2[] = { "a", "b" };
-		static const int r2[] = { 1, 1 };
-		if (check_args(S, e, n2, r2, 2))
-			return TY_ERR;
-		const kvp_expr *ea = kvp_call_arg(e, "a", 0), *eb = kvp_call_arg(e, "b", 1);
-		ty a = check_expr(S, ea, cx), b = check_expr(S, eb, cx);
-		if (a.u == KVP_SU_ERR || b.u == KVP_SU_ERR)
-			return TY_ERR;
-		if (need_number(S, ea, a, f) || need_number(S, eb, b, f))
-			return TY_ERR;
-		kvp_sunit u = KVP_SU_NUM;
-		if (is_minmax) {
-			u = unify(a.u, b.u);
-			if (u == KVP_SU_ERR) {
-				char hint[160];
-				ratio_hint(S, ea, a.u, eb, b.u, hint, sizeof hint);
-				ERR(S, e->loc, "unit mismatch in %s(): %s and %s%s", f,
-				    unit_name(a.u), unit_name(b.u), hint);
-				return TY_ERR;
-			}
-		}
-		ty t = combine(a, b, u);
-		if (t.known)
-			t.v = !strcmp(f, "min") ? fmin(a.v, b.v) :
-			      !strcmp(f, "max") ? fmax(a.v, b.v) : pow(a.v, b.v);
-		if (!isfinite(t.v))
-			t.known = 0;
-		return t;
-	}
-	if (!strcmp(f, "abs") || !strcmp(f, "log") || !strcmp(f, "exp") || !strcmp(f, "sqrt")) {
-		static const char *const n1[] = { "x" };
-		static const int r1[] = { 1 };
-		if (check_args(S, e, n1, r1, 1))
-			return TY_ERR;
-		const kvp_expr *ex = kvp_call_arg(e, "x", 0);
-		ty a = check_expr(S, ex, cx);
-		if (a.u == KVP_SU_ERR || need_number(S, ex, a, f))
-			return TY_ERR;
-		ty t = a;
-		if (strcmp(f, "abs") != 0)
-			t.u = KVP_SU_NUM;
-		if (t.known) {
-			t.v = !strcmp(f, "abs") ? fabs(a.v) : !strcmp(f, "log") ? log(a.v) :
-			      !strcmp(f, "exp") ? exp(a.v) : sqrt(a.v);
-			if (!isfinite(t.v))
-				t.known = 0;
-		}
-		return t;
-	}
-	if (!strcmp(f, "if")) {
-		static const char *const n3[] = { "cond", "then", "else" };
-		static const int r3[] = { 1, 1, 1 };
-		if (check_args(S, e, n3, r3, 3))
-			return TY_ERR;
-		const kvp_expr *ec = kvp_call_arg(e, "cond", 0);
-		const kvp_expr *ea = kvp_call_arg(e, "then", 1), *eb = kvp_call_arg(e, "else", 2);
-		ty c = check_expr(S, ec, cx), a = check_expr(S, ea, cx), b = check_expr(S, eb, cx);
-		if (c.u == KVP_SU_ERR || a.u == KVP_SU_ERR || b.u == KVP_SU_ERR)
-			return TY_ERR;
-		if (c.u != KVP_SU_BOOL) {
-			ERR(S, ec->loc, "the first argument of if() must be a condition, not %s",
-			    unit_name(c.u));
-			return TY_ERR;
-		}
-		kvp_sunit u = unify(a.u, b.u);
+	static const char *const n2[] = { "a", "b" };
+	static const int r2[] = { 1, 1 };
+	if (check_args(S, e, n2, r2, 2))
+		return TY_ERR;
+	const kvp_expr *ea = kvp_call_arg(e, "a", 0), *eb = kvp_call_arg(e, "b", 1);
+	ty a = check_expr(S, ea, cx), b = check_expr(S, eb, cx);
+	if (a.u == KVP_SU_ERR || b.u == KVP_SU_ERR)
+		return TY_ERR;
+	if (need_number(S, ea, a, f) || need_number(S, eb, b, f))
+		return TY_ERR;
+	kvp_sunit u = KVP_SU_NUM;
+	if (is_minmax) {
+		u = unify(a.u, b.u);
 		if (u == KVP_SU_ERR) {
 			char hint[160];
 			ratio_hint(S, ea, a.u, eb, b.u, hint, sizeof hint);
-			ERR(S, e->loc, "unit mismatch in if(): %s and %s%s", unit_name(a.u),
-			    unit_name(b.u), hint);
+			ERR(S, e->loc, "unit mismatch in %s(): %s and %s%s", f,
+			    unit_name(a.u), unit_name(b.u), hint);
 			return TY_ERR;
 		}
-		ty t = combine(combine(c, a, u), b, u);
-		if (t.known)
-			t.v = c.v != 0 ? a.v : b.v;
-		return t;
 	}
-	/* whole-head transforms: score only */
-	if (!(cx & CX_SCORE)) {
-		ERR(S, e->loc, "%s() transforms the score of every entry of a head; it can be used only in the score",
-		    f);
+	ty t = combine(a, b, u);
+	if (t.known)
+		t.v = !strcmp(f, "min") ? fmin(a.v, b.v) :
+		      !strcmp(f, "max") ? fmax(a.v, b.v) : pow(a.v, b.v);
+	if (!isfinite(t.v))
+		t.known = 0;
+	return t;
+}
+
+/* abs(x) (unit of x), log, exp, sqrt (plain) */
+static ty check_call_unary(sema *S, const kvp_expr *e, unsigned cx)
+{
+	const char *f = e->name;
+	static const char *const n1[] = { "x" };
+	static const int r1[] = { 1 };
+	if (check_args(S, e, n1, r1, 1))
+		return TY_ERR;
+	const kvp_expr *ex = kvp_call_arg(e, "x", 0);
+	ty a = check_expr(S, ex, cx);
+	if (a.u == KVP_SU_ERR || need_number(S, ex, a, f))
+		return TY_ERR;
+	ty t = a;
+	if (strcmp(f, "abs") != 0)
+		t.u = KVP_SU_NUM;
+	if (t.known) {
+		t.v = !strcmp(f, "abs") ? fabs(a.v) : !strcmp(f, "log") ? log(a.v) :
+		      !strcmp(f, "exp") ? exp(a.v) : sqrt(a.v);
+		if (!isfinite(t.v))
+			t.known = 0;
+	}
+	return t;
+}
+
+/* if(cond, then, else) */
+static ty check_call_if(sema *S, const kvp_expr *e, unsigned cx)
+{
+	static const char *const n3[] = { "cond", "then", "else" };
+	static const int r3[] = { 1, 1, 1 };
+	if (check_args(S, e, n3, r3, 3))
+		return TY_ERR;
+	const kvp_expr *ec = kvp_call_arg(e, "cond", 0);
+	const kvp_expr *ea = kvp_call_arg(e, "then", 1), *eb = kvp_call_arg(e, "else", 2);
+	ty c = check_expr(S, ec, cx), a = check_expr(S, ea, cx), b = check_expr(S, eb, cx);
+	if (c.u == KVP_SU_ERR || a.u == KVP_SU_ERR || b.u == KVP_SU_ERR)
+		return TY_ERR;
+	if (c.u != KVP_SU_BOOL) {
+		ERR(S, ec->loc, "the first argument of if() must be a condition, not %s",
+		    unit_name(c.u));
 		return TY_ERR;
 	}
-	if (!strcmp(f, "caote")) {
-		static const char *const nc[] = { "score", "mode" };
-		static const int rc[] = { 1, 0 };
-		if (check_args(S, e, nc, rc, 2))
-			return TY_ERR;
-		const kvp_expr *ex = kvp_call_arg(e, "score", 0);
-		const kvp_expr *em = kvp_call_arg(e, "mode", 1);
-		ty a = check_expr(S, ex, cx);
-		if (a.u == KVP_SU_ERR || need_number(S, ex, a, "caote()"))
-			return TY_ERR;
-		if (em && (em->kind != KVP_E_NAME ||
-		           (strcmp(em->name, "exact") != 0 && strcmp(em->name, "fast") != 0))) {
-			ERR(S, em->loc, "caote() mode is 'exact' (attention output) or 'fast' (mean value)");
-			return TY_ERR;
-		}
-		ty t = ty_make(KVP_SU_NUM);
-		/* exact mode reads the query head's attention output */
-		t.per_qhead = a.per_qhead || !(em && !strcmp(em->name, "fast"));
-		return t;
+	kvp_sunit u = unify(a.u, b.u);
+	if (u == KVP_SU_ERR) {
+		char hint[160];
+		ratio_hint(S, ea, a.u, eb, b.u, hint, sizeof hint);
+		ERR(S, e->loc, "unit mismatch in if(): %s and %s%s", unit_name(a.u),
+		    unit_name(b.u), hint);
+		return TY_ERR;
 	}
-	if (!strcmp(f, "normalize")) {
-		static const char *const nn[] = { "score" };
-		static const int rn[] = { 1 };
-		if (check_args(S, e, nn, rn, 1))
-			return TY_ERR;
-		const kvp_expr *ex = kvp_call_arg(e, "score", 0);
-		ty a = check_expr(S, ex, cx);
-		if (a.u == KVP_SU_ERR || need_number(S, ex, a, "normalize()"))
-			return TY_ERR;
-		ty t = ty_make(KVP_SU_NUM);
-		t.per_qhead = a.per_qhead;
-		return t;
+	ty t = combine(combine(c, a, u), b, u);
+	if (t.known)
+		t.v = c.v != 0 ? a.v : b.v;
+	return t;
+}
+
+/* caote(score, mode = exact|fast), a whole-head transform (docs/language.md 7.6) */
+static ty check_call_caote(sema *S, const kvp_expr *e, unsigned cx)
+{
+	static const char *const nc[] = { "score", "mode" };
+	static const int rc[] = { 1, 0 };
+	if (check_args(S, e, nc, rc, 2))
+		return TY_ERR;
+	const kvp_expr *ex = kvp_call_arg(e, "score", 0);
+	const kvp_expr *em = kvp_call_arg(e, "mode", 1);
+	ty a = check_expr(S, ex, cx);
+	if (a.u == KVP_SU_ERR || need_number(S, ex, a, "caote()"))
+		return TY_ERR;
+	if (em && (em->kind != KVP_E_NAME ||
+	           (strcmp(em->name, "exact") != 0 && strcmp(em->name, "fast") != 0))) {
+		ERR(S, em->loc, "caote() mode is 'exact' (attention output) or 'fast' (mean value)");
+		return TY_ERR;
 	}
-	/* flow(question_stat, hops = 1): GraceKV's relevance from the question */
+	ty t = ty_make(KVP_SU_NUM);
+	/* exact mode reads the query head's attention output */
+	t.per_qhead = a.per_qhead || !(em && !strcmp(em->name, "fast"));
+	return t;
+}
+
+/* normalize(score), a whole-head transform */
+static ty check_call_normalize(sema *S, const kvp_expr *e, unsigned cx)
+{
+	static const char *const nn[] = { "score" };
+	static const int rn[] = { 1 };
+	if (check_args(S, e, nn, rn, 1))
+		return TY_ERR;
+	const kvp_expr *ex = kvp_call_arg(e, "score", 0);
+	ty a = check_expr(S, ex, cx);
+	if (a.u == KVP_SU_ERR || need_number(S, ex, a, "normalize()"))
+		return TY_ERR;
+	ty t = ty_make(KVP_SU_NUM);
+	t.per_qhead = a.per_qhead;
+	return t;
+}
+
+/* flow(question_stat, hops = 1): GraceKV's relevance from the question */
+static ty check_call_flow(sema *S, const kvp_expr *e, unsigned cx)
+{
 	static const char *const nf[] = { "relevance", "hops" };
 	static const int rf[] = { 1, 0 };
 	if (check_args(S, e, nf, rf, 2))
@@ -772,6 +760,50 @@ static ty check_call(sema *S, const kvp_expr *e, unsigned cx)
 	ty t = ty_make(KVP_SU_NUM);
 	t.per_qhead = 1;
 	return t;
+}
+
+static ty check_call(sema *S, const kvp_expr *e, unsigned cx)
+{
+	const char *f = e->name;
+	if (is_aggregate(f)) {
+		ERR(S, e->loc,
+		    "%s(...) is a statistic; define it with `stat NAME = %s(...)` and use NAME",
+		    f, f);
+		return TY_ERR;
+	}
+	const setting_word *w = find_setting_word(f);
+	if (w) {
+		ERR(S, e->loc, "%s(...) is %s; write it as `%s = %s(...)`", f, w->what,
+		    w->setting, f);
+		return TY_ERR;
+	}
+	if (!in_list(f, FUNCTIONS, N_FUNCTIONS)) {
+		int d = 1000;
+		const char *s = suggest_from(f, FUNCTIONS, N_FUNCTIONS, NULL, &d);
+		s = suggest_from(f, AGGREGATES, 5, s, &d);
+		if (s)
+			ERR(S, e->name_loc, "unknown function '%s'; did you mean '%s'?", f, s);
+		else
+			ERR(S, e->name_loc, "unknown function '%s'", f);
+		return TY_ERR;
+	}
+	if (!strcmp(f, "min") || !strcmp(f, "max") || !strcmp(f, "pow"))
+		return check_call_binary(S, e, cx);
+	if (!strcmp(f, "abs") || !strcmp(f, "log") || !strcmp(f, "exp") || !strcmp(f, "sqrt"))
+		return check_call_unary(S, e, cx);
+	if (!strcmp(f, "if"))
+		return check_call_if(S, e, cx);
+	/* whole-head transforms: score only */
+	if (!(cx & CX_SCORE)) {
+		ERR(S, e->loc, "%s() transforms the score of every entry of a head; it can be used only in the score",
+		    f);
+		return TY_ERR;
+	}
+	if (!strcmp(f, "caote"))
+		return check_call_caote(S, e, cx);
+	if (!strcmp(f, "normalize"))
+		return check_call_normalize(S, e, cx);
+	return check_call_flow(S, e, cx);
 }
 
 static ty check_expr(sema *S, const kvp_expr *e, unsigned cx)
@@ -1677,13 +1709,104 @@ static int check_budget_guards(sema *S, const kvp_stmt *budget)
 	return 0;
 }
 
-static void cross_checks(sema *S)
+/* The score against the settings that need or refuse one. 1 when it reported an error. */
+static int cross_check_score(sema *S)
 {
 	kvp_sema *o = S->out;
 	const kvp_stmt *score = o->setting[KVP_SET_SCORE];
-	const kvp_stmt *budget = o->setting[KVP_SET_BUDGET];
 	const kvp_stmt *action = o->setting[KVP_SET_ACTION];
 	const kvp_stmt *pool = o->setting[KVP_SET_POOL];
+	double B = S->budget.v;
+	int Bk = S->budget.known;
+	kvp_sunit Bu = o->budget_unit;
+	if (!score) {
+		if (action && o->action != KVP_AC_EVICT) {
+			ERR(S, action->value->loc, "action %s chooses entries by score; the policy has no `score`",
+			    o->action == KVP_AC_MERGE ? "merge" : "add_split");
+			return 1;
+		}
+		if (o->group) {
+			ERR(S, o->group->loc, "the group reduction does not apply: the policy has no `score`");
+			return 1;
+		}
+		if (pool) {
+			ERR(S, pool->loc, "pooling smooths a score; the policy has no `score`");
+			return 1;
+		}
+		/* without a score only the guards choose: they must fill the budget exactly */
+		int fits = 0;
+		if (Bk && (o->sinks || o->recent)) {
+			double g = 0;
+			int known = 1;
+			if (o->sinks) {
+				known &= o->sinks_ty_known && same_family(o->sinks_unit, Bu);
+				g += o->sinks_v;
+			}
+			if (o->recent) {
+				known &= o->recent_ty_known && same_family(o->recent_unit, Bu);
+				g += o->recent_v;
+			}
+			fits = known && g == B;
+		}
+		if (!fits) {
+			ERR(S, o->compress->loc,
+			    "compress has no `score` to choose the entries outside the guards; add one (e.g. `score = pos` keeps the newest) or make sinks + recent equal the budget");
+			return 1;
+		}
+	} else if (o->group && !o->score_per_qhead) {
+		ERR(S, o->group->loc,
+		    "the group reduction does not apply: the score does not depend on the query head (it reads no statistic of 'attn')");
+		return 1;
+	}
+	return 0;
+}
+
+/* Settings that do not combine (docs/language.md section 9, combinations). */
+static void cross_check_combinations(sema *S)
+{
+	kvp_sema *o = S->out;
+	const kvp_stmt *action = o->setting[KVP_SET_ACTION];
+	const kvp_stmt *pool = o->setting[KVP_SET_POOL];
+	if (o->group_order_loc_set && !pool) {
+		ERR(S, o->group_order_loc, "the order relative to pooling is given, but the policy has no `pool`");
+		return;
+	}
+	if (o->over_layer && o->allocate != KVP_AL_UNIFORM) {
+		ERR(S, o->group->loc,
+		    "unsupported combination: `over layer` shares one selection across the heads of a layer, which needs `allocate = uniform`");
+		return;
+	}
+	if (o->action == KVP_AC_ADD_SPLIT && o->allocate != KVP_AL_GLOBAL) {
+		ERR(S, action->value->loc, "add_split competes for one global budget; add `allocate = global`");
+		return;
+	}
+	/* add_split runs the GraceKV core: one compression of the whole prompt */
+	if (o->action == KVP_AC_ADD_SPLIT && o->compress && o->compress->trigger != KVP_T_AT) {
+		ERR(S, o->compress->loc,
+		    "add_split (GraceKV) compresses the whole prompt once; use `compress at prompt end`");
+		return;
+	}
+	if (o->action == KVP_AC_ADD_SPLIT && o->compacted) {
+		ERR(S, o->setting[KVP_SET_POSITIONS]->value->loc,
+		    "add_split keeps each prototype at its members' mean original position; use `positions = original`");
+		return;
+	}
+	if (o->action == KVP_AC_ADD_SPLIT && o->group_order_loc_set && o->pool_before_reduce) {
+		ERR(S, o->group_order_loc,
+		    "with add_split the relevance is pooled after the group reduction; write `before pool` or leave the order out");
+		return;
+	}
+	if (o->allocate == KVP_AL_GLOBAL && o->layers != KVP_LY_UNIFORM) {
+		ERR(S, o->setting[KVP_SET_LAYERS]->value->loc,
+		    "a per-layer schedule has no effect with one global pool (`allocate = global`)");
+		return;
+	}
+}
+
+static void cross_checks(sema *S)
+{
+	kvp_sema *o = S->out;
+	const kvp_stmt *budget = o->setting[KVP_SET_BUDGET];
 
 	if (o->compress && !budget) {
 		ERR(S, o->compress->loc, "`compress` needs a budget; add `budget = N entries` or `budget = P%%`");
@@ -1738,79 +1861,9 @@ static void cross_checks(sema *S)
 		return;
 	}
 
-	if (!score) {
-		if (action && o->action != KVP_AC_EVICT) {
-			ERR(S, action->value->loc, "action %s chooses entries by score; the policy has no `score`",
-			    o->action == KVP_AC_MERGE ? "merge" : "add_split");
-			return;
-		}
-		if (o->group) {
-			ERR(S, o->group->loc, "the group reduction does not apply: the policy has no `score`");
-			return;
-		}
-		if (pool) {
-			ERR(S, pool->loc, "pooling smooths a score; the policy has no `score`");
-			return;
-		}
-		/* without a score only the guards choose: they must fill the budget exactly */
-		int fits = 0;
-		if (Bk && (o->sinks || o->recent)) {
-			double g = 0;
-			int known = 1;
-			if (o->sinks) {
-				known &= o->sinks_ty_known && same_family(o->sinks_unit, Bu);
-				g += o->sinks_v;
-			}
-			if (o->recent) {
-				known &= o->recent_ty_known && same_family(o->recent_unit, Bu);
-				g += o->recent_v;
-			}
-			fits = known && g == B;
-		}
-		if (!fits) {
-			ERR(S, o->compress->loc,
-			    "compress has no `score` to choose the entries outside the guards; add one (e.g. `score = pos` keeps the newest) or make sinks + recent equal the budget");
-			return;
-		}
-	} else if (o->group && !o->score_per_qhead) {
-		ERR(S, o->group->loc,
-		    "the group reduction does not apply: the score does not depend on the query head (it reads no statistic of 'attn')");
+	if (cross_check_score(S))
 		return;
-	}
-	if (o->group_order_loc_set && !pool) {
-		ERR(S, o->group_order_loc, "the order relative to pooling is given, but the policy has no `pool`");
-		return;
-	}
-	if (o->over_layer && o->allocate != KVP_AL_UNIFORM) {
-		ERR(S, o->group->loc,
-		    "unsupported combination: `over layer` shares one selection across the heads of a layer, which needs `allocate = uniform`");
-		return;
-	}
-	if (o->action == KVP_AC_ADD_SPLIT && o->allocate != KVP_AL_GLOBAL) {
-		ERR(S, action->value->loc, "add_split competes for one global budget; add `allocate = global`");
-		return;
-	}
-	/* add_split runs the GraceKV core: one compression of the whole prompt */
-	if (o->action == KVP_AC_ADD_SPLIT && o->compress && o->compress->trigger != KVP_T_AT) {
-		ERR(S, o->compress->loc,
-		    "add_split (GraceKV) compresses the whole prompt once; use `compress at prompt end`");
-		return;
-	}
-	if (o->action == KVP_AC_ADD_SPLIT && o->compacted) {
-		ERR(S, o->setting[KVP_SET_POSITIONS]->value->loc,
-		    "add_split keeps each prototype at its members' mean original position; use `positions = original`");
-		return;
-	}
-	if (o->action == KVP_AC_ADD_SPLIT && o->group_order_loc_set && o->pool_before_reduce) {
-		ERR(S, o->group_order_loc,
-		    "with add_split the relevance is pooled after the group reduction; write `before pool` or leave the order out");
-		return;
-	}
-	if (o->allocate == KVP_AL_GLOBAL && o->layers != KVP_LY_UNIFORM) {
-		ERR(S, o->setting[KVP_SET_LAYERS]->value->loc,
-		    "a per-layer schedule has no effect with one global pool (`allocate = global`)");
-		return;
-	}
+	cross_check_combinations(S);
 }
 
 kvp_sema *kvp_sema_check(const kvp_file *f)

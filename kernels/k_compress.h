@@ -29,6 +29,9 @@
 #include "policy/rt_budget.h"
 #include "policy/rt_policy.h"
 
+/* ORDER(layers), ORDER(heads), ORDER(action): the targets of enum kvp_ir_layers,
+ * kvp_ir_heads and kvp_ir_action (compiler/kvp_ir.h), mapped by name in
+ * compiler/kvp_emit_c.c; a new value needs both sides. */
 enum { K_LAYERS_UNIFORM = 0, K_LAYERS_PYRAMID, K_LAYERS_FUNNEL, K_LAYERS_LINEAR, K_LAYERS_LIST };
 enum { K_HEADS_EACH = 0, K_HEADS_ADAPTIVE, K_HEADS_GLOBAL };
 enum { K_ACT_EVICT = 0, K_ACT_MERGE, K_ACT_SPLIT };

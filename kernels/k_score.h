@@ -146,6 +146,8 @@ static inline void k_pool(const float *in, float *out, int32_t n, int32_t k, int
 
 /* L2: sqrt of the sum of squares (CAOTE's GQA rule, algorithms.md section 8: the
  * squared output errors of the query heads sharing an entry add up). */
+/* ORDER(reduce): the targets of enum kvp_ir_reduce (compiler/kvp_ir.h), mapped by name in
+ * compiler/kvp_emit_c.c. */
 enum k_reduce_kind { K_REDUCE_MEAN = 0, K_REDUCE_MAX, K_REDUCE_SUM, K_REDUCE_L2 };
 
 /* Group reduction: dst[i] = reduce over r < group of src[r × stride + i], i < n. */

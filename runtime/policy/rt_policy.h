@@ -36,7 +36,8 @@
 
 #define KVP_ABI_VERSION 2
 
-/* Unit of a parameter value: what the number counts. */
+/* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
+ * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
 enum kvp_unit {
 	KVP_UNIT_SCALAR = 0, /* a plain number (thresholds, EMA rates, exponents) */
 	KVP_UNIT_ENTRIES,    /* entries of one (layer, KV head) list */
@@ -62,7 +63,8 @@ enum kvp_phase {
 	KVP_PHASE_DECODE,      /* generated or scored continuation tokens */
 };
 
-/* What the runtime must compute and pass to the hooks (bit flags of needs). */
+/* What the runtime must compute and pass to the hooks (bit flags of needs). ORDER(needs):
+ * compiler/kvp_emit_c.c names bit b as needs[b]; a new flag goes at the end of both. */
 enum {
 	KVP_NEED_ATTN = 1u << 0,   /* observe needs the attention probabilities */
 	KVP_NEED_OUT = 1u << 1,    /* observe needs the attention outputs o */
