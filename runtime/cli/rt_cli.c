@@ -947,9 +947,6 @@ typedef struct cli_run {
 	opts o;                  /* sets and ratio of this run */
 	char *line;              /* owned copy of the batch line the sets point into, or NULL */
 	rt_seq seq;
-	rt_kld_acc acc;
-	double nll;
-	int64_t scored, hits;
 } cli_run;
 
 /* Store capacity of a run: every prompt token, or for a ratio run of a policy that
@@ -968,7 +965,6 @@ static int32_t run_cap(const cli_run *r, int64_t len, int64_t extra)
 static void runs_free(cli_run *runs, int K)
 {
 	for (int i = 0; runs && i < K; i++) {
-		rt_kld_acc_free(&runs[i].acc);
 		rt_seq_free(&runs[i].seq);
 		free(runs[i].line);
 	}
@@ -1113,7 +1109,7 @@ static cli_run *runs_from_opts(const char *cmd, const opts *o, int *K, int *rc)
 	return runs;
 }
 
-static void ppl_report(const cli_run *r, const rt_model *m, const opts *o, const char *msha,
+static void ppl_report(const cli_run *r, const rt_eval_score *sc, const rt_model *m, const opts *o, const char *msha,
                        const char *tsha, int64_t n, int64_t use, int64_t prompt_len, int block,
                        int ref, int batch)
 {
@@ -1124,13 +1120,13 @@ static void ppl_report(const cli_run *r, const rt_model *m, const opts *o, const
 		        "or trigger was not reached)\n", g_prog, p->name, (long long)use);
 	double mean_entries = rt_seq_mean_entries(&r->seq);
 	double compression = mean_entries > 0 ? (double)use / mean_entries : 0;
-	double nll_mean = r->nll / (double)r->scored, ppl = exp(nll_mean);
+	double nll_mean = sc->nll / (double)sc->scored, ppl = exp(nll_mean);
 	double tps = st.seconds > 0 ? (double)use / st.seconds : 0;
 	int threads = m->exact ? openblas_get_num_threads() : rt_model_threads(m);
 	rt_kld_summary ks;
 	memset(&ks, 0, sizeof ks);
 	if (ref)
-		rt_kld_acc_summary((rt_kld_acc *)&r->acc, &ks);
+		rt_kld_acc_summary(&sc->acc, &ks);
 	if (o->json) {
 		fputc('{', stdout);
 		json_policy(stdout, &r->seq, r->o.ratio);
@@ -1146,11 +1142,11 @@ static void ppl_report(const cli_run *r, const rt_model *m, const opts *o, const
 		rt_json_str(stdout, tsha);
 		printf(",\"threads\":%d,\"chunk\":%d,\"prompt\":%ld,\"tokens\":%lld,\"scored\":%lld,"
 		       "\"score_from\":%ld,\"batch\":%d",
-		       threads, block, (long)prompt_len, (long long)use, (long long)r->scored,
+		       threads, block, (long)prompt_len, (long long)use, (long long)sc->scored,
 		       o->score_from > 1 ? o->score_from : 1, batch);
 		rt_json_member_num(stdout, "ppl", ppl);
 		rt_json_member_num(stdout, "nll_mean", nll_mean);
-		rt_json_member_num(stdout, "top1_acc", (double)r->hits / (double)r->scored);
+		rt_json_member_num(stdout, "top1_acc", (double)sc->hits / (double)sc->scored);
 		printf(",\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld",
 		       (long long)st.kv_entries_peak, (long long)st.kv_bytes_peak);
 		rt_json_member_num(stdout, "kv_entries_per_head", mean_entries);
@@ -1184,7 +1180,7 @@ static void ppl_report(const cli_run *r, const rt_model *m, const opts *o, const
 	putchar('\n');
 	printf("ppl              %.4f\n", ppl);
 	printf("nll_mean         %.6f nats/token\n", nll_mean);
-	printf("top1_acc         %.4f\n", (double)r->hits / (double)r->scored);
+	printf("top1_acc         %.4f\n", (double)sc->hits / (double)sc->scored);
 	if (ref) {
 		printf("ppl_ref          %.4f (full cache), ppl_ratio %.4f\n", ks.ppl_p, ks.ppl_ratio);
 		printf("kld              mean %.6f ± %.6f, p99 %.6f, max %.6f nats\n", ks.kld_mean,
@@ -1201,6 +1197,119 @@ static void ppl_report(const cli_run *r, const rt_model *m, const opts *o, const
 	       batch > 1 ? ", shared by the batch" : "");
 	if (batch > 1)
 		putchar('\n');
+}
+
+/* The sequences of a ppl pass: the runs and the full-cache reference, with the block. */
+typedef struct ppl_pass {
+	cli_run *runs;
+	int K, ref, block;
+	int64_t n, use, prompt_len;
+	rt_seq sp;               /* the reference (when ref) */
+	rt_seq **all;            /* [K] the runs' sequences */
+	rt_eval_score *sc;       /* [K] */
+} ppl_pass;
+
+/* Set up the pass's sequences over use tokens (after the model and text are loaded). */
+static int ppl_pass_init(ppl_pass *pp, const rt_model *m, const opts *o, rt_err *err)
+{
+	const int S = pp->K + pp->ref; /* sequences fed in lockstep */
+	pp->block = (int)(o->chunk < pp->use ? o->chunk : pp->use);
+	if (S > 1) { /* bound the batch's stacked rows and logits (S × block rows) */
+		int cap_rows = 512 / S;
+		pp->block = pp->block < cap_rows ? pp->block : cap_rows < 1 ? 1 : cap_rows;
+	}
+	/* Without --prompt the whole scored text is the prompt, so a ratio budget is
+	 * use / R entries per head from the first token (a fixed cache budget, the convention
+	 * `kvpc ab` uses too) rather than growing from 0 with the tokens seen. */
+	pp->prompt_len = o->prompt_len >= 0 ? o->prompt_len : pp->use;
+	pp->all = calloc((size_t)pp->K, sizeof *pp->all);
+	pp->sc = calloc((size_t)pp->K, sizeof *pp->sc);
+	if (!pp->all || !pp->sc)
+		return rt_err_set(err, "out of memory");
+	for (int i = 0; i < pp->K; i++) {
+		rt_eval_score_init(&pp->sc[i]);
+		/* A ratio budget over the whole scored text is a fixed use / R entries per head;
+		 * a policy that compresses as it goes gets that plus PPL_CAP_SLACK entries for what
+		 * it holds between compressions (a block-wise policy's block, a batch eviction's
+		 * overshoot), so a batch of many ratios fits in memory; one that overshoots
+		 * further stops with "KV cache full". Otherwise (full cache, own budget, a
+		 * prompt-end policy, --prompt) the store holds every scored token. */
+		cli_run *r = &pp->runs[i];
+		int64_t cap = pp->prompt_len == pp->use ? run_cap(r, pp->use, 0) : pp->use;
+		if (rt_seq_init(&r->seq, m, r->p, (int32_t)cap, pp->block, pp->prompt_len, err) != 0 ||
+		    seq_apply(&r->seq, &r->o, err) != 0)
+			return -1;
+		pp->all[i] = &r->seq;
+	}
+	if (pp->ref && rt_seq_init(&pp->sp, m, &rt_policy_full, (int32_t)pp->use, pp->block,
+	                           pp->prompt_len, err) != 0)
+		return -1;
+	return 0;
+}
+
+static void ppl_pass_free(ppl_pass *pp)
+{
+	for (int i = 0; pp->sc && i < pp->K; i++)
+		rt_eval_score_free(&pp->sc[i]);
+	free(pp->sc);
+	free(pp->all);
+	rt_seq_free(&pp->sp);
+	runs_free(pp->runs, pp->K);
+}
+
+/* Open --dump and --logits, run the loop, close them. */
+static int ppl_pass_run(ppl_pass *pp, const opts *o, const int32_t *ids, rt_err *err)
+{
+	FILE *dump = NULL, *lgf = NULL;
+	int rc = -1;
+	if (o->dump && !(dump = fopen(o->dump, "w")))
+		rt_err_set(err, "%s: %s", o->dump, strerror(errno));
+	else if (o->logits && !(lgf = fopen(o->logits, "wb")))
+		rt_err_set(err, "%s: %s", o->logits, strerror(errno));
+	else {
+		rt_eval_loop lo = { .block = pp->block, .batched = 1, .score_from = o->score_from,
+			            .dump = dump, .dump_name = o->dump, .logits = lgf,
+			            .logits_name = o->logits };
+		rc = rt_eval_runs(pp->all, pp->K, pp->ref ? &pp->sp : NULL, ids, pp->use, &lo, pp->sc,
+		                  NULL, err);
+	}
+	if (dump && fclose(dump) != 0 && rc == 0)
+		rc = rt_err_set(err, "%s: write failed", o->dump);
+	if (lgf && fclose(lgf) != 0 && rc == 0)
+		rc = rt_err_set(err, "%s: write failed", o->logits);
+	return rc;
+}
+
+/* One report (or JSON line) per run, an error line for a run that failed; returns the
+ * exit status. */
+static int ppl_pass_report(const ppl_pass *pp, const rt_model *m, const opts *o,
+                           const char *text, size_t len)
+{
+	char msha[65] = "", tsha[65] = "";
+	if (o->json) {
+		file_sha256(o->model, msha);
+		buf_sha256(text, len, tsha);
+	}
+	int failed = 0;
+	for (int i = 0; i < pp->K; i++) {
+		const char *why = pp->sc[i].failed_at >= 0 ? pp->sc[i].error : NULL;
+		if (!why) {
+			ppl_report(&pp->runs[i], &pp->sc[i], m, o, msha, tsha, pp->n, pp->use,
+			           pp->prompt_len, pp->block, pp->ref, pp->K + pp->ref);
+			continue;
+		}
+		/* a run whose policy failed in the batch: the others are still reported */
+		failed++;
+		fprintf(stderr, "%s: %s\n", g_prog, why); /* why names the policy */
+		if (o->json) {
+			fputc('{', stdout);
+			json_policy(stdout, &pp->runs[i].seq, pp->runs[i].o.ratio);
+			fputs(",\"error\":", stdout);
+			rt_json_str(stdout, why);
+			fputs("}\n", stdout);
+		}
+	}
+	return fflush(stdout) == 0 && !failed ? 0 : EXIT_FAILURE;
 }
 
 static int cmd_ppl(int argc, char **argv)
@@ -1228,9 +1337,8 @@ static int cmd_ppl(int argc, char **argv)
 	if (o.batch && (o.dump || o.logits))
 		return usage_err("ppl", "%s", "--dump and --logits write one run's tokens; they cannot "
 		                 "be combined with --batch");
-	int K;
-	cli_run *runs = runs_from_opts("ppl", &o, &K, &rc);
-	if (!runs)
+	ppl_pass pp = { .ref = !o.no_ref };
+	if (!(pp.runs = runs_from_opts("ppl", &o, &pp.K, &rc)))
 		return rc;
 	set_threads(o.threads);
 	size_t len;
@@ -1238,197 +1346,32 @@ static int cmd_ppl(int argc, char **argv)
 	rt_tokenizer *tk = NULL;
 	rt_model *m = NULL;
 	int32_t *ids = NULL;
-	float *lg = NULL;
-	FILE *dump = NULL, *lgf = NULL;
-	rt_seq sp = { 0 };
-	rt_seq **all = NULL;
-	rt_seq_batch b = { 0 };
 	rt_err err = { "" };
-	int64_t n = 0;
-	int ref = !o.no_ref;
-	for (int i = 0; i < K; i++)
-		rt_kld_acc_init(&runs[i].acc);
 	rc = EXIT_FAILURE;
 	if (!text)
 		goto out;
-	if (K == 1 && !strcmp(runs[0].p->name, "full"))
-		ref = 0;
-	int64_t use;
-	if (open_text_model(&o, text, len, &tk, &m, &ids, &n, &use, &rc) < 0)
+	if (pp.K == 1 && !strcmp(pp.runs[0].p->name, "full"))
+		pp.ref = 0;
+	if (open_text_model(&o, text, len, &tk, &m, &ids, &pp.n, &pp.use, &rc) < 0)
 		goto out;
-	if (use < 2) {
+	if (pp.use < 2) {
 		fprintf(stderr, "%s: %s: text has %lld token%s; perplexity needs at least 2\n", g_prog,
-		        o.text, (long long)n, n == 1 ? "" : "s");
+		        o.text, (long long)pp.n, pp.n == 1 ? "" : "s");
 		goto out;
 	}
-	if (o.score_from >= use) {
+	if (o.score_from >= pp.use) {
 		fprintf(stderr, "%s: --score-from %ld: only %lld tokens are scored (positions "
-		        "1..%lld)\n", g_prog, o.score_from, (long long)use, (long long)use - 1);
+		        "1..%lld)\n", g_prog, o.score_from, (long long)pp.use, (long long)pp.use - 1);
 		rc = EXIT_USAGE;
 		goto out;
 	}
-	const int V = m->hp.n_vocab;
-	const int S = K + ref; /* sequences fed in lockstep; the reference is the last */
-	int block = (int)(o.chunk < use ? o.chunk : use);
-	if (S > 1) { /* bound the batch's stacked rows and logits (S × block rows) */
-		int cap_rows = 512 / S;
-		block = block < cap_rows ? block : cap_rows < 1 ? 1 : cap_rows;
-	}
-	/* Without --prompt the whole scored text is the prompt, so a ratio budget is
-	 * use / R entries per head from the first token (a fixed cache budget, the convention
-	 * `kvpc ab` uses too) rather than growing from 0 with the tokens seen. */
-	int64_t prompt_len = o.prompt_len >= 0 ? o.prompt_len : use;
-	all = calloc((size_t)S, sizeof *all);
-	if (!all) {
-		fprintf(stderr, "%s: out of memory\n", g_prog);
-		goto out;
-	}
-	for (int i = 0; i < K; i++) {
-		/* A ratio budget over the whole scored text is a fixed use / R entries per head;
-		 * a policy that compresses as it goes gets that plus PPL_CAP_SLACK entries for what
-		 * it holds between compressions (a block-wise policy's block, a batch eviction's
-		 * overshoot), so a batch of many ratios fits in memory; one that overshoots
-		 * further stops with "KV cache full". Otherwise (full cache, own budget, a
-		 * prompt-end policy, --prompt) the store holds every scored token. */
-		int64_t cap = prompt_len == use ? run_cap(&runs[i], use, 0) : use;
-		if (rt_seq_init(&runs[i].seq, m, runs[i].p, (int32_t)cap, block, prompt_len, &err) != 0 ||
-		    seq_apply(&runs[i].seq, &runs[i].o, &err) != 0) {
-			runtime_err(&err);
-			goto out;
-		}
-		all[i] = &runs[i].seq;
-	}
-	if (ref) {
-		if (rt_seq_init(&sp, m, &rt_policy_full, (int32_t)use, block, prompt_len, &err) != 0) {
-			runtime_err(&err);
-			goto out;
-		}
-		all[K] = &sp;
-	}
-	if (S > 1 && rt_seq_batch_init(&b, all, S, block, &err) != 0) {
+	if (ppl_pass_init(&pp, m, &o, &err) != 0 || ppl_pass_run(&pp, &o, ids, &err) != 0) {
 		runtime_err(&err);
 		goto out;
 	}
-	lg = malloc((size_t)S * block * V * sizeof *lg);
-	if (!lg) {
-		fprintf(stderr, "%s: out of memory for the logits of a %d-token chunk\n", g_prog, block);
-		goto out;
-	}
-	for (int i = 0; ref && i < K; i++)
-		rt_kld_acc_reserve(&runs[i].acc, use);
-	if (o.dump && !(dump = fopen(o.dump, "w"))) {
-		fprintf(stderr, "%s: %s: %s\n", g_prog, o.dump, strerror(errno));
-		goto out;
-	}
-	if (o.logits && !(lgf = fopen(o.logits, "wb"))) {
-		fprintf(stderr, "%s: %s: %s\n", g_prog, o.logits, strerror(errno));
-		goto out;
-	}
-	for (int64_t done = 0; done < use; done += block) {
-		int c = use - done < block ? (int)(use - done) : block;
-		int frc = S > 1 ? rt_seq_batch_feed(&b, ids + done, c, lg, RT_LOGITS_ALL, &err)
-		                : rt_seq_feed(all[0], ids + done, c, lg, RT_LOGITS_ALL, &err);
-		if (frc != 0) {
-			runtime_err(&err);
-			goto out;
-		}
-		/* sequence i's row r at lg + (i·c + r)·V */
-		if (lgf && fwrite(lg, sizeof(float), (size_t)c * V, lgf) != (size_t)c * V) {
-			fprintf(stderr, "%s: %s: write failed\n", g_prog, o.logits);
-			goto out;
-		}
-		const float *lp = ref ? lg + (size_t)K * c * V : NULL;
-		if (ref && S > 1 && rt_seq_batch_error(&b, K)) {
-			fprintf(stderr, "%s: the full-cache reference failed: %s\n", g_prog,
-			        rt_seq_batch_error(&b, K));
-			goto out;
-		}
-		for (int i = 0; i < K; i++) {
-			cli_run *r = &runs[i];
-			if (S > 1 && rt_seq_batch_error(&b, i))
-				continue; /* left the batch: reported below */
-			const float *lq = lg + (size_t)i * c * V;
-			for (int j = 0; j < c && done + j + 1 < use; j++) {
-				if (done + j + 1 < o.score_from)
-					continue;
-				int32_t tgt = ids[done + j + 1], top1;
-				const float *rq = lq + (size_t)j * V;
-				double l = rt_logprob(rq, V, tgt, &top1);
-				r->nll -= l;
-				r->scored++;
-				r->hits += top1 == tgt;
-				rt_tok_cmp cmp;
-				if (ref && rt_stats_token_cmp(lp + (size_t)j * V, rq, V, tgt, &cmp, &err) != 0) {
-					fprintf(stderr, "%s: %s: token %lld: %s\n", g_prog, o.text,
-					        (long long)(done + j + 1), err.msg);
-					goto out;
-				}
-				if (ref)
-					rt_kld_acc_add(&r->acc, &cmp);
-				if (dump) {
-					fprintf(dump, "{\"pos\":%lld,\"token\":%d,\"logprob\":%.6f,\"top1\":%d",
-					        (long long)(done + j + 1), (int)tgt, l, (int)top1);
-					if (ref)
-						fprintf(dump, ",\"logprob_ref\":%.6f,\"kld\":%.9g", -cmp.nll_p,
-						        cmp.kld);
-					if (fputs("}\n", dump) < 0) {
-						fprintf(stderr, "%s: %s: write failed\n", g_prog, o.dump);
-						goto out;
-					}
-				}
-			}
-		}
-	}
-	if (dump) {
-		int bad = fclose(dump) != 0;
-		dump = NULL;
-		if (bad) {
-			fprintf(stderr, "%s: %s: write failed\n", g_prog, o.dump);
-			goto out;
-		}
-	}
-	if (lgf) {
-		int bad = fclose(lgf) != 0;
-		lgf = NULL;
-		if (bad) {
-			fprintf(stderr, "%s: %s: write failed\n", g_prog, o.logits);
-			goto out;
-		}
-	}
-	char msha[65] = "", tsha[65] = "";
-	if (o.json) {
-		file_sha256(o.model, msha);
-		buf_sha256(text, len, tsha);
-	}
-	int failed = 0;
-	for (int i = 0; i < K; i++) {
-		const char *why = S > 1 ? rt_seq_batch_error(&b, i) : NULL;
-		if (!why) {
-			ppl_report(&runs[i], m, &o, msha, tsha, n, use, prompt_len, block, ref, S);
-			continue;
-		}
-		/* a run whose policy failed in the batch: the others are still reported */
-		failed++;
-		fprintf(stderr, "%s: %s\n", g_prog, why); /* why names the policy */
-		if (o.json) {
-			fputc('{', stdout);
-			json_policy(stdout, &runs[i].seq, runs[i].o.ratio);
-			fputs(",\"error\":", stdout);
-			rt_json_str(stdout, why);
-			fputs("}\n", stdout);
-		}
-	}
-	rc = fflush(stdout) == 0 && !failed ? 0 : EXIT_FAILURE;
+	rc = ppl_pass_report(&pp, m, &o, text, len);
 out:
-	if (dump)
-		fclose(dump);
-	if (lgf)
-		fclose(lgf);
-	runs_free(runs, K);
-	rt_seq_batch_free(&b);
-	rt_seq_free(&sp);
-	free(all);
-	free(lg);
+	ppl_pass_free(&pp);
 	free(ids);
 	rt_model_free(m);
 	rt_tokenizer_free(tk);

@@ -278,7 +278,6 @@ typedef struct ab_side {
 	rt_seq seq;
 	int ready;            /* seq initialised */
 	int ratio_applied;    /* 0: the policy never compresses, it keeps every token */
-	rt_kld_acc acc;
 	double *nll;          /* [n_scored] per-token NLL (ppl task) */
 	rt_kld_summary sum;
 	rt_seq_stats st;      /* ppl: the run's counters; needle: summed over trials */
@@ -383,7 +382,6 @@ static int side_init(ab_run *r, ab_row *row, int side, int32_t cap, int64_t prom
 	s->ratio_applied = r->pol[side]->compress != NULL;
 	if (s->ratio_applied && rt_seq_set_ratio(&s->seq, row->ratio, err) != 0)
 		return -1;
-	rt_kld_acc_init(&s->acc);
 	return 0;
 }
 
@@ -408,87 +406,65 @@ static int ppl_verdict(ab_run *r, ab_row *row, rt_err *err)
 	return 0;
 }
 
+/* ab's progress through the evaluation loop: tokens of the lockstep pass. */
+static void ppl_progress(void *user, int64_t done, int64_t total)
+{
+	ab_run *r = user;
+	char what[96];
+	snprintf(what, sizeof what, "%lld/%lld tokens", (long long)done, (long long)total);
+	progress(r, (double)done / (double)total, what);
+}
+
+/* Task ppl: the reference and every (ratio, side) run through the one evaluation loop
+ * (rt_eval_runs), fed one after the other in blocks of at most 128 tokens. */
 static int run_ppl(ab_run *r, rt_err *err)
 {
-	const int V = r->m->hp.n_vocab;
 	const int64_t n = r->n;
 	const int32_t cap = (int32_t)n;
-	const int C = r->o.chunk < 128 ? r->o.chunk : 128; /* tokens per lockstep step */
+	const int K = 2 * r->o.n_ratios;
 	if (rt_seq_init(&r->ref, r->m, &rt_policy_full, cap, r->o.chunk, -1, err) != 0)
 		return -1;
 	r->ref_ready = 1;
-	for (int k = 0; k < r->o.n_ratios; k++) {
-		for (int s = 0; s < 2; s++) {
-			if (side_init(r, &r->rows[k], s, cap, n, err) != 0)
-				return -1;
-			r->rows[k].side[s].nll = RT_MALLOC((size_t)(n - 1) * sizeof(double));
-			rt_kld_acc_reserve(&r->rows[k].side[s].acc, n - 1);
-		}
-	}
-	float *lref = RT_MALLOC((size_t)C * (size_t)V * sizeof(float));
-	float *lq = RT_MALLOC((size_t)C * (size_t)V * sizeof(float));
+	rt_seq *seqs[2 * AB_MAX_RATIOS];
+	rt_eval_score sc[2 * AB_MAX_RATIOS];
+	for (int k = 0; k < K; k++)
+		rt_eval_score_init(&sc[k]);
 	int rc = 0;
-	const double work_total = (double)n * (1 + 2 * r->o.n_ratios);
-	double work_done = 0;
-	char what[96];
-	for (int64_t off = 0; off < n && rc == 0; off += C) {
-		int c = (int)(n - off < C ? n - off : C);
-		if (rt_seq_feed(&r->ref, r->tokens + off, c, lref, RT_LOGITS_ALL, err) != 0) {
-			rc = -1;
-			break;
+	for (int k = 0; k < r->o.n_ratios && rc == 0; k++)
+		for (int s = 0; s < 2 && rc == 0; s++) {
+			ab_side *sd = &r->rows[k].side[s];
+			rc = side_init(r, &r->rows[k], s, cap, n, err);
+			sd->nll = RT_MALLOC((size_t)(n - 1) * sizeof(double));
+			sc[2 * k + s].nll_tok = sd->nll;
+			seqs[2 * k + s] = &sd->seq;
 		}
-		work_done += c;
-		for (int i = 0; i < c; i++)
-			if (off + i + 1 < n) {
-				int32_t t = r->tokens[off + i + 1];
-				r->ref_nll_sum -= rt_logprob(lref + (size_t)i * V, V, t, NULL);
-			}
-		for (int k = 0; k < r->o.n_ratios && rc == 0; k++) {
-			for (int s = 0; s < 2 && rc == 0; s++) {
-				ab_side *sd = &r->rows[k].side[s];
-				snprintf(what, sizeof what, "%lld/%lld tokens, ratio %g, %s",
-				         (long long)(off + c), (long long)n, r->rows[k].ratio, r->pol[s]->name);
-				progress(r, work_done / work_total, what);
-				if (rt_seq_feed(&sd->seq, r->tokens + off, c, lq, RT_LOGITS_ALL, err) != 0) {
-					char m2[512];
-					snprintf(m2, sizeof m2, "%s", err->msg);
-					rt_err_set(err, "policy %s at ratio %g: %s", r->pol[s]->name,
-					           r->rows[k].ratio, m2);
-					rc = -1;
-					break;
-				}
-				work_done += c;
-				for (int i = 0; i < c; i++) {
-					int64_t pos = off + i;
-					if (pos + 1 >= n)
-						break;
-					rt_tok_cmp cmp;
-					if (rt_stats_token_cmp(lref + (size_t)i * V, lq + (size_t)i * V, V,
-					                       r->tokens[pos + 1], &cmp, err) != 0) {
-						rc = -1;
-						break;
-					}
-					rt_kld_acc_add(&sd->acc, &cmp);
-					sd->nll[pos] = cmp.nll_q;
-				}
-			}
-		}
-	}
+	rt_eval_loop lo = { .block = r->o.chunk < 128 ? r->o.chunk : 128, .progress = ppl_progress,
+		            .progress_user = r };
+	if (rc == 0)
+		rc = rt_eval_runs(seqs, K, &r->ref, r->tokens, n, &lo, sc, &r->ref_nll_sum, err);
 	progress(r, 1, "done");
-	free(lref);
-	free(lq);
+	/* the first run that failed (in the order they were fed) fails the comparison */
+	int bad = -1;
+	for (int k = 0; rc == 0 && k < K; k++)
+		if (sc[k].failed_at >= 0 && (bad < 0 || sc[k].failed_at < sc[bad].failed_at))
+			bad = k;
+	if (bad >= 0)
+		rc = rt_err_set(err, "policy %s at ratio %g: %s", r->pol[bad % 2]->name,
+		                r->rows[bad / 2].ratio, sc[bad].error);
+	for (int k = 0; k < K; k++) {
+		ab_side *sd = &r->rows[k / 2].side[k % 2];
+		if (rc == 0) {
+			rt_kld_acc_summary(&sc[k].acc, &sd->sum);
+			sd->st = rt_seq_stats_get(&sd->seq);
+		}
+		rt_eval_score_free(&sc[k]);
+	}
 	if (rc)
 		return -1;
 	r->ref_st = rt_seq_stats_get(&r->ref);
-	for (int k = 0; k < r->o.n_ratios; k++) {
-		for (int s = 0; s < 2; s++) {
-			ab_side *sd = &r->rows[k].side[s];
-			rt_kld_acc_summary(&sd->acc, &sd->sum);
-			sd->st = rt_seq_stats_get(&sd->seq);
-		}
+	for (int k = 0; k < r->o.n_ratios; k++)
 		if (ppl_verdict(r, &r->rows[k], err) != 0)
 			return -1;
-	}
 	return 0;
 }
 
@@ -1170,7 +1146,6 @@ static void run_free(ab_run *r)
 			ab_side *sd = &r->rows[k].side[s];
 			if (sd->ready)
 				rt_seq_free(&sd->seq);
-			rt_kld_acc_free(&sd->acc);
 			free(sd->nll);
 		}
 	if (r->ref_ready)

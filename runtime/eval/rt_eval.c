@@ -1,9 +1,10 @@
 /*
- * rt_eval: chunked teacher-forced perplexity with the full cache; see rt_eval.h.
+ * rt_eval: the perplexity / KL loop over K runs and the full-cache reference; see rt_eval.h.
  */
 #include "eval/rt_eval.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,11 +25,213 @@ double rt_logprob(const float *logits, int n_vocab, int32_t tok, int32_t *top1)
 	return (double)logits[tok] - (double)mx - log(s);
 }
 
+void rt_eval_score_init(rt_eval_score *s)
+{
+	memset(s, 0, sizeof *s);
+	s->failed_at = -1;
+	rt_kld_acc_init(&s->acc);
+}
+
+void rt_eval_score_free(rt_eval_score *s)
+{
+	rt_kld_acc_free(&s->acc);
+}
+
+/* What every block of one rt_eval_runs call shares. */
+typedef struct eval_ctx {
+	const rt_eval_loop *o;
+	const int32_t *tok;
+	int64_t n, from;
+	int V;
+} eval_ctx;
+
+/* Run 0's per-token extras: the arrays and the dump line. */
+static int score_extras(const eval_ctx *e, int64_t pos, double l, int32_t top1,
+                        const rt_tok_cmp *cmp, rt_err *err)
+{
+	const rt_eval_loop *o = e->o;
+	if (o->logprob_out)
+		o->logprob_out[pos - 1] = (float)l;
+	if (o->top1_out)
+		o->top1_out[pos - 1] = top1;
+	if (!o->dump)
+		return 0;
+	int bad = fprintf(o->dump, "{\"pos\":%lld,\"token\":%d,\"logprob\":%.6f,\"top1\":%d",
+	                  (long long)pos, (int)e->tok[pos], l, (int)top1) < 0;
+	if (cmp)
+		bad |= fprintf(o->dump, ",\"logprob_ref\":%.6f,\"kld\":%.9g", -cmp->nll_p, cmp->kld) < 0;
+	bad |= fputs("}\n", o->dump) < 0;
+	return bad ? rt_err_set(err, "%s: write failed", o->dump_name ? o->dump_name : "dump") : 0;
+}
+
+/* Score run k's rows lq[c × V] of the block at off, against the reference's rows lp (or
+ * NULL). */
+static int score_block(const eval_ctx *e, int k, rt_eval_score *sc, const float *lq,
+                       const float *lp, int64_t off, int c, rt_err *err)
+{
+	const int V = e->V;
+	for (int j = 0; j < c && off + j + 1 < e->n; j++) {
+		int64_t pos = off + j + 1;
+		if (pos < e->from)
+			continue;
+		int32_t tgt = e->tok[pos], top1;
+		const float *rq = lq + (size_t)j * V;
+		double l = rt_logprob(rq, V, tgt, &top1);
+		sc->nll -= l;
+		sc->scored++;
+		sc->hits += top1 == tgt;
+		rt_tok_cmp cmp;
+		if (lp) {
+			if (rt_stats_token_cmp(lp + (size_t)j * V, rq, V, tgt, &cmp, err) != 0) {
+				char why[sizeof err->msg];
+				snprintf(why, sizeof why, "%s", err->msg);
+				return rt_err_set(err, "token %lld: %s", (long long)pos, why);
+			}
+			rt_kld_acc_add(&sc->acc, &cmp);
+		}
+		if (sc->nll_tok)
+			sc->nll_tok[pos - 1] = lp ? cmp.nll_q : -l;
+		if (k == 0 && score_extras(e, pos, l, top1, lp ? &cmp : NULL, err) != 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* Subtract the reference's log-probabilities of the block's scored tokens from *nll, one
+ * token at a time (the order of a running sum). */
+static void ref_block_nll(const eval_ctx *e, const float *lp, int64_t off, int c, double *nll)
+{
+	for (int j = 0; j < c && off + j + 1 < e->n; j++)
+		if (off + j + 1 >= e->from)
+			*nll -= rt_logprob(lp + (size_t)j * e->V, e->V, e->tok[off + j + 1], NULL);
+}
+
+static int write_logits(const eval_ctx *e, const float *lg, int c, rt_err *err)
+{
+	const rt_eval_loop *o = e->o;
+	if (o->logits && fwrite(lg, sizeof(float), (size_t)c * e->V, o->logits) != (size_t)c * e->V)
+		return rt_err_set(err, "%s: write failed", o->logits_name ? o->logits_name : "logits");
+	return 0;
+}
+
+static void run_failed(rt_eval_score *sc, int64_t off, const char *why)
+{
+	sc->failed_at = off;
+	snprintf(sc->error, sizeof sc->error, "%s", why);
+}
+
+/* The reference and the K runs fed one after the other into lp and lq ([c × V] each). */
+static int block_each(const eval_ctx *e, rt_seq *const *runs, int K, rt_seq *ref, int64_t off,
+                      int c, float *lq, float *lp, rt_eval_score *scores, double *ref_nll,
+                      rt_err *err)
+{
+	const int32_t *t = e->tok + off;
+	if (ref) {
+		if (rt_seq_feed(ref, t, c, lp, RT_LOGITS_ALL, err) != 0) {
+			char why[sizeof err->msg];
+			snprintf(why, sizeof why, "%s", err->msg);
+			return rt_err_set(err, "the full-cache reference failed: %s", why);
+		}
+		ref_block_nll(e, lp, off, c, ref_nll);
+	}
+	for (int k = 0; k < K; k++) {
+		rt_err e2 = { "" };
+		if (scores[k].failed_at >= 0)
+			continue;
+		if (rt_seq_feed(runs[k], t, c, lq, RT_LOGITS_ALL, &e2) != 0) {
+			run_failed(&scores[k], off, e2.msg);
+			continue;
+		}
+		if ((k == 0 && write_logits(e, lq, c, err) != 0) ||
+		    score_block(e, k, &scores[k], lq, ref ? lp : NULL, off, c, err) != 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* All sequences through the batch b (the reference, when there is one, is its last). */
+static int block_batch(const eval_ctx *e, rt_seq_batch *b, int K, int has_ref, int64_t off,
+                       int c, float *lg, rt_eval_score *scores, double *ref_nll, rt_err *err)
+{
+	const size_t rows = (size_t)c * e->V;
+	if (rt_seq_batch_feed(b, e->tok + off, c, lg, RT_LOGITS_ALL, err) != 0)
+		return -1;
+	const float *lp = has_ref ? lg + (size_t)K * rows : NULL;
+	if (has_ref) {
+		if (rt_seq_batch_error(b, K))
+			return rt_err_set(err, "the full-cache reference failed: %s",
+			                  rt_seq_batch_error(b, K));
+		ref_block_nll(e, lp, off, c, ref_nll);
+	}
+	for (int k = 0; k < K; k++) {
+		if (scores[k].failed_at >= 0)
+			continue;
+		if (rt_seq_batch_error(b, k)) {
+			run_failed(&scores[k], off, rt_seq_batch_error(b, k));
+			continue;
+		}
+		if ((k == 0 && write_logits(e, lg, c, err) != 0) ||
+		    score_block(e, k, &scores[k], lg + (size_t)k * rows, lp, off, c, err) != 0)
+			return -1;
+	}
+	return 0;
+}
+
+static int any_active(const rt_eval_score *scores, int K)
+{
+	for (int k = 0; k < K; k++)
+		if (scores[k].failed_at < 0)
+			return 1;
+	return 0;
+}
+
+int rt_eval_runs(rt_seq *const *runs, int K, rt_seq *ref, const int32_t *tokens, int64_t n,
+                 const rt_eval_loop *o, rt_eval_score *scores, double *ref_nll, rt_err *err)
+{
+	if (K < 1 || n < 2 || o->block < 1)
+		return rt_err_set(err, "evaluation: %d runs over %lld tokens in blocks of %d", K,
+		                  (long long)n, o->block);
+	eval_ctx e = { o, tokens, n, o->score_from > 1 ? o->score_from : 1, runs[0]->m->hp.n_vocab };
+	const int S = K + (ref != NULL), batched = o->batched && S > 1;
+	const size_t rows = (size_t)o->block * e.V;
+	rt_seq_batch b = { 0 };
+	rt_seq **all = batched ? calloc((size_t)S, sizeof *all) : NULL;
+	float *lg = malloc((batched ? (size_t)S : ref ? 2 : 1) * rows * sizeof *lg);
+	double rnll = 0;
+	int rc = 0;
+	if (!lg || (batched && !all)) {
+		rc = rt_err_set(err, "evaluation: out of memory for the logits of %d x %d tokens", S,
+		                o->block);
+		goto out;
+	}
+	for (int k = 0; batched && k < S; k++)
+		all[k] = k < K ? runs[k] : ref;
+	if (batched && rt_seq_batch_init(&b, all, S, o->block, err) != 0) {
+		rc = -1;
+		goto out;
+	}
+	for (int k = 0; ref && k < K; k++)
+		rt_kld_acc_reserve(&scores[k].acc, n);
+	for (int64_t off = 0; off < n && rc == 0 && any_active(scores, K); off += o->block) {
+		int c = n - off < o->block ? (int)(n - off) : o->block;
+		rc = batched ? block_batch(&e, &b, K, ref != NULL, off, c, lg, scores, &rnll, err)
+		             : block_each(&e, runs, K, ref, off, c, lg, lg + rows, scores, &rnll, err);
+		if (o->progress)
+			o->progress(o->progress_user, off + c, n);
+	}
+	if (ref_nll)
+		*ref_nll = rnll;
+out:
+	rt_seq_batch_free(&b);
+	free(all);
+	free(lg);
+	return rc;
+}
+
 int rt_eval_ppl(const rt_model *m, const int32_t *tokens, int64_t n, const rt_ppl_opts *o,
                 float *logprob_out, int32_t *top1_out, rt_ppl_result *res, rt_err *err)
 {
 	memset(res, 0, sizeof *res);
-	const int V = m->hp.n_vocab;
 	if (n < 2)
 		return rt_err_set(err, "%s: perplexity needs at least 2 tokens, got %lld", m->path,
 		                  (long long)n);
@@ -40,69 +243,34 @@ int rt_eval_ppl(const rt_model *m, const int32_t *tokens, int64_t n, const rt_pp
 		return rt_err_set(err, "%s: invalid chunk %d", m->path, chunk);
 	if (chunk > n)
 		chunk = (int)n;
-	rt_kv kv;
-	rt_fwd f;
-	if (rt_model_kv_init(m, &kv, (int32_t)n, err) < 0)
+	rt_seq s;
+	if (rt_seq_init(&s, m, &rt_policy_full, (int32_t)n, chunk, -1, err) != 0)
 		return -1;
-	if (rt_fwd_init(&f, m, chunk, (int32_t)n, err) < 0) {
-		rt_kv_free(&kv);
-		return -1;
-	}
-	float *logits = malloc((size_t)chunk * V * sizeof *logits);
-	if (!logits) {
-		rt_fwd_free(&f);
-		rt_kv_free(&kv);
-		return rt_err_set(err, "%s: cannot allocate logits for a chunk of %d", m->path, chunk);
-	}
-	int rc = 0;
+	rt_eval_loop lo = { .block = chunk, .dump = o->dump, .dump_name = "dump",
+		            .logits = o->logits, .logits_name = "logits",
+		            .logprob_out = logprob_out, .top1_out = top1_out };
+	rt_eval_score sc;
+	rt_eval_score_init(&sc);
+	rt_seq *one = &s;
 	double t0 = rt_now();
-	for (int64_t done = 0; done < n && rc == 0; done += chunk) {
-		int c = n - done < chunk ? (int)(n - done) : chunk;
-		if (rt_model_forward(&f, &kv, tokens + done, c, (int32_t)done, logits, RT_LOGITS_ALL,
-		                     err) < 0) {
-			rc = -1;
-			break;
-		}
-		int64_t e = rt_kv_entries(&kv);
-		if (e > res->kv_entries_peak) {
-			res->kv_entries_peak = e;
-			res->kv_bytes_peak = rt_kv_bytes_used(&kv);
-		}
-		if (o->logits && fwrite(logits, sizeof(float), (size_t)c * V, o->logits) != (size_t)c * V) {
-			rc = rt_err_set(err, "logits: write failed");
-			break;
-		}
-		for (int r = 0; r < c; r++) {
-			int64_t i = done + r;
-			if (i + 1 >= n)
-				break;
-			int32_t top1;
-			double lp = rt_logprob(logits + (size_t)r * V, V, tokens[i + 1], &top1);
-			res->nll_sum -= lp;
-			res->scored++;
-			res->top1_hits += top1 == tokens[i + 1];
-			if (logprob_out)
-				logprob_out[i] = (float)lp;
-			if (top1_out)
-				top1_out[i] = top1;
-			if (o->dump &&
-			    fprintf(o->dump, "{\"pos\":%lld,\"token\":%d,\"logprob\":%.6f,\"top1\":%d}\n",
-			            (long long)(i + 1), (int)tokens[i + 1], lp, (int)top1) < 0) {
-				rc = rt_err_set(err, "dump: write failed");
-				break;
-			}
-		}
-	}
+	int rc = rt_eval_runs(&one, 1, NULL, tokens, n, &lo, &sc, NULL, err);
+	if (rc == 0 && sc.failed_at >= 0)
+		rc = rt_err_set(err, "%s: %s", m->path, sc.error);
 	res->seconds = rt_now() - t0;
 	res->tokens = n;
+	res->scored = sc.scored;
+	res->nll_sum = sc.nll;
+	res->top1_hits = sc.hits;
+	rt_seq_stats st = rt_seq_stats_get(&s);
+	res->kv_entries_peak = st.kv_entries_peak;
+	res->kv_bytes_peak = st.kv_bytes_peak;
 	if (rc == 0) {
 		res->nll_mean = res->nll_sum / (double)res->scored;
 		res->ppl = exp(res->nll_mean);
 		res->tokens_per_s = res->seconds > 0 ? (double)n / res->seconds : 0.0;
 	}
-	free(logits);
-	rt_fwd_free(&f);
-	rt_kv_free(&kv);
+	rt_eval_score_free(&sc);
+	rt_seq_free(&s);
 	return rc;
 }
 
