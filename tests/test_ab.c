@@ -586,6 +586,8 @@ START_TEST(needle_task_runs)
 	ck_assert(jnum(&j, "results.0.A.kv_entries_peak") < 2 * 3 * 400);
 	ck_assert_str_eq(jstrv(&j, "results.0.better"), "tie");
 	ck_assert(jnum(&j, "results.0.discordant.p_value") == 1);
+	/* the default mode is `needle`'s: question-aware */
+	ck_assert_str_eq(jstrv(&j, "meta.needle.mode"), "aware");
 	jfree(&j);
 	free(out);
 	free(err);

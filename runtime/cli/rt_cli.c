@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "eval/rt_ab.h"
+#include "eval/rt_decode.h"
 #include "eval/rt_eval.h"
 #include "model/rt_gguf.h"
 #include "report/rt_json.h"
@@ -768,16 +769,6 @@ static void set_threads(long t)
 		openblas_set_num_threads((int)t);
 }
 
-/* argmax, lowest id on ties */
-static int32_t argmax(const float *v, int n)
-{
-	int32_t b = 0;
-	for (int i = 1; i < n; i++)
-		if (v[i] > v[b])
-			b = i;
-	return b;
-}
-
 /* ---- SHA-256 of files and buffers (rt_ab.h's), for the --json records ------------------ */
 
 /* Hex SHA-256 of a file into out[65]; out = "" when it cannot be read (then omitted). */
@@ -1379,61 +1370,12 @@ out:
 	return rc;
 }
 
-/* ---- greedy decoding on a sequence ------------------------------------------------------ */
-
-/* Generate up to n_gen tokens greedily after the logits `logits` (of the last fed token),
- * appending the text to buf[cap] (NUL-terminated) and, when out is set, streaming it.
- * Stops at an end-of-generation token or when the model's context is full. Returns the
- * tokens generated, or -1 with err set. */
-static int64_t greedy(rt_seq *s, const rt_tokenizer *tk, float *logits, int64_t n_gen, char *buf,
-                      size_t cap, FILE *out, rt_err *err)
-{
-	size_t used = 0;
-	if (cap)
-		buf[0] = 0;
-	int64_t gen = 0;
-	while (gen < n_gen) {
-		int32_t t = argmax(logits, s->m->hp.n_vocab);
-		if (rt_tokenizer_is_eog(tk, t))
-			break;
-		char piece[256];
-		int nb = rt_token_to_bytes(tk, t, piece, (int)sizeof piece);
-		if (nb > (int)sizeof piece)
-			nb = (int)sizeof piece;
-		if (nb > 0) {
-			if (out) {
-				fwrite(piece, 1, (size_t)nb, out);
-				fflush(out);
-			}
-			if (used + (size_t)nb < cap) {
-				memcpy(buf + used, piece, (size_t)nb);
-				used += (size_t)nb;
-				buf[used] = 0;
-			}
-		}
-		gen++;
-		if (gen >= n_gen || rt_seq_seen(s) >= s->m->hp.n_ctx || rt_seq_seen(s) >= s->cap)
-			break;
-		if (rt_seq_feed(s, &t, 1, logits, RT_LOGITS_LAST, err) != 0)
-			return -1;
-	}
-	return gen;
-}
-
 /* ---- needle ------------------------------------------------------------------------------ */
 
 static void help_needle_fn(void)
 {
 	print_help(help_needle, 3, g_prog, g_prog, default_policy_name());
 }
-
-/* One needle result of one run (length, depth). */
-typedef struct needle_res {
-	char gen[512];
-	char answer[64];
-	int correct;
-	int64_t peak, compress_events;
-} needle_res;
 
 /* the protected span the needle prompts mark: the question (with the answer's opening) */
 static const char *const needle_spans[] = { "", "question" };
@@ -1482,7 +1424,7 @@ static int cmd_needle(int argc, char **argv)
 	float *logits = NULL, *one = NULL;
 	rt_seq **all = NULL;
 	rt_seq_batch b = { 0 };
-	needle_res *res = NULL;
+	rt_needle_answer *res = NULL; /* [(length·n_dep + depth)·K + run] */
 	rt_err err = { "" };
 	rc = EXIT_FAILURE;
 	if (o.task_niah) {
@@ -1537,6 +1479,8 @@ static int cmd_needle(int argc, char **argv)
 	}
 	const char *task = o.task_niah ? "niah" : "passkey";
 	const char *mode = o.mode_agnostic ? "agnostic" : "aware";
+	const rt_needle_how how = { .agnostic = o.mode_agnostic, .mark_question = o.mark_question,
+		                    .n_gen = n_gen };
 	if (!o.json && K == 1) {
 		printf("%s under %s (%s mode), exact match per length and depth (%%)\n", task,
 		       runs[0].p->name, mode);
@@ -1564,40 +1508,9 @@ static int cmd_needle(int argc, char **argv)
 				runtime_err(&err);
 				goto out;
 			}
-			int64_t plen = o.mode_agnostic ? np.n_ctx : np.n_ctx + np.n_question;
-			for (int k = 0; k < K; k++)
-				rt_seq_reset(&runs[k].seq, plen);
-			/* the prompt in lockstep (or alone), the question's tokens marked as the span
-			 * `question`, then each run's answer on its own */
-			int frc = K > 1
-				? rt_seq_batch_feed(&b, np.ctx, np.n_ctx, NULL, RT_LOGITS_NONE, &err) != 0
-				: rt_seq_feed(all[0], np.ctx, np.n_ctx, NULL, RT_LOGITS_NONE, &err) != 0;
-			for (int k = 0; o.mark_question && k < K; k++)
-				rt_seq_span(all[k], 1);
-			if (!frc)
-				frc = K > 1 ? rt_seq_batch_feed(&b, np.question, np.n_question, logits,
-				                                RT_LOGITS_LAST, &err) != 0
-				            : rt_seq_feed(all[0], np.question, np.n_question, logits,
-				                          RT_LOGITS_LAST, &err) != 0;
-			for (int k = 0; k < K; k++)
-				rt_seq_span(all[k], 0);
-			for (int k = 0; !frc && k < K; k++) {
-				if (K > 1 && rt_seq_batch_error(&b, k))
-					continue;
-				needle_res *nr = &res[((size_t)k * n_len + i) * n_dep + j];
-				memcpy(one, logits + (size_t)k * V, (size_t)V * sizeof *one);
-				if (greedy(all[k], tk, one, n_gen, nr->gen, sizeof nr->gen, NULL, &err) < 0)
-					frc = 1;
-				nr->correct = rt_needle_score(&np, nr->gen);
-				/* an answer cut inside a multi-byte character keeps its valid prefix */
-				size_t bad;
-				if (!rt_utf8_valid(nr->gen, strlen(nr->gen), &bad))
-					nr->gen[bad] = 0;
-				snprintf(nr->answer, sizeof nr->answer, "%s", np.answer);
-				rt_seq_stats st = rt_seq_stats_get(all[k]);
-				nr->peak = st.kv_entries_peak;
-				nr->compress_events = st.compress_events;
-			}
+			rt_needle_answer *ans = &res[((size_t)i * n_dep + j) * K];
+			int frc = rt_needle_trial(all, K, K > 1 ? &b : NULL, tk, &np, &how, logits, one,
+			                          ans, &err) != 0;
 			rt_needle_prompt_free(&np);
 			if (frc) {
 				if (!o.json && K == 1)
@@ -1607,7 +1520,7 @@ static int cmd_needle(int argc, char **argv)
 			}
 			if (!o.json && K == 1) {
 				row_ok += res[(size_t)i * n_dep + j].correct;
-				printf(" %6d", res[(size_t)i * n_dep + j].correct);
+				printf(" %6d", res[(size_t)i * n_dep + j].correct); /* K == 1 */
 				fflush(stdout);
 			}
 		}
@@ -1622,7 +1535,7 @@ static int cmd_needle(int argc, char **argv)
 		const char *why = K > 1 ? rt_seq_batch_error(&b, k) : NULL;
 		int correct = 0, total = n_len * n_dep;
 		for (int q = 0; q < total; q++)
-			correct += res[(size_t)k * total + q].correct;
+			correct += res[(size_t)q * K + k].correct;
 		if (why) {
 			failed++;
 			fprintf(stderr, "%s: %s\n", g_prog, why); /* why names the policy */
@@ -1653,15 +1566,15 @@ static int cmd_needle(int argc, char **argv)
 		printf(",\"batch\":%d,\"results\":[", K);
 		for (int i = 0; i < n_len; i++)
 			for (int j = 0; j < n_dep; j++) {
-				const needle_res *nr = &res[((size_t)k * n_len + i) * n_dep + j];
+				const rt_needle_answer *nr = &res[((size_t)i * n_dep + j) * K + k];
 				printf("%s{\"length\":%lld,\"depth\":%g,\"answer\":", i + j ? "," : "",
 				       (long long)lens[i], deps[j]);
 				rt_json_str(stdout, nr->answer);
 				fputs(",\"generated\":", stdout);
 				rt_json_str(stdout, nr->gen);
 				printf(",\"correct\":%s,\"kv_entries_peak\":%lld,\"compress_events\":%lld}",
-				       nr->correct ? "true" : "false", (long long)nr->peak,
-				       (long long)nr->compress_events);
+				       nr->correct ? "true" : "false", (long long)nr->st.kv_entries_peak,
+				       (long long)nr->st.compress_events);
 			}
 		printf("],\"accuracy\":%.6g}\n", (double)correct / total);
 	}
@@ -1766,7 +1679,7 @@ static int cmd_run(int argc, char **argv)
 	}
 	double t1 = rt_now();
 	char sink[1];
-	int64_t gen = greedy(&s, tk, logits, o.n_gen, sink, 0, stdout, &err);
+	int64_t gen = rt_decode_greedy(&s, tk, logits, o.n_gen, sink, 0, stdout, &err);
 	if (gen < 0) {
 		putchar('\n');
 		runtime_err(&err);

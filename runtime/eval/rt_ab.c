@@ -38,7 +38,7 @@ static const char AB_HELP[] =
 	"    BIN ab --model M --text FILE [--a NAME] [--b NAME] [--ratio 2,4,8] [--task ppl|needle]\n"
 	"           [--ctx N] [--chunk N] [--threads N] [--set k=v]... [--set-a k=v]... [--set-b k=v]...\n"
 	"           [--json OUT] [--csv OUT] [--plot OUT.svg] [--resamples B] [--seed S]\n"
-	"           [--lengths 1024,2048] [--depths 0,50,100] [--mode agnostic|aware]\n"
+	"           [--lengths 1024,2048] [--depths 0,50,100] [--mode aware|agnostic]\n"
 	"    (normally started by `kvpc ab A.kvp B.kvp ...`, which builds BIN)\n"
 	"\n"
 	"DESCRIPTION\n"
@@ -75,7 +75,8 @@ static const char AB_HELP[] =
 	"    --resamples B      bootstrap resamples (default 1000); --seed S its seed\n"
 	"    --lengths LIST     needle: prompt lengths in tokens (default 1024,2048)\n"
 	"    --depths LIST      needle: depths in percent (default 0,25,50,75,100)\n"
-	"    --mode M           needle: agnostic (compress before the question, default) or aware\n"
+	"    --mode M           needle: aware (the question inside the compressed prompt,\n"
+	"                       default, as for `needle`) or agnostic (compress before it)\n"
 	"    --commit C, --source-sha256-a HEX, --source-sha256-b HEX   metadata (set by kvpc ab)\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -154,7 +155,7 @@ static int parse_opts(int argc, char **argv, ab_opts *o)
 	};
 	memset(o, 0, sizeof *o);
 	o->task = "ppl";
-	o->mode = "agnostic";
+	o->mode = "aware"; /* as `needle`'s default */
 	o->commit = "unknown";
 	o->chunk = 512;
 	o->resamples = RT_BOOT_DEFAULT_B;
@@ -472,35 +473,18 @@ static int run_ppl(ab_run *r, rt_err *err)
 
 #define NEEDLE_GEN 10 /* tokens generated for the answer (a passkey has at most 5 digits) */
 
-/* Prefill prompt pr into s (reset first), generate greedily, score. Returns 1 hit, 0 miss,
- * -1 error. */
+/* One needle trial of prompt pr on s alone (rt_needle_trial). Returns 1 hit, 0 miss, -1
+ * error. */
 static int needle_trial(ab_run *r, rt_seq *s, const rt_needle_prompt *pr, float *logits,
                         rt_err *err)
 {
-	const int V = r->m->hp.n_vocab;
-	const int aware = !strcmp(r->o.mode, "aware");
-	rt_seq_reset(s, aware ? pr->n_ctx + pr->n_question : pr->n_ctx);
-	if (rt_seq_feed(s, pr->ctx, pr->n_ctx, NULL, RT_LOGITS_NONE, err) != 0 ||
-	    rt_seq_feed(s, pr->question, pr->n_question, logits, RT_LOGITS_LAST, err) != 0)
-		return -1;
-	char out[256];
-	size_t len = 0;
-	for (int g = 0; g < NEEDLE_GEN; g++) {
-		int32_t top = 0;
-		rt_logprob(logits, V, 0, &top);
-		if (rt_tokenizer_is_eog(r->tok, top))
-			break;
-		char piece[64];
-		int k = rt_token_to_bytes(r->tok, top, piece, sizeof piece);
-		if (k > 0 && len + (size_t)k < sizeof out - 1) {
-			memcpy(out + len, piece, (size_t)k);
-			len += (size_t)k;
-		}
-		if (g + 1 < NEEDLE_GEN && rt_seq_feed(s, &top, 1, logits, RT_LOGITS_LAST, err) != 0)
-			return -1;
-	}
-	out[len] = 0;
-	return rt_needle_score_passkey(out, pr->passkey);
+	const rt_needle_how how = { .agnostic = !strcmp(r->o.mode, "agnostic"),
+		                    .n_gen = NEEDLE_GEN };
+	rt_needle_answer ans;
+	float *one = RT_MALLOC((size_t)r->m->hp.n_vocab * sizeof *one);
+	int rc = rt_needle_trial(&s, 1, NULL, r->tok, pr, &how, logits, one, &ans, err);
+	free(one);
+	return rc != 0 ? -1 : ans.correct;
 }
 
 /* Two-sided exact sign test of k successes out of n fair coin flips (McNemar's exact test

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "eval/rt_decode.h"
 #include "eval/rt_stats.h"
 
 /* Tokenize a NUL-terminated string into a fresh heap array. */
@@ -351,4 +352,51 @@ int rt_needle_score(const rt_needle_prompt *p, const char *generated)
 	if (p->kind == RT_NEEDLE_PASSKEY)
 		return rt_needle_score_passkey(generated, p->passkey);
 	return rt_needle_score_niah(generated);
+}
+
+/* ---- one trial -------------------------------------------------------------------------- */
+
+/* Feed tokens[0..n) to every sequence (through b, or to the one sequence). */
+static int trial_feed(rt_seq *const *s, rt_seq_batch *b, const int32_t *t, int64_t n,
+                      float *logits, enum rt_logits_mode mode, rt_err *err)
+{
+	return b ? rt_seq_batch_feed(b, t, n, logits, mode, err)
+	         : rt_seq_feed(s[0], t, n, logits, mode, err);
+}
+
+int rt_needle_trial(rt_seq *const *s, int K, rt_seq_batch *b, const rt_tokenizer *tk,
+                    const rt_needle_prompt *np, const rt_needle_how *how, float *logits,
+                    float *one, rt_needle_answer *ans, rt_err *err)
+{
+	RT_ASSERT(K >= 1 && (b || K == 1));
+	const int V = s[0]->m->hp.n_vocab;
+	int64_t plen = how->agnostic ? np->n_ctx : np->n_ctx + np->n_question;
+	for (int k = 0; k < K; k++)
+		rt_seq_reset(s[k], plen);
+	/* the prompt in lockstep (or alone), the question's tokens marked when asked, then
+	 * each sequence's answer on its own */
+	int rc = trial_feed(s, b, np->ctx, np->n_ctx, NULL, RT_LOGITS_NONE, err);
+	for (int k = 0; how->mark_question && k < K; k++)
+		rt_seq_span(s[k], 1);
+	if (rc == 0)
+		rc = trial_feed(s, b, np->question, np->n_question, logits, RT_LOGITS_LAST, err);
+	for (int k = 0; k < K; k++)
+		rt_seq_span(s[k], 0);
+	for (int k = 0; rc == 0 && k < K; k++) {
+		rt_needle_answer *a = &ans[k];
+		a->left = b && rt_seq_batch_error(b, k);
+		if (a->left)
+			continue;
+		memcpy(one, logits + (size_t)k * V, (size_t)V * sizeof *one);
+		if (rt_decode_greedy(s[k], tk, one, how->n_gen, a->gen, sizeof a->gen, NULL, err) < 0)
+			return -1;
+		a->correct = rt_needle_score(np, a->gen);
+		snprintf(a->answer, sizeof a->answer, "%s", np->answer);
+		/* an answer cut inside a multi-byte character keeps its valid prefix */
+		size_t bad;
+		if (!rt_utf8_valid(a->gen, strlen(a->gen), &bad))
+			a->gen[bad] = 0;
+		a->st = rt_seq_stats_get(s[k]);
+	}
+	return rc;
 }

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "model/rt_tokenizer.h"
+#include "policy/rt_seq.h"
 #include "base/rt_util.h"
 
 typedef enum rt_needle_kind {
@@ -120,5 +121,35 @@ int rt_needle_score_niah(const char *generated);
 
 /* Score by the prompt's kind. */
 int rt_needle_score(const rt_needle_prompt *p, const char *generated);
+
+/* ---- one trial ---------------------------------------------------------------------- */
+
+/* How a trial runs. Modes (kvpress's distinction): aware puts the question inside the
+ * compressed prompt (prompt length = context + question, so prompt-end triggers fire after
+ * the question); agnostic compresses the context first and appends the question after. */
+typedef struct rt_needle_how {
+	int agnostic;        /* 0: question-aware (the default of `needle` and `ab`), 1: agnostic */
+	int mark_question;   /* 1: the question's tokens carry span id 1 (the caller names it) */
+	int64_t n_gen;       /* answer tokens to generate at most */
+} rt_needle_how;
+
+/* What one sequence answered. */
+typedef struct rt_needle_answer {
+	char gen[512];       /* the generated text, cut to its longest valid UTF-8 prefix */
+	char answer[64];     /* the prompt's expected answer (rt_needle_prompt.answer) */
+	int correct;         /* rt_needle_score of the text as generated */
+	int left;            /* 1: the sequence had left the batch (nothing generated) */
+	rt_seq_stats st;     /* the sequence's counters after the answer */
+} rt_needle_answer;
+
+/* One trial of prompt np on K sequences s[0..K): each is reset (prompt length by the
+ * mode), the context is prefilled (in lockstep through b when b is not NULL, which must be
+ * a batch over s[0..K); else K must be 1), the question is fed (marked when asked), and
+ * each sequence still in the batch generates its answer with rt_decode_greedy and is
+ * scored into ans[k]. logits: [K × n_vocab] floats, one: [n_vocab] scratch. Returns 0, or
+ * -1 with err set (a forward or decoding error). */
+int rt_needle_trial(rt_seq *const *s, int K, rt_seq_batch *b, const rt_tokenizer *tk,
+                    const rt_needle_prompt *np, const rt_needle_how *how, float *logits,
+                    float *one, rt_needle_answer *ans, rt_err *err);
 
 #endif
