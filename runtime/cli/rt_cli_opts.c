@@ -1,0 +1,351 @@
+/*
+ * rt_cli_opts: the shared option table and parser, error printers, list parsing and
+ * policy resolution of the command line; see rt_cli_opts.h.
+ */
+#include "cli/rt_cli_opts.h"
+
+#include "base/rt_outpath.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *rt_cli_prog = "kvrt";
+const struct kvp_policy *const *rt_cli_reg;
+int rt_cli_n_reg;
+
+void rt_cli_help(const char *page, int n_args, ...)
+{
+	va_list ap;
+	va_start(ap, n_args);
+	vprintf(page, ap);
+	va_end(ap);
+}
+
+/* ---- errors ---------------------------------------------------------------------------- */
+
+int rt_cli_usage(const char *cmd, const char *fmt, ...)
+{
+	va_list ap;
+	fprintf(stderr, "%s: ", rt_cli_prog);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\nTry '%s %s%s--help' for more information.\n", rt_cli_prog, cmd, *cmd ? " " : "");
+	return RT_CLI_USAGE;
+}
+
+int rt_cli_fail(const rt_err *err)
+{
+	fprintf(stderr, "%s: %s\n", rt_cli_prog, err->msg);
+	return EXIT_FAILURE;
+}
+
+/* Strict decimal integer in [lo, hi]; -1 on anything else. */
+int rt_cli_parse_int(const char *s, long lo, long hi, long *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* Comma-separated list of numbers in [lo, hi] (integers when integral), at most RT_CLI_MAX_LIST. */
+int rt_cli_parse_list(const char *s, double lo, double hi, int integral, double *out, int *n)
+{
+	*n = 0;
+	for (const char *p = s;;) {
+		char item[32];
+		size_t len = strcspn(p, ",");
+		if (*n == RT_CLI_MAX_LIST || len == 0 || len >= sizeof item)
+			return -1;
+		memcpy(item, p, len);
+		item[len] = 0;
+		char *end;
+		errno = 0;
+		double v = strtod(item, &end);
+		if (errno || end == item || *end || !isfinite(v) || v < lo || v > hi ||
+		    (integral && v != floor(v)))
+			return -1;
+		out[(*n)++] = v;
+		if (!p[len])
+			return 0;
+		p += len + 1;
+	}
+}
+
+/* ---- the option table ------------------------------------------------------------------- */
+
+/* Every option of every command, written once: its name, whether it takes a value, and for
+ * plain integers the range and the field (INTOPT). */
+typedef struct opt_def {
+	int id;
+	const char *name;      /* long name ("" for -n) */
+	int has_arg;
+	long lo, hi;           /* integer range, when off >= 0 */
+	long off;              /* offsetof(rt_cli_opts, field) of a long, or -1 */
+	const char *what;      /* "is not ..." of the range error */
+} opt_def;
+
+#define INTOPT(id, name, lo, hi, field, what) \
+	{ id, name, 1, lo, hi, (long)offsetof(rt_cli_opts, field), what }
+#define OPT(id, name, has_arg) { id, name, has_arg, 0, 0, -1, NULL }
+
+static const opt_def OPTS[] = {
+	OPT('m', "model", 1), OPT('t', "text", 1), OPT('p', "prompt", 1), OPT(O_CTX, "ctx", 1),
+	INTOPT('n', "", 0, INT_MAX, n_gen, "is not a token count"),
+	INTOPT(O_GEN, "gen", 1, 4096, n_gen, "is not a token count in 1..4096"),
+	INTOPT(O_PROMPTLEN, "prompt", 0, INT_MAX, prompt_len, "is not a token count"),
+	INTOPT(O_CHUNK, "chunk", 1, 65536, chunk, "is not a number in 1..65536"),
+	INTOPT(O_THREADS, "threads", 1, 256, threads, "is not a number in 1..256"),
+	INTOPT(O_PP, "pp", 0, 1 << 20, pp, "is not a number in 0..1048576"),
+	INTOPT(O_TG, "tg", 0, 1 << 20, tg, "is not a number in 0..1048576"),
+	INTOPT(O_DECODE, "decode", 1, 1 << 20, decode, "is not a positive count"),
+	INTOPT(O_SEED, "seed", 0, LONG_MAX, seed, "is not a non-negative integer"),
+	INTOPT(O_SCOREFROM, "score-from", 1, INT_MAX, score_from, "is not a position >= 1"),
+	OPT(O_RATIO, "ratio", 1), OPT(O_SET, "set", 1), OPT(O_MODE, "mode", 1),
+	OPT(O_TASK, "task", 1), OPT(O_POLICY, "policy", 1), OPT(O_HAYSTACK, "haystack", 1),
+	OPT(O_LENGTHS, "lengths", 1), OPT(O_DEPTHS, "depths", 1), OPT(O_SVG, "svg", 1),
+	OPT(O_BATCH, "batch", 1), OPT(O_DUMP, "dump", 1), OPT(O_LOGITS, "logits", 1),
+	OPT(O_SYSTEM, "system", 1), OPT(O_JSON, "json", 0), OPT(O_NOREF, "no-ref", 0),
+	OPT(O_CHAT, "chat", 0), OPT(O_SPECIAL, "special", 0), OPT(O_STATS, "stats", 0),
+	OPT(O_MARKQ, "mark-question", 0), OPT('h', "help", 0), OPT(O_VERSION, "version", 0),
+	OPT(O_EXACT, "exact", 0), OPT(O_FAST, "fast", 0), OPT(O_DEPTH, "depth", 1),
+};
+#define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
+
+static const opt_def *opt_find(int id)
+{
+	for (int i = 0; i < N_OPTS; i++)
+		if (OPTS[i].id == id)
+			return &OPTS[i];
+	return NULL;
+}
+
+/* The option's name as the user wrote it, for messages: "--chunk", "-n". */
+static const char *opt_spelling(const opt_def *d, char *buf, size_t cap)
+{
+	if (d->name[0])
+		snprintf(buf, cap, "--%s", d->name);
+	else
+		snprintf(buf, cap, "-%c", (char)d->id);
+	return buf;
+}
+
+/* Options whose value is a string, a flag, or a word of a fixed set. */
+static int opt_plain(int c, const char *arg, rt_cli_opts *o)
+{
+	switch (c) {
+	case 'm': o->model = arg; return 1;
+	case 't': o->text = arg; return 1;
+	case 'p': o->prompt = arg; return 1;
+	case O_BATCH: o->batch = arg; return 1;
+	case O_POLICY: o->policy = arg; return 1;
+	case O_HAYSTACK: o->haystack = arg; return 1;
+	case O_LENGTHS: o->lengths = arg; return 1;
+	case O_DEPTHS: o->depths = arg; return 1;
+	case O_SVG: o->svg = arg; return 1;
+	case O_DUMP: o->dump = arg; return 1;
+	case O_LOGITS: o->logits = arg; return 1;
+	case O_SYSTEM: o->system = arg; return 1;
+	case O_MARKQ: o->mark_question = 1; return 1;
+	case O_NOREF: o->no_ref = 1; return 1;
+	case O_JSON: o->json = 1; return 1;
+	case O_CHAT: o->chat = 1; return 1;
+	case O_SPECIAL: o->special = 1; return 1;
+	case O_STATS: o->stats = 1; return 1;
+	case O_EXACT: o->exact = 1; return 1;
+	case O_FAST: o->exact = 0; return 1;
+	case O_DEPTH: o->depths = arg; return 1;
+	}
+	return 0;
+}
+
+/* Check and store one option's value. Returns 0 or RT_CLI_USAGE (message printed). */
+static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_opts *o)
+{
+	char nm[40];
+	opt_spelling(d, nm, sizeof nm);
+	if (opt_plain(d->id, arg, o))
+		return 0;
+	if (d->off >= 0) {
+		long v;
+		if (rt_cli_parse_int(arg, d->lo, d->hi, &v))
+			return rt_cli_usage(cmd, "%s: '%s' %s", nm, arg, d->what);
+		*(long *)((char *)o + d->off) = v;
+		return 0;
+	}
+	switch (d->id) {
+	case O_CTX: {
+		long v;
+		if (o->ctx_list) {
+			o->ctx_list = arg;
+			return 0;
+		}
+		if (rt_cli_parse_int(arg, 2, INT_MAX, &v))
+			return rt_cli_usage(cmd, "--ctx: '%s' is not a token count >= 2", arg);
+		o->ctx = v;
+		return 0;
+	}
+	case O_RATIO: {
+		char *end;
+		errno = 0;
+		double r = strtod(arg, &end);
+		if (errno || end == arg || *end || !isfinite(r) || r < 1)
+			return rt_cli_usage(cmd, "--ratio: '%s' is not a compression factor >= 1", arg);
+		o->ratio = r;
+		return 0;
+	}
+	case O_SET:
+		if (o->n_sets == RT_CLI_MAX_SETS)
+			return rt_cli_usage(cmd, "--set: more than %d overrides", RT_CLI_MAX_SETS);
+		if (!strchr(arg, '=') || arg[0] == '=')
+			return rt_cli_usage(cmd, "--set: expected NAME=VALUE, got '%s'", arg);
+		o->sets[o->n_sets++] = arg;
+		return 0;
+	case O_MODE:
+		if (strcmp(arg, "aware") && strcmp(arg, "agnostic"))
+			return rt_cli_usage(cmd, "--mode: '%s' is not aware or agnostic", arg);
+		o->mode_agnostic = !strcmp(arg, "agnostic");
+		return 0;
+	case O_TASK:
+		if (strcmp(arg, "passkey") && strcmp(arg, "niah"))
+			return rt_cli_usage(cmd, "--task: '%s' is not passkey or niah", arg);
+		o->task_niah = !strcmp(arg, "niah");
+		return 0;
+	}
+	return rt_cli_usage(cmd, "unknown option '%s'", nm);
+}
+
+int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, rt_cli_opts *o,
+                 const int *ids, int need_model)
+{
+	struct option lo[N_OPTS + 1];
+	char so[2 * N_OPTS + 2] = ":h";
+	int nl = 0, ns = 2;
+	for (int i = 0; ids[i]; i++) {
+		const opt_def *d = opt_find(ids[i]);
+		RT_ASSERT(d != NULL && nl < N_OPTS - 2);
+		if (d->name[0])
+			lo[nl++] = (struct option){ d->name, d->has_arg ? required_argument : no_argument,
+			                            0, d->id };
+		if (d->id < 256) {
+			so[ns++] = (char)d->id;
+			if (d->has_arg)
+				so[ns++] = ':';
+		}
+	}
+	lo[nl++] = (struct option){ "help", no_argument, 0, 'h' };
+	lo[nl++] = (struct option){ "version", no_argument, 0, O_VERSION };
+	lo[nl] = (struct option){ 0, 0, 0, 0 };
+	so[ns] = 0;
+	optind = 1;
+	opterr = 0;
+	int c, rc;
+	while ((c = getopt_long(argc, argv, so, lo, NULL)) != -1) {
+		if (c == 'h') {
+			help_fn();
+			return 1;
+		}
+		if (c == O_VERSION) {
+			printf("%s %s (kvpc runtime, commit %s)\n", rt_cli_prog, cmd, rt_cli_commit());
+			return 1;
+		}
+		if (c == ':')
+			return rt_cli_usage(cmd, "option '%s' needs a value", argv[optind - 1]);
+		const opt_def *d = c == '?' ? NULL : opt_find(c);
+		if (!d)
+			return rt_cli_usage(cmd, "unknown option '%s'", argv[optind - 1]);
+		if ((rc = opt_value(cmd, d, optarg, o)) != 0)
+			return rc;
+	}
+	if (optind < argc)
+		return rt_cli_usage(cmd, "unexpected argument '%s'", argv[optind]);
+	if (need_model && !o->model)
+		return rt_cli_usage(cmd, "%s", "--model is required");
+	/* every file written at the end must be writable before any work starts */
+	const char *outs[][2] = { { "--svg", o->svg }, { "--dump", o->dump },
+		                  { "--logits", o->logits } };
+	for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+		rt_err err = { "" };
+		if (outs[i][1] && rt_outpath_check(outs[i][1], &err) != 0)
+			return rt_cli_usage(cmd, "%s: %s", outs[i][0], err.msg);
+	}
+	return 0;
+}
+
+/* ---- policies -------------------------------------------------------------------------- */
+
+
+const char *rt_cli_default_policy(void)
+{
+	return rt_cli_n_reg > 0 && rt_cli_reg[0] ? rt_cli_reg[0]->name : "full";
+}
+
+/* The named policy (the registry first, then the built-in full), or NULL. */
+static const struct kvp_policy *find_policy(const char *name)
+{
+	const struct kvp_policy *p = rt_registry_find(rt_cli_reg, rt_cli_n_reg, name);
+	if (!p && !strcmp(name, "full"))
+		p = &rt_policy_full;
+	return p;
+}
+
+/* Resolve --policy and check --set names and values and --ratio against it before any
+ * work. Returns the policy, or NULL after printing a usage error (*rc = 2). */
+const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, int *rc)
+{
+	const char *name = o->policy ? o->policy : rt_cli_default_policy();
+	const struct kvp_policy *p = find_policy(name);
+	if (!p) {
+		char list[512] = "";
+		size_t used = 0;
+		for (int i = 0; i < rt_cli_n_reg && used < sizeof list - 70; i++)
+			used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "",
+			                         rt_cli_reg[i]->name);
+		if (!rt_registry_find(rt_cli_reg, rt_cli_n_reg, "full"))
+			snprintf(list + used, sizeof list - used, "%sfull", used ? ", " : "");
+		*rc = rt_cli_usage(cmd, "unknown policy '%s' (this binary has: %s)", name, list);
+		return NULL;
+	}
+	double *vals = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof(double));
+	if (!vals) {
+		fprintf(stderr, "%s: out of memory\n", rt_cli_prog);
+		*rc = EXIT_FAILURE;
+		return NULL;
+	}
+	rt_err err = { "" };
+	for (int i = 0; i < o->n_sets; i++)
+		if (kvp_policy_param_set(p, vals, o->sets[i], &err) != 0) {
+			free(vals);
+			*rc = rt_cli_usage(cmd, "--set: %s", err.msg);
+			return NULL;
+		}
+	free(vals);
+	if (o->ratio > 0 && !p->compress) {
+		*rc = rt_cli_usage(cmd, "--ratio: policy %s never compresses, so a ratio does not apply",
+		                p->name);
+		return NULL;
+	}
+	return p;
+}
+
+/* Apply --set and --ratio to a sequence (checked before, so failures are runtime). */
+int rt_cli_seq_apply(rt_seq *s, const rt_cli_opts *o, rt_err *err)
+{
+	for (int i = 0; i < o->n_sets; i++)
+		if (rt_seq_set(s, o->sets[i], err) != 0)
+			return -1;
+	if (o->ratio > 0 && rt_seq_set_ratio(s, o->ratio, err) != 0)
+		return -1;
+	return 0;
+}
+

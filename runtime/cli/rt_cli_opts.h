@@ -1,0 +1,92 @@
+/*
+ * rt_cli_opts: the command line's one option table and parser, shared by every command
+ * of runtime/cli (info, ppl, needle, run, tokenize, bench, keepmap): each option's name,
+ * argument and range are written once; a command lists the options it accepts. Also the
+ * usage and runtime error printers (exit codes 2 and 1), comma-list parsing, the help
+ * page printer, and the policy resolution every policy-aware command shares (--policy,
+ * --set and --ratio checked before any work).
+ *
+ * Errors: a usage error prints "PROG: reason" and "Try 'PROG CMD --help' ..." and returns
+ * RT_CLI_USAGE (2); a range error names its option ("--chunk: 'x' is not a number in
+ * 1..65536"). Every command accepts -h/--help and --version (exit 0).
+ */
+#ifndef RT_CLI_OPTS_H
+#define RT_CLI_OPTS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "policy/rt_policy.h"
+#include "policy/rt_seq.h"
+#include "base/rt_util.h"
+
+#define RT_CLI_USAGE 2        /* exit status of a usage error */
+#define RT_CLI_CHUNK 512      /* default tokens per forward chunk */
+#define RT_CLI_MAX_SETS 64    /* --set overrides per run */
+#define RT_CLI_MAX_LIST 32    /* entries of a comma list */
+
+/* Every option's value after parsing (0 / NULL when not given, unless a command set a
+ * default before parsing). */
+typedef struct rt_cli_opts {
+	const char *model, *text, *prompt, *system, *dump, *logits, *ctx_list;
+	const char *policy, *haystack, *lengths, *depths, *svg, *batch;
+	const char *sets[RT_CLI_MAX_SETS];
+	int n_sets;
+	long ctx, chunk, n_gen, threads, decode, prompt_len, seed, score_from;
+	double ratio;
+	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question;
+	int exact;  /* 1: the exact path, 0: the fast path (each command sets its default) */
+	long pp, tg; /* bench: llama-bench's tests */
+} rt_cli_opts;
+
+/* Option ids: short options are their letter ('m' --model, 't' --text, 'p' --prompt
+ * TEXT, 'n' -n N), long-only options these. O_CTX takes a list when ctx_list was preset. */
+enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECIAL, O_STATS,
+       O_THREADS, O_DECODE, O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_HAYSTACK,
+       O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM, O_MARKQ,
+       O_VERSION, O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH };
+
+/* The program name in messages (argv[0]'s base name) and the binary's policies. */
+extern const char *rt_cli_prog;
+extern const struct kvp_policy *const *rt_cli_reg;
+extern int rt_cli_n_reg;
+
+/* The commit the runtime was built from ("unknown" when not stamped). */
+const char *rt_cli_commit(void);
+
+/* Print a help page: a printf format whose %s slots the caller fills in order (the
+ * program name, and the default policy's name where a page says "default %s"); n_args
+ * documents how many the page has. */
+void rt_cli_help(const char *page, int n_args, ...);
+
+/* Usage error (see above); cmd "" for the top level. Returns RT_CLI_USAGE. */
+int rt_cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Runtime error: "PROG: msg" on stderr. Returns EXIT_FAILURE. */
+int rt_cli_fail(const rt_err *err);
+
+/* Strict decimal integer in [lo, hi]: 0, or -1 on anything else. */
+int rt_cli_parse_int(const char *s, long lo, long hi, long *out);
+
+/* Comma-separated list of numbers in [lo, hi] (integers when integral), at most
+ * RT_CLI_MAX_LIST, into out (count in *n): 0, or -1 on anything else. */
+int rt_cli_parse_list(const char *s, double lo, double hi, int integral, double *out, int *n);
+
+/* Parse argv (argv[0] is the command name) into o. ids: the options the command accepts,
+ * ending with 0 (-h/--help and --version are always accepted). Returns 0, 1 after
+ * printing help (help_fn) or the version, or RT_CLI_USAGE after printing the error.
+ * need_model: --model is required. */
+int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, rt_cli_opts *o,
+                 const int *ids, int need_model);
+
+/* The default policy's name: the binary's first, else "full". */
+const char *rt_cli_default_policy(void);
+
+/* Resolve --policy and check --set names and values and --ratio against it before any
+ * work. Returns the policy, or NULL after printing a usage error (*rc = 2). */
+const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, int *rc);
+
+/* Apply --set and --ratio to a sequence (checked before, so failures are runtime). */
+int rt_cli_seq_apply(rt_seq *s, const rt_cli_opts *o, rt_err *err);
+
+#endif

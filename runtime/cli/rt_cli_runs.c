@@ -1,0 +1,174 @@
+/*
+ * rt_cli_runs: one run from the command line or many from a --batch file; see
+ * rt_cli_runs.h.
+ */
+#include "cli/rt_cli_runs.h"
+
+#include "base/rt_text.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Store capacity of a run: every prompt token, or for a ratio run of a policy that
+ * compresses as it goes (no prompt-end trigger) its budget plus RT_CLI_CAP_SLACK. */
+int32_t rt_cli_run_cap(const rt_cli_run *r, int64_t len, int64_t extra)
+{
+	int64_t cap = len + extra;
+	if (r->o.ratio > 0 && !(r->p->needs & KVP_NEED_PROMPT_LEN)) {
+		int64_t c = (int64_t)ceil((double)len / r->o.ratio) + RT_CLI_CAP_SLACK + extra;
+		cap = c < cap ? c : cap;
+	}
+	return (int32_t)cap;
+}
+
+/* Free K runs (their sequences and batch lines) and the array; K < 0 counts as 0. */
+void rt_cli_runs_free(rt_cli_run *runs, int K)
+{
+	for (int i = 0; runs && i < K; i++) {
+		rt_seq_free(&runs[i].seq);
+		free(runs[i].line);
+	}
+	free(runs);
+}
+
+/* Parse a --batch file: one run per non-blank line that does not start with '#':
+ * `POLICY [--ratio R] [--set NAME=VALUE]...`. Checks every policy, override and ratio
+ * (as --policy/--set/--ratio would) and reports FILE:LINE: reason. Returns the runs (n in
+ * *n) or NULL after printing the error (*rc set). */
+static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
+{
+	size_t len;
+	rt_err err = { "" };
+	char *txt = rt_text_read(path, &len, &err);
+	*n = 0;
+	*rc = RT_CLI_USAGE;
+	if (!txt) {
+		rt_cli_fail(&err);
+		return NULL;
+	}
+	int cap = 8;
+	rt_cli_run *runs = calloc((size_t)cap, sizeof *runs);
+	int lineno = 0, ok = runs != NULL;
+	for (char *save = NULL, *ln = strtok_r(txt, "\n", &save); ok && ln;
+	     ln = strtok_r(NULL, "\n", &save)) {
+		lineno++;
+		char *q = ln + strspn(ln, " \t\r");
+		if (!*q || *q == '#')
+			continue;
+		if (*n == cap) {
+			rt_cli_run *nr = realloc(runs, (size_t)cap * 2 * sizeof *runs);
+			if (!nr) {
+				ok = 0;
+				break;
+			}
+			memset(nr + cap, 0, (size_t)cap * sizeof *runs);
+			runs = nr, cap *= 2;
+		}
+		rt_cli_run *r = &runs[*n];
+		if (!(r->line = strdup(q))) {
+			ok = 0;
+			break;
+		}
+		(*n)++;
+		char *tok_save = NULL, *w = strtok_r(r->line, " \t\r", &tok_save);
+		const char *name = w;
+		const char *why = NULL;
+		char whybuf[160];
+		while (!why && (w = strtok_r(NULL, " \t\r", &tok_save))) {
+			char *v = strtok_r(NULL, " \t\r", &tok_save);
+			if (strcmp(w, "--ratio") && strcmp(w, "--set")) {
+				snprintf(whybuf, sizeof whybuf, "unknown word '%s' (expected --ratio R or "
+				         "--set NAME=VALUE)", w);
+				why = whybuf;
+			} else if (!v) {
+				snprintf(whybuf, sizeof whybuf, "%s needs a value", w);
+				why = whybuf;
+			} else if (!strcmp(w, "--ratio")) {
+				char *end;
+				errno = 0;
+				double x = strtod(v, &end);
+				if (errno || end == v || *end || !isfinite(x) || x < 1) {
+					snprintf(whybuf, sizeof whybuf, "--ratio: '%s' is not a compression "
+					         "factor >= 1", v);
+					why = whybuf;
+				}
+				r->o.ratio = x;
+			} else if (r->o.n_sets == RT_CLI_MAX_SETS) {
+				why = "more than 64 --set overrides";
+			} else if (!strchr(v, '=') || v[0] == '=') {
+				snprintf(whybuf, sizeof whybuf, "--set: expected NAME=VALUE, got '%s'", v);
+				why = whybuf;
+			} else {
+				r->o.sets[r->o.n_sets++] = v;
+			}
+		}
+		if (!why) {
+			r->o.policy = name;
+			int prc; /* rt_cli_policy prints its own message */
+			r->p = rt_cli_policy(cmd, &r->o, &prc);
+			if (!r->p) {
+				fprintf(stderr, "%s: %s:%d: the run above is refused\n", rt_cli_prog, path, lineno);
+				free(txt);
+				*rc = prc;
+				return runs; /* caller frees; r->p NULL marks failure */
+			}
+		}
+		if (why) {
+			fprintf(stderr, "%s: %s:%d: %s\n", rt_cli_prog, path, lineno, why);
+			free(txt);
+			r->p = NULL;
+			return runs;
+		}
+	}
+	free(txt);
+	if (!ok) {
+		fprintf(stderr, "%s: out of memory reading %s\n", rt_cli_prog, path);
+		*rc = EXIT_FAILURE;
+		return runs;
+	}
+	if (*n == 0) {
+		fprintf(stderr, "%s: %s: no runs (one `POLICY [--ratio R] [--set NAME=VALUE]...` per "
+		        "line)\n", rt_cli_prog, path);
+		return runs;
+	}
+	*rc = 0;
+	return runs;
+}
+
+/* The runs of a command: the lines of --batch, or the one run --policy/--set/--ratio give.
+ * Returns them (count in *K; free with rt_cli_runs_free) or NULL after printing the error, *rc
+ * the exit status. */
+rt_cli_run *rt_cli_runs(const char *cmd, const rt_cli_opts *o, int *K, int *rc)
+{
+	rt_cli_run *runs;
+	*K = 0;
+	if (o->batch) {
+		if (o->policy || o->n_sets || o->ratio > 0) {
+			*rc = rt_cli_usage(cmd, "%s", "--batch gives every run's policy, --set and --ratio; "
+			                "--policy, --set and --ratio cannot be combined with it");
+			return NULL;
+		}
+		runs = runs_parse(cmd, o->batch, K, rc);
+		if (*rc) {
+			rt_cli_runs_free(runs, *K);
+			return NULL;
+		}
+		return runs;
+	}
+	const struct kvp_policy *p = rt_cli_policy(cmd, o, rc);
+	if (!p)
+		return NULL;
+	if (!(runs = calloc(1, sizeof *runs))) {
+		fprintf(stderr, "%s: out of memory\n", rt_cli_prog);
+		*rc = EXIT_FAILURE;
+		return NULL;
+	}
+	*K = 1;
+	runs[0].p = p;
+	runs[0].o = *o;
+	return runs;
+}
+

@@ -1,0 +1,231 @@
+/*
+ * rt_cmd_bench: `bench` — prefill and decode speed at several context lengths; the man page is help_bench below.
+ */
+#include "cli/rt_cmd.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/rt_cli_input.h"
+#include "cli/rt_cli_opts.h"
+#include "model/rt_dot.h"
+#include "model/rt_model.h"
+
+static const char *const help_bench =
+	"NAME\n"
+	"    %s bench - prefill and decode speed\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    %s bench --model MODEL [--ctx N,N,...] [--decode N] [--chunk N] [--threads N]\n"
+	"             [--exact] [--pp N] [--tg N] [--depth D,D,...]\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    For each context length L: prefills L synthetic tokens into an empty full cache\n"
+	"    (chunked, logits for the last token only) and reports prefill tokens/s; then\n"
+	"    feeds --decode single tokens (each with its logits, as generation does) and\n"
+	"    reports decode tokens/s at that depth. A benchmark, not a test: figures depend\n"
+	"    on the machine and the thread count.\n"
+	"    With --pp or --tg it runs llama-bench's tests instead and prints one line per\n"
+	"    test, 'NAME TOKENS_PER_S': ppN prefills N tokens into an empty cache; tgN feeds\n"
+	"    N single tokens after an untimed prefill of each --depth D (tgN, tgN@dD).\n"
+	"\n"
+	"OPTIONS\n"
+	"    -m, --model MODEL  GGUF model file\n"
+	"    --ctx LIST         comma-separated context lengths (default 128,1024,4096)\n"
+	"    --decode N         decode steps after each prefill (default 32)\n"
+	"    --chunk N          prefill chunk (default 512)\n"
+	"    --threads N        threads (fast path: the pool; exact path: OpenBLAS)\n"
+	"    --exact            the exact path (f32 weights, OpenBLAS); default: the fast path\n"
+	"    --pp N, --tg N     llama-bench's prompt and generation tests (0: off)\n"
+	"    --depth LIST       cache depths for --tg (default 0)\n"
+	"    -h, --help         show this text\n"
+	"\n"
+	"EXIT STATUS\n"
+	"    0 success, 1 runtime error, 2 usage error.\n";
+
+static void help_bench_fn(void)
+{
+	rt_cli_help(help_bench, 2, rt_cli_prog, rt_cli_prog);
+}
+
+/* One llama-bench test on a fresh full cache: prefill `depth` tokens untimed, then time
+ * either a prefill of n tokens (pp) or n single-token steps (tg). Returns tokens/s, or -1
+ * after printing the error. */
+static double bench_one(rt_model *m, int chunk, int depth, int n, int pp)
+{
+	const int32_t cap = depth + n;
+	rt_kv kv;
+	rt_fwd f;
+	rt_err err = { "" };
+	int32_t *tok = malloc((size_t)cap * sizeof *tok);
+	float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
+	unsigned sd = 12345u;
+	for (int j = 0; tok && j < cap; j++) {
+		sd = sd * 1103515245u + 12345u;
+		tok[j] = (int32_t)((sd >> 8) % (unsigned)m->hp.n_vocab);
+	}
+	double tps = -1.0;
+	if (!tok || !logits || rt_model_kv_init(m, &kv, cap, &err) < 0) {
+		fprintf(stderr, "%s: bench: out of memory for %d entries\n", rt_cli_prog, (int)cap);
+		free(tok), free(logits);
+		return -1.0;
+	}
+	if (rt_fwd_init(&f, m, chunk, cap, &err) < 0) {
+		rt_cli_fail(&err);
+		goto out;
+	}
+	if (depth > 0 && rt_model_forward(&f, &kv, tok, depth, 0, NULL, RT_LOGITS_NONE, &err) < 0)
+		goto fail;
+	double t0 = rt_now();
+	if (pp) {
+		if (rt_model_forward(&f, &kv, tok + depth, n, depth, logits, RT_LOGITS_LAST, &err) < 0)
+			goto fail;
+	} else {
+		for (int j = 0; j < n; j++)
+			if (rt_model_forward(&f, &kv, tok + depth + j, 1, depth + j, logits, RT_LOGITS_LAST,
+			                     &err) < 0)
+				goto fail;
+	}
+	tps = n / (rt_now() - t0);
+	goto out;
+fail:
+	rt_cli_fail(&err);
+out:
+	rt_fwd_free(&f);
+	rt_kv_free(&kv);
+	free(tok), free(logits);
+	return tps;
+}
+
+/* bench --pp/--tg: llama-bench's tests, one line each */
+static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, const char *depths)
+{
+	double dd[RT_CLI_MAX_LIST];
+	int nd = 0;
+	if (rt_cli_parse_list(depths, 0, INT_MAX, 1, dd, &nd))
+		return rt_cli_usage("bench", "--depth: '%s' is not a comma-separated list of token counts",
+		                 depths);
+	for (int i = 0; i < nd; i++)
+		if ((long)dd[i] + (pp > tg ? pp : tg) > m->hp.n_ctx)
+			return rt_cli_usage("bench", "--depth %ld plus the test exceeds the model's context_length %d",
+			                 (long)dd[i], (int)m->hp.n_ctx);
+	printf("# kvrt %s path, %d threads, isa %s\n", m->exact ? "exact" : "fast",
+	       m->exact ? openblas_get_num_threads() : rt_model_threads(m),
+	       rt_dot_isa_name(rt_dot_isa_best()));
+	if (pp > 0) {
+		double t = bench_one(m, (int)(o->chunk < pp ? o->chunk : pp), 0, (int)pp, 1);
+		if (t < 0)
+			return EXIT_FAILURE;
+		printf("pp%ld %.2f\n", pp, t);
+		fflush(stdout);
+	}
+	for (int i = 0; tg > 0 && i < nd; i++) {
+		const int d = (int)dd[i];
+		double t = bench_one(m, (int)o->chunk, d, (int)tg, 0);
+		if (t < 0)
+			return EXIT_FAILURE;
+		if (d > 0)
+			printf("tg%ld@d%d %.2f\n", tg, d, t);
+		else
+			printf("tg%ld %.2f\n", tg, t);
+		fflush(stdout);
+	}
+	return 0;
+}
+
+int rt_cmd_bench(int argc, char **argv)
+{
+	static const int opt_ids[] = { 'm', O_CTX, O_DECODE, O_CHUNK, O_THREADS, O_PP, O_TG, O_DEPTH, O_EXACT, O_FAST, 0 };
+	rt_cli_opts o = { .ctx_list = "128,1024,4096", .decode = 32, .chunk = RT_CLI_CHUNK };
+	int rc = rt_cli_parse("bench", help_bench_fn, argc, argv, &o, opt_ids, 1);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	double ctxd[RT_CLI_MAX_LIST];
+	int n_ctx = 0;
+	if (rt_cli_parse_list(o.ctx_list, 1, INT_MAX, 1, ctxd, &n_ctx))
+		return rt_cli_usage("bench", "--ctx: '%s' is not a comma-separated list of token counts",
+		                 o.ctx_list);
+	rt_cli_threads(o.threads);
+	rt_gguf *g = NULL;
+	rt_model *m = NULL;
+	if (rt_cli_open_model(o.model, &o, &g, NULL, &m) < 0) {
+		rt_gguf_close(g);
+		return EXIT_FAILURE;
+	}
+	rt_gguf_close(g);
+	if (o.pp > 0 || o.tg > 0) {
+		rc = bench_llama(m, &o, o.pp, o.tg, o.depths ? o.depths : "0");
+		rt_model_free(m);
+		return rc;
+	}
+	for (int i = 0; i < n_ctx; i++)
+		if ((long)ctxd[i] + o.decode > m->hp.n_ctx) {
+			fprintf(stderr,
+			        "%s: %s: --ctx %ld plus %ld decode steps exceed the model's "
+			        "context_length %d\n",
+			        rt_cli_prog, o.model, (long)ctxd[i], o.decode, (int)m->hp.n_ctx);
+			rt_model_free(m);
+			return RT_CLI_USAGE;
+		}
+	printf("model %s: %d layers, %d/%d heads, vocab %d; %s path, %d threads, chunk %ld\n",
+	       m->path, m->hp.n_layer, m->hp.n_head, m->hp.n_head_kv, m->hp.n_vocab,
+	       m->exact ? "exact" : "fast", m->exact ? openblas_get_num_threads() : rt_model_threads(m),
+	       o.chunk);
+	printf("%9s %15s %14s %11s %15s %10s\n", "context", "prefill tok/s", "decode tok/s",
+	       "prefill s", "decode ms/tok", "KV MiB");
+	rc = 0;
+	for (int i = 0; i < n_ctx && rc == 0; i++) {
+		int L = (int)ctxd[i], D = (int)o.decode;
+		int32_t cap = L + D;
+		rt_kv kv;
+		rt_fwd f;
+		rt_err err = { "" };
+		int32_t *tok = malloc((size_t)cap * sizeof *tok);
+		float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
+		unsigned sd = 12345u;
+		for (int j = 0; tok && j < cap; j++) {
+			sd = sd * 1103515245u + 12345u;
+			tok[j] = (int32_t)((sd >> 8) % (unsigned)m->hp.n_vocab);
+		}
+		int chunk = (int)(o.chunk < L ? o.chunk : L);
+		if (!tok || !logits || rt_model_kv_init(m, &kv, cap, &err) < 0) {
+			fprintf(stderr, "%s: bench: out of memory at context %d\n", rt_cli_prog, L);
+			free(tok), free(logits);
+			rc = EXIT_FAILURE;
+			break;
+		}
+		if (rt_fwd_init(&f, m, chunk, cap, &err) < 0) {
+			rt_cli_fail(&err);
+			rt_kv_free(&kv);
+			free(tok), free(logits);
+			rc = EXIT_FAILURE;
+			break;
+		}
+		double t0 = rt_now();
+		rc = rt_model_forward(&f, &kv, tok, L, 0, logits, RT_LOGITS_LAST, &err);
+		double t1 = rt_now();
+		for (int j = 0; j < D && rc == 0; j++)
+			rc = rt_model_forward(&f, &kv, tok + L + j, 1, L + j, logits, RT_LOGITS_LAST, &err);
+		double t2 = rt_now();
+		if (rc) {
+			rt_cli_fail(&err);
+			rc = EXIT_FAILURE;
+		} else {
+			printf("%9d %15.1f %14.1f %11.2f %15.2f %10.1f\n", L, L / (t1 - t0), D / (t2 - t1),
+			       t1 - t0, 1000.0 * (t2 - t1) / D,
+			       (double)rt_kv_bytes_used(&kv) / (1024.0 * 1024.0));
+			fflush(stdout);
+		}
+		rt_fwd_free(&f);
+		rt_kv_free(&kv);
+		free(tok), free(logits);
+	}
+	rt_model_free(m);
+	return rc;
+}
+

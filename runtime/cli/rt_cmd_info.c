@@ -1,0 +1,113 @@
+/*
+ * rt_cmd_info: `info` — list the policies of this binary with their parameters; the man page is help_info below.
+ */
+#include "cli/rt_cmd.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/rt_cli_opts.h"
+#include "report/rt_json.h"
+
+static const char *const help_info =
+	"NAME\n"
+	"    %s info - list the KV-cache policies compiled into this binary\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    %s info [--json]\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    For each policy: its name, one-line summary, the .kvp source it was compiled\n"
+	"    from with the FNV-1a 64 hash of the source bytes, its position convention\n"
+	"    (original: keys keep the RoPE of their token position; compacted: kept keys are\n"
+	"    re-rotated to their index in the cache), and its parameters with default value,\n"
+	"    unit and documentation. Parameters are changed at run time with --set NAME=VALUE.\n"
+	"    The built-in policy `full` keeps every token.\n"
+	"\n"
+	"OPTIONS\n"
+	"    --json      one JSON object: {\"policies\":[{name, summary, source, source_hash,\n"
+	"                positions, params:[{name, default, unit, doc}]}]}\n"
+	"    -h, --help  show this text\n"
+	"\n"
+	"EXIT STATUS\n"
+	"    0 success, 2 usage error.\n";
+
+static void help_info_fn(void)
+{
+	rt_cli_help(help_info, 2, rt_cli_prog, rt_cli_prog);
+}
+
+static void info_one(const struct kvp_policy *p, int json, int first)
+{
+	const char *pos = p->positions == KVP_POS_COMPACTED ? "compacted" : "original";
+	if (json) {
+		fputs(first ? "{\"name\":" : ",{\"name\":", stdout);
+		rt_json_str(stdout, p->name);
+		fputs(",\"summary\":", stdout);
+		rt_json_str(stdout, p->summary ? p->summary : "");
+		fputs(",\"source\":", stdout);
+		rt_json_str(stdout, p->source ? p->source : "");
+		fputs(",\"source_hash\":", stdout);
+		rt_json_str(stdout, p->source_hash ? p->source_hash : "");
+		printf(",\"positions\":\"%s\",\"params\":[", pos);
+		for (int i = 0; i < p->n_params; i++) {
+			const struct kvp_param *q = &p->params[i];
+			fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
+			rt_json_str(stdout, q->name);
+			char src[64];
+			rt_param_format(q, q->def, src, sizeof src);
+			fputs(",\"default\":", stdout);
+			rt_json_num(stdout, q->def);
+			fputs(",\"default_source\":", stdout);
+			rt_json_str(stdout, src);
+			printf(",\"unit\":\"%s\",\"doc\":", kvp_unit_name(q->unit));
+			rt_json_str(stdout, q->doc ? q->doc : "");
+			fputc('}', stdout);
+		}
+		fputs("]}", stdout);
+		return;
+	}
+	printf("%s\n", p->name);
+	if (p->summary && *p->summary)
+		printf("    %s\n", p->summary);
+	printf("    source %s (hash %s), positions %s\n", p->source ? p->source : "?",
+	       p->source_hash ? p->source_hash : "?", pos);
+	if (p->n_params == 0)
+		printf("    no parameters\n");
+	for (int i = 0; i < p->n_params; i++) {
+		const struct kvp_param *q = &p->params[i];
+		char set[96], v[64];
+		rt_param_format_set(q, q->def, v, sizeof v);
+		snprintf(set, sizeof set, "%s=%s", q->name, v);
+		printf("    --set %-22s %-8s %s\n", set, kvp_unit_name(q->unit), q->doc ? q->doc : "");
+	}
+}
+
+int rt_cmd_info(int argc, char **argv)
+{
+	static const int opt_ids[] = { O_JSON, 0 };
+	rt_cli_opts o = { 0 };
+	int rc = rt_cli_parse("info", help_info_fn, argc, argv, &o, opt_ids, 0);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	int first = 1;
+	if (o.json)
+		fputs("{\"policies\":[", stdout);
+	for (int i = 0; i < rt_cli_n_reg; i++) {
+		info_one(rt_cli_reg[i], o.json, first);
+		first = 0;
+		if (!o.json)
+			putchar('\n');
+	}
+	if (!rt_registry_find(rt_cli_reg, rt_cli_n_reg, "full"))
+		info_one(&rt_policy_full, o.json, first);
+	if (o.json)
+		fputs("]}\n", stdout);
+	return fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
+}
+

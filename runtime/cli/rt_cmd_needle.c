@@ -1,0 +1,324 @@
+/*
+ * rt_cmd_needle: `needle` — passkey / needle-in-a-haystack retrieval under policies; the man page is help_needle below.
+ */
+#include "cli/rt_cmd.h"
+
+#include "base/rt_text.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/rt_cli_input.h"
+#include "cli/rt_cli_opts.h"
+#include "cli/rt_cli_runs.h"
+#include "eval/rt_needle.h"
+#include "report/rt_json.h"
+
+static const char *const help_needle =
+	"NAME\n"
+	"    %s needle - long-context retrieval accuracy under a KV-cache policy\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    %s needle --model MODEL [--task passkey|niah] [--haystack FILE]\n"
+	"             [--lengths L,...] [--depths D,...] [--policy NAME] [--set NAME=VALUE]...\n"
+	"             [--ratio R] [--mode aware|agnostic] [--gen N] [--seed S] [--chat]\n"
+	"             [--chunk N] [--threads N] [--json] [--batch RUNS] [--mark-question]\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    For every length L and depth D builds a prompt of exactly L tokens with the\n"
+	"    model's tokenizer (rt_needle): passkey (Mohtashami & Jaggi 2023: filler text\n"
+	"    with \"The pass key is K\" at D%% of it, K from the seed, length and depth) or\n"
+	"    niah (a real text, by default the Info manual of coreutils, with the San\n"
+	"    Francisco needle at D%%). The context is prefilled under the policy, then the\n"
+	"    answer is generated greedily (--gen tokens, default 8 for passkey, 20 for niah)\n"
+	"    and scored by exact match (the first number equals K; both \"sandwich\" and\n"
+	"    \"Dolores Park\" present). Modes (kvpress's distinction): aware (default) puts\n"
+	"    the question inside the compressed prompt; agnostic compresses the context\n"
+	"    first (the prompt ends before the question) and appends the question after.\n"
+	"    In aware mode the first answer token comes from the prefill's last position,\n"
+	"    computed before the prompt-end compression (as kvpress's presses compress\n"
+	"    during the prefill forward); every later token sees the compressed cache.\n"
+	"    With --mark-question the question's tokens (with the answer's opening) are\n"
+	"    marked as the protected span `question`: a policy with `keep span question`\n"
+	"    keeps them exactly, and GraceKV probes the cache with them (otherwise with its\n"
+	"    `question` parameter's prompt tail).\n"
+	"    Prints a table of 1/0 per length and depth and the accuracy.\n"
+	"\n"
+	"OPTIONS\n"
+	"    -m, --model MODEL   GGUF model file\n"
+	"    --task T            passkey (default) or niah\n"
+	"    --haystack FILE     niah text (plain or .gz; default\n"
+	"                        /usr/share/info/coreutils.info.gz, from its second node)\n"
+	"    --lengths LIST      comma-separated prompt lengths in tokens (default\n"
+	"                        1024,2048,4096)\n"
+	"    --depths LIST       comma-separated depths in percent (default 0,25,50,75,100)\n"
+	"    --policy NAME       policy (default %s); --set, --ratio as for ppl\n"
+	"    --mode M            aware (default) or agnostic\n"
+	"    --gen N             answer tokens to generate\n"
+	"    --seed S            passkey seed (default 1); the key of (L, D) is drawn from\n"
+	"                        seed + 1000003 L + D\n"
+	"    --chat              wrap the prompt in the model's ChatML template\n"
+	"    --chunk N, --threads N, --fast, -h/--help  as for ppl\n"
+	"    --mark-question     mark the question as the protected span `question`\n"
+	"    --batch RUNS        several runs (`POLICY [--ratio R] [--set NAME=VALUE]...` per\n"
+	"                        line, as for ppl) on the same prompts: each prompt is\n"
+	"                        prefilled for all runs in lockstep (one weight pass per\n"
+	"                        chunk), then each run generates its own answer; one report\n"
+	"                        or JSON object per run, in file order\n"
+	"    --json              one JSON object: policy, params, ratio, task, mode, model,\n"
+	"                        model_sha256, commit, results [{length, depth, answer,\n"
+	"                        generated, correct, kv_entries_peak, compress_events}],\n"
+	"                        accuracy\n"
+	"\n"
+	"EXIT STATUS\n"
+	"    0 success (whatever the accuracy), 1 runtime error, 2 usage error.\n";
+
+static void help_needle_fn(void)
+{
+	rt_cli_help(help_needle, 3, rt_cli_prog, rt_cli_prog, rt_cli_default_policy());
+}
+
+/* the protected span the needle prompts mark: the question (with the answer's opening) */
+static const char *const needle_spans[] = { "", "question" };
+
+/* Everything one `needle` command holds. */
+typedef struct needle_job {
+	rt_cli_opts o;
+	double lens[RT_CLI_MAX_LIST], deps[RT_CLI_MAX_LIST];
+	int n_len, n_dep, K;
+	int64_t n_gen;
+	rt_cli_run *runs;
+	rt_tokenizer *tk;
+	rt_model *m;
+	char *hay;
+	size_t hay_len, hay_off;
+	float *logits, *one;
+	rt_seq **all;
+	rt_seq_batch b;
+	rt_needle_answer *res; /* [(length·n_dep + depth)·K + run] */
+} needle_job;
+
+/* Haystack, model, length check, sequences and batch. Returns 0, or the exit status after
+ * printing the error. */
+static int needle_setup(needle_job *nj)
+{
+	const rt_cli_opts *o = &nj->o;
+	rt_err err = { "" };
+	rt_gguf *g = NULL;
+	if (o->task_niah) {
+		const char *path = o->haystack ? o->haystack : "/usr/share/info/coreutils.info.gz";
+		if (!(nj->hay = rt_text_read(path, &nj->hay_len, &err)))
+			return rt_cli_fail(&err);
+		nj->hay_off = rt_needle_info_body(nj->hay, nj->hay_len);
+	}
+	int orc = rt_cli_open_model(o->model, o, &g, &nj->tk, &nj->m);
+	rt_gguf_close(g);
+	if (orc < 0)
+		return EXIT_FAILURE;
+	const rt_model *m = nj->m;
+	int64_t max_len = 0;
+	for (int i = 0; i < nj->n_len; i++) {
+		if ((int64_t)nj->lens[i] + nj->n_gen > m->hp.n_ctx) {
+			fprintf(stderr, "%s: %s: length %lld plus %lld answer tokens exceed the model's "
+			        "context_length %d\n", rt_cli_prog, o->model, (long long)nj->lens[i],
+			        (long long)nj->n_gen, (int)m->hp.n_ctx);
+			return RT_CLI_USAGE;
+		}
+		if ((int64_t)nj->lens[i] > max_len)
+			max_len = (int64_t)nj->lens[i];
+	}
+	const int V = m->hp.n_vocab, K = nj->K;
+	/* prompt chunk: a batch stacks K × chunk rows, so it is bounded as in ppl */
+	int chunk = (int)o->chunk;
+	if (K > 1 && chunk > 512 / K)
+		chunk = 512 / K < 1 ? 1 : 512 / K;
+	if (!(nj->all = calloc((size_t)K, sizeof *nj->all)) ||
+	    !(nj->res = calloc((size_t)K * nj->n_len * nj->n_dep, sizeof *nj->res)) ||
+	    !(nj->logits = malloc((size_t)K * V * sizeof *nj->logits)) ||
+	    !(nj->one = malloc((size_t)V * sizeof *nj->one))) {
+		fprintf(stderr, "%s: out of memory\n", rt_cli_prog);
+		return EXIT_FAILURE;
+	}
+	for (int i = 0; i < K; i++) {
+		rt_cli_run *r = &nj->runs[i];
+		if (rt_seq_init(&r->seq, m, r->p, rt_cli_run_cap(r, max_len, nj->n_gen), chunk, -1,
+		                &err) != 0 ||
+		    rt_cli_seq_apply(&r->seq, &r->o, &err) != 0)
+			return rt_cli_fail(&err);
+		nj->all[i] = &r->seq;
+		rt_seq_set_span_names(nj->all[i], needle_spans, 1);
+	}
+	if (K > 1 && rt_seq_batch_init(&nj->b, nj->all, K, chunk, &err) != 0)
+		return rt_cli_fail(&err);
+	return 0;
+}
+
+/* One trial (length i, depth j) for every run. */
+static int needle_one(needle_job *nj, int i, int j, rt_err *err)
+{
+	const rt_cli_opts *o = &nj->o;
+	rt_needle_prompt np;
+	int rc = o->task_niah
+		? rt_needle_niah(nj->tk, nj->hay + nj->hay_off, nj->hay_len - nj->hay_off,
+		                 (int64_t)nj->lens[i], nj->deps[j], o->chat, &np, err)
+		: rt_needle_passkey(nj->tk, (int64_t)nj->lens[i], nj->deps[j],
+		                    (uint64_t)o->seed + 1000003ull * (uint64_t)nj->lens[i] +
+		                            (uint64_t)nj->deps[j],
+		                    o->chat, &np, err);
+	if (rc != 0)
+		return -1;
+	const rt_needle_how how = { .agnostic = o->mode_agnostic, .mark_question = o->mark_question,
+		                    .n_gen = nj->n_gen };
+	rt_needle_answer *ans = &nj->res[((size_t)i * nj->n_dep + j) * nj->K];
+	rc = rt_needle_trial(nj->all, nj->K, nj->K > 1 ? &nj->b : NULL, nj->tk, &np, &how,
+	                     nj->logits, nj->one, ans, err);
+	rt_needle_prompt_free(&np);
+	return rc;
+}
+
+/* Every trial, with the 1/0 table on stdout for one run without --json. */
+static int needle_trials(needle_job *nj)
+{
+	const int table = !nj->o.json && nj->K == 1;
+	rt_err err = { "" };
+	if (table) {
+		printf("%s under %s (%s mode), exact match per length and depth (%%)\n",
+		       nj->o.task_niah ? "niah" : "passkey", nj->runs[0].p->name,
+		       nj->o.mode_agnostic ? "agnostic" : "aware");
+		printf("%8s", "length");
+		for (int j = 0; j < nj->n_dep; j++)
+			printf(" %6g", nj->deps[j]);
+		printf("   acc\n");
+	}
+	for (int i = 0; i < nj->n_len; i++) {
+		int row_ok = 0;
+		if (table)
+			printf("%8lld", (long long)nj->lens[i]);
+		for (int j = 0; j < nj->n_dep; j++) {
+			if (needle_one(nj, i, j, &err) != 0) {
+				if (table)
+					putchar('\n');
+				return rt_cli_fail(&err);
+			}
+			if (table) {
+				int ok = nj->res[(size_t)i * nj->n_dep + j].correct; /* K == 1 */
+				row_ok += ok;
+				printf(" %6d", ok);
+				fflush(stdout);
+			}
+		}
+		if (table)
+			printf("  %.2f\n", (double)row_ok / nj->n_dep);
+	}
+	return 0;
+}
+
+/* Run k's JSON object. */
+static void needle_json(const needle_job *nj, int k, const char *msha, int correct, int total)
+{
+	printf(",\"task\":\"%s\",\"mode\":\"%s\",\"model\":", nj->o.task_niah ? "niah" : "passkey",
+	       nj->o.mode_agnostic ? "agnostic" : "aware");
+	rt_json_str(stdout, nj->m->path);
+	if (msha[0]) {
+		fputs(",\"model_sha256\":", stdout);
+		rt_json_str(stdout, msha);
+	}
+	printf(",\"batch\":%d,\"results\":[", nj->K);
+	for (int i = 0; i < nj->n_len; i++)
+		for (int j = 0; j < nj->n_dep; j++) {
+			const rt_needle_answer *nr = &nj->res[((size_t)i * nj->n_dep + j) * nj->K + k];
+			printf("%s{\"length\":%lld,\"depth\":%g,\"answer\":", i + j ? "," : "",
+			       (long long)nj->lens[i], nj->deps[j]);
+			rt_json_str(stdout, nr->answer);
+			fputs(",\"generated\":", stdout);
+			rt_json_str(stdout, nr->gen);
+			printf(",\"correct\":%s,\"kv_entries_peak\":%lld,\"compress_events\":%lld}",
+			       nr->correct ? "true" : "false", (long long)nr->st.kv_entries_peak,
+			       (long long)nr->st.compress_events);
+		}
+	printf("],\"accuracy\":%.6g}\n", (double)correct / total);
+}
+
+/* Accuracy lines or JSON objects per run; returns the exit status. */
+static int needle_report(const needle_job *nj)
+{
+	char msha[65] = "";
+	if (nj->o.json)
+		rt_cli_file_sha256(nj->o.model, msha);
+	int failed = 0, K = nj->K;
+	for (int k = 0; k < K; k++) {
+		const rt_cli_run *r = &nj->runs[k];
+		const char *why = K > 1 ? rt_seq_batch_error(&nj->b, k) : NULL;
+		int correct = 0, total = nj->n_len * nj->n_dep;
+		for (int q = 0; q < total; q++)
+			correct += nj->res[(size_t)q * K + k].correct;
+		if (why) {
+			failed++;
+			fprintf(stderr, "%s: %s\n", rt_cli_prog, why); /* why names the policy */
+		}
+		if (!nj->o.json) {
+			if (K > 1 && !why)
+				printf("%s%s ratio %g: accuracy %d/%d = %.3f\n", r->p->name,
+				       r->o.n_sets ? " (with --set)" : "", r->o.ratio, correct, total,
+				       (double)correct / total);
+			else if (!why)
+				printf("accuracy %d/%d = %.3f\n", correct, total, (double)correct / total);
+			continue;
+		}
+		fputc('{', stdout);
+		rt_cli_json_policy(stdout, &r->seq, r->o.ratio);
+		if (why) {
+			fputs(",\"error\":", stdout);
+			rt_json_str(stdout, why);
+			fputs("}\n", stdout);
+			continue;
+		}
+		needle_json(nj, k, msha, correct, total);
+	}
+	return fflush(stdout) == 0 && !failed ? 0 : EXIT_FAILURE;
+}
+
+int rt_cmd_needle(int argc, char **argv)
+{
+	static const int opt_ids[] = { 'm', O_HAYSTACK, O_LENGTHS, O_DEPTHS, O_POLICY, O_SET, O_RATIO,
+		O_MODE, O_TASK, O_GEN, O_SEED, O_CHAT, O_CHUNK, O_THREADS, O_BATCH, O_MARKQ, O_JSON, O_EXACT, O_FAST, 0 };
+	needle_job nj = { .o = { .chunk = RT_CLI_CHUNK, .seed = 1, .exact = 1,
+		                 .lengths = "1024,2048,4096",
+		                 .depths = "0,25,50,75,100" } };
+	rt_cli_opts *o = &nj.o;
+	int rc = rt_cli_parse("needle", help_needle_fn, argc, argv, o, opt_ids, 1);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	if (rt_cli_parse_list(o->lengths, 16, 1 << 24, 1, nj.lens, &nj.n_len))
+		return rt_cli_usage("needle", "--lengths: '%s' is not a comma-separated list of token "
+		                    "counts", o->lengths);
+	if (rt_cli_parse_list(o->depths, 0, 100, 0, nj.deps, &nj.n_dep))
+		return rt_cli_usage("needle", "--depths: '%s' is not a comma-separated list of "
+		                    "percentages in 0..100", o->depths);
+	if (o->haystack && !o->task_niah)
+		return rt_cli_usage("needle", "%s", "--haystack needs --task niah");
+	if (!(nj.runs = rt_cli_runs("needle", o, &nj.K, &rc)))
+		return rc;
+	nj.n_gen = o->n_gen ? o->n_gen : o->task_niah ? 20 : 8;
+	rt_cli_threads(o->threads);
+	rc = needle_setup(&nj);
+	if (rc == 0)
+		rc = needle_trials(&nj);
+	if (rc == 0)
+		rc = needle_report(&nj);
+	rt_cli_runs_free(nj.runs, nj.K);
+	rt_seq_batch_free(&nj.b);
+	free(nj.all);
+	free(nj.res);
+	free(nj.logits);
+	free(nj.one);
+	free(nj.hay);
+	rt_model_free(nj.m);
+	rt_tokenizer_free(nj.tk);
+	return rc;
+}

@@ -1,0 +1,376 @@
+/*
+ * rt_cmd_ppl: `ppl` — streaming perplexity of a text under policies, with KL against the full cache; the man page is help_ppl below.
+ */
+#include "cli/rt_cmd.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/rt_cli_input.h"
+#include "cli/rt_cli_opts.h"
+#include "cli/rt_cli_runs.h"
+#include "eval/rt_eval.h"
+#include "eval/rt_stats.h"
+#include "report/rt_json.h"
+
+static const char *const help_ppl =
+	"NAME\n"
+	"    %s ppl - streaming perplexity of a text under a KV-cache policy\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    %s ppl --model MODEL --text FILE [--policy NAME] [--set NAME=VALUE]...\n"
+	"             [--ratio R] [--ctx N] [--prompt N] [--chunk N] [--threads N] [--json]\n"
+	"             [--dump FILE] [--logits FILE] [--no-ref]\n"
+	"    %s ppl --model MODEL --text FILE --batch RUNS [--ctx N] [--prompt N]\n"
+	"             [--score-from P] [--json] ...\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    Tokenizes FILE, keeps its first N tokens and feeds them through the model\n"
+	"    under the policy, scoring each token from the ones before it as the policy\n"
+	"    left them in the cache (teacher forcing): NLL_i = -log q(t[i+1] | cache after\n"
+	"    t[0..i]), ppl = exp(mean NLL), natural logs, log-sum-exp in double.\n"
+	"\n"
+	"    Unless the policy is full or --no-ref is given, a second sequence with the full\n"
+	"    cache is fed the same tokens in the same run and every token's distribution p\n"
+	"    is compared with the policy's q (llama-perplexity --kl-divergence's statistics):\n"
+	"    kld_mean (mean KL(p||q), nats) and kld_mean_err, kld_median, kld_p99, kld_max,\n"
+	"    ppl_ref, ppl_ratio = ppl / ppl_ref, same_top1 (fraction of tokens with the same\n"
+	"    argmax), rms_dp (root mean square of q(t) - p(t) for the correct token t).\n"
+	"\n"
+	"    Memory and speed: kv_entries_peak is the most entries held by all (layer, KV\n"
+	"    head) lists together, measured after each chunk's append (before compressing),\n"
+	"    kv_bytes_peak the most bytes of KV pool blocks the sequence held at once\n"
+	"    (blocks of 16 entries: keys, values, metadata and policy statistics; the\n"
+	"    resident KV memory); compression = tokens / mean entries per (layer, KV head)\n"
+	"    list after the last token (1 for full; 4 when a head keeps a quarter of the\n"
+	"    text); tokens_per_s counts the policy run only; compress_events is the number\n"
+	"    of compress calls; policy_seconds the time spent inside policy code (observe,\n"
+	"    init_entries, should_compress, next_trigger, compress). The store reserves\n"
+	"    address space for N entries per head (the text's length), or N / R + 1024 with\n"
+	"    --ratio R and no --prompt; only the blocks it holds are resident, and evicted\n"
+	"    entries' blocks return to the pool at once, so kv_bytes_peak is the memory a\n"
+	"    deployment needs.\n"
+	"\n"
+	"OPTIONS\n"
+	"    -m, --model MODEL   GGUF model file\n"
+	"    -t, --text FILE     the text; must be valid UTF-8\n"
+	"    --policy NAME       policy (see `%s info`; default %s)\n"
+	"    --set NAME=VALUE    override a policy parameter (repeatable)\n"
+	"    --ratio R           compression factor: budget = context / R entries per head\n"
+	"                        (R >= 1) in place of the policy's own budget\n"
+	"    --ctx N             score the first N tokens (default: the whole text, up to\n"
+	"                        the model's context_length)\n"
+	"    --prompt N          treat the first N tokens as the prompt (prompt-end\n"
+	"                        triggers such as SnapKV's fire after it; ratio budgets\n"
+	"                        refer to it); default: every scored token, so a ratio\n"
+	"                        budget is a fixed N / R entries per head from the first\n"
+	"                        token, as in `kvpc ab`\n"
+	"    --chunk N           most tokens per forward chunk (default 512)\n"
+	"    --threads N         threads (exact path: OpenBLAS's; fast path: the pool)\n"
+	"    --fast              the fast path (weights in their GGUF types, 8-bit activations\n"
+	"                        when decoding); default --exact (f32 weights, OpenBLAS): the\n"
+	"                        quality figures are measured on the exact path\n"
+	"    --json              one JSON object: policy, params, ratio, model, model_sha256,\n"
+	"                        text, text_sha256, commit, threads, chunk, tokens, scored,\n"
+	"                        ppl, nll_mean, top1_acc, kv_entries_peak, kv_bytes_peak,\n"
+	"                        compression, tokens_per_s, compress_events, policy_seconds,\n"
+	"                        seconds and, with the reference, the KL statistics above\n"
+	"    --dump FILE         one JSON line per scored token: {\"pos\":P,\"token\":T,\n"
+	"                        \"logprob\":L,\"top1\":A} plus \"logprob_ref\" and \"kld\" with\n"
+	"                        the reference\n"
+	"    --logits FILE       write the policy run's raw little-endian f32 logits\n"
+	"                        [N × n_vocab] to FILE (row i after tokens 0..i)\n"
+	"    --no-ref            skip the full-cache reference (half the work)\n"
+	"    --score-from P      score only the tokens at positions >= P (all tokens are\n"
+	"                        still fed); with --prompt N, P = N + 1 scores exactly the\n"
+	"                        tokens predicted from the cache a prompt-end policy left\n"
+	"    --batch RUNS        run several policies on the same text in one pass: RUNS has\n"
+	"                        one run per line, `POLICY [--ratio R] [--set NAME=VALUE]...`\n"
+	"                        ('#' starts a comment line). All runs and the reference are\n"
+	"                        fed in lockstep and each chunk's weight GEMMs run once for\n"
+	"                        all of them (the weights are read once, not once per run);\n"
+	"                        each run gives what a separate `ppl` run gives (one report\n"
+	"                        or JSON line per run, in file order, with \"batch\": the\n"
+	"                        sequences in the pass) up to float summation order;\n"
+	"                        seconds and tokens_per_s are the shared pass's. A run\n"
+	"                        whose policy fails (guards above its ratio's budget) leaves\n"
+	"                        the pass with an error line ({..., \"error\": why}) and\n"
+	"                        exit status 1; the other runs go on\n"
+	"    -h, --help          show this text\n"
+	"\n"
+	"EXIT STATUS\n"
+	"    0 success, 1 runtime error, 2 usage error (unknown policy or parameter, R < 1,\n"
+	"    --ctx beyond the model's context_length).\n"
+	"\n"
+	"EXAMPLE\n"
+	"    %s ppl --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text t.txt \\\n"
+	"           --ctx 1024 --policy h2o --ratio 4 --json\n";
+
+static void help_ppl_fn(void)
+{
+	rt_cli_help(help_ppl, 6, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_default_policy(), rt_cli_prog);
+}
+
+static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_model *m, const rt_cli_opts *o, const char *msha,
+                       const char *tsha, int64_t n, int64_t use, int64_t prompt_len, int block,
+                       int ref, int batch)
+{
+	const struct kvp_policy *p = r->p;
+	rt_seq_stats st = rt_seq_stats_get(&r->seq);
+	if (st.compress_events == 0 && p->compress)
+		fprintf(stderr, "%s: note: policy %s never compressed on these %lld tokens (its budget "
+		        "or trigger was not reached)\n", rt_cli_prog, p->name, (long long)use);
+	double mean_entries = rt_seq_mean_entries(&r->seq);
+	double compression = mean_entries > 0 ? (double)use / mean_entries : 0;
+	double nll_mean = sc->nll / (double)sc->scored, ppl = exp(nll_mean);
+	double tps = st.seconds > 0 ? (double)use / st.seconds : 0;
+	int threads = m->exact ? openblas_get_num_threads() : rt_model_threads(m);
+	rt_kld_summary ks;
+	memset(&ks, 0, sizeof ks);
+	if (ref)
+		rt_kld_acc_summary(&sc->acc, &ks);
+	if (o->json) {
+		fputc('{', stdout);
+		rt_cli_json_policy(stdout, &r->seq, r->o.ratio);
+		fputs(",\"model\":", stdout);
+		rt_json_str(stdout, m->path);
+		if (msha[0]) {
+			fputs(",\"model_sha256\":", stdout);
+			rt_json_str(stdout, msha);
+		}
+		fputs(",\"text\":", stdout);
+		rt_json_str(stdout, o->text);
+		fputs(",\"text_sha256\":", stdout);
+		rt_json_str(stdout, tsha);
+		printf(",\"threads\":%d,\"chunk\":%d,\"prompt\":%ld,\"tokens\":%lld,\"scored\":%lld,"
+		       "\"score_from\":%ld,\"batch\":%d",
+		       threads, block, (long)prompt_len, (long long)use, (long long)sc->scored,
+		       o->score_from > 1 ? o->score_from : 1, batch);
+		rt_json_member_num(stdout, "ppl", ppl);
+		rt_json_member_num(stdout, "nll_mean", nll_mean);
+		rt_json_member_num(stdout, "top1_acc", (double)sc->hits / (double)sc->scored);
+		printf(",\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld",
+		       (long long)st.kv_entries_peak, (long long)st.kv_bytes_peak);
+		rt_json_member_num(stdout, "kv_entries_per_head", mean_entries);
+		rt_json_member_num(stdout, "compression", compression);
+		rt_json_member_num(stdout, "tokens_per_s", tps);
+		printf(",\"compress_events\":%lld", (long long)st.compress_events);
+		rt_json_member_num(stdout, "policy_seconds", st.policy_seconds);
+		rt_json_member_num(stdout, "seconds", st.seconds);
+		if (ref) {
+			rt_json_member_num(stdout, "kld_mean", ks.kld_mean);
+			rt_json_member_num(stdout, "kld_mean_err", ks.kld_mean_err);
+			rt_json_member_num(stdout, "kld_median", ks.kld_median);
+			rt_json_member_num(stdout, "kld_p99", ks.kld_p99);
+			rt_json_member_num(stdout, "kld_max", ks.kld_max);
+			rt_json_member_num(stdout, "ppl_ref", ks.ppl_p);
+			rt_json_member_num(stdout, "ppl_ratio", ks.ppl_ratio);
+			rt_json_member_num(stdout, "same_top1", ks.same_top1);
+			rt_json_member_num(stdout, "rms_dp", ks.rms_dp);
+		}
+		fputs("}\n", stdout);
+		return;
+	}
+	printf("model            %s\n", m->path);
+	printf("text             %s (%lld tokens, first %lld scored)\n", o->text, (long long)n,
+	       (long long)use);
+	printf("policy           %s", p->name);
+	for (int i = 0; i < p->n_params; i++)
+		printf(" %s=%g", p->params[i].name, r->seq.run.params[i]);
+	if (r->o.ratio > 0)
+		printf(" ratio=%g", r->o.ratio);
+	putchar('\n');
+	printf("ppl              %.4f\n", ppl);
+	printf("nll_mean         %.6f nats/token\n", nll_mean);
+	printf("top1_acc         %.4f\n", (double)sc->hits / (double)sc->scored);
+	if (ref) {
+		printf("ppl_ref          %.4f (full cache), ppl_ratio %.4f\n", ks.ppl_p, ks.ppl_ratio);
+		printf("kld              mean %.6f ± %.6f, p99 %.6f, max %.6f nats\n", ks.kld_mean,
+		       ks.kld_mean_err, ks.kld_p99, ks.kld_max);
+		printf("same_top1        %.4f, rms_dp %.4f\n", ks.same_top1, ks.rms_dp);
+	}
+	printf("kv peak          %lld entries, %.2f MiB\n", (long long)st.kv_entries_peak,
+	       (double)st.kv_bytes_peak / (1024.0 * 1024.0));
+	printf("compression      %.2fx (%.1f entries per head at the end)\n", compression,
+	       mean_entries);
+	printf("compressions     %lld (%.3f s in policy code)\n", (long long)st.compress_events,
+	       st.policy_seconds);
+	printf("speed            %.1f tokens/s (%.2f s, %d threads%s)\n", tps, st.seconds, threads,
+	       batch > 1 ? ", shared by the batch" : "");
+	if (batch > 1)
+		putchar('\n');
+}
+
+/* The sequences of a ppl pass: the runs and the full-cache reference, with the block. */
+typedef struct ppl_pass {
+	rt_cli_run *runs;
+	int K, ref, block;
+	int64_t n, use, prompt_len;
+	rt_seq sp;               /* the reference (when ref) */
+	rt_seq **all;            /* [K] the runs' sequences */
+	rt_eval_score *sc;       /* [K] */
+} ppl_pass;
+
+/* Set up the pass's sequences over use tokens (after the model and text are loaded). */
+static int ppl_pass_init(ppl_pass *pp, const rt_model *m, const rt_cli_opts *o, rt_err *err)
+{
+	const int S = pp->K + pp->ref; /* sequences fed in lockstep */
+	pp->block = (int)(o->chunk < pp->use ? o->chunk : pp->use);
+	if (S > 1) { /* bound the batch's stacked rows and logits (S × block rows) */
+		int cap_rows = 512 / S;
+		pp->block = pp->block < cap_rows ? pp->block : cap_rows < 1 ? 1 : cap_rows;
+	}
+	/* Without --prompt the whole scored text is the prompt, so a ratio budget is
+	 * use / R entries per head from the first token (a fixed cache budget, the convention
+	 * `kvpc ab` uses too) rather than growing from 0 with the tokens seen. */
+	pp->prompt_len = o->prompt_len >= 0 ? o->prompt_len : pp->use;
+	pp->all = calloc((size_t)pp->K, sizeof *pp->all);
+	pp->sc = calloc((size_t)pp->K, sizeof *pp->sc);
+	if (!pp->all || !pp->sc)
+		return rt_err_set(err, "out of memory");
+	for (int i = 0; i < pp->K; i++) {
+		rt_eval_score_init(&pp->sc[i]);
+		/* A ratio budget over the whole scored text is a fixed use / R entries per head;
+		 * a policy that compresses as it goes gets that plus RT_CLI_CAP_SLACK entries for what
+		 * it holds between compressions (a block-wise policy's block, a batch eviction's
+		 * overshoot), so a batch of many ratios fits in memory; one that overshoots
+		 * further stops with "KV cache full". Otherwise (full cache, own budget, a
+		 * prompt-end policy, --prompt) the store holds every scored token. */
+		rt_cli_run *r = &pp->runs[i];
+		int64_t cap = pp->prompt_len == pp->use ? rt_cli_run_cap(r, pp->use, 0) : pp->use;
+		if (rt_seq_init(&r->seq, m, r->p, (int32_t)cap, pp->block, pp->prompt_len, err) != 0 ||
+		    rt_cli_seq_apply(&r->seq, &r->o, err) != 0)
+			return -1;
+		pp->all[i] = &r->seq;
+	}
+	if (pp->ref && rt_seq_init(&pp->sp, m, &rt_policy_full, (int32_t)pp->use, pp->block,
+	                           pp->prompt_len, err) != 0)
+		return -1;
+	return 0;
+}
+
+static void ppl_pass_free(ppl_pass *pp)
+{
+	for (int i = 0; pp->sc && i < pp->K; i++)
+		rt_eval_score_free(&pp->sc[i]);
+	free(pp->sc);
+	free(pp->all);
+	rt_seq_free(&pp->sp);
+	rt_cli_runs_free(pp->runs, pp->K);
+}
+
+/* Open --dump and --logits, run the loop, close them. */
+static int ppl_pass_run(ppl_pass *pp, const rt_cli_opts *o, const int32_t *ids, rt_err *err)
+{
+	FILE *dump = NULL, *lgf = NULL;
+	int rc = -1;
+	if (o->dump && !(dump = fopen(o->dump, "w")))
+		rt_err_set(err, "%s: %s", o->dump, strerror(errno));
+	else if (o->logits && !(lgf = fopen(o->logits, "wb")))
+		rt_err_set(err, "%s: %s", o->logits, strerror(errno));
+	else {
+		rt_eval_loop lo = { .block = pp->block, .batched = 1, .score_from = o->score_from,
+			            .dump = dump, .dump_name = o->dump, .logits = lgf,
+			            .logits_name = o->logits };
+		rc = rt_eval_runs(pp->all, pp->K, pp->ref ? &pp->sp : NULL, ids, pp->use, &lo, pp->sc,
+		                  NULL, err);
+	}
+	if (dump && fclose(dump) != 0 && rc == 0)
+		rc = rt_err_set(err, "%s: write failed", o->dump);
+	if (lgf && fclose(lgf) != 0 && rc == 0)
+		rc = rt_err_set(err, "%s: write failed", o->logits);
+	return rc;
+}
+
+/* One report (or JSON line) per run, an error line for a run that failed; returns the
+ * exit status. */
+static int ppl_pass_report(const ppl_pass *pp, const rt_model *m, const rt_cli_opts *o,
+                           const char *text, size_t len)
+{
+	char msha[65] = "", tsha[65] = "";
+	if (o->json) {
+		rt_cli_file_sha256(o->model, msha);
+		rt_cli_buf_sha256(text, len, tsha);
+	}
+	int failed = 0;
+	for (int i = 0; i < pp->K; i++) {
+		const char *why = pp->sc[i].failed_at >= 0 ? pp->sc[i].error : NULL;
+		if (!why) {
+			ppl_report(&pp->runs[i], &pp->sc[i], m, o, msha, tsha, pp->n, pp->use,
+			           pp->prompt_len, pp->block, pp->ref, pp->K + pp->ref);
+			continue;
+		}
+		/* a run whose policy failed in the batch: the others are still reported */
+		failed++;
+		fprintf(stderr, "%s: %s\n", rt_cli_prog, why); /* why names the policy */
+		if (o->json) {
+			fputc('{', stdout);
+			rt_cli_json_policy(stdout, &pp->runs[i].seq, pp->runs[i].o.ratio);
+			fputs(",\"error\":", stdout);
+			rt_json_str(stdout, why);
+			fputs("}\n", stdout);
+		}
+	}
+	return fflush(stdout) == 0 && !failed ? 0 : EXIT_FAILURE;
+}
+
+int rt_cmd_ppl(int argc, char **argv)
+{
+	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_THREADS,
+		O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_BATCH, O_SCOREFROM, O_EXACT, O_FAST, 0 };
+	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
+	int rc = rt_cli_parse("ppl", help_ppl_fn, argc, argv, &o, opt_ids, 1);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	if (!o.text)
+		return rt_cli_usage("ppl", "%s", "--text is required");
+	if (o.batch && (o.dump || o.logits))
+		return rt_cli_usage("ppl", "%s", "--dump and --logits write one run's tokens; they cannot "
+		                 "be combined with --batch");
+	ppl_pass pp = { .ref = !o.no_ref };
+	if (!(pp.runs = rt_cli_runs("ppl", &o, &pp.K, &rc)))
+		return rc;
+	rt_cli_threads(o.threads);
+	size_t len;
+	char *text = rt_cli_read_text(o.text, &len);
+	rt_tokenizer *tk = NULL;
+	rt_model *m = NULL;
+	int32_t *ids = NULL;
+	rt_err err = { "" };
+	rc = EXIT_FAILURE;
+	if (!text)
+		goto out;
+	if (pp.K == 1 && !strcmp(pp.runs[0].p->name, "full"))
+		pp.ref = 0;
+	if (rt_cli_open_text_model(&o, text, len, &tk, &m, &ids, &pp.n, &pp.use, &rc) < 0)
+		goto out;
+	if (pp.use < 2) {
+		fprintf(stderr, "%s: %s: text has %lld token%s; perplexity needs at least 2\n", rt_cli_prog,
+		        o.text, (long long)pp.n, pp.n == 1 ? "" : "s");
+		goto out;
+	}
+	if (o.score_from >= pp.use) {
+		fprintf(stderr, "%s: --score-from %ld: only %lld tokens are scored (positions "
+		        "1..%lld)\n", rt_cli_prog, o.score_from, (long long)pp.use, (long long)pp.use - 1);
+		rc = RT_CLI_USAGE;
+		goto out;
+	}
+	if (ppl_pass_init(&pp, m, &o, &err) != 0 || ppl_pass_run(&pp, &o, ids, &err) != 0) {
+		rt_cli_fail(&err);
+		goto out;
+	}
+	rc = ppl_pass_report(&pp, m, &o, text, len);
+out:
+	ppl_pass_free(&pp);
+	free(ids);
+	rt_model_free(m);
+	rt_tokenizer_free(tk);
+	free(text);
+	return rc;
+}
+

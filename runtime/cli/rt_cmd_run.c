@@ -1,0 +1,155 @@
+/*
+ * rt_cmd_run: `run` — greedy generation from a prompt under a policy; the man page is help_run below.
+ */
+#include "cli/rt_cmd.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/rt_cli_input.h"
+#include "cli/rt_cli_opts.h"
+#include "eval/rt_decode.h"
+
+static const char *const help_run =
+	"NAME\n"
+	"    %s run - greedy generation from a prompt under a KV-cache policy\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    %s run --model MODEL --prompt TEXT [-n N] [--chat] [--system TEXT]\n"
+	"             [--policy NAME] [--set NAME=VALUE]... [--ratio R] [--stats]\n"
+	"             [--chunk N] [--threads N]\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    Tokenizes TEXT, prefills it under the policy (the prompt is its prompt: prompt-\n"
+	"    end triggers fire after it), then repeatedly appends the most likely next token\n"
+	"    (greedy, lowest id on ties), writing each token's bytes to standard output as\n"
+	"    it is produced. Stops after N tokens, at an end-of-generation token, or at the\n"
+	"    model's context_length.\n"
+	"\n"
+	"OPTIONS\n"
+	"    -m, --model MODEL  GGUF model file\n"
+	"    -p, --prompt TEXT  the prompt (UTF-8)\n"
+	"    -n N               tokens to generate at most (default 128)\n"
+	"    --chat             wrap the prompt in the model's ChatML template\n"
+	"    --system TEXT      system message for --chat (default: the template's)\n"
+	"    --policy NAME      policy (default %s); --set, --ratio as for ppl\n"
+	"    --stats            print token counts, speed, KV peak and compressions on stderr\n"
+	"    --chunk N          prompt prefill chunk (default 512)\n"
+	"    --threads N        threads (default: every core)\n"
+	"    --exact            the exact path (f32 weights, OpenBLAS); default: the fast path\n"
+	"    -h, --help         show this text\n"
+	"\n"
+	"EXIT STATUS\n"
+	"    0 success, 1 runtime error, 2 usage error.\n";
+
+static void help_run_fn(void)
+{
+	rt_cli_help(help_run, 3, rt_cli_prog, rt_cli_prog, rt_cli_default_policy());
+}
+
+int rt_cmd_run(int argc, char **argv)
+{
+	static const int opt_ids[] = { 'm', 'p', 'n', O_CHAT, O_SYSTEM, O_STATS, O_THREADS, O_CHUNK, O_POLICY,
+		O_SET, O_RATIO, O_EXACT, O_FAST, 0 };
+	rt_cli_opts o = { .n_gen = 128, .chunk = RT_CLI_CHUNK };
+	int rc = rt_cli_parse("run", help_run_fn, argc, argv, &o, opt_ids, 1);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	if (!o.prompt)
+		return rt_cli_usage("run", "%s", "--prompt is required");
+	if (o.system && !o.chat)
+		return rt_cli_usage("run", "%s", "--system needs --chat");
+	const struct kvp_policy *p = rt_cli_policy("run", &o, &rc);
+	if (!p)
+		return rc;
+	size_t bad;
+	if (!rt_utf8_valid(o.prompt, strlen(o.prompt), &bad)) {
+		fprintf(stderr, "%s: prompt: not valid UTF-8 at byte %zu\n", rt_cli_prog, bad);
+		return EXIT_FAILURE;
+	}
+	rt_cli_threads(o.threads);
+	rt_gguf *g = NULL;
+	rt_tokenizer *tk = NULL;
+	rt_model *m = NULL;
+	int32_t *ids = NULL;
+	float *logits = NULL;
+	char *rendered = NULL;
+	rt_seq s = { 0 };
+	rt_err err = { "" };
+	int64_t n = 0;
+	rc = EXIT_FAILURE;
+	if (rt_cli_open_model(o.model, &o, &g, &tk, &m) < 0)
+		goto out;
+	rt_gguf_close(g);
+	g = NULL;
+	const char *prompt = o.prompt;
+	if (o.chat) {
+		if (!(rendered = rt_chat_render(o.system, o.prompt))) {
+			fprintf(stderr, "%s: prompt: out of memory rendering the chat template\n", rt_cli_prog);
+			goto out;
+		}
+		prompt = rendered;
+	}
+	if (!(ids = rt_cli_tokenize(tk, "prompt", prompt, strlen(prompt), o.chat, &n)))
+		goto out;
+	if (n < 1) {
+		fprintf(stderr, "%s: prompt: empty after tokenization\n", rt_cli_prog);
+		goto out;
+	}
+	if (n >= m->hp.n_ctx) {
+		fprintf(stderr, "%s: prompt: %lld tokens leave no room in the context_length %d\n",
+		        rt_cli_prog, (long long)n, (int)m->hp.n_ctx);
+		goto out;
+	}
+	int64_t cap = n + o.n_gen;
+	if (cap > m->hp.n_ctx)
+		cap = m->hp.n_ctx;
+	int chunk = (int)(o.chunk < n ? o.chunk : n);
+	if (rt_seq_init(&s, m, p, (int32_t)cap, chunk, n, &err) != 0 || rt_cli_seq_apply(&s, &o, &err) != 0 ||
+	    !(logits = malloc((size_t)m->hp.n_vocab * sizeof *logits))) {
+		if (!err.msg[0])
+			rt_err_set(&err, "out of memory");
+		rt_cli_fail(&err);
+		goto out;
+	}
+	double t0 = rt_now();
+	if (rt_seq_feed(&s, ids, n, logits, RT_LOGITS_LAST, &err) != 0) {
+		rt_cli_fail(&err);
+		goto out;
+	}
+	double t1 = rt_now();
+	char sink[1];
+	int64_t gen = rt_decode_greedy(&s, tk, logits, o.n_gen, sink, 0, stdout, &err);
+	if (gen < 0) {
+		putchar('\n');
+		rt_cli_fail(&err);
+		goto out;
+	}
+	putchar('\n');
+	double t2 = rt_now();
+	if (o.stats) {
+		rt_seq_stats st = rt_seq_stats_get(&s);
+		fprintf(stderr,
+		        "prompt %lld tokens (%.1f tokens/s), generated %lld tokens (%.1f tokens/s); "
+		        "policy %s: KV peak %lld entries (%.2f MiB), %lld compressions\n",
+		        (long long)n, (double)n / (t1 - t0), (long long)gen,
+		        gen ? (double)gen / (t2 - t1) : 0.0, p->name, (long long)st.kv_entries_peak,
+		        (double)st.kv_bytes_peak / (1024.0 * 1024.0), (long long)st.compress_events);
+	}
+	rc = fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
+out:
+	rt_seq_free(&s);
+	free(logits);
+	free(rendered);
+	free(ids);
+	rt_model_free(m);
+	rt_tokenizer_free(tk);
+	rt_gguf_close(g);
+	return rc;
+}
+
