@@ -606,6 +606,48 @@ START_TEST(needle_task_runs)
 }
 END_TEST
 
+START_TEST(cli_convention)
+{
+	/* every command of a built binary: --help and --version exit 0, an unknown option is a
+	 * usage error (2), and a range error names its option */
+	static const char *const cmds[] = { "info", "ppl", "needle", "run", "tokenize", "bench",
+		                            "keepmap", "ab" };
+	char *out, *err;
+	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+		char *h[] = { g_bin, (char *)cmds[i], "--help", NULL };
+		ck_assert_msg(run(h, &out, &err) == 0, "%s --help: %s", cmds[i], err);
+		ck_assert_msg(strstr(out, "NAME") && strstr(out, "kv-ab"), "%s --help: %s", cmds[i], out);
+		free(out), free(err);
+		char *v[] = { g_bin, (char *)cmds[i], "--version", NULL };
+		ck_assert_msg(run(v, &out, &err) == 0, "%s --version: %s", cmds[i], err);
+		ck_assert_msg(strstr(out, "commit"), "%s --version: %s", cmds[i], out);
+		free(out), free(err);
+		char *u[] = { g_bin, (char *)cmds[i], "--no-such-option", NULL };
+		ck_assert_msg(run(u, &out, &err) == 2, "%s --no-such-option", cmds[i]);
+		ck_assert_msg(strstr(err, "--no-such-option"), "%s: %s", cmds[i], err);
+		free(out), free(err);
+	}
+	/* BIN --help lists every command under the binary's name */
+	char *top[] = { g_bin, "--help", NULL };
+	ck_assert_int_eq(run(top, &out, &err), 0);
+	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+		char want[64];
+		snprintf(want, sizeof want, "\n    kv-ab %s", cmds[i]);
+		ck_assert_msg(strstr(out, want), "BIN --help lacks '%s'", want);
+	}
+	free(out), free(err);
+	/* the same range mistake is a usage error naming the option in ppl and ab */
+	char *p1[] = { g_bin, "ppl", "--model", g_model, "--text", g_text, "--chunk", "0", NULL };
+	ck_assert_int_eq(run(p1, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--chunk: '0'"), "%s", err);
+	free(out), free(err);
+	char *p2[] = { g_bin, "ab", "--model", g_model, "--text", g_text, "--chunk", "0", NULL };
+	ck_assert_int_eq(run(p2, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--chunk: '0'"), "%s", err);
+	free(out), free(err);
+}
+END_TEST
+
 START_TEST(bad_arguments)
 {
 	char *out, *err;
@@ -657,6 +699,7 @@ static Suite *ab_suite(void)
 	tcase_add_test(tc, full_vs_small_budget);
 	tcase_add_test(tc, kvpc_ab_front_builds_and_runs);
 	tcase_add_test(tc, needle_task_runs);
+	tcase_add_test(tc, cli_convention);
 	tcase_add_test(tc, bad_arguments);
 	suite_add_tcase(s, tc);
 	return s;

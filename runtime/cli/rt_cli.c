@@ -12,7 +12,6 @@
 #include "cli/rt_cli_opts.h"
 #include "cli/rt_cli_serve.h"
 #include "cli/rt_cmd.h"
-#include "eval/rt_ab.h"
 #include "report/rt_json.h"
 
 const char *rt_cli_commit(void)
@@ -130,14 +129,13 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 		printf("%s (kvpc runtime, commit %s)\n", rt_cli_prog, rt_cli_commit());
 		return 0;
 	}
-	if (!strcmp(cmd, "ab"))
-		return rt_ab_main(argc - 1, argv + 1, reg, rt_cli_n_reg);
 	static const struct {
 		const char *name;
 		int (*fn)(int, char **);
 	} cmds[] = {
 		{ "info", rt_cmd_info }, { "ppl", rt_cmd_ppl }, { "needle", rt_cmd_needle }, { "run", rt_cmd_run },
 		{ "tokenize", rt_cmd_tokenize }, { "bench", rt_cmd_bench }, { "keepmap", rt_cmd_keepmap },
+		{ "ab", rt_cmd_ab },
 	};
 	const char *device;
 	const int cargc = rt_cli_device_take(argc - 1, argv + 1, &device);

@@ -119,6 +119,12 @@ static const opt_def OPTS[] = {
 	OPT(O_CHAT, "chat", 0), OPT(O_SPECIAL, "special", 0), OPT(O_STATS, "stats", 0),
 	OPT(O_MARKQ, "mark-question", 0), OPT('h', "help", 0), OPT(O_VERSION, "version", 0),
 	OPT(O_EXACT, "exact", 0), OPT(O_FAST, "fast", 0), OPT(O_DEPTH, "depth", 1),
+	OPT(O_A, "a", 1), OPT(O_B, "b", 1), OPT(O_RATIOS, "ratio", 1), OPT(O_ABTASK, "task", 1),
+	OPT(O_SETA, "set-a", 1), OPT(O_SETB, "set-b", 1), OPT(O_JSONOUT, "json", 1),
+	OPT(O_CSV, "csv", 1), OPT(O_PLOT, "plot", 1), OPT(O_SEED64, "seed", 1),
+	INTOPT(O_RES, "resamples", 2, 1000000, resamples, "is not a number in 2..1000000"),
+	OPT(O_COMMIT, "commit", 1), OPT(O_SHAA, "source-sha256-a", 1),
+	OPT(O_SHAB, "source-sha256-b", 1),
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
 
@@ -165,6 +171,15 @@ static int opt_plain(int c, const char *arg, rt_cli_opts *o)
 	case O_EXACT: o->exact = 1; return 1;
 	case O_FAST: o->exact = 0; return 1;
 	case O_DEPTH: o->depths = arg; return 1;
+	case O_A: o->name_a = arg; return 1;
+	case O_B: o->name_b = arg; return 1;
+	case O_RATIOS: o->ratio_list = arg; return 1;
+	case O_JSONOUT: o->json_out = arg; return 1;
+	case O_CSV: o->csv = arg; return 1;
+	case O_PLOT: o->plot = arg; return 1;
+	case O_COMMIT: o->commit = arg; return 1;
+	case O_SHAA: o->sha_a = arg; return 1;
+	case O_SHAB: o->sha_b = arg; return 1;
 	}
 	return 0;
 }
@@ -204,13 +219,28 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 		o->ratio = r;
 		return 0;
 	}
-	case O_SET:
+	case O_SET: case O_SETA: case O_SETB:
 		if (o->n_sets == RT_CLI_MAX_SETS)
-			return rt_cli_usage(cmd, "--set: more than %d overrides", RT_CLI_MAX_SETS);
+			return rt_cli_usage(cmd, "%s: more than %d overrides", nm, RT_CLI_MAX_SETS);
 		if (!strchr(arg, '=') || arg[0] == '=')
-			return rt_cli_usage(cmd, "--set: expected NAME=VALUE, got '%s'", arg);
+			return rt_cli_usage(cmd, "%s: expected NAME=VALUE, got '%s'", nm, arg);
+		o->set_side[o->n_sets] = d->id == O_SETA ? 1 : d->id == O_SETB ? 2 : 0;
 		o->sets[o->n_sets++] = arg;
 		return 0;
+	case O_ABTASK:
+		if (strcmp(arg, "ppl") && strcmp(arg, "needle"))
+			return rt_cli_usage(cmd, "--task: '%s' is not ppl or needle", arg);
+		o->ab_task = arg;
+		return 0;
+	case O_SEED64: {
+		char *end;
+		errno = 0;
+		o->seed64 = strtoull(arg, &end, 0);
+		if (errno || end == arg || *end || arg[0] == '-')
+			return rt_cli_usage(cmd, "--seed: '%s' is not a 64-bit unsigned integer", arg);
+		o->seed64_set = 1;
+		return 0;
+	}
 	case O_MODE:
 		if (strcmp(arg, "aware") && strcmp(arg, "agnostic"))
 			return rt_cli_usage(cmd, "--mode: '%s' is not aware or agnostic", arg);

@@ -31,7 +31,14 @@ typedef struct rt_cli_opts {
 	const char *model, *text, *prompt, *system, *dump, *logits, *ctx_list;
 	const char *policy, *haystack, *lengths, *depths, *svg, *batch;
 	const char *sets[RT_CLI_MAX_SETS];
+	int set_side[RT_CLI_MAX_SETS]; /* 0: --set (every policy), 1: --set-a, 2: --set-b */
 	int n_sets;
+	/* ab: --a, --b, --ratio LIST, --task ppl|needle, --json/--csv/--plot OUT, metadata */
+	const char *name_a, *name_b, *ratio_list, *ab_task, *json_out, *csv, *plot, *commit;
+	const char *sha_a, *sha_b;
+	long resamples;
+	unsigned long long seed64;
+	int seed64_set;
 	long ctx, chunk, n_gen, threads, decode, prompt_len, seed, score_from;
 	double ratio;
 	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question;
@@ -40,11 +47,15 @@ typedef struct rt_cli_opts {
 } rt_cli_opts;
 
 /* Option ids: short options are their letter ('m' --model, 't' --text, 'p' --prompt
- * TEXT, 'n' -n N), long-only options these. O_CTX takes a list when ctx_list was preset. */
+ * TEXT, 'n' -n N), long-only options these. O_CTX takes a list when ctx_list was preset.
+ * One long name may have two ids where commands give it two meanings: `ab`'s --ratio is a
+ * list (O_RATIOS), its --task is ppl|needle (O_ABTASK), its --json takes a path (O_JSONOUT)
+ * and its --seed a 64-bit integer (O_SEED64). */
 enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECIAL, O_STATS,
        O_THREADS, O_DECODE, O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_HAYSTACK,
        O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM, O_MARKQ,
-       O_VERSION, O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH };
+       O_VERSION, O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH, O_A, O_B, O_RATIOS, O_ABTASK,
+       O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64, O_COMMIT, O_SHAA, O_SHAB };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;

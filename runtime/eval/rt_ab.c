@@ -3,7 +3,6 @@
  */
 #include <cblas.h>
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,135 +23,12 @@
 #include "report/rt_svg.h"
 #include "model/rt_tokenizer.h"
 
-/* ---- options -------------------------------------------------------------------------- */
-
-#define AB_MAX_RATIOS 16
-#define AB_MAX_SETS 64
 #define AB_MAX_TRIALS 256
 
-static const char AB_HELP[] =
-	"NAME\n"
-	"    BIN ab - compare two compiled policies (A, B) against the full cache and each other\n"
-	"\n"
-	"SYNOPSIS\n"
-	"    BIN ab --model M --text FILE [--a NAME] [--b NAME] [--ratio 2,4,8] [--task ppl|needle]\n"
-	"           [--ctx N] [--chunk N] [--threads N] [--set k=v]... [--set-a k=v]... [--set-b k=v]...\n"
-	"           [--json OUT] [--csv OUT] [--plot OUT.svg] [--resamples B] [--seed S]\n"
-	"           [--lengths 1024,2048] [--depths 0,50,100] [--mode aware|agnostic]\n"
-	"    (normally started by `kvpc ab A.kvp B.kvp ...`, which builds BIN)\n"
-	"\n"
-	"DESCRIPTION\n"
-	"    Loads the model once. For each compression ratio R the full-cache reference and\n"
-	"    both policies (budget overridden to context / R entries per KV head; a policy that\n"
-	"    never compresses keeps every token) run over the same tokens, chunk by chunk in\n"
-	"    lockstep, and every token's distribution is compared with the reference's.\n"
-	"    task ppl (default): streaming perplexity of the first N tokens of FILE, which are\n"
-	"    the prompt (so the budget is N / R entries per KV head from the first token on and\n"
-	"    policies that trigger at the prompt end run once, after the last token); it shows\n"
-	"    ppl, kld_mean, kld_p99, kld_max, ppl_ratio, same_top1, rms_dp (llama.cpp's\n"
-	"    --kl-divergence statistics), kv_entries_peak, kv_bytes_peak, compression\n"
-	"    (reference peak entries / peak entries), tokens_per_s, compress_events and\n"
-	"    policy_seconds; then the paired circular block bootstrap 95% CI of the mean\n"
-	"    per-token NLL difference B - A (block length by Politis & White 2004) and a verdict.\n"
-	"    task needle: passkey retrieval (prompt built to exact token lengths, greedy answer,\n"
-	"    exact match) for every length x depth; accuracy per policy and an exact sign\n"
-	"    (McNemar) test on the discordant trials.\n"
-	"\n"
-	"OPTIONS\n"
-	"    --model M          GGUF model\n"
-	"    --text FILE        the text (task ppl; UTF-8, .gz is decompressed)\n"
-	"    --a NAME, --b NAME the policies (default: the binary's first two, or the only one)\n"
-	"    --ratio LIST       compression ratios, each >= 1 (default 4)\n"
-	"    --task ppl|needle  what to measure (default ppl)\n"
-	"    --ctx N            tokens of the text to use (default all, up to context_length)\n"
-	"    --chunk N          tokens per forward chunk (default 512; results do not depend on it)\n"
-	"    --threads N        BLAS threads (default: OPENBLAS_NUM_THREADS or all cores)\n"
-	"    --set k=v          parameter override for every policy that has k\n"
-	"    --set-a k=v, --set-b k=v   override for one side only\n"
-	"    --json OUT         write the report as one JSON object (meta + results)\n"
-	"    --csv OUT          write one row per ratio and policy (metadata in columns)\n"
-	"    --plot OUT.svg     one SVG with a panel per metric against the ratio\n"
-	"    --resamples B      bootstrap resamples (default 1000); --seed S its seed\n"
-	"    --lengths LIST     needle: prompt lengths in tokens (default 1024,2048)\n"
-	"    --depths LIST      needle: depths in percent (default 0,25,50,75,100)\n"
-	"    --mode M           needle: aware (the question inside the compressed prompt,\n"
-	"                       default, as for `needle`) or agnostic (compress before it)\n"
-	"    --commit C, --source-sha256-a HEX, --source-sha256-b HEX   metadata (set by kvpc ab)\n"
-	"\n"
-	"EXIT STATUS\n"
-	"    0 success, 1 runtime error (\"ab: PATH: reason\" on stderr), 2 usage error.\n";
+/* ---- options -------------------------------------------------------------------------- */
 
-typedef struct ab_opts {
-	const char *model, *text, *task, *json, *csv, *plot, *commit, *mode;
-	const char *name[2];
-	const char *sha[2];
-	double ratios[AB_MAX_RATIOS];
-	int n_ratios;
-	int64_t ctx;
-	int chunk, threads, resamples;
-	uint64_t seed;
-	const char *sets[2][AB_MAX_SETS];
-	int set_all[2][AB_MAX_SETS]; /* 1: from --set (skipped by a policy without the name) */
-	int n_sets[2];
-	int64_t lengths[16];
-	int n_lengths;
-	double depths[16];
-	int n_depths;
-} ab_opts;
-
-/* Parse a comma list of numbers into out[cap]; returns the count or -1. */
-static int parse_list(const char *s, double *out, int cap)
+void rt_ab_opts_init(rt_ab_opts *o)
 {
-	int n = 0;
-	const char *p = s;
-	while (*p) {
-		char *end;
-		errno = 0;
-		double v = strtod(p, &end);
-		if (end == p || errno || !isfinite(v) || n >= cap)
-			return -1;
-		out[n++] = v;
-		p = end;
-		if (*p == ',')
-			p++;
-		else if (*p)
-			return -1;
-	}
-	return n;
-}
-
-static int usage_err(const char *fmt, const char *arg)
-{
-	fputs("ab: ", stderr);
-	fprintf(stderr, fmt, arg);
-	fputs("\nusage: BIN ab --model M --text FILE [--ratio LIST] [options]; BIN ab --help\n", stderr);
-	return 2;
-}
-
-enum {
-	O_A = 256, O_B, O_RATIO, O_TASK, O_CTX, O_CHUNK, O_THREADS, O_SET, O_SETA, O_SETB, O_JSON,
-	O_CSV, O_PLOT, O_RES, O_SEED, O_LEN, O_DEP, O_MODE, O_COMMIT, O_SHAA, O_SHAB, O_MODEL,
-	O_TEXT,
-};
-
-static int parse_opts(int argc, char **argv, ab_opts *o)
-{
-	static const struct option lo[] = {
-		{ "model", required_argument, 0, O_MODEL }, { "text", required_argument, 0, O_TEXT },
-		{ "a", required_argument, 0, O_A }, { "b", required_argument, 0, O_B },
-		{ "ratio", required_argument, 0, O_RATIO }, { "task", required_argument, 0, O_TASK },
-		{ "ctx", required_argument, 0, O_CTX }, { "chunk", required_argument, 0, O_CHUNK },
-		{ "threads", required_argument, 0, O_THREADS }, { "set", required_argument, 0, O_SET },
-		{ "set-a", required_argument, 0, O_SETA }, { "set-b", required_argument, 0, O_SETB },
-		{ "json", required_argument, 0, O_JSON }, { "csv", required_argument, 0, O_CSV },
-		{ "plot", required_argument, 0, O_PLOT }, { "resamples", required_argument, 0, O_RES },
-		{ "seed", required_argument, 0, O_SEED }, { "lengths", required_argument, 0, O_LEN },
-		{ "depths", required_argument, 0, O_DEP }, { "mode", required_argument, 0, O_MODE },
-		{ "commit", required_argument, 0, O_COMMIT },
-		{ "source-sha256-a", required_argument, 0, O_SHAA },
-		{ "source-sha256-b", required_argument, 0, O_SHAB },
-		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
-	};
 	memset(o, 0, sizeof *o);
 	o->task = "ppl";
 	o->mode = "aware"; /* as `needle`'s default */
@@ -168,108 +44,6 @@ static int parse_opts(int argc, char **argv, ab_opts *o)
 	const double dd[5] = { 0, 25, 50, 75, 100 };
 	memcpy(o->depths, dd, sizeof dd);
 	o->n_depths = 5;
-	optind = 1;
-	opterr = 0;
-	int c;
-	while ((c = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
-		char *end;
-		double tmp[16];
-		long v;
-		int n;
-		switch (c) {
-		case 'h':
-			fputs(AB_HELP, stdout);
-			return 1;
-		case O_MODEL: o->model = optarg; break;
-		case O_TEXT: o->text = optarg; break;
-		case O_A: o->name[0] = optarg; break;
-		case O_B: o->name[1] = optarg; break;
-		case O_TASK:
-			if (strcmp(optarg, "ppl") && strcmp(optarg, "needle"))
-				return usage_err("--task: '%s' is not ppl or needle", optarg);
-			o->task = optarg;
-			break;
-		case O_MODE:
-			if (strcmp(optarg, "agnostic") && strcmp(optarg, "aware"))
-				return usage_err("--mode: '%s' is not agnostic or aware", optarg);
-			o->mode = optarg;
-			break;
-		case O_RATIO:
-			o->n_ratios = parse_list(optarg, o->ratios, AB_MAX_RATIOS);
-			if (o->n_ratios < 1)
-				return usage_err("--ratio: '%s' is not a comma list of numbers (at most 16)", optarg);
-			for (int i = 0; i < o->n_ratios; i++)
-				if (!(o->ratios[i] >= 1))
-					return usage_err("--ratio: '%s': every ratio must be >= 1", optarg);
-			break;
-		case O_LEN:
-			n = parse_list(optarg, tmp, 16);
-			if (n < 1)
-				return usage_err("--lengths: '%s' is not a comma list of token counts", optarg);
-			for (int i = 0; i < n; i++) {
-				if (!(tmp[i] >= 16 && tmp[i] <= 1e7) || tmp[i] != floor(tmp[i]))
-					return usage_err("--lengths: '%s': lengths are whole numbers >= 16", optarg);
-				o->lengths[i] = (int64_t)tmp[i];
-			}
-			o->n_lengths = n;
-			break;
-		case O_DEP:
-			n = parse_list(optarg, o->depths, 16);
-			if (n < 1)
-				return usage_err("--depths: '%s' is not a comma list of percentages", optarg);
-			for (int i = 0; i < n; i++)
-				if (!(o->depths[i] >= 0 && o->depths[i] <= 100))
-					return usage_err("--depths: '%s': depths are in 0..100", optarg);
-			o->n_depths = n;
-			break;
-		case O_CTX: case O_CHUNK: case O_THREADS: case O_RES:
-			errno = 0;
-			v = strtol(optarg, &end, 10);
-			if (errno || *end || end == optarg || v < (c == O_RES ? 2 : c == O_CTX ? 2 : 1) ||
-			    v > (c == O_CTX ? 100000000L : c == O_RES ? 1000000L : c == O_THREADS ? 1024 : 65536))
-				return usage_err("'%s' is out of range for its option", optarg);
-			if (c == O_CTX) o->ctx = v;
-			else if (c == O_CHUNK) o->chunk = (int)v;
-			else if (c == O_THREADS) o->threads = (int)v;
-			else o->resamples = (int)v;
-			break;
-		case O_SEED:
-			errno = 0;
-			o->seed = strtoull(optarg, &end, 0);
-			if (errno || *end || end == optarg)
-				return usage_err("--seed: '%s' is not a number", optarg);
-			break;
-		case O_SET: case O_SETA: case O_SETB:
-			if (!strchr(optarg, '='))
-				return usage_err("--set: '%s' is not name=value", optarg);
-			for (int s = 0; s < 2; s++) {
-				if ((c == O_SETA && s == 1) || (c == O_SETB && s == 0))
-					continue;
-				if (o->n_sets[s] >= AB_MAX_SETS)
-					return usage_err("too many --set options (%s)", optarg);
-				o->set_all[s][o->n_sets[s]] = c == O_SET;
-				o->sets[s][o->n_sets[s]++] = optarg;
-			}
-			break;
-		case O_JSON: o->json = optarg; break;
-		case O_CSV: o->csv = optarg; break;
-		case O_PLOT: o->plot = optarg; break;
-		case O_COMMIT: o->commit = optarg; break;
-		case O_SHAA: o->sha[0] = optarg; break;
-		case O_SHAB: o->sha[1] = optarg; break;
-		case ':':
-			return usage_err("%s needs a value", argv[optind - 1]);
-		default:
-			return usage_err("unknown option '%s'", argv[optind - 1]);
-		}
-	}
-	if (optind < argc)
-		return usage_err("unexpected argument '%s'", argv[optind]);
-	if (!o->model)
-		return usage_err("%s", "--model is required");
-	if (!strcmp(o->task, "ppl") && !o->text)
-		return usage_err("%s", "--text is required for --task ppl");
-	return 0;
 }
 
 /* ---- the run ------------------------------------------------------------------------------ */
@@ -298,7 +72,7 @@ typedef struct ab_row {
 } ab_row;
 
 typedef struct ab_run {
-	ab_opts o;
+	rt_ab_opts o;
 	const struct kvp_policy *pol[2];
 	rt_model *m;
 	rt_tokenizer *tok;
@@ -307,7 +81,7 @@ typedef struct ab_run {
 	int64_t n;                /* tokens used (ppl) */
 	char *text;               /* --text, read before the model (load_text takes it) */
 	size_t text_len;
-	ab_row rows[AB_MAX_RATIOS];
+	ab_row rows[RT_AB_MAX_RATIOS];
 	rt_seq ref;
 	int ref_ready;
 	rt_seq_stats ref_st;
@@ -426,8 +200,8 @@ static int run_ppl(ab_run *r, rt_err *err)
 	if (rt_seq_init(&r->ref, r->m, &rt_policy_full, cap, r->o.chunk, -1, err) != 0)
 		return -1;
 	r->ref_ready = 1;
-	rt_seq *seqs[2 * AB_MAX_RATIOS];
-	rt_eval_score sc[2 * AB_MAX_RATIOS];
+	rt_seq *seqs[2 * RT_AB_MAX_RATIOS];
+	rt_eval_score sc[2 * RT_AB_MAX_RATIOS];
 	for (int k = 0; k < K; k++)
 		rt_eval_score_init(&sc[k]);
 	int rc = 0;
@@ -1037,7 +811,7 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 	for (int k = 0; k < nr; k++)
 		if (!(r->rows[k].ratio > 0))
 			log2x = 0;
-	double x[AB_MAX_RATIOS], y[3][AB_MAX_RATIOS], lo[3][AB_MAX_RATIOS], hi[3][AB_MAX_RATIOS];
+	double x[RT_AB_MAX_RATIOS], y[3][RT_AB_MAX_RATIOS], lo[3][RT_AB_MAX_RATIOS], hi[3][RT_AB_MAX_RATIOS];
 	for (int k = 0; k < nr; k++)
 		x[k] = r->rows[k].ratio;
 	FILE *f = fopen(path, "w");
@@ -1125,7 +899,7 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 static void run_free(ab_run *r)
 {
 	free(r->text);
-	for (int k = 0; k < AB_MAX_RATIOS; k++)
+	for (int k = 0; k < RT_AB_MAX_RATIOS; k++)
 		for (int s = 0; s < 2; s++) {
 			ab_side *sd = &r->rows[k].side[s];
 			if (sd->ready)
@@ -1182,16 +956,13 @@ static int load_text(ab_run *r, rt_err *err)
 	return 0;
 }
 
-int rt_ab_main(int argc, char **argv, const struct kvp_policy *const *reg, int n_reg)
+int rt_ab_run(const rt_ab_opts *o, const struct kvp_policy *const *reg, int n_reg)
 {
 	ab_run *r = calloc(1, sizeof *r);
 	if (!r)
 		return 1;
-	int rc = parse_opts(argc, argv, &r->o);
-	if (rc) {
-		free(r);
-		return rc == 1 ? 0 : rc;
-	}
+	r->o = *o;
+	int rc;
 	rt_err err = { "" };
 	for (int s = 0; s < 2; s++) {
 		const char *nm = r->o.name[s];

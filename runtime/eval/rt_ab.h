@@ -20,7 +20,8 @@
  * sha256, policy names, sources, source hashes and parameters, threads, ratios; "results"
  * per ratio), --csv (one row per ratio and policy, metadata repeated in columns), --plot
  * (one SVG file with one panel per metric against the compression ratio, both policies
- * and the reference). A progress bar goes to stderr only when stderr is a terminal.
+ * and the reference). A progress bar goes to stderr only when stderr is a terminal. The
+ * command line (`BIN ab`, options and help) is runtime/cli/rt_cmd_ab.c.
  */
 #ifndef RT_AB_H
 #define RT_AB_H
@@ -31,10 +32,36 @@
 #include "policy/rt_policy.h"
 #include "base/rt_util.h"
 
-/* `BIN ab [options]` (argv[0] is "ab"). reg[0..n_reg) are the binary's policies; A and B
- * are chosen with --a NAME / --b NAME (default: the first two, or the only one twice).
- * Exit status: 0 success, 1 runtime error (one line "ab: PATH: reason" on stderr), 2 usage
- * error. `BIN ab --help` lists every option. */
-int rt_ab_main(int argc, char **argv, const struct kvp_policy *const *reg, int n_reg);
+#define RT_AB_MAX_RATIOS 16
+#define RT_AB_MAX_SETS 64
+
+/* What to compare (filled by the command line, runtime/cli/rt_cmd_ab.c). */
+typedef struct rt_ab_opts {
+	const char *model, *text, *task, *json, *csv, *plot, *commit, *mode;
+	const char *name[2];
+	const char *sha[2];
+	double ratios[RT_AB_MAX_RATIOS];
+	int n_ratios;
+	int64_t ctx;
+	int chunk, threads, resamples;
+	uint64_t seed;
+	const char *sets[2][RT_AB_MAX_SETS];
+	int set_all[2][RT_AB_MAX_SETS]; /* 1: from --set (skipped by a policy without the name) */
+	int n_sets[2];
+	int64_t lengths[16];
+	int n_lengths;
+	double depths[16];
+	int n_depths;
+} rt_ab_opts;
+
+/* The defaults: task ppl, mode aware (as `needle`), ratio 4, chunk 512, 1000 resamples,
+ * RT_BOOT_DEFAULT_SEED, lengths 1024,2048, depths 0,25,50,75,100, commit "unknown". */
+void rt_ab_opts_init(rt_ab_opts *o);
+
+/* Run the comparison with the policies reg[0..n_reg): A and B are o->name[0..1] (default:
+ * the first two, or the only one twice). Writes the table to stdout and the --json,
+ * --csv and --plot reports. Returns the exit status: 0 success, 1 runtime error (one line
+ * "ab: PATH: reason" on stderr), 2 an unknown policy or parameter. */
+int rt_ab_run(const rt_ab_opts *o, const struct kvp_policy *const *reg, int n_reg);
 
 #endif

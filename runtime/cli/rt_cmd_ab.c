@@ -1,0 +1,155 @@
+/*
+ * rt_cmd_ab: `BIN ab` — compare two compiled policies against the full cache and each
+ * other (what `kvpc ab` runs); the options go through the shared table of rt_cli_opts and
+ * the comparison is runtime/eval/rt_ab.c's.
+ */
+#include "cli/rt_cmd.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/rt_cli_opts.h"
+#include "eval/rt_ab.h"
+
+static const char help_ab[] =
+	"NAME\n"
+	"    %s ab - compare two compiled policies (A, B) against the full cache and each other\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    %s ab --model M --text FILE [--a NAME] [--b NAME] [--ratio 2,4,8] [--task ppl|needle]\n"
+	"           [--ctx N] [--chunk N] [--threads N] [--set k=v]... [--set-a k=v]... [--set-b k=v]...\n"
+	"           [--json OUT] [--csv OUT] [--plot OUT.svg] [--resamples B] [--seed S]\n"
+	"           [--lengths 1024,2048] [--depths 0,50,100] [--mode aware|agnostic]\n"
+	"    (normally started by `kvpc ab A.kvp B.kvp ...`, which builds this binary)\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    Loads the model once. For each compression ratio R the full-cache reference and\n"
+	"    both policies (budget overridden to context / R entries per KV head; a policy that\n"
+	"    never compresses keeps every token) run over the same tokens, chunk by chunk in\n"
+	"    lockstep, and every token's distribution is compared with the reference's.\n"
+	"    task ppl (default): streaming perplexity of the first N tokens of FILE, which are\n"
+	"    the prompt (so the budget is N / R entries per KV head from the first token on and\n"
+	"    policies that trigger at the prompt end run once, after the last token); it shows\n"
+	"    ppl, kld_mean, kld_p99, kld_max, ppl_ratio, same_top1, rms_dp (llama.cpp's\n"
+	"    --kl-divergence statistics), kv_entries_peak, kv_bytes_peak, compression\n"
+	"    (reference peak entries / peak entries), tokens_per_s, compress_events and\n"
+	"    policy_seconds; then the paired circular block bootstrap 95%% CI of the mean\n"
+	"    per-token NLL difference B - A (block length by Politis & White 2004) and a verdict.\n"
+	"    task needle: passkey retrieval (prompt built to exact token lengths, greedy answer,\n"
+	"    exact match) for every length x depth; accuracy per policy and an exact sign\n"
+	"    (McNemar) test on the discordant trials.\n"
+	"\n"
+	"OPTIONS\n"
+	"    --model M          GGUF model\n"
+	"    --text FILE        the text (task ppl; UTF-8, .gz is decompressed)\n"
+	"    --a NAME, --b NAME the policies (default: the binary's first two, or the only one)\n"
+	"    --ratio LIST       compression ratios, each >= 1 (default 4)\n"
+	"    --task ppl|needle  what to measure (default ppl)\n"
+	"    --ctx N            tokens of the text to use (default all, up to context_length)\n"
+	"    --chunk N          tokens per forward chunk (default 512; results do not depend on it)\n"
+	"    --threads N        BLAS threads (default: OPENBLAS_NUM_THREADS or all cores)\n"
+	"    -h, --help, --version\n"
+	"    --set k=v          parameter override for every policy that has k\n"
+	"    --set-a k=v, --set-b k=v   override for one side only\n"
+	"    --json OUT         write the report as one JSON object (meta + results)\n"
+	"    --csv OUT          write one row per ratio and policy (metadata in columns)\n"
+	"    --plot OUT.svg     one SVG with a panel per metric against the ratio\n"
+	"    --resamples B      bootstrap resamples (default 1000); --seed S its seed\n"
+	"    --lengths LIST     needle: prompt lengths in tokens (default 1024,2048)\n"
+	"    --depths LIST      needle: depths in percent (default 0,25,50,75,100)\n"
+	"    --mode M           needle: aware (the question inside the compressed prompt,\n"
+	"                       default, as for `needle`) or agnostic (compress before it)\n"
+	"    --commit C, --source-sha256-a HEX, --source-sha256-b HEX   metadata (set by kvpc ab)\n"
+	"\n"
+	"EXIT STATUS\n"
+	"    0 success, 1 runtime error (\"ab: PATH: reason\" on stderr), 2 usage error.\n";
+
+
+static void help_ab_fn(void)
+{
+	rt_cli_help(help_ab, 2, rt_cli_prog, rt_cli_prog);
+}
+
+/* The comma lists: ratios (each >= 1), lengths (whole numbers >= 16), depths (0..100). */
+static int ab_lists(const rt_cli_opts *c, rt_ab_opts *o)
+{
+	double v[RT_CLI_MAX_LIST];
+	int n;
+	if (c->ratio_list) {
+		if (rt_cli_parse_list(c->ratio_list, 1, INFINITY, 0, v, &n) || n > RT_AB_MAX_RATIOS)
+			return rt_cli_usage("ab", "--ratio: '%s' is not a comma list of at most %d "
+			                    "compression factors >= 1", c->ratio_list, RT_AB_MAX_RATIOS);
+		memcpy(o->ratios, v, (size_t)n * sizeof *v);
+		o->n_ratios = n;
+	}
+	if (c->lengths) {
+		if (rt_cli_parse_list(c->lengths, 16, 1e7, 1, v, &n) || n > 16)
+			return rt_cli_usage("ab", "--lengths: '%s' is not a comma list of at most 16 token "
+			                    "counts in 16..10000000", c->lengths);
+		for (int i = 0; i < n; i++)
+			o->lengths[i] = (int64_t)v[i];
+		o->n_lengths = n;
+	}
+	if (c->depths) {
+		if (rt_cli_parse_list(c->depths, 0, 100, 0, v, &n) || n > 16)
+			return rt_cli_usage("ab", "--depths: '%s' is not a comma list of at most 16 "
+			                    "percentages in 0..100", c->depths);
+		memcpy(o->depths, v, (size_t)n * sizeof *v);
+		o->n_depths = n;
+	}
+	return 0;
+}
+
+/* --set (both sides, skipped by a policy without the name), --set-a, --set-b, in order. */
+static int ab_sets(const rt_cli_opts *c, rt_ab_opts *o)
+{
+	for (int i = 0; i < c->n_sets; i++)
+		for (int s = 0; s < 2; s++) {
+			if (c->set_side[i] && c->set_side[i] != s + 1)
+				continue;
+			if (o->n_sets[s] >= RT_AB_MAX_SETS)
+				return rt_cli_usage("ab", "--set: more than %d overrides", RT_AB_MAX_SETS);
+			o->set_all[s][o->n_sets[s]] = c->set_side[i] == 0;
+			o->sets[s][o->n_sets[s]++] = c->sets[i];
+		}
+	return 0;
+}
+
+int rt_cmd_ab(int argc, char **argv)
+{
+	static const int opt_ids[] = { 'm', 't', O_A, O_B, O_RATIOS, O_ABTASK, O_CTX, O_CHUNK,
+		O_THREADS, O_SET, O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64,
+		O_LENGTHS, O_DEPTHS, O_MODE, O_COMMIT, O_SHAA, O_SHAB, 0 };
+	rt_ab_opts o;
+	rt_ab_opts_init(&o);
+	rt_cli_opts c = { .chunk = o.chunk, .resamples = o.resamples };
+	int rc = rt_cli_parse("ab", help_ab_fn, argc, argv, &c, opt_ids, 1);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	if ((rc = ab_lists(&c, &o)) != 0 || (rc = ab_sets(&c, &o)) != 0)
+		return rc;
+	o.model = c.model;
+	o.text = c.text;
+	o.name[0] = c.name_a;
+	o.name[1] = c.name_b;
+	if (c.ab_task)
+		o.task = c.ab_task;
+	o.mode = c.mode_agnostic ? "agnostic" : "aware";
+	o.ctx = c.ctx;
+	o.chunk = (int)c.chunk;
+	o.threads = (int)c.threads;
+	o.resamples = (int)c.resamples;
+	if (c.seed64_set)
+		o.seed = c.seed64;
+	o.json = c.json_out;
+	o.csv = c.csv;
+	o.plot = c.plot;
+	if (c.commit)
+		o.commit = c.commit;
+	o.sha[0] = c.sha_a;
+	o.sha[1] = c.sha_b;
+	if (!strcmp(o.task, "ppl") && !o.text)
+		return rt_cli_usage("ab", "%s", "--text is required for --task ppl");
+	return rt_ab_run(&o, rt_cli_reg, rt_cli_n_reg);
+}
