@@ -1,6 +1,6 @@
 /*
  * test_seq: one sequence under one policy (runtime/policy/rt_seq.c) and the shared command line
- * (runtime/cli/rt_cli.c), on tiny synthetic models (tests/support/tiny_model.h) with the
+ * (runtime/cli/), on tiny synthetic models (tests/support/tiny_model.h) with the
  * grouped-query shapes 9q/3kv, 4q/1kv and 4q/4kv. Checked:
  *   - an evicted cache gives the same logits as dense attention over exactly the kept
  *     entries at their positions: an independent naive forward in double (own RMSNorm,

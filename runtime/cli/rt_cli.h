@@ -1,10 +1,12 @@
 /*
  * rt_cli: the command line shared by build/kvrt and the per-deployment binaries that
- * `kvpc build` links (issue 4): one main() body that runs a GGUF llama model under any of
+ * `kvpc build` links: one main() body that runs a GGUF llama model under any of
  * the KV-cache policies compiled into the binary (plus the built-in `full`), with the
  * commands info, ppl (streaming perplexity, with a full-cache reference in the same run
  * for KL statistics), needle (passkey / needle-in-a-haystack retrieval), run (greedy
- * generation), tokenize and bench. Every command has a man-page style --help.
+ * generation), tokenize, bench, keepmap (an SVG of the kept positions) and ab (the A/B
+ * comparison `kvpc ab` runs), one file each (runtime/cli/rt_cmd.h). Every command has a
+ * man-page style --help and --version.
  *
  * Exit status: 0 success, 1 runtime error (unreadable or invalid file, model or policy
  * failure), 2 usage error (bad command line: unknown command, option, policy or

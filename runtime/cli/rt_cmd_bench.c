@@ -1,5 +1,6 @@
 /*
- * rt_cmd_bench: `bench` — prefill and decode speed at several context lengths; the man page is help_bench below.
+ * rt_cmd_bench: `bench` — prefill and decode speed at several context lengths; the man page
+ * is help_bench below.
  */
 #include "cli/rt_cmd.h"
 

@@ -1,5 +1,6 @@
 /*
- * rt_cmd_info: `info` — list the policies of this binary with their parameters; the man page is help_info below.
+ * rt_cmd_info: `info` — list the policies of this binary with their parameters; the man
+ * page is help_info below.
  */
 #include "cli/rt_cmd.h"
 

@@ -1,5 +1,6 @@
 /*
- * rt_cmd_keepmap: `keepmap` — an SVG of what a policy keeps per layer and KV head; the man page is help_keepmap below.
+ * rt_cmd_keepmap: `keepmap` — an SVG of what a policy keeps per layer and KV head; the man
+ * page is help_keepmap below.
  */
 #include "cli/rt_cmd.h"
 

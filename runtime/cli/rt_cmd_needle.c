@@ -1,5 +1,6 @@
 /*
- * rt_cmd_needle: `needle` — passkey / needle-in-a-haystack retrieval under policies; the man page is help_needle below.
+ * rt_cmd_needle: `needle` — passkey / needle-in-a-haystack retrieval under policies; the
+ * man page is help_needle below.
  */
 #include "cli/rt_cmd.h"
 

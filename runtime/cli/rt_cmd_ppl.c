@@ -1,5 +1,6 @@
 /*
- * rt_cmd_ppl: `ppl` — streaming perplexity of a text under policies, with KL against the full cache; the man page is help_ppl below.
+ * rt_cmd_ppl: `ppl` — streaming perplexity of a text under policies, with KL against the
+ * full cache; the man page is help_ppl below.
  */
 #include "cli/rt_cmd.h"
 

@@ -1,5 +1,6 @@
 /*
- * rt_cmd_run: `run` — greedy generation from a prompt under a policy; the man page is help_run below.
+ * rt_cmd_run: `run` — greedy generation from a prompt under a policy; the man page is
+ * help_run below.
  */
 #include "cli/rt_cmd.h"
 

@@ -1,5 +1,6 @@
 /*
- * rt_cmd_tokenize: `tokenize` — the token ids of a text; the man page is help_tokenize below.
+ * rt_cmd_tokenize: `tokenize` — the token ids of a text; the man page is help_tokenize
+ * below.
  */
 #include "cli/rt_cmd.h"
 

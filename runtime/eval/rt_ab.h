@@ -1,6 +1,6 @@
 /*
  * rt_ab: the A/B comparison of two compiled policies inside a per-deployment binary
- * (`BIN ab`, started by `kvpc ab`, issue 4 item 3). It loads the model once and, for each
+ * (`BIN ab`, started by `kvpc ab`). It loads the model once and, for each
  * compression ratio R, runs three sequences over the same tokens in lockstep, chunk by
  * chunk: the full-cache reference P and the two policies A and B (each with its budget
  * overridden to context / R, rt_run_set_ratio). Every chunk's logits are compared at once

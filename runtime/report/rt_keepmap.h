@@ -1,5 +1,5 @@
 /*
- * rt_keepmap: a picture of what a KV-cache policy keeps (issue 5 item 4). Given, for every
+ * rt_keepmap: a picture of what a KV-cache policy keeps. Given, for every
  * (layer, KV head) entry list, the original positions of the entries it holds and the
  * number of tokens each represents (rt_kv's pos[] and count[]), it draws an SVG 1.1 grid:
  * one row per (layer, KV head), rows grouped by layer, x = token position 0..N-1 (binned
