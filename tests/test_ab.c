@@ -648,6 +648,34 @@ START_TEST(cli_convention)
 }
 END_TEST
 
+START_TEST(progress_lines)
+{
+	/* stderr is a file here: a plain line each time a block of the run passes another tenth
+	 * (at most 10), ending at 100%; --quiet prints none; stdout is the report alone */
+	char *out, *err;
+	char *a[] = { g_bin, "ppl", "--model", g_model, "--text", g_text, "--ctx", "100", "--policy",
+		      "h2o", "--ratio", "2", NULL };
+	ck_assert_int_eq(run(a, &out, &err), 0);
+	ck_assert_msg(strstr(err, "ppl: 100% (100/100 tokens"), "%s", err);
+	int lines = 0;
+	for (const char *p = err; (p = strstr(p, "ppl: ")); p++)
+		lines++;
+	ck_assert_msg(lines >= 1 && lines <= 10, "%d progress lines: %s", lines, err);
+	ck_assert(!strstr(out, "ppl: "));
+	free(out), free(err);
+	char *q[] = { g_bin, "ppl", "--model", g_model, "--text", g_text, "--ctx", "100", "--policy",
+		      "h2o", "--ratio", "2", "--quiet", NULL };
+	ck_assert_int_eq(run(q, &out, &err), 0);
+	ck_assert_msg(!strstr(err, "%"), "%s", err);
+	free(out), free(err);
+	char *k[] = { g_bin, "ab", "--model", g_model, "--text", g_text, "--ctx", "64", "--a", "h2o",
+		      "--b", "h2o", "--ratio", "2", NULL };
+	ck_assert_int_eq(run(k, &out, &err), 0);
+	ck_assert_msg(strstr(err, "ab: 100% (64/64 tokens"), "%s", err);
+	free(out), free(err);
+}
+END_TEST
+
 START_TEST(bad_arguments)
 {
 	char *out, *err;
@@ -700,6 +728,7 @@ static Suite *ab_suite(void)
 	tcase_add_test(tc, kvpc_ab_front_builds_and_runs);
 	tcase_add_test(tc, needle_task_runs);
 	tcase_add_test(tc, cli_convention);
+	tcase_add_test(tc, progress_lines);
 	tcase_add_test(tc, bad_arguments);
 	suite_add_tcase(s, tc);
 	return s;

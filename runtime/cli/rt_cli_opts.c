@@ -124,7 +124,7 @@ static const opt_def OPTS[] = {
 	OPT(O_CSV, "csv", 1), OPT(O_PLOT, "plot", 1), OPT(O_SEED64, "seed", 1),
 	INTOPT(O_RES, "resamples", 2, 1000000, resamples, "is not a number in 2..1000000"),
 	OPT(O_COMMIT, "commit", 1), OPT(O_SHAA, "source-sha256-a", 1),
-	OPT(O_SHAB, "source-sha256-b", 1),
+	OPT(O_SHAB, "source-sha256-b", 1), OPT(O_QUIET, "quiet", 0),
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
 
@@ -171,6 +171,7 @@ static int opt_plain(int c, const char *arg, rt_cli_opts *o)
 	case O_EXACT: o->exact = 1; return 1;
 	case O_FAST: o->exact = 0; return 1;
 	case O_DEPTH: o->depths = arg; return 1;
+	case O_QUIET: o->quiet = 1; return 1;
 	case O_A: o->name_a = arg; return 1;
 	case O_B: o->name_b = arg; return 1;
 	case O_RATIOS: o->ratio_list = arg; return 1;

@@ -41,7 +41,7 @@ typedef struct rt_cli_opts {
 	int seed64_set;
 	long ctx, chunk, n_gen, threads, decode, prompt_len, seed, score_from;
 	double ratio;
-	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question;
+	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question, quiet;
 	int exact;  /* 1: the exact path, 0: the fast path (each command sets its default) */
 	long pp, tg; /* bench: llama-bench's tests */
 } rt_cli_opts;
@@ -55,7 +55,8 @@ enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECI
        O_THREADS, O_DECODE, O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_HAYSTACK,
        O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM, O_MARKQ,
        O_VERSION, O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH, O_A, O_B, O_RATIOS, O_ABTASK,
-       O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64, O_COMMIT, O_SHAA, O_SHAB };
+       O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64, O_COMMIT, O_SHAA, O_SHAB,
+       O_QUIET };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;

@@ -49,6 +49,8 @@ static const char help_ab[] =
 	"    --ctx N            tokens of the text to use (default all, up to context_length)\n"
 	"    --chunk N          tokens per forward chunk (default 512; results do not depend on it)\n"
 	"    --threads N        BLAS threads (default: OPENBLAS_NUM_THREADS or all cores)\n"
+	"    --quiet            no progress on stderr (otherwise a bar with tok/s and ETA on a\n"
+	"                       terminal, a line per tenth of the run elsewhere)\n"
 	"    -h, --help, --version\n"
 	"    --set k=v          parameter override for every policy that has k\n"
 	"    --set-a k=v, --set-b k=v   override for one side only\n"
@@ -120,7 +122,7 @@ int rt_cmd_ab(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_A, O_B, O_RATIOS, O_ABTASK, O_CTX, O_CHUNK,
 		O_THREADS, O_SET, O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64,
-		O_LENGTHS, O_DEPTHS, O_MODE, O_COMMIT, O_SHAA, O_SHAB, 0 };
+		O_LENGTHS, O_DEPTHS, O_MODE, O_COMMIT, O_SHAA, O_SHAB, O_QUIET, 0 };
 	rt_ab_opts o;
 	rt_ab_opts_init(&o);
 	rt_cli_opts c = { .chunk = o.chunk, .resamples = o.resamples };
@@ -149,6 +151,7 @@ int rt_cmd_ab(int argc, char **argv)
 		o.commit = c.commit;
 	o.sha[0] = c.sha_a;
 	o.sha[1] = c.sha_b;
+	o.quiet = c.quiet;
 	if (!strcmp(o.task, "ppl") && !o.text)
 		return rt_cli_usage("ab", "%s", "--text is required for --task ppl");
 	return rt_ab_run(&o, rt_cli_reg, rt_cli_n_reg);

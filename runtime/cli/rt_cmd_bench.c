@@ -4,6 +4,8 @@
  */
 #include "cli/rt_cmd.h"
 
+#include "base/rt_progress.h"
+
 #include <cblas.h>
 #include <errno.h>
 #include <limits.h>
@@ -44,6 +46,8 @@ static const char *const help_bench =
 	"    --exact            the exact path (f32 weights, OpenBLAS); default: the fast path\n"
 	"    --pp N, --tg N     llama-bench's prompt and generation tests (0: off)\n"
 	"    --depth LIST       cache depths for --tg (default 0)\n"
+	"    --quiet            no progress on stderr (a bar with tok/s and ETA on a terminal,\n"
+	"                       a line per tenth of the work elsewhere)\n"
 	"    -h, --help         show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -141,7 +145,8 @@ static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, cons
 
 int rt_cmd_bench(int argc, char **argv)
 {
-	static const int opt_ids[] = { 'm', O_CTX, O_DECODE, O_CHUNK, O_THREADS, O_PP, O_TG, O_DEPTH, O_EXACT, O_FAST, 0 };
+	static const int opt_ids[] = { 'm', O_CTX, O_DECODE, O_CHUNK, O_THREADS, O_PP, O_TG, O_DEPTH,
+		O_EXACT, O_FAST, O_QUIET, 0 };
 	rt_cli_opts o = { .ctx_list = "128,1024,4096", .decode = 32, .chunk = RT_CLI_CHUNK };
 	int rc = rt_cli_parse("bench", help_bench_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)
@@ -180,6 +185,11 @@ int rt_cmd_bench(int argc, char **argv)
 	printf("%9s %15s %14s %11s %15s %10s\n", "context", "prefill tok/s", "decode tok/s",
 	       "prefill s", "decode ms/tok", "KV MiB");
 	rc = 0;
+	int64_t work = 0, done = 0;
+	for (int i = 0; i < n_ctx; i++)
+		work += (int64_t)ctxd[i] + o.decode;
+	rt_progress prog;
+	rt_progress_init(&prog, "bench", "tokens", work, o.quiet);
 	for (int i = 0; i < n_ctx && rc == 0; i++) {
 		int L = (int)ctxd[i], D = (int)o.decode;
 		int32_t cap = L + D;
@@ -210,9 +220,13 @@ int rt_cmd_bench(int argc, char **argv)
 		double t0 = rt_now();
 		rc = rt_model_forward(&f, &kv, tok, L, 0, logits, RT_LOGITS_LAST, &err);
 		double t1 = rt_now();
-		for (int j = 0; j < D && rc == 0; j++)
+		rt_progress_update(&prog, done += L);
+		for (int j = 0; j < D && rc == 0; j++) {
 			rc = rt_model_forward(&f, &kv, tok + L + j, 1, L + j, logits, RT_LOGITS_LAST, &err);
+			rt_progress_update(&prog, ++done);
+		}
 		double t2 = rt_now();
+		rt_progress_end(&prog);
 		if (rc) {
 			rt_cli_fail(&err);
 			rc = EXIT_FAILURE;

@@ -4,6 +4,8 @@
  */
 #include "cli/rt_cmd.h"
 
+#include "base/rt_progress.h"
+
 #include <cblas.h>
 #include <errno.h>
 #include <limits.h>
@@ -45,7 +47,7 @@ static const char *const help_keepmap =
 	"    --policy NAME       policy (default %s); --set, --ratio as for ppl\n"
 	"    --prompt N          the prompt length given to the policy (default: N)\n"
 	"    --svg OUT           the SVG file to write (required)\n"
-	"    --chunk N, --threads N, --fast, -h/--help  as for ppl\n"
+	"    --chunk N, --threads N, --fast, --quiet, -h/--help  as for ppl\n"
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error, 2 usage error.\n"
@@ -59,10 +61,26 @@ static void help_keepmap_fn(void)
 	rt_cli_help(help_keepmap, 4, rt_cli_prog, rt_cli_prog, rt_cli_default_policy(), rt_cli_prog);
 }
 
+/* Feed the tokens in blocks of `block` (the chunk bound), with progress. */
+static int keepmap_feed(rt_seq *s, const int32_t *ids, int64_t n, int block, int quiet,
+                        rt_err *err)
+{
+	rt_progress prog;
+	rt_progress_init(&prog, "keepmap", "tokens", n, quiet);
+	int rc = 0;
+	for (int64_t off = 0; off < n && rc == 0; off += block) {
+		int64_t c = n - off < block ? n - off : block;
+		rc = rt_seq_feed(s, ids + off, c, NULL, RT_LOGITS_NONE, err);
+		rt_progress_update(&prog, off + c);
+	}
+	rt_progress_end(&prog);
+	return rc;
+}
+
 int rt_cmd_keepmap(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_THREADS, O_POLICY, O_SET, O_RATIO,
-		O_PROMPTLEN, O_SVG, O_EXACT, O_FAST, 0 };
+		O_PROMPTLEN, O_SVG, O_EXACT, O_FAST, O_QUIET, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = rt_cli_parse("keepmap", help_keepmap_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)
@@ -97,7 +115,7 @@ int rt_cmd_keepmap(int argc, char **argv)
 	int block = (int)(o.chunk < use ? o.chunk : use);
 	int64_t prompt_len = o.prompt_len >= 0 ? o.prompt_len : use;
 	if (rt_seq_init(&s, m, p, (int32_t)use, block, prompt_len, &err) != 0 ||
-	    rt_cli_seq_apply(&s, &o, &err) != 0 || rt_seq_feed(&s, ids, use, NULL, RT_LOGITS_NONE, &err) != 0) {
+	    rt_cli_seq_apply(&s, &o, &err) != 0 || keepmap_feed(&s, ids, use, block, o.quiet, &err) != 0) {
 		rt_cli_fail(&err);
 		goto out;
 	}

@@ -4,6 +4,7 @@
  */
 #include "cli/rt_cmd.h"
 
+#include "base/rt_progress.h"
 #include "base/rt_text.h"
 
 #include <cblas.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_opts.h"
@@ -66,6 +68,8 @@ static const char *const help_needle =
 	"    --chat              wrap the prompt in the model's ChatML template\n"
 	"    --chunk N, --threads N, --fast, -h/--help  as for ppl\n"
 	"    --mark-question     mark the question as the protected span `question`\n"
+	"    --quiet             no progress on stderr (a bar with trials/s and ETA on a\n"
+	"                        terminal, a line per tenth of the trials elsewhere)\n"
 	"    --batch RUNS        several runs (`POLICY [--ratio R] [--set NAME=VALUE]...` per\n"
 	"                        line, as for ppl) on the same prompts: each prompt is\n"
 	"                        prefilled for all runs in lockstep (one weight pass per\n"
@@ -187,6 +191,10 @@ static int needle_trials(needle_job *nj)
 {
 	const int table = !nj->o.json && nj->K == 1;
 	rt_err err = { "" };
+	rt_progress prog;
+	/* on a terminal the 1/0 table, drawn as the trials finish, is the progress */
+	rt_progress_init(&prog, "needle", "trials", (int64_t)nj->n_len * nj->n_dep,
+	                 nj->o.quiet || (table && isatty(fileno(stderr))));
 	if (table) {
 		printf("%s under %s (%s mode), exact match per length and depth (%%)\n",
 		       nj->o.task_niah ? "niah" : "passkey", nj->runs[0].p->name,
@@ -202,10 +210,12 @@ static int needle_trials(needle_job *nj)
 			printf("%8lld", (long long)nj->lens[i]);
 		for (int j = 0; j < nj->n_dep; j++) {
 			if (needle_one(nj, i, j, &err) != 0) {
+				rt_progress_end(&prog);
 				if (table)
 					putchar('\n');
 				return rt_cli_fail(&err);
 			}
+			rt_progress_update(&prog, (int64_t)i * nj->n_dep + j + 1);
 			if (table) {
 				int ok = nj->res[(size_t)i * nj->n_dep + j].correct; /* K == 1 */
 				row_ok += ok;
@@ -216,6 +226,7 @@ static int needle_trials(needle_job *nj)
 		if (table)
 			printf("  %.2f\n", (double)row_ok / nj->n_dep);
 	}
+	rt_progress_end(&prog);
 	return 0;
 }
 
@@ -287,7 +298,8 @@ static int needle_report(const needle_job *nj)
 int rt_cmd_needle(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', O_HAYSTACK, O_LENGTHS, O_DEPTHS, O_POLICY, O_SET, O_RATIO,
-		O_MODE, O_TASK, O_GEN, O_SEED, O_CHAT, O_CHUNK, O_THREADS, O_BATCH, O_MARKQ, O_JSON, O_EXACT, O_FAST, 0 };
+		O_MODE, O_TASK, O_GEN, O_SEED, O_CHAT, O_CHUNK, O_THREADS, O_BATCH, O_MARKQ, O_JSON,
+		O_EXACT, O_FAST, O_QUIET, 0 };
 	needle_job nj = { .o = { .chunk = RT_CLI_CHUNK, .seed = 1, .exact = 1,
 		                 .lengths = "1024,2048,4096",
 		                 .depths = "0,25,50,75,100" } };

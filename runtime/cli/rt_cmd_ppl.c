@@ -4,6 +4,8 @@
  */
 #include "cli/rt_cmd.h"
 
+#include "base/rt_progress.h"
+
 #include <cblas.h>
 #include <errno.h>
 #include <limits.h>
@@ -102,6 +104,8 @@ static const char *const help_ppl =
 	"                        whose policy fails (guards above its ratio's budget) leaves\n"
 	"                        the pass with an error line ({..., \"error\": why}) and\n"
 	"                        exit status 1; the other runs go on\n"
+	"    --quiet             no progress on stderr (otherwise a bar with tok/s and ETA on\n"
+	"                        a terminal, a line per tenth of the run elsewhere)\n"
 	"    -h, --help          show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -265,6 +269,12 @@ static void ppl_pass_free(ppl_pass *pp)
 	rt_cli_runs_free(pp->runs, pp->K);
 }
 
+static void ppl_progress(void *user, int64_t done, int64_t total)
+{
+	(void)total;
+	rt_progress_update(user, done);
+}
+
 /* Open --dump and --logits, run the loop, close them. */
 static int ppl_pass_run(ppl_pass *pp, const rt_cli_opts *o, const int32_t *ids, rt_err *err)
 {
@@ -275,11 +285,15 @@ static int ppl_pass_run(ppl_pass *pp, const rt_cli_opts *o, const int32_t *ids, 
 	else if (o->logits && !(lgf = fopen(o->logits, "wb")))
 		rt_err_set(err, "%s: %s", o->logits, strerror(errno));
 	else {
+		rt_progress prog;
+		rt_progress_init(&prog, "ppl", "tokens", pp->use, o->quiet);
 		rt_eval_loop lo = { .block = pp->block, .batched = 1, .score_from = o->score_from,
 			            .dump = dump, .dump_name = o->dump, .logits = lgf,
-			            .logits_name = o->logits };
+			            .logits_name = o->logits, .progress = ppl_progress,
+			            .progress_user = &prog };
 		rc = rt_eval_runs(pp->all, pp->K, pp->ref ? &pp->sp : NULL, ids, pp->use, &lo, pp->sc,
 		                  NULL, err);
+		rt_progress_end(&prog);
 	}
 	if (dump && fclose(dump) != 0 && rc == 0)
 		rc = rt_err_set(err, "%s: write failed", o->dump);
@@ -323,7 +337,8 @@ static int ppl_pass_report(const ppl_pass *pp, const rt_model *m, const rt_cli_o
 int rt_cmd_ppl(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_THREADS,
-		O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_BATCH, O_SCOREFROM, O_EXACT, O_FAST, 0 };
+		O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_BATCH, O_SCOREFROM, O_EXACT, O_FAST,
+		O_QUIET, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = rt_cli_parse("ppl", help_ppl_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)

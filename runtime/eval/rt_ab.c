@@ -11,6 +11,7 @@
 
 #include "eval/rt_ab.h"
 #include "base/rt_outpath.h"
+#include "base/rt_progress.h"
 #include "base/rt_text.h"
 #include "base/rt_sha256.h"
 #include "eval/rt_eval.h"
@@ -88,29 +89,8 @@ typedef struct ab_run {
 	double ref_nll_sum;
 	int ref_hits, ref_trials;
 	int threads;
-	int progress;             /* stderr is a terminal */
-	double progress_t;
-	double t_start;
+	rt_progress prog;         /* tokens (ppl) or sequence-trials (needle) done */
 } ab_run;
-
-static void progress(ab_run *r, double frac, const char *what)
-{
-	if (!r->progress)
-		return;
-	double t = rt_now();
-	if (frac < 1 && t - r->progress_t < 0.2)
-		return;
-	r->progress_t = t;
-	int w = 30, k = (int)(frac * w + 0.5);
-	char bar[64];
-	for (int i = 0; i < w; i++)
-		bar[i] = i < k ? '#' : '.';
-	bar[w] = 0;
-	fprintf(stderr, "\r\033[Kab [%s] %3.0f%% %s (%.0f s)", bar, 100 * frac, what, t - r->t_start);
-	if (frac >= 1)
-		fputs("\r\033[K", stderr);
-	fflush(stderr);
-}
 
 /* Apply the --set options of one side to seq. */
 static int apply_sets(ab_run *r, int side, rt_seq *s, rt_err *err)
@@ -184,10 +164,8 @@ static int ppl_verdict(ab_run *r, ab_row *row, rt_err *err)
 /* ab's progress through the evaluation loop: tokens of the lockstep pass. */
 static void ppl_progress(void *user, int64_t done, int64_t total)
 {
-	ab_run *r = user;
-	char what[96];
-	snprintf(what, sizeof what, "%lld/%lld tokens", (long long)done, (long long)total);
-	progress(r, (double)done / (double)total, what);
+	(void)total;
+	rt_progress_update(&((ab_run *)user)->prog, done);
 }
 
 /* Task ppl: the reference and every (ratio, side) run through the one evaluation loop
@@ -215,9 +193,10 @@ static int run_ppl(ab_run *r, rt_err *err)
 		}
 	rt_eval_loop lo = { .block = r->o.chunk < 128 ? r->o.chunk : 128, .progress = ppl_progress,
 		            .progress_user = r };
+	rt_progress_init(&r->prog, "ab", "tokens", n, r->o.quiet);
 	if (rc == 0)
 		rc = rt_eval_runs(seqs, K, &r->ref, r->tokens, n, &lo, sc, &r->ref_nll_sum, err);
-	progress(r, 1, "done");
+	rt_progress_end(&r->prog);
 	/* the first run that failed (in the order they were fed) fails the comparison */
 	int bad = -1;
 	for (int k = 0; rc == 0 && k < K; k++)
@@ -314,6 +293,7 @@ static int run_needle(ab_run *r, rt_err *err)
 	float *logits = RT_MALLOC((size_t)r->m->hp.n_vocab * sizeof(float));
 	int rc = 0, trial = 0;
 	double total = (double)n_trials * (1 + 2 * r->o.n_ratios), done = 0;
+	rt_progress_init(&r->prog, "ab", "trials", (int64_t)total, r->o.quiet);
 	rt_seq_stats ref_sum;
 	memset(&ref_sum, 0, sizeof ref_sum);
 	for (int li = 0; li < r->o.n_lengths && rc == 0; li++) {
@@ -324,10 +304,7 @@ static int run_needle(ab_run *r, rt_err *err)
 				rc = -1;
 				break;
 			}
-			char what[96];
-			snprintf(what, sizeof what, "trial %d/%d (%lld tokens, depth %g%%)", trial + 1,
-			         n_trials, (long long)r->o.lengths[li], r->o.depths[di]);
-			progress(r, done / total, what);
+			rt_progress_update(&r->prog, (int64_t)done);
 			int hit = needle_trial(r, &r->ref, &pr, logits, err);
 			if (hit < 0)
 				rc = -1;
@@ -346,7 +323,7 @@ static int run_needle(ab_run *r, rt_err *err)
 			for (int k = 0; k < r->o.n_ratios && rc == 0; k++)
 				for (int s = 0; s < 2 && rc == 0; s++) {
 					ab_side *sd = &r->rows[k].side[s];
-					progress(r, done / total, what);
+					rt_progress_update(&r->prog, (int64_t)done);
 					hit = needle_trial(r, &sd->seq, &pr, logits, err);
 					if (hit < 0) {
 						char m2[512];
@@ -364,7 +341,9 @@ static int run_needle(ab_run *r, rt_err *err)
 			rt_needle_prompt_free(&pr);
 		}
 	}
-	progress(r, 1, "done");
+	if (rc == 0)
+		rt_progress_update(&r->prog, (int64_t)total);
+	rt_progress_end(&r->prog);
 	free(logits);
 	if (rc)
 		return -1;
@@ -1001,8 +980,6 @@ int rt_ab_run(const rt_ab_opts *o, const struct kvp_policy *const *reg, int n_re
 	if (r->o.threads > 0)
 		openblas_set_num_threads(r->o.threads);
 	r->threads = openblas_get_num_threads();
-	r->progress = isatty(2);
-	r->t_start = rt_now();
 	rc = 1;
 	/* inputs and outputs are checked before the model is loaded */
 	if (r->o.text && !(r->text = rt_text_read(r->o.text, &r->text_len, &err)))
@@ -1038,8 +1015,7 @@ int rt_ab_run(const rt_ab_opts *o, const struct kvp_policy *const *reg, int n_re
 	rc = 0;
 	goto out;
 fail:
-	if (r->progress)
-		fputs("\r\033[K", stderr);
+	rt_progress_end(&r->prog);
 	fprintf(stderr, "ab: %s\n", err.msg[0] ? err.msg : "failed");
 out:
 	run_free(r);

@@ -20,7 +20,7 @@
  * sha256, policy names, sources, source hashes and parameters, threads, ratios; "results"
  * per ratio), --csv (one row per ratio and policy, metadata repeated in columns), --plot
  * (one SVG file with one panel per metric against the compression ratio, both policies
- * and the reference). A progress bar goes to stderr only when stderr is a terminal. The
+ * and the reference). Progress goes to stderr (base/rt_progress.h; --quiet: none). The
  * command line (`BIN ab`, options and help) is runtime/cli/rt_cmd_ab.c.
  */
 #ifndef RT_AB_H
@@ -52,6 +52,7 @@ typedef struct rt_ab_opts {
 	int n_lengths;
 	double depths[16];
 	int n_depths;
+	int quiet;           /* no progress on stderr */
 } rt_ab_opts;
 
 /* The defaults: task ppl, mode aware (as `needle`), ratio 4, chunk 512, 1000 resamples,
