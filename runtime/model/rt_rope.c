@@ -75,24 +75,28 @@ void rt_rope_rotate_f64(double *x, int n_rot, const double *cs)
 	}
 }
 
+/* cos, sin of pair i's angle at pos, computed as rt_rope_cs_f64 does */
+static void pair_cs(double cs[2], int i, int n_rot, float base, double pos)
+{
+	double theta = pos * rt_rope_freq(i, n_rot, base);
+	cs[0] = cos(theta);
+	cs[1] = sin(theta);
+}
+
 void rt_rope_by_f32(float *x, int n_rot, float base, double pos)
 {
+	double cs[2];
 	for (int i = 0; i < n_rot / 2; i++) {
-		double cs[2];
-		double theta = pos * rt_rope_freq(i, n_rot, base);
-		cs[0] = cos(theta);
-		cs[1] = sin(theta);
+		pair_cs(cs, i, n_rot, base, pos);
 		rt_rope_rotate_f32_by_f64(x + 2 * i, 2, cs);
 	}
 }
 
 void rt_rope_by_f64(double *x, int n_rot, float base, double pos)
 {
+	double cs[2];
 	for (int i = 0; i < n_rot / 2; i++) {
-		double cs[2];
-		double theta = pos * rt_rope_freq(i, n_rot, base);
-		cs[0] = cos(theta);
-		cs[1] = sin(theta);
+		pair_cs(cs, i, n_rot, base, pos);
 		rt_rope_rotate_f64(x + 2 * i, 2, cs);
 	}
 }
