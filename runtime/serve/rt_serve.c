@@ -569,7 +569,10 @@ static void step_done(srv *S, int K)
 		req *r = S->stepped[k];
 		if (S->tn[k] < 0) {
 			const char *w = S->why[k].msg;
-			int bad = strstr(w, "below the guards") != NULL;
+			/* the policy's parameter check (policy/rt_budget: a budget below 1 entry or
+			 * under its guards for this prompt) is the client's error, not the server's */
+			int bad = strstr(w, "below the guards") || strstr(w, "below 1 entry") ||
+			          strstr(w, "exceed the budget") || strstr(w, "the sinks (");
 			req_fail(S, r, bad ? 400 : 500, bad ? "invalid_request_error" : "server_error", w);
 			continue;
 		}

@@ -142,10 +142,19 @@ def main():
                                                      {"role": "user", "content": user}],
                                            extra_body={"kv": {"ratio": 2}})
             check(r.choices[0].message.content == ref_chat, "chat (not streamed) equals `run --chat`")
+            # h2o's default budget is 20% of the context: 0.8 entries for a 4-token prompt,
+            # refused as kvpc check refuses it (a 400 naming the budget, not an empty cache)
+            try:
+                cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8)
+                check(False, "a budget below 1 entry is refused")
+            except openai.BadRequestError as e:
+                check("below 1 entry" in str(e), "a budget below 1 entry is a 400: %s" % e)
             r = cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8,
-                                      temperature=0.8, top_p=0.9, seed=7)
+                                      temperature=0.8, top_p=0.9, seed=7,
+                                      extra_body={"kv": {"ratio": 2}})
             r2 = cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8,
-                                       temperature=0.8, top_p=0.9, seed=7)
+                                       temperature=0.8, top_p=0.9, seed=7,
+                                       extra_body={"kv": {"ratio": 2}})
             check(r.choices[0].text == r2.choices[0].text, "sampling with a seed is reproducible")
             r = cl.completions.create(model=MODEL_ID, prompt=prompt, max_tokens=12, temperature=0,
                                       stop=[" and"], extra_body={"kv": {"ratio": 2}})
@@ -200,7 +209,8 @@ def main():
             ("bad parameter value", {"prompt": "x", "kv": {"policy": "h2o", "set": {"heavy": -1}}}, 400, "heavy"),
             ("ratio below 1", {"prompt": "x", "kv": {"ratio": 0.5}}, 400, "ratio"),
             ("unknown kv field", {"prompt": "x", "kv": {"budget": 3}}, 400, "unknown field"),
-            ("budget below the guards", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 200}}, 400, "below the guards"),
+            ("budget below the guards", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 12}}, 400, "exceed the budget"),
+            ("budget below 1 entry", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 200}}, 400, "below 1 entry"),
             ("max_tokens beyond the context", {"prompt": "x", "max_tokens": 100000}, 400, "beyond the context"),
             ("prompt over the context", {"prompt": long_prompt, "max_tokens": 1}, 400, "context_length"),
             ("unknown model", {"model": "gpt-9", "prompt": "x"}, 404, "does not exist"),
