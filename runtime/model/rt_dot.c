@@ -63,6 +63,18 @@ size_t rt_dot_act_bytes(uint32_t wtype, int n)
 	}
 }
 
+/* 1 when x[0..n) holds a NaN or an infinity. Such an activation (from a model file whose
+ * weights or norms are not finite) must not reach the float-to-int conversion of the
+ * quantisers, which is undefined for it; its block gets scale NaN instead, so the dot
+ * products come out NaN, as the exact f32 path's would. */
+static int block_not_finite(const float *x, int n)
+{
+	float acc = 0.0f;
+	for (int j = 0; j < n; j++)
+		acc += x[j] * 0.0f; /* 0 for every finite x, NaN for a NaN or an infinity */
+	return acc != acc;
+}
+
 /* Q8_0/Q8_1 blocks of 32: d = max|x|/127, q = round(x/d), s = d·Σq (quantize_row_q8_1). */
 static void quant_q8b(const float *x, void *xa, int n)
 {
@@ -71,6 +83,11 @@ static void quant_q8b(const float *x, void *xa, int n)
 	int8_t *q = (int8_t *)xa + q8b_codes_off(n);
 	for (int b = 0; b < nb; b++) {
 		const float *xb = x + (size_t)b * QK;
+		if (block_not_finite(xb, QK)) {
+			d[b] = s[b] = NAN;
+			memset(q + b * QK, 0, QK);
+			continue;
+		}
 		float amax = 0.0f;
 		for (int j = 0; j < QK; j++)
 			amax = fmaxf(amax, fabsf(xb[j]));
@@ -105,6 +122,12 @@ static void quant_q8k(const float *x, void *xa, int n)
 			}
 		}
 		int8_t *qb = q + (size_t)b * QK_K;
+		if (block_not_finite(xb, QK_K)) {
+			d[b] = NAN;
+			memset(qb, 0, QK_K);
+			memset(bs + b * 16, 0, 16 * sizeof(int16_t));
+			continue;
+		}
 		if (amax == 0.0f) {
 			d[b] = 0.0f;
 			memset(qb, 0, QK_K);
