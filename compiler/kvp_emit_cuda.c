@@ -490,12 +490,12 @@ static void emit_compress(struct cem *em)
 		out(em, "budget_of(x, seen)");
 	out(em, ";\n");
 	if (ir->guards.sinks >= 0) {
-		out(em, "\tcfg.sinks = ");
+		out(em, "\tcfg.has_sinks = 1;\n\tcfg.sinks = ");
 		expr(em, ir->guards.sinks);
 		out(em, ";\n");
 	}
 	if (ir->guards.recent >= 0) {
-		out(em, "\tcfg.recent = ");
+		out(em, "\tcfg.has_recent = 1;\n\tcfg.recent = ");
 		expr(em, ir->guards.recent);
 		out(em, ";\n");
 	}

@@ -84,7 +84,7 @@ static inline int rt_cuda_compress_run(const struct kvp_cuda_compress_in *in,
 	double lb[1024];
 	if (L > 1024)
 		return rt_err_set(err, "policy %s: more than 1024 layers", cfg->name ? cfg->name : "?");
-	k_layer_budgets(cfg, kv, cfg->target, lb);
+	k_layer_budgets(cfg, L, cfg->target, (double)rt_kv_entries(kv) / ((double)L * kv->n_kv_head), lb);
 	uint8_t keep[65536];
 	const int n_ids = ctx->n_spans < 65535 ? ctx->n_spans : 65535;
 	for (int s = 0; s <= n_ids; s++)

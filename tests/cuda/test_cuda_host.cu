@@ -57,7 +57,9 @@ static int run_policy(const struct kvp_cuda_policy *cp, int L, int NKV, int G, i
                       long *n_evicted, long *n_words)
 {
 	const struct kvp_policy *p = cp->host;
-	const int32_t cap = 64, T = 48;
+	/* T: every layer's share of T tokens under Scissorhands' schedule (10% at layer 0) must
+	 * hold its 10-token recent window (the budget check refuses less) */
+	const int32_t cap = 128, T = 112;
 	const int H = L * NKV, qd = NKV * G * hd;
 	struct rt_run run;
 	rt_kv kv;
@@ -169,7 +171,8 @@ static int run_policy(const struct kvp_cuda_policy *cp, int L, int NKV, int G, i
 		struct k_compress_cfg cfg;
 		cp->compress_cfg(&run.ctx, &kv, &cfg);
 		double lb[64];
-		k_layer_budgets(&cfg, &kv, cfg.target, lb);
+		k_layer_budgets(&cfg, kv.n_layer, cfg.target,
+		                (double)rt_kv_entries(&kv) / ((double)kv.n_layer * kv.n_kv_head), lb);
 		struct k_cu_compress_args ca;
 		memset(&ca, 0, sizeof ca);
 		ca.k = s.k;
