@@ -555,7 +555,10 @@ static void emit_header(struct em *em)
 	}
 	out(em, " */\n");
 	out(em, "#include <math.h>\n#include <stddef.h>\n#include <stdint.h>\n\n");
-	out(em, "#include \"k_compress.h\"\n#include \"k_score.h\"\n#include \"k_signal.h\"\n");
+	out(em, "#include \"k_compress.h\"\n");
+	if (kvp_ir_grace_core(ir))
+		out(em, "#include \"k_grace_run.h\"\n");
+	out(em, "#include \"k_score.h\"\n#include \"k_signal.h\"\n");
 	out(em, "#include \"k_stat.h\"\n#include \"kv/rt_kv.h\"\n#include \"policy/rt_policy.h\"\n\n");
 	out(em, "#include <string.h>\n\n");
 	out(em, "/* Hooks and helpers keep the signatures of the ABI and the kernels; each policy reads\n"
@@ -965,12 +968,12 @@ static void emit_trigger(struct em *em)
 	out(em, "\treturn room;\n}\n\n");
 }
 
-/* The GraceKV core's values in an rt_gracekv_cfg (runtime/policy/rt_gracekv.h), from the
+/* GraceKV's values in a struct k_grace_cfg (kernels/k_grace_run.h), from the
  * policy's guards, allocation, action and question window. */
 static void emit_grace_cfg(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
-	out(em, "\trt_gracekv_cfg_default(gc);\n");
+	out(em, "\tk_grace_cfg_default(gc);\n");
 	out(em, "\tgc->name = cfg->name;\n\tgc->budget = cfg->budget;\n");
 	out(em, "\tgc->sinks = cfg->has_sinks ? cfg->sinks : gc->sinks;\n");
 	out(em, "\tgc->recent = cfg->has_recent ? cfg->recent : 0;\n");
@@ -1103,7 +1106,7 @@ static void emit_cfg_alloc_action(struct em *em)
 		out(em, "));\n");
 	}
 	if (kvp_ir_grace_core(ir))
-		return; /* the GraceKV core reads its action from the rt_gracekv_cfg */
+		return; /* GraceKV's actions read their values from the k_grace_cfg */
 	/* ORDER(action): enum kvp_ir_action (compiler/kvp_ir.h) to K_ACT_*
 	 * (kernels/k_compress.h) */
 	static const char *const acts[] = {
@@ -1166,9 +1169,9 @@ static void emit_compress(struct em *em)
 	int grace = kvp_ir_grace_core(ir);
 	emit_config(em);
 	if (grace) {
-		out(em, "/* grace_config: the GraceKV core's values (runtime/policy/rt_gracekv.h). */\n");
+		out(em, "/* grace_config: the values of GraceKV's actions (kernels/k_grace_run.h). */\n");
 		out(em, "static void grace_config(const struct kvp_ctx *ctx, const struct k_compress_cfg *cfg,\n"
-		        "                         struct rt_gracekv_cfg *gc)\n{\n");
+		        "                         struct k_grace_cfg *gc)\n{\n");
 		with_locals(em, P_LOCAL, 1, grace_config_body, NULL);
 		out(em, "}\n\n");
 	}
@@ -1183,7 +1186,7 @@ static void emit_compress(struct em *em)
 	}
 	out(em, "\tstruct k_compress_cfg cfg;\n\tconfig(ctx, kv, (double)ctx->seen, &cfg);\n");
 	if (grace) {
-		out(em, "\tstruct rt_gracekv_cfg gc;\n\tgrace_config(ctx, &cfg, &gc);\n");
+		out(em, "\tstruct k_grace_cfg gc;\n\tgrace_config(ctx, &cfg, &gc);\n");
 		out(em, "\treturn k_grace_run(ctx, kv, &cfg, %s, &gc, err);\n}\n\n",
 		    has_score ? "score_q" : "NULL");
 	} else {

@@ -238,7 +238,7 @@ const char *kvp_emit_cuda_host_why(const struct kvp_ir *ir)
 	if (ir->trigger.kind == KVP_TRIG_NEVER)
 		return "the policy never compresses";
 	if (kvp_ir_grace_core(ir))
-		return "the GraceKV core (runtime/policy/rt_gracekv) runs on the host";
+		return "GraceKV's prototype trees (kernels/k_grace_run.h) run on the host";
 	if (ir->action.kind != KVP_ACT_EVICT)
 		return "merging evicted entries into prototypes runs on the host";
 	if (ir->alloc.heads != KVP_HEADS_EACH)

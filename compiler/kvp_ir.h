@@ -266,8 +266,8 @@ enum kvp_ir_action {
 	                            dropped. */
 	KVP_ACT_SPLIT,           /* add/split (GraceKV, arXiv 2608.07001): with one global
 	                            pool, a prompt-end trigger and original positions
-	                            (kvp_ir_grace_core) the GraceKV core runtime/policy/rt_grace
-	                            via rt_gracekv: `run` is the slot (target segment) length,
+	                            (kvp_ir_grace_core) GraceKV's actions, kernels/k_grace_run.h
+	                            (k_grace_run): `run` is the slot (target segment) length,
 	                            `floor` the singleton floor per head, the allocation
 	                            floor the per-head coverage share, the score the direct
 	                            relevance. Otherwise (hand-built IRs only) a simplified
@@ -422,7 +422,7 @@ void kvp_ir_layout(struct kvp_ir *ir);
  * exact CAOTE, which reads the query head's attention output). */
 int kvp_ir_expr_per_qhead(const struct kvp_ir *ir, int32_t e);
 
-/* 1 when the policy runs the GraceKV core (runtime/policy/rt_gracekv): a SPLIT action over one
+/* 1 when the policy runs GraceKV's actions (kernels/k_grace_run.h): a SPLIT action over one
  * global pool, compressing once at the prompt end, original positions, a score without
  * layer-wide reduction (what `action = add_split` with `allocate = global` and
  * `compress at prompt end` lowers to; pooling applies after the group reduction). Other SPLIT combinations, which only a

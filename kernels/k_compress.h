@@ -5,8 +5,8 @@
  * global pool) -> selection (k_select, tie rule: equal scores keep the lower position)
  * -> action (evict, or merge evicted entries into a kept neighbour as a prototype with a
  * count) -> compaction (rt_kv_head_keep, an in-place gather). `action = add_split`
- * (GraceKV) takes the other road, k_grace_run: the score becomes the core's direct
- * relevance and runtime/policy/rt_gracekv runs the whole GraceKV compression (rt_grace).
+ * (GraceKV) takes the other road, k_grace_run (k_grace_run.h): the score becomes the
+ * direct relevance of the prototype trees' Add/Split competition.
  *
  * The generated code supplies the per-query-head score function (its statistics and
  * expression inlined) and a filled struct k_compress_cfg of constants and parameter
@@ -24,7 +24,6 @@
 #include "k_score.h"
 #include "k_select.h"
 #include "k_signal.h"
-#include "policy/rt_gracekv.h"
 #include "kv/rt_kv.h"
 #include "policy/rt_budget.h"
 #include "policy/rt_policy.h"
@@ -418,74 +417,6 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 				rt_kv_head_keep(kv, h, keep, nk);
 		}
 	return 0;
-}
-
-/* ---- add_split: the GraceKV core (runtime/policy/rt_grace via runtime/policy/rt_gracekv) ---------- */
-
-/* Scratch bytes of k_grace_run: the relevance [L × G × cap], one head's per-query-head
- * scores and the score temporaries, then rt_gracekv's area. */
-static inline size_t k_grace_scratch_bytes(const rt_kv *kv, int n_tmp)
-{
-	size_t H = (size_t)kv->n_layer * kv->n_kv_head, c = (size_t)kv->cap;
-	size_t core = rt_gracekv_scratch_bytes(kv);
-	if (core == 0 || core == SIZE_MAX)
-		return core;
-	return 64 + k_align64(H * c * sizeof(float)) + k_align64((size_t)kv->group * c * sizeof(float)) +
-	       k_align64((size_t)(n_tmp > 0 ? n_tmp : 1) * c * sizeof(float)) +
-	       k_align64((size_t)2 * kv->head_dim * sizeof(double)) + core;
-}
-
-/* Compress kv with the GraceKV core. When the policy has a score (score_fn != NULL) it is
- * the direct relevance of every entry: computed per query head, reduced over the group
- * by cfg->reduce (no pooling, no guards: the core treats the guarded prefix, suffix and
- * recent window itself) into [L × G × n] and handed over as gc->rel; without a score
- * the core computes the question's attention from the probes. Returns 0, or -1 with err
- * set (scratch too small, and every error of rt_gracekv_compress). */
-static inline int k_grace_run(const struct kvp_ctx *ctx, rt_kv *kv,
-                              const struct k_compress_cfg *cfg, k_score_fn score_fn,
-                              rt_gracekv_cfg *gc, rt_err *err)
-{
-	size_t need = k_grace_scratch_bytes(kv, cfg->n_tmp);
-	if (!ctx->scratch || need == 0 || need == SIZE_MAX || ctx->scratch_len < need)
-		return rt_err_set(err, "policy %s: compress needs %zu bytes of scratch, runtime gave %zu",
-		                  cfg->name ? cfg->name : "?", need, ctx->scratch_len);
-	/* the same budget check as every policy, on the core's values */
-	struct k_compress_cfg bc = *cfg;
-	bc.budget = bc.target = gc->budget;
-	bc.has_sinks = gc->sinks > 0;
-	bc.sinks = gc->sinks;
-	bc.has_recent = gc->recent > 0;
-	bc.recent = gc->recent;
-	bc.layers = K_LAYERS_UNIFORM;
-	if (k_budget_check(ctx, kv, &bc, (double)ctx->seen, 0, NULL, err) < 0)
-		return -1;
-	const int L = kv->n_layer, G = kv->n_kv_head, R = kv->group;
-	const size_t H = (size_t)L * G, c = (size_t)kv->cap;
-	uint8_t *p = (uint8_t *)(((uintptr_t)ctx->scratch + 63) & ~(uintptr_t)63);
-	float *rel = (float *)(void *)p; p += k_align64(H * c * sizeof(float));
-	float *qs = (float *)(void *)p; p += k_align64((size_t)R * c * sizeof(float));
-	float *tmp = (float *)(void *)p; p += k_align64((size_t)(cfg->n_tmp > 0 ? cfg->n_tmp : 1) * c * sizeof(float));
-	double *vec = (double *)(void *)p; p += k_align64((size_t)2 * kv->head_dim * sizeof(double));
-	gc->rel = NULL;
-	if (score_fn && cfg->has_score) {
-		const int32_t n = kv->heads[0].n;
-		for (int l = 0; l < L; l++)
-			for (int g = 0; g < G; g++) {
-				rt_kv_head *h = rt_kv_head_at(kv, l, g);
-				RT_ASSERT(h->n == n);
-				float *s = rel + ((size_t)l * G + g) * (size_t)n;
-				if (cfg->reduce < 0) {
-					score_fn(ctx, kv, h, l, 0, s, tmp, vec);
-					continue;
-				}
-				for (int r = 0; r < R; r++)
-					score_fn(ctx, kv, h, l, r, qs + (size_t)r * c, tmp, vec);
-				k_reduce(s, qs, R, (int32_t)c, n, cfg->reduce);
-			}
-		gc->rel = rel;
-	}
-	size_t used = (size_t)(p - (uint8_t *)ctx->scratch);
-	return rt_gracekv_compress(ctx, kv, gc, p, ctx->scratch_len - used, NULL, err);
 }
 
 #endif

@@ -1,11 +1,12 @@
 /*
- * test_grace: the GraceKV compression core (runtime/policy/rt_grace.c) on synthetic data with
+ * test_grace: GraceKV's actions (kernels/k_proto.h, k_segment.h, k_uheap.h, k_single.h,
+ * k_grace.h) on synthetic data with
  * grouped-query shapes (9 query / 3 KV heads, 4 / 1). References are independent: a
  * float RoPE written like the forward's, rt_model's attention softmax for the merged-entry
  * semantics, hand-computed distortions and utilities for a two-segment case, a qsort
  * oracle for the heap order, a bitwise copy of the store for exactness at x = 1, and the
  * budget formula floor(L·G·N_ctx / x) for the entry count. The glue of the compiled
- * policy (runtime/policy/rt_gracekv, kernels/k_compress.h k_grace_run) is checked against the
+ * policy (kernels/k_grace_run.h: k_grace_apply, k_grace_run) is checked against the
  * core called directly with an input built by hand from a synthetic prompt trace, and,
  * through rt_seq on tiny synthetic models (9/3, 4/1) with the runtime's own trace, at
  * compression 1 against the full cache's logits.
@@ -24,8 +25,8 @@
 #include "kvp_sema.h"
 #include "kvp_src.h"
 #include "k_signal.h"
-#include "policy/rt_grace.h"
-#include "policy/rt_gracekv.h"
+#include "k_grace_run.h"
+#include "base/rt_rope.h"
 #include "kv/rt_kv.h"
 #include "model/rt_model.h"
 #include "policy/rt_seq.h"
@@ -46,6 +47,49 @@ static float rnd(void)
 {
 	rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
 	return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* The kernels' rotation by +pos / -pos (base/rt_rope, angles and products in double). */
+static void rope_to(float *x, int d, int n_rot, float base, int32_t pos)
+{
+	ck_assert(n_rot >= 0 && n_rot <= d && n_rot % 2 == 0);
+	rt_rope_by_f32(x, n_rot, base, (double)pos);
+}
+
+static void rope_back(float *x, int d, int n_rot, float base, int32_t pos)
+{
+	ck_assert(n_rot >= 0 && n_rot <= d && n_rot % 2 == 0);
+	rt_rope_by_f32(x, n_rot, base, -(double)pos);
+}
+
+/* The paper's prototype (un-rotated key mean, coherence count, smoothing 0.1). */
+static void proto_paper(const float *K, const float *V, const int32_t *P, const float *w,
+                        const int32_t *idx, int n, int d, int n_rot, float base, float *k_out,
+                        float *v_out, int32_t *pos_out, float *count_out, double *coh,
+                        double *work)
+{
+	k_proto_merge(K, V, P, w, idx, n, d, n_rot, base, NULL, K_PROTO_KEY_UNROPE,
+	              K_PROTO_COUNT_COHERENCE, 0.1, k_out, v_out, pos_out, count_out, coh, work);
+}
+
+/* The competition with its scratch in memory of its own (k_grace_init_at). */
+typedef struct {
+	struct k_grace k;
+	void *mem;
+} grace_t;
+
+static int grace_init(grace_t *g, const rt_kv *kv, int n_rot, float base, int32_t max_probe,
+                      rt_err *err)
+{
+	size_t len = k_grace_bytes(kv, n_rot, max_probe);
+	g->mem = len > 0 && len != SIZE_MAX ? malloc(len) : NULL;
+	return k_grace_init_at(&g->k, kv, n_rot, base, max_probe, g->mem, len, err);
+}
+
+static void grace_free(grace_t *g)
+{
+	free(g->mem);
+	g->mem = NULL;
 }
 
 /* The forward's RoPE (rt_model.c rope_table/rope_apply): cos/sin in double rounded to
@@ -103,20 +147,20 @@ START_TEST(test_rope_roundtrip)
 		for (int nr = 0; nr <= 64; nr += 32) {
 			memcpy(y, x, sizeof y);
 			memcpy(r, x, sizeof r);
-			rt_grace_rope(y, d, nr, 100000.0f, positions[pi]);
+			rope_to(y, d, nr, 100000.0f, positions[pi]);
 			ref_rope(r, d, nr, 100000.0f, positions[pi]);
 			for (int i = 0; i < d; i++)
 				ck_assert_float_eq_tol(y[i], r[i], 2e-6f);
 			for (int i = nr; i < d; i++)
 				ck_assert_float_eq(y[i], x[i]); /* unrotated dims untouched */
-			rt_grace_unrope(y, d, nr, 100000.0f, positions[pi]);
+			rope_back(y, d, nr, 100000.0f, positions[pi]);
 			for (int i = 0; i < d; i++)
 				ck_assert_float_eq_tol(y[i], x[i], 2e-6f);
 		}
 	}
 	/* one pair by hand: pos 1, i = 0 rotates by exactly 1 radian */
 	float p[2] = { 1.0f, 0.0f };
-	rt_grace_rope(p, 2, 2, 10000.0f, 1);
+	rope_to(p, 2, 2, 10000.0f, 1);
 	ck_assert_float_eq_tol(p[0], (float)cos(1.0), 1e-7f);
 	ck_assert_float_eq_tol(p[1], (float)sin(1.0), 1e-7f);
 }
@@ -142,7 +186,7 @@ START_TEST(test_merge_identical_keys)
 		for (int i = 0; i < d; i++)
 			V[j * d + i] = (float)(j + 1);
 	}
-	rt_grace_prototype(K, V, P, NULL, idx, 4, d, nr, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
+	proto_paper(K, V, P, NULL, idx, 4, d, nr, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
 	ck_assert_int_eq(pos, 15);
 	ck_assert_double_eq_tol(coh, 1.0, 1e-6);
 	ck_assert_float_eq_tol(cnt, 4.0f, 1e-5f);
@@ -155,17 +199,17 @@ START_TEST(test_merge_identical_keys)
 	}
 	/* relevance weights (1, 0, 0, 0): beta = 0.025, v~ = (1.025·1 + 0.025·(2+3+4)) / 1.1 */
 	float w[4] = { 1, 0, 0, 0 };
-	rt_grace_prototype(K, V, P, w, idx, 4, d, nr, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
+	proto_paper(K, V, P, w, idx, 4, d, nr, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
 	ck_assert_float_eq_tol(vt[0], (float)((1.025 + 0.025 * 9) / 1.1), 1e-6f);
 	/* opposite keys: coherence 0, count clamped to 1; rounding half up: mean 11.5 -> 12 */
 	int32_t P2[2] = { 11, 12 };
 	float K2[4] = { 1, 0, -1, 0 }, V2[4] = { 0, 0, 0, 0 };
-	rt_grace_prototype(K2, V2, P2, NULL, idx, 2, 2, 0, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
+	proto_paper(K2, V2, P2, NULL, idx, 2, 2, 0, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
 	ck_assert_double_eq_tol(coh, 0.0, 1e-9);
 	ck_assert_float_eq(cnt, 1.0f);
 	ck_assert_int_eq(pos, 12);
 	/* a single member is itself, bit for bit */
-	rt_grace_prototype(K, V, P, NULL, idx + 2, 1, d, nr, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
+	proto_paper(K, V, P, NULL, idx + 2, 1, d, nr, 10000.0f, kt, vt, &pos, &cnt, &coh, work);
 	ck_assert_int_eq(memcmp(kt, K + 2 * d, d * sizeof(float)), 0);
 	ck_assert_int_eq(pos, 17);
 	ck_assert_float_eq(cnt, 1.0f);
@@ -224,7 +268,7 @@ START_TEST(test_exact_case_attention)
 	float w[8] = { 0.2f, 0.2f, 0.2f, 0.2f, 0.2f, 0, 0, 0 }; /* equal relevance */
 	float K2[4 * 8], V2[4 * 8], lc2[4] = { 0 }, cnt;
 	double work[16], coh;
-	rt_grace_prototype(K, V, P, w, idx, 5, d, nr, 10000.0f, K2, V2, &pos, &cnt, &coh, work);
+	proto_paper(K, V, P, w, idx, 5, d, nr, 10000.0f, K2, V2, &pos, &cnt, &coh, work);
 	ck_assert_int_eq(pos, 6); /* mean of 0, 3, 6, 9, 12 */
 	ck_assert_double_eq_tol(coh, 1.0, 1e-7);
 	ck_assert_float_eq_tol(cnt, 5.0f, 1e-5f);
@@ -249,7 +293,7 @@ END_TEST
 START_TEST(test_key_and_count_modes)
 {
 	/* one 4/1 head, 6 tokens in one segment, x = 6: B_total = 1, so the store becomes the
-	 * root prototype. Paper mode equals rt_grace_prototype; KEY_POST + COUNT_N gives the
+	 * root prototype. Paper mode equals proto_paper; KEY_POST + COUNT_N gives the
 	 * plain mean of the post-RoPE keys at count 6. */
 	const int d = 8;
 	for (int mode = 0; mode < 2; mode++) {
@@ -257,19 +301,19 @@ START_TEST(test_key_and_count_modes)
 		make_store(&kv, 1, 1, 4, d, d, 6, 6, 60);
 		rt_kv ref;
 		make_store(&ref, 1, 1, 4, d, d, 6, 6, 60);
-		rt_grace g;
+		grace_t g;
 		rt_err err = {0};
-		ck_assert_int_eq(rt_grace_init(&g, &kv, d, 10000.0f, 1, &err), 0);
-		rt_grace_params p;
-		rt_grace_params_default(&p);
+		ck_assert_int_eq(grace_init(&g, &kv, d, 10000.0f, 1, &err), 0);
+		struct k_grace_params p;
+		k_grace_params_default(&p);
 		p.x = 6.0;
 		p.recent = 0;
-		p.key_mode = mode ? RT_GRACE_KEY_POST : RT_GRACE_KEY_UNROPE;
-		p.count_mode = mode ? RT_GRACE_COUNT_N : RT_GRACE_COUNT_COHERENCE;
-		rt_grace_input in = { 0 };
+		p.key_mode = mode ? K_PROTO_KEY_POST : K_PROTO_KEY_UNROPE;
+		p.count_mode = mode ? K_PROTO_COUNT_N : K_PROTO_COUNT_COHERENCE;
+		struct k_grace_input in = { 0 };
 		float rel[6] = { 1, 1, 1, 1, 1, 1 };
 		in.rel = rel;
-		ck_assert_msg(rt_grace_compress(&g, &kv, &p, &in, NULL, &err) == 0, "%s", err.msg);
+		ck_assert_msg(k_grace_compress(&g.k, &kv, &p, &in, NULL, &err) == 0, "%s", err.msg);
 		const rt_kv_head *h = &kv.heads[0], *r = &ref.heads[0];
 		ck_assert_int_eq(h->n, 1);
 		ck_assert_int_eq(h->pos[0], 3); /* round(2.5) half up */
@@ -285,14 +329,14 @@ START_TEST(test_key_and_count_modes)
 			int32_t idx[6] = { 0, 1, 2, 3, 4, 5 }, pos;
 			float kt[8], vt[8], cnt;
 			double work[16];
-			rt_grace_prototype(r->k, r->v, r->pos, rel, idx, 6, d, d, 10000.0f, kt, vt, &pos, &cnt,
+			proto_paper(r->k, r->v, r->pos, rel, idx, 6, d, d, 10000.0f, kt, vt, &pos, &cnt,
 			                   NULL, work);
 			ck_assert_int_eq(memcmp(kt, h->k, sizeof kt), 0);
 			ck_assert_int_eq(memcmp(vt, h->v, sizeof vt), 0);
 			ck_assert_float_eq(cnt, h->count[0]);
 			ck_assert(cnt < 6.0f); /* random keys are incoherent */
 		}
-		rt_grace_free(&g);
+		grace_free(&g);
 		rt_kv_free(&ref);
 		rt_kv_free(&kv);
 	}
@@ -303,7 +347,7 @@ END_TEST
 
 static int oracle_cmp(const void *a, const void *b)
 {
-	const rt_grace_item *x = a, *y = b;
+	const struct k_uheap_item *x = a, *y = b;
 	double ux = isnan(x->u) ? -INFINITY : x->u, uy = isnan(y->u) ? -INFINITY : y->u;
 	if (ux > uy)
 		return -1;
@@ -318,36 +362,36 @@ static int oracle_cmp(const void *a, const void *b)
 
 START_TEST(test_heap_order_and_ties)
 {
-	rt_grace_item buf[16];
-	rt_grace_heap h = { buf, 0, 16 };
+	struct k_uheap_item buf[16];
+	struct k_uheap h = { buf, 0, 16 };
 	/* equal utility 1.0 on purpose: lower layer, then head, then position pops first */
-	rt_grace_item in[] = {
+	struct k_uheap_item in[] = {
 		{ 1.0, 2, 0, 5, 0 }, { 1.0, 1, 2, 9, 1 }, { 1.0, 1, 0, 40, 2 }, { 1.0, 1, 0, 7, 3 },
 		{ 2.5, 9, 9, 99, 4 }, { NAN, 0, 0, 0, 5 }, { -1.0, 0, 0, 0, 6 }, { 1.0, 0, 1, 3, 7 },
 	};
 	for (int i = 0; i < 8; i++)
-		rt_grace_heap_push(&h, &in[i]);
+		k_uheap_push(&h, &in[i]);
 	int want[] = { 4, 7, 3, 2, 1, 0, 6, 5 };
-	rt_grace_item o;
+	struct k_uheap_item o;
 	for (int i = 0; i < 8; i++) {
-		ck_assert(rt_grace_heap_pop(&h, &o));
+		ck_assert(k_uheap_pop(&h, &o));
 		ck_assert_int_eq(o.id, want[i]);
 	}
-	ck_assert_int_eq(rt_grace_heap_pop(&h, &o), 0);
+	ck_assert_int_eq(k_uheap_pop(&h, &o), 0);
 	/* 2000 random items with many ties against a qsort oracle */
 	enum { N = 2000 };
-	static rt_grace_item big[N], ref[N];
-	rt_grace_heap hb = { big, 0, N };
+	static struct k_uheap_item big[N], ref[N];
+	struct k_uheap hb = { big, 0, N };
 	rng_seed(4);
 	for (int i = 0; i < N; i++) {
-		rt_grace_item it = { (double)(int)(4 * rnd()), (int)(3 + 3 * rnd()), (int)(2 + 2 * rnd()),
+		struct k_uheap_item it = { (double)(int)(4 * rnd()), (int)(3 + 3 * rnd()), (int)(2 + 2 * rnd()),
 		                     (int)(50 + 50 * rnd()), i };
 		ref[i] = it;
-		rt_grace_heap_push(&hb, &it);
+		k_uheap_push(&hb, &it);
 	}
 	qsort(ref, N, sizeof ref[0], oracle_cmp);
 	for (int i = 0; i < N; i++) {
-		ck_assert(rt_grace_heap_pop(&hb, &o));
+		ck_assert(k_uheap_pop(&hb, &o));
 		ck_assert_int_eq(o.id, ref[i].id);
 	}
 }
@@ -362,7 +406,7 @@ typedef struct trace_log {
 	double delta[16];
 } trace_log;
 
-static void trace_cb(void *user, enum rt_grace_action kind, int layer, int kv_head, int32_t pos,
+static void trace_cb(void *user, enum k_grace_action kind, int layer, int kv_head, int32_t pos,
                      int32_t members, int cost, double delta)
 {
 	trace_log *t = user;
@@ -382,7 +426,7 @@ static void trace_cb(void *user, enum rt_grace_action kind, int layer, int kv_he
  * with opposite keys (1,0), (-1,0) and values (1,0), (0,1); segment B = tokens 2, 3 with
  * the same key (0,1) and value (0.5,0.5). One probe token whose four query rows are
  * (√2, 0), so logits are k_x: 1, -1, 0, 0. Budget 2 entries (x = 2, no recent, no floor). */
-static void split_case(float relA, float relB, trace_log *tl, rt_kv *kv, rt_grace_stats *st)
+static void split_case(float relA, float relB, trace_log *tl, rt_kv *kv, struct k_grace_stats *st)
 {
 	rt_err err = {0};
 	ck_assert_int_eq(rt_kv_init(kv, 1, 1, 4, 2, 8, 0, 0, &err), 0);
@@ -391,8 +435,8 @@ static void split_case(float relA, float relB, trace_log *tl, rt_kv *kv, rt_grac
 	rt_kv_head *h = rt_kv_head_at(kv, 0, 0);
 	for (int t = 0; t < 4; t++)
 		rt_kv_append(kv, h, K[t], V[t], t);
-	rt_grace g;
-	ck_assert_int_eq(rt_grace_init(&g, kv, 0, 10000.0f, 1, &err), 0);
+	grace_t g;
+	ck_assert_int_eq(grace_init(&g, kv, 0, 10000.0f, 1, &err), 0);
 	float q[4 * 2];
 	for (int r = 0; r < 4; r++) {
 		q[2 * r] = (float)sqrt(2.0);
@@ -400,12 +444,12 @@ static void split_case(float relA, float relB, trace_log *tl, rt_kv *kv, rt_grac
 	}
 	float rel[4] = { relA, relA, relB, relB };
 	int32_t seg[2] = { 0, 2 }, ppos = 4;
-	rt_grace_params p;
-	rt_grace_params_default(&p);
+	struct k_grace_params p;
+	k_grace_params_default(&p);
 	p.x = 2.0;
 	p.recent = 0;
 	p.floor = 0;
-	rt_grace_input in = { 0 };
+	struct k_grace_input in = { 0 };
 	in.seg_start = seg;
 	in.n_seg = 2;
 	in.probe_q = q;
@@ -415,8 +459,8 @@ static void split_case(float relA, float relB, trace_log *tl, rt_kv *kv, rt_grac
 	in.trace = trace_cb;
 	in.trace_user = tl;
 	memset(tl, 0, sizeof *tl);
-	ck_assert_msg(rt_grace_compress(&g, kv, &p, &in, st, &err) == 0, "%s", err.msg);
-	rt_grace_free(&g);
+	ck_assert_msg(k_grace_compress(&g.k, kv, &p, &in, st, &err) == 0, "%s", err.msg);
+	grace_free(&g);
 }
 
 START_TEST(test_split_beats_add)
@@ -436,14 +480,14 @@ START_TEST(test_split_beats_add)
 	ck_assert(u_add_a > u_add_b && u_split_a > u_add_b);
 	trace_log tl;
 	rt_kv kv;
-	rt_grace_stats st;
+	struct k_grace_stats st;
 	split_case(0.45f, 0.05f, &tl, &kv, &st);
 	ck_assert_int_eq(st.b_total, 2);
 	ck_assert_int_eq(tl.n, 2);
-	ck_assert_int_eq(tl.kind[0], RT_GRACE_ADD);
+	ck_assert_int_eq(tl.kind[0], K_GRACE_ADD);
 	ck_assert_int_eq(tl.pos[0], 0);
 	ck_assert_double_eq_tol(tl.delta[0], u_add_a, 1e-5);
-	ck_assert_int_eq(tl.kind[1], RT_GRACE_SPLIT_BINARY); /* beats Add(B) */
+	ck_assert_int_eq(tl.kind[1], K_GRACE_SPLIT_BINARY); /* beats Add(B) */
 	ck_assert_int_eq(tl.cost[1], 1);
 	ck_assert_double_eq_tol(tl.delta[1], u_split_a, 1e-5);
 	rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
@@ -458,10 +502,10 @@ START_TEST(test_split_beats_add)
 	 * outranks everything, then Add(A) = 0.429·0.887 beats Split(B) (Δ = 0) */
 	split_case(0.45f, 0.6f, &tl, &kv, &st);
 	ck_assert_int_eq(tl.n, 2);
-	ck_assert_int_eq(tl.kind[0], RT_GRACE_ADD);
+	ck_assert_int_eq(tl.kind[0], K_GRACE_ADD);
 	ck_assert_int_eq(tl.pos[0], 2);
 	ck_assert_double_eq_tol(tl.delta[0], 1.2 / 2.1 * 2.0, 1e-5);
-	ck_assert_int_eq(tl.kind[1], RT_GRACE_ADD);
+	ck_assert_int_eq(tl.kind[1], K_GRACE_ADD);
 	ck_assert_double_eq_tol(tl.delta[1], 0.9 / 2.1 * (2.0 - DA), 1e-5);
 	h = rt_kv_head_at(&kv, 0, 0);
 	ck_assert_int_eq(h->n, 2);
@@ -499,12 +543,12 @@ static int32_t make_segments(int32_t n_ctx, int32_t *seg, float *bound_ctx)
 			hd[(size_t)i * E + e] = x[e];
 		}
 	}
-	rt_grace_seg_params sp;
-	rt_grace_seg_params_default(&sp);
-	double *work = malloc(rt_grace_segment_work(n_ctx, E, 1, sp.n_win) * sizeof(double));
+	struct k_segment_params sp;
+	k_segment_params_default(&sp);
+	double *work = malloc(k_segment_work(n_ctx, E, 1, sp.n_win) * sizeof(double));
 	const float *hl[1] = { hd };
 	rt_err err = {0};
-	int32_t k = rt_grace_segment(&sp, n_ctx, E, 1, hl, NULL, work, bound_ctx, seg, &err);
+	int32_t k = k_segment(&sp, n_ctx, E, 1, hl, NULL, work, bound_ctx, seg, &err);
 	ck_assert_msg(k >= 1, "%s", err.msg);
 	free(work);
 	free(hd);
@@ -512,20 +556,20 @@ static int32_t make_segments(int32_t n_ctx, int32_t *seg, float *bound_ctx)
 }
 
 static void run_compress(rt_kv *kv, double x, int32_t prefix, int32_t suffix, int32_t recent,
-                         int64_t floor, int use_segments, rt_grace_stats *st)
+                         int64_t floor, int use_segments, struct k_grace_stats *st)
 {
 	const int32_t n = kv->heads[0].n;
-	rt_grace g;
+	grace_t g;
 	rt_err err = {0};
-	ck_assert_int_eq(rt_grace_init(&g, kv, kv->head_dim, 10000.0f, 16, &err), 0);
+	ck_assert_int_eq(grace_init(&g, kv, kv->head_dim, 10000.0f, 16, &err), 0);
 	int32_t *seg = malloc((size_t)n * sizeof(int32_t));
 	float *bound = calloc((size_t)n, sizeof(float));
-	rt_grace_params p;
-	rt_grace_params_default(&p);
+	struct k_grace_params p;
+	k_grace_params_default(&p);
 	p.x = x;
 	p.recent = recent;
 	p.floor = floor;
-	rt_grace_input in = { 0 };
+	struct k_grace_input in = { 0 };
 	in.prefix = prefix;
 	in.suffix = suffix;
 	if (use_segments) {
@@ -536,10 +580,10 @@ static void run_compress(rt_kv *kv, double x, int32_t prefix, int32_t suffix, in
 		in.n_seg = k;
 		in.boundary = bound;
 	}
-	ck_assert_msg(rt_grace_compress(&g, kv, &p, &in, st, &err) == 0, "%s", err.msg);
+	ck_assert_msg(k_grace_compress(&g.k, kv, &p, &in, st, &err) == 0, "%s", err.msg);
 	free(seg);
 	free(bound);
-	rt_grace_free(&g);
+	grace_free(&g);
 }
 
 START_TEST(test_x1_exact)
@@ -551,7 +595,7 @@ START_TEST(test_x1_exact)
 			make_store(&kv, s.L, s.G, s.R, 16, 16, 300, 320, 10 + si);
 			void *copy = malloc(kv.mem_bytes);
 			memcpy(copy, kv.mem, kv.mem_bytes);
-			rt_grace_stats st;
+			struct k_grace_stats st;
 			run_compress(&kv, 1.0, 5, 12, 20, 7, use_seg, &st);
 			/* every tree fully expanded: the whole allocation is bit-identical */
 			ck_assert_int_eq(st.b_total, (int64_t)s.L * s.G * (300 - 17));
@@ -576,7 +620,7 @@ START_TEST(test_budget_exact)
 			make_store(&kv, s.L, s.G, s.R, 16, 16, n, n, 20 + si);
 			rt_kv ref;
 			make_store(&ref, s.L, s.G, s.R, 16, 16, n, n, 20 + si);
-			rt_grace_stats st;
+			struct k_grace_stats st;
 			run_compress(&kv, xs[xi], prefix, suffix, recent, 2 * LG, 1, &st);
 			int64_t want = (int64_t)floor((double)LG * (n - prefix - suffix) / xs[xi]);
 			ck_assert_int_eq(st.b_total, want);
@@ -630,18 +674,18 @@ START_TEST(test_singleton_floor)
 	rel[1 * n + 40] = 500.0f;
 	rel[5 * n + 90] = 400.0f;
 	rel[1 * n + 41] = 300.0f;
-	rt_grace g;
+	grace_t g;
 	rt_err err = {0};
-	ck_assert_int_eq(rt_grace_init(&g, &kv, 16, 10000.0f, 4, &err), 0);
-	rt_grace_params p;
-	rt_grace_params_default(&p);
+	ck_assert_int_eq(grace_init(&g, &kv, 16, 10000.0f, 4, &err), 0);
+	struct k_grace_params p;
+	k_grace_params_default(&p);
 	p.x = 16.0;
 	p.recent = 4;
 	p.floor = 3;
-	rt_grace_input in = { 0 };
+	struct k_grace_input in = { 0 };
 	in.rel = rel;
-	rt_grace_stats st;
-	ck_assert_msg(rt_grace_compress(&g, &kv, &p, &in, &st, &err) == 0, "%s", err.msg);
+	struct k_grace_stats st;
+	ck_assert_msg(k_grace_compress(&g.k, &kv, &p, &in, &st, &err) == 0, "%s", err.msg);
 	ck_assert_int_eq(st.b_total, LG * n / 16);
 	ck_assert_int_eq(st.b_floor, 3);
 	ck_assert_int_eq(rt_kv_entries(&kv), LG * n / 16);
@@ -657,7 +701,7 @@ START_TEST(test_singleton_floor)
 		ck_assert_msg(found, "floor token %d of head %d not kept exactly", want_t[w], want_lg[w]);
 	}
 	free(rel);
-	rt_grace_free(&g);
+	grace_free(&g);
 	rt_kv_free(&ref);
 	rt_kv_free(&kv);
 }
@@ -705,22 +749,22 @@ START_TEST(test_probe_relevance_and_hops)
 			for (int32_t t = 0; t < vis; t++)
 				rel[t] += (float)(exp(lg[t] - mx) / sum);
 		}
-	rt_grace g;
+	grace_t g;
 	rt_err err = {0};
-	ck_assert_int_eq(rt_grace_init(&g, &a, d, 10000.0f, 4, &err), 0);
-	rt_grace_params p;
-	rt_grace_params_default(&p);
+	ck_assert_int_eq(grace_init(&g, &a, d, 10000.0f, 4, &err), 0);
+	struct k_grace_params p;
+	k_grace_params_default(&p);
 	p.x = 6.0;
 	p.recent = 4;
 	p.floor = 2;
-	rt_grace_input in = { 0 };
+	struct k_grace_input in = { 0 };
 	in.suffix = suffix;
 	in.probe_q = q;
 	in.probe_pos = ppos;
 	in.n_probe = np;
-	ck_assert_msg(rt_grace_compress(&g, &a, &p, &in, NULL, &err) == 0, "%s", err.msg);
+	ck_assert_msg(k_grace_compress(&g.k, &a, &p, &in, NULL, &err) == 0, "%s", err.msg);
 	in.rel = rel;
-	ck_assert_msg(rt_grace_compress(&g, &b, &p, &in, NULL, &err) == 0, "%s", err.msg);
+	ck_assert_msg(k_grace_compress(&g.k, &b, &p, &in, NULL, &err) == 0, "%s", err.msg);
 	ck_assert_int_eq(a.heads[0].n, b.heads[0].n);
 	for (int32_t i = 0; i < a.heads[0].n; i++) {
 		ck_assert_int_eq(a.heads[0].pos[i], b.heads[0].pos[i]);
@@ -741,18 +785,18 @@ START_TEST(test_probe_relevance_and_hops)
 		rel[150] = 1000.0f;
 		rel[60] = 30.0f;
 		int32_t nn = n;
-		rt_grace_input ih = { 0 };
+		struct k_grace_input ih = { 0 };
 		ih.suffix = suffix;
 		ih.rel = rel;
 		ih.hop_attn = with_hop ? hop_row : NULL;
 		ih.hop_user = &nn;
-		rt_grace_params ph = p;
+		struct k_grace_params ph = p;
 		ph.x = 20.0;
 		ph.lambda_graph = 0.5;
 		ph.hops = 1;
 		ph.hop_seeds = 1;
 		ph.floor = 2;
-		ck_assert_msg(rt_grace_compress(&g, &c, &ph, &ih, NULL, &err) == 0, "%s", err.msg);
+		ck_assert_msg(k_grace_compress(&g.k, &c, &ph, &ih, NULL, &err) == 0, "%s", err.msg);
 		int has20 = 0, has60 = 0, has150 = 0;
 		for (int32_t i = 0; i < c.heads[0].n; i++) {
 			if (c.heads[0].count[i] != 1.0f)
@@ -767,7 +811,7 @@ START_TEST(test_probe_relevance_and_hops)
 		rt_kv_free(&c);
 	}
 	free(rel);
-	rt_grace_free(&g);
+	grace_free(&g);
 }
 END_TEST
 
@@ -775,46 +819,46 @@ START_TEST(test_errors)
 {
 	rt_kv kv;
 	make_store(&kv, 2, 3, 3, 16, 16, 64, 64, 50);
-	rt_grace g;
+	grace_t g;
 	rt_err err = {0};
-	ck_assert_int_eq(rt_grace_init(&g, &kv, 16, 10000.0f, 4, &err), 0);
-	rt_grace_params p;
-	rt_grace_params_default(&p);
-	rt_grace_input in = { 0 };
+	ck_assert_int_eq(grace_init(&g, &kv, 16, 10000.0f, 4, &err), 0);
+	struct k_grace_params p;
+	k_grace_params_default(&p);
+	struct k_grace_input in = { 0 };
 	void *copy = malloc(kv.mem_bytes);
 	memcpy(copy, kv.mem, kv.mem_bytes);
 	p.x = 0.5;
-	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, NULL, &err), -1);
+	ck_assert_int_eq(k_grace_compress(&g.k, &kv, &p, &in, NULL, &err), -1);
 	ck_assert_ptr_nonnull(strstr(err.msg, "gracekv: compression factor"));
 	p.x = 16.0;
 	p.recent = 32; /* 32 × 6 entries > 64 × 6 / 16 */
-	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, NULL, &err), -1);
+	ck_assert_int_eq(k_grace_compress(&g.k, &kv, &p, &in, NULL, &err), -1);
 	ck_assert_ptr_nonnull(strstr(err.msg, "recent window"));
 	p.recent = 2;
 	in.prefix = 40;
 	in.suffix = 30;
-	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, NULL, &err), -1);
+	ck_assert_int_eq(k_grace_compress(&g.k, &kv, &p, &in, NULL, &err), -1);
 	ck_assert_ptr_nonnull(strstr(err.msg, "prefix"));
 	in.prefix = in.suffix = 0;
 	kv.heads[4].count[7] = 3.0f;
-	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, NULL, &err), -1);
+	ck_assert_int_eq(k_grace_compress(&g.k, &kv, &p, &in, NULL, &err), -1);
 	ck_assert_ptr_nonnull(strstr(err.msg, "merged"));
 	kv.heads[4].count[7] = 1.0f;
 	ck_assert_int_eq(memcmp(copy, kv.mem, kv.mem_bytes), 0); /* unchanged on error */
 	/* no context at all (prefix + suffix = n): nothing to compress, store unchanged */
 	in.prefix = 40;
 	in.suffix = 24;
-	rt_grace_stats st;
-	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, &st, &err), 0);
+	struct k_grace_stats st;
+	ck_assert_int_eq(k_grace_compress(&g.k, &kv, &p, &in, &st, &err), 0);
 	ck_assert_int_eq(st.b_total, 0);
 	ck_assert_int_eq(memcmp(copy, kv.mem, kv.mem_bytes), 0);
 	/* an empty store */
 	rt_kv_reset(&kv);
 	in.prefix = in.suffix = 0;
-	ck_assert_int_eq(rt_grace_compress(&g, &kv, &p, &in, &st, &err), 0);
+	ck_assert_int_eq(k_grace_compress(&g.k, &kv, &p, &in, &st, &err), 0);
 	ck_assert_int_eq(rt_kv_entries(&kv), 0);
 	free(copy);
-	rt_grace_free(&g);
+	grace_free(&g);
 	rt_kv_free(&kv);
 }
 END_TEST
@@ -837,14 +881,14 @@ START_TEST(test_segment_turn)
 				v += (float)(i < 50 ? 0 : i - 49);
 			hd[i * E + e] = v;
 		}
-	rt_grace_seg_params sp;
-	rt_grace_seg_params_default(&sp);
-	double *work = malloc(rt_grace_segment_work(n, E, 2, sp.n_win) * sizeof(double));
+	struct k_segment_params sp;
+	k_segment_params_default(&sp);
+	double *work = malloc(k_segment_work(n, E, 2, sp.n_win) * sizeof(double));
 	const float *hl[2] = { hd, hd };
 	int32_t seg[100];
 	float bnd[100];
 	rt_err err = {0};
-	int32_t k = rt_grace_segment(&sp, n, E, 2, hl, NULL, work, bnd, seg, &err);
+	int32_t k = k_segment(&sp, n, E, 2, hl, NULL, work, bnd, seg, &err);
 	ck_assert_int_eq(k, 2);
 	ck_assert_int_eq(seg[0], 0);
 	ck_assert_int_eq(seg[1], 50);
@@ -859,14 +903,14 @@ START_TEST(test_segment_turn)
 	for (int32_t i = 0; i < n; i++)
 		sur[i] = 2.0f + 0.1f * rnd();
 	sur[70] = 12.0f;
-	k = rt_grace_segment(&sp, n, E, 1, hl, sur, work, NULL, seg, &err);
+	k = k_segment(&sp, n, E, 1, hl, sur, work, NULL, seg, &err);
 	ck_assert_int_eq(k, 2);
 	ck_assert_int_eq(seg[1], 70);
 	/* fewer than 16 tokens: one segment */
-	k = rt_grace_segment(&sp, 15, E, 1, hl, NULL, work, NULL, seg, &err);
+	k = k_segment(&sp, 15, E, 1, hl, NULL, work, NULL, seg, &err);
 	ck_assert_int_eq(k, 1);
 	ck_assert_int_eq(seg[0], 0);
-	ck_assert_int_eq(rt_grace_segment(&sp, 0, E, 1, hl, NULL, work, NULL, seg, &err), -1);
+	ck_assert_int_eq(k_segment(&sp, 0, E, 1, hl, NULL, work, NULL, seg, &err), -1);
 	ck_assert_ptr_nonnull(strstr(err.msg, "gracekv segment"));
 	free(work);
 }
@@ -877,8 +921,8 @@ START_TEST(test_segment_bounds)
 	/* random walks of several lengths: every segment length lies in [16, 128] */
 	const int E = 12;
 	const int32_t lens[] = { 16, 17, 31, 129, 257, 1000 };
-	rt_grace_seg_params sp;
-	rt_grace_seg_params_default(&sp);
+	struct k_segment_params sp;
+	k_segment_params_default(&sp);
 	rng_seed(7);
 	for (int li = 0; li < 6; li++) {
 		const int32_t n = lens[li];
@@ -892,11 +936,11 @@ START_TEST(test_segment_bounds)
 			}
 			sur[i] = 5.0f * (rnd() + 1.0f);
 		}
-		double *work = malloc(rt_grace_segment_work(n, E, 1, sp.n_win) * sizeof(double));
+		double *work = malloc(k_segment_work(n, E, 1, sp.n_win) * sizeof(double));
 		int32_t *seg = malloc((size_t)n * sizeof(int32_t));
 		const float *hl[1] = { hd };
 		rt_err err = {0};
-		int32_t k = rt_grace_segment(&sp, n, E, 1, hl, sur, work, NULL, seg, &err);
+		int32_t k = k_segment(&sp, n, E, 1, hl, sur, work, NULL, seg, &err);
 		ck_assert_msg(k >= 1, "%s", err.msg);
 		ck_assert_int_eq(seg[0], 0);
 		for (int32_t i = 0; i < k; i++) {
@@ -913,7 +957,7 @@ START_TEST(test_segment_bounds)
 }
 END_TEST
 
-/* ---- the compiled policy's glue (rt_gracekv, k_grace_run) --------------------------- */
+/* ---- the compiled policy's run (k_grace_apply, k_grace_run) --------------------------- */
 
 /* A synthetic prompt trace for a store of L layers × G·R query heads of d dims and n
  * positions: 2 sampled layers (0 and L-1) whose hidden states move along e0 until
@@ -1056,8 +1100,8 @@ START_TEST(test_glue_plumbing)
 		ctx.prompt_len = n;
 		ctx.prompt_done = 1;
 		ctx.trace = &st.tr;
-		rt_gracekv_cfg c;
-		rt_gracekv_cfg_default(&c);
+		struct k_grace_cfg c;
+		k_grace_cfg_default(&c);
 		c.budget = 40;
 		c.sinks = sinks;
 		c.recent = 8;
@@ -1065,11 +1109,11 @@ START_TEST(test_glue_plumbing)
 		c.floor = 1;
 		c.probe = nq;
 		c.hops = hops;
-		size_t len = rt_gracekv_scratch_bytes(&kv);
+		size_t len = k_grace_apply_bytes(&kv);
 		void *mem = scratch_new(len);
-		rt_gracekv_info info;
+		struct k_grace_info info;
 		rt_err err = {0};
-		ck_assert_msg(rt_gracekv_compress(&ctx, &kv, &c, mem, len, &info, &err) == 0, "%s", err.msg);
+		ck_assert_msg(k_grace_apply(&ctx, &kv, &c, mem, len, &info, &err) == 0, "%s", err.msg);
 		ck_assert_int_eq(info.prefix, sinks);
 		ck_assert_int_eq(info.suffix, 0);
 		ck_assert_int_eq(info.used_trace, 1);
@@ -1100,17 +1144,17 @@ START_TEST(test_glue_plumbing)
 			ck_assert_int_eq(h->pos[1], 1);
 		}
 		/* oracle: the core on the reference store with the input built here */
-		rt_grace_seg_params sp;
-		rt_grace_seg_params_default(&sp);
+		struct k_segment_params sp;
+		k_segment_params_default(&sp);
 		sp.target_len = 32;
 		sp.min_len = 8;
 		sp.max_len = 64;
 		const int E = G * R * d;
 		const float *hl[2] = { st.hid + (size_t)sinks * E, st.hid + ((size_t)128 + sinks) * E };
-		double *work = malloc(rt_grace_segment_work(n, E, 2, 4) * sizeof(double));
+		double *work = malloc(k_segment_work(n, E, 2, 4) * sizeof(double));
 		int32_t seg[128];
 		float bound[128] = { 0 };
-		int32_t k = rt_grace_segment(&sp, n - sinks, E, 2, hl, st.sur + sinks, work, bound + sinks,
+		int32_t k = k_segment(&sp, n - sinks, E, 2, hl, st.sur + sinks, work, bound + sinks,
 		                             seg, &err);
 		ck_assert_int_eq(k, info.n_seg);
 		for (int i = 0; i < k; i++) {
@@ -1129,19 +1173,19 @@ START_TEST(test_glue_plumbing)
 							                   (size_t)g * R + r) * d + i];
 		for (int u = 0; u < nq; u++)
 			ppos[u] = n - nq + u;
-		rt_grace g;
-		ck_assert_int_eq(rt_grace_init(&g, &ref, 0, 1.0f, KVP_TRACE_TAIL, &err), 0);
-		rt_grace_params gp;
-		rt_grace_params_default(&gp);
+		grace_t g;
+		ck_assert_int_eq(grace_init(&g, &ref, 0, 1.0f, KVP_TRACE_TAIL, &err), 0);
+		struct k_grace_params gp;
+		k_grace_params_default(&gp);
 		gp.x = (double)LG * (n - sinks) / ((double)LG * (40 - sinks) + 0.5);
 		gp.recent = 8;
 		gp.floor = LG;
 		gp.floor_each = 1;
 		gp.seg_len = 32;
-		gp.key_mode = RT_GRACE_KEY_POST;
+		gp.key_mode = K_PROTO_KEY_POST;
 		gp.lambda_graph = hops > 1 ? 0.3 : 0.0;
 		gp.hops = hops - 1;
-		rt_grace_input in = { 0 };
+		struct k_grace_input in = { 0 };
 		struct ref_hop rh = { &st, &ref };
 		if (hops > 1) {
 			in.hop_attn = ref_hop_row;
@@ -1154,8 +1198,8 @@ START_TEST(test_glue_plumbing)
 		in.probe_q = pq;
 		in.probe_pos = ppos;
 		in.n_probe = nq;
-		rt_grace_stats gst;
-		ck_assert_msg(rt_grace_compress(&g, &ref, &gp, &in, &gst, &err) == 0, "%s", err.msg);
+		struct k_grace_stats gst;
+		ck_assert_msg(k_grace_compress(&g.k, &ref, &gp, &in, &gst, &err) == 0, "%s", err.msg);
 		for (int lg = 0; lg < LG; lg++) {
 			const rt_kv_head *a = &kv.heads[lg], *b = &ref.heads[lg];
 			ck_assert_int_eq(a->n, b->n);
@@ -1164,7 +1208,7 @@ START_TEST(test_glue_plumbing)
 			ck_assert_int_eq(memcmp(a->v, b->v, (size_t)a->n * d * sizeof(float)), 0);
 			ck_assert_int_eq(memcmp(a->count, b->count, (size_t)a->n * sizeof(float)), 0);
 		}
-		rt_grace_free(&g);
+		grace_free(&g);
 		free(pq);
 		free(work);
 		free(mem);
@@ -1229,8 +1273,8 @@ START_TEST(test_glue_x1_and_spans)
 			cfg.has_score = mode == 2;
 			cfg.reduce = K_REDUCE_SUM;
 			cfg.n_tmp = 1;
-			rt_gracekv_cfg gc;
-			rt_gracekv_cfg_default(&gc);
+			struct k_grace_cfg gc;
+			k_grace_cfg_default(&gc);
 			gc.budget = n;
 			gc.recent = 8;
 			gc.slot = 16;
@@ -1282,22 +1326,22 @@ START_TEST(test_glue_errors)
 	memset(&ctx, 0, sizeof ctx);
 	ctx.seen = 64;
 	ctx.prompt_len = 64;
-	rt_gracekv_cfg c;
-	rt_gracekv_cfg_default(&c);
+	struct k_grace_cfg c;
+	k_grace_cfg_default(&c);
 	c.name = "gk";
 	c.budget = 16;
 	c.recent = 32;
-	size_t len = rt_gracekv_scratch_bytes(&kv);
+	size_t len = k_grace_apply_bytes(&kv);
 	void *mem = scratch_new(len);
 	void *copy = malloc(kv.mem_bytes);
 	memcpy(copy, kv.mem, kv.mem_bytes);
 	rt_err err = {0};
 	/* the recent window exceeds the budget (ratio 4 with recent 32) */
-	ck_assert_int_eq(rt_gracekv_compress(&ctx, &kv, &c, mem, len, NULL, &err), -1);
+	ck_assert_int_eq(k_grace_apply(&ctx, &kv, &c, mem, len, NULL, &err), -1);
 	ck_assert_ptr_nonnull(strstr(err.msg, "policy gk: the budget (16 entries per head) is below the guards"));
 	/* scratch too small */
 	c.recent = 4;
-	ck_assert_int_eq(rt_gracekv_compress(&ctx, &kv, &c, mem, len - 1, NULL, &err), -1);
+	ck_assert_int_eq(k_grace_apply(&ctx, &kv, &c, mem, len - 1, NULL, &err), -1);
 	ck_assert_ptr_nonnull(strstr(err.msg, "bytes of scratch"));
 	/* a trace of another shape */
 	syn_trace st;
@@ -1305,12 +1349,12 @@ START_TEST(test_glue_errors)
 	syn_trace_make(&st, &kv, 64, 30, 4, 10);
 	st.tr.head_dim = 8;
 	ctx.trace = &st.tr;
-	ck_assert_int_eq(rt_gracekv_compress(&ctx, &kv, &c, mem, len, NULL, &err), -1);
+	ck_assert_int_eq(k_grace_apply(&ctx, &kv, &c, mem, len, NULL, &err), -1);
 	ck_assert_ptr_nonnull(strstr(err.msg, "prompt trace"));
 	ck_assert_int_eq(memcmp(copy, kv.mem, kv.mem_bytes), 0);
-	/* rt_grace_init_at: too little memory */
-	rt_grace g;
-	ck_assert_int_eq(rt_grace_init_at(&g, &kv, 0, 1.0f, 4, mem, 100, &err), -1);
+	/* k_grace_init_at: too little memory */
+	struct k_grace g;
+	ck_assert_int_eq(k_grace_init_at(&g, &kv, 0, 1.0f, 4, mem, 100, &err), -1);
 	ck_assert_ptr_nonnull(strstr(err.msg, "gracekv: scratch of 100 bytes"));
 	syn_trace_free(&st);
 	free(copy);
@@ -1325,34 +1369,34 @@ START_TEST(test_init_at_equals_init)
 	rt_kv a, b;
 	make_store(&a, 2, 3, 3, 16, 16, 150, 160, 120);
 	make_store(&b, 2, 3, 3, 16, 16, 150, 160, 120);
-	rt_grace ga, gb;
+	grace_t ga;
+	struct k_grace gb;
 	rt_err err = {0};
-	ck_assert_int_eq(rt_grace_init(&ga, &a, 16, 10000.0f, 8, &err), 0);
-	size_t len = rt_grace_bytes(&b, 16, 8);
+	ck_assert_int_eq(grace_init(&ga, &a, 16, 10000.0f, 8, &err), 0);
+	size_t len = k_grace_bytes(&b, 16, 8);
 	ck_assert_uint_gt(len, 0);
 	uint8_t *raw = malloc(len + 7);
 	memset(raw, 0xA5, len + 7); /* not zeroed: init_at must not rely on zeros */
-	ck_assert_int_eq(rt_grace_init_at(&gb, &b, 16, 10000.0f, 8, raw + 7, len, &err), 0);
-	rt_grace_params p;
-	rt_grace_params_default(&p);
+	ck_assert_int_eq(k_grace_init_at(&gb, &b, 16, 10000.0f, 8, raw + 7, len, &err), 0);
+	struct k_grace_params p;
+	k_grace_params_default(&p);
 	p.x = 6.0;
 	p.recent = 4;
 	p.floor = 12;
-	rt_grace_input in = { 0 };
+	struct k_grace_input in = { 0 };
 	in.prefix = 2;
 	in.suffix = 5;
-	rt_grace_stats sa, sb;
-	ck_assert_int_eq(rt_grace_compress(&ga, &a, &p, &in, &sa, &err), 0);
-	ck_assert_int_eq(rt_grace_compress(&gb, &b, &p, &in, &sb, &err), 0);
+	struct k_grace_stats sa, sb;
+	ck_assert_int_eq(k_grace_compress(&ga.k, &a, &p, &in, &sa, &err), 0);
+	ck_assert_int_eq(k_grace_compress(&gb, &b, &p, &in, &sb, &err), 0);
 	ck_assert_int_eq(sa.entries, sb.entries);
 	for (int lg = 0; lg < 6; lg++) {
 		ck_assert_int_eq(a.heads[lg].n, b.heads[lg].n);
 		ck_assert_int_eq(memcmp(a.heads[lg].k, b.heads[lg].k, (size_t)a.heads[lg].n * 16 * sizeof(float)), 0);
 		ck_assert_int_eq(memcmp(a.heads[lg].pos, b.heads[lg].pos, (size_t)a.heads[lg].n * sizeof(int32_t)), 0);
 	}
-	rt_grace_free(&gb); /* does not free the caller's memory */
 	free(raw);
-	rt_grace_free(&ga);
+	grace_free(&ga);
 	rt_kv_free(&a);
 	rt_kv_free(&b);
 }
@@ -1372,20 +1416,20 @@ START_TEST(test_coverage_share_and_floor_each)
 		for (int lg = 0; lg < LG; lg++)
 			for (int32_t t = 0; t < n; t++)
 				rel[lg * n + t] = lg == 0 ? (float)(1 + t % 7) * 100.0f : 1.0f;
-		rt_grace g;
+		grace_t g;
 		rt_err err = {0};
-		ck_assert_int_eq(rt_grace_init(&g, &kv, 16, 10000.0f, 4, &err), 0);
-		rt_grace_params p;
-		rt_grace_params_default(&p);
+		ck_assert_int_eq(grace_init(&g, &kv, 16, 10000.0f, 4, &err), 0);
+		struct k_grace_params p;
+		k_grace_params_default(&p);
 		p.x = 8.0;
 		p.recent = 4;
 		p.floor = 60;
 		p.floor_each = mode;
 		p.head_share = mode ? 1.0 : 0.0;
-		rt_grace_input in = { 0 };
+		struct k_grace_input in = { 0 };
 		in.rel = rel;
-		rt_grace_stats st;
-		ck_assert_msg(rt_grace_compress(&g, &kv, &p, &in, &st, &err) == 0, "%s", err.msg);
+		struct k_grace_stats st;
+		ck_assert_msg(k_grace_compress(&g.k, &kv, &p, &in, &st, &err) == 0, "%s", err.msg);
 		ck_assert_int_eq(rt_kv_entries(&kv), LG * n / 8);
 		if (mode == 0) {
 			ck_assert_int_gt(kv.heads[0].n, n / 8 + 10);
@@ -1394,7 +1438,7 @@ START_TEST(test_coverage_share_and_floor_each)
 				ck_assert_int_eq(kv.heads[lg].n, n / 8);
 		}
 		free(rel);
-		rt_grace_free(&g);
+		grace_free(&g);
 		rt_kv_free(&kv);
 	}
 }
@@ -1402,7 +1446,7 @@ END_TEST
 
 /* ---- through rt_seq with the runtime's trace: compression 1 equals the full cache ---- */
 
-static const rt_gracekv_cfg *g_seq_cfg;
+static const struct k_grace_cfg *g_seq_cfg;
 
 static int seq_should(const struct kvp_ctx *ctx, const rt_kv *kv)
 {
@@ -1430,7 +1474,7 @@ static int seq_compress(const struct kvp_ctx *ctx, rt_kv *kv, rt_err *err)
 	cfg.has_score = 1;
 	cfg.reduce = K_REDUCE_SUM;
 	cfg.n_tmp = 1;
-	rt_gracekv_cfg gc = *g_seq_cfg;
+	struct k_grace_cfg gc = *g_seq_cfg;
 	gc.budget = ctx->ratio > 0 ? k_context(ctx, (double)ctx->seen) / ctx->ratio : gc.budget;
 	ck_assert_ptr_nonnull(ctx->trace);
 	ck_assert_int_eq(ctx->trace->n, ctx->prompt_len);
@@ -1481,8 +1525,8 @@ START_TEST(test_seq_ratio1_equals_full)
 			sd = sd * 1103515245u + 12345u;
 			tok[i] = (int32_t)((sd >> 8) % 290u);
 		}
-		rt_gracekv_cfg gc;
-		rt_gracekv_cfg_default(&gc);
+		struct k_grace_cfg gc;
+		k_grace_cfg_default(&gc);
 		gc.recent = 4;
 		gc.slot = 16;
 		gc.floor = 2;

@@ -1,5 +1,5 @@
 /*
- * test_rope: the one RoPE (runtime/model/rt_rope.c) against a long-hand rotation written
+ * test_rope: the one RoPE (runtime/base/rt_rope.c) against a long-hand rotation written
  * here from the definition (ggml NORMAL mode: adjacent pairs, theta_i = pos ·
  * base^(-2i/n_rot)), a hand-computed pair, inverse rotations, and the three precisions
  * agreeing with each other. Head shapes 9/3 and 4/1 (query/KV heads).
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/rt_rope.h"
+#include "base/rt_rope.h"
 
 static uint64_t rng = 1;
 

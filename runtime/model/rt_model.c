@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "model/rt_quant.h"
-#include "model/rt_rope.h"
+#include "base/rt_rope.h"
 
 /* Score-block budget in floats: rows of a chunk are processed in blocks whose
  * [rows·G × entries] score matrix stays around 1 MiB, i.e. in cache across the QK^T

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/rt_rope.h"
+#include "base/rt_rope.h"
 
 /* ---- hooks from the forward ------------------------------------------------------------ */
 

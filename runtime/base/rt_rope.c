@@ -2,7 +2,7 @@
  * rt_rope: rotary position embedding in ggml's NORMAL mode; see rt_rope.h for the
  * contract and the three precisions.
  */
-#include "model/rt_rope.h"
+#include "base/rt_rope.h"
 
 #include <math.h>
 

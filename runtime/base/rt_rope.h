@@ -9,7 +9,7 @@
  *
  * The one implementation used by the forward (runtime/model/rt_model.c), the compacted
  * position convention's re-rotation (runtime/policy/rt_seq.c) and GraceKV's prototypes
- * (runtime/policy/rt_grace.c). The frequency base^(-2i/n_rot) is always pow((double)base,
+ * (kernels/k_proto.h). The frequency base^(-2i/n_rot) is always pow((double)base,
  * -2.0 * i / n_rot) and every angle is pos · frequency in double, so the three precisions
  * below agree on the angle to the bit:
  *   - f32 tables (the forward): cos/sin in double rounded to float, products in float;
