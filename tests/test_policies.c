@@ -926,6 +926,61 @@ START_TEST(chunked_equals_stepwise)
 }
 END_TEST
 
+/* Chunked prefill (rt_run_set_prefill_chunk): H2O over a 16-token prompt, heavy 25% and
+ * recent 12.5% of it (budget 6 = 4 heavy + 2 recent entries), prompt chunks of 4 that cross
+ * its every-step trigger. Attention as w_heavy_2_5, so by hand: query 0 sees only entry 0
+ * (1), query 1 entries 0 and 1 (1/2 each), queries 2..4 put 1 on position 2 and queries
+ * 5.. 1/2 on positions 2 and 5. After the chunk 4..7 the accumulated scores are 1.5, 0.5,
+ * 4.5, 0, 0, 1.5 for positions 0..5 (6 and 7 are the recent window), so the compress at
+ * the chunk's end keeps 0, 1, 2, 5 + 6, 7; every later chunk only adds weight to 2 and 5,
+ * so each compress keeps 0, 1, 2, 5 and the chunk's last two. With a store of 16 entries
+ * the chunks are 4, 4, 4, 4 and compress runs 3 times (the exact schedule runs it after
+ * every token from the 7th: 10 times); with a store of 9 the room bounds them: 4, 4, 3,
+ * 3, 2. The store holds budget + chunk entries before each compress, budget after it.
+ * After the prompt the decode steps keep the exact schedule (next_trigger's chunk). */
+START_TEST(prefill_chunk_h2o)
+{
+	const int32_t want16[] = { 4, 4, 4, 4 }, want9[] = { 4, 4, 3, 3, 2 };
+	for (int s = 0; s < 3; s++)
+		for (int small = 0; small < 2; small++) {
+			struct harness h;
+			h_open(&h, "h2o", 1, shapes[s][0], shapes[s][1], 4, small ? 9 : 16, 16);
+			h_set(&h, "heavy=0.25");
+			h_set(&h, "recent=0.125");
+			rt_err err = { "" };
+			ck_assert_msg(rt_run_set_prefill_chunk(&h.run, 4, &err) == 0, "%s", err.msg);
+			h.w = w_heavy_2_5;
+			const int32_t *want = small ? want9 : want16;
+			int nc = 0;
+			while (h.run.ctx.seen < 16) {
+				int32_t k = rt_run_chunk(&h.run, &h.kv, 4);
+				ck_assert_int_lt(nc, small ? 5 : 4);
+				ck_assert_int_eq(k, want[nc]);
+				nc++;
+				int64_t before = h.run.ctx.seen;
+				h_chunk(&h, k);
+				int32_t n = rt_kv_head_at(&h.kv, 0, 0)->n;
+				ck_assert_int_eq(n, before + k > 6 ? 6 : before + k);
+				if (before + k == 8) {
+					const int32_t a[] = { 0, 1, 2, 5, 6, 7 };
+					expect_all(&h, a, 6);
+				}
+			}
+			ck_assert_int_eq(nc, small ? 5 : 4);
+			ck_assert_int_eq(h.compresses, small ? 4 : 3);
+			const int32_t b[] = { 0, 1, 2, 5, 14, 15 };
+			expect_all(&h, b, 6);
+			/* decode: the chunk is next_trigger's again, not the prefill chunk */
+			int32_t nt = h.p->next_trigger(&h.run.ctx, &h.kv);
+			ck_assert_int_eq(rt_run_chunk(&h.run, &h.kv, 4), nt < 4 ? nt : 4);
+			ck_assert_int_lt(nt, 4);
+			ck_assert_int_eq(rt_run_set_prefill_chunk(&h.run, -1, &err), -1);
+			ck_assert_int_eq(rt_run_set_prefill_chunk(&h.run, 65537, &err), -1);
+			h_close(&h);
+		}
+}
+END_TEST
+
 /* A compression-ratio override R (rt_run_set_ratio): the budget becomes context / R
  * entries per head. H2O streaming (context = tokens seen), R = 4, every step: the rule
  * "entries > seen / 4 -> keep floor(seen / 4)" keeps exactly floor(seen / 4) entries
@@ -1174,6 +1229,7 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, pyramidkv_layer_budgets);
 	tcase_add_test(tc, gracekv_spans_and_relevance);
 	tcase_add_test(tc, chunked_equals_stepwise);
+	tcase_add_test(tc, prefill_chunk_h2o);
 	tcase_add_test(tc, ratio_override_h2o);
 	tcase_add_test(tc, ratio_override_moves_targets);
 	tcase_add_test(tc, ratio_override_errors);

@@ -111,6 +111,7 @@ static const opt_def OPTS[] = {
 	INTOPT(O_DECODE, "decode", 1, 1 << 20, decode, "is not a positive count"),
 	INTOPT(O_SEED, "seed", 0, LONG_MAX, seed, "is not a non-negative integer"),
 	INTOPT(O_SCOREFROM, "score-from", 1, INT_MAX, score_from, "is not a position >= 1"),
+	INTOPT(O_PREFILL, "prefill-chunk", 0, 65536, prefill_chunk, "is not a number in 0..65536"),
 	OPT(O_RATIO, "ratio", 1), OPT(O_SET, "set", 1), OPT(O_MODE, "mode", 1),
 	OPT(O_TASK, "task", 1), OPT(O_POLICY, "policy", 1), OPT(O_HAYSTACK, "haystack", 1),
 	OPT(O_LENGTHS, "lengths", 1), OPT(O_DEPTHS, "depths", 1), OPT(O_SVG, "svg", 1),
@@ -369,7 +370,8 @@ const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, in
 	return p;
 }
 
-/* Apply --set and --ratio to a sequence (checked before, so failures are runtime). */
+/* Apply --set, --ratio and --prefill-chunk to a sequence (checked before, so failures are
+ * runtime). */
 int rt_cli_seq_apply(rt_seq *s, const rt_cli_opts *o, rt_err *err)
 {
 	for (int i = 0; i < o->n_sets; i++)
@@ -377,6 +379,6 @@ int rt_cli_seq_apply(rt_seq *s, const rt_cli_opts *o, rt_err *err)
 			return -1;
 	if (o->ratio > 0 && rt_seq_set_ratio(s, o->ratio, err) != 0)
 		return -1;
-	return 0;
+	return rt_seq_set_prefill_chunk(s, (int32_t)o->prefill_chunk, err);
 }
 

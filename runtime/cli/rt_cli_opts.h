@@ -40,6 +40,7 @@ typedef struct rt_cli_opts {
 	unsigned long long seed64;
 	int seed64_set;
 	long ctx, chunk, n_gen, threads, decode, prompt_len, seed, score_from;
+	long prefill_chunk; /* --prefill-chunk C: 0 the exact schedule (rt_seq_set_prefill_chunk) */
 	double ratio;
 	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question, quiet;
 	int exact;  /* 1: the exact path, 0: the fast path (each command sets its default) */
@@ -56,7 +57,7 @@ enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECI
        O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM, O_MARKQ,
        O_VERSION, O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH, O_A, O_B, O_RATIOS, O_ABTASK,
        O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64, O_COMMIT, O_SHAA, O_SHAB,
-       O_QUIET };
+       O_QUIET, O_PREFILL };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;
@@ -98,7 +99,8 @@ const char *rt_cli_default_policy(void);
  * work. Returns the policy, or NULL after printing a usage error (*rc = 2). */
 const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, int *rc);
 
-/* Apply --set and --ratio to a sequence (checked before, so failures are runtime). */
+/* Apply --set, --ratio and --prefill-chunk to a sequence (checked before, so failures are
+ * runtime). */
 int rt_cli_seq_apply(rt_seq *s, const rt_cli_opts *o, rt_err *err);
 
 #endif

@@ -13,12 +13,14 @@
 #include <string.h>
 
 /* Store capacity of a run: every prompt token, or for a ratio run of a policy that
- * compresses as it goes (no prompt-end trigger) its budget plus RT_CLI_CAP_SLACK. */
+ * compresses as it goes (no prompt-end trigger) its budget plus RT_CLI_CAP_SLACK plus one
+ * prefill chunk (what a chunk adds before the compress at its end). */
 int32_t rt_cli_run_cap(const rt_cli_run *r, int64_t len, int64_t extra)
 {
 	int64_t cap = len + extra;
 	if (r->o.ratio > 0 && !(r->p->needs & KVP_NEED_PROMPT_LEN)) {
-		int64_t c = (int64_t)ceil((double)len / r->o.ratio) + RT_CLI_CAP_SLACK + extra;
+		int64_t c = (int64_t)ceil((double)len / r->o.ratio) + RT_CLI_CAP_SLACK +
+		            r->o.prefill_chunk + extra;
 		cap = c < cap ? c : cap;
 	}
 	return (int32_t)cap;
@@ -156,6 +158,8 @@ rt_cli_run *rt_cli_runs(const char *cmd, const rt_cli_opts *o, int *K, int *rc)
 			rt_cli_runs_free(runs, *K);
 			return NULL;
 		}
+		for (int i = 0; i < *K; i++) /* the command line's schedule, for every run */
+			runs[i].o.prefill_chunk = o->prefill_chunk;
 		return runs;
 	}
 	const struct kvp_policy *p = rt_cli_policy(cmd, o, rc);

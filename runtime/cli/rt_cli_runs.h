@@ -26,7 +26,7 @@ typedef struct rt_cli_run {
 
 /* Store capacity of a run over len prompt tokens plus extra: every token, or for a ratio
  * run of a policy that compresses as it goes (no prompt-end trigger) its budget plus
- * RT_CLI_CAP_SLACK. */
+ * RT_CLI_CAP_SLACK plus its --prefill-chunk. */
 int32_t rt_cli_run_cap(const rt_cli_run *r, int64_t len, int64_t extra);
 
 /* Free K runs (their sequences and batch lines) and the array; K < 0 counts as 0. */

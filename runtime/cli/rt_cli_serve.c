@@ -21,8 +21,8 @@ static const char *const help =
 	"SYNOPSIS\n"
 	"    %s serve --model MODEL [--host 127.0.0.1] [--port 8080] [--policy NAME]\n"
 	"             [--set NAME=VALUE]... [--ratio R] [--kv-memory SIZE] [--max-seqs N]\n"
-	"             [--queue N] [--chunk N] [--step-rows N] [--threads N] [--api-key KEY]\n"
-	"             [--trace FILE] [--max-body SIZE] [--timeout S] [--exact]\n"
+	"             [--queue N] [--chunk N] [--prefill-chunk C] [--step-rows N] [--threads N]\n"
+	"             [--api-key KEY] [--trace FILE] [--max-body SIZE] [--timeout S] [--exact]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Serves POST /v1/completions and /v1/chat/completions (ChatML; \"stream\": true\n"
@@ -30,7 +30,8 @@ static const char *const help =
 	"    and /metrics (Prometheus). Sampling: temperature (0 = greedy, the same tokens\n"
 	"    as `run`), top_p, top_k, seed, max_tokens, stop. A request may choose its\n"
 	"    policy: \"kv\": {\"policy\": NAME, \"ratio\": R, \"set\": {NAME: VALUE}}, checked\n"
-	"    as --policy, --ratio and --set are. The system message is the protected span\n"
+	"    as --policy, --ratio and --set are, and \"prefill_chunk\": C as --prefill-chunk.\n"
+	"    The system message is the protected span\n"
 	"    `system`; a message or prompt segment with \"protect\": true is span `pinned`.\n"
 	"\n"
 	"    Every active sequence advances in one weight pass per step; prompts are\n"
@@ -51,6 +52,11 @@ static const char *const help =
 	"    --max-seqs N        active sequences at most (default 16)\n"
 	"    --queue N           waiting requests at most (default 64)\n"
 	"    --chunk N           prefill chunk per sequence and step (default 64)\n"
+	"    --prefill-chunk C   chunked prefill of a per-step policy (h2o, tova, ...): its\n"
+	"                        prompt chunks of up to C tokens (at most --chunk) cross its\n"
+	"                        triggers and it compresses at each chunk's end; 0 prefills\n"
+	"                        token by token (the exact schedule). Default 32, at most\n"
+	"                        --chunk (docs/language.md, \"Chunked prefill\", says why)\n"
 	"    --step-rows N       tokens per step over all sequences (default 256)\n"
 	"    --threads N         threads (fast path: the pool, default every core; exact\n"
 	"                        path: OpenBLAS's)\n"
@@ -87,7 +93,7 @@ static int int_arg(const char *prog, const char *opt, const char *v, long lo, lo
 }
 
 enum { O_HOST = 256, O_PORT, O_POLICY, O_SET, O_RATIO, O_MEM, O_SEQS, O_QUEUE, O_CHUNK,
-       O_ROWS, O_THREADS, O_KEY, O_TRACE, O_BODY, O_TIMEOUT, O_EXACT };
+       O_ROWS, O_THREADS, O_KEY, O_TRACE, O_BODY, O_TIMEOUT, O_EXACT, O_PREFILL };
 
 int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_policy *const *reg,
                  int n_reg)
@@ -101,13 +107,13 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		{ "step-rows", required_argument, 0, O_ROWS }, { "threads", required_argument, 0, O_THREADS },
 		{ "api-key", required_argument, 0, O_KEY }, { "trace", required_argument, 0, O_TRACE },
 		{ "max-body", required_argument, 0, O_BODY }, { "timeout", required_argument, 0, O_TIMEOUT },
-		{ "exact", no_argument, 0, O_EXACT },
+		{ "exact", no_argument, 0, O_EXACT }, { "prefill-chunk", required_argument, 0, O_PREFILL },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	const char *defp = n_reg > 0 && reg[0] ? reg[0]->name : "full";
 	rt_serve_cfg c = { .prog = prog, .host = "127.0.0.1", .port = 8080, .kv_memory = 1LL << 30,
 	                   .max_seqs = 16, .queue = 64, .chunk = 64, .step_rows = 256,
-	                   .max_body = 1 << 20, .timeout_s = 30 };
+	                   .max_body = 1 << 20, .timeout_s = 30, .prefill_chunk = -1 };
 	char **sets = calloc((size_t)argc + 1, sizeof *sets);
 	int threads = 0, rc = 2;
 	rt_err err = { "" };
@@ -149,6 +155,10 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		case O_SEQS: if (int_arg(prog, "--max-seqs", optarg, 1, 4096, &c.max_seqs)) goto out; break;
 		case O_QUEUE: if (int_arg(prog, "--queue", optarg, 0, 100000, &c.queue)) goto out; break;
 		case O_CHUNK: if (int_arg(prog, "--chunk", optarg, 1, 4096, &c.chunk)) goto out; break;
+		case O_PREFILL:
+			if (int_arg(prog, "--prefill-chunk", optarg, 0, 4096, &c.prefill_chunk))
+				goto out;
+			break;
 		case O_ROWS: if (int_arg(prog, "--step-rows", optarg, 1, 65536, &c.step_rows)) goto out; break;
 		case O_THREADS: if (int_arg(prog, "--threads", optarg, 1, 256, &threads)) goto out; break;
 		case O_KEY: c.api_key = optarg; break;
@@ -193,6 +203,10 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		usage(prog, "--ratio: policy %s never compresses, so a ratio does not apply", p->name);
 		goto out;
 	}
+	if (c.prefill_chunk < 0)
+		c.prefill_chunk = RT_SERVE_PREFILL_CHUNK;
+	if (c.prefill_chunk > c.chunk)
+		c.prefill_chunk = c.chunk; /* bounded by the step's chunk */
 	c.policy = p->name;
 	c.sets = sets;
 	c.threads = threads;

@@ -18,7 +18,8 @@ static const char help_ab[] =
 	"\n"
 	"SYNOPSIS\n"
 	"    %s ab --model M --text FILE [--a NAME] [--b NAME] [--ratio 2,4,8] [--task ppl|needle]\n"
-	"           [--ctx N] [--chunk N] [--threads N] [--set k=v]... [--set-a k=v]... [--set-b k=v]...\n"
+	"           [--ctx N] [--chunk N] [--prefill-chunk C] [--threads N] [--set k=v]...\n"
+	"           [--set-a k=v]... [--set-b k=v]...\n"
 	"           [--json OUT] [--csv OUT] [--plot OUT.svg] [--resamples B] [--seed S]\n"
 	"           [--lengths 1024,2048] [--depths 0,50,100] [--mode aware|agnostic]\n"
 	"    (normally started by `kvpc ab A.kvp B.kvp ...`, which builds this binary)\n"
@@ -48,6 +49,9 @@ static const char help_ab[] =
 	"    --task ppl|needle  what to measure (default ppl)\n"
 	"    --ctx N            tokens of the text to use (default all, up to context_length)\n"
 	"    --chunk N          tokens per forward chunk (default 512; results do not depend on it)\n"
+	"    --prefill-chunk C  chunked prefill for both sides (as for ppl): prompt chunks of up\n"
+	"                       to C tokens cross a per-step policy's triggers; default 0, the\n"
+	"                       exact schedule (results then do not depend on --chunk)\n"
 	"    --threads N        BLAS threads (default: OPENBLAS_NUM_THREADS or all cores)\n"
 	"    --quiet            no progress on stderr (otherwise a bar with tok/s and ETA on a\n"
 	"                       terminal, a line per tenth of the run elsewhere)\n"
@@ -122,7 +126,7 @@ int rt_cmd_ab(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_A, O_B, O_RATIOS, O_ABTASK, O_CTX, O_CHUNK,
 		O_THREADS, O_SET, O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64,
-		O_LENGTHS, O_DEPTHS, O_MODE, O_COMMIT, O_SHAA, O_SHAB, O_QUIET, 0 };
+		O_LENGTHS, O_DEPTHS, O_MODE, O_COMMIT, O_SHAA, O_SHAB, O_QUIET, O_PREFILL, 0 };
 	rt_ab_opts o;
 	rt_ab_opts_init(&o);
 	rt_cli_opts c = { .chunk = o.chunk, .resamples = o.resamples };
@@ -140,6 +144,7 @@ int rt_cmd_ab(int argc, char **argv)
 	o.mode = c.mode_agnostic ? "agnostic" : "aware";
 	o.ctx = c.ctx;
 	o.chunk = (int)c.chunk;
+	o.prefill_chunk = (int)c.prefill_chunk;
 	o.threads = (int)c.threads;
 	o.resamples = (int)c.resamples;
 	if (c.seed64_set)

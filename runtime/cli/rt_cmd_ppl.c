@@ -27,8 +27,8 @@ static const char *const help_ppl =
 	"\n"
 	"SYNOPSIS\n"
 	"    %s ppl --model MODEL --text FILE [--policy NAME] [--set NAME=VALUE]...\n"
-	"             [--ratio R] [--ctx N] [--prompt N] [--chunk N] [--threads N] [--json]\n"
-	"             [--dump FILE] [--logits FILE] [--no-ref]\n"
+	"             [--ratio R] [--ctx N] [--prompt N] [--chunk N] [--prefill-chunk C]\n"
+	"             [--threads N] [--json] [--dump FILE] [--logits FILE] [--no-ref]\n"
 	"    %s ppl --model MODEL --text FILE --batch RUNS [--ctx N] [--prompt N]\n"
 	"             [--score-from P] [--json] ...\n"
 	"\n"
@@ -74,6 +74,15 @@ static const char *const help_ppl =
 	"                        budget is a fixed N / R entries per head from the first\n"
 	"                        token, as in `kvpc ab`\n"
 	"    --chunk N           most tokens per forward chunk (default 512)\n"
+	"    --prefill-chunk C   chunked prefill for a per-step policy (`compress every step`:\n"
+	"                        h2o, tova, scissorhands): while the prompt is fed, chunks of\n"
+	"                        up to C tokens (at most --chunk, and 512 / sequences in a\n"
+	"                        lockstep pass) cross its triggers, every token of a chunk is\n"
+	"                        observed, and the policy compresses to its budget at each\n"
+	"                        chunk's end (the store holds up to budget + C entries per\n"
+	"                        head). Default 0: the exact schedule (a per-step policy then\n"
+	"                        prefills token by token); evaluation measures the policy as\n"
+	"                        published (docs/language.md, \"Chunked prefill\")\n"
 	"    --threads N         threads (exact path: OpenBLAS's; fast path: the pool)\n"
 	"    --fast              the fast path (weights in their GGUF types, 8-bit activations\n"
 	"                        when decoding); default --exact (f32 weights, OpenBLAS): the\n"
@@ -135,6 +144,8 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 	double nll_mean = sc->nll / (double)sc->scored, ppl = exp(nll_mean);
 	double tps = st.seconds > 0 ? (double)use / st.seconds : 0;
 	int threads = m->exact ? openblas_get_num_threads() : rt_model_threads(m);
+	/* the prefill chunk in force: bounded by the forward block */
+	const int pf = (int)(r->o.prefill_chunk < block ? r->o.prefill_chunk : block);
 	rt_kld_summary ks;
 	memset(&ks, 0, sizeof ks);
 	if (ref)
@@ -152,9 +163,9 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 		rt_json_str(stdout, o->text);
 		fputs(",\"text_sha256\":", stdout);
 		rt_json_str(stdout, tsha);
-		printf(",\"threads\":%d,\"chunk\":%d,\"prompt\":%ld,\"tokens\":%lld,\"scored\":%lld,"
-		       "\"score_from\":%ld,\"batch\":%d",
-		       threads, block, (long)prompt_len, (long long)use, (long long)sc->scored,
+		printf(",\"threads\":%d,\"chunk\":%d,\"prefill_chunk\":%d,\"prompt\":%ld,"
+		       "\"tokens\":%lld,\"scored\":%lld,\"score_from\":%ld,\"batch\":%d",
+		       threads, block, pf, (long)prompt_len, (long long)use, (long long)sc->scored,
 		       o->score_from > 1 ? o->score_from : 1, batch);
 		rt_json_member_num(stdout, "ppl", ppl);
 		rt_json_member_num(stdout, "nll_mean", nll_mean);
@@ -189,6 +200,8 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 		printf(" %s=%g", p->params[i].name, r->seq.run.params[i]);
 	if (r->o.ratio > 0)
 		printf(" ratio=%g", r->o.ratio);
+	if (pf > 0)
+		printf(" (chunked prefill: %d tokens)", pf);
 	putchar('\n');
 	printf("ppl              %.4f\n", ppl);
 	printf("nll_mean         %.6f nats/token\n", nll_mean);
@@ -338,7 +351,7 @@ int rt_cmd_ppl(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_THREADS,
 		O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_BATCH, O_SCOREFROM, O_EXACT, O_FAST,
-		O_QUIET, 0 };
+		O_QUIET, O_PREFILL, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = rt_cli_parse("ppl", help_ppl_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)

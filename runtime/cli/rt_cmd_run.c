@@ -23,7 +23,7 @@ static const char *const help_run =
 	"SYNOPSIS\n"
 	"    %s run --model MODEL --prompt TEXT [-n N] [--chat] [--system TEXT]\n"
 	"             [--policy NAME] [--set NAME=VALUE]... [--ratio R] [--stats]\n"
-	"             [--chunk N] [--threads N]\n"
+	"             [--chunk N] [--prefill-chunk C] [--threads N]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Tokenizes TEXT, prefills it under the policy (the prompt is its prompt: prompt-\n"
@@ -41,6 +41,9 @@ static const char *const help_run =
 	"    --policy NAME      policy (default %s); --set, --ratio as for ppl\n"
 	"    --stats            print token counts, speed, KV peak and compressions on stderr\n"
 	"    --chunk N          prompt prefill chunk (default 512)\n"
+	"    --prefill-chunk C  chunked prefill for a per-step policy: prompt chunks of up to\n"
+	"                       C tokens (at most --chunk) cross its triggers and it compresses\n"
+	"                       at each chunk's end; default 0, the exact schedule (as ppl)\n"
 	"    --threads N        threads (default: every core)\n"
 	"    --exact            the exact path (f32 weights, OpenBLAS); default: the fast path\n"
 	"    -h, --help         show this text\n"
@@ -56,7 +59,7 @@ static void help_run_fn(void)
 int rt_cmd_run(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 'p', 'n', O_CHAT, O_SYSTEM, O_STATS, O_THREADS, O_CHUNK, O_POLICY,
-		O_SET, O_RATIO, O_EXACT, O_FAST, 0 };
+		O_SET, O_RATIO, O_EXACT, O_FAST, O_PREFILL, 0 };
 	rt_cli_opts o = { .n_gen = 128, .chunk = RT_CLI_CHUNK };
 	int rc = rt_cli_parse("run", help_run_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)

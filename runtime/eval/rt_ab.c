@@ -137,7 +137,7 @@ static int side_init(ab_run *r, ab_row *row, int side, int32_t cap, int64_t prom
 	s->ratio_applied = r->pol[side]->compress != NULL;
 	if (s->ratio_applied && rt_seq_set_ratio(&s->seq, row->ratio, err) != 0)
 		return -1;
-	return 0;
+	return rt_seq_set_prefill_chunk(&s->seq, r->o.prefill_chunk, err);
 }
 
 /* Bootstrap and verdict of one ratio (ppl). */
@@ -565,8 +565,9 @@ static int write_json(const ab_run *r, const char *path, rt_err *err)
 		rt_json_str(f, r->text_sha);
 	else
 		fputs("null", f);
-	fprintf(f, ", \"tokens\": %lld, \"threads\": %d, \"chunk\": %d, \"ratios\": [",
-	        (long long)(needle ? 0 : r->n), r->threads, r->o.chunk);
+	fprintf(f, ", \"tokens\": %lld, \"threads\": %d, \"chunk\": %d, \"prefill_chunk\": %d, "
+	        "\"ratios\": [", (long long)(needle ? 0 : r->n), r->threads, r->o.chunk,
+	        r->o.prefill_chunk);
 	for (int k = 0; k < r->o.n_ratios; k++) {
 		fputs(k ? ", " : "", f);
 		rt_json_num(f, r->rows[k].ratio);

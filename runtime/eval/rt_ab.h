@@ -44,6 +44,7 @@ typedef struct rt_ab_opts {
 	int n_ratios;
 	int64_t ctx;
 	int chunk, threads, resamples;
+	int prefill_chunk;   /* chunked prefill of both sides (rt_seq_set_prefill_chunk); 0: exact */
 	uint64_t seed;
 	const char *sets[2][RT_AB_MAX_SETS];
 	int set_all[2][RT_AB_MAX_SETS]; /* 1: from --set (skipped by a policy without the name) */

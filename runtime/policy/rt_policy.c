@@ -192,11 +192,36 @@ int rt_policy_check(const struct rt_run *r, const rt_kv *kv, rt_err *err)
 	return r->p->check(&r->ctx, kv, err);
 }
 
+int rt_run_set_prefill_chunk(struct rt_run *r, int32_t C, rt_err *err)
+{
+	if (C < 0 || C > 65536)
+		return rt_err_set(err, "policy %s: prefill chunk must be 0..65536 tokens, got %d",
+		                  r->p->name, (int)C);
+	r->prefill_chunk = C;
+	return 0;
+}
+
+/* Entries every (layer, KV head) list can still take: min over heads of cap - n. */
+static int32_t run_room(const rt_kv *kv)
+{
+	int32_t room = kv->cap;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		if (kv->cap - kv->heads[i].n < room)
+			room = kv->cap - kv->heads[i].n;
+	return room;
+}
+
 int32_t rt_run_chunk(struct rt_run *r, const rt_kv *kv, int32_t want)
 {
 	double t0 = rt_now();
 	int32_t k = r->p->next_trigger(&r->ctx, kv);
 	r->policy_seconds += rt_now() - t0;
+	const int in_prompt = r->ctx.prompt_len >= 0 && r->ctx.seen < r->ctx.prompt_len;
+	if (r->prefill_chunk > k && in_prompt && k > 0) {
+		/* chunked prefill: cross the triggers up to C tokens, within the store's room */
+		int32_t room = run_room(kv);
+		k = r->prefill_chunk < room ? r->prefill_chunk : room;
+	}
 	if (want < k)
 		k = want;
 	if (r->ctx.prompt_len >= 0 && r->ctx.seen < r->ctx.prompt_len &&

@@ -254,7 +254,16 @@ const char *kvp_unit_name(enum kvp_unit u);
  *   }
  *
  * so a chunk never crosses a trigger or the prompt end and chunked evaluation equals
- * token-by-token evaluation (tests/test_policies.c checks this). */
+ * token-by-token evaluation (tests/test_policies.c checks this).
+ *
+ * Chunked prefill (rt_run_set_prefill_chunk, opt-in): while the prompt is processed a
+ * chunk may cross the policy's triggers, up to prefill_chunk tokens (and the store's
+ * room), so a per-step policy (`compress every step`: H2O, TOVA, Scissorhands) prefills
+ * in chunks of C tokens instead of one token at a time. Every token of the chunk is
+ * observed as usual (its attention over the entries before it and the chunk's earlier
+ * tokens), and the policy compresses to its budget once at the chunk's end. The store
+ * then holds up to budget + C entries per head before that compress. Decode steps and
+ * the prompt end are never crossed, so the schedule after the prompt is unchanged. */
 struct rt_run {
 	const struct kvp_policy *p;
 	double *params;          /* [n_params], defaults then --set overrides */
@@ -263,6 +272,8 @@ struct rt_run {
 	size_t scratch_len;
 	int64_t compressions;    /* compress calls in this sequence */
 	double policy_seconds;   /* time spent in should_compress/compress/next_trigger */
+	int32_t prefill_chunk;   /* 0: exact schedule; C > 0: prompt chunks of up to C
+	                            tokens may cross triggers (see above) */
 };
 
 /* Create the store kv (n_layer × n_kv_head heads of cap entries, statistics and state
@@ -295,8 +306,15 @@ int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err);
  * of a server go through the same call. */
 int rt_policy_check(const struct rt_run *r, const rt_kv *kv, rt_err *err);
 
+/* Chunked prefill: prompt chunks of up to C tokens (1..65536) cross the policy's triggers
+ * and the policy compresses once at each chunk's end; 0 restores the exact schedule.
+ * Kept by rt_run_reset. Fails (-1, err) on a C outside 0..65536. */
+int rt_run_set_prefill_chunk(struct rt_run *r, int32_t C, rt_err *err);
+
 /* Tokens the runtime may process in its next chunk: min(want, next_trigger), and not
- * past the prompt end while the prompt is being processed. 0 when the store is full. */
+ * past the prompt end while the prompt is being processed. With a prefill chunk C, while
+ * the prompt is processed: min(want, max(next_trigger, C), room of the store, tokens to
+ * the prompt end). 0 when the store is full. */
 int32_t rt_run_chunk(struct rt_run *r, const rt_kv *kv, int32_t want);
 
 /* After n tokens were appended and observed: advance ctx.seen/phase and compress if

@@ -309,6 +309,11 @@ int rt_seq_set_ratio(rt_seq *s, double R, rt_err *err)
 	return rt_run_set_ratio(&s->run, R, err);
 }
 
+int rt_seq_set_prefill_chunk(rt_seq *s, int32_t C, rt_err *err)
+{
+	return rt_run_set_prefill_chunk(&s->run, C, err);
+}
+
 int64_t rt_seq_seen(const rt_seq *s)
 {
 	return s->run.ctx.seen;

@@ -113,6 +113,12 @@ int rt_seq_set(rt_seq *s, const char *assign, rt_err *err);
  * compresses. */
 int rt_seq_set_ratio(rt_seq *s, double R, rt_err *err);
 
+/* Chunked prefill (rt_run_set_prefill_chunk): prompt chunks of up to C tokens cross the
+ * policy's triggers and it compresses at each chunk's end; C is also bounded by the
+ * sequence's max_chunk. 0 (the default) keeps the exact schedule. The store then needs
+ * room for the budget plus one chunk. Errors: C outside 0..65536. */
+int rt_seq_set_prefill_chunk(rt_seq *s, int32_t C, rt_err *err);
+
 /* Feed tokens[0..n) at positions seen..seen+n-1. logits: NULL with mode RT_LOGITS_NONE,
  * [n × n_vocab] for RT_LOGITS_ALL (row i after tokens[i]), [n_vocab] for RT_LOGITS_LAST.
  * Internally split into the largest chunks (<= max_chunk) that cannot cross the policy's

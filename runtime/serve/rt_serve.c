@@ -808,19 +808,24 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 {
 	const rt_serve_cfg *c = S->cfg;
 	const char *pname = c->policy ? c->policy : policy_at(S, 0)->name;
-	double ratio = c->ratio;
+	double ratio = c->ratio, pf = c->prefill_chunk;
 	json_t *set = NULL;
 	int use_default_sets = 1;
 	if (kv && !json_is_null(kv)) {
 		if (!json_is_object(kv))
-			return bad(e, 400, "kv", "kv must be an object {\"policy\", \"ratio\", \"set\"}");
+			return bad(e, 400, "kv", "kv must be an object {\"policy\", \"ratio\", \"set\", "
+			           "\"prefill_chunk\"}");
 		const char *key;
 		json_t *v;
 		json_object_foreach(kv, key, v)
 		{
-			if (strcmp(key, "policy") && strcmp(key, "ratio") && strcmp(key, "set"))
-				return bad(e, 400, "kv", "kv: unknown field '%s' (policy, ratio, set)", key);
+			if (strcmp(key, "policy") && strcmp(key, "ratio") && strcmp(key, "set") &&
+			    strcmp(key, "prefill_chunk"))
+				return bad(e, 400, "kv",
+				           "kv: unknown field '%s' (policy, ratio, set, prefill_chunk)", key);
 		}
+		if (num_field(kv, "prefill_chunk", 0, 65536, 1, &pf, e) < 0)
+			return -1;
 		json_t *pv = json_object_get(kv, "policy");
 		if (pv) {
 			if (!json_is_string(pv))
@@ -879,6 +884,8 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 		if (rt_seq_set_ratio(&r->seq, ratio, &err) != 0)
 			return bad(e, 400, "kv.ratio", "%s", err.msg);
 	}
+	if (rt_seq_set_prefill_chunk(&r->seq, (int32_t)pf, &err) != 0)
+		return bad(e, 400, "kv.prefill_chunk", "%s", err.msg);
 	return 0;
 }
 
@@ -999,14 +1006,20 @@ int64_t rt_serve_footprint(rt_seq *s, int64_t n_prompt, int64_t max_tokens, int 
 	const double R = s->run.ctx.ratio;
 	if (!s->p->compress || R <= 0)
 		return N;
+	/* the policy's own triggers (the probes below), then the prefill chunk */
+	const int32_t pf = s->run.prefill_chunk < chunk ? s->run.prefill_chunk : chunk;
+	s->run.prefill_chunk = 0;
 	/* prompt-end trigger: from an empty store the first chunk runs to the prompt end */
 	int32_t k0 = rt_run_chunk(&s->run, &s->kv, (int32_t)(P < 65536 ? P : 65536));
 	if (P > 1 && k0 >= (P < 65536 ? P : 65536)) {
+		s->run.prefill_chunk = pf;
 		int64_t a = (int64_t)ceil((double)P / R) + T;
 		return a > P ? (a < N ? a : N) : P;
 	}
 	/* streaming: at the end the store holds about ceil(N / R) entries; the longest chunk
-	 * its trigger allows there bounds what an append adds */
+	 * its trigger allows there bounds what an append adds. While the prompt is fed the
+	 * budget is ceil(P / R) (the context is the prompt), and a chunked prefill's chunk
+	 * adds at most pf entries to it before the compress at the chunk's end */
 	const int64_t b = (int64_t)ceil((double)N / R);
 	const int H = s->kv.n_layer * s->kv.n_kv_head;
 	const int64_t seen = s->run.ctx.seen;
@@ -1020,7 +1033,10 @@ int64_t rt_serve_footprint(rt_seq *s, int64_t n_prompt, int64_t max_tokens, int 
 		s->kv.heads[i].n = 0;
 	s->run.ctx.seen = seen;
 	rt_seq_reset(s, P);
+	s->run.prefill_chunk = pf;
 	int64_t f = b + (k > 0 ? k : chunk);
+	const int64_t fp = (int64_t)ceil((double)P / R) + pf;
+	f = fp > f ? fp : f;
 	return f < N ? f : N;
 }
 

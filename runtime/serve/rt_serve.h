@@ -20,6 +20,10 @@
 
 #include "policy/rt_policy.h"
 
+/* serve's default prefill chunk (docs/language.md, "Chunked prefill": the KL it costs
+ * against the exact schedule and the admission footprint it adds) */
+#define RT_SERVE_PREFILL_CHUNK 32
+
 typedef struct rt_serve_cfg {
 	const char *prog;          /* program name in messages */
 	const char *model;         /* GGUF file */
@@ -33,6 +37,8 @@ typedef struct rt_serve_cfg {
 	int max_seqs;              /* active sequences at most */
 	int queue;                 /* waiting requests at most */
 	int chunk;                 /* prefill chunk (tokens per sequence per step) */
+	int prefill_chunk;         /* default chunked prefill of a per-step policy (tokens,
+	                              at most chunk; 0: the exact schedule) */
 	int step_rows;             /* tokens per step over all sequences */
 	int64_t max_body;          /* request body bytes at most */
 	int timeout_s;             /* idle connection timeout, seconds */
@@ -54,7 +60,9 @@ int rt_serve_run(const rt_serve_cfg *cfg, const struct kvp_policy *const *reg, i
  * sequence for a policy that never compresses or has no ratio override (the ABI exposes
  * no policy's own budget); with ratio R, max(P, ceil(P/R) + T) for a policy that
  * compresses at the prompt end (the whole prompt is held before it runs), else
- * ceil((P+T)/R) plus the longest chunk its trigger allows at that budget. */
+ * the larger of ceil((P+T)/R) plus the longest chunk its trigger allows at that budget,
+ * and ceil(P/R) plus its prefill chunk (rt_seq_set_prefill_chunk, bounded by `chunk`:
+ * what a prompt chunk adds before the compress at its end). */
 struct rt_seq;
 int64_t rt_serve_footprint(struct rt_seq *s, int64_t n_prompt, int64_t max_tokens, int chunk);
 

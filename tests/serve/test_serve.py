@@ -49,9 +49,10 @@ def start(trace):
     return p, int(m.group(1))
 
 
-def run_cli(prompt, n, policy, ratio, chat=False, system=None):
+def run_cli(prompt, n, policy, ratio, chat=False, system=None, prefill=CHUNK):
+    # the server's default prefill chunk is its --chunk; `run`'s default is 0 (exact)
     args = [BIN, "run", "--model", MODEL, "--prompt", prompt, "-n", str(n), "--policy", policy,
-            "--chunk", str(CHUNK), "--threads", "2"]
+            "--chunk", str(CHUNK), "--prefill-chunk", str(prefill), "--threads", "2"]
     if ratio:
         args += ["--ratio", str(ratio)]
     if chat:
@@ -108,8 +109,10 @@ def main():
         sysmsg, user = "You answer in one short sentence.", "What is the capital of Italy?"
         with cf.ThreadPoolExecutor(3) as ex:
             refs = [ex.submit(run_cli, prompt, 12, "h2o", 2), ex.submit(run_cli, story, 12, "snapkv", 2),
-                    ex.submit(run_cli, user, 10, "h2o", 2, True, sysmsg)]
-            ref_h2o, ref_snap, ref_chat = [f.result() for f in refs]
+                    ex.submit(run_cli, user, 10, "h2o", 2, True, sysmsg),
+                    ex.submit(run_cli, story, 12, "h2o", 4, False, None, 0),
+                    ex.submit(run_cli, story, 12, "h2o", 4)]
+            ref_h2o, ref_snap, ref_chat, ref_exact, ref_chunked = [f.result() for f in refs]
 
         # ---- the openai client: completions, chat, streaming, per-request policy
         if openai:
@@ -160,6 +163,24 @@ def main():
                                       stop=[" and"], extra_body={"kv": {"ratio": 2}})
             want = ref_h2o.split(" and")[0] if " and" in ref_h2o else ref_h2o
             check(r.choices[0].text == want, "stop string cuts the text: %r" % r.choices[0].text)
+            # the prefill schedule per request: 0 is `run`'s exact token-by-token prefill,
+            # the default is chunks of --chunk (what `run --prefill-chunk CHUNK` does)
+            r = cl.completions.create(model=MODEL_ID, prompt=story, max_tokens=12, temperature=0,
+                                      extra_body={"kv": {"ratio": 4, "prefill_chunk": 0}})
+            check(r.choices[0].text == ref_exact,
+                  "prefill_chunk 0 (h2o x4) equals `run` (exact): %r vs %r" % (r.choices[0].text, ref_exact))
+            r = cl.completions.create(model=MODEL_ID, prompt=story, max_tokens=12, temperature=0,
+                                      extra_body={"kv": {"ratio": 4}})
+            check(r.choices[0].text == ref_chunked,
+                  "default prefill (h2o x4) equals `run --prefill-chunk %d`: %r vs %r"
+                  % (CHUNK, r.choices[0].text, ref_chunked))
+            for bad_pf in (-1, 1.5, "8"):
+                try:
+                    cl.completions.create(model=MODEL_ID, prompt="x", max_tokens=2,
+                                          extra_body={"kv": {"ratio": 2, "prefill_chunk": bad_pf}})
+                    check(False, "prefill_chunk %r is refused" % (bad_pf,))
+                except openai.BadRequestError as e:
+                    check("prefill_chunk" in str(e), "prefill_chunk %r is a 400: %s" % (bad_pf, e))
             try:
                 cl.completions.create(model=MODEL_ID, prompt="x", max_tokens=5,
                                       extra_body={"kv": {"policy": "nosuch"}})
