@@ -20,7 +20,7 @@ DEB_PKGS   := flex bison check libsubunit-dev libopenblas-dev libpcre2-dev zlib1
 
 ifeq ($(SAN),1)
 B          := build-asan
-SANFLAGS   := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+SANFLAGS   := -fsanitize=address,undefined,float-cast-overflow -fno-omit-frame-pointer -fno-sanitize-recover=all
 OPT        := -O1
 else
 B          := build

@@ -129,6 +129,25 @@ START_TEST(test_hand_computed_q4_group)
 }
 END_TEST
 
+/* A NaN inside a group (a non-finite value from a broken model) gets code 0 instead of a
+ * NaN-to-integer conversion, which is undefined (the sanitizer build of this test catches
+ * it); the group's other values are encoded as if the NaN were not there: min and max
+ * skip it, so they decode as in the hand-computed case above. */
+START_TEST(test_nan_in_group_is_code_zero)
+{
+	float x[32], y[32];
+	for (int i = 0; i < 32; i++)
+		x[i] = 0.5f * (float)i;
+	x[7] = NAN;
+	uint8_t row[64];
+	rt_kvq_vrow_encode(RT_KVQ_Q4, x, 32, row);
+	rt_kvq_vrow_decode(RT_KVQ_Q4, row, 32, y);
+	ck_assert_float_eq(y[7], 0.0f); /* code 0 at min 0 */
+	ck_assert_float_eq_tol(y[31], 1.0332031f * 15.0f, 1e-6);
+	ck_assert_float_eq_tol(y[2], 1.0332031f, 1e-6);
+}
+END_TEST
+
 /* Asymmetric min/max with f16 scale s and f16 min m: each code is the nearest grid point of
  * the rounded grid m + s*c (clamped to [0, 2^b - 1]), so |x - dec| <= s/2 + |m - min| +
  * (2^b - 1) * |s - s_exact| (the clamped top end drifts by the scale's rounding), and the
@@ -236,6 +255,7 @@ static Suite *kvq_suite(void)
 	tcase_add_test(tc, test_f16_roundtrip_exhaustive);
 	tcase_add_test(tc, test_f16_matches_f16c);
 	tcase_add_test(tc, test_hand_computed_q4_group);
+	tcase_add_test(tc, test_nan_in_group_is_code_zero);
 	tcase_add_test(tc, test_error_bounds);
 	tcase_add_test(tc, test_tile_logits_equal_decoded_dot);
 	tcase_add_test(tc, test_bytes_and_names);

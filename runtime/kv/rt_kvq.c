@@ -74,7 +74,8 @@ static void group_encode(int bits, const float *x, int n, int stride, uint16_t h
 	memset(codes, 0, codes_bytes(bits, n));
 	for (int i = 0; i < n; i++) {
 		float q = s > 0 ? nearbyintf((x[(size_t)i * stride] - m) / s) : 0.0f;
-		unsigned c = q <= 0 ? 0u : q >= (float)top ? (unsigned)top : (unsigned)q;
+		/* written so that a NaN (a non-finite entry) gives code 0, never a NaN cast */
+		unsigned c = q > 0 ? (q < (float)top ? (unsigned)q : (unsigned)top) : 0u;
 		put_code(codes, bits, i, c);
 	}
 }

@@ -9,6 +9,7 @@
 
 #include <cpuid.h>
 #include <immintrin.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,11 @@ static int block_not_finite(const float *x, int n)
 	return acc != acc;
 }
 
+/* Below this largest magnitude a block of activations quantises to zeros: 127/amax and
+ * 1/(amax/127) stay finite for every amax >= 128·FLT_MIN (about 1.5e-36), so the codes
+ * x·(127/amax) stay within ±127. */
+#define TINY_AMAX (128.0f * FLT_MIN)
+
 /* Q8_0/Q8_1 blocks of 32: d = max|x|/127, q = round(x/d), s = d·Σq (quantize_row_q8_1). */
 static void quant_q8b(const float *x, void *xa, int n)
 {
@@ -91,7 +97,10 @@ static void quant_q8b(const float *x, void *xa, int n)
 		float amax = 0.0f;
 		for (int j = 0; j < QK; j++)
 			amax = fmaxf(amax, fabsf(xb[j]));
-		const float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+		/* A block whose largest value is below TINY_AMAX is stored as zeros: its scale would
+		 * be subnormal and 1/scale infinite, and 0·inf is NaN (a crafted GGUF found it). */
+		const float db = amax < TINY_AMAX ? 0.0f : amax / 127.0f;
+		const float id = db != 0.0f ? 1.0f / db : 0.0f;
 		int sum = 0;
 		for (int j = 0; j < QK; j++) {
 			const int v = (int)roundf(xb[j] * id);
@@ -128,7 +137,7 @@ static void quant_q8k(const float *x, void *xa, int n)
 			memset(bs + b * 16, 0, 16 * sizeof(int16_t));
 			continue;
 		}
-		if (amax == 0.0f) {
+		if (amax < TINY_AMAX) { /* zero, or so small that -127/max would overflow */
 			d[b] = 0.0f;
 			memset(qb, 0, QK_K);
 			memset(bs + b * 16, 0, 16 * sizeof(int16_t));
