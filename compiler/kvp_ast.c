@@ -250,7 +250,7 @@ const char *kvp_setting_text(kvp_setting s)
 		[KVP_SET_SCORE] = "score", [KVP_SET_BUDGET] = "budget",
 		[KVP_SET_LAYERS] = "layers", [KVP_SET_ALLOCATE] = "allocate",
 		[KVP_SET_POOL] = "pool", [KVP_SET_POSITIONS] = "positions",
-		[KVP_SET_ACTION] = "action",
+		[KVP_SET_ACTION] = "action", [KVP_SET_SEGMENT] = "segment", [KVP_SET_TREE] = "tree",
 	};
 	return (unsigned)s < KVP_SET_COUNT_ ? t[s] : "?";
 }

@@ -108,6 +108,8 @@ typedef enum kvp_setting {
 	KVP_SET_POOL,
 	KVP_SET_POSITIONS,
 	KVP_SET_ACTION,
+	KVP_SET_SEGMENT,
+	KVP_SET_TREE,
 	KVP_SET_COUNT_
 } kvp_setting;
 

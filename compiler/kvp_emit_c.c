@@ -968,6 +968,49 @@ static void emit_trigger(struct em *em)
 	out(em, "\treturn room;\n}\n\n");
 }
 
+/* `FIELD = value;` for a GraceKV value that was written (e >= 0); the kernel's default
+ * (k_grace_cfg_default) stands otherwise. int_field: the field is an int (a length). */
+static void emit_grace_field(struct em *em, const char *field, int32_t e, int int_field)
+{
+	if (e < 0)
+		return;
+	out(em, "\t%s = %s", field, int_field ? "(int)(" : "");
+	expr(em, e, E_SCALAR);
+	out(em, "%s;\n", int_field ? ")" : "");
+}
+
+static void emit_grace_opt(struct em *em, const char *field, int32_t e)
+{
+	emit_grace_field(em, field, e, 0);
+}
+
+/* The segmentation (`segment`) and prototype (`tree`) values of gc. ORDER(proto count):
+ * ir->action.count 0/1 to K_PROTO_COUNT_COHERENCE / K_PROTO_COUNT_N (kernels/k_proto.h). */
+static void emit_grace_tree(struct em *em)
+{
+	const struct kvp_ir_act *ac = &em->ir->action;
+	line_src(em, ac->seg_loc);
+	out(em, "\tgc->slot = ");
+	scalar_or(em, ac->run, 64);
+	out(em, ";\n");
+	if (ac->seg_fixed)
+		out(em, "\tgc->seg_fixed = 1;\n");
+	emit_grace_field(em, "gc->seg.min_len", ac->seg_min, 1);
+	emit_grace_field(em, "gc->seg.max_len", ac->seg_max, 1);
+	emit_grace_opt(em, "gc->seg.cut", ac->seg_cut);
+	emit_grace_opt(em, "gc->seg.length", ac->seg_length);
+	emit_grace_opt(em, "gc->seg.stability", ac->seg_stability);
+	emit_grace_opt(em, "gc->seg.surprisal", ac->seg_surprisal);
+	line_back(em);
+	if (ac->count == 0 && ac->smooth < 0)
+		return;
+	line_src(em, ac->tree_loc);
+	if (ac->count == 1)
+		out(em, "\tgc->count_mode = K_PROTO_COUNT_N;\n");
+	emit_grace_opt(em, "gc->smooth", ac->smooth);
+	line_back(em);
+}
+
 /* GraceKV's values in a struct k_grace_cfg (kernels/k_grace_run.h), from the
  * policy's guards, allocation, action and question window. */
 static void emit_grace_cfg(struct em *em)
@@ -983,12 +1026,13 @@ static void emit_grace_cfg(struct em *em)
 	out(em, "));\n");
 	line_back(em);
 	line_src(em, ir->action.loc);
-	out(em, "\tgc->slot = ");
-	scalar_or(em, ir->action.run, 64);
-	out(em, ";\n\tgc->floor = ");
+	out(em, "\tgc->floor = ");
 	scalar_or(em, ir->action.floor, 0);
 	out(em, ";\n");
+	emit_grace_opt(em, "gc->lambda_z", ir->action.mass);
+	emit_grace_opt(em, "gc->lambda_m", ir->action.numerator);
 	line_back(em);
+	emit_grace_tree(em);
 	/* the question: the window of the first prompt-tail statistic, else the default */
 	for (int k = 0; k < ir->n_stats; k++)
 		if (ir->stats[k].hist == KVP_HIST_PROMPT_TAIL && ir->stats[k].window >= 0) {

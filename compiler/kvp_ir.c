@@ -68,6 +68,9 @@ void kvp_ir_init(struct kvp_ir *ir, const char *name, const char *source,
 	ir->alloc.floor = -1;
 	ir->action.run = -1;
 	ir->action.floor = -1;
+	ir->action.seg_min = ir->action.seg_max = ir->action.seg_cut = ir->action.seg_length = -1;
+	ir->action.seg_stability = ir->action.seg_surprisal = -1;
+	ir->action.smooth = ir->action.mass = ir->action.numerator = -1;
 	ir->trigger.kind = KVP_TRIG_NEVER;
 	ir->trigger.n = -1;
 	ir->trigger.threshold = -1;
@@ -698,6 +701,14 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 		problem(&ck, ir->action.loc, "unknown action");
 	check_expr(&ck, ir->action.run, KVP_CTX_SCALAR, 0, ir->action.loc, "the prototype size");
 	check_expr(&ck, ir->action.floor, KVP_CTX_SCALAR, 0, ir->action.loc, "the singleton floor");
+	const struct kvp_ir_act *ac = &ir->action;
+	const int32_t seg[] = { ac->seg_min, ac->seg_max, ac->seg_cut, ac->seg_length,
+		                ac->seg_stability, ac->seg_surprisal };
+	for (size_t i = 0; i < sizeof seg / sizeof seg[0]; i++)
+		check_expr(&ck, seg[i], KVP_CTX_SCALAR, 0, ac->seg_loc, "a segmentation value");
+	check_expr(&ck, ac->smooth, KVP_CTX_SCALAR, 0, ac->tree_loc, "the prototype smoothing");
+	check_expr(&ck, ac->mass, KVP_CTX_SCALAR, 0, ac->loc, "the mass weight");
+	check_expr(&ck, ac->numerator, KVP_CTX_SCALAR, 0, ac->loc, "the numerator weight");
 	struct kvp_ir_trig *tr = &ir->trigger;
 	if ((unsigned)tr->kind > KVP_TRIG_PREFILL_BLOCK)
 		problem(&ck, tr->loc, "unknown trigger");

@@ -308,7 +308,17 @@ struct kvp_ir_act {
 	enum kvp_ir_action kind;
 	int32_t run;             /* MERGE/SPLIT: SCALAR max tokens per prototype; -1 = no cap */
 	int32_t floor;           /* SPLIT: singleton floor, SCALAR (entries per head); -1 = 0 */
+	/* SPLIT under kvp_ir_grace_core, the values of GraceKV's actions (kernels/
+	 * k_grace_run.h struct k_grace_cfg), each SCALAR or -1 for the kernel's default: */
+	int seg_fixed;           /* 1: fixed slots of `run` tokens (`segment = slots(T)`) */
+	int32_t seg_min, seg_max; /* shortest / longest segment, tokens (run / 4, 2 · run) */
+	int32_t seg_cut, seg_length; /* cost of a cut (3), length penalty (4) */
+	int32_t seg_stability, seg_surprisal; /* curvature std weight (0.5), surprisal weight (1) */
+	int count;               /* prototype count: 0 n·coherence², 1 the member count n */
+	int32_t smooth;          /* prototype value smoothing (0.1) */
+	int32_t mass, numerator; /* distortion weights λ_Z, λ_M of the utility (1, 1) */
 	struct kvp_loc loc;
+	struct kvp_loc seg_loc, tree_loc; /* the `segment` / `tree` statements (else loc) */
 };
 
 struct kvp_ir_trig {

@@ -334,6 +334,33 @@ static int lower_alloc(lower *lw)
 	return 0;
 }
 
+/* An optional GraceKV value: its expression, or -1 for the kernel's default. */
+static int32_t lower_opt(lower *lw, const kvp_expr *e)
+{
+	return e ? lower_expr(lw, e) : -1;
+}
+
+/* GraceKV's segmentation, prototype and utility values (`segment`, `tree`, add_split). */
+static void lower_grace(lower *lw)
+{
+	kvp_sema *s = lw->s;
+	struct kvp_ir_act *ac = &lw->ir->action;
+	const kvp_stmt *seg = s->setting[KVP_SET_SEGMENT], *tree = s->setting[KVP_SET_TREE];
+	ac->seg_loc = seg ? L(seg->loc) : ac->loc;
+	ac->tree_loc = tree ? L(tree->loc) : ac->loc;
+	ac->seg_fixed = s->seg_fixed;
+	ac->seg_min = lower_opt(lw, s->seg_min);
+	ac->seg_max = lower_opt(lw, s->seg_max);
+	ac->seg_cut = lower_opt(lw, s->seg_cut);
+	ac->seg_length = lower_opt(lw, s->seg_length);
+	ac->seg_stability = lower_opt(lw, s->seg_stability);
+	ac->seg_surprisal = lower_opt(lw, s->seg_surprisal);
+	ac->count = s->tree_count;
+	ac->smooth = lower_opt(lw, s->tree_smooth);
+	ac->mass = lower_opt(lw, s->mass);
+	ac->numerator = lower_opt(lw, s->numerator);
+}
+
 /* The action and the trigger. */
 static void lower_action_trigger(lower *lw)
 {
@@ -358,6 +385,7 @@ static void lower_action_trigger(lower *lw)
 		ir->action.run = s->slot ? lower_expr(lw, s->slot) :
 		                           kvp_ir_num(ir, L(action->loc), 64);
 		ir->action.floor = s->act_floor ? lower_size(lw, s->act_floor, s->floor_unit) : -1;
+		lower_grace(lw);
 		break;
 	}
 

@@ -1382,6 +1382,198 @@ static void check_pool(sema *S, const kvp_stmt *st)
 		ERR(S, v->loc, "pool must be %s, %s or %s", choices[0], choices[1], choices[2]);
 }
 
+/* A plain number >= 0 (or > 0 when strict) for a GraceKV tuning value. 0 when fine. */
+static int grace_number(sema *S, const kvp_expr *e, const char *what, int strict)
+{
+	if (!e)
+		return 0;
+	ty t = check_unit(S, e, CX_SCALAR, U_NUM, 1, what);
+	if (t.u == KVP_SU_ERR)
+		return -1;
+	if (t.known && (t.v < 0 || (strict && t.v == 0))) {
+		char b[32];
+		fmt_num(t.v, b, sizeof b);
+		ERR(S, e->loc, "%s must be %s 0; got %s", what, strict ? ">" : ">=", b);
+		return -1;
+	}
+	return 0;
+}
+
+/* A whole number of tokens > 0 (a segment length), or NULL. 0 when fine. */
+static int grace_tokens(sema *S, const kvp_expr *e, const char *what, ty *out)
+{
+	out->known = 0;
+	if (!e)
+		return 0;
+	*out = check_unit(S, e, CX_SCALAR, U_TOKENS, 1, what);
+	return positive(S, e, *out, what, 1);
+}
+
+/* action = add_split [ '(' [mass = X] [, numerator = Y] ')' ]
+ * The Add/Split competition (kernels/k_grace.h): the distortion weights of the attention
+ * mass (λ_Z) and numerator (λ_M), plain numbers >= 0, default 1. */
+static void check_add_split(sema *S, const kvp_expr *v)
+{
+	static const char *const n[] = { "mass", "numerator" };
+	static const int r[] = { 0, 0 };
+	kvp_sema *o = S->out;
+	if (v->kind == KVP_E_CALL) {
+		for (int i = 0; i < v->n_args; i++) {
+			const kvp_expr *a = v->args[i];
+			if (a->kind == KVP_E_ARG && (!strcmp(a->name, "slot") || !strcmp(a->name, "floor"))) {
+				ERR(S, a->name_loc, "add_split() has no argument '%s'; write %s", a->name,
+				    a->name[0] == 's' ? "the segment length as `segment = curvature(target = T tokens)`"
+				                      : "the singleton floor as `keep singletons N entries`");
+				return;
+			}
+		}
+		if (check_args(S, v, n, r, 2))
+			return;
+	}
+	const kvp_expr *mass = v->kind == KVP_E_CALL ? kvp_call_arg(v, "mass", 0) : NULL;
+	const kvp_expr *num = v->kind == KVP_E_CALL ? kvp_call_arg(v, "numerator", 1) : NULL;
+	if (grace_number(S, mass, "the mass weight", 0) || grace_number(S, num, "the numerator weight", 0))
+		return;
+	o->action = KVP_AC_ADD_SPLIT;
+	o->mass = mass;
+	o->numerator = num;
+}
+
+/* segment = curvature [ '(' [target = T] [, min = A] [, max = B] [, cut = C] [, length = P]
+ *                           [, stability = S] [, surprisal = W] ')' ]
+ *         | slots '(' T ')'
+ * How the context is cut into the roots of the prototype trees (kernels/k_segment.h): at
+ * semantic change (hidden-state curvature and surprisal, a DP over cuts) or in fixed slots
+ * of T tokens. Lengths are whole numbers of tokens with min <= target <= max. */
+static void check_segment(sema *S, const kvp_stmt *st)
+{
+	static const char *const choices[] = { "curvature", "slots" };
+	static const char *const n[] = { "target", "min", "max", "cut", "length", "stability",
+		                         "surprisal" };
+	static const int r[] = { 0, 0, 0, 0, 0, 0, 0 };
+	static const char *const sn[] = { "length" };
+	static const int sr[] = { 1 };
+	const kvp_expr *v = st->value;
+	const char *w = word_of(v);
+	kvp_sema *o = S->out;
+	ty tt, ta, tb;
+	if (w && !strcmp(w, "slots")) {
+		if (v->kind != KVP_E_CALL) {
+			ERR(S, v->loc, "fixed slots need a length, as in `segment = slots(64 tokens)`");
+			return;
+		}
+		const kvp_expr *len = check_args(S, v, sn, sr, 1) ? NULL : kvp_call_arg(v, "length", 0);
+		if (!len || grace_tokens(S, len, "the slot length", &tt))
+			return;
+		o->slot = len;
+		o->seg_fixed = 1;
+		return;
+	}
+	if (!w || strcmp(w, "curvature")) {
+		bad_choice(S, v, "segmentation", choices, 2);
+		return;
+	}
+	if (v->kind == KVP_E_CALL && check_args(S, v, n, r, 7))
+		return;
+	const kvp_expr *a[7] = { NULL };
+	for (int i = 0; i < 7 && v->kind == KVP_E_CALL; i++)
+		a[i] = kvp_call_arg(v, n[i], i);
+	if (grace_tokens(S, a[0], "the target segment length", &tt) ||
+	    grace_tokens(S, a[1], "the shortest segment", &ta) ||
+	    grace_tokens(S, a[2], "the longest segment", &tb) ||
+	    grace_number(S, a[3], "the cut cost", 0) || grace_number(S, a[4], "the length penalty", 0) ||
+	    grace_number(S, a[5], "the stability weight", 0) ||
+	    grace_number(S, a[6], "the surprisal weight", 0))
+		return;
+	/* the kernel's defaults where a length is left out: target 64, min target/4, max 2·target */
+	double T = tt.known ? tt.v : a[0] ? -1 : 64;
+	double lo = ta.known ? ta.v : a[1] ? -1 : T > 0 ? floor(T / 4) : -1;
+	double hi = tb.known ? tb.v : a[2] ? -1 : T > 0 ? 2 * T : -1;
+	if ((lo > 0 && T > 0 && lo > T) || (hi > 0 && T > 0 && hi < T) || (lo > 0 && hi > 0 && lo > hi)) {
+		char b0[32], b1[32], b2[32];
+		fmt_num(lo, b0, sizeof b0);
+		fmt_num(T, b1, sizeof b1);
+		fmt_num(hi, b2, sizeof b2);
+		ERR(S, v->loc, "segment lengths must satisfy min <= target <= max; here min %s, target %s, max %s (tokens)",
+		    lo > 0 ? b0 : "?", T > 0 ? b1 : "?", hi > 0 ? b2 : "?");
+		return;
+	}
+	if (lo > 0 && hi > 0 && hi < 2 * lo - 1) {
+		ERR(S, v->loc, "the longest segment must be at least 2·min - 1 tokens, or some context lengths cannot be cut into segments");
+		return;
+	}
+	o->slot = a[0];
+	o->seg_min = a[1];
+	o->seg_max = a[2];
+	o->seg_cut = a[3];
+	o->seg_length = a[4];
+	o->seg_stability = a[5];
+	o->seg_surprisal = a[6];
+}
+
+/* tree = prototypes [ '(' [key = post] [, count = coherence | members] [, smooth = X] ')' ]
+ * The merged entries of the prototype trees (kernels/k_proto.h): the key is the mean of the
+ * post-RoPE keys; the count whose log the attention adds is n·coherence² (coherence) or
+ * the member count n (members); the value is relevance-weighted, smoothed toward the
+ * plain mean by smooth · mean relevance (default 0.1). */
+static void check_tree(sema *S, const kvp_stmt *st)
+{
+	static const char *const choices[] = { "prototypes(...)" };
+	static const char *const n[] = { "key", "count", "smooth" };
+	static const int r[] = { 0, 0, 0 };
+	const kvp_expr *v = st->value;
+	const char *w = word_of(v);
+	kvp_sema *o = S->out;
+	if (!w || strcmp(w, "prototypes")) {
+		bad_choice(S, v, "tree", choices, 1);
+		return;
+	}
+	if (v->kind != KVP_E_CALL)
+		return;
+	if (check_args(S, v, n, r, 3))
+		return;
+	const kvp_expr *key = kvp_call_arg(v, "key", 0), *cnt = kvp_call_arg(v, "count", 1);
+	if (key && (key->kind != KVP_E_NAME || strcmp(key->name, "post"))) {
+		ERR(S, key->loc, "the prototype key is `post` (the mean of the post-RoPE keys); the paper's un-rotated mean needs the model's RoPE, which the prompt trace does not carry");
+		return;
+	}
+	if (cnt && (cnt->kind != KVP_E_NAME ||
+	            (strcmp(cnt->name, "coherence") && strcmp(cnt->name, "members")))) {
+		ERR(S, cnt->loc, "the prototype count is `coherence` (n·coherence²) or `members` (n)");
+		return;
+	}
+	const kvp_expr *sm = kvp_call_arg(v, "smooth", 2);
+	if (grace_number(S, sm, "the value smoothing", 0))
+		return;
+	o->tree_count = cnt && !strcmp(cnt->name, "members");
+	o->tree_smooth = sm;
+}
+
+/* keep singletons N: the singleton floor (kernels/k_single.h), N entries per head (or a
+ * share of the context), each head its own best; only with action = add_split. */
+static void check_singletons(sema *S, const kvp_stmt *st)
+{
+	kvp_sema *o = S->out;
+	if (set_once(S, &o->singletons, st, "`keep singletons`"))
+		return;
+	if (!st->value) {
+		ERR(S, st->words[0].loc, "`keep singletons` needs a number of entries per head, as in `keep singletons 16 entries`");
+		o->singletons = NULL;
+		return;
+	}
+	ty t = check_unit(S, st->value, CX_SCALAR, U_SIZE, 3, "the singleton floor");
+	if (t.u != KVP_SU_ERR && t.known && t.v < 0) {
+		ERR(S, st->value->loc, "the singleton floor must be >= 0");
+		t.u = KVP_SU_ERR;
+	}
+	if (t.u == KVP_SU_ERR) {
+		o->singletons = NULL;
+		return;
+	}
+	o->floor_unit = t.u;
+	o->act_floor = st->value;
+}
+
 static void check_action(sema *S, const kvp_stmt *st)
 {
 	static const char *const choices[] = { "evict", "merge", "add_split" };
@@ -1408,30 +1600,7 @@ static void check_action(sema *S, const kvp_stmt *st)
 		return;
 	}
 	if (w && !strcmp(w, "add_split")) {
-		static const char *const n[] = { "slot", "floor" };
-		static const int r[] = { 0, 0 };
-		if (v->kind == KVP_E_CALL && check_args(S, v, n, r, 2))
-			return;
-		const kvp_expr *slot = kvp_call_arg(v, "slot", 0);
-		const kvp_expr *fl = kvp_call_arg(v, "floor", 1);
-		if (slot) {
-			ty t = check_unit(S, slot, CX_SCALAR, U_TOKENS, 1, "the slot length");
-			if (positive(S, slot, t, "the slot length", 1))
-				return;
-		}
-		if (fl) {
-			ty t = check_unit(S, fl, CX_SCALAR, U_SIZE, 3, "the singleton floor");
-			if (t.u == KVP_SU_ERR)
-				return;
-			if (t.known && t.v < 0) {
-				ERR(S, fl->loc, "the singleton floor must be >= 0");
-				return;
-			}
-			o->floor_unit = t.u;
-		}
-		o->action = KVP_AC_ADD_SPLIT;
-		o->slot = slot;
-		o->act_floor = fl;
+		check_add_split(S, v);
 		return;
 	}
 	bad_choice(S, v, "action", choices, 3);
@@ -1503,9 +1672,13 @@ static void check_group(sema *S, const kvp_stmt *st)
 
 static void check_keep(sema *S, const kvp_stmt *st)
 {
-	static const char *const kinds[] = { "sinks", "recent", "span", "spans" };
+	static const char *const kinds[] = { "sinks", "recent", "span", "spans", "singletons" };
 	kvp_sema *o = S->out;
 	const kvp_word *w = &st->words[0];
+	if (!strcmp(w->s, "singletons")) {
+		check_singletons(S, st);
+		return;
+	}
 	if (!strcmp(w->s, "sinks") || !strcmp(w->s, "recent")) {
 		int sinks = w->s[0] == 's';
 		if (set_once(S, sinks ? &o->sinks : &o->recent, st,
@@ -1575,11 +1748,11 @@ static void check_keep(sema *S, const kvp_stmt *st)
 		return;
 	}
 	int d = 1000;
-	const char *s = suggest_from(w->s, kinds, 4, NULL, &d);
+	const char *s = suggest_from(w->s, kinds, 5, NULL, &d);
 	if (s)
 		ERR(S, w->loc, "unknown guard '%s'; did you mean '%s'?", w->s, s);
 	else
-		ERR(S, w->loc, "a guard is `keep sinks N`, `keep recent N`, `keep span NAME` or `keep spans`");
+		ERR(S, w->loc, "a guard is `keep sinks N`, `keep recent N`, `keep span NAME`, `keep spans` or `keep singletons N`");
 }
 
 static void check_compress(sema *S, const kvp_stmt *st)
@@ -1776,6 +1949,15 @@ static void cross_check_combinations(sema *S)
 		    "unsupported combination: `over layer` shares one selection across the heads of a layer, which needs `allocate = uniform`");
 		return;
 	}
+	if (o->action != KVP_AC_ADD_SPLIT) {
+		const kvp_stmt *g = o->setting[KVP_SET_SEGMENT] ? o->setting[KVP_SET_SEGMENT] :
+		                    o->setting[KVP_SET_TREE] ? o->setting[KVP_SET_TREE] : o->singletons;
+		if (g) {
+			ERR(S, g->loc, "segments, prototype trees and singletons belong to `action = add_split` (GraceKV); the policy's action is %s",
+			    o->action == KVP_AC_MERGE ? "merge" : "evict");
+			return;
+		}
+	}
 	if (o->action == KVP_AC_ADD_SPLIT && o->allocate != KVP_AL_GLOBAL) {
 		ERR(S, action->value->loc, "add_split competes for one global budget; add `allocate = global`");
 		return;
@@ -1917,6 +2099,8 @@ kvp_sema *kvp_sema_check(const kvp_file *f)
 		case KVP_SET_POOL: check_pool(&S, st); break;
 		case KVP_SET_POSITIONS: check_positions(&S, st); break;
 		case KVP_SET_ACTION: check_action(&S, st); break;
+		case KVP_SET_SEGMENT: check_segment(&S, st); break;
+		case KVP_SET_TREE: check_tree(&S, st); break;
 		default: break;
 		}
 	}

@@ -100,7 +100,16 @@ typedef struct kvp_sema {
 	kvp_alloc_kind allocate;
 	const kvp_expr *alloc_floor;
 	kvp_action_kind action;
-	const kvp_expr *run, *slot, *act_floor;
+	const kvp_expr *run;
+	/* GraceKV's actions (`segment`, `tree`, `action = add_split(...)`, `keep singletons`):
+	 * slot = the target segment length (or the fixed slot of `segment = slots(T)`),
+	 * act_floor = the singleton floor (unit floor_unit), the rest as written or NULL */
+	const kvp_expr *slot, *act_floor;
+	const kvp_expr *seg_min, *seg_max, *seg_cut, *seg_length, *seg_stability, *seg_surprisal;
+	int seg_fixed;          /* segment = slots(T) */
+	int tree_count;         /* tree = prototypes(count = ...): 0 coherence, 1 members */
+	const kvp_expr *tree_smooth, *mass, *numerator;
+	const kvp_stmt *singletons; /* `keep singletons N` */
 	kvp_pool_kind pool;
 	const kvp_expr *kernel;
 	kvp_reduce_kind reduce;

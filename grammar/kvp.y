@@ -121,6 +121,7 @@ static kvp_word *word_new(struct kvp_parse *ps, const char *s, kvp_srcloc loc, i
 %token POLICY "policy" PARAM "param" CONST "const" STAT "stat" SCORE "score"
 %token BUDGET "budget" GROUP "group" LAYERS "layers" ALLOCATE "allocate" POOL "pool"
 %token KEEP "keep" ACTION "action" COMPRESS "compress" POSITIONS "positions"
+%token SEGMENT "segment" TREE "tree"
 %token OVER "over" ALL "all" LAST "last" PROMPT "prompt" TAIL "tail"
 %token EVERY "every" WHEN "when" AT "at" PER "per" TO "to"
 %token AND "and" OR "or" NOT "not"
@@ -293,6 +294,8 @@ stmt:
       }
   ;
 
+/* setting = score | budget | layers | allocate | pool | positions | action | segment | tree
+ * (segment, tree: GraceKV's segmentation and prototypes, docs/language.md section 7.7) */
 setting:
     SCORE      { $$ = KVP_SET_SCORE; }
   | BUDGET     { $$ = KVP_SET_BUDGET; }
@@ -301,6 +304,8 @@ setting:
   | POOL       { $$ = KVP_SET_POOL; }
   | POSITIONS  { $$ = KVP_SET_POSITIONS; }
   | ACTION     { $$ = KVP_SET_ACTION; }
+  | SEGMENT    { $$ = KVP_SET_SEGMENT; }
+  | TREE       { $$ = KVP_SET_TREE; }
   ;
 
 /* group = REDUCER [over layer] [before pool | after pool] */
@@ -395,7 +400,8 @@ static int is_stmt_start(yysymbol_kind_t k)
 {
 	static const char *const starts[] = {
 		"policy", "param", "const", "stat", "score", "budget", "group", "layers",
-		"allocate", "pool", "keep", "action", "compress", "positions", "'}'",
+		"allocate", "pool", "keep", "action", "compress", "positions", "segment", "tree",
+		"'}'",
 	};
 	const char *s = yysymbol_name(k);
 	for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++)
@@ -500,7 +506,7 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
 	if (tok == YYSYMBOL_IDENT && ps->in_body && len < (int)sizeof msg) {
 		static const char *const kws[] = {
 			"param", "const", "stat", "score", "budget", "group", "layers", "allocate",
-			"pool", "keep", "action", "compress", "positions",
+			"pool", "keep", "action", "compress", "positions", "segment", "tree",
 		};
 		char word[65];
 		int w = (int)(loc.end - loc.off);

@@ -93,20 +93,28 @@ static inline size_t k_compress_scratch_bytes(const rt_kv *kv, int n_tmp)
 	       3 * k_align64(H * sizeof(void *)) + 3 * k_align64(H * sizeof(int32_t)) + 64;
 }
 
+/* Does the request's span id s name one of the spans spans[0..n_spans) (or any span, when
+ * all is set)? Span 0 is no span. */
+static inline int k_span_named(const struct kvp_ctx *ctx, int all, const char *const *spans,
+                               int n_spans, uint16_t s)
+{
+	if (s == 0)
+		return 0;
+	if (all)
+		return 1;
+	if (!ctx->span_names || s > ctx->n_spans || !ctx->span_names[s])
+		return 0;
+	for (int j = 0; j < n_spans; j++)
+		if (strcmp(ctx->span_names[s], spans[j]) == 0)
+			return 1;
+	return 0;
+}
+
 /* Does the request's span id s name a span the policy protects? */
 static inline int k_span_protected(const struct kvp_ctx *ctx, const struct k_compress_cfg *cfg,
                                    uint16_t s)
 {
-	if (s == 0)
-		return 0;
-	if (cfg->protect_all_spans)
-		return 1;
-	if (!ctx->span_names || s > ctx->n_spans || !ctx->span_names[s])
-		return 0;
-	for (int j = 0; j < cfg->n_spans; j++)
-		if (strcmp(ctx->span_names[s], cfg->spans[j]) == 0)
-			return 1;
-	return 0;
+	return k_span_named(ctx, cfg->protect_all_spans, cfg->spans, cfg->n_spans, s);
 }
 
 /* Merge entry src into entry dst of head h: count-weighted mean of keys and values,

@@ -145,19 +145,11 @@ static inline size_t k_grace_scratch_bytes(const rt_kv *kv, int n_tmp)
 	return 64 + z.rel + z.qs + z.tmp + z.vec + core;
 }
 
+/* Does the request's span id s name a span the policy protects (k_span_named)? */
 static inline int k_grace_span_protected(const struct kvp_ctx *ctx, const struct k_grace_cfg *c,
                                          uint16_t s)
 {
-	if (s == 0)
-		return 0;
-	if (c->protect_all_spans)
-		return 1;
-	if (!ctx->span_names || s > ctx->n_spans || !ctx->span_names[s])
-		return 0;
-	for (int j = 0; j < c->n_spans; j++)
-		if (strcmp(ctx->span_names[s], c->spans[j]) == 0)
-			return 1;
-	return 0;
+	return k_span_named(ctx, c->protect_all_spans, c->spans, c->n_spans, s);
 }
 
 /* Token-to-token attention for the multi-hop flow: the attention the token at entry src

@@ -1080,8 +1080,11 @@ START_TEST(test_glue_plumbing)
 	 * the same trace: prefix = the 2 sink tokens, segments of the context from the
 	 * sampled hidden states (the turn at position 60 must be a cut), probes = the last 6
 	 * positions' queries of every layer, budget 40 entries per head over everything. */
-	for (int run = 0; run < 4; run++) {
-		const int si = run % 2, hops = run < 2 ? 1 : 2;
+	/* runs 4 and 5: every value a .kvp file can set (segment, tree, add_split) away from
+	 * its default, on both sides; run 5 with fixed slots (`segment = slots(32 tokens)`) */
+	for (int run = 0; run < 6; run++) {
+		const int si = run % 2, hops = run < 2 || run > 3 ? 1 : 2, tuned = run >= 4;
+		const int fixed = run == 5;
 		const shape sh = shapes[si];
 		const int L = sh.L, G = sh.G, R = sh.R, LG = L * G, d = 16;
 		const int32_t n = 120, turn = 60, nq = 6, target = 30, sinks = 2;
@@ -1109,6 +1112,19 @@ START_TEST(test_glue_plumbing)
 		c.floor = 1;
 		c.probe = nq;
 		c.hops = hops;
+		if (tuned) {
+			c.seg.min_len = 10;
+			c.seg.max_len = 40;
+			c.seg.cut = 1.5;
+			c.seg.length = 2.0;
+			c.seg.stability = 0.25;
+			c.seg.surprisal = 0.5;
+			c.seg_fixed = fixed;
+			c.count_mode = K_PROTO_COUNT_N;
+			c.smooth = 0.3;
+			c.lambda_z = 0.5;
+			c.lambda_m = 2.0;
+		}
 		size_t len = k_grace_apply_bytes(&kv);
 		void *mem = scratch_new(len);
 		struct k_grace_info info;
@@ -1118,14 +1134,16 @@ START_TEST(test_glue_plumbing)
 		ck_assert_int_eq(info.suffix, 0);
 		ck_assert_int_eq(info.used_trace, 1);
 		ck_assert_int_eq(info.n_probe, nq);
-		/* segments: start at the prefix, lengths in [slot/4, 2·slot], a cut at the turn */
-		ck_assert_int_ge(info.n_seg, 2);
-		ck_assert_int_eq(info.seg_start[0], sinks);
-		int cut_at_turn = 0;
+		/* segments: start at the prefix, lengths in [slot/4, 2·slot] (tuned: [10, 40]), a
+		 * cut at the turn; fixed slots: none from the trace */
+		ck_assert_int_eq(info.n_seg, fixed ? 0 : info.n_seg);
+		ck_assert_int_ge(info.n_seg, fixed ? 0 : 2);
+		int cut_at_turn = fixed;
 		for (int k = 0; k < info.n_seg; k++) {
 			int32_t e = k + 1 < info.n_seg ? info.seg_start[k + 1] : n;
-			ck_assert_int_ge(e - info.seg_start[k], 8);
-			ck_assert_int_le(e - info.seg_start[k], 64);
+			ck_assert_int_eq(info.seg_start[0], sinks);
+			ck_assert_int_ge(e - info.seg_start[k], tuned ? 10 : 8);
+			ck_assert_int_le(e - info.seg_start[k], tuned ? 40 : 64);
 			cut_at_turn |= info.seg_start[k] == turn;
 		}
 		ck_assert_msg(cut_at_turn, "no segment starts at the turn (position %d)", (int)turn);
@@ -1147,8 +1165,14 @@ START_TEST(test_glue_plumbing)
 		struct k_segment_params sp;
 		k_segment_params_default(&sp);
 		sp.target_len = 32;
-		sp.min_len = 8;
-		sp.max_len = 64;
+		sp.min_len = tuned ? 10 : 8;
+		sp.max_len = tuned ? 40 : 64;
+		if (tuned) {
+			sp.cut = 1.5;
+			sp.length = 2.0;
+			sp.stability = 0.25;
+			sp.surprisal = 0.5;
+		}
 		const int E = G * R * d;
 		const float *hl[2] = { st.hid + (size_t)sinks * E, st.hid + ((size_t)128 + sinks) * E };
 		double *work = malloc(k_segment_work(n, E, 2, 4) * sizeof(double));
@@ -1156,10 +1180,10 @@ START_TEST(test_glue_plumbing)
 		float bound[128] = { 0 };
 		int32_t k = k_segment(&sp, n - sinks, E, 2, hl, st.sur + sinks, work, bound + sinks,
 		                             seg, &err);
-		ck_assert_int_eq(k, info.n_seg);
+		ck_assert_int_eq(k, fixed ? k : info.n_seg);
 		for (int i = 0; i < k; i++) {
 			seg[i] += sinks;
-			ck_assert_int_eq(seg[i], info.seg_start[i]);
+			ck_assert_int_eq(seg[i], fixed ? seg[i] : info.seg_start[i]);
 		}
 		float *pq = malloc((size_t)LG * nq * R * d * sizeof(float));
 		int32_t ppos[6];
@@ -1185,6 +1209,12 @@ START_TEST(test_glue_plumbing)
 		gp.key_mode = K_PROTO_KEY_POST;
 		gp.lambda_graph = hops > 1 ? 0.3 : 0.0;
 		gp.hops = hops - 1;
+		if (tuned) {
+			gp.count_mode = K_PROTO_COUNT_N;
+			gp.smooth = 0.3;
+			gp.lambda_z = 0.5;
+			gp.lambda_m = 2.0;
+		}
 		struct k_grace_input in = { 0 };
 		struct ref_hop rh = { &st, &ref };
 		if (hops > 1) {
@@ -1192,9 +1222,9 @@ START_TEST(test_glue_plumbing)
 			in.hop_user = &rh;
 		}
 		in.prefix = sinks;
-		in.seg_start = seg;
-		in.n_seg = k;
-		in.boundary = bound;
+		in.seg_start = fixed ? NULL : seg;
+		in.n_seg = fixed ? 0 : k;
+		in.boundary = fixed ? NULL : bound;
 		in.probe_q = pq;
 		in.probe_pos = ppos;
 		in.n_probe = nq;
@@ -1660,6 +1690,47 @@ START_TEST(test_emit_gracekv)
 }
 END_TEST
 
+START_TEST(test_emit_grace_statements)
+{
+	/* every value of `segment`, `tree`, `action = add_split(...)` and `keep singletons`
+	 * reaches the struct k_grace_cfg the generated compress fills (a parameter stays a
+	 * parameter); left out, the kernel's default (k_grace_cfg_default) stands */
+	static const char *const src[2] = {
+		"policy v {\n    param tgt = 48 tokens\n    budget = 10%\n"
+		"    stat a = sum(attn) over prompt tail 16 tokens\n    score = flow(a, hops = 1)\n"
+		"    allocate = global\n    action = add_split(mass = 2, numerator = 0.5)\n"
+		"    segment = curvature(target = tgt, min = 12 tokens, max = 96 tokens, cut = 2, length = 1, stability = 0.75, surprisal = 0)\n"
+		"    tree = prototypes(key = post, count = members, smooth = 0)\n"
+		"    keep singletons 4 entries\n    compress at prompt end\n}\n",
+		"policy w {\n    budget = 10%\n    stat a = sum(attn) over prompt tail 16 tokens\n"
+		"    score = flow(a, hops = 1)\n    allocate = global\n    action = add_split\n"
+		"    segment = slots(32 tokens)\n    compress at prompt end\n}\n",
+	};
+	static const char *const want[2][12] = {
+		{ "gc->lambda_z = 2.0;", "gc->lambda_m = 0.5;", "gc->slot = P[0];",
+		  "gc->seg.min_len = (int)(12.0);", "gc->seg.max_len = (int)(96.0);", "gc->seg.cut = 2.0;",
+		  "gc->seg.length = 1.0;", "gc->seg.stability = 0.75;", "gc->seg.surprisal = 0.0;",
+		  "gc->count_mode = K_PROTO_COUNT_N;", "gc->smooth = 0.0;", "gc->floor = 4.0;" },
+		{ "gc->slot = 32.0;", "gc->seg_fixed = 1;", "gc->floor = 0.0;", NULL },
+	};
+	for (int i = 0; i < 2; i++) {
+		char path[128];
+		snprintf(path, sizeof path, "tests/tmp/test_grace_stmt_%d_%d.kvp", (int)getpid(), i);
+		spit(path, src[i]);
+		unsigned needs = 0;
+		int ne = 0;
+		char *c = emit_file(path, &needs, &ne);
+		unlink(path);
+		ck_assert_msg(ne == 0 && c != NULL, "policy %d does not compile", i);
+		for (int j = 0; j < 12 && want[i][j]; j++)
+			ck_assert_msg(strstr(c, want[i][j]), "policy %d: no `%s` in the emitted C", i, want[i][j]);
+		ck_assert_ptr_null(strstr(c, i == 0 ? "gc->seg_fixed" : "gc->seg.cut"));
+		ck_assert_ptr_null(strstr(c, i == 0 ? "gc->smooth = 0.1" : "gc->count_mode"));
+		free(c);
+	}
+}
+END_TEST
+
 START_TEST(test_check_add_split)
 {
 	/* kvpc check: add_split needs one compression of the whole prompt with original
@@ -1668,10 +1739,22 @@ START_TEST(test_check_add_split)
 		{ "compress at prompt end", "compress every 8 steps" },
 		{ "positions = original", "positions = compacted" },
 		{ "group = sum", "group = sum after pool" },
+		/* GraceKV's statements: the values are checked, and they need add_split */
+		{ "action = add_split(mass = 1, numerator = 1)", "action = add_split(slot = 64 tokens)" },
+		{ "action = add_split(mass = 1, numerator = 1)", "action = add_split(mass = -1)" },
+		{ "min = 16 tokens", "min = 100 tokens" },
+		{ "max = 128 tokens", "max = 20 tokens" },
+		{ "cut = 3", "cut = 3 tokens" },
+		{ "key = post", "key = rope" },
+		{ "count = coherence", "count = many" },
+		{ "smooth = 0.1", "smooth = -0.1" },
+		{ "keep singletons 16 entries", "keep singletons 16 steps" },
+		{ "action = add_split(mass = 1, numerator = 1)", "action = merge(run = 4 tokens)" },
 	};
+	const int n_bad = (int)(sizeof bad / sizeof bad[0]);
 	char *orig = slurp("policies/gracekv.kvp");
 	ck_assert_ptr_nonnull(orig);
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < n_bad; i++) {
 		char *at = strstr(orig, bad[i][0]);
 		ck_assert_ptr_nonnull(at);
 		size_t pre = (size_t)(at - orig);
@@ -1719,6 +1802,7 @@ static Suite *grace_suite(void)
 	tcase_add_test(tc, test_seq_ratio1_equals_full);
 	tcase_add_test(tc, test_emit_gracekv);
 	tcase_add_test(tc, test_check_add_split);
+	tcase_add_test(tc, test_emit_grace_statements);
 	suite_add_tcase(s, tc);
 	return s;
 }

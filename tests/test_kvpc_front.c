@@ -596,6 +596,18 @@ START_TEST(test_lower_caote_gracekv)
 	ck_assert_int_eq(ir.action.kind, KVP_ACT_SPLIT);
 	expect_fold(&ir, ir.action.run, 64);
 	expect_fold(&ir, ir.action.floor, 16);
+	/* GraceKV's values as policies/gracekv.kvp writes them */
+	ck_assert_int_eq(ir.action.seg_fixed, 0);
+	expect_fold(&ir, ir.action.seg_min, 16);
+	expect_fold(&ir, ir.action.seg_max, 128);
+	expect_fold(&ir, ir.action.seg_cut, 3);
+	expect_fold(&ir, ir.action.seg_length, 4);
+	expect_fold(&ir, ir.action.seg_stability, 0.5);
+	expect_fold(&ir, ir.action.seg_surprisal, 1);
+	ck_assert_int_eq(ir.action.count, 0);
+	expect_fold(&ir, ir.action.smooth, 0.1);
+	expect_fold(&ir, ir.action.mass, 1);
+	expect_fold(&ir, ir.action.numerator, 1);
 	ck_assert_int_eq(ir.guards.n_spans, 2);
 	ck_assert_str_eq(ir.guards.spans[0], "system");
 	ck_assert_str_eq(ir.guards.spans[1], "question");
