@@ -251,11 +251,11 @@ $(B)/compiler/kvpc_build.o: $(wildcard .git/HEAD .git/refs/heads/*)
 $(B)/runtime/cli/rt_cli.o: CFLAGS += -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
 $(B)/runtime/cli/rt_cli.o: $(wildcard .git/HEAD .git/refs/heads/*)
 
-$(B)/kvpc: $(B)/compiler/kvpc_main.o $(B)/compiler/kvpc_build.o $(B)/libkvpc.a $(B)/libkvrt.a
+$(B)/kvpc: $(B)/compiler/kvpc_main.o $(B)/compiler/kvpc_build.o $(B)/compiler/kvpc_tune.o $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # order-only: these suites run $(B)/kvpc (or $(B)/kvrt), which is not linked into them
-$(B)/tests/test_build $(B)/tests/test_ab: | $(B)/kvpc
+$(B)/tests/test_build $(B)/tests/test_ab $(B)/tests/test_tune: | $(B)/kvpc
 $(B)/tests/test_device: | $(B)/kvrt
 
 $(B)/tests/%: $(B)/tests/%.o $(SUP_OBJS) $(if $(KVPC_SRCS),$(B)/libkvpc.a) $(B)/libkvrt.a

@@ -7,6 +7,8 @@
  *   kvpc emit --target c FILE.kvp [-o OUT] [--no-line]
  *   kvpc emit --target registry A.kvp B.kvp... [-o OUT]
  *   kvpc fmt FILE.kvp... [-w]
+ *   kvpc build FILE.kvp... -o BIN [--gate]   (compiler/kvpc_build.h)
+ *   kvpc ab A.kvp B.kvp ..., kvpc tune FILE.kvp ...   (kvpc_build.h, kvpc_tune.h)
  *   kvpc --help | --version
  *
  * Exit status: 0 success, 1 diagnostics (errors in a .kvp file, or an output that cannot
@@ -26,6 +28,7 @@
 #include "kvp_sema.h"
 #include "kvp_src.h"
 #include "kvpc_build.h"
+#include "kvpc_tune.h"
 
 static const char USAGE[] =
 	"usage: kvpc check FILE.kvp...\n"
@@ -33,7 +36,8 @@ static const char USAGE[] =
 	"       kvpc emit --target registry A.kvp B.kvp... [-o OUT]\n"
 	"       kvpc emit --target cuda FILE.kvp [-o OUT] | --target cuda-registry A.kvp...\n"
 	"       kvpc fmt FILE.kvp... [-w]\n"
-	"       kvpc build FILE.kvp... -o BIN [-v]\n"
+	"       kvpc build FILE.kvp... -o BIN [--gate] [-v]\n"
+	"       kvpc tune FILE.kvp --model M --text FILE... --max-kld X [--min-passkey P] [...]\n"
 	"       kvpc ab A.kvp B.kvp --model M --text FILE [--ratio 2,4,8] [...]\n"
 	"       kvpc --help | --version\n";
 
@@ -55,6 +59,10 @@ static const char HELP[] =
 	"  build FILE.kvp... -o BIN\n"
 	"                         compile policies into a per-deployment binary (cached);\n"
 	"                         BIN info | ppl | needle | run | ab (BIN CMD --help)\n"
+	"  tune FILE.kvp --model M --text FILE... --max-kld X\n"
+	"                         the highest compression ratio within the quality limit on\n"
+	"                         your texts; writes FILE.tune, which build bakes in as the\n"
+	"                         default (build --gate re-checks it; kvpc tune --help)\n"
 	"  ab A.kvp B.kvp --model M --text FILE\n"
 	"                         build both into one binary and compare them side by side\n"
 	"                         on the real model (kvpc ab --help)\n"
@@ -303,6 +311,8 @@ int main(int argc, char **argv)
 		return kvpc_cmd_build(argc - 2, argv + 2);
 	if (!strcmp(cmd, "ab"))
 		return kvpc_cmd_ab(argc - 2, argv + 2);
+	if (!strcmp(cmd, "tune"))
+		return kvpc_cmd_tune(argc - 2, argv + 2);
 	fprintf(stderr, "kvpc: unknown command '%s'\n", cmd);
 	fputs(USAGE, stderr);
 	return 2;

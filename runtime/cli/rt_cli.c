@@ -37,6 +37,7 @@ static const char *const help_top =
 	"    %s keepmap --model MODEL --text FILE [--policy NAME] ... --svg OUT\n"
 	"    %s serve --model MODEL [--port N] [--kv-memory SIZE] [--policy NAME] ...\n"
 	"    %s ab --model MODEL --text FILE [--a NAME] [--b NAME] [--ratio LIST] ...\n"
+	"    %s tune --model MODEL --text FILE... --max-kld X [--min-passkey P] ...\n"
 	"    %s COMMAND --help\n"
 	"\n"
 	"DESCRIPTION\n"
@@ -62,6 +63,8 @@ static const char *const help_top =
 	"              shared KV block pool\n"
 	"    ab        compare two policies against the full cache and each other\n"
 	"              (what `kvpc ab` runs)\n"
+	"    tune      the quality gate: the highest compression ratio within a KL (and\n"
+	"              passkey) limit on given texts (what `kvpc tune` runs)\n"
 	"\n"
 	"OPTIONS\n"
 	"    -h, --help     show this text (or a command's, after the command)\n"
@@ -106,6 +109,37 @@ void rt_cli_json_policy(FILE *out, const rt_seq *s, double ratio)
 
 /* ---- entry --------------------------------------------------------------------------------- */
 
+static const struct rt_cli_tuned *g_tuned;
+static int g_n_tuned;
+
+static const struct rt_cli_tuned *tuned_find(const struct kvp_policy *p)
+{
+	for (int i = 0; p && i < g_n_tuned; i++)
+		if (!strcmp(g_tuned[i].policy, p->name))
+			return &g_tuned[i];
+	return NULL;
+}
+
+double rt_cli_tuned_ratio(const struct kvp_policy *p)
+{
+	const struct rt_cli_tuned *t = tuned_find(p);
+	return t && p->compress ? t->ratio : 0;
+}
+
+const char *rt_cli_tuned_sidecar(const struct kvp_policy *p)
+{
+	const struct rt_cli_tuned *t = tuned_find(p);
+	return t ? t->sidecar : NULL;
+}
+
+int rt_cli_main_tuned(int argc, char **argv, const struct kvp_policy *const *reg, int n_reg,
+                      const struct rt_cli_tuned *tuned, int n_tuned)
+{
+	g_tuned = tuned;
+	g_n_tuned = tuned ? n_tuned : 0;
+	return rt_cli_main(argc, argv, reg, n_reg);
+}
+
 int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int n_reg)
 {
 	rt_cli_prog = "kvrt";
@@ -117,12 +151,12 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 	rt_cli_n_reg = reg ? n_reg : 0;
 	if (argc < 2)
 		return rt_cli_usage("", "%s", "missing command (info, ppl, needle, run, tokenize, bench, keepmap, serve, "
-		                    "ab)");
+		                    "ab, tune)");
 	const char *cmd = argv[1];
 	if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
-		rt_cli_help(help_top, 12, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog,
+		rt_cli_help(help_top, 13, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog,
 		            rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog,
-		            rt_cli_prog, rt_cli_prog);
+		            rt_cli_prog, rt_cli_prog, rt_cli_prog);
 		return 0;
 	}
 	if (!strcmp(cmd, "--version")) {
@@ -135,7 +169,7 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 	} cmds[] = {
 		{ "info", rt_cmd_info }, { "ppl", rt_cmd_ppl }, { "needle", rt_cmd_needle }, { "run", rt_cmd_run },
 		{ "tokenize", rt_cmd_tokenize }, { "bench", rt_cmd_bench }, { "keepmap", rt_cmd_keepmap },
-		{ "ab", rt_cmd_ab },
+		{ "ab", rt_cmd_ab }, { "tune", rt_cmd_tune },
 	};
 	const char *device;
 	const int cargc = rt_cli_device_take(argc - 1, argv + 1, &device);

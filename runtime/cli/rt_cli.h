@@ -23,4 +23,24 @@
  * status. Writes results to stdout and errors to stderr. */
 int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int n_reg);
 
+/* A default compression ratio a build baked in for one policy: `kvpc build` reads it from
+ * the policy's tune sidecar (runtime/policy/rt_tuned.h, written by `kvpc tune`). */
+struct rt_cli_tuned {
+	const char *policy;   /* the registered policy's name */
+	double ratio;         /* the default compression ratio, >= 1 */
+	const char *sidecar;  /* the sidecar it came from (shown by `info`) */
+};
+
+/* rt_cli_main with baked-in defaults tuned[0..n_tuned) (the binary's main unit passes
+ * them): a policy-aware command (ppl, needle, run, keepmap, serve) run without --ratio
+ * uses its policy's tuned ratio in place of the policy's own budget; --ratio R overrides
+ * it. The array must outlive the call. */
+int rt_cli_main_tuned(int argc, char **argv, const struct kvp_policy *const *reg, int n_reg,
+                      const struct rt_cli_tuned *tuned, int n_tuned);
+
+/* The baked-in default ratio of policy p, or 0 when the binary has none for it. */
+double rt_cli_tuned_ratio(const struct kvp_policy *p);
+/* The sidecar it came from, or NULL. */
+const char *rt_cli_tuned_sidecar(const struct kvp_policy *p);
+
 #endif

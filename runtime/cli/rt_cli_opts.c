@@ -125,7 +125,8 @@ static const opt_def OPTS[] = {
 	OPT(O_CSV, "csv", 1), OPT(O_PLOT, "plot", 1), OPT(O_SEED64, "seed", 1),
 	INTOPT(O_RES, "resamples", 2, 1000000, resamples, "is not a number in 2..1000000"),
 	OPT(O_COMMIT, "commit", 1), OPT(O_SHAA, "source-sha256-a", 1),
-	OPT(O_SHAB, "source-sha256-b", 1), OPT(O_QUIET, "quiet", 0),
+	OPT(O_SHAB, "source-sha256-b", 1), OPT(O_QUIET, "quiet", 0), OPT(O_MAXKLD, "max-kld", 1),
+	OPT(O_MINPASSKEY, "min-passkey", 1), OPT(O_OUT, "out", 1), OPT(O_GATE, "gate", 0),
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
 
@@ -152,7 +153,12 @@ static int opt_plain(int c, const char *arg, rt_cli_opts *o)
 {
 	switch (c) {
 	case 'm': o->model = arg; return 1;
-	case 't': o->text = arg; return 1;
+	case 't':
+		o->text = arg;
+		if (o->n_texts < RT_CLI_MAX_LIST)
+			o->texts[o->n_texts] = arg;
+		o->n_texts++; /* a command that takes several checks the count */
+		return 1;
 	case 'p': o->prompt = arg; return 1;
 	case O_BATCH: o->batch = arg; return 1;
 	case O_POLICY: o->policy = arg; return 1;
@@ -173,6 +179,8 @@ static int opt_plain(int c, const char *arg, rt_cli_opts *o)
 	case O_FAST: o->exact = 0; return 1;
 	case O_DEPTH: o->depths = arg; return 1;
 	case O_QUIET: o->quiet = 1; return 1;
+	case O_OUT: o->out = arg; return 1;
+	case O_GATE: o->gate = 1; return 1;
 	case O_A: o->name_a = arg; return 1;
 	case O_B: o->name_b = arg; return 1;
 	case O_RATIOS: o->ratio_list = arg; return 1;
@@ -219,6 +227,17 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 		if (errno || end == arg || *end || !isfinite(r) || r < 1)
 			return rt_cli_usage(cmd, "--ratio: '%s' is not a compression factor >= 1", arg);
 		o->ratio = r;
+		return 0;
+	}
+	case O_MAXKLD: case O_MINPASSKEY: {
+		char *end;
+		errno = 0;
+		double v = strtod(arg, &end);
+		if (errno || end == arg || *end || !isfinite(v) || v < 0 || (d->id == O_MINPASSKEY && v > 1))
+			return rt_cli_usage(cmd, "%s: '%s' is not %s", nm, arg,
+			                    d->id == O_MAXKLD ? "a KL divergence >= 0 (nats per token)"
+			                                      : "an accuracy in 0..1");
+		*(d->id == O_MAXKLD ? &o->max_kld : &o->min_passkey) = v;
 		return 0;
 	}
 	case O_SET: case O_SETA: case O_SETB:

@@ -45,6 +45,12 @@ typedef struct rt_cli_opts {
 	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question, quiet;
 	int exact;  /* 1: the exact path, 0: the fast path (each command sets its default) */
 	long pp, tg; /* bench: llama-bench's tests */
+	/* tune: every --text in order (o->text is the last), the limits, the sidecar, --gate */
+	const char *texts[RT_CLI_MAX_LIST];
+	int n_texts;
+	double max_kld, min_passkey; /* min_passkey < 0: not given (a command presets -1) */
+	const char *out;
+	int gate;
 } rt_cli_opts;
 
 /* Option ids: short options are their letter ('m' --model, 't' --text, 'p' --prompt
@@ -57,7 +63,7 @@ enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECI
        O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM, O_MARKQ,
        O_VERSION, O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH, O_A, O_B, O_RATIOS, O_ABTASK,
        O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64, O_COMMIT, O_SHAA, O_SHAB,
-       O_QUIET, O_PREFILL };
+       O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;

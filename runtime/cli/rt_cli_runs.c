@@ -3,6 +3,7 @@
  * rt_cli_runs.h.
  */
 #include "cli/rt_cli_runs.h"
+#include "cli/rt_cli.h"
 
 #include "base/rt_text.h"
 
@@ -173,6 +174,8 @@ rt_cli_run *rt_cli_runs(const char *cmd, const rt_cli_opts *o, int *K, int *rc)
 	*K = 1;
 	runs[0].p = p;
 	runs[0].o = *o;
+	if (!(runs[0].o.ratio > 0)) /* the build's tuned default (kvpc tune), if any */
+		runs[0].o.ratio = rt_cli_tuned_ratio(p);
 	return runs;
 }
 

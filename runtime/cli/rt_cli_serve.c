@@ -3,6 +3,8 @@
  */
 #include "cli/rt_cli_serve.h"
 
+#include "cli/rt_cli.h"
+
 #include <getopt.h>
 #include <stdarg.h>
 #include <math.h>
@@ -207,6 +209,8 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		c.prefill_chunk = RT_SERVE_PREFILL_CHUNK;
 	if (c.prefill_chunk > c.chunk)
 		c.prefill_chunk = c.chunk; /* bounded by the step's chunk */
+	if (!(c.ratio > 0)) /* the build's tuned default (kvpc tune), if any */
+		c.ratio = rt_cli_tuned_ratio(p);
 	c.policy = p->name;
 	c.sets = sets;
 	c.threads = threads;

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cli/rt_cli_opts.h"
+#include "cli/rt_cli.h"
 #include "report/rt_json.h"
 
 static const char *const help_info =
@@ -78,6 +79,9 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 		printf("    %s\n", p->summary);
 	printf("    source %s (hash %s), positions %s\n", p->source ? p->source : "?",
 	       p->source_hash ? p->source_hash : "?", pos);
+	if (rt_cli_tuned_ratio(p) > 0)
+		printf("    tuned default ratio %g (baked in from %s; --ratio overrides it)\n",
+		       rt_cli_tuned_ratio(p), rt_cli_tuned_sidecar(p));
 	if (p->n_params == 0)
 		printf("    no parameters\n");
 	for (int i = 0; i < p->n_params; i++) {

@@ -16,6 +16,7 @@
 
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_opts.h"
+#include "cli/rt_cli.h"
 #include "report/rt_keepmap.h"
 
 static const char *const help_keepmap =
@@ -92,6 +93,8 @@ int rt_cmd_keepmap(int argc, char **argv)
 	const struct kvp_policy *p = rt_cli_policy("keepmap", &o, &rc);
 	if (!p)
 		return rc;
+	if (!(o.ratio > 0)) /* the build's tuned default (kvpc tune), if any */
+		o.ratio = rt_cli_tuned_ratio(p);
 	rt_cli_threads(o.threads);
 	size_t len;
 	char *text = rt_cli_read_text(o.text, &len);

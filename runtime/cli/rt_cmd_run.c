@@ -14,6 +14,7 @@
 
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_opts.h"
+#include "cli/rt_cli.h"
 #include "eval/rt_decode.h"
 
 static const char *const help_run =
@@ -71,6 +72,8 @@ int rt_cmd_run(int argc, char **argv)
 	const struct kvp_policy *p = rt_cli_policy("run", &o, &rc);
 	if (!p)
 		return rc;
+	if (!(o.ratio > 0)) /* the build's tuned default (kvpc tune), if any */
+		o.ratio = rt_cli_tuned_ratio(p);
 	size_t bad;
 	if (!rt_utf8_valid(o.prompt, strlen(o.prompt), &bad)) {
 		fprintf(stderr, "%s: prompt: not valid UTF-8 at byte %zu\n", rt_cli_prog, bad);

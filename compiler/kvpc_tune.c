@@ -1,0 +1,208 @@
+/*
+ * kvpc_tune: `kvpc tune` (build, then the binary's `tune` writes the sidecar) and the
+ * `kvpc build --gate` check (see kvpc_tune.h).
+ */
+#include "kvpc_tune.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kvpc_build.h"
+
+static const char TUNE_USAGE[] =
+	"usage: kvpc tune POLICY.kvp --model M --text FILE [--text FILE]... --max-kld X\n"
+	"                 [--min-passkey P] [--ctx N] [--ratio LIST] [--out FILE.tune] [-v]\n"
+	"                 [more: BIN tune --help]\n";
+
+static const char TUNE_HELP[] =
+	"\n"
+	"The quality gate: decide the acceptable quality loss, then compress as far as it\n"
+	"allows. Builds (cached, see kvpc build --help) the policy into a binary and runs its\n"
+	"`tune` command, which bisects a grid of compression ratios for the highest one whose\n"
+	"mean KL against the full cache is at most X nats per token on every text (and whose\n"
+	"passkey accuracy is at least P), prints the frontier it walked (ratio, compression in\n"
+	"bytes against an f16 full cache and in entries, mean KL, passkey) and writes the\n"
+	"choice to the policy's sidecar, POLICY.tune next to POLICY.kvp (or --out FILE).\n"
+	"`kvpc build POLICY.kvp -o BIN` then bakes the ratio in as the policy's default, and\n"
+	"`kvpc build --gate` re-checks the limits and refuses the build when they fail.\n"
+	"\n"
+	"  --model M, --text FILE   the GGUF model and your texts (--text repeatable)\n"
+	"  --max-kld X              the limit on every text's mean KL (nats per token)\n"
+	"  --min-passkey P          the limit on passkey accuracy (0..1; default: none)\n"
+	"  --ctx N                  tokens of each text (default 256): the search's cost\n"
+	"  --ratio LIST             the grid (default 1.5,2,3,4,6,8,12,16,24,32)\n"
+	"  --lengths N, --depths D,..   passkey prompt tokens (256) and depths (10,50,90)\n"
+	"  --seed S, --chunk N, --threads N, --quiet   as for BIN tune\n"
+	"  --out FILE               the sidecar to write (default POLICY.tune)\n"
+	"  -v                       show the build and the binary's command line\n"
+	"\n"
+	"exit status: 0 a ratio was chosen, 1 none is within the limits or an error, 2 usage\n";
+
+/* Options of `BIN tune` that take a value (the rest are flags). */
+static const char *const TUNE_VALUE_OPTS[] = {
+	"--model", "-m", "--text", "-t", "--max-kld", "--min-passkey", "--ctx", "--ratio",
+	"--lengths", "--depths", "--seed", "--chunk", "--threads", NULL,
+};
+
+static int takes_value(const char *opt)
+{
+	for (int i = 0; TUNE_VALUE_OPTS[i]; i++)
+		if (!strcmp(opt, TUNE_VALUE_OPTS[i]))
+			return 1;
+	return 0;
+}
+
+static int tune_usage(const char *msg)
+{
+	fprintf(stderr, "kvpc tune: %s\n", msg);
+	fputs(TUNE_USAGE, stderr);
+	return 2;
+}
+
+int kvpc_cmd_tune(int argc, char **argv)
+{
+	const char *file = NULL, *out = NULL;
+	int verbose = 0, np = 0;
+	char **pass = calloc((size_t)argc + 1, sizeof *pass);
+	if (!pass)
+		return 1;
+	for (int i = 0; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			fputs(TUNE_USAGE, stdout);
+			fputs(TUNE_HELP, stdout);
+			free(pass);
+			return 0;
+		} else if (!strcmp(a, "-v")) {
+			verbose = 1;
+		} else if (!strcmp(a, "--gate") || !strcmp(a, "--policy") || !strncmp(a, "--set", 5)) {
+			free(pass);
+			return tune_usage(!strcmp(a, "--gate")
+			                  ? "--gate is kvpc build's (kvpc build --gate POLICY.kvp -o BIN)"
+			                  : !strcmp(a, "--policy")
+			                  ? "--policy: the policy is the .kvp file given"
+			                  : "--set: the sidecar bakes only the ratio; change parameters "
+			                    "in the .kvp source");
+		} else if (!strcmp(a, "--out")) {
+			if (i + 1 >= argc) {
+				free(pass);
+				return tune_usage("--out needs a value");
+			}
+			out = argv[++i];
+		} else if (a[0] == '-' && a[1]) {
+			pass[np++] = argv[i];
+			if (!strchr(a, '=') && takes_value(a)) {
+				if (i + 1 >= argc) {
+					free(pass);
+					fprintf(stderr, "kvpc tune: %s needs a value\n", a);
+					fputs(TUNE_USAGE, stderr);
+					return 2;
+				}
+				pass[np++] = argv[++i];
+			}
+		} else if (!file) {
+			file = a;
+		} else {
+			free(pass);
+			fprintf(stderr, "kvpc tune: one policy file at a time ('%s' is a second)\n", a);
+			fputs(TUNE_USAGE, stderr);
+			return 2;
+		}
+	}
+	if (!file) {
+		free(pass);
+		return tune_usage("no policy file");
+	}
+	char sidecar[PATH_MAX];
+	if (!out && rt_tuned_path(file, sidecar, sizeof sidecar) != 0) {
+		free(pass);
+		fprintf(stderr, "%s: error: path too long\n", file);
+		return 1;
+	}
+	if (!out)
+		out = sidecar;
+	char bin[PATH_MAX + 64];
+	char *names[1] = { NULL };
+	int compiled = 0, n_names = 0;
+	double secs = 0;
+	const char *files[1] = { file };
+	if (kvpc_build_cached(files, 1, verbose, bin, sizeof bin, names, &n_names, &compiled,
+	                      &secs) != 0) {
+		free(pass);
+		return 1;
+	}
+	if (compiled || verbose)
+		fprintf(stderr, "kvpc tune: built %s in %.2f s\n", file, secs);
+	char **full = calloc((size_t)np + 8, sizeof *full);
+	int nf = 0;
+	full[nf++] = bin;
+	full[nf++] = "tune";
+	full[nf++] = "--policy";
+	full[nf++] = names[0];
+	full[nf++] = "--out";
+	full[nf++] = (char *)out;
+	for (int i = 0; i < np; i++)
+		full[nf++] = pass[i];
+	full[nf] = NULL;
+	if (verbose) {
+		for (int i = 0; i < nf; i++)
+			fprintf(stderr, "%s%s", i ? " " : "", full[i]);
+		fputc('\n', stderr);
+	}
+	fflush(stdout);
+	fflush(stderr);
+	execv(bin, full);
+	fprintf(stderr, "%s: error: cannot run: %s\n", bin, strerror(errno));
+	free(full);
+	free(pass);
+	free(names[0]);
+	return 1;
+}
+
+int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t)
+{
+	char ratio[64], kld[64], ctx[32], pk[64], pklen[32];
+	snprintf(ratio, sizeof ratio, "%.17g", t->ratio);
+	snprintf(kld, sizeof kld, "%.17g", t->max_kld);
+	snprintf(ctx, sizeof ctx, "%ld", t->ctx);
+	snprintf(pk, sizeof pk, "%.17g", t->min_passkey);
+	snprintf(pklen, sizeof pklen, "%ld", t->passkey_len);
+	const char *argv[32 + 2 * RT_TUNED_MAX_TEXTS];
+	int n = 0;
+	const char *fixed[] = { bin, "tune", "--gate", "--quiet", "--policy", name, "--ratio", ratio,
+		                "--model", t->model, "--ctx", ctx, "--max-kld", kld };
+	for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+		argv[n++] = fixed[i];
+	for (int i = 0; i < t->n_texts; i++) {
+		argv[n++] = "--text";
+		argv[n++] = t->texts[i];
+	}
+	if (t->min_passkey >= 0) {
+		const char *more[] = { "--min-passkey", pk, "--lengths", pklen, "--depths", t->depths };
+		for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
+			argv[n++] = more[i];
+	}
+	argv[n] = NULL;
+	fflush(stdout);
+	fflush(stderr);
+	pid_t pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, "kvpc build --gate: error: cannot fork: %s\n", strerror(errno));
+		return -1;
+	}
+	if (pid == 0) {
+		execv(bin, (char *const *)argv);
+		fprintf(stderr, "%s: error: cannot run: %s\n", bin, strerror(errno));
+		_exit(127);
+	}
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}

@@ -1,0 +1,367 @@
+/*
+ * rt_cmd_tune: `tune` — the quality gate (runtime/eval/rt_tune.h): the highest compression
+ * ratio of a grid whose quality stays within the limits on the given texts, the frontier
+ * it walked, and the sidecar `kvpc build` bakes the ratio from; `tune --gate` re-checks
+ * one ratio. The man page is help_tune below.
+ */
+#include "cli/rt_cmd.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <unistd.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/rt_cli.h"
+#include "cli/rt_cli_input.h"
+#include "cli/rt_cli_opts.h"
+#include "eval/rt_tune.h"
+#include "policy/rt_tuned.h"
+
+static const char *const help_tune =
+	"NAME\n"
+	"    %s tune - the highest compression within a quality limit on your texts\n"
+	"\n"
+	"SYNOPSIS\n"
+	"    %s tune --model MODEL --text FILE [--text FILE]... --max-kld X\n"
+	"             [--min-passkey P] [--policy NAME] [--ctx N] [--ratio LIST]\n"
+	"             [--lengths N] [--depths LIST] [--out FILE.tune]\n"
+	"    %s tune --gate --ratio R --model MODEL --text FILE... --max-kld X ...\n"
+	"\n"
+	"DESCRIPTION\n"
+	"    Decide the acceptable quality loss first, then compress as far as it allows.\n"
+	"    At a compression ratio R (budget = N / R entries per head, as --ratio of ppl,\n"
+	"    the whole text being the prompt; a prompt-end policy, which compresses after\n"
+	"    the last token of such a prompt, gets the first N/2 tokens as its prompt,\n"
+	"    budget N/2 / R, and is scored after it) the policy is within the limits when\n"
+	"      - on EVERY text, the mean KL(full cache || policy) per scored token over its\n"
+	"        first N tokens is at most X nats (the ppl loop, full-cache reference in the\n"
+	"        same pass), and\n"
+	"      - with --min-passkey, passkey accuracy (one question-aware prompt of --lengths\n"
+	"        tokens per depth of --depths, greedy, as `needle`) is at least P.\n"
+	"    The search bisects the ratio grid (it assumes quality falls as R grows), about\n"
+	"    log2(grid size) measurements, and prints the frontier it walked: ratio, bytes x\n"
+	"    (compression in bytes against an f16 full cache: keys and values as stored),\n"
+	"    entries x (tokens / mean entries per list), the mean KL over the texts (token-\n"
+	"    weighted), the worst text's mean KL, passkey and the verdict. The chosen ratio is\n"
+	"    the highest within the limits; the next grid ratio, when there is one, was\n"
+	"    measured and is not. With --out the choice and the gate go to a sidecar file\n"
+	"    (what `kvpc tune` writes next to the policy as POLICY.tune; `kvpc build` bakes\n"
+	"    its ratio in as the policy's default, `kvpc build --gate` re-checks it).\n"
+	"\n"
+	"    --gate measures only --ratio R (default: this binary's baked-in ratio of the\n"
+	"    policy) and exits 1 when the limits no longer hold, naming the text, the\n"
+	"    measured value and the limit.\n"
+	"\n"
+	"OPTIONS\n"
+	"    -m, --model MODEL   GGUF model file\n"
+	"    -t, --text FILE     a text of yours (repeatable, at most 32)\n"
+	"    --max-kld X         the limit on every text's mean KL, nats per token\n"
+	"    --min-passkey P     the limit on passkey accuracy, 0..1 (default: not checked)\n"
+	"    --policy NAME       policy (default %s)\n"
+	"    --ctx N             tokens of each text to score (default 256; fewer when a text\n"
+	"                        is shorter): the cost of the search is linear in N\n"
+	"    --ratio LIST        the grid, increasing, each >= 1 (default\n"
+	"                        1.5,2,3,4,6,8,12,16,24,32); with --gate one ratio\n"
+	"    --lengths N         passkey prompt tokens (default 256)\n"
+	"    --depths LIST       passkey needle depths, percent (default 10,50,90)\n"
+	"    --seed S            passkey seed (default 1; prompt d's key from S + d)\n"
+	"    --out FILE          write the sidecar (not with --gate)\n"
+	"    --chunk N, --threads N, --fast   as for ppl (default --exact)\n"
+	"    --quiet             no line per measurement on stderr\n"
+	"    -h, --help          show this text\n"
+	"\n"
+	"EXIT STATUS\n"
+	"    0 a ratio was chosen (or the gate holds), 1 none of the grid is within the\n"
+	"    limits (or the gate fails) or a runtime error, 2 usage error.\n"
+	"\n"
+	"EXAMPLE\n"
+	"    %s tune --model models/SmolLM2-135M-Instruct.Q4_1.gguf --policy h2o \\\n"
+	"           --text notes.txt --ctx 256 --max-kld 0.05 --out h2o.tune\n";
+
+static void help_tune_fn(void)
+{
+	rt_cli_help(help_tune, 5, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_default_policy(),
+	            rt_cli_prog);
+}
+
+/* Everything one `tune` command holds. */
+typedef struct tune_job {
+	rt_cli_opts o;
+	const struct kvp_policy *p;
+	double *params;            /* the policy's defaults with --set applied */
+	double grid[RT_TUNE_MAX_GRID];
+	int n_grid;
+	rt_tune_opts to;
+	rt_tune_text texts[RT_TUNE_MAX_TEXTS];
+	int32_t *ids[RT_TUNE_MAX_TEXTS];
+	int n_texts;
+	rt_tokenizer *tk;
+	rt_model *m;
+} tune_job;
+
+/* The grid, the passkey settings and the limits from the options. Returns 0 or the usage
+ * error's exit status. */
+static int tune_args(tune_job *j)
+{
+	rt_cli_opts *o = &j->o;
+	if (o->n_texts < 1)
+		return rt_cli_usage("tune", "%s", "--text is required (one or more)");
+	if (o->n_texts > RT_TUNE_MAX_TEXTS)
+		return rt_cli_usage("tune", "more than %d --text files", RT_TUNE_MAX_TEXTS);
+	if (o->max_kld < 0)
+		return rt_cli_usage("tune", "%s", "--max-kld X is required: the acceptable mean KL "
+		                    "per token (nats) against the full cache");
+	if (o->gate && o->out)
+		return rt_cli_usage("tune", "%s", "--gate checks a ratio; it writes no sidecar (--out)");
+	int rc = 0;
+	if (!(j->p = rt_cli_policy("tune", o, &rc)))
+		return rc;
+	if (!j->p->compress)
+		return rt_cli_usage("tune", "policy %s never compresses: there is no ratio to tune",
+		                    j->p->name);
+	const char *grid = o->ratio_list ? o->ratio_list : "1.5,2,3,4,6,8,12,16,24,32";
+	char dflt[64];
+	if (o->gate && !o->ratio_list) {
+		const double r = rt_cli_tuned_ratio(j->p);
+		if (!(r > 0))
+			return rt_cli_usage("tune", "--gate: --ratio R is needed (this binary has no "
+			                    "tuned ratio for %s)", j->p->name);
+		snprintf(dflt, sizeof dflt, "%.17g", r);
+		grid = dflt;
+	}
+	if (rt_cli_parse_list(grid, 1, 1e9, 0, j->grid, &j->n_grid) || j->n_grid > RT_TUNE_MAX_GRID)
+		return rt_cli_usage("tune", "--ratio: '%s' is not a comma list of compression "
+		                    "factors >= 1", grid);
+	if (o->gate && j->n_grid != 1)
+		return rt_cli_usage("tune", "--gate checks one ratio, got '%s'", grid);
+	for (int i = 1; i < j->n_grid; i++)
+		if (!(j->grid[i] > j->grid[i - 1]))
+			return rt_cli_usage("tune", "--ratio: '%s' is not increasing", grid);
+	double len[RT_CLI_MAX_LIST];
+	int n_len = 0;
+	if (rt_cli_parse_list(o->lengths, 16, 1 << 24, 1, len, &n_len) || n_len != 1)
+		return rt_cli_usage("tune", "--lengths: '%s' is not one token count", o->lengths);
+	if (rt_cli_parse_list(o->depths, 0, 100, 0, j->to.depths, &j->to.n_depths))
+		return rt_cli_usage("tune", "--depths: '%s' is not a comma list of percentages "
+		                    "in 0..100", o->depths);
+	j->to.max_kld = o->max_kld;
+	j->to.min_passkey = o->min_passkey;
+	j->to.passkey_len = (int64_t)len[0];
+	j->to.seed = (uint64_t)o->seed;
+	j->to.block = (int)o->chunk;
+	if (!(j->params = calloc((size_t)j->p->n_params + 1, sizeof *j->params)))
+		return EXIT_FAILURE;
+	kvp_policy_param_defaults(j->p, j->params);
+	rt_err err = { "" };
+	for (int i = 0; i < o->n_sets; i++)
+		if (kvp_policy_param_set(j->p, j->params, o->sets[i], &err) != 0)
+			return rt_cli_usage("tune", "--set: %s", err.msg);
+	return 0;
+}
+
+/* The model and every text's first --ctx tokens. Returns 0 or the exit status. */
+static int tune_load(tune_job *j)
+{
+	rt_gguf *g = NULL;
+	int orc = rt_cli_open_model(j->o.model, &j->o, &g, &j->tk, &j->m);
+	rt_gguf_close(g);
+	if (orc < 0)
+		return EXIT_FAILURE;
+	const int64_t n_ctx = j->m->hp.n_ctx;
+	if (j->o.ctx > n_ctx || (j->to.min_passkey >= 0 && j->to.passkey_len + 8 > n_ctx)) {
+		fprintf(stderr, "%s: %s: --ctx %ld or --lengths %lld exceeds the model's "
+		        "context_length %lld\n", rt_cli_prog, j->o.model, j->o.ctx,
+		        (long long)j->to.passkey_len, (long long)n_ctx);
+		return RT_CLI_USAGE;
+	}
+	for (int i = 0; i < j->o.n_texts; i++) {
+		const char *name = j->o.texts[i];
+		size_t len;
+		char *text = rt_cli_read_text(name, &len);
+		int64_t n = 0;
+		j->ids[i] = text ? rt_cli_tokenize(j->tk, name, text, len, 0, &n) : NULL;
+		free(text);
+		if (!j->ids[i])
+			return EXIT_FAILURE;
+		j->n_texts++;
+		if (n > j->o.ctx)
+			n = j->o.ctx;
+		if (n < 2) {
+			fprintf(stderr, "%s: %s: %lld token%s; the gate scores at least 2\n", rt_cli_prog,
+			        name, (long long)n, n == 1 ? "" : "s");
+			return EXIT_FAILURE;
+		}
+		j->texts[i] = (rt_tune_text){ .name = name, .ids = j->ids[i], .n = n };
+	}
+	return 0;
+}
+
+static void tune_progress(void *user, const rt_tune_point *pt)
+{
+	const tune_job *j = user;
+	if (j->o.quiet)
+		return;
+	if (pt->error[0])
+		fprintf(stderr, "%s tune: ratio %g: cannot run: %s\n", rt_cli_prog, pt->ratio, pt->error);
+	else
+		fprintf(stderr, "%s tune: ratio %g: mean KL %.6f (worst %.6f, %s)%s\n", rt_cli_prog,
+		        pt->ratio, pt->kld_mean, pt->kld_worst, j->texts[pt->worst].name,
+		        pt->pass ? ", within the limits" : ", beyond the limits");
+}
+
+/* The frontier table on stdout. */
+static void tune_table(const tune_job *j, const rt_tune_point *w, int n, int chosen)
+{
+	printf("tune %s on %d text%s (at most %ld tokens each): mean KL <= %g on every text",
+	       j->p->name, j->n_texts, j->n_texts == 1 ? "" : "s", j->o.ctx, j->to.max_kld);
+	if (j->to.min_passkey >= 0)
+		printf(", passkey >= %g (%d prompts of %lld tokens)", j->to.min_passkey,
+		       j->to.n_depths, (long long)j->to.passkey_len);
+	printf("\n%8s %8s %9s %10s %10s  %-8s %s\n", "ratio", "bytes x", "entries x", "mean KL",
+	       "worst KL", "passkey", "within");
+	for (int i = 0; i < n; i++) {
+		const rt_tune_point *pt = &w[i];
+		if (pt->error[0]) {
+			printf("%8g %8s %9s %10s %10s  %-8s no: %s\n", pt->ratio, "-", "-", "-", "-", "-",
+			       pt->error);
+			continue;
+		}
+		char pk[32] = "-";
+		if (pt->passkey_n)
+			snprintf(pk, sizeof pk, "%d/%d", pt->passkey_ok, pt->passkey_n);
+		printf("%8g %8.2f %9.2f %10.6f %10.6f  %-8s %s%s\n", pt->ratio, pt->bytes_x,
+		       pt->entries_x, pt->kld_mean, pt->kld_worst, pk, pt->pass ? "yes" : "no",
+		       i == chosen ? "  <- chosen" : "");
+	}
+	for (int i = 0; j->n_texts > 1 && chosen >= 0 && i < j->n_texts; i++)
+		printf("    at ratio %g: %s mean KL %.6f\n", w[chosen].ratio, j->texts[i].name,
+		       w[chosen].kld_text[i]);
+}
+
+/* Why a point is beyond the limits: "text T: mean KL X > limit Y" or the passkey's. */
+static void tune_why(const tune_job *j, const rt_tune_point *pt, char *buf, size_t cap)
+{
+	if (pt->error[0])
+		snprintf(buf, cap, "the policy cannot run: %s", pt->error);
+	else if (pt->kld_worst > j->to.max_kld)
+		snprintf(buf, cap, "text %s: mean KL %.6f nats/token > limit %g (--max-kld)",
+		         j->texts[pt->worst].name, pt->kld_worst, j->to.max_kld);
+	else
+		snprintf(buf, cap, "passkey accuracy %d/%d = %.3f < limit %g (--min-passkey)",
+		         pt->passkey_ok, pt->passkey_n, (double)pt->passkey_ok / pt->passkey_n,
+		         j->to.min_passkey);
+}
+
+/* path made absolute against the working directory (symbolic links kept), heap; NULL on
+ * failure. */
+static char *abs_path(const char *path)
+{
+	char *out = NULL, cwd[PATH_MAX];
+	if (path[0] == '/')
+		return strdup(path);
+	if (!getcwd(cwd, sizeof cwd) || asprintf(&out, "%s/%s", cwd, path) < 0)
+		return NULL;
+	return out;
+}
+
+/* The sidecar of the chosen point (absolute paths). */
+static int tune_write(const tune_job *j, const rt_tune_point *pt, rt_err *err)
+{
+	rt_tuned t;
+	rt_tuned_init(&t);
+	snprintf(t.policy, sizeof t.policy, "%s", j->p->name);
+	snprintf(t.source_hash, sizeof t.source_hash, "%s", j->p->source_hash ? j->p->source_hash : "");
+	t.ratio = pt->ratio;
+	t.max_kld = j->to.max_kld;
+	t.min_passkey = j->to.min_passkey;
+	t.passkey_len = (long)j->to.passkey_len;
+	snprintf(t.depths, sizeof t.depths, "%s", j->o.depths);
+	t.ctx = j->o.ctx;
+	t.model = abs_path(j->o.model);
+	for (int i = 0; i < j->n_texts; i++)
+		if ((t.texts[t.n_texts] = abs_path(j->o.texts[i])))
+			t.n_texts++;
+	t.kld = pt->kld_worst;
+	t.passkey = pt->passkey_n ? (double)pt->passkey_ok / pt->passkey_n : -1;
+	int rc;
+	if (!t.model || t.n_texts != j->n_texts)
+		rc = rt_err_set(err, "%s: cannot resolve the model's and the texts' paths", j->o.out);
+	else {
+		char note[512];
+		snprintf(note, sizeof note, "written by kvpc tune: policy %s at ratio %g (%.2fx in "
+		         "bytes against an f16 full cache)\n`kvpc build` bakes the ratio in as the "
+		         "policy's default; `kvpc build --gate` re-checks the limits", j->p->name,
+		         pt->ratio, pt->bytes_x);
+		rc = rt_tuned_write(j->o.out, &t, note, err);
+	}
+	rt_tuned_free(&t);
+	return rc;
+}
+
+/* Search (or --gate: one ratio), report, write. Returns the exit status. */
+static int tune_run(tune_job *j)
+{
+	rt_err err = { "" };
+	rt_tune_point walked[RT_TUNE_MAX_GRID];
+	int n_walked = 0, chosen = -1;
+	if (rt_tune_search(j->m, j->tk, j->p, j->params, j->texts, j->n_texts, &j->to, j->grid,
+	                   j->n_grid, walked, &n_walked, &chosen, tune_progress, j, &err) != 0)
+		return rt_cli_fail(&err);
+	tune_table(j, walked, n_walked, chosen);
+	char why[768];
+	if (j->o.gate) {
+		if (chosen < 0) {
+			tune_why(j, &walked[0], why, sizeof why);
+			fprintf(stderr, "%s: gate failed: policy %s at ratio %g: %s\n", rt_cli_prog,
+			        j->p->name, j->grid[0], why);
+			return EXIT_FAILURE;
+		}
+		printf("gate holds: policy %s at ratio %g\n", j->p->name, j->grid[0]);
+		return 0;
+	}
+	if (chosen < 0) {
+		tune_why(j, &walked[0], why, sizeof why);
+		fprintf(stderr, "%s: tune: no ratio of the grid is within the limits: at the lowest, "
+		        "%g, %s\n", rt_cli_prog, walked[0].ratio, why);
+		return EXIT_FAILURE;
+	}
+	printf("chosen: ratio %g, %.2fx in bytes against an f16 full cache",
+	       walked[chosen].ratio, walked[chosen].bytes_x);
+	if (chosen + 1 < n_walked) {
+		tune_why(j, &walked[chosen + 1], why, sizeof why);
+		printf("; the next step, ratio %g, is not within the limits (%s)", walked[chosen + 1].ratio,
+		       why);
+	} else {
+		printf("; the top of the grid");
+	}
+	putchar('\n');
+	if (j->o.out) {
+		if (tune_write(j, &walked[chosen], &err) != 0)
+			return rt_cli_fail(&err);
+		printf("wrote %s\n", j->o.out);
+	}
+	return fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
+}
+
+int rt_cmd_tune(int argc, char **argv)
+{
+	static const int opt_ids[] = { 'm', 't', O_POLICY, O_SET, O_CTX, O_RATIOS, O_MAXKLD,
+		O_MINPASSKEY, O_LENGTHS, O_DEPTHS, O_SEED, O_OUT, O_GATE, O_CHUNK, O_THREADS, O_EXACT,
+		O_FAST, O_QUIET, 0 };
+	tune_job j = { .o = { .chunk = RT_CLI_CHUNK, .exact = 1, .ctx = 256, .seed = 1,
+		              .max_kld = -1, .min_passkey = -1, .lengths = "256",
+		              .depths = "10,50,90" } };
+	int rc = rt_cli_parse("tune", help_tune_fn, argc, argv, &j.o, opt_ids, 1);
+	if (rc)
+		return rc == 1 ? 0 : rc;
+	rt_cli_threads(j.o.threads);
+	if ((rc = tune_args(&j)) == 0 && (rc = tune_load(&j)) == 0)
+		rc = tune_run(&j);
+	for (int i = 0; i < j.n_texts; i++)
+		free(j.ids[i]);
+	free(j.params);
+	rt_model_free(j.m);
+	rt_tokenizer_free(j.tk);
+	return rc;
+}

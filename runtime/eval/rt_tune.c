@@ -1,0 +1,225 @@
+/*
+ * rt_tune: measure a policy's quality at a compression ratio and bisect a ratio grid for
+ * the highest one within the limits (see rt_tune.h).
+ */
+#include "eval/rt_tune.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "eval/rt_eval.h"
+#include "eval/rt_needle.h"
+#include "eval/rt_stats.h"
+#include "kv/rt_kvbytes.h"
+#include "policy/rt_seq.h"
+
+/* Answer tokens a passkey trial generates (what `needle` uses for passkey). */
+#define TUNE_PASSKEY_GEN 8
+
+/* Give a fresh sequence the parameters and the ratio. */
+static int tune_seq_setup(rt_seq *s, const double *params, double R, rt_err *err)
+{
+	if (params && s->p->n_params > 0)
+		memcpy(s->run.params, params, (size_t)s->p->n_params * sizeof *params);
+	return rt_seq_set_ratio(s, R, err);
+}
+
+/* Text t's mean KL at R with the first `prompt` tokens as the prompt, scored after it
+ * (every token when prompt = n), into *kld over *scored tokens, its compression into *ex,
+ * *bx and the compress calls into *events; a policy failure at R goes to pt->error.
+ * Returns 0, or -1 with err set. */
+static int tune_pass(const rt_model *m, const struct kvp_policy *p, const double *params,
+                     const rt_tune_text *t, const rt_tune_opts *o, double R, int64_t prompt,
+                     rt_tune_point *pt, double *kld, int64_t *scored, double *ex, double *bx,
+                     int64_t *events, rt_err *err)
+{
+	rt_seq s, ref;
+	memset(&s, 0, sizeof s);
+	memset(&ref, 0, sizeof ref);
+	rt_eval_score sc;
+	rt_eval_score_init(&sc);
+	const int block = (int64_t)o->block < t->n ? o->block : (int)t->n;
+	int rc = -1;
+	if (rt_seq_init(&s, m, p, (int32_t)t->n, block, prompt, err) != 0 ||
+	    rt_seq_init(&ref, m, &rt_policy_full, (int32_t)t->n, block, prompt, err) != 0)
+		goto out;
+	if (tune_seq_setup(&s, params, R, err) != 0 || rt_policy_check(&s.run, &s.kv, err) != 0) {
+		snprintf(pt->error, sizeof pt->error, "%.80s: %.400s", t->name, err->msg);
+		rc = 0;
+		goto out;
+	}
+	rt_seq *runs[1] = { &s };
+	rt_eval_loop lo = { .block = block, .batched = 1,
+		            .score_from = prompt < t->n ? prompt + 1 : 1 };
+	if (rt_eval_runs(runs, 1, &ref, t->ids, t->n, &lo, &sc, NULL, err) != 0)
+		goto out;
+	rc = 0;
+	if (sc.failed_at >= 0) {
+		snprintf(pt->error, sizeof pt->error, "%.80s: %.400s", t->name, sc.error);
+		goto out;
+	}
+	rt_kld_summary ks;
+	rt_kld_acc_summary(&sc.acc, &ks);
+	*kld = ks.kld_mean;
+	*scored = sc.scored;
+	*events = s.run.compressions;
+	const double mean_entries = rt_seq_mean_entries(&s);
+	*ex = mean_entries > 0 ? (double)t->n / mean_entries : 0;
+	*bx = rt_kvbytes_compression(&s.kv, t->n);
+out:
+	rt_eval_score_free(&sc);
+	rt_seq_free(&s);
+	rt_seq_free(&ref);
+	return rc;
+}
+
+/* Passkey trials at R: correct answers into pt->passkey_ok of pt->passkey_n. */
+static int tune_passkey(const rt_model *m, const rt_tokenizer *tk, const struct kvp_policy *p,
+                        const double *params, const rt_tune_opts *o, double R,
+                        rt_tune_point *pt, rt_err *err)
+{
+	static const char *const spans[] = { "", "question" };
+	const int V = m->hp.n_vocab;
+	float *logits = malloc((size_t)V * sizeof *logits), *one = malloc((size_t)V * sizeof *one);
+	rt_seq s;
+	memset(&s, 0, sizeof s);
+	int rc = -1;
+	if (!logits || !one) {
+		rt_err_set(err, "tune: out of memory");
+		goto out;
+	}
+	const int32_t cap = (int32_t)(o->passkey_len + TUNE_PASSKEY_GEN);
+	if (rt_seq_init(&s, m, p, cap, o->block, -1, err) != 0)
+		goto out;
+	rt_seq_set_span_names(&s, spans, 1);
+	if (tune_seq_setup(&s, params, R, err) != 0) {
+		snprintf(pt->error, sizeof pt->error, "passkey: %.400s", err->msg);
+		rc = 0;
+		goto out;
+	}
+	const rt_needle_how how = { .n_gen = TUNE_PASSKEY_GEN };
+	rt_seq *all[1] = { &s };
+	for (int d = 0; d < o->n_depths; d++) {
+		rt_needle_prompt np;
+		if (rt_needle_passkey(tk, o->passkey_len, o->depths[d], o->seed + (uint64_t)d, 0, &np,
+		                      err) != 0)
+			goto out;
+		rt_needle_answer ans;
+		memset(&ans, 0, sizeof ans);
+		int trc = rt_needle_trial(all, 1, NULL, tk, &np, &how, logits, one, &ans, err);
+		rt_needle_prompt_free(&np);
+		if (trc != 0) { /* the policy cannot run this prompt at R */
+			snprintf(pt->error, sizeof pt->error, "passkey (depth %g): %.400s", o->depths[d],
+			         err->msg);
+			rc = 0;
+			goto out;
+		}
+		pt->passkey_ok += ans.correct;
+		pt->passkey_n++;
+	}
+	rc = 0;
+out:
+	rt_seq_free(&s);
+	free(logits);
+	free(one);
+	return rc;
+}
+
+/* Text t at R: the whole text as the prompt; a policy that needs the prompt length and
+ * never compressed over it (its trigger is the prompt end) again with the first half as
+ * the prompt, scored after it. */
+static int tune_text(const rt_model *m, const struct kvp_policy *p, const double *params,
+                     const rt_tune_text *t, const rt_tune_opts *o, double R, rt_tune_point *pt,
+                     double *kld, int64_t *scored, double *ex, double *bx, rt_err *err)
+{
+	int64_t events = 0;
+	if (tune_pass(m, p, params, t, o, R, t->n, pt, kld, scored, ex, bx, &events, err) != 0)
+		return -1;
+	if (pt->error[0] || events > 0 || !(p->needs & KVP_NEED_PROMPT_LEN) || t->n < 4)
+		return 0;
+	return tune_pass(m, p, params, t, o, R, t->n / 2, pt, kld, scored, ex, bx, &events, err);
+}
+
+int rt_tune_measure(const rt_model *m, const rt_tokenizer *tk, const struct kvp_policy *p,
+                    const double *params, const rt_tune_text *texts, int n_texts,
+                    const rt_tune_opts *o, double R, rt_tune_point *pt, rt_err *err)
+{
+	memset(pt, 0, sizeof *pt);
+	pt->ratio = R;
+	if (n_texts < 1 || n_texts > RT_TUNE_MAX_TEXTS || !(R >= 1) || o->block < 1 ||
+	    (o->min_passkey >= 0 && (!tk || o->n_depths < 1 || o->n_depths > RT_TUNE_MAX_DEPTHS)))
+		return rt_err_set(err, "tune: %d texts at ratio %g (1..%d texts, ratio >= 1, passkey "
+		                  "needs the tokenizer and 1..%d depths)", n_texts, R,
+		                  RT_TUNE_MAX_TEXTS, RT_TUNE_MAX_DEPTHS);
+	double wsum = 0, ex = 0, bx = 0;
+	int64_t scored = 0;
+	for (int i = 0; i < n_texts; i++) {
+		double kld = 0, e = 0, b = 0;
+		int64_t sn = 0;
+		if (tune_text(m, p, params, &texts[i], o, R, pt, &kld, &sn, &e, &b, err) != 0)
+			return -1;
+		if (pt->error[0])
+			return 0;
+		pt->kld_text[i] = kld;
+		wsum += kld * (double)sn;
+		scored += sn;
+		ex += e;
+		bx += b;
+		if (i == 0 || kld > pt->kld_worst) {
+			pt->kld_worst = kld;
+			pt->worst = i;
+		}
+	}
+	pt->kld_mean = wsum / (double)scored;
+	pt->entries_x = ex / n_texts;
+	pt->bytes_x = bx / n_texts;
+	if (o->min_passkey >= 0 && tune_passkey(m, tk, p, params, o, R, pt, err) != 0)
+		return -1;
+	pt->pass = !pt->error[0] && pt->kld_worst <= o->max_kld &&
+	           (o->min_passkey < 0 ||
+	            (double)pt->passkey_ok >= o->min_passkey * (double)pt->passkey_n - 1e-9);
+	return 0;
+}
+
+int rt_tune_search(const rt_model *m, const rt_tokenizer *tk, const struct kvp_policy *p,
+                   const double *params, const rt_tune_text *texts, int n_texts,
+                   const rt_tune_opts *o, const double *grid, int n_grid,
+                   rt_tune_point *walked, int *n_walked, int *chosen,
+                   void (*progress)(void *user, const rt_tune_point *pt), void *user,
+                   rt_err *err)
+{
+	*n_walked = 0;
+	*chosen = -1;
+	if (n_grid < 1 || n_grid > RT_TUNE_MAX_GRID)
+		return rt_err_set(err, "tune: %d ratios in the grid (1..%d)", n_grid, RT_TUNE_MAX_GRID);
+	for (int i = 0; i < n_grid; i++)
+		if (!(grid[i] >= 1) || (i > 0 && !(grid[i] > grid[i - 1])))
+			return rt_err_set(err, "tune: the ratio grid must be increasing and >= 1 "
+			                  "(%g at place %d)", grid[i], i + 1);
+	int lo = -1, hi = n_grid; /* grid[lo] passes, grid[hi] fails (-1, n_grid: none yet) */
+	while (hi - lo > 1) {
+		const int mid = lo + (hi - lo) / 2;
+		rt_tune_point pt;
+		if (rt_tune_measure(m, tk, p, params, texts, n_texts, o, grid[mid], &pt, err) != 0)
+			return -1;
+		if (progress)
+			progress(user, &pt);
+		int at = *n_walked; /* insert in ratio order */
+		while (at > 0 && walked[at - 1].ratio > pt.ratio) {
+			walked[at] = walked[at - 1];
+			at--;
+		}
+		walked[at] = pt;
+		(*n_walked)++;
+		if (pt.pass)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	for (int i = 0; lo >= 0 && i < *n_walked; i++)
+		if (walked[i].ratio == grid[lo])
+			*chosen = i;
+	return 0;
+}

@@ -1,0 +1,101 @@
+/*
+ * rt_tune: the quality gate. Decide the acceptable quality loss first, then compress as
+ * far as it allows: for one policy, measure the quality at a compression ratio R (the
+ * budget override of rt_seq_set_ratio: context / R entries per (layer, KV head)) on the
+ * user's own texts, and search a grid of ratios for the highest one within the limits.
+ *
+ * Quality at R (rt_tune_measure):
+ *   - every text's mean KL(P || Q) per scored token, nats, against the full cache P fed the
+ *     same tokens in the same pass (the one perplexity/KL loop, rt_eval_runs). A streaming
+ *     policy gets the whole text as its prompt, as `ppl` without --prompt: a fixed budget of
+ *     n / R entries per head from the first token, every token scored. A policy that needs
+ *     the prompt length (KVP_NEED_PROMPT_LEN) and never compressed over such a prompt (its
+ *     trigger is the prompt end, after the last token: nothing left to score) is measured
+ *     again with the first n / 2 tokens as the prompt (budget n / 2 / R), scored on the
+ *     tokens after it, as `ppl --prompt n/2 --score-from n/2+1` and scripts/results.sh's
+ *     prompt-end runs; the limit holds when EVERY text's mean KL is at most
+ *     max_kld, so one bad text cannot hide behind an average; the frontier also reports the
+ *     token-weighted mean over the texts;
+ *   - optionally, passkey accuracy (rt_needle_passkey + rt_needle_trial, question-aware,
+ *     greedy, 8 answer tokens) over one prompt of passkey_len tokens per depth; the limit
+ *     holds when accuracy >= min_passkey;
+ *   - the compression reached, in entries (tokens / mean entries per list after the last
+ *     token, as `ppl` reports it) and in bytes against an f16 full cache (rt_kvbytes.h),
+ *     both averaged over the texts.
+ * A ratio at which the policy cannot run (guards above the budget, "KV cache full") fails
+ * the limits, with the reason kept in the point.
+ *
+ * Search (rt_tune_search): bisection over the increasing grid, assuming quality falls as R
+ * grows: with lo the highest ratio known to pass (none at first) and hi the lowest known to
+ * fail (none at first), measure the middle grid point and move lo or hi to it, until they
+ * are neighbours: about log2(grid size) measurements. The chosen ratio is lo; the grid
+ * point after it, when there is one, was measured and failed.
+ */
+#ifndef RT_TUNE_H
+#define RT_TUNE_H
+
+#include <stdint.h>
+
+#include "model/rt_model.h"
+#include "model/rt_tokenizer.h"
+#include "policy/rt_policy.h"
+#include "base/rt_util.h"
+
+#define RT_TUNE_MAX_GRID 32
+#define RT_TUNE_MAX_TEXTS 32
+#define RT_TUNE_MAX_DEPTHS 32
+
+/* One text of the gate: its tokens (borrowed) and the name its messages use. */
+typedef struct rt_tune_text {
+	const char *name;
+	const int32_t *ids;
+	int64_t n;               /* tokens, >= 2 */
+} rt_tune_text;
+
+/* What the gate measures and its limits. */
+typedef struct rt_tune_opts {
+	double max_kld;          /* limit on every text's mean KL, nats per token, >= 0 */
+	double min_passkey;      /* limit on passkey accuracy in [0, 1], or < 0: no passkey */
+	int64_t passkey_len;     /* passkey prompt tokens (with min_passkey >= 0) */
+	double depths[RT_TUNE_MAX_DEPTHS]; /* passkey needle depths, percent */
+	int n_depths;
+	uint64_t seed;           /* passkey seed: prompt d's key is drawn from seed + d */
+	int block;               /* tokens per lockstep block of the KL pass, >= 1 */
+} rt_tune_opts;
+
+/* The quality at one ratio. */
+typedef struct rt_tune_point {
+	double ratio;            /* R */
+	double kld_mean;         /* token-weighted mean KL over every text, nats */
+	double kld_worst;        /* the largest text mean KL */
+	int worst;               /* index of that text */
+	double kld_text[RT_TUNE_MAX_TEXTS]; /* each text's mean KL */
+	double entries_x;        /* compression in entries, mean over the texts */
+	double bytes_x;          /* compression in bytes against an f16 full cache, mean */
+	int passkey_ok, passkey_n; /* correct trials, trials (0 without passkey) */
+	int pass;                /* 1: within every limit */
+	char error[512];         /* "" or why the policy could not run at R (then pass = 0) */
+} rt_tune_point;
+
+/* Measure policy p (with parameters params[0..p->n_params), e.g. the defaults) at ratio R
+ * (>= 1) on texts[0..n_texts) (1..RT_TUNE_MAX_TEXTS) into *pt and judge it against o's
+ * limits. tk may be NULL without passkey. Returns 0 (also when the policy fails at R: then
+ * pt->error says why), or -1 with err set (a forward error, out of memory, a passkey
+ * prompt that cannot be built at passkey_len). */
+int rt_tune_measure(const rt_model *m, const rt_tokenizer *tk, const struct kvp_policy *p,
+                    const double *params, const rt_tune_text *texts, int n_texts,
+                    const rt_tune_opts *o, double R, rt_tune_point *pt, rt_err *err);
+
+/* Bisection over grid[0..n_grid) (strictly increasing, each >= 1, 1..RT_TUNE_MAX_GRID) as
+ * described above. The measured points go to walked[0..*n_walked) in increasing ratio
+ * order (at most n_grid); *chosen is the index in walked of the highest passing ratio, or
+ * -1 when even grid[0] fails. progress (may be NULL) is called after every measurement.
+ * Returns 0, or -1 with err set (rt_tune_measure's errors). */
+int rt_tune_search(const rt_model *m, const rt_tokenizer *tk, const struct kvp_policy *p,
+                   const double *params, const rt_tune_text *texts, int n_texts,
+                   const rt_tune_opts *o, const double *grid, int n_grid,
+                   rt_tune_point *walked, int *n_walked, int *chosen,
+                   void (*progress)(void *user, const rt_tune_point *pt), void *user,
+                   rt_err *err);
+
+#endif

@@ -1,0 +1,33 @@
+/*
+ * rt_kvbytes: compression counted in bytes. The baseline is the full cache a deployment
+ * would otherwise hold: every token's key and value in f16 (2 bytes per element), which
+ * is what llama.cpp keeps by default (its --cache-type-k/-v f16), so "1x" is an f16 full
+ * cache whatever element type this store uses. The bytes a store holds are its keys and
+ * values as stored: for each (layer, KV head) list, entries × 2 rows (K and V) ×
+ * rt_kv.row_bytes, so an f32 store at a compression of R entries holds R / 2 times fewer
+ * bytes than the f16 baseline and a narrower element type (scales included in row_bytes)
+ * more. Per-entry metadata (position, count, span, policy statistics) and the block
+ * rounding of the pool are not counted here: rt_kv_bytes_held is that resident figure.
+ *
+ *   f16 baseline = tokens × n_layer × n_kv_head × 2 × head_dim × 2 bytes
+ *   held         = Σ over (layer, KV head) lists of n × 2 × row_bytes
+ *   compression  = f16 baseline / held
+ */
+#ifndef RT_KVBYTES_H
+#define RT_KVBYTES_H
+
+#include <stdint.h>
+
+#include "kv/rt_kv.h"
+
+/* Bytes of the keys and values kv holds now (see above). */
+int64_t rt_kvbytes_held(const rt_kv *kv);
+
+/* Bytes an f16 full cache of kv's shape holds after `tokens` tokens (tokens >= 0). */
+int64_t rt_kvbytes_f16(const rt_kv *kv, int64_t tokens);
+
+/* rt_kvbytes_f16(kv, tokens) / rt_kvbytes_held(kv): the compression in bytes after
+ * `tokens` tokens; 0 when the store holds nothing. */
+double rt_kvbytes_compression(const rt_kv *kv, int64_t tokens);
+
+#endif

@@ -1,0 +1,361 @@
+/*
+ * test_tune: the quality gate end to end on the real model (SmolLM2-135M-Instruct Q4_1,
+ * KVRT_MODEL) with a block-wise H2O (POLICY below, written to a temporary directory: it
+ * compresses every 16 tokens, so the forward runs in chunks, and its guards scale with the
+ * context, so ratios up to 8 fit 48 tokens), on 48 tokens of a short English text:
+ *   - `kvpc tune` with a loose KL limit picks a higher ratio than with a tight one;
+ *   - the tight run's chosen ratio has, measured independently by `BIN ppl --ratio R
+ *     --json` (the same KL figure from a separate command), a mean KL within the limit,
+ *     and the next grid ratio does not;
+ *   - `kvpc build` bakes the sidecar's ratio in (BIN info shows it, BIN ppl without --ratio
+ *     reports it), `kvpc build --gate` passes as tuned and refuses (exit 1, no binary
+ *     written, a message naming the text, the measured value as ppl measured it and the
+ *     limit) once the limit is made tighter than the measured KL;
+ *   - the sidecar format (runtime/policy/rt_tuned.h): a round trip, and located errors.
+ * The kvpc under test is $KVPC, else build/kvpc beside this test's directory; the build
+ * cache goes to the temporary directory.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "policy/rt_tuned.h"
+
+static char g_kvpc[PATH_MAX + 16];
+static char g_tmp[PATH_MAX];
+static char g_model[PATH_MAX];
+static char g_text[PATH_MAX + 16];
+static char g_policy[PATH_MAX + 16];
+
+static const char POLICY[] =
+	"# H2O with block-wise compression, sized for short texts (test_tune).\n"
+	"policy gate_h2o {\n"
+	"    param heavy = 10%  # heavy-hitter share of the context\n"
+	"    param recent = 5%  # newest tokens always kept\n"
+	"    param block = 16 tokens  # compress every block tokens\n"
+	"    budget = heavy + recent\n"
+	"    stat acc = sum(attn) over all\n"
+	"    score = acc\n"
+	"    group = sum\n"
+	"    keep recent recent\n"
+	"    compress per block block\n"
+	"    positions = original\n"
+	"}\n";
+
+static const char TEXT[] =
+	"The quick brown fox jumps over the lazy dog. A cache keeps what was computed so that it "
+	"need not be computed again; a small cache must decide what to forget. Attention sinks "
+	"are the first tokens of a text, which absorb the attention that has nowhere else to go. "
+	"Heavy hitters are the tokens that receive most of the attention over time.\n";
+
+/* Run argv with stdout and stderr captured (heap strings, caller frees); exit status. */
+static int run(char *const argv[], char **out, char **err)
+{
+	char po[PATH_MAX + 16], pe[PATH_MAX + 16];
+	snprintf(po, sizeof po, "%s/out.txt", g_tmp);
+	snprintf(pe, sizeof pe, "%s/err.txt", g_tmp);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fo < 0 || fe < 0)
+			_exit(126);
+		dup2(fo, 1);
+		dup2(fe, 2);
+		execv(argv[0], argv);
+		_exit(127);
+	}
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	rt_err e;
+	size_t n;
+	*out = rt_read_file(po, &n, &e);
+	*err = rt_read_file(pe, &n, &e);
+	ck_assert_ptr_nonnull(*out);
+	ck_assert_ptr_nonnull(*err);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* kvpc tune on the text, 48 tokens, grid 2,4,8, limit max_kld, sidecar out (NULL: the
+ * default next to the policy). Returns the sidecar's ratio. */
+static double tune(const char *max_kld, const char *out, int passkey)
+{
+	char *argv[32];
+	int k = 0;
+	char *fixed[] = { g_kvpc, "tune", g_policy, "--model", g_model, "--text", g_text, "--ctx",
+		          "48", "--ratio", "2,4,8", "--max-kld", (char *)max_kld, "--quiet" };
+	for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+		argv[k++] = fixed[i];
+	if (out) {
+		argv[k++] = "--out";
+		argv[k++] = (char *)out;
+	}
+	if (passkey) { /* a limit that always holds: exercises the passkey trial and the file */
+		char *pk[] = { "--min-passkey", "0", "--lengths", "96", "--depths", "50" };
+		for (size_t i = 0; i < sizeof pk / sizeof pk[0]; i++)
+			argv[k++] = pk[i];
+	}
+	argv[k] = NULL;
+	char *o, *e;
+	int rc = run(argv, &o, &e);
+	ck_assert_msg(rc == 0, "kvpc tune --max-kld %s: exit %d: %s%s", max_kld, rc, o, e);
+	ck_assert_msg(strstr(o, "ratio") && strstr(o, "bytes x") && strstr(o, "<- chosen"),
+	              "no frontier table: %s", o);
+	free(o);
+	free(e);
+	char side[PATH_MAX + 16];
+	if (out)
+		snprintf(side, sizeof side, "%s", out);
+	else
+		ck_assert_int_eq(rt_tuned_path(g_policy, side, sizeof side), 0);
+	rt_tuned t;
+	rt_tuned_init(&t);
+	rt_err err = { "" };
+	ck_assert_msg(rt_tuned_read(side, &t, &err) == 0, "%s", err.msg);
+	ck_assert_str_eq(t.policy, "gate_h2o");
+	ck_assert_int_eq(t.n_texts, 1);
+	ck_assert_str_eq(t.texts[0], g_text);
+	ck_assert_int_eq(t.ctx, 48);
+	if (passkey)
+		ck_assert_msg(t.min_passkey == 0 && t.passkey >= 0 && t.passkey_len == 96,
+		              "passkey fields: %g %g %ld", t.min_passkey, t.passkey, t.passkey_len);
+	double r = t.ratio;
+	rt_tuned_free(&t);
+	return r;
+}
+
+/* BIN ppl on the same 48 tokens at ratio (NULL: the binary's default); returns kld_mean
+ * and, in *ratio_out (may be NULL), the "ratio" the JSON reports. */
+static double ppl_kld(const char *bin, const char *ratio, double *ratio_out)
+{
+	char *argv[] = { (char *)bin, "ppl", "--model", g_model, "--policy", "gate_h2o", "--text", g_text,
+		         "--ctx", "48", "--json", "--quiet", ratio ? "--ratio" : NULL, (char *)ratio,
+		         NULL };
+	char *o, *e;
+	int rc = run(argv, &o, &e);
+	ck_assert_msg(rc == 0, "ppl: exit %d: %s", rc, e);
+	const char *k = strstr(o, "\"kld_mean\":");
+	ck_assert_msg(k != NULL, "no kld_mean: %s", o);
+	double kld = strtod(k + 11, NULL);
+	if (ratio_out) {
+		const char *r = strstr(o, "\"ratio\":");
+		ck_assert_ptr_nonnull(r);
+		*ratio_out = strtod(r + 8, NULL);
+	}
+	free(o);
+	free(e);
+	return kld;
+}
+
+static int build(const char *out, int gate, char **err)
+{
+	char *argv[] = { g_kvpc, "build", g_policy, "-o", (char *)out, gate ? "--gate" : NULL, NULL };
+	char *o;
+	int rc = run(argv, &o, err);
+	free(o);
+	return rc;
+}
+
+START_TEST(loose_limit_picks_higher_ratio_and_ppl_agrees)
+{
+	char tight[PATH_MAX + 16], loose[PATH_MAX + 16], bin[PATH_MAX + 16];
+	snprintf(tight, sizeof tight, "%s/tight.tune", g_tmp);
+	snprintf(loose, sizeof loose, "%s/loose.tune", g_tmp);
+	const double rt = tune("0.03", tight, 0), rl = tune("1.0", loose, 1);
+	ck_assert_msg(rl > rt, "loose limit chose ratio %g, tight %g", rl, rt);
+	ck_assert_msg(rt == 2 || rt == 4, "tight limit chose %g: no next grid step to check", rt);
+	/* the independent check: a separate ppl run at the chosen ratio and the next step */
+	snprintf(bin, sizeof bin, "%s/plain", g_tmp);
+	char *err;
+	ck_assert_msg(build(bin, 0, &err) == 0, "kvpc build: %s", err); /* no default sidecar yet */
+	free(err);
+	char r0[16], r1[16];
+	snprintf(r0, sizeof r0, "%g", rt);
+	snprintf(r1, sizeof r1, "%g", rt * 2); /* the grid 2,4,8 doubles */
+	const double k0 = ppl_kld(bin, r0, NULL), k1 = ppl_kld(bin, r1, NULL);
+	ck_assert_msg(k0 <= 0.03, "ppl at the chosen ratio %s: kld_mean %g above 0.03", r0, k0);
+	ck_assert_msg(k1 > 0.03, "ppl at the next step %s: kld_mean %g <= 0.03", r1, k1);
+}
+END_TEST
+
+START_TEST(build_bakes_ratio_and_gate_refuses_tighter_limit)
+{
+	const double r = tune("0.03", NULL, 0); /* writes gate_h2o.tune beside the policy */
+	char bin[PATH_MAX + 16], side[PATH_MAX + 16];
+	snprintf(bin, sizeof bin, "%s/tuned", g_tmp);
+	char *err, *o;
+	ck_assert_msg(build(bin, 0, &err) == 0, "kvpc build: %s", err);
+	free(err);
+	char *info[] = { bin, "info", NULL };
+	ck_assert_int_eq(run(info, &o, &err), 0);
+	char want[64];
+	snprintf(want, sizeof want, "tuned default ratio %g", r);
+	ck_assert_msg(strstr(o, want), "info lacks '%s': %s", want, o);
+	free(o);
+	free(err);
+	double used = 0;
+	const double kld = ppl_kld(bin, NULL, &used);
+	ck_assert_msg(used == r, "ppl without --ratio used ratio %g, tuned %g", used, r);
+	ck_assert_msg(kld <= 0.03, "the tuned ratio's kld_mean %g exceeds the limit", kld);
+
+	/* the gate as tuned holds */
+	snprintf(bin, sizeof bin, "%s/gated", g_tmp);
+	int rc = build(bin, 1, &err);
+	ck_assert_msg(rc == 0 && access(bin, X_OK) == 0, "kvpc build --gate: exit %d: %s", rc, err);
+	free(err);
+
+	/* a limit below the measured KL: refused, nothing written, the message names all */
+	ck_assert_int_eq(rt_tuned_path(g_policy, side, sizeof side), 0);
+	rt_tuned t;
+	rt_tuned_init(&t);
+	rt_err e = { "" };
+	ck_assert_msg(rt_tuned_read(side, &t, &e) == 0, "%s", e.msg);
+	t.max_kld = kld / 2;
+	ck_assert_msg(rt_tuned_write(side, &t, NULL, &e) == 0, "%s", e.msg);
+	rt_tuned_free(&t);
+	snprintf(bin, sizeof bin, "%s/refused", g_tmp);
+	rc = build(bin, 1, &err);
+	ck_assert_msg(rc == 1, "kvpc build --gate with a tighter limit: exit %d: %s", rc, err);
+	ck_assert_msg(access(bin, F_OK) != 0, "the refused build wrote %s", bin);
+	char measured[32], limit[48];
+	snprintf(measured, sizeof measured, "mean KL %.6f", kld); /* as ppl measured it */
+	snprintf(limit, sizeof limit, "limit %g", kld / 2);
+	ck_assert_msg(strstr(err, g_text) && strstr(err, measured) && strstr(err, limit) &&
+	              strstr(err, "refused"), "the refusal lacks '%s', '%s', '%s': %s", g_text,
+	              measured, limit, err);
+	free(err);
+}
+END_TEST
+
+START_TEST(sidecar_round_trip_and_errors)
+{
+	char p[PATH_MAX + 16];
+	ck_assert_int_eq(rt_tuned_path("dir/h2o.kvp", p, sizeof p), 0);
+	ck_assert_str_eq(p, "dir/h2o.tune");
+	ck_assert_int_eq(rt_tuned_path("plain", p, sizeof p), 0);
+	ck_assert_str_eq(p, "plain.tune");
+	ck_assert_int_eq(rt_tuned_path("dir/h2o.kvp", p, 8), -1);
+
+	rt_tuned t, u;
+	rt_tuned_init(&t);
+	snprintf(t.policy, sizeof t.policy, "h2o");
+	snprintf(t.source_hash, sizeof t.source_hash, "0123456789abcdef");
+	t.ratio = 6;
+	t.max_kld = 0.05;
+	t.min_passkey = 1;
+	t.passkey_len = 256;
+	snprintf(t.depths, sizeof t.depths, "10,50,90");
+	t.ctx = 512;
+	t.model = strdup("/m/model.gguf");
+	t.texts[t.n_texts++] = strdup("/t/a.txt");
+	t.texts[t.n_texts++] = strdup("/t/b c.txt");
+	t.kld = 0.0312;
+	snprintf(p, sizeof p, "%s/rt.tune", g_tmp);
+	rt_err e = { "" };
+	ck_assert_msg(rt_tuned_write(p, &t, "a comment\nof two lines", &e) == 0, "%s", e.msg);
+	rt_tuned_init(&u);
+	ck_assert_msg(rt_tuned_read(p, &u, &e) == 0, "%s", e.msg);
+	ck_assert_str_eq(u.policy, "h2o");
+	ck_assert_str_eq(u.source_hash, "0123456789abcdef");
+	ck_assert(u.ratio == 6 && u.max_kld == 0.05 && u.min_passkey == 1 && u.ctx == 512);
+	ck_assert(u.passkey_len == 256 && u.n_texts == 2 && fabs(u.kld - 0.0312) < 1e-12);
+	ck_assert_double_eq(u.passkey, -1);
+	ck_assert_str_eq(u.depths, "10,50,90");
+	ck_assert_str_eq(u.texts[1], "/t/b c.txt");
+	ck_assert_str_eq(u.model, "/m/model.gguf");
+	rt_tuned_free(&u);
+	rt_tuned_free(&t);
+
+	static const struct {
+		const char *text, *want;
+	} bad[] = {
+		{ "policy h2o\n# c\nbudget 3\n", ":3: unknown key 'budget'" },
+		{ "policy h2o\npolicy h2o\n", ":2: policy given twice" },
+		{ "ratio 0.5\n", ":1: ratio: expected a compression factor >= 1, got '0.5'" },
+		{ "ctx 12.5\n", ":1: ctx: expected a token count >= 2" },
+		{ "policy h2o\nsource_hash 0123456789abcdef\nratio 2\nmax_kld 0.1\nctx 64\n"
+		  "model /m\n", "no 'text' line" },
+		{ "policy h2o\nsource_hash 0123456789abcdef\nratio 2\nmax_kld 0.1\nctx 64\n"
+		  "model /m\ntext /t\nmin_passkey 1\n", "min_passkey needs passkey_len and depths" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		FILE *f = fopen(p, "w");
+		ck_assert_ptr_nonnull(f);
+		fputs(bad[i].text, f);
+		ck_assert_int_eq(fclose(f), 0);
+		rt_tuned_init(&u);
+		ck_assert_int_eq(rt_tuned_read(p, &u, &e), -1);
+		ck_assert_msg(strstr(e.msg, bad[i].want) && !strncmp(e.msg, p, strlen(p)),
+		              "case %zu: '%s' lacks '%s'", i, e.msg, bad[i].want);
+		rt_tuned_free(&u);
+	}
+}
+END_TEST
+
+static Suite *tune_suite(void)
+{
+	Suite *s = suite_create("tune");
+	TCase *tc = tcase_create("gate");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, sidecar_round_trip_and_errors);
+	tcase_add_test(tc, loose_limit_picks_higher_ratio_and_ppl_agrees);
+	tcase_add_test(tc, build_bakes_ratio_and_gate_refuses_tighter_limit);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	snprintf(g_tmp, sizeof g_tmp, "/tmp/kvpc_test_tune_XXXXXX");
+	if (!mkdtemp(g_tmp)) {
+		perror("mkdtemp");
+		return EXIT_FAILURE;
+	}
+	const char *k = getenv("KVPC"), *m = getenv("KVRT_MODEL");
+	if (k && *k) {
+		snprintf(g_kvpc, sizeof g_kvpc, "%s", k);
+	} else {
+		char exe[PATH_MAX];
+		ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+		if (n <= 0)
+			return EXIT_FAILURE;
+		exe[n] = 0;
+		*strrchr(exe, '/') = 0;
+		char *up = strrchr(exe, '/');
+		if (up)
+			*up = 0;
+		snprintf(g_kvpc, sizeof g_kvpc, "%s/kvpc", exe);
+	}
+	if (!realpath(m && *m ? m : "models/SmolLM2-135M-Instruct.Q4_1.gguf", g_model)) {
+		fprintf(stderr, "test_tune: the model is missing (make model, or set KVRT_MODEL)\n");
+		return EXIT_FAILURE;
+	}
+	char cache[PATH_MAX + 16];
+	snprintf(cache, sizeof cache, "%s/cache", g_tmp);
+	setenv("KVPC_CACHE", cache, 1);
+	snprintf(g_text, sizeof g_text, "%s/text.txt", g_tmp);
+	snprintf(g_policy, sizeof g_policy, "%s/gate_h2o.kvp", g_tmp);
+	char cmd[4 * PATH_MAX];
+	FILE *f = fopen(g_text, "w"), *pf = fopen(g_policy, "w");
+	int bad = !f || fputs(TEXT, f) < 0 || fclose(f) != 0;
+	if (!pf || fputs(POLICY, pf) < 0 || fclose(pf) != 0 || bad) {
+		fprintf(stderr, "test_tune: cannot write the text or the policy under %s\n", g_tmp);
+		return EXIT_FAILURE;
+	}
+	SRunner *sr = srunner_create(tune_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+	if (!failed && system(cmd) != 0)
+		fprintf(stderr, "test_tune: could not remove %s\n", g_tmp);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
