@@ -370,6 +370,68 @@ static void evicted_equals_dense(const char *name, const char *const *sets, int 
 	rt_model_free(m);
 }
 
+/* The thread count does not change what a policy keeps: on the fast path the KV heads of a
+ * layer are attended and observed in parallel (observe_parallel), and every head's
+ * statistics come from the same operations whichever thread ran it. H2O and TOVA at ratio
+ * 4 over a 32-token prompt (chunked prefill of 8, so several compresses cross chunks) and
+ * 16 decode steps, 1 thread against 2: after every feed the kept positions of every
+ * (layer, KV head) are the same, and the logits are equal bit for bit (as test_model's
+ * fast-path case finds for the forward alone). Shapes 9/3 and 4/4. */
+START_TEST(threads_same_kept_sets)
+{
+	const int shape = _i == 0 ? 0 : 2;
+	const char *names[] = { "h2o", "tova" };
+	const rt_model_opts o1 = { .exact = 0, .threads = 1 }, o2 = { .exact = 0, .threads = 2 };
+	rt_err err = { "" };
+	rt_model *m1 = rt_model_open(model_path(shape), &o1, &err);
+	ck_assert_msg(m1 != NULL, "%s", err.msg);
+	rt_model *m2 = rt_model_open(model_path(shape), &o2, &err);
+	ck_assert_msg(m2 != NULL, "%s", err.msg);
+	const int V = m1->hp.n_vocab, H = m1->hp.n_layer * m1->hp.n_head_kv;
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, V, 31u + (unsigned)shape);
+	float *la = malloc((size_t)PROMPT * V * sizeof *la), *lb = malloc((size_t)PROMPT * V * sizeof *lb);
+	for (int pi = 0; pi < 2; pi++) {
+		const struct kvp_policy *p = find_policy(names[pi]);
+		rt_seq a, b;
+		ck_assert_msg(rt_seq_init(&a, m1, p, N_TOK, 8, PROMPT, &err) == 0, "%s", err.msg);
+		ck_assert_msg(rt_seq_init(&b, m2, p, N_TOK, 8, PROMPT, &err) == 0, "%s", err.msg);
+		ck_assert_int_eq(b.fwd.n_att, 2); /* the parallel attention path is taken */
+		ck_assert(b.fwd.observe_parallel);
+		rt_seq *both[2] = { &a, &b };
+		for (int k = 0; k < 2; k++) {
+			ck_assert_msg(rt_seq_set_ratio(both[k], 4, &err) == 0, "%s", err.msg);
+			ck_assert_msg(rt_seq_set_prefill_chunk(both[k], 8, &err) == 0, "%s", err.msg);
+		}
+		int64_t t = 0;
+		while (t < N_TOK) {
+			const int64_t n = t < PROMPT ? 8 : 1;
+			feed_ok(&a, toks + t, n, la);
+			feed_ok(&b, toks + t, n, lb);
+			t += n;
+			ck_assert_msg(memcmp(la, lb, (size_t)n * V * sizeof *la) == 0,
+			              "%s shape %d: logits differ with 2 threads after %lld tokens",
+			              names[pi], shape, (long long)t);
+			for (int h = 0; h < H; h++) {
+				const rt_kv_head *x = &a.kv.heads[h], *y = &b.kv.heads[h];
+				ck_assert_int_eq(x->n, y->n);
+				ck_assert_msg(memcmp(x->pos, y->pos, (size_t)x->n * sizeof *x->pos) == 0,
+				              "%s shape %d: head %d keeps other positions with 2 threads "
+				              "after %lld tokens", names[pi], shape, h, (long long)t);
+			}
+		}
+		ck_assert_int_gt(rt_seq_stats_get(&a).compress_events, 1);
+		ck_assert_int_eq(rt_seq_stats_get(&a).compress_events, rt_seq_stats_get(&b).compress_events);
+		ck_assert(rt_seq_stats_get(&b).policy_seconds > 0);
+		rt_seq_free(&a);
+		rt_seq_free(&b);
+	}
+	free(la), free(lb);
+	rt_model_free(m1);
+	rt_model_free(m2);
+}
+END_TEST
+
 START_TEST(evicted_h2o_original)
 {
 	static const char *const none[] = { NULL };
@@ -1513,6 +1575,7 @@ static Suite *seq_suite(void)
 	TCase *tc = tcase_create("seq");
 	tcase_set_timeout(tc, 600);
 	tcase_add_loop_test(tc, evicted_h2o_original, 0, 3);
+	tcase_add_loop_test(tc, threads_same_kept_sets, 0, 2);
 	tcase_add_loop_test(tc, evicted_tova_original, 0, 3);
 	tcase_add_loop_test(tc, evicted_streaming_compacted, 0, 3);
 	tcase_add_loop_test(tc, evicted_snapkv_prompt_end, 0, 3);

@@ -77,7 +77,8 @@ static const char *const help_needle =
 	"                        or JSON object per run, in file order\n"
 	"    --json              one JSON object: policy, params, ratio, task, mode, model,\n"
 	"                        model_sha256, commit, results [{length, depth, answer,\n"
-	"                        generated, correct, kv_entries_peak, compress_events}],\n"
+	"                        generated, correct, kv_entries_peak, compress_events,\n"
+	"                        policy_seconds}],\n"
 	"                        accuracy\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -249,9 +250,10 @@ static void needle_json(const needle_job *nj, int k, const char *msha, int corre
 			rt_json_str(stdout, nr->answer);
 			fputs(",\"generated\":", stdout);
 			rt_json_str(stdout, nr->gen);
-			printf(",\"correct\":%s,\"kv_entries_peak\":%lld,\"compress_events\":%lld}",
+			printf(",\"correct\":%s,\"kv_entries_peak\":%lld,\"compress_events\":%lld,"
+			       "\"policy_seconds\":%.6g}",
 			       nr->correct ? "true" : "false", (long long)nr->st.kv_entries_peak,
-			       (long long)nr->st.compress_events);
+			       (long long)nr->st.compress_events, nr->st.policy_seconds);
 		}
 	printf("],\"accuracy\":%.6g}\n", (double)correct / total);
 }

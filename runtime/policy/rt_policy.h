@@ -181,7 +181,10 @@ struct kvp_policy {
 	 * already zeroed by rt_kv_append). May be NULL. */
 	void (*init_entries)(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,
 	                     int32_t first, int32_t n);
-	/* One step of attention over head (layer, kv_head). May be NULL. */
+	/* One step of attention over head (layer, kv_head). May be NULL. On the fast path the
+	 * runtime calls it from several threads at once, for different KV heads of one layer
+	 * (rt_seq sets rt_fwd.observe_parallel): it may write only the statistics and state
+	 * of head (layer, kv_head), which every emitted policy does. */
 	void (*observe)(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,
 	                const struct kvp_obs *obs);
 	/* 1 when compress must run now (after ctx->seen tokens), else 0. */

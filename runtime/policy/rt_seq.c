@@ -48,7 +48,7 @@ static void seq_observe(void *user, const rt_attn_view *v)
 	};
 	double t0 = rt_now();
 	s->p->observe(&s->run.ctx, &s->kv, v->layer, v->kv_head, &ob);
-	s->hook_seconds += rt_now() - t0;
+	s->obs_seconds[v->kv_head] += rt_now() - t0;
 }
 
 /* ---- the prompt trace (KVP_NEED_TRACE) ---------------------------------------------- */
@@ -257,6 +257,14 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 	s->fwd.append_user = s;
 	s->fwd.observe = p->observe ? seq_observe : NULL;
 	s->fwd.observe_user = s;
+	/* a policy's observe touches only its own head (rt_policy.h): the KV heads of a layer
+	 * are attended and observed in parallel on the fast path */
+	s->fwd.observe_parallel = 1;
+	s->obs_seconds = calloc((size_t)hp->n_head_kv, sizeof *s->obs_seconds);
+	if (!s->obs_seconds) {
+		rt_seq_free(s);
+		return rt_err_set(err, "%s: sequence: out of memory", m->path);
+	}
 	if ((p->needs & KVP_NEED_TRACE) && trace_init(s, err) != 0) {
 		rt_seq_free(s);
 		return -1;
@@ -274,6 +282,7 @@ void rt_seq_free(rt_seq *s)
 	free(s->rot_freq);
 	free(s->rot_cs);
 	free(s->tr_mem);
+	free(s->obs_seconds);
 	memset(s, 0, sizeof *s);
 }
 
@@ -282,6 +291,8 @@ void rt_seq_reset(rt_seq *s, int64_t prompt_len)
 	rt_run_reset(&s->run, &s->kv, prompt_len);
 	memset(&s->st, 0, sizeof s->st);
 	s->hook_seconds = 0;
+	for (int j = 0; j < s->kv.n_kv_head; j++)
+		s->obs_seconds[j] = 0;
 	s->cur_span = 0;
 	trace_reset(s);
 }
@@ -329,6 +340,8 @@ rt_seq_stats rt_seq_stats_get(const rt_seq *s)
 	rt_seq_stats st = s->st;
 	st.compress_events = s->run.compressions;
 	st.policy_seconds = s->run.policy_seconds + s->hook_seconds;
+	for (int j = 0; j < s->kv.n_kv_head; j++)
+		st.policy_seconds += s->obs_seconds[j];
 	return st;
 }
 

@@ -54,9 +54,11 @@ typedef struct rt_seq_stats {
 	                          * (rt_kv_bytes_held after a chunk's append): the resident
 	                          * KV memory of the sequence */
 	int64_t compress_events; /* compress calls */
-	double policy_seconds;   /* wall time inside policy hooks (init_entries, observe,
+	double policy_seconds;   /* time inside policy hooks (init_entries, observe,
 	                          * should_compress, compress, next_trigger) and in the
-	                          * compacted convention's re-rotation */
+	                          * compacted convention's re-rotation; observe's time is
+	                          * summed over the threads that ran it (KV heads in
+	                          * parallel), so with several threads this is CPU seconds */
 	double seconds;          /* wall time inside rt_seq_feed */
 } rt_seq_stats;
 
@@ -72,7 +74,11 @@ typedef struct rt_seq {
 	                          * entry's key is rotated at, by (head, original position) */
 	double *rot_freq;        /* COMPACTED only: [n_rot / 2] base^(-2i/n_rot) */
 	double *rot_cs;          /* COMPACTED only: [n_rot] cos, sin of the current delta */
-	double hook_seconds;     /* observe + init_entries time (rt_run counts the rest) */
+	double hook_seconds;     /* init_entries and re-rotation time (rt_run counts the rest) */
+	double *obs_seconds;     /* [n_kv_head] observe time by KV head: the forward attends the
+	                          * KV heads of a layer in parallel and calls observe from the
+	                          * thread that attended the head, so each slot has one writer
+	                          * at a time */
 	uint16_t cur_span;       /* protected-span id given to the entries appended next */
 	/* the prompt trace (KVP_NEED_TRACE only; run.ctx.trace points at tr) */
 	struct kvp_trace tr;

@@ -73,6 +73,8 @@ typedef struct req {
 	const char *err_type;
 	double t0, t_first, t_end;
 	int64_t compress, evicted, peak_entries, peak_bytes, pinned_kept;
+	double policy_s;             /* rt_seq_stats.policy_seconds at the finish */
+	int prefill_chunk;           /* the request's prefill schedule (0: token by token) */
 	double ratio_used;           /* the sequence's ratio and parameters, kept when it ends */
 	double *params;
 	pthread_cond_t cv;
@@ -306,6 +308,8 @@ static json_t *kv_obj(const srv *S, const req *r)
 	json_object_set_new(k, "kv_entries_peak", json_integer(r->peak_entries));
 	json_object_set_new(k, "kv_bytes_peak", json_integer(r->peak_bytes));
 	json_object_set_new(k, "compress_events", json_integer(r->compress));
+	json_object_set_new(k, "policy_seconds", json_real(r->policy_s));
+	json_object_set_new(k, "prefill_chunk", json_integer(r->prefill_chunk));
 	json_object_set_new(k, "entries_evicted", json_integer(r->evicted));
 	json_object_set_new(k, "system_tokens", json_integer(r->n_system));
 	json_object_set_new(k, "pinned_tokens", json_integer(r->n_pinned));
@@ -403,6 +407,7 @@ static void req_finish(srv *S, req *r)
 		r->peak_entries = st.kv_entries_peak;
 		r->peak_bytes = st.kv_bytes_peak;
 		r->compress = st.compress_events;
+		r->policy_s = st.policy_seconds;
 		int64_t pk = -1;
 		for (int i = 0; i < S->H; i++) {
 			const rt_kv_head *h = &r->seq.kv.heads[i];
@@ -886,6 +891,7 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 	}
 	if (rt_seq_set_prefill_chunk(&r->seq, (int32_t)pf, &err) != 0)
 		return bad(e, 400, "kv.prefill_chunk", "%s", err.msg);
+	r->prefill_chunk = (int)(pf < c->chunk ? pf : c->chunk);
 	return 0;
 }
 
