@@ -104,8 +104,8 @@ test-asan: $(TEST_BINS)
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  scripts/run_tests.sh $(B) $(TEST_BINS)
 
-## bench: kvrt beside llama-bench (scripts/build_llama.sh): pp512, tg128, tg128 at depth 4096, 1 and 2 threads
-bench: deps model $(B)/kvrt
+## bench: kvrt beside llama-bench (scripts/build_llama.sh): pp512, tg128, tg128 at depth 4096, 1 and 2 threads; H2O/SnapKV x8 at depth 8064 against llama.cpp's full cache
+bench: deps model $(B)/kvrt $(B)/kvpc $(B)/libkvrt.a
 	@scripts/bench.sh $(B) $(MODEL)
 
 ## bench-serve: serving benchmark table (kvrt serve full / h2o x8 / tova x8 at one --kv-memory, llama-server when buildable)

@@ -3,19 +3,32 @@
 # and the same thread counts, printed as one table with ratios (kvrt / llama.cpp). Tests
 # (llama-bench's names): pp512 (prefill of 512 tokens into an empty cache), tg128 (128
 # single-token steps from an empty cache), tg128@d4096 (128 steps after an untimed
-# prefill of 4096 tokens). kvrt runs its default, the fast path. The machine may be shared
-# and noisy: the ratios of one run are the result, not the absolute rates.
+# prefill of 4096 tokens). kvrt runs its default, the fast path. Then the compressed row:
+# kvrt under an 8x policy (H2O, SnapKV: `--policy NAME --ratio 8`, a binary kvpc builds from
+# policies/) decoding 128 tokens after a prompt of BENCH_POLICY_DEPTH tokens, against
+# llama.cpp's full cache at the same depth (llama-bench -d). The depth defaults to 8064 =
+# 8192 - 128: SmolLM2's context_length is 8192 and kvrt refuses positions beyond it, so the
+# 128 steps end at 8192 for both. The machine may be shared and noisy: the ratios of one run
+# are the result, not the absolute rates.
 #
 # Usage: scripts/bench.sh BUILD_DIR MODEL
-# Environment: BENCH_THREADS (default "1 2"), BENCH_REPS (llama-bench repetitions, default 2),
-# BENCH_DEPTH (default 4096), KVRT_BENCH_FLAGS (extra kvrt bench flags, e.g. --exact).
+# Environment: BENCH_THREADS (default "1 2"), BENCH_REPS (llama-bench repetitions, default 2;
+# the compressed row runs once), BENCH_DEPTH (default 4096), BENCH_POLICY_DEPTH (default
+# 8064; empty: no compressed row), KVRT_BENCH_FLAGS (extra kvrt bench flags, e.g. --exact).
 set -uo pipefail
 bdir=${1:?usage: bench.sh BUILD_DIR MODEL}
 model=${2:?usage: bench.sh BUILD_DIR MODEL}
 threads=${BENCH_THREADS:-"1 2"}
 reps=${BENCH_REPS:-2}
 depth=${BENCH_DEPTH:-4096}
+pdepth=${BENCH_POLICY_DEPTH-8064}
 here=$(cd "$(dirname "$0")" && pwd)
+pbin=$bdir/bench_policy_bin
+if [ -n "$pdepth" ] && ! "$bdir/kvpc" build "$here/../policies/h2o.kvp" "$here/../policies/snapkv.kvp" \
+	-o "$pbin" >&2; then
+	echo "bench: kvpc build of h2o and snapkv failed: the compressed row is skipped" >&2
+	pdepth=""
+fi
 
 llama_bin=""
 if lb=$("$here/build_llama.sh"); then
@@ -52,6 +65,27 @@ for r in rows:
 '
 }
 
+# the compressed row: kvrt under POLICY x8 at depth pdepth (NAME TOK_S), llama.cpp's full cache
+kvrt_policy_run() {
+	# shellcheck disable=SC2086
+	"$pbin" bench --model "$model" --tg 128 --depth "$pdepth" --threads "$1" --policy "$2" \
+		--ratio 8 --quiet ${KVRT_BENCH_FLAGS:-} | while read -r line; do
+		case $line in
+		'# policy'*) echo "bench: ${line#\# }" >&2 ;; # entries kept, policy_seconds
+		'#'*) ;;
+		*) echo "$line" ;;
+		esac
+	done
+}
+llama_depth_run() {
+	"$llama_bin/llama-bench" -m "$model" -t "$1" -p 0 -n 128 -d "$pdepth" -r 1 --repack 0 -o csv \
+		2>/dev/null | python3 -c '
+import csv, sys
+for r in csv.DictReader(sys.stdin):
+    print("tg%s@d%s %s" % (r["n_gen"], r["n_depth"], r["avg_ts"]))
+'
+}
+
 declare -A K L
 for t in $threads; do
 	echo "bench: $t thread(s): kvrt ..." >&2
@@ -59,6 +93,16 @@ for t in $threads; do
 	if [ -n "$llama_bin" ]; then
 		echo "bench: $t thread(s): llama-bench ..." >&2
 		while read -r name v; do L[$name/$t]=$v; done < <(llama_run "$t")
+	fi
+	if [ -n "$pdepth" ]; then
+		for pol in h2o snapkv; do
+			echo "bench: $t thread(s): kvrt $pol x8 at depth $pdepth ..." >&2
+			while read -r name v; do K[$pol/$name/$t]=$v; done < <(kvrt_policy_run "$t" "$pol")
+		done
+		if [ -n "$llama_bin" ]; then
+			echo "bench: $t thread(s): llama-bench full cache at depth $pdepth ..." >&2
+			while read -r name v; do L[full/$name/$t]=$v; done < <(llama_depth_run "$t")
+		fi
 	fi
 done
 
@@ -75,3 +119,19 @@ for t in $threads; do
 		printf '| %-12s | %7s | %12s | %15s | %11s |\n' "$name" "$t" "${k:--}" "${l:--}" "${r:--}"
 	done
 done
+if [ -n "$pdepth" ]; then
+	echo
+	echo "kvrt under an 8x policy (budget $((pdepth / 8)) entries per KV head) against llama.cpp's full cache, 128 decode steps after $pdepth tokens"
+	printf '| %-20s | %7s | %12s | %20s | %11s |\n' test threads "kvrt tok/s" "llama.cpp full tok/s" "kvrt/llama"
+	printf '|%s|%s|%s|%s|%s|\n' ---------------------- --------- -------------- ---------------------- -------------
+	for t in $threads; do
+		for pol in h2o snapkv; do
+			name="tg128@d$pdepth"
+			k=${K[$pol/$name/$t]:-}
+			l=${L[full/$name/$t]:-}
+			r=""
+			[ -n "$k" ] && [ -n "$l" ] && r=$(python3 -c "print(f'{$k / $l:.2f}x')")
+			printf '| %-20s | %7s | %12s | %20s | %11s |\n' "$pol x8 $name" "$t" "${k:--}" "${l:--}" "${r:--}"
+		done
+	done
+fi

@@ -57,7 +57,7 @@ static const char *const help =
 	"    --prefill-chunk C   chunked prefill of a per-step policy (h2o, tova, ...): its\n"
 	"                        prompt chunks of up to C tokens (at most --chunk) cross its\n"
 	"                        triggers and it compresses at each chunk's end; 0 prefills\n"
-	"                        token by token (the exact schedule). Default 32, at most\n"
+	"                        token by token (the exact schedule). Default 16, at most\n"
 	"                        --chunk (docs/language.md, \"Chunked prefill\", says why)\n"
 	"    --step-rows N       tokens per step over all sequences (default 256)\n"
 	"    --threads N         threads (fast path: the pool, default every core; exact\n"

@@ -26,6 +26,8 @@ static const char *const help_bench =
 	"SYNOPSIS\n"
 	"    %s bench --model MODEL [--ctx N,N,...] [--decode N] [--chunk N] [--threads N]\n"
 	"             [--exact] [--pp N] [--tg N] [--depth D,D,...]\n"
+	"    %s bench --model MODEL --pp N | --tg N [--depth D,...] --policy NAME [--ratio R]\n"
+	"             [--set NAME=VALUE]... [--prefill-chunk C]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    For each context length L: prefills L synthetic tokens into an empty full cache\n"
@@ -36,6 +38,12 @@ static const char *const help_bench =
 	"    With --pp or --tg it runs llama-bench's tests instead and prints one line per\n"
 	"    test, 'NAME TOKENS_PER_S': ppN prefills N tokens into an empty cache; tgN feeds\n"
 	"    N single tokens after an untimed prefill of each --depth D (tgN, tgN@dD).\n"
+	"    With --policy (one of the binary's, from `kvpc build`) those tests run under the\n"
+	"    policy: the depth is the prompt (a ratio budget is D / R entries per head), its\n"
+	"    untimed prefill uses chunked prefill (--prefill-chunk, default --chunk: a per-step\n"
+	"    policy fed token by token would take minutes), and each timed step includes the\n"
+	"    policy's work (observe, compress). A '#' line after each test gives the entries\n"
+	"    per head at the end, the compressions and policy_seconds.\n"
 	"\n"
 	"OPTIONS\n"
 	"    -m, --model MODEL  GGUF model file\n"
@@ -46,6 +54,8 @@ static const char *const help_bench =
 	"    --exact            the exact path (f32 weights, OpenBLAS); default: the fast path\n"
 	"    --pp N, --tg N     llama-bench's prompt and generation tests (0: off)\n"
 	"    --depth LIST       cache depths for --tg (default 0)\n"
+	"    --policy NAME, --ratio R, --set NAME=VALUE, --prefill-chunk C\n"
+	"                       run --pp/--tg under a policy (default: the full cache)\n"
 	"    --quiet            no progress on stderr (a bar with tok/s and ETA on a terminal,\n"
 	"                       a line per tenth of the work elsewhere)\n"
 	"    -h, --help         show this text\n"
@@ -55,7 +65,7 @@ static const char *const help_bench =
 
 static void help_bench_fn(void)
 {
-	rt_cli_help(help_bench, 2, rt_cli_prog, rt_cli_prog);
+	rt_cli_help(help_bench, 3, rt_cli_prog, rt_cli_prog, rt_cli_prog);
 }
 
 /* One llama-bench test on a fresh full cache: prefill `depth` tokens untimed, then time
@@ -107,8 +117,65 @@ out:
 	return tps;
 }
 
-/* bench --pp/--tg: llama-bench's tests, one line each */
-static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, const char *depths)
+/* bench_one under policy p (--policy): the depth is the sequence's prompt, prefilled
+ * untimed with chunked prefill; then the timed prefill of n tokens (pp) or n single-token
+ * steps (tg), the policy's hooks and compressions included. Prints the '#' line of the
+ * policy's counters. Returns tokens/s, or -1 after printing the error. */
+static double bench_policy(rt_model *m, const struct kvp_policy *p, const rt_cli_opts *o,
+                           int chunk, int depth, int n, int pp)
+{
+	const int32_t cap = depth + n;
+	rt_seq s;
+	rt_err err = { "" };
+	int32_t *tok = malloc((size_t)cap * sizeof *tok);
+	float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
+	unsigned sd = 12345u;
+	for (int j = 0; tok && j < cap; j++) {
+		sd = sd * 1103515245u + 12345u;
+		tok[j] = (int32_t)((sd >> 8) % (unsigned)m->hp.n_vocab);
+	}
+	double tps = -1.0;
+	rt_cli_opts so = *o;
+	if (!o->prefill_chunk)
+		so.prefill_chunk = chunk;
+	if (!tok || !logits) {
+		fprintf(stderr, "%s: bench: out of memory for %d entries\n", rt_cli_prog, (int)cap);
+		free(tok), free(logits);
+		return -1.0;
+	}
+	if (rt_seq_init(&s, m, p, cap, chunk, depth > 0 ? depth : -1, &err) != 0 ||
+	    rt_cli_seq_apply(&s, &so, &err) != 0)
+		goto fail;
+	if (depth > 0 && rt_seq_feed(&s, tok, depth, NULL, RT_LOGITS_NONE, &err) != 0)
+		goto fail;
+	const rt_seq_stats st0 = rt_seq_stats_get(&s);
+	double t0 = rt_now();
+	if (pp) {
+		if (rt_seq_feed(&s, tok + depth, n, logits, RT_LOGITS_LAST, &err) != 0)
+			goto fail;
+	} else {
+		for (int j = 0; j < n; j++)
+			if (rt_seq_feed(&s, tok + depth + j, 1, logits, RT_LOGITS_LAST, &err) != 0)
+				goto fail;
+	}
+	tps = n / (rt_now() - t0);
+	const rt_seq_stats st = rt_seq_stats_get(&s);
+	printf("# policy %s ratio %g: %.1f entries per head at the end, %lld compressions in the "
+	       "timed part, %.3f s of it in policy code\n", p->name, o->ratio,
+	       rt_seq_mean_entries(&s), (long long)(st.compress_events - st0.compress_events),
+	       st.policy_seconds - st0.policy_seconds);
+	goto out;
+fail:
+	rt_cli_fail(&err);
+out:
+	rt_seq_free(&s);
+	free(tok), free(logits);
+	return tps;
+}
+
+/* bench --pp/--tg: llama-bench's tests, one line each; p: the policy (NULL: full cache) */
+static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, const char *depths,
+                       const struct kvp_policy *p)
 {
 	double dd[RT_CLI_MAX_LIST];
 	int nd = 0;
@@ -123,7 +190,8 @@ static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, cons
 	       m->exact ? openblas_get_num_threads() : rt_model_threads(m),
 	       rt_dot_isa_name(rt_dot_isa_best()));
 	if (pp > 0) {
-		double t = bench_one(m, (int)(o->chunk < pp ? o->chunk : pp), 0, (int)pp, 1);
+		const int c = (int)(o->chunk < pp ? o->chunk : pp);
+		double t = p ? bench_policy(m, p, o, c, 0, (int)pp, 1) : bench_one(m, c, 0, (int)pp, 1);
 		if (t < 0)
 			return EXIT_FAILURE;
 		printf("pp%ld %.2f\n", pp, t);
@@ -131,7 +199,8 @@ static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, cons
 	}
 	for (int i = 0; tg > 0 && i < nd; i++) {
 		const int d = (int)dd[i];
-		double t = bench_one(m, (int)o->chunk, d, (int)tg, 0);
+		double t = p ? bench_policy(m, p, o, (int)o->chunk, d, (int)tg, 0)
+		             : bench_one(m, (int)o->chunk, d, (int)tg, 0);
 		if (t < 0)
 			return EXIT_FAILURE;
 		if (d > 0)
@@ -146,7 +215,7 @@ static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, cons
 int rt_cmd_bench(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', O_CTX, O_DECODE, O_CHUNK, O_THREADS, O_PP, O_TG, O_DEPTH,
-		O_EXACT, O_FAST, O_QUIET, 0 };
+		O_EXACT, O_FAST, O_QUIET, O_POLICY, O_RATIO, O_SET, O_PREFILL, 0 };
 	rt_cli_opts o = { .ctx_list = "128,1024,4096", .decode = 32, .chunk = RT_CLI_CHUNK };
 	int rc = rt_cli_parse("bench", help_bench_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)
@@ -156,6 +225,16 @@ int rt_cmd_bench(int argc, char **argv)
 	if (rt_cli_parse_list(o.ctx_list, 1, INT_MAX, 1, ctxd, &n_ctx))
 		return rt_cli_usage("bench", "--ctx: '%s' is not a comma-separated list of token counts",
 		                 o.ctx_list);
+	const struct kvp_policy *p = NULL;
+	if (o.policy || o.ratio > 0 || o.n_sets || o.prefill_chunk) {
+		if (!(o.pp > 0 || o.tg > 0))
+			return rt_cli_usage("bench", "%s", "--policy, --ratio, --set and --prefill-chunk "
+			                    "go with --pp or --tg");
+		if (!o.policy)
+			return rt_cli_usage("bench", "%s", "--ratio, --set and --prefill-chunk need --policy");
+		if (!(p = rt_cli_policy("bench", &o, &rc)))
+			return rc;
+	}
 	rt_cli_threads(o.threads);
 	rt_gguf *g = NULL;
 	rt_model *m = NULL;
@@ -165,7 +244,7 @@ int rt_cmd_bench(int argc, char **argv)
 	}
 	rt_gguf_close(g);
 	if (o.pp > 0 || o.tg > 0) {
-		rc = bench_llama(m, &o, o.pp, o.tg, o.depths ? o.depths : "0");
+		rc = bench_llama(m, &o, o.pp, o.tg, o.depths ? o.depths : "0", p);
 		rt_model_free(m);
 		return rc;
 	}

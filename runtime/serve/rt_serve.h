@@ -20,9 +20,10 @@
 
 #include "policy/rt_policy.h"
 
-/* serve's default prefill chunk (docs/language.md, "Chunked prefill": the KL it costs
- * against the exact schedule and the admission footprint it adds) */
-#define RT_SERVE_PREFILL_CHUNK 32
+/* serve's default prefill chunk: one KV block (RT_KV_BLOCK entries), so a prompt chunk adds
+ * at most one block per list to a sequence's footprint (docs/language.md, "Chunked
+ * prefill": the KL it costs against the exact schedule) */
+#define RT_SERVE_PREFILL_CHUNK 16
 
 typedef struct rt_serve_cfg {
 	const char *prog;          /* program name in messages */

@@ -26,6 +26,7 @@ import time
 BIN, MODEL = sys.argv[1], sys.argv[2]
 MODEL_ID = os.path.basename(MODEL).replace(".gguf", "")
 CHUNK = 32
+PREFILL = 16  # serve's default --prefill-chunk (RT_SERVE_PREFILL_CHUNK, at most --chunk)
 FAILS = []
 
 
@@ -49,8 +50,8 @@ def start(trace):
     return p, int(m.group(1))
 
 
-def run_cli(prompt, n, policy, ratio, chat=False, system=None, prefill=CHUNK):
-    # the server's default prefill chunk is its --chunk; `run`'s default is 0 (exact)
+def run_cli(prompt, n, policy, ratio, chat=False, system=None, prefill=PREFILL):
+    # the server's default prefill chunk is PREFILL; `run`'s default is 0 (exact)
     args = [BIN, "run", "--model", MODEL, "--prompt", prompt, "-n", str(n), "--policy", policy,
             "--chunk", str(CHUNK), "--prefill-chunk", str(prefill), "--threads", "2"]
     if ratio:
@@ -164,7 +165,7 @@ def main():
             want = ref_h2o.split(" and")[0] if " and" in ref_h2o else ref_h2o
             check(r.choices[0].text == want, "stop string cuts the text: %r" % r.choices[0].text)
             # the prefill schedule per request: 0 is `run`'s exact token-by-token prefill,
-            # the default is chunks of --chunk (what `run --prefill-chunk CHUNK` does)
+            # the default is chunks of PREFILL (what `run --prefill-chunk PREFILL` does)
             r = cl.completions.create(model=MODEL_ID, prompt=story, max_tokens=12, temperature=0,
                                       extra_body={"kv": {"ratio": 4, "prefill_chunk": 0}})
             check(r.choices[0].text == ref_exact,
@@ -173,7 +174,7 @@ def main():
                                       extra_body={"kv": {"ratio": 4}})
             check(r.choices[0].text == ref_chunked,
                   "default prefill (h2o x4) equals `run --prefill-chunk %d`: %r vs %r"
-                  % (CHUNK, r.choices[0].text, ref_chunked))
+                  % (PREFILL, r.choices[0].text, ref_chunked))
             for bad_pf in (-1, 1.5, "8"):
                 try:
                     cl.completions.create(model=MODEL_ID, prompt="x", max_tokens=2,
