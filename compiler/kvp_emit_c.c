@@ -1001,6 +1001,11 @@ static void emit_grace_tree(struct em *em)
 	emit_grace_opt(em, "gc->seg.length", ac->seg_length);
 	emit_grace_opt(em, "gc->seg.stability", ac->seg_stability);
 	emit_grace_opt(em, "gc->seg.surprisal", ac->seg_surprisal);
+	if (ac->n_win > 0) {
+		out(em, "\tgc->seg.n_win = %d;\n", ac->n_win);
+		for (int i = 0; i < ac->n_win; i++)
+			out(em, "\tgc->seg.win[%d] = %d;\n", i, (int)ac->win[i]);
+	}
 	line_back(em);
 	if (ac->count == 0 && ac->smooth < 0)
 		return;

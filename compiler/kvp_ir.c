@@ -706,6 +706,11 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 		                ac->seg_stability, ac->seg_surprisal };
 	for (size_t i = 0; i < sizeof seg / sizeof seg[0]; i++)
 		check_expr(&ck, seg[i], KVP_CTX_SCALAR, 0, ac->seg_loc, "a segmentation value");
+	if (ac->n_win < 0 || ac->n_win > 4)
+		problem(&ck, ac->seg_loc, "1 to 4 curvature windows");
+	for (int i = 0; i < ac->n_win && i < 4; i++)
+		if (ac->win[i] < 1)
+			problem(&ck, ac->seg_loc, "a curvature window below 1 token");
 	check_expr(&ck, ac->smooth, KVP_CTX_SCALAR, 0, ac->tree_loc, "the prototype smoothing");
 	check_expr(&ck, ac->mass, KVP_CTX_SCALAR, 0, ac->loc, "the mass weight");
 	check_expr(&ck, ac->numerator, KVP_CTX_SCALAR, 0, ac->loc, "the numerator weight");

@@ -314,6 +314,8 @@ struct kvp_ir_act {
 	int32_t seg_min, seg_max; /* shortest / longest segment, tokens (run / 4, 2 · run) */
 	int32_t seg_cut, seg_length; /* cost of a cut (3), length penalty (4) */
 	int32_t seg_stability, seg_surprisal; /* curvature std weight (0.5), surprisal weight (1) */
+	int n_win;               /* curvature windows given (0: the kernel's 2, 4, 8 tokens) */
+	int32_t win[4];          /* their sizes, tokens (compiled in) */
 	int count;               /* prototype count: 0 n·coherence², 1 the member count n */
 	int32_t smooth;          /* prototype value smoothing (0.1) */
 	int32_t mass, numerator; /* distortion weights λ_Z, λ_M of the utility (1, 1) */

@@ -355,6 +355,11 @@ static void lower_grace(lower *lw)
 	ac->seg_length = lower_opt(lw, s->seg_length);
 	ac->seg_stability = lower_opt(lw, s->seg_stability);
 	ac->seg_surprisal = lower_opt(lw, s->seg_surprisal);
+	for (int i = 0; s->seg_windows && i < s->seg_windows->n_args && i < 4; i++) {
+		double v = 0;
+		kvp_ir_fold(lw->ir, lower_expr(lw, s->seg_windows->args[i]), &v);
+		ac->win[ac->n_win++] = (int32_t)v;
+	}
 	ac->count = s->tree_count;
 	ac->smooth = lower_opt(lw, s->tree_smooth);
 	ac->mass = lower_opt(lw, s->mass);

@@ -844,7 +844,7 @@ static ty check_expr(sema *S, const kvp_expr *e, unsigned cx)
 	case KVP_E_BINARY:
 		return check_binary(S, e, cx);
 	case KVP_E_LIST:
-		ERR(S, e->loc, "a list [...] can only be a value of `layers = [...]`");
+		ERR(S, e->loc, "a list [...] can only be a value of `layers = [...]` or of `windows = [...]` in `segment = curvature(...)`");
 		return TY_ERR;
 	case KVP_E_BUDGET:
 		if (!(cx & (CX_SCALAR))) {
@@ -1439,8 +1439,33 @@ static void check_add_split(sema *S, const kvp_expr *v)
 	o->numerator = num;
 }
 
+/* windows = '[' W { ',' W } ']': 1 to 4 curvature window sizes, whole tokens > 0, compiled
+ * in. 0 when fine. */
+static int check_windows(sema *S, const kvp_expr *l)
+{
+	if (l->kind != KVP_E_LIST || l->n_args < 1 || l->n_args > 4) {
+		ERR(S, l->loc, "the curvature windows are a list of 1 to 4 sizes in tokens, as in `windows = [2 tokens, 4 tokens, 8 tokens]`");
+		return -1;
+	}
+	for (int i = 0; i < l->n_args; i++) {
+		const kvp_expr *w = l->args[i];
+		if (w->kind == KVP_E_ARG) {
+			ERR(S, w->loc, "a window list holds sizes, not named arguments");
+			return -1;
+		}
+		ty t = check_unit(S, w, CX_SCALAR, U_TOKENS, 1, "a curvature window");
+		if (need_const(S, w, t, "a curvature window") || positive(S, w, t, "a curvature window", 1))
+			return -1;
+		if (t.v > 1024) {
+			ERR(S, w->loc, "a curvature window must be at most 1024 tokens");
+			return -1;
+		}
+	}
+	return 0;
+}
+
 /* segment = curvature [ '(' [target = T] [, min = A] [, max = B] [, cut = C] [, length = P]
- *                           [, stability = S] [, surprisal = W] ')' ]
+ *                           [, stability = S] [, surprisal = W] [, windows = [W1, ...]] ')' ]
  *         | slots '(' T ')'
  * How the context is cut into the roots of the prototype trees (kernels/k_segment.h): at
  * semantic change (hidden-state curvature and surprisal, a DP over cuts) or in fixed slots
@@ -1449,8 +1474,8 @@ static void check_segment(sema *S, const kvp_stmt *st)
 {
 	static const char *const choices[] = { "curvature", "slots" };
 	static const char *const n[] = { "target", "min", "max", "cut", "length", "stability",
-		                         "surprisal" };
-	static const int r[] = { 0, 0, 0, 0, 0, 0, 0 };
+		                         "surprisal", "windows" };
+	static const int r[] = { 0, 0, 0, 0, 0, 0, 0, 0 };
 	static const char *const sn[] = { "length" };
 	static const int sr[] = { 1 };
 	const kvp_expr *v = st->value;
@@ -1473,11 +1498,13 @@ static void check_segment(sema *S, const kvp_stmt *st)
 		bad_choice(S, v, "segmentation", choices, 2);
 		return;
 	}
-	if (v->kind == KVP_E_CALL && check_args(S, v, n, r, 7))
+	if (v->kind == KVP_E_CALL && check_args(S, v, n, r, 8))
 		return;
-	const kvp_expr *a[7] = { NULL };
-	for (int i = 0; i < 7 && v->kind == KVP_E_CALL; i++)
+	const kvp_expr *a[8] = { NULL };
+	for (int i = 0; i < 8 && v->kind == KVP_E_CALL; i++)
 		a[i] = kvp_call_arg(v, n[i], i);
+	if (a[7] && check_windows(S, a[7]))
+		return;
 	if (grace_tokens(S, a[0], "the target segment length", &tt) ||
 	    grace_tokens(S, a[1], "the shortest segment", &ta) ||
 	    grace_tokens(S, a[2], "the longest segment", &tb) ||
@@ -1509,6 +1536,7 @@ static void check_segment(sema *S, const kvp_stmt *st)
 	o->seg_length = a[4];
 	o->seg_stability = a[5];
 	o->seg_surprisal = a[6];
+	o->seg_windows = a[7];
 }
 
 /* tree = prototypes [ '(' [key = post] [, count = coherence | members] [, smooth = X] ')' ]

@@ -106,6 +106,7 @@ typedef struct kvp_sema {
 	 * act_floor = the singleton floor (unit floor_unit), the rest as written or NULL */
 	const kvp_expr *slot, *act_floor;
 	const kvp_expr *seg_min, *seg_max, *seg_cut, *seg_length, *seg_stability, *seg_surprisal;
+	const kvp_expr *seg_windows; /* `windows = [...]`, constants checked */
 	int seg_fixed;          /* segment = slots(T) */
 	int tree_count;         /* tree = prototypes(count = ...): 0 coherence, 1 members */
 	const kvp_expr *tree_smooth, *mass, *numerator;

@@ -1119,6 +1119,9 @@ START_TEST(test_glue_plumbing)
 			c.seg.length = 2.0;
 			c.seg.stability = 0.25;
 			c.seg.surprisal = 0.5;
+			c.seg.n_win = 2;
+			c.seg.win[0] = 3;
+			c.seg.win[1] = 6;
 			c.seg_fixed = fixed;
 			c.count_mode = K_PROTO_COUNT_N;
 			c.smooth = 0.3;
@@ -1172,6 +1175,9 @@ START_TEST(test_glue_plumbing)
 			sp.length = 2.0;
 			sp.stability = 0.25;
 			sp.surprisal = 0.5;
+			sp.n_win = 2;
+			sp.win[0] = 3;
+			sp.win[1] = 6;
 		}
 		const int E = G * R * d;
 		const float *hl[2] = { st.hid + (size_t)sinks * E, st.hid + ((size_t)128 + sinks) * E };
@@ -1699,18 +1705,19 @@ START_TEST(test_emit_grace_statements)
 		"policy v {\n    param tgt = 48 tokens\n    budget = 10%\n"
 		"    stat a = sum(attn) over prompt tail 16 tokens\n    score = flow(a, hops = 1)\n"
 		"    allocate = global\n    action = add_split(mass = 2, numerator = 0.5)\n"
-		"    segment = curvature(target = tgt, min = 12 tokens, max = 96 tokens, cut = 2, length = 1, stability = 0.75, surprisal = 0)\n"
+		"    segment = curvature(target = tgt, min = 12 tokens, max = 96 tokens, cut = 2, length = 1, stability = 0.75, surprisal = 0, windows = [3 tokens, 5 tokens])\n"
 		"    tree = prototypes(key = post, count = members, smooth = 0)\n"
 		"    keep singletons 4 entries\n    compress at prompt end\n}\n",
 		"policy w {\n    budget = 10%\n    stat a = sum(attn) over prompt tail 16 tokens\n"
 		"    score = flow(a, hops = 1)\n    allocate = global\n    action = add_split\n"
 		"    segment = slots(32 tokens)\n    compress at prompt end\n}\n",
 	};
-	static const char *const want[2][12] = {
+	static const char *const want[2][14] = {
 		{ "gc->lambda_z = 2.0;", "gc->lambda_m = 0.5;", "gc->slot = P[0];",
 		  "gc->seg.min_len = (int)(12.0);", "gc->seg.max_len = (int)(96.0);", "gc->seg.cut = 2.0;",
 		  "gc->seg.length = 1.0;", "gc->seg.stability = 0.75;", "gc->seg.surprisal = 0.0;",
-		  "gc->count_mode = K_PROTO_COUNT_N;", "gc->smooth = 0.0;", "gc->floor = 4.0;" },
+		  "gc->count_mode = K_PROTO_COUNT_N;", "gc->smooth = 0.0;", "gc->floor = 4.0;",
+		  "gc->seg.n_win = 2;", "gc->seg.win[1] = 5;" },
 		{ "gc->slot = 32.0;", "gc->seg_fixed = 1;", "gc->floor = 0.0;", NULL },
 	};
 	for (int i = 0; i < 2; i++) {
@@ -1722,7 +1729,7 @@ START_TEST(test_emit_grace_statements)
 		char *c = emit_file(path, &needs, &ne);
 		unlink(path);
 		ck_assert_msg(ne == 0 && c != NULL, "policy %d does not compile", i);
-		for (int j = 0; j < 12 && want[i][j]; j++)
+		for (int j = 0; j < 14 && want[i][j]; j++)
 			ck_assert_msg(strstr(c, want[i][j]), "policy %d: no `%s` in the emitted C", i, want[i][j]);
 		ck_assert_ptr_null(strstr(c, i == 0 ? "gc->seg_fixed" : "gc->seg.cut"));
 		ck_assert_ptr_null(strstr(c, i == 0 ? "gc->smooth = 0.1" : "gc->count_mode"));
@@ -1745,6 +1752,8 @@ START_TEST(test_check_add_split)
 		{ "min = 16 tokens", "min = 100 tokens" },
 		{ "max = 128 tokens", "max = 20 tokens" },
 		{ "cut = 3", "cut = 3 tokens" },
+		{ "windows = [2 tokens, 4 tokens, 8 tokens]", "windows = [2 tokens, 4 tokens, 8 tokens, 16 tokens, 32 tokens]" },
+		{ "windows = [2 tokens, 4 tokens, 8 tokens]", "windows = [question]" },
 		{ "key = post", "key = rope" },
 		{ "count = coherence", "count = many" },
 		{ "smooth = 0.1", "smooth = -0.1" },

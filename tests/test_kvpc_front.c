@@ -604,6 +604,10 @@ START_TEST(test_lower_caote_gracekv)
 	expect_fold(&ir, ir.action.seg_length, 4);
 	expect_fold(&ir, ir.action.seg_stability, 0.5);
 	expect_fold(&ir, ir.action.seg_surprisal, 1);
+	ck_assert_int_eq(ir.action.n_win, 3);
+	ck_assert_int_eq(ir.action.win[0], 2);
+	ck_assert_int_eq(ir.action.win[1], 4);
+	ck_assert_int_eq(ir.action.win[2], 8);
 	ck_assert_int_eq(ir.action.count, 0);
 	expect_fold(&ir, ir.action.smooth, 0.1);
 	expect_fold(&ir, ir.action.mass, 1);
