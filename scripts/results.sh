@@ -362,17 +362,22 @@ for t in texts:
       L.append("")
     # second table: the full statistics
     L.append("<details><summary>all statistics (%s)</summary>\n" % t)
-    L.append("`tok/s` is the throughput of the whole lockstep pass the cell was measured in.\n")
-    L.append("| policy | ratio | ppl | ppl_ratio | kld_mean | ± err | kld_p99 | kld_max | same_top1 | rms_dp | entries/head | kv_bytes_peak | tok/s | policy s |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    L.append("`tok/s` is the throughput of the whole lockstep pass the cell was measured in. "
+             "`x entries` is the compression in entries after the last token (tokens / mean "
+             "entries per list), `x bytes` the compression in bytes against an f16 full cache "
+             "(its key and value bytes over those the store holds, as stored: an f32 store "
+             "at 4x in entries is 2x in bytes; runtime/kv/rt_kvbytes.h).\n")
+    L.append("| policy | ratio | ppl | ppl_ratio | kld_mean | ± err | kld_p99 | kld_max | same_top1 | rms_dp | entries/head | x entries | x bytes | kv_bytes_peak | tok/s | policy s |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for p in policies:
         for r in ratios:
             j = rows.get(p, {}).get(r)
             if j is None or "error" in j: continue
-            L.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %.1f | %.2f |" % (
+            L.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %.1f | %.2f |" % (
                 p, r, fmt(j["ppl"]), fmt(j["ppl_ratio"]), fmt(j["kld_mean"], 4), fmt(j.get("kld_mean_err"), 4),
                 fmt(j["kld_p99"]), fmt(j["kld_max"]), fmt(j["same_top1"]), fmt(j["rms_dp"], 4),
-                j.get("kv_entries_per_head", "–"), j["kv_bytes_peak"], j["tokens_per_s"],
+                j.get("kv_entries_per_head", "–"), fmt(j.get("compression"), 2),
+                fmt(j.get("bytes_compression"), 2), j["kv_bytes_peak"], j["tokens_per_s"],
                 j["policy_seconds"]))
     L.append("\n</details>\n")
     # plot
@@ -485,15 +490,18 @@ else:
     lens = [int(x) for x in lengths.split("-")]
     nd_dep = len(depths.split("-"))
     L.append("Each cell gives the correct answers out of %d depths at each length (%s tokens), "
-             "then the total.\n" % (nd_dep, " / ".join(str(x) for x in lens)))
+             "then the total, and the compression in bytes against an f16 full cache after "
+             "the answers (mean over the prompts).\n" % (nd_dep, " / ".join(str(x) for x in lens)))
     def acc(j):
         if j is None: return "not run"
         if "error" in j:
             return "n/a (guards exceed budget)" if "exceed" in j["error"] or "guard" in j["error"] or "below" in j["error"] else "error (rc %s)" % j.get("rc")
         res = j["results"]
         per = [sum(1 for x in res if x["correct"] and x["length"] == n) for n in lens]
-        return "%s (%d/%d)" % (" / ".join(str(c) for c in per),
-                               sum(1 for x in res if x["correct"]), len(res))
+        bx = j.get("bytes_compression")
+        return "%s (%d/%d)%s" % (" / ".join(str(c) for c in per),
+                                 sum(1 for x in res if x["correct"]), len(res),
+                                 ", %.2fx bytes" % bx if bx else "")
     L.append("| policy | " + " | ".join("×%s" % r for r in nratios) + " |")
     L.append("|---|" + "---|" * len(nratios))
     L.append("| full cache (reference) | " + " | ".join(acc(full) for _ in nratios) + " |")

@@ -344,7 +344,7 @@ static void tmp_path(char *buf, size_t cap, const char *name)
 
 static const char *const SAME_METRICS[] = {
 	"ppl", "kld_mean", "kld_p99", "kld_max", "ppl_ratio", "same_top1", "rms_dp",
-	"kv_entries_peak", "kv_bytes_peak", "compression", "compress_events", NULL,
+	"kv_entries_peak", "kv_bytes_peak", "compression", "bytes_compression", "compress_events", NULL,
 };
 
 START_TEST(policy_against_itself_ties_exactly)

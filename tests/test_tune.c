@@ -145,6 +145,11 @@ static double ppl_kld(const char *bin, const char *ratio, double *ratio_out)
 	const char *k = strstr(o, "\"kld_mean\":");
 	ck_assert_msg(k != NULL, "no kld_mean: %s", o);
 	double kld = strtod(k + 11, NULL);
+	/* compression in bytes against f16 beside compression in entries: an f32 store holds
+	 * 4 bytes per element, twice f16's, so bytes x = entries x / 2 */
+	const char *cx = strstr(o, "\"compression\":"), *bx = strstr(o, "\"bytes_compression\":");
+	ck_assert_msg(cx && bx, "no compression figures: %s", o);
+	ck_assert_double_eq_tol(strtod(bx + 20, NULL), strtod(cx + 14, NULL) / 2, 1e-9);
 	if (ratio_out) {
 		const char *r = strstr(o, "\"ratio\":");
 		ck_assert_ptr_nonnull(r);

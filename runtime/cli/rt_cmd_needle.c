@@ -77,8 +77,12 @@ static const char *const help_needle =
 	"                        or JSON object per run, in file order\n"
 	"    --json              one JSON object: policy, params, ratio, task, mode, model,\n"
 	"                        model_sha256, commit, results [{length, depth, answer,\n"
-	"                        generated, correct, kv_entries_peak, compress_events}],\n"
-	"                        accuracy, policy_seconds (over every trial)\n"
+	"                        generated, correct, kv_entries_peak, compress_events,\n"
+	"                        compression, bytes_compression}], accuracy, policy_seconds\n"
+	"                        (over every trial), compression, bytes_compression (after\n"
+	"                        the answer: tokens / mean entries per list, and the f16 full\n"
+	"                        cache's key and value bytes over the store's; the run's are\n"
+	"                        the means over its trials)\n"
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success (whatever the accuracy), 1 runtime error, 2 usage error.\n";
@@ -230,6 +234,18 @@ static int needle_trials(needle_job *nj)
 	return 0;
 }
 
+/* Run k's compression after the answers, in entries and in bytes against an f16 full
+ * cache, averaged over its trials. */
+static void needle_mean_x(const needle_job *nj, int k, double *ex, double *bx)
+{
+	const int total = nj->n_len * nj->n_dep;
+	*ex = *bx = 0;
+	for (int q = 0; q < total; q++) {
+		*ex += nj->res[(size_t)q * nj->K + k].entries_x / total;
+		*bx += nj->res[(size_t)q * nj->K + k].bytes_x / total;
+	}
+}
+
 /* Run k's JSON object. */
 static void needle_json(const needle_job *nj, int k, const char *msha, int correct, int total)
 {
@@ -250,12 +266,20 @@ static void needle_json(const needle_job *nj, int k, const char *msha, int corre
 			rt_json_str(stdout, nr->answer);
 			fputs(",\"generated\":", stdout);
 			rt_json_str(stdout, nr->gen);
-			printf(",\"correct\":%s,\"kv_entries_peak\":%lld,\"compress_events\":%lld}",
+			printf(",\"correct\":%s,\"kv_entries_peak\":%lld,\"compress_events\":%lld",
 			       nr->correct ? "true" : "false", (long long)nr->st.kv_entries_peak,
 			       (long long)nr->st.compress_events);
 			policy_s += nr->st.policy_seconds;
+			rt_json_member_num(stdout, "compression", nr->entries_x);
+			rt_json_member_num(stdout, "bytes_compression", nr->bytes_x);
+			fputc('}', stdout);
 		}
-	printf("],\"accuracy\":%.6g,\"policy_seconds\":%.6g}\n", (double)correct / total, policy_s);
+	double ex, bx;
+	needle_mean_x(nj, k, &ex, &bx);
+	printf("],\"accuracy\":%.6g,\"policy_seconds\":%.6g", (double)correct / total, policy_s);
+	rt_json_member_num(stdout, "compression", ex);
+	rt_json_member_num(stdout, "bytes_compression", bx);
+	fputs("}\n", stdout);
 }
 
 /* Accuracy lines or JSON objects per run; returns the exit status. */
@@ -276,12 +300,16 @@ static int needle_report(const needle_job *nj)
 			fprintf(stderr, "%s: %s\n", rt_cli_prog, why); /* why names the policy */
 		}
 		if (!nj->o.json) {
+			double ex, bx;
+			needle_mean_x(nj, k, &ex, &bx);
 			if (K > 1 && !why)
-				printf("%s%s ratio %g: accuracy %d/%d = %.3f\n", r->p->name,
-				       r->o.n_sets ? " (with --set)" : "", r->o.ratio, correct, total,
-				       (double)correct / total);
+				printf("%s%s ratio %g: accuracy %d/%d = %.3f, compression %.2fx in entries, "
+				       "%.2fx in bytes\n", r->p->name, r->o.n_sets ? " (with --set)" : "",
+				       r->o.ratio, correct, total, (double)correct / total, ex, bx);
 			else if (!why)
-				printf("accuracy %d/%d = %.3f\n", correct, total, (double)correct / total);
+				printf("accuracy %d/%d = %.3f\ncompression %.2fx in entries, %.2fx in bytes "
+				       "against an f16 full cache (after the answers, mean over the trials)\n",
+				       correct, total, (double)correct / total, ex, bx);
 			continue;
 		}
 		fputc('{', stdout);

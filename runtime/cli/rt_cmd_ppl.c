@@ -19,6 +19,7 @@
 #include "cli/rt_cli_runs.h"
 #include "eval/rt_eval.h"
 #include "eval/rt_stats.h"
+#include "kv/rt_kvbytes.h"
 #include "report/rt_json.h"
 
 static const char *const help_ppl =
@@ -51,7 +52,12 @@ static const char *const help_ppl =
 	"    (blocks of 16 entries: keys, values, metadata and policy statistics; the\n"
 	"    resident KV memory); compression = tokens / mean entries per (layer, KV head)\n"
 	"    list after the last token (1 for full; 4 when a head keeps a quarter of the\n"
-	"    text); tokens_per_s counts the policy run only; compress_events is the number\n"
+	"    text); bytes_compression the same in bytes against an f16 full cache: every\n"
+	"    token's key and value at 2 bytes per element (kv_bytes_f16) over the keys and\n"
+	"    values the store holds after the last token as stored (kv_bytes_kv: entries x 2\n"
+	"    rows of the store's row size; metadata and statistics are in kv_bytes_peak), so\n"
+	"    an f32 store at 4x in entries is 2x in bytes; tokens_per_s counts the policy run\n"
+	"    only; compress_events is the number\n"
 	"    of compress calls; policy_seconds the time spent inside policy code (observe,\n"
 	"    init_entries, should_compress, next_trigger, compress). The store reserves\n"
 	"    address space for N entries per head (the text's length), or N / R + 1024 with\n"
@@ -90,7 +96,8 @@ static const char *const help_ppl =
 	"    --json              one JSON object: policy, params, ratio, model, model_sha256,\n"
 	"                        text, text_sha256, commit, threads, chunk, tokens, scored,\n"
 	"                        ppl, nll_mean, top1_acc, kv_entries_peak, kv_bytes_peak,\n"
-	"                        compression, tokens_per_s, compress_events, policy_seconds,\n"
+	"                        compression, kv_bytes_kv, kv_bytes_f16, bytes_compression,\n"
+	"                        tokens_per_s, compress_events, policy_seconds,\n"
 	"                        seconds and, with the reference, the KL statistics above\n"
 	"    --dump FILE         one JSON line per scored token: {\"pos\":P,\"token\":T,\n"
 	"                        \"logprob\":L,\"top1\":A} plus \"logprob_ref\" and \"kld\" with\n"
@@ -141,6 +148,9 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 		        "or trigger was not reached)\n", rt_cli_prog, p->name, (long long)use);
 	double mean_entries = rt_seq_mean_entries(&r->seq);
 	double compression = mean_entries > 0 ? (double)use / mean_entries : 0;
+	/* in bytes against an f16 full cache of the same tokens (runtime/kv/rt_kvbytes.h) */
+	const int64_t kv_held = rt_kvbytes_held(&r->seq.kv), kv_f16 = rt_kvbytes_f16(&r->seq.kv, use);
+	double bytes_x = rt_kvbytes_compression(&r->seq.kv, use);
 	double nll_mean = sc->nll / (double)sc->scored, ppl = exp(nll_mean);
 	double tps = st.seconds > 0 ? (double)use / st.seconds : 0;
 	int threads = m->exact ? openblas_get_num_threads() : rt_model_threads(m);
@@ -174,6 +184,9 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 		       (long long)st.kv_entries_peak, (long long)st.kv_bytes_peak);
 		rt_json_member_num(stdout, "kv_entries_per_head", mean_entries);
 		rt_json_member_num(stdout, "compression", compression);
+		printf(",\"kv_bytes_kv\":%lld,\"kv_bytes_f16\":%lld", (long long)kv_held,
+		       (long long)kv_f16);
+		rt_json_member_num(stdout, "bytes_compression", bytes_x);
 		rt_json_member_num(stdout, "tokens_per_s", tps);
 		printf(",\"compress_events\":%lld", (long long)st.compress_events);
 		rt_json_member_num(stdout, "policy_seconds", st.policy_seconds);
@@ -214,8 +227,10 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 	}
 	printf("kv peak          %lld entries, %.2f MiB\n", (long long)st.kv_entries_peak,
 	       (double)st.kv_bytes_peak / (1024.0 * 1024.0));
-	printf("compression      %.2fx (%.1f entries per head at the end)\n", compression,
-	       mean_entries);
+	printf("compression      %.2fx in entries (%.1f entries per head at the end), %.2fx in bytes\n"
+	       "                 (%.2f MiB of keys and values against %.2f MiB for an f16 full cache)\n",
+	       compression, mean_entries, bytes_x, (double)kv_held / (1024.0 * 1024.0),
+	       (double)kv_f16 / (1024.0 * 1024.0));
 	printf("compressions     %lld (%.3f s in policy code)\n", (long long)st.compress_events,
 	       st.policy_seconds);
 	printf("speed            %.1f tokens/s (%.2f s, %d threads%s)\n", tps, st.seconds, threads,

@@ -376,7 +376,7 @@ static int run_needle(ab_run *r, rt_err *err)
 /* ---- reporting ------------------------------------------------------------------------- */
 
 enum { M_PPL, M_KLD_MEAN, M_KLD_P99, M_KLD_MAX, M_PPL_RATIO, M_SAME_TOP1, M_RMS_DP, M_ACC,
-       M_ENTRIES, M_BYTES, M_COMPRESSION, M_TPS, M_EVENTS, M_POLICY_S, M_COUNT };
+       M_ENTRIES, M_BYTES, M_COMPRESSION, M_BYTES_X, M_TPS, M_EVENTS, M_POLICY_S, M_COUNT };
 
 static const struct {
 	const char *name;
@@ -395,6 +395,7 @@ static const struct {
 	{ "kv_entries_peak", 1, 2, "peak KV entries (all heads)" },
 	{ "kv_bytes_peak", 2, 2, "peak KV bytes" },
 	{ "compression", 4, 2, "full peak entries / peak entries" },
+	{ "bytes_compression", 4, 2, "f16 full-cache K/V bytes / K/V bytes (peak)" },
 	{ "tokens_per_s", 3, 2, "tokens/s" },
 	{ "compress_events", 1, 2, "compress calls" },
 	{ "policy_seconds", 0, 2, "seconds in policy code" },
@@ -430,6 +431,15 @@ static double metric_val(const ab_run *r, const ab_side *sd, int m)
 		return st->kv_entries_peak > 0
 		               ? (double)r->ref_st.kv_entries_peak / (double)st->kv_entries_peak
 		               : NAN;
+	case M_BYTES_X: {
+		/* against an f16 full cache (runtime/kv/rt_kvbytes.h): the full cache's peak entries
+		 * at 2 × head_dim × 2 bytes over this store's peak entries at 2 rows of its size */
+		const rt_kv *kv = sd ? (sd->ready ? &sd->seq.kv : NULL) : r->ref_ready ? &r->ref.kv : NULL;
+		return kv && st->kv_entries_peak > 0
+		               ? (double)r->ref_st.kv_entries_peak * 2.0 * kv->head_dim /
+		                         ((double)st->kv_entries_peak * (double)kv->row_bytes)
+		               : NAN;
+	}
 	case M_TPS: return st->seconds > 0 ? (double)st->tokens / st->seconds : NAN;
 	case M_EVENTS: return (double)st->compress_events;
 	case M_POLICY_S: return st->policy_seconds;

@@ -9,8 +9,11 @@
  *
  * Reported per ratio and policy (task ppl): ppl, kld_mean, kld_p99, kld_max, ppl_ratio,
  * same_top1, rms_dp (llama.cpp's `llama-perplexity --kl-divergence` statistics, see
- * runtime/eval/rt_stats.h), kv_entries_peak, kv_bytes_peak, compression (reference peak bytes /
- * policy peak bytes), tokens_per_s, compress_events, policy_seconds; then a paired
+ * runtime/eval/rt_stats.h), kv_entries_peak, kv_bytes_peak, compression (reference peak
+ * entries / policy peak entries), bytes_compression (the reference's peak entries as an f16
+ * cache, 2 × head_dim × 2 bytes each, over the policy's peak entries at 2 rows of its
+ * store's row size: runtime/kv/rt_kvbytes.h), tokens_per_s, compress_events,
+ * policy_seconds; then a paired
  * circular block bootstrap 95% CI for the mean per-token NLL difference B - A (block
  * length by Politis & White 2004, rt_bootstrap_block_len_auto; 1000 resamples, fixed seed)
  * and one verdict line. Task needle: passkey retrieval accuracy (rt_needle.h) over lengths

@@ -14,6 +14,7 @@
 
 #include "eval/rt_decode.h"
 #include "eval/rt_stats.h"
+#include "kv/rt_kvbytes.h"
 
 /* Tokenize a NUL-terminated string into a fresh heap array. */
 static int32_t *tok_str(const rt_tokenizer *t, const char *s, size_t len, int special,
@@ -397,6 +398,10 @@ int rt_needle_trial(rt_seq *const *s, int K, rt_seq_batch *b, const rt_tokenizer
 		if (!rt_utf8_valid(a->gen, strlen(a->gen), &bad))
 			a->gen[bad] = 0;
 		a->st = rt_seq_stats_get(s[k]);
+		const int64_t seen = s[k]->run.ctx.seen;
+		const double mean = rt_seq_mean_entries(s[k]);
+		a->entries_x = mean > 0 ? (double)seen / mean : 0;
+		a->bytes_x = rt_kvbytes_compression(&s[k]->kv, seen);
 	}
 	return rc;
 }

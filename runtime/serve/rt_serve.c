@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kv/rt_kvbytes.h"
 #include "kv/rt_kvpool.h"
 #include "model/rt_gguf.h"
 #include "model/rt_model.h"
@@ -75,6 +76,8 @@ typedef struct req {
 	int64_t compress, evicted, peak_entries, peak_bytes, pinned_kept;
 	double policy_s;             /* rt_seq_stats.policy_seconds at the finish */
 	int prefill_chunk;           /* the request's prefill schedule (0: token by token) */
+	int64_t kv_bytes;            /* at the end: K/V bytes held (runtime/kv/rt_kvbytes.h) */
+	double bytes_x;              /* at the end: compression in bytes against f16 */
 	double ratio_used;           /* the sequence's ratio and parameters, kept when it ends */
 	double *params;
 	pthread_cond_t cv;
@@ -111,6 +114,7 @@ struct srv {
 	/* metrics */
 	int64_t req_by_status[600];
 	int64_t rejected, prompt_tokens, gen_tokens, entries_now;
+	int64_t kv_bytes_now, f16_bytes_now; /* the active sequences' K/V bytes, as f16 full caches */
 	int64_t *compress_by_p, *evicted_by_p;
 	int64_t step_hist[N_BUCKETS + 1], steps;
 	double step_sum, busy_seconds;
@@ -307,6 +311,12 @@ static json_t *kv_obj(const srv *S, const req *r)
 	json_object_set_new(k, "params", ps);
 	json_object_set_new(k, "kv_entries_peak", json_integer(r->peak_entries));
 	json_object_set_new(k, "kv_bytes_peak", json_integer(r->peak_bytes));
+	json_object_set_new(k, "kv_bytes_kv", json_integer(r->seq_live ? rt_kvbytes_held(&r->seq.kv)
+	                                                             : r->kv_bytes));
+	json_object_set_new(k, "bytes_compression",
+	                    json_real(r->seq_live ? rt_kvbytes_compression(&r->seq.kv,
+	                                                                   r->seq.run.ctx.seen)
+	                                          : r->bytes_x));
 	json_object_set_new(k, "compress_events", json_integer(r->compress));
 	json_object_set_new(k, "policy_seconds", json_real(r->policy_s));
 	json_object_set_new(k, "prefill_chunk", json_integer(r->prefill_chunk));
@@ -408,6 +418,8 @@ static void req_finish(srv *S, req *r)
 		r->peak_bytes = st.kv_bytes_peak;
 		r->compress = st.compress_events;
 		r->policy_s = st.policy_seconds;
+		r->kv_bytes = rt_kvbytes_held(&r->seq.kv);
+		r->bytes_x = rt_kvbytes_compression(&r->seq.kv, r->seq.run.ctx.seen);
 		int64_t pk = -1;
 		for (int i = 0; i < S->H; i++) {
 			const rt_kv_head *h = &r->seq.kv.heads[i];
@@ -598,10 +610,16 @@ static void step_done(srv *S, int K)
 		else
 			pthread_cond_broadcast(&r->cv);
 	}
-	int64_t e = 0;
-	for (int i = 0; i < S->n_active; i++)
-		e += rt_kv_entries(&S->active[i]->seq.kv);
+	int64_t e = 0, kb = 0, fb = 0;
+	for (int i = 0; i < S->n_active; i++) {
+		const rt_seq *q = &S->active[i]->seq;
+		e += rt_kv_entries(&q->kv);
+		kb += rt_kvbytes_held(&q->kv);
+		fb += rt_kvbytes_f16(&q->kv, q->run.ctx.seen);
+	}
 	S->entries_now = e;
+	S->kv_bytes_now = kb;
+	S->f16_bytes_now = fb;
 }
 
 static void *scheduler(void *arg)
@@ -1289,6 +1307,14 @@ static enum MHD_Result serve_metrics(srv *S, struct MHD_Connection *c)
 	       (double)ps.blocks);
 	metric(&b, &l, &cp, "kvpc_kv_entries_in_use", "gauge",
 	       "KV entries held by the active sequences", (double)S->entries_now);
+	metric(&b, &l, &cp, "kvpc_kv_bytes_in_use", "gauge",
+	       "key and value bytes the active sequences hold, as stored", (double)S->kv_bytes_now);
+	metric(&b, &l, &cp, "kvpc_kv_f16_bytes", "gauge",
+	       "key and value bytes of f16 full caches of the active sequences' tokens",
+	       (double)S->f16_bytes_now);
+	metric(&b, &l, &cp, "kvpc_kv_bytes_compression", "gauge",
+	       "kvpc_kv_f16_bytes / kvpc_kv_bytes_in_use (0 with no active sequence)",
+	       S->kv_bytes_now > 0 ? (double)S->f16_bytes_now / (double)S->kv_bytes_now : 0);
 	metric(&b, &l, &cp, "kvpc_sequences_active", "gauge", "sequences being decoded or prefilled",
 	       S->n_active);
 	metric(&b, &l, &cp, "kvpc_sequences_queued", "gauge", "requests waiting for admission",
