@@ -147,7 +147,7 @@ typedef struct kvp_stmt {
 	kvp_setting setting;     /* SETTING */
 	kvp_expr *value;         /* PARAM, CONST, STAT, SETTING; KEEP: the argument (or
 	                            NULL); COMPRESS: the trigger's argument (or NULL) */
-	kvp_window_kind window;  /* STAT */
+	kvp_window_kind window;  /* STAT; KEEP: KVP_W_ALL for `keep singletons N over all` */
 	kvp_expr *window_len;    /* STAT: W of `over last W` / `over prompt tail W` */
 	kvp_srcloc window_loc;   /* STAT: the `over ...` clause */
 	kvp_word *words;         /* GROUP: reducer then modifiers; KEEP: the kind;

@@ -1034,6 +1034,8 @@ static void emit_grace_cfg(struct em *em)
 	out(em, "\tgc->floor = ");
 	scalar_or(em, ir->action.floor, 0);
 	out(em, ";\n");
+	if (ir->action.floor_all)
+		out(em, "\tgc->floor_each = 0;\n");
 	emit_grace_opt(em, "gc->lambda_z", ir->action.mass);
 	emit_grace_opt(em, "gc->lambda_m", ir->action.numerator);
 	line_back(em);

@@ -168,6 +168,8 @@ static void put_stmt(FILE *f, const kvp_stmt *s)
 			fputc(' ', f);
 			put_expr(f, s->value, 0);
 		}
+		if (s->window == KVP_W_ALL)
+			fputs(" over all", f);
 		break;
 	case KVP_S_COMPRESS:
 		fputs("compress ", f);

@@ -316,6 +316,7 @@ struct kvp_ir_act {
 	int32_t seg_stability, seg_surprisal; /* curvature std weight (0.5), surprisal weight (1) */
 	int n_win;               /* curvature windows given (0: the kernel's 2, 4, 8 tokens) */
 	int32_t win[4];          /* their sizes, tokens (compiled in) */
+	int floor_all;           /* 1: the singleton floor is chosen over every head together */
 	int count;               /* prototype count: 0 n·coherence², 1 the member count n */
 	int32_t smooth;          /* prototype value smoothing (0.1) */
 	int32_t mass, numerator; /* distortion weights λ_Z, λ_M of the utility (1, 1) */

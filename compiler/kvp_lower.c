@@ -360,6 +360,7 @@ static void lower_grace(lower *lw)
 		kvp_ir_fold(lw->ir, lower_expr(lw, s->seg_windows->args[i]), &v);
 		ac->win[ac->n_win++] = (int32_t)v;
 	}
+	ac->floor_all = s->singletons_all;
 	ac->count = s->tree_count;
 	ac->smooth = lower_opt(lw, s->tree_smooth);
 	ac->mass = lower_opt(lw, s->mass);

@@ -1577,8 +1577,9 @@ static void check_tree(sema *S, const kvp_stmt *st)
 	o->tree_smooth = sm;
 }
 
-/* keep singletons N: the singleton floor (kernels/k_single.h), N entries per head (or a
- * share of the context), each head its own best; only with action = add_split. */
+/* keep singletons N [over all]: the singleton floor (kernels/k_single.h), N entries per head
+ * (or a share of the context): each head its own N best, or with `over all` the N·L·G best
+ * of every head together; only with action = add_split. */
 static void check_singletons(sema *S, const kvp_stmt *st)
 {
 	kvp_sema *o = S->out;
@@ -1600,6 +1601,7 @@ static void check_singletons(sema *S, const kvp_stmt *st)
 	}
 	o->floor_unit = t.u;
 	o->act_floor = st->value;
+	o->singletons_all = st->window == KVP_W_ALL;
 }
 
 static void check_action(sema *S, const kvp_stmt *st)
@@ -1705,6 +1707,10 @@ static void check_keep(sema *S, const kvp_stmt *st)
 	const kvp_word *w = &st->words[0];
 	if (!strcmp(w->s, "singletons")) {
 		check_singletons(S, st);
+		return;
+	}
+	if (st->window == KVP_W_ALL) {
+		ERR(S, st->window_loc, "`over all` applies only to `keep singletons N over all` (the floor chosen over every head)");
 		return;
 	}
 	if (!strcmp(w->s, "sinks") || !strcmp(w->s, "recent")) {

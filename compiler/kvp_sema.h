@@ -111,6 +111,7 @@ typedef struct kvp_sema {
 	int tree_count;         /* tree = prototypes(count = ...): 0 coherence, 1 members */
 	const kvp_expr *tree_smooth, *mass, *numerator;
 	const kvp_stmt *singletons; /* `keep singletons N` */
+	int singletons_all;     /* `keep singletons N over all`: chosen over every head */
 	kvp_pool_kind pool;
 	const kvp_expr *kernel;
 	kvp_reduce_kind reduce;

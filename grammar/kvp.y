@@ -249,6 +249,16 @@ stmt:
 	kvp_list *l = kvp_list_push(kvp_list_new(), word_new(ps, $2, @2, 0));
 	$$->words = words_finish(ps, l, &$$->n_words);
       }
+  /* keep IDENT expr over all: the singleton floor chosen over every head (IDENT = singletons) */
+  | KEEP IDENT expr OVER ALL
+      {
+	$$ = kvp_stmt_new(ps->f, KVP_S_KEEP, @$);
+	$$->name_loc = @1; $$->value = $3;
+	$$->window = KVP_W_ALL;
+	$$->window_loc = kvp_src_loc(ps->src, @4.off, @5.end);
+	kvp_list *l = kvp_list_push(kvp_list_new(), word_new(ps, $2, @2, 0));
+	$$->words = words_finish(ps, l, &$$->n_words);
+      }
   | COMPRESS EVERY STEP target
       {
 	$$ = kvp_stmt_new(ps->f, KVP_S_COMPRESS, @$);

@@ -1123,6 +1123,8 @@ START_TEST(test_glue_plumbing)
 			c.seg.win[0] = 3;
 			c.seg.win[1] = 6;
 			c.seg_fixed = fixed;
+			c.floor = 2;
+			c.floor_each = !(run == 4); /* `keep singletons 2 entries over all` */
 			c.count_mode = K_PROTO_COUNT_N;
 			c.smooth = 0.3;
 			c.lambda_z = 0.5;
@@ -1216,6 +1218,8 @@ START_TEST(test_glue_plumbing)
 		gp.lambda_graph = hops > 1 ? 0.3 : 0.0;
 		gp.hops = hops - 1;
 		if (tuned) {
+			gp.floor = 2 * LG;
+			gp.floor_each = !(run == 4);
 			gp.count_mode = K_PROTO_COUNT_N;
 			gp.smooth = 0.3;
 			gp.lambda_z = 0.5;
@@ -1710,7 +1714,8 @@ START_TEST(test_emit_grace_statements)
 		"    keep singletons 4 entries\n    compress at prompt end\n}\n",
 		"policy w {\n    budget = 10%\n    stat a = sum(attn) over prompt tail 16 tokens\n"
 		"    score = flow(a, hops = 1)\n    allocate = global\n    action = add_split\n"
-		"    segment = slots(32 tokens)\n    compress at prompt end\n}\n",
+		"    segment = slots(32 tokens)\n    keep singletons 2 entries over all\n"
+		"    compress at prompt end\n}\n",
 	};
 	static const char *const want[2][14] = {
 		{ "gc->lambda_z = 2.0;", "gc->lambda_m = 0.5;", "gc->slot = P[0];",
@@ -1718,7 +1723,7 @@ START_TEST(test_emit_grace_statements)
 		  "gc->seg.length = 1.0;", "gc->seg.stability = 0.75;", "gc->seg.surprisal = 0.0;",
 		  "gc->count_mode = K_PROTO_COUNT_N;", "gc->smooth = 0.0;", "gc->floor = 4.0;",
 		  "gc->seg.n_win = 2;", "gc->seg.win[1] = 5;" },
-		{ "gc->slot = 32.0;", "gc->seg_fixed = 1;", "gc->floor = 0.0;", NULL },
+		{ "gc->slot = 32.0;", "gc->seg_fixed = 1;", "gc->floor = 2.0;", "gc->floor_each = 0;", NULL },
 	};
 	for (int i = 0; i < 2; i++) {
 		char path[128];
@@ -1733,6 +1738,7 @@ START_TEST(test_emit_grace_statements)
 			ck_assert_msg(strstr(c, want[i][j]), "policy %d: no `%s` in the emitted C", i, want[i][j]);
 		ck_assert_ptr_null(strstr(c, i == 0 ? "gc->seg_fixed" : "gc->seg.cut"));
 		ck_assert_ptr_null(strstr(c, i == 0 ? "gc->smooth = 0.1" : "gc->count_mode"));
+		ck_assert_ptr_null(strstr(c, i == 0 ? "gc->floor_each" : "gc->smooth"));
 		free(c);
 	}
 }
