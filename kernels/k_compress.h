@@ -242,13 +242,15 @@ static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
 	int early = 0;
 	if (rt_budget_check(&alone, msg, sizeof msg) != 0) {
 		if (!growing)
-			return rt_err_set(err, "policy %s: %s", cfg->name ? cfg->name : "?", msg);
+			return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s", cfg->name ? cfg->name : "?",
+			                   msg);
 		early = 1; /* below one entry: the context will grow */
 	}
 	if (!early && rt_budget_check(&b, msg, sizeof msg) != 0) {
 		int sinks_bad = cfg->has_sinks && !(cfg->sinks > 0);
 		if (!growing || cfg->guards_follow_context || sinks_bad)
-			return rt_err_set(err, "policy %s: %s", cfg->name ? cfg->name : "?", msg);
+			return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s", cfg->name ? cfg->name : "?",
+			                   msg);
 		early = 1; /* guards of a fixed size: the budget will grow past them */
 	}
 	if (lb) {

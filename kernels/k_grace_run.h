@@ -240,7 +240,7 @@ static inline int k_grace_plan_of(const struct kvp_ctx *ctx, const rt_kv *kv,
 	const int64_t b_all = (int64_t)floor((double)LG * per_head + 1e-9);
 	const int64_t b_core = b_all - (int64_t)LG * (prefix + suffix);
 	if (!(per_head >= 0.0) || b_core < (int64_t)LG * r_eff)
-		return rt_err_set(err, "policy %s: the budget (%.0f entries per head%s) is below the guards (prefix %d + question %d + recent %d)",
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: the budget (%.0f entries per head%s) is below the guards (prefix %d + question %d + recent %d)",
 		                  name, floor(per_head), ctx->ratio > 0 ? ", from the ratio" : "",
 		                  (int)prefix, (int)suffix, (int)r_eff);
 	double x = 1.0;

@@ -206,6 +206,7 @@ START_TEST(test_pool_blocks)
 	rt_kvpool_set_limit(&pool, used + 4 * bb);
 	ck_assert_int_eq(rt_kv_reserve(&kv, 9, &err), -1);
 	ck_assert_msg(strstr(err.msg, "KV pool exhausted") != NULL, "%s", err.msg);
+	ck_assert_int_eq(err.code, RT_ERR_RESOURCE);
 	ck_assert_int_eq(rt_kvpool_get(&pool).used, used);
 	ck_assert_int_eq(rt_kvpool_get(&pool).refused, 1);
 	ck_assert_int_eq(rt_kv_entries(&kv), 5 * 40 + 5);
@@ -217,6 +218,7 @@ START_TEST(test_pool_blocks)
 	ck_assert_int_eq(rt_kvpool_get(&pool).used, used + 6 * bb);
 	ck_assert_int_eq(rt_kv_reserve(&kv, 100, &err), -1); /* capacity 64 */
 	ck_assert_msg(strstr(err.msg, "capacity") != NULL, "%s", err.msg);
+	ck_assert_int_eq(err.code, RT_ERR_RESOURCE);
 	ck_assert_int_eq(other.heads[0].n, 20);
 	ck_assert(other.heads[0].k[19 * 64] == 1.0f && other.heads[0].v[19 * 64] == 2.0f);
 	/* trim after a compaction that set n itself returns the reserved-but-unused blocks */

@@ -784,6 +784,7 @@ START_TEST(test_bad_forward_inputs)
 	ck_assert_int_eq(rt_model_forward(&f, &kv, tok, 9, 0, NULL, RT_LOGITS_NONE, &err), -1);
 	ck_assert_msg(strstr(err.msg, "context of 9 tokens exceeds the model's context_length 8"),
 	              "%s", err.msg);
+	ck_assert_int_eq(err.code, RT_ERR_INPUT);
 	ck_assert_int_eq(rt_kv_entries(&kv), 0);
 	/* token out of range */
 	tok[2] = c.n_vocab;

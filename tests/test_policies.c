@@ -1142,6 +1142,7 @@ START_TEST(ratio_override_errors)
 	h_open(&h, "h2o", 1, 1, 4, 4, 16, -1);
 	rt_err err = { "" };
 	ck_assert_int_eq(rt_run_set_ratio(&h.run, 0.5, &err), -1);
+	ck_assert_int_eq(err.code, RT_ERR_INPUT);
 	ck_assert_int_eq(rt_run_set_ratio(&h.run, NAN, &err), -1);
 	ck_assert_int_eq(rt_run_set_ratio(&h.run, INFINITY, &err), -1);
 	ck_assert_int_eq(rt_run_set_ratio(&h.run, 4, &err), 0);
@@ -1160,6 +1161,7 @@ START_TEST(ratio_override_errors)
 	ck_assert_str_eq(err.msg, "policy h2o: the guards (recent 4 tokens) exceed the budget (2 "
 	                 "entries per KV head (8 tokens of context / ratio 4)); guards count inside "
 	                 "the budget: lower them or raise the budget");
+	ck_assert_int_eq(err.code, RT_ERR_INPUT);
 	h_close(&h);
 	struct harness f;
 	h_open(&f, "full", 1, 1, 4, 4, 16, -1);
@@ -1167,6 +1169,36 @@ START_TEST(ratio_override_errors)
 	ck_assert_ptr_nonnull(strstr(err.msg, "never compresses"));
 	ck_assert_int_eq(rt_run_set_ratio(&f.run, 0, &err), 0);
 	h_close(&f);
+}
+END_TEST
+
+/* A guard that is a share of the context counts the entries it keeps: `keep recent R`
+ * keeps the positions p >= seen - R, floor(R) of them (hand count below), so the check
+ * compares and prints whole entries, never "recent 4.5". */
+START_TEST(guards_count_kept_entries)
+{
+	struct harness h;
+	h_open(&h, "h2o", 1, 1, 4, 4, 16, 10);
+	rt_err err = { "" };
+	ck_assert_int_eq(rt_run_set_ratio(&h.run, 4, &err), 0); /* budget 10 / 4 = 2.5 entries */
+	h_set(&h, "recent=0.45"); /* 4.5 tokens: positions 6..9 (>= 5.5) are 4 entries */
+	ck_assert_int_eq(rt_policy_check(&h.run, &h.kv, &err), -1);
+	ck_assert_str_eq(err.msg, "policy h2o: the guards (recent 4 tokens) exceed the budget (2.5 "
+	                 "entries per KV head (10 tokens of context / ratio 4)); guards count inside "
+	                 "the budget: lower them or raise the budget");
+	ck_assert_int_eq(err.code, RT_ERR_INPUT);
+	/* 2.9 tokens keep positions 8, 9 (>= 7.1): 2 entries fit in 2.5 */
+	h_set(&h, "recent=0.29");
+	ck_assert_int_eq(rt_policy_check(&h.run, &h.kv, &err), 0);
+	for (int t = 0; t < 10; t++) {
+		h_append(&h, t);
+		h_observe(&h, t);
+	}
+	ck_assert_int_eq(rt_run_advance(&h.run, &h.kv, 10, &err), 1);
+	ck_assert_int_eq(h.kv.heads[0].n, 2);
+	ck_assert_int_eq(h.kv.heads[0].pos[0], 8);
+	ck_assert_int_eq(h.kv.heads[0].pos[1], 9);
+	h_close(&h);
 }
 END_TEST
 
@@ -1233,6 +1265,7 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, ratio_override_h2o);
 	tcase_add_test(tc, ratio_override_moves_targets);
 	tcase_add_test(tc, ratio_override_errors);
+	tcase_add_test(tc, guards_count_kept_entries);
 	tcase_add_test(tc, check_before_run);
 	tcase_add_test(tc, block_schedules);
 	suite_add_tcase(s, tc);

@@ -1101,6 +1101,7 @@ START_TEST(pool_exhaustion_fails_one_sequence)
 	rt_kvpool_set_limit(pool, used0 + 2 * H * f.kv.block_bytes);
 	ck_assert_int_eq(rt_seq_feed(&f, toks, N_TOK, NULL, RT_LOGITS_NONE, &err), -1);
 	ck_assert_msg(strstr(err.msg, "KV pool exhausted"), "%s", err.msg);
+	ck_assert_int_eq(err.code, RT_ERR_RESOURCE); /* the code survives the sequence's prefix */
 	ck_assert_int_le(rt_kvpool_get(pool).used, rt_kvpool_get(pool).limit);
 	rt_kvpool_set_limit(pool, INT64_MAX);
 	rt_seq_free(&a);
@@ -1231,6 +1232,7 @@ START_TEST(capacity_too_small_is_an_error)
 	ck_assert(rt_seq_init(&s, m, &rt_policy_full, 10, 4, -1, &err) == 0);
 	ck_assert_int_eq(rt_seq_feed(&s, toks, 20, NULL, RT_LOGITS_NONE, &err), -1);
 	ck_assert_msg(strstr(err.msg, "KV cache full") != NULL, "%s", err.msg);
+	ck_assert_int_eq(err.code, RT_ERR_RESOURCE);
 	rt_seq_free(&s);
 	/* ratio below 1 and ratio on a policy that never compresses */
 	ck_assert(rt_seq_init(&s, m, find_policy("h2o"), 10, 4, -1, &err) == 0);

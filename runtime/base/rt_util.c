@@ -20,6 +20,22 @@ int rt_err_set(rt_err *err, const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(err->msg, sizeof err->msg, fmt, ap);
 		va_end(ap);
+		err->code = RT_ERR_INTERNAL;
+	}
+	return -1;
+}
+
+int rt_err_setc(rt_err *err, enum rt_err_code code, const char *fmt, ...)
+{
+	if (err) {
+		/* fmt may print an inner error that is err itself: format into a copy */
+		char m[sizeof err->msg];
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(m, sizeof m, fmt, ap);
+		va_end(ap);
+		memcpy(err->msg, m, sizeof m);
+		err->code = code;
 	}
 	return -1;
 }

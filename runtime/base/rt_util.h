@@ -10,15 +10,33 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* One-line error message buffer. msg is "" while no error happened. */
+/* What kind of failure an rt_err reports, so that a caller can answer it without reading
+ * the message (the server maps it to an HTTP status: runtime/serve/rt_serve.c). */
+enum rt_err_code {
+	RT_ERR_INTERNAL = 0, /* unclassified: the runtime, the machine or a file failed */
+	RT_ERR_INPUT,        /* the caller's input is invalid: a parameter value, a budget
+	                        below 1 entry or under its guards, a context longer than the
+	                        model's */
+	RT_ERR_RESOURCE,     /* a limit was reached: the KV block pool is exhausted, a store
+	                        is full */
+};
+
+/* One-line error message buffer. msg is "" while no error happened; code says what kind
+ * of error msg is (RT_ERR_INTERNAL unless the raiser classified it). */
 typedef struct rt_err {
 	char msg[512];
+	enum rt_err_code code;
 } rt_err;
 
-/* printf-style: write a message into err (if err is non-NULL). Returns -1 so callers can
- * `return rt_err_set(err, ...)`. */
+/* printf-style: write a message into err (if err is non-NULL) with code RT_ERR_INTERNAL.
+ * Returns -1 so callers can `return rt_err_set(err, ...)`. */
 int rt_err_set(rt_err *err, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/* rt_err_set with a code: where the error is raised (or re-raised with more context,
+ * passing the inner error's code on). Returns -1. */
+int rt_err_setc(rt_err *err, enum rt_err_code code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 
 /* IEEE-754 binary16 -> binary32, exact for all inputs including subnormals, inf, NaN. */
 float rt_fp16_to_f32(uint16_t h);

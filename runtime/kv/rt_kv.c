@@ -215,7 +215,7 @@ int rt_kv_reserve(rt_kv *kv, int32_t add, rt_err *err)
 	for (int i = 0; i < nh; i++) {
 		const rt_kv_head *h = &kv->heads[i];
 		if ((int64_t)h->n + add > h->cap)
-			return rt_err_set(err,
+			return rt_err_setc(err, RT_ERR_RESOURCE,
 			                  "KV cache full: layer %d kv head %d holds %d entries, %d more "
 			                  "exceed the capacity %d",
 			                  i / kv->n_kv_head, i % kv->n_kv_head, (int)h->n, (int)add,
@@ -227,7 +227,7 @@ int rt_kv_reserve(rt_kv *kv, int32_t add, rt_err *err)
 		return 0;
 	if (rt_kvpool_take(kv->pool, need, kv->block_bytes) != 0) {
 		rt_kvpool_stats ps = rt_kvpool_get(kv->pool);
-		return rt_err_set(err,
+		return rt_err_setc(err, RT_ERR_RESOURCE,
 		                  "KV pool exhausted: %lld more blocks (%lld bytes) needed, %lld of "
 		                  "%lld bytes in use",
 		                  (long long)need, (long long)(need * kv->block_bytes),

@@ -968,7 +968,8 @@ static int forward_check(const rt_fwd *f, rt_kv *kv, const int32_t *tokens, int 
 	const rt_model *m = f->m;
 	const rt_model_hparams *hp = &m->hp;
 	if ((int64_t)pos0 + n > hp->n_ctx)
-		return rt_err_set(err, "%s: context of %lld tokens exceeds the model's context_length %d",
+		return rt_err_setc(err, RT_ERR_INPUT,
+		                   "%s: context of %lld tokens exceeds the model's context_length %d",
 		                  m->path, (long long)pos0 + n, (int)hp->n_ctx);
 	if (kv->n_layer != hp->n_layer || kv->n_kv_head != hp->n_head_kv ||
 	    kv->head_dim != hp->head_dim || kv->group != hp->group)
@@ -983,14 +984,14 @@ static int forward_check(const rt_fwd *f, rt_kv *kv, const int32_t *tokens, int 
 	int32_t room = kv->cap < f->cap ? kv->cap : f->cap;
 	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
 		if ((int64_t)kv->heads[i].n + n > room)
-			return rt_err_set(err,
+			return rt_err_setc(err, RT_ERR_RESOURCE,
 			                  "%s: KV cache full: layer %d kv head %d holds %d entries, "
 			                  "%d more exceed the capacity %d",
 			                  m->path, i / kv->n_kv_head, i % kv->n_kv_head,
 			                  (int)kv->heads[i].n, n, (int)room);
 	rt_err e = { "" };
 	if (rt_kv_reserve(kv, n, &e) != 0) /* blocks for the n new entries of every list */
-		return rt_err_set(err, "%s: %s", m->path, e.msg);
+		return rt_err_setc(err, e.code, "%s: %s", m->path, e.msg);
 	return 0;
 }
 

@@ -40,6 +40,23 @@ static int fail_budget(const struct rt_budget *b, const char *what, double v, in
 	return -1;
 }
 
+/* The entries the guards keep. In entries, `keep sinks S` keeps the positions below S
+ * (ceil(S) entries) and `keep recent R` the positions within R of the newest (floor(R)
+ * entries; kernels/k_compress.h), so a share of the context that comes to 6.4 keeps 6;
+ * shares stay fractions (compile time, no context yet). The tolerance is
+ * k_floor_entries's (kernels/k_alloc.h). */
+static double kept_sinks(const struct rt_budget *b)
+{
+	double s = b->has_sinks ? b->sinks : 0;
+	return b->scale == RT_BUDGET_ENTRIES && s > 0 ? ceil(s - 1e-9 * s) : s;
+}
+
+static double kept_recent(const struct rt_budget *b)
+{
+	double r = b->has_recent ? b->recent : 0;
+	return b->scale == RT_BUDGET_ENTRIES && r > 0 ? floor(r + 1e-9 * r) : r;
+}
+
 /* guard sizes: "4" bare inside a sum, with "tokens" (or "%") at the end */
 static void fmt_guard(const struct rt_budget *b, double v, int unit, char *out, size_t n)
 {
@@ -56,7 +73,7 @@ static int fail_guards(const struct rt_budget *b, double v, int layer, char *msg
 	fmt_origin(b, org, sizeof org);
 	if (layer >= 0)
 		snprintf(at, sizeof at, " at layer %d", layer);
-	double s = b->has_sinks ? b->sinks : 0, r = b->has_recent ? b->recent : 0;
+	double s = kept_sinks(b), r = kept_recent(b);
 	fmt_guard(b, s + r, 1, gs, sizeof gs);
 	fmt_guard(b, s, 0, g1, sizeof g1);
 	fmt_guard(b, r, 0, g2, sizeof g2);
@@ -80,7 +97,7 @@ int rt_budget_check(const struct rt_budget *b, char *msg, size_t n)
 		snprintf(msg, n, "the recent window (%.6g) is negative", b->recent);
 		return -1;
 	}
-	double g = (b->has_sinks ? b->sinks : 0) + (b->has_recent ? b->recent : 0);
+	double g = kept_sinks(b) + kept_recent(b);
 	/* at compile time a share budget has no entry count yet: only rule 3 applies */
 	int entries = b->scale == RT_BUDGET_ENTRIES;
 	/* the relative tolerance of k_floor_entries: 0.29 x 100 is 29 entries */

@@ -15,7 +15,9 @@
  *      least 1 entry per layer and the guards whole (k_budget_check in
  *      kernels/k_compress.h) instead of failing;
  *   3. the guards fit in the budget: sinks + recent <= budget (guards count inside the
- *      budget, docs/language.md section 8).
+ *      budget, docs/language.md section 8). In entries the guards count what they keep:
+ *      ceil(sinks) + floor(recent) (a recent window of 10% of 64 tokens keeps 6 entries),
+ *      and the message prints those counts.
  * Values are entries per (layer, KV head) (a kept token is one entry), or, at compile
  * time for a budget written as a share of the context, fractions of the context; the
  * message then says so ("25%"). At run time the caller resolves shares against the

@@ -40,21 +40,21 @@ int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *a
 {
 	const char *eq = strchr(assign, '=');
 	if (!eq || eq == assign)
-		return rt_err_set(err, "policy %s: --set expects NAME=VALUE, got '%.64s'", p->name, assign);
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: --set expects NAME=VALUE, got '%.64s'", p->name, assign);
 	size_t nl = (size_t)(eq - assign);
 	int idx = -1;
 	for (int i = 0; i < p->n_params; i++)
 		if (strlen(p->params[i].name) == nl && memcmp(p->params[i].name, assign, nl) == 0)
 			idx = i;
 	if (idx < 0)
-		return rt_err_set(err, "policy %s: no parameter '%.*s'", p->name, (int)(nl > 64 ? 64 : nl),
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: no parameter '%.*s'", p->name, (int)(nl > 64 ? 64 : nl),
 		                  assign);
 	const struct kvp_param *pp = &p->params[idx];
 	char *end = NULL;
 	errno = 0;
 	double v = strtod(eq + 1, &end);
 	if (end == eq + 1 || errno == ERANGE || !isfinite(v))
-		return rt_err_set(err, "policy %s: parameter %s needs a finite number, got '%.64s'",
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s needs a finite number, got '%.64s'",
 		                  p->name, pp->name, eq + 1);
 	/* a ratio may be written as a percentage, as in the .kvp source ("25%") */
 	if (*end == '%' && end[1] == 0 && pp->unit == KVP_UNIT_RATIO) {
@@ -62,7 +62,7 @@ int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *a
 		end++;
 	}
 	if (*end != 0)
-		return rt_err_set(err, "policy %s: parameter %s needs a number%s, got '%.64s'", p->name,
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s needs a number%s, got '%.64s'", p->name,
 		                  pp->name, pp->unit == KVP_UNIT_RATIO ? " or a percentage" : "", eq + 1);
 	/* the compile-time unit rules, re-checked for run-time values: sizes and windows count
 	 * entries, tokens or steps, so they are whole and non-negative; ratios are non-negative */
@@ -71,13 +71,13 @@ int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *a
 	case KVP_UNIT_TOKENS:
 	case KVP_UNIT_STEPS:
 		if (v < 0 || v != floor(v) || v > 1e9)
-			return rt_err_set(err, "policy %s: parameter %s counts %s: it needs a whole number "
+			return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s counts %s: it needs a whole number "
 			                  "between 0 and 1e9, got '%.64s'", p->name, pp->name,
 			                  kvp_unit_name(pp->unit), eq + 1);
 		break;
 	case KVP_UNIT_RATIO:
 		if (v < 0)
-			return rt_err_set(err, "policy %s: parameter %s is a ratio: it cannot be negative, "
+			return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s is a ratio: it cannot be negative, "
 			                  "got '%.64s'", p->name, pp->name, eq + 1);
 		break;
 	default:
@@ -176,10 +176,10 @@ int rt_run_set(struct rt_run *r, const char *assign, rt_err *err)
 int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err)
 {
 	if (R != 0 && !(isfinite(R) && R >= 1))
-		return rt_err_set(err, "policy %s: compression ratio must be a finite number >= 1, got %g",
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: compression ratio must be a finite number >= 1, got %g",
 		                  r->p->name, R);
 	if (R != 0 && !r->p->compress)
-		return rt_err_set(err, "policy %s: never compresses, so a compression ratio does not apply",
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: never compresses, so a compression ratio does not apply",
 		                  r->p->name);
 	r->ctx.ratio = R;
 	return 0;

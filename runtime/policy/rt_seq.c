@@ -374,7 +374,7 @@ static int seq_chunk_done(rt_seq *s, const int32_t *tok, int C, const float *lg,
 
 static int seq_full_err(const rt_seq *s, rt_err *err)
 {
-	return rt_err_set(err,
+	return rt_err_setc(err, RT_ERR_RESOURCE,
 	                  "policy %s: KV cache full at token %lld: the store holds %d "
 	                  "entries per head and the policy frees none (budget above "
 	                  "the capacity?)",
@@ -388,8 +388,8 @@ static int seq_reserve(rt_seq *s, int32_t k, rt_err *err)
 	rt_err e = { "" };
 	if (rt_kv_reserve(&s->kv, k, &e) == 0)
 		return 0;
-	return rt_err_set(err, "policy %s at token %lld: %s", s->p->name,
-	                  (long long)s->run.ctx.seen, e.msg);
+	return rt_err_setc(err, e.code, "policy %s at token %lld: %s", s->p->name,
+	                   (long long)s->run.ctx.seen, e.msg);
 }
 
 int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,

@@ -101,6 +101,8 @@ struct srv {
 	int64_t reserved;            /* footprint bytes of the active requests */
 	int draining, stop;
 	_Atomic int live;            /* requests allocated and not yet freed */
+	pthread_mutex_t up_mu;       /* guards the uploads list (taken before mu, never inside) */
+	struct conn *uploads;        /* connections still receiving a request body */
 	uint64_t next_id;
 	FILE *trace;
 	/* step scratch (scheduler only) */
@@ -467,6 +469,19 @@ static void req_finish(srv *S, req *r)
 	req_unref(r);
 }
 
+/* The HTTP status of a runtime error, by its code (base/rt_util.h): the client's input
+ * 400, a resource limit 503 (retry later), anything else 500. */
+static int err_status(const rt_err *e)
+{
+	return e->code == RT_ERR_INPUT ? 400 : e->code == RT_ERR_RESOURCE ? 503 : 500;
+}
+
+static const char *err_type(int status)
+{
+	return status == 400 ? "invalid_request_error" : status == 503 ? "overloaded_error"
+	                                                               : "server_error";
+}
+
 static void req_fail(srv *S, req *r, int status, const char *type, const char *msg)
 {
 	r->status = status;
@@ -585,12 +600,10 @@ static void step_done(srv *S, int K)
 	for (int k = 0; k < K; k++) {
 		req *r = S->stepped[k];
 		if (S->tn[k] < 0) {
-			const char *w = S->why[k].msg;
-			/* the policy's parameter check (policy/rt_budget: a budget below 1 entry or
-			 * under its guards for this prompt) is the client's error, not the server's */
-			int bad = strstr(w, "below the guards") || strstr(w, "below 1 entry") ||
-			          strstr(w, "exceed the budget") || strstr(w, "the sinks (");
-			req_fail(S, r, bad ? 400 : 500, bad ? "invalid_request_error" : "server_error", w);
+			/* e.g. the policy's budget check (policy/rt_budget: a budget below 1 entry
+			 * or under its guards for this prompt) is the client's error */
+			const int st = err_status(&S->why[k]);
+			req_fail(S, r, st, err_type(st), S->why[k].msg);
 			continue;
 		}
 		rt_seq_stats st = rt_seq_stats_get(&r->seq);
@@ -648,8 +661,9 @@ static void *scheduler(void *arg)
 		pthread_mutex_lock(&S->mu);
 		observe_step(S, dt);
 		if (rc < 0) {
+			const int st = err_status(&err);
 			for (int k = 0; k < K; k++)
-				req_fail(S, S->stepped[k], 500, "server_error", err.msg);
+				req_fail(S, S->stepped[k], st, err_type(st), err.msg);
 			continue;
 		}
 		step_done(S, K);
@@ -880,7 +894,7 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 	rt_err err = { "" };
 	int32_t cap = (int32_t)(r->n_prompt + r->max_tokens);
 	if (rt_seq_init(&r->seq, S->m, p, cap, c->chunk, r->n_prompt, &err) != 0)
-		return bad(e, 500, NULL, "%s", err.msg);
+		return bad(e, err_status(&err), NULL, "%s", err.msg);
 	r->seq_live = 1;
 	rt_seq_set_span_names(&r->seq, span_names, 2);
 	for (int i = 0; use_default_sets && i < c->n_sets; i++)
@@ -1071,7 +1085,100 @@ typedef struct conn {
 	size_t len, cap;
 	int too_big;
 	req *r;                      /* a submitted request (a reference), or NULL */
+	/* while the body arrives (guarded by S->up_mu): on S->uploads, the socket, when the
+	 * last bytes came, the declared length; timed_out once answered 408 */
+	struct conn *up_next;
+	int uploading, timed_out, fd;
+	double last;
+	long long declared;
 } conn;
+
+/* Put cc on the list of bodies in progress (the socket from libmicrohttpd). */
+static void upload_start(srv *S, struct MHD_Connection *c, conn *cc, long long declared)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+	if (!ci)
+		return;
+	pthread_mutex_lock(&S->up_mu);
+	cc->fd = ci->connect_fd;
+	cc->last = rt_now();
+	cc->declared = declared;
+	cc->uploading = 1;
+	cc->up_next = S->uploads;
+	S->uploads = cc;
+	pthread_mutex_unlock(&S->up_mu);
+}
+
+/* Take cc off the list (S->up_mu held). */
+static void upload_unlink(srv *S, conn *cc)
+{
+	for (conn **p = &S->uploads; *p; p = &(*p)->up_next)
+		if (*p == cc) {
+			*p = cc->up_next;
+			break;
+		}
+	cc->uploading = 0;
+}
+
+/* The body is complete, or the request is over: off the list. 1 when the request was
+ * already answered 408 (its connection is shut down). */
+static int upload_end(srv *S, conn *cc)
+{
+	pthread_mutex_lock(&S->up_mu);
+	if (cc->uploading)
+		upload_unlink(S, cc);
+	int t = cc->timed_out;
+	pthread_mutex_unlock(&S->up_mu);
+	return t;
+}
+
+/* Answer 408 to every request whose body has stalled for --timeout seconds: libmicrohttpd's
+ * own connection timeout (set a second later) would close such a connection without a
+ * response, and while a body is incomplete it calls no handler that could queue one, so
+ * the answer is written to the socket here, which is then shut down; libmicrohttpd sees
+ * the end of the stream, ends the request and calls completed(), which takes it off the
+ * list before the socket is closed (the list holds only open sockets). Called every
+ * 100 ms by the main thread. */
+static void upload_sweep(srv *S)
+{
+	const double now = rt_now();
+	int n408 = 0;
+	pthread_mutex_lock(&S->up_mu);
+	for (conn **p = &S->uploads; *p;) {
+		conn *cc = *p;
+		if (now - cc->last < S->cfg->timeout_s) {
+			p = &cc->up_next;
+			continue;
+		}
+		char msg[256], head[256], got[64];
+		if (cc->declared > 0)
+			snprintf(got, sizeof got, "%zu of %lld bytes", cc->len, cc->declared);
+		else
+			snprintf(got, sizeof got, "%zu bytes", cc->len);
+		snprintf(msg, sizeof msg, "the request body was not received within %d s (%s arrived)",
+		         S->cfg->timeout_s, got);
+		json_t *o = error_obj(msg, "invalid_request_error", NULL, "request_timeout");
+		char *b = o ? json_dumps(o, JSON_COMPACT) : NULL;
+		json_decref(o);
+		const size_t bl = b ? strlen(b) : 0;
+		int hl = snprintf(head, sizeof head, "HTTP/1.1 408 Request Timeout\r\nContent-Type: "
+		                  "application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+		                  bl);
+		/* a best effort: the client stopped sending, it may have stopped reading too */
+		if (send(cc->fd, head, (size_t)hl, MSG_NOSIGNAL | MSG_DONTWAIT) == hl && b)
+			(void)send(cc->fd, b, bl, MSG_NOSIGNAL | MSG_DONTWAIT);
+		free(b);
+		shutdown(cc->fd, SHUT_RDWR);
+		*p = cc->up_next;
+		cc->uploading = 0;
+		cc->timed_out = 1;
+		n408++;
+	}
+	pthread_mutex_unlock(&S->up_mu);
+	while (n408-- > 0)
+		count_status(S, 408);
+}
 
 /* 1 when the client has closed its side of the connection. */
 static int client_gone(struct MHD_Connection *c)
@@ -1387,10 +1494,19 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 			if (cl && strtoll(cl, NULL, 10) > S->cfg->max_body)
 				return send_error(S, c, 413, NULL, "the request body of %s bytes exceeds %lld bytes",
 				                  cl, (long long)S->cfg->max_body);
+			const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
+			if ((cl && strtoll(cl, NULL, 10) > 0) || te)
+				upload_start(S, c, cc, cl ? strtoll(cl, NULL, 10) : -1);
 			return MHD_YES;
 		}
 	}
 	if (post && *upload_size) {
+		pthread_mutex_lock(&S->up_mu);
+		const int dead = cc->timed_out;
+		cc->last = rt_now();
+		pthread_mutex_unlock(&S->up_mu);
+		if (dead)
+			return MHD_NO;
 		if (cc->len + *upload_size > (size_t)S->cfg->max_body)
 			cc->too_big = 1;
 		else if (buf_add(&cc->body, &cc->len, &cc->cap, upload, *upload_size) != 0)
@@ -1398,6 +1514,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 		*upload_size = 0;
 		return MHD_YES;
 	}
+	if (post && upload_end(S, cc))
+		return MHD_NO; /* answered 408 already */
 	if (S->cfg->api_key) {
 		const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
 		if (!a || strncmp(a, "Bearer ", 7) || strcmp(a + 7, S->cfg->api_key))
@@ -1435,10 +1553,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
                       enum MHD_RequestTerminationCode toe)
 {
-	(void)cls, (void)c, (void)toe;
+	(void)c, (void)toe;
 	conn *cc = *con_cls;
 	if (!cc)
 		return;
+	upload_end(cls, cc);
 	free(cc->body);
 	free(cc);
 	*con_cls = NULL;
@@ -1503,6 +1622,7 @@ int rt_serve_run(const rt_serve_cfg *cfg, const struct kvp_policy *const *reg, i
 {
 	srv S0 = { .cfg = cfg, .reg = reg, .n_reg = n_reg }, *S = &S0;
 	pthread_mutex_init(&S->mu, NULL);
+	pthread_mutex_init(&S->up_mu, NULL);
 	pthread_cond_init(&S->cv, NULL);
 	rt_err err = { "" };
 	/* every thread started from here on inherits the blocked signals; main waits for them */
@@ -1532,7 +1652,7 @@ int rt_serve_run(const rt_serve_cfg *cfg, const struct kvp_policy *const *reg, i
 	}
 	d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD,
 	                     (uint16_t)cfg->port, NULL, NULL, handler, S, MHD_OPTION_SOCK_ADDR, &addr,
-	                     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s,
+	                     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->timeout_s + 1,
 	                     MHD_OPTION_CONNECTION_LIMIT, (unsigned)(cfg->max_seqs + cfg->queue + 64),
 	                     MHD_OPTION_NOTIFY_COMPLETED, completed, S, MHD_OPTION_END);
 	if (!d) {
@@ -1545,13 +1665,18 @@ int rt_serve_run(const rt_serve_cfg *cfg, const struct kvp_policy *const *reg, i
 	        cfg->prog, cfg->host, di ? (unsigned)di->port : (unsigned)cfg->port, S->model_id,
 	        (long long)cfg->kv_memory);
 	fflush(stderr);
-	int sig = 0;
-	sigwait(&sigs, &sig);
+	int sig = -1;
+	const struct timespec tick = { 0, 100 * 1000 * 1000 };
+	while (sig < 0) {
+		upload_sweep(S);
+		sig = sigtimedwait(&sigs, NULL, &tick);
+	}
 	fprintf(stderr, "%s: serve: signal %d: draining\n", cfg->prog, sig);
 	pthread_mutex_lock(&S->mu);
 	S->draining = 1;
 	while (S->n_active || S->n_queued) {
 		pthread_mutex_unlock(&S->mu);
+		upload_sweep(S);
 		struct timespec ts = { 0, 20 * 1000 * 1000 };
 		nanosleep(&ts, NULL);
 		pthread_mutex_lock(&S->mu);

@@ -6,7 +6,7 @@
  * long prompts are prefilled in chunks between the others' decode steps. Admission by
  * pool bytes against a request's worst-case footprint, a bounded queue, 503 with
  * Retry-After beyond it; a client that disconnects frees its sequence at the next step
- * boundary; SIGTERM (or SIGINT) drains: new requests get 503, queued and active ones
+ * boundary; a request body that stalls for --timeout seconds gets 408; SIGTERM (or SIGINT) drains: new requests get 503, queued and active ones
  * finish, then the process exits 0. docs/serving.md describes the API.
  *
  * Endpoints: POST /v1/completions, POST /v1/chat/completions (ChatML, the SmolLM2 /
@@ -42,7 +42,8 @@ typedef struct rt_serve_cfg {
 	                              at most chunk; 0: the exact schedule) */
 	int step_rows;             /* tokens per step over all sequences */
 	int64_t max_body;          /* request body bytes at most */
-	int timeout_s;             /* idle connection timeout, seconds */
+	int timeout_s;             /* a stalled request body gets 408 after this many seconds;
+	                              an idle connection is closed one second later */
 	const char *api_key;       /* required bearer token, or NULL */
 	const char *trace;         /* JSON-lines trace file, or NULL */
 	int exact;                 /* 1: the exact path (f32 weights, OpenBLAS); 0: the fast path */
