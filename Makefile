@@ -288,6 +288,10 @@ $(B)/gen/policies/%.o: $(B)/gen/policies/%.c
 $(B)/tests/test_policies: $(B)/tests/test_policies.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
+# tests/test_cli.c runs `ab` and `ppl` with the compiled policies
+$(B)/tests/test_cli: $(B)/tests/test_cli.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
 # tests/test_seq.c drives every compiled policy through rt_seq and counts allocations by
 # wrapping the allocator at link time (the sequence loop must allocate nothing per token).
 $(B)/tests/test_seq: $(B)/tests/test_seq.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a

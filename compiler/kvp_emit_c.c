@@ -572,10 +572,60 @@ static void emit_header(struct em *em)
 		    KVP_IR_OUT_ROWS);
 }
 
+/* Mark e and every node below it. */
+static void mark_tree(const struct kvp_ir *ir, int32_t e, unsigned char *mark)
+{
+	if (e < 0 || mark[e])
+		return;
+	mark[e] = 1;
+	mark_tree(ir, ir->nodes[e].a, mark);
+	mark_tree(ir, ir->nodes[e].b, mark);
+	mark_tree(ir, ir->nodes[e].c, mark);
+}
+
+/* Under e (a trigger limit or target): mark the copies of the budget's expression, which
+ * the emitted code replaces by budget_of() (see expr). */
+static void mark_budget_copies(const struct kvp_ir *ir, int32_t e, unsigned char *mark)
+{
+	if (e < 0)
+		return;
+	if (same_tree(ir, e, ir->alloc.budget)) {
+		mark_tree(ir, e, mark);
+		return;
+	}
+	mark_budget_copies(ir, ir->nodes[e].a, mark);
+	mark_budget_copies(ir, ir->nodes[e].b, mark);
+	mark_budget_copies(ir, ir->nodes[e].c, mark);
+}
+
+/* 1 when every reference to parameter i lies in the budget's expression (or a copy of it
+ * that follows the budget): a compression-ratio override then replaces it (kvp_param's
+ * budget_only). The front end lowers each use of a name to nodes of its own
+ * (kvp_ir_param_ref), so a parameter used by a guard or a score as well has a reference
+ * outside. */
+static int param_budget_only(const struct kvp_ir *ir, int i, const unsigned char *mark)
+{
+	int refs = 0;
+	for (int32_t e = 0; e < ir->n_nodes; e++)
+		if (ir->nodes[e].op == KVP_OP_PARAM && ir->nodes[e].index == i) {
+			if (!mark[e])
+				return 0;
+			refs++;
+		}
+	return refs > 0;
+}
+
 static void emit_tables(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
 	if (ir->n_params > 0) {
+		unsigned char *mark = calloc((size_t)ir->n_nodes + 1, 1);
+		RT_ASSERT(mark != NULL);
+		if (ir->alloc.budget >= 0 && ir->trigger.kind != KVP_TRIG_NEVER) {
+			mark_tree(ir, ir->alloc.budget, mark);
+			mark_budget_copies(ir, ir->trigger.target, mark);
+			mark_budget_copies(ir, ir->trigger.threshold, mark);
+		}
 		out(em, "static const struct kvp_param policy_params[%d] = {\n", ir->n_params);
 		for (int i = 0; i < ir->n_params; i++) {
 			const struct kvp_ir_param *p = &ir->params[i];
@@ -592,8 +642,9 @@ static void emit_tables(struct em *em)
 			};
 			out(em, ", %s, \"", (unsigned)p->unit < KVP_UNIT_COUNT_ ? units[p->unit] : units[0]);
 			cstr_into(em, p->doc);
-			out(em, "\" },\n");
+			out(em, "\", %d },\n", param_budget_only(ir, i, mark));
 		}
+		free(mark);
 		line_back(em);
 		out(em, "};\n\n");
 	}

@@ -104,13 +104,19 @@ static int cmd_check(int argc, char **argv)
 			continue;
 		}
 		struct kvp_ir ir;
-		if (kvp_compile(src, &ir) == 0)
-			kvp_ir_free(&ir);
-		else
-			bad = 1;
+		const int ok = kvp_compile(src, &ir) == 0;
 		fputs(kvp_src_diags(src), stderr);
+		if (ok) {
+			/* one line per good file, so a successful check says what it checked */
+			printf("%s: ok (policy %s)\n", argv[i], ir.name);
+			kvp_ir_free(&ir);
+		} else {
+			bad = 1;
+		}
 		kvp_src_free(src);
 	}
+	if (fflush(stdout) != 0)
+		bad = 1;
 	return bad;
 }
 

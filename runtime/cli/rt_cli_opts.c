@@ -101,7 +101,7 @@ typedef struct opt_def {
 
 static const opt_def OPTS[] = {
 	OPT('m', "model", 1), OPT('t', "text", 1), OPT('p', "prompt", 1), OPT(O_CTX, "ctx", 1),
-	INTOPT('n', "", 0, INT_MAX, n_gen, "is not a token count"),
+	INTOPT('n', "", 1, INT_MAX, n_gen, "is not a token count >= 1"),
 	INTOPT(O_GEN, "gen", 1, 4096, n_gen, "is not a token count in 1..4096"),
 	INTOPT(O_PROMPTLEN, "prompt", 0, INT_MAX, prompt_len, "is not a token count"),
 	INTOPT(O_CHUNK, "chunk", 1, 65536, chunk, "is not a number in 1..65536"),

@@ -206,11 +206,14 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 		return;
 	}
 	printf("model            %s\n", m->path);
-	printf("text             %s (%lld tokens, first %lld scored)\n", o->text, (long long)n,
-	       (long long)use);
+	/* token 0 has no prediction, so `use` tokens score at most use - 1 (fewer with
+	 * --score-from) */
+	printf("text             %s (%lld tokens; the first %lld fed, %lld of them scored)\n",
+	       o->text, (long long)n, (long long)use, (long long)sc->scored);
 	printf("policy           %s", p->name);
-	for (int i = 0; i < p->n_params; i++)
-		printf(" %s=%g", p->params[i].name, r->seq.run.params[i]);
+	for (int i = 0; i < p->n_params; i++) /* those in effect: a ratio replaces the budget */
+		if (kvp_param_in_effect(p, i, r->o.ratio))
+			printf(" %s=%g", p->params[i].name, r->seq.run.params[i]);
 	if (r->o.ratio > 0)
 		printf(" ratio=%g", r->o.ratio);
 	if (pf > 0)

@@ -36,7 +36,7 @@ static const char *const help_run =
 	"OPTIONS\n"
 	"    -m, --model MODEL  GGUF model file\n"
 	"    -p, --prompt TEXT  the prompt (UTF-8)\n"
-	"    -n N               tokens to generate at most (default 128)\n"
+	"    -n N               tokens to generate at most, N >= 1 (default 128)\n"
 	"    --chat             wrap the prompt in the model's ChatML template\n"
 	"    --system TEXT      system message for --chat (default: the template's)\n"
 	"    --policy NAME      policy (default %s); --set, --ratio as for ppl\n"
@@ -67,6 +67,8 @@ int rt_cmd_run(int argc, char **argv)
 		return rc == 1 ? 0 : rc;
 	if (!o.prompt)
 		return rt_cli_usage("run", "%s", "--prompt is required");
+	if (!o.prompt[0])
+		return rt_cli_usage("run", "%s", "--prompt: the prompt is empty; give the text to continue");
 	if (o.system && !o.chat)
 		return rt_cli_usage("run", "%s", "--system needs --chat");
 	const struct kvp_policy *p = rt_cli_policy("run", &o, &rc);

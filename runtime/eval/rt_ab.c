@@ -463,15 +463,30 @@ static void fmt_val(char *buf, size_t cap, int fmt, double v)
 		snprintf(buf, cap, "%.5f", v);
 }
 
+/* The parameters in effect, "recent=0.1 window=32"; under a ratio the ones only the budget
+ * reads are named after it: "recent=0.1; budget = context / ratio, in place of heavy". */
 static void params_str(const rt_seq *s, char *buf, size_t cap)
 {
+	const double R = s->run.ctx.ratio;
 	size_t len = 0;
+	int shown = 0, replaced = 0;
 	buf[0] = 0;
 	for (int i = 0; i < s->p->n_params && len < cap; i++)
-		len += (size_t)snprintf(buf + len, cap - len, "%s%s=%g", i ? " " : "",
-		                        s->p->params[i].name, s->run.params[i]);
-	if (!s->p->n_params)
-		snprintf(buf, cap, "(no parameters)");
+		if (kvp_param_in_effect(s->p, i, R))
+			len += (size_t)snprintf(buf + len, cap - len, "%s%s=%g", shown++ ? " " : "",
+			                        s->p->params[i].name, s->run.params[i]);
+	if (!shown && len < cap)
+		len += (size_t)snprintf(buf + len, cap - len, "(no parameters)");
+	for (int i = 0; i < s->p->n_params && len < cap; i++) {
+		if (kvp_param_in_effect(s->p, i, R))
+			continue;
+		const char *nm = s->p->params[i].name;
+		if (replaced++)
+			len += (size_t)snprintf(buf + len, cap - len, ", %s", nm);
+		else
+			len += (size_t)snprintf(buf + len, cap - len,
+			                        "; budget = context / ratio, in place of %s", nm);
+	}
 }
 
 static void print_report(const ab_run *r, FILE *out)

@@ -29,6 +29,11 @@ int kvp_policy_param_index(const struct kvp_policy *p, const char *name)
 	return -1;
 }
 
+int kvp_param_in_effect(const struct kvp_policy *p, int i, double R)
+{
+	return !(R > 0 && p->compress && p->params[i].budget_only);
+}
+
 void kvp_policy_param_defaults(const struct kvp_policy *p, double *vals)
 {
 	for (int i = 0; i < p->n_params; i++)

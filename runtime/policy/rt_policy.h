@@ -34,7 +34,7 @@
 
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 2
+#define KVP_ABI_VERSION 3
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
@@ -122,6 +122,9 @@ struct kvp_param {
 	double def;          /* default value */
 	enum kvp_unit unit;
 	const char *doc;     /* one line, may be "" */
+	int budget_only;     /* 1: only the budget's expression reads it, so a compression-ratio
+	                        override (kvp_ctx.ratio) replaces it and it is not in effect
+	                        (kvp_param_in_effect) */
 };
 
 /* The per-sequence context the runtime passes to every hook. */
@@ -212,6 +215,10 @@ struct kvp_policy {
  * GQA group size and head_dim (pass them to rt_kv_init). */
 size_t kvp_policy_stat_bytes(const struct kvp_policy *p, int group);
 size_t kvp_policy_state_bytes(const struct kvp_policy *p, int head_dim);
+
+/* 1 when parameter i of p is in effect under the compression ratio R (0: none): every
+ * parameter is, except one that only the budget reads while R replaces the budget. */
+int kvp_param_in_effect(const struct kvp_policy *p, int i, double R);
 
 /* Index of the parameter called name, or -1. */
 int kvp_policy_param_index(const struct kvp_policy *p, const char *name);

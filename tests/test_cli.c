@@ -1,0 +1,210 @@
+/*
+ * test_cli: what the command lines print and how they exit, for the findings of a new
+ * user's trial: `run` refuses an empty prompt and `-n 0` as usage errors (exit 2, naming
+ * the option) before any model work; `kvpc check` says what it checked on success; `ppl`
+ * says how many tokens it scored (token 0 has no prediction, so N fed tokens score N - 1,
+ * fewer with --score-from: counted by hand below); `ab`'s header and `ppl`'s policy line
+ * list only the parameters in effect: under --ratio the budget is context / R, so H2O's
+ * heavy share and SnapKV's capacity (read only by their budgets) are named as replaced,
+ * and the guards (recent, window), which still apply, are listed.
+ *
+ * Commands run in a child: kvrt's through rt_cli_main (the library entry every binary
+ * uses), kvpc as the program next to this test's build directory. The real model
+ * ($KVRT_MODEL) is needed by the ppl and ab cases only; without it they are skipped.
+ */
+#include <check.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "base/rt_util.h"
+#include "cli/rt_cli.h"
+#include "policy/rt_policy.h"
+
+static char g_dir[PATH_MAX];
+static char g_kvpc[PATH_MAX + 8];
+
+#define NOMODEL "no/such/model.gguf"
+
+/* Run argv in a child (60 s limit): rt_cli_main with the policies reg[0..n_reg) when exe is
+ * NULL, else execv(exe). Its exit status; stdout and stderr in *out and *err (caller
+ * frees). */
+static int run(const char *exe, char **argv, const struct kvp_policy *const *reg, int n_reg,
+               char **out, char **err)
+{
+	int argc = 0;
+	while (argv[argc])
+		argc++;
+	char po[PATH_MAX + 16], pe[PATH_MAX + 16];
+	snprintf(po, sizeof po, "%s/out.txt", g_dir);
+	snprintf(pe, sizeof pe, "%s/err.txt", g_dir);
+	fflush(NULL);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fo < 0 || fe < 0)
+			_exit(126);
+		dup2(fo, 1);
+		dup2(fe, 2);
+		alarm(60);
+		if (exe) {
+			execv(exe, argv);
+			_exit(127);
+		}
+		int rc = rt_cli_main(argc, argv, reg, n_reg);
+		fflush(NULL);
+		_exit(rc);
+	}
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	rt_err e = { "" };
+	size_t n;
+	*out = rt_read_file(po, &n, &e);
+	*err = rt_read_file(pe, &n, &e);
+	ck_assert_ptr_nonnull(*out);
+	ck_assert_ptr_nonnull(*err);
+	ck_assert_msg(WIFEXITED(st), "killed by signal %d (hung?)", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+	return WEXITSTATUS(st);
+}
+
+START_TEST(run_refuses_an_empty_prompt_and_no_tokens)
+{
+	char *out, *err;
+	char *empty[] = { "kvrt", "run", "--model", NOMODEL, "--prompt", "", NULL };
+	ck_assert_int_eq(run(NULL, empty, NULL, 0, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--prompt: the prompt is empty") && !strstr(err, NOMODEL), "%s", err);
+	free(out), free(err);
+	char *none[] = { "kvrt", "run", "--model", NOMODEL, "--prompt", "Hi", "-n", "0", NULL };
+	ck_assert_int_eq(run(NULL, none, NULL, 0, &out, &err), 2);
+	ck_assert_msg(strstr(err, "-n: '0' is not a token count >= 1") && !strstr(err, NOMODEL),
+	              "%s", err);
+	free(out), free(err);
+	/* with both good, the model is the first thing that fails (a runtime error) */
+	char *good[] = { "kvrt", "run", "--model", NOMODEL, "--prompt", "Hi", "-n", "1", NULL };
+	ck_assert_int_eq(run(NULL, good, NULL, 0, &out, &err), 1);
+	ck_assert_msg(strstr(err, NOMODEL), "%s", err);
+	free(out), free(err);
+}
+END_TEST
+
+START_TEST(check_says_what_it_checked)
+{
+	char *out, *err;
+	char *ok[] = { g_kvpc, "check", "policies/h2o.kvp", "policies/tova.kvp", NULL };
+	ck_assert_int_eq(run(g_kvpc, ok, NULL, 0, &out, &err), 0);
+	ck_assert_str_eq(out, "policies/h2o.kvp: ok (policy h2o)\npolicies/tova.kvp: ok (policy tova)\n");
+	ck_assert_str_eq(err, "");
+	free(out), free(err);
+	char bad[PATH_MAX + 16];
+	snprintf(bad, sizeof bad, "%s/bad.kvp", g_dir);
+	FILE *f = fopen(bad, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("policy bad {\n    budget = 0 entries\n}\n", f);
+	fclose(f);
+	char *mixed[] = { g_kvpc, "check", bad, "policies/h2o.kvp", NULL };
+	ck_assert_int_eq(run(g_kvpc, mixed, NULL, 0, &out, &err), 1);
+	ck_assert_str_eq(out, "policies/h2o.kvp: ok (policy h2o)\n"); /* nothing for bad.kvp */
+	ck_assert_msg(strstr(err, "bad.kvp:2:"), "%s", err);
+	free(out), free(err);
+}
+END_TEST
+
+START_TEST(ppl_counts_the_scored_tokens)
+{
+	const char *model = getenv("KVRT_MODEL");
+	if (!model || access(model, R_OK) != 0) {
+		printf("test_cli: KVRT_MODEL unset or unreadable: ppl case skipped\n");
+		return;
+	}
+	char *out, *err;
+	char *argv[] = { "kvrt", "ppl", "--model", (char *)model, "--text", "README.md", "--ctx", "16",
+		         "--no-ref", "--fast", "--threads", "1", "--quiet", NULL };
+	ck_assert_int_eq(run(NULL, argv, NULL, 0, &out, &err), 0);
+	ck_assert_msg(strstr(out, "tokens; the first 16 fed, 15 of them scored)\n"), "%s", out);
+	free(out), free(err);
+	/* --score-from 5: positions 5..15 are scored, 11 tokens */
+	char *from[] = { "kvrt", "ppl", "--model", (char *)model, "--text", "README.md", "--ctx", "16",
+		         "--no-ref", "--fast", "--threads", "1", "--quiet", "--score-from", "5", NULL };
+	ck_assert_int_eq(run(NULL, from, NULL, 0, &out, &err), 0);
+	ck_assert_msg(strstr(out, "tokens; the first 16 fed, 11 of them scored)\n"), "%s", out);
+	free(out), free(err);
+}
+END_TEST
+
+START_TEST(reports_list_the_parameters_in_effect)
+{
+	const char *model = getenv("KVRT_MODEL");
+	if (!model || access(model, R_OK) != 0) {
+		printf("test_cli: KVRT_MODEL unset or unreadable: ab case skipped\n");
+		return;
+	}
+	char *out, *err;
+	char *ab[] = { "kvrt", "ab", "--model", (char *)model, "--text", "README.md", "--a", "h2o",
+		       "--b", "snapkv", "--ratio", "2", "--ctx", "64", "--chunk", "64", "--resamples",
+		       "10", "--threads", "1", "--quiet", NULL };
+	ck_assert_int_eq(run(NULL, ab, kvp_registry, kvp_registry_count, &out, &err), 0);
+	ck_assert_msg(strstr(out, "\n  A: recent=0.1; budget = context / ratio, in place of heavy\n"),
+	              "%s", out);
+	ck_assert_msg(strstr(out, "\n  B: window=32; budget = context / ratio, in place of capacity\n"),
+	              "%s", out);
+	free(out), free(err);
+	/* without a ratio every parameter is in force */
+	char *ppl[] = { "kvrt", "ppl", "--model", (char *)model, "--text", "README.md", "--ctx", "16",
+		        "--policy", "h2o", "--no-ref", "--fast", "--threads", "1", "--quiet", NULL };
+	ck_assert_int_eq(run(NULL, ppl, kvp_registry, kvp_registry_count, &out, &err), 0);
+	ck_assert_msg(strstr(out, "\npolicy           h2o heavy=0.1 recent=0.1\n"), "%s", out);
+	free(out), free(err);
+	char *pplr[] = { "kvrt", "ppl", "--model", (char *)model, "--text", "README.md", "--ctx", "16",
+		         "--policy", "h2o", "--ratio", "4", "--no-ref", "--fast", "--threads", "1",
+		         "--quiet", NULL };
+	ck_assert_int_eq(run(NULL, pplr, kvp_registry, kvp_registry_count, &out, &err), 0);
+	ck_assert_msg(strstr(out, "\npolicy           h2o recent=0.1 ratio=4\n"), "%s", out);
+	free(out), free(err);
+}
+END_TEST
+
+static Suite *cli_suite(void)
+{
+	Suite *s = suite_create("cli");
+	TCase *tc = tcase_create("cli");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, run_refuses_an_empty_prompt_and_no_tokens);
+	tcase_add_test(tc, check_says_what_it_checked);
+	tcase_add_test(tc, ppl_counts_the_scored_tokens);
+	tcase_add_test(tc, reports_list_the_parameters_in_effect);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	snprintf(g_dir, sizeof g_dir, "/tmp/test_cli_XXXXXX");
+	if (!mkdtemp(g_dir))
+		return EXIT_FAILURE;
+	char exe[PATH_MAX];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+	if (n <= 0)
+		return EXIT_FAILURE;
+	exe[n] = 0;
+	*strrchr(exe, '/') = 0; /* BUILD/tests */
+	char *up = strrchr(exe, '/');
+	if (up)
+		*up = 0;
+	snprintf(g_kvpc, sizeof g_kvpc, "%s/kvpc", exe);
+	SRunner *sr = srunner_create(cli_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	char cmd[PATH_MAX + 16];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+	if (system(cmd) != 0)
+		failed++;
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
