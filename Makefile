@@ -121,7 +121,8 @@ demo: deps model
 	@scripts/demo.sh $(B) $(MODEL)
 
 ## results: every policy x compression 2..128 x two texts + passkey -> docs/results.md (hours)
-# (RESULTS_TOKENS, RATIOS, LENGTHS, POLICIES narrow the sweep; see scripts/results.sh)
+# (RESULTS_TOKENS, RATIOS, LENGTHS, POLICIES narrow the sweep; RESULTS_QUIET=1 silences the
+# progress lines; see scripts/results.sh)
 results: deps model
 	@$(MAKE) --no-print-directory $(BINS) $(B)/libkvrt.a
 	@scripts/results.sh $(B) $(MODEL)

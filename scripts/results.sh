@@ -6,7 +6,7 @@
 # time) and docs/results/*.svg (kld_mean against the ratio, one line per policy).
 #
 # Steps:
-#  1. build one per-deployment binary holding every policy (kvpc build is cached);
+#  1. build one per-deployment binary holding the policies measured (kvpc build is cached);
 #  2. cut the first RESULTS_TOKENS tokens' worth of bytes of each text (the Info manuals of
 #     coreutils and gettext, decompressed with zcat; the GPL-3 text where one is missing);
 #     iconv -c drops a multi-byte character that the byte cut may have split;
@@ -24,7 +24,12 @@
 # Each measurement is cached as one JSON file under OUT (keyed by text, tokens, policy,
 # ratio), so an interrupted run resumes where it stopped; RESULTS_FRESH=1 discards them.
 #
-# Usage: scripts/results.sh [BUILD_DIR [MODEL]]
+# Progress: a line "results: pass K: WHAT (time)" as each pass starts, then the pass's
+# binary reports on stderr (a bar with tok/s and ETA on a terminal, a plain line per tenth
+# of the pass otherwise, so logs and CI show the run moving); --quiet (or RESULTS_QUIET=1)
+# silences both (the per-cell result lines stay).
+#
+# Usage: scripts/results.sh [--quiet] [BUILD_DIR [MODEL]]
 # Environment (defaults in brackets):
 #   RESULTS_TOKENS [4096]        tokens scored per text
 #   RATIOS ["2 4 8 16 32 64 128"] compression ratios (64 and 128 are refused where guards
@@ -41,6 +46,8 @@
 #   RESULTS_RENDER_ONLY=1        measure nothing: render what the cache holds (cells not
 #                                measured read "not run")
 set -euo pipefail
+quiet=${RESULTS_QUIET:-0}
+if [ "${1:-}" = --quiet ]; then quiet=1; shift; fi
 bdir=${1:-build}
 model=${2:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 tokens=${RESULTS_TOKENS:-4096}
@@ -65,9 +72,12 @@ envline="RESULTS_TOKENS=$tokens RATIOS=\"$ratios\" TEXTS=\"$texts\" LENGTHS=$len
 mkdir -p "$out/ppl" "$out/needle" "$(dirname "$doc")" docs/results
 start=$(date +%s)
 
-# 1. one binary with every policy (the full cache included, for the needle baseline)
+# 1. one binary with the policies measured (the full cache is built in, for the needle
+# baseline); a narrowed sweep builds only what it runs
 bin="$out/bin"
-"$bdir/kvpc" build policies/*.kvp -o "$bin"
+srcs=$(for p in $policies $needle_policies; do echo "policies/$p.kvp"; done | awk '!seen[$0]++')
+# shellcheck disable=SC2086 # one word per source
+"$bdir/kvpc" build $srcs -o "$bin"
 
 # 2. texts
 textfiles=()
@@ -130,6 +140,29 @@ split_pass() {
 	fi
 }
 
+# run_pass OUT ERR CMD...: one pass of a binary, its JSON lines into OUT. Its progress
+# reaches our stderr unless quiet: straight through on a terminal (the bar), else as plain
+# lines, copied to ERR as well with the binary's messages. Returns the binary's status.
+npass=0
+run_pass() {
+	local out=$1 err=$2
+	shift 2
+	if [ "$quiet" = 1 ]; then
+		"$@" --quiet >"$out" 2>"$err"
+	elif [ -t 2 ]; then
+		: >"$err"
+		"$@" >"$out"
+	else
+		"$@" 2>&1 >"$out" | tee "$err" >&2
+		return "${PIPESTATUS[0]}"
+	fi
+}
+# say_pass WHAT: "results: pass K: WHAT (HH:MM:SS)" unless quiet
+say_pass() {
+	npass=$((npass + 1))
+	[ "$quiet" = 1 ] || echo "results: pass $npass: $1 ($(date -u +%H:%M:%S))" >&2
+}
+
 render_only=${RESULTS_RENDER_ONLY:-0}
 [ "$render_only" = 1 ] && textfiles=()
 # policy_hash NAME: the source hash the binary holds (a cached cell of another hash is stale)
@@ -161,10 +194,10 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 		[ ${#cells[@]} -gt 0 ] || continue
 		pe=()
 		[ $group = prompt_end ] && pe=(--prompt $((tokens / 2)) --score-from $((tokens / 2 + 1)))
-		echo "ppl $t $group: ${#cells[@]} runs in one pass ($(date -u +%H:%M:%S))"
+		say_pass "ppl $t $group, ${#cells[@]} runs in lockstep over $tokens tokens"
 		set +e
-		"$bin" ppl --model "$model" --text "$f" --ctx "$tokens" --threads "$threads" --json \
-			--batch "$runs" "${pe[@]}" >"$runs.jsonl" 2>"$runs.err"
+		run_pass "$runs.jsonl" "$runs.err" "$bin" ppl --model "$model" --text "$f" --ctx "$tokens" \
+			--threads "$threads" --json --batch "$runs" ${pe[@]+"${pe[@]}"}
 		rc=$?
 		set -e
 		split_pass "ppl $t $group" "$runs" "$rc" '"ppl \(.ppl) kld_mean \(.kld_mean)"' "${cells[@]}"
@@ -197,10 +230,10 @@ for group in stream prompt_end; do
 		done
 	done
 	[ ${#cells[@]} -gt 0 ] || continue
-	echo "needle $group: ${#cells[@]} runs in one pass ($(date -u +%H:%M:%S))"
+	say_pass "needle $group, ${#cells[@]} runs"
 	set +e
-	"$bin" needle --model "$model" --task passkey --lengths "$lengths" --depths "$depths" \
-		--threads "$threads" --json --batch "$runs" >"$runs.jsonl" 2>"$runs.err"
+	run_pass "$runs.jsonl" "$runs.err" "$bin" needle --model "$model" --task passkey \
+		--lengths "$lengths" --depths "$depths" --threads "$threads" --json --batch "$runs"
 	rc=$?
 	set -e
 	split_pass "needle $group" "$runs" "$rc" '"accuracy \(.accuracy)"' "${cells[@]}"
