@@ -695,157 +695,151 @@ int kvpc_build_cached(const char *const *files, int n, int verbose, char *bin, s
 	                    seconds);
 }
 
-static int build_cached(const char *const *files, int n, int verbose, int cuda,
-                        const struct tuned_in *tuned, char *bin, size_t bin_cap, char **names,
-                        int *n_names, int *compiled, double *seconds)
-{
-	struct unit *units = calloc((size_t)n + 1, sizeof *units);
-	char *reg_c = NULL, *tmp = NULL, *cureg = NULL, *main_c = NULL;
-	size_t reg_len = 0, cureg_len = 0, main_len = 0;
-	struct cuda_tools ct;
-	memset(&ct, 0, sizeof ct);
-	char *objs[MAX_ARGS];
-	int n_objs = 0;
-	int n_units = 0, rc = 1;
-	char *own[4 * MAX_ARGS];  /* heap paths to free */
-	int n_own = 0;
+/* Everything one build holds: the emitted units, the toolchain, the heap paths. */
+struct build {
+	int verbose, cuda;
+	struct unit *units;
+	int n_units;
+	char *reg_c, *cureg, *main_c;
+	size_t reg_len, cureg_len, main_len;
 	struct toolchain tc;
-	memset(&tc, 0, sizeof tc);
-	double t0 = now_s();
-	*compiled = 0;
-	*seconds = 0;
-	if (n_names)
-		*n_names = 0;
+	struct cuda_tools ct;
+	char *objs[MAX_ARGS];      /* the CUDA objects (--cuda) */
+	int n_objs;
+	char *own[4 * MAX_ARGS];   /* heap paths to free */
+	int n_own;
+	double t0;
+};
+
+/* Emit every unit (policies, registry, main, the CUDA registry with --cuda) and find the
+ * toolchain. Returns 0, or -1 after printing the error. */
+static int build_emit(struct build *bd, const char *const *files, int n,
+                      const struct tuned_in *tuned)
+{
 	if (n > MAX_ARGS / 2) {
 		errf("kvpc build: error: at most %d policies per binary", MAX_ARGS / 2);
-		goto done;
+		return -1;
 	}
-	if (emit_units(files, n, units, &reg_c, &reg_len, &n_units, cuda) != 0 ||
-	    !(main_c = main_unit(files, n, tuned, units, n_units, &main_len)))
-		goto done;
-	if (toolchain_find(&tc) != 0 || (cuda && cuda_find(&tc, &ct) != 0))
-		goto done;
-	if (cuda) {
-		const char **nm = calloc((size_t)n_units + 1, sizeof *nm);
-		for (int i = 0; nm && i < n_units; i++)
-			nm[i] = units[i].name;
-		FILE *mem = nm ? open_memstream(&cureg, &cureg_len) : NULL;
-		char err[512] = "";
-		int bad = !mem || kvp_emit_cuda_registry(nm, n_units, mem, err, sizeof err) != 0;
-		if (mem)
-			fclose(mem);
-		free(nm);
-		if (bad) {
-			errf("kvpc build --cuda: error: %s", err[0] ? err : "cannot emit the CUDA registry");
-			goto done;
-		}
+	if (!(bd->units = calloc((size_t)n + 1, sizeof *bd->units)) ||
+	    emit_units(files, n, bd->units, &bd->reg_c, &bd->reg_len, &bd->n_units, bd->cuda) != 0 ||
+	    !(bd->main_c = main_unit(files, n, tuned, bd->units, bd->n_units, &bd->main_len)))
+		return -1;
+	if (toolchain_find(&bd->tc) != 0 || (bd->cuda && cuda_find(&bd->tc, &bd->ct) != 0))
+		return -1;
+	if (!bd->cuda)
+		return 0;
+	const char **nm = calloc((size_t)bd->n_units + 1, sizeof *nm);
+	for (int i = 0; nm && i < bd->n_units; i++)
+		nm[i] = bd->units[i].name;
+	FILE *mem = nm ? open_memstream(&bd->cureg, &bd->cureg_len) : NULL;
+	char err[512] = "";
+	int bad = !mem || kvp_emit_cuda_registry(nm, bd->n_units, mem, err, sizeof err) != 0;
+	if (mem)
+		fclose(mem);
+	free(nm);
+	if (bad) {
+		errf("kvpc build --cuda: error: %s", err[0] ? err : "cannot emit the CUDA registry");
+		return -1;
 	}
-	/* the key */
+	return 0;
+}
+
+/* The cache key (kvpc_build.h): 32 hex digits into key[65]. Returns 0, or -1 after
+ * printing the error. */
+static int build_key(const struct build *bd, char key[65])
+{
+	const struct unit *units = bd->units;
 	rt_sha256 h;
 	rt_sha256_init(&h);
 	rt_sha256_update(&h, CACHE_FORMAT, sizeof CACHE_FORMAT);
 	rt_sha256_update(&h, KVP_VERSION, sizeof KVP_VERSION);
-	for (int i = 0; i < n_units; i++) {
+	for (int i = 0; i < bd->n_units; i++) {
 		rt_sha256_update(&h, units[i].src, units[i].src_len);
 		rt_sha256_update(&h, "", 1);
 		rt_sha256_update(&h, units[i].c, units[i].c_len);
 		rt_sha256_update(&h, "", 1);
 	}
-	rt_sha256_update(&h, reg_c, reg_len);
-	rt_sha256_update(&h, main_c, main_len + 1);
-	if (cuda) {
+	rt_sha256_update(&h, bd->reg_c, bd->reg_len);
+	rt_sha256_update(&h, bd->main_c, bd->main_len + 1);
+	if (bd->cuda) {
 		rt_sha256_update(&h, "cuda", 5);
-		for (int i = 0; i < n_units; i++)
+		for (int i = 0; i < bd->n_units; i++)
 			rt_sha256_update(&h, units[i].cu, units[i].cu_len);
-		rt_sha256_update(&h, cureg, cureg_len);
-		rt_sha256_update(&h, ct.nvcc, strlen(ct.nvcc) + 1);
+		rt_sha256_update(&h, bd->cureg, bd->cureg_len);
+		rt_sha256_update(&h, bd->ct.nvcc, strlen(bd->ct.nvcc) + 1);
 		const char *arch = getenv("KVPC_CUDA_ARCH");
 		if (arch)
 			rt_sha256_update(&h, arch, strlen(arch) + 1);
-		if (hash_file(&h, ct.lib) != 0) {
-			errf("%s: error: cannot read", ct.lib);
-			goto done;
+		if (hash_file(&h, bd->ct.lib) != 0) {
+			errf("%s: error: cannot read", bd->ct.lib);
+			return -1;
 		}
 	}
-	rt_sha256_update(&h, tc.cc, strlen(tc.cc) + 1);
-	for (int i = 0; i < tc.n_args; i++)
-		rt_sha256_update(&h, tc.args[i], strlen(tc.args[i]) + 1);
-	for (int i = 0; i < tc.n_libs; i++)
-		rt_sha256_update(&h, tc.libs[i], strlen(tc.libs[i]) + 1);
-	if (hash_file(&h, tc.lib) != 0 || hash_dir_headers(&h, tc.inc_rt, 1) != 0 ||
-	    hash_dir_headers(&h, tc.inc_k, 0) != 0) {
-		errf("%s: error: cannot read the runtime library or its headers", tc.lib);
-		goto done;
+	const struct toolchain *tc = &bd->tc;
+	rt_sha256_update(&h, tc->cc, strlen(tc->cc) + 1);
+	for (int i = 0; i < tc->n_args; i++)
+		rt_sha256_update(&h, tc->args[i], strlen(tc->args[i]) + 1);
+	for (int i = 0; i < tc->n_libs; i++)
+		rt_sha256_update(&h, tc->libs[i], strlen(tc->libs[i]) + 1);
+	if (hash_file(&h, tc->lib) != 0 || hash_dir_headers(&h, tc->inc_rt, 1) != 0 ||
+	    hash_dir_headers(&h, tc->inc_k, 0) != 0) {
+		errf("%s: error: cannot read the runtime library or its headers", tc->lib);
+		return -1;
 	}
-	char key[65];
 	rt_sha256_hex(&h, key);
 	key[32] = 0;
-	char root[PATH_MAX], dir[PATH_MAX + 80];
-	if (cache_root(root, sizeof root) != 0)
-		goto done;
-	snprintf(dir, sizeof dir, "%s/%s", root, key);
-	if ((size_t)snprintf(bin, bin_cap, "%s/bin", dir) >= bin_cap) {
-		errf("%s: error: path too long", dir);
-		goto done;
-	}
-	if (verbose)
-		fprintf(stderr, "kvpc build: %s runtime %s; cache %s\n", tc.where, tc.lib, dir);
-	if (is_file(bin) && access(bin, X_OK) == 0) {
-		rc = 0;
-		goto done;
-	}
-	/* build in a private directory, then rename it into place */
-	if (asprintf(&tmp, "%s/.tmp-%s-%ld", root, key, (long)getpid()) < 0) {
-		tmp = NULL;
-		goto done;
-	}
-	if (mkdirs(tmp) != 0) {
-		errf("%s: error: cannot create: %s", tmp, strerror(errno));
-		goto done;
-	}
-	if (cuda && cuda_compile(&tc, &ct, units, n_units, cureg, cureg_len, tmp, objs, &n_objs, own,
-	                         &n_own) != 0)
-		goto done;
+	return 0;
+}
+
+/* Write the units into tmp and link them (with the CUDA objects) into tmp/bin. Returns 0,
+ * or -1 after printing the error (the compiler's log with it). */
+static int build_compile(struct build *bd, const char *tmp)
+{
+	const struct toolchain *tc = &bd->tc;
+	const int n_units = bd->n_units;
+	if (bd->cuda && cuda_compile(tc, &bd->ct, bd->units, n_units, bd->cureg, bd->cureg_len, tmp,
+	                             bd->objs, &bd->n_objs, bd->own, &bd->n_own) != 0)
+		return -1;
 	char *argv[3 * MAX_ARGS];
 	int na = 0;
-	argv[na++] = tc.cc;
-	for (int i = 0; i < tc.n_args; i++)
-		argv[na++] = tc.args[i];
+	argv[na++] = (char *)tc->cc;
+	for (int i = 0; i < tc->n_args; i++)
+		argv[na++] = tc->args[i];
 	for (int i = 0; i <= n_units + 1; i++) {
 		char *p = NULL;
-		const char *text = i < n_units ? units[i].c : i == n_units ? reg_c : main_c;
-		size_t len = i < n_units ? units[i].c_len : i == n_units ? reg_len : main_len;
+		const char *text = i < n_units ? bd->units[i].c : i == n_units ? bd->reg_c : bd->main_c;
+		size_t len = i < n_units ? bd->units[i].c_len : i == n_units ? bd->reg_len : bd->main_len;
 		int ok = i < n_units ? asprintf(&p, "%s/policy_%d.c", tmp, i)
 		         : asprintf(&p, "%s/%s", tmp, i == n_units ? "registry.c" : "main.c");
 		if (ok < 0)
-			goto done;
-		own[n_own++] = p;
+			return -1;
+		bd->own[bd->n_own++] = p;
 		argv[na++] = p;
 		if (write_file(p, text, len) != 0)
-			goto done;
+			return -1;
 	}
-	for (int i = 0; i < n_objs; i++)
-		argv[na++] = objs[i];
-	if (cuda)
-		argv[na++] = ct.lib;
-	argv[na++] = tc.lib;
-	for (int i = 0; i < tc.n_libs; i++)
-		argv[na++] = tc.libs[i];
-	if (cuda) {
-		argv[na++] = ct.libdir;
+	for (int i = 0; i < bd->n_objs; i++)
+		argv[na++] = bd->objs[i];
+	if (bd->cuda)
+		argv[na++] = (char *)bd->ct.lib;
+	argv[na++] = (char *)tc->lib;
+	for (int i = 0; i < tc->n_libs; i++)
+		argv[na++] = tc->libs[i];
+	if (bd->cuda) {
+		argv[na++] = (char *)bd->ct.libdir;
 		argv[na++] = "-lcublas";
 		argv[na++] = "-lcudart";
 		argv[na++] = "-lstdc++";
 	}
 	char *out = NULL, *log = NULL;
-	if (asprintf(&out, "%s/bin", tmp) < 0 || (own[n_own++] = out, 0) ||
+	if (asprintf(&out, "%s/bin", tmp) < 0 || (bd->own[bd->n_own++] = out, 0) ||
 	    asprintf(&log, "%s/build.log", tmp) < 0)
-		goto done;
-	own[n_own++] = log;
+		return -1;
+	bd->own[bd->n_own++] = log;
 	argv[na++] = "-o";
 	argv[na++] = out;
 	argv[na] = NULL;
-	if (verbose) {
+	if (bd->verbose) {
 		for (int i = 0; i < na; i++)
 			fprintf(stderr, "%s%s", i ? " " : "", argv[i]);
 		fputc('\n', stderr);
@@ -860,15 +854,79 @@ static int build_cached(const char *const *files, int n, int verbose, int cuda,
 			fputs(text, stderr);
 		free(text);
 		errf("kvpc build: error: %s failed (exit %d) on the generated code; sources and log "
-		     "kept in %s", tc.cc, st, tmp);
+		     "kept in %s", tc->cc, st, tmp);
+		return -1;
+	}
+	if (bd->verbose)
+		fprintf(stderr, "kvpc build: emit %.2f s, cc %.2f s\n", t1 - bd->t0, now_s() - t1);
+	return 0;
+}
+
+static void build_free(struct build *bd, int ok, char **names, int *n_names)
+{
+	for (int i = 0; bd->units && i < bd->n_units; i++) {
+		if (ok && names)
+			names[i] = strdup(bd->units[i].name);
+		free(bd->units[i].name);
+		free(bd->units[i].c);
+		free(bd->units[i].cu);
+		free(bd->units[i].src);
+	}
+	if (ok && n_names)
+		*n_names = bd->n_units;
+	for (int i = 0; i < bd->n_own; i++)
+		free(bd->own[i]);
+	free(bd->units);
+	free(bd->reg_c);
+	free(bd->cureg);
+	free(bd->main_c);
+	toolchain_free(&bd->tc);
+}
+
+static int build_cached(const char *const *files, int n, int verbose, int cuda,
+                        const struct tuned_in *tuned, char *bin, size_t bin_cap, char **names,
+                        int *n_names, int *compiled, double *seconds)
+{
+	struct build bd;
+	memset(&bd, 0, sizeof bd);
+	bd.verbose = verbose;
+	bd.cuda = cuda;
+	bd.t0 = now_s();
+	char *tmp = NULL, key[65], root[PATH_MAX], dir[PATH_MAX + 80];
+	int rc = 1;
+	*compiled = 0;
+	*seconds = 0;
+	if (n_names)
+		*n_names = 0;
+	if (build_emit(&bd, files, n, tuned) != 0 || build_key(&bd, key) != 0 ||
+	    cache_root(root, sizeof root) != 0)
+		goto done;
+	snprintf(dir, sizeof dir, "%s/%s", root, key);
+	if ((size_t)snprintf(bin, bin_cap, "%s/bin", dir) >= bin_cap) {
+		errf("%s: error: path too long", dir);
 		goto done;
 	}
 	if (verbose)
-		fprintf(stderr, "kvpc build: emit %.2f s, cc %.2f s\n", t1 - t0, now_s() - t1);
+		fprintf(stderr, "kvpc build: %s runtime %s; cache %s\n", bd.tc.where, bd.tc.lib, dir);
+	if (is_file(bin) && access(bin, X_OK) == 0) {
+		rc = 0;
+		goto done;
+	}
+	/* build in a private directory, then rename it into place */
+	if (asprintf(&tmp, "%s/.tmp-%s-%ld", root, key, (long)getpid()) < 0) {
+		tmp = NULL;
+		goto done;
+	}
+	if (mkdirs(tmp) != 0) {
+		errf("%s: error: cannot create: %s", tmp, strerror(errno));
+		goto done;
+	}
+	if (build_compile(&bd, tmp) != 0)
+		goto done;
 	if (rename(tmp, dir) != 0) {
 		/* another build of the same key won the race: use its result */
-		for (int i = 0; i < n_own; i++)
-			unlink(own[i]);
+		for (int i = 0; i < bd.n_own; i++)
+			unlink(bd.own[i]);
 		rmdir(tmp);
 		if (!is_file(bin)) {
 			errf("%s: error: cannot move the build into the cache: %s", dir, strerror(errno));
@@ -878,25 +936,9 @@ static int build_cached(const char *const *files, int n, int verbose, int cuda,
 	*compiled = 1;
 	rc = 0;
 done:
-	*seconds = now_s() - t0;
-	for (int i = 0; i < n_units; i++) {
-		if (rc == 0 && names)
-			names[i] = strdup(units[i].name);
-		free(units[i].name);
-		free(units[i].c);
-		free(units[i].cu);
-		free(units[i].src);
-	}
-	if (rc == 0 && n_names)
-		*n_names = n_units;
-	for (int i = 0; i < n_own; i++)
-		free(own[i]);
-	free(units);
-	free(reg_c);
-	free(cureg);
-	free(main_c);
+	*seconds = now_s() - bd.t0;
+	build_free(&bd, rc == 0, names, n_names);
 	free(tmp);
-	toolchain_free(&tc);
 	return rc;
 }
 

@@ -94,142 +94,182 @@ static int64_t nice_step(double raw)
 
 /* ---- render --------------------------------------------------------------------------- */
 
-char *rt_keepmap_render(const rt_keepmap *km, size_t *len, rt_err *err)
-{
-	if (km_check(km, err) != 0)
-		return NULL;
-	const int L = km->n_layer, H = km->n_kv_head, rows = L * H;
-	const int64_t N = km->n_tokens;
-	const int64_t bin = (N + RT_KEEPMAP_MAX_COLS - 1) / RT_KEEPMAP_MAX_COLS;
-	const int cols = (int)((N + bin - 1) / bin);
-	const double cw = (double)KM_GRID_W / cols;
-	int rh = 720 / rows;
-	if (rh > 14)
-		rh = 14;
-	if (rh < 3)
-		rh = 3;
-	const int gap = L > 1 ? KM_LAYER_GAP : 0;
-	const int grid_h = rows * rh + (L - 1) * gap;
-	const int width = KM_LEFT + KM_GRID_W + KM_RIGHT;
-	const int height = KM_TOP + grid_h + KM_BOTTOM;
-	const int font = rh - 1 < 11 ? rh - 1 : 11;
-	int32_t *cnt = calloc((size_t)cols, sizeof *cnt);
-	unsigned char *mrg = calloc((size_t)cols, 1);
-	if (!cnt || !mrg) {
-		free(cnt);
-		free(mrg);
-		rt_err_set(err, "keepmap: out of memory for %d columns", cols);
-		return NULL;
-	}
-	rt_keepmap_summary sm;
-	rt_keepmap_summarize(km, &sm);
+/* The layout of one render. */
+typedef struct km_layout {
+	int L, H, rows;          /* layers, KV heads, rows = L × H */
+	int64_t N, bin;          /* tokens; positions per column */
+	int cols;                /* columns */
+	double cw;               /* column width, pixels */
+	int rh, gap, grid_h;     /* row height, gap between layers, grid height */
+	int width, height, font;
+} km_layout;
 
-	rt_buf b = RT_BUF_INIT;
-	rt_buf_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+static void km_layout_init(km_layout *g, const rt_keepmap *km)
+{
+	g->L = km->n_layer;
+	g->H = km->n_kv_head;
+	g->rows = g->L * g->H;
+	g->N = km->n_tokens;
+	g->bin = (g->N + RT_KEEPMAP_MAX_COLS - 1) / RT_KEEPMAP_MAX_COLS;
+	g->cols = (int)((g->N + g->bin - 1) / g->bin);
+	g->cw = (double)KM_GRID_W / g->cols;
+	g->rh = 720 / g->rows;
+	if (g->rh > 14)
+		g->rh = 14;
+	if (g->rh < 3)
+		g->rh = 3;
+	g->gap = g->L > 1 ? KM_LAYER_GAP : 0;
+	g->grid_h = g->rows * g->rh + (g->L - 1) * g->gap;
+	g->width = KM_LEFT + KM_GRID_W + KM_RIGHT;
+	g->height = KM_TOP + g->grid_h + KM_BOTTOM;
+	g->font = g->rh - 1 < 11 ? g->rh - 1 : 11;
+}
+
+/* The prologue, the hatch pattern, the style sheet and the background. */
+static void km_draw_head(rt_buf *b, const km_layout *g)
+{
+	rt_buf_printf(b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
 	          "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" "
 	          "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Arial, "
-	          "sans-serif\">\n", width, height, width, height);
-	rt_buf_printf(&b, "<defs>\n<pattern id=\"hatch\" patternUnits=\"userSpaceOnUse\" width=\"4\" "
+	          "sans-serif\">\n", g->width, g->height, g->width, g->height);
+	rt_buf_printf(b, "<defs>\n<pattern id=\"hatch\" patternUnits=\"userSpaceOnUse\" width=\"4\" "
 	          "height=\"4\" patternTransform=\"rotate(45)\"><rect width=\"4\" height=\"4\" "
 	          "fill=\"%s\"/><rect width=\"1.5\" height=\"4\" fill=\"#FFFFFF\" "
 	          "fill-opacity=\"0.55\"/></pattern>\n</defs>\n", km_merged);
-	rt_buf_printf(&b, "<style type=\"text/css\">.k{fill:%s}.m{fill:url(#hatch)}.bg{fill:%s}"
+	rt_buf_printf(b, "<style type=\"text/css\">.k{fill:%s}.m{fill:url(#hatch)}.bg{fill:%s}"
 	          ".lab{font-size:%dpx;fill:#333333}.t{font-size:15px;font-weight:bold}"
-	          ".s{font-size:12px;fill:#222222}</style>\n", km_kept, km_bg, font);
-	rt_buf_printf(&b, "<rect width=\"%d\" height=\"%d\" fill=\"#FFFFFF\"/>\n", width, height);
+	          ".s{font-size:12px;fill:#222222}</style>\n", km_kept, km_bg, g->font);
+	rt_buf_printf(b, "<rect width=\"%d\" height=\"%d\" fill=\"#FFFFFF\"/>\n", g->width,
+	              g->height);
+}
 
-	/* title, parameters, statistics */
-	rt_buf_printf(&b, "<text class=\"t\" x=\"%d\" y=\"22\">Kept KV entries per (layer, KV head): "
+/* The title, the parameters and statistics line, and the legend. */
+static void km_draw_title(rt_buf *b, const rt_keepmap *km, const km_layout *g)
+{
+	rt_keepmap_summary sm;
+	rt_keepmap_summarize(km, &sm);
+	const int64_t N = g->N, bin = g->bin;
+	rt_buf_printf(b, "<text class=\"t\" x=\"%d\" y=\"22\">Kept KV entries per (layer, KV head): "
 	          "policy ", KM_LEFT);
-	rt_svg_escape_append(&b, km->policy ? km->policy : "?");
-	rt_buf_printf(&b, "</text>\n<text class=\"s\" x=\"%d\" y=\"42\">", KM_LEFT);
+	rt_svg_escape_append(b, km->policy ? km->policy : "?");
+	rt_buf_printf(b, "</text>\n<text class=\"s\" x=\"%d\" y=\"42\">", KM_LEFT);
 	if (km->params && *km->params) {
-		rt_buf_printf(&b, "params ");
-		rt_svg_escape_append(&b, km->params);
-		rt_buf_printf(&b, "; ");
+		rt_buf_printf(b, "params ");
+		rt_svg_escape_append(b, km->params);
+		rt_buf_printf(b, "; ");
 	}
 	if (km->ratio > 0)
-		rt_buf_printf(&b, "ratio %g; ", km->ratio);
+		rt_buf_printf(b, "ratio %g; ", km->ratio);
 	else
-		rt_buf_printf(&b, "policy's own budget; ");
-	rt_buf_printf(&b, "N = %lld tokens; %d layers x %d KV heads</text>\n", (long long)N, L, H);
-	rt_buf_printf(&b, "<text class=\"s\" x=\"%d\" y=\"60\">kept per head: mean %.1f of %lld "
+		rt_buf_printf(b, "policy's own budget; ");
+	rt_buf_printf(b, "N = %lld tokens; %d layers x %d KV heads</text>\n", (long long)N, g->L,
+	              g->H);
+	rt_buf_printf(b, "<text class=\"s\" x=\"%d\" y=\"60\">kept per head: mean %.1f of %lld "
 	          "positions (%.1f%%), min %d, max %d; %lld entries, %lld merged prototypes; "
 	          "1 column = %lld token%s</text>\n", KM_LEFT, sm.mean_per_head, (long long)N,
 	          100.0 * sm.mean_per_head / (double)N, (int)sm.min_per_head, (int)sm.max_per_head,
 	          (long long)sm.entries, (long long)sm.merged, (long long)bin, bin > 1 ? "s" : "");
-
-	/* legend */
 	int lx = KM_LEFT;
-	rt_buf_printf(&b, "<g class=\"legend\">\n<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" "
+	rt_buf_printf(b, "<g class=\"legend\">\n<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" "
 	          "fill=\"%s\"/><text class=\"s\" x=\"%d\" y=\"82\">kept token%s</text>\n", lx,
 	          km_kept, lx + 18, bin > 1 ? " (opacity = share of the column's tokens)" : "");
 	lx += bin > 1 ? 390 : 110;
-	rt_buf_printf(&b, "<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" fill=\"url(#hatch)\"/>"
+	rt_buf_printf(b, "<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" fill=\"url(#hatch)\"/>"
 	          "<text class=\"s\" x=\"%d\" y=\"82\">merged prototype (count &gt; 1), at its "
 	          "position</text>\n", lx, lx + 18);
 	lx += 300;
-	rt_buf_printf(&b, "<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" fill=\"%s\"/>"
+	rt_buf_printf(b, "<rect x=\"%d\" y=\"72\" width=\"14\" height=\"12\" fill=\"%s\"/>"
 	          "<text class=\"s\" x=\"%d\" y=\"82\">evicted</text>\n", lx, km_bg, lx + 18);
-	rt_buf_printf(&b, "<text class=\"s\" x=\"%d\" y=\"82\" text-anchor=\"end\">kept</text>\n</g>\n",
-	          width - 4);
+	rt_buf_printf(b, "<text class=\"s\" x=\"%d\" y=\"82\" text-anchor=\"end\">kept</text>\n</g>\n",
+	          g->width - 4);
+}
 
-	/* rows */
-	rt_buf_printf(&b, "<g shape-rendering=\"crispEdges\">\n");
-	for (int l = 0; l < L; l++)
-		for (int h = 0; h < H; h++) {
-			const rt_keepmap_head *e = &km->heads[l * H + h];
-			int y = KM_TOP + (l * H + h) * rh + l * gap;
-			memset(cnt, 0, (size_t)cols * sizeof *cnt);
-			memset(mrg, 0, (size_t)cols);
-			for (int32_t i = 0; i < e->n; i++) {
-				int c = (int)(e->pos[i] / bin);
-				cnt[c]++;
-				if (e->count && e->count[i] > 1.0f)
-					mrg[c] = 1;
-			}
-			rt_buf_printf(&b, "<g id=\"row-%d-%d\">", l, h);
-			rt_buf_printf(&b, "<rect class=\"bg\" x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\"/>",
-			          KM_LEFT, y, KM_GRID_W, rh - (rh > 4));
-			for (int c = 0; c < cols; c++) {
-				if (!cnt[c])
-					continue;
-				rt_buf_printf(&b, "<rect class=\"%s\" x=\"%.2f\" y=\"%d\" width=\"%.2f\" "
-				          "height=\"%d\"", mrg[c] ? "m" : "k", KM_LEFT + c * cw, y, cw,
-				          rh - (rh > 4));
-				int64_t span = c == cols - 1 ? N - (int64_t)c * bin : bin;
-				if (span > 1 && !mrg[c] && cnt[c] < span)
-					rt_buf_printf(&b, " fill-opacity=\"%.2f\"", (double)cnt[c] / (double)span);
-				rt_buf_printf(&b, "/>");
-			}
-			if (rh >= 6 || h == 0)
-				rt_buf_printf(&b, "<text class=\"lab\" x=\"%d\" y=\"%d\" text-anchor=\"end\">"
-				          "L%d H%d</text>", KM_LEFT - 4, y + rh - 2, l, h);
-			if (rh >= 6)
-				rt_buf_printf(&b, "<text class=\"lab\" x=\"%d\" y=\"%d\" text-anchor=\"end\">"
-				          "%d</text>", width - 4, y + rh - 2, (int)e->n);
-			rt_buf_printf(&b, "</g>\n");
-		}
-	rt_buf_printf(&b, "</g>\n");
+/* The row of (layer l, KV head h): its background, a rectangle per column holding entries
+ * (hatched when one of them is merged), its label and count. cnt, mrg: [cols] scratch. */
+static void km_draw_row(rt_buf *b, const rt_keepmap *km, const km_layout *g, int l, int h,
+                        int32_t *cnt, unsigned char *mrg)
+{
+	const rt_keepmap_head *e = &km->heads[l * g->H + h];
+	const int rh = g->rh, cols = g->cols;
+	const int64_t bin = g->bin;
+	int y = KM_TOP + (l * g->H + h) * rh + l * g->gap;
+	memset(cnt, 0, (size_t)cols * sizeof *cnt);
+	memset(mrg, 0, (size_t)cols);
+	for (int32_t i = 0; i < e->n; i++) {
+		int c = (int)(e->pos[i] / bin);
+		cnt[c]++;
+		if (e->count && e->count[i] > 1.0f)
+			mrg[c] = 1;
+	}
+	rt_buf_printf(b, "<g id=\"row-%d-%d\">", l, h);
+	rt_buf_printf(b, "<rect class=\"bg\" x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\"/>",
+	          KM_LEFT, y, KM_GRID_W, rh - (rh > 4));
+	for (int c = 0; c < cols; c++) {
+		if (!cnt[c])
+			continue;
+		rt_buf_printf(b, "<rect class=\"%s\" x=\"%.2f\" y=\"%d\" width=\"%.2f\" "
+		          "height=\"%d\"", mrg[c] ? "m" : "k", KM_LEFT + c * g->cw, y, g->cw,
+		          rh - (rh > 4));
+		int64_t span = c == cols - 1 ? g->N - (int64_t)c * bin : bin;
+		if (span > 1 && !mrg[c] && cnt[c] < span)
+			rt_buf_printf(b, " fill-opacity=\"%.2f\"", (double)cnt[c] / (double)span);
+		rt_buf_printf(b, "/>");
+	}
+	if (rh >= 6 || h == 0)
+		rt_buf_printf(b, "<text class=\"lab\" x=\"%d\" y=\"%d\" text-anchor=\"end\">"
+		          "L%d H%d</text>", KM_LEFT - 4, y + rh - 2, l, h);
+	if (rh >= 6)
+		rt_buf_printf(b, "<text class=\"lab\" x=\"%d\" y=\"%d\" text-anchor=\"end\">"
+		          "%d</text>", g->width - 4, y + rh - 2, (int)e->n);
+	rt_buf_printf(b, "</g>\n");
+}
 
-	/* x axis */
-	int ya = KM_TOP + grid_h + 2;
-	int64_t step = nice_step((double)N / 10.0);
-	rt_buf_printf(&b, "<g class=\"axis\" stroke=\"#444444\" stroke-width=\"1\">\n"
+/* The position axis under the grid, with its ticks, labels and caption. */
+static void km_draw_axis(rt_buf *b, const km_layout *g)
+{
+	int ya = KM_TOP + g->grid_h + 2;
+	int64_t step = nice_step((double)g->N / 10.0);
+	rt_buf_printf(b, "<g class=\"axis\" stroke=\"#444444\" stroke-width=\"1\">\n"
 	          "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\"/>\n", KM_LEFT, ya,
 	          KM_LEFT + KM_GRID_W, ya);
-	for (int64_t p = 0; p < N; p += step) {
-		double x = KM_LEFT + (double)p * cw / (double)bin;
-		rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\"/>\n", x, ya, x, ya + 5);
+	for (int64_t p = 0; p < g->N; p += step) {
+		double x = KM_LEFT + (double)p * g->cw / (double)g->bin;
+		rt_buf_printf(b, "<line x1=\"%.2f\" y1=\"%d\" x2=\"%.2f\" y2=\"%d\"/>\n", x, ya, x,
+		              ya + 5);
 	}
-	rt_buf_printf(&b, "</g>\n<g class=\"s\" text-anchor=\"middle\">\n");
-	for (int64_t p = 0; p < N; p += step) {
-		double x = KM_LEFT + (double)p * cw / (double)bin;
-		rt_buf_printf(&b, "<text x=\"%.2f\" y=\"%d\">%lld</text>\n", x, ya + 18, (long long)p);
+	rt_buf_printf(b, "</g>\n<g class=\"s\" text-anchor=\"middle\">\n");
+	for (int64_t p = 0; p < g->N; p += step) {
+		double x = KM_LEFT + (double)p * g->cw / (double)g->bin;
+		rt_buf_printf(b, "<text x=\"%.2f\" y=\"%d\">%lld</text>\n", x, ya + 18, (long long)p);
 	}
-	rt_buf_printf(&b, "</g>\n<text class=\"s\" x=\"%d\" y=\"%d\" text-anchor=\"middle\">token "
+	rt_buf_printf(b, "</g>\n<text class=\"s\" x=\"%d\" y=\"%d\" text-anchor=\"middle\">token "
 	          "position (original, 0 = first token of the text)</text>\n",
 	          KM_LEFT + KM_GRID_W / 2, ya + 40);
+}
+
+char *rt_keepmap_render(const rt_keepmap *km, size_t *len, rt_err *err)
+{
+	if (km_check(km, err) != 0)
+		return NULL;
+	km_layout g;
+	km_layout_init(&g, km);
+	int32_t *cnt = calloc((size_t)g.cols, sizeof *cnt);
+	unsigned char *mrg = calloc((size_t)g.cols, 1);
+	if (!cnt || !mrg) {
+		free(cnt);
+		free(mrg);
+		rt_err_set(err, "keepmap: out of memory for %d columns", g.cols);
+		return NULL;
+	}
+	rt_buf b = RT_BUF_INIT;
+	km_draw_head(&b, &g);
+	km_draw_title(&b, km, &g);
+	rt_buf_printf(&b, "<g shape-rendering=\"crispEdges\">\n");
+	for (int l = 0; l < g.L; l++)
+		for (int h = 0; h < g.H; h++)
+			km_draw_row(&b, km, &g, l, h, cnt, mrg);
+	rt_buf_printf(&b, "</g>\n");
+	km_draw_axis(&b, &g);
 	rt_buf_printf(&b, "</svg>\n");
 	free(cnt);
 	free(mrg);

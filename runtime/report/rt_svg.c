@@ -202,25 +202,53 @@ static void marker(rt_buf *b, const char *cls, int i, double cx, double cy, cons
 	}
 }
 
-char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, size_t *len,
-                    rt_err *err)
-{
-	if (n_series < 0 || n_series > 64) {
-		rt_err_set(err, "svg: %d series (allowed 0..64)", n_series);
-		return NULL;
-	}
-	for (int i = 0; i < n_series; i++)
-		if (s[i].n < 0 || (s[i].n > 0 && (!s[i].x || !s[i].y))) {
-			rt_err_set(err, "svg: series %d has no data arrays or a negative count", i);
-			return NULL;
-		}
-	int W = p->width ? p->width : 720, H = p->height ? p->height : 440;
-	if (W < 200 || W > 8192 || H < 200 || H > 8192) {
-		rt_err_set(err, "svg: size %dx%d outside 200..8192 pixels", W, H);
-		return NULL;
-	}
+/* The plot area, the axes and the dodge of one render: where data values land. */
+typedef struct frame {
+	axis ax, ay;
+	double x0, x1, y0, y1; /* plot area, pixels */
+	double dodge;          /* pixels between neighbouring series at one x */
+	int n_series;
+	int W, H;
+} frame;
 
-	/* data ranges over drawable points */
+/* Pixel x of data x v for series i (dodged), pixel y of data y v, pixel x of tick t. */
+static double map_x(const frame *f, int i, double v)
+{
+	return f->x0 + frac(f->ax.log2 ? log2(v) : (v), f->ax.lo, f->ax.hi) * (f->x1 - f->x0) +
+	       (i - (f->n_series - 1) / 2.0) * f->dodge;
+}
+
+static double map_y(const frame *f, double v)
+{
+	return f->y1 - frac((v), f->ay.lo, f->ay.hi) * (f->y1 - f->y0);
+}
+
+static double map_xt(const frame *f, double t)
+{
+	return f->x0 + frac((t), f->ax.lo, f->ax.hi) * (f->x1 - f->x0);
+}
+
+/* The arguments rt_svg_render refuses; *W, *H the size in pixels. 0, or -1 with err. */
+static int plot_check(const rt_svg_plot *p, const rt_svg_series *s, int n_series, int *W,
+                      int *H, rt_err *err)
+{
+	if (n_series < 0 || n_series > 64)
+		return rt_err_set(err, "svg: %d series (allowed 0..64)", n_series);
+	for (int i = 0; i < n_series; i++)
+		if (s[i].n < 0 || (s[i].n > 0 && (!s[i].x || !s[i].y)))
+			return rt_err_set(err, "svg: series %d has no data arrays or a negative count", i);
+	*W = p->width ? p->width : 720;
+	*H = p->height ? p->height : 440;
+	if (*W < 200 || *W > 8192 || *H < 200 || *H > 8192)
+		return rt_err_set(err, "svg: size %dx%d outside 200..8192 pixels", *W, *H);
+	return 0;
+}
+
+/* The axes over the drawable points (error-bar ends and the reference line included) and
+ * the plot area left beside the legend. */
+static void frame_init(frame *f, const rt_svg_plot *p, const rt_svg_series *s, int n_series,
+                       int W, int H)
+{
 	double xmn = INFINITY, xmx = -INFINITY, ymn = INFINITY, ymx = -INFINITY;
 	size_t maxname = 0;
 	for (int i = 0; i < n_series; i++) {
@@ -244,154 +272,183 @@ char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, 
 	}
 	if (p->ref_line && isfinite(p->ref_y) && ymn <= ymx)
 		ymn = fmin(ymn, p->ref_y), ymx = fmax(ymx, p->ref_y);
-	axis ax, ay;
 	if (p->x_log2)
-		axis_log2(&ax, xmn, xmx);
+		axis_log2(&f->ax, xmn, xmx);
 	else
-		axis_linear(&ax, xmn, xmx);
-	axis_linear(&ay, ymn, ymx);
-
+		axis_linear(&f->ax, xmn, xmx);
+	axis_linear(&f->ay, ymn, ymx);
 	double legend_w = n_series ? 44.0 + 7.0 * (double)(maxname > 40 ? 40 : maxname) : 0.0;
-	double x0 = 72.0, x1 = W - 20.0 - legend_w, y0 = 48.0, y1 = H - 56.0;
-	if (x1 < x0 + 50.0)
-		x1 = x0 + 50.0;
-	double dodge = isfinite(p->dodge) && fabs(p->dodge) < 50 ? p->dodge : 0.0;
-#define MAPX(v) (x0 + frac(ax.log2 ? log2(v) : (v), ax.lo, ax.hi) * (x1 - x0) + \
-                 (i - (n_series - 1) / 2.0) * dodge)
-#define MAPY(v) (y1 - frac((v), ay.lo, ay.hi) * (y1 - y0))
-#define MAPXT(t) (x0 + frac((t), ax.lo, ax.hi) * (x1 - x0))
+	f->x0 = 72.0;
+	f->x1 = W - 20.0 - legend_w;
+	f->y0 = 48.0;
+	f->y1 = H - 56.0;
+	if (f->x1 < f->x0 + 50.0)
+		f->x1 = f->x0 + 50.0;
+	f->dodge = isfinite(p->dodge) && fabs(p->dodge) < 50 ? p->dodge : 0.0;
+	f->n_series = n_series;
+	f->W = W;
+	f->H = H;
+}
 
-	rt_buf b = RT_BUF_INIT;
-	rt_buf_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-	rt_buf_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" "
+/* The XML prologue, the <svg> element, the title and the background. */
+static void draw_head(rt_buf *b, const rt_svg_plot *p, const frame *f)
+{
+	rt_buf_printf(b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+	rt_buf_printf(b, "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" "
 	          "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"DejaVu Sans, Helvetica, "
-	          "Arial, sans-serif\" font-size=\"12\">\n", W, H, W, H);
-	rt_buf_printf(&b, "<title>");
-	rt_svg_escape_append(&b, p->title ? p->title : "plot");
-	rt_buf_printf(&b, "</title>\n");
-	rt_buf_printf(&b, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", W, H);
+	          "Arial, sans-serif\" font-size=\"12\">\n", f->W, f->H, f->W, f->H);
+	rt_buf_printf(b, "<title>");
+	rt_svg_escape_append(b, p->title ? p->title : "plot");
+	rt_buf_printf(b, "</title>\n");
+	rt_buf_printf(b, "<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n",
+	              f->W, f->H);
 	if (p->title) {
-		rt_buf_printf(&b, "<text x=\"%.2f\" y=\"28\" text-anchor=\"middle\" font-size=\"16\" "
-		          "font-weight=\"bold\">", (x0 + x1) / 2);
-		rt_svg_escape_append(&b, p->title);
-		rt_buf_printf(&b, "</text>\n");
+		rt_buf_printf(b, "<text x=\"%.2f\" y=\"28\" text-anchor=\"middle\" font-size=\"16\" "
+		          "font-weight=\"bold\">", (f->x0 + f->x1) / 2);
+		rt_svg_escape_append(b, p->title);
+		rt_buf_printf(b, "</text>\n");
 	}
+}
 
-	/* grid, ticks and tick labels */
-	rt_buf_printf(&b, "<g class=\"grid\" stroke=\"#dddddd\" stroke-width=\"1\">\n");
-	for (int i = 0; i < ax.n_ticks; i++) {
-		double X = MAPXT(ax.ticks[i]);
-		rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", X, y0, X, y1);
+/* The grid, the axes with their ticks and tick labels, the axis labels and the reference
+ * line. */
+static void draw_axes(rt_buf *b, const rt_svg_plot *p, const frame *f)
+{
+	const axis *ax = &f->ax, *ay = &f->ay;
+	rt_buf_printf(b, "<g class=\"grid\" stroke=\"#dddddd\" stroke-width=\"1\">\n");
+	for (int i = 0; i < ax->n_ticks; i++) {
+		double X = map_xt(f, ax->ticks[i]);
+		rt_buf_printf(b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", X, f->y0,
+		              X, f->y1);
 	}
-	for (int i = 0; i < ay.n_ticks; i++) {
-		double Y = MAPY(ay.ticks[i]);
-		rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, Y, x1, Y);
+	for (int i = 0; i < ay->n_ticks; i++) {
+		double Y = map_y(f, ay->ticks[i]);
+		rt_buf_printf(b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", f->x0, Y,
+		              f->x1, Y);
 	}
-	rt_buf_printf(&b, "</g>\n");
-	rt_buf_printf(&b, "<g class=\"axes\" stroke=\"#000000\" stroke-width=\"1\">\n");
-	rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, y1, x1, y1);
-	rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0, y0, x0, y1);
-	for (int i = 0; i < ax.n_ticks; i++) {
-		double X = MAPXT(ax.ticks[i]);
-		rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", X, y1, X,
-		          y1 + 5);
+	rt_buf_printf(b, "</g>\n");
+	rt_buf_printf(b, "<g class=\"axes\" stroke=\"#000000\" stroke-width=\"1\">\n");
+	rt_buf_printf(b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", f->x0, f->y1,
+	              f->x1, f->y1);
+	rt_buf_printf(b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", f->x0, f->y0,
+	              f->x0, f->y1);
+	for (int i = 0; i < ax->n_ticks; i++) {
+		double X = map_xt(f, ax->ticks[i]);
+		rt_buf_printf(b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", X, f->y1,
+		              X, f->y1 + 5);
 	}
-	for (int i = 0; i < ay.n_ticks; i++) {
-		double Y = MAPY(ay.ticks[i]);
-		rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", x0 - 5, Y, x0,
-		          Y);
+	for (int i = 0; i < ay->n_ticks; i++) {
+		double Y = map_y(f, ay->ticks[i]);
+		rt_buf_printf(b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n",
+		              f->x0 - 5, Y, f->x0, Y);
 	}
-	rt_buf_printf(&b, "</g>\n");
+	rt_buf_printf(b, "</g>\n");
 	char lab[64];
-	rt_buf_printf(&b, "<g class=\"ticklabels\" fill=\"#000000\">\n");
-	for (int i = 0; i < ax.n_ticks; i++) {
-		tick_label(&ax, ax.ticks[i], lab, sizeof(lab));
-		rt_buf_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">%s</text>\n",
-		          MAPXT(ax.ticks[i]), y1 + 19, lab);
+	rt_buf_printf(b, "<g class=\"ticklabels\" fill=\"#000000\">\n");
+	for (int i = 0; i < ax->n_ticks; i++) {
+		tick_label(ax, ax->ticks[i], lab, sizeof(lab));
+		rt_buf_printf(b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">%s</text>\n",
+		              map_xt(f, ax->ticks[i]), f->y1 + 19, lab);
 	}
-	for (int i = 0; i < ay.n_ticks; i++) {
-		tick_label(&ay, ay.ticks[i], lab, sizeof(lab));
-		rt_buf_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"end\">%s</text>\n", x0 - 8,
-		          MAPY(ay.ticks[i]) + 4, lab);
+	for (int i = 0; i < ay->n_ticks; i++) {
+		tick_label(ay, ay->ticks[i], lab, sizeof(lab));
+		rt_buf_printf(b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"end\">%s</text>\n",
+		              f->x0 - 8, map_y(f, ay->ticks[i]) + 4, lab);
 	}
-	rt_buf_printf(&b, "</g>\n");
+	rt_buf_printf(b, "</g>\n");
 	if (p->x_label) {
-		rt_buf_printf(&b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">", (x0 + x1) / 2,
-		          (double)H - 14);
-		rt_svg_escape_append(&b, p->x_label);
-		rt_buf_printf(&b, "</text>\n");
+		rt_buf_printf(b, "<text x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">",
+		              (f->x0 + f->x1) / 2, (double)f->H - 14);
+		rt_svg_escape_append(b, p->x_label);
+		rt_buf_printf(b, "</text>\n");
 	}
 	if (p->y_label) {
-		double cy = (y0 + y1) / 2;
-		rt_buf_printf(&b, "<text x=\"18\" y=\"%.2f\" text-anchor=\"middle\" "
+		double cy = (f->y0 + f->y1) / 2;
+		rt_buf_printf(b, "<text x=\"18\" y=\"%.2f\" text-anchor=\"middle\" "
 		          "transform=\"rotate(-90 18 %.2f)\">", cy, cy);
-		rt_svg_escape_append(&b, p->y_label);
-		rt_buf_printf(&b, "</text>\n");
+		rt_svg_escape_append(b, p->y_label);
+		rt_buf_printf(b, "</text>\n");
 	}
-
-	if (p->ref_line && isfinite(p->ref_y) && ay.lo <= p->ref_y && p->ref_y <= ay.hi)
-		rt_buf_printf(&b, "<line class=\"ref\" x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" "
+	if (p->ref_line && isfinite(p->ref_y) && ay->lo <= p->ref_y && p->ref_y <= ay->hi)
+		rt_buf_printf(b, "<line class=\"ref\" x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" "
 		          "stroke=\"#000000\" stroke-width=\"1\" stroke-dasharray=\"2 2\"/>\n",
-		          x0, MAPY(p->ref_y), x1, MAPY(p->ref_y));
+		          f->x0, map_y(f, p->ref_y), f->x1, map_y(f, p->ref_y));
+}
 
-	/* series: lines broken at missing points, error bars, then markers */
+/* Series i: its line broken at missing points, its error bars, then its markers. */
+static void draw_series(rt_buf *b, const rt_svg_plot *p, const rt_svg_series *si, int i,
+                        const frame *f)
+{
+	const char *col = PALETTE[i % 8];
+	const char *dash = DASH[i % 4];
+	rt_buf_printf(b, "<g class=\"series\" id=\"series%d\">\n", i);
+	rt_buf_printf(b, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s%s%s d=\"", col,
+	          dash[0] ? " stroke-dasharray=\"" : "", dash, dash[0] ? "\"" : "");
+	int pen = 0;
+	for (int j = 0; j < si->n; j++) {
+		double x = si->x[j], y = si->y[j];
+		if (!point_ok(p, x, y)) {
+			pen = 0;
+			continue;
+		}
+		rt_buf_printf(b, "%s%.2f %.2f", pen ? " L" : (b->s[b->len - 1] == '"' ? "M" : " M"),
+		              map_x(f, i, x), map_y(f, y));
+		pen = 1;
+	}
+	rt_buf_printf(b, "\"/>\n");
+	for (int j = 0; j < si->n && si->lo && si->hi; j++) {
+		double x = si->x[j], y = si->y[j], lo = si->lo[j], hi = si->hi[j];
+		if (!point_ok(p, x, y) || !isfinite(lo) || !isfinite(hi))
+			continue;
+		double X = map_x(f, i, x), Yl = map_y(f, lo), Yh = map_y(f, hi);
+		rt_buf_printf(b, "<path class=\"errbar\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
+		          "d=\"M%.2f %.2fL%.2f %.2fM%.2f %.2fL%.2f %.2fM%.2f %.2fL%.2f %.2f\"/>\n", col,
+		          X, Yl, X, Yh, X - 4, Yl, X + 4, Yl, X - 4, Yh, X + 4, Yh);
+	}
+	for (int j = 0; j < si->n; j++) {
+		double x = si->x[j], y = si->y[j];
+		if (point_ok(p, x, y))
+			marker(b, "pt", i, map_x(f, i, x), map_y(f, y), col);
+	}
+	rt_buf_printf(b, "</g>\n");
+}
+
+/* The legend right of the plot area: one line, marker and name per series. */
+static void draw_legend(rt_buf *b, const rt_svg_series *s, int n_series, const frame *f)
+{
+	double lx = f->x1 + 16, ly = f->y0 + 6;
+	rt_buf_printf(b, "<g class=\"legend\">\n");
 	for (int i = 0; i < n_series; i++) {
 		const char *col = PALETTE[i % 8];
 		const char *dash = DASH[i % 4];
-		rt_buf_printf(&b, "<g class=\"series\" id=\"series%d\">\n", i);
-		rt_buf_printf(&b, "<path fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s%s%s d=\"", col,
+		double yy = ly + 20.0 * i;
+		rt_buf_printf(b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" "
+		          "stroke-width=\"2\"%s%s%s/>\n", lx, yy, lx + 28, yy, col,
 		          dash[0] ? " stroke-dasharray=\"" : "", dash, dash[0] ? "\"" : "");
-		int pen = 0;
-		for (int j = 0; j < s[i].n; j++) {
-			double x = s[i].x[j], y = s[i].y[j];
-			if (!point_ok(p, x, y)) {
-				pen = 0;
-				continue;
-			}
-			rt_buf_printf(&b, "%s%.2f %.2f", pen ? " L" : (b.s[b.len - 1] == '"' ? "M" : " M"),
-			          MAPX(x), MAPY(y));
-			pen = 1;
-		}
-		rt_buf_printf(&b, "\"/>\n");
-		for (int j = 0; j < s[i].n && s[i].lo && s[i].hi; j++) {
-			double x = s[i].x[j], y = s[i].y[j], lo = s[i].lo[j], hi = s[i].hi[j];
-			if (!point_ok(p, x, y) || !isfinite(lo) || !isfinite(hi))
-				continue;
-			double X = MAPX(x), Yl = MAPY(lo), Yh = MAPY(hi);
-			rt_buf_printf(&b, "<path class=\"errbar\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
-			          "d=\"M%.2f %.2fL%.2f %.2fM%.2f %.2fL%.2f %.2fM%.2f %.2fL%.2f %.2f\"/>\n", col,
-			          X, Yl, X, Yh, X - 4, Yl, X + 4, Yl, X - 4, Yh, X + 4, Yh);
-		}
-		for (int j = 0; j < s[i].n; j++) {
-			double x = s[i].x[j], y = s[i].y[j];
-			if (point_ok(p, x, y))
-				marker(&b, "pt", i, MAPX(x), MAPY(y), col);
-		}
-		rt_buf_printf(&b, "</g>\n");
+		marker(b, "legend-pt", i, lx + 14, yy, col);
+		rt_buf_printf(b, "<text x=\"%.2f\" y=\"%.2f\">", lx + 34, yy + 4);
+		rt_svg_escape_append(b, s[i].name ? s[i].name : "");
+		rt_buf_printf(b, "</text>\n");
 	}
+	rt_buf_printf(b, "</g>\n");
+}
 
-	/* legend */
-	if (n_series) {
-		double lx = x1 + 16, ly = y0 + 6;
-		rt_buf_printf(&b, "<g class=\"legend\">\n");
-		for (int i = 0; i < n_series; i++) {
-			const char *col = PALETTE[i % 8];
-			const char *dash = DASH[i % 4];
-			double yy = ly + 20.0 * i;
-			rt_buf_printf(&b, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" "
-			          "stroke-width=\"2\"%s%s%s/>\n", lx, yy, lx + 28, yy, col,
-			          dash[0] ? " stroke-dasharray=\"" : "", dash, dash[0] ? "\"" : "");
-			marker(&b, "legend-pt", i, lx + 14, yy, col);
-			rt_buf_printf(&b, "<text x=\"%.2f\" y=\"%.2f\">", lx + 34, yy + 4);
-			rt_svg_escape_append(&b, s[i].name ? s[i].name : "");
-			rt_buf_printf(&b, "</text>\n");
-		}
-		rt_buf_printf(&b, "</g>\n");
-	}
+char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, size_t *len,
+                    rt_err *err)
+{
+	int W = 0, H = 0;
+	if (plot_check(p, s, n_series, &W, &H, err) != 0)
+		return NULL;
+	frame f;
+	frame_init(&f, p, s, n_series, W, H);
+	rt_buf b = RT_BUF_INIT;
+	draw_head(&b, p, &f);
+	draw_axes(&b, p, &f);
+	for (int i = 0; i < n_series; i++)
+		draw_series(&b, p, &s[i], i, &f);
+	if (n_series)
+		draw_legend(&b, s, n_series, &f);
 	rt_buf_printf(&b, "</svg>\n");
-#undef MAPX
-#undef MAPY
-#undef MAPXT
 	return rt_buf_take(&b, len);
 }
 
