@@ -510,7 +510,7 @@ void kvp_ir_layout(struct kvp_ir *ir)
 	/* add_split runs the GraceKV core: segments and probes come from the prompt trace,
 	 * the question span from the span ids */
 	if (kvp_ir_grace_core(ir))
-		needs |= KVP_NEED_TRACE | KVP_NEED_PROMPT_LEN | KVP_NEED_SPANS;
+		needs |= KVP_NEED_TRACE | KVP_NEED_PROMPT_LEN | KVP_NEED_SPANS | KVP_NEED_F32_KV;
 	ir->needs = needs;
 }
 

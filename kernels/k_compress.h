@@ -49,6 +49,9 @@ struct k_compress_cfg {
 	int32_t kernel;         /* pooling kernel (odd, entries) */
 	int pool_before_reduce;
 	int n_tmp;              /* [cap] float temporaries the score function uses */
+	int reads_rows;         /* the score reads keys or values (KVP_NEED_KEYS/VALUES): on a
+	                           store of a narrow element type each head's rows are decoded
+	                           to f32 for it (k_head_f32) */
 	double target;          /* average entries per head to keep */
 	int has_sinks, has_recent; /* the policy has `keep sinks` / `keep recent` */
 	double sinks;           /* keep pos < sinks (tokens) */
@@ -80,11 +83,36 @@ static inline size_t k_align64(size_t n)
 	return (n + 63) & ~(size_t)63;
 }
 
+/* Scratch bytes for one head's keys and values decoded to f32 ([2 × cap × head_dim]
+ * floats) on a store of a narrow element type; 0 for an f32 store. */
+static inline size_t k_rows_bytes(const rt_kv *kv)
+{
+	if (kv->type == RT_KV_F32)
+		return 0;
+	return 2 * k_align64((size_t)kv->cap * (size_t)kv->head_dim * sizeof(float));
+}
+
+/* An f32 view of head h: *h itself for an f32 store; otherwise a copy of *h in *view whose
+ * k and v point at h's rows decoded into rows[2 × cap × head_dim] (the other arrays are
+ * h's own). The generated score code and the merge read keys and values as f32 arrays. */
+static inline rt_kv_head *k_head_f32(const rt_kv *kv, rt_kv_head *h, rt_kv_head *view,
+                                     float *rows)
+{
+	if (kv->type == RT_KV_F32)
+		return h;
+	*view = *h;
+	view->k = rows;
+	view->v = rows + k_align64((size_t)kv->cap * (size_t)kv->head_dim * sizeof(float)) / sizeof(float);
+	rt_kv_rows_decode(kv, h->kr, h->n, view->k);
+	rt_kv_rows_decode(kv, h->vr, h->n, view->v);
+	return view;
+}
+
 /* Scratch bytes for compress on this store's shape with n_tmp score temporaries. */
 static inline size_t k_compress_scratch_bytes(const rt_kv *kv, int n_tmp)
 {
 	size_t H = (size_t)kv->n_layer * kv->n_kv_head, c = (size_t)kv->cap;
-	return k_align64(H * c * sizeof(float)) + 2 * k_align64(H * c) +
+	return k_rows_bytes(kv) + k_align64(H * c * sizeof(float)) + 2 * k_align64(H * c) +
 	       k_align64((size_t)kv->group * c * sizeof(float)) + k_align64(c * sizeof(float)) +
 	       k_align64((size_t)(n_tmp > 0 ? n_tmp : 1) * c * sizeof(float)) +
 	       k_align64((size_t)2 * kv->head_dim * sizeof(double)) +
@@ -151,9 +179,14 @@ static inline double k_entry_cos(const rt_kv *kv, const rt_kv_head *h, int32_t a
  * (previous or next kept in index order; not a guarded entry (sinks, recent, spans
  * stay exact) nor a floor singleton; whose count stays
  * <= run when run > 0) with the more similar key; ties and equal similarity go to the
- * previous one. Entries are processed in index order. */
-static inline void k_merge_evicted(const rt_kv *kv, rt_kv_head *h, const uint8_t *flags, double run)
+ * previous one. Entries are processed in index order. On a store of a narrow element type
+ * the merges run on the head's rows decoded into rows (k_head_f32) and every entry that
+ * took a merge is encoded back (rounded once, from its f32 mean). */
+static inline void k_merge_evicted(const rt_kv *kv, rt_kv_head *hs, const uint8_t *flags,
+                                   double run, float *rows)
 {
+	rt_kv_head view;
+	rt_kv_head *h = k_head_f32(kv, hs, &view, rows);
 	int32_t n = h->n, prev = -1;
 	for (int32_t i = 0; i < n; i++) {
 		if (flags[i] & K_FLAG_KEEP) {
@@ -181,8 +214,14 @@ static inline void k_merge_evicted(const rt_kv *kv, rt_kv_head *h, const uint8_t
 				best_cos = cs;
 			}
 		}
-		if (best >= 0)
+		if (best >= 0) {
 			k_merge_entry(kv, h, best, i);
+			if (h != hs) {
+				size_t d = (size_t)kv->head_dim;
+				rt_kv_set_key(kv, hs, best, h->k + (size_t)best * d);
+				rt_kv_set_value(kv, hs, best, h->v + (size_t)best * d);
+			}
+		}
 	}
 }
 
@@ -281,6 +320,7 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	float *pooled = (float *)(void *)p; p += k_align64(c * sizeof(float));
 	float *tmp = (float *)(void *)p; p += k_align64((size_t)(cfg->n_tmp > 0 ? cfg->n_tmp : 1) * c * sizeof(float));
 	double *vec = (double *)(void *)p; p += k_align64((size_t)2 * kv->head_dim * sizeof(double));
+	float *rows = (float *)(void *)p; p += k_rows_bytes(kv);
 	struct k_cand *cbuf = (struct k_cand *)(void *)p; p += k_align64(H * c * sizeof(struct k_cand));
 	struct k_cand *ctmp = (struct k_cand *)(void *)p; p += k_align64(H * c * sizeof(struct k_cand));
 	int32_t *keep = (int32_t *)(void *)p; p += k_align64(c * sizeof(int32_t));
@@ -317,12 +357,14 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 					s[i] = 0.0f;
 				continue;
 			}
+			rt_kv_head view;
+			const rt_kv_head *hv = cfg->reads_rows ? k_head_f32(kv, h, &view, rows) : h;
 			if (cfg->reduce < 0) {
-				score_fn(ctx, kv, h, l, 0, s, tmp, vec);
+				score_fn(ctx, kv, hv, l, 0, s, tmp, vec);
 			} else {
 				for (int r = 0; r < R; r++) {
 					float *q = qs + (size_t)r * c;
-					score_fn(ctx, kv, h, l, r, q, tmp, vec);
+					score_fn(ctx, kv, hv, l, r, q, tmp, vec);
 					if (cfg->pool != K_POOL_NONE && cfg->pool_before_reduce) {
 						k_pool(q, pooled, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX);
 						memcpy(q, pooled, (size_t)n_dom * sizeof(float));
@@ -418,7 +460,7 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 						f[i] |= K_FLAG_SINGLE;
 			}
 			if (cfg->action != K_ACT_EVICT)
-				k_merge_evicted(kv, h, f, cfg->run);
+				k_merge_evicted(kv, h, f, cfg->run, rows);
 			int32_t nk = 0;
 			for (int32_t i = 0; i < h->n; i++)
 				if (f[i] & K_FLAG_KEEP)

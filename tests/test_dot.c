@@ -27,8 +27,10 @@
 
 #include "support/gguf_writer.h"
 #include "base/rt_pool.h"
+#include "kv/rt_kvq.h"
 #include "model/rt_dot.h"
 #include "model/rt_gguf.h"
+#include "model/rt_kvattn.h"
 #include "model/rt_matmul.h"
 #include "model/rt_quant.h"
 
@@ -293,6 +295,73 @@ START_TEST(test_matmul_threads_and_reference)
 }
 END_TEST
 
+/* rt_kvattn over f16 / Q8_0 rows, every ISA level, group sizes 3 and 4 (the 9/3 and 4/1
+ * shapes), head_dim 64 and 96 (two DCH-free widths, one not a power of two) and an f16 width
+ * with a tail (40). Oracle: attention over the stored, dequantised entries — rows decoded by
+ * rt_kvq_vrow_decode (runtime/kv/rt_kvq.c, a separate implementation), scores and the
+ * weighted sum in double. The decoded values are exact in both, so the kernels differ from
+ * the oracle only by f32 rounding of the products and their sum: 1e-5·Σ|terms| + 1e-7. */
+START_TEST(test_kvattn_vs_decoded_rows)
+{
+	static const int dims[3] = { 64, 96, 40 };
+	enum { N = 37 };
+	for (int ti = 0; ti < 2; ti++)
+		for (int di = 0; di < 3; di++)
+			for (int G = 3; G <= 4; G++)
+				for (int isa = RT_ISA_SCALAR; isa <= rt_dot_isa_best(); isa++) {
+					const enum rt_kv_type type = ti ? RT_KV_Q8_0 : RT_KV_F16;
+					const rt_kvq_kind kind = ti ? RT_KVQ_Q8_0 : RT_KVQ_F16;
+					const int d = dims[di];
+					if (ti && d % 32)
+						continue;
+					const size_t rb = rt_kv_row_bytes(type, d);
+					uint8_t *rows = malloc(N * rb);
+					float *x = malloc(sizeof(float) * d), *dec = malloc(sizeof(float) * N * d);
+					float *q = malloc(sizeof(float) * G * d), *P = malloc(sizeof(float) * G * N);
+					float *S = malloc(sizeof(float) * G * N), *o = malloc(sizeof(float) * G * d);
+					float *dk = malloc(sizeof(float) * N * d);
+					for (int i = 0; i < N; i++) {
+						for (int j = 0; j < d; j++)
+							x[j] = urand(-3.0f, 3.0f);
+						rt_kvq_vrow_encode(kind, x, d, rows + (size_t)i * rb);
+						rt_kvq_vrow_decode(kind, rows + (size_t)i * rb, d, dec + (size_t)i * d);
+					}
+					for (int j = 0; j < G * d; j++)
+						q[j] = urand(-1.0f, 1.0f);
+					for (int j = 0; j < G * N; j++)
+						P[j] = urand(0.0f, 1.0f) / N;
+					const rt_kvattn_kernels *ka = rt_kvattn_get(type, isa);
+					ck_assert_ptr_nonnull(ka);
+					ka->decode(rows, N, d, dk);
+					ck_assert(memcmp(dk, dec, sizeof(float) * N * d) == 0);
+					ka->scores(rows, N, d, q, (size_t)d, G, 0.125f, S, N);
+					ka->mix(rows, N, d, P, N, G, o, (size_t)d);
+					for (int g = 0; g < G; g++) {
+						for (int i = 0; i < N; i++) {
+							double ref = 0, mag = 0;
+							for (int j = 0; j < d; j++) {
+								ref += (double)q[g * d + j] * dec[(size_t)i * d + j];
+								mag += fabs((double)q[g * d + j] * dec[(size_t)i * d + j]);
+							}
+							ck_assert_msg(fabs(S[g * N + i] - 0.125 * ref) <= 0.125 * (1e-5 * mag + 1e-7),
+							              "scores %s d %d G %d isa %d", rt_kv_type_name(type), d, G, isa);
+						}
+						for (int j = 0; j < d; j++) {
+							double ref = 0, mag = 0;
+							for (int i = 0; i < N; i++) {
+								ref += (double)P[g * N + i] * dec[(size_t)i * d + j];
+								mag += fabs((double)P[g * N + i] * dec[(size_t)i * d + j]);
+							}
+							ck_assert_msg(fabs(o[g * d + j] - ref) <= 1e-5 * mag + 1e-7,
+							              "mix %s d %d G %d isa %d", rt_kv_type_name(type), d, G, isa);
+						}
+					}
+					free(rows), free(x), free(dec), free(q), free(P), free(S), free(o), free(dk);
+				}
+	ck_assert_ptr_null(rt_kvattn_get(RT_KV_F32, RT_ISA_SCALAR));
+}
+END_TEST
+
 static Suite *dot_suite(void)
 {
 	Suite *s = suite_create("dot");
@@ -300,6 +369,7 @@ static Suite *dot_suite(void)
 	tcase_set_timeout(tc, 30);
 	tcase_add_loop_test(tc, test_kernels_vs_dequantised_and_scalar, 0, N_TYPES);
 	tcase_add_test(tc, test_q4_1_hand);
+	tcase_add_test(tc, test_kvattn_vs_decoded_rows);
 	tcase_add_test(tc, test_unsupported);
 	tcase_add_test(tc, test_pool_covers_every_index);
 	tcase_add_loop_test(tc, test_matmul_threads_and_reference, 0, N_TYPES);

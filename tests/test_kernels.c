@@ -343,7 +343,7 @@ START_TEST(merge_into_neighbours)
 	for (int i = 0; i < 4; i++)
 		rt_kv_append(&kv, h, k[i], v[i], i);
 	uint8_t flags[4] = { K_FLAG_KEEP, 0, 0, K_FLAG_KEEP };
-	k_merge_evicted(&kv, h, flags, 0);
+	k_merge_evicted(&kv, h, flags, 0, NULL);
 	ck_assert_float_eq(h->count[0], 2);
 	ck_assert_float_eq(h->count[3], 2);
 	ck_assert_float_eq_tol(h->v[0], 3, 1e-6);
@@ -354,7 +354,7 @@ START_TEST(merge_into_neighbours)
 	for (int i = 0; i < 4; i++)
 		rt_kv_append(&kv, h, k[0], v[0], i);
 	uint8_t f2[4] = { K_FLAG_KEEP, 0, 0, 0 };
-	k_merge_evicted(&kv, h, f2, 2);
+	k_merge_evicted(&kv, h, f2, 2, NULL);
 	ck_assert_float_eq(h->count[0], 2);
 	rt_kv_free(&kv);
 }

@@ -253,6 +253,102 @@ START_TEST(test_pool_parse_size)
 }
 END_TEST
 
+/* Narrow element types: rows decode within the bound of their format, keep / compaction
+ * moves the stored bytes unchanged, and a block holds the same 16 entries in fewer bytes.
+ * Bounds, from the formats (runtime/kv/rt_kvq.h): f16 rounds to nearest with a relative
+ * error of at most 2^-11 (values here are far above f16's subnormal range); Q8_0 is within
+ * amax·(1/2 + 127·2^-11)/127 of x, amax the largest magnitude of x's block of 32. */
+START_TEST(test_narrow_types)
+{
+	static const enum rt_kv_type types[2] = { RT_KV_F16, RT_KV_Q8_0 };
+	static const size_t rows[2] = { 128, 68 }; /* head_dim 64: 64 halves; 2 x (2 + 32) */
+	for (int t = 0; t < 2; t++) {
+		rt_kvpool pool = { .limit = INT64_MAX };
+		rt_kv kv;
+		rt_err err = { "" };
+		/* grouped-query shape 9/3: 3 KV heads, group 3 */
+		ck_assert_int_eq(rt_kv_init_typed(&kv, &pool, types[t], 2, 3, 3, 64, 64, 8, 0, &err), 0);
+		ck_assert_uint_eq(kv.row_bytes, rows[t]);
+		ck_assert_int_eq(kv.block_bytes, 16 * (int64_t)(2 * rows[t] + 4 + 4 + 4 + 2 + 8));
+		ck_assert(kv.heads[0].k == NULL && kv.heads[0].v == NULL);
+		float k[40][64], v[40][64];
+		uint64_t r = 12345u + (uint64_t)t;
+		for (int p = 0; p < 40; p++)
+			for (int d = 0; d < 64; d++) {
+				r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+				k[p][d] = (float)((double)(r >> 40) / (double)(1u << 24) * 8.0 - 4.0);
+				v[p][d] = -0.5f * k[p][d] + 0.25f;
+			}
+		for (int hh = 0; hh < 6; hh++)
+			for (int p = 0; p < 40; p++)
+				rt_kv_append(&kv, &kv.heads[hh], k[p], v[p], p);
+		ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 18); /* 3 blocks per list */
+		ck_assert_int_eq(rt_kvpool_get(&pool).used, 18 * kv.block_bytes);
+		rt_kv_head *h = rt_kv_head_at(&kv, 1, 2);
+		float buf[64];
+		for (int p = 0; p < 40; p++) {
+			const float *x = rt_kv_key(&kv, h, p, buf);
+			for (int d = 0; d < 64; d++) {
+				double bound;
+				if (types[t] == RT_KV_F16) {
+					bound = fabs(k[p][d]) * ldexp(1.0, -11);
+				} else {
+					double amax = 0;
+					for (int j = d / 32 * 32; j < d / 32 * 32 + 32; j++)
+						amax = fmax(amax, fabs(k[p][j]));
+					bound = amax * (0.5 + 127.0 * ldexp(1.0, -11)) / 127.0;
+				}
+				ck_assert_msg(fabs(x[d] - k[p][d]) <= bound, "%s entry %d dim %d: %g vs %g",
+				              rt_kv_type_name(types[t]), p, d, x[d], k[p][d]);
+			}
+		}
+		/* the stored bytes of kept entries move unchanged */
+		uint8_t want[5][2][128];
+		const int32_t keep[5] = { 0, 9, 17, 30, 39 };
+		for (int j = 0; j < 5; j++) {
+			memcpy(want[j][0], h->kr + (size_t)keep[j] * kv.row_bytes, kv.row_bytes);
+			memcpy(want[j][1], h->vr + (size_t)keep[j] * kv.row_bytes, kv.row_bytes);
+		}
+		rt_kv_head_keep(&kv, h, keep, 5);
+		ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 16);
+		for (int j = 0; j < 5; j++) {
+			int32_t at = -1;
+			for (int32_t i = 0; i < h->n; i++)
+				if (h->pos[i] == keep[j])
+					at = i;
+			ck_assert_int_ge(at, 0);
+			ck_assert(memcmp(h->kr + (size_t)at * kv.row_bytes, want[j][0], kv.row_bytes) == 0);
+			ck_assert(memcmp(h->vr + (size_t)at * kv.row_bytes, want[j][1], kv.row_bytes) == 0);
+		}
+		/* set_key re-encodes: decoding a decoded row gives it back exactly */
+		const float *x0 = rt_kv_key(&kv, h, 0, buf);
+		float row[64];
+		memcpy(row, x0, sizeof row);
+		rt_kv_set_key(&kv, h, 0, row);
+		const float *x1 = rt_kv_key(&kv, h, 0, buf);
+		for (int d = 0; d < 64; d++)
+			ck_assert(x1[d] == row[d]);
+		rt_kv_free(&kv);
+		ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
+	}
+	/* Q8_0 needs whole blocks of 32 values per row; an unknown type is refused */
+	rt_kv kv;
+	rt_err err = { "" };
+	ck_assert_int_eq(rt_kv_init_typed(&kv, NULL, RT_KV_Q8_0, 1, 1, 4, 40, 8, 0, 0, &err), -1);
+	ck_assert_msg(strstr(err.msg, "head_dim 40 is not a multiple of 32, which q8_0 needs"),
+	              "%s", err.msg);
+	ck_assert_int_eq(rt_kv_init_typed(&kv, NULL, (enum rt_kv_type)7, 1, 1, 4, 64, 8, 0, 0, &err), -1);
+	ck_assert_msg(strstr(err.msg, "unknown element type"), "%s", err.msg);
+	/* 4/1: one KV head, group 4, f16 at head_dim 40 (f16 has no block constraint) */
+	ck_assert_int_eq(rt_kv_init_typed(&kv, NULL, RT_KV_F16, 1, 1, 4, 40, 8, 0, 0, &err), 0);
+	ck_assert_uint_eq(kv.row_bytes, 80);
+	rt_kv_free(&kv);
+	for (int t = 0; t < RT_KV_N_TYPE; t++)
+		ck_assert_int_eq(rt_kv_type_parse(rt_kv_type_name((enum rt_kv_type)t)), t);
+	ck_assert_int_eq(rt_kv_type_parse("q4_0"), -1);
+}
+END_TEST
+
 static Suite *kv_suite(void)
 {
 	Suite *s = suite_create("kv");
@@ -264,6 +360,7 @@ static Suite *kv_suite(void)
 	tcase_add_test(tc, test_append_after_keep);
 	tcase_add_test(tc, test_pool_blocks);
 	tcase_add_test(tc, test_pool_parse_size);
+	tcase_add_test(tc, test_narrow_types);
 	suite_add_tcase(s, tc);
 	return s;
 }

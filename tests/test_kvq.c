@@ -228,6 +228,32 @@ START_TEST(test_tile_logits_equal_decoded_dot)
 }
 END_TEST
 
+/* A Q8_0 block worked out by hand (ggml's quantize_row_q8_0_ref): x = (1, -2, 0.5, 0, ...):
+ * amax 2, d = 2/127 = 0.0157480..., stored as f16 1032/1024 · 2^-6 = 0.0157470703125;
+ * codes round(x · 127/2) = 64 (63.5 rounds away from zero), -127, 32 (31.75), 0; decoded
+ * D·c = 1.0078125, -1.9998779296875, 0.50390625, 0. */
+START_TEST(test_hand_computed_q8_0_block)
+{
+	float x[64] = { 1.0f, -2.0f, 0.5f }, y[64];
+	uint8_t row[68];
+	ck_assert_uint_eq(rt_kvq_vrow_bytes(RT_KVQ_Q8_0, 64), 68);
+	rt_kvq_vrow_encode(RT_KVQ_Q8_0, x, 64, row);
+	uint16_t h;
+	memcpy(&h, row, 2);
+	ck_assert(rt_fp16_to_f32(h) == 0.0157470703125f);
+	ck_assert_int_eq((int8_t)row[2], 64);
+	ck_assert_int_eq((int8_t)row[3], -127);
+	ck_assert_int_eq((int8_t)row[4], 32);
+	ck_assert_int_eq((int8_t)row[5], 0);
+	memcpy(&h, row + 34, 2); /* the second block is all zero: scale 0 */
+	ck_assert_uint_eq(h, 0);
+	rt_kvq_vrow_decode(RT_KVQ_Q8_0, row, 64, y);
+	ck_assert(y[0] == 1.0078125f && y[1] == -1.9998779296875f && y[2] == 0.50390625f);
+	for (int i = 3; i < 64; i++)
+		ck_assert(y[i] == 0.0f);
+}
+END_TEST
+
 START_TEST(test_bytes_and_names)
 {
 	/* head_dim 64: f16 row 128 bytes; q8 2 x (4 + 32) = 72; q4 2 x (4 + 16) = 40;
@@ -259,6 +285,7 @@ static Suite *kvq_suite(void)
 	tcase_add_test(tc, test_error_bounds);
 	tcase_add_test(tc, test_tile_logits_equal_decoded_dot);
 	tcase_add_test(tc, test_bytes_and_names);
+	tcase_add_test(tc, test_hand_computed_q8_0_block);
 	suite_add_tcase(s, tc);
 	return s;
 }

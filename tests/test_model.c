@@ -641,6 +641,99 @@ START_TEST(test_observe_hook)
 }
 END_TEST
 
+/* The fast path over f16 and Q8_0 stores (shapes 9/3 head_dim 32 and 4/1 head_dim 16):
+ *  - the attention output handed to observe equals Σ p·v over the stored, dequantised
+ *    values (rt_kv_value), to f32 rounding;
+ *  - a chunk of 20 rows (decoded once, sgemm) equals 20 single-token steps (rows read in
+ *    place, runtime/model/rt_kvattn.c): same stored entries, so the logits agree to f32
+ *    summation order (1e-4 of the largest logit);
+ *  - Q8_0 at head_dim 16 and an exact model with a narrow type are refused at load. */
+typedef struct obs_narrow {
+	const rt_kv *kv;
+	double worst_sum, worst_out;
+	long calls;
+} obs_narrow;
+
+static void obs_narrow_cb(void *user, const rt_attn_view *v)
+{
+	obs_narrow *a = user;
+	a->calls++;
+	float buf[64];
+	for (int g = 0; g < v->group; g++) {
+		const float *p = v->probs + (size_t)g * v->probs_ld;
+		double s = 0;
+		for (int i = 0; i < v->n_entries; i++)
+			s += p[i];
+		a->worst_sum = fmax(a->worst_sum, fabs(s - 1.0));
+		for (int d = 0; d < v->head_dim; d++) {
+			double o = 0;
+			for (int i = 0; i < v->n_entries; i++)
+				o += p[i] * rt_kv_value(a->kv, v->head, i, buf)[d];
+			a->worst_out = fmax(a->worst_out, fabs(o - v->out[(size_t)g * v->head_dim + d]));
+		}
+	}
+}
+
+START_TEST(test_narrow_kv_types)
+{
+	const enum rt_kv_type type = _i / 2 ? RT_KV_Q8_0 : RT_KV_F16;
+	/* f32 weights: the fast path multiplies them in f32 at every chunk length, so only the
+	 * attention path differs between the chunk and the steps */
+	tiny_model_cfg c = shape_cfg(_i % 2, RT_GGML_F32);
+	const char *path = write_model(&c);
+	rt_err err = {0};
+	const rt_model_opts o = { .exact = 0, .threads = 2, .kv_type = type };
+	rt_model *m = rt_model_open(path, &o, &err);
+	if (type == RT_KV_Q8_0 && _i % 2) { /* head_dim 16 */
+		ck_assert_ptr_null(m);
+		ck_assert_msg(strstr(err.msg, "KV type q8_0 cannot be used here (head_dim is not a multiple of 32)"),
+		              "%s", err.msg);
+		unlink(path);
+		return;
+	}
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	const rt_model_opts xo = { .exact = 1, .kv_type = type };
+	ck_assert_ptr_null(rt_model_open(path, &xo, &err));
+	ck_assert_msg(strstr(err.msg, "the exact path stores f32 keys and values"), "%s", err.msg);
+	enum { N = 24 };
+	int32_t tok[N];
+	test_tokens(tok, N, c.n_vocab, 5u);
+	rt_kv a, b;
+	rt_fwd fa, fb;
+	ck_assert_int_eq(rt_model_kv_init(m, &a, N, &err), 0);
+	ck_assert_int_eq(rt_model_kv_init(m, &b, N, &err), 0);
+	ck_assert_int_eq(a.type, type);
+	ck_assert_int_eq(rt_fwd_init(&fa, m, 32, N, &err), 0);
+	ck_assert_int_eq(rt_fwd_init(&fb, m, 1, N, &err), 0);
+	obs_narrow acc = { .kv = &a };
+	fa.observe = obs_narrow_cb;
+	fa.observe_user = &acc;
+	float *la = malloc(sizeof(float) * c.n_vocab), *lb = malloc(sizeof(float) * c.n_vocab);
+	ck_assert_int_eq(rt_model_forward(&fa, &a, tok, 20, 0, la, RT_LOGITS_LAST, &err), 0);
+	for (int t = 0; t < 20; t++)
+		ck_assert_int_eq(rt_model_forward(&fb, &b, tok + t, 1, t, lb, RT_LOGITS_LAST, &err), 0);
+	/* as test_fast_path's prefill bound: 1e-4 of the largest logit (f32 summation order of
+	 * the matmuls and the attention through both layers) */
+	double worst = 0, mx = 0;
+	for (int i = 0; i < c.n_vocab; i++) {
+		worst = fmax(worst, fabs(la[i] - lb[i]));
+		mx = fmax(mx, fabs(lb[i]));
+	}
+	ck_assert_msg(worst <= 1e-4 * mx, "%s: chunk of 20 vs 20 steps differ by %g (max %g)",
+	              rt_kv_type_name(type), worst, mx);
+	/* the single-row path under observe too */
+	ck_assert_int_eq(rt_model_forward(&fa, &a, tok + 20, 4, 20, la, RT_LOGITS_LAST, &err), 0);
+	ck_assert_int_eq(acc.calls, 24L * c.n_layer * c.n_head_kv);
+	ck_assert_msg(acc.worst_sum < 1e-5, "probabilities sum off by %g", acc.worst_sum);
+	ck_assert_msg(acc.worst_out < 1e-5, "output differs from sum p v(stored) by %g", acc.worst_out);
+	free(la), free(lb);
+	rt_fwd_free(&fa), rt_fwd_free(&fb);
+	rt_kv_free(&a), rt_kv_free(&b);
+	rt_model_free(m);
+	unlink(path);
+}
+END_TEST
+
 /* Long context: enough entries that the attention splits a chunk into several row
  * blocks (rows·group·entries above 2^18 floats); a 64-token chunk after a 2000-token
  * prefill equals 64 single-token calls, and observe still sees exact probabilities. */
@@ -1011,6 +1104,7 @@ static Suite *model_suite(void)
 	tcase_add_loop_test(tc, test_evicted_cache_oracle, 0, 3);
 	tcase_add_loop_test(tc, test_count_oracle, 0, 3);
 	tcase_add_test(tc, test_observe_hook);
+	tcase_add_loop_test(tc, test_narrow_kv_types, 0, 4);
 	tcase_add_test(tc, test_long_context_row_blocks);
 	suite_add_tcase(s, tc);
 	TCase *bad = tcase_create("errors");

@@ -1409,6 +1409,24 @@ START_TEST(cli_bad_input)
 	const char *a9[] = { "kvx", "needle", "--model", mp, "--depths", "0,150", NULL };
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a9), 2);
 	ck_assert_msg(strstr(e, "--depths") != NULL, "%s", e);
+	/* --kv-type: an unknown word, a narrow type on the exact path (ppl's default), and a
+	 * policy that needs f32 rows on a narrow store are usage errors naming the option */
+	const char *k1[] = { "kvx", "run", "--model", mp, "--prompt", "hi", "--kv-type", "q4", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, k1), 2);
+	ck_assert_msg(strstr(e, "--kv-type: 'q4' is not f32, f16 or q8_0") != NULL, "%s", e);
+	const char *k2[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--kv-type", "f16", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, k2), 2);
+	ck_assert_msg(strstr(e, "--kv-type f16: the exact path stores f32") != NULL, "%s", e);
+	const char *k3[] = { "kvx", "run", "--model", mp, "--prompt", "hi", "--exact", "--kv-type",
+		             "q8_0", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, k3), 2);
+	ck_assert_msg(strstr(e, "--kv-type q8_0: the exact path") != NULL, "%s", e);
+	if (find_policy("gracekv")) {
+		const char *k4[] = { "kvx", "run", "--model", mp, "--prompt", "hi", "--policy",
+			             "gracekv", "--kv-type", "f16", NULL };
+		ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, k4), 2);
+		ck_assert_msg(strstr(e, "policy gracekv reads and rewrites f32") != NULL, "%s", e);
+	}
 	/* every command's --help exits 0 and names the command */
 	static const char *const cmds[] = { "info", "ppl", "needle", "run", "tokenize", "bench" };
 	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {

@@ -127,6 +127,7 @@ static const opt_def OPTS[] = {
 	OPT(O_COMMIT, "commit", 1), OPT(O_SHAA, "source-sha256-a", 1),
 	OPT(O_SHAB, "source-sha256-b", 1), OPT(O_QUIET, "quiet", 0), OPT(O_MAXKLD, "max-kld", 1),
 	OPT(O_MINPASSKEY, "min-passkey", 1), OPT(O_OUT, "out", 1), OPT(O_GATE, "gate", 0),
+	OPT(O_KVTYPE, "kv-type", 1),
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
 
@@ -267,6 +268,11 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 			return rt_cli_usage(cmd, "--mode: '%s' is not aware or agnostic", arg);
 		o->mode_agnostic = !strcmp(arg, "agnostic");
 		return 0;
+	case O_KVTYPE:
+		if (rt_kv_type_parse(arg) < 0)
+			return rt_cli_usage(cmd, "--kv-type: '%s' is not f32, f16 or q8_0", arg);
+		o->kv_type = arg;
+		return 0;
 	case O_TASK:
 		if (strcmp(arg, "passkey") && strcmp(arg, "niah"))
 			return rt_cli_usage(cmd, "--task: '%s' is not passkey or niah", arg);
@@ -322,6 +328,9 @@ int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, 
 		return rt_cli_usage(cmd, "unexpected argument '%s'", argv[optind]);
 	if (need_model && !o->model)
 		return rt_cli_usage(cmd, "%s", "--model is required");
+	if (o->kv_type && o->exact && rt_kv_type_parse(o->kv_type) != RT_KV_F32)
+		return rt_cli_usage(cmd, "--kv-type %s: the exact path stores f32 keys and values "
+		                    "(give --fast, or --kv-type f32)", o->kv_type);
 	/* every file written at the end must be writable before any work starts */
 	const char *outs[][2] = { { "--svg", o->svg }, { "--dump", o->dump },
 		                  { "--logits", o->logits } };
@@ -350,6 +359,22 @@ static const struct kvp_policy *find_policy(const char *name)
 	return p;
 }
 
+enum rt_kv_type rt_cli_kv_type(const rt_cli_opts *o)
+{
+	if (o->kv_type)
+		return (enum rt_kv_type)rt_kv_type_parse(o->kv_type);
+	if (o->exact)
+		return RT_KV_F32;
+	const char *names[3] = { o->policy ? o->policy : rt_cli_default_policy(), o->name_a,
+		                 o->name_b };
+	for (int i = 0; i < 3; i++) {
+		const struct kvp_policy *p = names[i] ? find_policy(names[i]) : NULL;
+		if (p && (p->needs & KVP_NEED_F32_KV))
+			return RT_KV_F32;
+	}
+	return RT_KV_F16;
+}
+
 /* Resolve --policy and check --set names and values and --ratio against it before any
  * work. Returns the policy, or NULL after printing a usage error (*rc = 2). */
 const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, int *rc)
@@ -365,6 +390,12 @@ const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, in
 		if (!rt_registry_find(rt_cli_reg, rt_cli_n_reg, "full"))
 			snprintf(list + used, sizeof list - used, "%sfull", used ? ", " : "");
 		*rc = rt_cli_usage(cmd, "unknown policy '%s' (this binary has: %s)", name, list);
+		return NULL;
+	}
+	if ((p->needs & KVP_NEED_F32_KV) && rt_cli_kv_type(o) != RT_KV_F32) {
+		*rc = rt_cli_usage(cmd, "--kv-type %s: policy %s reads and rewrites f32 key/value "
+		                   "rows; it needs --kv-type f32", rt_kv_type_name(rt_cli_kv_type(o)),
+		                   p->name);
 		return NULL;
 	}
 	double *vals = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof(double));

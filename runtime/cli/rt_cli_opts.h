@@ -44,6 +44,8 @@ typedef struct rt_cli_opts {
 	double ratio;
 	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question, quiet;
 	int exact;  /* 1: the exact path, 0: the fast path (each command sets its default) */
+	const char *kv_type; /* --kv-type f32|f16|q8_0 as given (checked), NULL: the default
+	                        (rt_cli_kv_type) */
 	long pp, tg; /* bench: llama-bench's tests */
 	/* tune: every --text in order (o->text is the last), the limits, the sidecar, --gate */
 	const char *texts[RT_CLI_MAX_LIST];
@@ -63,7 +65,7 @@ enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECI
        O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM, O_MARKQ,
        O_VERSION, O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH, O_A, O_B, O_RATIOS, O_ABTASK,
        O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64, O_COMMIT, O_SHAA, O_SHAB,
-       O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE };
+       O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE, O_KVTYPE };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;
@@ -97,6 +99,12 @@ int rt_cli_parse_list(const char *s, double lo, double hi, int integral, double 
  * need_model: --model is required. */
 int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, rt_cli_opts *o,
                  const int *ids, int need_model);
+
+/* The KV element type of the run: --kv-type when given; else f32 on the exact path, and on
+ * the fast path f16 unless a policy the options name (--policy, --a, --b) needs f32 rows
+ * (KVP_NEED_F32_KV, GraceKV), then f32. rt_cli_parse has refused --kv-type other than f32
+ * on the exact path. */
+enum rt_kv_type rt_cli_kv_type(const rt_cli_opts *o);
 
 /* The default policy's name: the binary's first, else "full". */
 const char *rt_cli_default_policy(void);

@@ -25,6 +25,7 @@ static const char *const help =
 	"             [--set NAME=VALUE]... [--ratio R] [--kv-memory SIZE] [--max-seqs N]\n"
 	"             [--queue N] [--chunk N] [--prefill-chunk C] [--step-rows N] [--threads N]\n"
 	"             [--api-key KEY] [--trace FILE] [--max-body SIZE] [--timeout S] [--exact]\n"
+	"             [--kv-type f32|f16|q8_0]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Serves POST /v1/completions and /v1/chat/completions (ChatML; \"stream\": true\n"
@@ -63,6 +64,10 @@ static const char *const help =
 	"    --threads N         threads (fast path: the pool, default every core; exact\n"
 	"                        path: OpenBLAS's)\n"
 	"    --exact             the exact path (f32 weights, OpenBLAS); default: the fast path\n"
+	"    --kv-type T         KV storage of every sequence: f32, f16 (the fast path's\n"
+	"                        default) or q8_0; the exact path stores f32 and refuses the\n"
+	"                        others; a request for a policy that needs f32 rows (gracekv)\n"
+	"                        on an f16 or q8_0 server is refused\n"
 	"    --api-key KEY       require \"Authorization: Bearer KEY\"\n"
 	"    --trace FILE        append one JSON line per finished request\n"
 	"    --max-body SIZE     request body limit (default 1M)\n"
@@ -96,7 +101,7 @@ static int int_arg(const char *prog, const char *opt, const char *v, long lo, lo
 }
 
 enum { O_HOST = 256, O_PORT, O_POLICY, O_SET, O_RATIO, O_MEM, O_SEQS, O_QUEUE, O_CHUNK,
-       O_ROWS, O_THREADS, O_KEY, O_TRACE, O_BODY, O_TIMEOUT, O_EXACT, O_PREFILL };
+       O_ROWS, O_THREADS, O_KEY, O_TRACE, O_BODY, O_TIMEOUT, O_EXACT, O_PREFILL, O_KVTYPE };
 
 int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_policy *const *reg,
                  int n_reg)
@@ -111,6 +116,7 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		{ "api-key", required_argument, 0, O_KEY }, { "trace", required_argument, 0, O_TRACE },
 		{ "max-body", required_argument, 0, O_BODY }, { "timeout", required_argument, 0, O_TIMEOUT },
 		{ "exact", no_argument, 0, O_EXACT }, { "prefill-chunk", required_argument, 0, O_PREFILL },
+		{ "kv-type", required_argument, 0, O_KVTYPE },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	const char *defp = n_reg > 0 && reg[0] ? reg[0]->name : "full";
@@ -118,7 +124,7 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 	                   .max_seqs = 16, .queue = 64, .chunk = 64, .step_rows = 256,
 	                   .max_body = 1 << 20, .timeout_s = 30, .prefill_chunk = -1 };
 	char **sets = calloc((size_t)argc + 1, sizeof *sets);
-	int threads = 0, rc = 2;
+	int threads = 0, rc = 2, kv_type = -1;
 	rt_err err = { "" };
 	if (!sets)
 		return 1;
@@ -166,6 +172,12 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		case O_THREADS: if (int_arg(prog, "--threads", optarg, 1, 256, &threads)) goto out; break;
 		case O_KEY: c.api_key = optarg; break;
 		case O_EXACT: c.exact = 1; break;
+		case O_KVTYPE:
+			if ((kv_type = rt_kv_type_parse(optarg)) < 0) {
+				usage(prog, "--kv-type: '%s' is not f32, f16 or q8_0", optarg);
+				goto out;
+			}
+			break;
 		case O_TRACE: c.trace = optarg; break;
 		case O_TIMEOUT: if (int_arg(prog, "--timeout", optarg, 1, 86400, &c.timeout_s)) goto out; break;
 		case ':': usage(prog, "option %s needs a value", argv[optind - 1]); goto out;
@@ -180,6 +192,12 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		usage(prog, "--model is required");
 		goto out;
 	}
+	if (c.exact && kv_type >= 0 && kv_type != RT_KV_F32) {
+		usage(prog, "--kv-type %s: the exact path stores f32 keys and values (drop --exact, "
+		      "or --kv-type f32)", rt_kv_type_name((enum rt_kv_type)kv_type));
+		goto out;
+	}
+	c.kv_type = kv_type >= 0 ? (enum rt_kv_type)kv_type : c.exact ? RT_KV_F32 : RT_KV_F16;
 	if (c.step_rows < c.max_seqs) {
 		usage(prog, "--step-rows %d is below --max-seqs %d (each active sequence needs a row)",
 		      c.step_rows, c.max_seqs);
@@ -210,6 +228,14 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		c.prefill_chunk = RT_SERVE_PREFILL_CHUNK;
 	if (c.prefill_chunk > c.chunk)
 		c.prefill_chunk = c.chunk; /* bounded by the step's chunk */
+	if ((p->needs & KVP_NEED_F32_KV) && c.kv_type != RT_KV_F32) {
+		if (kv_type >= 0) {
+			usage(prog, "--kv-type %s: policy %s reads and rewrites f32 key/value rows; it "
+			      "needs --kv-type f32", rt_kv_type_name(c.kv_type), p->name);
+			goto out;
+		}
+		c.kv_type = RT_KV_F32; /* the default follows the default policy */
+	}
 	if (!(c.ratio > 0)) /* the build's tuned default (kvpc tune), if any */
 		c.ratio = rt_cli_tuned_ratio(p);
 	c.policy = p->name;

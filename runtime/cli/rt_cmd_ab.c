@@ -53,6 +53,8 @@ static const char help_ab[] =
 	"                       to C tokens cross a per-step policy's triggers; default 0, the\n"
 	"                       exact schedule (results then do not depend on --chunk)\n"
 	"    --threads N        BLAS threads (default: OPENBLAS_NUM_THREADS or all cores)\n"
+	"    --kv-type f32      KV storage; ab runs the exact path, which stores f32 (f16 and\n"
+	"                       q8_0 are refused)\n"
 	"    --quiet            no progress on stderr (otherwise a bar with tok/s and ETA on a\n"
 	"                       terminal, a line per tenth of the run elsewhere)\n"
 	"    -h, --help, --version\n"
@@ -126,10 +128,10 @@ int rt_cmd_ab(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_A, O_B, O_RATIOS, O_ABTASK, O_CTX, O_CHUNK,
 		O_THREADS, O_SET, O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64,
-		O_LENGTHS, O_DEPTHS, O_MODE, O_COMMIT, O_SHAA, O_SHAB, O_QUIET, O_PREFILL, 0 };
+		O_LENGTHS, O_DEPTHS, O_MODE, O_COMMIT, O_SHAA, O_SHAB, O_QUIET, O_PREFILL, O_KVTYPE, 0 };
 	rt_ab_opts o;
 	rt_ab_opts_init(&o);
-	rt_cli_opts c = { .chunk = o.chunk, .resamples = o.resamples };
+	rt_cli_opts c = { .chunk = o.chunk, .resamples = o.resamples, .exact = 1 };
 	int rc = rt_cli_parse("ab", help_ab_fn, argc, argv, &c, opt_ids, 1);
 	if (rc)
 		return rc == 1 ? 0 : rc;

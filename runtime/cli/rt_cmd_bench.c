@@ -25,7 +25,7 @@ static const char *const help_bench =
 	"\n"
 	"SYNOPSIS\n"
 	"    %s bench --model MODEL [--ctx N,N,...] [--decode N] [--chunk N] [--threads N]\n"
-	"             [--exact] [--pp N] [--tg N] [--depth D,D,...]\n"
+	"             [--exact] [--kv-type f32|f16|q8_0] [--pp N] [--tg N] [--depth D,D,...]\n"
 	"    %s bench --model MODEL --pp N | --tg N [--depth D,...] --policy NAME [--ratio R]\n"
 	"             [--set NAME=VALUE]... [--prefill-chunk C]\n"
 	"\n"
@@ -52,6 +52,8 @@ static const char *const help_bench =
 	"    --chunk N          prefill chunk (default 512)\n"
 	"    --threads N        threads (fast path: the pool; exact path: OpenBLAS)\n"
 	"    --exact            the exact path (f32 weights, OpenBLAS); default: the fast path\n"
+	"    --kv-type T        KV storage: f32, f16 (the fast path's default) or q8_0 (ggml's\n"
+	"                       8-bit blocks); the exact path stores f32 and refuses the others\n"
 	"    --pp N, --tg N     llama-bench's prompt and generation tests (0: off)\n"
 	"    --depth LIST       cache depths for --tg (default 0)\n"
 	"    --policy NAME, --ratio R, --set NAME=VALUE, --prefill-chunk C\n"
@@ -186,9 +188,9 @@ static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, cons
 		if ((long)dd[i] + (pp > tg ? pp : tg) > m->hp.n_ctx)
 			return rt_cli_usage("bench", "--depth %ld plus the test exceeds the model's context_length %d",
 			                 (long)dd[i], (int)m->hp.n_ctx);
-	printf("# kvrt %s path, %d threads, isa %s\n", m->exact ? "exact" : "fast",
+	printf("# kvrt %s path, %d threads, isa %s, kv %s\n", m->exact ? "exact" : "fast",
 	       m->exact ? openblas_get_num_threads() : rt_model_threads(m),
-	       rt_dot_isa_name(rt_dot_isa_best()));
+	       rt_dot_isa_name(rt_dot_isa_best()), rt_kv_type_name(m->kv_type));
 	if (pp > 0) {
 		const int c = (int)(o->chunk < pp ? o->chunk : pp);
 		double t = p ? bench_policy(m, p, o, c, 0, (int)pp, 1) : bench_one(m, c, 0, (int)pp, 1);
@@ -215,7 +217,7 @@ static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, cons
 int rt_cmd_bench(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', O_CTX, O_DECODE, O_CHUNK, O_THREADS, O_PP, O_TG, O_DEPTH,
-		O_EXACT, O_FAST, O_QUIET, O_POLICY, O_RATIO, O_SET, O_PREFILL, 0 };
+		O_EXACT, O_FAST, O_QUIET, O_POLICY, O_RATIO, O_SET, O_PREFILL, O_KVTYPE, 0 };
 	rt_cli_opts o = { .ctx_list = "128,1024,4096", .decode = 32, .chunk = RT_CLI_CHUNK };
 	int rc = rt_cli_parse("bench", help_bench_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)

@@ -29,7 +29,8 @@ static const char *const help_ppl =
 	"SYNOPSIS\n"
 	"    %s ppl --model MODEL --text FILE [--policy NAME] [--set NAME=VALUE]...\n"
 	"             [--ratio R] [--ctx N] [--prompt N] [--chunk N] [--prefill-chunk C]\n"
-	"             [--threads N] [--json] [--dump FILE] [--logits FILE] [--no-ref]\n"
+	"             [--threads N] [--json] [--dump FILE] [--logits FILE] [--no-ref] [--fast]\n"
+	"             [--kv-type T]\n"
 	"    %s ppl --model MODEL --text FILE --batch RUNS [--ctx N] [--prompt N]\n"
 	"             [--score-from P] [--json] ...\n"
 	"\n"
@@ -93,6 +94,8 @@ static const char *const help_ppl =
 	"    --fast              the fast path (weights in their GGUF types, 8-bit activations\n"
 	"                        when decoding); default --exact (f32 weights, OpenBLAS): the\n"
 	"                        quality figures are measured on the exact path\n"
+	"    --kv-type T         KV storage with --fast: f32, f16 (default) or q8_0 (ggml's\n"
+	"                        8-bit blocks); the exact path stores f32 and refuses the others\n"
 	"    --json              one JSON object: policy, params, ratio, model, model_sha256,\n"
 	"                        text, text_sha256, commit, threads, chunk, tokens, scored,\n"
 	"                        ppl, nll_mean, top1_acc, kv_entries_peak, kv_bytes_peak,\n"
@@ -369,7 +372,7 @@ int rt_cmd_ppl(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_THREADS,
 		O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_BATCH, O_SCOREFROM, O_EXACT, O_FAST,
-		O_QUIET, O_PREFILL, 0 };
+		O_QUIET, O_PREFILL, O_KVTYPE, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = rt_cli_parse("ppl", help_ppl_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)

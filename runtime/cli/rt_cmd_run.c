@@ -24,7 +24,8 @@ static const char *const help_run =
 	"SYNOPSIS\n"
 	"    %s run --model MODEL --prompt TEXT [-n N] [--chat] [--system TEXT]\n"
 	"             [--policy NAME] [--set NAME=VALUE]... [--ratio R] [--stats]\n"
-	"             [--chunk N] [--prefill-chunk C] [--threads N]\n"
+	"             [--chunk N] [--prefill-chunk C] [--threads N] [--exact]\n"
+	"             [--kv-type f32|f16|q8_0]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Tokenizes TEXT, prefills it under the policy (the prompt is its prompt: prompt-\n"
@@ -47,6 +48,8 @@ static const char *const help_run =
 	"                       at each chunk's end; default 0, the exact schedule (as ppl)\n"
 	"    --threads N        threads (default: every core)\n"
 	"    --exact            the exact path (f32 weights, OpenBLAS); default: the fast path\n"
+	"    --kv-type T        KV storage: f32, f16 (the fast path's default) or q8_0 (ggml's\n"
+	"                       8-bit blocks); the exact path stores f32 and refuses the others\n"
 	"    -h, --help         show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -60,7 +63,7 @@ static void help_run_fn(void)
 int rt_cmd_run(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 'p', 'n', O_CHAT, O_SYSTEM, O_STATS, O_THREADS, O_CHUNK, O_POLICY,
-		O_SET, O_RATIO, O_EXACT, O_FAST, O_PREFILL, 0 };
+		O_SET, O_RATIO, O_EXACT, O_FAST, O_PREFILL, O_KVTYPE, 0 };
 	rt_cli_opts o = { .n_gen = 128, .chunk = RT_CLI_CHUNK };
 	int rc = rt_cli_parse("run", help_run_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)

@@ -4,6 +4,7 @@
  * mapping; blocks are committed by writing and decommitted with madvise.
  */
 #include "kv/rt_kv.h"
+#include "kv/rt_kvq.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -49,7 +50,7 @@ static size_t elem_bytes(const rt_kv *kv, int a)
 
 static uint8_t *array_base(const rt_kv_head *h, int a)
 {
-	void *p[A_N] = { h->k, h->v, h->pos, h->count, h->log_count, h->span, h->stats };
+	void *p[A_N] = { h->kr, h->vr, h->pos, h->count, h->log_count, h->span, h->stats };
 	return p[a];
 }
 
@@ -58,12 +59,29 @@ int32_t rt_kv_blocks_for(int32_t n)
 	return n <= 0 ? 0 : (n - 1) / RT_KV_BLOCK + 1;
 }
 
-static size_t row_bytes_of(enum rt_kv_type t, int head_dim)
+/* ORDER RT_KV_TYPE */
+static const char *const type_names[RT_KV_N_TYPE] = { "f32", "f16", "q8_0" };
+static const rt_kvq_kind type_kind[RT_KV_N_TYPE] = { RT_KVQ_F32, RT_KVQ_F16, RT_KVQ_Q8_0 };
+
+const char *rt_kv_type_name(enum rt_kv_type t)
 {
-	switch (t) {
-	case RT_KV_F32: return (size_t)head_dim * sizeof(float);
-	}
-	return 0;
+	return (unsigned)t < RT_KV_N_TYPE ? type_names[t] : "?";
+}
+
+int rt_kv_type_parse(const char *name)
+{
+	for (int t = 0; t < RT_KV_N_TYPE; t++)
+		if (strcmp(name, type_names[t]) == 0)
+			return t;
+	return -1;
+}
+
+size_t rt_kv_row_bytes(enum rt_kv_type t, int head_dim)
+{
+	if ((unsigned)t >= RT_KV_N_TYPE || head_dim <= 0 ||
+	    (t == RT_KV_Q8_0 && head_dim % RT_KVQ_VGROUP != 0))
+		return 0;
+	return rt_kvq_vrow_bytes(type_kind[t], head_dim);
 }
 
 int rt_kv_init(rt_kv *kv, int n_layer, int n_kv_head, int group, int head_dim, int32_t cap,
@@ -77,7 +95,19 @@ int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int 
                     int head_dim, int32_t cap, size_t stat_bytes, size_t state_bytes,
                     rt_err *err)
 {
+	return rt_kv_init_typed(kv, pool, RT_KV_F32, n_layer, n_kv_head, group, head_dim, cap,
+	                        stat_bytes, state_bytes, err);
+}
+
+int rt_kv_init_typed(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_layer,
+                     int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
+                     size_t state_bytes, rt_err *err)
+{
 	memset(kv, 0, sizeof *kv);
+	if (!pool)
+		pool = rt_kvpool_process();
+	if ((unsigned)type >= RT_KV_N_TYPE)
+		return rt_err_set(err, "kv: unknown element type %d", (int)type);
 	if (n_layer <= 0 || n_kv_head <= 0 || group <= 0 || head_dim <= 0 || cap <= 0)
 		return rt_err_set(err, "kv: invalid shape (layers %d, kv heads %d, group %d, head_dim %d, capacity %d)",
 		                  n_layer, n_kv_head, group, head_dim, (int)cap);
@@ -91,8 +121,13 @@ int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int 
 	kv->cap = cap;
 	kv->stat_bytes = stat_bytes;
 	kv->state_bytes = state_bytes;
-	kv->type = RT_KV_F32;
-	kv->row_bytes = row_bytes_of(kv->type, head_dim);
+	kv->type = type;
+	kv->row_bytes = rt_kv_row_bytes(type, head_dim);
+	if (kv->row_bytes == 0) {
+		memset(kv, 0, sizeof *kv);
+		return rt_err_set(err, "kv: head_dim %d is not a multiple of %d, which %s needs",
+		                  head_dim, RT_KVQ_VGROUP, rt_kv_type_name(type));
+	}
 	kv->pool = pool;
 	kv->block_bytes = (int64_t)(RT_KV_BLOCK * rt_kv_entry_bytes(kv));
 	const size_t nh = (size_t)n_layer * (size_t)n_kv_head;
@@ -128,7 +163,7 @@ int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int 
 	uint8_t *p = mem;
 	for (size_t i = 0; i < nh; i++) {
 		rt_kv_head *h = &kv->heads[i];
-		void **arr[A_N] = { (void **)&h->k, (void **)&h->v, (void **)&h->pos,
+		void **arr[A_N] = { (void **)&h->kr, (void **)&h->vr, (void **)&h->pos,
 		                    (void **)&h->count, (void **)&h->log_count, (void **)&h->span,
 		                    (void **)&h->stats };
 		h->cap = cap;
@@ -137,6 +172,10 @@ int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int 
 			p += page_up(capr * elem_bytes(kv, a));
 		}
 		h->state = st + i * sb;
+		if (type == RT_KV_F32) {
+			h->k = (float *)(void *)h->kr;
+			h->v = (float *)(void *)h->vr;
+		}
 	}
 	RT_ASSERT((size_t)(p - (uint8_t *)mem) == total);
 	return 0;
@@ -259,9 +298,8 @@ int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, i
 		blocks_taken(kv, 1);
 	}
 	int32_t i = h->n++;
-	size_t hd = (size_t)kv->head_dim;
-	memcpy(h->k + (size_t)i * hd, k, hd * sizeof(float));
-	memcpy(h->v + (size_t)i * hd, v, hd * sizeof(float));
+	rt_kv_set_key(kv, h, i, k);
+	rt_kv_set_value(kv, h, i, v);
 	h->pos[i] = pos;
 	h->count[i] = 1.0f;
 	h->log_count[i] = 0.0f;
@@ -271,18 +309,61 @@ int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, i
 	return i;
 }
 
+static const float *row_get(const rt_kv *kv, const uint8_t *row, float *buf)
+{
+	if (kv->type == RT_KV_F32)
+		return (const float *)(const void *)row;
+	rt_kvq_vrow_decode(type_kind[kv->type], row, kv->head_dim, buf);
+	return buf;
+}
+
+const float *rt_kv_key(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *buf)
+{
+	RT_ASSERT(i >= 0 && i < h->n);
+	return row_get(kv, h->kr + (size_t)i * kv->row_bytes, buf);
+}
+
+const float *rt_kv_value(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *buf)
+{
+	RT_ASSERT(i >= 0 && i < h->n);
+	return row_get(kv, h->vr + (size_t)i * kv->row_bytes, buf);
+}
+
+void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
+{
+	RT_ASSERT(i >= 0 && i < h->n);
+	rt_kvq_vrow_encode(type_kind[kv->type], x, kv->head_dim, h->kr + (size_t)i * kv->row_bytes);
+}
+
+void rt_kv_set_value(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
+{
+	RT_ASSERT(i >= 0 && i < h->n);
+	rt_kvq_vrow_encode(type_kind[kv->type], x, kv->head_dim, h->vr + (size_t)i * kv->row_bytes);
+}
+
+void rt_kv_rows_decode(const rt_kv *kv, const uint8_t *rows, int32_t n, float *out)
+{
+	const size_t hd = (size_t)kv->head_dim, rb = kv->row_bytes;
+	if (kv->type == RT_KV_F32) {
+		memcpy(out, rows, (size_t)n * rb);
+		return;
+	}
+	for (int32_t i = 0; i < n; i++)
+		rt_kvq_vrow_decode(type_kind[kv->type], rows + (size_t)i * rb, (int)hd, out + (size_t)i * hd);
+}
+
 void rt_kv_head_keep(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep)
 {
 	RT_ASSERT(n_keep >= 0 && n_keep <= h->n);
-	size_t hd = (size_t)kv->head_dim, sb = kv->stat_bytes;
+	size_t rb = kv->row_bytes, sb = kv->stat_bytes;
 	for (int32_t j = 0; j < n_keep; j++) {
 		int32_t i = keep[j];
 		RT_ASSERT(i >= j && i < h->n && (j == 0 || i > keep[j - 1]));
 		if (i == j)
 			continue;
 		/* i > j always, so a forward gather never overwrites an entry still to be read */
-		memcpy(h->k + (size_t)j * hd, h->k + (size_t)i * hd, hd * sizeof(float));
-		memcpy(h->v + (size_t)j * hd, h->v + (size_t)i * hd, hd * sizeof(float));
+		memcpy(h->kr + (size_t)j * rb, h->kr + (size_t)i * rb, rb);
+		memcpy(h->vr + (size_t)j * rb, h->vr + (size_t)i * rb, rb);
 		h->pos[j] = h->pos[i];
 		h->count[j] = h->count[i];
 		h->log_count[j] = h->log_count[i];

@@ -23,9 +23,15 @@
  * (rt_kv_head_keep, rt_kv_trim) gathers the kept entries forward and returns every
  * emptied block in the same call; nothing is allocated per token.
  *
- * Element types: keys and values are stored as rows of kv->row_bytes bytes (type
- * RT_KV_F32: head_dim floats); the block and page arithmetic uses row_bytes only, so a
- * narrower element type changes the bytes per block, not the layout.
+ * Element types: keys and values are stored as rows of kv->row_bytes bytes in the layouts
+ * of runtime/kv/rt_kvq.h: RT_KV_F32 head_dim floats (256 bytes at head_dim 64), RT_KV_F16
+ * head_dim IEEE halves (128), RT_KV_Q8_0 ggml's blocks of 32 (an f16 scale and 32 int8
+ * codes: 68 bytes at head_dim 64; head_dim a multiple of 32). The block and page arithmetic
+ * uses row_bytes only, so a narrower element type shrinks the bytes per block, not the
+ * layout. h->kr / h->vr address the stored rows of every type; h->k / h->v are the same
+ * memory as floats and are set only for RT_KV_F32 (NULL otherwise), so code that reads
+ * f32 rows directly cannot misread a narrow store. rt_kv_key / rt_kv_value decode one row
+ * of any type, rt_kv_set_key / rt_kv_set_value encode one.
  */
 #ifndef RT_KV_H
 #define RT_KV_H
@@ -39,18 +45,30 @@
 /* Entries per block. */
 #define RT_KV_BLOCK 16
 
-/* Key/value element type of a store. */
+/* Key/value element type of a store. ORDER RT_KV_TYPE: rt_kv_type_name's table. */
 enum rt_kv_type {
 	RT_KV_F32 = 0, /* float32, head_dim values per row */
+	RT_KV_F16,     /* IEEE binary16 (round to nearest even), head_dim values per row */
+	RT_KV_Q8_0,    /* ggml Q8_0: head_dim / 32 blocks of (f16 scale, 32 int8 codes) */
+	RT_KV_N_TYPE
 };
+
+/* "f32", "f16", "q8_0" (the --kv-type words); rt_kv_type_parse returns the type or -1. */
+const char *rt_kv_type_name(enum rt_kv_type t);
+int rt_kv_type_parse(const char *name);
+/* Bytes of one stored key (or value) row of head_dim values at type t; 0 when the type
+ * cannot hold a row of that width (Q8_0 needs a multiple of 32). */
+size_t rt_kv_row_bytes(enum rt_kv_type t, int head_dim);
 
 typedef struct rt_kv_head {
 	int32_t n;          /* entries in use, 0..cap */
 	int32_t cap;        /* capacity in entries (same for every head of an rt_kv) */
 	int32_t nb;         /* blocks held: entries 0..nb·RT_KV_BLOCK-1 are backed */
 	int32_t nb_mapped;  /* blocks whose pages may be resident (>= nb) */
-	float *k;           /* [cap × head_dim] keys, RoPE applied at pos */
-	float *v;           /* [cap × head_dim] values */
+	float *k;           /* [cap × head_dim] keys, RoPE applied at pos (RT_KV_F32; else NULL) */
+	float *v;           /* [cap × head_dim] values (RT_KV_F32; else NULL) */
+	uint8_t *kr;        /* [cap × row_bytes] the stored key rows, every type */
+	uint8_t *vr;        /* [cap × row_bytes] the stored value rows */
 	int32_t *pos;       /* [cap] original position (tokens from the start of the text) */
 	float *count;       /* [cap] tokens represented, >= 1 */
 	float *log_count;   /* [cap] log(count), the additive attention-logit bias */
@@ -89,6 +107,12 @@ int rt_kv_init(rt_kv *kv, int n_layer, int n_kv_head, int group, int head_dim, i
 int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int group,
                     int head_dim, int32_t cap, size_t stat_bytes, size_t state_bytes,
                     rt_err *err);
+/* The same with element type `type` (rt_kv_init and rt_kv_init_pool store RT_KV_F32) and
+ * pool (NULL: the process's). Also fails on a type outside enum rt_kv_type or a head_dim
+ * the type cannot hold ("kv: head_dim 40 is not a multiple of 32, which q8_0 needs"). */
+int rt_kv_init_typed(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_layer,
+                     int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
+                     size_t state_bytes, rt_err *err);
 /* Return every block to the pool and release the address space. */
 void rt_kv_free(rt_kv *kv);
 
@@ -106,10 +130,22 @@ rt_kv_head *rt_kv_head_at(rt_kv *kv, int layer, int kv_head);
 int rt_kv_reserve(rt_kv *kv, int32_t add, rt_err *err);
 
 /* Append one entry (count 1, span 0, zeroed statistics) holding key k[head_dim] and value
- * v[head_dim] at original position pos. Returns its index. Asserts n < cap. When the
+ * v[head_dim] (f32, encoded to the store's type) at original position pos. Returns its index. Asserts n < cap. When the
  * entry starts a new block and none was reserved, takes one and asserts the pool grants
  * it: callers that must survive a full pool reserve first (rt_kv_reserve). */
 int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, int32_t pos);
+
+/* Entry i's key / value as head_dim floats: a pointer into the store for RT_KV_F32, else
+ * the row decoded into buf[head_dim] (and buf returned). Asserts 0 <= i < h->n. */
+const float *rt_kv_key(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *buf);
+const float *rt_kv_value(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *buf);
+/* Overwrite entry i's key / value with x[head_dim], encoded to the store's type (a policy
+ * merge, RoPE re-rotation). Asserts 0 <= i < h->n. */
+void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x);
+void rt_kv_set_value(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x);
+/* Decode n stored rows (row_bytes apart, from rows) of the store's type into out[n ×
+ * head_dim] (f32 rows are copied). */
+void rt_kv_rows_decode(const rt_kv *kv, const uint8_t *rows, int32_t n, float *out);
 
 /* Keep exactly the entries keep[0..n_keep) (strictly increasing indices into the head),
  * in that order, by an in-place gather of every per-entry array; the rest are evicted and

@@ -8,8 +8,8 @@
 #include "kv/rt_kvq.h"
 
 /* ORDER RT_KVQ_KIND */
-static const int rt_kvq_bits_tab[RT_KVQ_N_KIND] = { 32, 16, 8, 4, 2 };
-static const char *const rt_kvq_names[RT_KVQ_N_KIND] = { "f32", "f16", "q8", "q4", "q2" };
+static const int rt_kvq_bits_tab[RT_KVQ_N_KIND] = { 32, 16, 8, 4, 2, 8 };
+static const char *const rt_kvq_names[RT_KVQ_N_KIND] = { "f32", "f16", "q8", "q4", "q2", "q8_0" };
 
 int rt_kvq_bits(rt_kvq_kind kind)
 {
@@ -80,6 +80,24 @@ static void group_encode(int bits, const float *x, int n, int stride, uint16_t h
 	}
 }
 
+/* ---- Q8_0: ggml's symmetric blocks of 32 (f16 scale, int8 codes) ---------------------------- */
+
+#define Q8_0_BYTES (2 + RT_KVQ_VGROUP)
+
+/* One block, as quantize_row_q8_0_ref: d = amax / 127, codes round(x / d) against the
+ * unrounded d, the scale stored as f16. */
+static void q8_0_encode(const float *x, uint8_t *o)
+{
+	float amax = 0;
+	for (int i = 0; i < RT_KVQ_VGROUP; i++)
+		amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+	const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+	uint16_t h = rt_f32_to_fp16(d);
+	memcpy(o, &h, 2);
+	for (int i = 0; i < RT_KVQ_VGROUP; i++)
+		o[2 + i] = (uint8_t)(int8_t)roundf(x[i] * id);
+}
+
 /* ---- values ------------------------------------------------------------------------------ */
 
 static size_t vgroup_bytes(int bits)
@@ -93,6 +111,10 @@ size_t rt_kvq_vrow_bytes(rt_kvq_kind kind, int d)
 		return (size_t)d * 4;
 	if (kind == RT_KVQ_F16)
 		return (size_t)d * 2;
+	if (kind == RT_KVQ_Q8_0) {
+		RT_ASSERT(d % RT_KVQ_VGROUP == 0);
+		return (size_t)(d / RT_KVQ_VGROUP) * Q8_0_BYTES;
+	}
 	RT_ASSERT(is_quant(kind) && d % RT_KVQ_VGROUP == 0);
 	return (size_t)(d / RT_KVQ_VGROUP) * vgroup_bytes(rt_kvq_bits(kind));
 }
@@ -108,6 +130,11 @@ void rt_kvq_vrow_encode(rt_kvq_kind kind, const float *x, int d, uint8_t *out)
 			uint16_t h = rt_f32_to_fp16(x[i]);
 			memcpy(out + 2 * i, &h, 2);
 		}
+		return;
+	}
+	if (kind == RT_KVQ_Q8_0) {
+		for (int b = 0; b < d / RT_KVQ_VGROUP; b++)
+			q8_0_encode(x + b * RT_KVQ_VGROUP, out + (size_t)b * Q8_0_BYTES);
 		return;
 	}
 	int bits = rt_kvq_bits(kind);
@@ -135,6 +162,17 @@ void rt_kvq_vrow_axpy(rt_kvq_kind kind, const uint8_t *row, int d, float w, floa
 			uint16_t h;
 			memcpy(&h, row + 2 * i, 2);
 			acc[i] += w * rt_fp16_to_f32(h);
+		}
+		return;
+	}
+	if (kind == RT_KVQ_Q8_0) {
+		for (int b = 0; b < d / RT_KVQ_VGROUP; b++) {
+			const uint8_t *o = row + (size_t)b * Q8_0_BYTES;
+			uint16_t h;
+			memcpy(&h, o, 2);
+			const float s = rt_fp16_to_f32(h);
+			for (int i = 0; i < RT_KVQ_VGROUP; i++)
+				acc[b * RT_KVQ_VGROUP + i] += w * (s * (float)(int8_t)o[2 + i]);
 		}
 		return;
 	}

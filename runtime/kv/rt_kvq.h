@@ -3,7 +3,8 @@
  * each storage tier, and how attention reads it back without materialising f32 rows.
  *
  * Outline
- *   tiers      RT_KVQ_F32, F16, Q8, Q4, Q2 (bits per element; ORDER RT_KVQ_KIND)
+ *   tiers      RT_KVQ_F32, F16, Q8, Q4, Q2 (bits per element; ORDER RT_KVQ_KIND), and
+ *              RT_KVQ_Q8_0, ggml's symmetric 8-bit blocks (below)
  *   values     quantised per token: each row of head_dim values is cut into groups of
  *              RT_KVQ_VGROUP channels, each group asymmetric min/max with an f16 scale and
  *              an f16 minimum (KIVI, Liu et al. 2024, arXiv 2402.02750: values per token)
@@ -20,6 +21,15 @@
  * entries waiting for a full key tile stays small (at most 31 per list); at head_dim 64 and 4 bits a value row takes
  * 2 × (4 + 16) = 40 bytes and a key 64 × (4 + 16) / 32 = 40 bytes per entry, 3.2x smaller than
  * f16's 128 bytes, the scales counted.
+ *
+ * Q8_0 (ggml's block_q8_0, ggml-common.h; quantize_row_q8_0_ref in ggml-quants.c): a row of
+ * d values (d a multiple of RT_KVQ_VGROUP) is cut into blocks of 32, each stored as an f16
+ * scale D = f16(amax / 127) followed by 32 int8 codes c = round(x · 127 / amax) (amax = max |x|
+ * over the block; an all-zero block has scale 0 and codes 0); it decodes to D · c. Keys and
+ * values use the same per-row blocks (a key tile at Q8_0 is RT_KVQ_KTILE rows, as at F16).
+ * Error: |x - D·c| <= d/2 + 127·|d - D| <= d·(1/2 + 127·2^-11) with d = amax/127 (rounding
+ * to the code, then f16's relative rounding 2^-11 of the scale; below f16's normal range
+ * |d - D| <= 2^-25 absolute), i.e. within 0.0044 · amax.
  *
  * Rounding: scale = (max - min) / (2^bits - 1) and min are rounded to f16 first and the codes
  * are computed against the rounded pair, so decode(encode(x)) is within scale/2 of x plus the
@@ -40,19 +50,20 @@ typedef enum rt_kvq_kind {
 	RT_KVQ_Q8,
 	RT_KVQ_Q4,
 	RT_KVQ_Q2,
+	RT_KVQ_Q8_0,
 	RT_KVQ_N_KIND
 } rt_kvq_kind;
 
 #define RT_KVQ_VGROUP 32   /* channels per value group (per-token quantisation) */
 #define RT_KVQ_KTILE  32   /* entries per key tile (per-channel quantisation) */
 
-/* Bits per element of a tier (32, 16, 8, 4, 2). */
+/* Bits per element of a tier (32, 16, 8, 4, 2, 8). */
 int rt_kvq_bits(rt_kvq_kind kind);
-/* "f32", "f16", "q8", "q4", "q2"; rt_kvq_parse returns the kind or -1 for another name. */
+/* "f32", "f16", "q8", "q4", "q2", "q8_0"; rt_kvq_parse returns the kind or -1 for another name. */
 const char *rt_kvq_name(rt_kvq_kind kind);
 int rt_kvq_parse(const char *name);
 
-/* ---- values: one row of d channels (d a multiple of RT_KVQ_VGROUP for Q8/Q4/Q2) ---------- */
+/* ---- values: one row of d channels (d a multiple of RT_KVQ_VGROUP for Q8/Q4/Q2/Q8_0) ----- */
 
 /* Bytes of one stored value row of d channels at kind (scales included). */
 size_t rt_kvq_vrow_bytes(rt_kvq_kind kind, int d);

@@ -12,8 +12,14 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "model/rt_dot.h"
+#include "model/rt_kvattn.h"
 #include "model/rt_quant.h"
 #include "base/rt_rope.h"
+
+/* Chunks of at least this many rows attend over a narrow-type store by decoding the head's
+ * rows once to f32 and multiplying with sgemm; shorter ones read the stored rows directly. */
+#define ATT_DECODE_ROWS 16
 
 /* Score-block budget in floats: rows of a chunk are processed in blocks whose
  * [rows·G × entries] score matrix stays around 1 MiB, i.e. in cache across the QK^T
@@ -249,6 +255,16 @@ rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *e
 		return NULL;
 	}
 	hp.n_vocab = (int)nv;
+	if ((unsigned)o->kv_type >= RT_KV_N_TYPE ||
+	    (o->exact && o->kv_type != RT_KV_F32) ||
+	    rt_kv_row_bytes(o->kv_type, hp.head_dim) == 0) {
+		rt_err_set(err, "%s: KV type %s cannot be used here (%s)", path,
+		           rt_kv_type_name(o->kv_type),
+		           (unsigned)o->kv_type >= RT_KV_N_TYPE ? "unknown type" :
+		           o->exact ? "the exact path stores f32 keys and values" :
+		                      "head_dim is not a multiple of 32");
+		return NULL;
+	}
 	uint32_t vs = (uint32_t)nv;
 	if (get_u32_opt(g, "llama", "vocab_size", &vs, err) < 0)
 		return NULL;
@@ -266,6 +282,7 @@ rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *e
 	m->hp = hp;
 	m->file_type = ftype;
 	m->exact = o->exact != 0;
+	m->kv_type = o->kv_type;
 	snprintf(m->path, sizeof m->path, "%s", path);
 	m->layers = calloc((size_t)hp.n_layer, sizeof *m->layers);
 	int64_t qd = (int64_t)hp.n_head * hp.head_dim, kd = (int64_t)hp.n_head_kv * hp.head_dim;
@@ -449,8 +466,8 @@ void rt_model_blas_setup(char **argv)
 
 int rt_model_kv_init(const rt_model *m, rt_kv *kv, int32_t cap, rt_err *err)
 {
-	return rt_kv_init(kv, m->hp.n_layer, m->hp.n_head_kv, m->hp.group, m->hp.head_dim, cap, 0, 0,
-	                  err);
+	return rt_kv_init_typed(kv, NULL, m->kv_type, m->hp.n_layer, m->hp.n_head_kv, m->hp.group,
+	                        m->hp.head_dim, cap, 0, 0, err);
 }
 
 /* ---- forward scratch --------------------------------------------------------------- */
@@ -499,9 +516,17 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 	}
 	memset(f->mem, 0, f->mem_bytes);
 	f->segs = calloc((size_t)max_chunk, sizeof(fwd_seg));
-	if (!f->segs) {
+	if (m->kv_type != RT_KV_F32 && max_chunk >= ATT_DECODE_ROWS) {
+		f->kvf_stride = ((size_t)2 * (size_t)cap * hd + 15) & ~(size_t)15;
+		if (f->kvf_stride > SIZE_MAX / sizeof(float) / (size_t)n_att)
+			f->kvf_stride = 0;
+		else
+			f->kvf = aligned_alloc(64, f->kvf_stride * (size_t)n_att * sizeof(float));
+	}
+	if (!f->segs || (m->kv_type != RT_KV_F32 && max_chunk >= ATT_DECODE_ROWS && !f->kvf)) {
 		rt_fwd_free(f);
-		return rt_err_set(err, "%s: forward: cannot allocate %d row segments", m->path, max_chunk);
+		return rt_err_set(err, "%s: forward: cannot allocate %d row segments or the KV decode "
+		                  "buffers", m->path, max_chunk);
 	}
 	float *p = f->mem;
 	float **slots[12] = { &f->x, &f->xn, &f->q, &f->k, &f->v, &f->att, &f->qg, &f->og,
@@ -528,6 +553,7 @@ void rt_fwd_free(rt_fwd *f)
 {
 	rt_matmul_scratch_free(&f->mm);
 	free(f->segs);
+	free(f->kvf);
 	free(f->mem);
 	memset(f, 0, sizeof *f);
 }
@@ -722,13 +748,58 @@ void rt_attn_softmax(float *P, size_t ld, int G, int lim, const float *log_count
 	}
 }
 
+/* Hand row r's probabilities P [G × ncol] (row g at P + g·ncol, the first lim entries
+ * valid) to the observe hook, packed to [G × lim] in place (each move goes left). */
+static void observe_row(rt_fwd *f, rt_kv_head *h, int layer, int j, int r, int32_t pos0,
+                        int lim, int ncol, float *P, const float *o)
+{
+	const rt_model_hparams *hp = &f->m->hp;
+	const int G = hp->group;
+	for (int g = 1; g < G && lim < ncol; g++)
+		memmove(P + (size_t)g * lim, P + (size_t)g * ncol, (size_t)lim * sizeof(float));
+	rt_attn_view v = {
+		.layer = layer, .kv_head = j, .row = r, .pos = pos0 + r,
+		.n_entries = lim, .group = G, .head_dim = hp->head_dim,
+		.probs = P, .probs_ld = (size_t)lim,
+		.out = o, .head = h,
+	};
+	f->observe(f->observe_user, &v);
+}
+
+/* Attention of the C chunk rows over a head whose rows are stored in a narrow type, read
+ * in place (rt_kvattn): per row, scores against the decoded keys, softmax, the weighted
+ * sum of the decoded values. Same contract as attend_head. */
+static void attend_head_rows(rt_fwd *f, rt_kv *kv, rt_kv_head *h, int layer, int j, int C,
+                             int32_t pos0, const float *qg, float *att, float *og_all, float *S)
+{
+	const rt_model_hparams *hp = &f->m->hp;
+	const int G = hp->group, hd = hp->head_dim, qd = hp->n_head * hd;
+	const float scale = 1.0f / sqrtf((float)hd);
+	const rt_kvattn_kernels *ka = rt_kvattn_get(kv->type, rt_dot_isa_best());
+	RT_ASSERT(ka != NULL);
+	const int nb = h->n - C;
+	for (int r = 0; r < C; r++) {
+		const int lim = nb + r + 1;
+		float *og = og_all + (size_t)r * G * hd;
+		ka->scores(h->kr, lim, hd, qg + (size_t)r * G * hd, (size_t)hd, G, scale, S, (size_t)lim);
+		rt_attn_softmax(S, (size_t)lim, G, lim, h->log_count);
+		ka->mix(h->vr, lim, hd, S, (size_t)lim, G, og, (size_t)hd);
+		memcpy(att + (size_t)r * qd + (size_t)j * G * hd, og, (size_t)G * hd * sizeof(float));
+		if (f->observe)
+			observe_row(f, h, layer, j, r, pos0, lim, lim, S, og);
+	}
+}
+
 /* Attention of the C chunk rows for KV head j of one layer. The chunk's keys and values
  * were appended already, so the head holds nb = n - C earlier entries followed by the
  * chunk's C entries; row r attends to the prefix of nb + r + 1 entries. Rows are taken in
  * blocks [r0, r1) that only score the nb + r1 entries they can see. qg, og, S: this
- * call's slices of the forward's attention scratch. */
+ * call's slices of the forward's attention scratch; kvf: its slice of the f32 decode
+ * buffers (NULL when the forward has none). A store of a narrow type is decoded to kvf
+ * for chunks of ATT_DECODE_ROWS rows or more, else read in place (attend_head_rows). */
 static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t pos0,
-                        const float *q, float *att, float *qg, float *og_all, float *S)
+                        const float *q, float *att, float *qg, float *og_all, float *S,
+                        float *kvf)
 {
 	const rt_model_hparams *hp = &f->m->hp;
 	const int G = hp->group, hd = hp->head_dim, qd = hp->n_head * hd;
@@ -739,6 +810,18 @@ static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t p
 	for (int r = 0; r < C; r++)
 		memcpy(qg + (size_t)r * G * hd, q + (size_t)r * qd + (size_t)j * G * hd,
 		       (size_t)G * hd * sizeof(float));
+	const float *K = h->k, *V = h->v;
+	if (kv->type != RT_KV_F32) {
+		if (C < ATT_DECODE_ROWS || !kvf || (size_t)2 * n * hd > f->kvf_stride) {
+			attend_head_rows(f, kv, h, layer, j, C, pos0, qg, att, og_all, S);
+			return;
+		}
+		const rt_kvattn_kernels *ka = rt_kvattn_get(kv->type, rt_dot_isa_best());
+		ka->decode(h->kr, n, hd, kvf);
+		ka->decode(h->vr, n, hd, kvf + (size_t)n * hd);
+		K = kvf;
+		V = kvf + (size_t)n * hd;
+	}
 	int rb = (int)(ATT_BLOCK_FLOATS / ((size_t)G * n));
 	rb = rb < 1 ? 1 : rb > C ? C : rb;
 	RT_ASSERT((size_t)rb * G * n <= score_floats(G, f->cap));
@@ -746,30 +829,19 @@ static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t p
 		const int r1 = r0 + rb < C ? r0 + rb : C, nr = r1 - r0, ncol = nb + r1;
 		float *og = og_all + (size_t)r0 * G * hd;
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr * G, ncol, hd, scale,
-		            qg + (size_t)r0 * G * hd, hd, h->k, hd, 0.0f, S, ncol);
+		            qg + (size_t)r0 * G * hd, hd, K, hd, 0.0f, S, ncol);
 		for (int r = r0; r < r1; r++)
 			rt_attn_softmax(S + (size_t)(r - r0) * G * ncol, (size_t)ncol, G, nb + r + 1,
 			                h->log_count);
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr * G, hd, ncol, 1.0f, S,
-		            ncol, h->v, hd, 0.0f, og, hd);
+		            ncol, V, hd, 0.0f, og, hd);
 		for (int r = r0; r < r1; r++) {
 			memcpy(att + (size_t)r * qd + (size_t)j * G * hd, og_all + (size_t)r * G * hd,
 			       (size_t)G * hd * sizeof(float));
-			if (!f->observe)
-				continue;
-			/* S is no longer needed after the P·V product: pack this row's
-			 * [G × ncol] block to [G × lim] in place (each move goes left) */
-			const int lim = nb + r + 1;
-			float *P = S + (size_t)(r - r0) * G * ncol;
-			for (int g = 1; g < G && lim < ncol; g++)
-				memmove(P + (size_t)g * lim, P + (size_t)g * ncol, (size_t)lim * sizeof(float));
-			rt_attn_view v = {
-				.layer = layer, .kv_head = j, .row = r, .pos = pos0 + r,
-				.n_entries = lim, .group = G, .head_dim = hd,
-				.probs = P, .probs_ld = (size_t)lim,
-				.out = og_all + (size_t)r * G * hd, .head = h,
-			};
-			f->observe(f->observe_user, &v);
+			/* S is no longer needed after the P·V product */
+			if (f->observe)
+				observe_row(f, h, layer, j, r, pos0, nb + r + 1, ncol,
+				            S + (size_t)(r - r0) * G * ncol, og_all + (size_t)r * G * hd);
 		}
 	}
 }
@@ -795,7 +867,8 @@ static void att_job_fn(void *a, int ith, int nth)
 	for (int h = ith; h < f->m->hp.n_head_kv; h += nt)
 		attend_head(f, j->kv, j->layer, h, j->C, j->pos0, j->q, j->att,
 		            f->qg + (size_t)ith * f->qg_stride, f->og + (size_t)ith * f->qg_stride,
-		            f->s + (size_t)ith * f->s_stride);
+		            f->s + (size_t)ith * f->s_stride,
+		            f->kvf ? f->kvf + (size_t)ith * f->kvf_stride : NULL);
 }
 
 /* Attention of the C chunk rows for every KV head of one layer: in parallel over the KV
@@ -810,7 +883,7 @@ static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0, c
 		return;
 	}
 	for (int j = 0; j < f->m->hp.n_head_kv; j++)
-		attend_head(f, kv, layer, j, C, pos0, q, att, f->qg, f->og, f->s);
+		attend_head(f, kv, layer, j, C, pos0, q, att, f->qg, f->og, f->s, f->kvf);
 }
 
 /* One chunk for K sequences (K = 1, big = fs[0]: the plain forward). big's scratch holds

@@ -86,6 +86,8 @@ typedef struct rt_model {
 	                          * whose type has no rt_dot kernel, dequantised) */
 	size_t mem_bytes;
 	int exact;               /* 1: the exact path (f32 weights, OpenBLAS) */
+	enum rt_kv_type kv_type; /* element type of the stores rt_model_kv_init and rt_seq
+	                          * make for this model (RT_KV_F32 on the exact path) */
 	rt_wmat embd, out;       /* fast path: token_embd and the output matrix (== embd when tied) */
 	void *qmem;              /* fast path: the block data behind every rt_wmat */
 	size_t qmem_bytes;
@@ -102,10 +104,15 @@ typedef struct rt_model_opts {
 	/* fast path: threads of the pool (0 or 1: one). Exact path: 0 keeps OpenBLAS's
 	 * setting, n > 0 sets it to n (rt_model_set_threads) */
 	int threads;
+	/* element type of the KV stores made for this model (rt_model_kv_init, rt_seq_init):
+	 * RT_KV_F32 (0, the library's default), RT_KV_F16 or RT_KV_Q8_0 (the fast path only;
+	 * the command line's default there is f16). The exact path refuses any but f32. */
+	enum rt_kv_type kv_type;
 } rt_model_opts;
 
 /* Load with options; same errors as rt_model_load_gguf plus a thread count outside
- * 0..256 or a pool that cannot start. */
+ * 0..256, a pool that cannot start, a KV type outside enum rt_kv_type, an exact model
+ * with a KV type other than f32, or a head_dim the KV type cannot hold. */
 rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *err);
 
 /* Set the thread count (1..256). Fast path: the pool is replaced by one of n threads and
@@ -203,6 +210,12 @@ typedef struct rt_fwd {
 	 * for different KV heads) */
 	int n_att;
 	size_t qg_stride, s_stride;
+	/* model with a narrow KV type (m->kv_type f16 / q8_0): n_att slices, kvf_stride floats
+	 * apart, of [2 × cap × head_dim] floats into which a chunk of 16 or more rows decodes
+	 * a head's keys and values for sgemm (shorter chunks read the stored rows directly,
+	 * runtime/model/rt_kvattn.h); NULL otherwise */
+	float *kvf;
+	size_t kvf_stride;
 	int observe_parallel;
 	rt_matmul_scratch mm;   /* fast path: quantised activations and dequantised tiles */
 	void *segs;     /* [max_chunk] internal: the sequences' rows of a batched chunk */
@@ -281,7 +294,8 @@ void rt_attn_softmax(float *P, size_t ld, int G, int lim, const float *log_count
  * constructor runs). Returns only when nothing is to be done or exec failed. */
 void rt_model_blas_setup(char **argv);
 
-/* Allocate a KV store shaped for the model (cap entries per head, no policy state). */
+/* Allocate a KV store shaped for the model (cap entries per head, no policy state) with
+ * the model's KV element type (m->kv_type). */
 int rt_model_kv_init(const rt_model *m, rt_kv *kv, int32_t cap, rt_err *err);
 
 #endif

@@ -126,12 +126,25 @@ int rt_run_init(struct rt_run *r, rt_kv *kv, const struct kvp_policy *p, int n_l
                  int n_kv_head, int group, int head_dim, int32_t cap, int64_t prompt_len,
                  rt_err *err)
 {
+	return rt_run_init_typed(r, kv, RT_KV_F32, p, n_layer, n_kv_head, group, head_dim, cap,
+	                         prompt_len, err);
+}
+
+int rt_run_init_typed(struct rt_run *r, rt_kv *kv, enum rt_kv_type kv_type,
+                      const struct kvp_policy *p, int n_layer, int n_kv_head, int group,
+                      int head_dim, int32_t cap, int64_t prompt_len, rt_err *err)
+{
 	memset(r, 0, sizeof *r);
+	memset(kv, 0, sizeof *kv);
 	if (!p || p->abi_version != KVP_ABI_VERSION || !p->should_compress || !p->next_trigger)
 		return rt_err_set(err, "policy %s: not a policy of ABI version %d",
 		                  p && p->name ? p->name : "?", KVP_ABI_VERSION);
-	if (rt_kv_init(kv, n_layer, n_kv_head, group, head_dim, cap, kvp_policy_stat_bytes(p, group),
-	               kvp_policy_state_bytes(p, head_dim), err) != 0)
+	if ((p->needs & KVP_NEED_F32_KV) && kv_type != RT_KV_F32)
+		return rt_err_set(err, "policy %s: its compress reads and rewrites f32 key/value rows; "
+		                  "it needs --kv-type f32, not %s", p->name, rt_kv_type_name(kv_type));
+	if (rt_kv_init_typed(kv, NULL, kv_type, n_layer, n_kv_head, group, head_dim, cap,
+	                     kvp_policy_stat_bytes(p, group), kvp_policy_state_bytes(p, head_dim),
+	                     err) != 0)
 		return -1;
 	r->p = p;
 	r->params = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof(double));

@@ -80,6 +80,9 @@ enum {
 	                             layer for the prompt tail, per-token surprisal), which the
 	                             runtime records while the prompt is processed; implies
 	                             KVP_NEED_PROMPT_LEN */
+	KVP_NEED_F32_KV = 1u << 7, /* compress reads and rewrites the stores' key and value rows
+	                              as f32 arrays (GraceKV's core, runtime/policy/rt_grace.h):
+	                              rt_run_init refuses a store of another element type */
 };
 
 /* Layers the prompt trace samples, and the prompt-tail length whose queries it keeps for
@@ -293,6 +296,12 @@ struct rt_run {
 int rt_run_init(struct rt_run *r, rt_kv *kv, const struct kvp_policy *p, int n_layer,
                  int n_kv_head, int group, int head_dim, int32_t cap, int64_t prompt_len,
                  rt_err *err);
+/* The same with a store of element type kv_type (rt_run_init: RT_KV_F32). Also refuses
+ * a policy with KVP_NEED_F32_KV on any other type ("policy gracekv: its compress reads
+ * and rewrites f32 key/value rows; it needs --kv-type f32, not f16"). */
+int rt_run_init_typed(struct rt_run *r, rt_kv *kv, enum rt_kv_type kv_type,
+                      const struct kvp_policy *p, int n_layer, int n_kv_head, int group,
+                      int head_dim, int32_t cap, int64_t prompt_len, rt_err *err);
 void rt_run_free(struct rt_run *r);
 
 /* Start a new sequence on the same store: empty the store (rt_kv_reset), zero the

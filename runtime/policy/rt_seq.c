@@ -193,7 +193,9 @@ static int trace_init(rt_seq *s, rt_err *err)
 /* ---- compacted positions ----------------------------------------------------------------- */
 
 /* After a compress under KVP_POS_COMPACTED: turn every kept key from the index it was
- * rotated at to its current index i (delta = i - old), so entry i sits at rotation i. */
+ * rotated at to its current index i (delta = i - old), so entry i sits at rotation i. A
+ * store of a narrow element type (f16, q8_0) is decoded, rotated in f32 and stored again
+ * (one more rounding of that key; f32 stores rotate in place). */
 static void seq_rerotate(rt_seq *s)
 {
 	const rt_model_hparams *hp = &s->m->hp;
@@ -214,7 +216,14 @@ static void seq_rerotate(rt_seq *s)
 				rt_rope_cs_f64(s->rot_cs, delta, n_rot, hp->rope_base, s->rot_freq);
 				cached = delta;
 			}
-			rt_rope_rotate_f32_by_f64(h->k + (size_t)i * d, n_rot, s->rot_cs);
+			if (s->kv.type == RT_KV_F32) {
+				rt_rope_rotate_f32_by_f64(h->k + (size_t)i * d, n_rot, s->rot_cs);
+			} else {
+				float *row = s->rot_row;
+				(void)rt_kv_key(&s->kv, h, i, row); /* a narrow type decodes into row */
+				rt_rope_rotate_f32_by_f64(row, n_rot, s->rot_cs);
+				rt_kv_set_key(&s->kv, h, i, row);
+			}
 		}
 	}
 }
@@ -229,8 +238,8 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 	if (cap < 1 || max_chunk < 1 || max_chunk > 65536)
 		return rt_err_set(err, "%s: sequence: invalid capacity %d or chunk %d", m->path, (int)cap,
 		                  max_chunk);
-	if (rt_run_init(&s->run, &s->kv, p, hp->n_layer, hp->n_head_kv, hp->group, hp->head_dim,
-	                 cap, prompt_len, err) != 0)
+	if (rt_run_init_typed(&s->run, &s->kv, m->kv_type, p, hp->n_layer, hp->n_head_kv,
+	                      hp->group, hp->head_dim, cap, prompt_len, err) != 0)
 		return -1;
 	s->m = m;
 	s->p = p;
@@ -245,7 +254,8 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 		s->rot_idx = malloc(n * sizeof *s->rot_idx);
 		s->rot_freq = malloc((size_t)(hp->n_rot / 2 + 1) * sizeof *s->rot_freq);
 		s->rot_cs = malloc((size_t)(hp->n_rot + 1) * sizeof *s->rot_cs);
-		if (!s->rot_idx || !s->rot_freq || !s->rot_cs) {
+		s->rot_row = malloc((size_t)hp->head_dim * sizeof *s->rot_row);
+		if (!s->rot_idx || !s->rot_freq || !s->rot_cs || !s->rot_row) {
 			rt_seq_free(s);
 			return rt_err_set(err, "%s: sequence: cannot allocate %zu bytes of position map",
 			                  m->path, n * sizeof(int32_t));
@@ -281,6 +291,7 @@ void rt_seq_free(rt_seq *s)
 	free(s->rot_idx);
 	free(s->rot_freq);
 	free(s->rot_cs);
+	free(s->rot_row);
 	free(s->tr_mem);
 	free(s->obs_seconds);
 	memset(s, 0, sizeof *s);

@@ -892,6 +892,10 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 	}
 	const struct kvp_policy *p = policy_at(S, r->pi);
 	rt_err err = { "" };
+	if ((p->needs & KVP_NEED_F32_KV) && S->m->kv_type != RT_KV_F32)
+		return bad(e, 400, "kv.policy", "policy %s reads and rewrites f32 key/value rows; this "
+		           "server stores %s (start it with --kv-type f32)", p->name,
+		           rt_kv_type_name(S->m->kv_type));
 	int32_t cap = (int32_t)(r->n_prompt + r->max_tokens);
 	if (rt_seq_init(&r->seq, S->m, p, cap, c->chunk, r->n_prompt, &err) != 0)
 		return bad(e, err_status(&err), NULL, "%s", err.msg);
@@ -1573,7 +1577,7 @@ static int srv_open(srv *S, rt_err *err)
 		return -1;
 	S->tk = rt_tokenizer_init(g, err);
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-	rt_model_opts mo = { .exact = c->exact,
+	rt_model_opts mo = { .exact = c->exact, .kv_type = c->kv_type,
 	                     .threads = c->threads > 0 ? c->threads
 	                                : c->exact ? 0 : (int)(ncpu < 1 ? 1 : ncpu > 256 ? 256 : ncpu) };
 	S->m = S->tk ? rt_model_load_opts(g, &mo, err) : NULL;

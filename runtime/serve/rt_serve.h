@@ -47,6 +47,7 @@ typedef struct rt_serve_cfg {
 	const char *api_key;       /* required bearer token, or NULL */
 	const char *trace;         /* JSON-lines trace file, or NULL */
 	int exact;                 /* 1: the exact path (f32 weights, OpenBLAS); 0: the fast path */
+	enum rt_kv_type kv_type;   /* KV storage of every sequence (f32 on the exact path) */
 	int threads;               /* threads of the model (0: every online core) */
 } rt_serve_cfg;
 
