@@ -11,7 +11,8 @@ Usage: kl_dumps.py P.f32 Q.f32 --vocab V --ids IDS.txt [--names P,Q]
 The fast path's cost against the exact path (docs/exactness.md) was measured with it:
   kvrt ppl --model M --text T --ctx 2048 --logits exact.f32            (exact path)
   kvrt ppl --model M --text T --ctx 2048 --logits fast.f32 --fast      (prefill numerics)
-  kvrt ppl ... --fast --chunk 8 --logits fast8.f32                     (decode numerics)
+  kvrt ppl ... --fast --chunk 8 --logits fast8.f32                     (decode numerics;
+                                              f16 KV by default, --kv-type f32|q8_0)
   kvrt tokenize --model M --text T > ids.txt
   kl_dumps.py exact.f32 fast8.f32 --vocab 49152 --ids ids.txt --names exact,fast
 """
