@@ -267,6 +267,52 @@ static void side_add_stats(ab_side *sd)
 	sd->st.seconds += t.seconds;
 }
 
+static void needle_verdicts(ab_run *r, int n_trials);
+
+/* One prompt for the reference (its counters into *ref_sum) and for both sides of every
+ * ratio, *done counting the trials for the progress line. Returns 0, or -1 with err set
+ * (naming the policy and the ratio when a side fails). */
+static int needle_prompt_all(ab_run *r, const rt_needle_prompt *pr, float *logits,
+                             rt_seq_stats *ref_sum, double *done, rt_err *err)
+{
+	int rc = 0;
+	rt_progress_update(&r->prog, (int64_t)*done);
+	int hit = needle_trial(r, &r->ref, pr, logits, err);
+	if (hit < 0)
+		rc = -1;
+	else {
+		rt_seq_stats t = rt_seq_stats_get(&r->ref);
+		ref_sum->tokens += t.tokens;
+		ref_sum->seconds += t.seconds;
+		if (t.kv_entries_peak > ref_sum->kv_entries_peak)
+			ref_sum->kv_entries_peak = t.kv_entries_peak;
+		if (t.kv_bytes_peak > ref_sum->kv_bytes_peak)
+			ref_sum->kv_bytes_peak = t.kv_bytes_peak;
+		r->ref_hits += hit;
+		r->ref_trials++;
+	}
+	(*done)++;
+	for (int k = 0; k < r->o.n_ratios && rc == 0; k++)
+		for (int s = 0; s < 2 && rc == 0; s++) {
+			ab_side *sd = &r->rows[k].side[s];
+			rt_progress_update(&r->prog, (int64_t)*done);
+			hit = needle_trial(r, &sd->seq, pr, logits, err);
+			if (hit < 0) {
+				char m2[512];
+				snprintf(m2, sizeof m2, "%s", err->msg);
+				rt_err_set(err, "policy %s at ratio %g: %s", r->pol[s]->name,
+				           r->rows[k].ratio, m2);
+				rc = -1;
+				break;
+			}
+			side_add_stats(sd);
+			sd->ok[sd->trials++] = (uint8_t)hit;
+			sd->hits += hit;
+			(*done)++;
+		}
+	return rc;
+}
+
 static int run_needle(ab_run *r, rt_err *err)
 {
 	int64_t maxlen = 0;
@@ -304,40 +350,7 @@ static int run_needle(ab_run *r, rt_err *err)
 				rc = -1;
 				break;
 			}
-			rt_progress_update(&r->prog, (int64_t)done);
-			int hit = needle_trial(r, &r->ref, &pr, logits, err);
-			if (hit < 0)
-				rc = -1;
-			else {
-				rt_seq_stats t = rt_seq_stats_get(&r->ref);
-				ref_sum.tokens += t.tokens;
-				ref_sum.seconds += t.seconds;
-				if (t.kv_entries_peak > ref_sum.kv_entries_peak)
-					ref_sum.kv_entries_peak = t.kv_entries_peak;
-				if (t.kv_bytes_peak > ref_sum.kv_bytes_peak)
-					ref_sum.kv_bytes_peak = t.kv_bytes_peak;
-				r->ref_hits += hit;
-				r->ref_trials++;
-			}
-			done++;
-			for (int k = 0; k < r->o.n_ratios && rc == 0; k++)
-				for (int s = 0; s < 2 && rc == 0; s++) {
-					ab_side *sd = &r->rows[k].side[s];
-					rt_progress_update(&r->prog, (int64_t)done);
-					hit = needle_trial(r, &sd->seq, &pr, logits, err);
-					if (hit < 0) {
-						char m2[512];
-						snprintf(m2, sizeof m2, "%s", err->msg);
-						rt_err_set(err, "policy %s at ratio %g: %s", r->pol[s]->name,
-						           r->rows[k].ratio, m2);
-						rc = -1;
-						break;
-					}
-					side_add_stats(sd);
-					sd->ok[sd->trials++] = (uint8_t)hit;
-					sd->hits += hit;
-					done++;
-				}
+			rc = needle_prompt_all(r, &pr, logits, &ref_sum, &done, err);
 			rt_needle_prompt_free(&pr);
 		}
 	}
@@ -348,6 +361,13 @@ static int run_needle(ab_run *r, rt_err *err)
 	if (rc)
 		return -1;
 	r->ref_st = ref_sum;
+	needle_verdicts(r, n_trials);
+	return 0;
+}
+
+/* Each row's discordant counts, exact sign test and verdict over n_trials trials. */
+static void needle_verdicts(ab_run *r, int n_trials)
+{
 	for (int k = 0; k < r->o.n_ratios; k++) {
 		ab_row *row = &r->rows[k];
 		for (int t = 0; t < n_trials; t++) {
@@ -370,7 +390,6 @@ static int run_needle(ab_run *r, rt_err *err)
 		         row->side[1].hits, n_trials, row->n10, row->n01, row->p_value,
 		         row->significant ? "significant" : "not significant");
 	}
-	return 0;
 }
 
 /* ---- reporting ------------------------------------------------------------------------- */
@@ -566,12 +585,10 @@ static void json_side_meta(FILE *f, const ab_run *r, int s)
 	fprintf(f, "}, \"ratio_applied\": %s}", r->rows[0].side[s].ratio_applied ? "true" : "false");
 }
 
-static int write_json(const ab_run *r, const char *path, rt_err *err)
+/* The "meta" object and the reference's metrics of the --json report (its opening "{"
+ * included, up to the reference's closing brace). */
+static void json_head(FILE *f, const ab_run *r, int needle)
 {
-	FILE *f = fopen(path, "w");
-	if (!f)
-		return rt_err_set(err, "%s: %s", path, strerror(errno));
-	const int needle = !strcmp(r->o.task, "needle");
 	fputs("{\n\"meta\": {\"tool\": \"kvpc ab\", \"commit\": ", f);
 	rt_json_str(f, r->o.commit);
 	fputs(", \"task\": ", f);
@@ -624,46 +641,61 @@ static int write_json(const ab_run *r, const char *path, rt_err *err)
 		fprintf(f, ", \"%s\": ", METRICS[m].name);
 		rt_json_num(f, metric_val(r, NULL, m));
 	}
-	fputs("},\n\"results\": [", f);
-	for (int k = 0; k < r->o.n_ratios; k++) {
-		const ab_row *row = &r->rows[k];
-		fputs(k ? ",\n  {\"ratio\": " : "\n  {\"ratio\": ", f);
-		rt_json_num(f, row->ratio);
-		for (int s = 0; s < 2; s++) {
-			fprintf(f, ", \"%s\": {\"policy\": ", s ? "B" : "A");
-			rt_json_str(f, r->pol[s]->name);
-			for (int m = 0; m < M_COUNT; m++) {
-				if (!metric_on(r, m))
-					continue;
-				fprintf(f, ", \"%s\": ", METRICS[m].name);
-				rt_json_num(f, metric_val(r, &row->side[s], m));
-			}
-			if (!needle) {
-				fputs(", \"kl\": {", f);
-				rt_kld_summary_json(f, &row->side[s].sum);
-				fputs("}", f);
-			} else {
-				fprintf(f, ", \"hits\": %d, \"trials\": %d", row->side[s].hits,
-				        row->side[s].trials);
-			}
-			fputs("}", f);
+}
+
+/* Row k of the --json report's "results": both sides' metrics, the paired statistics and
+ * the verdict. */
+static void json_row(FILE *f, const ab_run *r, int k, int needle)
+{
+	const ab_row *row = &r->rows[k];
+	fputs(k ? ",\n  {\"ratio\": " : "\n  {\"ratio\": ", f);
+	rt_json_num(f, row->ratio);
+	for (int s = 0; s < 2; s++) {
+		fprintf(f, ", \"%s\": {\"policy\": ", s ? "B" : "A");
+		rt_json_str(f, r->pol[s]->name);
+		for (int m = 0; m < M_COUNT; m++) {
+			if (!metric_on(r, m))
+				continue;
+			fprintf(f, ", \"%s\": ", METRICS[m].name);
+			rt_json_num(f, metric_val(r, &row->side[s], m));
 		}
 		if (!needle) {
-			fputs(", \"nll_diff\": {", f);
-			rt_boot_ci_json(f, &row->ci);
+			fputs(", \"kl\": {", f);
+			rt_kld_summary_json(f, &row->side[s].sum);
 			fputs("}", f);
 		} else {
-			fprintf(f, ", \"discordant\": {\"a_only\": %d, \"b_only\": %d, \"p_value\": ",
-			        row->n10, row->n01);
-			rt_json_num(f, row->p_value);
-			fputs("}", f);
+			fprintf(f, ", \"hits\": %d, \"trials\": %d", row->side[s].hits,
+			        row->side[s].trials);
 		}
-		fprintf(f, ", \"better\": \"%s\", \"significant\": %s, \"verdict\": ",
-		        row->better == 1 ? "A" : row->better == 2 ? "B" : "tie",
-		        row->significant ? "true" : "false");
-		rt_json_str(f, row->verdict);
 		fputs("}", f);
 	}
+	if (!needle) {
+		fputs(", \"nll_diff\": {", f);
+		rt_boot_ci_json(f, &row->ci);
+		fputs("}", f);
+	} else {
+		fprintf(f, ", \"discordant\": {\"a_only\": %d, \"b_only\": %d, \"p_value\": ",
+		        row->n10, row->n01);
+		rt_json_num(f, row->p_value);
+		fputs("}", f);
+	}
+	fprintf(f, ", \"better\": \"%s\", \"significant\": %s, \"verdict\": ",
+	        row->better == 1 ? "A" : row->better == 2 ? "B" : "tie",
+	        row->significant ? "true" : "false");
+	rt_json_str(f, row->verdict);
+	fputs("}", f);
+}
+
+static int write_json(const ab_run *r, const char *path, rt_err *err)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return rt_err_set(err, "%s: %s", path, strerror(errno));
+	const int needle = !strcmp(r->o.task, "needle");
+	json_head(f, r, needle);
+	fputs("},\n\"results\": [", f);
+	for (int k = 0; k < r->o.n_ratios; k++)
+		json_row(f, r, k, needle);
 	fputs("\n]\n}\n", f);
 	if (fclose(f) != 0)
 		return rt_err_set(err, "%s: write error: %s", path, strerror(errno));
