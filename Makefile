@@ -101,10 +101,15 @@ test: $(TEST_BINS) $(B)/tests/serve_bin
 $(B)/tests/serve_bin: $(B)/kvpc $(B)/libkvrt.a policies/h2o.kvp policies/snapkv.kvp tests/serve/h2o_pinned.kvp
 	@$(B)/kvpc build policies/h2o.kvp policies/snapkv.kvp tests/serve/h2o_pinned.kvp -o $@
 
-test-asan: $(TEST_BINS)
+# the serving tests too, against the sanitized server (SERVE_QUICK: without the `run`
+# references and the openai client, which the plain pass covers): every request path under
+# ASan and UBSan, and LeakSanitizer at the server's exit after its drain
+test-asan: $(TEST_BINS) $(B)/tests/serve_bin
 	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_SANITIZED=1 \
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  scripts/run_tests.sh $(B) $(TEST_BINS)
+	@SERVE_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  $(PYTHON) tests/serve/test_serve.py $(B)/tests/serve_bin $(MODEL)
 
 ## bench: kvrt beside llama-bench (scripts/build_llama.sh): pp512, tg128, tg128 at depth 4096, 1 and 2 threads; H2O/SnapKV x8 at depth 8064 against llama.cpp's full cache
 bench: deps model $(B)/kvrt $(B)/kvpc $(B)/libkvrt.a

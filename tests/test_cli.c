@@ -146,15 +146,22 @@ START_TEST(reports_list_the_parameters_in_effect)
 		return;
 	}
 	char *out, *err;
+	/* ab runs the exact path (f32 weights): minutes under the sanitizers, so that pass
+	 * checks ppl's line only */
+	const int ab_too = !getenv("KVRT_SANITIZED");
+	if (!ab_too)
+		printf("test_cli: KVRT_SANITIZED: the ab header case is left to the plain pass\n");
 	char *ab[] = { "kvrt", "ab", "--model", (char *)model, "--text", "README.md", "--a", "h2o",
 		       "--b", "snapkv", "--ratio", "2", "--ctx", "64", "--chunk", "64", "--resamples",
 		       "10", "--threads", "1", "--quiet", NULL };
-	ck_assert_int_eq(run(NULL, ab, kvp_registry, kvp_registry_count, &out, &err), 0);
-	ck_assert_msg(strstr(out, "\n  A: recent=0.1; budget = context / ratio, in place of heavy\n"),
-	              "%s", out);
-	ck_assert_msg(strstr(out, "\n  B: window=32; budget = context / ratio, in place of capacity\n"),
-	              "%s", out);
-	free(out), free(err);
+	if (ab_too) {
+		ck_assert_int_eq(run(NULL, ab, kvp_registry, kvp_registry_count, &out, &err), 0);
+		ck_assert_msg(strstr(out, "\n  A: recent=0.1; budget = context / ratio, in place of heavy\n"),
+		              "%s", out);
+		ck_assert_msg(strstr(out, "\n  B: window=32; budget = context / ratio, in place of capacity\n"),
+		              "%s", out);
+		free(out), free(err);
+	}
 	/* without a ratio every parameter is in force */
 	char *ppl[] = { "kvrt", "ppl", "--model", (char *)model, "--text", "README.md", "--ctx", "16",
 		        "--policy", "h2o", "--no-ref", "--fast", "--threads", "1", "--quiet", NULL };
@@ -174,7 +181,7 @@ static Suite *cli_suite(void)
 {
 	Suite *s = suite_create("cli");
 	TCase *tc = tcase_create("cli");
-	tcase_set_timeout(tc, 120);
+	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, run_refuses_an_empty_prompt_and_no_tokens);
 	tcase_add_test(tc, check_says_what_it_checked);
 	tcase_add_test(tc, ppl_counts_the_scored_tokens);

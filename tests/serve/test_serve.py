@@ -34,6 +34,7 @@ PREFILL = 16  # serve's default --prefill-chunk (RT_SERVE_PREFILL_CHUNK, at most
 FAILS = []
 QUICK = os.environ.get("SERVE_QUICK") == "1"
 SAN_LINES = []
+N_CLIENTS = 16 if QUICK else 64  # concurrent clients (16: all active at once)
 DRAINS = []
 
 
@@ -127,14 +128,15 @@ def raw_request(port, body):
 
 
 def queue_full(trace, prompt, ref):
-    """A server whose pool holds one request (46 entries per list under `full` take 3
-    blocks of 16 in each of 90 lists, 2.3 MB of the 3 MB) and whose queue holds one more:
-    while one runs, of five more sent at once one waits and the others get 503 with
-    Retry-After; the ones served give the same text as `run`; a request whose footprint
-    exceeds the whole pool is a 400."""
-    srv, port = start(trace, kv_memory="3M", max_seqs=4, queue=1)
+    """A server with a small pool (a few requests' footprints) and a queue of one: while one
+    request runs, of five more sent at once at least one waits or runs and the rest get 503
+    with Retry-After; the ones served give the same text as `run`; a request whose
+    footprint exceeds the whole pool is a 400."""
+    # SERVE_QUICK (a sanitized server, slow per token): 12 tokens on a 2M pool
+    srv, port = start(trace, kv_memory="2M" if QUICK else "3M", max_seqs=4, queue=1)
     try:
-        body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "kv": {"policy": "full"}}
+        body = {"prompt": prompt, "max_tokens": 12 if QUICK else 40, "temperature": 0,
+                "kv": {"policy": "full"}}
 
         def one(i):
             st, a, r = post(port, "/v1/completions", body, timeout=120)
@@ -149,7 +151,8 @@ def queue_full(trace, prompt, ref):
         ref = ref if ref is not None else (ok[0] if ok else None)
         busy = [(a, ra) for st, a, ra in res if st == 503]
         check(len(ok) >= 2 and set(ok) == {ref} and len(busy) >= 1 and len(ok) + len(busy) == 6,
-              "queue full: %d x 200 equal to `run`, %d x 503" % (len(ok), len(busy)))
+              "queue full: %d x 200 equal to %s, %d x 503" %
+              (len(ok), "the first answer" if QUICK else "`run`", len(busy)))
         check(all(ra == "1" and a["error"]["type"] == "overloaded_error" and
                   "queue is full" in a["error"]["message"] for a, ra in busy),
               "each 503 has Retry-After: 1 and an overloaded_error: %s" % (busy[:1],))
@@ -429,19 +432,19 @@ def main():
         w = threading.Thread(target=watch)
         w.start()
         t0 = time.time()
-        with cf.ThreadPoolExecutor(64) as ex:
-            res = list(ex.map(one, range(64)))
+        with cf.ThreadPoolExecutor(N_CLIENTS) as ex:
+            res = list(ex.map(one, range(N_CLIENTS)))
         dt = time.time() - t0
         done.set()
         w.join()
         codes = [c for c, _ in res]
         texts = {a["choices"][0]["text"] for c, a in res if c == 200}
         check(all(c in (200, 503) for c in codes) and codes.count(200) >= 16 and texts == {solo},
-              "64 concurrent clients: %d x 200, %d x 503 in %.1f s, outputs %s" %
-              (codes.count(200), codes.count(503), dt, texts))
+              "%d concurrent clients: %d x 200, %d x 503 in %.1f s, outputs %s" %
+              (N_CLIENTS, codes.count(200), codes.count(503), dt, texts))
         check(peak["active"] <= 16 and peak["queued"] <= 64 and peak["active"] >= 2 and dt < 90,
-              "64 concurrent clients stay bounded: at most %d active (--max-seqs 16), %d queued "
-              "(--queue 64), %.1f s (< 90)" % (peak["active"], peak["queued"], dt))
+              "%d concurrent clients stay bounded: at most %d active (--max-seqs 16), %d queued "
+              "(--queue 64), %.1f s (< 90)" % (N_CLIENTS, peak["active"], peak["queued"], dt))
         check(metric(port, "kvpc_pool_bytes_in_use") == 0, "every block is back in the pool")
         st, t = get(port, "/metrics")
         names = ["kvpc_pool_bytes_total", "kvpc_pool_blocks_in_use", "kvpc_kv_entries_in_use",
