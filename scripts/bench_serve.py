@@ -196,12 +196,14 @@ def llama_row(mem):
     # f16 KV per token: 2 (K, V) x layers x KV heads x head_dim x 2 bytes (SmolLM2-135M: 30 x 3 x 64)
     per_tok = 2 * 30 * 3 * 64 * 2
     ctx = mem // per_tok
-    # every slot must hold a whole sequence (llama-server splits -c evenly over -np slots)
+    # every slot must hold a whole sequence (llama-server splits -c evenly over -np slots);
+    # --no-repack: ggml's AMX kernels (a GGML_NATIVE build) die with SIGILL on a kernel that
+    # has not granted the AMX state (scripts/bench.sh says the same of llama-bench)
     need = int((PROMPT + GEN) * 1.05) + 16
     slots = max(1, min(N, ctx // need))
     port = free_port()
     args = [srv, "-m", MODEL, "--port", str(port), "-c", str(slots * (ctx // slots)), "-np",
-            str(slots), "--cont-batching", "--metrics", "--no-warmup"] + \
+            str(slots), "--cont-batching", "--metrics", "--no-warmup", "--no-repack"] + \
            (["-t", THREADS] if THREADS else [])
     p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     up = False

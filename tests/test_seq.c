@@ -46,6 +46,7 @@
 #include "model/rt_model.h"
 #include "policy/rt_policy.h"
 #include "policy/rt_seq.h"
+#include "serve/rt_serve.h"
 #include "support/tiny_model.h"
 
 /* the exact path: these tests compare against f32 references */
@@ -429,6 +430,39 @@ START_TEST(threads_same_kept_sets)
 	free(la), free(lb);
 	rt_model_free(m1);
 	rt_model_free(m2);
+}
+END_TEST
+
+/* serve's admission footprint (rt_serve_footprint) in entries per list, by hand for a
+ * 64-token prompt and 16 generated tokens at ratio 8 with steps of 16 tokens: H2O (every
+ * step) holds ceil(80/8) = 10 entries at the end plus the one its trigger lets a decode step
+ * add (11); with a prefill chunk C its prompt chunks add up to min(C, 16) entries to the
+ * prompt's budget ceil(64/8) = 8 (C = 16: 24; C = 64 is bounded by the step's 16: 24; C = 2:
+ * 10 < 11). SnapKV (prompt end) holds the whole prompt whatever C (64); the full cache all
+ * 80; and the probe leaves the sequence at its start with its prefill chunk. */
+START_TEST(serve_footprint_prefill_chunk)
+{
+	rt_model *m = load_shape(0);
+	rt_err err = { "" };
+	const struct { const char *name; int32_t pf; int64_t want; } cases[] = {
+		{ "h2o", 0, 11 }, { "h2o", 16, 24 }, { "h2o", 64, 24 }, { "h2o", 2, 11 },
+		{ "snapkv", 0, 64 }, { "snapkv", 16, 64 }, { "full", 16, 80 },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		const struct kvp_policy *p = find_policy(cases[i].name);
+		rt_seq s;
+		ck_assert_msg(rt_seq_init(&s, m, p, 80, 16, 64, &err) == 0, "%s", err.msg);
+		if (p->compress)
+			ck_assert_msg(rt_seq_set_ratio(&s, 8, &err) == 0, "%s", err.msg);
+		ck_assert_msg(rt_seq_set_prefill_chunk(&s, cases[i].pf, &err) == 0, "%s", err.msg);
+		const int64_t f = rt_serve_footprint(&s, 64, 16, 16);
+		ck_assert_msg(f == cases[i].want, "%s prefill chunk %d: footprint %lld, expected %lld",
+		              cases[i].name, (int)cases[i].pf, (long long)f, (long long)cases[i].want);
+		ck_assert_int_eq(rt_seq_seen(&s), 0);
+		ck_assert_int_eq(s.run.prefill_chunk, cases[i].pf < 16 ? cases[i].pf : 16);
+		rt_seq_free(&s);
+	}
+	rt_model_free(m);
 }
 END_TEST
 
@@ -1596,6 +1630,7 @@ static Suite *seq_suite(void)
 	tcase_set_timeout(tc, 600);
 	tcase_add_loop_test(tc, evicted_h2o_original, 0, 3);
 	tcase_add_loop_test(tc, threads_same_kept_sets, 0, 2);
+	tcase_add_test(tc, serve_footprint_prefill_chunk);
 	tcase_add_loop_test(tc, evicted_tova_original, 0, 3);
 	tcase_add_loop_test(tc, evicted_streaming_compacted, 0, 3);
 	tcase_add_loop_test(tc, evicted_snapkv_prompt_end, 0, 3);
