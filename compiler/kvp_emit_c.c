@@ -1137,6 +1137,7 @@ static void emit_cfg_score_guards(struct em *em)
 	}
 	out(em, "\tcfg->n_tmp = %d;\n", em->n_vec);
 	out(em, "\tcfg->reads_rows = %d;\n", (ir->needs & (KVP_NEED_KEYS | KVP_NEED_VALUES)) != 0);
+	out(em, "\tcfg->keep_order = %d;\n", ir->positions == KVP_POS_COMPACTED);
 	line_src(em, ir->alloc.loc);
 	out(em, "\tcfg->target = ");
 	target_expr(em);

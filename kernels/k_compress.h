@@ -4,7 +4,9 @@
  * -> allocation (per layer schedule; per head, adaptive across a layer's heads, or one
  * global pool) -> selection (k_select, tie rule: equal scores keep the lower position)
  * -> action (evict, or merge evicted entries into a kept neighbour as a prototype with a
- * count) -> compaction (rt_kv_head_keep, an in-place gather). `action = add_split`
+ * count) -> compaction (rt_kv_head_evict, which moves only tail entries into evicted
+ * slots; rt_kv_head_keep, the order-keeping gather, under `positions compacted`, where
+ * an entry's index is its RoPE position). `action = add_split`
  * (GraceKV) takes the other road, k_grace_run (k_grace_run.h): the score becomes the
  * direct relevance of the prototype trees' Add/Split competition.
  *
@@ -18,6 +20,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "k_alloc.h"
@@ -49,6 +52,7 @@ struct k_compress_cfg {
 	int32_t kernel;         /* pooling kernel (odd, entries) */
 	int pool_before_reduce;
 	int n_tmp;              /* [cap] float temporaries the score function uses */
+	int keep_order;         /* compact with the order-keeping gather (`positions compacted`) */
 	int reads_rows;         /* the score reads keys or values (KVP_NEED_KEYS/VALUES): on a
 	                           store of a narrow element type each head's rows are decoded
 	                           to f32 for it (k_head_f32) */
@@ -113,7 +117,7 @@ static inline size_t k_compress_scratch_bytes(const rt_kv *kv, int n_tmp)
 {
 	size_t H = (size_t)kv->n_layer * kv->n_kv_head, c = (size_t)kv->cap;
 	return k_rows_bytes(kv) + k_align64(H * c * sizeof(float)) + 2 * k_align64(H * c) +
-	       k_align64((size_t)kv->group * c * sizeof(float)) + k_align64(c * sizeof(float)) +
+	       k_align64((size_t)kv->group * c * sizeof(float)) + 2 * k_align64(c * sizeof(float)) +
 	       k_align64((size_t)(n_tmp > 0 ? n_tmp : 1) * c * sizeof(float)) +
 	       k_align64((size_t)2 * kv->head_dim * sizeof(double)) +
 	       2 * k_align64(H * c * sizeof(struct k_cand)) + k_align64(c * sizeof(int32_t)) +
@@ -175,28 +179,74 @@ static inline double k_entry_cos(const rt_kv *kv, const rt_kv_head *h, int32_t a
 	return xx > 0 && yy > 0 ? xy / sqrt(xx * yy) : 0.0;
 }
 
+static inline int k_cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return (x > y) - (x < y);
+}
+
+/* ord[0..n) = the entries of h in increasing position order (tmp: [n] int64 scratch).
+ * Returns 0 when that is index order (ord is then the identity), 1 otherwise: lists
+ * compacted by rt_kv_head_evict are not in position order. */
+static inline int k_pos_order(const rt_kv_head *h, int32_t *ord, int64_t *tmp)
+{
+	int sorted = 1;
+	for (int32_t i = 0; i < h->n; i++) {
+		ord[i] = i;
+		sorted &= i == 0 || h->pos[i] > h->pos[i - 1];
+	}
+	if (sorted)
+		return 0;
+	for (int32_t i = 0; i < h->n; i++)
+		tmp[i] = (int64_t)h->pos[i] << 32 | (uint32_t)i;
+	qsort(tmp, (size_t)h->n, sizeof *tmp, k_cmp_i64);
+	for (int32_t i = 0; i < h->n; i++)
+		ord[i] = (int32_t)(uint32_t)tmp[i];
+	return 1;
+}
+
+/* Pool s over its first m entries in position order: s[ord[j]] for j < m (ord NULL:
+ * index order), through t0, t1 ([m] floats each). */
+static inline void k_pool_ordered(float *s, const int32_t *ord, int32_t m, int32_t kernel,
+                                  int is_max, float *t0, float *t1)
+{
+	if (!ord) {
+		k_pool(s, t0, m, kernel, is_max);
+		memcpy(s, t0, (size_t)m * sizeof(float));
+		return;
+	}
+	for (int32_t j = 0; j < m; j++)
+		t0[j] = s[ord[j]];
+	k_pool(t0, t1, m, kernel, is_max);
+	for (int32_t j = 0; j < m; j++)
+		s[ord[j]] = t1[j];
+}
+
 /* Fold every evicted entry (flags without K_FLAG_KEEP) into the adjacent kept entry
- * (previous or next kept in index order; not a guarded entry (sinks, recent, spans
+ * (previous or next kept in position order; not a guarded entry (sinks, recent, spans
  * stay exact) nor a floor singleton; whose count stays
  * <= run when run > 0) with the more similar key; ties and equal similarity go to the
- * previous one. Entries are processed in index order. On a store of a narrow element type
+ * previous one. Entries are processed in position order (ord: [n] scratch, tmp: [n] int64
+ * scratch, for k_pos_order). On a store of a narrow element type
  * the merges run on the head's rows decoded into rows (k_head_f32) and every entry that
  * took a merge is encoded back (rounded once, from its f32 mean). */
 static inline void k_merge_evicted(const rt_kv *kv, rt_kv_head *hs, const uint8_t *flags,
-                                   double run, float *rows)
+                                   double run, float *rows, int32_t *ord, int64_t *tmp)
 {
 	rt_kv_head view;
 	rt_kv_head *h = k_head_f32(kv, hs, &view, rows);
 	int32_t n = h->n, prev = -1;
-	for (int32_t i = 0; i < n; i++) {
+	k_pos_order(h, ord, tmp);
+	for (int32_t oi = 0; oi < n; oi++) {
+		const int32_t i = ord[oi];
 		if (flags[i] & K_FLAG_KEEP) {
 			prev = i;
 			continue;
 		}
 		int32_t next = -1;
-		for (int32_t j = i + 1; j < n; j++)
-			if (flags[j] & K_FLAG_KEEP) {
-				next = j;
+		for (int32_t oj = oi + 1; oj < n; oj++)
+			if (flags[ord[oj]] & K_FLAG_KEEP) {
+				next = ord[oj];
 				break;
 			}
 		int32_t cands[2] = { prev, next };
@@ -318,6 +368,7 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	uint8_t *candm = p; p += k_align64(H * c);
 	float *qs = (float *)(void *)p; p += k_align64((size_t)R * c * sizeof(float));
 	float *pooled = (float *)(void *)p; p += k_align64(c * sizeof(float));
+	float *pooled2 = (float *)(void *)p; p += k_align64(c * sizeof(float));
 	float *tmp = (float *)(void *)p; p += k_align64((size_t)(cfg->n_tmp > 0 ? cfg->n_tmp : 1) * c * sizeof(float));
 	double *vec = (double *)(void *)p; p += k_align64((size_t)2 * kv->head_dim * sizeof(double));
 	float *rows = (float *)(void *)p; p += k_rows_bytes(kv);
@@ -343,15 +394,19 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 			const int32_t n = h->n;
 			float *s = score + hi * c;
 			uint8_t *f = flags + hi * c;
-			int32_t n_dom = 0;
+			int32_t n_dom = 0; /* entries before the recent window (in position order) */
 			for (int32_t i = 0; i < n; i++) {
 				int in_recent = cfg->has_recent && h->pos[i] >= seen - cfg->recent;
 				int guard = (cfg->has_sinks && h->pos[i] < cfg->sinks) || in_recent ||
 				            k_span_protected(ctx, cfg, h->span[i]);
 				f[i] = guard ? K_FLAG_GUARD : 0;
-				if (!in_recent)
-					n_dom = i + 1;
+				n_dom += !in_recent;
 			}
+			/* pooling runs over neighbouring positions: through the position order when
+			 * an earlier rt_kv_head_evict left the list out of it */
+			const int32_t *ord = NULL;
+			if (cfg->pool != K_POOL_NONE && k_pos_order(h, keep, (int64_t *)(void *)ctmp))
+				ord = keep;
 			if (!cfg->has_score) {
 				for (int32_t i = 0; i < n; i++)
 					s[i] = 0.0f;
@@ -366,15 +421,15 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 					float *q = qs + (size_t)r * c;
 					score_fn(ctx, kv, hv, l, r, q, tmp, vec);
 					if (cfg->pool != K_POOL_NONE && cfg->pool_before_reduce) {
-						k_pool(q, pooled, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX);
-						memcpy(q, pooled, (size_t)n_dom * sizeof(float));
+						k_pool_ordered(q, ord, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX,
+						               pooled, pooled2);
 					}
 				}
 				k_reduce(s, qs, R, (int32_t)c, n, cfg->reduce);
 			}
 			if (cfg->pool != K_POOL_NONE && (!cfg->pool_before_reduce || cfg->reduce < 0)) {
-				k_pool(s, pooled, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX);
-				memcpy(s, pooled, (size_t)n_dom * sizeof(float));
+				k_pool_ordered(s, ord, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX, pooled,
+				               pooled2);
 			}
 		}
 
@@ -460,13 +515,15 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 						f[i] |= K_FLAG_SINGLE;
 			}
 			if (cfg->action != K_ACT_EVICT)
-				k_merge_evicted(kv, h, f, cfg->run, rows);
+				k_merge_evicted(kv, h, f, cfg->run, rows, keep, (int64_t *)(void *)ctmp);
 			int32_t nk = 0;
 			for (int32_t i = 0; i < h->n; i++)
 				if (f[i] & K_FLAG_KEEP)
 					keep[nk++] = i;
-			if (nk < h->n)
+			if (nk < h->n && cfg->keep_order)
 				rt_kv_head_keep(kv, h, keep, nk);
+			else if (nk < h->n)
+				rt_kv_head_evict(kv, h, keep, nk);
 		}
 	return 0;
 }

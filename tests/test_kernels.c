@@ -343,7 +343,9 @@ START_TEST(merge_into_neighbours)
 	for (int i = 0; i < 4; i++)
 		rt_kv_append(&kv, h, k[i], v[i], i);
 	uint8_t flags[4] = { K_FLAG_KEEP, 0, 0, K_FLAG_KEEP };
-	k_merge_evicted(&kv, h, flags, 0, NULL);
+	int32_t ord[4];
+	int64_t tmp[4];
+	k_merge_evicted(&kv, h, flags, 0, NULL, ord, tmp);
 	ck_assert_float_eq(h->count[0], 2);
 	ck_assert_float_eq(h->count[3], 2);
 	ck_assert_float_eq_tol(h->v[0], 3, 1e-6);
@@ -354,8 +356,21 @@ START_TEST(merge_into_neighbours)
 	for (int i = 0; i < 4; i++)
 		rt_kv_append(&kv, h, k[0], v[0], i);
 	uint8_t f2[4] = { K_FLAG_KEEP, 0, 0, 0 };
-	k_merge_evicted(&kv, h, f2, 2, NULL);
+	k_merge_evicted(&kv, h, f2, 2, NULL, ord, tmp);
 	ck_assert_float_eq(h->count[0], 2);
+	/* the same merge on a list out of position order (as rt_kv_head_evict leaves it):
+	 * entries at positions 0, 3, 1, 2; neighbours are taken by position, so position 1
+	 * folds into 0 and position 2 into 3 exactly as above */
+	rt_kv_reset(&kv);
+	const int order[4] = { 0, 3, 1, 2 };
+	for (int i = 0; i < 4; i++)
+		rt_kv_append(&kv, h, k[order[i]], v[order[i]], order[i]);
+	uint8_t f3[4] = { K_FLAG_KEEP, K_FLAG_KEEP, 0, 0 };
+	k_merge_evicted(&kv, h, f3, 0, NULL, ord, tmp);
+	ck_assert_float_eq(h->count[0], 2);
+	ck_assert_float_eq(h->count[1], 2);
+	ck_assert_float_eq_tol(h->v[0], 3, 1e-6);
+	ck_assert_float_eq_tol(h->v[1 * 2 + 1], 4, 1e-6);
 	rt_kv_free(&kv);
 }
 END_TEST

@@ -253,6 +253,60 @@ START_TEST(test_pool_parse_size)
 }
 END_TEST
 
+/* rt_kv_head_evict moves only the kept entries at or past the new length, into the evicted
+ * slots below it (in increasing order), and returns the emptied blocks; worked by hand on a
+ * 40-entry list (3 blocks) of the 9/3 shape with statistics. */
+START_TEST(test_evict_moves_only_the_tail)
+{
+	rt_kvpool pool = { .limit = INT64_MAX };
+	rt_kv kv;
+	rt_err err = { "" };
+	ck_assert_int_eq(rt_kv_init_pool(&kv, &pool, 2, 3, 3, 64, 64, 8, 0, &err), 0);
+	fill(&kv, 40);
+	/* keep {0, 9, 17, 30, 39}: 0 stays, 9 17 30 39 fill slots 1..4: 4 moves, 1 block left */
+	rt_kv_head *h = rt_kv_head_at(&kv, 1, 2);
+	const int32_t keep[5] = { 0, 9, 17, 30, 39 };
+	ck_assert_int_eq(rt_kv_head_evict(&kv, h, keep, 5), 4);
+	ck_assert_int_eq(h->n, 5);
+	ck_assert_int_eq(h->nb, 1);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 16);
+	for (int i = 0; i < 5; i++) {
+		ck_assert_int_eq(h->pos[i], keep[i]);
+		for (int d = 0; d < 64; d++)
+			ck_assert(h->k[i * 64 + d] == tag(5, keep[i], d) && h->v[i * 64 + d] == -tag(5, keep[i], d));
+		for (int b = 0; b < 8; b++)
+			ck_assert_uint_eq(h->stats[i * 8 + b], (uint8_t)(keep[i] + b));
+	}
+	/* one eviction in the middle (H2O's step): the last entry fills it, 1 move */
+	rt_kv_head *g = rt_kv_head_at(&kv, 0, 1);
+	int32_t all[40], n = 0;
+	for (int i = 0; i < 40; i++)
+		if (i != 10)
+			all[n++] = i;
+	ck_assert_int_eq(rt_kv_head_evict(&kv, g, all, n), 1);
+	ck_assert_int_eq(g->n, 39);
+	ck_assert_int_eq(g->pos[10], 39);
+	ck_assert(g->k[10 * 64 + 3] == tag(1, 39, 3));
+	for (int i = 0; i < 39; i++)
+		if (i != 10)
+			ck_assert_int_eq(g->pos[i], i);
+	/* evicting the last entries (indices 33..38) moves nothing; 33 entries still need 3
+	 * blocks */
+	for (int i = 0; i < 33; i++)
+		all[i] = i;
+	ck_assert_int_eq(rt_kv_head_evict(&kv, g, all, 33), 0);
+	ck_assert_int_eq(g->n, 33);
+	ck_assert_int_eq(g->nb, 3);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 16);
+	/* keeping nothing returns every block of the list */
+	ck_assert_int_eq(rt_kv_head_evict(&kv, g, all, 0), 0);
+	ck_assert_int_eq(g->nb, 0);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 13);
+	rt_kv_free(&kv);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
+}
+END_TEST
+
 /* Narrow element types: rows decode within the bound of their format, keep / compaction
  * moves the stored bytes unchanged, and a block holds the same 16 entries in fewer bytes.
  * Bounds, from the formats (runtime/kv/rt_kvq.h): f16 rounds to nearest with a relative
@@ -361,6 +415,7 @@ static Suite *kv_suite(void)
 	tcase_add_test(tc, test_pool_blocks);
 	tcase_add_test(tc, test_pool_parse_size);
 	tcase_add_test(tc, test_narrow_types);
+	tcase_add_test(tc, test_evict_moves_only_the_tail);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -375,6 +375,43 @@ void rt_kv_head_keep(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_ke
 	head_trim(kv, h);
 }
 
+/* Copy every per-entry array of entry src over entry dst. */
+static void entry_move(const rt_kv *kv, rt_kv_head *h, int32_t dst, int32_t src)
+{
+	const size_t rb = kv->row_bytes, sb = kv->stat_bytes;
+	memcpy(h->kr + (size_t)dst * rb, h->kr + (size_t)src * rb, rb);
+	memcpy(h->vr + (size_t)dst * rb, h->vr + (size_t)src * rb, rb);
+	h->pos[dst] = h->pos[src];
+	h->count[dst] = h->count[src];
+	h->log_count[dst] = h->log_count[src];
+	h->span[dst] = h->span[src];
+	if (sb)
+		memcpy(h->stats + (size_t)dst * sb, h->stats + (size_t)src * sb, sb);
+}
+
+int32_t rt_kv_head_evict(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep)
+{
+	RT_ASSERT(n_keep >= 0 && n_keep <= h->n);
+	int32_t t = 0; /* keep[0..t) are below n_keep and stay; keep[t..n_keep) fill the holes */
+	for (int32_t j = 0; j < n_keep; j++) {
+		RT_ASSERT(keep[j] >= 0 && keep[j] < h->n && (j == 0 || keep[j] > keep[j - 1]));
+		t += keep[j] < n_keep;
+	}
+	int32_t src = t, k = 0, moves = 0;
+	for (int32_t i = 0; src < n_keep; i++) {
+		RT_ASSERT(i < n_keep);
+		if (k < t && keep[k] == i) {
+			k++;
+			continue;
+		}
+		entry_move(kv, h, i, keep[src++]);
+		moves++;
+	}
+	h->n = n_keep;
+	head_trim(kv, h);
+	return moves;
+}
+
 void rt_kv_trim(rt_kv *kv)
 {
 	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)

@@ -19,9 +19,20 @@
  * demand behind a contiguous virtual view.
  *
  * Appending past a list's last block takes a block (rt_kv_reserve takes them for a whole
- * chunk up front and fails cleanly when the pool is exhausted); compaction
- * (rt_kv_head_keep, rt_kv_trim) gathers the kept entries forward and returns every
- * emptied block in the same call; nothing is allocated per token.
+ * chunk up front and fails cleanly when the pool is exhausted); compaction returns every
+ * emptied block in the same call: rt_kv_head_keep gathers the kept entries forward in
+ * order (every entry after the first eviction moves), rt_kv_head_evict moves only what
+ * it must (each evicted slot below the new length takes a kept entry from the list's
+ * tail: as many moves as evicted slots there, none for an eviction of the newest
+ * entries); nothing is allocated per token.
+ *
+ * Entry order: appends go to the end in position order, so a store compacted only by
+ * rt_kv_head_keep is in position order. After rt_kv_head_evict only this holds: every
+ * entry appended after a compaction follows every entry that was there before it (so a
+ * chunk's queries still see a prefix of the list, the causal mask of the forward). Code
+ * that needs position order (pooling over neighbouring positions, merging into the
+ * neighbouring kept entry, RoPE at the list index for `positions compacted`) sorts by pos
+ * or compacts with rt_kv_head_keep.
  *
  * Element types: keys and values are stored as rows of kv->row_bytes bytes in the layouts
  * of runtime/kv/rt_kvq.h: RT_KV_F32 head_dim floats (256 bytes at head_dim 64), RT_KV_F16
@@ -151,6 +162,13 @@ void rt_kv_rows_decode(const rt_kv *kv, const uint8_t *rows, int32_t n, float *o
  * in that order, by an in-place gather of every per-entry array; the rest are evicted and
  * every block left empty returns to the pool. Asserts the indices are valid and sorted. */
 void rt_kv_head_keep(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep);
+
+/* Keep exactly the entries keep[0..n_keep) (strictly increasing indices into the head) by
+ * moving as few as possible: kept entries below index n_keep stay where they are, and the
+ * kept entries at n_keep or above fill the evicted slots below n_keep, both in increasing
+ * index order; every block left empty returns to the pool. Returns the number of entries
+ * moved (the evicted slots below n_keep). Asserts the indices are valid and sorted. */
+int32_t rt_kv_head_evict(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep);
 
 /* Return the blocks past each list's entries (after a compaction that set h->n itself). */
 void rt_kv_trim(rt_kv *kv);

@@ -154,8 +154,9 @@ struct kvp_ctx {
 };
 
 /* What observe receives for one query token (one step) over one KV head. The entries
- * visible to this query are the first n of the head (entries are kept in position order
- * and the query sees every entry whose position is <= step). */
+ * visible to this query are the first n of the head: every entry appended before the
+ * query's chunk (in any order: a compaction moves tail entries into evicted slots,
+ * runtime/kv/rt_kv.h) and the chunk's entries up to the query's own, in position order. */
 struct kvp_obs {
 	int64_t step;          /* position of the query token; tokens seen = step + 1 */
 	int32_t n;             /* visible entries */
