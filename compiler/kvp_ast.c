@@ -34,6 +34,17 @@ static void *xmalloc(size_t n)
 	return p;
 }
 
+void *kvp_grow(void *items, int *cap, int first, size_t elem)
+{
+	*cap = *cap ? 2 * *cap : first;
+	void *p = realloc(items, elem * (size_t)*cap);
+	if (!p) {
+		fprintf(stderr, "kvpc: out of memory\n");
+		abort();
+	}
+	return p;
+}
+
 void *kvp_arena_alloc(kvp_arena *a, size_t n)
 {
 	n = (n + 15) & ~(size_t)15;
@@ -207,15 +218,8 @@ kvp_stmt *kvp_stmt_new(kvp_file *f, kvp_stmt_kind kind, kvp_srcloc loc)
 
 void kvp_file_add_comment(kvp_file *f, kvp_srcloc loc, const char *text, size_t n)
 {
-	if (f->n_comments == f->cap_comments) {
-		f->cap_comments = f->cap_comments ? 2 * f->cap_comments : 16;
-		kvp_comment *c = realloc(f->comments, sizeof *c * (size_t)f->cap_comments);
-		if (!c) {
-			fprintf(stderr, "kvpc: out of memory\n");
-			abort();
-		}
-		f->comments = c;
-	}
+	if (f->n_comments == f->cap_comments)
+		f->comments = kvp_grow(f->comments, &f->cap_comments, 16, sizeof *f->comments);
 	kvp_comment *c = &f->comments[f->n_comments++];
 	c->loc = loc;
 	/* trailing blanks are not part of a comment */
@@ -278,15 +282,8 @@ kvp_list *kvp_list_new(void)
 
 kvp_list *kvp_list_push(kvp_list *l, void *item)
 {
-	if (l->n == l->cap) {
-		l->cap = l->cap ? 2 * l->cap : 8;
-		void **items = realloc(l->items, sizeof(void *) * (size_t)l->cap);
-		if (!items) {
-			fprintf(stderr, "kvpc: out of memory\n");
-			abort();
-		}
-		l->items = items;
-	}
+	if (l->n == l->cap)
+		l->items = kvp_grow(l->items, &l->cap, 8, sizeof(void *));
 	l->items[l->n++] = item;
 	return l;
 }

@@ -28,6 +28,11 @@ typedef struct kvp_arena {
 
 /* Zeroed, 16-byte aligned memory that lives until kvp_arena_free (aborts on OOM). */
 void *kvp_arena_alloc(kvp_arena *a, size_t n);
+
+/* Grows a realloc'ed array of *cap items of elem bytes: *cap doubles (to first when 0) and
+ * the moved array is returned; prints "kvpc: out of memory" and aborts when realloc fails.
+ * The caller owns the result (free it), as it owned items. */
+void *kvp_grow(void *items, int *cap, int first, size_t elem);
 char *kvp_arena_strndup(kvp_arena *a, const char *s, size_t n);
 void kvp_arena_free(kvp_arena *a);
 

@@ -44,7 +44,7 @@ struct em {
 	int n_vec;          /* whole-head transform nodes, numbered in node order */
 	int in_src;         /* a #line to the .kvp source is in effect */
 	int subst_budget;   /* emitting a trigger limit or target: a subtree equal to the
-	                       budget's expression is the budget (see same_tree) */
+	                       budget's expression is the budget (see kvp_ir_same_tree) */
 	int32_t *vec_of;    /* [n_nodes] temporary index of a transform node, -1 otherwise */
 };
 
@@ -348,26 +348,6 @@ static void call2(struct em *em, const char *fn, const struct kvp_ir_expr *x, en
 	out(em, ")");
 }
 
-/* 1 if the trees at a and b compute the same thing (same ops, numbers, references). */
-static int same_tree(const struct kvp_ir *ir, int32_t a, int32_t b)
-{
-	if (a == b)
-		return 1;
-	if (a < 0 || b < 0)
-		return 0;
-	const struct kvp_ir_expr *x = &ir->nodes[a], *y = &ir->nodes[b];
-	if (x->op != y->op)
-		return 0;
-	switch (x->op) {
-	case KVP_OP_NUM: return x->num == y->num;
-	case KVP_OP_PARAM: case KVP_OP_STAT: return x->index == y->index;
-	case KVP_OP_SIGNAL: return x->sig == y->sig;
-	case KVP_OP_CAOTE: if (x->mode != y->mode) return 0; break;
-	default: break;
-	}
-	return same_tree(ir, x->a, y->a) && same_tree(ir, x->b, y->b) && same_tree(ir, x->c, y->c);
-}
-
 static void expr(struct em *em, int32_t e, enum ectx c)
 {
 	const struct kvp_ir_expr *x = &em->ir->nodes[e];
@@ -375,7 +355,7 @@ static void expr(struct em *em, int32_t e, enum ectx c)
 	 * as a copy of the budget's expression when the front end inlines it; emitting it
 	 * as budget_of() makes it follow a compression-ratio override. Without an override
 	 * the value is identical. */
-	if (em->subst_budget && em->ir->alloc.budget >= 0 && same_tree(em->ir, e, em->ir->alloc.budget)) {
+	if (em->subst_budget && em->ir->alloc.budget >= 0 && kvp_ir_same_tree(em->ir, e, em->ir->alloc.budget)) {
 		out(em, "budget_of(ctx, kv, seen)");
 		return;
 	}
@@ -589,7 +569,7 @@ static void mark_budget_copies(const struct kvp_ir *ir, int32_t e, unsigned char
 {
 	if (e < 0)
 		return;
-	if (same_tree(ir, e, ir->alloc.budget)) {
+	if (kvp_ir_same_tree(ir, e, ir->alloc.budget)) {
 		mark_tree(ir, e, mark);
 		return;
 	}

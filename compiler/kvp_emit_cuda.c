@@ -106,23 +106,31 @@ static void signal_expr(struct cem *em, enum kvp_ir_signal s)
 	}
 }
 
+/* pre, the tree at x->a, mid (its %s replaced by op), the tree at x->b, post */
+static void infix(struct cem *em, const struct kvp_ir_expr *x, const char *pre,
+                  const char *mid, const char *op, const char *post)
+{
+	out(em, "%s", pre);
+	expr(em, x->a);
+	out(em, mid, op);
+	expr(em, x->b);
+	out(em, "%s", post);
+}
+
 static void bin(struct cem *em, const struct kvp_ir_expr *x, const char *op)
 {
-	out(em, "(");
-	expr(em, x->a);
-	out(em, " %s ", op);
-	expr(em, x->b);
-	out(em, ")");
+	infix(em, x, "(", " %s ", op, ")");
 }
 
 /* comparisons in float32, as the C emitter makes them */
 static void cmp(struct cem *em, const struct kvp_ir_expr *x, const char *op)
 {
-	out(em, "((float)");
-	expr(em, x->a);
-	out(em, " %s (float)", op);
-	expr(em, x->b);
-	out(em, " ? 1.0 : 0.0)");
+	infix(em, x, "((float)", " %s (float)", op, " ? 1.0 : 0.0)");
+}
+
+static void logic(struct cem *em, const struct kvp_ir_expr *x, const char *op)
+{
+	infix(em, x, "((", ") != 0 %s (", op, ") != 0 ? 1.0 : 0.0)");
 }
 
 static void call(struct cem *em, const char *fn, const struct kvp_ir_expr *x, int args)
@@ -136,40 +144,11 @@ static void call(struct cem *em, const char *fn, const struct kvp_ir_expr *x, in
 	out(em, ")");
 }
 
-static void logic(struct cem *em, const struct kvp_ir_expr *x, const char *op)
-{
-	out(em, "((");
-	expr(em, x->a);
-	out(em, ") != 0 %s (", op);
-	expr(em, x->b);
-	out(em, ") != 0 ? 1.0 : 0.0)");
-}
-
-/* 1 if the trees at a and b compute the same thing (as the C emitter's same_tree). */
-static int same_tree(const struct kvp_ir *ir, int32_t a, int32_t b)
-{
-	if (a == b)
-		return 1;
-	if (a < 0 || b < 0)
-		return 0;
-	const struct kvp_ir_expr *x = &ir->nodes[a], *y = &ir->nodes[b];
-	if (x->op != y->op)
-		return 0;
-	switch (x->op) {
-	case KVP_OP_NUM: return x->num == y->num;
-	case KVP_OP_PARAM: case KVP_OP_STAT: return x->index == y->index;
-	case KVP_OP_SIGNAL: return x->sig == y->sig;
-	case KVP_OP_CAOTE: if (x->mode != y->mode) return 0; break;
-	default: break;
-	}
-	return same_tree(ir, x->a, y->a) && same_tree(ir, x->b, y->b) && same_tree(ir, x->c, y->c);
-}
-
 static void expr(struct cem *em, int32_t e)
 {
 	const struct kvp_ir_expr *x = &em->ir->nodes[e];
 	/* a target written relative to the budget follows a ratio override (C emitter rule) */
-	if (em->subst_budget && em->ir->alloc.budget >= 0 && same_tree(em->ir, e, em->ir->alloc.budget)) {
+	if (em->subst_budget && em->ir->alloc.budget >= 0 && kvp_ir_same_tree(em->ir, e, em->ir->alloc.budget)) {
 		out(em, "budget_of(x, seen)");
 		return;
 	}

@@ -115,16 +115,28 @@ static void put_expr(FILE *f, const kvp_expr *e, int min_prec)
 		fputc(')', f);
 }
 
-char *kvp_fmt_expr(const kvp_expr *e)
+/* what put(f, arg) writes, as a malloc'ed string (the caller frees it); NULL when no
+ * memory stream can be opened */
+static char *fmt_to_string(void (*put)(FILE *f, const void *arg), const void *arg)
 {
 	char *buf = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&buf, &len);
 	if (!f)
 		return NULL;
-	put_expr(f, e, 0);
+	put(f, arg);
 	fclose(f);
 	return buf;
+}
+
+static void put_top_expr(FILE *f, const void *e)
+{
+	put_expr(f, e, 0);
+}
+
+char *kvp_fmt_expr(const kvp_expr *e)
+{
+	return fmt_to_string(put_top_expr, e);
 }
 
 static void put_stmt(FILE *f, const kvp_stmt *s)
@@ -245,13 +257,9 @@ static void end_line(out *o, uint32_t end, uint32_t limit)
 	fputc('\n', o->f);
 }
 
-char *kvp_fmt_file(const kvp_file *file)
+static void put_file(FILE *f, const void *arg)
 {
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	if (!f)
-		return NULL;
+	const kvp_file *file = arg;
 	out o = { f, file, 0, 0, 1 };
 	own_line_comments(&o, file->loc.off, "");
 	blank_before(&o, file->loc.off);
@@ -277,8 +285,11 @@ char *kvp_fmt_file(const kvp_file *file)
 	fputc('}', f);
 	end_line(&o, file->loc.end, (uint32_t)file->src->len + 1);
 	own_line_comments(&o, (uint32_t)file->src->len + 1, "");
-	fclose(f);
-	return buf;
+}
+
+char *kvp_fmt_file(const kvp_file *file)
+{
+	return fmt_to_string(put_file, file);
 }
 
 char *kvp_fmt_src(kvp_src *src)

@@ -162,18 +162,22 @@ int32_t kvp_ir_num(struct kvp_ir *ir, struct kvp_loc loc, double v)
 	return i;
 }
 
+/* a node of op (KVP_OP_PARAM or KVP_OP_STAT) that refers to entry index of its table */
+static int32_t add_ref(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_op op, int index)
+{
+	int32_t i = add_node(ir, loc, op);
+	ir->nodes[i].index = index;
+	return i;
+}
+
 int32_t kvp_ir_param_ref(struct kvp_ir *ir, struct kvp_loc loc, int param)
 {
-	int32_t i = add_node(ir, loc, KVP_OP_PARAM);
-	ir->nodes[i].index = param;
-	return i;
+	return add_ref(ir, loc, KVP_OP_PARAM, param);
 }
 
 int32_t kvp_ir_stat_ref(struct kvp_ir *ir, struct kvp_loc loc, int stat)
 {
-	int32_t i = add_node(ir, loc, KVP_OP_STAT);
-	ir->nodes[i].index = stat;
-	return i;
+	return add_ref(ir, loc, KVP_OP_STAT, stat);
 }
 
 int32_t kvp_ir_signal(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_signal sig)
@@ -211,17 +215,14 @@ int32_t kvp_ir_select(struct kvp_ir *ir, struct kvp_loc loc, int32_t c, int32_t 
 int32_t kvp_ir_caote(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_caote_mode mode,
                      int32_t a)
 {
-	int32_t i = add_node(ir, loc, KVP_OP_CAOTE);
-	ir->nodes[i].a = a;
+	int32_t i = kvp_ir_unary(ir, loc, KVP_OP_CAOTE, a);
 	ir->nodes[i].mode = mode;
 	return i;
 }
 
 int32_t kvp_ir_normalize(struct kvp_ir *ir, struct kvp_loc loc, int32_t a)
 {
-	int32_t i = add_node(ir, loc, KVP_OP_NORMALIZE);
-	ir->nodes[i].a = a;
-	return i;
+	return kvp_ir_unary(ir, loc, KVP_OP_NORMALIZE, a);
 }
 
 void kvp_ir_add_span(struct kvp_ir *ir, const char *name)
@@ -390,6 +391,26 @@ int kvp_ir_expr_allowed(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c)
 		if (!kvp_ir_expr_allowed(ir, ops[i], c))
 			return 0;
 	return 1;
+}
+
+int kvp_ir_same_tree(const struct kvp_ir *ir, int32_t a, int32_t b)
+{
+	if (a == b)
+		return 1;
+	if (a < 0 || b < 0)
+		return 0;
+	const struct kvp_ir_expr *x = &ir->nodes[a], *y = &ir->nodes[b];
+	if (x->op != y->op)
+		return 0;
+	switch (x->op) {
+	case KVP_OP_NUM: return x->num == y->num;
+	case KVP_OP_PARAM: case KVP_OP_STAT: return x->index == y->index;
+	case KVP_OP_SIGNAL: return x->sig == y->sig;
+	case KVP_OP_CAOTE: if (x->mode != y->mode) return 0; break;
+	default: break;
+	}
+	return kvp_ir_same_tree(ir, x->a, y->a) && kvp_ir_same_tree(ir, x->b, y->b) &&
+	       kvp_ir_same_tree(ir, x->c, y->c);
 }
 
 int kvp_ir_fold(const struct kvp_ir *ir, int32_t e, double *out)

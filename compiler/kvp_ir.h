@@ -417,6 +417,12 @@ enum kvp_ir_ctx {
  * transforms are allowed there). */
 int kvp_ir_expr_allowed(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c);
 
+/* 1 if the expression trees at nodes a and b of ir compute the same thing: the same ops,
+ * numbers, parameter and statistic references, signals and CAOTE modes (-1, no node,
+ * equals only -1). The emitters use it to see a target written as the budget's own
+ * expression. */
+int kvp_ir_same_tree(const struct kvp_ir *ir, int32_t a, int32_t b);
+
 /* Fold e to a constant if it uses only numbers (params are not constant). Returns 1 and
  * *out on success. */
 int kvp_ir_fold(const struct kvp_ir *ir, int32_t e, double *out);

@@ -242,15 +242,8 @@ static void fmt_num(double v, char *buf, size_t n)
 static kvp_sym *sym_add(sema *S, const kvp_stmt *st, kvp_sym_kind kind)
 {
 	kvp_sema *o = S->out;
-	if (o->n_syms == o->cap_syms) {
-		o->cap_syms = o->cap_syms ? 2 * o->cap_syms : 16;
-		kvp_sym *p = realloc(o->syms, sizeof *p * (size_t)o->cap_syms);
-		if (!p) {
-			fprintf(stderr, "kvpc: out of memory\n");
-			abort();
-		}
-		o->syms = p;
-	}
+	if (o->n_syms == o->cap_syms)
+		o->syms = kvp_grow(o->syms, &o->cap_syms, 16, sizeof *o->syms);
 	kvp_sym *y = &o->syms[o->n_syms++];
 	memset(y, 0, sizeof *y);
 	y->name = st->name;

@@ -348,11 +348,27 @@ static int run_logged(char *const argv[], const char *log_path)
 		fprintf(stderr, "%s: cannot run: %s\n", argv[0], strerror(errno));
 		_exit(127);
 	}
+	return kvpc_wait(pid);
+}
+
+int kvpc_wait(pid_t pid)
+{
 	int st;
 	while (waitpid(pid, &st, 0) < 0)
 		if (errno != EINTR)
 			return -1;
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* The log a failed run_logged wrote, copied to stderr (nothing when it cannot be read). */
+static void show_log(const char *log_path)
+{
+	size_t ll = 0;
+	rt_err e;
+	char *text = rt_read_file(log_path, &ll, &e);
+	if (text)
+		fputs(text, stderr);
+	free(text);
 }
 
 static double now_s(void)
@@ -669,12 +685,7 @@ static int cuda_compile(const struct toolchain *tc, const struct cuda_tools *ct,
 			         inc_rt, inc_k, "-c", src, "-o", obj, NULL };
 		int st = run_logged(argv, log);
 		if (st != 0) {
-			size_t ll = 0;
-			rt_err e;
-			char *text = rt_read_file(log, &ll, &e);
-			if (text)
-				fputs(text, stderr);
-			free(text);
+			show_log(log);
 			errf("kvpc build --cuda: error: nvcc failed (exit %d) on %s; sources and log kept in %s",
 			     st, src, dir);
 			return -1;
@@ -847,12 +858,7 @@ static int build_compile(struct build *bd, const char *tmp)
 	double t1 = now_s();
 	int st = run_logged(argv, log);
 	if (st != 0) {
-		size_t ll = 0;
-		rt_err e;
-		char *text = rt_read_file(log, &ll, &e);
-		if (text)
-			fputs(text, stderr);
-		free(text);
+		show_log(log);
 		errf("kvpc build: error: %s failed (exit %d) on the generated code; sources and log "
 		     "kept in %s", tc->cc, st, tmp);
 		return -1;
@@ -1097,6 +1103,33 @@ static int ab_takes_value(const char *opt)
 	return 0;
 }
 
+int kvpc_exec_built(const char *bin, char *const *head, int nh, char *const *pass, int np,
+                    int verbose)
+{
+	char **full = calloc((size_t)(nh + np) + 1, sizeof *full);
+	if (!full) {
+		errf("%s: error: cannot run: out of memory", bin);
+		return 1;
+	}
+	int nf = 0;
+	for (int i = 0; i < nh; i++)
+		full[nf++] = head[i];
+	for (int i = 0; i < np; i++)
+		full[nf++] = pass[i];
+	full[nf] = NULL;
+	if (verbose) {
+		for (int i = 0; i < nf; i++)
+			fprintf(stderr, "%s%s", i ? " " : "", full[i]);
+		fputc('\n', stderr);
+	}
+	fflush(stdout);
+	fflush(stderr);
+	execv(bin, full);
+	errf("%s: error: cannot run: %s", bin, strerror(errno));
+	free(full);
+	return 1;
+}
+
 int kvpc_cmd_ab(int argc, char **argv)
 {
 	const char *files[2];
@@ -1199,29 +1232,9 @@ int kvpc_cmd_ab(int argc, char **argv)
 		if (rt_sha256_file(files[i], sha[i], &e) != 0)
 			snprintf(sha[i], sizeof sha[i], "unknown");
 	}
-	char *args[12];
-	int k = 0;
-	char *const fixed[] = { bin, "ab", "--a", (char *)na, "--b", (char *)nb, "--commit",
-		                KVPC_COMMIT, "--source-sha256-a", sha[0], "--source-sha256-b", sha[1] };
-	for (k = 0; k < 12; k++)
-		args[k] = fixed[k];
-	char **full = calloc((size_t)np + 16, sizeof *full);
-	int nf = 0;
-	for (int i = 0; i < k; i++)
-		full[nf++] = args[i];
-	for (int i = 0; i < np; i++)
-		full[nf++] = pass[i];
-	full[nf] = NULL;
-	if (verbose) {
-		for (int i = 0; i < nf; i++)
-			fprintf(stderr, "%s%s", i ? " " : "", full[i]);
-		fputc('\n', stderr);
-	}
-	fflush(stdout);
-	fflush(stderr);
-	execv(bin, full);
-	errf("%s: error: cannot run: %s", bin, strerror(errno));
-	free(full);
+	char *const head[] = { bin, "ab", "--a", (char *)na, "--b", (char *)nb, "--commit",
+		               KVPC_COMMIT, "--source-sha256-a", sha[0], "--source-sha256-b", sha[1] };
+	kvpc_exec_built(bin, head, (int)(sizeof head / sizeof head[0]), pass, np, verbose);
 	free(pass);
 	free(names[0]);
 	free(names[1]);

@@ -29,6 +29,7 @@
 #define KVPC_BUILD_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 /* `kvpc build FILE.kvp... -o BIN [-v]` (argv excludes "build"). Exit status: 0 success,
  * 1 diagnostics or a build/output failure (one line naming the file and the reason), 2
@@ -51,5 +52,16 @@ int kvpc_cmd_ab(int argc, char **argv);
  * compiler command. Returns 0, or 1 after printing diagnostics/errors. */
 int kvpc_build_cached(const char *const *files, int n, int verbose, char *bin, size_t bin_cap,
                       char **names, int *n_names, int *compiled, double *seconds);
+
+/* Waits for the child pid (retrying on EINTR): its exit status, 128 + the signal that
+ * ended it, or -1 when waitpid fails. */
+int kvpc_wait(pid_t pid);
+
+/* Run the built binary bin (execv, no return on success) with the arguments head[0..nh)
+ * (head[0] is argv[0]) then pass[0..np), printing the command line to stderr first when
+ * verbose. When execv fails: prints "BIN: error: cannot run: REASON" and returns 1; the
+ * caller still owns head and pass. */
+int kvpc_exec_built(const char *bin, char *const *head, int nh, char *const *pass, int np,
+                    int verbose);
 
 #endif

@@ -293,6 +293,15 @@ static int cmd_fmt(int argc, char **argv)
 	return rc;
 }
 
+/* the subcommands: each takes the arguments after its name */
+static const struct {
+	const char *name;
+	int (*run)(int argc, char **argv);
+} commands[] = {
+	{ "check", cmd_check },       { "emit", cmd_emit },     { "fmt", cmd_fmt },
+	{ "build", kvpc_cmd_build }, { "ab", kvpc_cmd_ab },     { "tune", kvpc_cmd_tune },
+};
+
 int main(int argc, char **argv)
 {
 	if (argc < 2)
@@ -307,18 +316,9 @@ int main(int argc, char **argv)
 		printf("kvpc %s\n", KVP_VERSION);
 		return 0;
 	}
-	if (!strcmp(cmd, "check"))
-		return cmd_check(argc - 2, argv + 2);
-	if (!strcmp(cmd, "emit"))
-		return cmd_emit(argc - 2, argv + 2);
-	if (!strcmp(cmd, "fmt"))
-		return cmd_fmt(argc - 2, argv + 2);
-	if (!strcmp(cmd, "build"))
-		return kvpc_cmd_build(argc - 2, argv + 2);
-	if (!strcmp(cmd, "ab"))
-		return kvpc_cmd_ab(argc - 2, argv + 2);
-	if (!strcmp(cmd, "tune"))
-		return kvpc_cmd_tune(argc - 2, argv + 2);
+	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+		if (!strcmp(cmd, commands[i].name))
+			return commands[i].run(argc - 2, argv + 2);
 	fprintf(stderr, "kvpc: unknown command '%s'\n", cmd);
 	fputs(USAGE, stderr);
 	return 2;

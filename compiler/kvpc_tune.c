@@ -138,27 +138,8 @@ int kvpc_cmd_tune(int argc, char **argv)
 	}
 	if (compiled || verbose)
 		fprintf(stderr, "kvpc tune: built %s in %.2f s\n", file, secs);
-	char **full = calloc((size_t)np + 8, sizeof *full);
-	int nf = 0;
-	full[nf++] = bin;
-	full[nf++] = "tune";
-	full[nf++] = "--policy";
-	full[nf++] = names[0];
-	full[nf++] = "--out";
-	full[nf++] = (char *)out;
-	for (int i = 0; i < np; i++)
-		full[nf++] = pass[i];
-	full[nf] = NULL;
-	if (verbose) {
-		for (int i = 0; i < nf; i++)
-			fprintf(stderr, "%s%s", i ? " " : "", full[i]);
-		fputc('\n', stderr);
-	}
-	fflush(stdout);
-	fflush(stderr);
-	execv(bin, full);
-	fprintf(stderr, "%s: error: cannot run: %s\n", bin, strerror(errno));
-	free(full);
+	char *const head[] = { bin, "tune", "--policy", names[0], "--out", (char *)out };
+	kvpc_exec_built(bin, head, (int)(sizeof head / sizeof head[0]), pass, np, verbose);
 	free(pass);
 	free(names[0]);
 	return 1;
@@ -200,9 +181,5 @@ int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t)
 		fprintf(stderr, "%s: error: cannot run: %s\n", bin, strerror(errno));
 		_exit(127);
 	}
-	int st;
-	while (waitpid(pid, &st, 0) < 0)
-		if (errno != EINTR)
-			return -1;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+	return kvpc_wait(pid);
 }
