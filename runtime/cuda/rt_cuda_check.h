@@ -14,40 +14,43 @@ extern "C" {
 #include "base/rt_util.h"
 }
 
+/* NULL when a CUDA runtime call's result e (or a cuBLAS call's status s) is success, else
+ * its reason (cudaGetErrorString / cublasGetStatusString) */
+static inline const char *rt_cu_why(cudaError_t e)
+{
+	return e == cudaSuccess ? NULL : cudaGetErrorString(e);
+}
+
+static inline const char *rt_cu_why(cublasStatus_t s)
+{
+	return s == CUBLAS_STATUS_SUCCESS ? NULL : cublasGetStatusString(s);
+}
+
+/* 1 after setting err to "FILE:LINE: CALL: REASON" when why (rt_cu_why) is not NULL;
+ * else 0 */
+static inline int rt_cu_failed(const char *why, rt_err *err, const char *file, int line,
+                               const char *call)
+{
+	if (!why)
+		return 0;
+	rt_err_set(err, "%s:%d: %s: %s", file, line, call, why);
+	return 1;
+}
+
 #define RT_CU_TRY(err, call)                                                                  \
 	do {                                                                                      \
-		cudaError_t e_ = (call);                                                              \
-		if (e_ != cudaSuccess)                                                                \
-			return rt_err_set((err), "%s:%d: %s: %s", __FILE__, __LINE__, #call,              \
-			                  cudaGetErrorString(e_));                                        \
+		if (rt_cu_failed(rt_cu_why(call), (err), __FILE__, __LINE__, #call))                 \
+			return -1;                                                                        \
 	} while (0)
 
-#define RT_CUBLAS_TRY(err, call)                                                              \
-	do {                                                                                      \
-		cublasStatus_t s_ = (call);                                                           \
-		if (s_ != CUBLAS_STATUS_SUCCESS)                                                      \
-			return rt_err_set((err), "%s:%d: %s: %s", __FILE__, __LINE__, #call,              \
-			                  cublasGetStatusString(s_));                                     \
-	} while (0)
+#define RT_CUBLAS_TRY(err, call) RT_CU_TRY(err, call)
 
 #define RT_CU_GOTO(err, call)                                                                 \
 	do {                                                                                      \
-		cudaError_t e_ = (call);                                                              \
-		if (e_ != cudaSuccess) {                                                              \
-			rt_err_set((err), "%s:%d: %s: %s", __FILE__, __LINE__, #call,                     \
-			           cudaGetErrorString(e_));                                               \
+		if (rt_cu_failed(rt_cu_why(call), (err), __FILE__, __LINE__, #call))                 \
 			goto fail;                                                                        \
-		}                                                                                     \
 	} while (0)
 
-#define RT_CUBLAS_GOTO(err, call)                                                             \
-	do {                                                                                      \
-		cublasStatus_t s_ = (call);                                                           \
-		if (s_ != CUBLAS_STATUS_SUCCESS) {                                                    \
-			rt_err_set((err), "%s:%d: %s: %s", __FILE__, __LINE__, #call,                     \
-			           cublasGetStatusString(s_));                                            \
-			goto fail;                                                                        \
-		}                                                                                     \
-	} while (0)
+#define RT_CUBLAS_GOTO(err, call) RT_CU_GOTO(err, call)
 
 #endif

@@ -27,6 +27,10 @@
 
 #include "k_cu.cuh"
 
+extern "C" {
+#include "model/rt_model.h"
+}
+
 /* ---- embed -------------------------------------------------------------------------- */
 static __global__ void rt_cu_embed(float *x, const float *emb, const int32_t *tok, int C, int E)
 {
@@ -58,19 +62,11 @@ static __global__ void rt_cu_rmsnorm(float *y, const float *x, const float *w, i
 		yr[i] = xr[i] * scale * w[i];
 }
 
+/* the forward's own loop (rt_rms_norm of runtime/model/rt_model.c) */
 static inline void rt_cu_rmsnorm_ref(float *y, const float *x, const float *w, int C, int n,
                                      float eps)
 {
-	for (int r = 0; r < C; r++) {
-		const float *xr = x + (size_t)r * n;
-		float *yr = y + (size_t)r * n;
-		double ss = 0.0;
-		for (int i = 0; i < n; i++)
-			ss += (double)xr[i] * xr[i];
-		const float scale = (float)(1.0 / sqrt(ss / n + (double)eps));
-		for (int i = 0; i < n; i++)
-			yr[i] = xr[i] * scale * w[i];
-	}
+	rt_rms_norm(y, x, w, C, n, eps);
 }
 
 /* ---- rope --------------------------------------------------------------------------- */

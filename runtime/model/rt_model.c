@@ -41,33 +41,35 @@ static size_t score_floats(int G, int32_t cap)
 
 /* ---- loading ----------------------------------------------------------------------- */
 
+/* The key "ARCH.SUFFIX" into *u (u not NULL) or *f: a required key must be there; an
+ * optional one that is absent keeps *u / *f (the default). Fails (-1, err) on a missing
+ * required key or a wrong type. */
+static int arch_get(const rt_gguf *g, const char *arch, const char *suffix, int required,
+                    uint32_t *u, float *f, rt_err *err)
+{
+	char key[128];
+	snprintf(key, sizeof key, "%s.%s", arch, suffix);
+	if (!required && !rt_gguf_find_kv(g, key))
+		return 0;
+	return u ? rt_gguf_get_u32(g, key, u, err) : rt_gguf_get_f32(g, key, f, err);
+}
+
 static int get_u32_req(const rt_gguf *g, const char *arch, const char *suffix, uint32_t *out,
                        rt_err *err)
 {
-	char key[128];
-	snprintf(key, sizeof key, "%s.%s", arch, suffix);
-	return rt_gguf_get_u32(g, key, out, err);
+	return arch_get(g, arch, suffix, 1, out, NULL, err);
 }
 
-/* Optional key: keeps *out (the default) when absent; fails only on a wrong type. */
 static int get_u32_opt(const rt_gguf *g, const char *arch, const char *suffix, uint32_t *out,
                        rt_err *err)
 {
-	char key[128];
-	snprintf(key, sizeof key, "%s.%s", arch, suffix);
-	if (!rt_gguf_find_kv(g, key))
-		return 0;
-	return rt_gguf_get_u32(g, key, out, err);
+	return arch_get(g, arch, suffix, 0, out, NULL, err);
 }
 
 static int get_f32_opt(const rt_gguf *g, const char *arch, const char *suffix, float *out,
                        rt_err *err)
 {
-	char key[128];
-	snprintf(key, sizeof key, "%s.%s", arch, suffix);
-	if (!rt_gguf_find_kv(g, key))
-		return 0;
-	return rt_gguf_get_f32(g, key, out, err);
+	return arch_get(g, arch, suffix, 0, NULL, out, err);
 }
 
 /* A tensor the model needs: its name and expected shape (ne1 = 0 for 1-D). */
@@ -560,8 +562,7 @@ void rt_fwd_free(rt_fwd *f)
 
 /* ---- forward ----------------------------------------------------------------------- */
 
-/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) ⊙ w for C rows of n values. */
-static void rms_norm(float *y, const float *x, const float *w, int C, int n, float eps)
+void rt_rms_norm(float *y, const float *x, const float *w, int C, int n, float eps)
 {
 	for (int r = 0; r < C; r++) {
 		const float *xr = x + (size_t)r * n;
@@ -583,6 +584,20 @@ static void matmul_wt(float *Y, const float *X, const float *W, int C, int out, 
 	else
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, out, in, 1.0f, X, in, W, in,
 		            0.0f, Y, out);
+}
+
+/* Y[C × out] += X[C × in] · W^T: the packed matrix mw on the model's pool (the fast path),
+ * or its f32 rows W[out × in] through BLAS (exact). */
+static void matmul_add(const rt_model *m, rt_matmul_scratch *mm, float *Y, const float *X,
+                       const rt_wmat *mw, const float *W, int C, int out, int in)
+{
+	if (!m->exact)
+		rt_matmul(m->pool, mm, Y, X, mw, C, 1);
+	else if (C == 1)
+		cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, W, in, X, 1, 1.0f, Y, 1);
+	else
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, out, in, 1.0f, X, in, W, in,
+		            1.0f, Y, out);
 }
 
 /* ---- fast-path helpers: rows split over the pool ----------------------------------- */
@@ -608,7 +623,7 @@ static void row_job_fn(void *a, int ith, int nth)
 	if (nr <= 0)
 		return;
 	if (j->op == ROW_NORM) {
-		rms_norm(j->y + (size_t)r0 * j->n, j->x + (size_t)r0 * j->n, j->w, nr, j->n, j->eps);
+		rt_rms_norm(j->y + (size_t)r0 * j->n, j->x + (size_t)r0 * j->n, j->w, nr, j->n, j->eps);
 	} else if (j->op == ROW_ROPE) {
 		const size_t stride = (size_t)j->n * j->head_dim;
 		rt_rope_apply_f32(j->y + (size_t)r0 * stride, nr, stride, 0, j->n, j->head_dim, j->n_rot,
@@ -967,14 +982,7 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 			attend_layer(f, kv, l, C, pos0, q, att);
 		}
 		/* x += att · Wo^T (accumulate straight into the residual) */
-		if (!m->exact)
-			rt_matmul(pool, &big->mm, big->x, big->att, &L->mo, rows, 1);
-		else if (rows == 1)
-			cblas_sgemv(CblasRowMajor, CblasNoTrans, E, qd, 1.0f, L->wo, qd, big->att, 1, 1.0f,
-			            big->x, 1);
-		else
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, E, qd, 1.0f, big->att, qd,
-			            L->wo, qd, 1.0f, big->x, E);
+		matmul_add(m, &big->mm, big->x, big->att, &L->mo, L->wo, rows, E, qd);
 		norm_rows(m, big->xn, big->x, L->ffn_norm, rows, E, hp->norm_eps);
 		if (m->exact) {
 			matmul_wt(big->gate, big->xn, L->w_gate, rows, F, E);
@@ -986,14 +994,7 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 		}
 		row_job sj = { .op = ROW_SILU, .C = rows, .y = big->gate, .x = big->up, .n = F };
 		rows_run(m, &sj);
-		if (!m->exact)
-			rt_matmul(pool, &big->mm, big->x, big->gate, &L->mdown, rows, 1);
-		else if (rows == 1)
-			cblas_sgemv(CblasRowMajor, CblasNoTrans, E, F, 1.0f, L->w_down, F, big->gate, 1, 1.0f,
-			            big->x, 1);
-		else
-			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, E, F, 1.0f, big->gate, F,
-			            L->w_down, F, 1.0f, big->x, E);
+		matmul_add(m, &big->mm, big->x, big->gate, &L->mdown, L->w_down, rows, E, F);
 		for (int s = 0; s < K; s++)
 			if (fs[s]->on_layer)
 				fs[s]->on_layer(fs[s]->layer_user, l, sg[s].C, sg[s].pos0,
@@ -1068,6 +1069,19 @@ static int forward_check(const rt_fwd *f, rt_kv *kv, const int32_t *tokens, int 
 	return 0;
 }
 
+/* Sequence scratch fk of a batch of K on scratch big: the same model as big and, in a
+ * batch of more than one, not big itself. 0, or -1 with err. */
+static int batch_member_check(const rt_fwd *big, const rt_fwd *fk, int K, rt_err *err)
+{
+	const rt_model *m = big->m;
+	if (fk->m != m)
+		return rt_err_set(err, "%s: forward: batch of sequences of different models", m->path);
+	if (K > 1 && fk == big)
+		return rt_err_set(err, "%s: forward: the batch scratch is one of its sequences",
+		                  m->path);
+	return 0;
+}
+
 int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,
                            const int32_t *tokens, int n, int32_t pos0, float *logits,
                            enum rt_logits_mode mode, rt_err *err)
@@ -1086,12 +1100,8 @@ int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int 
 		return rt_err_set(err, "%s: forward: logits requested without a buffer", m->path);
 	int chunk = big->max_chunk / K;
 	for (int k = 0; k < K; k++) {
-		if (f[k]->m != m)
-			return rt_err_set(err, "%s: forward: batch of sequences of different models",
-			                  m->path);
-		if (K > 1 && f[k] == big)
-			return rt_err_set(err, "%s: forward: the batch scratch is one of its sequences",
-			                  m->path);
+		if (batch_member_check(big, f[k], K, err) != 0)
+			return -1;
 		if (forward_check(f[k], kv[k], tokens, n, pos0, err) != 0)
 			return -1;
 		if (f[k]->max_chunk < chunk)
@@ -1138,12 +1148,8 @@ int rt_model_forward_multi(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int 
 	fwd_seg *sg = big->segs;
 	int rows = 0;
 	for (int k = 0; k < K; k++) {
-		if (f[k]->m != m)
-			return rt_err_set(err, "%s: forward: batch of sequences of different models",
-			                  m->path);
-		if (K > 1 && f[k] == big)
-			return rt_err_set(err, "%s: forward: the batch scratch is one of its sequences",
-			                  m->path);
+		if (batch_member_check(big, f[k], K, err) != 0)
+			return -1;
 		if (n[k] < 1 || n[k] > f[k]->max_chunk || pos0[k] < 0)
 			return rt_err_set(err, "%s: forward: sequence %d: %d tokens at position %d for a "
 			                  "chunk of %d", m->path, k, n[k], (int)pos0[k], f[k]->max_chunk);

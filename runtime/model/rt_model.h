@@ -229,6 +229,12 @@ typedef struct rt_fwd {
 int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err *err);
 void rt_fwd_free(rt_fwd *f);
 
+/* RMSNorm (Zhang & Sennrich 2019, arXiv 1910.07467) as llama.cpp's ggml_rms_norm:
+ * y[r] = x[r] / sqrt(mean(x[r]^2) + eps) ⊙ w for C rows of n floats each (y, x: C × n,
+ * w: n), the sum of squares in double. y may equal x. No errors, no allocation. The
+ * forward's exact path, and the CPU reference of the CUDA rmsnorm kernel. */
+void rt_rms_norm(float *y, const float *x, const float *w, int C, int n, float eps);
+
 /* Which logits rt_model_forward writes. */
 enum rt_logits_mode {
 	RT_LOGITS_NONE = 0,   /* logits may be NULL */

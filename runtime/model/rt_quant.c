@@ -22,75 +22,55 @@ static float ld_f16(const uint8_t *p)
 	return rt_fp16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
 }
 
+/* One block of the legacy 32-value formats: value j's code is nibble j of qs (the low
+ * nibbles first, the high ones second) with bit j of qh as its 5th bit (qh = 0 for Q4_*),
+ * less bias; v = code * d, plus m where has_min (dequantize_row_q{4,5}_{0,1}). */
+static void deq_legacy_block(const uint8_t *qs, uint32_t qh, int bias, float d, float m,
+                             int has_min, float *y)
+{
+	for (int j = 0; j < QK / 2; j++) {
+		const uint8_t xh_0 = (uint8_t)(((qh >> (j + 0)) << 4) & 0x10);
+		const uint8_t xh_1 = (uint8_t)(((qh >> (j + 12))) & 0x10);
+		const int x0 = ((qs[j] & 0x0F) | xh_0) - bias;
+		const int x1 = ((qs[j] >> 4) | xh_1) - bias;
+		y[j] = has_min ? (float)x0 * d + m : (float)x0 * d;
+		y[j + QK / 2] = has_min ? (float)x1 * d + m : (float)x1 * d;
+	}
+}
+
+static uint32_t ld_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+	       ((uint32_t)p[3] << 24);
+}
+
 /* Q4_0, 18 bytes: d f16, qs[16]; v = (nibble - 8) * d, low nibbles first half. */
 static void deq_q4_0(const uint8_t *x, float *y, int64_t nb)
 {
-	for (int64_t i = 0; i < nb; i++, x += 18, y += QK) {
-		const float d = ld_f16(x);
-		const uint8_t *qs = x + 2;
-		for (int j = 0; j < QK / 2; j++) {
-			const int x0 = (qs[j] & 0x0F) - 8;
-			const int x1 = (qs[j] >> 4) - 8;
-			y[j] = (float)x0 * d;
-			y[j + QK / 2] = (float)x1 * d;
-		}
-	}
+	for (int64_t i = 0; i < nb; i++, x += 18, y += QK)
+		deq_legacy_block(x + 2, 0, 8, ld_f16(x), 0.0f, 0, y);
 }
 
 /* Q4_1, 20 bytes: d f16, m f16, qs[16]; v = nibble * d + m. */
 static void deq_q4_1(const uint8_t *x, float *y, int64_t nb)
 {
-	for (int64_t i = 0; i < nb; i++, x += 20, y += QK) {
-		const float d = ld_f16(x);
-		const float m = ld_f16(x + 2);
-		const uint8_t *qs = x + 4;
-		for (int j = 0; j < QK / 2; j++) {
-			const int x0 = qs[j] & 0x0F;
-			const int x1 = qs[j] >> 4;
-			y[j] = (float)x0 * d + m;
-			y[j + QK / 2] = (float)x1 * d + m;
-		}
-	}
+	for (int64_t i = 0; i < nb; i++, x += 20, y += QK)
+		deq_legacy_block(x + 4, 0, 0, ld_f16(x), ld_f16(x + 2), 1, y);
 }
 
 /* Q5_0, 22 bytes: d f16, qh u32 (bit j = 5th bit of value j), qs[16];
  * v = (code - 16) * d. */
 static void deq_q5_0(const uint8_t *x, float *y, int64_t nb)
 {
-	for (int64_t i = 0; i < nb; i++, x += 22, y += QK) {
-		const float d = ld_f16(x);
-		const uint32_t qh = (uint32_t)x[2] | ((uint32_t)x[3] << 8) |
-		                    ((uint32_t)x[4] << 16) | ((uint32_t)x[5] << 24);
-		const uint8_t *qs = x + 6;
-		for (int j = 0; j < QK / 2; j++) {
-			const uint8_t xh_0 = (uint8_t)(((qh >> (j + 0)) << 4) & 0x10);
-			const uint8_t xh_1 = (uint8_t)(((qh >> (j + 12))) & 0x10);
-			const int x0 = ((qs[j] & 0x0F) | xh_0) - 16;
-			const int x1 = ((qs[j] >> 4) | xh_1) - 16;
-			y[j] = (float)x0 * d;
-			y[j + QK / 2] = (float)x1 * d;
-		}
-	}
+	for (int64_t i = 0; i < nb; i++, x += 22, y += QK)
+		deq_legacy_block(x + 6, ld_u32(x + 2), 16, ld_f16(x), 0.0f, 0, y);
 }
 
 /* Q5_1, 24 bytes: d f16, m f16, qh u32, qs[16]; v = code * d + m. */
 static void deq_q5_1(const uint8_t *x, float *y, int64_t nb)
 {
-	for (int64_t i = 0; i < nb; i++, x += 24, y += QK) {
-		const float d = ld_f16(x);
-		const float m = ld_f16(x + 2);
-		const uint32_t qh = (uint32_t)x[4] | ((uint32_t)x[5] << 8) |
-		                    ((uint32_t)x[6] << 16) | ((uint32_t)x[7] << 24);
-		const uint8_t *qs = x + 8;
-		for (int j = 0; j < QK / 2; j++) {
-			const uint8_t xh_0 = (uint8_t)(((qh >> (j + 0)) << 4) & 0x10);
-			const uint8_t xh_1 = (uint8_t)(((qh >> (j + 12))) & 0x10);
-			const int x0 = (qs[j] & 0x0F) | xh_0;
-			const int x1 = (qs[j] >> 4) | xh_1;
-			y[j] = (float)x0 * d + m;
-			y[j + QK / 2] = (float)x1 * d + m;
-		}
-	}
+	for (int64_t i = 0; i < nb; i++, x += 24, y += QK)
+		deq_legacy_block(x + 8, ld_u32(x + 4), 0, ld_f16(x), ld_f16(x + 2), 1, y);
 }
 
 /* Q8_0, 34 bytes: d f16, qs[32] int8; v = q * d. */
@@ -116,59 +96,46 @@ static void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
 	}
 }
 
+/* One Q4_K or Q5_K super-block x (d f16, dmin f16, scales[12] at x + 4) with 4-bit codes
+ * ql[128] and, for Q5_K, 5th bits qh[32] (NULL for Q4_K): 8 sub-blocks of 32,
+ * v = d*sc * code - dmin*m (dequantize_row_q4_K, dequantize_row_q5_K). */
+static void deq_k4_block(const uint8_t *x, const uint8_t *qh, const uint8_t *ql, float *y)
+{
+	const float d = ld_f16(x);
+	const float min = ld_f16(x + 2);
+	const uint8_t *scales = x + 4;
+	int is = 0;
+	uint8_t sc, m;
+	uint8_t u1 = 1, u2 = 2;
+	for (int j = 0; j < QK_K; j += 64) {
+		scale_min_k4(is + 0, scales, &sc, &m);
+		const float d1 = d * sc, m1 = min * m;
+		scale_min_k4(is + 1, scales, &sc, &m);
+		const float d2 = d * sc, m2 = min * m;
+		for (int l = 0; l < 32; l++)
+			*y++ = d1 * (float)((ql[l] & 0xF) + (qh && (qh[l] & u1) ? 16 : 0)) - m1;
+		for (int l = 0; l < 32; l++)
+			*y++ = d2 * (float)((ql[l] >> 4) + (qh && (qh[l] & u2) ? 16 : 0)) - m2;
+		ql += 32;
+		is += 2;
+		u1 = (uint8_t)(u1 << 2);
+		u2 = (uint8_t)(u2 << 2);
+	}
+}
+
 /* Q4_K, 144 bytes: d f16, dmin f16, scales[12] (8 x 6-bit scale + 8 x 6-bit min),
  * qs[128]; 8 sub-blocks of 32: v = d*sc * nibble - dmin*m. */
 static void deq_q4_k(const uint8_t *x, float *y, int64_t nb)
 {
-	for (int64_t i = 0; i < nb; i++, x += 144) {
-		const float d = ld_f16(x);
-		const float min = ld_f16(x + 2);
-		const uint8_t *scales = x + 4;
-		const uint8_t *q = x + 16;
-		int is = 0;
-		uint8_t sc, m;
-		for (int j = 0; j < QK_K; j += 64) {
-			scale_min_k4(is + 0, scales, &sc, &m);
-			const float d1 = d * sc, m1 = min * m;
-			scale_min_k4(is + 1, scales, &sc, &m);
-			const float d2 = d * sc, m2 = min * m;
-			for (int l = 0; l < 32; l++)
-				*y++ = d1 * (float)(q[l] & 0xF) - m1;
-			for (int l = 0; l < 32; l++)
-				*y++ = d2 * (float)(q[l] >> 4) - m2;
-			q += 32;
-			is += 2;
-		}
-	}
+	for (int64_t i = 0; i < nb; i++, x += 144, y += QK_K)
+		deq_k4_block(x, NULL, x + 16, y);
 }
 
 /* Q5_K, 176 bytes: d, dmin, scales[12], qh[32], qs[128]; like Q4_K plus a 5th bit. */
 static void deq_q5_k(const uint8_t *x, float *y, int64_t nb)
 {
-	for (int64_t i = 0; i < nb; i++, x += 176) {
-		const float d = ld_f16(x);
-		const float min = ld_f16(x + 2);
-		const uint8_t *scales = x + 4;
-		const uint8_t *qh = x + 16;
-		const uint8_t *ql = x + 48;
-		int is = 0;
-		uint8_t sc, m;
-		uint8_t u1 = 1, u2 = 2;
-		for (int j = 0; j < QK_K; j += 64) {
-			scale_min_k4(is + 0, scales, &sc, &m);
-			const float d1 = d * sc, m1 = min * m;
-			scale_min_k4(is + 1, scales, &sc, &m);
-			const float d2 = d * sc, m2 = min * m;
-			for (int l = 0; l < 32; l++)
-				*y++ = d1 * (float)((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
-			for (int l = 0; l < 32; l++)
-				*y++ = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
-			ql += 32;
-			is += 2;
-			u1 = (uint8_t)(u1 << 2);
-			u2 = (uint8_t)(u2 << 2);
-		}
-	}
+	for (int64_t i = 0; i < nb; i++, x += 176, y += QK_K)
+		deq_k4_block(x, x + 16, x + 48, y);
 }
 
 /* Q6_K, 210 bytes: ql[128], qh[64], scales[16] int8, d f16 at bytes 208..209;
