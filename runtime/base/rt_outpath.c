@@ -6,6 +6,7 @@
 #include "base/rt_outpath.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -49,4 +50,15 @@ int rt_outpath_check(const char *path, rt_err *err)
 		rc = rt_err_set(err, "%s: cannot create a file in '%s': %s", path, dir, strerror(errno));
 	free(dir);
 	return rc;
+}
+
+int rt_outpath_write(const char *path, const char *data, size_t n, rt_err *err)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return rt_err_set(err, "%s: cannot open for writing: %s", path, strerror(errno));
+	int bad = fwrite(data, 1, n, f) != n;
+	if (fclose(f) != 0 || bad)
+		return rt_err_set(err, "%s: write failed: %s", path, strerror(errno));
+	return 0;
 }

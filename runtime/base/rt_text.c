@@ -168,17 +168,10 @@ char *rt_text_read(const char *path, size_t *len, rt_err *err)
 {
 	size_t pl = strlen(path);
 	int gz = pl > 3 && !strcmp(path + pl - 3, ".gz");
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* no hang on a FIFO */
-	if (fd < 0) {
-		rt_err_set(err, "%s: %s", path, strerror(errno));
-		return NULL;
-	}
 	struct stat st;
-	if (fstat(fd, &st) < 0) {
-		rt_err_set(err, "%s: cannot stat: %s", path, strerror(errno));
-		close(fd);
+	int fd = rt_open_stat(path, "", &st, err);
+	if (fd < 0)
 		return NULL;
-	}
 	if (!S_ISREG(st.st_mode)) {
 		rt_err_set(err, "%s: not a regular file (%s); a text must be a file", path,
 		           kind_of(st.st_mode));

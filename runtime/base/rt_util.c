@@ -6,12 +6,14 @@
 #include "base/rt_util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int rt_err_set(rt_err *err, const char *fmt, ...)
 {
@@ -131,6 +133,19 @@ void *rt_xcalloc(size_t n, size_t sz, const char *file, int line)
 	return p;
 }
 
+int rt_open_stat(const char *path, const char *open_what, struct stat *st, rt_err *err)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0)
+		return rt_err_set(err, "%s: %s%s", path, open_what, strerror(errno));
+	if (fstat(fd, st) < 0) {
+		rt_err_set(err, "%s: cannot stat: %s", path, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
 char *rt_read_file(const char *path, size_t *len, rt_err *err)
 {
 	FILE *f = fopen(path, "rb");
@@ -224,4 +239,13 @@ double rt_now(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int32_t rt_argmax(const float *v, int n)
+{
+	int32_t best = 0;
+	for (int i = 1; i < n; i++)
+		if (v[i] > v[best])
+			best = i;
+	return best;
 }

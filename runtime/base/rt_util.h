@@ -67,11 +67,23 @@ void rt_assert_fail(const char *expr, const char *file, int line)
  * the byte count (without NUL). Texts given by the user go through rt_text_read instead. */
 char *rt_read_file(const char *path, size_t *len, rt_err *err);
 
+struct stat;
+
+/* Opens path read-only, close-on-exec and non-blocking (a FIFO cannot hang the open) and
+ * fstat's it into *st. Returns the descriptor (the caller closes it), or -1 with err
+ * "PATH: OPEN_WHATREASON" when the open fails (open_what "" or e.g. "cannot open: ") or
+ * "PATH: cannot stat: REASON". The caller checks the kind of file in *st. */
+int rt_open_stat(const char *path, const char *open_what, struct stat *st, rt_err *err);
+
 /* 1 if s[0..n) is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF); otherwise 0
  * and *bad_off receives the byte offset of the first invalid sequence. */
 int rt_utf8_valid(const char *s, size_t n, size_t *bad_off);
 
 /* Wall-clock seconds from a monotonic clock. */
 double rt_now(void);
+
+/* The index of the largest of v[0..n) (n >= 1), the lowest index on ties; a NaN is never
+ * larger than anything, so it wins only at index 0. */
+int32_t rt_argmax(const float *v, int n);
 
 #endif

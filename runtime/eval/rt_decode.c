@@ -5,16 +5,6 @@
 
 #include <string.h>
 
-/* argmax, lowest id on ties */
-static int32_t argmax(const float *v, int n)
-{
-	int32_t b = 0;
-	for (int i = 1; i < n; i++)
-		if (v[i] > v[b])
-			b = i;
-	return b;
-}
-
 int64_t rt_decode_greedy(rt_seq *s, const rt_tokenizer *tk, float *logits, int64_t n_gen,
                          char *text, size_t cap, FILE *out, rt_err *err)
 {
@@ -23,7 +13,7 @@ int64_t rt_decode_greedy(rt_seq *s, const rt_tokenizer *tk, float *logits, int64
 		text[0] = 0;
 	int64_t gen = 0;
 	while (gen < n_gen) {
-		int32_t t = argmax(logits, s->m->hp.n_vocab);
+		int32_t t = rt_argmax(logits, s->m->hp.n_vocab);
 		if (rt_tokenizer_is_eog(tk, t))
 			break;
 		char piece[256];

@@ -99,6 +99,42 @@ static void task_strings(int chat, const char *instruction, const char *question
 	}
 }
 
+/* The tokens left for the haystack when a prompt of n_tokens has fixed tokens of prefix,
+ * needle and question; -1 with err (naming task) when there are fewer than fixed. */
+static int64_t hay_room(const char *task, int64_t n_tokens, int64_t fixed, rt_err *err)
+{
+	if (n_tokens < fixed) {
+		rt_err_set(err, "%s: %lld tokens is too short; the fixed parts take %lld", task,
+		           (long long)n_tokens, (long long)fixed);
+		return -1;
+	}
+	return n_tokens - fixed;
+}
+
+/* out->ctx (allocated here, owned by out) = the prefix tp[np], then nh_total hay tokens
+ * cycling over th[nh] with the needle tn[nn] inserted after the first ins of them; sets
+ * n_ctx, needle_pos, needle_len, hay_start and hay_tokens to match. */
+static void ctx_assemble(rt_needle_prompt *out, const int32_t *tp, int64_t np,
+                         const int32_t *th, int64_t nh, int64_t nh_total, const int32_t *tn,
+                         int64_t nn, int64_t ins)
+{
+	out->n_ctx = np + nh_total + nn;
+	out->ctx = RT_MALLOC((size_t)out->n_ctx * sizeof(int32_t));
+	memcpy(out->ctx, tp, (size_t)np * sizeof(int32_t));
+	int64_t o = np;
+	for (int64_t i = 0; i < ins; i++)
+		out->ctx[o++] = th[i % nh];
+	memcpy(out->ctx + o, tn, (size_t)nn * sizeof(int32_t));
+	o += nn;
+	for (int64_t i = ins; i < nh_total; i++)
+		out->ctx[o++] = th[i % nh];
+	RT_ASSERT(o == out->n_ctx);
+	out->needle_pos = np + ins;
+	out->needle_len = nn;
+	out->hay_start = np;
+	out->hay_tokens = nh_total;
+}
+
 int rt_needle_passkey(const rt_tokenizer *t, int64_t n_tokens, double depth, uint64_t seed,
                       int chat, rt_needle_prompt *out, rt_err *err)
 {
@@ -124,38 +160,19 @@ int rt_needle_passkey(const rt_tokenizer *t, int64_t n_tokens, double depth, uin
 	if (!tq)
 		goto done;
 	RT_ASSERT(nf > 0);
-	int64_t fixed = np + nn + nq;
-	if (n_tokens < fixed) {
-		rt_err_set(err, "passkey: %lld tokens is too short; the fixed parts take %lld",
-		           (long long)n_tokens, (long long)fixed);
+	int64_t F = hay_room("passkey", n_tokens, np + nn + nq, err);
+	if (F < 0)
 		goto done;
-	}
-	int64_t F = n_tokens - fixed;
 	double want = depth / 100.0 * (double)F;
 	int64_t s = (int64_t)llround(want / (double)nf) * nf;
 	while (s > F)
 		s -= nf;
 	out->kind = RT_NEEDLE_PASSKEY;
-	out->n_ctx = np + F + nn;
-	out->ctx = RT_MALLOC((size_t)out->n_ctx * sizeof(int32_t));
-	int64_t o = 0;
-	memcpy(out->ctx, tp, (size_t)np * sizeof(int32_t));
-	o = np;
-	for (int64_t i = 0; i < s; i++)
-		out->ctx[o++] = tf[i % nf];
-	memcpy(out->ctx + o, tn, (size_t)nn * sizeof(int32_t));
-	o += nn;
-	for (int64_t i = s; i < F; i++)
-		out->ctx[o++] = tf[i % nf];
-	RT_ASSERT(o == out->n_ctx);
+	ctx_assemble(out, tp, np, tf, nf, F, tn, nn, s);
 	out->question = tq;
 	out->n_question = nq;
 	tq = NULL;
-	out->needle_pos = np + s;
-	out->needle_len = nn;
 	out->target_pos = np + (int64_t)llround(want);
-	out->hay_start = np;
-	out->hay_tokens = F;
 	out->unit = nf;
 	out->depth = depth;
 	out->passkey = key;
@@ -230,13 +247,9 @@ int rt_needle_niah(const rt_tokenizer *t, const char *text, size_t len, int64_t 
 	int rc = -1;
 	if (!tq)
 		goto done;
-	int64_t fixed = np + nn + nq;
-	if (n_tokens < fixed) {
-		rt_err_set(err, "niah: %lld tokens is too short; the fixed parts take %lld",
-		           (long long)n_tokens, (long long)fixed);
+	int64_t H = hay_room("niah", n_tokens, np + nn + nq, err);
+	if (H < 0)
 		goto done;
-	}
-	int64_t H = n_tokens - fixed;
 	/* Tokenize a growing prefix of the text until it yields H tokens (plus a margin,
 	 * since the cut may split the last word), or the whole text. */
 	size_t take = (size_t)H * 6 + 4096;
@@ -275,25 +288,11 @@ int rt_needle_niah(const rt_tokenizer *t, const char *text, size_t len, int64_t 
 			}
 	}
 	out->kind = RT_NEEDLE_NIAH;
-	out->n_ctx = np + H + nn;
-	out->ctx = RT_MALLOC((size_t)out->n_ctx * sizeof(int32_t));
-	memcpy(out->ctx, tp, (size_t)np * sizeof(int32_t));
-	int64_t o = np;
-	for (int64_t i = 0; i < ins; i++)
-		out->ctx[o++] = th[i % nh];
-	memcpy(out->ctx + o, tn, (size_t)nn * sizeof(int32_t));
-	o += nn;
-	for (int64_t i = ins; i < H; i++)
-		out->ctx[o++] = th[i % nh];
-	RT_ASSERT(o == out->n_ctx);
+	ctx_assemble(out, tp, np, th, nh, H, tn, nn, ins);
 	out->question = tq;
 	out->n_question = nq;
 	tq = NULL;
-	out->needle_pos = np + ins;
-	out->needle_len = nn;
 	out->target_pos = np + want;
-	out->hay_start = np;
-	out->hay_tokens = H;
 	out->unit = 0;
 	out->depth = depth;
 	snprintf(out->answer, sizeof(out->answer), "sandwich; Dolores Park");

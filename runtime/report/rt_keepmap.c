@@ -5,13 +5,14 @@
  */
 #include "report/rt_keepmap.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "report/rt_svg.h"
+
+#include "base/rt_outpath.h"
 
 /* ---- layout (pixels) ------------------------------------------------------------------ */
 
@@ -282,16 +283,7 @@ int rt_keepmap_write(const char *path, const rt_keepmap *km, rt_err *err)
 	char *s = rt_keepmap_render(km, &n, err);
 	if (!s)
 		return -1;
-	FILE *f = fopen(path, "wb");
-	if (!f) {
-		rt_err_set(err, "%s: %s", path, strerror(errno));
-		free(s);
-		return -1;
-	}
-	int bad = fwrite(s, 1, n, f) != n;
-	bad |= fclose(f) != 0;
+	int rc = rt_outpath_write(path, s, n, err);
 	free(s);
-	if (bad)
-		return rt_err_set(err, "%s: write failed", path);
-	return 0;
+	return rc;
 }

@@ -61,7 +61,8 @@ void rt_keepmap_summarize(const rt_keepmap *km, rt_keepmap_summary *s);
  * n < 0 or NULL pos when n > 0, a position outside [0, n_tokens), a count < 1 or NaN. */
 char *rt_keepmap_render(const rt_keepmap *km, size_t *len, rt_err *err);
 
-/* Render and write to path. Errors: as rt_keepmap_render, and "PATH: reason" for I/O. */
+/* Render and write to path. Errors: as rt_keepmap_render, and those of rt_outpath_write
+ * (base/rt_outpath.h) for I/O. */
 int rt_keepmap_write(const char *path, const rt_keepmap *km, rt_err *err);
 
 #endif

@@ -5,11 +5,12 @@
  */
 #include "report/rt_svg.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "base/rt_outpath.h"
 
 void rt_svg_escape_append(rt_buf *b, const char *text)
 {
@@ -459,16 +460,7 @@ int rt_svg_write(const char *path, const rt_svg_plot *p, const rt_svg_series *s,
 	char *txt = rt_svg_render(p, s, n_series, &n, err);
 	if (!txt)
 		return -1;
-	FILE *f = fopen(path, "wb");
-	if (!f) {
-		rt_err_set(err, "%s: cannot open for writing: %s", path, strerror(errno));
-		free(txt);
-		return -1;
-	}
-	size_t w = fwrite(txt, 1, n, f);
+	int rc = rt_outpath_write(path, txt, n, err);
 	free(txt);
-	int bad = w != n;
-	if (fclose(f) != 0 || bad)
-		return rt_err_set(err, "%s: write failed: %s", path, strerror(errno));
-	return 0;
+	return rc;
 }

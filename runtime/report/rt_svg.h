@@ -54,7 +54,8 @@ typedef struct rt_svg_plot {
 char *rt_svg_render(const rt_svg_plot *p, const rt_svg_series *s, int n_series, size_t *len,
                     rt_err *err);
 
-/* Render and write to path. Errors: as rt_svg_render, and "PATH: reason" for I/O. */
+/* Render and write to path. Errors: as rt_svg_render, and those of rt_outpath_write
+ * (base/rt_outpath.h) for I/O. */
 int rt_svg_write(const char *path, const rt_svg_plot *p, const rt_svg_series *s,
                  int n_series, rt_err *err);
 

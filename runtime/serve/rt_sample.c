@@ -3,6 +3,8 @@
  */
 #include "serve/rt_sample.h"
 
+#include "base/rt_util.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,20 +54,11 @@ static int cmp_desc(const void *a, const void *b, void *arg)
 	return x < y ? -1 : x > y;
 }
 
-static int32_t argmax(const float *v, int n)
-{
-	int32_t best = 0;
-	for (int i = 1; i < n; i++)
-		if (v[i] > v[best])
-			best = i;
-	return best;
-}
-
 int32_t rt_sample(rt_sampler *s, const float *logits)
 {
 	const int V = s->n_vocab;
 	if (s->temperature <= 0 || s->top_k == 1)
-		return argmax(logits, V);
+		return rt_argmax(logits, V);
 	int n = V;
 	for (int i = 0; i < V; i++)
 		s->idx[i] = i;

@@ -1196,22 +1196,32 @@ static int client_gone(struct MHD_Connection *c)
 	return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+/* Wait (S->mu held) up to 50 ms for a signal on r->cv; then, if r is not done and the
+ * client c (NULL: none to watch) has left, mark r cancelled, wake the worker and return
+ * -1; else 0. */
+static int wait_slice(srv *S, req *r, struct MHD_Connection *c)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += 50 * 1000 * 1000;
+	if (ts.tv_nsec >= 1000000000)
+		ts.tv_sec++, ts.tv_nsec -= 1000000000;
+	pthread_cond_timedwait(&r->cv, &S->mu, &ts);
+	if (r->state != RQ_DONE && c && client_gone(c)) {
+		r->cancelled = 1;
+		pthread_cond_signal(&S->cv);
+		return -1;
+	}
+	return 0;
+}
+
 /* Wait (S->mu held) until pred holds for r or the client leaves; 0 or -1 (gone). */
 static int wait_req(srv *S, req *r, struct MHD_Connection *c, int for_done)
 {
 	while (for_done ? r->state != RQ_DONE
 	                : r->state != RQ_DONE && r->sse_len == r->sse_off && r->t_first == 0) {
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 50 * 1000 * 1000;
-		if (ts.tv_nsec >= 1000000000)
-			ts.tv_sec++, ts.tv_nsec -= 1000000000;
-		pthread_cond_timedwait(&r->cv, &S->mu, &ts);
-		if (r->state != RQ_DONE && c && client_gone(c)) {
-			r->cancelled = 1;
-			pthread_cond_signal(&S->cv);
+		if (wait_slice(S, r, c) < 0)
 			return -1;
-		}
 	}
 	return 0;
 }
@@ -1240,15 +1250,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 			pthread_mutex_unlock(&S->mu);
 			return MHD_CONTENT_READER_END_OF_STREAM;
 		}
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 50 * 1000 * 1000;
-		if (ts.tv_nsec >= 1000000000)
-			ts.tv_sec++, ts.tv_nsec -= 1000000000;
-		pthread_cond_timedwait(&r->cv, &S->mu, &ts);
-		if (r->state != RQ_DONE && client_gone(x->c)) {
-			r->cancelled = 1;
-			pthread_cond_signal(&S->cv);
+		if (wait_slice(S, r, x->c) < 0) {
 			pthread_mutex_unlock(&S->mu);
 			return MHD_CONTENT_READER_END_WITH_ERROR;
 		}
