@@ -144,6 +144,18 @@ static int32_t *tokens_of(const rt_tokenizer *tk, const char *path, long max, in
 	return ids;
 }
 
+/* The end of a device command: frees its sequence s (may be NULL), tokens and logits;
+ * returns rc. */
+static int gpu_end(const struct rt_cuda_backend *b, rt_cuda_seq *s, int32_t *tok, float *lg,
+                   int rc)
+{
+	if (s)
+		b->seq_free(s);
+	free(tok);
+	free(lg);
+	return rc;
+}
+
 static int gpu_ppl(const char *prog, const struct rt_cuda_backend *b, const struct gopts *o,
                    const rt_model *m, const rt_tokenizer *tk, const rt_cuda_model *dm,
                    const struct kvp_policy *const *reg, int n_reg)
@@ -198,11 +210,7 @@ static int gpu_ppl(const char *prog, const struct rt_cuda_backend *b, const stru
 	       dt, (double)n / dt);
 	rc = 0;
 done:
-	if (s)
-		b->seq_free(s);
-	free(lg);
-	free(tok);
-	return rc;
+	return gpu_end(b, s, tok, lg, rc);
 }
 
 static int gpu_bench(const char *prog, const struct rt_cuda_backend *b, const struct gopts *o,
@@ -238,11 +246,7 @@ static int gpu_bench(const char *prog, const struct rt_cuda_backend *b, const st
 	       o->f16 ? "f16" : "f32", T, T / (t1 - t0), D, D / (t2 - t1));
 	rc = 0;
 done:
-	if (s)
-		b->seq_free(s);
-	free(tok);
-	free(lg);
-	return rc;
+	return gpu_end(b, s, tok, lg, rc);
 }
 
 int rt_cli_cuda_run(const char *prog, int argc, char **argv, const struct kvp_policy *const *reg,

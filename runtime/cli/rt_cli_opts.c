@@ -84,23 +84,33 @@ int rt_cli_parse_list(const char *s, double lo, double hi, int integral, double 
 
 /* ---- the option table ------------------------------------------------------------------- */
 
+/* How an option's value is stored: by opt_value's own case (OPT), as a checked long
+ * (INTOPT), as the argument string itself (STROPT) or as a fixed int (FLAGOPT). */
+enum { K_OWN, K_LONG, K_STR, K_FLAG };
+
 /* Every option of every command, written once: its name, whether it takes a value, and for
- * plain integers the range and the field (INTOPT). */
+ * the stored kinds the field and, for plain integers, the range. */
 typedef struct opt_def {
 	int id;
 	const char *name;      /* long name ("" for -n) */
 	int has_arg;
-	long lo, hi;           /* integer range, when off >= 0 */
-	long off;              /* offsetof(rt_cli_opts, field) of a long, or -1 */
+	int kind;              /* K_* */
+	long lo, hi;           /* K_LONG: integer range; K_FLAG: lo is the value stored */
+	long off;              /* offsetof(rt_cli_opts, field) of a long, a const char * or an
+	                        * int, or -1 (K_OWN) */
 	const char *what;      /* "is not ..." of the range error */
 } opt_def;
 
 #define INTOPT(id, name, lo, hi, field, what) \
-	{ id, name, 1, lo, hi, (long)offsetof(rt_cli_opts, field), what }
-#define OPT(id, name, has_arg) { id, name, has_arg, 0, 0, -1, NULL }
+	{ id, name, 1, K_LONG, lo, hi, (long)offsetof(rt_cli_opts, field), what }
+#define STROPT(id, name, field) { id, name, 1, K_STR, 0, 0, (long)offsetof(rt_cli_opts, field), NULL }
+#define FLAGOPT(id, name, field, v) \
+	{ id, name, 0, K_FLAG, v, 0, (long)offsetof(rt_cli_opts, field), NULL }
+#define OPT(id, name, has_arg) { id, name, has_arg, K_OWN, 0, 0, -1, NULL }
 
 static const opt_def OPTS[] = {
-	OPT('m', "model", 1), OPT('t', "text", 1), OPT('p', "prompt", 1), OPT(O_CTX, "ctx", 1),
+	STROPT('m', "model", model), OPT('t', "text", 1), STROPT('p', "prompt", prompt),
+	OPT(O_CTX, "ctx", 1),
 	INTOPT('n', "", 1, INT_MAX, n_gen, "is not a token count >= 1"),
 	INTOPT(O_GEN, "gen", 1, 4096, n_gen, "is not a token count in 1..4096"),
 	INTOPT(O_PROMPTLEN, "prompt", 0, INT_MAX, prompt_len, "is not a token count"),
@@ -113,20 +123,25 @@ static const opt_def OPTS[] = {
 	INTOPT(O_SCOREFROM, "score-from", 1, INT_MAX, score_from, "is not a position >= 1"),
 	INTOPT(O_PREFILL, "prefill-chunk", 0, 65536, prefill_chunk, "is not a number in 0..65536"),
 	OPT(O_RATIO, "ratio", 1), OPT(O_SET, "set", 1), OPT(O_MODE, "mode", 1),
-	OPT(O_TASK, "task", 1), OPT(O_POLICY, "policy", 1), OPT(O_HAYSTACK, "haystack", 1),
-	OPT(O_LENGTHS, "lengths", 1), OPT(O_DEPTHS, "depths", 1), OPT(O_SVG, "svg", 1),
-	OPT(O_BATCH, "batch", 1), OPT(O_DUMP, "dump", 1), OPT(O_LOGITS, "logits", 1),
-	OPT(O_SYSTEM, "system", 1), OPT(O_JSON, "json", 0), OPT(O_NOREF, "no-ref", 0),
-	OPT(O_CHAT, "chat", 0), OPT(O_SPECIAL, "special", 0), OPT(O_STATS, "stats", 0),
-	OPT(O_MARKQ, "mark-question", 0), OPT('h', "help", 0), OPT(O_VERSION, "version", 0),
-	OPT(O_EXACT, "exact", 0), OPT(O_FAST, "fast", 0), OPT(O_DEPTH, "depth", 1),
-	OPT(O_A, "a", 1), OPT(O_B, "b", 1), OPT(O_RATIOS, "ratio", 1), OPT(O_ABTASK, "task", 1),
-	OPT(O_SETA, "set-a", 1), OPT(O_SETB, "set-b", 1), OPT(O_JSONOUT, "json", 1),
-	OPT(O_CSV, "csv", 1), OPT(O_PLOT, "plot", 1), OPT(O_SEED64, "seed", 1),
+	OPT(O_TASK, "task", 1), STROPT(O_POLICY, "policy", policy),
+	STROPT(O_HAYSTACK, "haystack", haystack), STROPT(O_LENGTHS, "lengths", lengths),
+	STROPT(O_DEPTHS, "depths", depths), STROPT(O_SVG, "svg", svg),
+	STROPT(O_BATCH, "batch", batch), STROPT(O_DUMP, "dump", dump),
+	STROPT(O_LOGITS, "logits", logits), STROPT(O_SYSTEM, "system", system),
+	FLAGOPT(O_JSON, "json", json, 1), FLAGOPT(O_NOREF, "no-ref", no_ref, 1),
+	FLAGOPT(O_CHAT, "chat", chat, 1), FLAGOPT(O_SPECIAL, "special", special, 1),
+	FLAGOPT(O_STATS, "stats", stats, 1), FLAGOPT(O_MARKQ, "mark-question", mark_question, 1),
+	OPT('h', "help", 0), OPT(O_VERSION, "version", 0),
+	FLAGOPT(O_EXACT, "exact", exact, 1), FLAGOPT(O_FAST, "fast", exact, 0),
+	STROPT(O_DEPTH, "depth", depths), STROPT(O_A, "a", name_a), STROPT(O_B, "b", name_b),
+	STROPT(O_RATIOS, "ratio", ratio_list), OPT(O_ABTASK, "task", 1),
+	OPT(O_SETA, "set-a", 1), OPT(O_SETB, "set-b", 1), STROPT(O_JSONOUT, "json", json_out),
+	STROPT(O_CSV, "csv", csv), STROPT(O_PLOT, "plot", plot), OPT(O_SEED64, "seed", 1),
 	INTOPT(O_RES, "resamples", 2, 1000000, resamples, "is not a number in 2..1000000"),
-	OPT(O_COMMIT, "commit", 1), OPT(O_SHAA, "source-sha256-a", 1),
-	OPT(O_SHAB, "source-sha256-b", 1), OPT(O_QUIET, "quiet", 0), OPT(O_MAXKLD, "max-kld", 1),
-	OPT(O_MINPASSKEY, "min-passkey", 1), OPT(O_OUT, "out", 1), OPT(O_GATE, "gate", 0),
+	STROPT(O_COMMIT, "commit", commit), STROPT(O_SHAA, "source-sha256-a", sha_a),
+	STROPT(O_SHAB, "source-sha256-b", sha_b), FLAGOPT(O_QUIET, "quiet", quiet, 1),
+	OPT(O_MAXKLD, "max-kld", 1), OPT(O_MINPASSKEY, "min-passkey", 1),
+	STROPT(O_OUT, "out", out), FLAGOPT(O_GATE, "gate", gate, 1),
 	OPT(O_KVTYPE, "kv-type", 1),
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
@@ -149,50 +164,13 @@ static const char *opt_spelling(const opt_def *d, char *buf, size_t cap)
 	return buf;
 }
 
-/* Options whose value is a string, a flag, or a word of a fixed set. */
-static int opt_plain(int c, const char *arg, rt_cli_opts *o)
+/* *v = the whole of s as a finite number (strtod); 0, or -1 on anything else. */
+static int parse_finite(const char *s, double *v)
 {
-	switch (c) {
-	case 'm': o->model = arg; return 1;
-	case 't':
-		o->text = arg;
-		if (o->n_texts < RT_CLI_MAX_LIST)
-			o->texts[o->n_texts] = arg;
-		o->n_texts++; /* a command that takes several checks the count */
-		return 1;
-	case 'p': o->prompt = arg; return 1;
-	case O_BATCH: o->batch = arg; return 1;
-	case O_POLICY: o->policy = arg; return 1;
-	case O_HAYSTACK: o->haystack = arg; return 1;
-	case O_LENGTHS: o->lengths = arg; return 1;
-	case O_DEPTHS: o->depths = arg; return 1;
-	case O_SVG: o->svg = arg; return 1;
-	case O_DUMP: o->dump = arg; return 1;
-	case O_LOGITS: o->logits = arg; return 1;
-	case O_SYSTEM: o->system = arg; return 1;
-	case O_MARKQ: o->mark_question = 1; return 1;
-	case O_NOREF: o->no_ref = 1; return 1;
-	case O_JSON: o->json = 1; return 1;
-	case O_CHAT: o->chat = 1; return 1;
-	case O_SPECIAL: o->special = 1; return 1;
-	case O_STATS: o->stats = 1; return 1;
-	case O_EXACT: o->exact = 1; return 1;
-	case O_FAST: o->exact = 0; return 1;
-	case O_DEPTH: o->depths = arg; return 1;
-	case O_QUIET: o->quiet = 1; return 1;
-	case O_OUT: o->out = arg; return 1;
-	case O_GATE: o->gate = 1; return 1;
-	case O_A: o->name_a = arg; return 1;
-	case O_B: o->name_b = arg; return 1;
-	case O_RATIOS: o->ratio_list = arg; return 1;
-	case O_JSONOUT: o->json_out = arg; return 1;
-	case O_CSV: o->csv = arg; return 1;
-	case O_PLOT: o->plot = arg; return 1;
-	case O_COMMIT: o->commit = arg; return 1;
-	case O_SHAA: o->sha_a = arg; return 1;
-	case O_SHAB: o->sha_b = arg; return 1;
-	}
-	return 0;
+	char *end;
+	errno = 0;
+	*v = strtod(s, &end);
+	return errno || end == s || *end || !isfinite(*v) ? -1 : 0;
 }
 
 /* Check and store one option's value. Returns 0 or RT_CLI_USAGE (message printed). */
@@ -200,16 +178,28 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 {
 	char nm[40];
 	opt_spelling(d, nm, sizeof nm);
-	if (opt_plain(d->id, arg, o))
+	switch (d->kind) {
+	case K_STR:
+		*(const char **)(void *)((char *)o + d->off) = arg;
 		return 0;
-	if (d->off >= 0) {
+	case K_FLAG:
+		*(int *)(void *)((char *)o + d->off) = (int)d->lo;
+		return 0;
+	case K_LONG: {
 		long v;
 		if (rt_cli_parse_int(arg, d->lo, d->hi, &v))
 			return rt_cli_usage(cmd, "%s: '%s' %s", nm, arg, d->what);
-		*(long *)((char *)o + d->off) = v;
+		*(long *)(void *)((char *)o + d->off) = v;
 		return 0;
 	}
+	}
 	switch (d->id) {
+	case 't':
+		o->text = arg;
+		if (o->n_texts < RT_CLI_MAX_LIST)
+			o->texts[o->n_texts] = arg;
+		o->n_texts++; /* a command that takes several checks the count */
+		return 0;
 	case O_CTX: {
 		long v;
 		if (o->ctx_list) {
@@ -222,19 +212,15 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 		return 0;
 	}
 	case O_RATIO: {
-		char *end;
-		errno = 0;
-		double r = strtod(arg, &end);
-		if (errno || end == arg || *end || !isfinite(r) || r < 1)
+		double r;
+		if (parse_finite(arg, &r) != 0 || r < 1)
 			return rt_cli_usage(cmd, "--ratio: '%s' is not a compression factor >= 1", arg);
 		o->ratio = r;
 		return 0;
 	}
 	case O_MAXKLD: case O_MINPASSKEY: {
-		char *end;
-		errno = 0;
-		double v = strtod(arg, &end);
-		if (errno || end == arg || *end || !isfinite(v) || v < 0 || (d->id == O_MINPASSKEY && v > 1))
+		double v;
+		if (parse_finite(arg, &v) != 0 || v < 0 || (d->id == O_MINPASSKEY && v > 1))
 			return rt_cli_usage(cmd, "%s: '%s' is not %s", nm, arg,
 			                    d->id == O_MAXKLD ? "a KL divergence >= 0 (nats per token)"
 			                                      : "an accuracy in 0..1");

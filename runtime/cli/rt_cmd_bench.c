@@ -70,6 +70,27 @@ static void help_bench_fn(void)
 	rt_cli_help(help_bench, 3, rt_cli_prog, rt_cli_prog, rt_cli_prog);
 }
 
+/* cap token ids below n_vocab from a fixed LCG (the same ids every run), malloc'ed (the
+ * caller frees them); NULL when out of memory. */
+static int32_t *bench_tokens(int32_t cap, int n_vocab)
+{
+	int32_t *tok = malloc((size_t)cap * sizeof *tok);
+	unsigned sd = 12345u;
+	for (int j = 0; tok && j < cap; j++) {
+		sd = sd * 1103515245u + 12345u;
+		tok[j] = (int32_t)((sd >> 8) % (unsigned)n_vocab);
+	}
+	return tok;
+}
+
+/* prints that a cache of cap entries did not fit, frees tok and logits; returns -1 */
+static double bench_oom(int32_t cap, int32_t *tok, float *logits)
+{
+	fprintf(stderr, "%s: bench: out of memory for %d entries\n", rt_cli_prog, (int)cap);
+	free(tok), free(logits);
+	return -1.0;
+}
+
 /* One llama-bench test on a fresh full cache: prefill `depth` tokens untimed, then time
  * either a prefill of n tokens (pp) or n single-token steps (tg). Returns tokens/s, or -1
  * after printing the error. */
@@ -79,19 +100,11 @@ static double bench_one(rt_model *m, int chunk, int depth, int n, int pp)
 	rt_kv kv;
 	rt_fwd f;
 	rt_err err = { "" };
-	int32_t *tok = malloc((size_t)cap * sizeof *tok);
+	int32_t *tok = bench_tokens(cap, m->hp.n_vocab);
 	float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
-	unsigned sd = 12345u;
-	for (int j = 0; tok && j < cap; j++) {
-		sd = sd * 1103515245u + 12345u;
-		tok[j] = (int32_t)((sd >> 8) % (unsigned)m->hp.n_vocab);
-	}
 	double tps = -1.0;
-	if (!tok || !logits || rt_model_kv_init(m, &kv, cap, &err) < 0) {
-		fprintf(stderr, "%s: bench: out of memory for %d entries\n", rt_cli_prog, (int)cap);
-		free(tok), free(logits);
-		return -1.0;
-	}
+	if (!tok || !logits || rt_model_kv_init(m, &kv, cap, &err) < 0)
+		return bench_oom(cap, tok, logits);
 	if (rt_fwd_init(&f, m, chunk, cap, &err) < 0) {
 		rt_cli_fail(&err);
 		goto out;
@@ -129,22 +142,14 @@ static double bench_policy(rt_model *m, const struct kvp_policy *p, const rt_cli
 	const int32_t cap = depth + n;
 	rt_seq s;
 	rt_err err = { "" };
-	int32_t *tok = malloc((size_t)cap * sizeof *tok);
+	int32_t *tok = bench_tokens(cap, m->hp.n_vocab);
 	float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
-	unsigned sd = 12345u;
-	for (int j = 0; tok && j < cap; j++) {
-		sd = sd * 1103515245u + 12345u;
-		tok[j] = (int32_t)((sd >> 8) % (unsigned)m->hp.n_vocab);
-	}
 	double tps = -1.0;
 	rt_cli_opts so = *o;
 	if (!o->prefill_chunk)
 		so.prefill_chunk = chunk;
-	if (!tok || !logits) {
-		fprintf(stderr, "%s: bench: out of memory for %d entries\n", rt_cli_prog, (int)cap);
-		free(tok), free(logits);
-		return -1.0;
-	}
+	if (!tok || !logits)
+		return bench_oom(cap, tok, logits);
 	if (rt_seq_init(&s, m, p, cap, chunk, depth > 0 ? depth : -1, &err) != 0 ||
 	    rt_cli_seq_apply(&s, &so, &err) != 0)
 		goto fail;
