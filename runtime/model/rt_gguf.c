@@ -559,17 +559,10 @@ static rt_gguf *open_common(const char *path, int fd, const void *map, int owns_
 
 rt_gguf *rt_gguf_open(const char *path, rt_err *err)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* no hang on a FIFO */
-	if (fd < 0) {
-		rt_err_set(err, "%s: cannot open: %s", path, strerror(errno));
-		return NULL;
-	}
 	struct stat st;
-	if (fstat(fd, &st) < 0) {
-		rt_err_set(err, "%s: cannot stat: %s", path, strerror(errno));
-		close(fd);
+	int fd = rt_open_stat(path, "cannot open: ", &st, err);
+	if (fd < 0)
 		return NULL;
-	}
 	if (!S_ISREG(st.st_mode)) {
 		rt_err_set(err, "%s: not a regular file", path);
 		close(fd);
