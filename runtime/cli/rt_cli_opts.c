@@ -173,6 +173,16 @@ static int parse_finite(const char *s, double *v)
 	return errno || end == s || *end || !isfinite(*v) ? -1 : 0;
 }
 
+/* 0 when arg is the word a or the word b; else RT_CLI_USAGE after printing
+ * "NAME: 'ARG' is not A or B" (nm: the option as spelled). The caller stores arg first:
+ * after a usage error nothing reads the options. */
+static int one_of(const char *cmd, const char *nm, const char *arg, const char *a, const char *b)
+{
+	if (strcmp(arg, a) && strcmp(arg, b))
+		return rt_cli_usage(cmd, "%s: '%s' is not %s or %s", nm, arg, a, b);
+	return 0;
+}
+
 /* Check and store one option's value. Returns 0 or RT_CLI_USAGE (message printed). */
 static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_opts *o)
 {
@@ -236,10 +246,8 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 		o->sets[o->n_sets++] = arg;
 		return 0;
 	case O_ABTASK:
-		if (strcmp(arg, "ppl") && strcmp(arg, "needle"))
-			return rt_cli_usage(cmd, "--task: '%s' is not ppl or needle", arg);
 		o->ab_task = arg;
-		return 0;
+		return one_of(cmd, nm, arg, "ppl", "needle");
 	case O_SEED64: {
 		char *end;
 		errno = 0;
@@ -250,26 +258,22 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 		return 0;
 	}
 	case O_MODE:
-		if (strcmp(arg, "aware") && strcmp(arg, "agnostic"))
-			return rt_cli_usage(cmd, "--mode: '%s' is not aware or agnostic", arg);
 		o->mode_agnostic = !strcmp(arg, "agnostic");
-		return 0;
+		return one_of(cmd, nm, arg, "aware", "agnostic");
 	case O_KVTYPE:
 		if (rt_kv_type_parse(arg) < 0)
 			return rt_cli_usage(cmd, "--kv-type: '%s' is not f32, f16 or q8_0", arg);
 		o->kv_type = arg;
 		return 0;
 	case O_TASK:
-		if (strcmp(arg, "passkey") && strcmp(arg, "niah"))
-			return rt_cli_usage(cmd, "--task: '%s' is not passkey or niah", arg);
 		o->task_niah = !strcmp(arg, "niah");
-		return 0;
+		return one_of(cmd, nm, arg, "passkey", "niah");
 	}
 	return rt_cli_usage(cmd, "unknown option '%s'", nm);
 }
 
 int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, rt_cli_opts *o,
-                 const int *ids, int need_model)
+                 const int *ids, int need)
 {
 	struct option lo[N_OPTS + 1];
 	char so[2 * N_OPTS + 2] = ":h";
@@ -312,7 +316,7 @@ int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, 
 	}
 	if (optind < argc)
 		return rt_cli_usage(cmd, "unexpected argument '%s'", argv[optind]);
-	if (need_model && !o->model)
+	if ((need & RT_CLI_NEED_MODEL) && !o->model)
 		return rt_cli_usage(cmd, "%s", "--model is required");
 	if (o->kv_type && o->exact && rt_kv_type_parse(o->kv_type) != RT_KV_F32)
 		return rt_cli_usage(cmd, "--kv-type %s: the exact path stores f32 keys and values "
@@ -325,6 +329,8 @@ int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, 
 		if (outs[i][1] && rt_outpath_check(outs[i][1], &err) != 0)
 			return rt_cli_usage(cmd, "%s: %s", outs[i][0], err.msg);
 	}
+	if ((need & RT_CLI_NEED_TEXT) && !o->text)
+		return rt_cli_usage(cmd, "%s", "--text is required");
 	return 0;
 }
 

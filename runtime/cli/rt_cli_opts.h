@@ -96,9 +96,12 @@ int rt_cli_parse_list(const char *s, double lo, double hi, int integral, double 
 /* Parse argv (argv[0] is the command name) into o. ids: the options the command accepts,
  * ending with 0 (-h/--help and --version are always accepted). Returns 0, 1 after
  * printing help (help_fn) or the version, or RT_CLI_USAGE after printing the error.
- * need_model: --model is required. */
+ * need: RT_CLI_NEED_MODEL (1): --model is required; | RT_CLI_NEED_TEXT: --text is too,
+ * checked last ("--text is required"). */
+#define RT_CLI_NEED_MODEL 1
+#define RT_CLI_NEED_TEXT 2
 int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, rt_cli_opts *o,
-                 const int *ids, int need_model);
+                 const int *ids, int need);
 
 /* The KV element type of the run: --kv-type when given; else f32 on the exact path, and on
  * the fast path f16 unless a policy the options name (--policy, --a, --b) needs f32 rows

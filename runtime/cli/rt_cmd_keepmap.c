@@ -83,11 +83,10 @@ int rt_cmd_keepmap(int argc, char **argv)
 	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_THREADS, O_POLICY, O_SET, O_RATIO,
 		O_PROMPTLEN, O_SVG, O_EXACT, O_FAST, O_QUIET, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
-	int rc = rt_cli_parse("keepmap", help_keepmap_fn, argc, argv, &o, opt_ids, 1);
+	int rc = rt_cli_parse("keepmap", help_keepmap_fn, argc, argv, &o, opt_ids,
+	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
 	if (rc)
 		return rc == 1 ? 0 : rc;
-	if (!o.text)
-		return rt_cli_usage("keepmap", "%s", "--text is required");
 	if (!o.svg)
 		return rt_cli_usage("keepmap", "%s", "--svg is required");
 	const struct kvp_policy *p = rt_cli_policy("keepmap", &o, &rc);

@@ -374,11 +374,10 @@ int rt_cmd_ppl(int argc, char **argv)
 		O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_BATCH, O_SCOREFROM, O_EXACT, O_FAST,
 		O_QUIET, O_PREFILL, O_KVTYPE, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
-	int rc = rt_cli_parse("ppl", help_ppl_fn, argc, argv, &o, opt_ids, 1);
+	int rc = rt_cli_parse("ppl", help_ppl_fn, argc, argv, &o, opt_ids,
+	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
 	if (rc)
 		return rc == 1 ? 0 : rc;
-	if (!o.text)
-		return rt_cli_usage("ppl", "%s", "--text is required");
 	if (o.batch && (o.dump || o.logits))
 		return rt_cli_usage("ppl", "%s", "--dump and --logits write one run's tokens; they cannot "
 		                 "be combined with --batch");

@@ -46,11 +46,10 @@ int rt_cmd_tokenize(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_SPECIAL, 0 };
 	rt_cli_opts o = { 0 };
-	int rc = rt_cli_parse("tokenize", help_tokenize_fn, argc, argv, &o, opt_ids, 1);
+	int rc = rt_cli_parse("tokenize", help_tokenize_fn, argc, argv, &o, opt_ids,
+	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
 	if (rc)
 		return rc == 1 ? 0 : rc;
-	if (!o.text)
-		return rt_cli_usage("tokenize", "%s", "--text is required");
 	size_t len;
 	char *text = rt_cli_read_text(o.text, &len);
 	if (!text)
