@@ -686,11 +686,20 @@ static void json_row(FILE *f, const ab_run *r, int k, int needle)
 	fputs("}", f);
 }
 
-static int write_json(const ab_run *r, const char *path, rt_err *err)
+/* path opened for writing, or NULL with err "PATH: REASON" */
+static FILE *open_out(const char *path, rt_err *err)
 {
 	FILE *f = fopen(path, "w");
 	if (!f)
-		return rt_err_set(err, "%s: %s", path, strerror(errno));
+		rt_err_set(err, "%s: %s", path, strerror(errno));
+	return f;
+}
+
+static int write_json(const ab_run *r, const char *path, rt_err *err)
+{
+	FILE *f = open_out(path, err);
+	if (!f)
+		return -1;
 	const int needle = !strcmp(r->o.task, "needle");
 	json_head(f, r, needle);
 	fputs("},\n\"results\": [", f);
@@ -720,9 +729,9 @@ static void csv_str(FILE *f, const char *s)
 
 static int write_csv(const ab_run *r, const char *path, rt_err *err)
 {
-	FILE *f = fopen(path, "w");
+	FILE *f = open_out(path, err);
 	if (!f)
-		return rt_err_set(err, "%s: %s", path, strerror(errno));
+		return -1;
 	const int needle = !strcmp(r->o.task, "needle");
 	fputs("commit,task,model,model_sha256,text,text_sha256,tokens,threads,ratio,side,policy,"
 	      "source_hash,source_sha256,params", f);
@@ -851,9 +860,9 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 	double x[RT_AB_MAX_RATIOS], y[3][RT_AB_MAX_RATIOS], lo[3][RT_AB_MAX_RATIOS], hi[3][RT_AB_MAX_RATIOS];
 	for (int k = 0; k < nr; k++)
 		x[k] = r->rows[k].ratio;
-	FILE *f = fopen(path, "w");
+	FILE *f = open_out(path, err);
 	if (!f)
-		return rt_err_set(err, "%s: %s", path, strerror(errno));
+		return -1;
 	fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
 	        "<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" height=\"%d\" "
 	        "viewBox=\"0 0 %d %d\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
