@@ -352,29 +352,6 @@ void rt_kv_rows_decode(const rt_kv *kv, const uint8_t *rows, int32_t n, float *o
 		rt_kvq_vrow_decode(type_kind[kv->type], rows + (size_t)i * rb, (int)hd, out + (size_t)i * hd);
 }
 
-void rt_kv_head_keep(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep)
-{
-	RT_ASSERT(n_keep >= 0 && n_keep <= h->n);
-	size_t rb = kv->row_bytes, sb = kv->stat_bytes;
-	for (int32_t j = 0; j < n_keep; j++) {
-		int32_t i = keep[j];
-		RT_ASSERT(i >= j && i < h->n && (j == 0 || i > keep[j - 1]));
-		if (i == j)
-			continue;
-		/* i > j always, so a forward gather never overwrites an entry still to be read */
-		memcpy(h->kr + (size_t)j * rb, h->kr + (size_t)i * rb, rb);
-		memcpy(h->vr + (size_t)j * rb, h->vr + (size_t)i * rb, rb);
-		h->pos[j] = h->pos[i];
-		h->count[j] = h->count[i];
-		h->log_count[j] = h->log_count[i];
-		h->span[j] = h->span[i];
-		if (sb)
-			memcpy(h->stats + (size_t)j * sb, h->stats + (size_t)i * sb, sb);
-	}
-	h->n = n_keep;
-	head_trim(kv, h);
-}
-
 /* Copy every per-entry array of entry src over entry dst. */
 static void entry_move(const rt_kv *kv, rt_kv_head *h, int32_t dst, int32_t src)
 {
@@ -387,6 +364,20 @@ static void entry_move(const rt_kv *kv, rt_kv_head *h, int32_t dst, int32_t src)
 	h->span[dst] = h->span[src];
 	if (sb)
 		memcpy(h->stats + (size_t)dst * sb, h->stats + (size_t)src * sb, sb);
+}
+
+void rt_kv_head_keep(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep)
+{
+	RT_ASSERT(n_keep >= 0 && n_keep <= h->n);
+	for (int32_t j = 0; j < n_keep; j++) {
+		int32_t i = keep[j];
+		RT_ASSERT(i >= j && i < h->n && (j == 0 || i > keep[j - 1]));
+		/* i > j always, so a forward gather never overwrites an entry still to be read */
+		if (i != j)
+			entry_move(kv, h, j, i);
+	}
+	h->n = n_keep;
+	head_trim(kv, h);
 }
 
 int32_t rt_kv_head_evict(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep)
