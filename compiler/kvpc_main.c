@@ -293,14 +293,44 @@ static int cmd_fmt(int argc, char **argv)
 	return rc;
 }
 
-/* the subcommands: each takes the arguments after its name */
+static const char HELP_CHECK[] =
+	"usage: kvpc check FILE.kvp...\n"
+	"Parse and check each policy; print located diagnostics on stderr and one line\n"
+	"'FILE: ok (policy NAME)' per good file on stdout (docs/language.md).\n"
+	"exit status: 0 every file checks, 1 diagnostics, 2 usage error\n";
+static const char HELP_EMIT[] =
+	"usage: kvpc emit --target c FILE.kvp [-o OUT] [--no-line]\n"
+	"       kvpc emit --target registry A.kvp B.kvp... [-o OUT]\n"
+	"       kvpc emit --target cuda FILE.kvp [-o OUT] | --target cuda-registry A.kvp...\n"
+	"Emit a policy as C against the policy ABI (runtime/policy/rt_policy.h), the registry\n"
+	"of several policies, or their CUDA units (docs/cuda.md); stdout unless -o OUT.\n"
+	"  --no-line   omit #line directives back to the .kvp source\n"
+	"exit status: 0 success, 1 diagnostics or write error, 2 usage error\n";
+static const char HELP_FMT[] =
+	"usage: kvpc fmt FILE.kvp... [-w]\n"
+	"Print each policy in canonical form; -w rewrites the files that differ in place.\n"
+	"exit status: 0 success, 1 diagnostics or write error, 2 usage error\n";
+
+/* the subcommands: each takes the arguments after its name; help is printed by main for
+ * `kvpc CMD --help` (NULL: the command prints its own, with its options) */
 static const struct {
 	const char *name;
 	int (*run)(int argc, char **argv);
+	const char *help;
 } commands[] = {
-	{ "check", cmd_check },       { "emit", cmd_emit },     { "fmt", cmd_fmt },
-	{ "build", kvpc_cmd_build }, { "ab", kvpc_cmd_ab },     { "tune", kvpc_cmd_tune },
+	{ "check", cmd_check, HELP_CHECK },   { "emit", cmd_emit, HELP_EMIT },
+	{ "fmt", cmd_fmt, HELP_FMT },         { "build", kvpc_cmd_build, NULL },
+	{ "ab", kvpc_cmd_ab, NULL },          { "tune", kvpc_cmd_tune, NULL },
 };
+
+/* 1 when args hold `flag` */
+static int has_flag(int argc, char **argv, const char *flag)
+{
+	for (int i = 0; i < argc; i++)
+		if (!strcmp(argv[i], flag))
+			return 1;
+	return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -316,9 +346,20 @@ int main(int argc, char **argv)
 		printf("kvpc %s\n", KVP_VERSION);
 		return 0;
 	}
-	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-		if (!strcmp(cmd, commands[i].name))
-			return commands[i].run(argc - 2, argv + 2);
+	for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+		if (strcmp(cmd, commands[i].name))
+			continue;
+		if (has_flag(argc - 2, argv + 2, "--version")) {
+			printf("kvpc %s\n", KVP_VERSION);
+			return 0;
+		}
+		if (commands[i].help &&
+		    (has_flag(argc - 2, argv + 2, "--help") || has_flag(argc - 2, argv + 2, "-h"))) {
+			fputs(commands[i].help, stdout);
+			return 0;
+		}
+		return commands[i].run(argc - 2, argv + 2);
+	}
 	fprintf(stderr, "kvpc: unknown command '%s'\n", cmd);
 	fputs(USAGE, stderr);
 	return 2;

@@ -116,6 +116,32 @@ START_TEST(check_says_what_it_checked)
 }
 END_TEST
 
+/* Every kvpc command answers --help (exit 0, its usage on stdout) and --version (exit 0,
+ * the version line), and an unknown option is still a usage error (exit 2). */
+START_TEST(every_kvpc_command_has_help_and_version)
+{
+	const char *cmds[] = { "check", "emit", "fmt", "build", "ab", "tune" };
+	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+		char *out, *err, want[64];
+		char *help[] = { g_kvpc, (char *)cmds[i], "--help", NULL };
+		ck_assert_int_eq(run(g_kvpc, help, NULL, 0, &out, &err), 0);
+		snprintf(want, sizeof want, "kvpc %s", cmds[i]);
+		ck_assert_msg(strstr(out, want) || strstr(err, want), "%s --help: %s%s", cmds[i], out, err);
+		ck_assert_msg(!strstr(err, "unknown option"), "%s --help: %s", cmds[i], err);
+		free(out), free(err);
+		char *ver[] = { g_kvpc, (char *)cmds[i], "--version", NULL };
+		ck_assert_int_eq(run(g_kvpc, ver, NULL, 0, &out, &err), 0);
+		ck_assert_msg(!strncmp(out, "kvpc ", 5), "%s --version: %s", cmds[i], out);
+		free(out), free(err);
+	}
+	char *out, *err;
+	char *bogus[] = { g_kvpc, "check", "--bogus", "policies/h2o.kvp", NULL };
+	ck_assert_int_eq(run(g_kvpc, bogus, NULL, 0, &out, &err), 2);
+	ck_assert_msg(strstr(err, "check: unknown option"), "%s", err);
+	free(out), free(err);
+}
+END_TEST
+
 START_TEST(ppl_counts_the_scored_tokens)
 {
 	const char *model = getenv("KVRT_MODEL");
@@ -184,6 +210,7 @@ static Suite *cli_suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, run_refuses_an_empty_prompt_and_no_tokens);
 	tcase_add_test(tc, check_says_what_it_checked);
+	tcase_add_test(tc, every_kvpc_command_has_help_and_version);
 	tcase_add_test(tc, ppl_counts_the_scored_tokens);
 	tcase_add_test(tc, reports_list_the_parameters_in_effect);
 	suite_add_tcase(s, tc);
