@@ -337,22 +337,28 @@ static int32_t opt_id(const rt_gguf *g, const char *key, int32_t n_vocab)
 	return (int32_t)v;
 }
 
-rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
+/* The tokenizer's GGUF keys (arrays found, types and sizes checked, the pre-tokenizer
+ * known). 0 and *k filled, or -1 with err naming the file and the key. */
+typedef struct tok_keys {
+	const rt_gguf_kv *tok, *type, *merge; /* tokens, token types (may be NULL), merges */
+	int split_digits;                     /* the pre-tokenizer splits digits (PRE_TYPES) */
+} tok_keys;
+
+static int tok_keys_find(const rt_gguf *g, const char *path, tok_keys *k, rt_err *err)
 {
-	const char *path = rt_gguf_path(g);
 	rt_gguf_str model, pre;
 	if (rt_gguf_get_str(g, "tokenizer.ggml.model", &model, NULL) != 0) {
 		rt_err_set(err, "%s: tokenizer: key 'tokenizer.ggml.model' missing or not a string", path);
-		return NULL;
+		return -1;
 	}
 	if (model.len != 4 || memcmp(model.s, "gpt2", 4) != 0) {
 		rt_err_set(err, "%s: tokenizer: model '%.*s' unsupported (only byte-level BPE 'gpt2')",
 		           path, (int)(model.len > 64 ? 64 : model.len), model.s);
-		return NULL;
+		return -1;
 	}
 	if (rt_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL) != 0) {
 		rt_err_set(err, "%s: tokenizer: key 'tokenizer.ggml.pre' missing or not a string", path);
-		return NULL;
+		return -1;
 	}
 	int split_digits = -1;
 	for (size_t i = 0; i < sizeof PRE_TYPES / sizeof PRE_TYPES[0]; i++)
@@ -361,41 +367,45 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 	if (split_digits < 0) {
 		rt_err_set(err, "%s: tokenizer: pre-tokenizer '%.*s' unsupported (smollm, starcoder, refact, gpt-2)",
 		           path, (int)(pre.len > 64 ? 64 : pre.len), pre.s);
-		return NULL;
+		return -1;
 	}
-	const rt_gguf_kv *ktok = find_arr(g, "tokenizer.ggml.tokens", RT_GGUF_STRING, 1, err);
+	const rt_gguf_kv *ktok = k->tok = find_arr(g, "tokenizer.ggml.tokens", RT_GGUF_STRING, 1, err);
 	if (!ktok)
-		return NULL;
+		return -1;
 	if (ktok->arr_n == 0 || ktok->arr_n > (1u << 24)) {
 		rt_err_set(err, "%s: tokenizer: %llu tokens (expected 1..16777216)", path,
 		           (unsigned long long)ktok->arr_n);
-		return NULL;
+		return -1;
 	}
-	const rt_gguf_kv *ktype = rt_gguf_find_kv(g, "tokenizer.ggml.token_type");
+	const rt_gguf_kv *ktype = k->type = rt_gguf_find_kv(g, "tokenizer.ggml.token_type");
 	if (ktype && (ktype->type != RT_GGUF_ARRAY || ktype->arr_n != ktok->arr_n ||
 	              (ktype->arr_type != RT_GGUF_I32 && ktype->arr_type != RT_GGUF_U32))) {
 		rt_err_set(err, "%s: tokenizer: 'tokenizer.ggml.token_type' is not an i32 array of %llu entries",
 		           path, (unsigned long long)ktok->arr_n);
-		return NULL;
+		return -1;
 	}
-	const rt_gguf_kv *kmerge = rt_gguf_find_kv(g, "tokenizer.ggml.merges");
+	const rt_gguf_kv *kmerge = k->merge = rt_gguf_find_kv(g, "tokenizer.ggml.merges");
 	if (!kmerge) {
 		rt_err_set(err, "%s: tokenizer: key 'tokenizer.ggml.merges' missing", path);
-		return NULL;
+		return -1;
 	}
 	if (kmerge->type != RT_GGUF_ARRAY || kmerge->arr_type != RT_GGUF_STRING) {
 		rt_err_set(err, "%s: tokenizer: 'tokenizer.ggml.merges' is not a string array", path);
-		return NULL;
+		return -1;
 	}
 	if (kmerge->arr_n > (1u << 26)) {
 		rt_err_set(err, "%s: tokenizer: %llu merges (at most 67108864)", path,
 		           (unsigned long long)kmerge->arr_n);
-		return NULL;
+		return -1;
 	}
+	k->split_digits = split_digits;
+	return 0;
+}
 
-	rt_tokenizer *t = RT_CALLOC(1, sizeof *t);
-	t->n_vocab = (int32_t)ktok->arr_n;
-	t->split_digits = split_digits;
+/* Token types and strings into t (n_vocab set). */
+static void tok_vocab_init(rt_tokenizer *t, const tok_keys *k)
+{
+	const rt_gguf_kv *ktok = k->tok, *ktype = k->type;
 	t->type = RT_MALLOC((size_t)t->n_vocab);
 	for (int32_t i = 0; i < t->n_vocab; i++) {
 		int32_t ty = TT_NORMAL;
@@ -405,7 +415,11 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 		const rt_gguf_str *s = &ktok->arr_strs[i];
 		strtab_add(&t->st, s->s, s->len);
 	}
+}
 
+/* The end-of-generation set (t->eog) and the control type of its text tokens. */
+static void tok_eog_init(rt_tokenizer *t, const rt_gguf *g)
+{
 	/* end of generation: llama.cpp's text list (made control tokens), plus the GGUF
 	 * eos, eot and eom ids */
 	t->eog = RT_CALLOC((size_t)t->n_vocab, 1);
@@ -424,14 +438,18 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 		if (id >= 0)
 			t->eog[id] = 1;
 	}
+}
 
+/* The byte alphabet: byte_of_cp[cp] is the byte a codepoint below 512 stands for (-1:
+ * none), and t->byte_sym[b] the symbol of byte b. */
+static void tok_bytes_init(rt_tokenizer *t, int32_t byte_of_cp[512])
+{
 	/* bytes -> symbols. SmolLM2's vocabulary has no token for 21 bytes (0x04, 0x06, 0x13,
 	 * 0x14, 0x16, 0x1d, 0xc0, 0xc1, 0xf1, 0xf2, 0xf5..0xff; so the lead byte of any
 	 * codepoint U+40000..U+BFFFF too); such a byte's symbol gets an id >= n_vocab and is
 	 * dropped from the output, as llama.cpp drops it. */
 	uint32_t cp_of_byte[256];
 	byte_map_init(cp_of_byte);
-	int32_t byte_of_cp[512];
 	for (int i = 0; i < 512; i++)
 		byte_of_cp[i] = -1;
 	for (int b = 0; b < 256; b++) {
@@ -440,7 +458,11 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 		byte_of_cp[cp_of_byte[b]] = b;
 		t->byte_sym[b] = strtab_intern(&t->st, u, (size_t)n);
 	}
+}
 
+/* The merge table (hash of symbol pairs to rank and result). 0, or -1 with err. */
+static int tok_merges_init(rt_tokenizer *t, const rt_gguf_kv *kmerge, const char *path, rt_err *err)
+{
 	/* merges "A B" (split at the first space after the first byte, as llama.cpp) */
 	uint64_t n_merges = kmerge->arr_n;
 	uint32_t ms = 1024;
@@ -454,7 +476,7 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 		if (!sp) {
 			rt_err_set(err, "%s: tokenizer: merge %llu '%.*s' has no space separator", path,
 			           (unsigned long long)r, (int)(m->len > 64 ? 64 : m->len), m->s);
-			goto fail;
+			return -1;
 		}
 		size_t la = (size_t)(sp - m->s), lb = m->len - la - 1;
 		int32_t a = strtab_intern(&t->st, m->s, la);
@@ -468,7 +490,7 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 			free(cat);
 		if (t->st.n > INT32_MAX / 2) {
 			rt_err_set(err, "%s: tokenizer: too many merge strings", path);
-			goto fail;
+			return -1;
 		}
 		uint64_t key = merge_key(a, b);
 		uint32_t i = hash_u64(key) & (ms - 1);
@@ -480,7 +502,12 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 			t->merges[i].result = res;
 		}
 	}
+	return 0;
+}
 
+/* The decoded bytes of every token (t->dec, t->dec_off). */
+static void tok_decode_init(rt_tokenizer *t, const int32_t byte_of_cp[512])
+{
 	/* decoded bytes of every token */
 	size_t total = 0;
 	for (int32_t i = 0; i < t->n_vocab; i++)
@@ -512,7 +539,11 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 		}
 	}
 	t->dec_off[t->n_vocab] = w;
+}
 
+/* The special tokens of the partition step, sorted by cmp_special. */
+static void tok_specials_init(rt_tokenizer *t)
+{
 	/* special tokens for the partition step */
 	t->specials = RT_MALLOC((size_t)t->n_vocab * sizeof *t->specials);
 	for (int32_t i = 0; i < t->n_vocab; i++) {
@@ -526,7 +557,25 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 		}
 	}
 	qsort(t->specials, (size_t)t->n_specials, sizeof *t->specials, cmp_special);
+}
 
+rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
+{
+	const char *path = rt_gguf_path(g);
+	tok_keys k;
+	if (tok_keys_find(g, path, &k, err) != 0)
+		return NULL;
+	rt_tokenizer *t = RT_CALLOC(1, sizeof *t);
+	t->n_vocab = (int32_t)k.tok->arr_n;
+	t->split_digits = k.split_digits;
+	tok_vocab_init(t, &k);
+	tok_eog_init(t, g);
+	int32_t byte_of_cp[512];
+	tok_bytes_init(t, byte_of_cp);
+	if (tok_merges_init(t, k.merge, path, err) != 0)
+		goto fail;
+	tok_decode_init(t, byte_of_cp);
+	tok_specials_init(t);
 	t->re_gpt2 = re_compile(RE_GPT2, path, err);
 	if (!t->re_gpt2)
 		goto fail;
