@@ -350,43 +350,77 @@ static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
 	return early;
 }
 
-/* Run the pipeline on every head of kv. Returns 0, or -1 with err set when the scratch
- * area is too small. */
-static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
-                                 const struct k_compress_cfg *cfg, k_score_fn score_fn,
-                                 rt_err *err)
+/* The scratch areas of one k_compress_run, carved from the runtime's scratch
+ * (k_compress_scratch_bytes); per (layer, KV head) hi and entry i the index is hi·cap + i. */
+struct k_run {
+	const struct kvp_ctx *ctx;
+	rt_kv *kv;
+	const struct k_compress_cfg *cfg;
+	double seen;                 /* tokens seen (positions 0..seen-1) */
+	float *score;                /* [H × cap] scores */
+	uint8_t *flags, *candm;      /* [H × cap] K_FLAG_* and candidate masks */
+	float *qs;                   /* [group × cap] scores per query head of a group */
+	float *pooled, *pooled2;     /* [cap] pooling scratch (pooled also holds keep bytes) */
+	float *tmp;                  /* [n_tmp × cap] the score function's scratch */
+	double *vec;                 /* [2 × head_dim] */
+	float *rows;                 /* k_rows_bytes: an f32 view of one head's rows */
+	struct k_cand *cbuf, *ctmp;  /* [H × cap] selection scratch */
+	int32_t *keep;               /* [cap] kept indices */
+	double *lb;                  /* [n_layer] per-layer budgets (k_budget_check) */
+	const float **sp;            /* [H] each head's scores, */
+	const int32_t **pp;          /* [H] positions, */
+	const uint8_t **cp;          /* [H] candidate masks, */
+	int32_t *nn, *base, *alloc;  /* [H] entries, budget after guards, allocation */
+};
+
+/* Carve r's areas from scratch (at least k_compress_scratch_bytes, any alignment). */
+static inline void k_run_carve(struct k_run *r, void *scratch)
 {
-	size_t need = k_compress_scratch_bytes(kv, cfg->n_tmp);
-	if (!ctx->scratch || ctx->scratch_len < need)
-		return rt_err_set(err, "policy: compress needs %zu bytes of scratch, runtime gave %zu",
-		                  need, ctx->scratch_len);
+	const rt_kv *kv = r->kv;
+	const struct k_compress_cfg *cfg = r->cfg;
 	const int L = kv->n_layer, G = kv->n_kv_head, R = kv->group;
 	const size_t H = (size_t)L * G, c = (size_t)kv->cap;
-	uint8_t *p = (uint8_t *)(((uintptr_t)ctx->scratch + 63) & ~(uintptr_t)63);
-	float *score = (float *)(void *)p; p += k_align64(H * c * sizeof(float));
-	uint8_t *flags = p; p += k_align64(H * c);
-	uint8_t *candm = p; p += k_align64(H * c);
-	float *qs = (float *)(void *)p; p += k_align64((size_t)R * c * sizeof(float));
-	float *pooled = (float *)(void *)p; p += k_align64(c * sizeof(float));
-	float *pooled2 = (float *)(void *)p; p += k_align64(c * sizeof(float));
-	float *tmp = (float *)(void *)p; p += k_align64((size_t)(cfg->n_tmp > 0 ? cfg->n_tmp : 1) * c * sizeof(float));
-	double *vec = (double *)(void *)p; p += k_align64((size_t)2 * kv->head_dim * sizeof(double));
-	float *rows = (float *)(void *)p; p += k_rows_bytes(kv);
-	struct k_cand *cbuf = (struct k_cand *)(void *)p; p += k_align64(H * c * sizeof(struct k_cand));
-	struct k_cand *ctmp = (struct k_cand *)(void *)p; p += k_align64(H * c * sizeof(struct k_cand));
-	int32_t *keep = (int32_t *)(void *)p; p += k_align64(c * sizeof(int32_t));
-	double *lb = (double *)(void *)p; p += k_align64((size_t)L * sizeof(double));
-	const float **sp = (const float **)(void *)p; p += k_align64(H * sizeof(void *));
-	const int32_t **pp = (const int32_t **)(void *)p; p += k_align64(H * sizeof(void *));
-	const uint8_t **cp = (const uint8_t **)(void *)p; p += k_align64(H * sizeof(void *));
-	int32_t *nn = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
-	int32_t *base = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
-	int32_t *alloc = (int32_t *)(void *)p;
-	const double seen = (double)ctx->seen;
-	if (k_budget_check(ctx, kv, cfg, seen, (double)rt_kv_entries(kv) / (double)H, lb, err) < 0)
-		return -1;
+	uint8_t *p = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+	r->score = (float *)(void *)p; p += k_align64(H * c * sizeof(float));
+	r->flags = p; p += k_align64(H * c);
+	r->candm = p; p += k_align64(H * c);
+	r->qs = (float *)(void *)p; p += k_align64((size_t)R * c * sizeof(float));
+	r->pooled = (float *)(void *)p; p += k_align64(c * sizeof(float));
+	r->pooled2 = (float *)(void *)p; p += k_align64(c * sizeof(float));
+	r->tmp = (float *)(void *)p; p += k_align64((size_t)(cfg->n_tmp > 0 ? cfg->n_tmp : 1) * c * sizeof(float));
+	r->vec = (double *)(void *)p; p += k_align64((size_t)2 * kv->head_dim * sizeof(double));
+	r->rows = (float *)(void *)p; p += k_rows_bytes(kv);
+	r->cbuf = (struct k_cand *)(void *)p; p += k_align64(H * c * sizeof(struct k_cand));
+	r->ctmp = (struct k_cand *)(void *)p; p += k_align64(H * c * sizeof(struct k_cand));
+	r->keep = (int32_t *)(void *)p; p += k_align64(c * sizeof(int32_t));
+	r->lb = (double *)(void *)p; p += k_align64((size_t)L * sizeof(double));
+	r->sp = (const float **)(void *)p; p += k_align64(H * sizeof(void *));
+	r->pp = (const int32_t **)(void *)p; p += k_align64(H * sizeof(void *));
+	r->cp = (const uint8_t **)(void *)p; p += k_align64(H * sizeof(void *));
+	r->nn = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
+	r->base = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
+	r->alloc = (int32_t *)(void *)p;
+}
 
-	/* 1. scores and guards per head */
+/* 1. Scores and guard flags of every head. */
+static inline void k_run_scores(const struct k_run *r, k_score_fn score_fn)
+{
+	const struct kvp_ctx *ctx = r->ctx;
+	rt_kv *kv = r->kv;
+	const struct k_compress_cfg *cfg = r->cfg;
+	const int L = kv->n_layer, G = kv->n_kv_head, R = kv->group;
+	const size_t c = (size_t)kv->cap;
+	const double seen = r->seen;
+	float *score = r->score;
+	uint8_t *flags = r->flags;
+	float *qs = r->qs;
+	float *pooled = r->pooled;
+	float *pooled2 = r->pooled2;
+	float *tmp = r->tmp;
+	double *vec = r->vec;
+	float *rows = r->rows;
+	struct k_cand *ctmp = r->ctmp;
+	int32_t *keep = r->keep;
 	for (int l = 0; l < L; l++)
 		for (int g = 0; g < G; g++) {
 			size_t hi = (size_t)l * G + g;
@@ -417,9 +451,9 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 			if (cfg->reduce < 0) {
 				score_fn(ctx, kv, hv, l, 0, s, tmp, vec);
 			} else {
-				for (int r = 0; r < R; r++) {
-					float *q = qs + (size_t)r * c;
-					score_fn(ctx, kv, hv, l, r, q, tmp, vec);
+				for (int qh = 0; qh < R; qh++) {
+					float *q = qs + (size_t)qh * c;
+					score_fn(ctx, kv, hv, l, qh, q, tmp, vec);
 					if (cfg->pool != K_POOL_NONE && cfg->pool_before_reduce) {
 						k_pool_ordered(q, ord, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX,
 						               pooled, pooled2);
@@ -432,36 +466,62 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 				               pooled2);
 			}
 		}
+}
 
-	/* 2. layer-wide reduction: one score per position shared by the layer's KV heads */
-	if (cfg->over_layer && cfg->has_score && G > 1)
-		for (int l = 0; l < L; l++) {
-			const rt_kv_head *h0 = rt_kv_head_at(kv, l, 0);
-			float *s0 = score + (size_t)l * G * c;
-			for (int g = 1; g < G; g++) {
-				const rt_kv_head *hg = rt_kv_head_at(kv, l, g);
-				RT_ASSERT(hg->n == h0->n);
-				RT_ASSERT(memcmp(hg->pos, h0->pos, (size_t)h0->n * sizeof(int32_t)) == 0);
-			}
-			const int l2 = cfg->reduce == K_REDUCE_L2;
-			for (int32_t i = 0; i < h0->n; i++) {
-				double acc = l2 ? (double)s0[i] * s0[i] : s0[i];
-				for (int g = 1; g < G; g++) {
-					double x = score[((size_t)l * G + g) * c + i];
-					acc = cfg->reduce == K_REDUCE_MAX ? (x > acc ? x : acc) :
-					      l2 ? acc + x * x : acc + x;
-				}
-				if (cfg->reduce == K_REDUCE_MEAN || cfg->reduce < 0)
-					acc /= G;
-				else if (l2)
-					acc = sqrt(acc);
-				for (int g = 0; g < G; g++)
-					score[((size_t)l * G + g) * c + i] = (float)acc;
-			}
+/* 2. Layer-wide reduction: one score per position shared by the layer's KV heads. */
+static inline void k_run_layer_reduce(const struct k_run *r)
+{
+	rt_kv *kv = r->kv;
+	const struct k_compress_cfg *cfg = r->cfg;
+	const int L = kv->n_layer, G = kv->n_kv_head;
+	const size_t c = (size_t)kv->cap;
+	float *score = r->score;
+	for (int l = 0; l < L; l++) {
+		const rt_kv_head *h0 = rt_kv_head_at(kv, l, 0);
+		float *s0 = score + (size_t)l * G * c;
+		for (int g = 1; g < G; g++) {
+			const rt_kv_head *hg = rt_kv_head_at(kv, l, g);
+			RT_ASSERT(hg->n == h0->n);
+			RT_ASSERT(memcmp(hg->pos, h0->pos, (size_t)h0->n * sizeof(int32_t)) == 0);
 		}
+		const int l2 = cfg->reduce == K_REDUCE_L2;
+		for (int32_t i = 0; i < h0->n; i++) {
+			double acc = l2 ? (double)s0[i] * s0[i] : s0[i];
+			for (int g = 1; g < G; g++) {
+				double x = score[((size_t)l * G + g) * c + i];
+				acc = cfg->reduce == K_REDUCE_MAX ? (x > acc ? x : acc) :
+				      l2 ? acc + x * x : acc + x;
+			}
+			if (cfg->reduce == K_REDUCE_MEAN || cfg->reduce < 0)
+				acc /= G;
+			else if (l2)
+				acc = sqrt(acc);
+			for (int g = 0; g < G; g++)
+				score[((size_t)l * G + g) * c + i] = (float)acc;
+		}
+	}
+}
 
-	/* 3. allocation: per-layer budget (lb, from k_budget_check), minus the guarded
-	 * entries, split across heads */
+/* 3. Allocation: the per-layer budget (lb) minus the guarded entries, split across
+ * heads. */
+static inline void k_run_alloc(const struct k_run *r)
+{
+	rt_kv *kv = r->kv;
+	const struct k_compress_cfg *cfg = r->cfg;
+	const int L = kv->n_layer, G = kv->n_kv_head;
+	const size_t H = (size_t)kv->n_layer * kv->n_kv_head, c = (size_t)kv->cap;
+	float *score = r->score;
+	uint8_t *flags = r->flags;
+	uint8_t *candm = r->candm;
+	struct k_cand *cbuf = r->cbuf;
+	struct k_cand *ctmp = r->ctmp;
+	double *lb = r->lb;
+	const float **sp = r->sp;
+	const int32_t **pp = r->pp;
+	const uint8_t **cp = r->cp;
+	int32_t *nn = r->nn;
+	int32_t *base = r->base;
+	int32_t *alloc = r->alloc;
 	for (int l = 0; l < L; l++)
 		for (int g = 0; g < G; g++) {
 			size_t hi = (size_t)l * G + g;
@@ -489,8 +549,24 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 			k_alloc_adaptive((int)per, sp + h0, pp + h0, cp + h0, nn + h0, base + h0,
 			                 cfg->floor_frac, alloc + h0, cbuf, ctmp);
 	}
+}
 
-	/* 4. selection, action, compaction per head */
+/* 4. Selection, action and compaction of every head. */
+static inline void k_run_select(const struct k_run *r)
+{
+	rt_kv *kv = r->kv;
+	const struct k_compress_cfg *cfg = r->cfg;
+	const int L = kv->n_layer, G = kv->n_kv_head;
+	const size_t c = (size_t)kv->cap;
+	uint8_t *flags = r->flags;
+	uint8_t *candm = r->candm;
+	float *pooled = r->pooled;
+	float *rows = r->rows;
+	struct k_cand *cbuf = r->cbuf;
+	struct k_cand *ctmp = r->ctmp;
+	int32_t *keep = r->keep;
+	const float **sp = r->sp;
+	int32_t *alloc = r->alloc;
 	for (int l = 0; l < L; l++)
 		for (int g = 0; g < G; g++) {
 			size_t hi = (size_t)l * G + g;
@@ -525,6 +601,28 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 			else if (nk < h->n)
 				rt_kv_head_evict(kv, h, keep, nk);
 		}
+}
+
+/* Run the pipeline on every head of kv. Returns 0, or -1 with err set when the scratch
+ * area is too small or the budget check fails. */
+static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
+                                 const struct k_compress_cfg *cfg, k_score_fn score_fn,
+                                 rt_err *err)
+{
+	size_t need = k_compress_scratch_bytes(kv, cfg->n_tmp);
+	if (!ctx->scratch || ctx->scratch_len < need)
+		return rt_err_set(err, "policy: compress needs %zu bytes of scratch, runtime gave %zu",
+		                  need, ctx->scratch_len);
+	struct k_run r = { .ctx = ctx, .kv = kv, .cfg = cfg, .seen = (double)ctx->seen };
+	k_run_carve(&r, ctx->scratch);
+	const double H = (double)kv->n_layer * kv->n_kv_head;
+	if (k_budget_check(ctx, kv, cfg, r.seen, (double)rt_kv_entries(kv) / H, r.lb, err) < 0)
+		return -1;
+	k_run_scores(&r, score_fn);
+	if (cfg->over_layer && cfg->has_score && kv->n_kv_head > 1)
+		k_run_layer_reduce(&r);
+	k_run_alloc(&r);
+	k_run_select(&r);
 	return 0;
 }
 
