@@ -103,6 +103,73 @@ static int int_arg(const char *prog, const char *opt, const char *v, long lo, lo
 enum { O_HOST = 256, O_PORT, O_POLICY, O_SET, O_RATIO, O_MEM, O_SEQS, O_QUEUE, O_CHUNK,
        O_ROWS, O_THREADS, O_KEY, O_TRACE, O_BODY, O_TIMEOUT, O_EXACT, O_PREFILL, O_KVTYPE };
 
+/* After the options: the arguments that must be there, the KV type the path allows, the
+ * default policy (as --policy/--set/--ratio check it), its prefill chunk and tuned ratio.
+ * 0 with *pp the policy, or 2 (a usage error, printed). */
+static int serve_finish(rt_serve_cfg *c, int argc, char **argv, int kv_type, const char *defp,
+                        char **sets, const struct kvp_policy *const *reg, int n_reg,
+                        const struct kvp_policy **pp)
+{
+	const char *prog = c->prog;
+	rt_err err = { "" };
+	if (optind < argc) {
+		usage(prog, "unexpected argument '%s'", argv[optind]);
+		return 2;
+	}
+	if (!c->model) {
+		usage(prog, "--model is required");
+		return 2;
+	}
+	if (c->exact && kv_type >= 0 && kv_type != RT_KV_F32) {
+		usage(prog, "--kv-type %s: the exact path stores f32 keys and values (drop --exact, "
+		      "or --kv-type f32)", rt_kv_type_name((enum rt_kv_type)kv_type));
+		return 2;
+	}
+	c->kv_type = kv_type >= 0 ? (enum rt_kv_type)kv_type : c->exact ? RT_KV_F32 : RT_KV_F16;
+	if (c->step_rows < c->max_seqs) {
+		usage(prog, "--step-rows %d is below --max-seqs %d (each active sequence needs a row)",
+		      c->step_rows, c->max_seqs);
+		return 2;
+	}
+	/* the default policy, its parameters and ratio, checked as --policy/--set/--ratio */
+	const char *pn = c->policy ? c->policy : defp;
+	const struct kvp_policy *p = rt_registry_find(reg, n_reg, pn);
+	if (!p && !strcmp(pn, "full"))
+		p = &rt_policy_full;
+	if (!p) {
+		usage(prog, "unknown policy '%s' (see `%s info`)", pn, prog);
+		return 2;
+	}
+	double *vals = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof *vals);
+	for (int i = 0; vals && i < c->n_sets; i++)
+		if (kvp_policy_param_set(p, vals, sets[i], &err) != 0) {
+			free(vals);
+			usage(prog, "--set: %s", err.msg);
+			return 2;
+		}
+	free(vals);
+	if (c->ratio > 0 && !p->compress) {
+		usage(prog, "--ratio: policy %s never compresses, so a ratio does not apply", p->name);
+		return 2;
+	}
+	if (c->prefill_chunk < 0)
+		c->prefill_chunk = RT_SERVE_PREFILL_CHUNK;
+	if (c->prefill_chunk > c->chunk)
+		c->prefill_chunk = c->chunk; /* bounded by the step's chunk */
+	if ((p->needs & KVP_NEED_F32_KV) && c->kv_type != RT_KV_F32) {
+		if (kv_type >= 0) {
+			usage(prog, "--kv-type %s: policy %s reads and rewrites f32 key/value rows; it "
+			      "needs --kv-type f32", rt_kv_type_name(c->kv_type), p->name);
+			return 2;
+		}
+		c->kv_type = RT_KV_F32; /* the default follows the default policy */
+	}
+	if (!(c->ratio > 0)) /* the build's tuned default (kvpc tune), if any */
+		c->ratio = rt_cli_tuned_ratio(p);
+	*pp = p;
+	return 0;
+}
+
 int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_policy *const *reg,
                  int n_reg)
 {
@@ -184,60 +251,9 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		default: usage(prog, "unknown option '%s'", argv[optind - 1]); goto out;
 		}
 	}
-	if (optind < argc) {
-		usage(prog, "unexpected argument '%s'", argv[optind]);
+	const struct kvp_policy *p = NULL;
+	if (serve_finish(&c, argc, argv, kv_type, defp, sets, reg, n_reg, &p) != 0)
 		goto out;
-	}
-	if (!c.model) {
-		usage(prog, "--model is required");
-		goto out;
-	}
-	if (c.exact && kv_type >= 0 && kv_type != RT_KV_F32) {
-		usage(prog, "--kv-type %s: the exact path stores f32 keys and values (drop --exact, "
-		      "or --kv-type f32)", rt_kv_type_name((enum rt_kv_type)kv_type));
-		goto out;
-	}
-	c.kv_type = kv_type >= 0 ? (enum rt_kv_type)kv_type : c.exact ? RT_KV_F32 : RT_KV_F16;
-	if (c.step_rows < c.max_seqs) {
-		usage(prog, "--step-rows %d is below --max-seqs %d (each active sequence needs a row)",
-		      c.step_rows, c.max_seqs);
-		goto out;
-	}
-	/* the default policy, its parameters and ratio, checked as --policy/--set/--ratio */
-	const char *pn = c.policy ? c.policy : defp;
-	const struct kvp_policy *p = rt_registry_find(reg, n_reg, pn);
-	if (!p && !strcmp(pn, "full"))
-		p = &rt_policy_full;
-	if (!p) {
-		usage(prog, "unknown policy '%s' (see `%s info`)", pn, prog);
-		goto out;
-	}
-	double *vals = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof *vals);
-	for (int i = 0; vals && i < c.n_sets; i++)
-		if (kvp_policy_param_set(p, vals, sets[i], &err) != 0) {
-			free(vals);
-			usage(prog, "--set: %s", err.msg);
-			goto out;
-		}
-	free(vals);
-	if (c.ratio > 0 && !p->compress) {
-		usage(prog, "--ratio: policy %s never compresses, so a ratio does not apply", p->name);
-		goto out;
-	}
-	if (c.prefill_chunk < 0)
-		c.prefill_chunk = RT_SERVE_PREFILL_CHUNK;
-	if (c.prefill_chunk > c.chunk)
-		c.prefill_chunk = c.chunk; /* bounded by the step's chunk */
-	if ((p->needs & KVP_NEED_F32_KV) && c.kv_type != RT_KV_F32) {
-		if (kv_type >= 0) {
-			usage(prog, "--kv-type %s: policy %s reads and rewrites f32 key/value rows; it "
-			      "needs --kv-type f32", rt_kv_type_name(c.kv_type), p->name);
-			goto out;
-		}
-		c.kv_type = RT_KV_F32; /* the default follows the default policy */
-	}
-	if (!(c.ratio > 0)) /* the build's tuned default (kvpc tune), if any */
-		c.ratio = rt_cli_tuned_ratio(p);
 	c.policy = p->name;
 	c.sets = sets;
 	c.threads = threads;
