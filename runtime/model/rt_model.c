@@ -234,29 +234,25 @@ static int read_hparams(const rt_gguf *g, rt_model_hparams *hp, uint32_t *file_t
 	return 0;
 }
 
-rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *err)
+/* The vocabulary size (token_embd.weight's rows, agreeing with llama.vocab_size) and
+ * whether the KV type o->kv_type can be used with this head_dim and path. 0 and *nv_out,
+ * or -1 with err. */
+static int check_vocab_kv(const rt_gguf *g, const rt_model_opts *o, const rt_model_hparams *h,
+                          int64_t *nv_out, rt_err *err)
 {
 	const char *path = rt_gguf_path(g);
-	if (o->threads < 0 || o->threads > 256) {
-		rt_err_set(err, "%s: thread count %d is outside 1..256", path, o->threads);
-		return NULL;
-	}
-	rt_model_hparams hp;
-	uint32_t ftype;
-	if (read_hparams(g, &hp, &ftype, err) < 0)
-		return NULL;
+	rt_model_hparams hp = *h;
 	const rt_gguf_tensor *te = rt_gguf_find_tensor(g, "token_embd.weight");
 	if (!te) {
 		rt_err_set(err, "%s: missing tensor 'token_embd.weight'", path);
-		return NULL;
+		return -1;
 	}
 	int64_t nv = te->n_dims >= 2 ? te->ne[1] : 0;
 	if (nv < 1 || nv > MAX_VOCAB) {
 		rt_err_set(err, "%s: tensor 'token_embd.weight' has %lld rows, expected 1..%d", path,
 		           (long long)nv, MAX_VOCAB);
-		return NULL;
+		return -1;
 	}
-	hp.n_vocab = (int)nv;
 	if ((unsigned)o->kv_type >= RT_KV_N_TYPE ||
 	    (o->exact && o->kv_type != RT_KV_F32) ||
 	    rt_kv_row_bytes(o->kv_type, hp.head_dim) == 0) {
@@ -265,38 +261,27 @@ rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *e
 		           (unsigned)o->kv_type >= RT_KV_N_TYPE ? "unknown type" :
 		           o->exact ? "the exact path stores f32 keys and values" :
 		                      "head_dim is not a multiple of 32");
-		return NULL;
+		return -1;
 	}
 	uint32_t vs = (uint32_t)nv;
 	if (get_u32_opt(g, "llama", "vocab_size", &vs, err) < 0)
-		return NULL;
+		return -1;
 	if (vs != (uint32_t)nv) {
 		rt_err_set(err, "%s: llama.vocab_size %u disagrees with token_embd.weight's %lld rows", path,
 		           vs, (long long)nv);
-		return NULL;
+		return -1;
 	}
+	*nv_out = nv;
+	return 0;
+}
 
-	rt_model *m = calloc(1, sizeof *m);
-	if (!m) {
-		rt_err_set(err, "%s: out of memory", path);
-		return NULL;
-	}
-	m->hp = hp;
-	m->file_type = ftype;
-	m->exact = o->exact != 0;
-	m->kv_type = o->kv_type;
-	snprintf(m->path, sizeof m->path, "%s", path);
-	m->layers = calloc((size_t)hp.n_layer, sizeof *m->layers);
+/* The tensors the model needs (names, shapes, where each goes) into w[0..n): the
+ * embedding, output norm, output (unless tied) and 9 per layer. Returns n. */
+static size_t model_wants(rt_model *m, const rt_gguf *g, int64_t nv, want *w)
+{
+	const rt_model_hparams hp = m->hp;
 	int64_t qd = (int64_t)hp.n_head * hp.head_dim, kd = (int64_t)hp.n_head_kv * hp.head_dim;
 	int64_t E = hp.n_embd, F = hp.n_ff;
-	size_t n_want = 3 + 9 * (size_t)hp.n_layer;
-	want *w = calloc(n_want, sizeof *w);
-	if (!m->layers || !w) {
-		rt_err_set(err, "%s: out of memory", path);
-		free(w);
-		rt_model_free(m);
-		return NULL;
-	}
 	size_t nw = 0;
 #define WANT_M(nm, a0, a1, d, mt)                                               \
 	do {                                                                    \
@@ -332,12 +317,18 @@ rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *e
 	}
 #undef WANT
 #undef WANT_M
+	return nw;
+}
+
+/* Check every wanted tensor, lay the weights out (f32 copies 64-byte aligned for BLAS,
+ * block-typed matrices as they are on the fast path) and load them. 0, or -1 with err. */
+static int model_place_load(rt_model *m, const rt_gguf *g, want *w, size_t nw, rt_err *err)
+{
+	const char *path = rt_gguf_path(g);
 	size_t total = 0, qtotal = 0;
 	for (size_t i = 0; i < nw; i++) {
 		if (check_tensor(g, &w[i], err) < 0) {
-			free(w);
-			rt_model_free(m);
-			return NULL;
+			return -1;
 		}
 		/* the fast path keeps a matrix in its block type when rt_dot multiplies it */
 		w[i].raw = !m->exact && w[i].mat && rt_matmul_supported(w[i].t->type, (int)w[i].ne0);
@@ -357,16 +348,54 @@ rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *e
 	if (!m->mem || (qtotal && !m->qmem)) {
 		rt_err_set(err, "%s: cannot allocate %zu bytes for the weights", path,
 		           m->mem_bytes + m->qmem_bytes);
+		return -1;
+	}
+	for (size_t i = 0; i < nw; i++) {
+		if (load_tensor(m, &w[i], path, err) < 0) {
+			return -1;
+		}
+	}
+	return 0;
+}
+
+rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *err)
+{
+	const char *path = rt_gguf_path(g);
+	if (o->threads < 0 || o->threads > 256) {
+		rt_err_set(err, "%s: thread count %d is outside 1..256", path, o->threads);
+		return NULL;
+	}
+	rt_model_hparams hp;
+	uint32_t ftype;
+	int64_t nv;
+	if (read_hparams(g, &hp, &ftype, err) < 0 || check_vocab_kv(g, o, &hp, &nv, err) < 0)
+		return NULL;
+	hp.n_vocab = (int)nv;
+	rt_model *m = calloc(1, sizeof *m);
+	if (!m) {
+		rt_err_set(err, "%s: out of memory", path);
+		return NULL;
+	}
+	m->hp = hp;
+	m->file_type = ftype;
+	m->exact = o->exact != 0;
+	m->kv_type = o->kv_type;
+	snprintf(m->path, sizeof m->path, "%s", path);
+	m->layers = calloc((size_t)hp.n_layer, sizeof *m->layers);
+	size_t n_want = 3 + 9 * (size_t)hp.n_layer;
+	want *w = calloc(n_want, sizeof *w);
+	if (!m->layers || !w) {
+		rt_err_set(err, "%s: out of memory", path);
 		free(w);
 		rt_model_free(m);
 		return NULL;
 	}
-	for (size_t i = 0; i < nw; i++) {
-		if (load_tensor(m, &w[i], path, err) < 0) {
-			free(w);
-			rt_model_free(m);
-			return NULL;
-		}
+	size_t nw = model_wants(m, g, nv, w);
+	RT_ASSERT(nw <= n_want);
+	if (model_place_load(m, g, w, nw, err) < 0) {
+		free(w);
+		rt_model_free(m);
+		return NULL;
 	}
 	if (m->tied_output) {
 		m->output = m->tok_embd;
