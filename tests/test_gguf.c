@@ -591,6 +591,12 @@ START_TEST(test_bad_tensors)
 	rb_pad(&b, 32);
 	rb_zeros(&b, 32);
 	expect_fail(rb_write(&b, "longname.gguf"), "tensor 0 name is 200 bytes long (at most 127 allowed)");
+	/* a control byte in a name (a fuzzer's newline split later messages in two) */
+	rb_header(&b, 1, 0);
+	rb_tinfo(&b, "blk.0\nw", 1, ne1, RT_GGML_F32, 0);
+	rb_pad(&b, 32);
+	rb_zeros(&b, 32);
+	expect_fail(rb_write(&b, "ctlname.gguf"), "tensor 0 name contains the control byte 0x0a at offset 5");
 }
 END_TEST
 

@@ -405,9 +405,14 @@ static int parse_tensor_infos(rt_gguf *g, cursor *c, rt_err *err)
 			return rt_err_set(err, "%s: tensor %" PRIu64 " name is %" PRIu64 " bytes long "
 			                  "(at most %zu allowed)", g->path, i, name.len,
 			                  sizeof t->name - 1);
-		if (memchr(name.s, 0, name.len))
-			return rt_err_set(err, "%s: tensor %" PRIu64 " name contains a NUL byte",
-			                  g->path, i);
+		/* control bytes are refused here so that every later message can print the name
+		 * as it is (a name with a newline would split an error line in two) */
+		for (uint64_t k = 0; k < name.len; k++) {
+			unsigned char ch = (unsigned char)name.s[k];
+			if (ch < 0x20 || ch == 0x7f)
+				return rt_err_set(err, "%s: tensor %" PRIu64 " name contains the control "
+				                  "byte 0x%02x at offset %" PRIu64, g->path, i, ch, k);
+		}
 		memcpy(t->name, name.s, name.len);
 		t->name[name.len] = 0;
 		char pn[sizeof t->name];
