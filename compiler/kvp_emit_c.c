@@ -1316,8 +1316,8 @@ static void emit_policy(struct em *em)
 	/* ORDER(needs): bit b of KVP_NEED_* (runtime/policy/rt_policy.h) is needs[b] */
 	static const char *const needs[] = { "KVP_NEED_ATTN", "KVP_NEED_OUT", "KVP_NEED_KEYS",
 	                                     "KVP_NEED_VALUES", "KVP_NEED_SPANS", "KVP_NEED_PROMPT_LEN",
-	                                     "KVP_NEED_TRACE", "KVP_NEED_F32_KV" };
-	_Static_assert(sizeof needs / sizeof needs[0] == 8, "ORDER(needs): one name per KVP_NEED_ bit");
+	                                     "KVP_NEED_TRACE", "KVP_NEED_F32_KV", "KVP_NEED_TIERS" };
+	_Static_assert(sizeof needs / sizeof needs[0] == 9, "ORDER(needs): one name per KVP_NEED_ bit");
 	int first = 1;
 	for (int b = 0; b < (int)(sizeof needs / sizeof needs[0]); b++)
 		if (ir->needs & (1u << b)) {

@@ -88,27 +88,27 @@ static inline size_t k_align64(size_t n)
 }
 
 /* Scratch bytes for one head's keys and values decoded to f32 ([2 × cap × head_dim]
- * floats) on a store of a narrow element type; 0 for an f32 store. */
+ * floats) on a store of a narrow element type or with tiers; 0 for an untiered f32
+ * store. */
 static inline size_t k_rows_bytes(const rt_kv *kv)
 {
-	if (kv->type == RT_KV_F32)
+	if (kv->type == RT_KV_F32 && !kv->tiered)
 		return 0;
 	return 2 * k_align64((size_t)kv->cap * (size_t)kv->head_dim * sizeof(float));
 }
 
-/* An f32 view of head h: *h itself for an f32 store; otherwise a copy of *h in *view whose
+/* An f32 view of head h: *h itself for an untiered f32 store; otherwise a copy of *h in *view whose
  * k and v point at h's rows decoded into rows[2 × cap × head_dim] (the other arrays are
  * h's own). The generated score code and the merge read keys and values as f32 arrays. */
 static inline rt_kv_head *k_head_f32(const rt_kv *kv, rt_kv_head *h, rt_kv_head *view,
                                      float *rows)
 {
-	if (kv->type == RT_KV_F32)
+	if (kv->type == RT_KV_F32 && !kv->tiered)
 		return h;
 	*view = *h;
 	view->k = rows;
 	view->v = rows + k_align64((size_t)kv->cap * (size_t)kv->head_dim * sizeof(float)) / sizeof(float);
-	rt_kv_rows_decode(kv, h->kr, h->n, view->k);
-	rt_kv_rows_decode(kv, h->vr, h->n, view->v);
+	rt_kv_head_decode(kv, h, 0, h->n, view->k, view->v);
 	return view;
 }
 

@@ -237,9 +237,10 @@ static inline int k_grace_check_shape(const rt_kv *kv, int n_rot, float rope_bas
 	if (!kv || kv->n_layer <= 0 || kv->n_kv_head <= 0 || kv->group <= 0 || kv->head_dim <= 0 ||
 	    kv->cap <= 0)
 		return rt_err_set(err, "gracekv: invalid KV store shape");
-	if (kv->type != RT_KV_F32)
+	if (kv->type != RT_KV_F32 || kv->tiered)
 		return rt_err_set(err, "gracekv: the trees read and rewrite f32 key/value rows; the "
-		                  "store holds %s", rt_kv_type_name(kv->type));
+		                  "store holds %s%s", rt_kv_type_name(kv->type),
+		                  kv->tiered ? " with precision tiers" : "");
 	if (n_rot < 0 || n_rot > kv->head_dim || n_rot % 2 || !(rope_base > 0.0f))
 		return rt_err_set(err, "gracekv: bad RoPE (n_rot %d of head_dim %d, base %g)", n_rot,
 		                  kv->head_dim, (double)rope_base);

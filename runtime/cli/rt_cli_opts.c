@@ -390,6 +390,11 @@ const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, in
 		                   p->name);
 		return NULL;
 	}
+	if ((p->needs & KVP_NEED_TIERS) && rt_cli_kv_type(o) == RT_KV_Q8_0) {
+		*rc = rt_cli_usage(cmd, "--kv-type q8_0: policy %s sets precision tiers, whose top "
+		                   "tier is f16 or f32", p->name);
+		return NULL;
+	}
 	double *vals = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof(double));
 	if (!vals) {
 		fprintf(stderr, "%s: out of memory\n", rt_cli_prog);

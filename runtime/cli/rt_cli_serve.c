@@ -164,6 +164,11 @@ static int serve_finish(rt_serve_cfg *c, int argc, char **argv, int kv_type, con
 		}
 		c->kv_type = RT_KV_F32; /* the default follows the default policy */
 	}
+	if ((p->needs & KVP_NEED_TIERS) && c->kv_type == RT_KV_Q8_0) {
+		usage(prog, "--kv-type q8_0: policy %s sets precision tiers, whose top tier is f16 "
+		      "or f32", p->name);
+		return 2;
+	}
 	if (!(c->ratio > 0)) /* the build's tuned default (kvpc tune), if any */
 		c->ratio = rt_cli_tuned_ratio(p);
 	*pp = p;

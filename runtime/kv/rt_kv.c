@@ -15,8 +15,12 @@
 /* Largest address space one store may reserve (a guard against absurd capacities). */
 #define KV_MAX_RESERVE ((size_t)1 << 40)
 
-/* The per-entry arrays of a list, in layout order. */
-enum { A_K, A_V, A_POS, A_COUNT, A_LOGC, A_SPAN, A_STATS, A_N };
+/* The per-entry arrays of a list, in layout order (A_K, A_V: untiered stores only; A_TIER,
+ * A_SLOT: tiered stores only; an array a store does not have has 0 bytes per entry). */
+enum { A_K, A_V, A_POS, A_COUNT, A_LOGC, A_SPAN, A_STATS, A_TIER, A_SLOT, A_N };
+
+/* Widest head a tiered store takes (the row buffers of a downgrade live on the stack). */
+#define KV_TIER_MAX_DIM 1024
 
 static size_t page_size(void)
 {
@@ -39,7 +43,9 @@ static size_t elem_bytes(const rt_kv *kv, int a)
 {
 	switch (a) {
 	case A_K:
-	case A_V: return kv->row_bytes;
+	case A_V: return kv->tiered ? 0 : kv->row_bytes;
+	case A_TIER: return kv->tiered ? 1 : 0;
+	case A_SLOT: return kv->tiered ? sizeof(int32_t) : 0;
 	case A_POS: return sizeof(int32_t);
 	case A_COUNT:
 	case A_LOGC: return sizeof(float);
@@ -50,7 +56,8 @@ static size_t elem_bytes(const rt_kv *kv, int a)
 
 static uint8_t *array_base(const rt_kv_head *h, int a)
 {
-	void *p[A_N] = { h->kr, h->vr, h->pos, h->count, h->log_count, h->span, h->stats };
+	void *p[A_N] = { h->kr, h->vr, h->pos, h->count, h->log_count, h->span, h->stats,
+		         h->tier, h->slot };
 	return p[a];
 }
 
@@ -99,21 +106,88 @@ int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int 
 	                        stat_bytes, state_bytes, err);
 }
 
-int rt_kv_init_typed(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_layer,
-                     int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
-                     size_t state_bytes, rt_err *err)
+/* ORDER RT_KV_TIER */
+static const char *const tier_names[RT_KV_N_TIER] = { "top", "q8", "q4", "q2" };
+static const rt_kvq_kind tier_qkind[RT_KV_N_TIER] = { RT_KVQ_F32, RT_KVQ_Q8, RT_KVQ_Q4,
+	                                              RT_KVQ_Q2 };
+
+const char *rt_kv_tier_name(int t)
 {
-	memset(kv, 0, sizeof *kv);
-	if (!pool)
-		pool = rt_kvpool_process();
-	if ((unsigned)type >= RT_KV_N_TYPE)
-		return rt_err_set(err, "kv: unknown element type %d", (int)type);
-	if (n_layer <= 0 || n_kv_head <= 0 || group <= 0 || head_dim <= 0 || cap <= 0)
-		return rt_err_set(err, "kv: invalid shape (layers %d, kv heads %d, group %d, head_dim %d, capacity %d)",
-		                  n_layer, n_kv_head, group, head_dim, (int)cap);
-	if (head_dim > 65536 || stat_bytes > 65536 || state_bytes > ((size_t)1 << 30))
-		return rt_err_set(err, "kv: head_dim %d, %zu statistics bytes or %zu state bytes too large",
-		                  head_dim, stat_bytes, state_bytes);
+	return (unsigned)t < RT_KV_N_TIER ? tier_names[t] : "?";
+}
+
+int rt_kv_tier_parse(const char *name)
+{
+	for (int t = 0; t < RT_KV_N_TIER; t++)
+		if (strcmp(name, tier_names[t]) == 0)
+			return t;
+	return -1;
+}
+
+/* The codec of tier t's rows (tier 0: the store's type). */
+static rt_kvq_kind tier_kind(const rt_kv *kv, int t)
+{
+	return t == RT_KV_TIER_TOP ? type_kind[kv->type] : tier_qkind[t];
+}
+
+/* Bytes of one block of tier t's arena: RT_KV_BLOCK slots of a key row, a value row and
+ * the slot's owner index. */
+static int64_t arena_block_bytes(const rt_kv *kv, int t)
+{
+	return (int64_t)RT_KV_BLOCK * (int64_t)(2 * kv->tier_row[t] + sizeof(int32_t));
+}
+
+/* Bytes of one block of a list's per-entry arrays. */
+static int64_t list_block_bytes(const rt_kv *kv)
+{
+	return kv->tiered ? (int64_t)RT_KV_BLOCK * (int64_t)kv->meta_bytes : kv->block_bytes;
+}
+
+/* Address space of one head: the list's arrays, then (tiered) each arena's rows and owners. */
+static size_t head_span_bytes(const rt_kv *kv, size_t capr)
+{
+	size_t hb = 0;
+	for (int a = 0; a < A_N; a++) {
+		size_t eb = elem_bytes(kv, a);
+		if (eb && capr > KV_MAX_RESERVE / eb)
+			return KV_MAX_RESERVE + 1;
+		hb += page_up(capr * eb);
+	}
+	for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
+		hb += page_up(capr * 2 * kv->tier_row[t]) + page_up(capr * sizeof(int32_t));
+	return hb;
+}
+
+/* Point head h's arrays into its span at p; returns the end of the span. */
+static uint8_t *head_place(rt_kv *kv, rt_kv_head *h, uint8_t *p, size_t capr)
+{
+	void **arr[A_N] = { (void **)&h->kr, (void **)&h->vr, (void **)&h->pos,
+		            (void **)&h->count, (void **)&h->log_count, (void **)&h->span,
+		            (void **)&h->stats, (void **)&h->tier, (void **)&h->slot };
+	for (int a = 0; a < A_N; a++) {
+		size_t eb = elem_bytes(kv, a);
+		*arr[a] = eb ? p : NULL;
+		p += page_up(capr * eb);
+	}
+	for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++) {
+		h->arena[t].rows = p;
+		p += page_up(capr * 2 * kv->tier_row[t]);
+		h->arena[t].owner = (int32_t *)(void *)p;
+		p += page_up(capr * sizeof(int32_t));
+	}
+	if (kv->type == RT_KV_F32 && !kv->tiered) {
+		h->k = (float *)(void *)h->kr;
+		h->v = (float *)(void *)h->vr;
+	}
+	return p;
+}
+
+/* The shared part of rt_kv_init_typed and rt_kv_init_tiered (kv->tiered and, when tiered,
+ * kv->tier_row set by the caller). */
+static int kv_init(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_layer,
+                   int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
+                   size_t state_bytes, rt_err *err)
+{
 	kv->n_layer = n_layer;
 	kv->n_kv_head = n_kv_head;
 	kv->group = group;
@@ -123,29 +197,20 @@ int rt_kv_init_typed(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_lay
 	kv->state_bytes = state_bytes;
 	kv->type = type;
 	kv->row_bytes = rt_kv_row_bytes(type, head_dim);
-	if (kv->row_bytes == 0) {
-		memset(kv, 0, sizeof *kv);
-		return rt_err_set(err, "kv: head_dim %d is not a multiple of %d, which %s needs",
-		                  head_dim, RT_KVQ_VGROUP, rt_kv_type_name(type));
-	}
 	kv->pool = pool;
+	kv->meta_bytes = sizeof(int32_t) + 2 * sizeof(float) + sizeof(uint16_t) + stat_bytes +
+	                 (kv->tiered ? 1 + sizeof(int32_t) : 0);
 	kv->block_bytes = (int64_t)(RT_KV_BLOCK * rt_kv_entry_bytes(kv));
 	const size_t nh = (size_t)n_layer * (size_t)n_kv_head;
 	const size_t capr = (size_t)rt_kv_blocks_for(cap) * RT_KV_BLOCK;
-	size_t hb = 0;
-	for (int a = 0; a < A_N; a++) {
-		size_t eb = elem_bytes(kv, a);
-		if (eb && capr > KV_MAX_RESERVE / eb)
-			hb = KV_MAX_RESERVE + 1;
-		else
-			hb += page_up(capr * eb);
-	}
+	size_t hb = head_span_bytes(kv, capr);
 	if (hb > KV_MAX_RESERVE || nh > KV_MAX_RESERVE / hb) {
 		memset(kv, 0, sizeof *kv);
 		return rt_err_set(err, "kv: capacity %d entries per head is too large", (int)cap);
 	}
 	const size_t total = nh * hb, sb = (state_bytes + 63) & ~(size_t)63;
-	kv->meta = calloc(1, nh * sizeof(rt_kv_head) + 64 + nh * sb);
+	const size_t ksb = kv->tiered ? (size_t)head_dim * sizeof(float) : 0;
+	kv->meta = calloc(1, nh * sizeof(rt_kv_head) + 64 + nh * (sb + ksb));
 	void *mem = mmap(NULL, total, PROT_READ | PROT_WRITE,
 	                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (!kv->meta || mem == MAP_FAILED) {
@@ -163,22 +228,99 @@ int rt_kv_init_typed(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_lay
 	uint8_t *p = mem;
 	for (size_t i = 0; i < nh; i++) {
 		rt_kv_head *h = &kv->heads[i];
-		void **arr[A_N] = { (void **)&h->kr, (void **)&h->vr, (void **)&h->pos,
-		                    (void **)&h->count, (void **)&h->log_count, (void **)&h->span,
-		                    (void **)&h->stats };
 		h->cap = cap;
-		for (int a = 0; a < A_N; a++) {
-			*arr[a] = p;
-			p += page_up(capr * elem_bytes(kv, a));
-		}
+		p = head_place(kv, h, p, capr);
 		h->state = st + i * sb;
-		if (type == RT_KV_F32) {
-			h->k = (float *)(void *)h->kr;
-			h->v = (float *)(void *)h->vr;
-		}
+		if (kv->tiered)
+			h->kscale = (float *)(void *)(st + nh * sb + i * ksb);
 	}
 	RT_ASSERT((size_t)(p - (uint8_t *)mem) == total);
 	return 0;
+}
+
+/* The checks every store's parameters pass; 0, or -1 with err (kv zeroed). */
+static int kv_check(rt_kv *kv, enum rt_kv_type type, int n_layer, int n_kv_head, int group,
+                    int head_dim, int32_t cap, size_t stat_bytes, size_t state_bytes,
+                    rt_err *err)
+{
+	memset(kv, 0, sizeof *kv);
+	if ((unsigned)type >= RT_KV_N_TYPE)
+		return rt_err_set(err, "kv: unknown element type %d", (int)type);
+	if (n_layer <= 0 || n_kv_head <= 0 || group <= 0 || head_dim <= 0 || cap <= 0)
+		return rt_err_set(err, "kv: invalid shape (layers %d, kv heads %d, group %d, head_dim %d, capacity %d)",
+		                  n_layer, n_kv_head, group, head_dim, (int)cap);
+	if (head_dim > 65536 || stat_bytes > 65536 || state_bytes > ((size_t)1 << 30))
+		return rt_err_set(err, "kv: head_dim %d, %zu statistics bytes or %zu state bytes too large",
+		                  head_dim, stat_bytes, state_bytes);
+	if (rt_kv_row_bytes(type, head_dim) == 0)
+		return rt_err_set(err, "kv: head_dim %d is not a multiple of %d, which %s needs",
+		                  head_dim, RT_KVQ_VGROUP, rt_kv_type_name(type));
+	return 0;
+}
+
+int rt_kv_init_typed(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_layer,
+                     int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
+                     size_t state_bytes, rt_err *err)
+{
+	if (kv_check(kv, type, n_layer, n_kv_head, group, head_dim, cap, stat_bytes, state_bytes,
+	             err) != 0)
+		return -1;
+	return kv_init(kv, pool ? pool : rt_kvpool_process(), type, n_layer, n_kv_head, group,
+	               head_dim, cap, stat_bytes, state_bytes, err);
+}
+
+int rt_kv_init_tiered(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type top, int n_layer,
+                      int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
+                      size_t state_bytes, rt_err *err)
+{
+	if (kv_check(kv, top, n_layer, n_kv_head, group, head_dim, cap, stat_bytes, state_bytes,
+	             err) != 0)
+		return -1;
+	if (top != RT_KV_F16 && top != RT_KV_F32)
+		return rt_err_set(err, "kv: tiered store: the top tier is f16 or f32, not %s",
+		                  rt_kv_type_name(top));
+	if (head_dim % RT_KVQ_VGROUP != 0 || head_dim > KV_TIER_MAX_DIM)
+		return rt_err_set(err, "kv: tiered store: head_dim %d is not a multiple of %d up to %d, "
+		                  "which the q8/q4/q2 tiers need", head_dim, RT_KVQ_VGROUP,
+		                  KV_TIER_MAX_DIM);
+	kv->tiered = 1;
+	kv->type = top;
+	for (int t = 0; t < RT_KV_N_TIER; t++)
+		kv->tier_row[t] = rt_kvq_vrow_bytes(tier_kind(kv, t), head_dim);
+	return kv_init(kv, pool ? pool : rt_kvpool_process(), top, n_layer, n_kv_head, group,
+	               head_dim, cap, stat_bytes, state_bytes, err);
+}
+
+/* ---- block accounting ----------------------------------------------------------------- */
+
+static int blocks_take(rt_kv *kv, int64_t n, int64_t bb)
+{
+	if (n == 0)
+		return 0;
+	if (rt_kvpool_take(kv->pool, n, bb) != 0)
+		return -1;
+	kv->blocks += n;
+	int64_t now = (kv->bytes += n * bb), pk = kv->bytes_peak;
+	while (now > pk && !atomic_compare_exchange_weak(&kv->bytes_peak, &pk, now))
+		;
+	return 0;
+}
+
+static void blocks_give(rt_kv *kv, int64_t n, int64_t bb)
+{
+	if (n == 0)
+		return;
+	rt_kvpool_give(kv->pool, n, bb);
+	kv->blocks -= n;
+	kv->bytes -= n * bb;
+}
+
+/* Take a block the caller did not reserve; asserts the pool grants it. */
+static void block_take_or_die(rt_kv *kv, int64_t bb)
+{
+	if (blocks_take(kv, 1, bb) != 0)
+		rt_assert_fail("KV pool grants a block to an append without a reservation", __FILE__,
+		               __LINE__);
 }
 
 /* Hand the pages of list h past its first keep blocks back to the operating system. */
@@ -196,24 +338,57 @@ static void head_unmap(rt_kv *kv, rt_kv_head *h, int32_t keep)
 	h->nb_mapped = keep;
 }
 
-/* List h keeps blocks for its n entries and returns the rest. */
+/* The same for arena t of h. */
+static void arena_unmap(rt_kv *kv, rt_kv_head *h, int t, int32_t keep)
+{
+	rt_kv_arena *a = &h->arena[t];
+	if (a->nb_mapped <= keep)
+		return;
+	const size_t eb[2] = { 2 * kv->tier_row[t], sizeof(int32_t) };
+	uint8_t *base[2] = { a->rows, (uint8_t *)a->owner };
+	for (int k = 0; k < 2; k++) {
+		size_t from = page_up((size_t)keep * RT_KV_BLOCK * eb[k]);
+		size_t to = page_up((size_t)a->nb_mapped * RT_KV_BLOCK * eb[k]);
+		if (to > from)
+			madvise(base[k] + from, to - from, MADV_DONTNEED);
+	}
+	a->nb_mapped = keep;
+}
+
+/* Arena t of h keeps blocks for its n slots and returns the rest. */
+static void arena_trim(rt_kv *kv, rt_kv_head *h, int t)
+{
+	rt_kv_arena *a = &h->arena[t];
+	int32_t need = rt_kv_blocks_for(a->n);
+	RT_ASSERT(need <= a->nb);
+	blocks_give(kv, a->nb - need, arena_block_bytes(kv, t));
+	a->nb = need;
+	if (a->nb_mapped > a->nb + 1)
+		arena_unmap(kv, h, t, a->nb + 1);
+}
+
+/* List h keeps blocks for its n entries and returns the rest (and its arenas theirs). */
 static void head_trim(rt_kv *kv, rt_kv_head *h)
 {
 	int32_t need = rt_kv_blocks_for(h->n);
 	RT_ASSERT(need <= h->nb);
-	if (need < h->nb) {
-		rt_kvpool_give(kv->pool, h->nb - need, kv->block_bytes);
-		kv->blocks -= h->nb - need;
-		h->nb = need;
-	}
+	blocks_give(kv, h->nb - need, list_block_bytes(kv));
+	h->nb = need;
 	if (h->nb_mapped > h->nb + 1)
 		head_unmap(kv, h, h->nb + 1);
+	for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
+		arena_trim(kv, h, t);
 }
 
 void rt_kv_free(rt_kv *kv)
 {
-	if (kv->pool && kv->blocks)
-		rt_kvpool_give(kv->pool, kv->blocks, kv->block_bytes);
+	for (int i = 0; kv->pool && i < kv->n_layer * kv->n_kv_head; i++) {
+		rt_kv_head *h = &kv->heads[i];
+		blocks_give(kv, h->nb, list_block_bytes(kv));
+		for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
+			blocks_give(kv, h->arena[t].nb, arena_block_bytes(kv, t));
+	}
+	RT_ASSERT(kv->blocks == 0 && kv->bytes == 0);
 	if (kv->mem)
 		munmap(kv->mem, kv->mem_bytes);
 	free(kv->meta);
@@ -225,12 +400,17 @@ void rt_kv_reset(rt_kv *kv)
 	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++) {
 		rt_kv_head *h = &kv->heads[i];
 		h->n = 0;
+		for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
+			h->arena[t].n = 0;
+		h->kscale_set = 0;
 		head_trim(kv, h);
 		head_unmap(kv, h, 0);
+		for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
+			arena_unmap(kv, h, t, 0);
 		if (kv->state_bytes)
 			memset(h->state, 0, kv->state_bytes);
 	}
-	kv->blocks_peak = 0;
+	kv->bytes_peak = kv->bytes;
 }
 
 rt_kv_head *rt_kv_head_at(rt_kv *kv, int layer, int kv_head)
@@ -239,18 +419,30 @@ rt_kv_head *rt_kv_head_at(rt_kv *kv, int layer, int kv_head)
 	return &kv->heads[layer * kv->n_kv_head + kv_head];
 }
 
-static void blocks_taken(rt_kv *kv, int64_t n)
+/* Blocks list h (which == -1) or its top arena (which == 0) needs to take `add` more
+ * entries without a new block. */
+static int32_t reserve_need(const rt_kv_head *h, int which, int32_t add)
 {
-	kv->blocks += n;
-	if (kv->blocks > kv->blocks_peak)
-		kv->blocks_peak = kv->blocks;
+	int32_t n = which < 0 ? h->n : h->arena[0].n, nb = which < 0 ? h->nb : h->arena[0].nb;
+	int32_t want = rt_kv_blocks_for(n + add);
+	return want > nb ? want - nb : 0;
+}
+
+static int pool_refusal(const rt_kv *kv, int64_t need, int64_t bytes, rt_err *err)
+{
+	rt_kvpool_stats ps = rt_kvpool_get(kv->pool);
+	return rt_err_setc(err, RT_ERR_RESOURCE,
+	                   "KV pool exhausted: %lld more blocks (%lld bytes) needed, %lld of %lld "
+	                   "bytes in use",
+	                   (long long)need, (long long)bytes, (long long)ps.used,
+	                   (long long)ps.limit);
 }
 
 int rt_kv_reserve(rt_kv *kv, int32_t add, rt_err *err)
 {
 	RT_ASSERT(add >= 0);
 	const int nh = kv->n_layer * kv->n_kv_head;
-	int64_t need = 0;
+	int64_t need = 0, need0 = 0;
 	for (int i = 0; i < nh; i++) {
 		const rt_kv_head *h = &kv->heads[i];
 		if ((int64_t)h->n + add > h->cap)
@@ -259,45 +451,84 @@ int rt_kv_reserve(rt_kv *kv, int32_t add, rt_err *err)
 			                  "exceed the capacity %d",
 			                  i / kv->n_kv_head, i % kv->n_kv_head, (int)h->n, (int)add,
 			                  (int)h->cap);
-		int32_t nb = rt_kv_blocks_for(h->n + add);
-		need += nb > h->nb ? nb - h->nb : 0;
+		need += reserve_need(h, -1, add);
+		need0 += kv->tiered ? reserve_need(h, 0, add) : 0;
 	}
-	if (need == 0)
-		return 0;
-	if (rt_kvpool_take(kv->pool, need, kv->block_bytes) != 0) {
-		rt_kvpool_stats ps = rt_kvpool_get(kv->pool);
-		return rt_err_setc(err, RT_ERR_RESOURCE,
-		                  "KV pool exhausted: %lld more blocks (%lld bytes) needed, %lld of "
-		                  "%lld bytes in use",
-		                  (long long)need, (long long)(need * kv->block_bytes),
-		                  (long long)ps.used, (long long)ps.limit);
+	const int64_t lb = list_block_bytes(kv), ab = kv->tiered ? arena_block_bytes(kv, 0) : 1;
+	if (blocks_take(kv, need, lb) != 0)
+		return pool_refusal(kv, need + need0, need * lb + need0 * ab, err);
+	if (blocks_take(kv, need0, ab) != 0) {
+		blocks_give(kv, need, lb);
+		return pool_refusal(kv, need + need0, need * lb + need0 * ab, err);
 	}
 	for (int i = 0; i < nh; i++) {
 		rt_kv_head *h = &kv->heads[i];
-		int32_t nb = rt_kv_blocks_for(h->n + add);
-		if (nb > h->nb) {
-			h->nb = nb;
-			if (h->nb_mapped < nb)
-				h->nb_mapped = nb;
+		h->nb += reserve_need(h, -1, add);
+		if (h->nb_mapped < h->nb)
+			h->nb_mapped = h->nb;
+		if (kv->tiered) {
+			rt_kv_arena *a = &h->arena[0];
+			a->nb += reserve_need(h, 0, add);
+			if (a->nb_mapped < a->nb)
+				a->nb_mapped = a->nb;
 		}
 	}
-	blocks_taken(kv, need);
 	return 0;
 }
+
+/* ---- tier arenas ---------------------------------------------------------------------- */
+
+static uint8_t *slot_key(const rt_kv *kv, const rt_kv_head *h, int t, int32_t s)
+{
+	return h->arena[t].rows + (size_t)s * 2 * kv->tier_row[t];
+}
+
+/* Give entry i a slot at the end of arena t (taking a block when the arena's are full and
+ * asserting the pool grants it: callers reserve first). */
+static void slot_take(rt_kv *kv, rt_kv_head *h, int t, int32_t i)
+{
+	rt_kv_arena *a = &h->arena[t];
+	RT_ASSERT(a->n < h->cap);
+	if (a->n >= a->nb * RT_KV_BLOCK) {
+		block_take_or_die(kv, arena_block_bytes(kv, t));
+		a->nb++;
+		if (a->nb_mapped < a->nb)
+			a->nb_mapped = a->nb;
+	}
+	int32_t s = a->n++;
+	a->owner[s] = i;
+	h->tier[i] = (uint8_t)t;
+	h->slot[i] = s;
+}
+
+/* Free slot s of arena t: the arena's last slot moves into it (its owner follows). Blocks
+ * are returned by the caller (arena_trim). */
+static void slot_free(const rt_kv *kv, rt_kv_head *h, int t, int32_t s)
+{
+	rt_kv_arena *a = &h->arena[t];
+	RT_ASSERT(s >= 0 && s < a->n);
+	int32_t last = --a->n;
+	if (s == last)
+		return;
+	memcpy(slot_key(kv, h, t, s), slot_key(kv, h, t, last), 2 * kv->tier_row[t]);
+	a->owner[s] = a->owner[last];
+	h->slot[a->owner[s]] = s;
+}
+
+/* ---- entries -------------------------------------------------------------------------- */
 
 int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, int32_t pos)
 {
 	RT_ASSERT(h->n < h->cap);
 	if (h->n >= h->nb * RT_KV_BLOCK) {
-		if (rt_kvpool_take(kv->pool, 1, kv->block_bytes) != 0)
-			rt_assert_fail("KV pool grants a block to an append without a reservation",
-			               __FILE__, __LINE__);
+		block_take_or_die(kv, list_block_bytes(kv));
 		h->nb++;
 		if (h->nb_mapped < h->nb)
 			h->nb_mapped = h->nb;
-		blocks_taken(kv, 1);
 	}
 	int32_t i = h->n++;
+	if (kv->tiered)
+		slot_take(kv, h, RT_KV_TIER_TOP, i);
 	rt_kv_set_key(kv, h, i, k);
 	rt_kv_set_value(kv, h, i, v);
 	h->pos[i] = pos;
@@ -309,36 +540,66 @@ int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, i
 	return i;
 }
 
-static const float *row_get(const rt_kv *kv, const uint8_t *row, float *buf)
+/* Entry i's stored key row (value row: + tier row bytes) and its codec. */
+static uint8_t *entry_row(const rt_kv *kv, const rt_kv_head *h, int32_t i, int value,
+                          rt_kvq_kind *kind)
 {
-	if (kv->type == RT_KV_F32)
+	if (!kv->tiered) {
+		*kind = type_kind[kv->type];
+		return (value ? h->vr : h->kr) + (size_t)i * kv->row_bytes;
+	}
+	const int t = h->tier[i];
+	*kind = tier_kind(kv, t);
+	return slot_key(kv, h, t, h->slot[i]) + (value ? kv->tier_row[t] : 0);
+}
+
+static const float *row_get(const rt_kv *kv, const rt_kv_head *h, int32_t i, int value,
+                            float *buf)
+{
+	rt_kvq_kind kind;
+	const uint8_t *row = entry_row(kv, h, i, value, &kind);
+	if (kind == RT_KVQ_F32)
 		return (const float *)(const void *)row;
-	rt_kvq_vrow_decode(type_kind[kv->type], row, kv->head_dim, buf);
+	rt_kvq_vrow_decode(kind, row, kv->head_dim, buf);
+	if (!value && rt_kv_tier_of(h, i) != RT_KV_TIER_TOP)
+		for (int c = 0; c < kv->head_dim; c++)
+			buf[c] *= h->kscale[c];
 	return buf;
 }
 
 const float *rt_kv_key(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *buf)
 {
 	RT_ASSERT(i >= 0 && i < h->n);
-	return row_get(kv, h->kr + (size_t)i * kv->row_bytes, buf);
+	return row_get(kv, h, i, 0, buf);
 }
 
 const float *rt_kv_value(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *buf)
 {
 	RT_ASSERT(i >= 0 && i < h->n);
-	return row_get(kv, h->vr + (size_t)i * kv->row_bytes, buf);
+	return row_get(kv, h, i, 1, buf);
 }
 
 void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
 {
 	RT_ASSERT(i >= 0 && i < h->n);
-	rt_kvq_vrow_encode(type_kind[kv->type], x, kv->head_dim, h->kr + (size_t)i * kv->row_bytes);
+	rt_kvq_kind kind;
+	uint8_t *row = entry_row(kv, h, i, 0, &kind);
+	if (rt_kv_tier_of(h, i) == RT_KV_TIER_TOP) {
+		rt_kvq_vrow_encode(kind, x, kv->head_dim, row);
+		return;
+	}
+	float xn[KV_TIER_MAX_DIM];
+	for (int c = 0; c < kv->head_dim; c++)
+		xn[c] = x[c] / h->kscale[c];
+	rt_kvq_vrow_encode(kind, xn, kv->head_dim, row);
 }
 
 void rt_kv_set_value(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
 {
 	RT_ASSERT(i >= 0 && i < h->n);
-	rt_kvq_vrow_encode(type_kind[kv->type], x, kv->head_dim, h->vr + (size_t)i * kv->row_bytes);
+	rt_kvq_kind kind;
+	uint8_t *row = entry_row(kv, h, i, 1, &kind);
+	rt_kvq_vrow_encode(kind, x, kv->head_dim, row);
 }
 
 void rt_kv_rows_decode(const rt_kv *kv, const uint8_t *rows, int32_t n, float *out)
@@ -352,12 +613,120 @@ void rt_kv_rows_decode(const rt_kv *kv, const uint8_t *rows, int32_t n, float *o
 		rt_kvq_vrow_decode(type_kind[kv->type], rows + (size_t)i * rb, (int)hd, out + (size_t)i * hd);
 }
 
-/* Copy every per-entry array of entry src over entry dst. */
+void rt_kv_head_decode(const rt_kv *kv, const rt_kv_head *h, int32_t i0, int32_t n, float *K,
+                       float *V)
+{
+	RT_ASSERT(i0 >= 0 && n >= 0 && i0 + n <= h->n);
+	const size_t hd = (size_t)kv->head_dim;
+	if (!kv->tiered) {
+		if (K)
+			rt_kv_rows_decode(kv, h->kr + (size_t)i0 * kv->row_bytes, n, K);
+		if (V)
+			rt_kv_rows_decode(kv, h->vr + (size_t)i0 * kv->row_bytes, n, V);
+		return;
+	}
+	for (int32_t j = 0; j < n; j++) {
+		float *kd = K ? K + (size_t)j * hd : NULL, *vd = V ? V + (size_t)j * hd : NULL;
+		const float *p;
+		if (kd && (p = row_get(kv, h, i0 + j, 0, kd)) != kd)
+			memcpy(kd, p, hd * sizeof(float));
+		if (vd && (p = row_get(kv, h, i0 + j, 1, vd)) != vd)
+			memcpy(vd, p, hd * sizeof(float));
+	}
+}
+
+/* Calibrate h's per-channel key scale from the keys it holds (all at the top tier): the
+ * pair (2j, 2j+1) gets max_i |(k_i,2j, k_i,2j+1)|, the rotation-invariant range. */
+static void kscale_calibrate(const rt_kv *kv, rt_kv_head *h)
+{
+	const int hd = kv->head_dim;
+	float buf[KV_TIER_MAX_DIM];
+	for (int c = 0; c < hd; c++)
+		h->kscale[c] = 0.0f;
+	for (int32_t i = 0; i < h->n; i++) {
+		const float *k = rt_kv_key(kv, h, i, buf);
+		for (int c = 0; c < hd; c += 2) {
+			float r = sqrtf(k[c] * k[c] + k[c + 1] * k[c + 1]);
+			h->kscale[c] = r > h->kscale[c] ? r : h->kscale[c];
+		}
+	}
+	float top = 0.0f;
+	for (int c = 0; c < hd; c += 2)
+		top = h->kscale[c] > top ? h->kscale[c] : top;
+	/* a pair that was (almost) zero keeps a floor, so a later key stays finite */
+	const float floor = top > 0.0f ? top * 1e-6f : 1.0f;
+	for (int c = 0; c < hd; c += 2) {
+		h->kscale[c] = h->kscale[c] > floor ? h->kscale[c] : floor;
+		h->kscale[c + 1] = h->kscale[c];
+	}
+	h->kscale_set = 1;
+}
+
+int rt_kv_head_set_tiers(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *err)
+{
+	if (!kv->tiered)
+		return rt_err_set(err, "kv: set tiers on a store without tiers (rt_kv_init_tiered)");
+	int32_t arrive[RT_KV_N_TIER] = { 0 }, moves = 0;
+	for (int32_t i = 0; i < h->n; i++) {
+		if (want[i] >= RT_KV_N_TIER)
+			return rt_err_set(err, "kv: entry %d: tier %d outside 0..%d", (int)i, want[i],
+			                  RT_KV_N_TIER - 1);
+		if (want[i] > h->tier[i]) {
+			arrive[want[i]]++;
+			moves++;
+		}
+	}
+	if (!moves)
+		return 0;
+	int64_t need[RT_KV_N_TIER] = { 0 }, nblk = 0, nbytes = 0;
+	for (int t = 1; t < RT_KV_N_TIER; t++) {
+		int32_t nb = rt_kv_blocks_for(h->arena[t].n + arrive[t]);
+		need[t] = nb > h->arena[t].nb ? nb - h->arena[t].nb : 0;
+		nblk += need[t];
+		nbytes += need[t] * arena_block_bytes(kv, t);
+	}
+	for (int t = 1; t < RT_KV_N_TIER; t++)
+		if (blocks_take(kv, need[t], arena_block_bytes(kv, t)) != 0) {
+			for (int u = 1; u < t; u++)
+				blocks_give(kv, need[u], arena_block_bytes(kv, u));
+			return pool_refusal(kv, nblk, nbytes, err);
+		}
+	for (int t = 1; t < RT_KV_N_TIER; t++) {
+		rt_kv_arena *a = &h->arena[t];
+		a->nb += (int32_t)need[t];
+		if (a->nb_mapped < a->nb)
+			a->nb_mapped = a->nb;
+	}
+	if (!h->kscale_set)
+		kscale_calibrate(kv, h);
+	float kb[KV_TIER_MAX_DIM], vb[KV_TIER_MAX_DIM];
+	for (int32_t i = 0; i < h->n; i++) {
+		if (want[i] <= h->tier[i])
+			continue;
+		rt_kv_head_decode(kv, h, i, 1, kb, vb);
+		slot_free(kv, h, h->tier[i], h->slot[i]);
+		slot_take(kv, h, want[i], i);
+		rt_kv_set_key(kv, h, i, kb);
+		rt_kv_set_value(kv, h, i, vb);
+	}
+	for (int t = 0; t < RT_KV_N_TIER; t++)
+		arena_trim(kv, h, t);
+	return moves;
+}
+
+/* Copy every per-entry array of entry src over entry dst (tiered: the rows stay in their
+ * slot, whose owner becomes dst). */
 static void entry_move(const rt_kv *kv, rt_kv_head *h, int32_t dst, int32_t src)
 {
 	const size_t rb = kv->row_bytes, sb = kv->stat_bytes;
-	memcpy(h->kr + (size_t)dst * rb, h->kr + (size_t)src * rb, rb);
-	memcpy(h->vr + (size_t)dst * rb, h->vr + (size_t)src * rb, rb);
+	if (kv->tiered) {
+		h->tier[dst] = h->tier[src];
+		h->slot[dst] = h->slot[src];
+		h->arena[h->tier[dst]].owner[h->slot[dst]] = dst;
+	} else {
+		memcpy(h->kr + (size_t)dst * rb, h->kr + (size_t)src * rb, rb);
+		memcpy(h->vr + (size_t)dst * rb, h->vr + (size_t)src * rb, rb);
+	}
 	h->pos[dst] = h->pos[src];
 	h->count[dst] = h->count[src];
 	h->log_count[dst] = h->log_count[src];
@@ -366,12 +735,31 @@ static void entry_move(const rt_kv *kv, rt_kv_head *h, int32_t dst, int32_t src)
 		memcpy(h->stats + (size_t)dst * sb, h->stats + (size_t)src * sb, sb);
 }
 
-void rt_kv_head_keep(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep)
+/* Check keep[0..n_keep) is strictly increasing within the head; in a tiered store free the
+ * slots of the entries it leaves out (before any entry moves, while owners still name the
+ * old indices). */
+static void keep_prepare(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep)
 {
 	RT_ASSERT(n_keep >= 0 && n_keep <= h->n);
+	for (int32_t j = 0; j < n_keep; j++)
+		RT_ASSERT(keep[j] >= 0 && keep[j] < h->n && (j == 0 || keep[j] > keep[j - 1]));
+	if (!kv->tiered || n_keep == h->n)
+		return;
+	for (int32_t i = 0, j = 0; i < h->n; i++) {
+		if (j < n_keep && keep[j] == i) {
+			j++;
+			continue;
+		}
+		slot_free(kv, h, h->tier[i], h->slot[i]);
+	}
+}
+
+void rt_kv_head_keep(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep)
+{
+	keep_prepare(kv, h, keep, n_keep);
 	for (int32_t j = 0; j < n_keep; j++) {
 		int32_t i = keep[j];
-		RT_ASSERT(i >= j && i < h->n && (j == 0 || i > keep[j - 1]));
+		RT_ASSERT(i >= j);
 		/* i > j always, so a forward gather never overwrites an entry still to be read */
 		if (i != j)
 			entry_move(kv, h, j, i);
@@ -382,12 +770,10 @@ void rt_kv_head_keep(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_ke
 
 int32_t rt_kv_head_evict(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep)
 {
-	RT_ASSERT(n_keep >= 0 && n_keep <= h->n);
+	keep_prepare(kv, h, keep, n_keep);
 	int32_t t = 0; /* keep[0..t) are below n_keep and stay; keep[t..n_keep) fill the holes */
-	for (int32_t j = 0; j < n_keep; j++) {
-		RT_ASSERT(keep[j] >= 0 && keep[j] < h->n && (j == 0 || keep[j] > keep[j - 1]));
+	for (int32_t j = 0; j < n_keep; j++)
 		t += keep[j] < n_keep;
-	}
 	int32_t src = t, k = 0, moves = 0;
 	for (int32_t i = 0; src < n_keep; i++) {
 		RT_ASSERT(i < n_keep);
@@ -411,8 +797,31 @@ void rt_kv_trim(rt_kv *kv)
 
 size_t rt_kv_entry_bytes(const rt_kv *kv)
 {
+	if (kv->tiered)
+		return rt_kv_tier_entry_bytes(kv, RT_KV_TIER_TOP);
 	return 2 * kv->row_bytes + sizeof(int32_t) + 2 * sizeof(float) + sizeof(uint16_t) +
 	       kv->stat_bytes;
+}
+
+size_t rt_kv_tier_entry_bytes(const rt_kv *kv, int t)
+{
+	RT_ASSERT(t >= 0 && t < RT_KV_N_TIER);
+	if (!kv->tiered)
+		return t == RT_KV_TIER_TOP ? rt_kv_entry_bytes(kv) : 0;
+	return kv->meta_bytes + 2 * kv->tier_row[t] + sizeof(int32_t);
+}
+
+size_t rt_kv_tier_row_bytes(const rt_kv *kv, int t)
+{
+	RT_ASSERT(t >= 0 && t < RT_KV_N_TIER);
+	if (!kv->tiered)
+		return t == RT_KV_TIER_TOP ? kv->row_bytes : 0;
+	return kv->tier_row[t];
+}
+
+size_t rt_kv_f16_entry_bytes(const rt_kv *kv)
+{
+	return 4 * (size_t)kv->head_dim;
 }
 
 int64_t rt_kv_entries(const rt_kv *kv)
@@ -425,15 +834,22 @@ int64_t rt_kv_entries(const rt_kv *kv)
 
 int64_t rt_kv_bytes_used(const rt_kv *kv)
 {
-	return rt_kv_entries(kv) * (int64_t)rt_kv_entry_bytes(kv);
+	if (!kv->tiered)
+		return rt_kv_entries(kv) * (int64_t)rt_kv_entry_bytes(kv);
+	int64_t b = rt_kv_entries(kv) * (int64_t)kv->meta_bytes;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		for (int t = 0; t < RT_KV_N_TIER; t++)
+			b += (int64_t)kv->heads[i].arena[t].n *
+			     (int64_t)(2 * kv->tier_row[t] + sizeof(int32_t));
+	return b;
 }
 
 int64_t rt_kv_bytes_held(const rt_kv *kv)
 {
-	return kv->blocks * kv->block_bytes;
+	return kv->bytes;
 }
 
 int64_t rt_kv_bytes_peak(const rt_kv *kv)
 {
-	return kv->blocks_peak * kv->block_bytes;
+	return kv->bytes_peak;
 }

@@ -43,6 +43,39 @@
  * memory as floats and are set only for RT_KV_F32 (NULL otherwise), so code that reads
  * f32 rows directly cannot misread a narrow store. rt_kv_key / rt_kv_value decode one row
  * of any type, rt_kv_set_key / rt_kv_set_value encode one.
+ *
+ * Precision tiers (rt_kv_init_tiered): every entry has its own storage tier, h->tier[i]
+ * (enum rt_kv_tier): tier 0 is the store's top type (f16, or f32 on the exact path), then
+ * 8, 4 and 2 bits. An entry only moves down (rt_kv_head_set_tiers), and a downgraded entry
+ * occupies its tier's bytes only:
+ *   - the per-entry metadata (pos, count, log_count, span, stats, tier, slot) stays in the
+ *     list's arrays, blocks of RT_KV_BLOCK entries as above;
+ *   - the key and value rows live in per-tier row arenas of the head (h->arena[t]): a
+ *     reserved span of cap slots, slot s holding the key row then the value row at tier
+ *     t's row size, committed block by block (RT_KV_BLOCK slots) from the pool. Entry i's
+ *     rows are slot h->slot[i] of arena h->tier[i]; arena[t].owner[s] names the entry in
+ *     slot s. Freeing a slot (eviction, downgrade) fills the hole from the arena's tail, as
+ *     rt_kv_head_evict does for entries, and emptied arena blocks return to the pool in the
+ *     same call, so the pool's bytes are Σ over tiers of the blocks each tier holds.
+ * In a tiered store h->kr, h->vr, h->k and h->v are NULL: rows are read through rt_kv_key /
+ * rt_kv_value / rt_kv_head_decode. In an untiered store h->tier and h->slot are NULL (every
+ * entry is at RT_KV_TIER_TOP; rt_kv_tier_of reads either kind).
+ *
+ * Quantised tiers (head_dim a multiple of 32): values per token, the rt_kvq vrow codecs
+ * (asymmetric min/max groups of 32 channels, f16 scale and minimum: KIVI, Liu et al. 2024,
+ * arXiv 2402.02750). Keys: KIVI quantises them per channel (key outliers sit in fixed
+ * channels), but its tiles of 32 tokens sharing a channel range cannot lose or downgrade
+ * one entry alone. The entry-addressable per-channel scheme is KVQuant's (Hooper et al.
+ * 2024, arXiv 2401.18079): per-channel ranges fixed per (layer, KV head) by calibration.
+ * Here a key at a quantised tier is divided channel-wise by the head's calibrated scale
+ * h->kscale (per-channel normalisation) and the normalised row is then coded per token in
+ * groups of 32 like a value; decoding multiplies back. The scale is calibrated from the
+ * entries the head holds at its first downgrade: keys are post-RoPE, so channels 2j and
+ * 2j+1 rotate together and only their joint norm is position-invariant; both get the
+ * symmetric range max_i sqrt(k_i,2j² + k_i,2j+1²) (channels past n_rot are paired the same
+ * way, a slightly looser range for them). A later key outside the calibrated range is
+ * still coded without clipping: the per-token group range adapts, only the channel
+ * balance is fixed.
  */
 #ifndef RT_KV_H
 #define RT_KV_H
@@ -71,6 +104,26 @@ int rt_kv_type_parse(const char *name);
  * cannot hold a row of that width (Q8_0 needs a multiple of 32). */
 size_t rt_kv_row_bytes(enum rt_kv_type t, int head_dim);
 
+/* Storage tier of an entry in a tiered store. ORDER RT_KV_TIER: tier_kind[] and
+ * tier_names[] in rt_kv.c. Tier 0 is the store's own type (f16 on the fast path, f32 on
+ * the exact path); the others are the rt_kvq codecs Q8, Q4, Q2 (values per token, keys
+ * normalised per channel then per token; see the header comment). */
+enum rt_kv_tier { RT_KV_TIER_TOP = 0, RT_KV_TIER_Q8, RT_KV_TIER_Q4, RT_KV_TIER_Q2, RT_KV_N_TIER };
+
+/* "top", "q8", "q4", "q2"; rt_kv_tier_parse returns the tier or -1. */
+const char *rt_kv_tier_name(int t);
+int rt_kv_tier_parse(const char *name);
+
+/* One tier's row arena of a head (tiered stores): slot s (< n) holds an entry's key row
+ * then its value row at the tier's row size; owner[s] is that entry's index. */
+typedef struct rt_kv_arena {
+	uint8_t *rows;      /* [cap × 2 × tier row bytes] */
+	int32_t *owner;     /* [cap] entry index of slot s */
+	int32_t n;          /* slots in use */
+	int32_t nb;         /* blocks held: slots 0..nb·RT_KV_BLOCK-1 are backed */
+	int32_t nb_mapped;  /* blocks whose pages may be resident (>= nb) */
+} rt_kv_arena;
+
 typedef struct rt_kv_head {
 	int32_t n;          /* entries in use, 0..cap */
 	int32_t cap;        /* capacity in entries (same for every head of an rt_kv) */
@@ -86,6 +139,12 @@ typedef struct rt_kv_head {
 	uint16_t *span;     /* [cap] protected span id, 0 = none */
 	uint8_t *stats;     /* [cap × stat_bytes] policy statistics, zeroed on append */
 	uint8_t *state;     /* [state_bytes] per-head policy state, zeroed at reset */
+	/* tiered stores only (NULL / zero otherwise) */
+	uint8_t *tier;      /* [cap] entry tier (enum rt_kv_tier) */
+	int32_t *slot;      /* [cap] entry's slot in arena[tier[i]] */
+	float *kscale;      /* [head_dim] per-channel key scale of the quantised tiers */
+	int kscale_set;     /* kscale calibrated (at the head's first downgrade; 0 after reset) */
+	rt_kv_arena arena[RT_KV_N_TIER];
 } rt_kv_head;
 
 typedef struct rt_kv {
@@ -100,9 +159,14 @@ typedef struct rt_kv {
 	size_t row_bytes;   /* bytes of one key (or value) row */
 	rt_kv_head *heads;  /* [n_layer × n_kv_head], index layer * n_kv_head + kv_head */
 	rt_kvpool *pool;    /* the pool the blocks come from (the process's) */
-	int64_t block_bytes; /* bytes of one block: RT_KV_BLOCK × rt_kv_entry_bytes */
-	int64_t blocks;     /* blocks held by all lists together */
-	int64_t blocks_peak; /* most blocks held at once since init / reset */
+	int64_t block_bytes; /* bytes of one block: RT_KV_BLOCK × rt_kv_entry_bytes (tiered:
+	                        of entries at the top tier, metadata block + arena block) */
+	RT_KVPOOL_ATOMIC int64_t blocks;     /* blocks held by all lists and arenas together */
+	RT_KVPOOL_ATOMIC int64_t bytes;      /* their bytes */
+	RT_KVPOOL_ATOMIC int64_t bytes_peak; /* most bytes held at once since init / reset */
+	int tiered;         /* rt_kv_init_tiered: per-entry tiers, rows in tier arenas */
+	size_t meta_bytes;  /* tiered: bytes of one entry's metadata (list arrays) */
+	size_t tier_row[RT_KV_N_TIER]; /* tiered: bytes of one key (or value) row at tier t */
 	void *mem;          /* the reserved address space behind every per-entry array */
 	size_t mem_bytes;
 	void *meta;         /* the heads and their policy state (an ordinary allocation) */
@@ -124,6 +188,16 @@ int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int 
 int rt_kv_init_typed(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_layer,
                      int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
                      size_t state_bytes, rt_err *err);
+/* A store with per-entry precision tiers (see the header comment): tier 0 stores `top`
+ * (RT_KV_F16 or RT_KV_F32), the other tiers the rt_kvq Q8/Q4/Q2 codecs. Every entry is
+ * appended at the top tier. Same shapes, ownership and errors as rt_kv_init_typed, and
+ * fails on a top type other than f16/f32 or a head_dim that is not a multiple of 32
+ * ("kv: tiered store: head_dim 40 is not a multiple of 32, which the q8/q4/q2 tiers
+ * need"). pool NULL: the process's. */
+int rt_kv_init_tiered(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type top, int n_layer,
+                      int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
+                      size_t state_bytes, rt_err *err);
+
 /* Return every block to the pool and release the address space. */
 void rt_kv_free(rt_kv *kv);
 
@@ -140,8 +214,9 @@ rt_kv_head *rt_kv_head_at(rt_kv *kv, int layer, int kv_head);
  * exhausted: ..."). */
 int rt_kv_reserve(rt_kv *kv, int32_t add, rt_err *err);
 
-/* Append one entry (count 1, span 0, zeroed statistics) holding key k[head_dim] and value
- * v[head_dim] (f32, encoded to the store's type) at original position pos. Returns its index. Asserts n < cap. When the
+/* Append one entry (count 1, span 0, zeroed statistics; tiered: at the top tier) holding
+ * key k[head_dim] and value v[head_dim] (f32, encoded to the store's type) at original
+ * position pos. Returns its index. Asserts n < cap. When the
  * entry starts a new block and none was reserved, takes one and asserts the pool grants
  * it: callers that must survive a full pool reserve first (rt_kv_reserve). */
 int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, int32_t pos);
@@ -150,17 +225,54 @@ int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, i
  * the row decoded into buf[head_dim] (and buf returned). Asserts 0 <= i < h->n. */
 const float *rt_kv_key(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *buf);
 const float *rt_kv_value(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *buf);
-/* Overwrite entry i's key / value with x[head_dim], encoded to the store's type (a policy
+/* Overwrite entry i's key / value with x[head_dim], encoded to the store's type (tiered:
+ * at the entry's tier; a key at a quantised tier with the head's key scale) (a policy
  * merge, RoPE re-rotation). Asserts 0 <= i < h->n. */
 void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x);
 void rt_kv_set_value(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x);
 /* Decode n stored rows (row_bytes apart, from rows) of the store's type into out[n ×
- * head_dim] (f32 rows are copied). */
+ * head_dim] (f32 rows are copied). Untiered stores' h->kr / h->vr only; rt_kv_head_decode
+ * reads any store. */
 void rt_kv_rows_decode(const rt_kv *kv, const uint8_t *rows, int32_t n, float *out);
+
+/* Entries [i0, i0 + n) of h decoded to f32: keys to K[n × head_dim], values to
+ * V[n × head_dim] (either may be NULL), whatever the store's type or the entries' tiers.
+ * Reads only (several threads may decode different heads, or the same head, at once).
+ * Asserts 0 <= i0, n >= 0, i0 + n <= h->n. */
+void rt_kv_head_decode(const rt_kv *kv, const rt_kv_head *h, int32_t i0, int32_t n, float *K,
+                       float *V);
+
+/* Entry i's tier: h->tier[i] in a tiered store, RT_KV_TIER_TOP otherwise. */
+static inline int rt_kv_tier_of(const rt_kv_head *h, int32_t i)
+{
+	return h->tier ? (int)h->tier[i] : (int)RT_KV_TIER_TOP;
+}
+
+/* Set the tiers of the head's entries at once (tiered stores): want[i] for i < h->n is the
+ * wanted tier of entry i (enum rt_kv_tier). An entry only moves down: want[i] <= h->tier[i]
+ * leaves it as it is (precision lost is not regained). Each moved entry's rows are decoded
+ * and encoded at the new tier; at the head's first downgrade the per-channel key scale is
+ * calibrated from the entries present. The pool must grant the destination tiers' new
+ * blocks before the source tiers' emptied blocks return (in the same call). Returns the
+ * number of entries moved, or -1 with err set and nothing changed (the store is untiered,
+ * a want[i] is out of range, or the pool is exhausted: "KV pool exhausted: ..."). */
+int rt_kv_head_set_tiers(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *err);
+
+/* Bytes one entry occupies at tier t (key row + value row + metadata + statistics, and a
+ * tiered store's slot owner index) in the pool; an untiered store answers
+ * rt_kv_entry_bytes for t == 0 and 0 for the others. For the byte-budget allocator. */
+size_t rt_kv_tier_entry_bytes(const rt_kv *kv, int t);
+/* Bytes of one key (or value) row at tier t (scales included): what rt_kvbytes counts. */
+size_t rt_kv_tier_row_bytes(const rt_kv *kv, int t);
+/* Bytes of one entry in an f16 full cache: key + value row of head_dim halves
+ * (4 · head_dim), the 1x baseline of rt_kvbytes. */
+size_t rt_kv_f16_entry_bytes(const rt_kv *kv);
 
 /* Keep exactly the entries keep[0..n_keep) (strictly increasing indices into the head),
  * in that order, by an in-place gather of every per-entry array; the rest are evicted and
- * every block left empty returns to the pool. Asserts the indices are valid and sorted. */
+ * every block left empty returns to the pool (in a tiered store the evicted entries' tier
+ * slots are freed first and every arena's emptied blocks return too; kept rows do not
+ * move, only their slots' owners change). Asserts the indices are valid and sorted. */
 void rt_kv_head_keep(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep);
 
 /* Keep exactly the entries keep[0..n_keep) (strictly increasing indices into the head) by
@@ -177,11 +289,12 @@ void rt_kv_trim(rt_kv *kv);
  * statistics). */
 int64_t rt_kv_entries(const rt_kv *kv);
 int64_t rt_kv_bytes_used(const rt_kv *kv);
-/* Bytes of the blocks the store holds now (blocks × block_bytes), and their peak since
- * init / reset: the pool memory the sequence really occupies ("KV bytes" of evaluation). */
+/* Bytes of the blocks the store holds now (list blocks and, in a tiered store, every
+ * tier arena's blocks), and their peak since init / reset: the pool memory the sequence really occupies ("KV bytes" of evaluation). */
 int64_t rt_kv_bytes_held(const rt_kv *kv);
 int64_t rt_kv_bytes_peak(const rt_kv *kv);
-/* Bytes one entry occupies (keys + values + metadata + statistics). */
+/* Bytes one entry occupies (keys + values + metadata + statistics; tiered: at the top
+ * tier, rt_kv_tier_entry_bytes(kv, 0)). */
 size_t rt_kv_entry_bytes(const rt_kv *kv);
 /* Blocks a list of n entries holds: ceil(n / RT_KV_BLOCK). */
 int32_t rt_kv_blocks_for(int32_t n);

@@ -5,7 +5,13 @@
 
 int64_t rt_kvbytes_held(const rt_kv *kv)
 {
-	return rt_kv_entries(kv) * 2 * (int64_t)kv->row_bytes;
+	if (!kv->tiered)
+		return rt_kv_entries(kv) * 2 * (int64_t)kv->row_bytes;
+	int64_t b = 0;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		for (int t = 0; t < RT_KV_N_TIER; t++)
+			b += (int64_t)kv->heads[i].arena[t].n * 2 * (int64_t)kv->tier_row[t];
+	return b;
 }
 
 int64_t rt_kvbytes_f16(const rt_kv *kv, int64_t tokens)

@@ -840,7 +840,9 @@ static void attend_head_rows(rt_fwd *f, rt_kv *kv, rt_kv_head *h, int layer, int
  * blocks [r0, r1) that only score the nb + r1 entries they can see. qg, og, S: this
  * call's slices of the forward's attention scratch; kvf: its slice of the f32 decode
  * buffers (NULL when the forward has none). A store of a narrow type is decoded to kvf
- * for chunks of ATT_DECODE_ROWS rows or more, else read in place (attend_head_rows). */
+ * for chunks of ATT_DECODE_ROWS rows or more, else read in place (attend_head_rows); a
+ * tiered store is always decoded to kvf (its entries' rows are in several tier arenas,
+ * rt_kv_head_decode dequantises them), whatever the chunk. */
 static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t pos0,
                         const float *q, float *att, float *qg, float *og_all, float *S,
                         float *kvf)
@@ -855,7 +857,12 @@ static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t p
 		memcpy(qg + (size_t)r * G * hd, q + (size_t)r * qd + (size_t)j * G * hd,
 		       (size_t)G * hd * sizeof(float));
 	const float *K = h->k, *V = h->v;
-	if (kv->type != RT_KV_F32) {
+	if (kv->tiered) {
+		/* every tier decoded to f32 once per chunk (fwd_tier_scratch sized kvf) */
+		rt_kv_head_decode(kv, h, 0, n, kvf, kvf + (size_t)n * hd);
+		K = kvf;
+		V = kvf + (size_t)n * hd;
+	} else if (kv->type != RT_KV_F32) {
 		if (C < ATT_DECODE_ROWS || !kvf || (size_t)2 * n * hd > f->kvf_stride) {
 			attend_head_rows(f, kv, h, layer, j, C, pos0, qg, att, og_all, S);
 			return;
@@ -1098,6 +1105,27 @@ static int forward_check(const rt_fwd *f, rt_kv *kv, const int32_t *tokens, int 
 	return 0;
 }
 
+/* A tiered store is read through f32 decode buffers for every chunk (attend_head): give
+ * a forward that has none (f32 or small-chunk scratch) its n_att slices of 2 × cap ×
+ * head_dim floats, once. 0, or -1 with err (allocation failure, before any work). */
+static int fwd_tier_scratch(rt_fwd *f, const rt_kv *kv, rt_err *err)
+{
+	const size_t need = ((size_t)2 * (size_t)f->cap * (size_t)f->m->hp.head_dim + 15) &
+	                    ~(size_t)15;
+	if (!kv->tiered || (f->kvf && f->kvf_stride >= need))
+		return 0;
+	float *p = NULL;
+	if (need <= SIZE_MAX / sizeof(float) / (size_t)f->n_att)
+		p = aligned_alloc(64, need * (size_t)f->n_att * sizeof(float));
+	if (!p)
+		return rt_err_set(err, "%s: forward: cannot allocate the tiered KV decode buffers "
+		                  "(%d threads × %zu floats)", f->m->path, f->n_att, need);
+	free(f->kvf);
+	f->kvf = p;
+	f->kvf_stride = need;
+	return 0;
+}
+
 /* Sequence scratch fk of a batch of K on scratch big: the same model as big and, in a
  * batch of more than one, not big itself. 0, or -1 with err. */
 static int batch_member_check(const rt_fwd *big, const rt_fwd *fk, int K, rt_err *err)
@@ -1131,7 +1159,8 @@ int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int 
 	for (int k = 0; k < K; k++) {
 		if (batch_member_check(big, f[k], K, err) != 0)
 			return -1;
-		if (forward_check(f[k], kv[k], tokens, n, pos0, err) != 0)
+		if (forward_check(f[k], kv[k], tokens, n, pos0, err) != 0 ||
+		    fwd_tier_scratch(f[k], kv[k], err) != 0)
 			return -1;
 		if (f[k]->max_chunk < chunk)
 			chunk = f[k]->max_chunk;
@@ -1185,7 +1214,8 @@ int rt_model_forward_multi(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int 
 		if (n[k] > big->max_chunk - rows)
 			return rt_err_set(err, "%s: forward: more than %d rows in one batch", m->path,
 			                  big->max_chunk);
-		if (forward_check(f[k], kv[k], tokens[k], n[k], pos0[k], err) != 0)
+		if (forward_check(f[k], kv[k], tokens[k], n[k], pos0[k], err) != 0 ||
+		    fwd_tier_scratch(f[k], kv[k], err) != 0)
 			return -1;
 		sg[k] = (fwd_seg){ .tok = tokens[k], .C = n[k], .pos0 = pos0[k], .off = rows,
 		                   .lg = logits ? logits[k] : NULL,

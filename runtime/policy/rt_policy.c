@@ -142,9 +142,18 @@ int rt_run_init_typed(struct rt_run *r, rt_kv *kv, enum rt_kv_type kv_type,
 	if ((p->needs & KVP_NEED_F32_KV) && kv_type != RT_KV_F32)
 		return rt_err_set(err, "policy %s: its compress reads and rewrites f32 key/value rows; "
 		                  "it needs --kv-type f32, not %s", p->name, rt_kv_type_name(kv_type));
-	if (rt_kv_init_typed(kv, NULL, kv_type, n_layer, n_kv_head, group, head_dim, cap,
-	                     kvp_policy_stat_bytes(p, group), kvp_policy_state_bytes(p, head_dim),
-	                     err) != 0)
+	if ((p->needs & KVP_NEED_TIERS) && (p->needs & KVP_NEED_F32_KV))
+		return rt_err_set(err, "policy %s: sets precision tiers and rewrites f32 key/value "
+		                  "rows; a store cannot do both", p->name);
+	if ((p->needs & KVP_NEED_TIERS) && kv_type != RT_KV_F16 && kv_type != RT_KV_F32)
+		return rt_err_set(err, "policy %s: sets precision tiers, whose top tier is f16 or f32; "
+		                  "it cannot run with --kv-type %s", p->name, rt_kv_type_name(kv_type));
+	const size_t sb = kvp_policy_stat_bytes(p, group), stb = kvp_policy_state_bytes(p, head_dim);
+	if ((p->needs & KVP_NEED_TIERS) ?
+	            rt_kv_init_tiered(kv, NULL, kv_type, n_layer, n_kv_head, group, head_dim, cap,
+	                              sb, stb, err) != 0 :
+	            rt_kv_init_typed(kv, NULL, kv_type, n_layer, n_kv_head, group, head_dim, cap,
+	                             sb, stb, err) != 0)
 		return -1;
 	r->p = p;
 	r->params = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof(double));

@@ -34,7 +34,7 @@
 
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 3
+#define KVP_ABI_VERSION 4
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
@@ -83,6 +83,10 @@ enum {
 	KVP_NEED_F32_KV = 1u << 7, /* compress reads and rewrites the stores' key and value rows
 	                              as f32 arrays (GraceKV's core, runtime/policy/rt_grace.h):
 	                              rt_run_init refuses a store of another element type */
+	KVP_NEED_TIERS = 1u << 8,  /* compress sets entry precision tiers
+	                              (rt_kv_head_set_tiers): the runtime creates the policy's
+	                              stores with rt_kv_init_tiered, top tier f16 (f32 on the
+	                              exact path); excludes KVP_NEED_F32_KV */
 };
 
 /* Layers the prompt trace samples, and the prompt-tail length whose queries it keeps for
@@ -299,7 +303,10 @@ int rt_run_init(struct rt_run *r, rt_kv *kv, const struct kvp_policy *p, int n_l
                  rt_err *err);
 /* The same with a store of element type kv_type (rt_run_init: RT_KV_F32). Also refuses
  * a policy with KVP_NEED_F32_KV on any other type ("policy gracekv: its compress reads
- * and rewrites f32 key/value rows; it needs --kv-type f32, not f16"). */
+ * and rewrites f32 key/value rows; it needs --kv-type f32, not f16"). A policy with
+ * KVP_NEED_TIERS gets a tiered store (rt_kv_init_tiered) whose top tier is kv_type; it
+ * is refused with a kv_type other than f16/f32, with KVP_NEED_F32_KV, or on a head_dim
+ * that is not a multiple of 32. */
 int rt_run_init_typed(struct rt_run *r, rt_kv *kv, enum rt_kv_type kv_type,
                       const struct kvp_policy *p, int n_layer, int n_kv_head, int group,
                       int head_dim, int32_t cap, int64_t prompt_len, rt_err *err);

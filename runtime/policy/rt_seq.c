@@ -216,11 +216,14 @@ static void seq_rerotate(rt_seq *s)
 				rt_rope_cs_f64(s->rot_cs, delta, n_rot, hp->rope_base, s->rot_freq);
 				cached = delta;
 			}
-			if (s->kv.type == RT_KV_F32) {
+			if (s->kv.type == RT_KV_F32 && !s->kv.tiered) {
 				rt_rope_rotate_f32_by_f64(h->k + (size_t)i * d, n_rot, s->rot_cs);
 			} else {
 				float *row = s->rot_row;
-				(void)rt_kv_key(&s->kv, h, i, row); /* a narrow type decodes into row */
+				/* a narrow type or tier decodes into row (an f32 top row is copied) */
+				const float *k = rt_kv_key(&s->kv, h, i, row);
+				if (k != row)
+					memcpy(row, k, (size_t)d * sizeof *row);
 				rt_rope_rotate_f32_by_f64(row, n_rot, s->rot_cs);
 				rt_kv_set_key(&s->kv, h, i, row);
 			}

@@ -896,6 +896,9 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 		return bad(e, 400, "kv.policy", "policy %s reads and rewrites f32 key/value rows; this "
 		           "server stores %s (start it with --kv-type f32)", p->name,
 		           rt_kv_type_name(S->m->kv_type));
+	if ((p->needs & KVP_NEED_TIERS) && S->m->kv_type == RT_KV_Q8_0)
+		return bad(e, 400, "kv.policy", "policy %s sets precision tiers, whose top tier is f16 "
+		           "or f32; this server stores q8_0 (start it with --kv-type f16)", p->name);
 	int32_t cap = (int32_t)(r->n_prompt + r->max_tokens);
 	if (rt_seq_init(&r->seq, S->m, p, cap, c->chunk, r->n_prompt, &err) != 0)
 		return bad(e, err_status(&err), NULL, "%s", err.msg);

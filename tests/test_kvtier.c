@@ -1,0 +1,578 @@
+/*
+ * test_kvtier: the KV store's per-entry precision tiers (runtime/kv/rt_kv.h,
+ * rt_kv_init_tiered / rt_kv_head_set_tiers) on the grouped-query shapes 9/3 and 4/1.
+ * References, all independent of the code under test:
+ *   - round trip: every decoded value within the bound of its asymmetric group computed
+ *     here from the input (half a step of (max - min) / (2^bits - 1), plus the f16
+ *     rounding of the scale and minimum); keys the same in the space normalised by the
+ *     per-channel scale, which must equal the pair norms' maxima computed here;
+ *   - bytes: rt_kv_bytes_held, rt_kvbytes_held and the pool's bytes equal the sums over
+ *     tiers computed by hand from the row layouts (f16 128 bytes per row at head_dim 64,
+ *     q8 2 × (4 + 32), q4 2 × (4 + 16), q2 2 × (4 + 8)), and the pool returns to zero;
+ *   - a random mix of append / set_tiers / keep / evict against a plain model of the list
+ *     (position, tier and the decoded rows of each entry; rows never change when slots
+ *     move), with every slot and owner index checked after each step;
+ *   - attention over the stored, dequantised entries: after set_tiers and evict on a tiny
+ *     model, the forward over the tiered store gives the logits of an f32 store holding
+ *     rt_kv_key / rt_kv_value of the kept entries (the f32 path is itself checked against
+ *     a naive reference by test_model), the observe hook's outputs equal Σ p·v over the
+ *     dequantised values, and quantisation really changed the logits;
+ *   - a policy with KVP_NEED_TIERS gets a tiered store from rt_seq (f16 top on the fast
+ *     path, f32 on the exact one) whose compress downgrades entries to q4, and the
+ *     configurations a tiered store cannot serve are refused before any token.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kv/rt_kv.h"
+#include "kv/rt_kvbytes.h"
+#include "model/rt_model.h"
+#include "model/rt_quant.h"
+#include "policy/rt_policy.h"
+#include "policy/rt_seq.h"
+#include "support/tiny_model.h"
+
+static unsigned rng(unsigned *s)
+{
+	*s = *s * 1103515245u + 12345u;
+	return (*s >> 8) & 0xffffff;
+}
+
+/* uniform in [-1, 1) times a per-channel spread (channel outliers, as keys have) */
+static float rnd(unsigned *s)
+{
+	return (float)rng(s) / (float)0x800000 - 1.0f;
+}
+
+static void fill_row(float *x, int d, unsigned *s, int outliers)
+{
+	for (int c = 0; c < d; c++)
+		x[c] = rnd(s) * (outliers && c % 8 == 3 ? 12.0f : 1.0f) + (outliers && c == 5 ? 4.0f : 0);
+}
+
+static const int bits_of[RT_KV_N_TIER] = { 16, 8, 4, 2 };
+
+/* Largest error allowed for a group of 32 values x (stride 1) coded at `bits`: half a
+ * step, the step and minimum rounded to f16 (relative 2^-11 each; the codes go up to
+ * 2^bits - 1 steps), plus f32 slack. */
+static double group_bound(const float *x, int bits)
+{
+	float lo = x[0], hi = x[0];
+	for (int i = 1; i < 32; i++)
+		lo = x[i] < lo ? x[i] : lo, hi = x[i] > hi ? x[i] : hi;
+	const double top = (1 << bits) - 1, step = (hi - lo) / top;
+	return step / 2 + step * top * 0x1p-10 + fabs(lo) * 0x1p-10 + 1e-6 * (fabs(hi) + fabs(lo)) +
+	       1e-30;
+}
+
+START_TEST(round_trip_per_tier)
+{
+	enum { D = 64, N = 40 };
+	rt_kv kv;
+	rt_err err;
+	rt_kvpool pool = { .limit = INT64_MAX };
+	ck_assert_int_eq(rt_kv_init_tiered(&kv, &pool, RT_KV_F16, 1, 1, 4, D, N, 0, 0, &err), 0);
+	rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
+	static float K[N][D], V[N][D];
+	unsigned s = 7;
+	for (int i = 0; i < N; i++) {
+		fill_row(K[i], D, &s, 1);
+		fill_row(V[i], D, &s, 0);
+		rt_kv_append(&kv, h, K[i], V[i], i);
+	}
+	/* entry i to tier i % 4 */
+	uint8_t want[N];
+	for (int i = 0; i < N; i++)
+		want[i] = (uint8_t)(i % RT_KV_N_TIER);
+	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), N - N / 4);
+	/* the key scale: per pair, the largest norm over the entries present */
+	for (int c = 0; c < D; c += 2) {
+		float r = 0;
+		for (int i = 0; i < N; i++) {
+			/* the calibration reads the stored f16 keys: within 2^-11 of these */
+			float a = K[i][c], b = K[i][c + 1];
+			float n = sqrtf(a * a + b * b);
+			r = n > r ? n : r;
+		}
+		ck_assert_msg(fabsf(h->kscale[c] - r) <= 1e-3f * r && h->kscale[c + 1] == h->kscale[c],
+		              "kscale[%d] = %g, pair norm max %g", c, h->kscale[c], r);
+	}
+	for (int i = 0; i < N; i++) {
+		const int t = i % RT_KV_N_TIER;
+		ck_assert_int_eq(h->tier[i], t);
+		float kb[D], vb[D];
+		const float *k = rt_kv_key(&kv, h, i, kb), *v = rt_kv_value(&kv, h, i, vb);
+		for (int g = 0; g < D; g += 32) {
+			double vbnd = t == 0 ? 0 : group_bound(V[i] + g, bits_of[t]);
+			float kn[32];
+			for (int c = 0; c < 32; c++)
+				kn[c] = K[i][g + c] / h->kscale[g + c];
+			double kbnd = t == 0 ? 0 : group_bound(kn, bits_of[t]);
+			for (int c = g; c < g + 32; c++) {
+				/* every tier codes the f16 row appended first: + its rounding */
+				const double vb_c = vbnd + fabs(V[i][c]) * 0x1p-11;
+				ck_assert_msg(fabs(v[c] - V[i][c]) <= vb_c, "tier %d value %d/%d: %g vs %g (bound %g)",
+				              t, i, c, v[c], V[i][c], vb_c);
+				double kb_c = kbnd * h->kscale[c] * 1.0001 + fabs(K[i][c]) * 0x1p-11;
+				ck_assert_msg(fabs(k[c] - K[i][c]) <= kb_c, "tier %d key %d/%d: %g vs %g (bound %g)",
+				              t, i, c, k[c], K[i][c], kb_c);
+			}
+		}
+	}
+	/* precision lost is not regained: asking entry 3 (q2) back to top leaves it at q2 */
+	want[3] = RT_KV_TIER_TOP;
+	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), 0);
+	ck_assert_int_eq(h->tier[3], RT_KV_TIER_Q2);
+	/* refusals */
+	want[0] = RT_KV_N_TIER;
+	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "outside"));
+	rt_kv_free(&kv);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
+	rt_kv un;
+	ck_assert_int_eq(rt_kv_init_typed(&un, &pool, RT_KV_F16, 1, 1, 1, D, 8, 0, 0, &err), 0);
+	ck_assert_int_eq(rt_kv_head_set_tiers(&un, rt_kv_head_at(&un, 0, 0), want, &err), -1);
+	ck_assert_ptr_null(rt_kv_head_at(&un, 0, 0)->tier);
+	rt_kv_free(&un);
+	ck_assert_int_eq(rt_kv_init_tiered(&kv, &pool, RT_KV_F16, 1, 1, 1, 40, 8, 0, 0, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "head_dim 40"));
+	ck_assert_int_eq(rt_kv_init_tiered(&kv, &pool, RT_KV_Q8_0, 1, 1, 1, 64, 8, 0, 0, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "top tier"));
+}
+END_TEST
+
+/* ---- bytes and the random mix against a model ------------------------------------------- */
+
+enum { MD = 64, MCAP = 96 };
+
+typedef struct model_entry {
+	int32_t pos;
+	int tier;
+	float k[MD], v[MD];
+} model_entry;
+
+typedef struct list_model {
+	int n;
+	model_entry e[MCAP];
+} list_model;
+
+/* bytes of one row at tier t, head_dim 64, from the layouts (f16 top) */
+static const int64_t row64[RT_KV_N_TIER] = { 128, 2 * (4 + 32), 2 * (4 + 16), 2 * (4 + 8) };
+
+static int64_t up16(int64_t n)
+{
+	return (n + RT_KV_BLOCK - 1) / RT_KV_BLOCK * RT_KV_BLOCK;
+}
+
+/* Check h against m: entries, slots, owners; returns the hand-computed pool bytes. */
+static int64_t check_head(const rt_kv *kv, const rt_kv_head *h, const list_model *m,
+                          int64_t *rows_bytes)
+{
+	ck_assert_int_eq(h->n, m->n);
+	int cnt[RT_KV_N_TIER] = { 0 };
+	for (int i = 0; i < h->n; i++) {
+		ck_assert_int_eq(h->pos[i], m->e[i].pos);
+		ck_assert_int_eq(h->tier[i], m->e[i].tier);
+		cnt[h->tier[i]]++;
+		const rt_kv_arena *a = &h->arena[h->tier[i]];
+		ck_assert(h->slot[i] >= 0 && h->slot[i] < a->n);
+		ck_assert_int_eq(a->owner[h->slot[i]], i);
+		float kb[MD], vb[MD];
+		const float *k = rt_kv_key(kv, h, i, kb), *v = rt_kv_value(kv, h, i, vb);
+		ck_assert_msg(memcmp(k, m->e[i].k, sizeof kb) == 0 && memcmp(v, m->e[i].v, sizeof vb) == 0,
+		              "entry %d: rows changed", i);
+	}
+	/* 4 + 4 + 4 + 2 metadata bytes, 8 statistics bytes, tier 1, slot 4: 27 */
+	int64_t bytes = up16(h->n) * 27;
+	for (int t = 0; t < RT_KV_N_TIER; t++) {
+		ck_assert_int_eq(h->arena[t].n, cnt[t]);
+		bytes += up16(cnt[t]) * (2 * row64[t] + 4);
+		*rows_bytes += cnt[t] * 2 * row64[t];
+	}
+	return bytes;
+}
+
+static void model_snapshot(const rt_kv *kv, const rt_kv_head *h, list_model *m, int i)
+{
+	float kb[MD], vb[MD];
+	memcpy(m->e[i].k, rt_kv_key(kv, h, i, kb), sizeof kb);
+	memcpy(m->e[i].v, rt_kv_value(kv, h, i, vb), sizeof vb);
+	m->e[i].tier = h->tier[i];
+}
+
+static void check_store(const rt_kv *kv, const list_model *lm, const rt_kvpool *pool)
+{
+	int64_t bytes = 0, rows = 0;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		bytes += check_head(kv, &kv->heads[i], &lm[i], &rows);
+	ck_assert_int_eq(rt_kv_bytes_held(kv), bytes);
+	ck_assert_int_eq(rt_kvpool_get(pool).used, bytes);
+	ck_assert_int_eq(rt_kvbytes_held(kv), rows);
+	ck_assert_int_ge(rt_kv_bytes_peak(kv), bytes);
+}
+
+START_TEST(random_mix_against_model)
+{
+	/* _i == 0: 2 layers × 3 KV heads, group 3 (9/3); 1: 1 × 1, group 4 (4/1) */
+	const int L = _i ? 1 : 2, H = _i ? 1 : 3, G = _i ? 4 : 3, NH = L * H;
+	rt_kvpool pool = { .limit = INT64_MAX };
+	rt_kv kv;
+	rt_err err;
+	ck_assert_int_eq(rt_kv_init_tiered(&kv, &pool, RT_KV_F16, L, H, G, MD, MCAP, 8, 16, &err), 0);
+	ck_assert_int_eq((int)rt_kv_tier_row_bytes(&kv, RT_KV_TIER_Q4), 40);
+	ck_assert_int_eq((int)rt_kv_tier_entry_bytes(&kv, RT_KV_TIER_Q2), 27 + 48 + 4);
+	ck_assert_int_eq((int)rt_kv_tier_entry_bytes(&kv, RT_KV_TIER_TOP), 27 + 256 + 4);
+	ck_assert_int_eq((int)rt_kv_f16_entry_bytes(&kv), 256);
+	list_model *lm = calloc((size_t)NH, sizeof *lm);
+	unsigned s = 99u + (unsigned)_i;
+	int32_t next_pos = 0;
+	for (int step = 0; step < 300; step++) {
+		const int op = (int)(rng(&s) % 10);
+		if (op < 4) { /* a chunk of appends to every head */
+			const int add = 1 + (int)(rng(&s) % 7);
+			if (lm[0].n + add > MCAP)
+				continue;
+			ck_assert_int_eq(rt_kv_reserve(&kv, add, &err), 0);
+			for (int j = 0; j < add; j++, next_pos++)
+				for (int i = 0; i < NH; i++) {
+					float k[MD], v[MD];
+					fill_row(k, MD, &s, 1);
+					fill_row(v, MD, &s, 0);
+					rt_kv_head *h = &kv.heads[i];
+					int32_t e = rt_kv_append(&kv, h, k, v, next_pos);
+					lm[i].e[e].pos = next_pos;
+					lm[i].n = e + 1;
+					model_snapshot(&kv, h, &lm[i], e);
+				}
+		} else if (op < 7) { /* set tiers: random wants, some upward (ignored) */
+			for (int i = 0; i < NH; i++) {
+				rt_kv_head *h = &kv.heads[i];
+				uint8_t want[MCAP];
+				int moved = 0;
+				for (int e = 0; e < h->n; e++) {
+					want[e] = (uint8_t)(rng(&s) % RT_KV_N_TIER);
+					moved += want[e] > lm[i].e[e].tier;
+				}
+				ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), moved);
+				for (int e = 0; e < h->n; e++)
+					if (want[e] > lm[i].e[e].tier)
+						model_snapshot(&kv, h, &lm[i], e);
+			}
+		} else { /* keep or evict a random subset */
+			for (int i = 0; i < NH; i++) {
+				rt_kv_head *h = &kv.heads[i];
+				int32_t keep[MCAP];
+				int nk = 0;
+				for (int e = 0; e < h->n; e++)
+					if (rng(&s) % 3)
+						keep[nk++] = e;
+				list_model nm = { 0 };
+				if (op == 7) {
+					rt_kv_head_keep(&kv, h, keep, nk);
+					for (int j = 0; j < nk; j++)
+						nm.e[j] = lm[i].e[keep[j]];
+				} else {
+					/* evict's placement: kept below nk stay, the rest fill the holes */
+					int t = 0;
+					for (int j = 0; j < nk; j++)
+						t += keep[j] < nk;
+					int src = t, k = 0;
+					for (int j = 0; j < nk; j++) {
+						if (k < t && keep[k] == j)
+							nm.e[j] = lm[i].e[keep[k++]];
+						else
+							nm.e[j] = lm[i].e[keep[src++]];
+					}
+					rt_kv_head_evict(&kv, h, keep, nk);
+				}
+				nm.n = nk;
+				lm[i] = nm;
+			}
+		}
+		check_store(&kv, lm, &pool);
+	}
+	rt_kv_reset(&kv);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
+	ck_assert_int_eq(rt_kv_bytes_held(&kv), 0);
+	rt_kv_free(&kv);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 0);
+	free(lm);
+}
+END_TEST
+
+START_TEST(downgrade_frees_bytes_and_full_pool_refuses)
+{
+	rt_kvpool pool = { .limit = INT64_MAX };
+	rt_kv kv;
+	rt_err err;
+	enum { N = 64 };
+	ck_assert_int_eq(rt_kv_init_tiered(&kv, &pool, RT_KV_F16, 1, 1, 4, MD, N, 0, 0, &err), 0);
+	rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
+	unsigned s = 5;
+	ck_assert_int_eq(rt_kv_reserve(&kv, N, &err), 0);
+	for (int i = 0; i < N; i++) {
+		float k[MD], v[MD];
+		fill_row(k, MD, &s, 1);
+		fill_row(v, MD, &s, 0);
+		rt_kv_append(&kv, h, k, v, i);
+	}
+	/* metadata 4 blocks × 16 × 19 bytes; top arena 4 blocks × 16 × (256 + 4) */
+	const int64_t meta = 4 * 16 * 19;
+	ck_assert_int_eq(rt_kv_bytes_held(&kv), meta + 4 * 16 * 260);
+	uint8_t want[N];
+	memset(want, RT_KV_TIER_Q4, N);
+	/* a limit that cannot hold the q4 arena beside the top one: refused, nothing changed */
+	rt_kvpool_set_limit(&pool, meta + 4 * 16 * 260 + 16 * 84);
+	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "KV pool exhausted"));
+	ck_assert_int_eq(h->tier[0], RT_KV_TIER_TOP);
+	ck_assert_int_eq(rt_kv_bytes_held(&kv), meta + 4 * 16 * 260);
+	rt_kvpool_set_limit(&pool, INT64_MAX);
+	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), N);
+	/* every top block returned: the q4 arena only (rows 2 × 40, owner 4) */
+	ck_assert_int_eq(rt_kv_bytes_held(&kv), meta + 4 * 16 * 84);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, meta + 4 * 16 * 84);
+	ck_assert_int_eq(rt_kvbytes_held(&kv), N * 80);
+	rt_kv_free(&kv);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
+}
+END_TEST
+
+/* ---- attention over the stored, dequantised entries --------------------------------------- */
+
+typedef struct obs_check {
+	const rt_kv *kv;
+	double max_err;
+	int calls;
+} obs_check;
+
+/* out == Σ_i p_i · value_i over the dequantised values, for each query head of the group */
+static void obs_fn(void *u, const rt_attn_view *v)
+{
+	obs_check *o = u;
+	float buf[64];
+	for (int g = 0; g < v->group; g++)
+		for (int c = 0; c < v->head_dim; c++) {
+			double acc = 0, mag = 0;
+			for (int i = 0; i < v->n_entries; i++) {
+				const float *val = rt_kv_value(o->kv, v->head, i, buf);
+				acc += (double)v->probs[(size_t)g * v->probs_ld + i] * val[c];
+				mag += fabs((double)v->probs[(size_t)g * v->probs_ld + i] * val[c]);
+			}
+			double e = fabs(acc - v->out[(size_t)g * v->head_dim + c]) / (mag + 1e-6);
+			o->max_err = e > o->max_err ? e : o->max_err;
+		}
+	o->calls++;
+}
+
+START_TEST(attention_over_dequantised_entries)
+{
+	/* _i: 0 exact 9/3, 1 exact 4/1, 2 fast (threads) 9/3, 3 fast 4/1; head_dim 32 */
+	const int shape = _i % 2, fast = _i / 2;
+	tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 128,
+		             .rope_base = 10000.0f, .seed = 77u + (uint32_t)_i, .wtype = RT_GGML_F32 };
+	if (shape == 0)
+		c.n_head = 9, c.n_head_kv = 3, c.n_embd = 288;
+	else
+		c.n_head = 4, c.n_head_kv = 1, c.n_embd = 128;
+	char path[128];
+	mkdir("tests/tmp", 0755);
+	snprintf(path, sizeof path, "tests/tmp/test_kvtier_%d_%d.gguf", (int)getpid(), _i);
+	ck_assert_int_eq(tiny_model_write(&c, path), 0);
+	rt_model_opts mo = { .exact = !fast, .threads = fast ? 2 : 0 };
+	rt_err err = { "" };
+	rt_model *m = rt_model_open(path, &mo, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	enum { P = 60, T = 3 };
+	int32_t tok[P + T];
+	unsigned s = 3u + (unsigned)_i;
+	for (int i = 0; i < P + T; i++)
+		tok[i] = (int32_t)(rng(&s) % (unsigned)c.n_vocab);
+	const enum rt_kv_type top = fast ? RT_KV_F16 : RT_KV_F32;
+	rt_kv kv, ref, full;
+	rt_fwd f, fr;
+	ck_assert_int_eq(rt_kv_init_tiered(&kv, NULL, top, c.n_layer, c.n_head_kv,
+	                                   c.n_head / c.n_head_kv, 32, P + T, 0, 0, &err), 0);
+	ck_assert_int_eq(rt_kv_init_typed(&ref, NULL, RT_KV_F32, c.n_layer, c.n_head_kv,
+	                                  c.n_head / c.n_head_kv, 32, P + T, 0, 0, &err), 0);
+	ck_assert_int_eq(rt_kv_init_typed(&full, NULL, top, c.n_layer, c.n_head_kv,
+	                                  c.n_head / c.n_head_kv, 32, P + T, 0, 0, &err), 0);
+	/* chunk 8: below the narrow types' decode threshold, so the tiered scratch is made lazily */
+	ck_assert_int_eq(rt_fwd_init(&f, m, 8, P + T, &err), 0);
+	ck_assert_int_eq(rt_fwd_init(&fr, m, 8, P + T, &err), 0);
+	ck_assert_int_eq(rt_model_forward(&f, &kv, tok, P, 0, NULL, RT_LOGITS_NONE, &err), 0);
+	ck_assert_int_eq(rt_model_forward(&fr, &full, tok, P, 0, NULL, RT_LOGITS_NONE, &err), 0);
+	/* per head: tiers by position pattern, then evict a head-dependent subset */
+	for (int i = 0; i < c.n_layer * c.n_head_kv; i++) {
+		rt_kv_head *h = &kv.heads[i];
+		uint8_t want[P];
+		for (int e = 0; e < h->n; e++)
+			want[e] = (uint8_t)(e < 4 || e >= P - 8 ? RT_KV_TIER_TOP : 1 + (e * 7 + i) % 3);
+		ck_assert_int_gt(rt_kv_head_set_tiers(&kv, h, want, &err), 0);
+		int32_t keep[P];
+		int nk = 0;
+		for (int e = 0; e < h->n; e++)
+			if ((e * (i + 2)) % 5 < 4)
+				keep[nk++] = e;
+		rt_kv_head_evict(&kv, h, keep, nk);
+		/* the dense reference: an f32 store of the kept entries as they read back */
+		rt_kv_head *hr = &ref.heads[i];
+		for (int e = 0; e < h->n; e++) {
+			float kb[32], vb[32];
+			rt_kv_append(&ref, hr, rt_kv_key(&kv, h, e, kb), rt_kv_value(&kv, h, e, vb), h->pos[e]);
+		}
+	}
+	obs_check oc = { .kv = &kv };
+	f.observe = obs_fn; /* not parallel-safe: the heads of this step run in order */
+	f.observe_user = &oc;
+	float *lg = malloc((size_t)T * c.n_vocab * sizeof *lg), *lr = malloc((size_t)T * c.n_vocab * sizeof *lr);
+	float *lf = malloc((size_t)T * c.n_vocab * sizeof *lf);
+	/* one token, then a chunk of two */
+	ck_assert_int_eq(rt_model_forward(&f, &kv, tok + P, 1, P, lg, RT_LOGITS_ALL, &err), 0);
+	f.observe = NULL; /* the fast path's KV heads in parallel from here */
+	ck_assert_int_eq(rt_model_forward(&f, &kv, tok + P + 1, 2, P + 1, lg + c.n_vocab, RT_LOGITS_ALL,
+	                                  &err), 0);
+	ck_assert_int_eq(rt_model_forward(&fr, &ref, tok + P, 1, P, lr, RT_LOGITS_ALL, &err), 0);
+	ck_assert_int_eq(rt_model_forward(&fr, &ref, tok + P + 1, 2, P + 1, lr + c.n_vocab,
+	                                  RT_LOGITS_ALL, &err), 0);
+	ck_assert_int_eq(rt_model_forward(&fr, &full, tok + P, T, P, lf, RT_LOGITS_ALL, &err), 0);
+	double d = 0, dfull = 0, mx = 0;
+	for (size_t i = 0; i < (size_t)T * c.n_vocab; i++) {
+		d = fmax(d, fabs(lg[i] - lr[i]));
+		dfull = fmax(dfull, fabs(lg[i] - lf[i]));
+		mx = fmax(mx, fabs(lr[i]));
+	}
+	/* the new tokens' own rows are f16 in a fast tiered store and f32 in the reference */
+	const double tol = fast ? 2e-3 * mx : 1e-5 * mx;
+	ck_assert_msg(d <= tol, "tiered vs dense over the dequantised kept entries: %g (max %g)", d, mx);
+	ck_assert_msg(dfull > 10 * tol, "tiers and eviction had no effect (%g)", dfull);
+	ck_assert_int_eq(oc.calls, c.n_layer * c.n_head_kv);
+	ck_assert_msg(oc.max_err <= 1e-5, "observe: out vs Σ p·v relative error %g", oc.max_err);
+	free(lg), free(lr), free(lf);
+	rt_fwd_free(&f);
+	rt_fwd_free(&fr);
+	rt_kv_free(&kv);
+	rt_kv_free(&ref);
+	rt_kv_free(&full);
+	rt_model_free(m);
+	unlink(path);
+}
+END_TEST
+
+/* ---- a policy that sets tiers, through rt_seq ----------------------------------------- */
+
+enum { PT_EVERY = 16, PT_KEEP_TOP = 8 };
+
+static int pt_should(const struct kvp_ctx *ctx, const rt_kv *kv)
+{
+	(void)kv;
+	return ctx->seen % PT_EVERY == 0;
+}
+
+static int32_t pt_next(const struct kvp_ctx *ctx, const rt_kv *kv)
+{
+	(void)kv;
+	return (int32_t)(PT_EVERY - ctx->seen % PT_EVERY);
+}
+
+static size_t pt_scratch(const rt_kv *kv)
+{
+	return (size_t)kv->cap;
+}
+
+/* every entry but the newest PT_KEEP_TOP of each head to q4 */
+static int pt_compress(const struct kvp_ctx *ctx, rt_kv *kv, rt_err *err)
+{
+	uint8_t *want = ctx->scratch;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++) {
+		rt_kv_head *h = &kv->heads[i];
+		for (int e = 0; e < h->n; e++)
+			want[e] = h->n - e > PT_KEEP_TOP ? RT_KV_TIER_Q4 : RT_KV_TIER_TOP;
+		if (rt_kv_head_set_tiers(kv, h, want, err) < 0)
+			return -1;
+	}
+	return 0;
+}
+
+static const struct kvp_policy tier_policy = {
+	.abi_version = KVP_ABI_VERSION, .name = "q4_tail", .source = "test", .source_hash = "0",
+	.needs = KVP_NEED_TIERS, .should_compress = pt_should, .compress = pt_compress,
+	.next_trigger = pt_next, .scratch_bytes = pt_scratch,
+};
+
+START_TEST(policy_needs_tiers_through_seq)
+{
+	const int exact = _i;
+	tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 128, .n_head = 4,
+		             .n_head_kv = 1, .n_embd = 128, .rope_base = 10000.0f, .seed = 5u,
+		             .wtype = RT_GGML_F32 };
+	char path[128];
+	mkdir("tests/tmp", 0755);
+	snprintf(path, sizeof path, "tests/tmp/test_kvtier_seq_%d_%d.gguf", (int)getpid(), _i);
+	ck_assert_int_eq(tiny_model_write(&c, path), 0);
+	rt_model_opts mo = { .exact = exact, .kv_type = exact ? RT_KV_F32 : RT_KV_F16 };
+	rt_err err = { "" };
+	rt_model *m = rt_model_open(path, &mo, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	enum { N = 40 };
+	int32_t tok[N];
+	unsigned s = 11;
+	for (int i = 0; i < N; i++)
+		tok[i] = (int32_t)(rng(&s) % (unsigned)c.n_vocab);
+	rt_seq q;
+	ck_assert_msg(rt_seq_init(&q, m, &tier_policy, N, 8, -1, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(q.kv.tiered, 1);
+	ck_assert_int_eq(q.kv.type, exact ? RT_KV_F32 : RT_KV_F16);
+	float *lg = malloc((size_t)N * c.n_vocab * sizeof *lg);
+	ck_assert_msg(rt_seq_feed(&q, tok, N, lg, RT_LOGITS_ALL, &err) == 0, "%s", err.msg);
+	for (size_t i = 0; i < (size_t)N * c.n_vocab; i++)
+		ck_assert(isfinite(lg[i]));
+	/* the last compress ran at 32 tokens: entries 0..23 at q4, the rest at the top */
+	const rt_kv_head *h = rt_kv_head_at(&q.kv, 1, 0);
+	ck_assert_int_eq(h->n, N);
+	for (int e = 0; e < N; e++)
+		ck_assert_int_eq(h->tier[e], e < 32 - PT_KEEP_TOP ? RT_KV_TIER_Q4 : RT_KV_TIER_TOP);
+	const int64_t top_row = exact ? 128 : 64; /* head_dim 32 in f32 / f16 */
+	ck_assert_int_eq(rt_kvbytes_held(&q.kv), c.n_layer * (24 * 2 * 20 + 16 * 2 * top_row));
+	rt_seq_free(&q);
+	rt_model_free(m);
+	unlink(path);
+	/* refusals when the run is configured */
+	rt_kv kv;
+	struct rt_run r;
+	ck_assert_int_eq(rt_run_init_typed(&r, &kv, RT_KV_Q8_0, &tier_policy, 1, 1, 4, 64, 16, -1, &err),
+	                 -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "top tier is f16 or f32"));
+	ck_assert_int_eq(rt_run_init_typed(&r, &kv, RT_KV_F16, &tier_policy, 1, 1, 4, 48, 16, -1, &err),
+	                 -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "head_dim 48"));
+	struct kvp_policy both = tier_policy;
+	both.needs |= KVP_NEED_F32_KV;
+	ck_assert_int_eq(rt_run_init_typed(&r, &kv, RT_KV_F32, &both, 1, 1, 4, 64, 16, -1, &err), -1);
+	ck_assert_ptr_nonnull(strstr(err.msg, "cannot do both"));
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("kvtier");
+	TCase *tc = tcase_create("tiers");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, round_trip_per_tier);
+	tcase_add_loop_test(tc, random_mix_against_model, 0, 2);
+	tcase_add_test(tc, downgrade_frees_bytes_and_full_pool_refuses);
+	tcase_add_loop_test(tc, attention_over_dequantised_entries, 0, 4);
+	tcase_add_loop_test(tc, policy_needs_tiers_through_seq, 0, 2);
+	suite_add_tcase(s, tc);
+	SRunner *sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
