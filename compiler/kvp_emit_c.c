@@ -408,6 +408,7 @@ static void expr(struct em *em, int32_t e, enum ectx c)
 		break;
 	case KVP_OP_CAOTE:
 	case KVP_OP_NORMALIZE:
+	case KVP_OP_EXPATTN:
 		out(em, "(double)tmp[(size_t)%d * cap + (size_t)i]", (int)em->vec_of[e]);
 		break;
 	default:
@@ -538,6 +539,8 @@ static void emit_header(struct em *em)
 	out(em, "#include \"k_compress.h\"\n");
 	if (kvp_ir_grace_core(ir))
 		out(em, "#include \"k_grace_run.h\"\n");
+	if (ir->needs & KVP_NEED_QUERY)
+		out(em, "#include \"k_expattn.h\"\n");
 	out(em, "#include \"k_score.h\"\n#include \"k_signal.h\"\n");
 	out(em, "#include \"k_stat.h\"\n#include \"kv/rt_kv.h\"\n#include \"policy/rt_policy.h\"\n\n");
 	out(em, "#include <string.h>\n\n");
@@ -550,6 +553,12 @@ static void emit_header(struct em *em)
 		out(em, "/* per-head state: the attention output of each query head at the latest step */\n"
 		        "_Static_assert(K_OUT_MAX_GROUP == %d, \"kvpc and kernels/k_score.h disagree on the output rows\");\n\n",
 		    KVP_IR_OUT_ROWS);
+	if (ir->needs & KVP_NEED_QUERY)
+		out(em, "/* per-head state%s: Expected Attention's query statistics (kernels/k_expattn.h) */\n"
+		        "_Static_assert(K_EA_MAX_GROUP == %d, \"kvpc and kernels/k_expattn.h disagree on the query rows\");\n"
+		        "#define EA_STATE(h, d) ((float *)(void *)((h)->state%s))\n\n",
+		    (ir->needs & KVP_NEED_OUT) ? ", after the output rows" : "", KVP_IR_EA_ROWS,
+		    (ir->needs & KVP_NEED_OUT) ? " + (size_t)K_OUT_MAX_GROUP * (size_t)(d) * sizeof(float)" : "");
 }
 
 /* Mark e and every node below it. */
@@ -800,6 +809,20 @@ static void observe_body(struct em *em, const void *arg)
 	if (keep_out)
 		out(em, "\t/* exact CAOTE: the true attention output of each query head at this step */\n"
 		        "\tif (ob->out)\n\t\tk_out_store(h->state, ob->out, ob->group, d);\n");
+	if (ir->needs & KVP_NEED_QUERY) {
+		int32_t ea = -1;
+		for (int32_t v = 0; v < ir->n_nodes && ea < 0; v++)
+			if (ir->nodes[v].op == KVP_OP_EXPATTN)
+				ea = v;
+		RT_ASSERT(ea >= 0);
+		line_src(em, ir->nodes[ea].loc);
+		out(em, "\t/* Expected Attention: the running mean and co-moment of each query head's\n"
+		        "\t * pre-RoPE queries at positions >= skip (kernels/k_expattn.h) */\n"
+		        "\tif (ob->query && (double)ob->step >= ");
+		expr(em, ir->nodes[ea].b, E_SCALAR);
+		out(em, ")\n\t\tk_ea_observe(EA_STATE(h, d), ob->query, ob->group, d);\n");
+		line_back(em);
+	}
 	if (ir->n_stats == 0)
 		return;
 	for (int k = 0; k < ir->n_stats; k++) {
@@ -842,7 +865,7 @@ static void observe_body(struct em *em, const void *arg)
 static void emit_observe(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
-	if (ir->n_stats == 0 && !(ir->needs & KVP_NEED_OUT))
+	if (ir->n_stats == 0 && !(ir->needs & (KVP_NEED_OUT | KVP_NEED_QUERY)))
 		return;
 	out(em, "/* observe: one step (query token ob->step) over head (layer, kv_head); updates\n"
 	        " * every statistic of the ob->n visible entries (k_stat.h templates, fused). */\n");
@@ -872,6 +895,16 @@ static void score_body(struct em *em, const void *arg)
 			continue;
 		const struct kvp_ir_expr *x = &ir->nodes[v];
 		line_src(em, x->loc);
+		if (x->op == KVP_OP_EXPATTN) {
+			out(em, "\tk_ea_score(tmp + (size_t)%d * cap, h->k, h->pos, n, d, EA_STATE(h, d), r, seen,\n"
+			        "\t           (double)(", (int)em->vec_of[v]);
+			expr(em, x->a, E_SCALAR);
+			out(em, "), (double)(");
+			expr(em, x->b, E_SCALAR);
+			out(em, "), ctx->rope_base, ctx->n_rot, vec);\n");
+			line_back(em);
+			continue;
+		}
 		out(em, "\tfor (int32_t i = 0; i < n; i++)\n\t\ttmp[(size_t)%d * cap + (size_t)i] = (float)",
 		    (int)em->vec_of[v]);
 		expr(em, x->a, E_SCORE);
@@ -1268,6 +1301,13 @@ static void emit_compress(struct em *em)
 		cstr_into(em, ir->name);
 		out(em, "\", K_OUT_MAX_GROUP, kv->group);\n");
 	}
+	if (ir->needs & KVP_NEED_QUERY) {
+		out(em, "\tif (kv->group > K_EA_MAX_GROUP || kv->state_bytes < %sk_ea_state_floats(kv->head_dim) * sizeof(float))\n"
+		        "\t\treturn rt_err_set(err, \"policy %%s: Expected Attention keeps the query statistics of at most %%d query heads per KV head; this model has %%d\", \"",
+		    (ir->needs & KVP_NEED_OUT) ? "(size_t)K_OUT_MAX_GROUP * (size_t)kv->head_dim * sizeof(float) + " : "");
+		cstr_into(em, ir->name);
+		out(em, "\", K_EA_MAX_GROUP, kv->group);\n");
+	}
 	out(em, "\tstruct k_compress_cfg cfg;\n\tconfig(ctx, kv, (double)ctx->seen, &cfg);\n");
 	if (grace) {
 		out(em, "\tstruct k_grace_cfg gc;\n\tgrace_config(ctx, &cfg, &gc);\n");
@@ -1310,14 +1350,17 @@ static void emit_policy(struct em *em)
 	out(em, "\t.stat_words_entry = STAT_WORDS_ENTRY,\n\t.stat_words_qhead = STAT_WORDS_QHEAD,\n");
 	out(em, "\t.state_words = %u,\n\t.state_words_dim = %u,\n", ir->state_words,
 	    ir->state_words_dim);
+	if (ir->state_words_dim2)
+		out(em, "\t.state_words_dim2 = %u,\n", ir->state_words_dim2);
 	out(em, "\t.positions = %s,\n",
 	    ir->positions == KVP_POS_COMPACTED ? "KVP_POS_COMPACTED" : "KVP_POS_ORIGINAL");
 	out(em, "\t.needs = ");
 	/* ORDER(needs): bit b of KVP_NEED_* (runtime/policy/rt_policy.h) is needs[b] */
 	static const char *const needs[] = { "KVP_NEED_ATTN", "KVP_NEED_OUT", "KVP_NEED_KEYS",
 	                                     "KVP_NEED_VALUES", "KVP_NEED_SPANS", "KVP_NEED_PROMPT_LEN",
-	                                     "KVP_NEED_TRACE", "KVP_NEED_F32_KV", "KVP_NEED_TIERS" };
-	_Static_assert(sizeof needs / sizeof needs[0] == 9, "ORDER(needs): one name per KVP_NEED_ bit");
+	                                     "KVP_NEED_TRACE", "KVP_NEED_F32_KV", "KVP_NEED_TIERS",
+	                                     "KVP_NEED_QUERY" };
+	_Static_assert(sizeof needs / sizeof needs[0] == 10, "ORDER(needs): one name per KVP_NEED_ bit");
 	int first = 1;
 	for (int b = 0; b < (int)(sizeof needs / sizeof needs[0]); b++)
 		if (ir->needs & (1u << b)) {
@@ -1328,7 +1371,7 @@ static void emit_policy(struct em *em)
 		out(em, "0");
 	out(em, ",\n\t.init_entries = NULL,\n");
 	out(em, "\t.observe = %s,\n",
-	    ir->n_stats > 0 || (ir->needs & KVP_NEED_OUT) ? "observe" : "NULL");
+	    ir->n_stats > 0 || (ir->needs & (KVP_NEED_OUT | KVP_NEED_QUERY)) ? "observe" : "NULL");
 	out(em, "\t.should_compress = should_compress,\n");
 	out(em, "\t.compress = %s,\n", compresses ? "compress" : "NULL");
 	out(em, "\t.next_trigger = next_trigger,\n");
@@ -1345,7 +1388,8 @@ int kvp_emit_c(const struct kvp_ir *ir, const struct kvp_emit_opts *opts, FILE *
 	em.opts = opts ? opts : &defaults;
 	em.vec_of = RT_MALLOC((size_t)(ir->n_nodes > 0 ? ir->n_nodes : 1) * sizeof(int32_t));
 	for (int32_t i = 0; i < ir->n_nodes; i++) {
-		int v = ir->nodes[i].op == KVP_OP_CAOTE || ir->nodes[i].op == KVP_OP_NORMALIZE;
+		int v = ir->nodes[i].op == KVP_OP_CAOTE || ir->nodes[i].op == KVP_OP_NORMALIZE ||
+		        ir->nodes[i].op == KVP_OP_EXPATTN;
 		em.vec_of[i] = v ? em.n_vec++ : -1;
 	}
 	emit_header(&em);

@@ -227,6 +227,8 @@ const char *kvp_emit_cuda_host_why(const struct kvp_ir *ir)
 	int32_t e = ir->score.expr;
 	if (uses(ir, e, KVP_OP_CAOTE, 0) || uses(ir, e, KVP_OP_NORMALIZE, 0))
 		return "whole-head score transforms (caote, normalize) run on the host";
+	if (uses(ir, e, KVP_OP_EXPATTN, 0))
+		return "Expected Attention's score (query statistics) runs on the host";
 	if (uses(ir, e, KVP_OP_SIGNAL, KVP_SIG_KEY_COS_MEAN))
 		return "key_cos_mean (a whole-head anchor) runs on the host";
 	return NULL;

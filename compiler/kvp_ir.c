@@ -225,6 +225,11 @@ int32_t kvp_ir_normalize(struct kvp_ir *ir, struct kvp_loc loc, int32_t a)
 	return kvp_ir_unary(ir, loc, KVP_OP_NORMALIZE, a);
 }
 
+int32_t kvp_ir_expattn(struct kvp_ir *ir, struct kvp_loc loc, int32_t future, int32_t skip)
+{
+	return kvp_ir_binary(ir, loc, KVP_OP_EXPATTN, future, skip);
+}
+
 void kvp_ir_add_span(struct kvp_ir *ir, const char *name)
 {
 	int n = ir->guards.n_spans;
@@ -260,6 +265,7 @@ const char *kvp_ir_op_name(enum kvp_ir_op op)
 		[KVP_OP_LT] = "<", [KVP_OP_LE] = "<=", [KVP_OP_GT] = ">", [KVP_OP_GE] = ">=",
 		[KVP_OP_EQ] = "==", [KVP_OP_NE] = "!=", [KVP_OP_AND] = "and", [KVP_OP_OR] = "or",
 		[KVP_OP_SELECT] = "if", [KVP_OP_CAOTE] = "caote", [KVP_OP_NORMALIZE] = "normalize",
+		[KVP_OP_EXPATTN] = "expected_attention",
 	};
 	return (unsigned)op < KVP_OP_COUNT_ && names[op] ? names[op] : "?";
 }
@@ -332,7 +338,7 @@ int kvp_ir_expr_per_qhead(const struct kvp_ir *ir, int32_t e)
 	if (x->op == KVP_OP_STAT)
 		return x->index >= 0 && x->index < ir->n_stats &&
 		       kvp_ir_expr_per_qhead(ir, ir->stats[x->index].arg);
-	if (x->op == KVP_OP_CAOTE && x->mode == KVP_CAOTE_EXACT)
+	if ((x->op == KVP_OP_CAOTE && x->mode == KVP_CAOTE_EXACT) || x->op == KVP_OP_EXPATTN)
 		return 1;
 	int n = arity(x->op);
 	int32_t ops[3] = { x->a, x->b, x->c };
@@ -380,6 +386,9 @@ int kvp_ir_expr_allowed(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c)
 		if (c != KVP_CTX_SCORE)
 			return 0;
 		break;
+	case KVP_OP_EXPATTN: /* its operands are scalars (future, skip) */
+		return c == KVP_CTX_SCORE && kvp_ir_expr_allowed(ir, x->a, KVP_CTX_SCALAR) &&
+		       kvp_ir_expr_allowed(ir, x->b, KVP_CTX_SCALAR);
 	default:
 		if ((unsigned)x->op >= KVP_OP_COUNT_)
 			return 0;
@@ -424,7 +433,7 @@ int kvp_ir_fold(const struct kvp_ir *ir, int32_t e, double *out)
 		*out = x->num;
 		return 1;
 	}
-	if (n == 0 || x->op == KVP_OP_CAOTE || x->op == KVP_OP_NORMALIZE)
+	if (n == 0 || x->op == KVP_OP_CAOTE || x->op == KVP_OP_NORMALIZE || x->op == KVP_OP_EXPATTN)
 		return 0;
 	if (!kvp_ir_fold(ir, x->a, &a) || (n > 1 && !kvp_ir_fold(ir, x->b, &b)) ||
 	    (n > 2 && !kvp_ir_fold(ir, x->c, &c)))
@@ -518,10 +527,15 @@ void kvp_ir_layout(struct kvp_ir *ir)
 			needs |= KVP_NEED_VALUES;
 		if (x->op == KVP_OP_CAOTE && x->mode == KVP_CAOTE_EXACT)
 			needs |= KVP_NEED_OUT;
+		if (x->op == KVP_OP_EXPATTN)
+			needs |= KVP_NEED_QUERY | KVP_NEED_KEYS;
 	}
-	/* the exact CAOTE's true attention outputs: one row per query head of the group */
-	ir->state_words = 0;
-	ir->state_words_dim = (needs & KVP_NEED_OUT) ? KVP_IR_OUT_ROWS : 0u;
+	/* the exact CAOTE's true attention outputs: one row per query head of the group;
+	 * then Expected Attention's query counts, means and co-moments (k_expattn.h) */
+	const uint32_t ea = (needs & KVP_NEED_QUERY) ? KVP_IR_EA_ROWS : 0u;
+	ir->state_words = ea;
+	ir->state_words_dim = ((needs & KVP_NEED_OUT) ? KVP_IR_OUT_ROWS : 0u) + ea;
+	ir->state_words_dim2 = ea;
 	if (ir->action.kind != KVP_ACT_EVICT)
 		needs |= KVP_NEED_KEYS | KVP_NEED_VALUES;
 	if (ir->guards.protect_all_spans || ir->guards.n_spans > 0)
@@ -597,9 +611,10 @@ static int32_t first_bad(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c)
 	const struct kvp_ir_expr *x = &ir->nodes[e];
 	int n = arity(x->op);
 	int32_t ops[3] = { x->a, x->b, x->c };
+	const enum kvp_ir_ctx oc = x->op == KVP_OP_EXPATTN ? KVP_CTX_SCALAR : c;
 	for (int i = 0; i < n; i++)
-		if (!kvp_ir_expr_allowed(ir, ops[i], c))
-			return first_bad(ir, ops[i], c);
+		if (!kvp_ir_expr_allowed(ir, ops[i], oc))
+			return first_bad(ir, ops[i], oc);
 	return kvp_ir_expr_allowed(ir, e, c) ? -1 : e;
 }
 
@@ -623,7 +638,7 @@ static void check_expr(struct checker *ck, int32_t e, enum kvp_ir_ctx c, int req
 			problem(ck, x->loc, "%s: '%s' cannot be used in %s", what,
 			        kvp_ir_signal_name(x->sig), ctx_name(c));
 		else if (bad >= 0 && (x->op == KVP_OP_STAT || x->op == KVP_OP_CAOTE ||
-		                      x->op == KVP_OP_NORMALIZE))
+		                      x->op == KVP_OP_NORMALIZE || x->op == KVP_OP_EXPATTN))
 			problem(ck, x->loc, "%s: %s cannot be used in %s", what,
 			        x->op == KVP_OP_STAT ? "a statistic" : kvp_ir_op_name(x->op), ctx_name(c));
 		else

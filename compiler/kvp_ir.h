@@ -38,7 +38,8 @@
  *                    layer
  *   KVP_CTX_SCORE    the score (per entry, per query head, at compress): stats, pos, age,
  *                    count, entries, key/value norm, key_cos_mean, and the whole-head
- *                    transforms caote() and normalize()
+ *                    transforms caote(), normalize() and expected_attention() (whose
+ *                    two operands are SCALAR expressions)
  */
 #ifndef KVP_IR_H
 #define KVP_IR_H
@@ -57,6 +58,11 @@
 /* Rows of attention output (query heads per KV head) the per-head state holds for an
  * exact CAOTE: state_words_dim of such a policy (kernels/k_score.h K_OUT_MAX_GROUP). */
 #define KVP_IR_OUT_ROWS 16
+
+/* Query heads per KV head whose query statistics the per-head state holds for Expected
+ * Attention: state_words, state_words_dim and state_words_dim2 of such a policy
+ * (kernels/k_expattn.h K_EA_MAX_GROUP). */
+#define KVP_IR_EA_ROWS 16
 
 /* A place in the .kvp source: 1-based line and column (0 = unknown). */
 struct kvp_loc {
@@ -90,6 +96,14 @@ enum kvp_ir_op {
 	                     result_j = alpha_j / (1 - alpha_j) * ||o - v_j||_2
 	                     (+inf when alpha_j >= 1) */
 	KVP_OP_NORMALIZE, /* a_j / sum_i a_i (0 when the sum is 0) */
+	KVP_OP_EXPATTN,   /* Expected Attention (arXiv 2510.00636, kernels/k_expattn.h): the
+	                     softmax over the head's entries at positions >= b of
+	                     z_i = k_iᵀmu'/sqrt(d) + k_iᵀSigma'k_i/(2d), mu' and Sigma' the
+	                     mean and covariance of the query head's pre-RoPE queries at
+	                     positions >= b (kept in the head's state by observe; needs
+	                     KVP_NEED_QUERY), rotated by the RoPE averaged over the next a
+	                     positions. a (future, tokens) and b (skip, tokens) are SCALAR
+	                     expressions, not per-entry ones; depends on the query head */
 	KVP_OP_COUNT_
 };
 
@@ -364,7 +378,9 @@ struct kvp_ir {
 	unsigned needs;          /* KVP_NEED_* */
 	uint32_t state_words;    /* per-head state words (rt_policy.h) */
 	uint32_t state_words_dim; /* per-head state words per head_dim: K_OUT_MAX_GROUP rows
-	                             of attention output when an exact CAOTE reads them */
+	                             of attention output when an exact CAOTE reads them, and
+	                             K_EA_MAX_GROUP query means for Expected Attention */
+	uint32_t state_words_dim2; /* per head_dim²: K_EA_MAX_GROUP query co-moment matrices */
 	int uses_obs_count;      /* a per-entry word counts visible steps (MEAN stats) */
 	int32_t obs_count_word;
 };
@@ -400,6 +416,8 @@ int32_t kvp_ir_select(struct kvp_ir *ir, struct kvp_loc loc, int32_t c, int32_t 
 int32_t kvp_ir_caote(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_caote_mode mode,
                      int32_t a);
 int32_t kvp_ir_normalize(struct kvp_ir *ir, struct kvp_loc loc, int32_t a);
+/* expected_attention(future = a, skip = b): a, b SCALAR expressions (tokens). */
+int32_t kvp_ir_expattn(struct kvp_ir *ir, struct kvp_loc loc, int32_t future, int32_t skip);
 
 /* Spans to protect (copied). */
 void kvp_ir_add_span(struct kvp_ir *ir, const char *name);

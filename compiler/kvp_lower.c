@@ -126,6 +126,12 @@ static int32_t lower_call(lower *lw, const kvp_expr *e)
 			m && !strcmp(m->name, "fast") ? KVP_CAOTE_FAST : KVP_CAOTE_EXACT;
 		return kvp_ir_caote(ir, at, mode, a);
 	}
+	if (!strcmp(f, "expected_attention")) {
+		const kvp_expr *ef = kvp_call_arg(e, "future", 0), *es = kvp_call_arg(e, "skip", 1);
+		int32_t a = ef ? lower_expr(lw, ef) : kvp_ir_num(ir, at, 512);
+		int32_t b = es ? lower_expr(lw, es) : kvp_ir_num(ir, at, 4);
+		return kvp_ir_expattn(ir, at, a, b);
+	}
 	if (!strcmp(f, "normalize") || !strcmp(f, "flow")) {
 		const kvp_expr *x = kvp_call_arg(e, !strcmp(f, "flow") ? "relevance" : "score", 0);
 		return kvp_ir_normalize(ir, at, lower_expr(lw, x));

@@ -64,6 +64,7 @@ static const builtin_sig SIGNALS[] = {
 /* functions usable inside expressions */
 static const char *const FUNCTIONS[] = {
 	"min", "max", "abs", "log", "exp", "sqrt", "pow", "if", "caote", "normalize", "flow",
+	"expected_attention",
 };
 #define N_FUNCTIONS (int)(sizeof FUNCTIONS / sizeof FUNCTIONS[0])
 
@@ -135,6 +136,8 @@ typedef struct sema {
 	int have_budget; /* budget statement checked ok */
 	int in_budget;   /* checking the budget's own expression */
 	ty budget;
+	const kvp_expr *ea_call; /* an expected_attention() call, for the sinks check */
+	ty ea_skip;      /* its skip (positions left out of the query statistics) */
 } sema;
 
 #define ERR(S, loc, ...) kvp_src_error((S)->src, (loc), __VA_ARGS__)
@@ -723,6 +726,50 @@ static ty check_call_normalize(sema *S, const kvp_expr *e, unsigned cx)
 	return t;
 }
 
+static ty check_unit(sema *S, const kvp_expr *e, unsigned cx, const kvp_sunit *acc, int n,
+                     const char *what);
+static int positive(sema *S, const kvp_expr *e, ty t, const char *what, int integer);
+
+/* expected_attention(future = F, skip = S), a whole-head transform (docs/language.md 7.8):
+ * F future positions the RoPE is averaged over (a whole number of tokens >= 1, default
+ * 512), S leading positions left out of the query statistics and the softmax (a whole
+ * number of tokens >= 0, default 4; `keep sinks` must keep them, checked in
+ * cross_checks). Both scalar: numbers, parameters, constants. */
+static ty check_call_expattn(sema *S, const kvp_expr *e, unsigned cx)
+{
+	(void)cx;
+	static const char *const na[] = { "future", "skip" };
+	static const int ra[] = { 0, 0 };
+	static const kvp_sunit tok[] = { KVP_SU_TOKENS };
+	if (S->ea_call) {
+		ERR(S, e->loc, "expected_attention() may be used once in a policy (its query statistics are kept once per head)");
+		return TY_ERR;
+	}
+	if (check_args(S, e, na, ra, 2))
+		return TY_ERR;
+	const kvp_expr *ef = kvp_call_arg(e, "future", 0), *es = kvp_call_arg(e, "skip", 1);
+	if (ef) {
+		ty f = check_unit(S, ef, CX_SCALAR, tok, 1, "expected_attention() future");
+		if (positive(S, ef, f, "expected_attention() future (positions the RoPE is averaged over)", 1))
+			return TY_ERR;
+	}
+	ty k = { KVP_SU_TOKENS, 1, 4, 1, 0 };
+	if (es) {
+		k = check_unit(S, es, CX_SCALAR, tok, 1, "expected_attention() skip");
+		if (k.u == KVP_SU_ERR)
+			return TY_ERR;
+		if (k.known && (k.v < 0 || k.v != floor(k.v))) {
+			ERR(S, es->loc, "expected_attention() skip must be a whole number of tokens >= 0");
+			return TY_ERR;
+		}
+	}
+	S->ea_call = e;
+	S->ea_skip = k;
+	ty t = ty_make(KVP_SU_NUM);
+	t.per_qhead = 1; /* each query head has its own query statistics */
+	return t;
+}
+
 /* flow(question_stat, hops = 1): GraceKV's relevance from the question */
 static ty check_call_flow(sema *S, const kvp_expr *e, unsigned cx)
 {
@@ -796,6 +843,8 @@ static ty check_call(sema *S, const kvp_expr *e, unsigned cx)
 		return check_call_caote(S, e, cx);
 	if (!strcmp(f, "normalize"))
 		return check_call_normalize(S, e, cx);
+	if (!strcmp(f, "expected_attention"))
+		return check_call_expattn(S, e, cx);
 	return check_call_flow(S, e, cx);
 }
 
@@ -2016,6 +2065,17 @@ static void cross_checks(sema *S)
 {
 	kvp_sema *o = S->out;
 	const kvp_stmt *budget = o->setting[KVP_SET_BUDGET];
+
+	/* expected_attention() scores the first `skip` positions 0 (they are outside its
+	 * softmax, as kvpress removes its sinks): a sinks guard must keep them */
+	if (S->ea_call && S->ea_skip.known && S->ea_skip.v > 0 &&
+	    !(o->sinks && o->sinks_ty_known && o->sinks_v >= S->ea_skip.v)) {
+		char b[32];
+		fmt_num(S->ea_skip.v, b, sizeof b);
+		ERR(S, S->ea_call->loc, "expected_attention() leaves the first %s positions out of its softmax (skip), so they score 0; keep them with `keep sinks %s`, or set skip = 0",
+		    b, b);
+		return;
+	}
 
 	if (o->compress && !budget) {
 		ERR(S, o->compress->loc, "`compress` needs a budget; add `budget = N entries` or `budget = P%%`");

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "k_expattn.h"
 #include "kv/rt_kv.h"
 #include "policy/rt_policy.h"
 
@@ -24,6 +25,8 @@
 
 typedef double (*weight_fn)(int layer, int g, int r, int64_t step, int32_t pos, void *u);
 typedef void (*entry_fn)(int layer, int g, int32_t pos, float *k, float *v, int d, void *u);
+/* the pre-RoPE query row q[d] of query head r of KV head g at step t (KVP_NEED_QUERY) */
+typedef void (*query_fn)(int layer, int g, int r, int64_t t, float *q, int d);
 
 struct harness {
 	const struct kvp_policy *p;
@@ -35,6 +38,8 @@ struct harness {
 	int32_t span_from, span_to; /* positions [from, to) carry span id 1 */
 	weight_fn w;
 	entry_fn e;
+	query_fn q;
+	float *qrows;           /* [R × d] the group's query rows of a step */
 	void *u;
 };
 
@@ -69,6 +74,7 @@ static void h_open(struct harness *h, const char *name, int L, int G, int R, int
 	h->outs = calloc((size_t)R * d, sizeof(float));
 	h->kbuf = calloc((size_t)d, sizeof(float));
 	h->vbuf = calloc((size_t)d, sizeof(float));
+	h->qrows = calloc((size_t)R * d, sizeof(float));
 	h->e = default_entry;
 }
 
@@ -80,6 +86,7 @@ static void h_close(struct harness *h)
 	free(h->outs);
 	free(h->kbuf);
 	free(h->vbuf);
+	free(h->qrows);
 }
 
 static void h_set(struct harness *h, const char *assign)
@@ -142,6 +149,11 @@ static void h_observe(struct harness *h, int64_t t)
 				}
 			}
 			struct kvp_obs ob = { t, n, h->R, h->probs, h->outs };
+			if (h->q && (h->p->needs & KVP_NEED_QUERY)) {
+				for (int r = 0; r < h->R; r++)
+					h->q(l, g, r, t, h->qrows + (size_t)r * h->d, h->d);
+				ob.query = h->qrows;
+			}
 			if (h->p->observe)
 				h->p->observe(ctx, &h->kv, l, g, &ob);
 		}
@@ -664,6 +676,111 @@ static double w_caote_gqa(int l, int g, int r, int64_t t, int32_t pos, void *u)
 		return 1.0;
 	return pos < 3 ? w[r][pos] : 0.0;
 }
+
+/* Expected Attention (arXiv 2510.00636) against an independent numpy computation: 12
+ * tokens, d = 4, RoPE over both pairs (base 10000, n_rot 4), skip = sinks = 1, future 3
+ * positions, one compress after the block of 12 down to 50% (6 entries per head: the
+ * sink and the 5 best). Keys, values and pre-RoPE queries are the formulas of e_ea and
+ * q_ea. The reference (numpy 2.4; mean and biased covariance of the queries at t = 1..11,
+ * Rbar the mean of the RoPE blocks at p = 12..14, z = K·Rbar·mu/2 + K·Rbar·S·Rbarᵀ·K/8,
+ * softmax over positions 1..11, mean over the group, times ||v||):
+ *
+ *   import numpy as np
+ *   d, T, skip, F, base, nrot = 4, 12, 1, 3, 10000.0, 4
+ *   f32 = lambda a: np.array(a, np.float32).astype(np.float64)
+ *   k = lambda g, p: f32([1.5*np.sin(1.3*p + 0.7*j + 0.5*g) for j in range(d)])
+ *   v = lambda g, p: f32([1.0 + 0.5*np.cos(0.9*p + 1.1*j + 0.3*g) for j in range(d)])
+ *   q = lambda g, r, t: f32([np.sin(0.37*t*(r+1) + 1.7*j + g) + 0.25*j for j in range(d)])
+ *   Rb = np.zeros((d, d))
+ *   for i in range(nrot // 2):
+ *       th = base ** (-2.0*i/nrot); ps = np.arange(T, T + F)
+ *       c, s = np.cos(ps*th).mean(), np.sin(ps*th).mean()
+ *       Rb[2*i:2*i+2, 2*i:2*i+2] = [[c, -s], [s, c]]
+ *   def scores(g, R):
+ *       K = np.stack([k(g, p) for p in range(T)]); V = np.stack([v(g, p) for p in range(T)])
+ *       P = []
+ *       for r in range(R):
+ *           Q = np.stack([q(g, r, t) for t in range(skip, T)])
+ *           mu, S = Rb @ Q.mean(0), Rb @ np.cov(Q.T, bias=True) @ Rb.T
+ *           z = K[skip:] @ mu / np.sqrt(d) + np.einsum('ij,jk,ik->i', K[skip:], S, K[skip:]) / (2*d)
+ *           e = np.exp(z - z.max()); P.append(e / e.sum())
+ *       return np.array(P), np.mean(P, 0) * np.linalg.norm(V[skip:], axis=1)
+ *   for G, R in ((3, 3), (1, 4)):
+ *       for g in range(G):
+ *           print(G, R, g, sorted([0] + [int(i) + skip for i in np.argsort(-scores(g, R)[1])[:5]]))
+ *   print(scores(0, 4)[0][1])
+ *
+ * prints 9/3: {0,4,5,6,9,10}, {0,4,5,8,9,10}, {0,3,4,5,8,9}; 4/1: {0,4,5,6,9,10}; the
+ * softmax of query head 1 of 4/1 below (without the covariance term KV head 1 of 9/3
+ * would keep {0,3,4,5,9,10}; without the RoPE average that softmax starts 0.1002). */
+static void e_ea(int l, int g, int32_t pos, float *k, float *v, int d, void *u)
+{
+	(void)l, (void)u;
+	for (int j = 0; j < d; j++) {
+		k[j] = (float)(1.5 * sin(1.3 * pos + 0.7 * j + 0.5 * g));
+		v[j] = (float)(1.0 + 0.5 * cos(0.9 * pos + 1.1 * j + 0.3 * g));
+	}
+}
+
+static void q_ea(int l, int g, int r, int64_t t, float *q, int d)
+{
+	(void)l;
+	for (int j = 0; j < d; j++)
+		q[j] = (float)(sin(0.37 * (double)t * (r + 1) + 1.7 * j + g) + 0.25 * j);
+}
+
+static const double ea_softmax_4_1_r1[11] = {
+	0.08343936, 0.0421848836, 0.044603893, 0.138138609, 0.160263732, 0.0732307028,
+	0.039159131, 0.0518463302, 0.159197274, 0.143285096, 0.0646509886,
+};
+
+START_TEST(expected_attention_numpy)
+{
+	const int shp[2][2] = { { 3, 3 }, { 1, 4 } };
+	const int32_t want[4][6] = { { 0, 4, 5, 6, 9, 10 }, { 0, 4, 5, 8, 9, 10 },
+		                     { 0, 3, 4, 5, 8, 9 }, { 0, 4, 5, 6, 9, 10 } };
+	for (int s = 0, w = 0; s < 2; s++) {
+		struct harness h;
+		h_open(&h, "expected_attention", 1, shp[s][0], shp[s][1], 4, 16, -1);
+		ck_assert(h.p->needs & KVP_NEED_QUERY);
+		h_set(&h, "sinks=1");
+		h_set(&h, "future=3");
+		h_set(&h, "block=12");
+		h.run.ctx.rope_base = 10000.0f;
+		h.run.ctx.n_rot = 4;
+		h.e = e_ea;
+		h.q = q_ea;
+		h_feed(&h, 11);
+		if (s == 1) { /* the kernel's softmax before the compress (the state after t = 1..10
+		               * plus step 11's query, as the policy's observe will add it) */
+			const rt_kv_head *hd = rt_kv_head_at(&h.kv, 0, 0);
+			float st[16 + 16 * 4 + 16 * 16];
+			memcpy(st, hd->state, sizeof st);
+			float qr[16];
+			for (int r = 0; r < 4; r++)
+				q_ea(0, 0, r, 11, qr + 4 * r, 4);
+			k_ea_observe(st, qr, 4, 4);
+			float kk[12 * 4], vv[4], sc[12];
+			int32_t pos[12];
+			for (int32_t p = 0; p < 12; p++) {
+				e_ea(0, 0, p, kk + 4 * p, vv, 4, NULL);
+				pos[p] = p;
+			}
+			double vec[8];
+			k_ea_score(sc, kk, pos, 12, 4, st, 1, 12, 3, 1, 10000.0f, 4, vec);
+			ck_assert(sc[0] == 0.0f);
+			for (int i = 0; i < 11; i++)
+				ck_assert_msg(fabs(sc[i + 1] - ea_softmax_4_1_r1[i]) < 2e-6,
+				              "softmax[%d] %.9g, numpy %.9g", i + 1, sc[i + 1], ea_softmax_4_1_r1[i]);
+		}
+		h_feed(&h, 1);
+		ck_assert_int_eq(h.compresses, 1);
+		for (int g = 0; g < shp[s][0]; g++, w++)
+			expect_pos(&h, 0, g, want[w], 6);
+		h_close(&h);
+	}
+}
+END_TEST
 
 START_TEST(caote_gqa_l2)
 {
@@ -1263,6 +1380,7 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, keydiff_least_similar);
 	tcase_add_test(tc, caote_true_output);
 	tcase_add_test(tc, caote_gqa_l2);
+	tcase_add_test(tc, expected_attention_numpy);
 	tcase_add_test(tc, caote_tova_snapkv);
 	tcase_add_test(tc, caote_needs_outputs);
 	tcase_add_test(tc, caote_group_too_large);

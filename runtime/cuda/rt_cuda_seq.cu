@@ -179,6 +179,8 @@ static const char *unsupported(const struct kvp_policy *p)
 		return "the prompt trace (GraceKV's segmentation) is recorded on the CPU only";
 	if (p->needs & KVP_NEED_TIERS)
 		return "precision tiers (per-entry 8/4/2-bit KV rows) are stored on the CPU only";
+	if (p->needs & KVP_NEED_QUERY)
+		return "the query statistics of Expected Attention are gathered on the CPU only";
 	if (p->n_params > K_CU_MAX_PARAMS)
 		return "more parameters than the CUDA kernels take (32)";
 	return NULL;

@@ -580,8 +580,21 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 	return 0;
 }
 
+int rt_fwd_keep_queries(rt_fwd *f, rt_err *err)
+{
+	if (f->q_pre)
+		return 0;
+	const size_t n = (size_t)f->max_chunk * f->m->hp.n_head * f->m->hp.head_dim;
+	f->q_pre = malloc(n * sizeof(float));
+	if (!f->q_pre)
+		return rt_err_set(err, "%s: forward: cannot allocate %zu bytes of query rows", f->m->path,
+		                  n * sizeof(float));
+	return 0;
+}
+
 void rt_fwd_free(rt_fwd *f)
 {
+	free(f->q_pre);
 	rt_matmul_scratch_free(&f->mm);
 	free(f->segs);
 	free(f->kvf);
@@ -806,6 +819,8 @@ static void observe_row(rt_fwd *f, rt_kv_head *h, int layer, int j, int r, int32
 		.n_entries = lim, .group = G, .head_dim = hp->head_dim,
 		.probs = P, .probs_ld = (size_t)lim,
 		.out = o, .head = h,
+		.query = f->q_pre ? f->q_pre + (size_t)r * hp->n_head * hp->head_dim +
+		                        (size_t)j * G * hp->head_dim : NULL,
 	};
 	f->observe(f->observe_user, &v);
 }
@@ -990,6 +1005,8 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 			const int32_t pos0 = sg[s].pos0;
 			float *q = big->q + (size_t)o * qd, *kk = big->k + (size_t)o * kd;
 			float *vv = big->v + (size_t)o * kd, *att = big->att + (size_t)o * qd;
+			if (f->q_pre)
+				memcpy(f->q_pre, q, (size_t)C * qd * sizeof(float));
 			if (!f->rope_at_index) {
 				const float *cs = shared ? big->rope_cs : f->rope_cs;
 				rope_rows(m, q, C, hp->n_head, hd, hp->n_rot, cs);

@@ -152,6 +152,8 @@ typedef struct rt_attn_view {
 	size_t probs_ld;        /* == n_entries: floats between consecutive heads' rows */
 	const float *out;       /* [group × head_dim], contiguous */
 	rt_kv_head *head;       /* the entry list (entries 0..n_entries-1 were attended) */
+	const float *query;     /* [group × head_dim] the group's query rows before RoPE, or
+	                           NULL unless rt_fwd_keep_queries was called */
 } rt_attn_view;
 
 /* Observation hook (a compiled policy's `observe`, DESIGN.md section 5). */
@@ -219,6 +221,8 @@ typedef struct rt_fwd {
 	int observe_parallel;
 	rt_matmul_scratch mm;   /* fast path: quantised activations and dequantised tiles */
 	void *segs;     /* [max_chunk] internal: the sequences' rows of a batched chunk */
+	float *q_pre;   /* [max_chunk × n_head·head_dim] the chunk's queries before RoPE, for
+	                   observe (rt_fwd_keep_queries); NULL by default */
 	void *mem;
 	size_t mem_bytes;
 } rt_fwd;
@@ -228,6 +232,12 @@ typedef struct rt_fwd {
  * then safe to rt_fwd_free). */
 int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err *err);
 void rt_fwd_free(rt_fwd *f);
+
+/* Keep every chunk's queries before RoPE for the observe hook (rt_attn_view.query:
+ * Expected Attention's query statistics, arXiv 2510.00636): allocates f->q_pre, max_chunk
+ * × n_head·head_dim floats, freed by rt_fwd_free. Returns -1 with err on allocation
+ * failure (f unchanged). */
+int rt_fwd_keep_queries(rt_fwd *f, rt_err *err);
 
 /* RMSNorm (Zhang & Sennrich 2019, arXiv 1910.07467) as llama.cpp's ggml_rms_norm:
  * y[r] = x[r] / sqrt(mean(x[r]^2) + eps) ⊙ w for C rows of n floats each (y, x: C × n,

@@ -18,7 +18,8 @@ size_t kvp_policy_stat_bytes(const struct kvp_policy *p, int group)
 
 size_t kvp_policy_state_bytes(const struct kvp_policy *p, int head_dim)
 {
-	return 4 * ((size_t)p->state_words + (size_t)head_dim * p->state_words_dim);
+	return 4 * ((size_t)p->state_words + (size_t)head_dim * p->state_words_dim +
+	            (size_t)head_dim * (size_t)head_dim * p->state_words_dim2);
 }
 
 int kvp_policy_param_index(const struct kvp_policy *p, const char *name)

@@ -21,7 +21,8 @@
  * and KV head). Statistics are stored in 4-byte words per entry: stat_words_entry shared
  * words plus stat_words_qhead words for each query head of the group, so
  * stat_bytes = 4 × (stat_words_entry + group × stat_words_qhead); the same for per-head
- * state: state_bytes = 4 × (state_words + head_dim × state_words_dim).
+ * state: state_bytes = 4 × (state_words + head_dim × state_words_dim + head_dim² ×
+ * state_words_dim2).
  *
  * The runtime owns everything passed in; hooks never allocate. compress works in
  * ctx->scratch (at least scratch_bytes(kv) bytes, 64-byte aligned, allocated once).
@@ -34,7 +35,7 @@
 
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 4
+#define KVP_ABI_VERSION 5
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
@@ -87,6 +88,9 @@ enum {
 	                              (rt_kv_head_set_tiers): the runtime creates the policy's
 	                              stores with rt_kv_init_tiered, top tier f16 (f32 on the
 	                              exact path); excludes KVP_NEED_F32_KV */
+	KVP_NEED_QUERY = 1u << 9,  /* observe needs the pre-RoPE query rows (kvp_obs.query) and
+	                              compress the model's RoPE (kvp_ctx.rope_base, n_rot):
+	                              Expected Attention's query statistics */
 };
 
 /* Layers the prompt trace samples, and the prompt-tail length whose queries it keeps for
@@ -155,6 +159,8 @@ struct kvp_ctx {
 	                           written relative to the budget follow it, guards keep their
 	                           values (compress fails when they exceed it) */
 	const struct kvp_trace *trace; /* the prompt trace (KVP_NEED_TRACE), else NULL */
+	float rope_base;        /* the model's RoPE (base/rt_rope.h): frequency base and rotated */
+	int n_rot;              /* dimensions per head; n_rot 0 = no rotation (set by rt_seq) */
 };
 
 /* What observe receives for one query token (one step) over one KV head. The entries
@@ -171,6 +177,8 @@ struct kvp_obs {
 	                          KVP_NEED_ATTN */
 	const float *out;      /* [group × head_dim] attention outputs, or NULL unless
 	                          KVP_NEED_OUT */
+	const float *query;    /* [group × head_dim] the query rows of the group BEFORE RoPE,
+	                          or NULL unless KVP_NEED_QUERY */
 };
 
 struct kvp_policy {
@@ -217,6 +225,7 @@ struct kvp_policy {
 	 * again every time it runs. May use ctx->scratch. Returns 0, or -1 with err
 	 * "policy NAME: reason". NULL (with compress) for a policy that never compresses. */
 	int (*check)(const struct kvp_ctx *ctx, const rt_kv *kv, rt_err *err);
+	uint32_t state_words_dim2; /* per-head state words per head_dim² (query covariances) */
 };
 
 /* Bytes of per-entry statistics and per-head state a store needs for policy p with this

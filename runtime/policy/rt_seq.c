@@ -45,6 +45,7 @@ static void seq_observe(void *user, const rt_attn_view *v)
 		.group = v->group,
 		.probs = (s->p->needs & KVP_NEED_ATTN) ? v->probs : NULL,
 		.out = (s->p->needs & KVP_NEED_OUT) ? v->out : NULL,
+		.query = (s->p->needs & KVP_NEED_QUERY) ? v->query : NULL,
 	};
 	double t0 = rt_now();
 	s->p->observe(&s->run.ctx, &s->kv, v->layer, v->kv_head, &ob);
@@ -265,6 +266,12 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 		}
 		rt_rope_freqs(s->rot_freq, hp->n_rot, hp->rope_base);
 		s->fwd.rope_at_index = 1;
+	}
+	s->run.ctx.rope_base = hp->rope_base; /* Expected Attention's future-averaged RoPE */
+	s->run.ctx.n_rot = hp->n_rot;
+	if ((p->needs & KVP_NEED_QUERY) && rt_fwd_keep_queries(&s->fwd, err) != 0) {
+		rt_seq_free(s);
+		return -1;
 	}
 	s->fwd.on_append = seq_on_append; /* span ids, the position map, init_entries */
 	s->fwd.append_user = s;
