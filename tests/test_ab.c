@@ -16,7 +16,6 @@
 #include <check.h>
 #include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -24,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "eval/rt_eval.h"
@@ -33,6 +31,7 @@
 #include "model/rt_tokenizer.h"
 #include "base/rt_util.h"
 #include "support/tiny_model.h"
+#include "support/proc_run.h"
 #include "support/xml_check.h"
 
 static char g_kvpc[PATH_MAX + 16];
@@ -266,34 +265,14 @@ END_TEST
 
 /* ---- running programs ------------------------------------------------------------------- */
 
+/* Run argv (argv[0] a path) with stdout and stderr captured (heap strings, caller frees;
+ * killed after 600 s, the suite's time limit). Returns the exit status (128 + signal when
+ * killed). */
 static int run(char *const argv[], char **out, char **err)
 {
-	char po[PATH_MAX + 16], pe[PATH_MAX + 16];
-	snprintf(po, sizeof po, "%s/out.%d.txt", g_tmp, (int)getpid());
-	snprintf(pe, sizeof pe, "%s/err.%d.txt", g_tmp, (int)getpid());
-	fflush(stdout);
-	fflush(stderr);
-	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		if (fo < 0 || fe < 0)
-			_exit(126);
-		dup2(fo, 1);
-		dup2(fe, 2);
-		execv(argv[0], argv);
-		_exit(127);
-	}
-	int st;
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	rt_err e;
-	size_t n;
-	*out = rt_read_file(po, &n, &e);
-	*err = rt_read_file(pe, &n, &e);
-	ck_assert_ptr_nonnull(*out);
-	ck_assert_ptr_nonnull(*err);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	int rc = proc_exec(argv, 600, out, err);
+	ck_assert_msg(rc >= 0, "%s: could not be run", argv[0]);
+	return rc;
 }
 
 /* `BIN ab` with the model and text and extra arguments (NULL-terminated). */
@@ -750,21 +729,8 @@ int main(void)
 		perror("mkdtemp");
 		return EXIT_FAILURE;
 	}
-	const char *k = getenv("KVPC");
-	if (k && *k) {
-		snprintf(g_kvpc, sizeof g_kvpc, "%s", k);
-	} else {
-		char exe[PATH_MAX];
-		ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-		if (n <= 0)
-			return EXIT_FAILURE;
-		exe[n] = 0;
-		*strrchr(exe, '/') = 0;
-		char *up = strrchr(exe, '/');
-		if (up)
-			*up = 0;
-		snprintf(g_kvpc, sizeof g_kvpc, "%s/kvpc", exe);
-	}
+	if (proc_bin_path("kvpc", "KVPC", g_kvpc, sizeof g_kvpc) != 0)
+		return EXIT_FAILURE;
 	char cache[PATH_MAX + 16];
 	snprintf(cache, sizeof cache, "%s/cache", g_tmp);
 	setenv("KVPC_CACHE", cache, 1);

@@ -15,49 +15,28 @@
  */
 #include <check.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/rt_sha256.h"
 #include "eval/rt_ab.h"
+#include "support/proc_run.h"
 
 static char g_kvpc[PATH_MAX + 16];
 static char g_tmp[PATH_MAX];
 
-/* Run argv with stdout and stderr captured (heap strings, caller frees). Returns the
- * exit status (128 + signal when killed). */
+/* Run argv (argv[0] a path) with stdout and stderr captured (heap strings, caller frees;
+ * killed after 300 s, the suite's time limit). Returns the exit status (128 + signal when
+ * killed). */
 static int run(char *const argv[], char **out, char **err)
 {
-	char po[PATH_MAX + 16], pe[PATH_MAX + 16];
-	snprintf(po, sizeof po, "%s/out.txt", g_tmp);
-	snprintf(pe, sizeof pe, "%s/err.txt", g_tmp);
-	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		if (fo < 0 || fe < 0)
-			_exit(126);
-		dup2(fo, 1);
-		dup2(fe, 2);
-		execv(argv[0], argv);
-		_exit(127);
-	}
-	int st;
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	rt_err e;
-	size_t n;
-	*out = rt_read_file(po, &n, &e);
-	*err = rt_read_file(pe, &n, &e);
-	ck_assert_ptr_nonnull(*out);
-	ck_assert_ptr_nonnull(*err);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	int rc = proc_exec(argv, 300, out, err);
+	ck_assert_msg(rc >= 0, "%s: could not be run", argv[0]);
+	return rc;
 }
 
 static void path_in_tmp(char *buf, size_t cap, const char *name)
@@ -379,23 +358,10 @@ static Suite *build_suite(void)
 int main(int argc, char **argv)
 {
 	(void)argc;
-	const char *k = getenv("KVPC");
-	if (k && *k) {
-		snprintf(g_kvpc, sizeof g_kvpc, "%s", k);
-	} else {
-		/* build/tests/test_build -> build/kvpc */
-		char exe[PATH_MAX];
-		ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-		if (n <= 0) {
-			fprintf(stderr, "test_build: cannot locate %s\n", argv[0]);
-			return EXIT_FAILURE;
-		}
-		exe[n] = 0;
-		*strrchr(exe, '/') = 0;
-		char *up = strrchr(exe, '/');
-		if (up)
-			*up = 0;
-		snprintf(g_kvpc, sizeof g_kvpc, "%s/kvpc", exe);
+	/* build/tests/test_build -> build/kvpc */
+	if (proc_bin_path("kvpc", "KVPC", g_kvpc, sizeof g_kvpc) != 0) {
+		fprintf(stderr, "test_build: cannot locate %s\n", argv[0]);
+		return EXIT_FAILURE;
 	}
 	if (access(g_kvpc, X_OK) != 0) {
 		fprintf(stderr, "test_build: %s: not found (build it first, or set KVPC)\n", g_kvpc);

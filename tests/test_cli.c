@@ -13,65 +13,45 @@
  * ($KVRT_MODEL) is needed by the ppl and ab cases only; without it they are skipped.
  */
 #include <check.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include "base/rt_util.h"
 #include "cli/rt_cli.h"
 #include "policy/rt_policy.h"
+#include "support/proc_run.h"
 
 static char g_dir[PATH_MAX];
 static char g_kvpc[PATH_MAX + 8];
 
 #define NOMODEL "no/such/model.gguf"
 
+/* The policies a child's rt_cli_main is given. */
+typedef struct cli_reg {
+	const struct kvp_policy *const *reg;
+	int n;
+} cli_reg;
+
+static int cli_main(int argc, char **argv, void *user)
+{
+	const cli_reg *r = user;
+	return rt_cli_main(argc, argv, r->reg, r->n);
+}
+
 /* Run argv in a child (60 s limit): rt_cli_main with the policies reg[0..n_reg) when exe is
- * NULL, else execv(exe). Its exit status; stdout and stderr in *out and *err (caller
- * frees). */
+ * NULL, else execv(exe) (exe is argv[0]). Its exit status; stdout and stderr in *out and
+ * *err (caller frees). */
 static int run(const char *exe, char **argv, const struct kvp_policy *const *reg, int n_reg,
                char **out, char **err)
 {
-	int argc = 0;
-	while (argv[argc])
-		argc++;
-	char po[PATH_MAX + 16], pe[PATH_MAX + 16];
-	snprintf(po, sizeof po, "%s/out.txt", g_dir);
-	snprintf(pe, sizeof pe, "%s/err.txt", g_dir);
-	fflush(NULL);
-	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		if (fo < 0 || fe < 0)
-			_exit(126);
-		dup2(fo, 1);
-		dup2(fe, 2);
-		alarm(60);
-		if (exe) {
-			execv(exe, argv);
-			_exit(127);
-		}
-		int rc = rt_cli_main(argc, argv, reg, n_reg);
-		fflush(NULL);
-		_exit(rc);
-	}
-	int st;
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	rt_err e = { "" };
-	size_t n;
-	*out = rt_read_file(po, &n, &e);
-	*err = rt_read_file(pe, &n, &e);
-	ck_assert_ptr_nonnull(*out);
-	ck_assert_ptr_nonnull(*err);
-	ck_assert_msg(WIFEXITED(st), "killed by signal %d (hung?)", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-	return WEXITSTATUS(st);
+	cli_reg r = { reg, n_reg };
+	ck_assert(!exe || !strcmp(exe, argv[0]));
+	int rc = exe ? proc_exec(argv, 60, out, err) : proc_call(cli_main, &r, argv, 60, out, err);
+	ck_assert_msg(rc >= 0, "%s: could not be run", argv[0]);
+	ck_assert_msg(rc < 128, "killed by signal %d (hung?)", rc - 128);
+	return rc;
 }
 
 START_TEST(run_refuses_an_empty_prompt_and_no_tokens)
@@ -222,16 +202,8 @@ int main(void)
 	snprintf(g_dir, sizeof g_dir, "/tmp/test_cli_XXXXXX");
 	if (!mkdtemp(g_dir))
 		return EXIT_FAILURE;
-	char exe[PATH_MAX];
-	ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-	if (n <= 0)
+	if (proc_bin_path("kvpc", NULL, g_kvpc, sizeof g_kvpc) != 0)
 		return EXIT_FAILURE;
-	exe[n] = 0;
-	*strrchr(exe, '/') = 0; /* BUILD/tests */
-	char *up = strrchr(exe, '/');
-	if (up)
-		*up = 0;
-	snprintf(g_kvpc, sizeof g_kvpc, "%s/kvpc", exe);
 	SRunner *sr = srunner_create(cli_suite());
 	srunner_run_all(sr, CK_NORMAL);
 	int failed = srunner_ntests_failed(sr);

@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -24,6 +23,7 @@
 #include "base/rt_text.h"
 #include "cli/rt_cli.h"
 #include "kvp_src.h"
+#include "support/proc_run.h"
 
 static char g_dir[PATH_MAX];
 
@@ -236,34 +236,20 @@ START_TEST(policy_sources_must_be_regular_files)
 }
 END_TEST
 
-/* Run rt_cli_main(argv) in a child (10 s limit); its exit status, stderr in *err. */
+static int cli_main(int argc, char **argv, void *user)
+{
+	(void)user;
+	return rt_cli_main(argc, argv, NULL, 0);
+}
+
+/* Run rt_cli_main(argv) in a child (10 s limit); its exit status, stderr in *err (caller
+ * frees; stdout is discarded). */
 static int run_cli(char **err, char **argv)
 {
-	int argc = 0;
-	while (argv[argc])
-		argc++;
-	const char *pe = tmp_path("cli.err");
-	fflush(NULL);
-	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		int fo = open("/dev/null", O_WRONLY);
-		if (fe < 0 || fo < 0)
-			_exit(126);
-		dup2(fe, 2);
-		dup2(fo, 1);
-		alarm(10);
-		_exit(rt_cli_main(argc, argv, NULL, 0));
-	}
-	int st;
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	rt_err e;
-	size_t n;
-	*err = rt_read_file(pe, &n, &e);
-	ck_assert_ptr_nonnull(*err);
-	ck_assert_msg(WIFEXITED(st), "killed by signal %d (hung?)", WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-	return WEXITSTATUS(st);
+	int rc = proc_call(cli_main, NULL, argv, 10, NULL, err);
+	ck_assert_msg(rc >= 0, "%s: could not be run", argv[0]);
+	ck_assert_msg(rc < 128, "killed by signal %d (hung?)", rc - 128);
+	return rc;
 }
 
 #define NOMODEL "no/such/model.gguf"

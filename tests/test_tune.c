@@ -17,16 +17,15 @@
  */
 #include <check.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "policy/rt_tuned.h"
+#include "support/proc_run.h"
 
 static char g_kvpc[PATH_MAX + 16];
 static char g_tmp[PATH_MAX];
@@ -55,33 +54,14 @@ static const char TEXT[] =
 	"are the first tokens of a text, which absorb the attention that has nowhere else to go. "
 	"Heavy hitters are the tokens that receive most of the attention over time.\n";
 
-/* Run argv with stdout and stderr captured (heap strings, caller frees); exit status. */
+/* Run argv (argv[0] a path) with stdout and stderr captured (heap strings, caller frees;
+ * killed after 600 s, the suite's time limit). Returns the exit status (128 + signal when
+ * killed). */
 static int run(char *const argv[], char **out, char **err)
 {
-	char po[PATH_MAX + 16], pe[PATH_MAX + 16];
-	snprintf(po, sizeof po, "%s/out.txt", g_tmp);
-	snprintf(pe, sizeof pe, "%s/err.txt", g_tmp);
-	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		int fo = open(po, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		int fe = open(pe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		if (fo < 0 || fe < 0)
-			_exit(126);
-		dup2(fo, 1);
-		dup2(fe, 2);
-		execv(argv[0], argv);
-		_exit(127);
-	}
-	int st;
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	rt_err e;
-	size_t n;
-	*out = rt_read_file(po, &n, &e);
-	*err = rt_read_file(pe, &n, &e);
-	ck_assert_ptr_nonnull(*out);
-	ck_assert_ptr_nonnull(*err);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	int rc = proc_exec(argv, 600, out, err);
+	ck_assert_msg(rc >= 0, "%s: could not be run", argv[0]);
+	return rc;
 }
 
 /* kvpc tune on the text, 48 tokens, grid 2,4,8, limit max_kld, sidecar out (NULL: the
@@ -324,21 +304,9 @@ int main(void)
 		perror("mkdtemp");
 		return EXIT_FAILURE;
 	}
-	const char *k = getenv("KVPC"), *m = getenv("KVRT_MODEL");
-	if (k && *k) {
-		snprintf(g_kvpc, sizeof g_kvpc, "%s", k);
-	} else {
-		char exe[PATH_MAX];
-		ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-		if (n <= 0)
-			return EXIT_FAILURE;
-		exe[n] = 0;
-		*strrchr(exe, '/') = 0;
-		char *up = strrchr(exe, '/');
-		if (up)
-			*up = 0;
-		snprintf(g_kvpc, sizeof g_kvpc, "%s/kvpc", exe);
-	}
+	const char *m = getenv("KVRT_MODEL");
+	if (proc_bin_path("kvpc", "KVPC", g_kvpc, sizeof g_kvpc) != 0)
+		return EXIT_FAILURE;
 	if (!realpath(m && *m ? m : "models/SmolLM2-135M-Instruct.Q4_1.gguf", g_model)) {
 		fprintf(stderr, "test_tune: the model is missing (make model, or set KVRT_MODEL)\n");
 		return EXIT_FAILURE;
