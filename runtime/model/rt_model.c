@@ -952,21 +952,11 @@ static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0, c
 		attend_head(f, kv, layer, j, C, pos0, q, att, f->qg, f->og, f->s, f->kvf);
 }
 
-/* One chunk for K sequences (K = 1, big = fs[0]: the plain forward). big's scratch holds
- * the stacked rows of every segment; the weight GEMMs run once over all of them,
- * everything that depends on a sequence's cache or position runs per sequence with its
- * own forward context. shared: every segment has the same tokens, C and pos0 (lockstep),
- * so one RoPE table serves all; otherwise each sequence's table is built in its own
- * forward context. */
-static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int K,
-                          const fwd_seg *sg, int shared)
+/* The token embeddings of every segment's rows into big->x (rows stacked by segment). */
+static void chunk_embed(rt_fwd *big, int K, const fwd_seg *sg)
 {
 	const rt_model *m = big->m;
-	const rt_model_hparams *hp = &m->hp;
-	const int E = hp->n_embd, hd = hp->head_dim, F = hp->n_ff;
-	const int qd = hp->n_head * hd, kd = hp->n_head_kv * hd;
-	const int rows = sg[K - 1].off + sg[K - 1].C;
-	rt_pool *pool = m->pool;
+	const int E = m->hp.n_embd;
 	for (int k = 0; k < K; k++)
 		for (int r = 0; r < sg[k].C; r++) {
 			float *xr = big->x + ((size_t)sg[k].off + r) * E;
@@ -977,6 +967,15 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 				rt_dequant(m->embd.type,
 				           (const uint8_t *)m->embd.data + (size_t)t * m->embd.row_bytes, xr, E);
 		}
+}
+
+/* The RoPE tables of the chunk: one in big when the segments are in lockstep (shared),
+ * and one in each other sequence's context that rotates by its own positions (not
+ * shared) or by cache index (rope_at_index: rebuilt per head in seg_rope). */
+static void chunk_rope_tables(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_seg *sg,
+                              int shared)
+{
+	const rt_model_hparams *hp = &big->m->hp;
 	if (shared) {
 		rt_rope_table_f32(big->rope_cs, sg[0].C, sg[0].pos0, hp->n_rot, hp->rope_base);
 		big->rope_at = sg[0].pos0;
@@ -986,73 +985,128 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 			rt_rope_table_f32(fs[k]->rope_cs, sg[k].C, sg[k].pos0, hp->n_rot, hp->rope_base);
 			fs[k]->rope_at = sg[k].pos0;
 		}
-	for (int l = 0; l < hp->n_layer; l++) {
-		const rt_layer *L = &m->layers[l];
-		norm_rows(m, big->xn, big->x, L->attn_norm, rows, E, hp->norm_eps);
-		if (m->exact) {
-			matmul_wt(big->q, big->xn, L->wq, rows, qd, E);
-			matmul_wt(big->k, big->xn, L->wk, rows, kd, E);
-			matmul_wt(big->v, big->xn, L->wv, rows, kd, E);
-		} else {
-			float *const Y[3] = { big->q, big->k, big->v };
-			const rt_wmat *const W[3] = { &L->mq, &L->mk, &L->mv };
-			rt_matmul_multi(pool, &big->mm, 3, Y, big->xn, W, rows);
-		}
-		for (int s = 0; s < K; s++) {
-			rt_fwd *f = fs[s];
-			rt_kv *kv = kvs[s];
-			const int C = sg[s].C, o = sg[s].off;
-			const int32_t pos0 = sg[s].pos0;
-			float *q = big->q + (size_t)o * qd, *kk = big->k + (size_t)o * kd;
-			float *vv = big->v + (size_t)o * kd, *att = big->att + (size_t)o * qd;
-			if (f->q_pre)
-				memcpy(f->q_pre, q, (size_t)C * qd * sizeof(float));
-			if (!f->rope_at_index) {
-				const float *cs = shared ? big->rope_cs : f->rope_cs;
-				rope_rows(m, q, C, hp->n_head, hd, hp->n_rot, cs);
-				rope_rows(m, kk, C, hp->n_head_kv, hd, hp->n_rot, cs);
-			} else {
-				/* f->rope_cs holds the table whose row 0 is at f->rope_at */
-				for (int j = 0; j < hp->n_head_kv; j++) {
-					int32_t at = rt_kv_head_at(kv, l, j)->n; /* index of row 0's key */
-					if (at != f->rope_at) {
-						rt_rope_table_f32(f->rope_cs, C, at, hp->n_rot, hp->rope_base);
-						f->rope_at = at;
-					}
-					rt_rope_apply_f32(q, C, (size_t)qd, j * hp->group, hp->group, hd,
-					                  hp->n_rot, f->rope_cs);
-					rt_rope_apply_f32(kk, C, (size_t)kd, j, 1, hd, hp->n_rot, f->rope_cs);
-				}
-			}
-			for (int j = 0; j < hp->n_head_kv; j++) {
-				rt_kv_head *h = rt_kv_head_at(kv, l, j);
-				for (int r = 0; r < C; r++)
-					rt_kv_append(kv, h, kk + (size_t)r * kd + (size_t)j * hd,
-					             vv + (size_t)r * kd + (size_t)j * hd, pos0 + r);
-			}
-			for (int j = 0; f->on_append && j < hp->n_head_kv; j++)
-				f->on_append(f->append_user, l, j, rt_kv_head_at(kv, l, j)->n - C, C);
-			attend_layer(f, kv, l, C, pos0, q, att);
-		}
-		/* x += att · Wo^T (accumulate straight into the residual) */
-		matmul_add(m, &big->mm, big->x, big->att, &L->mo, L->wo, rows, E, qd);
-		norm_rows(m, big->xn, big->x, L->ffn_norm, rows, E, hp->norm_eps);
-		if (m->exact) {
-			matmul_wt(big->gate, big->xn, L->w_gate, rows, F, E);
-			matmul_wt(big->up, big->xn, L->w_up, rows, F, E);
-		} else {
-			float *const Y[2] = { big->gate, big->up };
-			const rt_wmat *const W[2] = { &L->mgate, &L->mup };
-			rt_matmul_multi(pool, &big->mm, 2, Y, big->xn, W, rows);
-		}
-		row_job sj = { .op = ROW_SILU, .C = rows, .y = big->gate, .x = big->up, .n = F };
-		rows_run(m, &sj);
-		matmul_add(m, &big->mm, big->x, big->gate, &L->mdown, L->w_down, rows, E, F);
-		for (int s = 0; s < K; s++)
-			if (fs[s]->on_layer)
-				fs[s]->on_layer(fs[s]->layer_user, l, sg[s].C, sg[s].pos0,
-				                big->x + (size_t)sg[s].off * E, big->q + (size_t)sg[s].off * qd);
+}
+
+/* Layer l's attention norm of big->x and the Q, K, V projections of all the rows. */
+static void layer_qkv(rt_fwd *big, const rt_layer *L, int rows)
+{
+	const rt_model *m = big->m;
+	const rt_model_hparams *hp = &m->hp;
+	const int E = hp->n_embd, qd = hp->n_head * hp->head_dim, kd = hp->n_head_kv * hp->head_dim;
+	norm_rows(m, big->xn, big->x, L->attn_norm, rows, E, hp->norm_eps);
+	if (m->exact) {
+		matmul_wt(big->q, big->xn, L->wq, rows, qd, E);
+		matmul_wt(big->k, big->xn, L->wk, rows, kd, E);
+		matmul_wt(big->v, big->xn, L->wv, rows, kd, E);
+	} else {
+		float *const Y[3] = { big->q, big->k, big->v };
+		const rt_wmat *const W[3] = { &L->mq, &L->mk, &L->mv };
+		rt_matmul_multi(m->pool, &big->mm, 3, Y, big->xn, W, rows);
 	}
+}
+
+/* RoPE on one segment's C query rows q and key rows kk of layer l: by position from the
+ * chunk's table (cs), or, under rope_at_index, by each KV head's cache index, so the
+ * table in f is rebuilt when a head's first new index differs from the last one built. */
+static void seg_rope(rt_fwd *f, rt_kv *kv, int l, int C, float *q, float *kk, const float *cs)
+{
+	const rt_model *m = f->m;
+	const rt_model_hparams *hp = &m->hp;
+	const int hd = hp->head_dim, qd = hp->n_head * hd, kd = hp->n_head_kv * hd;
+	if (!f->rope_at_index) {
+		rope_rows(m, q, C, hp->n_head, hd, hp->n_rot, cs);
+		rope_rows(m, kk, C, hp->n_head_kv, hd, hp->n_rot, cs);
+		return;
+	}
+	/* f->rope_cs holds the table whose row 0 is at f->rope_at */
+	for (int j = 0; j < hp->n_head_kv; j++) {
+		int32_t at = rt_kv_head_at(kv, l, j)->n; /* index of row 0's key */
+		if (at != f->rope_at) {
+			rt_rope_table_f32(f->rope_cs, C, at, hp->n_rot, hp->rope_base);
+			f->rope_at = at;
+		}
+		rt_rope_apply_f32(q, C, (size_t)qd, j * hp->group, hp->group, hd, hp->n_rot,
+		                  f->rope_cs);
+		rt_rope_apply_f32(kk, C, (size_t)kd, j, 1, hd, hp->n_rot, f->rope_cs);
+	}
+}
+
+/* One segment's C keys kk and values vv of layer l appended to every KV head of its
+ * store (positions pos0..pos0 + C - 1), then the on_append hook told of each head's new
+ * entries. */
+static void seg_append(rt_fwd *f, rt_kv *kv, int l, int C, int32_t pos0, const float *kk,
+                       const float *vv)
+{
+	const rt_model_hparams *hp = &f->m->hp;
+	const int hd = hp->head_dim, kd = hp->n_head_kv * hd;
+	for (int j = 0; j < hp->n_head_kv; j++) {
+		rt_kv_head *h = rt_kv_head_at(kv, l, j);
+		for (int r = 0; r < C; r++)
+			rt_kv_append(kv, h, kk + (size_t)r * kd + (size_t)j * hd,
+			             vv + (size_t)r * kd + (size_t)j * hd, pos0 + r);
+	}
+	for (int j = 0; f->on_append && j < hp->n_head_kv; j++)
+		f->on_append(f->append_user, l, j, rt_kv_head_at(kv, l, j)->n - C, C);
+}
+
+/* Layer l's attention for every segment, each with its own forward context and cache:
+ * the queries before RoPE kept (q_pre, when the forward keeps them), RoPE, the append of
+ * its keys and values, attention into its rows of big->att. */
+static void layer_attention(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int K,
+                            const fwd_seg *sg, int shared, int l)
+{
+	const rt_model_hparams *hp = &big->m->hp;
+	const int qd = hp->n_head * hp->head_dim, kd = hp->n_head_kv * hp->head_dim;
+	for (int s = 0; s < K; s++) {
+		rt_fwd *f = fs[s];
+		const int C = sg[s].C, o = sg[s].off;
+		float *q = big->q + (size_t)o * qd, *kk = big->k + (size_t)o * kd;
+		float *vv = big->v + (size_t)o * kd, *att = big->att + (size_t)o * qd;
+		if (f->q_pre)
+			memcpy(f->q_pre, q, (size_t)C * qd * sizeof(float));
+		seg_rope(f, kvs[s], l, C, q, kk, shared ? big->rope_cs : f->rope_cs);
+		seg_append(f, kvs[s], l, C, sg[s].pos0, kk, vv);
+		attend_layer(f, kvs[s], l, C, sg[s].pos0, q, att);
+	}
+}
+
+/* Layer l after attention, over all the rows: the output projection into the residual,
+ * the FFN norm, the SwiGLU feed-forward into the residual, then each segment's on_layer
+ * hook. */
+static void layer_ffn(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_seg *sg,
+                      const rt_layer *L, int l, int rows)
+{
+	const rt_model *m = big->m;
+	const rt_model_hparams *hp = &m->hp;
+	const int E = hp->n_embd, F = hp->n_ff, qd = hp->n_head * hp->head_dim;
+	/* x += att · Wo^T (accumulate straight into the residual) */
+	matmul_add(m, &big->mm, big->x, big->att, &L->mo, L->wo, rows, E, qd);
+	norm_rows(m, big->xn, big->x, L->ffn_norm, rows, E, hp->norm_eps);
+	if (m->exact) {
+		matmul_wt(big->gate, big->xn, L->w_gate, rows, F, E);
+		matmul_wt(big->up, big->xn, L->w_up, rows, F, E);
+	} else {
+		float *const Y[2] = { big->gate, big->up };
+		const rt_wmat *const W[2] = { &L->mgate, &L->mup };
+		rt_matmul_multi(m->pool, &big->mm, 2, Y, big->xn, W, rows);
+	}
+	row_job sj = { .op = ROW_SILU, .C = rows, .y = big->gate, .x = big->up, .n = F };
+	rows_run(m, &sj);
+	matmul_add(m, &big->mm, big->x, big->gate, &L->mdown, L->w_down, rows, E, F);
+	for (int s = 0; s < K; s++)
+		if (fs[s]->on_layer)
+			fs[s]->on_layer(fs[s]->layer_user, l, sg[s].C, sg[s].pos0,
+			                big->x + (size_t)sg[s].off * E, big->q + (size_t)sg[s].off * qd);
+}
+
+/* The logits of the rows each segment asked for (from lrow_from on, into its lg; none
+ * when lg is NULL): the output norm, then one output GEMM when the rows land in
+ * consecutive rows of one buffer, else one per segment. */
+static void chunk_logits(rt_fwd *big, int K, const fwd_seg *sg)
+{
+	const rt_model *m = big->m;
+	const rt_model_hparams *hp = &m->hp;
+	const int E = hp->n_embd;
 	/* the requested rows of every segment, normed into consecutive rows of xn */
 	int nr = 0, contig = 1;
 	for (int s = 0; s < K; s++) {
@@ -1072,7 +1126,7 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 		if (m->exact)
 			matmul_wt(sg[0].lg, big->xn, m->output, nr, hp->n_vocab, E);
 		else
-			rt_matmul(pool, &big->mm, sg[0].lg, big->xn, &m->out, nr, 0);
+			rt_matmul(m->pool, &big->mm, sg[0].lg, big->xn, &m->out, nr, 0);
 		return;
 	}
 	for (int s = 0, r = 0; s < K; s++) {
@@ -1083,9 +1137,31 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 		if (m->exact)
 			matmul_wt(sg[s].lg, xs, m->output, c, hp->n_vocab, E);
 		else
-			rt_matmul(pool, &big->mm, sg[s].lg, xs, &m->out, c, 0);
+			rt_matmul(m->pool, &big->mm, sg[s].lg, xs, &m->out, c, 0);
 		r += c;
 	}
+}
+
+/* One chunk for K sequences (K = 1, big = fs[0]: the plain forward). big's scratch holds
+ * the stacked rows of every segment; the weight GEMMs run once over all of them,
+ * everything that depends on a sequence's cache or position runs per sequence with its
+ * own forward context. shared: every segment has the same tokens, C and pos0 (lockstep),
+ * so one RoPE table serves all; otherwise each sequence's table is built in its own
+ * forward context. */
+static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int K,
+                          const fwd_seg *sg, int shared)
+{
+	const rt_model *m = big->m;
+	const int rows = sg[K - 1].off + sg[K - 1].C;
+	chunk_embed(big, K, sg);
+	chunk_rope_tables(big, fs, K, sg, shared);
+	for (int l = 0; l < m->hp.n_layer; l++) {
+		const rt_layer *L = &m->layers[l];
+		layer_qkv(big, L, rows);
+		layer_attention(big, fs, kvs, K, sg, shared, l);
+		layer_ffn(big, fs, K, sg, L, l, rows);
+	}
+	chunk_logits(big, K, sg);
 }
 
 /* The checks rt_model_forward documents, for one sequence. */
