@@ -365,23 +365,12 @@ static double at(const jv *j, int k, const char *side, const char *m)
 	return jnum(j, p);
 }
 
-START_TEST(full_vs_small_budget)
+/* full_vs_small_budget's results per ratio (2, 8): A (full) is the reference itself, B
+ * (h2o) compressed within its budget, more at the higher ratio. */
+static void fvh_check_results(const jv *j)
 {
-	char json[PATH_MAX + 16], csv[PATH_MAX + 16], svg[PATH_MAX + 16];
-	tmp_path(json, sizeof json, "fvh.json");
-	tmp_path(csv, sizeof csv, "fvh.csv");
-	tmp_path(svg, sizeof svg, "fvh.svg");
-	char *out, *err;
-	int rc = run_ab(&out, &err, "--a", "full", "--b", "h2o", "--ratio", "2,8", "--commit",
-	                "abc123", "--threads", "1", "--json", json, "--csv", csv, "--plot", svg,
-	                NULL);
-	ck_assert_msg(rc == 0, "ab failed (%d): %s", rc, err);
-	ck_assert_msg(strstr(out, "== compression ratio 2") && strstr(out, "== compression ratio 8"),
-	              "%s", out);
-	jv j;
-	load_json(json, &j);
 	for (int k = 0; k < 2; k++) {
-#define AT(side, m) at(&j, k, side, m)
+#define AT(side, m) at(j, k, side, m)
 		ck_assert(AT("A", "kld_mean") == 0);
 		ck_assert(AT("A", "kld_max") == 0);
 		ck_assert(AT("A", "ppl_ratio") == 1);
@@ -400,31 +389,37 @@ START_TEST(full_vs_small_budget)
 		ck_assert(AT("B", "compression") > 1);
 #undef AT
 	}
-	ck_assert(jnum(&j, "results.1.B.kld_mean") > jnum(&j, "results.0.B.kld_mean"));
-	ck_assert(jnum(&j, "results.1.B.compression") > jnum(&j, "results.0.B.compression"));
-	/* metadata */
+	ck_assert(jnum(j, "results.1.B.kld_mean") > jnum(j, "results.0.B.kld_mean"));
+	ck_assert(jnum(j, "results.1.B.compression") > jnum(j, "results.0.B.compression"));
+}
+
+/* full_vs_small_budget's run metadata (j, read from the file json): the given commit,
+ * hashes from coreutils' sha256sum (an independent implementation), the parameters in
+ * effect, the bootstrap seed. */
+static void fvh_check_meta(const jv *j, const char *json)
+{
 	char sha[65];
-	ck_assert_str_eq(jstrv(&j, "meta.commit"), "abc123");
-	ck_assert_str_eq(jstrv(&j, "meta.task"), "ppl");
+	ck_assert_str_eq(jstrv(j, "meta.commit"), "abc123");
+	ck_assert_str_eq(jstrv(j, "meta.task"), "ppl");
 	sha256sum(g_model, sha);
-	ck_assert_str_eq(jstrv(&j, "meta.model_sha256"), sha);
+	ck_assert_str_eq(jstrv(j, "meta.model_sha256"), sha);
 	sha256sum(g_text, sha);
-	ck_assert_str_eq(jstrv(&j, "meta.text_sha256"), sha);
-	ck_assert(jnum(&j, "meta.tokens") == CTX_TOKENS);
-	ck_assert(jnum(&j, "meta.threads") == 1);
-	ck_assert(jnum(&j, "meta.ratios.0") == 2 && jnum(&j, "meta.ratios.1") == 8);
-	ck_assert_str_eq(jstrv(&j, "meta.policies.A.name"), "full");
-	ck_assert_str_eq(jstrv(&j, "meta.policies.B.name"), "h2o");
-	ck_assert_int_eq((int)strlen(jstrv(&j, "meta.policies.B.source_hash")), 16);
-	ck_assert(jnum(&j, "meta.policies.B.params.heavy") == 0.1);
-	ck_assert(jnum(&j, "meta.policies.B.params.recent") == 0.1);
-	ck_assert(jget(&j, "meta.policies.A.params") &&
-	          jget(&j, "meta.policies.A.params")->t == J_OBJ);
-	ck_assert(jnum(&j, "meta.bootstrap.resamples") == 1000);
+	ck_assert_str_eq(jstrv(j, "meta.text_sha256"), sha);
+	ck_assert(jnum(j, "meta.tokens") == CTX_TOKENS);
+	ck_assert(jnum(j, "meta.threads") == 1);
+	ck_assert(jnum(j, "meta.ratios.0") == 2 && jnum(j, "meta.ratios.1") == 8);
+	ck_assert_str_eq(jstrv(j, "meta.policies.A.name"), "full");
+	ck_assert_str_eq(jstrv(j, "meta.policies.B.name"), "h2o");
+	ck_assert_int_eq((int)strlen(jstrv(j, "meta.policies.B.source_hash")), 16);
+	ck_assert(jnum(j, "meta.policies.B.params.heavy") == 0.1);
+	ck_assert(jnum(j, "meta.policies.B.params.recent") == 0.1);
+	ck_assert(jget(j, "meta.policies.A.params") &&
+	          jget(j, "meta.policies.A.params")->t == J_OBJ);
+	ck_assert(jnum(j, "meta.bootstrap.resamples") == 1000);
 	/* the default seed 0x6b7670632d616221 is above 2^53: written as a decimal string so a
 	 * parser reading numbers as doubles cannot round it */
-	ck_assert_str_eq(jstrv(&j, "meta.bootstrap.seed"), "7743500180575576609");
-	ck_assert_str_eq(jstrv(&j, "results.0.nll_diff.seed"), "7743500180575576609");
+	ck_assert_str_eq(jstrv(j, "meta.bootstrap.seed"), "7743500180575576609");
+	ck_assert_str_eq(jstrv(j, "results.0.nll_diff.seed"), "7743500180575576609");
 	/* and Python's json module (an independent parser) reads the file and the seed */
 	if (system("command -v python3 >/dev/null 2>&1") == 0) {
 		char cmd[PATH_MAX + 400];
@@ -433,8 +428,12 @@ START_TEST(full_vs_small_budget)
 		         "assert len(d[\"results\"]) == 2' '%s'", json);
 		ck_assert_msg(system(cmd) == 0, "python3 json could not read %s", json);
 	}
-	/* the reference perplexity through another code path (rt_eval_ppl: rt_model_forward,
-	 * no rt_seq) */
+}
+
+/* full_vs_small_budget's reference perplexity through another code path (rt_eval_ppl:
+ * rt_model_forward, no rt_seq). */
+static void fvh_check_reference(const jv *j)
+{
 	rt_err e;
 	rt_gguf *g = rt_gguf_open(g_model, &e);
 	ck_assert_msg(g, "%s", e.msg);
@@ -451,16 +450,21 @@ START_TEST(full_vs_small_budget)
 	rt_ppl_opts po = { .chunk = 64 };
 	rt_ppl_result pr;
 	ck_assert_int_eq(rt_eval_ppl(m, ids, CTX_TOKENS, &po, NULL, NULL, &pr, &e), 0);
-	double ref = jnum(&j, "reference.ppl");
+	double ref = jnum(j, "reference.ppl");
 	ck_assert_msg(fabs(ref - pr.ppl) <= 1e-6 * pr.ppl, "reference ppl %.9g vs rt_eval %.9g",
 	              ref, pr.ppl);
-	ck_assert(fabs(jnum(&j, "results.0.A.ppl") - pr.ppl) <= 1e-6 * pr.ppl);
+	ck_assert(fabs(jnum(j, "results.0.A.ppl") - pr.ppl) <= 1e-6 * pr.ppl);
 	free(text);
 	rt_model_free(m);
 	rt_tokenizer_free(tok);
-	jfree(&j);
+}
 
-	/* CSV: header + (ref, A, B) per ratio, all rows with the header's field count */
+/* full_vs_small_budget's CSV: header + (ref, A, B) per ratio, all rows with the header's
+ * field count. */
+static void fvh_check_csv(const char *csv)
+{
+	rt_err e;
+	size_t len;
 	char *c = rt_read_file(csv, &len, &e);
 	ck_assert_ptr_nonnull(c);
 	int rows = 0, fields0 = -1;
@@ -483,8 +487,14 @@ START_TEST(full_vs_small_budget)
 	ck_assert_int_eq(rows, 1 + 3 * 2);
 	ck_assert(strstr(c, "model_sha256") && strstr(c, "abc123") && strstr(c, "kld_mean"));
 	free(c);
-	/* SVG: one document holding one nested panel per plotted metric */
-	c = rt_read_file(svg, &len, &e);
+}
+
+/* full_vs_small_budget's SVG: one document holding one nested panel per plotted metric. */
+static void fvh_check_svg(const char *svg)
+{
+	rt_err e;
+	size_t len;
+	char *c = rt_read_file(svg, &len, &e);
 	ck_assert_ptr_nonnull(c);
 	ck_assert(!strncmp(c, "<?xml", 5));
 	int svgs = 0, closes = 0;
@@ -505,6 +515,29 @@ START_TEST(full_vs_small_budget)
 	snprintf(want, sizeof want, "; %s, %d tokens (%d scored)", g_text, CTX_TOKENS, CTX_TOKENS - 1);
 	ck_assert_msg(strstr(c, want), "title lacks '%s'", want);
 	free(c);
+}
+
+START_TEST(full_vs_small_budget)
+{
+	char json[PATH_MAX + 16], csv[PATH_MAX + 16], svg[PATH_MAX + 16];
+	tmp_path(json, sizeof json, "fvh.json");
+	tmp_path(csv, sizeof csv, "fvh.csv");
+	tmp_path(svg, sizeof svg, "fvh.svg");
+	char *out, *err;
+	int rc = run_ab(&out, &err, "--a", "full", "--b", "h2o", "--ratio", "2,8", "--commit",
+	                "abc123", "--threads", "1", "--json", json, "--csv", csv, "--plot", svg,
+	                NULL);
+	ck_assert_msg(rc == 0, "ab failed (%d): %s", rc, err);
+	ck_assert_msg(strstr(out, "== compression ratio 2") && strstr(out, "== compression ratio 8"),
+	              "%s", out);
+	jv j;
+	load_json(json, &j);
+	fvh_check_results(&j);
+	fvh_check_meta(&j, json);
+	fvh_check_reference(&j);
+	jfree(&j);
+	fvh_check_csv(csv);
+	fvh_check_svg(svg);
 	free(out);
 	free(err);
 }
