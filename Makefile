@@ -251,13 +251,20 @@ $(B)/libkvpc.a: $(KVPC_OBJS)
 	ar rcs $@ $^
 
 # kvpc build/ab find the runtime from the build tree (or an installed prefix) and stamp the
-# commit into the binaries they build.
+# commit into the binaries they build. KVPC_TREE_MODIFIED: 1 when tracked files differed
+# from that commit (git status), which --version then says. Both are kept in
+# $(B)/gen/commit.stamp, rewritten only when either changes, so a commit or the first local
+# edit rebuilds the two objects that carry them (in a git worktree too, whose .git is a
+# file).
 KVPC_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+KVPC_TREE_MODIFIED ?= $(shell git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo 1 || echo 0)
+KVPC_STAMP := $(B)/gen/commit.stamp
+$(shell mkdir -p $(B)/gen && { [ "$$(cat $(KVPC_STAMP) 2>/dev/null)" = "$(KVPC_COMMIT) $(KVPC_TREE_MODIFIED)" ] || echo "$(KVPC_COMMIT) $(KVPC_TREE_MODIFIED)" >$(KVPC_STAMP); })
 $(B)/compiler/kvpc_build.o: CFLAGS += -DKVPC_SRCDIR='"$(CURDIR)"' -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
-$(B)/compiler/kvpc_build.o: $(wildcard .git/HEAD .git/refs/heads/*)
+$(B)/compiler/kvpc_build.o: $(KVPC_STAMP)
 # the runtime's command line records the commit it was built from in every JSON report
-$(B)/runtime/cli/rt_cli.o: CFLAGS += -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
-$(B)/runtime/cli/rt_cli.o: $(wildcard .git/HEAD .git/refs/heads/*)
+$(B)/runtime/cli/rt_cli.o: CFLAGS += -DKVPC_COMMIT='"$(KVPC_COMMIT)"' -DKVPC_TREE_MODIFIED=$(KVPC_TREE_MODIFIED)
+$(B)/runtime/cli/rt_cli.o: $(KVPC_STAMP)
 
 $(B)/kvpc: $(B)/compiler/kvpc_main.o $(B)/compiler/kvpc_build.o $(B)/compiler/kvpc_tune.o $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

