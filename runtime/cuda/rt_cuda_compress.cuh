@@ -72,8 +72,9 @@ static inline int rt_cuda_compress_run(const struct kvp_cuda_compress_in *in,
 	if (ctx->ratio > 0) {
 		double sk = cfg->sinks > 0 ? cfg->sinks : 0, rc = cfg->recent > 0 ? cfg->recent : 0;
 		if (sk + rc > cfg->target)
-			return rt_err_set(err, "policy %s: at ratio %g the budget (%.0f entries) is below the guards (sinks %g + recent %g)",
-			                  cfg->name ? cfg->name : "?", ctx->ratio, floor(cfg->budget), sk, rc);
+			return rt_err_setc(err, RT_ERR_INPUT,
+			                   "policy %s: at ratio %g the budget (%.0f entries) is below the guards (sinks %g + recent %g)",
+			                   cfg->name ? cfg->name : "?", ctx->ratio, floor(cfg->budget), sk, rc);
 	}
 	const size_t H = (size_t)kv->n_layer * kv->n_kv_head, cap = (size_t)kv->cap, R = (size_t)kv->group;
 	const size_t L = (size_t)kv->n_layer;
@@ -83,7 +84,8 @@ static inline int rt_cuda_compress_run(const struct kvp_cuda_compress_in *in,
 		                  cfg->name ? cfg->name : "?", in->scratch_len);
 	double lb[1024];
 	if (L > 1024)
-		return rt_err_set(err, "policy %s: more than 1024 layers", cfg->name ? cfg->name : "?");
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: more than 1024 layers",
+		                   cfg->name ? cfg->name : "?");
 	k_layer_budgets(cfg, L, cfg->target, (double)rt_kv_entries(kv) / ((double)L * kv->n_kv_head), lb);
 	uint8_t keep[65536];
 	const int n_ids = ctx->n_spans < 65535 ? ctx->n_spans : 65535;

@@ -233,8 +233,8 @@ extern "C" rt_cuda_seq *rt_cuda_seq_init(const rt_model *m, const rt_cuda_model 
 {
 	const rt_model_hparams *hp = &m->hp;
 	if (cap < 1 || max_chunk < 1 || max_chunk > 256) {
-		rt_err_set(err, "%s: cuda sequence: invalid capacity %d or chunk %d (1..256)", m->path,
-		           (int)cap, max_chunk);
+		rt_err_setc(err, RT_ERR_INPUT, "%s: cuda sequence: invalid capacity %d or chunk %d (1..256)",
+		            m->path, (int)cap, max_chunk);
 		return NULL;
 	}
 	if (cp && (cp->abi_version != KVP_CUDA_ABI_VERSION || !cp->host)) {
@@ -244,7 +244,8 @@ extern "C" rt_cuda_seq *rt_cuda_seq_init(const rt_model *m, const rt_cuda_model 
 	const struct kvp_policy *p = cp ? cp->host : &rt_policy_full;
 	const char *why = unsupported(p);
 	if (why) {
-		rt_err_set(err, "policy %s: not supported by the CUDA runtime: %s", p->name, why);
+		rt_err_setc(err, RT_ERR_INPUT, "policy %s: not supported by the CUDA runtime: %s", p->name,
+		            why);
 		return NULL;
 	}
 	if (memcmp(&dm->hp, hp, sizeof *hp) != 0) {
@@ -350,8 +351,8 @@ static int attend(rt_cuda_seq *s, int layer, int C, int64_t pos0, rt_err *err)
 	cudaError_t e = s->cp ? (cudaError_t)s->cp->attend(&a, (void *)s->st)
 	                      : k_cu_attn_launch<k_cu_obs_none>(&a, s->st);
 	if (e != cudaSuccess)
-		return rt_err_set(err, "%s:%d: attention of layer %d (policy %s): %s", __FILE__, __LINE__,
-		                  layer, s->p->name, cudaGetErrorString(e));
+		return rt_err_setc(err, rt_cu_code(e), "%s:%d: attention of layer %d (policy %s): %s",
+		                   __FILE__, __LINE__, layer, s->p->name, cudaGetErrorString(e));
 	return 0;
 }
 
@@ -472,8 +473,9 @@ extern "C" int rt_cuda_seq_feed(rt_cuda_seq *s, const int32_t *tokens, int64_t n
 	if (mode != RT_LOGITS_NONE && !logits)
 		return rt_err_set(err, "%s: cuda sequence: logits requested without a buffer", s->m->path);
 	if (s->run.ctx.seen + n > hp->n_ctx)
-		return rt_err_set(err, "%s: context of %lld tokens exceeds the model's context_length %d",
-		                  s->m->path, (long long)(s->run.ctx.seen + n), (int)hp->n_ctx);
+		return rt_err_setc(err, RT_ERR_INPUT,
+		                   "%s: context of %lld tokens exceeds the model's context_length %d",
+		                   s->m->path, (long long)(s->run.ctx.seen + n), (int)hp->n_ctx);
 	for (int64_t i = 0; i < n; i++)
 		if (tokens[i] < 0 || tokens[i] >= V)
 			return rt_err_set(err, "%s: token %d at index %lld is outside the vocabulary (0..%d)",
@@ -482,8 +484,9 @@ extern "C" int rt_cuda_seq_feed(rt_cuda_seq *s, const int32_t *tokens, int64_t n
 		int32_t want = n - done < s->max_chunk ? (int32_t)(n - done) : s->max_chunk;
 		int32_t k = rt_run_chunk(&s->run, &s->kv, want);
 		if (k == 0)
-			return rt_err_set(err, "%s: KV cache full: policy %s leaves no room in %d entries per head",
-			                  s->m->path, s->p->name, (int)s->cap);
+			return rt_err_setc(err, RT_ERR_RESOURCE,
+			                   "%s: KV cache full: policy %s leaves no room in %d entries per head",
+			                   s->m->path, s->p->name, (int)s->cap);
 		float *lg = NULL;
 		int from = 0;
 		if (mode == RT_LOGITS_ALL)

@@ -12,6 +12,11 @@
  *             CPU reference (compress_ref over the emitted score functor, the host layer
  *             budgets of compress_cfg) must keep exactly the entries the C compress keeps.
  *
+ *   errors    the classes of the backend's errors, which the server maps to HTTP statuses:
+ *             device memory exhausted (cudaErrorMemoryAllocation, CUBLAS_STATUS_ALLOC_FAILED)
+ *             is RT_ERR_RESOURCE, another failed call RT_ERR_INTERNAL (the rt_cuda_check.h
+ *             path every call takes), a bad sequence size RT_ERR_INPUT; no device call.
+ *
  * Exit status 0 when all agree; the first disagreement is printed with its place.
  */
 #include <math.h>
@@ -26,6 +31,7 @@
 extern "C" {
 #include "cuda/rt_cuda.h"
 #include "k_compress.h"
+#include "model/rt_model.h"
 }
 
 extern "C" const struct rt_cuda_backend kvp_cuda_backend;
@@ -246,12 +252,53 @@ static int run_policy(const struct kvp_cuda_policy *cp, int L, int NKV, int G, i
 	return bad;
 }
 
+/* One failed call through rt_cu_failed: err must hold "f.cu:7: CALL: " + the reason and
+ * the class want. 0 when it does. */
+template <class R>
+static int error_class_is(R r, const char *call, enum rt_err_code want)
+{
+	rt_err e = { "" };
+	char head[64];
+	snprintf(head, sizeof head, "f.cu:7: %s: ", call);
+	if (rt_cu_failed(r, &e, "f.cu", 7, call) == 1 && e.code == want &&
+	    !strncmp(e.msg, head, strlen(head)) && e.msg[strlen(head)])
+		return 0;
+	printf("test_cuda_host: %s failing: class %d (want %d), message '%s'\n", call, (int)e.code,
+	       (int)want, e.msg);
+	return 1;
+}
+
+/* The error classes (see the header): the checked-call path, a success that sets
+ * nothing, and rt_cuda_seq_init's size check (before any device call). */
+static int check_error_classes(void)
+{
+	int bad = error_class_is(cudaErrorMemoryAllocation, "cudaMalloc", RT_ERR_RESOURCE);
+	bad |= error_class_is(CUBLAS_STATUS_ALLOC_FAILED, "cublasCreate", RT_ERR_RESOURCE);
+	bad |= error_class_is(cudaErrorLaunchFailure, "cudaStreamSynchronize", RT_ERR_INTERNAL);
+	bad |= error_class_is(CUBLAS_STATUS_EXECUTION_FAILED, "cublasSgemm", RT_ERR_INTERNAL);
+	rt_err e = { "" };
+	if (rt_cu_failed(cudaSuccess, &e, "f.cu", 7, "cudaFree") != 0 || e.msg[0]) {
+		printf("test_cuda_host: a successful call set the error '%s'\n", e.msg);
+		bad = 1;
+	}
+	static rt_model m; /* only its path is read before the size check fails */
+	snprintf(m.path, sizeof m.path, "tiny.gguf");
+	if (rt_cuda_seq_init(&m, NULL, NULL, 0, 16, -1, &e) != NULL || e.code != RT_ERR_INPUT ||
+	    !strstr(e.msg, "tiny.gguf: cuda sequence: invalid capacity 0")) {
+		printf("test_cuda_host: capacity 0: class %d (want %d), message '%s'\n", (int)e.code,
+		       (int)RT_ERR_INPUT, e.msg);
+		bad = 1;
+	}
+	return bad;
+}
+
 int main(void)
 {
 	const struct rt_cuda_backend *b = &kvp_cuda_backend;
 	int bad = 0, n_cmp = 0;
 	long n_evicted = 0, n_words = 0;
 	const int shapes[2][4] = { { 2, 3, 3, 16 }, { 2, 1, 4, 16 } };
+	bad |= check_error_classes();
 	for (int i = 0; i < b->n_policies; i++)
 		for (int sh = 0; sh < 2; sh++)
 			bad |= run_policy(b->policies[i], shapes[sh][0], shapes[sh][1], shapes[sh][2], shapes[sh][3], &n_cmp,
@@ -260,7 +307,7 @@ int main(void)
 		return 1;
 	printf("cuda: host tests passed: %d policies x 2 shapes (9/3-style 3x3, 4/1): CUDA observe == C observe "
 	       "bit for bit (%ld non-zero statistic words); device-compress reference == C compress kept sets "
-	       "in %d cases (%ld entries evicted)\n",
+	       "in %d cases (%ld entries evicted); error classes as documented\n",
 	       b->n_policies, n_words, n_cmp, n_evicted);
 	return 0;
 }
