@@ -64,6 +64,209 @@ static int fail(const char *pol, const char *what, int l, int j, int i)
 	return 1;
 }
 
+/* The device layout of a store of H heads of cap entries (head_dim hd, qd query floats,
+ * G query heads per KV head) and its statistic and state bytes, on the host; zeroed. */
+static void store_alloc(struct store *s, int H, int32_t cap, int hd, int qd, int G, const rt_kv *kv)
+{
+	const size_t c = (size_t)cap;
+	s->k = (float *)calloc((size_t)H * c * hd, 4);
+	s->v = (float *)calloc((size_t)H * c * hd, 4);
+	s->count = (float *)calloc((size_t)H * c, 4);
+	s->log_count = (float *)calloc((size_t)H * c, 4);
+	s->P = (float *)calloc((size_t)G * c, 4);
+	s->q = (float *)calloc((size_t)qd, 4);
+	s->o = (float *)calloc((size_t)qd, 4);
+	s->score = (float *)calloc((size_t)H * c, 4);
+	s->qs = (float *)calloc((size_t)H * G * c, 4);
+	s->pooled = (float *)calloc((size_t)H * c, 4);
+	s->pos = (int32_t *)calloc((size_t)H * c, 4);
+	s->nb = (int32_t *)calloc((size_t)H, 4);
+	s->dst = (int32_t *)calloc((size_t)H * c, 4);
+	s->n_new = (int32_t *)calloc((size_t)H, 4);
+	s->span = (uint16_t *)calloc((size_t)H * c, 2);
+	s->stats = (uint8_t *)calloc((size_t)H * c * (kv->stat_bytes + 1), 1);
+	s->state = (uint8_t *)calloc((size_t)H * (kv->state_bytes + 1), 1);
+	s->flags = (uint8_t *)calloc((size_t)H * c, 1);
+}
+
+static void store_free(struct store *s)
+{
+	free(s->k); free(s->v); free(s->count); free(s->log_count); free(s->P); free(s->q); free(s->o);
+	free(s->score); free(s->qs); free(s->pooled); free(s->pos); free(s->nb); free(s->dst); free(s->n_new);
+	free(s->span); free(s->stats); free(s->state); free(s->flags);
+}
+
+/* The fused attention's arguments over store s (one query row per step: C = 1). */
+static void attn_args(struct k_cu_attn_args *a, struct store *s, const struct rt_run *run,
+                      const struct kvp_policy *p, const rt_kv *kv, int32_t cap, int L, int NKV,
+                      int G, int hd, int32_t T)
+{
+	memset(a, 0, sizeof *a);
+	a->q = s->q;
+	a->out = s->o;
+	a->k = s->k;
+	a->v = s->v;
+	a->pos = s->pos;
+	a->count = s->count;
+	a->log_count = s->log_count;
+	a->stats = s->stats;
+	a->state = s->state;
+	a->nb = s->nb;
+	a->stat_bytes = kv->stat_bytes;
+	a->state_bytes = kv->state_bytes;
+	a->cap = cap;
+	a->hd = hd;
+	a->G = G;
+	a->n_kv_head = NKV;
+	a->n_layer = L;
+	a->C = 1;
+	a->scale = 1.0f / sqrtf((float)hd);
+	a->prompt_len = T;
+	for (int i = 0; i < p->n_params && i < K_CU_MAX_PARAMS; i++)
+		a->P.v[i] = run->ctx.params[i];
+}
+
+/* T decode steps: each appends a random key and value to every head of both stores, then
+ * for every layer and KV head runs the CUDA unit's attend_ref (into s) and the C unit's
+ * observe (into kv) on the same probabilities; the statistics and per-head state must
+ * agree bit for bit after every step. Returns 0, or 1 after printing the first
+ * disagreement. */
+static int observe_steps(const struct kvp_cuda_policy *cp, struct rt_run *run, rt_kv *kv,
+                         struct store *s, struct k_cu_attn_args *a, float *probs, int32_t cap,
+                         int32_t T, int L, int NKV, int G, int hd)
+{
+	const struct kvp_policy *p = cp->host;
+	const int H = L * NKV, qd = NKV * G * hd;
+	const size_t c = (size_t)cap;
+	int bad = 0;
+	float kb[64], vb[64];
+	for (int t = 0; t < T && !bad; t++) {
+		for (int hi = 0; hi < H; hi++) {
+			for (int d = 0; d < hd; d++)
+				kb[d] = frand(), vb[d] = frand();
+			rt_kv_head *h = &kv->heads[hi];
+			const int32_t e = h->n;
+			rt_kv_append(kv, h, kb, vb, t);
+			const size_t o = (size_t)hi * c + e;
+			memcpy(s->k + o * hd, kb, (size_t)hd * 4);
+			memcpy(s->v + o * hd, vb, (size_t)hd * 4);
+			s->pos[o] = t;
+			s->count[o] = 1.0f;
+			s->log_count[o] = 0.0f;
+			memset(s->stats + o * kv->stat_bytes, 0, kv->stat_bytes);
+		}
+		run->ctx.seen = t;
+		for (int l = 0; l < L; l++) {
+			for (int i = 0; i < qd; i++)
+				s->q[i] = 3.0f * frand();
+			a->layer = l;
+			a->pos0 = t;
+			for (int j = 0; j < NKV; j++) {
+				const int hi = l * NKV + j;
+				cp->attend_ref(a, j, 0, s->P);
+				const int32_t lim = s->nb[hi] + 1;
+				for (int g = 0; g < G; g++)
+					memcpy(probs + (size_t)g * lim, s->P + (size_t)g * c, (size_t)lim * 4);
+				if (p->observe) {
+					struct kvp_obs ob = { t, lim, G, probs, s->o + (size_t)j * G * hd };
+					p->observe(&run->ctx, kv, l, j, &ob);
+				}
+				rt_kv_head *h = &kv->heads[hi];
+				if (memcmp(h->stats, s->stats + (size_t)hi * c * kv->stat_bytes, (size_t)lim * kv->stat_bytes))
+					for (int32_t i = 0; i < lim && !bad; i++)
+						if (memcmp(h->stats + i * kv->stat_bytes,
+						           s->stats + ((size_t)hi * c + i) * kv->stat_bytes, kv->stat_bytes))
+							bad = fail(p->name, "statistics", l, j, i);
+				if (!bad && kv->state_bytes &&
+				    memcmp(h->state, s->state + (size_t)hi * kv->state_bytes, kv->state_bytes))
+					bad = fail(p->name, "per-head state", l, j, -1);
+			}
+		}
+		for (int hi = 0; hi < H; hi++)
+			s->nb[hi]++;
+	}
+	return bad;
+}
+
+/* The CUDA pipeline's CPU reference (compress_ref over the emitted score functor, the
+ * host layer budgets of compress_cfg) against the C compress on the same store: the same
+ * number of entries kept in every head, the same positions. Returns 0, or 1 after
+ * printing the first disagreement. */
+static int compress_compare(const struct kvp_cuda_policy *cp, struct rt_run *run, rt_kv *kv,
+                            struct store *s, int32_t cap, int L, int NKV, int G, int hd,
+                            int *n_cmp, long *n_evicted)
+{
+	const struct kvp_policy *p = cp->host;
+	const int H = L * NKV;
+	const size_t c = (size_t)cap;
+	rt_err err = { "" };
+	int bad = 0;
+	struct k_compress_cfg cfg;
+	cp->compress_cfg(&run->ctx, kv, &cfg);
+	double lb[64];
+	k_layer_budgets(&cfg, kv->n_layer, cfg.target,
+	                (double)rt_kv_entries(kv) / ((double)kv->n_layer * kv->n_kv_head), lb);
+	struct k_cu_compress_args ca;
+	memset(&ca, 0, sizeof ca);
+	ca.k = s->k;
+	ca.v = s->v;
+	ca.pos = s->pos;
+	ca.count = s->count;
+	ca.span = s->span;
+	ca.stats = s->stats;
+	ca.n = s->nb;
+	ca.stat_bytes = kv->stat_bytes;
+	ca.cap = cap;
+	ca.hd = hd;
+	ca.n_kv_head = NKV;
+	ca.n_layer = L;
+	ca.group = G;
+	ca.lb = lb;
+	ca.score = s->score;
+	ca.qs = s->qs;
+	ca.pooled = s->pooled;
+	ca.flags = s->flags;
+	ca.dst = s->dst;
+	ca.n_new = s->n_new;
+	rt_cuda_compress_conf(&ca, &run->ctx, &cfg, p->n_params);
+	for (int hi = 0; hi < H; hi++)
+		cp->compress_ref(&ca, (size_t)hi);
+	if (p->compress(&run->ctx, kv, &err) != 0) {
+		printf("test_cuda_host: %s: C compress: %s\n", p->name, err.msg);
+		bad = 1;
+	}
+	for (int hi = 0; hi < H && !bad; hi++) {
+		const rt_kv_head *h = &kv->heads[hi];
+		if (s->n_new[hi] != h->n) {
+			printf("test_cuda_host: policy %s: head %d keeps %d entries on the device path, %d in C\n",
+			       p->name, hi, s->n_new[hi], h->n);
+			bad = 1;
+			break;
+		}
+		/* the kept sets compared by position: the C compaction (rt_kv_head_evict)
+		 * moves tail entries into evicted slots, the device one gathers in order */
+		int32_t *dp = (int32_t *)malloc(sizeof(int32_t) * (size_t)(h->n + 1));
+		int32_t *cpos = (int32_t *)malloc(sizeof(int32_t) * (size_t)(h->n + 1));
+		int32_t nd = 0;
+		for (int32_t i = 0; i < s->nb[hi] && nd <= h->n; i++)
+			if (s->dst[(size_t)hi * c + i] >= 0)
+				dp[nd++] = s->pos[(size_t)hi * c + i];
+		memcpy(cpos, h->pos, sizeof(int32_t) * (size_t)h->n);
+		qsort(dp, (size_t)nd, sizeof *dp, cmp_i32);
+		qsort(cpos, (size_t)h->n, sizeof *cpos, cmp_i32);
+		for (int32_t i = 0; i < h->n && !bad; i++)
+			if (nd != h->n || dp[i] != cpos[i])
+				bad = fail(p->name, "kept sets", hi / NKV, hi % NKV, i);
+		free(dp);
+		free(cpos);
+	}
+	if (!bad)
+		(*n_cmp)++;
+	for (int hi = 0; hi < H; hi++)
+		*n_evicted += s->nb[hi] - s->n_new[hi];
+	return bad;
+}
+
 /* One policy on one shape; returns 0 when CUDA and C agree. */
 static int run_policy(const struct kvp_cuda_policy *cp, int L, int NKV, int G, int hd, int *n_cmp,
                       long *n_evicted, long *n_words)
@@ -81,172 +284,22 @@ static int run_policy(const struct kvp_cuda_policy *cp, int L, int NKV, int G, i
 		return 1;
 	}
 	struct store s;
-	const size_t c = (size_t)cap;
-	s.k = (float *)calloc((size_t)H * c * hd, 4);
-	s.v = (float *)calloc((size_t)H * c * hd, 4);
-	s.count = (float *)calloc((size_t)H * c, 4);
-	s.log_count = (float *)calloc((size_t)H * c, 4);
-	s.P = (float *)calloc((size_t)G * c, 4);
-	s.q = (float *)calloc((size_t)qd, 4);
-	s.o = (float *)calloc((size_t)qd, 4);
-	s.score = (float *)calloc((size_t)H * c, 4);
-	s.qs = (float *)calloc((size_t)H * G * c, 4);
-	s.pooled = (float *)calloc((size_t)H * c, 4);
-	s.pos = (int32_t *)calloc((size_t)H * c, 4);
-	s.nb = (int32_t *)calloc((size_t)H, 4);
-	s.dst = (int32_t *)calloc((size_t)H * c, 4);
-	s.n_new = (int32_t *)calloc((size_t)H, 4);
-	s.span = (uint16_t *)calloc((size_t)H * c, 2);
-	s.stats = (uint8_t *)calloc((size_t)H * c * (kv.stat_bytes + 1), 1);
-	s.state = (uint8_t *)calloc((size_t)H * (kv.state_bytes + 1), 1);
-	s.flags = (uint8_t *)calloc((size_t)H * c, 1);
-	float *probs = (float *)calloc((size_t)G * c, 4);
-	int bad = 0;
+	store_alloc(&s, H, cap, hd, qd, G, &kv);
+	float *probs = (float *)calloc((size_t)G * cap, 4);
 	struct k_cu_attn_args a;
-	memset(&a, 0, sizeof a);
-	a.q = s.q;
-	a.out = s.o;
-	a.k = s.k;
-	a.v = s.v;
-	a.pos = s.pos;
-	a.count = s.count;
-	a.log_count = s.log_count;
-	a.stats = s.stats;
-	a.state = s.state;
-	a.nb = s.nb;
-	a.stat_bytes = kv.stat_bytes;
-	a.state_bytes = kv.state_bytes;
-	a.cap = cap;
-	a.hd = hd;
-	a.G = G;
-	a.n_kv_head = NKV;
-	a.n_layer = L;
-	a.C = 1;
-	a.scale = 1.0f / sqrtf((float)hd);
-	a.prompt_len = T;
-	for (int i = 0; i < p->n_params && i < K_CU_MAX_PARAMS; i++)
-		a.P.v[i] = run.ctx.params[i];
-	float kb[64], vb[64];
-	for (int t = 0; t < T && !bad; t++) {
-		for (int hi = 0; hi < H; hi++) {
-			for (int d = 0; d < hd; d++)
-				kb[d] = frand(), vb[d] = frand();
-			rt_kv_head *h = &kv.heads[hi];
-			const int32_t e = h->n;
-			rt_kv_append(&kv, h, kb, vb, t);
-			const size_t o = (size_t)hi * c + e;
-			memcpy(s.k + o * hd, kb, (size_t)hd * 4);
-			memcpy(s.v + o * hd, vb, (size_t)hd * 4);
-			s.pos[o] = t;
-			s.count[o] = 1.0f;
-			s.log_count[o] = 0.0f;
-			memset(s.stats + o * kv.stat_bytes, 0, kv.stat_bytes);
-		}
-		run.ctx.seen = t;
-		for (int l = 0; l < L; l++) {
-			for (int i = 0; i < qd; i++)
-				s.q[i] = 3.0f * frand();
-			a.layer = l;
-			a.pos0 = t;
-			for (int j = 0; j < NKV; j++) {
-				const int hi = l * NKV + j;
-				cp->attend_ref(&a, j, 0, s.P);
-				const int32_t lim = s.nb[hi] + 1;
-				for (int g = 0; g < G; g++)
-					memcpy(probs + (size_t)g * lim, s.P + (size_t)g * c, (size_t)lim * 4);
-				if (p->observe) {
-					struct kvp_obs ob = { t, lim, G, probs, s.o + (size_t)j * G * hd };
-					p->observe(&run.ctx, &kv, l, j, &ob);
-				}
-				rt_kv_head *h = &kv.heads[hi];
-				if (memcmp(h->stats, s.stats + (size_t)hi * c * kv.stat_bytes, (size_t)lim * kv.stat_bytes))
-					for (int32_t i = 0; i < lim && !bad; i++)
-						if (memcmp(h->stats + i * kv.stat_bytes,
-						           s.stats + ((size_t)hi * c + i) * kv.stat_bytes, kv.stat_bytes))
-							bad = fail(p->name, "statistics", l, j, i);
-				if (!bad && kv.state_bytes &&
-				    memcmp(h->state, s.state + (size_t)hi * kv.state_bytes, kv.state_bytes))
-					bad = fail(p->name, "per-head state", l, j, -1);
-			}
-		}
-		for (int hi = 0; hi < H; hi++)
-			s.nb[hi]++;
-	}
-	for (size_t w = 0; w < (size_t)H * c * kv.stat_bytes / 4; w++) {
+	attn_args(&a, &s, &run, p, &kv, cap, L, NKV, G, hd, T);
+	int bad = observe_steps(cp, &run, &kv, &s, &a, probs, cap, T, L, NKV, G, hd);
+	for (size_t w = 0; w < (size_t)H * cap * kv.stat_bytes / 4; w++) { /* non-zero words */
 		uint32_t x;
 		memcpy(&x, s.stats + 4 * w, 4);
 		*n_words += x != 0;
 	}
 	run.ctx.seen = T;
 	run.ctx.prompt_done = 1;
-	if (!bad && cp->compress_ref) {
-		struct k_compress_cfg cfg;
-		cp->compress_cfg(&run.ctx, &kv, &cfg);
-		double lb[64];
-		k_layer_budgets(&cfg, kv.n_layer, cfg.target,
-		                (double)rt_kv_entries(&kv) / ((double)kv.n_layer * kv.n_kv_head), lb);
-		struct k_cu_compress_args ca;
-		memset(&ca, 0, sizeof ca);
-		ca.k = s.k;
-		ca.v = s.v;
-		ca.pos = s.pos;
-		ca.count = s.count;
-		ca.span = s.span;
-		ca.stats = s.stats;
-		ca.n = s.nb;
-		ca.stat_bytes = kv.stat_bytes;
-		ca.cap = cap;
-		ca.hd = hd;
-		ca.n_kv_head = NKV;
-		ca.n_layer = L;
-		ca.group = G;
-		ca.lb = lb;
-		ca.score = s.score;
-		ca.qs = s.qs;
-		ca.pooled = s.pooled;
-		ca.flags = s.flags;
-		ca.dst = s.dst;
-		ca.n_new = s.n_new;
-		rt_cuda_compress_conf(&ca, &run.ctx, &cfg, p->n_params);
-		for (int hi = 0; hi < H; hi++)
-			cp->compress_ref(&ca, (size_t)hi);
-		if (p->compress(&run.ctx, &kv, &err) != 0) {
-			printf("test_cuda_host: %s: C compress: %s\n", p->name, err.msg);
-			bad = 1;
-		}
-		for (int hi = 0; hi < H && !bad; hi++) {
-			const rt_kv_head *h = &kv.heads[hi];
-			if (s.n_new[hi] != h->n) {
-				printf("test_cuda_host: policy %s: head %d keeps %d entries on the device path, %d in C\n",
-				       p->name, hi, s.n_new[hi], h->n);
-				bad = 1;
-				break;
-			}
-			/* the kept sets compared by position: the C compaction (rt_kv_head_evict)
-			 * moves tail entries into evicted slots, the device one gathers in order */
-			int32_t *dp = (int32_t *)malloc(sizeof(int32_t) * (size_t)(h->n + 1));
-			int32_t *cpos = (int32_t *)malloc(sizeof(int32_t) * (size_t)(h->n + 1));
-			int32_t nd = 0;
-			for (int32_t i = 0; i < s.nb[hi] && nd <= h->n; i++)
-				if (s.dst[(size_t)hi * c + i] >= 0)
-					dp[nd++] = s.pos[(size_t)hi * c + i];
-			memcpy(cpos, h->pos, sizeof(int32_t) * (size_t)h->n);
-			qsort(dp, (size_t)nd, sizeof *dp, cmp_i32);
-			qsort(cpos, (size_t)h->n, sizeof *cpos, cmp_i32);
-			for (int32_t i = 0; i < h->n && !bad; i++)
-				if (nd != h->n || dp[i] != cpos[i])
-					bad = fail(p->name, "kept sets", hi / NKV, hi % NKV, i);
-			free(dp);
-			free(cpos);
-		}
-		if (!bad)
-			(*n_cmp)++;
-		for (int hi = 0; hi < H; hi++)
-			*n_evicted += s.nb[hi] - s.n_new[hi];
-	}
-	free(s.k); free(s.v); free(s.count); free(s.log_count); free(s.P); free(s.q); free(s.o);
-	free(s.score); free(s.qs); free(s.pooled); free(s.pos); free(s.nb); free(s.dst); free(s.n_new);
-	free(s.span); free(s.stats); free(s.state); free(s.flags); free(probs);
+	if (!bad && cp->compress_ref)
+		bad = compress_compare(cp, &run, &kv, &s, cap, L, NKV, G, hd, n_cmp, n_evicted);
+	store_free(&s);
+	free(probs);
 	rt_run_free(&run);
 	rt_kv_free(&kv);
 	return bad;
