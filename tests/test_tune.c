@@ -1,12 +1,14 @@
 /*
- * test_tune: the quality gate end to end on the real model (SmolLM2-135M-Instruct Q4_1,
- * KVRT_MODEL) with a block-wise H2O (POLICY below, written to a temporary directory: it
- * compresses every 16 tokens, so the forward runs in chunks, and its guards scale with the
- * context, so ratios up to 8 fit 48 tokens), on 48 tokens of a short English text:
- *   - `kvpc tune` with a loose KL limit picks a higher ratio than with a tight one;
- *   - the tight run's chosen ratio has, measured independently by `BIN ppl --ratio R
- *     --json` (the same KL figure from a separate command), a mean KL within the limit,
- *     and the next grid ratio does not;
+ * test_tune: the quality gate end to end on a tiny synthetic GGUF model (grouped-query:
+ * 9 query / 3 KV heads, tests/support/tiny_model.h, written by the test) with a block-wise
+ * H2O (POLICY below, written to a temporary directory: it compresses every 16 tokens, so
+ * the forward runs in chunks, and its guards scale with the context, so ratios up to 8 fit
+ * 48 tokens), on 48 tokens of a short English text. The KL limits come from independent
+ * measurements: `BIN ppl --ratio R --json` (a separate command) at each ratio of the grid
+ * 2,4,8 must give mean KLs k2 < k4 < k8; the tight limit lies between k2 and k4, the loose
+ * one above k8, so the ratios tune must choose are known before it runs:
+ *   - `kvpc tune` with the tight limit chooses 2 (within, and the next grid ratio is not),
+ *     with the loose one 8, and its sidecar records ppl's KL at the chosen ratio;
  *   - `kvpc build` bakes the sidecar's ratio in (BIN info shows it, BIN ppl without --ratio
  *     reports it), `kvpc build --gate` passes as tuned and refuses (exit 1, no binary
  *     written, a message naming the text, the measured value as ppl measured it and the
@@ -24,12 +26,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model/rt_gguf.h"
 #include "policy/rt_tuned.h"
 #include "support/proc_run.h"
+#include "support/tiny_model.h"
 
 static char g_kvpc[PATH_MAX + 16];
 static char g_tmp[PATH_MAX];
-static char g_model[PATH_MAX];
+static char g_model[PATH_MAX + 16];
 static char g_text[PATH_MAX + 16];
 static char g_policy[PATH_MAX + 16];
 
@@ -65,13 +69,14 @@ static int run(char *const argv[], char **out, char **err)
 }
 
 /* kvpc tune on the text, 48 tokens, grid 2,4,8, limit max_kld, sidecar out (NULL: the
- * default next to the policy). Returns the sidecar's ratio. */
-static double tune(const char *max_kld, const char *out, int passkey)
+ * default next to the policy). Returns the sidecar's ratio; its KL in *kld_out. */
+static double tune(double limit, const char *out, int passkey, double *kld_out)
 {
-	char *argv[32];
+	char *argv[32], max_kld[32];
 	int k = 0;
+	snprintf(max_kld, sizeof max_kld, "%.17g", limit);
 	char *fixed[] = { g_kvpc, "tune", g_policy, "--model", g_model, "--text", g_text, "--ctx",
-		          "48", "--ratio", "2,4,8", "--max-kld", (char *)max_kld, "--quiet" };
+		          "48", "--ratio", "2,4,8", "--max-kld", max_kld, "--quiet" };
 	for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
 		argv[k++] = fixed[i];
 	if (out) {
@@ -79,7 +84,8 @@ static double tune(const char *max_kld, const char *out, int passkey)
 		argv[k++] = (char *)out;
 	}
 	if (passkey) { /* a limit that always holds: exercises the passkey trial and the file */
-		char *pk[] = { "--min-passkey", "0", "--lengths", "96", "--depths", "50" };
+		/* 320 tokens: the byte-level vocabulary spends 213 on the prompt's fixed parts */
+		char *pk[] = { "--min-passkey", "0", "--lengths", "320", "--depths", "50" };
 		for (size_t i = 0; i < sizeof pk / sizeof pk[0]; i++)
 			argv[k++] = pk[i];
 	}
@@ -105,9 +111,10 @@ static double tune(const char *max_kld, const char *out, int passkey)
 	ck_assert_str_eq(t.texts[0], g_text);
 	ck_assert_int_eq(t.ctx, 48);
 	if (passkey)
-		ck_assert_msg(t.min_passkey == 0 && t.passkey >= 0 && t.passkey_len == 96,
+		ck_assert_msg(t.min_passkey == 0 && t.passkey >= 0 && t.passkey_len == 320,
 		              "passkey fields: %g %g %ld", t.min_passkey, t.passkey, t.passkey_len);
 	double r = t.ratio;
+	*kld_out = t.kld;
 	rt_tuned_free(&t);
 	return r;
 }
@@ -149,31 +156,50 @@ static int build(const char *out, int gate, char **err)
 	return rc;
 }
 
+/* The independent measurements the limits come from: the policy built without a sidecar
+ * (before any default sidecar exists) and `ppl --ratio R` at R = 2, 4, 8 into k[0..3),
+ * which must grow with R (tune's bisection assumes it). *tight lies between k[0] and k[1]
+ * (their geometric mean), *loose above k[2]. */
+static void limits(double k[3], double *tight, double *loose)
+{
+	char bin[PATH_MAX + 16], *err;
+	snprintf(bin, sizeof bin, "%s/plain", g_tmp);
+	ck_assert_msg(build(bin, 0, &err) == 0, "kvpc build: %s", err);
+	free(err);
+	k[0] = ppl_kld(bin, "2", NULL);
+	k[1] = ppl_kld(bin, "4", NULL);
+	k[2] = ppl_kld(bin, "8", NULL);
+	ck_assert_msg(0 < k[0] && k[0] < k[1] && k[1] < k[2], "ppl's mean KL at ratios 2, 4, 8: "
+	              "%g, %g, %g (not growing with the ratio)", k[0], k[1], k[2]);
+	*tight = sqrt(k[0] * k[1]);
+	*loose = 2 * k[2];
+}
+
 START_TEST(loose_limit_picks_higher_ratio_and_ppl_agrees)
 {
-	char tight[PATH_MAX + 16], loose[PATH_MAX + 16], bin[PATH_MAX + 16];
+	char tight[PATH_MAX + 16], loose[PATH_MAX + 16];
 	snprintf(tight, sizeof tight, "%s/tight.tune", g_tmp);
 	snprintf(loose, sizeof loose, "%s/loose.tune", g_tmp);
-	const double rt = tune("0.03", tight, 0), rl = tune("1.0", loose, 1);
-	ck_assert_msg(rl > rt, "loose limit chose ratio %g, tight %g", rl, rt);
-	ck_assert_msg(rt == 2 || rt == 4, "tight limit chose %g: no next grid step to check", rt);
-	/* the independent check: a separate ppl run at the chosen ratio and the next step */
-	snprintf(bin, sizeof bin, "%s/plain", g_tmp);
-	char *err;
-	ck_assert_msg(build(bin, 0, &err) == 0, "kvpc build: %s", err); /* no default sidecar yet */
-	free(err);
-	char r0[16], r1[16];
-	snprintf(r0, sizeof r0, "%g", rt);
-	snprintf(r1, sizeof r1, "%g", rt * 2); /* the grid 2,4,8 doubles */
-	const double k0 = ppl_kld(bin, r0, NULL), k1 = ppl_kld(bin, r1, NULL);
-	ck_assert_msg(k0 <= 0.03, "ppl at the chosen ratio %s: kld_mean %g above 0.03", r0, k0);
-	ck_assert_msg(k1 > 0.03, "ppl at the next step %s: kld_mean %g <= 0.03", r1, k1);
+	double k[3], lt, ll, kt, kl;
+	limits(k, &lt, &ll); /* no default sidecar yet */
+	const double rt = tune(lt, tight, 0, &kt), rl = tune(ll, loose, 1, &kl);
+	/* ppl measured k[0] <= lt < k[1] (ratio 2 within the limit, the next grid ratio not)
+	 * and k[2] <= ll */
+	ck_assert_msg(rt == 2, "tight limit %g chose ratio %g; ppl: %g at 2, %g at 4", lt, rt,
+	              k[0], k[1]);
+	ck_assert_msg(rl == 8, "loose limit %g chose ratio %g; ppl: %g at 8", ll, rl, k[2]);
+	/* the sidecar keeps 6 significant digits (runtime/policy/rt_tuned.c) */
+	ck_assert_msg(fabs(kt - k[0]) <= 1e-5 * k[0] && fabs(kl - k[2]) <= 1e-5 * k[2],
+	              "the sidecars' KL %g and %g, ppl's %g and %g", kt, kl, k[0], k[2]);
 }
 END_TEST
 
 START_TEST(build_bakes_ratio_and_gate_refuses_tighter_limit)
 {
-	const double r = tune("0.03", NULL, 0); /* writes gate_h2o.tune beside the policy */
+	double k[3], lt, ll, kt;
+	limits(k, &lt, &ll);
+	const double r = tune(lt, NULL, 0, &kt); /* writes gate_h2o.tune beside the policy */
+	ck_assert_msg(r == 2, "tight limit %g chose ratio %g", lt, r);
 	char bin[PATH_MAX + 16], side[PATH_MAX + 16];
 	snprintf(bin, sizeof bin, "%s/tuned", g_tmp);
 	char *err, *o;
@@ -189,7 +215,7 @@ START_TEST(build_bakes_ratio_and_gate_refuses_tighter_limit)
 	double used = 0;
 	const double kld = ppl_kld(bin, NULL, &used);
 	ck_assert_msg(used == r, "ppl without --ratio used ratio %g, tuned %g", used, r);
-	ck_assert_msg(kld <= 0.03, "the tuned ratio's kld_mean %g exceeds the limit", kld);
+	ck_assert_msg(kld <= lt, "the tuned ratio's kld_mean %g exceeds the limit %g", kld, lt);
 
 	/* the gate as tuned holds */
 	snprintf(bin, sizeof bin, "%s/gated", g_tmp);
@@ -304,11 +330,14 @@ int main(void)
 		perror("mkdtemp");
 		return EXIT_FAILURE;
 	}
-	const char *m = getenv("KVRT_MODEL");
 	if (proc_bin_path("kvpc", "KVPC", g_kvpc, sizeof g_kvpc) != 0)
 		return EXIT_FAILURE;
-	if (!realpath(m && *m ? m : "models/SmolLM2-135M-Instruct.Q4_1.gguf", g_model)) {
-		fprintf(stderr, "test_tune: the model is missing (make model, or set KVRT_MODEL)\n");
+	snprintf(g_model, sizeof g_model, "%s/tiny.gguf", g_tmp);
+	tiny_model_cfg c = { .n_layer = 2, .n_embd = 72, .n_head = 9, .n_head_kv = 3, .n_ff = 96,
+		             .n_vocab = 300, .n_ctx = 1024, .rope_base = 10000, .seed = 7,
+		             .wtype = RT_GGML_F32 };
+	if (tiny_model_write(&c, g_model) != 0) {
+		fprintf(stderr, "test_tune: cannot write the model under %s\n", g_tmp);
 		return EXIT_FAILURE;
 	}
 	char cache[PATH_MAX + 16];
