@@ -110,6 +110,8 @@ void rt_cli_json_policy(FILE *out, const rt_seq *s, double ratio)
 		rt_json_member_num(out, "ratio", ratio);
 	else
 		fputs(",\"ratio\":null", out);
+	if (s->run.ctx.byte_ratio > 0) /* --byte-ratio: the budget in bytes */
+		rt_json_member_num(out, "byte_ratio", s->run.ctx.byte_ratio);
 #ifdef KVPC_COMMIT
 	fputs(",\"commit\":", out);
 	rt_json_str(out, rt_cli_commit());

@@ -122,7 +122,8 @@ static const opt_def OPTS[] = {
 	INTOPT(O_SEED, "seed", 0, LONG_MAX, seed, "is not a non-negative integer"),
 	INTOPT(O_SCOREFROM, "score-from", 1, INT_MAX, score_from, "is not a position >= 1"),
 	INTOPT(O_PREFILL, "prefill-chunk", 0, 65536, prefill_chunk, "is not a number in 0..65536"),
-	OPT(O_RATIO, "ratio", 1), OPT(O_SET, "set", 1), OPT(O_MODE, "mode", 1),
+	OPT(O_RATIO, "ratio", 1), OPT(O_BYTERATIO, "byte-ratio", 1), OPT(O_SET, "set", 1),
+	OPT(O_MODE, "mode", 1),
 	OPT(O_TASK, "task", 1), STROPT(O_POLICY, "policy", policy),
 	STROPT(O_HAYSTACK, "haystack", haystack), STROPT(O_LENGTHS, "lengths", lengths),
 	STROPT(O_DEPTHS, "depths", depths), STROPT(O_SVG, "svg", svg),
@@ -226,6 +227,13 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 		if (parse_finite(arg, &r) != 0 || r < 1)
 			return rt_cli_usage(cmd, "--ratio: '%s' is not a compression factor >= 1", arg);
 		o->ratio = r;
+		return 0;
+	}
+	case O_BYTERATIO: {
+		double r;
+		if (parse_finite(arg, &r) != 0 || r < 1)
+			return rt_cli_usage(cmd, "--byte-ratio: '%s' is not a compression factor >= 1", arg);
+		o->byte_ratio = r;
 		return 0;
 	}
 	case O_MAXKLD: case O_MINPASSKEY: {
@@ -410,9 +418,13 @@ const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, in
 			return NULL;
 		}
 	free(vals);
-	if (o->ratio > 0 && !p->compress) {
-		*rc = rt_cli_usage(cmd, "--ratio: policy %s never compresses, so a ratio does not apply",
-		                p->name);
+	if ((o->ratio > 0 || o->byte_ratio > 0) && !p->compress) {
+		*rc = rt_cli_usage(cmd, "%s: policy %s never compresses, so a ratio does not apply",
+		                   o->ratio > 0 ? "--ratio" : "--byte-ratio", p->name);
+		return NULL;
+	}
+	if (o->ratio > 0 && o->byte_ratio > 0) {
+		*rc = rt_cli_usage(cmd, "%s", "--ratio counts entries and --byte-ratio bytes; give one of them");
 		return NULL;
 	}
 	return p;
@@ -426,6 +438,8 @@ int rt_cli_seq_apply(rt_seq *s, const rt_cli_opts *o, rt_err *err)
 		if (rt_seq_set(s, o->sets[i], err) != 0)
 			return -1;
 	if (o->ratio > 0 && rt_seq_set_ratio(s, o->ratio, err) != 0)
+		return -1;
+	if (o->byte_ratio > 0 && rt_seq_set_byte_ratio(s, o->byte_ratio, err) != 0)
 		return -1;
 	return rt_seq_set_prefill_chunk(s, (int32_t)o->prefill_chunk, err);
 }

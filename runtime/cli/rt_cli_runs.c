@@ -15,11 +15,12 @@
 
 /* Store capacity of a run: every prompt token, or for a ratio run of a policy that
  * compresses as it goes (no prompt-end trigger) its budget plus RT_CLI_CAP_SLACK plus one
- * prefill chunk (what a chunk adds before the compress at its end). */
+ * prefill chunk (what a chunk adds before the compress at its end). A tiered policy keeps
+ * more entries than its budget's f16 count (they are narrower), so it gets every token. */
 int32_t rt_cli_run_cap(const rt_cli_run *r, int64_t len, int64_t extra)
 {
 	int64_t cap = len + extra;
-	if (r->o.ratio > 0 && !(r->p->needs & KVP_NEED_PROMPT_LEN)) {
+	if (r->o.ratio > 0 && !(r->p->needs & (KVP_NEED_PROMPT_LEN | KVP_NEED_TIERS))) {
 		int64_t c = (int64_t)ceil((double)len / r->o.ratio) + RT_CLI_CAP_SLACK +
 		            r->o.prefill_chunk + extra;
 		cap = c < cap ? c : cap;
@@ -38,7 +39,7 @@ void rt_cli_runs_free(rt_cli_run *runs, int K)
 }
 
 /* Parse a --batch file: one run per non-blank line that does not start with '#':
- * `POLICY [--ratio R] [--set NAME=VALUE]...`. Checks every policy, override and ratio
+ * `POLICY [--ratio R | --byte-ratio R] [--set NAME=VALUE]...`. Checks every policy, override and ratio
  * (as --policy/--set/--ratio would) and reports FILE:LINE: reason. Returns the runs (n in
  * *n) or NULL after printing the error (*rc set). */
 static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
@@ -82,23 +83,27 @@ static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc
 		char whybuf[160];
 		while (!why && (w = strtok_r(NULL, " \t\r", &tok_save))) {
 			char *v = strtok_r(NULL, " \t\r", &tok_save);
-			if (strcmp(w, "--ratio") && strcmp(w, "--set")) {
-				snprintf(whybuf, sizeof whybuf, "unknown word '%s' (expected --ratio R or "
-				         "--set NAME=VALUE)", w);
+			int bytes = !strcmp(w, "--byte-ratio");
+			if (strcmp(w, "--ratio") && !bytes && strcmp(w, "--set")) {
+				snprintf(whybuf, sizeof whybuf, "unknown word '%s' (expected --ratio R, "
+				         "--byte-ratio R or --set NAME=VALUE)", w);
 				why = whybuf;
 			} else if (!v) {
 				snprintf(whybuf, sizeof whybuf, "%s needs a value", w);
 				why = whybuf;
-			} else if (!strcmp(w, "--ratio")) {
+			} else if (!strcmp(w, "--ratio") || bytes) {
 				char *end;
 				errno = 0;
 				double x = strtod(v, &end);
 				if (errno || end == v || *end || !isfinite(x) || x < 1) {
-					snprintf(whybuf, sizeof whybuf, "--ratio: '%s' is not a compression "
-					         "factor >= 1", v);
+					snprintf(whybuf, sizeof whybuf, "%s: '%s' is not a compression "
+					         "factor >= 1", w, v);
 					why = whybuf;
 				}
-				r->o.ratio = x;
+				if (bytes)
+					r->o.byte_ratio = x;
+				else
+					r->o.ratio = x;
 			} else if (r->o.n_sets == RT_CLI_MAX_SETS) {
 				why = "more than 64 --set overrides";
 			} else if (!strchr(v, '=') || v[0] == '=') {

@@ -60,7 +60,7 @@ static const char *const help_needle =
 	"    --lengths LIST      comma-separated prompt lengths in tokens (default\n"
 	"                        1024,2048,4096)\n"
 	"    --depths LIST       comma-separated depths in percent (default 0,25,50,75,100)\n"
-	"    --policy NAME       policy (default %s); --set, --ratio as for ppl\n"
+	"    --policy NAME       policy (default %s); --set, --ratio, --byte-ratio as for ppl\n"
 	"    --mode M            aware (default) or agnostic\n"
 	"    --gen N             answer tokens to generate\n"
 	"    --seed S            passkey seed (default 1); the key of (L, D) is drawn from\n"
@@ -327,7 +327,7 @@ static int needle_report(const needle_job *nj)
 
 int rt_cmd_needle(int argc, char **argv)
 {
-	static const int opt_ids[] = { 'm', O_HAYSTACK, O_LENGTHS, O_DEPTHS, O_POLICY, O_SET, O_RATIO,
+	static const int opt_ids[] = { 'm', O_HAYSTACK, O_LENGTHS, O_DEPTHS, O_POLICY, O_SET, O_RATIO, O_BYTERATIO,
 		O_MODE, O_TASK, O_GEN, O_SEED, O_CHAT, O_CHUNK, O_THREADS, O_BATCH, O_MARKQ, O_JSON,
 		O_EXACT, O_FAST, O_QUIET, O_KVTYPE, 0 };
 	needle_job nj = { .o = { .chunk = RT_CLI_CHUNK, .seed = 1, .exact = 1,

@@ -73,6 +73,9 @@ static const char *const help_ppl =
 	"    --set NAME=VALUE    override a policy parameter (repeatable)\n"
 	"    --ratio R           compression factor: budget = context / R entries per head\n"
 	"                        (R >= 1) in place of the policy's own budget\n"
+	"    --byte-ratio R      compression factor in bytes: budget = 1/R of the bytes of an\n"
+	"                        f16 full cache of the context (R >= 1); a tiered policy keeps\n"
+	"                        entries at narrower tiers within it\n"
 	"    --ctx N             score the first N tokens (default: the whole text, up to\n"
 	"                        the model's context_length)\n"
 	"    --prompt N          treat the first N tokens as the prompt (prompt-end\n"
@@ -113,6 +116,7 @@ static const char *const help_ppl =
 	"                        tokens predicted from the cache a prompt-end policy left\n"
 	"    --batch RUNS        run several policies on the same text in one pass: RUNS has\n"
 	"                        one run per line, `POLICY [--ratio R] [--set NAME=VALUE]...`\n"
+	"                        (or --byte-ratio R)\n"
 	"                        ('#' starts a comment line). All runs and the reference are\n"
 	"                        fed in lockstep and each chunk's weight GEMMs run once for\n"
 	"                        all of them (the weights are read once, not once per run);\n"
@@ -215,10 +219,12 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 	       o->text, (long long)n, (long long)use, (long long)sc->scored);
 	printf("policy           %s", p->name);
 	for (int i = 0; i < p->n_params; i++) /* those in effect: a ratio replaces the budget */
-		if (kvp_param_in_effect(p, i, r->o.ratio))
+		if (kvp_param_in_effect(p, i, r->o.ratio > 0 ? r->o.ratio : r->o.byte_ratio))
 			printf(" %s=%g", p->params[i].name, r->seq.run.params[i]);
 	if (r->o.ratio > 0)
 		printf(" ratio=%g", r->o.ratio);
+	if (r->o.byte_ratio > 0)
+		printf(" byte_ratio=%g", r->o.byte_ratio);
 	if (pf > 0)
 		printf(" (chunked prefill: %d tokens)", pf);
 	putchar('\n');
@@ -371,7 +377,7 @@ static int ppl_pass_report(const ppl_pass *pp, const rt_model *m, const rt_cli_o
 int rt_cmd_ppl(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_THREADS,
-		O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_BATCH, O_SCOREFROM, O_EXACT, O_FAST,
+		O_POLICY, O_SET, O_RATIO, O_BYTERATIO, O_NOREF, O_PROMPTLEN, O_BATCH, O_SCOREFROM, O_EXACT, O_FAST,
 		O_QUIET, O_PREFILL, O_KVTYPE, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = rt_cli_parse("ppl", help_ppl_fn, argc, argv, &o, opt_ids,

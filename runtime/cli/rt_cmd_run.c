@@ -23,7 +23,7 @@ static const char *const help_run =
 	"\n"
 	"SYNOPSIS\n"
 	"    %s run --model MODEL --prompt TEXT [-n N] [--chat] [--system TEXT]\n"
-	"             [--policy NAME] [--set NAME=VALUE]... [--ratio R] [--stats]\n"
+	"             [--policy NAME] [--set NAME=VALUE]... [--ratio R | --byte-ratio R] [--stats]\n"
 	"             [--chunk N] [--prefill-chunk C] [--threads N] [--exact]\n"
 	"             [--kv-type f32|f16|q8_0]\n"
 	"\n"
@@ -40,7 +40,7 @@ static const char *const help_run =
 	"    -n N               tokens to generate at most, N >= 1 (default 128)\n"
 	"    --chat             wrap the prompt in the model's ChatML template\n"
 	"    --system TEXT      system message for --chat (default: the template's)\n"
-	"    --policy NAME      policy (default %s); --set, --ratio as for ppl\n"
+	"    --policy NAME      policy (default %s); --set, --ratio, --byte-ratio as for ppl\n"
 	"    --stats            print token counts, speed, KV peak and compressions on stderr\n"
 	"    --chunk N          prompt prefill chunk (default 512)\n"
 	"    --prefill-chunk C  chunked prefill for a per-step policy: prompt chunks of up to\n"
@@ -63,7 +63,7 @@ static void help_run_fn(void)
 int rt_cmd_run(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 'p', 'n', O_CHAT, O_SYSTEM, O_STATS, O_THREADS, O_CHUNK, O_POLICY,
-		O_SET, O_RATIO, O_EXACT, O_FAST, O_PREFILL, O_KVTYPE, 0 };
+		O_SET, O_RATIO, O_BYTERATIO, O_EXACT, O_FAST, O_PREFILL, O_KVTYPE, 0 };
 	rt_cli_opts o = { .n_gen = 128, .chunk = RT_CLI_CHUNK };
 	int rc = rt_cli_parse("run", help_run_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)

@@ -1219,6 +1219,11 @@ static int fwd_tier_scratch(rt_fwd *f, const rt_kv *kv, rt_err *err)
 	return 0;
 }
 
+int rt_fwd_reserve_tiers(rt_fwd *f, const rt_kv *kv, rt_err *err)
+{
+	return fwd_tier_scratch(f, kv, err);
+}
+
 /* Sequence scratch fk of a batch of K on scratch big: the same model as big and, in a
  * batch of more than one, not big itself. 0, or -1 with err. */
 static int batch_member_check(const rt_fwd *big, const rt_fwd *fk, int K, rt_err *err)

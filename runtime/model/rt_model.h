@@ -233,6 +233,12 @@ typedef struct rt_fwd {
 int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err *err);
 void rt_fwd_free(rt_fwd *f);
 
+/* Give f now the f32 decode buffers a tiered store kv is read through (attention decodes
+ * every tier of a head once per chunk), which a forward would otherwise allocate at its
+ * first call: so that feeding a sequence allocates nothing (rt_seq_init calls it). Nothing
+ * for an untiered store or when f has them. 0, or -1 with err (allocation failure). */
+int rt_fwd_reserve_tiers(rt_fwd *f, const rt_kv *kv, rt_err *err);
+
 /* Keep every chunk's queries before RoPE for the observe hook (rt_attn_view.query:
  * Expected Attention's query statistics, arXiv 2510.00636): allocates f->q_pre, max_chunk
  * × n_head·head_dim floats, freed by rt_fwd_free. Returns -1 with err on allocation

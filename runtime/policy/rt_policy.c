@@ -210,6 +210,22 @@ int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err)
 		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: never compresses, so a compression ratio does not apply",
 		                  r->p->name);
 	r->ctx.ratio = R;
+	if (R != 0)
+		r->ctx.byte_ratio = 0;
+	return 0;
+}
+
+int rt_run_set_byte_ratio(struct rt_run *r, double R, rt_err *err)
+{
+	if (R != 0 && !(isfinite(R) && R >= 1))
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: compression ratio in bytes must be a finite number >= 1, got %g",
+		                  r->p->name, R);
+	if (R != 0 && !r->p->compress)
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: never compresses, so a compression ratio does not apply",
+		                  r->p->name);
+	r->ctx.byte_ratio = R;
+	if (R != 0)
+		r->ctx.ratio = 0;
 	return 0;
 }
 

@@ -161,6 +161,11 @@ struct kvp_ctx {
 	const struct kvp_trace *trace; /* the prompt trace (KVP_NEED_TRACE), else NULL */
 	float rope_base;        /* the model's RoPE (base/rt_rope.h): frequency base and rotated */
 	int n_rot;              /* dimensions per head; n_rot 0 = no rotation (set by rt_seq) */
+	double byte_ratio;      /* compression factor in bytes R (> 1), 0 = none: the budget
+	                           becomes 1/R of the bytes of an f16 full cache of the context
+	                           (k_context × rt_kv_f16_entry_bytes per head) in place of the
+	                           policy's own; at most one of ratio and byte_ratio is set
+	                           (kernels/k_compress.h k_bytes_mode reads the budget) */
 };
 
 /* What observe receives for one query token (one step) over one KV head. The entries
@@ -332,6 +337,12 @@ int rt_run_set(struct rt_run *r, const char *assign, rt_err *err);
  * per head (see kvp_ctx.ratio); R = 0 removes the override. Fails (-1, err) unless R is
  * 0 or a finite number >= 1, or when the policy never compresses (no budget). */
 int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err);
+
+/* Override the policy's budget with a compression factor in bytes: 1/R of the bytes of an
+ * f16 full cache of the context per head (see kvp_ctx.byte_ratio); replaces an entry ratio
+ * (and rt_run_set_ratio replaces this one); R = 0 removes it. Same errors as
+ * rt_run_set_ratio. */
+int rt_run_set_byte_ratio(struct rt_run *r, double R, rt_err *err);
 
 /* Check the parameters, ratio and layer schedule in force against the store kv before a
  * sequence with a known prompt starts (policy->check: every layer's budget at least 1

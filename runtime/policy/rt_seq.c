@@ -249,7 +249,8 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 	s->p = p;
 	s->cap = cap;
 	s->max_chunk = max_chunk;
-	if (rt_fwd_init(&s->fwd, m, max_chunk, cap, err) != 0) {
+	if (rt_fwd_init(&s->fwd, m, max_chunk, cap, err) != 0 ||
+	    rt_fwd_reserve_tiers(&s->fwd, &s->kv, err) != 0) {
 		rt_seq_free(s);
 		return -1;
 	}
@@ -339,6 +340,11 @@ int rt_seq_set(rt_seq *s, const char *assign, rt_err *err)
 int rt_seq_set_ratio(rt_seq *s, double R, rt_err *err)
 {
 	return rt_run_set_ratio(&s->run, R, err);
+}
+
+int rt_seq_set_byte_ratio(rt_seq *s, double R, rt_err *err)
+{
+	return rt_run_set_byte_ratio(&s->run, R, err);
 }
 
 int rt_seq_set_prefill_chunk(rt_seq *s, int32_t C, rt_err *err)

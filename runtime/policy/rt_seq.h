@@ -120,6 +120,10 @@ int rt_seq_set(rt_seq *s, const char *assign, rt_err *err);
  * compresses. */
 int rt_seq_set_ratio(rt_seq *s, double R, rt_err *err);
 
+/* The same in bytes: 1/R of an f16 full cache's bytes of the context per head
+ * (rt_run_set_byte_ratio). */
+int rt_seq_set_byte_ratio(rt_seq *s, double R, rt_err *err);
+
 /* Chunked prefill (rt_run_set_prefill_chunk): prompt chunks of up to C tokens cross the
  * policy's triggers and it compresses at each chunk's end; C is also bounded by the
  * sequence's max_chunk. 0 (the default) keeps the exact schedule. The store then needs
