@@ -301,6 +301,17 @@ $(B)/gen/policies/%.o: $(B)/gen/policies/%.c
 $(B)/tests/test_policies: $(B)/tests/test_policies.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
+# tests/test_tier.c runs the precision test policies tests/tier/*.kvp end to end
+TIER_KVPS := $(sort $(wildcard tests/tier/*.kvp))
+TIER_OBJS := $(TIER_KVPS:tests/tier/%.kvp=$(B)/gen/tier/%.o)
+$(B)/gen/tier/%.c: tests/tier/%.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/policy/rt_policy.h
+	@mkdir -p $(dir $@)
+	$(B)/kvpc emit --target c $< -o $@
+$(B)/gen/tier/%.o: $(B)/gen/tier/%.c
+	$(CC) $(CFLAGS) -c $< -o $@
+$(B)/tests/test_tier: $(B)/tests/test_tier.o $(TIER_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
 # tests/test_cli.c runs `ab` and `ppl` with the compiled policies
 $(B)/tests/test_cli: $(B)/tests/test_cli.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)

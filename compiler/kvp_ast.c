@@ -255,6 +255,7 @@ const char *kvp_setting_text(kvp_setting s)
 		[KVP_SET_LAYERS] = "layers", [KVP_SET_ALLOCATE] = "allocate",
 		[KVP_SET_POOL] = "pool", [KVP_SET_POSITIONS] = "positions",
 		[KVP_SET_ACTION] = "action", [KVP_SET_SEGMENT] = "segment", [KVP_SET_TREE] = "tree",
+		[KVP_SET_PRECISION] = "precision",
 	};
 	return (unsigned)s < KVP_SET_COUNT_ ? t[s] : "?";
 }

@@ -115,6 +115,7 @@ typedef enum kvp_setting {
 	KVP_SET_ACTION,
 	KVP_SET_SEGMENT,
 	KVP_SET_TREE,
+	KVP_SET_PRECISION, /* precision = tiers(...) (docs/language.md section 7.8) */
 	KVP_SET_COUNT_
 } kvp_setting;
 

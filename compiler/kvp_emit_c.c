@@ -648,6 +648,29 @@ static void emit_tables(struct em *em)
 		}
 		out(em, "};\n\n");
 	}
+	if (ir->tiers.n > 0) {
+		/* ORDER(tier): enum rt_kv_tier (runtime/kv/rt_kv.h), by name */
+		static const char *const tiers[KVP_IR_MAX_TIERS] = {
+			"RT_KV_TIER_TOP", "RT_KV_TIER_Q8", "RT_KV_TIER_Q4", "RT_KV_TIER_Q2",
+		};
+		const struct kvp_ir_tiers *t = &ir->tiers;
+		out(em, "/* precision: the storage tiers, highest precision first%s */\n",
+		    t->shares ? ", and their cumulative shares of\n * the kept entries by score rank" :
+		                "; each entry is evicted or\n * given one by utility per byte (kernels/k_tier.h)");
+		out(em, "static const uint8_t policy_tiers[%d] = {", t->n);
+		for (int j = 0; j < t->n; j++)
+			out(em, "%s %s", j ? "," : "", tiers[t->tier[j]]);
+		out(em, " };\n");
+		if (t->shares) {
+			out(em, "static const double policy_tier_cum[%d] = {", t->n);
+			for (int j = 0; j < t->n; j++) {
+				out(em, "%s ", j ? "," : "");
+				num(em, t->cum[j]);
+			}
+			out(em, " };\n");
+		}
+		out(em, "\n");
+	}
 	if (ir->alloc.layers == KVP_LAYERS_LIST && ir->alloc.n_list > 0) {
 		out(em, "static const double policy_layer_list[%d] = {\n", ir->alloc.n_list);
 		for (int i = 0; i < ir->alloc.n_list; i++) {
@@ -666,6 +689,7 @@ static void budget_body(struct em *em, const void *arg)
 	(void)arg;
 	const struct kvp_ir *ir = em->ir;
 	out(em, "\tif (ctx->ratio > 0)\n\t\treturn k_context(ctx, seen) / ctx->ratio;\n");
+	out(em, "\tif (ctx->byte_ratio > 0)\n\t\treturn k_context(ctx, seen) / ctx->byte_ratio;\n");
 	line_src(em, ir->alloc.loc);
 	out(em, "\treturn ");
 	expr(em, ir->alloc.budget, E_SCALAR);
@@ -679,8 +703,14 @@ static void emit_budget(struct em *em)
 	const struct kvp_ir *ir = em->ir;
 	if (ir->alloc.budget < 0)
 		return;
-	out(em, "/* budget_of: entries per head on average: the policy's budget, or context / R when\n"
-	        " * the runtime overrides it with a compression ratio R (kvp_ctx.ratio). */\n");
+	if (ir->alloc.budget_bytes || ir->tiers.n > 0)
+		out(em, "/* budget_of: per head on average, entries or (in bytes, k_bytes_mode) the bytes of\n"
+		        " * that many f16 entries: the policy's budget, or context / R under a compression\n"
+		        " * ratio R in entries (kvp_ctx.ratio) or in bytes (kvp_ctx.byte_ratio). */\n");
+	else
+		out(em, "/* budget_of: entries per head on average: the policy's budget, or context / R when\n"
+		        " * the runtime overrides it with a compression ratio R (kvp_ctx.ratio, or\n"
+		        " * kvp_ctx.byte_ratio: the bytes of that many f16 entries). */\n");
 	out(em, "static inline double budget_of(const struct kvp_ctx *ctx, const rt_kv *kv, double seen)\n{\n");
 	with_locals(em, P_LOCAL, 1, budget_body, NULL);
 	out(em, "}\n\n");
@@ -967,12 +997,19 @@ static void fires_body(struct em *em, const void *arg)
 {
 	(void)arg;
 	const struct kvp_ir_trig *tr = &em->ir->trigger;
+	/* with a precision action a schedule fires whatever the entry count: the entries that
+	 * left the recent window are downgraded even when none is evicted */
+	const int tiered = em->ir->tiers.n > 0;
 	line_src(em, tr->loc);
 	switch (tr->kind) {
 	case KVP_TRIG_NEVER:
 		out(em, "\treturn 0;\n");
 		break;
 	case KVP_TRIG_EVERY_STEP:
+		if (tiered) {
+			out(em, "\treturn 1;\n");
+			break;
+		}
 		out(em, "\treturn entries > ");
 		target_expr(em);
 		out(em, ";\n");
@@ -990,12 +1027,18 @@ static void fires_body(struct em *em, const void *arg)
 	case KVP_TRIG_EVERY_N:
 		out(em, "\treturn k_every(seen, ");
 		scalar_or(em, tr->n, 1);
+		if (tiered) {
+			out(em, ");\n");
+			break;
+		}
 		out(em, ") && entries > ");
 		target_expr(em);
 		out(em, ";\n");
 		break;
 	case KVP_TRIG_PROMPT_END:
-		out(em, "\treturn ctx->prompt_len >= 0 && seen == (double)ctx->prompt_len && entries > ");
+		out(em, "\treturn ctx->prompt_len >= 0 && seen == (double)ctx->prompt_len%s", tiered ? ";\n" : " && entries > ");
+		if (tiered)
+			break;
 		target_expr(em);
 		out(em, ";\n");
 		break;
@@ -1005,7 +1048,10 @@ static void fires_body(struct em *em, const void *arg)
 			        "\t\treturn 0; /* blocks of the prompt only */\n");
 		out(em, "\treturn (k_every(seen, ");
 		scalar_or(em, tr->n, 1);
-		out(em, ") || (ctx->prompt_len >= 0 && seen == (double)ctx->prompt_len)) && entries > ");
+		out(em, ") || (ctx->prompt_len >= 0 && seen == (double)ctx->prompt_len))%s",
+		    tiered ? ";\n" : " && entries > ");
+		if (tiered)
+			break;
 		target_expr(em);
 		out(em, ";\n");
 		break;
@@ -1255,8 +1301,18 @@ static void config_body(struct em *em, const void *arg)
 	out(em, "\";\n\tcfg->budget = budget_of(ctx, kv, seen);\n");
 	if (ir->alloc.budget_unit == KVP_UNIT_RATIO)
 		out(em, "\tcfg->budget_shared = 1;\n");
+	if (ir->alloc.budget_bytes)
+		out(em, "\tcfg->budget_bytes = 1;\n");
 	emit_cfg_score_guards(em);
 	emit_cfg_alloc_action(em);
+	if (ir->tiers.n > 0) {
+		line_src(em, ir->tiers.loc);
+		out(em, "\tcfg->tiers = %s;\n\tcfg->n_tier = %d;\n\tcfg->tier = policy_tiers;\n",
+		    ir->tiers.shares ? "K_TIERS_SHARES" : "K_TIERS_UTILITY", ir->tiers.n);
+		if (ir->tiers.shares)
+			out(em, "\tcfg->tier_cum = policy_tier_cum;\n");
+		line_back(em);
+	}
 }
 
 static void grace_config_body(struct em *em, const void *arg)
@@ -1325,8 +1381,8 @@ static void emit_compress(struct em *em)
 	out(em, "\tdouble *lb = cfg.layers == K_LAYERS_UNIFORM ? NULL : (double *)ctx->scratch;\n");
 	out(em, "\treturn k_budget_check(ctx, kv, &cfg, seen, seen, lb, err) < 0 ? -1 : 0;\n}\n\n");
 	out(em, "static size_t scratch_bytes(const rt_kv *kv)\n{\n");
-	out(em, "\treturn %s(kv, %d);\n}\n\n", grace ? "k_grace_scratch_bytes" : "k_compress_scratch_bytes",
-	    em->n_vec);
+	out(em, "\treturn %s(kv, %d)%s;\n}\n\n", grace ? "k_grace_scratch_bytes" : "k_compress_scratch_bytes",
+	    em->n_vec, ir->tiers.n > 0 ? " + k_tier_scratch_bytes(kv)" : "");
 }
 
 static void emit_policy(struct em *em)

@@ -218,6 +218,8 @@ const char *kvp_emit_cuda_host_why(const struct kvp_ir *ir)
 		return "the policy never compresses";
 	if (kvp_ir_grace_core(ir))
 		return "GraceKV's prototype trees (kernels/k_grace_run.h) run on the host";
+	if (ir->tiers.n > 0)
+		return "precision tiers (kernels/k_tier.h) set the tiers of a tiered host store";
 	if (ir->action.kind != KVP_ACT_EVICT)
 		return "merging evicted entries into prototypes runs on the host";
 	if (ir->alloc.heads != KVP_HEADS_EACH)

@@ -546,6 +546,8 @@ void kvp_ir_layout(struct kvp_ir *ir)
 	 * the question span from the span ids */
 	if (kvp_ir_grace_core(ir))
 		needs |= KVP_NEED_TRACE | KVP_NEED_PROMPT_LEN | KVP_NEED_SPANS | KVP_NEED_F32_KV;
+	if (ir->tiers.n > 0)
+		needs |= KVP_NEED_TIERS;
 	ir->needs = needs;
 }
 
@@ -661,6 +663,33 @@ static void check_const(struct checker *ck, int32_t e, double lo, double hi,
 		        what, lo, hi, v);
 }
 
+/* The precision action: tiers in range, highest precision first, cumulative shares up to
+ * 1; only with eviction, a trigger, and (by utility) a score and a byte budget. */
+static void check_tiers(struct checker *ck, const struct kvp_ir *ir)
+{
+	const struct kvp_ir_tiers *t = &ir->tiers;
+	if (t->n == 0)
+		return;
+	if (t->n < 0 || t->n > KVP_IR_MAX_TIERS) {
+		problem(ck, t->loc, "1 to %d precision tiers", KVP_IR_MAX_TIERS);
+		return;
+	}
+	for (int j = 0; j < t->n; j++) {
+		if (t->tier[j] < 0 || t->tier[j] >= KVP_IR_MAX_TIERS || (j > 0 && t->tier[j] <= t->tier[j - 1]))
+			problem(ck, t->loc, "the precision tiers must be distinct and go from the highest precision down");
+		if (t->shares && (!(t->cum[j] > (j > 0 ? t->cum[j - 1] : 0)) || t->cum[j] > 1))
+			problem(ck, t->loc, "the tiers' cumulative shares must grow and stay within 1");
+	}
+	if (t->shares && t->cum[t->n - 1] != 1)
+		problem(ck, t->loc, "the tiers' shares must cover every kept entry");
+	if (ir->action.kind != KVP_ACT_EVICT)
+		problem(ck, t->loc, "precision tiers combine with eviction only");
+	if (ir->trigger.kind == KVP_TRIG_NEVER)
+		problem(ck, t->loc, "a precision action needs a compress trigger");
+	if (!t->shares && (ir->score.expr < 0 || !ir->alloc.budget_bytes))
+		problem(ck, t->loc, "tiers chosen by utility per byte need a score and a byte budget");
+}
+
 int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 {
 	struct checker ck = { ir, diag, user, 0 };
@@ -759,6 +788,7 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 	check_expr(&ck, tr->target, KVP_CTX_SCALAR, 0, tr->loc, "the compression target");
 	if (ir->positions != KVP_POS_ORIGINAL && ir->positions != KVP_POS_COMPACTED)
 		problem(&ck, ir->loc, "unknown position convention");
+	check_tiers(&ck, ir);
 	if (ck.n == 0)
 		kvp_ir_layout(ir);
 	ir->checked = ck.n == 0;

@@ -20,6 +20,8 @@
  *               pool with a floor)
  *   action      evict, merge evicted entries into a kept neighbour (a prototype carrying a
  *               count), or split (merge with a singleton floor)
+ *   tiers       the storage precision of the kept entries (kernels/k_tier.h): shares of
+ *               the kept entries by score rank, or evict-or-tier by utility per byte
  *   trigger     never / every step / over budget down to a target / every N steps / at
  *               prompt end / per prefill block of b tokens
  *   positions   original or compacted
@@ -308,6 +310,8 @@ enum kvp_ir_trigger {
 struct kvp_ir_alloc {
 	int32_t budget;          /* SCALAR (entries per head, average): required unless NEVER */
 	enum kvp_unit budget_unit; /* ENTRIES or RATIO: how the source wrote it (docs only) */
+	int budget_bytes;        /* 1: `budget = bytes(P)`: the budget counts bytes, as the
+	                            bytes of that many f16 entries (budget = P · context) */
 	enum kvp_ir_layers layers;
 	int32_t beta;            /* PYRAMID/FUNNEL: SCALAR; -1 = 20 */
 	int32_t from, to;        /* LINEAR: SCALAR */
@@ -349,6 +353,19 @@ struct kvp_ir_trig {
 	struct kvp_loc loc;
 };
 
+/* Storage tiers (`precision = tiers(...)`, kernels/k_tier.h). Tier numbers are enum
+ * rt_kv_tier (runtime/kv/rt_kv.h): 0 the store's own type, 1 q8, 2 q4, 3 q2. */
+#define KVP_IR_MAX_TIERS 4
+struct kvp_ir_tiers {
+	int n;                   /* tiers given, highest precision first; 0: no precision action */
+	int tier[KVP_IR_MAX_TIERS];
+	int shares;              /* 1: cum[j] is the cumulative share of the kept entries (by
+	                            score rank) at tiers 0..j, cum[n - 1] = 1; 0: each entry is
+	                            evicted or given a tier by utility per byte */
+	double cum[KVP_IR_MAX_TIERS];
+	struct kvp_loc loc;
+};
+
 /* ---- the policy -------------------------------------------------------------------- */
 
 struct kvp_ir {
@@ -370,6 +387,7 @@ struct kvp_ir {
 	struct kvp_ir_alloc alloc;
 	struct kvp_ir_act action;
 	struct kvp_ir_trig trigger;
+	struct kvp_ir_tiers tiers;
 	enum kvp_positions positions;
 
 	/* layout, filled by kvp_ir_layout (called by kvp_ir_check): */

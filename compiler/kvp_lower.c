@@ -71,7 +71,8 @@ static int32_t lower_budget(lower *lw, kvp_srcloc at)
 		return -1;
 	}
 	lw->in_budget = 1;
-	int32_t v = lower_size(lw, b->value, lw->s->budget_unit);
+	const kvp_expr *e = lw->s->budget_bytes ? lw->s->budget_share : b->value;
+	int32_t v = lower_size(lw, e, lw->s->budget_unit);
 	lw->in_budget = 0;
 	return v;
 }
@@ -309,6 +310,7 @@ static int lower_alloc(lower *lw)
 	const kvp_stmt *budget = s->setting[KVP_SET_BUDGET];
 	ir->alloc.budget = budget ? lower_budget(lw, budget->loc) : -1;
 	ir->alloc.budget_unit = s->budget_unit == KVP_SU_RATIO ? KVP_UNIT_RATIO : KVP_UNIT_ENTRIES;
+	ir->alloc.budget_bytes = s->budget_bytes;
 	ir->alloc.loc = L(budget ? budget->loc : f->name_loc);
 	switch (s->layers) {
 	case KVP_LY_UNIFORM: ir->alloc.layers = KVP_LAYERS_UNIFORM; break;
@@ -437,6 +439,21 @@ static void lower_action_trigger(lower *lw)
 	}
 }
 
+/* The precision action: the tiers and their cumulative shares as checked. */
+static void lower_tiers(lower *lw)
+{
+	const kvp_sema *s = lw->s;
+	struct kvp_ir_tiers *t = &lw->ir->tiers;
+	const kvp_stmt *st = s->setting[KVP_SET_PRECISION];
+	t->n = st ? s->n_tier : 0;
+	t->shares = s->tier_shares;
+	t->loc = L(st ? st->loc : s->file->name_loc);
+	for (int j = 0; j < t->n; j++) {
+		t->tier[j] = s->tier[j];
+		t->cum[j] = s->tier_shares ? s->tier_cum[j] : 0;
+	}
+}
+
 int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 {
 	lower lw = { s, ir, 0 };
@@ -446,6 +463,7 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 	if (lower_alloc(&lw) != 0)
 		return -1;
 	lower_action_trigger(&lw);
+	lower_tiers(&lw);
 	ir->positions = s->compacted ? KVP_POS_COMPACTED : KVP_POS_ORIGINAL;
 	return 0;
 }

@@ -91,7 +91,19 @@ static const setting_word SETTING_WORDS[] = {
 	{ "none", "a pooling", "pool" },
 	{ "original", "a position convention", "positions" },
 	{ "compacted", "a position convention", "positions" },
+	{ "tiers", "a precision action", "precision" },
+	{ "f16", "a storage tier", "precision" },
+	{ "q8", "a storage tier", "precision" },
+	{ "q4", "a storage tier", "precision" },
+	{ "q2", "a storage tier", "precision" },
+	{ "rest", "a tier's share", "precision" },
+	{ "bytes", "a byte budget", "budget" },
 };
+
+/* ORDER(tier): the storage tiers of runtime/kv/rt_kv.h enum rt_kv_tier, highest precision
+ * first (f16 is the store's own type: f32 on the exact path). */
+static const char *const TIER_NAMES[] = { "f16", "q8", "q4", "q2" };
+#define N_TIERS 4
 #define N_SETTING_WORDS (int)(sizeof SETTING_WORDS / sizeof SETTING_WORDS[0])
 
 static const builtin_sig *find_signal(const char *name)
@@ -985,6 +997,7 @@ static const kvp_sunit U_TOKENS_RATIO[] = { KVP_SU_TOKENS, KVP_SU_RATIO };
 static const kvp_sunit U_STEPS[] = { KVP_SU_STEPS };
 static const kvp_sunit U_ENTRIES[] = { KVP_SU_ENTRIES };
 static const kvp_sunit U_FRACTION[] = { KVP_SU_NUM, KVP_SU_RATIO };
+static const kvp_sunit U_RATIO[] = { KVP_SU_RATIO };
 
 /* ---- pass 1: definitions ----------------------------------------------------------- */
 
@@ -1230,10 +1243,30 @@ static int positive(sema *S, const kvp_expr *e, ty t, const char *what, int inte
 	return 0;
 }
 
+/* budget = SIZE | bytes '(' SHARE ')'
+ * SIZE: entries (tokens) or a ratio of the context; bytes(SHARE): a ratio of the bytes of
+ * an f16 full cache of the context (docs/language.md section 7.8), checked as the ratio. */
 static void check_budget(sema *S, const kvp_stmt *st)
 {
+	const kvp_expr *v = st->value;
+	kvp_sema *o = S->out;
+	if (v->kind == KVP_E_CALL && !strcmp(v->name, "bytes")) {
+		static const char *const n[] = { "share" };
+		static const int r[] = { 1 };
+		if (check_args(S, v, n, r, 1))
+			return;
+		v = kvp_call_arg(v, "share", 0);
+		if (v->kind == KVP_E_NUM && v->unit != KVP_LIT_NONE && v->unit != KVP_LIT_PERCENT) {
+			ERR(S, v->loc, "a byte budget is a share of the full cache's bytes (f16 = 100%%), as in `budget = bytes(12.5%%)`");
+			return;
+		}
+		o->budget_bytes = 1;
+		o->budget_share = v;
+	}
 	S->in_budget = 1;
-	ty t = check_unit(S, st->value, CX_SCALAR, U_SIZE, 3, "the budget");
+	ty t = o->budget_bytes ?
+	       check_unit(S, v, CX_SCALAR, U_RATIO, 1, "a byte budget (a share of the full cache's bytes)") :
+	       check_unit(S, v, CX_SCALAR, U_SIZE, 3, "the budget");
 	S->in_budget = 0;
 	if (t.u == KVP_SU_ERR)
 		return;
@@ -1248,6 +1281,11 @@ static void check_budget(sema *S, const kvp_stmt *st)
 		if (t.v < 0) {
 			ERR(S, st->value->loc, "the budget is negative (%s%s)", b,
 			    t.u == KVP_SU_RATIO ? "%" : " entries");
+			return;
+		}
+		if (o->budget_bytes && t.v > 1) {
+			ERR(S, v->loc, "the byte budget is %s%% of an f16 full cache; a byte budget is at most 100%%",
+			    b);
 			return;
 		}
 		if (t.u == KVP_SU_RATIO && t.v > 1) {
@@ -1678,6 +1716,136 @@ static void check_action(sema *S, const kvp_stmt *st)
 	bad_choice(S, v, "action", choices, 3);
 }
 
+/* The tier a tiers() argument names (its name, or the name of `TIER = SHARE`), or -1
+ * after reporting an unknown one. */
+static int tier_of(sema *S, const kvp_expr *a)
+{
+	const char *w = a->kind == KVP_E_ARG ? a->name : a->kind == KVP_E_NAME ? a->name : NULL;
+	kvp_srcloc at = a->kind == KVP_E_ARG ? a->name_loc : a->loc;
+	if (!w) {
+		ERR(S, a->loc, "a tier is f16, q8, q4 or q2, with its share of the kept entries or without (`q8 = 25%%`, `q4 = rest`)");
+		return -1;
+	}
+	for (int t = 0; t < N_TIERS; t++)
+		if (!strcmp(w, TIER_NAMES[t]))
+			return t;
+	/* a two-letter near miss (q3) is as near to q2 as to q4: no suggestion */
+	int d = 1000;
+	const char *s = strlen(w) > 2 ? suggest_from(w, TIER_NAMES, N_TIERS, NULL, &d) : NULL;
+	if (s)
+		ERR(S, at, "unknown tier '%s'; did you mean '%s'? (the tiers are f16, q8, q4 and q2)", w, s);
+	else
+		ERR(S, at, "unknown tier '%s'; the tiers are f16, q8, q4 and q2", w);
+	return -1;
+}
+
+/* One tier's share (a compile-time ratio in (0, 100%], or `rest` when last): its value into
+ * *v (-1 for rest). 0 when fine. */
+static int tier_share(sema *S, const kvp_expr *e, int last, double *v)
+{
+	if (e->kind == KVP_E_NAME && !strcmp(e->name, "rest")) {
+		if (!last) {
+			ERR(S, e->loc, "only the last tier takes `rest` (the entries the other shares leave)");
+			return -1;
+		}
+		*v = -1;
+		return 0;
+	}
+	ty t = check_unit(S, e, CX_SCALAR, U_RATIO, 1, "a tier's share");
+	if (need_const(S, e, t, "a tier's share"))
+		return -1;
+	if (!(t.v > 0) || t.v > 1) {
+		char b[32];
+		fmt_num(t.v * 100, b, sizeof b);
+		ERR(S, e->loc, "a tier's share of the kept entries is above 0%% and at most 100%%; got %s%%", b);
+		return -1;
+	}
+	*v = t.v;
+	return 0;
+}
+
+/* precision = tiers '(' TIER [ '=' SHARE ] { ',' TIER [ '=' SHARE ] } ')'
+ * TIER = f16 | q8 | q4 | q2, highest precision first; SHARE = a constant ratio, or `rest` for
+ * the last. With shares the kept entries outside the guards take the tiers by score rank;
+ * without, every entry is evicted or given a tier by utility per byte (docs/language.md
+ * section 7.8, kernels/k_tier.h). */
+static void check_precision(sema *S, const kvp_stmt *st)
+{
+	static const char *const choices[] = { "tiers(...)" };
+	const kvp_expr *v = st->value;
+	kvp_sema *o = S->out;
+	if (!word_of(v) || strcmp(word_of(v), "tiers")) {
+		static const char *const words[] = { "tiers" };
+		int d = 1000;
+		if (word_of(v) && suggest_from(word_of(v), words, 1, NULL, &d))
+			ERR(S, v->kind == KVP_E_CALL ? v->name_loc : v->loc,
+			    "unknown precision action '%s'; did you mean 'tiers'?", word_of(v));
+		else
+			bad_choice(S, v, "the precision action", choices, 1);
+		return;
+	}
+	if (v->kind != KVP_E_CALL || v->n_args == 0) {
+		ERR(S, v->loc, "tiers() needs the tiers, highest precision first, as in `tiers(f16 = 25%%, q8 = 25%%, q4 = rest)` or `tiers(f16, q8, q4, q2)`");
+		return;
+	}
+	if (v->n_args > N_TIERS) {
+		ERR(S, v->args[N_TIERS]->loc, "too many tiers: there are four (f16, q8, q4 and q2)");
+		return;
+	}
+	int named = 0, shares = 0;
+	double sum = 0, val[N_TIERS];
+	for (int i = 0; i < v->n_args; i++) {
+		const kvp_expr *a = v->args[i];
+		int t = tier_of(S, a);
+		if (t < 0)
+			return;
+		for (int j = 0; j < i; j++)
+			if (o->tier[j] == t) {
+				ERR(S, a->loc, "tier %s is given twice", TIER_NAMES[t]);
+				return;
+			}
+		if (i > 0 && t < o->tier[i - 1]) {
+			ERR(S, a->loc, "the tiers go from the highest precision down: %s cannot follow %s",
+			    TIER_NAMES[t], TIER_NAMES[o->tier[i - 1]]);
+			return;
+		}
+		o->tier[i] = t;
+		named += a->kind == KVP_E_ARG;
+		if (a->kind == KVP_E_ARG) {
+			if (tier_share(S, a->a, i == v->n_args - 1, &val[i]))
+				return;
+			shares += val[i] > 0;
+			sum += val[i] > 0 ? val[i] : 0;
+		}
+	}
+	if (named && named != v->n_args) {
+		ERR(S, v->loc, "give every tier a share (the kept entries by score rank) or none (chosen by utility per byte), not some");
+		return;
+	}
+	char b[32];
+	fmt_num(sum * 100, b, sizeof b);
+	if (named && sum > 1 + 1e-9) {
+		ERR(S, v->loc, "the tiers' shares add up to %s%%, more than the kept entries (100%%)", b);
+		return;
+	}
+	if (named && shares == v->n_args && sum < 1 - 1e-9) {
+		ERR(S, v->loc, "the tiers' shares add up to %s%%; end with `rest` (as in `q4 = rest`) or make them add up to 100%%",
+		    b);
+		return;
+	}
+	if (named && shares < v->n_args && sum >= 1 - 1e-9) {
+		ERR(S, v->args[v->n_args - 1]->loc, "`rest` is empty: the shares before it add up to %s%%", b);
+		return;
+	}
+	double cum = 0;
+	for (int i = 0; named && i < v->n_args; i++) {
+		cum += val[i] > 0 ? val[i] : 1 - sum;
+		o->tier_cum[i] = i == v->n_args - 1 ? 1 : cum;
+	}
+	o->n_tier = v->n_args;
+	o->tier_shares = named > 0;
+}
+
 static void check_positions(sema *S, const kvp_stmt *st)
 {
 	static const char *const choices[] = { "original", "compacted" };
@@ -2061,6 +2229,37 @@ static void cross_check_combinations(sema *S)
 	}
 }
 
+/* The precision action against the settings it needs or refuses. 1 when it reported an
+ * error. */
+static int cross_check_precision(sema *S)
+{
+	kvp_sema *o = S->out;
+	const kvp_stmt *prec = o->setting[KVP_SET_PRECISION];
+	if (!prec || o->n_tier == 0)
+		return 0;
+	if (o->action != KVP_AC_EVICT) {
+		ERR(S, o->setting[KVP_SET_ACTION]->value->loc,
+		    "precision tiers combine with `action = evict`: the entries the budget cannot hold at any tier are evicted");
+		return 1;
+	}
+	if (!o->setting[KVP_SET_SCORE] && (!o->tier_shares || o->n_tier > 1)) {
+		ERR(S, prec->value->loc, o->tier_shares ?
+		    "the tiers' shares rank the kept entries by score; the policy has no `score`" :
+		    "tiers chosen by utility per byte need a `score`: an entry's utility is its score times the tier's fidelity");
+		return 1;
+	}
+	if (!o->tier_shares && !o->budget_bytes) {
+		ERR(S, prec->value->loc, "tiers without shares are chosen by utility per byte within a byte budget; write `budget = bytes(P)` or give every tier a share");
+		NOTE(S, o->setting[KVP_SET_BUDGET]->value->loc, "the budget is set here");
+		return 1;
+	}
+	if (!o->tier_shares && o->alloc_floor) {
+		ERR(S, o->alloc_floor->loc, "the byte allocator has no floor: every entry of the pool competes by utility per byte; leave the floor out");
+		return 1;
+	}
+	return 0;
+}
+
 static void cross_checks(sema *S)
 {
 	kvp_sema *o = S->out;
@@ -2074,6 +2273,11 @@ static void cross_checks(sema *S)
 		fmt_num(S->ea_skip.v, b, sizeof b);
 		ERR(S, S->ea_call->loc, "expected_attention() leaves the first %s positions out of its softmax (skip), so they score 0; keep them with `keep sinks %s`, or set skip = 0",
 		    b, b);
+		return;
+	}
+	if (o->setting[KVP_SET_PRECISION] && !o->compress) {
+		ERR(S, o->setting[KVP_SET_PRECISION]->loc,
+		    "the precision action runs when the policy compresses; add a budget and a trigger (e.g. `budget = 100%%` and `compress every 32 steps`)");
 		return;
 	}
 
@@ -2130,7 +2334,7 @@ static void cross_checks(sema *S)
 		return;
 	}
 
-	if (cross_check_score(S))
+	if (cross_check_precision(S) || cross_check_score(S))
 		return;
 	cross_check_combinations(S);
 }
@@ -2188,6 +2392,7 @@ kvp_sema *kvp_sema_check(const kvp_file *f)
 		case KVP_SET_ACTION: check_action(&S, st); break;
 		case KVP_SET_SEGMENT: check_segment(&S, st); break;
 		case KVP_SET_TREE: check_tree(&S, st); break;
+		case KVP_SET_PRECISION: check_precision(&S, st); break;
 		default: break;
 		}
 	}

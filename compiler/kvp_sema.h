@@ -125,6 +125,16 @@ typedef struct kvp_sema {
 	int sinks_ty_known, recent_ty_known, threshold_known, target_known;
 	double sinks_v, recent_v, threshold_v, target_v;
 	int score_per_qhead;    /* the score depends on the query head */
+	/* `budget = bytes(P)`: the budget is the share P of an f16 full cache's bytes */
+	int budget_bytes;
+	const kvp_expr *budget_share;
+	/* `precision = tiers(...)`: n_tier tiers (enum rt_kv_tier), highest precision first;
+	 * with shares (tier_shares) their cumulative shares of the kept entries (the last 1),
+	 * without, the allocator chooses by utility per byte. n_tier 0: no precision action. */
+	int n_tier;
+	int tier[4];
+	double tier_cum[4];
+	int tier_shares;
 } kvp_sema;
 
 /* Check a tree that parsed without errors. Diagnostics go to f->src; the result is

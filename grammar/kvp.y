@@ -121,7 +121,7 @@ static kvp_word *word_new(struct kvp_parse *ps, const char *s, kvp_srcloc loc, i
 %token POLICY "policy" PARAM "param" CONST "const" STAT "stat" SCORE "score"
 %token BUDGET "budget" GROUP "group" LAYERS "layers" ALLOCATE "allocate" POOL "pool"
 %token KEEP "keep" ACTION "action" COMPRESS "compress" POSITIONS "positions"
-%token SEGMENT "segment" TREE "tree"
+%token SEGMENT "segment" TREE "tree" PRECISION "precision"
 %token OVER "over" ALL "all" LAST "last" PROMPT "prompt" TAIL "tail"
 %token EVERY "every" WHEN "when" AT "at" PER "per" TO "to"
 %token AND "and" OR "or" NOT "not"
@@ -305,7 +305,9 @@ stmt:
   ;
 
 /* setting = score | budget | layers | allocate | pool | positions | action | segment | tree
- * (segment, tree: GraceKV's segmentation and prototypes, docs/language.md section 7.7) */
+ *         | precision
+ * (segment, tree: GraceKV's segmentation and prototypes, docs/language.md section 7.7;
+ * precision: the storage tiers of the kept entries, section 7.8) */
 setting:
     SCORE      { $$ = KVP_SET_SCORE; }
   | BUDGET     { $$ = KVP_SET_BUDGET; }
@@ -316,6 +318,7 @@ setting:
   | ACTION     { $$ = KVP_SET_ACTION; }
   | SEGMENT    { $$ = KVP_SET_SEGMENT; }
   | TREE       { $$ = KVP_SET_TREE; }
+  | PRECISION  { $$ = KVP_SET_PRECISION; }
   ;
 
 /* group = REDUCER [over layer] [before pool | after pool] */
@@ -411,7 +414,7 @@ static int is_stmt_start(yysymbol_kind_t k)
 	static const char *const starts[] = {
 		"policy", "param", "const", "stat", "score", "budget", "group", "layers",
 		"allocate", "pool", "keep", "action", "compress", "positions", "segment", "tree",
-		"'}'",
+		"precision", "'}'",
 	};
 	const char *s = yysymbol_name(k);
 	for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++)
@@ -517,6 +520,7 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
 		static const char *const kws[] = {
 			"param", "const", "stat", "score", "budget", "group", "layers", "allocate",
 			"pool", "keep", "action", "compress", "positions", "segment", "tree",
+			"precision",
 		};
 		char word[65];
 		int w = (int)(loc.end - loc.off);

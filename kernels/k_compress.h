@@ -4,7 +4,9 @@
  * -> allocation (per layer schedule; per head, adaptive across a layer's heads, or one
  * global pool) -> selection (k_select, tie rule: equal scores keep the lower position)
  * -> action (evict, or merge evicted entries into a kept neighbour as a prototype with a
- * count) -> compaction (rt_kv_head_evict, which moves only tail entries into evicted
+ * count) -> [precision: the kept entries' storage tiers, k_tier.h, set before the
+ * compaction by rt_kv_head_set_tiers; by utility per byte the tiers and the kept set are
+ * chosen together, in the allocation step] -> compaction (rt_kv_head_evict, which moves only tail entries into evicted
  * slots; rt_kv_head_keep, the order-keeping gather, under `positions compacted`, where
  * an entry's index is its RoPE position). `action = add_split`
  * (GraceKV) takes the other road, k_grace_run (k_grace_run.h): the score becomes the
@@ -27,6 +29,7 @@
 #include "k_score.h"
 #include "k_select.h"
 #include "k_signal.h"
+#include "k_tier.h"
 #include "kv/rt_kv.h"
 #include "policy/rt_budget.h"
 #include "policy/rt_policy.h"
@@ -39,6 +42,8 @@ enum { K_HEADS_EACH = 0, K_HEADS_ADAPTIVE, K_HEADS_GLOBAL };
 enum { K_ACT_EVICT = 0, K_ACT_MERGE, K_ACT_SPLIT };
 enum { K_POOL_NONE = 0, K_POOL_MAX, K_POOL_AVG };
 enum { K_FLAG_GUARD = 1, K_FLAG_KEEP = 2, K_FLAG_SINGLE = 4 };
+/* ORDER(tiers): kvp_ir_tiers (compiler/kvp_ir.h) shares / by utility, in kvp_emit_c.c */
+enum { K_TIERS_NONE = 0, K_TIERS_SHARES, K_TIERS_UTILITY };
 
 /* The policy's compress configuration (constants and current parameter values). */
 struct k_compress_cfg {
@@ -74,6 +79,11 @@ struct k_compress_cfg {
 	int protect_all_spans;
 	const char *const *spans; /* [n_spans] span names to protect */
 	int n_spans;
+	int budget_bytes;       /* `budget = bytes(P)`: budget and target count bytes (k_bytes_mode) */
+	int tiers;              /* K_TIERS_*: the precision action */
+	int n_tier;             /* tiers given (1..K_TIER_MAX) */
+	const uint8_t *tier;    /* [n_tier] enum rt_kv_tier, highest precision first */
+	const double *tier_cum; /* SHARES: [n_tier] cumulative shares of the kept entries */
 };
 
 /* Per-query-head score of every entry of head h into out[h->n]; r is the query head in
@@ -85,6 +95,36 @@ typedef void (*k_score_fn)(const struct kvp_ctx *ctx, const rt_kv *kv, const rt_
 static inline size_t k_align64(size_t n)
 {
 	return (n + 63) & ~(size_t)63;
+}
+
+/* 1 when compress reads the budget (budget, target and layer budgets) in bytes, as the
+ * bytes of that many f16 entries (rt_kv_f16_entry_bytes each): under a byte ratio
+ * (kvp_ctx.byte_ratio), for a byte budget unless an entry ratio (kvp_ctx.ratio) replaces
+ * it, and always for tiers chosen by utility per byte (an entry ratio R is then 1/R of the
+ * f16 bytes). */
+static inline int k_bytes_mode(const struct kvp_ctx *ctx, const struct k_compress_cfg *cfg)
+{
+	if (cfg->tiers == K_TIERS_UTILITY || ctx->byte_ratio > 0)
+		return 1;
+	return cfg->budget_bytes && !(ctx->ratio > 0);
+}
+
+/* cost[t]: bytes of one entry's key and value rows at tier t as rt_kvbytes counts them
+ * (scales included); an untiered store has only tier 0 (the others cost 0: not storable). */
+static inline void k_tier_costs(const rt_kv *kv, double *cost)
+{
+	for (int t = 0; t < K_TIER_MAX; t++)
+		cost[t] = kv->tiered ? 2.0 * (double)rt_kv_tier_row_bytes(kv, t) :
+		          t == 0 ? 2.0 * (double)kv->row_bytes : 0.0;
+}
+
+/* Scratch bytes the precision action adds to k_compress_scratch_bytes: per entry its tier
+ * now and the chosen one, a utility heap item; per head its byte budget, layer and KV head. */
+static inline size_t k_tier_scratch_bytes(const rt_kv *kv)
+{
+	size_t H = (size_t)kv->n_layer * kv->n_kv_head, c = (size_t)kv->cap;
+	return 2 * k_align64(H * c) + k_align64(H * c * sizeof(struct k_uheap_item)) +
+	       k_align64(H * sizeof(double)) + 2 * k_align64(H * sizeof(int32_t)) + 64;
 }
 
 /* Scratch bytes for one head's keys and values decoded to f32 ([2 × cap × head_dim]
@@ -371,6 +411,15 @@ struct k_run {
 	const int32_t **pp;          /* [H] positions, */
 	const uint8_t **cp;          /* [H] candidate masks, */
 	int32_t *nn, *base, *alloc;  /* [H] entries, budget after guards, allocation */
+	/* the precision action (cfg->tiers, k_tier_scratch_bytes), else NULL: */
+	uint8_t *cur, *want;         /* [H × cap] each entry's tier now, and the tier it gets
+	                                (by utility: K_TIER_EVICT for an evicted entry) */
+	struct k_uheap_item *heap;   /* [H × cap] the utility heap */
+	double *hbytes;              /* [H] bytes for the head's entries outside the guards */
+	int32_t *lay, *kvh;          /* [H] layer and KV head of each head (the heap's order) */
+	int bytes;                   /* k_bytes_mode */
+	double cost[K_TIER_MAX];     /* k_tier_costs */
+	double e16;                  /* bytes of one f16 entry (the budget's unit in bytes) */
 };
 
 /* Carve r's areas from scratch (at least k_compress_scratch_bytes, any alignment). */
@@ -399,7 +448,15 @@ static inline void k_run_carve(struct k_run *r, void *scratch)
 	r->cp = (const uint8_t **)(void *)p; p += k_align64(H * sizeof(void *));
 	r->nn = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
 	r->base = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
-	r->alloc = (int32_t *)(void *)p;
+	r->alloc = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
+	if (cfg->tiers == K_TIERS_NONE)
+		return;
+	r->cur = p; p += k_align64(H * c);
+	r->want = p; p += k_align64(H * c);
+	r->heap = (struct k_uheap_item *)(void *)p; p += k_align64(H * c * sizeof(struct k_uheap_item));
+	r->hbytes = (double *)(void *)p; p += k_align64(H * sizeof(double));
+	r->lay = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
+	r->kvh = (int32_t *)(void *)p;
 }
 
 /* 1. Scores and guard flags of every head. */
@@ -502,6 +559,56 @@ static inline void k_run_layer_reduce(const struct k_run *r)
 	}
 }
 
+/* In bytes (r->bytes): the bytes of head h's entries outside the guards (flags f), its
+ * layer budget lb (f16 entries' worth) less the guards' bytes at their tiers, into
+ * r->hbytes[hi] (by utility), and the entries they buy: at the top tier, or at the shares'
+ * mix (k_tier_share_cost). */
+static inline int32_t k_head_bytes(const struct k_run *r, const rt_kv_head *h, const uint8_t *f,
+                                   double lb, size_t hi)
+{
+	const struct k_compress_cfg *cfg = r->cfg;
+	double guard = 0;
+	for (int32_t i = 0; i < h->n; i++)
+		if (f[i] & K_FLAG_GUARD)
+			guard += r->cost[rt_kv_tier_of(h, i)];
+	double left = lb * r->e16 - guard;
+	if (r->hbytes)
+		r->hbytes[hi] = left > 0 ? left : 0;
+	double per = cfg->tiers == K_TIERS_SHARES ?
+	             k_tier_share_cost(cfg->tier, cfg->tier_cum, cfg->n_tier, r->cost) : r->cost[0];
+	return per > 0 && left > 0 ? k_floor_entries(left / per) : 0;
+}
+
+/* By utility per byte: every entry outside the guards is evicted or given a tier
+ * (r->want) by k_tier_alloc, per head (`allocate = uniform`), per layer (`adaptive`) or
+ * over the whole cache (`global`), within the pool's bytes (Σ r->hbytes). */
+static inline void k_run_alloc_tiers(const struct k_run *r)
+{
+	const rt_kv *kv = r->kv;
+	const struct k_compress_cfg *cfg = r->cfg;
+	const int L = kv->n_layer, G = kv->n_kv_head;
+	const size_t H = (size_t)L * G, c = (size_t)kv->cap;
+	unsigned allowed = 0;
+	for (int j = 0; j < cfg->n_tier; j++)
+		allowed |= 1u << cfg->tier[j];
+	static const double fid[K_TIER_MAX] = K_TIER_FIDELITY;
+	for (size_t hi = 0; hi < H; hi++) {
+		r->lay[hi] = (int32_t)(hi / (size_t)G);
+		r->kvh[hi] = (int32_t)(hi % (size_t)G);
+	}
+	size_t per = cfg->heads == K_HEADS_EACH ? 1 : cfg->heads == K_HEADS_ADAPTIVE ? (size_t)G : H;
+	for (size_t h0 = 0; h0 < H; h0 += per) {
+		double budget = 0;
+		for (size_t k = 0; k < per; k++)
+			budget += r->hbytes[h0 + k];
+		struct k_tier_pool pool = {
+			(int)per, (int32_t)c, r->nn + h0, r->score + h0 * c, r->candm + h0 * c,
+			r->cur + h0 * c, r->pp + h0, r->lay + h0, r->kvh + h0,
+		};
+		k_tier_alloc(&pool, r->cost, fid, allowed, budget, r->want + h0 * c, r->heap);
+	}
+}
+
 /* 3. Allocation: the per-layer budget (lb) minus the guarded entries, split across
  * heads. */
 static inline void k_run_alloc(const struct k_run *r)
@@ -532,15 +639,21 @@ static inline void k_run_alloc(const struct k_run *r)
 			for (int32_t i = 0; i < h->n; i++) {
 				n_guard += (f[i] & K_FLAG_GUARD) != 0;
 				cm[i] = !(f[i] & K_FLAG_GUARD);
+				if (r->cur)
+					r->cur[hi * c + i] = (uint8_t)rt_kv_tier_of(h, i);
 			}
 			int32_t b = k_floor_entries(lb[l]) - n_guard;
+			if (r->bytes)
+				b = k_head_bytes(r, h, f, lb[l], hi);
 			base[hi] = b > 0 ? b : 0;
 			nn[hi] = h->n;
 			sp[hi] = score + hi * c;
 			pp[hi] = h->pos;
 			cp[hi] = cm;
 		}
-	if (cfg->heads == K_HEADS_EACH) {
+	if (cfg->tiers == K_TIERS_UTILITY) {
+		k_run_alloc_tiers(r);
+	} else if (cfg->heads == K_HEADS_EACH) {
 		for (size_t hi = 0; hi < H; hi++)
 			alloc[hi] = base[hi];
 	} else {
@@ -551,8 +664,29 @@ static inline void k_run_alloc(const struct k_run *r)
 	}
 }
 
-/* 4. Selection, action and compaction of every head. */
-static inline void k_run_select(const struct k_run *r)
+/* The precision action on head h before its compaction (flags f with K_FLAG_KEEP set):
+ * the tiers of the kept entries outside the guards (by score rank for shares; chosen by
+ * k_run_alloc_tiers by utility), every other entry as it is (guards stay at their tier,
+ * the top one for every entry that was never outside them). Returns 0 or -1 (err). */
+static inline int k_apply_tiers(const struct k_run *r, rt_kv_head *h, size_t hi,
+                                const uint8_t *kp, rt_err *err)
+{
+	const struct k_compress_cfg *cfg = r->cfg;
+	const size_t c = (size_t)r->kv->cap;
+	const uint8_t *f = r->flags + hi * c, *cur = r->cur + hi * c;
+	uint8_t *want = r->want + hi * c;
+	if (cfg->tiers == K_TIERS_SHARES)
+		k_tier_shares(r->sp[hi], h->pos, kp, cur, h->n, cfg->tier, cfg->tier_cum, cfg->n_tier,
+		              want, r->cbuf, r->ctmp);
+	for (int32_t i = 0; i < h->n; i++)
+		if (!(f[i] & K_FLAG_KEEP) || (f[i] & K_FLAG_GUARD) || want[i] == K_TIER_EVICT)
+			want[i] = cur[i];
+	return rt_kv_head_set_tiers(r->kv, h, want, err) < 0 ? -1 : 0;
+}
+
+/* 4. Selection, action, precision and compaction of every head. Returns 0, or -1 with err
+ * set when the store refuses the tiers (an untiered store, an exhausted pool). */
+static inline int k_run_select(const struct k_run *r, rt_err *err)
 {
 	rt_kv *kv = r->kv;
 	const struct k_compress_cfg *cfg = r->cfg;
@@ -575,7 +709,13 @@ static inline void k_run_select(const struct k_run *r)
 			uint8_t *cm = candm + hi * c;
 			uint8_t *kp = (uint8_t *)(void *)pooled; /* [cap] bytes fit in [cap] floats */
 			memset(kp, 0, (size_t)h->n);
-			k_select_topk(sp[hi], h->pos, cm, h->n, alloc[hi], kp, cbuf, ctmp);
+			if (cfg->tiers == K_TIERS_UTILITY) {
+				const uint8_t *w = r->want + hi * c;
+				for (int32_t i = 0; i < h->n; i++)
+					kp[i] = cm[i] && w[i] != K_TIER_EVICT;
+			} else {
+				k_select_topk(sp[hi], h->pos, cm, h->n, alloc[hi], kp, cbuf, ctmp);
+			}
 			for (int32_t i = 0; i < h->n; i++)
 				if (kp[i] || (f[i] & K_FLAG_GUARD))
 					f[i] |= K_FLAG_KEEP;
@@ -592,6 +732,8 @@ static inline void k_run_select(const struct k_run *r)
 			}
 			if (cfg->action != K_ACT_EVICT)
 				k_merge_evicted(kv, h, f, cfg->run, rows, keep, (int64_t *)(void *)ctmp);
+			if (cfg->tiers != K_TIERS_NONE && k_apply_tiers(r, h, hi, kp, err) != 0)
+				return -1;
 			int32_t nk = 0;
 			for (int32_t i = 0; i < h->n; i++)
 				if (f[i] & K_FLAG_KEEP)
@@ -601,6 +743,7 @@ static inline void k_run_select(const struct k_run *r)
 			else if (nk < h->n)
 				rt_kv_head_evict(kv, h, keep, nk);
 		}
+	return 0;
 }
 
 /* Run the pipeline on every head of kv. Returns 0, or -1 with err set when the scratch
@@ -609,12 +752,16 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
                                  const struct k_compress_cfg *cfg, k_score_fn score_fn,
                                  rt_err *err)
 {
-	size_t need = k_compress_scratch_bytes(kv, cfg->n_tmp);
+	size_t need = k_compress_scratch_bytes(kv, cfg->n_tmp) +
+	              (cfg->tiers != K_TIERS_NONE ? k_tier_scratch_bytes(kv) : 0);
 	if (!ctx->scratch || ctx->scratch_len < need)
 		return rt_err_set(err, "policy: compress needs %zu bytes of scratch, runtime gave %zu",
 		                  need, ctx->scratch_len);
 	struct k_run r = { .ctx = ctx, .kv = kv, .cfg = cfg, .seen = (double)ctx->seen };
 	k_run_carve(&r, ctx->scratch);
+	r.bytes = k_bytes_mode(ctx, cfg);
+	k_tier_costs(kv, r.cost);
+	r.e16 = (double)rt_kv_f16_entry_bytes(kv);
 	const double H = (double)kv->n_layer * kv->n_kv_head;
 	if (k_budget_check(ctx, kv, cfg, r.seen, (double)rt_kv_entries(kv) / H, r.lb, err) < 0)
 		return -1;
@@ -622,8 +769,7 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	if (cfg->over_layer && cfg->has_score && kv->n_kv_head > 1)
 		k_run_layer_reduce(&r);
 	k_run_alloc(&r);
-	k_run_select(&r);
-	return 0;
+	return k_run_select(&r, err);
 }
 
 #endif

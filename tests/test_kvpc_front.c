@@ -14,6 +14,7 @@
  */
 #include <check.h>
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -556,6 +557,62 @@ START_TEST(test_lower_position_rules)
 }
 END_TEST
 
+/* The precision action (docs/language.md section 7.8) as the library writes it: KIVI's one
+ * tier (shares [1]), MiKV's two (10% then the rest: cumulative 0.1, 1), the utility form with
+ * a byte budget (the share parameter times the context, bytes flagged), the needs flag, and
+ * a schedule that fires whatever the entry count (no `entries` comparison left to it). */
+START_TEST(test_lower_tiers)
+{
+	struct kvp_ir ir;
+	compile_file("policies/kivi_q4.kvp", &ir);
+	ck_assert_int_eq(ir.tiers.n, 1);
+	ck_assert_int_eq(ir.tiers.tier[0], 2); /* RT_KV_TIER_Q4 */
+	ck_assert_int_eq(ir.tiers.shares, 1);
+	ck_assert(ir.tiers.cum[0] == 1);
+	ck_assert_int_eq(ir.alloc.budget_bytes, 0);
+	expect_param(&ir, ir.guards.recent, 0);
+	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_EVERY_N);
+	ck_assert(ir.needs & KVP_NEED_TIERS);
+	kvp_ir_free(&ir);
+
+	compile_file("policies/mikv_h2o.kvp", &ir);
+	ck_assert_int_eq(ir.tiers.n, 2);
+	ck_assert_int_eq(ir.tiers.tier[0], 0);
+	ck_assert_int_eq(ir.tiers.tier[1], 2);
+	ck_assert(fabs(ir.tiers.cum[0] - 0.1) < 1e-15 && ir.tiers.cum[1] == 1);
+	kvp_ir_free(&ir);
+
+	compile_file("policies/h2o_tiers.kvp", &ir);
+	ck_assert_int_eq(ir.tiers.n, 4);
+	for (int j = 0; j < 4; j++)
+		ck_assert_int_eq(ir.tiers.tier[j], j);
+	ck_assert_int_eq(ir.tiers.shares, 0);
+	ck_assert_int_eq(ir.alloc.budget_bytes, 1);
+	ck_assert_int_eq(ir.alloc.budget_unit, KVP_UNIT_RATIO);
+	const struct kvp_ir_expr *b = node(&ir, ir.alloc.budget);
+	ck_assert_int_eq(b->op, KVP_OP_MUL);
+	expect_param(&ir, b->a, 0);
+	expect_signal(&ir, b->b, KVP_SIG_CONTEXT);
+	ck_assert(ir.needs & KVP_NEED_TIERS);
+	kvp_ir_free(&ir);
+
+	/* the emitted trigger: every 32 steps, with no entry-count condition */
+	compile_file("policies/tova_tiers.kvp", &ir);
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	struct kvp_emit_opts eo = { .line_directives = 0 };
+	ck_assert_int_eq(kvp_emit_c(&ir, &eo, f), 0);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(buf, "\treturn k_every(seen, 32.0);\n"));
+	ck_assert_ptr_nonnull(strstr(buf, "cfg->tiers = K_TIERS_UTILITY;"));
+	ck_assert_ptr_nonnull(strstr(buf, "{ RT_KV_TIER_TOP, RT_KV_TIER_Q8, RT_KV_TIER_Q4, RT_KV_TIER_Q2 }"));
+	ck_assert_ptr_nonnull(strstr(buf, "k_tier_scratch_bytes(kv)"));
+	free(buf);
+	kvp_ir_free(&ir);
+}
+END_TEST
+
 START_TEST(test_lower_caote_gracekv)
 {
 	struct kvp_ir ir;
@@ -863,6 +920,7 @@ static Suite *front_suite(void)
 	tcase_add_test(tc, test_lower_scissorhands);
 	tcase_add_test(tc, test_lower_position_rules);
 	tcase_add_test(tc, test_lower_caote_gracekv);
+	tcase_add_test(tc, test_lower_tiers);
 	tcase_add_test(tc, test_c_keywords);
 	suite_add_tcase(s, tc);
 
