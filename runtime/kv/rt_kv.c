@@ -209,8 +209,7 @@ static int kv_init(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_layer
 		return rt_err_set(err, "kv: capacity %d entries per head is too large", (int)cap);
 	}
 	const size_t total = nh * hb, sb = (state_bytes + 63) & ~(size_t)63;
-	const size_t ksb = kv->tiered ? (size_t)head_dim * sizeof(float) : 0;
-	kv->meta = calloc(1, nh * sizeof(rt_kv_head) + 64 + nh * (sb + ksb));
+	kv->meta = calloc(1, nh * sizeof(rt_kv_head) + 64 + nh * sb);
 	void *mem = mmap(NULL, total, PROT_READ | PROT_WRITE,
 	                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (!kv->meta || mem == MAP_FAILED) {
@@ -231,8 +230,6 @@ static int kv_init(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_layer
 		h->cap = cap;
 		p = head_place(kv, h, p, capr);
 		h->state = st + i * sb;
-		if (kv->tiered)
-			h->kscale = (float *)(void *)(st + nh * sb + i * ksb);
 	}
 	RT_ASSERT((size_t)(p - (uint8_t *)mem) == total);
 	return 0;
@@ -402,7 +399,6 @@ void rt_kv_reset(rt_kv *kv)
 		h->n = 0;
 		for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
 			h->arena[t].n = 0;
-		h->kscale_set = 0;
 		head_trim(kv, h);
 		head_unmap(kv, h, 0);
 		for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
@@ -561,9 +557,6 @@ static const float *row_get(const rt_kv *kv, const rt_kv_head *h, int32_t i, int
 	if (kind == RT_KVQ_F32)
 		return (const float *)(const void *)row;
 	rt_kvq_vrow_decode(kind, row, kv->head_dim, buf);
-	if (!value && rt_kv_tier_of(h, i) != RT_KV_TIER_TOP)
-		for (int c = 0; c < kv->head_dim; c++)
-			buf[c] *= h->kscale[c];
 	return buf;
 }
 
@@ -584,14 +577,7 @@ void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
 	RT_ASSERT(i >= 0 && i < h->n);
 	rt_kvq_kind kind;
 	uint8_t *row = entry_row(kv, h, i, 0, &kind);
-	if (rt_kv_tier_of(h, i) == RT_KV_TIER_TOP) {
-		rt_kvq_vrow_encode(kind, x, kv->head_dim, row);
-		return;
-	}
-	float xn[KV_TIER_MAX_DIM];
-	for (int c = 0; c < kv->head_dim; c++)
-		xn[c] = x[c] / h->kscale[c];
-	rt_kvq_vrow_encode(kind, xn, kv->head_dim, row);
+	rt_kvq_vrow_encode(kind, x, kv->head_dim, row);
 }
 
 void rt_kv_set_value(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
@@ -635,31 +621,33 @@ void rt_kv_head_decode(const rt_kv *kv, const rt_kv_head *h, int32_t i0, int32_t
 	}
 }
 
-/* Calibrate h's per-channel key scale from the keys it holds (all at the top tier): the
- * pair (2j, 2j+1) gets max_i |(k_i,2j, k_i,2j+1)|, the rotation-invariant range. */
-static void kscale_calibrate(const rt_kv *kv, rt_kv_head *h)
+void rt_kv_head_decode_all(const rt_kv *kv, const rt_kv_head *h, float *K, float *V,
+                           rt_kv_rows_fn top)
 {
-	const int hd = kv->head_dim;
-	float buf[KV_TIER_MAX_DIM];
-	for (int c = 0; c < hd; c++)
-		h->kscale[c] = 0.0f;
-	for (int32_t i = 0; i < h->n; i++) {
-		const float *k = rt_kv_key(kv, h, i, buf);
-		for (int c = 0; c < hd; c += 2) {
-			float r = sqrtf(k[c] * k[c] + k[c + 1] * k[c + 1]);
-			h->kscale[c] = r > h->kscale[c] ? r : h->kscale[c];
+	if (!kv->tiered || (!top && kv->type != RT_KV_F32)) {
+		rt_kv_head_decode(kv, h, 0, h->n, K, V);
+		return;
+	}
+	const size_t hd = (size_t)kv->head_dim;
+	for (int t = 0; t < RT_KV_N_TIER; t++) {
+		const rt_kv_arena *a = &h->arena[t];
+		const size_t rb = kv->tier_row[t];
+		for (int32_t s = 0; s < a->n; s++) {
+			const int32_t e = a->owner[s];
+			const uint8_t *row = a->rows + (size_t)s * 2 * rb;
+			float *kd = K + (size_t)e * hd, *vd = V + (size_t)e * hd;
+			if (t != RT_KV_TIER_TOP) {
+				rt_kvq_vrow_decode(tier_qkind[t], row, (int)hd, kd);
+				rt_kvq_vrow_decode(tier_qkind[t], row + rb, (int)hd, vd);
+			} else if (kv->type == RT_KV_F32) {
+				memcpy(kd, row, hd * sizeof(float));
+				memcpy(vd, row + rb, hd * sizeof(float));
+			} else {
+				top(row, 1, (int)hd, kd);
+				top(row + rb, 1, (int)hd, vd);
+			}
 		}
 	}
-	float top = 0.0f;
-	for (int c = 0; c < hd; c += 2)
-		top = h->kscale[c] > top ? h->kscale[c] : top;
-	/* a pair that was (almost) zero keeps a floor, so a later key stays finite */
-	const float floor = top > 0.0f ? top * 1e-6f : 1.0f;
-	for (int c = 0; c < hd; c += 2) {
-		h->kscale[c] = h->kscale[c] > floor ? h->kscale[c] : floor;
-		h->kscale[c + 1] = h->kscale[c];
-	}
-	h->kscale_set = 1;
 }
 
 int rt_kv_head_set_tiers(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *err)
@@ -697,8 +685,6 @@ int rt_kv_head_set_tiers(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *
 		if (a->nb_mapped < a->nb)
 			a->nb_mapped = a->nb;
 	}
-	if (!h->kscale_set)
-		kscale_calibrate(kv, h);
 	float kb[KV_TIER_MAX_DIM], vb[KV_TIER_MAX_DIM];
 	for (int32_t i = 0; i < h->n; i++) {
 		if (want[i] <= h->tier[i])

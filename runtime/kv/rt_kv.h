@@ -61,21 +61,24 @@
  * rt_kv_value / rt_kv_head_decode. In an untiered store h->tier and h->slot are NULL (every
  * entry is at RT_KV_TIER_TOP; rt_kv_tier_of reads either kind).
  *
- * Quantised tiers (head_dim a multiple of 32): values per token, the rt_kvq vrow codecs
- * (asymmetric min/max groups of 32 channels, f16 scale and minimum: KIVI, Liu et al. 2024,
- * arXiv 2402.02750). Keys: KIVI quantises them per channel (key outliers sit in fixed
- * channels), but its tiles of 32 tokens sharing a channel range cannot lose or downgrade
- * one entry alone. The entry-addressable per-channel scheme is KVQuant's (Hooper et al.
- * 2024, arXiv 2401.18079): per-channel ranges fixed per (layer, KV head) by calibration.
- * Here a key at a quantised tier is divided channel-wise by the head's calibrated scale
- * h->kscale (per-channel normalisation) and the normalised row is then coded per token in
- * groups of 32 like a value; decoding multiplies back. The scale is calibrated from the
- * entries the head holds at its first downgrade: keys are post-RoPE, so channels 2j and
- * 2j+1 rotate together and only their joint norm is position-invariant; both get the
- * symmetric range max_i sqrt(k_i,2j² + k_i,2j+1²) (channels past n_rot are paired the same
- * way, a slightly looser range for them). A later key outside the calibrated range is
- * still coded without clipping: the per-token group range adapts, only the channel
- * balance is fixed.
+ * Quantised tiers (head_dim a multiple of 32): keys and values are both coded per token,
+ * the rt_kvq vrow codecs (asymmetric min/max groups of 32 channels, f16 scale and minimum;
+ * 8 bits: 72 bytes a row at head_dim 64, 4 bits: 40, 2 bits: 24, against f16's 128). Values
+ * per token follow KIVI (Liu et al. 2024, arXiv 2402.02750). KIVI quantises keys per
+ * channel in tiles of 32 consecutive tokens sharing each channel's range, which an entry
+ * store cannot do: an entry of a tile could not be evicted or downgraded alone. The
+ * entry-addressable per-channel alternatives were measured on SmolLM2-135M (mean KL against
+ * the f16 full cache, every entry but the newest 32-63 at 4 bits, 512 tokens of the
+ * coreutils manual; docs/architecture.md has the table): per-token keys 0.015; keys
+ * divided by a per-channel scale calibrated per (layer, KV head) from the entries present
+ * (the post-RoPE pair norm maxima, rotation-invariant) and then coded per token 0.042
+ * (square-root scale 0.021, per-channel centring 0.041); fixed calibrated per-channel
+ * ranges without a per-token scale (KVQuant, Hooper et al. 2024, arXiv 2401.18079, without
+ * its outlier isolation) 0.045 post-RoPE and 0.023 pre-RoPE; KIVI's tiles, the reference
+ * that is not entry-addressable, 0.0068. A fixed per-channel transform spends the range on
+ * channels by their maximum over the calibration entries, while a token's own range
+ * follows its actual magnitude; KIVI's gain comes from ranges local to 32 neighbouring
+ * tokens, which an entry-addressable scheme does not have. So keys are per token here.
  */
 #ifndef RT_KV_H
 #define RT_KV_H
@@ -104,10 +107,10 @@ int rt_kv_type_parse(const char *name);
  * cannot hold a row of that width (Q8_0 needs a multiple of 32). */
 size_t rt_kv_row_bytes(enum rt_kv_type t, int head_dim);
 
-/* Storage tier of an entry in a tiered store. ORDER RT_KV_TIER: tier_kind[] and
+/* Storage tier of an entry in a tiered store. ORDER RT_KV_TIER: tier_qkind[] and
  * tier_names[] in rt_kv.c. Tier 0 is the store's own type (f16 on the fast path, f32 on
- * the exact path); the others are the rt_kvq codecs Q8, Q4, Q2 (values per token, keys
- * normalised per channel then per token; see the header comment). */
+ * the exact path); the others are the rt_kvq codecs Q8, Q4, Q2 (keys and values per
+ * token; see the header comment). */
 enum rt_kv_tier { RT_KV_TIER_TOP = 0, RT_KV_TIER_Q8, RT_KV_TIER_Q4, RT_KV_TIER_Q2, RT_KV_N_TIER };
 
 /* "top", "q8", "q4", "q2"; rt_kv_tier_parse returns the tier or -1. */
@@ -142,8 +145,6 @@ typedef struct rt_kv_head {
 	/* tiered stores only (NULL / zero otherwise) */
 	uint8_t *tier;      /* [cap] entry tier (enum rt_kv_tier) */
 	int32_t *slot;      /* [cap] entry's slot in arena[tier[i]] */
-	float *kscale;      /* [head_dim] per-channel key scale of the quantised tiers */
-	int kscale_set;     /* kscale calibrated (at the head's first downgrade; 0 after reset) */
 	rt_kv_arena arena[RT_KV_N_TIER];
 } rt_kv_head;
 
@@ -242,6 +243,17 @@ void rt_kv_rows_decode(const rt_kv *kv, const uint8_t *rows, int32_t n, float *o
 void rt_kv_head_decode(const rt_kv *kv, const rt_kv_head *h, int32_t i0, int32_t n, float *K,
                        float *V);
 
+/* Decodes n rows of a store's top type (rows row bytes apart) into out[n × d]: the
+ * signature of rt_kvattn_kernels.decode (runtime/model/rt_kvattn.h). */
+typedef void (*rt_kv_rows_fn)(const uint8_t *rows, int32_t n, int d, float *out);
+
+/* Every entry of h decoded to f32, K[h->n × head_dim] and V[h->n × head_dim] (both
+ * non-NULL): rt_kv_head_decode(kv, h, 0, h->n, K, V) with the same values, but a tiered
+ * store is read arena by arena in slot order, and its top-tier rows through `top` (the
+ * attention's vectorised decode of the top type; NULL: the portable one). Reads only. */
+void rt_kv_head_decode_all(const rt_kv *kv, const rt_kv_head *h, float *K, float *V,
+                           rt_kv_rows_fn top);
+
 /* Entry i's tier: h->tier[i] in a tiered store, RT_KV_TIER_TOP otherwise. */
 static inline int rt_kv_tier_of(const rt_kv_head *h, int32_t i)
 {
@@ -251,11 +263,12 @@ static inline int rt_kv_tier_of(const rt_kv_head *h, int32_t i)
 /* Set the tiers of the head's entries at once (tiered stores): want[i] for i < h->n is the
  * wanted tier of entry i (enum rt_kv_tier). An entry only moves down: want[i] <= h->tier[i]
  * leaves it as it is (precision lost is not regained). Each moved entry's rows are decoded
- * and encoded at the new tier; at the head's first downgrade the per-channel key scale is
- * calibrated from the entries present. The pool must grant the destination tiers' new
- * blocks before the source tiers' emptied blocks return (in the same call). Returns the
- * number of entries moved, or -1 with err set and nothing changed (the store is untiered,
- * a want[i] is out of range, or the pool is exhausted: "KV pool exhausted: ..."). */
+ * and encoded at the new tier. The pool must grant the destination tiers' new blocks
+ * before the source tiers' emptied blocks return (in the same call). Different heads may
+ * be set from different threads at once (the pool and the store's byte counters are
+ * atomic). Returns the number of entries moved, or -1 with err set and nothing changed
+ * (the store is untiered, a want[i] is out of range, or the pool is exhausted: "KV pool
+ * exhausted: ..."). */
 int rt_kv_head_set_tiers(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *err);
 
 /* Bytes one entry occupies at tier t (key row + value row + metadata + statistics, and a

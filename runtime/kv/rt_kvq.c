@@ -189,8 +189,39 @@ void rt_kvq_vrow_axpy(rt_kvq_kind kind, const uint8_t *row, int d, float w, floa
 	}
 }
 
+/* x[0..32) = m + s · code_i of one asymmetric group (codes packed as put_code writes them:
+ * element i in byte i / (8 / bits) at bit (i % (8 / bits)) · bits), by byte, not by
+ * element: the tier decode of every attention chunk runs through here. */
+static void group_decode(int bits, const uint8_t *o, float *x)
+{
+	uint16_t hdr[2];
+	memcpy(hdr, o, 4);
+	const float s = rt_fp16_to_f32(hdr[0]), m = rt_fp16_to_f32(hdr[1]);
+	const uint8_t *c = o + 4;
+	if (bits == 8) {
+		for (int i = 0; i < RT_KVQ_VGROUP; i++)
+			x[i] = m + s * (float)c[i];
+	} else if (bits == 4) {
+		for (int i = 0; i < RT_KVQ_VGROUP / 2; i++) {
+			x[2 * i] = m + s * (float)(c[i] & 15);
+			x[2 * i + 1] = m + s * (float)(c[i] >> 4);
+		}
+	} else {
+		for (int i = 0; i < RT_KVQ_VGROUP / 4; i++)
+			for (int k = 0; k < 4; k++)
+				x[4 * i + k] = m + s * (float)((c[i] >> (2 * k)) & 3);
+	}
+}
+
 void rt_kvq_vrow_decode(rt_kvq_kind kind, const uint8_t *row, int d, float *x)
 {
+	if (is_quant(kind)) {
+		const int bits = rt_kvq_bits(kind);
+		const size_t gb = vgroup_bytes(bits);
+		for (int g = 0; g < d / RT_KVQ_VGROUP; g++)
+			group_decode(bits, row + (size_t)g * gb, x + g * RT_KVQ_VGROUP);
+		return;
+	}
 	memset(x, 0, (size_t)d * sizeof *x);
 	rt_kvq_vrow_axpy(kind, row, d, 1.0f, x);
 }

@@ -13,6 +13,8 @@
  *              (KIVI: key outliers live in channels, so a channel's range is shared across
  *              tokens). A tile is encoded when it is full; until then its entries stay at a
  *              higher tier (KIVI's full-precision residual).
+ *              The tiered KV store (runtime/kv/rt_kv.h) codes keys per token with the value
+ *              codecs instead: a tile cannot lose or downgrade one entry (measured there).
  *   reading    rt_kvq_ktile_logits computes q·k for every entry of a key tile from the codes:
  *              q·k_t = sum_c q_c min_c + sum_c (q_c scale_c) code_ct, so one pass over the tile
  *              needs no dequantised keys; rt_kvq_vrow_axpy adds w·v to an f32 accumulator.

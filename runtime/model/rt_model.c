@@ -874,7 +874,9 @@ static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t p
 	const float *K = h->k, *V = h->v;
 	if (kv->tiered) {
 		/* every tier decoded to f32 once per chunk (fwd_tier_scratch sized kvf) */
-		rt_kv_head_decode(kv, h, 0, n, kvf, kvf + (size_t)n * hd);
+		const rt_kvattn_kernels *ka = kv->type == RT_KV_F32 ? NULL :
+		                              rt_kvattn_get(kv->type, rt_dot_isa_best());
+		rt_kv_head_decode_all(kv, h, kvf, kvf + (size_t)n * hd, ka ? ka->decode : NULL);
 		K = kvf;
 		V = kvf + (size_t)n * hd;
 	} else if (kv->type != RT_KV_F32) {
