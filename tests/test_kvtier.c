@@ -54,7 +54,9 @@ static void fill_row(float *x, int d, unsigned *s, int outliers)
 		x[c] = rnd(s) * (outliers && c % 8 == 3 ? 12.0f : 1.0f) + (outliers && c == 5 ? 4.0f : 0);
 }
 
-static const int bits_of[RT_KV_N_TIER] = { 16, 8, 4, 2 };
+/* bits of the values and of the keys at each tier (the 2-bit tier keeps keys at 4) */
+static const int vbits_of[RT_KV_N_TIER] = { 16, 8, 4, 2 };
+static const int kbits_of[RT_KV_N_TIER] = { 16, 8, 4, 4 };
 
 /* Largest error allowed for a group of 32 values x (stride 1) coded at `bits`: half a
  * step, the step and minimum rounded to f16 (relative 2^-11 each; the codes go up to
@@ -95,8 +97,8 @@ START_TEST(round_trip_per_tier)
 		float kb[D], vb[D];
 		const float *k = rt_kv_key(&kv, h, i, kb), *v = rt_kv_value(&kv, h, i, vb);
 		for (int g = 0; g < D; g += 32) {
-			double vbnd = t == 0 ? 0 : group_bound(V[i] + g, bits_of[t]);
-			double kbnd = t == 0 ? 0 : group_bound(K[i] + g, bits_of[t]);
+			double vbnd = t == 0 ? 0 : group_bound(V[i] + g, vbits_of[t]);
+			double kbnd = t == 0 ? 0 : group_bound(K[i] + g, kbits_of[t]);
 			for (int c = g; c < g + 32; c++) {
 				/* every tier codes the f16 row appended first: + its rounding */
 				const double vb_c = vbnd + fabs(V[i][c]) * 0x1p-11;
@@ -145,8 +147,11 @@ typedef struct list_model {
 	model_entry e[MCAP];
 } list_model;
 
-/* bytes of one row at tier t, head_dim 64, from the layouts (f16 top) */
-static const int64_t row64[RT_KV_N_TIER] = { 128, 2 * (4 + 32), 2 * (4 + 16), 2 * (4 + 8) };
+/* half an entry's key + value row bytes at tier t, head_dim 64, from the layouts (f16
+ * top; two groups of 32, each a 4-byte header and the codes; the 2-bit tier's keys at 4
+ * bits: (40 + 24) / 2) */
+static const int64_t row64[RT_KV_N_TIER] = { 128, 2 * (4 + 32), 2 * (4 + 16),
+	                                     (2 * (4 + 16) + 2 * (4 + 8)) / 2 };
 
 static int64_t up16(int64_t n)
 {
@@ -209,7 +214,9 @@ START_TEST(random_mix_against_model)
 	rt_err err;
 	ck_assert_int_eq(rt_kv_init_tiered(&kv, &pool, RT_KV_F16, L, H, G, MD, MCAP, 8, 16, &err), 0);
 	ck_assert_int_eq((int)rt_kv_tier_row_bytes(&kv, RT_KV_TIER_Q4), 40);
-	ck_assert_int_eq((int)rt_kv_tier_entry_bytes(&kv, RT_KV_TIER_Q2), 27 + 48 + 4);
+	ck_assert_int_eq((int)rt_kv_tier_entry_bytes(&kv, RT_KV_TIER_Q2), 27 + 40 + 24 + 4);
+	ck_assert_int_eq((int)kv.tier_krow[RT_KV_TIER_Q2], 40);
+	ck_assert_int_eq((int)kv.tier_vrow[RT_KV_TIER_Q2], 24);
 	ck_assert_int_eq((int)rt_kv_tier_entry_bytes(&kv, RT_KV_TIER_TOP), 27 + 256 + 4);
 	ck_assert_int_eq((int)rt_kv_f16_entry_bytes(&kv), 256);
 	list_model *lm = calloc((size_t)NH, sizeof *lm);
@@ -524,6 +531,7 @@ START_TEST(policy_needs_tiers_through_seq)
 		ck_assert_int_eq(h->tier[e], e < 32 - PT_KEEP_TOP ? RT_KV_TIER_Q4 : RT_KV_TIER_TOP);
 	const int64_t top_row = exact ? 128 : 64; /* head_dim 32 in f32 / f16 */
 	ck_assert_int_eq(rt_kvbytes_held(&q.kv), c.n_layer * (24 * 2 * 20 + 16 * 2 * top_row));
+	free(lg);
 	rt_seq_free(&q);
 	rt_model_free(m);
 	unlink(path);

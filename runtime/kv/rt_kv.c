@@ -108,8 +108,12 @@ int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int 
 
 /* ORDER RT_KV_TIER */
 static const char *const tier_names[RT_KV_N_TIER] = { "top", "q8", "q4", "q2" };
-static const rt_kvq_kind tier_qkind[RT_KV_N_TIER] = { RT_KVQ_F32, RT_KVQ_Q8, RT_KVQ_Q4,
+/* codecs of the quantised tiers' value and key rows ([0]: unused, the store's type); the
+ * 2-bit tier keeps its keys at 4 bits (rt_kv.h: 2-bit keys per token were unusable) */
+static const rt_kvq_kind tier_vkind[RT_KV_N_TIER] = { RT_KVQ_F32, RT_KVQ_Q8, RT_KVQ_Q4,
 	                                              RT_KVQ_Q2 };
+static const rt_kvq_kind tier_kkind[RT_KV_N_TIER] = { RT_KVQ_F32, RT_KVQ_Q8, RT_KVQ_Q4,
+	                                              RT_KVQ_Q4 };
 
 const char *rt_kv_tier_name(int t)
 {
@@ -124,10 +128,12 @@ int rt_kv_tier_parse(const char *name)
 	return -1;
 }
 
-/* The codec of tier t's rows (tier 0: the store's type). */
-static rt_kvq_kind tier_kind(const rt_kv *kv, int t)
+/* The codec of tier t's key (value == 0) or value rows (tier 0: the store's type). */
+static rt_kvq_kind tier_kind(const rt_kv *kv, int t, int value)
 {
-	return t == RT_KV_TIER_TOP ? type_kind[kv->type] : tier_qkind[t];
+	if (t == RT_KV_TIER_TOP)
+		return type_kind[kv->type];
+	return value ? tier_vkind[t] : tier_kkind[t];
 }
 
 /* Bytes of one block of tier t's arena: RT_KV_BLOCK slots of a key row, a value row and
@@ -282,8 +288,12 @@ int rt_kv_init_tiered(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type top, int n_lay
 		                  KV_TIER_MAX_DIM);
 	kv->tiered = 1;
 	kv->type = top;
-	for (int t = 0; t < RT_KV_N_TIER; t++)
-		kv->tier_row[t] = rt_kvq_vrow_bytes(tier_kind(kv, t), head_dim);
+	for (int t = 0; t < RT_KV_N_TIER; t++) {
+		kv->tier_krow[t] = rt_kvq_vrow_bytes(tier_kind(kv, t, 0), head_dim);
+		kv->tier_vrow[t] = rt_kvq_vrow_bytes(tier_kind(kv, t, 1), head_dim);
+		/* both are whole groups of even byte counts, so the mean is exact */
+		kv->tier_row[t] = (kv->tier_krow[t] + kv->tier_vrow[t]) / 2;
+	}
 	return kv_init(kv, pool ? pool : rt_kvpool_process(), top, n_layer, n_kv_head, group,
 	               head_dim, cap, stat_bytes, state_bytes, err);
 }
@@ -545,8 +555,8 @@ static uint8_t *entry_row(const rt_kv *kv, const rt_kv_head *h, int32_t i, int v
 		return (value ? h->vr : h->kr) + (size_t)i * kv->row_bytes;
 	}
 	const int t = h->tier[i];
-	*kind = tier_kind(kv, t);
-	return slot_key(kv, h, t, h->slot[i]) + (value ? kv->tier_row[t] : 0);
+	*kind = tier_kind(kv, t, value);
+	return slot_key(kv, h, t, h->slot[i]) + (value ? kv->tier_krow[t] : 0);
 }
 
 static const float *row_get(const rt_kv *kv, const rt_kv_head *h, int32_t i, int value,
@@ -631,14 +641,14 @@ void rt_kv_head_decode_all(const rt_kv *kv, const rt_kv_head *h, float *K, float
 	const size_t hd = (size_t)kv->head_dim;
 	for (int t = 0; t < RT_KV_N_TIER; t++) {
 		const rt_kv_arena *a = &h->arena[t];
-		const size_t rb = kv->tier_row[t];
+		const size_t rb = kv->tier_krow[t];
 		for (int32_t s = 0; s < a->n; s++) {
 			const int32_t e = a->owner[s];
-			const uint8_t *row = a->rows + (size_t)s * 2 * rb;
+			const uint8_t *row = a->rows + (size_t)s * 2 * kv->tier_row[t];
 			float *kd = K + (size_t)e * hd, *vd = V + (size_t)e * hd;
 			if (t != RT_KV_TIER_TOP) {
-				rt_kvq_vrow_decode(tier_qkind[t], row, (int)hd, kd);
-				rt_kvq_vrow_decode(tier_qkind[t], row + rb, (int)hd, vd);
+				rt_kvq_vrow_decode(tier_kkind[t], row, (int)hd, kd);
+				rt_kvq_vrow_decode(tier_vkind[t], row + rb, (int)hd, vd);
 			} else if (kv->type == RT_KV_F32) {
 				memcpy(kd, row, hd * sizeof(float));
 				memcpy(vd, row + rb, hd * sizeof(float));

@@ -61,25 +61,20 @@
  * rt_kv_value / rt_kv_head_decode. In an untiered store h->tier and h->slot are NULL (every
  * entry is at RT_KV_TIER_TOP; rt_kv_tier_of reads either kind).
  *
- * Quantised tiers (head_dim a multiple of 32): keys and values are both coded per token,
- * the rt_kvq vrow codecs (asymmetric min/max groups of 32 channels, f16 scale and minimum;
- * 8 bits: 72 bytes a row at head_dim 64, 4 bits: 40, 2 bits: 24, against f16's 128). Values
- * per token follow KIVI (Liu et al. 2024, arXiv 2402.02750). KIVI quantises keys per
- * channel in tiles of 32 consecutive tokens sharing each channel's range, which an entry
- * store cannot do: an entry of a tile could not be evicted or downgraded alone. The
- * entry-addressable per-channel alternatives were measured on SmolLM2-135M (mean KL against
- * the f16 full cache, every entry but the newest 32-63 at 4 bits, 512 tokens of the
- * coreutils manual; docs/architecture.md has the table): per-token keys 0.015; keys
- * divided by a per-channel scale calibrated per (layer, KV head) from the entries present
- * (the post-RoPE pair norm maxima, rotation-invariant) and then coded per token 0.042
- * (square-root scale 0.021, per-channel centring 0.041); fixed calibrated per-channel
- * ranges without a per-token scale (KVQuant, Hooper et al. 2024, arXiv 2401.18079, without
- * its outlier isolation) 0.045 post-RoPE and 0.023 pre-RoPE; KIVI's tiles, the reference
- * that is not entry-addressable, 0.0068. A fixed per-channel transform spends the range on
- * channels by their maximum over the calibration entries, while a token's own range
- * follows its actual magnitude; KIVI's gain comes from ranges local to 32 neighbouring
- * tokens, which an entry-addressable scheme does not have. So keys are per token here.
- */
+ * Quantised tiers (head_dim a multiple of 32): keys and values are both coded per token
+ * with the rt_kvq vrow codecs (asymmetric min/max groups of 32 channels, f16 scale and
+ * minimum; a row of head_dim 64 takes 72 bytes at 8 bits, 40 at 4, 24 at 2, against f16's
+ * 128). Values per token follow KIVI (Liu et al. 2024, arXiv 2402.02750). KIVI codes keys
+ * per channel in tiles of 32 consecutive tokens sharing each channel's range; an entry of
+ * such a tile could not be evicted or downgraded alone, and the entry-addressable
+ * per-channel schemes (a per-(layer, KV head) calibrated channel scale or centre before
+ * per-token groups, or KVQuant's fixed calibrated channel ranges, Hooper et al. 2024, arXiv
+ * 2401.18079) measured worse than per-token keys on SmolLM2-135M (docs/architecture.md has
+ * the table). Keys are more sensitive to quantisation than values (QAQ, Dong et al. 2024,
+ * arXiv 2403.04643): 2-bit keys per token were unusable there (mean KL 1.49 against 0.043
+ * with 4-bit keys beside the same 2-bit values), so RT_KV_TIER_Q2 stores 2-bit values with
+ * 4-bit keys: 64 bytes of rows an entry at head_dim 64, 80 at Q4, 144 at Q8, 256 in f16.
+  */
 #ifndef RT_KV_H
 #define RT_KV_H
 
@@ -107,10 +102,11 @@ int rt_kv_type_parse(const char *name);
  * cannot hold a row of that width (Q8_0 needs a multiple of 32). */
 size_t rt_kv_row_bytes(enum rt_kv_type t, int head_dim);
 
-/* Storage tier of an entry in a tiered store. ORDER RT_KV_TIER: tier_qkind[] and
- * tier_names[] in rt_kv.c. Tier 0 is the store's own type (f16 on the fast path, f32 on
- * the exact path); the others are the rt_kvq codecs Q8, Q4, Q2 (keys and values per
- * token; see the header comment). */
+/* Storage tier of an entry in a tiered store. ORDER RT_KV_TIER: tier_names[],
+ * tier_vkind[] and tier_kkind[] in rt_kv.c. Tier 0 is the store's own type (f16 on the
+ * fast path, f32 on the exact path); the others code keys and values per token with the
+ * rt_kvq codecs: Q8 both at 8 bits, Q4 both at 4, Q2 values at 2 bits and keys at 4 (see
+ * the header comment). */
 enum rt_kv_tier { RT_KV_TIER_TOP = 0, RT_KV_TIER_Q8, RT_KV_TIER_Q4, RT_KV_TIER_Q2, RT_KV_N_TIER };
 
 /* "top", "q8", "q4", "q2"; rt_kv_tier_parse returns the tier or -1. */
@@ -167,7 +163,10 @@ typedef struct rt_kv {
 	RT_KVPOOL_ATOMIC int64_t bytes_peak; /* most bytes held at once since init / reset */
 	int tiered;         /* rt_kv_init_tiered: per-entry tiers, rows in tier arenas */
 	size_t meta_bytes;  /* tiered: bytes of one entry's metadata (list arrays) */
-	size_t tier_row[RT_KV_N_TIER]; /* tiered: bytes of one key (or value) row at tier t */
+	size_t tier_krow[RT_KV_N_TIER]; /* tiered: bytes of one key row at tier t */
+	size_t tier_vrow[RT_KV_N_TIER]; /* tiered: bytes of one value row at tier t */
+	size_t tier_row[RT_KV_N_TIER];  /* tiered: (key row + value row) / 2, so an entry's rows
+	                                   are 2 × tier_row[t] bytes at every tier */
 	void *mem;          /* the reserved address space behind every per-entry array */
 	size_t mem_bytes;
 	void *meta;         /* the heads and their policy state (an ordinary allocation) */
@@ -275,7 +274,9 @@ int rt_kv_head_set_tiers(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *
  * tiered store's slot owner index) in the pool; an untiered store answers
  * rt_kv_entry_bytes for t == 0 and 0 for the others. For the byte-budget allocator. */
 size_t rt_kv_tier_entry_bytes(const rt_kv *kv, int t);
-/* Bytes of one key (or value) row at tier t (scales included): what rt_kvbytes counts. */
+/* Half the bytes of an entry's key row + value row at tier t (scales included; the two
+ * rows have equal sizes except at RT_KV_TIER_Q2, whose keys are at 4 bits), so an entry's
+ * rows take 2 × this: what rt_kvbytes counts. */
 size_t rt_kv_tier_row_bytes(const rt_kv *kv, int t);
 /* Bytes of one entry in an f16 full cache: key + value row of head_dim halves
  * (4 · head_dim), the 1x baseline of rt_kvbytes. */
