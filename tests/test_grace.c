@@ -1074,6 +1074,189 @@ static void ref_hop_row(void *user, int32_t src, float *row)
 	free(lg);
 }
 
+/* test_glue_plumbing's fixed sizes: n tokens with a turn at 60, nq probes, the probed
+ * token at 30, 2 sinks, head_dim 16; budget 40 entries per head. */
+enum { GLUE_N = 120, GLUE_TURN = 60, GLUE_NQ = 6, GLUE_TARGET = 30, GLUE_SINKS = 2, GLUE_D = 16 };
+
+/* One run of test_glue_plumbing: the shape, 1 or 2 hops, tuned: every value a .kvp file
+ * can set away from its default, fixed: fixed slots (`segment = slots(32 tokens)`). */
+typedef struct glue_run {
+	int run, hops, tuned, fixed;
+	shape sh;
+} glue_run;
+
+/* The glue's configuration for run gr (what the .kvp file of that run would give). */
+static void glue_cfg(struct k_grace_cfg *c, const glue_run *gr)
+{
+	const int run = gr->run, hops = gr->hops, tuned = gr->tuned, fixed = gr->fixed;
+	const int32_t nq = GLUE_NQ, sinks = GLUE_SINKS;
+	k_grace_cfg_default(c);
+	c->budget = 40;
+	c->sinks = sinks;
+	c->recent = 8;
+	c->slot = 32;
+	c->floor = 1;
+	c->probe = nq;
+	c->hops = hops;
+	if (tuned) {
+		c->seg.min_len = 10;
+		c->seg.max_len = 40;
+		c->seg.cut = 1.5;
+		c->seg.length = 2.0;
+		c->seg.stability = 0.25;
+		c->seg.surprisal = 0.5;
+		c->seg.n_win = 2;
+		c->seg.win[0] = 3;
+		c->seg.win[1] = 6;
+		c->seg_fixed = fixed;
+		c->floor = 2;
+		c->floor_each = !(run == 4); /* `keep singletons 2 entries over all` */
+		c->count_mode = K_PROTO_COUNT_N;
+		c->smooth = 0.3;
+		c->lambda_z = 0.5;
+		c->lambda_m = 2.0;
+	}
+}
+
+/* What k_grace_apply reported (info) and kept (kv; ref: the store before it) for run gr:
+ * the prefix, the probes, segments starting at the prefix with lengths in range and a cut
+ * at the turn, the budget, the probed token kept bit for bit in every head. */
+static void glue_check_info(const struct k_grace_info *info, const rt_kv *kv,
+                            const rt_kv *ref, const glue_run *gr)
+{
+	const int tuned = gr->tuned, fixed = gr->fixed, LG = gr->sh.L * gr->sh.G, d = GLUE_D;
+	const int32_t n = GLUE_N, turn = GLUE_TURN, nq = GLUE_NQ, target = GLUE_TARGET;
+	const int32_t sinks = GLUE_SINKS;
+	ck_assert_int_eq(info->prefix, sinks);
+	ck_assert_int_eq(info->suffix, 0);
+	ck_assert_int_eq(info->used_trace, 1);
+	ck_assert_int_eq(info->n_probe, nq);
+	/* segments: start at the prefix, lengths in [slot/4, 2·slot] (tuned: [10, 40]), a
+	 * cut at the turn; fixed slots: none from the trace */
+	ck_assert_int_eq(info->n_seg, fixed ? 0 : info->n_seg);
+	ck_assert_int_ge(info->n_seg, fixed ? 0 : 2);
+	int cut_at_turn = fixed;
+	for (int k = 0; k < info->n_seg; k++) {
+		int32_t e = k + 1 < info->n_seg ? info->seg_start[k + 1] : n;
+		ck_assert_int_eq(info->seg_start[0], sinks);
+		ck_assert_int_ge(e - info->seg_start[k], tuned ? 10 : 8);
+		ck_assert_int_le(e - info->seg_start[k], tuned ? 40 : 64);
+		cut_at_turn |= info->seg_start[k] == turn;
+	}
+	ck_assert_msg(cut_at_turn, "no segment starts at the turn (position %d)", (int)turn);
+	/* the budget covers every entry: L·G·40 in all, the sinks among them */
+	ck_assert_int_eq(rt_kv_entries(kv), (int64_t)LG * 40);
+	ck_assert_int_eq(info->st.b_total, (int64_t)LG * (40 - sinks));
+	/* the probed token is the floor of every head, kept bit for bit */
+	for (int lg = 0; lg < LG; lg++) {
+		const rt_kv_head *h = &kv->heads[lg], *r = &ref->heads[lg];
+		int found = 0;
+		for (int32_t i = 0; i < h->n; i++)
+			found |= h->pos[i] == target && h->count[i] == 1.0f &&
+			         memcmp(h->k + (size_t)i * d, r->k + (size_t)target * d, d * sizeof(float)) == 0;
+		ck_assert_msg(found, "head %d lost the probed token", lg);
+		ck_assert_int_eq(h->pos[0], 0);
+		ck_assert_int_eq(h->pos[1], 1);
+	}
+}
+
+/* The oracle for run gr: the core (k_grace_compress) on the reference store ref with the
+ * input built here by hand from the same trace st (prefix = the sinks, segments from the
+ * sampled hidden states, the probes' queries), which must keep exactly what the glue
+ * kept in kv. */
+static void glue_oracle(rt_kv *ref, const rt_kv *kv, const syn_trace *st,
+                        const struct k_grace_info *info, const glue_run *gr)
+{
+	const int run = gr->run, hops = gr->hops, tuned = gr->tuned, fixed = gr->fixed;
+	const int L = gr->sh.L, G = gr->sh.G, R = gr->sh.R, LG = L * G, d = GLUE_D;
+	const int32_t n = GLUE_N, nq = GLUE_NQ, sinks = GLUE_SINKS;
+	rt_err err = {0};
+	struct k_segment_params sp;
+	k_segment_params_default(&sp);
+	sp.target_len = 32;
+	sp.min_len = tuned ? 10 : 8;
+	sp.max_len = tuned ? 40 : 64;
+	if (tuned) {
+		sp.cut = 1.5;
+		sp.length = 2.0;
+		sp.stability = 0.25;
+		sp.surprisal = 0.5;
+		sp.n_win = 2;
+		sp.win[0] = 3;
+		sp.win[1] = 6;
+	}
+	const int E = G * R * d;
+	const float *hl[2] = { st->hid + (size_t)sinks * E, st->hid + ((size_t)128 + sinks) * E };
+	double *work = malloc(k_segment_work(n, E, 2, 4) * sizeof(double));
+	int32_t seg[128];
+	float bound[128] = { 0 };
+	int32_t k = k_segment(&sp, n - sinks, E, 2, hl, st->sur + sinks, work, bound + sinks,
+	                             seg, &err);
+	ck_assert_int_eq(k, fixed ? k : info->n_seg);
+	for (int i = 0; i < k; i++) {
+		seg[i] += sinks;
+		ck_assert_int_eq(seg[i], fixed ? seg[i] : info->seg_start[i]);
+	}
+	float *pq = malloc((size_t)LG * nq * R * d * sizeof(float));
+	int32_t ppos[6];
+	for (int l = 0; l < L; l++)
+		for (int g = 0; g < G; g++)
+			for (int u = 0; u < nq; u++)
+				for (int r = 0; r < R; r++)
+					for (int i = 0; i < d; i++)
+						pq[((((size_t)l * G + g) * nq + u) * R + r) * d + i] =
+						        st->q_tail[(((size_t)l * KVP_TRACE_TAIL + (size_t)(n - nq + u)) * G * R +
+						                   (size_t)g * R + r) * d + i];
+	for (int u = 0; u < nq; u++)
+		ppos[u] = n - nq + u;
+	grace_t g;
+	ck_assert_int_eq(grace_init(&g, ref, 0, 1.0f, KVP_TRACE_TAIL, &err), 0);
+	struct k_grace_params gp;
+	k_grace_params_default(&gp);
+	gp.x = (double)LG * (n - sinks) / ((double)LG * (40 - sinks) + 0.5);
+	gp.recent = 8;
+	gp.floor = LG;
+	gp.floor_each = 1;
+	gp.seg_len = 32;
+	gp.key_mode = K_PROTO_KEY_POST;
+	gp.lambda_graph = hops > 1 ? 0.3 : 0.0;
+	gp.hops = hops - 1;
+	if (tuned) {
+		gp.floor = 2 * LG;
+		gp.floor_each = !(run == 4);
+		gp.count_mode = K_PROTO_COUNT_N;
+		gp.smooth = 0.3;
+		gp.lambda_z = 0.5;
+		gp.lambda_m = 2.0;
+	}
+	struct k_grace_input in = { 0 };
+	struct ref_hop rh = { st, ref };
+	if (hops > 1) {
+		in.hop_attn = ref_hop_row;
+		in.hop_user = &rh;
+	}
+	in.prefix = sinks;
+	in.seg_start = fixed ? NULL : seg;
+	in.n_seg = fixed ? 0 : k;
+	in.boundary = fixed ? NULL : bound;
+	in.probe_q = pq;
+	in.probe_pos = ppos;
+	in.n_probe = nq;
+	struct k_grace_stats gst;
+	ck_assert_msg(k_grace_compress(&g.k, ref, &gp, &in, &gst, &err) == 0, "%s", err.msg);
+	for (int lg = 0; lg < LG; lg++) {
+		const rt_kv_head *a = &kv->heads[lg], *b = &ref->heads[lg];
+		ck_assert_int_eq(a->n, b->n);
+		ck_assert_int_eq(memcmp(a->pos, b->pos, (size_t)a->n * sizeof(int32_t)), 0);
+		ck_assert_int_eq(memcmp(a->k, b->k, (size_t)a->n * d * sizeof(float)), 0);
+		ck_assert_int_eq(memcmp(a->v, b->v, (size_t)a->n * d * sizeof(float)), 0);
+		ck_assert_int_eq(memcmp(a->count, b->count, (size_t)a->n * sizeof(float)), 0);
+	}
+	grace_free(&g);
+	free(pq);
+	free(work);
+}
+
 START_TEST(test_glue_plumbing)
 {
 	/* The glue against the core called directly with an input built here by hand from
@@ -1083,11 +1266,10 @@ START_TEST(test_glue_plumbing)
 	/* runs 4 and 5: every value a .kvp file can set (segment, tree, add_split) away from
 	 * its default, on both sides; run 5 with fixed slots (`segment = slots(32 tokens)`) */
 	for (int run = 0; run < 6; run++) {
-		const int si = run % 2, hops = run < 2 || run > 3 ? 1 : 2, tuned = run >= 4;
-		const int fixed = run == 5;
-		const shape sh = shapes[si];
-		const int L = sh.L, G = sh.G, R = sh.R, LG = L * G, d = 16;
-		const int32_t n = 120, turn = 60, nq = 6, target = 30, sinks = 2;
+		const int si = run % 2;
+		const glue_run gr = { run, run < 2 || run > 3 ? 1 : 2, run >= 4, run == 5, shapes[si] };
+		const int L = gr.sh.L, G = gr.sh.G, R = gr.sh.R, LG = L * G, d = GLUE_D;
+		const int32_t n = GLUE_N;
 		rt_kv kv, ref;
 		make_store(&kv, L, G, R, d, d, n, 128, 70 + si);
 		make_store(&ref, L, G, R, d, d, n, 128, 70 + si);
@@ -1096,7 +1278,7 @@ START_TEST(test_glue_plumbing)
 				kv.heads[lg].span[i] = ref.heads[lg].span[i] = 0;
 		rng_seed(80 + si);
 		syn_trace st;
-		syn_trace_make(&st, &kv, n, turn, nq, target);
+		syn_trace_make(&st, &kv, n, GLUE_TURN, GLUE_NQ, GLUE_TARGET);
 		struct kvp_ctx ctx;
 		memset(&ctx, 0, sizeof ctx);
 		ctx.seen = n;
@@ -1104,153 +1286,14 @@ START_TEST(test_glue_plumbing)
 		ctx.prompt_done = 1;
 		ctx.trace = &st.tr;
 		struct k_grace_cfg c;
-		k_grace_cfg_default(&c);
-		c.budget = 40;
-		c.sinks = sinks;
-		c.recent = 8;
-		c.slot = 32;
-		c.floor = 1;
-		c.probe = nq;
-		c.hops = hops;
-		if (tuned) {
-			c.seg.min_len = 10;
-			c.seg.max_len = 40;
-			c.seg.cut = 1.5;
-			c.seg.length = 2.0;
-			c.seg.stability = 0.25;
-			c.seg.surprisal = 0.5;
-			c.seg.n_win = 2;
-			c.seg.win[0] = 3;
-			c.seg.win[1] = 6;
-			c.seg_fixed = fixed;
-			c.floor = 2;
-			c.floor_each = !(run == 4); /* `keep singletons 2 entries over all` */
-			c.count_mode = K_PROTO_COUNT_N;
-			c.smooth = 0.3;
-			c.lambda_z = 0.5;
-			c.lambda_m = 2.0;
-		}
+		glue_cfg(&c, &gr);
 		size_t len = k_grace_apply_bytes(&kv);
 		void *mem = scratch_new(len);
 		struct k_grace_info info;
 		rt_err err = {0};
 		ck_assert_msg(k_grace_apply(&ctx, &kv, &c, mem, len, &info, &err) == 0, "%s", err.msg);
-		ck_assert_int_eq(info.prefix, sinks);
-		ck_assert_int_eq(info.suffix, 0);
-		ck_assert_int_eq(info.used_trace, 1);
-		ck_assert_int_eq(info.n_probe, nq);
-		/* segments: start at the prefix, lengths in [slot/4, 2·slot] (tuned: [10, 40]), a
-		 * cut at the turn; fixed slots: none from the trace */
-		ck_assert_int_eq(info.n_seg, fixed ? 0 : info.n_seg);
-		ck_assert_int_ge(info.n_seg, fixed ? 0 : 2);
-		int cut_at_turn = fixed;
-		for (int k = 0; k < info.n_seg; k++) {
-			int32_t e = k + 1 < info.n_seg ? info.seg_start[k + 1] : n;
-			ck_assert_int_eq(info.seg_start[0], sinks);
-			ck_assert_int_ge(e - info.seg_start[k], tuned ? 10 : 8);
-			ck_assert_int_le(e - info.seg_start[k], tuned ? 40 : 64);
-			cut_at_turn |= info.seg_start[k] == turn;
-		}
-		ck_assert_msg(cut_at_turn, "no segment starts at the turn (position %d)", (int)turn);
-		/* the budget covers every entry: L·G·40 in all, the sinks among them */
-		ck_assert_int_eq(rt_kv_entries(&kv), (int64_t)LG * 40);
-		ck_assert_int_eq(info.st.b_total, (int64_t)LG * (40 - sinks));
-		/* the probed token is the floor of every head, kept bit for bit */
-		for (int lg = 0; lg < LG; lg++) {
-			const rt_kv_head *h = &kv.heads[lg], *r = &ref.heads[lg];
-			int found = 0;
-			for (int32_t i = 0; i < h->n; i++)
-				found |= h->pos[i] == target && h->count[i] == 1.0f &&
-				         memcmp(h->k + (size_t)i * d, r->k + (size_t)target * d, d * sizeof(float)) == 0;
-			ck_assert_msg(found, "head %d lost the probed token", lg);
-			ck_assert_int_eq(h->pos[0], 0);
-			ck_assert_int_eq(h->pos[1], 1);
-		}
-		/* oracle: the core on the reference store with the input built here */
-		struct k_segment_params sp;
-		k_segment_params_default(&sp);
-		sp.target_len = 32;
-		sp.min_len = tuned ? 10 : 8;
-		sp.max_len = tuned ? 40 : 64;
-		if (tuned) {
-			sp.cut = 1.5;
-			sp.length = 2.0;
-			sp.stability = 0.25;
-			sp.surprisal = 0.5;
-			sp.n_win = 2;
-			sp.win[0] = 3;
-			sp.win[1] = 6;
-		}
-		const int E = G * R * d;
-		const float *hl[2] = { st.hid + (size_t)sinks * E, st.hid + ((size_t)128 + sinks) * E };
-		double *work = malloc(k_segment_work(n, E, 2, 4) * sizeof(double));
-		int32_t seg[128];
-		float bound[128] = { 0 };
-		int32_t k = k_segment(&sp, n - sinks, E, 2, hl, st.sur + sinks, work, bound + sinks,
-		                             seg, &err);
-		ck_assert_int_eq(k, fixed ? k : info.n_seg);
-		for (int i = 0; i < k; i++) {
-			seg[i] += sinks;
-			ck_assert_int_eq(seg[i], fixed ? seg[i] : info.seg_start[i]);
-		}
-		float *pq = malloc((size_t)LG * nq * R * d * sizeof(float));
-		int32_t ppos[6];
-		for (int l = 0; l < L; l++)
-			for (int g = 0; g < G; g++)
-				for (int u = 0; u < nq; u++)
-					for (int r = 0; r < R; r++)
-						for (int i = 0; i < d; i++)
-							pq[((((size_t)l * G + g) * nq + u) * R + r) * d + i] =
-							        st.q_tail[(((size_t)l * KVP_TRACE_TAIL + (size_t)(n - nq + u)) * G * R +
-							                   (size_t)g * R + r) * d + i];
-		for (int u = 0; u < nq; u++)
-			ppos[u] = n - nq + u;
-		grace_t g;
-		ck_assert_int_eq(grace_init(&g, &ref, 0, 1.0f, KVP_TRACE_TAIL, &err), 0);
-		struct k_grace_params gp;
-		k_grace_params_default(&gp);
-		gp.x = (double)LG * (n - sinks) / ((double)LG * (40 - sinks) + 0.5);
-		gp.recent = 8;
-		gp.floor = LG;
-		gp.floor_each = 1;
-		gp.seg_len = 32;
-		gp.key_mode = K_PROTO_KEY_POST;
-		gp.lambda_graph = hops > 1 ? 0.3 : 0.0;
-		gp.hops = hops - 1;
-		if (tuned) {
-			gp.floor = 2 * LG;
-			gp.floor_each = !(run == 4);
-			gp.count_mode = K_PROTO_COUNT_N;
-			gp.smooth = 0.3;
-			gp.lambda_z = 0.5;
-			gp.lambda_m = 2.0;
-		}
-		struct k_grace_input in = { 0 };
-		struct ref_hop rh = { &st, &ref };
-		if (hops > 1) {
-			in.hop_attn = ref_hop_row;
-			in.hop_user = &rh;
-		}
-		in.prefix = sinks;
-		in.seg_start = fixed ? NULL : seg;
-		in.n_seg = fixed ? 0 : k;
-		in.boundary = fixed ? NULL : bound;
-		in.probe_q = pq;
-		in.probe_pos = ppos;
-		in.n_probe = nq;
-		struct k_grace_stats gst;
-		ck_assert_msg(k_grace_compress(&g.k, &ref, &gp, &in, &gst, &err) == 0, "%s", err.msg);
-		for (int lg = 0; lg < LG; lg++) {
-			const rt_kv_head *a = &kv.heads[lg], *b = &ref.heads[lg];
-			ck_assert_int_eq(a->n, b->n);
-			ck_assert_int_eq(memcmp(a->pos, b->pos, (size_t)a->n * sizeof(int32_t)), 0);
-			ck_assert_int_eq(memcmp(a->k, b->k, (size_t)a->n * d * sizeof(float)), 0);
-			ck_assert_int_eq(memcmp(a->v, b->v, (size_t)a->n * d * sizeof(float)), 0);
-			ck_assert_int_eq(memcmp(a->count, b->count, (size_t)a->n * sizeof(float)), 0);
-		}
-		grace_free(&g);
-		free(pq);
-		free(work);
+		glue_check_info(&info, &kv, &ref, &gr);
+		glue_oracle(&ref, &kv, &st, &info, &gr);
 		free(mem);
 		syn_trace_free(&st);
 		rt_kv_free(&ref);
