@@ -160,6 +160,98 @@ START_TEST(test_kernels_vs_dequantised_and_scalar)
 }
 END_TEST
 
+/* The rows kernels (several weight rows per call): each of nr = 1..RT_DOT_ROWS rows gives
+ * the bits of the same level's one-row dot (rt_matmul's results must not depend on how the
+ * rows were grouped) and agrees with the scalar kernel as above. Lengths: one block, an
+ * odd count below 16 (3), 16 + 1, 16 + 2 (576), 3·16 (1536) and 2·16 + 3 blocks; the rows
+ * sit back to back in a buffer of exactly their size (ASan: no read past the last row). */
+START_TEST(test_rows_kernels)
+{
+	static const int lens[] = { 32, 96, 544, 576, 1536, 1120 };
+	const uint32_t t = types[_i];
+	g_rng = 4242 + (uint32_t)_i;
+	for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+		const int n = lens[li];
+		if (n % rt_quant_block_values(t))
+			continue;
+		const size_t rb = rt_quant_row_bytes(t, n);
+		uint8_t *w = malloc(rb * RT_DOT_ROWS);
+		float *x = malloc(sizeof(float) * (size_t)n);
+		void *xa = aligned_alloc(64, rt_dot_act_bytes(t, n));
+		for (int r = 0; r < RT_DOT_ROWS; r++)
+			random_row(t, w + rb * r, n);
+		for (int i = 0; i < n; i++)
+			x[i] = urand(-1.0f, 1.0f) * (rnd() % 97 == 0 ? 20.0f : 1.0f);
+		const rt_dot_kernel *ks = rt_dot_kernel_get(t, RT_ISA_SCALAR);
+		ks->quant(x, xa, n);
+		for (int isa = RT_ISA_SCALAR; isa <= rt_dot_isa_best(); isa++) {
+			const rt_dot_kernel *k = rt_dot_kernel_get(t, isa);
+			if (!k->rows)
+				continue;
+			for (int nr = 1; nr <= RT_DOT_ROWS; nr++) {
+				float out[RT_DOT_ROWS];
+				const int r0 = RT_DOT_ROWS - nr; /* the last nr rows: the buffer's end */
+				k->rows(w + rb * r0, rb, xa, n, nr, out);
+				for (int r = 0; r < nr; r++) {
+					const uint8_t *wr = w + rb * (r0 + r);
+					const float one = k->dot(wr, xa, n), vs = ks->dot(wr, xa, n);
+					ck_assert_msg(memcmp(&out[r], &one, sizeof one) == 0,
+					              "type %u n %d %s nr %d row %d: %.9g vs dot %.9g", t, n,
+					              rt_dot_isa_name(isa), nr, r, out[r], one);
+					double mag = 0.0;
+					float *wf = malloc(sizeof(float) * (size_t)n);
+					rt_dequant(t, wr, wf, n);
+					for (int i = 0; i < n; i++)
+						mag += fabs((double)wf[i] * x[i]);
+					free(wf);
+					ck_assert_msg(fabs(out[r] - vs) <= 1e-5 * mag + 1e-30,
+					              "type %u n %d %s nr %d: %.9g vs scalar %.9g", t, n,
+					              rt_dot_isa_name(isa), nr, out[r], vs);
+				}
+			}
+		}
+		free(w), free(x), free(xa);
+	}
+}
+END_TEST
+
+/* Every level's activation quantiser writes the scalar one's bytes: random blocks with
+ * outliers, exact halves (x·(1/d) = k + 1/2 must round away from zero, as roundf does), a
+ * zero block, one below the smallest scale, and blocks holding a NaN or an infinity. */
+START_TEST(test_quant_levels_agree)
+{
+	enum { NB = 12, N = NB * 32 };
+	g_rng = 31337;
+	float x[N];
+	for (int rep = 0; rep < 50; rep++) {
+		for (int i = 0; i < N; i++)
+			x[i] = urand(-1.0f, 1.0f) * (rnd() % 13 == 0 ? 40.0f : 1.0f);
+		for (int j = 0; j < 32; j++) /* block 1: amax 127, so d = 1 and x / d = x */
+			x[32 + j] = j == 0 ? 127.0f : (float)((int)(rnd() % 200) - 100) + 0.5f;
+		for (int j = 0; j < 32; j++) {
+			x[64 + j] = 0.0f;         /* block 2: zeros */
+			x[96 + j] *= 1e-37f;      /* block 3: below the smallest scale */
+		}
+		x[128 + rnd() % 32] = NAN;        /* block 4 */
+		x[160 + rnd() % 32] = -INFINITY;  /* block 5 */
+		for (size_t ti = 0; ti < 3; ti++) {
+			const uint32_t t = ti == 0 ? RT_GGML_Q4_0 : ti == 1 ? RT_GGML_Q4_1 : RT_GGML_Q8_0;
+			const size_t bytes = rt_dot_act_bytes(t, N);
+			uint8_t *ref = aligned_alloc(64, bytes), *got = aligned_alloc(64, bytes);
+			memset(ref, 0, bytes);
+			rt_dot_kernel_get(t, RT_ISA_SCALAR)->quant(x, ref, N);
+			for (int isa = RT_ISA_AVX2; isa <= rt_dot_isa_best(); isa++) {
+				memset(got, 0, bytes);
+				rt_dot_kernel_get(t, isa)->quant(x, got, N);
+				ck_assert_msg(memcmp(ref, got, bytes) == 0, "type %u %s: quantised bytes differ", t,
+				              rt_dot_isa_name(isa));
+			}
+			free(ref), free(got);
+		}
+	}
+}
+END_TEST
+
 /* One Q4_1 block by hand: d = 0.5, m = -1, nibble j = j % 16; x = 0.25 for values 0..15
  * and 2 for 16..31 (so the activation scale is 2/127 and the codes are round(15.875) = 16
  * and 127): dequantised w_j = 0.5·(j % 16) - 1, Σ_{j<16} (0.5j - 1) = 44, so
@@ -368,6 +460,8 @@ static Suite *dot_suite(void)
 	TCase *tc = tcase_create("core");
 	tcase_set_timeout(tc, 30);
 	tcase_add_loop_test(tc, test_kernels_vs_dequantised_and_scalar, 0, N_TYPES);
+	tcase_add_loop_test(tc, test_rows_kernels, 0, N_TYPES);
+	tcase_add_test(tc, test_quant_levels_agree);
 	tcase_add_test(tc, test_q4_1_hand);
 	tcase_add_test(tc, test_kvattn_vs_decoded_rows);
 	tcase_add_test(tc, test_unsupported);

@@ -81,35 +81,38 @@ static int block_not_finite(const float *x, int n)
  * x·(127/amax) stay within ±127. */
 #define TINY_AMAX (128.0f * FLT_MIN)
 
-/* Q8_0/Q8_1 blocks of 32: d = max|x|/127, q = round(x/d), s = d·Σq (quantize_row_q8_1). */
+/* One Q8_0/Q8_1 block of 32: d = max|x|/127, q = round(x/d), s = d·Σq (quantize_row_q8_1). */
+static void q8b_block(const float *xb, float *d, float *s, int8_t *q)
+{
+	if (block_not_finite(xb, QK)) {
+		*d = *s = NAN;
+		memset(q, 0, QK);
+		return;
+	}
+	float amax = 0.0f;
+	for (int j = 0; j < QK; j++)
+		amax = fmaxf(amax, fabsf(xb[j]));
+	/* A block whose largest value is below TINY_AMAX is stored as zeros: its scale would
+	 * be subnormal and 1/scale infinite, and 0·inf is NaN (a crafted GGUF found it). */
+	const float db = amax < TINY_AMAX ? 0.0f : amax / 127.0f;
+	const float id = db != 0.0f ? 1.0f / db : 0.0f;
+	int sum = 0;
+	for (int j = 0; j < QK; j++) {
+		const int v = (int)roundf(xb[j] * id);
+		q[j] = (int8_t)v;
+		sum += v;
+	}
+	*d = db;
+	*s = db * (float)sum;
+}
+
 static void quant_q8b(const float *x, void *xa, int n)
 {
 	const int nb = n / QK;
 	float *d = xa, *s = d + nb;
 	int8_t *q = (int8_t *)xa + q8b_codes_off(n);
-	for (int b = 0; b < nb; b++) {
-		const float *xb = x + (size_t)b * QK;
-		if (block_not_finite(xb, QK)) {
-			d[b] = s[b] = NAN;
-			memset(q + b * QK, 0, QK);
-			continue;
-		}
-		float amax = 0.0f;
-		for (int j = 0; j < QK; j++)
-			amax = fmaxf(amax, fabsf(xb[j]));
-		/* A block whose largest value is below TINY_AMAX is stored as zeros: its scale would
-		 * be subnormal and 1/scale infinite, and 0·inf is NaN (a crafted GGUF found it). */
-		const float db = amax < TINY_AMAX ? 0.0f : amax / 127.0f;
-		const float id = db != 0.0f ? 1.0f / db : 0.0f;
-		int sum = 0;
-		for (int j = 0; j < QK; j++) {
-			const int v = (int)roundf(xb[j] * id);
-			q[b * QK + j] = (int8_t)v;
-			sum += v;
-		}
-		d[b] = db;
-		s[b] = db * (float)sum;
-	}
+	for (int b = 0; b < nb; b++)
+		q8b_block(x + (size_t)b * QK, d + b, s + b, q + (size_t)b * QK);
 }
 
 /* Q8_K blocks of 256 (quantize_row_q8_K_ref): d = max/-127 for the signed value of largest
@@ -522,106 +525,41 @@ AVX2_ATTR static float dot_f32_avx2(const void *wv, const void *xa, int n)
 
 #define AVX512_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
-/* the nibbles of two blocks' 16-byte runs p0, p1 as 64 bytes: p0 low, p0 high, p1 low,
- * p1 high (each 16 values 0..15) */
-AVX512_ATTR static inline __m512i nibbles2_avx512(const uint8_t *p0, const uint8_t *p1)
+/* quant_q8b in AVX-512, bit for bit: the same scale (amax/127 in f32), the same products
+ * x·(1/d) and roundf's halves away from zero, as trunc(t) + sign(t) where |t - trunc(t)| >=
+ * 1/2 (t - trunc(t) is exact for |t| < 2^23). Blocks that are not finite or below
+ * TINY_AMAX take the scalar code. */
+AVX512_ATTR static void quant_q8b_avx512(const float *x, void *xa, int n)
 {
-	const __m256i raw = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)p1),
-	                                     _mm_loadu_si128((const __m128i *)p0));
-	const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
-	/* lanes [p0, p1, p0>>4, p1>>4] -> [p0, p0>>4, p1, p1>>4] */
-	return _mm512_and_si512(_mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0)),
-	                        _mm512_set1_epi8(0x0F));
-}
-
-/* scale a for lanes 0..7 and b for lanes 8..15 */
-AVX512_ATTR static inline __m512 pair_scale(float a, float b)
-{
-	return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
-}
-
-AVX512_ATTR static float dot_q4_0_avx512(const void *wv, const void *xa, int n)
-{
-	const uint8_t *w = wv;
 	const int nb = n / QK;
-	const float *d = xa, *s = d + nb;
-	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
-	__m512 acc = _mm512_setzero_ps();
-	float corr = 0.0f;
-	int b = 0;
-	for (; b + 2 <= nb; b += 2, w += 36) {
-		const __m512i y = _mm512_loadu_si512((const void *)(q + (size_t)b * QK));
-		const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles2_avx512(w + 2, w + 20), y);
-		const float d0 = f16_avx2(w), d1 = f16_avx2(w + 18);
-		acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), pair_scale(d0 * d[b], d1 * d[b + 1]), acc);
-		corr += d0 * s[b] + d1 * s[b + 1];
+	float *d = xa, *s = d + nb;
+	int8_t *q = (int8_t *)xa + q8b_codes_off(n);
+	const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+	for (int b = 0; b < nb; b++) {
+		const float *xb = x + (size_t)b * QK;
+		const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+		const __m512 z0 = _mm512_mul_ps(x0, _mm512_setzero_ps()), z1 = _mm512_mul_ps(x1, _mm512_setzero_ps());
+		const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+		if (_mm512_cmp_ps_mask(z0, z1, _CMP_UNORD_Q) || amax < TINY_AMAX) {
+			q8b_block(xb, d + b, s + b, q + (size_t)b * QK);
+			continue;
+		}
+		const float db = amax / 127.0f;
+		const __m512 id = _mm512_set1_ps(1.0f / db);
+		__m512i v[2];
+		const __m512 xs[2] = { x0, x1 };
+		for (int h = 0; h < 2; h++) {
+			const __m512 t = _mm512_mul_ps(xs[h], id);
+			const __m512 tr = _mm512_roundscale_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+			const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(t, tr)), half, _CMP_GE_OQ);
+			const __m512 r = _mm512_mask_add_ps(tr, up, tr, _mm512_or_ps(one, _mm512_and_ps(t, _mm512_set1_ps(-0.0f))));
+			v[h] = _mm512_cvtps_epi32(r);
+			_mm_storeu_si128((__m128i *)(q + (size_t)b * QK + 16 * h), _mm512_cvtepi32_epi8(v[h]));
+		}
+		const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(v[0], v[1]));
+		d[b] = db;
+		s[b] = db * (float)sum;
 	}
-	float sum = _mm512_reduce_add_ps(acc);
-	if (b < nb) {
-		const __m256i y = _mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK));
-		const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles_avx2(w + 2), y);
-		const float dw = f16_avx2(w);
-		sum += dw * d[b] * (float)hsum256_i32(p);
-		corr += dw * s[b];
-	}
-	return sum - 8.0f * corr;
-}
-
-AVX512_ATTR static float dot_q4_1_avx512(const void *wv, const void *xa, int n)
-{
-	const uint8_t *w = wv;
-	const int nb = n / QK;
-	const float *d = xa, *s = d + nb;
-	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
-	__m512 acc = _mm512_setzero_ps();
-	float mins = 0.0f;
-	int b = 0;
-	for (; b + 2 <= nb; b += 2, w += 40) {
-		const __m512i y = _mm512_loadu_si512((const void *)(q + (size_t)b * QK));
-		const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), nibbles2_avx512(w + 4, w + 24), y);
-		acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-		                      pair_scale(f16_avx2(w) * d[b], f16_avx2(w + 20) * d[b + 1]), acc);
-		mins += f16_avx2(w + 2) * s[b] + f16_avx2(w + 22) * s[b + 1];
-	}
-	float sum = _mm512_reduce_add_ps(acc);
-	if (b < nb) {
-		const __m256i y = _mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK));
-		const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), nibbles_avx2(w + 4), y);
-		sum += f16_avx2(w) * d[b] * (float)hsum256_i32(p);
-		mins += f16_avx2(w + 2) * s[b];
-	}
-	return sum + mins;
-}
-
-AVX512_ATTR static float dot_q8_0_avx512(const void *wv, const void *xa, int n)
-{
-	const uint8_t *w = wv;
-	const int nb = n / QK;
-	const float *d = xa;
-	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
-	const __m512i zero = _mm512_setzero_si512();
-	__m512 acc = _mm512_setzero_ps();
-	int b = 0;
-	for (; b + 2 <= nb; b += 2, w += 68) {
-		const __m256i x0 = _mm256_loadu_si256((const __m256i *)(w + 2));
-		const __m256i x1 = _mm256_loadu_si256((const __m256i *)(w + 36));
-		const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(x0), x1, 1);
-		const __m512i y = _mm512_loadu_si512((const void *)(q + (size_t)b * QK));
-		const __mmask64 neg = _mm512_movepi8_mask(x);
-		const __m512i sy = _mm512_mask_sub_epi8(y, neg, zero, y);
-		const __m512i p = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(x), sy);
-		acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p),
-		                      pair_scale(f16_avx2(w) * d[b], f16_avx2(w + 34) * d[b + 1]), acc);
-	}
-	float sum = _mm512_reduce_add_ps(acc);
-	if (b < nb) {
-		const __m256i x = _mm256_loadu_si256((const __m256i *)(w + 2));
-		const __m256i y = _mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK));
-		const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(x, x),
-		                                      _mm256_sign_epi8(y, x));
-		sum += f16_avx2(w) * d[b] * (float)hsum256_i32(p);
-	}
-	return sum;
 }
 
 AVX512_ATTR static float dot_f16_avx512(const void *wv, const void *xa, int n)
@@ -660,18 +598,207 @@ AVX512_ATTR static float dot_f32_avx512(const void *wv, const void *xa, int n)
 	return sum;
 }
 
+/* ---- AVX-512 rows: the legacy formats, up to RT_DOT_ROWS weight rows per call --------
+ * A decode matvec calls one kernel per output; these share each activation load among
+ * R rows (R = 1..4, a compile-time constant of each instantiation) and handle the f32
+ * scales 16 blocks at a time: one 32-bit gather per row and group reads every block's
+ * first word (d, and for Q4_1 m, which follows it), _mm512_cvtph_ps converts the 16
+ * half-words at once, the products dw·dx are formed as a vector, and each step picks the
+ * two scales it needs with one permute. The Q4 mins (Σ m·s, and Q4_0's -8·Σ d·s) are one
+ * vector FMA per group. A row's operations do not depend on R, so a row gives the same
+ * bits whichever R computed it (rt_matmul relies on it: results do not depend on the
+ * thread count). */
+
+/* the 16 words at w + stride·j (j < 16, lanes outside mask m zero) as f32: the low
+ * half-words in *lo, the high ones in *hi (NULL: not wanted) */
+AVX512_ATTR static inline void f16_gather16(const uint8_t *w, int stride, __mmask16 m, __m512 *lo,
+                                            __m512 *hi)
+{
+	const __m512i offs = _mm512_mullo_epi32(
+		_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(stride));
+	const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offs, w, 1);
+	*lo = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+	if (hi)
+		*hi = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+}
+
+/* mask of the first k (0..16) lanes */
+static inline __mmask16 first_lanes(int k)
+{
+	return (__mmask16)((1u << k) - 1u);
+}
+
+/* nibbles of two 4-bit blocks' 16-byte runs p0, p1 as [p0 lo, p1 lo, p0 hi, p1 hi] (p1
+ * NULL: zeros); pairs with activation codes in that order (y_q4_order) */
+AVX512_ATTR static inline __m512i nib_pair(const uint8_t *p0, const uint8_t *p1)
+{
+	const __m128i a = _mm_loadu_si128((const __m128i *)p0);
+	const __m256i raw = p1 ? _mm256_inserti128_si256(_mm256_castsi128_si256(a),
+	                                                 _mm_loadu_si128((const __m128i *)p1), 1)
+	                       : _mm256_zextsi128_si256(a);
+	const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1);
+	return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+}
+
+/* activation codes of blocks b, b+1 (one: the second zero) as [b lo, b+1 lo, b hi, b+1 hi] */
+AVX512_ATTR static inline __m512i y_q4_order(const int8_t *q, int two)
+{
+	const __m512i y = two ? _mm512_loadu_si512((const void *)q)
+	                      : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
+	return _mm512_shuffle_i64x2(y, y, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+/* Q4_0 (bb 18, codes at 2, mins -8·d) and Q4_1 (bb 20, codes at 4, mins m) over R rows */
+AVX512_ATTR static inline void q4_rows_avx512(const uint8_t *w, size_t rb, const void *xa, int n,
+                                              float *out, const int R, const int q41)
+{
+	const int bb = q41 ? 20 : 18, co = q41 ? 4 : 2;
+	const int nb = n / QK;
+	const float *d = xa, *s = d + nb;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	/* int32 lanes of a pair's product: 0-3 and 8-11 block b, 4-7 and 12-15 block b+1 */
+	const __m512i pidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+	__m512 acc[RT_DOT_ROWS];
+	_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+		acc[r] = _mm512_setzero_ps();
+	for (int b0 = 0; b0 < nb; b0 += 16) {
+		const int ng = nb - b0 < 16 ? nb - b0 : 16;
+		const __mmask16 m = first_lanes(ng);
+		const __m512 dx = _mm512_maskz_loadu_ps(m, d + b0);
+		const __m512 sx = q41 ? _mm512_maskz_loadu_ps(m, s + b0)
+		                      : _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + b0), _mm512_set1_ps(-8.0f));
+		__m512 dd[RT_DOT_ROWS];
+		_Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+			__m512 dw, mw;
+			f16_gather16(w + r * rb + (size_t)b0 * bb, bb, m, &dw, q41 ? &mw : NULL);
+			dd[r] = _mm512_mul_ps(dw, dx);
+			acc[r] = _mm512_fmadd_ps(q41 ? mw : dw, sx, acc[r]);
+		}
+		__m512i idx = pidx;
+		for (int k = 0; k < ng; k += 2) {
+			const int b = b0 + k, two = k + 1 < ng;
+			const __m512i y = y_q4_order(q + (size_t)b * QK, two);
+			_Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+				const uint8_t *p = w + r * rb + (size_t)b * bb + co;
+				_mm_prefetch((const char *)((uintptr_t)p + R * rb), _MM_HINT_T0);
+				const __m512i pr = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+				                                       nib_pair(p, two ? p + bb : NULL), y);
+				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pr), _mm512_permutexvar_ps(idx, dd[r]), acc[r]);
+			}
+			idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2));
+		}
+	}
+	_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+		out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+/* Q8_0 over R rows: signed codes, the sign moved onto the activations (dpbusd takes one
+ * unsigned operand) */
+AVX512_ATTR static inline void q8_0_rows_avx512(const uint8_t *w, size_t rb, const void *xa, int n,
+                                                float *out, const int R)
+{
+	const int nb = n / QK;
+	const float *d = xa;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	const __m512i zero = _mm512_setzero_si512();
+	/* int32 lanes of a pair's product: 0-7 block b, 8-15 block b+1 */
+	const __m512i pidx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+	__m512 acc[RT_DOT_ROWS];
+	_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+		acc[r] = _mm512_setzero_ps();
+	for (int b0 = 0; b0 < nb; b0 += 16) {
+		const int ng = nb - b0 < 16 ? nb - b0 : 16;
+		const __mmask16 m = first_lanes(ng);
+		const __m512 dx = _mm512_maskz_loadu_ps(m, d + b0);
+		__m512 dd[RT_DOT_ROWS];
+		_Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+			__m512 dw;
+			f16_gather16(w + r * rb + (size_t)b0 * 34, 34, m, &dw, NULL);
+			dd[r] = _mm512_mul_ps(dw, dx);
+		}
+		__m512i idx = pidx;
+		for (int k = 0; k < ng; k += 2) {
+			const int b = b0 + k, two = k + 1 < ng;
+			const __m512i y = two ? _mm512_loadu_si512((const void *)(q + (size_t)b * QK))
+			                      : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK)));
+			_Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {
+				const uint8_t *p = w + r * rb + (size_t)b * 34 + 2;
+				_mm_prefetch((const char *)((uintptr_t)p + R * rb), _MM_HINT_T0);
+				const __m256i x0 = _mm256_loadu_si256((const __m256i *)p);
+				const __m512i x = two ? _mm512_inserti64x4(_mm512_castsi256_si512(x0),
+				                                           _mm256_loadu_si256((const __m256i *)(p + 34)), 1)
+				                      : _mm512_zextsi256_si512(x0);
+				const __m512i sy = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(x), zero, y);
+				const __m512i pr = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(x), sy);
+				acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(pr), _mm512_permutexvar_ps(idx, dd[r]), acc[r]);
+			}
+			idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2));
+		}
+	}
+	_Pragma("GCC unroll 4") for (int r = 0; r < R; r++)
+		out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+AVX512_ATTR static void rows_q4_0_avx512(const void *w, size_t rb, const void *xa, int n, int nr, float *out)
+{
+	if (nr == RT_DOT_ROWS)
+		q4_rows_avx512(w, rb, xa, n, out, RT_DOT_ROWS, 0);
+	else
+		for (int r = 0; r < nr; r++)
+			q4_rows_avx512((const uint8_t *)w + r * rb, rb, xa, n, out + r, 1, 0);
+}
+
+AVX512_ATTR static void rows_q4_1_avx512(const void *w, size_t rb, const void *xa, int n, int nr, float *out)
+{
+	if (nr == RT_DOT_ROWS)
+		q4_rows_avx512(w, rb, xa, n, out, RT_DOT_ROWS, 1);
+	else
+		for (int r = 0; r < nr; r++)
+			q4_rows_avx512((const uint8_t *)w + r * rb, rb, xa, n, out + r, 1, 1);
+}
+
+AVX512_ATTR static void rows_q8_0_avx512(const void *w, size_t rb, const void *xa, int n, int nr, float *out)
+{
+	if (nr == RT_DOT_ROWS)
+		q8_0_rows_avx512(w, rb, xa, n, out, RT_DOT_ROWS);
+	else
+		for (int r = 0; r < nr; r++)
+			q8_0_rows_avx512((const uint8_t *)w + r * rb, rb, xa, n, out + r, 1);
+}
+
+AVX512_ATTR static float dot_q4_0_avx512(const void *w, const void *xa, int n)
+{
+	float v;
+	q4_rows_avx512(w, 0, xa, n, &v, 1, 0);
+	return v;
+}
+
+AVX512_ATTR static float dot_q4_1_avx512(const void *w, const void *xa, int n)
+{
+	float v;
+	q4_rows_avx512(w, 0, xa, n, &v, 1, 1);
+	return v;
+}
+
+AVX512_ATTR static float dot_q8_0_avx512(const void *w, const void *xa, int n)
+{
+	float v;
+	q8_0_rows_avx512(w, 0, xa, n, &v, 1);
+	return v;
+}
+
 /* ---- dispatch ------------------------------------------------------------------------ */
 
 static const rt_dot_kernel kernels[][3] = {
 	{ { RT_GGML_Q4_0, QK, RT_ISA_SCALAR, quant_q8b, dot_q4_0_scalar },
 	  { RT_GGML_Q4_0, QK, RT_ISA_AVX2, quant_q8b, dot_q4_0_avx2 },
-	  { RT_GGML_Q4_0, QK, RT_ISA_AVX512, quant_q8b, dot_q4_0_avx512 } },
+	  { RT_GGML_Q4_0, QK, RT_ISA_AVX512, quant_q8b_avx512, dot_q4_0_avx512, rows_q4_0_avx512 } },
 	{ { RT_GGML_Q4_1, QK, RT_ISA_SCALAR, quant_q8b, dot_q4_1_scalar },
 	  { RT_GGML_Q4_1, QK, RT_ISA_AVX2, quant_q8b, dot_q4_1_avx2 },
-	  { RT_GGML_Q4_1, QK, RT_ISA_AVX512, quant_q8b, dot_q4_1_avx512 } },
+	  { RT_GGML_Q4_1, QK, RT_ISA_AVX512, quant_q8b_avx512, dot_q4_1_avx512, rows_q4_1_avx512 } },
 	{ { RT_GGML_Q8_0, QK, RT_ISA_SCALAR, quant_q8b, dot_q8_0_scalar },
 	  { RT_GGML_Q8_0, QK, RT_ISA_AVX2, quant_q8b, dot_q8_0_avx2 },
-	  { RT_GGML_Q8_0, QK, RT_ISA_AVX512, quant_q8b, dot_q8_0_avx512 } },
+	  { RT_GGML_Q8_0, QK, RT_ISA_AVX512, quant_q8b_avx512, dot_q8_0_avx512, rows_q8_0_avx512 } },
 	{ { RT_GGML_Q4_K, QK_K, RT_ISA_SCALAR, quant_q8k, dot_q4_k_scalar },
 	  { RT_GGML_Q4_K, QK_K, RT_ISA_AVX2, quant_q8k, dot_q4_k_avx2 },
 	  { RT_GGML_Q4_K, QK_K, RT_ISA_AVX512, quant_q8k, dot_q4_k_avx2 } },

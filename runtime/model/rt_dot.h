@@ -24,7 +24,9 @@
  * AVX-512 (F, BW, VL, VNNI) versions, compiled with target attributes in this one file
  * and chosen at run time from CPUID (rt_dot_isa_best). At the AVX-512 level the legacy
  * formats (Q4_0, Q4_1, Q8_0) and F16/F32 take 512-bit VNNI code (two blocks per step);
- * the K-quants (Q4_K, Q6_K) run their AVX2 code there. A CPU with AVX-512 but without
+ * the legacy ones also have a rows kernel (up to RT_DOT_ROWS weight rows per call sharing
+ * the activation loads, the weight scales gathered and converted 16 blocks at a time,
+ * for decode's matrix-vector products); the K-quants (Q4_K, Q6_K) run their AVX2 code there. A CPU with AVX-512 but without
  * VNNI (Skylake-X) runs the AVX2 level. Integer block sums are exact in every version; the versions differ
  * only in the order of the f32 additions across blocks.
  */
@@ -52,12 +54,22 @@ typedef float (*rt_dot_fn)(const void *w, const void *xa, int n);
 /* Quantise x[n] into the activation buffer xa (rt_dot_act_bytes bytes). */
 typedef void (*rt_dot_quant_fn)(const float *x, void *xa, int n);
 
+/* Rows kept together by a rows kernel (rt_dot_rows_fn). */
+#define RT_DOT_ROWS 4
+
+/* Dots of nr (1..RT_DOT_ROWS) consecutive weight rows, row r at w + r·row_bytes, with one
+ * activation row xa: out[r] = Σ_i w_r,i·x_i, each bit for bit the value the kernel's dot
+ * returns for that row alone (the rows only share the activation loads). */
+typedef void (*rt_dot_rows_fn)(const void *w, size_t row_bytes, const void *xa, int n, int nr,
+                               float *out);
+
 typedef struct rt_dot_kernel {
 	uint32_t wtype;          /* GGUF weight type */
 	int block;               /* values per activation block (1 for F16/F32) */
 	int isa;                 /* the level this kernel was compiled for */
 	rt_dot_quant_fn quant;   /* activation preparation (F16/F32: a copy) */
 	rt_dot_fn dot;
+	rt_dot_rows_fn rows;     /* several rows per call, or NULL (call dot per row) */
 } rt_dot_kernel;
 
 /* The kernel for weights of type wtype at ISA level isa (clamped to rt_dot_isa_best()),

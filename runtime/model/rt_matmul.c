@@ -4,6 +4,7 @@
 #include "model/rt_matmul.h"
 
 #include <cblas.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,6 +64,7 @@ typedef struct mm_job {
 	const rt_dot_kernel *k[4];
 	size_t act_off[4];   /* byte offset of matrix i's quantised rows within each act row */
 	long row0[5];        /* prefix sums of rows (dot path) or tiles (gemm path) */
+	atomic_long next;    /* the dot path's next chunk */
 } mm_job;
 
 /* the matrix holding global index g of a prefix-sum table */
@@ -74,37 +76,58 @@ static int which(const long *row0, int n, long g)
 	return i;
 }
 
-static void dot_job(void *a, int ith, int nth)
+/* Rows [lo, hi) of the job's concatenated matrices, every output of X's rows. */
+static void dot_rows(mm_job *j, long lo, long hi)
 {
-	mm_job *j = a;
-	if (ith >= j->nth)
-		return;
-	nth = j->nth;
-	/* deal out groups of 8 rows (no two threads write one cache line when C = 1) */
-	const long groups = (j->row0[j->n] + 7) / 8;
-	long g0, g1;
-	rt_pool_range(groups, ith, nth, &g0, &g1);
-	long lo = g0 * 8, hi = g1 * 8 < j->row0[j->n] ? g1 * 8 : j->row0[j->n];
 	const size_t st = j->s->act_stride;
 	for (long g = lo; g < hi;) {
 		const int i = which(j->row0, j->n, g);
 		const rt_wmat *W = j->W[i];
 		const long end = hi < j->row0[i + 1] ? hi : j->row0[i + 1];
 		const rt_dot_fn dot = j->k[i]->dot;
+		const rt_dot_rows_fn rows = j->k[i]->rows;
 		const uint8_t *act = j->s->act + j->act_off[i];
 		float *Y = j->Y[i];
 		const int out = W->rows;
-		for (long r = g - j->row0[i]; r < end - j->row0[i]; r++) {
+		/* RT_DOT_ROWS rows per call where the kernel has a rows form (each row's value is
+		 * the same bits as dot's, so the grouping does not change results) */
+		for (long r = g - j->row0[i], re = end - j->row0[i]; r < re;) {
+			const int nr = rows && re - r >= RT_DOT_ROWS ? RT_DOT_ROWS : 1;
 			const uint8_t *wr = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
 			for (int c = 0; c < j->C; c++) {
-				const float v = dot(wr, act + (size_t)c * st, j->in);
-				if (j->accumulate)
-					Y[(size_t)c * out + r] += v;
+				float v[RT_DOT_ROWS];
+				if (nr > 1)
+					rows(wr, W->row_bytes, act + (size_t)c * st, j->in, nr, v);
 				else
-					Y[(size_t)c * out + r] = v;
+					v[0] = dot(wr, act + (size_t)c * st, j->in);
+				float *y = Y + (size_t)c * out + r;
+				for (int k = 0; k < nr; k++)
+					y[k] = j->accumulate ? y[k] + v[k] : v[k];
 			}
+			r += nr;
 		}
 		g = end;
+	}
+}
+
+/* The dot path's threads take chunks of DOT_CHUNK rows from a shared counter, as ggml's
+ * mul_mat does: a thread that starts late or is descheduled on a busy machine leaves its
+ * rows to the others instead of holding up the product. A chunk is a multiple of
+ * RT_DOT_ROWS and of 16 floats (no two threads write one cache line when C = 1). */
+#define DOT_CHUNK 64
+
+static void dot_job(void *a, int ith, int nth)
+{
+	mm_job *j = a;
+	(void)nth;
+	if (ith >= j->nth)
+		return;
+	const long total = j->row0[j->n], chunks = (total + DOT_CHUNK - 1) / DOT_CHUNK;
+	for (;;) {
+		const long c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		if (c >= chunks)
+			break;
+		dot_rows(j, c * DOT_CHUNK, (c + 1) * DOT_CHUNK < total ? (c + 1) * DOT_CHUNK : total);
 	}
 }
 
@@ -141,6 +164,7 @@ static void run(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y, const 
 	mm_job j = { .s = s, .n = n, .C = C, .in = W[0]->cols, .accumulate = accumulate, .X = X,
 		     .Y = Y, .W = W };
 	RT_ASSERT(j.in <= s->max_in);
+	atomic_init(&j.next, 0);
 	j.nth = rt_pool_threads(p) < s->n_threads ? rt_pool_threads(p) : s->n_threads;
 	const int gemm = C >= RT_MATMUL_GEMM_ROWS;
 	j.row0[0] = 0;

@@ -3,13 +3,16 @@
  * type, split over the rows of W on an rt_pool. Two ways, chosen by the number of rows C
  * of X:
  *  - C < RT_MATMUL_GEMM_ROWS (decoding): each row of X is quantised once per call to the
- *    activation blocks rt_dot pairs with W's type, and every output element is one rt_dot
- *    kernel call (weights read once, in their compressed form);
+ *    activation blocks rt_dot pairs with W's type, and every output element comes from an
+ *    rt_dot kernel (weights read once, in their compressed form; up to RT_DOT_ROWS weight
+ *    rows per call where the kernel has a rows form); the threads take chunks of 64 rows
+ *    from a shared counter;
  *  - C >= RT_MATMUL_GEMM_ROWS (prefill, GEMM-bound): W is dequantised in tiles of
  *    RT_MATMUL_TILE rows into per-thread f32 scratch and multiplied by OpenBLAS's sgemm
  *    (X stays f32: no activation quantisation).
  * Every output element is computed by the same operations whatever the thread count
- * (rows are dealt out whole, tiles have fixed boundaries), so results do not depend on it.
+ * (rows are computed whole and a rows kernel gives each row dot's bits; tiles have fixed
+ * boundaries), so results do not depend on it.
  * OpenBLAS is called from the pool's threads: it must run single-threaded
  * (openblas_set_num_threads(1)) when the pool has more than one thread.
  */
