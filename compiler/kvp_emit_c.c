@@ -1380,9 +1380,13 @@ static void emit_compress(struct em *em)
 	out(em, "\tstruct k_compress_cfg cfg;\n\tconfig(ctx, kv, seen, &cfg);\n");
 	out(em, "\tdouble *lb = cfg.layers == K_LAYERS_UNIFORM ? NULL : (double *)ctx->scratch;\n");
 	out(em, "\treturn k_budget_check(ctx, kv, &cfg, seen, seen, lb, err) < 0 ? -1 : 0;\n}\n\n");
-	out(em, "static size_t scratch_bytes(const rt_kv *kv)\n{\n");
-	out(em, "\treturn %s(kv, %d)%s;\n}\n\n", grace ? "k_grace_scratch_bytes" : "k_compress_scratch_bytes",
-	    em->n_vec, ir->tiers.n > 0 ? " + k_tier_scratch_bytes(kv)" : "");
+	out(em, "static size_t scratch_bytes(const rt_kv *kv, int n_threads)\n{\n");
+	if (grace) /* k_grace_run works on the calling thread */
+		out(em, "\treturn k_grace_scratch_bytes(kv, %d)%s;\n}\n\n", em->n_vec,
+		    ir->tiers.n > 0 ? " + k_tier_scratch_bytes(kv)" : "");
+	else
+		out(em, "\treturn k_compress_scratch_bytes(kv, %d, n_threads)%s;\n}\n\n", em->n_vec,
+		    ir->tiers.n > 0 ? " + k_tier_scratch_bytes(kv)" : "");
 }
 
 static void emit_policy(struct em *em)

@@ -30,6 +30,7 @@
 #include "k_select.h"
 #include "k_signal.h"
 #include "k_tier.h"
+#include "base/rt_pool.h"
 #include "kv/rt_kv.h"
 #include "policy/rt_budget.h"
 #include "policy/rt_policy.h"
@@ -44,6 +45,8 @@ enum { K_POOL_NONE = 0, K_POOL_MAX, K_POOL_AVG };
 enum { K_FLAG_GUARD = 1, K_FLAG_KEEP = 2, K_FLAG_SINGLE = 4 };
 /* ORDER(tiers): kvp_ir_tiers (compiler/kvp_ir.h) shares / by utility, in kvp_emit_c.c */
 enum { K_TIERS_NONE = 0, K_TIERS_SHARES, K_TIERS_UTILITY };
+/* Most threads one compress uses (the pool may have more; the rest sit out). */
+#define K_MAX_THREADS 64
 
 /* The policy's compress configuration (constants and current parameter values). */
 struct k_compress_cfg {
@@ -152,17 +155,28 @@ static inline rt_kv_head *k_head_f32(const rt_kv *kv, rt_kv_head *h, rt_kv_head 
 	return view;
 }
 
-/* Scratch bytes for compress on this store's shape with n_tmp score temporaries. */
-static inline size_t k_compress_scratch_bytes(const rt_kv *kv, int n_tmp)
+/* Bytes of one thread's share of the compress scratch (struct k_thr): the areas one
+ * head's scoring and selection use while other threads work on other heads. */
+static inline size_t k_thr_bytes(const rt_kv *kv, int n_tmp)
+{
+	size_t c = (size_t)kv->cap;
+	return k_rows_bytes(kv) + k_align64((size_t)kv->group * c * sizeof(float)) +
+	       2 * k_align64(c * sizeof(float)) +
+	       k_align64((size_t)(n_tmp > 0 ? n_tmp : 1) * c * sizeof(float)) +
+	       k_align64((size_t)2 * kv->head_dim * sizeof(double)) + k_align64(c * sizeof(int32_t));
+}
+
+/* Scratch bytes for compress on this store's shape with n_tmp score temporaries, run on
+ * up to n_threads threads (>= 1; each takes k_thr_bytes of its own). */
+static inline size_t k_compress_scratch_bytes(const rt_kv *kv, int n_tmp, int n_threads)
 {
 	size_t H = (size_t)kv->n_layer * kv->n_kv_head, c = (size_t)kv->cap;
-	return k_rows_bytes(kv) + k_align64(H * c * sizeof(float)) + 2 * k_align64(H * c) +
-	       k_align64((size_t)kv->group * c * sizeof(float)) + 2 * k_align64(c * sizeof(float)) +
-	       k_align64((size_t)(n_tmp > 0 ? n_tmp : 1) * c * sizeof(float)) +
-	       k_align64((size_t)2 * kv->head_dim * sizeof(double)) +
-	       2 * k_align64(H * c * sizeof(struct k_cand)) + k_align64(c * sizeof(int32_t)) +
+	size_t T = (size_t)(n_threads > 1 ? n_threads : 1);
+	return k_align64(H * c * sizeof(float)) + 2 * k_align64(H * c) +
+	       2 * k_align64(H * c * sizeof(struct k_cand)) +
 	       k_align64((size_t)kv->n_layer * sizeof(double)) +
-	       3 * k_align64(H * sizeof(void *)) + 3 * k_align64(H * sizeof(int32_t)) + 64;
+	       3 * k_align64(H * sizeof(void *)) + 3 * k_align64(H * sizeof(int32_t)) +
+	       T * k_thr_bytes(kv, n_tmp) + 64;
 }
 
 /* Does the request's span id s name one of the spans spans[0..n_spans) (or any span, when
@@ -390,22 +404,30 @@ static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
 	return early;
 }
 
-/* The scratch areas of one k_compress_run, carved from the runtime's scratch
- * (k_compress_scratch_bytes); per (layer, KV head) hi and entry i the index is hi·cap + i. */
-struct k_run {
-	const struct kvp_ctx *ctx;
-	rt_kv *kv;
-	const struct k_compress_cfg *cfg;
-	double seen;                 /* tokens seen (positions 0..seen-1) */
-	float *score;                /* [H × cap] scores */
-	uint8_t *flags, *candm;      /* [H × cap] K_FLAG_* and candidate masks */
+/* One thread's areas (k_thr_bytes), reused head after head. */
+struct k_thr {
 	float *qs;                   /* [group × cap] scores per query head of a group */
 	float *pooled, *pooled2;     /* [cap] pooling scratch (pooled also holds keep bytes) */
 	float *tmp;                  /* [n_tmp × cap] the score function's scratch */
 	double *vec;                 /* [2 × head_dim] */
 	float *rows;                 /* k_rows_bytes: an f32 view of one head's rows */
-	struct k_cand *cbuf, *ctmp;  /* [H × cap] selection scratch */
-	int32_t *keep;               /* [cap] kept indices */
+	int32_t *keep;               /* [cap] kept indices, or a head's position order */
+};
+
+/* The scratch areas of one k_compress_run, carved from the runtime's scratch
+ * (k_compress_scratch_bytes); per (layer, KV head) hi and entry i the index is hi·cap + i.
+ * The per-head arrays are written only by the thread working on that head. */
+struct k_run {
+	const struct kvp_ctx *ctx;
+	rt_kv *kv;
+	const struct k_compress_cfg *cfg;
+	k_score_fn score_fn;
+	double seen;                 /* tokens seen (positions 0..seen-1) */
+	int nth;                     /* threads the scratch has room for (thr[0..nth)) */
+	struct k_thr thr[K_MAX_THREADS];
+	float *score;                /* [H × cap] scores */
+	uint8_t *flags, *candm;      /* [H × cap] K_FLAG_* and candidate masks */
+	struct k_cand *cbuf, *ctmp;  /* [H × cap] selection scratch (head hi: its cap slice) */
 	double *lb;                  /* [n_layer] per-layer budgets (k_budget_check) */
 	const float **sp;            /* [H] each head's scores, */
 	const int32_t **pp;          /* [H] positions, */
@@ -422,7 +444,8 @@ struct k_run {
 	double e16;                  /* bytes of one f16 entry (the budget's unit in bytes) */
 };
 
-/* Carve r's areas from scratch (at least k_compress_scratch_bytes, any alignment). */
+/* Carve r's areas from scratch (at least k_compress_scratch_bytes(kv, n_tmp, r->nth), any
+ * alignment). */
 static inline void k_run_carve(struct k_run *r, void *scratch)
 {
 	const rt_kv *kv = r->kv;
@@ -433,15 +456,8 @@ static inline void k_run_carve(struct k_run *r, void *scratch)
 	r->score = (float *)(void *)p; p += k_align64(H * c * sizeof(float));
 	r->flags = p; p += k_align64(H * c);
 	r->candm = p; p += k_align64(H * c);
-	r->qs = (float *)(void *)p; p += k_align64((size_t)R * c * sizeof(float));
-	r->pooled = (float *)(void *)p; p += k_align64(c * sizeof(float));
-	r->pooled2 = (float *)(void *)p; p += k_align64(c * sizeof(float));
-	r->tmp = (float *)(void *)p; p += k_align64((size_t)(cfg->n_tmp > 0 ? cfg->n_tmp : 1) * c * sizeof(float));
-	r->vec = (double *)(void *)p; p += k_align64((size_t)2 * kv->head_dim * sizeof(double));
-	r->rows = (float *)(void *)p; p += k_rows_bytes(kv);
 	r->cbuf = (struct k_cand *)(void *)p; p += k_align64(H * c * sizeof(struct k_cand));
 	r->ctmp = (struct k_cand *)(void *)p; p += k_align64(H * c * sizeof(struct k_cand));
-	r->keep = (int32_t *)(void *)p; p += k_align64(c * sizeof(int32_t));
 	r->lb = (double *)(void *)p; p += k_align64((size_t)L * sizeof(double));
 	r->sp = (const float **)(void *)p; p += k_align64(H * sizeof(void *));
 	r->pp = (const int32_t **)(void *)p; p += k_align64(H * sizeof(void *));
@@ -449,6 +465,16 @@ static inline void k_run_carve(struct k_run *r, void *scratch)
 	r->nn = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
 	r->base = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
 	r->alloc = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
+	for (int t = 0; t < r->nth; t++) {
+		struct k_thr *w = &r->thr[t];
+		w->qs = (float *)(void *)p; p += k_align64((size_t)R * c * sizeof(float));
+		w->pooled = (float *)(void *)p; p += k_align64(c * sizeof(float));
+		w->pooled2 = (float *)(void *)p; p += k_align64(c * sizeof(float));
+		w->tmp = (float *)(void *)p; p += k_align64((size_t)(cfg->n_tmp > 0 ? cfg->n_tmp : 1) * c * sizeof(float));
+		w->vec = (double *)(void *)p; p += k_align64((size_t)2 * kv->head_dim * sizeof(double));
+		w->rows = (float *)(void *)p; p += k_rows_bytes(kv);
+		w->keep = (int32_t *)(void *)p; p += k_align64(c * sizeof(int32_t));
+	}
 	if (cfg->tiers == K_TIERS_NONE)
 		return;
 	r->cur = p; p += k_align64(H * c);
@@ -457,106 +483,6 @@ static inline void k_run_carve(struct k_run *r, void *scratch)
 	r->hbytes = (double *)(void *)p; p += k_align64(H * sizeof(double));
 	r->lay = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
 	r->kvh = (int32_t *)(void *)p;
-}
-
-/* 1. Scores and guard flags of every head. */
-static inline void k_run_scores(const struct k_run *r, k_score_fn score_fn)
-{
-	const struct kvp_ctx *ctx = r->ctx;
-	rt_kv *kv = r->kv;
-	const struct k_compress_cfg *cfg = r->cfg;
-	const int L = kv->n_layer, G = kv->n_kv_head, R = kv->group;
-	const size_t c = (size_t)kv->cap;
-	const double seen = r->seen;
-	float *score = r->score;
-	uint8_t *flags = r->flags;
-	float *qs = r->qs;
-	float *pooled = r->pooled;
-	float *pooled2 = r->pooled2;
-	float *tmp = r->tmp;
-	double *vec = r->vec;
-	float *rows = r->rows;
-	struct k_cand *ctmp = r->ctmp;
-	int32_t *keep = r->keep;
-	for (int l = 0; l < L; l++)
-		for (int g = 0; g < G; g++) {
-			size_t hi = (size_t)l * G + g;
-			rt_kv_head *h = rt_kv_head_at(kv, l, g);
-			const int32_t n = h->n;
-			float *s = score + hi * c;
-			uint8_t *f = flags + hi * c;
-			int32_t n_dom = 0; /* entries before the recent window (in position order) */
-			for (int32_t i = 0; i < n; i++) {
-				int in_recent = cfg->has_recent && h->pos[i] >= seen - cfg->recent;
-				int guard = (cfg->has_sinks && h->pos[i] < cfg->sinks) || in_recent ||
-				            k_span_protected(ctx, cfg, h->span[i]);
-				f[i] = guard ? K_FLAG_GUARD : 0;
-				n_dom += !in_recent;
-			}
-			/* pooling runs over neighbouring positions: through the position order when
-			 * an earlier rt_kv_head_evict left the list out of it */
-			const int32_t *ord = NULL;
-			if (cfg->pool != K_POOL_NONE && k_pos_order(h, keep, (int64_t *)(void *)ctmp))
-				ord = keep;
-			if (!cfg->has_score) {
-				for (int32_t i = 0; i < n; i++)
-					s[i] = 0.0f;
-				continue;
-			}
-			rt_kv_head view;
-			const rt_kv_head *hv = cfg->reads_rows ? k_head_f32(kv, h, &view, rows) : h;
-			if (cfg->reduce < 0) {
-				score_fn(ctx, kv, hv, l, 0, s, tmp, vec);
-			} else {
-				for (int qh = 0; qh < R; qh++) {
-					float *q = qs + (size_t)qh * c;
-					score_fn(ctx, kv, hv, l, qh, q, tmp, vec);
-					if (cfg->pool != K_POOL_NONE && cfg->pool_before_reduce) {
-						k_pool_ordered(q, ord, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX,
-						               pooled, pooled2);
-					}
-				}
-				k_reduce(s, qs, R, (int32_t)c, n, cfg->reduce);
-			}
-			if (cfg->pool != K_POOL_NONE && (!cfg->pool_before_reduce || cfg->reduce < 0)) {
-				k_pool_ordered(s, ord, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX, pooled,
-				               pooled2);
-			}
-		}
-}
-
-/* 2. Layer-wide reduction: one score per position shared by the layer's KV heads. */
-static inline void k_run_layer_reduce(const struct k_run *r)
-{
-	rt_kv *kv = r->kv;
-	const struct k_compress_cfg *cfg = r->cfg;
-	const int L = kv->n_layer, G = kv->n_kv_head;
-	const size_t c = (size_t)kv->cap;
-	float *score = r->score;
-	for (int l = 0; l < L; l++) {
-		const rt_kv_head *h0 = rt_kv_head_at(kv, l, 0);
-		float *s0 = score + (size_t)l * G * c;
-		for (int g = 1; g < G; g++) {
-			const rt_kv_head *hg = rt_kv_head_at(kv, l, g);
-			RT_ASSERT(hg->n == h0->n);
-			RT_ASSERT(memcmp(hg->pos, h0->pos, (size_t)h0->n * sizeof(int32_t)) == 0);
-		}
-		const int l2 = cfg->reduce == K_REDUCE_L2;
-		for (int32_t i = 0; i < h0->n; i++) {
-			double acc = l2 ? (double)s0[i] * s0[i] : s0[i];
-			for (int g = 1; g < G; g++) {
-				double x = score[((size_t)l * G + g) * c + i];
-				acc = cfg->reduce == K_REDUCE_MAX ? (x > acc ? x : acc) :
-				      l2 ? acc + x * x : acc + x;
-			}
-			if (cfg->reduce == K_REDUCE_MEAN || cfg->reduce < 0)
-				acc /= G;
-			else if (l2)
-				acc = sqrt(acc);
-			for (int g = 0; g < G; g++)
-				score[((size_t)l * G + g) * c + i] = (float)acc;
-		}
-	}
 }
 
 /* In bytes (r->bytes): the bytes of head h's entries outside the guards (flags f), its
@@ -609,58 +535,117 @@ static inline void k_run_alloc_tiers(const struct k_run *r)
 	}
 }
 
-/* 3. Allocation: the per-layer budget (lb) minus the guarded entries, split across
- * heads. */
+/* 1. Scores, guard flags and candidate mask of head hi (thread w), and what allocation
+ * reads of it: its entries, guarded count subtracted from its layer's budget, and
+ * pointers to its scores, positions and candidates. */
+static inline void k_run_head_scores(const struct k_run *r, const struct k_thr *w, size_t hi)
+{
+	const struct kvp_ctx *ctx = r->ctx;
+	rt_kv *kv = r->kv;
+	const struct k_compress_cfg *cfg = r->cfg;
+	const int G = kv->n_kv_head, R = kv->group, l = (int)(hi / (size_t)G);
+	const size_t c = (size_t)kv->cap;
+	const double seen = r->seen;
+	rt_kv_head *h = rt_kv_head_at(kv, l, (int)(hi % (size_t)G));
+	const int32_t n = h->n;
+	float *s = r->score + hi * c;
+	uint8_t *f = r->flags + hi * c, *cm = r->candm + hi * c;
+	const int spans = cfg->protect_all_spans || cfg->n_spans > 0;
+	const double recent_from = cfg->has_recent ? seen - cfg->recent : INFINITY;
+	const double sinks = cfg->has_sinks ? cfg->sinks : -INFINITY;
+	int32_t n_dom = 0, n_guard = 0; /* entries before the recent window; guarded entries */
+	const int guards = cfg->has_recent || cfg->has_sinks || spans;
+	if (!guards) { /* every entry a candidate (TOVA) */
+		memset(f, 0, (size_t)n);
+		memset(cm, 1, (size_t)n);
+		n_dom = n;
+	}
+	for (int32_t i = 0; guards && i < n; i++) {
+		const double p = h->pos[i];
+		const int in_recent = p >= recent_from;
+		const int guard = p < sinks || in_recent ||
+		                  (spans && k_span_protected(ctx, cfg, h->span[i]));
+		f[i] = guard ? K_FLAG_GUARD : 0;
+		cm[i] = !guard;
+		n_dom += !in_recent;
+		n_guard += guard;
+	}
+	for (int32_t i = 0; r->cur && i < n; i++)
+		r->cur[hi * c + i] = (uint8_t)rt_kv_tier_of(h, i);
+	const int32_t b = r->bytes ? k_head_bytes(r, h, f, r->lb[l], hi) :
+	                  k_floor_entries(r->lb[l]) - n_guard;
+	r->base[hi] = b > 0 ? b : 0;
+	r->nn[hi] = n;
+	r->sp[hi] = s;
+	r->pp[hi] = h->pos;
+	r->cp[hi] = cm;
+	if (!cfg->has_score) {
+		for (int32_t i = 0; i < n; i++)
+			s[i] = 0.0f;
+		return;
+	}
+	/* pooling runs over neighbouring positions: through the position order when an
+	 * earlier rt_kv_head_evict left the list out of it */
+	const int32_t *ord = NULL;
+	if (cfg->pool != K_POOL_NONE && k_pos_order(h, w->keep, (int64_t *)(void *)(r->ctmp + hi * c)))
+		ord = w->keep;
+	rt_kv_head view;
+	const rt_kv_head *hv = cfg->reads_rows ? k_head_f32(kv, h, &view, w->rows) : h;
+	if (cfg->reduce < 0) {
+		r->score_fn(ctx, kv, hv, l, 0, s, w->tmp, w->vec);
+	} else {
+		for (int qh = 0; qh < R; qh++) {
+			float *q = w->qs + (size_t)qh * c;
+			r->score_fn(ctx, kv, hv, l, qh, q, w->tmp, w->vec);
+			if (cfg->pool != K_POOL_NONE && cfg->pool_before_reduce)
+				k_pool_ordered(q, ord, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX,
+				               w->pooled, w->pooled2);
+		}
+		k_reduce(s, w->qs, R, (int32_t)c, n, cfg->reduce);
+	}
+	if (cfg->pool != K_POOL_NONE && (!cfg->pool_before_reduce || cfg->reduce < 0))
+		k_pool_ordered(s, ord, n_dom, cfg->kernel, cfg->pool == K_POOL_MAX, w->pooled,
+		               w->pooled2);
+}
+
+/* 2. Layer-wide reduction of layer l: one score per position shared by its KV heads. */
+static inline void k_run_layer_reduce(const struct k_run *r, int l)
+{
+	rt_kv *kv = r->kv;
+	const struct k_compress_cfg *cfg = r->cfg;
+	const int G = kv->n_kv_head;
+	const size_t c = (size_t)kv->cap;
+	float *score = r->score;
+	const rt_kv_head *h0 = rt_kv_head_at(kv, l, 0);
+	float *s0 = score + (size_t)l * G * c;
+	for (int g = 1; g < G; g++) {
+		const rt_kv_head *hg = rt_kv_head_at(kv, l, g);
+		RT_ASSERT(hg->n == h0->n);
+		RT_ASSERT(memcmp(hg->pos, h0->pos, (size_t)h0->n * sizeof(int32_t)) == 0);
+	}
+	/* the group reduction across the layer's heads (stride cap), into head 0's row */
+	k_reduce(s0, s0, G, (int32_t)c, h0->n, cfg->reduce < 0 ? K_REDUCE_MEAN : cfg->reduce);
+	for (int g = 1; g < G; g++)
+		memcpy(score + ((size_t)l * G + g) * c, s0, (size_t)h0->n * sizeof(float));
+}
+
+/* 3. Allocation: the per-layer budget minus the guarded entries (base, from step 1),
+ * split across heads. */
 static inline void k_run_alloc(const struct k_run *r)
 {
 	rt_kv *kv = r->kv;
 	const struct k_compress_cfg *cfg = r->cfg;
-	const int L = kv->n_layer, G = kv->n_kv_head;
-	const size_t H = (size_t)kv->n_layer * kv->n_kv_head, c = (size_t)kv->cap;
-	float *score = r->score;
-	uint8_t *flags = r->flags;
-	uint8_t *candm = r->candm;
-	struct k_cand *cbuf = r->cbuf;
-	struct k_cand *ctmp = r->ctmp;
-	double *lb = r->lb;
-	const float **sp = r->sp;
-	const int32_t **pp = r->pp;
-	const uint8_t **cp = r->cp;
-	int32_t *nn = r->nn;
-	int32_t *base = r->base;
-	int32_t *alloc = r->alloc;
-	for (int l = 0; l < L; l++)
-		for (int g = 0; g < G; g++) {
-			size_t hi = (size_t)l * G + g;
-			rt_kv_head *h = rt_kv_head_at(kv, l, g);
-			const uint8_t *f = flags + hi * c;
-			uint8_t *cm = candm + hi * c;
-			int32_t n_guard = 0;
-			for (int32_t i = 0; i < h->n; i++) {
-				n_guard += (f[i] & K_FLAG_GUARD) != 0;
-				cm[i] = !(f[i] & K_FLAG_GUARD);
-				if (r->cur)
-					r->cur[hi * c + i] = (uint8_t)rt_kv_tier_of(h, i);
-			}
-			int32_t b = k_floor_entries(lb[l]) - n_guard;
-			if (r->bytes)
-				b = k_head_bytes(r, h, f, lb[l], hi);
-			base[hi] = b > 0 ? b : 0;
-			nn[hi] = h->n;
-			sp[hi] = score + hi * c;
-			pp[hi] = h->pos;
-			cp[hi] = cm;
-		}
+	const size_t H = (size_t)kv->n_layer * kv->n_kv_head;
 	if (cfg->tiers == K_TIERS_UTILITY) {
 		k_run_alloc_tiers(r);
 	} else if (cfg->heads == K_HEADS_EACH) {
 		for (size_t hi = 0; hi < H; hi++)
-			alloc[hi] = base[hi];
+			r->alloc[hi] = r->base[hi];
 	} else {
-		size_t per = cfg->heads == K_HEADS_ADAPTIVE ? (size_t)G : H;
+		size_t per = cfg->heads == K_HEADS_ADAPTIVE ? (size_t)kv->n_kv_head : H;
 		for (size_t h0 = 0; h0 < H; h0 += per)
-			k_alloc_adaptive((int)per, sp + h0, pp + h0, cp + h0, nn + h0, base + h0,
-			                 cfg->floor_frac, alloc + h0, cbuf, ctmp);
+			k_alloc_adaptive((int)per, r->sp + h0, r->pp + h0, r->cp + h0, r->nn + h0,
+			                 r->base + h0, cfg->floor_frac, r->alloc + h0, r->cbuf, r->ctmp);
 	}
 }
 
@@ -684,92 +669,159 @@ static inline int k_apply_tiers(const struct k_run *r, rt_kv_head *h, size_t hi,
 	return rt_kv_head_set_tiers(r->kv, h, want, err) < 0 ? -1 : 0;
 }
 
-/* 4. Selection, action, precision and compaction of every head. Returns 0, or -1 with err
- * set when the store refuses the tiers (an untiered store, an exhausted pool). */
-static inline int k_run_select(const struct k_run *r, rt_err *err)
+/* 4a. The merge actions of head hi, whose flags carry K_FLAG_KEEP: under SPLIT the
+ * singleton floor (the best kept entries stay exact), then every evicted entry folded
+ * into a kept neighbour (k_merge_evicted). */
+static inline void k_run_head_merge(const struct k_run *r, const struct k_thr *w, size_t hi,
+                                    rt_kv_head *h)
+{
+	const struct k_compress_cfg *cfg = r->cfg;
+	const size_t c = (size_t)r->kv->cap;
+	uint8_t *f = r->flags + hi * c, *cm = r->candm + hi * c;
+	uint8_t *kp = (uint8_t *)(void *)w->pooled;
+	struct k_cand *cbuf = r->cbuf + hi * c, *ctmp = r->ctmp + hi * c;
+	if (cfg->action == K_ACT_SPLIT && cfg->single_floor > 0) {
+		memcpy(cm, kp, (size_t)h->n);
+		k_select_topk(r->sp[hi], h->pos, cm, h->n, k_floor_entries(cfg->single_floor), kp,
+		              cbuf, ctmp);
+		for (int32_t i = 0; i < h->n; i++)
+			if (kp[i])
+				f[i] |= K_FLAG_SINGLE;
+	}
+	k_merge_evicted(r->kv, h, f, cfg->run, w->rows, w->keep, (int64_t *)(void *)ctmp);
+}
+
+/* 4. Selection, action, precision and compaction of head hi (thread w). Returns 0, or -1
+ * with err set when the store refuses the tiers (an untiered store, an exhausted pool). */
+static inline int k_run_head_select(const struct k_run *r, const struct k_thr *w, size_t hi,
+                                    rt_err *err)
 {
 	rt_kv *kv = r->kv;
 	const struct k_compress_cfg *cfg = r->cfg;
-	const int L = kv->n_layer, G = kv->n_kv_head;
+	const int G = kv->n_kv_head;
 	const size_t c = (size_t)kv->cap;
-	uint8_t *flags = r->flags;
-	uint8_t *candm = r->candm;
-	float *pooled = r->pooled;
-	float *rows = r->rows;
-	struct k_cand *cbuf = r->cbuf;
-	struct k_cand *ctmp = r->ctmp;
-	int32_t *keep = r->keep;
-	const float **sp = r->sp;
-	int32_t *alloc = r->alloc;
-	for (int l = 0; l < L; l++)
-		for (int g = 0; g < G; g++) {
-			size_t hi = (size_t)l * G + g;
-			rt_kv_head *h = rt_kv_head_at(kv, l, g);
-			uint8_t *f = flags + hi * c;
-			uint8_t *cm = candm + hi * c;
-			uint8_t *kp = (uint8_t *)(void *)pooled; /* [cap] bytes fit in [cap] floats */
-			memset(kp, 0, (size_t)h->n);
-			if (cfg->tiers == K_TIERS_UTILITY) {
-				const uint8_t *w = r->want + hi * c;
-				for (int32_t i = 0; i < h->n; i++)
-					kp[i] = cm[i] && w[i] != K_TIER_EVICT;
-			} else {
-				k_select_topk(sp[hi], h->pos, cm, h->n, alloc[hi], kp, cbuf, ctmp);
-			}
-			for (int32_t i = 0; i < h->n; i++)
-				if (kp[i] || (f[i] & K_FLAG_GUARD))
-					f[i] |= K_FLAG_KEEP;
-			if (cfg->action == K_ACT_SPLIT && cfg->single_floor > 0) {
-				for (int32_t i = 0; i < h->n; i++) {
-					cm[i] = kp[i];
-					kp[i] = 0;
-				}
-				k_select_topk(sp[hi], h->pos, cm, h->n, k_floor_entries(cfg->single_floor),
-				              kp, cbuf, ctmp);
-				for (int32_t i = 0; i < h->n; i++)
-					if (kp[i])
-						f[i] |= K_FLAG_SINGLE;
-			}
-			if (cfg->action != K_ACT_EVICT)
-				k_merge_evicted(kv, h, f, cfg->run, rows, keep, (int64_t *)(void *)ctmp);
-			if (cfg->tiers != K_TIERS_NONE && k_apply_tiers(r, h, hi, kp, err) != 0)
-				return -1;
-			int32_t nk = 0;
-			for (int32_t i = 0; i < h->n; i++)
-				if (f[i] & K_FLAG_KEEP)
-					keep[nk++] = i;
-			if (nk < h->n && cfg->keep_order)
-				rt_kv_head_keep(kv, h, keep, nk);
-			else if (nk < h->n)
-				rt_kv_head_evict(kv, h, keep, nk);
-		}
+	rt_kv_head *h = rt_kv_head_at(kv, (int)(hi / (size_t)G), (int)(hi % (size_t)G));
+	uint8_t *f = r->flags + hi * c;
+	uint8_t *cm = r->candm + hi * c;
+	struct k_cand *cbuf = r->cbuf + hi * c, *ctmp = r->ctmp + hi * c;
+	uint8_t *kp = (uint8_t *)(void *)w->pooled; /* [cap] bytes fit in [cap] floats */
+	int32_t *keep = w->keep;
+	if (cfg->tiers == K_TIERS_UTILITY) {
+		const uint8_t *wt = r->want + hi * c;
+		for (int32_t i = 0; i < h->n; i++)
+			kp[i] = cm[i] && wt[i] != K_TIER_EVICT;
+	} else {
+		k_select_topk(r->sp[hi], h->pos, cm, h->n, r->alloc[hi], kp, cbuf, ctmp);
+	}
+	int32_t nk = 0;
+	if (cfg->action == K_ACT_EVICT && cfg->tiers == K_TIERS_NONE) {
+		/* the kept indices at once: nothing reads the flags */
+		for (int32_t i = 0; i < h->n; i++)
+			if (kp[i] || (f[i] & K_FLAG_GUARD))
+				keep[nk++] = i;
+	} else {
+		for (int32_t i = 0; i < h->n; i++)
+			if (kp[i] || (f[i] & K_FLAG_GUARD))
+				f[i] |= K_FLAG_KEEP;
+		if (cfg->action != K_ACT_EVICT)
+			k_run_head_merge(r, w, hi, h);
+		if (cfg->tiers != K_TIERS_NONE && k_apply_tiers(r, h, hi, kp, err) != 0)
+			return -1;
+		for (int32_t i = 0; i < h->n; i++)
+			if (f[i] & K_FLAG_KEEP)
+				keep[nk++] = i;
+	}
+	if (nk < h->n && cfg->keep_order)
+		rt_kv_head_keep(kv, h, keep, nk);
+	else if (nk < h->n)
+		rt_kv_head_evict(kv, h, keep, nk);
 	return 0;
 }
 
-/* Run the pipeline on every head of kv. Returns 0, or -1 with err set when the scratch
- * area is too small or the budget check fails. */
+/* A parallel step of the run: what each unit (a head, or a layer) does. */
+enum { K_STEP_SCORES = 0, K_STEP_LAYER_REDUCE, K_STEP_SELECT };
+struct k_step {
+	const struct k_run *r;
+	int step;                    /* K_STEP_* */
+	int rc;                      /* K_STEP_SELECT: -1 when a head failed (one thread only:
+	                                k_compress_run runs a precision action on one) */
+	rt_err *err;
+};
+
+/* rt_pool job: thread ith of the run's nth takes a contiguous share of the units; every
+ * unit's result depends only on the unit, never on the thread that ran it. */
+static inline void k_step_job(void *arg, int ith, int nth)
+{
+	struct k_step *j = (struct k_step *)arg;
+	const struct k_run *r = j->r;
+	const rt_kv *kv = r->kv;
+	const int T = nth < r->nth ? nth : r->nth;
+	if (ith >= T)
+		return;
+	const long units = j->step == K_STEP_LAYER_REDUCE ? kv->n_layer :
+	                   (long)kv->n_layer * kv->n_kv_head;
+	long lo, hi;
+	rt_pool_range(units, ith, T, &lo, &hi);
+	for (long u = lo; u < hi; u++) {
+		if (j->step == K_STEP_SCORES)
+			k_run_head_scores(r, &r->thr[ith], (size_t)u);
+		else if (j->step == K_STEP_LAYER_REDUCE)
+			k_run_layer_reduce(r, (int)u);
+		else if (k_run_head_select(r, &r->thr[ith], (size_t)u, j->err) != 0) {
+			j->rc = -1;
+			return;
+		}
+	}
+}
+
+/* Run one step on every unit, on ctx->pool's threads (inline when it has one). Returns 0,
+ * or -1 with err set (K_STEP_SELECT under a precision action). */
+static inline int k_run_step(const struct k_run *r, int step, rt_err *err)
+{
+	struct k_step j = { r, step, 0, err };
+	if (r->nth > 1)
+		rt_pool_run(r->ctx->pool, k_step_job, &j);
+	else
+		k_step_job(&j, 0, 1);
+	return j.rc;
+}
+
+/* Run the pipeline on every head of kv, the per-head steps (scores, the layer-wide
+ * reduction, selection and compaction) split over the heads on ctx->pool (NULL: the
+ * caller's thread) as far as ctx->scratch holds the threads' areas
+ * (k_compress_scratch_bytes); the result does not depend on the thread count. A precision
+ * action (cfg->tiers) runs on the calling thread: rt_kv_head_set_tiers may fail, and its
+ * error must name the first head that did. Returns 0, or -1 with err set when the scratch
+ * area is too small, the budget check fails or the store refuses the tiers. */
 static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
                                  const struct k_compress_cfg *cfg, k_score_fn score_fn,
                                  rt_err *err)
 {
-	size_t need = k_compress_scratch_bytes(kv, cfg->n_tmp) +
-	              (cfg->tiers != K_TIERS_NONE ? k_tier_scratch_bytes(kv) : 0);
+	const size_t tb = cfg->tiers != K_TIERS_NONE ? k_tier_scratch_bytes(kv) : 0;
+	size_t need = k_compress_scratch_bytes(kv, cfg->n_tmp, 1) + tb;
 	if (!ctx->scratch || ctx->scratch_len < need)
 		return rt_err_set(err, "policy: compress needs %zu bytes of scratch, runtime gave %zu",
 		                  need, ctx->scratch_len);
-	struct k_run r = { .ctx = ctx, .kv = kv, .cfg = cfg, .seen = (double)ctx->seen };
+	struct k_run r = { .ctx = ctx, .kv = kv, .cfg = cfg, .score_fn = score_fn,
+		           .seen = (double)ctx->seen, .nth = 1 };
+	const int H = kv->n_layer * kv->n_kv_head;
+	int nth = cfg->tiers != K_TIERS_NONE ? 1 : rt_pool_threads(ctx->pool);
+	nth = nth < K_MAX_THREADS ? nth : K_MAX_THREADS;
+	nth = nth < H ? nth : H;
+	while (nth > 1 && k_compress_scratch_bytes(kv, cfg->n_tmp, nth) + tb > ctx->scratch_len)
+		nth--;
+	r.nth = nth;
 	k_run_carve(&r, ctx->scratch);
 	r.bytes = k_bytes_mode(ctx, cfg);
 	k_tier_costs(kv, r.cost);
 	r.e16 = (double)rt_kv_f16_entry_bytes(kv);
-	const double H = (double)kv->n_layer * kv->n_kv_head;
 	if (k_budget_check(ctx, kv, cfg, r.seen, (double)rt_kv_entries(kv) / H, r.lb, err) < 0)
 		return -1;
-	k_run_scores(&r, score_fn);
+	(void)k_run_step(&r, K_STEP_SCORES, err);
 	if (cfg->over_layer && cfg->has_score && kv->n_kv_head > 1)
-		k_run_layer_reduce(&r);
+		(void)k_run_step(&r, K_STEP_LAYER_REDUCE, err);
 	k_run_alloc(&r);
-	return k_run_select(&r, err);
+	return k_run_step(&r, K_STEP_SELECT, err);
 }
 
 #endif

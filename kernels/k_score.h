@@ -150,24 +150,59 @@ static inline void k_pool(const float *in, float *out, int32_t n, int32_t k, int
  * compiler/kvp_emit_c.c. */
 enum k_reduce_kind { K_REDUCE_MEAN = 0, K_REDUCE_MAX, K_REDUCE_SUM, K_REDUCE_L2 };
 
-/* Group reduction: dst[i] = reduce over r < group of src[r × stride + i], i < n. */
+/* Entries per block of k_reduce: a block's accumulators stay in registers or L1. */
+#define K_REDUCE_BLOCK 64
+
+/* k_reduce on the m entries of one block (m <= K_REDUCE_BLOCK; a literal K_REDUCE_BLOCK
+ * after inlining, so every loop has a fixed trip count and vectorises). */
+static inline void k_reduce_block(float *dst, const float *src, int group, int32_t stride,
+                                  int32_t m, int kind)
+{
+	double acc[K_REDUCE_BLOCK];
+	if (kind == K_REDUCE_L2)
+		for (int32_t j = 0; j < m; j++)
+			acc[j] = (double)src[j] * src[j];
+	else
+		for (int32_t j = 0; j < m; j++)
+			acc[j] = src[j];
+	for (int r = 1; r < group; r++) {
+		const float *sr = src + (size_t)r * stride;
+		if (kind == K_REDUCE_MAX)
+			for (int32_t j = 0; j < m; j++) {
+				double x = sr[j];
+				acc[j] = x > acc[j] ? x : acc[j];
+			}
+		else if (kind == K_REDUCE_L2)
+			for (int32_t j = 0; j < m; j++) {
+				double x = sr[j];
+				acc[j] += x * x;
+			}
+		else
+			for (int32_t j = 0; j < m; j++)
+				acc[j] += sr[j];
+	}
+	if (kind == K_REDUCE_MEAN)
+		for (int32_t j = 0; j < m; j++)
+			dst[j] = (float)(acc[j] / group);
+	else if (kind == K_REDUCE_L2)
+		for (int32_t j = 0; j < m; j++)
+			dst[j] = (float)sqrt(acc[j]);
+	else
+		for (int32_t j = 0; j < m; j++)
+			dst[j] = (float)acc[j];
+}
+
+/* Group reduction: dst[i] = reduce over r < group of src[r × stride + i], i < n, in
+ * double in query-head order (the same operations entry by entry whatever the blocking),
+ * K_REDUCE_BLOCK entries at a time. dst may be src's first row. */
 static inline void k_reduce(float *dst, const float *src, int group, int32_t stride, int32_t n,
                             int kind)
 {
-	for (int32_t i = 0; i < n; i++) {
-		double acc = kind == K_REDUCE_L2 ? (double)src[i] * src[i] : src[i];
-		for (int r = 1; r < group; r++) {
-			double x = src[(size_t)r * stride + i];
-			if (kind == K_REDUCE_MAX)
-				acc = x > acc ? x : acc;
-			else if (kind == K_REDUCE_L2)
-				acc += x * x;
-			else
-				acc += x;
-		}
-		dst[i] = (float)(kind == K_REDUCE_MEAN ? acc / group :
-		                 kind == K_REDUCE_L2 ? sqrt(acc) : acc);
-	}
+	int32_t i0 = 0;
+	for (; i0 + K_REDUCE_BLOCK <= n; i0 += K_REDUCE_BLOCK)
+		k_reduce_block(dst + i0, src + i0, group, stride, K_REDUCE_BLOCK, kind);
+	if (i0 < n)
+		k_reduce_block(dst + i0, src + i0, group, stride, n - i0, kind);
 }
 
 #endif

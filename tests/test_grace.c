@@ -1564,8 +1564,9 @@ static int seq_compress(const struct kvp_ctx *ctx, rt_kv *kv, rt_err *err)
 	return k_grace_run(ctx, kv, &cfg, score_knorm, &gc, err);
 }
 
-static size_t seq_scratch(const rt_kv *kv)
+static size_t seq_scratch(const rt_kv *kv, int n_threads)
 {
+	(void)n_threads; /* k_grace_run works on the calling thread */
 	return k_grace_scratch_bytes(kv, 1);
 }
 

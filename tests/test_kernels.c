@@ -1,7 +1,8 @@
 /*
  * test_kernels: the C kernel templates of kernels/ against hand-computed values and
- * plain reference loops: top-k selection and its tie rule (k_select.h, vs an O(n^2)
- * rank-count reference on random inputs with many ties and NaN), 1-D pooling and group
+ * plain reference loops: top-k selection and its tie rule (k_select.h: the scan, selection
+ * and sort paths vs an O(n^2) rank-count reference on random inputs with many ties and
+ * NaN), 1-D pooling and group
  * reduction (k_score.h), the CAOTE transform (exact: equal to the true output change
  * when one entry is removed and the rest renormalised; fast: with the mean value), the
  * KeyDiff anchor cosine, statistic rings and the prompt-tail gate (k_stat.h), PyramidKV
@@ -107,6 +108,60 @@ START_TEST(topk_matches_rank_reference)
 		for (int i = 0; i < N; i++)
 			if (!cand[i])
 				ck_assert_int_eq(keep[i], 0);
+	}
+}
+END_TEST
+
+/* The scan path (a few leave) and the selection path (more than 8 leave, more than 16
+ * in play) of k_select_topk, and k_cand_select, on heads of 700 entries: ties in score
+ * (0, -0 which ranks equal to it, 1, 2, 3, -1.5, NaN), equal positions, every fifth
+ * entry no candidate, and inputs already in rank order, in reverse, and all scores
+ * equal; for k = 0, 1, 9, half, m - 9 (just past the scan path), m - 1, m, and a random
+ * k, the kept set is exactly the candidates whose reference rank (k_select_ref_rank,
+ * computed once per input) is below k. */
+START_TEST(select_large_matches_rank_reference)
+{
+	srand(11);
+	enum { N = 700 };
+	static float s[N];
+	static int32_t pos[N], rank[N];
+	static uint8_t cand[N], keep[N];
+	static struct k_cand buf[N], tmp[N], ref[N], c[N];
+	for (int trial = 0; trial < 12; trial++) {
+		const int kind = trial % 4; /* 0 random, 1 rank order, 2 reverse, 3 one score */
+		int m = 0;
+		for (int i = 0; i < N; i++) {
+			int r = rand() % 9;
+			s[i] = kind == 1 ? (float)(N - i) : kind == 2 ? (float)i : kind == 3 ? 1.0f :
+			       r == 8 ? NAN : r == 4 ? -0.0f : r == 5 ? -1.5f : (float)(r % 4);
+			pos[i] = kind == 0 ? rand() % 300 : i;
+			cand[i] = kind == 0 ? rand() % 5 != 0 : 1;
+			if (cand[i])
+				ref[m++] = (struct k_cand){ s[i], pos[i], i, 0 };
+		}
+		for (int j = 0; j < m; j++)
+			rank[j] = (int32_t)k_select_ref_rank(ref, m, j);
+		const int ks[8] = { 0, 1, 9, m / 2, m - 9, m - 1, m, rand() % (m + 1) };
+		for (int q = 0; q < 8; q++) {
+			const int k = ks[q];
+			memset(keep, 0, sizeof keep);
+			ck_assert_int_eq(k_select_topk(s, pos, cand, N, k, keep, buf, tmp), k);
+			for (int j = 0; j < m; j++)
+				ck_assert_msg(keep[ref[j].idx] == (rank[j] < k),
+				              "trial %d k %d: entry %d of rank %d kept %d", trial, k,
+				              ref[j].idx, rank[j], keep[ref[j].idx]);
+			for (int i = 0; i < N; i++)
+				if (!cand[i])
+					ck_assert_int_eq(keep[i], 0);
+			/* the selection alone: c[0..k) are the ranks below k, c[k..m) the rest */
+			memcpy(c, ref, (size_t)m * sizeof *c);
+			k_cand_select(c, m, k, tmp);
+			memset(keep, 0, sizeof keep);
+			for (int j = 0; j < k; j++)
+				keep[c[j].idx] = 1;
+			for (int j = 0; j < m; j++)
+				ck_assert_int_eq(keep[ref[j].idx], rank[j] < k);
+		}
 	}
 }
 END_TEST
@@ -403,7 +458,7 @@ START_TEST(pipeline_merge)
 	memset(&ctx, 0, sizeof ctx);
 	ctx.seen = 8;
 	ctx.prompt_len = -1;
-	ctx.scratch_len = k_compress_scratch_bytes(&kv, 0);
+	ctx.scratch_len = k_compress_scratch_bytes(&kv, 0, 1);
 	ctx.scratch = malloc(ctx.scratch_len);
 	struct k_compress_cfg cfg;
 	memset(&cfg, 0, sizeof cfg);
@@ -442,6 +497,7 @@ static Suite *kernels_suite(void)
 	tcase_add_test(tc, select_nan_and_candidates);
 	tcase_add_test(tc, sort_matches_rank_reference);
 	tcase_add_test(tc, topk_matches_rank_reference);
+	tcase_add_test(tc, select_large_matches_rank_reference);
 	tcase_add_test(tc, pool_and_reduce);
 	tcase_add_test(tc, caote_exact_is_the_output_change);
 	tcase_add_test(tc, reduce_l2_and_output_state);

@@ -789,7 +789,8 @@ static const struct kvp_policy *load_policy(const char *src, const char *name, v
 	const char *san = getenv("KVRT_SANITIZED") ? "-fsanitize=address,undefined -fno-sanitize-recover=undefined" : "";
 	snprintf(cmd, sizeof cmd,
 	         "%s -std=c11 -O1 -D_GNU_SOURCE -fPIC -shared %s -Iruntime -Ikernels %s runtime/kv/rt_kv.c runtime/kv/rt_kvpool.c runtime/kv/rt_kvq.c "
-	         "runtime/base/rt_util.c runtime/policy/rt_budget.c -o %s -lm 2>&1", cc, san, cpath, sopath);
+	         "runtime/base/rt_util.c runtime/base/rt_pool.c runtime/policy/rt_budget.c -o %s -pthread -lm 2>&1",
+	         cc, san, cpath, sopath);
 	int rc = system(cmd);
 	unlink(cpath);
 	*handle = rc == 0 ? dlopen(sopath, RTLD_NOW | RTLD_LOCAL) : NULL;

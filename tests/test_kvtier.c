@@ -472,8 +472,9 @@ static int32_t pt_next(const struct kvp_ctx *ctx, const rt_kv *kv)
 	return (int32_t)(PT_EVERY - ctx->seen % PT_EVERY);
 }
 
-static size_t pt_scratch(const rt_kv *kv)
+static size_t pt_scratch(const rt_kv *kv, int n_threads)
 {
+	(void)n_threads; /* its compress works on the calling thread */
 	return (size_t)kv->cap;
 }
 

@@ -374,58 +374,86 @@ static void evicted_equals_dense(const char *name, const char *const *sets, int 
 	rt_model_free(m);
 }
 
+/* Feed a (1 thread) and b (2 threads) the same N_TOK tokens, 8 at a time over the prompt
+ * and then one by one: after every feed the kept positions of every (layer, KV head) are
+ * the same and the logits equal bit for bit. */
+static void threads_feed_compare(rt_seq *a, rt_seq *b, const int32_t *toks, float *la, float *lb,
+                                 const char *what)
+{
+	const int V = a->m->hp.n_vocab, H = a->kv.n_layer * a->kv.n_kv_head;
+	int64_t t = 0;
+	while (t < N_TOK) {
+		const int64_t n = t < PROMPT ? 8 : 1;
+		feed_ok(a, toks + t, n, la);
+		feed_ok(b, toks + t, n, lb);
+		t += n;
+		ck_assert_msg(memcmp(la, lb, (size_t)n * V * sizeof *la) == 0,
+		              "%s: logits differ with 2 threads after %lld tokens", what, (long long)t);
+		for (int h = 0; h < H; h++) {
+			const rt_kv_head *x = &a->kv.heads[h], *y = &b->kv.heads[h];
+			ck_assert_int_eq(x->n, y->n);
+			ck_assert_msg(memcmp(x->pos, y->pos, (size_t)x->n * sizeof *x->pos) == 0,
+			              "%s: head %d keeps other positions with 2 threads after %lld tokens",
+			              what, h, (long long)t);
+			ck_assert_msg(memcmp(x->count, y->count, (size_t)x->n * sizeof *x->count) == 0,
+			              "%s: head %d has other counts with 2 threads", what, h);
+		}
+	}
+	ck_assert_int_eq(rt_seq_stats_get(a).compress_events, rt_seq_stats_get(b).compress_events);
+}
+
 /* The thread count does not change what a policy keeps: on the fast path the KV heads of a
- * layer are attended and observed in parallel (observe_parallel), and every head's
- * statistics come from the same operations whichever thread ran it. H2O and TOVA at ratio
- * 4 over a 32-token prompt (chunked prefill of 8, so several compresses cross chunks) and
- * 16 decode steps, 1 thread against 2: after every feed the kept positions of every
- * (layer, KV head) are the same, and the logits are equal bit for bit (as test_model's
- * fast-path case finds for the forward alone). Shapes 9/3 and 4/4. */
+ * layer are attended and observed in parallel (observe_parallel), and compress scores,
+ * selects and compacts the (layer, KV head) lists on the pool (kernels/k_compress.h), and
+ * every head's result comes from the same operations whichever thread ran it. H2O and TOVA
+ * at ratio 4 over a 32-token prompt (chunked prefill of 8, so several compresses cross
+ * chunks) and 16 decode steps, then every library policy scaled down as in the chunking
+ * tests (pooling, adaptive allocation, merges, key scores, position compaction), 1 thread
+ * against 2: the same kept positions and counts after every feed and logits equal bit for
+ * bit (as test_model's fast-path case finds for the forward alone). Shapes 9/3 on an f16
+ * store (each thread decodes rows for the scores that read keys), 4/4 and 4/1 on f32. */
 START_TEST(threads_same_kept_sets)
 {
-	const int shape = _i == 0 ? 0 : 2;
-	const char *names[] = { "h2o", "tova" };
-	const rt_model_opts o1 = { .exact = 0, .threads = 1 }, o2 = { .exact = 0, .threads = 2 };
+	static const int shapes[3] = { 0, 2, 1 };
+	const int shape = shapes[_i];
+	const enum rt_kv_type kt = _i == 0 ? RT_KV_F16 : RT_KV_F32;
+	const rt_model_opts o1 = { .exact = 0, .threads = 1, .kv_type = kt };
+	const rt_model_opts o2 = { .exact = 0, .threads = 2, .kv_type = kt };
 	rt_err err = { "" };
 	rt_model *m1 = rt_model_open(model_path(shape), &o1, &err);
 	ck_assert_msg(m1 != NULL, "%s", err.msg);
 	rt_model *m2 = rt_model_open(model_path(shape), &o2, &err);
 	ck_assert_msg(m2 != NULL, "%s", err.msg);
-	const int V = m1->hp.n_vocab, H = m1->hp.n_layer * m1->hp.n_head_kv;
+	const int V = m1->hp.n_vocab;
 	int32_t toks[N_TOK];
 	test_tokens(toks, N_TOK, V, 31u + (unsigned)shape);
 	float *la = malloc((size_t)PROMPT * V * sizeof *la), *lb = malloc((size_t)PROMPT * V * sizeof *lb);
-	for (int pi = 0; pi < 2; pi++) {
-		const struct kvp_policy *p = find_policy(names[pi]);
+	for (int pi = -2; pi < kvp_registry_count; pi++) {
+		const struct kvp_policy *p = pi == -2 ? find_policy("h2o") :
+		                             pi == -1 ? find_policy("tova") : kvp_registry[pi];
+		if (!p->compress || ((p->needs & KVP_NEED_F32_KV) && kt != RT_KV_F32))
+			continue;
 		rt_seq a, b;
 		ck_assert_msg(rt_seq_init(&a, m1, p, N_TOK, 8, PROMPT, &err) == 0, "%s", err.msg);
 		ck_assert_msg(rt_seq_init(&b, m2, p, N_TOK, 8, PROMPT, &err) == 0, "%s", err.msg);
 		ck_assert_int_eq(b.fwd.n_att, 2); /* the parallel attention path is taken */
 		ck_assert(b.fwd.observe_parallel);
+		ck_assert_ptr_eq(b.run.ctx.pool, m2->pool); /* and compress gets the pool */
 		rt_seq *both[2] = { &a, &b };
 		for (int k = 0; k < 2; k++) {
-			ck_assert_msg(rt_seq_set_ratio(both[k], 4, &err) == 0, "%s", err.msg);
-			ck_assert_msg(rt_seq_set_prefill_chunk(both[k], 8, &err) == 0, "%s", err.msg);
-		}
-		int64_t t = 0;
-		while (t < N_TOK) {
-			const int64_t n = t < PROMPT ? 8 : 1;
-			feed_ok(&a, toks + t, n, la);
-			feed_ok(&b, toks + t, n, lb);
-			t += n;
-			ck_assert_msg(memcmp(la, lb, (size_t)n * V * sizeof *la) == 0,
-			              "%s shape %d: logits differ with 2 threads after %lld tokens",
-			              names[pi], shape, (long long)t);
-			for (int h = 0; h < H; h++) {
-				const rt_kv_head *x = &a.kv.heads[h], *y = &b.kv.heads[h];
-				ck_assert_int_eq(x->n, y->n);
-				ck_assert_msg(memcmp(x->pos, y->pos, (size_t)x->n * sizeof *x->pos) == 0,
-				              "%s shape %d: head %d keeps other positions with 2 threads "
-				              "after %lld tokens", names[pi], shape, h, (long long)t);
+			if (pi < 0) {
+				ck_assert_msg(rt_seq_set_ratio(both[k], 4, &err) == 0, "%s", err.msg);
+				ck_assert_msg(rt_seq_set_prefill_chunk(both[k], 8, &err) == 0, "%s", err.msg);
+			} else {
+				scale_down(both[k], p);
 			}
 		}
-		ck_assert_int_gt(rt_seq_stats_get(&a).compress_events, 1);
-		ck_assert_int_eq(rt_seq_stats_get(&a).compress_events, rt_seq_stats_get(&b).compress_events);
+		char what[96];
+		snprintf(what, sizeof what, "%s shape %d %s%s", p->name, shape,
+		         rt_kv_type_name(kt), pi < 0 ? " ratio 4" : "");
+		threads_feed_compare(&a, &b, toks, la, lb, what);
+		ck_assert_msg(rt_seq_stats_get(&a).compress_events > (pi < 0 ? 1 : 0),
+		              "%s: too few compressions", what);
 		ck_assert(rt_seq_stats_get(&b).policy_seconds > 0);
 		rt_seq_free(&a);
 		rt_seq_free(&b);
@@ -494,6 +522,96 @@ START_TEST(evicted_snapkv_prompt_end)
 {
 	static const char *const sets[] = { "capacity=12", "window=4", NULL };
 	evicted_equals_dense("snapkv", sets, _i, 0, PROMPT);
+}
+END_TEST
+
+/* `positions compacted` on a narrow store: after each compress the runtime decodes every
+ * kept key that moved, rotates it in f32 from the index it was rotated at to its new index
+ * and stores it again (rt_seq.c seq_rerotate). StreamingLLM (sinks 3, recent 7, one token
+ * per step: every step after the window fills moves the recent entries down by one) on
+ * the fast path with an f16 store (shapes 9/3 and 4/1) and a q8_0 store (9/3; q8_0 needs
+ * head_dim a multiple of 32). Reference: the key decoded before the step, rotated in
+ * double by the index change (rope_d, the naive adjacent-pair RoPE above). The stored key
+ * must equal it within one rounding to the store's type (runtime/kv/rt_kvq.h): f16 2^-11
+ * relative (2^-25 absolute below its normal range), q8_0 0.0044 of its block's largest
+ * magnitude (plus 127 · 2^-25 below f16's normal range for the scale), each with 2^-23
+ * relative for the f32 rotation; a key that did not move must be unchanged, bit for bit.
+ * That the check has teeth: moved keys are counted, and some differ from the unrotated
+ * decoded key by more than the bound. */
+START_TEST(compacted_rerotation_narrow_store)
+{
+	static const int shapes[3] = { 0, 1, 0 };
+	const int shape = shapes[_i];
+	const enum rt_kv_type kt = _i == 2 ? RT_KV_Q8_0 : RT_KV_F16;
+	const rt_model_opts o = { .exact = 0, .threads = 1, .kv_type = kt };
+	rt_err err = { "" };
+	rt_model *m = rt_model_open(model_path(shape), &o, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	const int H = m->hp.n_layer * m->hp.n_head_kv, hd = m->hp.head_dim, n_rot = m->hp.n_rot;
+	rt_seq s;
+	ck_assert_msg(rt_seq_init(&s, m, find_policy("streaming_llm"), N_TOK, 8, -1, &err) == 0,
+	              "%s", err.msg);
+	ck_assert_msg(rt_seq_set(&s, "sinks=3", &err) == 0 && rt_seq_set(&s, "recent=7", &err) == 0,
+	              "%s", err.msg);
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, m->hp.n_vocab, 57u + (unsigned)shape);
+	int32_t *ppos = malloc((size_t)H * N_TOK * sizeof *ppos), *pn = calloc((size_t)H, sizeof *pn);
+	float *pkey = malloc((size_t)H * N_TOK * hd * sizeof *pkey), *buf = malloc((size_t)hd * sizeof *buf);
+	double *ref = malloc((size_t)hd * sizeof *ref);
+	long moved = 0, rotated_far = 0;
+	for (int t = 0; t < N_TOK; t++) {
+		feed_ok(&s, toks + t, 1, NULL);
+		for (int hi = 0; hi < H; hi++) {
+			rt_kv_head *h = &s.kv.heads[hi];
+			for (int32_t j = 0; j < h->n; j++) {
+				int32_t i = 0; /* the entry's index before this step */
+				while (i < pn[hi] && ppos[(size_t)hi * N_TOK + i] != h->pos[j])
+					i++;
+				const float *now = rt_kv_key(&s.kv, h, j, buf);
+				if (i == pn[hi])
+					continue; /* appended this step */
+				const float *was = pkey + ((size_t)hi * N_TOK + i) * hd;
+				ck_assert_int_le(j, i);
+				if (j == i) {
+					ck_assert_msg(memcmp(now, was, (size_t)hd * sizeof *now) == 0,
+					              "%s: head %d entry %d changed without moving",
+					              rt_kv_type_name(kt), hi, j);
+					continue;
+				}
+				moved++;
+				for (int d = 0; d < hd; d++)
+					ref[d] = was[d];
+				rope_d(ref, (double)j - i, n_rot, m->hp.rope_base);
+				int far = 0;
+				for (int d = 0; d < hd; d++) {
+					double amax = 0; /* q8_0: the largest magnitude of d's block of 32 */
+					for (int e = d / 32 * 32; e < d / 32 * 32 + 32 && e < hd; e++)
+						amax = fabs(ref[e]) > amax ? fabs(ref[e]) : amax;
+					const double tol = kt == RT_KV_F16 ?
+					        fabs(ref[d]) * (0x1p-11 + 0x1p-23) + 0x1p-25 :
+					        0.0044 * amax + fabs(ref[d]) * 0x1p-23 + 127 * 0x1p-25;
+					ck_assert_msg(fabs(now[d] - ref[d]) <= tol,
+					              "%s shape %d: head %d entry %d (position %d, index %d -> %d) "
+					              "element %d: %.9g, the f32 re-rotation gives %.9g (bound %.3g)",
+					              rt_kv_type_name(kt), shape, hi, j, h->pos[j], i, j, d,
+					              (double)now[d], ref[d], tol);
+					far |= fabs(was[d] - ref[d]) > 4 * tol;
+				}
+				rotated_far += far;
+			}
+			pn[hi] = h->n;
+			for (int32_t j = 0; j < h->n; j++) {
+				ppos[(size_t)hi * N_TOK + j] = h->pos[j];
+				const float *k = rt_kv_key(&s.kv, h, j, buf);
+				memcpy(pkey + ((size_t)hi * N_TOK + j) * hd, k, (size_t)hd * sizeof *k);
+			}
+		}
+	}
+	ck_assert_int_gt(moved, (long)H * (N_TOK - 11) * 6);
+	ck_assert_int_gt(rotated_far, moved / 2);
+	free(ppos), free(pn), free(pkey), free(buf), free(ref);
+	rt_seq_free(&s);
+	rt_model_free(m);
 }
 END_TEST
 
@@ -1689,10 +1807,11 @@ static Suite *seq_suite(void)
 	TCase *tc = tcase_create("seq");
 	tcase_set_timeout(tc, 600);
 	tcase_add_loop_test(tc, evicted_h2o_original, 0, 3);
-	tcase_add_loop_test(tc, threads_same_kept_sets, 0, 2);
+	tcase_add_loop_test(tc, threads_same_kept_sets, 0, 3);
 	tcase_add_test(tc, serve_footprint_prefill_chunk);
 	tcase_add_loop_test(tc, evicted_tova_original, 0, 3);
 	tcase_add_loop_test(tc, evicted_streaming_compacted, 0, 3);
+	tcase_add_loop_test(tc, compacted_rerotation_narrow_store, 0, 3);
 	tcase_add_loop_test(tc, evicted_snapkv_prompt_end, 0, 3);
 	tcase_add_loop_test(tc, chunked_equals_stepwise_every_policy, 0, 3 * (kvp_registry_count + 1));
 	tcase_add_loop_test(tc, batch_equals_alone_every_policy, 0, 3);

@@ -159,7 +159,7 @@ int rt_run_init_typed(struct rt_run *r, rt_kv *kv, enum rt_kv_type kv_type,
 	r->p = p;
 	r->params = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof(double));
 	if (p->scratch_bytes) {
-		r->scratch_len = p->scratch_bytes(kv);
+		r->scratch_len = p->scratch_bytes(kv, 1);
 		r->scratch = aligned_alloc(64, (r->scratch_len + 63) & ~(size_t)63);
 	}
 	if (!r->params || (p->scratch_bytes && !r->scratch)) {
@@ -173,6 +173,23 @@ int rt_run_init_typed(struct rt_run *r, rt_kv *kv, enum rt_kv_type kv_type,
 	r->ctx.scratch = r->scratch;
 	r->ctx.scratch_len = r->scratch_len;
 	rt_run_reset(r, kv, prompt_len);
+	return 0;
+}
+
+int rt_run_set_pool(struct rt_run *r, const rt_kv *kv, rt_pool *pool, rt_err *err)
+{
+	const int T = rt_pool_threads(pool);
+	if (r->p->scratch_bytes) {
+		const size_t len = r->p->scratch_bytes(kv, T);
+		void *mem = aligned_alloc(64, (len + 63) & ~(size_t)63);
+		if (!mem)
+			return rt_err_set(err, "policy %s: cannot allocate %zu bytes of scratch for %d "
+			                  "threads", r->p->name, len, T);
+		free(r->scratch);
+		r->scratch = r->ctx.scratch = mem;
+		r->scratch_len = r->ctx.scratch_len = len;
+	}
+	r->ctx.pool = pool;
 	return 0;
 }
 

@@ -25,7 +25,8 @@
  * state_words_dim2).
  *
  * The runtime owns everything passed in; hooks never allocate. compress works in
- * ctx->scratch (at least scratch_bytes(kv) bytes, 64-byte aligned, allocated once).
+ * ctx->scratch (at least scratch_bytes(kv, T) bytes, 64-byte aligned, allocated once) and
+ * may split its per-(layer, KV head) work over the T threads of ctx->pool.
  */
 #ifndef RT_POLICY_H
 #define RT_POLICY_H
@@ -33,9 +34,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/rt_pool.h"
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 5
+#define KVP_ABI_VERSION 6
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
@@ -150,8 +152,11 @@ struct kvp_ctx {
 	const char *const *span_names; /* [n_spans + 1] names of the request's protected spans,
 	                                  span id s (1..n_spans) is span_names[s]; [0] unused */
 	int n_spans;
-	void *scratch;          /* >= policy->scratch_bytes(kv) bytes for compress */
+	void *scratch;          /* >= policy->scratch_bytes(kv, T) bytes for compress */
 	size_t scratch_len;
+	rt_pool *pool;          /* T = rt_pool_threads(pool) threads compress may use for its
+	                           per-head work (NULL: the calling thread alone); the kept
+	                           sets do not depend on T */
 	double ratio;           /* compression factor override R (> 1), 0 = none: the budget
 	                           becomes context / R entries per head (k_context: the prompt
 	                           length while known, else the tokens seen) in place of the
@@ -222,8 +227,9 @@ struct kvp_policy {
 	 * returns the room, and 0 means some head is full. The runtime feeds chunks of at
 	 * most k tokens, which makes chunked processing equal to token-by-token. */
 	int32_t (*next_trigger)(const struct kvp_ctx *ctx, const rt_kv *kv);
-	/* Bytes of ctx->scratch compress needs for this store's shape. */
-	size_t (*scratch_bytes)(const rt_kv *kv);
+	/* Bytes of ctx->scratch compress needs for this store's shape on n_threads (>= 1)
+	 * threads of ctx->pool. */
+	size_t (*scratch_bytes)(const rt_kv *kv, int n_threads);
 	/* Check the budget and guards in force for a sequence whose context is its prompt
 	 * (ctx->prompt_len >= 0 tokens) with ctx's parameters and ratio, on kv's shape, before
 	 * the sequence starts: the rules of runtime/policy/rt_budget.h, which compress applies
@@ -325,6 +331,12 @@ int rt_run_init_typed(struct rt_run *r, rt_kv *kv, enum rt_kv_type kv_type,
                       const struct kvp_policy *p, int n_layer, int n_kv_head, int group,
                       int head_dim, int32_t cap, int64_t prompt_len, rt_err *err);
 void rt_run_free(struct rt_run *r);
+
+/* Let compress split its per-(layer, KV head) work over the threads of pool (NULL: one
+ * thread, the caller's): sizes the scratch for rt_pool_threads(pool) threads. The pool
+ * must outlive the run and serve nothing else while rt_run_advance runs. Returns 0, or -1
+ * with err (allocation failure; the run keeps its previous scratch and pool). */
+int rt_run_set_pool(struct rt_run *r, const rt_kv *kv, rt_pool *pool, rt_err *err);
 
 /* Start a new sequence on the same store: empty the store (rt_kv_reset), zero the
  * counters, keep the parameter values. */

@@ -274,6 +274,11 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 		rt_seq_free(s);
 		return -1;
 	}
+	/* the fast path's threads also run compress's per-head work (kernels/k_compress.h) */
+	if (!m->exact && rt_run_set_pool(&s->run, &s->kv, m->pool, err) != 0) {
+		rt_seq_free(s);
+		return -1;
+	}
 	s->fwd.on_append = seq_on_append; /* span ids, the position map, init_entries */
 	s->fwd.append_user = s;
 	s->fwd.observe = p->observe ? seq_observe : NULL;
