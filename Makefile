@@ -125,9 +125,11 @@ demo: deps model
 	@$(MAKE) --no-print-directory $(BINS) $(B)/libkvrt.a
 	@scripts/demo.sh $(B) $(MODEL)
 
-## results: every policy x compression 2..128 x two texts + passkey -> docs/results.md (hours)
-# (RESULTS_TOKENS, RATIOS, LENGTHS, POLICIES narrow the sweep; RESULTS_QUIET=1 silences the
-# progress lines; see scripts/results.sh)
+## results: every policy x compression 2..128 x two texts + passkey, and the byte frontier (KL, passkey vs bytes 2x..32x) -> docs/results.md (hours)
+# (RESULTS_TOKENS, RATIOS, LENGTHS, POLICIES narrow the sweep, FRONTIER_* the byte frontier,
+# RESULTS_QUICK=1 runs a narrowed frontier in minutes; a narrowed run writes its document under
+# OUT (build/results/docs), only the full run writes docs/results.md; RESULTS_QUIET=1 silences
+# the progress lines; see scripts/results.sh)
 results: deps model
 	@$(MAKE) --no-print-directory $(BINS) $(B)/libkvrt.a
 	@scripts/results.sh $(B) $(MODEL)

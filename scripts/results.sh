@@ -2,8 +2,11 @@
 # `make results` (issue 5 item 5): every policy in policies/ on the real model
 # (SmolLM2-135M-Instruct, Q4_1) and two offline texts, at several compression ratios, with
 # the full cache as the reference, and passkey accuracy at several prompt lengths and
-# depths; writes docs/results.md (tables, commit, model hash, parameters, command, wall
-# time) and docs/results/*.svg (kld_mean against the ratio, one line per policy).
+# depths, and the byte frontier (mean KL and passkey accuracy against the compression in
+# bytes); writes docs/results.md (tables, commit, model hash, parameters, command, wall
+# time) and docs/results/*.svg (kld_mean against the ratio, one line per policy; kld_mean
+# against bytes, one line per policy and store type) — a narrowed run writes them under
+# OUT/docs instead (see "Where the document goes" below).
 #
 # Steps:
 #  1. build one per-deployment binary holding the policies measured (kvpc build is cached);
@@ -20,7 +23,16 @@
 #     ratio's budget (recent = N/R - sinks; window = N/R), as `make demo` does;
 #  4. `BIN needle --task passkey --lengths LENGTHS --depths DEPTHS --ratio R` per policy
 #     in NEEDLE_POLICIES at each ratio in NEEDLE_RATIOS, plus the full cache;
-#  5. render docs/results.md and the SVG plots from the collected JSON (python3, stdlib).
+#  5. the byte frontier (scripts/results_frontier.py): mean KL (`ppl --batch`, against the
+#     f32 full cache of the exact path) and passkey accuracy (`needle --batch`) of
+#     FRONTIER_POLICIES against the compression in bytes over an f16 full cache, 2x to 32x:
+#     each eviction-only policy at each ratio in each KV store type (a batch line's
+#     `--kv-type T`: f32 rows are 4 bytes, f16 2, q8_0 34/32 per element, so ratio R gives
+#     R/2, R and about 1.9R in bytes; a cell outside FRONTIER_MIN_X..FRONTIER_MAX_X in bytes
+#     is not run), and each policy that chooses its own precision (FRONTIER_OWN_KV_POLICIES)
+#     in the default store at each ratio (once when it has no budget); streaming and
+#     prompt-end as in step 3;
+#  6. render docs/results.md and the SVG plots from the collected JSON (python3, stdlib).
 # Each measurement is cached as one JSON file under OUT (keyed by text, tokens, policy,
 # ratio), so an interrupted run resumes where it stopped; RESULTS_FRESH=1 discards them.
 #
@@ -45,8 +57,36 @@
 #   OUT [BUILD_DIR/results]      where the binary, texts and JSON go
 #   RESULTS_RENDER_ONLY=1        measure nothing: render what the cache holds (cells not
 #                                measured read "not run")
+#   FRONTIER [1]                 0: no byte frontier
+#   FRONTIER_POLICIES [caote_tova tova snapkv h2o expected_attention expected_attention_prompt,
+#                                then policies/kivi_*.kvp and policies/mixed_*.kvp when present]
+#   FRONTIER_OWN_KV_POLICIES [the kivi_* and mixed_* among them] policies run in the default
+#                                store (their own precision) instead of per KV type
+#   FRONTIER_KV_TYPES ["f32 f16 q8_0"]  store types of the eviction-only cells
+#   FRONTIER_RATIOS ["1 2 4 8 16 32 64"] FRONTIER_MIN_X [2] FRONTIER_MAX_X [32]
+#   FRONTIER_PROTOCOLS ["stream prompt_end"]
+#   FRONTIER_NEEDLE [1]          0: no passkey cells in the frontier
+#   RESULTS_QUICK=1              a narrowed run in minutes: 2048 tokens of coreutils, no
+#                                per-policy sweep and no passkey, the streaming frontier of
+#                                tova, caote_tova and expected_attention at ratios 2 4 8 16
+#                                in f16 and q8_0 stores (each knob above still overrides)
+# Where the document goes: only the full run (none of the knobs above set) writes
+# docs/results.md and docs/results/*.svg in the tree; a narrowed run writes OUT/docs/results.md
+# and OUT/docs/results/*.svg (RESULTS_DOC may name another place outside the tree).
 set -euo pipefail
 quiet=${RESULTS_QUIET:-0}
+narrowed=0
+for v in RESULTS_TOKENS RATIOS POLICIES TEXTS LENGTHS DEPTHS NEEDLE_POLICIES NEEDLE_RATIOS \
+	FRONTIER FRONTIER_POLICIES FRONTIER_OWN_KV_POLICIES FRONTIER_KV_TYPES FRONTIER_RATIOS \
+	FRONTIER_MIN_X FRONTIER_MAX_X FRONTIER_PROTOCOLS FRONTIER_NEEDLE RESULTS_QUICK; do
+	[ -z "${!v+x}" ] || narrowed=1
+done
+if [ "${RESULTS_QUICK:-0}" = 1 ]; then
+	: "${RESULTS_TOKENS:=2048}" "${TEXTS=coreutils}" "${POLICIES=}" "${NEEDLE_RATIOS=}"
+	: "${FRONTIER_POLICIES:=tova caote_tova expected_attention}" "${FRONTIER_KV_TYPES:=f16 q8_0}"
+	: "${FRONTIER_RATIOS:=2 4 8 16}" "${FRONTIER_PROTOCOLS:=stream}" "${FRONTIER_NEEDLE:=0}"
+	POLICIES_SET=1
+fi
 if [ "${1:-}" = --quiet ]; then quiet=1; shift; fi
 bdir=${1:-build}
 model=${2:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -56,26 +96,59 @@ texts=${TEXTS-coreutils gettext}
 lengths=${LENGTHS:-1024,2048,4096}
 depths=${DEPTHS:-0,25,50,75,100}
 threads=${THREADS:-$(nproc)}
-doc=${RESULTS_DOC:-docs/results.md}
 out=${OUT:-$bdir/results}
-if [ -z "${POLICIES:-}" ]; then
+if [ "$narrowed" = 1 ]; then doc=${RESULTS_DOC:-$out/docs/results.md}; else doc=${RESULTS_DOC:-docs/results.md}; fi
+svgdir="$(dirname "$doc")/results"
+# a narrowed run may write its document only outside the tree or under an ignored path (the
+# build folder): never beside the tracked docs
+if [ "$narrowed" = 1 ] && top=$(git rev-parse --show-toplevel 2>/dev/null); then
+	mkdir -p "$(dirname "$doc")"
+	d=$(cd "$(dirname "$doc")" && pwd -P)
+	case "$d/" in "$(cd "$top" && pwd -P)/"*)
+		if ! git check-ignore -q "$d/$(basename "$doc")"; then
+			echo "results.sh: $doc: a narrowed run writes no generated file into the tree (only the full run writes docs/results.md); leave RESULTS_DOC unset or point it outside the tree" >&2
+			exit 2
+		fi ;;
+	esac
+fi
+if [ -z "${POLICIES+x}" ] && [ -z "${POLICIES_SET:-}" ]; then
 	POLICIES=$(for f in policies/*.kvp; do b=$(basename "$f" .kvp); [ "$b" = full ] || printf '%s ' "$b"; done)
 fi
 policies=$POLICIES
-needle_policies=${NEEDLE_POLICIES:-$policies}
+needle_policies=${NEEDLE_POLICIES-$policies}
 needle_ratios=${NEEDLE_RATIOS-8 16 32}
 cmdline="$0 $*"
 envline="RESULTS_TOKENS=$tokens RATIOS=\"$ratios\" TEXTS=\"$texts\" LENGTHS=$lengths DEPTHS=$depths THREADS=$threads POLICIES=\"$policies\" NEEDLE_POLICIES=\"$needle_policies\" NEEDLE_RATIOS=\"$needle_ratios\""
 
 [ -r "$model" ] || { echo "results.sh: $model: model not found (scripts/fetch_model.sh)" >&2; exit 1; }
 [ "${RESULTS_FRESH:-0}" = 1 ] && rm -rf "$out/ppl" "$out/needle"
-mkdir -p "$out/ppl" "$out/needle" "$(dirname "$doc")" docs/results
+frontier=${FRONTIER:-1}
+if [ -z "${FRONTIER_POLICIES+x}" ]; then
+	FRONTIER_POLICIES="caote_tova tova snapkv h2o expected_attention expected_attention_prompt"
+	for f in policies/kivi_*.kvp policies/mixed_*.kvp; do
+		[ -e "$f" ] && FRONTIER_POLICIES="$FRONTIER_POLICIES $(basename "$f" .kvp)"
+	done
+fi
+[ "$frontier" = 1 ] || FRONTIER_POLICIES=""
+fpolicies=$FRONTIER_POLICIES
+if [ -z "${FRONTIER_OWN_KV_POLICIES+x}" ]; then
+	FRONTIER_OWN_KV_POLICIES=$(for p in $fpolicies; do case $p in kivi_* | mixed_*) printf '%s ' "$p" ;; esac; done)
+fi
+fown=$FRONTIER_OWN_KV_POLICIES
+fkv=${FRONTIER_KV_TYPES:-f32 f16 q8_0}
+fratios=${FRONTIER_RATIOS:-1 2 4 8 16 32 64}
+fmin=${FRONTIER_MIN_X:-2}
+fmax=${FRONTIER_MAX_X:-32}
+fprot=${FRONTIER_PROTOCOLS:-stream prompt_end}
+fneedle=${FRONTIER_NEEDLE:-1}
+envline="$envline FRONTIER_POLICIES=\"$fpolicies\" FRONTIER_KV_TYPES=\"$fkv\" FRONTIER_RATIOS=\"$fratios\" FRONTIER_PROTOCOLS=\"$fprot\" FRONTIER_NEEDLE=$fneedle"
+mkdir -p "$out/ppl" "$out/needle" "$(dirname "$doc")" "$svgdir"
 start=$(date +%s)
 
 # 1. one binary with the policies measured (the full cache is built in, for the needle
 # baseline); a narrowed sweep builds only what it runs
 bin="$out/bin"
-srcs=$(for p in $policies $needle_policies; do echo "policies/$p.kvp"; done | awk '!seen[$0]++')
+srcs=$(for p in $policies $needle_policies $fpolicies; do echo "policies/$p.kvp"; done | awk '!seen[$0]++')
 # shellcheck disable=SC2086 # one word per source
 "$bdir/kvpc" build $srcs -o "$bin"
 
@@ -213,6 +286,7 @@ nkey="L${lengths//,/-}.D${depths//,/-}"
 mkdir -p "$out/needle/$nkey"
 for group in stream prompt_end; do
 	[ "$render_only" = 1 ] && break
+	[ -n "$needle_ratios" ] && [ -n "$needle_policies" ] || break
 	runs="$out/needle/$nkey/$group.runs"
 	: >"$runs"
 	cells=()
@@ -239,16 +313,102 @@ for group in stream prompt_end; do
 	split_pass "needle $group" "$runs" "$rc" '"accuracy \(.accuracy)"' "${cells[@]}"
 done
 
-# 5. render
+# 5. the byte frontier: every cell (policy, store type, ratio) whose bytes compression is in
+# [fmin, fmax] (expected from the row size: f32 R/2, f16 R, q8_0 R·64/34), cached as
+# frontier/{ppl,needle}/.../POLICY.KV.rR.json; a policy with its own precision runs in the
+# default store (KV "own"), once ("r0") when it has no budget
+has_budget() { grep -q '^[[:space:]]*budget[[:space:]]*=' "policies/$1.kvp"; }
+fcells() { # fcells POLICY: "KV R" per line
+	local p=$1 own=0 kv r
+	for q in $fown; do [ "$q" = "$p" ] && own=1; done
+	if [ $own = 1 ]; then
+		if has_budget "$p"; then for r in $fratios; do echo "own $r"; done; else echo "own 0"; fi
+		return
+	fi
+	for kv in $fkv; do
+		for r in $fratios; do
+			awk -v r="$r" -v k="$kv" -v lo="$fmin" -v hi="$fmax" 'BEGIN {
+				f = k == "f32" ? 0.5 : k == "q8_0" ? 64 / 34 : 1; x = r * f
+				exit !(x >= lo * 0.999 && x <= hi * 1.001) }' && echo "$kv $r"
+		done
+	done
+}
+frun() { # frun POLICY KV R N: the batch line of one frontier cell over N tokens of context
+	local line=$1
+	[ "$3" != 0 ] && line="$line --ratio $3 $(extra_sets "$1" "$3" "$4")"
+	[ "$2" != own ] && line="$line --kv-type $2"
+	echo "$line"
+}
+mkdir -p "$out/frontier/needle/$nkey"
+for f in ${textfiles[@]+"${textfiles[@]}"}; do
+	t=$(basename "$f" ".$tokens.txt")
+	d="$out/frontier/ppl/$t.$tokens"
+	mkdir -p "$d"
+	for group in $fprot; do
+		runs="$d/$group.runs"
+		: >"$runs"
+		cells=()
+		for p in $fpolicies; do
+			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
+			h=$(policy_hash "$p")
+			n=$tokens
+			[ $group = prompt_end ] && n=$((tokens / 2))
+			while read -r kv r; do
+				j="$d/$p.$kv.r$r.json"
+				if [ -s "$j" ] && [ "$(jq -r '.policy_hash // ""' "$j")" = "$h" ]; then continue; fi
+				frun "$p" "$kv" "$r" "$n" >>"$runs"
+				cells+=("$j")
+			done < <(fcells "$p")
+		done
+		[ ${#cells[@]} -gt 0 ] || continue
+		pe=()
+		[ $group = prompt_end ] && pe=(--prompt $((tokens / 2)) --score-from $((tokens / 2 + 1)))
+		say_pass "frontier ppl $t $group, ${#cells[@]} runs in lockstep over $tokens tokens"
+		set +e
+		run_pass "$runs.jsonl" "$runs.err" "$bin" ppl --model "$model" --text "$f" --ctx "$tokens" \
+			--threads "$threads" --json --batch "$runs" ${pe[@]+"${pe[@]}"}
+		rc=$?
+		set -e
+		split_pass "frontier ppl $t $group" "$runs" "$rc" '"x bytes \(.bytes_compression) kld_mean \(.kld_mean)"' "${cells[@]}"
+	done
+done
+for group in $fprot; do
+	[ "$render_only" = 1 ] || [ "$fneedle" != 1 ] && break
+	runs="$out/frontier/needle/$nkey/$group.runs"
+	: >"$runs"
+	cells=()
+	for p in $fpolicies; do
+		if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
+		while read -r kv r; do
+			j="$out/frontier/needle/$nkey/$p.$kv.r$r.json"
+			if [ -s "$j" ] && [ "$(jq -r '.policy_hash // ""' "$j")" = "$(policy_hash "$p")" ]; then continue; fi
+			frun "$p" "$kv" "$r" "${lengths%%,*}" >>"$runs"
+			cells+=("$j")
+		done < <(fcells "$p")
+	done
+	[ ${#cells[@]} -gt 0 ] || continue
+	say_pass "frontier needle $group, ${#cells[@]} runs"
+	set +e
+	run_pass "$runs.jsonl" "$runs.err" "$bin" needle --model "$model" --task passkey \
+		--lengths "$lengths" --depths "$depths" --threads "$threads" --json --batch "$runs"
+	rc=$?
+	set -e
+	split_pass "frontier needle $group" "$runs" "$rc" '"accuracy \(.accuracy) x bytes \(.bytes_compression)"' "${cells[@]}"
+done
+
+# 6. render
 wall=$(($(date +%s) - start))
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=$(git status --porcelain 2>/dev/null | grep -v '^??' | grep -qv ' docs/results' && echo " (with uncommitted changes)" || true)
 model_sha=$(sha256sum "$model" | cut -d' ' -f1)
-python3 - "$out" "$doc" "$tokens" "$ratios" "$texts" "$policies" "$needle_policies" \
+RESULTS_SVGDIR=$svgdir python3 - "$out" "$doc" "$tokens" "$ratios" "$texts" "$policies" "$needle_policies" \
 	"$needle_ratios" "$nkey" "$threads" "$commit$dirty" "$model" "$model_sha" "$wall" \
 	"$cmdline" "$envline" "${RESULTS_NOTE:-}" \
 	"$(for p in $policies; do prompt_end "$p" && printf '%s ' "$p"; done)" <<'PY'
-import json, os, sys, glob, math, html
+import json, os, sys, glob, math
+sys.path.insert(0, "scripts")
+from results_svg import line_plot
+svgdir = os.environ["RESULTS_SVGDIR"]
 (out, doc, tokens, ratios, texts, policies, npolicies, nratios, nkey, threads, commit,
  model, model_sha, wall, cmdline, envline, note, pe_policies) = sys.argv[1:]
 pe_policies = set(pe_policies.split())
@@ -415,46 +575,9 @@ for t in texts:
     L.append("\n</details>\n")
     # plot
     if series:
-        svg = os.path.join("docs", "results", "kld_%s.svg" % t)
-        W, H, ml, mr, mt, mb = 640, 360, 60, 170, 30, 40
-        xs = sorted({r for s in series.values() for r, _ in s})
-        ys = [k for s in series.values() for _, k in s if k > 0]
-        lo = math.floor(math.log10(min(ys))) if ys else -3
-        hi = math.ceil(math.log10(max(ys))) if ys else 0
-        if hi == lo: hi = lo + 1
-        lx0, lx1 = math.log2(min(xs)), math.log2(max(xs))
-        if lx1 == lx0: lx1 = lx0 + 1
-        X = lambda r: ml + (math.log2(r) - lx0) / (lx1 - lx0) * (W - ml - mr)
-        Y = lambda k: mt + (hi - math.log10(max(k, 10 ** lo))) / (hi - lo) * (H - mt - mb)
-        pal = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d",
-               "#666666", "#1f78b4", "#b2df8a", "#fb9a99", "#cab2d6", "#ff7f00", "#6a3d9a",
-               "#b15928", "#000000"]
-        s = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="11">' % (W, H),
-             '<rect width="100%" height="100%" fill="white"/>',
-             '<text x="%d" y="18" font-size="13">mean KL vs full cache (nats, log scale) — %s, %d tokens</text>' % (ml, html.escape(t), tokens)]
-        for e in range(lo, hi + 1):
-            y = Y(10 ** e)
-            s.append('<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%d" y="%.1f" text-anchor="end">1e%d</text>' % (ml, W - mr, y, y, ml - 4, y + 4, e))
-        for r in xs:
-            x = X(r)
-            s.append('<line x1="%.1f" x2="%.1f" y1="%d" y2="%d" stroke="#ddd"/><text x="%.1f" y="%d" text-anchor="middle">×%d</text>' % (x, x, mt, H - mb, x, H - mb + 14, r))
-        s.append('<text x="%d" y="%d" text-anchor="middle">compression ratio</text>' % ((ml + W - mr) // 2, H - 6))
-        for i, (p, pts) in enumerate(sorted(series.items())):
-            c = pal[i % len(pal)]
-            fp = p.split(" ")[0] in founding
-            dash = '' if fp else ' stroke-dasharray="4 3"'
-            pts = sorted(pts)
-            s.append('<polyline fill="none" stroke="%s" stroke-width="%s"%s points="%s"/>' % (
-                c, "2.2" if fp else "1.4", dash,
-                " ".join("%.1f,%.1f" % (X(r), Y(k)) for r, k in pts)))
-            for r, k in pts:
-                s.append('<circle cx="%.1f" cy="%.1f" r="2.5" fill="%s"/>' % (X(r), Y(k), c))
-            ly = mt + 12 + i * 14
-            s.append('<line x1="%d" x2="%d" y1="%d" y2="%d" stroke="%s" stroke-width="2"%s/><text x="%d" y="%d">%s</text>' % (
-                W - mr + 8, W - mr + 28, ly - 4, ly - 4, c, dash, W - mr + 32, ly, html.escape(p)))
-        s.append('</svg>')
-        with open(svg, "w") as f:
-            f.write("\n".join(s) + "\n")
+        svg = os.path.join(svgdir, "kld_%s.svg" % t)
+        line_plot(svg, "mean KL vs full cache (nats, log scale) — %s, %d tokens" % (t, tokens),
+                  "compression ratio", series, lambda p: p.split(" ")[0] in founding)
         plots.append(svg)
         L.append("![mean KL against the ratio, %s](results/kld_%s.svg)\n" % (t, t))
 
@@ -548,3 +671,7 @@ with open(doc, "w") as f:
     f.write("\n".join(L) + "\n")
 print("results.sh: wrote %s and %s" % (doc, ", ".join(plots) if plots else "no plot"))
 PY
+[ "$frontier" = 1 ] && python3 scripts/results_frontier.py "$out" "$doc" "$svgdir" "$tokens" "$texts" \
+	"$nkey" "$fpolicies" "$(for p in $fpolicies; do prompt_end "$p" && printf '%s ' "$p"; done)" \
+	"$fprot" "$fmin" "$fmax"
+exit 0

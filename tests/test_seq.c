@@ -1709,6 +1709,24 @@ START_TEST(cli_ppl_json)
 	ck_assert_msg(fabs(atof(strstr(out, "\"ppl\":") + 6) - h2o_ppl) < 1e-4 * h2o_ppl, "%s", out);
 	ck_assert(fabs(atof(strstr(out, "\"kld_mean\":") + 11) - h2o_kld) < 1e-4 * h2o_kld + 1e-7);
 	ck_assert(fabs(atof(strstr(l2, "\"ppl\":") + 6) - tova_ppl) < 1e-4 * tova_ppl);
+	/* a batch line's --kv-type stores that run's rows in another type against the same
+	 * f32 reference: the full cache in f32 rows is the reference itself (KL 0, half the
+	 * bytes of an f16 cache), in f16 rows it is the f16 cache (bytes 1x) whose rounding
+	 * costs a small, non-zero KL */
+	const char *kvr = "full --kv-type f32\nfull --kv-type f16\n";
+	write_text(bp, "runs", kvr, strlen(kvr));
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, c2) == 0, "%s", e);
+	l2 = strchr(out, '\n') + 1;
+	ck_assert_msg(strstr(out, "\"kv_type\":\"f32\"") < l2 && strstr(l2, "\"kv_type\":\"f16\""), "%s", out);
+	ck_assert_msg(atof(strstr(out, "\"kld_mean\":") + 11) == 0, "%s", out);
+	ck_assert(fabs(atof(strstr(out, "\"bytes_compression\":") + 20) - 0.5) < 1e-9);
+	double k16 = atof(strstr(l2, "\"kld_mean\":") + 11);
+	ck_assert_msg(k16 > 0 && k16 < 1e-3, "f16 rows: kld_mean %g", k16);
+	ck_assert(fabs(atof(strstr(l2, "\"bytes_compression\":") + 20) - 1.0) < 1e-9);
+	const char *kvbad = "full --kv-type f8\n";
+	write_text(bp, "runs", kvbad, strlen(kvbad));
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, c2), 2);
+	ck_assert_msg(strstr(e, ":1: --kv-type: 'f8' is not f32, f16 or q8_0") != NULL, "%s", e);
 	/* a run whose guards exceed its budget leaves the pass with an error line; the
 	 * others are unchanged and the exit status is 1 */
 	const char *some = "scissorhands --ratio 16\nh2o --ratio 2\n";

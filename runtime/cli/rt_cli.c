@@ -112,6 +112,8 @@ void rt_cli_json_policy(FILE *out, const rt_seq *s, double ratio)
 		fputs(",\"ratio\":null", out);
 	if (s->run.ctx.byte_ratio > 0) /* --byte-ratio: the budget in bytes */
 		rt_json_member_num(out, "byte_ratio", s->run.ctx.byte_ratio);
+	fputs(",\"kv_type\":", out);
+	rt_json_str(out, rt_kv_type_name(s->kv.type));
 #ifdef KVPC_COMMIT
 	fputs(",\"commit\":", out);
 	rt_json_str(out, rt_cli_commit());

@@ -28,6 +28,11 @@ int32_t rt_cli_run_cap(const rt_cli_run *r, int64_t len, int64_t extra)
 	return (int32_t)cap;
 }
 
+enum rt_kv_type rt_cli_run_kv_type(const rt_cli_run *r, const rt_model *m)
+{
+	return r->o.kv_type ? (enum rt_kv_type)rt_kv_type_parse(r->o.kv_type) : m->kv_type;
+}
+
 /* Free K runs (their sequences and batch lines) and the array; K < 0 counts as 0. */
 void rt_cli_runs_free(rt_cli_run *runs, int K)
 {
@@ -39,7 +44,8 @@ void rt_cli_runs_free(rt_cli_run *runs, int K)
 }
 
 /* Parse a --batch file: one run per non-blank line that does not start with '#':
- * `POLICY [--ratio R | --byte-ratio R] [--set NAME=VALUE]...`. Checks every policy, override and ratio
+ * `POLICY [--ratio R | --byte-ratio R] [--set NAME=VALUE]... [--kv-type T]` (T: the run's KV
+ * store type in place of the command's, rt_cli_run_kv_type). Checks every policy, override and ratio
  * (as --policy/--set/--ratio would) and reports FILE:LINE: reason. Returns the runs (n in
  * *n) or NULL after printing the error (*rc set). */
 static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
@@ -84,13 +90,19 @@ static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc
 		while (!why && (w = strtok_r(NULL, " \t\r", &tok_save))) {
 			char *v = strtok_r(NULL, " \t\r", &tok_save);
 			int bytes = !strcmp(w, "--byte-ratio");
-			if (strcmp(w, "--ratio") && !bytes && strcmp(w, "--set")) {
+			if (strcmp(w, "--ratio") && !bytes && strcmp(w, "--set") && strcmp(w, "--kv-type")) {
 				snprintf(whybuf, sizeof whybuf, "unknown word '%s' (expected --ratio R, "
-				         "--byte-ratio R or --set NAME=VALUE)", w);
+				         "--byte-ratio R, --set NAME=VALUE or --kv-type T)", w);
 				why = whybuf;
 			} else if (!v) {
 				snprintf(whybuf, sizeof whybuf, "%s needs a value", w);
 				why = whybuf;
+			} else if (!strcmp(w, "--kv-type")) {
+				if (rt_kv_type_parse(v) < 0) {
+					snprintf(whybuf, sizeof whybuf, "--kv-type: '%.40s' is not f32, f16 or q8_0", v);
+					why = whybuf;
+				}
+				r->o.kv_type = v;
 			} else if (!strcmp(w, "--ratio") || bytes) {
 				char *end;
 				errno = 0;

@@ -1,7 +1,8 @@
 /*
  * rt_cli_runs: the policy runs of `ppl` and `needle` — the one run --policy, --set and
- * --ratio give, or the lines of a --batch file (`POLICY [--ratio R] [--set NAME=VALUE]...`
- * per line, '#' comments), each checked like the command line before any model work.
+ * --ratio give, or the lines of a --batch file (`POLICY [--ratio R] [--set NAME=VALUE]...
+ * [--kv-type T]` per line, '#' comments), each checked like the command line before any
+ * model work.
  */
 #ifndef RT_CLI_RUNS_H
 #define RT_CLI_RUNS_H
@@ -28,6 +29,11 @@ typedef struct rt_cli_run {
  * run of a policy that compresses as it goes (no prompt-end trigger) its budget plus
  * RT_CLI_CAP_SLACK plus its --prefill-chunk. */
 int32_t rt_cli_run_cap(const rt_cli_run *r, int64_t len, int64_t extra);
+
+/* The KV store type of run r on model m: its batch line's --kv-type, else the model's (the
+ * command's --kv-type). A batch line may give a narrow store on the exact path too: the
+ * reference keeps the model's type, so one pass compares store types against it. */
+enum rt_kv_type rt_cli_run_kv_type(const rt_cli_run *r, const rt_model *m);
 
 /* Free K runs (their sequences and batch lines) and the array; K < 0 counts as 0. */
 void rt_cli_runs_free(rt_cli_run *runs, int K);

@@ -70,11 +70,11 @@ static const char *const help_needle =
 	"    --mark-question     mark the question as the protected span `question`\n"
 	"    --quiet             no progress on stderr (a bar with trials/s and ETA on a\n"
 	"                        terminal, a line per tenth of the trials elsewhere)\n"
-	"    --batch RUNS        several runs (`POLICY [--ratio R] [--set NAME=VALUE]...` per\n"
-	"                        line, as for ppl) on the same prompts: each prompt is\n"
-	"                        prefilled for all runs in lockstep (one weight pass per\n"
-	"                        chunk), then each run generates its own answer; one report\n"
-	"                        or JSON object per run, in file order\n"
+	"    --batch RUNS        several runs (`POLICY [--ratio R] [--set NAME=VALUE]...\n"
+	"                        [--kv-type T]` per line, as for ppl) on the same prompts:\n"
+	"                        each prompt is prefilled for all runs in lockstep (one\n"
+	"                        weight pass per chunk), then each run generates its own\n"
+	"                        answer; one report or JSON object per run, in file order\n"
 	"    --json              one JSON object: policy, params, ratio, task, mode, model,\n"
 	"                        model_sha256, commit, results [{length, depth, answer,\n"
 	"                        generated, correct, kv_entries_peak, compress_events,\n"
@@ -155,8 +155,8 @@ static int needle_setup(needle_job *nj)
 	}
 	for (int i = 0; i < K; i++) {
 		rt_cli_run *r = &nj->runs[i];
-		if (rt_seq_init(&r->seq, m, r->p, rt_cli_run_cap(r, max_len, nj->n_gen), chunk, -1,
-		                &err) != 0 ||
+		if (rt_seq_init_typed(&r->seq, m, r->p, rt_cli_run_kv_type(r, m),
+		                      rt_cli_run_cap(r, max_len, nj->n_gen), chunk, -1, &err) != 0 ||
 		    rt_cli_seq_apply(&r->seq, &r->o, &err) != 0)
 			return rt_cli_fail(&err);
 		nj->all[i] = &r->seq;

@@ -115,11 +115,14 @@ static const char *const help_ppl =
 	"                        still fed); with --prompt N, P = N + 1 scores exactly the\n"
 	"                        tokens predicted from the cache a prompt-end policy left\n"
 	"    --batch RUNS        run several policies on the same text in one pass: RUNS has\n"
-	"                        one run per line, `POLICY [--ratio R] [--set NAME=VALUE]...`\n"
-	"                        (or --byte-ratio R)\n"
-	"                        ('#' starts a comment line). All runs and the reference are\n"
-	"                        fed in lockstep and each chunk's weight GEMMs run once for\n"
-	"                        all of them (the weights are read once, not once per run);\n"
+	"                        one run per line, `POLICY [--ratio R | --byte-ratio R]\n"
+	"                        [--set NAME=VALUE]... [--kv-type T]` ('#' starts a comment\n"
+	"                        line; --kv-type gives the run's KV store type, f32, f16 or\n"
+	"                        q8_0, on either path, while the reference keeps the\n"
+	"                        command's: KL against one reference for every store type).\n"
+	"                        All runs and the reference are fed in lockstep and each\n"
+	"                        chunk's weight GEMMs run once for all of them (the weights\n"
+	"                        are read once, not once per run);\n"
 	"                        each run gives what a separate `ppl` run gives (one report\n"
 	"                        or JSON line per run, in file order, with \"batch\": the\n"
 	"                        sequences in the pass) up to float summation order;\n"
@@ -288,7 +291,8 @@ static int ppl_pass_init(ppl_pass *pp, const rt_model *m, const rt_cli_opts *o, 
 		 * prompt-end policy, --prompt) the store holds every scored token. */
 		rt_cli_run *r = &pp->runs[i];
 		int64_t cap = pp->prompt_len == pp->use ? rt_cli_run_cap(r, pp->use, 0) : pp->use;
-		if (rt_seq_init(&r->seq, m, r->p, (int32_t)cap, pp->block, pp->prompt_len, err) != 0 ||
+		if (rt_seq_init_typed(&r->seq, m, r->p, rt_cli_run_kv_type(r, m), (int32_t)cap,
+		                      pp->block, pp->prompt_len, err) != 0 ||
 		    rt_cli_seq_apply(&r->seq, &r->o, err) != 0)
 			return -1;
 		pp->all[i] = &r->seq;

@@ -237,12 +237,19 @@ static void seq_rerotate(rt_seq *s)
 int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_t cap,
                 int max_chunk, int64_t prompt_len, rt_err *err)
 {
+	return rt_seq_init_typed(s, m, p, m->kv_type, cap, max_chunk, prompt_len, err);
+}
+
+int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
+                      enum rt_kv_type kv_type, int32_t cap, int max_chunk, int64_t prompt_len,
+                      rt_err *err)
+{
 	memset(s, 0, sizeof *s);
 	const rt_model_hparams *hp = &m->hp;
 	if (cap < 1 || max_chunk < 1 || max_chunk > 65536)
 		return rt_err_set(err, "%s: sequence: invalid capacity %d or chunk %d", m->path, (int)cap,
 		                  max_chunk);
-	if (rt_run_init_typed(&s->run, &s->kv, m->kv_type, p, hp->n_layer, hp->n_head_kv,
+	if (rt_run_init_typed(&s->run, &s->kv, kv_type, p, hp->n_layer, hp->n_head_kv,
 	                      hp->group, hp->head_dim, cap, prompt_len, err) != 0)
 		return -1;
 	s->m = m;

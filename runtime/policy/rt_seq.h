@@ -98,6 +98,14 @@ typedef struct rt_seq {
  * failure); s is then safe to rt_seq_free. */
 int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_t cap,
                 int max_chunk, int64_t prompt_len, rt_err *err);
+/* The same with a store of element type kv_type instead of the model's (m->kv_type): a
+ * narrow store on a model of another type is attended row by row (runtime/model/rt_kvattn.h),
+ * so one lockstep pass can compare stores of several types against one reference (`ppl` and
+ * `needle` batch lines with --kv-type). Also refuses (-1, err) a policy with KVP_NEED_F32_KV
+ * on another type (rt_run_init_typed). */
+int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
+                      enum rt_kv_type kv_type, int32_t cap, int max_chunk, int64_t prompt_len,
+                      rt_err *err);
 void rt_seq_free(rt_seq *s);
 
 /* Start a new sequence on the same allocation: empty store, zeroed policy state and

@@ -1,0 +1,145 @@
+"""results_frontier: the byte frontier section of docs/results.md (scripts/results.sh step 6).
+
+Reads the cells results.sh cached under OUT/frontier (one `ppl --batch` or `needle --batch`
+JSON line per (policy, KV store type, ratio): POLICY.KV.rR.json, KV "own" for a policy that
+chooses its own precision, r0 for one without a budget) and appends to DOC, per text and
+protocol: every cell's compression in entries and in bytes (against an f16 full cache, as
+the binary measured it: bytes_compression), mean KL against the full cache of the same pass
+(f32 rows on the exact path) and passkey accuracy; then the frontier (the lowest mean KL
+reached at or beyond each byte compression 2x, 4x, ... within the bounds) and an SVG plot of
+mean KL against bytes, one line per (policy, store), into SVGDIR.
+
+Usage: results_frontier.py OUT DOC SVGDIR TOKENS "TEXTS" NKEY "POLICIES" "PROMPT_END"
+       "PROTOCOLS" MIN_X MAX_X
+"""
+import glob
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_svg import line_plot  # noqa: E402
+
+(out, doc, svgdir, tokens, texts, nkey, policies, pe, prots, fmin, fmax) = sys.argv[1:]
+tokens = int(tokens)
+texts, policies, pe, prots = texts.split(), policies.split(), set(pe.split()), prots.split()
+fmin, fmax = float(fmin), float(fmax)
+STORE = {"f32": "f32 rows", "f16": "f16 rows", "q8_0": "q8_0 rows", "own": "own precision"}
+
+
+def load(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def cells(d):
+    """{(policy, kv, r): json} of the current policies in directory d"""
+    res = {}
+    for fn in glob.glob(os.path.join(d, "*.json")):
+        b = os.path.basename(fn)[:-len(".json")]
+        parts = b.rsplit(".", 2)
+        if len(parts) != 3 or not parts[2].startswith("r") or parts[0] not in policies:
+            continue
+        j = load(fn)
+        if j is not None:
+            res[(parts[0], parts[1], float(parts[2][1:]))] = j
+    return res
+
+
+def fmt(x, nd=3):
+    return "–" if x is None else ("%." + str(nd) + "f") % x
+
+
+def kl(x):
+    """a KL in nats to 3 significant digits (the frontier spans 1e-6 .. 1)"""
+    return "–" if x is None else "%.3g" % x
+
+
+def passkey(j):
+    if j is None:
+        return "not run"
+    if "error" in j:
+        return "refused"
+    res = j.get("results", [])
+    return "%d/%d" % (sum(1 for x in res if x.get("correct")), len(res))
+
+
+L = ["## Byte frontier: quality against compression in bytes\n"]
+L.append("Each cell is one run of a lockstep `BIN ppl --batch` pass (the full cache of the same "
+         "pass, f32 rows on the exact path, is the reference) and, where measured, of `BIN needle "
+         "--batch --task passkey` (prompt lengths and depths `%s`). `store` is the element type of "
+         "the KV rows (`--kv-type` of the batch line: f32 4 bytes, f16 2, q8_0 34/32 per element; "
+         "`own precision`: the policy chooses it). `x bytes` is the compression in bytes against an "
+         "f16 full cache after the last token as the binary measured it (`bytes_compression`), "
+         "`x entries` the compression in entries; cells outside %gx..%gx in bytes were not run. "
+         "A block-wise policy (one compress per block of tokens) is measured after its last "
+         "compress; between compressions it holds up to a block more entries (the peak KV bytes "
+         "column: blocks of the KV pool, metadata and statistics included).\n"
+         % (nkey, fmin, fmax))
+nd = os.path.join(out, "frontier", "needle", nkey)
+needle = cells(nd)
+plots = []
+for t in texts:
+    ppl = cells(os.path.join(out, "frontier", "ppl", "%s.%d" % (t, tokens)))
+    for prot in prots:
+        sel = {k: v for k, v in ppl.items() if (k[0] in pe) == (prot == "prompt_end")}
+        if not sel:
+            continue
+        what = ("streaming: budget N / R entries per head from the first token, every token "
+                "scored" if prot == "stream" else
+                "prompt-end: the first %d tokens are the prompt, the %d after it are scored" %
+                (tokens // 2, tokens - tokens // 2))
+        L.append("### %s, %d tokens, %s\n" % (t, tokens, what))
+        L.append("| policy | store | ratio | x entries | x bytes | mean KL | ± err | kld_p99 | passkey | peak KV bytes |")
+        L.append("|---|---|---|---|---|---|---|---|---|---|")
+        series = {}
+        ok = []
+        for (p, kv, r), j in sorted(sel.items(), key=lambda c: (c[0][0], c[0][1], c[0][2])):
+            nj = needle.get((p, kv, r))
+            if "error" in j:
+                L.append("| %s | %s | %g | | | refused: %s | | | | |" % (p, STORE.get(kv, kv), r, j["error"]))
+                continue
+            bx = j.get("bytes_compression")
+            L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                p, STORE.get(kv, kv), "%g" % r if r else "–", fmt(j.get("compression"), 2),
+                fmt(bx, 2), kl(j.get("kld_mean")), kl(j.get("kld_mean_err")),
+                kl(j.get("kld_p99")), passkey(nj), j.get("kv_bytes_peak", "–")))
+            if bx and j.get("kld_mean") is not None:
+                series.setdefault("%s (%s)" % (p, kv), []).append((bx, j["kld_mean"]))
+                ok.append((p, kv, r, bx, j["kld_mean"], nj))
+        L.append("")
+        if ok:
+            L.append("Frontier (the lowest mean KL among the cells at or beyond each byte compression):\n")
+            L.append("| x bytes at least | eviction-only (f32/f16/q8_0 rows) | own precision |")
+            L.append("|---|---|---|")
+            x = 2.0
+            while x <= fmax * 1.001:
+                row = []
+                for own in (False, True):
+                    c = [o for o in ok if (o[1] == "own") == own and o[3] >= x * 0.98]
+                    if c:
+                        b = min(c, key=lambda o: (o[4], -o[3]))
+                        row.append("%s, %s, x%g: KL %s at %.2fx, passkey %s" % (
+                            b[0], b[1], b[2], kl(b[4]), b[3], passkey(b[5])))
+                    else:
+                        row.append("–")
+                if x >= fmin * 0.999:
+                    L.append("| %gx | %s | %s |" % (x, row[0], row[1]))
+                x *= 2
+            L.append("")
+            svg = os.path.join(svgdir, "frontier_%s_%s.svg" % (t, prot))
+            line_plot(svg, "mean KL vs full cache against bytes — %s, %s, %d tokens" % (t, prot, tokens),
+                      "compression in bytes (against an f16 full cache)", series,
+                      lambda name: name.endswith("(own)"))
+            plots.append(svg)
+            L.append("![mean KL against the compression in bytes, %s, %s](results/%s)\n" % (
+                t, prot, os.path.basename(svg)))
+if not plots:
+    L.append("No frontier cell was measured in this run.\n")
+with open(doc, "a") as f:
+    f.write("\n".join(L) + "\n")
+print("results_frontier: appended the byte frontier to %s%s" % (doc, "".join(", " + p for p in plots)))
