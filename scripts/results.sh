@@ -68,8 +68,10 @@
 #   FRONTIER_NEEDLE [1]          0: no passkey cells in the frontier
 #   RESULTS_QUICK=1              a narrowed run in minutes: 2048 tokens of coreutils, no
 #                                per-policy sweep and no passkey, the streaming frontier of
-#                                tova, caote_tova and expected_attention at ratios 2 4 8 16
-#                                in f16 and q8_0 stores (each knob above still overrides)
+#                                three block-wise policies (caote_tova, expected_attention,
+#                                h2o_block: chunks of 128 tokens, where a per-step policy
+#                                such as tova feeds every run token by token) at ratios
+#                                2 4 8 16 in f16 and q8_0 stores (each knob above overrides)
 # Where the document goes: only the full run (none of the knobs above set) writes
 # docs/results.md and docs/results/*.svg in the tree; a narrowed run writes OUT/docs/results.md
 # and OUT/docs/results/*.svg (RESULTS_DOC may name another place outside the tree).
@@ -83,7 +85,7 @@ for v in RESULTS_TOKENS RATIOS POLICIES TEXTS LENGTHS DEPTHS NEEDLE_POLICIES NEE
 done
 if [ "${RESULTS_QUICK:-0}" = 1 ]; then
 	: "${RESULTS_TOKENS:=2048}" "${TEXTS=coreutils}" "${POLICIES=}" "${NEEDLE_RATIOS=}"
-	: "${FRONTIER_POLICIES:=tova caote_tova expected_attention}" "${FRONTIER_KV_TYPES:=f16 q8_0}"
+	: "${FRONTIER_POLICIES:=caote_tova expected_attention h2o_block}" "${FRONTIER_KV_TYPES:=f16 q8_0}"
 	: "${FRONTIER_RATIOS:=2 4 8 16}" "${FRONTIER_PROTOCOLS:=stream}" "${FRONTIER_NEEDLE:=0}"
 	POLICIES_SET=1
 fi
