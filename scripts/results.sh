@@ -29,9 +29,10 @@
 #     each eviction-only policy at each ratio in each KV store type (a batch line's
 #     `--kv-type T`: f32 rows are 4 bytes, f16 2, q8_0 34/32 per element, so ratio R gives
 #     R/2, R and about 1.9R in bytes; a cell outside FRONTIER_MIN_X..FRONTIER_MAX_X in bytes
-#     is not run), and each policy that chooses its own precision (FRONTIER_OWN_KV_POLICIES)
-#     in the default store at each ratio (once when it has no budget); streaming and
-#     prompt-end as in step 3;
+#     is not run), and each policy that chooses its own precision (`precision = tiers(...)`,
+#     FRONTIER_OWN_KV_POLICIES) in the default store: at each byte ratio in bounds
+#     (`--byte-ratio R`) when its budget is `bytes(P)`, else once at its own budget
+#     (quantisation only); streaming and prompt-end as in step 3;
 #  6. render docs/results.md and the SVG plots from the collected JSON (python3, stdlib).
 # Each measurement is cached as one JSON file under OUT (keyed by text, tokens, policy,
 # ratio), so an interrupted run resumes where it stopped; RESULTS_FRESH=1 discards them.
@@ -59,8 +60,8 @@
 #                                measured read "not run")
 #   FRONTIER [1]                 0: no byte frontier
 #   FRONTIER_POLICIES [caote_tova tova snapkv h2o expected_attention expected_attention_prompt,
-#                                then policies/kivi_*.kvp and policies/mixed_*.kvp when present]
-#   FRONTIER_OWN_KV_POLICIES [the kivi_* and mixed_* among them] policies run in the default
+#                                then every policy with a `precision` statement]
+#   FRONTIER_OWN_KV_POLICIES [those with a `precision` statement] policies run in the default
 #                                store (their own precision) instead of per KV type
 #   FRONTIER_KV_TYPES ["f32 f16 q8_0"]  store types of the eviction-only cells
 #   FRONTIER_RATIOS ["1 2 4 8 16 32 64"] FRONTIER_MIN_X [2] FRONTIER_MAX_X [32]
@@ -125,16 +126,20 @@ envline="RESULTS_TOKENS=$tokens RATIOS=\"$ratios\" TEXTS=\"$texts\" LENGTHS=$len
 [ -r "$model" ] || { echo "results.sh: $model: model not found (scripts/fetch_model.sh)" >&2; exit 1; }
 [ "${RESULTS_FRESH:-0}" = 1 ] && rm -rf "$out/ppl" "$out/needle"
 frontier=${FRONTIER:-1}
+# has_precision NAME: the policy chooses its entries' precision (`precision = tiers(...)`)
+has_precision() { grep -q '^[[:space:]]*precision[[:space:]]*=' "policies/$1.kvp"; }
+# byte_budget NAME: its budget is a share of an f16 full cache's bytes (`budget = bytes(P)`)
+byte_budget() { grep -q '^[[:space:]]*budget[[:space:]]*=[[:space:]]*bytes(' "policies/$1.kvp"; }
 if [ -z "${FRONTIER_POLICIES+x}" ]; then
 	FRONTIER_POLICIES="caote_tova tova snapkv h2o expected_attention expected_attention_prompt"
-	for f in policies/kivi_*.kvp policies/mixed_*.kvp; do
-		[ -e "$f" ] && FRONTIER_POLICIES="$FRONTIER_POLICIES $(basename "$f" .kvp)"
+	for f in policies/*.kvp; do
+		has_precision "$(basename "$f" .kvp)" && FRONTIER_POLICIES="$FRONTIER_POLICIES $(basename "$f" .kvp)"
 	done
 fi
 [ "$frontier" = 1 ] || FRONTIER_POLICIES=""
 fpolicies=$FRONTIER_POLICIES
 if [ -z "${FRONTIER_OWN_KV_POLICIES+x}" ]; then
-	FRONTIER_OWN_KV_POLICIES=$(for p in $fpolicies; do case $p in kivi_* | mixed_*) printf '%s ' "$p" ;; esac; done)
+	FRONTIER_OWN_KV_POLICIES=$(for p in $fpolicies; do has_precision "$p" && printf '%s ' "$p"; done)
 fi
 fown=$FRONTIER_OWN_KV_POLICIES
 fkv=${FRONTIER_KV_TYPES:-f32 f16 q8_0}
@@ -323,8 +328,14 @@ has_budget() { grep -q '^[[:space:]]*budget[[:space:]]*=' "policies/$1.kvp"; }
 fcells() { # fcells POLICY: "KV R" per line
 	local p=$1 own=0 kv r
 	for q in $fown; do [ "$q" = "$p" ] && own=1; done
-	if [ $own = 1 ]; then
-		if has_budget "$p"; then for r in $fratios; do echo "own $r"; done; else echo "own 0"; fi
+	if [ $own = 1 ]; then # a byte budget at each byte ratio in bounds, else its own budget once
+		if byte_budget "$p"; then
+			for r in $fratios; do
+				awk -v r="$r" -v lo="$fmin" -v hi="$fmax" 'BEGIN { exit !(r >= lo * 0.999 && r <= hi * 1.001) }' && echo "own $r"
+			done
+		else
+			echo "own 0"
+		fi
 		return
 	fi
 	for kv in $fkv; do
@@ -337,7 +348,11 @@ fcells() { # fcells POLICY: "KV R" per line
 }
 frun() { # frun POLICY KV R N: the batch line of one frontier cell over N tokens of context
 	local line=$1
-	[ "$3" != 0 ] && line="$line --ratio $3 $(extra_sets "$1" "$3" "$4")"
+	if [ "$2" = own ] && [ "$3" != 0 ]; then
+		line="$line --byte-ratio $3"
+	elif [ "$3" != 0 ]; then
+		line="$line --ratio $3 $(extra_sets "$1" "$3" "$4")"
+	fi
 	[ "$2" != own ] && line="$line --kv-type $2"
 	echo "$line"
 }

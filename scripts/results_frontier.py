@@ -2,7 +2,7 @@
 
 Reads the cells results.sh cached under OUT/frontier (one `ppl --batch` or `needle --batch`
 JSON line per (policy, KV store type, ratio): POLICY.KV.rR.json, KV "own" for a policy that
-chooses its own precision, r0 for one without a budget) and appends to DOC, per text and
+chooses its own precision, R then its byte ratio, r0 its own budget) and appends to DOC, per text and
 protocol: every cell's compression in entries and in bytes (against an f16 full cache, as
 the binary measured it: bytes_compression), mean KL against the full cache of the same pass
 (f32 rows on the exact path) and passkey accuracy; then the frontier (the lowest mean KL
@@ -73,7 +73,8 @@ L.append("Each cell is one run of a lockstep `BIN ppl --batch` pass (the full ca
          "pass, f32 rows on the exact path, is the reference) and, where measured, of `BIN needle "
          "--batch --task passkey` (prompt lengths and depths `%s`). `store` is the element type of "
          "the KV rows (`--kv-type` of the batch line: f32 4 bytes, f16 2, q8_0 34/32 per element; "
-         "`own precision`: the policy chooses it). `x bytes` is the compression in bytes against an "
+         "`own precision`: the policy chooses it, and `ratio` is its `--byte-ratio`, or – for its "
+         "own budget). `x bytes` is the compression in bytes against an "
          "f16 full cache after the last token as the binary measured it (`bytes_compression`), "
          "`x entries` the compression in entries; cells outside %gx..%gx in bytes were not run. "
          "A block-wise policy (one compress per block of tokens) is measured after its last "
