@@ -5,8 +5,8 @@ JSON line per (policy, KV store type, ratio): POLICY.KV.rR.json, KV "own" for a 
 chooses its own precision, R then its byte ratio, r0 its own budget) and appends to DOC, per text and
 protocol: every cell's compression in entries and in bytes (against an f16 full cache, as
 the binary measured it: bytes_compression), mean KL against the full cache of the same pass
-(f32 rows on the exact path) and passkey accuracy; then the frontier (the lowest mean KL
-reached at or beyond each byte compression 2x, 4x, ... within the bounds) and an SVG plot of
+(f32 rows on the exact path) and passkey accuracy; then the frontier (the Pareto set: no other cell of its class compresses as far with a
+lower mean KL) and an SVG plot of
 mean KL against bytes, one line per (policy, store), into SVGDIR.
 
 Usage: results_frontier.py OUT DOC SVGDIR TOKENS "TEXTS" NKEY "POLICIES" "PROMPT_END"
@@ -114,23 +114,18 @@ for t in texts:
                 ok.append((p, kv, r, bx, j["kld_mean"], nj))
         L.append("")
         if ok:
-            L.append("Frontier (the lowest mean KL among the cells at or beyond each byte compression):\n")
-            L.append("| x bytes at least | eviction-only (f32/f16/q8_0 rows) | own precision |")
-            L.append("|---|---|---|")
-            x = 2.0
-            while x <= fmax * 1.001:
-                row = []
-                for own in (False, True):
-                    c = [o for o in ok if (o[1] == "own") == own and o[3] >= x * 0.98]
-                    if c:
-                        b = min(c, key=lambda o: (o[4], -o[3]))
-                        row.append("%s, %s, x%g: KL %s at %.2fx, passkey %s" % (
-                            b[0], b[1], b[2], kl(b[4]), b[3], passkey(b[5])))
-                    else:
-                        row.append("–")
-                if x >= fmin * 0.999:
-                    L.append("| %gx | %s | %s |" % (x, row[0], row[1]))
-                x *= 2
+            L.append("Frontier (the Pareto set of each class: the cells that no other cell of the "
+                     "class beats, i.e. none compresses at least as far in bytes with a lower mean "
+                     "KL), by increasing compression in bytes:\n")
+            L.append("| class | x bytes | policy | store | ratio | mean KL | passkey |")
+            L.append("|---|---|---|---|---|---|---|")
+            for own in (False, True):
+                c = [o for o in ok if (o[1] == "own") == own]
+                front = [o for o in c if not any(q[3] >= o[3] and q[4] < o[4] for q in c)]
+                for o in sorted(front, key=lambda o: (o[3], o[4])):
+                    L.append("| %s | %.2f | %s | %s | %s | %s | %s |" % (
+                        "own precision" if own else "eviction-only", o[3], o[0], STORE.get(o[1], o[1]),
+                        "%g" % o[2] if o[2] else "–", kl(o[4]), passkey(o[5])))
             L.append("")
             svg = os.path.join(svgdir, "frontier_%s_%s.svg" % (t, prot))
             line_plot(svg, "mean KL vs full cache against bytes — %s, %s, %d tokens" % (t, prot, tokens),
