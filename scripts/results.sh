@@ -133,13 +133,13 @@ byte_budget() { grep -q '^[[:space:]]*budget[[:space:]]*=[[:space:]]*bytes(' "po
 if [ -z "${FRONTIER_POLICIES+x}" ]; then
 	FRONTIER_POLICIES="caote_tova tova snapkv h2o expected_attention expected_attention_prompt"
 	for f in policies/*.kvp; do
-		has_precision "$(basename "$f" .kvp)" && FRONTIER_POLICIES="$FRONTIER_POLICIES $(basename "$f" .kvp)"
+		if has_precision "$(basename "$f" .kvp)"; then FRONTIER_POLICIES="$FRONTIER_POLICIES $(basename "$f" .kvp)"; fi
 	done
 fi
 [ "$frontier" = 1 ] || FRONTIER_POLICIES=""
 fpolicies=$FRONTIER_POLICIES
 if [ -z "${FRONTIER_OWN_KV_POLICIES+x}" ]; then
-	FRONTIER_OWN_KV_POLICIES=$(for p in $fpolicies; do has_precision "$p" && printf '%s ' "$p"; done)
+	FRONTIER_OWN_KV_POLICIES=$(for p in $fpolicies; do if has_precision "$p"; then printf '%s ' "$p"; fi; done)
 fi
 fown=$FRONTIER_OWN_KV_POLICIES
 fkv=${FRONTIER_KV_TYPES:-f32 f16 q8_0}
