@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job, as `make demo` runs it (issue 4 item 4): build two published policies from
+# The main job, as `make demo` runs it: build two published policies from
 # policies/ into one per-deployment binary and compare them on the real model
 # (SmolLM2-135M-Instruct, Q4_1) over a real offline text, the GNU coreutils manual (present
 # on every Debian system; the GPL-3 text otherwise), at compression ratio 4:

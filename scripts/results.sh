@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make results` (issue 5 item 5): every policy in policies/ on the real model
+# `make results`: every policy in policies/ on the real model
 # (SmolLM2-135M-Instruct, Q4_1) and two offline texts, at several compression ratios, with
 # the full cache as the reference, and passkey accuracy at several prompt lengths and
 # depths, and the byte frontier (mean KL and passkey accuracy against the compression in
@@ -507,7 +507,7 @@ L.append("Every cell is one run of a `BIN ppl --batch` pass (all cells of a text
          "the full-cache row is the reference (KL 0 by definition). `n/a` marks a ratio "
          "at which the policy's guards exceed the budget (the binary refuses it). "
          "StreamingLLM's recent window and the sliding window are set to the ratio's "
-         "budget. Founding methods (issue 5) are in **bold**.\n")
+         "budget. The founding methods (Scissorhands, CAOTE, GraceKV) are in **bold**.\n")
 
 plots = []
 for t in texts:
