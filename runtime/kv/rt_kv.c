@@ -306,8 +306,10 @@ static int blocks_take(rt_kv *kv, int64_t n, int64_t bb)
 		return 0;
 	if (rt_kvpool_take(kv->pool, n, bb) != 0)
 		return -1;
-	kv->blocks += n;
-	int64_t now = (kv->bytes += n * bb), pk = kv->bytes_peak;
+	atomic_fetch_add(&kv->blocks, n);
+	/* the value after this thread's addition, whatever other threads add meanwhile (clang
+	 * refuses to read an _Atomic compound assignment's result as a plain int64_t) */
+	int64_t now = atomic_fetch_add(&kv->bytes, n * bb) + n * bb, pk = kv->bytes_peak;
 	while (now > pk && !atomic_compare_exchange_weak(&kv->bytes_peak, &pk, now))
 		;
 	return 0;
@@ -318,8 +320,8 @@ static void blocks_give(rt_kv *kv, int64_t n, int64_t bb)
 	if (n == 0)
 		return;
 	rt_kvpool_give(kv->pool, n, bb);
-	kv->blocks -= n;
-	kv->bytes -= n * bb;
+	atomic_fetch_sub(&kv->blocks, n);
+	atomic_fetch_sub(&kv->bytes, n * bb);
 }
 
 /* Take a block the caller did not reserve; asserts the pool grants it. */
