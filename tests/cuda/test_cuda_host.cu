@@ -352,15 +352,25 @@ int main(void)
 	long n_evicted = 0, n_words = 0;
 	const int shapes[2][4] = { { 2, 3, 3, 16 }, { 2, 1, 4, 16 } };
 	bad |= check_error_classes();
-	for (int i = 0; i < b->n_policies; i++)
+	int n_run = 0, n_tiered = 0;
+	for (int i = 0; i < b->n_policies; i++) {
+		/* the CUDA backend refuses tiered stores (precision policies run on the CPU only,
+		 * runtime/kv/rt_kv.h), so a policy that sets entry tiers has nothing to compare here */
+		if (b->policies[i]->host->needs & KVP_NEED_TIERS) {
+			n_tiered++;
+			continue;
+		}
+		n_run++;
 		for (int sh = 0; sh < 2; sh++)
 			bad |= run_policy(b->policies[i], shapes[sh][0], shapes[sh][1], shapes[sh][2], shapes[sh][3], &n_cmp,
 			                  &n_evicted, &n_words);
+	}
 	if (bad)
 		return 1;
-	printf("cuda: host tests passed: %d policies x 2 shapes (9/3-style 3x3, 4/1): CUDA observe == C observe "
+	printf("cuda: host tests passed: %d policies x 2 shapes (9/3-style 3x3, 4/1; %d precision policies, "
+	       "which the CUDA backend refuses, not run): CUDA observe == C observe "
 	       "bit for bit (%ld non-zero statistic words); device-compress reference == C compress kept sets "
 	       "in %d cases (%ld entries evicted); error classes as documented\n",
-	       b->n_policies, n_words, n_cmp, n_evicted);
+	       n_run, n_tiered, n_words, n_cmp, n_evicted);
 	return 0;
 }
