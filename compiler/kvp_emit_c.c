@@ -1412,6 +1412,8 @@ static void emit_policy(struct em *em)
 	    ir->state_words_dim);
 	if (ir->state_words_dim2)
 		out(em, "\t.state_words_dim2 = %u,\n", ir->state_words_dim2);
+	if (ir->alloc.budget_bytes)
+		out(em, "\t.budget_bytes = 1,\n");
 	out(em, "\t.positions = %s,\n",
 	    ir->positions == KVP_POS_COMPACTED ? "KVP_POS_COMPACTED" : "KVP_POS_ORIGINAL");
 	out(em, "\t.needs = ");

@@ -16,8 +16,9 @@
 
 static const char TUNE_USAGE[] =
 	"usage: kvpc tune POLICY.kvp --model M --text FILE [--text FILE]... --max-kld X\n"
-	"                 [--min-passkey P] [--ctx N] [--ratio LIST] [--out FILE.tune] [-v]\n"
-	"                 [more: BIN tune --help]\n";
+	"                 [--min-passkey P] [--ctx N]\n"
+	"                 [--ratio LIST | --byte-ratio LIST | --bytes | --entries]\n"
+	"                 [--out FILE.tune] [-v] [more: BIN tune --help]\n";
 
 static const char TUNE_HELP[] =
 	"\n"
@@ -26,26 +27,37 @@ static const char TUNE_HELP[] =
 	"`tune` command, which bisects a grid of compression ratios for the highest one whose\n"
 	"mean KL against the full cache is at most X nats per token on every text (and whose\n"
 	"passkey accuracy is at least P), prints the frontier it walked (ratio, compression in\n"
-	"bytes against an f16 full cache and in entries, mean KL, passkey) and writes the\n"
-	"choice to the policy's sidecar, POLICY.tune next to POLICY.kvp (or --out FILE).\n"
-	"`kvpc build POLICY.kvp -o BIN` then bakes the ratio in as the policy's default, and\n"
-	"`kvpc build --gate` re-checks the limits and refuses the build when they fail.\n"
+	"bytes against an f16 full cache and in entries, each text's mean KL, passkey) and\n"
+	"writes the choice to the policy's sidecar, POLICY.tune next to POLICY.kvp (or --out\n"
+	"FILE). The ratio counts bytes against an f16 full cache (as --byte-ratio of ppl) for a\n"
+	"policy whose budget is bytes(P) or that has a precision statement, entries (as\n"
+	"--ratio) for the others; --bytes / --byte-ratio LIST or --entries / --ratio LIST\n"
+	"choose for any policy. The sidecar records which. `kvpc build POLICY.kvp -o BIN`\n"
+	"then bakes the budget in as the policy's default (BIN ppl without --ratio or\n"
+	"--byte-ratio runs at it), and `kvpc build --gate` re-checks the limits and refuses\n"
+	"the build when they fail. A policy that evicts nothing (KIVI-style) has a fixed\n"
+	"compression in bytes; tune says so and writes no sidecar when the highest byte ratio\n"
+	"within the limits does not bind.\n"
 	"\n"
 	"  --model M, --text FILE   the GGUF model and your texts (--text repeatable)\n"
 	"  --max-kld X              the limit on every text's mean KL (nats per token)\n"
 	"  --min-passkey P          the limit on passkey accuracy (0..1; default: none)\n"
 	"  --ctx N                  tokens of each text (default 256): the search's cost\n"
-	"  --ratio LIST             the grid (default 1.5,2,3,4,6,8,12,16,24,32)\n"
+	"  --ratio LIST             the grid in entries (default 1.5,2,3,4,6,8,12,16,24,32)\n"
+	"  --byte-ratio LIST        the grid in bytes against an f16 full cache (same default)\n"
+	"  --bytes, --entries       which kind of budget to search with the default grid\n"
 	"  --lengths N, --depths D,..   passkey prompt tokens (256) and depths (10,50,90)\n"
 	"  --seed S, --chunk N, --threads N, --quiet   as for BIN tune\n"
 	"  --out FILE               the sidecar to write (default POLICY.tune)\n"
 	"  -v                       show the build and the binary's command line\n"
 	"\n"
-	"exit status: 0 a ratio was chosen, 1 none is within the limits or an error, 2 usage\n";
+	"exit status: 0 a ratio was chosen, 1 none is within the limits (or the highest does\n"
+	"not bind) or an error, 2 usage\n";
 
 /* Options of `BIN tune` that take a value (the rest are flags). */
 static const char *const TUNE_VALUE_OPTS[] = {
 	"--model", "-m", "--text", "-t", "--max-kld", "--min-passkey", "--ctx", "--ratio",
+	"--byte-ratio",
 	"--lengths", "--depths", "--seed", "--chunk", "--threads", NULL,
 };
 
@@ -155,7 +167,8 @@ int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t)
 	snprintf(pklen, sizeof pklen, "%ld", t->passkey_len);
 	const char *argv[32 + 2 * RT_TUNED_MAX_TEXTS];
 	int n = 0;
-	const char *fixed[] = { bin, "tune", "--gate", "--quiet", "--policy", name, "--ratio", ratio,
+	const char *fixed[] = { bin, "tune", "--gate", "--quiet", "--policy", name,
+		                t->bytes ? "--byte-ratio" : "--ratio", ratio,
 		                "--model", t->model, "--ctx", ctx, "--max-kld", kld };
 	for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
 		argv[n++] = fixed[i];

@@ -3,8 +3,8 @@
  * --max-kld X [--min-passkey P] [...]` builds (cached) a binary of the policy and runs its
  * `tune` command (runtime/cli/rt_cmd_tune.c, the search of runtime/eval/rt_tune.h), which
  * prints the frontier it walked and writes the choice to the policy's sidecar
- * (POLICY.tune, runtime/policy/rt_tuned.h). `kvpc build` bakes a sidecar's ratio into the
- * binary as the policy's default; `kvpc build --gate` runs the built binary's `tune --gate`
+ * (POLICY.tune, runtime/policy/rt_tuned.h). `kvpc build` bakes a sidecar's ratio (in
+ * entries, or in bytes for a byte budget) into the binary as the policy's default; `kvpc build --gate` runs the built binary's `tune --gate`
  * on the sidecar's texts and limits and refuses to write the binary when it fails.
  */
 #ifndef KVPC_TUNE_H
@@ -18,7 +18,8 @@
  * the limits or a runtime error, 2 usage error). */
 int kvpc_cmd_tune(int argc, char **argv);
 
-/* Run `bin tune --gate` for policy name with the sidecar t's ratio, texts and limits,
+/* Run `bin tune --gate` for policy name with the sidecar t's ratio (--ratio, or
+ * --byte-ratio when t->bytes), texts and limits,
  * its output going to kvpc's stdout and stderr. Returns its exit status (0: the gate
  * holds), or -1 when it cannot be run (message printed). */
 int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t);

@@ -13,6 +13,18 @@
  *     reports it), `kvpc build --gate` passes as tuned and refuses (exit 1, no binary
  *     written, a message naming the text, the measured value as ppl measured it and the
  *     limit) once the limit is made tighter than the measured KL;
+ *   - budgets in bytes, on a second model of head_dim 32 (9/3 heads: the quantised tiers
+ *     need 32 channels a group) with a precision policy (gate_tiers, a byte budget spent by
+ *     utility per byte): tune searches byte ratios by default for it; its choice under a
+ *     limit is the one a brute-force scan of `BIN ppl --byte-ratio R --json` over the same
+ *     grid gives (the highest R within the limit), the sidecar records `byte_ratio`, the
+ *     built binary runs at it without a flag (ppl's byte_ratio and bytes_compression equal
+ *     the scan's at R), and `kvpc build --gate` holds and then refuses a tighter limit;
+ *   - a KIVI-style policy (kivi_gate: nothing evicted, old entries at q4) below its fixed
+ *     byte ratio (ppl's bytes_compression without an override) is refused with that
+ *     figure, and no sidecar is written;
+ *   - usage errors of the budget kinds, `ab --byte-ratio` (its kld_mean is ppl's at the
+ *     same byte ratio);
  *   - the sidecar format (runtime/policy/rt_tuned.h): a round trip, and located errors.
  * The kvpc under test is $KVPC, else build/kvpc beside this test's directory; the build
  * cache goes to the temporary directory.
@@ -36,6 +48,9 @@ static char g_tmp[PATH_MAX];
 static char g_model[PATH_MAX + 16];
 static char g_text[PATH_MAX + 16];
 static char g_policy[PATH_MAX + 16];
+static char g_model32[PATH_MAX + 16];  /* head_dim 32: room for the quantised tiers */
+static char g_tiers[PATH_MAX + 16];    /* gate_tiers.kvp */
+static char g_kivi[PATH_MAX + 16];     /* kivi_gate.kvp */
 
 static const char POLICY[] =
 	"# H2O with block-wise compression, sized for short texts (test_tune).\n"
@@ -49,6 +64,38 @@ static const char POLICY[] =
 	"    group = sum\n"
 	"    keep recent recent\n"
 	"    compress per block block\n"
+	"    positions = original\n"
+	"}\n";
+
+/* A precision policy with a byte budget (tiers by utility per byte, as h2o_tiers.kvp),
+ * its guards small enough for 48 tokens at byte ratio 8. */
+static const char TIERS[] =
+	"# H2O scores with a byte budget spent by utility per byte (test_tune).\n"
+	"policy gate_tiers {\n"
+	"    param capacity = 50%  # share of an f16 full cache's bytes\n"
+	"    param sinks = 1 tokens  # first tokens kept at the top tier\n"
+	"    param recent = 2 tokens  # newest tokens kept at the top tier\n"
+	"    budget = bytes(capacity)\n"
+	"    stat acc = sum(attn) over all\n"
+	"    score = acc\n"
+	"    group = sum\n"
+	"    keep sinks sinks\n"
+	"    keep recent recent\n"
+	"    precision = tiers(f16, q8, q4)\n"
+	"    compress every 4 steps\n"
+	"    positions = original\n"
+	"}\n";
+
+/* KIVI-style: nothing evicted, every entry older than the newest two at 4 bits. */
+static const char KIVI[] =
+	"# Quantisation only at 4 bits (test_tune).\n"
+	"policy kivi_gate {\n"
+	"    param residual = 2 tokens  # newest entries at the top tier\n"
+	"    budget = 100%\n"
+	"    score = pos\n"
+	"    keep recent residual\n"
+	"    precision = tiers(q4 = rest)\n"
+	"    compress every 2 steps\n"
 	"    positions = original\n"
 	"}\n";
 
@@ -93,8 +140,8 @@ static double tune(double limit, const char *out, int passkey, double *kld_out)
 	char *o, *e;
 	int rc = run(argv, &o, &e);
 	ck_assert_msg(rc == 0, "kvpc tune --max-kld %s: exit %d: %s%s", max_kld, rc, o, e);
-	ck_assert_msg(strstr(o, "ratio") && strstr(o, "bytes x") && strstr(o, "<- chosen"),
-	              "no frontier table: %s", o);
+	ck_assert_msg(strstr(o, "ratio") && strstr(o, "bytes x") && strstr(o, "<- chosen") &&
+	              strstr(o, "budget in entries"), "no frontier table in entries: %s", o);
 	free(o);
 	free(e);
 	char side[PATH_MAX + 16];
@@ -110,6 +157,7 @@ static double tune(double limit, const char *out, int passkey, double *kld_out)
 	ck_assert_int_eq(t.n_texts, 1);
 	ck_assert_str_eq(t.texts[0], g_text);
 	ck_assert_int_eq(t.ctx, 48);
+	ck_assert_int_eq(t.bytes, 0); /* gate_h2o has no byte budget: a ratio in entries */
 	if (passkey)
 		ck_assert_msg(t.min_passkey == 0 && t.passkey >= 0 && t.passkey_len == 320,
 		              "passkey fields: %g %g %ld", t.min_passkey, t.passkey, t.passkey_len);
@@ -246,6 +294,220 @@ START_TEST(build_bakes_ratio_and_gate_refuses_tighter_limit)
 }
 END_TEST
 
+
+/* What `BIN ppl --json` reports on the 48 tokens for one policy of the head_dim-32 model. */
+typedef struct ppl_json {
+	double kld, bytes_x, byte_ratio; /* byte_ratio -1 when the JSON has none */
+	int ratio_null;                  /* "ratio":null */
+} ppl_json;
+
+/* BIN ppl --policy NAME on g_model32 at --byte-ratio R (NULL: none). Returns ppl's exit
+ * status; *pj filled when 0. */
+static int ppl_bytes(const char *bin, const char *name, const char *R, ppl_json *pj)
+{
+	char *argv[] = { (char *)bin, "ppl", "--model", g_model32, "--policy", (char *)name, "--text",
+		         g_text, "--ctx", "48", "--json", "--quiet", R ? "--byte-ratio" : NULL,
+		         (char *)R, NULL };
+	char *o, *e;
+	int rc = run(argv, &o, &e);
+	if (rc == 0) {
+		const char *k = strstr(o, "\"kld_mean\":"), *bx = strstr(o, "\"bytes_compression\":");
+		const char *br = strstr(o, "\"byte_ratio\":");
+		ck_assert_msg(k && bx, "ppl --json lacks kld_mean or bytes_compression: %s", o);
+		pj->kld = strtod(k + 11, NULL);
+		pj->bytes_x = strtod(bx + 20, NULL);
+		pj->byte_ratio = br ? strtod(br + 13, NULL) : -1;
+		pj->ratio_null = strstr(o, "\"ratio\":null") != NULL;
+	}
+	free(o);
+	free(e);
+	return rc;
+}
+
+/* kvpc build g_tiers [g_kivi] -o out [--gate]; returns the exit status, stderr in *err.
+ * Two compiles in all (each ~1 s of CPU): both policies without a sidecar (the scan, the
+ * byte search, KIVI, ab), and gate_tiers alone with its sidecar (cached for --gate). */
+static int build2(const char *out, int kivi, int gate, char **err)
+{
+	char *argv[] = { g_kvpc, "build", g_tiers, "-o", (char *)out, gate ? "--gate" : NULL, NULL,
+		         NULL };
+	if (kivi) {
+		argv[5] = g_kivi;
+		argv[6] = gate ? "--gate" : NULL;
+	}
+	char *o;
+	int rc = run(argv, &o, err);
+	free(o);
+	return rc;
+}
+
+static const double BYTE_GRID[] = { 2, 3, 4, 6, 8 };
+#define N_BYTE_GRID 5
+
+START_TEST(byte_budget_bisection_matches_scan_and_reaches_binary)
+{
+	char plain[PATH_MAX + 16], *err, *o;
+	snprintf(plain, sizeof plain, "%s/plain_bytes", g_tmp);
+	ck_assert_msg(build2(plain, 1, 0, &err) == 0, "kvpc build: %s", err);
+	free(err);
+	/* the brute-force scan: ppl at every byte ratio of the grid, a separate command each */
+	ppl_json scan[N_BYTE_GRID];
+	for (int i = 0; i < N_BYTE_GRID; i++) {
+		char R[32];
+		snprintf(R, sizeof R, "%g", BYTE_GRID[i]);
+		ck_assert_int_eq(ppl_bytes(plain, "gate_tiers", R, &scan[i]), 0);
+		ck_assert_msg(scan[i].byte_ratio == BYTE_GRID[i] && scan[i].ratio_null,
+		              "ppl --byte-ratio %s reported byte_ratio %g", R, scan[i].byte_ratio);
+		ck_assert_msg(i == 0 || scan[i].kld > scan[i - 1].kld, "ppl's mean KL at byte ratios "
+		              "%g, %g: %g, %g (not growing)", BYTE_GRID[i - 1], BYTE_GRID[i],
+		              scan[i - 1].kld, scan[i].kld);
+	}
+	/* a limit between the scan's KL at 3 and at 4: the highest byte ratio within it is 3 */
+	const double limit = sqrt(scan[1].kld * scan[2].kld);
+	int want = -1;
+	for (int i = 0; i < N_BYTE_GRID; i++)
+		if (scan[i].kld <= limit)
+			want = i;
+	ck_assert_int_eq(want, 1);
+	char lim[32];
+	snprintf(lim, sizeof lim, "%.17g", limit);
+	/* the search (BIN tune, what kvpc tune runs) writes the sidecar kvpc build reads */
+	char side[PATH_MAX + 16];
+	ck_assert_int_eq(rt_tuned_path(g_tiers, side, sizeof side), 0);
+	char *tune_argv[] = { plain, "tune", "--policy", "gate_tiers", "--model", g_model32,
+		              "--text", g_text, "--ctx", "48", "--byte-ratio", "2,3,4,6,8",
+		              "--max-kld", lim, "--quiet", "--out", side, NULL };
+	int rc = run(tune_argv, &o, &err);
+	ck_assert_msg(rc == 0, "tune: exit %d: %s%s", rc, o, err);
+	ck_assert_msg(strstr(o, "budget in bytes") && strstr(o, "byte ratio") &&
+	              strstr(o, "chosen: byte ratio 3,"), "frontier: %s", o);
+	free(o);
+	free(err);
+	rt_tuned t;
+	rt_tuned_init(&t);
+	rt_err e = { "" };
+	ck_assert_msg(rt_tuned_read(side, &t, &e) == 0, "%s", e.msg);
+	ck_assert_msg(t.bytes == 1 && t.ratio == BYTE_GRID[want], "sidecar: %s %g",
+	              t.bytes ? "byte_ratio" : "ratio", t.ratio);
+	ck_assert_msg(fabs(t.kld - scan[want].kld) <= 1e-5 * scan[want].kld &&
+	              fabs(t.bytes_x - scan[want].bytes_x) <= 1e-5 * scan[want].bytes_x,
+	              "sidecar kld %g bytes_x %g, ppl's %g %g", t.kld, t.bytes_x, scan[want].kld,
+	              scan[want].bytes_x);
+
+	/* the default kind with the default grid: bytes; a flagless BIN tune says so */
+	char *dflt[] = { plain, "tune", "--policy", "gate_tiers", "--model", g_model32, "--text",
+		         g_text, "--ctx", "48", "--max-kld", "1e9", "--quiet", NULL };
+	ck_assert_int_eq(run(dflt, &o, &err), 0);
+	ck_assert_msg(strstr(o, "budget in bytes"), "default kind: %s", o);
+	free(o);
+	free(err);
+
+	/* kvpc build bakes the byte ratio in: BIN ppl without a flag runs at it */
+	char bin[PATH_MAX + 16];
+	snprintf(bin, sizeof bin, "%s/tuned_bytes", g_tmp);
+	ck_assert_msg(build2(bin, 0, 0, &err) == 0, "kvpc build: %s", err);
+	free(err);
+	char *info[] = { bin, "info", NULL };
+	ck_assert_int_eq(run(info, &o, &err), 0);
+	ck_assert_msg(strstr(o, "tuned default byte ratio 3"), "info: %s", o);
+	free(o);
+	free(err);
+	ppl_json pj;
+	ck_assert_int_eq(ppl_bytes(bin, "gate_tiers", NULL, &pj), 0);
+	ck_assert_msg(pj.byte_ratio == 3 && pj.ratio_null && pj.bytes_x == scan[want].bytes_x &&
+	              pj.kld == scan[want].kld, "ppl without a flag: byte_ratio %g bytes_x %g kld "
+	              "%g; the scan at 3: %g %g", pj.byte_ratio, pj.bytes_x, pj.kld,
+	              scan[want].bytes_x, scan[want].kld);
+
+	/* the gate holds as tuned, and refuses a limit below the measured KL */
+	snprintf(bin, sizeof bin, "%s/gated_bytes", g_tmp);
+	rc = build2(bin, 0, 1, &err);
+	ck_assert_msg(rc == 0 && access(bin, X_OK) == 0, "kvpc build --gate: exit %d: %s", rc, err);
+	ck_assert_msg(strstr(err, "gate_tiers: byte ratio 3"), "gate line: %s", err);
+	free(err);
+	t.max_kld = scan[want].kld / 2;
+	ck_assert_msg(rt_tuned_write(side, &t, NULL, &e) == 0, "%s", e.msg);
+	rt_tuned_free(&t);
+	snprintf(bin, sizeof bin, "%s/refused_bytes", g_tmp);
+	rc = build2(bin, 0, 1, &err);
+	ck_assert_msg(rc == 1 && access(bin, F_OK) != 0, "refused gate: exit %d: %s", rc, err);
+	char measured[48];
+	snprintf(measured, sizeof measured, "mean KL %.6f", scan[want].kld);
+	ck_assert_msg(strstr(err, "at byte ratio 3") && strstr(err, measured) &&
+	              strstr(err, "refused"), "the refusal lacks 'at byte ratio 3', '%s': %s",
+	              measured, err);
+	free(err);
+	ck_assert_int_eq(unlink(side), 0);
+}
+END_TEST
+
+START_TEST(kivi_fixed_byte_ratio_is_refused_and_usage_errors)
+{
+	char bin[PATH_MAX + 16], *err, *o;
+	snprintf(bin, sizeof bin, "%s/plain_kivi", g_tmp);
+	ck_assert_msg(build2(bin, 1, 0, &err) == 0, "kvpc build: %s", err);
+	free(err);
+	ppl_json own;
+	ck_assert_int_eq(ppl_bytes(bin, "kivi_gate", NULL, &own), 0);
+	ck_assert_msg(own.bytes_x > 1.6, "kivi_gate stores %gx fewer bytes", own.bytes_x);
+	char out[PATH_MAX + 16];
+	snprintf(out, sizeof out, "%s/kivi.tune", g_tmp);
+	char *argv[] = { bin, "tune", "--policy", "kivi_gate", "--model", g_model32, "--text",
+		         g_text, "--ctx", "48", "--byte-ratio", "1,1.5", "--max-kld", "1e9",
+		         "--quiet", "--out", out, NULL };
+	int rc = run(argv, &o, &err);
+	char fixed[64];
+	snprintf(fixed, sizeof fixed, "store %.2fx fewer bytes", own.bytes_x);
+	ck_assert_msg(rc == 1 && strstr(err, "evicts nothing") && strstr(err, fixed) &&
+	              strstr(o, "does not bind"), "kivi tune: exit %d: %s%s", rc, o, err);
+	ck_assert_msg(access(out, F_OK) != 0, "a sidecar was written for a budget that does not bind");
+	free(o);
+	free(err);
+
+	static const struct {
+		const char *a, *b, *c, *want;
+	} bad[] = {
+		{ "--ratio", "2,4", "--byte-ratio=2", "give one of them" },
+		{ "--bytes", "--entries", NULL, "--bytes and --entries" },
+		{ "--bytes", "--ratio", "2,4", "give the grid in bytes as --byte-ratio LIST" },
+		{ "--byte-ratio", "4,2", NULL, "--byte-ratio: '4,2' is not increasing" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char *u[] = { bin, "tune", "--policy", "gate_tiers", "--model", g_model32, "--text",
+			      g_text, "--max-kld", "0.1", (char *)bad[i].a, (char *)bad[i].b,
+			      (char *)bad[i].c, NULL };
+		rc = run(u, &o, &err);
+		ck_assert_msg(rc == 2 && strstr(err, bad[i].want), "case %zu: exit %d: %s", i, rc, err);
+		free(o);
+		free(err);
+	}
+
+	/* ab over byte ratios: the same measurement as ppl's at that byte ratio */
+	char json[PATH_MAX + 16];
+	snprintf(json, sizeof json, "%s/ab.json", g_tmp);
+	char *ab[] = { bin, "ab", "--model", g_model32, "--text", g_text, "--ctx", "48", "--a",
+		       "gate_tiers", "--b", "kivi_gate", "--byte-ratio", "3", "--json", json,
+		       "--quiet", "--resamples", "20", NULL };
+	rc = run(ab, &o, &err);
+	ck_assert_msg(rc == 0 && strstr(o, "compression ratio in bytes 3"), "ab: exit %d: %s%s",
+	              rc, o, err);
+	free(o);
+	free(err);
+	size_t len;
+	rt_err e = { "" };
+	char *js = rt_read_file(json, &len, &e);
+	ck_assert_msg(js != NULL, "%s", e.msg);
+	const char *a = strstr(js, "\"A\": {\"policy\": \"gate_tiers\"");
+	const char *k = a ? strstr(a, "\"kld_mean\": ") : NULL;
+	ck_assert_msg(strstr(js, "\"ratio_kind\": \"bytes\"") && k, "ab json: %s", js);
+	ppl_json pj;
+	ck_assert_int_eq(ppl_bytes(bin, "gate_tiers", "3", &pj), 0);
+	/* ab prints 6 significant digits and runs its own chunking: equal to 1e-4 */
+	ck_assert_double_eq_tol(strtod(k + 12, NULL), pj.kld, 1e-4 * pj.kld);
+	free(js);
+}
+END_TEST
+
 START_TEST(sidecar_round_trip_and_errors)
 {
 	char p[PATH_MAX + 16];
@@ -282,6 +544,17 @@ START_TEST(sidecar_round_trip_and_errors)
 	ck_assert_str_eq(u.depths, "10,50,90");
 	ck_assert_str_eq(u.texts[1], "/t/b c.txt");
 	ck_assert_str_eq(u.model, "/m/model.gguf");
+	ck_assert(u.bytes == 0 && u.bytes_x == -1 && u.entries_x == -1);
+	rt_tuned_free(&u);
+	/* a byte budget: `byte_ratio` and the measured compressions */
+	t.bytes = 1;
+	t.ratio = 8;
+	t.bytes_x = 8.01;
+	t.entries_x = 2.5;
+	ck_assert_msg(rt_tuned_write(p, &t, NULL, &e) == 0, "%s", e.msg);
+	rt_tuned_init(&u);
+	ck_assert_msg(rt_tuned_read(p, &u, &e) == 0, "%s", e.msg);
+	ck_assert(u.bytes == 1 && u.ratio == 8 && u.bytes_x == 8.01 && u.entries_x == 2.5);
 	rt_tuned_free(&u);
 	rt_tuned_free(&t);
 
@@ -296,6 +569,10 @@ START_TEST(sidecar_round_trip_and_errors)
 		  "model /m\n", "no 'text' line" },
 		{ "policy h2o\nsource_hash 0123456789abcdef\nratio 2\nmax_kld 0.1\nctx 64\n"
 		  "model /m\ntext /t\nmin_passkey 1\n", "min_passkey needs passkey_len and depths" },
+		{ "ratio 2\nbyte_ratio 3\n", ":2: both ratio (entries) and byte_ratio (bytes)" },
+		{ "byte_ratio 0\n", ":1: byte_ratio: expected a compression factor in bytes >= 1" },
+		{ "policy h2o\nsource_hash 0123456789abcdef\nmax_kld 0.1\nctx 64\nmodel /m\n"
+		  "text /t\n", "no 'ratio' or 'byte_ratio' line" },
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		FILE *f = fopen(p, "w");
@@ -319,6 +596,8 @@ static Suite *tune_suite(void)
 	tcase_add_test(tc, sidecar_round_trip_and_errors);
 	tcase_add_test(tc, loose_limit_picks_higher_ratio_and_ppl_agrees);
 	tcase_add_test(tc, build_bakes_ratio_and_gate_refuses_tighter_limit);
+	tcase_add_test(tc, byte_budget_bisection_matches_scan_and_reaches_binary);
+	tcase_add_test(tc, kivi_fixed_byte_ratio_is_refused_and_usage_errors);
 	suite_add_tcase(s, tc);
 	return s;
 }
@@ -340,14 +619,25 @@ int main(void)
 		fprintf(stderr, "test_tune: cannot write the model under %s\n", g_tmp);
 		return EXIT_FAILURE;
 	}
+	snprintf(g_model32, sizeof g_model32, "%s/tiny32.gguf", g_tmp);
+	c.n_embd = 288; /* 9 heads of 32 */
+	if (tiny_model_write(&c, g_model32) != 0) {
+		fprintf(stderr, "test_tune: cannot write the model under %s\n", g_tmp);
+		return EXIT_FAILURE;
+	}
 	char cache[PATH_MAX + 16];
 	snprintf(cache, sizeof cache, "%s/cache", g_tmp);
 	setenv("KVPC_CACHE", cache, 1);
 	snprintf(g_text, sizeof g_text, "%s/text.txt", g_tmp);
 	snprintf(g_policy, sizeof g_policy, "%s/gate_h2o.kvp", g_tmp);
+	snprintf(g_tiers, sizeof g_tiers, "%s/gate_tiers.kvp", g_tmp);
+	snprintf(g_kivi, sizeof g_kivi, "%s/kivi_gate.kvp", g_tmp);
 	char cmd[4 * PATH_MAX];
 	FILE *f = fopen(g_text, "w"), *pf = fopen(g_policy, "w");
 	int bad = !f || fputs(TEXT, f) < 0 || fclose(f) != 0;
+	FILE *tf = fopen(g_tiers, "w"), *kf = fopen(g_kivi, "w");
+	bad |= !tf || fputs(TIERS, tf) < 0 || fclose(tf) != 0;
+	bad |= !kf || fputs(KIVI, kf) < 0 || fclose(kf) != 0;
 	if (!pf || fputs(POLICY, pf) < 0 || fclose(pf) != 0 || bad) {
 		fprintf(stderr, "test_tune: cannot write the text or the policy under %s\n", g_tmp);
 		return EXIT_FAILURE;

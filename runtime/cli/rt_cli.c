@@ -133,10 +133,21 @@ static const struct rt_cli_tuned *tuned_find(const struct kvp_policy *p)
 	return NULL;
 }
 
-double rt_cli_tuned_ratio(const struct kvp_policy *p)
+double rt_cli_tuned_ratio(const struct kvp_policy *p, int *bytes)
 {
 	const struct rt_cli_tuned *t = tuned_find(p);
+	if (bytes)
+		*bytes = t ? t->bytes : 0;
 	return t && p->compress ? t->ratio : 0;
+}
+
+void rt_cli_tuned_default(const struct kvp_policy *p, double *ratio, double *byte_ratio)
+{
+	int bytes = 0;
+	const double r = rt_cli_tuned_ratio(p, &bytes);
+	if (*ratio > 0 || *byte_ratio > 0 || !(r > 0))
+		return;
+	*(bytes ? byte_ratio : ratio) = r;
 }
 
 const char *rt_cli_tuned_sidecar(const struct kvp_policy *p)

@@ -29,17 +29,23 @@ struct rt_cli_tuned {
 	const char *policy;   /* the registered policy's name */
 	double ratio;         /* the default compression ratio, >= 1 */
 	const char *sidecar;  /* the sidecar it came from (shown by `info`) */
+	int bytes;            /* 1: ratio counts bytes (--byte-ratio), 0: entries (--ratio) */
 };
 
 /* rt_cli_main with baked-in defaults tuned[0..n_tuned) (the binary's main unit passes
  * them): a policy-aware command (ppl, needle, run, keepmap, serve) run without --ratio
- * uses its policy's tuned ratio in place of the policy's own budget; --ratio R overrides
- * it. The array must outlive the call. */
+ * and --byte-ratio uses its policy's tuned ratio (in entries or in bytes, as tuned) in
+ * place of the policy's own budget; either option overrides it. The array must outlive
+ * the call. */
 int rt_cli_main_tuned(int argc, char **argv, const struct kvp_policy *const *reg, int n_reg,
                       const struct rt_cli_tuned *tuned, int n_tuned);
 
-/* The baked-in default ratio of policy p, or 0 when the binary has none for it. */
-double rt_cli_tuned_ratio(const struct kvp_policy *p);
+/* The baked-in default ratio of policy p, or 0 when the binary has none for it; *bytes
+ * (may be NULL) = 1 when it counts bytes. */
+double rt_cli_tuned_ratio(const struct kvp_policy *p, int *bytes);
+/* The baked-in default applied to a command's overrides: when *ratio and *byte_ratio are
+ * both 0, the one the tune chose is set to the tuned value. */
+void rt_cli_tuned_default(const struct kvp_policy *p, double *ratio, double *byte_ratio);
 /* The sidecar it came from, or NULL. */
 const char *rt_cli_tuned_sidecar(const struct kvp_policy *p);
 

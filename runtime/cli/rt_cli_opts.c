@@ -143,7 +143,8 @@ static const opt_def OPTS[] = {
 	STROPT(O_SHAB, "source-sha256-b", sha_b), FLAGOPT(O_QUIET, "quiet", quiet, 1),
 	OPT(O_MAXKLD, "max-kld", 1), OPT(O_MINPASSKEY, "min-passkey", 1),
 	STROPT(O_OUT, "out", out), FLAGOPT(O_GATE, "gate", gate, 1),
-	OPT(O_KVTYPE, "kv-type", 1),
+	OPT(O_KVTYPE, "kv-type", 1), STROPT(O_BYTERATIOS, "byte-ratio", byte_ratio_list),
+	FLAGOPT(O_BYTES, "bytes", bytes_flag, 1), FLAGOPT(O_ENTRIES, "entries", entries_flag, 1),
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
 

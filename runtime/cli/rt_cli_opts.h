@@ -54,19 +54,24 @@ typedef struct rt_cli_opts {
 	double max_kld, min_passkey; /* min_passkey < 0: not given (a command presets -1) */
 	const char *out;
 	int gate;
+	/* tune and ab: --byte-ratio LIST (O_BYTERATIOS), the grid in bytes; tune: --bytes,
+	 * --entries (which kind of budget to search with the default grid) */
+	const char *byte_ratio_list;
+	int bytes_flag, entries_flag;
 } rt_cli_opts;
 
 /* Option ids: short options are their letter ('m' --model, 't' --text, 'p' --prompt
  * TEXT, 'n' -n N), long-only options these. O_CTX takes a list when ctx_list was preset.
- * One long name may have two ids where commands give it two meanings: `ab`'s --ratio is a
- * list (O_RATIOS), its --task is ppl|needle (O_ABTASK), its --json takes a path (O_JSONOUT)
+ * One long name may have two ids where commands give it two meanings: `ab`'s and `tune`'s
+ * --ratio and --byte-ratio are lists (O_RATIOS, O_BYTERATIOS), its --task is ppl|needle (O_ABTASK), its --json takes a path (O_JSONOUT)
  * and its --seed a 64-bit integer (O_SEED64). */
 enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECIAL, O_STATS,
        O_THREADS, O_DECODE, O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_HAYSTACK,
        O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM, O_MARKQ,
        O_VERSION, O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH, O_A, O_B, O_RATIOS, O_ABTASK,
        O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64, O_COMMIT, O_SHAA, O_SHAB,
-       O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE, O_KVTYPE, O_BYTERATIO };
+       O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE, O_KVTYPE, O_BYTERATIO,
+       O_BYTERATIOS, O_BYTES, O_ENTRIES };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;

@@ -191,8 +191,8 @@ rt_cli_run *rt_cli_runs(const char *cmd, const rt_cli_opts *o, int *K, int *rc)
 	*K = 1;
 	runs[0].p = p;
 	runs[0].o = *o;
-	if (!(runs[0].o.ratio > 0)) /* the build's tuned default (kvpc tune), if any */
-		runs[0].o.ratio = rt_cli_tuned_ratio(p);
+	/* the build's tuned default (kvpc tune), if any */
+	rt_cli_tuned_default(p, &runs[0].o.ratio, &runs[0].o.byte_ratio);
 	return runs;
 }
 

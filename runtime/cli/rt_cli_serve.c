@@ -22,8 +22,9 @@ static const char *const help =
 	"\n"
 	"SYNOPSIS\n"
 	"    %s serve --model MODEL [--host 127.0.0.1] [--port 8080] [--policy NAME]\n"
-	"             [--set NAME=VALUE]... [--ratio R] [--kv-memory SIZE] [--max-seqs N]\n"
-	"             [--queue N] [--chunk N] [--prefill-chunk C] [--step-rows N] [--threads N]\n"
+	"             [--set NAME=VALUE]... [--ratio R | --byte-ratio R] [--kv-memory SIZE]\n"
+	"             [--max-seqs N] [--queue N] [--chunk N] [--prefill-chunk C]\n"
+	"             [--step-rows N] [--threads N]\n"
 	"             [--api-key KEY] [--trace FILE] [--max-body SIZE] [--timeout S] [--exact]\n"
 	"             [--kv-type f32|f16|q8_0]\n"
 	"\n"
@@ -33,7 +34,8 @@ static const char *const help =
 	"    and /metrics (Prometheus). Sampling: temperature (0 = greedy, the same tokens\n"
 	"    as `run`), top_p, top_k, seed, max_tokens, stop. A request may choose its\n"
 	"    policy: \"kv\": {\"policy\": NAME, \"ratio\": R, \"set\": {NAME: VALUE}}, checked\n"
-	"    as --policy, --ratio and --set are, and \"prefill_chunk\": C as --prefill-chunk.\n"
+	"    as --policy, --ratio and --set are, \"byte_ratio\": R as --byte-ratio (one of\n"
+	"    ratio and byte_ratio), and \"prefill_chunk\": C as --prefill-chunk.\n"
 	"    The system message is the protected span\n"
 	"    `system`; a message or prompt segment with \"protect\": true is span `pinned`.\n"
 	"\n"
@@ -50,7 +52,8 @@ static const char *const help =
 	"    --port N            TCP port (default 8080; 0 picks a free one, printed)\n"
 	"    --policy NAME       default policy of requests without \"kv\" (default %s)\n"
 	"    --set NAME=VALUE    default parameter of that policy (repeatable)\n"
-	"    --ratio R           default compression ratio (>= 1)\n"
+	"    --ratio R           default compression ratio in entries (>= 1)\n"
+	"    --byte-ratio R      or in bytes against an f16 full cache (>= 1), as for ppl\n"
 	"    --kv-memory SIZE    KV pool bytes, e.g. 512M, 2G (default 1G)\n"
 	"    --max-seqs N        active sequences at most (default 16)\n"
 	"    --queue N           waiting requests at most (default 64)\n"
@@ -100,7 +103,7 @@ static int int_arg(const char *prog, const char *opt, const char *v, long lo, lo
 	return 0;
 }
 
-enum { O_HOST = 256, O_PORT, O_POLICY, O_SET, O_RATIO, O_MEM, O_SEQS, O_QUEUE, O_CHUNK,
+enum { O_HOST = 256, O_PORT, O_POLICY, O_SET, O_RATIO, O_BYTERATIO, O_MEM, O_SEQS, O_QUEUE, O_CHUNK,
        O_ROWS, O_THREADS, O_KEY, O_TRACE, O_BODY, O_TIMEOUT, O_EXACT, O_PREFILL, O_KVTYPE };
 
 /* After the options: the arguments that must be there, the KV type the path allows, the
@@ -148,8 +151,13 @@ static int serve_finish(rt_serve_cfg *c, int argc, char **argv, int kv_type, con
 			return 2;
 		}
 	free(vals);
-	if (c->ratio > 0 && !p->compress) {
-		usage(prog, "--ratio: policy %s never compresses, so a ratio does not apply", p->name);
+	if ((c->ratio > 0 || c->byte_ratio > 0) && !p->compress) {
+		usage(prog, "%s: policy %s never compresses, so a ratio does not apply",
+		      c->ratio > 0 ? "--ratio" : "--byte-ratio", p->name);
+		return 2;
+	}
+	if (c->ratio > 0 && c->byte_ratio > 0) {
+		usage(prog, "--ratio counts entries and --byte-ratio bytes; give one of them");
 		return 2;
 	}
 	if (c->prefill_chunk < 0)
@@ -169,8 +177,7 @@ static int serve_finish(rt_serve_cfg *c, int argc, char **argv, int kv_type, con
 		      "or f32", p->name);
 		return 2;
 	}
-	if (!(c->ratio > 0)) /* the build's tuned default (kvpc tune), if any */
-		c->ratio = rt_cli_tuned_ratio(p);
+	rt_cli_tuned_default(p, &c->ratio, &c->byte_ratio); /* the build's tuned default */
 	*pp = p;
 	return 0;
 }
@@ -182,6 +189,7 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		{ "model", required_argument, 0, 'm' }, { "host", required_argument, 0, O_HOST },
 		{ "port", required_argument, 0, O_PORT }, { "policy", required_argument, 0, O_POLICY },
 		{ "set", required_argument, 0, O_SET }, { "ratio", required_argument, 0, O_RATIO },
+		{ "byte-ratio", required_argument, 0, O_BYTERATIO },
 		{ "kv-memory", required_argument, 0, O_MEM }, { "max-seqs", required_argument, 0, O_SEQS },
 		{ "queue", required_argument, 0, O_QUEUE }, { "chunk", required_argument, 0, O_CHUNK },
 		{ "step-rows", required_argument, 0, O_ROWS }, { "threads", required_argument, 0, O_THREADS },
@@ -211,11 +219,13 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		case O_PORT: if (int_arg(prog, "--port", optarg, 0, 65535, &c.port)) goto out; break;
 		case O_POLICY: c.policy = optarg; break;
 		case O_SET: sets[c.n_sets++] = optarg; break;
-		case O_RATIO: {
+		case O_RATIO: case O_BYTERATIO: {
 			char *end = NULL;
-			c.ratio = strtod(optarg, &end);
-			if (!*optarg || *end || !isfinite(c.ratio) || c.ratio < 1) {
-				usage(prog, "--ratio: '%s' is not a number >= 1", optarg);
+			double *r = ch == O_RATIO ? &c.ratio : &c.byte_ratio;
+			*r = strtod(optarg, &end);
+			if (!*optarg || *end || !isfinite(*r) || *r < 1) {
+				usage(prog, "%s: '%s' is not a number >= 1",
+				      ch == O_RATIO ? "--ratio" : "--byte-ratio", optarg);
 				goto out;
 			}
 			break;

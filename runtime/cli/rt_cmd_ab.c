@@ -17,9 +17,9 @@ static const char help_ab[] =
 	"    %s ab - compare two compiled policies (A, B) against the full cache and each other\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s ab --model M --text FILE [--a NAME] [--b NAME] [--ratio 2,4,8] [--task ppl|needle]\n"
-	"           [--ctx N] [--chunk N] [--prefill-chunk C] [--threads N] [--set k=v]...\n"
-	"           [--set-a k=v]... [--set-b k=v]...\n"
+	"    %s ab --model M --text FILE [--a NAME] [--b NAME] [--ratio 2,4,8 | --byte-ratio 2,4,8]\n"
+	"           [--task ppl|needle] [--ctx N] [--chunk N] [--prefill-chunk C] [--threads N]\n"
+	"           [--set k=v]... [--set-a k=v]... [--set-b k=v]...\n"
 	"           [--json OUT] [--csv OUT] [--plot OUT.svg] [--resamples B] [--seed S]\n"
 	"           [--lengths 1024,2048] [--depths 0,50,100] [--mode aware|agnostic]\n"
 	"    (normally started by `kvpc ab A.kvp B.kvp ...`, which builds this binary)\n"
@@ -27,7 +27,10 @@ static const char help_ab[] =
 	"DESCRIPTION\n"
 	"    Loads the model once. For each compression ratio R the full-cache reference and\n"
 	"    both policies (budget overridden to context / R entries per KV head; a policy that\n"
-	"    never compresses keeps every token) run over the same tokens, chunk by chunk in\n"
+	"    never compresses keeps every token; with --byte-ratio, overridden to 1/R of the\n"
+	"    bytes of an f16 full cache per KV head, as --byte-ratio of ppl, and the tables,\n"
+	"    --json (\"ratio_kind\": \"bytes\"), --csv (column ratio_kind) and --plot say so)\n"
+	"    run over the same tokens, chunk by chunk in\n"
 	"    lockstep, and every token's distribution is compared with the reference's.\n"
 	"    task ppl (default): streaming perplexity of the first N tokens of FILE, which are\n"
 	"    the prompt (so the budget is N / R entries per KV head from the first token on and\n"
@@ -45,7 +48,8 @@ static const char help_ab[] =
 	"    --model M          GGUF model\n"
 	"    --text FILE        the text (task ppl; UTF-8, .gz is decompressed)\n"
 	"    --a NAME, --b NAME the policies (default: the binary's first two, or the only one)\n"
-	"    --ratio LIST       compression ratios, each >= 1 (default 4)\n"
+	"    --ratio LIST       compression ratios in entries, each >= 1 (default 4)\n"
+	"    --byte-ratio LIST  or in bytes against an f16 full cache, each >= 1\n"
 	"    --task ppl|needle  what to measure (default ppl)\n"
 	"    --ctx N            tokens of the text to use (default all, up to context_length)\n"
 	"    --chunk N          tokens per forward chunk (default 512; results do not depend on it)\n"
@@ -84,10 +88,16 @@ static int ab_lists(const rt_cli_opts *c, rt_ab_opts *o)
 {
 	double v[RT_CLI_MAX_LIST];
 	int n;
-	if (c->ratio_list) {
-		if (rt_cli_parse_list(c->ratio_list, 1, INFINITY, 0, v, &n) || n > RT_AB_MAX_RATIOS)
-			return rt_cli_usage("ab", "--ratio: '%s' is not a comma list of at most %d "
-			                    "compression factors >= 1", c->ratio_list, RT_AB_MAX_RATIOS);
+	if (c->ratio_list && c->byte_ratio_list)
+		return rt_cli_usage("ab", "%s", "--ratio LIST counts entries and --byte-ratio LIST "
+		                    "bytes; give one of them");
+	const char *rl = c->ratio_list ? c->ratio_list : c->byte_ratio_list;
+	if (rl) {
+		o->bytes = c->byte_ratio_list != NULL;
+		if (rt_cli_parse_list(rl, 1, INFINITY, 0, v, &n) || n > RT_AB_MAX_RATIOS)
+			return rt_cli_usage("ab", "%s: '%s' is not a comma list of at most %d "
+			                    "compression factors >= 1", o->bytes ? "--byte-ratio" : "--ratio",
+			                    rl, RT_AB_MAX_RATIOS);
 		memcpy(o->ratios, v, (size_t)n * sizeof *v);
 		o->n_ratios = n;
 	}
@@ -126,7 +136,7 @@ static int ab_sets(const rt_cli_opts *c, rt_ab_opts *o)
 
 int rt_cmd_ab(int argc, char **argv)
 {
-	static const int opt_ids[] = { 'm', 't', O_A, O_B, O_RATIOS, O_ABTASK, O_CTX, O_CHUNK,
+	static const int opt_ids[] = { 'm', 't', O_A, O_B, O_RATIOS, O_BYTERATIOS, O_ABTASK, O_CTX, O_CHUNK,
 		O_THREADS, O_SET, O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64,
 		O_LENGTHS, O_DEPTHS, O_MODE, O_COMMIT, O_SHAA, O_SHAB, O_QUIET, O_PREFILL, O_KVTYPE, 0 };
 	rt_ab_opts o;

@@ -79,9 +79,11 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 		printf("    %s\n", p->summary);
 	printf("    source %s (hash %s), positions %s\n", p->source ? p->source : "?",
 	       p->source_hash ? p->source_hash : "?", pos);
-	if (rt_cli_tuned_ratio(p) > 0)
-		printf("    tuned default ratio %g (baked in from %s; --ratio overrides it)\n",
-		       rt_cli_tuned_ratio(p), rt_cli_tuned_sidecar(p));
+	int tuned_bytes = 0;
+	const double tuned = rt_cli_tuned_ratio(p, &tuned_bytes);
+	if (tuned > 0)
+		printf("    tuned default %s %g (baked in from %s; --ratio or --byte-ratio overrides "
+		       "it)\n", tuned_bytes ? "byte ratio" : "ratio", tuned, rt_cli_tuned_sidecar(p));
 	if (p->n_params == 0)
 		printf("    no parameters\n");
 	for (int i = 0; i < p->n_params; i++) {

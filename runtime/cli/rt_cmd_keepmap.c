@@ -25,7 +25,7 @@ static const char *const help_keepmap =
 	"\n"
 	"SYNOPSIS\n"
 	"    %s keepmap --model MODEL --text FILE [--ctx N] [--policy NAME]\n"
-	"             [--set NAME=VALUE]... [--ratio R] [--prompt N] [--chunk N]\n"
+	"             [--set NAME=VALUE]... [--ratio R | --byte-ratio R] [--prompt N] [--chunk N]\n"
 	"             [--threads N] --svg OUT\n"
 	"\n"
 	"DESCRIPTION\n"
@@ -45,7 +45,7 @@ static const char *const help_keepmap =
 	"    -t, --text FILE     the text; must be valid UTF-8\n"
 	"    --ctx N             feed the first N tokens (default: the whole text, up to the\n"
 	"                        model's context_length)\n"
-	"    --policy NAME       policy (default %s); --set, --ratio as for ppl\n"
+	"    --policy NAME       policy (default %s); --set, --ratio, --byte-ratio as for ppl\n"
 	"    --prompt N          the prompt length given to the policy (default: N)\n"
 	"    --svg OUT           the SVG file to write (required)\n"
 	"    --chunk N, --threads N, --fast, --quiet, -h/--help  as for ppl\n"
@@ -81,7 +81,7 @@ static int keepmap_feed(rt_seq *s, const int32_t *ids, int64_t n, int block, int
 int rt_cmd_keepmap(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_THREADS, O_POLICY, O_SET, O_RATIO,
-		O_PROMPTLEN, O_SVG, O_EXACT, O_FAST, O_QUIET, 0 };
+		O_BYTERATIO, O_PROMPTLEN, O_SVG, O_EXACT, O_FAST, O_QUIET, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = rt_cli_parse("keepmap", help_keepmap_fn, argc, argv, &o, opt_ids,
 	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
@@ -92,8 +92,7 @@ int rt_cmd_keepmap(int argc, char **argv)
 	const struct kvp_policy *p = rt_cli_policy("keepmap", &o, &rc);
 	if (!p)
 		return rc;
-	if (!(o.ratio > 0)) /* the build's tuned default (kvpc tune), if any */
-		o.ratio = rt_cli_tuned_ratio(p);
+	rt_cli_tuned_default(p, &o.ratio, &o.byte_ratio); /* the build's tuned default, if any */
 	rt_cli_threads(o.threads);
 	size_t len;
 	char *text = rt_cli_read_text(o.text, &len);

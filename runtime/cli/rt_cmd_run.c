@@ -77,8 +77,7 @@ int rt_cmd_run(int argc, char **argv)
 	const struct kvp_policy *p = rt_cli_policy("run", &o, &rc);
 	if (!p)
 		return rc;
-	if (!(o.ratio > 0)) /* the build's tuned default (kvpc tune), if any */
-		o.ratio = rt_cli_tuned_ratio(p);
+	rt_cli_tuned_default(p, &o.ratio, &o.byte_ratio); /* the build's tuned default, if any */
 	size_t bad;
 	if (!rt_utf8_valid(o.prompt, strlen(o.prompt), &bad)) {
 		fprintf(stderr, "%s: prompt: not valid UTF-8 at byte %zu\n", rt_cli_prog, bad);

@@ -1,8 +1,8 @@
 /*
  * rt_cmd_tune: `tune` — the quality gate (runtime/eval/rt_tune.h): the highest compression
- * ratio of a grid whose quality stays within the limits on the given texts, the frontier
- * it walked, and the sidecar `kvpc build` bakes the ratio from; `tune --gate` re-checks
- * one ratio. The man page is help_tune below.
+ * ratio of a grid (in entries or in bytes) whose quality stays within the limits on the
+ * given texts, the frontier it walked, and the sidecar `kvpc build` bakes the ratio from;
+ * `tune --gate` re-checks one ratio. The man page is help_tune below.
  */
 #include "cli/rt_cmd.h"
 
@@ -24,34 +24,53 @@ static const char *const help_tune =
 	"\n"
 	"SYNOPSIS\n"
 	"    %s tune --model MODEL --text FILE [--text FILE]... --max-kld X\n"
-	"             [--min-passkey P] [--policy NAME] [--ctx N] [--ratio LIST]\n"
+	"             [--min-passkey P] [--policy NAME] [--ctx N]\n"
+	"             [--ratio LIST | --byte-ratio LIST | --bytes | --entries]\n"
 	"             [--lengths N] [--depths LIST] [--out FILE.tune]\n"
-	"    %s tune --gate --ratio R --model MODEL --text FILE... --max-kld X ...\n"
+	"    %s tune --gate [--ratio R | --byte-ratio R] --model MODEL --text FILE...\n"
+	"             --max-kld X ...\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Decide the acceptable quality loss first, then compress as far as it allows.\n"
-	"    At a compression ratio R (budget = N / R entries per head, as --ratio of ppl,\n"
-	"    the whole text being the prompt; a prompt-end policy, which compresses after\n"
-	"    the last token of such a prompt, gets the first N/2 tokens as its prompt,\n"
-	"    budget N/2 / R, and is scored after it) the policy is within the limits when\n"
+	"    The budget searched counts entries or bytes. In entries, at a compression\n"
+	"    ratio R the budget is N / R entries per head (as --ratio of ppl); in bytes, it\n"
+	"    is 1/R of the bytes of an f16 full cache of the N tokens (as --byte-ratio of\n"
+	"    ppl), which a precision policy spends on entries at its tiers. The default is\n"
+	"    bytes for a policy whose budget is bytes(P) or that has a precision statement,\n"
+	"    entries for the others; --bytes or --byte-ratio LIST search bytes, --entries or\n"
+	"    --ratio LIST entries, for any policy.\n"
+	"\n"
+	"    At ratio R (the whole text being the prompt; a prompt-end policy, which\n"
+	"    compresses after the last token of such a prompt, gets the first N/2 tokens as\n"
+	"    its prompt, budget over N/2, and is scored after it) the policy is within the\n"
+	"    limits when\n"
 	"      - on EVERY text, the mean KL(full cache || policy) per scored token over its\n"
 	"        first N tokens is at most X nats (the ppl loop, full-cache reference in the\n"
 	"        same pass), and\n"
 	"      - with --min-passkey, passkey accuracy (one question-aware prompt of --lengths\n"
 	"        tokens per depth of --depths, greedy, as `needle`) is at least P.\n"
 	"    The search bisects the ratio grid (it assumes quality falls as R grows), about\n"
-	"    log2(grid size) measurements, and prints the frontier it walked: ratio, bytes x\n"
-	"    (compression in bytes against an f16 full cache: keys and values as stored),\n"
-	"    entries x (tokens / mean entries per list), the mean KL over the texts (token-\n"
-	"    weighted), the worst text's mean KL, passkey and the verdict. The chosen ratio is\n"
-	"    the highest within the limits; the next grid ratio, when there is one, was\n"
-	"    measured and is not. With --out the choice and the gate go to a sidecar file\n"
-	"    (what `kvpc tune` writes next to the policy as POLICY.tune; `kvpc build` bakes\n"
-	"    its ratio in as the policy's default, `kvpc build --gate` re-checks it).\n"
+	"    log2(grid size) measurements, and prints the frontier it walked: the ratio (or\n"
+	"    byte ratio), bytes x (measured compression in bytes against an f16 full cache:\n"
+	"    keys and values as stored, scales included), entries x (tokens / mean entries\n"
+	"    per list), the mean KL over the texts (token-weighted), each text's mean KL (the\n"
+	"    worst only beyond 4 texts), passkey and the verdict. The chosen ratio is the\n"
+	"    highest within the limits; the next grid ratio, when there is one, was measured\n"
+	"    and is not. With --out the choice, its kind (ratio or byte_ratio) and the gate go\n"
+	"    to a sidecar file (what `kvpc tune` writes next to the policy as POLICY.tune;\n"
+	"    `kvpc build` bakes it in as the policy's default budget, `kvpc build --gate`\n"
+	"    re-checks it).\n"
 	"\n"
-	"    --gate measures only --ratio R (default: this binary's baked-in ratio of the\n"
-	"    policy) and exits 1 when the limits no longer hold, naming the text, the\n"
-	"    measured value and the limit.\n"
+	"    A policy that evicts nothing (KIVI-style: budget = 100%%, every old entry at a\n"
+	"    fixed low tier) has a fixed compression in bytes: a byte ratio below it changes\n"
+	"    nothing (the frontier marks it 'does not bind'). When the highest byte ratio\n"
+	"    within the limits does not bind, tune says so, writes no sidecar and exits 1:\n"
+	"    build the policy as it is, or give a grid above its fixed ratio, where the\n"
+	"    budget override evicts by the policy's score.\n"
+	"\n"
+	"    --gate measures only --ratio R or --byte-ratio R (default: this binary's\n"
+	"    baked-in budget of the policy, of the kind tuned) and exits 1 when the limits\n"
+	"    no longer hold, naming the text, the measured value and the limit.\n"
 	"\n"
 	"OPTIONS\n"
 	"    -m, --model MODEL   GGUF model file\n"
@@ -61,8 +80,10 @@ static const char *const help_tune =
 	"    --policy NAME       policy (default %s)\n"
 	"    --ctx N             tokens of each text to score (default 256; fewer when a text\n"
 	"                        is shorter): the cost of the search is linear in N\n"
-	"    --ratio LIST        the grid, increasing, each >= 1 (default\n"
+	"    --ratio LIST        the grid in entries, increasing, each >= 1 (default\n"
 	"                        1.5,2,3,4,6,8,12,16,24,32); with --gate one ratio\n"
+	"    --byte-ratio LIST   the grid in bytes against an f16 full cache (same default)\n"
+	"    --bytes, --entries  search bytes or entries with the default grid\n"
 	"    --lengths N         passkey prompt tokens (default 256)\n"
 	"    --depths LIST       passkey needle depths, percent (default 10,50,90)\n"
 	"    --seed S            passkey seed (default 1; prompt d's key from S + d)\n"
@@ -73,16 +94,19 @@ static const char *const help_tune =
 	"\n"
 	"EXIT STATUS\n"
 	"    0 a ratio was chosen (or the gate holds), 1 none of the grid is within the\n"
-	"    limits (or the gate fails) or a runtime error, 2 usage error.\n"
+	"    limits (or the gate fails, or the highest within them does not bind) or a\n"
+	"    runtime error, 2 usage error.\n"
 	"\n"
 	"EXAMPLE\n"
 	"    %s tune --model models/SmolLM2-135M-Instruct.Q4_1.gguf --policy h2o \\\n"
-	"           --text notes.txt --ctx 256 --max-kld 0.05 --out h2o.tune\n";
+	"           --text notes.txt --ctx 256 --max-kld 0.05 --out h2o.tune\n"
+	"    %s tune --model models/SmolLM2-135M-Instruct.Q4_1.gguf --policy tova_tiers \\\n"
+	"           --text notes.txt --ctx 1024 --max-kld 0.03 --byte-ratio 4,6,8,12,16\n";
 
 static void help_tune_fn(void)
 {
-	rt_cli_help(help_tune, 5, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_default_policy(),
-	            rt_cli_prog);
+	rt_cli_help(help_tune, 6, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_default_policy(),
+	            rt_cli_prog, rt_cli_prog);
 }
 
 /* Everything one `tune` command holds. */
@@ -99,6 +123,33 @@ typedef struct tune_job {
 	rt_tokenizer *tk;
 	rt_model *m;
 } tune_job;
+
+/* The kind of budget to search into j->to.bytes: --byte-ratio LIST or --bytes bytes,
+ * --ratio LIST or --entries entries, else bytes for a policy whose own budget counts bytes
+ * (bytes(P)) or that stores precision tiers, entries for the others. Returns 0 or the
+ * usage error's exit status. */
+static int tune_kind(tune_job *j)
+{
+	const rt_cli_opts *o = &j->o;
+	if (o->ratio_list && o->byte_ratio_list)
+		return rt_cli_usage("tune", "%s", "--ratio LIST is a grid in entries and --byte-ratio "
+		                    "LIST one in bytes; give one of them");
+	if (o->bytes_flag && o->entries_flag)
+		return rt_cli_usage("tune", "%s", "--bytes and --entries: give one of them");
+	if ((o->bytes_flag && o->ratio_list) || (o->entries_flag && o->byte_ratio_list))
+		return rt_cli_usage("tune", "%s", o->bytes_flag
+		                    ? "--bytes with --ratio LIST (a grid in entries): give the grid in "
+		                      "bytes as --byte-ratio LIST"
+		                    : "--entries with --byte-ratio LIST (a grid in bytes): give the "
+		                      "grid in entries as --ratio LIST");
+	if (o->byte_ratio_list || o->bytes_flag)
+		j->to.bytes = 1;
+	else if (o->ratio_list || o->entries_flag)
+		j->to.bytes = 0;
+	else
+		j->to.bytes = j->p->budget_bytes || (j->p->needs & KVP_NEED_TIERS) != 0;
+	return 0;
+}
 
 /* The grid, the passkey settings and the limits from the options. Returns 0 or the usage
  * error's exit status. */
@@ -120,24 +171,36 @@ static int tune_args(tune_job *j)
 	if (!j->p->compress)
 		return rt_cli_usage("tune", "policy %s never compresses: there is no ratio to tune",
 		                    j->p->name);
-	const char *grid = o->ratio_list ? o->ratio_list : "1.5,2,3,4,6,8,12,16,24,32";
+	if ((rc = tune_kind(j)) != 0)
+		return rc;
+	const char *grid = j->to.bytes ? o->byte_ratio_list : o->ratio_list;
+	const char *gopt = j->to.bytes ? "--byte-ratio" : "--ratio";
 	char dflt[64];
-	if (o->gate && !o->ratio_list) {
-		const double r = rt_cli_tuned_ratio(j->p);
+	if (!grid && o->gate) {
+		int tb = 0;
+		const double r = rt_cli_tuned_ratio(j->p, &tb);
 		if (!(r > 0))
-			return rt_cli_usage("tune", "--gate: --ratio R is needed (this binary has no "
-			                    "tuned ratio for %s)", j->p->name);
+			return rt_cli_usage("tune", "--gate: --ratio R or --byte-ratio R is needed (this "
+			                    "binary has no tuned budget for %s)", j->p->name);
+		if ((o->bytes_flag && !tb) || (o->entries_flag && tb))
+			return rt_cli_usage("tune", "--gate %s: this binary's tuned budget of %s counts "
+			                    "%s", o->bytes_flag ? "--bytes" : "--entries", j->p->name,
+			                    tb ? "bytes" : "entries");
+		j->to.bytes = tb;
+		gopt = tb ? "--byte-ratio" : "--ratio";
 		snprintf(dflt, sizeof dflt, "%.17g", r);
 		grid = dflt;
 	}
+	if (!grid)
+		grid = "1.5,2,3,4,6,8,12,16,24,32";
 	if (rt_cli_parse_list(grid, 1, 1e9, 0, j->grid, &j->n_grid) || j->n_grid > RT_TUNE_MAX_GRID)
-		return rt_cli_usage("tune", "--ratio: '%s' is not a comma list of compression "
-		                    "factors >= 1", grid);
+		return rt_cli_usage("tune", "%s: '%s' is not a comma list of at most %d compression "
+		                    "factors >= 1", gopt, grid, RT_TUNE_MAX_GRID);
 	if (o->gate && j->n_grid != 1)
-		return rt_cli_usage("tune", "--gate checks one ratio, got '%s'", grid);
+		return rt_cli_usage("tune", "--gate checks one ratio, got %s '%s'", gopt, grid);
 	for (int i = 1; i < j->n_grid; i++)
 		if (!(j->grid[i] > j->grid[i - 1]))
-			return rt_cli_usage("tune", "--ratio: '%s' is not increasing", grid);
+			return rt_cli_usage("tune", "%s: '%s' is not increasing", gopt, grid);
 	double len[RT_CLI_MAX_LIST];
 	int n_len = 0;
 	if (rt_cli_parse_list(o->lengths, 16, 1 << 24, 1, len, &n_len) || n_len != 1)
@@ -197,46 +260,79 @@ static int tune_load(tune_job *j)
 	return 0;
 }
 
+/* "ratio" or "byte ratio": how messages name the grid's unit. */
+static const char *kind_name(const tune_job *j)
+{
+	return j->to.bytes ? "byte ratio" : "ratio";
+}
+
 static void tune_progress(void *user, const rt_tune_point *pt)
 {
 	const tune_job *j = user;
 	if (j->o.quiet)
 		return;
 	if (pt->error[0])
-		fprintf(stderr, "%s tune: ratio %g: cannot run: %s\n", rt_cli_prog, pt->ratio, pt->error);
+		fprintf(stderr, "%s tune: %s %g: cannot run: %s\n", rt_cli_prog, kind_name(j), pt->ratio,
+		        pt->error);
 	else
-		fprintf(stderr, "%s tune: ratio %g: mean KL %.6f (worst %.6f, %s)%s\n", rt_cli_prog,
-		        pt->ratio, pt->kld_mean, pt->kld_worst, j->texts[pt->worst].name,
+		fprintf(stderr, "%s tune: %s %g: %.2fx in bytes, %.2fx in entries, mean KL %.6f "
+		        "(worst %.6f, %s)%s\n", rt_cli_prog, kind_name(j), pt->ratio, pt->bytes_x,
+		        pt->entries_x, pt->kld_mean, pt->kld_worst, j->texts[pt->worst].name,
 		        pt->pass ? ", within the limits" : ", beyond the limits");
 }
 
-/* The frontier table on stdout. */
+/* 1 when a byte ratio's point stores more than 1/0.9 of its budget (bytes x below 0.9 R):
+ * guards kept at the top tier (f32 on the exact path, twice f16's bytes) that the budget,
+ * checked in entries, cannot hold. */
+static int over_budget(const rt_tune_point *pt)
+{
+	return pt->bytes && !pt->error[0] && pt->bytes_x < 0.9 * pt->ratio;
+}
+
+/* Texts whose mean KL gets a column of its own in the frontier (beyond: the worst only). */
+#define TUNE_TEXT_COLS 4
+
+/* The frontier table on stdout: one row per measured ratio, each text's mean KL in a
+ * column (KL 1.. named under the table). */
 static void tune_table(const tune_job *j, const rt_tune_point *w, int n, int chosen)
 {
-	printf("tune %s on %d text%s (at most %ld tokens each): mean KL <= %g on every text",
-	       j->p->name, j->n_texts, j->n_texts == 1 ? "" : "s", j->o.ctx, j->to.max_kld);
+	const int cols = j->n_texts <= TUNE_TEXT_COLS ? j->n_texts : 0;
+	printf("tune %s on %d text%s (at most %ld tokens each), budget in %s: mean KL <= %g on "
+	       "every text", j->p->name, j->n_texts, j->n_texts == 1 ? "" : "s", j->o.ctx,
+	       j->to.bytes ? "bytes" : "entries", j->to.max_kld);
 	if (j->to.min_passkey >= 0)
 		printf(", passkey >= %g (%d prompts of %lld tokens)", j->to.min_passkey,
 		       j->to.n_depths, (long long)j->to.passkey_len);
-	printf("\n%8s %8s %9s %10s %10s  %-8s %s\n", "ratio", "bytes x", "entries x", "mean KL",
-	       "worst KL", "passkey", "within");
+	printf("\n%10s %8s %9s %10s", j->to.bytes ? "byte ratio" : "ratio", "bytes x", "entries x",
+	       "mean KL");
+	for (int t = 0; t < cols; t++)
+		printf("   KL %-5d", t + 1);
+	if (!cols)
+		printf(" %10s", "worst KL");
+	printf("  %-8s %s\n", "passkey", "within");
 	for (int i = 0; i < n; i++) {
 		const rt_tune_point *pt = &w[i];
 		if (pt->error[0]) {
-			printf("%8g %8s %9s %10s %10s  %-8s no: %s\n", pt->ratio, "-", "-", "-", "-", "-",
-			       pt->error);
+			printf("%10g %8s %9s %10s", pt->ratio, "-", "-", "-");
+			for (int t = 0; t < (cols ? cols : 1); t++)
+				printf(" %10s", "-");
+			printf("  %-8s no: %s\n", "-", pt->error);
 			continue;
 		}
 		char pk[32] = "-";
 		if (pt->passkey_n)
 			snprintf(pk, sizeof pk, "%d/%d", pt->passkey_ok, pt->passkey_n);
-		printf("%8g %8.2f %9.2f %10.6f %10.6f  %-8s %s%s\n", pt->ratio, pt->bytes_x,
-		       pt->entries_x, pt->kld_mean, pt->kld_worst, pk, pt->pass ? "yes" : "no",
-		       i == chosen ? "  <- chosen" : "");
+		printf("%10g %8.2f %9.2f %10.6f", pt->ratio, pt->bytes_x, pt->entries_x, pt->kld_mean);
+		for (int t = 0; t < cols; t++)
+			printf(" %10.6f", pt->kld_text[t]);
+		if (!cols)
+			printf(" %10.6f", pt->kld_worst);
+		printf("  %-8s %s%s%s\n", pk, pt->pass ? "yes" : "no",
+		       !rt_tune_point_binds(pt) ? " (budget does not bind)"
+		       : over_budget(pt) ? " (over the budget)" : "", i == chosen ? "  <- chosen" : "");
 	}
-	for (int i = 0; j->n_texts > 1 && chosen >= 0 && i < j->n_texts; i++)
-		printf("    at ratio %g: %s mean KL %.6f\n", w[chosen].ratio, j->texts[i].name,
-		       w[chosen].kld_text[i]);
+	for (int t = 0; t < cols && j->n_texts > 1; t++)
+		printf("    KL %d: %s\n", t + 1, j->texts[t].name);
 }
 
 /* Why a point is beyond the limits: "text T: mean KL X > limit Y" or the passkey's. */
@@ -273,6 +369,9 @@ static int tune_write(const tune_job *j, const rt_tune_point *pt, rt_err *err)
 	snprintf(t.policy, sizeof t.policy, "%s", j->p->name);
 	snprintf(t.source_hash, sizeof t.source_hash, "%s", j->p->source_hash ? j->p->source_hash : "");
 	t.ratio = pt->ratio;
+	t.bytes = pt->bytes;
+	t.bytes_x = pt->bytes_x;
+	t.entries_x = pt->entries_x;
 	t.max_kld = j->to.max_kld;
 	t.min_passkey = j->to.min_passkey;
 	t.passkey_len = (long)j->to.passkey_len;
@@ -289,14 +388,37 @@ static int tune_write(const tune_job *j, const rt_tune_point *pt, rt_err *err)
 		rc = rt_err_set(err, "%s: cannot resolve the model's and the texts' paths", j->o.out);
 	else {
 		char note[512];
-		snprintf(note, sizeof note, "written by kvpc tune: policy %s at ratio %g (%.2fx in "
-		         "bytes against an f16 full cache)\n`kvpc build` bakes the ratio in as the "
-		         "policy's default; `kvpc build --gate` re-checks the limits", j->p->name,
-		         pt->ratio, pt->bytes_x);
+		snprintf(note, sizeof note, "written by kvpc tune: policy %s at %s %g (%.2fx in "
+		         "bytes against an f16 full cache, %.2fx in entries)\n`kvpc build` bakes it in "
+		         "as the policy's default budget (as %s %g); `kvpc build --gate` re-checks "
+		         "the limits", j->p->name, kind_name(j), pt->ratio, pt->bytes_x, pt->entries_x,
+		         pt->bytes ? "--byte-ratio" : "--ratio", pt->ratio);
 		rc = rt_tuned_write(j->o.out, &t, note, err);
 	}
 	rt_tuned_free(&t);
 	return rc;
+}
+
+/* The highest ratio within the limits does not bind (a policy whose tiers alone compress
+ * further, evicting nothing: KIVI-style): say so. Returns 1 (no sidecar is written). */
+static int tune_unbound(const tune_job *j, const rt_tune_point *w, int n, int chosen)
+{
+	const rt_tune_point *c = &w[chosen];
+	fprintf(stderr, "%s: tune: policy %s evicts nothing at byte ratio %g: its tiers alone store "
+	        "%.2fx fewer bytes than an f16 full cache, so its compression in bytes is fixed by "
+	        "its precision and a budget of at most %.2fx changes nothing; there is no byte "
+	        "budget to bake in", rt_cli_prog, j->p->name, c->ratio, c->bytes_x, c->bytes_x);
+	if (chosen + 1 < n) {
+		char why[768];
+		tune_why(j, &w[chosen + 1], why, sizeof why);
+		fprintf(stderr, ", and the next byte ratio, %g (where the budget evicts by the "
+		        "policy's score), is beyond the limits: %s", w[chosen + 1].ratio, why);
+	} else {
+		fprintf(stderr, " within this grid");
+	}
+	fprintf(stderr, ". Build the policy as it is (its own budget), or give --byte-ratio LIST "
+	        "above %.2f to trade entries too\n", c->bytes_x);
+	return EXIT_FAILURE;
 }
 
 /* Search (or --gate: one ratio), report, write. Returns the exit status. */
@@ -313,24 +435,30 @@ static int tune_run(tune_job *j)
 	if (j->o.gate) {
 		if (chosen < 0) {
 			tune_why(j, &walked[0], why, sizeof why);
-			fprintf(stderr, "%s: gate failed: policy %s at ratio %g: %s\n", rt_cli_prog,
-			        j->p->name, j->grid[0], why);
+			fprintf(stderr, "%s: gate failed: policy %s at %s %g: %s\n", rt_cli_prog,
+			        j->p->name, kind_name(j), j->grid[0], why);
 			return EXIT_FAILURE;
 		}
-		printf("gate holds: policy %s at ratio %g\n", j->p->name, j->grid[0]);
+		printf("gate holds: policy %s at %s %g (%.2fx in bytes, %.2fx in entries)\n",
+		       j->p->name, kind_name(j), j->grid[0], walked[0].bytes_x, walked[0].entries_x);
 		return 0;
 	}
 	if (chosen < 0) {
 		tune_why(j, &walked[0], why, sizeof why);
-		fprintf(stderr, "%s: tune: no ratio of the grid is within the limits: at the lowest, "
-		        "%g, %s\n", rt_cli_prog, walked[0].ratio, why);
+		fprintf(stderr, "%s: tune: no %s of the grid is within the limits: at the lowest, "
+		        "%g, %s\n", rt_cli_prog, kind_name(j), walked[0].ratio, why);
 		return EXIT_FAILURE;
 	}
-	printf("chosen: ratio %g, %.2fx in bytes against an f16 full cache",
-	       walked[chosen].ratio, walked[chosen].bytes_x);
+	if (!rt_tune_point_binds(&walked[chosen]))
+		return tune_unbound(j, walked, n_walked, chosen);
+	printf("chosen: %s %g, %.2fx in bytes against an f16 full cache, %.2fx in entries",
+	       kind_name(j), walked[chosen].ratio, walked[chosen].bytes_x, walked[chosen].entries_x);
+	if (over_budget(&walked[chosen]))
+		printf(" (over the budget: the entries the guards keep at the top tier take more "
+		       "bytes than 1/%g of the full cache)", walked[chosen].ratio);
 	if (chosen + 1 < n_walked) {
 		tune_why(j, &walked[chosen + 1], why, sizeof why);
-		printf("; the next step, ratio %g, is not within the limits (%s)", walked[chosen + 1].ratio,
+		printf("; the next step, %g, is not within the limits (%s)", walked[chosen + 1].ratio,
 		       why);
 	} else {
 		printf("; the top of the grid");
@@ -348,7 +476,7 @@ int rt_cmd_tune(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_POLICY, O_SET, O_CTX, O_RATIOS, O_MAXKLD,
 		O_MINPASSKEY, O_LENGTHS, O_DEPTHS, O_SEED, O_OUT, O_GATE, O_CHUNK, O_THREADS, O_EXACT,
-		O_FAST, O_QUIET, 0 };
+		O_FAST, O_QUIET, O_BYTERATIOS, O_BYTES, O_ENTRIES, 0 };
 	tune_job j = { .o = { .chunk = RT_CLI_CHUNK, .exact = 1, .ctx = 256, .seed = 1,
 		              .max_kld = -1, .min_passkey = -1, .lengths = "256",
 		              .depths = "10,50,90" } };

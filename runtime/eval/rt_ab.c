@@ -135,7 +135,8 @@ static int side_init(ab_run *r, ab_row *row, int side, int32_t cap, int64_t prom
 	if (apply_sets(r, side, &s->seq, err) != 0)
 		return -1;
 	s->ratio_applied = r->pol[side]->compress != NULL;
-	if (s->ratio_applied && rt_seq_set_ratio(&s->seq, row->ratio, err) != 0)
+	if (s->ratio_applied && (r->o.bytes ? rt_seq_set_byte_ratio(&s->seq, row->ratio, err)
+	                                    : rt_seq_set_ratio(&s->seq, row->ratio, err)) != 0)
 		return -1;
 	return rt_seq_set_prefill_chunk(&s->seq, r->o.prefill_chunk, err);
 }
@@ -486,7 +487,7 @@ static void fmt_val(char *buf, size_t cap, int fmt, double v)
  * reads are named after it: "recent=0.1; budget = context / ratio, in place of heavy". */
 static void params_str(const rt_seq *s, char *buf, size_t cap)
 {
-	const double R = s->run.ctx.ratio;
+	const double R = s->run.ctx.ratio > 0 ? s->run.ctx.ratio : s->run.ctx.byte_ratio;
 	size_t len = 0;
 	int shown = 0, replaced = 0;
 	buf[0] = 0;
@@ -503,8 +504,10 @@ static void params_str(const rt_seq *s, char *buf, size_t cap)
 		if (replaced++)
 			len += (size_t)snprintf(buf + len, cap - len, ", %s", nm);
 		else
-			len += (size_t)snprintf(buf + len, cap - len,
-			                        "; budget = context / ratio, in place of %s", nm);
+			len += (size_t)snprintf(buf + len, cap - len, s->run.ctx.byte_ratio > 0
+			                        ? "; budget = 1/ratio of an f16 full cache's bytes, in "
+			                          "place of %s"
+			                        : "; budget = context / ratio, in place of %s", nm);
 	}
 }
 
@@ -528,7 +531,11 @@ static void print_report(const ab_run *r, FILE *out)
 		        (long long)r->n, r->o.text, (long long)(r->n - 1), r->o.model, r->threads);
 	for (int k = 0; k < r->o.n_ratios; k++) {
 		const ab_row *row = &r->rows[k];
-		if (needle)
+		if (r->o.bytes)
+			fprintf(out, "\n== compression ratio in bytes %g (budget = 1/%g of the bytes of an "
+			        "f16 full cache of the %s, per KV head)\n", row->ratio, row->ratio,
+			        needle ? "prompt" : "context");
+		else if (needle)
 			fprintf(out, "\n== compression ratio %g (budget = prompt length / %g entries per KV "
 			        "head)\n", row->ratio, row->ratio);
 		else
@@ -614,7 +621,8 @@ static void json_head(FILE *f, const ab_run *r, int needle)
 		fputs(k ? ", " : "", f);
 		rt_json_num(f, r->rows[k].ratio);
 	}
-	fprintf(f, "], \"bootstrap\": {\"resamples\": %d, \"seed\": ", r->o.resamples);
+	fprintf(f, "], \"ratio_kind\": \"%s\", \"bootstrap\": {\"resamples\": %d, \"seed\": ",
+	        r->o.bytes ? "bytes" : "entries", r->o.resamples);
 	rt_json_uint(f, r->o.seed);
 	fputs(", \"level\": 0.95}", f);
 	if (needle) {
@@ -733,8 +741,8 @@ static int write_csv(const ab_run *r, const char *path, rt_err *err)
 	if (!f)
 		return -1;
 	const int needle = !strcmp(r->o.task, "needle");
-	fputs("commit,task,model,model_sha256,text,text_sha256,tokens,threads,ratio,side,policy,"
-	      "source_hash,source_sha256,params", f);
+	fputs("commit,task,model,model_sha256,text,text_sha256,tokens,threads,ratio,ratio_kind,"
+	      "side,policy,source_hash,source_sha256,params", f);
 	for (int m = 0; m < M_COUNT; m++)
 		if (metric_on(r, m))
 			fprintf(f, ",%s", METRICS[m].name);
@@ -749,9 +757,9 @@ static int write_csv(const ab_run *r, const char *path, rt_err *err)
 			csv_str(f, r->o.model);
 			fprintf(f, ",%s,", r->model_sha);
 			csv_str(f, r->o.text ? r->o.text : "");
-			fprintf(f, ",%s,%lld,%d,%g,%s,", r->o.text ? r->text_sha : "",
+			fprintf(f, ",%s,%lld,%d,%g,%s,%s,", r->o.text ? r->text_sha : "",
 			        (long long)(needle ? 0 : r->n), r->threads, row->ratio,
-			        s < 0 ? "ref" : s ? "B" : "A");
+			        r->o.bytes ? "bytes" : "entries", s < 0 ? "ref" : s ? "B" : "A");
 			char ps[1024] = "";
 			if (s >= 0) {
 				csv_str(f, r->pol[s]->name);
@@ -893,7 +901,8 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 		snprintf(ttl, sizeof ttl, "verdict: paired dNLL, %.0f%% bootstrap CI",
 		         100 * (r->rows[0].ci.level > 0 ? r->rows[0].ci.level : 0.95));
 		rt_svg_series ser = { nm_b, x, y[0], nr, lo[0], hi[0] };
-		rt_svg_plot pl = { ttl, "compression ratio", "mean NLL(B) - NLL(A), nats/token", W, H,
+		rt_svg_plot pl = { ttl, r->o.bytes ? "compression ratio in bytes" : "compression ratio",
+		                   "mean NLL(B) - NLL(A), nats/token", W, H,
 			           log2x, 0, 1, 0.0 };
 		rc = put_panel(f, panel++, W, H, &pl, &ser, 1, err);
 	} else {
@@ -906,7 +915,8 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 		snprintf(na, sizeof na, "only A right (%s)", r->pol[0]->name);
 		snprintf(nb, sizeof nb, "only B right (%s)", r->pol[1]->name);
 		rt_svg_series ser[2] = { { na, x, y[0], nr, NULL, NULL }, { nb, x, y[1], nr, NULL, NULL } };
-		rt_svg_plot pl = { "verdict: discordant trials (exact sign test)", "compression ratio",
+		rt_svg_plot pl = { "verdict: discordant trials (exact sign test)",
+		                   r->o.bytes ? "compression ratio in bytes" : "compression ratio",
 			           "trials", W, H, log2x, 8.0, 1, 0.0 };
 		rc = put_panel(f, panel++, W, H, &pl, ser, 2, err);
 	}
@@ -931,7 +941,9 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 		rt_svg_series ser[3] = { { la, x, y[0], nr, bars ? lo[0] : NULL, bars ? hi[0] : NULL },
 			                 { lb, x, y[1], nr, bars ? lo[1] : NULL, bars ? hi[1] : NULL },
 			                 { "full cache", x, y[2], nr, bars ? lo[2] : NULL, bars ? hi[2] : NULL } };
-		rt_svg_plot pl = { METRICS[m].name, "compression ratio", yl, W, H, log2x, 8.0, 0, 0.0 };
+		rt_svg_plot pl = { METRICS[m].name,
+		                   r->o.bytes ? "compression ratio in bytes" : "compression ratio", yl,
+		                   W, H, log2x, 8.0, 0, 0.0 };
 		rc = put_panel(f, panel++, W, H, &pl, ser, 3, err);
 	}
 	fputs("</svg>\n", f);

@@ -45,6 +45,8 @@ typedef struct rt_ab_opts {
 	const char *sha[2];
 	double ratios[RT_AB_MAX_RATIOS];
 	int n_ratios;
+	int bytes;           /* 1: the ratios count bytes against an f16 full cache
+	                        (rt_seq_set_byte_ratio, `--byte-ratio LIST`), 0: entries */
 	int64_t ctx;
 	int chunk, threads, resamples;
 	int prefill_chunk;   /* chunked prefill of both sides (rt_seq_set_prefill_chunk); 0: exact */

@@ -19,11 +19,19 @@
 #define TUNE_PASSKEY_GEN 8
 
 /* Give a fresh sequence the parameters and the ratio. */
-static int tune_seq_setup(rt_seq *s, const double *params, double R, rt_err *err)
+static int tune_seq_setup(rt_seq *s, const double *params, const rt_tune_opts *o, double R,
+                          rt_err *err)
 {
 	if (params && s->p->n_params > 0)
 		memcpy(s->run.params, params, (size_t)s->p->n_params * sizeof *params);
-	return rt_seq_set_ratio(s, R, err);
+	return o->bytes ? rt_seq_set_byte_ratio(s, R, err) : rt_seq_set_ratio(s, R, err);
+}
+
+int rt_tune_point_binds(const rt_tune_point *pt)
+{
+	if (!pt->bytes || pt->error[0])
+		return 1;
+	return pt->entries_x > 1 + 1e-9 || !(pt->bytes_x > pt->ratio * 1.02);
 }
 
 /* Text t's mean KL at R with the first `prompt` tokens as the prompt, scored after it
@@ -45,7 +53,7 @@ static int tune_pass(const rt_model *m, const struct kvp_policy *p, const double
 	if (rt_seq_init(&s, m, p, (int32_t)t->n, block, prompt, err) != 0 ||
 	    rt_seq_init(&ref, m, &rt_policy_full, (int32_t)t->n, block, prompt, err) != 0)
 		goto out;
-	if (tune_seq_setup(&s, params, R, err) != 0 || rt_policy_check(&s.run, &s.kv, err) != 0) {
+	if (tune_seq_setup(&s, params, o, R, err) != 0 || rt_policy_check(&s.run, &s.kv, err) != 0) {
 		snprintf(pt->error, sizeof pt->error, "%.80s: %.400s", t->name, err->msg);
 		rc = 0;
 		goto out;
@@ -94,7 +102,7 @@ static int tune_passkey(const rt_model *m, const rt_tokenizer *tk, const struct 
 	if (rt_seq_init(&s, m, p, cap, o->block, -1, err) != 0)
 		goto out;
 	rt_seq_set_span_names(&s, spans, 1);
-	if (tune_seq_setup(&s, params, R, err) != 0) {
+	if (tune_seq_setup(&s, params, o, R, err) != 0) {
 		snprintf(pt->error, sizeof pt->error, "passkey: %.400s", err->msg);
 		rc = 0;
 		goto out;
@@ -148,6 +156,7 @@ int rt_tune_measure(const rt_model *m, const rt_tokenizer *tk, const struct kvp_
 {
 	memset(pt, 0, sizeof *pt);
 	pt->ratio = R;
+	pt->bytes = o->bytes;
 	if (n_texts < 1 || n_texts > RT_TUNE_MAX_TEXTS || !(R >= 1) || o->block < 1 ||
 	    (o->min_passkey >= 0 && (!tk || o->n_depths < 1 || o->n_depths > RT_TUNE_MAX_DEPTHS)))
 		return rt_err_set(err, "tune: %d texts at ratio %g (1..%d texts, ratio >= 1, passkey "

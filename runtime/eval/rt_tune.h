@@ -4,6 +4,14 @@
  * budget override of rt_seq_set_ratio: context / R entries per (layer, KV head)) on the
  * user's own texts, and search a grid of ratios for the highest one within the limits.
  *
+ * The ratio counts entries or bytes (rt_tune_opts.bytes): in entries R is the budget override
+ * of rt_seq_set_ratio; in bytes it is rt_seq_set_byte_ratio's, a budget of 1/R of the bytes
+ * of an f16 full cache of the context per (layer, KV head), which a precision policy spends
+ * on entries at its tiers (kernels/k_tier.h) and any other policy on f16 entries. A policy
+ * whose own tiers already store fewer bytes than the budget (KIVI-style: nothing evicted,
+ * every old entry at a fixed low tier) is not constrained by it: the point records that
+ * (rt_tune_point_binds), because baking such a budget in would change nothing.
+ *
  * Quality at R (rt_tune_measure):
  *   - every text's mean KL(P || Q) per scored token, nats, against the full cache P fed the
  *     same tokens in the same pass (the one perplexity/KL loop, rt_eval_runs). A streaming
@@ -61,11 +69,14 @@ typedef struct rt_tune_opts {
 	int n_depths;
 	uint64_t seed;           /* passkey seed: prompt d's key is drawn from seed + d */
 	int block;               /* tokens per lockstep block of the KL pass, >= 1 */
+	int bytes;               /* 1: R is a compression factor in bytes (rt_seq_set_byte_ratio),
+	                            0: in entries (rt_seq_set_ratio) */
 } rt_tune_opts;
 
 /* The quality at one ratio. */
 typedef struct rt_tune_point {
-	double ratio;            /* R */
+	double ratio;            /* R, in entries or in bytes (rt_tune_opts.bytes) */
+	int bytes;               /* rt_tune_opts.bytes of the measurement */
 	double kld_mean;         /* token-weighted mean KL over every text, nats */
 	double kld_worst;        /* the largest text mean KL */
 	int worst;               /* index of that text */
@@ -85,6 +96,11 @@ typedef struct rt_tune_point {
 int rt_tune_measure(const rt_model *m, const rt_tokenizer *tk, const struct kvp_policy *p,
                     const double *params, const rt_tune_text *texts, int n_texts,
                     const rt_tune_opts *o, double R, rt_tune_point *pt, rt_err *err);
+
+/* 1 when the budget at pt's ratio constrains the policy: always for an entry ratio; for a
+ * byte ratio unless nothing was evicted and the bytes stored are below the budget (bytes x
+ * more than 2% above R: the policy's tiers alone compress further than R asks). */
+int rt_tune_point_binds(const rt_tune_point *pt);
 
 /* Bisection over grid[0..n_grid) (strictly increasing, each >= 1, 1..RT_TUNE_MAX_GRID) as
  * described above. The measured points go to walked[0..*n_walked) in increasing ratio

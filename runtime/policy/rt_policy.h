@@ -237,6 +237,10 @@ struct kvp_policy {
 	 * "policy NAME: reason". NULL (with compress) for a policy that never compresses. */
 	int (*check)(const struct kvp_ctx *ctx, const rt_kv *kv, rt_err *err);
 	uint32_t state_words_dim2; /* per-head state words per head_dim² (query covariances) */
+	int budget_bytes;       /* 1: the policy's own budget counts bytes (`budget = bytes(P)`,
+	                           docs/language.md); with KVP_NEED_TIERS the policy stores
+	                           entries at several precisions: `kvpc tune` then searches a
+	                           byte ratio by default */
 };
 
 /* Bytes of per-entry statistics and per-head state a store needs for policy p with this

@@ -17,6 +17,8 @@ void rt_tuned_init(rt_tuned *t)
 	t->min_passkey = -1;
 	t->kld = -1;
 	t->passkey = -1;
+	t->bytes_x = -1;
+	t->entries_x = -1;
 }
 
 void rt_tuned_free(rt_tuned *t)
@@ -53,9 +55,10 @@ static int num_in(const char *s, double lo, double hi, double *out)
 
 /* The keys in file order of rt_tuned.h; seen[] marks repeats. */
 enum { K_POLICY, K_HASH, K_RATIO, K_MAXKLD, K_MINPK, K_PKLEN, K_DEPTHS, K_CTX, K_MODEL,
-       K_TEXT, K_KLD, K_PASSKEY, K_COUNT };
+       K_TEXT, K_KLD, K_PASSKEY, K_BYTERATIO, K_BYTESX, K_ENTRIESX, K_COUNT };
 static const char *const KEYS[K_COUNT] = { "policy", "source_hash", "ratio", "max_kld",
-	"min_passkey", "passkey_len", "depths", "ctx", "model", "text", "kld", "passkey" };
+	"min_passkey", "passkey_len", "depths", "ctx", "model", "text", "kld", "passkey",
+	"byte_ratio", "bytes_x", "entries_x" };
 
 /* Store one key's value; returns "" or why it is bad. */
 static const char *tuned_set(rt_tuned *t, int k, const char *v)
@@ -72,8 +75,16 @@ static const char *tuned_set(rt_tuned *t, int k, const char *v)
 			return "source_hash: expected 16 lowercase hex digits";
 		snprintf(t->source_hash, sizeof t->source_hash, "%s", v);
 		return "";
-	case K_RATIO:
-		return num_in(v, 1, 1e9, &t->ratio) ? "ratio: expected a compression factor >= 1" : "";
+	case K_RATIO: case K_BYTERATIO:
+		t->bytes = k == K_BYTERATIO;
+		return num_in(v, 1, 1e9, &t->ratio) ? k == K_RATIO
+		       ? "ratio: expected a compression factor >= 1"
+		       : "byte_ratio: expected a compression factor in bytes >= 1" : "";
+	case K_BYTESX: case K_ENTRIESX:
+		if (num_in(v, 0, 1e9, k == K_BYTESX ? &t->bytes_x : &t->entries_x))
+			return k == K_BYTESX ? "bytes_x: expected a compression factor >= 0"
+			                     : "entries_x: expected a compression factor >= 0";
+		return "";
 	case K_MAXKLD:
 		return num_in(v, 0, 1e9, &t->max_kld) ? "max_kld: expected a number >= 0" : "";
 	case K_MINPK:
@@ -136,8 +147,12 @@ int rt_tuned_read(const char *path, rt_tuned *t, rt_err *err)
 			k++;
 		if (k == K_COUNT)
 			rc = rt_err_set(err, "%s:%d: unknown key '%.*s' (expected policy, source_hash, "
-			                "ratio, max_kld, min_passkey, passkey_len, depths, ctx, model, "
-			                "text, kld or passkey)", path, line, (int)kl, l);
+			                "ratio, byte_ratio, max_kld, min_passkey, passkey_len, depths, "
+			                "ctx, model, text, kld, passkey, bytes_x or entries_x)", path, line,
+			                (int)kl, l);
+		else if ((k == K_RATIO && seen[K_BYTERATIO]) || (k == K_BYTERATIO && seen[K_RATIO]))
+			rc = rt_err_set(err, "%s:%d: both ratio (entries) and byte_ratio (bytes): the "
+			                "sidecar records one budget", path, line);
 		else if (seen[k]++ && k != K_TEXT)
 			rc = rt_err_set(err, "%s:%d: %s given twice", path, line, KEYS[k]);
 		else {
@@ -149,7 +164,10 @@ int rt_tuned_read(const char *path, rt_tuned *t, rt_err *err)
 	free(text);
 	if (rc)
 		return rc;
-	static const int required[] = { K_POLICY, K_HASH, K_RATIO, K_MAXKLD, K_CTX, K_MODEL, K_TEXT };
+	if (!seen[K_RATIO] && !seen[K_BYTERATIO])
+		return rt_err_set(err, "%s: no 'ratio' or 'byte_ratio' line (written by kvpc tune; run "
+		                  "it again)", path);
+	static const int required[] = { K_POLICY, K_HASH, K_MAXKLD, K_CTX, K_MODEL, K_TEXT };
 	for (size_t i = 0; i < sizeof required / sizeof required[0]; i++)
 		if (!seen[required[i]])
 			return rt_err_set(err, "%s: no '%s' line (written by kvpc tune; run it again)",
@@ -193,8 +211,8 @@ int rt_tuned_write(const char *path, const rt_tuned *t, const char *comment, rt_
 	num_fmt(t->ratio, r, sizeof r);
 	num_fmt(t->max_kld, k, sizeof k);
 	num_fmt(t->min_passkey, p, sizeof p);
-	fprintf(f, "policy %s\nsource_hash %s\nratio %s\nmax_kld %s\n", t->policy, t->source_hash,
-	        r, k);
+	fprintf(f, "policy %s\nsource_hash %s\n%s %s\nmax_kld %s\n", t->policy, t->source_hash,
+	        t->bytes ? "byte_ratio" : "ratio", r, k);
 	if (t->min_passkey >= 0)
 		fprintf(f, "min_passkey %s\npasskey_len %ld\ndepths %s\n", p, t->passkey_len,
 		        t->depths);
@@ -205,6 +223,10 @@ int rt_tuned_write(const char *path, const rt_tuned *t, const char *comment, rt_
 		fprintf(f, "kld %.6g\n", t->kld);
 	if (t->passkey >= 0)
 		fprintf(f, "passkey %.6g\n", t->passkey);
+	if (t->bytes_x >= 0)
+		fprintf(f, "bytes_x %.6g\n", t->bytes_x);
+	if (t->entries_x >= 0)
+		fprintf(f, "entries_x %.6g\n", t->entries_x);
 	int bad = ferror(f);
 	bad |= fclose(f) != 0;
 	if (bad || rename(tmp, path) != 0) {

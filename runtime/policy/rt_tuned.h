@@ -1,7 +1,8 @@
 /*
  * rt_tuned: the sidecar file of a tuned policy. `kvpc tune POLICY.kvp ...` (BIN tune)
  * writes it next to the policy, POLICY.tune for POLICY.kvp; `kvpc build` reads it and
- * bakes its ratio into the binary as the policy's default compression ratio, and
+ * bakes its ratio (in entries or in bytes) into the binary as the policy's default
+ * budget, and
  * `kvpc build --gate` re-measures the gate it records and refuses the build when it no
  * longer holds.
  *
@@ -17,7 +18,10 @@
  *   policy NAME           the policy's name (must match the .kvp file's)
  *   source_hash HEX       16 hex digits: the policy source the gate was measured on
  *                         (struct kvp_policy.source_hash)
- *   ratio R               the chosen compression ratio (>= 1): the baked-in default
+ *   ratio R               the chosen compression ratio in entries (>= 1): the baked-in
+ *                         default, as --ratio R
+ *   byte_ratio R          or the chosen compression ratio in bytes against an f16 full
+ *                         cache (>= 1), as --byte-ratio R; exactly one of the two
  *   max_kld X             the limit on every text's mean KL, nats per token
  *   min_passkey P         the limit on passkey accuracy in [0, 1] (absent: none)
  *   passkey_len N         passkey prompt tokens (with min_passkey)
@@ -27,6 +31,8 @@
  *   text PATH             a text of the gate (repeated, 1..RT_TUNED_MAX_TEXTS)
  *   kld MEAN              measured at ratio: the worst text's mean KL (information)
  *   passkey ACC           measured at ratio: passkey accuracy (information)
+ *   bytes_x X             measured at ratio: compression in bytes (information)
+ *   entries_x X           measured at ratio: compression in entries (information)
  * Paths are absolute (tune resolves them), so the gate runs from any directory.
  */
 #ifndef RT_TUNED_H
@@ -41,7 +47,8 @@
 typedef struct rt_tuned {
 	char policy[128];
 	char source_hash[17];
-	double ratio;            /* >= 1 */
+	double ratio;            /* >= 1, in entries or (bytes) in bytes */
+	int bytes;               /* 1: `byte_ratio` (a budget in bytes), 0: `ratio` (entries) */
 	double max_kld;          /* >= 0 */
 	double min_passkey;      /* in [0, 1], or -1: no passkey limit */
 	long passkey_len;        /* > 0 with min_passkey */
@@ -52,9 +59,10 @@ typedef struct rt_tuned {
 	int n_texts;
 	double kld;              /* measured worst text mean KL at ratio, or -1 */
 	double passkey;          /* measured passkey accuracy at ratio, or -1 */
+	double bytes_x, entries_x; /* measured compression at ratio, or -1 */
 } rt_tuned;
 
-/* An empty record (no texts, min_passkey/kld/passkey -1). */
+/* An empty record (no texts, min_passkey/kld/passkey/bytes_x/entries_x -1). */
 void rt_tuned_init(rt_tuned *t);
 void rt_tuned_free(rt_tuned *t);
 
@@ -65,8 +73,8 @@ int rt_tuned_path(const char *kvp_path, char *out, size_t cap);
 /* Read path into t (rt_tuned_init first; t owns its strings). Errors (-1, err
  * "PATH:LINE: reason", t partly filled, still safe to free): unreadable file, an unknown
  * or repeated key, a value that is not a number in range, a missing required key (policy,
- * source_hash, ratio, max_kld, ctx, model, at least one text; passkey_len and depths with
- * min_passkey). */
+ * source_hash, ratio or byte_ratio, max_kld, ctx, model, at least one text; passkey_len and depths with
+ * min_passkey), both `ratio` and `byte_ratio`. */
 int rt_tuned_read(const char *path, rt_tuned *t, rt_err *err);
 
 /* Write t to path (atomically: a temporary file renamed into place) after the comment

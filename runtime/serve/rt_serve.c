@@ -79,6 +79,7 @@ typedef struct req {
 	int64_t kv_bytes;            /* at the end: K/V bytes held (runtime/kv/rt_kvbytes.h) */
 	double bytes_x;              /* at the end: compression in bytes against f16 */
 	double ratio_used;           /* the sequence's ratio and parameters, kept when it ends */
+	double byte_ratio_used;
 	double *params;
 	pthread_cond_t cv;
 	struct req *next_q;
@@ -306,8 +307,10 @@ static json_t *kv_obj(const srv *S, const req *r)
 	json_t *k = json_object(), *ps = json_object();
 	json_object_set_new(k, "policy", json_string(p->name));
 	const double ratio = r->seq_live ? r->seq.run.ctx.ratio : r->ratio_used;
+	const double bratio = r->seq_live ? r->seq.run.ctx.byte_ratio : r->byte_ratio_used;
 	const double *pv = r->seq_live ? r->seq.run.params : r->params;
 	json_object_set_new(k, "ratio", ratio > 0 ? json_real(ratio) : json_null());
+	json_object_set_new(k, "byte_ratio", bratio > 0 ? json_real(bratio) : json_null());
 	for (int i = 0; pv && i < p->n_params; i++)
 		json_object_set_new(ps, p->params[i].name, json_real(pv[i]));
 	json_object_set_new(k, "params", ps);
@@ -432,6 +435,7 @@ static void req_finish(srv *S, req *r)
 		}
 		r->pinned_kept = pk < 0 ? 0 : pk;
 		r->ratio_used = r->seq.run.ctx.ratio;
+		r->byte_ratio_used = r->seq.run.ctx.byte_ratio;
 		const int np = policy_at(S, r->pi)->n_params;
 		if (np > 0 && (r->params = malloc((size_t)np * sizeof(double))))
 			memcpy(r->params, r->seq.run.params, (size_t)np * sizeof(double));
@@ -839,27 +843,28 @@ static int num_field(json_t *o, const char *key, double lo, double hi, int integ
 	return 1;
 }
 
-/* The "kv" extension: policy, ratio and parameters, checked as the command line checks
- * --policy, --ratio and --set (the same messages), then applied to r's new sequence. */
+/* The "kv" extension: policy, ratio (in entries, or byte_ratio in bytes) and parameters,
+ * checked as the command line checks --policy, --ratio, --byte-ratio and --set (the same
+ * messages), then applied to r's new sequence. */
 static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 {
 	const rt_serve_cfg *c = S->cfg;
 	const char *pname = c->policy ? c->policy : policy_at(S, 0)->name;
-	double ratio = c->ratio, pf = c->prefill_chunk;
+	double ratio = c->ratio, bratio = c->byte_ratio, pf = c->prefill_chunk;
 	json_t *set = NULL;
 	int use_default_sets = 1;
 	if (kv && !json_is_null(kv)) {
 		if (!json_is_object(kv))
-			return bad(e, 400, "kv", "kv must be an object {\"policy\", \"ratio\", \"set\", "
-			           "\"prefill_chunk\"}");
+			return bad(e, 400, "kv", "kv must be an object {\"policy\", \"ratio\", "
+			           "\"byte_ratio\", \"set\", \"prefill_chunk\"}");
 		const char *key;
 		json_t *v;
 		json_object_foreach(kv, key, v)
 		{
-			if (strcmp(key, "policy") && strcmp(key, "ratio") && strcmp(key, "set") &&
-			    strcmp(key, "prefill_chunk"))
-				return bad(e, 400, "kv",
-				           "kv: unknown field '%s' (policy, ratio, set, prefill_chunk)", key);
+			if (strcmp(key, "policy") && strcmp(key, "ratio") && strcmp(key, "byte_ratio") &&
+			    strcmp(key, "set") && strcmp(key, "prefill_chunk"))
+				return bad(e, 400, "kv", "kv: unknown field '%s' (policy, ratio, byte_ratio, "
+				           "set, prefill_chunk)", key);
 		}
 		if (num_field(kv, "prefill_chunk", 0, 65536, 1, &pf, e) < 0)
 			return -1;
@@ -868,14 +873,24 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 			if (!json_is_string(pv))
 				return bad(e, 400, "kv.policy", "kv.policy must be a string");
 			if (strcmp(json_string_value(pv), pname))
-				use_default_sets = 0, ratio = 0;
+				use_default_sets = 0, ratio = 0, bratio = 0;
 			pname = json_string_value(pv);
 		}
-		json_t *rv = json_object_get(kv, "ratio");
+		json_t *rv = json_object_get(kv, "ratio"), *bv = json_object_get(kv, "byte_ratio");
+		if (rv && !json_is_null(rv) && bv && !json_is_null(bv))
+			return bad(e, 400, "kv.byte_ratio", "kv.ratio counts entries and kv.byte_ratio "
+			           "bytes; give one of them");
 		if (rv && !json_is_null(rv)) {
 			if (!json_is_number(rv))
 				return bad(e, 400, "kv.ratio", "kv.ratio must be a number");
 			ratio = json_number_value(rv);
+			bratio = 0;
+		}
+		if (bv && !json_is_null(bv)) {
+			if (!json_is_number(bv))
+				return bad(e, 400, "kv.byte_ratio", "kv.byte_ratio must be a number");
+			bratio = json_number_value(bv);
+			ratio = 0;
 		}
 		set = json_object_get(kv, "set");
 		if (set && !json_is_object(set))
@@ -927,6 +942,13 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 			           "ratio: policy %s never compresses, so a ratio does not apply", p->name);
 		if (rt_seq_set_ratio(&r->seq, ratio, &err) != 0)
 			return bad(e, 400, "kv.ratio", "%s", err.msg);
+	} else if (bratio != 0) {
+		if (!p->compress)
+			return bad(e, 400, "kv.byte_ratio",
+			           "byte_ratio: policy %s never compresses, so a ratio does not apply",
+			           p->name);
+		if (rt_seq_set_byte_ratio(&r->seq, bratio, &err) != 0)
+			return bad(e, 400, "kv.byte_ratio", "%s", err.msg);
 	}
 	if (rt_seq_set_prefill_chunk(&r->seq, (int32_t)pf, &err) != 0)
 		return bad(e, 400, "kv.prefill_chunk", "%s", err.msg);

@@ -34,6 +34,8 @@ typedef struct rt_serve_cfg {
 	char *const *sets;         /* default "name=value" parameters of that policy */
 	int n_sets;
 	double ratio;              /* default compression ratio (0: the policy's budget) */
+	double byte_ratio;         /* or the default compression ratio in bytes against an f16
+	                              full cache (rt_seq_set_byte_ratio); at most one is set */
 	int64_t kv_memory;         /* KV pool bytes (the hard limit) */
 	int max_seqs;              /* active sequences at most */
 	int queue;                 /* waiting requests at most */
@@ -60,8 +62,9 @@ int rt_serve_run(const rt_serve_cfg *cfg, const struct kvp_policy *const *reg, i
 /* The worst-case KV footprint, in entries per (layer, KV head) list, of a sequence of
  * n_prompt + max_tokens tokens under the policy and parameters of s (a fresh sequence,
  * reset to its start again on return) with prefill chunks of `chunk` tokens: the whole
- * sequence for a policy that never compresses or has no ratio override (the ABI exposes
- * no policy's own budget); with ratio R, max(P, ceil(P/R) + T) for a policy that
+ * sequence for a policy that never compresses or has no entry-ratio override (the ABI
+ * exposes no policy's own budget; a byte ratio bounds bytes, not entries: low-precision
+ * tiers hold more entries in the same bytes); with ratio R, max(P, ceil(P/R) + T) for a policy that
  * compresses at the prompt end (the whole prompt is held before it runs), else
  * the larger of ceil((P+T)/R) plus the longest chunk its trigger allows at that budget,
  * and ceil(P/R) plus its prefill chunk (rt_seq_set_prefill_chunk, bounded by `chunk`:

@@ -322,6 +322,8 @@ def main():
             ("unknown parameter", {"prompt": "x", "kv": {"policy": "h2o", "set": {"nosuch": 3}}}, 400, "nosuch"),
             ("bad parameter value", {"prompt": "x", "kv": {"policy": "h2o", "set": {"heavy": -1}}}, 400, "heavy"),
             ("ratio below 1", {"prompt": "x", "kv": {"ratio": 0.5}}, 400, "ratio"),
+            ("byte_ratio below 1", {"prompt": "x", "kv": {"byte_ratio": 0.5}}, 400, "in bytes must be a finite number >= 1"),
+            ("ratio and byte_ratio", {"prompt": "x", "kv": {"ratio": 2, "byte_ratio": 4}}, 400, "give one of them"),
             ("unknown kv field", {"prompt": "x", "kv": {"budget": 3}}, 400, "unknown field"),
             ("budget below the guards", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 16}}, 400, "guards (recent 3 tokens) exceed the budget (2.25 entries"),
             ("budget below 1 entry", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 200}}, 400, "below 1 entry"),
@@ -331,6 +333,12 @@ def main():
             ("invalid UTF-8", b'{"prompt": "\xff\xfe"}', 400, "decode byte"),
             ("oversized body", b'{"prompt": "' + b"a" * 300000 + b'"}', 413, "exceeds"),
         ]
+        # a budget in bytes per request (as --byte-ratio): the response's kv says which
+        st, a, _ = post(port, "/v1/completions", {"prompt": story, "max_tokens": 4, "temperature": 0,
+                        "kv": {"policy": "h2o", "byte_ratio": 2}}, timeout=120)
+        kv = a.get("kv", {}) if isinstance(a, dict) else {}
+        check(st == 200 and kv.get("byte_ratio") == 2 and kv.get("ratio") is None,
+              "kv.byte_ratio 2 is the request's budget: %d %s" % (st, {k: kv.get(k) for k in ("ratio", "byte_ratio")}))
         for name, body, want, text in cases:
             st, a, resp = post(port, "/v1/completions", body, raw=isinstance(body, bytes))
             msg = a.get("error", {}).get("message", "") if isinstance(a, dict) else str(a)
