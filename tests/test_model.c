@@ -883,8 +883,10 @@ START_TEST(test_bad_forward_inputs)
 	tok[2] = c.n_vocab;
 	ck_assert_int_eq(rt_model_forward(&f, &kv, tok, 3, 0, NULL, RT_LOGITS_NONE, &err), -1);
 	ck_assert_msg(strstr(err.msg, "outside the vocabulary"), "%s", err.msg);
+	ck_assert_int_eq(err.code, RT_ERR_INPUT); /* the caller's token: a 400 in serve */
 	tok[2] = -1;
 	ck_assert_int_eq(rt_model_forward(&f, &kv, tok, 3, 0, NULL, RT_LOGITS_NONE, &err), -1);
+	ck_assert_int_eq(err.code, RT_ERR_INPUT);
 	tok[2] = 5;
 	/* KV store full */
 	ck_assert_int_eq(rt_model_forward(&f, &kv, tok, 5, 0, NULL, RT_LOGITS_NONE, &err), 0);

@@ -1184,8 +1184,9 @@ static int forward_check(const rt_fwd *f, rt_kv *kv, const int32_t *tokens, int 
 		                  m->path, kv->n_layer, kv->n_kv_head, kv->head_dim);
 	for (int i = 0; i < n; i++)
 		if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
-			return rt_err_set(err, "%s: token %d at index %d is outside the vocabulary (0..%d)",
-			                  m->path, (int)tokens[i], i, hp->n_vocab - 1);
+			return rt_err_setc(err, RT_ERR_INPUT,
+			                   "%s: token %d at index %d is outside the vocabulary (0..%d)",
+			                   m->path, (int)tokens[i], i, hp->n_vocab - 1);
 	int32_t room = kv->cap < f->cap ? kv->cap : f->cap;
 	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
 		if ((int64_t)kv->heads[i].n + n > room)

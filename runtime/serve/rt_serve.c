@@ -697,6 +697,46 @@ static int bad(verr *e, int status, const char *param, const char *fmt, ...)
 	return -1;
 }
 
+/* Room for need more prompt tokens in r (*cap: the tokens r->prompt and r->span hold). */
+static int prompt_reserve(req *r, int64_t need, int64_t *cap, verr *e)
+{
+	if (r->n_prompt + need <= *cap)
+		return 0;
+	int64_t nc = (*cap ? *cap : 256);
+	while (nc < r->n_prompt + need)
+		nc *= 2;
+	int32_t *p = realloc(r->prompt, (size_t)nc * sizeof *p);
+	uint8_t *s = p ? realloc(r->span, (size_t)nc) : NULL;
+	if (p)
+		r->prompt = p;
+	if (!s)
+		return bad(e, 500, NULL, "out of memory");
+	r->span = s, *cap = nc;
+	return 0;
+}
+
+/* Count c new prompt tokens (at r->prompt + r->n_prompt, span sp) after checking that
+ * each is a row of the model's embedding: a tokenizer may list more tokens than the model
+ * has rows, and the forward pass refuses such an id (runtime/model/rt_model.c). */
+static int prompt_commit(srv *S, req *r, int64_t c, int sp, verr *e, const char *param)
+{
+	const int32_t V = S->m->hp.n_vocab;
+	for (int64_t i = 0; i < c; i++) {
+		const int32_t t = r->prompt[r->n_prompt + i];
+		if (t < 0 || t >= V)
+			return bad(e, 400, param, "%s: token %d (prompt token %lld) is outside the "
+			           "model's vocabulary 0..%d", param, (int)t,
+			           (long long)(r->n_prompt + i), (int)V - 1);
+	}
+	memset(r->span + r->n_prompt, sp, (size_t)c);
+	r->n_prompt += c;
+	if (sp == SPAN_PINNED)
+		r->n_pinned += c;
+	if (sp == SPAN_SYSTEM)
+		r->n_system += c;
+	return 0;
+}
+
 /* Append the tokens of text[0..n) with span id sp to r's prompt. */
 static int add_tokens(srv *S, req *r, const char *text, size_t n, int special, int sp,
                       int64_t *cap, verr *e, const char *param)
@@ -705,30 +745,41 @@ static int add_tokens(srv *S, req *r, const char *text, size_t n, int special, i
 	int64_t c = rt_tokenize(S->tk, text, n, special, NULL, 0, &err);
 	if (c < 0)
 		return bad(e, 400, param, "%s: %s", param, err.msg);
+	if (c == 0)
+		return 0; /* an empty text (the prompt may still be empty: parse_request says so) */
 	if (r->n_prompt + c > S->m->hp.n_ctx)
 		return bad(e, 400, param, "the prompt is longer than the model's context_length %d",
 		           (int)S->m->hp.n_ctx);
-	if (r->n_prompt + c > *cap) {
-		int64_t nc = (*cap ? *cap : 256);
-		while (nc < r->n_prompt + c)
-			nc *= 2;
-		int32_t *p = realloc(r->prompt, (size_t)nc * sizeof *p);
-		uint8_t *s = p ? realloc(r->span, (size_t)nc) : NULL;
-		if (p)
-			r->prompt = p;
-		if (!s)
-			return bad(e, 500, NULL, "out of memory");
-		r->span = s, *cap = nc;
-	}
+	if (prompt_reserve(r, c, cap, e) != 0)
+		return -1;
 	if (rt_tokenize(S->tk, text, n, special, r->prompt + r->n_prompt, c, &err) != c)
 		return bad(e, 400, param, "%s: %s", param, err.msg[0] ? err.msg : "tokenizer failed");
-	memset(r->span + r->n_prompt, sp, (size_t)c);
-	r->n_prompt += c;
-	if (sp == SPAN_PINNED)
-		r->n_pinned += c;
-	if (sp == SPAN_SYSTEM)
-		r->n_system += c;
-	return 0;
+	return prompt_commit(S, r, c, sp, e, param);
+}
+
+/* OpenAI's token prompt: "prompt": [id, ...], every element an integer id of the model's
+ * vocabulary (0..n_vocab-1); the whole array is one prompt of plain span. */
+static int add_ids(srv *S, req *r, json_t *a, int64_t *cap, verr *e)
+{
+	const size_t n = json_array_size(a);
+	const int32_t V = S->m->hp.n_vocab;
+	if ((int64_t)n > S->m->hp.n_ctx)
+		return bad(e, 400, "prompt", "the prompt is longer than the model's context_length %d",
+		           (int)S->m->hp.n_ctx);
+	if (prompt_reserve(r, (int64_t)n, cap, e) != 0)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		json_t *v = json_array_get(a, i);
+		if (!json_is_integer(v))
+			return bad(e, 400, "prompt", "prompt[%zu] must be a token id (an integer): a token "
+			           "prompt is an array of integers only", i);
+		const json_int_t t = json_integer_value(v);
+		if (t < 0 || t >= V)
+			return bad(e, 400, "prompt", "prompt[%zu]: token id %lld is outside the model's "
+			           "vocabulary 0..%d", i, (long long)t, (int)V - 1);
+		r->prompt[r->n_prompt + (int64_t)i] = (int32_t)t;
+	}
+	return prompt_commit(S, r, (int64_t)n, 0, e, "prompt");
 }
 
 static int get_text(json_t *v, const char *param, const char **s, size_t *n, verr *e)
@@ -752,11 +803,14 @@ static int parse_prompt(srv *S, req *r, json_t *pr, verr *e)
 	if (!pr)
 		return bad(e, 400, "prompt", "prompt is required");
 	if (json_is_string(pr)) {
-		get_text(pr, "prompt", &s, &n, e);
+		if (get_text(pr, "prompt", &s, &n, e) != 0)
+			return -1;
 		return add_tokens(S, r, s, n, 0, 0, &cap, e, "prompt");
 	}
 	if (!json_is_array(pr) || json_array_size(pr) == 0)
 		return bad(e, 400, "prompt", "prompt must be a string or a non-empty array");
+	if (json_is_number(json_array_get(pr, 0)))
+		return add_ids(S, r, pr, &cap, e);
 	size_t i;
 	json_t *it;
 	int strings = 0;
@@ -767,6 +821,8 @@ static int parse_prompt(srv *S, req *r, json_t *pr, verr *e)
 		if (json_is_string(it)) {
 			if (++strings > 1)
 				return bad(e, 400, "prompt", "one prompt per request (batched prompts are not served)");
+		} else if (json_is_array(it)) {
+			return bad(e, 400, "prompt", "one prompt per request (batched prompts are not served)");
 		} else if (json_is_object(it)) {
 			tx = json_object_get(it, "text");
 			json_t *pt = json_object_get(it, "protect");
@@ -774,9 +830,12 @@ static int parse_prompt(srv *S, req *r, json_t *pr, verr *e)
 				return bad(e, 400, "prompt", "prompt[%zu].protect must be a boolean", i);
 			sp = json_is_true(pt) ? SPAN_PINNED : 0;
 		} else {
-			return bad(e, 400, "prompt", "prompt[%zu] must be a string or {\"text\", \"protect\"}", i);
+			return bad(e, 400, "prompt", "prompt[%zu] must be a string or {\"text\", \"protect\"} "
+			           "(or, in a token prompt, every element an integer)", i);
 		}
-		if (get_text(tx, "prompt.text", &s, &n, e) != 0 ||
+		char what[48];
+		snprintf(what, sizeof what, json_is_object(it) ? "prompt[%zu].text" : "prompt[%zu]", i);
+		if (get_text(tx, what, &s, &n, e) != 0 ||
 		    add_tokens(S, r, s, n, 0, sp, &cap, e, "prompt") != 0)
 			return -1;
 	}
@@ -808,7 +867,9 @@ static int parse_messages(srv *S, req *r, json_t *ms, verr *e)
 			return bad(e, 400, "messages", "messages[%zu].protect must be a boolean", i);
 		const char *s;
 		size_t n;
-		if (get_text(json_object_get(m, "content"), "messages.content", &s, &n, e) != 0)
+		char what[48];
+		snprintf(what, sizeof what, "messages[%zu].content", i);
+		if (get_text(json_object_get(m, "content"), what, &s, &n, e) != 0)
 			return -1;
 		int sys = !strcmp(role, "system") || !strcmp(role, "developer");
 		int sp = json_is_true(pt) ? SPAN_PINNED : sys ? SPAN_SYSTEM : 0;
@@ -956,6 +1017,77 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 	return 0;
 }
 
+/* The request fields this server reads: OpenAI's names, llama-server's n_predict for
+ * max_tokens, and "user" (the caller's own id, which OpenAI only logs: ignored). Any other
+ * field is a 400, except that OpenAI fields this server does not implement pass at their
+ * neutral value (null, or the value in neutral[]): answering presence_penalty 1.5 by
+ * ignoring it would answer a request that was not made. */
+static const char *const fields_read[] = { "model", "stream", "stream_options", "n",
+	"max_tokens", "max_completion_tokens", "n_predict", "temperature", "top_p", "top_k", "seed",
+	"stop", "kv", "user", "prompt", "messages" };
+static const struct { const char *name; double value; } neutral[] = {
+	{ "frequency_penalty", 0 }, { "presence_penalty", 0 }, { "logprobs", NAN },
+	{ "top_logprobs", 0 }, { "echo", NAN }, { "best_of", 1 }, { "logit_bias", NAN },
+	{ "suffix", NAN },
+}; /* value NAN: no numeric neutral (null, false, or {} for logit_bias) */
+
+/* 0 when every field of the body o is one this server reads (for this endpoint) or an
+ * unimplemented OpenAI field at its neutral value; else -1 naming it. */
+static int check_fields(const req *r, json_t *o, verr *e)
+{
+	const char *key;
+	json_t *v;
+	json_object_foreach(o, key, v)
+	{
+		size_t i;
+		for (i = 0; i < sizeof fields_read / sizeof *fields_read; i++)
+			if (!strcmp(key, fields_read[i]))
+				break;
+		if (i < sizeof fields_read / sizeof *fields_read) {
+			const char *other = r->chat ? "prompt" : "messages";
+			if (!strcmp(key, other) || (!r->chat && !strcmp(key, "max_completion_tokens")))
+				return bad(e, 400, key, "%s is a field of %s, not of this endpoint", key,
+				           r->chat ? "/v1/completions" : "/v1/chat/completions");
+			continue;
+		}
+		for (i = 0; i < sizeof neutral / sizeof *neutral; i++)
+			if (!strcmp(key, neutral[i].name))
+				break;
+		if (i == sizeof neutral / sizeof *neutral)
+			return bad(e, 400, key, "unknown field '%s'", key);
+		const int ok = json_is_null(v) || json_is_false(v) ||
+		               (json_is_number(v) && json_number_value(v) == neutral[i].value) ||
+		               (json_is_object(v) && json_object_size(v) == 0);
+		if (!ok && isnan(neutral[i].value))
+			return bad(e, 400, key, "%s is not supported by this server (leave it out, or "
+			           "give null)", key);
+		if (!ok)
+			return bad(e, 400, key, "%s is not supported by this server (leave it out, or "
+			           "give %g)", key, neutral[i].value);
+	}
+	return 0;
+}
+
+/* The generation limit: max_tokens, or its other names (max_completion_tokens in chat,
+ * llama-server's n_predict), at most one of them; *mt keeps its default when none is
+ * given. The name found goes to *key. 0, or -1 with e. */
+static int get_max_tokens(json_t *o, double *mt, const char **key, verr *e)
+{
+	static const char *const names[] = { "max_tokens", "max_completion_tokens", "n_predict" };
+	int found = 0;
+	for (int i = 0; i < 3; i++) {
+		int got = num_field(o, names[i], 1, 1e9, 1, mt, e);
+		if (got < 0)
+			return -1;
+		if (got && found++)
+			return bad(e, 400, names[i], "%s and %s are the same limit: give one", *key,
+			           names[i]);
+		if (got)
+			*key = names[i];
+	}
+	return 0;
+}
+
 /* The whole request body: fills r or says why not. */
 static int parse_request(srv *S, req *r, const char *body, size_t len, verr *e)
 {
@@ -970,6 +1102,8 @@ static int parse_request(srv *S, req *r, const char *body, size_t len, verr *e)
 		bad(e, 400, NULL, "the request body must be a JSON object");
 		goto out;
 	}
+	if (check_fields(r, o, e) != 0)
+		goto out;
 	json_t *mv = json_object_get(o, "model");
 	if (mv && !json_is_string(mv)) {
 		bad(e, 400, "model", "model must be a string");
@@ -991,6 +1125,19 @@ static int parse_request(srv *S, req *r, const char *body, size_t len, verr *e)
 		bad(e, 400, "stream_options", "stream_options must be an object");
 		goto out;
 	}
+	const char *sk;
+	json_t *sov;
+	json_object_foreach(so, sk, sov)
+	{
+		if (strcmp(sk, "include_usage")) {
+			bad(e, 400, "stream_options", "stream_options: unknown field '%s' (include_usage)", sk);
+			goto out;
+		}
+		if (!json_is_boolean(sov) && !json_is_null(sov)) {
+			bad(e, 400, "stream_options", "stream_options.include_usage must be a boolean");
+			goto out;
+		}
+	}
 	if ((x = 1, num_field(o, "n", 1, 1, 1, &x, e)) < 0)
 		goto out;
 	if ((r->chat ? parse_messages(S, r, json_object_get(o, "messages"), e)
@@ -1008,14 +1155,14 @@ static int parse_request(srv *S, req *r, const char *body, size_t len, verr *e)
 		goto out;
 	}
 	double mt = r->chat ? (double)(room < 512 ? room : 512) : 16;
-	int got = num_field(o, "max_tokens", 1, 1e9, 1, &mt, e);
-	if (got < 0 || (!got && r->chat && num_field(o, "max_completion_tokens", 1, 1e9, 1, &mt, e) < 0))
+	const char *mt_key = "max_tokens";
+	if (get_max_tokens(o, &mt, &mt_key, e) != 0)
 		goto out;
 	if (mt > (double)room) {
-		bad(e, 400, "max_tokens",
-		    "max_tokens %.0f is beyond the context: the prompt has %lld tokens and the "
+		bad(e, 400, mt_key,
+		    "%s %.0f is beyond the context: the prompt has %lld tokens and the "
 		    "model's context_length is %d (at most %lld)",
-		    mt, (long long)r->n_prompt, (int)S->m->hp.n_ctx, (long long)room);
+		    mt_key, mt, (long long)r->n_prompt, (int)S->m->hp.n_ctx, (long long)room);
 		goto out;
 	}
 	r->max_tokens = (int64_t)mt;

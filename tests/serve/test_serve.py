@@ -331,6 +331,31 @@ def main():
             ("prompt over the context", {"prompt": long_prompt, "max_tokens": 1}, 400, "context_length"),
             ("unknown model", {"model": "gpt-9", "prompt": "x"}, 404, "does not exist"),
             ("invalid UTF-8", b'{"prompt": "\xff\xfe"}', 400, "decode byte"),
+            # a token prompt (OpenAI's array of ids): each id a row of the model's embedding
+            ("token id past the vocabulary", {"prompt": [504, 49152]}, 400,
+             "prompt[1]: token id 49152 is outside the model's vocabulary 0..49151"),
+            ("negative token id", {"prompt": [-1]}, 400, "prompt[0]: token id -1 is outside"),
+            ("token prompt with a string", {"prompt": [504, "x"]}, 400, "prompt[1] must be a token id"),
+            ("token prompt with a fraction", {"prompt": [1.5]}, 400, "prompt[0] must be a token id"),
+            ("batched token prompts", {"prompt": [[504, 2365]]}, 400, "one prompt per request"),
+            ("empty prompt", {"prompt": ""}, 400, "empty after tokenization"),
+            ("empty prompt array", {"prompt": []}, 400, "non-empty array"),
+            ("prompt segment without text", {"prompt": [{"protect": True}]}, 400, "prompt[0].text must be a string"),
+            ("NUL in the prompt", b'{"prompt": "a\\u0000b"}', 400, "invalid JSON"),
+            # n_predict is llama-server's name for max_tokens, checked the same way
+            ("negative n_predict", {"prompt": "x", "n_predict": -1}, 400, "n_predict must be between 1 and"),
+            ("huge n_predict", {"prompt": "x", "n_predict": 10**9}, 400, "n_predict 1000000000 is beyond the context"),
+            ("n_predict beside max_tokens", {"prompt": "x", "max_tokens": 2, "n_predict": 2}, 400, "give one"),
+            ("wrong type n_predict", {"prompt": "x", "n_predict": "8"}, 400, "n_predict must be an integer"),
+            ("zero max_tokens", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens must be between 1 and"),
+            ("fractional max_tokens", {"prompt": "x", "max_tokens": 2.5}, 400, "max_tokens must be an integer"),
+            ("unknown field", {"prompt": "x", "max_token": 3}, 400, "unknown field 'max_token'"),
+            ("unsupported penalty", {"prompt": "x", "presence_penalty": 1.5}, 400, "presence_penalty is not supported"),
+            ("chat field on completions", {"prompt": "x", "messages": []}, 400, "messages is a field of /v1/chat/completions"),
+            ("wrong type include_usage", {"prompt": "x", "stream_options": {"include_usage": 1}}, 400,
+             "include_usage must be a boolean"),
+            ("wrong type top_k", {"prompt": "x", "top_k": 2.5}, 400, "top_k must be an integer"),
+            ("n above 1", {"prompt": "x", "n": 2}, 400, "n must be between 1 and 1"),
             ("oversized body", b'{"prompt": "' + b"a" * 300000 + b'"}', 413, "exceeds"),
         ]
         # a budget in bytes per request (as --byte-ratio): the response's kv says which
@@ -343,6 +368,31 @@ def main():
             st, a, resp = post(port, "/v1/completions", body, raw=isinstance(body, bytes))
             msg = a.get("error", {}).get("message", "") if isinstance(a, dict) else str(a)
             check(st == want and text in msg, "%s: %d %s" % (name, st, msg[:110]))
+        chat_cases = [
+            ("content not a string", {"messages": [{"role": "user", "content": 5}]}, 400,
+             "messages[0].content must be a string"),
+            ("unknown role", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+            ("completion field on chat", {"messages": [{"role": "user", "content": "x"}], "prompt": "x"},
+             400, "prompt is a field of /v1/completions"),
+            ("two limits on chat", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                    "max_completion_tokens": 2}, 400, "give one"),
+        ]
+        for name, body, want, text in chat_cases:
+            st, a, resp = post(port, "/v1/chat/completions", body)
+            msg = a.get("error", {}).get("message", "") if isinstance(a, dict) else str(a)
+            check(st == want and text in msg, "chat %s: %d %s" % (name, st, msg[:110]))
+        # the neutral values of OpenAI fields the server does not implement pass, and a
+        # token prompt gives the same answer as its text (ids from `BIN tokenize`)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as tf:
+            tf.write(prompt)
+            tf.flush()
+            ids = [int(t) for t in subprocess.run([BIN, "tokenize", "--model", MODEL, "--text", tf.name],
+                   capture_output=True, text=True, timeout=60, check=True).stdout.split()]
+        st, a, _ = post(port, "/v1/completions", {"prompt": ids, "max_tokens": 12, "temperature": 0,
+                        "kv": {"ratio": 2}, "presence_penalty": 0, "logit_bias": {}, "user": "u1",
+                        "logprobs": None})
+        check(st == 200 and a["choices"][0]["text"] == ref_h2o and a["usage"]["prompt_tokens"] == len(ids),
+              "a token prompt of %d ids answers as its text does: %d %s" % (len(ids), st, str(a)[:110]))
         out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "GET",
                               base + "/completions"], capture_output=True, text=True, timeout=30)
         check(out.stdout == "405", "curl GET /v1/completions: %s" % out.stdout)
