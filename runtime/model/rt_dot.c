@@ -300,26 +300,33 @@ static float dot_q6_k_scalar(const void *wv, const void *xa, int n)
 	return sum;
 }
 
-static float dot_f16_scalar(const void *wv, const void *xa, int n)
+/* sum + Σ w_j·x_j over j = i..n-1, added one at a time in order: the F16/F32 scalar
+ * kernels (i = 0), and the tails the vector kernels leave after their last full step */
+static inline float f16_run(const uint8_t *w, const float *x, int i, int n, float sum)
 {
-	const uint8_t *w = wv;
-	const float *x = xa;
-	float sum = 0.0f;
-	for (int i = 0; i < n; i++)
+	for (; i < n; i++)
 		sum += ld_f16(w + 2 * i) * x[i];
 	return sum;
 }
 
-static float dot_f32_scalar(const void *wv, const void *xa, int n)
+static inline float f32_run(const void *w, const float *x, int i, int n, float sum)
 {
-	const float *x = xa;
-	float sum = 0.0f;
-	for (int i = 0; i < n; i++) {
+	for (; i < n; i++) {
 		float wi;
-		memcpy(&wi, (const uint8_t *)wv + 4 * (size_t)i, 4);
+		memcpy(&wi, (const uint8_t *)w + 4 * (size_t)i, 4);
 		sum += wi * x[i];
 	}
 	return sum;
+}
+
+static float dot_f16_scalar(const void *wv, const void *xa, int n)
+{
+	return f16_run(wv, xa, 0, n, 0.0f);
+}
+
+static float dot_f32_scalar(const void *wv, const void *xa, int n)
+{
+	return f32_run(wv, xa, 0, n, 0.0f);
 }
 
 /* ---- AVX2 ---------------------------------------------------------------------------- */
@@ -510,10 +517,7 @@ AVX2_ATTR static float dot_f16_avx2(const void *wv, const void *xa, int n)
 		a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
 		a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
 	}
-	float sum = hsum256(_mm256_add_ps(a0, a1));
-	for (; i < n; i++)
-		sum += f16_avx2(w + 2 * i) * x[i];
-	return sum;
+	return f16_run(w, x, i, n, hsum256(_mm256_add_ps(a0, a1)));
 }
 
 AVX2_ATTR static float dot_f32_avx2(const void *wv, const void *xa, int n)
@@ -525,13 +529,7 @@ AVX2_ATTR static float dot_f32_avx2(const void *wv, const void *xa, int n)
 		a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
 		a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
 	}
-	float sum = hsum256(_mm256_add_ps(a0, a1));
-	for (; i < n; i++) {
-		float wi;
-		memcpy(&wi, w + i, 4);
-		sum += wi * x[i];
-	}
-	return sum;
+	return f32_run(w, x, i, n, hsum256(_mm256_add_ps(a0, a1)));
 }
 
 /* ---- AVX-512 (F, BW, VL, DQ, VNNI) --------------------------------------------------- */
@@ -587,10 +585,7 @@ AVX512_ATTR static float dot_f16_avx512(const void *wv, const void *xa, int n)
 		a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i), a0);
 		a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i + 16), a1);
 	}
-	float sum = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-	for (; i < n; i++)
-		sum += f16_avx2(w + 2 * i) * x[i];
-	return sum;
+	return f16_run(w, x, i, n, _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)));
 }
 
 AVX512_ATTR static float dot_f32_avx512(const void *wv, const void *xa, int n)
@@ -602,13 +597,7 @@ AVX512_ATTR static float dot_f32_avx512(const void *wv, const void *xa, int n)
 		a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(x + i), a0);
 		a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(x + i + 16), a1);
 	}
-	float sum = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-	for (; i < n; i++) {
-		float wi;
-		memcpy(&wi, w + i, 4);
-		sum += wi * x[i];
-	}
-	return sum;
+	return f32_run(w, x, i, n, _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)));
 }
 
 /* ---- AVX-512 rows: the legacy formats, up to RT_DOT_ROWS weight rows per call --------
@@ -752,52 +741,66 @@ AVX512_ATTR static inline void q8_0_rows_avx512(const uint8_t *w, size_t rb, con
 		out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
-AVX512_ATTR static void rows_q4_0_avx512(const void *w, size_t rb, const void *xa, int n, int nr, float *out)
+/* The legacy formats' kernel over R rows, by format f: Q4_0 and Q4_1 share
+ * q4_rows_avx512, Q8_0 has its own. The rows and dot entries below are this one kernel. */
+enum { LG_Q4_0, LG_Q4_1, LG_Q8_0 };
+
+AVX512_ATTR static inline void legacy_kernel(const uint8_t *w, size_t rb, const void *xa, int n,
+                                             float *out, const int R, const int f)
+{
+	if (f == LG_Q8_0)
+		q8_0_rows_avx512(w, rb, xa, n, out, R);
+	else
+		q4_rows_avx512(w, rb, xa, n, out, R, f == LG_Q4_1);
+}
+
+/* rt_dot_rows_fn of format f: a full group of RT_DOT_ROWS rows in one call, fewer one row
+ * at a time (a row's bits do not depend on R, see above) */
+AVX512_ATTR static inline void legacy_rows(const void *w, size_t rb, const void *xa, int n, int nr,
+                                           float *out, const int f)
 {
 	if (nr == RT_DOT_ROWS)
-		q4_rows_avx512(w, rb, xa, n, out, RT_DOT_ROWS, 0);
+		legacy_kernel(w, rb, xa, n, out, RT_DOT_ROWS, f);
 	else
 		for (int r = 0; r < nr; r++)
-			q4_rows_avx512((const uint8_t *)w + r * rb, rb, xa, n, out + r, 1, 0);
+			legacy_kernel((const uint8_t *)w + r * rb, rb, xa, n, out + r, 1, f);
+}
+
+AVX512_ATTR static inline float legacy_dot(const void *w, const void *xa, int n, const int f)
+{
+	float v;
+	legacy_kernel(w, 0, xa, n, &v, 1, f);
+	return v;
+}
+
+AVX512_ATTR static void rows_q4_0_avx512(const void *w, size_t rb, const void *xa, int n, int nr, float *out)
+{
+	legacy_rows(w, rb, xa, n, nr, out, LG_Q4_0);
 }
 
 AVX512_ATTR static void rows_q4_1_avx512(const void *w, size_t rb, const void *xa, int n, int nr, float *out)
 {
-	if (nr == RT_DOT_ROWS)
-		q4_rows_avx512(w, rb, xa, n, out, RT_DOT_ROWS, 1);
-	else
-		for (int r = 0; r < nr; r++)
-			q4_rows_avx512((const uint8_t *)w + r * rb, rb, xa, n, out + r, 1, 1);
+	legacy_rows(w, rb, xa, n, nr, out, LG_Q4_1);
 }
 
 AVX512_ATTR static void rows_q8_0_avx512(const void *w, size_t rb, const void *xa, int n, int nr, float *out)
 {
-	if (nr == RT_DOT_ROWS)
-		q8_0_rows_avx512(w, rb, xa, n, out, RT_DOT_ROWS);
-	else
-		for (int r = 0; r < nr; r++)
-			q8_0_rows_avx512((const uint8_t *)w + r * rb, rb, xa, n, out + r, 1);
+	legacy_rows(w, rb, xa, n, nr, out, LG_Q8_0);
 }
 
 AVX512_ATTR static float dot_q4_0_avx512(const void *w, const void *xa, int n)
 {
-	float v;
-	q4_rows_avx512(w, 0, xa, n, &v, 1, 0);
-	return v;
+	return legacy_dot(w, xa, n, LG_Q4_0);
 }
 
 AVX512_ATTR static float dot_q4_1_avx512(const void *w, const void *xa, int n)
 {
-	float v;
-	q4_rows_avx512(w, 0, xa, n, &v, 1, 1);
-	return v;
+	return legacy_dot(w, xa, n, LG_Q4_1);
 }
 
 AVX512_ATTR static float dot_q8_0_avx512(const void *w, const void *xa, int n)
 {
-	float v;
-	q8_0_rows_avx512(w, 0, xa, n, &v, 1);
-	return v;
+	return legacy_dot(w, xa, n, LG_Q8_0);
 }
 
 /* ---- dispatch ------------------------------------------------------------------------ */
