@@ -598,7 +598,7 @@ int kvp_emit_cuda_registry(const char *const *names, int n, FILE *f, char *err, 
 	out(&em, "const struct rt_cuda_backend kvp_cuda_backend = {\n"
 	         "\trt_cuda_probe, rt_cuda_model_upload, rt_cuda_model_free, rt_cuda_seq_init,\n"
 	         "\trt_cuda_seq_free, rt_cuda_seq_reset, rt_cuda_seq_set, rt_cuda_seq_set_ratio,\n"
-	         "\trt_cuda_seq_feed, rt_cuda_seq_kv, policies, %d,\n};\n", n);
+	         "\trt_cuda_seq_feed, rt_cuda_seq_kv, rt_cuda_refuses, policies, %d,\n};\n", n);
 	free(syms);
 	return em.err ? -1 : 0;
 }

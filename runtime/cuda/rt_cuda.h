@@ -78,10 +78,27 @@ size_t rt_cuda_model_bytes(const rt_cuda_model *dm);
  * describe the device store. Opaque. */
 typedef struct rt_cuda_seq rt_cuda_seq;
 
+/* What this backend cannot do for a policy (rt_cuda_refuses), as a mask. */
+enum rt_cuda_refusal {
+	RT_CUDA_NO_STORE = 1u << 0,  /* its entries do not fit the device store: precision
+	                                tiers (the tiered store is on the CPU only), so none of
+	                                the policy runs on the device */
+	RT_CUDA_NO_DRIVER = 1u << 1, /* its kernels are built, the device sequence lacks a
+	                                feature: `positions compacted`, the prompt trace, query
+	                                statistics, more than 32 parameters */
+};
+
+/* The mask of what this backend refuses policy p for (0: it runs p), and in *why (when
+ * why is non-NULL) a static string naming the first reason, NULL for none.
+ * rt_cuda_seq_init refuses exactly the policies with a non-zero mask, with that reason;
+ * callers (the tests, a command line listing what runs where) ask here instead of
+ * repeating the list. Needs no device. */
+unsigned rt_cuda_refuses(const struct kvp_policy *p, const char **why);
+
 /* Create a sequence: model m (host, for its shapes) with weights dm, policy cp (NULL: the
  * full cache), cap entries per head, chunks of at most max_chunk tokens (1..256),
  * prompt_len as rt_seq_init. Errors (NULL, err): bad sizes; a policy this backend cannot
- * run (`positions compacted`, the prompt trace), named with the reason; device memory. */
+ * run (rt_cuda_refuses, whose reason the message gives, RT_ERR_INPUT); device memory. */
 rt_cuda_seq *rt_cuda_seq_init(const rt_model *m, const rt_cuda_model *dm,
                               const struct kvp_cuda_policy *cp, int32_t cap, int max_chunk,
                               int64_t prompt_len, rt_err *err);
@@ -121,6 +138,7 @@ struct rt_cuda_backend {
 	int (*seq_feed)(rt_cuda_seq *s, const int32_t *tokens, int64_t n, float *logits,
 	                enum rt_logits_mode mode, rt_err *err);
 	const rt_kv *(*seq_kv)(rt_cuda_seq *s, rt_err *err);
+	unsigned (*refuses)(const struct kvp_policy *p, const char **why);
 	const struct kvp_cuda_policy *const *policies; /* [n_policies] */
 	int n_policies;
 };

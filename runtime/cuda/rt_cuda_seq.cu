@@ -170,20 +170,27 @@ extern "C" void rt_cuda_seq_free(rt_cuda_seq *s)
 	free(s);
 }
 
-/* Why this backend cannot run policy p, or NULL. */
-static const char *unsupported(const struct kvp_policy *p)
+unsigned rt_cuda_refuses(const struct kvp_policy *p, const char **why)
 {
-	if (p->positions == KVP_POS_COMPACTED)
-		return "`positions compacted` (re-rotation of kept keys) runs on the CPU only";
-	if (p->needs & KVP_NEED_TRACE)
-		return "the prompt trace (GraceKV's segmentation) is recorded on the CPU only";
-	if (p->needs & KVP_NEED_TIERS)
-		return "precision tiers (per-entry 8/4/2-bit KV rows) are stored on the CPU only";
-	if (p->needs & KVP_NEED_QUERY)
-		return "the query statistics of Expected Attention are gathered on the CPU only";
-	if (p->n_params > K_CU_MAX_PARAMS)
-		return "more parameters than the CUDA kernels take (32)";
-	return NULL;
+	static const char *const reason[] = {
+		"precision tiers (per-entry 8/4/2-bit KV rows) are stored on the CPU only",
+		"`positions compacted` (re-rotation of kept keys) runs on the CPU only",
+		"the prompt trace (GraceKV's segmentation) is recorded on the CPU only",
+		"the query statistics of Expected Attention are gathered on the CPU only",
+		"more parameters than the CUDA kernels take (32)",
+	};
+	const int hit[5] = { (p->needs & KVP_NEED_TIERS) != 0, p->positions == KVP_POS_COMPACTED,
+		             (p->needs & KVP_NEED_TRACE) != 0, (p->needs & KVP_NEED_QUERY) != 0,
+		             p->n_params > K_CU_MAX_PARAMS };
+	unsigned no = hit[0] ? RT_CUDA_NO_STORE : 0;
+	for (int i = 1; i < 5; i++)
+		no |= hit[i] ? RT_CUDA_NO_DRIVER : 0;
+	if (why) {
+		*why = NULL;
+		for (int i = 4; i >= 0; i--)
+			*why = hit[i] ? reason[i] : *why;
+	}
+	return no;
 }
 
 static int scratch_alloc(rt_cuda_seq *s, rt_err *err)
@@ -242,8 +249,8 @@ extern "C" rt_cuda_seq *rt_cuda_seq_init(const rt_model *m, const rt_cuda_model 
 		return NULL;
 	}
 	const struct kvp_policy *p = cp ? cp->host : &rt_policy_full;
-	const char *why = unsupported(p);
-	if (why) {
+	const char *why;
+	if (rt_cuda_refuses(p, &why)) {
 		rt_err_setc(err, RT_ERR_INPUT, "policy %s: not supported by the CUDA runtime: %s", p->name,
 		            why);
 		return NULL;

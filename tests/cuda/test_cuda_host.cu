@@ -345,6 +345,21 @@ static int check_error_classes(void)
 	return bad;
 }
 
+/* rt_cuda_seq_init refuses cp with the reason the backend gave (why), as an input error,
+ * before it touches the device. 0 when it does. */
+static int refusal_matches(const struct kvp_cuda_policy *cp, const char *why)
+{
+	static rt_model m;
+	snprintf(m.path, sizeof m.path, "tiny.gguf");
+	rt_err e = { "" };
+	if (rt_cuda_seq_init(&m, NULL, cp, 64, 16, -1, &e) == NULL && e.code == RT_ERR_INPUT &&
+	    strstr(e.msg, why) && strstr(e.msg, cp->name))
+		return 0;
+	printf("test_cuda_host: %s: the backend refuses it (%s) but rt_cuda_seq_init says "
+	       "class %d, '%s'\n", cp->name, why, (int)e.code, e.msg);
+	return 1;
+}
+
 int main(void)
 {
 	const struct rt_cuda_backend *b = &kvp_cuda_backend;
@@ -352,12 +367,25 @@ int main(void)
 	long n_evicted = 0, n_words = 0;
 	const int shapes[2][4] = { { 2, 3, 3, 16 }, { 2, 1, 4, 16 } };
 	bad |= check_error_classes();
-	int n_run = 0, n_tiered = 0;
+	int n_run = 0, n_refused = 0;
 	for (int i = 0; i < b->n_policies; i++) {
-		/* the CUDA backend refuses tiered stores (precision policies run on the CPU only,
-		 * runtime/kv/rt_kv.h), so a policy that sets entry tiers has nothing to compare here */
-		if (b->policies[i]->host->needs & KVP_NEED_TIERS) {
-			n_tiered++;
+		/* a policy the backend refuses (precision tiers, for one: runtime/kv/rt_kv.h's
+		 * tiered store is on the CPU only) has nothing to compare here */
+		const struct kvp_policy *hp = b->policies[i]->host;
+		const char *why;
+		const unsigned no = b->refuses(hp, &why);
+		if ((hp->needs & KVP_NEED_TIERS) && !(no & RT_CUDA_NO_STORE)) {
+			printf("test_cuda_host: %s sets precision tiers, and the backend does not refuse "
+			       "its store\n", hp->name);
+			bad = 1;
+		}
+		if (no)
+			bad |= refusal_matches(b->policies[i], why);
+		/* a policy whose entries the device store cannot hold (precision tiers) has no
+		 * device store to compare; one the device sequence refuses for another reason
+		 * still has its kernels compared here */
+		if (no & RT_CUDA_NO_STORE) {
+			n_refused++;
 			continue;
 		}
 		n_run++;
@@ -367,10 +395,10 @@ int main(void)
 	}
 	if (bad)
 		return 1;
-	printf("cuda: host tests passed: %d policies x 2 shapes (9/3-style 3x3, 4/1; %d precision policies, "
-	       "which the CUDA backend refuses, not run): CUDA observe == C observe "
+	printf("cuda: host tests passed: %d policies x 2 shapes (9/3-style 3x3, 4/1; %d policies whose "
+	       "entries the CUDA store cannot hold, not run): CUDA observe == C observe "
 	       "bit for bit (%ld non-zero statistic words); device-compress reference == C compress kept sets "
 	       "in %d cases (%ld entries evicted); error classes as documented\n",
-	       n_run, n_tiered, n_words, n_cmp, n_evicted);
+	       n_run, n_refused, n_words, n_cmp, n_evicted);
 	return 0;
 }
