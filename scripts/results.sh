@@ -67,6 +67,10 @@
 #   FRONTIER_RATIOS ["1 2 4 8 16 32 64"] FRONTIER_MIN_X [2] FRONTIER_MAX_X [32]
 #   FRONTIER_PROTOCOLS ["stream prompt_end"]
 #   FRONTIER_NEEDLE [1]          0: no passkey cells in the frontier
+#   RESULTS_FAST=1               every pass on the fast path with an f16 store (`--fast --kv-type
+#                                f16`: the full-cache reference and the top tier are f16 rows;
+#                                a batch line's own --kv-type still chooses its store); the
+#                                document's header says so
 #   RESULTS_QUICK=1              a narrowed run in minutes: 2048 tokens of coreutils, no
 #                                per-policy sweep and no passkey, the streaming frontier of
 #                                three block-wise policies (caote_tova, expected_attention,
@@ -81,7 +85,7 @@ quiet=${RESULTS_QUIET:-0}
 narrowed=0
 for v in RESULTS_TOKENS RATIOS POLICIES TEXTS LENGTHS DEPTHS NEEDLE_POLICIES NEEDLE_RATIOS \
 	FRONTIER FRONTIER_POLICIES FRONTIER_OWN_KV_POLICIES FRONTIER_KV_TYPES FRONTIER_RATIOS \
-	FRONTIER_MIN_X FRONTIER_MAX_X FRONTIER_PROTOCOLS FRONTIER_NEEDLE RESULTS_QUICK; do
+	FRONTIER_MIN_X FRONTIER_MAX_X FRONTIER_PROTOCOLS FRONTIER_NEEDLE RESULTS_QUICK RESULTS_FAST; do
 	[ -z "${!v+x}" ] || narrowed=1
 done
 if [ "${RESULTS_QUICK:-0}" = 1 ]; then
@@ -99,6 +103,9 @@ texts=${TEXTS-coreutils gettext}
 lengths=${LENGTHS:-1024,2048,4096}
 depths=${DEPTHS:-0,25,50,75,100}
 threads=${THREADS:-$(nproc)}
+# the store of every pass (RESULTS_FAST=1: the fast path, f16 rows)
+fast=()
+[ "${RESULTS_FAST:-0}" = 1 ] && fast=(--fast --kv-type f16)
 out=${OUT:-$bdir/results}
 if [ "$narrowed" = 1 ]; then doc=${RESULTS_DOC:-$out/docs/results.md}; else doc=${RESULTS_DOC:-docs/results.md}; fi
 svgdir="$(dirname "$doc")/results"
@@ -121,7 +128,7 @@ policies=$POLICIES
 needle_policies=${NEEDLE_POLICIES-$policies}
 needle_ratios=${NEEDLE_RATIOS-8 16 32}
 cmdline="$0 $*"
-envline="RESULTS_TOKENS=$tokens RATIOS=\"$ratios\" TEXTS=\"$texts\" LENGTHS=$lengths DEPTHS=$depths THREADS=$threads POLICIES=\"$policies\" NEEDLE_POLICIES=\"$needle_policies\" NEEDLE_RATIOS=\"$needle_ratios\""
+envline="RESULTS_FAST=${RESULTS_FAST:-0} RESULTS_TOKENS=$tokens RATIOS=\"$ratios\" TEXTS=\"$texts\" LENGTHS=$lengths DEPTHS=$depths THREADS=$threads POLICIES=\"$policies\" NEEDLE_POLICIES=\"$needle_policies\" NEEDLE_RATIOS=\"$needle_ratios\""
 
 [ -r "$model" ] || { echo "results.sh: $model: model not found (scripts/fetch_model.sh)" >&2; exit 1; }
 [ "${RESULTS_FRESH:-0}" = 1 ] && rm -rf "$out/ppl" "$out/needle"
@@ -277,7 +284,7 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 		say_pass "ppl $t $group, ${#cells[@]} runs in lockstep over $tokens tokens"
 		set +e
 		run_pass "$runs.jsonl" "$runs.err" "$bin" ppl --model "$model" --text "$f" --ctx "$tokens" \
-			--threads "$threads" --json --batch "$runs" ${pe[@]+"${pe[@]}"}
+			--threads "$threads" --json --batch "$runs" ${pe[@]+"${pe[@]}"} ${fast[@]+"${fast[@]}"}
 		rc=$?
 		set -e
 		split_pass "ppl $t $group" "$runs" "$rc" '"ppl \(.ppl) kld_mean \(.kld_mean)"' "${cells[@]}"
@@ -314,7 +321,8 @@ for group in stream prompt_end; do
 	say_pass "needle $group, ${#cells[@]} runs"
 	set +e
 	run_pass "$runs.jsonl" "$runs.err" "$bin" needle --model "$model" --task passkey \
-		--lengths "$lengths" --depths "$depths" --threads "$threads" --json --batch "$runs"
+		--lengths "$lengths" --depths "$depths" --threads "$threads" --json --batch "$runs" \
+		${fast[@]+"${fast[@]}"}
 	rc=$?
 	set -e
 	split_pass "needle $group" "$runs" "$rc" '"accuracy \(.accuracy)"' "${cells[@]}"
@@ -383,7 +391,7 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 		say_pass "frontier ppl $t $group, ${#cells[@]} runs in lockstep over $tokens tokens"
 		set +e
 		run_pass "$runs.jsonl" "$runs.err" "$bin" ppl --model "$model" --text "$f" --ctx "$tokens" \
-			--threads "$threads" --json --batch "$runs" ${pe[@]+"${pe[@]}"}
+			--threads "$threads" --json --batch "$runs" ${pe[@]+"${pe[@]}"} ${fast[@]+"${fast[@]}"}
 		rc=$?
 		set -e
 		split_pass "frontier ppl $t $group" "$runs" "$rc" '"x bytes \(.bytes_compression) kld_mean \(.kld_mean)"' "${cells[@]}"
@@ -407,7 +415,8 @@ for group in $fprot; do
 	say_pass "frontier needle $group, ${#cells[@]} runs"
 	set +e
 	run_pass "$runs.jsonl" "$runs.err" "$bin" needle --model "$model" --task passkey \
-		--lengths "$lengths" --depths "$depths" --threads "$threads" --json --batch "$runs"
+		--lengths "$lengths" --depths "$depths" --threads "$threads" --json --batch "$runs" \
+		${fast[@]+"${fast[@]}"}
 	rc=$?
 	set -e
 	split_pass "frontier needle $group" "$runs" "$rc" '"accuracy \(.accuracy) x bytes \(.bytes_compression)"' "${cells[@]}"
@@ -418,7 +427,7 @@ wall=$(($(date +%s) - start))
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=$(git status --porcelain 2>/dev/null | grep -v '^??' | grep -qv ' docs/results' && echo " (with uncommitted changes)" || true)
 model_sha=$(sha256sum "$model" | cut -d' ' -f1)
-RESULTS_SVGDIR=$svgdir python3 - "$out" "$doc" "$tokens" "$ratios" "$texts" "$policies" "$needle_policies" \
+RESULTS_SVGDIR=$svgdir RESULTS_NARROWED=$narrowed RESULTS_FAST=${RESULTS_FAST:-0} python3 - "$out" "$doc" "$tokens" "$ratios" "$texts" "$policies" "$needle_policies" \
 	"$needle_ratios" "$nkey" "$threads" "$commit$dirty" "$model" "$model_sha" "$wall" \
 	"$cmdline" "$envline" "${RESULTS_NOTE:-}" \
 	"$(for p in $policies; do prompt_end "$p" && printf '%s ' "$p"; done)" <<'PY'
@@ -480,6 +489,8 @@ if note:
 L.append("| | |\n|---|---|")
 L.append("| commit | `%s` |" % commit)
 L.append("| model | `%s`, sha256 `%s` |" % (model, model_sha))
+L.append("| scope | %s |" % ("**a narrowed run**: the knobs in the command row below narrow the sweep (policies, ratios, texts, lengths or the frontier), so cells or sections a full `make results` holds may be missing or read \"not run\"" if os.environ.get("RESULTS_NARROWED") == "1" else "the full sweep (`make results`, no knob set)"))
+L.append("| path | %s |" % ("the fast path with an f16 store (`RESULTS_FAST=1`: `--fast --kv-type f16`; the full-cache reference and the top tier are f16 rows)" if os.environ.get("RESULTS_FAST") == "1" else "the exact path (f32 rows; the full-cache reference is f32)"))
 L.append("| tokens scored per text | %d |" % tokens)
 L.append("| ratios | %s |" % ", ".join(map(str, ratios)))
 L.append("| BLAS threads | %s |" % threads)
@@ -688,7 +699,7 @@ with open(doc, "w") as f:
     f.write("\n".join(L) + "\n")
 print("results.sh: wrote %s and %s" % (doc, ", ".join(plots) if plots else "no plot"))
 PY
-[ "$frontier" = 1 ] && python3 scripts/results_frontier.py "$out" "$doc" "$svgdir" "$tokens" "$texts" \
+[ "$frontier" = 1 ] && RESULTS_FAST=${RESULTS_FAST:-0} python3 scripts/results_frontier.py "$out" "$doc" "$svgdir" "$tokens" "$texts" \
 	"$nkey" "$fpolicies" "$(for p in $fpolicies; do prompt_end "$p" && printf '%s ' "$p"; done)" \
 	"$fprot" "$fmin" "$fmax"
 exit 0

@@ -5,7 +5,7 @@ JSON line per (policy, KV store type, ratio): POLICY.KV.rR.json, KV "own" for a 
 chooses its own precision, R then its byte ratio, r0 its own budget) and appends to DOC, per text and
 protocol: every cell's compression in entries and in bytes (against an f16 full cache, as
 the binary measured it: bytes_compression), mean KL against the full cache of the same pass
-(f32 rows on the exact path) and passkey accuracy; then the frontier (the Pareto set: no other cell of its class compresses as far with a
+(f32 rows on the exact path, f16 with RESULTS_FAST=1) and passkey accuracy; then the frontier (the Pareto set: no other cell of its class compresses as far with a
 lower mean KL) and an SVG plot of
 mean KL against bytes, one line per (policy, store), into SVGDIR.
 
@@ -70,7 +70,7 @@ def passkey(j):
 
 L = ["## Byte frontier: quality against compression in bytes\n"]
 L.append("Each cell is one run of a lockstep `BIN ppl --batch` pass (the full cache of the same "
-         "pass, f32 rows on the exact path, is the reference) and, where measured, of `BIN needle "
+         "pass is the reference: %s) and, where measured, of `BIN needle "
          "--batch --task passkey` (prompt lengths and depths `%s`). `store` is the element type of "
          "the KV rows (`--kv-type` of the batch line: f32 4 bytes, f16 2, q8_0 34/32 per element; "
          "`own precision`: the policy chooses it, and `ratio` is its `--byte-ratio`, or – for its "
@@ -80,7 +80,8 @@ L.append("Each cell is one run of a lockstep `BIN ppl --batch` pass (the full ca
          "A block-wise policy (one compress per block of tokens) is measured after its last "
          "compress; between compressions it holds up to a block more entries (the peak KV bytes "
          "column: blocks of the KV pool, metadata and statistics included).\n"
-         % (nkey, fmin, fmax))
+         % ("f16 rows on the fast path, RESULTS_FAST=1" if os.environ.get("RESULTS_FAST") == "1"
+            else "f32 rows on the exact path", nkey, fmin, fmax))
 nd = os.path.join(out, "frontier", "needle", nkey)
 needle = cells(nd)
 plots = []

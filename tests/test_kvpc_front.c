@@ -596,6 +596,31 @@ START_TEST(test_lower_tiers)
 	ck_assert(ir.needs & KVP_NEED_TIERS);
 	kvp_ir_free(&ir);
 
+	/* SnapKV's prompt score under the byte allocator: the observation-window statistic
+	 * (the `window` parameter, index 2), pooled per query head then averaged, the byte budget
+	 * as the share times the context, the same three tiers and one compress at prompt end */
+	compile_file("policies/snapkv_tiers.kvp", &ir);
+	ck_assert_int_eq(ir.stats[0].hist, KVP_HIST_PROMPT_TAIL);
+	expect_param(&ir, ir.stats[0].window, 2);
+	ck_assert_int_eq(ir.score.pool, KVP_POOL_MAX);
+	expect_fold(&ir, ir.score.kernel, 7);
+	ck_assert_int_eq(ir.score.pool_before_reduce, 1);
+	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_MEAN);
+	expect_param(&ir, ir.guards.sinks, 1);
+	expect_param(&ir, ir.guards.recent, 2);
+	ck_assert_int_eq(ir.tiers.n, 3);
+	for (int j = 0; j < 3; j++)
+		ck_assert_int_eq(ir.tiers.tier[j], j);
+	ck_assert_int_eq(ir.tiers.shares, 0);
+	ck_assert_int_eq(ir.alloc.budget_bytes, 1);
+	b = node(&ir, ir.alloc.budget);
+	ck_assert_int_eq(b->op, KVP_OP_MUL);
+	expect_param(&ir, b->a, 0);
+	expect_signal(&ir, b->b, KVP_SIG_CONTEXT);
+	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_PROMPT_END);
+	ck_assert(ir.needs & KVP_NEED_TIERS);
+	kvp_ir_free(&ir);
+
 	/* the emitted trigger: every 32 steps, with no entry-count condition */
 	compile_file("policies/tova_tiers.kvp", &ir);
 	char *buf = NULL;

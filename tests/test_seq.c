@@ -157,6 +157,7 @@ static void scale_down(rt_seq *s, const struct kvp_policy *p)
 	} extras[] = { { "gracekv", "capacity=0.5" },
 	               /* 12.5% of 32 tokens' bytes cannot hold sinks 2 + recent 4 */
 	               { "h2o_tiers", "capacity=0.5" }, { "tova_tiers", "capacity=0.5" },
+	               { "snapkv_tiers", "capacity=0.5" },
 	               /* funnel: layer 0 keeps half the budget, which must hold the recent 4 */
 	               { "scissorhands", "capacity=0.3" }, { "scissorhands_whole", "capacity=0.3" } };
 	rt_err err = { "" };
