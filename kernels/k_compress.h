@@ -112,12 +112,19 @@ static inline int k_bytes_mode(const struct kvp_ctx *ctx, const struct k_compres
 	return cfg->budget_bytes && !(ctx->ratio > 0);
 }
 
-/* cost[t]: bytes of one entry's key and value rows at tier t as rt_kvbytes counts them
- * (scales included); an untiered store has only tier 0 (the others cost 0: not storable). */
+/* cost[t]: bytes of one entry's key and value rows at tier t (scales included) and, at a
+ * quantised tier, its share of a key group's range (runtime/kv/rt_kv.h); an untiered
+ * store has only tier 0 (the others cost 0: not storable). rt_kvbytes counts the exact
+ * bytes: every range held once, however thin eviction left its group. */
 static inline void k_tier_costs(const rt_kv *kv, double *cost)
 {
+	/* a quantised entry's share of its key group's range: the range over the mean members
+	 * a group has now (eviction thins groups; a full group before any) instead of the full
+	 * group's share rt_kv_tier_row_bytes counts */
+	const double thin = kv->tiered ? (double)kv->kgroup_bytes *
+	                                 (1.0 / rt_kv_kgroup_fill(kv) - 1.0 / RT_KV_KGROUP) : 0.0;
 	for (int t = 0; t < K_TIER_MAX; t++)
-		cost[t] = kv->tiered ? 2.0 * (double)rt_kv_tier_row_bytes(kv, t) :
+		cost[t] = kv->tiered ? 2.0 * (double)rt_kv_tier_row_bytes(kv, t) + (t > 0 ? thin : 0.0) :
 		          t == 0 ? 2.0 * (double)kv->row_bytes : 0.0;
 }
 

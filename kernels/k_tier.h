@@ -26,12 +26,13 @@
  *
  * Fidelity F[t] = 1 − e_t, e_t the relative RMS error of a row coded at tier t, so F is
  * the share of the entry's contribution to the attention output that survives (eviction
- * loses all of it: e = 1, F = 0). The quantised tiers code groups of 32 channels with an
- * asymmetric min/max grid of 2^b levels (runtime/kv/rt_kvq.h; KIVI, arXiv 2402.02750):
- * the step is range / (2^b − 1), the rounding error is uniform with RMS step / √12, and
- * the expected range of 32 samples of a normal channel is 4.08 σ (the mean range of 32
- * normal samples), so e_b = 4.08 / ((2^b − 1) √12) = 1.178 / (2^b − 1): e_8 = 0.0046,
- * e_4 = 0.0785, e_2 = 0.393. The top tier is exact for f32 and within 2^-11 for f16: 1.
+ * loses all of it: e = 1, F = 0). The quantised tiers code values in groups of 32
+ * channels of a token and keys in groups of 32 tokens of a channel (runtime/kv/rt_kv.h key
+ * groups; KIVI, arXiv 2402.02750), each with an asymmetric min/max grid of 2^b levels: the
+ * step is range / (2^b − 1), the rounding error is uniform with RMS step / √12, and the
+ * expected range of 32 normal samples is 4.08 σ (the mean range of 32 normal samples),
+ * so e_b = 4.08 / ((2^b − 1) √12) = 1.178 / (2^b − 1): e_8 = 0.0046, e_4 = 0.0785,
+ * e_2 = 0.393. The top tier is exact for f32 and within 2^-11 for f16: 1.
  * On rows of normal values the store's codecs measure 1 − e = 0.9954, 0.9217, 0.6076
  * (tests/test_tier.c fidelity_measured). ORDER(tier): K_TIER_FIDELITY follows enum rt_kv_tier.
  *

@@ -54,9 +54,23 @@ static void fill_row(float *x, int d, unsigned *s, int outliers)
 		x[c] = rnd(s) * (outliers && c % 8 == 3 ? 12.0f : 1.0f) + (outliers && c == 5 ? 4.0f : 0);
 }
 
+/* positions a key group covers (runtime/kv/rt_kv.h RT_KV_KGROUP: the bytes and groups
+ * below are computed by hand for it) */
+enum { KG = 64 };
+
 /* bits of the values and of the keys at each tier (the 2-bit tier keeps keys at 4) */
 static const int vbits_of[RT_KV_N_TIER] = { 16, 8, 4, 2 };
 static const int kbits_of[RT_KV_N_TIER] = { 16, 8, 4, 4 };
+
+/* Largest error allowed for a key channel coded at `bits` against a key group whose
+ * members' values span [lo, hi]: half a step (hi - lo) / (2^bits - 1), the f16 rounding of
+ * the range's ends (relative 2^-11 each, and of the members' f16 rows the range was fitted
+ * on: 2^-10 in all) reaching up to 2^bits - 1 steps, plus f32 slack. */
+static double chan_bound(double lo, double hi, int bits)
+{
+	const double top = (1 << bits) - 1, step = (hi - lo) / top;
+	return step / 2 + (fabs(lo) + fabs(hi)) * 0x1p-9 + 1e-6 * (fabs(hi) + fabs(lo)) + 1e-30;
+}
 
 /* Largest error allowed for a group of 32 values x (stride 1) coded at `bits`: half a
  * step, the step and minimum rounded to f16 (relative 2^-11 each; the codes go up to
@@ -91,15 +105,22 @@ START_TEST(round_trip_per_tier)
 	for (int i = 0; i < N; i++)
 		want[i] = (uint8_t)(i % RT_KV_N_TIER);
 	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), N - N / 4);
+	/* one key group, positions 0..39, every member at the top tier when fitted */
+	ck_assert_int_eq(RT_KV_KGROUP, KG);
+	ck_assert_int_eq(rt_kv_kgroups(&kv), 1);
 	for (int i = 0; i < N; i++) {
 		const int t = i % RT_KV_N_TIER;
 		ck_assert_int_eq(h->tier[i], t);
 		float kb[D], vb[D];
 		const float *k = rt_kv_key(&kv, h, i, kb), *v = rt_kv_value(&kv, h, i, vb);
+		const int b0 = i / KG * KG, b1 = b0 + KG < N ? b0 + KG : N;
 		for (int g = 0; g < D; g += 32) {
 			double vbnd = t == 0 ? 0 : group_bound(V[i] + g, vbits_of[t]);
-			double kbnd = t == 0 ? 0 : group_bound(K[i] + g, kbits_of[t]);
 			for (int c = g; c < g + 32; c++) {
+				double lo = K[b0][c], hi = K[b0][c];
+				for (int j = b0; j < b1; j++)
+					lo = fmin(lo, K[j][c]), hi = fmax(hi, K[j][c]);
+				const double kbnd = t == 0 ? 0 : chan_bound(lo, hi, kbits_of[t]);
 				/* every tier codes the f16 row appended first: + its rounding */
 				const double vb_c = vbnd + fabs(V[i][c]) * 0x1p-11;
 				ck_assert_msg(fabs(v[c] - V[i][c]) <= vb_c, "tier %d value %d/%d: %g vs %g (bound %g)",
@@ -132,6 +153,165 @@ START_TEST(round_trip_per_tier)
 }
 END_TEST
 
+/* Keys per channel by hand, head_dim 32 (one head): three entries of position block 0 with
+ * channel 0 = -1, 0.25, 2; channel 1 = 5 throughout (a constant channel); channel 2 = 0.5,
+ * -0.5, 0.1; the others 0. Key codes are 4 bits at the q4 and q2 tiers (the 2-bit tier
+ * keeps 4-bit keys), 8 at q8. */
+START_TEST(channel_codes_by_hand)
+{
+	enum { D = 32 };
+	rt_kvpool pool = { .limit = INT64_MAX };
+	rt_kv kv;
+	rt_err err;
+	ck_assert_int_eq(rt_kv_init_tiered(&kv, &pool, RT_KV_F16, 1, 1, 4, D, 8, 0, 0, &err), 0);
+	rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
+	static const float c0[3] = { -1.0f, 0.25f, 2.0f }, c2[3] = { 0.5f, -0.5f, 0.1f };
+	float k[D] = { 0 }, v[D] = { 0 }, kb[D];
+	for (int i = 0; i < 3; i++) {
+		k[0] = c0[i], k[1] = 5.0f, k[2] = c2[i];
+		rt_kv_append(&kv, h, k, v, i);
+	}
+	/* entries 0 and 1 to q2: one group, fitted on all three (entry 2 stays at the top) */
+	uint8_t want[8] = { RT_KV_TIER_Q2, RT_KV_TIER_Q2, RT_KV_TIER_TOP };
+	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), 2);
+	ck_assert_int_eq(rt_kv_kgroups(&kv), 1);
+	ck_assert_int_eq(h->kgrp[0], 0);
+	ck_assert_int_eq(h->kgrp[2], 0);
+	ck_assert_int_eq(h->arena[RT_KV_KGROUPS].owner[0], 2); /* quantised members */
+	/* channel 0: range [-1, 2], step 3 / 15 = 0.2: -1 -> code 0, 0.25 -> 6.25 -> code 6 (0.2);
+	 * channel 1: step 0, decodes 5; channel 2: [-0.5, 0.5], step 1/15: 0.5 -> 15, -0.5 -> 0 */
+	const float *r = rt_kv_key(&kv, h, 0, kb);
+	ck_assert_float_eq(r[0], -1.0f);
+	ck_assert_float_eq(r[1], 5.0f);
+	ck_assert_float_eq_tol(r[2], 0.5f, 1e-6f);
+	ck_assert_float_eq(r[3], 0.0f);
+	r = rt_kv_key(&kv, h, 1, kb);
+	ck_assert_float_eq_tol(r[0], 0.2f, 1e-6f);
+	ck_assert_float_eq(r[2], -0.5f);
+	/* the codes: 4 bits a channel, channel c at bits 4 (c % 2) of byte c / 2: 16 bytes */
+	ck_assert_int_eq((int)kv.tier_krow[RT_KV_TIER_Q2], D / 2);
+	const uint8_t *row0 = h->arena[RT_KV_TIER_Q2].rows + (size_t)h->slot[0] * 2 * kv.tier_row[RT_KV_TIER_Q2];
+	const uint8_t *row1 = h->arena[RT_KV_TIER_Q2].rows + (size_t)h->slot[1] * 2 * kv.tier_row[RT_KV_TIER_Q2];
+	ck_assert_int_eq(row0[0], 0);
+	ck_assert_int_eq(row0[1], 15);
+	ck_assert_int_eq(row1[0], 6);
+	ck_assert_int_eq(row1[1], 0);
+	/* entry 2 to q8 with the group's range: channel 0 2 -> code 255 (2.0), channel 2 0.1
+	 * (0.0999756 in f16) -> 0.59998 · 255 = code 153 (0.1); then to q4: codes 15 and 9 */
+	want[2] = RT_KV_TIER_Q8;
+	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), 1);
+	ck_assert_int_eq(rt_kv_kgroups(&kv), 1);
+	r = rt_kv_key(&kv, h, 2, kb);
+	ck_assert_float_eq_tol(r[0], 2.0f, 1e-6f);
+	ck_assert_float_eq_tol(r[2], -0.5f + 153.0f / 255.0f, 1e-6f);
+	want[2] = RT_KV_TIER_Q4;
+	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), 1);
+	r = rt_kv_key(&kv, h, 2, kb);
+	ck_assert_float_eq_tol(r[0], 2.0f, 1e-6f);
+	ck_assert_float_eq_tol(r[2], -0.5f + 9.0f / 15.0f, 1e-6f);
+	ck_assert_int_eq(h->arena[RT_KV_KGROUPS].owner[0], 3);
+	/* evicting entry 0 leaves the others' codes and the group as they were */
+	int32_t keep[2] = { 1, 2 };
+	rt_kv_head_keep(&kv, h, keep, 2);
+	ck_assert_int_eq(rt_kv_kgroups(&kv), 1);
+	ck_assert_int_eq(h->arena[RT_KV_KGROUPS].owner[0], 2);
+	r = rt_kv_key(&kv, h, 0, kb); /* the old entry 1, now 0 */
+	ck_assert_float_eq_tol(r[0], 0.2f, 1e-6f);
+	ck_assert_float_eq(r[2], -0.5f);
+	/* an entry of the same block appended after the fit forms a group of its own: its
+	 * channel 0 (10) lies outside [-1, 2] and is kept exactly (a one-member range) */
+	k[0] = 10.0f, k[1] = 5.0f, k[2] = 0.0f;
+	rt_kv_append(&kv, h, k, v, 3);
+	uint8_t w2[3] = { RT_KV_TIER_Q2, RT_KV_TIER_Q4, RT_KV_TIER_Q2 };
+	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, w2, &err), 1);
+	ck_assert_int_eq(rt_kv_kgroups(&kv), 2);
+	ck_assert_int_ne(h->kgrp[2], h->kgrp[0]);
+	r = rt_kv_key(&kv, h, 2, kb);
+	ck_assert_float_eq(r[0], 10.0f);
+	/* bytes: 2 entries at q2 (16 key code bytes, value 4 + 8), 1 at q4 (16; 4 + 16), two
+	 * ranges of 32 f16 minima and maxima; the pool: metadata 23 bytes an entry (position 4,
+	 * count 4, log count 4, span 2, tier 1, slot 4, key group 4), a block of 16 slots per
+	 * arena (rows + owner) and one of 16 key groups (range + member count) */
+	ck_assert_int_eq(rt_kvbytes_held(&kv), 2 * (16 + 12) + (16 + 20) + 2 * 128);
+	ck_assert_int_eq(rt_kv_bytes_held(&kv), 16 * 23 + 16 * (28 + 4) + 16 * (36 + 4) + 16 * (128 + 4));
+	/* the first group's quantised members evicted: its range is freed */
+	int32_t keep2[1] = { 2 };
+	rt_kv_head_keep(&kv, h, keep2, 1);
+	ck_assert_int_eq(rt_kv_kgroups(&kv), 1);
+	ck_assert_int_eq(h->kgrp[0], 0);
+	ck_assert_int_eq(rt_kvbytes_held(&kv), 16 + 12 + 128);
+	ck_assert_int_eq(rt_kv_bytes_held(&kv), 16 * 23 + 16 * (28 + 4) + 16 * (128 + 4));
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, rt_kv_bytes_held(&kv));
+	rt_kv_free(&kv);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
+}
+END_TEST
+
+/* rt_kv_head_set_keys (RoPE re-rotation): a key group with a changed member is refitted on
+ * its members' new keys, so a key moved outside the old range is not clamped; a group
+ * without a changed member keeps its codes byte for byte; a lone rt_kv_set_key clamps. */
+START_TEST(set_keys_refits_groups)
+{
+	enum { D = 32, N = 2 * KG };
+	rt_kvpool pool = { .limit = INT64_MAX };
+	rt_kv kv;
+	rt_err err;
+	ck_assert_int_eq(rt_kv_init_tiered(&kv, &pool, RT_KV_F16, 1, 1, 3, D, N, 0, 0, &err), 0);
+	rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
+	static float K[N][D], V[N][D];
+	unsigned s = 31;
+	for (int i = 0; i < N; i++) {
+		fill_row(K[i], D, &s, 1);
+		fill_row(V[i], D, &s, 0);
+		rt_kv_append(&kv, h, K[i], V[i], i);
+	}
+	uint8_t want[N], changed[N] = { 0 };
+	for (int i = 0; i < N; i++)
+		want[i] = i % 5 == 0 ? RT_KV_TIER_TOP : (uint8_t)(1 + i % 3);
+	ck_assert_int_gt(rt_kv_head_set_tiers(&kv, h, want, &err), 0);
+	ck_assert_int_eq(rt_kv_kgroups(&kv), 2);
+	/* every key as stored now; block 0 then changed */
+	static float Kn[N][D];
+	for (int i = 0; i < N; i++)
+		rt_kv_key(&kv, h, i, Kn[i]);
+	/* block 0: every key scaled by 3 (outside the fitted range in most channels) */
+	for (int i = 0; i < KG; i++) {
+		for (int c = 0; c < D; c++)
+			Kn[i][c] *= 3.0f;
+		changed[i] = 1;
+	}
+	static float before[N][D];
+	for (int i = KG; i < N; i++)
+		rt_kv_key(&kv, h, i, before[i]);
+	rt_kv_head_set_keys(&kv, h, &Kn[0][0], changed);
+	for (int c = 0; c < D; c++) {
+		double lo = Kn[0][c], hi = Kn[0][c];
+		for (int j = 0; j < KG; j++)
+			lo = fmin(lo, Kn[j][c]), hi = fmax(hi, Kn[j][c]);
+		for (int i = 0; i < KG; i++) {
+			float kb[D];
+			const float *k = rt_kv_key(&kv, h, i, kb);
+			const double bnd = h->tier[i] == RT_KV_TIER_TOP ? fabs(Kn[i][c]) * 0x1p-11
+			                                                 : chan_bound(lo, hi, kbits_of[h->tier[i]]);
+			ck_assert_msg(fabs(k[c] - Kn[i][c]) <= bnd, "entry %d channel %d: %g vs %g (bound %g)",
+			              i, c, k[c], Kn[i][c], bnd);
+		}
+	}
+	for (int i = KG; i < N; i++) {
+		float kb[D];
+		ck_assert(memcmp(rt_kv_key(&kv, h, i, kb), before[i], sizeof kb) == 0);
+	}
+	/* one key set alone: a channel outside its group's range is clamped to it */
+	float x[D], kb[D];
+	memcpy(x, Kn[1], sizeof x);
+	x[0] = 1000.0f;
+	rt_kv_set_key(&kv, h, 1, x);
+	ck_assert_float_le(rt_kv_key(&kv, h, 1, kb)[0], 100.0f);
+	rt_kv_free(&kv);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
+}
+END_TEST
+
 /* ---- bytes and the random mix against a model ------------------------------------------- */
 
 enum { MD = 64, MCAP = 96 };
@@ -139,32 +319,62 @@ enum { MD = 64, MCAP = 96 };
 typedef struct model_entry {
 	int32_t pos;
 	int tier;
+	int grp;          /* the model's key group, -1 none */
+	float ktop[MD];   /* the key as the top tier held it */
+	double kerr[MD];  /* bound on |key - ktop| per channel over the entry's downgrades */
 	float k[MD], v[MD];
 } model_entry;
+
+/* A key group of the model: the rule of rt_kv.h restated (fitted when the first entry of a
+ * position block without a group leaves the top tier, on the block's top-tier entries
+ * without a group; freed when no quantised member is left). */
+typedef struct model_group {
+	int used, live;
+	float lo[MD], hi[MD];
+} model_group;
 
 typedef struct list_model {
 	int n;
 	model_entry e[MCAP];
+	model_group g[MCAP];
 } list_model;
 
 /* half an entry's key + value row bytes at tier t, head_dim 64, from the layouts (f16
- * top; two groups of 32, each a 4-byte header and the codes; the 2-bit tier's keys at 4
- * bits: (40 + 24) / 2) */
-static const int64_t row64[RT_KV_N_TIER] = { 128, 2 * (4 + 32), 2 * (4 + 16),
-	                                     (2 * (4 + 16) + 2 * (4 + 8)) / 2 };
+ * top; keys: 64 codes of 8, 4 or 2 bits; values: two groups of 32 channels, each a 4-byte
+ * header and the codes) */
+static const int64_t row64[RT_KV_N_TIER] = { 128, (64 + 2 * (4 + 32)) / 2,
+	                                     (32 + 2 * (4 + 16)) / 2, (32 + 2 * (4 + 8)) / 2 };
+/* a key group's range: 64 f16 minima and 64 f16 maxima */
+enum { RANGE64 = 4 * MD };
 
 static int64_t up16(int64_t n)
 {
 	return (n + RT_KV_BLOCK - 1) / RT_KV_BLOCK * RT_KV_BLOCK;
 }
 
-/* Check h against m: entries, slots, owners; returns the hand-computed pool bytes. */
+/* Check h against m: entries, slots, owners, key groups (the store's groups partition the
+ * entries as the model's do, with the model's member counts); returns the hand-computed
+ * pool bytes. */
 static int64_t check_head(const rt_kv *kv, const rt_kv_head *h, const list_model *m,
                           int64_t *rows_bytes)
 {
 	ck_assert_int_eq(h->n, m->n);
-	int cnt[RT_KV_N_TIER] = { 0 };
+	int cnt[RT_KV_N_TIER] = { 0 }, groups = 0, to_store[MCAP], to_model[MCAP];
+	for (int g = 0; g < MCAP; g++) {
+		groups += m->g[g].used;
+		to_store[g] = to_model[g] = -1;
+	}
+	ck_assert_int_eq(h->arena[RT_KV_KGROUPS].n, groups);
 	for (int i = 0; i < h->n; i++) {
+		const int mg = m->e[i].grp, sg = h->kgrp[i];
+		ck_assert_int_eq(mg < 0, sg < 0);
+		if (mg >= 0) {
+			ck_assert(sg < groups);
+			ck_assert(to_store[mg] < 0 || to_store[mg] == sg);
+			ck_assert(to_model[sg] < 0 || to_model[sg] == mg);
+			to_store[mg] = sg, to_model[sg] = mg;
+			ck_assert_int_eq(h->arena[RT_KV_KGROUPS].owner[sg], m->g[mg].live);
+		}
 		ck_assert_int_eq(h->pos[i], m->e[i].pos);
 		ck_assert_int_eq(h->tier[i], m->e[i].tier);
 		cnt[h->tier[i]]++;
@@ -176,8 +386,9 @@ static int64_t check_head(const rt_kv *kv, const rt_kv_head *h, const list_model
 		ck_assert_msg(memcmp(k, m->e[i].k, sizeof kb) == 0 && memcmp(v, m->e[i].v, sizeof vb) == 0,
 		              "entry %d: rows changed", i);
 	}
-	/* 4 + 4 + 4 + 2 metadata bytes, 8 statistics bytes, tier 1, slot 4: 27 */
-	int64_t bytes = up16(h->n) * 27;
+	/* 4 + 4 + 4 + 2 metadata bytes, 8 statistics bytes, tier 1, slot 4, key group 4: 31 */
+	int64_t bytes = up16(h->n) * 31 + up16(groups) * (RANGE64 + 4);
+	*rows_bytes += groups * RANGE64;
 	for (int t = 0; t < RT_KV_N_TIER; t++) {
 		ck_assert_int_eq(h->arena[t].n, cnt[t]);
 		bytes += up16(cnt[t]) * (2 * row64[t] + 4);
@@ -192,6 +403,58 @@ static void model_snapshot(const rt_kv *kv, const rt_kv_head *h, list_model *m, 
 	memcpy(m->e[i].k, rt_kv_key(kv, h, i, kb), sizeof kb);
 	memcpy(m->e[i].v, rt_kv_value(kv, h, i, vb), sizeof vb);
 	m->e[i].tier = h->tier[i];
+}
+
+/* The model's side of a set_tiers(want): the groups it fits (before the call). */
+static void model_groups_make(list_model *m, const uint8_t *want)
+{
+	for (int i = 0; i < m->n; i++) {
+		if (want[i] <= m->e[i].tier || m->e[i].tier != 0 || m->e[i].grp >= 0)
+			continue;
+		int g = 0;
+		while (m->g[g].used)
+			g++;
+		model_group *mg = &m->g[g];
+		mg->used = 1, mg->live = 0;
+		for (int c = 0; c < MD; c++)
+			mg->lo[c] = INFINITY, mg->hi[c] = -INFINITY;
+		for (int j = 0; j < m->n; j++) {
+			model_entry *e = &m->e[j];
+			if (e->tier != 0 || e->grp >= 0 || e->pos / KG != m->e[i].pos / KG)
+				continue;
+			e->grp = g;
+			for (int c = 0; c < MD; c++)
+				mg->lo[c] = fminf(mg->lo[c], e->ktop[c]), mg->hi[c] = fmaxf(mg->hi[c], e->ktop[c]);
+		}
+	}
+}
+
+/* After the call: entry i moved to its tier; its key within its group's bound. */
+static void model_moved(const rt_kv *kv, const rt_kv_head *h, list_model *m, int i)
+{
+	model_entry *e = &m->e[i];
+	model_group *g = &m->g[e->grp];
+	if (e->tier == 0)
+		g->live++;
+	model_snapshot(kv, h, m, i);
+	for (int c = 0; c < MD; c++) {
+		e->kerr[c] += chan_bound(g->lo[c], g->hi[c], kbits_of[e->tier]);
+		ck_assert_msg(fabs(e->k[c] - e->ktop[c]) <= e->kerr[c],
+		              "entry %d (pos %d) tier %d channel %d: key %g, at the top %g, bound %g", i,
+		              e->pos, e->tier, c, e->k[c], e->ktop[c], e->kerr[c]);
+	}
+}
+
+/* The model's side of a keep/evict leaving out entry i (before the entries move). */
+static void model_drop(list_model *m, int i)
+{
+	const model_entry *e = &m->e[i];
+	if (e->tier == 0 || --m->g[e->grp].live > 0)
+		return;
+	m->g[e->grp].used = 0;
+	for (int j = 0; j < m->n; j++)
+		if (j != i && m->e[j].grp == e->grp)
+			m->e[j].grp = -1;
 }
 
 static void check_store(const rt_kv *kv, const list_model *lm, const rt_kvpool *pool)
@@ -213,11 +476,14 @@ START_TEST(random_mix_against_model)
 	rt_kv kv;
 	rt_err err;
 	ck_assert_int_eq(rt_kv_init_tiered(&kv, &pool, RT_KV_F16, L, H, G, MD, MCAP, 8, 16, &err), 0);
-	ck_assert_int_eq((int)rt_kv_tier_row_bytes(&kv, RT_KV_TIER_Q4), 40);
-	ck_assert_int_eq((int)rt_kv_tier_entry_bytes(&kv, RT_KV_TIER_Q2), 27 + 40 + 24 + 4);
-	ck_assert_int_eq((int)kv.tier_krow[RT_KV_TIER_Q2], 40);
+	/* the rows plus a full group's share of its range, 256 / 64 */
+	ck_assert_int_eq((int)rt_kv_tier_row_bytes(&kv, RT_KV_TIER_Q4), (32 + 40 + 4) / 2);
+	ck_assert_int_eq((int)rt_kv_tier_row_bytes(&kv, RT_KV_TIER_Q2), (32 + 24 + 4) / 2);
+	ck_assert_int_eq((int)rt_kv_tier_row_bytes(&kv, RT_KV_TIER_TOP), 128);
+	ck_assert_int_eq((int)rt_kv_tier_entry_bytes(&kv, RT_KV_TIER_Q2), 31 + 32 + 24 + 4);
+	ck_assert_int_eq((int)kv.tier_krow[RT_KV_TIER_Q2], 32);
 	ck_assert_int_eq((int)kv.tier_vrow[RT_KV_TIER_Q2], 24);
-	ck_assert_int_eq((int)rt_kv_tier_entry_bytes(&kv, RT_KV_TIER_TOP), 27 + 256 + 4);
+	ck_assert_int_eq((int)rt_kv_tier_entry_bytes(&kv, RT_KV_TIER_TOP), 31 + 256 + 4);
 	ck_assert_int_eq((int)rt_kv_f16_entry_bytes(&kv), 256);
 	list_model *lm = calloc((size_t)NH, sizeof *lm);
 	unsigned s = 99u + (unsigned)_i;
@@ -236,9 +502,13 @@ START_TEST(random_mix_against_model)
 					fill_row(v, MD, &s, 0);
 					rt_kv_head *h = &kv.heads[i];
 					int32_t e = rt_kv_append(&kv, h, k, v, next_pos);
-					lm[i].e[e].pos = next_pos;
+					model_entry *me = &lm[i].e[e];
+					me->pos = next_pos;
+					me->grp = -1;
+					memset(me->kerr, 0, sizeof me->kerr);
 					lm[i].n = e + 1;
 					model_snapshot(&kv, h, &lm[i], e);
+					memcpy(me->ktop, me->k, sizeof me->k);
 				}
 		} else if (op < 7) { /* set tiers: random wants, some upward (ignored) */
 			for (int i = 0; i < NH; i++) {
@@ -249,10 +519,11 @@ START_TEST(random_mix_against_model)
 					want[e] = (uint8_t)(rng(&s) % RT_KV_N_TIER);
 					moved += want[e] > lm[i].e[e].tier;
 				}
+				model_groups_make(&lm[i], want);
 				ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), moved);
 				for (int e = 0; e < h->n; e++)
 					if (want[e] > lm[i].e[e].tier)
-						model_snapshot(&kv, h, &lm[i], e);
+						model_moved(&kv, h, &lm[i], e);
 			}
 		} else { /* keep or evict a random subset */
 			for (int i = 0; i < NH; i++) {
@@ -262,7 +533,14 @@ START_TEST(random_mix_against_model)
 				for (int e = 0; e < h->n; e++)
 					if (rng(&s) % 3)
 						keep[nk++] = e;
-				list_model nm = { 0 };
+				for (int e = 0, j = 0; e < h->n; e++)
+					if (j < nk && keep[j] == e)
+						j++;
+					else
+						model_drop(&lm[i], e);
+				static list_model nm;
+				memset(&nm, 0, sizeof nm);
+				memcpy(nm.g, lm[i].g, sizeof nm.g);
 				if (op == 7) {
 					rt_kv_head_keep(&kv, h, keep, nk);
 					for (int j = 0; j < nk; j++)
@@ -313,23 +591,32 @@ START_TEST(downgrade_frees_bytes_and_full_pool_refuses)
 		fill_row(v, MD, &s, 0);
 		rt_kv_append(&kv, h, k, v, i);
 	}
-	/* metadata 4 blocks × 16 × 19 bytes; top arena 4 blocks × 16 × (256 + 4) */
-	const int64_t meta = 4 * 16 * 19;
-	ck_assert_int_eq(rt_kv_bytes_held(&kv), meta + 4 * 16 * 260);
+	/* metadata 4 blocks × 16 × 23 bytes; top arena 4 blocks × 16 × (256 + 4) */
+	const int64_t meta = 4 * 16 * 23, top = 4 * 16 * 260, kgb = 16 * (256 + 4);
+	ck_assert_int_eq(rt_kv_bytes_held(&kv), meta + top);
 	uint8_t want[N];
 	memset(want, RT_KV_TIER_Q4, N);
-	/* a limit that cannot hold the q4 arena beside the top one: refused, nothing changed */
-	rt_kvpool_set_limit(&pool, meta + 4 * 16 * 260 + 16 * 84);
-	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), -1);
-	ck_assert_ptr_nonnull(strstr(err.msg, "KV pool exhausted"));
-	ck_assert_int_eq(h->tier[0], RT_KV_TIER_TOP);
-	ck_assert_int_eq(rt_kv_bytes_held(&kv), meta + 4 * 16 * 260);
+	/* limits that cannot hold the key-group block, or the q4 arena beside the top one and
+	 * the key groups: refused, nothing changed (the groups made are undone) */
+	const int64_t lim[2] = { meta + top + 16 * 76, meta + top + kgb + 16 * 76 };
+	for (int k = 0; k < 2; k++) {
+		rt_kvpool_set_limit(&pool, lim[k]);
+		ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), -1);
+		ck_assert_ptr_nonnull(strstr(err.msg, "KV pool exhausted"));
+		ck_assert_int_eq(h->tier[0], RT_KV_TIER_TOP);
+		ck_assert_int_eq(h->kgrp[0], -1);
+		ck_assert_int_eq(rt_kv_kgroups(&kv), 0);
+		ck_assert_int_eq(rt_kv_bytes_held(&kv), meta + top);
+		ck_assert_int_eq(rt_kvpool_get(&pool).used, meta + top);
+	}
 	rt_kvpool_set_limit(&pool, INT64_MAX);
 	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), N);
-	/* every top block returned: the q4 arena only (rows 2 × 40, owner 4) */
-	ck_assert_int_eq(rt_kv_bytes_held(&kv), meta + 4 * 16 * 84);
-	ck_assert_int_eq(rt_kvpool_get(&pool).used, meta + 4 * 16 * 84);
-	ck_assert_int_eq(rt_kvbytes_held(&kv), N * 80);
+	/* every top block returned: the q4 arena (rows 32 + 40, owner 4) and one block of key
+	 * groups (one group: positions 0..63) */
+	ck_assert_int_eq(rt_kv_kgroups(&kv), 1);
+	ck_assert_int_eq(rt_kv_bytes_held(&kv), meta + 4 * 16 * 76 + kgb);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, meta + 4 * 16 * 76 + kgb);
+	ck_assert_int_eq(rt_kvbytes_held(&kv), N * 72 + 256);
 	rt_kv_free(&kv);
 	ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
 }
@@ -531,7 +818,12 @@ START_TEST(policy_needs_tiers_through_seq)
 	for (int e = 0; e < N; e++)
 		ck_assert_int_eq(h->tier[e], e < 32 - PT_KEEP_TOP ? RT_KV_TIER_Q4 : RT_KV_TIER_TOP);
 	const int64_t top_row = exact ? 128 : 64; /* head_dim 32 in f32 / f16 */
-	ck_assert_int_eq(rt_kvbytes_held(&q.kv), c.n_layer * (24 * 2 * 20 + 16 * 2 * top_row));
+	/* q4 at head_dim 32: key codes 16 bytes, value 4 + 16; two key groups of 4 · 32 bytes
+	 * per head: block 0 fitted at 16 tokens on entries 0..15, and entries 16..31, appended
+	 * after that fit, at 32 tokens */
+	ck_assert_int_eq(rt_kv_kgroups(&q.kv), 2 * c.n_layer);
+	ck_assert_int_eq(rt_kvbytes_held(&q.kv),
+	                 c.n_layer * (24 * (16 + 20) + 16 * 2 * top_row + 2 * 128));
 	free(lg);
 	rt_seq_free(&q);
 	rt_model_free(m);
@@ -558,6 +850,8 @@ int main(void)
 	TCase *tc = tcase_create("tiers");
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, round_trip_per_tier);
+	tcase_add_test(tc, channel_codes_by_hand);
+	tcase_add_test(tc, set_keys_refits_groups);
 	tcase_add_loop_test(tc, random_mix_against_model, 0, 2);
 	tcase_add_test(tc, downgrade_frees_bytes_and_full_pool_refuses);
 	tcase_add_loop_test(tc, attention_over_dequantised_entries, 0, 4);

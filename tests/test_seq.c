@@ -1164,7 +1164,8 @@ END_TEST
  * ceil(slots / RT_KV_BLOCK)); the store's count is the sum over its lists and arenas.
  * Returns the store's blocks, and in *bytes their bytes: block_bytes each, or in a tiered
  * store RT_KV_BLOCK entries' metadata (meta_bytes) per list block and RT_KV_BLOCK slots of a
- * key row, a value row and an owner index per arena block (runtime/kv/rt_kv.h). */
+ * key row, a value row and an owner index per arena block, and RT_KV_BLOCK key groups'
+ * ranges and member counts per block of the key-group table (runtime/kv/rt_kv.h). */
 static int64_t check_blocks(const rt_seq *s, const char *what, int64_t at, int64_t *bytes)
 {
 	int64_t sum = 0;
@@ -1177,14 +1178,16 @@ static int64_t check_blocks(const rt_seq *s, const char *what, int64_t at, int64
 		sum += h->nb;
 		*bytes += h->nb * (s->kv.tiered ? (int64_t)RT_KV_BLOCK * (int64_t)s->kv.meta_bytes :
 		                                  s->kv.block_bytes);
-		for (int t = 0; s->kv.tiered && t < RT_KV_N_TIER; t++) {
+		for (int t = 0; s->kv.tiered && t <= RT_KV_KGROUPS; t++) {
 			const rt_kv_arena *a = &h->arena[t];
 			ck_assert_msg(a->nb == (a->n + RT_KV_BLOCK - 1) / RT_KV_BLOCK,
 			              "%s at token %lld: list %d tier %d holds %d rows in %d blocks", what,
 			              (long long)at, i, t, a->n, a->nb);
 			sum += a->nb;
-			*bytes += a->nb * (int64_t)RT_KV_BLOCK *
-			          (int64_t)(2 * s->kv.tier_row[t] + sizeof(int32_t));
+			/* a key group's slot: head_dim f16 minima and maxima */
+			const int64_t slot = t == RT_KV_KGROUPS ? 4 * (int64_t)s->kv.head_dim
+			                                        : 2 * (int64_t)s->kv.tier_row[t];
+			*bytes += a->nb * (int64_t)RT_KV_BLOCK * (slot + (int64_t)sizeof(int32_t));
 		}
 	}
 	ck_assert_msg(sum == s->kv.blocks, "%s: lists hold %lld blocks, the store counts %lld", what,

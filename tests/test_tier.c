@@ -509,8 +509,26 @@ static void e2e_check(rt_model *m, const struct kvp_policy *p, double R, const i
 				ck_assert_msg(got[q] == want[q], "%s: layer %d head %d pos %d: tier %d, want %d",
 				              p->name, l, g, q, got[q], want[q]);
 		}
+	/* bytes counts rt_kv_tier_row_bytes: rows plus a full key group's share of its range
+	 * (4 · 32 bytes over 64 members at head_dim 32: 2 bytes) per quantised entry; the store
+	 * holds the rows and one 128-byte range per position block of 64 (runtime/kv/rt_kv.h
+	 * RT_KV_KGROUP) with a quantised kept entry (the only compress fits each block's group
+	 * on all its entries at once) */
+	enum { KG = 64 };
+	ck_assert_int_eq(RT_KV_KGROUP, KG);
+	int nq = 0, blk[E2E_P / KG + 1] = { 0 }, groups = 0;
+	for (int q = 0; q < E2E_P; q++)
+		if (want[q] > 0)
+			nq++, blk[q / KG] = 1;
+	for (int b = 0; b <= E2E_P / KG; b++)
+		groups += blk[b];
+	ck_assert_int_eq(s.kv.head_dim, 32);
 	double H = (double)s.kv.n_layer * s.kv.n_kv_head;
-	ck_assert(fabs((double)rt_kvbytes_held(&s.kv) - H * bytes) < 0.5);
+	const double exact = bytes - 2.0 * nq + 128.0 * groups;
+	ck_assert_int_eq(rt_kv_kgroups(&s.kv), (int64_t)H * groups);
+	ck_assert_msg(fabs((double)rt_kvbytes_held(&s.kv) - H * exact) < 0.5,
+	              "%s: %lld bytes held, want %g", p->name, (long long)rt_kvbytes_held(&s.kv),
+	              H * exact);
 	rt_seq_free(&s);
 }
 
@@ -559,9 +577,10 @@ static void e2e_shares(int si, enum rt_kv_type t)
 /* tier_pos_utility: 40% of an f16 full cache of 64 tokens = 25.6 e16 bytes per head; the
  * guards (10 entries at the top tier) are charged first, R = 25.6 e16 - 10 c0 is left for
  * the candidates 2..55 (utility pos × F). The chain is q4 then top; every q4 step (rate
- * pos · F4 / c4) of a position >= 7 is above every top step (at most 55 (1 - F4) / (c0 - c4))
- * at these costs, so the greedy spends R on q4 for the newest m = floor(R / c4) candidates
- * (m <= 49: positions >= 7) and the rest (< c4) buys nothing more; older ones are evicted. */
+ * pos · F4 / c4) of a position >= 56 - m is above every top step (at most 55 (1 - F4) /
+ * (c0 - c4)) at these costs, so the greedy spends R on q4 for the newest m = floor(R / c4)
+ * candidates (m <= 54, the candidates there are) and the rest (< c4) buys nothing more;
+ * older ones are evicted. */
 static void e2e_utility(int si, enum rt_kv_type t)
 {
 	rt_model *m = e2e_model(si, t);
@@ -570,8 +589,9 @@ static void e2e_utility(int si, enum rt_kv_type t)
 	static const double F[K_TIER_MAX] = K_TIER_FIDELITY;
 	double R = 0.4 * E2E_P * e16 - 10 * c[0];
 	int mq = R > 0 ? (int)floor(R / c[2]) : 0;
-	ck_assert_int_le(mq, 49);
-	ck_assert(7 * F[2] / c[2] > 55 * (1 - F[2]) / (c[0] - c[2])); /* the ordering used above */
+	ck_assert_int_le(mq, 54);
+	/* the ordering used above, from the oldest candidate given q4 on */
+	ck_assert((56 - mq) * F[2] / c[2] > 55 * (1 - F[2]) / (c[0] - c[2]));
 	ck_assert(R - mq * c[2] < c[0] - c[2]);                      /* no top step fits */
 	int want[E2E_P];
 	for (int q = 0; q < E2E_P; q++)

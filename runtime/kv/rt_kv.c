@@ -16,8 +16,11 @@
 #define KV_MAX_RESERVE ((size_t)1 << 40)
 
 /* The per-entry arrays of a list, in layout order (A_K, A_V: untiered stores only; A_TIER,
- * A_SLOT: tiered stores only; an array a store does not have has 0 bytes per entry). */
-enum { A_K, A_V, A_POS, A_COUNT, A_LOGC, A_SPAN, A_STATS, A_TIER, A_SLOT, A_N };
+ * A_SLOT, A_KGRP: tiered stores only; an array a store does not have has 0 bytes per entry). */
+enum { A_K, A_V, A_POS, A_COUNT, A_LOGC, A_SPAN, A_STATS, A_TIER, A_SLOT, A_KGRP, A_N };
+
+/* A head's arenas: the tiers' row arenas, then the key-group table (RT_KV_KGROUPS). */
+#define N_ARENA (RT_KV_N_TIER + 1)
 
 /* Widest head a tiered store takes (the row buffers of a downgrade live on the stack). */
 #define KV_TIER_MAX_DIM 1024
@@ -45,7 +48,8 @@ static size_t elem_bytes(const rt_kv *kv, int a)
 	case A_K:
 	case A_V: return kv->tiered ? 0 : kv->row_bytes;
 	case A_TIER: return kv->tiered ? 1 : 0;
-	case A_SLOT: return kv->tiered ? sizeof(int32_t) : 0;
+	case A_SLOT:
+	case A_KGRP: return kv->tiered ? sizeof(int32_t) : 0;
 	case A_POS: return sizeof(int32_t);
 	case A_COUNT:
 	case A_LOGC: return sizeof(float);
@@ -57,7 +61,7 @@ static size_t elem_bytes(const rt_kv *kv, int a)
 static uint8_t *array_base(const rt_kv_head *h, int a)
 {
 	void *p[A_N] = { h->kr, h->vr, h->pos, h->count, h->log_count, h->span, h->stats,
-		         h->tier, h->slot };
+		         h->tier, h->slot, h->kgrp };
 	return p[a];
 }
 
@@ -108,8 +112,8 @@ int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int 
 
 /* ORDER RT_KV_TIER */
 static const char *const tier_names[RT_KV_N_TIER] = { "top", "q8", "q4", "q2" };
-/* codecs of the quantised tiers' value and key rows ([0]: unused, the store's type); the
- * 2-bit tier keeps its keys at 4 bits (rt_kv.h: 2-bit keys per token were unusable) */
+/* codecs of the quantised tiers' value rows and key codes ([0]: unused, the store's type);
+ * the 2-bit tier keeps 4-bit keys (rt_kv.h) */
 static const rt_kvq_kind tier_vkind[RT_KV_N_TIER] = { RT_KVQ_F32, RT_KVQ_Q8, RT_KVQ_Q4,
 	                                              RT_KVQ_Q2 };
 static const rt_kvq_kind tier_kkind[RT_KV_N_TIER] = { RT_KVQ_F32, RT_KVQ_Q8, RT_KVQ_Q4,
@@ -136,11 +140,17 @@ static rt_kvq_kind tier_kind(const rt_kv *kv, int t, int value)
 	return value ? tier_vkind[t] : tier_kkind[t];
 }
 
-/* Bytes of one block of tier t's arena: RT_KV_BLOCK slots of a key row, a value row and
- * the slot's owner index. */
+/* Bytes of one slot of arena t (without its owner index): a key row and a value row at
+ * tier t, or a key group's range (t == RT_KV_KGROUPS). */
+static size_t arena_slot_bytes(const rt_kv *kv, int t)
+{
+	return t == RT_KV_KGROUPS ? kv->kgroup_bytes : 2 * kv->tier_row[t];
+}
+
+/* Bytes of one block of arena t: RT_KV_BLOCK slots and their owner indices. */
 static int64_t arena_block_bytes(const rt_kv *kv, int t)
 {
-	return (int64_t)RT_KV_BLOCK * (int64_t)(2 * kv->tier_row[t] + sizeof(int32_t));
+	return (int64_t)RT_KV_BLOCK * (int64_t)(arena_slot_bytes(kv, t) + sizeof(int32_t));
 }
 
 /* Bytes of one block of a list's per-entry arrays. */
@@ -159,8 +169,8 @@ static size_t head_span_bytes(const rt_kv *kv, size_t capr)
 			return KV_MAX_RESERVE + 1;
 		hb += page_up(capr * eb);
 	}
-	for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
-		hb += page_up(capr * 2 * kv->tier_row[t]) + page_up(capr * sizeof(int32_t));
+	for (int t = 0; kv->tiered && t < N_ARENA; t++)
+		hb += page_up(capr * arena_slot_bytes(kv, t)) + page_up(capr * sizeof(int32_t));
 	return hb;
 }
 
@@ -169,15 +179,16 @@ static uint8_t *head_place(rt_kv *kv, rt_kv_head *h, uint8_t *p, size_t capr)
 {
 	void **arr[A_N] = { (void **)&h->kr, (void **)&h->vr, (void **)&h->pos,
 		            (void **)&h->count, (void **)&h->log_count, (void **)&h->span,
-		            (void **)&h->stats, (void **)&h->tier, (void **)&h->slot };
+		            (void **)&h->stats, (void **)&h->tier, (void **)&h->slot,
+		            (void **)&h->kgrp };
 	for (int a = 0; a < A_N; a++) {
 		size_t eb = elem_bytes(kv, a);
 		*arr[a] = eb ? p : NULL;
 		p += page_up(capr * eb);
 	}
-	for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++) {
+	for (int t = 0; kv->tiered && t < N_ARENA; t++) {
 		h->arena[t].rows = p;
-		p += page_up(capr * 2 * kv->tier_row[t]);
+		p += page_up(capr * arena_slot_bytes(kv, t));
 		h->arena[t].owner = (int32_t *)(void *)p;
 		p += page_up(capr * sizeof(int32_t));
 	}
@@ -205,7 +216,7 @@ static int kv_init(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_layer
 	kv->row_bytes = rt_kv_row_bytes(type, head_dim);
 	kv->pool = pool;
 	kv->meta_bytes = sizeof(int32_t) + 2 * sizeof(float) + sizeof(uint16_t) + stat_bytes +
-	                 (kv->tiered ? 1 + sizeof(int32_t) : 0);
+	                 (kv->tiered ? 1 + 2 * sizeof(int32_t) : 0);
 	kv->block_bytes = (int64_t)(RT_KV_BLOCK * rt_kv_entry_bytes(kv));
 	const size_t nh = (size_t)n_layer * (size_t)n_kv_head;
 	const size_t capr = (size_t)rt_kv_blocks_for(cap) * RT_KV_BLOCK;
@@ -288,8 +299,10 @@ int rt_kv_init_tiered(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type top, int n_lay
 		                  KV_TIER_MAX_DIM);
 	kv->tiered = 1;
 	kv->type = top;
+	kv->kgroup_bytes = 4 * (size_t)head_dim;
 	for (int t = 0; t < RT_KV_N_TIER; t++) {
-		kv->tier_krow[t] = rt_kvq_vrow_bytes(tier_kind(kv, t, 0), head_dim);
+		kv->tier_krow[t] = t == RT_KV_TIER_TOP ? rt_kvq_vrow_bytes(tier_kind(kv, t, 0), head_dim)
+		                                       : rt_kvq_kcodes_bytes(tier_kind(kv, t, 0), head_dim);
 		kv->tier_vrow[t] = rt_kvq_vrow_bytes(tier_kind(kv, t, 1), head_dim);
 		/* both are whole groups of even byte counts, so the mean is exact */
 		kv->tier_row[t] = (kv->tier_krow[t] + kv->tier_vrow[t]) / 2;
@@ -353,7 +366,7 @@ static void arena_unmap(rt_kv *kv, rt_kv_head *h, int t, int32_t keep)
 	rt_kv_arena *a = &h->arena[t];
 	if (a->nb_mapped <= keep)
 		return;
-	const size_t eb[2] = { 2 * kv->tier_row[t], sizeof(int32_t) };
+	const size_t eb[2] = { arena_slot_bytes(kv, t), sizeof(int32_t) };
 	uint8_t *base[2] = { a->rows, (uint8_t *)a->owner };
 	for (int k = 0; k < 2; k++) {
 		size_t from = page_up((size_t)keep * RT_KV_BLOCK * eb[k]);
@@ -385,7 +398,7 @@ static void head_trim(rt_kv *kv, rt_kv_head *h)
 	h->nb = need;
 	if (h->nb_mapped > h->nb + 1)
 		head_unmap(kv, h, h->nb + 1);
-	for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
+	for (int t = 0; kv->tiered && t < N_ARENA; t++)
 		arena_trim(kv, h, t);
 }
 
@@ -394,7 +407,7 @@ void rt_kv_free(rt_kv *kv)
 	for (int i = 0; kv->pool && i < kv->n_layer * kv->n_kv_head; i++) {
 		rt_kv_head *h = &kv->heads[i];
 		blocks_give(kv, h->nb, list_block_bytes(kv));
-		for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
+		for (int t = 0; kv->tiered && t < N_ARENA; t++)
 			blocks_give(kv, h->arena[t].nb, arena_block_bytes(kv, t));
 	}
 	RT_ASSERT(kv->blocks == 0 && kv->bytes == 0);
@@ -409,11 +422,11 @@ void rt_kv_reset(rt_kv *kv)
 	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++) {
 		rt_kv_head *h = &kv->heads[i];
 		h->n = 0;
-		for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
+		for (int t = 0; kv->tiered && t < N_ARENA; t++)
 			h->arena[t].n = 0;
 		head_trim(kv, h);
 		head_unmap(kv, h, 0);
-		for (int t = 0; kv->tiered && t < RT_KV_N_TIER; t++)
+		for (int t = 0; kv->tiered && t < N_ARENA; t++)
 			arena_unmap(kv, h, t, 0);
 		if (kv->state_bytes)
 			memset(h->state, 0, kv->state_bytes);
@@ -523,6 +536,100 @@ static void slot_free(const rt_kv *kv, rt_kv_head *h, int t, int32_t s)
 	h->slot[a->owner[s]] = s;
 }
 
+/* ---- key groups ----------------------------------------------------------------------- */
+
+/* The range of key group g of h: head_dim f16 minima, then head_dim f16 maxima. */
+static uint16_t *kgroup_range(const rt_kv *kv, const rt_kv_head *h, int32_t g)
+{
+	RT_ASSERT(g >= 0 && g < h->arena[RT_KV_KGROUPS].n);
+	return (uint16_t *)(void *)(h->arena[RT_KV_KGROUPS].rows + (size_t)g * kv->kgroup_bytes);
+}
+
+/* Entry i's key range at its (quantised) tier, unpacked into lo[d] and step[d]. */
+static void key_range(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *lo, float *step)
+{
+	rt_kvq_krange_unpack(tier_kkind[h->tier[i]], kgroup_range(kv, h, h->kgrp[i]), kv->head_dim,
+	                     lo, step);
+}
+
+/* Free key group g of h (it has no quantised member left): the table's last group moves
+ * into slot g, and every entry naming g (members still at the top tier) forgets it, every
+ * entry naming the last one names g. Blocks are returned by the caller (arena_trim). */
+static void kgroup_free(const rt_kv *kv, rt_kv_head *h, int32_t g)
+{
+	rt_kv_arena *a = &h->arena[RT_KV_KGROUPS];
+	RT_ASSERT(g >= 0 && g < a->n && a->owner[g] == 0);
+	const int32_t last = --a->n;
+	if (g != last) {
+		memcpy(a->rows + (size_t)g * kv->kgroup_bytes, a->rows + (size_t)last * kv->kgroup_bytes,
+		       kv->kgroup_bytes);
+		a->owner[g] = a->owner[last];
+	}
+	for (int32_t i = 0; i < h->n; i++)
+		if (h->kgrp[i] == g)
+			h->kgrp[i] = -1;
+		else if (h->kgrp[i] == last)
+			h->kgrp[i] = g;
+}
+
+/* Undo the key groups made from table slot g0 on (none has a quantised member yet). */
+static void kgroups_undo(rt_kv *kv, rt_kv_head *h, int32_t g0)
+{
+	for (int32_t i = 0; i < h->n; i++)
+		if (h->kgrp[i] >= g0)
+			h->kgrp[i] = -1;
+	h->arena[RT_KV_KGROUPS].n = g0;
+	arena_trim(kv, h, RT_KV_KGROUPS);
+}
+
+/* Every entry that leaves the top tier now (want[i] > tier[i] == top) and has no key group
+ * gets one: the group of its position block b = pos / RT_KV_KGROUP is every entry of h in
+ * that block still at the top tier without a group (so every member was at the top tier,
+ * exact, when the range was fitted), and its range is their keys' per-channel minima and
+ * maxima. Entries of the block appended later form a group of their own when they leave
+ * the top tier. Returns 0, or -1 with err when the pool refuses a table block (the groups
+ * made here are undone). */
+static int kgroups_make(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *err)
+{
+	rt_kv_arena *a = &h->arena[RT_KV_KGROUPS];
+	const int32_t g0 = a->n;
+	const int d = kv->head_dim;
+	float kb[KV_TIER_MAX_DIM], lo[KV_TIER_MAX_DIM], hi[KV_TIER_MAX_DIM];
+	for (int32_t i = 0; i < h->n; i++) {
+		if (want[i] <= h->tier[i] || h->tier[i] != RT_KV_TIER_TOP || h->kgrp[i] >= 0)
+			continue;
+		if (a->n >= a->nb * RT_KV_BLOCK) {
+			const int64_t bb = arena_block_bytes(kv, RT_KV_KGROUPS);
+			if (blocks_take(kv, 1, bb) != 0) {
+				kgroups_undo(kv, h, g0);
+				return pool_refusal(kv, 1, bb, err);
+			}
+			a->nb++;
+			if (a->nb_mapped < a->nb)
+				a->nb_mapped = a->nb;
+		}
+		const int32_t g = a->n++, blk = h->pos[i] / RT_KV_KGROUP;
+		a->owner[g] = 0;
+		for (int c = 0; c < d; c++) {
+			lo[c] = INFINITY;
+			hi[c] = -INFINITY;
+		}
+		for (int32_t j = 0; j < h->n; j++) {
+			if (h->tier[j] != RT_KV_TIER_TOP || h->kgrp[j] >= 0 ||
+			    h->pos[j] / RT_KV_KGROUP != blk)
+				continue;
+			h->kgrp[j] = g;
+			rt_kv_head_decode(kv, h, j, 1, kb, NULL);
+			for (int c = 0; c < d; c++) {
+				lo[c] = kb[c] < lo[c] ? kb[c] : lo[c];
+				hi[c] = kb[c] > hi[c] ? kb[c] : hi[c];
+			}
+		}
+		rt_kvq_krange_set(lo, hi, d, kgroup_range(kv, h, g));
+	}
+	return 0;
+}
+
 /* ---- entries -------------------------------------------------------------------------- */
 
 int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, int32_t pos)
@@ -535,8 +642,11 @@ int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, i
 			h->nb_mapped = h->nb;
 	}
 	int32_t i = h->n++;
-	if (kv->tiered)
+	if (kv->tiered) {
+		RT_ASSERT(pos >= 0);
 		slot_take(kv, h, RT_KV_TIER_TOP, i);
+		h->kgrp[i] = -1;
+	}
 	rt_kv_set_key(kv, h, i, k);
 	rt_kv_set_value(kv, h, i, v);
 	h->pos[i] = pos;
@@ -548,7 +658,8 @@ int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, i
 	return i;
 }
 
-/* Entry i's stored key row (value row: + tier row bytes) and its codec. */
+/* Entry i's stored key row (its codes at a quantised tier; value row: + tier key row
+ * bytes) and its codec. */
 static uint8_t *entry_row(const rt_kv *kv, const rt_kv_head *h, int32_t i, int value,
                           rt_kvq_kind *kind)
 {
@@ -561,11 +672,23 @@ static uint8_t *entry_row(const rt_kv *kv, const rt_kv_head *h, int32_t i, int v
 	return slot_key(kv, h, t, h->slot[i]) + (value ? kv->tier_krow[t] : 0);
 }
 
+/* 1 when entry i's key is coded per channel against its key group's range. */
+static int key_grouped(const rt_kv *kv, const rt_kv_head *h, int32_t i)
+{
+	return kv->tiered && h->tier[i] != RT_KV_TIER_TOP;
+}
+
 static const float *row_get(const rt_kv *kv, const rt_kv_head *h, int32_t i, int value,
                             float *buf)
 {
 	rt_kvq_kind kind;
 	const uint8_t *row = entry_row(kv, h, i, value, &kind);
+	if (!value && key_grouped(kv, h, i)) {
+		float lo[KV_TIER_MAX_DIM], step[KV_TIER_MAX_DIM];
+		key_range(kv, h, i, lo, step);
+		rt_kvq_kcodes_decode(kind, lo, step, row, kv->head_dim, buf);
+		return buf;
+	}
 	if (kind == RT_KVQ_F32)
 		return (const float *)(const void *)row;
 	rt_kvq_vrow_decode(kind, row, kv->head_dim, buf);
@@ -589,6 +712,12 @@ void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
 	RT_ASSERT(i >= 0 && i < h->n);
 	rt_kvq_kind kind;
 	uint8_t *row = entry_row(kv, h, i, 0, &kind);
+	if (key_grouped(kv, h, i)) {
+		float lo[KV_TIER_MAX_DIM], step[KV_TIER_MAX_DIM];
+		key_range(kv, h, i, lo, step);
+		rt_kvq_kcodes_encode(kind, lo, step, x, kv->head_dim, row);
+		return;
+	}
 	rt_kvq_vrow_encode(kind, x, kv->head_dim, row);
 }
 
@@ -623,13 +752,45 @@ void rt_kv_head_decode(const rt_kv *kv, const rt_kv_head *h, int32_t i0, int32_t
 			rt_kv_rows_decode(kv, h->vr + (size_t)i0 * kv->row_bytes, n, V);
 		return;
 	}
+	float lo[KV_TIER_MAX_DIM], step[KV_TIER_MAX_DIM];
+	int32_t g_have = -1, t_have = -1; /* the range unpacked in lo / step */
 	for (int32_t j = 0; j < n; j++) {
+		const int32_t i = i0 + j;
 		float *kd = K ? K + (size_t)j * hd : NULL, *vd = V ? V + (size_t)j * hd : NULL;
 		const float *p;
-		if (kd && (p = row_get(kv, h, i0 + j, 0, kd)) != kd)
+		if (kd && key_grouped(kv, h, i)) {
+			if (h->kgrp[i] != g_have || h->tier[i] != t_have) {
+				g_have = h->kgrp[i], t_have = h->tier[i];
+				key_range(kv, h, i, lo, step);
+			}
+			rt_kvq_kcodes_decode(tier_kkind[t_have], lo, step,
+			                     slot_key(kv, h, t_have, h->slot[i]), (int)hd, kd);
+		} else if (kd && (p = row_get(kv, h, i, 0, kd)) != kd) {
 			memcpy(kd, p, hd * sizeof(float));
-		if (vd && (p = row_get(kv, h, i0 + j, 1, vd)) != vd)
+		}
+		if (vd && (p = row_get(kv, h, i, 1, vd)) != vd)
 			memcpy(vd, p, hd * sizeof(float));
+	}
+}
+
+/* The quantised tier t of h decoded into K and V, slot by slot; a key group's range is
+ * unpacked once for a run of slots of the same group (slots follow the order entries
+ * arrived in, so neighbouring slots mostly share a group). */
+static void arena_decode(const rt_kv *kv, const rt_kv_head *h, int t, float *K, float *V)
+{
+	const rt_kv_arena *a = &h->arena[t];
+	const size_t hd = (size_t)kv->head_dim, rb = kv->tier_krow[t];
+	float lo[KV_TIER_MAX_DIM], step[KV_TIER_MAX_DIM];
+	int32_t g_have = -1;
+	for (int32_t s = 0; s < a->n; s++) {
+		const int32_t e = a->owner[s];
+		const uint8_t *row = a->rows + (size_t)s * 2 * kv->tier_row[t];
+		if (h->kgrp[e] != g_have) {
+			g_have = h->kgrp[e];
+			key_range(kv, h, e, lo, step);
+		}
+		rt_kvq_kcodes_decode(tier_kkind[t], lo, step, row, (int)hd, K + (size_t)e * hd);
+		rt_kvq_vrow_decode(tier_vkind[t], row + rb, (int)hd, V + (size_t)e * hd);
 	}
 }
 
@@ -641,25 +802,22 @@ void rt_kv_head_decode_all(const rt_kv *kv, const rt_kv_head *h, float *K, float
 		return;
 	}
 	const size_t hd = (size_t)kv->head_dim;
-	for (int t = 0; t < RT_KV_N_TIER; t++) {
-		const rt_kv_arena *a = &h->arena[t];
-		const size_t rb = kv->tier_krow[t];
-		for (int32_t s = 0; s < a->n; s++) {
-			const int32_t e = a->owner[s];
-			const uint8_t *row = a->rows + (size_t)s * 2 * kv->tier_row[t];
-			float *kd = K + (size_t)e * hd, *vd = V + (size_t)e * hd;
-			if (t != RT_KV_TIER_TOP) {
-				rt_kvq_vrow_decode(tier_kkind[t], row, (int)hd, kd);
-				rt_kvq_vrow_decode(tier_vkind[t], row + rb, (int)hd, vd);
-			} else if (kv->type == RT_KV_F32) {
-				memcpy(kd, row, hd * sizeof(float));
-				memcpy(vd, row + rb, hd * sizeof(float));
-			} else {
-				top(row, 1, (int)hd, kd);
-				top(row + rb, 1, (int)hd, vd);
-			}
+	const rt_kv_arena *a = &h->arena[RT_KV_TIER_TOP];
+	const size_t rb = kv->tier_krow[RT_KV_TIER_TOP];
+	for (int32_t s = 0; s < a->n; s++) {
+		const int32_t e = a->owner[s];
+		const uint8_t *row = a->rows + (size_t)s * 2 * kv->tier_row[RT_KV_TIER_TOP];
+		float *kd = K + (size_t)e * hd, *vd = V + (size_t)e * hd;
+		if (kv->type == RT_KV_F32) {
+			memcpy(kd, row, hd * sizeof(float));
+			memcpy(vd, row + rb, hd * sizeof(float));
+		} else {
+			top(row, 1, (int)hd, kd);
+			top(row + rb, 1, (int)hd, vd);
 		}
 	}
+	for (int t = RT_KV_TIER_TOP + 1; t < RT_KV_N_TIER; t++)
+		arena_decode(kv, h, t, K, V);
 }
 
 int rt_kv_head_set_tiers(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *err)
@@ -678,6 +836,9 @@ int rt_kv_head_set_tiers(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *
 	}
 	if (!moves)
 		return 0;
+	const int32_t g0 = h->arena[RT_KV_KGROUPS].n;
+	if (kgroups_make(kv, h, want, err) != 0)
+		return -1;
 	int64_t need[RT_KV_N_TIER] = { 0 }, nblk = 0, nbytes = 0;
 	for (int t = 1; t < RT_KV_N_TIER; t++) {
 		int32_t nb = rt_kv_blocks_for(h->arena[t].n + arrive[t]);
@@ -689,6 +850,7 @@ int rt_kv_head_set_tiers(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *
 		if (blocks_take(kv, need[t], arena_block_bytes(kv, t)) != 0) {
 			for (int u = 1; u < t; u++)
 				blocks_give(kv, need[u], arena_block_bytes(kv, u));
+			kgroups_undo(kv, h, g0);
 			return pool_refusal(kv, nblk, nbytes, err);
 		}
 	for (int t = 1; t < RT_KV_N_TIER; t++) {
@@ -701,15 +863,53 @@ int rt_kv_head_set_tiers(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *
 	for (int32_t i = 0; i < h->n; i++) {
 		if (want[i] <= h->tier[i])
 			continue;
+		const int from = h->tier[i];
 		rt_kv_head_decode(kv, h, i, 1, kb, vb);
-		slot_free(kv, h, h->tier[i], h->slot[i]);
+		slot_free(kv, h, from, h->slot[i]);
 		slot_take(kv, h, want[i], i);
+		if (from == RT_KV_TIER_TOP)
+			h->arena[RT_KV_KGROUPS].owner[h->kgrp[i]]++;
 		rt_kv_set_key(kv, h, i, kb);
 		rt_kv_set_value(kv, h, i, vb);
 	}
 	for (int t = 0; t < RT_KV_N_TIER; t++)
 		arena_trim(kv, h, t);
 	return moves;
+}
+
+void rt_kv_head_set_keys(const rt_kv *kv, rt_kv_head *h, const float *K, const uint8_t *changed)
+{
+	const size_t d = (size_t)kv->head_dim;
+	for (int32_t i = 0; i < h->n; i++)
+		if (changed[i] && !key_grouped(kv, h, i))
+			rt_kv_set_key(kv, h, i, K + (size_t)i * d);
+	if (!kv->tiered)
+		return;
+	float lo[KV_TIER_MAX_DIM], hi[KV_TIER_MAX_DIM], step[KV_TIER_MAX_DIM];
+	for (int32_t g = 0; g < h->arena[RT_KV_KGROUPS].n; g++) {
+		int any = 0;
+		for (size_t c = 0; c < d; c++)
+			lo[c] = INFINITY, hi[c] = -INFINITY;
+		for (int32_t j = 0; j < h->n; j++) {
+			if (h->kgrp[j] != g)
+				continue;
+			any |= changed[j];
+			const float *k = K + (size_t)j * d;
+			for (size_t c = 0; c < d; c++) {
+				lo[c] = k[c] < lo[c] ? k[c] : lo[c];
+				hi[c] = k[c] > hi[c] ? k[c] : hi[c];
+			}
+		}
+		if (!any)
+			continue;
+		rt_kvq_krange_set(lo, hi, (int)d, kgroup_range(kv, h, g));
+		for (int32_t j = 0; j < h->n; j++)
+			if (h->kgrp[j] == g && key_grouped(kv, h, j)) {
+				key_range(kv, h, j, lo, step);
+				rt_kvq_kcodes_encode(tier_kkind[h->tier[j]], lo, step, K + (size_t)j * d, (int)d,
+				                     slot_key(kv, h, h->tier[j], h->slot[j]));
+			}
+	}
 }
 
 /* Copy every per-entry array of entry src over entry dst (tiered: the rows stay in their
@@ -720,6 +920,7 @@ static void entry_move(const rt_kv *kv, rt_kv_head *h, int32_t dst, int32_t src)
 	if (kv->tiered) {
 		h->tier[dst] = h->tier[src];
 		h->slot[dst] = h->slot[src];
+		h->kgrp[dst] = h->kgrp[src];
 		h->arena[h->tier[dst]].owner[h->slot[dst]] = dst;
 	} else {
 		memcpy(h->kr + (size_t)dst * rb, h->kr + (size_t)src * rb, rb);
@@ -735,7 +936,7 @@ static void entry_move(const rt_kv *kv, rt_kv_head *h, int32_t dst, int32_t src)
 
 /* Check keep[0..n_keep) is strictly increasing within the head; in a tiered store free the
  * slots of the entries it leaves out (before any entry moves, while owners still name the
- * old indices). */
+ * old indices), and the key groups left without a quantised member. */
 static void keep_prepare(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t n_keep)
 {
 	RT_ASSERT(n_keep >= 0 && n_keep <= h->n);
@@ -743,12 +944,15 @@ static void keep_prepare(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t 
 		RT_ASSERT(keep[j] >= 0 && keep[j] < h->n && (j == 0 || keep[j] > keep[j - 1]));
 	if (!kv->tiered || n_keep == h->n)
 		return;
+	int32_t *live = h->arena[RT_KV_KGROUPS].owner;
 	for (int32_t i = 0, j = 0; i < h->n; i++) {
 		if (j < n_keep && keep[j] == i) {
 			j++;
 			continue;
 		}
 		slot_free(kv, h, h->tier[i], h->slot[i]);
+		if (h->tier[i] != RT_KV_TIER_TOP && --live[h->kgrp[i]] == 0)
+			kgroup_free(kv, h, h->kgrp[i]);
 	}
 }
 
@@ -814,7 +1018,27 @@ size_t rt_kv_tier_row_bytes(const rt_kv *kv, int t)
 	RT_ASSERT(t >= 0 && t < RT_KV_N_TIER);
 	if (!kv->tiered)
 		return t == RT_KV_TIER_TOP ? kv->row_bytes : 0;
-	return kv->tier_row[t];
+	return kv->tier_row[t] + (t == RT_KV_TIER_TOP ? 0 : kv->kgroup_bytes / (2 * RT_KV_KGROUP));
+}
+
+double rt_kv_kgroup_fill(const rt_kv *kv)
+{
+	int64_t groups = 0, members = 0;
+	for (int i = 0; kv->tiered && i < kv->n_layer * kv->n_kv_head; i++) {
+		const rt_kv_arena *a = &kv->heads[i].arena[RT_KV_KGROUPS];
+		groups += a->n;
+		for (int32_t g = 0; g < a->n; g++)
+			members += a->owner[g];
+	}
+	return groups > 0 ? (double)members / (double)groups : (double)RT_KV_KGROUP;
+}
+
+int64_t rt_kv_kgroups(const rt_kv *kv)
+{
+	int64_t n = 0;
+	for (int i = 0; kv->tiered && i < kv->n_layer * kv->n_kv_head; i++)
+		n += kv->heads[i].arena[RT_KV_KGROUPS].n;
+	return n;
 }
 
 size_t rt_kv_f16_entry_bytes(const rt_kv *kv)
@@ -836,9 +1060,9 @@ int64_t rt_kv_bytes_used(const rt_kv *kv)
 		return rt_kv_entries(kv) * (int64_t)rt_kv_entry_bytes(kv);
 	int64_t b = rt_kv_entries(kv) * (int64_t)kv->meta_bytes;
 	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
-		for (int t = 0; t < RT_KV_N_TIER; t++)
+		for (int t = 0; t < N_ARENA; t++)
 			b += (int64_t)kv->heads[i].arena[t].n *
-			     (int64_t)(2 * kv->tier_row[t] + sizeof(int32_t));
+			     (int64_t)(arena_slot_bytes(kv, t) + sizeof(int32_t));
 	return b;
 }
 

@@ -48,32 +48,55 @@
  * (enum rt_kv_tier): tier 0 is the store's top type (f16, or f32 on the exact path), then
  * 8, 4 and 2 bits. An entry only moves down (rt_kv_head_set_tiers), and a downgraded entry
  * occupies its tier's bytes only:
- *   - the per-entry metadata (pos, count, log_count, span, stats, tier, slot) stays in the
- *     list's arrays, blocks of RT_KV_BLOCK entries as above;
+ *   - the per-entry metadata (pos, count, log_count, span, stats, tier, slot, kgrp) stays
+ *     in the list's arrays, blocks of RT_KV_BLOCK entries as above;
  *   - the key and value rows live in per-tier row arenas of the head (h->arena[t]): a
  *     reserved span of cap slots, slot s holding the key row then the value row at tier
  *     t's row size, committed block by block (RT_KV_BLOCK slots) from the pool. Entry i's
  *     rows are slot h->slot[i] of arena h->tier[i]; arena[t].owner[s] names the entry in
  *     slot s. Freeing a slot (eviction, downgrade) fills the hole from the arena's tail, as
  *     rt_kv_head_evict does for entries, and emptied arena blocks return to the pool in the
- *     same call, so the pool's bytes are Σ over tiers of the blocks each tier holds.
+ *     same call, so the pool's bytes are Σ over tiers of the blocks each tier holds (and
+ *     the key-group table's, below).
  * In a tiered store h->kr, h->vr, h->k and h->v are NULL: rows are read through rt_kv_key /
- * rt_kv_value / rt_kv_head_decode. In an untiered store h->tier and h->slot are NULL (every
+ * rt_kv_value / rt_kv_head_decode. In an untiered store h->tier, h->slot and h->kgrp are NULL (every
  * entry is at RT_KV_TIER_TOP; rt_kv_tier_of reads either kind).
  *
- * Quantised tiers (head_dim a multiple of 32): keys and values are both coded per token
- * with the rt_kvq vrow codecs (asymmetric min/max groups of 32 channels, f16 scale and
- * minimum; a row of head_dim 64 takes 72 bytes at 8 bits, 40 at 4, 24 at 2, against f16's
- * 128). Values per token follow KIVI (Liu et al. 2024, arXiv 2402.02750). KIVI codes keys
- * per channel in tiles of 32 consecutive tokens sharing each channel's range; an entry of
- * such a tile could not be evicted or downgraded alone, and the entry-addressable
- * per-channel schemes (a per-(layer, KV head) calibrated channel scale or centre before
- * per-token groups, or KVQuant's fixed calibrated channel ranges, Hooper et al. 2024, arXiv
- * 2401.18079) measured worse than per-token keys on SmolLM2-135M (docs/architecture.md has
- * the table). Keys are more sensitive to quantisation than values (QAQ, Dong et al. 2024,
- * arXiv 2403.04643): 2-bit keys per token were unusable there (mean KL 1.49 against 0.043
- * with 4-bit keys beside the same 2-bit values), so RT_KV_TIER_Q2 stores 2-bit values with
- * 4-bit keys: 64 bytes of rows an entry at head_dim 64, 80 at Q4, 144 at Q8, 256 in f16.
+ * Quantised tiers (head_dim a multiple of 32): values are coded per token with the rt_kvq
+ * vrow codecs (asymmetric min/max groups of 32 channels, f16 scale and minimum), keys per
+ * channel (KIVI, Liu et al. 2024, arXiv 2402.02750: key outliers live in channels, so a
+ * channel's range is shared across neighbouring tokens), with the ranges kept apart from
+ * the codes so that every entry stays evictable and downgradable alone:
+ *   - a key group is the entries of one aligned position block [b·G, (b+1)·G), G =
+ *     RT_KV_KGROUP = 64, of one (layer, KV head) list (KIVI groups 32 tokens; 64 halves
+ *     the range bytes an entry pays, which eviction multiplies, and measured best of 32,
+ *     64 and 128 over quantisation-only and mixed policies: docs/architecture.md). When the first of
+ *     them leaves the top tier (rt_kv_head_set_tiers), the group's per-channel minima and
+ *     maxima (f16) are fitted on every entry of the block then in the list at the top tier
+ *     without a group (each still exact: tiers only go down) and stored in the head's
+ *     key-group table h->arena[RT_KV_KGROUPS] (slot g: head_dim f16 minima then head_dim
+ *     f16 maxima; owner[g]: its quantised members); h->kgrp[i] names entry i's group (-1:
+ *     none). The table is committed block by block from the pool like a tier arena.
+ *   - a quantised entry's slot holds its key codes alone (head_dim × bits / 8 bytes) and its
+ *     value row; every downgrade (top to q8/q4/q2, q8 to q4, ...) codes the key against its
+ *     group's range at the new tier's bits (rt_kvq_kcodes_encode), so downgrading or
+ *     evicting one entry never touches another entry's codes.
+ *   - entries of a block evicted before the fit are not in it; entries of the block
+ *     appended after it (a block downgraded before it was complete) form a group of their
+ *     own when they leave the top tier, so every key is coded against a range fitted on it.
+ *     A group is freed when its last quantised member is evicted (the table's last group
+ *     moves into its slot; members still at the top tier forget it and join a new group).
+ *   - a key rewritten in place (rt_kv_set_key: a merge) is clamped to its group's range;
+ *     RoPE re-rotation (`positions = compacted`) rewrites a head's keys at once through
+ *     rt_kv_head_set_keys, which refits every group with a rotated member.
+ * The 2-bit tier keeps 4-bit keys: 2-bit keys, per token or per channel, cost several times
+ * the KL of 4-bit ones on SmolLM2-135M (docs/architecture.md has the table; keys are the
+ * sensitive half, QAQ, Dong et al. 2024, arXiv 2403.04643). Bytes at head_dim 64: key codes
+ * + value row of 64 + 72 (q8), 32 + 40 (q4), 32 + 24 (q2) against f16's 128 + 128, and a
+ * 256-byte range per key group: 4 bytes an entry of a full group, half what per-token key
+ * scales took (140, 76, 60 bytes an entry against 144, 80, 64). Eviction thins groups:
+ * rt_kvbytes_held counts every range held, and the byte-budget allocator charges each
+ * quantised entry the range over the store's mean members per group (rt_kv_kgroup_fill).
   */
 #ifndef RT_KV_H
 #define RT_KV_H
@@ -104,10 +127,17 @@ size_t rt_kv_row_bytes(enum rt_kv_type t, int head_dim);
 
 /* Storage tier of an entry in a tiered store. ORDER RT_KV_TIER: tier_names[],
  * tier_vkind[] and tier_kkind[] in rt_kv.c. Tier 0 is the store's own type (f16 on the
- * fast path, f32 on the exact path); the others code keys and values per token with the
- * rt_kvq codecs: Q8 both at 8 bits, Q4 both at 4, Q2 values at 2 bits and keys at 4 (see
- * the header comment). */
+ * fast path, f32 on the exact path); the others code values per token and keys per
+ * channel against their key group's range (see the header comment): Q8 both at 8 bits, Q4
+ * both at 4, Q2 values at 2 bits and keys at 4. */
 enum rt_kv_tier { RT_KV_TIER_TOP = 0, RT_KV_TIER_Q8, RT_KV_TIER_Q4, RT_KV_TIER_Q2, RT_KV_N_TIER };
+
+/* Index of the key-group table among a head's arenas (h->arena[RT_KV_KGROUPS]), and the
+ * positions a key group covers: the entries of positions [b·RT_KV_KGROUP, (b+1)·RT_KV_KGROUP)
+ * of one (layer, KV head) share each channel's key range (see the header comment). ORDER:
+ * tests/test_kvtier.c and tests/test_tier.c compute their bytes and groups by hand for 64. */
+#define RT_KV_KGROUPS RT_KV_N_TIER
+#define RT_KV_KGROUP 64
 
 /* "top", "q8", "q4", "q2"; rt_kv_tier_parse returns the tier or -1. */
 const char *rt_kv_tier_name(int t);
@@ -141,7 +171,10 @@ typedef struct rt_kv_head {
 	/* tiered stores only (NULL / zero otherwise) */
 	uint8_t *tier;      /* [cap] entry tier (enum rt_kv_tier) */
 	int32_t *slot;      /* [cap] entry's slot in arena[tier[i]] */
-	rt_kv_arena arena[RT_KV_N_TIER];
+	int32_t *kgrp;      /* [cap] entry's key group (slot of arena[RT_KV_KGROUPS]), -1 none */
+	rt_kv_arena arena[RT_KV_N_TIER + 1]; /* the tiers' row arenas, then the key groups
+	                                        (slot g: the range, owner[g]: its quantised
+	                                        members) */
 } rt_kv_head;
 
 typedef struct rt_kv {
@@ -167,6 +200,7 @@ typedef struct rt_kv {
 	size_t tier_vrow[RT_KV_N_TIER]; /* tiered: bytes of one value row at tier t */
 	size_t tier_row[RT_KV_N_TIER];  /* tiered: (key row + value row) / 2, so an entry's rows
 	                                   are 2 × tier_row[t] bytes at every tier */
+	size_t kgroup_bytes; /* tiered: bytes of one key group's range (4 · head_dim) */
 	void *mem;          /* the reserved address space behind every per-entry array */
 	size_t mem_bytes;
 	void *meta;         /* the heads and their policy state (an ordinary allocation) */
@@ -226,10 +260,19 @@ int32_t rt_kv_append(rt_kv *kv, rt_kv_head *h, const float *k, const float *v, i
 const float *rt_kv_key(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *buf);
 const float *rt_kv_value(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *buf);
 /* Overwrite entry i's key / value with x[head_dim], encoded to the store's type (tiered:
- * at the entry's tier; a key at a quantised tier with the head's key scale) (a policy
- * merge, RoPE re-rotation). Asserts 0 <= i < h->n. */
+ * at the entry's tier; a key at a quantised tier against its key group's range, a channel
+ * outside the range clamped to it) (a policy merge). Asserts 0 <= i < h->n. */
 void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x);
 void rt_kv_set_value(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x);
+/* Overwrite the keys of the entries with changed[i] set (0 <= i < h->n) by K[i × head_dim]
+ * at once (RoPE re-rotation of `positions = compacted`, runtime/policy/rt_seq.c): K holds
+ * h->n rows, the new key of every changed entry and the current key (as rt_kv_key reads
+ * it) of every other. An untiered store, or an entry at the top tier, is encoded as
+ * rt_kv_set_key does. A key group with a changed member is refitted on all its members'
+ * rows of K (quantised and top tier alike) and its quantised members are coded again
+ * against the new range, so no re-rotated key is clamped by a range fitted on other
+ * rotations; a group without a changed member is not touched. O(n × key groups). */
+void rt_kv_head_set_keys(const rt_kv *kv, rt_kv_head *h, const float *K, const uint8_t *changed);
 /* Decode n stored rows (row_bytes apart, from rows) of the store's type into out[n ×
  * head_dim] (f32 rows are copied). Untiered stores' h->kr / h->vr only; rt_kv_head_decode
  * reads any store. */
@@ -271,13 +314,28 @@ static inline int rt_kv_tier_of(const rt_kv_head *h, int32_t i)
 int rt_kv_head_set_tiers(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *err);
 
 /* Bytes one entry occupies at tier t (key row + value row + metadata + statistics, and a
- * tiered store's slot owner index) in the pool; an untiered store answers
- * rt_kv_entry_bytes for t == 0 and 0 for the others. For the byte-budget allocator. */
+ * tiered store's slot owner index) in the pool, its share of a key group's range not
+ * included (a quantised entry shares kv->kgroup_bytes + 4 bytes of the key-group table
+ * with the other members of its group); an untiered store answers rt_kv_entry_bytes for
+ * t == 0 and 0 for the others. */
 size_t rt_kv_tier_entry_bytes(const rt_kv *kv, int t);
-/* Half the bytes of an entry's key row + value row at tier t (scales included; the two
- * rows have equal sizes except at RT_KV_TIER_Q2, whose keys are at 4 bits), so an entry's
- * rows take 2 × this: what rt_kvbytes counts. */
+/* Half the bytes an entry's rows cost at tier t in a full key group: (key row + value
+ * row) / 2, plus at a quantised tier the entry's share of its key
+ * group's range amortised over a full group, kgroup_bytes / (2 · RT_KV_KGROUP) (2 bytes
+ * at head_dim 64), so an entry costs 2 × this. Tiered, head_dim 64: 128 (top), 68 + 2
+ * (q8), 36 + 2 (q4), 28 + 2 (q2). rt_kvbytes_held counts the exact bytes instead (each
+ * key group held once, however many members it has left); a group loses members by
+ * eviction only, so the figure is low by the ranges of partly evicted groups, which the
+ * byte-budget allocator adds (kernels/k_compress.h k_tier_costs, rt_kv_kgroup_fill). */
 size_t rt_kv_tier_row_bytes(const rt_kv *kv, int t);
+/* Key groups the store holds (tiered stores; 0 otherwise): Σ over heads of the table's
+ * slots in use. */
+int64_t rt_kv_kgroups(const rt_kv *kv);
+/* Mean quantised members per key group over the store now (Σ members / groups; the
+ * positions a group covers, RT_KV_KGROUP, when it holds none): what eviction left of the
+ * groups, the divisor of the byte-budget allocator's share of a range per entry
+ * (kernels/k_compress.h k_tier_costs). */
+double rt_kv_kgroup_fill(const rt_kv *kv);
 /* Bytes of one entry in an f16 full cache: key + value row of head_dim halves
  * (4 · head_dim), the 1x baseline of rt_kvbytes. */
 size_t rt_kv_f16_entry_bytes(const rt_kv *kv);
@@ -300,7 +358,7 @@ int32_t rt_kv_head_evict(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t 
 void rt_kv_trim(rt_kv *kv);
 
 /* Entries in use over all heads, and the bytes they occupy (keys, values, metadata and
- * statistics). */
+ * statistics; tiered: and the key groups' ranges and member counts). */
 int64_t rt_kv_entries(const rt_kv *kv);
 int64_t rt_kv_bytes_used(const rt_kv *kv);
 /* Bytes of the blocks the store holds now (list blocks and, in a tiered store, every

@@ -11,7 +11,7 @@ int64_t rt_kvbytes_held(const rt_kv *kv)
 	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
 		for (int t = 0; t < RT_KV_N_TIER; t++)
 			b += (int64_t)kv->heads[i].arena[t].n * 2 * (int64_t)kv->tier_row[t];
-	return b;
+	return b + rt_kv_kgroups(kv) * (int64_t)kv->kgroup_bytes;
 }
 
 int64_t rt_kvbytes_f16(const rt_kv *kv, int64_t tokens)

@@ -7,13 +7,15 @@
  * rt_kv.row_bytes, so an f32 store at a compression of R entries holds R / 2 times fewer
  * bytes than the f16 baseline and a narrower element type (scales included in row_bytes)
  * more. A tiered store (rt_kv_init_tiered) counts each entry's rows at its own tier:
- * Σ over lists and tiers of the entries at tier t × 2 × the tier's row bytes. Per-entry
+ * Σ over lists and tiers of the entries at tier t × 2 × the tier's row bytes, plus the
+ * key groups' ranges (4 · head_dim bytes each, runtime/kv/rt_kv.h). Per-entry
  * metadata (position, count, span, policy statistics) and the block
  * rounding of the pool are not counted here: rt_kv_bytes_held is that resident figure.
  *
  *   f16 baseline = tokens × n_layer × n_kv_head × 2 × head_dim × 2 bytes
  *   held         = Σ over (layer, KV head) lists of n × 2 × row_bytes
- *                  (tiered: Σ over lists and tiers t of n_t × 2 × row_bytes(t))
+ *                  (tiered: Σ over lists and tiers t of n_t × 2 × row_bytes(t)
+ *                   + key groups × 4 · head_dim)
  *   compression  = f16 baseline / held
  */
 #ifndef RT_KVBYTES_H

@@ -307,3 +307,64 @@ void rt_kvq_ktile_logits(rt_kvq_kind kind, const uint8_t *tile, int d, int n, co
 	for (int t = 0; t < n; t++)
 		logits[t] = scale * (base + acc[t]);
 }
+
+/* ---- keys per channel against a shared range ------------------------------------------------ */
+
+size_t rt_kvq_kcodes_bytes(rt_kvq_kind kind, int d)
+{
+	RT_ASSERT(is_quant(kind) && d % 8 == 0);
+	return codes_bytes(rt_kvq_bits(kind), d);
+}
+
+void rt_kvq_krange_set(const float *lo, const float *hi, int d, uint16_t *range)
+{
+	for (int c = 0; c < d; c++) {
+		range[c] = rt_f32_to_fp16(lo[c]);
+		range[d + c] = rt_f32_to_fp16(hi[c]);
+	}
+}
+
+void rt_kvq_krange_unpack(rt_kvq_kind kind, const uint16_t *range, int d, float *lo,
+                          float *step)
+{
+	RT_ASSERT(is_quant(kind));
+	const float top = (float)((1 << rt_kvq_bits(kind)) - 1);
+	for (int c = 0; c < d; c++) {
+		lo[c] = rt_fp16_to_f32(range[c]);
+		const float w = rt_fp16_to_f32(range[d + c]) - lo[c];
+		step[c] = w > 0 ? w / top : 0.0f;
+	}
+}
+
+void rt_kvq_kcodes_encode(rt_kvq_kind kind, const float *lo, const float *step, const float *x,
+                          int d, uint8_t *out)
+{
+	const int bits = rt_kvq_bits(kind);
+	const float top = (float)((1 << bits) - 1);
+	memset(out, 0, rt_kvq_kcodes_bytes(kind, d));
+	for (int c = 0; c < d; c++) {
+		float q = step[c] > 0 ? nearbyintf((x[c] - lo[c]) / step[c]) : 0.0f;
+		/* written so that a NaN gives code 0, never a NaN cast */
+		unsigned v = q > 0 ? (q < top ? (unsigned)q : (unsigned)top) : 0u;
+		put_code(out, bits, c, v);
+	}
+}
+
+void rt_kvq_kcodes_decode(rt_kvq_kind kind, const float *lo, const float *step,
+                          const uint8_t *codes, int d, float *x)
+{
+	const int bits = rt_kvq_bits(kind);
+	if (bits == 8) {
+		for (int c = 0; c < d; c++)
+			x[c] = lo[c] + step[c] * (float)codes[c];
+	} else if (bits == 4) {
+		for (int c = 0; c < d / 2; c++) {
+			x[2 * c] = lo[2 * c] + step[2 * c] * (float)(codes[c] & 15);
+			x[2 * c + 1] = lo[2 * c + 1] + step[2 * c + 1] * (float)(codes[c] >> 4);
+		}
+	} else {
+		for (int c = 0; c < d / 4; c++)
+			for (int k = 0; k < 4; k++)
+				x[4 * c + k] = lo[4 * c + k] + step[4 * c + k] * (float)((codes[c] >> (2 * k)) & 3);
+	}
+}

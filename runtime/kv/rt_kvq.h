@@ -13,8 +13,9 @@
  *              (KIVI: key outliers live in channels, so a channel's range is shared across
  *              tokens). A tile is encoded when it is full; until then its entries stay at a
  *              higher tier (KIVI's full-precision residual).
- *              The tiered KV store (runtime/kv/rt_kv.h) codes keys per token with the value
- *              codecs instead: a tile cannot lose or downgrade one entry (measured there).
+ *              The tiered KV store (runtime/kv/rt_kv.h) keeps a tile's ranges apart from its
+ *              codes instead (rt_kvq_kcodes_*, below): a tile's entries could not be evicted
+ *              or downgraded one by one, an entry's codes against a shared range can.
  *   reading    rt_kvq_ktile_logits computes q·k for every entry of a key tile from the codes:
  *              q·k_t = sum_c q_c min_c + sum_c (q_c scale_c) code_ct, so one pass over the tile
  *              needs no dequantised keys; rt_kvq_vrow_axpy adds w·v to an f32 accumulator.
@@ -90,5 +91,31 @@ void rt_kvq_ktile_decode(rt_kvq_kind kind, const uint8_t *tile, int d, int t, fl
  * up to f32 summation order. */
 void rt_kvq_ktile_logits(rt_kvq_kind kind, const uint8_t *tile, int d, int n, const float *q,
                          float scale, float *logits);
+
+/* ---- keys per channel against a shared range: one entry's codes, the range elsewhere ---- */
+/*
+ * The tiered store (runtime/kv/rt_kv.h) codes a quantised key as d codes only; the range of
+ * each channel is shared by the entries of a key group (KIVI's per-channel keys, arXiv
+ * 2402.02750, with the range kept apart from the codes so that each entry's codes stay its
+ * own). A range is range[0..d) the channels' minima and range[d..2d) their maxima, as f16.
+ * At b bits (kind Q8, Q4 or Q2) channel c has the step s_c = (max_c − min_c) / (2^b − 1)
+ * (f32, from the f16 pair), code round((x_c − min_c) / s_c) clamped to [0, 2^b − 1] (0 when
+ * s_c = 0), and decodes to min_c + s_c · code: a value inside the range is within s_c / 2 of
+ * its decode (plus the f16 rounding of the pair), a value outside it is clamped.
+ */
+
+/* Bytes of one key's codes at kind (Q8, Q4, Q2): d · bits / 8 (d a multiple of 8). */
+size_t rt_kvq_kcodes_bytes(rt_kvq_kind kind, int d);
+/* The range of channels whose minima and maxima are lo[d], hi[d] (lo <= hi) into range[2d]. */
+void rt_kvq_krange_set(const float *lo, const float *hi, int d, uint16_t *range);
+/* The range's minima and steps at kind as floats: lo[d], step[d] (what encode and decode use). */
+void rt_kvq_krange_unpack(rt_kvq_kind kind, const uint16_t *range, int d, float *lo,
+                          float *step);
+/* Encode x[d] into out[rt_kvq_kcodes_bytes(kind, d)] against an unpacked range. */
+void rt_kvq_kcodes_encode(rt_kvq_kind kind, const float *lo, const float *step, const float *x,
+                          int d, uint8_t *out);
+/* Decode codes into x[d] against an unpacked range. */
+void rt_kvq_kcodes_decode(rt_kvq_kind kind, const float *lo, const float *step,
+                          const uint8_t *codes, int d, float *x);
 
 #endif

@@ -206,6 +206,12 @@ static void seq_rerotate(rt_seq *s)
 	for (int hi = 0; hi < H; hi++) {
 		rt_kv_head *h = &s->kv.heads[hi];
 		int32_t *ri = s->rot_idx + (size_t)hi * (size_t)hp->n_ctx;
+		if (s->kv.tiered) {
+			/* a tiered store takes the head's keys at once: a re-rotated key's key group
+			 * is refitted (rt_kv_head_set_keys), not clamped to the old range */
+			rt_kv_head_decode(&s->kv, h, 0, h->n, s->rot_row, NULL);
+			memset(s->rot_mark, 0, (size_t)h->n);
+		}
 		for (int32_t i = 0; i < h->n; i++) {
 			int32_t old = ri[h->pos[i]];
 			RT_ASSERT(old >= i);
@@ -219,6 +225,10 @@ static void seq_rerotate(rt_seq *s)
 			}
 			if (s->kv.type == RT_KV_F32 && !s->kv.tiered) {
 				rt_rope_rotate_f32_by_f64(h->k + (size_t)i * d, n_rot, s->rot_cs);
+			} else if (s->kv.tiered) {
+				/* the head's keys, decoded below, rotated in place; stored at once */
+				rt_rope_rotate_f32_by_f64(s->rot_row + (size_t)i * d, n_rot, s->rot_cs);
+				s->rot_mark[i] = 1;
 			} else {
 				float *row = s->rot_row;
 				/* a narrow type or tier decodes into row (an f32 top row is copied) */
@@ -229,6 +239,8 @@ static void seq_rerotate(rt_seq *s)
 				rt_kv_set_key(&s->kv, h, i, row);
 			}
 		}
+		if (s->kv.tiered)
+			rt_kv_head_set_keys(&s->kv, h, s->rot_row, s->rot_mark);
 	}
 }
 
@@ -266,8 +278,12 @@ int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
 		s->rot_idx = malloc(n * sizeof *s->rot_idx);
 		s->rot_freq = malloc((size_t)(hp->n_rot / 2 + 1) * sizeof *s->rot_freq);
 		s->rot_cs = malloc((size_t)(hp->n_rot + 1) * sizeof *s->rot_cs);
-		s->rot_row = malloc((size_t)hp->head_dim * sizeof *s->rot_row);
-		if (!s->rot_idx || !s->rot_freq || !s->rot_cs || !s->rot_row) {
+		/* a tiered store re-rotates a whole head's keys at once */
+		const size_t rows = s->kv.tiered ? (size_t)s->kv.cap : 1;
+		s->rot_row = malloc(rows * (size_t)hp->head_dim * sizeof *s->rot_row);
+		s->rot_mark = s->kv.tiered ? malloc((size_t)s->kv.cap) : NULL;
+		if (!s->rot_idx || !s->rot_freq || !s->rot_cs || !s->rot_row ||
+		    (s->kv.tiered && !s->rot_mark)) {
 			rt_seq_free(s);
 			return rt_err_set(err, "%s: sequence: cannot allocate %zu bytes of position map",
 			                  m->path, n * sizeof(int32_t));
@@ -315,6 +331,7 @@ void rt_seq_free(rt_seq *s)
 	free(s->rot_freq);
 	free(s->rot_cs);
 	free(s->rot_row);
+	free(s->rot_mark);
 	free(s->tr_mem);
 	free(s->obs_seconds);
 	memset(s, 0, sizeof *s);

@@ -74,7 +74,9 @@ typedef struct rt_seq {
 	                          * entry's key is rotated at, by (head, original position) */
 	double *rot_freq;        /* COMPACTED only: [n_rot / 2] base^(-2i/n_rot) */
 	double *rot_cs;          /* COMPACTED only: [n_rot] cos, sin of the current delta */
-	float *rot_row;          /* COMPACTED only: [head_dim] a decoded key being re-rotated */
+	float *rot_row;          /* COMPACTED only: [head_dim] a decoded key being re-rotated
+	                          * (tiered store: [cap × head_dim], a head's keys) */
+	uint8_t *rot_mark;       /* COMPACTED, tiered only: [cap] 1 = the entry's key rotated */
 	double hook_seconds;     /* init_entries and re-rotation time (rt_run counts the rest) */
 	double *obs_seconds;     /* [n_kv_head] observe time by KV head: the forward attends the
 	                          * KV heads of a layer in parallel and calls observe from the
