@@ -512,34 +512,35 @@ static inline int32_t k_head_bytes(const struct k_run *r, const rt_kv_head *h, c
 	return per > 0 && left > 0 ? k_floor_entries(left / per) : 0;
 }
 
-/* By utility per byte: every entry outside the guards is evicted or given a tier
- * (r->want) by k_tier_alloc, per head (`allocate = uniform`), per layer (`adaptive`) or
- * over the whole cache (`global`), within the pool's bytes (Σ r->hbytes). */
-static inline void k_run_alloc_tiers(const struct k_run *r)
+/* By utility per byte, the (layer, KV head) lists one pool of bytes spans: 1 for
+ * `allocate = uniform`, a layer's KV heads for `adaptive`, every list for `global`. */
+static inline size_t k_tier_pool_heads(const struct k_run *r)
 {
-	const rt_kv *kv = r->kv;
+	const int G = r->kv->n_kv_head;
+	return r->cfg->heads == K_HEADS_EACH ? 1 :
+	       r->cfg->heads == K_HEADS_ADAPTIVE ? (size_t)G : (size_t)r->kv->n_layer * G;
+}
+
+/* By utility per byte, pool u (lists u·per .. u·per + per - 1): every entry outside the
+ * guards is evicted or given a tier (r->want) by k_tier_alloc within the pool's bytes
+ * (Σ r->hbytes). A pool reads and writes only its own lists' slices (the heap's too), so
+ * the pools run in parallel; a whole-cache pool is one greedy on one thread. */
+static inline void k_run_alloc_tier_pool(const struct k_run *r, size_t u)
+{
 	const struct k_compress_cfg *cfg = r->cfg;
-	const int L = kv->n_layer, G = kv->n_kv_head;
-	const size_t H = (size_t)L * G, c = (size_t)kv->cap;
+	const size_t c = (size_t)r->kv->cap, per = k_tier_pool_heads(r), h0 = u * per;
 	unsigned allowed = 0;
 	for (int j = 0; j < cfg->n_tier; j++)
 		allowed |= 1u << cfg->tier[j];
 	static const double fid[K_TIER_MAX] = K_TIER_FIDELITY;
-	for (size_t hi = 0; hi < H; hi++) {
-		r->lay[hi] = (int32_t)(hi / (size_t)G);
-		r->kvh[hi] = (int32_t)(hi % (size_t)G);
-	}
-	size_t per = cfg->heads == K_HEADS_EACH ? 1 : cfg->heads == K_HEADS_ADAPTIVE ? (size_t)G : H;
-	for (size_t h0 = 0; h0 < H; h0 += per) {
-		double budget = 0;
-		for (size_t k = 0; k < per; k++)
-			budget += r->hbytes[h0 + k];
-		struct k_tier_pool pool = {
-			(int)per, (int32_t)c, r->nn + h0, r->score + h0 * c, r->candm + h0 * c,
-			r->cur + h0 * c, r->pp + h0, r->lay + h0, r->kvh + h0,
-		};
-		k_tier_alloc(&pool, r->cost, fid, allowed, budget, r->want + h0 * c, r->heap);
-	}
+	double budget = 0;
+	for (size_t k = 0; k < per; k++)
+		budget += r->hbytes[h0 + k];
+	struct k_tier_pool pool = {
+		(int)per, (int32_t)c, r->nn + h0, r->score + h0 * c, r->candm + h0 * c,
+		r->cur + h0 * c, r->pp + h0, r->lay + h0, r->kvh + h0,
+	};
+	k_tier_alloc(&pool, r->cost, fid, allowed, budget, r->want + h0 * c, r->heap + h0 * c);
 }
 
 /* 1. Scores, guard flags and candidate mask of head hi (thread w), and what allocation
@@ -637,14 +638,18 @@ static inline void k_run_layer_reduce(const struct k_run *r, int l)
 }
 
 /* 3. Allocation: the per-layer budget minus the guarded entries (base, from step 1),
- * split across heads. */
+ * split across heads; by utility per byte only the heap's order here, the pools are the
+ * next step (k_run_alloc_tier_pool). */
 static inline void k_run_alloc(const struct k_run *r)
 {
 	rt_kv *kv = r->kv;
 	const struct k_compress_cfg *cfg = r->cfg;
 	const size_t H = (size_t)kv->n_layer * kv->n_kv_head;
 	if (cfg->tiers == K_TIERS_UTILITY) {
-		k_run_alloc_tiers(r);
+		for (size_t hi = 0; hi < H; hi++) { /* the heap's order (k_tier.h) */
+			r->lay[hi] = (int32_t)(hi / (size_t)kv->n_kv_head);
+			r->kvh[hi] = (int32_t)(hi % (size_t)kv->n_kv_head);
+		}
 	} else if (cfg->heads == K_HEADS_EACH) {
 		for (size_t hi = 0; hi < H; hi++)
 			r->alloc[hi] = r->base[hi];
@@ -658,7 +663,7 @@ static inline void k_run_alloc(const struct k_run *r)
 
 /* The precision action on head h before its compaction (flags f with K_FLAG_KEEP set):
  * the tiers of the kept entries outside the guards (by score rank for shares; chosen by
- * k_run_alloc_tiers by utility), every other entry as it is (guards stay at their tier,
+ * k_run_alloc_tier_pool by utility), every other entry as it is (guards stay at their tier,
  * the top one for every entry that was never outside them). Returns 0 or -1 (err). */
 static inline int k_apply_tiers(const struct k_run *r, rt_kv_head *h, size_t hi,
                                 const uint8_t *kp, rt_err *err)
@@ -669,7 +674,7 @@ static inline int k_apply_tiers(const struct k_run *r, rt_kv_head *h, size_t hi,
 	uint8_t *want = r->want + hi * c;
 	if (cfg->tiers == K_TIERS_SHARES)
 		k_tier_shares(r->sp[hi], h->pos, kp, cur, h->n, cfg->tier, cfg->tier_cum, cfg->n_tier,
-		              want, r->cbuf, r->ctmp);
+		              want, r->cbuf + hi * c, r->ctmp + hi * c);
 	for (int32_t i = 0; i < h->n; i++)
 		if (!(f[i] & K_FLAG_KEEP) || (f[i] & K_FLAG_GUARD) || want[i] == K_TIER_EVICT)
 			want[i] = cur[i];
@@ -745,18 +750,19 @@ static inline int k_run_head_select(const struct k_run *r, const struct k_thr *w
 	return 0;
 }
 
-/* A parallel step of the run: what each unit (a head, or a layer) does. */
-enum { K_STEP_SCORES = 0, K_STEP_LAYER_REDUCE, K_STEP_SELECT };
+/* A parallel step of the run: what each unit (a head, a layer, or a pool of bytes) does. */
+enum { K_STEP_SCORES = 0, K_STEP_LAYER_REDUCE, K_STEP_ALLOC_TIERS, K_STEP_SELECT };
 struct k_step {
 	const struct k_run *r;
 	int step;                    /* K_STEP_* */
-	int rc;                      /* K_STEP_SELECT: -1 when a head failed (one thread only:
-	                                k_compress_run runs a precision action on one) */
-	rt_err *err;
+	long fail[K_MAX_THREADS];    /* K_STEP_SELECT: the unit where thread t stopped on a
+	                                refusal of the store (errs[t]), or -1 */
+	rt_err errs[K_MAX_THREADS];
 };
 
 /* rt_pool job: thread ith of the run's nth takes a contiguous share of the units; every
- * unit's result depends only on the unit, never on the thread that ran it. */
+ * unit's result depends only on the unit, never on the thread that ran it. A thread stops
+ * at the first head whose tiers the store refuses. */
 static inline void k_step_job(void *arg, int ith, int nth)
 {
 	struct k_step *j = (struct k_step *)arg;
@@ -765,8 +771,9 @@ static inline void k_step_job(void *arg, int ith, int nth)
 	const int T = nth < r->nth ? nth : r->nth;
 	if (ith >= T)
 		return;
+	const long H = (long)kv->n_layer * kv->n_kv_head;
 	const long units = j->step == K_STEP_LAYER_REDUCE ? kv->n_layer :
-	                   (long)kv->n_layer * kv->n_kv_head;
+	                   j->step == K_STEP_ALLOC_TIERS ? H / (long)k_tier_pool_heads(r) : H;
 	long lo, hi;
 	rt_pool_range(units, ith, T, &lo, &hi);
 	for (long u = lo; u < hi; u++) {
@@ -774,32 +781,48 @@ static inline void k_step_job(void *arg, int ith, int nth)
 			k_run_head_scores(r, &r->thr[ith], (size_t)u);
 		else if (j->step == K_STEP_LAYER_REDUCE)
 			k_run_layer_reduce(r, (int)u);
-		else if (k_run_head_select(r, &r->thr[ith], (size_t)u, j->err) != 0) {
-			j->rc = -1;
+		else if (j->step == K_STEP_ALLOC_TIERS)
+			k_run_alloc_tier_pool(r, (size_t)u);
+		else if (k_run_head_select(r, &r->thr[ith], (size_t)u, &j->errs[ith]) != 0) {
+			j->fail[ith] = u;
 			return;
 		}
 	}
 }
 
 /* Run one step on every unit, on ctx->pool's threads (inline when it has one). Returns 0,
- * or -1 with err set (K_STEP_SELECT under a precision action). */
+ * or -1 with err set to the error of the lowest (layer, KV head) list that failed
+ * (K_STEP_SELECT under a precision action: the threads' shares are in list order). */
 static inline int k_run_step(const struct k_run *r, int step, rt_err *err)
 {
-	struct k_step j = { r, step, 0, err };
+	struct k_step j; /* ~33 KiB of the caller's stack: the threads' error slots */
+	j.r = r, j.step = step;
+	for (int t = 0; t < K_MAX_THREADS; t++)
+		j.fail[t] = -1;
 	if (r->nth > 1)
 		rt_pool_run(r->ctx->pool, k_step_job, &j);
 	else
 		k_step_job(&j, 0, 1);
-	return j.rc;
+	for (int t = 0; t < r->nth; t++)
+		if (j.fail[t] >= 0) {
+			*err = j.errs[t];
+			return -1;
+		}
+	return 0;
 }
 
 /* Run the pipeline on every head of kv, the per-head steps (scores, the layer-wide
- * reduction, selection and compaction) split over the heads on ctx->pool (NULL: the
- * caller's thread) as far as ctx->scratch holds the threads' areas
- * (k_compress_scratch_bytes); the result does not depend on the thread count. A precision
- * action (cfg->tiers) runs on the calling thread: rt_kv_head_set_tiers may fail, and its
- * error must name the first head that did. Returns 0, or -1 with err set when the scratch
- * area is too small, the budget check fails or the store refuses the tiers. */
+ * reduction, the pools of bytes by utility, selection, precision and compaction) split
+ * over the heads on ctx->pool (NULL: the caller's thread) as far as ctx->scratch holds the
+ * threads' areas (k_compress_scratch_bytes); the result does not depend on the thread
+ * count: each list's (or pool's) operations read only what is its own. When the store
+ * refuses a list's tiers (rt_kv_head_set_tiers: an untiered store, an exhausted KV pool)
+ * the error is the lowest such list's, and lists on other threads may have been
+ * compacted meanwhile (the caller fails the sequence). At an exhausted pool the outcome
+ * can depend on the thread count: the lists being re-tiered at once hold their new
+ * lower-tier blocks together before each returns its emptied top-tier ones. Returns 0, or
+ * -1 with err set when the scratch area is too small, the budget check fails or the store
+ * refuses the tiers. */
 static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
                                  const struct k_compress_cfg *cfg, k_score_fn score_fn,
                                  rt_err *err)
@@ -812,7 +835,7 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	struct k_run r = { .ctx = ctx, .kv = kv, .cfg = cfg, .score_fn = score_fn,
 		           .seen = (double)ctx->seen, .nth = 1 };
 	const int H = kv->n_layer * kv->n_kv_head;
-	int nth = cfg->tiers != K_TIERS_NONE ? 1 : rt_pool_threads(ctx->pool);
+	int nth = rt_pool_threads(ctx->pool);
 	nth = nth < K_MAX_THREADS ? nth : K_MAX_THREADS;
 	nth = nth < H ? nth : H;
 	while (nth > 1 && k_compress_scratch_bytes(kv, cfg->n_tmp, nth) + tb > ctx->scratch_len)
@@ -828,6 +851,8 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	if (cfg->over_layer && cfg->has_score && kv->n_kv_head > 1)
 		(void)k_run_step(&r, K_STEP_LAYER_REDUCE, err);
 	k_run_alloc(&r);
+	if (cfg->tiers == K_TIERS_UTILITY)
+		(void)k_run_step(&r, K_STEP_ALLOC_TIERS, err);
 	return k_run_step(&r, K_STEP_SELECT, err);
 }
 

@@ -376,8 +376,8 @@ static void evicted_equals_dense(const char *name, const char *const *sets, int 
 }
 
 /* Feed a (1 thread) and b (2 threads) the same N_TOK tokens, 8 at a time over the prompt
- * and then one by one: after every feed the kept positions of every (layer, KV head) are
- * the same and the logits equal bit for bit. */
+ * and then one by one: after every feed the kept positions (and in a tiered store their
+ * tiers) of every (layer, KV head) are the same and the logits equal bit for bit. */
 static void threads_feed_compare(rt_seq *a, rt_seq *b, const int32_t *toks, float *la, float *lb,
                                  const char *what)
 {
@@ -398,6 +398,10 @@ static void threads_feed_compare(rt_seq *a, rt_seq *b, const int32_t *toks, floa
 			              what, h, (long long)t);
 			ck_assert_msg(memcmp(x->count, y->count, (size_t)x->n * sizeof *x->count) == 0,
 			              "%s: head %d has other counts with 2 threads", what, h);
+			for (int32_t e = 0; a->kv.tiered && e < x->n; e++)
+				ck_assert_msg(rt_kv_tier_of(x, e) == rt_kv_tier_of(y, e),
+				              "%s: head %d position %d at tier %d, %d with 2 threads", what,
+				              h, x->pos[e], rt_kv_tier_of(x, e), rt_kv_tier_of(y, e));
 		}
 	}
 	ck_assert_int_eq(rt_seq_stats_get(a).compress_events, rt_seq_stats_get(b).compress_events);

@@ -12,12 +12,18 @@
  * head_dim 32) on the f16 and the f32 store: after the one compress at the prompt end every
  * head holds exactly the positions and tiers the hand computation below gives, and the
  * store holds the bytes they cost.
+ *
+ * The thread count: every test policy (tier_acc_layer and tier_acc_global add H2O's
+ * attention scores with a pool of bytes per layer and over the whole cache) at 1 and 2
+ * threads, the reference being the 1-thread run: the same positions and tiers in every
+ * list after every feed, and logits equal bit for bit.
  */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rt_pool.h"
 #include "k_tier.h"
 #include "kv/rt_kv.h"
 #include "kv/rt_kvbytes.h"
@@ -30,7 +36,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-extern const struct kvp_policy kvp_policy_tier_pos_shares, kvp_policy_tier_pos_utility;
+extern const struct kvp_policy kvp_policy_tier_pos_shares, kvp_policy_tier_pos_utility,
+	kvp_policy_tier_acc_layer, kvp_policy_tier_acc_global;
 
 static const double FID[K_TIER_MAX] = K_TIER_FIDELITY;
 /* bytes of one entry (key + value rows) at head_dim 64: f16 128 + 128; q8 2 × (64 + 2 × 4);
@@ -628,6 +635,113 @@ START_TEST(e2e_utility_4_1)
 }
 END_TEST
 
+/* ---- the thread count ------------------------------------------------------------------ */
+
+enum { THR_P = 48, THR_N = 80 }; /* prompt tokens (chunks of 8), then decode steps to THR_N */
+
+/* A tiny model of shape si (as e2e_model) on the fast path with an f16 store and a pool of
+ * `threads` threads: compress runs its per-list steps on that pool. */
+static rt_model *thr_model(int si, int threads)
+{
+	tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 128,
+	                     .rope_base = 10000.0f, .seed = 91u + (uint32_t)si, .wtype = RT_GGML_F32 };
+	if (si == 0)
+		c.n_head = 9, c.n_head_kv = 3, c.n_embd = 288;
+	else
+		c.n_head = 4, c.n_head_kv = 1, c.n_embd = 128;
+	char path[128];
+	mkdir("tests/tmp", 0755);
+	snprintf(path, sizeof path, "tests/tmp/test_tier_thr_%d_%d.gguf", (int)getpid(), si);
+	ck_assert_int_eq(tiny_model_write(&c, path), 0);
+	rt_model_opts o = { .exact = 0, .threads = threads, .kv_type = RT_KV_F16 };
+	rt_err err = { "" };
+	rt_model *m = rt_model_open(path, &o, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	unlink(path);
+	return m;
+}
+
+/* The same entries at the same positions and tiers in every (layer, KV head) list of a and b. */
+static void thr_same_lists(const rt_seq *a, const rt_seq *b, const char *what, int t)
+{
+	for (int i = 0; i < a->kv.n_layer * a->kv.n_kv_head; i++) {
+		const rt_kv_head *x = &a->kv.heads[i], *y = &b->kv.heads[i];
+		ck_assert_int_eq(x->n, y->n);
+		for (int32_t e = 0; e < x->n; e++) {
+			ck_assert_msg(x->pos[e] == y->pos[e], "%s: list %d entry %d: position %d at 1 "
+			              "thread, %d at 2 (after %d tokens)", what, i, e, x->pos[e], y->pos[e], t);
+			ck_assert_msg(rt_kv_tier_of(x, e) == rt_kv_tier_of(y, e),
+			              "%s: list %d position %d: tier %d at 1 thread, %d at 2 (after %d tokens)",
+			              what, i, x->pos[e], rt_kv_tier_of(x, e), rt_kv_tier_of(y, e), t);
+		}
+	}
+}
+
+/* The thread count does not change a precision action: compress scores, allocates bytes
+ * (by utility: one pool per list, per layer or, one greedy, over the whole cache),
+ * re-tiers and compacts the lists on the model's pool, and each list's result comes from
+ * its own operations whichever thread ran it. Every precision test policy at 1 and 2
+ * threads over a 48-token prompt in chunks of 8 and 32 decode steps: after every feed the
+ * same positions at the same tiers in every list and logits equal bit for bit, with entries
+ * at a quantised tier and entries evicted (the action did something). */
+static void thr_policies(int si)
+{
+	const struct kvp_policy *ps[] = { &kvp_policy_tier_acc_layer, &kvp_policy_tier_acc_global,
+		                          &kvp_policy_tier_pos_shares, &kvp_policy_tier_pos_utility };
+	rt_model *m1 = thr_model(si, 1), *m2 = thr_model(si, 2);
+	const int V = m1->hp.n_vocab;
+	float *la = malloc((size_t)8 * V * sizeof *la), *lb = malloc((size_t)8 * V * sizeof *lb);
+	int32_t tok[THR_N];
+	for (int i = 0; i < THR_N; i++)
+		tok[i] = (int32_t)((i * 53 + 7) % 290);
+	rt_err err = { "" };
+	for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) {
+		rt_seq a, b;
+		ck_assert_msg(rt_seq_init(&a, m1, ps[k], THR_N, 8, THR_P, &err) == 0, "%s", err.msg);
+		ck_assert_msg(rt_seq_init(&b, m2, ps[k], THR_N, 8, THR_P, &err) == 0, "%s", err.msg);
+		ck_assert(a.kv.tiered && b.kv.tiered);
+		ck_assert_ptr_eq(b.run.ctx.pool, m2->pool);
+		ck_assert_int_eq(rt_pool_threads(b.run.ctx.pool), 2);
+		char what[96];
+		snprintf(what, sizeof what, "%s shape %s", ps[k]->name, si == 0 ? "9/3" : "4/1");
+		int t = 0, quantised = 0;
+		while (t < THR_N) {
+			const int n = t < THR_P ? 8 : 1;
+			ck_assert_msg(rt_seq_feed(&a, tok + t, n, la, RT_LOGITS_ALL, &err) == 0, "%s", err.msg);
+			ck_assert_msg(rt_seq_feed(&b, tok + t, n, lb, RT_LOGITS_ALL, &err) == 0, "%s", err.msg);
+			t += n;
+			ck_assert_msg(memcmp(la, lb, (size_t)n * V * sizeof *la) == 0,
+			              "%s: logits differ at 2 threads after %d tokens", what, t);
+			thr_same_lists(&a, &b, what, t);
+		}
+		for (int i = 0; i < a.kv.n_layer * a.kv.n_kv_head; i++)
+			for (int32_t e = 0; e < a.kv.heads[i].n; e++)
+				quantised += rt_kv_tier_of(&a.kv.heads[i], e) > 0;
+		ck_assert_msg(quantised > 0, "%s: no entry at a quantised tier", what);
+		ck_assert_msg(rt_kv_entries(&a.kv) < (int64_t)THR_N * a.kv.n_layer * a.kv.n_kv_head,
+		              "%s: nothing evicted", what);
+		ck_assert_int_eq(rt_seq_stats_get(&a).compress_events, rt_seq_stats_get(&b).compress_events);
+		ck_assert_int_gt(rt_seq_stats_get(&a).compress_events, 0);
+		rt_seq_free(&a);
+		rt_seq_free(&b);
+	}
+	free(la), free(lb);
+	rt_model_free(m1);
+	rt_model_free(m2);
+}
+
+START_TEST(threads_9_3)
+{
+	thr_policies(0);
+}
+END_TEST
+
+START_TEST(threads_4_1)
+{
+	thr_policies(1);
+}
+END_TEST
+
 static Suite *tier_suite(void)
 {
 	Suite *s = suite_create("tier");
@@ -646,6 +760,8 @@ static Suite *tier_suite(void)
 	tcase_add_test(tc, e2e_shares_4_1);
 	tcase_add_test(tc, e2e_utility_9_3);
 	tcase_add_test(tc, e2e_utility_4_1);
+	tcase_add_test(tc, threads_9_3);
+	tcase_add_test(tc, threads_4_1);
 	suite_add_tcase(s, tc);
 	return s;
 }
