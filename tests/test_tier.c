@@ -33,8 +33,6 @@
 #include "support/tiny_model.h"
 
 #include <stdio.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 extern const struct kvp_policy kvp_policy_tier_pos_shares, kvp_policy_tier_pos_utility,
 	kvp_policy_tier_acc_layer, kvp_policy_tier_acc_global;
@@ -465,21 +463,10 @@ enum { E2E_P = 64 }; /* prompt tokens; the compress runs once, after the last */
 /* A tiny model (si 0: 9 query / 3 KV heads, 1: 4 / 1; head_dim 32) with KV type t. */
 static rt_model *e2e_model(int si, enum rt_kv_type t)
 {
-	tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 128,
-	                     .rope_base = 10000.0f, .seed = 77u + (uint32_t)si, .wtype = RT_GGML_F32 };
-	if (si == 0)
-		c.n_head = 9, c.n_head_kv = 3, c.n_embd = 288;
-	else
-		c.n_head = 4, c.n_head_kv = 1, c.n_embd = 128;
-	char path[128];
-	mkdir("tests/tmp", 0755);
-	snprintf(path, sizeof path, "tests/tmp/test_tier_%d_%d.gguf", (int)getpid(), si);
-	ck_assert_int_eq(tiny_model_write(&c, path), 0);
 	rt_model_opts o = { .exact = t == RT_KV_F32, .threads = 1, .kv_type = t };
 	rt_err err = { "" };
-	rt_model *m = rt_model_open(path, &o, &err);
+	rt_model *m = tiny_model_open_gqa(si, 77u + (uint32_t)si, &o, &err);
 	ck_assert_msg(m != NULL, "%s", err.msg);
-	unlink(path);
 	return m;
 }
 
@@ -643,21 +630,10 @@ enum { THR_P = 48, THR_N = 80 }; /* prompt tokens (chunks of 8), then decode ste
  * `threads` threads: compress runs its per-list steps on that pool. */
 static rt_model *thr_model(int si, int threads)
 {
-	tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 128,
-	                     .rope_base = 10000.0f, .seed = 91u + (uint32_t)si, .wtype = RT_GGML_F32 };
-	if (si == 0)
-		c.n_head = 9, c.n_head_kv = 3, c.n_embd = 288;
-	else
-		c.n_head = 4, c.n_head_kv = 1, c.n_embd = 128;
-	char path[128];
-	mkdir("tests/tmp", 0755);
-	snprintf(path, sizeof path, "tests/tmp/test_tier_thr_%d_%d.gguf", (int)getpid(), si);
-	ck_assert_int_eq(tiny_model_write(&c, path), 0);
 	rt_model_opts o = { .exact = 0, .threads = threads, .kv_type = RT_KV_F16 };
 	rt_err err = { "" };
-	rt_model *m = rt_model_open(path, &o, &err);
+	rt_model *m = tiny_model_open_gqa(si, 91u + (uint32_t)si, &o, &err);
 	ck_assert_msg(m != NULL, "%s", err.msg);
-	unlink(path);
 	return m;
 }
 

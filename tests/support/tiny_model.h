@@ -25,4 +25,15 @@ typedef struct tiny_model_cfg {
 /* Write the model to path. Returns 0 or -1. */
 int tiny_model_write(const tiny_model_cfg *cfg, const char *path);
 
+struct rt_model;
+struct rt_model_opts;
+struct rt_err;
+/* The grouped-query test shape gqa (0: 9 query / 3 KV heads, n_embd 288; 1: 4 / 1, n_embd
+ * 128; head_dim 32, which the precision tiers' codes need; 2 layers, n_ff 96, 300 tokens,
+ * 128 positions, f32 weights) from seed, written to a file of its own under tests/tmp,
+ * opened with o and the file removed. The model is the caller's (rt_model_free); NULL
+ * with err set when the file cannot be written or opened. */
+struct rt_model *tiny_model_open_gqa(int gqa, uint32_t seed, const struct rt_model_opts *o,
+                                     struct rt_err *err);
+
 #endif
