@@ -1088,6 +1088,51 @@ static int get_max_tokens(json_t *o, double *mt, const char **key, verr *e)
 	return 0;
 }
 
+/* "stream" and "stream_options": sets r->stream and r->include_usage or says why not. */
+static int parse_stream(req *r, json_t *o, verr *e)
+{
+	json_t *st = json_object_get(o, "stream");
+	if (st && !json_is_boolean(st) && !json_is_null(st))
+		return bad(e, 400, "stream", "stream must be a boolean");
+	r->stream = json_is_true(st);
+	json_t *so = json_object_get(o, "stream_options");
+	if (so && !json_is_null(so) && !json_is_object(so))
+		return bad(e, 400, "stream_options", "stream_options must be an object");
+	const char *sk;
+	json_t *sov;
+	json_object_foreach(so, sk, sov)
+	{
+		if (strcmp(sk, "include_usage"))
+			return bad(e, 400, "stream_options",
+			           "stream_options: unknown field '%s' (include_usage)", sk);
+		if (!json_is_boolean(sov) && !json_is_null(sov))
+			return bad(e, 400, "stream_options",
+			           "stream_options.include_usage must be a boolean");
+	}
+	r->include_usage = json_is_true(json_object_get(so, "include_usage"));
+	return 0;
+}
+
+/* "stop" (sv, or NULL): a string or up to MAX_STOP non-empty strings, copied to r->stop
+ * (freed with the request). */
+static int parse_stop(req *r, json_t *sv, verr *e)
+{
+	if (!sv || json_is_null(sv))
+		return 0;
+	json_t *one[1] = { sv };
+	size_t ns = json_is_array(sv) ? json_array_size(sv) : 1;
+	if ((!json_is_string(sv) && !json_is_array(sv)) || ns > MAX_STOP)
+		return bad(e, 400, "stop", "stop must be a string or an array of at most %d strings",
+		           MAX_STOP);
+	for (size_t i = 0; i < ns; i++) {
+		json_t *s1 = json_is_array(sv) ? json_array_get(sv, i) : one[0];
+		if (!json_is_string(s1) || json_string_length(s1) == 0)
+			return bad(e, 400, "stop", "stop strings must be non-empty strings");
+		r->stop[r->n_stop++] = strdup(json_string_value(s1));
+	}
+	return 0;
+}
+
 /* The whole request body: fills r or says why not. */
 static int parse_request(srv *S, req *r, const char *body, size_t len, verr *e)
 {
@@ -1114,30 +1159,8 @@ static int parse_request(srv *S, req *r, const char *body, size_t len, verr *e)
 		    json_string_value(mv), S->model_id);
 		goto out;
 	}
-	json_t *st = json_object_get(o, "stream");
-	if (st && !json_is_boolean(st) && !json_is_null(st)) {
-		bad(e, 400, "stream", "stream must be a boolean");
+	if (parse_stream(r, o, e) != 0)
 		goto out;
-	}
-	r->stream = json_is_true(st);
-	json_t *so = json_object_get(o, "stream_options");
-	if (so && !json_is_null(so) && !json_is_object(so)) {
-		bad(e, 400, "stream_options", "stream_options must be an object");
-		goto out;
-	}
-	const char *sk;
-	json_t *sov;
-	json_object_foreach(so, sk, sov)
-	{
-		if (strcmp(sk, "include_usage")) {
-			bad(e, 400, "stream_options", "stream_options: unknown field '%s' (include_usage)", sk);
-			goto out;
-		}
-		if (!json_is_boolean(sov) && !json_is_null(sov)) {
-			bad(e, 400, "stream_options", "stream_options.include_usage must be a boolean");
-			goto out;
-		}
-	}
 	if ((x = 1, num_field(o, "n", 1, 1, 1, &x, e)) < 0)
 		goto out;
 	if ((r->chat ? parse_messages(S, r, json_object_get(o, "messages"), e)
@@ -1178,26 +1201,9 @@ static int parse_request(srv *S, req *r, const char *body, size_t len, verr *e)
 		bad(e, 500, NULL, "out of memory");
 		goto out;
 	}
-	json_t *sv = json_object_get(o, "stop");
-	if (sv && !json_is_null(sv)) {
-		json_t *one[1] = { sv };
-		size_t ns = json_is_array(sv) ? json_array_size(sv) : 1;
-		if ((!json_is_string(sv) && !json_is_array(sv)) || ns > MAX_STOP) {
-			bad(e, 400, "stop", "stop must be a string or an array of at most %d strings", MAX_STOP);
-			goto out;
-		}
-		for (size_t i = 0; i < ns; i++) {
-			json_t *s1 = json_is_array(sv) ? json_array_get(sv, i) : one[0];
-			if (!json_is_string(s1) || json_string_length(s1) == 0) {
-				bad(e, 400, "stop", "stop strings must be non-empty strings");
-				goto out;
-			}
-			r->stop[r->n_stop++] = strdup(json_string_value(s1));
-		}
-	}
-	if (parse_kv(S, r, json_object_get(o, "kv"), e) != 0)
+	if (parse_stop(r, json_object_get(o, "stop"), e) != 0 ||
+	    parse_kv(S, r, json_object_get(o, "kv"), e) != 0)
 		goto out;
-	r->include_usage = json_is_true(json_object_get(so, "include_usage"));
 	int64_t fp = rt_serve_footprint(&r->seq, r->n_prompt, r->max_tokens, S->cfg->chunk);
 	r->footprint = (int64_t)rt_kv_blocks_for((int32_t)fp) * S->H * r->seq.kv.block_bytes;
 	if (r->footprint > S->cfg->kv_memory) {
