@@ -361,7 +361,7 @@ START_TEST(test_matmul_threads_and_reference)
 			rt_pool *p = rt_pool_create(nt, &err);
 			rt_matmul_scratch s;
 			ck_assert_int_eq(rt_matmul_scratch_init(&s, nt, C, in, &err), 0);
-			rt_matmul(p, &s, nt == 1 ? Y1 : Y3, X, &W, C, 0);
+			rt_matmul(p, &s, nt == 1 ? Y1 : Y3, X, &W, &C, 1, 0);
 			rt_matmul_scratch_free(&s);
 			rt_pool_free(p);
 		}
@@ -384,6 +384,44 @@ START_TEST(test_matmul_threads_and_reference)
 		free(X), free(Y1), free(Y3);
 	}
 	free(w), free(wf);
+}
+END_TEST
+
+/* Batch invariance: rt_matmul over segments of 3, 20, 1 and 17 rows (both ways in one
+ * call), and accumulating, gives every segment the bits of the same rows multiplied
+ * alone (oracle: one call per segment), on 2 threads. */
+START_TEST(test_matmul_segments_alone)
+{
+	const uint32_t t = types[_i];
+	g_rng = 7 + (uint32_t)_i;
+	const int in = (t == RT_GGML_Q4_K || t == RT_GGML_Q6_K) ? 512 : 96, out = 150;
+	static const int len[] = { 3, 20, 1, 17 };
+	enum { NSEG = 4, C = 41 };
+	const size_t rb = rt_quant_row_bytes(t, in);
+	uint8_t *w = malloc(rb * out);
+	for (int o = 0; o < out; o++)
+		random_row(t, w + rb * o, in);
+	rt_wmat W = { .type = t, .rows = out, .cols = in, .row_bytes = rb, .data = w };
+	float *X = malloc(sizeof(float) * (size_t)C * in);
+	float *Yb = malloc(sizeof(float) * (size_t)C * out), *Ya = malloc(sizeof(float) * (size_t)C * out);
+	for (int i = 0; i < C * in; i++)
+		X[i] = urand(-1.0f, 1.0f);
+	rt_err err = { { 0 } };
+	rt_pool *p = rt_pool_create(2, &err);
+	rt_matmul_scratch s;
+	ck_assert_int_eq(rt_matmul_scratch_init(&s, 2, C, in, &err), 0);
+	for (int acc = 0; acc <= 1; acc++) {
+		for (int i = 0; i < C * out; i++)
+			Yb[i] = Ya[i] = (float)(i % 7) - 3.0f;
+		rt_matmul(p, &s, Yb, X, &W, len, NSEG, acc);
+		for (int g = 0, r0 = 0; g < NSEG; r0 += len[g++])
+			rt_matmul(p, &s, Ya + (size_t)r0 * out, X + (size_t)r0 * in, &W, &len[g], 1, acc);
+		ck_assert_msg(memcmp(Yb, Ya, sizeof(float) * (size_t)C * out) == 0,
+		              "type %u accumulate %d: a segment's rows differ from the rows alone", t, acc);
+	}
+	rt_matmul_scratch_free(&s);
+	rt_pool_free(p);
+	free(X), free(Yb), free(Ya), free(w);
 }
 END_TEST
 
@@ -467,6 +505,7 @@ static Suite *dot_suite(void)
 	tcase_add_test(tc, test_unsupported);
 	tcase_add_test(tc, test_pool_covers_every_index);
 	tcase_add_loop_test(tc, test_matmul_threads_and_reference, 0, N_TYPES);
+	tcase_add_loop_test(tc, test_matmul_segments_alone, 0, N_TYPES);
 	suite_add_tcase(s, tc);
 	return s;
 }

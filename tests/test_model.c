@@ -361,7 +361,9 @@ START_TEST(test_chunking_invariance)
 	for (int i = 0; i < 4; i++) {
 		run_model(m, tok, N, chunks[i], 0, other);
 		double d = max_diff_f(one, other, sz);
-		ck_assert_msg(d <= 1e-5, "internal chunk %d differs by %g", chunks[i], d);
+		/* 3e-5: OpenBLAS's summation order differs with the row count (measured up to
+		 * 1.05e-5 with the kernels it picks on an AMD EPYC) */
+		ck_assert_msg(d <= 3e-5, "internal chunk %d differs by %g", chunks[i], d);
 	}
 	/* uneven external calls with a small internal chunk */
 	run_model(m, tok, N, 3, 4, other);
@@ -713,13 +715,17 @@ START_TEST(test_narrow_kv_types)
 	for (int t = 0; t < 20; t++)
 		ck_assert_int_eq(rt_model_forward(&fb, &b, tok + t, 1, t, lb, RT_LOGITS_LAST, &err), 0);
 	/* as test_fast_path's prefill bound: 1e-4 of the largest logit (f32 summation order of
-	 * the matmuls and the attention through both layers) */
+	 * the matmuls and the attention through both layers); for q8_0, 2e-3: a key or value
+	 * that differs in its last f32 bit between the two orders can land on the next code of
+	 * its block (a step of 1/127 of the block's largest magnitude); measured 6e-4 on an
+	 * AMD EPYC */
 	double worst = 0, mx = 0;
 	for (int i = 0; i < c.n_vocab; i++) {
 		worst = fmax(worst, fabs(la[i] - lb[i]));
 		mx = fmax(mx, fabs(lb[i]));
 	}
-	ck_assert_msg(worst <= 1e-4 * mx, "%s: chunk of 20 vs 20 steps differ by %g (max %g)",
+	ck_assert_msg(worst <= (type == RT_KV_Q8_0 ? 2e-3 : 1e-4) * mx,
+	              "%s: chunk of 20 vs 20 steps differ by %g (max %g)",
 	              rt_kv_type_name(type), worst, mx);
 	/* the single-row path under observe too */
 	ck_assert_int_eq(rt_model_forward(&fa, &a, tok + 20, 4, 20, la, RT_LOGITS_LAST, &err), 0);
@@ -768,7 +774,8 @@ START_TEST(test_long_context_row_blocks)
 		ck_assert_int_eq(rt_model_forward(&fb, &b, tok + P + i, 1, P + i,
 		                                  lb + (size_t)i * c.n_vocab, RT_LOGITS_ALL, &err), 0);
 	double d = max_diff_f(la, lb, (size_t)C * c.n_vocab);
-	ck_assert_msg(d <= 1e-5, "chunk vs token-by-token at 2000 tokens: %g", d);
+	/* 3e-5 as test_chunking_invariance (measured 1.5e-5 on an AMD EPYC) */
+	ck_assert_msg(d <= 3e-5, "chunk vs token-by-token at 2000 tokens: %g", d);
 	ck_assert_int_eq(acc.calls, (long)C * c.n_layer * c.n_head_kv);
 	ck_assert_int_eq(acc.bad_n, 0);
 	ck_assert_msg(acc.worst_sum < 1e-5 && acc.worst_out < 1e-5, "observe: sum %g, out %g",

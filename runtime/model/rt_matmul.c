@@ -57,7 +57,9 @@ int rt_matmul_supported(uint32_t type, int cols)
 
 typedef struct mm_job {
 	rt_matmul_scratch *s;
-	int n, C, in, accumulate, nth;
+	int n, in, accumulate, nth;
+	const int *len;      /* [nseg] the rows of each segment of X (consecutive) */
+	int nseg;
 	const float *X;
 	float *const *Y;
 	const rt_wmat *const *W;
@@ -66,6 +68,13 @@ typedef struct mm_job {
 	long row0[5];        /* prefix sums of rows (dot path) or tiles (gemm path) */
 	atomic_long next;    /* the dot path's next chunk */
 } mm_job;
+
+/* A segment of len rows takes the GEMM path (1) or the dot path (0): by its own size,
+ * never by the call's total, so a row's bits do not depend on the other segments. */
+static int seg_gemm(int len)
+{
+	return len >= RT_MATMUL_GEMM_ROWS;
+}
 
 /* the matrix holding global index g of a prefix-sum table */
 static int which(const long *row0, int n, long g)
@@ -94,15 +103,19 @@ static void dot_rows(mm_job *j, long lo, long hi)
 		for (long r = g - j->row0[i], re = end - j->row0[i]; r < re;) {
 			const int nr = rows && re - r >= RT_DOT_ROWS ? RT_DOT_ROWS : 1;
 			const uint8_t *wr = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
-			for (int c = 0; c < j->C; c++) {
-				float v[RT_DOT_ROWS];
-				if (nr > 1)
-					rows(wr, W->row_bytes, act + (size_t)c * st, j->in, nr, v);
-				else
-					v[0] = dot(wr, act + (size_t)c * st, j->in);
-				float *y = Y + (size_t)c * out + r;
-				for (int k = 0; k < nr; k++)
-					y[k] = j->accumulate ? y[k] + v[k] : v[k];
+			for (int sg = 0, c0 = 0; sg < j->nseg; c0 += j->len[sg++]) {
+				if (seg_gemm(j->len[sg]))
+					continue;
+				for (int c = c0; c < c0 + j->len[sg]; c++) {
+					float v[RT_DOT_ROWS];
+					if (nr > 1)
+						rows(wr, W->row_bytes, act + (size_t)c * st, j->in, nr, v);
+					else
+						v[0] = dot(wr, act + (size_t)c * st, j->in);
+					float *y = Y + (size_t)c * out + r;
+					for (int k = 0; k < nr; k++)
+						y[k] = j->accumulate ? y[k] + v[k] : v[k];
+				}
 			}
 			r += nr;
 		}
@@ -152,58 +165,86 @@ static void gemm_job(void *a, int ith, int nth)
 			           (int64_t)nr * in);
 			B = tile;
 		}
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->C, nr, in, 1.0f, j->X, in, B, in,
-		            j->accumulate ? 1.0f : 0.0f, j->Y[i] + o0, W->rows);
+		/* one sgemm per segment: OpenBLAS's bits for a row depend on the call's row count */
+		for (int sg = 0, c0 = 0; sg < j->nseg; c0 += j->len[sg++])
+			if (seg_gemm(j->len[sg]))
+				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->len[sg], nr, in, 1.0f,
+				            j->X + (size_t)c0 * in, in, B, in, j->accumulate ? 1.0f : 0.0f,
+				            j->Y[i] + (size_t)c0 * W->rows + o0, W->rows);
+	}
+}
+
+/* The job's units for one way (gemm: tiles of RT_MATMUL_TILE rows of W, else rows of
+ * W) and, for the dot way, the rows of X's dot segments quantised once per distinct
+ * activation format (matrices whose kernels share a quant function share them). */
+static void job_prepare(mm_job *j, int gemm)
+{
+	rt_matmul_scratch *s = j->s;
+	size_t off = 0;
+	for (int i = 0; i < j->n; i++) {
+		const rt_wmat *W = j->W[i];
+		long units = gemm ? (W->rows + RT_MATMUL_TILE - 1) / RT_MATMUL_TILE : W->rows;
+		j->row0[i + 1] = j->row0[i] + units;
+		if (gemm)
+			continue;
+		int same = -1;
+		for (int k = 0; k < i; k++)
+			if (j->k[k]->quant == j->k[i]->quant && j->k[k]->block == j->k[i]->block)
+				same = k;
+		if (same >= 0) {
+			j->act_off[i] = j->act_off[same];
+			continue;
+		}
+		const size_t need = rt_dot_act_bytes(W->type, j->in);
+		RT_ASSERT(need > 0 && off + need <= s->act_stride);
+		j->act_off[i] = off;
+		for (int sg = 0, c0 = 0; sg < j->nseg; c0 += j->len[sg++])
+			for (int c = c0; !seg_gemm(j->len[sg]) && c < c0 + j->len[sg]; c++)
+				j->k[i]->quant(j->X + (size_t)c * j->in,
+				               s->act + (size_t)c * s->act_stride + off, j->in);
+		off += need;
 	}
 }
 
 static void run(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y, const float *X,
-                const rt_wmat *const *W, int C, int accumulate)
+                const rt_wmat *const *W, const int *len, int nseg, int accumulate)
 {
-	RT_ASSERT(n >= 1 && n <= 4 && C >= 1 && C <= s->max_rows);
-	mm_job j = { .s = s, .n = n, .C = C, .in = W[0]->cols, .accumulate = accumulate, .X = X,
-		     .Y = Y, .W = W };
+	RT_ASSERT(n >= 1 && n <= 4 && nseg >= 1);
+	mm_job j = { .s = s, .n = n, .in = W[0]->cols, .accumulate = accumulate, .X = X,
+		     .Y = Y, .W = W, .len = len, .nseg = nseg };
 	RT_ASSERT(j.in <= s->max_in);
-	atomic_init(&j.next, 0);
+	int C = 0, dot_rows_n = 0;
+	for (int sg = 0; sg < nseg; sg++) {
+		RT_ASSERT(len[sg] >= 1);
+		C += len[sg];
+		dot_rows_n += seg_gemm(len[sg]) ? 0 : len[sg];
+	}
+	RT_ASSERT(C <= s->max_rows);
 	j.nth = rt_pool_threads(p) < s->n_threads ? rt_pool_threads(p) : s->n_threads;
-	const int gemm = C >= RT_MATMUL_GEMM_ROWS;
-	j.row0[0] = 0;
-	size_t off = 0;
 	for (int i = 0; i < n; i++) {
 		RT_ASSERT(W[i]->cols == j.in);
 		j.k[i] = rt_dot_kernel_get(W[i]->type, rt_dot_isa_best());
 		RT_ASSERT(j.k[i] != NULL);
-		long units = gemm ? (W[i]->rows + RT_MATMUL_TILE - 1) / RT_MATMUL_TILE : W[i]->rows;
-		j.row0[i + 1] = j.row0[i] + units;
-		if (gemm)
-			continue;
-		/* quantise X once per distinct activation format (same quant function) */
-		int same = -1;
-		for (int k = 0; k < i; k++)
-			if (j.k[k]->quant == j.k[i]->quant && j.k[k]->block == j.k[i]->block)
-				same = k;
-		if (same >= 0) {
-			j.act_off[i] = j.act_off[same];
-			continue;
-		}
-		const size_t need = rt_dot_act_bytes(W[i]->type, j.in);
-		RT_ASSERT(need > 0 && off + need <= s->act_stride);
-		j.act_off[i] = off;
-		for (int c = 0; c < C; c++)
-			j.k[i]->quant(X + (size_t)c * j.in, s->act + (size_t)c * s->act_stride + off, j.in);
-		off += need;
 	}
-	rt_pool_run(p, gemm ? gemm_job : dot_job, &j);
+	if (dot_rows_n > 0) {
+		atomic_init(&j.next, 0);
+		job_prepare(&j, 0);
+		rt_pool_run(p, dot_job, &j);
+	}
+	if (dot_rows_n < C) {
+		job_prepare(&j, 1);
+		rt_pool_run(p, gemm_job, &j);
+	}
 }
 
 void rt_matmul(rt_pool *p, rt_matmul_scratch *s, float *Y, const float *X, const rt_wmat *W,
-               int C, int accumulate)
+               const int *len, int nseg, int accumulate)
 {
-	run(p, s, 1, &Y, X, &W, C, accumulate);
+	run(p, s, 1, &Y, X, &W, len, nseg, accumulate);
 }
 
 void rt_matmul_multi(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y,
-                     const float *X, const rt_wmat *const *W, int C)
+                     const float *X, const rt_wmat *const *W, const int *len, int nseg)
 {
-	run(p, s, n, Y, X, W, C, 0);
+	run(p, s, n, Y, X, W, len, nseg, 0);
 }

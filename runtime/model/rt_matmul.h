@@ -1,18 +1,22 @@
 /*
  * rt_matmul: Y = X·W^T (optionally Y += X·W^T) for a weight matrix kept in its GGUF block
- * type, split over the rows of W on an rt_pool. Two ways, chosen by the number of rows C
- * of X:
+ * type, split over the rows of W on an rt_pool. X's rows come in consecutive segments
+ * (one per sequence of a batched chunk; one segment for a lone sequence), and each
+ * segment takes one of two ways, chosen by its own row count C:
  *  - C < RT_MATMUL_GEMM_ROWS (decoding): each row of X is quantised once per call to the
  *    activation blocks rt_dot pairs with W's type, and every output element comes from an
- *    rt_dot kernel (weights read once, in their compressed form; up to RT_DOT_ROWS weight
- *    rows per call where the kernel has a rows form); the threads take chunks of 64 rows
- *    from a shared counter;
+ *    rt_dot kernel (weights read once, in their compressed form, for all such rows; up to
+ *    RT_DOT_ROWS weight rows per call where the kernel has a rows form); the threads take
+ *    chunks of 64 rows from a shared counter;
  *  - C >= RT_MATMUL_GEMM_ROWS (prefill, GEMM-bound): W is dequantised in tiles of
- *    RT_MATMUL_TILE rows into per-thread f32 scratch and multiplied by OpenBLAS's sgemm
- *    (X stays f32: no activation quantisation).
+ *    RT_MATMUL_TILE rows into per-thread f32 scratch and multiplied by OpenBLAS's sgemm,
+ *    one call per segment (X stays f32: no activation quantisation).
  * Every output element is computed by the same operations whatever the thread count
  * (rows are computed whole and a rows kernel gives each row dot's bits; tiles have fixed
- * boundaries), so results do not depend on it.
+ * boundaries) and whatever the other segments are (the way is the segment's, and
+ * OpenBLAS, whose bits for a row depend on the call's row count, sees the segment
+ * alone), so a sequence's results do not depend on what is stacked with it: a batch
+ * gives each sequence the bits it gets alone with the same chunks.
  * OpenBLAS is called from the pool's threads: it must run single-threaded
  * (openblas_set_num_threads(1)) when the pool has more than one thread.
  */
@@ -53,14 +57,16 @@ void rt_matmul_scratch_free(rt_matmul_scratch *s);
 /* 1 when W's type has an rt_dot kernel and rt_quant decoder for its column count. */
 int rt_matmul_supported(uint32_t type, int cols);
 
-/* Y[C × W->rows] = X[C × W->cols]·W^T, or += when accumulate. C <= s->max_rows,
- * W->cols <= s->max_in; uses min(pool threads, s->n_threads) threads. */
+/* Y[C × W->rows] = X[C × W->cols]·W^T, or += when accumulate, where X's C rows are nseg
+ * consecutive segments of len[0..nseg) rows each (every len >= 1; nseg = 1 and len = &C
+ * for one sequence). C <= s->max_rows, W->cols <= s->max_in; uses min(pool threads,
+ * s->n_threads) threads. */
 void rt_matmul(rt_pool *p, rt_matmul_scratch *s, float *Y, const float *X, const rt_wmat *W,
-               int C, int accumulate);
+               const int *len, int nseg, int accumulate);
 
-/* The same for n matrices with one input X (W[i]->cols equal), in one pool job:
+/* The same for n matrices with one input X (W[i]->cols equal), in one pool job per way:
  * Y[i] = X·W[i]^T. The matrices may be of different types. n <= 4. */
 void rt_matmul_multi(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y,
-                     const float *X, const rt_wmat *const *W, int C);
+                     const float *X, const rt_wmat *const *W, const int *len, int nseg);
 
 #endif

@@ -547,6 +547,7 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 	}
 	memset(f->mem, 0, f->mem_bytes);
 	f->segs = calloc((size_t)max_chunk, sizeof(fwd_seg));
+	f->seg_len = calloc((size_t)max_chunk, sizeof(int));
 	if (m->kv_type != RT_KV_F32 && max_chunk >= ATT_DECODE_ROWS) {
 		f->kvf_stride = ((size_t)2 * (size_t)cap * hd + 15) & ~(size_t)15;
 		if (f->kvf_stride > SIZE_MAX / sizeof(float) / (size_t)n_att)
@@ -554,7 +555,7 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 		else
 			f->kvf = aligned_alloc(64, f->kvf_stride * (size_t)n_att * sizeof(float));
 	}
-	if (!f->segs || (m->kv_type != RT_KV_F32 && max_chunk >= ATT_DECODE_ROWS && !f->kvf)) {
+	if (!f->segs || !f->seg_len || (m->kv_type != RT_KV_F32 && max_chunk >= ATT_DECODE_ROWS && !f->kvf)) {
 		rt_fwd_free(f);
 		return rt_err_set(err, "%s: forward: cannot allocate %d row segments or the KV decode "
 		                  "buffers", m->path, max_chunk);
@@ -597,6 +598,7 @@ void rt_fwd_free(rt_fwd *f)
 	free(f->q_pre);
 	rt_matmul_scratch_free(&f->mm);
 	free(f->segs);
+	free(f->seg_len);
 	free(f->kvf);
 	free(f->mem);
 	memset(f, 0, sizeof *f);
@@ -618,28 +620,34 @@ void rt_rms_norm(float *y, const float *x, const float *w, int C, int n, float e
 	}
 }
 
-/* Y[C × out] = X[C × in] · W[out × in]^T */
-static void matmul_wt(float *Y, const float *X, const float *W, int C, int out, int in)
+/* Y[C × out] = X[C × in] · W[out × in]^T (+ Y when beta is 1), one BLAS call per segment
+ * of len[0..nseg) consecutive rows (C their sum): OpenBLAS's bits for a row depend on the
+ * call's row count, so a batched chunk gives each sequence the bits it gets alone. */
+static void matmul_wt(float *Y, const float *X, const float *W, const int *len, int nseg,
+                      int out, int in, float beta)
 {
-	if (C == 1)
-		cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, W, in, X, 1, 0.0f, Y, 1);
-	else
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, out, in, 1.0f, X, in, W, in,
-		            0.0f, Y, out);
+	for (int s = 0; s < nseg; s++) {
+		const int C = len[s];
+		if (C == 1)
+			cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, W, in, X, 1, beta, Y, 1);
+		else
+			cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, out, in, 1.0f, X, in, W,
+			            in, beta, Y, out);
+		X += (size_t)C * in;
+		Y += (size_t)C * out;
+	}
 }
 
-/* Y[C × out] += X[C × in] · W^T: the packed matrix mw on the model's pool (the fast path),
- * or its f32 rows W[out × in] through BLAS (exact). */
+/* Y[C × out] += X[C × in] · W^T over the segments len[0..nseg): the packed matrix mw on
+ * the model's pool (the fast path), or its f32 rows W[out × in] through BLAS (exact). */
 static void matmul_add(const rt_model *m, rt_matmul_scratch *mm, float *Y, const float *X,
-                       const rt_wmat *mw, const float *W, int C, int out, int in)
+                       const rt_wmat *mw, const float *W, const int *len, int nseg, int out,
+                       int in)
 {
 	if (!m->exact)
-		rt_matmul(m->pool, mm, Y, X, mw, C, 1);
-	else if (C == 1)
-		cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, W, in, X, 1, 1.0f, Y, 1);
+		rt_matmul(m->pool, mm, Y, X, mw, len, nseg, 1);
 	else
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, C, out, in, 1.0f, X, in, W, in,
-		            1.0f, Y, out);
+		matmul_wt(Y, X, W, len, nseg, out, in, 1.0f);
 }
 
 /* ---- fast-path helpers: rows split over the pool ----------------------------------- */
@@ -989,21 +997,23 @@ static void chunk_rope_tables(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_s
 		}
 }
 
-/* Layer l's attention norm of big->x and the Q, K, V projections of all the rows. */
-static void layer_qkv(rt_fwd *big, const rt_layer *L, int rows)
+/* Layer l's attention norm of big->x and the Q, K, V projections of all the rows (K
+ * segments of big->seg_len rows). */
+static void layer_qkv(rt_fwd *big, const rt_layer *L, int K, int rows)
 {
+	const int *len = big->seg_len;
 	const rt_model *m = big->m;
 	const rt_model_hparams *hp = &m->hp;
 	const int E = hp->n_embd, qd = hp->n_head * hp->head_dim, kd = hp->n_head_kv * hp->head_dim;
 	norm_rows(m, big->xn, big->x, L->attn_norm, rows, E, hp->norm_eps);
 	if (m->exact) {
-		matmul_wt(big->q, big->xn, L->wq, rows, qd, E);
-		matmul_wt(big->k, big->xn, L->wk, rows, kd, E);
-		matmul_wt(big->v, big->xn, L->wv, rows, kd, E);
+		matmul_wt(big->q, big->xn, L->wq, len, K, qd, E, 0.0f);
+		matmul_wt(big->k, big->xn, L->wk, len, K, kd, E, 0.0f);
+		matmul_wt(big->v, big->xn, L->wv, len, K, kd, E, 0.0f);
 	} else {
 		float *const Y[3] = { big->q, big->k, big->v };
 		const rt_wmat *const W[3] = { &L->mq, &L->mk, &L->mv };
-		rt_matmul_multi(m->pool, &big->mm, 3, Y, big->xn, W, rows);
+		rt_matmul_multi(m->pool, &big->mm, 3, Y, big->xn, W, len, K);
 	}
 }
 
@@ -1081,20 +1091,21 @@ static void layer_ffn(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_seg *sg,
 	const rt_model *m = big->m;
 	const rt_model_hparams *hp = &m->hp;
 	const int E = hp->n_embd, F = hp->n_ff, qd = hp->n_head * hp->head_dim;
+	const int *len = big->seg_len;
 	/* x += att · Wo^T (accumulate straight into the residual) */
-	matmul_add(m, &big->mm, big->x, big->att, &L->mo, L->wo, rows, E, qd);
+	matmul_add(m, &big->mm, big->x, big->att, &L->mo, L->wo, len, K, E, qd);
 	norm_rows(m, big->xn, big->x, L->ffn_norm, rows, E, hp->norm_eps);
 	if (m->exact) {
-		matmul_wt(big->gate, big->xn, L->w_gate, rows, F, E);
-		matmul_wt(big->up, big->xn, L->w_up, rows, F, E);
+		matmul_wt(big->gate, big->xn, L->w_gate, len, K, F, E, 0.0f);
+		matmul_wt(big->up, big->xn, L->w_up, len, K, F, E, 0.0f);
 	} else {
 		float *const Y[2] = { big->gate, big->up };
 		const rt_wmat *const W[2] = { &L->mgate, &L->mup };
-		rt_matmul_multi(m->pool, &big->mm, 2, Y, big->xn, W, rows);
+		rt_matmul_multi(m->pool, &big->mm, 2, Y, big->xn, W, len, K);
 	}
 	row_job sj = { .op = ROW_SILU, .C = rows, .y = big->gate, .x = big->up, .n = F };
 	rows_run(m, &sj);
-	matmul_add(m, &big->mm, big->x, big->gate, &L->mdown, L->w_down, rows, E, F);
+	matmul_add(m, &big->mm, big->x, big->gate, &L->mdown, L->w_down, len, K, E, F);
 	for (int s = 0; s < K; s++)
 		if (fs[s]->on_layer)
 			fs[s]->on_layer(fs[s]->layer_user, l, sg[s].C, sg[s].pos0,
@@ -1109,16 +1120,21 @@ static void chunk_logits(rt_fwd *big, int K, const fwd_seg *sg)
 	const rt_model *m = big->m;
 	const rt_model_hparams *hp = &m->hp;
 	const int E = hp->n_embd;
-	/* the requested rows of every segment, normed into consecutive rows of xn */
-	int nr = 0, contig = 1;
+	/* the requested rows of every segment, normed into consecutive rows of xn, one
+	 * matmul segment each */
+	int nr = 0, ns = 0, contig = 1;
+	float *lg0 = NULL;
 	for (int s = 0; s < K; s++) {
 		if (!sg[s].lg)
 			continue;
 		const int c = sg[s].C - sg[s].lrow_from;
 		norm_rows(m, big->xn + (size_t)nr * E, big->x + ((size_t)sg[s].off + sg[s].lrow_from) * E,
 		          m->out_norm, c, E, hp->norm_eps);
-		if (nr && sg[s].lg != sg[0].lg + (size_t)nr * hp->n_vocab)
+		if (!lg0)
+			lg0 = sg[s].lg;
+		else if (sg[s].lg != lg0 + (size_t)nr * hp->n_vocab)
 			contig = 0;
+		big->seg_len[ns++] = c;
 		nr += c;
 	}
 	if (!nr)
@@ -1126,9 +1142,9 @@ static void chunk_logits(rt_fwd *big, int K, const fwd_seg *sg)
 	if (contig) {
 		/* the requested rows are consecutive rows of the output */
 		if (m->exact)
-			matmul_wt(sg[0].lg, big->xn, m->output, nr, hp->n_vocab, E);
+			matmul_wt(lg0, big->xn, m->output, big->seg_len, ns, hp->n_vocab, E, 0.0f);
 		else
-			rt_matmul(m->pool, &big->mm, sg[0].lg, big->xn, &m->out, nr, 0);
+			rt_matmul(m->pool, &big->mm, lg0, big->xn, &m->out, big->seg_len, ns, 0);
 		return;
 	}
 	for (int s = 0, r = 0; s < K; s++) {
@@ -1137,9 +1153,9 @@ static void chunk_logits(rt_fwd *big, int K, const fwd_seg *sg)
 		const int c = sg[s].C - sg[s].lrow_from;
 		const float *xs = big->xn + (size_t)r * E;
 		if (m->exact)
-			matmul_wt(sg[s].lg, xs, m->output, c, hp->n_vocab, E);
+			matmul_wt(sg[s].lg, xs, m->output, &c, 1, hp->n_vocab, E, 0.0f);
 		else
-			rt_matmul(m->pool, &big->mm, sg[s].lg, xs, &m->out, c, 0);
+			rt_matmul(m->pool, &big->mm, sg[s].lg, xs, &m->out, &c, 1, 0);
 		r += c;
 	}
 }
@@ -1157,9 +1173,11 @@ static void forward_chunk(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int
 	const int rows = sg[K - 1].off + sg[K - 1].C;
 	chunk_embed(big, K, sg);
 	chunk_rope_tables(big, fs, K, sg, shared);
+	for (int k = 0; k < K; k++)
+		big->seg_len[k] = sg[k].C;
 	for (int l = 0; l < m->hp.n_layer; l++) {
 		const rt_layer *L = &m->layers[l];
-		layer_qkv(big, L, rows);
+		layer_qkv(big, L, K, rows);
 		layer_attention(big, fs, kvs, K, sg, shared, l);
 		layer_ffn(big, fs, K, sg, L, l, rows);
 	}

@@ -221,6 +221,7 @@ typedef struct rt_fwd {
 	int observe_parallel;
 	rt_matmul_scratch mm;   /* fast path: quantised activations and dequantised tiles */
 	void *segs;     /* [max_chunk] internal: the sequences' rows of a batched chunk */
+	int *seg_len;   /* [max_chunk] internal: their row counts, the matmuls' segments */
 	float *q_pre;   /* [max_chunk × n_head·head_dim] the chunk's queries before RoPE, for
 	                   observe (rt_fwd_keep_queries); NULL by default */
 	void *mem;

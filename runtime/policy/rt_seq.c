@@ -495,6 +495,9 @@ int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
 	return 0;
 }
 
+static int step_run(rt_seq_multi *b, rt_seq *const *s, int K, const int32_t *const *tok,
+                    int *n, int final_only, rt_err *why, rt_err *err);
+
 /* ---- lockstep batches ---------------------------------------------------------------- */
 
 int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_err *err)
@@ -506,27 +509,28 @@ int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_er
 	for (int k = 1; k < K; k++)
 		if (s[k]->m != m)
 			return rt_err_set(err, "sequence batch: sequences of different models");
-	const size_t lg_bytes = (size_t)K * chunk * m->hp.n_vocab * sizeof(float);
-	const size_t ptrs = (size_t)K * (sizeof(rt_fwd *) + sizeof(rt_kv *) + sizeof(rt_seq *));
-	b->mem = calloc(1, ptrs + (size_t)K * (sizeof(int) + 512));
-	b->lg = malloc(lg_bytes);
-	if (!b->mem || !b->lg) {
+	const size_t n = (size_t)K;
+	b->mem = calloc(1, n * (2 * sizeof(rt_seq *) + sizeof(int32_t *) + sizeof(int64_t) +
+	                        3 * sizeof(int) + sizeof(rt_err) + 512));
+	b->mb = calloc(1, sizeof *b->mb);
+	if (!b->mem || !b->mb) {
 		rt_seq_batch_free(b);
-		return rt_err_set(err, "%s: sequence batch: cannot allocate %zu bytes of logits",
-		                  m->path, lg_bytes);
+		return rt_err_set(err, "%s: sequence batch: out of memory", m->path);
 	}
-	b->fw = b->mem;
-	b->kv = (rt_kv **)(b->fw + K);
-	b->s = (rt_seq **)(b->kv + K);
-	b->why = (char (*)[512])(b->s + K);
-	b->idx = (int *)(b->why + K);
+	b->s = b->mem;
+	b->fed = b->s + n;
+	b->tk = (const int32_t **)(b->fed + n);
+	b->done = (int64_t *)(b->tk + n);
+	b->ew = (rt_err *)(b->done + n);
+	b->idx = (int *)(b->ew + n);
+	b->nn = b->idx + n;
+	b->slot = b->nn + n;
+	b->why = (char (*)[512])(b->slot + n);
 	for (int k = 0; k < K; k++) {
 		b->s[k] = s[k];
-		b->fw[k] = &s[k]->fwd;
-		b->kv[k] = &s[k]->kv;
 		b->idx[k] = k;
 	}
-	if (rt_fwd_init(&b->big, m, K * chunk, 1, err) != 0) {
+	if (rt_seq_multi_init(b->mb, m, K, K * chunk, err) != 0) {
 		rt_seq_batch_free(b);
 		return -1;
 	}
@@ -537,9 +541,10 @@ int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_er
 
 void rt_seq_batch_free(rt_seq_batch *b)
 {
-	rt_fwd_free(&b->big);
+	if (b->mb)
+		rt_seq_multi_free(b->mb);
+	free(b->mb);
 	free(b->mem);
-	free(b->lg);
 	memset(b, 0, sizeof *b);
 }
 
@@ -555,21 +560,22 @@ static void batch_drop(rt_seq_batch *b, int i, const rt_err *err)
 {
 	snprintf(b->why[b->idx[i]], sizeof b->why[0], "%s", err->msg[0] ? err->msg : "failed");
 	int last = --b->n_active;
-	b->s[i] = b->s[last], b->fw[i] = b->fw[last], b->kv[i] = b->kv[last];
-	b->idx[i] = b->idx[last];
+	b->s[i] = b->s[last], b->done[i] = b->done[last], b->idx[i] = b->idx[last];
 }
 
-int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *logits,
-                      enum rt_logits_mode mode, rt_err *err)
+/* The checks before a feed: sizes, every active sequence at the same position, and, at
+ * the first token, each one's budget and guards (rt_budget; a sequence failing them
+ * leaves). 0, or -1 with err. */
+static int batch_feed_check(rt_seq_batch *b, int64_t n, const float *logits,
+                            enum rt_logits_mode mode, rt_err *err)
 {
 	if (b->K < 1)
 		return rt_err_set(err, "sequence batch: not initialised");
-	const rt_model *m = b->s[0]->m;
-	const int V = m->hp.n_vocab;
+	const char *path = b->s[0]->m->path;
 	if (n < 0)
-		return rt_err_set(err, "%s: sequence: negative token count", m->path);
+		return rt_err_set(err, "%s: sequence: negative token count", path);
 	if (mode != RT_LOGITS_NONE && !logits)
-		return rt_err_set(err, "%s: sequence: logits requested without a buffer", m->path);
+		return rt_err_set(err, "%s: sequence: logits requested without a buffer", path);
 	if (b->n_active < 1)
 		return rt_err_set(err, "sequence batch: every sequence has left (%s)", b->why[0]);
 	const int64_t seen = b->s[0]->run.ctx.seen;
@@ -579,8 +585,6 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 			                  "sequence batch: policy %s has seen %lld tokens, policy %s %lld",
 			                  b->s[0]->p->name, (long long)seen, b->s[k]->p->name,
 			                  (long long)b->s[k]->run.ctx.seen);
-	/* the budget and guards in force, before the first token (rt_budget): a sequence whose
-	 * policy fails them leaves the batch */
 	if (seen == 0 && n > 0)
 		for (int i = 0; i < b->n_active;) {
 			rt_err e = { "" };
@@ -592,63 +596,53 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 		}
 	if (b->n_active < 1)
 		return rt_err_set(err, "sequence batch: every sequence has left (%s)", b->why[0]);
+	return 0;
+}
+
+int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *logits,
+                      enum rt_logits_mode mode, rt_err *err)
+{
+	if (batch_feed_check(b, n, logits, mode, err) != 0)
+		return -1;
+	rt_seq_multi *mb = b->mb;
+	const int V = b->s[0]->m->hp.n_vocab;
+	for (int i = 0; i < b->n_active; i++)
+		b->done[i] = 0;
 	double t0 = rt_now();
-	for (int64_t done = 0; done < n;) {
-		int32_t k = n - done < b->chunk ? (int32_t)(n - done) : b->chunk;
-		int tr = 0;
-		for (int i = 0; i < b->n_active;) {
-			int32_t c = rt_run_chunk(&b->s[i]->run, &b->s[i]->kv, k);
-			if (c == 0) {
-				rt_err e = { "" };
-				seq_full_err(b->s[i], &e);
-				batch_drop(b, i, &e);
+	for (;;) {
+		/* one step: every sequence with tokens of this feed left offers its rest */
+		int J = 0;
+		for (int i = 0; i < b->n_active; i++) {
+			if (b->done[i] >= n)
 				continue;
-			}
-			k = c < k ? c : k;
-			i++;
+			const int64_t left = n - b->done[i];
+			b->fed[J] = b->s[i];
+			b->tk[J] = tokens + b->done[i];
+			b->nn[J] = left < b->chunk ? (int)left : b->chunk;
+			mb->lgq[J] = mode == RT_LOGITS_ALL ? logits + ((size_t)b->idx[i] * n + b->done[i]) * V
+			             : mode == RT_LOGITS_LAST ? logits + (size_t)b->idx[i] * V : NULL;
+			mb->allq[J] = mode == RT_LOGITS_ALL;
+			b->slot[J++] = i;
 		}
-		for (int i = 0; i < b->n_active;) {
-			rt_err e = { "" };
-			if (seq_reserve(b->s[i], k, &e) != 0) {
-				batch_drop(b, i, &e);
-				continue;
-			}
-			tr |= trace_wants_logits(b->s[i]);
-			i++;
-		}
-		const int K = b->n_active;
-		if (K == 0)
-			return rt_err_set(err, "sequence batch: every sequence has left (%s)", b->why[0]);
-		const int last = done + k == n;
-		enum rt_logits_mode md = RT_LOGITS_NONE;
-		if (mode == RT_LOGITS_ALL || tr)
-			md = RT_LOGITS_ALL;
-		else if (mode == RT_LOGITS_LAST && last)
-			md = RT_LOGITS_LAST;
-		if (rt_model_forward_batch(&b->big, b->fw, b->kv, K, tokens + done, k,
-		                           (int32_t)(seen + done), b->lg, md, err) != 0)
+		if (J == 0)
+			break;
+		/* a last chunk's logits only: nn is the rest when it is at most the chunk */
+		for (int j = 0; j < J; j++)
+			if (mode == RT_LOGITS_LAST && n - b->done[b->slot[j]] > b->chunk)
+				mb->lgq[j] = NULL;
+		if (step_run(mb, b->fed, J, b->tk, b->nn, 1, b->ew, err) < 0)
 			return -1;
-		/* copy every slot's rows out before any slot leaves (leaving moves slots) */
-		for (int i = 0; i < K; i++) {
-			const float *rows = md == RT_LOGITS_ALL ? b->lg + (size_t)i * k * V : NULL;
-			const int o = b->idx[i];
-			if (mode == RT_LOGITS_ALL)
-				memcpy(logits + ((size_t)o * n + done) * V, rows, (size_t)k * V * sizeof(float));
-			else if (mode == RT_LOGITS_LAST && last)
-				memcpy(logits + (size_t)o * V,
-				       rows ? rows + (size_t)(k - 1) * V : b->lg + (size_t)i * V,
-				       (size_t)V * sizeof(float));
+		/* from the last slot down, so a leaving slot is only replaced by one already
+		 * stepped (or not offered) */
+		for (int j = J - 1; j >= 0; j--) {
+			if (b->nn[j] < 0)
+				batch_drop(b, b->slot[j], &b->ew[j]);
+			else
+				b->done[b->slot[j]] += b->nn[j];
 		}
-		/* from the last slot down, so a leaving slot is only ever replaced by one already
-		 * advanced */
-		for (int i = K - 1; i >= 0; i--) {
-			const float *rows = md == RT_LOGITS_ALL ? b->lg + (size_t)i * k * V : NULL;
-			rt_err e = { "" };
-			if (seq_chunk_done(b->s[i], tokens + done, k, rows, &e) != 0)
-				batch_drop(b, i, &e);
-		}
-		done += k;
 	}
+	if (b->n_active < 1)
+		return rt_err_set(err, "sequence batch: every sequence has left (%s)", b->why[0]);
 	const double dt = rt_now() - t0;
 	for (int i = 0; i < b->n_active; i++)
 		b->s[i]->st.seconds += dt;
@@ -661,22 +655,24 @@ int rt_seq_multi_init(rt_seq_multi *b, const rt_model *m, int max_seqs, int max_
                       rt_err *err)
 {
 	memset(b, 0, sizeof *b);
-	if (max_seqs < 1 || max_rows < 1 || max_rows > 65536 || max_seqs > max_rows)
+	if (max_seqs < 1 || max_rows < 1 || max_rows > (1 << 20) || max_seqs > max_rows)
 		return rt_err_set(err, "sequence step: invalid size %d sequences, %d rows", max_seqs,
 		                  max_rows);
 	const size_t K = (size_t)max_seqs;
 	const size_t ptrs = K * (sizeof(rt_fwd *) + sizeof(rt_kv *) + sizeof(int32_t *) +
-	                         sizeof(float *));
-	b->mem = calloc(1, ptrs + K * (3 * sizeof(int) + sizeof(int32_t)));
+	                         2 * sizeof(float *));
+	b->mem = calloc(1, ptrs + K * (4 * sizeof(int) + sizeof(int32_t)));
 	if (!b->mem)
 		return rt_err_set(err, "%s: sequence step: out of memory", m->path);
 	b->fw = b->mem;
 	b->kv = (rt_kv **)(b->fw + K);
 	b->tok = (const int32_t **)(b->kv + K);
 	b->lgp = (float **)(b->tok + K);
-	b->n = (int *)(b->lgp + K);
+	b->lgq = b->lgp + K;
+	b->n = (int *)(b->lgq + K);
 	b->all = b->n + K;
-	b->idx = b->all + K;
+	b->allq = b->all + K;
+	b->idx = b->allq + K;
 	b->pos = (int32_t *)(b->idx + K);
 	if (rt_fwd_init(&b->big, m, max_rows, 1, err) != 0) {
 		rt_seq_multi_free(b);
@@ -694,11 +690,31 @@ void rt_seq_multi_free(rt_seq_multi *b)
 	memset(b, 0, sizeof *b);
 }
 
-int rt_seq_multi_step(rt_seq_multi *b, rt_seq *const *s, int K, const int32_t *const *tok,
-                      int *n, float *logits, rt_err *why, rt_err *err)
+/* Sequence i of a step (offered n tokens) takes its next chunk, as rt_seq_feed's rule
+ * gives it: at most its max_chunk, no trigger or prompt end crossed, a trace chunk while
+ * it records a prompt trace and its rows are not all wanted. Its size, or 0 with why set
+ * (KV cache full). */
+static int32_t step_take(rt_seq *s, int n, int all_rows, rt_err *why)
 {
-	if (K < 1 || K > b->max_seqs)
-		return rt_err_set(err, "sequence step: %d sequences for a step of %d", K, b->max_seqs);
+	int32_t want = n < s->max_chunk ? n : s->max_chunk;
+	if (trace_wants_logits(s) && !all_rows && want > RT_SEQ_TRACE_CHUNK)
+		want = RT_SEQ_TRACE_CHUNK;
+	const int32_t k = rt_run_chunk(&s->run, &s->kv, want);
+	if (k == 0)
+		seq_full_err(s, why);
+	return k;
+}
+
+/* The engine of both batch kinds: one forward over the sequences s[0..K) that step_take
+ * gives a chunk of the n[i] tokens tok[i] offered, their rows stacked (the weight GEMMs
+ * once over all, each sequence's matmul segment its own: runtime/model/rt_matmul.h). Each
+ * one's logits go to b->lgq[i] (NULL: none): every row when b->allq[i], else the chunk's
+ * last row — when final_only, only for a chunk that takes all n[i]. A sequence tracing
+ * its prompt keeps every row in its trace buffer. n[i] becomes the tokens taken, or -1
+ * with why[i]. Returns the sequences fed, or -1 with err (a forward error). */
+static int step_run(rt_seq_multi *b, rt_seq *const *s, int K, const int32_t *const *tok,
+                    int *n, int final_only, rt_err *why, rt_err *err)
+{
 	const int V = b->big.m->hp.n_vocab;
 	int J = 0, rows = 0;
 	for (int i = 0; i < K; i++) {
@@ -706,30 +722,22 @@ int rt_seq_multi_step(rt_seq_multi *b, rt_seq *const *s, int K, const int32_t *c
 		if (s[i]->m != b->big.m || n[i] < 1)
 			return rt_err_set(err, "sequence step: sequence %d: another model or %d tokens", i,
 			                  n[i]);
-		int32_t want = n[i] < s[i]->max_chunk ? n[i] : s[i]->max_chunk;
-		const int tr = trace_wants_logits(s[i]);
-		if (tr && want > RT_SEQ_TRACE_CHUNK)
-			want = RT_SEQ_TRACE_CHUNK;
-		int32_t k = rt_run_chunk(&s[i]->run, &s[i]->kv, want);
-		if (k == 0 || rows + k > b->max_rows) {
-			if (k == 0)
-				seq_full_err(s[i], &why[i]);
-			else
-				rt_err_set(&why[i], "sequence step: more than %d rows", b->max_rows);
+		const int32_t k = step_take(s[i], n[i], b->allq[i], &why[i]);
+		if (k > 0 && rows + k > b->max_rows)
+			rt_err_set(&why[i], "sequence step: more than %d rows", b->max_rows);
+		if (k == 0 || rows + k > b->max_rows || seq_reserve(s[i], k, &why[i]) != 0) {
 			n[i] = -1;
 			continue;
 		}
-		if (seq_reserve(s[i], k, &why[i]) != 0) {
-			n[i] = -1;
-			continue;
-		}
+		const int tr = trace_wants_logits(s[i]) && !b->allq[i];
+		const int last = b->lgq[i] && (!final_only || k == n[i]);
 		b->fw[J] = &s[i]->fwd;
 		b->kv[J] = &s[i]->kv;
 		b->tok[J] = tok[i];
 		b->n[J] = k;
 		b->pos[J] = (int32_t)s[i]->run.ctx.seen;
-		b->lgp[J] = tr ? s[i]->tr_lg : logits + (size_t)i * V;
-		b->all[J] = tr;
+		b->lgp[J] = tr ? s[i]->tr_lg : b->allq[i] || last ? b->lgq[i] : NULL;
+		b->all[J] = tr || b->allq[i];
 		b->idx[J] = i;
 		n[i] = k;
 		rows += k;
@@ -737,21 +745,35 @@ int rt_seq_multi_step(rt_seq_multi *b, rt_seq *const *s, int K, const int32_t *c
 	}
 	if (J == 0)
 		return 0;
-	double t0 = rt_now();
 	if (rt_model_forward_multi(&b->big, b->fw, b->kv, J, b->tok, b->n, b->pos, b->lgp, b->all,
 	                           err) != 0)
 		return -1;
 	for (int j = 0; j < J; j++) {
 		const int i = b->idx[j], k = b->n[j];
 		rt_seq *q = s[i];
-		if (b->all[j])
-			memcpy(logits + (size_t)i * V, q->tr_lg + (size_t)(k - 1) * V,
-			       (size_t)V * sizeof(float));
-		if (seq_chunk_done(q, tok[i], k, b->all[j] ? q->tr_lg : NULL, &why[i]) != 0)
+		const int tr = b->lgp[j] && b->lgp[j] == q->tr_lg;
+		if (tr && b->lgq[i] && (!final_only || k == n[i]))
+			memcpy(b->lgq[i], q->tr_lg + (size_t)(k - 1) * V, (size_t)V * sizeof(float));
+		if (seq_chunk_done(q, tok[i], k, b->all[j] ? b->lgp[j] : NULL, &why[i]) != 0)
 			n[i] = -1;
 	}
+	return J;
+}
+
+int rt_seq_multi_step(rt_seq_multi *b, rt_seq *const *s, int K, const int32_t *const *tok,
+                      int *n, float *logits, rt_err *why, rt_err *err)
+{
+	if (K < 1 || K > b->max_seqs)
+		return rt_err_set(err, "sequence step: %d sequences for a step of %d", K, b->max_seqs);
+	const int V = b->big.m->hp.n_vocab;
+	for (int i = 0; i < K; i++) {
+		b->lgq[i] = logits + (size_t)i * V;
+		b->allq[i] = 0;
+	}
+	double t0 = rt_now();
+	const int J = step_run(b, s, K, tok, n, 0, why, err);
 	const double dt = rt_now() - t0;
-	for (int j = 0; j < J; j++)
+	for (int j = 0; j < J; j++) /* step_run leaves the fed ones in b->idx */
 		s[b->idx[j]]->st.seconds += dt;
 	return J;
 }

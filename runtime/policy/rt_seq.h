@@ -153,35 +153,39 @@ int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
                 enum rt_logits_mode mode, rt_err *err);
 
 /* K sequences fed the same tokens in lockstep (one text under several policies, as
- * `ppl --policy a,b,...` and the A/B engine do): each chunk's weight GEMMs run once over
- * all K sequences' rows (rt_model_forward_batch), so the weights are read once per chunk
- * instead of K times; everything else is each sequence's own, exactly as rt_seq_feed. The
- * sequences stay owned by the caller. */
+ * `ppl --policy a,b,...` and the A/B engine do), on the continuous-batching engine
+ * (rt_seq_multi below): each step's weight GEMMs run once over the rows of every
+ * sequence that still has tokens of the feed to take, so the weights are read once per
+ * step instead of K times; each sequence takes its own chunks (rt_seq_feed's rule) and
+ * everything else is its own. So a sequence's results do not depend on the others: it
+ * gets, bit for bit, what rt_seq_feed gives it alone with the same calls and a max_chunk
+ * of min(its own, the batch's chunk). The sequences stay owned by the caller. */
 typedef struct rt_seq_batch {
 	int K;                   /* sequences given to rt_seq_batch_init */
 	int n_active;            /* those still fed: a sequence whose policy fails leaves */
 	rt_seq **s;              /* [K] (borrowed); slots 0..n_active-1 are the active ones */
 	int *idx;                /* [K] the caller's index of slot i */
 	char (*why)[512];        /* [K] by caller's index: "" or why that sequence left */
-	rt_fwd big;              /* scratch for K × chunk stacked rows */
-	int chunk;               /* tokens per internal chunk at most */
-	rt_fwd **fw;             /* [K] &s[slot]->fwd */
-	rt_kv **kv;              /* [K] &s[slot]->kv */
-	float *lg;               /* [K × chunk × n_vocab] logits of one internal chunk */
-	void *mem;               /* s, idx, why, fw, kv */
+	int chunk;               /* tokens per sequence and step at most */
+	struct rt_seq_multi *mb; /* the engine's scratch: K sequences, K × chunk rows */
+	int64_t *done;           /* [K] by slot: tokens of the current feed taken */
+	rt_seq **fed;            /* [K] one step's sequences, their tokens and counts, */
+	const int32_t **tk;      /* [K]   the slot each came from */
+	int *nn, *slot;          /* [K] */
+	rt_err *ew;              /* [K] their errors */
+	void *mem;               /* everything above but mb */
 } rt_seq_batch;
 
-/* Set up a batch over s[0..K) (same model, K >= 1, each at its own start) with internal
- * chunks of at most `chunk` tokens (1..4096; the scratch holds K·chunk rows and K·chunk
- * rows of logits: K·chunk·n_vocab·4 bytes). Errors (-1, err): bad sizes, sequences of
- * different models, allocation failure (b is then safe to free). */
+/* Set up a batch over s[0..K) (same model, K >= 1, each at its own start) with chunks of
+ * at most `chunk` tokens (1..4096; the scratch holds K·chunk rows). Errors (-1, err): bad
+ * sizes, sequences of different models, allocation failure (b is then safe to free). */
 int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_err *err);
 void rt_seq_batch_free(rt_seq_batch *b);
 
 /* Feed tokens[0..n) to every active sequence of the batch; they must all have seen the
- * same number of tokens. Each internal chunk is the smallest of the sequences' allowed
- * chunks (so no policy's trigger is crossed: every sequence sees exactly what rt_seq_feed
- * would give it, up to float summation order). logits: NULL with RT_LOGITS_NONE; for
+ * same number of tokens. Steps run until every sequence has taken all n, each taking its
+ * own next chunk per step (so every sequence sees exactly what rt_seq_feed gives it,
+ * bit for bit). logits: NULL with RT_LOGITS_NONE; for
  * RT_LOGITS_ALL [K × n × n_vocab] (sequence k's row i at (k·n + i)·n_vocab); for
  * RT_LOGITS_LAST [K × n_vocab] (k: the caller's index; a sequence that left keeps
  * whatever its rows held). A sequence whose policy fails (a compress error such as guards
@@ -210,11 +214,13 @@ typedef struct rt_seq_multi {
 	int32_t *pos;            /* [max_seqs] their first positions */
 	float **lgp;             /* [max_seqs] where their logits go */
 	int *all;                /* [max_seqs] 1: every row's logits (a prompt trace) */
+	float **lgq;             /* [max_seqs] by the caller's index: where logits are wanted */
+	int *allq;               /* [max_seqs] by the caller's index: 1 for every row's */
 	int *idx;                /* [max_seqs] the caller's index of each fed sequence */
 	void *mem;
 } rt_seq_multi;
 
-/* Scratch for steps of at most max_seqs sequences and max_rows tokens (1..65536 each,
+/* Scratch for steps of at most max_seqs sequences and max_rows tokens (1..2^20 each,
  * max_seqs <= max_rows). Errors (-1, err): bad sizes, allocation failure (b is then safe
  * to free). */
 int rt_seq_multi_init(rt_seq_multi *b, const rt_model *m, int max_seqs, int max_rows,
