@@ -401,7 +401,8 @@ END_TEST
  *    KL(exact || fast) <= 2e-3 nats per position (measured: under 5e-4). F32 weights have
  *    f32 activations: only the summation order differs (measured 4e-7).
  *  - Thread count: every output element is computed by the same operations whatever the
- *    thread count (rt_matmul, attention per KV head), so 1 and 3 threads agree bit for bit. */
+ *    thread count (rt_matmul, attention per KV head), so 1 and 3 threads agree bit for bit.
+ *  - f32_act: decode multiplies f32 activations too, so it meets the prefill bound. */
 START_TEST(test_fast_path)
 {
 	static const uint32_t wts[3] = { RT_GGML_Q4_1, RT_GGML_Q8_0, RT_GGML_F32 };
@@ -410,8 +411,10 @@ START_TEST(test_fast_path)
 	rt_err err = {0};
 	rt_model *ex = load_ok(path);
 	const rt_model_opts f1o = { .exact = 0, .threads = 1 }, f3o = { .exact = 0, .threads = 3 };
+	const rt_model_opts f32o = { .exact = 0, .threads = 2, .f32_act = 1 };
 	rt_model *f1 = rt_model_open(path, &f1o, &err), *f3 = rt_model_open(path, &f3o, &err);
-	ck_assert_msg(f1 && f3, "%s", err.msg);
+	rt_model *fa = rt_model_open(path, &f32o, &err);
+	ck_assert_msg(f1 && f3 && fa, "%s", err.msg);
 	ck_assert_int_eq(rt_model_threads(f3), 3);
 	enum { N = 40 };
 	int32_t tok[N];
@@ -449,9 +452,13 @@ START_TEST(test_fast_path)
 			ck_assert_msg(d <= 0.03 * mx && kl_max <= 2e-3,
 			              "type %u decode: fast differs from exact by %g (max %g), KL %g", c.wtype,
 			              d, mx, kl_max);
+		run_model(fa, tok, N, N, step, la);
+		const double da = max_diff_f(le, la, sz);
+		ck_assert_msg(da <= 1e-4 * mx, "type %u f32_act step %d: fast differs from exact by %g "
+		              "(max %g)", c.wtype, step, da, mx);
 	}
 	free(le), free(la), free(lb);
-	rt_model_free(ex), rt_model_free(f1), rt_model_free(f3);
+	rt_model_free(ex), rt_model_free(f1), rt_model_free(f3), rt_model_free(fa);
 	unlink(path);
 }
 END_TEST

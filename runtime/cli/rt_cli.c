@@ -114,6 +114,9 @@ void rt_cli_json_policy(FILE *out, const rt_seq *s, double ratio)
 		rt_json_member_num(out, "byte_ratio", s->run.ctx.byte_ratio);
 	fputs(",\"kv_type\":", out);
 	rt_json_str(out, rt_kv_type_name(s->kv.type));
+	/* the activations of chunks under 16 rows: f32 (exact path, --f32-act) or 8-bit */
+	fputs(s->m->exact || s->m->f32_act ? ",\"activations\":\"f32\"" : ",\"activations\":\"q8\"",
+	      out);
 #ifdef KVPC_COMMIT
 	fputs(",\"commit\":", out);
 	rt_json_str(out, rt_cli_commit());

@@ -66,7 +66,7 @@ int rt_cli_open_model(const char *path, const rt_cli_opts *o, rt_gguf **g, rt_to
 	if (!m)
 		return 0;
 	rt_model_opts mo = { .exact = o->exact, .threads = o->threads > 0 ? (int)o->threads : 0,
-		             .kv_type = rt_cli_kv_type(o) };
+		             .kv_type = rt_cli_kv_type(o), .f32_act = o->f32_act };
 	if (!o->exact && o->threads <= 0)
 		mo.threads = default_threads();
 	if (!(*m = rt_model_load_opts(*g, &mo, &err)))

@@ -45,6 +45,7 @@ typedef struct rt_cli_opts {
 	double byte_ratio;     /* --byte-ratio R: the budget in bytes (rt_seq_set_byte_ratio) */
 	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question, quiet;
 	int exact;  /* 1: the exact path, 0: the fast path (each command sets its default) */
+	int f32_act; /* --f32-act: the fast path's f32 activations at every chunk size */
 	const char *kv_type; /* --kv-type f32|f16|q8_0 as given (checked), NULL: the default
 	                        (rt_cli_kv_type) */
 	long pp, tg; /* bench: llama-bench's tests */
@@ -71,7 +72,7 @@ enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECI
        O_VERSION, O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH, O_A, O_B, O_RATIOS, O_ABTASK,
        O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64, O_COMMIT, O_SHAA, O_SHAB,
        O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE, O_KVTYPE, O_BYTERATIO,
-       O_BYTERATIOS, O_BYTES, O_ENTRIES };
+       O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;

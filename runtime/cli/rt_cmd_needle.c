@@ -66,7 +66,7 @@ static const char *const help_needle =
 	"    --seed S            passkey seed (default 1); the key of (L, D) is drawn from\n"
 	"                        seed + 1000003 L + D\n"
 	"    --chat              wrap the prompt in the model's ChatML template\n"
-	"    --chunk N, --threads N, --fast, --kv-type T, -h/--help  as for ppl\n"
+	"    --chunk N, --threads N, --fast, --f32-act, --kv-type T, -h/--help  as for ppl\n"
 	"    --mark-question     mark the question as the protected span `question`\n"
 	"    --quiet             no progress on stderr (a bar with trials/s and ETA on a\n"
 	"                        terminal, a line per tenth of the trials elsewhere)\n"
@@ -329,7 +329,7 @@ int rt_cmd_needle(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', O_HAYSTACK, O_LENGTHS, O_DEPTHS, O_POLICY, O_SET, O_RATIO, O_BYTERATIO,
 		O_MODE, O_TASK, O_GEN, O_SEED, O_CHAT, O_CHUNK, O_THREADS, O_BATCH, O_MARKQ, O_JSON,
-		O_EXACT, O_FAST, O_QUIET, O_KVTYPE, 0 };
+		O_EXACT, O_FAST, O_QUIET, O_KVTYPE, O_F32ACT, 0 };
 	needle_job nj = { .o = { .chunk = RT_CLI_CHUNK, .seed = 1, .exact = 1,
 		                 .lengths = "1024,2048,4096",
 		                 .depths = "0,25,50,75,100" } };

@@ -97,6 +97,10 @@ static const char *const help_ppl =
 	"    --fast              the fast path (weights in their GGUF types, 8-bit activations\n"
 	"                        when decoding); default --exact (f32 weights, OpenBLAS): the\n"
 	"                        quality figures are measured on the exact path\n"
+	"    --f32-act           with --fast: f32 activations at every chunk size, so a run\n"
+	"                        fed in short chunks (a per-step policy prefills token by\n"
+	"                        token) and its reference differ by their caches only, not by\n"
+	"                        8-bit activation rounding (slower; JSON \"activations\")\n"
 	"    --kv-type T         KV storage with --fast: f32, f16 (default) or q8_0 (ggml's\n"
 	"                        8-bit blocks); the exact path stores f32 and refuses the others\n"
 	"    --json              one JSON object: policy, params, ratio, model, model_sha256,\n"
@@ -382,7 +386,7 @@ int rt_cmd_ppl(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_THREADS,
 		O_POLICY, O_SET, O_RATIO, O_BYTERATIO, O_NOREF, O_PROMPTLEN, O_BATCH, O_SCOREFROM, O_EXACT, O_FAST,
-		O_QUIET, O_PREFILL, O_KVTYPE, 0 };
+		O_QUIET, O_PREFILL, O_KVTYPE, O_F32ACT, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = rt_cli_parse("ppl", help_ppl_fn, argc, argv, &o, opt_ids,
 	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);

@@ -88,7 +88,7 @@ static const char *const help_tune =
 	"    --depths LIST       passkey needle depths, percent (default 10,50,90)\n"
 	"    --seed S            passkey seed (default 1; prompt d's key from S + d)\n"
 	"    --out FILE          write the sidecar (not with --gate)\n"
-	"    --chunk N, --threads N, --fast   as for ppl (default --exact)\n"
+	"    --chunk N, --threads N, --fast, --f32-act   as for ppl (default --exact)\n"
 	"    --quiet             no line per measurement on stderr\n"
 	"    -h, --help          show this text\n"
 	"\n"
@@ -476,7 +476,7 @@ int rt_cmd_tune(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_POLICY, O_SET, O_CTX, O_RATIOS, O_MAXKLD,
 		O_MINPASSKEY, O_LENGTHS, O_DEPTHS, O_SEED, O_OUT, O_GATE, O_CHUNK, O_THREADS, O_EXACT,
-		O_FAST, O_QUIET, O_BYTERATIOS, O_BYTES, O_ENTRIES, 0 };
+		O_FAST, O_QUIET, O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT, 0 };
 	tune_job j = { .o = { .chunk = RT_CLI_CHUNK, .exact = 1, .ctx = 256, .seed = 1,
 		              .max_kld = -1, .min_passkey = -1, .lengths = "256",
 		              .depths = "10,50,90" } };

@@ -37,6 +37,7 @@ int rt_matmul_scratch_init(rt_matmul_scratch *s, int n_threads, int max_rows, in
 		                  max_rows, max_in, n_threads);
 	}
 	s->n_threads = n_threads;
+	s->gemm_rows = RT_MATMUL_GEMM_ROWS;
 	s->max_rows = max_rows;
 	s->max_in = max_in;
 	return 0;
@@ -71,9 +72,9 @@ typedef struct mm_job {
 
 /* A segment of len rows takes the GEMM path (1) or the dot path (0): by its own size,
  * never by the call's total, so a row's bits do not depend on the other segments. */
-static int seg_gemm(int len)
+static int seg_gemm(const mm_job *j, int len)
 {
-	return len >= RT_MATMUL_GEMM_ROWS;
+	return len >= j->s->gemm_rows;
 }
 
 /* the matrix holding global index g of a prefix-sum table */
@@ -104,7 +105,7 @@ static void dot_rows(mm_job *j, long lo, long hi)
 			const int nr = rows && re - r >= RT_DOT_ROWS ? RT_DOT_ROWS : 1;
 			const uint8_t *wr = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
 			for (int sg = 0, c0 = 0; sg < j->nseg; c0 += j->len[sg++]) {
-				if (seg_gemm(j->len[sg]))
+				if (seg_gemm(j, j->len[sg]))
 					continue;
 				for (int c = c0; c < c0 + j->len[sg]; c++) {
 					float v[RT_DOT_ROWS];
@@ -167,7 +168,7 @@ static void gemm_job(void *a, int ith, int nth)
 		}
 		/* one sgemm per segment: OpenBLAS's bits for a row depend on the call's row count */
 		for (int sg = 0, c0 = 0; sg < j->nseg; c0 += j->len[sg++])
-			if (seg_gemm(j->len[sg]))
+			if (seg_gemm(j, j->len[sg]))
 				cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->len[sg], nr, in, 1.0f,
 				            j->X + (size_t)c0 * in, in, B, in, j->accumulate ? 1.0f : 0.0f,
 				            j->Y[i] + (size_t)c0 * W->rows + o0, W->rows);
@@ -199,7 +200,7 @@ static void job_prepare(mm_job *j, int gemm)
 		RT_ASSERT(need > 0 && off + need <= s->act_stride);
 		j->act_off[i] = off;
 		for (int sg = 0, c0 = 0; sg < j->nseg; c0 += j->len[sg++])
-			for (int c = c0; !seg_gemm(j->len[sg]) && c < c0 + j->len[sg]; c++)
+			for (int c = c0; !seg_gemm(j, j->len[sg]) && c < c0 + j->len[sg]; c++)
 				j->k[i]->quant(j->X + (size_t)c * j->in,
 				               s->act + (size_t)c * s->act_stride + off, j->in);
 		off += need;
@@ -217,7 +218,7 @@ static void run(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y, const 
 	for (int sg = 0; sg < nseg; sg++) {
 		RT_ASSERT(len[sg] >= 1);
 		C += len[sg];
-		dot_rows_n += seg_gemm(len[sg]) ? 0 : len[sg];
+		dot_rows_n += seg_gemm(&j, len[sg]) ? 0 : len[sg];
 	}
 	RT_ASSERT(C <= s->max_rows);
 	j.nth = rt_pool_threads(p) < s->n_threads ? rt_pool_threads(p) : s->n_threads;

@@ -44,6 +44,10 @@ typedef struct rt_wmat {
  * n_threads threads: the quantised activations and one f32 tile per thread. */
 typedef struct rt_matmul_scratch {
 	int n_threads, max_rows, max_in;
+	/* segments of at least gemm_rows rows take the GEMM way: RT_MATMUL_GEMM_ROWS (what
+	 * rt_matmul_scratch_init sets), or 1 for f32 activations at every size (evaluation
+	 * that must measure the KV cache alone: rt_model_opts.f32_act) */
+	int gemm_rows;
 	size_t act_stride;  /* bytes per quantised row */
 	uint8_t *act;       /* [max_rows × act_stride] */
 	float *tiles;       /* [n_threads × RT_MATMUL_TILE × max_in] */

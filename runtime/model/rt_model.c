@@ -380,6 +380,7 @@ rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *e
 	m->file_type = ftype;
 	m->exact = o->exact != 0;
 	m->kv_type = o->kv_type;
+	m->f32_act = !o->exact && o->f32_act;
 	snprintf(m->path, sizeof m->path, "%s", path);
 	m->layers = calloc((size_t)hp.n_layer, sizeof *m->layers);
 	size_t n_want = 3 + 9 * (size_t)hp.n_layer;
@@ -574,6 +575,8 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 			rt_fwd_free(f);
 			return -1;
 		}
+		if (m->f32_act)
+			f->mm.gemm_rows = 1;
 	}
 	f->m = m;
 	f->max_chunk = max_chunk;

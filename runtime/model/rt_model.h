@@ -88,6 +88,7 @@ typedef struct rt_model {
 	int exact;               /* 1: the exact path (f32 weights, OpenBLAS) */
 	enum rt_kv_type kv_type; /* element type of the stores rt_model_kv_init and rt_seq
 	                          * make for this model (RT_KV_F32 on the exact path) */
+	int f32_act;             /* rt_model_opts.f32_act (fast path) */
 	rt_wmat embd, out;       /* fast path: token_embd and the output matrix (== embd when tied) */
 	void *qmem;              /* fast path: the block data behind every rt_wmat */
 	size_t qmem_bytes;
@@ -108,6 +109,14 @@ typedef struct rt_model_opts {
 	 * RT_KV_F32 (0, the library's default), RT_KV_F16 or RT_KV_Q8_0 (the fast path only;
 	 * the command line's default there is f16). The exact path refuses any but f32. */
 	enum rt_kv_type kv_type;
+	/* fast path: 1 multiplies chunks of every size with f32 activations (the GEMM way of
+	 * runtime/model/rt_matmul.h at any row count), so a policy run that is fed in short
+	 * chunks (a per-step policy prefills token by token) and its full-cache reference fed
+	 * in long ones differ by their caches only, not by the 8-bit activation rounding of
+	 * chunks under 16 rows (a KL of 0.0028 nats/token on its own for the full cache, 1024
+	 * tokens of coreutils.info); decoding is then slower (the weights are dequantised
+	 * every step). 0: llama.cpp's arithmetic (8-bit activations under 16 rows). */
+	int f32_act;
 } rt_model_opts;
 
 /* Load with options; same errors as rt_model_load_gguf plus a thread count outside
