@@ -22,11 +22,8 @@
  */
 #include <check.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "kv/rt_kv.h"
 #include "kv/rt_kvbytes.h"
@@ -653,20 +650,11 @@ START_TEST(attention_over_dequantised_entries)
 {
 	/* _i: 0 exact 9/3, 1 exact 4/1, 2 fast (threads) 9/3, 3 fast 4/1; head_dim 32 */
 	const int shape = _i % 2, fast = _i / 2;
-	tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 128,
-		             .rope_base = 10000.0f, .seed = 77u + (uint32_t)_i, .wtype = RT_GGML_F32 };
-	if (shape == 0)
-		c.n_head = 9, c.n_head_kv = 3, c.n_embd = 288;
-	else
-		c.n_head = 4, c.n_head_kv = 1, c.n_embd = 128;
-	char path[128];
-	mkdir("tests/tmp", 0755);
-	snprintf(path, sizeof path, "tests/tmp/test_kvtier_%d_%d.gguf", (int)getpid(), _i);
-	ck_assert_int_eq(tiny_model_write(&c, path), 0);
 	rt_model_opts mo = { .exact = !fast, .threads = fast ? 2 : 0 };
 	rt_err err = { "" };
-	rt_model *m = rt_model_open(path, &mo, &err);
+	rt_model *m = tiny_model_open_gqa(shape, 77u + (uint32_t)_i, &mo, &err);
 	ck_assert_msg(m != NULL, "%s", err.msg);
+	const rt_model_hparams c = m->hp;
 	enum { P = 60, T = 3 };
 	int32_t tok[P + T];
 	unsigned s = 3u + (unsigned)_i;
@@ -739,7 +727,6 @@ START_TEST(attention_over_dequantised_entries)
 	rt_kv_free(&ref);
 	rt_kv_free(&full);
 	rt_model_free(m);
-	unlink(path);
 }
 END_TEST
 
@@ -788,17 +775,11 @@ static const struct kvp_policy tier_policy = {
 START_TEST(policy_needs_tiers_through_seq)
 {
 	const int exact = _i;
-	tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 128, .n_head = 4,
-		             .n_head_kv = 1, .n_embd = 128, .rope_base = 10000.0f, .seed = 5u,
-		             .wtype = RT_GGML_F32 };
-	char path[128];
-	mkdir("tests/tmp", 0755);
-	snprintf(path, sizeof path, "tests/tmp/test_kvtier_seq_%d_%d.gguf", (int)getpid(), _i);
-	ck_assert_int_eq(tiny_model_write(&c, path), 0);
 	rt_model_opts mo = { .exact = exact, .kv_type = exact ? RT_KV_F32 : RT_KV_F16 };
 	rt_err err = { "" };
-	rt_model *m = rt_model_open(path, &mo, &err);
+	rt_model *m = tiny_model_open_gqa(1, 5u, &mo, &err); /* 4 query / 1 KV head */
 	ck_assert_msg(m != NULL, "%s", err.msg);
+	const rt_model_hparams c = m->hp;
 	enum { N = 40 };
 	int32_t tok[N];
 	unsigned s = 11;
@@ -827,7 +808,6 @@ START_TEST(policy_needs_tiers_through_seq)
 	free(lg);
 	rt_seq_free(&q);
 	rt_model_free(m);
-	unlink(path);
 	/* refusals when the run is configured */
 	rt_kv kv;
 	struct rt_run r;
