@@ -433,6 +433,7 @@ RESULTS_SVGDIR=$svgdir RESULTS_NARROWED=$narrowed RESULTS_FAST=${RESULTS_FAST:-0
 	"$(for p in $policies; do prompt_end "$p" && printf '%s ' "$p"; done)" <<'PY'
 import json, os, sys, glob, math
 sys.path.insert(0, "scripts")
+from results_json import load
 from results_svg import line_plot
 svgdir = os.environ["RESULTS_SVGDIR"]
 (out, doc, tokens, ratios, texts, policies, npolicies, nratios, nkey, threads, commit,
@@ -443,14 +444,6 @@ texts = texts.split(); policies = policies.split()
 npolicies = npolicies.split(); nratios = nratios.split()
 founding = {"scissorhands", "scissorhands_whole", "caote_h2o", "caote_fast_h2o",
             "caote_tova", "caote_snapkv", "gracekv"}
-
-def load(path):
-    try:
-        # errors="replace": a generated answer can end inside a multi-byte character
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 def second_half(j, dump):
     """Rescore a prompt-end run on the tokens after its prompt (pos >= prompt): the

@@ -13,12 +13,12 @@ Usage: results_frontier.py OUT DOC SVGDIR TOKENS "TEXTS" NKEY "POLICIES" "PROMPT
        "PROTOCOLS" MIN_X MAX_X
 """
 import glob
-import json
 import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_json import load  # noqa: E402
 from results_svg import line_plot  # noqa: E402
 
 (out, doc, svgdir, tokens, texts, nkey, policies, pe, prots, fmin, fmax) = sys.argv[1:]
@@ -26,14 +26,6 @@ tokens = int(tokens)
 texts, policies, pe, prots = texts.split(), policies.split(), set(pe.split()), prots.split()
 fmin, fmax = float(fmin), float(fmax)
 STORE = {"f32": "f32 rows", "f16": "f16 rows", "q8_0": "q8_0 rows", "own": "own precision"}
-
-
-def load(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def cells(d):
