@@ -13,7 +13,6 @@ Usage: results_frontier.py OUT DOC SVGDIR TOKENS "TEXTS" NKEY "POLICIES" "PROMPT
        "PROTOCOLS" MIN_X MAX_X
 """
 import glob
-import math
 import os
 import sys
 
