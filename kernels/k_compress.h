@@ -361,7 +361,9 @@ static inline void k_layer_budgets(const struct k_compress_cfg *cfg, int L, doub
 
 /* The budget and guards in force after `seen` tokens, with n entries per head before
  * compression, checked by rt_budget_check (runtime/policy/rt_budget.h: every layer's
- * budget and the target at least 1 entry, the guards inside the budget). Fills
+ * budget and the target at least 1 entry, the guards inside the budget; in bytes
+ * (k_bytes_mode) the guards count their top-tier rows' bytes, so an f32 store's guards take
+ * twice the f16 entries' worth they would in entries). Fills
  * lb[kv->n_layer] (may be NULL under K_LAYERS_UNIFORM) with the per-layer targets
  * compress keeps. A budget that follows a context still growing (a share of the context,
  * or a --ratio, while the prompt length is unknown or passed) fails only early in a
@@ -382,7 +384,12 @@ static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
 		.has_sinks = cfg->has_sinks, .has_recent = cfg->has_recent,
 		.sinks = cfg->sinks, .recent = cfg->recent, .context = k_context(ctx, seen),
 		.ratio = ctx->ratio, .budget_shared = cfg->budget_shared,
+		.byte_ratio = ctx->byte_ratio,
 	};
+	if (k_bytes_mode(ctx, cfg)) { /* the guards' bytes at the top tier against the budget's */
+		b.entry_bytes = (double)rt_kv_f16_entry_bytes(kv);
+		b.guard_bytes = 2.0 * (double)rt_kv_tier_row_bytes(kv, RT_KV_TIER_TOP);
+	}
 	char msg[400];
 	int relative = cfg->budget_shared || ctx->ratio > 0;
 	int growing = relative && cfg->budget > 0 &&

@@ -1301,6 +1301,40 @@ START_TEST(ratio_override_errors)
 }
 END_TEST
 
+/* Under a byte budget the guards count bytes: a guard entry takes its key and value rows
+ * at the store's top tier. tova_tiers, head_dim 32, a 16-token prompt at byte ratio 4:
+ * budget 16 / 4 = 4 f16 entries = 4 x (4 x 32) = 512 bytes; sinks 1 + recent 2 = 3 entries
+ * fit in entries, and in bytes on an f16 top tier (3 x 2 x 64 = 384), not on an f32 one
+ * (3 x 2 x 128 = 768), where the store would otherwise keep the guards alone, above the
+ * budget. */
+START_TEST(guards_count_bytes_under_byte_budget)
+{
+	for (int f32 = 0; f32 <= 1; f32++) {
+		struct rt_run run;
+		rt_kv kv;
+		rt_err err = { "" };
+		ck_assert_msg(rt_run_init_typed(&run, &kv, f32 ? RT_KV_F32 : RT_KV_F16,
+		                                policy("tova_tiers"), 1, 1, 3, 32, 64, 16, &err) == 0,
+		              "%s", err.msg);
+		ck_assert_msg(rt_run_set(&run, "sinks=1", &err) == 0 &&
+		              rt_run_set(&run, "recent=2", &err) == 0 &&
+		              rt_run_set_byte_ratio(&run, 4, &err) == 0, "%s", err.msg);
+		if (!f32) {
+			ck_assert_msg(rt_policy_check(&run, &kv, &err) == 0, "%s", err.msg);
+		} else {
+			ck_assert_int_eq(rt_policy_check(&run, &kv, &err), -1);
+			ck_assert_str_eq(err.msg, "policy tova_tiers: the guards (sinks 1 + recent 2 = 3 "
+			                 "tokens at 256 bytes each, 768 bytes) exceed the budget (512 bytes "
+			                 "per KV head (16 tokens of context / byte ratio 4)); guards count "
+			                 "inside the budget: lower them or raise the budget");
+			ck_assert_int_eq(err.code, RT_ERR_INPUT);
+		}
+		rt_run_free(&run);
+		rt_kv_free(&kv);
+	}
+}
+END_TEST
+
 /* A guard that is a share of the context counts the entries it keeps: `keep recent R`
  * keeps the positions p >= seen - R, floor(R) of them (hand count below), so the check
  * compares and prints whole entries, never "recent 4.5". */
@@ -1396,6 +1430,7 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, ratio_override_moves_targets);
 	tcase_add_test(tc, ratio_override_errors);
 	tcase_add_test(tc, guards_count_kept_entries);
+	tcase_add_test(tc, guards_count_bytes_under_byte_budget);
 	tcase_add_test(tc, check_before_run);
 	tcase_add_test(tc, block_schedules);
 	suite_add_tcase(s, tc);

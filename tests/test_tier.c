@@ -543,7 +543,10 @@ static void e2e_costs(rt_model *m, double *cost, double *e16)
  * (round(0.25 · 22) = 6) top: 50..55; ranks < 11 (round(0.5 · 22)) q8: 45..49; the rest q4:
  * 34..44; 2..33 evicted. Under --byte-ratio 4: 16 f16 entries' bytes, guards first at the
  * top tier, the rest buys floor((16 e16 - 10 c0) / (c0 / 4 + c8 / 4 + c4 / 2)) = k entries,
- * the newest k of 2..55, split at round(k / 4) and round(k / 2) again. */
+ * the newest k of 2..55, split at round(k / 4) and round(k / 2) again. On an f32 top tier
+ * the guards' 10 c0 (2560 bytes at head_dim 32) exceed those 16 e16 (2048): the run is
+ * refused before the first token (the guards count bytes, runtime/policy/rt_budget.h)
+ * instead of keeping the guards alone above the budget. */
 static void e2e_shares(int si, enum rt_kv_type t)
 {
 	rt_model *m = e2e_model(si, t);
@@ -551,10 +554,22 @@ static void e2e_shares(int si, enum rt_kv_type t)
 	e2e_costs(m, c, &e16);
 	for (int pass = 0; pass < 2; pass++) {
 		int want[E2E_P];
+		if (pass == 1 && 10 * c[0] > 16 * e16) {
+			rt_seq s;
+			rt_err err = { "" };
+			int32_t tok[E2E_P] = { 0 };
+			ck_assert_msg(rt_seq_init(&s, m, &kvp_policy_tier_pos_shares, E2E_P, 16, E2E_P,
+			                          &err) == 0 && rt_seq_set_byte_ratio(&s, 4, &err) == 0,
+			              "%s", err.msg);
+			ck_assert_int_eq(rt_seq_feed(&s, tok, E2E_P, NULL, RT_LOGITS_NONE, &err), -1);
+			ck_assert_msg(strstr(err.msg, "10 tokens at 256 bytes each, 2560 bytes) exceed the "
+			                     "budget (2048 bytes per KV head"), "%s", err.msg);
+			ck_assert_int_eq(rt_seq_seen(&s), 0);
+			rt_seq_free(&s);
+			continue;
+		}
 		int k = pass == 0 ? 22 :
 		        (int)floor((16 * e16 - 10 * c[0]) / (c[0] / 4 + c[1] / 4 + c[2] / 2));
-		if (k < 0)
-			k = 0;
 		int top = (int)floor(0.25 * k + 0.5), q8 = (int)floor(0.5 * k + 0.5);
 		double bytes = 10 * c[0];
 		for (int q = 0; q < E2E_P; q++) {

@@ -23,6 +23,9 @@ static void fmt_origin(const struct rt_budget *b, char *out, size_t n)
 		return;
 	if (b->ratio > 0)
 		snprintf(out, n, " (%.6g tokens of context / ratio %.6g)", b->context, b->ratio);
+	else if (b->byte_ratio > 0)
+		snprintf(out, n, " (%.6g tokens of context / byte ratio %.6g)", b->context,
+		         b->byte_ratio);
 	else if (b->budget_shared)
 		snprintf(out, n, " (a share of %.6g tokens of context)", b->context);
 }
@@ -57,6 +60,12 @@ static double kept_recent(const struct rt_budget *b)
 	return b->scale == RT_BUDGET_ENTRIES && r > 0 ? floor(r + 1e-9 * r) : r;
 }
 
+/* 1 when rule 3 compares bytes (see rt_budget.h) */
+static int in_bytes(const struct rt_budget *b)
+{
+	return b->scale == RT_BUDGET_ENTRIES && b->entry_bytes > 0 && b->guard_bytes > 0;
+}
+
 /* guard sizes: "4" bare inside a sum, with "tokens" (or "%") at the end */
 static void fmt_guard(const struct rt_budget *b, double v, int unit, char *out, size_t n)
 {
@@ -81,6 +90,13 @@ static int fail_guards(const struct rt_budget *b, double v, int layer, char *msg
 		snprintf(what, sizeof what, "sinks %s + recent %s = %s", g1, g2, gs);
 	else
 		snprintf(what, sizeof what, "%s %s", b->has_sinks ? "sinks" : "recent", gs);
+	if (in_bytes(b)) {
+		snprintf(msg, n, "the guards (%s at %.6g bytes each, %.6g bytes) exceed the budget "
+		         "(%.6g bytes per KV head%s%s); guards count inside the budget: lower them or "
+		         "raise the budget", what, b->guard_bytes, (s + r) * b->guard_bytes,
+		         v * b->entry_bytes, at, org);
+		return -1;
+	}
 	snprintf(msg, n, "the guards (%s) exceed the budget (%s per KV head%s%s); guards count "
 	         "inside the budget: lower them or raise the budget", what, sz, at, org);
 	return -1;
@@ -97,7 +113,9 @@ int rt_budget_check(const struct rt_budget *b, char *msg, size_t n)
 		snprintf(msg, n, "the recent window (%.6g) is negative", b->recent);
 		return -1;
 	}
-	double g = kept_sinks(b) + kept_recent(b);
+	/* the guards in the budget's unit: entries, or f16 entries' worth of bytes */
+	double g = (kept_sinks(b) + kept_recent(b)) *
+	           (in_bytes(b) ? b->guard_bytes / b->entry_bytes : 1.0);
 	/* at compile time a share budget has no entry count yet: only rule 3 applies */
 	int entries = b->scale == RT_BUDGET_ENTRIES;
 	/* the relative tolerance of k_floor_entries: 0.29 x 100 is 29 entries */

@@ -17,7 +17,11 @@
  *   3. the guards fit in the budget: sinks + recent <= budget (guards count inside the
  *      budget, docs/language.md section 8). In entries the guards count what they keep:
  *      ceil(sinks) + floor(recent) (a recent window of 10% of 64 tokens keeps 6 entries),
- *      and the message prints those counts.
+ *      and the message prints those counts. In bytes (entry_bytes > 0: a byte budget or
+ *      a --byte-ratio, the budget counted in f16 entries' worth) each guard entry takes
+ *      guard_bytes (its key and value rows at the store's top tier: twice an f16 entry on
+ *      the exact path's f32 store), so the rule is (sinks + recent) x guard_bytes <=
+ *      budget x entry_bytes, and the message prints both sides in bytes.
  * Values are entries per (layer, KV head) (a kept token is one entry), or, at compile
  * time for a budget written as a share of the context, fractions of the context; the
  * message then says so ("25%"). At run time the caller resolves shares against the
@@ -49,6 +53,11 @@ struct rt_budget {
 	double ratio;           /* the compression factor in force (budget = context / ratio),
 	                           0: the policy's own budget */
 	int budget_shared;      /* the policy's own budget is a share of the context */
+	double byte_ratio;      /* the compression factor in bytes in force, 0: none */
+	double entry_bytes;     /* > 0: the budget counts bytes, entry_bytes a unit (an f16
+	                           entry, 4 x head_dim); 0: entries */
+	double guard_bytes;     /* with entry_bytes: bytes one guard entry takes (the top
+	                           tier's key and value rows) */
 };
 
 /* Check b against rules 1-3 above. Returns 0, or -1 with a one-line message (no
