@@ -456,6 +456,8 @@ struct k_run {
 	int bytes;                   /* k_bytes_mode */
 	double cost[K_TIER_MAX];     /* k_tier_costs */
 	double e16;                  /* bytes of one f16 entry (the budget's unit in bytes) */
+	int trim;                    /* a tiered store in bytes: selection leaves the compaction
+	                                to K_STEP_COMPACT, after the exact trim (K_STEP_TRIM) */
 };
 
 /* Carve r's areas from scratch (at least k_compress_scratch_bytes(kv, n_tmp, r->nth), any
@@ -710,6 +712,94 @@ static inline void k_run_head_merge(const struct k_run *r, const struct k_thr *w
 	k_merge_evicted(r->kv, h, f, cfg->run, w->rows, w->keep, (int64_t *)(void *)ctmp);
 }
 
+/* Compact h to the entries keep[0..nk) (increasing indices): the order-keeping gather
+ * under `positions compacted`, else the tail fill (rt_kv_head_evict). */
+static inline void k_head_compact(rt_kv *kv, const struct k_compress_cfg *cfg, rt_kv_head *h,
+                                  const int32_t *keep, int32_t nk)
+{
+	if (nk < h->n && cfg->keep_order)
+		rt_kv_head_keep(kv, h, keep, nk);
+	else if (nk < h->n)
+		rt_kv_head_evict(kv, h, keep, nk);
+}
+
+/* Exact bytes of head h's entries marked K_FLAG_KEEP in f, as rt_kvbytes_held will count
+ * them once h is compacted to them: 2 rows at each entry's tier (kv->tier_row) and every
+ * key group with a kept quantised member once (kv->kgroup_bytes). live[g] (g < the head's
+ * groups, at most cap) is set to the kept quantised members of group g. */
+static inline double k_head_kept_bytes(const rt_kv *kv, const rt_kv_head *h, const uint8_t *f,
+                                       int32_t *live)
+{
+	const rt_kv_arena *tab = &h->arena[RT_KV_KGROUPS];
+	RT_ASSERT(tab->n <= kv->cap);
+	memset(live, 0, (size_t)tab->n * sizeof *live);
+	double b = 0;
+	for (int32_t i = 0; i < h->n; i++) {
+		if (!(f[i] & K_FLAG_KEEP))
+			continue;
+		const int t = rt_kv_tier_of(h, i);
+		b += 2.0 * (double)kv->tier_row[t];
+		if (t != RT_KV_TIER_TOP && live[h->kgrp[i]]++ == 0)
+			b += (double)kv->kgroup_bytes;
+	}
+	return b;
+}
+
+/* 4b. (r->trim) The trim of pool u (the lists k_tier_pool_heads groups, as the allocation
+ * did): the allocator charges a quantised entry the key-group range over the store's mean
+ * members per group (k_tier_costs), a figure from before this compress, whose evictions
+ * thin groups and whose downgrades make new ones; so the pool's kept entries can exceed its
+ * bytes (Σ of its layers' budgets × an f16 entry's bytes) by a few ranges (0.3% at 8x,
+ * 5% at a one-shot prompt-end compress, on SmolLM2-135M). The trim counts the kept bytes
+ * exactly (k_head_kept_bytes) and, while they exceed the pool's budget, evicts the kept
+ * entry outside the guards of the lowest utility per byte (score × fidelity of its tier /
+ * its cost; ties: the higher position goes first), each eviction returning its rows and,
+ * with its group's last kept member, the group's range. The guards alone fit the budget
+ * (k_budget_check), so the pool then holds at most its bytes (early in a stream, where
+ * they need not fit, every candidate goes). Scratch: the pool's slices of heap (group
+ * counts), cbuf and ctmp (the candidates). */
+static inline void k_run_trim_pool(const struct k_run *r, size_t u)
+{
+	rt_kv *kv = r->kv;
+	const int G = kv->n_kv_head;
+	const size_t c = (size_t)kv->cap, per = k_tier_pool_heads(r), h0 = u * per;
+	static const double fid[K_TIER_MAX] = K_TIER_FIDELITY;
+	int32_t *live = (int32_t *)(void *)(r->heap + h0 * c); /* [per × c] */
+	struct k_cand *cb = r->cbuf + h0 * c, *ct = r->ctmp + h0 * c;
+	double budget = 0, held = 0;
+	int64_t m = 0;
+	for (size_t k = 0; k < per; k++) {
+		const size_t hi = h0 + k;
+		const int l = (int)(hi / (size_t)G);
+		const rt_kv_head *h = rt_kv_head_at(kv, l, (int)(hi % (size_t)G));
+		const uint8_t *f = r->flags + hi * c, *cm = r->candm + hi * c;
+		const float *s = r->score + hi * c;
+		budget += r->lb[l] * r->e16;
+		held += k_head_kept_bytes(kv, h, f, live + k * c);
+		for (int32_t i = 0; i < h->n; i++) {
+			if (!(f[i] & K_FLAG_KEEP) || !cm[i] || (f[i] & K_FLAG_GUARD))
+				continue;
+			const int t = rt_kv_tier_of(h, i);
+			const double v = s[i] > 0 ? (double)s[i] : 0.0;
+			cb[m++] = (struct k_cand){ (float)((v + 1e-30) * fid[t] / r->cost[t]), h->pos[i], i,
+			                           (int32_t)k };
+		}
+	}
+	if (held <= budget)
+		return;
+	k_cand_sort(cb, m, ct);
+	for (int64_t j = m - 1; j >= 0 && held > budget; j--) {
+		const size_t k = (size_t)cb[j].head, hi = h0 + k;
+		const rt_kv_head *h = rt_kv_head_at(kv, (int)(hi / (size_t)G), (int)(hi % (size_t)G));
+		const int32_t i = cb[j].idx;
+		const int t = rt_kv_tier_of(h, i);
+		r->flags[hi * c + i] &= (uint8_t)~K_FLAG_KEEP;
+		held -= 2.0 * (double)kv->tier_row[t];
+		if (t != RT_KV_TIER_TOP && --live[k * c + (size_t)h->kgrp[i]] == 0)
+			held -= (double)kv->kgroup_bytes;
+	}
+}
+
 /* 4. Selection, action, precision and compaction of head hi (thread w). Returns 0, or -1
  * with err set when the store refuses the tiers (an untiered store, an exhausted pool). */
 static inline int k_run_head_select(const struct k_run *r, const struct k_thr *w, size_t hi,
@@ -746,19 +836,34 @@ static inline int k_run_head_select(const struct k_run *r, const struct k_thr *w
 			k_run_head_merge(r, w, hi, h);
 		if (cfg->tiers != K_TIERS_NONE && k_apply_tiers(r, h, hi, kp, err) != 0)
 			return -1;
+		if (r->trim)
+			return 0; /* compacted after the pool's trim (K_STEP_TRIM, K_STEP_COMPACT) */
 		for (int32_t i = 0; i < h->n; i++)
 			if (f[i] & K_FLAG_KEEP)
 				keep[nk++] = i;
 	}
-	if (nk < h->n && cfg->keep_order)
-		rt_kv_head_keep(kv, h, keep, nk);
-	else if (nk < h->n)
-		rt_kv_head_evict(kv, h, keep, nk);
+	k_head_compact(kv, cfg, h, keep, nk);
 	return 0;
 }
 
+/* 5. (r->trim) The compaction of head hi deferred past the trim: the entries whose flags
+ * carry K_FLAG_KEEP stay. */
+static inline void k_run_head_compact(const struct k_run *r, const struct k_thr *w, size_t hi)
+{
+	rt_kv *kv = r->kv;
+	const int G = kv->n_kv_head;
+	rt_kv_head *h = rt_kv_head_at(kv, (int)(hi / (size_t)G), (int)(hi % (size_t)G));
+	const uint8_t *f = r->flags + hi * (size_t)kv->cap;
+	int32_t nk = 0;
+	for (int32_t i = 0; i < h->n; i++)
+		if (f[i] & K_FLAG_KEEP)
+			w->keep[nk++] = i;
+	k_head_compact(kv, r->cfg, h, w->keep, nk);
+}
+
 /* A parallel step of the run: what each unit (a head, a layer, or a pool of bytes) does. */
-enum { K_STEP_SCORES = 0, K_STEP_LAYER_REDUCE, K_STEP_ALLOC_TIERS, K_STEP_SELECT };
+enum { K_STEP_SCORES = 0, K_STEP_LAYER_REDUCE, K_STEP_ALLOC_TIERS, K_STEP_SELECT, K_STEP_TRIM,
+       K_STEP_COMPACT };
 struct k_step {
 	const struct k_run *r;
 	int step;                    /* K_STEP_* */
@@ -780,7 +885,8 @@ static inline void k_step_job(void *arg, int ith, int nth)
 		return;
 	const long H = (long)kv->n_layer * kv->n_kv_head;
 	const long units = j->step == K_STEP_LAYER_REDUCE ? kv->n_layer :
-	                   j->step == K_STEP_ALLOC_TIERS ? H / (long)k_tier_pool_heads(r) : H;
+	                   j->step == K_STEP_ALLOC_TIERS || j->step == K_STEP_TRIM ?
+	                   H / (long)k_tier_pool_heads(r) : H;
 	long lo, hi;
 	rt_pool_range(units, ith, T, &lo, &hi);
 	for (long u = lo; u < hi; u++) {
@@ -790,6 +896,10 @@ static inline void k_step_job(void *arg, int ith, int nth)
 			k_run_layer_reduce(r, (int)u);
 		else if (j->step == K_STEP_ALLOC_TIERS)
 			k_run_alloc_tier_pool(r, (size_t)u);
+		else if (j->step == K_STEP_TRIM)
+			k_run_trim_pool(r, (size_t)u);
+		else if (j->step == K_STEP_COMPACT)
+			k_run_head_compact(r, &r->thr[ith], (size_t)u);
 		else if (k_run_head_select(r, &r->thr[ith], (size_t)u, &j->errs[ith]) != 0) {
 			j->fail[ith] = u;
 			return;
@@ -852,6 +962,7 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	r.bytes = k_bytes_mode(ctx, cfg);
 	k_tier_costs(kv, r.cost);
 	r.e16 = (double)rt_kv_f16_entry_bytes(kv);
+	r.trim = r.bytes && kv->tiered && cfg->tiers != K_TIERS_NONE;
 	if (k_budget_check(ctx, kv, cfg, r.seen, (double)rt_kv_entries(kv) / H, r.lb, err) < 0)
 		return -1;
 	(void)k_run_step(&r, K_STEP_SCORES, err);
@@ -860,7 +971,12 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	k_run_alloc(&r);
 	if (cfg->tiers == K_TIERS_UTILITY)
 		(void)k_run_step(&r, K_STEP_ALLOC_TIERS, err);
-	return k_run_step(&r, K_STEP_SELECT, err);
+	if (k_run_step(&r, K_STEP_SELECT, err) != 0)
+		return -1;
+	if (!r.trim)
+		return 0;
+	(void)k_run_step(&r, K_STEP_TRIM, err);
+	return k_run_step(&r, K_STEP_COMPACT, err);
 }
 
 #endif

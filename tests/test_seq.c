@@ -149,15 +149,14 @@ static const struct kvp_policy *find_policy(const char *name)
  * (its defaults are sized for 4k-token contexts): every parameter counted in entries,
  * tokens or steps gets a small value by its role (sinks 2; recent, window and question
  * 4; blocks 8; budgets 12) when that is below its default; ratios and scalars keep
- * theirs, except the extras below. Works for policies added to policies/ later. */
+ * theirs, except the extras below, and a tiered policy's `capacity` share is 0.5 (12.5%
+ * of 32 tokens' bytes cannot hold sinks 2 + recent 4). Works for policies added to
+ * policies/ later. */
 static void scale_down(rt_seq *s, const struct kvp_policy *p)
 {
 	static const struct {
 		const char *policy, *set;
 	} extras[] = { { "gracekv", "capacity=0.5" },
-	               /* 12.5% of 32 tokens' bytes cannot hold sinks 2 + recent 4 */
-	               { "h2o_tiers", "capacity=0.5" }, { "tova_tiers", "capacity=0.5" },
-	               { "snapkv_tiers", "capacity=0.5" },
 	               /* funnel: layer 0 keeps half the budget, which must hold the recent 4 */
 	               { "scissorhands", "capacity=0.3" }, { "scissorhands_whole", "capacity=0.3" } };
 	rt_err err = { "" };
@@ -178,6 +177,9 @@ static void scale_down(rt_seq *s, const struct kvp_policy *p)
 	for (size_t i = 0; i < sizeof extras / sizeof extras[0]; i++)
 		if (!strcmp(extras[i].policy, p->name))
 			ck_assert_msg(rt_seq_set(s, extras[i].set, &err) == 0, "%s", err.msg);
+	for (int i = 0; (p->needs & KVP_NEED_TIERS) && i < p->n_params; i++)
+		if (!strcmp(p->params[i].name, "capacity"))
+			ck_assert_msg(rt_seq_set(s, "capacity=0.5", &err) == 0, "%s", err.msg);
 }
 
 static void seq_open(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_t cap,

@@ -538,12 +538,45 @@ static void e2e_costs(rt_model *m, double *cost, double *e16)
 	rt_kv_free(&kv);
 }
 
+/* The exact trim of a byte budget (kernels/k_compress.h), applied by hand to want[] (a
+ * tier or -1 per position; positions < 2 and >= 56 are the guards): the kept bytes of a
+ * head count each entry's rows (cost[t] less the 2-byte range share of a quantised one)
+ * and the 128-byte range of the one key group (positions 0..63) once if an entry is
+ * quantised; while they exceed budget, the kept candidate of the lowest score × F[t] /
+ * cost[t] (score = pos; ties: the higher position first) is evicted. Returns the
+ * allocator-cost bytes of what is kept (the figure e2e_check takes). */
+static double e2e_trim(int *want, const double *cost, double budget)
+{
+	static const double F[K_TIER_MAX] = K_TIER_FIDELITY;
+	for (;;) {
+		double held = 0, alloc = 0, worst = INFINITY;
+		int nq = 0, victim = -1;
+		for (int q = 0; q < E2E_P; q++) {
+			const int t = want[q];
+			if (t < 0)
+				continue;
+			held += cost[t] - (t > 0 ? 2.0 : 0.0);
+			alloc += cost[t];
+			nq += t > 0;
+			const double u = q * F[t] / cost[t];
+			if (q >= 2 && q < 56 && (u < worst || (u == worst && q > victim)))
+				worst = u, victim = q;
+		}
+		held += nq > 0 ? 128.0 : 0.0;
+		if (held <= budget + 1e-9 || victim < 0)
+			return alloc;
+		want[victim] = -1;
+	}
+}
+
 /* tier_pos_shares: budget 50% of 64 = 32 entries; guards: sinks 0, 1 and recent 56..63 at
  * the top tier; the 22 best others by position are 34..55, ranked newest first: ranks < 6
  * (round(0.25 · 22) = 6) top: 50..55; ranks < 11 (round(0.5 · 22)) q8: 45..49; the rest q4:
  * 34..44; 2..33 evicted. Under --byte-ratio 4: 16 f16 entries' bytes, guards first at the
  * top tier, the rest buys floor((16 e16 - 10 c0) / (c0 / 4 + c8 / 4 + c4 / 2)) = k entries,
- * the newest k of 2..55, split at round(k / 4) and round(k / 2) again. On an f32 top tier
+ * the newest k of 2..55, split at round(k / 4) and round(k / 2) again, then trimmed to the
+ * exact bytes (e2e_trim: the allocator charged each quantised entry a 64th of the group's
+ * range, the group costs its whole range once). On an f32 top tier
  * the guards' 10 c0 (2560 bytes at head_dim 32) exceed those 16 e16 (2048): the run is
  * refused before the first token (the guards count bytes, runtime/policy/rt_budget.h)
  * instead of keeping the guards alone above the budget. */
@@ -578,6 +611,8 @@ static void e2e_shares(int si, enum rt_kv_type t)
 			if (q >= 2 && q < 56 && want[q] >= 0)
 				bytes += c[want[q]];
 		}
+		if (pass == 1)
+			bytes = e2e_trim(want, c, 16 * e16);
 		e2e_check(m, &kvp_policy_tier_pos_shares, pass == 0 ? 0 : 4, want, bytes);
 	}
 	rt_model_free(m);
@@ -589,7 +624,8 @@ static void e2e_shares(int si, enum rt_kv_type t)
  * pos · F4 / c4) of a position >= 56 - m is above every top step (at most 55 (1 - F4) /
  * (c0 - c4)) at these costs, so the greedy spends R on q4 for the newest m = floor(R / c4)
  * candidates (m <= 54, the candidates there are) and the rest (< c4) buys nothing more;
- * older ones are evicted. */
+ * older ones are evicted; then the exact trim (e2e_trim) evicts the oldest q4 entries
+ * until the group's whole range fits too. */
 static void e2e_utility(int si, enum rt_kv_type t)
 {
 	rt_model *m = e2e_model(si, t);
@@ -605,7 +641,8 @@ static void e2e_utility(int si, enum rt_kv_type t)
 	int want[E2E_P];
 	for (int q = 0; q < E2E_P; q++)
 		want[q] = q < 2 || q >= 56 ? 0 : q >= 56 - mq ? 2 : -1;
-	e2e_check(m, &kvp_policy_tier_pos_utility, 0, want, 10 * c[0] + mq * c[2]);
+	const double bytes = e2e_trim(want, c, 0.4 * E2E_P * e16);
+	e2e_check(m, &kvp_policy_tier_pos_utility, 0, want, bytes);
 	rt_model_free(m);
 }
 
