@@ -326,7 +326,8 @@ size_t rt_kv_tier_entry_bytes(const rt_kv *kv, int t);
  * (q8), 36 + 2 (q4), 28 + 2 (q2). rt_kvbytes_held counts the exact bytes instead (each
  * key group held once, however many members it has left); a group loses members by
  * eviction only, so the figure is low by the ranges of partly evicted groups, which the
- * byte-budget allocator adds (kernels/k_compress.h k_tier_costs, rt_kv_kgroup_fill). */
+ * byte-budget allocator adds (kernels/k_compress.h k_tier_costs, rt_kv_kgroup_fill) and its
+ * trim then counts exactly (k_run_trim_pool). */
 size_t rt_kv_tier_row_bytes(const rt_kv *kv, int t);
 /* Key groups the store holds (tiered stores; 0 otherwise): Σ over heads of the table's
  * slots in use. */
