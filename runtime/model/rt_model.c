@@ -1261,15 +1261,11 @@ static int batch_member_check(const rt_fwd *big, const rt_fwd *fk, int K, rt_err
 	return 0;
 }
 
-int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,
-                           const int32_t *tokens, int n, int32_t pos0, float *logits,
-                           enum rt_logits_mode mode, rt_err *err)
+int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
+                     float *logits, enum rt_logits_mode mode, rt_err *err)
 {
-	const rt_model *m = big->m;
+	const rt_model *m = f->m;
 	const rt_model_hparams *hp = &m->hp;
-	if (K < 1 || K > big->max_chunk)
-		return rt_err_set(err, "%s: forward: batch of %d sequences for a scratch of %d rows",
-		                  m->path, K, big->max_chunk);
 	if (n < 0 || pos0 < 0)
 		return rt_err_set(err, "%s: forward: invalid token count %d or position %d", m->path, n,
 		                  (int)pos0);
@@ -1277,44 +1273,25 @@ int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int 
 		return 0;
 	if (mode != RT_LOGITS_NONE && !logits)
 		return rt_err_set(err, "%s: forward: logits requested without a buffer", m->path);
-	int chunk = big->max_chunk / K;
-	for (int k = 0; k < K; k++) {
-		if (batch_member_check(big, f[k], K, err) != 0)
-			return -1;
-		if (forward_check(f[k], kv[k], tokens, n, pos0, err) != 0 ||
-		    fwd_tier_scratch(f[k], kv[k], err) != 0)
-			return -1;
-		if (f[k]->max_chunk < chunk)
-			chunk = f[k]->max_chunk;
-	}
+	if (forward_check(f, kv, tokens, n, pos0, err) != 0 || fwd_tier_scratch(f, kv, err) != 0)
+		return -1;
 	for (int done = 0; done < n;) {
-		int C = n - done < chunk ? n - done : chunk;
+		const int C = n - done < f->max_chunk ? n - done : f->max_chunk;
 		float *lg = NULL;
 		int from = 0;
-		size_t stride = 0;
 		if (mode == RT_LOGITS_ALL) {
 			lg = logits + (size_t)done * hp->n_vocab;
-			stride = (size_t)n;
 		} else if (mode == RT_LOGITS_LAST && done + C == n) {
 			lg = logits;
 			from = C - 1;
-			stride = 1;
 		}
-		fwd_seg *sg = big->segs;
-		for (int k = 0; k < K; k++)
-			sg[k] = (fwd_seg){ .tok = tokens + done, .C = C, .pos0 = pos0 + done, .off = k * C,
-			                   .lg = lg ? lg + (size_t)k * stride * hp->n_vocab : NULL,
-			                   .lrow_from = from };
-		forward_chunk(big, f, kv, K, sg, 1);
+		fwd_seg *sg = f->segs;
+		sg[0] = (fwd_seg){ .tok = tokens + done, .C = C, .pos0 = pos0 + done, .off = 0,
+		                   .lg = lg, .lrow_from = from };
+		forward_chunk(f, &f, &kv, 1, sg, 1);
 		done += C;
 	}
 	return 0;
-}
-
-int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
-                     float *logits, enum rt_logits_mode mode, rt_err *err)
-{
-	return rt_model_forward_batch(f, &f, &kv, 1, tokens, n, pos0, logits, mode, err);
 }
 
 int rt_model_forward_multi(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,

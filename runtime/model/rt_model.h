@@ -280,21 +280,6 @@ enum rt_logits_mode {
 int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
                      float *logits, enum rt_logits_mode mode, rt_err *err);
 
-/* Batched forward of K sequences that consume the SAME tokens[0..n) at the same positions
- * pos0.. (teacher forcing one text under K policies in lockstep): the weight GEMMs run once
- * over the K·C rows of a chunk, so the weights are read once per chunk instead of K times;
- * embedding, RoPE, the append to kv[k], attention (with f[k]'s hooks, position convention
- * and attention scratch) and the layer hook are per sequence, exactly as rt_model_forward
- * does them. big: a forward context whose max_chunk >= K (its scratch holds the stacked
- * rows; internal chunks are min(big->max_chunk / K, f[k]->max_chunk) tokens); it may not
- * be one of f[]. logits: [K × n × n_vocab] (RT_LOGITS_ALL: sequence k's row i at
- * (k·n + i)·n_vocab) or [K × n_vocab] (RT_LOGITS_LAST). Same errors as rt_model_forward,
- * checked for every sequence before anything is computed; K >= 1. With K = 1 the results
- * equal rt_model_forward's up to float summation order of the GEMMs. */
-int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,
-                           const int32_t *tokens, int n, int32_t pos0, float *logits,
-                           enum rt_logits_mode mode, rt_err *err);
-
 /* Continuous-batching forward: K sequences, each with its OWN tokens tokens[k][0..n[k])
  * at its own positions pos0[k].. (a decode step of one token, or a prefill chunk), in
  * one chunk: the weight GEMMs run once over the Σ n[k] stacked rows, everything else per
@@ -304,8 +289,9 @@ int rt_model_forward_batch(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int 
  * [n[k] × n_vocab] when all_rows[k] is 1, else [n_vocab] for its last row (all_rows may
  * be NULL: last rows only). big may be f[0] only when K = 1. Same errors as
  * rt_model_forward, checked for every sequence before anything is computed, plus sizes
- * outside the limits above. With all n[k] equal and the same tokens and positions it
- * computes what rt_model_forward_batch does. */
+ * outside the limits above. Each sequence's rows are their own matmul segment
+ * (runtime/model/rt_matmul.h), so a sequence's results are those of rt_model_forward with
+ * the same chunks, bit for bit, whatever is stacked with it. */
 int rt_model_forward_multi(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int K,
                            const int32_t *const *tokens, const int *n, const int32_t *pos0,
                            float *const *logits, const int *all_rows, rt_err *err);
