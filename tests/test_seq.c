@@ -1779,6 +1779,27 @@ START_TEST(cli_ppl_json)
 	const char *d2[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--ctx", "80",
 		             "--score-from", "80", NULL };
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, d2), 2);
+	/* --prompt 48 with a prompt-end policy at ratio 4: its budget is 48 / 4 = 12 entries
+	 * per head, so right after the prompt's compress the prompt is 4x in entries and, f32
+	 * rows against f16, 2x in bytes; the 32 tokens after it are appended, 44 entries of 80
+	 * tokens at the end (1.82x, 0.91x in bytes); in a batch, f16 rows: 4x both */
+	const char *p1[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "snapkv",
+		             "--set", "window=8", "--ratio", "4", "--ctx", "80", "--prompt", "48",
+		             "--json", NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, p1) == 0, "%s", e);
+	ck_assert_msg(fabs(atof(strstr(out, "\"prompt_compression\":") + 21) - 4.0) < 1e-9, "%s", out);
+	ck_assert_msg(fabs(atof(strstr(out, "\"prompt_bytes_compression\":") + 27) - 2.0) < 1e-9, "%s", out);
+	ck_assert_msg(fabs(atof(strstr(out, "\"compression\":") + 14) - 80.0 / 44) < 1e-9, "%s", out);
+	ck_assert_msg(fabs(atof(strstr(out, "\"bytes_compression\":") + 20) - 40.0 / 44) < 1e-9, "%s", out);
+	const char *pr = "snapkv --set window=8 --ratio 4 --kv-type f16\n";
+	write_text(bp, "runs", pr, strlen(pr));
+	const char *p2[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--batch", bf,
+		             "--ctx", "80", "--prompt", "48", "--json", NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, p2) == 0, "%s", e);
+	ck_assert_msg(fabs(atof(strstr(out, "\"prompt_compression\":") + 21) - 4.0) < 1e-9, "%s", out);
+	ck_assert_msg(fabs(atof(strstr(out, "\"prompt_bytes_compression\":") + 27) - 4.0) < 1e-9, "%s", out);
+	/* without --prompt the whole text is the prompt: no prompt figures */
+	ck_assert(strstr(out_h2o_keep, "prompt_compression") == NULL);
 	/* a bad batch line names the file and the line; --batch excludes --policy */
 	const char *bad = "h2o --ratio 2\nh2o --ratio 0.5\n";
 	write_text(bp, "runs", bad, strlen(bad));

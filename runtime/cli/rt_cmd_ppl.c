@@ -57,7 +57,11 @@ static const char *const help_ppl =
 	"    token's key and value at 2 bytes per element (kv_bytes_f16) over the keys and\n"
 	"    values the store holds after the last token as stored (kv_bytes_kv: entries x 2\n"
 	"    rows of the store's row size; metadata and statistics are in kv_bytes_peak), so\n"
-	"    an f32 store at 4x in entries is 2x in bytes; tokens_per_s counts the policy run\n"
+	"    an f32 store at 4x in entries is 2x in bytes; with --prompt N (N below the\n"
+	"    tokens), prompt_compression and prompt_bytes_compression are the same two\n"
+	"    figures for the prompt's N tokens right after its last chunk and its compress\n"
+	"    (what a prompt-end policy made of the prompt, before the tokens after it were\n"
+	"    appended); tokens_per_s counts the policy run\n"
 	"    only; compress_events is the number\n"
 	"    of compress calls; policy_seconds the time spent inside policy code (observe,\n"
 	"    init_entries, should_compress, next_trigger, compress). The store reserves\n"
@@ -107,6 +111,7 @@ static const char *const help_ppl =
 	"                        text, text_sha256, commit, threads, chunk, tokens, scored,\n"
 	"                        ppl, nll_mean, top1_acc, kv_entries_peak, kv_bytes_peak,\n"
 	"                        compression, kv_bytes_kv, kv_bytes_f16, bytes_compression,\n"
+	"                        with --prompt prompt_compression, prompt_bytes_compression,\n"
 	"                        tokens_per_s, compress_events, policy_seconds,\n"
 	"                        seconds and, with the reference, the KL statistics above\n"
 	"    --dump FILE         one JSON line per scored token: {\"pos\":P,\"token\":T,\n"
@@ -201,6 +206,11 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 		printf(",\"kv_bytes_kv\":%lld,\"kv_bytes_f16\":%lld", (long long)kv_held,
 		       (long long)kv_f16);
 		rt_json_member_num(stdout, "bytes_compression", bytes_x);
+		if (prompt_len > 0 && prompt_len < use) {
+			rt_json_member_num(stdout, "prompt_compression", st.prompt_compression);
+			rt_json_member_num(stdout, "prompt_bytes_compression",
+			                   st.prompt_bytes_compression);
+		}
 		rt_json_member_num(stdout, "tokens_per_s", tps);
 		printf(",\"compress_events\":%lld", (long long)st.compress_events);
 		rt_json_member_num(stdout, "policy_seconds", st.policy_seconds);
@@ -250,6 +260,9 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 	       "                 (%.2f MiB of keys and values against %.2f MiB for an f16 full cache)\n",
 	       compression, mean_entries, bytes_x, (double)kv_held / (1024.0 * 1024.0),
 	       (double)kv_f16 / (1024.0 * 1024.0));
+	if (prompt_len > 0 && prompt_len < use)
+		printf("prompt           %.2fx in entries, %.2fx in bytes after its %lld tokens\n",
+		       st.prompt_compression, st.prompt_bytes_compression, (long long)prompt_len);
 	printf("compressions     %lld (%.3f s in policy code)\n", (long long)st.compress_events,
 	       st.policy_seconds);
 	printf("speed            %.1f tokens/s (%.2f s, %d threads%s)\n", tps, st.seconds, threads,

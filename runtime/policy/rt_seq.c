@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "base/rt_rope.h"
+#include "kv/rt_kvbytes.h"
 
 /* ---- hooks from the forward ------------------------------------------------------------ */
 
@@ -419,6 +420,13 @@ static int seq_chunk_done(rt_seq *s, const int32_t *tok, int C, const float *lg,
 	int rc = rt_run_advance(&s->run, &s->kv, C, err);
 	if (rc < 0)
 		return -1;
+	/* chunks stop at the prompt's end (rt_run_chunk), so this chunk ended it exactly */
+	const int64_t pl = s->run.ctx.prompt_len;
+	if (pl > 0 && s->run.ctx.seen == pl) {
+		const double me = rt_seq_mean_entries(s);
+		s->st.prompt_compression = me > 0 ? (double)pl / me : 0;
+		s->st.prompt_bytes_compression = rt_kvbytes_compression(&s->kv, pl);
+	}
 	if (rc == 1 && s->rot_idx) {
 		double t1 = rt_now();
 		seq_rerotate(s);

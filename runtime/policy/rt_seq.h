@@ -54,6 +54,14 @@ typedef struct rt_seq_stats {
 	                          * (rt_kv_bytes_held after a chunk's append): the resident
 	                          * KV memory of the sequence */
 	int64_t compress_events; /* compress calls */
+	double prompt_compression;       /* with a prompt (prompt_len > 0): prompt_len over the
+	                                  * mean entries per (layer, KV head) right after the
+	                                  * prompt's last chunk and its compress, if any; 0 until
+	                                  * the prompt ends */
+	double prompt_bytes_compression; /* the same in bytes against an f16 full cache of the
+	                                  * prompt (rt_kvbytes_compression): what a prompt-end
+	                                  * policy made of the prompt, before later tokens are
+	                                  * appended */
 	double policy_seconds;   /* time inside policy hooks (init_entries, observe,
 	                          * should_compress, compress, next_trigger) and in the
 	                          * compacted convention's re-rotation; observe's time is
