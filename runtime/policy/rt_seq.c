@@ -627,17 +627,17 @@ int rt_seq_batch_feed(rt_seq_batch *b, const int32_t *tokens, int64_t n, float *
 			b->fed[J] = b->s[i];
 			b->tk[J] = tokens + b->done[i];
 			b->nn[J] = left < b->chunk ? (int)left : b->chunk;
+			/* RT_LOGITS_LAST: the logits of a chunk that may be the last only (the rest
+			 * fits in it; a trigger can still cut it short, and a later chunk then
+			 * overwrites the row) */
 			mb->lgq[J] = mode == RT_LOGITS_ALL ? logits + ((size_t)b->idx[i] * n + b->done[i]) * V
-			             : mode == RT_LOGITS_LAST ? logits + (size_t)b->idx[i] * V : NULL;
+			             : mode == RT_LOGITS_LAST && left <= b->chunk ? logits + (size_t)b->idx[i] * V
+			             : NULL;
 			mb->allq[J] = mode == RT_LOGITS_ALL;
 			b->slot[J++] = i;
 		}
 		if (J == 0)
 			break;
-		/* a last chunk's logits only: nn is the rest when it is at most the chunk */
-		for (int j = 0; j < J; j++)
-			if (mode == RT_LOGITS_LAST && n - b->done[b->slot[j]] > b->chunk)
-				mb->lgq[j] = NULL;
 		if (step_run(mb, b->fed, J, b->tk, b->nn, 1, b->ew, err) < 0)
 			return -1;
 		/* from the last slot down, so a leaving slot is only replaced by one already
