@@ -67,6 +67,8 @@
 #   FRONTIER_RATIOS ["1 2 4 8 16 32 64"] FRONTIER_MIN_X [2] FRONTIER_MAX_X [32]
 #   FRONTIER_PROTOCOLS ["stream prompt_end"]
 #   FRONTIER_NEEDLE [1]          0: no passkey cells in the frontier
+#   FRONTIER_NEEDLE_POLICIES [$FRONTIER_POLICIES] the frontier policies whose cells also get a
+#                                passkey run (the full cache's passkey is measured beside them)
 #   RESULTS_FAST=1               every pass on the fast path with an f16 store (`--fast --kv-type
 #                                f16`: the full-cache reference and the top tier are f16 rows;
 #                                a batch line's own --kv-type still chooses its store); the
@@ -85,7 +87,8 @@ quiet=${RESULTS_QUIET:-0}
 narrowed=0
 for v in RESULTS_TOKENS RATIOS POLICIES TEXTS LENGTHS DEPTHS NEEDLE_POLICIES NEEDLE_RATIOS \
 	FRONTIER FRONTIER_POLICIES FRONTIER_OWN_KV_POLICIES FRONTIER_KV_TYPES FRONTIER_RATIOS \
-	FRONTIER_MIN_X FRONTIER_MAX_X FRONTIER_PROTOCOLS FRONTIER_NEEDLE RESULTS_QUICK RESULTS_FAST; do
+	FRONTIER_MIN_X FRONTIER_MAX_X FRONTIER_PROTOCOLS FRONTIER_NEEDLE FRONTIER_NEEDLE_POLICIES \
+	RESULTS_QUICK RESULTS_FAST; do
 	[ -z "${!v+x}" ] || narrowed=1
 done
 if [ "${RESULTS_QUICK:-0}" = 1 ]; then
@@ -155,7 +158,8 @@ fmin=${FRONTIER_MIN_X:-2}
 fmax=${FRONTIER_MAX_X:-32}
 fprot=${FRONTIER_PROTOCOLS:-stream prompt_end}
 fneedle=${FRONTIER_NEEDLE:-1}
-envline="$envline FRONTIER_POLICIES=\"$fpolicies\" FRONTIER_KV_TYPES=\"$fkv\" FRONTIER_RATIOS=\"$fratios\" FRONTIER_PROTOCOLS=\"$fprot\" FRONTIER_NEEDLE=$fneedle"
+fnpolicies=${FRONTIER_NEEDLE_POLICIES-$fpolicies}
+envline="$envline FRONTIER_POLICIES=\"$fpolicies\" FRONTIER_KV_TYPES=\"$fkv\" FRONTIER_RATIOS=\"$fratios\" FRONTIER_PROTOCOLS=\"$fprot\" FRONTIER_NEEDLE=$fneedle FRONTIER_NEEDLE_POLICIES=\"$fnpolicies\""
 mkdir -p "$out/ppl" "$out/needle" "$(dirname "$doc")" "$svgdir"
 start=$(date +%s)
 
@@ -402,7 +406,15 @@ for group in $fprot; do
 	runs="$out/frontier/needle/$nkey/$group.runs"
 	: >"$runs"
 	cells=()
-	for p in $fpolicies; do
+	# the full cache on the same prompts, once (in the prompt-end pass, which like the full
+	# cache prefills in chunks, else the only one): the passkey accuracy the cells are read against
+	fullgroup=stream
+	case " $fprot " in *" prompt_end "*) fullgroup=prompt_end ;; esac
+	if [ "$group" = $fullgroup ] && [ -n "$fnpolicies" ] && [ ! -s "$out/frontier/needle/$nkey/full.json" ]; then
+		echo "full" >>"$runs"
+		cells+=("$out/frontier/needle/$nkey/full.json")
+	fi
+	for p in $fnpolicies; do
 		if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
 		while read -r kv r; do
 			j="$out/frontier/needle/$nkey/$p.$kv.r$r.json"
@@ -485,13 +497,15 @@ L.append("| model | `%s`, sha256 `%s` |" % (model, model_sha))
 L.append("| scope | %s |" % ("**a narrowed run**: the knobs in the command row below narrow the sweep (policies, ratios, texts, lengths or the frontier), so cells or sections a full `make results` holds may be missing or read \"not run\"" if os.environ.get("RESULTS_NARROWED") == "1" else "the full sweep (`make results`, no knob set)"))
 L.append("| path | %s |" % ("the fast path with an f16 store (`RESULTS_FAST=1`: `--fast --kv-type f16`; the full-cache reference and the top tier are f16 rows; a run in a lockstep pass computes, bit for bit, what a separate `BIN ppl --fast --chunk C` computes with C = 512 / the pass's runs (each sequence's rows are their own matmul segment, tests/test_seq.c)" if os.environ.get("RESULTS_FAST") == "1" else "the exact path (f32 rows; the full-cache reference is f32)"))
 L.append("| tokens scored per text | %d |" % tokens)
-L.append("| ratios | %s |" % ", ".join(map(str, ratios)))
+L.append("| ratios | %s |" % (", ".join(map(str, ratios)) if policies else "– (no per-policy sweep; the frontier's are in its section)"))
 L.append("| BLAS threads | %s |" % threads)
 L.append("| command | `%s %s` |" % (envline, cmdline.strip()))
 L.append("| wall time | %d s (%.1f min) for this invocation; cells cached by an earlier invocation are not re-run |" % (int(wall), int(wall) / 60))
 secs = 0.0; commits = {}; passes = set()
 for fn in (glob.glob(os.path.join(out, "ppl", "*.%d" % tokens, "*.json")) +
-           glob.glob(os.path.join(out, "needle", nkey, "*.json"))):
+           glob.glob(os.path.join(out, "needle", nkey, "*.json")) +
+           glob.glob(os.path.join(out, "frontier", "ppl", "*.%d" % tokens, "*.json")) +
+           glob.glob(os.path.join(out, "frontier", "needle", nkey, "*.json"))):
     j = load(fn)
     # the cells of one lockstep pass share its wall time: count each pass once
     if j and "seconds" in j and (os.path.dirname(fn), j["seconds"]) not in passes:
@@ -500,8 +514,11 @@ for fn in (glob.glob(os.path.join(out, "ppl", "*.%d" % tokens, "*.json")) +
 if len(commits) > 1:
     L.append("| cells measured at | %s (the binary is rebuilt from the working tree when it changes; a resumed run can mix builds — `RESULTS_FRESH=1` for one build) |" % ", ".join(
         "`%s` (%d cells)" % (c, n) for c, n in sorted(commits.items(), key=lambda x: -x[1])))
-L.append("| ppl measurement time | %.0f s (sum over the lockstep passes of their wall time; each pass includes its full-cache reference) |\n" % secs)
-L.append("Every cell is one run of a `BIN ppl --batch` pass (all cells of a text and protocol "
+L.append("| ppl measurement time | %.0f s (sum over the lockstep ppl passes, sweep and frontier, of their wall time; each pass includes its full-cache reference; passkey passes are not timed) |\n" % secs)
+if not policies:
+    L.append("No per-policy sweep in this run (POLICIES is empty): the byte frontier at the "
+             "end is what was measured.\n")
+else: L.append("Every cell of the sweep is one run of a `BIN ppl --batch` pass (all cells of a text and protocol "
          "fed in lockstep with one full-cache reference; each run computes what a separate "
          "`BIN ppl --ctx N --ratio R --json` computes, tests/test_seq.c checks it): streaming perplexity "
          "(teacher forcing, each token scored from the cache the policy left) and the mean "
@@ -514,7 +531,7 @@ L.append("Every cell is one run of a `BIN ppl --batch` pass (all cells of a text
          "budget. The founding methods (Scissorhands, CAOTE, GraceKV) are in **bold**.\n")
 
 plots = []
-for t in texts:
+for t in (texts if policies else []):
     d = os.path.join(out, "ppl", "%s.%d" % (t, tokens))
     rows = {}
     ref = None; textsha = None
@@ -656,7 +673,10 @@ for t in texts:
 nd = os.path.join(out, "needle", nkey)
 full = load(os.path.join(nd, "full.json"))
 L.append("## Passkey retrieval (`BIN needle --task passkey`, aware mode)\n")
-if full is None and not glob.glob(os.path.join(nd, "*.json")):
+if not npolicies or not nratios:
+    L.append("No per-policy passkey sweep in this run (NEEDLE_POLICIES or NEEDLE_RATIOS is "
+             "empty); the byte frontier's passkey column is below.\n")
+elif full is None and not glob.glob(os.path.join(nd, "*.json")):
     L.append("No passkey measurement collected in this run.\n")
 else:
     lengths, depths = nkey[1:].split(".D")

@@ -50,6 +50,19 @@ def kl(x):
     return "–" if x is None else "%.3g" % x
 
 
+# the classes of the frontier table, in its order (ORDER: cell_class)
+CLASSES = ("eviction-only", "quantisation only", "mixed")
+
+
+def cell_class(kv, j, pe_prot):
+    """eviction-only: rows of one store type; quantisation only: the policy chooses its
+    precision and keeps every entry (compression in entries 1); mixed: it also evicts"""
+    if kv != "own":
+        return "eviction-only"
+    x = j.get("prompt_compression" if pe_prot else "compression") or 1
+    return "quantisation only" if x <= 1.0005 else "mixed"
+
+
 def passkey(j):
     if j is None:
         return "not run"
@@ -66,7 +79,8 @@ L.append("Each cell is one run of a lockstep `BIN ppl --batch` pass (the full ca
          "the KV rows (`--kv-type` of the batch line: f32 4 bytes, f16 2, q8_0 34/32 per element; "
          "`own precision`: the policy chooses it, and `ratio` is its `--byte-ratio`, or – for its "
          "own budget). `x bytes` is the compression in bytes against an "
-         "f16 full cache after the last token as the binary measured it (`bytes_compression`), "
+         "f16 full cache as the binary measured it: after the last token when streaming "
+         "(`bytes_compression`), of the prompt at its compress in the prompt-end protocol, "
          "`x entries` the compression in entries; cells outside %gx..%gx in bytes were not run. "
          "A block-wise policy (one compress per block of tokens) is measured after its last "
          "compress; between compressions it holds up to a block more entries (the peak KV bytes "
@@ -75,6 +89,10 @@ L.append("Each cell is one run of a lockstep `BIN ppl --batch` pass (the full ca
             else "f32 rows on the exact path", nkey, fmin, fmax))
 nd = os.path.join(out, "frontier", "needle", nkey)
 needle = cells(nd)
+full_needle = load(os.path.join(nd, "full.json"))
+if full_needle is not None:
+    L.append("Passkey of the full cache on the same prompts: %s (the reference the passkey "
+             "column is read against).\n" % passkey(full_needle))
 plots = []
 for t in texts:
     ppl = cells(os.path.join(out, "frontier", "ppl", "%s.%d" % (t, tokens)))
@@ -87,19 +105,31 @@ for t in texts:
                 "prompt-end: the first %d tokens are the prompt, the %d after it are scored" %
                 (tokens // 2, tokens - tokens // 2))
         L.append("### %s, %d tokens, %s\n" % (t, tokens, what))
-        L.append("| policy | store | ratio | x entries | x bytes | mean KL | ± err | kld_p99 | passkey | peak KV bytes |")
-        L.append("|---|---|---|---|---|---|---|---|---|---|")
+        pe_prot = prot == "prompt_end"
+        if pe_prot:
+            L.append("`x entries` and `x bytes` are the prompt's compression, right after its "
+                     "compress (`prompt_compression`, `prompt_bytes_compression`: the ratio a "
+                     "prompt-end policy applies, as kvpress counts it); the tokens after the "
+                     "prompt are appended at the top tier with no further compress (the "
+                     "language gives a policy one trigger), so the store after the last token "
+                     "holds `x bytes at the end`.\n")
+        L.append("| policy | store | ratio | x entries | x bytes |%s mean KL | ± err | kld_p99 | passkey | peak KV bytes |"
+                 % (" x bytes at the end |" if pe_prot else ""))
+        L.append("|---|---|---|---|---|%s---|---|---|---|---|" % ("---|" if pe_prot else ""))
         series = {}
         ok = []
         for (p, kv, r), j in sorted(sel.items(), key=lambda c: (c[0][0], c[0][1], c[0][2])):
             nj = needle.get((p, kv, r))
             if "error" in j:
-                L.append("| %s | %s | %g | | | refused: %s | | | | |" % (p, STORE.get(kv, kv), r, j["error"]))
+                L.append("| %s | %s | %g | | |%s refused: %s | | | | |" % (
+                    p, STORE.get(kv, kv), r, " |" if pe_prot else "", j["error"]))
                 continue
-            bx = j.get("bytes_compression")
-            L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                p, STORE.get(kv, kv), "%g" % r if r else "–", fmt(j.get("compression"), 2),
-                fmt(bx, 2), kl(j.get("kld_mean")), kl(j.get("kld_mean_err")),
+            bx = j.get("prompt_bytes_compression" if pe_prot else "bytes_compression")
+            ex = j.get("prompt_compression" if pe_prot else "compression")
+            L.append("| %s | %s | %s | %s | %s |%s %s | %s | %s | %s | %s |" % (
+                p, STORE.get(kv, kv), "%g" % r if r else "–", fmt(ex, 2), fmt(bx, 2),
+                " %s |" % fmt(j.get("bytes_compression"), 2) if pe_prot else "",
+                kl(j.get("kld_mean")), kl(j.get("kld_mean_err")),
                 kl(j.get("kld_p99")), passkey(nj), j.get("kv_bytes_peak", "–")))
             if bx and j.get("kld_mean") is not None:
                 series.setdefault("%s (%s)" % (p, kv), []).append((bx, j["kld_mean"]))
@@ -108,15 +138,17 @@ for t in texts:
         if ok:
             L.append("Frontier (the Pareto set of each class: the cells that no other cell of the "
                      "class beats, i.e. none compresses at least as far in bytes with a lower mean "
-                     "KL), by increasing compression in bytes:\n")
+                     "KL), by increasing compression in bytes. The classes: eviction-only (rows of one store "
+                     "type), quantisation only (the policy chooses each entry's precision and keeps "
+                     "every entry: 1x in entries), mixed (it chooses precision and evicts):\n")
             L.append("| class | x bytes | policy | store | ratio | mean KL | passkey |")
             L.append("|---|---|---|---|---|---|---|")
-            for own in (False, True):
-                c = [o for o in ok if (o[1] == "own") == own]
+            for name in CLASSES:
+                c = [o for o in ok if cell_class(o[1], sel[o[:3]], pe_prot) == name]
                 front = [o for o in c if not any(q[3] >= o[3] and q[4] < o[4] for q in c)]
                 for o in sorted(front, key=lambda o: (o[3], o[4])):
                     L.append("| %s | %.2f | %s | %s | %s | %s | %s |" % (
-                        "own precision" if own else "eviction-only", o[3], o[0], STORE.get(o[1], o[1]),
+                        name, o[3], o[0], STORE.get(o[1], o[1]),
                         "%g" % o[2] if o[2] else "–", kl(o[4]), passkey(o[5])))
             L.append("")
             svg = os.path.join(svgdir, "frontier_%s_%s.svg" % (t, prot))
