@@ -32,7 +32,8 @@
 #     is not run), and each policy that chooses its own precision (`precision = tiers(...)`,
 #     FRONTIER_OWN_KV_POLICIES) in the default store: at each byte ratio in bounds
 #     (`--byte-ratio R`) when its budget is `bytes(P)`, else once at its own budget
-#     (quantisation only); streaming and prompt-end as in step 3;
+#     (quantisation only); streaming and prompt-end as in step 3 (a prompt-end cell's bytes
+#     are its prompt's, right after the compress: ppl's prompt_bytes_compression);
 #  6. render docs/results.md and the SVG plots from the collected JSON (python3, stdlib).
 # Each measurement is cached as one JSON file under OUT (keyed by text, tokens, policy,
 # ratio), so an interrupted run resumes where it stopped; RESULTS_FRESH=1 discards them.
