@@ -402,16 +402,18 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 		split_pass "frontier ppl $t $group" "$runs" "$rc" '"x bytes \(.bytes_compression) kld_mean \(.kld_mean)"' "${cells[@]}"
 	done
 done
+# the full cache on the same prompts, once: the passkey the frontier's cells are read against
+# (the sweep's cell of step 4 when it has one, else in the prompt-end pass, which like the
+# full cache prefills in chunks, else in the only pass)
+fullgroup=stream
+case " $fprot " in *" prompt_end "*) fullgroup=prompt_end ;; esac
 for group in $fprot; do
 	[ "$render_only" = 1 ] || [ "$fneedle" != 1 ] && break
 	runs="$out/frontier/needle/$nkey/$group.runs"
 	: >"$runs"
 	cells=()
-	# the full cache on the same prompts, once (in the prompt-end pass, which like the full
-	# cache prefills in chunks, else the only one): the passkey accuracy the cells are read against
-	fullgroup=stream
-	case " $fprot " in *" prompt_end "*) fullgroup=prompt_end ;; esac
-	if [ "$group" = $fullgroup ] && [ -n "$fnpolicies" ] && [ ! -s "$out/frontier/needle/$nkey/full.json" ]; then
+	if [ "$group" = $fullgroup ] && [ -n "$fnpolicies" ] && [ ! -s "$out/frontier/needle/$nkey/full.json" ] &&
+		[ ! -s "$out/needle/$nkey/full.json" ]; then
 		echo "full" >>"$runs"
 		cells+=("$out/frontier/needle/$nkey/full.json")
 	fi
@@ -519,7 +521,8 @@ L.append("| ppl measurement time | %.0f s (sum over the lockstep ppl passes, swe
 if not policies:
     L.append("No per-policy sweep in this run (POLICIES is empty): the byte frontier at the "
              "end is what was measured.\n")
-else: L.append("Every cell of the sweep is one run of a `BIN ppl --batch` pass (all cells of a text and protocol "
+else:
+    L.append("Every cell of the sweep is one run of a `BIN ppl --batch` pass (all cells of a text and protocol "
          "fed in lockstep with one full-cache reference; each run computes what a separate "
          "`BIN ppl --ctx N --ratio R --json` computes, tests/test_seq.c checks it): streaming perplexity "
          "(teacher forcing, each token scored from the cache the policy left) and the mean "

@@ -89,7 +89,8 @@ L.append("Each cell is one run of a lockstep `BIN ppl --batch` pass (the full ca
             else "f32 rows on the exact path", nkey, fmin, fmax))
 nd = os.path.join(out, "frontier", "needle", nkey)
 needle = cells(nd)
-full_needle = load(os.path.join(nd, "full.json"))
+# the full cache's passkey: the frontier's own cell, else the sweep's (results.sh step 4)
+full_needle = load(os.path.join(nd, "full.json")) or load(os.path.join(out, "needle", nkey, "full.json"))
 if full_needle is not None:
     L.append("Passkey of the full cache on the same prompts: %s (the reference the passkey "
              "column is read against).\n" % passkey(full_needle))
