@@ -1,6 +1,6 @@
 # kvpc — plain GNU make build. `make help` lists the targets.
 #
-# Layout: runtime/LAYER/rt_*.c -> build/libkvrt.a (LAYER: base report kv model policy eval cli,
+# Layout: runtime/LAYER/rt_*.c -> build/libkvrt.a (LAYER: the layers of RT_LAYERS below,
 # lowest first; scripts/check_layers.sh keeps every include pointing down);
 # runtime/cli/kvrt_main.c -> build/kvrt;
 # grammar/kvp.{l,y} + compiler/kvp_*.c -> build/libkvpc.a; compiler/kvpc_main.c ->

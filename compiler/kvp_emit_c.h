@@ -5,14 +5,15 @@
  * writes the `registry` unit that lists compiled policies in
  * `const struct kvp_policy *const kvp_registry[]` with `kvp_registry_count`.
  *
- * Contract (DESIGN.md section 3, aesthetics.md section 12): line 1 is the banner
+ * Contract (docs/architecture.md, "The pipeline"): line 1 is the banner
  * "/" "* generated from X.kvp by kvpc VERSION — do not edit *" "/"; the output is a pure
  * function of the IR and the options (byte-for-byte deterministic); `#line N "X.kvp"`
  * precedes code derived from a source construct unless opts->line_directives is 0; the
  * unit compiles with -std=c11 -Wall -Wextra -Werror; nothing from the .kvp source is
  * pasted as code: generated identifiers (stat_0, param_1) are used, names appear only in
  * fully escaped string literals and comments are made of generated text only, numbers
- * are printed as C99 hex floats of the stored doubles.
+ * are printed with %.17g, an exact round trip of the stored doubles (integers get `.0`:
+ * `2048.0`).
  */
 #ifndef KVP_EMIT_C_H
 #define KVP_EMIT_C_H

@@ -1,7 +1,7 @@
 /*
  * kvp_ir: the typed, checked, location-carrying description of one KV-cache policy — the
  * contract between the front end (parser + sema + lowering, which builds it) and the back
- * ends (the C emitter, later CUDA), which read it. One struct kvp_ir holds:
+ * ends (the C and CUDA emitters), which read it. One struct kvp_ir holds:
  *
  *   params      runtime knobs: name, default, unit (entries/tokens/ratio/steps/scalar)
  *   consts      named compile-time numbers (kept only for comments; uses are folded to NUM)

@@ -7,7 +7,7 @@
  * A build emits C for every policy (compiler/kvp_emit_c.h), the registry unit listing
  * them, and a main() that hands the command line to the runtime (rt_cli_main, which
  * also dispatches `ab`); then runs the C compiler once over these units and links them
- * against libkvrt.a, OpenBLAS and PCRE2 (flags from pkg-config). DESIGN.md section 3.
+ * against libkvrt.a, OpenBLAS and PCRE2 (flags from pkg-config); docs/architecture.md, "The pipeline".
  *
  * Where the runtime comes from (first match wins), with D the directory of the running
  * kvpc executable (/proc/self/exe):

@@ -1,6 +1,6 @@
 /*
  * k_attn: attention over the device KV store with a policy's statistic update fused in
- * (DESIGN.md sections 3 and 11: the FlexAttention pattern, a user functor instantiated
+ * (docs/cuda.md; the FlexAttention pattern, a user functor instantiated
  * into a kernel template). For one layer, one chunk of C query rows and every KV head j,
  * query row r of the chunk attends to the nb + r + 1 entries of head (layer, j) that it
  * can see (nb = entries before the chunk; the chunk's own keys were appended already):

@@ -1,6 +1,5 @@
 /*
- * k_compress: the compress pipeline every generated policy instantiates (DESIGN.md
- * section 5): score -> [pool] -> group-reduce -> [pool] -> [layer-wide reduce] -> guards
+ * k_compress: the compress pipeline every generated policy instantiates (docs/runtime_abi.md): score -> [pool] -> group-reduce -> [pool] -> [layer-wide reduce] -> guards
  * -> allocation (per layer schedule; per head, adaptive across a layer's heads, or one
  * global pool) -> selection (k_select, tie rule: equal scores keep the lower position)
  * -> action (evict, or merge evicted entries into a kept neighbour as a prototype with a

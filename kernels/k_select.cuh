@@ -2,7 +2,7 @@
  * k_select.cuh: the CUDA counterpart of k_select.h — top-k selection of one (layer,
  * KV head)'s entries per thread block with the SAME total order as the CPU kernel
  * (higher score first, then lower position, then lower index; NaN ranks below every
- * number), so CPU and GPU keep identical sets (DESIGN.md sections 4 and 8).
+ * number), so CPU and GPU keep identical sets (docs/architecture.md, "The KV store").
  *
  * Method: rank counting. Thread i computes rank(i) = the number of candidates that
  * rank before candidate i (O(n^2 / threads) per head, no atomics, no sort

@@ -1,7 +1,7 @@
 /*
  * k_select: deterministic top-k selection of cache entries by score — the kernel every
  * compress ends in. Ranking is a total order: higher score first, then LOWER position
- * (the project's tie rule, DESIGN.md section 4), then lower index (and, across heads, the
+ * (the project's tie rule, docs/architecture.md "The KV store"), then lower index (and, across heads, the
  * lower head); NaN ranks below every number. Because the order is total the result does
  * not depend on the algorithm that finds it. k_select_topk, run on every head at every
  * compress (once per decode step for a per-step policy), does O(n) work: a few linear scans

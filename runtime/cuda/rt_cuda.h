@@ -1,5 +1,5 @@
 /*
- * rt_cuda: libkvrt_cuda, the CUDA backend of the runtime (DESIGN.md section 11). It runs
+ * rt_cuda: libkvrt_cuda, the CUDA backend of the runtime (docs/cuda.md). It runs
  * the Llama forward of runtime/model/rt_model.h on one NVIDIA GPU with the KV store on the
  * device and a compiled policy's statistics updated inside the attention kernel:
  *

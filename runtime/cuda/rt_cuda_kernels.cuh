@@ -2,7 +2,7 @@
  * rt_cuda_kernels: the model's elementwise and row kernels for libkvrt_cuda, each beside
  * its CPU reference (the llm.c dev/cuda convention: the reference is the plain loop of
  * runtime/model/rt_model.c it replaces, kept here as rt_cu_*_ref so the GPU check
- * (runtime/cuda/rt_cuda_check_kernels.cu) and the host tests compare against it).
+ * (tests/cuda/gpu_check.cu) and the host tests compare against it).
  *
  *   embed     x[r] = tok_embd[tok[r]]                           (gather)
  *   rmsnorm   y = x / sqrt(mean(x^2) + eps) ⊙ w, sum of squares in double, one block/row

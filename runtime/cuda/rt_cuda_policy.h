@@ -1,7 +1,7 @@
 /*
  * rt_cuda_policy: what `kvpc emit --target cuda` generates for a policy (policy_NAME.cu)
  * and the CUDA runtime (runtime/cuda/rt_cuda.h) calls — the device half of the policy ABI
- * of runtime/policy/rt_policy.h (DESIGN.md sections 5 and 11). A CUDA policy is one
+ * of runtime/policy/rt_policy.h (docs/runtime_abi.md, docs/cuda.md). A CUDA policy is one
  * `const struct kvp_cuda_policy` that points at the C policy generated from the same
  * source (its parameters, triggers and host compress stay the C ones) and adds:
  *

@@ -5,7 +5,7 @@
  * attention adds log n to the entry's logit), a protected-span id, and the policy's
  * per-entry statistics. Different KV heads may hold different entries and lengths.
  *
- * Memory: blocks from the process's KV pool (rt_kvpool.h, DESIGN.md sections 4 and 9).
+ * Memory: blocks from the process's KV pool (rt_kvpool.h; docs/architecture.md "The KV store", docs/serving.md).
  * A list's entries live in fixed-size blocks of RT_KV_BLOCK entries; the list's block
  * table is its block count nb: block b holds entries [b·RT_KV_BLOCK, (b+1)·RT_KV_BLOCK)
  * of every per-entry array. Each array of a list is one span of address space reserved

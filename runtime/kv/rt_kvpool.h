@@ -1,5 +1,5 @@
 /*
- * rt_kvpool: the process-wide KV block pool (DESIGN.md section 9). Every KV store (rt_kv)
+ * rt_kvpool: the process-wide KV block pool (docs/serving.md). Every KV store (rt_kv)
  * of a process draws its (layer, KV head) lists' blocks from one pool with a hard byte
  * limit: appending an entry past a list's last block takes a block, compaction returns
  * every emptied block at once, and a sequence whose block cannot be granted fails with an

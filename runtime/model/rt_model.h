@@ -21,7 +21,7 @@
  * Attention of query head q (KV head j = q / group) over that head's entries i:
  *   logit_i = q·k_i / sqrt(head_dim) + log(count_i),  p = softmax(logit),  o = Σ p_i v_i.
  * For singleton entries (count 1) this is exactly standard causal attention; a merged
- * prototype with count n stands for n identical tokens (DESIGN.md section 4).
+ * prototype with count n stands for n identical tokens (docs/architecture.md, "The KV store").
  *
  * Prefill is chunked: a chunk of up to max_chunk tokens is processed at once (GEMMs via
  * OpenBLAS over the chunk), its keys/values are appended to the store, and query row r of
@@ -97,7 +97,7 @@ typedef struct rt_model {
 
 /* How to load a model. */
 typedef struct rt_model_opts {
-	/* 1: the exact path (DESIGN.md section 8): every weight dequantised to f32 at load,
+	/* 1: the exact path (docs/exactness.md): every weight dequantised to f32 at load,
 	 * matmuls by OpenBLAS, the function the exactness tests check. 0: the fast path:
 	 * matrices stay in their GGUF block types (a type without an rt_dot kernel, such as
 	 * Q5_0, is dequantised to f32 and multiplied in f32) and are multiplied by rt_matmul. */
@@ -165,7 +165,7 @@ typedef struct rt_attn_view {
 	                           NULL unless rt_fwd_keep_queries was called */
 } rt_attn_view;
 
-/* Observation hook (a compiled policy's `observe`, DESIGN.md section 5). */
+/* Observation hook (a compiled policy's `observe`, docs/runtime_abi.md). */
 typedef void (*rt_observe_fn)(void *user, const rt_attn_view *v);
 
 /* Append hook (a compiled policy's `init_entries`): entries [first, first + n) of

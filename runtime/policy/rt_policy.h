@@ -1,6 +1,6 @@
 /*
  * rt_policy: the policy ABI — what a policy compiled by kvpc exports and how the runtime
- * drives it (DESIGN.md section 5). A compiled policy is one `const struct kvp_policy`: its
+ * drives it (docs/runtime_abi.md). A compiled policy is one `const struct kvp_policy`: its
  * name and source, its parameters (runtime knobs with defaults and units), the size of its
  * per-entry statistics and per-head state, its position convention, what the runtime must
  * hand it (needs flags), and five hooks:
@@ -50,7 +50,7 @@ enum kvp_unit {
 	KVP_UNIT_COUNT_
 };
 
-/* Where kept keys sit after compaction (DESIGN.md section 4). */
+/* Where kept keys sit after compaction (docs/architecture.md, "The KV store"). */
 enum kvp_positions {
 	KVP_POS_ORIGINAL = 0, /* keys keep the RoPE of their original position (H2O, SnapKV, TOVA) */
 	KVP_POS_COMPACTED,    /* the runtime re-rotates kept keys to their index in the cache
@@ -84,7 +84,7 @@ enum {
 	                             runtime records while the prompt is processed; implies
 	                             KVP_NEED_PROMPT_LEN */
 	KVP_NEED_F32_KV = 1u << 7, /* compress reads and rewrites the stores' key and value rows
-	                              as f32 arrays (GraceKV's core, runtime/policy/rt_grace.h):
+	                              as f32 arrays (GraceKV's core, kernels/k_grace.h):
 	                              rt_run_init refuses a store of another element type */
 	KVP_NEED_TIERS = 1u << 8,  /* compress sets entry precision tiers
 	                              (rt_kv_head_set_tiers): the runtime creates the policy's

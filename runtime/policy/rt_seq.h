@@ -1,7 +1,7 @@
 /*
  * rt_seq: one sequence evaluated under one KV-cache policy — the loop that joins the
  * model forward (rt_model), the KV store (rt_kv) and a compiled policy (rt_policy), as
- * DESIGN.md sections 4-5 describe it. An rt_seq owns the store (cap entries per
+ * docs/architecture.md ("The KV store") and docs/runtime_abi.md describe it. An rt_seq owns the store (cap entries per
  * (layer, KV head)), the policy's run state (parameters, context, scratch) and the
  * forward scratch, all allocated once by rt_seq_init; feeding tokens allocates nothing.
  *
@@ -122,7 +122,7 @@ void rt_seq_free(rt_seq *s);
  * counters, the given prompt length; parameters and ratio are kept. */
 void rt_seq_reset(rt_seq *s, int64_t prompt_len);
 
-/* Protected spans (DESIGN.md section 4: `keep span NAME` in a policy): names[1..n] name
+/* Protected spans (`keep span NAME` in a policy, docs/language.md): names[1..n] name
  * span ids 1..n (names[0] is unused; the array must outlive the sequence), n <= 65535.
  * rt_seq_span(s, id) gives every entry appended afterwards span id `id` (0 = none) until
  * the next call, so a caller marks a system prompt or a question by setting the span
