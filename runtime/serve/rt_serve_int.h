@@ -1,0 +1,209 @@
+/*
+ * rt_serve_int: what the files of the server share, private to runtime/serve/ (the public
+ * interface is rt_serve.h). The server is cut on its rulers:
+ *   rt_serve.c        startup and drain (srv_open, srv_close, rt_serve_run);
+ *   rt_serve_req.c    an OpenAI request body -> a req with its sequence (validation);
+ *   rt_serve_sched.c  request lifetime, admission, continuous batching, stop rules, footprint;
+ *   rt_serve_http.c   responses, uploads, SSE, /metrics and the route table.
+ */
+#ifndef RT_SERVE_INT_H
+#define RT_SERVE_INT_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/rt_util.h"
+#include "model/rt_model.h"
+#include "model/rt_tokenizer.h"
+#include "policy/rt_seq.h"
+#include "serve/rt_sample.h"
+#include "serve/rt_serve.h"
+
+
+#define MAX_STOP 4
+#define SPAN_SYSTEM 1
+#define SPAN_PINNED 2
+#define N_BUCKETS 10 /* kvpc_step_seconds buckets (srv_step_buckets) */
+
+enum { RQ_QUEUED, RQ_ACTIVE, RQ_DONE };
+
+typedef struct srv srv;
+
+typedef struct req {
+	srv *S;
+	uint64_t id;
+	char id_str[48];
+	int chat, stream, include_usage;
+	int pi;                      /* policy index (n_reg: full) */
+	rt_seq seq;                  /* created at validation, fed by the scheduler */
+	int seq_live;
+	int32_t *prompt;
+	uint8_t *span;               /* [n_prompt] span id of each prompt token */
+	int64_t n_prompt, n_pinned, n_system;
+	int64_t max_tokens;
+	rt_sampler smp;
+	char *stop[MAX_STOP];
+	int n_stop;
+	int64_t footprint;           /* bytes of pool the request may need at worst */
+	/* guarded by S->mu */
+	int state, cancelled, refs;
+	int64_t fed;                 /* prompt tokens fed */
+	int32_t next;                /* token to feed in the next decode step */
+	char *out;                   /* generated text (raw bytes) */
+	size_t len, cap, sent;       /* bytes; sent: bytes streamed so far */
+	char *sse;                   /* pending server-sent events */
+	size_t sse_len, sse_cap, sse_off;
+	int sse_done;
+	int64_t n_gen;
+	const char *finish;
+	int status;                  /* 0 while fine; an HTTP status once failed */
+	char err[512];
+	const char *err_type;
+	double t0, t_first, t_end;
+	int64_t compress, evicted, peak_entries, peak_bytes, pinned_kept;
+	double policy_s;             /* rt_seq_stats.policy_seconds at the finish */
+	int prefill_chunk;           /* the request's prefill schedule (0: token by token) */
+	int64_t kv_bytes;            /* at the end: K/V bytes held (runtime/kv/rt_kvbytes.h) */
+	double bytes_x;              /* at the end: compression in bytes against f16 */
+	double ratio_used;           /* the sequence's ratio and parameters, kept when it ends */
+	double byte_ratio_used;
+	double *params;
+	pthread_cond_t cv;
+	struct req *next_q;
+} req;
+
+/* The server. Locking: one mutex (mu) guards the queue, the active set, every request's
+ * state and the counters; the scheduler drops it only around the forward step. up_mu guards
+ * the uploads list and is taken before mu, never inside it. */
+struct srv {
+	const rt_serve_cfg *cfg;
+	const struct kvp_policy *const *reg;
+	int n_reg;
+	rt_model *m;
+	rt_tokenizer *tk;
+	char model_id[256];
+	int H;                       /* (layer, KV head) lists */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;           /* wakes the scheduler */
+	req *qhead, *qtail;
+	int n_queued;
+	req **active;
+	int n_active;
+	int64_t reserved;            /* footprint bytes of the active requests */
+	int draining, stop;
+	_Atomic int live;            /* requests allocated and not yet freed */
+	pthread_mutex_t up_mu;       /* guards the uploads list (taken before mu, never inside) */
+	struct conn *uploads;        /* connections still receiving a request body */
+	uint64_t next_id;
+	FILE *trace;
+	/* step scratch (scheduler only) */
+	rt_seq_multi mb;
+	float *lg;
+	rt_seq **sp;
+	const int32_t **tp;
+	int *tn;
+	rt_err *why;
+	req **stepped;
+	/* metrics */
+	int64_t req_by_status[600];
+	int64_t rejected, prompt_tokens, gen_tokens, entries_now;
+	int64_t kv_bytes_now, f16_bytes_now; /* the active sequences' K/V bytes, as f16 full caches */
+	int64_t *compress_by_p, *evicted_by_p;
+	int64_t step_hist[N_BUCKETS + 1], steps;
+	double step_sum, busy_seconds;
+};
+
+/* ---- small helpers ----------------------------------------------------------------- */
+
+static inline const struct kvp_policy *policy_at(const srv *S, int i)
+{
+	return i < S->n_reg ? S->reg[i] : &rt_policy_full;
+}
+
+static inline int policy_find(const srv *S, const char *name)
+{
+	for (int i = 0; i < S->n_reg; i++)
+		if (!strcmp(S->reg[i]->name, name))
+			return i;
+	return !strcmp(name, "full") ? S->n_reg : -1;
+}
+
+static inline int buf_add(char **b, size_t *len, size_t *cap, const char *s, size_t n)
+{
+	if (*len + n + 1 > *cap) {
+		size_t nc = (*cap ? *cap * 2 : 256);
+		while (nc < *len + n + 1)
+			nc *= 2;
+		char *p = realloc(*b, nc);
+		if (!p)
+			return -1;
+		*b = p, *cap = nc;
+	}
+	memcpy(*b + *len, s, n);
+	*len += n;
+	(*b)[*len] = 0;
+	return 0;
+}
+
+/* A JSON string of s[0..n): invalid UTF-8 bytes become U+FFFD. */
+static inline json_t *json_text(const char *s, size_t n)
+{
+	size_t bad;
+	if (rt_utf8_valid(s, n, &bad))
+		return json_stringn(s, n);
+	char *o = NULL;
+	size_t ol = 0, oc = 0;
+	for (size_t i = 0; i < n;) {
+		size_t k = 1;
+		while (k <= 4 && i + k <= n && !rt_utf8_valid(s + i, k, &bad))
+			k++;
+		if (k <= 4 && i + k <= n) {
+			buf_add(&o, &ol, &oc, s + i, k);
+			i += k;
+		} else {
+			buf_add(&o, &ol, &oc, "\xEF\xBF\xBD", 3);
+			i++;
+		}
+	}
+	json_t *j = json_stringn(o ? o : "", ol);
+	free(o);
+	return j;
+}
+
+/* ---- across the files ---------------------------------------------------------------- */
+
+/* A request's validation error: the HTTP status, the field (OpenAI's "param"), the text. */
+typedef struct verr {
+	int status;
+	char param[64];
+	char msg[640];
+} verr;
+
+/* rt_serve_req.c: the whole request body into r (r->chat, r->id and r->S set by the caller):
+ * prompt, limits, sampler, stop strings, the "kv" extension with r's new sequence, the
+ * footprint. 0, or -1 with e (what r holds is freed by srv_req_free). */
+int srv_parse_request(srv *S, req *r, const char *body, size_t len, verr *e);
+
+/* rt_serve_sched.c */
+extern const double srv_step_buckets[N_BUCKETS]; /* kvpc_step_seconds upper bounds, s */
+void srv_req_free(req *r);
+void srv_req_unref(req *r);    /* drop one reference (S->mu held) */
+json_t *srv_usage_obj(const req *r);
+json_t *srv_kv_obj(const srv *S, const req *r);
+json_t *srv_base_obj(const srv *S, const req *r, const char *object);
+int srv_err_status(const rt_err *e);
+void *srv_scheduler(void *arg); /* the scheduler thread (arg: the srv) */
+
+/* rt_serve_http.c */
+enum MHD_Result srv_handler(void *cls, struct MHD_Connection *c, const char *url,
+                            const char *method, const char *version, const char *upload,
+                            size_t *upload_size, void **con_cls);
+void srv_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                   enum MHD_RequestTerminationCode toe);
+void srv_upload_sweep(srv *S);
+
+#endif
