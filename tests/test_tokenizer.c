@@ -283,9 +283,9 @@ static char *write_syn(int what)
 	gw *w = gw_init();
 	gw_kv_str(w, "general.architecture", "llama");
 	if (what != 1)
-		gw_kv_str(w, "tokenizer.ggml.model", what == 2 ? "llama" : "gpt2");
+		gw_kv_str(w, "tokenizer.ggml.model", what == 2 ? "t5" : "gpt2");
 	if (what != 6)
-		gw_kv_str(w, "tokenizer.ggml.pre", what == 3 ? "llama-bpe" : "smollm");
+		gw_kv_str(w, "tokenizer.ggml.pre", what == 3 ? "falcon" : "smollm");
 	gw_kv_str_arr(w, "tokenizer.ggml.tokens", toks, N_SYN);
 	gw_kv_i32_arr(w, "tokenizer.ggml.token_type", types, what == 8 ? N_SYN - 1 : N_SYN);
 	if (what == 5)
@@ -578,13 +578,124 @@ START_TEST(test_random_bytes_and_roundtrip)
 }
 END_TEST
 
+/* ---- SentencePiece (tokenizer.ggml.model "llama") ---------------------------------- */
+
+/* A SentencePiece vocabulary: 0 <unk>, 1 <s>, 2 </s>, 3..258 the byte tokens <0x00>..
+ * <0xFF>, then normal pieces with integer scores (higher merges first). flags: 1 = the
+ * file sets add_space_prefix false, 2 = add_bos_token false. */
+enum { SPM_SP = 259, SPM_A, SPM_B, SPM_AB, SPM_SP_A, SPM_SP_AB, SPM_AA, SPM_N };
+static rt_tokenizer *open_spm(int flags)
+{
+	const char *toks[SPM_N];
+	int32_t types[SPM_N], scores[SPM_N];
+	char bytes[256][8];
+	toks[0] = "<unk>", toks[1] = "<s>", toks[2] = "</s>";
+	types[0] = 2, types[1] = types[2] = 3;
+	for (int b = 0; b < 256; b++) {
+		snprintf(bytes[b], sizeof bytes[b], "<0x%02X>", b);
+		toks[3 + b] = bytes[b];
+		types[3 + b] = 6;
+	}
+	static const struct { const char *s; int32_t score; } P[] = {
+		{"\xe2\x96\x81", -1}, {"a", -2}, {"b", -3}, {"ab", -5}, {"\xe2\x96\x81" "a", -4},
+		{"\xe2\x96\x81" "ab", -6}, {"aa", -2},
+	};
+	for (int i = 0; i < SPM_N; i++)
+		scores[i] = 0;
+	for (int k = 0; k < SPM_N - SPM_SP; k++) {
+		toks[SPM_SP + k] = P[k].s;
+		types[SPM_SP + k] = 1;
+		scores[SPM_SP + k] = P[k].score;
+	}
+	gw *w = gw_init();
+	gw_kv_str(w, "general.architecture", "llama");
+	gw_kv_str(w, "tokenizer.ggml.model", "llama");
+	gw_kv_str_arr(w, "tokenizer.ggml.tokens", toks, SPM_N);
+	gw_kv_i32_arr(w, "tokenizer.ggml.token_type", types, SPM_N);
+	gw_kv_i32_arr(w, "tokenizer.ggml.scores", scores, SPM_N);
+	if (flags & 1)
+		gw_kv_bool(w, "tokenizer.ggml.add_space_prefix", 0);
+	if (flags & 2)
+		gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 0);
+	char path[] = "/tmp/test_tokenizer_spm_XXXXXX";
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	ck_assert_int_eq(gw_write(w, path), 0);
+	gw_free(w);
+	rt_err err = {{0}};
+	rt_gguf *g = rt_gguf_open(path, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	rt_tokenizer *t = rt_tokenizer_init(g, &err);
+	ck_assert_msg(t != NULL, "%s", err.msg);
+	rt_gguf_close(g);
+	unlink(path);
+	return t;
+}
+
+static void expect_ids(const rt_tokenizer *t, const char *s, int special, const int32_t *want, int n)
+{
+	int64_t m;
+	int32_t *ids = tok(t, s, strlen(s), special, &m);
+	ck_assert_msg(m == n, "'%s': %lld ids, want %d", s, (long long)m, n);
+	for (int i = 0; i < n; i++)
+		ck_assert_msg(ids[i] == want[i], "'%s': id %d is %d, want %d", s, i, ids[i], want[i]);
+	free(ids);
+}
+#define EXPECT_SPM(t, s, sp, ...) do { \
+	const int32_t w_[] = { __VA_ARGS__ }; \
+	expect_ids(t, s, sp, w_, (int)(sizeof w_ / sizeof w_[0])); } while (0)
+
+/* Hand-computed SentencePiece merges: the highest score first, the leftmost on equal
+ * scores, a leading U+2581 when add_space_prefix (at the start and after a special token
+ * only), byte fallback for a character without a piece, BOS from the defaults. */
+START_TEST(test_spm_merges)
+{
+	rt_tokenizer *t = open_spm(0);
+	/* "\u2581ab": (\u2581,a) -4 beats (a,b) -5; then "\u2581a"+"b" = "\u2581ab" */
+	EXPECT_SPM(t, "ab", 0, SPM_SP_AB);
+	/* "\u2581aaa": the two (a,a) pairs tie at -2; the left one merges; "\u2581aa" and
+	 * "aaa" are no pieces */
+	EXPECT_SPM(t, "aaa", 0, SPM_SP, SPM_AA, SPM_A);
+	/* spaces are U+2581: "\u2581a\u2581b" */
+	EXPECT_SPM(t, "a b", 0, SPM_SP_A, SPM_SP, SPM_B);
+	/* byte fallback: 'c' and the two bytes of U+00E9 have no piece */
+	EXPECT_SPM(t, "c", 0, SPM_SP, 3 + 'c');
+	EXPECT_SPM(t, "\xc3\xa9", 0, SPM_SP, 3 + 0xc3, 3 + 0xa9);
+	/* the prefix space follows a special token, not plain text */
+	EXPECT_SPM(t, "<s>ab<s>ab", 1, 1, SPM_SP_AB, 1, SPM_SP_AB);
+	EXPECT_SPM(t, "ab<s>", 1, SPM_SP_AB, 1);
+	/* without parse_special "<s>" is text: "\u2581<s>ab" */
+	EXPECT_SPM(t, "<s>", 0, SPM_SP, 3 + '<', 3 + 's', 3 + '>');
+	int64_t m;
+	free(tok(t, "", 0, 0, &m));
+	ck_assert_int_eq(m, 0);
+	ck_assert_int_eq(rt_tokenizer_bos(t), 1); /* SentencePiece default: BOS 1 added */
+	ck_assert(rt_tokenizer_is_eog(t, 2));    /* default eos 2 */
+	char b[16];
+	ck_assert_int_eq(rt_token_to_bytes(t, SPM_SP_AB, b, sizeof b), 3);
+	ck_assert(!memcmp(b, " ab", 3));
+	ck_assert_int_eq(rt_token_to_bytes(t, 3 + 0xc3, b, sizeof b), 1);
+	ck_assert_int_eq((uint8_t)b[0], 0xc3);
+	ck_assert_int_eq(rt_token_to_bytes(t, 1, b, sizeof b), 3);
+	ck_assert(!memcmp(b, "<s>", 3));
+	rt_tokenizer_free(t);
+
+	t = open_spm(1 | 2);
+	EXPECT_SPM(t, "ab", 0, SPM_AB);
+	EXPECT_SPM(t, " ab", 0, SPM_SP_AB);
+	ck_assert_int_eq(rt_tokenizer_bos(t), -1);
+	rt_tokenizer_free(t);
+}
+END_TEST
+
 START_TEST(test_init_errors)
 {
 	static const char *const want[] = {
 		NULL,
 		"key 'tokenizer.ggml.model' missing",
-		"model 'llama' unsupported",
-		"pre-tokenizer 'llama-bpe' unsupported",
+		"key 'tokenizer.ggml.model' is 't5'; supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece)",
+		"key 'tokenizer.ggml.pre' is 'falcon'; supported: smollm,",
 		"key 'tokenizer.ggml.merges' missing",
 		"merge 1 'nospace' has no space separator",
 		"key 'tokenizer.ggml.pre' missing",
@@ -879,6 +990,7 @@ static Suite *tokenizer_suite(void)
 	tcase_add_test(tc, test_invalid_utf8);
 	tcase_add_test(tc, test_random_bytes_and_roundtrip);
 	tcase_add_test(tc, test_init_errors);
+	tcase_add_test(tc, test_spm_merges);
 	tcase_add_test(tc, test_chat_render);
 	suite_add_tcase(s, tc);
 

@@ -1,23 +1,29 @@
 /*
- * rt_tokenizer: the byte-level BPE tokenizer of GPT-2-family GGUF models (SmolLM2 uses
- * tokenizer.ggml.model = "gpt2", pre = "smollm"), reproducing llama.cpp's llama-vocab.cpp
- * and unicode.cpp token for token:
+ * rt_tokenizer: the tokenizers of GGUF files, reproducing llama.cpp's llama-vocab.cpp and
+ * unicode.cpp token for token (checked against llama.cpp's own vectors,
+ * models/ggml-vocab-*.gguf.inp/.out, by tests/test_tokenizer_vocab.c):
  *
  *   1. special-token partition (tokenizer_st_partition): control/unknown tokens (only when
  *      parse_special) and user-defined tokens (always) are cut out of the text where their
  *      text occurs verbatim, longest token first;
- *   2. pre-tokenization of each remaining fragment: for "smollm" first `\p{N}` (every
- *      number codepoint its own piece; the text between matches is kept as pieces), then
- *      the GPT-2 pattern on each piece. Both run with PCRE2 in UTF+UCP mode; `\s` is
- *      spelled out as llama.cpp's whitespace set (Unicode White_Space), and \p{L}/\p{N}
- *      get the Unicode 15 additions llama.cpp knows, so every codepoint is classified
- *      as llama.cpp classifies it;
- *   3. byte-level BPE per piece: the piece's bytes become GPT-2 bytes->unicode symbols,
+ *   2. byte-level BPE (tokenizer.ggml.model "gpt2"): pre-tokenization of each remaining
+ *      fragment by the pre-tokenizer's pattern (PRE_TYPES: for "smollm" first `\p{N}`,
+ *      every number codepoint its own piece, then the GPT-2 pattern on each piece; Llama 3
+ *      and Qwen2 have their own patterns). Patterns run with PCRE2 in UTF+UCP mode; `\s`
+ *      is spelled out as llama.cpp's whitespace set (Unicode White_Space), and \p{L}/\p{N}
+ *      get the Unicode 15 additions llama.cpp knows, so every codepoint is classified as
+ *      llama.cpp classifies it. Each piece's bytes become GPT-2 bytes->unicode symbols,
  *      then the adjacent pair of lowest merge rank is merged (equal ranks: leftmost first)
  *      until no pair has a rank, via a binary heap and an (id, id) -> rank hash map, so a
- *      piece of n bytes costs O(n log n);
- *   4. each final symbol maps to its vocabulary id (or, for a symbol missing from the
- *      vocabulary, to the ids of its single bytes; a byte without a token is dropped).
+ *      piece of n bytes costs O(n log n); a final symbol missing from the vocabulary gives
+ *      the ids of its single bytes (a byte without a token is dropped). Llama 3 first
+ *      looks the whole piece up (llama.cpp's ignore_merges);
+ *   3. SentencePiece-style BPE (tokenizer.ggml.model "llama", llm_tokenizer_spm): each
+ *      fragment gets a leading space when add_space_prefix is set and it follows the start
+ *      or a special token, spaces become U+2581, the UTF-8 characters are merged pairwise,
+ *      the pair whose concatenation is the vocabulary token of highest score first (equal
+ *      scores: leftmost first), and a final symbol that is no token falls back to the
+ *      <0xNN> tokens of its bytes.
  *
  * End of generation follows llama.cpp too: the GGUF eos/eot/eom ids plus every token whose
  * text is on llama.cpp's EOG and FIM pad/repo/sep lists (SmolLM2: 0 <|endoftext|>,
@@ -62,25 +68,65 @@ static const char RE_GPT2[] =
 	"'s|'t|'re|'ve|'m|'ll|'d| ?[" LET "]+| ?[" NUM "]+| ?[^" WS LET NUM "]+"
 	"|[" WS "]+(?![^" WS "])|[" WS "]+";
 static const char RE_DIGIT[] = "[" NUM "]";
+/* Llama 3's pattern as llama-vocab.cpp adapts it (case-insensitive contractions spelled
+ * out); Qwen2's is the same with single digits instead of runs of up to three. Their
+ * hand-written matchers in unicode.cpp (custom_llama3, custom_qwen2) agree with these. */
+#define RE_LLAMA3_LIKE(DIGITS) \
+	"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n" LET NUM "]?[" LET "]+" \
+	"|[" NUM "]" DIGITS "| ?[^" WS LET NUM "]+[\\r\\n]*|[" WS "]*[\\r\\n]+" \
+	"|[" WS "]+(?![^" WS "])|[" WS "]+"
+static const char RE_LLAMA3[] = RE_LLAMA3_LIKE("{1,3}");
+static const char RE_QWEN2[] = RE_LLAMA3_LIKE("");
 
-/* Pre-tokenizers we implement: name -> whether the `\p{N}` pass runs first. */
-static const struct {
+/* Pre-tokenizers we implement (llama-vocab.cpp's names for them): whether the `\p{N}`
+ * pass runs first, the main pattern, whether a piece that is a whole vocabulary token is
+ * taken as is (ignore_merges), and whether prompts start with BOS by default. */
+#define PRE_TYPE_ROWS(X) \
+	X("smollm", 1, RE_GPT2, 0, 0) X("starcoder", 1, RE_GPT2, 0, 0) X("refact", 1, RE_GPT2, 0, 0) \
+	X("command-r", 1, RE_GPT2, 0, 0) X("codeshell", 1, RE_GPT2, 0, 0) \
+	X("gpt-2", 0, RE_GPT2, 0, 0) X("mpt", 0, RE_GPT2, 0, 0) X("olmo", 0, RE_GPT2, 0, 0) \
+	X("llama-bpe", 0, RE_LLAMA3, 1, 1) X("llama3", 0, RE_LLAMA3, 1, 1) \
+	X("llama-v3", 0, RE_LLAMA3, 1, 1) X("dbrx", 0, RE_LLAMA3, 0, 0) X("smaug-bpe", 0, RE_LLAMA3, 0, 0) \
+	X("qwen2", 0, RE_QWEN2, 0, 0) X("deepseek-r1-qwen", 0, RE_QWEN2, 0, 0) \
+	X("stablelm2", 0, RE_QWEN2, 0, 0)
+static const struct pre_type {
 	const char *name;
 	int split_digits;
+	const char *re;
+	int ignore_merges, add_bos;
 } PRE_TYPES[] = {
-	{"smollm", 1}, {"starcoder", 1}, {"refact", 1}, {"gpt-2", 0},
+#define PRE_ROW(n, d, r, im, ab) {n, d, r, im, ab},
+	PRE_TYPE_ROWS(PRE_ROW)
+#undef PRE_ROW
 };
+#define PRE_NAMES_LIST "smollm, starcoder, refact, command-r, codeshell, gpt-2, mpt, olmo, " \
+	"llama-bpe, llama3, llama-v3, dbrx, smaug-bpe, qwen2, deepseek-r1-qwen, stablelm2"
 
 /* Token texts llama.cpp treats as end-of-generation (llama-vocab.cpp, load: "maintain a
  * list of tokens that cause end-of-generation"): its EOG list, then its FIM pad, FIM repo
  * and FIM sep spellings, which it also makes EOG (hence SmolLM2's <reponame>, id 4).
  * llama.cpp also forces each of these tokens to the control type; so do we. */
 static const char *const EOG_TEXTS[] = {
-	"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-	"<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
-	"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>",
+	"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+	"<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+	"<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+	"<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>", "[e~[",
+	"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
 	"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>",
 	"<|file_sep|>",
+};
+
+/* The FIM prefix/suffix/middle spellings, which llama.cpp forces to the control type
+ * (not EOG) when the file names no tokenizer.ggml.fim_{pre,suf,mid}_token_id, the first
+ * spelling its hash map meets. We force every one present, key or not (vocabularies hold
+ * one spelling per role; CodeLlama's two are control in the file already). */
+static const char *const FIM_CONTROL_TEXTS[] = {
+	"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\xe2\x96\x81<PRE>",
+	"<|code_prefix|>", "<|prefix|>",
+	"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "\xe2\x96\x81<SUF>",
+	"<|code_suffix|>", "<|suffix|>",
+	"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "\xe2\x96\x81<MID>",
+	"<|code_middle|>", "<|middle|>",
 };
 
 /* ---- string interning ---------------------------------------------------------- */
@@ -220,20 +266,28 @@ typedef struct special_tok {
 	uint32_t len;
 } special_tok;
 
+/* The two tokenizer models (tokenizer.ggml.model). */
+enum { TOK_BPE, TOK_SPM };
+
 struct rt_tokenizer {
+	int kind;                /* TOK_BPE ("gpt2") or TOK_SPM ("llama") */
 	int32_t n_vocab;
 	uint8_t *type;           /* [n_vocab] GGUF token type */
+	float *score;            /* [n_vocab] SentencePiece scores (TOK_SPM) */
 	strtab st;               /* ids 0..n_vocab-1 are the vocabulary */
 	char *dec;               /* decoded bytes of every token, back to back */
 	uint64_t *dec_off;       /* [n_vocab + 1] */
 	merge_slot *merges;
 	uint32_t n_merge_slots;  /* power of two */
-	int32_t byte_sym[256];   /* string id of each byte's GPT-2 symbol (>= n_vocab: no token) */
+	int32_t byte_sym[256];   /* TOK_BPE: string id of each byte's GPT-2 symbol (>= n_vocab:
+	                          * no token); TOK_SPM: the byte's fallback token or -1 */
 	special_tok *specials;   /* longest first */
 	int n_specials;
 	uint8_t *eog;            /* [n_vocab] */
-	int split_digits;
-	pcre2_code *re_gpt2, *re_digit;
+	int split_digits, ignore_merges, add_space_prefix;
+	int32_t bos;             /* the BOS id prompts start with, or -1 */
+	int32_t unk;             /* SentencePiece's unknown token (fallback of a byte without one) */
+	pcre2_code *re_main, *re_digit;
 };
 
 /* GPT-2 bytes_to_unicode(): printable Latin-1 bytes map to themselves, the other 68
@@ -337,38 +391,59 @@ static int32_t opt_id(const rt_gguf *g, const char *key, int32_t n_vocab)
 	return (int32_t)v;
 }
 
-/* The tokenizer's GGUF keys (arrays found, types and sizes checked, the pre-tokenizer
- * known). 0 and *k filled, or -1 with err naming the file and the key. */
+/* The tokenizer's GGUF keys (arrays found, types and sizes checked, the model and
+ * pre-tokenizer known). 0 and *k filled, or -1 with err naming the file and the key. */
 typedef struct tok_keys {
-	const rt_gguf_kv *tok, *type, *merge; /* tokens, token types (may be NULL), merges */
-	int split_digits;                     /* the pre-tokenizer splits digits (PRE_TYPES) */
+	int kind;                             /* TOK_BPE or TOK_SPM */
+	const rt_gguf_kv *tok, *type, *merge; /* tokens, token types (may be NULL), merges (BPE) */
+	const rt_gguf_kv *score;              /* SentencePiece scores (may be NULL) */
+	const struct pre_type *pre;           /* the BPE pre-tokenizer (PRE_TYPES) */
 } tok_keys;
 
-static int tok_keys_find(const rt_gguf *g, const char *path, tok_keys *k, rt_err *err)
+static int str_is(rt_gguf_str s, const char *lit)
+{
+	return s.len == strlen(lit) && memcmp(s.s, lit, s.len) == 0;
+}
+
+/* tokenizer.ggml.model and, for BPE, tokenizer.ggml.pre: k->kind and k->pre. */
+static int tok_model_find(const rt_gguf *g, const char *path, tok_keys *k, rt_err *err)
 {
 	rt_gguf_str model, pre;
 	if (rt_gguf_get_str(g, "tokenizer.ggml.model", &model, NULL) != 0) {
 		rt_err_set(err, "%s: tokenizer: key 'tokenizer.ggml.model' missing or not a string", path);
 		return -1;
 	}
-	if (model.len != 4 || memcmp(model.s, "gpt2", 4) != 0) {
-		rt_err_set(err, "%s: tokenizer: model '%.*s' unsupported (only byte-level BPE 'gpt2')",
+	if (str_is(model, "llama")) {
+		k->kind = TOK_SPM; /* llama.cpp reads no pre-tokenizer for SentencePiece */
+		return 0;
+	}
+	if (!str_is(model, "gpt2")) {
+		rt_err_set(err, "%s: tokenizer: key 'tokenizer.ggml.model' is '%.*s'; supported: 'gpt2' "
+		           "(byte-level BPE), 'llama' (SentencePiece)",
 		           path, (int)(model.len > 64 ? 64 : model.len), model.s);
 		return -1;
 	}
+	k->kind = TOK_BPE;
 	if (rt_gguf_get_str(g, "tokenizer.ggml.pre", &pre, NULL) != 0) {
 		rt_err_set(err, "%s: tokenizer: key 'tokenizer.ggml.pre' missing or not a string", path);
 		return -1;
 	}
-	int split_digits = -1;
 	for (size_t i = 0; i < sizeof PRE_TYPES / sizeof PRE_TYPES[0]; i++)
-		if (strlen(PRE_TYPES[i].name) == pre.len && memcmp(PRE_TYPES[i].name, pre.s, pre.len) == 0)
-			split_digits = PRE_TYPES[i].split_digits;
-	if (split_digits < 0) {
-		rt_err_set(err, "%s: tokenizer: pre-tokenizer '%.*s' unsupported (smollm, starcoder, refact, gpt-2)",
+		if (str_is(pre, PRE_TYPES[i].name))
+			k->pre = &PRE_TYPES[i];
+	if (!k->pre) {
+		rt_err_set(err, "%s: tokenizer: key 'tokenizer.ggml.pre' is '%.*s'; supported: " PRE_NAMES_LIST,
 		           path, (int)(pre.len > 64 ? 64 : pre.len), pre.s);
 		return -1;
 	}
+	return 0;
+}
+
+static int tok_keys_find(const rt_gguf *g, const char *path, tok_keys *k, rt_err *err)
+{
+	memset(k, 0, sizeof *k);
+	if (tok_model_find(g, path, k, err) != 0)
+		return -1;
 	const rt_gguf_kv *ktok = k->tok = find_arr(g, "tokenizer.ggml.tokens", RT_GGUF_STRING, 1, err);
 	if (!ktok)
 		return -1;
@@ -384,6 +459,15 @@ static int tok_keys_find(const rt_gguf *g, const char *path, tok_keys *k, rt_err
 		           path, (unsigned long long)ktok->arr_n);
 		return -1;
 	}
+	const rt_gguf_kv *ksc = k->score = rt_gguf_find_kv(g, "tokenizer.ggml.scores");
+	if (ksc && (ksc->type != RT_GGUF_ARRAY || ksc->arr_n < ktok->arr_n ||
+	            (ksc->arr_type != RT_GGUF_F32 && ksc->arr_type != RT_GGUF_I32))) {
+		rt_err_set(err, "%s: tokenizer: 'tokenizer.ggml.scores' is not an f32 or i32 array of "
+		           "%llu entries", path, (unsigned long long)ktok->arr_n);
+		return -1;
+	}
+	if (k->kind == TOK_SPM)
+		return 0; /* SentencePiece merges by score; merges are not read */
 	const rt_gguf_kv *kmerge = k->merge = rt_gguf_find_kv(g, "tokenizer.ggml.merges");
 	if (!kmerge) {
 		rt_err_set(err, "%s: tokenizer: key 'tokenizer.ggml.merges' missing", path);
@@ -398,22 +482,63 @@ static int tok_keys_find(const rt_gguf *g, const char *path, tok_keys *k, rt_err
 		           (unsigned long long)kmerge->arr_n);
 		return -1;
 	}
-	k->split_digits = split_digits;
 	return 0;
 }
 
-/* Token types and strings into t (n_vocab set). */
+/* Token types, strings and scores into t (n_vocab set). An empty token text becomes
+ * "[EMPTY_<id>]" as llama.cpp renames it. */
 static void tok_vocab_init(rt_tokenizer *t, const tok_keys *k)
 {
-	const rt_gguf_kv *ktok = k->tok, *ktype = k->type;
+	const rt_gguf_kv *ktok = k->tok, *ktype = k->type, *ksc = k->score;
 	t->type = RT_MALLOC((size_t)t->n_vocab);
+	t->score = RT_CALLOC((size_t)t->n_vocab, sizeof *t->score);
 	for (int32_t i = 0; i < t->n_vocab; i++) {
 		int32_t ty = TT_NORMAL;
 		if (ktype)
 			memcpy(&ty, (const char *)ktype->arr_data + 4 * (size_t)i, 4);
 		t->type[i] = (ty >= 0 && ty <= TT_BYTE) ? (uint8_t)ty : TT_UNDEFINED;
+		if (ksc && ksc->arr_type == RT_GGUF_F32) {
+			memcpy(&t->score[i], (const char *)ksc->arr_data + 4 * (size_t)i, 4);
+		} else if (ksc) {
+			int32_t v;
+			memcpy(&v, (const char *)ksc->arr_data + 4 * (size_t)i, 4);
+			t->score[i] = (float)v;
+		}
 		const rt_gguf_str *s = &ktok->arr_strs[i];
-		strtab_add(&t->st, s->s, s->len);
+		if (s->len == 0) {
+			char e[32];
+			int n = snprintf(e, sizeof e, "[EMPTY_%d]", (int)i);
+			strtab_add(&t->st, e, (size_t)n);
+		} else {
+			strtab_add(&t->st, s->s, s->len);
+		}
+	}
+}
+
+/* Optional boolean key: its value, or def when absent or not a bool. */
+static int opt_bool(const rt_gguf *g, const char *key, int def)
+{
+	const rt_gguf_kv *kv = rt_gguf_find_kv(g, key);
+	return kv && kv->type == RT_GGUF_BOOL ? kv->v.u64 != 0 : def;
+}
+
+/* The prompt's BOS (t->bos), SentencePiece's space prefix and unknown token, as
+ * llama.cpp's defaults per model overridden by the file's keys. */
+static void tok_flags_init(rt_tokenizer *t, const rt_gguf *g, const tok_keys *k)
+{
+	int spm = k->kind == TOK_SPM;
+	int add_bos = opt_bool(g, "tokenizer.ggml.add_bos_token", spm ? 1 : k->pre->add_bos);
+	int32_t bos = opt_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab);
+	if (bos < 0 && spm && t->n_vocab > 1 && !rt_gguf_find_kv(g, "tokenizer.ggml.bos_token_id"))
+		bos = 1;
+	t->bos = add_bos ? bos : -1;
+	t->add_space_prefix = spm && opt_bool(g, "tokenizer.ggml.add_space_prefix", 1);
+	t->unk = opt_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab);
+	if (t->unk < 0 && spm && !rt_gguf_find_kv(g, "tokenizer.ggml.unknown_token_id"))
+		t->unk = 0;
+	if (!spm) {
+		t->split_digits = k->pre->split_digits;
+		t->ignore_merges = k->pre->ignore_merges;
 	}
 }
 
@@ -430,6 +555,18 @@ static void tok_eog_init(rt_tokenizer *t, const rt_gguf *g)
 			t->type[id] = TT_CONTROL;
 		}
 	}
+	for (size_t i = 0; i < sizeof FIM_CONTROL_TEXTS / sizeof FIM_CONTROL_TEXTS[0]; i++) {
+		int32_t id = rt_tokenizer_find(t, FIM_CONTROL_TEXTS[i]);
+		if (id >= 0)
+			t->type[id] = TT_CONTROL;
+	}
+	/* llama.cpp: where <|tool_response> or <|plamo:eos|> is EOG, </s> is a normal token */
+	int32_t s_id = rt_tokenizer_find(t, "</s>");
+	if (s_id >= 0 && (rt_tokenizer_find(t, "<|tool_response>") >= 0 ||
+	                  rt_tokenizer_find(t, "<|plamo:eos|>") >= 0)) {
+		t->eog[s_id] = 0;
+		t->type[s_id] = TT_NORMAL;
+	}
 	static const char *const eog_keys[] = {
 		"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
 	};
@@ -437,6 +574,23 @@ static void tok_eog_init(rt_tokenizer *t, const rt_gguf *g)
 		int32_t id = opt_id(g, eog_keys[i], t->n_vocab);
 		if (id >= 0)
 			t->eog[id] = 1;
+	}
+	/* SentencePiece's default eos (2) when the file names none */
+	if (t->kind == TOK_SPM && !rt_gguf_find_kv(g, "tokenizer.ggml.eos_token_id") && t->n_vocab > 2)
+		t->eog[2] = 1;
+}
+
+/* SentencePiece's byte fallback: the token of each byte, "<0xNN>" or else the byte's own
+ * one-byte text (llama_vocab::byte_to_token), -1 when neither exists. */
+static void tok_spm_bytes_init(rt_tokenizer *t)
+{
+	for (int b = 0; b < 256; b++) {
+		char hex[8], one[1] = { (char)b };
+		snprintf(hex, sizeof hex, "<0x%02X>", b);
+		int32_t id = strtab_find(&t->st, hex, 6);
+		if (id < 0 || id >= t->n_vocab)
+			id = strtab_find(&t->st, one, 1);
+		t->byte_sym[b] = id < t->n_vocab ? id : -1;
 	}
 }
 
@@ -505,6 +659,39 @@ static int tok_merges_init(rt_tokenizer *t, const rt_gguf_kv *kmerge, const char
 	return 0;
 }
 
+/* The text of SentencePiece token i (s[0..n)) into o, as llama.cpp's token_to_piece:
+ * normal tokens with U+2581 back to spaces, byte tokens their byte (<0xNN>), control,
+ * unknown and user-defined tokens their text, unused and undefined ones nothing. Writes
+ * at most n bytes; returns the count. */
+static size_t spm_piece(const rt_tokenizer *t, int32_t i, const char *s, size_t n, char *o)
+{
+	switch (t->type[i]) {
+	case TT_NORMAL: {
+		size_t w = 0;
+		for (size_t k = 0; k < n;) {
+			if (n - k >= 3 && !memcmp(s + k, "\xe2\x96\x81", 3)) {
+				o[w++] = ' ';
+				k += 3;
+			} else {
+				o[w++] = s[k++];
+			}
+		}
+		return w;
+	}
+	case TT_BYTE:
+		if (n >= 4) {
+			o[0] = (char)strtol(s + 3, NULL, 16); /* NUL-terminated in the strtab blob */
+			return 1;
+		}
+		return 0;
+	case TT_CONTROL: case TT_UNKNOWN: case TT_USER_DEFINED:
+		memcpy(o, s, n);
+		return n;
+	default:
+		return 0;
+	}
+}
+
 /* The decoded bytes of every token (t->dec, t->dec_off). */
 static void tok_decode_init(rt_tokenizer *t, const int32_t byte_of_cp[512])
 {
@@ -519,7 +706,9 @@ static void tok_decode_init(rt_tokenizer *t, const int32_t byte_of_cp[512])
 		const char *s = t->st.blob + t->st.off[i];
 		size_t n = t->st.len[i];
 		t->dec_off[i] = w;
-		if (t->type[i] == TT_NORMAL) {
+		if (t->kind == TOK_SPM) {
+			w += spm_piece(t, i, s, n, t->dec + w);
+		} else if (t->type[i] == TT_NORMAL) {
 			size_t valid_to;
 			int ok = rt_utf8_valid(s, n, &valid_to);
 			for (size_t k = 0; k < n;) {
@@ -566,24 +755,25 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 	if (tok_keys_find(g, path, &k, err) != 0)
 		return NULL;
 	rt_tokenizer *t = RT_CALLOC(1, sizeof *t);
+	t->kind = k.kind;
 	t->n_vocab = (int32_t)k.tok->arr_n;
-	t->split_digits = k.split_digits;
 	tok_vocab_init(t, &k);
+	tok_flags_init(t, g, &k);
 	tok_eog_init(t, g);
 	int32_t byte_of_cp[512];
-	tok_bytes_init(t, byte_of_cp);
-	if (tok_merges_init(t, k.merge, path, err) != 0)
-		goto fail;
-	tok_decode_init(t, byte_of_cp);
-	tok_specials_init(t);
-	t->re_gpt2 = re_compile(RE_GPT2, path, err);
-	if (!t->re_gpt2)
-		goto fail;
-	if (t->split_digits) {
-		t->re_digit = re_compile(RE_DIGIT, path, err);
-		if (!t->re_digit)
+	if (t->kind == TOK_SPM) {
+		tok_spm_bytes_init(t);
+	} else {
+		tok_bytes_init(t, byte_of_cp);
+		if (tok_merges_init(t, k.merge, path, err) != 0)
+			goto fail;
+		if (!(t->re_main = re_compile(k.pre->re, path, err)))
+			goto fail;
+		if (t->split_digits && !(t->re_digit = re_compile(RE_DIGIT, path, err)))
 			goto fail;
 	}
+	tok_decode_init(t, byte_of_cp);
+	tok_specials_init(t);
 	return t;
 fail:
 	rt_tokenizer_free(t);
@@ -596,16 +786,22 @@ void rt_tokenizer_free(rt_tokenizer *t)
 		return;
 	strtab_free(&t->st);
 	free(t->type);
+	free(t->score);
 	free(t->dec);
 	free(t->dec_off);
 	free(t->merges);
 	free(t->specials);
 	free(t->eog);
-	if (t->re_gpt2)
-		pcre2_code_free(t->re_gpt2);
+	if (t->re_main)
+		pcre2_code_free(t->re_main);
 	if (t->re_digit)
 		pcre2_code_free(t->re_digit);
 	free(t);
+}
+
+int32_t rt_tokenizer_bos(const rt_tokenizer *t)
+{
+	return t->bos;
 }
 
 int32_t rt_tokenizer_n_vocab(const rt_tokenizer *t)
@@ -643,8 +839,13 @@ typedef struct bpe_sym {
 	int32_t prev, next;
 } bpe_sym;
 
+/* A candidate merge of symbols left and right: key orders them (BPE: the merge rank;
+ * SentencePiece: minus the token's score; ties: leftmost first). BPE keeps the symbol ids
+ * it saw (lid, rid) and the result (res) to spot stale pairs; SentencePiece keeps the
+ * merged byte length in lid. */
 typedef struct bpe_pair {
-	int32_t rank, left, right;
+	double key;
+	int32_t left, right;
 	int32_t lid, rid, res;
 } bpe_pair;
 
@@ -669,7 +870,7 @@ static void emit(tok_run *r, int32_t id)
 
 static int pair_less(const bpe_pair *a, const bpe_pair *b)
 {
-	return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
+	return a->key < b->key || (a->key == b->key && a->left < b->left);
 }
 
 static void heap_push(tok_run *r, bpe_pair p)
@@ -733,6 +934,28 @@ static void try_pair(tok_run *r, int32_t left, int32_t right)
 		heap_push(r, (bpe_pair){m->rank, left, right, r->sym[left].id, r->sym[right].id, m->result});
 }
 
+/* llama.cpp's ignore_merges (Llama 3): a piece whose byte-level text is a vocabulary
+ * token is that token. 1 when emitted. */
+static int bpe_whole(tok_run *r, const char *p, size_t n)
+{
+	const rt_tokenizer *t = r->t;
+	char stackbuf[256] = { 0 };
+	char *w = 2 * n <= sizeof stackbuf ? stackbuf : RT_MALLOC(2 * n);
+	size_t m = 0;
+	for (size_t i = 0; i < n; i++) { /* each byte's symbol is 1 or 2 UTF-8 bytes */
+		int32_t b = t->byte_sym[(uint8_t)p[i]];
+		memcpy(w + m, t->st.blob + t->st.off[b], t->st.len[b]);
+		m += t->st.len[b];
+	}
+	int32_t id = strtab_find(&t->st, w, m);
+	if (w != stackbuf)
+		free(w);
+	if (id < 0 || id >= t->n_vocab)
+		return 0;
+	emit(r, id);
+	return 1;
+}
+
 /* Byte-level BPE of one pre-tokenized piece p[0..n), n >= 1. */
 static void bpe_piece(tok_run *r, const char *p, size_t n)
 {
@@ -742,6 +965,8 @@ static void bpe_piece(tok_run *r, const char *p, size_t n)
 		r->sym_cap = n > 2 * r->sym_cap ? n : 2 * r->sym_cap;
 		r->sym = RT_MALLOC(r->sym_cap * sizeof *r->sym);
 	}
+	if (t->ignore_merges && bpe_whole(r, p, n))
+		return;
 	bpe_sym *s = r->sym;
 	for (size_t i = 0; i < n; i++)
 		s[i] = (bpe_sym){t->byte_sym[(uint8_t)p[i]], (int32_t)i, 1, (int32_t)i - 1,
@@ -817,7 +1042,7 @@ static int piece_bpe(tok_run *r, const char *s, size_t n)
 
 static int piece_gpt2(tok_run *r, const char *s, size_t n)
 {
-	return regex_split(r, r->t->re_gpt2, s, n, piece_bpe);
+	return regex_split(r, r->t->re_main, s, n, piece_bpe);
 }
 
 /* Pre-tokenize and BPE one raw-text fragment. */
@@ -828,6 +1053,85 @@ static int fragment(tok_run *r, const char *s, size_t n)
 	if (r->t->split_digits)
 		return regex_split(r, r->t->re_digit, s, n, piece_gpt2);
 	return piece_gpt2(r, s, n);
+}
+
+/* Candidate SentencePiece merge of adjacent symbols left and right of buf: pushed when
+ * their concatenation is a vocabulary token (any type, as llama.cpp's text_to_token). */
+static void spm_try(tok_run *r, const char *buf, int32_t left, int32_t right)
+{
+	if (left < 0 || right < 0)
+		return;
+	const bpe_sym *L = &r->sym[left], *R = &r->sym[right];
+	int32_t id = strtab_find(&r->t->st, buf + L->start, (size_t)(L->len + R->len));
+	if (id >= 0 && id < r->t->n_vocab)
+		heap_push(r, (bpe_pair){-(double)r->t->score[id], left, right, L->len + R->len, 0, id});
+}
+
+/* llm_tokenizer_spm on one raw fragment s[0..n), n >= 1, with a leading space when
+ * prefix: spaces become U+2581, UTF-8 characters are the first symbols, and the pair of
+ * highest token score merges first (ties: leftmost) until no adjacent pair is a token;
+ * a final symbol that is no token gives its bytes' fallback tokens. */
+static void spm_fragment(tok_run *r, const char *s, size_t n, int prefix)
+{
+	const rt_tokenizer *t = r->t;
+	char *buf = RT_MALLOC(3 * (n + 1));
+	size_t m = 0;
+	if (prefix) {
+		memcpy(buf, "\xe2\x96\x81", 3);
+		m = 3;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] == ' ') {
+			memcpy(buf + m, "\xe2\x96\x81", 3);
+			m += 3;
+		} else {
+			buf[m++] = s[i];
+		}
+	}
+	if (m > r->sym_cap) {
+		free(r->sym);
+		r->sym_cap = m > 2 * r->sym_cap ? m : 2 * r->sym_cap;
+		r->sym = RT_MALLOC(r->sym_cap * sizeof *r->sym);
+	}
+	bpe_sym *y = r->sym;
+	int32_t ns = 0;
+	for (size_t i = 0; i < m; ns++) {
+		uint8_t c = (uint8_t)buf[i];
+		size_t l = c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+		if (l > m - i)
+			l = m - i;
+		y[ns] = (bpe_sym){0, (int32_t)i, (int32_t)l, ns - 1, i + l < m ? ns + 1 : -1};
+		i += l;
+	}
+	r->heap_n = 0;
+	for (int32_t i = 1; i < ns; i++)
+		spm_try(r, buf, i - 1, i);
+	while (r->heap_n) {
+		bpe_pair q = heap_pop(r);
+		bpe_sym *L = &y[q.left], *R = &y[q.right];
+		if (L->len == 0 || R->len == 0 || L->len + R->len != q.lid)
+			continue; /* stale */
+		L->len += R->len;
+		R->len = 0;
+		L->next = R->next;
+		if (R->next >= 0)
+			y[R->next].prev = q.left;
+		spm_try(r, buf, L->prev, q.left);
+		spm_try(r, buf, q.left, L->next);
+	}
+	for (int32_t i = 0; ns > 0 && i >= 0; i = y[i].next) {
+		int32_t id = strtab_find(&t->st, buf + y[i].start, (size_t)y[i].len);
+		if (id >= 0 && id < t->n_vocab) {
+			emit(r, id);
+			continue;
+		}
+		for (int32_t k = 0; k < y[i].len; k++) { /* byte fallback */
+			int32_t b = t->byte_sym[(uint8_t)buf[y[i].start + k]];
+			if (b >= 0 || t->unk >= 0)
+				emit(r, b >= 0 ? b : t->unk);
+		}
+	}
+	free(buf);
 }
 
 /* tokenizer_st_partition: cut special tokens out of s[0..n) (the longest token first,
@@ -896,12 +1200,18 @@ int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int par
 	tok_run r = {.t = t, .out = out, .cap = cap, .err = err};
 	r.md = pcre2_match_data_create(4, NULL);
 	RT_ASSERT(r.md);
-	int rc = 0;
+	int rc = 0, prev_special = 1; /* SentencePiece: the text start counts as a special */
 	for (size_t f = 0; f < nf && rc == 0; f++) {
-		if (fr[f].id >= 0)
+		if (fr[f].id >= 0) {
 			emit(&r, fr[f].id);
-		else
+			prev_special = 1;
+		} else if (t->kind == TOK_SPM) {
+			if (fr[f].len > 0)
+				spm_fragment(&r, text + fr[f].start, fr[f].len, t->add_space_prefix && prev_special);
+			prev_special = 0;
+		} else {
 			rc = fragment(&r, text + fr[f].start, fr[f].len);
+		}
 	}
 	pcre2_match_data_free(r.md);
 	free(r.sym);

@@ -1,10 +1,17 @@
 /*
- * rt_tokenizer: byte-level BPE (GPT-2 style) built from a GGUF file's
- * tokenizer.ggml.{tokens,token_type,merges}, with the pre-tokenizer named by
- * tokenizer.ggml.pre ("smollm": every digit its own piece, then the GPT-2 regex; run
- * with PCRE2 for Unicode classes), special/control tokens matched verbatim in the
- * input when allowed, decoding back to UTF-8 bytes, and the ChatML chat template of
- * SmolLM2 (model_and_data.md section 1.6). Matches llama.cpp's llama-vocab.cpp.
+ * rt_tokenizer: the tokenizers of GGUF files, token for token as llama.cpp's
+ * llama-vocab.cpp, built from tokenizer.ggml.{model,pre,tokens,token_type,merges,scores}:
+ *   - tokenizer.ggml.model "gpt2": byte-level BPE with the pre-tokenizer named by
+ *     tokenizer.ggml.pre (smollm/starcoder/refact/command-r: every digit its own piece,
+ *     then the GPT-2 regex; gpt-2/mpt/olmo: the GPT-2 regex; llama-bpe/llama3 (Llama 3):
+ *     the Llama 3 regex, whole-word tokens before merges; qwen2: the Qwen2 regex), run
+ *     with PCRE2 for Unicode classes;
+ *   - tokenizer.ggml.model "llama": SentencePiece-style BPE by token score (Llama 2,
+ *     Mistral, Gemma, Phi-3), spaces as U+2581, byte fallback to <0xNN> tokens, a space
+ *     before the text when tokenizer.ggml.add_space_prefix says so (default yes);
+ * special/control tokens matched verbatim in the input when allowed, decoding back to
+ * UTF-8 bytes, and the chat template of the file's tokenizer.chat_template
+ * (rt_chat_render). Anything else is refused at init naming the file and the key.
  */
 #ifndef RT_TOKENIZER_H
 #define RT_TOKENIZER_H
@@ -26,7 +33,7 @@ int32_t rt_tokenizer_n_vocab(const rt_tokenizer *t);
 
 /* Tokenize len bytes of UTF-8 text. parse_special=1 lets control tokens such as
  * "<|im_start|>" in the text map to their ids (needed for chat prompts); 0 treats them as
- * plain text. No BOS is added. Returns the number of ids; writes at most cap ids to out
+ * plain text. No BOS is added (see rt_tokenizer_bos). Returns the number of ids; writes at most cap ids to out
  * (call with out=NULL, cap=0 to size). Returns -1 with err set on invalid UTF-8
  * ("text: invalid UTF-8 at byte N"). */
 int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
@@ -36,6 +43,12 @@ int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int par
  * tokens give their literal text). Writes up to cap bytes, returns the full length, or -1
  * for an out-of-range id. */
 int rt_token_to_bytes(const rt_tokenizer *t, int32_t id, char *buf, int cap);
+
+/* The BOS id llama.cpp puts before a prompt for this file (tokenizer.ggml.add_bos_token,
+ * default yes for "llama" SentencePiece files and the llama-bpe pre-tokenizer, no for
+ * other BPE; the id from tokenizer.ggml.bos_token_id, default 1 for SentencePiece), or
+ * -1 when the file's prompts start without one (SmolLM2, Qwen2). */
+int32_t rt_tokenizer_bos(const rt_tokenizer *t);
 
 /* Token id of an exact vocabulary string (e.g. "<|im_end|>"), or -1. */
 int32_t rt_tokenizer_find(const rt_tokenizer *t, const char *piece);
