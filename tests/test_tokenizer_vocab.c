@@ -5,7 +5,7 @@
  * tokenizer part of a real model's GGUF) with NAME.gguf.inp (texts separated by the line
  * "__ggml_vocab_test__") and NAME.gguf.out (one line of ids per text), written by its
  * convert_hf_to_gguf_update.py from the Hugging Face tokenizer and checked by its
- * tests/test-tokenizer-0.cpp with add_special = false, parse_special = false. Every case
+ * test-tokenizer-0 program with add_special = false, parse_special = false. Every case
  * of every vocabulary rt_tokenizer supports must give exactly those ids: SentencePiece
  * (llama-spm: Llama 2 / Mistral style, phi-3), Llama 3 (llama-bpe), Qwen2 (qwen2) and
  * the GPT-2 family (gpt-2, mpt, starcoder, refact, command-r). A vocabulary we do not
