@@ -144,15 +144,6 @@ double rt_cli_tuned_ratio(const struct kvp_policy *p, int *bytes)
 	return t && p->compress ? t->ratio : 0;
 }
 
-void rt_cli_tuned_default(const struct kvp_policy *p, double *ratio, double *byte_ratio)
-{
-	int bytes = 0;
-	const double r = rt_cli_tuned_ratio(p, &bytes);
-	if (*ratio > 0 || *byte_ratio > 0 || !(r > 0))
-		return;
-	*(bytes ? byte_ratio : ratio) = r;
-}
-
 const char *rt_cli_tuned_sidecar(const struct kvp_policy *p)
 {
 	const struct rt_cli_tuned *t = tuned_find(p);

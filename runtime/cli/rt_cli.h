@@ -15,6 +15,7 @@
 #ifndef RT_CLI_H
 #define RT_CLI_H
 
+#include "policy/rt_pick.h"
 #include "policy/rt_policy.h"
 
 /* Run the command line argv[0..argc) (argv[0] names the program in messages) with the
@@ -43,9 +44,11 @@ int rt_cli_main_tuned(int argc, char **argv, const struct kvp_policy *const *reg
 /* The baked-in default ratio of policy p, or 0 when the binary has none for it; *bytes
  * (may be NULL) = 1 when it counts bytes. */
 double rt_cli_tuned_ratio(const struct kvp_policy *p, int *bytes);
-/* The baked-in default applied to a command's overrides: when *ratio and *byte_ratio are
- * both 0, the one the tune chose is set to the tuned value. */
-void rt_cli_tuned_default(const struct kvp_policy *p, double *ratio, double *byte_ratio);
+/* The command line's spelling of each field of a policy choice (runtime/policy/rt_pick.h,
+ * ORDER RT_PICK_FIELD): "--policy", "--kv-type", "--set", "--ratio", "--byte-ratio",
+ * "--prefill-chunk"; serve's options spell them the same. */
+extern const char *const rt_cli_spellings[RT_PICK_N_FIELDS];
+
 /* The sidecar it came from, or NULL. */
 const char *rt_cli_tuned_sidecar(const struct kvp_policy *p);
 

@@ -18,6 +18,7 @@
 #include "eval/rt_eval.h"
 #include "model/rt_gguf.h"
 #include "model/rt_model.h"
+#include "policy/rt_pick.h"
 #include "model/rt_tokenizer.h"
 
 /* Defined by the CUDA registry unit of `kvpc build --cuda` binaries; absent elsewhere. */
@@ -97,7 +98,8 @@ static int parse(const char *prog, const char *cmd, int argc, char **argv, struc
 			break;
 		case 'R':
 			o->ratio = strtod(optarg, &end);
-			if (errno || end == optarg || *end || !isfinite(o->ratio) || o->ratio < 1)
+			if (errno || end == optarg || *end || o->ratio == 0 ||
+			    rt_pick_ratio_check(o->ratio, 0, NULL) != 0)
 				return fprintf(stderr, "%s: %s: --ratio: '%s' is not a compression factor >= 1\n",
 				               prog, cmd, optarg), 2;
 			break;

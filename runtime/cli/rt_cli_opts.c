@@ -5,6 +5,8 @@
 #include "cli/rt_cli_opts.h"
 
 #include "base/rt_outpath.h"
+#include "cli/rt_cli.h"
+#include "policy/rt_pick.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -226,14 +228,14 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 	}
 	case O_RATIO: {
 		double r;
-		if (parse_finite(arg, &r) != 0 || r < 1)
+		if (parse_finite(arg, &r) != 0 || r == 0 || rt_pick_ratio_check(r, 0, NULL) != 0)
 			return rt_cli_usage(cmd, "--ratio: '%s' is not a compression factor >= 1", arg);
 		o->ratio = r;
 		return 0;
 	}
 	case O_BYTERATIO: {
 		double r;
-		if (parse_finite(arg, &r) != 0 || r < 1)
+		if (parse_finite(arg, &r) != 0 || r == 0 || rt_pick_ratio_check(r, 1, NULL) != 0)
 			return rt_cli_usage(cmd, "--byte-ratio: '%s' is not a compression factor >= 1", arg);
 		o->byte_ratio = r;
 		return 0;
@@ -356,10 +358,7 @@ const char *rt_cli_default_policy(void)
 /* The named policy (the registry first, then the built-in full), or NULL. */
 static const struct kvp_policy *find_policy(const char *name)
 {
-	const struct kvp_policy *p = rt_registry_find(rt_cli_reg, rt_cli_n_reg, name);
-	if (!p && !strcmp(name, "full"))
-		p = &rt_policy_full;
-	return p;
+	return rt_pick_find(rt_cli_reg, rt_cli_n_reg, name);
 }
 
 enum rt_kv_type rt_cli_kv_type(const rt_cli_opts *o)
@@ -378,71 +377,56 @@ enum rt_kv_type rt_cli_kv_type(const rt_cli_opts *o)
 	return RT_KV_F16;
 }
 
-/* Resolve --policy and check --set names and values and --ratio against it before any
- * work. Returns the policy, or NULL after printing a usage error (*rc = 2). */
-const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, int *rc)
+const char *const rt_cli_spellings[RT_PICK_N_FIELDS] = { "--policy", "--kv-type", "--set",
+	"--ratio", "--byte-ratio", "--prefill-chunk" };
+
+/* What the options give rt_pick; tuned: the build's tuned default applies. */
+static struct rt_pick_in pick_in(const rt_cli_opts *o, int tuned)
 {
-	const char *name = o->policy ? o->policy : rt_cli_default_policy();
-	const struct kvp_policy *p = find_policy(name);
-	if (!p) {
-		char list[512] = "";
-		size_t used = 0;
-		for (int i = 0; i < rt_cli_n_reg && used < sizeof list - 70; i++)
-			used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "",
-			                         rt_cli_reg[i]->name);
-		if (!rt_registry_find(rt_cli_reg, rt_cli_n_reg, "full"))
-			snprintf(list + used, sizeof list - used, "%sfull", used ? ", " : "");
-		*rc = rt_cli_usage(cmd, "unknown policy '%s' (this binary has: %s)", name, list);
-		return NULL;
-	}
-	if ((p->needs & KVP_NEED_F32_KV) && rt_cli_kv_type(o) != RT_KV_F32) {
-		*rc = rt_cli_usage(cmd, "--kv-type %s: policy %s reads and rewrites f32 key/value "
-		                   "rows; it needs --kv-type f32", rt_kv_type_name(rt_cli_kv_type(o)),
-		                   p->name);
-		return NULL;
-	}
-	if ((p->needs & KVP_NEED_TIERS) && rt_cli_kv_type(o) == RT_KV_Q8_0) {
-		*rc = rt_cli_usage(cmd, "--kv-type q8_0: policy %s sets precision tiers, whose top "
-		                   "tier is f16 or f32", p->name);
-		return NULL;
-	}
-	double *vals = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof(double));
-	if (!vals) {
-		fprintf(stderr, "%s: out of memory\n", rt_cli_prog);
-		*rc = EXIT_FAILURE;
-		return NULL;
-	}
+	return (struct rt_pick_in){
+		.reg = rt_cli_reg, .n_reg = rt_cli_n_reg, .policy = o->policy,
+		.kv_type = (int)rt_cli_kv_type(o), .sets = o->sets, .n_sets = o->n_sets,
+		.ratio = o->ratio, .byte_ratio = o->byte_ratio,
+		.prefill_chunk = (int32_t)o->prefill_chunk,
+		.tuned = tuned ? rt_cli_tuned_ratio : NULL, .spellings = rt_cli_spellings,
+	};
+}
+
+const struct kvp_policy *rt_cli_pick(const char *cmd, rt_cli_opts *o, int tuned, int *rc)
+{
+	struct rt_pick_in in = pick_in(o, tuned);
+	struct rt_pick pk;
 	rt_err err = { "" };
-	for (int i = 0; i < o->n_sets; i++)
-		if (kvp_policy_param_set(p, vals, o->sets[i], &err) != 0) {
-			free(vals);
-			*rc = rt_cli_usage(cmd, "--set: %s", err.msg);
+	if (rt_pick(&in, &pk, &err) != 0) {
+		if (err.code != RT_ERR_INPUT) {
+			*rc = rt_cli_fail(&err);
 			return NULL;
 		}
-	free(vals);
-	if ((o->ratio > 0 || o->byte_ratio > 0) && !p->compress) {
-		*rc = rt_cli_usage(cmd, "%s: policy %s never compresses, so a ratio does not apply",
-		                   o->ratio > 0 ? "--ratio" : "--byte-ratio", p->name);
+		*rc = rt_cli_usage(cmd, "%s", err.msg);
 		return NULL;
 	}
-	if (o->ratio > 0 && o->byte_ratio > 0) {
-		*rc = rt_cli_usage(cmd, "%s", "--ratio counts entries and --byte-ratio bytes; give one of them");
-		return NULL;
-	}
+	const struct kvp_policy *p = pk.p;
+	o->ratio = pk.ratio;
+	o->byte_ratio = pk.byte_ratio;
+	rt_pick_free(&pk);
 	return p;
 }
 
-/* Apply --set, --ratio and --prefill-chunk to a sequence (checked before, so failures are
- * runtime). */
-int rt_cli_seq_apply(rt_seq *s, const rt_cli_opts *o, rt_err *err)
+const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, int *rc)
 {
-	for (int i = 0; i < o->n_sets; i++)
-		if (rt_seq_set(s, o->sets[i], err) != 0)
-			return -1;
-	if (o->ratio > 0 && rt_seq_set_ratio(s, o->ratio, err) != 0)
-		return -1;
-	if (o->byte_ratio > 0 && rt_seq_set_byte_ratio(s, o->byte_ratio, err) != 0)
-		return -1;
-	return rt_seq_set_prefill_chunk(s, (int32_t)o->prefill_chunk, err);
+	rt_cli_opts copy = *o;
+	return rt_cli_pick(cmd, &copy, 0, rc);
 }
 
+int rt_cli_seq_apply(rt_seq *s, const rt_cli_opts *o, rt_err *err)
+{
+	struct rt_pick_in in = pick_in(o, 0);
+	struct rt_pick pk;
+	in.policy = s->run.p->name;
+	if (rt_pick(&in, &pk, err) != 0)
+		return -1;
+	int rc = pk.p == s->run.p ? rt_seq_apply(s, &pk, err)
+	                          : rt_err_set(err, "policy %s: not the sequence's policy", pk.p->name);
+	rt_pick_free(&pk);
+	return rc;
+}

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "policy/rt_pick.h"
 #include "policy/rt_policy.h"
 #include "policy/rt_seq.h"
 #include "base/rt_util.h"
@@ -124,11 +125,19 @@ enum rt_kv_type rt_cli_kv_type(const rt_cli_opts *o);
 /* The default policy's name: the binary's first, else "full". */
 const char *rt_cli_default_policy(void);
 
-/* Resolve --policy and check --set names and values and --ratio against it before any
- * work. Returns the policy, or NULL after printing a usage error (*rc = 2). */
+/* The command line's door to the one policy choice (runtime/policy/rt_pick.h): resolve
+ * --policy and check --kv-type, --set, --ratio, --byte-ratio and --prefill-chunk against
+ * it before any work. tuned: without --ratio and --byte-ratio the build's tuned default
+ * (rt_cli_tuned_ratio) is in force, written to o->ratio or o->byte_ratio. Returns the
+ * policy, or NULL after printing the error naming the option (*rc = 2, or 1 when memory
+ * ran out). */
+const struct kvp_policy *rt_cli_pick(const char *cmd, rt_cli_opts *o, int tuned, int *rc);
+
+/* rt_cli_pick without the tuned default, leaving o as it is. */
 const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, int *rc);
 
-/* Apply --set, --ratio and --prefill-chunk to a sequence (checked before, so failures are
+/* Apply --set, --ratio, --byte-ratio and --prefill-chunk to a sequence of the policy
+ * rt_cli_pick chose (rt_pick, then rt_seq_apply; checked before, so failures are
  * runtime). */
 int rt_cli_seq_apply(rt_seq *s, const rt_cli_opts *o, rt_err *err);
 

@@ -6,6 +6,7 @@
 #include "cli/rt_cli.h"
 
 #include "base/rt_text.h"
+#include "policy/rt_pick.h"
 
 #include <errno.h>
 #include <math.h>
@@ -107,7 +108,8 @@ static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc
 				char *end;
 				errno = 0;
 				double x = strtod(v, &end);
-				if (errno || end == v || *end || !isfinite(x) || x < 1) {
+				if (errno || end == v || *end || x == 0 ||
+				    rt_pick_ratio_check(x, bytes, NULL) != 0) {
 					snprintf(whybuf, sizeof whybuf, "%s: '%s' is not a compression "
 					         "factor >= 1", w, v);
 					why = whybuf;
@@ -180,7 +182,8 @@ rt_cli_run *rt_cli_runs(const char *cmd, const rt_cli_opts *o, int *K, int *rc)
 			runs[i].o.prefill_chunk = o->prefill_chunk;
 		return runs;
 	}
-	const struct kvp_policy *p = rt_cli_policy(cmd, o, rc);
+	rt_cli_opts one = *o;
+	const struct kvp_policy *p = rt_cli_pick(cmd, &one, 1, rc); /* with a tuned default */
 	if (!p)
 		return NULL;
 	if (!(runs = calloc(1, sizeof *runs))) {
@@ -190,9 +193,7 @@ rt_cli_run *rt_cli_runs(const char *cmd, const rt_cli_opts *o, int *K, int *rc)
 	}
 	*K = 1;
 	runs[0].p = p;
-	runs[0].o = *o;
-	/* the build's tuned default (kvpc tune), if any */
-	rt_cli_tuned_default(p, &runs[0].o.ratio, &runs[0].o.byte_ratio);
+	runs[0].o = one;
 	return runs;
 }
 

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kv/rt_kvpool.h"
+#include "policy/rt_pick.h"
 #include "policy/rt_seq.h"
 #include "serve/rt_serve.h"
 
@@ -134,50 +135,27 @@ static int serve_finish(rt_serve_cfg *c, int argc, char **argv, int kv_type, con
 		      c->step_rows, c->max_seqs);
 		return 2;
 	}
-	/* the default policy, its parameters and ratio, checked as --policy/--set/--ratio */
-	const char *pn = c->policy ? c->policy : defp;
-	const struct kvp_policy *p = rt_registry_find(reg, n_reg, pn);
-	if (!p && !strcmp(pn, "full"))
-		p = &rt_policy_full;
-	if (!p) {
-		usage(prog, "unknown policy '%s' (see `%s info`)", pn, prog);
-		return 2;
-	}
-	double *vals = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof *vals);
-	for (int i = 0; vals && i < c->n_sets; i++)
-		if (kvp_policy_param_set(p, vals, sets[i], &err) != 0) {
-			free(vals);
-			usage(prog, "--set: %s", err.msg);
-			return 2;
-		}
-	free(vals);
-	if ((c->ratio > 0 || c->byte_ratio > 0) && !p->compress) {
-		usage(prog, "%s: policy %s never compresses, so a ratio does not apply",
-		      c->ratio > 0 ? "--ratio" : "--byte-ratio", p->name);
-		return 2;
-	}
-	if (c->ratio > 0 && c->byte_ratio > 0) {
-		usage(prog, "--ratio counts entries and --byte-ratio bytes; give one of them");
-		return 2;
-	}
 	if (c->prefill_chunk < 0)
 		c->prefill_chunk = RT_SERVE_PREFILL_CHUNK;
 	if (c->prefill_chunk > c->chunk)
 		c->prefill_chunk = c->chunk; /* bounded by the step's chunk */
-	if ((p->needs & KVP_NEED_F32_KV) && c->kv_type != RT_KV_F32) {
-		if (kv_type >= 0) {
-			usage(prog, "--kv-type %s: policy %s reads and rewrites f32 key/value rows; it "
-			      "needs --kv-type f32", rt_kv_type_name(c->kv_type), p->name);
-			return 2;
-		}
-		c->kv_type = RT_KV_F32; /* the default follows the default policy */
-	}
-	if ((p->needs & KVP_NEED_TIERS) && c->kv_type == RT_KV_Q8_0) {
-		usage(prog, "--kv-type q8_0: policy %s sets precision tiers, whose top tier is f16 "
-		      "or f32", p->name);
+	/* the default policy, its parameters and ratio: the one policy choice, with the
+	 * build's tuned default; the default KV type follows the default policy */
+	struct rt_pick_in in = { .reg = reg, .n_reg = n_reg, .policy = c->policy ? c->policy : defp,
+		.kv_type = kv_type, .kv_default = c->kv_type, .sets = (const char *const *)sets,
+		.n_sets = c->n_sets, .ratio = c->ratio, .byte_ratio = c->byte_ratio,
+		.prefill_chunk = c->prefill_chunk, .tuned = rt_cli_tuned_ratio,
+		.spellings = rt_cli_spellings };
+	struct rt_pick pk;
+	if (rt_pick(&in, &pk, &err) != 0) {
+		usage(prog, "%s", err.msg);
 		return 2;
 	}
-	rt_cli_tuned_default(p, &c->ratio, &c->byte_ratio); /* the build's tuned default */
+	const struct kvp_policy *p = pk.p;
+	c->kv_type = pk.kv_type;
+	c->ratio = pk.ratio;
+	c->byte_ratio = pk.byte_ratio;
+	rt_pick_free(&pk);
 	*pp = p;
 	return 0;
 }
@@ -223,7 +201,7 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 			char *end = NULL;
 			double *r = ch == O_RATIO ? &c.ratio : &c.byte_ratio;
 			*r = strtod(optarg, &end);
-			if (!*optarg || *end || !isfinite(*r) || *r < 1) {
+			if (!*optarg || *end || *r == 0 || rt_pick_ratio_check(*r, ch == O_BYTERATIO, NULL)) {
 				usage(prog, "%s: '%s' is not a number >= 1",
 				      ch == O_RATIO ? "--ratio" : "--byte-ratio", optarg);
 				goto out;

@@ -89,10 +89,9 @@ int rt_cmd_keepmap(int argc, char **argv)
 		return rc == 1 ? 0 : rc;
 	if (!o.svg)
 		return rt_cli_usage("keepmap", "%s", "--svg is required");
-	const struct kvp_policy *p = rt_cli_policy("keepmap", &o, &rc);
+	const struct kvp_policy *p = rt_cli_pick("keepmap", &o, 1, &rc); /* with a tuned default */
 	if (!p)
 		return rc;
-	rt_cli_tuned_default(p, &o.ratio, &o.byte_ratio); /* the build's tuned default, if any */
 	rt_cli_threads(o.threads);
 	size_t len;
 	char *text = rt_cli_read_text(o.text, &len);

@@ -74,10 +74,9 @@ int rt_cmd_run(int argc, char **argv)
 		return rt_cli_usage("run", "%s", "--prompt: the prompt is empty; give the text to continue");
 	if (o.system && !o.chat)
 		return rt_cli_usage("run", "%s", "--system needs --chat");
-	const struct kvp_policy *p = rt_cli_policy("run", &o, &rc);
+	const struct kvp_policy *p = rt_cli_pick("run", &o, 1, &rc); /* with a tuned default */
 	if (!p)
 		return rc;
-	rt_cli_tuned_default(p, &o.ratio, &o.byte_ratio); /* the build's tuned default, if any */
 	size_t bad;
 	if (!rt_utf8_valid(o.prompt, strlen(o.prompt), &bad)) {
 		fprintf(stderr, "%s: prompt: not valid UTF-8 at byte %zu\n", rt_cli_prog, bad);

@@ -5,6 +5,8 @@
  */
 #include "policy/rt_policy.h"
 
+#include "policy/rt_pick.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -218,11 +220,19 @@ int rt_run_set(struct rt_run *r, const char *assign, rt_err *err)
 	return kvp_policy_param_set(r->p, r->params, assign, err);
 }
 
+/* The library's own guard of a ratio: rt_pick's rule and text, with the policy's name. */
+static int ratio_check(const struct rt_run *r, double R, int bytes, rt_err *err)
+{
+	rt_err e = { "" };
+	if (rt_pick_ratio_check(R, bytes, &e) != 0)
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s", r->p->name, e.msg);
+	return 0;
+}
+
 int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err)
 {
-	if (R != 0 && !(isfinite(R) && R >= 1))
-		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: compression ratio must be a finite number >= 1, got %g",
-		                  r->p->name, R);
+	if (ratio_check(r, R, 0, err) != 0)
+		return -1;
 	if (R != 0 && !r->p->compress)
 		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: never compresses, so a compression ratio does not apply",
 		                  r->p->name);
@@ -234,9 +244,8 @@ int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err)
 
 int rt_run_set_byte_ratio(struct rt_run *r, double R, rt_err *err)
 {
-	if (R != 0 && !(isfinite(R) && R >= 1))
-		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: compression ratio in bytes must be a finite number >= 1, got %g",
-		                  r->p->name, R);
+	if (ratio_check(r, R, 1, err) != 0)
+		return -1;
 	if (R != 0 && !r->p->compress)
 		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: never compresses, so a compression ratio does not apply",
 		                  r->p->name);

@@ -12,6 +12,7 @@
 
 #include "base/rt_rope.h"
 #include "kv/rt_kvbytes.h"
+#include "policy/rt_pick.h"
 
 /* ---- hooks from the forward ------------------------------------------------------------ */
 
@@ -380,6 +381,17 @@ int rt_seq_set_byte_ratio(rt_seq *s, double R, rt_err *err)
 int rt_seq_set_prefill_chunk(rt_seq *s, int32_t C, rt_err *err)
 {
 	return rt_run_set_prefill_chunk(&s->run, C, err);
+}
+
+int rt_seq_apply(rt_seq *s, const struct rt_pick *pk, rt_err *err)
+{
+	RT_ASSERT(pk->p == s->run.p);
+	if (s->run.p->n_params > 0)
+		memcpy(s->run.params, pk->vals, (size_t)s->run.p->n_params * sizeof *pk->vals);
+	if (rt_run_set_ratio(&s->run, pk->ratio, err) != 0 ||
+	    rt_run_set_byte_ratio(&s->run, pk->byte_ratio, err) != 0)
+		return -1;
+	return rt_run_set_prefill_chunk(&s->run, pk->prefill_chunk, err);
 }
 
 int64_t rt_seq_seen(const rt_seq *s)

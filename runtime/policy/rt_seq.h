@@ -148,6 +148,13 @@ int rt_seq_set_byte_ratio(rt_seq *s, double R, rt_err *err);
  * room for the budget plus one chunk. Errors: C outside 0..65536. */
 int rt_seq_set_prefill_chunk(rt_seq *s, int32_t C, rt_err *err);
 
+/* Apply a front door's choice (runtime/policy/rt_pick.h) to a sequence initialised with
+ * its policy: the parameter values, the ratio in force (in entries or bytes, or none) and
+ * the prefill chunk, replacing what was set. Errors: as rt_run_set_ratio and
+ * rt_run_set_prefill_chunk (a choice rt_pick made passes them). */
+struct rt_pick;
+int rt_seq_apply(rt_seq *s, const struct rt_pick *pk, rt_err *err);
+
 /* Feed tokens[0..n) at positions seen..seen+n-1. logits: NULL with mode RT_LOGITS_NONE,
  * [n × n_vocab] for RT_LOGITS_ALL (row i after tokens[i]), [n_vocab] for RT_LOGITS_LAST.
  * Internally split into the largest chunks (<= max_chunk) that cannot cross the policy's

@@ -1,0 +1,89 @@
+/*
+ * rt_pick: the one policy choice of every front door. The command line (--policy, --set,
+ * --ratio, --byte-ratio, --prefill-chunk, --kv-type), serve's defaults and an HTTP
+ * request's "kv" object (runtime/serve) each pass what they were given and get back the
+ * policy, its parameter values and the compression ratio in force, or one error naming
+ * the field that is wrong. Each rule is written here once:
+ *   - the policy exists (else the message lists the binary's policies);
+ *   - its KV needs fit the store's element type (KVP_NEED_F32_KV: f32 rows, GraceKV;
+ *     KVP_NEED_TIERS: a top tier of f16 or f32);
+ *   - every "name=value" is a parameter of it with a value its unit allows;
+ *   - a ratio is a finite number >= 1 (rt_pick_ratio_check, also the library's own guard
+ *     in rt_run_set_ratio), given in entries or in bytes but not both, and only to a
+ *     policy that compresses ("never compresses, so a ratio does not apply");
+ *   - without a ratio, the build's tuned default for the policy is in force (in entries
+ *     or in bytes, as tuned: runtime/policy/rt_tuned.h).
+ * A door spells the fields its own way (`--ratio` on the command line, `kv.ratio` in a
+ * request): it passes its spellings in, so every message names the field as the user
+ * wrote it, and the error's field says which one (the server's `param`).
+ */
+#ifndef RT_PICK_H
+#define RT_PICK_H
+
+#include <stdint.h>
+
+#include "base/rt_util.h"
+#include "kv/rt_kv.h"
+#include "policy/rt_policy.h"
+
+/* The fields of a choice. ORDER RT_PICK_FIELD: a door's spellings[]. */
+enum rt_pick_field {
+	RT_PICK_POLICY = 0,  /* the policy's name */
+	RT_PICK_KV_TYPE,     /* the store's element type */
+	RT_PICK_SET,         /* a "name=value" parameter value */
+	RT_PICK_RATIO,       /* compression factor in entries */
+	RT_PICK_BYTE_RATIO,  /* compression factor in bytes */
+	RT_PICK_PREFILL,     /* chunked prefill */
+	RT_PICK_N_FIELDS
+};
+
+/* What a door was given. Zero-initialise and fill what applies. */
+struct rt_pick_in {
+	const struct kvp_policy *const *reg; /* the binary's policies [n_reg] (may be NULL) */
+	int n_reg;
+	const char *policy;       /* the policy's name; NULL: reg[0], else the built-in full */
+	int kv_type;              /* the store's element type (enum rt_kv_type) as chosen, or
+	                             -1: not chosen, then kv_default, or f32 for a policy that
+	                             needs f32 rows */
+	enum rt_kv_type kv_default;
+	const char *const *sets;  /* [n_sets] "name=value", applied in order */
+	int n_sets;
+	double ratio;             /* compression factor in entries; 0: none */
+	double byte_ratio;        /* compression factor in bytes; 0: none */
+	int32_t prefill_chunk;    /* 0..65536 (rt_run_set_prefill_chunk) */
+	/* the build's tuned default of a policy (its ratio, *bytes = 1 when it counts bytes),
+	 * 0 when none; NULL: the binary has none */
+	double (*tuned)(const struct kvp_policy *p, int *bytes);
+	/* the door's name of each field, as its messages print it ("--ratio", "kv.ratio") */
+	const char *const *spellings; /* [RT_PICK_N_FIELDS] */
+};
+
+/* The choice in force. */
+struct rt_pick {
+	const struct kvp_policy *p;
+	enum rt_kv_type kv_type;  /* the store's element type */
+	double *vals;             /* [p->n_params]: defaults, then the sets; owned (rt_pick_free) */
+	double ratio, byte_ratio; /* in force, at most one non-zero (given, else the tuned) */
+	int tuned;                /* 1: the ratio in force is the build's tuned default */
+	int32_t prefill_chunk;
+	enum rt_pick_field field; /* after an error: the field that is wrong */
+};
+
+/* Choose. Returns 0 with *out filled (free with rt_pick_free), or -1 with out->field and
+ * err set (code RT_ERR_INPUT, or RT_ERR_INTERNAL when memory ran out); the message names
+ * the field with the door's spelling: "--ratio: policy full never compresses, so a ratio
+ * does not apply", "unknown policy 'x' (this binary has: h2o, full)". Nothing is
+ * allocated after an error. */
+int rt_pick(const struct rt_pick_in *in, struct rt_pick *out, rt_err *err);
+void rt_pick_free(struct rt_pick *pk);
+
+/* The named policy: the registry's, or the built-in full ("full" is reserved); NULL. */
+const struct kvp_policy *rt_pick_find(const struct kvp_policy *const *reg, int n_reg,
+                                      const char *name);
+
+/* The ratio rule: R is 0 (none) or a finite number >= 1. Returns 0, or -1 with
+ * "compression ratio[ in bytes] must be a finite number >= 1, got R" in err (RT_ERR_INPUT;
+ * the caller prefixes its place). */
+int rt_pick_ratio_check(double R, int bytes, rt_err *err);
+
+#endif
