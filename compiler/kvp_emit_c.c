@@ -299,12 +299,12 @@ static void signal_expr(struct em *em, enum kvp_ir_signal s, enum ectx c)
 	case KVP_SIG_ENTRIES: out(em, "(double)n"); break;
 	case KVP_SIG_POS: out(em, "(double)h->pos[i]"); break;
 	case KVP_SIG_AGE: out(em, "(seen - 1.0 - (double)h->pos[i])"); break;
-	case KVP_SIG_COUNT: out(em, "(double)h->count[i]"); break;
+	case KVP_SIG_SIZE: out(em, "(double)h->count[i]"); break;
 	case KVP_SIG_KEY_NORM: out(em, "k_norm(h->k + (size_t)i * d, d)"); break;
 	case KVP_SIG_VALUE_NORM: out(em, "k_norm(h->v + (size_t)i * d, d)"); break;
 	case KVP_SIG_KEY_COS_MEAN: out(em, "k_cos_anchor(h->k + (size_t)i * d, vec + d, d)"); break;
 	case KVP_SIG_LAYER: out(em, "(double)layer"); break;
-	case KVP_SIG_N_LAYER: out(em, "(double)kv->n_layer"); break;
+	case KVP_SIG_N_LAYERS: out(em, "(double)kv->n_layer"); break;
 	case KVP_SIG_BUDGET: out(em, "budget_of(ctx, kv, seen)"); break;
 	default: out(em, "0.0"); break;
 	}

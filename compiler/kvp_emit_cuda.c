@@ -96,11 +96,11 @@ static void signal_expr(struct cem *em, enum kvp_ir_signal s)
 	case KVP_SIG_ENTRIES: out(em, "(double)%s.n", E); break;
 	case KVP_SIG_POS: out(em, "(double)%s.pos[i]", E); break;
 	case KVP_SIG_AGE: out(em, "(seen - 1.0 - (double)%s.pos[i])", E); break;
-	case KVP_SIG_COUNT: out(em, "(double)%s.count[i]", E); break;
+	case KVP_SIG_SIZE: out(em, "(double)%s.count[i]", E); break;
 	case KVP_SIG_KEY_NORM: out(em, "k_cu_norm(%s.k + (size_t)i * %s.hd, %s.hd)", E, E, E); break;
 	case KVP_SIG_VALUE_NORM: out(em, "k_cu_norm(%s.v + (size_t)i * %s.hd, %s.hd)", E, E, E); break;
 	case KVP_SIG_LAYER: out(em, "(double)%s.layer", E); break;
-	case KVP_SIG_N_LAYER: out(em, "(double)x.n_layer"); break;
+	case KVP_SIG_N_LAYERS: out(em, "(double)x.n_layer"); break;
 	case KVP_SIG_BUDGET: out(em, "budget_of(x, seen)"); break;
 	default: out(em, "0.0"); break; /* key_cos_mean: the host compress handles it */
 	}

@@ -270,24 +270,28 @@ const char *kvp_ir_op_name(enum kvp_ir_op op)
 	return (unsigned)op < KVP_OP_COUNT_ && names[op] ? names[op] : "?";
 }
 
+/* The columns of kvp_builtin.def's signal rows the IR reads, indexed by the signal. */
+static const struct {
+	const char *name;
+	unsigned where;     /* KVP_IN_* */
+	int per_qhead;
+	unsigned needs;     /* KVP_NEED_* */
+} SIGNALS[KVP_SIG_COUNT_] = {
+#define KVP_SIGNAL(ID, name, unit, where, per_qhead, needs, lang) \
+	[KVP_SIG_##ID] = { name, where, per_qhead, needs },
+#include "kvp_builtin.def"
+};
+
 const char *kvp_ir_signal_name(enum kvp_ir_signal s)
 {
-	static const char *const names[KVP_SIG_COUNT_] = {
-		[KVP_SIG_ATTN] = "attn", [KVP_SIG_SEEN] = "seen", [KVP_SIG_CONTEXT] = "context",
-		[KVP_SIG_PROMPT_LEN] = "prompt_len", [KVP_SIG_ENTRIES] = "entries",
-		[KVP_SIG_POS] = "pos", [KVP_SIG_AGE] = "age", [KVP_SIG_COUNT] = "count",
-		[KVP_SIG_KEY_NORM] = "key_norm", [KVP_SIG_VALUE_NORM] = "value_norm",
-		[KVP_SIG_KEY_COS_MEAN] = "key_cos_mean", [KVP_SIG_LAYER] = "layer",
-		[KVP_SIG_N_LAYER] = "n_layer", [KVP_SIG_BUDGET] = "budget",
-	};
-	return (unsigned)s < KVP_SIG_COUNT_ && names[s] ? names[s] : "?";
+	return (unsigned)s < KVP_SIG_COUNT_ ? SIGNALS[s].name : "?";
 }
 
 const char *kvp_ir_stat_kind_name(enum kvp_ir_stat_kind k)
 {
 	static const char *const names[KVP_STAT_KIND_COUNT_] = {
-		[KVP_STAT_SUM] = "sum", [KVP_STAT_MEAN] = "mean", [KVP_STAT_COUNT] = "count",
-		[KVP_STAT_EMA] = "ema", [KVP_STAT_LAST] = "last",
+#define KVP_AGGREGATE(ID, name) [KVP_STAT_##ID] = name,
+#include "kvp_builtin.def"
 	};
 	return (unsigned)k < KVP_STAT_KIND_COUNT_ ? names[k] : "?";
 }
@@ -334,7 +338,7 @@ int kvp_ir_expr_per_qhead(const struct kvp_ir *ir, int32_t e)
 		return 0;
 	const struct kvp_ir_expr *x = &ir->nodes[e];
 	if (x->op == KVP_OP_SIGNAL)
-		return x->sig == KVP_SIG_ATTN;
+		return (unsigned)x->sig < KVP_SIG_COUNT_ && SIGNALS[x->sig].per_qhead;
 	if (x->op == KVP_OP_STAT)
 		return x->index >= 0 && x->index < ir->n_stats &&
 		       kvp_ir_expr_per_qhead(ir, ir->stats[x->index].arg);
@@ -348,24 +352,11 @@ int kvp_ir_expr_per_qhead(const struct kvp_ir *ir, int32_t e)
 	return 0;
 }
 
+/* Where the policy may use the signal; a scalar one can be evaluated anywhere. */
 static int signal_allowed(enum kvp_ir_signal s, enum kvp_ir_ctx c)
 {
-	switch (s) {
-	case KVP_SIG_SEEN: case KVP_SIG_CONTEXT: case KVP_SIG_PROMPT_LEN: case KVP_SIG_N_LAYER:
-	case KVP_SIG_BUDGET:
-		return 1;
-	case KVP_SIG_LAYER:
-		return c != KVP_CTX_SCALAR;
-	case KVP_SIG_ATTN:
-		return c == KVP_CTX_OBSERVE;
-	case KVP_SIG_KEY_COS_MEAN:
-		return c == KVP_CTX_SCORE;
-	case KVP_SIG_ENTRIES: case KVP_SIG_POS: case KVP_SIG_AGE: case KVP_SIG_COUNT:
-	case KVP_SIG_KEY_NORM: case KVP_SIG_VALUE_NORM:
-		return c != KVP_CTX_SCALAR;
-	default:
-		return 0;
-	}
+	unsigned w = SIGNALS[s].where;
+	return ((w & KVP_IN_SCALAR) || (w & (1u << c))) != 0;
 }
 
 int kvp_ir_expr_allowed(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c)
@@ -519,10 +510,8 @@ void kvp_ir_layout(struct kvp_ir *ir)
 	/* key/value reads */
 	for (int32_t e = 0; e < ir->n_nodes; e++) {
 		const struct kvp_ir_expr *x = &ir->nodes[e];
-		if (x->op == KVP_OP_SIGNAL && (x->sig == KVP_SIG_KEY_NORM || x->sig == KVP_SIG_KEY_COS_MEAN))
-			needs |= KVP_NEED_KEYS;
-		if (x->op == KVP_OP_SIGNAL && x->sig == KVP_SIG_VALUE_NORM)
-			needs |= KVP_NEED_VALUES;
+		if (x->op == KVP_OP_SIGNAL && (unsigned)x->sig < KVP_SIG_COUNT_)
+			needs |= SIGNALS[x->sig].needs;
 		if (x->op == KVP_OP_CAOTE)
 			needs |= KVP_NEED_VALUES;
 		if (x->op == KVP_OP_CAOTE && x->mode == KVP_CAOTE_EXACT)

@@ -32,14 +32,15 @@
  * generated code as text: the emitter prints names only inside escaped string literals
  * and numbers from the stored doubles.
  *
- * Evaluation contexts decide which signals an expression may use (kvp_ir_check enforces):
+ * Evaluation contexts decide which signals an expression may use (kvp_ir_check enforces;
+ * each signal's contexts are its row in kvp_builtin.def):
  *   KVP_CTX_SCALAR   budget, target, guards, trigger N, window w, floor, alpha:
- *                    numbers, params, context, seen, prompt_len, n_layer
+ *                    numbers, params, context, seen, prompt_len, n_layers
  *   KVP_CTX_OBSERVE  a statistic's argument (evaluated per visible entry, per query head,
- *                    at every step): + attn, pos, age, count, entries, key/value norm,
+ *                    at every step): + attn, pos, age, size, entries, key/value norm,
  *                    layer
  *   KVP_CTX_SCORE    the score (per entry, per query head, at compress): stats, pos, age,
- *                    count, entries, key/value norm, key_cos_mean, and the whole-head
+ *                    size, entries, key/value norm, key_cos_mean, and the whole-head
  *                    transforms caote(), normalize() and expected_attention() (whose
  *                    two operands are SCALAR expressions)
  */
@@ -109,27 +110,17 @@ enum kvp_ir_op {
 	KVP_OP_COUNT_
 };
 
+/* Where an expression may be evaluated, as a mask of 1 << enum kvp_ir_ctx (the
+ * `where` column of kvp_builtin.def). */
+#define KVP_IN_SCALAR 1u
+#define KVP_IN_OBSERVE 2u
+#define KVP_IN_SCORE 4u
+
+/* The built-in signals: the KVP_SIGNAL rows of kvp_builtin.def (meaning, unit, contexts
+ * and needs are there). */
 enum kvp_ir_signal {
-	KVP_SIG_ATTN = 0,   /* OBSERVE: attention probability of the entry at this step, for
-	                       this query head (includes the log-count bias) */
-	KVP_SIG_SEEN,       /* tokens seen: step + 1 in OBSERVE, ctx->seen elsewhere (tokens) */
-	KVP_SIG_CONTEXT,    /* the context a ratio refers to: prompt_len when known and the
-	                       prompt is not yet exceeded, else seen (tokens) */
-	KVP_SIG_PROMPT_LEN, /* prompt length, or seen when unknown (tokens) */
-	KVP_SIG_ENTRIES,    /* entries in the head (visible ones in OBSERVE) */
-	KVP_SIG_POS,        /* original position of the entry (tokens) */
-	KVP_SIG_AGE,        /* seen - 1 - pos (tokens) */
-	KVP_SIG_COUNT,      /* tokens the entry represents (1 unless merged) */
-	KVP_SIG_KEY_NORM,   /* ||k_i||_2 (KnormPress: low key norm = important) */
-	KVP_SIG_VALUE_NORM, /* ||v_i||_2 */
-	KVP_SIG_KEY_COS_MEAN, /* SCORE: cos(k_i, a), a = mean_j k_j/||k_j|| over the head's
-	                         entries (KeyDiff anchor, arXiv 2504.15364) */
-	KVP_SIG_LAYER,      /* layer index of the head (OBSERVE and SCORE) */
-	KVP_SIG_N_LAYER,    /* layers of the model */
-	KVP_SIG_BUDGET,     /* the policy's budget (entries per head): its own expression, or
-	                       context / ctx->ratio under a compression-ratio override. Lower
-	                       `budget` used as a value (`to 0.5 * budget`) to this signal so
-	                       targets follow the override; not allowed inside the budget */
+#define KVP_SIGNAL(ID, name, unit, where, per_qhead, needs, lang) KVP_SIG_##ID,
+#include "kvp_builtin.def"
 	KVP_SIG_COUNT_
 };
 
@@ -166,12 +157,10 @@ struct kvp_ir_const {
 
 /* ---- statistics -------------------------------------------------------------------- */
 
+/* The aggregations: the KVP_AGGREGATE rows of kvp_builtin.def. */
 enum kvp_ir_stat_kind {
-	KVP_STAT_SUM = 0, /* sum of arg over the history */
-	KVP_STAT_MEAN,    /* sum / steps the entry was visible (within the history) */
-	KVP_STAT_COUNT,   /* steps at which arg (a condition) was non-zero */
-	KVP_STAT_EMA,     /* s <- (1 - alpha) s + alpha arg at every visible step (from 0) */
-	KVP_STAT_LAST,    /* arg at the latest step the entry was visible */
+#define KVP_AGGREGATE(ID, name) KVP_STAT_##ID,
+#include "kvp_builtin.def"
 	KVP_STAT_KIND_COUNT_
 };
 

@@ -31,22 +31,6 @@ static struct kvp_loc L(kvp_srcloc l)
 	return o;
 }
 
-static const struct {
-	const char *name;
-	enum kvp_ir_signal sig;
-} SIGMAP[] = {
-	{ "attn", KVP_SIG_ATTN },
-	{ "seen", KVP_SIG_SEEN },
-	{ "context", KVP_SIG_CONTEXT },
-	{ "prompt_len", KVP_SIG_PROMPT_LEN },
-	{ "n_layers", KVP_SIG_N_LAYER },
-	{ "pos", KVP_SIG_POS },
-	{ "age", KVP_SIG_AGE },
-	{ "size", KVP_SIG_COUNT },
-	{ "key_norm", KVP_SIG_KEY_NORM },
-	{ "value_norm", KVP_SIG_VALUE_NORM },
-	{ "key_cos_mean", KVP_SIG_KEY_COS_MEAN },
-};
 
 static int32_t lower_expr(lower *lw, const kvp_expr *e);
 
@@ -156,9 +140,10 @@ static int32_t lower_expr(lower *lw, const kvp_expr *e)
 			case KVP_SYM_STAT: return kvp_ir_stat_ref(ir, at, y->ir_index);
 			}
 		}
-		for (size_t i = 0; i < sizeof SIGMAP / sizeof SIGMAP[0]; i++)
-			if (!strcmp(SIGMAP[i].name, e->name))
-				return kvp_ir_signal(ir, at, SIGMAP[i].sig);
+		/* sema admitted only the language's signals (kvp_builtin.def) */
+		for (int s = 0; s < KVP_SIG_COUNT_; s++)
+			if (!strcmp(kvp_ir_signal_name((enum kvp_ir_signal)s), e->name))
+				return kvp_ir_signal(ir, at, (enum kvp_ir_signal)s);
 		return -1;
 	}
 	case KVP_E_CALL:
@@ -213,17 +198,6 @@ static const char *trailing_doc(const kvp_file *f, const kvp_stmt *st)
 	return "";
 }
 
-static enum kvp_ir_stat_kind stat_kind(kvp_agg a)
-{
-	switch (a) {
-	case KVP_AGG_SUM: return KVP_STAT_SUM;
-	case KVP_AGG_MEAN: return KVP_STAT_MEAN;
-	case KVP_AGG_COUNT: return KVP_STAT_COUNT;
-	case KVP_AGG_EMA: return KVP_STAT_EMA;
-	default: return KVP_STAT_LAST;
-	}
-}
-
 /* The definitions in order (each uses only the ones above it). */
 static void lower_defs(lower *lw)
 {
@@ -253,7 +227,7 @@ static void lower_defs(lower *lw)
 				h = KVP_HIST_PROMPT_TAIL;
 				win = lower_expr(lw, st->window_len);
 			}
-			y->ir_index = kvp_ir_add_stat(ir, L(st->name_loc), y->name, stat_kind(y->agg),
+			y->ir_index = kvp_ir_add_stat(ir, L(st->name_loc), y->name, y->agg,
 			                              arg, alpha, h, win);
 			break;
 		}

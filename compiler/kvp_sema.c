@@ -20,10 +20,10 @@
 
 /* evaluation contexts (bit mask) */
 enum {
-	CX_CONST = 1,   /* param / const defaults */
-	CX_SCALAR = 2,  /* budget, guards, triggers, targets, windows, arguments */
-	CX_OBSERVE = 4, /* a statistic's argument, at every attention step */
-	CX_SCORE = 8,   /* the score, at compress time */
+	CX_SCALAR = KVP_IN_SCALAR,   /* budget, guards, triggers, targets, windows, arguments */
+	CX_OBSERVE = KVP_IN_OBSERVE, /* a statistic's argument, at every attention step */
+	CX_SCORE = KVP_IN_SCORE,     /* the score, at compress time */
+	CX_CONST = 8,                /* param / const defaults */
 };
 
 /* the type of a checked expression */
@@ -44,31 +44,29 @@ typedef struct builtin_sig {
 	kvp_sunit unit;
 	unsigned cx;
 	int per_qhead;
+	int lang;      /* a name of the language (else reached by a keyword or not at all) */
 } builtin_sig;
 
 static const builtin_sig SIGNALS[] = {
-	{ "attn", KVP_SU_NUM, CX_OBSERVE, 1 },
-	{ "seen", KVP_SU_TOKENS, CX_SCALAR | CX_OBSERVE | CX_SCORE, 0 },
-	{ "context", KVP_SU_TOKENS, CX_SCALAR | CX_SCORE, 0 },
-	{ "prompt_len", KVP_SU_TOKENS, CX_SCALAR, 0 },
-	{ "n_layers", KVP_SU_NUM, CX_SCALAR, 0 },
-	{ "pos", KVP_SU_TOKENS, CX_OBSERVE | CX_SCORE, 0 },
-	{ "age", KVP_SU_TOKENS, CX_OBSERVE | CX_SCORE, 0 },
-	{ "size", KVP_SU_TOKENS, CX_OBSERVE | CX_SCORE, 0 },
-	{ "key_norm", KVP_SU_NUM, CX_OBSERVE | CX_SCORE, 0 },
-	{ "value_norm", KVP_SU_NUM, CX_OBSERVE | CX_SCORE, 0 },
-	{ "key_cos_mean", KVP_SU_NUM, CX_SCORE, 0 },
+#define KVP_SIGNAL(ID, name, unit, where, per_qhead, needs, lang) \
+	{ name, KVP_SU_##unit, where, per_qhead, lang },
+#include "kvp_builtin.def"
 };
 #define N_SIGNALS (int)(sizeof SIGNALS / sizeof SIGNALS[0])
 
 /* functions usable inside expressions */
 static const char *const FUNCTIONS[] = {
-	"min", "max", "abs", "log", "exp", "sqrt", "pow", "if", "caote", "normalize", "flow",
-	"expected_attention",
+#define KVP_FUNCTION(name) name,
+#include "kvp_builtin.def"
 };
 #define N_FUNCTIONS (int)(sizeof FUNCTIONS / sizeof FUNCTIONS[0])
 
-static const char *const AGGREGATES[] = { "sum", "mean", "count", "ema", "last" };
+/* a statistic's aggregations, indexed by enum kvp_ir_stat_kind */
+static const char *const AGGREGATES[] = {
+#define KVP_AGGREGATE(ID, name) [KVP_STAT_##ID] = name,
+#include "kvp_builtin.def"
+};
+#define N_AGGREGATES (int)(sizeof AGGREGATES / sizeof AGGREGATES[0])
 
 /* words that are values of one setting */
 typedef struct setting_word {
@@ -109,7 +107,7 @@ static const char *const TIER_NAMES[] = { "f16", "q8", "q4", "q2" };
 static const builtin_sig *find_signal(const char *name)
 {
 	for (int i = 0; i < N_SIGNALS; i++)
-		if (strcmp(SIGNALS[i].name, name) == 0)
+		if (SIGNALS[i].lang && strcmp(SIGNALS[i].name, name) == 0)
 			return &SIGNALS[i];
 	return NULL;
 }
@@ -124,7 +122,7 @@ static int in_list(const char *name, const char *const *list, int n)
 
 static int is_aggregate(const char *name)
 {
-	return in_list(name, AGGREGATES, 5);
+	return in_list(name, AGGREGATES, N_AGGREGATES);
 }
 
 static const setting_word *find_setting_word(const char *name)
@@ -229,11 +227,12 @@ static const char *suggest_name(const sema *S, const char *name, int with_functi
 	best = suggest_from(name, tmp, k, best, &best_d);
 	k = 0;
 	for (int i = 0; i < N_SIGNALS; i++)
-		tmp[k++] = SIGNALS[i].name;
+		if (SIGNALS[i].lang)
+			tmp[k++] = SIGNALS[i].name;
 	best = suggest_from(name, tmp, k, best, &best_d);
 	if (with_functions) {
 		best = suggest_from(name, FUNCTIONS, N_FUNCTIONS, best, &best_d);
-		best = suggest_from(name, AGGREGATES, 5, best, &best_d);
+		best = suggest_from(name, AGGREGATES, N_AGGREGATES, best, &best_d);
 	}
 	return best;
 }
@@ -793,7 +792,7 @@ static ty check_call_flow(sema *S, const kvp_expr *e, unsigned cx)
 	const kvp_expr *eh = kvp_call_arg(e, "hops", 1);
 	const kvp_sym *y = ex->kind == KVP_E_NAME ? kvp_sema_lookup(S->out, ex->name) : NULL;
 	if (!y || y->kind != KVP_SYM_STAT || y->stmt->window != KVP_W_PROMPT_TAIL ||
-	    y->agg != KVP_AGG_SUM || !y->per_qhead) {
+	    y->agg != KVP_STAT_SUM || !y->per_qhead) {
 		ty a = check_expr(S, ex, cx);
 		if (a.u != KVP_SU_ERR)
 			ERR(S, ex->loc,
@@ -832,7 +831,7 @@ static ty check_call(sema *S, const kvp_expr *e, unsigned cx)
 	if (!in_list(f, FUNCTIONS, N_FUNCTIONS)) {
 		int d = 1000;
 		const char *s = suggest_from(f, FUNCTIONS, N_FUNCTIONS, NULL, &d);
-		s = suggest_from(f, AGGREGATES, 5, s, &d);
+		s = suggest_from(f, AGGREGATES, N_AGGREGATES, s, &d);
 		if (s)
 			ERR(S, e->name_loc, "unknown function '%s'; did you mean '%s'?", f, s);
 		else
@@ -1044,7 +1043,7 @@ static void check_stat(sema *S, const kvp_stmt *st, kvp_sym *y)
 		if (v->kind == KVP_E_CALL && !in_list(v->name, FUNCTIONS, N_FUNCTIONS) &&
 		    !find_setting_word(v->name)) {
 			int d = 1000;
-			const char *s = suggest_from(v->name, AGGREGATES, 5, NULL, &d);
+			const char *s = suggest_from(v->name, AGGREGATES, N_AGGREGATES, NULL, &d);
 			if (s) {
 				ERR(S, v->name_loc, "unknown statistic '%s'; did you mean '%s'?",
 				    v->name, s);
@@ -1056,29 +1055,30 @@ static void check_stat(sema *S, const kvp_stmt *st, kvp_sym *y)
 		return;
 	}
 	const char *f = v->name;
-	kvp_agg agg = !strcmp(f, "sum") ? KVP_AGG_SUM : !strcmp(f, "mean") ? KVP_AGG_MEAN :
-	              !strcmp(f, "count") ? KVP_AGG_COUNT : !strcmp(f, "ema") ? KVP_AGG_EMA :
-	              KVP_AGG_LAST;
-	const char *arg0 = agg == KVP_AGG_COUNT ? "cond" : "x";
+	enum kvp_ir_stat_kind agg = KVP_STAT_LAST;
+	for (int i = 0; i < N_AGGREGATES; i++)
+		if (!strcmp(f, AGGREGATES[i]))
+			agg = (enum kvp_ir_stat_kind)i;
+	const char *arg0 = agg == KVP_STAT_COUNT ? "cond" : "x";
 	const char *names[2] = { arg0, "alpha" };
 	static const int req[2] = { 1, 1 };
-	if (check_args(S, v, names, req, agg == KVP_AGG_EMA ? 2 : 1))
+	if (check_args(S, v, names, req, agg == KVP_STAT_EMA ? 2 : 1))
 		return;
 	const kvp_expr *arg = kvp_call_arg(v, arg0, 0);
 	ty a = check_expr(S, arg, CX_OBSERVE);
 	if (a.u == KVP_SU_ERR)
 		return;
-	if (agg == KVP_AGG_COUNT && a.u != KVP_SU_BOOL) {
+	if (agg == KVP_STAT_COUNT && a.u != KVP_SU_BOOL) {
 		ERR(S, arg->loc, "count() counts the steps at which a condition holds; this is %s",
 		    unit_name(a.u));
 		return;
 	}
-	if (agg != KVP_AGG_COUNT && a.u == KVP_SU_BOOL) {
+	if (agg != KVP_STAT_COUNT && a.u == KVP_SU_BOOL) {
 		ERR(S, arg->loc, "%s() of a condition; use count(...) to count the steps where it holds",
 		    f);
 		return;
 	}
-	if (agg == KVP_AGG_EMA) {
+	if (agg == KVP_STAT_EMA) {
 		const kvp_expr *al = kvp_call_arg(v, "alpha", 1);
 		ty t = check_unit(S, al, CX_SCALAR, U_FRACTION, 2, "the ema rate alpha");
 		if (t.u == KVP_SU_ERR)
@@ -1091,7 +1091,7 @@ static void check_stat(sema *S, const kvp_stmt *st, kvp_sym *y)
 		}
 		y->alpha = al;
 	}
-	if ((agg == KVP_AGG_EMA || agg == KVP_AGG_LAST) &&
+	if ((agg == KVP_STAT_EMA || agg == KVP_STAT_LAST) &&
 	    (st->window == KVP_W_LAST || st->window == KVP_W_PROMPT_TAIL)) {
 		ERR(S, st->window_loc, "%s() has no history window; remove this `over` clause", f);
 		return;
@@ -1112,7 +1112,7 @@ static void check_stat(sema *S, const kvp_stmt *st, kvp_sym *y)
 			    "a history window of more than 65536 steps is too large for a ring buffer; use `over all`");
 			return;
 		}
-		if ((agg == KVP_AGG_SUM || agg == KVP_AGG_MEAN) && w.v > KVP_IR_MAX_FLOAT_RING) {
+		if ((agg == KVP_STAT_SUM || agg == KVP_STAT_MEAN) && w.v > KVP_IR_MAX_FLOAT_RING) {
 			ERR(S, st->window_len->loc,
 			    "%s() over the last %.0f steps keeps one number per step and entry; the limit is %d steps (count() keeps one bit and allows 65536)",
 			    f, w.v, KVP_IR_MAX_FLOAT_RING);

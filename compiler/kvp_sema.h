@@ -24,6 +24,7 @@
 #define KVP_SEMA_H
 
 #include "kvp_ast.h"
+#include "kvp_ir.h"
 
 /* Units of sema (finer than the ABI's enum kvp_unit: ANY and BOOL exist only here). */
 typedef enum kvp_sunit {
@@ -43,15 +44,6 @@ typedef enum kvp_sym_kind {
 	KVP_SYM_STAT,
 } kvp_sym_kind;
 
-/* Aggregations of a statistic. */
-typedef enum kvp_agg {
-	KVP_AGG_SUM,
-	KVP_AGG_MEAN,
-	KVP_AGG_COUNT,
-	KVP_AGG_EMA,
-	KVP_AGG_LAST,
-} kvp_agg;
-
 /* A user definition. */
 typedef struct kvp_sym {
 	const char *name;
@@ -61,7 +53,7 @@ typedef struct kvp_sym {
 	double value;         /* PARAM: default; CONST: value */
 	int ok;               /* the definition checked without errors */
 	/* STAT: */
-	kvp_agg agg;
+	enum kvp_ir_stat_kind agg; /* kvp_builtin.def KVP_AGGREGATE */
 	const kvp_expr *arg;   /* the aggregated signal expression (condition for count) */
 	const kvp_expr *alpha; /* ema rate, or NULL */
 	int per_qhead;         /* the argument reads attn */

@@ -161,7 +161,7 @@ static struct kvp_ir *ir_caote_mix(void)
 	                 B(ir, KVP_OP_MAX, kvp_ir_stat_ref(ir, L(7), ema), kvp_ir_stat_ref(ir, L(7), win)));
 	int32_t c = kvp_ir_caote(ir, L(7), KVP_CAOTE_FAST, base);
 	int32_t kd = kvp_ir_unary(ir, L(7), KVP_OP_NEG, S(ir, KVP_SIG_KEY_COS_MEAN));
-	ir->score.expr = kvp_ir_select(ir, L(7), B(ir, KVP_OP_GT, S(ir, KVP_SIG_COUNT), N(ir, 1)),
+	ir->score.expr = kvp_ir_select(ir, L(7), B(ir, KVP_OP_GT, S(ir, KVP_SIG_SIZE), N(ir, 1)),
 	                               B(ir, KVP_OP_MUL, c, S(ir, KVP_SIG_VALUE_NORM)),
 	                               B(ir, KVP_OP_ADD, c, kd));
 	ir->score.reduce = KVP_REDUCE_MAX;
@@ -676,15 +676,15 @@ static int rnd_no_budget; /* generating the budget itself: no KVP_SIG_BUDGET */
 static int32_t rnd_expr(struct kvp_ir *ir, enum kvp_ir_ctx c, int depth)
 {
 	static const enum kvp_ir_signal scalar[] = { KVP_SIG_SEEN, KVP_SIG_CONTEXT,
-	                                             KVP_SIG_PROMPT_LEN, KVP_SIG_N_LAYER,
+	                                             KVP_SIG_PROMPT_LEN, KVP_SIG_N_LAYERS,
 	                                             KVP_SIG_BUDGET };
 	static const enum kvp_ir_signal observe[] = { KVP_SIG_ATTN, KVP_SIG_SEEN, KVP_SIG_POS,
-	                                              KVP_SIG_AGE, KVP_SIG_COUNT, KVP_SIG_ENTRIES,
+	                                              KVP_SIG_AGE, KVP_SIG_SIZE, KVP_SIG_ENTRIES,
 	                                              KVP_SIG_KEY_NORM, KVP_SIG_VALUE_NORM,
 	                                              KVP_SIG_LAYER };
 	static const enum kvp_ir_signal score[] = { KVP_SIG_POS, KVP_SIG_AGE, KVP_SIG_KEY_NORM,
 	                                            KVP_SIG_VALUE_NORM, KVP_SIG_KEY_COS_MEAN,
-	                                            KVP_SIG_CONTEXT, KVP_SIG_COUNT };
+	                                            KVP_SIG_CONTEXT, KVP_SIG_SIZE };
 	unsigned k = depth > 3 ? rnd(3) : rnd(9);
 	if (k == 0)
 		return N(ir, (double)rnd(100) / 7.0 - 3);
