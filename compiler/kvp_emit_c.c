@@ -655,13 +655,13 @@ static void emit_tables(struct em *em)
 		};
 		const struct kvp_ir_tiers *t = &ir->tiers;
 		out(em, "/* precision: the storage tiers, highest precision first%s */\n",
-		    t->shares ? ", and their cumulative shares of\n * the kept entries by score rank" :
+		    t->kind == K_TIERS_SHARES ? ", and their cumulative shares of\n * the kept entries by score rank" :
 		                "; each entry is evicted or\n * given one by utility per byte (kernels/k_tier.h)");
 		out(em, "static const uint8_t policy_tiers[%d] = {", t->n);
 		for (int j = 0; j < t->n; j++)
 			out(em, "%s %s", j ? "," : "", tiers[t->tier[j]]);
 		out(em, " };\n");
-		if (t->shares) {
+		if (t->kind == K_TIERS_SHARES) {
 			out(em, "static const double policy_tier_cum[%d] = {", t->n);
 			for (int j = 0; j < t->n; j++) {
 				out(em, "%s ", j ? "," : "");
@@ -671,7 +671,7 @@ static void emit_tables(struct em *em)
 		}
 		out(em, "\n");
 	}
-	if (ir->alloc.layers == KVP_LAYERS_LIST && ir->alloc.n_list > 0) {
+	if (ir->alloc.layers == K_LAYERS_LIST && ir->alloc.n_list > 0) {
 		out(em, "static const double policy_layer_list[%d] = {\n", ir->alloc.n_list);
 		for (int i = 0; i < ir->alloc.n_list; i++) {
 			out(em, "\t");
@@ -1160,10 +1160,10 @@ static void emit_grace_cfg(struct em *em)
 			line_back(em);
 			break;
 		}
-	if (ir->score.pool != KVP_POOL_NONE) {
+	if (ir->score.pool != K_POOL_NONE) {
 		double k = 1;
 		kvp_ir_fold(ir, ir->score.kernel, &k);
-		out(em, "\tgc->pool = %d;\n\tgc->pool_max = %d;\n", (int)k, ir->score.pool == KVP_POOL_MAX);
+		out(em, "\tgc->pool = %d;\n\tgc->pool_max = %d;\n", (int)k, ir->score.pool == K_POOL_MAX);
 	}
 	if (ir->guards.protect_all_spans)
 		out(em, "\tgc->protect_all_spans = 1;\n");
@@ -1178,21 +1178,15 @@ static void emit_cfg_score_guards(struct em *em)
 	const struct kvp_ir_score *sc = &ir->score;
 	int has_score = sc->expr >= 0;
 	out(em, "\tcfg->has_score = %d;\n", has_score);
-	/* ORDER(reduce): enum kvp_ir_reduce (compiler/kvp_ir.h) to enum k_reduce_kind
-	 * (kernels/k_score.h); -1 = query-head independent */
-	static const char *const reds[] = {
-		[KVP_REDUCE_MEAN] = "K_REDUCE_MEAN", [KVP_REDUCE_MAX] = "K_REDUCE_MAX",
-		[KVP_REDUCE_SUM] = "K_REDUCE_SUM", [KVP_REDUCE_NONE] = "-1", [KVP_REDUCE_L2] = "K_REDUCE_L2",
-	};
+	/* -1: the score is query-head independent, computed once (K_REDUCE_NONE implies it) */
 	int per_q = has_score && kvp_ir_expr_per_qhead(ir, sc->expr);
-	out(em, "\tcfg->reduce = %s;\n", per_q ? reds[sc->reduce] : "-1");
+	out(em, "\tcfg->reduce = %s;\n", per_q ? K_REDUCE_NAMES[sc->reduce] : "-1");
 	out(em, "\tcfg->over_layer = %d;\n", sc->over_layer);
-	if (sc->pool != KVP_POOL_NONE) {
+	if (sc->pool != K_POOL_NONE) {
 		double k = 1;
 		kvp_ir_fold(ir, sc->kernel, &k);
 		out(em, "\tcfg->pool = %s;\n\tcfg->kernel = %d;\n\tcfg->pool_before_reduce = %d;\n",
-		    sc->pool == KVP_POOL_MAX ? "K_POOL_MAX" : "K_POOL_AVG", (int)k,
-		    sc->pool_before_reduce);
+		    K_POOL_NAMES[sc->pool], (int)k, sc->pool_before_reduce);
 	}
 	out(em, "\tcfg->n_tmp = %d;\n", em->n_vec);
 	out(em, "\tcfg->reads_rows = %d;\n", (ir->needs & (KVP_NEED_KEYS | KVP_NEED_VALUES)) != 0);
@@ -1235,55 +1229,36 @@ static void emit_cfg_alloc_action(struct em *em)
 {
 	const struct kvp_ir *ir = em->ir;
 	const struct kvp_ir_alloc *al = &ir->alloc;
-	/* ORDER(layers): enum kvp_ir_layers (compiler/kvp_ir.h) to K_LAYERS_*
-	 * (kernels/k_compress.h) */
-	static const char *const layers[] = {
-		[KVP_LAYERS_UNIFORM] = "K_LAYERS_UNIFORM", [KVP_LAYERS_PYRAMID] = "K_LAYERS_PYRAMID",
-		[KVP_LAYERS_FUNNEL] = "K_LAYERS_FUNNEL", [KVP_LAYERS_LINEAR] = "K_LAYERS_LINEAR",
-		[KVP_LAYERS_LIST] = "K_LAYERS_LIST",
-	};
-	out(em, "\tcfg->layers = %s;\n", layers[al->layers]);
-	if (al->layers == KVP_LAYERS_PYRAMID || al->layers == KVP_LAYERS_FUNNEL) {
+	out(em, "\tcfg->layers = %s;\n", K_LAYERS_NAMES[al->layers]);
+	if (al->layers == K_LAYERS_PYRAMID || al->layers == K_LAYERS_FUNNEL) {
 		out(em, "\tcfg->beta = ");
 		scalar_or(em, al->beta, 20);
 		out(em, ";\n");
-	} else if (al->layers == KVP_LAYERS_LINEAR) {
+	} else if (al->layers == K_LAYERS_LINEAR) {
 		out(em, "\tcfg->from = ");
 		scalar_or(em, al->from, 1);
 		out(em, ";\n\tcfg->to = ");
 		scalar_or(em, al->to, 1);
 		out(em, ";\n");
-	} else if (al->layers == KVP_LAYERS_LIST && al->n_list > 0) {
+	} else if (al->layers == K_LAYERS_LIST && al->n_list > 0) {
 		out(em, "\tcfg->list = policy_layer_list;\n\tcfg->n_list = %d;\n", al->n_list);
 	}
-	/* ORDER(heads): enum kvp_ir_heads (compiler/kvp_ir.h) to K_HEADS_*
-	 * (kernels/k_compress.h) */
-	static const char *const heads[] = {
-		[KVP_HEADS_EACH] = "K_HEADS_EACH", [KVP_HEADS_ADAPTIVE] = "K_HEADS_ADAPTIVE",
-		[KVP_HEADS_GLOBAL] = "K_HEADS_GLOBAL",
-	};
-	out(em, "\tcfg->heads = %s;\n", heads[al->heads]);
-	if (al->heads != KVP_HEADS_EACH) {
+	out(em, "\tcfg->heads = %s;\n", K_HEADS_NAMES[al->heads]);
+	if (al->heads != K_HEADS_EACH) {
 		out(em, "\tcfg->floor_frac = fmin(1.0, fmax(0.0, ");
 		scalar_or(em, al->floor, 0.2);
 		out(em, "));\n");
 	}
 	if (kvp_ir_grace_core(ir))
 		return; /* GraceKV's actions read their values from the k_grace_cfg */
-	/* ORDER(action): enum kvp_ir_action (compiler/kvp_ir.h) to K_ACT_*
-	 * (kernels/k_compress.h) */
-	static const char *const acts[] = {
-		[KVP_ACT_EVICT] = "K_ACT_EVICT", [KVP_ACT_MERGE] = "K_ACT_MERGE",
-		[KVP_ACT_SPLIT] = "K_ACT_SPLIT",
-	};
 	line_src(em, ir->action.loc);
-	out(em, "\tcfg->action = %s;\n", acts[ir->action.kind]);
-	if (ir->action.kind != KVP_ACT_EVICT) {
+	out(em, "\tcfg->action = %s;\n", K_ACT_NAMES[ir->action.kind]);
+	if (ir->action.kind != K_ACT_EVICT) {
 		out(em, "\tcfg->run = ");
 		scalar_or(em, ir->action.run, 0);
 		out(em, ";\n");
 	}
-	if (ir->action.kind == KVP_ACT_SPLIT) {
+	if (ir->action.kind == K_ACT_SPLIT) {
 		out(em, "\tcfg->single_floor = ");
 		scalar_or(em, ir->action.floor, 0);
 		out(em, ";\n");
@@ -1308,8 +1283,8 @@ static void config_body(struct em *em, const void *arg)
 	if (ir->tiers.n > 0) {
 		line_src(em, ir->tiers.loc);
 		out(em, "\tcfg->tiers = %s;\n\tcfg->n_tier = %d;\n\tcfg->tier = policy_tiers;\n",
-		    ir->tiers.shares ? "K_TIERS_SHARES" : "K_TIERS_UTILITY", ir->tiers.n);
-		if (ir->tiers.shares)
+		    K_TIERS_NAMES[ir->tiers.kind], ir->tiers.n);
+		if (ir->tiers.kind == K_TIERS_SHARES)
 			out(em, "\tcfg->tier_cum = policy_tier_cum;\n");
 		line_back(em);
 	}

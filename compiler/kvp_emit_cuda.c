@@ -220,9 +220,9 @@ const char *kvp_emit_cuda_host_why(const struct kvp_ir *ir)
 		return "GraceKV's prototype trees (kernels/k_grace_run.h) run on the host";
 	if (ir->tiers.n > 0)
 		return "precision tiers (kernels/k_tier.h) set the tiers of a tiered host store";
-	if (ir->action.kind != KVP_ACT_EVICT)
+	if (ir->action.kind != K_ACT_EVICT)
 		return "merging evicted entries into prototypes runs on the host";
-	if (ir->alloc.heads != KVP_HEADS_EACH)
+	if (ir->alloc.heads != K_HEADS_EACH)
 		return "allocation across heads (adaptive or global) runs on the host";
 	if (ir->score.over_layer)
 		return "a layer-wide score reduction runs on the host";
@@ -456,13 +456,13 @@ static void emit_compress(struct cem *em)
 	out(em, "\";\n\tcfg.budget = budget_of(x, seen);\n");
 	int has_score = sc->expr >= 0;
 	int per_q = has_score && kvp_ir_expr_per_qhead(ir, sc->expr);
-	static const char *const reds[] = { "K_REDUCE_MEAN", "K_REDUCE_MAX", "K_REDUCE_SUM", "-1", "K_REDUCE_L2" };
-	out(em, "\tcfg.has_score = %d;\n\tcfg.reduce = %s;\n", has_score, per_q ? reds[sc->reduce] : "-1");
-	if (sc->pool != KVP_POOL_NONE) {
+	out(em, "\tcfg.has_score = %d;\n\tcfg.reduce = %s;\n", has_score,
+	    per_q ? K_REDUCE_NAMES[sc->reduce] : "-1");
+	if (sc->pool != K_POOL_NONE) {
 		double k = 1;
 		kvp_ir_fold(ir, sc->kernel, &k);
 		out(em, "\tcfg.pool = %s;\n\tcfg.kernel = %d;\n\tcfg.pool_before_reduce = %d;\n",
-		    sc->pool == KVP_POOL_MAX ? "K_POOL_MAX" : "K_POOL_AVG", (int)k, sc->pool_before_reduce);
+		    K_POOL_NAMES[sc->pool], (int)k, sc->pool_before_reduce);
 	}
 	out(em, "\tcfg.target = ");
 	if (ir->trigger.target >= 0) {
@@ -482,20 +482,18 @@ static void emit_compress(struct cem *em)
 		expr(em, ir->guards.recent);
 		out(em, ";\n");
 	}
-	static const char *const layers[] = { "K_LAYERS_UNIFORM", "K_LAYERS_PYRAMID", "K_LAYERS_FUNNEL",
-	                                      "K_LAYERS_LINEAR", "K_LAYERS_LIST" };
-	out(em, "\tcfg.layers = %s;\n", layers[al->layers]);
-	if (al->layers == KVP_LAYERS_PYRAMID || al->layers == KVP_LAYERS_FUNNEL) {
+	out(em, "\tcfg.layers = %s;\n", K_LAYERS_NAMES[al->layers]);
+	if (al->layers == K_LAYERS_PYRAMID || al->layers == K_LAYERS_FUNNEL) {
 		out(em, "\tcfg.beta = ");
 		scalar_or(em, al->beta, 20);
 		out(em, ";\n");
-	} else if (al->layers == KVP_LAYERS_LINEAR) {
+	} else if (al->layers == K_LAYERS_LINEAR) {
 		out(em, "\tcfg.from = ");
 		scalar_or(em, al->from, 1);
 		out(em, ";\n\tcfg.to = ");
 		scalar_or(em, al->to, 1);
 		out(em, ";\n");
-	} else if (al->layers == KVP_LAYERS_LIST && al->n_list > 0) {
+	} else if (al->layers == K_LAYERS_LIST && al->n_list > 0) {
 		out(em, "\tstatic const double list[%d] = {", al->n_list);
 		for (int i = 0; i < al->n_list; i++) {
 			out(em, i ? ", " : " ");

@@ -56,8 +56,8 @@ void kvp_ir_init(struct kvp_ir *ir, const char *name, const char *source,
 	ir->summary = dupstr(summary);
 	ir->score.expr = -1;
 	ir->score.kernel = -1;
-	ir->score.reduce = KVP_REDUCE_MEAN;
-	ir->score.pool = KVP_POOL_NONE;
+	ir->score.reduce = K_REDUCE_MEAN;
+	ir->score.pool = K_POOL_NONE;
 	ir->guards.sinks = -1;
 	ir->guards.recent = -1;
 	ir->alloc.budget = -1;
@@ -525,7 +525,7 @@ void kvp_ir_layout(struct kvp_ir *ir)
 	ir->state_words = ea;
 	ir->state_words_dim = ((needs & KVP_NEED_OUT) ? KVP_IR_OUT_ROWS : 0u) + ea;
 	ir->state_words_dim2 = ea;
-	if (ir->action.kind != KVP_ACT_EVICT)
+	if (ir->action.kind != K_ACT_EVICT)
 		needs |= KVP_NEED_KEYS | KVP_NEED_VALUES;
 	if (ir->guards.protect_all_spans || ir->guards.n_spans > 0)
 		needs |= KVP_NEED_SPANS;
@@ -542,7 +542,7 @@ void kvp_ir_layout(struct kvp_ir *ir)
 
 int kvp_ir_grace_core(const struct kvp_ir *ir)
 {
-	return ir->action.kind == KVP_ACT_SPLIT && ir->alloc.heads == KVP_HEADS_GLOBAL &&
+	return ir->action.kind == K_ACT_SPLIT && ir->alloc.heads == K_HEADS_GLOBAL &&
 	       ir->trigger.kind == KVP_TRIG_PROMPT_END && ir->positions == KVP_POS_ORIGINAL &&
 	       !ir->score.over_layer;
 }
@@ -657,25 +657,29 @@ static void check_const(struct checker *ck, int32_t e, double lo, double hi,
 static void check_tiers(struct checker *ck, const struct kvp_ir *ir)
 {
 	const struct kvp_ir_tiers *t = &ir->tiers;
-	if (t->n == 0)
+	if (t->n == 0 && t->kind == K_TIERS_NONE)
 		return;
-	if (t->n < 0 || t->n > KVP_IR_MAX_TIERS) {
+	if (t->n < 1 || t->n > KVP_IR_MAX_TIERS) {
 		problem(ck, t->loc, "1 to %d precision tiers", KVP_IR_MAX_TIERS);
+		return;
+	}
+	if (t->kind != K_TIERS_SHARES && t->kind != K_TIERS_UTILITY) {
+		problem(ck, t->loc, "precision tiers go by shares or by utility");
 		return;
 	}
 	for (int j = 0; j < t->n; j++) {
 		if (t->tier[j] < 0 || t->tier[j] >= KVP_IR_MAX_TIERS || (j > 0 && t->tier[j] <= t->tier[j - 1]))
 			problem(ck, t->loc, "the precision tiers must be distinct and go from the highest precision down");
-		if (t->shares && (!(t->cum[j] > (j > 0 ? t->cum[j - 1] : 0)) || t->cum[j] > 1))
+		if (t->kind == K_TIERS_SHARES && (!(t->cum[j] > (j > 0 ? t->cum[j - 1] : 0)) || t->cum[j] > 1))
 			problem(ck, t->loc, "the tiers' cumulative shares must grow and stay within 1");
 	}
-	if (t->shares && t->cum[t->n - 1] != 1)
+	if (t->kind == K_TIERS_SHARES && t->cum[t->n - 1] != 1)
 		problem(ck, t->loc, "the tiers' shares must cover every kept entry");
-	if (ir->action.kind != KVP_ACT_EVICT)
+	if (ir->action.kind != K_ACT_EVICT)
 		problem(ck, t->loc, "precision tiers combine with eviction only");
 	if (ir->trigger.kind == KVP_TRIG_NEVER)
 		problem(ck, t->loc, "a precision action needs a compress trigger");
-	if (!t->shares && (ir->score.expr < 0 || !ir->alloc.budget_bytes))
+	if (t->kind == K_TIERS_UTILITY && (ir->score.expr < 0 || !ir->alloc.budget_bytes))
 		problem(ck, t->loc, "tiers chosen by utility per byte need a score and a byte budget");
 }
 
@@ -710,14 +714,14 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 	}
 	struct kvp_ir_score *sc = &ir->score;
 	check_expr(&ck, sc->expr, KVP_CTX_SCORE, 0, sc->loc, "the score");
-	if (sc->reduce == KVP_REDUCE_NONE && sc->expr >= 0 && kvp_ir_expr_per_qhead(ir, sc->expr))
+	if (sc->reduce == K_REDUCE_NONE && sc->expr >= 0 && kvp_ir_expr_per_qhead(ir, sc->expr))
 		problem(&ck, sc->loc, "the score depends on the query head (attention); choose a group reduction mean, max, sum or l2");
-	if ((unsigned)sc->reduce > KVP_REDUCE_L2)
+	if ((unsigned)sc->reduce >= K_REDUCE_COUNT_)
 		problem(&ck, sc->loc, "unknown group reduction");
-	if (sc->pool != KVP_POOL_NONE)
+	if (sc->pool != K_POOL_NONE)
 		check_const(&ck, sc->kernel, 1, 1 << 16, sc->loc, "the pooling kernel (entries)");
 	double k;
-	if (sc->pool != KVP_POOL_NONE && kvp_ir_fold(ir, sc->kernel, &k) && fmod(k, 2) != 1)
+	if (sc->pool != K_POOL_NONE && kvp_ir_fold(ir, sc->kernel, &k) && fmod(k, 2) != 1)
 		problem(&ck, ir->nodes[sc->kernel].loc, "the pooling kernel must be odd, not %.17g", k);
 	check_expr(&ck, ir->guards.sinks, KVP_CTX_SCALAR, 0, ir->guards.loc, "the sink guard");
 	check_expr(&ck, ir->guards.recent, KVP_CTX_SCALAR, 0, ir->guards.loc, "the recent guard");
@@ -731,27 +735,27 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 			problem(&ck, ir->nodes[e].loc, "'budget' is used but the policy sets no budget");
 			break;
 		}
-	if (al->layers == KVP_LAYERS_PYRAMID || al->layers == KVP_LAYERS_FUNNEL)
+	if (al->layers == K_LAYERS_PYRAMID || al->layers == K_LAYERS_FUNNEL)
 		check_expr(&ck, al->beta, KVP_CTX_SCALAR, 0, al->loc, "the pyramid beta");
-	if (al->layers == KVP_LAYERS_LINEAR) {
+	if (al->layers == K_LAYERS_LINEAR) {
 		check_expr(&ck, al->from, KVP_CTX_SCALAR, 1, al->loc, "the first layer's multiplier");
 		check_expr(&ck, al->to, KVP_CTX_SCALAR, 1, al->loc, "the last layer's multiplier");
 	}
-	if (al->layers == KVP_LAYERS_LIST) {
+	if (al->layers == K_LAYERS_LIST) {
 		if (al->n_list < 1)
 			problem(&ck, al->loc, "a layer list needs at least one multiplier");
 		for (int i = 0; i < al->n_list; i++)
 			if (!isfinite(al->list[i]) || al->list[i] < 0)
 				problem(&ck, al->loc, "layer multiplier %d must be a finite number >= 0", i);
 	}
-	if ((unsigned)al->layers > KVP_LAYERS_LIST || (unsigned)al->heads > KVP_HEADS_GLOBAL)
+	if ((unsigned)al->layers >= K_LAYERS_COUNT_ || (unsigned)al->heads >= K_HEADS_COUNT_)
 		problem(&ck, al->loc, "unknown allocation");
 	check_expr(&ck, al->floor, KVP_CTX_SCALAR, 0, al->loc, "the allocation floor");
-	if (sc->over_layer && al->heads != KVP_HEADS_EACH)
+	if (sc->over_layer && al->heads != K_HEADS_EACH)
 		problem(&ck, sc->loc, "a layer-wide score reduction needs every KV head of a layer to keep the same entries; it cannot be combined with adaptive or global allocation");
-	if (sc->over_layer && ir->action.kind != KVP_ACT_EVICT)
+	if (sc->over_layer && ir->action.kind != K_ACT_EVICT)
 		problem(&ck, sc->loc, "a layer-wide score reduction cannot be combined with merging");
-	if ((unsigned)ir->action.kind > KVP_ACT_SPLIT)
+	if ((unsigned)ir->action.kind >= K_ACT_COUNT_)
 		problem(&ck, ir->action.loc, "unknown action");
 	check_expr(&ck, ir->action.run, KVP_CTX_SCALAR, 0, ir->action.loc, "the prototype size");
 	check_expr(&ck, ir->action.floor, KVP_CTX_SCALAR, 0, ir->action.loc, "the singleton floor");

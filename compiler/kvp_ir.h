@@ -50,6 +50,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "k_abi.h"
 #include "policy/rt_policy.h"
 
 #define KVP_VERSION "0.1.0"
@@ -189,30 +190,11 @@ struct kvp_ir_stat {
 
 /* ---- score pipeline ---------------------------------------------------------------- */
 
-/* ORDER(reduce): mapped by name to enum k_reduce_kind (kernels/k_score.h) in
- * compiler/kvp_emit_c.c; a new value needs both. */
-enum kvp_ir_reduce {
-	KVP_REDUCE_MEAN = 0,  /* mean over the query heads of the group (kvpress) */
-	KVP_REDUCE_MAX,
-	KVP_REDUCE_SUM,
-	KVP_REDUCE_NONE,      /* the score does not depend on the query head */
-	KVP_REDUCE_L2,        /* sqrt of the sum of squares over the group: CAOTE's GQA rule
-	                         (algorithms.md section 8), the root of the total squared
-	                         output error of the query heads sharing the entry */
-};
-
-enum kvp_ir_pool {
-	KVP_POOL_NONE = 0,
-	KVP_POOL_MAX,         /* max over [i - k/2, i + k/2] of the scored entries */
-	KVP_POOL_AVG,         /* sum over the same window / k (zero padding counts, as
-	                         torch avg_pool1d with padding=k/2) */
-};
-
 struct kvp_ir_score {
 	int32_t expr;            /* SCORE expression; -1: no score (every entry scores 0, so
 	                            the tie rule keeps the lowest positions) */
-	enum kvp_ir_reduce reduce;
-	enum kvp_ir_pool pool;
+	enum k_reduce reduce;    /* kernels/k_abi.h, as the settings below */
+	enum k_pool pool;
 	int32_t kernel;          /* pooling kernel: a node folding to an odd constant
 	                            (entries); -1 when no pooling */
 	int pool_before_reduce;  /* 1: pool each query head then reduce (kvpress);
@@ -235,52 +217,6 @@ struct kvp_ir_guards {
 	struct kvp_loc loc;
 };
 
-/* ORDER(layers): mapped to K_LAYERS_* (kernels/k_compress.h) in compiler/kvp_emit_c.c. */
-enum kvp_ir_layers {
-	KVP_LAYERS_UNIFORM = 0,
-	KVP_LAYERS_PYRAMID,      /* PyramidKV (KVCache-Factory): beta; the recent guard is w;
-	                            most entries at layer 0 */
-	KVP_LAYERS_FUNNEL,       /* the pyramid reversed: most entries at the last layer
-	                            (Scissorhands' reading in cold-compress) */
-	KVP_LAYERS_LINEAR,       /* budget scaled by a linear ramp from `from` (layer 0) to
-	                            `to` (last layer), renormalised to the same total
-	                            (funnel: linear(0.8, 1.2)) */
-	KVP_LAYERS_LIST,         /* explicit multipliers, resampled to n_layer by nearest
-	                            index and renormalised to the same total */
-};
-
-/* ORDER(heads): mapped to K_HEADS_* (kernels/k_compress.h) in compiler/kvp_emit_c.c. */
-enum kvp_ir_heads {
-	KVP_HEADS_EACH = 0,      /* every KV head of a layer gets the layer budget */
-	KVP_HEADS_ADAPTIVE,      /* Ada-KV: global top-(G·B) across the heads of a layer,
-	                            b_g = round(floor·B + (1 - floor)·n_g) */
-	KVP_HEADS_GLOBAL,        /* one pool over all layers and heads: top-(L·G·B) overall,
-	                            each head keeps at least floor·B_l */
-};
-
-/* ORDER(action): mapped to K_ACT_* (kernels/k_compress.h) in compiler/kvp_emit_c.c. */
-enum kvp_ir_action {
-	KVP_ACT_EVICT = 0,
-	KVP_ACT_MERGE,           /* each evicted entry is merged into the adjacent kept,
-	                            unguarded entry (previous or next in position order;
-	                            guarded entries stay exact) whose key is more
-	                            cosine-similar (ties: previous); count-weighted mean of
-	                            keys and values, counts add, log_count = log(count), the
-	                            kept entry's position stays. A prototype never grows past
-	                            `run` tokens; an evicted entry that does not fit is
-	                            dropped. */
-	KVP_ACT_SPLIT,           /* add/split (GraceKV, arXiv 2608.07001): with one global
-	                            pool, a prompt-end trigger and original positions
-	                            (kvp_ir_grace_core) GraceKV's actions, kernels/k_grace_run.h
-	                            (k_grace_run): `run` is the slot (target segment) length,
-	                            `floor` the singleton floor per head, the allocation
-	                            floor the per-head coverage share, the score the direct
-	                            relevance. Otherwise (hand-built IRs only) a simplified
-	                            version: as MERGE with run = slot, after the `floor`
-	                            highest-scoring evicted singletons per head are kept
-	                            exactly (charged to the budget first) */
-};
-
 enum kvp_ir_trigger {
 	KVP_TRIG_NEVER = 0,      /* full cache */
 	KVP_TRIG_EVERY_STEP,     /* after every step when entries > target */
@@ -301,18 +237,18 @@ struct kvp_ir_alloc {
 	enum kvp_unit budget_unit; /* ENTRIES or RATIO: how the source wrote it (docs only) */
 	int budget_bytes;        /* 1: `budget = bytes(P)`: the budget counts bytes, as the
 	                            bytes of that many f16 entries (budget = P · context) */
-	enum kvp_ir_layers layers;
+	enum k_layers layers;
 	int32_t beta;            /* PYRAMID/FUNNEL: SCALAR; -1 = 20 */
 	int32_t from, to;        /* LINEAR: SCALAR */
 	int n_list;
 	double *list;            /* LIST: [n_list] multipliers */
-	enum kvp_ir_heads heads;
+	enum k_heads heads;
 	int32_t floor;           /* ADAPTIVE/GLOBAL: SCALAR fraction in [0, 1]; -1 = 0.2 */
 	struct kvp_loc loc;
 };
 
 struct kvp_ir_act {
-	enum kvp_ir_action kind;
+	enum k_act kind;
 	int32_t run;             /* MERGE/SPLIT: SCALAR max tokens per prototype; -1 = no cap */
 	int32_t floor;           /* SPLIT: singleton floor, SCALAR (entries per head); -1 = 0 */
 	/* SPLIT under kvp_ir_grace_core, the values of GraceKV's actions (kernels/
@@ -348,9 +284,10 @@ struct kvp_ir_trig {
 struct kvp_ir_tiers {
 	int n;                   /* tiers given, highest precision first; 0: no precision action */
 	int tier[KVP_IR_MAX_TIERS];
-	int shares;              /* 1: cum[j] is the cumulative share of the kept entries (by
-	                            score rank) at tiers 0..j, cum[n - 1] = 1; 0: each entry is
-	                            evicted or given a tier by utility per byte */
+	enum k_tiers kind;       /* K_TIERS_NONE iff n == 0; SHARES: cum[j] is the cumulative
+	                            share of the kept entries (by score rank) at tiers 0..j,
+	                            cum[n - 1] = 1; UTILITY: each entry is evicted or given a
+	                            tier by utility per byte */
 	double cum[KVP_IR_MAX_TIERS];
 	struct kvp_loc loc;
 };
@@ -428,7 +365,7 @@ int32_t kvp_ir_expattn(struct kvp_ir *ir, struct kvp_loc loc, int32_t future, in
 
 /* Spans to protect (copied). */
 void kvp_ir_add_span(struct kvp_ir *ir, const char *name);
-/* Layer multipliers for KVP_LAYERS_LIST (copied). */
+/* Layer multipliers for K_LAYERS_LIST (copied). */
 void kvp_ir_set_list(struct kvp_ir *ir, const double *v, int n);
 
 /* Evaluation contexts (see the file comment). */

@@ -246,21 +246,12 @@ static void lower_score_guards(lower *lw)
 	const kvp_stmt *score = s->setting[KVP_SET_SCORE];
 	ir->score.expr = score ? lower_expr(lw, score->value) : -1;
 	ir->score.loc = L(score ? score->loc : f->name_loc);
-	if (!s->score_per_qhead)
-		ir->score.reduce = KVP_REDUCE_NONE;
-	else
-		switch (s->reduce) {
-		case KVP_RD_MAX: ir->score.reduce = KVP_REDUCE_MAX; break;
-		case KVP_RD_SUM: ir->score.reduce = KVP_REDUCE_SUM; break;
-		case KVP_RD_L2: ir->score.reduce = KVP_REDUCE_L2; break;
-		default: ir->score.reduce = KVP_REDUCE_MEAN; break;
-		}
+	ir->score.reduce = s->score_per_qhead ? s->reduce : K_REDUCE_NONE;
 	ir->score.over_layer = s->over_layer;
-	ir->score.pool = s->pool == KVP_PL_MAX ? KVP_POOL_MAX :
-	                 s->pool == KVP_PL_AVG ? KVP_POOL_AVG : KVP_POOL_NONE;
+	ir->score.pool = s->pool;
 	ir->score.kernel = s->kernel ? lower_expr(lw, s->kernel) : 0;
 	/* add_split (the GraceKV core) pools the group-reduced relevance */
-	ir->score.pool_before_reduce = s->action == KVP_AC_ADD_SPLIT ? 0 : s->pool_before_reduce;
+	ir->score.pool_before_reduce = s->action == K_ACT_SPLIT ? 0 : s->pool_before_reduce;
 
 	/* guards */
 	ir->guards.sinks = s->sinks ? lower_size(lw, s->sinks->value, s->sinks_unit) : -1;
@@ -286,17 +277,11 @@ static int lower_alloc(lower *lw)
 	ir->alloc.budget_unit = s->budget_unit == KVP_SU_RATIO ? KVP_UNIT_RATIO : KVP_UNIT_ENTRIES;
 	ir->alloc.budget_bytes = s->budget_bytes;
 	ir->alloc.loc = L(budget ? budget->loc : f->name_loc);
-	switch (s->layers) {
-	case KVP_LY_UNIFORM: ir->alloc.layers = KVP_LAYERS_UNIFORM; break;
-	case KVP_LY_PYRAMID: ir->alloc.layers = KVP_LAYERS_PYRAMID; break;
-	case KVP_LY_FUNNEL: ir->alloc.layers = KVP_LAYERS_FUNNEL; break;
-	case KVP_LY_LINEAR: ir->alloc.layers = KVP_LAYERS_LINEAR; break;
-	case KVP_LY_LIST: ir->alloc.layers = KVP_LAYERS_LIST; break;
-	}
+	ir->alloc.layers = s->layers;
 	ir->alloc.beta = s->beta ? lower_expr(lw, s->beta) : -1;
 	ir->alloc.from = s->lin_from ? lower_expr(lw, s->lin_from) : -1;
 	ir->alloc.to = s->lin_to ? lower_expr(lw, s->lin_to) : -1;
-	if (s->layers == KVP_LY_LIST) {
+	if (s->layers == K_LAYERS_LIST) {
 		int n = s->list->n_args;
 		double v[1024];
 		for (int i = 0; i < n; i++) {
@@ -309,8 +294,7 @@ static int lower_alloc(lower *lw)
 		}
 		kvp_ir_set_list(ir, v, n);
 	}
-	ir->alloc.heads = s->allocate == KVP_AL_ADAPTIVE ? KVP_HEADS_ADAPTIVE :
-	                  s->allocate == KVP_AL_GLOBAL ? KVP_HEADS_GLOBAL : KVP_HEADS_EACH;
+	ir->alloc.heads = s->allocate;
 	ir->alloc.floor = s->alloc_floor ? lower_expr(lw, s->alloc_floor) : -1;
 
 	return 0;
@@ -360,16 +344,15 @@ static void lower_action_trigger(lower *lw)
 	ir->action.loc = L(action ? action->loc : f->name_loc);
 	ir->action.run = -1;
 	ir->action.floor = -1;
+	ir->action.kind = s->action;
 	switch (s->action) {
-	case KVP_AC_EVICT:
-		ir->action.kind = KVP_ACT_EVICT;
+	case K_ACT_EVICT:
+	case K_ACT_COUNT_:
 		break;
-	case KVP_AC_MERGE:
-		ir->action.kind = KVP_ACT_MERGE;
+	case K_ACT_MERGE:
 		ir->action.run = s->run ? lower_expr(lw, s->run) : -1;
 		break;
-	case KVP_AC_ADD_SPLIT:
-		ir->action.kind = KVP_ACT_SPLIT;
+	case K_ACT_SPLIT:
 		ir->action.run = s->slot ? lower_expr(lw, s->slot) :
 		                           kvp_ir_num(ir, L(action->loc), 64);
 		ir->action.floor = s->act_floor ? lower_size(lw, s->act_floor, s->floor_unit) : -1;
@@ -420,7 +403,7 @@ static void lower_tiers(lower *lw)
 	struct kvp_ir_tiers *t = &lw->ir->tiers;
 	const kvp_stmt *st = s->setting[KVP_SET_PRECISION];
 	t->n = st ? s->n_tier : 0;
-	t->shares = s->tier_shares;
+	t->kind = t->n == 0 ? K_TIERS_NONE : s->tier_shares ? K_TIERS_SHARES : K_TIERS_UTILITY;
 	t->loc = L(st ? st->loc : s->file->name_loc);
 	for (int j = 0; j < t->n; j++) {
 		t->tier[j] = s->tier[j];

@@ -1328,13 +1328,13 @@ static void check_layers(sema *S, const kvp_stmt *st)
 			ERR(S, v->loc, "every layer multiplier is 0; the policy would keep nothing");
 			return;
 		}
-		o->layers = KVP_LY_LIST;
+		o->layers = K_LAYERS_LIST;
 		o->list = v;
 		return;
 	}
 	const char *w = word_of(v);
 	if (w && !strcmp(w, "uniform") && v->kind == KVP_E_NAME) {
-		o->layers = KVP_LY_UNIFORM;
+		o->layers = K_LAYERS_UNIFORM;
 		return;
 	}
 	if (w && (!strcmp(w, "pyramid") || !strcmp(w, "funnel"))) {
@@ -1348,7 +1348,7 @@ static void check_layers(sema *S, const kvp_stmt *st)
 			if (positive(S, beta, t, "beta", 0))
 				return;
 		}
-		o->layers = !strcmp(w, "pyramid") ? KVP_LY_PYRAMID : KVP_LY_FUNNEL;
+		o->layers = !strcmp(w, "pyramid") ? K_LAYERS_PYRAMID : K_LAYERS_FUNNEL;
 		o->beta = beta;
 		return;
 	}
@@ -1371,7 +1371,7 @@ static void check_layers(sema *S, const kvp_stmt *st)
 			ERR(S, v->loc, "linear() multipliers must be >= 0 and not both 0");
 			return;
 		}
-		o->layers = KVP_LY_LINEAR;
+		o->layers = K_LAYERS_LINEAR;
 		o->lin_from = a;
 		o->lin_to = b;
 		return;
@@ -1400,7 +1400,7 @@ static void check_allocate(sema *S, const kvp_stmt *st)
 	const char *w = word_of(v);
 	kvp_sema *o = S->out;
 	if (w && !strcmp(w, "uniform") && v->kind == KVP_E_NAME) {
-		o->allocate = KVP_AL_UNIFORM;
+		o->allocate = K_HEADS_EACH;
 		return;
 	}
 	if (w && (!strcmp(w, "adaptive") || !strcmp(w, "global"))) {
@@ -1411,7 +1411,7 @@ static void check_allocate(sema *S, const kvp_stmt *st)
 		const kvp_expr *fl = kvp_call_arg(v, "floor", 0);
 		if (fl && check_floor(S, fl))
 			return;
-		o->allocate = !strcmp(w, "adaptive") ? KVP_AL_ADAPTIVE : KVP_AL_GLOBAL;
+		o->allocate = !strcmp(w, "adaptive") ? K_HEADS_ADAPTIVE : K_HEADS_GLOBAL;
 		o->alloc_floor = fl;
 		return;
 	}
@@ -1426,7 +1426,7 @@ static void check_pool(sema *S, const kvp_stmt *st)
 	const char *w = word_of(v);
 	kvp_sema *o = S->out;
 	if (w && !strcmp(w, "none") && v->kind == KVP_E_NAME) {
-		o->pool = KVP_PL_NONE;
+		o->pool = K_POOL_NONE;
 		return;
 	}
 	if (w && (!strcmp(w, "max") || !strcmp(w, "avg"))) {
@@ -1449,7 +1449,7 @@ static void check_pool(sema *S, const kvp_stmt *st)
 			    b);
 			return;
 		}
-		o->pool = !strcmp(w, "max") ? KVP_PL_MAX : KVP_PL_AVG;
+		o->pool = !strcmp(w, "max") ? K_POOL_MAX : K_POOL_AVG;
 		o->kernel = k;
 		return;
 	}
@@ -1514,7 +1514,7 @@ static void check_add_split(sema *S, const kvp_expr *v)
 	const kvp_expr *num = v->kind == KVP_E_CALL ? kvp_call_arg(v, "numerator", 1) : NULL;
 	if (grace_number(S, mass, "the mass weight", 0) || grace_number(S, num, "the numerator weight", 0))
 		return;
-	o->action = KVP_AC_ADD_SPLIT;
+	o->action = K_ACT_SPLIT;
 	o->mass = mass;
 	o->numerator = num;
 }
@@ -1691,7 +1691,7 @@ static void check_action(sema *S, const kvp_stmt *st)
 	const char *w = word_of(v);
 	kvp_sema *o = S->out;
 	if (w && !strcmp(w, "evict") && v->kind == KVP_E_NAME) {
-		o->action = KVP_AC_EVICT;
+		o->action = K_ACT_EVICT;
 		return;
 	}
 	if (w && !strcmp(w, "merge")) {
@@ -1705,7 +1705,7 @@ static void check_action(sema *S, const kvp_stmt *st)
 			if (positive(S, run, t, "the merge run", 1))
 				return;
 		}
-		o->action = KVP_AC_MERGE;
+		o->action = K_ACT_MERGE;
 		o->run = run;
 		return;
 	}
@@ -1864,13 +1864,13 @@ static void check_group(sema *S, const kvp_stmt *st)
 	kvp_sema *o = S->out;
 	const kvp_word *w = &st->words[0];
 	if (!strcmp(w->s, "mean"))
-		o->reduce = KVP_RD_MEAN;
+		o->reduce = K_REDUCE_MEAN;
 	else if (!strcmp(w->s, "max"))
-		o->reduce = KVP_RD_MAX;
+		o->reduce = K_REDUCE_MAX;
 	else if (!strcmp(w->s, "sum"))
-		o->reduce = KVP_RD_SUM;
+		o->reduce = K_REDUCE_SUM;
 	else if (!strcmp(w->s, "l2"))
-		o->reduce = KVP_RD_L2;
+		o->reduce = K_REDUCE_L2;
 	else {
 		int d = 1000;
 		const char *s = suggest_from(w->s, reducers, 4, NULL, &d);
@@ -2137,9 +2137,9 @@ static int cross_check_score(sema *S)
 	int Bk = S->budget.known;
 	kvp_sunit Bu = o->budget_unit;
 	if (!score) {
-		if (action && o->action != KVP_AC_EVICT) {
+		if (action && o->action != K_ACT_EVICT) {
 			ERR(S, action->value->loc, "action %s chooses entries by score; the policy has no `score`",
-			    o->action == KVP_AC_MERGE ? "merge" : "add_split");
+			    o->action == K_ACT_MERGE ? "merge" : "add_split");
 			return 1;
 		}
 		if (o->group) {
@@ -2188,41 +2188,41 @@ static void cross_check_combinations(sema *S)
 		ERR(S, o->group_order_loc, "the order relative to pooling is given, but the policy has no `pool`");
 		return;
 	}
-	if (o->over_layer && o->allocate != KVP_AL_UNIFORM) {
+	if (o->over_layer && o->allocate != K_HEADS_EACH) {
 		ERR(S, o->group->loc,
 		    "unsupported combination: `over layer` shares one selection across the heads of a layer, which needs `allocate = uniform`");
 		return;
 	}
-	if (o->action != KVP_AC_ADD_SPLIT) {
+	if (o->action != K_ACT_SPLIT) {
 		const kvp_stmt *g = o->setting[KVP_SET_SEGMENT] ? o->setting[KVP_SET_SEGMENT] :
 		                    o->setting[KVP_SET_TREE] ? o->setting[KVP_SET_TREE] : o->singletons;
 		if (g) {
 			ERR(S, g->loc, "segments, prototype trees and singletons belong to `action = add_split` (GraceKV); the policy's action is %s",
-			    o->action == KVP_AC_MERGE ? "merge" : "evict");
+			    o->action == K_ACT_MERGE ? "merge" : "evict");
 			return;
 		}
 	}
-	if (o->action == KVP_AC_ADD_SPLIT && o->allocate != KVP_AL_GLOBAL) {
+	if (o->action == K_ACT_SPLIT && o->allocate != K_HEADS_GLOBAL) {
 		ERR(S, action->value->loc, "add_split competes for one global budget; add `allocate = global`");
 		return;
 	}
 	/* add_split runs the GraceKV core: one compression of the whole prompt */
-	if (o->action == KVP_AC_ADD_SPLIT && o->compress && o->compress->trigger != KVP_T_AT) {
+	if (o->action == K_ACT_SPLIT && o->compress && o->compress->trigger != KVP_T_AT) {
 		ERR(S, o->compress->loc,
 		    "add_split (GraceKV) compresses the whole prompt once; use `compress at prompt end`");
 		return;
 	}
-	if (o->action == KVP_AC_ADD_SPLIT && o->compacted) {
+	if (o->action == K_ACT_SPLIT && o->compacted) {
 		ERR(S, o->setting[KVP_SET_POSITIONS]->value->loc,
 		    "add_split keeps each prototype at its members' mean original position; use `positions = original`");
 		return;
 	}
-	if (o->action == KVP_AC_ADD_SPLIT && o->group_order_loc_set && o->pool_before_reduce) {
+	if (o->action == K_ACT_SPLIT && o->group_order_loc_set && o->pool_before_reduce) {
 		ERR(S, o->group_order_loc,
 		    "with add_split the relevance is pooled after the group reduction; write `before pool` or leave the order out");
 		return;
 	}
-	if (o->allocate == KVP_AL_GLOBAL && o->layers != KVP_LY_UNIFORM) {
+	if (o->allocate == K_HEADS_GLOBAL && o->layers != K_LAYERS_UNIFORM) {
 		ERR(S, o->setting[KVP_SET_LAYERS]->value->loc,
 		    "a per-layer schedule has no effect with one global pool (`allocate = global`)");
 		return;
@@ -2237,7 +2237,7 @@ static int cross_check_precision(sema *S)
 	const kvp_stmt *prec = o->setting[KVP_SET_PRECISION];
 	if (!prec || o->n_tier == 0)
 		return 0;
-	if (o->action != KVP_AC_EVICT) {
+	if (o->action != K_ACT_EVICT) {
 		ERR(S, o->setting[KVP_SET_ACTION]->value->loc,
 		    "precision tiers combine with `action = evict`: the entries the budget cannot hold at any tier are evicted");
 		return 1;

@@ -60,15 +60,6 @@ typedef struct kvp_sym {
 	int ir_index;          /* index in the IR (params, stats), filled by kvp_lower */
 } kvp_sym;
 
-typedef enum kvp_layers_kind {
-	KVP_LY_UNIFORM, KVP_LY_PYRAMID, KVP_LY_FUNNEL, KVP_LY_LINEAR, KVP_LY_LIST,
-} kvp_layers_kind;
-typedef enum kvp_alloc_kind { KVP_AL_UNIFORM, KVP_AL_ADAPTIVE, KVP_AL_GLOBAL } kvp_alloc_kind;
-typedef enum kvp_action_kind { KVP_AC_EVICT, KVP_AC_MERGE, KVP_AC_ADD_SPLIT } kvp_action_kind;
-typedef enum kvp_pool_kind { KVP_PL_NONE, KVP_PL_MAX, KVP_PL_AVG } kvp_pool_kind;
-typedef enum kvp_reduce_kind {
-	KVP_RD_DEFAULT, KVP_RD_MEAN, KVP_RD_MAX, KVP_RD_SUM, KVP_RD_L2,
-} kvp_reduce_kind;
 
 /* The resolved policy: which statement sets what, and the checked choices. Pointers
  * point into the kvp_file's tree. */
@@ -87,11 +78,11 @@ typedef struct kvp_sema {
 	const kvp_expr *threshold; /* `when entries > X`: X */
 
 	/* `budget`, `layers`, `allocate`, `action`, `pool` and `group` resolved: */
-	kvp_layers_kind layers;
+	enum k_layers layers;   /* kernels/k_abi.h, as allocate, action, pool, reduce */
 	const kvp_expr *beta, *lin_from, *lin_to, *list; /* arguments (or NULL) */
-	kvp_alloc_kind allocate;
+	enum k_heads allocate;
 	const kvp_expr *alloc_floor;
-	kvp_action_kind action;
+	enum k_act action;
 	const kvp_expr *run;
 	/* GraceKV's actions (`segment`, `tree`, `action = add_split(...)`, `keep singletons`):
 	 * slot = the target segment length (or the fixed slot of `segment = slots(T)`),
@@ -104,9 +95,9 @@ typedef struct kvp_sema {
 	const kvp_expr *tree_smooth, *mass, *numerator;
 	const kvp_stmt *singletons; /* `keep singletons N` */
 	int singletons_all;     /* `keep singletons N over all`: chosen over every head */
-	kvp_pool_kind pool;
+	enum k_pool pool;
 	const kvp_expr *kernel;
-	kvp_reduce_kind reduce;
+	enum k_reduce reduce;   /* of a query-head dependent score (default MEAN) */
 	int over_layer;
 	int pool_before_reduce; /* 1 (default): pool each query head, then reduce */
 	int group_order_loc_set; /* `before pool` / `after pool` was written */

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "k_abi.h"
 #include "k_alloc.h"
 #include "k_score.h"
 #include "k_select.h"
@@ -34,16 +35,9 @@
 #include "policy/rt_budget.h"
 #include "policy/rt_policy.h"
 
-/* ORDER(layers), ORDER(heads), ORDER(action): the targets of enum kvp_ir_layers,
- * kvp_ir_heads and kvp_ir_action (compiler/kvp_ir.h), mapped by name in
- * compiler/kvp_emit_c.c; a new value needs both sides. */
-enum { K_LAYERS_UNIFORM = 0, K_LAYERS_PYRAMID, K_LAYERS_FUNNEL, K_LAYERS_LINEAR, K_LAYERS_LIST };
-enum { K_HEADS_EACH = 0, K_HEADS_ADAPTIVE, K_HEADS_GLOBAL };
-enum { K_ACT_EVICT = 0, K_ACT_MERGE, K_ACT_SPLIT };
-enum { K_POOL_NONE = 0, K_POOL_MAX, K_POOL_AVG };
+/* The settings K_LAYERS_*, K_HEADS_*, K_ACT_*, K_POOL_*, K_REDUCE_*, K_TIERS_* are
+ * k_abi.h's, shared with the compiler. */
 enum { K_FLAG_GUARD = 1, K_FLAG_KEEP = 2, K_FLAG_SINGLE = 4 };
-/* ORDER(tiers): kvp_ir_tiers (compiler/kvp_ir.h) shares / by utility, in kvp_emit_c.c */
-enum { K_TIERS_NONE = 0, K_TIERS_SHARES, K_TIERS_UTILITY };
 /* Most threads one compress uses (the pool may have more; the rest sit out). */
 #define K_MAX_THREADS 64
 

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "k_abi.h"
+
 /* ||x||_2 of x[d]. */
 static inline double k_norm(const float *x, int d)
 {
@@ -145,10 +147,8 @@ static inline void k_pool(const float *in, float *out, int32_t n, int32_t k, int
 }
 
 /* L2: sqrt of the sum of squares (CAOTE's GQA rule, algorithms.md section 8: the
- * squared output errors of the query heads sharing an entry add up). */
-/* ORDER(reduce): the targets of enum kvp_ir_reduce (compiler/kvp_ir.h), mapped by name in
- * compiler/kvp_emit_c.c. */
-enum k_reduce_kind { K_REDUCE_MEAN = 0, K_REDUCE_MAX, K_REDUCE_SUM, K_REDUCE_L2 };
+ * squared output errors of the query heads sharing an entry add up). kind: enum k_reduce
+ * (k_abi.h), not K_REDUCE_NONE. */
 
 /* Entries per block of k_reduce: a block's accumulators stay in registers or L1. */
 #define K_REDUCE_BLOCK 64

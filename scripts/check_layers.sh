@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # check_layers.sh LAYER...: the runtime's layers, lowest first (the Makefile's RT_LAYERS).
 # Every `#include "DIR/..."` in runtime/L/ must name a layer no higher than L; kernels/ (the
-# policy templates) may include only base/, kv/ and policy/; the compiler only base/ and
-# policy/ (the ABI). Prints each violation as FILE:LINE: reason and exits 1 if there is one.
+# policy templates) may include only base/, kv/ and policy/; the compiler only base/,
+# policy/ and kv/ (the ABI) and, of kernels/, k_abi.h (the settings it shares with them).
+# Prints each violation as FILE:LINE: reason and exits 1 if there is one.
 set -u
 cd "$(dirname "$0")/.."
 declare -A rank
@@ -26,6 +27,14 @@ for l in "$@"; do
 	for f in runtime/"$l"/*.[ch] runtime/"$l"/*.cu runtime/"$l"/*.cuh; do [ -e "$f" ] && check "$f" "${rank[$l]}"; done
 done
 for f in kernels/*.h kernels/*.cuh; do [ -e "$f" ] && check "$f" 0 "base kv policy"; done
-for f in compiler/*.[ch]; do [ -e "$f" ] && check "$f" 0 "base policy kv"; done
+for f in compiler/*.[ch]; do
+	[ -e "$f" ] || continue
+	check "$f" 0 "base policy kv"
+	# of kernels/, only the shared settings (k_abi.h)
+	while IFS=: read -r ln inc; do
+		[ "$inc" = k_abi.h ] && continue
+		echo "$f:$ln: includes $inc (of kernels/ the compiler may include only k_abi.h)"; bad=1
+	done < <(grep -n -o '#include "k_[^"/]*"' "$f" | sed 's/#include "//; s/"$//')
+done
 [ "$bad" = 0 ] && echo "layers: every include points down ($*)"
 exit "$bad"

@@ -60,7 +60,7 @@ static struct kvp_ir *ir_h2o(void)
 	                          KVP_HIST_WHOLE, -1);
 	ir->score.expr = kvp_ir_stat_ref(ir, L(6), acc);
 	ir->score.loc = L(6);
-	ir->score.reduce = KVP_REDUCE_SUM;
+	ir->score.reduce = K_REDUCE_SUM;
 	ir->guards.recent = P(ir, recent);
 	ir->guards.loc = L(8);
 	ir->alloc.budget = P(ir, budget);
@@ -80,8 +80,8 @@ static struct kvp_ir *ir_snapkv(void)
 	                          KVP_HIST_PROMPT_TAIL, P(ir, window));
 	ir->score.expr = kvp_ir_stat_ref(ir, L(6), obs);
 	ir->score.loc = L(6);
-	ir->score.reduce = KVP_REDUCE_MEAN;
-	ir->score.pool = KVP_POOL_MAX;
+	ir->score.reduce = K_REDUCE_MEAN;
+	ir->score.pool = K_POOL_MAX;
 	ir->score.kernel = N(ir, 7);
 	ir->score.pool_before_reduce = 1;
 	ir->guards.recent = P(ir, window);
@@ -100,11 +100,11 @@ static struct kvp_ir *ir_scissorhands(void)
 	int low = kvp_ir_add_stat(ir, L(5), "low", KVP_STAT_COUNT, cond, -1, KVP_HIST_LAST_STEPS,
 	                          N(ir, 400));
 	ir->score.expr = kvp_ir_unary(ir, L(6), KVP_OP_NEG, kvp_ir_stat_ref(ir, L(6), low));
-	ir->score.reduce = KVP_REDUCE_MEAN;
+	ir->score.reduce = K_REDUCE_MEAN;
 	ir->guards.recent = P(ir, recent);
 	ir->alloc.budget = B(ir, KVP_OP_MUL, P(ir, budget), S(ir, KVP_SIG_CONTEXT));
 	ir->alloc.budget_unit = KVP_UNIT_RATIO;
-	ir->alloc.layers = KVP_LAYERS_LINEAR;
+	ir->alloc.layers = K_LAYERS_LINEAR;
 	ir->alloc.from = N(ir, 0.8);
 	ir->alloc.to = N(ir, 1.2);
 	ir->trigger.kind = KVP_TRIG_OVER_BUDGET;
@@ -123,7 +123,7 @@ static struct kvp_ir *ir_caote_exact(void)
 	                          KVP_HIST_WHOLE, -1);
 	ir->score.expr = kvp_ir_caote(ir, L(6), KVP_CAOTE_EXACT, kvp_ir_stat_ref(ir, L(6), acc));
 	ir->score.loc = L(6);
-	ir->score.reduce = KVP_REDUCE_L2;
+	ir->score.reduce = K_REDUCE_L2;
 	ir->alloc.budget = P(ir, budget);
 	ir->alloc.loc = L(7);
 	ir->trigger.kind = KVP_TRIG_PREFILL_BLOCK;
@@ -139,7 +139,7 @@ static struct kvp_ir *ir_caote_knorm(void)
 	struct kvp_ir *ir = ir_new("caote_knorm", "ir/caote_knorm.kvp");
 	int budget = kvp_ir_add_param(ir, L(3), "budget", 64, KVP_UNIT_ENTRIES, "");
 	ir->score.expr = kvp_ir_caote(ir, L(4), KVP_CAOTE_EXACT, S(ir, KVP_SIG_KEY_NORM));
-	ir->score.reduce = KVP_REDUCE_MEAN;
+	ir->score.reduce = K_REDUCE_MEAN;
 	ir->alloc.budget = P(ir, budget);
 	ir->trigger.kind = KVP_TRIG_EVERY_STEP;
 	return ir;
@@ -164,16 +164,16 @@ static struct kvp_ir *ir_caote_mix(void)
 	ir->score.expr = kvp_ir_select(ir, L(7), B(ir, KVP_OP_GT, S(ir, KVP_SIG_SIZE), N(ir, 1)),
 	                               B(ir, KVP_OP_MUL, c, S(ir, KVP_SIG_VALUE_NORM)),
 	                               B(ir, KVP_OP_ADD, c, kd));
-	ir->score.reduce = KVP_REDUCE_MAX;
+	ir->score.reduce = K_REDUCE_MAX;
 	ir->guards.sinks = N(ir, 4);
 	kvp_ir_add_span(ir, "system");
 	kvp_ir_add_span(ir, "cit\"*/ations\\?\?=");
 	ir->alloc.budget = P(ir, budget);
-	ir->alloc.layers = KVP_LAYERS_LIST;
+	ir->alloc.layers = K_LAYERS_LIST;
 	double m[3] = { 1, 2, 3 };
 	kvp_ir_set_list(ir, m, 3);
-	ir->alloc.heads = KVP_HEADS_ADAPTIVE;
-	ir->action.kind = KVP_ACT_SPLIT;
+	ir->alloc.heads = K_HEADS_ADAPTIVE;
+	ir->action.kind = K_ACT_SPLIT;
 	ir->action.run = N(ir, 8);
 	ir->action.floor = N(ir, 2);
 	ir->trigger.kind = KVP_TRIG_PREFILL_BLOCK;
@@ -528,7 +528,7 @@ START_TEST(checker_rejects)
 	ir_delete(ir);
 	/* per-query-head score with reduce NONE */
 	ir = ir_h2o();
-	ir->score.reduce = KVP_REDUCE_NONE;
+	ir->score.reduce = K_REDUCE_NONE;
 	ck_assert_int_eq(check_count(ir), 1);
 	ir_delete(ir);
 	/* ring window from a param */
@@ -737,8 +737,8 @@ static struct kvp_ir *ir_random(int seed)
 		kvp_ir_add_stat(ir, L(6 + i), sn, kind, arg, alpha, hist, win);
 	}
 	ir->score.expr = rnd(5) ? rnd_expr(ir, KVP_CTX_SCORE, 0) : -1;
-	ir->score.reduce = (enum kvp_ir_reduce)rnd(3);
-	ir->score.pool = (enum kvp_ir_pool)rnd(3);
+	ir->score.reduce = (enum k_reduce)rnd(3);
+	ir->score.pool = (enum k_pool)rnd(3);
 	ir->score.kernel = N(ir, 1 + 2 * rnd(4));
 	ir->score.pool_before_reduce = (int)rnd(2);
 	ir->trigger.kind = (enum kvp_ir_trigger)rnd(6);
@@ -748,18 +748,18 @@ static struct kvp_ir *ir_random(int seed)
 	rnd_no_budget = 1;
 	ir->alloc.budget = rnd_expr(ir, KVP_CTX_SCALAR, 1);
 	rnd_no_budget = 0;
-	ir->alloc.layers = (enum kvp_ir_layers)rnd(5);
+	ir->alloc.layers = (enum k_layers)rnd(5);
 	ir->alloc.beta = rnd(2) ? N(ir, 20) : -1;
 	ir->alloc.from = N(ir, 0.5);
 	ir->alloc.to = rnd_expr(ir, KVP_CTX_SCALAR, 2);
 	double m[2] = { 1, 2 };
 	kvp_ir_set_list(ir, m, 2);
-	ir->alloc.heads = (enum kvp_ir_heads)rnd(3);
+	ir->alloc.heads = (enum k_heads)rnd(3);
 	ir->alloc.floor = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
-	ir->action.kind = ir->alloc.heads == KVP_HEADS_EACH ? (enum kvp_ir_action)rnd(3) : KVP_ACT_EVICT;
+	ir->action.kind = ir->alloc.heads == K_HEADS_EACH ? (enum k_act)rnd(3) : K_ACT_EVICT;
 	ir->action.run = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
 	ir->action.floor = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
-	ir->score.over_layer = ir->alloc.heads == KVP_HEADS_EACH && ir->action.kind == KVP_ACT_EVICT ?
+	ir->score.over_layer = ir->alloc.heads == K_HEADS_EACH && ir->action.kind == K_ACT_EVICT ?
 	                       (int)rnd(2) : 0;
 	ir->guards.sinks = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
 	ir->guards.recent = rnd(2) ? rnd_expr(ir, KVP_CTX_SCALAR, 2) : -1;
@@ -892,8 +892,8 @@ START_TEST(random_ir_compiles)
 		struct kvp_ir *ir = ir_random(seed);
 		/* random reduce NONE with a per-query-head score is the one invalid draw */
 		if (ir->score.expr >= 0 && kvp_ir_expr_per_qhead(ir, ir->score.expr) &&
-		    ir->score.reduce == KVP_REDUCE_NONE)
-			ir->score.reduce = KVP_REDUCE_MEAN;
+		    ir->score.reduce == K_REDUCE_NONE)
+			ir->score.reduce = K_REDUCE_MEAN;
 		int nd = 0;
 		ck_assert_msg(kvp_ir_check(ir, diag_print, &nd) == 0, "random IR %d rejected", seed);
 		char *src = emit_str(ir, seed % 2, "random.c");

@@ -426,11 +426,11 @@ START_TEST(test_lower_h2o)
 	ck_assert_int_eq(ir.stats[0].hist, KVP_HIST_WHOLE);
 	expect_signal(&ir, ir.stats[0].arg, KVP_SIG_ATTN);
 	ck_assert_int_eq(node(&ir, ir.score.expr)->op, KVP_OP_STAT);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_SUM);
-	ck_assert_int_eq(ir.score.pool, KVP_POOL_NONE);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_SUM);
+	ck_assert_int_eq(ir.score.pool, K_POOL_NONE);
 	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_EVERY_STEP);
 	ck_assert_int_eq(ir.trigger.target, -1);
-	ck_assert_int_eq(ir.action.kind, KVP_ACT_EVICT);
+	ck_assert_int_eq(ir.action.kind, K_ACT_EVICT);
 	ck_assert_int_eq(ir.positions, KVP_POS_ORIGINAL);
 	kvp_ir_free(&ir);
 }
@@ -443,26 +443,26 @@ START_TEST(test_lower_snapkv_family)
 	ck_assert_int_eq(ir.stats[0].hist, KVP_HIST_PROMPT_TAIL);
 	expect_param(&ir, ir.stats[0].window, 1);
 	ck_assert_int_eq(ir.params[1].unit, KVP_UNIT_TOKENS);
-	ck_assert_int_eq(ir.score.pool, KVP_POOL_MAX);
+	ck_assert_int_eq(ir.score.pool, K_POOL_MAX);
 	expect_fold(&ir, ir.score.kernel, 7);
 	ck_assert_int_eq(ir.score.pool_before_reduce, 1);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_MEAN);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_MEAN);
 	expect_param(&ir, ir.guards.recent, 1); /* tokens: no context factor */
 	expect_param(&ir, ir.alloc.budget, 0);
 	ck_assert_int_eq(ir.alloc.budget_unit, KVP_UNIT_ENTRIES);
 	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_PROMPT_END);
-	ck_assert_int_eq(ir.alloc.layers, KVP_LAYERS_UNIFORM);
+	ck_assert_int_eq(ir.alloc.layers, K_LAYERS_UNIFORM);
 	kvp_ir_free(&ir);
 
 	compile_file("policies/pyramidkv.kvp", &ir);
-	ck_assert_int_eq(ir.alloc.layers, KVP_LAYERS_PYRAMID);
+	ck_assert_int_eq(ir.alloc.layers, K_LAYERS_PYRAMID);
 	expect_param(&ir, ir.alloc.beta, 2);
 	ck_assert_double_eq(ir.params[2].def, 20);
 	ck_assert_int_eq(ir.score.pool_before_reduce, 0); /* group = mean before pool */
 	kvp_ir_free(&ir);
 
 	compile_file("policies/adakv_snapkv.kvp", &ir);
-	ck_assert_int_eq(ir.alloc.heads, KVP_HEADS_ADAPTIVE);
+	ck_assert_int_eq(ir.alloc.heads, K_HEADS_ADAPTIVE);
 	expect_param(&ir, ir.alloc.floor, 2);
 	ck_assert_double_eq_tol(ir.params[2].def, 0.2, 1e-15);
 	kvp_ir_free(&ir);
@@ -486,7 +486,7 @@ START_TEST(test_lower_scissorhands)
 	expect_signal(&ir, node(&ir, c->b)->b, KVP_SIG_SEEN);
 	/* score = -low */
 	ck_assert_int_eq(node(&ir, ir.score.expr)->op, KVP_OP_NEG);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_MEAN);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_MEAN);
 	/* when entries > budget to left * budget; budget = capacity * context */
 	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_OVER_BUDGET);
 	const struct kvp_ir_expr *th = node(&ir, ir.trigger.threshold);
@@ -500,7 +500,7 @@ START_TEST(test_lower_scissorhands)
 	ck_assert_int_eq(node(&ir, tg->b)->op, KVP_OP_MUL);
 	expect_param(&ir, ir.guards.recent, 1);
 	/* the funnel: a linear ramp 0.5 .. 1.5 over the layers */
-	ck_assert_int_eq(ir.alloc.layers, KVP_LAYERS_LINEAR);
+	ck_assert_int_eq(ir.alloc.layers, K_LAYERS_LINEAR);
 	expect_fold(&ir, ir.alloc.from, 0.5);
 	expect_fold(&ir, ir.alloc.to, 1.5);
 	kvp_ir_free(&ir);
@@ -514,7 +514,7 @@ START_TEST(test_lower_position_rules)
 	ck_assert_int_eq(ir.positions, KVP_POS_COMPACTED);
 	/* newest first beyond the guards, so a ratio budget above S + R widens the window */
 	expect_signal(&ir, ir.score.expr, KVP_SIG_POS);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_NONE);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_NONE);
 	expect_param(&ir, ir.guards.sinks, 0);
 	expect_param(&ir, ir.guards.recent, 1);
 	ck_assert_int_eq(node(&ir, ir.alloc.budget)->op, KVP_OP_ADD);
@@ -524,7 +524,7 @@ START_TEST(test_lower_position_rules)
 
 	compile_file("policies/sliding_window.kvp", &ir);
 	expect_signal(&ir, ir.score.expr, KVP_SIG_POS);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_NONE);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_NONE);
 	kvp_ir_free(&ir);
 
 	/* a policy without compress keeps everything; "full" itself is the runtime's */
@@ -539,13 +539,13 @@ START_TEST(test_lower_position_rules)
 	compile_file("policies/tova.kvp", &ir);
 	ck_assert_int_eq(ir.score.over_layer, 1);
 	ck_assert_int_eq(ir.stats[0].kind, KVP_STAT_LAST);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_MEAN);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_MEAN);
 	kvp_ir_free(&ir);
 
 	compile_file("policies/knorm.kvp", &ir);
 	ck_assert_int_eq(node(&ir, ir.score.expr)->op, KVP_OP_NEG);
 	expect_signal(&ir, node(&ir, ir.score.expr)->a, KVP_SIG_KEY_NORM);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_NONE);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_NONE);
 	kvp_ir_free(&ir);
 
 	compile_file("policies/keydiff.kvp", &ir);
@@ -567,7 +567,7 @@ START_TEST(test_lower_tiers)
 	compile_file("policies/kivi_q4.kvp", &ir);
 	ck_assert_int_eq(ir.tiers.n, 1);
 	ck_assert_int_eq(ir.tiers.tier[0], 2); /* RT_KV_TIER_Q4 */
-	ck_assert_int_eq(ir.tiers.shares, 1);
+	ck_assert_int_eq(ir.tiers.kind, K_TIERS_SHARES);
 	ck_assert(ir.tiers.cum[0] == 1);
 	ck_assert_int_eq(ir.alloc.budget_bytes, 0);
 	expect_param(&ir, ir.guards.recent, 0);
@@ -586,7 +586,7 @@ START_TEST(test_lower_tiers)
 	ck_assert_int_eq(ir.tiers.n, 3); /* f16, q8, q4: no 2-bit tier (measured, the file) */
 	for (int j = 0; j < 3; j++)
 		ck_assert_int_eq(ir.tiers.tier[j], j);
-	ck_assert_int_eq(ir.tiers.shares, 0);
+	ck_assert_int_eq(ir.tiers.kind, K_TIERS_UTILITY);
 	ck_assert_int_eq(ir.alloc.budget_bytes, 1);
 	ck_assert_int_eq(ir.alloc.budget_unit, KVP_UNIT_RATIO);
 	const struct kvp_ir_expr *b = node(&ir, ir.alloc.budget);
@@ -602,16 +602,16 @@ START_TEST(test_lower_tiers)
 	compile_file("policies/snapkv_tiers.kvp", &ir);
 	ck_assert_int_eq(ir.stats[0].hist, KVP_HIST_PROMPT_TAIL);
 	expect_param(&ir, ir.stats[0].window, 2);
-	ck_assert_int_eq(ir.score.pool, KVP_POOL_MAX);
+	ck_assert_int_eq(ir.score.pool, K_POOL_MAX);
 	expect_fold(&ir, ir.score.kernel, 7);
 	ck_assert_int_eq(ir.score.pool_before_reduce, 1);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_MEAN);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_MEAN);
 	expect_param(&ir, ir.guards.sinks, 1);
 	expect_param(&ir, ir.guards.recent, 2);
 	ck_assert_int_eq(ir.tiers.n, 3);
 	for (int j = 0; j < 3; j++)
 		ck_assert_int_eq(ir.tiers.tier[j], j);
-	ck_assert_int_eq(ir.tiers.shares, 0);
+	ck_assert_int_eq(ir.tiers.kind, K_TIERS_UTILITY);
 	ck_assert_int_eq(ir.alloc.budget_bytes, 1);
 	b = node(&ir, ir.alloc.budget);
 	ck_assert_int_eq(b->op, KVP_OP_MUL);
@@ -649,7 +649,7 @@ START_TEST(test_lower_caote_gracekv)
 	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_PREFILL_BLOCK);
 	ck_assert_int_eq(ir.trigger.prompt_only, 0); /* `per block`: decoding too */
 	expect_param(&ir, ir.trigger.n, 2);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_L2); /* CAOTE's GQA rule */
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_L2); /* CAOTE's GQA rule */
 	ck_assert_uint_eq(ir.needs & KVP_NEED_OUT, KVP_NEED_OUT);
 	kvp_ir_free(&ir);
 
@@ -657,13 +657,13 @@ START_TEST(test_lower_caote_gracekv)
 	compile_file("policies/caote_fast_h2o.kvp", &ir);
 	s = node(&ir, ir.score.expr);
 	ck_assert_int_eq(s->mode, KVP_CAOTE_FAST);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_L2);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_L2);
 	ck_assert_uint_eq(ir.needs & KVP_NEED_OUT, 0);
 	kvp_ir_free(&ir);
 
 	/* over TOVA: l2 over the layer */
 	compile_file("policies/caote_tova.kvp", &ir);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_L2);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_L2);
 	ck_assert_int_eq(ir.score.over_layer, 1);
 	kvp_ir_free(&ir);
 
@@ -672,10 +672,10 @@ START_TEST(test_lower_caote_gracekv)
 	ck_assert_int_eq(s->op, KVP_OP_NORMALIZE);
 	ck_assert_int_eq(node(&ir, s->a)->op, KVP_OP_STAT);
 	ck_assert_int_eq(ir.stats[0].hist, KVP_HIST_PROMPT_TAIL);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_SUM);
-	ck_assert_int_eq(ir.alloc.heads, KVP_HEADS_GLOBAL);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_SUM);
+	ck_assert_int_eq(ir.alloc.heads, K_HEADS_GLOBAL);
 	expect_fold(&ir, ir.alloc.floor, 0.8);
-	ck_assert_int_eq(ir.action.kind, KVP_ACT_SPLIT);
+	ck_assert_int_eq(ir.action.kind, K_ACT_SPLIT);
 	expect_fold(&ir, ir.action.run, 64);
 	expect_fold(&ir, ir.action.floor, 16);
 	/* GraceKV's values as policies/gracekv.kvp writes them */
@@ -702,14 +702,14 @@ START_TEST(test_lower_caote_gracekv)
 	kvp_ir_free(&ir);
 
 	compile_file(GOLDEN "/good/everything.kvp", &ir);
-	ck_assert_int_eq(ir.alloc.layers, KVP_LAYERS_LINEAR);
+	ck_assert_int_eq(ir.alloc.layers, K_LAYERS_LINEAR);
 	expect_fold(&ir, ir.alloc.from, 0.5);
 	expect_fold(&ir, ir.alloc.to, 1.5);
-	ck_assert_int_eq(ir.action.kind, KVP_ACT_MERGE);
+	ck_assert_int_eq(ir.action.kind, K_ACT_MERGE);
 	expect_fold(&ir, ir.action.run, 8);
-	ck_assert_int_eq(ir.score.pool, KVP_POOL_AVG);
+	ck_assert_int_eq(ir.score.pool, K_POOL_AVG);
 	ck_assert_int_eq(ir.score.pool_before_reduce, 0);
-	ck_assert_int_eq(ir.score.reduce, KVP_REDUCE_MAX);
+	ck_assert_int_eq(ir.score.reduce, K_REDUCE_MAX);
 	ck_assert_int_eq(ir.guards.protect_all_spans, 1);
 	ck_assert_int_eq(ir.positions, KVP_POS_COMPACTED);
 	ck_assert_int_eq(ir.n_stats, 6);
