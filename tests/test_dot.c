@@ -71,13 +71,16 @@ static void random_row(uint32_t t, uint8_t *w, int n)
 		switch (t) {
 		case RT_GGML_Q4_0: put_f16(p, urand(0.005f, 0.02f)); break;
 		case RT_GGML_Q4_1: put_f16(p, urand(0.005f, 0.02f)); put_f16(p + 2, urand(-0.1f, 0.0f)); break;
+		case RT_GGML_Q5_0: put_f16(p, urand(0.003f, 0.01f)); break;
+		case RT_GGML_Q5_1: put_f16(p, urand(0.003f, 0.01f)); put_f16(p + 2, urand(-0.1f, 0.0f)); break;
 		case RT_GGML_Q8_0:
 			put_f16(p, urand(0.0005f, 0.002f));
 			for (int j = 0; j < 32; j++)
 				if (p[2 + j] == 0x80)
 					p[2 + j] = 0x81; /* ggml's encoder never writes -128 */
 			break;
-		case RT_GGML_Q4_K: put_f16(p, urand(0.0002f, 0.001f)); put_f16(p + 2, urand(0.0002f, 0.002f)); break;
+		case RT_GGML_Q4_K:
+		case RT_GGML_Q5_K: put_f16(p, urand(0.0002f, 0.001f)); put_f16(p + 2, urand(0.0002f, 0.002f)); break;
 		case RT_GGML_Q6_K: put_f16(p + 208, urand(0.0001f, 0.0005f)); break;
 		default: break;
 		}
@@ -92,16 +95,23 @@ static void random_row(uint32_t t, uint8_t *w, int n)
 		}
 }
 
-static const uint32_t types[] = { RT_GGML_Q4_0, RT_GGML_Q4_1, RT_GGML_Q8_0, RT_GGML_Q4_K,
-	                          RT_GGML_Q6_K, RT_GGML_F16, RT_GGML_F32 };
+static const uint32_t types[] = { RT_GGML_Q4_0, RT_GGML_Q4_1, RT_GGML_Q5_0, RT_GGML_Q5_1,
+	                          RT_GGML_Q8_0, RT_GGML_Q4_K, RT_GGML_Q5_K, RT_GGML_Q6_K,
+	                          RT_GGML_F16, RT_GGML_F32 };
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
+
+/* 1 for the 256-value super-block types */
+static int is_k(uint32_t t)
+{
+	return t == RT_GGML_Q4_K || t == RT_GGML_Q5_K || t == RT_GGML_Q6_K;
+}
 
 /* row lengths: several blocks, an odd number of 32-blocks (the 512-bit tail), K sizes */
 static int len_for(uint32_t t, int k)
 {
 	static const int legacy[] = { 32, 96, 576, 1536 }, kq[] = { 256, 512, 1536, 2304 },
 	                 flt[] = { 7, 77, 576, 1537 };
-	if (t == RT_GGML_Q4_K || t == RT_GGML_Q6_K)
+	if (is_k(t))
 		return kq[k];
 	if (t == RT_GGML_F16 || t == RT_GGML_F32)
 		return flt[k];
@@ -280,7 +290,7 @@ END_TEST
 
 START_TEST(test_unsupported)
 {
-	ck_assert_ptr_null(rt_dot_kernel_get(RT_GGML_Q5_K, RT_ISA_SCALAR));
+	ck_assert_ptr_null(rt_dot_kernel_get(RT_GGML_Q2_K, RT_ISA_SCALAR));
 	ck_assert_uint_eq(rt_dot_act_bytes(RT_GGML_Q4_1, 33), 0);
 	ck_assert_uint_eq(rt_dot_act_bytes(RT_GGML_Q4_K, 288), 0);
 }
@@ -340,7 +350,7 @@ START_TEST(test_matmul_threads_and_reference)
 {
 	const uint32_t t = types[_i];
 	g_rng = 99 + (uint32_t)_i;
-	const int in = (t == RT_GGML_Q4_K || t == RT_GGML_Q6_K) ? 512 : 96, out = 150;
+	const int in = is_k(t) ? 512 : 96, out = 150;
 	const size_t rb = rt_quant_row_bytes(t, in);
 	uint8_t *w = malloc(rb * out);
 	float *wf = malloc(sizeof(float) * (size_t)in * out);
@@ -394,7 +404,7 @@ START_TEST(test_matmul_segments_alone)
 {
 	const uint32_t t = types[_i];
 	g_rng = 7 + (uint32_t)_i;
-	const int in = (t == RT_GGML_Q4_K || t == RT_GGML_Q6_K) ? 512 : 96, out = 150;
+	const int in = is_k(t) ? 512 : 96, out = 150;
 	static const int len[] = { 3, 20, 1, 17 };
 	enum { NSEG = 4, C = 41 };
 	const size_t rb = rt_quant_row_bytes(t, in);

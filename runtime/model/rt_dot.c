@@ -3,7 +3,7 @@
  * activation quantisers; see rt_dot.h for the formats and the maths. Block layouts of the
  * weights are those of ggml-common.h (the same as rt_quant.c decodes). Weight blocks are
  * read with unaligned loads: GGUF tensor data is only 32-byte aligned as a whole and the
- * blocks are 18, 20, 34, 144 or 210 bytes long.
+ * blocks are 18, 20, 22, 24, 34, 144, 176 or 210 bytes long.
  */
 #include "model/rt_dot.h"
 
@@ -51,9 +51,12 @@ size_t rt_dot_act_bytes(uint32_t wtype, int n)
 	switch (wtype) {
 	case RT_GGML_Q4_0:
 	case RT_GGML_Q4_1:
+	case RT_GGML_Q5_0:
+	case RT_GGML_Q5_1:
 	case RT_GGML_Q8_0:
 		return n % QK ? 0 : align64(q8b_codes_off(n) + (size_t)n);
 	case RT_GGML_Q4_K:
+	case RT_GGML_Q5_K:
 	case RT_GGML_Q6_K:
 		return n % QK_K ? 0 : align64(q8k_codes_off(n) + (size_t)n + (size_t)n / 16 * 2);
 	case RT_GGML_F16:
@@ -201,6 +204,50 @@ static float dot_q4_1_scalar(const void *wv, const void *xa, int n)
 	return sum;
 }
 
+static inline uint32_t ld_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* Σ_j code_j·q_j over a Q5_0/Q5_1 block: code j (0..31) is nibble j of qs (the low
+ * nibbles are values 0..15, the high ones 16..31) with bit j of qh as its 5th bit */
+static inline int q5_isum(const uint8_t *qs, uint32_t qh, const int8_t *q)
+{
+	int isum = 0;
+	for (int j = 0; j < QK / 2; j++) {
+		const int lo = (qs[j] & 0x0F) | (int)(((qh >> j) & 1) << 4);
+		const int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+		isum += lo * q[j] + hi * q[j + QK / 2];
+	}
+	return isum;
+}
+
+/* Q5_0, 22 bytes (d f16, qh u32, qs[16]): dw·(dx·Σ code·qx - 16·sx) */
+static float dot_q5_0_scalar(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa, *s = d + nb;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	float sum = 0.0f;
+	for (int b = 0; b < nb; b++, w += 22, q += QK)
+		sum += ld_f16(w) * (d[b] * (float)q5_isum(w + 6, ld_u32(w + 2), q) - 16.0f * s[b]);
+	return sum;
+}
+
+/* Q5_1, 24 bytes (d f16, m f16, qh u32, qs[16]): dw·dx·Σ code·qx + mw·sx */
+static float dot_q5_1_scalar(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa, *s = d + nb;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	float sum = 0.0f;
+	for (int b = 0; b < nb; b++, w += 24, q += QK)
+		sum += ld_f16(w) * d[b] * (float)q5_isum(w + 8, ld_u32(w + 4), q) + ld_f16(w + 2) * s[b];
+	return sum;
+}
+
 static float dot_q8_0_scalar(const void *wv, const void *xa, int n)
 {
 	const uint8_t *w = wv;
@@ -260,6 +307,34 @@ static float dot_q4_k_scalar(const void *wv, const void *xa, int n)
 			for (int l = 0; l < 32; l++) {
 				lo += (qs[32 * k + l] & 0x0F) * q[64 * k + l];
 				hi += (qs[32 * k + l] >> 4) * q[64 * k + 32 + l];
+			}
+			isum += sc[2 * k] * lo + sc[2 * k + 1] * hi;
+		}
+		sum += ld_f16(w) * d[b] * (float)isum - ld_f16(w + 2) * d[b] * (float)summ;
+	}
+	return sum;
+}
+
+/* Q5_K, 176 bytes (d, dmin, scales[12], qh[32], qs[128]): Q4_K's sums with the 5th bit of
+ * value 64k + l (low nibble) at bit 2k of qh[l], of value 64k + 32 + l at bit 2k + 1 */
+static float dot_q5_k_scalar(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK_K;
+	const float *d = xa;
+	const int8_t *q = (const int8_t *)xa + q8k_codes_off(n);
+	const int16_t *bs = (const int16_t *)(q + n);
+	float sum = 0.0f;
+	for (int b = 0; b < nb; b++, w += 176, q += QK_K, bs += 16) {
+		int sc[8];
+		const int summ = q4k_scales(w + 4, bs, sc);
+		const uint8_t *qh = w + 16, *qs = w + 48;
+		int isum = 0;
+		for (int k = 0; k < 4; k++) {
+			int lo = 0, hi = 0;
+			for (int l = 0; l < 32; l++) {
+				lo += ((qs[32 * k + l] & 0x0F) | (((qh[l] >> (2 * k)) & 1) << 4)) * q[64 * k + l];
+				hi += ((qs[32 * k + l] >> 4) | (((qh[l] >> (2 * k + 1)) & 1) << 4)) * q[64 * k + 32 + l];
 			}
 			isum += sc[2 * k] * lo + sc[2 * k + 1] * hi;
 		}
@@ -417,6 +492,59 @@ AVX2_ATTR static float dot_q4_1_avx2(const void *wv, const void *xa, int n)
 	return hsum256(acc) + mins;
 }
 
+/* the 32 bits of qh as bytes: 0xFF where bit j is set (ggml's bytes_from_bits_32) */
+AVX2_ATTR static inline __m256i bits_avx2(uint32_t qh)
+{
+	const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+	                                       0x0101010101010101, 0x0000000000000000);
+	const __m256i bytes = _mm256_or_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), shuf),
+	                                      _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+	return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+/* the 32 5-bit codes of a Q5_0/Q5_1 block as bytes, in value order */
+AVX2_ATTR static inline __m256i q5_codes_avx2(const uint8_t *qs, uint32_t qh)
+{
+	return _mm256_or_si256(nibbles_avx2(qs), _mm256_and_si256(bits_avx2(qh), _mm256_set1_epi8(0x10)));
+}
+
+AVX2_ATTR static float dot_q5_0_avx2(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa, *s = d + nb;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	__m256 acc = _mm256_setzero_ps();
+	float corr = 0.0f;
+	for (int b = 0; b < nb; b++, w += 22) {
+		prefetch_ahead(w);
+		const __m256i y = _mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK));
+		const __m256i p = dot_u8s8_avx2(q5_codes_avx2(w + 6, ld_u32(w + 2)), y);
+		const float dw = f16_avx2(w);
+		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * d[b]), acc);
+		corr += dw * s[b];
+	}
+	return hsum256(acc) - 16.0f * corr;
+}
+
+AVX2_ATTR static float dot_q5_1_avx2(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const float *d = xa, *s = d + nb;
+	const int8_t *q = (const int8_t *)xa + q8b_codes_off(n);
+	__m256 acc = _mm256_setzero_ps();
+	float mins = 0.0f;
+	for (int b = 0; b < nb; b++, w += 24) {
+		prefetch_ahead(w);
+		const __m256i y = _mm256_loadu_si256((const __m256i *)(q + (size_t)b * QK));
+		const __m256i p = dot_u8s8_avx2(q5_codes_avx2(w + 8, ld_u32(w + 4)), y);
+		acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16_avx2(w) * d[b]), acc);
+		mins += f16_avx2(w + 2) * s[b];
+	}
+	return hsum256(acc) + mins;
+}
+
 AVX2_ATTR static float dot_q8_0_avx2(const void *wv, const void *xa, int n)
 {
 	const uint8_t *w = wv;
@@ -451,6 +579,41 @@ AVX2_ATTR static float dot_q4_k_avx2(const void *wv, const void *xa, int n)
 			const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + 16 + 32 * k));
 			const __m256i lo = _mm256_and_si256(raw, m4);
 			const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+			const __m256i y0 = _mm256_loadu_si256((const __m256i *)(q + 64 * k));
+			const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q + 64 * k + 32));
+			const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0),
+			                                     _mm256_set1_epi16((short)sc[2 * k]));
+			const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1),
+			                                     _mm256_set1_epi16((short)sc[2 * k + 1]));
+			acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+		}
+		sum += f16_avx2(w) * d[b] * (float)hsum256_i32(acc) - f16_avx2(w + 2) * d[b] * (float)summ;
+	}
+	return sum;
+}
+
+AVX2_ATTR static float dot_q5_k_avx2(const void *wv, const void *xa, int n)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK_K;
+	const float *d = xa;
+	const int8_t *q = (const int8_t *)xa + q8k_codes_off(n);
+	const int16_t *bs = (const int16_t *)(q + n);
+	const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+	float sum = 0.0f;
+	for (int b = 0; b < nb; b++, w += 176, q += QK_K, bs += 16) {
+		int sc[8];
+		const int summ = q4k_scales(w + 4, bs, sc);
+		const __m256i hb = _mm256_loadu_si256((const __m256i *)(w + 16));
+		__m256i acc = _mm256_setzero_si256();
+		for (int k = 0; k < 4; k++) {
+			const __m256i raw = _mm256_loadu_si256((const __m256i *)(w + 48 + 32 * k));
+			/* bit 2k (2k + 1) of each qh byte moved to bit 4: the shift stays below 8, so
+			 * no bit of the neighbouring byte reaches bit 0 before the mask */
+			const __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * k), one), 4);
+			const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2 * k + 1), one), 4);
+			const __m256i lo = _mm256_or_si256(_mm256_and_si256(raw, m4), h0);
+			const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4), h1);
 			const __m256i y0 = _mm256_loadu_si256((const __m256i *)(q + 64 * k));
 			const __m256i y1 = _mm256_loadu_si256((const __m256i *)(q + 64 * k + 32));
 			const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0),
@@ -812,12 +975,21 @@ static const rt_dot_kernel kernels[][3] = {
 	{ { RT_GGML_Q4_1, QK, RT_ISA_SCALAR, quant_q8b, dot_q4_1_scalar },
 	  { RT_GGML_Q4_1, QK, RT_ISA_AVX2, quant_q8b, dot_q4_1_avx2 },
 	  { RT_GGML_Q4_1, QK, RT_ISA_AVX512, quant_q8b_avx512, dot_q4_1_avx512, rows_q4_1_avx512 } },
+	{ { RT_GGML_Q5_0, QK, RT_ISA_SCALAR, quant_q8b, dot_q5_0_scalar },
+	  { RT_GGML_Q5_0, QK, RT_ISA_AVX2, quant_q8b, dot_q5_0_avx2 },
+	  { RT_GGML_Q5_0, QK, RT_ISA_AVX512, quant_q8b_avx512, dot_q5_0_avx2 } },
+	{ { RT_GGML_Q5_1, QK, RT_ISA_SCALAR, quant_q8b, dot_q5_1_scalar },
+	  { RT_GGML_Q5_1, QK, RT_ISA_AVX2, quant_q8b, dot_q5_1_avx2 },
+	  { RT_GGML_Q5_1, QK, RT_ISA_AVX512, quant_q8b_avx512, dot_q5_1_avx2 } },
 	{ { RT_GGML_Q8_0, QK, RT_ISA_SCALAR, quant_q8b, dot_q8_0_scalar },
 	  { RT_GGML_Q8_0, QK, RT_ISA_AVX2, quant_q8b, dot_q8_0_avx2 },
 	  { RT_GGML_Q8_0, QK, RT_ISA_AVX512, quant_q8b_avx512, dot_q8_0_avx512, rows_q8_0_avx512 } },
 	{ { RT_GGML_Q4_K, QK_K, RT_ISA_SCALAR, quant_q8k, dot_q4_k_scalar },
 	  { RT_GGML_Q4_K, QK_K, RT_ISA_AVX2, quant_q8k, dot_q4_k_avx2 },
 	  { RT_GGML_Q4_K, QK_K, RT_ISA_AVX512, quant_q8k, dot_q4_k_avx2 } },
+	{ { RT_GGML_Q5_K, QK_K, RT_ISA_SCALAR, quant_q8k, dot_q5_k_scalar },
+	  { RT_GGML_Q5_K, QK_K, RT_ISA_AVX2, quant_q8k, dot_q5_k_avx2 },
+	  { RT_GGML_Q5_K, QK_K, RT_ISA_AVX512, quant_q8k, dot_q5_k_avx2 } },
 	{ { RT_GGML_Q6_K, QK_K, RT_ISA_SCALAR, quant_q8k, dot_q6_k_scalar },
 	  { RT_GGML_Q6_K, QK_K, RT_ISA_AVX2, quant_q8k, dot_q6_k_avx2 },
 	  { RT_GGML_Q6_K, QK_K, RT_ISA_AVX512, quant_q8k, dot_q6_k_avx2 } },

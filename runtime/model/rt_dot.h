@@ -9,8 +9,11 @@
  *   weight type   activation blocks      per-block product (d = scale, q = 8-bit code)
  *   Q4_0          Q8_0 (32)              dw·dx · Σ (nib - 8)·qx
  *   Q4_1          Q8_1 (32, with s)      dw·dx · Σ nib·qx + mw·sx,   sx = dx·Σ qx
+ *   Q5_0          Q8_0 (32, with s)      dw·(dx · Σ code·qx - 16·sx)  (code: 5 bits)
+ *   Q5_1          Q8_1 (32, with s)      dw·dx · Σ code·qx + mw·sx
  *   Q8_0          Q8_0 (32)              dw·dx · Σ qw·qx
  *   Q4_K          Q8_K (256, bsums)      d·dx · Σ_j sc_j Σ nib·qx - dmin·dx · Σ_j m_j·bsum_j
+ *   Q5_K          Q8_K (256, bsums)      as Q4_K with 5-bit codes
  *   Q6_K          Q8_K (256, bsums)      d·dx · Σ_g sc_g (Σ q6·qx - 32·bsum_g)
  *   F16, F32      none (x stays f32)     Σ w·x in f32
  * Activation codes are round(x / d) with d = max|x| / 127 over the block (Q8_K: d =
@@ -26,7 +29,7 @@
  * formats (Q4_0, Q4_1, Q8_0) and F16/F32 take 512-bit VNNI code (two blocks per step);
  * the legacy ones also have a rows kernel (up to RT_DOT_ROWS weight rows per call sharing
  * the activation loads, the weight scales gathered and converted 16 blocks at a time,
- * for decode's matrix-vector products); the K-quants (Q4_K, Q6_K) run their AVX2 code there. A CPU with AVX-512 but without
+ * for decode's matrix-vector products); Q5_0, Q5_1 and the K-quants (Q4_K, Q5_K, Q6_K) run their AVX2 code there. A CPU with AVX-512 but without
  * VNNI (Skylake-X) runs the AVX2 level. Integer block sums are exact in every version; the versions differ
  * only in the order of the f32 additions across blocks.
  */
@@ -73,7 +76,7 @@ typedef struct rt_dot_kernel {
 } rt_dot_kernel;
 
 /* The kernel for weights of type wtype at ISA level isa (clamped to rt_dot_isa_best()),
- * or NULL when wtype is not one of Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, F16, F32. The table is
+ * or NULL when wtype is not one of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, F32. The table is
  * static: the pointer stays valid for the process. */
 const rt_dot_kernel *rt_dot_kernel_get(uint32_t wtype, int isa);
 

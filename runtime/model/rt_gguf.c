@@ -44,32 +44,21 @@ struct rt_gguf {
 /* ---- ggml type table (ggml.c type_traits: blck_size, type_size) ------------------- */
 
 typedef struct ggml_type_info {
-	uint32_t type;
-	const char *name;
+	const char *name; /* NULL: an id ggml does not use */
 	uint32_t blck;
 	uint32_t size;
 } ggml_type_info;
 
-static const ggml_type_info type_info[] = {
-	{ 0, "F32", 1, 4 },       { 1, "F16", 1, 2 },       { 2, "Q4_0", 32, 18 },
-	{ 3, "Q4_1", 32, 20 },    { 6, "Q5_0", 32, 22 },    { 7, "Q5_1", 32, 24 },
-	{ 8, "Q8_0", 32, 34 },    { 9, "Q8_1", 32, 36 },    { 10, "Q2_K", 256, 84 },
-	{ 11, "Q3_K", 256, 110 }, { 12, "Q4_K", 256, 144 }, { 13, "Q5_K", 256, 176 },
-	{ 14, "Q6_K", 256, 210 }, { 15, "Q8_K", 256, 292 }, { 16, "IQ2_XXS", 256, 66 },
-	{ 17, "IQ2_XS", 256, 74 }, { 18, "IQ3_XXS", 256, 98 }, { 19, "IQ1_S", 256, 50 },
-	{ 20, "IQ4_NL", 32, 18 }, { 21, "IQ3_S", 256, 110 }, { 22, "IQ2_S", 256, 82 },
-	{ 23, "IQ4_XS", 256, 136 }, { 24, "I8", 1, 1 },     { 25, "I16", 1, 2 },
-	{ 26, "I32", 1, 4 },      { 27, "I64", 1, 8 },      { 28, "F64", 1, 8 },
-	{ 29, "IQ1_M", 256, 56 }, { 30, "BF16", 1, 2 },     { 34, "TQ1_0", 256, 54 },
-	{ 35, "TQ2_0", 256, 66 },
+/* indexed by the type id (designated rows of RT_GGML_TYPES) */
+static const ggml_type_info type_info[RT_GGML_N_TYPE] = {
+#define RT_GGML_ROW(nm, id, b, bytes) [id] = { #nm, b, bytes },
+	RT_GGML_TYPES(RT_GGML_ROW)
+#undef RT_GGML_ROW
 };
 
 static const ggml_type_info *type_lookup(uint32_t type)
 {
-	for (size_t i = 0; i < sizeof type_info / sizeof type_info[0]; i++)
-		if (type_info[i].type == type)
-			return &type_info[i];
-	return NULL;
+	return type < RT_GGML_N_TYPE && type_info[type].name ? &type_info[type] : NULL;
 }
 
 const char *rt_ggml_type_name(uint32_t type)

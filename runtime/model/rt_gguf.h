@@ -16,23 +16,27 @@
 
 #include "base/rt_util.h"
 
+/* The ggml tensor types, one row each: X(name, id (ggml.h enum ggml_type), values per block,
+ * bytes per block (ggml.c type_traits blck_size, type_size)). The one table of the types:
+ * the enum below, rt_ggml_type_name and rt_ggml_type_size read it, and rt_quant takes its
+ * block geometry from rt_ggml_type_size. */
+#define RT_GGML_TYPES(X)                                                                \
+	X(F32, 0, 1, 4) X(F16, 1, 1, 2) X(Q4_0, 2, 32, 18) X(Q4_1, 3, 32, 20)           \
+	X(Q5_0, 6, 32, 22) X(Q5_1, 7, 32, 24) X(Q8_0, 8, 32, 34) X(Q8_1, 9, 32, 36)     \
+	X(Q2_K, 10, 256, 84) X(Q3_K, 11, 256, 110) X(Q4_K, 12, 256, 144)                \
+	X(Q5_K, 13, 256, 176) X(Q6_K, 14, 256, 210) X(Q8_K, 15, 256, 292)               \
+	X(IQ2_XXS, 16, 256, 66) X(IQ2_XS, 17, 256, 74) X(IQ3_XXS, 18, 256, 98)          \
+	X(IQ1_S, 19, 256, 50) X(IQ4_NL, 20, 32, 18) X(IQ3_S, 21, 256, 110)              \
+	X(IQ2_S, 22, 256, 82) X(IQ4_XS, 23, 256, 136) X(I8, 24, 1, 1) X(I16, 25, 1, 2)  \
+	X(I32, 26, 1, 4) X(I64, 27, 1, 8) X(F64, 28, 1, 8) X(IQ1_M, 29, 256, 56)        \
+	X(BF16, 30, 1, 2) X(TQ1_0, 34, 256, 54) X(TQ2_0, 35, 256, 66)
+
 /* ggml tensor type ids (ggml.h enum ggml_type). */
 enum rt_ggml_type {
-	RT_GGML_F32 = 0,
-	RT_GGML_F16 = 1,
-	RT_GGML_Q4_0 = 2,
-	RT_GGML_Q4_1 = 3,
-	RT_GGML_Q5_0 = 6,
-	RT_GGML_Q5_1 = 7,
-	RT_GGML_Q8_0 = 8,
-	RT_GGML_Q8_1 = 9,
-	RT_GGML_Q2_K = 10,
-	RT_GGML_Q3_K = 11,
-	RT_GGML_Q4_K = 12,
-	RT_GGML_Q5_K = 13,
-	RT_GGML_Q6_K = 14,
-	RT_GGML_Q8_K = 15,
-	RT_GGML_BF16 = 30,
+#define RT_GGML_ENUM(nm, id, blck, bytes) RT_GGML_##nm = id,
+	RT_GGML_TYPES(RT_GGML_ENUM)
+#undef RT_GGML_ENUM
+	RT_GGML_N_TYPE = 36 /* one past the largest id */
 };
 
 /* GGUF metadata value types (gguf.md). */

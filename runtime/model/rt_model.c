@@ -80,6 +80,7 @@ typedef struct want {
 	const rt_gguf_tensor *t;
 	rt_wmat *mat;        /* the fast path's view of a matrix, or NULL for a vector */
 	int raw;             /* 1: kept in its block type (qmem), 0: dequantised (mem) */
+	int neox;            /* 1: rows (vector: values) permuted by permute_neox */
 	size_t off;          /* floats from the start of mem, or bytes from the start of qmem */
 } want;
 
@@ -117,6 +118,28 @@ static int check_tensor(const rt_gguf *g, want *w, rt_err *err)
 	return 0;
 }
 
+/* NEOX RoPE as NORMAL mode: within each run of head_dim units (rows of a matrix, or
+ * values of a vector), unit i of the first n_rot goes to 2i and unit i + n_rot/2 to
+ * 2i + 1, so that rotating adjacent pairs turns the pairs (i, i + n_rot/2) that NEOX
+ * turns, by the same angle (rt_model.h). n_units a multiple of head_dim. */
+static int permute_neox(uint8_t *data, size_t unit, int64_t n_units, int head_dim, int n_rot)
+{
+	uint8_t *tmp = malloc(unit * (size_t)n_rot);
+	if (!tmp)
+		return -1;
+	const int half = n_rot / 2;
+	for (int64_t h = 0; h < n_units; h += head_dim) {
+		uint8_t *base = data + (size_t)h * unit;
+		for (int i = 0; i < half; i++) {
+			memcpy(tmp + (size_t)(2 * i) * unit, base + (size_t)i * unit, unit);
+			memcpy(tmp + (size_t)(2 * i + 1) * unit, base + (size_t)(i + half) * unit, unit);
+		}
+		memcpy(base, tmp, unit * (size_t)n_rot);
+	}
+	free(tmp);
+	return 0;
+}
+
 /* Copy (fast path, raw) or dequantise one checked tensor into the model, refusing a
  * non-finite weight, and set its pointer and its matrix view. */
 static int load_tensor(rt_model *m, want *w, const char *path, rt_err *err)
@@ -126,6 +149,8 @@ static int load_tensor(rt_model *m, want *w, const char *path, rt_err *err)
 	if (w->raw) {
 		uint8_t *dst = (uint8_t *)m->qmem + w->off;
 		memcpy(dst, w->t->data, (size_t)w->t->nbytes);
+		if (w->neox && permute_neox(dst, rb, rows, m->hp.head_dim, m->hp.n_rot) < 0)
+			return rt_err_set(err, "%s: out of memory", path);
 		/* the finiteness check decodes the rows a slice at a time */
 		float *tmp = malloc((size_t)w->ne0 * 64 * sizeof(float));
 		if (!tmp)
@@ -150,6 +175,10 @@ static int load_tensor(rt_model *m, want *w, const char *path, rt_err *err)
 	if (rt_dequant(w->t->type, w->t->data, dst, n) < 0)
 		return rt_err_set(err, "%s: tensor '%s': cannot decode type %s", path, w->name,
 		                  rt_ggml_type_name(w->t->type));
+	/* a matrix's units are its rows, a vector's its values */
+	if (w->neox && permute_neox((uint8_t *)dst, w->ne1 ? (size_t)w->ne0 * sizeof(float) : sizeof(float),
+	                            w->ne1 ? rows : w->ne0, m->hp.head_dim, m->hp.n_rot) < 0)
+		return rt_err_set(err, "%s: out of memory", path);
 	for (int64_t j = 0; j < n; j++)
 		if (!isfinite(dst[j]))
 			return rt_err_set(err, "%s: tensor '%s' holds a non-finite value at element %lld",
@@ -161,16 +190,114 @@ static int load_tensor(rt_model *m, want *w, const char *path, rt_err *err)
 	return 0;
 }
 
-static int read_hparams(const rt_gguf *g, rt_model_hparams *hp, uint32_t *file_type, rt_err *err)
+static const rt_arch_info arch_rows[RT_ARCH_N] = {
+#define RT_ARCH_ROW(e, nm, bias, qk_norm, post_norm, gelu, embd_scale, neox, swa) \
+	[RT_ARCH_##e] = { nm, bias, qk_norm, post_norm, gelu, embd_scale, neox, swa },
+	RT_ARCHS(RT_ARCH_ROW)
+#undef RT_ARCH_ROW
+};
+
+const rt_arch_info *rt_arch_get(enum rt_arch arch)
 {
-	const char *path = rt_gguf_path(g);
+	RT_ASSERT((unsigned)arch < RT_ARCH_N);
+	return &arch_rows[arch];
+}
+
+/* general.architecture as an enum rt_arch; -1 with err naming what is supported. */
+static int read_arch(const rt_gguf *g, enum rt_arch *out, rt_err *err)
+{
 	rt_gguf_str arch;
 	if (rt_gguf_get_str(g, "general.architecture", &arch, err) < 0)
 		return -1;
-	if (arch.len != 5 || memcmp(arch.s, "llama", 5) != 0)
-		return rt_err_set(err, "%s: architecture '%.*s' is not supported (only 'llama')", path,
-		                  (int)(arch.len > 64 ? 64 : arch.len), arch.s);
-	const char *a = "llama";
+	char known[128] = "";
+	for (int a = 0; a < RT_ARCH_N; a++) {
+		const char *nm = arch_rows[a].name;
+		if (arch.len == strlen(nm) && memcmp(arch.s, nm, arch.len) == 0) {
+			*out = (enum rt_arch)a;
+			return 0;
+		}
+		snprintf(known + strlen(known), sizeof known - strlen(known), "%s'%s'", a ? ", " : "", nm);
+	}
+	return rt_err_set(err, "%s: general.architecture '%.*s' is not supported (supported: %s)",
+	                  rt_gguf_path(g), (int)(arch.len > 64 ? 64 : arch.len), arch.s, known);
+}
+
+/* Keys that would change the function and that this runtime does not implement: refused
+ * with the key and what is supported, rather than computing another model. */
+static int refuse_unsupported(const rt_gguf *g, const char *a, rt_err *err)
+{
+	const char *path = rt_gguf_path(g);
+	char key[128];
+	rt_gguf_str st;
+	snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+	if (rt_gguf_find_kv(g, key)) {
+		if (rt_gguf_get_str(g, key, &st, err) < 0)
+			return -1;
+		if (!(st.len == 4 && memcmp(st.s, "none", 4) == 0)) {
+			float fac = 1.0f;
+			if (get_f32_opt(g, a, "rope.scaling.factor", &fac, err) < 0)
+				return -1;
+			if (!(st.len == 6 && memcmp(st.s, "linear", 6) == 0 && fac == 1.0f))
+				return rt_err_set(err, "%s: key '%s' = '%.*s' (factor %g): RoPE scaling is not "
+				                  "supported (supported: none, or linear with factor 1)", path, key,
+				                  (int)(st.len > 32 ? 32 : st.len), st.s, (double)fac);
+		}
+	}
+	static const char *const float_keys[] = { "rope.scale_linear", "final_logit_softcapping",
+		                                  "attn_logit_softcapping" };
+	for (size_t i = 0; i < sizeof float_keys / sizeof float_keys[0]; i++) {
+		float v = 0.0f;
+		if (get_f32_opt(g, a, float_keys[i], &v, err) < 0)
+			return -1;
+		const int neutral = strncmp(float_keys[i], "rope", 4) == 0 ? (v == 0.0f || v == 1.0f) : v == 0.0f;
+		if (!neutral)
+			return rt_err_set(err, "%s: key '%s.%s' = %g is not supported (supported: absent, or "
+			                  "the neutral value)", path, a, float_keys[i], (double)v);
+	}
+	if (rt_gguf_find_tensor(g, "rope_freqs.weight"))
+		return rt_err_set(err, "%s: tensor 'rope_freqs.weight' (Llama 3.x RoPE frequency factors) "
+		                  "is not supported (supported: plain RoPE at ARCH.rope.freq_base)", path);
+	return 0;
+}
+
+/* The sliding-window options of a gemma3 file: hp->n_swa, swa_pattern, rope_base_swa.
+ * The pattern key may only be a number here (llama.cpp also reads a per-layer array). */
+static int read_swa(const rt_gguf *g, const char *a, rt_model_hparams *hp, rt_err *err)
+{
+	const char *path = rt_gguf_path(g);
+	uint32_t n_swa = 0, pattern = 6;
+	char key[128];
+	snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+	const rt_gguf_kv *kv = rt_gguf_find_kv(g, key);
+	if (kv && kv->type == RT_GGUF_ARRAY)
+		return rt_err_set(err, "%s: key '%s' is an array: per-layer patterns are not supported "
+		                  "(supported: a number n, every n-th layer global)", path, key);
+	hp->rope_base_swa = 10000.0f;
+	if (get_u32_opt(g, a, "attention.sliding_window", &n_swa, err) < 0 ||
+	    get_u32_opt(g, a, "attention.sliding_window_pattern", &pattern, err) < 0 ||
+	    get_f32_opt(g, a, "rope.freq_base_swa", &hp->rope_base_swa, err) < 0)
+		return -1;
+	if (n_swa > (1u << 24) || pattern < 1 || pattern > MAX_LAYERS)
+		return rt_err_set(err, "%s: %s.attention.sliding_window %u / sliding_window_pattern %u out "
+		                  "of range", path, a, n_swa, pattern);
+	if (!(hp->rope_base_swa > 0.0f) || !isfinite(hp->rope_base_swa))
+		return rt_err_set(err, "%s: %s.rope.freq_base_swa %g must be positive", path, a,
+		                  (double)hp->rope_base_swa);
+	hp->n_swa = (int32_t)n_swa;
+	hp->swa_pattern = (int)pattern;
+	if (n_swa == 0)
+		hp->rope_base_swa = hp->rope_base;
+	return 0;
+}
+
+static int read_hparams(const rt_gguf *g, rt_model_hparams *hp, uint32_t *file_type, rt_err *err)
+{
+	const char *path = rt_gguf_path(g);
+	memset(hp, 0, sizeof *hp);
+	if (read_arch(g, &hp->arch, err) < 0)
+		return -1;
+	const rt_arch_info *ai = rt_arch_get(hp->arch);
+	const char *a = ai->name;
 	uint32_t n_layer, n_embd, n_ff, n_head, n_head_kv, n_ctx, n_rot = 0, head_dim = 0;
 	if (get_u32_req(g, a, "block_count", &n_layer, err) < 0 ||
 	    get_u32_req(g, a, "embedding_length", &n_embd, err) < 0 ||
@@ -183,14 +310,15 @@ static int read_hparams(const rt_gguf *g, rt_model_hparams *hp, uint32_t *file_t
 	if (get_u32_opt(g, a, "attention.head_count_kv", &n_head_kv, err) < 0 ||
 	    get_u32_opt(g, a, "attention.key_length", &head_dim, err) < 0 ||
 	    get_u32_opt(g, a, "rope.dimension_count", &n_rot, err) < 0 ||
-	    get_f32_opt(g, a, "rope.freq_base", &base, err) < 0)
+	    get_f32_opt(g, a, "rope.freq_base", &base, err) < 0 ||
+	    refuse_unsupported(g, a, err) < 0)
 		return -1;
 	char key[128];
 	snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
 	if (rt_gguf_get_f32(g, key, &eps, err) < 0)
 		return -1;
 	if (n_layer < 1 || n_layer > MAX_LAYERS)
-		return rt_err_set(err, "%s: llama.block_count %u out of range 1..%d", path, n_layer, MAX_LAYERS);
+		return rt_err_set(err, "%s: %s.block_count %u out of range 1..%d", path, a, n_layer, MAX_LAYERS);
 	if (n_embd < 1 || n_embd > MAX_DIM || n_ff < 1 || n_ff > MAX_DIM)
 		return rt_err_set(err, "%s: embedding_length %u / feed_forward_length %u out of range 1..%d",
 		                  path, n_embd, n_ff, MAX_DIM);
@@ -203,6 +331,12 @@ static int read_hparams(const rt_gguf *g, rt_model_hparams *hp, uint32_t *file_t
 			                  path, n_embd, n_head);
 		head_dim = n_embd / n_head;
 	}
+	uint32_t v_len = head_dim;
+	if (get_u32_opt(g, a, "attention.value_length", &v_len, err) < 0)
+		return -1;
+	if (v_len != head_dim)
+		return rt_err_set(err, "%s: %s.attention.value_length %u differs from key_length %u (not "
+		                  "supported: keys and values share head_dim)", path, a, v_len, head_dim);
 	if (head_dim > 4096 || (uint64_t)head_dim * n_head > MAX_DIM)
 		return rt_err_set(err, "%s: attention.key_length %u out of range", path, head_dim);
 	if (n_rot == 0)
@@ -226,7 +360,15 @@ static int read_hparams(const rt_gguf *g, rt_model_hparams *hp, uint32_t *file_t
 	hp->n_rot = (int)n_rot;
 	hp->n_ctx = (int32_t)n_ctx;
 	hp->rope_base = base;
+	hp->rope_base_swa = base;
 	hp->norm_eps = eps;
+	hp->attn_scale = 1.0f / sqrtf((float)head_dim);
+	hp->embd_scale = ai->embd_scale ? sqrtf((float)n_embd) : 1.0f;
+	/* gemma3's 27B (62 layers) scales by the query width per head, as llama.cpp does */
+	if (hp->arch == RT_ARCH_GEMMA3 && n_layer == 62)
+		hp->attn_scale = 1.0f / sqrtf((float)(n_embd / n_head));
+	if (ai->swa && read_swa(g, a, hp, err) < 0)
+		return -1;
 	*file_type = UINT32_MAX;
 	if (rt_gguf_find_kv(g, "general.file_type") &&
 	    rt_gguf_get_u32(g, "general.file_type", file_type, err) < 0)
@@ -264,61 +406,98 @@ static int check_vocab_kv(const rt_gguf *g, const rt_model_opts *o, const rt_mod
 		return -1;
 	}
 	uint32_t vs = (uint32_t)nv;
-	if (get_u32_opt(g, "llama", "vocab_size", &vs, err) < 0)
+	const char *a = rt_arch_get(hp.arch)->name;
+	if (get_u32_opt(g, a, "vocab_size", &vs, err) < 0)
 		return -1;
 	if (vs != (uint32_t)nv) {
-		rt_err_set(err, "%s: llama.vocab_size %u disagrees with token_embd.weight's %lld rows", path,
-		           vs, (long long)nv);
+		rt_err_set(err, "%s: %s.vocab_size %u disagrees with token_embd.weight's %lld rows", path,
+		           a, vs, (long long)nv);
 		return -1;
 	}
 	*nv_out = nv;
 	return 0;
 }
 
+/* The per-layer options: gemma3's sliding-window layers (all but every swa_pattern-th,
+ * llama_hparams::set_swa_pattern) attend over their window at rope_base_swa. */
+static void layer_options(rt_model *m)
+{
+	const rt_model_hparams *hp = &m->hp;
+	for (int l = 0; l < hp->n_layer; l++) {
+		rt_layer *L = &m->layers[l];
+		const int swa = hp->n_swa > 0 && l % hp->swa_pattern < hp->swa_pattern - 1;
+		L->window = swa ? hp->n_swa : 0;
+		L->rope_base = swa ? hp->rope_base_swa : hp->rope_base;
+		L->rope_slot = swa;
+	}
+}
+
 /* The tensors the model needs (names, shapes, where each goes) into w[0..n): the
- * embedding, output norm, output (unless tied) and 9 per layer. Returns n. */
+ * embedding, output norm, output (unless tied), 9 per layer and the architecture's extras
+ * (rt_arch_info). Returns n. */
 static size_t model_wants(rt_model *m, const rt_gguf *g, int64_t nv, want *w)
 {
 	const rt_model_hparams hp = m->hp;
+	const rt_arch_info *ai = rt_arch_get(hp.arch);
 	int64_t qd = (int64_t)hp.n_head * hp.head_dim, kd = (int64_t)hp.n_head_kv * hp.head_dim;
-	int64_t E = hp.n_embd, F = hp.n_ff;
+	int64_t E = hp.n_embd, F = hp.n_ff, D = hp.head_dim;
 	size_t nw = 0;
-#define WANT_M(nm, a0, a1, d, mt)                                               \
+#define WANT_M(nm, a0, a1, d, mt, nx)                                           \
 	do {                                                                    \
 		snprintf(w[nw].name, sizeof w[nw].name, "%s", (nm));            \
 		w[nw].ne0 = (a0), w[nw].ne1 = (a1), w[nw].dst = (d);            \
 		w[nw].mat = (mt);                                               \
+		w[nw].neox = (nx) && ai->neox;                                  \
 		nw++;                                                           \
 	} while (0)
-#define WANT(nm, a0, a1, d) WANT_M(nm, a0, a1, d, NULL)
-	WANT_M("token_embd.weight", E, nv, &m->tok_embd, &m->embd);
+#define WANT(nm, a0, a1, d) WANT_M(nm, a0, a1, d, NULL, 0)
+	WANT_M("token_embd.weight", E, nv, &m->tok_embd, &m->embd, 0);
 	WANT("output_norm.weight", E, 0, &m->out_norm);
 	m->tied_output = rt_gguf_find_tensor(g, "output.weight") == NULL;
 	if (!m->tied_output)
-		WANT_M("output.weight", E, nv, &m->output, &m->out);
+		WANT_M("output.weight", E, nv, &m->output, &m->out, 0);
 	for (int l = 0; l < hp.n_layer; l++) {
 		rt_layer *L = &m->layers[l];
 		char nm[96];
-#define WANT_L(sfx, a0, a1, d, mt)                                              \
+#define WANT_T(sfx, kind, a0, a1, d, mt, nx)                                    \
 	do {                                                                    \
-		snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, (sfx));          \
-		WANT_M(nm, a0, a1, d, mt);                                      \
+		snprintf(nm, sizeof nm, "blk.%d.%s.%s", l, (sfx), (kind));      \
+		WANT_M(nm, a0, a1, d, mt, nx);                                  \
 	} while (0)
+#define WANT_L(sfx, a0, a1, d, mt) WANT_T(sfx, "weight", a0, a1, d, mt, 0)
 		WANT_L("attn_norm", E, 0, &L->attn_norm, NULL);
-		WANT_L("attn_q", E, qd, &L->wq, &L->mq);
-		WANT_L("attn_k", E, kd, &L->wk, &L->mk);
+		WANT_T("attn_q", "weight", E, qd, &L->wq, &L->mq, 1);
+		WANT_T("attn_k", "weight", E, kd, &L->wk, &L->mk, 1);
 		WANT_L("attn_v", E, kd, &L->wv, &L->mv);
 		WANT_L("attn_output", qd, E, &L->wo, &L->mo);
 		WANT_L("ffn_norm", E, 0, &L->ffn_norm, NULL);
 		WANT_L("ffn_gate", E, F, &L->w_gate, &L->mgate);
 		WANT_L("ffn_up", E, F, &L->w_up, &L->mup);
 		WANT_L("ffn_down", F, E, &L->w_down, &L->mdown);
+		if (ai->qkv_bias) {
+			WANT_T("attn_q", "bias", qd, 0, &L->bq, NULL, 1);
+			WANT_T("attn_k", "bias", kd, 0, &L->bk, NULL, 1);
+			WANT_T("attn_v", "bias", kd, 0, &L->bv, NULL, 0);
+		}
+		if (ai->qk_norm) {
+			WANT_T("attn_q_norm", "weight", D, 0, &L->q_norm, NULL, 1);
+			WANT_T("attn_k_norm", "weight", D, 0, &L->k_norm, NULL, 1);
+		}
+		if (ai->post_norm) {
+			WANT_L("post_attention_norm", E, 0, &L->attn_post_norm, NULL);
+			WANT_L("post_ffw_norm", E, 0, &L->ffn_post_norm, NULL);
+		}
 #undef WANT_L
+#undef WANT_T
 	}
 #undef WANT
 #undef WANT_M
 	return nw;
 }
+
+/* WANTS_PER_LAYER bounds the tensors model_wants asks for per layer. */
+#define WANTS_PER_LAYER 16
+
 
 /* Check every wanted tensor, lay the weights out (f32 copies 64-byte aligned for BLAS,
  * block-typed matrices as they are on the fast path) and load them. 0, or -1 with err. */
@@ -383,7 +562,7 @@ rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *e
 	m->f32_act = !o->exact && o->f32_act;
 	snprintf(m->path, sizeof m->path, "%s", path);
 	m->layers = calloc((size_t)hp.n_layer, sizeof *m->layers);
-	size_t n_want = 3 + 9 * (size_t)hp.n_layer;
+	size_t n_want = 3 + WANTS_PER_LAYER * (size_t)hp.n_layer;
 	want *w = calloc(n_want, sizeof *w);
 	if (!m->layers || !w) {
 		rt_err_set(err, "%s: out of memory", path);
@@ -391,6 +570,7 @@ rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *e
 		rt_model_free(m);
 		return NULL;
 	}
+	layer_options(m);
 	size_t nw = model_wants(m, g, nv, w);
 	RT_ASSERT(nw <= n_want);
 	if (model_place_load(m, g, w, nw, err) < 0) {
@@ -534,7 +714,7 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 	f->s_stride = (score_floats((int)G, cap) + 15) & ~(size_t)15;
 	size_t sizes[12] = {
 		C * E, C * E, C * qd, C * kd, C * kd, C * qd, f->qg_stride * n_att, f->qg_stride * n_att,
-		f->s_stride * n_att, C * (size_t)hp->n_ff, C * (size_t)hp->n_ff, C * (size_t)hp->n_rot,
+		f->s_stride * n_att, C * (size_t)hp->n_ff, C * (size_t)hp->n_ff, 2 * C * (size_t)hp->n_rot,
 	};
 	size_t total = 0;
 	for (int i = 0; i < 12; i++)
@@ -655,7 +835,7 @@ static void matmul_add(const rt_model *m, rt_matmul_scratch *mm, float *Y, const
 
 /* ---- fast-path helpers: rows split over the pool ----------------------------------- */
 
-enum { ROW_NORM, ROW_ROPE, ROW_SILU };
+enum { ROW_NORM, ROW_ROPE, ROW_SILU, ROW_GELU };
 
 typedef struct row_job {
 	int op, C;
@@ -681,10 +861,17 @@ static void row_job_fn(void *a, int ith, int nth)
 		const size_t stride = (size_t)j->n * j->head_dim;
 		rt_rope_apply_f32(j->y + (size_t)r0 * stride, nr, stride, 0, j->n, j->head_dim, j->n_rot,
 		                  j->w + (size_t)r0 * j->n_rot);
-	} else {
+	} else if (j->op == ROW_SILU) {
 		for (size_t i = (size_t)r0 * j->n; i < (size_t)r1 * j->n; i++) {
 			float g = j->y[i];
 			j->y[i] = g / (1.0f + expf(-g)) * j->x[i];
+		}
+	} else {
+		/* GELU, tanh form (ggml_gelu): 0.5·g·(1 + tanh(sqrt(2/pi)·(g + 0.044715·g^3))) */
+		for (size_t i = (size_t)r0 * j->n; i < (size_t)r1 * j->n; i++) {
+			float g = j->y[i];
+			j->y[i] = 0.5f * g * (1.0f + tanhf(0.79788456080286535588f * g * (1.0f + 0.044715f * g * g))) *
+			          j->x[i];
 		}
 	}
 }
@@ -836,6 +1023,40 @@ static void observe_row(rt_fwd *f, rt_kv_head *h, int layer, int j, int r, int32
 	f->observe(f->observe_user, &v);
 }
 
+/* The first of head h's entries 0..lim-1 that a query at position pos sees on a layer with
+ * window w (0: all): entries with pos - pos_i >= w are masked, as llama.cpp's
+ * LLAMA_SWA_TYPE_STANDARD (src/llama-hparams.h is_masked_swa). Entries are in position
+ * order (appends are, and eviction keeps the order). */
+static int window_first(const rt_kv_head *h, int lim, int32_t pos, int32_t w)
+{
+	if (!w)
+		return 0;
+	int lo = 0, hi = lim; /* the answer is in [lo, hi] */
+	while (lo < hi) {
+		const int mid = lo + (hi - lo) / 2;
+		if ((int64_t)pos - h->pos[mid] >= w)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* rt_attn_softmax over the entries [lo, lim) of each of the G rows of S (ld apart), with
+ * probability 0 for the masked entries before lo and from lim on. */
+static void softmax_window(float *S, size_t ld, int G, int lo, int lim, const float *log_count)
+{
+	if (lo == 0) {
+		rt_attn_softmax(S, ld, G, lim, log_count);
+		return;
+	}
+	for (int g = 0; g < G; g++) {
+		float *row = S + (size_t)g * ld;
+		rt_attn_softmax(row + lo, ld - (size_t)lo, 1, lim - lo, log_count + lo);
+		memset(row, 0, (size_t)lo * sizeof(float));
+	}
+}
+
 /* Attention of the C chunk rows over a head whose rows are stored in a narrow type, read
  * in place (rt_kvattn): per row, scores against the decoded keys, softmax, the weighted
  * sum of the decoded values. Same contract as attend_head. */
@@ -844,7 +1065,8 @@ static void attend_head_rows(rt_fwd *f, rt_kv *kv, rt_kv_head *h, int layer, int
 {
 	const rt_model_hparams *hp = &f->m->hp;
 	const int G = hp->group, hd = hp->head_dim, qd = hp->n_head * hd;
-	const float scale = 1.0f / sqrtf((float)hd);
+	const float scale = hp->attn_scale;
+	const int32_t w = f->m->layers[layer].window;
 	const rt_kvattn_kernels *ka = rt_kvattn_get(kv->type, rt_dot_isa_best());
 	RT_ASSERT(ka != NULL);
 	const int nb = h->n - C;
@@ -852,7 +1074,7 @@ static void attend_head_rows(rt_fwd *f, rt_kv *kv, rt_kv_head *h, int layer, int
 		const int lim = nb + r + 1;
 		float *og = og_all + (size_t)r * G * hd;
 		ka->scores(h->kr, lim, hd, qg + (size_t)r * G * hd, (size_t)hd, G, scale, S, (size_t)lim);
-		rt_attn_softmax(S, (size_t)lim, G, lim, h->log_count);
+		softmax_window(S, (size_t)lim, G, window_first(h, lim, pos0 + r, w), lim, h->log_count);
 		ka->mix(h->vr, lim, hd, S, (size_t)lim, G, og, (size_t)hd);
 		memcpy(att + (size_t)r * qd + (size_t)j * G * hd, og, (size_t)G * hd * sizeof(float));
 		if (f->observe)
@@ -875,7 +1097,8 @@ static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t p
 {
 	const rt_model_hparams *hp = &f->m->hp;
 	const int G = hp->group, hd = hp->head_dim, qd = hp->n_head * hd;
-	const float scale = 1.0f / sqrtf((float)hd);
+	const float scale = hp->attn_scale;
+	const int32_t w = f->m->layers[layer].window;
 	rt_kv_head *h = rt_kv_head_at(kv, layer, j);
 	const int n = h->n, nb = n - C;
 	RT_ASSERT(nb >= 0 && n <= f->cap);
@@ -910,8 +1133,8 @@ static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t p
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr * G, ncol, hd, scale,
 		            qg + (size_t)r0 * G * hd, hd, K, hd, 0.0f, S, ncol);
 		for (int r = r0; r < r1; r++)
-			rt_attn_softmax(S + (size_t)(r - r0) * G * ncol, (size_t)ncol, G, nb + r + 1,
-			                h->log_count);
+			softmax_window(S + (size_t)(r - r0) * G * ncol, (size_t)ncol, G,
+			               window_first(h, nb + r + 1, pos0 + r, w), nb + r + 1, h->log_count);
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr * G, hd, ncol, 1.0f, S,
 		            ncol, V, hd, 0.0f, og, hd);
 		for (int r = r0; r < r1; r++) {
@@ -979,25 +1202,64 @@ static void chunk_embed(rt_fwd *big, int K, const fwd_seg *sg)
 			else
 				rt_dequant(m->embd.type,
 				           (const uint8_t *)m->embd.data + (size_t)t * m->embd.row_bytes, xr, E);
+			if (m->hp.embd_scale != 1.0f)
+				for (int i = 0; i < E; i++)
+					xr[i] *= m->hp.embd_scale;
 		}
 }
 
-/* The RoPE tables of the chunk: one in big when the segments are in lockstep (shared),
+/* Number of RoPE tables the model's layers use: 2 when sliding-window layers have their
+ * own base (table 1), else 1. */
+static int rope_tables(const rt_model_hparams *hp)
+{
+	return hp->n_swa > 0 ? 2 : 1;
+}
+
+/* Base of RoPE table t. */
+static float rope_table_base(const rt_model_hparams *hp, int t)
+{
+	return t ? hp->rope_base_swa : hp->rope_base;
+}
+
+/* RoPE table t of f (max_chunk × n_rot floats each). */
+static float *rope_table(rt_fwd *f, int t)
+{
+	return f->rope_cs + (size_t)t * f->max_chunk * f->m->hp.n_rot;
+}
+
+/* The RoPE tables of the chunk: one set in big when the segments are in lockstep (shared),
  * and one in each other sequence's context that rotates by its own positions (not
  * shared) or by cache index (rope_at_index: rebuilt per head in seg_rope). */
 static void chunk_rope_tables(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_seg *sg,
                               int shared)
 {
 	const rt_model_hparams *hp = &big->m->hp;
-	if (shared) {
-		rt_rope_table_f32(big->rope_cs, sg[0].C, sg[0].pos0, hp->n_rot, hp->rope_base);
-		big->rope_at = sg[0].pos0;
-	}
-	for (int k = 0; k < K; k++)
-		if (fs[k] != big && (fs[k]->rope_at_index || !shared)) {
-			rt_rope_table_f32(fs[k]->rope_cs, sg[k].C, sg[k].pos0, hp->n_rot, hp->rope_base);
-			fs[k]->rope_at = sg[k].pos0;
+	for (int t = 0; t < rope_tables(hp); t++) {
+		const float base = rope_table_base(hp, t);
+		if (shared) {
+			rt_rope_table_f32(rope_table(big, t), sg[0].C, sg[0].pos0, hp->n_rot, base);
+			big->rope_at[t] = sg[0].pos0;
 		}
+		for (int k = 0; k < K; k++)
+			if (fs[k] != big && (fs[k]->rope_at_index || !shared)) {
+				rt_rope_table_f32(rope_table(fs[k], t), sg[k].C, sg[k].pos0, hp->n_rot, base);
+				fs[k]->rope_at[t] = sg[k].pos0;
+			}
+	}
+}
+
+/* Per-head RMSNorm of rows x[rows × n_heads·head_dim] in place with weights w[head_dim]. */
+static void norm_heads(const rt_model *m, float *x, const float *w, int rows, int n_heads)
+{
+	norm_rows(m, x, x, w, rows * n_heads, m->hp.head_dim, m->hp.norm_eps);
+}
+
+/* y[r] += b for each of the rows of y[rows × n]. */
+static void add_bias(float *y, const float *b, int rows, int n)
+{
+	for (int r = 0; r < rows; r++)
+		for (int i = 0; i < n; i++)
+			y[(size_t)r * n + i] += b[i];
 }
 
 /* Layer l's attention norm of big->x and the Q, K, V projections of all the rows (K
@@ -1018,11 +1280,21 @@ static void layer_qkv(rt_fwd *big, const rt_layer *L, int K, int rows)
 		const rt_wmat *const W[3] = { &L->mq, &L->mk, &L->mv };
 		rt_matmul_multi(m->pool, &big->mm, 3, Y, big->xn, W, len, K);
 	}
+	if (L->bq) {
+		add_bias(big->q, L->bq, rows, qd);
+		add_bias(big->k, L->bk, rows, kd);
+		add_bias(big->v, L->bv, rows, kd);
+	}
+	if (L->q_norm) {
+		norm_heads(m, big->q, L->q_norm, rows, hp->n_head);
+		norm_heads(m, big->k, L->k_norm, rows, hp->n_head_kv);
+	}
 }
 
 /* RoPE on one segment's C query rows q and key rows kk of layer l: by position from the
- * chunk's table (cs), or, under rope_at_index, by each KV head's cache index, so the
- * table in f is rebuilt when a head's first new index differs from the last one built. */
+ * chunk's table t (cs, the layer's base), or, under rope_at_index, by each KV head's cache
+ * index, so table t in f is rebuilt when a head's first new index differs from the last
+ * one built. */
 static void seg_rope(rt_fwd *f, rt_kv *kv, int l, int C, float *q, float *kk, const float *cs)
 {
 	const rt_model *m = f->m;
@@ -1033,16 +1305,17 @@ static void seg_rope(rt_fwd *f, rt_kv *kv, int l, int C, float *q, float *kk, co
 		rope_rows(m, kk, C, hp->n_head_kv, hd, hp->n_rot, cs);
 		return;
 	}
-	/* f->rope_cs holds the table whose row 0 is at f->rope_at */
+	/* table t of f holds the rows from f->rope_at[t] on */
+	const int t = m->layers[l].rope_slot;
+	float *tab = rope_table(f, t);
 	for (int j = 0; j < hp->n_head_kv; j++) {
 		int32_t at = rt_kv_head_at(kv, l, j)->n; /* index of row 0's key */
-		if (at != f->rope_at) {
-			rt_rope_table_f32(f->rope_cs, C, at, hp->n_rot, hp->rope_base);
-			f->rope_at = at;
+		if (at != f->rope_at[t]) {
+			rt_rope_table_f32(tab, C, at, hp->n_rot, rope_table_base(hp, t));
+			f->rope_at[t] = at;
 		}
-		rt_rope_apply_f32(q, C, (size_t)qd, j * hp->group, hp->group, hd, hp->n_rot,
-		                  f->rope_cs);
-		rt_rope_apply_f32(kk, C, (size_t)kd, j, 1, hd, hp->n_rot, f->rope_cs);
+		rt_rope_apply_f32(q, C, (size_t)qd, j * hp->group, hp->group, hd, hp->n_rot, tab);
+		rt_rope_apply_f32(kk, C, (size_t)kd, j, 1, hd, hp->n_rot, tab);
 	}
 }
 
@@ -1079,15 +1352,37 @@ static void layer_attention(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, i
 		float *vv = big->v + (size_t)o * kd, *att = big->att + (size_t)o * qd;
 		if (f->q_pre)
 			memcpy(f->q_pre, q, (size_t)C * qd * sizeof(float));
-		seg_rope(f, kvs[s], l, C, q, kk, shared ? big->rope_cs : f->rope_cs);
+		const int t = big->m->layers[l].rope_slot;
+		seg_rope(f, kvs[s], l, C, q, kk, rope_table(shared ? big : f, t));
 		seg_append(f, kvs[s], l, C, sg[s].pos0, kk, vv);
 		attend_layer(f, kvs[s], l, C, sg[s].pos0, q, att);
 	}
 }
 
-/* Layer l after attention, over all the rows: the output projection into the residual,
- * the FFN norm, the SwiGLU feed-forward into the residual, then each segment's on_layer
- * hook. */
+/* x += X·W^T over the segments, or, with a post-norm weight pn (gemma3), x += RMSNorm(X·W^T)·pn
+ * with the product in tmp[rows × out]. */
+static void matmul_residual(const rt_model *m, rt_fwd *big, float *tmp, const float *X,
+                            const rt_wmat *mw, const float *W, const float *pn, int rows, int K,
+                            int out, int in)
+{
+	const int *len = big->seg_len;
+	if (!pn) {
+		matmul_add(m, &big->mm, big->x, X, mw, W, len, K, out, in);
+		return;
+	}
+	if (m->exact)
+		matmul_wt(tmp, X, W, len, K, out, in, 0.0f);
+	else
+		rt_matmul(m->pool, &big->mm, tmp, X, mw, len, K, 0);
+	norm_rows(m, tmp, tmp, pn, rows, out, m->hp.norm_eps);
+	for (size_t i = 0; i < (size_t)rows * out; i++)
+		big->x[i] += tmp[i];
+}
+
+/* Layer l after attention, over all the rows: the output projection into the residual
+ * (through the post-attention norm where the layer has one), the FFN norm, the gated
+ * feed-forward (SiLU or GELU) into the residual (through the post-FFN norm), then each
+ * segment's on_layer hook. */
 static void layer_ffn(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_seg *sg,
                       const rt_layer *L, int l, int rows)
 {
@@ -1095,8 +1390,8 @@ static void layer_ffn(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_seg *sg,
 	const rt_model_hparams *hp = &m->hp;
 	const int E = hp->n_embd, F = hp->n_ff, qd = hp->n_head * hp->head_dim;
 	const int *len = big->seg_len;
-	/* x += att · Wo^T (accumulate straight into the residual) */
-	matmul_add(m, &big->mm, big->x, big->att, &L->mo, L->wo, len, K, E, qd);
+	/* x += att · Wo^T (straight into the residual unless post-normed; xn is free here) */
+	matmul_residual(m, big, big->xn, big->att, &L->mo, L->wo, L->attn_post_norm, rows, K, E, qd);
 	norm_rows(m, big->xn, big->x, L->ffn_norm, rows, E, hp->norm_eps);
 	if (m->exact) {
 		matmul_wt(big->gate, big->xn, L->w_gate, len, K, F, E, 0.0f);
@@ -1106,9 +1401,12 @@ static void layer_ffn(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_seg *sg,
 		const rt_wmat *const W[2] = { &L->mgate, &L->mup };
 		rt_matmul_multi(m->pool, &big->mm, 2, Y, big->xn, W, len, K);
 	}
-	row_job sj = { .op = ROW_SILU, .C = rows, .y = big->gate, .x = big->up, .n = F };
+	row_job sj = { .op = rt_arch_get(hp->arch)->gelu ? ROW_GELU : ROW_SILU, .C = rows,
+		       .y = big->gate, .x = big->up, .n = F };
 	rows_run(m, &sj);
-	matmul_add(m, &big->mm, big->x, big->gate, &L->mdown, L->w_down, len, K, E, F);
+	/* xn (the FFN's input) is free once gate and up are computed */
+	matmul_residual(m, big, big->xn, big->gate, &L->mdown, L->w_down, L->ffn_post_norm, rows, K,
+	                E, F);
 	for (int s = 0; s < K; s++)
 		if (fs[s]->on_layer)
 			fs[s]->on_layer(fs[s]->layer_user, l, sg[s].C, sg[s].pos0,

@@ -1,25 +1,43 @@
 /*
- * rt_model: a Llama-architecture decoder (GGUF arch `llama`: SmolLM2, TinyLlama, Llama
- * 2/3) and its exact f32 forward pass over the ragged KV store of rt_kv.
+ * rt_model: the decoder-only transformers of llama.cpp's `llama`, `qwen2`, `qwen3` and
+ * `gemma3` GGUF architectures (SmolLM2, TinyLlama, Llama 2/3, Qwen 2.5, Qwen 3, Gemma 3) and
+ * their exact f32 forward pass over the ragged KV store of rt_kv.
  *
- * Loading reads the hyper-parameters from the GGUF metadata (llama.block_count,
- * embedding_length, feed_forward_length, attention.head_count(_kv), rope.freq_base,
- * rope.dimension_count, attention.layer_norm_rms_epsilon, context_length), checks that
- * every tensor exists with the expected shape and a type rt_quant can decode, and
- * dequantises all weights to f32 into one allocation. Tied output (no output.weight:
- * logits = token_embd^T h) and an explicit output.weight are both supported.
+ * Loading reads the hyper-parameters from the GGUF metadata under the architecture's
+ * prefix, as llama.cpp's llama-model.cpp reads them (ARCH.block_count, embedding_length,
+ * feed_forward_length, attention.head_count(_kv), attention.key_length, rope.freq_base,
+ * rope.dimension_count, attention.layer_norm_rms_epsilon, context_length; gemma3 also
+ * attention.sliding_window, attention.sliding_window_pattern, rope.freq_base_swa), checks
+ * that every tensor exists with the expected shape and a type rt_quant can decode, and
+ * loads the weights (see rt_model_opts). Tied output (no output.weight: logits =
+ * token_embd^T h) and an explicit output.weight are both supported. A key that would change
+ * the function and is not implemented (RoPE scaling, Llama 3's rope_freqs.weight, a logit
+ * soft-cap) is refused with the file, the key and what is supported.
  *
- * The forward follows llama.cpp's llm_build_llama (ggml-org/llama.cpp, src/llama-model.cpp):
- *   x = embd[token]
- *   per layer: h = RMSNorm(x)·w_attn_norm; q, k, v = h·Wq^T, h·Wk^T, h·Wv^T;
- *              RoPE "normal" mode on q and k (rotate ADJACENT pairs (x[2i], x[2i+1]) by
- *              pos·base^(-2i/n_rot) — ggml's mode 0, not HF's rotate-half: the GGUF
- *              converter permuted the Q/K rows); append k, v to the (layer, KV head)
- *              entry lists; attention; x += o·Wo^T;
- *              h = RMSNorm(x)·w_ffn_norm; x += (silu(h·Wg^T) ⊙ h·Wu^T)·Wd^T
+ * The forward is one function for every architecture; the differences are options of the
+ * model (rt_arch_info) and of each layer (rt_layer: window, RoPE base). It follows
+ * llama.cpp's graphs (src/models/llama.cpp, qwen2.cpp, qwen3.cpp, gemma3.cpp):
+ *   x = embd[token] · embd_scale                   (gemma3: sqrt(n_embd), else 1)
+ *   per layer: h = RMSNorm(x)·w_attn_norm; q, k, v = h·Wq^T (+bq), h·Wk^T (+bk), h·Wv^T (+bv)
+ *              (biases: qwen2); per-head RMSNorm of q and k (qwen3, gemma3);
+ *              RoPE on q and k at the layer's base (gemma3: rope.freq_base_swa on the
+ *              sliding-window layers); append k, v to the (layer, KV head) entry lists;
+ *              attention with scale attn_scale (1/sqrt(head_dim)); a = o·Wo^T;
+ *              x += a, or x += RMSNorm(a)·w_attn_post_norm (gemma3);
+ *              h = RMSNorm(x)·w_ffn_norm; f = (act(h·Wg^T) ⊙ h·Wu^T)·Wd^T with act SiLU
+ *              (GELU, tanh form, for gemma3); x += f, or x += RMSNorm(f)·w_ffn_post_norm
  *   logits = RMSNorm(x)·w_out_norm · W_out^T
+ * RoPE is ggml's NORMAL mode (rotate ADJACENT pairs (x[2i], x[2i+1]) by
+ * pos·base^(-2i/n_rot), runtime/base/rt_rope.h) for `llama`, whose converter permuted the
+ * Q/K rows. The NEOX architectures (qwen2, qwen3, gemma3: pairs (x[i], x[i + n_rot/2]))
+ * have the rows of Wq, Wk (and bq, bk, the Q/K norm weights) permuted at load so that
+ * NORMAL mode computes NEOX's rotation: q·k is unchanged by the same permutation of both,
+ * so attention, the KV cache and the policies see the same function; stored keys are in the
+ * permuted order.
  * Attention of query head q (KV head j = q / group) over that head's entries i:
- *   logit_i = q·k_i / sqrt(head_dim) + log(count_i),  p = softmax(logit),  o = Σ p_i v_i.
+ *   logit_i = q·k_i · attn_scale + log(count_i),  p = softmax(logit),  o = Σ p_i v_i,
+ * over the entries i with pos_q - pos_i < window on a sliding-window layer (llama.cpp's
+ * LLAMA_SWA_TYPE_STANDARD mask), all of them elsewhere.
  * For singleton entries (count 1) this is exactly standard causal attention; a merged
  * prototype with count n stands for n identical tokens (docs/architecture.md, "The KV store").
  *
@@ -41,8 +59,34 @@
 #include "base/rt_pool.h"
 #include "base/rt_util.h"
 
+/* The architectures (general.architecture) and what sets each apart, one row each:
+ * X(enum suffix, name, Q/K/V biases, per-head Q/K RMSNorm, post-attention and post-FFN
+ *   norms, GELU FFN (else SiLU), embeddings scaled by sqrt(n_embd), NEOX RoPE,
+ *   sliding-window layers read from the file) */
+#define RT_ARCHS(X)                                  \
+	X(LLAMA, "llama", 0, 0, 0, 0, 0, 0, 0)       \
+	X(QWEN2, "qwen2", 1, 0, 0, 0, 0, 1, 0)       \
+	X(QWEN3, "qwen3", 0, 1, 0, 0, 0, 1, 0)       \
+	X(GEMMA3, "gemma3", 0, 1, 1, 1, 1, 1, 1)
+
+enum rt_arch {
+#define RT_ARCH_ENUM(e, name, bias, qk_norm, post_norm, gelu, embd_scale, neox, swa) RT_ARCH_##e,
+	RT_ARCHS(RT_ARCH_ENUM)
+#undef RT_ARCH_ENUM
+	RT_ARCH_N
+};
+
+typedef struct rt_arch_info {
+	const char *name;   /* general.architecture, the metadata keys' prefix */
+	int qkv_bias, qk_norm, post_norm, gelu, embd_scale, neox, swa;
+} rt_arch_info;
+
+/* The row of arch (RT_ARCH_LLAMA .. RT_ARCH_N - 1). */
+const rt_arch_info *rt_arch_get(enum rt_arch arch);
+
 /* Hyper-parameters as read from the GGUF metadata (and tensor shapes). */
 typedef struct rt_model_hparams {
+	enum rt_arch arch;
 	int n_layer;      /* transformer blocks */
 	int n_embd;       /* hidden size */
 	int n_ff;         /* SwiGLU inner size */
@@ -53,8 +97,17 @@ typedef struct rt_model_hparams {
 	int n_rot;        /* rotated dimensions per head (even, <= head_dim) */
 	int n_vocab;      /* rows of token_embd */
 	int32_t n_ctx;    /* llama.context_length: positions 0..n_ctx-1 are valid */
-	float rope_base;  /* llama.rope.freq_base */
-	float norm_eps;   /* llama.attention.layer_norm_rms_epsilon */
+	float rope_base;  /* ARCH.rope.freq_base: the full-attention layers' RoPE base */
+	float rope_base_swa; /* gemma3: ARCH.rope.freq_base_swa (default 10000), the
+	                      * sliding-window layers' base; == rope_base elsewhere */
+	int32_t n_swa;    /* ARCH.attention.sliding_window: the window of the sliding-window
+	                   * layers in tokens (0: every layer attends to all entries) */
+	int swa_pattern;  /* gemma3: layer l is a sliding-window layer unless l % swa_pattern
+	                   * == swa_pattern - 1 (ARCH.attention.sliding_window_pattern, 6) */
+	float norm_eps;   /* ARCH.attention.layer_norm_rms_epsilon */
+	float attn_scale; /* the attention logits' scale: 1/sqrt(head_dim) (gemma3's 27B
+	                   * layout: 1/sqrt(n_embd / n_head), as llama.cpp) */
+	float embd_scale; /* the embeddings' factor: sqrt(n_embd) for gemma3, else 1 */
 } rt_model_hparams;
 
 /* One block's weights, row-major [out × in] (a ggml tensor's rows). The exact path reads
@@ -71,6 +124,15 @@ typedef struct rt_layer {
 	const float *w_down;    /* [n_embd × n_ff] */
 	/* fast path: the same matrices in their file types (NULL data on the exact path) */
 	rt_wmat mq, mk, mv, mo, mgate, mup, mdown;
+	/* the architecture's extras, NULL where it has none (rt_arch_info) */
+	const float *bq, *bk, *bv;      /* [n_head·head_dim], [n_head_kv·head_dim] x2 */
+	const float *q_norm, *k_norm;   /* [head_dim] per-head RMSNorm weights */
+	const float *attn_post_norm;    /* [n_embd] */
+	const float *ffn_post_norm;     /* [n_embd] */
+	/* per-layer options */
+	int32_t window;   /* sliding window in tokens (hp.n_swa), 0: full attention */
+	float rope_base;  /* this layer's RoPE base (hp.rope_base or hp.rope_base_swa) */
+	int rope_slot;    /* which of the forward's RoPE tables: 0 rope_base, 1 rope_base_swa */
 } rt_layer;
 
 typedef struct rt_model {
@@ -201,7 +263,7 @@ typedef struct rt_fwd {
 	 * before the chunk + r) and the group's queries of row r at the same index; the caller
 	 * re-rotates kept keys to their new index after each eviction (rt_seq does). */
 	int rope_at_index;
-	int32_t rope_at;        /* internal: the position rope_cs's row 0 holds */
+	int32_t rope_at[2];     /* internal: the position each rope_cs table's row 0 holds */
 	/* scratch (one allocation) */
 	float *x;       /* [max_chunk × n_embd] residual stream */
 	float *xn;      /* [max_chunk × n_embd] normalised input */
@@ -214,7 +276,9 @@ typedef struct rt_fwd {
 	float *s;       /* [max(2^18, group × cap)] scores / probabilities of a row block */
 	float *gate;    /* [max_chunk × n_ff] */
 	float *up;      /* [max_chunk × n_ff] */
-	float *rope_cs; /* [max_chunk × n_rot] interleaved cos, sin per rotated pair */
+	float *rope_cs; /* [2 × max_chunk × n_rot] interleaved cos, sin per rotated pair: table
+	                   0 at hp.rope_base, table 1 (from max_chunk·n_rot on) at
+	                   hp.rope_base_swa */
 	/* fast path: qg, og and s hold n_att copies (one per pool thread) att_stride floats
 	 * apart each, so the KV heads of a layer are attended in parallel (only when observe
 	 * is NULL or observe_parallel is set: the hook is then called from several threads,

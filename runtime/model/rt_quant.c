@@ -184,25 +184,17 @@ static void deq_bf16(const uint8_t *x, float *y, int64_t n)
 		y[i] = rt_bf16_to_f32((uint16_t)(x[2 * i] | (x[2 * i + 1] << 8)));
 }
 
+/* The decoders; the block geometry comes from the type table (rt_ggml_type_size). */
 typedef struct quant_traits {
 	uint32_t type;
-	int blck;      /* values per block */
-	size_t bytes;  /* bytes per block */
 	void (*deq)(const uint8_t *x, float *y, int64_t nblocks);
 } quant_traits;
 
 static const quant_traits traits[] = {
-	{ RT_GGML_F32, 1, 4, deq_f32 },
-	{ RT_GGML_F16, 1, 2, deq_f16 },
-	{ RT_GGML_BF16, 1, 2, deq_bf16 },
-	{ RT_GGML_Q4_0, QK, 18, deq_q4_0 },
-	{ RT_GGML_Q4_1, QK, 20, deq_q4_1 },
-	{ RT_GGML_Q5_0, QK, 22, deq_q5_0 },
-	{ RT_GGML_Q5_1, QK, 24, deq_q5_1 },
-	{ RT_GGML_Q8_0, QK, 34, deq_q8_0 },
-	{ RT_GGML_Q4_K, QK_K, 144, deq_q4_k },
-	{ RT_GGML_Q5_K, QK_K, 176, deq_q5_k },
-	{ RT_GGML_Q6_K, QK_K, 210, deq_q6_k },
+	{ RT_GGML_F32, deq_f32 },   { RT_GGML_F16, deq_f16 },   { RT_GGML_BF16, deq_bf16 },
+	{ RT_GGML_Q4_0, deq_q4_0 }, { RT_GGML_Q4_1, deq_q4_1 }, { RT_GGML_Q5_0, deq_q5_0 },
+	{ RT_GGML_Q5_1, deq_q5_1 }, { RT_GGML_Q8_0, deq_q8_0 }, { RT_GGML_Q4_K, deq_q4_k },
+	{ RT_GGML_Q5_K, deq_q5_k }, { RT_GGML_Q6_K, deq_q6_k },
 };
 
 static const quant_traits *find_traits(uint32_t type)
@@ -213,16 +205,29 @@ static const quant_traits *find_traits(uint32_t type)
 	return NULL;
 }
 
+/* values and bytes per block of a decodable type; 0 (and *t NULL) for any other */
+static int geometry(uint32_t type, const quant_traits **t, uint32_t *blck, uint32_t *bytes)
+{
+	*t = find_traits(type);
+	if (!*t || rt_ggml_type_size(type, blck, bytes) < 0) {
+		*t = NULL;
+		return 0;
+	}
+	return 1;
+}
+
 int rt_quant_block_values(uint32_t type)
 {
-	const quant_traits *t = find_traits(type);
-	return t ? t->blck : 0;
+	const quant_traits *t;
+	uint32_t blck, bytes;
+	return geometry(type, &t, &blck, &bytes) ? (int)blck : 0;
 }
 
 size_t rt_quant_block_bytes(uint32_t type)
 {
-	const quant_traits *t = find_traits(type);
-	return t ? t->bytes : 0;
+	const quant_traits *t;
+	uint32_t blck, bytes;
+	return geometry(type, &t, &blck, &bytes) ? bytes : 0;
 }
 
 int rt_quant_supported(uint32_t type)
@@ -232,20 +237,22 @@ int rt_quant_supported(uint32_t type)
 
 size_t rt_quant_row_bytes(uint32_t type, int64_t n)
 {
-	const quant_traits *t = find_traits(type);
-	if (!t || n < 0 || n % t->blck)
+	const quant_traits *t;
+	uint32_t blck, bytes;
+	if (!geometry(type, &t, &blck, &bytes) || n < 0 || n % blck)
 		return 0;
-	uint64_t nb = (uint64_t)(n / t->blck);
-	if (nb > SIZE_MAX / t->bytes)
+	uint64_t nb = (uint64_t)(n / blck);
+	if (nb > SIZE_MAX / bytes)
 		return 0;
-	return (size_t)nb * t->bytes;
+	return (size_t)nb * bytes;
 }
 
 int rt_dequant(uint32_t type, const void *src, float *dst, int64_t n)
 {
-	const quant_traits *t = find_traits(type);
-	if (!t || n < 0 || n % t->blck)
+	const quant_traits *t;
+	uint32_t blck, bytes;
+	if (!geometry(type, &t, &blck, &bytes) || n < 0 || n % blck)
 		return -1;
-	t->deq(src, dst, n / t->blck);
+	t->deq(src, dst, n / blck);
 	return 0;
 }
