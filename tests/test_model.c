@@ -797,7 +797,7 @@ END_TEST
 
 /* ---- bad inputs ---------------------------------------------------------------------- */
 
-enum damage { D_NONE, D_ARCH, D_MISSING, D_SHAPE, D_NO_CTX, D_HEADS };
+enum damage { D_NONE, D_ARCH, D_MISSING, D_SHAPE, D_NO_CTX, D_HEADS, D_ROPE_SCALING, D_ROPE_FREQS };
 
 /* A 1-layer F32 llama (4q/2kv, E 32, F 32, V 40) with one deliberate defect. */
 static void write_damaged(const char *path, enum damage d)
@@ -814,6 +814,10 @@ static void write_damaged(const char *path, enum damage d)
 	gw_kv_u32(w, "llama.attention.head_count_kv", d == D_HEADS ? 3 : 2);
 	gw_kv_f32(w, "llama.rope.freq_base", 10000.0f);
 	gw_kv_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+	if (d == D_ROPE_SCALING) {
+		gw_kv_str(w, "llama.rope.scaling.type", "yarn");
+		gw_kv_f32(w, "llama.rope.scaling.factor", 4.0f);
+	}
 	float *z = calloc((size_t)V * E, sizeof *z);
 	for (int i = 0; i < V * E; i++)
 		z[i] = 0.01f * (float)(i % 7);
@@ -821,6 +825,8 @@ static void write_damaged(const char *path, enum damage d)
 	int64_t ne_k_bad[2] = { E, KD + 1 }, ne_ff[2] = { E, F }, ne_down[2] = { F, E };
 	gw_tensor_f32(w, "token_embd.weight", 2, ne_embd, z);
 	gw_tensor_f32(w, "output_norm.weight", 1, ne_n, z);
+	if (d == D_ROPE_FREQS)
+		gw_tensor_f32(w, "rope_freqs.weight", 1, (int64_t[1]){ KD / 2 }, z);
 	gw_tensor_f32(w, "blk.0.attn_norm.weight", 1, ne_n, z);
 	gw_tensor_f32(w, "blk.0.attn_q.weight", 2, ne_q, z);
 	gw_tensor_f32(w, "blk.0.attn_k.weight", 2, d == D_SHAPE ? ne_k_bad : ne_k, z);
@@ -842,7 +848,12 @@ START_TEST(test_bad_files)
 		enum damage d;
 		const char *want;
 	} cases[] = {
-		{ D_ARCH, "architecture 'gpt2' is not supported" },
+		{ D_ARCH, "general.architecture 'gpt2' is not supported (supported: 'llama', 'qwen2', "
+		          "'qwen3', 'gemma3')" },
+		{ D_ROPE_SCALING, "key 'llama.rope.scaling.type' = 'yarn' (factor 4): RoPE scaling is not "
+		                  "supported" },
+		{ D_ROPE_FREQS, "tensor 'rope_freqs.weight' (Llama 3.x RoPE frequency factors) is not "
+		                "supported" },
 		{ D_MISSING, "missing tensor 'blk.0.ffn_gate.weight'" },
 		{ D_SHAPE, "tensor 'blk.0.attn_k.weight' has shape [32, 17], expected [32, 16]" },
 		{ D_NO_CTX, "llama.context_length" },
