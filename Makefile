@@ -57,7 +57,7 @@ BINS       := $(B)/kvrt $(if $(wildcard compiler/kvpc_main.c),$(B)/kvpc)
 .SECONDARY:
 .DELETE_ON_ERROR:
 
-.PHONY: all help deps model model-gemma vocab check test test-asan bench bench-serve demo results fuzz fuzz-build fuzz-smoke install clean cuda
+.PHONY: all help deps model model-gemma vocab check test test-asan test-vllm bench bench-serve demo results fuzz fuzz-build fuzz-smoke install clean cuda
 .DEFAULT_GOAL := all
 
 ## all: build libkvrt, the kvrt CLI, the kvpc compiler and every test binary
@@ -122,6 +122,23 @@ test-asan: $(TEST_BINS) $(B)/tests/serve_bin
 	  scripts/run_tests.sh $(B) $(TEST_BINS)
 	@SERVE_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  $(PYTHON) tests/serve/test_serve.py $(B)/tests/serve_bin $(MODEL)
+
+## test-vllm: the vLLM plug-in on vLLM's CPU backend with SmolLM2 (creates VLLM_VENV: ~3.2 GB download, ~6.3 GB; docs/vllm.md)
+VLLM_VENV  ?= $(HOME)/.cache/kvpc/vllm-venv
+VLLM_LIB   := $(B)/libkvpc_vllm.so
+test-vllm: $(B)/kvpc $(B)/libkvrt.a $(B)/tests/vllm_kept_ref model
+	@integrations/vllm/install_venv.sh $(VLLM_VENV)
+	@$(B)/kvpc build --shared policies/knorm.kvp policies/snapkv.kvp -o $(VLLM_LIB)
+	@$(VLLM_VENV)/bin/python integrations/vllm/convert_model.py $(MODEL) $(B)/hf-smollm2
+	@start=$$(date +%s); KVPC_VLLM_LIB=$(abspath $(VLLM_LIB)) KVPC_HF_MODEL=$(abspath $(B)/hf-smollm2) \
+	  KVPC_GGUF=$(abspath $(MODEL)) KVPC_KEPT_REF=$(abspath $(B)/tests/vllm_kept_ref) \
+	  $(VLLM_VENV)/bin/python -m pytest -q -s -p no:cacheprovider tests/vllm/test_vllm.py; rc=$$?; \
+	  echo "test-vllm: $$(( $$(date +%s) - start )) s"; exit $$rc
+
+# kvpc's runtime as the vLLM suite's reference: kept positions per (layer, KV head)
+$(B)/tests/vllm_kept_ref: tests/vllm/kept_ref.c $(POLICY_OBJS) $(B)/libkvrt.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(POLICY_OBJS) $(B)/libkvrt.a $(LDLIBS)
 
 ## bench: kvrt beside llama-bench (scripts/build_llama.sh): pp512, tg128, tg128 at depth 4096, 1 and 2 threads; H2O/SnapKV x8 at depth 8064 against llama.cpp's full cache
 bench: deps model $(B)/kvrt $(B)/kvpc $(B)/libkvrt.a
@@ -234,6 +251,16 @@ clean:
 
 # ---- rules -------------------------------------------------------------------
 
+# libkvrt is position-independent so that `kvpc build --shared` can link it into a shared
+# library (runtime/policy/rt_shared.h); no semantic interposition keeps the same inlining
+# as the default PIE code
+$(RT_OBJS): CFLAGS += -fPIC -fno-semantic-interposition
+# (a build tree made before this flag: the new stamp is newer than its objects, which
+# are then rebuilt once)
+$(RT_OBJS): $(B)/gen/rt-pic.stamp
+$(B)/gen/rt-pic.stamp:
+	@mkdir -p $(dir $@) && touch $@
+
 $(B)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
@@ -332,6 +359,11 @@ $(B)/tests/test_cli: $(B)/tests/test_cli.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkv
 
 # tests/test_seq.c drives every compiled policy through rt_seq and counts allocations by
 # wrapping the allocator at link time (the sequence loop must allocate nothing per token).
+# the shared-library ABI suite calls the linked ABI on every library policy and runs
+# build/kvpc build --shared
+$(B)/tests/test_shared: $(B)/tests/test_shared.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a | $(B)/kvpc
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS) -ldl
+
 $(B)/tests/test_seq: $(B)/tests/test_seq.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=aligned_alloc,--wrap=posix_memalign \
 	  -o $@ $^ $(CHECK_LIBS) $(LDLIBS)

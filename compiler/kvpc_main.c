@@ -3,11 +3,12 @@
  * needs: check a .kvp file (located diagnostics only), emit C for one policy or the
  * registry of several, and print a file in canonical form.
  *
- *   kvpc check FILE.kvp...
+ *   kvpc check [--target paged] FILE.kvp...
  *   kvpc emit --target c FILE.kvp [-o OUT] [--no-line]
  *   kvpc emit --target registry A.kvp B.kvp... [-o OUT]
  *   kvpc fmt FILE.kvp... [-w]
  *   kvpc build FILE.kvp... -o BIN [--gate]   (compiler/kvpc_build.h)
+ *   kvpc build --shared FILE.kvp... -o LIB.so (the shared ABI, docs/shared_abi.md)
  *   kvpc ab A.kvp B.kvp ..., kvpc tune FILE.kvp ...   (kvpc_build.h, kvpc_tune.h)
  *   kvpc --help | --version
  *
@@ -25,18 +26,20 @@
 #include "kvp_emit_cuda.h"
 #include "kvp_fmt.h"
 #include "kvp_ir.h"
+#include "kvp_paged.h"
 #include "kvp_sema.h"
 #include "kvp_src.h"
 #include "kvpc_build.h"
 #include "kvpc_tune.h"
 
 static const char USAGE[] =
-	"usage: kvpc check FILE.kvp...\n"
+	"usage: kvpc check [--target paged] FILE.kvp...\n"
 	"       kvpc emit --target c FILE.kvp [-o OUT] [--no-line]\n"
 	"       kvpc emit --target registry A.kvp B.kvp... [-o OUT]\n"
 	"       kvpc emit --target cuda FILE.kvp [-o OUT] | --target cuda-registry A.kvp...\n"
 	"       kvpc fmt FILE.kvp... [-w]\n"
 	"       kvpc build FILE.kvp... -o BIN [--gate] [-v]\n"
+	"       kvpc build --shared FILE.kvp... -o LIB.so [-v]\n"
 	"       kvpc tune FILE.kvp --model M --text FILE... --max-kld X [--min-passkey P] [...]\n"
 	"       kvpc ab A.kvp B.kvp --model M --text FILE [--ratio 2,4,8] [...]\n"
 	"       kvpc --help | --version\n";
@@ -46,6 +49,7 @@ static const char HELP[] =
 	"\n"
 	"commands:\n"
 	"  check FILE.kvp...      parse and check each file; print located diagnostics\n"
+	"       --target paged    also say why a paged engine (vLLM) cannot run it\n"
 	"  emit --target c FILE   emit the policy as C (policy ABI, runtime/policy/rt_policy.h)\n"
 	"       -o OUT            write to OUT instead of stdout\n"
 	"       --no-line         omit #line directives back to the .kvp source\n"
@@ -59,6 +63,9 @@ static const char HELP[] =
 	"  build FILE.kvp... -o BIN\n"
 	"                         compile policies into a per-deployment binary (cached);\n"
 	"                         BIN info | ppl | needle | run | ab (BIN CMD --help)\n"
+	"  build --shared FILE.kvp... -o LIB.so\n"
+	"                         a shared library with the C ABI of docs/shared_abi.md\n"
+	"                         (paged policies only; the vLLM plug-in loads it)\n"
 	"  tune FILE.kvp --model M --text FILE... --max-kld X\n"
 	"                         the highest compression ratio within the quality limit on\n"
 	"                         your texts; writes FILE.tune, which build bakes in as the\n"
@@ -88,27 +95,52 @@ static kvp_src *load(const char *path)
 	return src;
 }
 
+/* `--target paged` / `--target=paged` at argv[i]: 1 (and *i past it), 0 when argv[i] is
+ * something else, -1 for another target (a usage error). */
+static int target_paged(int argc, char **argv, int *i)
+{
+	const char *t = NULL;
+	if (!strcmp(argv[*i], "--target") && *i + 1 < argc)
+		t = argv[++*i];
+	else if (!strncmp(argv[*i], "--target=", 9))
+		t = argv[*i] + 9;
+	else
+		return 0;
+	return !strcmp(t, "paged") ? 1 : -1;
+}
+
 static int cmd_check(int argc, char **argv)
 {
-	if (argc == 0)
-		return usage("check: no input file");
-	int bad = 0;
+	int bad = 0, paged = 0, n_files = 0;
 	for (int i = 0; i < argc; i++) {
-		if (argv[i][0] == '-' && argv[i][1])
+		const int tp = target_paged(argc, argv, &i);
+		if (tp < 0)
+			return usage("check: unknown target (the only check target is paged)");
+		paged |= tp;
+		if (!tp && argv[i][0] == '-' && argv[i][1])
 			return usage("check: unknown option");
+		if (!tp)
+			argv[n_files++] = argv[i];
 	}
-	for (int i = 0; i < argc; i++) {
+	if (n_files == 0)
+		return usage("check: no input file");
+	for (int i = 0; i < n_files; i++) {
 		kvp_src *src = load(argv[i]);
 		if (!src) {
 			bad = 1;
 			continue;
 		}
 		struct kvp_ir ir;
-		const int ok = kvp_compile(src, &ir) == 0;
+		int ok = kvp_compile(src, &ir) == 0;
+		/* the paged subset (kvp_paged.h): located refusals, after the file's own checks */
+		if (ok && paged && kvp_paged_check(&ir, src) != 0) {
+			kvp_ir_free(&ir);
+			ok = 0;
+		}
 		fputs(kvp_src_diags(src), stderr);
 		if (ok) {
 			/* one line per good file, so a successful check says what it checked */
-			printf("%s: ok (policy %s)\n", argv[i], ir.name);
+			printf("%s: ok (policy %s%s)\n", argv[i], ir.name, paged ? ", paged" : "");
 			kvp_ir_free(&ir);
 		} else {
 			bad = 1;
@@ -294,9 +326,13 @@ static int cmd_fmt(int argc, char **argv)
 }
 
 static const char HELP_CHECK[] =
-	"usage: kvpc check FILE.kvp...\n"
+	"usage: kvpc check [--target paged] FILE.kvp...\n"
 	"Parse and check each policy; print located diagnostics on stderr and one line\n"
 	"'FILE: ok (policy NAME)' per good file on stdout (docs/language.md).\n"
+	"  --target paged   also refuse, with a located reason each, what a paged engine\n"
+	"                   cannot run in this version (merging, precision tiers, positions\n"
+	"                   compacted, budgets that differ per head or layer, compressing\n"
+	"                   before the prompt end, per-step observe; docs/vllm.md)\n"
 	"exit status: 0 every file checks, 1 diagnostics, 2 usage error\n";
 static const char HELP_EMIT[] =
 	"usage: kvpc emit --target c FILE.kvp [-o OUT] [--no-line]\n"

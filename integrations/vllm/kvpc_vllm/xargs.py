@@ -1,0 +1,92 @@
+"""Per-request policy arguments: vllm_xargs = {"kv": {"policy", "ratio", "set"}}.
+
+The same object as kvpc's own server (docs/serving.md): policy (a name the library has),
+ratio (a number >= 1, optional), set ({"name": value}, optional). A bad object is a
+ValueError raised while vLLM validates the request, which its OpenAI server answers with
+400. vLLM types vllm_xargs values as scalars or lists, so install() widens the field to
+accept the nested object.
+"""
+import math
+
+from . import lib
+
+KEYS = {"policy", "ratio", "set"}
+
+
+def parse(extra_args):
+    """(policy, set string, ratio) of a request's extra_args, or None without "kv".
+    Raises ValueError naming the problem."""
+    if not extra_args or "kv" not in extra_args:
+        return None
+    kv = extra_args["kv"]
+    if not isinstance(kv, dict):
+        raise ValueError(f'kv: must be an object {{"policy", "ratio", "set"}}, got {type(kv).__name__}')
+    extra = set(kv) - KEYS
+    if extra:
+        raise ValueError(f"kv: unknown field(s) {sorted(extra)}; allowed: policy, ratio, set")
+    policy = kv.get("policy")
+    if not isinstance(policy, str) or not policy:
+        raise ValueError("kv.policy: a policy name is required")
+    ratio = kv.get("ratio", 0)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) \
+            or (ratio != 0 and ratio < 1):
+        raise ValueError(f"kv.ratio: must be a number >= 1, got {ratio!r}")
+    sets = kv.get("set", {})
+    if not isinstance(sets, dict):
+        raise ValueError("kv.set: must be an object {name: value}")
+    parts = []
+    for k, v in sets.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)) or "," in str(v) \
+                or "=" in str(k) or "," in str(k):
+            raise ValueError(f"kv.set.{k}: must be a number (or a percentage string)")
+        parts.append(f"{k}={v}")
+    return policy, ",".join(parts), float(ratio)
+
+
+def validate(extra_args):
+    """parse() plus the library's own verdict on the policy name and parameters (an
+    unknown one is an error here, not at the prompt end)."""
+    p = parse(extra_args)
+    if p is None:
+        return None
+    policy, set_, ratio = p
+    try:
+        lib.get().window(policy, set_, ratio, 1, 64, 1024)
+    except lib.KvpcError as e:
+        raise ValueError(f"kv: {e}") from None
+    return p
+
+
+def install():
+    """Validate kv objects with the request (400 from the server) and let the OpenAI
+    protocol's vllm_xargs carry the nested object."""
+    from vllm.v1.engine.input_processor import InputProcessor
+    orig = InputProcessor._validate_params
+    if getattr(orig, "_kvpc", False):
+        return
+
+    def _validate_params(self, params, supported_tasks):
+        out = orig(self, params, supported_tasks)
+        extra = getattr(params, "extra_args", None)
+        if extra:
+            validate(extra)
+        return out
+
+    _validate_params._kvpc = True
+    InputProcessor._validate_params = _validate_params
+    _widen_protocol()
+
+
+def _widen_protocol():
+    from typing import Any
+    for mod in ("vllm.entrypoints.openai.completion.protocol",
+                "vllm.entrypoints.openai.chat_completion.protocol"):
+        try:
+            m = __import__(mod, fromlist=["x"])
+        except ImportError:
+            continue
+        for cls in vars(m).values():
+            f = getattr(cls, "model_fields", {}).get("vllm_xargs") if isinstance(cls, type) else None
+            if f is not None and cls.__module__ == mod:
+                f.annotation = dict[str, Any] | None
+                cls.model_rebuild(force=True)

@@ -1,0 +1,202 @@
+"""The vLLM plug-in on vLLM's CPU backend with SmolLM2-135M (converted from the GGUF):
+a real engine and a real model, nothing mocked. Run by `make test-vllm` (docs/vllm.md),
+which builds the venv, the model directory, the policy library and kvpc's reference tool
+and sets KVPC_VLLM_LIB, KVPC_HF_MODEL, KVPC_GGUF, KVPC_KEPT_REF.
+
+Checked:
+  - the plug-in refuses a vLLM other than the pinned one, naming the difference;
+  - no-op parity: a request with a policy whose budget exceeds its prompt gives the same
+    greedy text as a request without one;
+  - kept-set parity: the kept positions per (layer, KV head) the plug-in computes from
+    vLLM's paged cache and forward equal kvpc's runtime's on the same token ids (kept_ref,
+    exact path on the GGUF): Jaccard >= 0.99 over all heads, for knorm and snapkv;
+  - tensor_parallel_size 2 gives the kept sets of 1 (one small request);
+  - the OpenAI server with vllm_xargs per request: a kv object is accepted, bad ones are
+    answered 400.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+HF = os.environ.get("KVPC_HF_MODEL")
+GGUF = os.environ.get("KVPC_GGUF")
+KEPT_REF = os.environ.get("KVPC_KEPT_REF")
+if not (HF and GGUF and KEPT_REF and os.environ.get("KVPC_VLLM_LIB")):
+    pytest.skip("run through `make test-vllm` (KVPC_* variables unset)", allow_module_level=True)
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+DUMP = tempfile.mkdtemp(prefix="kvpc_vllm_")
+os.environ["KVPC_VLLM_DUMP"] = DUMP
+
+TEXT = ("The history of the printing press begins in the fifteenth century, when movable "
+        "type changed how books were made and read across Europe. ") * 12
+
+ENGINE = dict(model=HF, dtype="float32", enforce_eager=True, enable_prefix_caching=False,
+              max_model_len=2048, max_num_batched_tokens=2048, max_num_seqs=4,
+              async_scheduling=False, seed=0)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from vllm import LLM
+    return LLM(**ENGINE)
+
+
+def prompt_ids(llm, n=None):
+    ids = llm.get_tokenizer().encode(TEXT)
+    return ids[:n] if n else ids
+
+
+def generate(llm, ids, kv=None, max_tokens=16):
+    from vllm import SamplingParams
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens,
+                        extra_args={"kv": kv} if kv else None)
+    out = llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)
+    return out[0].outputs[0].text
+
+
+def dumped(rank=0):
+    with open(os.path.join(DUMP, f"kept_rank{rank}.json")) as f:
+        return json.load(f)
+
+
+def reference(ids, policy, set_, ratio):
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(" ".join(map(str, ids)))
+    out = subprocess.run([KEPT_REF, GGUF, policy, set_, str(ratio), f.name],
+                         capture_output=True, text=True, check=True)
+    os.unlink(f.name)
+    return json.loads(out.stdout)["kept"]
+
+
+def jaccard(a, b):
+    """sum |A ∩ B| / sum |A ∪ B| over (layer, head), and the count of heads that differ"""
+    inter = union = differ = 0
+    for l, heads in a.items():
+        for h, kept in heads.items():
+            x, y = set(kept), set(b[str(l)][str(h)])
+            inter += len(x & y)
+            union += len(x | y)
+            differ += x != y
+    return inter / union, differ
+
+
+def test_refuses_other_vllm():
+    from kvpc_vllm import compat
+    assert compat.problems() == []
+    p = compat.problems(pinned="0.31.0")
+    assert len(p) == 1 and "pinned to 0.31.0" in p[0]
+    sig = dict(compat.SIGNATURES)
+    key = next(iter(sig))
+    sig[key] = sig[key] + ["extra"]
+    p = compat.problems(signatures=sig)
+    assert len(p) == 1 and key in p[0] and "expected" in p[0]
+
+
+def test_noop_parity(llm):
+    ids = prompt_ids(llm)
+    plain = generate(llm, ids)
+    kept = generate(llm, ids, {"policy": "snapkv"})   # capacity 1024 > the prompt
+    assert kept == plain and plain.strip()
+    last = list(dumped()["kept"].values())[-1]
+    assert all(len(v) == len(ids) for heads in last.values() for v in heads.values())
+
+
+@pytest.mark.parametrize("policy,sets,ratio", [
+    ("knorm", {}, 4), ("snapkv", {"window": 16}, 4), ("snapkv", {"capacity": 96}, 0)])
+def test_kept_parity(llm, policy, sets, ratio):
+    ids = prompt_ids(llm)
+    generate(llm, ids, {"policy": policy, "ratio": ratio, "set": sets}, max_tokens=1)
+    d = dumped()
+    assert not d["errors"], d["errors"]
+    got = list(d["kept"].values())[-1]
+    assert len(got) == 30
+    ref = reference(ids, policy, ",".join(f"{k}={v}" for k, v in sets.items()), ratio)
+    j, differ = jaccard(got, ref)
+    print(f"{policy} {sets} ratio {ratio}: {len(ids)} tokens, Jaccard {j:.4f}, "
+          f"{differ} of 90 heads differ")
+    assert j >= 0.99
+
+
+def test_tp2_equals_tp1(llm):
+    ids = prompt_ids(llm, 64)
+    kv = {"policy": "knorm", "ratio": 4}
+    text1 = generate(llm, ids, kv, max_tokens=4)
+    tp1 = list(dumped()["kept"].values())[-1]
+    code = (
+        "import json, os, sys\n"
+        "from vllm import LLM, SamplingParams\n"
+        f"e = {ENGINE!r}\n"
+        "e['tensor_parallel_size'] = 2\n"
+        "llm = LLM(**e)\n"
+        f"sp = SamplingParams(temperature=0, max_tokens=4, extra_args={{'kv': {kv!r}}})\n"
+        f"o = llm.generate([{{'prompt_token_ids': {ids!r}}}], sp, use_tqdm=False)\n"
+        "print('TEXT=' + json.dumps(o[0].outputs[0].text))\n")
+    d2 = tempfile.mkdtemp(prefix="kvpc_vllm_tp2_")
+    env = dict(os.environ, KVPC_VLLM_DUMP=d2, VLLM_CPU_OMP_THREADS_BIND="nobind",
+               VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    r = subprocess.run([sys.executable, "-c", "if __name__ == '__main__':\n" +
+                        "".join("    " + ln + "\n" for ln in code.splitlines())],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    text2 = json.loads(r.stdout.split("TEXT=")[-1].splitlines()[0])
+    merged = {}
+    for rank in (0, 1):
+        with open(os.path.join(d2, f"kept_rank{rank}.json")) as f:
+            for layer, heads in list(json.load(f)["kept"].values())[-1].items():
+                merged.setdefault(layer, {}).update(heads)
+    assert merged == tp1
+    assert text2 == text1
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_server_xargs():
+    import openai
+    port = free_port()
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    srv = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", HF,
+         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+         "--no-enable-prefix-caching", "--max-model-len", "2048", "--served-model-name", "m"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0,
+                          timeout=120)
+        for _ in range(240):
+            try:
+                c.models.list()
+                break
+            except openai.APIConnectionError:
+                assert srv.poll() is None, srv.stderr.read()[-3000:]
+                time.sleep(1)
+        ok = c.completions.create(model="m", prompt=TEXT[:400], max_tokens=8, temperature=0,
+                                  extra_body={"vllm_xargs": {"kv": {
+                                      "policy": "snapkv", "ratio": 4, "set": {"window": 16}}}})
+        assert ok.choices[0].text
+        for bad, word in [({"policy": "nope"}, "not in this library"),
+                          ({"policy": "knorm", "ratio": 0.5}, "ratio"),
+                          ({"policy": "knorm", "set": {"nope": 1}}, "nope"),
+                          ("snapkv", "object"),
+                          ({"policy": "knorm", "budget": 3}, "unknown field")]:
+            with pytest.raises(openai.BadRequestError) as e:
+                c.completions.create(model="m", prompt="hello", max_tokens=2,
+                                     extra_body={"vllm_xargs": {"kv": bad}})
+            assert word in str(e.value), (bad, str(e.value))
+    finally:
+        srv.terminate()
+        srv.wait(timeout=60)
