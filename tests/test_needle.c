@@ -151,6 +151,13 @@ static rt_tokenizer *syn_tokenizer(void)
 	gw_kv_i32_arr(w, "tokenizer.ggml.token_type", types, 262);
 	gw_kv_str_arr(w, "tokenizer.ggml.merges", merges, 3);
 	gw_kv_u32(w, "tokenizer.ggml.eos_token_id", 2);
+	/* SmolLM2's template (its default system message included), as the real file has */
+	gw_kv_str(w, "tokenizer.chat_template",
+	          "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+	          "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+	          "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+	          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+	          "{{ '<|im_start|>assistant\n' }}{% endif %}");
 	char path[] = "/tmp/test_needle_tok_......";
 	memset(path + strlen(path) - 6, 'X', 6); /* mkstemp's template suffix */
 	int fd = mkstemp(path);

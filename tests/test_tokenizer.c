@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "support/gguf_writer.h"
+#include "model/rt_chat.h"
 #include "model/rt_tokenizer.h"
 
 #define GOLDEN "tests/golden/tokenizer/golden.txt"
@@ -584,12 +585,13 @@ END_TEST
  * <0xFF>, then normal pieces with integer scores (higher merges first). flags: 1 = the
  * file sets add_space_prefix false, 2 = add_bos_token false. */
 enum { SPM_SP = 259, SPM_A, SPM_B, SPM_AB, SPM_SP_A, SPM_SP_AB, SPM_AA, SPM_N };
-static rt_tokenizer *open_spm(int flags)
+static rt_tokenizer *open_spm_ex(int flags, const char *bos_text, const char *chat_template,
+                                 const char *extra_control)
 {
 	const char *toks[SPM_N];
 	int32_t types[SPM_N], scores[SPM_N];
 	char bytes[256][8];
-	toks[0] = "<unk>", toks[1] = "<s>", toks[2] = "</s>";
+	toks[0] = "<unk>", toks[1] = bos_text, toks[2] = extra_control ? extra_control : "</s>";
 	types[0] = 2, types[1] = types[2] = 3;
 	for (int b = 0; b < 256; b++) {
 		snprintf(bytes[b], sizeof bytes[b], "<0x%02X>", b);
@@ -617,6 +619,8 @@ static rt_tokenizer *open_spm(int flags)
 		gw_kv_bool(w, "tokenizer.ggml.add_space_prefix", 0);
 	if (flags & 2)
 		gw_kv_bool(w, "tokenizer.ggml.add_bos_token", 0);
+	if (chat_template)
+		gw_kv_str(w, "tokenizer.chat_template", chat_template);
 	char path[] = "/tmp/test_tokenizer_spm_XXXXXX";
 	int fd = mkstemp(path);
 	ck_assert_int_ge(fd, 0);
@@ -631,6 +635,11 @@ static rt_tokenizer *open_spm(int flags)
 	rt_gguf_close(g);
 	unlink(path);
 	return t;
+}
+
+static rt_tokenizer *open_spm(int flags)
+{
+	return open_spm_ex(flags, "<s>", NULL, NULL);
 }
 
 static void expect_ids(const rt_tokenizer *t, const char *s, int special, const int32_t *want, int n)
@@ -720,28 +729,132 @@ START_TEST(test_init_errors)
 }
 END_TEST
 
+static rt_tokenizer *model_tok; /* the SmolLM2 file's (model cases) */
+
+/* ---- chat templates ------------------------------------------------------------------ */
+
+/* The family chosen from a tokenizer.chat_template and its rendering of one conversation,
+ * against hand-written prompts in each family's documented format (Llama 3's model card,
+ * Gemma's <start_of_turn> format, Mistral's [INST] formats, ChatML, Phi-3): system text,
+ * two user turns and an assistant turn with spaces around it (kept or trimmed as the
+ * family does), the generation prompt where the family has one, and the BOS text first
+ * when the vocabulary adds BOS. */
+START_TEST(test_chat_families)
+{
+	static const struct {
+		const char *tmpl, *bos; /* bos NULL: the vocabulary adds none */
+		const char *family, *want;
+	} C[] = {
+		{"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+		 "'<|im_end|>' + '\\n'}}{% endfor %}", NULL, "chatml",
+		 "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+		 "<|im_start|>assistant\n Hello. <|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+		 "<|im_start|>assistant\n"},
+		{"{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ "
+		 "message['content'] | trim + '<|eot_id|>' %}", "<|begin_of_text|>", "llama3",
+		 "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+		 "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant"
+		 "<|end_header_id|>\n\nHello.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2+2?"
+		 "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+		{"{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{{ '<start_of_turn>' + role + '\\n' }}",
+		 "<bos>", "gemma",
+		 "<bos><start_of_turn>user\nYou are terse.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+		 "Hello.<end_of_turn>\n<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n"},
+		{"{{- \"[AVAILABLE_TOOLS] [\" }}{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}", "<s>",
+		 "mistral-v3", "<s>[INST] You are terse.\n\nHi[/INST] Hello.</s>[INST] 2+2?[/INST]"},
+		{"{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}{{- '[INST]' }}", "<s>",
+		 "mistral-v7",
+		 "<s>[SYSTEM_PROMPT] You are terse.[/SYSTEM_PROMPT][INST] Hi[/INST]  Hello. </s>[INST] 2+2?[/INST]"},
+		{"{{ bos_token }}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+		 "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% endif %}", "<s>",
+		 "llama2", "<s>[INST] You are terse.\nHi [/INST] Hello. </s>[INST] 2+2? [/INST]"},
+		{"{{'<|' + message['role'] + '|>' + '\\n' + message['content'] + '<|end|>\\n' + '<|assistant|>\\n'}}",
+		 NULL, "phi3",
+		 "<|system|>\nYou are terse.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n Hello. <|end|>\n"
+		 "<|user|>\n2+2?<|end|>\n<|assistant|>\n"},
+	};
+	static const rt_chat_msg conv[] = {
+		{"system", "You are terse."}, {"user", "Hi"}, {"assistant", " Hello. "}, {"user", "2+2?"},
+	};
+	for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
+		rt_tokenizer *t = open_spm_ex(C[i].bos ? 0 : 2, C[i].bos ? C[i].bos : "<s>", C[i].tmpl, NULL);
+		rt_err err = {{0}};
+		const char *fam = rt_chat_family(t, &err);
+		ck_assert_msg(fam && !strcmp(fam, C[i].family), "case %zu: family %s, want %s (%s)", i,
+		              fam ? fam : "none", C[i].family, err.msg);
+		char *got = rt_chat_render_msgs(t, conv, 4, &err);
+		ck_assert_msg(got != NULL, "%s: %s", C[i].family, err.msg);
+		ck_assert_msg(!strcmp(got, C[i].want), "%s:\n got '%s'\nwant '%s'", C[i].family, got, C[i].want);
+		/* the pieces: contents are plain text and carry their message's index */
+		int ns;
+		rt_chat_seg *sg = rt_chat_segments(t, conv, 4, &ns, &err);
+		ck_assert_ptr_nonnull(sg);
+		int saw_user2 = 0;
+		for (int k = 0; k < ns; k++)
+			if (!sg[k].special && sg[k].len == 4 && !memcmp(sg[k].text, "2+2?", 4))
+				saw_user2 = sg[k].msg == 3;
+		ck_assert_msg(saw_user2, "%s: the last user content is not one plain piece of message 3", C[i].family);
+		free(sg);
+		free(got);
+		rt_tokenizer_free(t);
+	}
+}
+END_TEST
+
+/* Refusals name the file and the key; a file without a template falls back on its turn
+ * tokens (Gemma 3 270M's GGUF has no tokenizer.chat_template). */
+START_TEST(test_chat_refused_and_fallback)
+{
+	rt_err err = {{0}};
+	rt_tokenizer *t = open_spm_ex(0, "<s>", "{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' }}", NULL);
+	char *r = rt_chat_render(t, NULL, "Hi", &err);
+	ck_assert_ptr_null(r);
+	ck_assert_msg(strstr(err.msg, "/tmp/test_tokenizer_spm_") && strstr(err.msg, "tokenizer.chat_template") &&
+	              strstr(err.msg, "command-r") && strstr(err.msg, "supported: chatml"), "%s", err.msg);
+	rt_tokenizer_free(t);
+	t = open_spm_ex(0, "<s>", "{{ messages }}", NULL);
+	ck_assert_ptr_null(rt_chat_render(t, NULL, "Hi", &err));
+	ck_assert_msg(strstr(err.msg, "template not recognised"), "%s", err.msg);
+	rt_tokenizer_free(t);
+	t = open_spm_ex(0, "<s>", NULL, NULL);
+	ck_assert_ptr_null(rt_chat_render(t, NULL, "Hi", &err));
+	ck_assert_msg(strstr(err.msg, "tokenizer.chat_template: missing"), "%s", err.msg);
+	rt_tokenizer_free(t);
+	t = open_spm_ex(0, "<bos>", NULL, "<start_of_turn>");
+	r = rt_chat_render(t, "Be brief.", "Hi", &err);
+	ck_assert_msg(r != NULL, "%s", err.msg);
+	ck_assert_str_eq(r, "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n");
+	free(r);
+	rt_tokenizer_free(t);
+}
+END_TEST
+
+/* SmolLM2's own template (tokenizer.chat_template of the model file) against the golden
+ * renders jinja2 made of it (make_golden.py), and its default system message spelled
+ * out (model_and_data.md 1.6). */
 START_TEST(test_chat_render)
 {
 	golden g;
 	golden_load(&g);
 	ck_assert_int_ge(g.n_chat, 3);
+	rt_err err = {{0}};
 	for (int i = 0; i < g.n_chat; i++) {
-		char *s = rt_chat_render(g.chat[i].sys, g.chat[i].user);
+		char *s = rt_chat_render(model_tok, g.chat[i].sys, g.chat[i].user, &err);
+		ck_assert_msg(s != NULL, "%s", err.msg);
 		ck_assert_str_eq(s, g.chat[i].render);
 		free(s);
 	}
-	/* the documented default prompt, spelled out (model_and_data.md 1.6) */
-	char *s = rt_chat_render(NULL, "Hi");
+	char *s = rt_chat_render(model_tok, NULL, "Hi", &err);
 	ck_assert_str_eq(s, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
 	                    "Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 	free(s);
+	ck_assert_str_eq(rt_chat_family(model_tok, &err), "chatml");
 	golden_free(&g);
 }
 END_TEST
 
 /* ---- real model ------------------------------------------------------------------- */
 
-static rt_tokenizer *model_tok;
 static golden *model_golden;
 
 static void model_setup(void)
@@ -910,7 +1023,9 @@ START_TEST(test_model_special_both_ways)
 	free(db);
 	/* the rendered chat prompt tokenizes to <|im_start|> ... <|im_start|> ass istant \n
 	 * (ids 1 520 9531 198 from llama.cpp) */
-	char *p = rt_chat_render(NULL, "What is 2+2?");
+	rt_err cerr = {{0}};
+	char *p = rt_chat_render(model_tok, NULL, "What is 2+2?", &cerr);
+	ck_assert_msg(p != NULL, "%s", cerr.msg);
 	int32_t *c = tok(model_tok, p, strlen(p), 1, &n1);
 	ck_assert_int_eq(c[0], 1);
 	ck_assert_int_eq(c[n1 - 4], 1);
@@ -991,7 +1106,8 @@ static Suite *tokenizer_suite(void)
 	tcase_add_test(tc, test_random_bytes_and_roundtrip);
 	tcase_add_test(tc, test_init_errors);
 	tcase_add_test(tc, test_spm_merges);
-	tcase_add_test(tc, test_chat_render);
+	tcase_add_test(tc, test_chat_families);
+	tcase_add_test(tc, test_chat_refused_and_fallback);
 	suite_add_tcase(s, tc);
 
 	const char *model = getenv("KVRT_MODEL");
@@ -1000,6 +1116,7 @@ static Suite *tokenizer_suite(void)
 		tcase_set_timeout(tm, 300);
 		tcase_add_unchecked_fixture(tm, model_setup, model_teardown);
 		tcase_add_test(tm, test_model_selfcheck);
+		tcase_add_test(tm, test_chat_render);
 		tcase_add_test(tm, test_model_goldens);
 		tcase_add_test(tm, test_model_roundtrip);
 		tcase_add_test(tm, test_model_random_roundtrip);

@@ -65,7 +65,7 @@ static const char *const help_needle =
 	"    --gen N             answer tokens to generate\n"
 	"    --seed S            passkey seed (default 1); the key of (L, D) is drawn from\n"
 	"                        seed + 1000003 L + D\n"
-	"    --chat              wrap the prompt in the model's ChatML template\n"
+	"    --chat              wrap the prompt in the model's chat template\n"
 	"    --chunk N, --threads N, --fast, --f32-act, --kv-type T, -h/--help  as for ppl\n"
 	"    --mark-question     mark the question as the protected span `question`\n"
 	"    --quiet             no progress on stderr (a bar with trials/s and ETA on a\n"

@@ -16,6 +16,7 @@
 #include "cli/rt_cli_opts.h"
 #include "cli/rt_cli.h"
 #include "eval/rt_decode.h"
+#include "model/rt_chat.h"
 
 static const char *const help_run =
 	"NAME\n"
@@ -38,7 +39,8 @@ static const char *const help_run =
 	"    -m, --model MODEL  GGUF model file\n"
 	"    -p, --prompt TEXT  the prompt (UTF-8)\n"
 	"    -n N               tokens to generate at most, N >= 1 (default 128)\n"
-	"    --chat             wrap the prompt in the model's ChatML template\n"
+	"    --chat             wrap the prompt in the model's chat template (ChatML, Llama 3,\n"
+	"                       Gemma, Mistral, ...: from tokenizer.chat_template)\n"
 	"    --system TEXT      system message for --chat (default: the template's)\n"
 	"    --policy NAME      policy (default %s); --set, --ratio, --byte-ratio as for ppl\n"
 	"    --stats            print token counts, speed, KV peak and compressions on stderr\n"
@@ -99,8 +101,8 @@ int rt_cmd_run(int argc, char **argv)
 	g = NULL;
 	const char *prompt = o.prompt;
 	if (o.chat) {
-		if (!(rendered = rt_chat_render(o.system, o.prompt))) {
-			fprintf(stderr, "%s: prompt: out of memory rendering the chat template\n", rt_cli_prog);
+		if (!(rendered = rt_chat_render(tk, o.system, o.prompt, &err))) {
+			rt_cli_fail(&err);
 			goto out;
 		}
 		prompt = rendered;

@@ -15,6 +15,7 @@
 #include "eval/rt_decode.h"
 #include "eval/rt_stats.h"
 #include "kv/rt_kvbytes.h"
+#include "model/rt_chat.h"
 
 /* Tokenize a NUL-terminated string into a fresh heap array. */
 static int32_t *tok_str(const rt_tokenizer *t, const char *s, size_t len, int special,
@@ -33,13 +34,16 @@ static int32_t *tok_str(const rt_tokenizer *t, const char *s, size_t len, int sp
 	return ids;
 }
 
-/* ChatML pieces around the user message, from the tokenizer's own template renderer:
- * opener = "<|im_start|>system\n...<|im_end|>\n<|im_start|>user\n",
- * closer = "<|im_end|>\n<|im_start|>assistant\n". Heap strings. */
-static void chat_split(char **opener, char **closer)
+/* The chat template's pieces around the user message (runtime/model/rt_chat.h), e.g. for
+ * ChatML opener = "<|im_start|>system\n...<|im_end|>\n<|im_start|>user\n",
+ * closer = "<|im_end|>\n<|im_start|>assistant\n". Heap strings; -1 with err when the
+ * model's template is not supported. */
+static int chat_split(const rt_tokenizer *t, char **opener, char **closer, rt_err *err)
 {
 	static const char mark[] = "\x01kvpc-user\x01";
-	char *r = rt_chat_render(NULL, mark);
+	char *r = rt_chat_render(t, NULL, mark, err);
+	if (!r)
+		return -1;
 	char *m = strstr(r, mark);
 	RT_ASSERT(m != NULL);
 	size_t ol = (size_t)(m - r);
@@ -50,6 +54,7 @@ static void chat_split(char **opener, char **closer)
 	*closer = RT_MALLOC(strlen(c) + 1);
 	strcpy(*closer, c);
 	free(r);
+	return 0;
 }
 
 /* Concatenate up to 4 strings (NULL ends) into a heap string. */
@@ -83,12 +88,14 @@ uint32_t rt_needle_passkey_for_seed(uint64_t seed)
 }
 
 /* Build the prefix / question strings for a task. */
-static void task_strings(int chat, const char *instruction, const char *question,
-                         const char *prime, char **prefix, char **q)
+static int task_strings(const rt_tokenizer *t, int chat, const char *instruction,
+                        const char *question, const char *prime, char **prefix, char **q,
+                        rt_err *err)
 {
 	if (chat) {
 		char *op, *cl;
-		chat_split(&op, &cl);
+		if (chat_split(t, &op, &cl, err) != 0)
+			return -1;
 		*prefix = cat(op, instruction, NULL, NULL);
 		*q = cat("\n", question, cl, prime);
 		free(op);
@@ -97,6 +104,7 @@ static void task_strings(int chat, const char *instruction, const char *question
 		*prefix = cat(instruction, NULL, NULL, NULL);
 		*q = cat(instruction[0] ? "\n" : "\n\n", question, " ", prime);
 	}
+	return 0;
 }
 
 /* The tokens left for the haystack when a prompt of n_tokens has fixed tokens of prefix,
@@ -146,8 +154,9 @@ int rt_needle_passkey(const rt_tokenizer *t, int64_t n_tokens, double depth, uin
 	snprintf(needle, sizeof(needle), " The pass key is %u. Remember it. %u is the pass key.",
 	         key, key);
 	char *prefix, *qs;
-	task_strings(chat, RT_PASSKEY_INSTRUCTION, RT_PASSKEY_QUESTION, RT_PASSKEY_PRIME, &prefix,
-	             &qs);
+	if (task_strings(t, chat, RT_PASSKEY_INSTRUCTION, RT_PASSKEY_QUESTION, RT_PASSKEY_PRIME,
+	                 &prefix, &qs, err) != 0)
+		return -1;
 	int64_t np = 0, nf = 0, nn = 0, nq = 0;
 	int32_t *tp = tok_str(t, prefix, strlen(prefix), chat, &np, err);
 	int32_t *tf = tp ? tok_str(t, RT_PASSKEY_FILLER, strlen(RT_PASSKEY_FILLER), 0, &nf, err)
@@ -236,7 +245,8 @@ int rt_needle_niah(const rt_tokenizer *t, const char *text, size_t len, int64_t 
 		return rt_err_set(err, "niah: empty haystack text");
 	static const char needle[] = "\n" RT_NIAH_NEEDLE "\n";
 	char *prefix, *qs;
-	task_strings(chat, "", RT_NIAH_QUESTION, RT_NIAH_PRIME, &prefix, &qs);
+	if (task_strings(t, chat, "", RT_NIAH_QUESTION, RT_NIAH_PRIME, &prefix, &qs, err) != 0)
+		return -1;
 	int64_t np = 0, nn = 0, nq = 0, nh = 0;
 	int32_t *tp = tok_str(t, prefix, strlen(prefix), chat, &np, err);
 	int32_t *tn = tp ? tok_str(t, needle, strlen(needle), 0, &nn, err) : NULL;

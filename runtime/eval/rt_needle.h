@@ -17,7 +17,7 @@
  * token arrays, so a caller can compress the cache after the context only
  * (question-agnostic) or after context + question (question-aware). Their lengths add up
  * exactly to the requested token count. With `chat` set the prompt is wrapped in the
- * model's ChatML template (rt_chat_render): the context opens the user turn, the
+ * model's chat template (rt_chat_render): the context opens the user turn, the
  * question closes it and opens the assistant turn, ending in the answer priming.
  * Measured with the full cache on SmolLM2-135M-Instruct (greedy, one sample each): plain
  * prompts retrieve the passkey and the NIAH needle at 1024 (depth 50) and 4096 (depth 25)

@@ -287,6 +287,9 @@ struct rt_tokenizer {
 	int split_digits, ignore_merges, add_space_prefix;
 	int32_t bos;             /* the BOS id prompts start with, or -1 */
 	int32_t unk;             /* SentencePiece's unknown token (fallback of a byte without one) */
+	char *chat_template;     /* tokenizer.chat_template (NUL-terminated copy) or NULL */
+	size_t chat_template_len;
+	char *path;              /* the GGUF's path, for rt_chat's messages */
 	pcre2_code *re_main, *re_digit;
 };
 
@@ -774,6 +777,15 @@ rt_tokenizer *rt_tokenizer_init(const rt_gguf *g, rt_err *err)
 	}
 	tok_decode_init(t, byte_of_cp);
 	tok_specials_init(t);
+	rt_gguf_str ct;
+	if (rt_gguf_get_str(g, "tokenizer.chat_template", &ct, NULL) == 0) {
+		t->chat_template = RT_MALLOC(ct.len + 1);
+		memcpy(t->chat_template, ct.s, ct.len);
+		t->chat_template[ct.len] = '\0';
+		t->chat_template_len = ct.len;
+	}
+	t->path = RT_MALLOC(strlen(path) + 1);
+	strcpy(t->path, path);
 	return t;
 fail:
 	rt_tokenizer_free(t);
@@ -792,6 +804,8 @@ void rt_tokenizer_free(rt_tokenizer *t)
 	free(t->merges);
 	free(t->specials);
 	free(t->eog);
+	free(t->chat_template);
+	free(t->path);
 	if (t->re_main)
 		pcre2_code_free(t->re_main);
 	if (t->re_digit)
@@ -802,6 +816,25 @@ void rt_tokenizer_free(rt_tokenizer *t)
 int32_t rt_tokenizer_bos(const rt_tokenizer *t)
 {
 	return t->bos;
+}
+
+const char *rt_tokenizer_chat_template(const rt_tokenizer *t, size_t *len)
+{
+	*len = t->chat_template_len;
+	return t->chat_template;
+}
+
+const char *rt_tokenizer_path(const rt_tokenizer *t)
+{
+	return t->path;
+}
+
+const char *rt_tokenizer_text(const rt_tokenizer *t, int32_t id, size_t *len)
+{
+	if (id < 0 || id >= t->n_vocab)
+		return NULL;
+	*len = t->st.len[id];
+	return t->st.blob + t->st.off[id];
 }
 
 int32_t rt_tokenizer_n_vocab(const rt_tokenizer *t)
@@ -1219,19 +1252,4 @@ int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int par
 	free(fr);
 	free(nx);
 	return rc < 0 ? -1 : r.n;
-}
-
-/* ---- chat template ------------------------------------------------------------- */
-
-char *rt_chat_render(const char *system, const char *user)
-{
-	static const char def_sys[] = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-	static const char fmt[] = "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n%s<|im_end|>\n"
-	                          "<|im_start|>assistant\n";
-	const char *sys = system ? system : def_sys;
-	const char *usr = user ? user : "";
-	size_t n = strlen(fmt) + strlen(sys) + strlen(usr);
-	char *s = RT_MALLOC(n + 1);
-	snprintf(s, n + 1, fmt, sys, usr);
-	return s;
 }

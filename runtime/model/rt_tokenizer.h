@@ -50,16 +50,20 @@ int rt_token_to_bytes(const rt_tokenizer *t, int32_t id, char *buf, int cap);
  * -1 when the file's prompts start without one (SmolLM2, Qwen2). */
 int32_t rt_tokenizer_bos(const rt_tokenizer *t);
 
+/* The file's tokenizer.chat_template text (its length in *len), or NULL when the file has
+ * none; the file's path. Both owned by t (rt_chat renders with them). */
+const char *rt_tokenizer_chat_template(const rt_tokenizer *t, size_t *len);
+const char *rt_tokenizer_path(const rt_tokenizer *t);
+
+/* The vocabulary text of token id (its length in *len; owned by t), or NULL when out of
+ * range. */
+const char *rt_tokenizer_text(const rt_tokenizer *t, int32_t id, size_t *len);
+
 /* Token id of an exact vocabulary string (e.g. "<|im_end|>"), or -1. */
 int32_t rt_tokenizer_find(const rt_tokenizer *t, const char *piece);
 
 /* 1 when id ends generation, by llama.cpp's rule: the GGUF eos/eot/eom ids and the tokens
  * named <|endoftext|>, <|im_end|>, <reponame>, ... (for SmolLM2 the set is {0, 2, 4}). */
 int rt_tokenizer_is_eog(const rt_tokenizer *t, int32_t id);
-
-/* Render a single-turn ChatML prompt (system message optional: NULL uses the template's
- * default "You are a helpful AI assistant named SmolLM, trained by Hugging Face") with
- * the generation prompt appended. Returns a heap string the caller frees. */
-char *rt_chat_render(const char *system, const char *user);
 
 #endif

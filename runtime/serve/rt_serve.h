@@ -9,8 +9,8 @@
  * boundary; a request body that stalls for --timeout seconds gets 408; SIGTERM (or SIGINT) drains: new requests get 503, queued and active ones
  * finish, then the process exits 0. docs/serving.md describes the API.
  *
- * Endpoints: POST /v1/completions, POST /v1/chat/completions (ChatML, the SmolLM2 /
- * Qwen2 template), both with "stream": true as Server-Sent Events in OpenAI's chunk
+ * Endpoints: POST /v1/completions, POST /v1/chat/completions (the model's chat template,
+ * runtime/model/rt_chat.h), both with "stream": true as Server-Sent Events in OpenAI's chunk
  * format; GET /v1/models, GET /health, GET /metrics (Prometheus text format 0.0.4).
  */
 #ifndef RT_SERVE_H

@@ -1,15 +1,17 @@
 /*
  * rt_serve_req: an OpenAI request body -> a req with its sequence: the fields this server
- * reads, the prompt (text, segments, token ids, or chat messages in ChatML), the limits, the
- * sampler, the stop strings and the "kv" extension (policy, ratio, parameters), checked with
+ * reads, the prompt (text, segments, token ids, or chat messages in the model's chat
+ * template), the limits, the sampler, the stop strings and the "kv" extension (policy, ratio, parameters), checked with
  * the command line's messages; every error names its field (OpenAI's "param").
  */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kv/rt_kv.h"
+#include "model/rt_chat.h"
 #include "model/rt_model.h"
 #include "model/rt_tokenizer.h"
 #include "serve/rt_serve_int.h"
@@ -176,51 +178,65 @@ static int parse_prompt(srv *S, req *r, json_t *pr, verr *e)
 	return 0;
 }
 
-/* The messages of /v1/chat/completions, rendered in ChatML: template markers are
+/* The messages of /v1/chat/completions, rendered in the model's chat template
+ * (runtime/model/rt_chat.h: ChatML, Llama 3, Gemma, Mistral, ...): template markers are
  * tokenized as control tokens, message contents as plain text (so a message cannot
  * forge a turn); a system message is span `system`, a message with "protect": true span
- * `pinned`. Without a system message the template's default one comes first. */
+ * `pinned`. Without a system message the template's default one (if any) comes first. */
 static int parse_messages(srv *S, req *r, json_t *ms, verr *e)
 {
-	static const char def_sys[] = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 	int64_t cap = 0;
 	if (!json_is_array(ms) || json_array_size(ms) == 0)
 		return bad(e, 400, "messages", "messages must be a non-empty array");
+	const size_t nm = json_array_size(ms);
+	rt_chat_msg *cm = RT_MALLOC(nm * sizeof *cm);
+	int *span = RT_MALLOC(nm * sizeof *span);
+	int rc = -1, ns = 0;
+	rt_chat_seg *sg = NULL;
 	size_t i;
 	json_t *m;
 	json_array_foreach(ms, i, m)
 	{
-		if (!json_is_object(m))
-			return bad(e, 400, "messages", "messages[%zu] must be an object", i);
+		if (!json_is_object(m)) {
+			bad(e, 400, "messages", "messages[%zu] must be an object", i);
+			goto out;
+		}
 		const char *role = json_string_value(json_object_get(m, "role"));
 		if (!role || (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") &&
-		              strcmp(role, "developer")))
-			return bad(e, 400, "messages", "messages[%zu].role must be system, developer, user or assistant", i);
+		              strcmp(role, "developer"))) {
+			bad(e, 400, "messages", "messages[%zu].role must be system, developer, user or assistant", i);
+			goto out;
+		}
 		json_t *pt = json_object_get(m, "protect");
-		if (pt && !json_is_boolean(pt))
-			return bad(e, 400, "messages", "messages[%zu].protect must be a boolean", i);
+		if (pt && !json_is_boolean(pt)) {
+			bad(e, 400, "messages", "messages[%zu].protect must be a boolean", i);
+			goto out;
+		}
 		const char *s;
 		size_t n;
 		char what[48];
 		snprintf(what, sizeof what, "messages[%zu].content", i);
 		if (get_text(json_object_get(m, "content"), what, &s, &n, e) != 0)
-			return -1;
+			goto out;
 		int sys = !strcmp(role, "system") || !strcmp(role, "developer");
-		int sp = json_is_true(pt) ? SPAN_PINNED : sys ? SPAN_SYSTEM : 0;
-		if (i == 0 && !sys) {
-			char head[160];
-			int hn = snprintf(head, sizeof head, "<|im_start|>system\n%s<|im_end|>\n", def_sys);
-			if (add_tokens(S, r, head, (size_t)hn, 1, 0, &cap, e, "messages") != 0)
-				return -1;
-		}
-		char open[64];
-		int on = snprintf(open, sizeof open, "<|im_start|>%s\n", sys ? "system" : role);
-		if (add_tokens(S, r, open, (size_t)on, 1, sp, &cap, e, "messages") != 0 ||
-		    add_tokens(S, r, s, n, 0, sp, &cap, e, "messages") != 0 ||
-		    add_tokens(S, r, "<|im_end|>\n", 11, 1, sp, &cap, e, "messages") != 0)
-			return -1;
+		span[i] = json_is_true(pt) ? SPAN_PINNED : sys ? SPAN_SYSTEM : 0;
+		cm[i] = (rt_chat_msg){role, s};
 	}
-	return add_tokens(S, r, "<|im_start|>assistant\n", 22, 1, 0, &cap, e, "messages");
+	rt_err err = { "" };
+	if (!(sg = rt_chat_segments(S->tk, cm, (int)nm, &ns, &err))) {
+		bad(e, 400, "messages", "%s", err.msg);
+		goto out;
+	}
+	for (int k = 0; k < ns; k++)
+		if (add_tokens(S, r, sg[k].text, sg[k].len, sg[k].special, sg[k].msg >= 0 ? span[sg[k].msg] : 0,
+		               &cap, e, "messages") != 0)
+			goto out;
+	rc = 0;
+out:
+	free(sg);
+	free(cm);
+	free(span);
+	return rc;
 }
 
 static int num_field(json_t *o, const char *key, double lo, double hi, int integral,
