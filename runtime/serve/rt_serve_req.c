@@ -14,6 +14,7 @@
 #include "model/rt_chat.h"
 #include "model/rt_model.h"
 #include "model/rt_tokenizer.h"
+#include "policy/rt_pick.h"
 #include "serve/rt_serve_int.h"
 
 static const char *const span_names[] = { "", "system", "pinned" };
@@ -254,9 +255,64 @@ static int num_field(json_t *o, const char *key, double lo, double hi, int integ
 	return 1;
 }
 
-/* The "kv" extension: policy, ratio (in entries, or byte_ratio in bytes) and parameters,
- * checked as the command line checks --policy, --ratio, --byte-ratio and --set (the same
- * messages), then applied to r's new sequence. */
+/* A request's spelling of each field of the policy choice (ORDER RT_PICK_FIELD), and the
+ * field its 400 names (OpenAI's "param"). */
+static const char *const kv_spellings[RT_PICK_N_FIELDS] = { "kv.policy",
+	"this server's --kv-type", "kv.set", "kv.ratio", "kv.byte_ratio", "kv.prefill_chunk" };
+static const char *const kv_params[RT_PICK_N_FIELDS] = { "kv.policy", "kv.policy", "kv.set",
+	"kv.ratio", "kv.byte_ratio", "kv.prefill_chunk" };
+
+/* The one policy choice (runtime/policy/rt_pick.h) of a request: the server's first
+ * n_default --set values, then the request's kv.set, on the server's KV type. 0 with *pk
+ * (the caller frees it), or -1 with the 400 in e. */
+static int kv_pick(srv *S, const char *pname, int n_default, json_t *set, double ratio,
+                   double bratio, int32_t pf, struct rt_pick *pk, verr *e)
+{
+	const rt_serve_cfg *c = S->cfg;
+	const int n = n_default + (int)json_object_size(set);
+	char (*own)[256] = calloc((size_t)(n > 0 ? n : 1), sizeof *own);
+	const char **sets = calloc((size_t)(n > 0 ? n : 1), sizeof *sets);
+	int k = 0, rc = -1;
+	if (!own || !sets) {
+		rc = bad(e, 503, NULL, "out of memory for the request's parameters");
+		goto out;
+	}
+	for (; k < n_default; k++)
+		sets[k] = c->sets[k];
+	const char *key;
+	json_t *v;
+	json_object_foreach(set, key, v)
+	{
+		if (json_is_number(v))
+			snprintf(own[k], sizeof own[k], "%s=%.17g", key, json_number_value(v));
+		else if (json_is_string(v))
+			snprintf(own[k], sizeof own[k], "%s=%s", key, json_string_value(v));
+		else {
+			bad(e, 400, "kv.set", "kv.set.%s must be a number or a string", key);
+			goto out;
+		}
+		sets[k] = own[k];
+		k++;
+	}
+	struct rt_pick_in in = { .reg = S->reg, .n_reg = S->n_reg, .policy = pname,
+		.kv_type = (int)S->m->kv_type, .sets = sets, .n_sets = k, .ratio = ratio,
+		.byte_ratio = bratio, .prefill_chunk = pf, .spellings = kv_spellings };
+	rt_err err = { "" };
+	if (rt_pick(&in, pk, &err) != 0)
+		bad(e, err.code == RT_ERR_INPUT ? 400 : 503, kv_params[pk->field], "%s", err.msg);
+	else
+		rc = 0;
+out:
+	free(own);
+	free(sets);
+	return rc;
+}
+
+/* The "kv" extension: policy, ratio (in entries, or byte_ratio in bytes), parameters and
+ * prefill chunk, decoded here and chosen by the command line's rules (kv_pick, rt_pick),
+ * then applied to r's new sequence. A request's policy other than the server's default
+ * starts from its own parameters and budget; kv.ratio replaces the server's byte ratio
+ * and kv.byte_ratio its ratio. */
 static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 {
 	const rt_serve_cfg *c = S->cfg;
@@ -287,82 +343,39 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 				use_default_sets = 0, ratio = 0, bratio = 0;
 			pname = json_string_value(pv);
 		}
+		/* a request's ratio replaces the server's in either unit (both: rt_pick refuses) */
 		json_t *rv = json_object_get(kv, "ratio"), *bv = json_object_get(kv, "byte_ratio");
-		if (rv && !json_is_null(rv) && bv && !json_is_null(bv))
-			return bad(e, 400, "kv.byte_ratio", "kv.ratio counts entries and kv.byte_ratio "
-			           "bytes; give one of them");
-		if (rv && !json_is_null(rv)) {
-			if (!json_is_number(rv))
-				return bad(e, 400, "kv.ratio", "kv.ratio must be a number");
-			ratio = json_number_value(rv);
-			bratio = 0;
-		}
-		if (bv && !json_is_null(bv)) {
-			if (!json_is_number(bv))
-				return bad(e, 400, "kv.byte_ratio", "kv.byte_ratio must be a number");
-			bratio = json_number_value(bv);
-			ratio = 0;
+		const int has_r = rv && !json_is_null(rv), has_b = bv && !json_is_null(bv);
+		if (has_r && !json_is_number(rv))
+			return bad(e, 400, "kv.ratio", "kv.ratio must be a number");
+		if (has_b && !json_is_number(bv))
+			return bad(e, 400, "kv.byte_ratio", "kv.byte_ratio must be a number");
+		if (has_r || has_b) {
+			ratio = has_r ? json_number_value(rv) : 0;
+			bratio = has_b ? json_number_value(bv) : 0;
 		}
 		set = json_object_get(kv, "set");
 		if (set && !json_is_object(set))
 			return bad(e, 400, "kv.set", "kv.set must be an object of parameter values");
 	}
-	r->pi = policy_find(S, pname);
-	if (r->pi < 0) {
-		char list[512] = "";
-		size_t u = 0;
-		for (int i = 0; i <= S->n_reg && u < sizeof list - 70; i++)
-			u += (size_t)snprintf(list + u, sizeof list - u, "%s%s", i ? ", " : "",
-			                      policy_at(S, i)->name);
-		return bad(e, 400, "kv.policy", "unknown policy '%s' (this binary has: %s)", pname, list);
-	}
-	const struct kvp_policy *p = policy_at(S, r->pi);
+	struct rt_pick pk;
+	if (kv_pick(S, pname, use_default_sets ? c->n_sets : 0, set, ratio, bratio, (int32_t)pf,
+	            &pk, e) != 0)
+		return -1;
+	const struct kvp_policy *p = pk.p;
+	r->pi = policy_find(S, p->name);
 	rt_err err = { "" };
-	if ((p->needs & KVP_NEED_F32_KV) && S->m->kv_type != RT_KV_F32)
-		return bad(e, 400, "kv.policy", "policy %s reads and rewrites f32 key/value rows; this "
-		           "server stores %s (start it with --kv-type f32)", p->name,
-		           rt_kv_type_name(S->m->kv_type));
-	if ((p->needs & KVP_NEED_TIERS) && S->m->kv_type == RT_KV_Q8_0)
-		return bad(e, 400, "kv.policy", "policy %s sets precision tiers, whose top tier is f16 "
-		           "or f32; this server stores q8_0 (start it with --kv-type f16)", p->name);
 	int32_t cap = (int32_t)(r->n_prompt + r->max_tokens);
-	if (rt_seq_init(&r->seq, S->m, p, cap, c->chunk, r->n_prompt, &err) != 0)
+	if (rt_seq_init(&r->seq, S->m, p, cap, c->chunk, r->n_prompt, &err) != 0) {
+		rt_pick_free(&pk);
 		return bad(e, srv_err_status(&err), NULL, "%s", err.msg);
+	}
 	r->seq_live = 1;
 	rt_seq_set_span_names(&r->seq, span_names, 2);
-	for (int i = 0; use_default_sets && i < c->n_sets; i++)
-		if (rt_seq_set(&r->seq, c->sets[i], &err) != 0)
-			return bad(e, 400, "kv.set", "--set: %s", err.msg);
-	const char *key;
-	json_t *v;
-	json_object_foreach(set, key, v)
-	{
-		char a[256];
-		if (json_is_number(v))
-			snprintf(a, sizeof a, "%s=%.17g", key, json_number_value(v));
-		else if (json_is_string(v))
-			snprintf(a, sizeof a, "%s=%s", key, json_string_value(v));
-		else
-			return bad(e, 400, "kv.set", "kv.set.%s must be a number or a string", key);
-		if (rt_seq_set(&r->seq, a, &err) != 0)
-			return bad(e, 400, "kv.set", "%s", err.msg);
-	}
-	if (ratio != 0) {
-		if (!p->compress)
-			return bad(e, 400, "kv.ratio",
-			           "ratio: policy %s never compresses, so a ratio does not apply", p->name);
-		if (rt_seq_set_ratio(&r->seq, ratio, &err) != 0)
-			return bad(e, 400, "kv.ratio", "%s", err.msg);
-	} else if (bratio != 0) {
-		if (!p->compress)
-			return bad(e, 400, "kv.byte_ratio",
-			           "byte_ratio: policy %s never compresses, so a ratio does not apply",
-			           p->name);
-		if (rt_seq_set_byte_ratio(&r->seq, bratio, &err) != 0)
-			return bad(e, 400, "kv.byte_ratio", "%s", err.msg);
-	}
-	if (rt_seq_set_prefill_chunk(&r->seq, (int32_t)pf, &err) != 0)
-		return bad(e, 400, "kv.prefill_chunk", "%s", err.msg);
+	int rc = rt_seq_apply(&r->seq, &pk, &err);
+	rt_pick_free(&pk);
+	if (rc != 0)
+		return bad(e, 400, "kv", "%s", err.msg);
 	r->prefill_chunk = (int)(pf < c->chunk ? pf : c->chunk);
 	return 0;
 }
