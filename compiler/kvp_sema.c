@@ -11,6 +11,7 @@
 #include "kvp_sema.h"
 
 #include "policy/rt_budget.h"
+#include "policy/rt_span.h"
 #include "kvp_ir.h"
 
 #include <math.h>
@@ -1910,6 +1911,29 @@ static void check_group(sema *S, const kvp_stmt *st)
 	}
 }
 
+/* `keep span NAME`: NAME must be a span the runtime marks (runtime/policy/rt_span.h), or
+ * the guard protects nothing. 1 when it is; else 0 after a located error with the near
+ * miss, or the list. */
+static int span_known(sema *S, const kvp_expr *name)
+{
+	static const char *const spans[] = RT_SPAN_NAMES;
+	for (int i = 0; i < RT_N_SPAN_NAMES; i++)
+		if (!strcmp(spans[i], name->name))
+			return 1;
+	int d = 1000;
+	const char *s = suggest_from(name->name, spans, RT_N_SPAN_NAMES, NULL, &d);
+	if (s)
+		ERR(S, name->loc, "unknown span '%s'; did you mean '%s'?", name->name, s);
+	else {
+		char list[128] = "";
+		for (int i = 0; i < RT_N_SPAN_NAMES; i++)
+			snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+			         i == 0 ? "" : i + 1 < RT_N_SPAN_NAMES ? ", " : " and ", spans[i]);
+		ERR(S, name->loc, "unknown span '%s': the runtime marks %s", name->name, list);
+	}
+	return 0;
+}
+
 static void check_keep(sema *S, const kvp_stmt *st)
 {
 	static const char *const kinds[] = { "sinks", "recent", "span", "spans", "singletons" };
@@ -1969,6 +1993,8 @@ static void check_keep(sema *S, const kvp_stmt *st)
 			    "`keep span` names a protected span supplied with the request, as in `keep span system`");
 			return;
 		}
+		if (!span_known(S, st->value))
+			return;
 		for (int i = 0; i < o->n_spans; i++) {
 			if (!strcmp(o->spans[i]->value->name, st->value->name)) {
 				ERR(S, st->value->loc, "span '%s' is already kept", st->value->name);
