@@ -728,6 +728,10 @@ int rt_fwd_init(rt_fwd *f, const rt_model *m, int max_chunk, int32_t cap, rt_err
 	}
 	memset(f->mem, 0, f->mem_bytes);
 	f->segs = calloc((size_t)max_chunk, sizeof(fwd_seg));
+	if (hp->n_swa > 0 && !(f->win_keep = malloc((size_t)cap * sizeof *f->win_keep))) {
+		rt_fwd_free(f);
+		return rt_err_set(err, "%s: forward: cannot allocate %d window indices", m->path, (int)cap);
+	}
 	f->seg_len = calloc((size_t)max_chunk, sizeof(int));
 	if (m->kv_type != RT_KV_F32 && max_chunk >= ATT_DECODE_ROWS) {
 		f->kvf_stride = ((size_t)2 * (size_t)cap * hd + 15) & ~(size_t)15;
@@ -779,6 +783,7 @@ int rt_fwd_keep_queries(rt_fwd *f, rt_err *err)
 void rt_fwd_free(rt_fwd *f)
 {
 	free(f->q_pre);
+	free(f->win_keep);
 	rt_matmul_scratch_free(&f->mm);
 	free(f->segs);
 	free(f->seg_len);
@@ -1559,6 +1564,28 @@ static int batch_member_check(const rt_fwd *big, const rt_fwd *fk, int K, rt_err
 	return 0;
 }
 
+/* After a chunk whose last row is at position last: each sliding-window layer keeps only
+ * the entries a query at last + 1 or later can see (window_first), the rest evicted with
+ * their blocks (rt_model_forward's contract). */
+static void window_trim(rt_fwd *f, rt_kv *kv, int32_t last)
+{
+	const rt_model *m = f->m;
+	if (!f->win_keep || f->rope_at_index)
+		return;
+	for (int l = 0; l < m->hp.n_layer; l++) {
+		const int32_t w = m->layers[l].window;
+		for (int j = 0; w && j < m->hp.n_head_kv; j++) {
+			rt_kv_head *h = rt_kv_head_at(kv, l, j);
+			const int lo = window_first(h, h->n, last + 1, w);
+			if (lo == 0)
+				continue;
+			for (int i = lo; i < h->n; i++)
+				f->win_keep[i - lo] = i;
+			rt_kv_head_keep(kv, h, f->win_keep, h->n - lo);
+		}
+	}
+}
+
 int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
                      float *logits, enum rt_logits_mode mode, rt_err *err)
 {
@@ -1587,6 +1614,7 @@ int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t
 		sg[0] = (fwd_seg){ .tok = tokens + done, .C = C, .pos0 = pos0 + done, .off = 0,
 		                   .lg = lg, .lrow_from = from };
 		forward_chunk(f, &f, &kv, 1, sg, 1);
+		window_trim(f, kv, pos0 + done + C - 1);
 		done += C;
 	}
 	return 0;
@@ -1620,5 +1648,7 @@ int rt_model_forward_multi(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int 
 		rows += n[k];
 	}
 	forward_chunk(big, f, kv, K, sg, 0);
+	for (int k = 0; k < K; k++)
+		window_trim(f[k], kv[k], pos0[k] + n[k] - 1);
 	return 0;
 }

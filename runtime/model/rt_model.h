@@ -292,6 +292,9 @@ typedef struct rt_fwd {
 	float *kvf;
 	size_t kvf_stride;
 	int observe_parallel;
+	/* models with sliding-window layers: [cap] indices of the entries a layer keeps when
+	 * the entries that fell out of its window are evicted (rt_model_forward); NULL else */
+	int32_t *win_keep;
 	rt_matmul_scratch mm;   /* fast path: quantised activations and dequantised tiles */
 	void *segs;     /* [max_chunk] internal: the sequences' rows of a batched chunk */
 	int *seg_len;   /* [max_chunk] internal: their row counts, the matmuls' segments */
@@ -334,8 +337,12 @@ enum rt_logits_mode {
 
 /* Run tokens[0..n) at positions pos0..pos0+n-1 through the model, appending one entry per
  * token to every (layer, KV head) of kv (shapes must match the model), in internal chunks
- * of at most f->max_chunk tokens. Within the call no entry is evicted, so every head needs
- * room for n more entries. Errors (-1, err set, checked before anything is computed, so
+ * of at most f->max_chunk tokens. Within the call no entry is evicted by a policy, so every
+ * head needs room for n more entries; after each chunk a sliding-window layer (rt_layer
+ * window > 0) drops the entries no later query can see (pos <= last position + 1 -
+ * window), which returns their blocks (the model's rule: no policy decides it, and the
+ * logits are those of the window mask alone), except under rope_at_index, whose caller
+ * re-rotates after the evictions it makes. Errors (-1, err set, checked before anything is computed, so
  * kv is unchanged): token id out of range, pos0+n beyond the model's context_length, a
  * head whose entries + n exceed kv->cap or f->cap ("KV cache full"), a KV pool that cannot
  * grant the blocks of the n new entries ("KV pool exhausted"; rt_kv_reserve), a KV store of another

@@ -1,0 +1,231 @@
+/*
+ * test_gemma: the second real model, Gemma 3 270M Q4_K_M (architecture gemma3: per-head Q/K
+ * norm, post-norms, GELU, sliding-window layers; path in env KVRT_GEMMA, default
+ * models/gemma-3-270m-q4_k_m.gguf, fetched by `make model-gemma`), against llama.cpp's
+ * llama-perplexity on the same file and text. The tests print a message and pass when the
+ * model file is absent (they cannot fail for want of a download).
+ *
+ * test_gemma_window: the sliding-window layers keep only their window (rt_model_forward):
+ * 600 tokens fed in chunks of 64 (the out-of-window entries evicted after each chunk)
+ * give the logits of one chunk of 600 (where only the mask hides them) within 1e-4, and
+ * leave exactly window - 1 entries in every sliding-window head and all 600 in the global
+ * ones.
+ *
+ * With KVRT_KL_BASE=FILE (a llama-perplexity --kl-divergence-base file of any chunk count)
+ * test_gemma_kl_file also runs every chunk of that file and prints llama-perplexity's own
+ * statistics of kvrt against it (the KL formula and top-1 of perplexity.cpp's log_softmax):
+ * the figures in docs/exactness.md.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/rt_model.h"
+
+static const char *gemma_path(void)
+{
+	const char *p = getenv("KVRT_GEMMA");
+	p = p && *p ? p : "models/gemma-3-270m-q4_k_m.gguf";
+	if (access(p, R_OK) != 0) {
+		printf("test_gemma: %s absent (make model-gemma): skipped\n", p);
+		return NULL;
+	}
+	return p;
+}
+
+/* Run one chunk tok[0..n_ctx) (tok[0] already BOS where wanted) from an empty cache and
+ * write the logits of rows first..n_ctx-2 (each predicting the next token) into lg. */
+static void run_chunk(rt_fwd *f, rt_kv *kv, const int32_t *tok, int n_ctx, int first,
+                      float *lg)
+{
+	rt_err err = { "" };
+	rt_kv_reset(kv);
+	ck_assert_msg(rt_model_forward(f, kv, tok, first, 0, NULL, RT_LOGITS_NONE, &err) == 0, "%s",
+	              err.msg);
+	ck_assert_msg(rt_model_forward(f, kv, tok + first, n_ctx - 1 - first, first, lg, RT_LOGITS_ALL,
+	                               &err) == 0, "%s", err.msg);
+}
+
+/* log-softmax of row x[V] at index t, and the row's argmax */
+static double logprob_at(const float *x, int V, int t, int *top)
+{
+	float mx = x[0];
+	int am = 0;
+	for (int v = 1; v < V; v++)
+		if (x[v] > mx)
+			mx = x[v], am = v;
+	double s = 0.0;
+	for (int v = 0; v < V; v++)
+		s += exp((double)x[v] - mx);
+	*top = am;
+	return (double)x[t] - mx - log(s);
+}
+
+/* feed ids[0..n) in chunks of `chunk`; the last row's logits into lg */
+static void feed(rt_model *m, rt_kv *kv, const int32_t *ids, int n, int chunk, float *lg)
+{
+	rt_err err = { "" };
+	rt_fwd f;
+	ck_assert_msg(rt_model_kv_init(m, kv, n, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_fwd_init(&f, m, chunk, n, &err) == 0, "%s", err.msg);
+	for (int d = 0; d < n; d += chunk) {
+		const int c = n - d < chunk ? n - d : chunk;
+		ck_assert_msg(rt_model_forward(&f, kv, ids + d, c, d, lg, RT_LOGITS_LAST, &err) == 0, "%s",
+		              err.msg);
+	}
+	rt_fwd_free(&f);
+}
+
+START_TEST(test_gemma_window)
+{
+	const char *path = gemma_path();
+	if (!path)
+		return;
+	rt_err err = { "" };
+	const rt_model_opts o = { .exact = 0, .threads = 1 };
+	rt_model *m = rt_model_open(path, &o, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	const int n = 600, V = m->hp.n_vocab, w = m->hp.n_swa;
+	ck_assert_int_eq(w, 512);
+	int32_t *ids = malloc(n * sizeof *ids);
+	uint32_t s = 1;
+	ids[0] = 2;
+	for (int i = 1; i < n; i++) {
+		s = s * 1103515245u + 12345u;
+		ids[i] = 300 + (int32_t)((s >> 8) % 20000);
+	}
+	float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+	rt_kv ka, kb;
+	feed(m, &ka, ids, n, n, a);
+	feed(m, &kb, ids, n, 64, b);
+	double md = 0.0;
+	for (int v = 0; v < V; v++)
+		md = fmax(md, fabs((double)a[v] - b[v]));
+	printf("test_gemma: window trim vs mask: max |dlogit| %.3g\n", md);
+	ck_assert_msg(md <= 1e-4, "max |dlogit| %g", md);
+	for (int l = 0; l < m->hp.n_layer; l++) {
+		const int want = m->layers[l].window ? w - 1 : n;
+		ck_assert_int_eq(rt_kv_head_at(&ka, l, 0)->n, want);
+		ck_assert_int_eq(rt_kv_head_at(&kb, l, 0)->n, want);
+		ck_assert_int_eq(m->layers[l].window ? 1 : 0, l % 6 != 5);
+	}
+	free(ids), free(a), free(b);
+	rt_kv_free(&ka), rt_kv_free(&kb);
+	rt_model_free(m);
+}
+END_TEST
+
+/* llama-perplexity's statistics of kvrt against a --kl-divergence-base file: its header
+ * "_logits_", n_ctx u32, n_vocab i32, n_chunk i32, the tokens [n_chunk × n_ctx] i32, then
+ * per chunk n_ctx - 1 - n_ctx/2 rows of nv = 2·((n_vocab + 1)/2) + 4 u16 (two floats
+ * scale, min_log_prob, then the codes of log p = scale·code + min_log_prob). */
+static void kl_file(const char *path, const char *base, int exact)
+{
+	FILE *fp = fopen(base, "rb");
+	ck_assert_msg(fp != NULL, "%s: cannot open", base);
+	char magic[8];
+	uint32_t n_ctx;
+	int32_t n_vocab, n_chunk;
+	ck_assert(fread(magic, 1, 8, fp) == 8 && memcmp(magic, "_logits_", 8) == 0);
+	ck_assert(fread(&n_ctx, 4, 1, fp) == 1 && fread(&n_vocab, 4, 1, fp) == 1 &&
+	          fread(&n_chunk, 4, 1, fp) == 1);
+	int32_t *tok = malloc((size_t)n_ctx * n_chunk * sizeof *tok);
+	ck_assert(fread(tok, 4, (size_t)n_ctx * n_chunk, fp) == (size_t)n_ctx * n_chunk);
+	rt_err err = { "" };
+	const rt_model_opts o = { .exact = exact, .threads = 2 };
+	rt_model *m = rt_model_open(path, &o, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	ck_assert_int_eq(m->hp.n_vocab, n_vocab);
+	const int V = n_vocab, first = (int)n_ctx / 2, nr = (int)n_ctx - 1 - first;
+	const size_t nv = 2 * (((size_t)V + 1) / 2) + 4;
+	uint16_t *bl = malloc(nv * 2 * nr);
+	float *lg = malloc((size_t)nr * V * sizeof(float));
+	rt_kv kv;
+	rt_fwd f;
+	ck_assert_msg(rt_model_kv_init(m, &kv, (int32_t)n_ctx, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_fwd_init(&f, m, 512, (int32_t)n_ctx, &err) == 0, "%s", err.msg);
+	double nll = 0, nll_b = 0, kld = 0, kmax = 0;
+	long same = 0, cnt = 0;
+	for (int c = 0; c < n_chunk; c++) {
+		int32_t *t = tok + (size_t)c * n_ctx;
+		const int32_t t0 = t[0];
+		t[0] = 2; /* BOS: tokenizer.ggml.bos_token_id of the file, add_bos_token true */
+		run_chunk(&f, &kv, t, (int)n_ctx, first, lg);
+		t[0] = t0;
+		ck_assert(fread(bl, nv * 2, (size_t)nr, fp) == (size_t)nr);
+		for (int r = 0; r < nr; r++) {
+			const float *x = lg + (size_t)r * V;
+			const uint16_t *b = bl + (size_t)r * nv;
+			float sc, mn;
+			memcpy(&sc, b, 4);
+			memcpy(&mn, b + 2, 4);
+			b += 4;
+			int top;
+			const int nt = t[first + r + 1];
+			const double lp = logprob_at(x, V, nt, &top);
+			const double lse = (double)x[top] - logprob_at(x, V, top, &top);
+			nll -= lp;
+			nll_b -= sc * b[nt] + mn;
+			double sum = 0;
+			int top_b = 0;
+			float pbmax = 0;
+			for (int i = 0; i < V; i++) {
+				const float plb = sc * b[i] + mn;
+				if (i == 0 || plb > pbmax)
+					pbmax = plb, top_b = i;
+				if (plb > -16.f)
+					sum += expf(plb) * (plb - (x[i] - lse));
+			}
+			kld += sum;
+			kmax = sum > kmax ? sum : kmax;
+			same += top == top_b;
+			cnt++;
+		}
+	}
+	printf("test_gemma KL (%s path, %s, %d chunks of %u): ppl kvrt %.4f, llama.cpp %.4f; "
+	       "KL(llama||kvrt) mean %.6f max %.6f; same top %.4f over %ld positions\n",
+	       exact ? "exact" : "fast", base, n_chunk, n_ctx, exp(nll / cnt), exp(nll_b / cnt),
+	       kld / cnt, kmax, (double)same / cnt, cnt);
+	fclose(fp);
+	free(tok), free(bl), free(lg);
+	rt_fwd_free(&f);
+	rt_kv_free(&kv);
+	rt_model_free(m);
+}
+
+START_TEST(test_gemma_kl_file)
+{
+	const char *base = getenv("KVRT_KL_BASE");
+	const char *path = gemma_path();
+	if (!base || !path) {
+		printf("test_gemma: KVRT_KL_BASE unset: the KL run is skipped\n");
+		return;
+	}
+	kl_file(path, base, 0);
+	if (getenv("KVRT_KL_EXACT"))
+		kl_file(path, base, 1);
+}
+END_TEST
+
+static Suite *gemma_suite(void)
+{
+	Suite *s = suite_create("gemma");
+	TCase *tc = tcase_create("core");
+	tcase_set_timeout(tc, 3600);
+	tcase_add_test(tc, test_gemma_window);
+	tcase_add_test(tc, test_gemma_kl_file);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(gemma_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int nf = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return nf ? EXIT_FAILURE : EXIT_SUCCESS;
+}
