@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Write tests/golden/model/gemma3_gpl3.txt: llama.cpp's next-token log-probabilities and
-top-1 for one llama-perplexity chunk of a text on Gemma 3 270M (the reference of
-tests/test_gemma.c).
+"""Write the Gemma 3 golden of tests/test_gemma.c (default path gemma3_gpl3.txt under
+tests/golden/model): llama.cpp's next-token log-probabilities and top-1 for one
+llama-perplexity chunk of a text on Gemma 3 270M.
 
 It runs llama.cpp's own tool, nothing of this tree:
   llama-perplexity -m MODEL -f TEXT -c N_CTX --chunks 1 -t 2 --kl-divergence-base BASE
