@@ -9,12 +9,12 @@ typedef int (*paged_rule)(const struct kvp_ir *ir, struct kvp_loc *loc, char *wh
 
 static int rule_merge(const struct kvp_ir *ir, struct kvp_loc *loc, char *why, size_t n)
 {
-	if (ir->action.kind == KVP_ACT_EVICT)
+	if (ir->action.kind == K_ACT_EVICT)
 		return 0;
 	*loc = ir->action.loc;
 	snprintf(why, n, "merging (action = %s): a paged engine has no per-entry count, so it "
 	         "cannot add the log n logit bias of a merged entry",
-	         ir->action.kind == KVP_ACT_MERGE ? "merge" : "add_split");
+	         ir->action.kind == K_ACT_MERGE ? "merge" : "add_split");
 	return 1;
 }
 
@@ -39,18 +39,18 @@ static int rule_positions(const struct kvp_ir *ir, struct kvp_loc *loc, char *wh
 
 static int rule_heads(const struct kvp_ir *ir, struct kvp_loc *loc, char *why, size_t n)
 {
-	if (ir->alloc.heads == KVP_HEADS_EACH)
+	if (ir->alloc.heads == K_HEADS_EACH)
 		return 0;
 	*loc = ir->alloc.loc;
 	snprintf(why, n, "per-head budgets that differ (allocate %s): one block holds every KV "
 	         "head of a layer, so every head must keep the same count",
-	         ir->alloc.heads == KVP_HEADS_ADAPTIVE ? "adaptive" : "global");
+	         ir->alloc.heads == K_HEADS_ADAPTIVE ? "adaptive" : "global");
 	return 1;
 }
 
 static int rule_layers(const struct kvp_ir *ir, struct kvp_loc *loc, char *why, size_t n)
 {
-	if (ir->alloc.layers == KVP_LAYERS_UNIFORM)
+	if (ir->alloc.layers == K_LAYERS_UNIFORM)
 		return 0;
 	*loc = ir->alloc.loc;
 	snprintf(why, n, "per-layer budgets that differ: one block table serves every layer of "
