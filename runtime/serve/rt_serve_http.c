@@ -15,6 +15,53 @@
 #include "model/rt_model.h"
 #include "serve/rt_serve_int.h"
 
+/* ---- the endpoints -------------------------------------------------------------------- */
+
+typedef struct conn {
+	char *body;
+	size_t len, cap;
+	int too_big;
+	int ep;                      /* the endpoint: a row of routes[], or N_ROUTES (none) */
+	req *r;                      /* a submitted request (a reference), or NULL */
+	/* while the body arrives (guarded by S->up_mu): on S->uploads, the socket, when the
+	 * last bytes came, the declared length; timed_out once answered 408 */
+	struct conn *up_next;
+	int uploading, timed_out, fd;
+	double last;
+	long long declared;
+} conn;
+
+/* The endpoints: a path served with another method is 405, a path not here 404. */
+typedef enum MHD_Result (*route_fn)(srv *S, struct MHD_Connection *c, conn *cc);
+static enum MHD_Result serve_completions(srv *S, struct MHD_Connection *c, conn *cc);
+static enum MHD_Result serve_chat(srv *S, struct MHD_Connection *c, conn *cc);
+static enum MHD_Result serve_models(srv *S, struct MHD_Connection *c, conn *cc);
+static enum MHD_Result serve_health(srv *S, struct MHD_Connection *c, conn *cc);
+static enum MHD_Result serve_metrics(srv *S, struct MHD_Connection *c, conn *cc);
+static const struct route {
+	const char *method, *path;
+	route_fn fn;
+	int counted; /* in kvpc_requests_total: not the probes and scrapes */
+} routes[] = {
+	{ "POST", "/v1/completions", serve_completions, 1 },
+	{ "POST", "/v1/chat/completions", serve_chat, 1 },
+	{ "GET", "/v1/models", serve_models, 1 },
+	{ "GET", "/health", serve_health, 0 },
+	{ "GET", "/metrics", serve_metrics, 0 },
+};
+#define N_ROUTES (int)(sizeof routes / sizeof *routes)
+_Static_assert(sizeof routes / sizeof *routes + 1 == SRV_N_ENDPOINTS,
+               "SRV_N_ENDPOINTS: the routes and one for paths not among them");
+
+/* The row of routes[] whose path is url, or N_ROUTES. */
+static int route_find(const char *url)
+{
+	int i = 0;
+	while (i < N_ROUTES && strcmp(url, routes[i].path))
+		i++;
+	return i;
+}
+
 /* ---- responses ---------------------------------------------------------------------- */
 
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *type,
@@ -57,18 +104,25 @@ static json_t *error_obj(const char *msg, const char *type, const char *param, c
 	return o;
 }
 
-static void count_status(srv *S, unsigned status)
+/* Count an answer of endpoint ep by its status (S->mu held). */
+static void count_answer(srv *S, int ep, unsigned status)
+{
+	if (ep == N_ROUTES || routes[ep].counted)
+		S->req_by_status[ep][status < 600 ? status : 599]++;
+}
+
+static void count_status(srv *S, int ep, unsigned status)
 {
 	pthread_mutex_lock(&S->mu);
-	S->req_by_status[status < 600 ? status : 599]++;
+	count_answer(S, ep, status);
 	pthread_mutex_unlock(&S->mu);
 }
 
-static enum MHD_Result send_error(srv *S, struct MHD_Connection *c, unsigned status,
-                                  const char *param, const char *fmt, ...)
-	__attribute__((format(printf, 5, 6)));
-static enum MHD_Result send_error(srv *S, struct MHD_Connection *c, unsigned status,
-                                  const char *param, const char *fmt, ...)
+static enum MHD_Result send_error(srv *S, struct MHD_Connection *c, const conn *cc,
+                                  unsigned status, const char *param, const char *fmt, ...)
+	__attribute__((format(printf, 6, 7)));
+static enum MHD_Result send_error(srv *S, struct MHD_Connection *c, const conn *cc,
+                                  unsigned status, const char *param, const char *fmt, ...)
 {
 	char msg[768];
 	va_list ap;
@@ -80,24 +134,11 @@ static enum MHD_Result send_error(srv *S, struct MHD_Connection *c, unsigned sta
 	                   : status == 503 ? "overloaded_error"
 	                   : status >= 500 ? "server_error"
 	                                   : "invalid_request_error";
-	count_status(S, status);
+	count_status(S, cc->ep, status);
 	return send_json(c, status, error_obj(msg, type, param, NULL), status == 503);
 }
 
 /* ---- HTTP ------------------------------------------------------------------------------ */
-
-typedef struct conn {
-	char *body;
-	size_t len, cap;
-	int too_big;
-	req *r;                      /* a submitted request (a reference), or NULL */
-	/* while the body arrives (guarded by S->up_mu): on S->uploads, the socket, when the
-	 * last bytes came, the declared length; timed_out once answered 408 */
-	struct conn *up_next;
-	int uploading, timed_out, fd;
-	double last;
-	long long declared;
-} conn;
 
 /* Put cc on the list of bodies in progress (the socket from libmicrohttpd). */
 static void upload_start(srv *S, struct MHD_Connection *c, conn *cc, long long declared)
@@ -149,7 +190,7 @@ static int upload_end(srv *S, conn *cc)
 void srv_upload_sweep(srv *S)
 {
 	const double now = rt_now();
-	int n408 = 0;
+	int n408 = 0, ep408[64];
 	pthread_mutex_lock(&S->up_mu);
 	for (conn **p = &S->uploads; *p;) {
 		conn *cc = *p;
@@ -179,11 +220,12 @@ void srv_upload_sweep(srv *S)
 		*p = cc->up_next;
 		cc->uploading = 0;
 		cc->timed_out = 1;
-		n408++;
+		if (n408 < 64)
+			ep408[n408++] = cc->ep;
 	}
 	pthread_mutex_unlock(&S->up_mu);
-	while (n408-- > 0)
-		count_status(S, 408);
+	while (n408 > 0)
+		count_status(S, ep408[--n408], 408);
 }
 
 /* 1 when the client has closed its side of the connection. */
@@ -301,11 +343,11 @@ static json_t *final_obj(srv *S, req *r)
 static enum MHD_Result serve_generate(srv *S, struct MHD_Connection *c, conn *cc, int chat)
 {
 	if (cc->too_big)
-		return send_error(S, c, 413, NULL, "the request body exceeds %lld bytes",
+		return send_error(S, c, cc, 413, NULL, "the request body exceeds %lld bytes",
 		                  (long long)S->cfg->max_body);
 	req *r = calloc(1, sizeof *r);
 	if (!r)
-		return send_error(S, c, 500, NULL, "out of memory");
+		return send_error(S, c, cc, 500, NULL, "out of memory");
 	pthread_cond_init(&r->cv, NULL);
 	r->S = S;
 	S->live++;
@@ -319,7 +361,7 @@ static enum MHD_Result serve_generate(srv *S, struct MHD_Connection *c, conn *cc
 	verr e = { 0 };
 	if (srv_parse_request(S, r, cc->body ? cc->body : "", cc->len, &e) != 0) {
 		srv_req_free(r);
-		return send_error(S, c, (unsigned)e.status, e.param[0] ? e.param : NULL, "%s", e.msg);
+		return send_error(S, c, cc, (unsigned)e.status, e.param[0] ? e.param : NULL, "%s", e.msg);
 	}
 	pthread_mutex_lock(&S->mu);
 	if (S->draining || S->n_queued >= S->cfg->queue) {
@@ -327,7 +369,7 @@ static enum MHD_Result serve_generate(srv *S, struct MHD_Connection *c, conn *cc
 		int dr = S->draining;
 		pthread_mutex_unlock(&S->mu);
 		srv_req_free(r);
-		return send_error(S, c, 503, NULL, dr ? "the server is shutting down"
+		return send_error(S, c, cc, 503, NULL, dr ? "the server is shutting down"
 		                                      : "the server is busy: the request queue is full; retry later");
 	}
 	r->refs = 2; /* this handler and the scheduler */
@@ -340,6 +382,7 @@ static enum MHD_Result serve_generate(srv *S, struct MHD_Connection *c, conn *cc
 	S->n_queued++;
 	pthread_cond_signal(&S->cv);
 	if (wait_req(S, r, c, !r->stream) != 0) {
+		count_answer(S, cc->ep, 499); /* nginx's "client closed request": no answer sent */
 		srv_req_unref(r);
 		pthread_mutex_unlock(&S->mu);
 		return MHD_NO;
@@ -350,9 +393,10 @@ static enum MHD_Result serve_generate(srv *S, struct MHD_Connection *c, conn *cc
 		snprintf(msg, sizeof msg, "%s", r->err);
 		srv_req_unref(r);
 		pthread_mutex_unlock(&S->mu);
-		return send_error(S, c, st, NULL, "%s", msg);
+		return send_error(S, c, cc, st, NULL, "%s", msg);
 	}
-	S->req_by_status[200]++;
+	count_answer(S, cc->ep, 200);
+	r->answered = 1;
 	if (!r->stream) {
 		json_t *o = final_obj(S, r);
 		srv_req_unref(r);
@@ -397,7 +441,7 @@ static enum MHD_Result serve_models(srv *S, struct MHD_Connection *c, conn *cc)
 	json_array_append_new(arr, m);
 	json_object_set_new(o, "object", json_string("list"));
 	json_object_set_new(o, "data", arr);
-	count_status(S, 200);
+	count_status(S, cc->ep, 200);
 	return send_json(c, 200, o, 0);
 }
 
@@ -407,6 +451,49 @@ static void metric(char **b, size_t *l, size_t *cp, const char *name, const char
 	char t[512];
 	int n = snprintf(t, sizeof t, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name,
 	                 type, name, v);
+	buf_add(b, l, cp, t, (size_t)n);
+}
+
+/* kvpc_requests_total{endpoint, status} (S->mu held). */
+static void metric_requests(const srv *S, char **b, size_t *l, size_t *cp)
+{
+	static const char rq[] = "# HELP kvpc_requests_total requests answered, by endpoint and "
+	                         "HTTP status (not /health or /metrics; 499: the client left "
+	                         "before an answer)\n# TYPE kvpc_requests_total counter\n";
+	buf_add(b, l, cp, rq, sizeof rq - 1);
+	for (int ep = 0; ep < SRV_N_ENDPOINTS; ep++)
+		for (int st = 0; st < 600; st++)
+			if (S->req_by_status[ep][st]) {
+				char t[256];
+				int n = snprintf(t, sizeof t,
+				                 "kvpc_requests_total{endpoint=\"%s\",status=\"%d\"} %lld\n",
+				                 ep < N_ROUTES ? routes[ep].path : "other", st,
+				                 (long long)S->req_by_status[ep][st]);
+				buf_add(b, l, cp, t, (size_t)n);
+			}
+}
+
+/* One Prometheus histogram: cumulative buckets, +Inf, _sum, _count (S->mu held). */
+static void metric_hist(char **b, size_t *l, size_t *cp, const srv_hist_def *d,
+                        const srv_hist *x)
+{
+	char t[512];
+	int n = snprintf(t, sizeof t, "# HELP %s %s\n# TYPE %s histogram\n", d->name, d->help,
+	                 d->name);
+	buf_add(b, l, cp, t, (size_t)n);
+	int64_t cum = 0;
+	for (int i = 0; i <= d->n; i++) {
+		cum += x->count[i];
+		char le[32];
+		if (i < d->n)
+			snprintf(le, sizeof le, "%g", d->le[i]);
+		else
+			snprintf(le, sizeof le, "+Inf");
+		n = snprintf(t, sizeof t, "%s_bucket{le=\"%s\"} %lld\n", d->name, le, (long long)cum);
+		buf_add(b, l, cp, t, (size_t)n);
+	}
+	n = snprintf(t, sizeof t, "%s_sum %.9g\n%s_count %lld\n", d->name, x->sum, d->name,
+	             (long long)x->n);
 	buf_add(b, l, cp, t, (size_t)n);
 }
 
@@ -439,17 +526,12 @@ static enum MHD_Result serve_metrics(srv *S, struct MHD_Connection *c, conn *cc)
 	       S->n_active);
 	metric(&b, &l, &cp, "kvpc_sequences_queued", "gauge", "requests waiting for admission",
 	       S->n_queued);
-	static const char rq[] = "# HELP kvpc_requests_total requests answered, by HTTP status\n"
-	                         "# TYPE kvpc_requests_total counter\n";
-	buf_add(&b, &l, &cp, rq, sizeof rq - 1);
-	for (int s = 0; s < 600; s++)
-		if (S->req_by_status[s]) {
-			int n = snprintf(t, sizeof t, "kvpc_requests_total{status=\"%d\"} %lld\n", s,
-			                 (long long)S->req_by_status[s]);
-			buf_add(&b, &l, &cp, t, (size_t)n);
-		}
+	metric_requests(S, &b, &l, &cp);
 	metric(&b, &l, &cp, "kvpc_requests_rejected_total", "counter",
 	       "requests refused with 503 (queue full or draining)", (double)S->rejected);
+	metric(&b, &l, &cp, "kvpc_requests_cancelled_total", "counter",
+	       "requests whose client left before their end (each a trace line, finish_reason "
+	       "cancelled)", (double)S->cancelled);
 	metric(&b, &l, &cp, "kvpc_prompt_tokens_total", "counter", "prompt tokens prefilled",
 	       (double)S->prompt_tokens);
 	metric(&b, &l, &cp, "kvpc_generated_tokens_total", "counter", "tokens generated",
@@ -465,25 +547,11 @@ static enum MHD_Result serve_metrics(srv *S, struct MHD_Connection *c, conn *cc)
 			buf_add(&b, &l, &cp, t, (size_t)n);
 		}
 	}
-	static const char sh[] = "# HELP kvpc_step_seconds wall time of one batched step\n"
-	                         "# TYPE kvpc_step_seconds histogram\n";
-	buf_add(&b, &l, &cp, sh, sizeof sh - 1);
-	int64_t cum = 0;
-	for (int i = 0; i <= N_BUCKETS; i++) {
-		cum += S->step_hist[i];
-		int n = i < N_BUCKETS
-		            ? snprintf(t, sizeof t, "kvpc_step_seconds_bucket{le=\"%g\"} %lld\n", srv_step_buckets[i],
-		                       (long long)cum)
-		            : snprintf(t, sizeof t, "kvpc_step_seconds_bucket{le=\"+Inf\"} %lld\n", (long long)cum);
-		buf_add(&b, &l, &cp, t, (size_t)n);
-	}
-	int n = snprintf(t, sizeof t, "kvpc_step_seconds_sum %.9g\nkvpc_step_seconds_count %lld\n",
-	                 S->step_sum, (long long)S->steps);
-	buf_add(&b, &l, &cp, t, (size_t)n);
+	for (int h = 0; h < SRV_N_HISTS; h++)
+		metric_hist(&b, &l, &cp, &srv_hists[h], &S->hist[h]);
 	metric(&b, &l, &cp, "kvpc_tokens_per_second", "gauge",
 	       "generated tokens per second of busy step time",
 	       S->busy_seconds > 0 ? (double)S->gen_tokens / S->busy_seconds : 0.0);
-	S->req_by_status[200]++;
 	pthread_mutex_unlock(&S->mu);
 	enum MHD_Result rc = send_text(c, 200, "text/plain; version=0.0.4", b ? b : "", l, 0);
 	free(b);
@@ -496,7 +564,6 @@ static enum MHD_Result serve_health(srv *S, struct MHD_Connection *c, conn *cc)
 	pthread_mutex_lock(&S->mu);
 	int dr = S->draining;
 	pthread_mutex_unlock(&S->mu);
-	count_status(S, dr ? 503 : 200);
 	json_t *o = json_object();
 	json_object_set_new(o, "status", json_string(dr ? "draining" : "ok"));
 	return send_json(c, dr ? 503 : 200, o, dr);
@@ -512,18 +579,6 @@ static enum MHD_Result serve_chat(srv *S, struct MHD_Connection *c, conn *cc)
 	return serve_generate(S, c, cc, 1);
 }
 
-/* The endpoints: a path served with another method is 405, a path not here 404. */
-typedef enum MHD_Result (*route_fn)(srv *S, struct MHD_Connection *c, conn *cc);
-static const struct route {
-	const char *method, *path;
-	route_fn fn;
-} routes[] = {
-	{ "POST", "/v1/completions", serve_completions },
-	{ "POST", "/v1/chat/completions", serve_chat },
-	{ "GET", "/v1/models", serve_models },
-	{ "GET", "/health", serve_health },
-	{ "GET", "/metrics", serve_metrics },
-};
 
 /* libmicrohttpd's access handler: collects a POST body, checks the API key, then dispatches
  * on routes[]. */
@@ -539,10 +594,11 @@ enum MHD_Result srv_handler(void *cls, struct MHD_Connection *c, const char *url
 		if (!(cc = calloc(1, sizeof *cc)))
 			return MHD_NO;
 		*con_cls = cc;
+		cc->ep = route_find(url);
 		if (post) {
 			const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
 			if (cl && strtoll(cl, NULL, 10) > S->cfg->max_body)
-				return send_error(S, c, 413, NULL, "the request body of %s bytes exceeds %lld bytes",
+				return send_error(S, c, cc, 413, NULL, "the request body of %s bytes exceeds %lld bytes",
 				                  cl, (long long)S->cfg->max_body);
 			const char *te = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding");
 			if ((cl && strtoll(cl, NULL, 10) > 0) || te)
@@ -569,16 +625,13 @@ enum MHD_Result srv_handler(void *cls, struct MHD_Connection *c, const char *url
 	if (S->cfg->api_key) {
 		const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
 		if (!a || strncmp(a, "Bearer ", 7) || strcmp(a + 7, S->cfg->api_key))
-			return send_error(S, c, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
+			return send_error(S, c, cc, 401, NULL, "a valid API key is required (Authorization: Bearer KEY)");
 	}
-	const struct route *rt = NULL;
-	for (size_t i = 0; i < sizeof routes / sizeof *routes && !rt; i++)
-		if (!strcmp(url, routes[i].path))
-			rt = &routes[i];
-	if (!rt)
-		return send_error(S, c, 404, NULL, "%s %s: no such endpoint", method, url);
+	if (cc->ep == N_ROUTES)
+		return send_error(S, c, cc, 404, NULL, "%s %s: no such endpoint", method, url);
+	const struct route *rt = &routes[cc->ep];
 	if (strcmp(method, rt->method))
-		return send_error(S, c, 405, NULL, "%s takes %s", url, rt->method);
+		return send_error(S, c, cc, 405, NULL, "%s takes %s", url, rt->method);
 	return rt->fn(S, c, cc);
 }
 

@@ -23,11 +23,47 @@
 #include "serve/rt_sample.h"
 #include "serve/rt_serve.h"
 
-
 #define MAX_STOP 4
 #define SPAN_SYSTEM 1
 #define SPAN_PINNED 2
-#define N_BUCKETS 10 /* kvpc_step_seconds buckets (srv_step_buckets) */
+
+/* The histograms of /metrics, in seconds: X(id, name, help, upper bounds...). The request
+ * latencies are vLLM's (vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
+ * vllm:e2e_request_latency_seconds, with its bucket bounds) under the kvpc_ prefix;
+ * docs/serving.md says what each measures. */
+#define SRV_HISTS(X)                                                                         \
+	X(SRV_H_STEP, "kvpc_step_seconds", "wall time of one batched step", 0.005, 0.01, 0.025,   \
+	  0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)                                                        \
+	X(SRV_H_TTFT, "kvpc_time_to_first_token_seconds",                                         \
+	  "time from a request's arrival to its first generated token", 0.001, 0.005, 0.01, 0.02, \
+	  0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560)  \
+	X(SRV_H_ITL, "kvpc_inter_token_latency_seconds",                                          \
+	  "time between two consecutive generated tokens of a request", 0.01, 0.025, 0.05, 0.075, \
+	  0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)                     \
+	X(SRV_H_E2E, "kvpc_e2e_request_latency_seconds",                                          \
+	  "time from a request's arrival to its end, of requests that finished (stop or length)", \
+	  0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, \
+	  7680)
+#define SRV_HIST_ID(id, ...) id,
+enum { SRV_HISTS(SRV_HIST_ID) SRV_N_HISTS };
+#undef SRV_HIST_ID
+#define SRV_HIST_MAX 24 /* upper bounds of a histogram at most (checked in rt_serve_sched.c) */
+
+typedef struct srv_hist_def {
+	const char *name, *help;
+	const double *le;            /* [n] upper bounds, increasing (+Inf implied) */
+	int n;
+} srv_hist_def;
+
+typedef struct srv_hist {
+	int64_t count[SRV_HIST_MAX + 1]; /* per bucket (not cumulative); [n]: above the last */
+	int64_t n;
+	double sum;
+} srv_hist;
+
+/* The endpoints requests are counted by (kvpc_requests_total{endpoint}): the route table's
+ * rows (rt_serve_http.c) and one for paths not in it. */
+#define SRV_N_ENDPOINTS 6
 
 enum { RQ_QUEUED, RQ_ACTIVE, RQ_DONE };
 
@@ -51,6 +87,7 @@ typedef struct req {
 	int64_t footprint;           /* bytes of pool the request may need at worst */
 	/* guarded by S->mu */
 	int state, cancelled, refs;
+	int answered;                /* its 200 is counted (the answer or the stream began) */
 	int64_t fed;                 /* prompt tokens fed */
 	int32_t next;                /* token to feed in the next decode step */
 	char *out;                   /* generated text (raw bytes) */
@@ -63,7 +100,7 @@ typedef struct req {
 	int status;                  /* 0 while fine; an HTTP status once failed */
 	char err[512];
 	const char *err_type;
-	double t0, t_first, t_end;
+	double t0, t_first, t_last, t_end; /* arrival, first and latest token, end (rt_now) */
 	int64_t compress, evicted, peak_entries, peak_bytes, pinned_kept;
 	double policy_s;             /* rt_seq_stats.policy_seconds at the finish */
 	int prefill_chunk;           /* the request's prefill schedule (0: token by token) */
@@ -109,12 +146,12 @@ struct srv {
 	rt_err *why;
 	req **stepped;
 	/* metrics */
-	int64_t req_by_status[600];
-	int64_t rejected, prompt_tokens, gen_tokens, entries_now;
+	int64_t req_by_status[SRV_N_ENDPOINTS][600];
+	int64_t rejected, cancelled, prompt_tokens, gen_tokens, entries_now;
 	int64_t kv_bytes_now, f16_bytes_now; /* the active sequences' K/V bytes, as f16 full caches */
 	int64_t *compress_by_p, *evicted_by_p;
-	int64_t step_hist[N_BUCKETS + 1], steps;
-	double step_sum, busy_seconds;
+	srv_hist hist[SRV_N_HISTS];
+	double busy_seconds;
 };
 
 /* ---- small helpers ----------------------------------------------------------------- */
@@ -189,7 +226,8 @@ typedef struct verr {
 int srv_parse_request(srv *S, req *r, const char *body, size_t len, verr *e);
 
 /* rt_serve_sched.c */
-extern const double srv_step_buckets[N_BUCKETS]; /* kvpc_step_seconds upper bounds, s */
+extern const srv_hist_def srv_hists[SRV_N_HISTS];
+void srv_hist_observe(srv *S, int h, double seconds); /* S->mu held */
 void srv_req_free(req *r);
 void srv_req_unref(req *r);    /* drop one reference (S->mu held) */
 json_t *srv_usage_obj(const req *r);

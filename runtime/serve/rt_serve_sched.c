@@ -15,7 +15,28 @@
 #include "model/rt_tokenizer.h"
 #include "serve/rt_serve_int.h"
 
-const double srv_step_buckets[N_BUCKETS] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5 };
+#define SRV_HIST_DEF(id, nm, hp, ...)                                                      \
+	[id] = { .name = nm, .help = hp, .le = (const double[]){ __VA_ARGS__ },                   \
+	         .n = (int)(sizeof((const double[]){ __VA_ARGS__ }) / sizeof(double)) },
+const srv_hist_def srv_hists[SRV_N_HISTS] = { SRV_HISTS(SRV_HIST_DEF) };
+#undef SRV_HIST_DEF
+#define SRV_HIST_LEN(id, nm, hp, ...) \
+	_Static_assert(sizeof((const double[]){ __VA_ARGS__ }) / sizeof(double) <= SRV_HIST_MAX, \
+	               nm ": more bounds than SRV_HIST_MAX");
+SRV_HISTS(SRV_HIST_LEN)
+#undef SRV_HIST_LEN
+
+void srv_hist_observe(srv *S, int h, double seconds)
+{
+	const srv_hist_def *d = &srv_hists[h];
+	srv_hist *x = &S->hist[h];
+	int b = 0;
+	while (b < d->n && seconds > d->le[b])
+		b++;
+	x->count[b]++;
+	x->n++;
+	x->sum += seconds;
+}
 
 /* ---- request lifetime --------------------------------------------------------------- */
 
@@ -211,12 +232,21 @@ static void req_finish(srv *S, req *r)
 	}
 	r->t_end = rt_now();
 	r->state = RQ_DONE;
+	if (r->cancelled) {
+		/* the client left first: no response, but a count and a trace line with the tokens
+		 * it was given */
+		r->finish = "cancelled";
+		S->cancelled++;
+	} else if (!r->status) {
+		srv_hist_observe(S, SRV_H_E2E, r->t_end - r->t0);
+	}
 	if (!r->finish)
 		r->finish = "stop";
-	if (S->trace && !r->cancelled) {
+	if (S->trace) {
 		json_t *t = srv_kv_obj(S, r);
 		json_object_set_new(t, "id", json_string(r->id_str));
-		json_object_set_new(t, "status", json_integer(r->status ? r->status : 200));
+		const int st = r->status ? r->status : r->cancelled && !r->answered ? 499 : 200;
+		json_object_set_new(t, "status", json_integer(st)); /* as kvpc_requests_total */
 		json_object_set_new(t, "prompt_tokens", json_integer(r->n_prompt));
 		json_object_set_new(t, "generated_tokens", json_integer(r->n_gen));
 		int64_t appended = (r->fed + r->n_gen) * S->H;
@@ -256,6 +286,7 @@ static const char *err_type(int status)
 static void req_fail(srv *S, req *r, int status, const char *type, const char *msg)
 {
 	r->status = status;
+	r->finish = "error"; /* the trace's finish_reason: the client gets the HTTP error */
 	r->err_type = type;
 	snprintf(r->err, sizeof r->err, "%s", msg);
 	req_finish(S, r);
@@ -287,8 +318,14 @@ static void admit(srv *S)
 static int emit_token(srv *S, req *r, const float *logits)
 {
 	int32_t t = rt_sample(&r->smp, logits);
-	if (r->t_first == 0)
-		r->t_first = rt_now();
+	const double now = rt_now();
+	if (r->t_first == 0) {
+		r->t_first = now;
+		srv_hist_observe(S, SRV_H_TTFT, now - r->t0);
+	} else {
+		srv_hist_observe(S, SRV_H_ITL, now - r->t_last);
+	}
+	r->t_last = now;
 	if (rt_tokenizer_is_eog(S->tk, t)) {
 		r->finish = "stop";
 		return 1;
@@ -355,13 +392,8 @@ static int plan_step(srv *S)
 
 static void observe_step(srv *S, double dt)
 {
-	S->steps++;
-	S->step_sum += dt;
+	srv_hist_observe(S, SRV_H_STEP, dt);
 	S->busy_seconds += dt;
-	int b = 0;
-	while (b < N_BUCKETS && dt > srv_step_buckets[b])
-		b++;
-	S->step_hist[b]++;
 }
 
 /* After a step: counters, first tokens, stop rules (S->mu held). */

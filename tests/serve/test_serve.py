@@ -120,6 +120,67 @@ def wait_freed(port, limit=5.0):
     return None
 
 
+def count(port, name):
+    """A counter's value (0 while it has no sample yet)."""
+    v = metric(port, name)
+    return 0 if v is None else v
+
+
+def req_count(port, endpoint, status):
+    return count(port, 'kvpc_requests_total{endpoint="%s",status="%d"}' % (endpoint, status))
+
+
+def hist(port, name):
+    """(count, sum, cumulative buckets in order) of a histogram."""
+    _, t = get(port, "/metrics")
+    b = [(m.group(1), float(m.group(2))) for m in
+         re.finditer(r'^%s_bucket\{le="([^"]+)"\} (\S+)$' % re.escape(name), t, re.M)]
+    c = re.search(r"^%s_count (\S+)$" % re.escape(name), t, re.M)
+    s = re.search(r"^%s_sum (\S+)$" % re.escape(name), t, re.M)
+    return (float(c.group(1)) if c else None, float(s.group(1)) if s else None, b)
+
+
+def metrics_ops(port):
+    """/metrics counts requests by endpoint and status, not its own scrapes or /health; the
+    latency histograms move by what one request did, measured by the client."""
+    ok = req_count(port, "/v1/completions", 200)
+    for _ in range(3):
+        get(port, "/metrics")
+        get(port, "/health")
+    _, t = get(port, "/metrics")
+    check('endpoint="/metrics"' not in t and 'endpoint="/health"' not in t and
+          "kvpc_requests_total{status=" not in t,
+          "scrapes of /metrics and /health are not counted as requests")
+    before = {h: hist(port, h) for h in ("kvpc_time_to_first_token_seconds",
+              "kvpc_inter_token_latency_seconds", "kvpc_e2e_request_latency_seconds")}
+    t0 = time.time()
+    st, a, _ = post(port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 6,
+                    "temperature": 0, "kv": {"policy": "full"}})
+    wall = time.time() - t0
+    after = {h: hist(port, h) for h in before}
+    check(st == 200 and req_count(port, "/v1/completions", 200) == ok + 1,
+          "a completion counts once under endpoint /v1/completions, status 200")
+    d = {h: (after[h][0] - before[h][0], after[h][1] - before[h][1]) for h in before}
+    n_gen = a["usage"]["completion_tokens"] if st == 200 else -1
+    ttft, itl, e2e = (d["kvpc_time_to_first_token_seconds"], d["kvpc_inter_token_latency_seconds"],
+                      d["kvpc_e2e_request_latency_seconds"])
+    check(ttft[0] == 1 and e2e[0] == 1 and 0 < ttft[1] <= e2e[1] <= wall,
+          "one request: one TTFT and one end-to-end sample, TTFT <= e2e <= the client's %.3f s: %s"
+          % (wall, d))
+    check(a["choices"][0]["finish_reason"] != "length" or (itl[0] == n_gen - 1 and itl[1] <= e2e[1]),
+          "one request of %d tokens: %d inter-token samples" % (n_gen, itl[0]))
+    for h, (c, s, b) in after.items():
+        cums = [v for _, v in b]
+        check(c is not None and b and b[-1][0] == "+Inf" and cums[-1] == c and cums == sorted(cums),
+              "%s: cumulative buckets ending at +Inf = _count" % h)
+    st404, st405 = req_count(port, "other", 404), req_count(port, "/v1/completions", 405)
+    get(port, "/nosuch")
+    get(port, "/v1/completions")
+    check(req_count(port, "other", 404) == st404 + 1 and
+          req_count(port, "/v1/completions", 405) == st405 + 1,
+          "an unknown path counts under endpoint other (404), a wrong method under its endpoint (405)")
+
+
 def raw_request(port, body):
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -445,12 +506,14 @@ def main():
                         "temperature": 0, "kv": {"ratio": 2}})
         check(st == 200 and a["choices"][0]["text"] == ref_h2o, "served after the 408")
 
+        metrics_ops(port)
+        cancelled0, gone0 = count(port, "kvpc_requests_cancelled_total"), req_count(port, "/v1/completions", 499)
         # a client that disconnects mid-stream frees its sequence at once (2000 tokens to
         # go: without the disconnect it would run for many seconds)
         s = raw_request(port, json.dumps({"prompt": filler, "max_tokens": 2000, "stream": True,
                                           "temperature": 0, "kv": {"policy": "full"}}).encode())
         got = b""
-        while b"data: {" not in got:
+        while got.count(b"data: {") < 5:  # five events: at least five tokens streamed
             got += s.recv(4096)
         check(metric(port, "kvpc_sequences_active") == 1 and metric(port, "kvpc_pool_bytes_in_use") > 0,
               "the streamed sequence holds blocks while it runs")
@@ -469,6 +532,9 @@ def main():
         dt = wait_freed(port)
         check(dt is not None and dt < 3.0,
               "a client that disconnects before a whole answer frees its sequence (%s s)" % dt)
+        check(count(port, "kvpc_requests_cancelled_total") == cancelled0 + 2 and
+              req_count(port, "/v1/completions", 499) == gone0 + 1,
+              "both disconnects count as cancelled, the one that got no answer as status 499")
 
         # 64 concurrent clients (bounded: 16 active, 64 queued); outputs unchanged
         def one(i):
@@ -506,7 +572,7 @@ def main():
         check(metric(port, "kvpc_pool_bytes_in_use") == 0, "every block is back in the pool")
         st, t = get(port, "/metrics")
         names = ["kvpc_pool_bytes_total", "kvpc_pool_blocks_in_use", "kvpc_kv_entries_in_use",
-                 "kvpc_sequences_queued", "kvpc_requests_total{status=\"400\"}",
+                 "kvpc_sequences_queued", "kvpc_requests_total{endpoint=\"/v1/completions\",status=\"400\"}",
                  "kvpc_compress_events_total{policy=\"h2o\"}", "kvpc_entries_evicted_total",
                  "kvpc_step_seconds_bucket", "kvpc_tokens_per_second", "kvpc_prompt_tokens_total"]
         check(st == 200 and all(n in t for n in names), "/metrics has the kvpc_ families")
@@ -526,6 +592,15 @@ def main():
     check(len(lines) > 10 and all(k in lines[0] for k in ("id", "policy", "params", "prompt_tokens",
           "generated_tokens", "kv_entries_peak", "kv_bytes_peak", "compress_events",
           "entries_evicted", "eviction_rate", "ttft_s", "total_s")), "--trace writes one JSON line per request")
+    gone = [l for l in lines if l.get("finish_reason") == "cancelled"]
+    check(len(gone) == 2 and gone[0]["generated_tokens"] >= 5 and gone[0]["status"] == 200
+          and gone[1]["status"] == 499,
+          "each disconnect is a trace line, finish_reason cancelled, with its tokens: %s" %
+          [(l["status"], l["generated_tokens"]) for l in gone])
+    late = [l for l in lines if l.get("status") == 400]
+    check(late and all(l["finish_reason"] == "error" for l in late),
+          "a 400 raised after admission is traced with finish_reason error, not stop: %s" %
+          [l["finish_reason"] for l in late])
     os.unlink(trace)
     for th in DRAINS:  # the servers have exited: their last words are in the pipes
         th.join(timeout=10)
