@@ -45,7 +45,7 @@ static const char BUILD_USAGE[] =
 static const char BUILD_HELP[] =
 	"kvpc build: compile policies into a per-deployment binary.\n"
 	"\n"
-	"  kvpc build FILE.kvp... -o BIN [-v]\n"
+	"  kvpc build FILE.kvp... -o BIN [--gate] [--cuda] [-v]\n"
 	"\n"
 	"Emits C for each policy, a registry and a main, compiles them with $CC (default cc)\n"
 	"and links them against libkvrt.a, OpenBLAS, PCRE2, zlib, libmicrohttpd and jansson.\n"
