@@ -99,6 +99,8 @@ check: deps model model-gemma vocab
 	@$(PYTHON) scripts/check_doc_paths.py
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory test
+	@if [ -f $(VLLM_VENV)/.kvpc-vllm-0.32.0 ]; then echo "check: the vLLM plug-in suite is not part of check (a real engine: minutes); run make test-vllm"; \
+	  else echo "check: vLLM plug-in suite skipped: no venv at $(VLLM_VENV) (make test-vllm creates it)"; fi
 	@$(MAKE) --no-print-directory SAN=1 all
 	@$(MAKE) --no-print-directory SAN=1 test-asan
 	@$(MAKE) --no-print-directory fuzz-smoke

@@ -16,7 +16,15 @@ def main():
     from transformers import AutoModelForCausalLM, AutoTokenizer
     d, f = os.path.split(os.path.abspath(src))
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    # the weights are dequantized float32 now, but the model still carries the GGUF
+    # quantizer, which save_pretrained refuses: drop it
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    for attr in ("is_quantized", "quantization_method"):
+        if attr in vars(model):
+            delattr(model, attr)
     tmp = out + ".tmp"
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)

@@ -1,10 +1,11 @@
-"""The CPU attention backend subclass: at the end of a request's prompt, gather each
-layer's keys from the paged cache and the window queries from the forward, and ask the
-kvpc library which entries to keep, per (layer, KV head).
+"""The CPU attention backend subclass: while a request's prompt is processed, keep each
+layer's keys and values as the forward computed them (post-RoPE, original positions), and
+at the prompt's last chunk ask the kvpc library, with the window queries of that chunk,
+which entries to keep, per (layer, KV head).
 
-vLLM's CPU cache holds, per layer, [num_blocks, num_kv_heads, block_size, 2*head_size]:
-each (block, head) slab holds block_size keys then block_size values. Keys there are
-post-RoPE at their original positions, which is what the library takes.
+The keys are not read back from the paged cache: vLLM's CPU backend writes cache rows with
+cpu_attn_reshape_and_cache in a layout of its own ISA kernels, so the rows of a
+[num_blocks, num_kv_heads, block_size, 2*head_size] slab are not plain key vectors.
 
 Which batch rows end their prompt in this step is recorded from the model runner's
 _update_states (after vLLM orders the batch), so the backend needs no request ids.
@@ -19,8 +20,10 @@ import torch
 
 from . import lib, xargs
 
-# this step's rows whose prompt ends in it: row -> (req_id, (policy, set, ratio), n)
+# this step's prefill rows with a kv policy: row -> (req_id, (policy, set, ratio), n, final)
 _STEP = {}
+# (req_id, layer) -> [(keys, values) of each prefill chunk so far]
+_STASH = {}
 # req_id -> {layer: {global KV head: [kept positions]}}
 KEPT = {}
 # req_id -> error message of a failed selection
@@ -51,7 +54,7 @@ def _dump():
     os.replace(path + ".tmp", path)
 
 
-def _select_row(impl, layer, query, kv_cache, md, row, rid, args, n):
+def _select_row(impl, layer, query, keys, vals, md, row, rid, args, n):
     policy, set_, ratio = args
     H, d = impl.num_kv_heads, impl.head_size
     G = impl.num_heads // H
@@ -62,27 +65,37 @@ def _select_row(impl, layer, query, kv_cache, md, row, rid, args, n):
         raise lib.KvpcError(5, f"policy {policy}: its window of {w} prompt queries spans "
                                f"more than the last prefill chunk ({e - s} tokens): raise "
                                "max_num_batched_tokens or disable chunked prefill")
-    nblk, _, bs, _ = kv_cache.shape
-    kv = kv_cache.view(nblk, H, 2 * bs, d)
-    nb = (n + bs - 1) // bs
-    ids = md.block_table[row, :nb].long()
-    slab = kv[ids]                                     # [nb, H, 2*bs, d]
-    keys = slab[:, :, :bs, :].permute(1, 0, 2, 3).reshape(H, nb * bs, d)[:, :n]
-    vals = slab[:, :, bs:, :].permute(1, 0, 2, 3).reshape(H, nb * bs, d)[:, :n]
     q = query[e - w:e].reshape(w, H * G, d)
-    kept = L.select(policy, set_, ratio, keys.float().unsqueeze(0).numpy(),
-                    q.float().unsqueeze(0).numpy(), vals.float().unsqueeze(0).numpy())[0]
+    kept = L.select(policy, set_, ratio, keys.permute(1, 0, 2).float().unsqueeze(0).numpy(),
+                    q.float().unsqueeze(0).numpy(),
+                    vals.permute(1, 0, 2).float().unsqueeze(0).numpy())[0]
     h0 = _tp_rank() * H
     KEPT.setdefault(rid, {})[_layer_index(layer)] = {
         h0 + h: kept[h].tolist() for h in range(H)}
 
 
-def on_prompt_end(impl, layer, query, kv_cache, md):
-    for row, (rid, args, n) in _STEP.items():
+def on_prefill(impl, layer, query, key, value, md):
+    """Stash this chunk's keys and values of every prefill row with a kv policy (the CPU
+    backend stores cache rows in an ISA-specific packed layout, so the keys are taken as
+    the forward computed them: post-RoPE, [tokens, num_kv_heads, head_size]); at the
+    prompt's last chunk, select."""
+    li = _layer_index(layer)
+    for row, (rid, args, n, final) in _STEP.items():
+        s, e = int(md.query_start_loc[row]), int(md.query_start_loc[row + 1])
+        chunks = _STASH.setdefault((rid, li), [])
+        chunks.append((key[s:e].clone(), value[s:e].clone()))
+        if not final:
+            continue
+        del _STASH[(rid, li)]
+        keys = torch.cat([c[0] for c in chunks])
+        vals = torch.cat([c[1] for c in chunks])
         try:
-            _select_row(impl, layer, query, kv_cache, md, row, rid, args, n)
-        except lib.KvpcError as e:
-            ERRORS[rid] = str(e)
+            if keys.shape[0] != n:
+                raise lib.KvpcError(1, f"kvpc-vllm: {keys.shape[0]} prompt keys seen, the "
+                                       f"prompt has {n} (prefix caching must be off)")
+            _select_row(impl, layer, query, keys, vals, md, row, rid, args, n)
+        except lib.KvpcError as ex:
+            ERRORS[rid] = str(ex)
     _dump()
 
 
@@ -97,7 +110,7 @@ def _classes():
                                   output_scale, output_block_scale)
             if attn_metadata is not None and _STEP:
                 with torch.no_grad():
-                    on_prompt_end(self, layer, query, kv_cache, attn_metadata)
+                    on_prefill(self, layer, query, key, value, attn_metadata)
             return out
 
     class KvpcCPUAttentionBackend(CPUAttentionBackend):
@@ -133,8 +146,9 @@ def _patch_runner():
             if not extra or "kv" not in extra or st.prompt_token_ids is None:
                 continue
             n = len(st.prompt_token_ids)
-            if st.num_computed_tokens < n <= st.num_computed_tokens + nst.get(rid, 0):
-                plan[row] = (rid, xargs.parse(extra), n)
+            if st.num_computed_tokens < n and nst.get(rid, 0) > 0:
+                final = n <= st.num_computed_tokens + nst[rid]
+                plan[row] = (rid, xargs.parse(extra), n, final)
         _STEP.clear()
         _STEP.update(plan)
         return out

@@ -89,4 +89,5 @@ def _widen_protocol():
             f = getattr(cls, "model_fields", {}).get("vllm_xargs") if isinstance(cls, type) else None
             if f is not None and cls.__module__ == mod:
                 f.annotation = dict[str, Any] | None
+                cls.__annotations__["vllm_xargs"] = dict[str, Any] | None
                 cls.model_rebuild(force=True)
