@@ -7,7 +7,10 @@
  *          lines, "M a b" a merge, "C tok" a control token, "U tok" a user-defined token,
  *          anything else a normal token; a GGUF holding them is built in memory
  *          (tests/support/gguf_writer.c) and loaded, which fuzzes rt_tokenizer_init on
- *          hostile vocabularies. The text is what follows the NUL.
+ *          hostile vocabularies. The text is what follows the NUL. Bits 2-3 choose
+ *          the model: 0 byte-level BPE with the smollm pre-tokenizer, 1 llama-bpe,
+ *          2 qwen2, 3 SentencePiece ("llama"; each token's score minus its line number,
+ *          so earlier lines merge first; "<0xNN>" lines are byte tokens).
  *          Otherwise the vocabulary is fixed: the real model's when KVRT_MODEL or
  *          models/SmolLM2-135M-Instruct.Q4_1.gguf is readable, else the tiny byte-level
  *          one of tests/support/tiny_model.c (the choice is printed at start-up).
@@ -92,8 +95,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	return 0;
 }
 
-/* A tokenizer from the vocabulary description v[0..n) (see the header), or NULL. */
-static rt_tokenizer *vocab_from_input(const char *v, size_t n)
+/* A tokenizer from the vocabulary description v[0..n) (see the header) for model kind
+ * (bits 2-3 of the mode byte), or NULL. */
+static rt_tokenizer *vocab_from_input(const char *v, size_t n, int kind)
 {
 	char **tok = calloc(n + 2, sizeof *tok), **mer = calloc(n + 1, sizeof *mer);
 	int32_t *type = calloc(n + 2, sizeof *type);
@@ -117,13 +121,25 @@ static rt_tokenizer *vocab_from_input(const char *v, size_t n)
 		*dst = strndup(l, ll);
 		i = e + 1;
 	}
+	static const char *const pre[] = { "smollm", "llama-bpe", "qwen2" };
+	int32_t *score = calloc(nt + 1, sizeof *score);
+	for (uint64_t i = 0; i < nt; i++) {
+		score[i] = -(int32_t)i;
+		if (kind == 3 && strlen(tok[i]) == 6 && !strncmp(tok[i], "<0x", 3) && tok[i][5] == '>')
+			type[i] = 6;
+	}
 	gw *w = gw_init();
 	gw_kv_str(w, "general.architecture", "llama");
-	gw_kv_str(w, "tokenizer.ggml.model", "gpt2");
-	gw_kv_str(w, "tokenizer.ggml.pre", "smollm");
+	gw_kv_str(w, "tokenizer.ggml.model", kind == 3 ? "llama" : "gpt2");
+	if (kind != 3)
+		gw_kv_str(w, "tokenizer.ggml.pre", pre[kind]);
 	gw_kv_str_arr(w, "tokenizer.ggml.tokens", (const char *const *)tok, nt);
 	gw_kv_i32_arr(w, "tokenizer.ggml.token_type", type, nt);
-	gw_kv_str_arr(w, "tokenizer.ggml.merges", (const char *const *)mer, nm);
+	if (kind == 3)
+		gw_kv_i32_arr(w, "tokenizer.ggml.scores", score, nt);
+	else
+		gw_kv_str_arr(w, "tokenizer.ggml.merges", (const char *const *)mer, nm);
+	free(score);
 	gw_kv_u32(w, "tokenizer.ggml.eos_token_id", 0);
 	uint8_t *buf = NULL;
 	size_t len = 0;
@@ -154,7 +170,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (own) {
 		const char *nul = memchr(text, 0, len);
 		size_t vn = nul ? (size_t)(nul - text) : len;
-		t = vocab_from_input(text, vn);
+		t = vocab_from_input(text, vn, (data[0] >> 2) & 3);
 		if (!t)
 			return 0;
 		text += nul ? vn + 1 : vn;
