@@ -173,17 +173,19 @@ def test_server_xargs():
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", HF,
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
          "--no-enable-prefix-caching", "--max-model-len", "2048", "--served-model-name", "m"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0,
                           timeout=120)
-        for _ in range(240):
+        for _ in range(900):  # a loaded 2-core machine takes minutes to start it
             try:
                 c.models.list()
                 break
             except openai.APIConnectionError:
-                assert srv.poll() is None, srv.stderr.read()[-3000:]
+                assert srv.poll() is None, "the server exited"
                 time.sleep(1)
+        else:
+            pytest.fail("the server did not come up in 900 s")
         ok = c.completions.create(model="m", prompt=TEXT[:400], max_tokens=8, temperature=0,
                                   extra_body={"vllm_xargs": {"kv": {
                                       "policy": "snapkv", "ratio": 4, "set": {"window": 16}}}})
@@ -199,4 +201,8 @@ def test_server_xargs():
             assert word in str(e.value), (bad, str(e.value))
     finally:
         srv.terminate()
-        srv.wait(timeout=60)
+        try:
+            srv.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()

@@ -2,8 +2,8 @@
 
 The same object as kvpc's own server (docs/serving.md): policy (a name the library has),
 ratio (a number >= 1, optional), set ({"name": value}, optional). A bad object is a
-ValueError raised while vLLM validates the request, which its OpenAI server answers with
-400. vLLM types vllm_xargs values as scalars or lists, so install() widens the field to
+VLLMValidationError raised while vLLM validates the request, which its OpenAI server
+answers with 400. vLLM types vllm_xargs values as scalars or lists, so install() widens the field to
 accept the nested object.
 """
 import math
@@ -60,6 +60,7 @@ def validate(extra_args):
 def install():
     """Validate kv objects with the request (400 from the server) and let the OpenAI
     protocol's vllm_xargs carry the nested object."""
+    from vllm.exceptions import VLLMValidationError
     from vllm.v1.engine.input_processor import InputProcessor
     orig = InputProcessor._validate_params
     if getattr(orig, "_kvpc", False):
@@ -69,7 +70,10 @@ def install():
         out = orig(self, params, supported_tasks)
         extra = getattr(params, "extra_args", None)
         if extra:
-            validate(extra)
+            try:
+                validate(extra)
+            except ValueError as e:  # a client error: vLLM's server answers it with 400
+                raise VLLMValidationError(str(e), parameter="vllm_xargs.kv") from None
         return out
 
     _validate_params._kvpc = True
