@@ -8,8 +8,11 @@
 # policies/) decoding 128 tokens after a prompt of BENCH_POLICY_DEPTH tokens, against
 # llama.cpp's full cache at the same depth (llama-bench -d). The depth defaults to 8064 =
 # 8192 - 128: SmolLM2's context_length is 8192 and kvrt refuses positions beyond it, so the
-# 128 steps end at 8192 for both. The machine may be shared and noisy: the ratios of one run
-# are the result, not the absolute rates.
+# 128 steps end at 8192 for both. Then the tiered row: kvrt's own full cache (f16) against
+# kivi_q4 (every entry but the newest 128..159 at 4 bits in the precision tiers, read in place
+# by the decode step's attention, nothing evicted), 128 decode steps after 1024 and after the
+# policy depth, both in the same run, with the ratio tiered / f16. The machine may be shared
+# and noisy: the ratios of one run are the result, not the absolute rates.
 #
 # Usage: scripts/bench.sh BUILD_DIR MODEL
 # Environment: BENCH_THREADS (default "1 2"), BENCH_REPS (llama-bench repetitions, default 2;
@@ -25,8 +28,8 @@ pdepth=${BENCH_POLICY_DEPTH-8064}
 here=$(cd "$(dirname "$0")" && pwd)
 pbin=$bdir/bench_policy_bin
 if [ -n "$pdepth" ] && ! "$bdir/kvpc" build "$here/../policies/h2o.kvp" "$here/../policies/snapkv.kvp" \
-	-o "$pbin" >&2; then
-	echo "bench: kvpc build of h2o and snapkv failed: the compressed row is skipped" >&2
+	"$here/../policies/kivi_q4.kvp" -o "$pbin" >&2; then
+	echo "bench: kvpc build of h2o, snapkv and kivi_q4 failed: the compressed rows are skipped" >&2
 	pdepth=""
 fi
 
@@ -77,6 +80,16 @@ kvrt_policy_run() {
 		esac
 	done
 }
+# the tiered row: kvrt's full f16 cache, then kivi_q4, 128 steps after 1024 and pdepth tokens
+# (NAME TOK_S, names prefixed full/ and kivi_q4/)
+kvrt_tier_run() {
+	# shellcheck disable=SC2086
+	"$bdir/kvrt" bench --model "$model" --tg 128 --depth "1024,$pdepth" --threads "$1" \
+		${KVRT_BENCH_FLAGS:-} | grep -v '^#' | sed 's|^|full/|'
+	# shellcheck disable=SC2086
+	"$pbin" bench --model "$model" --tg 128 --depth "1024,$pdepth" --threads "$1" \
+		--policy kivi_q4 --quiet ${KVRT_BENCH_FLAGS:-} | grep -v '^#' | sed 's|^|kivi_q4/|'
+}
 llama_depth_run() {
 	"$llama_bin/llama-bench" -m "$model" -t "$1" -p 0 -n 128 -d "$pdepth" -r 1 --repack 0 -o csv \
 		2>/dev/null | python3 -c '
@@ -86,7 +99,7 @@ for r in csv.DictReader(sys.stdin):
 '
 }
 
-declare -A K L
+declare -A K L T
 for t in $threads; do
 	echo "bench: $t thread(s): kvrt ..." >&2
 	while read -r name v; do K[$name/$t]=$v; done < <(kvrt_run "$t")
@@ -99,6 +112,8 @@ for t in $threads; do
 			echo "bench: $t thread(s): kvrt $pol x8 at depth $pdepth ..." >&2
 			while read -r name v; do K[$pol/$name/$t]=$v; done < <(kvrt_policy_run "$t" "$pol")
 		done
+		echo "bench: $t thread(s): kvrt f16 and kivi_q4 tiers at depths 1024 and $pdepth ..." >&2
+		while read -r name v; do T[$name/$t]=$v; done < <(kvrt_tier_run "$t")
 		if [ -n "$llama_bin" ]; then
 			echo "bench: $t thread(s): llama-bench full cache at depth $pdepth ..." >&2
 			while read -r name v; do L[full/$name/$t]=$v; done < <(llama_depth_run "$t")
@@ -136,6 +151,21 @@ if [ -n "$pdepth" ]; then
 			r=""
 			[ -n "$k" ] && [ -n "$l" ] && r=$(python3 -c "print(f'{$k / $l:.2f}x')")
 			printf '| %-20s | %7s | %12s | %20s | %11s |\n' "$pol x8 $name" "$t" "${k:--}" "${l:--}" "${r:--}"
+		done
+	done
+fi
+if [ -n "$pdepth" ]; then
+	echo
+	echo "kvrt decode over precision tiers (kivi_q4: all but the newest 128..159 entries at 4 bits) against kvrt's f16 full cache, 128 steps after the depth, one run"
+	printf '| %-14s | %7s | %13s | %17s | %12s |\n' test threads "f16 tok/s" "kivi_q4 tok/s" "tiers/f16"
+	printf '|%s|%s|%s|%s|%s|\n' ---------------- --------- --------------- ------------------- --------------
+	for t in $threads; do
+		for name in tg128@d1024 "tg128@d$pdepth"; do
+			f=${T[full/$name/$t]:-}
+			q=${T[kivi_q4/$name/$t]:-}
+			r=""
+			[ -n "$f" ] && [ -n "$q" ] && r=$(python3 -c "print(f'{$q / $f:.2f}x')")
+			printf '| %-14s | %7s | %13s | %17s | %12s |\n' "$name" "$t" "${f:--}" "${q:--}" "${r:--}"
 		done
 	done
 fi

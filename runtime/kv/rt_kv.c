@@ -140,6 +140,12 @@ static rt_kvq_kind tier_kind(const rt_kv *kv, int t, int value)
 	return value ? tier_vkind[t] : tier_kkind[t];
 }
 
+int rt_kv_tier_codec(const rt_kv *kv, int t, int value)
+{
+	RT_ASSERT(kv->tiered && t >= 0 && t < RT_KV_N_TIER);
+	return (int)tier_kind(kv, t, value);
+}
+
 /* Bytes of one slot of arena t (without its owner index): a key row and a value row at
  * tier t, or a key group's range (t == RT_KV_KGROUPS). */
 static size_t arena_slot_bytes(const rt_kv *kv, int t)
@@ -309,6 +315,32 @@ int rt_kv_init_tiered(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type top, int n_lay
 	}
 	return kv_init(kv, pool ? pool : rt_kvpool_process(), top, n_layer, n_kv_head, group,
 	               head_dim, cap, stat_bytes, state_bytes, err);
+}
+
+int rt_kv_set_rotation(rt_kv *kv, int keys, int values, rt_err *err)
+{
+	if (!kv->tiered)
+		return rt_err_set(err, "kv: rotate hadamard needs a tiered store (rt_kv_init_tiered)");
+	const int d = kv->head_dim;
+	if ((keys || values) && (d & (d - 1)) != 0)
+		return rt_err_set(err, "kv: rotate hadamard needs a power-of-two head_dim, not %d", d);
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		for (int t = RT_KV_TIER_TOP + 1; t < RT_KV_N_TIER; t++)
+			if (kv->heads[i].arena[t].n)
+				return rt_err_set(err, "kv: rotation set after entries were quantised");
+	kv->rot_keys = keys != 0;
+	kv->rot_values = values != 0;
+	return 0;
+}
+
+/* x rotated into y (y = H·x; x == y allowed) when on, else copied; returns y. */
+static float *rot_copy(const rt_kv *kv, int on, const float *x, float *y)
+{
+	if (x != y)
+		memcpy(y, x, (size_t)kv->head_dim * sizeof *y);
+	if (on)
+		rt_kvq_rotate(y, kv->head_dim);
+	return y;
 }
 
 /* ---- block accounting ----------------------------------------------------------------- */
@@ -545,6 +577,11 @@ static uint16_t *kgroup_range(const rt_kv *kv, const rt_kv_head *h, int32_t g)
 	return (uint16_t *)(void *)(h->arena[RT_KV_KGROUPS].rows + (size_t)g * kv->kgroup_bytes);
 }
 
+const uint16_t *rt_kv_kgroup_range(const rt_kv *kv, const rt_kv_head *h, int32_t g)
+{
+	return kgroup_range(kv, h, g);
+}
+
 /* Entry i's key range at its (quantised) tier, unpacked into lo[d] and step[d]. */
 static void key_range(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *lo, float *step)
 {
@@ -620,6 +657,7 @@ static int kgroups_make(rt_kv *kv, rt_kv_head *h, const uint8_t *want, rt_err *e
 				continue;
 			h->kgrp[j] = g;
 			rt_kv_head_decode(kv, h, j, 1, kb, NULL);
+			rot_copy(kv, kv->rot_keys, kb, kb); /* the range of the keys as coded */
 			for (int c = 0; c < d; c++) {
 				lo[c] = kb[c] < lo[c] ? kb[c] : lo[c];
 				hi[c] = kb[c] > hi[c] ? kb[c] : hi[c];
@@ -687,12 +725,12 @@ static const float *row_get(const rt_kv *kv, const rt_kv_head *h, int32_t i, int
 		float lo[KV_TIER_MAX_DIM], step[KV_TIER_MAX_DIM];
 		key_range(kv, h, i, lo, step);
 		rt_kvq_kcodes_decode(kind, lo, step, row, kv->head_dim, buf);
-		return buf;
+		return rot_copy(kv, kv->rot_keys, buf, buf);
 	}
 	if (kind == RT_KVQ_F32)
 		return (const float *)(const void *)row;
 	rt_kvq_vrow_decode(kind, row, kv->head_dim, buf);
-	return buf;
+	return rot_copy(kv, value && key_grouped(kv, h, i) && kv->rot_values, buf, buf);
 }
 
 const float *rt_kv_key(const rt_kv *kv, const rt_kv_head *h, int32_t i, float *buf)
@@ -713,9 +751,10 @@ void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
 	rt_kvq_kind kind;
 	uint8_t *row = entry_row(kv, h, i, 0, &kind);
 	if (key_grouped(kv, h, i)) {
-		float lo[KV_TIER_MAX_DIM], step[KV_TIER_MAX_DIM];
+		float lo[KV_TIER_MAX_DIM], step[KV_TIER_MAX_DIM], xr[KV_TIER_MAX_DIM];
 		key_range(kv, h, i, lo, step);
-		rt_kvq_kcodes_encode(kind, lo, step, x, kv->head_dim, row);
+		rt_kvq_kcodes_encode(kind, lo, step, rot_copy(kv, kv->rot_keys, x, xr), kv->head_dim,
+		                     row);
 		return;
 	}
 	rt_kvq_vrow_encode(kind, x, kv->head_dim, row);
@@ -726,6 +765,9 @@ void rt_kv_set_value(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
 	RT_ASSERT(i >= 0 && i < h->n);
 	rt_kvq_kind kind;
 	uint8_t *row = entry_row(kv, h, i, 1, &kind);
+	float xr[KV_TIER_MAX_DIM];
+	if (key_grouped(kv, h, i) && kv->rot_values)
+		x = rot_copy(kv, 1, x, xr);
 	rt_kvq_vrow_encode(kind, x, kv->head_dim, row);
 }
 
@@ -765,6 +807,7 @@ void rt_kv_head_decode(const rt_kv *kv, const rt_kv_head *h, int32_t i0, int32_t
 			}
 			rt_kvq_kcodes_decode(tier_kkind[t_have], lo, step,
 			                     slot_key(kv, h, t_have, h->slot[i]), (int)hd, kd);
+			rot_copy(kv, kv->rot_keys, kd, kd);
 		} else if (kd && (p = row_get(kv, h, i, 0, kd)) != kd) {
 			memcpy(kd, p, hd * sizeof(float));
 		}
@@ -791,6 +834,8 @@ static void arena_decode(const rt_kv *kv, const rt_kv_head *h, int t, float *K, 
 		}
 		rt_kvq_kcodes_decode(tier_kkind[t], lo, step, row, (int)hd, K + (size_t)e * hd);
 		rt_kvq_vrow_decode(tier_vkind[t], row + rb, (int)hd, V + (size_t)e * hd);
+		rot_copy(kv, kv->rot_keys, K + (size_t)e * hd, K + (size_t)e * hd);
+		rot_copy(kv, kv->rot_values, V + (size_t)e * hd, V + (size_t)e * hd);
 	}
 }
 
@@ -885,7 +930,7 @@ void rt_kv_head_set_keys(const rt_kv *kv, rt_kv_head *h, const float *K, const u
 			rt_kv_set_key(kv, h, i, K + (size_t)i * d);
 	if (!kv->tiered)
 		return;
-	float lo[KV_TIER_MAX_DIM], hi[KV_TIER_MAX_DIM], step[KV_TIER_MAX_DIM];
+	float lo[KV_TIER_MAX_DIM], hi[KV_TIER_MAX_DIM], step[KV_TIER_MAX_DIM], kr[KV_TIER_MAX_DIM];
 	for (int32_t g = 0; g < h->arena[RT_KV_KGROUPS].n; g++) {
 		int any = 0;
 		for (size_t c = 0; c < d; c++)
@@ -894,7 +939,7 @@ void rt_kv_head_set_keys(const rt_kv *kv, rt_kv_head *h, const float *K, const u
 			if (h->kgrp[j] != g)
 				continue;
 			any |= changed[j];
-			const float *k = K + (size_t)j * d;
+			const float *k = rot_copy(kv, kv->rot_keys, K + (size_t)j * d, kr); /* as coded */
 			for (size_t c = 0; c < d; c++) {
 				lo[c] = k[c] < lo[c] ? k[c] : lo[c];
 				hi[c] = k[c] > hi[c] ? k[c] : hi[c];
@@ -906,7 +951,8 @@ void rt_kv_head_set_keys(const rt_kv *kv, rt_kv_head *h, const float *K, const u
 		for (int32_t j = 0; j < h->n; j++)
 			if (h->kgrp[j] == g && key_grouped(kv, h, j)) {
 				key_range(kv, h, j, lo, step);
-				rt_kvq_kcodes_encode(tier_kkind[h->tier[j]], lo, step, K + (size_t)j * d, (int)d,
+				rt_kvq_kcodes_encode(tier_kkind[h->tier[j]], lo, step,
+				                     rot_copy(kv, kv->rot_keys, K + (size_t)j * d, kr), (int)d,
 				                     slot_key(kv, h, h->tier[j], h->slot[j]));
 			}
 	}

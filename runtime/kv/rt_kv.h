@@ -201,6 +201,8 @@ typedef struct rt_kv {
 	size_t tier_row[RT_KV_N_TIER];  /* tiered: (key row + value row) / 2, so an entry's rows
 	                                   are 2 × tier_row[t] bytes at every tier */
 	size_t kgroup_bytes; /* tiered: bytes of one key group's range (4 · head_dim) */
+	int rot_keys;       /* tiered: quantised keys are stored rotated (rt_kv_set_rotation) */
+	int rot_values;     /* tiered: quantised values are stored rotated */
 	void *mem;          /* the reserved address space behind every per-entry array */
 	size_t mem_bytes;
 	void *meta;         /* the heads and their policy state (an ordinary allocation) */
@@ -295,6 +297,29 @@ typedef void (*rt_kv_rows_fn)(const uint8_t *rows, int32_t n, int d, float *out)
  * attention's vectorised decode of the top type; NULL: the portable one). Reads only. */
 void rt_kv_head_decode_all(const rt_kv *kv, const rt_kv_head *h, float *K, float *V,
                            rt_kv_rows_fn top);
+
+/* The rt_kvq codec (enum rt_kvq_kind) of tier t's key codes (value == 0) or value rows
+ * (value != 0) in a tiered store; tier 0 is the store's type (RT_KVQ_F16 or RT_KVQ_F32).
+ * A quantised tier's keys are codes against their key group's range
+ * (rt_kv_kgroup_range), its values rt_kvq value rows. */
+int rt_kv_tier_codec(const rt_kv *kv, int t, int value);
+
+/* Rotation before quantisation in a tiered store (rt_kvq_rotate, the normalised
+ * Walsh-Hadamard transform H of a head row): with keys != 0 every key at a quantised tier
+ * is coded as H·k (its key group's range fitted on the rotated keys), with values != 0
+ * every quantised value row as H·v. Reads undo it: rt_kv_key, rt_kv_value and
+ * rt_kv_head_decode return H·decode (H·H = I), and attention (runtime/model/rt_kvattn.h)
+ * dots the rotated query H·q with the rotated codes ((H q)·(H k) = q·k) and un-rotates the
+ * quantised entries' share of the output once per row. The top tier is never rotated. It
+ * costs no byte (H is computed, not stored). Set it before any entry leaves the top tier.
+ * Returns 0, or -1 with err: an untiered store, head_dim not a power of two ("kv: rotate
+ * hadamard needs a power-of-two head_dim, not 96"), or quantised entries already held. */
+int rt_kv_set_rotation(rt_kv *kv, int keys, int values, rt_err *err);
+
+/* Key group g's range in h (0 <= g < h->arena[RT_KV_KGROUPS].n): head_dim f16 minima then
+ * head_dim f16 maxima, the layout rt_kvq_krange_unpack reads. Borrowed: valid until the
+ * head's groups change (set_tiers, evict, set_keys). */
+const uint16_t *rt_kv_kgroup_range(const rt_kv *kv, const rt_kv_head *h, int32_t g);
 
 /* Entry i's tier: h->tier[i] in a tiered store, RT_KV_TIER_TOP otherwise. */
 static inline int rt_kv_tier_of(const rt_kv_head *h, int32_t i)

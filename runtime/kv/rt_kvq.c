@@ -368,3 +368,20 @@ void rt_kvq_kcodes_decode(rt_kvq_kind kind, const float *lo, const float *step,
 				x[4 * c + k] = lo[4 * c + k] + step[4 * c + k] * (float)((codes[c] >> (2 * k)) & 3);
 	}
 }
+
+/* ---- rotation ------------------------------------------------------------------------------- */
+
+void rt_kvq_rotate(float *x, int d)
+{
+	RT_ASSERT(d > 0 && (d & (d - 1)) == 0);
+	for (int len = 1; len < d; len <<= 1)
+		for (int i = 0; i < d; i += 2 * len)
+			for (int j = i; j < i + len; j++) {
+				const float a = x[j], b = x[j + len];
+				x[j] = a + b;
+				x[j + len] = a - b;
+			}
+	const float s = 1.0f / sqrtf((float)d);
+	for (int i = 0; i < d; i++)
+		x[i] *= s;
+}

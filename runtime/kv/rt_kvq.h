@@ -118,4 +118,16 @@ void rt_kvq_kcodes_encode(rt_kvq_kind kind, const float *lo, const float *step, 
 void rt_kvq_kcodes_decode(rt_kvq_kind kind, const float *lo, const float *step,
                           const uint8_t *codes, int d, float *x);
 
+/* ---- rotation before quantisation ------------------------------------------------------- */
+/*
+ * x ← H x with H = H_d / √d the normalised Walsh-Hadamard matrix (Sylvester order, d a
+ * power of two), by the fast transform: log2 d butterfly passes, d log2 d additions, no
+ * storage. H is orthogonal and symmetric, so H H = I: the same call undoes it (up to f32
+ * rounding, about log2 d · 2^-24 relative), and (H q) · (H k) = q · k. Rotating a row
+ * before quantising spreads an outlier channel's energy over every channel, so a group's
+ * range is set by the row's RMS instead of its largest channel (QuaRot, Ashkboos et al.
+ * 2024, arXiv 2404.00456; llama.cpp rotates K and V this way before its quantised KV types).
+ */
+void rt_kvq_rotate(float *x, int d);
+
 #endif

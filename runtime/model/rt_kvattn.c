@@ -1,6 +1,6 @@
 /*
- * rt_kvattn: attention reads of f16 / Q8_0 KV rows, scalar, AVX2 and AVX-512; see
- * rt_kvattn.h. Each function decodes one row (a column slice of at most DCH values) into
+ * rt_kvattn: attention reads of f16 / Q8_0 KV rows and of tiered heads, scalar, AVX2 and
+ * AVX-512; see rt_kvattn.h. Each function decodes one row (a column slice of at most DCH values) into
  * a buffer in L1 and uses it for every query head of the group before the next row, so
  * the stored row is read from memory once.
  */
@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/rt_util.h"
+#include "kv/rt_kvq.h"
 #include "model/rt_dot.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -116,9 +117,121 @@ static void axpy_scalar(float *y, float a, const float *x, int w)
 		}                                                                                    \
 	}
 
+/* ---- tiered heads (rt_kv_init_tiered): rows read slot by slot from the tier arenas ------ */
+
+#define TIER_MAXD 1024 /* the tiered store's largest head_dim (rt_kv_init_tiered) */
+#define TIER_QG 16     /* query heads folded into a key group's range at a time */
+
+/* Raw codes of a quantised key (bits 8, 4 or 2, packed as rt_kvq writes them: element i in
+ * byte i / (8 / bits) at bit (i % (8 / bits)) · bits) as floats, in channel order. */
+static void dec_codes_scalar(int bits, const uint8_t *c, int d, float *out)
+{
+	const int per = 8 / bits;
+	const unsigned mask = (1u << bits) - 1;
+	for (int j = 0; j < d; j++)
+		out[j] = (float)((c[j / per] >> ((j % per) * bits)) & mask);
+}
+
+static void vdec_scalar(int kind, const uint8_t *row, int d, float *out)
+{
+	rt_kvq_vrow_decode((rt_kvq_kind)kind, row, d, out);
+}
+
+/* Key group range folded into the queries: with k_c = lo_c + step_c · code_c,
+ * scale · q·k = base + Σ_c qs_c · code_c, base = scale · Σ_c q_c lo_c, qs_c = scale · q_c
+ * step_c (KIVI's per-channel keys read without dequantising, arXiv 2402.02750 sec. 3.3),
+ * for the G (<= TIER_QG) query rows q + g·ldq: qs[g·d + c], base[g]. */
+static void tier_fold(int kind, const uint16_t *range, int d, const float *q, size_t ldq, int G,
+                      float scale, float *qs, float *base)
+{
+	float lo[TIER_MAXD], step[TIER_MAXD];
+	rt_kvq_krange_unpack((rt_kvq_kind)kind, range, d, lo, step);
+	for (int g = 0; g < G; g++) {
+		const float *qg = q + (size_t)g * ldq;
+		float b = 0;
+		for (int c = 0; c < d; c++) {
+			b += qg[c] * lo[c];
+			qs[(size_t)g * d + c] = scale * qg[c] * step[c];
+		}
+		base[g] = scale * b;
+	}
+}
+
+/* The two tiered-head kernels of one ISA: scores (G <= TIER_QG) and mix. DECH decodes an
+ * f16 row, DECC raw key codes, VDEC a quantised value row (rt_kvq layout). */
+#define TIER_DEFINE(SUF, ATTR, DECH, DECC, VDEC, DOT, AXPY)                                   \
+	ATTR static void tscores_##SUF(const rt_kv *kv, const rt_kv_head *h, int32_t lim,         \
+	                               const float *q, size_t ldq, const float *qr, size_t ldqr,  \
+	                               int G, float scale, float *S, size_t ldS)                  \
+	{                                                                                        \
+		const int d = kv->head_dim;                                                          \
+		float buf[TIER_MAXD], qs[TIER_QG * TIER_MAXD], base[TIER_QG];                         \
+		for (int t = 0; t < RT_KV_N_TIER; t++) {                                             \
+			const rt_kv_arena *a = &h->arena[t];                                             \
+			const size_t sb = 2 * kv->tier_row[t];                                           \
+			const int kind = rt_kv_tier_codec(kv, t, 0);                                     \
+			const int bits = t == RT_KV_TIER_TOP ? 0 : rt_kvq_bits((rt_kvq_kind)kind);       \
+			int32_t g_have = -1;                                                             \
+			for (int32_t s = 0; s < a->n; s++) {                                             \
+				const int32_t e = a->owner[s];                                               \
+				const uint8_t *row = a->rows + (size_t)s * sb;                               \
+				if (e >= lim)                                                                \
+					continue;                                                                \
+				if (t == RT_KV_TIER_TOP) {                                                   \
+					const float *k = buf;                                                    \
+					if (kind == RT_KVQ_F32)                                                  \
+						k = (const float *)(const void *)row;                                \
+					else                                                                     \
+						DECH(row, d, buf);                                                   \
+					for (int g = 0; g < G; g++)                                              \
+						S[(size_t)g * ldS + e] = scale * DOT(q + (size_t)g * ldq, k, d);     \
+					continue;                                                                \
+				}                                                                            \
+				if (h->kgrp[e] != g_have) {                                                  \
+					g_have = h->kgrp[e];                                                     \
+					tier_fold(kind, rt_kv_kgroup_range(kv, h, g_have), d, qr, ldqr, G,       \
+					          scale, qs, base);                                              \
+				}                                                                            \
+				DECC(bits, row, d, buf);                                                     \
+				for (int g = 0; g < G; g++)                                                  \
+					S[(size_t)g * ldS + e] = base[g] + DOT(qs + (size_t)g * d, buf, d);      \
+			}                                                                                \
+		}                                                                                    \
+	}                                                                                        \
+	ATTR static void tmix_##SUF(const rt_kv *kv, const rt_kv_head *h, int32_t lim,            \
+	                            const float *P, size_t ldP, int G, float *out, size_t ldo,    \
+	                            int t0, int t1)                                               \
+	{                                                                                        \
+		const int d = kv->head_dim;                                                          \
+		float buf[TIER_MAXD];                                                                \
+		for (int g = 0; g < G; g++)                                                          \
+			memset(out + (size_t)g * ldo, 0, (size_t)d * sizeof(float));                     \
+		for (int t = t0; t < t1; t++) {                                                      \
+			const rt_kv_arena *a = &h->arena[t];                                             \
+			const size_t sb = 2 * kv->tier_row[t], off = kv->tier_krow[t];                   \
+			const int kind = rt_kv_tier_codec(kv, t, 1);                                     \
+			for (int32_t s = 0; s < a->n; s++) {                                             \
+				const int32_t e = a->owner[s];                                               \
+				const uint8_t *row = a->rows + (size_t)s * sb + off;                         \
+				const float *v = buf;                                                        \
+				if (e >= lim)                                                                \
+					continue;                                                                \
+				if (kind == RT_KVQ_F32)                                                      \
+					v = (const float *)(const void *)row;                                    \
+				else if (kind == RT_KVQ_F16)                                                 \
+					DECH(row, d, buf);                                                       \
+				else                                                                         \
+					VDEC(kind, row, d, buf);                                                 \
+				for (int g = 0; g < G; g++)                                                  \
+					AXPY(out + (size_t)g * ldo, P[(size_t)g * ldP + e], v, d);               \
+			}                                                                                \
+		}                                                                                    \
+	}
+
 #define NO_ATTR
 KVATTN_DEFINE(f16_scalar, NO_ATTR, dec_f16_scalar, off_f16, dot_scalar, axpy_scalar)
 KVATTN_DEFINE(q8_scalar, NO_ATTR, dec_q8_scalar, off_q8, dot_scalar, axpy_scalar)
+TIER_DEFINE(scalar, NO_ATTR, dec_f16_scalar, dec_codes_scalar, vdec_scalar, dot_scalar, axpy_scalar)
 
 #ifdef KVATTN_X86
 /* ---- AVX2 + FMA + F16C --------------------------------------------------------------------- */
@@ -171,6 +284,223 @@ AVX2_ATTR static void axpy_avx2(float *y, float a, const float *x, int w)
 	for (; j + 8 <= w; j += 8)
 		_mm256_storeu_ps(y + j, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
 	axpy_scalar(y + j, a, x + j, w - j);
+}
+
+/* 32 codes of 8, 4 or 2 bits at p (rt_kvq's packing) as 8-bit integers in channel order:
+ * channels 0..15 in *lo, 16..31 in *hi. A nibble or crumb is masked out of each byte and the
+ * planes are interleaved back (unpack), so no code crosses a byte. */
+AVX2_ATTR static inline void codes32_avx2(int bits, const uint8_t *p, __m128i *lo, __m128i *hi)
+{
+	if (bits == 8) {
+		*lo = _mm_loadu_si128((const __m128i *)(const void *)p);
+		*hi = _mm_loadu_si128((const __m128i *)(const void *)(p + 16));
+	} else if (bits == 4) {
+		const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)p), m = _mm_set1_epi8(15);
+		const __m128i l = _mm_and_si128(b, m), h = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+		*lo = _mm_unpacklo_epi8(l, h);
+		*hi = _mm_unpackhi_epi8(l, h);
+	} else {
+		const __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)p), m = _mm_set1_epi8(3);
+		const __m128i v0 = _mm_and_si128(b, m), v1 = _mm_and_si128(_mm_srli_epi16(b, 2), m);
+		const __m128i v2 = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+		const __m128i v3 = _mm_and_si128(_mm_srli_epi16(b, 6), m);
+		const __m128i a = _mm_unpacklo_epi8(v0, v1), c = _mm_unpacklo_epi8(v2, v3);
+		*lo = _mm_unpacklo_epi16(a, c);
+		*hi = _mm_unpackhi_epi16(a, c);
+	}
+}
+
+/* 32 channels of a row as floats x[0..4): 32 codes (8, 4 or 2 bits) or 32 f16 values (bits 16) */
+AVX2_ATTR static inline void chunk32_avx2(int bits, const uint8_t *p, __m256 x[4])
+{
+	if (bits == 16) {
+		for (int j = 0; j < 4; j++)
+			x[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 16 * j)));
+		return;
+	}
+	__m128i lo, hi;
+	codes32_avx2(bits, p, &lo, &hi);
+	x[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+	x[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+	x[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+	x[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+/* The horizontal sums of v[0..8) as one vector (lane k = Σ v[k]): 7 adds for 8 dots. */
+AVX2_ATTR static inline __m256 hsum8_avx2(const __m256 *v)
+{
+	const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+	const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+	return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* Up to 8 entries' partial dots acc[g·8 + k] reduced into S[g·ldS + ent[k]] = base[g] + Σ. */
+AVX2_ATTR static void tier_flush_avx2(__m256 *acc, const int32_t *ent, int nb, int G,
+                                      const float *base, float *S, size_t ldS)
+{
+	float sum[8];
+	for (int g = 0; g < G; g++) {
+		for (int k = nb; k < 8; k++)
+			acc[g * 8 + k] = _mm256_setzero_ps();
+		_mm256_storeu_ps(sum, hsum8_avx2(acc + g * 8));
+		for (int k = 0; k < nb; k++)
+			S[(size_t)g * ldS + ent[k]] = base[g] + sum[k];
+	}
+}
+
+/* tier_fold with F16C: the range's halves converted 8 at a time (the same floats as
+ * rt_kvq_krange_unpack: lo exact, step = (hi − lo) / (2^bits − 1) when hi > lo, else 0). */
+AVX2_ATTR static void tier_fold_avx2(int kind, const uint16_t *range, int d, const float *q,
+                                     size_t ldq, int G, float scale, float *qs, float *base)
+{
+	const __m256 top = _mm256_set1_ps((float)((1 << rt_kvq_bits((rt_kvq_kind)kind)) - 1));
+	const __m256 sc = _mm256_set1_ps(scale), zero = _mm256_setzero_ps();
+	__m256 b[TIER_QG];
+	for (int g = 0; g < G; g++)
+		b[g] = zero;
+	for (int c = 0; c < d; c += 8) {
+		const __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(range + c)));
+		const __m256 w = _mm256_sub_ps(
+			_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(range + d + c))), lo);
+		const __m256 step = _mm256_and_ps(_mm256_div_ps(w, top), _mm256_cmp_ps(w, zero, _CMP_GT_OQ));
+		for (int g = 0; g < G; g++) {
+			const __m256 qg = _mm256_loadu_ps(q + (size_t)g * ldq + c);
+			b[g] = _mm256_fmadd_ps(qg, lo, b[g]);
+			_mm256_storeu_ps(qs + (size_t)g * d + c, _mm256_mul_ps(_mm256_mul_ps(sc, qg), step));
+		}
+	}
+	float sum[8];
+	for (int g = 0; g < G; g++) {
+		_mm256_storeu_ps(sum, b[g]);
+		base[g] = scale * (((sum[0] + sum[1]) + (sum[2] + sum[3])) +
+		                   ((sum[4] + sum[5]) + (sum[6] + sum[7])));
+	}
+}
+
+/* Scores over one arena: qs[G × d] the (folded) queries, base[G] (0 for the top tier);
+ * fold != NULL for a quantised tier: the arena's key codec, refolded at each new key group.
+ * Entries are taken 8 at a time (of one group), their dots reduced together. */
+AVX2_ATTR static void tarena_scores_avx2(const rt_kv *kv, const rt_kv_head *h, int t,
+                                         int32_t lim, const float *q, size_t ldq, int G,
+                                         float scale, float *qs, float *base, float *S,
+                                         size_t ldS)
+{
+	const int d = kv->head_dim, kind = rt_kv_tier_codec(kv, t, 0);
+	const int bits = t == RT_KV_TIER_TOP ? 16 : rt_kvq_bits((rt_kvq_kind)kind);
+	const size_t sb = 2 * kv->tier_row[t], cb = (size_t)32 * bits / 8;
+	const rt_kv_arena *a = &h->arena[t];
+	__m256 acc[TIER_QG * 8];
+	int32_t ent[8], g_have = -1;
+	int nb = 0;
+	for (int32_t s = 0; s < a->n; s++) {
+		const int32_t e = a->owner[s];
+		if (e >= lim)
+			continue;
+		if (t != RT_KV_TIER_TOP && h->kgrp[e] != g_have) {
+			if (nb)
+				tier_flush_avx2(acc, ent, nb, G, base, S, ldS);
+			nb = 0;
+			g_have = h->kgrp[e];
+			tier_fold_avx2(kind, rt_kv_kgroup_range(kv, h, g_have), d, q, ldq, G, scale, qs,
+			               base);
+		}
+		const uint8_t *row = a->rows + (size_t)s * sb;
+		for (int g = 0; g < G; g++)
+			acc[g * 8 + nb] = _mm256_setzero_ps();
+		for (int c0 = 0; c0 < d; c0 += 32, row += cb) {
+			__m256 x[4];
+			chunk32_avx2(bits, row, x);
+			for (int g = 0; g < G; g++) {
+				const float *w = qs + (size_t)g * d + c0;
+				__m256 u = _mm256_mul_ps(x[0], _mm256_loadu_ps(w));
+				__m256 v = _mm256_mul_ps(x[1], _mm256_loadu_ps(w + 8));
+				u = _mm256_fmadd_ps(x[2], _mm256_loadu_ps(w + 16), u);
+				v = _mm256_fmadd_ps(x[3], _mm256_loadu_ps(w + 24), v);
+				acc[g * 8 + nb] = _mm256_add_ps(acc[g * 8 + nb], _mm256_add_ps(u, v));
+			}
+		}
+		ent[nb++] = e;
+		if (nb == 8) {
+			tier_flush_avx2(acc, ent, nb, G, base, S, ldS);
+			nb = 0;
+		}
+	}
+	if (nb)
+		tier_flush_avx2(acc, ent, nb, G, base, S, ldS);
+}
+
+AVX2_ATTR static void tscores_avx2(const rt_kv *kv, const rt_kv_head *h, int32_t lim,
+                                   const float *q, size_t ldq, const float *qr, size_t ldqr,
+                                   int G, float scale, float *S, size_t ldS)
+{
+	const int d = kv->head_dim;
+	float qs[TIER_QG * TIER_MAXD], base[TIER_QG] = { 0 };
+	for (int g = 0; g < G; g++)
+		for (int c = 0; c < d; c++)
+			qs[(size_t)g * d + c] = scale * q[(size_t)g * ldq + c];
+	tarena_scores_avx2(kv, h, RT_KV_TIER_TOP, lim, q, ldq, G, scale, qs, base, S, ldS);
+	for (int t = RT_KV_TIER_TOP + 1; t < RT_KV_N_TIER; t++)
+		tarena_scores_avx2(kv, h, t, lim, qr, ldqr, G, scale, qs, base, S, ldS);
+}
+
+/* Channels [c0, c0 + 32) of out for query heads [g0, g0 + ng) (ng <= 3: 12 accumulators in
+ * registers), over every arena: Σ p · (s · code + m) as Σ (p·s) · code plus Σ p·m. */
+AVX2_ATTR static void tmix_chunk_avx2(const rt_kv *kv, const rt_kv_head *h, int32_t lim,
+                                      const float *P, size_t ldP, int g0, int ng, int c0,
+                                      float *out, size_t ldo, int t0, int t1)
+{
+	__m256 acc[3][4];
+	float bias[3] = { 0, 0, 0 };
+	for (int g = 0; g < 3; g++)
+		for (int j = 0; j < 4; j++)
+			acc[g][j] = _mm256_setzero_ps();
+	for (int t = t0; t < t1; t++) {
+		const rt_kv_arena *a = &h->arena[t];
+		const int kind = rt_kv_tier_codec(kv, t, 1);
+		const int bits = t == RT_KV_TIER_TOP ? 16 : rt_kvq_bits((rt_kvq_kind)kind);
+		const size_t sb = 2 * kv->tier_row[t];
+		/* the chunk's bytes: 32 halves, or a value group (f16 scale, f16 minimum, codes) */
+		const size_t off = kv->tier_krow[t] +
+		                   (t == RT_KV_TIER_TOP ? (size_t)c0 * 2 : (size_t)(c0 / 32) * (4 + 4 * bits));
+		for (int32_t s = 0; s < a->n; s++) {
+			const int32_t e = a->owner[s];
+			if (e >= lim)
+				continue;
+			const uint8_t *row = a->rows + (size_t)s * sb + off;
+			float sc = 1, mn = 0;
+			if (t != RT_KV_TIER_TOP) {
+				uint16_t hdr[2];
+				memcpy(hdr, row, 4);
+				sc = _cvtsh_ss(hdr[0]);
+				mn = _cvtsh_ss(hdr[1]);
+				row += 4;
+			}
+			__m256 x[4];
+			chunk32_avx2(bits, row, x);
+			for (int g = 0; g < ng; g++) {
+				const float p = P[(size_t)(g0 + g) * ldP + e];
+				const __m256 w = _mm256_set1_ps(p * sc);
+				bias[g] += p * mn;
+				for (int j = 0; j < 4; j++)
+					acc[g][j] = _mm256_fmadd_ps(w, x[j], acc[g][j]);
+			}
+		}
+	}
+	for (int g = 0; g < ng; g++) {
+		const __m256 b = _mm256_set1_ps(bias[g]);
+		for (int j = 0; j < 4; j++)
+			_mm256_storeu_ps(out + (size_t)(g0 + g) * ldo + c0 + 8 * j, _mm256_add_ps(acc[g][j], b));
+	}
+}
+
+AVX2_ATTR static void tmix_avx2(const rt_kv *kv, const rt_kv_head *h, int32_t lim,
+                                const float *P, size_t ldP, int G, float *out, size_t ldo,
+                                int t0, int t1)
+{
+	for (int c0 = 0; c0 < kv->head_dim; c0 += 32)
+		for (int g0 = 0; g0 < G; g0 += 3)
+			tmix_chunk_avx2(kv, h, lim, P, ldP, g0, G - g0 < 3 ? G - g0 : 3, c0, out, ldo, t0,
+			                t1);
 }
 
 KVATTN_DEFINE(f16_avx2, AVX2_ATTR, dec_f16_avx2, off_f16, dot_avx2, axpy_avx2)
@@ -253,4 +583,84 @@ const rt_kvattn_kernels *rt_kvattn_get(enum rt_kv_type type, int isa)
 	isa = RT_ISA_SCALAR;
 #endif
 	return &table[isa][type == RT_KV_Q8_0];
+}
+
+/* [isa]: the tiered-head kernels */
+typedef struct tier_kernels {
+	/* q: the top tier's queries, qr: the quantised tiers' (H·q when keys are rotated) */
+	void (*scores)(const rt_kv *kv, const rt_kv_head *h, int32_t lim, const float *q,
+	               size_t ldq, const float *qr, size_t ldqr, int G, float scale, float *S,
+	               size_t ldS);
+	/* over the arenas of tiers [t0, t1) */
+	void (*mix)(const rt_kv *kv, const rt_kv_head *h, int32_t lim, const float *P, size_t ldP,
+	            int G, float *out, size_t ldo, int t0, int t1);
+} tier_kernels;
+
+static const tier_kernels tier_table[3] = {
+	{ tscores_scalar, tmix_scalar },
+#ifdef KVATTN_X86
+	{ tscores_avx2, tmix_avx2 },
+	/* AVX2's: a row's codes are 16 to 64 bytes, and the entry's loop, not the width, bounds it */
+	{ tscores_avx2, tmix_avx2 },
+#endif
+};
+
+static const tier_kernels *tier_get(const rt_kv *kv, const rt_kv_head *h, int32_t lim, int isa)
+{
+	RT_ASSERT(kv->tiered && kv->head_dim <= TIER_MAXD && lim >= 0 && lim <= h->n);
+	int best = rt_dot_isa_best();
+	isa = isa > best ? best : isa < RT_ISA_SCALAR ? RT_ISA_SCALAR : isa;
+#ifndef KVATTN_X86
+	isa = RT_ISA_SCALAR;
+#endif
+	if (kv->type != RT_KV_F16)
+		isa = RT_ISA_SCALAR; /* the vector kernels read an f16 top tier */
+	return &tier_table[isa];
+}
+
+void rt_kvattn_tier_scores(const rt_kv *kv, const rt_kv_head *h, int32_t lim, const float *q,
+                           size_t ldq, int G, float scale, float *S, size_t ldS, int isa)
+{
+	const tier_kernels *tk = tier_get(kv, h, lim, isa);
+	const int d = kv->head_dim;
+	float qr[TIER_QG * TIER_MAXD];
+	for (int g0 = 0; g0 < G; g0 += TIER_QG) {
+		const int ng = G - g0 < TIER_QG ? G - g0 : TIER_QG;
+		const float *qg = q + (size_t)g0 * ldq, *qq = qg;
+		size_t ldr = ldq;
+		if (kv->rot_keys) {
+			for (int g = 0; g < ng; g++) {
+				memcpy(qr + (size_t)g * d, qg + (size_t)g * ldq, (size_t)d * sizeof(float));
+				rt_kvq_rotate(qr + (size_t)g * d, d);
+			}
+			qq = qr;
+			ldr = (size_t)d;
+		}
+		tk->scores(kv, h, lim, qg, ldq, qq, ldr, ng, scale, S + (size_t)g0 * ldS, ldS);
+	}
+}
+
+void rt_kvattn_tier_mix(const rt_kv *kv, const rt_kv_head *h, int32_t lim, const float *P,
+                        size_t ldP, int G, float *out, size_t ldo, int isa)
+{
+	const tier_kernels *tk = tier_get(kv, h, lim, isa);
+	if (!kv->rot_values) {
+		tk->mix(kv, h, lim, P, ldP, G, out, ldo, 0, RT_KV_N_TIER);
+		return;
+	}
+	/* the top tier as stored, the quantised tiers' sum rotated back once: H Σ p·(H v) */
+	const int d = kv->head_dim;
+	float tmp[TIER_QG * TIER_MAXD];
+	tk->mix(kv, h, lim, P, ldP, G, out, ldo, RT_KV_TIER_TOP, RT_KV_TIER_TOP + 1);
+	for (int g0 = 0; g0 < G; g0 += TIER_QG) {
+		const int ng = G - g0 < TIER_QG ? G - g0 : TIER_QG;
+		tk->mix(kv, h, lim, P + (size_t)g0 * ldP, ldP, ng, tmp, (size_t)d, RT_KV_TIER_TOP + 1,
+		        RT_KV_N_TIER);
+		for (int g = 0; g < ng; g++) {
+			float *o = out + (size_t)(g0 + g) * ldo, *u = tmp + (size_t)g * d;
+			rt_kvq_rotate(u, d);
+			for (int c = 0; c < d; c++)
+				o[c] += u[c];
+		}
+	}
 }

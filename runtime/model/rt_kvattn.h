@@ -39,4 +39,36 @@ typedef struct rt_kvattn_kernels {
  * table: the pointer stays valid for the process. Q8_0 kernels need d % 32 == 0. */
 const rt_kvattn_kernels *rt_kvattn_get(enum rt_kv_type type, int isa);
 
+/*
+ * Tiered heads (runtime/kv/rt_kv.h, rt_kv_init_tiered): the decode step's attention reads
+ * every entry's rows in place from the tier arenas, slot by slot, instead of decoding the
+ * head to f32 first, so it reads each entry's stored bytes once (a 4-bit entry's 32 + 40
+ * bytes at head_dim 64 against f16's 256). A top-tier row is decoded into a buffer in L1
+ * (f16). A quantised key is never dequantised: its key group's per-channel range is
+ * folded into the query once per run of slots of the same group (scale · q·k = base +
+ * Σ_c qs_c · code_c with base = scale · Σ_c q_c lo_c, qs_c = scale · q_c · step_c), and
+ * the codes, unpacked to floats, are dotted against qs. A quantised value row is
+ * added as Σ (p · scale) · code per group of 32 channels plus p · minimum once (the scalar
+ * reference dequantises the row into the L1 buffer instead). The AVX2 version takes eight
+ * entries of a key group at a time and reduces their dots together, and keeps a 32-channel
+ * slice of the output of three query heads in registers over all entries; the AVX-512
+ * level runs it too (a row's codes are 16 to 64 bytes: the loop over entries, not the
+ * vector width, bounds it). Rotated tiers (rt_kv_set_rotation): the quantised keys are
+ * dotted with H·q, and the quantised values' share of the output is summed apart and
+ * rotated back once (H Σ p·(H v) = Σ p·v). The versions differ only in the order of f32
+ * additions and in fused multiply-adds (tests/test_kvtattn.c bounds each against
+ * attention over rt_kv_head_decode's rows).
+ * Shapes: q, P and out hold G rows (ldq, ldP, ldo apart) of head_dim floats (P: entries);
+ * S and P are indexed by entry (S[g·ldS + i], i < lim), entries >= lim are neither read
+ * nor written (a chunk's row r sees the first lim). isa as for rt_kvattn_get. Reads
+ * only: several threads may read one head. Asserts a tiered store, head_dim <= 1024 and
+ * 0 <= lim <= h->n.
+ */
+/* S[g·ldS + i] = scale · q_g · k_i for g < G, i < lim (k_i as rt_kv_key decodes it). */
+void rt_kvattn_tier_scores(const rt_kv *kv, const rt_kv_head *h, int32_t lim, const float *q,
+                           size_t ldq, int G, float scale, float *S, size_t ldS, int isa);
+/* out[g·ldo + j] = Σ_{i < lim} P[g·ldP + i] · v_i[j] for g < G (out overwritten). */
+void rt_kvattn_tier_mix(const rt_kv *kv, const rt_kv_head *h, int32_t lim, const float *P,
+                        size_t ldP, int G, float *out, size_t ldo, int isa);
+
 #endif

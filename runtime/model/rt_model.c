@@ -1062,9 +1062,9 @@ static void softmax_window(float *S, size_t ld, int G, int lo, int lim, const fl
 	}
 }
 
-/* Attention of the C chunk rows over a head whose rows are stored in a narrow type, read
- * in place (rt_kvattn): per row, scores against the decoded keys, softmax, the weighted
- * sum of the decoded values. Same contract as attend_head. */
+/* Attention of the C chunk rows over a head whose rows are stored in a narrow type or in
+ * tiers, read in place (rt_kvattn): per row, scores against the stored keys, softmax, the
+ * weighted sum of the stored values. Same contract as attend_head. */
 static void attend_head_rows(rt_fwd *f, rt_kv *kv, rt_kv_head *h, int layer, int j, int C,
                              int32_t pos0, const float *qg, float *att, float *og_all, float *S)
 {
@@ -1072,15 +1072,23 @@ static void attend_head_rows(rt_fwd *f, rt_kv *kv, rt_kv_head *h, int layer, int
 	const int G = hp->group, hd = hp->head_dim, qd = hp->n_head * hd;
 	const float scale = hp->attn_scale;
 	const int32_t w = f->m->layers[layer].window;
-	const rt_kvattn_kernels *ka = rt_kvattn_get(kv->type, rt_dot_isa_best());
-	RT_ASSERT(ka != NULL);
+	const int isa = rt_dot_isa_best();
+	const rt_kvattn_kernels *ka = kv->tiered ? NULL : rt_kvattn_get(kv->type, isa);
+	RT_ASSERT(ka != NULL || kv->tiered);
 	const int nb = h->n - C;
 	for (int r = 0; r < C; r++) {
 		const int lim = nb + r + 1;
 		float *og = og_all + (size_t)r * G * hd;
-		ka->scores(h->kr, lim, hd, qg + (size_t)r * G * hd, (size_t)hd, G, scale, S, (size_t)lim);
+		const float *qr = qg + (size_t)r * G * hd;
+		if (ka)
+			ka->scores(h->kr, lim, hd, qr, (size_t)hd, G, scale, S, (size_t)lim);
+		else
+			rt_kvattn_tier_scores(kv, h, lim, qr, (size_t)hd, G, scale, S, (size_t)lim, isa);
 		softmax_window(S, (size_t)lim, G, window_first(h, lim, pos0 + r, w), lim, h->log_count);
-		ka->mix(h->vr, lim, hd, S, (size_t)lim, G, og, (size_t)hd);
+		if (ka)
+			ka->mix(h->vr, lim, hd, S, (size_t)lim, G, og, (size_t)hd);
+		else
+			rt_kvattn_tier_mix(kv, h, lim, S, (size_t)lim, G, og, (size_t)hd, isa);
 		memcpy(att + (size_t)r * qd + (size_t)j * G * hd, og, (size_t)G * hd * sizeof(float));
 		if (f->observe)
 			observe_row(f, h, layer, j, r, pos0, lim, lim, S, og);
@@ -1093,9 +1101,9 @@ static void attend_head_rows(rt_fwd *f, rt_kv *kv, rt_kv_head *h, int layer, int
  * blocks [r0, r1) that only score the nb + r1 entries they can see. qg, og, S: this
  * call's slices of the forward's attention scratch; kvf: its slice of the f32 decode
  * buffers (NULL when the forward has none). A store of a narrow type is decoded to kvf
- * for chunks of ATT_DECODE_ROWS rows or more, else read in place (attend_head_rows); a
- * tiered store is always decoded to kvf (its entries' rows are in several tier arenas,
- * rt_kv_head_decode dequantises them), whatever the chunk. */
+ * for chunks of ATT_DECODE_ROWS rows or more, else read in place (attend_head_rows); so
+ * is a tiered f16 store (its rows in the tier arenas), while an f32 one (the exact path)
+ * is always decoded to kvf (rt_kv_head_decode_all). */
 static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t pos0,
                         const float *q, float *att, float *qg, float *og_all, float *S,
                         float *kvf)
@@ -1111,6 +1119,10 @@ static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t p
 		memcpy(qg + (size_t)r * G * hd, q + (size_t)r * qd + (size_t)j * G * hd,
 		       (size_t)G * hd * sizeof(float));
 	const float *K = h->k, *V = h->v;
+	if (kv->tiered && kv->type == RT_KV_F16 && C < ATT_DECODE_ROWS) {
+		attend_head_rows(f, kv, h, layer, j, C, pos0, qg, att, og_all, S);
+		return;
+	}
 	if (kv->tiered) {
 		/* every tier decoded to f32 once per chunk (fwd_tier_scratch sized kvf) */
 		const rt_kvattn_kernels *ka = kv->type == RT_KV_F32 ? NULL :

@@ -158,6 +158,11 @@ int rt_run_init_typed(struct rt_run *r, rt_kv *kv, enum rt_kv_type kv_type,
 	            rt_kv_init_typed(kv, NULL, kv_type, n_layer, n_kv_head, group, head_dim, cap,
 	                             sb, stb, err) != 0)
 		return -1;
+	if (kv->tiered && rt_kv_set_rotation(kv, p->tier_rotate & 1u, p->tier_rotate & 2u, err) != 0) {
+		rt_err why = *err;
+		rt_kv_free(kv);
+		return rt_err_set(err, "policy %s: %s", p->name, why.msg);
+	}
 	r->p = p;
 	r->params = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof(double));
 	if (p->scratch_bytes) {

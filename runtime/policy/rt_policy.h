@@ -241,6 +241,8 @@ struct kvp_policy {
 	                           docs/language.md); with KVP_NEED_TIERS the policy stores
 	                           entries at several precisions: `kvpc tune` then searches a
 	                           byte ratio by default */
+	unsigned tier_rotate;   /* with KVP_NEED_TIERS: bit 0 keys, bit 1 values are stored
+	                           rotated at the quantised tiers (rt_kv_set_rotation); 0 none */
 };
 
 /* Bytes of per-entry statistics and per-head state a store needs for policy p with this
