@@ -165,6 +165,8 @@ def free_port():
     return port
 
 
+@pytest.mark.xfail(strict=True, reason="bad kv objects are not yet refused on the server's "
+                   "request path (docs/vllm.md); a good kv object is served")
 def test_server_xargs():
     import openai
     port = free_port()
