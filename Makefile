@@ -146,9 +146,9 @@ $(B)/tests/vllm_kept_ref: tests/vllm/kept_ref.c $(POLICY_OBJS) $(B)/libkvrt.a
 bench: deps model $(B)/kvrt $(B)/kvpc $(B)/libkvrt.a
 	@scripts/bench.sh $(B) $(MODEL)
 
-## bench-serve: serving benchmark table (kvrt serve full / h2o x8 / tova x8 at one --kv-memory, llama-server when buildable)
+## bench-serve: serving benchmark tables (decode-heavy, chat-like, long-context rows; kvrt serve full / h2o x8 / tova_tiers x8 bytes at one --kv-memory, llama-server when buildable; BENCH_ROWS, BENCH_SERVERS select)
 bench-serve: deps model $(B)/kvpc $(B)/libkvrt.a
-	@$(B)/kvpc build policies/h2o.kvp policies/tova.kvp -o $(B)/bench_serve_bin
+	@$(B)/kvpc build policies/h2o.kvp policies/tova_tiers.kvp -o $(B)/bench_serve_bin
 	@$(PYTHON) scripts/bench_serve.py $(B)/bench_serve_bin $(MODEL)
 
 ## demo: the main job: A/B two policies on the real model and a real text, then a generation

@@ -1,21 +1,30 @@
 #!/usr/bin/env python3
-"""make bench-serve: a serving benchmark (not a test). At one --kv-memory, N concurrent
-clients each stream one completion of a ~PROMPT-token prompt and GEN generated tokens; for
-the full cache and two policies at ratio 8 (h2o, tova; serve's default chunked prefill) it
-prints the sequences admitted at once (the most active sequences /metrics reported), the
-sequences the pool fits by the server's worst-case footprint, aggregate generated tokens/s
-and p50/p99 time to first token (queueing included); then the same load against llama.cpp's
-llama-server on the same GGUF with the same KV memory (f16 cache: -c = KV bytes / bytes per
-token, as many slots as hold a whole sequence) when scripts/build_llama.sh can build it.
+"""make bench-serve: a serving benchmark (not a test). Per workload row, at one --kv-memory,
+concurrent clients each stream one completion; for the full cache, an 8x eviction policy
+(h2o, ratio 8), an 8x-bytes mixed policy (tova_tiers: TOVA eviction with f16/q8/q4 tiers,
+byte ratio 8) and llama.cpp's llama-server on the same GGUF with the same KV memory (f16
+cache: -c = KV bytes / bytes per token, as many slots as hold a whole sequence; when
+scripts/build_llama.sh can build it) it prints the sequences admitted at once (the most
+active sequences /metrics reported), the sequences the pool fits by the server's worst-case
+footprint, aggregate generated tokens/s, p50/p99 time to first token (queueing included) and
+p50/p99 inter-token latency (the gaps between a stream's token events).
 
-The KV memory defaults to 1.5x the full cache's footprint for one sequence (asked of the
-server: a request over --kv-memory is refused with its footprint), so `full` admits one
-sequence at a time and the policies' admission is limited by the pool or by N.
+Workloads (BENCH_ROWS, comma-separated; default all three):
+  decode   8 clients, a ~2048-token prompt each, 256 generated tokens
+  chat     16 clients, one shared ~500-token system prompt and a ~200-token user turn each
+           (chat completions), 128 generated tokens
+  long     4 clients, a ~6144-token prompt each, 128 generated tokens
+Servers (BENCH_SERVERS, comma-separated; default full,h2o,tova_tiers,llama).
 
-Usage: bench_serve.py BIN MODEL   (BIN built by kvpc with h2o and tova)
-Environment: BENCH_CLIENTS (8), BENCH_PROMPT (2048), BENCH_GEN (32), BENCH_KV_MEMORY (auto:
-see above; or a size such as 256M), BENCH_SECONDS (150: a configuration still running then
-is cut off and its row counts what finished), BENCH_THREADS (threads, default all).
+The KV memory defaults to 1.5x the full cache's footprint for one request of the row (asked
+of the server: a request over --kv-memory is refused with its footprint), so `full` admits
+one sequence at a time and the policies' admission is limited by the pool or the clients.
+
+Usage: bench_serve.py BIN MODEL   (BIN built by kvpc with h2o and tova_tiers)
+Environment: BENCH_ROWS, BENCH_SERVERS (above), BENCH_CLIENTS, BENCH_PROMPT, BENCH_GEN
+(override the row's), BENCH_KV_MEMORY (auto: see above; or a size such as 256M),
+BENCH_SECONDS (600: a configuration still running then is cut off and its row counts what
+finished), BENCH_THREADS (threads, default all).
 """
 import http.client
 import json
@@ -29,14 +38,23 @@ import threading
 import time
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
-N = int(os.environ.get("BENCH_CLIENTS", "8"))
-PROMPT = int(os.environ.get("BENCH_PROMPT", "2048"))
-GEN = int(os.environ.get("BENCH_GEN", "32"))
 MEM = os.environ.get("BENCH_KV_MEMORY", "auto")
-LIMIT = float(os.environ.get("BENCH_SECONDS", "150"))
-POLICIES = (("full", 0), ("h2o", 8), ("tova", 8))
+LIMIT = float(os.environ.get("BENCH_SECONDS", "600"))
 THREADS = os.environ.get("BENCH_THREADS", "")
+N_MAX = 8  # the clients of the row being run (the server's --max-seqs)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# name: clients, prompt tokens (the user turn's for chat), generated tokens, shared system
+# prompt tokens (chat only)
+ROWS = {"decode": (8, 2048, 256, 0), "chat": (16, 200, 128, 500), "long": (4, 6144, 128, 0)}
+# name: label, policy, kv fields of the request
+SERVERS = {"full": ("kvrt full", "full", {}),
+           "h2o": ("kvrt h2o x8", "h2o", {"ratio": 8}),
+           "tova_tiers": ("kvrt tova_tiers x8 bytes", "tova_tiers", {"byte_ratio": 8})}
+
+
+def env_list(name, default):
+    v = [x.strip() for x in os.environ.get(name, default).split(",") if x.strip()]
+    return v
 
 
 def mem_bytes(s):
@@ -44,15 +62,43 @@ def mem_bytes(s):
     return int(m.group(1)) << (10 * " KMGT".index(m.group(2) or " "))
 
 
-def prompt_text(i):
-    # distinct ~PROMPT-token texts (about 1.3 tokens per word for this filler)
+def words_text(n_tokens, tag, i):
+    # distinct ~n_tokens-token texts (about 1.3 tokens per word for this filler)
     words = []
     k = 0
-    while len(words) < int(PROMPT / 1.35):
-        words += ("Record %d of client %d notes that the river rose by %d centimetres "
-                  "after the storm." % (k, i, (k * 7 + i) % 97)).split()
+    while len(words) < int(n_tokens / 1.35):
+        words += ("%s %d of client %d notes that the river rose by %d centimetres "
+                  "after the storm." % (tag, k, i, (k * 7 + i) % 97)).split()
         k += 1
     return " ".join(words)
+
+
+class Row:
+    def __init__(self, name):
+        n, prompt, gen, system = ROWS[name]
+        self.name = name
+        self.n = int(os.environ.get("BENCH_CLIENTS", n))
+        self.prompt = int(os.environ.get("BENCH_PROMPT", prompt))
+        self.gen = int(os.environ.get("BENCH_GEN", gen))
+        self.system = system
+        self.sys_text = words_text(system, "Rule", 0) if system else None
+
+    def path(self):
+        return "/v1/chat/completions" if self.system else "/v1/completions"
+
+    def body(self, i, extra):
+        b = dict(extra, max_tokens=self.gen, temperature=0, stream=True)
+        if self.system:
+            b["messages"] = [{"role": "system", "content": self.sys_text},
+                             {"role": "user", "content": words_text(self.prompt, "Record", i)}]
+        else:
+            b["prompt"] = words_text(self.prompt, "Record", i)
+        return b
+
+    def describe(self):
+        return "%d clients, %s~%d-token prompt%s, %d generated tokens each" % (
+            self.n, "a shared ~%d-token system prompt and a " % self.system if self.system else "",
+            self.prompt, " (user turn)" if self.system else "", self.gen)
 
 
 def free_port():
@@ -69,6 +115,7 @@ class Client(threading.Thread):
         self.port, self.path, self.body = port, path, body
         self.t0 = self.ttft = self.t_end = None
         self.tokens = self.prompt_tokens = 0
+        self.events = []  # arrival times of the events that carried text
         self.status = None
 
     def run(self):
@@ -84,7 +131,9 @@ class Client(threading.Thread):
                     continue
                 ev = json.loads(line[6:])
                 ch = ev.get("choices") or [{}]
-                if ch[0].get("text") or ch[0].get("content"):
+                delta = ch[0].get("delta") or {}
+                if ch[0].get("text") or ch[0].get("content") or delta.get("content"):
+                    self.events.append(time.time())
                     if self.ttft is None:
                         self.ttft = time.time() - self.t0
                     self.tokens += 1
@@ -116,8 +165,8 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))] if xs else float("nan")
 
 
-def load(port, body_of, active_metric):
-    cl = [Client(port, "/v1/completions", body_of(i)) for i in range(N)]
+def load(port, row, extra, active_metric):
+    cl = [Client(port, row.path(), row.body(i, extra)) for i in range(row.n)]
     t0 = time.time()
     for c in cl:
         c.start()
@@ -130,17 +179,18 @@ def load(port, body_of, active_metric):
     done = sum(1 for c in cl if c.t_end)
     toks = sum(c.tokens for c in cl)
     ttft = [c.ttft for c in cl if c.ttft is not None]
+    itl = [b - a for c in cl for a, b in zip(c.events, c.events[1:])]
     ptoks = [c.prompt_tokens for c in cl if c.prompt_tokens]
     return {"admitted": int(peak), "tok_s": toks / wall, "p50": pct(ttft, 0.5),
-            "p99": pct(ttft, 0.99), "done": done, "wall": wall,
-            "prompt_tokens": sum(ptoks) / len(ptoks) if ptoks else 0}
+            "p99": pct(ttft, 0.99), "itl50": pct(itl, 0.5), "itl99": pct(itl, 0.99),
+            "done": done, "wall": wall, "prompt_tokens": sum(ptoks) / len(ptoks) if ptoks else 0}
 
 
 def serve(mem, extra):
     port = free_port()
     args = [BIN, "serve", "--model", MODEL, "--port", str(port), "--kv-memory", str(mem),
-            "--max-seqs", str(max(N, 1)), "--queue", str(4 * N), "--chunk", "64",
-            "--step-rows", str(max(512, N))] + extra + (["--threads", THREADS] if THREADS else [])
+            "--max-seqs", str(max(N_MAX, 1)), "--queue", str(4 * N_MAX), "--chunk", "64",
+            "--step-rows", str(max(512, N_MAX))] + extra + (["--threads", THREADS] if THREADS else [])
     p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     line = p.stderr.readline()
     if "listening" not in line:
@@ -150,40 +200,42 @@ def serve(mem, extra):
     return p, port
 
 
-def footprints():
-    """Each configuration's worst-case footprint in bytes, as the server computes it: a
-    server with a 1 MiB pool refuses the request and says what it needs."""
+def footprints(row, servers):
+    """Each server's worst-case footprint in bytes for the row's first request, as the server
+    computes it: a server with a 1 MiB pool refuses the request and says what it needs."""
     p, port = serve(1 << 20, [])
     out = {}
-    for policy, ratio in POLICIES:
-        kv = {"policy": policy, "ratio": ratio} if ratio else {"policy": policy}
+    for key in servers:
+        _, policy, kv = SERVERS[key]
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        c.request("POST", "/v1/completions", body=json.dumps(
-            {"prompt": prompt_text(0), "max_tokens": GEN, "kv": kv}),
-            headers={"Content-Type": "application/json"})
+        body = row.body(0, {"kv": dict(kv, policy=policy)})
+        body["stream"] = False
+        c.request("POST", row.path(), body=json.dumps(body),
+                  headers={"Content-Type": "application/json"})
         t = c.getresponse().read().decode()
         c.close()
         m = re.search(r"needs up to (\d+) bytes", t)
         if not m:
             p.kill()
             sys.exit("bench-serve: no footprint for %s: %s" % (policy, t[:300]))
-        out[policy] = int(m.group(1))
+        out[key] = int(m.group(1))
     p.send_signal(signal.SIGTERM)
     p.wait()
     return out
 
 
-def kvrt_row(policy, ratio, mem):
-    p, port = serve(mem, ["--policy", policy] + (["--ratio", str(ratio)] if ratio else []))
-    body = lambda i: {"prompt": prompt_text(i), "max_tokens": GEN, "temperature": 0,
-                      "stream": True, "stream_options": {"include_usage": True}}
-    r = load(port, body, lambda: metric(port, "kvpc_sequences_active"))
-    p.send_signal(signal.SIGKILL if r["done"] < N else signal.SIGTERM)
+def kvrt_row(row, key, mem):
+    _, policy, kv = SERVERS[key]
+    p, port = serve(mem, [])
+    r = load(port, row, {"kv": dict(kv, policy=policy),
+                         "stream_options": {"include_usage": True}},
+             lambda: metric(port, "kvpc_sequences_active"))
+    p.send_signal(signal.SIGKILL if r["done"] < row.n else signal.SIGTERM)
     p.wait()
     return r
 
 
-def llama_row(mem):
+def llama_row(row, mem):
     script = os.path.join(ROOT, "scripts", "build_llama.sh")
     if not os.path.exists(script):
         return None, "the llama.cpp build script (scripts/build_llama.sh) is not in this tree"
@@ -199,8 +251,8 @@ def llama_row(mem):
     # every slot must hold a whole sequence (llama-server splits -c evenly over -np slots);
     # --no-repack: ggml's AMX kernels (a GGML_NATIVE build) die with SIGILL on a kernel that
     # has not granted the AMX state (scripts/bench.sh says the same of llama-bench)
-    need = int((PROMPT + GEN) * 1.05) + 16
-    slots = max(1, min(N, ctx // need))
+    need = int((row.prompt + row.system + row.gen) * 1.05) + 64
+    slots = max(1, min(row.n, ctx // need))
     port = free_port()
     args = [srv, "-m", MODEL, "--port", str(port), "-c", str(slots * (ctx // slots)), "-np",
             str(slots), "--cont-batching", "--metrics", "--no-warmup", "--no-repack"] + \
@@ -221,51 +273,62 @@ def llama_row(mem):
         p.kill()
         p.wait()
         return None, "llama-server did not start (%s)" % " ".join(args[1:])
-    body = lambda i: {"prompt": prompt_text(i), "n_predict": GEN, "max_tokens": GEN,
-                      "temperature": 0, "stream": True}
-    r = load(port, body, lambda: metric(port, "llamacpp:requests_processing"))
+    r = load(port, row, {"n_predict": row.gen}, lambda: metric(port, "llamacpp:requests_processing"))
     r["slots"] = "%d x %d tokens" % (slots, ctx // slots)
     p.kill()
     p.wait()
     return r, None
 
 
-def main():
-    fp = footprints()
+def run_row(row, servers):
+    keys = [k for k in servers if k in SERVERS]
+    fp = footprints(row, keys + ([] if "full" in keys else ["full"]))
     mem = mem_bytes(MEM) if MEM != "auto" else int(1.5 * fp["full"])
-    print("bench-serve: %d clients, ~%d-token prompts, %d generated tokens each (fewer than the "
-          "serving issue's 128, so the run fits in a few minutes on 2 cores), --kv-memory %d "
-          "(%.1f MiB%s)" % (N, PROMPT, GEN, mem, mem / 1048576.0,
-                            ": 1.5x the full cache's footprint" if MEM == "auto" else ""),
-          flush=True)
+    print("bench-serve %s: %s, --kv-memory %d (%.1f MiB%s)" % (
+        row.name, row.describe(), mem, mem / 1048576.0,
+        ": 1.5x the full cache's footprint" if MEM == "auto" else ""), flush=True)
     rows = []
-    for policy, ratio in POLICIES:
-        r = kvrt_row(policy, ratio, mem)
-        r["fit"] = "%d (%.1f MiB each)" % (mem // fp[policy], fp[policy] / 1048576.0)
-        name = "kvrt %s%s" % (policy, " x%d" % ratio if ratio else "")
-        rows.append((name, r))
-        print("  measured %s: %s" % (name, r), flush=True)
-    lr, why = llama_row(mem)
-    if lr:
-        lr["fit"] = lr["slots"]
-        rows.append(("llama-server (f16 KV, full)", lr))
-        print("  measured llama-server: %s" % lr, flush=True)
+    for key in keys:
+        r = kvrt_row(row, key, mem)
+        r["fit"] = "%d (%.1f MiB each)" % (mem // fp[key], fp[key] / 1048576.0)
+        rows.append((SERVERS[key][0], r))
+        print("  measured %s: %s" % (SERVERS[key][0], r), flush=True)
+    why = None
+    if "llama" in servers:
+        lr, why = llama_row(row, mem)
+        if lr:
+            lr["fit"] = lr["slots"]
+            rows.append(("llama-server (f16 KV, full)", lr))
+            print("  measured llama-server: %s" % lr, flush=True)
     print(flush=True)
-    print("| server | admitted at once | pool fits | finished | prompt tokens | gen tok/s "
-          "| TTFT p50 s | TTFT p99 s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| %s | admitted at once | pool fits | finished | prompt tokens | gen tok/s "
+          "| TTFT p50 s | TTFT p99 s | ITL p50 s | ITL p99 s |" % row.name)
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows:
-        print("| %s | %s | %s | %d/%d | %.0f | %.1f | %.2f | %.2f |" % (
-            name, r["admitted"], r["fit"], r["done"], N, r["prompt_tokens"], r["tok_s"],
-            r["p50"], r["p99"]))
+        print("| %s | %s | %s | %d/%d | %.0f | %.1f | %.2f | %.2f | %.3f | %.3f |" % (
+            name, r["admitted"], r["fit"], r["done"], row.n, r["prompt_tokens"], r["tok_s"],
+            r["p50"], r["p99"], r["itl50"], r["itl99"]))
     if why:
         print("\nllama-server skipped: %s" % why)
     full = next((r for n, r in rows if n == "kvrt full"), None)
     for n, r in rows:
-        if full and n.startswith("kvrt ") and n != "kvrt full" and full["admitted"]:
-            print("%s admits %.1fx the sequences of full at once (measured; at most %d clients); "
-                  "its footprint fits %.1fx" % (n, r["admitted"] / full["admitted"], N,
-                                                 (mem // fp[n.split()[1]]) / max(1, mem // fp["full"])))
+        if full and n.startswith("kvrt ") and n != "kvrt full" and full["tok_s"] > 0:
+            print("%s: %.2fx the generated tok/s of full, TTFT p50 %.2fx full's, %.1fx the "
+                  "sequences admitted at once" % (n, r["tok_s"] / full["tok_s"],
+                                                  r["p50"] / full["p50"] if full["p50"] else float("nan"),
+                                                  r["admitted"] / max(1, full["admitted"])))
+    print(flush=True)
+
+
+def main():
+    rows = [Row(n) for n in env_list("BENCH_ROWS", "decode,chat,long") if n in ROWS]
+    servers = env_list("BENCH_SERVERS", "full,h2o,tova_tiers,llama")
+    if not rows:
+        sys.exit("bench-serve: BENCH_ROWS names none of %s" % ", ".join(ROWS))
+    global N_MAX
+    for row in rows:
+        N_MAX = row.n
+        run_row(row, servers)
 
 
 if __name__ == "__main__":

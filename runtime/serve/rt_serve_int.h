@@ -104,6 +104,7 @@ typedef struct req {
 	int64_t compress, evicted, peak_entries, peak_bytes, pinned_kept;
 	double policy_s;             /* rt_seq_stats.policy_seconds at the finish */
 	int prefill_chunk;           /* the request's prefill schedule (0: token by token) */
+	int chunk_max;               /* prompt tokens one step may offer it (rt_serve_req.c) */
 	int64_t kv_bytes;            /* at the end: K/V bytes held (runtime/kv/rt_kvbytes.h) */
 	double bytes_x;              /* at the end: compression in bytes against f16 */
 	double ratio_used;           /* the sequence's ratio and parameters, kept when it ends */

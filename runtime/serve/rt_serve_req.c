@@ -255,6 +255,16 @@ static int num_field(json_t *o, const char *key, double lo, double hi, int integ
 	return 1;
 }
 
+/* The most prompt tokens r's sequence may take in one step (its scratch is sized for it):
+ * up to the step's rows for a prompt longer than --chunk. parse_request narrows r's
+ * chunk_max to --chunk where such chunks would raise the request's footprint. */
+static int seq_max_chunk(const srv *S, const req *r)
+{
+	const rt_serve_cfg *c = S->cfg;
+	const int64_t m = r->n_prompt < c->step_rows ? r->n_prompt : c->step_rows;
+	return (int)(m > c->chunk ? m : c->chunk);
+}
+
 /* A request's spelling of each field of the policy choice (ORDER RT_PICK_FIELD), and the
  * field its 400 names (OpenAI's "param"). */
 static const char *const kv_spellings[RT_PICK_N_FIELDS] = { "kv.policy",
@@ -366,7 +376,7 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 	r->pi = policy_find(S, p->name);
 	rt_err err = { "" };
 	int32_t cap = (int32_t)(r->n_prompt + r->max_tokens);
-	if (rt_seq_init(&r->seq, S->m, p, cap, c->chunk, r->n_prompt, &err) != 0) {
+	if (rt_seq_init(&r->seq, S->m, p, cap, seq_max_chunk(S, r), r->n_prompt, &err) != 0) {
 		rt_pick_free(&pk);
 		return bad(e, srv_err_status(&err), NULL, "%s", err.msg);
 	}
@@ -569,6 +579,13 @@ int srv_parse_request(srv *S, req *r, const char *body, size_t len, verr *e)
 		goto out;
 	int64_t fp = rt_serve_footprint(&r->seq, r->n_prompt, r->max_tokens, S->cfg->chunk);
 	r->footprint = (int64_t)rt_kv_blocks_for((int32_t)fp) * S->H * r->seq.kv.block_bytes;
+	/* prompt chunks beyond --chunk (up to the step's rows) where they cost no footprint: a
+	 * policy that never compresses or compresses at the prompt end, a per-step one whose
+	 * prefill chunk bounds them anyway */
+	r->chunk_max = S->cfg->chunk;
+	if (r->seq.max_chunk > S->cfg->chunk &&
+	    rt_serve_footprint(&r->seq, r->n_prompt, r->max_tokens, r->seq.max_chunk) <= fp)
+		r->chunk_max = r->seq.max_chunk;
 	if (r->footprint > S->cfg->kv_memory) {
 		bad(e, 400, "max_tokens",
 		    "the request needs up to %lld bytes of KV memory (%lld entries per list under "

@@ -199,11 +199,12 @@ static void req_finish(srv *S, req *r)
 {
 	if (r->state == RQ_ACTIVE) {
 		S->reserved -= r->footprint;
-		for (int i = 0; i < S->n_active; i++)
-			if (S->active[i] == r) {
-				S->active[i] = S->active[--S->n_active];
-				break;
-			}
+		int i = 0;
+		while (i < S->n_active && S->active[i] != r)
+			i++;
+		RT_ASSERT(i < S->n_active);
+		/* the rest keep their arrival order, which plan_step serves prompts in */
+		memmove(S->active + i, S->active + i + 1, (size_t)(--S->n_active - i) * sizeof *S->active);
 	}
 	if (r->seq_live) {
 		rt_seq_stats st = rt_seq_stats_get(&r->seq);
@@ -358,26 +359,33 @@ static int emit_token(srv *S, req *r, const float *logits)
 	return 0;
 }
 
-/* Plan one step over the active requests: decodes first (one token each), then prefill
- * chunks in the rows left, each within one protected span (S->mu held). Returns K. */
+/* Plan one step over the active requests, which are in arrival order (S->mu held): every
+ * decoding sequence one token first, so decodes are never starved; then the rows left go to
+ * the prompts in arrival order, each a chunk of up to its chunk_max tokens within one
+ * protected span, so the oldest prompt takes as many rows as it can and a younger one
+ * starts only with the rows it leaves (docs/serving.md, "Continuous batching"). Returns K. */
 static int plan_step(srv *S)
 {
+	const int R = S->cfg->step_rows;
 	int K = 0, rows = 0;
 	for (int pass = 0; pass < 2; pass++)
-		for (int i = 0; i < S->n_active; i++) {
+		for (int i = 0; i < S->n_active && rows < R; i++) {
 			req *r = S->active[i];
 			const int dec = r->fed == r->n_prompt;
-			if (dec != (pass == 0) || rows >= S->cfg->step_rows)
+			if (dec != (pass == 0))
 				continue;
 			int n = 1;
 			if (!dec) {
 				int64_t run = 1;
 				while (r->fed + run < r->n_prompt && r->span[r->fed + run] == r->span[r->fed])
 					run++;
-				int64_t lim = S->cfg->chunk < S->cfg->step_rows - rows ? S->cfg->chunk
-				                                                       : S->cfg->step_rows - rows;
+				const int64_t lim = r->chunk_max < R - rows ? r->chunk_max : R - rows;
 				n = (int)(run < lim ? run : lim);
 				rt_seq_span(&r->seq, r->span[r->fed]);
+				/* what the sequence will take (its policy's next trigger, its prefill
+				 * chunk): the rows it leaves go to the next prompt */
+				const int32_t k = rt_run_chunk(&r->seq.run, &r->seq.kv, n);
+				n = k > 0 ? k : n;
 			} else {
 				rt_seq_span(&r->seq, 0);
 			}

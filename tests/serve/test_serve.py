@@ -181,6 +181,43 @@ def metrics_ops(port):
           "an unknown path counts under endpoint other (404), a wrong method under its endpoint (405)")
 
 
+def first_token_times(port, bodies, gap=0.05):
+    """Send the streamed bodies gap seconds apart; each one's first text event, in seconds
+    after the first send."""
+    t0, out = time.time(), [None] * len(bodies)
+
+    def one(i):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        c.request("POST", "/v1/completions", body=json.dumps(bodies[i]),
+                  headers={"Content-Type": "application/json"})
+        for line in c.getresponse():
+            if line.startswith(b"data: {") and out[i] is None and json.loads(line[6:])["choices"][0]["text"]:
+                out[i] = time.time() - t0
+        c.close()
+    ths = []
+    for i in range(len(bodies)):
+        ths.append(threading.Thread(target=one, args=(i,)))
+        ths[-1].start()
+        time.sleep(gap)
+    for th in ths:
+        th.join()
+    return out
+
+
+def prefill_order(port, filler):
+    """Prompts are prefilled in arrival order: of two long prompts sent together, the first
+    is prefilled in the first step (its chunk may take the step's rows) and gives its first
+    token while the second is still being prefilled (round-robin chunks would give both at
+    about the same time)."""
+    long_text = (filler + " ") * 6
+    bodies = [{"prompt": "%d. %s" % (i, long_text), "max_tokens": 4, "temperature": 0,
+               "stream": True, "kv": {"policy": "full"}} for i in range(2)]
+    ta, tb = first_token_times(port, bodies)
+    check(ta is not None and tb is not None and ta < 0.75 * tb,
+          "two long prompts: the first one's first token at %s s, the second's at %s s "
+          "(arrival order)" % (ta, tb))
+
+
 def raw_request(port, body):
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -507,6 +544,7 @@ def main():
         check(st == 200 and a["choices"][0]["text"] == ref_h2o, "served after the 408")
 
         metrics_ops(port)
+        prefill_order(port, filler)
         cancelled0, gone0 = count(port, "kvpc_requests_cancelled_total"), req_count(port, "/v1/completions", 499)
         # a client that disconnects mid-stream frees its sequence at once (2000 tokens to
         # go: without the disconnect it would run for many seconds)
