@@ -190,9 +190,14 @@ def first_token_times(port, bodies, gap=0.05):
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
         c.request("POST", "/v1/completions", body=json.dumps(bodies[i]),
                   headers={"Content-Type": "application/json"})
-        for line in c.getresponse():
-            if line.startswith(b"data: {") and out[i] is None and json.loads(line[6:])["choices"][0]["text"]:
+        r = c.getresponse()
+        while out[i] is None:
+            line = r.readline()
+            if not line:
+                break
+            if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0]["text"]:
                 out[i] = time.time() - t0
+        r.read()  # the rest of the stream: the client stays to the end
         c.close()
     ths = []
     for i in range(len(bodies)):
