@@ -1389,6 +1389,8 @@ static void emit_policy(struct em *em)
 		out(em, "\t.state_words_dim2 = %u,\n", ir->state_words_dim2);
 	if (ir->alloc.budget_bytes)
 		out(em, "\t.budget_bytes = 1,\n");
+	if (ir->trigger.kind == KVP_TRIG_PROMPT_END) /* measured after a prompt (rt_policy.h) */
+		out(em, "\t.measure = KVP_MEASURE_PROMPT_END,\n");
 	out(em, "\t.positions = %s,\n",
 	    ir->positions == KVP_POS_COMPACTED ? "KVP_POS_COMPACTED" : "KVP_POS_ORIGINAL");
 	out(em, "\t.needs = ");

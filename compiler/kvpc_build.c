@@ -1153,7 +1153,8 @@ static const char *const AB_VALUE_OPTS[] = {
 	"--model", "--text", "--ratio", "--byte-ratio", "--task", "--ctx", "--chunk", "--json", "--csv", "--plot",
 	"--set", "--set-a", "--set-b", "--threads", "--lengths", "--depths", "--seed",
 	"--resamples", "--mode", "--haystack", "--a", "--b", "--commit", "--label-a", "--label-b",
-	"--trials", "--answer", "--source-sha256-a", "--source-sha256-b", NULL,
+	"--trials", "--answer", "--source-sha256-a", "--source-sha256-b", "--prompt", "--score-from",
+	"--prefill-chunk", "--kv-type", NULL,
 };
 
 static int ab_takes_value(const char *opt)

@@ -205,7 +205,10 @@ extra_sets() {
 		echo "--set heavy=$h% --set recent=$h%" ;;
 	esac
 }
-prompt_end() { grep -q '^[[:space:]]*compress at prompt end' "policies/$1.kvp"; }
+# the policy's measurement protocol as the compiler recorded it from its trigger (BIN info's
+# "measure", docs/measuring.md); info.json is written before the first pass
+prompt_end() { jq -e --arg p "$1" 'any(.policies[]; .name == $p and .measure == "prompt_end")' \
+	"$out/info.json" >/dev/null; }
 # split_pass WHAT RUNS RC JQ CELL...: the JSON lines of a --batch pass (RUNS.jsonl, in the
 # order of the runs file) into one cache file per cell; a line with an "error" (the run left
 # the pass: guards above its budget) is cached with rc 1. JQ formats a success for the log.

@@ -581,6 +581,68 @@ START_TEST(kvpc_ab_front_builds_and_runs)
 }
 END_TEST
 
+/* `kvpc ab snapkv tova`: snapkv compresses once at the prompt end, so the automatic
+ * protocol puts the first half of the 160 tokens in the prompt and scores the tokens after
+ * it, on both sides. Hand-computed compression at ratio 4: SnapKV keeps 80 / 4 = 20 entries
+ * per KV head of the prompt and appends the 80 tokens after it (160 / 100 = 1.6x at the end);
+ * TOVA evicts every step, to a ratio budget of the prompt while in it and of the tokens seen
+ * after it (kernels/k_signal.h k_context), 160 / 4 = 40 entries at the end (4x); every
+ * scored token of both comes from a compressed cache, and the verdict names no winner, as
+ * the two hold different memory. --prompt 120 --score-from 130 moves the split: SnapKV
+ * 30 + 40 entries, TOVA 40. */
+START_TEST(prompt_end_vs_streaming_compresses_both)
+{
+	char json[PATH_MAX + 16], ctx[16];
+	tmp_path(json, sizeof json, "snap_tova.json");
+	snprintf(ctx, sizeof ctx, "%d", CTX_TOKENS);
+	const struct {
+		const char *prompt, *from;
+		double prompt_n, from_n, snap_x, tova_x;
+	} cases[] = { { NULL, NULL, 80, 81, 160.0 / 100, 160.0 / 40 },
+		      { "120", "130", 120, 130, 160.0 / 70, 160.0 / 40 } };
+	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+		char *argv[24] = { g_kvpc, "ab", "policies/snapkv.kvp", "policies/tova.kvp", "--model",
+			           g_model, "--text", g_text, "--ctx", ctx, "--ratio", "4", "--set",
+			           "window=4", "--json", json, "--quiet" };
+		int k = 17;
+		if (cases[c].prompt) {
+			argv[k++] = "--prompt";
+			argv[k++] = (char *)cases[c].prompt;
+			argv[k++] = "--score-from";
+			argv[k++] = (char *)cases[c].from;
+		}
+		argv[k] = NULL;
+		char *out, *err;
+		int rc = run(argv, &out, &err);
+		ck_assert_msg(rc == 0, "kvpc ab snapkv tova failed (%d): %s", rc, err);
+		ck_assert_msg(strstr(out, "prompt-end protocol") && strstr(out, "no winner"), "%s", out);
+		jv j;
+		load_json(json, &j);
+		ck_assert_str_eq(jstrv(&j, "meta.protocol"), "prompt_end");
+		ck_assert(jnum(&j, "meta.prompt") == cases[c].prompt_n);
+		ck_assert(jnum(&j, "meta.score_from") == cases[c].from_n);
+		const double scored = CTX_TOKENS - cases[c].from_n;
+		for (int s = 0; s < 2; s++) {
+			const char *side = s ? "B" : "A";
+			ck_assert_msg(at(&j, 0, side, "scored") == scored &&
+			              at(&j, 0, side, "scored_compressed") == scored,
+			              "%s: %g of %g scored tokens from a compressed cache", side,
+			              at(&j, 0, side, "scored_compressed"), at(&j, 0, side, "scored"));
+			ck_assert_msg(at(&j, 0, side, "kld_mean") > 0, "%s: KL 0", side);
+		}
+		ck_assert_double_eq_tol(at(&j, 0, "A", "compression"), cases[c].snap_x, 1e-7); /* %.9g */
+		ck_assert_double_eq_tol(at(&j, 0, "B", "compression"), cases[c].tova_x, 1e-7);
+		ck_assert_str_eq(jstrv(&j, "results.0.better"), "tie");
+		ck_assert(jnum(&j, "results.0.significant") == 0);
+		ck_assert_msg(strstr(jstrv(&j, "results.0.verdict"), "no winner: A (snapkv) holds"),
+		              "%s", jstrv(&j, "results.0.verdict"));
+		jfree(&j);
+		free(out);
+		free(err);
+	}
+}
+END_TEST
+
 START_TEST(needle_task_runs)
 {
 	char json[PATH_MAX + 16], svg[PATH_MAX + 16];
@@ -739,6 +801,7 @@ static Suite *ab_suite(void)
 	tcase_add_test(tc, full_vs_small_budget);
 	tcase_add_test(tc, kvpc_ab_front_builds_and_runs);
 	tcase_add_test(tc, needle_task_runs);
+	tcase_add_test(tc, prompt_end_vs_streaming_compresses_both);
 	tcase_add_test(tc, cli_convention);
 	tcase_add_test(tc, progress_lines);
 	tcase_add_test(tc, bad_arguments);

@@ -25,7 +25,11 @@
  *     figure, and no sidecar is written;
  *   - usage errors of the budget kinds, `ab --byte-ratio` (its kld_mean is ppl's at the
  *     same byte ratio);
- *   - the sidecar format (runtime/policy/rt_tuned.h): a round trip, and located errors.
+ *   - the sidecar format (runtime/policy/rt_tuned.h): a round trip, and located errors;
+ *   - a prompt-end policy (gate_snap, SnapKV's statements) is measured on the tokens after a
+ *     prompt: tune's choice and KL and the gate's refusal follow `BIN ppl --prompt 32
+ *     --score-from 33` at each ratio, and ppl without --prompt warns that the policy
+ *     compressed before none of the scored tokens.
  * The kvpc under test is $KVPC, else build/kvpc beside this test's directory; the build
  * cache goes to the temporary directory.
  */
@@ -51,6 +55,7 @@ static char g_policy[PATH_MAX + 16];
 static char g_model32[PATH_MAX + 16];  /* head_dim 32: room for the quantised tiers */
 static char g_tiers[PATH_MAX + 16];    /* gate_tiers.kvp */
 static char g_kivi[PATH_MAX + 16];     /* kivi_gate.kvp */
+static char g_snap[PATH_MAX + 16];     /* gate_snap.kvp */
 
 static const char POLICY[] =
 	"# H2O with block-wise compression, sized for short texts (test_tune).\n"
@@ -96,6 +101,23 @@ static const char KIVI[] =
 	"    keep recent residual\n"
 	"    precision = tiers(q4 = rest)\n"
 	"    compress every 2 steps\n"
+	"    positions = original\n"
+	"}\n";
+
+/* SnapKV (policies/snapkv.kvp) sized for 64 tokens: a prompt-end policy, which compresses
+ * once after the prompt's last token. */
+static const char SNAP[] =
+	"# SnapKV sized for short prompts (test_tune).\n"
+	"policy gate_snap {\n"
+	"    param capacity = 16 entries  # budget, window included\n"
+	"    param window = 2 tokens  # observation window: last w prompt queries\n"
+	"    budget = capacity\n"
+	"    stat obs = sum(attn) over prompt tail window\n"
+	"    score = obs\n"
+	"    pool = max(kernel = 3)\n"
+	"    group = mean after pool\n"
+	"    keep recent window\n"
+	"    compress at prompt end\n"
 	"    positions = original\n"
 	"}\n";
 
@@ -588,6 +610,100 @@ START_TEST(sidecar_round_trip_and_errors)
 }
 END_TEST
 
+/* BIN ppl --policy gate_snap on the first 64 tokens at --ratio R with args (NULL-ended,
+ * at most 4); kld_mean into *kld and scored_compressed into *comp; stderr returned (heap). */
+static char *ppl_snap(const char *bin, const char *R, char *const *args, double *kld,
+                      long *comp)
+{
+	char *argv[24] = { (char *)bin, "ppl", "--model", g_model, "--policy", "gate_snap", "--text",
+		           g_text, "--ctx", "64", "--json", "--quiet", "--ratio", (char *)R };
+	int k = 14;
+	for (int i = 0; args && args[i] && i < 4; i++)
+		argv[k++] = args[i];
+	argv[k] = NULL;
+	char *o, *e;
+	int rc = run(argv, &o, &e);
+	ck_assert_msg(rc == 0, "ppl gate_snap --ratio %s: exit %d: %s", R, rc, e);
+	const char *kp = strstr(o, "\"kld_mean\":"), *cp = strstr(o, "\"scored_compressed\":");
+	ck_assert_msg(kp && cp && strstr(o, "\"protocol\":\"prompt_end\""),
+	              "ppl --json lacks kld_mean, scored_compressed or the prompt_end protocol: %s", o);
+	*kld = strtod(kp + 11, NULL);
+	*comp = strtol(cp + 20, NULL, 10);
+	free(o);
+	return e;
+}
+
+/* A prompt-end policy is measured on the tokens after a prompt. The independent reference
+ * is `BIN ppl --ctx 64 --prompt 32 --score-from 33 --ratio R` (ppl's own options, not the
+ * gate's protocol) at R = 2, 4, 8: tune and the gate must report those KLs, choose by
+ * them and refuse a limit below the chosen ratio's. Without --prompt the policy compresses
+ * after the last token: ppl must warn and count no scored token from a compressed cache
+ * (the KL 0 the gate used to accept at every ratio). */
+START_TEST(prompt_end_gate_measures_after_the_prompt)
+{
+	char bin[PATH_MAX + 16], *err, *o;
+	snprintf(bin, sizeof bin, "%s/snap", g_tmp);
+	char *b[] = { g_kvpc, "build", g_snap, "-o", bin, NULL };
+	ck_assert_msg(run(b, &o, &err) == 0, "kvpc build gate_snap: %s", err);
+	free(o);
+	free(err);
+	double k[3];
+	long comp;
+	const char *R[3] = { "2", "4", "8" };
+	char *split[] = { "--prompt", "32", "--score-from", "33", NULL };
+	for (int i = 0; i < 3; i++) {
+		free(ppl_snap(bin, R[i], split, &k[i], &comp));
+		ck_assert_msg(comp == 31, "ppl --prompt 32 --score-from 33: %ld of 31 scored tokens "
+		              "from a compressed cache", comp);
+	}
+	ck_assert_msg(0 < k[0] && k[0] < k[1] && k[1] < k[2], "ppl's prompt-end KL at 2, 4, 8: %g, "
+	              "%g, %g (not growing with the ratio)", k[0], k[1], k[2]);
+	double k0;
+	err = ppl_snap(bin, "4", NULL, &k0, &comp);
+	ck_assert_msg(k0 == 0 && comp == 0 && strstr(err, "warning: policy gate_snap compressed "
+	              "before none of the 63 scored tokens") && strstr(err, "--prompt 32 "
+	              "--score-from 33"), "ppl without --prompt: KL %g, %ld compressed, stderr: %s",
+	              k0, comp, err);
+	free(err);
+
+	/* tune: a limit between ppl's KL at 2 and at 4 chooses 2, at ppl's KL */
+	const double tight = sqrt(k[0] * k[1]);
+	char lim[32];
+	snprintf(lim, sizeof lim, "%.17g", tight);
+	char *t[] = { g_kvpc, "tune", g_snap, "--model", g_model, "--text", g_text, "--ctx", "64",
+		      "--ratio", "2,4,8", "--max-kld", lim, "--quiet", NULL };
+	int rc = run(t, &o, &err);
+	ck_assert_msg(rc == 0 && strstr(o, "prompt-end protocol"), "kvpc tune gate_snap: exit %d: "
+	              "%s%s", rc, o, err);
+	free(o);
+	free(err);
+	char side[PATH_MAX + 16];
+	ck_assert_int_eq(rt_tuned_path(g_snap, side, sizeof side), 0);
+	rt_tuned tu;
+	rt_tuned_init(&tu);
+	rt_err e = { "" };
+	ck_assert_msg(rt_tuned_read(side, &tu, &e) == 0, "%s", e.msg);
+	ck_assert_msg(tu.ratio == 2 && fabs(tu.kld - k[0]) <= 1e-5 * k[0], "tune chose ratio %g at "
+	              "KL %g; ppl --prompt 32: %g at 2, %g at 4 (limit %g)", tu.ratio, tu.kld, k[0],
+	              k[1], tight);
+
+	/* the gate at the tuned ratio with a limit below ppl's KL there: refused */
+	tu.max_kld = k[0] / 2;
+	ck_assert_msg(rt_tuned_write(side, &tu, NULL, &e) == 0, "%s", e.msg);
+	rt_tuned_free(&tu);
+	snprintf(bin, sizeof bin, "%s/snap_refused", g_tmp);
+	char *g[] = { g_kvpc, "build", g_snap, "-o", bin, "--gate", NULL };
+	rc = run(g, &o, &err);
+	char measured[32];
+	snprintf(measured, sizeof measured, "mean KL %.6f", k[0]);
+	ck_assert_msg(rc == 1 && access(bin, F_OK) != 0 && strstr(err, measured) &&
+	              strstr(err, "refused"), "kvpc build --gate, limit %g below ppl's %g: exit %d: "
+	              "%s", k[0] / 2, k[0], rc, err);
+	free(o);
+	free(err);
+}
+END_TEST
+
 static Suite *tune_suite(void)
 {
 	Suite *s = suite_create("tune");
@@ -598,6 +714,7 @@ static Suite *tune_suite(void)
 	tcase_add_test(tc, build_bakes_ratio_and_gate_refuses_tighter_limit);
 	tcase_add_test(tc, byte_budget_bisection_matches_scan_and_reaches_binary);
 	tcase_add_test(tc, kivi_fixed_byte_ratio_is_refused_and_usage_errors);
+	tcase_add_test(tc, prompt_end_gate_measures_after_the_prompt);
 	suite_add_tcase(s, tc);
 	return s;
 }
@@ -632,12 +749,15 @@ int main(void)
 	snprintf(g_policy, sizeof g_policy, "%s/gate_h2o.kvp", g_tmp);
 	snprintf(g_tiers, sizeof g_tiers, "%s/gate_tiers.kvp", g_tmp);
 	snprintf(g_kivi, sizeof g_kivi, "%s/kivi_gate.kvp", g_tmp);
+	snprintf(g_snap, sizeof g_snap, "%s/gate_snap.kvp", g_tmp);
 	char cmd[4 * PATH_MAX];
 	FILE *f = fopen(g_text, "w"), *pf = fopen(g_policy, "w");
 	int bad = !f || fputs(TEXT, f) < 0 || fclose(f) != 0;
 	FILE *tf = fopen(g_tiers, "w"), *kf = fopen(g_kivi, "w");
 	bad |= !tf || fputs(TIERS, tf) < 0 || fclose(tf) != 0;
 	bad |= !kf || fputs(KIVI, kf) < 0 || fclose(kf) != 0;
+	FILE *sf = fopen(g_snap, "w");
+	bad |= !sf || fputs(SNAP, sf) < 0 || fclose(sf) != 0;
 	if (!pf || fputs(POLICY, pf) < 0 || fclose(pf) != 0 || bad) {
 		fprintf(stderr, "test_tune: cannot write the text or the policy under %s\n", g_tmp);
 		return EXIT_FAILURE;

@@ -18,7 +18,8 @@ static const char help_ab[] =
 	"\n"
 	"SYNOPSIS\n"
 	"    %s ab --model M --text FILE [--a NAME] [--b NAME] [--ratio 2,4,8 | --byte-ratio 2,4,8]\n"
-	"           [--task ppl|needle] [--ctx N] [--chunk N] [--prefill-chunk C] [--threads N]\n"
+	"           [--task ppl|needle] [--ctx N] [--prompt N] [--score-from P] [--chunk N]\n"
+	"           [--prefill-chunk C] [--threads N]\n"
 	"           [--set k=v]... [--set-a k=v]... [--set-b k=v]...\n"
 	"           [--json OUT] [--csv OUT] [--plot OUT.svg] [--resamples B] [--seed S]\n"
 	"           [--lengths 1024,2048] [--depths 0,50,100] [--mode aware|agnostic]\n"
@@ -32,14 +33,23 @@ static const char help_ab[] =
 	"    --json (\"ratio_kind\": \"bytes\"), --csv (column ratio_kind) and --plot say so)\n"
 	"    run over the same tokens, chunk by chunk in\n"
 	"    lockstep, and every token's distribution is compared with the reference's.\n"
-	"    task ppl (default): streaming perplexity of the first N tokens of FILE, which are\n"
-	"    the prompt (so the budget is N / R entries per KV head from the first token on and\n"
-	"    policies that trigger at the prompt end run once, after the last token); it shows\n"
-	"    ppl, kld_mean, kld_p99, kld_max, ppl_ratio, same_top1, rms_dp (llama.cpp's\n"
-	"    --kl-divergence statistics), kv_entries_peak, kv_bytes_peak, compression\n"
-	"    (reference peak entries / peak entries), tokens_per_s, compress_events and\n"
-	"    policy_seconds; then the paired circular block bootstrap 95%% CI of the mean\n"
-	"    per-token NLL difference B - A (block length by Politis & White 2004) and a verdict.\n"
+	"    task ppl (default): perplexity of the first N tokens of FILE under one\n"
+	"    measurement protocol for both sides (docs/measuring.md), compiled from the\n"
+	"    policies' triggers: when either side compresses at the prompt end (snapkv,\n"
+	"    pyramidkv, ...) the first N/2 tokens are the prompt (budget N/2 / R entries per KV\n"
+	"    head) and the tokens after it are scored; otherwise all N tokens are the prompt\n"
+	"    (budget N / R from the first token on) and every token is scored; --prompt and\n"
+	"    --score-from choose. It shows ppl, kld_mean, kld_p99, kld_max, ppl_ratio,\n"
+	"    same_top1, rms_dp (llama.cpp's --kl-divergence statistics), kv_entries_peak,\n"
+	"    kv_bytes_peak, the compression each side reached (in entries and in bytes against\n"
+	"    an f16 full cache, at the end and at peak: the one definition every command\n"
+	"    uses), tokens_per_s, compress_events and policy_seconds; then the paired circular\n"
+	"    block bootstrap 95%% CI of the mean per-token NLL difference B - A over the scored\n"
+	"    tokens (block length by Politis & White 2004) and a verdict. The verdict names no\n"
+	"    winner when the sides' compression at the end differs by more than 10%% (in\n"
+	"    entries or in bytes) or a side compressed before none of the scored tokens:\n"
+	"    quality at unequal memory says nothing about the policies. How to read it:\n"
+	"    docs/measuring.md, \"Reading an A/B verdict\".\n"
 	"    task needle: passkey retrieval (prompt built to exact token lengths, greedy answer,\n"
 	"    exact match) for every length x depth; accuracy per policy and an exact sign\n"
 	"    (McNemar) test on the discordant trials.\n"
@@ -52,6 +62,10 @@ static const char help_ab[] =
 	"    --byte-ratio LIST  or in bytes against an f16 full cache, each >= 1\n"
 	"    --task ppl|needle  what to measure (default ppl)\n"
 	"    --ctx N            tokens of the text to use (default all, up to context_length)\n"
+	"    --prompt N         task ppl: the first N tokens are the prompt (prompt-end\n"
+	"                       triggers fire after it, ratio budgets are N / R), scored from\n"
+	"                       N + 1 (default: the protocol above)\n"
+	"    --score-from P     task ppl: score the tokens at positions >= P\n"
 	"    --chunk N          tokens per forward chunk (default 512; results do not depend on it)\n"
 	"    --prefill-chunk C  chunked prefill for both sides (as for ppl): prompt chunks of up\n"
 	"                       to C tokens cross a per-step policy's triggers; default 0, the\n"
@@ -138,10 +152,11 @@ int rt_cmd_ab(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_A, O_B, O_RATIOS, O_BYTERATIOS, O_ABTASK, O_CTX, O_CHUNK,
 		O_THREADS, O_SET, O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64,
-		O_LENGTHS, O_DEPTHS, O_MODE, O_COMMIT, O_SHAA, O_SHAB, O_QUIET, O_PREFILL, O_KVTYPE, 0 };
+		O_LENGTHS, O_DEPTHS, O_MODE, O_COMMIT, O_SHAA, O_SHAB, O_QUIET, O_PREFILL, O_KVTYPE,
+		O_PROMPTLEN, O_SCOREFROM, 0 };
 	rt_ab_opts o;
 	rt_ab_opts_init(&o);
-	rt_cli_opts c = { .chunk = o.chunk, .resamples = o.resamples, .exact = 1 };
+	rt_cli_opts c = { .chunk = o.chunk, .resamples = o.resamples, .exact = 1, .prompt_len = -1 };
 	int rc = rt_cli_parse("ab", help_ab_fn, argc, argv, &c, opt_ids, 1);
 	if (rc)
 		return rc == 1 ? 0 : rc;
@@ -155,6 +170,11 @@ int rt_cmd_ab(int argc, char **argv)
 		o.task = c.ab_task;
 	o.mode = c.mode_agnostic ? "agnostic" : "aware";
 	o.ctx = c.ctx;
+	o.prompt = c.prompt_len >= 1 ? c.prompt_len : -1;
+	o.score_from = c.score_from >= 1 ? c.score_from : -1;
+	if ((o.prompt > 0 || o.score_from > 0) && strcmp(o.task, "ppl"))
+		return rt_cli_usage("ab", "%s", "--prompt and --score-from split the text of --task "
+		                    "ppl; a needle prompt is its own");
 	o.chunk = (int)c.chunk;
 	o.prefill_chunk = (int)c.prefill_chunk;
 	o.threads = (int)c.threads;

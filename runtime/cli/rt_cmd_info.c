@@ -14,6 +14,7 @@
 
 #include "cli/rt_cli_opts.h"
 #include "cli/rt_cli.h"
+#include "eval/rt_eval.h"
 #include "report/rt_json.h"
 
 static const char *const help_info =
@@ -27,13 +28,15 @@ static const char *const help_info =
 	"    For each policy: its name, one-line summary, the .kvp source it was compiled\n"
 	"    from with the FNV-1a 64 hash of the source bytes, its position convention\n"
 	"    (original: keys keep the RoPE of their token position; compacted: kept keys are\n"
-	"    re-rotated to their index in the cache), and its parameters with default value,\n"
+	"    re-rotated to their index in the cache), how its quality is measured (streaming,\n"
+	"    or prompt_end: scored on the tokens after a prompt, docs/measuring.md), and its\n"
+	"    parameters with default value,\n"
 	"    unit and documentation. Parameters are changed at run time with --set NAME=VALUE.\n"
 	"    The built-in policy `full` keeps every token.\n"
 	"\n"
 	"OPTIONS\n"
 	"    --json      one JSON object: {\"policies\":[{name, summary, source, source_hash,\n"
-	"                positions, params:[{name, default, unit, doc}]}]}\n"
+	"                positions, measure, params:[{name, default, unit, doc}]}]}\n"
 	"    -h, --help  show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -56,7 +59,8 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 		rt_json_str(stdout, p->source ? p->source : "");
 		fputs(",\"source_hash\":", stdout);
 		rt_json_str(stdout, p->source_hash ? p->source_hash : "");
-		printf(",\"positions\":\"%s\",\"params\":[", pos);
+		printf(",\"positions\":\"%s\",\"measure\":\"%s\",\"params\":[", pos,
+		       rt_eval_measure_name(p->measure));
 		for (int i = 0; i < p->n_params; i++) {
 			const struct kvp_param *q = &p->params[i];
 			fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
@@ -77,8 +81,10 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 	printf("%s\n", p->name);
 	if (p->summary && *p->summary)
 		printf("    %s\n", p->summary);
-	printf("    source %s (hash %s), positions %s\n", p->source ? p->source : "?",
-	       p->source_hash ? p->source_hash : "?", pos);
+	printf("    source %s (hash %s), positions %s, measured %s\n", p->source ? p->source : "?",
+	       p->source_hash ? p->source_hash : "?", pos,
+	       p->measure == KVP_MEASURE_PROMPT_END ? "after a prompt (prompt-end protocol)"
+	                                            : "streaming");
 	int tuned_bytes = 0;
 	const double tuned = rt_cli_tuned_ratio(p, &tuned_bytes);
 	if (tuned > 0)

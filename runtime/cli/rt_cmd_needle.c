@@ -19,6 +19,7 @@
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_opts.h"
 #include "cli/rt_cli_runs.h"
+#include "eval/rt_compression.h"
 #include "eval/rt_needle.h"
 #include "report/rt_json.h"
 
@@ -78,11 +79,11 @@ static const char *const help_needle =
 	"    --json              one JSON object: policy, params, ratio, task, mode, model,\n"
 	"                        model_sha256, commit, results [{length, depth, answer,\n"
 	"                        generated, correct, kv_entries_peak, compress_events,\n"
-	"                        compression, bytes_compression}], accuracy, policy_seconds\n"
-	"                        (over every trial), compression, bytes_compression (after\n"
-	"                        the answer: tokens / mean entries per list, and the f16 full\n"
-	"                        cache's key and value bytes over the store's; the run's are\n"
-	"                        the means over its trials)\n"
+	"                        compression, bytes_compression, compression_peak,\n"
+	"                        bytes_compression_peak}], accuracy, policy_seconds (over\n"
+	"                        every trial) and the same compression figures, the means\n"
+	"                        over the trials (after the answer, over the tokens seen: the\n"
+	"                        one definition of docs/measuring.md, \"Compression\")\n"
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success (whatever the accuracy), 1 runtime error, 2 usage error.\n";
@@ -234,16 +235,13 @@ static int needle_trials(needle_job *nj)
 	return 0;
 }
 
-/* Run k's compression after the answers, in entries and in bytes against an f16 full
- * cache, averaged over its trials. */
-static void needle_mean_x(const needle_job *nj, int k, double *ex, double *bx)
+/* Run k's compression after the answers (rt_compression.h), the mean over its trials. */
+static void needle_mean_x(const needle_job *nj, int k, rt_compression *x)
 {
 	const int total = nj->n_len * nj->n_dep;
-	*ex = *bx = 0;
-	for (int q = 0; q < total; q++) {
-		*ex += nj->res[(size_t)q * nj->K + k].entries_x / total;
-		*bx += nj->res[(size_t)q * nj->K + k].bytes_x / total;
-	}
+	memset(x, 0, sizeof *x);
+	for (int q = 0; q < total; q++)
+		rt_compression_add(x, &nj->res[(size_t)q * nj->K + k].x, total);
 }
 
 /* Run k's JSON object. */
@@ -270,15 +268,13 @@ static void needle_json(const needle_job *nj, int k, const char *msha, int corre
 			       nr->correct ? "true" : "false", (long long)nr->st.kv_entries_peak,
 			       (long long)nr->st.compress_events);
 			policy_s += nr->st.policy_seconds;
-			rt_json_member_num(stdout, "compression", nr->entries_x);
-			rt_json_member_num(stdout, "bytes_compression", nr->bytes_x);
+			rt_compression_json(stdout, &nr->x);
 			fputc('}', stdout);
 		}
-	double ex, bx;
-	needle_mean_x(nj, k, &ex, &bx);
+	rt_compression x;
+	needle_mean_x(nj, k, &x);
 	printf("],\"accuracy\":%.6g,\"policy_seconds\":%.6g", (double)correct / total, policy_s);
-	rt_json_member_num(stdout, "compression", ex);
-	rt_json_member_num(stdout, "bytes_compression", bx);
+	rt_compression_json(stdout, &x);
 	fputs("}\n", stdout);
 }
 
@@ -300,16 +296,19 @@ static int needle_report(const needle_job *nj)
 			fprintf(stderr, "%s: %s\n", rt_cli_prog, why); /* why names the policy */
 		}
 		if (!nj->o.json) {
-			double ex, bx;
-			needle_mean_x(nj, k, &ex, &bx);
+			rt_compression x;
+			needle_mean_x(nj, k, &x);
 			if (K > 1 && !why)
 				printf("%s%s ratio %g: accuracy %d/%d = %.3f, compression %.2fx in entries, "
-				       "%.2fx in bytes\n", r->p->name, r->o.n_sets ? " (with --set)" : "",
-				       r->o.ratio, correct, total, (double)correct / total, ex, bx);
+				       "%.2fx in bytes at the end, %.2fx, %.2fx at peak\n", r->p->name,
+				       r->o.n_sets ? " (with --set)" : "", r->o.ratio, correct, total,
+				       (double)correct / total, x.entries_end, x.bytes_end, x.entries_peak,
+				       x.bytes_peak);
 			else if (!why)
-				printf("accuracy %d/%d = %.3f\ncompression %.2fx in entries, %.2fx in bytes "
-				       "against an f16 full cache (after the answers, mean over the trials)\n",
-				       correct, total, (double)correct / total, ex, bx);
+				printf("accuracy %d/%d = %.3f\n(after the answers, mean over the trials; "
+				       "docs/measuring.md)\n", correct, total, (double)correct / total);
+			if (!why && K == 1)
+				rt_compression_table(stdout, &x);
 			continue;
 		}
 		fputc('{', stdout);

@@ -17,6 +17,7 @@
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_opts.h"
 #include "cli/rt_cli_runs.h"
+#include "eval/rt_compression.h"
 #include "eval/rt_eval.h"
 #include "eval/rt_stats.h"
 #include "kv/rt_kvbytes.h"
@@ -51,19 +52,25 @@ static const char *const help_ppl =
 	"    head) lists together, measured after each chunk's append (before compressing),\n"
 	"    kv_bytes_peak the most bytes of KV pool blocks the sequence held at once\n"
 	"    (blocks of 16 entries: keys, values, metadata and policy statistics; the\n"
-	"    resident KV memory); compression = tokens / mean entries per (layer, KV head)\n"
-	"    list after the last token (1 for full; 4 when a head keeps a quarter of the\n"
-	"    text); bytes_compression the same in bytes against an f16 full cache: every\n"
-	"    token's key and value at 2 bytes per element (kv_bytes_f16) over the keys and\n"
-	"    values the store holds after the last token as stored (kv_bytes_kv: entries x 2\n"
-	"    rows of the store's row size; metadata and statistics are in kv_bytes_peak), so\n"
-	"    an f32 store at 4x in entries is 2x in bytes; with --prompt N (N below the\n"
-	"    tokens), prompt_compression and prompt_bytes_compression are the same two\n"
-	"    figures for the prompt's N tokens right after its last chunk and its compress\n"
-	"    (what a prompt-end policy made of the prompt, before the tokens after it were\n"
-	"    appended); tokens_per_s counts the policy run\n"
-	"    only; compress_events is the number\n"
-	"    of compress calls; policy_seconds the time spent inside policy code (observe,\n"
+	"    resident KV memory). Compression has one definition for every command\n"
+	"    (docs/measuring.md, \"Compression\"): a full cache of the tokens over what the\n"
+	"    policy held, in entries (compression: tokens / mean entries per (layer, KV head)\n"
+	"    list) and in bytes against an f16 full cache (bytes_compression: every token's\n"
+	"    key and value at 2 bytes per element, kv_bytes_f16, over the keys and values\n"
+	"    held as stored, kv_bytes_kv; an f32 store at 4x in entries is 2x in bytes), at\n"
+	"    the end (after the last token) and at peak (compression_peak,\n"
+	"    bytes_compression_peak: the most held at once, so a prompt-end policy's peak is\n"
+	"    its whole prompt); with --prompt N (N below the tokens), prompt_compression and\n"
+	"    prompt_bytes_compression are the figures for the prompt's N tokens right after\n"
+	"    its last chunk and its compress (what a prompt-end policy made of the prompt,\n"
+	"    before the tokens after it were appended). scored_compressed counts the scored\n"
+	"    tokens predicted from a cache the policy had compressed: when it is 0 the\n"
+	"    figures are the full cache's and ppl warns (a prompt-end policy such as snapkv\n"
+	"    without --prompt compresses after the last token; measure it with --prompt N\n"
+	"    --score-from N+1, the protocol tune, the gate and ab use: docs/measuring.md);\n"
+	"    protocol is the policy's (stream or prompt_end, from its trigger);\n"
+	"    tokens_per_s counts the policy run only; compress_events is the number of\n"
+	"    compress calls; policy_seconds the time spent inside policy code (observe,\n"
 	"    init_entries, should_compress, next_trigger, compress). The store reserves\n"
 	"    address space for N entries per head (the text's length), or N / R + 1024 with\n"
 	"    --ratio R and no --prompt; only the blocks it holds are resident, and evicted\n"
@@ -110,8 +117,10 @@ static const char *const help_ppl =
 	"    --json              one JSON object: policy, params, ratio, model, model_sha256,\n"
 	"                        text, text_sha256, commit, threads, chunk, tokens, scored,\n"
 	"                        ppl, nll_mean, top1_acc, kv_entries_peak, kv_bytes_peak,\n"
-	"                        compression, kv_bytes_kv, kv_bytes_f16, bytes_compression,\n"
-	"                        with --prompt prompt_compression, prompt_bytes_compression,\n"
+	"                        kv_bytes_kv, kv_bytes_f16, compression, bytes_compression,\n"
+	"                        compression_peak, bytes_compression_peak, with --prompt\n"
+	"                        prompt_compression, prompt_bytes_compression, protocol,\n"
+	"                        scored_compressed,\n"
 	"                        tokens_per_s, compress_events, policy_seconds,\n"
 	"                        seconds and, with the reference, the KL statistics above\n"
 	"    --dump FILE         one JSON line per scored token: {\"pos\":P,\"token\":T,\n"
@@ -156,20 +165,46 @@ static void help_ppl_fn(void)
 	rt_cli_help(help_ppl, 6, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_default_policy(), rt_cli_prog);
 }
 
+/* The warnings of one run on stderr: a compressing policy that compressed before none of
+ * the scored tokens measured the full cache (KL 0 beside a compression it reached only
+ * after the last scored token); a prompt-end policy scored on tokens of its own prompt
+ * (before its compress) dilutes its KL with the full cache's. */
+static void ppl_warn(const rt_cli_run *r, const rt_eval_score *sc, int64_t use,
+                     int64_t prompt_len)
+{
+	const struct kvp_policy *p = r->p;
+	if (rt_eval_uncompressed(p, sc)) {
+		fprintf(stderr, "%s: warning: policy %s compressed before none of the %lld scored "
+		        "tokens: its figures are the full cache's, not the policy's", rt_cli_prog,
+		        p->name, (long long)sc->scored);
+		if (p->measure == KVP_MEASURE_PROMPT_END)
+			fprintf(stderr, " (it compresses once, after the prompt's last token; measure "
+			        "it with --prompt %lld --score-from %lld, docs/measuring.md)\n",
+			        (long long)(use / 2), (long long)(use / 2 + 1));
+		else
+			fprintf(stderr, " (its budget or trigger was not reached on these %lld tokens)\n",
+			        (long long)use);
+	} else if (p->compress && p->measure == KVP_MEASURE_PROMPT_END &&
+	           sc->compressed < sc->scored) {
+		fprintf(stderr, "%s: note: %lld of the %lld scored tokens precede policy %s's "
+		        "prompt-end compress (they are predicted from the full prompt); "
+		        "--score-from %lld scores only the tokens after the prompt\n", rt_cli_prog,
+		        (long long)(sc->scored - sc->compressed), (long long)sc->scored, p->name,
+		        (long long)prompt_len + 1);
+	}
+}
+
 static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_model *m, const rt_cli_opts *o, const char *msha,
                        const char *tsha, int64_t n, int64_t use, int64_t prompt_len, int block,
                        int ref, int batch)
 {
 	const struct kvp_policy *p = r->p;
 	rt_seq_stats st = rt_seq_stats_get(&r->seq);
-	if (st.compress_events == 0 && p->compress)
-		fprintf(stderr, "%s: note: policy %s never compressed on these %lld tokens (its budget "
-		        "or trigger was not reached)\n", rt_cli_prog, p->name, (long long)use);
-	double mean_entries = rt_seq_mean_entries(&r->seq);
-	double compression = mean_entries > 0 ? (double)use / mean_entries : 0;
-	/* in bytes against an f16 full cache of the same tokens (runtime/kv/rt_kvbytes.h) */
+	ppl_warn(r, sc, use, prompt_len);
+	const double mean_entries = rt_seq_mean_entries(&r->seq);
+	rt_compression cx; /* the one definition (runtime/eval/rt_compression.h) */
+	rt_compression_of(&r->seq, use, &cx);
 	const int64_t kv_held = rt_kvbytes_held(&r->seq.kv), kv_f16 = rt_kvbytes_f16(&r->seq.kv, use);
-	double bytes_x = rt_kvbytes_compression(&r->seq.kv, use);
 	double nll_mean = sc->nll / (double)sc->scored, ppl = exp(nll_mean);
 	double tps = st.seconds > 0 ? (double)use / st.seconds : 0;
 	int threads = m->exact ? openblas_get_num_threads() : rt_model_threads(m);
@@ -202,15 +237,11 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 		printf(",\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld",
 		       (long long)st.kv_entries_peak, (long long)st.kv_bytes_peak);
 		rt_json_member_num(stdout, "kv_entries_per_head", mean_entries);
-		rt_json_member_num(stdout, "compression", compression);
 		printf(",\"kv_bytes_kv\":%lld,\"kv_bytes_f16\":%lld", (long long)kv_held,
 		       (long long)kv_f16);
-		rt_json_member_num(stdout, "bytes_compression", bytes_x);
-		if (prompt_len > 0 && prompt_len < use) {
-			rt_json_member_num(stdout, "prompt_compression", st.prompt_compression);
-			rt_json_member_num(stdout, "prompt_bytes_compression",
-			                   st.prompt_bytes_compression);
-		}
+		rt_compression_json(stdout, &cx);
+		printf(",\"protocol\":\"%s\",\"scored_compressed\":%lld",
+		       rt_eval_measure_name(p->measure), (long long)sc->compressed);
 		rt_json_member_num(stdout, "tokens_per_s", tps);
 		printf(",\"compress_events\":%lld", (long long)st.compress_events);
 		rt_json_member_num(stdout, "policy_seconds", st.policy_seconds);
@@ -256,13 +287,13 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 	}
 	printf("kv peak          %lld entries, %.2f MiB\n", (long long)st.kv_entries_peak,
 	       (double)st.kv_bytes_peak / (1024.0 * 1024.0));
-	printf("compression      %.2fx in entries (%.1f entries per head at the end), %.2fx in bytes\n"
-	       "                 (%.2f MiB of keys and values against %.2f MiB for an f16 full cache)\n",
-	       compression, mean_entries, bytes_x, (double)kv_held / (1024.0 * 1024.0),
+	printf("kv at the end    %.1f entries per head, %.2f MiB of keys and values (an f16 full "
+	       "cache: %.2f MiB)\n", mean_entries, (double)kv_held / (1024.0 * 1024.0),
 	       (double)kv_f16 / (1024.0 * 1024.0));
-	if (prompt_len > 0 && prompt_len < use)
-		printf("prompt           %.2fx in entries, %.2fx in bytes after its %lld tokens\n",
-		       st.prompt_compression, st.prompt_bytes_compression, (long long)prompt_len);
+	rt_compression_table(stdout, &cx);
+	if (p->compress)
+		printf("scored           %lld of %lld from a cache the policy had compressed\n",
+		       (long long)sc->compressed, (long long)sc->scored);
 	printf("compressions     %lld (%.3f s in policy code)\n", (long long)st.compress_events,
 	       st.policy_seconds);
 	printf("speed            %.1f tokens/s (%.2f s, %d threads%s)\n", tps, st.seconds, threads,

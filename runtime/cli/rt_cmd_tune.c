@@ -40,10 +40,14 @@ static const char *const help_tune =
 	"    entries for the others; --bytes or --byte-ratio LIST search bytes, --entries or\n"
 	"    --ratio LIST entries, for any policy.\n"
 	"\n"
-	"    At ratio R (the whole text being the prompt; a prompt-end policy, which\n"
-	"    compresses after the last token of such a prompt, gets the first N/2 tokens as\n"
-	"    its prompt, budget over N/2, and is scored after it) the policy is within the\n"
-	"    limits when\n"
+	"    Each text is measured under the policy's protocol, compiled from its trigger\n"
+	"    (docs/measuring.md): a streaming policy (compress every step, per block, over a\n"
+	"    threshold) gets the whole text as its prompt and every token is scored; a\n"
+	"    prompt-end policy (`compress at prompt end`: snapkv, pyramidkv, ...) gets the\n"
+	"    first N/2 tokens as its prompt, budget over N/2, and is scored on the tokens\n"
+	"    after it, as `ppl --prompt N/2 --score-from N/2+1`. A ratio at which the policy\n"
+	"    compressed before no scored token of a text is not within the limits (its KL\n"
+	"    would be the full cache's 0). At ratio R the policy is within the limits when\n"
 	"      - on EVERY text, the mean KL(full cache || policy) per scored token over its\n"
 	"        first N tokens is at most X nats (the ppl loop, full-cache reference in the\n"
 	"        same pass), and\n"
@@ -297,9 +301,14 @@ static int over_budget(const rt_tune_point *pt)
 static void tune_table(const tune_job *j, const rt_tune_point *w, int n, int chosen)
 {
 	const int cols = j->n_texts <= TUNE_TEXT_COLS ? j->n_texts : 0;
-	printf("tune %s on %d text%s (at most %ld tokens each), budget in %s: mean KL <= %g on "
-	       "every text", j->p->name, j->n_texts, j->n_texts == 1 ? "" : "s", j->o.ctx,
-	       j->to.bytes ? "bytes" : "entries", j->to.max_kld);
+	printf("tune %s on %d text%s (at most %ld tokens each), budget in %s, %s: mean KL <= %g "
+	       "on every text", j->p->name, j->n_texts, j->n_texts == 1 ? "" : "s", j->o.ctx,
+	       j->to.bytes ? "bytes" : "entries",
+	       j->p->measure == KVP_MEASURE_PROMPT_END
+	               ? "prompt-end protocol (the first half of each text is the prompt, the "
+	                 "tokens after it are scored)"
+	               : "streaming protocol (each text is the prompt, every token scored)",
+	       j->to.max_kld);
 	if (j->to.min_passkey >= 0)
 		printf(", passkey >= %g (%d prompts of %lld tokens)", j->to.min_passkey,
 		       j->to.n_depths, (long long)j->to.passkey_len);

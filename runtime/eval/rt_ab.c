@@ -14,6 +14,7 @@
 #include "base/rt_progress.h"
 #include "base/rt_text.h"
 #include "base/rt_sha256.h"
+#include "eval/rt_compression.h"
 #include "eval/rt_eval.h"
 #include "model/rt_gguf.h"
 #include "model/rt_model.h"
@@ -39,6 +40,8 @@ void rt_ab_opts_init(rt_ab_opts *o)
 	o->seed = RT_BOOT_DEFAULT_SEED;
 	o->ratios[0] = 4;
 	o->n_ratios = 1;
+	o->prompt = -1;
+	o->score_from = -1;
 	o->lengths[0] = 1024;
 	o->lengths[1] = 2048;
 	o->n_lengths = 2;
@@ -57,6 +60,9 @@ typedef struct ab_side {
 	double *nll;          /* [n_scored] per-token NLL (ppl task) */
 	rt_kld_summary sum;
 	rt_seq_stats st;      /* ppl: the run's counters; needle: summed over trials */
+	rt_compression x;     /* ppl: the run's; needle: the mean over the trials */
+	rt_compression xt[AB_MAX_TRIALS]; /* needle: each trial's */
+	int64_t scored, compressed; /* ppl: tokens scored, of them from a compressed cache */
 	int hits, trials;
 	uint8_t ok[AB_MAX_TRIALS];
 } ab_side;
@@ -80,12 +86,14 @@ typedef struct ab_run {
 	char model_sha[65], text_sha[65];
 	int32_t *tokens;
 	int64_t n;                /* tokens used (ppl) */
+	rt_eval_split split;      /* ppl: the prompt and the scored positions of every sequence */
 	char *text;               /* --text, read before the model (load_text takes it) */
 	size_t text_len;
 	ab_row rows[RT_AB_MAX_RATIOS];
 	rt_seq ref;
 	int ref_ready;
 	rt_seq_stats ref_st;
+	rt_compression ref_x;
 	double ref_nll_sum;
 	int ref_hits, ref_trials;
 	int threads;
@@ -141,14 +149,50 @@ static int side_init(ab_run *r, ab_row *row, int side, int32_t cap, int64_t prom
 	return rt_seq_set_prefill_chunk(&s->seq, r->o.prefill_chunk, err);
 }
 
-/* Bootstrap and verdict of one ratio (ppl). */
+/* 1 when the row's two sides may be compared: each compressed before some scored token
+ * (ppl) and their compression at the end is within RT_AB_X_TOL of each other; else 0 with
+ * the reason in why. */
+static int ab_comparable(const ab_run *r, const ab_row *row, int needle, char *why, size_t cap)
+{
+	for (int s = 0; s < 2; s++) {
+		const ab_side *sd = &row->side[s];
+		if (!needle && r->pol[s]->compress && sd->scored > 0 && sd->compressed == 0) {
+			snprintf(why, cap, "%s (%s) compressed before none of the %lld scored tokens, so "
+			         "its figures are the full cache's (docs/measuring.md)", s ? "B" : "A",
+			         r->pol[s]->name, (long long)sd->scored);
+			return 0;
+		}
+	}
+	const rt_compression *a = &row->side[0].x, *b = &row->side[1].x;
+	if (!rt_compression_differ(a, b, RT_AB_X_TOL))
+		return 1;
+	snprintf(why, cap, "A (%s) holds %.2fx in entries and %.2fx in bytes at the end, B (%s) "
+	         "%.2fx and %.2fx: they differ by more than %.0f%%, so a difference in quality is "
+	         "one of memory, not of policy (compare at ratios where both reach the same "
+	         "compression)", r->pol[0]->name, a->entries_end, a->bytes_end, r->pol[1]->name,
+	         b->entries_end, b->bytes_end, RT_AB_X_TOL * 100);
+	return 0;
+}
+
+/* A row whose sides cannot be compared: no winner, the reason first. */
+static void verdict_refuse(ab_row *row, const char *why)
+{
+	char was[sizeof row->verdict];
+	snprintf(was, sizeof was, "%s", row->verdict);
+	row->better = 0;
+	row->significant = 0;
+	snprintf(row->verdict, sizeof row->verdict, "no winner: %.300s [as measured: %.250s]", why,
+	         was);
+}
+
+/* Bootstrap and verdict of one ratio (ppl), over the scored positions. */
 static int ppl_verdict(ab_run *r, ab_row *row, rt_err *err)
 {
-	int64_t n = r->n - 1;
+	const int64_t from = r->split.score_from, n = r->n - from;
 	double *d = RT_MALLOC((size_t)n * sizeof *d);
 	double *work = RT_MALLOC((size_t)r->o.resamples * sizeof *work);
-	for (int64_t i = 0; i < n; i++)
-		d[i] = row->side[1].nll[i] - row->side[0].nll[i];
+	for (int64_t i = 0; i < n; i++) /* nll[pos - 1] is token pos's */
+		d[i] = row->side[1].nll[from - 1 + i] - row->side[0].nll[from - 1 + i];
 	int64_t L = rt_bootstrap_block_len_auto(d, n);
 	int rc = rt_bootstrap_mean_ci(d, n, r->o.resamples, L, 0.95, r->o.seed, work, &row->ci, err);
 	free(d);
@@ -159,6 +203,9 @@ static int ppl_verdict(ab_run *r, ab_row *row, rt_err *err)
 	row->better = v == RT_VERDICT_A_BETTER ? 1 : v == RT_VERDICT_B_BETTER ? 2 : 0;
 	rt_verdict_format(&row->ci, r->pol[0]->name, r->pol[1]->name, NULL, NULL, row->verdict,
 	                  sizeof row->verdict);
+	char why[400];
+	if (!ab_comparable(r, row, 0, why, sizeof why))
+		verdict_refuse(row, why);
 	return 0;
 }
 
@@ -176,7 +223,14 @@ static int run_ppl(ab_run *r, rt_err *err)
 	const int64_t n = r->n;
 	const int32_t cap = (int32_t)n;
 	const int K = 2 * r->o.n_ratios;
-	if (rt_seq_init(&r->ref, r->m, &rt_policy_full, cap, r->o.chunk, -1, err) != 0)
+	if (r->o.prompt >= n || r->o.score_from >= n)
+		return rt_err_set(err, "%s: %lld tokens: --prompt %lld / --score-from %lld must be "
+		                  "below them", r->o.text, (long long)n, (long long)r->o.prompt,
+		                  (long long)r->o.score_from);
+	rt_eval_split_of(rt_eval_measure_of(r->pol, 2), n, r->o.prompt, r->o.score_from,
+	                 &r->split);
+	const int64_t prompt = r->split.prompt;
+	if (rt_seq_init(&r->ref, r->m, &rt_policy_full, cap, r->o.chunk, prompt, err) != 0)
 		return -1;
 	r->ref_ready = 1;
 	rt_seq *seqs[2 * RT_AB_MAX_RATIOS];
@@ -187,12 +241,13 @@ static int run_ppl(ab_run *r, rt_err *err)
 	for (int k = 0; k < r->o.n_ratios && rc == 0; k++)
 		for (int s = 0; s < 2 && rc == 0; s++) {
 			ab_side *sd = &r->rows[k].side[s];
-			rc = side_init(r, &r->rows[k], s, cap, n, err);
+			rc = side_init(r, &r->rows[k], s, cap, prompt, err);
 			sd->nll = RT_MALLOC((size_t)(n - 1) * sizeof(double));
 			sc[2 * k + s].nll_tok = sd->nll;
 			seqs[2 * k + s] = &sd->seq;
 		}
-	rt_eval_loop lo = { .block = r->o.chunk < 128 ? r->o.chunk : 128, .progress = ppl_progress,
+	rt_eval_loop lo = { .block = r->o.chunk < 128 ? r->o.chunk : 128,
+		            .score_from = r->split.score_from, .progress = ppl_progress,
 		            .progress_user = r };
 	rt_progress_init(&r->prog, "ab", "tokens", n, r->o.quiet);
 	if (rc == 0)
@@ -211,12 +266,16 @@ static int run_ppl(ab_run *r, rt_err *err)
 		if (rc == 0) {
 			rt_kld_acc_summary(&sc[k].acc, &sd->sum);
 			sd->st = rt_seq_stats_get(&sd->seq);
+			rt_compression_of(&sd->seq, n, &sd->x);
+			sd->scored = sc[k].scored;
+			sd->compressed = sc[k].compressed;
 		}
 		rt_eval_score_free(&sc[k]);
 	}
 	if (rc)
 		return -1;
 	r->ref_st = rt_seq_stats_get(&r->ref);
+	rt_compression_of(&r->ref, n, &r->ref_x);
 	for (int k = 0; k < r->o.n_ratios; k++)
 		if (ppl_verdict(r, &r->rows[k], err) != 0)
 			return -1;
@@ -291,6 +350,7 @@ static int needle_prompt_all(ab_run *r, const rt_needle_prompt *pr, float *logit
 			ref_sum->kv_bytes_peak = t.kv_bytes_peak;
 		r->ref_hits += hit;
 		r->ref_trials++;
+		rt_compression_of(&r->ref, rt_seq_seen(&r->ref), &r->ref_x);
 	}
 	(*done)++;
 	for (int k = 0; k < r->o.n_ratios && rc == 0; k++)
@@ -307,6 +367,7 @@ static int needle_prompt_all(ab_run *r, const rt_needle_prompt *pr, float *logit
 				break;
 			}
 			side_add_stats(sd);
+			rt_compression_of(&sd->seq, rt_seq_seen(&sd->seq), &sd->xt[sd->trials]);
 			sd->ok[sd->trials++] = (uint8_t)hit;
 			sd->hits += hit;
 			(*done)++;
@@ -378,6 +439,8 @@ static void needle_verdicts(ab_run *r, int n_trials)
 		row->p_value = sign_test_p(row->n01, row->n01 + row->n10);
 		row->better = row->n10 > row->n01 ? 1 : row->n01 > row->n10 ? 2 : 0;
 		row->significant = row->p_value < 0.05;
+		for (int s = 0; s < 2; s++)
+			rt_compression_mean(row->side[s].xt, row->side[s].trials, &row->side[s].x);
 		const char *na = r->pol[0]->name, *nb = r->pol[1]->name;
 		char head[300];
 		if (row->better == 0)
@@ -390,13 +453,17 @@ static void needle_verdicts(ab_run *r, int n_trials)
 		         "exact sign test p = %.3g, %s", head, row->side[0].hits, n_trials,
 		         row->side[1].hits, n_trials, row->n10, row->n01, row->p_value,
 		         row->significant ? "significant" : "not significant");
+		char why[400];
+		if (!ab_comparable(r, row, 1, why, sizeof why))
+			verdict_refuse(row, why);
 	}
 }
 
 /* ---- reporting ------------------------------------------------------------------------- */
 
 enum { M_PPL, M_KLD_MEAN, M_KLD_P99, M_KLD_MAX, M_PPL_RATIO, M_SAME_TOP1, M_RMS_DP, M_ACC,
-       M_ENTRIES, M_BYTES, M_COMPRESSION, M_BYTES_X, M_TPS, M_EVENTS, M_POLICY_S, M_COUNT };
+       M_ENTRIES, M_BYTES, M_COMPRESSION, M_BYTES_X, M_COMPRESSION_PEAK, M_BYTES_X_PEAK,
+       M_TPS, M_EVENTS, M_POLICY_S, M_COUNT };
 
 static const struct {
 	const char *name;
@@ -414,8 +481,10 @@ static const struct {
 	{ "accuracy", 0, 1, "passkey accuracy" },
 	{ "kv_entries_peak", 1, 2, "peak KV entries (all heads)" },
 	{ "kv_bytes_peak", 2, 2, "peak KV bytes" },
-	{ "compression", 4, 2, "full peak entries / peak entries" },
-	{ "bytes_compression", 4, 2, "f16 full-cache K/V bytes / K/V bytes (peak)" },
+	{ "compression", 4, 2, "compression in entries at the end" },
+	{ "bytes_compression", 4, 2, "compression in bytes (f16 full cache) at the end" },
+	{ "compression_peak", 4, 2, "compression in entries at peak" },
+	{ "bytes_compression_peak", 4, 2, "compression in bytes (f16 full cache) at peak" },
 	{ "tokens_per_s", 3, 2, "tokens/s" },
 	{ "compress_events", 1, 2, "compress calls" },
 	{ "policy_seconds", 0, 2, "seconds in policy code" },
@@ -431,7 +500,7 @@ static int metric_on(const ab_run *r, int m)
 static double metric_val(const ab_run *r, const ab_side *sd, int m)
 {
 	const rt_seq_stats *st = sd ? &sd->st : &r->ref_st;
-	int64_t scored = r->n - 1;
+	const int64_t scored = r->n - r->split.score_from;
 	switch (m) {
 	case M_PPL: return sd ? sd->sum.ppl_q : exp(r->ref_nll_sum / (double)scored);
 	case M_KLD_MEAN: return sd ? sd->sum.kld_mean : 0;
@@ -445,21 +514,10 @@ static double metric_val(const ab_run *r, const ab_side *sd, int m)
 		          : (r->ref_trials ? (double)r->ref_hits / r->ref_trials : NAN);
 	case M_ENTRIES: return (double)st->kv_entries_peak;
 	case M_BYTES: return (double)st->kv_bytes_peak;
-	case M_COMPRESSION:
-		/* in entries, like `ppl`'s compression: a policy's statistics bytes show in
-		 * kv_bytes_peak, not here */
-		return st->kv_entries_peak > 0
-		               ? (double)r->ref_st.kv_entries_peak / (double)st->kv_entries_peak
-		               : NAN;
-	case M_BYTES_X: {
-		/* against an f16 full cache (runtime/kv/rt_kvbytes.h): the full cache's peak entries
-		 * at 2 × head_dim × 2 bytes over this store's peak entries at 2 rows of its size */
-		const rt_kv *kv = sd ? (sd->ready ? &sd->seq.kv : NULL) : r->ref_ready ? &r->ref.kv : NULL;
-		return kv && st->kv_entries_peak > 0
-		               ? (double)r->ref_st.kv_entries_peak * 2.0 * kv->head_dim /
-		                         ((double)st->kv_entries_peak * (double)kv->row_bytes)
-		               : NAN;
-	}
+	case M_COMPRESSION: return sd ? sd->x.entries_end : r->ref_x.entries_end;
+	case M_BYTES_X: return sd ? sd->x.bytes_end : r->ref_x.bytes_end;
+	case M_COMPRESSION_PEAK: return sd ? sd->x.entries_peak : r->ref_x.entries_peak;
+	case M_BYTES_X_PEAK: return sd ? sd->x.bytes_peak : r->ref_x.bytes_peak;
 	case M_TPS: return st->seconds > 0 ? (double)st->tokens / st->seconds : NAN;
 	case M_EVENTS: return (double)st->compress_events;
 	case M_POLICY_S: return st->policy_seconds;
@@ -527,8 +585,12 @@ static void print_report(const ab_run *r, FILE *out)
 		        "model %s; %d threads\n", r->o.mode, r->ref_trials, r->o.n_lengths,
 		        r->o.n_depths, r->o.model, r->threads);
 	else
-		fprintf(out, "task ppl (streaming): %lld tokens of %s (%lld scored); model %s; %d threads\n",
-		        (long long)r->n, r->o.text, (long long)(r->n - 1), r->o.model, r->threads);
+		fprintf(out, "task ppl, %s protocol: %lld tokens of %s, the first %lld the prompt, "
+		        "positions %lld..%lld scored (%lld tokens); model %s; %d threads\n",
+		        r->split.measure == KVP_MEASURE_PROMPT_END ? "prompt-end" : "streaming",
+		        (long long)r->n, r->o.text, (long long)r->split.prompt,
+		        (long long)r->split.score_from, (long long)(r->n - 1),
+		        (long long)(r->n - r->split.score_from), r->o.model, r->threads);
 	for (int k = 0; k < r->o.n_ratios; k++) {
 		const ab_row *row = &r->rows[k];
 		if (r->o.bytes)
@@ -540,7 +602,8 @@ static void print_report(const ab_run *r, FILE *out)
 			        "head)\n", row->ratio, row->ratio);
 		else
 			fprintf(out, "\n== compression ratio %g (budget = %lld / %g = %.1f entries per KV "
-			        "head)\n", row->ratio, (long long)r->n, row->ratio, (double)r->n / row->ratio);
+			        "head)\n", row->ratio, (long long)r->split.prompt, row->ratio,
+			        (double)r->split.prompt / row->ratio);
 		fprintf(out, "%-16s %16s %16s %16s\n", "metric", "full (ref)", r->pol[0]->name,
 		        r->pol[1]->name);
 		for (int m = 0; m < M_COUNT; m++) {
@@ -614,9 +677,13 @@ static void json_head(FILE *f, const ab_run *r, int needle)
 		rt_json_str(f, r->text_sha);
 	else
 		fputs("null", f);
-	fprintf(f, ", \"tokens\": %lld, \"threads\": %d, \"chunk\": %d, \"prefill_chunk\": %d, "
-	        "\"ratios\": [", (long long)(needle ? 0 : r->n), r->threads, r->o.chunk,
-	        r->o.prefill_chunk);
+	fprintf(f, ", \"tokens\": %lld, \"threads\": %d, \"chunk\": %d, \"prefill_chunk\": %d, ",
+	        (long long)(needle ? 0 : r->n), r->threads, r->o.chunk, r->o.prefill_chunk);
+	if (!needle)
+		fprintf(f, "\"protocol\": \"%s\", \"prompt\": %lld, \"score_from\": %lld, ",
+		        rt_eval_measure_name(r->split.measure), (long long)r->split.prompt,
+		        (long long)r->split.score_from);
+	fprintf(f, "\"x_tol\": %g, \"ratios\": [", RT_AB_X_TOL);
 	for (int k = 0; k < r->o.n_ratios; k++) {
 		fputs(k ? ", " : "", f);
 		rt_json_num(f, r->rows[k].ratio);
@@ -668,7 +735,8 @@ static void json_row(FILE *f, const ab_run *r, int k, int needle)
 			rt_json_num(f, metric_val(r, &row->side[s], m));
 		}
 		if (!needle) {
-			fputs(", \"kl\": {", f);
+			fprintf(f, ", \"scored\": %lld, \"scored_compressed\": %lld, \"kl\": {",
+			        (long long)row->side[s].scored, (long long)row->side[s].compressed);
 			rt_kld_summary_json(f, &row->side[s].sum);
 			fputs("}", f);
 		} else {
@@ -881,7 +949,7 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 	                  r->pol[0]->name, r->pol[1]->name);
 	if (!needle && tl > 0 && (size_t)tl < sizeof title)
 		snprintf(title + tl, sizeof title - (size_t)tl, "; %s, %lld tokens (%lld scored)",
-		         r->o.text, (long long)r->n, (long long)(r->n - 1));
+		         r->o.text, (long long)r->n, (long long)(r->n - r->split.score_from));
 	else if (tl > 0 && (size_t)tl < sizeof title)
 		snprintf(title + tl, sizeof title - (size_t)tl, "; passkey, %d trials per policy and ratio",
 		         r->rows[0].side[0].trials);

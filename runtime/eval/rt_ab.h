@@ -7,16 +7,20 @@
  * (rt_stats_token_cmp), so per-token KL against the reference needs no logits buffer
  * beyond one chunk per sequence; all ratios advance together, so the reference runs once.
  *
- * Reported per ratio and policy (task ppl): ppl, kld_mean, kld_p99, kld_max, ppl_ratio,
- * same_top1, rms_dp (llama.cpp's `llama-perplexity --kl-divergence` statistics, see
- * runtime/eval/rt_stats.h), kv_entries_peak, kv_bytes_peak, compression (reference peak
- * entries / policy peak entries), bytes_compression (the reference's peak entries as an f16
- * cache, 2 × head_dim × 2 bytes each, over the policy's peak entries at 2 rows of its
- * store's row size: runtime/kv/rt_kvbytes.h), tokens_per_s, compress_events,
- * policy_seconds; then a paired
- * circular block bootstrap 95% CI for the mean per-token NLL difference B - A (block
- * length by Politis & White 2004, rt_bootstrap_block_len_auto; 1000 resamples, fixed seed)
- * and one verdict line. Task needle: passkey retrieval accuracy (rt_needle.h) over lengths
+ * Task ppl measures under one protocol for both sides (rt_eval_split_of: a prompt-end
+ * policy on either side puts the first half of the text in the prompt and scores the tokens
+ * after it; --prompt N / --score-from P choose). Reported per ratio and policy: ppl,
+ * kld_mean, kld_p99, kld_max, ppl_ratio, same_top1, rms_dp (llama.cpp's `llama-perplexity
+ * --kl-divergence` statistics, see runtime/eval/rt_stats.h), kv_entries_peak,
+ * kv_bytes_peak, the compression (runtime/eval/rt_compression.h: entries and bytes at the
+ * end and at peak; task needle: the mean over the trials), tokens_per_s, compress_events,
+ * policy_seconds; then a paired circular block bootstrap 95% CI for the mean per-token NLL
+ * difference B - A over the scored tokens (block length by Politis & White 2004,
+ * rt_bootstrap_block_len_auto; 1000 resamples, fixed seed) and one verdict line. The
+ * verdict names no winner when the sides' compression at the end differs by more than
+ * RT_AB_X_TOL (in entries or in bytes), or when a side compressed before none of the
+ * scored tokens: quality at unequal memory says nothing about the policies
+ * (docs/measuring.md, "Reading an A/B verdict"). Task needle: passkey retrieval accuracy (rt_needle.h) over lengths
  * x depths for the reference, A and B, with an exact McNemar-style sign count.
  *
  * Outputs: the table on stdout; --json (one object: "meta" with commit, model and text
@@ -37,6 +41,9 @@
 
 #define RT_AB_MAX_RATIOS 16
 #define RT_AB_MAX_SETS 64
+/* The most the two sides' compression at the end may differ (a fraction of the larger, in
+ * entries and in bytes) for the verdict to name a winner. */
+#define RT_AB_X_TOL 0.10
 
 /* What to compare (filled by the command line, runtime/cli/rt_cmd_ab.c). */
 typedef struct rt_ab_opts {
@@ -48,6 +55,9 @@ typedef struct rt_ab_opts {
 	int bytes;           /* 1: the ratios count bytes against an f16 full cache
 	                        (rt_seq_set_byte_ratio, `--byte-ratio LIST`), 0: entries */
 	int64_t ctx;
+	int64_t prompt;      /* task ppl: --prompt N (the first N tokens are the prompt, scored
+	                        from N + 1), or -1: the policies' protocol (rt_eval_split_of) */
+	int64_t score_from;  /* task ppl: --score-from P (first scored position), or -1 */
 	int chunk, threads, resamples;
 	int prefill_chunk;   /* chunked prefill of both sides (rt_seq_set_prefill_chunk); 0: exact */
 	uint64_t seed;

@@ -37,8 +37,45 @@ void rt_eval_score_free(rt_eval_score *s)
 	rt_kld_acc_free(&s->acc);
 }
 
+enum kvp_measure rt_eval_measure_of(const struct kvp_policy *const *p, int K)
+{
+	for (int k = 0; k < K; k++)
+		if (p[k]->compress && p[k]->measure == KVP_MEASURE_PROMPT_END)
+			return KVP_MEASURE_PROMPT_END;
+	return KVP_MEASURE_STREAM;
+}
+
+void rt_eval_split_of(enum kvp_measure m, int64_t n, int64_t prompt, int64_t from,
+                      rt_eval_split *out)
+{
+	out->measure = m;
+	if (prompt >= 1 && prompt < n) {
+		out->prompt = prompt;
+		out->score_from = prompt + 1;
+	} else if (m == KVP_MEASURE_PROMPT_END && n >= 4) {
+		out->prompt = n / 2;
+		out->score_from = n / 2 + 1;
+	} else {
+		out->prompt = n;
+		out->score_from = 1;
+	}
+	if (from >= 1)
+		out->score_from = from;
+}
+
+const char *rt_eval_measure_name(enum kvp_measure m)
+{
+	return m == KVP_MEASURE_PROMPT_END ? "prompt_end" : "stream";
+}
+
+int rt_eval_uncompressed(const struct kvp_policy *p, const rt_eval_score *s)
+{
+	return p->compress && s->scored > 0 && s->compressed == 0;
+}
+
 /* What every block of one rt_eval_runs call shares. */
 typedef struct eval_ctx {
+	rt_seq *const *runs;
 	const rt_eval_loop *o;
 	const int32_t *tok;
 	int64_t n, from;
@@ -79,6 +116,10 @@ static int score_block(const eval_ctx *e, int k, rt_eval_score *sc, const float 
 		double l = rt_logprob(rq, V, tgt, &top1);
 		sc->nll -= l;
 		sc->scored++;
+		/* row pos - 1 came after tokens 0..pos-1 were fed: compressed when the first
+		 * compress ran after at most pos - 1 of them */
+		const int64_t first = e->runs[k]->st.first_compress_seen;
+		sc->compressed += first > 0 && first <= pos - 1;
 		sc->hits += top1 == tgt;
 		rt_tok_cmp cmp;
 		if (lp) {
@@ -191,7 +232,8 @@ int rt_eval_runs(rt_seq *const *runs, int K, rt_seq *ref, const int32_t *tokens,
 	if (K < 1 || n < 2 || o->block < 1)
 		return rt_err_set(err, "evaluation: %d runs over %lld tokens in blocks of %d", K,
 		                  (long long)n, o->block);
-	eval_ctx e = { o, tokens, n, o->score_from > 1 ? o->score_from : 1, runs[0]->m->hp.n_vocab };
+	eval_ctx e = { runs, o, tokens, n, o->score_from > 1 ? o->score_from : 1,
+		       runs[0]->m->hp.n_vocab };
 	const int S = K + (ref != NULL), batched = o->batched && S > 1;
 	const size_t rows = (size_t)o->block * e.V;
 	rt_seq_batch b = { 0 };

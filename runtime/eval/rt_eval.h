@@ -55,6 +55,10 @@ typedef struct rt_eval_score {
 	double nll;            /* sum over scored tokens of -log q(t), nats (rt_logprob) */
 	int64_t scored;        /* tokens scored */
 	int64_t hits;          /* scored tokens that were q's argmax */
+	int64_t compressed;    /* scored tokens predicted from a cache the policy had already
+	                        * compressed (position > rt_seq_stats.first_compress_seen);
+	                        * 0 with scored > 0: the run measured the full cache, not the
+	                        * policy (rt_eval_uncompressed) */
 	rt_kld_acc acc;        /* with a reference: every scored token's rt_tok_cmp */
 	double *nll_tok;       /* NULL, or caller-owned [n - 1]: nll_tok[i] = NLL of token i+1
 	                        * (with a reference rt_tok_cmp.nll_q, else -rt_logprob) */
@@ -64,6 +68,36 @@ typedef struct rt_eval_score {
 
 void rt_eval_score_init(rt_eval_score *s);
 void rt_eval_score_free(rt_eval_score *s);
+
+/* Which tokens are the prompt and which are scored. One rule for ppl's warnings, ab, tune,
+ * `kvpc build --gate` and scripts/results.sh (docs/measuring.md, "The protocol"). */
+typedef struct rt_eval_split {
+	enum kvp_measure measure; /* the protocol */
+	int64_t prompt;          /* ctx.prompt_len of every sequence, 1..n */
+	int64_t score_from;      /* first scored position, 1..n-1 */
+} rt_eval_split;
+
+/* KVP_MEASURE_PROMPT_END when any of p[0..K) is a prompt-end policy (they are fed the same
+ * tokens, so one split serves all), else KVP_MEASURE_STREAM. */
+enum kvp_measure rt_eval_measure_of(const struct kvp_policy *const *p, int K);
+
+/* The split of n >= 2 tokens under protocol m: STREAM, the whole text is the prompt and
+ * every token is scored (prompt n, from 1: a ratio budget is a fixed n / R entries per head
+ * from the first token); PROMPT_END, the first half is the prompt and the tokens after it
+ * are scored (prompt n / 2, from n / 2 + 1, as `ppl --prompt n/2 --score-from n/2+1`: the
+ * policy compresses once, after token n / 2 - 1, and every scored token is predicted from
+ * that cache). prompt >= 1 (a user's --prompt N, N < n) replaces the prompt and, with
+ * from < 1, scores from N + 1; from >= 1 (--score-from P) replaces the first scored
+ * position. */
+void rt_eval_split_of(enum kvp_measure m, int64_t n, int64_t prompt, int64_t from,
+                      rt_eval_split *out);
+
+/* "stream" or "prompt_end": the protocol's name in tables and JSON. */
+const char *rt_eval_measure_name(enum kvp_measure m);
+
+/* 1 when a run of a compressing policy scored tokens but none from a compressed cache:
+ * its KL is the full cache's (0), not the policy's. */
+int rt_eval_uncompressed(const struct kvp_policy *p, const rt_eval_score *s);
 
 /* How rt_eval_runs feeds and what it writes besides the scores. */
 typedef struct rt_eval_loop {

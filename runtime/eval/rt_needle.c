@@ -407,10 +407,7 @@ int rt_needle_trial(rt_seq *const *s, int K, rt_seq_batch *b, const rt_tokenizer
 		if (!rt_utf8_valid(a->gen, strlen(a->gen), &bad))
 			a->gen[bad] = 0;
 		a->st = rt_seq_stats_get(s[k]);
-		const int64_t seen = s[k]->run.ctx.seen;
-		const double mean = rt_seq_mean_entries(s[k]);
-		a->entries_x = mean > 0 ? (double)seen / mean : 0;
-		a->bytes_x = rt_kvbytes_compression(&s[k]->kv, seen);
+		rt_compression_of(s[k], s[k]->run.ctx.seen, &a->x);
 	}
 	return rc;
 }

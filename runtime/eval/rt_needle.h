@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "model/rt_tokenizer.h"
+#include "eval/rt_compression.h"
 #include "policy/rt_seq.h"
 #include "base/rt_util.h"
 
@@ -140,8 +141,7 @@ typedef struct rt_needle_answer {
 	int correct;         /* rt_needle_score of the text as generated */
 	int left;            /* 1: the sequence had left the batch (nothing generated) */
 	rt_seq_stats st;     /* the sequence's counters after the answer */
-	double entries_x;    /* after the answer: tokens seen / mean entries per list */
-	double bytes_x;      /* the same in bytes against an f16 full cache (rt_kvbytes.h) */
+	rt_compression x;    /* after the answer, over the tokens seen (rt_compression.h) */
 } rt_needle_answer;
 
 /* One trial of prompt np on K sequences s[0..K): each is reset (prompt length by the

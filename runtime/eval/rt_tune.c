@@ -12,7 +12,6 @@
 #include "eval/rt_eval.h"
 #include "eval/rt_needle.h"
 #include "eval/rt_stats.h"
-#include "kv/rt_kvbytes.h"
 #include "policy/rt_seq.h"
 
 /* Answer tokens a passkey trial generates (what `needle` uses for passkey). */
@@ -34,24 +33,25 @@ int rt_tune_point_binds(const rt_tune_point *pt)
 	return pt->entries_x > 1 + 1e-9 || !(pt->bytes_x > pt->ratio * 1.02);
 }
 
-/* Text t's mean KL at R with the first `prompt` tokens as the prompt, scored after it
- * (every token when prompt = n), into *kld over *scored tokens, its compression into *ex,
- * *bx and the compress calls into *events; a policy failure at R goes to pt->error.
- * Returns 0, or -1 with err set. */
-static int tune_pass(const rt_model *m, const struct kvp_policy *p, const double *params,
-                     const rt_tune_text *t, const rt_tune_opts *o, double R, int64_t prompt,
-                     rt_tune_point *pt, double *kld, int64_t *scored, double *ex, double *bx,
-                     int64_t *events, rt_err *err)
+/* Text t at R under policy p's protocol (rt_eval_split_of): its mean KL into *kld over
+ * *scored tokens and its compression into *x. A policy failure at R, or a measurement in
+ * which the policy compressed before no scored token (it would read as lossless), goes to
+ * pt->error. Returns 0, or -1 with err set. */
+static int tune_text(const rt_model *m, const struct kvp_policy *p, const double *params,
+                     const rt_tune_text *t, const rt_tune_opts *o, double R, rt_tune_point *pt,
+                     double *kld, int64_t *scored, rt_compression *x, rt_err *err)
 {
 	rt_seq s, ref;
 	memset(&s, 0, sizeof s);
 	memset(&ref, 0, sizeof ref);
 	rt_eval_score sc;
 	rt_eval_score_init(&sc);
+	rt_eval_split sp;
+	rt_eval_split_of(rt_eval_measure_of(&p, 1), t->n, -1, -1, &sp);
 	const int block = (int64_t)o->block < t->n ? o->block : (int)t->n;
 	int rc = -1;
-	if (rt_seq_init(&s, m, p, (int32_t)t->n, block, prompt, err) != 0 ||
-	    rt_seq_init(&ref, m, &rt_policy_full, (int32_t)t->n, block, prompt, err) != 0)
+	if (rt_seq_init(&s, m, p, (int32_t)t->n, block, sp.prompt, err) != 0 ||
+	    rt_seq_init(&ref, m, &rt_policy_full, (int32_t)t->n, block, sp.prompt, err) != 0)
 		goto out;
 	if (tune_seq_setup(&s, params, o, R, err) != 0 || rt_policy_check(&s.run, &s.kv, err) != 0) {
 		snprintf(pt->error, sizeof pt->error, "%.80s: %.400s", t->name, err->msg);
@@ -59,8 +59,7 @@ static int tune_pass(const rt_model *m, const struct kvp_policy *p, const double
 		goto out;
 	}
 	rt_seq *runs[1] = { &s };
-	rt_eval_loop lo = { .block = block, .batched = 1,
-		            .score_from = prompt < t->n ? prompt + 1 : 1 };
+	rt_eval_loop lo = { .block = block, .batched = 1, .score_from = sp.score_from };
 	if (rt_eval_runs(runs, 1, &ref, t->ids, t->n, &lo, &sc, NULL, err) != 0)
 		goto out;
 	rc = 0;
@@ -68,14 +67,18 @@ static int tune_pass(const rt_model *m, const struct kvp_policy *p, const double
 		snprintf(pt->error, sizeof pt->error, "%.80s: %.400s", t->name, sc.error);
 		goto out;
 	}
+	if (rt_eval_uncompressed(p, &sc)) {
+		snprintf(pt->error, sizeof pt->error, "%.80s: the policy compressed before none of "
+		         "the %lld scored tokens (%s protocol, prompt %lld tokens): its KL would be "
+		         "the full cache's", t->name, (long long)sc.scored,
+		         rt_eval_measure_name(sp.measure), (long long)sp.prompt);
+		goto out;
+	}
 	rt_kld_summary ks;
 	rt_kld_acc_summary(&sc.acc, &ks);
 	*kld = ks.kld_mean;
 	*scored = sc.scored;
-	*events = s.run.compressions;
-	const double mean_entries = rt_seq_mean_entries(&s);
-	*ex = mean_entries > 0 ? (double)t->n / mean_entries : 0;
-	*bx = rt_kvbytes_compression(&s.kv, t->n);
+	rt_compression_of(&s, t->n, x);
 out:
 	rt_eval_score_free(&sc);
 	rt_seq_free(&s);
@@ -135,21 +138,6 @@ out:
 	return rc;
 }
 
-/* Text t at R: the whole text as the prompt; a policy that needs the prompt length and
- * never compressed over it (its trigger is the prompt end) again with the first half as
- * the prompt, scored after it. */
-static int tune_text(const rt_model *m, const struct kvp_policy *p, const double *params,
-                     const rt_tune_text *t, const rt_tune_opts *o, double R, rt_tune_point *pt,
-                     double *kld, int64_t *scored, double *ex, double *bx, rt_err *err)
-{
-	int64_t events = 0;
-	if (tune_pass(m, p, params, t, o, R, t->n, pt, kld, scored, ex, bx, &events, err) != 0)
-		return -1;
-	if (pt->error[0] || events > 0 || !(p->needs & KVP_NEED_PROMPT_LEN) || t->n < 4)
-		return 0;
-	return tune_pass(m, p, params, t, o, R, t->n / 2, pt, kld, scored, ex, bx, &events, err);
-}
-
 int rt_tune_measure(const rt_model *m, const rt_tokenizer *tk, const struct kvp_policy *p,
                     const double *params, const rt_tune_text *texts, int n_texts,
                     const rt_tune_opts *o, double R, rt_tune_point *pt, rt_err *err)
@@ -162,28 +150,29 @@ int rt_tune_measure(const rt_model *m, const rt_tokenizer *tk, const struct kvp_
 		return rt_err_set(err, "tune: %d texts at ratio %g (1..%d texts, ratio >= 1, passkey "
 		                  "needs the tokenizer and 1..%d depths)", n_texts, R,
 		                  RT_TUNE_MAX_TEXTS, RT_TUNE_MAX_DEPTHS);
-	double wsum = 0, ex = 0, bx = 0;
+	double wsum = 0;
 	int64_t scored = 0;
+	rt_compression xs[RT_TUNE_MAX_TEXTS];
+	pt->measure = rt_eval_measure_of(&p, 1);
 	for (int i = 0; i < n_texts; i++) {
-		double kld = 0, e = 0, b = 0;
+		double kld = 0;
 		int64_t sn = 0;
-		if (tune_text(m, p, params, &texts[i], o, R, pt, &kld, &sn, &e, &b, err) != 0)
+		if (tune_text(m, p, params, &texts[i], o, R, pt, &kld, &sn, &xs[i], err) != 0)
 			return -1;
 		if (pt->error[0])
 			return 0;
 		pt->kld_text[i] = kld;
 		wsum += kld * (double)sn;
 		scored += sn;
-		ex += e;
-		bx += b;
 		if (i == 0 || kld > pt->kld_worst) {
 			pt->kld_worst = kld;
 			pt->worst = i;
 		}
 	}
 	pt->kld_mean = wsum / (double)scored;
-	pt->entries_x = ex / n_texts;
-	pt->bytes_x = bx / n_texts;
+	rt_compression_mean(xs, n_texts, &pt->x);
+	pt->entries_x = pt->x.entries_end;
+	pt->bytes_x = pt->x.bytes_end;
 	if (o->min_passkey >= 0 && tune_passkey(m, tk, p, params, o, R, pt, err) != 0)
 		return -1;
 	pt->pass = !pt->error[0] && pt->kld_worst <= o->max_kld &&

@@ -14,22 +14,22 @@
  *
  * Quality at R (rt_tune_measure):
  *   - every text's mean KL(P || Q) per scored token, nats, against the full cache P fed the
- *     same tokens in the same pass (the one perplexity/KL loop, rt_eval_runs). A streaming
- *     policy gets the whole text as its prompt, as `ppl` without --prompt: a fixed budget of
- *     n / R entries per head from the first token, every token scored. A policy that needs
- *     the prompt length (KVP_NEED_PROMPT_LEN) and never compressed over such a prompt (its
- *     trigger is the prompt end, after the last token: nothing left to score) is measured
- *     again with the first n / 2 tokens as the prompt (budget n / 2 / R), scored on the
- *     tokens after it, as `ppl --prompt n/2 --score-from n/2+1` and scripts/results.sh's
- *     prompt-end runs; the limit holds when EVERY text's mean KL is at most
- *     max_kld, so one bad text cannot hide behind an average; the frontier also reports the
- *     token-weighted mean over the texts;
+ *     same tokens in the same pass (the one perplexity/KL loop, rt_eval_runs), under the
+ *     policy's measurement protocol (rt_eval_split_of, compiled from its trigger): a
+ *     streaming policy gets the whole text as its prompt, as `ppl` without --prompt (a
+ *     fixed budget of n / R entries per head from the first token, every token scored); a
+ *     prompt-end policy (`compress at prompt end`) gets the first n / 2 tokens as its
+ *     prompt (budget n / 2 / R) and is scored on the tokens after it, as
+ *     `ppl --prompt n/2 --score-from n/2+1` and scripts/results.sh's prompt-end runs. A
+ *     text on which the policy compressed before no scored token fails the ratio with that
+ *     reason (its KL would be the full cache's 0). The limit holds when EVERY text's mean
+ *     KL is at most max_kld, so one bad text cannot hide behind an average; the frontier
+ *     also reports the token-weighted mean over the texts;
  *   - optionally, passkey accuracy (rt_needle_passkey + rt_needle_trial, question-aware,
  *     greedy, 8 answer tokens) over one prompt of passkey_len tokens per depth; the limit
  *     holds when accuracy >= min_passkey;
- *   - the compression reached, in entries (tokens / mean entries per list after the last
- *     token, as `ppl` reports it) and in bytes against an f16 full cache (rt_kvbytes.h),
- *     both averaged over the texts.
+ *   - the compression reached (rt_compression.h: entries and bytes, at the end and at
+ *     peak), averaged over the texts.
  * A ratio at which the policy cannot run (guards above the budget, "KV cache full") fails
  * the limits, with the reason kept in the point.
  *
@@ -44,6 +44,7 @@
 
 #include <stdint.h>
 
+#include "eval/rt_compression.h"
 #include "model/rt_model.h"
 #include "model/rt_tokenizer.h"
 #include "policy/rt_policy.h"
@@ -81,8 +82,10 @@ typedef struct rt_tune_point {
 	double kld_worst;        /* the largest text mean KL */
 	int worst;               /* index of that text */
 	double kld_text[RT_TUNE_MAX_TEXTS]; /* each text's mean KL */
-	double entries_x;        /* compression in entries, mean over the texts */
-	double bytes_x;          /* compression in bytes against an f16 full cache, mean */
+	double entries_x;        /* compression in entries at the end, mean over the texts */
+	double bytes_x;          /* the same in bytes against an f16 full cache */
+	rt_compression x;        /* the compression (rt_compression.h), mean over the texts */
+	enum kvp_measure measure; /* the protocol the texts were measured under */
 	int passkey_ok, passkey_n; /* correct trials, trials (0 without passkey) */
 	int pass;                /* 1: within every limit */
 	char error[512];         /* "" or why the policy could not run at R (then pass = 0) */

@@ -37,7 +37,7 @@
 #include "base/rt_pool.h"
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 7 /* 7: struct kvp_policy.budget_bytes */
+#define KVP_ABI_VERSION 8 /* 7: struct kvp_policy.budget_bytes; 8: .measure */
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
@@ -64,6 +64,19 @@ enum kvp_positions {
 enum kvp_phase {
 	KVP_PHASE_PREFILL = 0, /* tokens of the prompt (the context to compress) */
 	KVP_PHASE_DECODE,      /* generated or scored continuation tokens */
+};
+
+/* How a policy's quality is measured (runtime/eval/rt_eval.h, rt_eval_split_of: ppl, ab,
+ * tune and `kvpc build --gate` alike), compiled from its trigger (compiler/kvp_ir.h, enum
+ * kvp_ir_trigger). A prompt-end policy compresses once, after the prompt's last token: fed a
+ * text as its whole prompt it never compresses before a scored token, so it is scored on
+ * the tokens that follow a prompt instead. */
+enum kvp_measure {
+	KVP_MEASURE_STREAM = 0, /* compresses as tokens arrive (every step, per block, over a
+	                           threshold, every N steps) or never: the whole text is the
+	                           prompt, every token is scored */
+	KVP_MEASURE_PROMPT_END, /* `compress at prompt end`: the first part of the text is the
+	                           prompt, the tokens after it are scored */
 };
 
 /* What the runtime must compute and pass to the hooks (bit flags of needs). ORDER(needs):
@@ -243,6 +256,7 @@ struct kvp_policy {
 	                           byte ratio by default */
 	unsigned tier_rotate;   /* with KVP_NEED_TIERS: bit 0 keys, bit 1 values are stored
 	                           rotated at the quantised tiers (rt_kv_set_rotation); 0 none */
+	enum kvp_measure measure; /* how its quality is measured (see enum kvp_measure) */
 };
 
 /* Bytes of per-entry statistics and per-head state a store needs for policy p with this

@@ -429,9 +429,14 @@ static int seq_chunk_done(rt_seq *s, const int32_t *tok, int C, const float *lg,
 		s->st.kv_entries_peak = e;
 	if (held > s->st.kv_bytes_peak)
 		s->st.kv_bytes_peak = held;
+	const int64_t kvb = rt_kvbytes_held(&s->kv);
+	if (kvb > s->st.kv_kvbytes_peak)
+		s->st.kv_kvbytes_peak = kvb;
 	int rc = rt_run_advance(&s->run, &s->kv, C, err);
 	if (rc < 0)
 		return -1;
+	if (rc == 1 && s->st.first_compress_seen == 0)
+		s->st.first_compress_seen = s->run.ctx.seen;
 	/* chunks stop at the prompt's end (rt_run_chunk), so this chunk ended it exactly */
 	const int64_t pl = s->run.ctx.prompt_len;
 	if (pl > 0 && s->run.ctx.seen == pl) {

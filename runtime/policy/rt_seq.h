@@ -53,7 +53,13 @@ typedef struct rt_seq_stats {
 	int64_t kv_bytes_peak;   /* most bytes of KV pool blocks the store held at once
 	                          * (rt_kv_bytes_held after a chunk's append): the resident
 	                          * KV memory of the sequence */
+	int64_t kv_kvbytes_peak; /* most bytes of keys and values held (rt_kvbytes_held) after a
+	                          * chunk's append: the peak of the figure compression in bytes
+	                          * counts (runtime/eval/rt_compression.h) */
 	int64_t compress_events; /* compress calls */
+	int64_t first_compress_seen; /* tokens seen when the first compress ran (0: none yet):
+	                              * the logits of position i >= it came from a cache the
+	                              * policy had compressed */
 	double prompt_compression;       /* with a prompt (prompt_len > 0): prompt_len over the
 	                                  * mean entries per (layer, KV head) right after the
 	                                  * prompt's last chunk and its compress, if any; 0 until

@@ -1,0 +1,84 @@
+/*
+ * rt_compression: the one definition of compression (see rt_compression.h).
+ */
+#include "eval/rt_compression.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "kv/rt_kvbytes.h"
+#include "report/rt_json.h"
+
+static double ratio_of(double full, double held)
+{
+	return held > 0 ? full / held : 0;
+}
+
+void rt_compression_of(const rt_seq *s, int64_t tokens, rt_compression *c)
+{
+	memset(c, 0, sizeof *c);
+	const rt_seq_stats st = rt_seq_stats_get(s);
+	const double lists = (double)s->kv.n_layer * s->kv.n_kv_head;
+	const double f16 = (double)rt_kvbytes_f16(&s->kv, tokens);
+	c->tokens = (double)tokens;
+	c->entries_end = ratio_of((double)tokens, rt_seq_mean_entries(s));
+	c->bytes_end = ratio_of(f16, (double)rt_kvbytes_held(&s->kv));
+	c->entries_peak = ratio_of((double)tokens, (double)st.kv_entries_peak / lists);
+	c->bytes_peak = ratio_of(f16, (double)st.kv_kvbytes_peak);
+	const int64_t pl = s->run.ctx.prompt_len;
+	if (pl > 0 && pl < tokens) {
+		c->prompt = (double)pl;
+		c->entries_prompt = st.prompt_compression;
+		c->bytes_prompt = st.prompt_bytes_compression;
+	}
+}
+
+void rt_compression_add(rt_compression *acc, const rt_compression *c, int n)
+{
+	acc->tokens += c->tokens / n;
+	acc->prompt += c->prompt / n;
+	acc->entries_end += c->entries_end / n;
+	acc->bytes_end += c->bytes_end / n;
+	acc->entries_peak += c->entries_peak / n;
+	acc->bytes_peak += c->bytes_peak / n;
+	acc->entries_prompt += c->entries_prompt / n;
+	acc->bytes_prompt += c->bytes_prompt / n;
+}
+
+void rt_compression_mean(const rt_compression *c, int n, rt_compression *out)
+{
+	memset(out, 0, sizeof *out);
+	for (int i = 0; i < n; i++)
+		rt_compression_add(out, &c[i], n);
+}
+
+static int differ(double a, double b, double tol)
+{
+	return fabs(a - b) > tol * (a > b ? a : b);
+}
+
+int rt_compression_differ(const rt_compression *a, const rt_compression *b, double tol)
+{
+	return differ(a->entries_end, b->entries_end, tol) || differ(a->bytes_end, b->bytes_end, tol);
+}
+
+void rt_compression_json(FILE *out, const rt_compression *c)
+{
+	rt_json_member_num(out, "compression", c->entries_end);
+	rt_json_member_num(out, "bytes_compression", c->bytes_end);
+	rt_json_member_num(out, "compression_peak", c->entries_peak);
+	rt_json_member_num(out, "bytes_compression_peak", c->bytes_peak);
+	if (c->prompt > 0) {
+		rt_json_member_num(out, "prompt_compression", c->entries_prompt);
+		rt_json_member_num(out, "prompt_bytes_compression", c->bytes_prompt);
+	}
+}
+
+void rt_compression_table(FILE *out, const rt_compression *c)
+{
+	fprintf(out, "compression      %.2fx in entries, %.2fx in bytes at the end; %.2fx, %.2fx "
+	        "at peak\n", c->entries_end, c->bytes_end, c->entries_peak, c->bytes_peak);
+	if (c->prompt > 0)
+		fprintf(out, "prompt           %.2fx in entries, %.2fx in bytes after its %.0f tokens "
+		        "and its compress\n", c->entries_prompt, c->bytes_prompt, c->prompt);
+}
