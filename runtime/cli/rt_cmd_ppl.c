@@ -194,72 +194,116 @@ static void ppl_warn(const rt_cli_run *r, const rt_eval_score *sc, int64_t use,
 	}
 }
 
-static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_model *m, const rt_cli_opts *o, const char *msha,
-                       const char *tsha, int64_t n, int64_t use, int64_t prompt_len, int block,
-                       int ref, int batch)
-{
-	const struct kvp_policy *p = r->p;
-	rt_seq_stats st = rt_seq_stats_get(&r->seq);
-	ppl_warn(r, sc, use, prompt_len);
-	const double mean_entries = rt_seq_mean_entries(&r->seq);
-	rt_compression cx; /* the one definition (runtime/eval/rt_compression.h) */
-	rt_compression_of(&r->seq, use, &cx);
-	const int64_t kv_held = rt_kvbytes_held(&r->seq.kv), kv_f16 = rt_kvbytes_f16(&r->seq.kv, use);
-	double nll_mean = sc->nll / (double)sc->scored, ppl = exp(nll_mean);
-	double tps = st.seconds > 0 ? (double)use / st.seconds : 0;
-	int threads = m->exact ? openblas_get_num_threads() : rt_model_threads(m);
-	/* the prefill chunk in force: bounded by the forward block */
-	const int pf = (int)(r->o.prefill_chunk < block ? r->o.prefill_chunk : block);
+/* What one run's report says, computed once for the table and the JSON. */
+typedef struct ppl_fig {
+	const rt_cli_run *r;
+	const rt_eval_score *sc;
+	const rt_model *m;
+	const rt_cli_opts *o;
+	int64_t n, use, prompt_len;
+	int block, ref, batch, threads, pf;
+	rt_seq_stats st;
+	double mean_entries, nll_mean, ppl, tps;
+	rt_compression cx;        /* the one definition (runtime/eval/rt_compression.h) */
+	int64_t kv_held, kv_f16;
 	rt_kld_summary ks;
-	memset(&ks, 0, sizeof ks);
-	if (ref)
-		rt_kld_acc_summary(&sc->acc, &ks);
-	if (o->json) {
-		fputc('{', stdout);
-		rt_cli_json_policy(stdout, &r->seq, r->o.ratio);
-		fputs(",\"model\":", stdout);
-		rt_json_str(stdout, m->path);
-		if (msha[0]) {
-			fputs(",\"model_sha256\":", stdout);
-			rt_json_str(stdout, msha);
-		}
-		fputs(",\"text\":", stdout);
-		rt_json_str(stdout, o->text);
-		fputs(",\"text_sha256\":", stdout);
-		rt_json_str(stdout, tsha);
-		printf(",\"threads\":%d,\"chunk\":%d,\"prefill_chunk\":%d,\"prompt\":%ld,"
-		       "\"tokens\":%lld,\"scored\":%lld,\"score_from\":%ld,\"batch\":%d",
-		       threads, block, pf, (long)prompt_len, (long long)use, (long long)sc->scored,
-		       o->score_from > 1 ? o->score_from : 1, batch);
-		rt_json_member_num(stdout, "ppl", ppl);
-		rt_json_member_num(stdout, "nll_mean", nll_mean);
-		rt_json_member_num(stdout, "top1_acc", (double)sc->hits / (double)sc->scored);
-		printf(",\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld",
-		       (long long)st.kv_entries_peak, (long long)st.kv_bytes_peak);
-		rt_json_member_num(stdout, "kv_entries_per_head", mean_entries);
-		printf(",\"kv_bytes_kv\":%lld,\"kv_bytes_f16\":%lld", (long long)kv_held,
-		       (long long)kv_f16);
-		rt_compression_json(stdout, &cx);
-		printf(",\"protocol\":\"%s\",\"scored_compressed\":%lld",
-		       rt_eval_measure_name(p->measure), (long long)sc->compressed);
-		rt_json_member_num(stdout, "tokens_per_s", tps);
-		printf(",\"compress_events\":%lld", (long long)st.compress_events);
-		rt_json_member_num(stdout, "policy_seconds", st.policy_seconds);
-		rt_json_member_num(stdout, "seconds", st.seconds);
-		if (ref) {
-			rt_json_member_num(stdout, "kld_mean", ks.kld_mean);
-			rt_json_member_num(stdout, "kld_mean_err", ks.kld_mean_err);
-			rt_json_member_num(stdout, "kld_median", ks.kld_median);
-			rt_json_member_num(stdout, "kld_p99", ks.kld_p99);
-			rt_json_member_num(stdout, "kld_max", ks.kld_max);
-			rt_json_member_num(stdout, "ppl_ref", ks.ppl_p);
-			rt_json_member_num(stdout, "ppl_ratio", ks.ppl_ratio);
-			rt_json_member_num(stdout, "same_top1", ks.same_top1);
-			rt_json_member_num(stdout, "rms_dp", ks.rms_dp);
-		}
-		fputs("}\n", stdout);
-		return;
+} ppl_fig;
+
+static void ppl_fig_of(ppl_fig *f)
+{
+	const rt_cli_run *r = f->r;
+	f->st = rt_seq_stats_get(&r->seq);
+	f->mean_entries = rt_seq_mean_entries(&r->seq);
+	rt_compression_of(&r->seq, f->use, &f->cx);
+	f->kv_held = rt_kvbytes_held(&r->seq.kv);
+	f->kv_f16 = rt_kvbytes_f16(&r->seq.kv, f->use);
+	f->nll_mean = f->sc->nll / (double)f->sc->scored;
+	f->ppl = exp(f->nll_mean);
+	f->tps = f->st.seconds > 0 ? (double)f->use / f->st.seconds : 0;
+	f->threads = f->m->exact ? openblas_get_num_threads() : rt_model_threads(f->m);
+	/* the prefill chunk in force: bounded by the forward block */
+	f->pf = (int)(r->o.prefill_chunk < f->block ? r->o.prefill_chunk : f->block);
+	memset(&f->ks, 0, sizeof f->ks);
+	if (f->ref)
+		rt_kld_acc_summary(&f->sc->acc, &f->ks);
+}
+
+/* The run's JSON line (the members help_ppl lists). */
+static void ppl_report_json(const ppl_fig *f, const char *msha, const char *tsha)
+{
+	const rt_cli_run *r = f->r;
+	const rt_eval_score *sc = f->sc;
+	const rt_cli_opts *o = f->o;
+	const struct kvp_policy *p = r->p;
+	const rt_seq_stats st = f->st;
+	const rt_kld_summary ks = f->ks;
+	const double mean_entries = f->mean_entries, nll_mean = f->nll_mean, ppl = f->ppl;
+	const double tps = f->tps;
+	const int64_t kv_held = f->kv_held, kv_f16 = f->kv_f16, use = f->use;
+	const int64_t prompt_len = f->prompt_len;
+	const int threads = f->threads, block = f->block, pf = f->pf, batch = f->batch, ref = f->ref;
+	const rt_compression cx = f->cx;
+	const rt_model *m = f->m;
+	fputc('{', stdout);
+	rt_cli_json_policy(stdout, &r->seq, r->o.ratio);
+	fputs(",\"model\":", stdout);
+	rt_json_str(stdout, m->path);
+	if (msha[0]) {
+		fputs(",\"model_sha256\":", stdout);
+		rt_json_str(stdout, msha);
 	}
+	fputs(",\"text\":", stdout);
+	rt_json_str(stdout, o->text);
+	fputs(",\"text_sha256\":", stdout);
+	rt_json_str(stdout, tsha);
+	printf(",\"threads\":%d,\"chunk\":%d,\"prefill_chunk\":%d,\"prompt\":%ld,"
+	       "\"tokens\":%lld,\"scored\":%lld,\"score_from\":%ld,\"batch\":%d",
+	       threads, block, pf, (long)prompt_len, (long long)use, (long long)sc->scored,
+	       o->score_from > 1 ? o->score_from : 1, batch);
+	rt_json_member_num(stdout, "ppl", ppl);
+	rt_json_member_num(stdout, "nll_mean", nll_mean);
+	rt_json_member_num(stdout, "top1_acc", (double)sc->hits / (double)sc->scored);
+	printf(",\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld",
+	       (long long)st.kv_entries_peak, (long long)st.kv_bytes_peak);
+	rt_json_member_num(stdout, "kv_entries_per_head", mean_entries);
+	printf(",\"kv_bytes_kv\":%lld,\"kv_bytes_f16\":%lld", (long long)kv_held,
+	       (long long)kv_f16);
+	rt_compression_json(stdout, &cx);
+	printf(",\"protocol\":\"%s\",\"scored_compressed\":%lld",
+	       rt_eval_measure_name(p->measure), (long long)sc->compressed);
+	rt_json_member_num(stdout, "tokens_per_s", tps);
+	printf(",\"compress_events\":%lld", (long long)st.compress_events);
+	rt_json_member_num(stdout, "policy_seconds", st.policy_seconds);
+	rt_json_member_num(stdout, "seconds", st.seconds);
+	if (ref) {
+		rt_json_member_num(stdout, "kld_mean", ks.kld_mean);
+		rt_json_member_num(stdout, "kld_mean_err", ks.kld_mean_err);
+		rt_json_member_num(stdout, "kld_median", ks.kld_median);
+		rt_json_member_num(stdout, "kld_p99", ks.kld_p99);
+		rt_json_member_num(stdout, "kld_max", ks.kld_max);
+		rt_json_member_num(stdout, "ppl_ref", ks.ppl_p);
+		rt_json_member_num(stdout, "ppl_ratio", ks.ppl_ratio);
+		rt_json_member_num(stdout, "same_top1", ks.same_top1);
+		rt_json_member_num(stdout, "rms_dp", ks.rms_dp);
+	}
+	fputs("}\n", stdout);
+}
+
+/* The run's table on stdout. */
+static void ppl_report_table(const ppl_fig *f)
+{
+	const rt_cli_run *r = f->r;
+	const rt_eval_score *sc = f->sc;
+	const rt_cli_opts *o = f->o;
+	const struct kvp_policy *p = r->p;
+	const rt_seq_stats st = f->st;
+	const rt_kld_summary ks = f->ks;
+	const double mean_entries = f->mean_entries, nll_mean = f->nll_mean, ppl = f->ppl;
+	const double tps = f->tps;
+	const int64_t kv_held = f->kv_held, kv_f16 = f->kv_f16, use = f->use, n = f->n;
+	const int threads = f->threads, pf = f->pf, batch = f->batch, ref = f->ref;
+	const rt_compression cx = f->cx;
+	const rt_model *m = f->m;
 	printf("model            %s\n", m->path);
 	/* token 0 has no prediction, so `use` tokens score at most use - 1 (fewer with
 	 * --score-from) */
@@ -300,6 +344,20 @@ static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_mo
 	       batch > 1 ? ", shared by the batch" : "");
 	if (batch > 1)
 		putchar('\n');
+}
+
+static void ppl_report(const rt_cli_run *r, const rt_eval_score *sc, const rt_model *m,
+                       const rt_cli_opts *o, const char *msha, const char *tsha, int64_t n,
+                       int64_t use, int64_t prompt_len, int block, int ref, int batch)
+{
+	ppl_fig f = { .r = r, .sc = sc, .m = m, .o = o, .n = n, .use = use,
+		      .prompt_len = prompt_len, .block = block, .ref = ref, .batch = batch };
+	ppl_warn(r, sc, use, prompt_len);
+	ppl_fig_of(&f);
+	if (o->json)
+		ppl_report_json(&f, msha, tsha);
+	else
+		ppl_report_table(&f);
 }
 
 /* The sequences of a ppl pass: the runs and the full-cache reference, with the block. */
