@@ -688,12 +688,10 @@ static void budget_body(struct em *em, const void *arg)
 {
 	(void)arg;
 	const struct kvp_ir *ir = em->ir;
-	out(em, "\tif (ctx->ratio > 0)\n\t\treturn k_context(ctx, seen) / ctx->ratio;\n");
-	out(em, "\tif (ctx->byte_ratio > 0)\n\t\treturn k_context(ctx, seen) / ctx->byte_ratio;\n");
 	line_src(em, ir->alloc.loc);
-	out(em, "\treturn ");
+	out(em, "\treturn k_budget_of(ctx->ratio, ctx->byte_ratio, k_context(ctx, seen), ");
 	expr(em, ir->alloc.budget, E_SCALAR);
-	out(em, ";\n");
+	out(em, ");\n");
 	line_back(em);
 }
 

@@ -91,14 +91,14 @@ static void signal_expr(struct cem *em, enum kvp_ir_signal s)
 	switch (s) {
 	case KVP_SIG_ATTN: out(em, "attn"); break;
 	case KVP_SIG_SEEN: out(em, "seen"); break;
-	case KVP_SIG_CONTEXT: out(em, "k_cu_context(x.prompt_len, seen)"); break;
-	case KVP_SIG_PROMPT_LEN: out(em, "k_cu_prompt_len(x.prompt_len, seen)"); break;
+	case KVP_SIG_CONTEXT: out(em, "k_context_at(x.prompt_len, seen)"); break;
+	case KVP_SIG_PROMPT_LEN: out(em, "k_prompt_len_at(x.prompt_len, seen)"); break;
 	case KVP_SIG_ENTRIES: out(em, "(double)%s.n", E); break;
 	case KVP_SIG_POS: out(em, "(double)%s.pos[i]", E); break;
 	case KVP_SIG_AGE: out(em, "(seen - 1.0 - (double)%s.pos[i])", E); break;
 	case KVP_SIG_SIZE: out(em, "(double)%s.count[i]", E); break;
-	case KVP_SIG_KEY_NORM: out(em, "k_cu_norm(%s.k + (size_t)i * %s.hd, %s.hd)", E, E, E); break;
-	case KVP_SIG_VALUE_NORM: out(em, "k_cu_norm(%s.v + (size_t)i * %s.hd, %s.hd)", E, E, E); break;
+	case KVP_SIG_KEY_NORM: out(em, "k_norm(%s.k + (size_t)i * %s.hd, %s.hd)", E, E, E); break;
+	case KVP_SIG_VALUE_NORM: out(em, "k_norm(%s.v + (size_t)i * %s.hd, %s.hd)", E, E, E); break;
 	case KVP_SIG_LAYER: out(em, "(double)%s.layer", E); break;
 	case KVP_SIG_N_LAYERS: out(em, "(double)x.n_layer"); break;
 	case KVP_SIG_BUDGET: out(em, "budget_of(x, seen)"); break;
@@ -256,28 +256,28 @@ static void emit_header(struct cem *em, const char *sym, const char *why)
 	else
 		out(em, " * Compress: on the device (kernels/k_compact.cuh).\n */\n");
 	out(em, "#include <math.h>\n#include <stddef.h>\n#include <stdint.h>\n#include <string.h>\n\n");
-	out(em, "#include \"k_attn.cuh\"\n#include \"k_compact.cuh\"\n#include \"k_stat.cuh\"\n");
-	out(em, "#include \"cuda/rt_cuda_compress.cuh\"\n\n");
+	out(em, "#include \"k_attn.cuh\"\n#include \"k_compact.cuh\"\n");
+	/* the C kernels (k_score.h, k_signal.h through k_compress.h; k_stat.h) keep C linkage */
+	out(em, "#include \"cuda/rt_cuda_compress.cuh\"\n\nextern \"C\" {\n#include \"k_stat.h\"\n}\n\n");
 	out(em, "#define STAT_WORDS_ENTRY %uu\n#define STAT_WORDS_QHEAD %uu\n\n", ir->stat_words_entry,
 	    ir->stat_words_qhead);
 	out(em, "extern \"C\" const struct kvp_policy %s;\n\nnamespace {\n\n", sym);
 	out(em, "/* what scalar expressions read: parameters, prompt length, ratio, layers */\n"
-	        "struct k_cu_scalar {\n\tconst double *P;\n\tint64_t prompt_len;\n\tdouble ratio;\n\tint n_layer;\n};\n\n");
+	        "struct k_cu_scalar {\n\tconst double *P;\n\tint64_t prompt_len;\n\tdouble ratio, byte_ratio;\n\tint n_layer;\n};\n\n");
 }
 
 static void emit_budget(struct cem *em)
 {
 	const struct kvp_ir *ir = em->ir;
-	out(em, "/* budget_of: entries per head on average (the policy's budget, or context / R) */\n");
-	out(em, "K_CU_HD double budget_of(const struct k_cu_scalar &x, double seen)\n{\n");
-	out(em, "\t(void)x;\n\t(void)seen;\n");
-	out(em, "\tif (x.ratio > 0)\n\t\treturn k_cu_context(x.prompt_len, seen) / x.ratio;\n");
-	out(em, "\treturn ");
+	out(em, "/* budget_of: entries per head on average (the policy's budget, or context / R under\n"
+	        " * a compression ratio R in entries or in bytes) */\n");
+	out(em, "K_HD double budget_of(const struct k_cu_scalar &x, double seen)\n{\n");
+	out(em, "\treturn k_budget_of(x.ratio, x.byte_ratio, k_context_at(x.prompt_len, seen), ");
 	if (ir->alloc.budget >= 0)
 		expr(em, ir->alloc.budget);
 	else
 		out(em, "0.0");
-	out(em, ";\n}\n\n");
+	out(em, ");\n}\n\n");
 }
 
 static void emit_stat_reads(struct cem *em)
@@ -290,8 +290,8 @@ static void emit_stat_reads(struct cem *em)
 		out(em, "/* stat_%d ", k);
 		comment_name(em, s->name);
 		out(em, " at compress time */\n");
-		out(em, "K_CU_HD double stat_read_%d(const struct k_cu_sc &sc, const struct k_cu_scalar &x, int32_t i, int r)\n{\n", k);
-		out(em, "\tconst uint32_t *b = k_cu_stat_cblock(sc.stats, sc.stat_bytes, i);\n");
+		out(em, "K_HD double stat_read_%d(const struct k_cu_sc &sc, const struct k_cu_scalar &x, int32_t i, int r)\n{\n", k);
+		out(em, "\tconst uint32_t *b = k_stat_cat(sc.stats, sc.stat_bytes, i);\n");
 		out(em, "\tconst double seen = sc.seen;\n\t(void)x;\n\t(void)seen;\n\t(void)r;\n");
 		if (s->per_qhead)
 			out(em, "\tconst uint32_t *w = b + STAT_WORDS_ENTRY + (size_t)r * STAT_WORDS_QHEAD + %d;\n",
@@ -302,29 +302,29 @@ static void emit_stat_reads(struct cem *em)
 		char steps[160] = "";
 		if (s->kind == KVP_STAT_MEAN) {
 			if (s->hist == KVP_HIST_LAST_STEPS)
-				snprintf(steps, sizeof steps, "fmin((double)k_cu_stat_getf(b + %d), %d.0)",
+				snprintf(steps, sizeof steps, "fmin((double)k_stat_getf(b + %d), %d.0)",
 				         (int)ir->obs_count_word, (int)s->ring);
 			else
-				snprintf(steps, sizeof steps, "(double)k_cu_stat_getf(b + %d)", (int)ir->obs_count_word);
+				snprintf(steps, sizeof steps, "(double)k_stat_getf(b + %d)", (int)ir->obs_count_word);
 		} else {
 			out(em, "\t(void)b;\n");
 		}
 		if (s->kind == KVP_STAT_MEAN && s->hist == KVP_HIST_PROMPT_TAIL) {
-			out(em, "\tconst double tail = k_cu_stat_tail_steps((int64_t)sc.seen, x.prompt_len, ");
+			out(em, "\tconst double tail = k_stat_tail_steps((int64_t)sc.seen, x.prompt_len, ");
 			expr(em, s->window);
-			out(em, ");\n\treturn k_cu_stat_mean(k_cu_stat_getf(w), fmin(%s, tail));\n}\n\n", steps);
+			out(em, ");\n\treturn k_stat_mean(k_stat_getf(w), fmin(%s, tail));\n}\n\n", steps);
 			continue;
 		}
 		if (ring && s->kind == KVP_STAT_COUNT)
-			out(em, "\treturn k_cu_stat_ring_count(w, %d);\n", (int)s->ring);
+			out(em, "\treturn k_stat_ring_count(w, %d);\n", (int)s->ring);
 		else if (ring && s->kind == KVP_STAT_MEAN)
-			out(em, "\treturn k_cu_stat_mean(k_cu_stat_ring_sum(w, %d), %s);\n", (int)s->ring, steps);
+			out(em, "\treturn k_stat_mean(k_stat_ring_sum(w, %d), %s);\n", (int)s->ring, steps);
 		else if (ring)
-			out(em, "\treturn k_cu_stat_ring_sum(w, %d);\n", (int)s->ring);
+			out(em, "\treturn k_stat_ring_sum(w, %d);\n", (int)s->ring);
 		else if (s->kind == KVP_STAT_MEAN)
-			out(em, "\treturn k_cu_stat_mean(k_cu_stat_getf(w), %s);\n", steps);
+			out(em, "\treturn k_stat_mean(k_stat_getf(w), %s);\n", steps);
 		else
-			out(em, "\treturn k_cu_stat_getf(w);\n");
+			out(em, "\treturn k_stat_getf(w);\n");
 		out(em, "}\n\n");
 	}
 }
@@ -345,21 +345,21 @@ static void stat_update(struct cem *em, int k, const char *ind)
 	case KVP_STAT_SUM:
 	case KVP_STAT_MEAN:
 		if (ring)
-			out(em, "k_cu_stat_ring_put(%s + %d, %d, ob.step, x_%d);\n", w, (int)s->word, (int)s->ring, k);
+			out(em, "k_stat_ring_put(%s + %d, %d, ob.step, x_%d);\n", w, (int)s->word, (int)s->ring, k);
 		else
-			out(em, "k_cu_stat_sum(%s + %d, x_%d);\n", w, (int)s->word, k);
+			out(em, "k_stat_sum(%s + %d, x_%d);\n", w, (int)s->word, k);
 		break;
 	case KVP_STAT_COUNT:
 		if (ring)
-			out(em, "k_cu_stat_ring_put_bit(%s + %d, %d, ob.step, x_%d);\n", w, (int)s->word, (int)s->ring, k);
+			out(em, "k_stat_ring_put_bit(%s + %d, %d, ob.step, x_%d);\n", w, (int)s->word, (int)s->ring, k);
 		else
-			out(em, "k_cu_stat_count(%s + %d, x_%d);\n", w, (int)s->word, k);
+			out(em, "k_stat_count(%s + %d, x_%d);\n", w, (int)s->word, k);
 		break;
 	case KVP_STAT_EMA:
-		out(em, "k_cu_stat_ema(%s + %d, x_%d, alpha_%d);\n", w, (int)s->word, k, k);
+		out(em, "k_stat_ema(%s + %d, x_%d, alpha_%d);\n", w, (int)s->word, k, k);
 		break;
 	default:
-		out(em, "k_cu_stat_last(%s + %d, x_%d);\n", w, (int)s->word, k);
+		out(em, "k_stat_last(%s + %d, x_%d);\n", w, (int)s->word, k);
 		break;
 	}
 }
@@ -372,8 +372,8 @@ static void emit_obs(struct cem *em)
 	out(em, "/* obs: the statistic update of one visible entry i at step ob.step, run inside the\n"
 	        " * attention kernel with this row's probabilities (the C observe's loop body) */\n");
 	out(em, "struct obs {\n\tenum { active = %d, need_out = %d };\n", ir->n_stats > 0, need_out);
-	out(em, "\tK_CU_HD static void entry(const struct k_cu_obs &ob, int32_t i)\n\t{\n");
-	out(em, "\t\tconst struct k_cu_scalar x = { ob.P, ob.prompt_len, ob.ratio, ob.n_layer };\n");
+	out(em, "\tK_HD static void entry(const struct k_cu_obs &ob, int32_t i)\n\t{\n");
+	out(em, "\t\tconst struct k_cu_scalar x = { ob.P, ob.prompt_len, ob.ratio, ob.byte_ratio, ob.n_layer };\n");
 	out(em, "\t\tconst double seen = (double)(ob.step + 1);\n\t\t(void)x;\n\t\t(void)seen;\n\t\t(void)i;\n");
 	if (ir->n_stats == 0) {
 		out(em, "\t}\n};\n\n");
@@ -389,14 +389,14 @@ static void emit_obs(struct cem *em)
 			out(em, ";\n");
 		}
 		if (s->hist == KVP_HIST_PROMPT_TAIL) {
-			out(em, "\t\tconst int tail_%d = k_cu_stat_in_prompt_tail(ob.step, x.prompt_len, ", k);
+			out(em, "\t\tconst int tail_%d = k_stat_in_prompt_tail(ob.step, x.prompt_len, ", k);
 			expr(em, s->window);
 			out(em, ");\n");
 		}
 	}
-	out(em, "\t\tuint32_t *b = k_cu_stat_block(ob.stats, ob.stat_bytes, i);\n");
+	out(em, "\t\tuint32_t *b = k_stat_at(ob.stats, ob.stat_bytes, i);\n");
 	if (ir->uses_obs_count)
-		out(em, "\t\tk_cu_stat_sum(b + %d, 1.0);\n", (int)ir->obs_count_word);
+		out(em, "\t\tk_stat_sum(b + %d, 1.0);\n", (int)ir->obs_count_word);
 	for (int k = 0; k < ir->n_stats; k++)
 		if (!ir->stats[k].per_qhead)
 			stat_update(em, k, "\t\t");
@@ -420,8 +420,8 @@ static void emit_score(struct cem *em)
 	int32_t e = ir->score.expr;
 	out(em, "/* score: the score of entry i for query head r (lowest evicted first) */\n");
 	out(em, "struct score {\n\tenum { per_q = %d };\n", e >= 0 && kvp_ir_expr_per_qhead(ir, e));
-	out(em, "\tK_CU_HD static float at(const struct k_cu_sc &sc, int32_t i, int r)\n\t{\n");
-	out(em, "\t\tconst struct k_cu_scalar x = { sc.P, sc.prompt_len, sc.ratio, sc.n_layer };\n");
+	out(em, "\tK_HD static float at(const struct k_cu_sc &sc, int32_t i, int r)\n\t{\n");
+	out(em, "\t\tconst struct k_cu_scalar x = { sc.P, sc.prompt_len, sc.ratio, sc.byte_ratio, sc.n_layer };\n");
 	out(em, "\t\tconst double seen = sc.seen;\n\t\t(void)x;\n\t\t(void)seen;\n\t\t(void)i;\n\t\t(void)r;\n");
 	out(em, "\t\treturn (float)");
 	if (e >= 0)
@@ -448,7 +448,7 @@ static void emit_compress(struct cem *em)
 	out(em, "/* compress: the device pipeline (runtime/cuda/rt_cuda_compress.cuh) configured as\n"
 	        " * the C compress configures k_compress_run */\n");
 	out(em, "void compress_cfg(const struct kvp_ctx *ctx, const rt_kv *kv, struct k_compress_cfg *c)\n{\n");
-	out(em, "\tconst struct k_cu_scalar x = { ctx->params, ctx->prompt_len, ctx->ratio, kv->n_layer };\n");
+	out(em, "\tconst struct k_cu_scalar x = { ctx->params, ctx->prompt_len, ctx->ratio, ctx->byte_ratio, kv->n_layer };\n");
 	out(em, "\tconst double seen = (double)ctx->seen;\n");
 	out(em, "\tstruct k_compress_cfg &cfg = *c;\n\tmemset(&cfg, 0, sizeof cfg);\n");
 	out(em, "\tcfg.name = \"");

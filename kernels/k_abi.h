@@ -4,10 +4,19 @@
  * (k_compress.h struct k_compress_cfg) reads them, and the emitters print a value by its
  * name from the K_*_NAMES array made from the same rows, so a new value is one row here
  * and its meaning in the kernel. The only kernels header the compiler may include
- * (scripts/check_layers.sh).
+ * (scripts/check_layers.sh). Also K_HD, the marker of a function both back ends run.
  */
 #ifndef K_ABI_H
 #define K_ABI_H
+
+/* A function compiled for both sides: the CUDA device code and the host (the C policies,
+ * and the host references the CUDA tests check the device against), so one text computes
+ * the same bits on both (the device code is built without FMA contraction). */
+#ifdef __CUDACC__
+#define K_HD __host__ __device__ inline
+#else
+#define K_HD static inline
+#endif
 
 #define K_ABI_ENUM_(P, n) P##n,
 #define K_ABI_NAME_(P, n) [P##n] = #P #n,

@@ -25,7 +25,7 @@
  *
  * An observer is a type with
  *   enum { active = 0|1, need_out = 0|1 };
- *   K_CU_HD static void entry(const struct k_cu_obs &ob, int32_t i);
+ *   K_HD static void entry(const struct k_cu_obs &ob, int32_t i);
  * need_out: the row's outputs o [group × head_dim] are stored in the head's state (the
  * exact CAOTE's k_out_store) after each row.
  */
@@ -57,6 +57,7 @@ struct k_cu_attn_args {
 	float scale;            /* 1 / sqrt(hd) */
 	int64_t prompt_len;     /* kvp_ctx.prompt_len */
 	double ratio;           /* kvp_ctx.ratio */
+	double byte_ratio;      /* kvp_ctx.byte_ratio */
 	struct k_cu_params P;   /* kvp_ctx.params */
 };
 
@@ -74,14 +75,14 @@ struct k_cu_obs {
 	const float *count;
 	int hd, layer, n_layer;
 	int64_t prompt_len;
-	double ratio;
+	double ratio, byte_ratio;
 	const double *P;        /* parameters */
 };
 
 /* The observer of a policy without statistics (the full cache). */
 struct k_cu_obs_none {
 	enum { active = 0, need_out = 0 };
-	K_CU_HD static void entry(const struct k_cu_obs &, int32_t) {}
+	K_HD static void entry(const struct k_cu_obs &, int32_t) {}
 };
 
 /* One query row r of the chunk over KV head j: P is this block's [G × cap] scratch. */
@@ -153,6 +154,7 @@ __device__ void k_cu_attn_row(const struct k_cu_attn_args &a, int j, int r, floa
 		ob.n_layer = a.n_layer;
 		ob.prompt_len = a.prompt_len;
 		ob.ratio = a.ratio;
+		ob.byte_ratio = a.byte_ratio;
 		ob.P = a.P.v;
 		for (int32_t i = threadIdx.x; i < lim; i += blockDim.x)
 			Obs::entry(ob, i);
@@ -262,6 +264,7 @@ static inline void k_cu_attn_ref(const struct k_cu_attn_args &a, int j, int r, f
 		ob.n_layer = a.n_layer;
 		ob.prompt_len = a.prompt_len;
 		ob.ratio = a.ratio;
+		ob.byte_ratio = a.byte_ratio;
 		ob.P = a.P.v;
 		for (int32_t i = 0; i < lim; i++)
 			Obs::entry(ob, i);

@@ -26,7 +26,7 @@
  *
  * A score is a type with
  *   enum { per_q = 0|1 };      per_q: depends on the query head (then reduced)
- *   K_CU_HD static float at(const struct k_cu_sc &sc, int32_t i, int r);
+ *   K_HD static float at(const struct k_cu_sc &sc, int32_t i, int r);
  */
 #ifndef K_COMPACT_CUH
 #define K_COMPACT_CUH
@@ -51,7 +51,7 @@ struct k_cu_sc {
 	int hd, layer, n_layer, group;
 	double seen;
 	int64_t prompt_len;
-	double ratio, budget;
+	double ratio, byte_ratio, budget;
 	const double *P;
 };
 
@@ -71,7 +71,7 @@ struct k_cu_compress_args {
 	const uint8_t *span_keep; /* [n_span_ids + 1]: 1 = a protected span id (device), or NULL */
 	int n_span_ids;
 	int has_score, reduce, pool, kernel, pool_before_reduce;
-	double sinks, recent, seen, budget, ratio;
+	double sinks, recent, seen, budget, ratio, byte_ratio;
 	int64_t prompt_len;
 	struct k_cu_params P;
 	/* scratch (device) */
@@ -83,7 +83,7 @@ struct k_cu_compress_args {
 	int32_t *n_new;          /* [H] */
 };
 
-K_CU_HD int32_t k_cu_floor_entries(double x)
+K_HD int32_t k_cu_floor_entries(double x)
 {
 	if (!(x > 0))
 		return 0;
@@ -92,14 +92,14 @@ K_CU_HD int32_t k_cu_floor_entries(double x)
 	return (int32_t)floor(x + 1e-9 * x);
 }
 
-K_CU_HD int k_cu_guarded(const struct k_cu_compress_args &a, int32_t pos, uint16_t span)
+K_HD int k_cu_guarded(const struct k_cu_compress_args &a, int32_t pos, uint16_t span)
 {
 	return (a.sinks > 0 && pos < a.sinks) || (a.recent > 0 && pos >= a.seen - a.recent) ||
 	       (span != 0 && a.span_keep && span <= a.n_span_ids && a.span_keep[span]);
 }
 
 /* k_pool of k_score.h for entry i of in[0..n). */
-K_CU_HD float k_cu_pool_at(const float *in, int32_t n, int32_t k, int is_max, int32_t i)
+K_HD float k_cu_pool_at(const float *in, int32_t n, int32_t k, int is_max, int32_t i)
 {
 	int32_t h = k / 2;
 	int32_t lo = i - h < 0 ? 0 : i - h, hi = i + h >= n ? n - 1 : i + h;
@@ -117,7 +117,7 @@ K_CU_HD float k_cu_pool_at(const float *in, int32_t n, int32_t k, int is_max, in
 }
 
 /* k_reduce of k_score.h for entry i. */
-K_CU_HD float k_cu_reduce_at(const float *src, int group, size_t stride, int32_t i, int kind)
+K_HD float k_cu_reduce_at(const float *src, int group, size_t stride, int32_t i, int kind)
 {
 	double acc = kind == K_CU_RED_L2 ? (double)src[i] * src[i] : src[i];
 	for (int r = 1; r < group; r++) {
@@ -132,7 +132,7 @@ K_CU_HD float k_cu_reduce_at(const float *src, int group, size_t stride, int32_t
 	return (float)(kind == K_CU_RED_MEAN ? acc / group : kind == K_CU_RED_L2 ? sqrt(acc) : acc);
 }
 
-K_CU_HD struct k_cu_sc k_cu_sc_of(const struct k_cu_compress_args &a, size_t hi)
+K_HD struct k_cu_sc k_cu_sc_of(const struct k_cu_compress_args &a, size_t hi)
 {
 	struct k_cu_sc sc;
 	const size_t cap = (size_t)a.cap;
@@ -150,6 +150,7 @@ K_CU_HD struct k_cu_sc k_cu_sc_of(const struct k_cu_compress_args &a, size_t hi)
 	sc.seen = a.seen;
 	sc.prompt_len = a.prompt_len;
 	sc.ratio = a.ratio;
+	sc.byte_ratio = a.byte_ratio;
 	sc.budget = a.budget;
 	sc.P = a.P.v;
 	return sc;

@@ -10,9 +10,9 @@
 
 #include <stdint.h>
 
-/* Functions compiled for both sides: the device kernels and the host reference loops
- * that check them (and that run in the tests on machines without a GPU). */
-#define K_CU_HD __host__ __device__ inline
+#include "k_abi.h"
+
+/* Functions compiled for both sides are marked K_HD (k_abi.h). */
 
 /* Threads per block of every template kernel (a multiple of 32, at most 1024). */
 #define K_CU_THREADS 256

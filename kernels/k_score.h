@@ -18,7 +18,7 @@
 #include "k_abi.h"
 
 /* ||x||_2 of x[d]. */
-static inline double k_norm(const float *x, int d)
+K_HD double k_norm(const float *x, int d)
 {
 	double s = 0;
 	for (int j = 0; j < d; j++)

@@ -9,22 +9,49 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "k_abi.h"
 #include "kv/rt_kv.h"
 #include "policy/rt_policy.h"
 
 /* The context (tokens) a ratio budget refers to when `seen` tokens were seen: the prompt
- * length while the prompt is known and not yet exceeded, else the tokens seen. */
-static inline double k_context(const struct kvp_ctx *ctx, double seen)
+ * length while the prompt is known (prompt_len >= 0) and not yet exceeded, else the
+ * tokens seen. Both back ends (the CUDA one passes its scalar block's prompt_len). */
+K_HD double k_context_at(int64_t prompt_len, double seen)
 {
-	if (ctx->prompt_len >= 0 && seen <= (double)ctx->prompt_len)
-		return (double)ctx->prompt_len;
+	if (prompt_len >= 0 && seen <= (double)prompt_len)
+		return (double)prompt_len;
 	return seen;
 }
 
-/* The prompt length (tokens), or `seen` when unknown. */
+/* The prompt length (tokens), or `seen` when unknown (prompt_len < 0). */
+K_HD double k_prompt_len_at(int64_t prompt_len, double seen)
+{
+	return prompt_len >= 0 ? (double)prompt_len : seen;
+}
+
+/* k_context_at and k_prompt_len_at of the policy context. */
+static inline double k_context(const struct kvp_ctx *ctx, double seen)
+{
+	return k_context_at(ctx->prompt_len, seen);
+}
+
 static inline double k_prompt_len(const struct kvp_ctx *ctx, double seen)
 {
-	return ctx->prompt_len >= 0 ? (double)ctx->prompt_len : seen;
+	return k_prompt_len_at(ctx->prompt_len, seen);
+}
+
+/* The budget in force (entries per head on average; in bytes, the bytes of that many f16
+ * entries): the policy's own, unless the runtime overrides it with a compression ratio R
+ * in entries (ratio, kvp_ctx.ratio) or in bytes (byte_ratio, kvp_ctx.byte_ratio), then
+ * context / R; 0 means no override. Every generated budget_of returns this, on both back
+ * ends, with the policy's own budget expression as `own`. */
+K_HD double k_budget_of(double ratio, double byte_ratio, double context, double own)
+{
+	if (ratio > 0)
+		return context / ratio;
+	if (byte_ratio > 0)
+		return context / byte_ratio;
+	return own;
 }
 
 /* Average entries per (layer, KV head): total / (n_layer × n_kv_head). */

@@ -19,6 +19,10 @@
  * Scissorhands (arXiv 2305.17118) is count(attn < 1/seen) over the last 400 steps; H2O
  * (arXiv 2306.14048) is sum(attn) over the whole history; TOVA (arXiv 2401.06104) is
  * last(attn). CPU references for tests are the plain loops in tests/test_policies.c.
+ *
+ * Every function but k_stat_block is K_HD: the CUDA policies (kernels/k_attn.cuh,
+ * k_compact.cuh) update and read the same words with the same arithmetic order, so a
+ * statistic updated on the GPU from the same probabilities holds the same bits.
  */
 #ifndef K_STAT_H
 #define K_STAT_H
@@ -26,55 +30,68 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "k_abi.h"
 #include "kv/rt_kv.h"
 
-/* The statistics block of entry i: [stat_bytes / 4] words. */
-static inline uint32_t *k_stat_block(const rt_kv *kv, const rt_kv_head *h, int32_t i)
+/* The statistics block of entry i in a head's stats [n × stat_bytes]: [stat_bytes / 4]
+ * words. */
+K_HD uint32_t *k_stat_at(uint8_t *stats, size_t stat_bytes, int32_t i)
 {
-	return (uint32_t *)(void *)(h->stats + (size_t)i * kv->stat_bytes);
+	return (uint32_t *)(void *)(stats + (size_t)i * stat_bytes);
 }
 
-static inline float k_stat_getf(const uint32_t *w)
+K_HD const uint32_t *k_stat_cat(const uint8_t *stats, size_t stat_bytes, int32_t i)
+{
+	return (const uint32_t *)(const void *)(stats + (size_t)i * stat_bytes);
+}
+
+/* k_stat_at of a head of the store. */
+static inline uint32_t *k_stat_block(const rt_kv *kv, const rt_kv_head *h, int32_t i)
+{
+	return k_stat_at(h->stats, kv->stat_bytes, i);
+}
+
+K_HD float k_stat_getf(const uint32_t *w)
 {
 	float f;
 	memcpy(&f, w, sizeof f);
 	return f;
 }
 
-static inline void k_stat_setf(uint32_t *w, float f)
+K_HD void k_stat_setf(uint32_t *w, float f)
 {
 	memcpy(w, &f, sizeof f);
 }
 
-static inline void k_stat_sum(uint32_t *w, double x)
+K_HD void k_stat_sum(uint32_t *w, double x)
 {
 	k_stat_setf(w, k_stat_getf(w) + (float)x);
 }
 
-static inline void k_stat_count(uint32_t *w, double cond)
+K_HD void k_stat_count(uint32_t *w, double cond)
 {
 	if (cond != 0)
 		k_stat_setf(w, k_stat_getf(w) + 1.0f);
 }
 
-static inline void k_stat_ema(uint32_t *w, double x, double alpha)
+K_HD void k_stat_ema(uint32_t *w, double x, double alpha)
 {
 	k_stat_setf(w, (float)((1.0 - alpha) * k_stat_getf(w) + alpha * x));
 }
 
-static inline void k_stat_last(uint32_t *w, double x)
+K_HD void k_stat_last(uint32_t *w, double x)
 {
 	k_stat_setf(w, (float)x);
 }
 
 /* Ring of W floats: store x as the value of `step`. */
-static inline void k_stat_ring_put(uint32_t *ring, int32_t W, int64_t step, double x)
+K_HD void k_stat_ring_put(uint32_t *ring, int32_t W, int64_t step, double x)
 {
 	k_stat_setf(&ring[step % W], (float)x);
 }
 
 /* Ring of W bits: store (cond != 0) as the bit of `step`. */
-static inline void k_stat_ring_put_bit(uint32_t *ring, int32_t W, int64_t step, double cond)
+K_HD void k_stat_ring_put_bit(uint32_t *ring, int32_t W, int64_t step, double cond)
 {
 	int64_t b = step % W;
 	uint32_t m = 1u << (b & 31);
@@ -85,7 +102,7 @@ static inline void k_stat_ring_put_bit(uint32_t *ring, int32_t W, int64_t step, 
 }
 
 /* Sum of a float ring, in cell order (deterministic). */
-static inline double k_stat_ring_sum(const uint32_t *ring, int32_t W)
+K_HD double k_stat_ring_sum(const uint32_t *ring, int32_t W)
 {
 	double s = 0;
 	for (int32_t j = 0; j < W; j++)
@@ -93,24 +110,33 @@ static inline double k_stat_ring_sum(const uint32_t *ring, int32_t W)
 	return s;
 }
 
+K_HD int k_popcount(uint32_t x)
+{
+#ifdef __CUDA_ARCH__
+	return __popc(x);
+#else
+	return __builtin_popcount(x);
+#endif
+}
+
 /* Set bits of a bit ring. */
-static inline double k_stat_ring_count(const uint32_t *ring, int32_t W)
+K_HD double k_stat_ring_count(const uint32_t *ring, int32_t W)
 {
 	int32_t c = 0;
 	for (int32_t j = 0; j < (W + 31) / 32; j++)
-		c += __builtin_popcount(ring[j]);
+		c += k_popcount(ring[j]);
 	return c;
 }
 
 /* 1 if the query at `step` lies in the observation window of the last w prompt tokens
  * (positions prompt_len - w .. prompt_len - 1). Unknown prompt length: never. */
-static inline int k_stat_in_prompt_tail(int64_t step, int64_t prompt_len, double w)
+K_HD int k_stat_in_prompt_tail(int64_t step, int64_t prompt_len, double w)
 {
 	return prompt_len >= 0 && step < prompt_len && (double)step >= (double)prompt_len - w;
 }
 
 /* Steps of the prompt tail processed by `seen` tokens (0..w). */
-static inline double k_stat_tail_steps(int64_t seen, int64_t prompt_len, double w)
+K_HD double k_stat_tail_steps(int64_t seen, int64_t prompt_len, double w)
 {
 	if (prompt_len < 0)
 		return 0;
@@ -121,7 +147,7 @@ static inline double k_stat_tail_steps(int64_t seen, int64_t prompt_len, double 
 }
 
 /* Mean of a sum over `steps` observations (0 when none). */
-static inline double k_stat_mean(double sum, double steps)
+K_HD double k_stat_mean(double sum, double steps)
 {
 	return steps > 0 ? sum / steps : 0.0;
 }

@@ -56,6 +56,7 @@ static inline void rt_cuda_compress_conf(struct k_cu_compress_args *a, const str
 	a->seen = (double)ctx->seen;
 	a->budget = cfg->budget;
 	a->ratio = ctx->ratio;
+	a->byte_ratio = ctx->byte_ratio;
 	a->prompt_len = ctx->prompt_len;
 	for (int i = 0; i < n_params && i < K_CU_MAX_PARAMS; i++)
 		a->P.v[i] = ctx->params[i];

@@ -353,6 +353,7 @@ static int attend(rt_cuda_seq *s, int layer, int C, int64_t pos0, rt_err *err)
 	a.scale = 1.0f / sqrtf((float)hp->head_dim);
 	a.prompt_len = s->run.ctx.prompt_len;
 	a.ratio = s->run.ctx.ratio;
+	a.byte_ratio = s->run.ctx.byte_ratio;
 	for (int i = 0; i < s->p->n_params && i < K_CU_MAX_PARAMS; i++)
 		a.P.v[i] = s->run.ctx.params[i];
 	cudaError_t e = s->cp ? (cudaError_t)s->cp->attend(&a, (void *)s->st)
