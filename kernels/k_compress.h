@@ -362,11 +362,26 @@ static inline void k_layer_budgets(const struct k_compress_cfg *cfg, int L, doub
  * or a --ratio, while the prompt length is unknown or passed) fails only early in a
  * stream: then every layer keeps at least 1 entry, and guards of a fixed size stay whole
  * (returns 1); guards that grow with the context too never fit and are an error.
+ * Graceful budgets, when the runtime sets a floor (ctx->min_kv > 0, serve's and run's
+ * default): the budget and the target are at least min(floor, context), and guards that
+ * exceed the budget raise it to hold them instead of failing (sinks that keep nothing
+ * still fail); each is recorded in ctx->notes. Without a floor (the measuring commands)
+ * such guards are an error, as kvpc check says.
  * Returns 0, 1 (early in a stream), or -1 with err "policy NAME: reason". */
 static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
-                                 const struct k_compress_cfg *cfg, double seen, double n,
+                                 const struct k_compress_cfg *cfg_in, double seen, double n,
                                  double *lb, rt_err *err)
 {
+	struct k_compress_cfg fc = *cfg_in; /* the budget and target in force, floored */
+	const struct k_compress_cfg *cfg = &fc;
+	const double context = k_context(ctx, seen);
+	if (ctx->min_kv > 0) {
+		const double f = ctx->min_kv < context ? ctx->min_kv : context;
+		if (fc.budget < f && ctx->notes)
+			*ctx->notes |= KVP_NOTE_FLOOR;
+		fc.budget = fc.budget > f ? fc.budget : f;
+		fc.target = fc.target > f ? fc.target : f;
+	}
 	const int L = kv->n_layer;
 	if (lb)
 		k_layer_budgets(cfg, L, cfg->budget, n, lb);
@@ -398,10 +413,22 @@ static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
 	}
 	if (!early && rt_budget_check(&b, msg, sizeof msg) != 0) {
 		int sinks_bad = cfg->has_sinks && !(cfg->sinks > 0);
-		if (!growing || cfg->guards_follow_context || sinks_bad)
+		if (sinks_bad || (!(ctx->min_kv > 0) && (!growing || cfg->guards_follow_context)))
 			return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s", cfg->name ? cfg->name : "?",
 			                   msg);
-		early = 1; /* guards of a fixed size: the budget will grow past them */
+		if (!(ctx->min_kv > 0)) {
+			early = 1; /* guards of a fixed size: the budget will grow past them */
+		} else { /* graceful: the budget and target grow to hold the guards, in entries
+			  * ceil(sinks) + floor(recent), in bytes their top-tier rows' worth */
+			double g = (cfg->has_sinks ? ceil(cfg->sinks) : 0) +
+			           (cfg->has_recent ? floor(cfg->recent) : 0);
+			if (b.entry_bytes > 0)
+				g *= b.guard_bytes / b.entry_bytes;
+			fc.budget = fc.budget > g ? fc.budget : g;
+			fc.target = fc.target > g ? fc.target : g;
+			if (ctx->notes)
+				*ctx->notes |= KVP_NOTE_GUARDS;
+		}
 	}
 	if (lb) {
 		k_layer_budgets(cfg, L, cfg->target, n, lb);

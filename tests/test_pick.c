@@ -37,9 +37,9 @@ static const struct kvp_policy KEEP = { .abi_version = KVP_ABI_VERSION, .name = 
 static const struct kvp_policy *const REG[] = { &SQUEEZE, &ROWS, &TIERS, &KEEP };
 
 static const char *const CLI[RT_PICK_N_FIELDS] = { "--policy", "--kv-type", "--set", "--ratio",
-	"--byte-ratio", "--prefill-chunk" };
+	"--byte-ratio", "--prefill-chunk", "--min-kv" };
 static const char *const HTTP[RT_PICK_N_FIELDS] = { "kv.policy", "this server's --kv-type",
-	"kv.set", "kv.ratio", "kv.byte_ratio", "kv.prefill_chunk" };
+	"kv.set", "kv.ratio", "kv.byte_ratio", "kv.prefill_chunk", "kv.min_kv" };
 
 /* squeeze's tuned default: 6 in entries; rows': 3 in bytes; none for the others */
 static double tuned(const struct kvp_policy *p, int *bytes)
@@ -215,6 +215,17 @@ START_TEST(overrides_in_order)
 	ck_assert_int_eq(rt_pick(&in, &pk, &err), 0);
 	ck_assert_ptr_eq(pk.p, &rt_policy_full);
 	rt_pick_free(&pk);
+	/* the floor of a graceful budget: whole tokens, carried to the choice */
+	in.min_kv = 64;
+	ck_assert_int_eq(rt_pick(&in, &pk, &err), 0);
+	ck_assert_double_eq(pk.min_kv, 64);
+	rt_pick_free(&pk);
+	in.min_kv = 2.5;
+	ck_assert_int_eq(rt_pick(&in, &pk, &err), -1);
+	ck_assert_int_eq(pk.field, RT_PICK_MIN_KV);
+	ck_assert_str_eq(err.msg, "kv.min_kv: the floor must be a whole number of tokens in "
+	                 "0..1073741824, got 2.5");
+	in.min_kv = 0;
 	/* a prefill chunk outside 0..65536 */
 	in.prefill_chunk = 70000;
 	ck_assert_int_eq(rt_pick(&in, &pk, &err), -1);

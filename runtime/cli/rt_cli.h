@@ -46,7 +46,7 @@ int rt_cli_main_tuned(int argc, char **argv, const struct kvp_policy *const *reg
 double rt_cli_tuned_ratio(const struct kvp_policy *p, int *bytes);
 /* The command line's spelling of each field of a policy choice (runtime/policy/rt_pick.h,
  * ORDER RT_PICK_FIELD): "--policy", "--kv-type", "--set", "--ratio", "--byte-ratio",
- * "--prefill-chunk"; serve's options spell them the same. */
+ * "--prefill-chunk", "--min-kv"; serve's options spell them the same. */
 extern const char *const rt_cli_spellings[RT_PICK_N_FIELDS];
 
 /* The sidecar it came from, or NULL. */

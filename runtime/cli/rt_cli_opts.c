@@ -124,6 +124,7 @@ static const opt_def OPTS[] = {
 	INTOPT(O_SEED, "seed", 0, LONG_MAX, seed, "is not a non-negative integer"),
 	INTOPT(O_SCOREFROM, "score-from", 1, INT_MAX, score_from, "is not a position >= 1"),
 	INTOPT(O_PREFILL, "prefill-chunk", 0, 65536, prefill_chunk, "is not a number in 0..65536"),
+	INTOPT(O_MINKV, "min-kv", 0, 1 << 30, min_kv, "is not a token count in 0..1073741824"),
 	OPT(O_RATIO, "ratio", 1), OPT(O_BYTERATIO, "byte-ratio", 1), OPT(O_SET, "set", 1),
 	OPT(O_MODE, "mode", 1),
 	OPT(O_TASK, "task", 1), STROPT(O_POLICY, "policy", policy),
@@ -378,7 +379,7 @@ enum rt_kv_type rt_cli_kv_type(const rt_cli_opts *o)
 }
 
 const char *const rt_cli_spellings[RT_PICK_N_FIELDS] = { "--policy", "--kv-type", "--set",
-	"--ratio", "--byte-ratio", "--prefill-chunk" };
+	"--ratio", "--byte-ratio", "--prefill-chunk", "--min-kv" };
 
 /* What the options give rt_pick; tuned: the build's tuned default applies. */
 static struct rt_pick_in pick_in(const rt_cli_opts *o, int tuned)
@@ -387,7 +388,7 @@ static struct rt_pick_in pick_in(const rt_cli_opts *o, int tuned)
 		.reg = rt_cli_reg, .n_reg = rt_cli_n_reg, .policy = o->policy,
 		.kv_type = (int)rt_cli_kv_type(o), .sets = o->sets, .n_sets = o->n_sets,
 		.ratio = o->ratio, .byte_ratio = o->byte_ratio,
-		.prefill_chunk = (int32_t)o->prefill_chunk,
+		.prefill_chunk = (int32_t)o->prefill_chunk, .min_kv = (double)o->min_kv,
 		.tuned = tuned ? rt_cli_tuned_ratio : NULL, .spellings = rt_cli_spellings,
 	};
 }

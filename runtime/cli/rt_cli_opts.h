@@ -25,6 +25,8 @@
 #define RT_CLI_CHUNK 512      /* default tokens per forward chunk */
 #define RT_CLI_MAX_SETS 64    /* --set overrides per run */
 #define RT_CLI_MAX_LIST 32    /* entries of a comma list */
+#define RT_CLI_MIN_KV 64      /* run's and serve's default floor (--min-kv): a short chat
+                                 keeps its whole context under any policy */
 
 /* Every option's value after parsing (0 / NULL when not given, unless a command set a
  * default before parsing). */
@@ -42,6 +44,8 @@ typedef struct rt_cli_opts {
 	int seed64_set;
 	long ctx, chunk, n_gen, threads, decode, prompt_len, seed, score_from;
 	long prefill_chunk; /* --prefill-chunk C: 0 the exact schedule (rt_seq_set_prefill_chunk) */
+	long min_kv;        /* --min-kv N: the floor of a graceful budget, tokens (kvp_ctx.min_kv);
+	                       0 strict budgets (each command sets its default) */
 	double ratio;
 	double byte_ratio;     /* --byte-ratio R: the budget in bytes (rt_seq_set_byte_ratio) */
 	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question, quiet;
@@ -73,7 +77,7 @@ enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECI
        O_VERSION, O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH, O_A, O_B, O_RATIOS, O_ABTASK,
        O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64, O_COMMIT, O_SHAA, O_SHAB,
        O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE, O_KVTYPE, O_BYTERATIO,
-       O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT };
+       O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT, O_MINKV };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;

@@ -27,7 +27,7 @@ static const char *const help =
 	"             [--max-seqs N] [--queue N] [--chunk N] [--prefill-chunk C]\n"
 	"             [--step-rows N] [--threads N]\n"
 	"             [--api-key KEY] [--trace FILE] [--max-body SIZE] [--timeout S] [--exact]\n"
-	"             [--kv-type f32|f16|q8_0]\n"
+	"             [--kv-type f32|f16|q8_0] [--min-kv N]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Serves POST /v1/completions and /v1/chat/completions (in the model's chat\n"
@@ -73,6 +73,12 @@ static const char *const help =
 	"                        default) or q8_0; the exact path stores f32 and refuses the\n"
 	"                        others; a request for a policy that needs f32 rows (gracekv)\n"
 	"                        on an f16 or q8_0 server is refused\n"
+	"    --min-kv N          graceful budgets: every (layer, KV head) keeps at least N\n"
+	"                        tokens whatever the budget or ratio (a prompt of N tokens or\n"
+	"                        fewer stays whole), and guards larger than the budget raise\n"
+	"                        it instead of a 400; the response's kv object says so\n"
+	"                        (budget_notes); a request may set kv.min_kv; 0: budgets as\n"
+	"                        written (default 64)\n"
 	"    --api-key KEY       require \"Authorization: Bearer KEY\"\n"
 	"    --trace FILE        append one JSON line per finished request\n"
 	"    --max-body SIZE     request body limit (default 1M)\n"
@@ -106,7 +112,8 @@ static int int_arg(const char *prog, const char *opt, const char *v, long lo, lo
 }
 
 enum { O_HOST = 256, O_PORT, O_POLICY, O_SET, O_RATIO, O_BYTERATIO, O_MEM, O_SEQS, O_QUEUE, O_CHUNK,
-       O_ROWS, O_THREADS, O_KEY, O_TRACE, O_BODY, O_TIMEOUT, O_EXACT, O_PREFILL, O_KVTYPE };
+       O_ROWS, O_THREADS, O_KEY, O_TRACE, O_BODY, O_TIMEOUT, O_EXACT, O_PREFILL, O_KVTYPE,
+       O_MINKV };
 
 /* After the options: the arguments that must be there, the KV type the path allows, the
  * default policy (as --policy/--set/--ratio check it), its prefill chunk and tuned ratio.
@@ -145,7 +152,7 @@ static int serve_finish(rt_serve_cfg *c, int argc, char **argv, int kv_type, con
 	struct rt_pick_in in = { .reg = reg, .n_reg = n_reg, .policy = c->policy ? c->policy : defp,
 		.kv_type = kv_type, .kv_default = c->kv_type, .sets = (const char *const *)sets,
 		.n_sets = c->n_sets, .ratio = c->ratio, .byte_ratio = c->byte_ratio,
-		.prefill_chunk = c->prefill_chunk, .tuned = rt_cli_tuned_ratio,
+		.prefill_chunk = c->prefill_chunk, .min_kv = c->min_kv, .tuned = rt_cli_tuned_ratio,
 		.spellings = rt_cli_spellings };
 	struct rt_pick pk;
 	if (rt_pick(&in, &pk, &err) != 0) {
@@ -175,13 +182,14 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		{ "api-key", required_argument, 0, O_KEY }, { "trace", required_argument, 0, O_TRACE },
 		{ "max-body", required_argument, 0, O_BODY }, { "timeout", required_argument, 0, O_TIMEOUT },
 		{ "exact", no_argument, 0, O_EXACT }, { "prefill-chunk", required_argument, 0, O_PREFILL },
-		{ "kv-type", required_argument, 0, O_KVTYPE },
+		{ "kv-type", required_argument, 0, O_KVTYPE }, { "min-kv", required_argument, 0, O_MINKV },
 		{ "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	const char *defp = n_reg > 0 && reg[0] ? reg[0]->name : "full";
 	rt_serve_cfg c = { .prog = prog, .host = "127.0.0.1", .port = 8080, .kv_memory = 1LL << 30,
 	                   .max_seqs = 16, .queue = 64, .chunk = 64, .step_rows = 256,
-	                   .max_body = 1 << 20, .timeout_s = 30, .prefill_chunk = -1 };
+	                   .max_body = 1 << 20, .timeout_s = 30, .prefill_chunk = -1,
+	                   .min_kv = RT_SERVE_MIN_KV };
 	char **sets = calloc((size_t)argc + 1, sizeof *sets);
 	int threads = 0, rc = 2, kv_type = -1;
 	rt_err err = { "" };
@@ -227,6 +235,10 @@ int rt_cli_serve(int argc, char **argv, const char *prog, const struct kvp_polic
 		case O_CHUNK: if (int_arg(prog, "--chunk", optarg, 1, 4096, &c.chunk)) goto out; break;
 		case O_PREFILL:
 			if (int_arg(prog, "--prefill-chunk", optarg, 0, 4096, &c.prefill_chunk))
+				goto out;
+			break;
+		case O_MINKV:
+			if (int_arg(prog, "--min-kv", optarg, 0, 1 << 30, &c.min_kv))
 				goto out;
 			break;
 		case O_ROWS: if (int_arg(prog, "--step-rows", optarg, 1, 65536, &c.step_rows)) goto out; break;

@@ -26,7 +26,7 @@ static const char *const help_run =
 	"    %s run --model MODEL --prompt TEXT [-n N] [--chat] [--system TEXT]\n"
 	"             [--policy NAME] [--set NAME=VALUE]... [--ratio R | --byte-ratio R] [--stats]\n"
 	"             [--chunk N] [--prefill-chunk C] [--threads N] [--exact]\n"
-	"             [--kv-type f32|f16|q8_0]\n"
+	"             [--kv-type f32|f16|q8_0] [--min-kv N]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Tokenizes TEXT, prefills it under the policy (the prompt is its prompt: prompt-\n"
@@ -52,6 +52,11 @@ static const char *const help_run =
 	"    --exact            the exact path (f32 weights, OpenBLAS); default: the fast path\n"
 	"    --kv-type T        KV storage: f32, f16 (the fast path's default) or q8_0 (ggml's\n"
 	"                       8-bit blocks); the exact path stores f32 and refuses the others\n"
+	"    --min-kv N         graceful budget: every (layer, KV head) keeps at least N tokens\n"
+	"                       whatever the budget or --ratio, so a prompt of N tokens or fewer\n"
+	"                       stays whole, and guards larger than the budget raise it (a note\n"
+	"                       with --stats) instead of failing; 0: the policy's budget as\n"
+	"                       written (default 64)\n"
 	"    -h, --help         show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -65,8 +70,8 @@ static void help_run_fn(void)
 int rt_cmd_run(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 'p', 'n', O_CHAT, O_SYSTEM, O_STATS, O_THREADS, O_CHUNK, O_POLICY,
-		O_SET, O_RATIO, O_BYTERATIO, O_EXACT, O_FAST, O_PREFILL, O_KVTYPE, 0 };
-	rt_cli_opts o = { .n_gen = 128, .chunk = RT_CLI_CHUNK };
+		O_SET, O_RATIO, O_BYTERATIO, O_EXACT, O_FAST, O_PREFILL, O_KVTYPE, O_MINKV, 0 };
+	rt_cli_opts o = { .n_gen = 128, .chunk = RT_CLI_CHUNK, .min_kv = RT_CLI_MIN_KV };
 	int rc = rt_cli_parse("run", help_run_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)
 		return rc == 1 ? 0 : rc;
@@ -154,6 +159,9 @@ int rt_cmd_run(int argc, char **argv)
 		        gen ? (double)gen / (t2 - t1) : 0.0, p->name, (long long)st.kv_entries_peak,
 		        (double)st.kv_bytes_peak / (1024.0 * 1024.0), (long long)st.compress_events,
 		        st.policy_seconds);
+		for (unsigned b = 1; b <= KVP_NOTE_GUARDS; b <<= 1)
+			if (s.run.notes & b)
+				fprintf(stderr, "note: %s\n", rt_pick_note(b));
 	}
 	rc = fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
 out:

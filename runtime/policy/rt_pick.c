@@ -15,6 +15,17 @@ const struct kvp_policy *rt_pick_find(const struct kvp_policy *const *reg, int n
 	return rt_registry_find(reg, reg ? n_reg : 0, name); /* "full" is reserved: built in */
 }
 
+const char *rt_pick_note(unsigned bit)
+{
+	switch (bit) {
+	case KVP_NOTE_FLOOR:
+		return "the floor (min_kv) raised the budget";
+	case KVP_NOTE_GUARDS:
+		return "the guards exceeded the budget, which was raised to hold them";
+	}
+	return NULL;
+}
+
 int rt_pick_ratio_check(double R, int bytes, rt_err *err)
 {
 	if (R == 0 || (isfinite(R) && R >= 1))
@@ -112,6 +123,11 @@ int rt_pick(const struct rt_pick_in *in, struct rt_pick *out, rt_err *err)
 		return pick_fail(out, RT_PICK_PREFILL, err, "%s: prefill chunk must be 0..65536 "
 		                 "tokens, got %d", in->spellings[RT_PICK_PREFILL], (int)in->prefill_chunk);
 	out->prefill_chunk = in->prefill_chunk;
+	if (!(in->min_kv >= 0 && in->min_kv <= 1 << 30 && in->min_kv == floor(in->min_kv)))
+		return pick_fail(out, RT_PICK_MIN_KV, err, "%s: the floor must be a whole number of "
+		                 "tokens in 0..1073741824, got %g", in->spellings[RT_PICK_MIN_KV],
+		                 in->min_kv);
+	out->min_kv = in->min_kv;
 	out->vals = calloc((size_t)(p->n_params > 0 ? p->n_params : 1), sizeof *out->vals);
 	if (!out->vals) {
 		out->field = RT_PICK_POLICY;

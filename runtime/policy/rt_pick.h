@@ -12,7 +12,10 @@
  *     in rt_run_set_ratio), given in entries or in bytes but not both, and only to a
  *     policy that compresses ("never compresses, so a ratio does not apply");
  *   - without a ratio, the build's tuned default for the policy is in force (in entries
- *     or in bytes, as tuned: runtime/policy/rt_tuned.h).
+ *     or in bytes, as tuned: runtime/policy/rt_tuned.h);
+ *   - a floor (min_kv, tokens) turns graceful budgets on: the budget is at least
+ *     min(floor, context) entries per head and guards that exceed it raise it
+ *     (kernels/k_compress.h k_budget_check, reported in kvp_ctx.notes).
  * A door spells the fields its own way (`--ratio` on the command line, `kv.ratio` in a
  * request): it passes its spellings in, so every message names the field as the user
  * wrote it, and the error's field says which one (the server's `param`).
@@ -34,6 +37,7 @@ enum rt_pick_field {
 	RT_PICK_RATIO,       /* compression factor in entries */
 	RT_PICK_BYTE_RATIO,  /* compression factor in bytes */
 	RT_PICK_PREFILL,     /* chunked prefill */
+	RT_PICK_MIN_KV,      /* the floor of a graceful budget, tokens */
 	RT_PICK_N_FIELDS
 };
 
@@ -51,6 +55,8 @@ struct rt_pick_in {
 	double ratio;             /* compression factor in entries; 0: none */
 	double byte_ratio;        /* compression factor in bytes; 0: none */
 	int32_t prefill_chunk;    /* 0..65536 (rt_run_set_prefill_chunk) */
+	double min_kv;            /* the floor in tokens (kvp_ctx.min_kv), a whole number
+	                             0..2^30; 0: none (strict budgets) */
 	/* the build's tuned default of a policy (its ratio, *bytes = 1 when it counts bytes),
 	 * 0 when none; NULL: the binary has none */
 	double (*tuned)(const struct kvp_policy *p, int *bytes);
@@ -66,6 +72,7 @@ struct rt_pick {
 	double ratio, byte_ratio; /* in force, at most one non-zero (given, else the tuned) */
 	int tuned;                /* 1: the ratio in force is the build's tuned default */
 	int32_t prefill_chunk;
+	double min_kv;
 	enum rt_pick_field field; /* after an error: the field that is wrong */
 };
 
@@ -80,6 +87,10 @@ void rt_pick_free(struct rt_pick *pk);
 /* The named policy: the registry's, or the built-in full ("full" is reserved); NULL. */
 const struct kvp_policy *rt_pick_find(const struct kvp_policy *const *reg, int n_reg,
                                       const char *name);
+
+/* The text of one note of a graceful budget (kvp_ctx.notes: KVP_NOTE_FLOOR,
+ * KVP_NOTE_GUARDS), for a report or a response; NULL for any other bit. */
+const char *rt_pick_note(unsigned bit);
 
 /* The ratio rule: R is 0 (none) or a finite number >= 1. Returns 0, or -1 with
  * "compression ratio[ in bytes] must be a finite number >= 1, got R" in err (RT_ERR_INPUT;

@@ -217,6 +217,7 @@ void rt_run_reset(struct rt_run *r, rt_kv *kv, int64_t prompt_len)
 	r->ctx.compress_count = 0;
 	r->ctx.last_compress_seen = 0;
 	r->compressions = 0;
+	r->notes = 0;
 	r->policy_seconds = 0;
 }
 
@@ -260,10 +261,11 @@ int rt_run_set_byte_ratio(struct rt_run *r, double R, rt_err *err)
 	return 0;
 }
 
-int rt_policy_check(const struct rt_run *r, const rt_kv *kv, rt_err *err)
+int rt_policy_check(struct rt_run *r, const rt_kv *kv, rt_err *err)
 {
 	if (!r->p->check || r->ctx.prompt_len <= 0)
 		return 0;
+	r->ctx.notes = &r->notes; /* set at each call: a run may have moved */
 	return r->p->check(&r->ctx, kv, err);
 }
 
@@ -315,6 +317,7 @@ int rt_run_advance(struct rt_run *r, rt_kv *kv, int32_t n, rt_err *err)
 	int fire = r->p->should_compress(c, kv);
 	int rc = 0;
 	if (fire && r->p->compress) {
+		c->notes = &r->notes; /* set at each call: a run may have moved */
 		if (r->p->compress(c, kv, err) != 0)
 			rc = -1;
 		else {

@@ -184,6 +184,20 @@ struct kvp_ctx {
 	                           (k_context × rt_kv_f16_entry_bytes per head) in place of the
 	                           policy's own; at most one of ratio and byte_ratio is set
 	                           (kernels/k_compress.h k_bytes_mode reads the budget) */
+	/* Graceful budgets (k_budget_check in kernels/k_compress.h): */
+	double min_kv;          /* the runtime's floor in tokens (--min-kv N), 0 = none: the
+	                           budget and the target are at least min(N, context) entries
+	                           per head, whatever the policy's budget or a ratio, so a
+	                           prompt of N tokens or fewer stays whole */
+	unsigned *notes;        /* where check and compress record what they did instead of
+	                           failing (KVP_NOTE_*, or-ed), or NULL */
+};
+
+/* What a graceful budget did (kvp_ctx.notes). */
+enum {
+	KVP_NOTE_FLOOR = 1u << 0,  /* the floor (min_kv) raised the budget */
+	KVP_NOTE_GUARDS = 1u << 1, /* the guards exceeded the budget, which was raised to hold
+	                              them (an error before) */
 };
 
 /* What observe receives for one query token (one step) over one KV head. The entries
@@ -332,6 +346,7 @@ struct rt_run {
 	double policy_seconds;   /* time spent in should_compress/compress/next_trigger */
 	int32_t prefill_chunk;   /* 0: exact schedule; C > 0: prompt chunks of up to C
 	                            tokens may cross triggers (see above) */
+	unsigned notes;          /* KVP_NOTE_* of this sequence (ctx.notes points here) */
 };
 
 /* Create the store kv (n_layer × n_kv_head heads of cap entries, statistics and state
@@ -383,7 +398,7 @@ int rt_run_set_byte_ratio(struct rt_run *r, double R, rt_err *err);
  * (compress checks then, each time it runs). Returns 0, or -1 with err set. Call it
  * after rt_run_init/rt_run_reset and the --set/--ratio overrides; request parameters
  * of a server go through the same call. */
-int rt_policy_check(const struct rt_run *r, const rt_kv *kv, rt_err *err);
+int rt_policy_check(struct rt_run *r, const rt_kv *kv, rt_err *err);
 
 /* Chunked prefill: prompt chunks of up to C tokens (1..65536) cross the policy's triggers
  * and the policy compresses once at each chunk's end; 0 restores the exact schedule.

@@ -391,6 +391,7 @@ int rt_seq_apply(rt_seq *s, const struct rt_pick *pk, rt_err *err)
 	if (rt_run_set_ratio(&s->run, pk->ratio, err) != 0 ||
 	    rt_run_set_byte_ratio(&s->run, pk->byte_ratio, err) != 0)
 		return -1;
+	s->run.ctx.min_kv = pk->min_kv;
 	return rt_run_set_prefill_chunk(&s->run, pk->prefill_chunk, err);
 }
 

@@ -155,8 +155,9 @@ int rt_seq_set_byte_ratio(rt_seq *s, double R, rt_err *err);
 int rt_seq_set_prefill_chunk(rt_seq *s, int32_t C, rt_err *err);
 
 /* Apply a front door's choice (runtime/policy/rt_pick.h) to a sequence initialised with
- * its policy: the parameter values, the ratio in force (in entries or bytes, or none) and
- * the prefill chunk, replacing what was set. Errors: as rt_run_set_ratio and
+ * its policy: the parameter values, the ratio in force (in entries or bytes, or none), the
+ * prefill chunk and the floor of a graceful budget (kvp_ctx.min_kv), replacing what was
+ * set. Errors: as rt_run_set_ratio and
  * rt_run_set_prefill_chunk (a choice rt_pick made passes them). */
 struct rt_pick;
 int rt_seq_apply(rt_seq *s, const struct rt_pick *pk, rt_err *err);

@@ -24,6 +24,7 @@
  * at most one block per list to a sequence's footprint (docs/language.md, "Chunked
  * prefill": the KL it costs against the exact schedule) */
 #define RT_SERVE_PREFILL_CHUNK 16
+#define RT_SERVE_MIN_KV 64 /* default --min-kv: a short chat keeps its whole context */
 
 typedef struct rt_serve_cfg {
 	const char *prog;          /* program name in messages */
@@ -42,6 +43,8 @@ typedef struct rt_serve_cfg {
 	int chunk;                 /* prefill chunk (tokens per sequence per step) */
 	int prefill_chunk;         /* default chunked prefill of a per-step policy (tokens,
 	                              at most chunk; 0: the exact schedule) */
+	int min_kv;                /* default floor of a graceful budget, tokens (--min-kv,
+	                              kvp_ctx.min_kv); 0: the policy's budget as written */
 	int step_rows;             /* tokens per step over all sequences */
 	int64_t max_body;          /* request body bytes at most */
 	int timeout_s;             /* a stalled request body gets 408 after this many seconds;

@@ -108,6 +108,8 @@ typedef struct req {
 	int64_t kv_bytes;            /* at the end: K/V bytes held (runtime/kv/rt_kvbytes.h) */
 	double bytes_x;              /* at the end: compression in bytes against f16 */
 	double ratio_used;           /* the sequence's ratio and parameters, kept when it ends */
+	unsigned notes;              /* KVP_NOTE_* of the finished sequence (graceful budgets) */
+	double min_kv;               /* the floor in force (kvp_ctx.min_kv), tokens */
 	double byte_ratio_used;
 	double *params;
 	pthread_cond_t cv;

@@ -268,15 +268,16 @@ static int seq_max_chunk(const srv *S, const req *r)
 /* A request's spelling of each field of the policy choice (ORDER RT_PICK_FIELD), and the
  * field its 400 names (OpenAI's "param"). */
 static const char *const kv_spellings[RT_PICK_N_FIELDS] = { "kv.policy",
-	"this server's --kv-type", "kv.set", "kv.ratio", "kv.byte_ratio", "kv.prefill_chunk" };
+	"this server's --kv-type", "kv.set", "kv.ratio", "kv.byte_ratio", "kv.prefill_chunk",
+	"kv.min_kv" };
 static const char *const kv_params[RT_PICK_N_FIELDS] = { "kv.policy", "kv.policy", "kv.set",
-	"kv.ratio", "kv.byte_ratio", "kv.prefill_chunk" };
+	"kv.ratio", "kv.byte_ratio", "kv.prefill_chunk", "kv.min_kv" };
 
 /* The one policy choice (runtime/policy/rt_pick.h) of a request: the server's first
  * n_default --set values, then the request's kv.set, on the server's KV type. 0 with *pk
  * (the caller frees it), or -1 with the 400 in e. */
 static int kv_pick(srv *S, const char *pname, int n_default, json_t *set, double ratio,
-                   double bratio, int32_t pf, struct rt_pick *pk, verr *e)
+                   double bratio, int32_t pf, double min_kv, struct rt_pick *pk, verr *e)
 {
 	const rt_serve_cfg *c = S->cfg;
 	const int n = n_default + (int)json_object_size(set);
@@ -306,7 +307,7 @@ static int kv_pick(srv *S, const char *pname, int n_default, json_t *set, double
 	}
 	struct rt_pick_in in = { .reg = S->reg, .n_reg = S->n_reg, .policy = pname,
 		.kv_type = (int)S->m->kv_type, .sets = sets, .n_sets = k, .ratio = ratio,
-		.byte_ratio = bratio, .prefill_chunk = pf, .spellings = kv_spellings };
+		.byte_ratio = bratio, .prefill_chunk = pf, .min_kv = min_kv, .spellings = kv_spellings };
 	rt_err err = { "" };
 	if (rt_pick(&in, pk, &err) != 0)
 		bad(e, err.code == RT_ERR_INPUT ? 400 : 503, kv_params[pk->field], "%s", err.msg);
@@ -327,23 +328,24 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 {
 	const rt_serve_cfg *c = S->cfg;
 	const char *pname = c->policy ? c->policy : policy_at(S, 0)->name;
-	double ratio = c->ratio, bratio = c->byte_ratio, pf = c->prefill_chunk;
+	double ratio = c->ratio, bratio = c->byte_ratio, pf = c->prefill_chunk, mkv = c->min_kv;
 	json_t *set = NULL;
 	int use_default_sets = 1;
 	if (kv && !json_is_null(kv)) {
 		if (!json_is_object(kv))
 			return bad(e, 400, "kv", "kv must be an object {\"policy\", \"ratio\", "
-			           "\"byte_ratio\", \"set\", \"prefill_chunk\"}");
+			           "\"byte_ratio\", \"set\", \"prefill_chunk\", \"min_kv\"}");
 		const char *key;
 		json_t *v;
 		json_object_foreach(kv, key, v)
 		{
 			if (strcmp(key, "policy") && strcmp(key, "ratio") && strcmp(key, "byte_ratio") &&
-			    strcmp(key, "set") && strcmp(key, "prefill_chunk"))
+			    strcmp(key, "set") && strcmp(key, "prefill_chunk") && strcmp(key, "min_kv"))
 				return bad(e, 400, "kv", "kv: unknown field '%s' (policy, ratio, byte_ratio, "
-				           "set, prefill_chunk)", key);
+				           "set, prefill_chunk, min_kv)", key);
 		}
-		if (num_field(kv, "prefill_chunk", 0, 65536, 1, &pf, e) < 0)
+		if (num_field(kv, "prefill_chunk", 0, 65536, 1, &pf, e) < 0 ||
+		    num_field(kv, "min_kv", 0, 1 << 30, 1, &mkv, e) < 0)
 			return -1;
 		json_t *pv = json_object_get(kv, "policy");
 		if (pv) {
@@ -370,8 +372,9 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 	}
 	struct rt_pick pk;
 	if (kv_pick(S, pname, use_default_sets ? c->n_sets : 0, set, ratio, bratio, (int32_t)pf,
-	            &pk, e) != 0)
+	            mkv, &pk, e) != 0)
 		return -1;
+	r->min_kv = pk.min_kv;
 	const struct kvp_policy *p = pk.p;
 	r->pi = policy_find(S, p->name);
 	rt_err err = { "" };

@@ -13,6 +13,7 @@
 #include "kv/rt_kvpool.h"
 #include "model/rt_model.h"
 #include "model/rt_tokenizer.h"
+#include "policy/rt_pick.h"
 #include "serve/rt_serve_int.h"
 
 #define SRV_HIST_DEF(id, nm, hp, ...)                                                      \
@@ -117,6 +118,13 @@ json_t *srv_kv_obj(const srv *S, const req *r)
 	json_object_set_new(k, "system_tokens", json_integer(r->n_system));
 	json_object_set_new(k, "pinned_tokens", json_integer(r->n_pinned));
 	json_object_set_new(k, "pinned_kept", json_integer(r->pinned_kept));
+	/* graceful budgets: the floor in force and what it did (rt_pick_note) */
+	json_object_set_new(k, "min_kv", json_integer((json_int_t)r->min_kv));
+	json_t *notes = json_array();
+	for (unsigned b = 1; b <= KVP_NOTE_GUARDS; b <<= 1)
+		if ((r->seq_live ? r->seq.run.notes : r->notes) & b)
+			json_array_append_new(notes, json_string(rt_pick_note(b)));
+	json_object_set_new(k, "budget_notes", notes);
 	return k;
 }
 
@@ -224,6 +232,7 @@ static void req_finish(srv *S, req *r)
 		}
 		r->pinned_kept = pk < 0 ? 0 : pk;
 		r->ratio_used = r->seq.run.ctx.ratio;
+		r->notes = r->seq.run.notes;
 		r->byte_ratio_used = r->seq.run.ctx.byte_ratio;
 		const int np = policy_at(S, r->pi)->n_params;
 		if (np > 0 && (r->params = malloc((size_t)np * sizeof(double))))

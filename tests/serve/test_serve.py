@@ -322,10 +322,15 @@ def main():
                                                      {"role": "user", "content": user}],
                                            extra_body={"kv": {"ratio": 2}})
             check(r.choices[0].message.content == ref_chat, "chat (not streamed) equals `run --chat`")
-            # h2o's default budget is 20% of the context: 0.8 entries for a 4-token prompt,
-            # refused as kvpc check refuses it (a 400 naming the budget, not an empty cache)
+            # h2o's default budget is 20% of the context: 0.8 entries for a 4-token prompt;
+            # under the server's floor (--min-kv 64) the prompt stays whole and is answered,
+            # without it (kv.min_kv 0) it is refused as kvpc check refuses it (a 400 naming
+            # the budget, not an empty cache)
+            r = cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=4)
+            check(r.choices[0].text != "", "a budget below 1 entry under the floor is answered")
             try:
-                cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8)
+                cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8,
+                                      extra_body={"kv": {"min_kv": 0}})
                 check(False, "a budget below 1 entry is refused")
             except openai.BadRequestError as e:
                 check("below 1 entry" in str(e), "a budget below 1 entry is a 400: %s" % e)
@@ -372,12 +377,12 @@ def main():
                 {"role": "user", "content": req, "protect": True},
                 {"role": "user", "content": filler + " Now summarise."}]
         bodies = [("/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0,
-                                              "kv": {"policy": "h2o_pinned", "ratio": 4}}),
+                                              "kv": {"policy": "h2o_pinned", "ratio": 4, "min_kv": 0}}),
                   ("/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0,
-                                              "kv": {"policy": "h2o", "ratio": 4}}),
+                                              "kv": {"policy": "h2o", "ratio": 4, "min_kv": 0}}),
                   ("/v1/completions", {"prompt": [{"text": req, "protect": True}, filler],
                                        "max_tokens": 2, "temperature": 0,
-                                       "kv": {"policy": "h2o_pinned", "ratio": 4}})]
+                                       "kv": {"policy": "h2o_pinned", "ratio": 4, "min_kv": 0}})]
         with cf.ThreadPoolExecutor(3) as ex:  # three sequences in one batch
             got = list(ex.map(lambda b: post(port, b[0], b[1], timeout=120), bodies))
         kvs = [a.get("kv", {}) if st == 200 else {} for st, a, _ in got]
@@ -409,8 +414,8 @@ def main():
             ("byte_ratio below 1", {"prompt": "x", "kv": {"byte_ratio": 0.5}}, 400, "in bytes must be a finite number >= 1"),
             ("ratio and byte_ratio", {"prompt": "x", "kv": {"ratio": 2, "byte_ratio": 4}}, 400, "give one of them"),
             ("unknown kv field", {"prompt": "x", "kv": {"budget": 3}}, 400, "unknown field"),
-            ("budget below the guards", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 16}}, 400, "guards (recent 3 tokens) exceed the budget (2.25 entries"),
-            ("budget below 1 entry", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 200}}, 400, "below 1 entry"),
+            ("budget below the guards", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 16, "min_kv": 0}}, 400, "guards (recent 3 tokens) exceed the budget (2.25 entries"),
+            ("budget below 1 entry", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 200, "min_kv": 0}}, 400, "below 1 entry"),
             ("max_tokens beyond the context", {"prompt": "x", "max_tokens": 100000}, 400, "beyond the context"),
             ("prompt over the context", {"prompt": long_prompt, "max_tokens": 1}, 400, "context_length"),
             ("unknown model", {"model": "gpt-9", "prompt": "x"}, 404, "does not exist"),
@@ -448,6 +453,17 @@ def main():
         kv = a.get("kv", {}) if isinstance(a, dict) else {}
         check(st == 200 and kv.get("byte_ratio") == 2 and kv.get("ratio") is None,
               "kv.byte_ratio 2 is the request's budget: %d %s" % (st, {k: kv.get(k) for k in ("ratio", "byte_ratio")}))
+        # graceful budgets (the server's default --min-kv 64): a short prompt under a ratio
+        # is answered whole, and guards over the budget raise it with a note, not a 400
+        st, a, _ = post(port, "/v1/completions", {"prompt": "Hello", "max_tokens": 2, "temperature": 0,
+                        "kv": {"policy": "snapkv", "ratio": 8}}, timeout=120)
+        check(st == 200, "snapkv x8 on 'Hello' is answered under the floor: %d %s" % (st, str(a)[:120]))
+        st, a, _ = post(port, "/v1/completions", {"prompt": filler, "max_tokens": 4, "temperature": 0,
+                        "kv": {"policy": "h2o", "ratio": 16, "min_kv": 1}}, timeout=120)
+        kv = a.get("kv", {}) if isinstance(a, dict) else {}
+        check(st == 200 and kv.get("min_kv") == 1 and
+              any("guards exceeded the budget" in n for n in kv.get("budget_notes", [])),
+              "h2o x16 with guards over the budget: 200 with a note: %d %s" % (st, {k: kv.get(k) for k in ("min_kv", "budget_notes")}))
         for name, body, want, text in cases:
             st, a, resp = post(port, "/v1/completions", body, raw=isinstance(body, bytes))
             msg = a.get("error", {}).get("message", "") if isinstance(a, dict) else str(a)
