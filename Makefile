@@ -306,8 +306,8 @@ $(shell mkdir -p $(B)/gen && { [ "$$(cat $(KVPC_STAMP) 2>/dev/null)" = "$(KVPC_C
 $(B)/compiler/kvpc_build.o: CFLAGS += -DKVPC_SRCDIR='"$(CURDIR)"' -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
 $(B)/compiler/kvpc_build.o: $(KVPC_STAMP)
 # the runtime's command line records the commit it was built from in every JSON report
-$(B)/runtime/cli/rt_cli.o: CFLAGS += -DKVPC_COMMIT='"$(KVPC_COMMIT)"' -DKVPC_TREE_MODIFIED=$(KVPC_TREE_MODIFIED)
-$(B)/runtime/cli/rt_cli.o: $(KVPC_STAMP)
+$(B)/runtime/cli/rt_cli_meta.o: CFLAGS += -DKVPC_COMMIT='"$(KVPC_COMMIT)"' -DKVPC_TREE_MODIFIED=$(KVPC_TREE_MODIFIED)
+$(B)/runtime/cli/rt_cli_meta.o: $(KVPC_STAMP)
 
 $(B)/kvpc: $(B)/compiler/kvpc_main.o $(B)/compiler/kvpc_build.o $(B)/compiler/kvpc_tune.o $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

@@ -74,6 +74,63 @@ START_TEST(run_refuses_an_empty_prompt_and_no_tokens)
 }
 END_TEST
 
+/* serve's options come from the one option table: each bad value is a usage error (exit 2)
+ * naming its option and range, the default policy is checked as run checks it, and all of
+ * it before the model is opened (the model path is never named). Expected texts are the
+ * ranges of serve's man page. */
+START_TEST(serve_checks_its_options_before_the_model)
+{
+	static const struct {
+		const char *args[4];
+		const char *want;
+	} cases[] = {
+		{ { "--port", "70000" }, "--port: '70000' is not a whole number in 0..65535" },
+		{ { "--chunk", "5000" }, "--chunk: '5000' is not a whole number in 1..4096" },
+		{ { "--prefill-chunk", "-1" }, "--prefill-chunk: '-1' is not a whole number in 0..4096" },
+		{ { "--kv-memory", "lots" }, "--kv-memory: " },
+		{ { "--max-seqs", "8", "--step-rows", "4" },
+		  "--step-rows 4 is below --max-seqs 8 (each active sequence needs a row)" },
+		{ { "--exact", "--kv-type", "f16" }, "--kv-type f16: the exact path stores f32 keys and "
+		  "values (drop --exact, or --kv-type f32)" },
+		{ { "--ratio", "2" }, "--ratio: policy full never compresses, so a ratio does not apply" },
+		{ { "--ratio", "0.5" }, "--ratio: '0.5' is not a compression factor >= 1" },
+		{ { "--policy", "nope" }, "unknown policy 'nope'" },
+		{ { "--bogus" }, "unknown option '--bogus'" },
+		{ { "extra" }, "unexpected argument 'extra'" },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		char *argv[10] = { "kvrt", "serve", "--model", NOMODEL };
+		int n = 4;
+		for (int k = 0; k < 4 && cases[i].args[k]; k++)
+			argv[n++] = (char *)cases[i].args[k];
+		char *out, *err;
+		ck_assert_int_eq(run(NULL, argv, NULL, 0, &out, &err), 2);
+		ck_assert_msg(strstr(err, cases[i].want) && strstr(err, "Try 'kvrt serve --help'") &&
+		              !strstr(err, NOMODEL), "case %zu: %s", i, err);
+		free(out), free(err);
+	}
+	char *out, *err;
+	char *none[] = { "kvrt", "serve", "--port", "0", NULL };
+	ck_assert_int_eq(run(NULL, none, NULL, 0, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--model is required"), "%s", err);
+	free(out), free(err);
+	/* the fast-path commands name the other way out */
+	char *runx[] = { "kvrt", "run", "--model", NOMODEL, "-p", "Hi", "--exact", "--kv-type", "f16", NULL };
+	ck_assert_int_eq(run(NULL, runx, NULL, 0, &out, &err), 2);
+	ck_assert_msg(strstr(err, "(give --fast, or --kv-type f32)"), "%s", err);
+	free(out), free(err);
+	char *help[] = { "kvrt", "serve", "--help", NULL };
+	ck_assert_int_eq(run(NULL, help, NULL, 0, &out, &err), 0);
+	ck_assert_msg(strstr(out, "kvrt serve - an OpenAI-compatible HTTP server") &&
+	              strstr(out, "(default full)"), "%s", out);
+	free(out), free(err);
+	char *ver[] = { "kvrt", "serve", "--version", NULL };
+	ck_assert_int_eq(run(NULL, ver, NULL, 0, &out, &err), 0);
+	ck_assert_msg(!strncmp(out, "kvrt serve (kvpc runtime, commit ", 33), "%s", out);
+	free(out), free(err);
+}
+END_TEST
+
 START_TEST(check_says_what_it_checked)
 {
 	char *out, *err;
@@ -191,6 +248,7 @@ static Suite *cli_suite(void)
 	TCase *tc = tcase_create("cli");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, run_refuses_an_empty_prompt_and_no_tokens);
+	tcase_add_test(tc, serve_checks_its_options_before_the_model);
 	tcase_add_test(tc, check_says_what_it_checked);
 	tcase_add_test(tc, every_kvpc_command_has_help_and_version);
 	tcase_add_test(tc, ppl_counts_the_scored_tokens);

@@ -1,7 +1,7 @@
 /*
- * rt_cli: the command line's dispatch (see rt_cli.h): the top-level help, the command
- * table, the run metadata every JSON record carries; the commands are runtime/cli/
- * rt_cmd_*.c over the shared option table of rt_cli_opts.
+ * rt_cli: the command line's dispatch (see rt_cli.h): the top-level help and the command
+ * table; the commands are runtime/cli/rt_cmd_*.c over the shared option table of
+ * rt_cli_opts.
  */
 #include "cli/rt_cli.h"
 
@@ -9,28 +9,9 @@
 #include <string.h>
 
 #include "cli/rt_cli_cuda.h"
+#include "cli/rt_cli_meta.h"
 #include "cli/rt_cli_opts.h"
-#include "cli/rt_cli_serve.h"
 #include "cli/rt_cmd.h"
-#include "report/rt_json.h"
-
-const char *rt_cli_commit(void)
-{
-#ifdef KVPC_COMMIT
-	return KVPC_COMMIT;
-#else
-	return "unknown";
-#endif
-}
-
-int rt_cli_tree_modified(void)
-{
-#if defined(KVPC_TREE_MODIFIED) && KVPC_TREE_MODIFIED
-	return 1;
-#else
-	return 0;
-#endif
-}
 
 static const char *const help_top =
 	"NAME\n"
@@ -93,73 +74,12 @@ static const char *const help_top =
 	"    0 success, 1 runtime error (file, model, text or policy problem), 2 usage error.\n"
 	"    Errors are one line on standard error: \"%s: PATH: reason\".\n";
 
-/* ,"policy":..,"params":{..},"ratio":.. ,"commit":.. (the run metadata) */
-void rt_cli_json_policy(FILE *out, const rt_seq *s, double ratio)
-{
-	fputs("\"policy\":", out);
-	rt_json_str(out, s->p->name);
-	fputs(",\"policy_source\":", out);
-	rt_json_str(out, s->p->source ? s->p->source : "");
-	fputs(",\"policy_hash\":", out);
-	rt_json_str(out, s->p->source_hash ? s->p->source_hash : "");
-	fputs(",\"params\":{", out);
-	for (int i = 0; i < s->p->n_params; i++) {
-		if (i)
-			fputc(',', out);
-		rt_json_str(out, s->p->params[i].name);
-		fputc(':', out);
-		rt_json_num(out, s->run.params[i]);
-	}
-	fputc('}', out);
-	if (ratio > 0)
-		rt_json_member_num(out, "ratio", ratio);
-	else
-		fputs(",\"ratio\":null", out);
-	if (s->run.ctx.byte_ratio > 0) /* --byte-ratio: the budget in bytes */
-		rt_json_member_num(out, "byte_ratio", s->run.ctx.byte_ratio);
-	fputs(",\"kv_type\":", out);
-	rt_json_str(out, rt_kv_type_name(s->kv.type));
-	/* the activations of chunks under 16 rows: f32 (exact path, --f32-act) or 8-bit */
-	fputs(s->m->exact || s->m->f32_act ? ",\"activations\":\"f32\"" : ",\"activations\":\"q8\"",
-	      out);
-#ifdef KVPC_COMMIT
-	fputs(",\"commit\":", out);
-	rt_json_str(out, rt_cli_commit());
-#endif
-}
-
 /* ---- entry --------------------------------------------------------------------------------- */
-
-static const struct rt_cli_tuned *g_tuned;
-static int g_n_tuned;
-
-static const struct rt_cli_tuned *tuned_find(const struct kvp_policy *p)
-{
-	for (int i = 0; p && i < g_n_tuned; i++)
-		if (!strcmp(g_tuned[i].policy, p->name))
-			return &g_tuned[i];
-	return NULL;
-}
-
-double rt_cli_tuned_ratio(const struct kvp_policy *p, int *bytes)
-{
-	const struct rt_cli_tuned *t = tuned_find(p);
-	if (bytes)
-		*bytes = t ? t->bytes : 0;
-	return t && p->compress ? t->ratio : 0;
-}
-
-const char *rt_cli_tuned_sidecar(const struct kvp_policy *p)
-{
-	const struct rt_cli_tuned *t = tuned_find(p);
-	return t ? t->sidecar : NULL;
-}
 
 int rt_cli_main_tuned(int argc, char **argv, const struct kvp_policy *const *reg, int n_reg,
                       const struct rt_cli_tuned *tuned, int n_tuned)
 {
-	g_tuned = tuned;
-	g_n_tuned = tuned ? n_tuned : 0;
+	rt_cli_tuned_set(tuned, n_tuned);
 	return rt_cli_main(argc, argv, reg, n_reg);
 }
 
@@ -193,7 +113,7 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 	} cmds[] = {
 		{ "info", rt_cmd_info }, { "ppl", rt_cmd_ppl }, { "needle", rt_cmd_needle }, { "run", rt_cmd_run },
 		{ "tokenize", rt_cmd_tokenize }, { "bench", rt_cmd_bench }, { "keepmap", rt_cmd_keepmap },
-		{ "ab", rt_cmd_ab }, { "tune", rt_cmd_tune },
+		{ "serve", rt_cmd_serve }, { "ab", rt_cmd_ab }, { "tune", rt_cmd_tune },
 	};
 	const char *device;
 	const int cargc = rt_cli_device_take(argc - 1, argv + 1, &device);
@@ -206,7 +126,5 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
 		if (!strcmp(cmd, cmds[i].name))
 			return cmds[i].fn(cargc, argv + 1);
-	if (!strcmp(cmd, "serve"))
-		return rt_cli_serve(cargc, argv + 1, rt_cli_prog, rt_cli_reg, rt_cli_n_reg);
 	return rt_cli_usage("", "unknown command '%s'", cmd);
 }

@@ -5,7 +5,9 @@
 #include "cli/rt_cli_opts.h"
 
 #include "base/rt_outpath.h"
-#include "cli/rt_cli.h"
+#include "kv/rt_kvpool.h"
+#include "cli/rt_cli_meta.h"
+#include "cli/rt_cli_tuned.h"
 #include "policy/rt_pick.h"
 
 #include <errno.h>
@@ -149,6 +151,17 @@ static const opt_def OPTS[] = {
 	STROPT(O_OUT, "out", out), FLAGOPT(O_GATE, "gate", gate, 1),
 	OPT(O_KVTYPE, "kv-type", 1), STROPT(O_BYTERATIOS, "byte-ratio", byte_ratio_list),
 	FLAGOPT(O_BYTES, "bytes", bytes_flag, 1), FLAGOPT(O_ENTRIES, "entries", entries_flag, 1),
+	/* serve */
+	STROPT(O_HOST, "host", host), STROPT(O_APIKEY, "api-key", api_key),
+	STROPT(O_TRACE, "trace", trace), OPT(O_KVMEM, "kv-memory", 1), OPT(O_MAXBODY, "max-body", 1),
+	INTOPT(O_PORT, "port", 0, 65535, port, "is not a whole number in 0..65535"),
+	INTOPT(O_MAXSEQS, "max-seqs", 1, 4096, max_seqs, "is not a whole number in 1..4096"),
+	INTOPT(O_QUEUE, "queue", 0, 100000, queue, "is not a whole number in 0..100000"),
+	INTOPT(O_SERVECHUNK, "chunk", 1, 4096, chunk, "is not a whole number in 1..4096"),
+	INTOPT(O_SERVEPREFILL, "prefill-chunk", 0, 4096, prefill_chunk,
+	       "is not a whole number in 0..4096"),
+	INTOPT(O_STEPROWS, "step-rows", 1, 65536, step_rows, "is not a whole number in 1..65536"),
+	INTOPT(O_TIMEOUT, "timeout", 1, 86400, timeout, "is not a whole number in 1..86400"),
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
 
@@ -281,8 +294,23 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 	case O_TASK:
 		o->task_niah = !strcmp(arg, "niah");
 		return one_of(cmd, nm, arg, "passkey", "niah");
+	case O_KVMEM: case O_MAXBODY: {
+		rt_err err = { "" };
+		if (rt_kvpool_parse_size(arg, d->id == O_KVMEM ? &o->kv_memory : &o->max_body, &err))
+			return rt_cli_usage(cmd, "%s: %s", nm, err.msg);
+		return 0;
+	}
 	}
 	return rt_cli_usage(cmd, "unknown option '%s'", nm);
+}
+
+/* 1 when the 0-terminated list ids has id. */
+static int ids_have(const int *ids, int id)
+{
+	for (; *ids; ids++)
+		if (*ids == id)
+			return 1;
+	return 0;
 }
 
 int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, rt_cli_opts *o,
@@ -334,7 +362,8 @@ int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, 
 		return rt_cli_usage(cmd, "%s", "--model is required");
 	if (o->kv_type && o->exact && rt_kv_type_parse(o->kv_type) != RT_KV_F32)
 		return rt_cli_usage(cmd, "--kv-type %s: the exact path stores f32 keys and values "
-		                    "(give --fast, or --kv-type f32)", o->kv_type);
+		                    "(%s, or --kv-type f32)", o->kv_type,
+		                    ids_have(ids, O_FAST) ? "give --fast" : "drop --exact");
 	/* every file written at the end must be writable before any work starts */
 	const char *outs[][2] = { { "--svg", o->svg }, { "--dump", o->dump },
 		                  { "--logits", o->logits } };

@@ -1,6 +1,6 @@
 /*
  * rt_cli_opts: the command line's one option table and parser, shared by every command
- * of runtime/cli (info, ppl, needle, run, tokenize, bench, keepmap): each option's name,
+ * of runtime/cli (info, ppl, needle, run, tokenize, bench, keepmap, serve, ab, tune): each option's name,
  * argument and range are written once; a command lists the options it accepts. Also the
  * usage and runtime error printers (exit codes 2 and 1), comma-list parsing, the help
  * page printer, and the policy resolution every policy-aware command shares (--policy,
@@ -64,33 +64,37 @@ typedef struct rt_cli_opts {
 	 * --entries (which kind of budget to search with the default grid) */
 	const char *byte_ratio_list;
 	int bytes_flag, entries_flag;
+	/* serve: where it listens, its limits, its key and trace (runtime/serve/rt_serve.h) */
+	const char *host, *api_key, *trace;
+	long port, max_seqs, queue, step_rows, timeout;
+	int64_t kv_memory, max_body; /* --kv-memory, --max-body SIZE (rt_kvpool_parse_size) */
 } rt_cli_opts;
 
 /* Option ids: short options are their letter ('m' --model, 't' --text, 'p' --prompt
  * TEXT, 'n' -n N), long-only options these. O_CTX takes a list when ctx_list was preset.
  * One long name may have two ids where commands give it two meanings: `ab`'s and `tune`'s
  * --ratio and --byte-ratio are lists (O_RATIOS, O_BYTERATIOS), its --task is ppl|needle (O_ABTASK), its --json takes a path (O_JSONOUT)
- * and its --seed a 64-bit integer (O_SEED64). */
+ * and its --seed a 64-bit integer (O_SEED64); serve's --chunk and --prefill-chunk stop at
+ * 4096 (O_SERVECHUNK, O_SERVEPREFILL). */
 enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECIAL, O_STATS,
        O_THREADS, O_DECODE, O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_HAYSTACK,
        O_LENGTHS, O_DEPTHS, O_MODE, O_TASK, O_SEED, O_GEN, O_SVG, O_BATCH, O_SCOREFROM, O_MARKQ,
        O_VERSION, O_EXACT, O_FAST, O_PP, O_TG, O_DEPTH, O_A, O_B, O_RATIOS, O_ABTASK,
        O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64, O_COMMIT, O_SHAA, O_SHAB,
        O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE, O_KVTYPE, O_BYTERATIO,
-       O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT, O_MINKV };
+       O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT, O_MINKV, O_HOST, O_PORT, O_KVMEM,
+       O_MAXSEQS, O_QUEUE, O_SERVECHUNK, O_SERVEPREFILL, O_STEPROWS, O_APIKEY, O_TRACE,
+       O_MAXBODY, O_TIMEOUT };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;
 extern const struct kvp_policy *const *rt_cli_reg;
 extern int rt_cli_n_reg;
 
-/* The commit the runtime was built from ("unknown" when not stamped). */
-const char *rt_cli_commit(void);
-
-/* 1 when the build's tracked files differed from that commit (the Makefile's
- * KVPC_TREE_MODIFIED, from git status), else 0: --version then says "tree modified", as a
- * binary built from local changes is not the commit's alone. */
-int rt_cli_tree_modified(void);
+/* The command line's spelling of each field of a policy choice (runtime/policy/rt_pick.h,
+ * ORDER RT_PICK_FIELD): "--policy", "--kv-type", "--set", "--ratio", "--byte-ratio",
+ * "--prefill-chunk", "--min-kv"; serve's defaults are spelled the same. */
+extern const char *const rt_cli_spellings[RT_PICK_N_FIELDS];
 
 /* Print a help page: a printf format whose %s slots the caller fills in order (the
  * program name, and the default policy's name where a page says "default %s"); n_args

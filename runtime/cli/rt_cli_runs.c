@@ -3,7 +3,6 @@
  * rt_cli_runs.h.
  */
 #include "cli/rt_cli_runs.h"
-#include "cli/rt_cli.h"
 
 #include "base/rt_text.h"
 #include "policy/rt_pick.h"

@@ -1,16 +1,13 @@
 /*
  * rt_cmd: the commands of the shared command line (runtime/cli/rt_cli.c dispatches to
  * them), one file each: rt_cmd_info.c, rt_cmd_ppl.c, rt_cmd_needle.c, rt_cmd_run.c,
- * rt_cmd_tokenize.c, rt_cmd_bench.c, rt_cmd_keepmap.c, rt_cmd_ab.c, rt_cmd_tune.c. argv[0] is the command's name;
+ * rt_cmd_tokenize.c, rt_cmd_bench.c, rt_cmd_keepmap.c, rt_cmd_serve.c, rt_cmd_ab.c,
+ * rt_cmd_tune.c, over the one option table of rt_cli_opts.h. argv[0] is the command's name;
  * each returns the exit status (0 success, 1 runtime error, 2 usage error) and answers
  * -h/--help with its man page and --version.
  */
 #ifndef RT_CMD_H
 #define RT_CMD_H
-
-#include <stdio.h>
-
-#include "policy/rt_seq.h"
 
 int rt_cmd_info(int argc, char **argv);
 int rt_cmd_ppl(int argc, char **argv);
@@ -19,11 +16,8 @@ int rt_cmd_run(int argc, char **argv);
 int rt_cmd_tokenize(int argc, char **argv);
 int rt_cmd_bench(int argc, char **argv);
 int rt_cmd_keepmap(int argc, char **argv);
+int rt_cmd_serve(int argc, char **argv);
 int rt_cmd_ab(int argc, char **argv);
 int rt_cmd_tune(int argc, char **argv);
-
-/* The run metadata of a JSON record (rt_cli.c): "policy":..,"policy_source":..,
- * "policy_hash":..,"params":{..},"ratio":.. (null without --ratio) and "commit":.. */
-void rt_cli_json_policy(FILE *out, const rt_seq *s, double ratio);
 
 #endif

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "cli/rt_cli_opts.h"
-#include "cli/rt_cli.h"
+#include "cli/rt_cli_tuned.h"
 #include "eval/rt_eval.h"
 #include "report/rt_json.h"
 

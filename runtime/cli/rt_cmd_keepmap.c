@@ -16,7 +16,6 @@
 
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_opts.h"
-#include "cli/rt_cli.h"
 #include "report/rt_keepmap.h"
 
 static const char *const help_keepmap =

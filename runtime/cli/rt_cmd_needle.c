@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cli/rt_cli_input.h"
+#include "cli/rt_cli_meta.h"
 #include "cli/rt_cli_opts.h"
 #include "cli/rt_cli_runs.h"
 #include "eval/rt_compression.h"

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cli/rt_cli_input.h"
+#include "cli/rt_cli_meta.h"
 #include "cli/rt_cli_opts.h"
 #include "cli/rt_cli_runs.h"
 #include "eval/rt_compression.h"

@@ -14,7 +14,6 @@
 
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_opts.h"
-#include "cli/rt_cli.h"
 #include "eval/rt_decode.h"
 #include "model/rt_chat.h"
 

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/rt_cli.h"
+#include "cli/rt_cli_tuned.h"
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_opts.h"
 #include "eval/rt_tune.h"

@@ -32,7 +32,7 @@ typedef struct rt_serve_cfg {
 	const char *host;          /* IPv4 address to listen on (default 127.0.0.1) */
 	int port;                  /* TCP port; 0 picks a free one (printed on stderr) */
 	const char *policy;        /* default policy of requests without "kv" (NULL: reg[0]) */
-	char *const *sets;         /* default "name=value" parameters of that policy */
+	const char *const *sets;   /* default "name=value" parameters of that policy */
 	int n_sets;
 	double ratio;              /* default compression ratio (0: the policy's budget) */
 	double byte_ratio;         /* or the default compression ratio in bytes against an f16
