@@ -27,6 +27,10 @@
  * leave exactly window - 1 entries in every sliding-window head and all 600 in the global
  * ones.
  *
+ * test_gemma_chat_tokens: the chat prompts `run --chat` and `serve` feed for two
+ * conversations equal llama-server's token ids (golden and command by the test), and a
+ * plain prompt starts with BOS as llama-tokenize's does.
+ *
  * With KVRT_KL_BASE=FILE (a llama-perplexity --kl-divergence-base file of any chunk count)
  * test_gemma_kl_file also runs every chunk of that file and prints llama-perplexity's own
  * statistics of kvrt against it (the KL formula and top-1 of perplexity.cpp's log_softmax):
@@ -39,7 +43,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model/rt_chat.h"
 #include "model/rt_model.h"
+#include "model/rt_tokenizer.h"
 
 #define GOLDEN "tests/golden/model/gemma3_gpl3.txt"
 
@@ -331,6 +337,87 @@ static void kl_file(const char *path, const char *base, int exact)
 	rt_model_free(m);
 }
 
+/* llama.cpp's token ids of two conversations on this file. The file carries no
+ * tokenizer.chat_template (llama.cpp would fall back to ChatML, which this vocabulary does
+ * not have: `llama-server -m GEMMA` then greedily answers '<|im_end|>\n<|im_start|>...');
+ * kvrt takes the Gemma family from the <start_of_turn> token, so the reference is
+ * llama-server with that template, its /apply-template output tokenized as it feeds a
+ * prompt (add_special: BOS first; parse_special):
+ *   llama-server -m models/gemma-3-270m-q4_k_m.gguf --no-jinja --chat-template gemma --port P
+ *   curl -s localhost:P/apply-template -d '{"messages": MSGS}'            -> {"prompt": TEXT}
+ *   curl -s localhost:P/tokenize -d '{"content": TEXT, "add_special": true,
+ *                                     "parse_special": true}'          -> {"tokens": [...]}
+ */
+static const rt_chat_msg CHAT_A[] = { { "user", "What is the capital of France?" } };
+static const int32_t GOLD_A[] = { 2, 105, 2364, 107, 3689, 563, 506, 5279, 529, 7001, 236881,
+	                          106, 107, 105, 4368, 107 };
+static const rt_chat_msg CHAT_B[] = {
+	{ "system", "You are a terse assistant." },
+	{ "user", "Name three primary colors." },
+	{ "assistant", "Red, yellow and blue." },
+	{ "user", "And the secondary ones?" },
+};
+static const int32_t GOLD_B[] = { 2, 105, 2364, 107, 3048, 659, 496, 17514, 16326, 236761, 108,
+	                          1567, 1806, 5905, 7913, 236761, 106, 107, 105, 4368, 107, 9264,
+	                          236764, 7070, 532, 3730, 236761, 106, 107, 105, 2364, 107, 3133,
+	                          506, 10929, 5906, 236881, 106, 107, 105, 4368, 107 };
+
+/* The ids of m as `run --chat` feeds them (the rendered text in one piece, BOS by
+ * rt_tokenize_prompt) and as `serve` does (segment by segment, contents as plain text),
+ * each equal to gold. */
+static void check_chat(const rt_tokenizer *t, const rt_chat_msg *m, int n, const int32_t *gold,
+                       int ng)
+{
+	rt_err err = { "" };
+	char *r = rt_chat_render_msgs(t, m, n, &err);
+	ck_assert_msg(r != NULL, "%s", err.msg);
+	int32_t ids[128];
+	int64_t k = rt_tokenize_prompt(t, r, strlen(r), 1, ids, 128, &err);
+	ck_assert_int_eq(k, ng);
+	for (int i = 0; i < ng; i++)
+		ck_assert_msg(ids[i] == gold[i], "run: token %d is %d, llama.cpp %d", i, ids[i], gold[i]);
+	free(r);
+	int ns;
+	rt_chat_seg *sg = rt_chat_segments(t, m, n, &ns, &err);
+	ck_assert_msg(sg != NULL, "%s", err.msg);
+	k = 0;
+	for (int i = 0; i < ns; i++) {
+		int64_t c = (k ? rt_tokenize : rt_tokenize_prompt)(t, sg[i].text, sg[i].len,
+		                                                   sg[i].special, ids + k, 128 - k, &err);
+		ck_assert_int_ge(c, 0);
+		k += c;
+	}
+	ck_assert_int_eq(k, ng);
+	for (int i = 0; i < ng; i++)
+		ck_assert_msg(ids[i] == gold[i], "serve: token %d is %d, llama.cpp %d", i, ids[i],
+		              gold[i]);
+	free(sg);
+}
+
+START_TEST(test_gemma_chat_tokens)
+{
+	const char *path = gemma_path();
+	if (!path)
+		return;
+	rt_err err = { "" };
+	rt_gguf *g = rt_gguf_open(path, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	rt_tokenizer *t = rt_tokenizer_init(g, &err);
+	ck_assert_msg(t != NULL, "%s", err.msg);
+	rt_gguf_close(g);
+	ck_assert_str_eq(rt_chat_family(t, &err), "gemma");
+	check_chat(t, CHAT_A, 1, GOLD_A, (int)(sizeof GOLD_A / sizeof GOLD_A[0]));
+	check_chat(t, CHAT_B, 4, GOLD_B, (int)(sizeof GOLD_B / sizeof GOLD_B[0]));
+	/* a plain prompt starts with BOS as llama-tokenize gives it: [2, 9259, 1902] */
+	int32_t ids[4];
+	ck_assert_int_eq(rt_tokenize_prompt(t, "Hello world", 11, 0, ids, 4, &err), 3);
+	ck_assert_int_eq(ids[0], 2);
+	ck_assert_int_eq(ids[1], 9259);
+	ck_assert_int_eq(ids[2], 1902);
+	rt_tokenizer_free(t);
+}
+END_TEST
+
 START_TEST(test_gemma_kl_file)
 {
 	const char *base = getenv("KVRT_KL_BASE");
@@ -353,6 +440,7 @@ static Suite *gemma_suite(void)
 	tcase_add_test(tc, test_gemma_fast_vs_llama);
 	tcase_add_test(tc, test_gemma_exact_vs_llama);
 	tcase_add_test(tc, test_gemma_window);
+	tcase_add_test(tc, test_gemma_chat_tokens);
 	tcase_add_test(tc, test_gemma_kl_file);
 	suite_add_tcase(s, tc);
 	return s;

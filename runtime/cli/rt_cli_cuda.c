@@ -132,9 +132,9 @@ static int32_t *tokens_of(const rt_tokenizer *tk, const char *path, long max, in
 	char *s = rt_read_file(path, &len, err);
 	if (!s)
 		return NULL;
-	int64_t cnt = rt_tokenize(tk, s, len, 0, NULL, 0, err);
+	int64_t cnt = rt_tokenize_prompt(tk, s, len, 0, NULL, 0, err);
 	int32_t *ids = cnt > 0 ? malloc((size_t)cnt * sizeof *ids) : NULL;
-	if (!ids || rt_tokenize(tk, s, len, 0, ids, cnt, err) != cnt) {
+	if (!ids || rt_tokenize_prompt(tk, s, len, 0, ids, cnt, err) != cnt) {
 		if (cnt >= 0 && !err->msg[0])
 			rt_err_set(err, "%s: no tokens", path);
 		free(ids);

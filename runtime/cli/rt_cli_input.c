@@ -26,7 +26,7 @@ int32_t *rt_cli_tokenize(const rt_tokenizer *tk, const char *what, const char *s
                              int special, int64_t *n)
 {
 	rt_err err = { "" };
-	int64_t cnt = rt_tokenize(tk, s, len, special, NULL, 0, &err);
+	int64_t cnt = rt_tokenize_prompt(tk, s, len, special, NULL, 0, &err);
 	if (cnt < 0) {
 		fprintf(stderr, "%s: %s: %s\n", rt_cli_prog, what, err.msg);
 		return NULL;
@@ -36,7 +36,7 @@ int32_t *rt_cli_tokenize(const rt_tokenizer *tk, const char *what, const char *s
 		fprintf(stderr, "%s: %s: out of memory for %lld tokens\n", rt_cli_prog, what, (long long)cnt);
 		return NULL;
 	}
-	if (rt_tokenize(tk, s, len, special, ids, cnt, &err) != cnt) {
+	if (rt_tokenize_prompt(tk, s, len, special, ids, cnt, &err) != cnt) {
 		fprintf(stderr, "%s: %s: %s\n", rt_cli_prog, what,
 		        err.msg[0] ? err.msg : "tokenizer count changed");
 		free(ids);

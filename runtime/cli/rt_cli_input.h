@@ -17,7 +17,8 @@
  * valid UTF-8; caller frees; *len its bytes), or NULL. */
 char *rt_cli_read_text(const char *path, size_t *len);
 
-/* Tokenize s[0..len) (special: map control-token text to its id) into a heap array of *n
+/* Tokenize s[0..len) as a prompt (the file's BOS first when it adds one:
+ * rt_tokenize_prompt; special: map control-token text to its id) into a heap array of *n
  * ids (caller frees), or NULL; what names the text in messages. */
 int32_t *rt_cli_tokenize(const rt_tokenizer *tk, const char *what, const char *s, size_t len,
                          int special, int64_t *n);

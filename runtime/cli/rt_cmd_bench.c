@@ -30,7 +30,8 @@ static const char *const help_bench =
 	"             [--set NAME=VALUE]... [--prefill-chunk C]\n"
 	"\n"
 	"DESCRIPTION\n"
-	"    For each context length L: prefills L synthetic tokens into an empty full cache\n"
+	"    For each context length L: prefills L synthetic tokens (the first the file's BOS\n"
+	"    when it adds one, as llama-bench does) into an empty full cache\n"
 	"    (chunked, logits for the last token only) and reports prefill tokens/s; then\n"
 	"    feeds --decode single tokens (each with its logits, as generation does) and\n"
 	"    reports decode tokens/s at that depth. A benchmark, not a test: figures depend\n"
@@ -70,9 +71,10 @@ static void help_bench_fn(void)
 	rt_cli_help(help_bench, 3, rt_cli_prog, rt_cli_prog, rt_cli_prog);
 }
 
-/* cap token ids below n_vocab from a fixed LCG (the same ids every run), malloc'ed (the
- * caller frees them); NULL when out of memory. */
-static int32_t *bench_tokens(int32_t cap, int n_vocab)
+/* cap token ids below n_vocab from a fixed LCG (the same ids every run), the first one
+ * the file's BOS when it adds one (bos >= 0), as llama-bench starts its prompt; malloc'ed
+ * (the caller frees them); NULL when out of memory. */
+static int32_t *bench_tokens(int32_t cap, int n_vocab, int32_t bos)
 {
 	int32_t *tok = malloc((size_t)cap * sizeof *tok);
 	unsigned sd = 12345u;
@@ -80,6 +82,8 @@ static int32_t *bench_tokens(int32_t cap, int n_vocab)
 		sd = sd * 1103515245u + 12345u;
 		tok[j] = (int32_t)((sd >> 8) % (unsigned)n_vocab);
 	}
+	if (tok && cap > 0 && bos >= 0)
+		tok[0] = bos;
 	return tok;
 }
 
@@ -94,13 +98,13 @@ static double bench_oom(int32_t cap, int32_t *tok, float *logits)
 /* One llama-bench test on a fresh full cache: prefill `depth` tokens untimed, then time
  * either a prefill of n tokens (pp) or n single-token steps (tg). Returns tokens/s, or -1
  * after printing the error. */
-static double bench_one(rt_model *m, int chunk, int depth, int n, int pp)
+static double bench_one(rt_model *m, int32_t bos, int chunk, int depth, int n, int pp)
 {
 	const int32_t cap = depth + n;
 	rt_kv kv;
 	rt_fwd f;
 	rt_err err = { "" };
-	int32_t *tok = bench_tokens(cap, m->hp.n_vocab);
+	int32_t *tok = bench_tokens(cap, m->hp.n_vocab, bos);
 	float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
 	double tps = -1.0;
 	if (!tok || !logits || rt_model_kv_init(m, &kv, cap, &err) < 0)
@@ -136,13 +140,13 @@ out:
  * untimed with chunked prefill; then the timed prefill of n tokens (pp) or n single-token
  * steps (tg), the policy's hooks and compressions included. Prints the '#' line of the
  * policy's counters. Returns tokens/s, or -1 after printing the error. */
-static double bench_policy(rt_model *m, const struct kvp_policy *p, const rt_cli_opts *o,
-                           int chunk, int depth, int n, int pp)
+static double bench_policy(rt_model *m, int32_t bos, const struct kvp_policy *p,
+                           const rt_cli_opts *o, int chunk, int depth, int n, int pp)
 {
 	const int32_t cap = depth + n;
 	rt_seq s;
 	rt_err err = { "" };
-	int32_t *tok = bench_tokens(cap, m->hp.n_vocab);
+	int32_t *tok = bench_tokens(cap, m->hp.n_vocab, bos);
 	float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
 	double tps = -1.0;
 	rt_cli_opts so = *o;
@@ -181,8 +185,8 @@ out:
 }
 
 /* bench --pp/--tg: llama-bench's tests, one line each; p: the policy (NULL: full cache) */
-static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, const char *depths,
-                       const struct kvp_policy *p)
+static int bench_llama(rt_model *m, int32_t bos, const rt_cli_opts *o, long pp, long tg,
+                       const char *depths, const struct kvp_policy *p)
 {
 	double dd[RT_CLI_MAX_LIST];
 	int nd = 0;
@@ -198,7 +202,8 @@ static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, cons
 	       rt_dot_isa_name(rt_dot_isa_best()), rt_kv_type_name(m->kv_type));
 	if (pp > 0) {
 		const int c = (int)(o->chunk < pp ? o->chunk : pp);
-		double t = p ? bench_policy(m, p, o, c, 0, (int)pp, 1) : bench_one(m, c, 0, (int)pp, 1);
+		double t = p ? bench_policy(m, bos, p, o, c, 0, (int)pp, 1)
+		             : bench_one(m, bos, c, 0, (int)pp, 1);
 		if (t < 0)
 			return EXIT_FAILURE;
 		printf("pp%ld %.2f\n", pp, t);
@@ -206,8 +211,8 @@ static int bench_llama(rt_model *m, const rt_cli_opts *o, long pp, long tg, cons
 	}
 	for (int i = 0; tg > 0 && i < nd; i++) {
 		const int d = (int)dd[i];
-		double t = p ? bench_policy(m, p, o, (int)o->chunk, d, (int)tg, 0)
-		             : bench_one(m, (int)o->chunk, d, (int)tg, 0);
+		double t = p ? bench_policy(m, bos, p, o, (int)o->chunk, d, (int)tg, 0)
+		             : bench_one(m, bos, (int)o->chunk, d, (int)tg, 0);
 		if (t < 0)
 			return EXIT_FAILURE;
 		if (d > 0)
@@ -249,9 +254,13 @@ int rt_cmd_bench(int argc, char **argv)
 		rt_gguf_close(g);
 		return EXIT_FAILURE;
 	}
+	rt_err terr = { "" }; /* a file without a tokenizer benches without BOS */
+	rt_tokenizer *tk = rt_tokenizer_init(g, &terr);
+	const int32_t bos = tk ? rt_tokenizer_bos(tk) : -1;
+	rt_tokenizer_free(tk);
 	rt_gguf_close(g);
 	if (o.pp > 0 || o.tg > 0) {
-		rc = bench_llama(m, &o, o.pp, o.tg, o.depths ? o.depths : "0", p);
+		rc = bench_llama(m, bos, &o, o.pp, o.tg, o.depths ? o.depths : "0", p);
 		rt_model_free(m);
 		return rc;
 	}
@@ -282,13 +291,8 @@ int rt_cmd_bench(int argc, char **argv)
 		rt_kv kv;
 		rt_fwd f;
 		rt_err err = { "" };
-		int32_t *tok = malloc((size_t)cap * sizeof *tok);
+		int32_t *tok = bench_tokens(cap, m->hp.n_vocab, bos);
 		float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
-		unsigned sd = 12345u;
-		for (int j = 0; tok && j < cap; j++) {
-			sd = sd * 1103515245u + 12345u;
-			tok[j] = (int32_t)((sd >> 8) % (unsigned)m->hp.n_vocab);
-		}
 		int chunk = (int)(o.chunk < L ? o.chunk : L);
 		if (!tok || !logits || rt_model_kv_init(m, &kv, cap, &err) < 0) {
 			fprintf(stderr, "%s: bench: out of memory at context %d\n", rt_cli_prog, L);

@@ -453,7 +453,7 @@ static int load_text(ab_run *r, rt_err *err)
 		while (cut > 0 && ((unsigned char)text[cut] & 0xC0) == 0x80)
 			cut--;
 	}
-	int64_t n = rt_tokenize(r->tok, text, cut, 0, NULL, 0, err);
+	int64_t n = rt_tokenize_prompt(r->tok, text, cut, 0, NULL, 0, err);
 	if (n < 0) {
 		free(text);
 		char m2[512];
@@ -461,7 +461,7 @@ static int load_text(ab_run *r, rt_err *err)
 		return rt_err_set(err, "%s: %s", r->o.text, m2);
 	}
 	r->tokens = RT_MALLOC((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
-	rt_tokenize(r->tok, text, cut, 0, r->tokens, n, err);
+	rt_tokenize_prompt(r->tok, text, cut, 0, r->tokens, n, err);
 	free(text);
 	r->n = n < want ? n : want;
 	if (r->n < 2)

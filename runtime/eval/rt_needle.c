@@ -17,15 +17,18 @@
 #include "kv/rt_kvbytes.h"
 #include "model/rt_chat.h"
 
-/* Tokenize a NUL-terminated string into a fresh heap array. */
-static int32_t *tok_str(const rt_tokenizer *t, const char *s, size_t len, int special,
+/* Tokenize a NUL-terminated string into a fresh heap array; first: the prompt's first
+ * piece, which starts with the file's BOS as llama.cpp feeds a prompt (rt_tokenize_prompt). */
+static int32_t *tok_str(const rt_tokenizer *t, const char *s, size_t len, int special, int first,
                         int64_t *n, rt_err *err)
 {
-	int64_t k = rt_tokenize(t, s, len, special, NULL, 0, err);
+	int64_t (*tok)(const rt_tokenizer *, const char *, size_t, int, int32_t *, int64_t, rt_err *) =
+		first ? rt_tokenize_prompt : rt_tokenize;
+	int64_t k = tok(t, s, len, special, NULL, 0, err);
 	if (k < 0)
 		return NULL;
 	int32_t *ids = RT_MALLOC((size_t)(k ? k : 1) * sizeof(int32_t));
-	if (rt_tokenize(t, s, len, special, ids, k, err) != k) {
+	if (tok(t, s, len, special, ids, k, err) != k) {
 		free(ids);
 		rt_err_set(err, "tokenizer: inconsistent token count");
 		return NULL;
@@ -158,11 +161,11 @@ int rt_needle_passkey(const rt_tokenizer *t, int64_t n_tokens, double depth, uin
 	                 &prefix, &qs, err) != 0)
 		return -1;
 	int64_t np = 0, nf = 0, nn = 0, nq = 0;
-	int32_t *tp = tok_str(t, prefix, strlen(prefix), chat, &np, err);
-	int32_t *tf = tp ? tok_str(t, RT_PASSKEY_FILLER, strlen(RT_PASSKEY_FILLER), 0, &nf, err)
+	int32_t *tp = tok_str(t, prefix, strlen(prefix), chat, 1, &np, err);
+	int32_t *tf = tp ? tok_str(t, RT_PASSKEY_FILLER, strlen(RT_PASSKEY_FILLER), 0, 0, &nf, err)
 	                 : NULL;
-	int32_t *tn = tf ? tok_str(t, needle, strlen(needle), 0, &nn, err) : NULL;
-	int32_t *tq = tn ? tok_str(t, qs, strlen(qs), chat, &nq, err) : NULL;
+	int32_t *tn = tf ? tok_str(t, needle, strlen(needle), 0, 0, &nn, err) : NULL;
+	int32_t *tq = tn ? tok_str(t, qs, strlen(qs), chat, 0, &nq, err) : NULL;
 	free(prefix);
 	free(qs);
 	int rc = -1;
@@ -248,9 +251,9 @@ int rt_needle_niah(const rt_tokenizer *t, const char *text, size_t len, int64_t 
 	if (task_strings(t, chat, "", RT_NIAH_QUESTION, RT_NIAH_PRIME, &prefix, &qs, err) != 0)
 		return -1;
 	int64_t np = 0, nn = 0, nq = 0, nh = 0;
-	int32_t *tp = tok_str(t, prefix, strlen(prefix), chat, &np, err);
-	int32_t *tn = tp ? tok_str(t, needle, strlen(needle), 0, &nn, err) : NULL;
-	int32_t *tq = tn ? tok_str(t, qs, strlen(qs), chat, &nq, err) : NULL;
+	int32_t *tp = tok_str(t, prefix, strlen(prefix), chat, 1, &np, err);
+	int32_t *tn = tp ? tok_str(t, needle, strlen(needle), 0, 0, &nn, err) : NULL;
+	int32_t *tq = tn ? tok_str(t, qs, strlen(qs), chat, 0, &nq, err) : NULL;
 	int32_t *th = NULL;
 	free(prefix);
 	free(qs);
@@ -270,7 +273,7 @@ int rt_needle_niah(const rt_tokenizer *t, const char *text, size_t len, int64_t 
 			n--; /* cut at a character boundary */
 		char *c = clean_text(text, n);
 		free(th);
-		th = tok_str(t, c, n, 0, &nh, err);
+		th = tok_str(t, c, n, 0, 0, &nh, err);
 		free(c);
 		if (!th)
 			goto done;

@@ -1253,3 +1253,22 @@ int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int par
 	free(nx);
 	return rc < 0 ? -1 : r.n;
 }
+
+int64_t rt_tokenize_prompt(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
+                           int32_t *out, int64_t cap, rt_err *err)
+{
+	size_t bl = 0;
+	const char *bt = t->bos >= 0 ? rt_tokenizer_text(t, t->bos, &bl) : NULL;
+	/* a rendered chat prompt carries its BOS as text: llama.cpp strips it from the template's
+	 * output before tokenizing with add_special, so the prompt holds one BOS either way */
+	int add = bt && !(parse_special && bl && len >= bl && text && !memcmp(text, bt, bl));
+	if (cap < 0 || (cap > 0 && !out))
+		return rt_err_set(err, "text: bad output buffer (cap %lld)", (long long)cap);
+	int64_t n = rt_tokenize(t, text, len, parse_special, cap > add ? out + add : NULL,
+	                        cap > add ? cap - add : 0, err);
+	if (n < 0)
+		return -1;
+	if (add && cap > 0)
+		out[0] = t->bos;
+	return n + add;
+}

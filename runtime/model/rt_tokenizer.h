@@ -33,11 +33,20 @@ int32_t rt_tokenizer_n_vocab(const rt_tokenizer *t);
 
 /* Tokenize len bytes of UTF-8 text. parse_special=1 lets control tokens such as
  * "<|im_start|>" in the text map to their ids (needed for chat prompts); 0 treats them as
- * plain text. No BOS is added (see rt_tokenizer_bos). Returns the number of ids; writes at most cap ids to out
+ * plain text. No BOS is added (rt_tokenize_prompt adds it). Returns the number of ids; writes at most cap ids to out
  * (call with out=NULL, cap=0 to size). Returns -1 with err set on invalid UTF-8
  * ("text: invalid UTF-8 at byte N"). */
 int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
                     int32_t *out, int64_t cap, rt_err *err);
+
+/* rt_tokenize with llama.cpp's add_special (llama_tokenize(..., add_special=true), as
+ * llama-perplexity, llama-server and llama-bench feed a prompt): the file's BOS
+ * (rt_tokenizer_bos) first when it adds one, then the text's ids. With parse_special, a
+ * text that already starts with the BOS token's text (a chat prompt rendered by rt_chat)
+ * gets no second BOS, as llama.cpp strips it from the rendered template. Same return,
+ * sizing call and errors as rt_tokenize; SmolLM2 (add_bos_token false) gets no BOS. */
+int64_t rt_tokenize_prompt(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
+                           int32_t *out, int64_t cap, rt_err *err);
 
 /* Bytes of one token's text (byte-level BPE symbols mapped back to raw bytes; control
  * tokens give their literal text). Writes up to cap bytes, returns the full length, or -1

@@ -74,22 +74,28 @@ static int prompt_commit(srv *S, req *r, int64_t c, int sp, verr *e, const char 
 	return 0;
 }
 
-/* Append the tokens of text[0..n) with span id sp to r's prompt. */
+/* Append the tokens of text[0..n) with span id sp to r's prompt; the prompt's first text
+ * starts with the file's BOS as llama-server feeds it (rt_tokenize_prompt: a rendered chat
+ * prompt's own BOS segment counts). */
 static int add_tokens(srv *S, req *r, const char *text, size_t n, int special, int sp,
                       int64_t *cap, verr *e, const char *param)
 {
 	rt_err err = { "" };
-	int64_t c = rt_tokenize(S->tk, text, n, special, NULL, 0, &err);
+	if (n == 0)
+		return 0; /* an empty text (the prompt may still be empty: srv_parse_request says so) */
+	int64_t (*tok)(const rt_tokenizer *, const char *, size_t, int, int32_t *, int64_t, rt_err *) =
+		r->n_prompt == 0 ? rt_tokenize_prompt : rt_tokenize;
+	int64_t c = tok(S->tk, text, n, special, NULL, 0, &err);
 	if (c < 0)
 		return bad(e, 400, param, "%s: %s", param, err.msg);
 	if (c == 0)
-		return 0; /* an empty text (the prompt may still be empty: srv_parse_request says so) */
+		return 0;
 	if (r->n_prompt + c > S->m->hp.n_ctx)
 		return bad(e, 400, param, "the prompt is longer than the model's context_length %d",
 		           (int)S->m->hp.n_ctx);
 	if (prompt_reserve(r, c, cap, e) != 0)
 		return -1;
-	if (rt_tokenize(S->tk, text, n, special, r->prompt + r->n_prompt, c, &err) != c)
+	if (tok(S->tk, text, n, special, r->prompt + r->n_prompt, c, &err) != c)
 		return bad(e, 400, param, "%s: %s", param, err.msg[0] ? err.msg : "tokenizer failed");
 	return prompt_commit(S, r, c, sp, e, param);
 }
