@@ -273,6 +273,12 @@ START_TEST(window_probe)
 	ck_assert_int_eq(w, 0);
 	ck_assert_int_eq(kvpc_window("nope", NULL, 0, 3, 32, 96, &w, err, sizeof err),
 	                 RT_SHARED_E_POLICY);
+	/* a policy that observes nothing still has its --set names and ratio checked */
+	ck_assert_int_eq(kvpc_window("knorm", "nope=1", 0, 3, 32, 96, &w, err, sizeof err),
+	                 RT_SHARED_E_PARAM);
+	ck_assert_ptr_nonnull(strstr(err, "nope"));
+	ck_assert_int_eq(kvpc_window("knorm", NULL, 0.5, 3, 32, 96, &w, err, sizeof err),
+	                 RT_SHARED_E_PARAM);
 	ck_assert_int_eq(kvpc_window("snapkv", NULL, 0, 3, 32, 96, NULL, err, sizeof err),
 	                 RT_SHARED_E_ARG);
 }

@@ -128,18 +128,20 @@ static int nonzero(const uint8_t *b, size_t n)
 
 /* The window: observe a one-entry head at steps n-1, n-2, ... with every probability 1
  * until a step leaves the statistics and state untouched (k_stat_in_prompt_tail in the
- * generated observe decides, with the run's parameters). */
+ * generated observe decides, with the run's parameters). The run is opened, so the --set
+ * names and the ratio are checked, even for a policy that observes nothing: a caller
+ * validates a request with this call before it has any keys. */
 static int window_probe(const struct kvp_policy *p, const struct rt_shared_req *q,
                         int32_t *window, rt_err *err)
 {
 	*window = 0;
-	if (!p->observe)
-		return RT_SHARED_OK;
 	struct rt_run r;
 	rt_kv kv;
 	int rc = run_open(&r, &kv, p, q, 1, 1, 1, err);
 	if (rc)
 		return rc;
+	if (!p->observe)
+		goto closed;
 	const int G = q->group, d = q->head_dim;
 	float *buf = calloc((size_t)G * (d + 1) + (size_t)d, sizeof *buf);
 	if (!buf) {
@@ -163,6 +165,7 @@ static int window_probe(const struct kvp_policy *p, const struct rt_shared_req *
 	}
 done:
 	free(buf);
+closed:
 	rt_run_free(&r);
 	rt_kv_free(&kv);
 	return rc;

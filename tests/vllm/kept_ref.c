@@ -2,13 +2,19 @@
  * kept_ref: kvpc's own runtime as the reference of the vLLM suite (tests/vllm/test_vllm.py):
  * feeds a prompt, given as token ids, through rt_seq under a library policy on the exact
  * (f32) path and prints the positions each (layer, KV head) keeps at the prompt end, as
- * JSON {"kept": {"LAYER": {"HEAD": [positions...]}}}.
+ * JSON {"kept": {"LAYER": {"HEAD": [positions...]}}, "kl": K, "tokens": [...]}.
  *
- *   kept_ref MODEL.gguf POLICY SET RATIO TOKENS.txt
+ *   kept_ref MODEL.gguf POLICY SET RATIO TOKENS.txt [GEN [PROMPT]]
  *
  * SET is a --set list "name=value,..." ("" for none), RATIO 0 for the policy's own budget,
- * TOKENS.txt whitespace-separated token ids. Exit status 0, 1 on any error (one line).
+ * TOKENS.txt whitespace-separated token ids (n of them). PROMPT (default n) is where the
+ * policy's prompt ends: the kept sets are those at PROMPT, the rest of the ids is fed after
+ * it, and "kl" is the mean KL divergence, in nats, of the next-token distributions after
+ * ids PROMPT .. n-2 against the full cache's (kvrt ppl --prompt PROMPT --score-from
+ * PROMPT+1; 0 when PROMPT >= n-1). GEN greedy tokens then follow the ids ("tokens").
+ * Exit status 0, 1 on any error (one line).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,10 +29,37 @@ static int die(const char *what, const char *msg)
 	return 1;
 }
 
+/* KL(p || q) of two logit rows, in nats */
+static double kl_rows(const float *p, const float *q, int nv)
+{
+	double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, kl = 0;
+	for (int i = 0; i < nv; i++) {
+		mp = fmax(mp, p[i]);
+		mq = fmax(mq, q[i]);
+	}
+	for (int i = 0; i < nv; i++) {
+		sp += exp(p[i] - mp);
+		sq += exp(q[i] - mq);
+	}
+	const double lp = mp + log(sp), lq = mq + log(sq);
+	for (int i = 0; i < nv; i++)
+		kl += exp(p[i] - lp) * ((p[i] - lp) - (q[i] - lq));
+	return kl;
+}
+
+static int argmax(const float *x, int nv)
+{
+	int b = 0;
+	for (int i = 1; i < nv; i++)
+		if (x[i] > x[b])
+			b = i;
+	return b;
+}
+
 int main(int argc, char **argv)
 {
-	if (argc != 6)
-		return die("usage", "kept_ref MODEL.gguf POLICY SET RATIO TOKENS.txt");
+	if (argc < 6 || argc > 8)
+		return die("usage", "kept_ref MODEL.gguf POLICY SET RATIO TOKENS.txt [GEN [PROMPT]]");
 	FILE *f = fopen(argv[5], "r");
 	if (!f)
 		return die(argv[5], "cannot open");
@@ -48,8 +81,13 @@ int main(int argc, char **argv)
 	const struct kvp_policy *p = rt_registry_find(kvp_registry, kvp_registry_count, argv[2]);
 	if (!p)
 		return die(argv[2], "no such policy");
-	rt_seq s;
-	if (rt_seq_init(&s, m, p, n, 64, n, &err) != 0)
+	const int gen = argc > 6 ? atoi(argv[6]) : 0;
+	const int P = argc > 7 ? atoi(argv[7]) : n;
+	if (gen < 0 || P < 1 || P > n)
+		return die("usage", "GEN >= 0 and 1 <= PROMPT <= the ids");
+	rt_seq s, full;
+	if (rt_seq_init(&s, m, p, n + gen, 64, P, &err) != 0 ||
+	    rt_seq_init(&full, m, &rt_policy_full, n + gen, 64, P, &err) != 0)
 		return die("init", err.msg);
 	char *set = strdup(argv[3]);
 	for (char *sv = NULL, *a = strtok_r(set, ",", &sv); a; a = strtok_r(NULL, ",", &sv))
@@ -58,21 +96,55 @@ int main(int argc, char **argv)
 	const double R = atof(argv[4]);
 	if (R > 0 && rt_seq_set_ratio(&s, R, &err) != 0)
 		return die("ratio", err.msg);
-	if (rt_seq_feed(&s, tok, n, NULL, RT_LOGITS_NONE, &err) != 0)
+	const int nv = m->hp.n_vocab, rest = n - P;
+	float *lg = malloc((size_t)(rest > 1 ? rest : 1) * nv * sizeof *lg);
+	float *lf = malloc((size_t)(rest > 1 ? rest : 1) * nv * sizeof *lf);
+	int *out = calloc((size_t)gen + 1, sizeof *out);
+	if (!lg || !lf || !out)
+		return die("logits", "out of memory");
+	/* the prompt's last logits are the first greedy token's when no ids follow it */
+	if (rt_seq_feed(&s, tok, P, lg, RT_LOGITS_LAST, &err) != 0)
 		return die("feed", err.msg);
-	printf("{\"kept\": {");
+	double kl = 0;
+	char *kept = NULL;
+	size_t kept_len = 0;
+	FILE *ks = open_memstream(&kept, &kept_len);
+	if (!ks)
+		return die("kept", "out of memory");
 	for (int l = 0; l < m->hp.n_layer; l++) {
-		printf("%s\"%d\": {", l ? ", " : "", l);
+		fprintf(ks, "%s\"%d\": {", l ? ", " : "", l);
 		for (int j = 0; j < m->hp.n_head_kv; j++) {
 			const rt_kv_head *h = rt_kv_head_at(&s.kv, l, j);
-			printf("%s\"%d\": [", j ? ", " : "", j);
+			fprintf(ks, "%s\"%d\": [", j ? ", " : "", j);
 			for (int i = 0; i < h->n; i++)
-				printf("%s%d", i ? ", " : "", h->pos[i]);
-			printf("]");
+				fprintf(ks, "%s%d", i ? ", " : "", h->pos[i]);
+			fprintf(ks, "]");
 		}
-		printf("}");
+		fprintf(ks, "}");
 	}
-	printf("}}\n");
+	fclose(ks);
+	if (rt_seq_feed(&full, tok, P, NULL, RT_LOGITS_NONE, &err) != 0)
+		return die("feed", err.msg);
+	if (rest > 0 && (rt_seq_feed(&s, tok + P, rest, lg, RT_LOGITS_ALL, &err) != 0 ||
+	                 rt_seq_feed(&full, tok + P, rest, lf, RT_LOGITS_ALL, &err) != 0))
+		return die("feed", err.msg);
+	for (int i = 0; i + 1 < rest; i++)
+		kl += kl_rows(lf + (size_t)i * nv, lg + (size_t)i * nv, nv) / (rest - 1);
+	for (int g = 0; g < gen; g++) {
+		const float *row = g ? lg : lg + (size_t)(rest > 0 ? rest - 1 : 0) * nv;
+		out[g] = argmax(row, nv);
+		if (g + 1 < gen && rt_seq_feed(&s, &out[g], 1, lg, RT_LOGITS_LAST, &err) != 0)
+			return die("feed", err.msg);
+	}
+	printf("{\"kept\": {%s}, \"kl\": %.9g, \"tokens\": [", kept, kl);
+	for (int g = 0; g < gen; g++)
+		printf("%s%d", g ? ", " : "", out[g]);
+	printf("]}\n");
+	free(kept);
+	free(lg);
+	free(lf);
+	free(out);
+	rt_seq_free(&full);
 	rt_seq_free(&s);
 	rt_model_free(m);
 	free(set);

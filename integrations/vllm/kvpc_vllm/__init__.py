@@ -4,8 +4,10 @@ vLLM calls register() in every process it starts (entry point vllm.general_plugi
 It checks the installed vLLM against the pinned version and signatures (compat.py),
 lets requests carry {"kv": {"policy", "ratio", "set"}} in vllm_xargs (xargs.py), and
 replaces the CPU attention backend by a subclass that, at the end of a request's prompt,
-gathers each layer's keys and window queries and asks the kvpc library which entries to
-keep (backend.py). KVPC_VLLM_LIB names the library (`kvpc build --shared`).
+gathers each layer's keys and window queries, asks the kvpc library which entries to
+keep, and moves them to the request's first slots (backend.py), while the scheduler
+returns the emptied blocks to vLLM's pool (sched.py; plan.py is the rule both follow).
+KVPC_VLLM_LIB names the library (`kvpc build --shared`).
 """
 import os
 
@@ -20,7 +22,8 @@ def register():
         return
     from . import compat
     compat.check()
-    from . import xargs, backend
+    from . import xargs, backend, sched
     xargs.install()
     backend.install()
+    sched.install()
     _registered = True

@@ -16,12 +16,20 @@ import json
 import os
 import re
 
+import numpy as np
 import torch
 
-from . import lib, xargs
+from . import lib, plan, xargs
 
-# this step's prefill rows with a kv policy: row -> (req_id, (policy, set, ratio), n, final)
+# this step's prefill rows with a kv policy, up to the compression point p:
+# row -> (req_id, (policy, set, ratio, p), tokens computed before this chunk, final)
 _STEP = {}
+# req_id -> p - k of a compacted request (its logical token i >= p is in slot i - (p - k))
+DELTA = {}
+# req_id -> k: requests compacted in this step, whose block rows are cut at the next one
+_TRIM = {}
+# the model runner of this process (set at each step)
+_RUNNER = None
 # (req_id, layer) -> [(keys, values) of each prefill chunk so far]
 _STASH = {}
 # req_id -> {layer: {global KV head: [kept positions]}}
@@ -54,13 +62,15 @@ def _dump():
     os.replace(path + ".tmp", path)
 
 
-def _select_row(impl, layer, query, keys, vals, md, row, rid, args, n):
-    policy, set_, ratio = args
+def _select_row(impl, layer, query, keys, vals, md, row, rid, args):
+    """Kept positions per KV head of this rank ([H] int32 arrays) of one request's
+    prompt (keys, vals: [p, H, d]) at its compression point."""
+    policy, set_, ratio, p = args
     H, d = impl.num_kv_heads, impl.head_size
     G = impl.num_heads // H
     L = lib.get()
     s, e = int(md.query_start_loc[row]), int(md.query_start_loc[row + 1])
-    w = L.window(policy, set_, ratio, G, d, n)
+    w = L.window(policy, set_, ratio, G, d, p)
     if w > e - s:
         raise lib.KvpcError(5, f"policy {policy}: its window of {w} prompt queries spans "
                                f"more than the last prefill chunk ({e - s} tokens): raise "
@@ -72,15 +82,39 @@ def _select_row(impl, layer, query, keys, vals, md, row, rid, args, n):
     h0 = _tp_rank() * H
     KEPT.setdefault(rid, {})[_layer_index(layer)] = {
         h0 + h: kept[h].tolist() for h in range(H)}
+    return kept
 
 
-def on_prefill(impl, layer, query, key, value, md):
+def _compact_row(impl, layer, kv_cache, keys, vals, kept, md, row):
+    """Write each KV head's k kept entries (their keys and values as the forward computed
+    them) to the request's first k slots, in position order: slot j of head h holds the
+    entry at position kept[h][j] >= j. The cache rows are written by vLLM's own
+    cpu_attn_reshape_and_cache, so the ISA-specific layout stays vLLM's."""
+    from vllm import _custom_ops as ops
+    idx = torch.as_tensor(np.stack(kept), dtype=torch.long)          # [H, k]
+    H, k = idx.shape
+    heads = torch.arange(H).unsqueeze(1).expand(H, k)
+    kc = keys[idx, heads].transpose(0, 1).contiguous()               # [k, H, d]
+    vc = vals[idx, heads].transpose(0, 1).contiguous()
+    nb, _, bs, _ = kv_cache.size()
+    j = torch.arange(k)
+    slots = (md.block_table[row, j // bs].long() * bs + j % bs).to(md.slot_mapping.dtype)
+    cache = kv_cache.view((nb, impl.num_kv_heads, bs * 2, -1))
+    key_cache, value_cache = cache.chunk(2, dim=2)
+    ops.cpu_attn_reshape_and_cache(kc, vc, key_cache, value_cache, slots, layer.isa,
+                                   k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
+                                   kv_cache_dtype=impl.kv_cache_dtype)
+
+
+def on_prefill(impl, layer, query, key, value, kv_cache, md):
     """Stash this chunk's keys and values of every prefill row with a kv policy (the CPU
     backend stores cache rows in an ISA-specific packed layout, so the keys are taken as
     the forward computed them: post-RoPE, [tokens, num_kv_heads, head_size]); at the
-    prompt's last chunk, select."""
+    chunk that ends the compression point, select, and compact when plan.decide says
+    the scheduler freed the request's surplus blocks."""
     li = _layer_index(layer)
-    for row, (rid, args, n, final) in _STEP.items():
+    G = impl.num_heads // impl.num_kv_heads
+    for row, (rid, args, computed, final) in _STEP.items():
         s, e = int(md.query_start_loc[row]), int(md.query_start_loc[row + 1])
         chunks = _STASH.setdefault((rid, li), [])
         chunks.append((key[s:e].clone(), value[s:e].clone()))
@@ -89,19 +123,44 @@ def on_prefill(impl, layer, query, key, value, md):
         del _STASH[(rid, li)]
         keys = torch.cat([c[0] for c in chunks])
         vals = torch.cat([c[1] for c in chunks])
+        k, why = plan.decide(args, computed, e - s, G, impl.head_size)
         try:
-            if keys.shape[0] != n:
+            if keys.shape[0] != args[3]:
                 raise lib.KvpcError(1, f"kvpc-vllm: {keys.shape[0]} prompt keys seen, the "
-                                       f"prompt has {n} (prefix caching must be off)")
-            _select_row(impl, layer, query, keys, vals, md, row, rid, args, n)
+                                       f"compression point is {args[3]} (prefix caching "
+                                       "must be off, and a chunk must end at kv.prompt)")
+            kept = _select_row(impl, layer, query, keys, vals, md, row, rid, args)
         except lib.KvpcError as ex:
+            if k is not None:  # the scheduler has freed the blocks: going on would corrupt
+                raise RuntimeError(f"kvpc-vllm: request {rid}: {ex}") from None
             ERRORS[rid] = str(ex)
+            continue
+        if why:
+            ERRORS[rid] = why
+        if k is None:
+            continue
+        if any(len(x) != k for x in kept):
+            raise RuntimeError(f"kvpc-vllm: request {rid}: layer {li} keeps "
+                               f"{sorted({len(x) for x in kept})} entries per head, the "
+                               f"plan {k}: not a same-count (paged) policy")
+        _compact_row(impl, layer, kv_cache, keys, vals, kept, md, row)
+        DELTA[rid] = args[3] - k
+        _TRIM[rid] = k
     _dump()
 
 
+def _row_deltas(runner, n):
+    """[n] int32: DELTA of each batch row in the runner's current order (0 when none)."""
+    ids = runner.input_batch.req_ids
+    return torch.tensor([DELTA.get(ids[i], 0) if i < len(ids) else 0 for i in range(n)],
+                        dtype=torch.int32)
+
+
 def _classes():
+    import dataclasses
     from vllm.v1.attention.backends.cpu_attn import (CPUAttentionBackend,
-                                                     CPUAttentionBackendImpl)
+                                                     CPUAttentionBackendImpl,
+                                                     CPUAttentionMetadataBuilder)
 
     class KvpcCPUAttentionImpl(CPUAttentionBackendImpl):
         def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
@@ -110,13 +169,27 @@ def _classes():
                                   output_scale, output_block_scale)
             if attn_metadata is not None and _STEP:
                 with torch.no_grad():
-                    on_prefill(self, layer, query, key, value, attn_metadata)
+                    on_prefill(self, layer, query, key, value, kv_cache, attn_metadata)
             return out
+
+    class KvpcCPUAttentionMetadataBuilder(CPUAttentionMetadataBuilder):
+        def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+            # a compacted request attends its slots 0 .. seq_len - DELTA - 1
+            cm = common_attn_metadata
+            if DELTA and _RUNNER is not None:
+                d = _row_deltas(_RUNNER, cm.seq_lens.shape[0]).to(cm.seq_lens.dtype)
+                if bool(d.any()):
+                    cm = dataclasses.replace(cm, seq_lens=cm.seq_lens - d)
+            return super().build(common_prefix_len, cm, fast_build)
 
     class KvpcCPUAttentionBackend(CPUAttentionBackend):
         @staticmethod
         def get_impl_cls():
             return KvpcCPUAttentionImpl
+
+        @staticmethod
+        def get_builder_cls():
+            return KvpcCPUAttentionMetadataBuilder
 
     return KvpcCPUAttentionBackend
 
@@ -129,32 +202,74 @@ def __getattr__(name):  # the class path register_backend names, built on first 
     raise AttributeError(name)
 
 
+def _trim(runner, rid, k):
+    """Cut the worker's block list of a request compacted to k entries to the blocks the
+    scheduler left it (sched.py), so that the blocks it appends next land at the right
+    index of the row."""
+    st = runner.requests.get(rid)
+    row = runner.input_batch.req_id_to_index.get(rid)
+    if st is None or row is None:
+        return
+    for g, bt in enumerate(runner.input_batch.block_table.block_tables):
+        m = -(-k // bt.block_size)
+        nb = int(bt.num_blocks_per_row[row])
+        if nb > m:
+            bt.block_table.np[row, m:nb] = 0
+            bt.num_blocks_per_row[row] = m
+            del st.block_ids[g][m:]
+
+
 def _patch_runner():
+    from vllm.v1.worker.block_table import MultiGroupBlockTable
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     orig = GPUModelRunner._update_states
     if getattr(orig, "_kvpc", False):
         return
 
     def _update_states(self, scheduler_output):
+        global _RUNNER
+        _RUNNER = self
+        cached = scheduler_output.scheduled_cached_reqs
+        for rid in set(scheduler_output.finished_req_ids) | set(cached.resumed_req_ids):
+            DELTA.pop(rid, None)   # a preempted request is recomputed from its start
+            _TRIM.pop(rid, None)
+        for rid, k in _TRIM.items():
+            _trim(self, rid, k)
+        _TRIM.clear()
         out = orig(self, scheduler_output)
-        plan = {}
+        plan_rows = {}
         nst = scheduler_output.num_scheduled_tokens
         for row, rid in enumerate(self.input_batch.req_ids):
             st = self.requests.get(rid)
             sp = getattr(st, "sampling_params", None)
             extra = getattr(sp, "extra_args", None)
-            if not extra or "kv" not in extra or st.prompt_token_ids is None:
+            if not extra or "kv" not in extra or st.prompt_token_ids is None or rid in DELTA:
                 continue
-            n = len(st.prompt_token_ids)
-            if st.num_computed_tokens < n and nst.get(rid, 0) > 0:
-                final = n <= st.num_computed_tokens + nst[rid]
-                plan[row] = (rid, xargs.parse(extra), n, final)
+            args = plan.with_point(xargs.parse(extra), len(st.prompt_token_ids))
+            c = st.num_computed_tokens
+            if c < args[3] and nst.get(rid, 0) > 0:
+                plan_rows[row] = (rid, args, c, args[3] <= c + nst[rid])
         _STEP.clear()
-        _STEP.update(plan)
+        _STEP.update(plan_rows)
         return out
 
     _update_states._kvpc = True
     GPUModelRunner._update_states = _update_states
+
+    orig_slots = MultiGroupBlockTable.compute_slot_mapping
+
+    def compute_slot_mapping(self, num_reqs, query_start_loc, positions):
+        # a compacted request's logical token i (its RoPE position) lives in slot i - DELTA
+        if DELTA and _RUNNER is not None:
+            d = _row_deltas(_RUNNER, num_reqs)
+            if bool(d.any()):
+                counts = (query_start_loc[1:num_reqs + 1] - query_start_loc[:num_reqs]).cpu()
+                per_tok = torch.repeat_interleave(d, counts.long())
+                positions = positions.clone()
+                positions[:per_tok.shape[0]] -= per_tok.to(positions.dtype)
+        return orig_slots(self, num_reqs, query_start_loc, positions)
+
+    MultiGroupBlockTable.compute_slot_mapping = compute_slot_mapping
 
 
 def install():

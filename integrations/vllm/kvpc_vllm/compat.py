@@ -21,6 +21,21 @@ SIGNATURES = {
         "self", "scheduler_output"],
     "vllm.v1.engine.input_processor:InputProcessor._validate_params": [
         "self", "params", "supported_tasks"],
+    "vllm.v1.attention.backends.cpu_attn:CPUAttentionMetadataBuilder.build": [
+        "self", "common_prefix_len", "common_attn_metadata", "fast_build"],
+    "vllm.v1.worker.block_table:MultiGroupBlockTable.compute_slot_mapping": [
+        "self", "num_reqs", "query_start_loc", "positions"],
+    "vllm.v1.core.sched.scheduler:Scheduler._update_after_schedule": [
+        "self", "scheduler_output"],
+    "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator.get_num_blocks_to_allocate": [
+        "self", "request_id", "num_tokens", "new_computed_blocks", "num_encoder_tokens",
+        "total_computed_tokens", "num_local_computed_tokens", "num_tokens_main_model",
+        "apply_admission_cap", "prefill_end"],
+    "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator.allocate_new_blocks": [
+        "self", "request_id", "num_tokens", "num_tokens_main_model", "num_encoder_tokens"],
+    "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator.free": ["self", "request_id"],
+    "vllm.v1.core.kv_cache_coordinator:KVCacheCoordinator.pop_blocks_for_free": [
+        "self", "request_id"],
 }
 
 

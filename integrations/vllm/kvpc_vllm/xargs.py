@@ -1,7 +1,10 @@
-"""Per-request policy arguments: vllm_xargs = {"kv": {"policy", "ratio", "set"}}.
+"""Per-request policy arguments: vllm_xargs = {"kv": {"policy", "ratio", "set", "prompt"}}.
 
 The same object as kvpc's own server (docs/serving.md): policy (a name the library has),
-ratio (a number >= 1, optional), set ({"name": value}, optional). A bad object is a
+ratio (a number >= 1, optional), set ({"name": value}, optional); and prompt (optional):
+compress after the first `prompt` tokens instead of at the prompt's end, the measuring
+protocol of `kvrt ppl --prompt P` (prompt logprobs after P then come from the compacted
+cache; the chunk scheduled must end at P, e.g. max_num_batched_tokens = P). A bad object is a
 VLLMValidationError raised while vLLM validates the request, which its OpenAI server
 answers with 400. vLLM types vllm_xargs values as scalars or lists, so install() widens the field to
 accept the nested object.
@@ -10,20 +13,23 @@ import math
 
 from . import lib
 
-KEYS = {"policy", "ratio", "set"}
+KEYS = {"policy", "ratio", "set", "prompt"}
 
 
 def parse(extra_args):
-    """(policy, set string, ratio) of a request's extra_args, or None without "kv".
+    """(policy, set string, ratio, prompt) of a request's extra_args (prompt 0: the whole
+    prompt), or None without "kv".
     Raises ValueError naming the problem."""
     if not extra_args or "kv" not in extra_args:
         return None
     kv = extra_args["kv"]
     if not isinstance(kv, dict):
-        raise ValueError(f'kv: must be an object {{"policy", "ratio", "set"}}, got {type(kv).__name__}')
+        raise ValueError(f'kv: must be an object {{"policy", "ratio", "set", "prompt"}}, got '
+                         f'{type(kv).__name__}')
     extra = set(kv) - KEYS
     if extra:
-        raise ValueError(f"kv: unknown field(s) {sorted(extra)}; allowed: policy, ratio, set")
+        raise ValueError(f"kv: unknown field(s) {sorted(extra)}; allowed: policy, ratio, set, "
+                         "prompt")
     policy = kv.get("policy")
     if not isinstance(policy, str) or not policy:
         raise ValueError("kv.policy: a policy name is required")
@@ -40,7 +46,10 @@ def parse(extra_args):
                 or "=" in str(k) or "," in str(k):
             raise ValueError(f"kv.set.{k}: must be a number (or a percentage string)")
         parts.append(f"{k}={v}")
-    return policy, ",".join(parts), float(ratio)
+    prompt = kv.get("prompt", 0)
+    if isinstance(prompt, bool) or not isinstance(prompt, int) or prompt < 0:
+        raise ValueError(f"kv.prompt: must be a token count >= 1, got {prompt!r}")
+    return policy, ",".join(parts), float(ratio), prompt
 
 
 def validate(extra_args):
@@ -49,7 +58,7 @@ def validate(extra_args):
     p = parse(extra_args)
     if p is None:
         return None
-    policy, set_, ratio = p
+    policy, set_, ratio = p[:3]
     try:
         lib.get().window(policy, set_, ratio, 1, 64, 1024)
     except lib.KvpcError as e:
@@ -71,6 +80,10 @@ def install():
         extra = getattr(params, "extra_args", None)
         if extra:
             try:
+                if "kv" in extra and self.vllm_config.cache_config.enable_prefix_caching:
+                    raise ValueError("kv: this server shares prompt blocks (prefix caching); "
+                                     "a kvpc policy compacts a request's own blocks: start "
+                                     "vLLM with --no-enable-prefix-caching")
                 validate(extra)
             except ValueError as e:  # a client error: vLLM's server answers it with 400
                 raise VLLMValidationError(str(e), parameter="vllm_xargs.kv") from None
