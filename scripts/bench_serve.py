@@ -9,7 +9,10 @@ active sequences /metrics reported), the sequences the pool fits by the server's
 footprint, aggregate generated tokens/s, p50/p99 time to first token (queueing included) and
 p50/p99 inter-token latency (the gaps between a stream's token events).
 
-Workloads (BENCH_ROWS, comma-separated; default all three):
+Workloads (BENCH_ROWS, comma-separated; default decode, chat, long):
+  prefill  1 client, a ~2048-token prompt, 1 generated token: the lone sequence's prefill
+           rate (prompt tokens / TTFT) against `BIN bench --pp N` (the full cache, the same
+           N prompt tokens and threads) run right after each server
   decode   8 clients, a ~2048-token prompt each, 256 generated tokens
   chat     16 clients, one shared ~500-token system prompt and a ~200-token user turn each
            (chat completions), 128 generated tokens
@@ -45,7 +48,7 @@ N_MAX = 8  # the clients of the row being run (the server's --max-seqs)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name: clients, prompt tokens (the user turn's for chat), generated tokens, shared system
 # prompt tokens (chat only)
-ROWS = {"decode": (8, 2048, 256, 0), "chat": (16, 200, 128, 500), "long": (4, 6144, 128, 0)}
+ROWS = {"prefill": (1, 2048, 1, 0), "decode": (8, 2048, 256, 0), "chat": (16, 200, 128, 500), "long": (4, 6144, 128, 0)}
 # name: label, policy, kv fields of the request
 SERVERS = {"full": ("kvrt full", "full", {}),
            "h2o": ("kvrt h2o x8", "h2o", {"ratio": 8}),
@@ -280,6 +283,26 @@ def llama_row(row, mem):
     return r, None
 
 
+def bench_pp(n):
+    """`BIN bench --pp n` on the full cache with the servers' threads: prompt tokens/s."""
+    args = [BIN, "bench", "--model", MODEL, "--pp", str(n)] + (["--threads", THREADS] if THREADS else [])
+    out = subprocess.run(args, capture_output=True, text=True)
+    m = re.search(r"^pp%d\s+(\S+)" % n, out.stdout, re.M)
+    if not m:
+        sys.exit("bench-serve: %s printed no pp%d: %s" % (" ".join(args), n, out.stderr[-300:]))
+    return float(m.group(1))
+
+
+def prefill_rates(rows):
+    """The prefill row: each server's lone prompt tokens/s against bench's pp rate."""
+    print("\n| prefill | prompt tokens | TTFT s | prompt tok/s | bench pp tok/s | ratio |\n"
+          "|---|---|---|---|---|---|")
+    for name, r in rows:
+        rate = r["prompt_tokens"] / r["p50"] if r["p50"] and r["p50"] == r["p50"] else 0
+        print("| %s | %.0f | %.2f | %.1f | %.1f | %.2fx |" % (
+            name, r["prompt_tokens"], r["p50"], rate, r["pp"], rate / r["pp"]))
+
+
 def run_row(row, servers):
     keys = [k for k in servers if k in SERVERS]
     fp = footprints(row, keys + ([] if "full" in keys else ["full"]))
@@ -290,6 +313,8 @@ def run_row(row, servers):
     rows = []
     for key in keys:
         r = kvrt_row(row, key, mem)
+        if row.name == "prefill":  # the engine's rate at the same prompt, right after
+            r["pp"] = bench_pp(int(r["prompt_tokens"]))
         r["fit"] = "%d (%.1f MiB each)" % (mem // fp[key], fp[key] / 1048576.0)
         rows.append((SERVERS[key][0], r))
         print("  measured %s: %s" % (SERVERS[key][0], r), flush=True)
@@ -310,6 +335,8 @@ def run_row(row, servers):
             r["p50"], r["p99"], r["itl50"], r["itl99"]))
     if why:
         print("\nllama-server skipped: %s" % why)
+    if row.name == "prefill":
+        prefill_rates([(n, r) for n, r in rows if "pp" in r])
     full = next((r for n, r in rows if n == "kvrt full"), None)
     for n, r in rows:
         if full and n.startswith("kvrt ") and n != "kvrt full" and full["tok_s"] > 0:

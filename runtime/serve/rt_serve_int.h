@@ -104,6 +104,9 @@ typedef struct req {
 	int64_t compress, evicted, peak_entries, peak_bytes, pinned_kept;
 	double policy_s;             /* rt_seq_stats.policy_seconds at the finish */
 	int prefill_chunk;           /* the request's prefill schedule (0: token by token) */
+	int pf_fixed;                /* 1: the request gave kv.prefill_chunk (no larger chunks) */
+	int32_t pf_run;              /* its sequence's prefill chunk (rt_run_set_prefill_chunk) */
+	int64_t prompt_steps;        /* steps its prompt took (guarded by S->mu) */
 	int chunk_max;               /* prompt tokens one step may offer it (rt_serve_req.c) */
 	int64_t kv_bytes;            /* at the end: K/V bytes held (runtime/kv/rt_kvbytes.h) */
 	double bytes_x;              /* at the end: compression in bytes against f16 */

@@ -350,9 +350,10 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 				return bad(e, 400, "kv", "kv: unknown field '%s' (policy, ratio, byte_ratio, "
 				           "set, prefill_chunk, min_kv)", key);
 		}
-		if (num_field(kv, "prefill_chunk", 0, 65536, 1, &pf, e) < 0 ||
-		    num_field(kv, "min_kv", 0, 1 << 30, 1, &mkv, e) < 0)
+		const int got_pf = num_field(kv, "prefill_chunk", 0, 65536, 1, &pf, e);
+		if (got_pf < 0 || num_field(kv, "min_kv", 0, 1 << 30, 1, &mkv, e) < 0)
 			return -1;
+		r->pf_fixed = got_pf > 0;
 		json_t *pv = json_object_get(kv, "policy");
 		if (pv) {
 			if (!json_is_string(pv))
@@ -396,6 +397,7 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 	if (rc != 0)
 		return bad(e, 400, "kv", "%s", err.msg);
 	r->prefill_chunk = (int)(pf < c->chunk ? pf : c->chunk);
+	r->pf_run = r->seq.run.prefill_chunk;
 	return 0;
 }
 

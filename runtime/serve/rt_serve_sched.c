@@ -114,6 +114,7 @@ json_t *srv_kv_obj(const srv *S, const req *r)
 	json_object_set_new(k, "compress_events", json_integer(r->compress));
 	json_object_set_new(k, "policy_seconds", json_real(r->policy_s));
 	json_object_set_new(k, "prefill_chunk", json_integer(r->prefill_chunk));
+	json_object_set_new(k, "prompt_steps", json_integer(r->prompt_steps));
 	json_object_set_new(k, "entries_evicted", json_integer(r->evicted));
 	json_object_set_new(k, "system_tokens", json_integer(r->n_system));
 	json_object_set_new(k, "pinned_tokens", json_integer(r->n_pinned));
@@ -368,15 +369,54 @@ static int emit_token(srv *S, req *r, const float *logits)
 	return 0;
 }
 
+/* Bytes of pool that prompt r's next chunk of k tokens may need beyond its footprint: every
+ * list holding k more entries, against the blocks the footprint reserved. */
+static int64_t over_footprint(const srv *S, const req *r, int32_t k)
+{
+	const rt_kv *kv = &r->seq.kv;
+	int64_t need = 0;
+	for (int i = 0; i < S->H; i++)
+		need += rt_kv_blocks_for(kv->heads[i].n + k);
+	need *= kv->block_bytes;
+	return need > r->footprint ? need - r->footprint : 0;
+}
+
+/* The chunk prompt r takes of the n tokens offered (rt_run_chunk: its policy's next
+ * trigger, the prompt end, its prefill chunk). A per-step policy's chunk, cut to its
+ * prefill chunk, may cross its triggers up to all n tokens when the request did not fix
+ * its prefill chunk and the pool's unreserved bytes (*slack, which this shrinks) hold the
+ * blocks that chunk needs beyond the footprint; the compress at the chunk's end, in the
+ * same step, cuts the lists back to the budget (docs/serving.md, "Continuous batching"). */
+static int32_t prompt_chunk(req *r, int32_t n, const srv *S, int64_t *slack)
+{
+	struct rt_run *run = &r->seq.run;
+	run->prefill_chunk = r->pf_run;
+	const int32_t k = rt_run_chunk(run, &r->seq.kv, n);
+	if (r->pf_fixed || r->pf_run <= 0 || k >= n)
+		return k;
+	run->prefill_chunk = n;
+	const int32_t big = rt_run_chunk(run, &r->seq.kv, n);
+	const int64_t more = big > k ? over_footprint(S, r, big) : 0;
+	if (big <= k || more > *slack) {
+		run->prefill_chunk = r->pf_run;
+		return k;
+	}
+	*slack -= more;
+	return big;
+}
+
 /* Plan one step over the active requests, which are in arrival order (S->mu held): every
  * decoding sequence one token first, so decodes are never starved; then the rows left go to
  * the prompts in arrival order, each a chunk of up to its chunk_max tokens within one
- * protected span, so the oldest prompt takes as many rows as it can and a younger one
- * starts only with the rows it leaves (docs/serving.md, "Continuous batching"). Returns K. */
+ * protected span (prompt_chunk), so the oldest prompt takes as many rows as it can and a
+ * younger one starts only with the rows it leaves (docs/serving.md, "Continuous
+ * batching"). Returns K. */
 static int plan_step(srv *S)
 {
 	const int R = S->cfg->step_rows;
 	int K = 0, rows = 0;
+	/* pool bytes no admitted footprint claims: a larger prompt chunk's room this step */
+	int64_t slack = S->cfg->kv_memory - S->reserved;
 	for (int pass = 0; pass < 2; pass++)
 		for (int i = 0; i < S->n_active && rows < R; i++) {
 			req *r = S->active[i];
@@ -391,9 +431,8 @@ static int plan_step(srv *S)
 				const int64_t lim = r->chunk_max < R - rows ? r->chunk_max : R - rows;
 				n = (int)(run < lim ? run : lim);
 				rt_seq_span(&r->seq, r->span[r->fed]);
-				/* what the sequence will take (its policy's next trigger, its prefill
-				 * chunk): the rows it leaves go to the next prompt */
-				const int32_t k = rt_run_chunk(&r->seq.run, &r->seq.kv, n);
+				/* what the sequence will take: the rows it leaves go to the next prompt */
+				const int32_t k = prompt_chunk(r, n, S, &slack);
 				n = k > 0 ? k : n;
 			} else {
 				rt_seq_span(&r->seq, 0);
@@ -433,6 +472,7 @@ static void step_done(srv *S, int K)
 		r->evicted = ev;
 		r->compress = st.compress_events;
 		if (r->fed < r->n_prompt) {
+			r->prompt_steps++;
 			r->fed += S->tn[k];
 			S->prompt_tokens += S->tn[k];
 			if (r->fed < r->n_prompt)
@@ -492,10 +532,19 @@ void *srv_scheduler(void *arg)
 	return NULL;
 }
 
+/* Entries per list that a ratio-R budget keeps of a context of x tokens: ceil(x / R), and
+ * at least min(min_kv, x) under a graceful budget's floor (kernels/k_compress.h). */
+static int64_t ratio_budget(int64_t x, double R, double min_kv)
+{
+	const int64_t b = (int64_t)ceil((double)x / R);
+	const int64_t f = min_kv > 0 ? (min_kv < (double)x ? (int64_t)ceil(min_kv) : x) : 0;
+	return b > f ? b : f;
+}
+
 int64_t rt_serve_footprint(rt_seq *s, int64_t n_prompt, int64_t max_tokens, int chunk)
 {
 	const int64_t P = n_prompt, T = max_tokens, N = P + T;
-	const double R = s->run.ctx.ratio;
+	const double R = s->run.ctx.ratio, mk = s->run.ctx.min_kv;
 	if (!s->p->compress || R <= 0)
 		return N;
 	/* the policy's own triggers (the probes below), then the prefill chunk */
@@ -505,14 +554,14 @@ int64_t rt_serve_footprint(rt_seq *s, int64_t n_prompt, int64_t max_tokens, int 
 	int32_t k0 = rt_run_chunk(&s->run, &s->kv, (int32_t)(P < 65536 ? P : 65536));
 	if (P > 1 && k0 >= (P < 65536 ? P : 65536)) {
 		s->run.prefill_chunk = pf;
-		int64_t a = (int64_t)ceil((double)P / R) + T;
+		int64_t a = ratio_budget(P, R, mk) + T;
 		return a > P ? (a < N ? a : N) : P;
 	}
 	/* streaming: at the end the store holds about ceil(N / R) entries; the longest chunk
 	 * its trigger allows there bounds what an append adds. While the prompt is fed the
 	 * budget is ceil(P / R) (the context is the prompt), and a chunked prefill's chunk
 	 * adds at most pf entries to it before the compress at the chunk's end */
-	const int64_t b = (int64_t)ceil((double)N / R);
+	const int64_t b = ratio_budget(N, R, mk);
 	const int H = s->kv.n_layer * s->kv.n_kv_head;
 	const int64_t seen = s->run.ctx.seen;
 	for (int i = 0; i < H; i++)
@@ -527,7 +576,7 @@ int64_t rt_serve_footprint(rt_seq *s, int64_t n_prompt, int64_t max_tokens, int 
 	rt_seq_reset(s, P);
 	s->run.prefill_chunk = pf;
 	int64_t f = b + (k > 0 ? k : chunk);
-	const int64_t fp = (int64_t)ceil((double)P / R) + pf;
+	const int64_t fp = ratio_budget(P, R, mk) + pf;
 	f = fp > f ? fp : f;
 	return f < N ? f : N;
 }

@@ -69,10 +69,10 @@ def start(trace, kv_memory="96M", max_seqs=16, queue=64):
     return p, int(m.group(1))
 
 
-def run_cli(prompt, n, policy, ratio, chat=False, system=None, prefill=PREFILL):
+def run_cli(prompt, n, policy, ratio, chat=False, system=None, prefill=PREFILL, chunk=CHUNK):
     # the server's default prefill chunk is PREFILL; `run`'s default is 0 (exact)
     args = [BIN, "run", "--model", MODEL, "--prompt", prompt, "-n", str(n), "--policy", policy,
-            "--chunk", str(CHUNK), "--prefill-chunk", str(prefill), "--threads", "2"]
+            "--chunk", str(chunk), "--prefill-chunk", str(prefill), "--threads", "2"]
     if ratio:
         args += ["--ratio", str(ratio)]
     if chat:
@@ -181,19 +181,19 @@ def metrics_ops(port):
           "an unknown path counts under endpoint other (404), a wrong method under its endpoint (405)")
 
 
-def prefill_order(port, filler):
-    """Prompts are prefilled in arrival order: of two long prompts sent together, the first
-    is prefilled in the first step (its chunk may take the step's rows) and gives its first
-    token while the second is still being prefilled (round-robin chunks would give both at
-    about the same time). Whole answers (a stream idle through a long step would meet the
-    test server's 3 s connection timeout); the time to first token comes from the trace.
-    Returns the two request ids."""
+def prefill_order(port, filler, kv):
+    """Prompts are prefilled in arrival order, under the full cache and under a per-step
+    policy (kv): of two long prompts sent together, the first is prefilled in the first step
+    (its chunk may take the step's rows) and gives its first token while the second is still
+    being prefilled (round-robin chunks would give both at about the same time). Whole
+    answers (a stream idle through a long step would meet the test server's 3 s connection
+    timeout); the time to first token comes from the trace. Returns the two request ids."""
     long_text = (filler + " ") * 6
     ids = [None, None]
 
     def one(i):
         st, a, _ = post(port, "/v1/completions", {"prompt": "%d. %s" % (i, long_text),
-                        "max_tokens": 4, "temperature": 0, "kv": {"policy": "full"}}, timeout=120)
+                        "max_tokens": 4, "temperature": 0, "kv": kv}, timeout=120)
         ids[i] = a.get("id") if st == 200 else None
     ths = [threading.Thread(target=one, args=(i,)) for i in range(2)]
     ths[0].start()
@@ -258,6 +258,31 @@ def queue_full(trace, prompt, ref):
     check(rc == 0, "the small server drains and exits 0 (rc %s)" % rc)
 
 
+def prefill_fallback(trace, story, ref):
+    """A pool that holds a request's footprint but not a larger prompt chunk beyond it keeps
+    the request's prefill chunk (PREFILL): the h2o x4 story's footprint is its floor, 64
+    entries, plus PREFILL, 5 blocks per list (2.03 MB); one chunk of its 103 tokens would
+    take 7 blocks per list, 0.81 MB more than the 0.47 MB left of a 2.5 MB pool. The answer
+    equals `run --prefill-chunk PREFILL`, and every block comes back."""
+    srv, port = start(trace, kv_memory="2500K", max_seqs=2, queue=2)
+    try:
+        st, a, _ = post(port, "/v1/completions", {"prompt": story, "max_tokens": 12,
+                        "temperature": 0, "kv": {"ratio": 4}}, timeout=120)
+        steps = a["kv"]["prompt_steps"] if st == 200 else None
+        ref = ref if ref is not None else (a["choices"][0]["text"] if st == 200 else None)
+        check(st == 200 and steps and steps > 1 and a["choices"][0]["text"] == ref,
+              "a nearly full pool keeps the prefill chunk: %s, %s steps, %r vs %s %r" %
+              (st, steps, a["choices"][0]["text"] if st == 200 else a,
+               "itself" if QUICK else "`run --prefill-chunk %d`" % PREFILL, ref))
+        check(wait_freed(port) is not None, "every block is back in the 2.5 MB pool")
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        try:
+            srv.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+
+
 def main():
     try:
         import openai
@@ -288,8 +313,10 @@ def main():
                         ex.submit(run_cli, user, 10, "h2o", 2, True, sysmsg),
                         ex.submit(run_cli, story, 12, "h2o", 4, False, None, 0),
                         ex.submit(run_cli, story, 12, "h2o", 4),
-                        ex.submit(run_cli, prompt, 40, "full", 0)]
-                ref_h2o, ref_snap, ref_chat, ref_exact, ref_chunked, ref_full = [f.result() for f in refs]
+                        ex.submit(run_cli, prompt, 40, "full", 0),
+                        ex.submit(run_cli, story, 12, "h2o", 4, False, None, 256, 256)]
+                ref_h2o, ref_snap, ref_chat, ref_exact, ref_chunked, ref_full, ref_whole = \
+                    [f.result() for f in refs]
 
         # ---- the openai client: completions, chat, streaming, per-request policy
         if openai:
@@ -351,11 +378,20 @@ def main():
                                       extra_body={"kv": {"ratio": 4, "prefill_chunk": 0}})
             check(r.choices[0].text == ref_exact,
                   "prefill_chunk 0 (h2o x4) equals `run` (exact): %r vs %r" % (r.choices[0].text, ref_exact))
+            # a request that fixes its prefill chunk gets exactly that schedule; without one a
+            # lone prompt on a roomy pool takes one chunk (the step's rows: the whole story)
+            r = cl.completions.create(model=MODEL_ID, prompt=story, max_tokens=12, temperature=0,
+                                      extra_body={"kv": {"ratio": 4, "prefill_chunk": PREFILL}})
+            steps = r.model_extra["kv"]["prompt_steps"]
+            check(r.choices[0].text == ref_chunked and steps > 1,
+                  "prefill_chunk %d (h2o x4) equals `run --prefill-chunk %d`, in %d steps: %r vs %r"
+                  % (PREFILL, PREFILL, steps, r.choices[0].text, ref_chunked))
             r = cl.completions.create(model=MODEL_ID, prompt=story, max_tokens=12, temperature=0,
                                       extra_body={"kv": {"ratio": 4}})
-            check(r.choices[0].text == ref_chunked,
-                  "default prefill (h2o x4) equals `run --prefill-chunk %d`: %r vs %r"
-                  % (PREFILL, r.choices[0].text, ref_chunked))
+            steps = r.model_extra["kv"]["prompt_steps"]
+            check(r.choices[0].text == ref_whole and steps == 1,
+                  "default prefill of a lone prompt (h2o x4) is one step, equal to `run --chunk "
+                  "256 --prefill-chunk 256`: %d steps, %r vs %r" % (steps, r.choices[0].text, ref_whole))
             for bad_pf in (-1, 1.5, "8"):
                 try:
                     cl.completions.create(model=MODEL_ID, prompt="x", max_tokens=2,
@@ -546,7 +582,8 @@ def main():
         check(st == 200 and a["choices"][0]["text"] == ref_h2o, "served after the 408")
 
         metrics_ops(port)
-        order_ids = prefill_order(port, filler)
+        order_ids = [(kv, prefill_order(port, filler, kv))
+                     for kv in ({"policy": "full"}, {"policy": "h2o", "ratio": 8})]
         cancelled0, gone0 = count(port, "kvpc_requests_cancelled_total"), req_count(port, "/v1/completions", 499)
         # a client that disconnects mid-stream frees its sequence at once (2000 tokens to
         # go: without the disconnect it would run for many seconds)
@@ -627,16 +664,18 @@ def main():
             rc = None
     check(rc == 0, "SIGTERM drains and exits 0 (rc %s)" % rc)
     queue_full(trace + ".small", prompt, ref_full)
+    prefill_fallback(trace + ".small", story, None if QUICK else ref_chunked)
     os.unlink(trace + ".small")
     lines = [json.loads(l) for l in open(trace)]
     check(len(lines) > 10 and all(k in lines[0] for k in ("id", "policy", "params", "prompt_tokens",
           "generated_tokens", "kv_entries_peak", "kv_bytes_peak", "compress_events",
           "entries_evicted", "eviction_rate", "ttft_s", "total_s")), "--trace writes one JSON line per request")
     ttft = {l["id"]: l["ttft_s"] for l in lines}
-    ta, tb = (ttft.get(i) for i in order_ids)
-    check(ta is not None and tb is not None and ta < 0.75 * (tb + 0.05),
-          "two long prompts: the first one's first token %s s after its arrival, the second's "
-          "%s s after its own, 0.05 s later (arrival order)" % (ta, tb))
+    for kv, ids in order_ids:
+        ta, tb = (ttft.get(i) for i in ids)
+        check(ta is not None and tb is not None and ta < 0.75 * (tb + 0.05),
+              "two long prompts (%s): the first one's first token %s s after its arrival, the "
+              "second's %s s after its own, 0.05 s later (arrival order)" % (kv, ta, tb))
     gone = [l for l in lines if l.get("finish_reason") == "cancelled"]
     if len(gone) != 2:  # the disconnects are the last two (the 64 clients after them wait whole)
         print("NOTE more cancelled requests than the two disconnects: %s" %
