@@ -20,13 +20,8 @@
 
 #include <stdio.h>
 
+#include "kvp_emit.h"
 #include "kvp_ir.h"
-
-struct kvp_emit_opts {
-	int line_directives;   /* 1: emit #line back to the .kvp source (default) */
-	const char *out_name;  /* the generated file's name for the #line that switches back
-	                          after source-derived code; NULL: no switch back */
-};
 
 /* Emit the policy ir (already passed kvp_ir_check) to out. Returns 0, or -1 when writing
  * fails (errno is kept). */
@@ -36,16 +31,5 @@ int kvp_emit_c(const struct kvp_ir *ir, const struct kvp_emit_opts *opts, FILE *
  * the order given). Returns 0, or -1 when two names map to the same symbol (err gets
  * "registry: policies NAME and NAME ...") or writing fails. */
 int kvp_emit_registry(const char *const *names, int n, FILE *out, char *err, size_t err_len);
-
-/* The exported C symbol of a policy: "kvp_policy_" + the name lower-cased with every byte
- * outside [a-z0-9_] replaced by '_'; when that changed anything (or the name is empty),
- * "_" + 8 hex digits of the name's hash are appended so distinct names give distinct
- * symbols. Writes at most len bytes (NUL included); returns the full length. */
-size_t kvp_emit_symbol(const char *name, char *buf, size_t len);
-
-/* Write s as the body of a C string literal (no quotes): printable ASCII except \ " ? is
- * copied, everything else becomes an octal escape, so no byte sequence (trigraphs, line
- * splices, comment closers, non-ASCII) can leave the literal. */
-void kvp_emit_cstr(FILE *out, const char *s);
 
 #endif

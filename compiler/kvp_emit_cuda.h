@@ -24,11 +24,13 @@
 
 #include <stdio.h>
 
+#include "kvp_emit.h"
 #include "kvp_ir.h"
 
-/* Emit the CUDA unit of ir (already passed kvp_ir_check) to out. Returns 0, or -1 when
- * writing fails. */
-int kvp_emit_cuda(const struct kvp_ir *ir, FILE *out);
+/* Emit the CUDA unit of ir (already passed kvp_ir_check) to out, with #line directives
+ * as the C emitter's (opts, NULL: on, no switch back). Returns 0, or -1 when writing
+ * fails. */
+int kvp_emit_cuda(const struct kvp_ir *ir, const struct kvp_emit_opts *opts, FILE *out);
 
 /* The CUDA registry unit for n policies names[0..n): the table of their CUDA policies
  * and `const struct rt_cuda_backend kvp_cuda_backend` (runtime/cuda/rt_cuda.h). Returns 0,

@@ -497,7 +497,8 @@ static int emit_units(const char *const *files, int n, struct unit *units, char 
 				fclose(mem);
 			if (cuda) {
 				FILE *cm = open_memstream(&u->cu, &u->cu_len);
-				if (!cm || kvp_emit_cuda(&ir, cm) != 0) {
+				snprintf(outname, sizeof outname, "policy_%d.cu", *n_units - 1);
+				if (!cm || kvp_emit_cuda(&ir, &opts, cm) != 0) {
 					errf("%s: error: the CUDA emitter failed", files[i]);
 					rc = 1;
 				}

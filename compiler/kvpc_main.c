@@ -240,7 +240,7 @@ static int cmd_emit(int argc, char **argv)
 			rc = 1;
 		} else {
 			struct kvp_emit_opts opts = { .line_directives = lines, .out_name = out };
-			if ((is_cu ? kvp_emit_cuda(&ir, mem) : kvp_emit_c(&ir, &opts, mem)) != 0) {
+			if ((is_cu ? kvp_emit_cuda(&ir, &opts, mem) : kvp_emit_c(&ir, &opts, mem)) != 0) {
 				fprintf(stderr, "%s: error: the %s emitter failed\n", files[0], is_cu ? "CUDA" : "C");
 				rc = 1;
 			}

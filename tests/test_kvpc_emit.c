@@ -1,8 +1,9 @@
 /*
  * test_kvpc_emit: the C back end (compiler/kvp_emit_c.c) and the IR checker
  * (compiler/kvp_ir.c), independent of the front end: policies are built as IR directly
- * here. Checks: golden generated C for three policies (tests/golden/emit/NAME.c.golden,
- * byte-identical, and a second emission identical to the first); every emitted unit
+ * here. Checks: golden generated C for four policies (tests/golden/emit/NAME.c.golden,
+ * byte-identical, and a second emission identical to the first) and CUDA for two
+ * (NAME.cu.golden, with its #line directives); every emitted unit
  * (golden ones and a wider set) compiles with -std=c11 -Wall -Wextra -Werror; #line
  * directives appear and disappear with the switch; hostile names, paths and strings
  * cannot leave their literal; symbols are sanitised and distinct; the registry unit;
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include "kvp_emit_c.h"
+#include "kvp_emit_cuda.h"
 #include "kvp_ir.h"
 #include "kvp_sema.h"
 #include "kvp_src.h"
@@ -212,8 +214,8 @@ static void diag_print(void *user, struct kvp_loc loc, const char *msg)
 	fprintf(stderr, "ir:%d:%d: %s\n", loc.line, loc.col, msg);
 }
 
-/* Emit ir into a heap string. */
-static char *emit_str(struct kvp_ir *ir, int lines, const char *out_name)
+/* Emit ir into a heap string, in C or (cuda) CUDA. */
+static char *emit_to(struct kvp_ir *ir, int lines, const char *out_name, int cuda)
 {
 	int nd = 0;
 	ck_assert_int_eq(kvp_ir_check(ir, diag_print, &nd), 0);
@@ -221,9 +223,14 @@ static char *emit_str(struct kvp_ir *ir, int lines, const char *out_name)
 	size_t len = 0;
 	FILE *f = open_memstream(&buf, &len);
 	struct kvp_emit_opts o = { lines, out_name };
-	ck_assert_int_eq(kvp_emit_c(ir, &o, f), 0);
+	ck_assert_int_eq(cuda ? kvp_emit_cuda(ir, &o, f) : kvp_emit_c(ir, &o, f), 0);
 	fclose(f);
 	return buf;
+}
+
+static char *emit_str(struct kvp_ir *ir, int lines, const char *out_name)
+{
+	return emit_to(ir, lines, out_name, 0);
 }
 
 static char *read_all(const char *path)
@@ -294,12 +301,38 @@ static void golden_check(struct kvp_ir *ir, const char *name)
 	free(g);
 }
 
+/* The CUDA unit of ir against tests/golden/emit/NAME.cu.golden (not compiled here: nvcc
+ * builds every policy's unit in `make cuda`); #line directives come and go with the
+ * switch, as in C. */
+static void golden_check_cuda(struct kvp_ir *ir, const char *name)
+{
+	char path[256], outname[256];
+	snprintf(path, sizeof path, "tests/golden/emit/%s.cu.golden", name);
+	snprintf(outname, sizeof outname, "ir/%s.cu", name);
+	char *a = emit_to(ir, 1, outname, 1);
+	char *b = emit_to(ir, 1, outname, 1);
+	char *plain = emit_to(ir, 0, outname, 1);
+	ck_assert_str_eq(a, b);
+	ck_assert_ptr_nonnull(strstr(a, "#line "));
+	ck_assert_ptr_null(strstr(plain, "#line "));
+	if (getenv("KVPC_UPDATE_GOLDEN"))
+		write_all(path, a);
+	char *g = read_all(path);
+	ck_assert_msg(g != NULL, "missing golden %s (run with KVPC_UPDATE_GOLDEN=1)", path);
+	ck_assert_msg(strcmp(a, g) == 0, "%s differs from the emitter output", path);
+	free(a);
+	free(b);
+	free(plain);
+	free(g);
+}
+
 /* ---- tests ------------------------------------------------------------------------ */
 
 START_TEST(golden_h2o)
 {
 	struct kvp_ir *ir = ir_h2o();
 	golden_check(ir, "h2o");
+	golden_check_cuda(ir, "h2o");
 	ir_delete(ir);
 }
 END_TEST
@@ -308,6 +341,7 @@ START_TEST(golden_snapkv)
 {
 	struct kvp_ir *ir = ir_snapkv();
 	golden_check(ir, "snapkv");
+	golden_check_cuda(ir, "snapkv");
 	ir_delete(ir);
 }
 END_TEST
