@@ -193,6 +193,7 @@ static void signal_expr(struct kvp_em *em, enum kvp_ir_signal s)
 	case KVP_SIG_SIZE: kvp_em_out(em, "(double)%scount[i]", E); break;
 	case KVP_SIG_KEY_NORM: kvp_em_out(em, "k_norm(%sk + (size_t)i * %s, %s)", E, D, D); break;
 	case KVP_SIG_VALUE_NORM: kvp_em_out(em, "k_norm(%sv + (size_t)i * %s, %s)", E, D, D); break;
+	case KVP_SIG_VALUE_L1: kvp_em_out(em, "k_norm_l1(%sv + (size_t)i * %s, %s)", E, D, D); break;
 	case KVP_SIG_KEY_COS_MEAN:
 		if (t->host_score)
 			kvp_em_out(em, "k_cos_anchor(%sk + (size_t)i * %s, vec + %s, %s)", E, D, D, D);

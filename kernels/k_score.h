@@ -26,6 +26,15 @@ K_HD double k_norm(const float *x, int d)
 	return sqrt(s);
 }
 
+/* ||x||_1 of x[d] (VATP's value norm, arXiv 2406.12335). */
+K_HD double k_norm_l1(const float *x, int d)
+{
+	double s = 0;
+	for (int j = 0; j < d; j++)
+		s += fabs((double)x[j]);
+	return s;
+}
+
 /* KeyDiff anchor (arXiv 2504.15364): a[d] = mean over the n keys k[n × d] of k_i/||k_i||
  * (zero keys contribute 0). */
 static inline void k_key_anchor(const float *k, int32_t n, int d, double *a)

@@ -28,6 +28,7 @@
 #include "kvp_ir.h"
 #include "kvp_sema.h"
 #include "kvp_src.h"
+#include "k_score.h"
 
 /* ---- IR-built policies (shaped like the policies/ files but built here, so the back
  * end is tested without the front end; their sources are named ir/NAME.kvp) ---------- */
@@ -951,6 +952,68 @@ START_TEST(random_ir_compiles)
 }
 END_TEST
 
+/* VATP's value norm (arXiv 2406.12335): `score = value_l1` compiled from source keeps
+ * the entries of largest ||v||_1. Five entries (head_dim 4) whose l1 and l2 rankings
+ * differ, by hand:
+ *   v0 = ( 3, 0, 0, 0)    l1 3    l2 3
+ *   v1 = ( 1, 1, 1, 1)    l1 4    l2 2
+ *   v2 = ( 0, 0, 0, .5)   l1 .5   l2 .5
+ *   v3 = (-2.2, 0, 0, 0)  l1 2.2  l2 2.2
+ *   v4 = ( 1, -1, 1, -1.5) l1 4.5 l2 sqrt(5.25) = 2.29
+ * A budget of 3 at prompt end keeps positions 0, 1, 4 by l1 (4.5, 4, 3) and 0, 3, 4 by
+ * l2 (3, 2.29, 2.2): the second run, with value_norm, shows the test tells them apart. */
+static const char l1_src[] =
+	"policy %s {\n"
+	"    budget = 3 entries\n"
+	"    score = %s\n"
+	"    compress at prompt end\n"
+	"}\n";
+
+static void kept_by(const char *name, const char *score, const int32_t want[3])
+{
+	static const float V[5][4] = { { 3, 0, 0, 0 }, { 1, 1, 1, 1 }, { 0, 0, 0, 0.5f },
+	                               { -2.2f, 0, 0, 0 }, { 1, -1, 1, -1.5f } };
+	char text[256];
+	snprintf(text, sizeof text, l1_src, name, score);
+	kvp_src *src = kvp_src_from_mem("l1.kvp", text, strlen(text));
+	struct kvp_ir ir;
+	ck_assert_msg(kvp_compile(src, &ir) == 0, "%s", kvp_src_diags(src));
+	ck_assert(ir.needs & KVP_NEED_VALUES);
+	char *c = emit_str(&ir, 0, "l1.c");
+	void *handle = NULL;
+	const struct kvp_policy *p = load_policy(c, name, &handle);
+	ck_assert_ptr_nonnull(p);
+	rt_kv kv;
+	struct rt_run run;
+	rt_err err = { "" };
+	ck_assert_int_eq(rt_run_init(&run, &kv, p, 1, 1, 1, 4, 8, 5, &err), 0);
+	const float k[4] = { 1, 0, 0, 0 };
+	for (int32_t t = 0; t < 5; t++) {
+		ck_assert_int_ge(rt_run_chunk(&run, &kv, 1), 1);
+		rt_kv_append(&kv, rt_kv_head_at(&kv, 0, 0), k, V[t], t);
+		ck_assert_msg(rt_run_advance(&run, &kv, 1, &err) >= 0, "%s", err.msg);
+	}
+	const rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
+	ck_assert_int_eq(h->n, 3);
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(h->pos[i], want[i]);
+	rt_run_free(&run);
+	rt_kv_free(&kv);
+	dlclose(handle);
+	free(c);
+	kvp_ir_free(&ir);
+	kvp_src_free(src);
+}
+
+START_TEST(value_l1_vatp)
+{
+	static const float v4[4] = { 1, -1, 1, -1.5f };
+	ck_assert(k_norm_l1(v4, 4) == 4.5);
+	kept_by("vatp_l1", "value_l1", (const int32_t[3]){ 0, 1, 4 });
+	kept_by("vatp_l2", "value_norm", (const int32_t[3]){ 0, 3, 4 });
+}
+END_TEST
+
 /* One validation, one message: guards above the budget found by kvpc check (recent at
  * 62 tokens by default) and by the runtime before a run (default 8, then --set r=62)
  * read the same after their place ("FILE:LINE:COL: error: " / "policy NAME: "). */
@@ -1015,6 +1078,7 @@ static Suite *emit_suite(void)
 	tcase_add_test(tc, golden_scissorhands);
 	tcase_add_test(tc, golden_caote_exact);
 	tcase_add_test(tc, same_message_compile_and_run);
+	tcase_add_test(tc, value_l1_vatp);
 	tcase_add_test(tc, compiles_all_paths);
 	tcase_add_test(tc, line_directives_switch);
 	tcase_add_test(tc, banner_and_determinism);
