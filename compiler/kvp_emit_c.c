@@ -888,6 +888,8 @@ static void emit_policy(struct kvp_em *em)
 		kvp_em_out(em, "\t.state_words_dim2 = %u,\n", ir->state_words_dim2);
 	if (ir->alloc.budget_bytes)
 		kvp_em_out(em, "\t.budget_bytes = 1,\n");
+	if (ir->tiers.rotate)
+		kvp_em_out(em, "\t.tier_rotate = %u,\n", ir->tiers.rotate);
 	if (ir->trigger.kind == KVP_TRIG_PROMPT_END) /* measured after a prompt (rt_policy.h) */
 		kvp_em_out(em, "\t.measure = KVP_MEASURE_PROMPT_END,\n");
 	kvp_em_out(em, "\t.positions = %s,\n",

@@ -657,6 +657,8 @@ static void check_const(struct checker *ck, int32_t e, double lo, double hi,
 static void check_tiers(struct checker *ck, const struct kvp_ir *ir)
 {
 	const struct kvp_ir_tiers *t = &ir->tiers;
+	if (t->rotate > 3u || (t->rotate && t->n == 0))
+		problem(ck, t->loc, "a rotation rotates keys (1), values (2) or both (3) of precision tiers");
 	if (t->n == 0 && t->kind == K_TIERS_NONE)
 		return;
 	if (t->n < 1 || t->n > KVP_IR_MAX_TIERS) {

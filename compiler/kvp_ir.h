@@ -289,6 +289,8 @@ struct kvp_ir_tiers {
 	                            cum[n - 1] = 1; UTILITY: each entry is evicted or given a
 	                            tier by utility per byte */
 	double cum[KVP_IR_MAX_TIERS];
+	unsigned rotate;         /* `rotate = hadamard`: bit 0 keys, bit 1 values stored rotated
+	                            at the quantised tiers (kvp_policy.tier_rotate); 0 none */
 	struct kvp_loc loc;
 };
 

@@ -405,6 +405,7 @@ static void lower_tiers(lower *lw)
 	t->n = st ? s->n_tier : 0;
 	t->kind = t->n == 0 ? K_TIERS_NONE : s->tier_shares ? K_TIERS_SHARES : K_TIERS_UTILITY;
 	t->loc = L(st ? st->loc : s->file->name_loc);
+	t->rotate = st ? s->tier_rotate : 0;
 	for (int j = 0; j < t->n; j++) {
 		t->tier[j] = s->tier[j];
 		t->cum[j] = s->tier_shares ? s->tier_cum[j] : 0;

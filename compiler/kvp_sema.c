@@ -1770,6 +1770,40 @@ static int tier_share(sema *S, const kvp_expr *e, int last, double *v)
  * the last. With shares the kept entries outside the guards take the tiers by score rank;
  * without, every entry is evicted or given a tier by utility per byte (docs/language.md
  * section 7.8, kernels/k_tier.h). */
+/* `rotate = hadamard` (keys and values), `hadamard(keys)`, `hadamard(values)` or
+ * `hadamard(keys, values)`: the rotation before quantisation (docs/language.md section
+ * 7.8) into S->out->tier_rotate. 0 when fine. */
+static int check_rotate(sema *S, const kvp_expr *a)
+{
+	const kvp_expr *v = a->a;
+	const char *w = word_of(v);
+	if (!w || strcmp(w, "hadamard")) {
+		ERR(S, v->kind == KVP_E_CALL ? v->name_loc : v->loc,
+		    "unknown rotation%s%s%s; the rotation is hadamard (`rotate = hadamard`, or `hadamard(keys)`, `hadamard(values)`)",
+		    w ? " '" : "", w ? w : "", w ? "'" : "");
+		return -1;
+	}
+	unsigned bits = v->kind == KVP_E_CALL ? 0u : 3u;
+	for (int i = 0; v->kind == KVP_E_CALL && i < v->n_args; i++) {
+		const kvp_expr *x = v->args[i];
+		const unsigned b = x->kind == KVP_E_NAME && !strcmp(x->name, "keys")     ? 1u
+		                   : x->kind == KVP_E_NAME && !strcmp(x->name, "values") ? 2u
+		                                                                          : 0u;
+		if (!b || (bits & b)) {
+			ERR(S, x->loc, b ? "hadamard() names keys or values once" :
+			    "hadamard() rotates keys, values or both: `hadamard(keys)`, `hadamard(values)`, `hadamard(keys, values)`");
+			return -1;
+		}
+		bits |= b;
+	}
+	if (!bits) {
+		ERR(S, v->loc, "hadamard() needs keys, values or both; `rotate = hadamard` rotates both");
+		return -1;
+	}
+	S->out->tier_rotate = bits;
+	return 0;
+}
+
 static void check_precision(sema *S, const kvp_stmt *st)
 {
 	static const char *const choices[] = { "tiers(...)" };
@@ -1789,13 +1823,30 @@ static void check_precision(sema *S, const kvp_stmt *st)
 		ERR(S, v->loc, "tiers() needs the tiers, highest precision first, as in `tiers(f16 = 25%%, q8 = 25%%, q4 = rest)` or `tiers(f16, q8, q4, q2)`");
 		return;
 	}
-	if (v->n_args > N_TIERS) {
+	int na = v->n_args; /* the tiers: the arguments before a trailing `rotate = ...` */
+	for (int i = 0; i < v->n_args; i++) {
+		const kvp_expr *a = v->args[i];
+		if (a->kind != KVP_E_ARG || strcmp(a->name, "rotate"))
+			continue;
+		if (i != v->n_args - 1) {
+			ERR(S, a->name_loc, "`rotate = ...` comes after the tiers, last in tiers(...)");
+			return;
+		}
+		if (i == 0) {
+			ERR(S, a->name_loc, "tiers() needs the tiers before `rotate = ...`, as in `tiers(q4 = rest, rotate = hadamard)`");
+			return;
+		}
+		if (check_rotate(S, a))
+			return;
+		na = i;
+	}
+	if (na > N_TIERS) {
 		ERR(S, v->args[N_TIERS]->loc, "too many tiers: there are four (f16, q8, q4 and q2)");
 		return;
 	}
 	int named = 0, shares = 0;
 	double sum = 0, val[N_TIERS];
-	for (int i = 0; i < v->n_args; i++) {
+	for (int i = 0; i < na; i++) {
 		const kvp_expr *a = v->args[i];
 		int t = tier_of(S, a);
 		if (t < 0)
@@ -1813,13 +1864,13 @@ static void check_precision(sema *S, const kvp_stmt *st)
 		o->tier[i] = t;
 		named += a->kind == KVP_E_ARG;
 		if (a->kind == KVP_E_ARG) {
-			if (tier_share(S, a->a, i == v->n_args - 1, &val[i]))
+			if (tier_share(S, a->a, i == na - 1, &val[i]))
 				return;
 			shares += val[i] > 0;
 			sum += val[i] > 0 ? val[i] : 0;
 		}
 	}
-	if (named && named != v->n_args) {
+	if (named && named != na) {
 		ERR(S, v->loc, "give every tier a share (the kept entries by score rank) or none (chosen by utility per byte), not some");
 		return;
 	}
@@ -1829,21 +1880,21 @@ static void check_precision(sema *S, const kvp_stmt *st)
 		ERR(S, v->loc, "the tiers' shares add up to %s%%, more than the kept entries (100%%)", b);
 		return;
 	}
-	if (named && shares == v->n_args && sum < 1 - 1e-9) {
+	if (named && shares == na && sum < 1 - 1e-9) {
 		ERR(S, v->loc, "the tiers' shares add up to %s%%; end with `rest` (as in `q4 = rest`) or make them add up to 100%%",
 		    b);
 		return;
 	}
-	if (named && shares < v->n_args && sum >= 1 - 1e-9) {
-		ERR(S, v->args[v->n_args - 1]->loc, "`rest` is empty: the shares before it add up to %s%%", b);
+	if (named && shares < na && sum >= 1 - 1e-9) {
+		ERR(S, v->args[na - 1]->loc, "`rest` is empty: the shares before it add up to %s%%", b);
 		return;
 	}
 	double cum = 0;
-	for (int i = 0; named && i < v->n_args; i++) {
+	for (int i = 0; named && i < na; i++) {
 		cum += val[i] > 0 ? val[i] : 1 - sum;
-		o->tier_cum[i] = i == v->n_args - 1 ? 1 : cum;
+		o->tier_cum[i] = i == na - 1 ? 1 : cum;
 	}
-	o->n_tier = v->n_args;
+	o->n_tier = na;
 	o->tier_shares = named > 0;
 }
 

@@ -118,6 +118,9 @@ typedef struct kvp_sema {
 	int tier[4];
 	double tier_cum[4];
 	int tier_shares;
+	/* `rotate = hadamard` in tiers(...): bit 0 keys, bit 1 values stored rotated at the
+	 * quantised tiers (rt_kv_set_rotation); 0 none */
+	unsigned tier_rotate;
 } kvp_sema;
 
 /* Check a tree that parsed without errors. Diagnostics go to f->src; the result is

@@ -722,6 +722,28 @@ START_TEST(test_lower_caote_gracekv)
 }
 END_TEST
 
+/* `rotate = hadamard(keys)` reaches the IR's tiers and the emitted policy's tier_rotate
+ * (bit 0 keys, runtime/policy/rt_policy.h); the tiers before it stay as written */
+START_TEST(test_tiers_rotate)
+{
+	struct kvp_ir ir;
+	compile_file(GOLDEN "/good/tiers_rotate.kvp", &ir);
+	ck_assert_int_eq(ir.tiers.n, 2);
+	ck_assert_int_eq(ir.tiers.kind, K_TIERS_SHARES);
+	ck_assert_int_eq(ir.tiers.rotate, 1);
+	ck_assert_double_eq_tol(ir.tiers.cum[0], 0.5, 1e-15);
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	struct kvp_emit_opts opts = { .line_directives = 0 };
+	ck_assert_int_eq(kvp_emit_c(&ir, &opts, f), 0);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(buf, "\t.tier_rotate = 1,\n"));
+	free(buf);
+	kvp_ir_free(&ir);
+}
+END_TEST
+
 START_TEST(test_c_keywords)
 {
 	struct kvp_ir ir;
@@ -947,6 +969,7 @@ static Suite *front_suite(void)
 	tcase_add_test(tc, test_lower_caote_gracekv);
 	tcase_add_test(tc, test_lower_tiers);
 	tcase_add_test(tc, test_c_keywords);
+	tcase_add_test(tc, test_tiers_rotate);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("fmt");
