@@ -385,6 +385,10 @@ $(B)/gen/tier/%.o: $(B)/gen/tier/%.c
 $(B)/tests/test_tier: $(B)/tests/test_tier.o $(TIER_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
+# tests/test_gemma.c runs StreamingLLM's compacted positions on Gemma 3
+$(B)/tests/test_gemma: $(B)/tests/test_gemma.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
 # tests/test_cli.c runs `ab` and `ppl` with the compiled policies
 $(B)/tests/test_cli: $(B)/tests/test_cli.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)

@@ -456,7 +456,7 @@ static void score_body(struct kvp_em *em, const void *arg)
 			kvp_em_expr(em, x->a);
 			kvp_em_out(em, "), (double)(");
 			kvp_em_expr(em, x->b);
-			kvp_em_out(em, "), ctx->rope_base, ctx->n_rot, vec);\n");
+			kvp_em_out(em, "), ctx->rope_base,\n\t           k_ea_freq(ctx->rope_freq, layer, ctx->n_rot), ctx->n_rot, vec);\n");
 			kvp_em_line_back(em);
 			continue;
 		}

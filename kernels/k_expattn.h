@@ -69,13 +69,22 @@ static inline void k_ea_observe(float *st, const float *q, int group, int d)
 	}
 }
 
+/* Layer l's RoPE frequencies in the runtime's per-layer table rope_freq [n_layer ×
+ * n_rot/2] (kvp_ctx.rope_freq), or NULL when there is none (every layer at the base). */
+static inline const double *k_ea_freq(const double *rope_freq, int layer, int n_rot)
+{
+	return rope_freq ? rope_freq + (size_t)layer * (size_t)(n_rot / 2) : NULL;
+}
+
 /* The means of cos and sin of p·theta_i over p = p0 .. p0 + F - 1 (F >= 1), for the
- * n_rot/2 pairs: cs[2i] = mean cos, cs[2i+1] = mean sin. Σ_k e^{j(p0+k)θ} =
- * e^{j(p0 + (F-1)/2)θ} · sin(Fθ/2) / sin(θ/2), the direct sum when sin(θ/2) is tiny. */
-static inline void k_ea_rope_mean(double *cs, double p0, double F, int n_rot, float base)
+ * n_rot/2 pairs at frequencies freq[i] (NULL: base^(-2i/n_rot)): cs[2i] = mean cos,
+ * cs[2i+1] = mean sin. Σ_k e^{j(p0+k)θ} = e^{j(p0 + (F-1)/2)θ} · sin(Fθ/2) / sin(θ/2), the
+ * direct sum when sin(θ/2) is tiny. */
+static inline void k_ea_rope_mean(double *cs, double p0, double F, int n_rot, float base,
+                                  const double *freq)
 {
 	for (int i = 0; i < n_rot / 2; i++) {
-		const double th = rt_rope_freq(i, n_rot, base), h = sin(th / 2);
+		const double th = freq ? freq[i] : rt_rope_freq(i, n_rot, base), h = sin(th / 2);
 		double c = 0, s = 0;
 		if (fabs(h) > 1e-6) {
 			const double g = sin(F * th / 2) / h / F, a = (p0 + (F - 1) / 2) * th;
@@ -98,18 +107,19 @@ static inline void k_ea_rope_mean(double *cs, double p0, double F, int n_rot, fl
  * (post-RoPE, as stored), positions pos[n], the state st (k_ea_observe). s[n] <-
  * softmax over the entries with pos >= skip of z_i (see the file comment), 0 for the
  * others. seen: tokens seen (the next query's position); F: future positions (< 1 counts
- * as 1); rope base and n_rot: the model's RoPE (n_rot 0: no rotation, Rbar = I).
+ * as 1); rope base, freq (the layer's frequencies, k_ea_freq; NULL: from base) and n_rot:
+ * the model's RoPE (n_rot 0: no rotation, Rbar = I).
  * vec: [2 × d] doubles of scratch. No query observed yet: z = 0, a uniform softmax. */
 static inline void k_ea_score(float *s, const float *k, const int32_t *pos, int32_t n, int d,
                               const float *st, int r, double seen, double F, double skip,
-                              float base, int n_rot, double *vec)
+                              float base, const double *freq, int n_rot, double *vec)
 {
 	const float *cnt = st, *mu = st + K_EA_MAX_GROUP + (size_t)r * d;
 	const float *M = st + K_EA_MAX_GROUP + (size_t)K_EA_MAX_GROUP * d + (size_t)r * d * d;
 	double *cs = vec, *u = vec + d;
 	const int nr = n_rot < d ? n_rot & ~1 : d & ~1;
 	const double nq = cnt[r], isd = 1.0 / sqrt((double)d);
-	k_ea_rope_mean(cs, seen, F < 1 ? 1 : F, nr, base);
+	k_ea_rope_mean(cs, seen, F < 1 ? 1 : F, nr, base, freq);
 	double mx = -INFINITY;
 	for (int32_t i = 0; i < n; i++) {
 		if (pos[i] < skip)

@@ -27,6 +27,9 @@
  * leave exactly window - 1 entries in every sliding-window head and all 600 in the global
  * ones.
  *
+ * test_gemma_rerotation: StreamingLLM's compacted positions re-rotate a sliding-window
+ * layer's keys at that layer's base (a hand rotation of the full cache's keys).
+ *
  * test_gemma_chat_tokens: the chat prompts `run --chat` and `serve` feed for two
  * conversations equal llama-server's token ids (golden and command by the test), and a
  * plain prompt starts with BOS as llama-tokenize's does.
@@ -46,6 +49,9 @@
 #include "model/rt_chat.h"
 #include "model/rt_model.h"
 #include "model/rt_tokenizer.h"
+#include "base/rt_rope.h"
+#include "policy/rt_policy.h"
+#include "policy/rt_seq.h"
 
 #define GOLDEN "tests/golden/model/gemma3_gpl3.txt"
 
@@ -337,6 +343,74 @@ static void kl_file(const char *path, const char *base, int exact)
 	rt_model_free(m);
 }
 
+/* StreamingLLM's compacted positions on Gemma's sliding-window layers (rt_seq.c
+ * seq_rerotate): a kept key is turned from its position p to its new index i at its
+ * layer's own RoPE base (rope.freq_base_swa 10000 there, not the global 1e6). Layer 0 is a
+ * sliding-window layer and its keys depend on the token alone, so the oracle is the full
+ * cache's key at p (the same token, the same projection) rotated by i - p at base 10000
+ * by hand (rt_rope_by_f32, angles in double); at the global base the keys would differ by
+ * O(1). 40 tokens one at a time (sinks 2, recent 8), f32 store on the fast path. */
+START_TEST(test_gemma_rerotation)
+{
+	const char *path = gemma_path();
+	if (!path)
+		return;
+	enum { N = 40 };
+	rt_err err = { "" };
+	const rt_model_opts o = { .exact = 0, .threads = 2, .kv_type = RT_KV_F32 };
+	rt_model *m = rt_model_open(path, &o, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	ck_assert_int_gt(m->layers[0].window, 0);
+	ck_assert_float_eq(m->layers[0].rope_base, 10000.0f);
+	ck_assert_float_eq(m->hp.rope_base, 1e6f);
+	const struct kvp_policy *p = rt_registry_find(kvp_registry, kvp_registry_count, "streaming_llm");
+	ck_assert_ptr_nonnull(p);
+	rt_seq s;
+	ck_assert_msg(rt_seq_init(&s, m, p, N, 1, -1, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_seq_set(&s, "sinks=2", &err) == 0 && rt_seq_set(&s, "recent=8", &err) == 0,
+	              "%s", err.msg);
+	rt_kv kv;
+	rt_fwd f;
+	ck_assert_msg(rt_model_kv_init(m, &kv, N, &err) == 0 && rt_fwd_init(&f, m, 1, N, &err) == 0,
+	              "%s", err.msg);
+	float *lg = malloc((size_t)m->hp.n_vocab * sizeof *lg);
+	int32_t tok[N];
+	for (int i = 0; i < N; i++)
+		tok[i] = 1000 + 37 * i;
+	for (int i = 0; i < N; i++) {
+		ck_assert_msg(rt_seq_feed(&s, tok + i, 1, lg, RT_LOGITS_LAST, &err) == 0, "%s", err.msg);
+		ck_assert_msg(rt_model_forward(&f, &kv, tok + i, 1, i, lg, RT_LOGITS_LAST, &err) == 0,
+		              "%s", err.msg);
+	}
+	const int d = m->hp.head_dim;
+	const rt_kv_head *h = rt_kv_head_at(&s.kv, 0, 0), *full = rt_kv_head_at(&kv, 0, 0);
+	ck_assert_int_lt(h->n, N);
+	int moved = 0;
+	double worst = 0;
+	for (int32_t i = 0; i < h->n; i++) {
+		const int32_t pos = h->pos[i];
+		float x[512];
+		memcpy(x, full->k + (size_t)pos * d, (size_t)d * sizeof *x);
+		rt_rope_by_f32(x, m->hp.n_rot, 10000.0f, (double)i - (double)pos);
+		moved += i != pos;
+		for (int e = 0; e < d; e++) {
+			double err_e = fabs((double)h->k[(size_t)i * d + e] - x[e]) / (1.0 + fabs(x[e]));
+			worst = err_e > worst ? err_e : worst;
+		}
+	}
+	ck_assert_int_gt(moved, 0);
+	ck_assert_msg(worst < 1e-5, "layer 0's re-rotated keys differ from the hand rotation at "
+	              "base 10000 by %g", worst);
+	printf("test_gemma: %d of %d kept keys re-rotated on sliding layer 0, max rel. error %.2e\n",
+	       moved, h->n, worst);
+	free(lg);
+	rt_fwd_free(&f);
+	rt_kv_free(&kv);
+	rt_seq_free(&s);
+	rt_model_free(m);
+}
+END_TEST
+
 /* llama.cpp's token ids of two conversations on this file. The file carries no
  * tokenizer.chat_template (llama.cpp would fall back to ChatML, which this vocabulary does
  * not have: `llama-server -m GEMMA` then greedily answers '<|im_end|>\n<|im_start|>...');
@@ -441,6 +515,7 @@ static Suite *gemma_suite(void)
 	tcase_add_test(tc, test_gemma_exact_vs_llama);
 	tcase_add_test(tc, test_gemma_window);
 	tcase_add_test(tc, test_gemma_chat_tokens);
+	tcase_add_test(tc, test_gemma_rerotation);
 	tcase_add_test(tc, test_gemma_kl_file);
 	suite_add_tcase(s, tc);
 	return s;

@@ -28,6 +28,7 @@
 #include "eval/rt_eval.h"
 #include "model/rt_gguf.h"
 #include "kv/rt_kv.h"
+#include "base/rt_rope.h"
 #include "model/rt_model.h"
 #include "model/rt_quant.h"
 #include "support/tiny_model.h"
@@ -797,9 +798,11 @@ END_TEST
 
 /* ---- bad inputs ---------------------------------------------------------------------- */
 
-enum damage { D_NONE, D_ARCH, D_MISSING, D_SHAPE, D_NO_CTX, D_HEADS, D_ROPE_SCALING, D_ROPE_FREQS };
+enum damage { D_NONE, D_ARCH, D_MISSING, D_SHAPE, D_NO_CTX, D_HEADS, D_ROPE_SCALING, D_ROPE_FREQS,
+	      D_YARN_OK, D_FREQS_OK };
 
-/* A 1-layer F32 llama (4q/2kv, E 32, F 32, V 40) with one deliberate defect. */
+/* A 1-layer F32 llama (4q/2kv, E 32, F 32, V 40, head_dim 8) with one deliberate defect
+ * (D_YARN_OK, D_FREQS_OK: no defect, RoPE scaling that loads). */
 static void write_damaged(const char *path, enum damage d)
 {
 	const int E = 32, F = 32, V = 40, KD = 16;
@@ -815,8 +818,13 @@ static void write_damaged(const char *path, enum damage d)
 	gw_kv_f32(w, "llama.rope.freq_base", 10000.0f);
 	gw_kv_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
 	if (d == D_ROPE_SCALING) {
+		gw_kv_str(w, "llama.rope.scaling.type", "longrope");
+		gw_kv_f32(w, "llama.rope.scaling.factor", 4.0f);
+	}
+	if (d == D_YARN_OK) {
 		gw_kv_str(w, "llama.rope.scaling.type", "yarn");
 		gw_kv_f32(w, "llama.rope.scaling.factor", 4.0f);
+		gw_kv_u32(w, "llama.rope.scaling.original_context_length", 64);
 	}
 	float *z = calloc((size_t)V * E, sizeof *z);
 	for (int i = 0; i < V * E; i++)
@@ -825,8 +833,10 @@ static void write_damaged(const char *path, enum damage d)
 	int64_t ne_k_bad[2] = { E, KD + 1 }, ne_ff[2] = { E, F }, ne_down[2] = { F, E };
 	gw_tensor_f32(w, "token_embd.weight", 2, ne_embd, z);
 	gw_tensor_f32(w, "output_norm.weight", 1, ne_n, z);
-	if (d == D_ROPE_FREQS)
-		gw_tensor_f32(w, "rope_freqs.weight", 1, (int64_t[1]){ KD / 2 }, z);
+	if (d == D_ROPE_FREQS) /* z[0] = 0: a factor that would divide by zero */
+		gw_tensor_f32(w, "rope_freqs.weight", 1, (int64_t[1]){ 4 }, z);
+	if (d == D_FREQS_OK)
+		gw_tensor_f32(w, "rope_freqs.weight", 1, (int64_t[1]){ 4 }, (float[4]){ 1, 2, 4, 8 });
 	gw_tensor_f32(w, "blk.0.attn_norm.weight", 1, ne_n, z);
 	gw_tensor_f32(w, "blk.0.attn_q.weight", 2, ne_q, z);
 	gw_tensor_f32(w, "blk.0.attn_k.weight", 2, d == D_SHAPE ? ne_k_bad : ne_k, z);
@@ -850,10 +860,9 @@ START_TEST(test_bad_files)
 	} cases[] = {
 		{ D_ARCH, "general.architecture 'gpt2' is not supported (supported: 'llama', 'qwen2', "
 		          "'qwen3', 'gemma3')" },
-		{ D_ROPE_SCALING, "key 'llama.rope.scaling.type' = 'yarn' (factor 4): RoPE scaling is not "
-		                  "supported" },
-		{ D_ROPE_FREQS, "tensor 'rope_freqs.weight' (Llama 3.x RoPE frequency factors) is not "
-		                "supported" },
+		{ D_ROPE_SCALING, "key 'llama.rope.scaling.type' = 'longrope' is not supported "
+		                  "(supported: none, linear, yarn)" },
+		{ D_ROPE_FREQS, "tensor 'rope_freqs.weight'[0] = 0 must be positive" },
 		{ D_MISSING, "missing tensor 'blk.0.ffn_gate.weight'" },
 		{ D_SHAPE, "tensor 'blk.0.attn_k.weight' has shape [32, 17], expected [32, 16]" },
 		{ D_NO_CTX, "llama.context_length" },
@@ -878,10 +887,75 @@ START_TEST(test_bad_files)
 	ck_assert_msg(m != NULL, "%s", err.msg);
 	ck_assert_int_eq(m->hp.n_ctx, 16);
 	ck_assert_int_eq(m->hp.group, 2);
+	ck_assert_double_eq(m->layers[0].rope_freq[1], rt_rope_freq(1, 8, 10000.0f));
 	rt_model_free(m);
+	/* RoPE scaling as llama.cpp reads it, n_rot 8 at base 10000 (frequencies 1, 0.1, 0.01,
+	 * 0.001; test_rope works the cases out by hand): YaRN factor 4 over an original
+	 * context of 64 keeps pair 0, mixes pair 1 half and half, interpolates the others */
+	static const struct {
+		enum damage d;
+		double f[4];
+		float mscale;
+	} ok[] = { { D_YARN_OK, { 1, 0.0625, 0.0025, 0.00025 }, 1.1386294f },
+		   { D_FREQS_OK, { 1, 0.05, 0.0025, 0.000125 }, 1.0f } };
+	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+		write_damaged(path, ok[i].d);
+		m = rt_model_open(path, &exact_opts, &err);
+		ck_assert_msg(m != NULL, "%s", err.msg);
+		for (int k = 0; k < 4; k++)
+			ck_assert_double_eq_tol(m->layers[0].rope_freq[k], ok[i].f[k], 1e-9 * ok[i].f[k]);
+		ck_assert_float_eq_tol(m->layers[0].rope_mscale, ok[i].mscale, 1e-6f);
+		rt_model_free(m);
+	}
 	ck_assert_ptr_null(rt_model_open("tests/tmp/does-not-exist.gguf", &exact_opts, &err));
 	ck_assert_ptr_nonnull(strstr(err.msg, "does-not-exist.gguf"));
 	unlink(path);
+}
+END_TEST
+
+/* Last-row logits of tokens tok[0..n) fed from position 0 into a fresh cache. */
+static void last_logits(rt_model *m, const int32_t *tok, int n, float *lg)
+{
+	rt_err err = {0};
+	rt_kv kv;
+	rt_fwd f;
+	ck_assert_int_eq(rt_model_kv_init(m, &kv, n, &err), 0);
+	ck_assert_int_eq(rt_fwd_init(&f, m, n, n, &err), 0);
+	ck_assert_msg(rt_model_forward(&f, &kv, tok, n, 0, lg, RT_LOGITS_LAST, &err) == 0, "%s", err.msg);
+	rt_fwd_free(&f);
+	rt_kv_free(&kv);
+}
+
+/* A Mistral-style window (llama.attention.sliding_window W, every layer): RoPE scores
+ * depend on relative positions only, so in a 1-layer model the last of 12 tokens under a
+ * window of 4 sees exactly what it sees when only the last 4 tokens are fed from position
+ * 0; without the window the two differ (the check can fail). Shape 4/1. */
+START_TEST(test_mistral_window)
+{
+	tiny_model_cfg c = shape_cfg(1, RT_GGML_F32);
+	c.n_layer = 1;
+	c.n_swa = 4;
+	int32_t tok[12];
+	test_tokens(tok, 12, c.n_vocab, 7u);
+	float *a = malloc((size_t)c.n_vocab * sizeof *a), *b = malloc((size_t)c.n_vocab * sizeof *b);
+	for (int windowed = 1; windowed >= 0; windowed--) {
+		c.n_swa = windowed ? 4 : 0;
+		const char *path = write_model(&c);
+		rt_model *m = load_ok(path);
+		ck_assert_int_eq(m->layers[0].window, windowed ? 4 : 0);
+		ck_assert_int_eq(m->layers[0].rope_slot, 0);
+		last_logits(m, tok, 12, a);
+		last_logits(m, tok + 8, 4, b);
+		double d = max_diff_f(a, b, (size_t)c.n_vocab);
+		if (windowed)
+			ck_assert_msg(d < 1e-4, "window 4: last-row logits differ from the last 4 tokens "
+			              "alone by %g", d);
+		else
+			ck_assert_msg(d > 1e-3, "without a window the logits should differ (%g)", d);
+		rt_model_free(m);
+		unlink(path);
+	}
+	free(a), free(b);
 }
 END_TEST
 
@@ -1136,6 +1210,7 @@ static Suite *model_suite(void)
 	suite_add_tcase(s, tc);
 	TCase *bad = tcase_create("errors");
 	tcase_add_test(bad, test_bad_files);
+	tcase_add_test(bad, test_mistral_window);
 	tcase_add_test(bad, test_bad_forward_inputs);
 	suite_add_tcase(s, bad);
 	TCase *ev = tcase_create("eval");

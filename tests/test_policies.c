@@ -767,7 +767,7 @@ START_TEST(expected_attention_numpy)
 				pos[p] = p;
 			}
 			double vec[8];
-			k_ea_score(sc, kk, pos, 12, 4, st, 1, 12, 3, 1, 10000.0f, 4, vec);
+			k_ea_score(sc, kk, pos, 12, 4, st, 1, 12, 3, 1, 10000.0f, NULL, 4, vec);
 			ck_assert(sc[0] == 0.0f);
 			for (int i = 0; i < 11; i++)
 				ck_assert_msg(fabs(sc[i + 1] - ea_softmax_4_1_r1[i]) < 2e-6,

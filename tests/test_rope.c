@@ -2,7 +2,8 @@
  * test_rope: the one RoPE (runtime/base/rt_rope.c) against a long-hand rotation written
  * here from the definition (ggml NORMAL mode: adjacent pairs, theta_i = pos ·
  * base^(-2i/n_rot)), a hand-computed pair, inverse rotations, and the three precisions
- * agreeing with each other. Head shapes 9/3 and 4/1 (query/KV heads).
+ * agreeing with each other. Head shapes 9/3 and 4/1 (query/KV heads). RoPE scaling
+ * (linear, Llama 3.x frequency factors, YaRN) against frequencies worked out by hand.
  */
 #include <check.h>
 #include <math.h>
@@ -112,6 +113,55 @@ START_TEST(test_precisions_and_inverse)
 }
 END_TEST
 
+/* RoPE scaling against values worked out by hand from llama.cpp's formulas (ggml-cpu
+ * ops.cpp rope_yarn, ggml.c ggml_rope_yarn_corr_dims, llama-context.cpp's attention
+ * factor), n_rot 8, base 10000 (plain frequencies 1, 0.1, 0.01, 0.001):
+ *   linear, factor 4 (freq_scale 0.25): 0.25, 0.025, 0.0025, 0.00025; magnitude 1;
+ *   Llama 3.x factors (rope_freqs.weight) 1, 2, 4, 8: 1, 0.05, 0.0025, 0.000125;
+ *   YaRN, factor 4, original context 64, betas 32 / 1: the correction dimensions are
+ *   floor(8 ln(64 / (32·2π)) / (2 ln 10000)) = floor(-0.497) -> 0 and
+ *   ceil(8 ln(64 / (2π)) / (2 ln 10000)) = ceil(1.008) = 2, so the ramp mixes
+ *   1, 0.5, 0, 0 of the extrapolated frequency: 1, 0.1·(0.25·0.5 + 0.5) = 0.0625, 0.0025,
+ *   0.00025; magnitude 1 + 0.1 ln 4 = 1.1386294 (llama.cpp cancels its own get_mscale). */
+START_TEST(test_scaling_hand)
+{
+	double f[4];
+	float ms;
+	const rt_rope_scaling lin = { .freq_scale = 0.25f, .attn_factor = 1.0f };
+	rt_rope_scaled_freqs(f, &ms, 8, 10000.0f, &lin);
+	const double want_lin[4] = { 0.25, 0.025, 0.0025, 0.00025 };
+	for (int i = 0; i < 4; i++)
+		ck_assert_double_eq_tol(f[i], want_lin[i], 1e-9 * want_lin[i]);
+	ck_assert_float_eq(ms, 1.0f);
+	const float ff[4] = { 1, 2, 4, 8 };
+	const rt_rope_scaling l3 = { .freq_scale = 1.0f, .factors = ff, .attn_factor = 1.0f };
+	rt_rope_scaled_freqs(f, &ms, 8, 10000.0f, &l3);
+	const double want_l3[4] = { 1, 0.05, 0.0025, 0.000125 };
+	for (int i = 0; i < 4; i++)
+		ck_assert_double_eq_tol(f[i], want_l3[i], 1e-9 * want_l3[i]);
+	const rt_rope_scaling yarn = { .freq_scale = 0.25f, .yarn = 1, .yarn_factor = 4.0f,
+		                       .beta_fast = 32.0f, .beta_slow = 1.0f, .n_ctx_orig = 64,
+		                       .attn_factor = 1.0f };
+	rt_rope_scaled_freqs(f, &ms, 8, 10000.0f, &yarn);
+	const double want_yarn[4] = { 1, 0.0625, 0.0025, 0.00025 };
+	for (int i = 0; i < 4; i++)
+		ck_assert_double_eq_tol(f[i], want_yarn[i], 1e-9 * want_yarn[i]);
+	ck_assert_float_eq_tol(ms, 1.1386294f, 1e-6f);
+	/* the table from frequencies: pos 3, pair 1 of the linear case, cos/sin of 0.075 */
+	float cs[8];
+	rt_rope_scaled_freqs(f, &ms, 8, 10000.0f, &lin);
+	rt_rope_table_f32_freq(cs, 1, 3, 8, f, 2.0f);
+	ck_assert_float_eq_tol(cs[2], 2.0f * 0.99718882f, 1e-6f);
+	ck_assert_float_eq_tol(cs[3], 2.0f * 0.07492971f, 1e-6f);
+	/* unscaled: the plain table, bit for bit */
+	float a[16], b[16];
+	rt_rope_scaled_freqs(f, &ms, 8, 10000.0f, NULL);
+	rt_rope_table_f32(a, 2, 5, 8, 10000.0f);
+	rt_rope_table_f32_freq(b, 2, 5, 8, f, ms);
+	ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("rope");
@@ -119,6 +169,7 @@ int main(void)
 	tcase_add_test(tc, test_hand_pair);
 	tcase_add_test(tc, test_forward_table);
 	tcase_add_test(tc, test_precisions_and_inverse);
+	tcase_add_test(tc, test_scaling_hand);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -35,6 +35,39 @@ void rt_rope_freqs(double *freq, int n_rot, float base);
  * cs[r·n_rot + 2i + 1] = (float)cos, (float)sin of theta_i. cs: [C × n_rot]. */
 void rt_rope_table_f32(float *cs, int C, int32_t pos0, int n_rot, float base);
 
+/* RoPE scaling as llama.cpp applies it (ggml-cpu ops.cpp rope_yarn and
+ * ggml_rope_cache_init; src/llama-context.cpp for the attention factor): per pair i the
+ * extrapolated frequency f_i = base^(-2i/n_rot) / factors[i] (Llama 3.x's
+ * rope_freqs.weight; NULL: 1), the interpolated one freq_scale · f_i (linear scaling:
+ * freq_scale = 1 / rope.scaling.factor), and under YaRN (Peng et al. 2023, arXiv
+ * 2309.00071) the blend f_i · (freq_scale (1 - r_i) + r_i) with r_i the ramp between the
+ * correction dimensions of beta_fast and beta_slow at n_ctx_orig positions. Every angle
+ * is still pos · freq[i], so the tables and re-rotations below take these freq. mscale
+ * multiplies cos and sin (queries and keys), as ggml's: attn_factor, times YaRN's
+ * (1 + 0.1 ln(1/freq_scale)) over llama.cpp's cancelling of its own get_mscale. */
+typedef struct rt_rope_scaling {
+	float freq_scale;     /* 1 / factor (1: none) */
+	const float *factors; /* [n_rot/2] frequency divisors, or NULL */
+	int yarn;             /* 1: YaRN's ramp and magnitude */
+	float yarn_factor;    /* YaRN: the model's 1 / freq_scale of its full-attention layers
+	                         (llama.cpp's attention factor is computed from it) */
+	float beta_fast, beta_slow; /* YaRN's correction betas (32, 1) */
+	int32_t n_ctx_orig;   /* YaRN: the original context (rope.scaling.original_context_length) */
+	float attn_factor;    /* rope.scaling.attn_factor (1) */
+} rt_rope_scaling;
+
+/* freq[i] for i < n_rot/2 and *mscale under scaling s (NULL: plain, freq = rt_rope_freqs,
+ * mscale 1). No allocation, no failure. */
+void rt_rope_scaled_freqs(double *freq, float *mscale, int n_rot, float base,
+                          const rt_rope_scaling *s);
+
+/* rt_rope_table_f32 from frequencies (rt_rope_scaled_freqs) and a magnitude: cs[r·n_rot
+ * + 2i], cs[r·n_rot + 2i + 1] = (float)(mscale cos), (float)(mscale sin) of (pos0 + r) ·
+ * freq[i]. With freq = rt_rope_freqs(base) and mscale 1 it is rt_rope_table_f32, bit for
+ * bit. */
+void rt_rope_table_f32_freq(float *cs, int C, int32_t pos0, int n_rot, const double *freq,
+                            float mscale);
+
 /* Rotate heads h0..h0+nh-1 of each of C rows by that row's f32 table row (products in
  * float). Row r's head h starts at x + r·stride + h·head_dim; cs: [C × n_rot] as
  * rt_rope_table_f32 writes it. */

@@ -74,6 +74,13 @@ extern "C" rt_cuda_model *rt_cuda_model_upload(const rt_model *m, enum rt_cuda_w
 		           "with rt_model_load_opts (exact = 1)", m->path);
 		return NULL;
 	}
+	if (m->hp.n_swa || m->rope_factors || m->hp.rope_freq_scale != 1.0f || m->hp.rope_yarn ||
+	    m->hp.rope_attn_factor != 1.0f) {
+		rt_err_set(err, "%s: cuda: the device forward rotates at rope.freq_base alone, over every "
+		           "entry: sliding-window layers, RoPE scaling and rope_freqs.weight run on the "
+		           "CPU path only", m->path);
+		return NULL;
+	}
 	if (rt_cuda_probe(NULL, 0, NULL, err) < 0)
 		return NULL;
 	rt_cuda_model *dm = (rt_cuda_model *)calloc(1, sizeof *dm);

@@ -227,36 +227,55 @@ static int read_arch(const rt_gguf *g, enum rt_arch *out, rt_err *err)
 static int refuse_unsupported(const rt_gguf *g, const char *a, rt_err *err)
 {
 	const char *path = rt_gguf_path(g);
-	char key[128];
-	rt_gguf_str st;
-	snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-	if (rt_gguf_find_kv(g, key)) {
-		if (rt_gguf_get_str(g, key, &st, err) < 0)
-			return -1;
-		if (!(st.len == 4 && memcmp(st.s, "none", 4) == 0)) {
-			float fac = 1.0f;
-			if (get_f32_opt(g, a, "rope.scaling.factor", &fac, err) < 0)
-				return -1;
-			if (!(st.len == 6 && memcmp(st.s, "linear", 6) == 0 && fac == 1.0f))
-				return rt_err_set(err, "%s: key '%s' = '%.*s' (factor %g): RoPE scaling is not "
-				                  "supported (supported: none, or linear with factor 1)", path, key,
-				                  (int)(st.len > 32 ? 32 : st.len), st.s, (double)fac);
-		}
-	}
-	static const char *const float_keys[] = { "rope.scale_linear", "final_logit_softcapping",
-		                                  "attn_logit_softcapping" };
+	static const char *const float_keys[] = { "final_logit_softcapping", "attn_logit_softcapping",
+		                                  "rope.scaling.yarn_log_multiplier" };
 	for (size_t i = 0; i < sizeof float_keys / sizeof float_keys[0]; i++) {
 		float v = 0.0f;
 		if (get_f32_opt(g, a, float_keys[i], &v, err) < 0)
 			return -1;
-		const int neutral = strncmp(float_keys[i], "rope", 4) == 0 ? (v == 0.0f || v == 1.0f) : v == 0.0f;
-		if (!neutral)
+		if (v != 0.0f)
 			return rt_err_set(err, "%s: key '%s.%s' = %g is not supported (supported: absent, or "
-			                  "the neutral value)", path, a, float_keys[i], (double)v);
+			                  "the neutral value 0)", path, a, float_keys[i], (double)v);
 	}
-	if (rt_gguf_find_tensor(g, "rope_freqs.weight"))
-		return rt_err_set(err, "%s: tensor 'rope_freqs.weight' (Llama 3.x RoPE frequency factors) "
-		                  "is not supported (supported: plain RoPE at ARCH.rope.freq_base)", path);
+	return 0;
+}
+
+/* RoPE scaling (rt_model_hparams): the keys llama_model::load_hparams reads, with its
+ * defaults; longrope and other types are refused naming the key. */
+static int read_rope_scaling(const rt_gguf *g, const char *a, rt_model_hparams *hp, rt_err *err)
+{
+	const char *path = rt_gguf_path(g);
+	char key[128];
+	snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+	rt_gguf_str st = { "linear", 6 };
+	if (rt_gguf_find_kv(g, key) && rt_gguf_get_str(g, key, &st, err) < 0)
+		return -1;
+	const int none = st.len == 4 && !memcmp(st.s, "none", 4);
+	hp->rope_yarn = st.len == 4 && !memcmp(st.s, "yarn", 4);
+	if (!none && !hp->rope_yarn && !(st.len == 6 && !memcmp(st.s, "linear", 6)))
+		return rt_err_set(err, "%s: key '%s' = '%.*s' is not supported (supported: none, linear, "
+		                  "yarn)", path, key, (int)(st.len > 32 ? 32 : st.len), st.s);
+	float fac = 0.0f;
+	uint32_t orig = (uint32_t)hp->n_ctx;
+	hp->rope_attn_factor = 1.0f;
+	hp->yarn_beta_fast = 32.0f;
+	hp->yarn_beta_slow = 1.0f;
+	snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+	const char *fk = rt_gguf_find_kv(g, key) ? "rope.scaling.factor" : "rope.scale_linear";
+	if (get_f32_opt(g, a, fk, &fac, err) < 0 ||
+	    get_f32_opt(g, a, "rope.scaling.attn_factor", &hp->rope_attn_factor, err) < 0 ||
+	    get_f32_opt(g, a, "rope.scaling.yarn_beta_fast", &hp->yarn_beta_fast, err) < 0 ||
+	    get_f32_opt(g, a, "rope.scaling.yarn_beta_slow", &hp->yarn_beta_slow, err) < 0 ||
+	    get_u32_opt(g, a, "rope.scaling.original_context_length", &orig, err) < 0)
+		return -1;
+	if (!(fac >= 0.0f) || !isfinite(fac) || !(hp->rope_attn_factor > 0.0f) ||
+	    !isfinite(hp->rope_attn_factor) || orig < 1 || orig > (1u << 24) ||
+	    !isfinite(hp->yarn_beta_fast) || !isfinite(hp->yarn_beta_slow))
+		return rt_err_set(err, "%s: %s.%s %g, rope.scaling.attn_factor %g or "
+		                  "original_context_length %u out of range", path, a, fk, (double)fac,
+		                  (double)hp->rope_attn_factor, orig);
+	hp->rope_freq_scale = none || fac == 0.0f ? 1.0f : 1.0f / fac;
+	hp->n_ctx_orig = (int32_t)orig;
 	return 0;
 }
 
@@ -287,6 +306,24 @@ static int read_swa(const rt_gguf *g, const char *a, rt_model_hparams *hp, rt_er
 	hp->swa_pattern = (int)pattern;
 	if (n_swa == 0)
 		hp->rope_base_swa = hp->rope_base;
+	return 0;
+}
+
+/* Mistral-style files (an architecture without interleaved layers): when
+ * ARCH.attention.sliding_window is set, every layer attends over that window at the one
+ * RoPE base (swa_pattern n_layer + 1: no layer is global), as HF transformers' Mistral
+ * does. llama.cpp's `llama` graph does not read the key and attends over everything, so
+ * the two agree up to the window and differ beyond it. */
+static int read_window(const rt_gguf *g, const char *a, rt_model_hparams *hp, rt_err *err)
+{
+	uint32_t n_swa = 0;
+	if (get_u32_opt(g, a, "attention.sliding_window", &n_swa, err) < 0)
+		return -1;
+	if (n_swa > (1u << 24))
+		return rt_err_set(err, "%s: %s.attention.sliding_window %u out of range",
+		                  rt_gguf_path(g), a, n_swa);
+	hp->n_swa = (int32_t)n_swa;
+	hp->swa_pattern = hp->n_layer + 1;
 	return 0;
 }
 
@@ -367,7 +404,8 @@ static int read_hparams(const rt_gguf *g, rt_model_hparams *hp, uint32_t *file_t
 	/* gemma3's 27B (62 layers) scales by the query width per head, as llama.cpp does */
 	if (hp->arch == RT_ARCH_GEMMA3 && n_layer == 62)
 		hp->attn_scale = 1.0f / sqrtf((float)(n_embd / n_head));
-	if (ai->swa && read_swa(g, a, hp, err) < 0)
+	if ((ai->swa ? read_swa(g, a, hp, err) : read_window(g, a, hp, err)) < 0 ||
+	    read_rope_scaling(g, a, hp, err) < 0)
 		return -1;
 	*file_type = UINT32_MAX;
 	if (rt_gguf_find_kv(g, "general.file_type") &&
@@ -426,10 +464,41 @@ static void layer_options(rt_model *m)
 	for (int l = 0; l < hp->n_layer; l++) {
 		rt_layer *L = &m->layers[l];
 		const int swa = hp->n_swa > 0 && l % hp->swa_pattern < hp->swa_pattern - 1;
+		/* only interleaved layers (gemma3) have their own base: a Mistral window keeps it */
+		const int own = swa && rt_arch_get(hp->arch)->swa;
 		L->window = swa ? hp->n_swa : 0;
-		L->rope_base = swa ? hp->rope_base_swa : hp->rope_base;
-		L->rope_slot = swa;
+		L->rope_base = own ? hp->rope_base_swa : hp->rope_base;
+		L->rope_slot = own;
 	}
+}
+
+/* Each layer's RoPE frequencies and magnitude (rt_rope_scaled_freqs): its base, the
+ * file's scaling (freq_scale on the full-attention layers only) and rope_freqs.weight.
+ * 0, or -1 with err (out of memory; a factor that is not positive and finite). */
+static int rope_setup(rt_model *m, rt_err *err)
+{
+	const rt_model_hparams *hp = &m->hp;
+	const int half = hp->n_rot / 2;
+	for (int i = 0; m->rope_factors && i < half; i++)
+		if (!(m->rope_factors[i] > 0.0f) || !isfinite(m->rope_factors[i]))
+			return rt_err_set(err, "%s: tensor 'rope_freqs.weight'[%d] = %g must be positive",
+			                  m->path, i, (double)m->rope_factors[i]);
+	m->rope_freq = malloc(((size_t)hp->n_layer * half + 1) * sizeof *m->rope_freq);
+	if (!m->rope_freq)
+		return rt_err_set(err, "%s: out of memory", m->path);
+	for (int l = 0; l < hp->n_layer; l++) {
+		rt_layer *L = &m->layers[l];
+		const rt_rope_scaling sc = {
+			.freq_scale = L->rope_slot ? 1.0f : hp->rope_freq_scale, .factors = m->rope_factors,
+			.yarn = hp->rope_yarn, .yarn_factor = 1.0f / hp->rope_freq_scale,
+			.beta_fast = hp->yarn_beta_fast, .beta_slow = hp->yarn_beta_slow,
+			.n_ctx_orig = hp->n_ctx_orig, .attn_factor = hp->rope_attn_factor,
+		};
+		double *f = m->rope_freq + (size_t)l * half;
+		rt_rope_scaled_freqs(f, &L->rope_mscale, hp->n_rot, L->rope_base, &sc);
+		L->rope_freq = f;
+	}
+	return 0;
 }
 
 /* The tensors the model needs (names, shapes, where each goes) into w[0..n): the
@@ -453,6 +522,8 @@ static size_t model_wants(rt_model *m, const rt_gguf *g, int64_t nv, want *w)
 #define WANT(nm, a0, a1, d) WANT_M(nm, a0, a1, d, NULL, 0)
 	WANT_M("token_embd.weight", E, nv, &m->tok_embd, &m->embd, 0);
 	WANT("output_norm.weight", E, 0, &m->out_norm);
+	if (rt_gguf_find_tensor(g, "rope_freqs.weight")) /* Llama 3.x: llama.cpp's LLM_TENSOR_ROPE_FREQS */
+		WANT("rope_freqs.weight", hp.n_rot / 2, 0, &m->rope_factors);
 	m->tied_output = rt_gguf_find_tensor(g, "output.weight") == NULL;
 	if (!m->tied_output)
 		WANT_M("output.weight", E, nv, &m->output, &m->out, 0);
@@ -562,7 +633,7 @@ rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *e
 	m->f32_act = !o->exact && o->f32_act;
 	snprintf(m->path, sizeof m->path, "%s", path);
 	m->layers = calloc((size_t)hp.n_layer, sizeof *m->layers);
-	size_t n_want = 3 + WANTS_PER_LAYER * (size_t)hp.n_layer;
+	size_t n_want = 4 + WANTS_PER_LAYER * (size_t)hp.n_layer;
 	want *w = calloc(n_want, sizeof *w);
 	if (!m->layers || !w) {
 		rt_err_set(err, "%s: out of memory", path);
@@ -583,6 +654,10 @@ rt_model *rt_model_load_opts(const rt_gguf *g, const rt_model_opts *o, rt_err *e
 		m->out = m->embd;
 	}
 	free(w);
+	if (rope_setup(m, err) < 0) {
+		rt_model_free(m);
+		return NULL;
+	}
 	/* the exact path keeps OpenBLAS's own thread setting unless a count was given */
 	if ((!m->exact || o->threads > 0) &&
 	    rt_model_set_threads(m, o->threads > 0 ? o->threads : 1, err) < 0) {
@@ -652,6 +727,7 @@ void rt_model_free(rt_model *m)
 	free(m->qmem);
 	free(m->mem);
 	free(m->layers);
+	free(m->rope_freq);
 	free(m);
 }
 
@@ -1232,10 +1308,20 @@ static int rope_tables(const rt_model_hparams *hp)
 	return hp->n_swa > 0 ? 2 : 1;
 }
 
-/* Base of RoPE table t. */
-static float rope_table_base(const rt_model_hparams *hp, int t)
+/* The layer whose frequencies RoPE table t holds (every layer of a slot has the same). */
+static const rt_layer *rope_table_layer(const rt_model *m, int t)
 {
-	return t ? hp->rope_base_swa : hp->rope_base;
+	for (int l = 0; l < m->hp.n_layer; l++)
+		if (m->layers[l].rope_slot == t)
+			return &m->layers[l];
+	return &m->layers[0];
+}
+
+/* Fill RoPE table t (tab, C rows from position pos0). */
+static void rope_table_fill(const rt_model *m, int t, float *tab, int C, int32_t pos0)
+{
+	const rt_layer *L = rope_table_layer(m, t);
+	rt_rope_table_f32_freq(tab, C, pos0, m->hp.n_rot, L->rope_freq, L->rope_mscale);
 }
 
 /* RoPE table t of f (max_chunk × n_rot floats each). */
@@ -1252,14 +1338,13 @@ static void chunk_rope_tables(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_s
 {
 	const rt_model_hparams *hp = &big->m->hp;
 	for (int t = 0; t < rope_tables(hp); t++) {
-		const float base = rope_table_base(hp, t);
 		if (shared) {
-			rt_rope_table_f32(rope_table(big, t), sg[0].C, sg[0].pos0, hp->n_rot, base);
+			rope_table_fill(big->m, t, rope_table(big, t), sg[0].C, sg[0].pos0);
 			big->rope_at[t] = sg[0].pos0;
 		}
 		for (int k = 0; k < K; k++)
 			if (fs[k] != big && (fs[k]->rope_at_index || !shared)) {
-				rt_rope_table_f32(rope_table(fs[k], t), sg[k].C, sg[k].pos0, hp->n_rot, base);
+				rope_table_fill(big->m, t, rope_table(fs[k], t), sg[k].C, sg[k].pos0);
 				fs[k]->rope_at[t] = sg[k].pos0;
 			}
 	}
@@ -1328,7 +1413,7 @@ static void seg_rope(rt_fwd *f, rt_kv *kv, int l, int C, float *q, float *kk, co
 	for (int j = 0; j < hp->n_head_kv; j++) {
 		int32_t at = rt_kv_head_at(kv, l, j)->n; /* index of row 0's key */
 		if (at != f->rope_at[t]) {
-			rt_rope_table_f32(tab, C, at, hp->n_rot, rope_table_base(hp, t));
+			rope_table_fill(m, t, tab, C, at);
 			f->rope_at[t] = at;
 		}
 		rt_rope_apply_f32(q, C, (size_t)qd, j * hp->group, hp->group, hd, hp->n_rot, tab);

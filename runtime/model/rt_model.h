@@ -7,11 +7,15 @@
  * prefix, as llama.cpp's llama-model.cpp reads them (ARCH.block_count, embedding_length,
  * feed_forward_length, attention.head_count(_kv), attention.key_length, rope.freq_base,
  * rope.dimension_count, attention.layer_norm_rms_epsilon, context_length; gemma3 also
- * attention.sliding_window, attention.sliding_window_pattern, rope.freq_base_swa), checks
- * that every tensor exists with the expected shape and a type rt_quant can decode, and
- * loads the weights (see rt_model_opts). Tied output (no output.weight: logits =
- * token_embd^T h) and an explicit output.weight are both supported. A key that would change
- * the function and is not implemented (RoPE scaling, Llama 3's rope_freqs.weight, a logit
+ * attention.sliding_window, attention.sliding_window_pattern, rope.freq_base_swa; the
+ * others attention.sliding_window for a Mistral-style window on every layer), RoPE scaling
+ * (rope.scaling.type none / linear / yarn with its factor, attn_factor,
+ * original_context_length and YaRN betas, and Llama 3.x's rope_freqs.weight frequency
+ * factors: rt_model_hparams, base/rt_rope.h rt_rope_scaling), checks that every tensor
+ * exists with the expected shape and a type rt_quant can decode, and loads the weights
+ * (see rt_model_opts). Tied output (no output.weight: logits = token_embd^T h) and an
+ * explicit output.weight are both supported. A key that would change the function and is
+ * not implemented (longrope and other scaling types, YaRN's log multiplier, a logit
  * soft-cap) is refused with the file, the key and what is supported.
  *
  * The forward is one function for every architecture; the differences are options of the
@@ -20,8 +24,9 @@
  *   x = embd[token] · embd_scale                   (gemma3: sqrt(n_embd), else 1)
  *   per layer: h = RMSNorm(x)·w_attn_norm; q, k, v = h·Wq^T (+bq), h·Wk^T (+bk), h·Wv^T (+bv)
  *              (biases: qwen2); per-head RMSNorm of q and k (qwen3, gemma3);
- *              RoPE on q and k at the layer's base (gemma3: rope.freq_base_swa on the
- *              sliding-window layers); append k, v to the (layer, KV head) entry lists;
+ *              RoPE on q and k at the layer's frequencies (rt_layer.rope_freq: gemma3's
+ *              sliding-window layers at rope.freq_base_swa, unscaled; RoPE scaling on
+ *              the others); append k, v to the (layer, KV head) entry lists;
  *              attention with scale attn_scale (1/sqrt(head_dim)); a = o·Wo^T;
  *              x += a, or x += RMSNorm(a)·w_attn_post_norm (gemma3);
  *              h = RMSNorm(x)·w_ffn_norm; f = (act(h·Wg^T) ⊙ h·Wu^T)·Wd^T with act SiLU
@@ -103,7 +108,17 @@ typedef struct rt_model_hparams {
 	int32_t n_swa;    /* ARCH.attention.sliding_window: the window of the sliding-window
 	                   * layers in tokens (0: every layer attends to all entries) */
 	int swa_pattern;  /* gemma3: layer l is a sliding-window layer unless l % swa_pattern
-	                   * == swa_pattern - 1 (ARCH.attention.sliding_window_pattern, 6) */
+	                   * == swa_pattern - 1 (ARCH.attention.sliding_window_pattern, 6);
+	                   * a Mistral-style window: n_layer + 1 (every layer) */
+	/* RoPE scaling, read as llama.cpp's llama_model::load_hparams reads it
+	 * (base/rt_rope.h rt_rope_scaling): ARCH.rope.scaling.type none / linear / yarn
+	 * (absent: linear), .factor (or the older rope.scale_linear; 0 or absent: 1),
+	 * .attn_factor, .original_context_length, .yarn_beta_fast / .yarn_beta_slow; the
+	 * sliding-window layers keep freq_scale 1 (llama.cpp's rope_freq_scale_train_swa) */
+	float rope_freq_scale; /* 1 / factor on the full-attention layers (1: none) */
+	int rope_yarn;         /* 1: YaRN */
+	float rope_attn_factor, yarn_beta_fast, yarn_beta_slow;
+	int32_t n_ctx_orig;    /* YaRN's original context (default context_length) */
 	float norm_eps;   /* ARCH.attention.layer_norm_rms_epsilon */
 	float attn_scale; /* the attention logits' scale: 1/sqrt(head_dim) (gemma3's 27B
 	                   * layout: 1/sqrt(n_embd / n_head), as llama.cpp) */
@@ -133,6 +148,10 @@ typedef struct rt_layer {
 	int32_t window;   /* sliding window in tokens (hp.n_swa), 0: full attention */
 	float rope_base;  /* this layer's RoPE base (hp.rope_base or hp.rope_base_swa) */
 	int rope_slot;    /* which of the forward's RoPE tables: 0 rope_base, 1 rope_base_swa */
+	const double *rope_freq; /* [n_rot/2] this layer's angle per position of each pair,
+	                          * scaling included (rt_rope_scaled_freqs; into rt_model's
+	                          * rope_freq): what re-rotating a key by a position delta uses */
+	float rope_mscale;       /* the factor on cos and sin in its tables (YaRN; else 1) */
 } rt_layer;
 
 typedef struct rt_model {
@@ -144,6 +163,8 @@ typedef struct rt_model {
 	const float *out_norm;   /* [n_embd] */
 	const float *output;     /* [n_vocab × n_embd]; == tok_embd when tied */
 	rt_layer *layers;        /* [n_layer] */
+	const float *rope_factors; /* [n_rot/2] rope_freqs.weight (Llama 3.x), or NULL */
+	double *rope_freq;       /* [n_layer × n_rot/2] each layer's RoPE frequencies */
 	float *mem;              /* the f32 weights (exact: all; fast: norms and any matrix
 	                          * whose type has no rt_dot kernel, dequantised) */
 	size_t mem_bytes;

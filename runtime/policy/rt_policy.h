@@ -37,7 +37,7 @@
 #include "base/rt_pool.h"
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 8 /* 7: struct kvp_policy.budget_bytes; 8: .measure */
+#define KVP_ABI_VERSION 9 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq */
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
@@ -179,6 +179,10 @@ struct kvp_ctx {
 	const struct kvp_trace *trace; /* the prompt trace (KVP_NEED_TRACE), else NULL */
 	float rope_base;        /* the model's RoPE (base/rt_rope.h): frequency base and rotated */
 	int n_rot;              /* dimensions per head; n_rot 0 = no rotation (set by rt_seq) */
+	const double *rope_freq; /* [n_layer × n_rot/2] each layer's frequencies (rt_model
+	                           rope_freq: a sliding-window layer's own base, RoPE scaling),
+	                           or NULL: every layer at rope_base (kernels/k_expattn.h
+	                           k_ea_layer_freq reads it) */
 	double byte_ratio;      /* compression factor in bytes R (> 1), 0 = none: the budget
 	                           becomes 1/R of the bytes of an f16 full cache of the context
 	                           (k_context × rt_kv_f16_entry_bytes per head) in place of the

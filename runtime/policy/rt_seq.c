@@ -196,7 +196,9 @@ static int trace_init(rt_seq *s, rt_err *err)
 /* ---- compacted positions ----------------------------------------------------------------- */
 
 /* After a compress under KVP_POS_COMPACTED: turn every kept key from the index it was
- * rotated at to its current index i (delta = i - old), so entry i sits at rotation i. A
+ * rotated at to its current index i (delta = i - old), so entry i sits at rotation i, at
+ * its layer's own frequencies (rt_layer.rope_freq: a sliding-window layer's base, RoPE
+ * scaling), the ones the forward rotated it with. A
  * store of a narrow element type (f16, q8_0) is decoded, rotated in f32 and stored again
  * (one more rounding of that key; f32 stores rotate in place). */
 static void seq_rerotate(rt_seq *s)
@@ -205,8 +207,14 @@ static void seq_rerotate(rt_seq *s)
 	const int n_rot = hp->n_rot, d = hp->head_dim;
 	const int H = s->kv.n_layer * s->kv.n_kv_head;
 	double cached = 0; /* delta the cos/sin table holds (0: none) */
+	const double *freq = NULL; /* the frequencies it was computed with */
 	for (int hi = 0; hi < H; hi++) {
 		rt_kv_head *h = &s->kv.heads[hi];
+		const double *lf = s->m->layers[hi / s->kv.n_kv_head].rope_freq;
+		if (lf != freq) {
+			freq = lf;
+			cached = 0;
+		}
 		int32_t *ri = s->rot_idx + (size_t)hi * (size_t)hp->n_ctx;
 		if (s->kv.tiered) {
 			/* a tiered store takes the head's keys at once: a re-rotated key's key group
@@ -222,7 +230,7 @@ static void seq_rerotate(rt_seq *s)
 				continue;
 			double delta = (double)i - (double)old;
 			if (delta != cached) {
-				rt_rope_cs_f64(s->rot_cs, delta, n_rot, hp->rope_base, s->rot_freq);
+				rt_rope_cs_f64(s->rot_cs, delta, n_rot, hp->rope_base, freq);
 				cached = delta;
 			}
 			if (s->kv.type == RT_KV_F32 && !s->kv.tiered) {
@@ -278,22 +286,21 @@ int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
 	if (p->positions == KVP_POS_COMPACTED) {
 		size_t n = (size_t)hp->n_layer * hp->n_head_kv * (size_t)hp->n_ctx;
 		s->rot_idx = malloc(n * sizeof *s->rot_idx);
-		s->rot_freq = malloc((size_t)(hp->n_rot / 2 + 1) * sizeof *s->rot_freq);
 		s->rot_cs = malloc((size_t)(hp->n_rot + 1) * sizeof *s->rot_cs);
 		/* a tiered store re-rotates a whole head's keys at once */
 		const size_t rows = s->kv.tiered ? (size_t)s->kv.cap : 1;
 		s->rot_row = malloc(rows * (size_t)hp->head_dim * sizeof *s->rot_row);
 		s->rot_mark = s->kv.tiered ? malloc((size_t)s->kv.cap) : NULL;
-		if (!s->rot_idx || !s->rot_freq || !s->rot_cs || !s->rot_row ||
+		if (!s->rot_idx || !s->rot_cs || !s->rot_row ||
 		    (s->kv.tiered && !s->rot_mark)) {
 			rt_seq_free(s);
 			return rt_err_set(err, "%s: sequence: cannot allocate %zu bytes of position map",
 			                  m->path, n * sizeof(int32_t));
 		}
-		rt_rope_freqs(s->rot_freq, hp->n_rot, hp->rope_base);
 		s->fwd.rope_at_index = 1;
 	}
 	s->run.ctx.rope_base = hp->rope_base; /* Expected Attention's future-averaged RoPE */
+	s->run.ctx.rope_freq = m->rope_freq;  /* at each layer's own frequencies */
 	s->run.ctx.n_rot = hp->n_rot;
 	if ((p->needs & KVP_NEED_QUERY) && rt_fwd_keep_queries(&s->fwd, err) != 0) {
 		rt_seq_free(s);
@@ -330,7 +337,6 @@ void rt_seq_free(rt_seq *s)
 	rt_kv_free(&s->kv);
 	rt_fwd_free(&s->fwd);
 	free(s->rot_idx);
-	free(s->rot_freq);
 	free(s->rot_cs);
 	free(s->rot_row);
 	free(s->rot_mark);

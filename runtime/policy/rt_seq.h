@@ -86,7 +86,6 @@ typedef struct rt_seq {
 	int32_t cap;
 	int32_t *rot_idx;        /* COMPACTED only: [n_layer·n_kv_head × n_ctx] index each
 	                          * entry's key is rotated at, by (head, original position) */
-	double *rot_freq;        /* COMPACTED only: [n_rot / 2] base^(-2i/n_rot) */
 	double *rot_cs;          /* COMPACTED only: [n_rot] cos, sin of the current delta */
 	float *rot_row;          /* COMPACTED only: [head_dim] a decoded key being re-rotated
 	                          * (tiered store: [cap × head_dim], a head's keys) */

@@ -186,6 +186,8 @@ int tiny_model_write(const tiny_model_cfg *c, const char *path)
 	gw_kv_u32(w, "llama.attention.head_count_kv", (uint32_t)c->n_head_kv);
 	gw_kv_u32(w, "llama.rope.dimension_count", (uint32_t)hd);
 	gw_kv_f32(w, "llama.rope.freq_base", c->rope_base);
+	if (c->n_swa > 0)
+		gw_kv_u32(w, "llama.attention.sliding_window", (uint32_t)c->n_swa);
 	gw_kv_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
 	gw_kv_u32(w, "llama.vocab_size", (uint32_t)c->n_vocab);
 	add_vocab(w, c->n_vocab);

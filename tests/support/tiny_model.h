@@ -20,6 +20,7 @@ typedef struct tiny_model_cfg {
 	float rope_base;  /* e.g. 10000 */
 	uint32_t seed;
 	uint32_t wtype;   /* ggml type of 2-D weights: RT_GGML_F32, RT_GGML_Q4_1, RT_GGML_Q8_0 */
+	int n_swa;        /* > 0: llama.attention.sliding_window (Mistral style); 0: absent */
 } tiny_model_cfg;
 
 /* Write the model to path. Returns 0 or -1. */
