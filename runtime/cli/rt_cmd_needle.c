@@ -94,9 +94,6 @@ static void help_needle_fn(void)
 	rt_cli_help(help_needle, 3, rt_cli_prog, rt_cli_prog, rt_cli_default_policy());
 }
 
-/* the protected span the needle prompts mark: the question (with the answer's opening) */
-static const char *const needle_spans[] = { "", "question" };
-
 /* Everything one `needle` command holds. */
 typedef struct needle_job {
 	rt_cli_opts o;
@@ -162,7 +159,7 @@ static int needle_setup(needle_job *nj)
 		    rt_cli_seq_apply(&r->seq, &r->o, &err) != 0)
 			return rt_cli_fail(&err);
 		nj->all[i] = &r->seq;
-		rt_seq_set_span_names(nj->all[i], needle_spans, 1);
+		rt_seq_use_spans(nj->all[i]);
 	}
 	if (K > 1 && rt_seq_batch_init(&nj->b, nj->all, K, chunk, &err) != 0)
 		return rt_cli_fail(&err);

@@ -390,7 +390,7 @@ int rt_needle_trial(rt_seq *const *s, int K, rt_seq_batch *b, const rt_tokenizer
 	 * each sequence's answer on its own */
 	int rc = trial_feed(s, b, np->ctx, np->n_ctx, NULL, RT_LOGITS_NONE, err);
 	for (int k = 0; how->mark_question && k < K; k++)
-		rt_seq_span(s[k], 1);
+		rt_seq_span(s[k], RT_SPAN_QUESTION);
 	if (rc == 0)
 		rc = trial_feed(s, b, np->question, np->n_question, logits, RT_LOGITS_LAST, err);
 	for (int k = 0; k < K; k++)

@@ -91,7 +91,6 @@ static int tune_passkey(const rt_model *m, const rt_tokenizer *tk, const struct 
                         const double *params, const rt_tune_opts *o, double R,
                         rt_tune_point *pt, rt_err *err)
 {
-	static const char *const spans[] = { "", "question" };
 	const int V = m->hp.n_vocab;
 	float *logits = malloc((size_t)V * sizeof *logits), *one = malloc((size_t)V * sizeof *one);
 	rt_seq s;
@@ -104,7 +103,7 @@ static int tune_passkey(const rt_model *m, const rt_tokenizer *tk, const struct 
 	const int32_t cap = (int32_t)(o->passkey_len + TUNE_PASSKEY_GEN);
 	if (rt_seq_init(&s, m, p, cap, o->block, -1, err) != 0)
 		goto out;
-	rt_seq_set_span_names(&s, spans, 1);
+	rt_seq_use_spans(&s);
 	if (tune_seq_setup(&s, params, o, R, err) != 0) {
 		snprintf(pt->error, sizeof pt->error, "passkey: %.400s", err->msg);
 		rc = 0;

@@ -363,6 +363,12 @@ void rt_seq_set_span_names(rt_seq *s, const char *const *names, int n)
 	s->run.ctx.n_spans = n;
 }
 
+void rt_seq_use_spans(rt_seq *s)
+{
+	static const char *const names[RT_SPAN_END] = { "", RT_SPANS(RT_SPAN_NAME_) };
+	rt_seq_set_span_names(s, names, RT_N_SPAN_NAMES);
+}
+
 void rt_seq_span(rt_seq *s, int id)
 {
 	RT_ASSERT(id >= 0 && id <= s->run.ctx.n_spans);

@@ -36,6 +36,7 @@
 
 #include "kv/rt_kv.h"
 #include "model/rt_model.h"
+#include "policy/rt_span.h"
 #include "policy/rt_policy.h"
 #include "base/rt_util.h"
 
@@ -134,6 +135,9 @@ void rt_seq_reset(rt_seq *s, int64_t prompt_len);
  * before feeding it. rt_seq_reset keeps the names and sets the current span to 0. */
 void rt_seq_set_span_names(rt_seq *s, const char *const *names, int n);
 void rt_seq_span(rt_seq *s, int id);
+/* Name the runtime's spans (runtime/policy/rt_span.h): span id RT_SPAN_SYSTEM is
+ * "system", and so on; what serve, needle and tune use. */
+void rt_seq_use_spans(rt_seq *s);
 
 /* "name=value" parameter override (kvp_policy_param_set's errors). */
 int rt_seq_set(rt_seq *s, const char *assign, rt_err *err);

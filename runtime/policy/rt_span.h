@@ -8,12 +8,27 @@
  *             (runtime/serve)
  *   question  the question after the context in needle's and tune's passkey trials
  *             (runtime/cli/rt_cmd_needle.c, runtime/eval/rt_tune.c)
- * A new span is a new row here and a caller that marks it.
+ * A new span is a new row here and a caller that marks it. Every sequence that marks spans
+ * names them with rt_seq_use_spans (runtime/policy/rt_seq.h), so a span has one id in
+ * the whole runtime: RT_SPAN_<ROW>.
  */
 #ifndef RT_SPAN_H
 #define RT_SPAN_H
 
-#define RT_SPAN_NAMES { "system", "pinned", "question" }
-#define RT_N_SPAN_NAMES 3
+/* One row per span: X(ID, "name"); the ids are the rows' order from 1. */
+#define RT_SPANS(X) X(SYSTEM, "system") X(PINNED, "pinned") X(QUESTION, "question")
+
+enum rt_span_id {
+	RT_SPAN_NONE = 0, /* an entry in no span */
+#define RT_SPAN_ID_(id, name) RT_SPAN_##id,
+	RT_SPANS(RT_SPAN_ID_)
+#undef RT_SPAN_ID_
+	RT_SPAN_END
+};
+
+/* The names, as an initializer (the compiler's list of the names it accepts). */
+#define RT_SPAN_NAME_(id, name) name,
+#define RT_SPAN_NAMES { RT_SPANS(RT_SPAN_NAME_) }
+#define RT_N_SPAN_NAMES (RT_SPAN_END - 1)
 
 #endif

@@ -24,8 +24,6 @@
 #include "serve/rt_serve.h"
 
 #define MAX_STOP 4
-#define SPAN_SYSTEM 1
-#define SPAN_PINNED 2
 
 /* The histograms of /metrics, in seconds: X(id, name, help, upper bounds...). The request
  * latencies are vLLM's (vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,

@@ -17,7 +17,6 @@
 #include "policy/rt_pick.h"
 #include "serve/rt_serve_int.h"
 
-static const char *const span_names[] = { "", "system", "pinned" };
 
 /* ---- request validation --------------------------------------------------------------- */
 
@@ -67,9 +66,9 @@ static int prompt_commit(srv *S, req *r, int64_t c, int sp, verr *e, const char 
 	}
 	memset(r->span + r->n_prompt, sp, (size_t)c);
 	r->n_prompt += c;
-	if (sp == SPAN_PINNED)
+	if (sp == RT_SPAN_PINNED)
 		r->n_pinned += c;
-	if (sp == SPAN_SYSTEM)
+	if (sp == RT_SPAN_SYSTEM)
 		r->n_system += c;
 	return 0;
 }
@@ -171,7 +170,7 @@ static int parse_prompt(srv *S, req *r, json_t *pr, verr *e)
 			json_t *pt = json_object_get(it, "protect");
 			if (pt && !json_is_boolean(pt))
 				return bad(e, 400, "prompt", "prompt[%zu].protect must be a boolean", i);
-			sp = json_is_true(pt) ? SPAN_PINNED : 0;
+			sp = json_is_true(pt) ? RT_SPAN_PINNED : 0;
 		} else {
 			return bad(e, 400, "prompt", "prompt[%zu] must be a string or {\"text\", \"protect\"} "
 			           "(or, in a token prompt, every element an integer)", i);
@@ -226,7 +225,7 @@ static int parse_messages(srv *S, req *r, json_t *ms, verr *e)
 		if (get_text(json_object_get(m, "content"), what, &s, &n, e) != 0)
 			goto out;
 		int sys = !strcmp(role, "system") || !strcmp(role, "developer");
-		span[i] = json_is_true(pt) ? SPAN_PINNED : sys ? SPAN_SYSTEM : 0;
+		span[i] = json_is_true(pt) ? RT_SPAN_PINNED : sys ? RT_SPAN_SYSTEM : 0;
 		cm[i] = (rt_chat_msg){role, s};
 	}
 	rt_err err = { "" };
@@ -391,7 +390,7 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 		return bad(e, srv_err_status(&err), NULL, "%s", err.msg);
 	}
 	r->seq_live = 1;
-	rt_seq_set_span_names(&r->seq, span_names, 2);
+	rt_seq_use_spans(&r->seq);
 	int rc = rt_seq_apply(&r->seq, &pk, &err);
 	rt_pick_free(&pk);
 	if (rc != 0)

@@ -228,7 +228,7 @@ static void req_finish(srv *S, req *r)
 			const rt_kv_head *h = &r->seq.kv.heads[i];
 			int64_t c = 0;
 			for (int32_t e = 0; e < h->n; e++)
-				c += h->span[e] == SPAN_PINNED;
+				c += h->span[e] == RT_SPAN_PINNED;
 			pk = pk < 0 || c < pk ? c : pk;
 		}
 		r->pinned_kept = pk < 0 ? 0 : pk;
