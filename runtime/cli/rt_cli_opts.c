@@ -450,13 +450,15 @@ const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, in
 
 int rt_cli_seq_apply(rt_seq *s, const rt_cli_opts *o, rt_err *err)
 {
-	struct rt_pick_in in = pick_in(o, 0);
-	struct rt_pick pk;
-	in.policy = s->run.p->name;
-	if (rt_pick(&in, &pk, err) != 0)
-		return -1;
-	int rc = pk.p == s->run.p ? rt_seq_apply(s, &pk, err)
-	                          : rt_err_set(err, "policy %s: not the sequence's policy", pk.p->name);
-	rt_pick_free(&pk);
+	const struct kvp_policy *p = s->run.p;
+	double *vals = malloc((size_t)(p->n_params > 0 ? p->n_params : 1) * sizeof *vals);
+	if (!vals)
+		return rt_err_set(err, "policy %s: out of memory for its parameters", p->name);
+	const struct rt_pick pk = { .p = p, .kv_type = s->kv.type, .vals = vals, .ratio = o->ratio,
+		.byte_ratio = o->byte_ratio, .prefill_chunk = (int32_t)o->prefill_chunk,
+		.min_kv = (double)o->min_kv };
+	const int rc = rt_pick_vals(p, o->sets, o->n_sets, vals, err) != 0 ? -1
+	             : rt_seq_apply(s, &pk, err);
+	free(vals);
 	return rc;
 }

@@ -144,9 +144,9 @@ const struct kvp_policy *rt_cli_pick(const char *cmd, rt_cli_opts *o, int tuned,
 /* rt_cli_pick without the tuned default, leaving o as it is. */
 const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, int *rc);
 
-/* Apply --set, --ratio, --byte-ratio and --prefill-chunk to a sequence of the policy
- * rt_cli_pick chose (rt_pick, then rt_seq_apply; checked before, so failures are
- * runtime). */
+/* Apply --set, --ratio, --byte-ratio, --prefill-chunk and --min-kv to a sequence of the
+ * policy rt_cli_pick chose and checked: the choice is not made again, only its values
+ * (rt_pick_vals) applied (rt_seq_apply), so failures are runtime errors. */
 int rt_cli_seq_apply(rt_seq *s, const rt_cli_opts *o, rt_err *err);
 
 #endif

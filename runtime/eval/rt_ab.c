@@ -20,6 +20,7 @@
 #include "model/rt_gguf.h"
 #include "model/rt_model.h"
 #include "eval/rt_needle.h"
+#include "policy/rt_pick.h"
 #include "policy/rt_seq.h"
 #include "eval/rt_stats.h"
 #include "model/rt_tokenizer.h"
@@ -49,22 +50,6 @@ void rt_ab_opts_init(rt_ab_opts *o)
 
 /* ---- the run ------------------------------------------------------------------------------ */
 
-/* Apply the --set options of one side to seq. */
-static int apply_sets(ab_run *r, int side, rt_seq *s, rt_err *err)
-{
-	for (int i = 0; i < r->o.n_sets[side]; i++) {
-		const char *a = r->o.sets[side][i];
-		char name[256];
-		size_t len = (size_t)(strchr(a, '=') - a);
-		snprintf(name, sizeof name, "%.*s", (int)(len < 255 ? len : 255), a);
-		if (r->o.set_all[side][i] && kvp_policy_param_index(s->p, name) < 0)
-			continue;
-		if (rt_seq_set(s, a, err) != 0)
-			return -1;
-	}
-	return 0;
-}
-
 static int check_sets(ab_run *r, rt_err *err)
 {
 	for (int i = 0; i < r->o.n_sets[0]; i++) {
@@ -82,6 +67,38 @@ static int check_sets(ab_run *r, rt_err *err)
 	return 0;
 }
 
+/* Side `side`'s choice at the row's ratio, by the one rule (runtime/policy/rt_pick.h),
+ * applied to its fresh sequence: its --set values (a --set for both sides skips a side
+ * without that parameter), the ratio when its policy compresses (else none: it keeps
+ * every token), the prefill chunk. */
+static int side_apply(ab_run *r, ab_row *row, int side, rt_err *err)
+{
+	static const char *const spellings[RT_PICK_N_FIELDS] = { "policy", "--kv-type", "--set",
+		"--ratio", "--byte-ratio", "--prefill-chunk", "--min-kv" };
+	const ab_side *s = &row->side[side];
+	const char *sets[RT_AB_MAX_SETS];
+	int n = 0;
+	for (int i = 0; i < r->o.n_sets[side]; i++) {
+		const char *a = r->o.sets[side][i];
+		char name[256];
+		size_t len = (size_t)(strchr(a, '=') - a);
+		snprintf(name, sizeof name, "%.*s", (int)(len < 255 ? len : 255), a);
+		if (!r->o.set_all[side][i] || kvp_policy_param_index(r->pol[side], name) >= 0)
+			sets[n++] = a;
+	}
+	const double R = s->ratio_applied ? row->ratio : 0;
+	const struct rt_pick_in in = { .reg = &r->pol[side], .n_reg = 1,
+		.kv_type = (int)s->seq.kv.type, .sets = sets, .n_sets = n,
+		.ratio = r->o.bytes ? 0 : R, .byte_ratio = r->o.bytes ? R : 0,
+		.prefill_chunk = r->o.prefill_chunk, .spellings = spellings };
+	struct rt_pick pk;
+	if (rt_pick(&in, &pk, err) != 0)
+		return -1;
+	const int rc = rt_seq_apply(&row->side[side].seq, &pk, err);
+	rt_pick_free(&pk);
+	return rc;
+}
+
 static int side_init(ab_run *r, ab_row *row, int side, int32_t cap, int64_t prompt_len,
                      rt_err *err)
 {
@@ -89,13 +106,8 @@ static int side_init(ab_run *r, ab_row *row, int side, int32_t cap, int64_t prom
 	if (rt_seq_init(&s->seq, r->m, r->pol[side], cap, r->o.chunk, prompt_len, err) != 0)
 		return -1;
 	s->ready = 1;
-	if (apply_sets(r, side, &s->seq, err) != 0)
-		return -1;
 	s->ratio_applied = r->pol[side]->compress != NULL;
-	if (s->ratio_applied && (r->o.bytes ? rt_seq_set_byte_ratio(&s->seq, row->ratio, err)
-	                                    : rt_seq_set_ratio(&s->seq, row->ratio, err)) != 0)
-		return -1;
-	return rt_seq_set_prefill_chunk(&s->seq, r->o.prefill_chunk, err);
+	return side_apply(r, row, side, err);
 }
 
 /* 1 when the row's two sides may be compared: each compressed before some scored token

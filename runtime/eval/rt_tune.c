@@ -12,18 +12,31 @@
 #include "eval/rt_eval.h"
 #include "eval/rt_needle.h"
 #include "eval/rt_stats.h"
+#include "policy/rt_pick.h"
 #include "policy/rt_seq.h"
 
 /* Answer tokens a passkey trial generates (what `needle` uses for passkey). */
 #define TUNE_PASSKEY_GEN 8
 
-/* Give a fresh sequence the parameters and the ratio. */
+/* Give a fresh sequence the point's choice: the parameters (NULL: the policy's defaults)
+ * and the ratio R in entries or in bytes, applied as every front door's choice is
+ * (rt_seq_apply). */
 static int tune_seq_setup(rt_seq *s, const double *params, const rt_tune_opts *o, double R,
                           rt_err *err)
 {
-	if (params && s->p->n_params > 0)
-		memcpy(s->run.params, params, (size_t)s->p->n_params * sizeof *params);
-	return o->bytes ? rt_seq_set_byte_ratio(s, R, err) : rt_seq_set_ratio(s, R, err);
+	const int n = s->p->n_params;
+	double *vals = malloc((size_t)(n > 0 ? n : 1) * sizeof *vals);
+	if (!vals)
+		return rt_err_set(err, "tune: out of memory");
+	if (params && n > 0)
+		memcpy(vals, params, (size_t)n * sizeof *vals);
+	else
+		kvp_policy_param_defaults(s->p, vals);
+	const struct rt_pick pk = { .p = s->p, .kv_type = s->kv.type, .vals = vals,
+		                    .ratio = o->bytes ? 0 : R, .byte_ratio = o->bytes ? R : 0 };
+	const int rc = rt_seq_apply(s, &pk, err);
+	free(vals);
+	return rc;
 }
 
 int rt_tune_point_binds(const rt_tune_point *pt)

@@ -133,13 +133,11 @@ int rt_pick(const struct rt_pick_in *in, struct rt_pick *out, rt_err *err)
 		out->field = RT_PICK_POLICY;
 		return rt_err_set(err, "policy %s: out of memory for its parameters", p->name);
 	}
-	kvp_policy_param_defaults(p, out->vals);
 	rt_err e = { "" };
-	for (int i = 0; i < in->n_sets; i++)
-		if (kvp_policy_param_set(p, out->vals, in->sets[i], &e) != 0) {
-			rt_pick_free(out);
-			return pick_fail(out, RT_PICK_SET, err, "%s: %s", in->spellings[RT_PICK_SET], e.msg);
-		}
+	if (rt_pick_vals(p, in->sets, in->n_sets, out->vals, &e) != 0) {
+		rt_pick_free(out);
+		return pick_fail(out, RT_PICK_SET, err, "%s: %s", in->spellings[RT_PICK_SET], e.msg);
+	}
 	if (pick_ratio(in, p, out, err) != 0) {
 		enum rt_pick_field f = out->field;
 		rt_pick_free(out);
@@ -147,6 +145,16 @@ int rt_pick(const struct rt_pick_in *in, struct rt_pick *out, rt_err *err)
 		return -1;
 	}
 	out->p = p;
+	return 0;
+}
+
+int rt_pick_vals(const struct kvp_policy *p, const char *const *sets, int n_sets, double *vals,
+                 rt_err *err)
+{
+	kvp_policy_param_defaults(p, vals);
+	for (int i = 0; i < n_sets; i++)
+		if (kvp_policy_param_set(p, vals, sets[i], err) != 0)
+			return -1;
 	return 0;
 }
 

@@ -84,6 +84,13 @@ struct rt_pick {
 int rt_pick(const struct rt_pick_in *in, struct rt_pick *out, rt_err *err);
 void rt_pick_free(struct rt_pick *pk);
 
+/* The parameter values of policy p: its defaults, then "name=value" sets[0..n_sets) in
+ * order, into vals[0..p->n_params) (rt_pick's rule for --set and kv.set, for a door that
+ * applies a choice it has already checked). Returns 0, or -1 with kvp_policy_param_set's
+ * error in err (RT_ERR_INPUT, without a field's spelling). */
+int rt_pick_vals(const struct kvp_policy *p, const char *const *sets, int n_sets, double *vals,
+                 rt_err *err);
+
 /* The named policy: the registry's, or the built-in full ("full" is reserved); NULL. */
 const struct kvp_policy *rt_pick_find(const struct kvp_policy *const *reg, int n_reg,
                                       const char *name);
