@@ -172,14 +172,14 @@ $(B)/tests/vllm_kept_ref: tests/vllm/kept_ref.c $(POLICY_OBJS) $(B)/libkvrt.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(POLICY_OBJS) $(B)/libkvrt.a $(LDLIBS)
 
-## bench: kvrt beside llama-bench (scripts/build_llama.sh): pp512, tg128, tg128 at depth 4096, 1 and 2 threads; H2O/SnapKV x8 at depth 8064 against llama.cpp's full cache
+## bench: kvrt beside llama-bench (scripts/bench/build_llama.sh): pp512, tg128, tg128 at depth 4096, 1 and 2 threads; H2O/SnapKV x8 at depth 8064 against llama.cpp's full cache
 bench: deps model $(B)/kvrt $(B)/kvpc $(B)/libkvrt.a
-	@scripts/bench.sh $(B) $(MODEL)
+	@scripts/bench/bench.sh $(B) $(MODEL)
 
 ## bench-serve: serving benchmark tables (decode-heavy, chat-like, long-context rows; kvrt serve full / h2o x8 / tova_tiers x8 bytes at one --kv-memory, llama-server when buildable; BENCH_ROWS, BENCH_SERVERS select)
 bench-serve: deps model $(B)/kvpc $(B)/libkvrt.a
 	@$(B)/kvpc build policies/h2o.kvp policies/tova_tiers.kvp -o $(B)/bench_serve_bin
-	@$(PYTHON) scripts/bench_serve.py $(B)/bench_serve_bin $(MODEL)
+	@$(PYTHON) scripts/bench/bench_serve.py $(B)/bench_serve_bin $(MODEL)
 
 ## demo: the main job: A/B two policies on the real model and a real text, then a generation
 demo: deps model
@@ -190,10 +190,10 @@ demo: deps model
 # (RESULTS_TOKENS, RATIOS, LENGTHS, POLICIES narrow the sweep, FRONTIER_* the byte frontier,
 # RESULTS_QUICK=1 runs a narrowed frontier in minutes; a narrowed run writes its document under
 # OUT (build/results/docs), only the full run writes docs/results.md; RESULTS_QUIET=1 silences
-# the progress lines; see scripts/results.sh)
+# the progress lines; see scripts/results/results.sh)
 results: deps model
 	@$(MAKE) --no-print-directory $(BINS) $(B)/libkvrt.a
-	@scripts/results.sh $(B) $(MODEL)
+	@scripts/results/results.sh $(B) $(MODEL)
 
 ## cuda: nvcc -Werror build of libkvrt_cuda, every policy's CUDA unit and the checks; host tests; device tests if a GPU (docs/cuda.md)
 cuda:
@@ -374,7 +374,7 @@ $(B)/gen/policies/%.o: $(B)/gen/policies/%.c
 $(B)/tests/test_policies: $(B)/tests/test_policies.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
-# tests/test_tier.c runs the precision test policies tests/tier/*.kvp end to end
+# tests/test_k_tier.c runs the precision test policies tests/tier/*.kvp end to end
 TIER_KVPS := $(sort $(wildcard tests/tier/*.kvp))
 TIER_OBJS := $(TIER_KVPS:tests/tier/%.kvp=$(B)/gen/tier/%.o)
 $(B)/gen/tier/%.c: tests/tier/%.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/policy/rt_policy.h
@@ -382,7 +382,7 @@ $(B)/gen/tier/%.c: tests/tier/%.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/po
 	$(B)/kvpc emit --target c $< -o $@
 $(B)/gen/tier/%.o: $(B)/gen/tier/%.c
 	$(CC) $(CFLAGS) -c $< -o $@
-$(B)/tests/test_tier: $(B)/tests/test_tier.o $(TIER_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
+$(B)/tests/test_k_tier: $(B)/tests/test_k_tier.o $(TIER_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
 # tests/test_gemma.c runs StreamingLLM's compacted positions on Gemma 3

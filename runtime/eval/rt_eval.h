@@ -70,7 +70,7 @@ void rt_eval_score_init(rt_eval_score *s);
 void rt_eval_score_free(rt_eval_score *s);
 
 /* Which tokens are the prompt and which are scored. One rule for ppl's warnings, ab, tune,
- * `kvpc build --gate` and scripts/results.sh (docs/measuring.md, "The protocol"). */
+ * `kvpc build --gate` and scripts/results/results.sh (docs/measuring.md, "The protocol"). */
 typedef struct rt_eval_split {
 	enum kvp_measure measure; /* the protocol */
 	int64_t prompt;          /* ctx.prompt_len of every sequence, 1..n */

@@ -20,7 +20,7 @@
  *     fixed budget of n / R entries per head from the first token, every token scored); a
  *     prompt-end policy (`compress at prompt end`) gets the first n / 2 tokens as its
  *     prompt (budget n / 2 / R) and is scored on the tokens after it, as
- *     `ppl --prompt n/2 --score-from n/2+1` and scripts/results.sh's prompt-end runs. A
+ *     `ppl --prompt n/2 --score-from n/2+1` and scripts/results/results.sh's prompt-end runs. A
  *     text on which the policy compressed before no scored token fails the ratio with that
  *     reason (its KL would be the full cache's 0). The limit holds when EVERY text's mean
  *     KL is at most max_kld, so one bad text cannot hide behind an average; the frontier

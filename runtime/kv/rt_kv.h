@@ -135,7 +135,7 @@ enum rt_kv_tier { RT_KV_TIER_TOP = 0, RT_KV_TIER_Q8, RT_KV_TIER_Q4, RT_KV_TIER_Q
 /* Index of the key-group table among a head's arenas (h->arena[RT_KV_KGROUPS]), and the
  * positions a key group covers: the entries of positions [b·RT_KV_KGROUP, (b+1)·RT_KV_KGROUP)
  * of one (layer, KV head) share each channel's key range (see the header comment). ORDER:
- * tests/test_kvtier.c and tests/test_tier.c compute their bytes and groups by hand for 64. */
+ * tests/test_kv_tiers.c and tests/test_k_tier.c compute their bytes and groups by hand for 64. */
 #define RT_KV_KGROUPS RT_KV_N_TIER
 #define RT_KV_KGROUP 64
 

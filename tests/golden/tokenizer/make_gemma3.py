@@ -3,7 +3,7 @@
 
 The texts are golden.txt's (the SmolLM2 cases: scripts, Unicode spaces, control bytes,
 special tokens, random text, the GPL-3 prefix); the reference is llama.cpp's own
-llama-tokenize (built by scripts/build_llama.sh with LLAMA_TARGETS=llama-tokenize) on the
+llama-tokenize (built by scripts/bench/build_llama.sh with LLAMA_TARGETS=llama-tokenize) on the
 Gemma 3 270M GGUF (make model-gemma), without BOS, no escape processing, special tokens parsed as each case says.
 The format is golden.txt's (case / text or file / ids records; see make_golden.py).
 

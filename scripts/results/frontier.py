@@ -1,4 +1,4 @@
-"""results_frontier: the byte frontier section of docs/results.md (scripts/results.sh step 6).
+"""frontier: the byte frontier section of docs/results.md (scripts/results/results.sh step 6).
 
 Reads the cells results.sh cached under OUT/frontier (one `ppl --batch` or `needle --batch`
 JSON line per (policy, KV store type, ratio): POLICY.KV.rR.json, KV "own" for a policy that
@@ -9,7 +9,7 @@ the binary measured it: bytes_compression), mean KL against the full cache of th
 lower mean KL) and an SVG plot of
 mean KL against bytes, one line per (policy, store), into SVGDIR.
 
-Usage: results_frontier.py OUT DOC SVGDIR TOKENS "TEXTS" NKEY "POLICIES" "PROMPT_END"
+Usage: frontier.py OUT DOC SVGDIR TOKENS "TEXTS" NKEY "POLICIES" "PROMPT_END"
        "PROTOCOLS" MIN_X MAX_X
 """
 import glob
@@ -17,8 +17,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results_json import load  # noqa: E402
-from results_svg import line_plot  # noqa: E402
+from cells import load  # noqa: E402
+from svg import line_plot  # noqa: E402
 
 (out, doc, svgdir, tokens, texts, nkey, policies, pe, prots, fmin, fmax) = sys.argv[1:]
 tokens = int(tokens)
@@ -163,4 +163,4 @@ if not plots:
     L.append("No frontier cell was measured in this run.\n")
 with open(doc, "a") as f:
     f.write("\n".join(L) + "\n")
-print("results_frontier: appended the byte frontier to %s%s" % (doc, "".join(", " + p for p in plots)))
+print("results/frontier.py: appended the byte frontier to %s%s" % (doc, "".join(", " + p for p in plots)))

@@ -1,5 +1,5 @@
 /*
- * test_tier: the precision-tier kernels (kernels/k_tier.h). References are independent:
+ * test_k_tier: the precision-tier kernels (kernels/k_tier.h). References are independent:
  * hand-computed chains and allocations, a gift-wrapping hull (Jarvis march from the
  * origin) against the kernel's monotone chain, an O(n²) greedy that rescans every entry
  * for the best next step instead of a heap, and for small pools the exhaustive optimum of

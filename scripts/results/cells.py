@@ -1,4 +1,4 @@
-"""results_json: the cell loader of `make results` (scripts/results.sh, results_frontier.py).
+"""cells: the cell loader of `make results` (scripts/results/results.sh, render.py, frontier.py).
 
 load(path) returns the JSON object one cached cell file holds, or None when the file is
 missing, unreadable or not JSON (a cell not measured, or cut short by an interrupted run).

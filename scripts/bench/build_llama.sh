@@ -5,7 +5,7 @@
 # docs/exactness.md. Cached in ${KVPC_LLAMA_CACHE:-~/.cache/kvpc/llama.cpp}: a second call
 # that finds the binaries only prints their folder.
 #
-# Usage: scripts/build_llama.sh          prints the folder holding the binaries on stdout
+# Usage: scripts/bench/build_llama.sh          prints the folder holding the binaries on stdout
 # Exit 0 when the binaries exist; exit 3 with a "skip:" line on stderr when the download or
 # the build failed (callers skip the llama.cpp columns then); the build log is kept beside.
 set -u

@@ -14,7 +14,7 @@
 # policy depth, both in the same run, with the ratio tiered / f16. The machine may be shared
 # and noisy: the ratios of one run are the result, not the absolute rates.
 #
-# Usage: scripts/bench.sh BUILD_DIR MODEL
+# Usage: scripts/bench/bench.sh BUILD_DIR MODEL
 # Environment: BENCH_THREADS (default "1 2"), BENCH_REPS (llama-bench repetitions, default 2;
 # the compressed row runs once), BENCH_DEPTH (default 4096), BENCH_POLICY_DEPTH (default
 # 8064; empty: no compressed row), KVRT_BENCH_FLAGS (extra kvrt bench flags, e.g. --exact).
@@ -27,8 +27,8 @@ depth=${BENCH_DEPTH:-4096}
 pdepth=${BENCH_POLICY_DEPTH-8064}
 here=$(cd "$(dirname "$0")" && pwd)
 pbin=$bdir/bench_policy_bin
-if [ -n "$pdepth" ] && ! "$bdir/kvpc" build "$here/../policies/h2o.kvp" "$here/../policies/snapkv.kvp" \
-	"$here/../policies/kivi_q4.kvp" -o "$pbin" >&2; then
+if [ -n "$pdepth" ] && ! "$bdir/kvpc" build "$here/../../policies/h2o.kvp" "$here/../../policies/snapkv.kvp" \
+	"$here/../../policies/kivi_q4.kvp" -o "$pbin" >&2; then
 	echo "bench: kvpc build of h2o, snapkv and kivi_q4 failed: the compressed rows are skipped" >&2
 	pdepth=""
 fi
@@ -37,7 +37,7 @@ llama_bin=""
 if lb=$("$here/build_llama.sh"); then
 	llama_bin=$lb
 else
-	echo "bench: llama.cpp columns skipped (scripts/build_llama.sh failed, message above)" >&2
+	echo "bench: llama.cpp columns skipped (scripts/bench/build_llama.sh failed, message above)" >&2
 fi
 
 # kvrt: NAME TOK_S lines; llama-bench: csv rows -> NAME TOK_S

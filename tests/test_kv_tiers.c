@@ -1,5 +1,5 @@
 /*
- * test_kvtier: the KV store's per-entry precision tiers (runtime/kv/rt_kv.h,
+ * test_kv_tiers: the KV store's per-entry precision tiers (runtime/kv/rt_kv.h,
  * rt_kv_init_tiered / rt_kv_head_set_tiers) on the grouped-query shapes 9/3 and 4/1.
  * References, all independent of the code under test:
  *   - round trip: every decoded key and value within the bound of its asymmetric group

@@ -4,7 +4,7 @@ concurrent clients each stream one completion; for the full cache, an 8x evictio
 (h2o, ratio 8), an 8x-bytes mixed policy (tova_tiers: TOVA eviction with f16/q8/q4 tiers,
 byte ratio 8) and llama.cpp's llama-server on the same GGUF with the same KV memory (f16
 cache: -c = KV bytes / bytes per token, as many slots as hold a whole sequence; when
-scripts/build_llama.sh can build it) it prints the sequences admitted at once (the most
+scripts/bench/build_llama.sh can build it) it prints the sequences admitted at once (the most
 active sequences /metrics reported), the sequences the pool fits by the server's worst-case
 footprint, aggregate generated tokens/s, p50/p99 time to first token (queueing included) and
 p50/p99 inter-token latency (the gaps between a stream's token events).
@@ -45,7 +45,7 @@ MEM = os.environ.get("BENCH_KV_MEMORY", "auto")
 LIMIT = float(os.environ.get("BENCH_SECONDS", "600"))
 THREADS = os.environ.get("BENCH_THREADS", "")
 N_MAX = 8  # the clients of the row being run (the server's --max-seqs)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # name: clients, prompt tokens (the user turn's for chat), generated tokens, shared system
 # prompt tokens (chat only)
 ROWS = {"prefill": (1, 2048, 1, 0), "decode": (8, 2048, 256, 0), "chat": (16, 200, 128, 500), "long": (4, 6144, 128, 0)}
@@ -239,9 +239,9 @@ def kvrt_row(row, key, mem):
 
 
 def llama_row(row, mem):
-    script = os.path.join(ROOT, "scripts", "build_llama.sh")
+    script = os.path.join(ROOT, "scripts", "bench", "build_llama.sh")
     if not os.path.exists(script):
-        return None, "the llama.cpp build script (scripts/build_llama.sh) is not in this tree"
+        return None, "the llama.cpp build script (scripts/bench/build_llama.sh) is not in this tree"
     env = dict(os.environ, LLAMA_TARGETS="llama-server")
     out = subprocess.run([script], capture_output=True, text=True, env=env)  # prints the folder
     folder = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
@@ -253,7 +253,7 @@ def llama_row(row, mem):
     ctx = mem // per_tok
     # every slot must hold a whole sequence (llama-server splits -c evenly over -np slots);
     # --no-repack: ggml's AMX kernels (a GGML_NATIVE build) die with SIGILL on a kernel that
-    # has not granted the AMX state (scripts/bench.sh says the same of llama-bench)
+    # has not granted the AMX state (scripts/bench/bench.sh says the same of llama-bench)
     need = int((row.prompt + row.system + row.gen) * 1.05) + 64
     slots = max(1, min(row.n, ctx // need))
     port = free_port()

@@ -1,4 +1,4 @@
-"""results_svg: the line plot of `make results` (scripts/results.sh, results_frontier.py).
+"""svg: the line plot of `make results` (scripts/results/render.py, frontier.py).
 
 line_plot(path, title, xlabel, series, bold) writes an SVG 1.1 file: one polyline with
 markers per series, x on a log2 axis (ticks at the powers of two the data spans, labelled
