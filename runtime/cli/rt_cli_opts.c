@@ -240,18 +240,12 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 		o->ctx = v;
 		return 0;
 	}
-	case O_RATIO: {
+	case O_RATIO: case O_BYTERATIO: {
+		const int bytes = d->id == O_BYTERATIO;
 		double r;
-		if (parse_finite(arg, &r) != 0 || r == 0 || rt_pick_ratio_check(r, 0, NULL) != 0)
-			return rt_cli_usage(cmd, "--ratio: '%s' is not a compression factor >= 1", arg);
-		o->ratio = r;
-		return 0;
-	}
-	case O_BYTERATIO: {
-		double r;
-		if (parse_finite(arg, &r) != 0 || r == 0 || rt_pick_ratio_check(r, 1, NULL) != 0)
-			return rt_cli_usage(cmd, "--byte-ratio: '%s' is not a compression factor >= 1", arg);
-		o->byte_ratio = r;
+		if (parse_finite(arg, &r) != 0 || r == 0 || rt_pick_ratio_check(r, bytes, NULL) != 0)
+			return rt_cli_usage(cmd, "%s: '%s' is not a compression factor >= 1", nm, arg);
+		*(bytes ? &o->byte_ratio : &o->ratio) = r;
 		return 0;
 	}
 	case O_MAXKLD: case O_MINPASSKEY: {

@@ -235,30 +235,28 @@ static int ratio_check(const struct rt_run *r, double R, int bytes, rt_err *err)
 	return 0;
 }
 
-int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err)
+/* Set the ratio in entries (bytes 0) or in bytes (1); a non-zero one clears the other. */
+static int set_ratio(struct rt_run *r, double R, int bytes, rt_err *err)
 {
-	if (ratio_check(r, R, 0, err) != 0)
+	if (ratio_check(r, R, bytes, err) != 0)
 		return -1;
 	if (R != 0 && !r->p->compress)
 		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: never compresses, so a compression ratio does not apply",
 		                  r->p->name);
-	r->ctx.ratio = R;
+	*(bytes ? &r->ctx.byte_ratio : &r->ctx.ratio) = R;
 	if (R != 0)
-		r->ctx.byte_ratio = 0;
+		*(bytes ? &r->ctx.ratio : &r->ctx.byte_ratio) = 0;
 	return 0;
+}
+
+int rt_run_set_ratio(struct rt_run *r, double R, rt_err *err)
+{
+	return set_ratio(r, R, 0, err);
 }
 
 int rt_run_set_byte_ratio(struct rt_run *r, double R, rt_err *err)
 {
-	if (ratio_check(r, R, 1, err) != 0)
-		return -1;
-	if (R != 0 && !r->p->compress)
-		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: never compresses, so a compression ratio does not apply",
-		                  r->p->name);
-	r->ctx.byte_ratio = R;
-	if (R != 0)
-		r->ctx.ratio = 0;
-	return 0;
+	return set_ratio(r, R, 1, err);
 }
 
 int rt_policy_check(struct rt_run *r, const rt_kv *kv, rt_err *err)
