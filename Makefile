@@ -203,6 +203,12 @@ else
 	@$(MAKE) --no-print-directory $(CUDA_ALL)
 	@$(B)/cuda/test_cuda_host
 	@$(B)/kvpc build --cuda policies/h2o.kvp -o $(B)/cuda/kv-h2o-cuda
+	@for a in "--text /dev/zero" "--text README.md --ratio 0.5" "--text README.md --kv-type q8_0"; do \
+	  $(B)/cuda/kv-h2o-cuda ppl --model $(MODEL) $$a --device cpu 2>$(B)/cuda/refuse_cpu.txt; c=$$?; \
+	  $(B)/cuda/kv-h2o-cuda ppl --model $(MODEL) $$a --device cuda 2>$(B)/cuda/refuse_gpu.txt; g=$$?; \
+	  [ $$c = $$g ] && [ $$c != 0 ] && cmp -s $(B)/cuda/refuse_cpu.txt $(B)/cuda/refuse_gpu.txt || \
+	    { echo "cuda: ppl $$a: cpu exit $$c '$$(cat $(B)/cuda/refuse_cpu.txt)', cuda exit $$g '$$(cat $(B)/cuda/refuse_gpu.txt)'"; exit 1; }; \
+	done; echo "cuda: bad --text, --ratio and --kv-type refused alike by --device cpu and --device cuda"
 	@if $(B)/cuda/cuda_probe >$(B)/cuda/probe.txt 2>&1; then \
 	  cat $(B)/cuda/probe.txt; $(B)/cuda/k_select_check && $(B)/cuda/gpu_check --kernels; \
 	else \

@@ -328,8 +328,9 @@ int kvp_emit_cuda_registry(const char *const *names, int n, FILE *f, char *err, 
 	kvp_em_out(&em, "extern \"C\" const struct rt_cuda_backend kvp_cuda_backend;\n");
 	kvp_em_out(&em, "const struct rt_cuda_backend kvp_cuda_backend = {\n"
 	         "\trt_cuda_probe, rt_cuda_model_upload, rt_cuda_model_free, rt_cuda_seq_init,\n"
-	         "\trt_cuda_seq_free, rt_cuda_seq_reset, rt_cuda_seq_set, rt_cuda_seq_set_ratio,\n"
-	         "\trt_cuda_seq_feed, rt_cuda_seq_kv, rt_cuda_refuses, policies, %d,\n};\n", n);
+	         "\trt_cuda_seq_attach, rt_cuda_seq_free, rt_cuda_seq_reset, rt_cuda_seq_set,\n"
+	         "\trt_cuda_seq_set_ratio, rt_cuda_seq_feed, rt_cuda_seq_kv, rt_cuda_refuses,\n"
+	         "\tpolicies, %d,\n};\n", n);
 	free(syms);
 	int rc = kvp_em_write(&em, f);
 	kvp_em_free(&em);

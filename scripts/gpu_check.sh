@@ -7,6 +7,9 @@
 #   4. every policy: 512 tokens of TEXT on the CPU exact path and on the GPU: logits
 #      within 1e-3, equal kept sets
 #   5. prefill and decode tokens/s (f32 and f16 weights)
+#   6. the command line: `ppl --device cuda --batch RUNS --json` (the CPU's engine: KL,
+#      byte ratios, compression) against the same command on --device cpu, run by run;
+#      `bench --device cuda` (llama-bench's tests, f32 and f16 weights, under a policy)
 # Prints one table; exit 0 when every check passed, 1 otherwise (or without a GPU).
 set -u
 cd "$(dirname "$0")/.."
@@ -30,5 +33,27 @@ echo "## equivalence (CPU exact path vs GPU, $text)"
 timeout 600 "$B/cuda/gpu_check" --equiv "$model" "$text" 512 || rc=1
 echo "## benchmark"
 timeout 300 "$B/cuda/gpu_check" --bench "$model" || rc=1
+echo "## command line (ppl --device cuda vs --device cpu, --batch, --json; bench --device cuda)"
+bin=$B/cuda/kv-gpu-check
+runs=$B/gpu_check.runs
+printf '%s\n' full 'h2o --ratio 4' 'tova --ratio 8' 'h2o --byte-ratio 4' 'snapkv --ratio 4' >"$runs"
+if "$B/kvpc" build --cuda policies/h2o.kvp policies/tova.kvp policies/snapkv.kvp -o "$bin" \
+	>"$B/gpu_check.kvpc.log" 2>&1; then
+	for d in cpu cuda; do
+		timeout 900 "$bin" ppl --device "$d" --model "$model" --text "$text" --ctx 512 --prompt 256 \
+			--batch "$runs" --json --quiet >"$B/gpu_check.ppl.$d.json" || rc=1
+	done
+	python3 scripts/gpu_check_ppl.py "$B/gpu_check.ppl.cpu.json" "$B/gpu_check.ppl.cuda.json" || rc=1
+	for w in "" --f16; do
+		timeout 300 "$bin" bench --device cuda $w --model "$model" --pp 512 --tg 128 --depth 0,1024 \
+			--quiet || rc=1
+	done
+	timeout 300 "$bin" bench --device cuda --model "$model" --tg 64 --depth 1024 --policy h2o \
+		--ratio 8 --quiet || rc=1
+else
+	tail -20 "$B/gpu_check.kvpc.log"
+	echo "gpu_check: kvpc build --cuda failed"
+	rc=1
+fi
 [ "$rc" = 0 ] && echo "gpu_check: all checks passed" || echo "gpu_check: some checks FAILED"
 exit "$rc"

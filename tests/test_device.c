@@ -2,8 +2,12 @@
  * test_device: the command line's --device option (runtime/cli/rt_cli_cuda.h) in a binary
  * built without CUDA (B/kvrt): `--device cuda` fails with exit status 1 and one line
  * naming why (no CUDA in this binary), an unknown device or a missing value is a usage
- * error (2), `--device cpu` is the ordinary CPU path. The CUDA-enabled binary's answer on
- * a machine without a GPU is checked by `make cuda`.
+ * error (2), `--device cpu` is the ordinary CPU path. --device is a row of the one option
+ * table, so ppl and bench on either device refuse bad options and a bad --text with the
+ * same line and status (compared here, --device cuda against --device cpu), before any
+ * device is looked for; commands that do not run on a device refuse the option. The
+ * CUDA-enabled binary's answer on a machine without a GPU is checked by `make cuda`; the
+ * engine's use of the device interface by test_seq (device_interface_equals_cpu).
  */
 #include <check.h>
 #include <stdio.h>
@@ -52,10 +56,54 @@ START_TEST(test_device_usage)
 	ck_assert_int_eq(run("ppl --device tpu --model m --text t", err, sizeof err), 2);
 	ck_assert_msg(strstr(err, "'tpu' is not cpu or cuda"), "stderr: %s", err);
 	ck_assert_int_eq(run("ppl --model m --text t --device", err, sizeof err), 2);
-	ck_assert_msg(strstr(err, "--device needs a value"), "stderr: %s", err);
+	ck_assert_msg(strstr(err, "option '--device' needs a value"), "stderr: %s", err);
+	ck_assert_int_eq(run("run --device cuda --model m -p hi", err, sizeof err), 2);
+	ck_assert_msg(strstr(err, "unknown option '--device'"), "stderr: %s", err);
+	/* the device's own options: --f16 only on the GPU, --fast and narrow stores never */
+	ck_assert_int_eq(run("ppl --f16 --model models/none.gguf --text README.md", err, sizeof err), 2);
+	ck_assert_msg(strstr(err, "--f16: f16 weights are the GPU's"), "stderr: %s", err);
+	ck_assert_int_eq(run("ppl --device cuda --fast --model models/none.gguf --text README.md", err,
+	                     sizeof err), 2);
+	ck_assert_msg(strstr(err, "--fast: the GPU takes the exact path's f32 weights"), "stderr: %s", err);
 	/* --device cpu is the CPU path: its own error for the missing model file */
 	ck_assert_int_eq(run("ppl --device cpu --model models/none.gguf --text README.md", err, sizeof err), 1);
 	ck_assert_msg(strstr(err, "none.gguf"), "stderr: %s", err);
+}
+END_TEST
+
+/* The same refusal, line for line and status, from both devices. */
+static void same_refusal(const char *args, int want)
+{
+	char a[1024], b[1024], cmd[1024];
+	snprintf(cmd, sizeof cmd, "%s --device cpu", args);
+	ck_assert_int_eq(run(cmd, a, sizeof a), want);
+	snprintf(cmd, sizeof cmd, "%s --device cuda", args);
+	ck_assert_int_eq(run(cmd, b, sizeof b), want);
+	ck_assert_msg(a[0] && !strcmp(a, b), "%s: cpu says '%s', cuda says '%s'", args, a, b);
+}
+
+START_TEST(test_device_same_refusals)
+{
+	if (!kvrt_path[0])
+		return;
+	char bad[64], err[1024];
+	snprintf(bad, sizeof bad, "/tmp/test_device_%d.txt", (int)getpid());
+	FILE *f = fopen(bad, "wb");
+	ck_assert_ptr_nonnull(f);
+	fputs("caf\xe9 latin-1\n", f); /* not UTF-8 */
+	fclose(f);
+	char args[256];
+	snprintf(args, sizeof args, "ppl --model models/none.gguf --text %s", bad);
+	same_refusal(args, 1);
+	same_refusal("ppl --model models/none.gguf --text /dev/zero", 1);
+	same_refusal("ppl --model models/none.gguf --text README.md --ratio 0.5", 2);
+	same_refusal("ppl --model models/none.gguf --text README.md --byte-ratio x", 2);
+	same_refusal("ppl --model models/none.gguf --text README.md --policy nosuch", 2);
+	same_refusal("ppl --model models/none.gguf --text README.md --chunk 0", 2);
+	same_refusal("bench --model models/none.gguf --ratio 2", 2);
+	remove(bad);
+	ck_assert_int_eq(run("ppl --model models/none.gguf --text /dev/zero --device cuda", err, sizeof err), 1);
+	ck_assert_msg(strstr(err, "not a regular file"), "stderr: %s", err);
 }
 END_TEST
 
@@ -75,6 +123,7 @@ int main(int argc, char **argv)
 	TCase *tc = tcase_create("device");
 	tcase_add_test(tc, test_device_cuda_without_backend);
 	tcase_add_test(tc, test_device_usage);
+	tcase_add_test(tc, test_device_same_refusals);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

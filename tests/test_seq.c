@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "cli/rt_cli.h"
+#include "eval/rt_eval.h"
 #include "model/rt_gguf.h"
 #include "model/rt_model.h"
 #include "policy/rt_policy.h"
@@ -850,6 +851,141 @@ START_TEST(chunked_equals_stepwise_every_policy)
 	int pi = _i / 3, shape = _i % 3;
 	const struct kvp_policy *p = pi < kvp_registry_count ? kvp_registry[pi] : &rt_policy_full;
 	chunk_invariance(p, shape);
+}
+END_TEST
+
+/* ---- the device interface (rt_seq_dev) -------------------------------------------------- */
+
+/* A device for rt_seq_attach that is the CPU again: its own forward scratch with the
+ * sequence's hooks, the policy's C compress; it counts its calls. The reference is the
+ * plain CPU sequence: through the device interface the ppl/KL engine must give the same
+ * figures bit for bit, and the hooks must be what ran. */
+typedef struct echo_dev {
+	rt_fwd fwd;
+	const struct kvp_policy *p;
+	int forwards, compresses, resets, freed;
+} echo_dev;
+
+static int echo_forward(void *st, rt_kv *kv, const int32_t *tok, int32_t k, int64_t pos,
+                        float *lg, enum rt_logits_mode md, rt_err *err)
+{
+	echo_dev *d = st;
+	d->forwards++;
+	return rt_model_forward(&d->fwd, kv, tok, k, (int32_t)pos, lg, md, err);
+}
+
+static int echo_compress(void *st, struct kvp_ctx *c, rt_kv *kv, rt_err *err)
+{
+	echo_dev *d = st;
+	d->compresses++;
+	return d->p->compress(c, kv, err);
+}
+
+static void echo_reset(void *st)
+{
+	((echo_dev *)st)->resets++;
+}
+
+static void echo_free(void *st)
+{
+	echo_dev *d = st;
+	rt_fwd_free(&d->fwd);
+	d->freed = 1;
+}
+
+/* Move s to d: d's forward takes over s's scratch hooks (they point at s). */
+static int echo_attach(rt_seq *s, echo_dev *d, rt_err *err)
+{
+	memset(d, 0, sizeof *d);
+	d->p = s->p;
+	ck_assert_msg(rt_fwd_init(&d->fwd, s->m, s->max_chunk, s->cap, err) == 0, "%s", err->msg);
+	d->fwd.observe = s->fwd.observe, d->fwd.observe_user = s->fwd.observe_user;
+	d->fwd.on_append = s->fwd.on_append, d->fwd.append_user = s->fwd.append_user;
+	d->fwd.on_layer = s->fwd.on_layer, d->fwd.layer_user = s->fwd.layer_user;
+	d->fwd.observe_parallel = s->fwd.observe_parallel;
+	const rt_seq_dev dev = { "echo", 8, d, echo_forward, echo_compress, echo_reset, echo_free };
+	int rc = rt_seq_attach(s, &dev, err);
+	if (rc != 0)
+		rt_fwd_free(&d->fwd);
+	return rc;
+}
+
+START_TEST(device_interface_equals_cpu)
+{
+	/* h2o at ratio 4 (a compress every step once over budget) and the full-cache
+	 * reference, through rt_eval_runs: on the CPU, and both sequences on the echo device */
+	rt_model *m = load_shape(0);
+	const struct kvp_policy *p = find_policy("h2o");
+	int32_t toks[N_TOK];
+	test_tokens(toks, N_TOK, m->hp.n_vocab, 99u);
+	rt_err err = { "" };
+	rt_seq run[2], ref[2];
+	echo_dev dr, df;
+	rt_eval_score sc[2];
+	double ref_nll[2];
+	for (int d = 0; d < 2; d++) {
+		/* chunks of 8 on both: the device bounds its sequence's 16 to its own 8 */
+		seq_open(&run[d], m, p, N_TOK, d ? 16 : 8, N_TOK);
+		ck_assert_msg(rt_seq_set_ratio(&run[d], 4, &err) == 0, "%s", err.msg);
+		seq_open(&ref[d], m, &rt_policy_full, N_TOK, d ? 16 : 8, N_TOK);
+		if (d == 1) {
+			ck_assert_msg(echo_attach(&run[1], &dr, &err) == 0, "%s", err.msg);
+			ck_assert_msg(echo_attach(&ref[1], &df, &err) == 0, "%s", err.msg);
+			ck_assert_str_eq(rt_seq_device(&run[1]), "echo");
+			ck_assert_int_eq(run[1].max_chunk, 8);
+		}
+		/* the CPU pair fed one after the other; the device pair asks for a batch, which the
+		 * engine must not use (its forward is the device's) */
+		rt_eval_loop lo = { .block = 8, .batched = d };
+		rt_seq *one = &run[d];
+		rt_eval_score_init(&sc[d]);
+		ck_assert_msg(rt_eval_runs(&one, 1, &ref[d], toks, N_TOK, &lo, &sc[d], &ref_nll[d], &err) == 0,
+		              "%s", err.msg);
+		ck_assert_msg(sc[d].failed_at < 0, "%s", sc[d].error);
+	}
+	ck_assert_str_eq(rt_seq_device(&run[0]), "cpu");
+	ck_assert_msg(sc[0].nll == sc[1].nll && ref_nll[0] == ref_nll[1], "nll %.17g vs %.17g",
+	              sc[0].nll, sc[1].nll);
+	ck_assert_int_eq(sc[0].scored, sc[1].scored);
+	ck_assert_int_eq(sc[0].hits, sc[1].hits);
+	ck_assert_int_eq(sc[0].compressed, sc[1].compressed);
+	ck_assert_int_gt(sc[1].compressed, 0);
+	rt_kld_summary ka, kb;
+	rt_kld_acc_summary(&sc[0].acc, &ka);
+	rt_kld_acc_summary(&sc[1].acc, &kb);
+	ck_assert_msg(ka.kld_mean == kb.kld_mean && ka.kld_mean > 0, "kld %g vs %g", ka.kld_mean,
+	              kb.kld_mean);
+	const rt_seq_stats a = rt_seq_stats_get(&run[0]), b = rt_seq_stats_get(&run[1]);
+	ck_assert_int_eq(a.tokens, b.tokens);
+	ck_assert_int_eq(a.kv_entries_peak, b.kv_entries_peak);
+	ck_assert_int_eq(a.kv_bytes_peak, b.kv_bytes_peak);
+	ck_assert_int_eq(a.first_compress_seen, b.first_compress_seen);
+	ck_assert_int_eq(a.compress_events, b.compress_events);
+	ck_assert(rt_seq_mean_entries(&run[0]) == rt_seq_mean_entries(&run[1]));
+	/* the hooks ran: every chunk (at most 8 tokens) through forward, every compress */
+	ck_assert_int_ge(dr.forwards, N_TOK / 8);
+	ck_assert_int_ge(df.forwards, N_TOK / 8);
+	ck_assert_int_eq(dr.compresses, (int)b.compress_events);
+	ck_assert_int_gt(dr.compresses, 0);
+	ck_assert_int_eq(df.compresses, 0);
+	/* a device sequence is refused by the CPU batch; a fed one cannot move */
+	rt_seq *pair[2] = { &run[0], &run[1] };
+	rt_seq_batch bt;
+	ck_assert_int_eq(rt_seq_batch_init(&bt, pair, 2, 8, &err), -1);
+	ck_assert_msg(strstr(err.msg, "h2o runs on echo") != NULL, "%s", err.msg);
+	rt_seq_batch_free(&bt);
+	echo_dev dx;
+	ck_assert_int_eq(echo_attach(&run[0], &dx, &err), -1);
+	ck_assert_msg(strstr(err.msg, "cannot move to echo: it has been fed") != NULL, "%s", err.msg);
+	rt_seq_reset(&run[1], N_TOK);
+	ck_assert_int_eq(dr.resets, 1);
+	for (int d = 0; d < 2; d++) {
+		rt_eval_score_free(&sc[d]);
+		rt_seq_free(&run[d]);
+		rt_seq_free(&ref[d]);
+	}
+	ck_assert(dr.freed && df.freed);
+	rt_model_free(m);
 }
 END_TEST
 
@@ -1893,6 +2029,7 @@ static Suite *seq_suite(void)
 	tcase_add_loop_test(tc, trace_records_the_prompt, 0, 3);
 	tcase_add_loop_test(tc, spans_mark_appended_entries, 0, 3);
 	tcase_add_test(tc, second_sequence_equals_fresh);
+	tcase_add_test(tc, device_interface_equals_cpu);
 	tcase_add_loop_test(tc, init_entries_before_observe, 0, 3);
 	tcase_add_loop_test(tc, h2o_ratio4_memory_bounded, 0, 3);
 	tcase_add_test(tc, feed_allocates_nothing_any_policy);

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli/rt_cli_cuda.h"
 #include "cli/rt_cli_meta.h"
 #include "cli/rt_cli_opts.h"
 #include "cli/rt_cmd.h"
@@ -115,16 +114,8 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 		{ "tokenize", rt_cmd_tokenize }, { "bench", rt_cmd_bench }, { "keepmap", rt_cmd_keepmap },
 		{ "serve", rt_cmd_serve }, { "ab", rt_cmd_ab }, { "tune", rt_cmd_tune },
 	};
-	const char *device;
-	const int cargc = rt_cli_device_take(argc - 1, argv + 1, &device);
-	if (cargc < 0)
-		return rt_cli_usage(cmd, "%s", "--device needs a value (cpu or cuda)");
-	if (!strcmp(device, "cuda"))
-		return rt_cli_cuda_run(rt_cli_prog, cargc, argv + 1, reg, rt_cli_n_reg);
-	if (strcmp(device, "cpu") != 0)
-		return rt_cli_usage(cmd, "--device: '%s' is not cpu or cuda", device);
 	for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
 		if (!strcmp(cmd, cmds[i].name))
-			return cmds[i].fn(cargc, argv + 1);
+			return cmds[i].fn(argc - 1, argv + 1);
 	return rt_cli_usage("", "unknown command '%s'", cmd);
 }

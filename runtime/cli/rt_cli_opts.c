@@ -162,6 +162,7 @@ static const opt_def OPTS[] = {
 	       "is not a whole number in 0..4096"),
 	INTOPT(O_STEPROWS, "step-rows", 1, 65536, step_rows, "is not a whole number in 1..65536"),
 	INTOPT(O_TIMEOUT, "timeout", 1, 86400, timeout, "is not a whole number in 1..86400"),
+	OPT(O_DEVICE, "device", 1), FLAGOPT(O_F16, "f16", f16_weights, 1),
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
 
@@ -294,6 +295,9 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 			return rt_cli_usage(cmd, "%s: %s", nm, err.msg);
 		return 0;
 	}
+	case O_DEVICE:
+		o->device = arg;
+		return one_of(cmd, nm, arg, "cpu", "cuda");
 	}
 	return rt_cli_usage(cmd, "unknown option '%s'", nm);
 }

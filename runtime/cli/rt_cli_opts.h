@@ -53,6 +53,9 @@ typedef struct rt_cli_opts {
 	int f32_act; /* --f32-act: the fast path's f32 activations at every chunk size */
 	const char *kv_type; /* --kv-type f32|f16|q8_0 as given (checked), NULL: the default
 	                        (rt_cli_kv_type) */
+	const char *device;  /* --device cpu|cuda as given (checked), NULL: the CPU
+	                        (runtime/cli/rt_cli_cuda.h) */
+	int f16_weights;     /* --f16: the GPU holds f16 copies of the weights */
 	long pp, tg; /* bench: llama-bench's tests */
 	/* tune: every --text in order (o->text is the last), the limits, the sidecar, --gate */
 	const char *texts[RT_CLI_MAX_LIST];
@@ -84,7 +87,7 @@ enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECI
        O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE, O_KVTYPE, O_BYTERATIO,
        O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT, O_MINKV, O_HOST, O_PORT, O_KVMEM,
        O_MAXSEQS, O_QUEUE, O_SERVECHUNK, O_SERVEPREFILL, O_STEPROWS, O_APIKEY, O_TRACE,
-       O_MAXBODY, O_TIMEOUT };
+       O_MAXBODY, O_TIMEOUT, O_DEVICE, O_F16 };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/rt_cli_cuda.h"
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_opts.h"
 #include "model/rt_dot.h"
@@ -28,6 +29,7 @@ static const char *const help_bench =
 	"             [--exact] [--kv-type f32|f16|q8_0] [--pp N] [--tg N] [--depth D,D,...]\n"
 	"    %s bench --model MODEL --pp N | --tg N [--depth D,...] --policy NAME [--ratio R]\n"
 	"             [--set NAME=VALUE]... [--prefill-chunk C]\n"
+	"    %s bench ... --device cuda [--f16]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    For each context length L: prefills L synthetic tokens (the first the file's BOS\n"
@@ -59,6 +61,11 @@ static const char *const help_bench =
 	"    --depth LIST       cache depths for --tg (default 0)\n"
 	"    --policy NAME, --ratio R, --set NAME=VALUE, --prefill-chunk C\n"
 	"                       run --pp/--tg under a policy (default: the full cache)\n"
+	"    --device cuda      every test on the GPU, in a binary built with `kvpc build\n"
+	"                       --cuda` (docs/cuda.md): the exact path's f32 weights (--fast\n"
+	"                       does not apply) and an f32 store on the device, the same\n"
+	"                       sequences and timings; default --device cpu\n"
+	"    --f16              with --device cuda: f16 copies of the weights\n"
 	"    --quiet            no progress on stderr (a bar with tok/s and ETA on a terminal,\n"
 	"                       a line per tenth of the work elsewhere)\n"
 	"    -h, --help         show this text\n"
@@ -68,7 +75,7 @@ static const char *const help_bench =
 
 static void help_bench_fn(void)
 {
-	rt_cli_help(help_bench, 3, rt_cli_prog, rt_cli_prog, rt_cli_prog);
+	rt_cli_help(help_bench, 4, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog);
 }
 
 /* cap token ids below n_vocab from a fixed LCG (the same ids every run), the first one
@@ -87,64 +94,32 @@ static int32_t *bench_tokens(int32_t cap, int n_vocab, int32_t bos)
 	return tok;
 }
 
-/* prints that a cache of cap entries did not fit, frees tok and logits; returns -1 */
-static double bench_oom(int32_t cap, int32_t *tok, float *logits)
+/* A sequence of m under policy p (rt_policy_full: the full cache) with a store of cap
+ * entries per head, chunks of `chunk` tokens and prompt_len (-1: none), the options' policy
+ * values applied, on the device of --device. 0, or -1 after printing the error. */
+static int bench_seq(rt_seq *s, rt_model *m, const struct kvp_policy *p, const rt_cli_opts *o,
+                     int32_t cap, int chunk, int64_t prompt_len)
 {
-	fprintf(stderr, "%s: bench: out of memory for %d entries\n", rt_cli_prog, (int)cap);
-	free(tok), free(logits);
-	return -1.0;
-}
-
-/* One llama-bench test on a fresh full cache: prefill `depth` tokens untimed, then time
- * either a prefill of n tokens (pp) or n single-token steps (tg). Returns tokens/s, or -1
- * after printing the error. */
-static double bench_one(rt_model *m, int32_t bos, int chunk, int depth, int n, int pp)
-{
-	const int32_t cap = depth + n;
-	rt_kv kv;
-	rt_fwd f;
 	rt_err err = { "" };
-	int32_t *tok = bench_tokens(cap, m->hp.n_vocab, bos);
-	float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
-	double tps = -1.0;
-	if (!tok || !logits || rt_model_kv_init(m, &kv, cap, &err) < 0)
-		return bench_oom(cap, tok, logits);
-	if (rt_fwd_init(&f, m, chunk, cap, &err) < 0) {
+	if (rt_seq_init(s, m, p, cap, chunk, prompt_len, &err) != 0 ||
+	    (p != &rt_policy_full && rt_cli_seq_apply(s, o, &err) != 0) ||
+	    rt_cli_device_attach(s, &err) != 0) {
 		rt_cli_fail(&err);
-		goto out;
+		return -1;
 	}
-	if (depth > 0 && rt_model_forward(&f, &kv, tok, depth, 0, NULL, RT_LOGITS_NONE, &err) < 0)
-		goto fail;
-	double t0 = rt_now();
-	if (pp) {
-		if (rt_model_forward(&f, &kv, tok + depth, n, depth, logits, RT_LOGITS_LAST, &err) < 0)
-			goto fail;
-	} else {
-		for (int j = 0; j < n; j++)
-			if (rt_model_forward(&f, &kv, tok + depth + j, 1, depth + j, logits, RT_LOGITS_LAST,
-			                     &err) < 0)
-				goto fail;
-	}
-	tps = n / (rt_now() - t0);
-	goto out;
-fail:
-	rt_cli_fail(&err);
-out:
-	rt_fwd_free(&f);
-	rt_kv_free(&kv);
-	free(tok), free(logits);
-	return tps;
+	return 0;
 }
 
-/* bench_one under policy p (--policy): the depth is the sequence's prompt, prefilled
- * untimed with chunked prefill; then the timed prefill of n tokens (pp) or n single-token
- * steps (tg), the policy's hooks and compressions included. Prints the '#' line of the
+/* One llama-bench test on a fresh sequence under policy p (rt_policy_full: the full
+ * cache): prefill `depth` tokens untimed (a policy's depth is its prompt, prefilled with
+ * chunked prefill), then time either a prefill of n tokens (pp) or n single-token steps
+ * (tg), the policy's hooks and compressions included. note: print the '#' line of the
  * policy's counters. Returns tokens/s, or -1 after printing the error. */
 static double bench_policy(rt_model *m, int32_t bos, const struct kvp_policy *p,
-                           const rt_cli_opts *o, int chunk, int depth, int n, int pp)
+                           const rt_cli_opts *o, int chunk, int depth, int n, int pp, int note)
 {
 	const int32_t cap = depth + n;
-	rt_seq s;
+	rt_seq s = { 0 };
 	rt_err err = { "" };
 	int32_t *tok = bench_tokens(cap, m->hp.n_vocab, bos);
 	float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
@@ -152,11 +127,12 @@ static double bench_policy(rt_model *m, int32_t bos, const struct kvp_policy *p,
 	rt_cli_opts so = *o;
 	if (!o->prefill_chunk)
 		so.prefill_chunk = chunk;
-	if (!tok || !logits)
-		return bench_oom(cap, tok, logits);
-	if (rt_seq_init(&s, m, p, cap, chunk, depth > 0 ? depth : -1, &err) != 0 ||
-	    rt_cli_seq_apply(&s, &so, &err) != 0)
-		goto fail;
+	if (!tok || !logits) {
+		fprintf(stderr, "%s: bench: out of memory for %d entries\n", rt_cli_prog, (int)cap);
+		goto out;
+	}
+	if (bench_seq(&s, m, p, &so, cap, chunk, depth > 0 ? depth : -1) != 0)
+		goto out;
 	if (depth > 0 && rt_seq_feed(&s, tok, depth, NULL, RT_LOGITS_NONE, &err) != 0)
 		goto fail;
 	const rt_seq_stats st0 = rt_seq_stats_get(&s);
@@ -171,10 +147,11 @@ static double bench_policy(rt_model *m, int32_t bos, const struct kvp_policy *p,
 	}
 	tps = n / (rt_now() - t0);
 	const rt_seq_stats st = rt_seq_stats_get(&s);
-	printf("# policy %s ratio %g: %.1f entries per head at the end, %lld compressions in the "
-	       "timed part, %.3f s of it in policy code\n", p->name, o->ratio,
-	       rt_seq_mean_entries(&s), (long long)(st.compress_events - st0.compress_events),
-	       st.policy_seconds - st0.policy_seconds);
+	if (note)
+		printf("# policy %s ratio %g: %.1f entries per head at the end, %lld compressions in "
+		       "the timed part, %.3f s of it in policy code\n", p->name, o->ratio,
+		       rt_seq_mean_entries(&s), (long long)(st.compress_events - st0.compress_events),
+		       st.policy_seconds - st0.policy_seconds);
 	goto out;
 fail:
 	rt_cli_fail(&err);
@@ -183,6 +160,9 @@ out:
 	free(tok), free(logits);
 	return tps;
 }
+
+static int bench_table(rt_model *m, int32_t bos, const rt_cli_opts *op, const double *ctxd,
+                       int n_ctx);
 
 /* bench --pp/--tg: llama-bench's tests, one line each; p: the policy (NULL: full cache) */
 static int bench_llama(rt_model *m, int32_t bos, const rt_cli_opts *o, long pp, long tg,
@@ -197,13 +177,16 @@ static int bench_llama(rt_model *m, int32_t bos, const rt_cli_opts *o, long pp, 
 		if ((long)dd[i] + (pp > tg ? pp : tg) > m->hp.n_ctx)
 			return rt_cli_usage("bench", "--depth %ld plus the test exceeds the model's context_length %d",
 			                 (long)dd[i], (int)m->hp.n_ctx);
-	printf("# kvrt %s path, %d threads, isa %s, kv %s\n", m->exact ? "exact" : "fast",
-	       m->exact ? openblas_get_num_threads() : rt_model_threads(m),
-	       rt_dot_isa_name(rt_dot_isa_best()), rt_kv_type_name(m->kv_type));
+	if (rt_cli_device_weights())
+		printf("# kvrt on %s, %s weights, kv %s\n", o->device, rt_cli_device_weights(),
+		       rt_kv_type_name(m->kv_type));
+	else
+		printf("# kvrt %s path, %d threads, isa %s, kv %s\n", m->exact ? "exact" : "fast",
+		       m->exact ? openblas_get_num_threads() : rt_model_threads(m),
+		       rt_dot_isa_name(rt_dot_isa_best()), rt_kv_type_name(m->kv_type));
 	if (pp > 0) {
 		const int c = (int)(o->chunk < pp ? o->chunk : pp);
-		double t = p ? bench_policy(m, bos, p, o, c, 0, (int)pp, 1)
-		             : bench_one(m, bos, c, 0, (int)pp, 1);
+		double t = bench_policy(m, bos, p ? p : &rt_policy_full, o, c, 0, (int)pp, 1, p != NULL);
 		if (t < 0)
 			return EXIT_FAILURE;
 		printf("pp%ld %.2f\n", pp, t);
@@ -211,8 +194,8 @@ static int bench_llama(rt_model *m, int32_t bos, const rt_cli_opts *o, long pp, 
 	}
 	for (int i = 0; tg > 0 && i < nd; i++) {
 		const int d = (int)dd[i];
-		double t = p ? bench_policy(m, bos, p, o, (int)o->chunk, d, (int)tg, 0)
-		             : bench_one(m, bos, (int)o->chunk, d, (int)tg, 0);
+		double t = bench_policy(m, bos, p ? p : &rt_policy_full, o, (int)o->chunk, d, (int)tg, 0,
+		                        p != NULL);
 		if (t < 0)
 			return EXIT_FAILURE;
 		if (d > 0)
@@ -227,7 +210,7 @@ static int bench_llama(rt_model *m, int32_t bos, const rt_cli_opts *o, long pp, 
 int rt_cmd_bench(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', O_CTX, O_DECODE, O_CHUNK, O_THREADS, O_PP, O_TG, O_DEPTH,
-		O_EXACT, O_FAST, O_QUIET, O_POLICY, O_RATIO, O_SET, O_PREFILL, O_KVTYPE, 0 };
+		O_EXACT, O_FAST, O_QUIET, O_POLICY, O_RATIO, O_SET, O_PREFILL, O_KVTYPE, O_DEVICE, O_F16, 0 };
 	rt_cli_opts o = { .ctx_list = "128,1024,4096", .decode = 32, .chunk = RT_CLI_CHUNK };
 	int rc = rt_cli_parse("bench", help_bench_fn, argc, argv, &o, opt_ids, 1);
 	if (rc)
@@ -247,6 +230,10 @@ int rt_cmd_bench(int argc, char **argv)
 		if (!(p = rt_cli_policy("bench", &o, &rc)))
 			return rc;
 	}
+	if (rt_cli_on_device(&o))
+		o.exact = 1; /* the GPU takes the exact path's weights */
+	if ((rc = rt_cli_device_check("bench", &o)) != 0)
+		return rc;
 	rt_cli_threads(o.threads);
 	rt_gguf *g = NULL;
 	rt_model *m = NULL;
@@ -259,78 +246,81 @@ int rt_cmd_bench(int argc, char **argv)
 	const int32_t bos = tk ? rt_tokenizer_bos(tk) : -1;
 	rt_tokenizer_free(tk);
 	rt_gguf_close(g);
-	if (o.pp > 0 || o.tg > 0) {
-		rc = bench_llama(m, bos, &o, o.pp, o.tg, o.depths ? o.depths : "0", p);
-		rt_model_free(m);
-		return rc;
-	}
+	if ((rc = rt_cli_device_open("bench", &o, m)) == 0)
+		rc = o.pp > 0 || o.tg > 0
+		             ? bench_llama(m, bos, &o, o.pp, o.tg, o.depths ? o.depths : "0", p)
+		             : bench_table(m, bos, &o, ctxd, n_ctx);
+	rt_cli_device_close();
+	rt_model_free(m);
+	return rc;
+}
+
+/* The table: prefill and decode speed of the full cache at each of the n_ctx lengths
+ * ctxd. Returns the exit status. */
+static int bench_table(rt_model *m, int32_t bos, const rt_cli_opts *op, const double *ctxd,
+                       int n_ctx)
+{
+	const rt_cli_opts o = *op;
 	for (int i = 0; i < n_ctx; i++)
 		if ((long)ctxd[i] + o.decode > m->hp.n_ctx) {
 			fprintf(stderr,
 			        "%s: %s: --ctx %ld plus %ld decode steps exceed the model's "
 			        "context_length %d\n",
 			        rt_cli_prog, o.model, (long)ctxd[i], o.decode, (int)m->hp.n_ctx);
-			rt_model_free(m);
 			return RT_CLI_USAGE;
 		}
-	printf("model %s: %d layers, %d/%d heads, vocab %d; %s path, %d threads, chunk %ld\n",
-	       m->path, m->hp.n_layer, m->hp.n_head, m->hp.n_head_kv, m->hp.n_vocab,
-	       m->exact ? "exact" : "fast", m->exact ? openblas_get_num_threads() : rt_model_threads(m),
-	       o.chunk);
+	if (rt_cli_device_weights())
+		printf("model %s: %d layers, %d/%d heads, vocab %d; on %s, %s weights, chunk %ld\n",
+		       m->path, m->hp.n_layer, m->hp.n_head, m->hp.n_head_kv, m->hp.n_vocab, o.device,
+		       rt_cli_device_weights(), o.chunk);
+	else
+		printf("model %s: %d layers, %d/%d heads, vocab %d; %s path, %d threads, chunk %ld\n",
+		       m->path, m->hp.n_layer, m->hp.n_head, m->hp.n_head_kv, m->hp.n_vocab,
+		       m->exact ? "exact" : "fast",
+		       m->exact ? openblas_get_num_threads() : rt_model_threads(m), o.chunk);
 	printf("%9s %15s %14s %11s %15s %10s\n", "context", "prefill tok/s", "decode tok/s",
 	       "prefill s", "decode ms/tok", "KV MiB");
-	rc = 0;
+	int rc = 0;
 	int64_t work = 0, done = 0;
 	for (int i = 0; i < n_ctx; i++)
 		work += (int64_t)ctxd[i] + o.decode;
 	rt_progress prog;
 	rt_progress_init(&prog, "bench", "tokens", work, o.quiet);
 	for (int i = 0; i < n_ctx && rc == 0; i++) {
-		int L = (int)ctxd[i], D = (int)o.decode;
-		int32_t cap = L + D;
-		rt_kv kv;
-		rt_fwd f;
+		const int L = (int)ctxd[i], D = (int)o.decode;
+		rt_seq sq = { 0 };
 		rt_err err = { "" };
-		int32_t *tok = bench_tokens(cap, m->hp.n_vocab, bos);
+		int32_t *tok = bench_tokens(L + D, m->hp.n_vocab, bos);
 		float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
-		int chunk = (int)(o.chunk < L ? o.chunk : L);
-		if (!tok || !logits || rt_model_kv_init(m, &kv, cap, &err) < 0) {
+		rc = EXIT_FAILURE;
+		if (!tok || !logits)
 			fprintf(stderr, "%s: bench: out of memory at context %d\n", rt_cli_prog, L);
-			free(tok), free(logits);
-			rc = EXIT_FAILURE;
-			break;
-		}
-		if (rt_fwd_init(&f, m, chunk, cap, &err) < 0) {
-			rt_cli_fail(&err);
-			rt_kv_free(&kv);
-			free(tok), free(logits);
-			rc = EXIT_FAILURE;
-			break;
-		}
+		if (!tok || !logits ||
+		    bench_seq(&sq, m, &rt_policy_full, &o, L + D, (int)(o.chunk < L ? o.chunk : L), -1) != 0)
+			goto next;
 		double t0 = rt_now();
-		rc = rt_model_forward(&f, &kv, tok, L, 0, logits, RT_LOGITS_LAST, &err);
+		int bad = rt_seq_feed(&sq, tok, L, logits, RT_LOGITS_LAST, &err);
 		double t1 = rt_now();
 		rt_progress_update(&prog, done += L);
-		for (int j = 0; j < D && rc == 0; j++) {
-			rc = rt_model_forward(&f, &kv, tok + L + j, 1, L + j, logits, RT_LOGITS_LAST, &err);
+		for (int j = 0; j < D && !bad; j++) {
+			bad = rt_seq_feed(&sq, tok + L + j, 1, logits, RT_LOGITS_LAST, &err);
 			rt_progress_update(&prog, ++done);
 		}
 		double t2 = rt_now();
 		rt_progress_end(&prog);
-		if (rc) {
+		if (bad) {
 			rt_cli_fail(&err);
-			rc = EXIT_FAILURE;
-		} else {
-			printf("%9d %15.1f %14.1f %11.2f %15.2f %10.1f\n", L, L / (t1 - t0), D / (t2 - t1),
-			       t1 - t0, 1000.0 * (t2 - t1) / D,
-			       (double)rt_kv_bytes_used(&kv) / (1024.0 * 1024.0));
-			fflush(stdout);
+			goto next;
 		}
-		rt_fwd_free(&f);
-		rt_kv_free(&kv);
+		printf("%9d %15.1f %14.1f %11.2f %15.2f %10.1f\n", L, L / (t1 - t0), D / (t2 - t1),
+		       t1 - t0, 1000.0 * (t2 - t1) / D,
+		       (double)rt_kv_bytes_used(&sq.kv) / (1024.0 * 1024.0));
+		fflush(stdout);
+		rc = 0;
+next:
+		rt_seq_free(&sq);
 		free(tok), free(logits);
 	}
-	rt_model_free(m);
 	return rc;
 }
 

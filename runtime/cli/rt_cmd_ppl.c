@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/rt_cli_cuda.h"
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_meta.h"
 #include "cli/rt_cli_opts.h"
@@ -32,7 +33,7 @@ static const char *const help_ppl =
 	"    %s ppl --model MODEL --text FILE [--policy NAME] [--set NAME=VALUE]...\n"
 	"             [--ratio R] [--ctx N] [--prompt N] [--chunk N] [--prefill-chunk C]\n"
 	"             [--threads N] [--json] [--dump FILE] [--logits FILE] [--no-ref] [--fast]\n"
-	"             [--kv-type T]\n"
+	"             [--kv-type T] [--device cpu|cuda [--f16]]\n"
 	"    %s ppl --model MODEL --text FILE --batch RUNS [--ctx N] [--prompt N]\n"
 	"             [--score-from P] [--json] ...\n"
 	"\n"
@@ -115,6 +116,14 @@ static const char *const help_ppl =
 	"                        8-bit activation rounding (slower; JSON \"activations\")\n"
 	"    --kv-type T         KV storage with --fast: f32, f16 (default) or q8_0 (ggml's\n"
 	"                        8-bit blocks); the exact path stores f32 and refuses the others\n"
+	"    --device cuda       run every sequence (the runs and the reference) on the GPU, in\n"
+	"                        a binary built with `kvpc build --cuda` (docs/cuda.md): the\n"
+	"                        exact path's f32 weights and an f32 store on the device, the\n"
+	"                        same loop, figures and reports (JSON \"device\", \"weights\");\n"
+	"                        --batch runs are fed one after the other; policies the GPU\n"
+	"                        cannot run are refused naming why. Default --device cpu\n"
+	"    --f16               with --device cuda: f16 copies of the weights (tensor-core\n"
+	"                        GEMMs; an approximation, like the CPU's --fast)\n"
 	"    --json              one JSON object: policy, params, ratio, model, model_sha256,\n"
 	"                        text, text_sha256, commit, threads, chunk, tokens, scored,\n"
 	"                        ppl, nll_mean, top1_acc, kv_entries_peak, kv_bytes_peak,\n"
@@ -276,6 +285,12 @@ static void ppl_report_json(const ppl_fig *f, const char *msha, const char *tsha
 	printf(",\"compress_events\":%lld", (long long)st.compress_events);
 	rt_json_member_num(stdout, "policy_seconds", st.policy_seconds);
 	rt_json_member_num(stdout, "seconds", st.seconds);
+	if (rt_cli_device_weights()) {
+		fputs(",\"device\":", stdout);
+		rt_json_str(stdout, rt_seq_device(&r->seq));
+		fputs(",\"weights\":", stdout);
+		rt_json_str(stdout, rt_cli_device_weights());
+	}
 	if (ref) {
 		rt_json_member_num(stdout, "kld_mean", ks.kld_mean);
 		rt_json_member_num(stdout, "kld_mean_err", ks.kld_mean_err);
@@ -341,8 +356,13 @@ static void ppl_report_table(const ppl_fig *f)
 		       (long long)sc->compressed, (long long)sc->scored);
 	printf("compressions     %lld (%.3f s in policy code)\n", (long long)st.compress_events,
 	       st.policy_seconds);
-	printf("speed            %.1f tokens/s (%.2f s, %d threads%s)\n", tps, st.seconds, threads,
-	       batch > 1 ? ", shared by the batch" : "");
+	if (rt_cli_device_weights())
+		printf("speed            %.1f tokens/s (%.2f s, on %s with %s weights%s)\n", tps,
+		       st.seconds, rt_seq_device(&r->seq), rt_cli_device_weights(),
+		       batch > 1 ? ", runs fed one after the other" : "");
+	else
+		printf("speed            %.1f tokens/s (%.2f s, %d threads%s)\n", tps, st.seconds,
+		       threads, batch > 1 ? ", shared by the batch" : "");
 	if (batch > 1)
 		putchar('\n');
 }
@@ -402,10 +422,16 @@ static int ppl_pass_init(ppl_pass *pp, const rt_model *m, const rt_cli_opts *o, 
 		                      pp->block, pp->prompt_len, err) != 0 ||
 		    rt_cli_seq_apply(&r->seq, &r->o, err) != 0)
 			return -1;
+		rt_err e = { "" };
+		if (rt_cli_device_attach(&r->seq, &e) != 0) { /* this run leaves; the others go on */
+			pp->sc[i].failed_at = 0;
+			snprintf(pp->sc[i].error, sizeof pp->sc[i].error, "%s", e.msg);
+		}
 		pp->all[i] = &r->seq;
 	}
-	if (pp->ref && rt_seq_init(&pp->sp, m, &rt_policy_full, (int32_t)pp->use, pp->block,
-	                           pp->prompt_len, err) != 0)
+	if (pp->ref && (rt_seq_init(&pp->sp, m, &rt_policy_full, (int32_t)pp->use, pp->block,
+	                            pp->prompt_len, err) != 0 ||
+	                rt_cli_device_attach(&pp->sp, err) != 0))
 		return -1;
 	return 0;
 }
@@ -489,7 +515,7 @@ int rt_cmd_ppl(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_THREADS,
 		O_POLICY, O_SET, O_RATIO, O_BYTERATIO, O_NOREF, O_PROMPTLEN, O_BATCH, O_SCOREFROM, O_EXACT, O_FAST,
-		O_QUIET, O_PREFILL, O_KVTYPE, O_F32ACT, 0 };
+		O_QUIET, O_PREFILL, O_KVTYPE, O_F32ACT, O_DEVICE, O_F16, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = rt_cli_parse("ppl", help_ppl_fn, argc, argv, &o, opt_ids,
 	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
@@ -511,10 +537,15 @@ int rt_cmd_ppl(int argc, char **argv)
 	rc = EXIT_FAILURE;
 	if (!text)
 		goto out;
+	if ((rc = rt_cli_device_check("ppl", &o)) != 0)
+		goto out;
+	rc = EXIT_FAILURE;
 	if (pp.K == 1 && !strcmp(pp.runs[0].p->name, "full"))
 		pp.ref = 0;
-	if (rt_cli_open_text_model(&o, text, len, &tk, &m, &ids, &pp.n, &pp.use, &rc) < 0)
+	if (rt_cli_open_text_model(&o, text, len, &tk, &m, &ids, &pp.n, &pp.use, &rc) < 0 ||
+	    (rc = rt_cli_device_open("ppl", &o, m)) != 0)
 		goto out;
+	rc = EXIT_FAILURE;
 	if (pp.use < 2) {
 		fprintf(stderr, "%s: %s: text has %lld token%s; perplexity needs at least 2\n", rt_cli_prog,
 		        o.text, (long long)pp.n, pp.n == 1 ? "" : "s");
@@ -533,6 +564,7 @@ int rt_cmd_ppl(int argc, char **argv)
 	rc = ppl_pass_report(&pp, m, &o, text, len);
 out:
 	ppl_pass_free(&pp);
+	rt_cli_device_close();
 	free(ids);
 	rt_model_free(m);
 	rt_tokenizer_free(tk);

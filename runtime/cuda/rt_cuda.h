@@ -38,12 +38,14 @@ extern "C" {
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "base/rt_util.h"
 #include "cuda/rt_cuda_policy.h"
 #include "kv/rt_kv.h"
 #include "model/rt_model.h"
 #include "policy/rt_policy.h"
+#include "policy/rt_seq.h"
 
 /* Weight storage on the device. */
 enum rt_cuda_wtype {
@@ -69,14 +71,19 @@ void rt_cuda_model_free(rt_cuda_model *dm);
 /* Device bytes the weights occupy. */
 size_t rt_cuda_model_bytes(const rt_cuda_model *dm);
 
-/* One sequence on the device under one policy: the device store, the forward scratch,
- * the stream, and a host shadow (rt_run + rt_kv of the same shape) whose entry counts
- * follow the device so the policy's host hooks (next_trigger, should_compress) see the
- * same numbers; a policy without a device compress runs its C compress on the shadow
- * (downloaded first, uploaded after). The shadow takes the pool's blocks (kv/rt_kvpool.h)
- * as the device store fills and returns them as it is compacted, so the pool's figures
- * describe the device store. Opaque. */
+/* One sequence on the device under one policy: an rt_seq (runtime/policy/rt_seq.h) whose
+ * forward and store contents are on the device (rt_seq_dev). The rt_seq keeps the
+ * policy's run state and a host view (shadow) of the store whose entry counts follow the
+ * device, so the policy's host hooks (next_trigger, should_compress) see the same numbers
+ * and rt_seq's chunking, budget check and counters are the CPU's; a policy without a
+ * device compress runs its C compress on the shadow (downloaded first, uploaded after).
+ * The shadow takes the pool's blocks (kv/rt_kvpool.h) as the device store fills and
+ * returns them as it is compacted, so the pool's figures describe the device store. The
+ * device part (stream, device store, forward scratch) is this opaque type. */
 typedef struct rt_cuda_seq rt_cuda_seq;
+
+/* Most tokens per device forward: the forward scratch holds this many rows. */
+#define RT_CUDA_MAX_CHUNK 256
 
 /* What this backend cannot do for a policy (rt_cuda_refuses), as a mask. */
 enum rt_cuda_refusal {
@@ -95,7 +102,18 @@ enum rt_cuda_refusal {
  * repeating the list. Needs no device. */
 unsigned rt_cuda_refuses(const struct kvp_policy *p, const char **why);
 
-/* Create a sequence: model m (host, for its shapes) with weights dm, policy cp (NULL: the
+/* Move sequence h (rt_seq_init'ed on an exact-path model, f32 store, not yet fed) to the
+ * device: weights dm, CUDA policy cp compiled from h's policy (rt_cuda_policy_find; NULL
+ * for the full cache). From then on rt_seq_feed(h) runs on the GPU in chunks of at most
+ * RT_CUDA_MAX_CHUNK tokens, and rt_seq_free(h) frees the device part. Errors (-1, err; h
+ * stays a CPU sequence): a policy this backend refuses (rt_cuda_refuses, RT_ERR_INPUT), a
+ * store that is not f32 (--kv-type, precision tiers; RT_ERR_INPUT), cp not compiled from
+ * h's policy, weights of another model, device memory, a failing CUDA call. */
+int rt_cuda_seq_attach(rt_seq *h, const rt_cuda_model *dm, const struct kvp_cuda_policy *cp,
+                       rt_err *err);
+
+/* A sequence of its own (rt_seq_init + rt_cuda_seq_attach; freed by rt_cuda_seq_free):
+ * model m (host, for its shapes) with weights dm, policy cp (NULL: the
  * full cache), cap entries per head, chunks of at most max_chunk tokens (1..256),
  * prompt_len as rt_seq_init. Errors (NULL, err): bad sizes; a policy this backend cannot
  * run (rt_cuda_refuses, whose reason the message gives, RT_ERR_INPUT); device memory. */
@@ -108,8 +126,8 @@ void rt_cuda_seq_reset(rt_cuda_seq *s, int64_t prompt_len);
 /* "name=value" parameter override; compression-ratio override (rt_seq_set_ratio). */
 int rt_cuda_seq_set(rt_cuda_seq *s, const char *assign, rt_err *err);
 int rt_cuda_seq_set_ratio(rt_cuda_seq *s, double R, rt_err *err);
-/* Feed tokens as rt_seq_feed (same chunking rule: never across a trigger or the prompt
- * end; same logits layout; logits are copied back to host memory). */
+/* Feed tokens: rt_seq_feed on its sequence (the chunking rule, the logits layout; logits
+ * are copied back to host memory). */
 int rt_cuda_seq_feed(rt_cuda_seq *s, const int32_t *tokens, int64_t n, float *logits,
                      enum rt_logits_mode mode, rt_err *err);
 /* Download the device store into the host shadow and return it (entries, positions,
@@ -131,6 +149,8 @@ struct rt_cuda_backend {
 	rt_cuda_seq *(*seq_init)(const rt_model *m, const rt_cuda_model *dm,
 	                         const struct kvp_cuda_policy *cp, int32_t cap, int max_chunk,
 	                         int64_t prompt_len, rt_err *err);
+	int (*seq_attach)(rt_seq *h, const rt_cuda_model *dm, const struct kvp_cuda_policy *cp,
+	                  rt_err *err);
 	void (*seq_free)(rt_cuda_seq *s);
 	void (*seq_reset)(rt_cuda_seq *s, int64_t prompt_len);
 	int (*seq_set)(rt_cuda_seq *s, const char *assign, rt_err *err);
@@ -143,10 +163,24 @@ struct rt_cuda_backend {
 	int n_policies;
 };
 
-/* The CUDA policy compiled from the same source as the C policy p (same name and
- * source hash) in backend b, or NULL. */
-const struct kvp_cuda_policy *rt_cuda_policy_find(const struct rt_cuda_backend *b,
-                                                  const struct kvp_policy *p);
+/* The CUDA policy compiled from the same source as the C policy p (its host pointer is
+ * p, or the same name and source hash) in backend b, or NULL. Inline: the command line
+ * calls it in binaries that do not link libkvrt_cuda. */
+static inline const struct kvp_cuda_policy *rt_cuda_policy_find(const struct rt_cuda_backend *b,
+                                                                const struct kvp_policy *p)
+{
+	for (int i = 0; b && p && i < b->n_policies; i++) {
+		const struct kvp_cuda_policy *c = b->policies[i];
+		if (c && c->host == p)
+			return c;
+	}
+	for (int i = 0; b && p && i < b->n_policies; i++) {
+		const struct kvp_cuda_policy *c = b->policies[i];
+		if (c && !strcmp(c->name, p->name) && !strcmp(c->source_hash, p->source_hash))
+			return c;
+	}
+	return NULL;
+}
 
 #ifdef __cplusplus
 }

@@ -124,19 +124,3 @@ fail:
 	rt_cuda_model_free(dm);
 	return NULL;
 }
-
-extern "C" const struct kvp_cuda_policy *rt_cuda_policy_find(const struct rt_cuda_backend *b,
-                                                             const struct kvp_policy *p)
-{
-	for (int i = 0; b && p && i < b->n_policies; i++) {
-		const struct kvp_cuda_policy *c = b->policies[i];
-		if (c && c->host == p)
-			return c;
-	}
-	for (int i = 0; b && p && i < b->n_policies; i++) {
-		const struct kvp_cuda_policy *c = b->policies[i];
-		if (c && !strcmp(c->name, p->name) && !strcmp(c->source_hash, p->source_hash))
-			return c;
-	}
-	return NULL;
-}

@@ -1,10 +1,11 @@
 /*
- * rt_cuda_seq: one sequence on the device (rt_cuda.h): the device KV store, the chunked
+ * rt_cuda_seq: the device half of a sequence (rt_cuda.h): the device KV store, the chunked
  * forward (cuBLAS GEMMs + runtime/cuda/rt_cuda_kernels.cuh + the policy's fused attention
- * of kernels/k_attn.cuh), and the policy loop of runtime/policy/rt_seq.c: the C policy's
- * host hooks decide chunk sizes and when to compress (on a host shadow whose entry counts
- * follow the device), the CUDA policy's compress runs on the device, or the C compress
- * runs on a downloaded copy of the store that is uploaded again.
+ * of kernels/k_attn.cuh) and the compress, behind rt_seq's device interface (rt_seq_dev in
+ * runtime/policy/rt_seq.h). The policy loop is rt_seq's own: the C policy's host hooks
+ * decide chunk sizes and when to compress (on the host view of the store, whose entry
+ * counts follow the device); the CUDA policy's compress runs on the device, or the C
+ * compress runs on a downloaded copy of the store that is uploaded again.
  */
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
@@ -27,12 +28,13 @@ extern "C" {
 }
 
 struct rt_cuda_seq {
+	rt_seq *h;               /* the sequence whose forward this is (rt_seq_attach): its run
+	                          * state, the host view (shadow) of the store, the counters */
+	rt_seq *own;             /* rt_cuda_seq_init's own sequence (= h), else NULL */
 	const rt_model *m;
 	const rt_cuda_model *dm;
 	const struct kvp_cuda_policy *cp; /* NULL: the full cache */
 	const struct kvp_policy *p;
-	struct rt_run run;      /* parameters, context (host) */
-	rt_kv kv;                /* host shadow of the store */
 	rt_cuda_kv d;            /* the device store */
 	int max_chunk;
 	int32_t cap;
@@ -48,8 +50,6 @@ struct rt_cuda_seq {
 	/* pinned host buffers */
 	float *h_logits;         /* [max_chunk × n_vocab] */
 	int32_t *h_tok, *h_n;    /* [max_chunk], [H] */
-	uint16_t cur_span;
-	int64_t compressions;
 };
 
 /* Y[C × out] = X[C × in] · W[out × in]^T (+ beta · Y), W in the model's wtype. */
@@ -111,7 +111,7 @@ static int kv_alloc(rt_cuda_kv *d, const rt_kv *h, rt_err *err)
  * only the n entries in use travel. */
 static int kv_sync(rt_cuda_seq *s, int to_dev, rt_err *err)
 {
-	rt_kv *h = &s->kv;
+	rt_kv *h = &s->h->kv;
 	rt_cuda_kv *d = &s->d;
 	const int H = h->n_layer * h->n_kv_head;
 	const size_t c = (size_t)h->cap, hd = (size_t)h->head_dim;
@@ -150,13 +150,10 @@ static int kv_sync(rt_cuda_seq *s, int to_dev, rt_err *err)
 	return 0;
 }
 
-extern "C" void rt_cuda_seq_free(rt_cuda_seq *s)
+/* The device half of a sequence (rt_seq_dev.free): everything but the rt_seq. */
+static void dev_free(void *state)
 {
-	if (!s)
-		return;
-	if (s->p)
-		rt_run_free(&s->run);
-	rt_kv_free(&s->kv);
+	rt_cuda_seq *s = (rt_cuda_seq *)state;
 	cudaFree(s->d.mem);
 	cudaFree(s->dmem);
 	cudaFree(s->cmp);
@@ -168,6 +165,15 @@ extern "C" void rt_cuda_seq_free(rt_cuda_seq *s)
 	if (s->st)
 		cudaStreamDestroy(s->st);
 	free(s);
+}
+
+extern "C" void rt_cuda_seq_free(rt_cuda_seq *s)
+{
+	if (!s)
+		return;
+	rt_seq *h = s->own;
+	rt_seq_free(h); /* frees s too (dev_free) */
+	free(h);
 }
 
 unsigned rt_cuda_refuses(const struct kvp_policy *p, const char **why)
@@ -226,7 +232,8 @@ static int scratch_alloc(rt_cuda_seq *s, rt_err *err)
 	RT_CU_TRY(err, cudaMallocHost((void **)&s->h_tok, C * 4));
 	RT_CU_TRY(err, cudaMallocHost((void **)&s->h_n, H * 4));
 	if (s->cp && s->cp->compress) {
-		size_t W = (size_t)hp->head_dim > s->kv.stat_bytes / 4 ? (size_t)hp->head_dim : s->kv.stat_bytes / 4;
+		const size_t sb = s->h->kv.stat_bytes;
+		size_t W = (size_t)hp->head_dim > sb / 4 ? (size_t)hp->head_dim : sb / 4;
 		s->cmp_len = k_cu_compress_scratch_bytes(H, (size_t)s->cap, (size_t)hp->group, W,
 		                                         (size_t)hp->n_layer);
 		RT_CU_TRY(err, cudaMalloc(&s->cmp, s->cmp_len));
@@ -234,93 +241,144 @@ static int scratch_alloc(rt_cuda_seq *s, rt_err *err)
 	return 0;
 }
 
+/* Why this backend cannot take sequence h under CUDA policy cp (NULL: the full cache) on
+ * weights dm, as an rt_err; 0 when it can. Touches no device (the tests call it with no
+ * weights: a refused policy is named before dm is read). */
+static int attach_check(const rt_seq *h, const rt_cuda_model *dm, const struct kvp_cuda_policy *cp,
+                        rt_err *err)
+{
+	if (cp && (cp->abi_version != KVP_CUDA_ABI_VERSION || !cp->host))
+		return rt_err_set(err, "policy %s: CUDA policy of another ABI version", cp->name);
+	const struct kvp_policy *p = h->p;
+	const char *why;
+	if (rt_cuda_refuses(p, &why))
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: not supported by the CUDA runtime: %s",
+		                   p->name, why);
+	if (cp ? cp->host != p && (strcmp(cp->name, p->name) || strcmp(cp->source_hash, p->source_hash))
+	       : p != &rt_policy_full)
+		return rt_err_set(err, "policy %s: the CUDA unit %s is not compiled from it", p->name,
+		                  cp ? cp->name : "(none)");
+	if (h->kv.type != RT_KV_F32 || h->kv.tiered)
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: the CUDA store holds f32 keys and "
+		                   "values, not %s (--kv-type %s runs on the CPU only)", p->name,
+		                   rt_kv_type_name(h->kv.type), rt_kv_type_name(h->kv.type));
+	if (memcmp(&dm->hp, &h->m->hp, sizeof dm->hp) != 0)
+		return rt_err_set(err, "%s: cuda sequence: the device weights belong to another model",
+		                  h->m->path);
+	return 0;
+}
+
+static int dev_forward(void *state, rt_kv *kv, const int32_t *tok, int32_t k, int64_t pos,
+                       float *logits, enum rt_logits_mode mode, rt_err *err);
+static int dev_compress(void *state, struct kvp_ctx *c, rt_kv *kv, rt_err *err);
+static void dev_reset(void *state);
+
+extern "C" int rt_cuda_seq_attach(rt_seq *h, const rt_cuda_model *dm,
+                                  const struct kvp_cuda_policy *cp, rt_err *err)
+{
+	if (attach_check(h, dm, cp, err) != 0)
+		return -1;
+	rt_cuda_seq *s = (rt_cuda_seq *)calloc(1, sizeof *s);
+	if (!s)
+		return rt_err_set(err, "%s: cuda sequence: out of host memory", h->m->path);
+	s->h = h;
+	s->m = h->m;
+	s->dm = dm;
+	s->cp = cp;
+	s->p = h->p;
+	s->cap = h->cap;
+	s->max_chunk = h->max_chunk < RT_CUDA_MAX_CHUNK ? h->max_chunk : RT_CUDA_MAX_CHUNK;
+	RT_CU_GOTO(err, cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking));
+	RT_CUBLAS_GOTO(err, cublasCreate(&s->cb));
+	RT_CUBLAS_GOTO(err, cublasSetStream(s->cb, s->st));
+	if (kv_alloc(&s->d, &h->kv, err) != 0 || scratch_alloc(s, err) != 0)
+		goto fail;
+	{
+		const rt_seq_dev d = { "cuda", s->max_chunk, s, dev_forward, dev_compress, dev_reset,
+			               dev_free };
+		if (rt_seq_attach(h, &d, err) == 0)
+			return 0;
+	}
+fail:
+	dev_free(s);
+	return -1;
+}
+
 extern "C" rt_cuda_seq *rt_cuda_seq_init(const rt_model *m, const rt_cuda_model *dm,
                                          const struct kvp_cuda_policy *cp, int32_t cap,
                                          int max_chunk, int64_t prompt_len, rt_err *err)
 {
-	const rt_model_hparams *hp = &m->hp;
-	if (cap < 1 || max_chunk < 1 || max_chunk > 256) {
-		rt_err_setc(err, RT_ERR_INPUT, "%s: cuda sequence: invalid capacity %d or chunk %d (1..256)",
-		            m->path, (int)cap, max_chunk);
+	if (cap < 1 || max_chunk < 1 || max_chunk > RT_CUDA_MAX_CHUNK) {
+		rt_err_setc(err, RT_ERR_INPUT, "%s: cuda sequence: invalid capacity %d or chunk %d (1..%d)",
+		            m->path, (int)cap, max_chunk, RT_CUDA_MAX_CHUNK);
 		return NULL;
 	}
-	if (cp && (cp->abi_version != KVP_CUDA_ABI_VERSION || !cp->host)) {
-		rt_err_set(err, "policy %s: CUDA policy of another ABI version", cp->name);
-		return NULL;
-	}
-	const struct kvp_policy *p = cp ? cp->host : &rt_policy_full;
+	/* the refusals first, on a stand-in sequence: they need no model and no device */
+	rt_seq probe;
+	memset(&probe, 0, sizeof probe);
+	probe.m = m;
+	probe.p = cp && cp->abi_version == KVP_CUDA_ABI_VERSION && cp->host ? cp->host : &rt_policy_full;
+	probe.kv.type = RT_KV_F32;
 	const char *why;
-	if (rt_cuda_refuses(p, &why)) {
-		rt_err_setc(err, RT_ERR_INPUT, "policy %s: not supported by the CUDA runtime: %s", p->name,
-		            why);
+	if ((cp && (cp->abi_version != KVP_CUDA_ABI_VERSION || !cp->host)) ||
+	    rt_cuda_refuses(probe.p, &why)) {
+		attach_check(&probe, dm, cp, err);
 		return NULL;
 	}
-	if (memcmp(&dm->hp, hp, sizeof *hp) != 0) {
-		rt_err_set(err, "%s: cuda sequence: the device weights belong to another model", m->path);
-		return NULL;
-	}
-	rt_cuda_seq *s = (rt_cuda_seq *)calloc(1, sizeof *s);
-	if (!s) {
+	rt_seq *h = (rt_seq *)calloc(1, sizeof *h);
+	if (!h) {
 		rt_err_set(err, "%s: cuda sequence: out of host memory", m->path);
 		return NULL;
 	}
-	s->m = m;
-	s->dm = dm;
-	s->cp = cp;
-	s->cap = cap;
-	s->max_chunk = max_chunk;
-	if (rt_run_init(&s->run, &s->kv, p, hp->n_layer, hp->n_head_kv, hp->group, hp->head_dim, cap,
-	                 prompt_len, err) != 0) {
-		free(s);
+	if (rt_seq_init(h, m, probe.p, cap, max_chunk, prompt_len, err) != 0 ||
+	    rt_cuda_seq_attach(h, dm, cp, err) != 0) {
+		rt_seq_free(h);
+		free(h);
 		return NULL;
 	}
-	s->p = p;
-	RT_CU_GOTO(err, cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking));
-	RT_CUBLAS_GOTO(err, cublasCreate(&s->cb));
-	RT_CUBLAS_GOTO(err, cublasSetStream(s->cb, s->st));
-	if (kv_alloc(&s->d, &s->kv, err) != 0 || scratch_alloc(s, err) != 0)
-		goto fail;
+	rt_cuda_seq *s = (rt_cuda_seq *)h->dev.state;
+	s->own = h;
 	return s;
-fail:
-	rt_cuda_seq_free(s);
-	return NULL;
 }
 
-extern "C" void rt_cuda_seq_reset(rt_cuda_seq *s, int64_t prompt_len)
+static void dev_reset(void *state)
 {
-	rt_run_reset(&s->run, &s->kv, prompt_len);
+	rt_cuda_seq *s = (rt_cuda_seq *)state;
 	/* empty device heads: n = 0 everywhere, state zeroed */
 	if (cudaMemsetAsync(s->d.n, 0, (size_t)s->d.n_layer * s->d.n_kv_head * 4, s->st) == cudaSuccess &&
 	    s->d.state_bytes)
 		cudaMemsetAsync(s->d.state, 0, (size_t)s->d.n_layer * s->d.n_kv_head * s->d.state_bytes, s->st);
 	cudaStreamSynchronize(s->st);
-	s->cur_span = 0;
-	s->compressions = 0;
+}
+
+extern "C" void rt_cuda_seq_reset(rt_cuda_seq *s, int64_t prompt_len)
+{
+	rt_seq_reset(s->h, prompt_len);
 }
 
 extern "C" int rt_cuda_seq_set(rt_cuda_seq *s, const char *assign, rt_err *err)
 {
-	return rt_run_set(&s->run, assign, err);
+	return rt_seq_set(s->h, assign, err);
 }
 
 extern "C" int rt_cuda_seq_set_ratio(rt_cuda_seq *s, double R, rt_err *err)
 {
-	return rt_run_set_ratio(&s->run, R, err);
+	return rt_seq_set_ratio(s->h, R, err);
 }
 
 extern "C" int64_t rt_cuda_seq_seen(const rt_cuda_seq *s)
 {
-	return s->run.ctx.seen;
+	return rt_seq_seen(s->h);
 }
 
 extern "C" int64_t rt_cuda_seq_compressions(const rt_cuda_seq *s)
 {
-	return s->compressions;
+	return s->h->run.compressions;
 }
 
 extern "C" const rt_kv *rt_cuda_seq_kv(rt_cuda_seq *s, rt_err *err)
 {
-	return kv_sync(s, 0, err) == 0 ? &s->kv : NULL;
+	return kv_sync(s, 0, err) == 0 ? &s->h->kv : NULL;
 }
 
 /* One layer's attention: the policy's fused kernel, or the plain one. */
@@ -351,11 +409,11 @@ static int attend(rt_cuda_seq *s, int layer, int C, int64_t pos0, rt_err *err)
 	a.C = C;
 	a.pos0 = pos0;
 	a.scale = 1.0f / sqrtf((float)hp->head_dim);
-	a.prompt_len = s->run.ctx.prompt_len;
-	a.ratio = s->run.ctx.ratio;
-	a.byte_ratio = s->run.ctx.byte_ratio;
+	a.prompt_len = s->h->run.ctx.prompt_len;
+	a.ratio = s->h->run.ctx.ratio;
+	a.byte_ratio = s->h->run.ctx.byte_ratio;
 	for (int i = 0; i < s->p->n_params && i < K_CU_MAX_PARAMS; i++)
-		a.P.v[i] = s->run.ctx.params[i];
+		a.P.v[i] = s->h->run.ctx.params[i];
 	cudaError_t e = s->cp ? (cudaError_t)s->cp->attend(&a, (void *)s->st)
 	                      : k_cu_attn_launch<k_cu_obs_none>(&a, s->st);
 	if (e != cudaSuccess)
@@ -382,7 +440,7 @@ static int layer_fwd(rt_cuda_seq *s, int l, int C, int64_t pos0, rt_err *err)
 	RT_CU_TRY(err, cudaGetLastError());
 	rt_cu_append<<<dim3(hp->n_head_kv, C), 64, 0, s->st>>>(
 		s->d.k, s->d.v, s->d.pos, s->d.count, s->d.log_count, s->d.span, s->d.stats, s->k, s->v,
-		s->d.n, l, hp->n_head_kv, hd, s->cap, s->d.stat_bytes, pos0, s->cur_span);
+		s->d.n, l, hp->n_head_kv, hd, s->cap, s->d.stat_bytes, pos0, s->h->cur_span);
 	RT_CU_TRY(err, cudaGetLastError());
 	if (attend(s, l, C, pos0, err) != 0)
 		return -1;
@@ -403,10 +461,6 @@ static int forward_chunk(rt_cuda_seq *s, const int32_t *tok, int C, int64_t pos0
 {
 	const rt_model_hparams *hp = &s->m->hp;
 	const int E = hp->n_embd, V = hp->n_vocab;
-	/* the shadow takes the chunk's blocks from the pool first, so a full pool fails here
-	 * cleanly and the pool's figures describe the device store too */
-	if (rt_kv_reserve(&s->kv, C, err) != 0)
-		return -1;
 	memcpy(s->h_tok, tok, (size_t)C * 4);
 	RT_CU_TRY(err, cudaMemcpyAsync(s->tok, s->h_tok, (size_t)C * 4, cudaMemcpyHostToDevice, s->st));
 	rt_cu_embed<<<rt_cu_blocks((size_t)C * E, 256), 256, 0, s->st>>>(s->x, s->dm->tok_embd, s->tok, C, E);
@@ -432,79 +486,57 @@ static int forward_chunk(rt_cuda_seq *s, const int32_t *tok, int C, int64_t pos0
 	if (lg)
 		memcpy(lg, s->h_logits, (size_t)(C - from) * V * 4);
 	for (int i = 0; i < H; i++)
-		s->kv.heads[i].n += C;
+		s->h->kv.heads[i].n += C;
 	return 0;
 }
 
-/* After a chunk: the context moves on (rt_run_advance's bookkeeping) and, when the C
- * policy's trigger fires, the device compress or the host compress runs. */
-static int chunk_done(rt_cuda_seq *s, int32_t k, rt_err *err)
+/* rt_seq_dev.compress: the CUDA policy's compress on the device store, or the C compress
+ * on a downloaded copy that is uploaded again; the host view's counts follow the device
+ * (rt_run_advance then returns emptied blocks to the pool). */
+static int dev_compress(void *state, struct kvp_ctx *c, rt_kv *kv, rt_err *err)
 {
-	struct kvp_ctx *c = &s->run.ctx;
-	c->seen += k;
-	c->phase = c->prompt_len >= 0 && c->seen > c->prompt_len ? KVP_PHASE_DECODE : KVP_PHASE_PREFILL;
-	c->prompt_done = c->prompt_len >= 0 && c->seen >= c->prompt_len;
-	if (!s->p->compress || !s->p->should_compress(c, &s->kv))
-		return 0;
+	rt_cuda_seq *s = (rt_cuda_seq *)state;
 	if (s->cp->compress) {
-		struct kvp_cuda_compress_in in = { c, &s->kv, &s->d, s->cmp, s->cmp_len, (void *)s->st };
+		struct kvp_cuda_compress_in in = { c, kv, &s->d, s->cmp, s->cmp_len, (void *)s->st };
 		if (s->cp->compress(&in, err) != 0)
 			return -1;
-		RT_CU_TRY(err, cudaMemcpyAsync(s->h_n, s->d.n, (size_t)s->kv.n_layer * s->kv.n_kv_head * 4,
+		RT_CU_TRY(err, cudaMemcpyAsync(s->h_n, s->d.n, (size_t)kv->n_layer * kv->n_kv_head * 4,
 		                               cudaMemcpyDeviceToHost, s->st));
 		RT_CU_TRY(err, cudaStreamSynchronize(s->st));
-		for (int i = 0; i < s->kv.n_layer * s->kv.n_kv_head; i++)
-			s->kv.heads[i].n = s->h_n[i];
-		rt_kv_trim(&s->kv); /* emptied blocks go back to the pool */
-	} else {
-		if (kv_sync(s, 0, err) != 0)
-			return -1;
-		if (s->p->compress(c, &s->kv, err) != 0)
-			return -1;
-		if (kv_sync(s, 1, err) != 0)
-			return -1;
+		for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+			kv->heads[i].n = s->h_n[i];
+		return 0;
 	}
-	c->compress_count++;
-	c->last_compress_seen = c->seen;
-	s->run.compressions++;
-	s->compressions++;
-	return 0;
+	if (kv_sync(s, 0, err) != 0 || s->p->compress(c, kv, err) != 0)
+		return -1;
+	return kv_sync(s, 1, err);
+}
+
+/* rt_seq_dev.forward: one chunk of k <= max_chunk tokens (rt_seq_feed plans it and has
+ * reserved the host view's blocks). */
+static int dev_forward(void *state, rt_kv *kv, const int32_t *tok, int32_t k, int64_t pos,
+                       float *logits, enum rt_logits_mode mode, rt_err *err)
+{
+	rt_cuda_seq *s = (rt_cuda_seq *)state;
+	const rt_model_hparams *hp = &s->m->hp;
+	(void)kv; /* = &s->h->kv */
+	if (k < 1 || k > s->max_chunk)
+		return rt_err_set(err, "%s: cuda sequence: chunk of %d tokens (1..%d)", s->m->path,
+		                  (int)k, s->max_chunk);
+	if (pos + k > hp->n_ctx)
+		return rt_err_setc(err, RT_ERR_INPUT,
+		                   "%s: context of %lld tokens exceeds the model's context_length %d",
+		                   s->m->path, (long long)(pos + k), (int)hp->n_ctx);
+	for (int32_t i = 0; i < k; i++)
+		if (tok[i] < 0 || tok[i] >= hp->n_vocab)
+			return rt_err_set(err, "%s: token %d at index %lld is outside the vocabulary (0..%d)",
+			                  s->m->path, (int)tok[i], (long long)(pos + i), hp->n_vocab - 1);
+	return forward_chunk(s, tok, k, pos, mode == RT_LOGITS_NONE ? NULL : logits,
+	                     mode == RT_LOGITS_LAST ? k - 1 : 0, err);
 }
 
 extern "C" int rt_cuda_seq_feed(rt_cuda_seq *s, const int32_t *tokens, int64_t n, float *logits,
                                 enum rt_logits_mode mode, rt_err *err)
 {
-	const rt_model_hparams *hp = &s->m->hp;
-	const int V = hp->n_vocab;
-	if (n < 0)
-		return rt_err_set(err, "%s: cuda sequence: negative token count", s->m->path);
-	if (mode != RT_LOGITS_NONE && !logits)
-		return rt_err_set(err, "%s: cuda sequence: logits requested without a buffer", s->m->path);
-	if (s->run.ctx.seen + n > hp->n_ctx)
-		return rt_err_setc(err, RT_ERR_INPUT,
-		                   "%s: context of %lld tokens exceeds the model's context_length %d",
-		                   s->m->path, (long long)(s->run.ctx.seen + n), (int)hp->n_ctx);
-	for (int64_t i = 0; i < n; i++)
-		if (tokens[i] < 0 || tokens[i] >= V)
-			return rt_err_set(err, "%s: token %d at index %lld is outside the vocabulary (0..%d)",
-			                  s->m->path, (int)tokens[i], (long long)i, V - 1);
-	for (int64_t done = 0; done < n;) {
-		int32_t want = n - done < s->max_chunk ? (int32_t)(n - done) : s->max_chunk;
-		int32_t k = rt_run_chunk(&s->run, &s->kv, want);
-		if (k == 0)
-			return rt_err_setc(err, RT_ERR_RESOURCE,
-			                   "%s: KV cache full: policy %s leaves no room in %d entries per head",
-			                   s->m->path, s->p->name, (int)s->cap);
-		float *lg = NULL;
-		int from = 0;
-		if (mode == RT_LOGITS_ALL)
-			lg = logits + (size_t)done * V;
-		else if (mode == RT_LOGITS_LAST && done + k == n)
-			lg = logits, from = k - 1;
-		if (forward_chunk(s, tokens + done, k, s->run.ctx.seen, lg, from, err) != 0 ||
-		    chunk_done(s, k, err) != 0)
-			return -1;
-		done += k;
-	}
-	return 0;
+	return rt_seq_feed(s->h, tokens, n, logits, mode, err);
 }

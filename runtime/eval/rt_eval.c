@@ -234,7 +234,12 @@ int rt_eval_runs(rt_seq *const *runs, int K, rt_seq *ref, const int32_t *tokens,
 		                  (long long)n, o->block);
 	eval_ctx e = { runs, o, tokens, n, o->score_from > 1 ? o->score_from : 1,
 		       runs[0]->m->hp.n_vocab };
-	const int S = K + (ref != NULL), batched = o->batched && S > 1;
+	int on_dev = ref && ref->dev.forward;
+	for (int k = 0; k < K; k++)
+		on_dev |= runs[k]->dev.forward != NULL;
+	/* a sequence on a device runs the device's forward: the batch's shared GEMMs are the
+	 * CPU's, so device sequences are fed one after the other */
+	const int S = K + (ref != NULL), batched = o->batched && S > 1 && !on_dev;
 	const size_t rows = (size_t)o->block * e.V;
 	rt_seq_batch b = { 0 };
 	rt_seq **all = batched ? calloc((size_t)S, sizeof *all) : NULL;

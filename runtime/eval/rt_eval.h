@@ -106,7 +106,8 @@ typedef struct rt_eval_loop {
 	                         * GEMMs once for all; logits K+1 × block × n_vocab floats);
 	                         * 0: the reference, then each run, fed one after the other
 	                         * (2 × block × n_vocab floats; each run's figures are those of
-	                         * a separate run, bit for bit) */
+	                         * a separate run, bit for bit); always so when a sequence runs
+	                         * on a device (rt_seq_attach) */
 	int64_t score_from;     /* score positions >= score_from (>= 1; 0 means 1) */
 	FILE *dump;             /* NULL, or run 0's per-token JSON lines:
 	                         * {"pos":P,"token":T,"logprob":L,"top1":A} (P the scored

@@ -316,7 +316,8 @@ int rt_run_advance(struct rt_run *r, rt_kv *kv, int32_t n, rt_err *err)
 	int rc = 0;
 	if (fire && r->p->compress) {
 		c->notes = &r->notes; /* set at each call: a run may have moved */
-		if (r->p->compress(c, kv, err) != 0)
+		if ((r->compress_on ? r->compress_on(r->compress_user, c, kv, err)
+		                    : r->p->compress(c, kv, err)) != 0)
 			rc = -1;
 		else {
 			rt_kv_trim(kv); /* blocks emptied by a compaction that set n itself */

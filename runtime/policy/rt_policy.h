@@ -351,6 +351,11 @@ struct rt_run {
 	int32_t prefill_chunk;   /* 0: exact schedule; C > 0: prompt chunks of up to C
 	                            tokens may cross triggers (see above) */
 	unsigned notes;          /* KVP_NOTE_* of this sequence (ctx.notes points here) */
+	/* NULL, or the compress rt_run_advance calls in place of the policy's when it fires:
+	 * a device that holds the store (rt_seq_attach, runtime/cuda) runs the policy's
+	 * compress there and leaves the host store's entry counts as the device's */
+	int (*compress_on)(void *user, struct kvp_ctx *ctx, rt_kv *kv, rt_err *err);
+	void *compress_user;
 };
 
 /* Create the store kv (n_layer × n_kv_head heads of cap entries, statistics and state

@@ -332,6 +332,8 @@ int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
 
 void rt_seq_free(rt_seq *s)
 {
+	if (s->dev.free)
+		s->dev.free(s->dev.state);
 	if (s->p)
 		rt_run_free(&s->run);
 	rt_kv_free(&s->kv);
@@ -354,6 +356,39 @@ void rt_seq_reset(rt_seq *s, int64_t prompt_len)
 		s->obs_seconds[j] = 0;
 	s->cur_span = 0;
 	trace_reset(s);
+	if (s->dev.reset)
+		s->dev.reset(s->dev.state);
+}
+
+/* rt_run's compress hook of a sequence on a device. */
+static int seq_dev_compress(void *user, struct kvp_ctx *ctx, rt_kv *kv, rt_err *err)
+{
+	rt_seq *s = user;
+	return s->dev.compress(s->dev.state, ctx, kv, err);
+}
+
+int rt_seq_attach(rt_seq *s, const rt_seq_dev *d, rt_err *err)
+{
+	const char *why = s->dev.forward ? "it already runs on a device"
+	                : s->run.ctx.seen > 0 ? "it has been fed"
+	                : (s->p->needs & KVP_NEED_TRACE) ? "its policy records a prompt trace on the CPU"
+	                : s->rot_idx ? "its policy re-rotates compacted positions on the CPU"
+	                : d->max_chunk < 1 ? "the device takes no tokens" : NULL;
+	if (why)
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: the sequence cannot move to %s: %s",
+		                   s->p->name, d->name, why);
+	s->dev = *d;
+	if (s->max_chunk > d->max_chunk)
+		s->max_chunk = d->max_chunk;
+	rt_fwd_free(&s->fwd); /* the device runs the forward */
+	s->run.compress_on = seq_dev_compress;
+	s->run.compress_user = s;
+	return 0;
+}
+
+const char *rt_seq_device(const rt_seq *s)
+{
+	return s->dev.forward ? s->dev.name : "cpu";
 }
 
 void rt_seq_set_span_names(rt_seq *s, const char *const *names, int n)
@@ -520,8 +555,10 @@ int rt_seq_feed(rt_seq *s, const int32_t *tokens, int64_t n, float *logits,
 			lg = logits;
 			md = RT_LOGITS_LAST;
 		}
-		if (rt_model_forward(&s->fwd, &s->kv, tokens + done, k, (int32_t)s->run.ctx.seen, lg, md,
-		                     err) != 0)
+		if ((s->dev.forward ? s->dev.forward(s->dev.state, &s->kv, tokens + done, k,
+		                                     s->run.ctx.seen, lg, md, err)
+		                    : rt_model_forward(&s->fwd, &s->kv, tokens + done, k,
+		                                       (int32_t)s->run.ctx.seen, lg, md, err)) != 0)
 			return -1;
 		if (tr && mode == RT_LOGITS_LAST && done + k == n)
 			memcpy(logits, s->tr_lg + (size_t)(k - 1) * V, (size_t)V * sizeof(float));
@@ -544,9 +581,13 @@ int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_er
 	if (K < 1 || chunk < 1 || chunk > 4096)
 		return rt_err_set(err, "sequence batch: invalid size %d or chunk %d", K, chunk);
 	const rt_model *m = s[0]->m;
-	for (int k = 1; k < K; k++)
+	for (int k = 0; k < K; k++) {
 		if (s[k]->m != m)
 			return rt_err_set(err, "sequence batch: sequences of different models");
+		if (s[k]->dev.forward)
+			return rt_err_set(err, "sequence batch: policy %s runs on %s: feed it alone",
+			                  s[k]->p->name, s[k]->dev.name);
+	}
 	const size_t n = (size_t)K;
 	b->mem = calloc(1, n * (2 * sizeof(rt_seq *) + sizeof(int32_t *) + sizeof(int64_t) +
 	                        3 * sizeof(int) + sizeof(rt_err) + 512));

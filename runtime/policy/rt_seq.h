@@ -77,6 +77,31 @@ typedef struct rt_seq_stats {
 	double seconds;          /* wall time inside rt_seq_feed */
 } rt_seq_stats;
 
+/* A device that runs a sequence's forward and holds its store's contents: the backend
+ * interface of rt_seq (runtime/cuda implements it, rt_cuda_seq_attach; docs/cuda.md). The
+ * sequence keeps everything else: the policy's run state (parameters, ratio, context), the
+ * host view of the store (rt_kv: entry counts and pool blocks, whose figures describe the
+ * device store), the chunking rule, the budget check and the counters. So rt_seq_feed,
+ * rt_seq_stats_get and everything built on them (the ppl/KL engine rt_eval_runs, bench,
+ * the reports) are the same code on the CPU and on a device. */
+typedef struct rt_seq_dev {
+	const char *name;        /* "cuda": the device's name in messages and reports */
+	int max_chunk;           /* most tokens per forward the device takes (>= 1) */
+	void *state;             /* the device's own; owned by the sequence once attached */
+	/* Forward tokens[0..k) at position pos (rt_model_forward's contract: their keys and
+	 * values appended to every (layer, KV head) of the device store, the policy's
+	 * statistics observed; logits NULL with RT_LOGITS_NONE, [k × n_vocab] for
+	 * RT_LOGITS_ALL, [n_vocab] for RT_LOGITS_LAST). On return the host view's entry counts
+	 * (kv->heads[i].n) include the k entries. The pool blocks are already reserved. */
+	int (*forward)(void *state, rt_kv *kv, const int32_t *tokens, int32_t k, int64_t pos,
+	               float *logits, enum rt_logits_mode mode, rt_err *err);
+	/* The policy's compress on the device store (rt_run.compress_on): the host view's
+	 * entry counts follow it. */
+	int (*compress)(void *state, struct kvp_ctx *ctx, rt_kv *kv, rt_err *err);
+	void (*reset)(void *state); /* an empty device store (rt_seq_reset) */
+	void (*free)(void *state);
+} rt_seq_dev;
+
 typedef struct rt_seq {
 	const rt_model *m;
 	const struct kvp_policy *p;
@@ -104,6 +129,7 @@ typedef struct rt_seq {
 	double tr_prev_lse;      /* their log-sum-exp; < -1e300 when there is none */
 	float *tr_lg;            /* [RT_SEQ_TRACE_CHUNK × n_vocab] logits when the caller asks none */
 	rt_seq_stats st;
+	rt_seq_dev dev;          /* .forward NULL: the CPU (rt_model_forward on fwd and kv) */
 } rt_seq;
 
 /* Create a sequence of model m under policy p (rt_policy_full or a compiled one) with a
@@ -123,6 +149,18 @@ int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
                       enum rt_kv_type kv_type, int32_t cap, int max_chunk, int64_t prompt_len,
                       rt_err *err);
 void rt_seq_free(rt_seq *s);
+
+/* Hand the forward of s (initialised, not yet fed) to device d: from now on rt_seq_feed
+ * runs d->forward and the policy's compress runs through d->compress; chunks are at most
+ * d->max_chunk tokens; the CPU forward scratch is released; d->state belongs to s
+ * (d->free runs in rt_seq_free) and may point back at s, so s stays at its address. Refused (-1, err; d is then not taken): a sequence
+ * already fed or already on a device, a policy with a prompt trace (KVP_NEED_TRACE) or
+ * compacted positions (the CPU records and re-rotates them). The device refuses what it
+ * cannot run before calling this. */
+int rt_seq_attach(rt_seq *s, const rt_seq_dev *d, rt_err *err);
+
+/* The name of the device s runs on: "cpu", or the attached device's. */
+const char *rt_seq_device(const rt_seq *s);
 
 /* Start a new sequence on the same allocation: empty store, zeroed policy state and
  * counters, the given prompt length; parameters and ratio are kept. */
@@ -203,7 +241,8 @@ typedef struct rt_seq_batch {
 
 /* Set up a batch over s[0..K) (same model, K >= 1, each at its own start) with chunks of
  * at most `chunk` tokens (1..4096; the scratch holds K·chunk rows). Errors (-1, err): bad
- * sizes, sequences of different models, allocation failure (b is then safe to free). */
+ * sizes, sequences of different models, a sequence on a device (its forward is the
+ * device's: feed it alone), allocation failure (b is then safe to free). */
 int rt_seq_batch_init(rt_seq_batch *b, rt_seq *const *s, int K, int chunk, rt_err *err);
 void rt_seq_batch_free(rt_seq_batch *b);
 
