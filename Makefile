@@ -107,6 +107,8 @@ $(RANDOM_DIR)/models.txt: scripts/models/make_random_gguf.py
 ## check: install deps, fetch the models, build, run every suite, again under ASan+UBSan, fuzz-smoke, make cuda
 check: deps model model-gemma vocab
 	@scripts/check_layers.sh $(RT_LAYERS)
+	@$(PYTHON) scripts/check_circles.py compiler
+	@$(PYTHON) scripts/check_circles.py --report runtime kernels
 	@$(PYTHON) scripts/check_doc_paths.py
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory test
@@ -339,13 +341,17 @@ KVPC_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown
 KVPC_TREE_MODIFIED ?= $(shell git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo 1 || echo 0)
 KVPC_STAMP := $(B)/gen/commit.stamp
 $(shell mkdir -p $(B)/gen && { [ "$$(cat $(KVPC_STAMP) 2>/dev/null)" = "$(KVPC_COMMIT) $(KVPC_TREE_MODIFIED)" ] || echo "$(KVPC_COMMIT) $(KVPC_TREE_MODIFIED)" >$(KVPC_STAMP); })
-$(B)/compiler/kvpc_build.o: CFLAGS += -DKVPC_SRCDIR='"$(CURDIR)"' -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
-$(B)/compiler/kvpc_build.o: $(KVPC_STAMP)
+$(B)/compiler/kvpc_build.o: CFLAGS += -DKVPC_SRCDIR='"$(CURDIR)"'
+# kvpc ab passes the commit to the binary's ab (its reports record it)
+$(B)/compiler/kvpc_ab.o: CFLAGS += -DKVPC_COMMIT='"$(KVPC_COMMIT)"'
+$(B)/compiler/kvpc_ab.o: $(KVPC_STAMP)
 # the runtime's command line records the commit it was built from in every JSON report
 $(B)/runtime/cli/rt_cli_meta.o: CFLAGS += -DKVPC_COMMIT='"$(KVPC_COMMIT)"' -DKVPC_TREE_MODIFIED=$(KVPC_TREE_MODIFIED)
 $(B)/runtime/cli/rt_cli_meta.o: $(KVPC_STAMP)
 
-$(B)/kvpc: $(B)/compiler/kvpc_main.o $(B)/compiler/kvpc_build.o $(B)/compiler/kvpc_tune.o $(B)/libkvpc.a $(B)/libkvrt.a
+# the driver: compiler/kvpc_*.c (main, build, ab, tune, gate, run), beside libkvpc.a
+KVPC_DRIVER := $(patsubst %.c,$(B)/%.o,$(sort $(wildcard compiler/kvpc_*.c)))
+$(B)/kvpc: $(KVPC_DRIVER) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # order-only: these suites run $(B)/kvpc (or $(B)/kvrt), which is not linked into them

@@ -14,7 +14,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,14 +24,11 @@
 #include "kvp_sema.h"
 #include "kvp_src.h"
 #include "kvpc_build.h"
-#include "kvpc_tune.h"
-#include "base/rt_outpath.h"
+#include "kvpc_gate.h"
+#include "kvpc_run.h"
 #include "base/rt_sha256.h"
 #include "base/rt_text.h"
-
-#ifndef KVPC_COMMIT
-#define KVPC_COMMIT "unknown"
-#endif
+#include "policy/rt_tuned.h"
 
 /* Bumped whenever the layout of the cache directory or the generated main changes. */
 #define CACHE_FORMAT "kvpc-build-cache-1"
@@ -79,10 +75,6 @@ static const char BUILD_HELP[] =
 	"flags and the runtime library and headers, in $KVPC_CACHE (default\n"
 	"$XDG_CACHE_HOME/kvpc or ~/.cache/kvpc); unchanged inputs are not rebuilt.\n"
 	"exit status: 0 success, 1 diagnostics or build error, 2 usage error\n";
-
-static const char AB_USAGE[] =
-	"usage: kvpc ab A.kvp B.kvp --model M --text FILE [--ratio 2,4,8 | --byte-ratio 2,4,8]\n"
-	"               [--task ppl|needle] [--ctx N] [--json OUT] [--csv OUT] [--plot OUT.svg] [-v] [more: BIN ab --help]\n";
 
 /* ---- small helpers ----------------------------------------------------------------------- */
 
@@ -358,15 +350,6 @@ static int run_logged(char *const argv[], const char *log_path)
 		_exit(127);
 	}
 	return kvpc_wait(pid);
-}
-
-int kvpc_wait(pid_t pid)
-{
-	int st;
-	while (waitpid(pid, &st, 0) < 0)
-		if (errno != EINTR)
-			return -1;
-	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 }
 
 /* The log a failed run_logged wrote, copied to stderr (nothing when it cannot be read). */
@@ -1145,187 +1128,4 @@ int kvpc_cmd_build(int argc, char **argv)
 		fprintf(stderr, "kvpc build: %s: %s (cached)\n", out,
 		        same ? "up to date" : "copied from the cache");
 	return 0;
-}
-
-/* ---- kvpc ab ------------------------------------------------------------------------------ */
-
-/* Options of `BIN ab` that take a value (everything else is a flag or a policy file). */
-static const char *const AB_VALUE_OPTS[] = {
-	"--model", "--text", "--ratio", "--byte-ratio", "--task", "--ctx", "--chunk", "--json", "--csv", "--plot",
-	"--set", "--set-a", "--set-b", "--threads", "--lengths", "--depths", "--seed",
-	"--resamples", "--mode", "--haystack", "--a", "--b", "--commit", "--label-a", "--label-b",
-	"--trials", "--answer", "--source-sha256-a", "--source-sha256-b", "--prompt", "--score-from",
-	"--prefill-chunk", "--kv-type", NULL,
-};
-
-static int ab_takes_value(const char *opt)
-{
-	for (int i = 0; AB_VALUE_OPTS[i]; i++)
-		if (!strcmp(opt, AB_VALUE_OPTS[i]))
-			return 1;
-	return 0;
-}
-
-int kvpc_exec_built(const char *bin, char *const *head, int nh, char *const *pass, int np,
-                    int verbose)
-{
-	char **full = calloc((size_t)(nh + np) + 1, sizeof *full);
-	if (!full) {
-		errf("%s: error: cannot run: out of memory", bin);
-		return 1;
-	}
-	int nf = 0;
-	for (int i = 0; i < nh; i++)
-		full[nf++] = head[i];
-	for (int i = 0; i < np; i++)
-		full[nf++] = pass[i];
-	full[nf] = NULL;
-	if (verbose) {
-		for (int i = 0; i < nf; i++)
-			fprintf(stderr, "%s%s", i ? " " : "", full[i]);
-		fputc('\n', stderr);
-	}
-	fflush(stdout);
-	fflush(stderr);
-	execv(bin, full);
-	errf("%s: error: cannot run: %s", bin, strerror(errno));
-	free(full);
-	return 1;
-}
-
-/* `kvpc ab --help`: the runtime's ab usage, then what kvpc adds, on stdout. */
-static void ab_help(void)
-{
-	fputs(AB_USAGE, stdout);
-	fputs("\nBuilds (cached, see kvpc build --help) both policies into one binary and runs\n"
-	      "its `ab` command, which loads the model once and runs the full-cache reference\n"
-	      "and both policies over the same tokens, per compression ratio. All options\n"
-	      "after the two files are those of `BIN ab --help`; -v shows the build.\n"
-	      "\n"
-	      "  --model M, --text FILE   the GGUF model and the text (task ppl)\n"
-	      "  --ratio LIST             compression ratios (default 4): budget = N / R\n"
-	      "  --task ppl|needle        perplexity + KL (default) or passkey accuracy\n"
-	      "  --ctx N                  tokens of the text (default all, <= context)\n"
-	      "  --set k=v, --set-a k=v, --set-b k=v   parameter overrides\n"
-	      "  --json OUT, --csv OUT, --plot OUT.svg   reports with run metadata\n"
-	      "  --lengths L,.., --depths D,.., --mode agnostic|aware   needle task\n"
-	      "  --threads N, --chunk N, --resamples B, --seed S\n"
-	      "\n"
-	      "exit status: 0 success, 1 build or runtime error, 2 usage error\n",
-	      stdout);
-}
-
-/* The command line of `kvpc ab`: the two policy files into files, -v into *verbose, every
- * other option (with its value, for those in AB_VALUE_OPTS) into pass[0..*np) in order.
- * -1 to go on; else the exit status to return (0 after --help, 2 on a usage error, with
- * the message and the usage on stderr). */
-static int ab_parse(int argc, char **argv, const char *files[2], int *verbose, char **pass,
-                    int *np)
-{
-	int n_files = 0;
-	for (int i = 0; i < argc; i++) {
-		const char *a = argv[i];
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			ab_help();
-			return 0;
-		} else if (!strcmp(a, "-v")) {
-			*verbose = 1;
-		} else if (a[0] == '-' && a[1]) {
-			pass[(*np)++] = argv[i];
-			if (!strchr(a, '=') && ab_takes_value(a)) {
-				if (i + 1 >= argc) {
-					fprintf(stderr, "kvpc ab: %s needs a value\n", a);
-					fputs(AB_USAGE, stderr);
-					return 2;
-				}
-				pass[(*np)++] = argv[++i];
-			}
-		} else if (n_files < 2) {
-			files[n_files++] = a;
-		} else {
-			fprintf(stderr, "kvpc ab: more than two policy files ('%s')\n", a);
-			fputs(AB_USAGE, stderr);
-			return 2;
-		}
-	}
-	if (n_files != 2) {
-		fputs("kvpc ab: two policy files are needed (A.kvp B.kvp; the same file twice compares "
-		      "a policy with itself)\n", stderr);
-		fputs(AB_USAGE, stderr);
-		return 2;
-	}
-	return -1;
-}
-
-/* The text and the output paths among the passed options pass[0..np), checked first: a
- * bad one is reported before the build. 0, or the exit status (1: the text cannot be
- * read, 2: an output path is not writable) with the message on stderr. */
-static int ab_check_paths(char *const *pass, int np)
-{
-	for (int i = 0; i < np; i++) {
-		const char *o = pass[i], *eq = strchr(o, '=');
-		const char *val = eq ? eq + 1 : i + 1 < np ? pass[i + 1] : NULL;
-		size_t ol = eq ? (size_t)(eq - o) : strlen(o);
-		rt_err e = { "" };
-		if (!val)
-			break;
-		if (ol == 6 && !strncmp(o, "--text", 6)) {
-			size_t n;
-			char *t = rt_text_read(val, &n, &e);
-			free(t);
-			if (!t) {
-				fprintf(stderr, "kvpc ab: %s\n", e.msg);
-				return 1;
-			}
-		} else if (((ol == 6 && (!strncmp(o, "--json", 6) || !strncmp(o, "--plot", 6))) ||
-		            (ol == 5 && !strncmp(o, "--csv", 5))) && rt_outpath_check(val, &e) != 0) {
-			fprintf(stderr, "kvpc ab: %.*s: %s\n", (int)ol, o, e.msg);
-			return 2;
-		}
-		if (!eq && ab_takes_value(o))
-			i++;
-	}
-	return 0;
-}
-
-/* Build files[0] and files[1] (cached) into one binary and exec its `ab` with the policy
- * names, the commit, both sources' SHA-256 and pass[0..np). Returns only on failure: 1,
- * the message on stderr. */
-static int ab_build_exec(const char *files[2], int verbose, char *const *pass, int np)
-{
-	char bin[PATH_MAX + 64];
-	char *names[2] = { NULL, NULL };
-	int compiled = 0, n_names = 0;
-	double secs = 0;
-	if (kvpc_build_cached(files, 2, verbose, bin, sizeof bin, names, &n_names, &compiled,
-	                      &secs) != 0)
-		return 1;
-	if (compiled || verbose)
-		fprintf(stderr, "kvpc ab: built %s and %s in %.2f s\n", files[0], files[1], secs);
-	/* names: the same file (or identical sources) twice registers one policy */
-	const char *na = names[0], *nb = n_names > 1 ? names[1] : names[0];
-	char sha[2][65];
-	for (int i = 0; i < 2; i++) {
-		rt_err e;
-		if (rt_sha256_file(files[i], sha[i], &e) != 0)
-			snprintf(sha[i], sizeof sha[i], "unknown");
-	}
-	char *const head[] = { bin, "ab", "--a", (char *)na, "--b", (char *)nb, "--commit",
-		               KVPC_COMMIT, "--source-sha256-a", sha[0], "--source-sha256-b", sha[1] };
-	kvpc_exec_built(bin, head, (int)(sizeof head / sizeof head[0]), pass, np, verbose);
-	free(names[0]);
-	free(names[1]);
-	return 1;
-}
-
-int kvpc_cmd_ab(int argc, char **argv)
-{
-	const char *files[2];
-	int verbose = 0, np = 0;
-	char **pass = calloc((size_t)argc + 32, sizeof *pass);
-	int rc = ab_parse(argc, argv, files, &verbose, pass, &np);
-	if (rc < 0 && !(rc = ab_check_paths(pass, np)))
-		rc = ab_build_exec(files, verbose, pass, np);
-	free(pass);
-	return rc;
 }

@@ -1,8 +1,7 @@
 /*
  * kvpc_build: the part of the kvpc driver that turns .kvp files into a per-deployment
- * binary (`kvpc build`) and the front of the A/B comparison (`kvpc ab`), which builds two
- * policies into one binary and hands the comparison to that binary's `ab` command
- * (runtime/eval/rt_ab.h).
+ * binary (`kvpc build`), and the cached build that `kvpc ab` (kvpc_ab.h) and `kvpc tune`
+ * (kvpc_tune.h) start from.
  *
  * A build emits C for every policy (compiler/kvp_emit_c.h), the registry unit listing
  * them, and a main() that hands the command line to the runtime (rt_cli_main, which
@@ -29,7 +28,6 @@
 #define KVPC_BUILD_H
 
 #include <stddef.h>
-#include <sys/types.h>
 
 /* `kvpc build FILE.kvp... -o BIN [-v]` (argv excludes "build"). Exit status: 0 success,
  * 1 diagnostics or a build/output failure (one line naming the file and the reason), 2
@@ -37,12 +35,6 @@
  * or "kvpc build: BIN: up to date (cached)". BIN is replaced atomically and left
  * untouched (same mtime) when it already holds the cached binary. */
 int kvpc_cmd_build(int argc, char **argv);
-
-/* `kvpc ab A.kvp B.kvp --model M --text FILE [options]` (argv excludes "ab"): builds
- * (cached) both policies into one binary and executes `BIN ab --a NAME --b NAME ...` with
- * the remaining options (runtime/eval/rt_ab.h documents them). Returns only on error (exit
- * status as kvpc_cmd_build) or for --help. */
-int kvpc_cmd_ab(int argc, char **argv);
 
 /* Build files[0..n) into a cached binary. Writes its path (inside the cache) to bin, and
  * when names is not NULL the registered policy names to names[0..*n_names) (heap strings
@@ -52,16 +44,5 @@ int kvpc_cmd_ab(int argc, char **argv);
  * compiler command. Returns 0, or 1 after printing diagnostics/errors. */
 int kvpc_build_cached(const char *const *files, int n, int verbose, char *bin, size_t bin_cap,
                       char **names, int *n_names, int *compiled, double *seconds);
-
-/* Waits for the child pid (retrying on EINTR): its exit status, 128 + the signal that
- * ended it, or -1 when waitpid fails. */
-int kvpc_wait(pid_t pid);
-
-/* Run the built binary bin (execv, no return on success) with the arguments head[0..nh)
- * (head[0] is argv[0]) then pass[0..np), printing the command line to stderr first when
- * verbose. When execv fails: prints "BIN: error: cannot run: REASON" and returns 1; the
- * caller still owns head and pass. */
-int kvpc_exec_built(const char *bin, char *const *head, int nh, char *const *pass, int np,
-                    int verbose);
 
 #endif

@@ -9,7 +9,7 @@
  *   kvpc fmt FILE.kvp... [-w]
  *   kvpc build FILE.kvp... -o BIN [--gate]   (compiler/kvpc_build.h)
  *   kvpc build --shared FILE.kvp... -o LIB.so (the shared ABI, docs/shared_abi.md)
- *   kvpc ab A.kvp B.kvp ..., kvpc tune FILE.kvp ...   (kvpc_build.h, kvpc_tune.h)
+ *   kvpc ab A.kvp B.kvp ..., kvpc tune FILE.kvp ...   (kvpc_ab.h, kvpc_tune.h)
  *   kvpc --help | --version
  *
  * Exit status: 0 success, 1 diagnostics (errors in a .kvp file, or an output that cannot
@@ -29,6 +29,7 @@
 #include "kvp_paged.h"
 #include "kvp_sema.h"
 #include "kvp_src.h"
+#include "kvpc_ab.h"
 #include "kvpc_build.h"
 #include "kvpc_tune.h"
 

@@ -1,18 +1,17 @@
 /*
- * kvpc_tune: `kvpc tune` (build, then the binary's `tune` writes the sidecar) and the
- * `kvpc build --gate` check (see kvpc_tune.h).
+ * kvpc_tune: `kvpc tune` (build, then the binary's `tune` writes the sidecar; see
+ * kvpc_tune.h).
  */
 #include "kvpc_tune.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "kvpc_build.h"
+#include "kvpc_run.h"
+#include "policy/rt_tuned.h"
 
 static const char TUNE_USAGE[] =
 	"usage: kvpc tune POLICY.kvp --model M --text FILE [--text FILE]... --max-kld X\n"
@@ -63,14 +62,6 @@ static const char *const TUNE_VALUE_OPTS[] = {
 	"--lengths", "--depths", "--seed", "--chunk", "--threads", NULL,
 };
 
-static int takes_value(const char *opt)
-{
-	for (int i = 0; TUNE_VALUE_OPTS[i]; i++)
-		if (!strcmp(opt, TUNE_VALUE_OPTS[i]))
-			return 1;
-	return 0;
-}
-
 static int tune_usage(const char *msg)
 {
 	fprintf(stderr, "kvpc tune: %s\n", msg);
@@ -110,7 +101,7 @@ int kvpc_cmd_tune(int argc, char **argv)
 			out = argv[++i];
 		} else if (a[0] == '-' && a[1]) {
 			pass[np++] = argv[i];
-			if (!strchr(a, '=') && takes_value(a)) {
+			if (!strchr(a, '=') && kvpc_takes_value(TUNE_VALUE_OPTS, a)) {
 				if (i + 1 >= argc) {
 					free(pass);
 					fprintf(stderr, "kvpc tune: %s needs a value\n", a);
@@ -157,44 +148,4 @@ int kvpc_cmd_tune(int argc, char **argv)
 	free(pass);
 	free(names[0]);
 	return 1;
-}
-
-int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t)
-{
-	char ratio[64], kld[64], ctx[32], pk[64], pklen[32];
-	snprintf(ratio, sizeof ratio, "%.17g", t->ratio);
-	snprintf(kld, sizeof kld, "%.17g", t->max_kld);
-	snprintf(ctx, sizeof ctx, "%ld", t->ctx);
-	snprintf(pk, sizeof pk, "%.17g", t->min_passkey);
-	snprintf(pklen, sizeof pklen, "%ld", t->passkey_len);
-	const char *argv[32 + 2 * RT_TUNED_MAX_TEXTS];
-	int n = 0;
-	const char *fixed[] = { bin, "tune", "--gate", "--quiet", "--policy", name,
-		                t->bytes ? "--byte-ratio" : "--ratio", ratio,
-		                "--model", t->model, "--ctx", ctx, "--max-kld", kld };
-	for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
-		argv[n++] = fixed[i];
-	for (int i = 0; i < t->n_texts; i++) {
-		argv[n++] = "--text";
-		argv[n++] = t->texts[i];
-	}
-	if (t->min_passkey >= 0) {
-		const char *more[] = { "--min-passkey", pk, "--lengths", pklen, "--depths", t->depths };
-		for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
-			argv[n++] = more[i];
-	}
-	argv[n] = NULL;
-	fflush(stdout);
-	fflush(stderr);
-	pid_t pid = fork();
-	if (pid < 0) {
-		fprintf(stderr, "kvpc build --gate: error: cannot fork: %s\n", strerror(errno));
-		return -1;
-	}
-	if (pid == 0) {
-		execv(bin, (char *const *)argv);
-		fprintf(stderr, "%s: error: cannot run: %s\n", bin, strerror(errno));
-		_exit(127);
-	}
-	return kvpc_wait(pid);
 }

@@ -1,0 +1,53 @@
+/* kvpc_run: children and exec of the built binary (kvpc_run.h). */
+#include "kvpc_run.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+int kvpc_wait(pid_t pid)
+{
+	int st;
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+int kvpc_exec_built(const char *bin, char *const *head, int nh, char *const *pass, int np,
+                    int verbose)
+{
+	char **full = calloc((size_t)(nh + np) + 1, sizeof *full);
+	if (!full) {
+		fprintf(stderr, "%s: error: cannot run: out of memory\n", bin);
+		return 1;
+	}
+	int nf = 0;
+	for (int i = 0; i < nh; i++)
+		full[nf++] = head[i];
+	for (int i = 0; i < np; i++)
+		full[nf++] = pass[i];
+	full[nf] = NULL;
+	if (verbose) {
+		for (int i = 0; i < nf; i++)
+			fprintf(stderr, "%s%s", i ? " " : "", full[i]);
+		fputc('\n', stderr);
+	}
+	fflush(stdout);
+	fflush(stderr);
+	execv(bin, full);
+	fprintf(stderr, "%s: error: cannot run: %s\n", bin, strerror(errno));
+	free(full);
+	return 1;
+}
+
+int kvpc_takes_value(const char *const *value_opts, const char *opt)
+{
+	for (int i = 0; value_opts[i]; i++)
+		if (!strcmp(opt, value_opts[i]))
+			return 1;
+	return 0;
+}
