@@ -486,19 +486,18 @@ void kvp_em_stat_update(struct kvp_em *em, int k, const char *ind)
 	switch (s->kind) {
 	case KVP_STAT_SUM:
 	case KVP_STAT_MEAN:
+	case KVP_STAT_COUNT: {
+		/* a count keeps bits; the ring of the last steps keeps one slot a step */
+		const int bit = s->kind == KVP_STAT_COUNT;
 		if (ring)
-			kvp_em_out(em, "k_stat_ring_put(%s + %d, %d, %s, x_%d);\n", w, (int)s->word,
+			kvp_em_out(em, "%s(%s + %d, %d, %s, x_%d);\n",
+			           bit ? "k_stat_ring_put_bit" : "k_stat_ring_put", w, (int)s->word,
 			           (int)s->ring, em->t->step, k);
 		else
-			kvp_em_out(em, "k_stat_sum(%s + %d, x_%d);\n", w, (int)s->word, k);
+			kvp_em_out(em, "%s(%s + %d, x_%d);\n", bit ? "k_stat_count" : "k_stat_sum", w,
+			           (int)s->word, k);
 		break;
-	case KVP_STAT_COUNT:
-		if (ring)
-			kvp_em_out(em, "k_stat_ring_put_bit(%s + %d, %d, %s, x_%d);\n", w, (int)s->word,
-			           (int)s->ring, em->t->step, k);
-		else
-			kvp_em_out(em, "k_stat_count(%s + %d, x_%d);\n", w, (int)s->word, k);
-		break;
+	}
 	case KVP_STAT_EMA:
 		kvp_em_out(em, "k_stat_ema(%s + %d, x_%d, alpha_%d);\n", w, (int)s->word, k, k);
 		break;

@@ -247,6 +247,32 @@ static int param_budget_only(const struct kvp_ir *ir, int i, const unsigned char
 	return refs > 0;
 }
 
+/* One row of a constant array: the i-th span name (a C string), the i-th layer multiplier. */
+static void span_row(struct kvp_em *em, int i)
+{
+	kvp_em_out(em, "\"");
+	kvp_em_cstr(em, em->ir->guards.spans[i]);
+	kvp_em_out(em, "\"");
+}
+
+static void layer_row(struct kvp_em *em, int i)
+{
+	kvp_em_num(em, em->ir->alloc.list[i]);
+}
+
+/* A constant array of the policy, one row a line: "static const DECL[n] = {\n\tROW,\n...};". */
+static void emit_array(struct kvp_em *em, const char *decl, int n,
+                       void (*row)(struct kvp_em *em, int i))
+{
+	kvp_em_out(em, "static const %s[%d] = {\n", decl, n);
+	for (int i = 0; i < n; i++) {
+		kvp_em_out(em, "\t");
+		row(em, i);
+		kvp_em_out(em, ",\n");
+	}
+	kvp_em_out(em, "};\n\n");
+}
+
 static void emit_tables(struct kvp_em *em)
 {
 	const struct kvp_ir *ir = em->ir;
@@ -282,15 +308,8 @@ static void emit_tables(struct kvp_em *em)
 	}
 	if (ir->trigger.kind == KVP_TRIG_NEVER)
 		return; /* spans and layer lists are read only by compress */
-	if (ir->guards.n_spans > 0) {
-		kvp_em_out(em, "static const char *const policy_spans[%d] = {\n", ir->guards.n_spans);
-		for (int i = 0; i < ir->guards.n_spans; i++) {
-			kvp_em_out(em, "\t\"");
-			kvp_em_cstr(em, ir->guards.spans[i]);
-			kvp_em_out(em, "\",\n");
-		}
-		kvp_em_out(em, "};\n\n");
-	}
+	if (ir->guards.n_spans > 0)
+		emit_array(em, "char *const policy_spans", ir->guards.n_spans, span_row);
 	if (ir->tiers.n > 0) {
 		/* ORDER(tier): enum rt_kv_tier (runtime/kv/rt_kv.h), by name */
 		static const char *const tiers[KVP_IR_MAX_TIERS] = {
@@ -314,15 +333,8 @@ static void emit_tables(struct kvp_em *em)
 		}
 		kvp_em_out(em, "\n");
 	}
-	if (ir->alloc.layers == K_LAYERS_LIST && ir->alloc.n_list > 0) {
-		kvp_em_out(em, "static const double policy_layer_list[%d] = {\n", ir->alloc.n_list);
-		for (int i = 0; i < ir->alloc.n_list; i++) {
-			kvp_em_out(em, "\t");
-			kvp_em_num(em, ir->alloc.list[i]);
-			kvp_em_out(em, ",\n");
-		}
-		kvp_em_out(em, "};\n\n");
-	}
+	if (ir->alloc.layers == K_LAYERS_LIST && ir->alloc.n_list > 0)
+		emit_array(em, "double policy_layer_list", ir->alloc.n_list, layer_row);
 }
 
 static const struct local P_LOCAL[] = { { "P", "const double *P = ctx->params;" } };
@@ -511,7 +523,8 @@ static void target_expr(struct kvp_em *em)
 	kvp_em_budget_or(em, ir->trigger.target);
 }
 
-/* The body of fires: the trigger's condition. */
+/* The body of fires: the trigger's condition, its schedule (every N steps, the prompt end,
+ * per prefill block) joined with "the entries are over the target". */
 static void fires_body(struct kvp_em *em, const void *arg)
 {
 	(void)arg;
@@ -519,42 +532,30 @@ static void fires_body(struct kvp_em *em, const void *arg)
 	/* with a precision action a schedule fires whatever the entry count: the entries that
 	 * left the recent window are downgraded even when none is evicted */
 	const int tiered = em->ir->tiers.n > 0;
+	const char *join = tiered ? NULL : " && entries > "; /* before the limit; NULL: none */
+	int32_t limit = tr->target;
 	kvp_em_line_src(em, tr->loc);
 	switch (tr->kind) {
 	case KVP_TRIG_NEVER:
-		kvp_em_out(em, "\treturn 0;\n");
+		kvp_em_out(em, "\treturn 0");
+		join = NULL;
 		break;
 	case KVP_TRIG_EVERY_STEP:
-		if (tiered) {
-			kvp_em_out(em, "\treturn 1;\n");
-			break;
-		}
-		kvp_em_out(em, "\treturn entries > ");
-		target_expr(em);
-		kvp_em_out(em, ";\n");
+		kvp_em_out(em, tiered ? "\treturn 1" : "\treturn ");
+		join = tiered ? NULL : "entries > ";
 		break;
 	case KVP_TRIG_OVER_BUDGET:
-		kvp_em_out(em, "\treturn entries > ");
-		kvp_em_budget_or(em, tr->threshold);
-		kvp_em_out(em, ";\n");
+		kvp_em_out(em, "\treturn ");
+		join = "entries > ";
+		limit = tr->threshold;
 		break;
 	case KVP_TRIG_EVERY_N:
 		kvp_em_out(em, "\treturn k_every(seen, ");
 		kvp_em_scalar_or(em, tr->n, 1);
-		if (tiered) {
-			kvp_em_out(em, ");\n");
-			break;
-		}
-		kvp_em_out(em, ") && entries > ");
-		target_expr(em);
-		kvp_em_out(em, ";\n");
+		kvp_em_out(em, ")");
 		break;
 	case KVP_TRIG_PROMPT_END:
-		kvp_em_out(em, "\treturn ctx->prompt_len >= 0 && seen == (double)ctx->prompt_len%s", tiered ? ";\n" : " && entries > ");
-		if (tiered)
-			break;
-		target_expr(em);
-		kvp_em_out(em, ";\n");
+		kvp_em_out(em, "\treturn ctx->prompt_len >= 0 && seen == (double)ctx->prompt_len");
 		break;
 	case KVP_TRIG_PREFILL_BLOCK:
 		if (tr->prompt_only)
@@ -562,14 +563,14 @@ static void fires_body(struct kvp_em *em, const void *arg)
 			        "\t\treturn 0; /* blocks of the prompt only */\n");
 		kvp_em_out(em, "\treturn (k_every(seen, ");
 		kvp_em_scalar_or(em, tr->n, 1);
-		kvp_em_out(em, ") || (ctx->prompt_len >= 0 && seen == (double)ctx->prompt_len))%s",
-		    tiered ? ";\n" : " && entries > ");
-		if (tiered)
-			break;
-		target_expr(em);
-		kvp_em_out(em, ";\n");
+		kvp_em_out(em, ") || (ctx->prompt_len >= 0 && seen == (double)ctx->prompt_len))");
 		break;
 	}
+	if (join) {
+		kvp_em_out(em, "%s", join);
+		kvp_em_budget_or(em, limit);
+	}
+	kvp_em_out(em, ";\n");
 	kvp_em_line_back(em);
 }
 

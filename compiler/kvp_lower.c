@@ -31,10 +31,23 @@ static struct kvp_loc L(kvp_srcloc l)
 	return o;
 }
 
+/* Where a part of the IR points: the statement that gave it, else the policy's name (a
+ * default). */
+static struct kvp_loc at_stmt(const lower *lw, const kvp_stmt *st)
+{
+	return L(st ? st->loc : lw->s->file->name_loc);
+}
+
 
 static int32_t lower_expr(lower *lw, const kvp_expr *e);
 
 static int32_t lower_budget(lower *lw, kvp_srcloc at);
+
+/* An optional value: its expression, or -1 for none (the kernel's default). */
+static int32_t lower_opt(lower *lw, const kvp_expr *e)
+{
+	return e ? lower_expr(lw, e) : -1;
+}
 
 /* e in entries/tokens: a ratio is multiplied by the context */
 static int32_t lower_size(lower *lw, const kvp_expr *e, kvp_sunit u)
@@ -241,11 +254,10 @@ static void lower_score_guards(lower *lw)
 {
 	kvp_sema *s = lw->s;
 	struct kvp_ir *ir = lw->ir;
-	const kvp_file *f = s->file;
 	/* score pipeline */
 	const kvp_stmt *score = s->setting[KVP_SET_SCORE];
 	ir->score.expr = score ? lower_expr(lw, score->value) : -1;
-	ir->score.loc = L(score ? score->loc : f->name_loc);
+	ir->score.loc = at_stmt(lw, score);
 	ir->score.reduce = s->score_per_qhead ? s->reduce : K_REDUCE_NONE;
 	ir->score.over_layer = s->over_layer;
 	ir->score.pool = s->pool;
@@ -261,7 +273,7 @@ static void lower_score_guards(lower *lw)
 		kvp_ir_add_span(ir, s->spans[i]->value->name);
 	const kvp_stmt *g0 = s->sinks ? s->sinks : s->recent ? s->recent :
 	                     s->all_spans ? s->all_spans : s->n_spans ? s->spans[0] : NULL;
-	ir->guards.loc = L(g0 ? g0->loc : f->name_loc);
+	ir->guards.loc = at_stmt(lw, g0);
 
 }
 
@@ -270,24 +282,23 @@ static int lower_alloc(lower *lw)
 {
 	kvp_sema *s = lw->s;
 	struct kvp_ir *ir = lw->ir;
-	const kvp_file *f = s->file;
 	/* budget and allocation */
 	const kvp_stmt *budget = s->setting[KVP_SET_BUDGET];
 	ir->alloc.budget = budget ? lower_budget(lw, budget->loc) : -1;
 	ir->alloc.budget_unit = s->budget_unit == KVP_SU_RATIO ? KVP_UNIT_RATIO : KVP_UNIT_ENTRIES;
 	ir->alloc.budget_bytes = s->budget_bytes;
-	ir->alloc.loc = L(budget ? budget->loc : f->name_loc);
+	ir->alloc.loc = at_stmt(lw, budget);
 	ir->alloc.layers = s->layers;
-	ir->alloc.beta = s->beta ? lower_expr(lw, s->beta) : -1;
-	ir->alloc.from = s->lin_from ? lower_expr(lw, s->lin_from) : -1;
-	ir->alloc.to = s->lin_to ? lower_expr(lw, s->lin_to) : -1;
+	ir->alloc.beta = lower_opt(lw, s->beta);
+	ir->alloc.from = lower_opt(lw, s->lin_from);
+	ir->alloc.to = lower_opt(lw, s->lin_to);
 	if (s->layers == K_LAYERS_LIST) {
 		int n = s->list->n_args;
 		double v[1024];
 		for (int i = 0; i < n; i++) {
 			int32_t node = lower_expr(lw, s->list->args[i]);
 			if (!kvp_ir_fold(ir, node, &v[i])) {
-				kvp_src_error(f->src, s->list->args[i]->loc,
+				kvp_src_error(s->file->src, s->list->args[i]->loc,
 				              "a layer multiplier must be a constant");
 				return -1;
 			}
@@ -295,15 +306,9 @@ static int lower_alloc(lower *lw)
 		kvp_ir_set_list(ir, v, n);
 	}
 	ir->alloc.heads = s->allocate;
-	ir->alloc.floor = s->alloc_floor ? lower_expr(lw, s->alloc_floor) : -1;
+	ir->alloc.floor = lower_opt(lw, s->alloc_floor);
 
 	return 0;
-}
-
-/* An optional GraceKV value: its expression, or -1 for the kernel's default. */
-static int32_t lower_opt(lower *lw, const kvp_expr *e)
-{
-	return e ? lower_expr(lw, e) : -1;
 }
 
 /* GraceKV's segmentation, prototype and utility values (`segment`, `tree`, add_split). */
@@ -341,7 +346,7 @@ static void lower_action_trigger(lower *lw)
 	const kvp_file *f = s->file;
 	/* action */
 	const kvp_stmt *action = s->setting[KVP_SET_ACTION];
-	ir->action.loc = L(action ? action->loc : f->name_loc);
+	ir->action.loc = at_stmt(lw, action);
 	ir->action.run = -1;
 	ir->action.floor = -1;
 	ir->action.kind = s->action;
@@ -350,7 +355,7 @@ static void lower_action_trigger(lower *lw)
 	case K_ACT_COUNT_:
 		break;
 	case K_ACT_MERGE:
-		ir->action.run = s->run ? lower_expr(lw, s->run) : -1;
+		ir->action.run = lower_opt(lw, s->run);
 		break;
 	case K_ACT_SPLIT:
 		ir->action.run = s->slot ? lower_expr(lw, s->slot) :
@@ -369,28 +374,20 @@ static void lower_action_trigger(lower *lw)
 		ir->trigger.kind = KVP_TRIG_NEVER;
 		ir->trigger.loc = L(f->name_loc);
 	} else {
+		/* the statement's trigger word -> the IR's trigger */
+		static const enum kvp_ir_trigger kind[] = {
+			[KVP_T_EVERY_STEP] = KVP_TRIG_EVERY_STEP, [KVP_T_EVERY] = KVP_TRIG_EVERY_N,
+			[KVP_T_WHEN] = KVP_TRIG_OVER_BUDGET,      [KVP_T_AT] = KVP_TRIG_PROMPT_END,
+			[KVP_T_PER] = KVP_TRIG_PREFILL_BLOCK,
+		};
 		ir->trigger.loc = L(c->loc);
-		switch (c->trigger) {
-		case KVP_T_EVERY_STEP:
-			ir->trigger.kind = KVP_TRIG_EVERY_STEP;
-			break;
-		case KVP_T_EVERY:
-			ir->trigger.kind = KVP_TRIG_EVERY_N;
+		ir->trigger.kind = kind[c->trigger];
+		if (c->trigger == KVP_T_EVERY || c->trigger == KVP_T_PER) /* every N, per N tokens */
 			ir->trigger.n = lower_expr(lw, c->value);
-			break;
-		case KVP_T_WHEN:
-			ir->trigger.kind = KVP_TRIG_OVER_BUDGET;
+		if (c->trigger == KVP_T_WHEN)
 			ir->trigger.threshold = lower_size(lw, s->threshold, s->threshold_unit);
-			break;
-		case KVP_T_AT:
-			ir->trigger.kind = KVP_TRIG_PROMPT_END;
-			break;
-		case KVP_T_PER:
-			ir->trigger.kind = KVP_TRIG_PREFILL_BLOCK;
-			ir->trigger.n = lower_expr(lw, c->value);
+		if (c->trigger == KVP_T_PER)
 			ir->trigger.prompt_only = c->n_words > 1;
-			break;
-		}
 		if (c->target)
 			ir->trigger.target = lower_size(lw, c->target, s->target_unit);
 	}
@@ -404,7 +401,7 @@ static void lower_tiers(lower *lw)
 	const kvp_stmt *st = s->setting[KVP_SET_PRECISION];
 	t->n = st ? s->n_tier : 0;
 	t->kind = t->n == 0 ? K_TIERS_NONE : s->tier_shares ? K_TIERS_SHARES : K_TIERS_UTILITY;
-	t->loc = L(st ? st->loc : s->file->name_loc);
+	t->loc = at_stmt(lw, st);
 	t->rotate = st ? s->tier_rotate : 0;
 	for (int j = 0; j < t->n; j++) {
 		t->tier[j] = s->tier[j];

@@ -7,8 +7,8 @@
  * carry is: evict-only, the same count in every (layer, KV head), original RoPE positions,
  * one precision, compressed once at the prompt end from the keys and the queries of the
  * last prompt window (the shared library replays exactly that, runtime/policy/rt_shared.h).
- * Each rule below names one thing outside that subset and the place in the .kvp source
- * that asks for it.
+ * Each reason kvp_paged_check reports names one thing outside that subset and the place in
+ * the .kvp source that asks for it.
  */
 #ifndef KVP_PAGED_H
 #define KVP_PAGED_H
