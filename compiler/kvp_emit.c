@@ -203,7 +203,8 @@ static void signal_expr(struct kvp_em *em, enum kvp_ir_signal s)
 	case KVP_SIG_ENTRIES: kvp_em_out(em, "(double)%s", em->view->n); break;
 	case KVP_SIG_LAYER: kvp_em_out(em, "(double)%s", em->view->layer); break;
 	case KVP_SIG_BUDGET: kvp_em_out(em, "%s", t->budget); break;
-	default: kvp_em_out(em, "0.0"); break;
+	/* no default: a signal row without its spelling here is a compile error (-Wswitch) */
+	case KVP_SIG_COUNT_: kvp_em_out(em, "0.0"); break;
 	}
 }
 

@@ -1014,6 +1014,29 @@ START_TEST(value_l1_vatp)
 }
 END_TEST
 
+/* Every signal of the language (the kvp_builtin.def rows with lang 1) has its row in the
+ * table of docs/language.md section 7.1 ("| `name` |"): a signal added without its
+ * documentation fails here. */
+START_TEST(signals_documented)
+{
+	static const struct {
+		const char *name;
+		int lang;
+	} sig[] = {
+#define KVP_SIGNAL(ID, name, unit, where, per_qhead, needs, lang) { name, lang },
+#include "kvp_builtin.def"
+	};
+	char *doc = read_all("docs/language.md");
+	ck_assert_ptr_nonnull(doc);
+	for (size_t i = 0; i < sizeof sig / sizeof sig[0]; i++) {
+		char row[64];
+		snprintf(row, sizeof row, "| `%s` |", sig[i].name);
+		ck_assert_msg(!sig[i].lang || strstr(doc, row), "docs/language.md has no row %s", row);
+	}
+	free(doc);
+}
+END_TEST
+
 /* One validation, one message: guards above the budget found by kvpc check (recent at
  * 62 tokens by default) and by the runtime before a run (default 8, then --set r=62)
  * read the same after their place ("FILE:LINE:COL: error: " / "policy NAME: "). */
@@ -1079,6 +1102,7 @@ static Suite *emit_suite(void)
 	tcase_add_test(tc, golden_caote_exact);
 	tcase_add_test(tc, same_message_compile_and_run);
 	tcase_add_test(tc, value_l1_vatp);
+	tcase_add_test(tc, signals_documented);
 	tcase_add_test(tc, compiles_all_paths);
 	tcase_add_test(tc, line_directives_switch);
 	tcase_add_test(tc, banner_and_determinism);
