@@ -784,6 +784,9 @@ static Suite *tier_suite(void)
 	tcase_add_test(tc, fidelity_measured);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("end_to_end");
+	/* Whole forwards over a tiny model: seconds on a quiet machine, but check's
+	 * 4 s default expired on a loaded 2-core one. */
+	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, e2e_shares_9_3);
 	tcase_add_test(tc, e2e_shares_4_1);
 	tcase_add_test(tc, e2e_utility_9_3);
