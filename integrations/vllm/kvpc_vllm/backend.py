@@ -1,7 +1,8 @@
 """The CPU attention backend subclass: while a request's prompt is processed, keep each
 layer's keys and values as the forward computed them (post-RoPE, original positions), and
-at the prompt's last chunk ask the kvpc library, with the window queries of that chunk,
-which entries to keep, per (layer, KV head).
+at the prompt's last chunk ask the kvpc library, with the window of last prompt queries,
+which entries to keep, per (layer, KV head); then move them into place (docs/vllm.md,
+"How it works").
 
 The keys are not read back from the paged cache: vLLM's CPU backend writes cache rows with
 cpu_attn_reshape_and_cache in a layout of its own ISA kernels, so the rows of a
@@ -9,8 +10,10 @@ cpu_attn_reshape_and_cache in a layout of its own ISA kernels, so the rows of a
 
 Which batch rows end their prompt in this step is recorded from the model runner's
 _update_states (after vLLM orders the batch), so the backend needs no request ids.
-The kept sets are kept in KEPT and, when KVPC_VLLM_DUMP names a directory, written to
-DIR/kept_rank{R}.json (one file per tensor-parallel rank, heads numbered globally).
+When KVPC_VLLM_DUMP names a directory, the kept sets (KEPT) and the reasons a request was
+not compressed (ERRORS) are written to DIR/kept_rank{R}.json (one file per tensor-parallel
+rank, heads numbered globally); without it they are not kept (a server would accumulate
+them) and a reason is logged instead.
 """
 import json
 import os
@@ -18,8 +21,11 @@ import re
 
 import numpy as np
 import torch
+from vllm.logger import init_logger
 
 from . import lib, plan, xargs
+
+logger = init_logger(__name__)
 
 # this step's prefill rows with a kv policy, up to the compression point p:
 # row -> (req_id, (policy, set, ratio, p), tokens computed before this chunk, final)
@@ -51,8 +57,11 @@ def _tp_rank():
         return 0
 
 
+_DUMP_DIR = os.environ.get("KVPC_VLLM_DUMP")
+
+
 def _dump():
-    d = os.environ.get("KVPC_VLLM_DUMP")
+    d = _DUMP_DIR
     if not d:
         return
     os.makedirs(d, exist_ok=True)
@@ -62,27 +71,28 @@ def _dump():
     os.replace(path + ".tmp", path)
 
 
-def _select_row(impl, layer, query, keys, vals, md, row, rid, args):
+def _select_row(impl, layer, keys, vals, queries, rid, args):
     """Kept positions per KV head of this rank ([H] int32 arrays) of one request's
-    prompt (keys, vals: [p, H, d]) at its compression point."""
+    prompt (keys, vals: [p, H, d]; queries: [w, H*G, d], the last w before p) at its
+    compression point."""
     policy, set_, ratio, p = args
-    H, d = impl.num_kv_heads, impl.head_size
-    G = impl.num_heads // H
-    L = lib.get()
-    s, e = int(md.query_start_loc[row]), int(md.query_start_loc[row + 1])
-    w = L.window(policy, set_, ratio, G, d, p)
-    if w > e - s:
-        raise lib.KvpcError(5, f"policy {policy}: its window of {w} prompt queries spans "
-                               f"more than the last prefill chunk ({e - s} tokens): raise "
-                               "max_num_batched_tokens or disable chunked prefill")
-    q = query[e - w:e].reshape(w, H * G, d)
-    kept = L.select(policy, set_, ratio, keys.permute(1, 0, 2).float().unsqueeze(0).numpy(),
-                    q.float().unsqueeze(0).numpy(),
-                    vals.permute(1, 0, 2).float().unsqueeze(0).numpy())[0]
-    h0 = _tp_rank() * H
-    KEPT.setdefault(rid, {})[_layer_index(layer)] = {
-        h0 + h: kept[h].tolist() for h in range(H)}
+    H = impl.num_kv_heads
+    kept = lib.get().select(policy, set_, ratio,
+                            keys.permute(1, 0, 2).float().unsqueeze(0).numpy(),
+                            queries.float().unsqueeze(0).numpy(),
+                            vals.permute(1, 0, 2).float().unsqueeze(0).numpy())[0]
+    if _DUMP_DIR:
+        h0 = _tp_rank() * H
+        KEPT.setdefault(rid, {})[_layer_index(layer)] = {
+            h0 + h: kept[h].tolist() for h in range(H)}
     return kept
+
+
+def _error(rid, msg):
+    if _DUMP_DIR:
+        ERRORS[rid] = msg
+    else:
+        logger.warning("kvpc-vllm: request %s not compressed: %s", rid, msg)
 
 
 def _compact_row(impl, layer, kv_cache, keys, vals, kept, md, row):
@@ -107,36 +117,45 @@ def _compact_row(impl, layer, kv_cache, keys, vals, kept, md, row):
 
 
 def on_prefill(impl, layer, query, key, value, kv_cache, md):
-    """Stash this chunk's keys and values of every prefill row with a kv policy (the CPU
-    backend stores cache rows in an ISA-specific packed layout, so the keys are taken as
-    the forward computed them: post-RoPE, [tokens, num_kv_heads, head_size]); at the
-    chunk that ends the compression point, select, and compact when plan.decide says
-    the scheduler freed the request's surplus blocks."""
+    """Stash this chunk's keys, values and last window queries of every prefill row with a
+    kv policy (the CPU backend stores cache rows in an ISA-specific packed layout, so the
+    keys are taken as the forward computed them: post-RoPE, [tokens, num_kv_heads,
+    head_size]); at the chunk that ends the compression point, select, and compact when
+    plan.decide says the scheduler freed the request's surplus blocks. The window may span
+    chunks: each chunk keeps its last w query rows."""
     li = _layer_index(layer)
-    G = impl.num_heads // impl.num_kv_heads
+    H, d = impl.num_kv_heads, impl.head_size
+    G = impl.num_heads // H
     for row, (rid, args, computed, final) in _STEP.items():
         s, e = int(md.query_start_loc[row]), int(md.query_start_loc[row + 1])
+        try:
+            w = plan.window(args, G, d)
+        except lib.KvpcError as ex:
+            _error(rid, str(ex))
+            continue
         chunks = _STASH.setdefault((rid, li), [])
-        chunks.append((key[s:e].clone(), value[s:e].clone()))
+        chunks.append((key[s:e].clone(), value[s:e].clone(),
+                       query[max(s, e - w):e].reshape(-1, H * G, d).clone()))
         if not final:
             continue
         del _STASH[(rid, li)]
         keys = torch.cat([c[0] for c in chunks])
         vals = torch.cat([c[1] for c in chunks])
-        k, why = plan.decide(args, computed, e - s, G, impl.head_size)
+        queries = torch.cat([c[2] for c in chunks])[queries_from(chunks, w):]
+        k, why = plan.decide(args, computed, e - s, G, d)
         try:
             if keys.shape[0] != args[3]:
                 raise lib.KvpcError(1, f"kvpc-vllm: {keys.shape[0]} prompt keys seen, the "
                                        f"compression point is {args[3]} (prefix caching "
                                        "must be off, and a chunk must end at kv.prompt)")
-            kept = _select_row(impl, layer, query, keys, vals, md, row, rid, args)
+            kept = _select_row(impl, layer, keys, vals, queries, rid, args)
         except lib.KvpcError as ex:
             if k is not None:  # the scheduler has freed the blocks: going on would corrupt
                 raise RuntimeError(f"kvpc-vllm: request {rid}: {ex}") from None
-            ERRORS[rid] = str(ex)
+            _error(rid, str(ex))
             continue
         if why:
-            ERRORS[rid] = why
+            _error(rid, why)
         if k is None:
             continue
         if any(len(x) != k for x in kept):
@@ -147,6 +166,11 @@ def on_prefill(impl, layer, query, key, value, kv_cache, md):
         DELTA[rid] = args[3] - k
         _TRIM[rid] = k
     _dump()
+
+
+def queries_from(chunks, w):
+    """Index of the first of the last w stashed query rows."""
+    return max(0, sum(c[2].shape[0] for c in chunks) - w)
 
 
 def _row_deltas(runner, n):
@@ -230,9 +254,12 @@ def _patch_runner():
         global _RUNNER
         _RUNNER = self
         cached = scheduler_output.scheduled_cached_reqs
-        for rid in set(scheduler_output.finished_req_ids) | set(cached.resumed_req_ids):
+        gone = set(scheduler_output.finished_req_ids) | set(cached.resumed_req_ids)
+        for rid in gone:
             DELTA.pop(rid, None)   # a preempted request is recomputed from its start
             _TRIM.pop(rid, None)
+        for key in [key for key in _STASH if key[0] in gone]:
+            del _STASH[key]
         for rid, k in _TRIM.items():
             _trim(self, rid, k)
         _TRIM.clear()

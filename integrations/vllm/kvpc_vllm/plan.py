@@ -37,6 +37,13 @@ def keep_count(policy, set_, ratio, p, group, head_dim):
 
 
 @functools.lru_cache(maxsize=256)
+def window(args, group, head_dim):
+    """Rows of the last prompt queries (before the compression point) the policy reads."""
+    policy, set_, ratio, p = args
+    return lib.get().window(policy, set_, ratio, group, head_dim, p)
+
+
+@functools.lru_cache(maxsize=256)
 def decide(args, computed, scheduled, group, head_dim):
     """(k, None) when this step's chunk [computed, computed + scheduled) of a request with
     kv args (xargs.parse) ends exactly at its compression point p and the policy keeps
@@ -53,11 +60,6 @@ def decide(args, computed, scheduled, group, head_dim):
         return None, (f"kv.prompt {p}: the chunk [{computed}, {computed + scheduled}) "
                       f"crosses the compression point; not compacted")
     try:
-        w = lib.get().window(policy, set_, ratio, group, head_dim, p)
-        if w > scheduled:
-            return None, (f"policy {policy}: its window of {w} prompt queries spans more "
-                          f"than the last prefill chunk ({scheduled} tokens): raise "
-                          "max_num_batched_tokens or disable chunked prefill")
         k = keep_count(policy, set_, ratio, p, group, head_dim)
     except lib.KvpcError as e:
         return None, str(e)

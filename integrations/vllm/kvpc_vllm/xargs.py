@@ -84,7 +84,9 @@ def install():
                     raise ValueError("kv: this server shares prompt blocks (prefix caching); "
                                      "a kvpc policy compacts a request's own blocks: start "
                                      "vLLM with --no-enable-prefix-caching")
-                validate(extra)
+                if validate(extra) and not _on_cpu():
+                    raise ValueError("kv: kvpc policies compact the cache on vLLM's CPU "
+                                     "backend only in this version (docs/vllm.md)")
             except ValueError as e:  # a client error: vLLM's server answers it with 400
                 raise VLLMValidationError(str(e), parameter="vllm_xargs.kv") from None
         return out
@@ -92,6 +94,11 @@ def install():
     _validate_params._kvpc = True
     InputProcessor._validate_params = _validate_params
     _widen_protocol()
+
+
+def _on_cpu():
+    from vllm.platforms import current_platform
+    return current_platform.is_cpu()
 
 
 def _widen_protocol():
