@@ -157,7 +157,7 @@ test-vllm-fast:
 	  integrations/vllm/install_venv.sh $(VLLM_VENV) && \
 	  KVPC_VLLM_LIB=$(abspath $(VLLM_LIB)) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 	    tests/vllm/test_vllm.py -k fast && \
-	  echo "check: the vLLM suite's engine tests (a real engine: about 15 min here) run in make test-vllm"; \
+	  echo "check: the vLLM suite's engine tests (a real engine: about 25 min here) run in make test-vllm"; \
 	  else echo "check: vLLM plug-in suite skipped: no venv at $(VLLM_VENV) (make test-vllm creates it: ~3.2 GB download)"; fi
 
 ## bench-vllm: vLLM's CPU backend with and without kvpc policies at the same KV memory (docs/vllm.md's table; JSON in build/bench_vllm.json)
