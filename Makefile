@@ -412,6 +412,9 @@ $(B)/tests/test_cli: $(B)/tests/test_cli.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkv
 $(B)/tests/test_shared: $(B)/tests/test_shared.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a | $(B)/kvpc
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS) -ldl
 
+$(B)/tests/test_random_models: $(B)/tests/test_random_models.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
 $(B)/tests/test_seq: $(B)/tests/test_seq.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=aligned_alloc,--wrap=posix_memalign \
 	  -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
