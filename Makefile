@@ -397,8 +397,14 @@ $(B)/gen/tier/%.o: $(B)/gen/tier/%.c
 $(B)/tests/test_k_tier: $(B)/tests/test_k_tier.o $(TIER_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
-# tests/test_gemma.c runs StreamingLLM's compacted positions on Gemma 3
-$(B)/tests/test_gemma: $(B)/tests/test_gemma.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
+# tests/test_gemma.c runs StreamingLLM's compacted positions and the language's
+# `layers = global_only` (the good example h2o_global_only) on Gemma 3
+$(B)/gen/gemma/h2o_global_only.c: tests/golden/kvp/good/h2o_global_only.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/policy/rt_policy.h
+	@mkdir -p $(dir $@)
+	$(B)/kvpc emit --target c $< -o $@
+$(B)/gen/gemma/%.o: $(B)/gen/gemma/%.c
+	$(CC) $(CFLAGS) -c $< -o $@
+$(B)/tests/test_gemma: $(B)/tests/test_gemma.o $(B)/gen/gemma/h2o_global_only.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
 # tests/test_cli.c runs `ab` and `ppl` with the compiled policies

@@ -893,6 +893,8 @@ static void emit_policy(struct kvp_em *em)
 		kvp_em_out(em, "\t.tier_rotate = %u,\n", ir->tiers.rotate);
 	if (ir->trigger.kind == KVP_TRIG_PROMPT_END) /* measured after a prompt (rt_policy.h) */
 		kvp_em_out(em, "\t.measure = KVP_MEASURE_PROMPT_END,\n");
+	if (ir->alloc.layers == K_LAYERS_GLOBAL_ONLY)
+		kvp_em_out(em, "\t.global_only = 1,\n");
 	kvp_em_out(em, "\t.positions = %s,\n",
 	    ir->positions == KVP_POS_COMPACTED ? "KVP_POS_COMPACTED" : "KVP_POS_ORIGINAL");
 	kvp_em_out(em, "\t.needs = ");

@@ -81,6 +81,7 @@ static const setting_word SETTING_WORDS[] = {
 	{ "pyramid", "a layer schedule", "layers" },
 	{ "funnel", "a layer schedule", "layers" },
 	{ "linear", "a layer schedule", "layers" },
+	{ "global_only", "a layer schedule", "layers" },
 	{ "adaptive", "an allocation", "allocate" },
 	{ "global", "an allocation", "allocate" },
 	{ "evict", "an action", "action" },
@@ -1302,7 +1303,8 @@ static void check_budget(sema *S, const kvp_stmt *st)
 
 static void check_layers(sema *S, const kvp_stmt *st)
 {
-	static const char *const choices[] = { "uniform", "pyramid", "funnel", "linear", "[...]" };
+	static const char *const choices[] = { "uniform", "pyramid", "funnel", "linear", "global_only",
+		                                "[...]" };
 	const kvp_expr *v = st->value;
 	kvp_sema *o = S->out;
 	if (v->kind == KVP_E_LIST) {
@@ -1336,6 +1338,10 @@ static void check_layers(sema *S, const kvp_stmt *st)
 	const char *w = word_of(v);
 	if (w && !strcmp(w, "uniform") && v->kind == KVP_E_NAME) {
 		o->layers = K_LAYERS_UNIFORM;
+		return;
+	}
+	if (w && !strcmp(w, "global_only") && v->kind == KVP_E_NAME) {
+		o->layers = K_LAYERS_GLOBAL_ONLY;
 		return;
 	}
 	if (w && (!strcmp(w, "pyramid") || !strcmp(w, "funnel"))) {
@@ -1377,7 +1383,7 @@ static void check_layers(sema *S, const kvp_stmt *st)
 		o->lin_to = b;
 		return;
 	}
-	bad_choice(S, v, "layer schedule", choices, 5);
+	bad_choice(S, v, "layer schedule", choices, 6);
 }
 
 static int check_floor(sema *S, const kvp_expr *fl)

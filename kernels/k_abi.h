@@ -30,10 +30,13 @@
  *   LINEAR   the budget scaled by a linear ramp from `from` (layer 0) to `to` (last
  *            layer), renormalised to the same total (funnel: linear(0.8, 1.2))
  *   LIST     explicit multipliers, resampled to n_layers by nearest index and
- *            renormalised to the same total */
+ *            renormalised to the same total
+ *   GLOBAL_ONLY  the budget on each full-attention layer; the sliding-window layers
+ *            (kvp_ctx.layer_window > 0) are not compressed: they keep their window, which
+ *            is the model's (k_layers_window_keep) */
 #define K_LAYERS_ROWS(X) \
 	X(K_LAYERS_, UNIFORM) X(K_LAYERS_, PYRAMID) X(K_LAYERS_, FUNNEL) X(K_LAYERS_, LINEAR) \
-	X(K_LAYERS_, LIST)
+	X(K_LAYERS_, LIST) X(K_LAYERS_, GLOBAL_ONLY)
 
 /* How a layer's budget is spread over its KV heads (enum k_heads):
  *   EACH      every KV head of a layer gets the layer budget

@@ -352,6 +352,17 @@ static inline void k_layer_budgets(const struct k_compress_cfg *cfg, int L, doub
 	}
 }
 
+/* `layers = global_only`: a sliding-window layer (ctx->layer_window[l] > 0) keeps every
+ * entry it holds (lb[l] = the store's capacity), since the model already keeps only its
+ * window there; the full-attention layers keep the budget. */
+static inline void k_layers_window_keep(const struct kvp_ctx *ctx, const rt_kv *kv,
+                                        const struct k_compress_cfg *cfg, double *lb)
+{
+	for (int l = 0; lb && cfg->layers == K_LAYERS_GLOBAL_ONLY && ctx->layer_window && l < kv->n_layer; l++)
+		if (ctx->layer_window[l] > 0)
+			lb[l] = (double)kv->cap;
+}
+
 /* The budget and guards in force after `seen` tokens, with n entries per head before
  * compression, checked by rt_budget_check (runtime/policy/rt_budget.h: every layer's
  * budget and the target at least 1 entry, the guards inside the budget; in bytes
@@ -383,8 +394,10 @@ static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
 		fc.target = fc.target > f ? fc.target : f;
 	}
 	const int L = kv->n_layer;
-	if (lb)
+	if (lb) {
 		k_layer_budgets(cfg, L, cfg->budget, n, lb);
+		k_layers_window_keep(ctx, kv, cfg, lb);
+	}
 	struct rt_budget b = {
 		.scale = RT_BUDGET_ENTRIES, .budget = cfg->budget,
 		.target = cfg->target != cfg->budget ? cfg->target : 0, .n_layer = L,
@@ -432,6 +445,7 @@ static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
 	}
 	if (lb) {
 		k_layer_budgets(cfg, L, cfg->target, n, lb);
+		k_layers_window_keep(ctx, kv, cfg, lb);
 		for (int l = 0; early && l < L; l++)
 			lb[l] = lb[l] > 1 ? lb[l] : 1;
 	}

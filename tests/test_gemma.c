@@ -30,6 +30,10 @@
  * test_gemma_rerotation: StreamingLLM's compacted positions re-rotate a sliding-window
  * layer's keys at that layer's base (a hand rotation of the full cache's keys).
  *
+ * test_gemma_global_only: a policy with `layers = global_only` leaves the sliding-window
+ * layers to the model and compresses the global ones to its budget; its compression is
+ * counted over those (hand-computed 4x entries, 2x bytes).
+ *
  * test_gemma_chat_tokens: the chat prompts `run --chat` and `serve` feed for two
  * conversations equal llama-server's token ids (golden and command by the test), and a
  * plain prompt starts with BOS as llama-tokenize's does.
@@ -52,6 +56,9 @@
 #include "base/rt_rope.h"
 #include "policy/rt_policy.h"
 #include "policy/rt_seq.h"
+#include "eval/rt_compression.h"
+
+extern const struct kvp_policy kvp_policy_h2o_global_only;
 
 #define GOLDEN "tests/golden/model/gemma3_gpl3.txt"
 
@@ -411,6 +418,52 @@ START_TEST(test_gemma_rerotation)
 }
 END_TEST
 
+/* `layers = global_only` (tests/golden/kvp/good/h2o_global_only.kvp: H2O at a ratio of 4)
+ * on Gemma's 18 layers, of which 3 (5, 11, 17) attend globally: 160 prompt tokens in
+ * chunks of 16 leave every sliding-window list whole (160 < the window 512: the model's
+ * rule keeps them) and every global list at the budget 160 / 4 = 40 entries; compression
+ * counted over the compressed (global) lists is then 160 / 40 = 4x in entries and, from an
+ * f32 store against the f16 baseline, 2x in bytes (over all 18 layers' lists it would be
+ * 160 / ((15·160 + 3·40) / 18) = 1.14x). */
+START_TEST(test_gemma_global_only)
+{
+	const char *path = gemma_path();
+	if (!path)
+		return;
+	enum { N = 160, C = 16 };
+	rt_err err = { "" };
+	const rt_model_opts o = { .exact = 0, .threads = 2, .kv_type = RT_KV_F32 };
+	rt_model *m = rt_model_open(path, &o, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	ck_assert_int_eq(kvp_policy_h2o_global_only.global_only, 1);
+	rt_seq s;
+	ck_assert_msg(rt_seq_init(&s, m, &kvp_policy_h2o_global_only, N, C, N, &err) == 0 &&
+	              rt_seq_set_ratio(&s, 4, &err) == 0 && rt_seq_set_prefill_chunk(&s, C, &err) == 0,
+	              "%s", err.msg);
+	int32_t tok[N];
+	for (int i = 0; i < N; i++)
+		tok[i] = 2000 + 53 * i;
+	float *lg = malloc((size_t)m->hp.n_vocab * sizeof *lg);
+	ck_assert_msg(rt_seq_feed(&s, tok, N, lg, RT_LOGITS_LAST, &err) == 0, "%s", err.msg);
+	ck_assert_int_gt(rt_seq_stats_get(&s).compress_events, 0);
+	for (int l = 0; l < m->hp.n_layer; l++) {
+		const rt_kv_head *h = rt_kv_head_at(&s.kv, l, 0);
+		if (m->layers[l].window > 0)
+			ck_assert_msg(h->n == N, "sliding layer %d holds %d of %d entries", l, h->n, N);
+		else
+			ck_assert_msg(h->n == N / 4, "global layer %d holds %d entries, budget %d", l, h->n,
+			              N / 4);
+	}
+	rt_compression c;
+	rt_compression_of(&s, N, &c);
+	ck_assert_double_eq_tol(c.entries_end, 4.0, 1e-9);
+	ck_assert_double_eq_tol(c.bytes_end, 2.0, 1e-9);
+	free(lg);
+	rt_seq_free(&s);
+	rt_model_free(m);
+}
+END_TEST
+
 /* llama.cpp's token ids of two conversations on this file. The file carries no
  * tokenizer.chat_template (llama.cpp would fall back to ChatML, which this vocabulary does
  * not have: `llama-server -m GEMMA` then greedily answers '<|im_end|>\n<|im_start|>...');
@@ -516,6 +569,7 @@ static Suite *gemma_suite(void)
 	tcase_add_test(tc, test_gemma_window);
 	tcase_add_test(tc, test_gemma_chat_tokens);
 	tcase_add_test(tc, test_gemma_rerotation);
+	tcase_add_test(tc, test_gemma_global_only);
 	tcase_add_test(tc, test_gemma_kl_file);
 	suite_add_tcase(s, tc);
 	return s;

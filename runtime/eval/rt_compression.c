@@ -14,6 +14,32 @@ static double ratio_of(double full, double held)
 	return held > 0 ? full / held : 0;
 }
 
+/* 1 when (layer, KV head) list hi is one the policy compresses: every list, except the
+ * sliding-window layers' under `layers = global_only` (kvp_policy.global_only). */
+static int compressed_list(const rt_seq *s, int hi)
+{
+	const int32_t *w = s->run.ctx.layer_window;
+	return !(s->p && s->p->global_only && w && w[hi / s->kv.n_kv_head] > 0);
+}
+
+/* The end figures over the lists the policy compresses (all of them, or the full-attention
+ * layers' under global_only when the model has windows): tokens × lists over the entries
+ * held, and the f16 bytes of those lists over their bytes held. */
+static void end_figures(const rt_seq *s, int64_t tokens, rt_compression *c)
+{
+	const int H = s->kv.n_layer * s->kv.n_kv_head;
+	double lists = 0, entries = 0, held = 0;
+	for (int hi = 0; hi < H; hi++)
+		if (compressed_list(s, hi)) {
+			lists += 1;
+			entries += (double)s->kv.heads[hi].n;
+			held += (double)rt_kvbytes_head_held(&s->kv, hi);
+		}
+	const double f16 = (double)rt_kvbytes_f16(&s->kv, tokens) * lists / H;
+	c->entries_end = ratio_of((double)tokens, lists > 0 ? entries / lists : 0);
+	c->bytes_end = ratio_of(f16, held);
+}
+
 void rt_compression_of(const rt_seq *s, int64_t tokens, rt_compression *c)
 {
 	memset(c, 0, sizeof *c);
@@ -21,8 +47,7 @@ void rt_compression_of(const rt_seq *s, int64_t tokens, rt_compression *c)
 	const double lists = (double)s->kv.n_layer * s->kv.n_kv_head;
 	const double f16 = (double)rt_kvbytes_f16(&s->kv, tokens);
 	c->tokens = (double)tokens;
-	c->entries_end = ratio_of((double)tokens, rt_seq_mean_entries(s));
-	c->bytes_end = ratio_of(f16, (double)rt_kvbytes_held(&s->kv));
+	end_figures(s, tokens, c);
 	c->entries_peak = ratio_of((double)tokens, (double)st.kv_entries_peak / lists);
 	c->bytes_peak = ratio_of(f16, (double)st.kv_kvbytes_peak);
 	const int64_t pl = s->run.ctx.prompt_len;

@@ -9,9 +9,19 @@ int64_t rt_kvbytes_held(const rt_kv *kv)
 		return rt_kv_entries(kv) * 2 * (int64_t)kv->row_bytes;
 	int64_t b = 0;
 	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
-		for (int t = 0; t < RT_KV_N_TIER; t++)
-			b += (int64_t)kv->heads[i].arena[t].n * 2 * (int64_t)kv->tier_row[t];
-	return b + rt_kv_kgroups(kv) * (int64_t)kv->kgroup_bytes;
+		b += rt_kvbytes_head_held(kv, i);
+	return b;
+}
+
+int64_t rt_kvbytes_head_held(const rt_kv *kv, int hi)
+{
+	const rt_kv_head *h = &kv->heads[hi];
+	if (!kv->tiered)
+		return (int64_t)h->n * 2 * (int64_t)kv->row_bytes;
+	int64_t b = (int64_t)h->arena[RT_KV_KGROUPS].n * (int64_t)kv->kgroup_bytes;
+	for (int t = 0; t < RT_KV_N_TIER; t++)
+		b += (int64_t)h->arena[t].n * 2 * (int64_t)kv->tier_row[t];
+	return b;
 }
 
 int64_t rt_kvbytes_f16(const rt_kv *kv, int64_t tokens)

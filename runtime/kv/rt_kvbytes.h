@@ -28,6 +28,10 @@
 /* Bytes of the keys and values kv holds now (see above). */
 int64_t rt_kvbytes_held(const rt_kv *kv);
 
+/* The same for one (layer, KV head) list hi (0 <= hi < n_layer · n_kv_head): its entries'
+ * rows (at their tiers) and its key groups; rt_kvbytes_held is the sum over the lists. */
+int64_t rt_kvbytes_head_held(const rt_kv *kv, int hi);
+
 /* Bytes an f16 full cache of kv's shape holds after `tokens` tokens (tokens >= 0). */
 int64_t rt_kvbytes_f16(const rt_kv *kv, int64_t tokens);
 

@@ -484,10 +484,12 @@ static int rope_setup(rt_model *m, rt_err *err)
 			return rt_err_set(err, "%s: tensor 'rope_freqs.weight'[%d] = %g must be positive",
 			                  m->path, i, (double)m->rope_factors[i]);
 	m->rope_freq = malloc(((size_t)hp->n_layer * half + 1) * sizeof *m->rope_freq);
-	if (!m->rope_freq)
+	m->layer_window = malloc((size_t)hp->n_layer * sizeof *m->layer_window);
+	if (!m->rope_freq || !m->layer_window)
 		return rt_err_set(err, "%s: out of memory", m->path);
 	for (int l = 0; l < hp->n_layer; l++) {
 		rt_layer *L = &m->layers[l];
+		m->layer_window[l] = L->window; /* the policies' view of the windows */
 		const rt_rope_scaling sc = {
 			.freq_scale = L->rope_slot ? 1.0f : hp->rope_freq_scale, .factors = m->rope_factors,
 			.yarn = hp->rope_yarn, .yarn_factor = 1.0f / hp->rope_freq_scale,
@@ -728,6 +730,7 @@ void rt_model_free(rt_model *m)
 	free(m->mem);
 	free(m->layers);
 	free(m->rope_freq);
+	free(m->layer_window);
 	free(m);
 }
 

@@ -165,6 +165,7 @@ typedef struct rt_model {
 	rt_layer *layers;        /* [n_layer] */
 	const float *rope_factors; /* [n_rot/2] rope_freqs.weight (Llama 3.x), or NULL */
 	double *rope_freq;       /* [n_layer × n_rot/2] each layer's RoPE frequencies */
+	int32_t *layer_window;   /* [n_layer] each layer's rt_layer.window (kvp_ctx.layer_window) */
 	float *mem;              /* the f32 weights (exact: all; fast: norms and any matrix
 	                          * whose type has no rt_dot kernel, dequantised) */
 	size_t mem_bytes;

@@ -37,7 +37,8 @@
 #include "base/rt_pool.h"
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 9 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq */
+#define KVP_ABI_VERSION 10 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq;
+                            10: kvp_ctx.layer_window, kvp_policy.global_only */
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
@@ -182,7 +183,10 @@ struct kvp_ctx {
 	const double *rope_freq; /* [n_layer × n_rot/2] each layer's frequencies (rt_model
 	                           rope_freq: a sliding-window layer's own base, RoPE scaling),
 	                           or NULL: every layer at rope_base (kernels/k_expattn.h
-	                           k_ea_layer_freq reads it) */
+	                           k_ea_freq reads it) */
+	const int32_t *layer_window; /* [n_layer] each layer's sliding window in tokens (0: full
+	                           attention), or NULL: every layer full (`layers = global_only`
+	                           leaves the windowed ones alone: kernels/k_compress.h) */
 	double byte_ratio;      /* compression factor in bytes R (> 1), 0 = none: the budget
 	                           becomes 1/R of the bytes of an f16 full cache of the context
 	                           (k_context × rt_kv_f16_entry_bytes per head) in place of the
@@ -275,6 +279,9 @@ struct kvp_policy {
 	unsigned tier_rotate;   /* with KVP_NEED_TIERS: bit 0 keys, bit 1 values are stored
 	                           rotated at the quantised tiers (rt_kv_set_rotation); 0 none */
 	enum kvp_measure measure; /* how its quality is measured (see enum kvp_measure) */
+	int global_only;        /* 1: `layers = global_only`: the sliding-window layers are the
+	                           model's, not compressed, and compression is counted over the
+	                           other layers (eval/rt_compression.h) */
 };
 
 /* Bytes of per-entry statistics and per-head state a store needs for policy p with this

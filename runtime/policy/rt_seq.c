@@ -301,6 +301,7 @@ int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
 	}
 	s->run.ctx.rope_base = hp->rope_base; /* Expected Attention's future-averaged RoPE */
 	s->run.ctx.rope_freq = m->rope_freq;  /* at each layer's own frequencies */
+	s->run.ctx.layer_window = m->layer_window; /* `layers = global_only` skips the windowed */
 	s->run.ctx.n_rot = hp->n_rot;
 	if ((p->needs & KVP_NEED_QUERY) && rt_fwd_keep_queries(&s->fwd, err) != 0) {
 		rt_seq_free(s);
