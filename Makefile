@@ -108,7 +108,7 @@ $(RANDOM_DIR)/models.txt: scripts/models/make_random_gguf.py
 check: deps model model-gemma vocab
 	@scripts/check_layers.sh $(RT_LAYERS)
 	@$(PYTHON) scripts/check_circles.py compiler
-	@$(PYTHON) scripts/check_circles.py --report runtime kernels
+	@$(PYTHON) scripts/check_circles.py runtime kernels
 	@$(PYTHON) scripts/check_doc_paths.py
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory test

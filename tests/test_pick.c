@@ -238,13 +238,13 @@ END_TEST
 START_TEST(ratio_rule)
 {
 	rt_err err = { "" };
-	ck_assert_int_eq(rt_pick_ratio_check(0, 0, &err), 0);
-	ck_assert_int_eq(rt_pick_ratio_check(1, 0, &err), 0);
-	ck_assert_int_eq(rt_pick_ratio_check(1e9, 1, &err), 0);
-	ck_assert_int_eq(rt_pick_ratio_check(0.999, 0, &err), -1);
-	ck_assert_int_eq(rt_pick_ratio_check(-2, 1, &err), -1);
-	ck_assert_int_eq(rt_pick_ratio_check(NAN, 0, &err), -1);
-	ck_assert_int_eq(rt_pick_ratio_check(INFINITY, 0, NULL), -1);
+	ck_assert_int_eq(rt_ratio_check(0, 0, &err), 0);
+	ck_assert_int_eq(rt_ratio_check(1, 0, &err), 0);
+	ck_assert_int_eq(rt_ratio_check(1e9, 1, &err), 0);
+	ck_assert_int_eq(rt_ratio_check(0.999, 0, &err), -1);
+	ck_assert_int_eq(rt_ratio_check(-2, 1, &err), -1);
+	ck_assert_int_eq(rt_ratio_check(NAN, 0, &err), -1);
+	ck_assert_int_eq(rt_ratio_check(INFINITY, 0, NULL), -1);
 }
 END_TEST
 

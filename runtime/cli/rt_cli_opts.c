@@ -244,7 +244,7 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 	case O_RATIO: case O_BYTERATIO: {
 		const int bytes = d->id == O_BYTERATIO;
 		double r;
-		if (parse_finite(arg, &r) != 0 || r == 0 || rt_pick_ratio_check(r, bytes, NULL) != 0)
+		if (parse_finite(arg, &r) != 0 || r == 0 || rt_ratio_check(r, bytes, NULL) != 0)
 			return rt_cli_usage(cmd, "%s: '%s' is not a compression factor >= 1", nm, arg);
 		*(bytes ? &o->byte_ratio : &o->ratio) = r;
 		return 0;

@@ -108,7 +108,7 @@ static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc
 				errno = 0;
 				double x = strtod(v, &end);
 				if (errno || end == v || *end || x == 0 ||
-				    rt_pick_ratio_check(x, bytes, NULL) != 0) {
+				    rt_ratio_check(x, bytes, NULL) != 0) {
 					snprintf(whybuf, sizeof whybuf, "%s: '%s' is not a compression "
 					         "factor >= 1", w, v);
 					why = whybuf;

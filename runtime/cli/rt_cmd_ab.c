@@ -11,6 +11,7 @@
 
 #include "cli/rt_cli_opts.h"
 #include "eval/rt_ab.h"
+#include "eval/rt_ab_report.h"
 
 static const char help_ab[] =
 	"NAME\n"
@@ -191,5 +192,5 @@ int rt_cmd_ab(int argc, char **argv)
 	o.quiet = c.quiet;
 	if (!strcmp(o.task, "ppl") && !o.text)
 		return rt_cli_usage("ab", "%s", "--text is required for --task ppl");
-	return rt_ab_run(&o, rt_cli_reg, rt_cli_n_reg);
+	return rt_ab_run(&o, rt_cli_reg, rt_cli_n_reg, rt_ab_report_write);
 }

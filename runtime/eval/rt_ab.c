@@ -10,7 +10,6 @@
 
 #include "eval/rt_ab.h"
 #include "eval/rt_ab_int.h"
-#include "eval/rt_ab_report.h"
 #include "base/rt_outpath.h"
 #include "base/rt_progress.h"
 #include "base/rt_text.h"
@@ -482,7 +481,8 @@ static int load_text(ab_run *r, rt_err *err)
 	return 0;
 }
 
-int rt_ab_run(const rt_ab_opts *o, const struct kvp_policy *const *reg, int n_reg)
+int rt_ab_run(const rt_ab_opts *o, const struct kvp_policy *const *reg, int n_reg,
+              rt_ab_report_fn report)
 {
 	ab_run *r = calloc(1, sizeof *r);
 	if (!r)
@@ -553,7 +553,7 @@ int rt_ab_run(const rt_ab_opts *o, const struct kvp_policy *const *reg, int n_re
 		if (run_needle(r, &err) != 0)
 			goto fail;
 	}
-	if (rt_ab_report_write(r, stdout, &err) != 0)
+	if (report(r, stdout, &err) != 0)
 		goto fail;
 	rc = 0;
 	goto out;

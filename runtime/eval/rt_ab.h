@@ -35,6 +35,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "policy/rt_policy.h"
 #include "base/rt_util.h"
@@ -75,10 +76,17 @@ typedef struct rt_ab_opts {
  * RT_BOOT_DEFAULT_SEED, lengths 1024,2048, depths 0,25,50,75,100, commit "unknown". */
 void rt_ab_opts_init(rt_ab_opts *o);
 
+struct ab_run; /* the run's state, private to the engine and its reports: eval/rt_ab_int.h */
+
+/* Writes the reports of a finished run: the table to out, then the files its options
+ * name (rt_ab_report_write, runtime/eval/rt_ab_report.h). Returns 0, or -1 with err. */
+typedef int (*rt_ab_report_fn)(const struct ab_run *r, FILE *out, rt_err *err);
+
 /* Run the comparison with the policies reg[0..n_reg): A and B are o->name[0..1] (default:
- * the first two, or the only one twice). Writes the table to stdout and the --json,
- * --csv and --plot reports. Returns the exit status: 0 success, 1 runtime error (one line
- * "ab: PATH: reason" on stderr), 2 an unknown policy or parameter. */
-int rt_ab_run(const rt_ab_opts *o, const struct kvp_policy *const *reg, int n_reg);
+ * the first two, or the only one twice). Then report(run, stdout, err) writes the table
+ * and the --json, --csv and --plot reports. Returns the exit status: 0 success, 1 runtime
+ * error (one line "ab: PATH: reason" on stderr), 2 an unknown policy or parameter. */
+int rt_ab_run(const rt_ab_opts *o, const struct kvp_policy *const *reg, int n_reg,
+              rt_ab_report_fn report);
 
 #endif

@@ -2,6 +2,7 @@
  * rt_ab_report: the reports of an A/B run; see rt_ab_report.h.
  */
 #include "eval/rt_ab_report.h"
+#include "eval/rt_ab_int.h"
 
 #include <errno.h>
 #include <math.h>
@@ -571,7 +572,7 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 	return rc;
 }
 
-int rt_ab_report_write(const ab_run *r, FILE *out, rt_err *err)
+int rt_ab_report_write(const struct ab_run *r, FILE *out, rt_err *err)
 {
 	write_table(r, out);
 	fflush(out);

@@ -26,14 +26,6 @@ const char *rt_pick_note(unsigned bit)
 	return NULL;
 }
 
-int rt_pick_ratio_check(double R, int bytes, rt_err *err)
-{
-	if (R == 0 || (isfinite(R) && R >= 1))
-		return 0;
-	return rt_err_setc(err, RT_ERR_INPUT, "compression ratio%s must be a finite number >= 1, got %g",
-	                   bytes ? " in bytes" : "", R);
-}
-
 /* An error of field f: out->field = f, the message in err (RT_ERR_INPUT). Returns -1. */
 static int pick_fail(struct rt_pick *out, enum rt_pick_field f, rt_err *err, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -85,9 +77,9 @@ static int pick_ratio(const struct rt_pick_in *in, const struct kvp_policy *p,
 {
 	const char *const *sp = in->spellings;
 	rt_err e = { "" };
-	if (rt_pick_ratio_check(in->ratio, 0, &e) != 0)
+	if (rt_ratio_check(in->ratio, 0, &e) != 0)
 		return pick_fail(out, RT_PICK_RATIO, err, "%s: %s", sp[RT_PICK_RATIO], e.msg);
-	if (rt_pick_ratio_check(in->byte_ratio, 1, &e) != 0)
+	if (rt_ratio_check(in->byte_ratio, 1, &e) != 0)
 		return pick_fail(out, RT_PICK_BYTE_RATIO, err, "%s: %s", sp[RT_PICK_BYTE_RATIO], e.msg);
 	if ((in->ratio > 0 || in->byte_ratio > 0) && !p->compress) {
 		enum rt_pick_field f = in->ratio > 0 ? RT_PICK_RATIO : RT_PICK_BYTE_RATIO;

@@ -8,8 +8,8 @@
  *   - its KV needs fit the store's element type (KVP_NEED_F32_KV: f32 rows, GraceKV;
  *     KVP_NEED_TIERS: a top tier of f16 or f32);
  *   - every "name=value" is a parameter of it with a value its unit allows;
- *   - a ratio is a finite number >= 1 (rt_pick_ratio_check, also the library's own guard
- *     in rt_run_set_ratio), given in entries or in bytes but not both, and only to a
+ *   - a ratio is a finite number >= 1 (rt_ratio_check of runtime/policy/rt_policy.h, also
+ *     the library's own guard in rt_run_set_ratio), given in entries or in bytes but not both, and only to a
  *     policy that compresses ("never compresses, so a ratio does not apply");
  *   - without a ratio, the build's tuned default for the policy is in force (in entries
  *     or in bytes, as tuned: runtime/policy/rt_tuned.h);
@@ -98,10 +98,5 @@ const struct kvp_policy *rt_pick_find(const struct kvp_policy *const *reg, int n
 /* The text of one note of a graceful budget (kvp_ctx.notes: KVP_NOTE_FLOOR,
  * KVP_NOTE_GUARDS), for a report or a response; NULL for any other bit. */
 const char *rt_pick_note(unsigned bit);
-
-/* The ratio rule: R is 0 (none) or a finite number >= 1. Returns 0, or -1 with
- * "compression ratio[ in bytes] must be a finite number >= 1, got R" in err (RT_ERR_INPUT;
- * the caller prefixes its place). */
-int rt_pick_ratio_check(double R, int bytes, rt_err *err);
 
 #endif

@@ -5,7 +5,6 @@
  */
 #include "policy/rt_policy.h"
 
-#include "policy/rt_pick.h"
 
 #include <errno.h>
 #include <math.h>
@@ -226,11 +225,20 @@ int rt_run_set(struct rt_run *r, const char *assign, rt_err *err)
 	return kvp_policy_param_set(r->p, r->params, assign, err);
 }
 
-/* The library's own guard of a ratio: rt_pick's rule and text, with the policy's name. */
+int rt_ratio_check(double R, int bytes, rt_err *err)
+{
+	if (R == 0 || (isfinite(R) && R >= 1))
+		return 0;
+	return rt_err_setc(err, RT_ERR_INPUT, "compression ratio%s must be a finite number >= 1, got %g",
+	                   bytes ? " in bytes" : "", R);
+}
+
+/* The library's own guard of a ratio: the rule and text of every front door (rt_pick),
+ * with the policy's name. */
 static int ratio_check(const struct rt_run *r, double R, int bytes, rt_err *err)
 {
 	rt_err e = { "" };
-	if (rt_pick_ratio_check(R, bytes, &e) != 0)
+	if (rt_ratio_check(R, bytes, &e) != 0)
 		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s", r->p->name, e.msg);
 	return 0;
 }

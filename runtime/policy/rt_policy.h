@@ -396,6 +396,12 @@ void rt_run_reset(struct rt_run *r, rt_kv *kv, int64_t prompt_len);
 /* Apply "name=value" (see kvp_policy_param_set). */
 int rt_run_set(struct rt_run *r, const char *assign, rt_err *err);
 
+/* The ratio rule of the library and of every front door (runtime/policy/rt_pick.h): R is
+ * 0 (none) or a finite number >= 1 (bytes 1: a ratio in bytes). Returns 0, or -1 with
+ * "compression ratio[ in bytes] must be a finite number >= 1, got R" in err (RT_ERR_INPUT;
+ * the caller prefixes its place). */
+int rt_ratio_check(double R, int bytes, rt_err *err);
+
 /* Override the policy's budget with a compression factor: budget = context / R entries
  * per head (see kvp_ctx.ratio); R = 0 removes the override. Fails (-1, err) unless R is
  * 0 or a finite number >= 1, or when the policy never compresses (no budget). */
