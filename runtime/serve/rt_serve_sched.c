@@ -384,9 +384,10 @@ static int64_t over_footprint(const srv *S, const req *r, int32_t k)
 /* The chunk prompt r takes of the n tokens offered (rt_run_chunk: its policy's next
  * trigger, the prompt end, its prefill chunk). A per-step policy's chunk, cut to its
  * prefill chunk, may cross its triggers up to all n tokens when the request did not fix
- * its prefill chunk and the pool's unreserved bytes (*slack, which this shrinks) hold the
- * blocks that chunk needs beyond the footprint; the compress at the chunk's end, in the
- * same step, cuts the lists back to the budget (docs/serving.md, "Continuous batching"). */
+ * its prefill chunk: the longest such chunk whose blocks beyond the footprint fit in the
+ * pool's unreserved bytes (*slack, which this shrinks); the compress at the chunk's end, in
+ * the same step, cuts the lists back to the budget (docs/serving.md, "Continuous
+ * batching"). */
 static int32_t prompt_chunk(req *r, int32_t n, const srv *S, int64_t *slack)
 {
 	struct rt_run *run = &r->seq.run;
@@ -395,13 +396,24 @@ static int32_t prompt_chunk(req *r, int32_t n, const srv *S, int64_t *slack)
 	if (r->pf_fixed || r->pf_run <= 0 || k >= n)
 		return k;
 	run->prefill_chunk = n;
-	const int32_t big = rt_run_chunk(run, &r->seq.kv, n);
-	const int64_t more = big > k ? over_footprint(S, r, big) : 0;
-	if (big <= k || more > *slack) {
+	int32_t big = rt_run_chunk(run, &r->seq.kv, n);
+	if (big > k && over_footprint(S, r, big) > *slack) {
+		int32_t lo = k, hi = big; /* over_footprint grows with the chunk: bisect */
+		while (hi - lo > 1) {
+			const int32_t mid = lo + (hi - lo) / 2;
+			if (over_footprint(S, r, mid) <= *slack)
+				lo = mid;
+			else
+				hi = mid;
+		}
+		big = lo;
+	}
+	if (big <= k) {
 		run->prefill_chunk = r->pf_run;
 		return k;
 	}
-	*slack -= more;
+	run->prefill_chunk = big;
+	*slack -= over_footprint(S, r, big);
 	return big;
 }
 

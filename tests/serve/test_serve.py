@@ -259,11 +259,14 @@ def queue_full(trace, prompt, ref):
 
 
 def prefill_fallback(trace, story, ref):
-    """A pool that holds a request's footprint but not a larger prompt chunk beyond it keeps
-    the request's prefill chunk (PREFILL): the h2o x4 story's footprint is its floor, 64
-    entries, plus PREFILL, 5 blocks per list (2.03 MB); one chunk of its 103 tokens would
-    take 7 blocks per list, 0.81 MB more than the 0.47 MB left of a 2.5 MB pool. The answer
-    equals `run --prefill-chunk PREFILL`, and every block comes back."""
+    """A pool that holds a request's footprint but not one prompt chunk of the whole prompt
+    cuts the chunk to what it holds: the h2o x4 story's footprint is its floor, 64 entries,
+    plus PREFILL, 5 blocks per list (2.03 MB); one chunk of its 103 tokens would take 7
+    blocks per list, 0.81 MB more than the 0.47 MB left of a 2.5 MB pool (one block per
+    list), so the prompt takes more than one step (96 tokens, then 7) and no block is
+    refused (a refusal fails the request). Its greedy text is `run --prefill-chunk PREFILL`'s
+    (this story's is the same under every prefill schedule tested), and every block comes
+    back."""
     srv, port = start(trace, kv_memory="2500K", max_seqs=2, queue=2)
     try:
         st, a, _ = post(port, "/v1/completions", {"prompt": story, "max_tokens": 12,
@@ -271,7 +274,7 @@ def prefill_fallback(trace, story, ref):
         steps = a["kv"]["prompt_steps"] if st == 200 else None
         ref = ref if ref is not None else (a["choices"][0]["text"] if st == 200 else None)
         check(st == 200 and steps and steps > 1 and a["choices"][0]["text"] == ref,
-              "a nearly full pool keeps the prefill chunk: %s, %s steps, %r vs %s %r" %
+              "a nearly full pool cuts the prompt chunk to what it holds: %s, %s steps, %r vs %s %r" %
               (st, steps, a["choices"][0]["text"] if st == 200 else a,
                "itself" if QUICK else "`run --prefill-chunk %d`" % PREFILL, ref))
         check(wait_freed(port) is not None, "every block is back in the 2.5 MB pool")
