@@ -67,6 +67,10 @@ struct k_grace_cfg {
 	int n_spans;
 	float *rel;             /* [L × G × n] direct relevance per entry, or NULL; pooled in
 	                           place when pool > 1 (set by k_grace_run) */
+	const int *view_layer;  /* [kv->n_layer] the store's layer of each layer of kv when kv
+	                           is a view of a layer group (k_grace_run), or NULL: kv is the
+	                           store; the prompt trace is indexed by the store's layers */
+	int view_of;            /* layers of the whole store when view_layer is set */
 	k_grace_trace_fn trace; /* NULL, or called for every action the competition applies */
 	void *trace_user;
 };
@@ -97,7 +101,7 @@ static inline void k_grace_cfg_default(struct k_grace_cfg *c)
 /* Sizes of the blocks (bytes) before the competition's area: the score's (k_grace_run)
  * and the trace inputs' (k_grace_apply). */
 struct k_grace_sizes {
-	size_t rel, qs, tmp, vec;                                  /* k_grace_run */
+	size_t rel, qs, tmp, vec, vheads, vlayer;                  /* k_grace_run */
 	size_t probe_q, probe_pos, seg, bound, row, pin, work;     /* k_grace_apply */
 };
 
@@ -111,6 +115,8 @@ static inline struct k_grace_sizes k_grace_sizes_of(const rt_kv *kv, int n_tmp)
 	z.qs = k_align64(R * C * sizeof(float));
 	z.tmp = k_align64((size_t)(n_tmp > 0 ? n_tmp : 1) * C * sizeof(float));
 	z.vec = k_align64(2 * d * sizeof(double));
+	z.vheads = k_align64(LG * sizeof(rt_kv_head));
+	z.vlayer = k_align64(2 * (size_t)kv->n_layer * sizeof(int));
 	z.probe_q = k_align64(LG * KVP_TRACE_TAIL * R * d * sizeof(float));
 	z.probe_pos = k_align64(KVP_TRACE_TAIL * sizeof(int32_t));
 	z.seg = k_align64((C + 1) * sizeof(int32_t));
@@ -135,14 +141,15 @@ static inline size_t k_grace_apply_bytes(const rt_kv *kv)
 }
 
 /* Scratch bytes of k_grace_run with n_tmp score temporaries: the relevance [L × G × cap],
- * one head's per-query-head scores, the score temporaries, then k_grace_apply_bytes. */
+ * one head's per-query-head scores, the score temporaries, a layer group's view (its head
+ * structs and layer numbers), then k_grace_apply_bytes. */
 static inline size_t k_grace_scratch_bytes(const rt_kv *kv, int n_tmp)
 {
 	size_t core = k_grace_apply_bytes(kv);
 	if (core == 0 || core == SIZE_MAX)
 		return core;
 	struct k_grace_sizes z = k_grace_sizes_of(kv, n_tmp);
-	return 64 + z.rel + z.qs + z.tmp + z.vec + core;
+	return 64 + z.rel + z.qs + z.tmp + z.vec + z.vheads + z.vlayer + core;
 }
 
 /* Does the request's span id s name a span the policy protects (k_span_named)? */
@@ -206,13 +213,16 @@ static inline void k_grace_hop_row(void *user, int32_t src, float *row)
 /* Where one run stands: the regions and the competition's x. */
 struct k_grace_plan {
 	int32_t n, prefix, suffix;
+	int32_t pos0;           /* position of entry 0: 0, or where a window layer's list starts */
 	int64_t n_ctx, r_eff;
 	double x;
 };
 
 /* Prefix (leading guarded entries), suffix (trailing protected-span entries) and the
- * competition's x from the policy's budget over every entry. Errors: a store that is not
- * the uncompressed prompt, a budget below the guards. */
+ * competition's x from the policy's budget over every entry. Every head holds the
+ * consecutive positions pos0 .. pos0 + n - 1: pos0 is 0, or later on a sliding-window
+ * layer whose list holds only its window. Errors: a store that is not the uncompressed
+ * prompt (or its window), a budget below the guards. */
 static inline int k_grace_plan_of(const struct kvp_ctx *ctx, const rt_kv *kv,
                                   const struct k_grace_cfg *cfg, struct k_grace_plan *pl,
                                   rt_err *err)
@@ -220,9 +230,9 @@ static inline int k_grace_plan_of(const struct kvp_ctx *ctx, const rt_kv *kv,
 	const char *name = cfg->name ? cfg->name : "gracekv";
 	const int LG = kv->n_layer * kv->n_kv_head;
 	const rt_kv_head *h0 = &kv->heads[0];
-	const int32_t n = h0->n;
+	const int32_t n = h0->n, pos0 = n > 0 ? h0->pos[0] : 0;
 	for (int32_t i = 0; i < n; i++)
-		if (h0->pos[i] != i)
+		if (h0->pos[i] != pos0 + i)
 			return rt_err_set(err, "policy %s: GraceKV compresses the whole prompt once; entry %d holds position %d",
 			                  name, (int)i, (int)h0->pos[i]);
 	int32_t prefix = 0, suffix = 0;
@@ -246,7 +256,7 @@ static inline int k_grace_plan_of(const struct kvp_ctx *ctx, const rt_kv *kv,
 	double x = 1.0;
 	if (n_ctx > 0 && b_core < (int64_t)LG * n_ctx)
 		x = (double)LG * (double)n_ctx / ((double)b_core + 0.5);
-	*pl = (struct k_grace_plan){ n, prefix, suffix, n_ctx, r_eff, x };
+	*pl = (struct k_grace_plan){ n, prefix, suffix, pos0, n_ctx, r_eff, x };
 	return 0;
 }
 
@@ -295,11 +305,12 @@ static inline int k_grace_segments(const struct kvp_trace *tr, const struct k_gr
 		sp.max_len = 2 * seg_len;
 	const float *hid[KVP_TRACE_LAYERS];
 	for (int s = 0; s < tr->n_sample; s++)
-		hid[s] = tr->hid + ((size_t)s * tr->cap + (size_t)pl->prefix) * (size_t)tr->n_embd;
+		hid[s] = tr->hid + ((size_t)s * tr->cap + (size_t)(pl->pos0 + pl->prefix)) *
+		                   (size_t)tr->n_embd;
 	for (int32_t i = 0; i < pl->n; i++)
 		ar->bound[i] = 0.0f;
 	int k = k_segment(&sp, (int32_t)pl->n_ctx, tr->n_embd, tr->n_sample, hid,
-	                  tr->surprisal ? tr->surprisal + pl->prefix : NULL, ar->work,
+	                  tr->surprisal ? tr->surprisal + pl->pos0 + pl->prefix : NULL, ar->work,
 	                  ar->bound + pl->prefix, ar->seg, err);
 	if (k < 0)
 		return -1;
@@ -312,7 +323,8 @@ static inline int k_grace_segments(const struct kvp_trace *tr, const struct k_gr
 }
 
 /* Probes: the question = the suffix, else the last `probe` prompt tokens inside the
- * recorded tail; their post-RoPE queries packed [L × G × n_probe × R × d]. */
+ * recorded tail; their post-RoPE queries packed [L × G × n_probe × R × d] (the trace's
+ * rows of the store's layer of each layer of kv: cfg->view_layer). */
 static inline void k_grace_probes_of(const struct kvp_trace *tr, const rt_kv *kv,
                                      const struct k_grace_cfg *cfg,
                                      const struct k_grace_plan *pl, struct k_grace_areas *ar,
@@ -325,14 +337,15 @@ static inline void k_grace_probes_of(const struct kvp_trace *tr, const rt_kv *kv
 		np = KVP_TRACE_TAIL;
 	if (np > n)
 		np = n;
-	int32_t first = n - np;
-	if (!tr->q_tail || np <= 0 || first < tr->tail_start || n > tr->tail_start + tr->tail_n)
+	const int32_t first = pl->pos0 + n - np, end = pl->pos0 + n; /* positions */
+	if (!tr->q_tail || np <= 0 || first < tr->tail_start || end > tr->tail_start + tr->tail_n)
 		return;
 	const size_t qd = (size_t)tr->n_head * d;
 	for (int l = 0; l < L; l++)
 		for (int gg = 0; gg < G; gg++)
 			for (int32_t u = 0; u < np; u++) {
-				const float *src = tr->q_tail + ((size_t)l * KVP_TRACE_TAIL +
+				const int lt = cfg->view_layer ? cfg->view_layer[l] : l;
+				const float *src = tr->q_tail + ((size_t)lt * KVP_TRACE_TAIL +
 				                   (size_t)(first + u - tr->tail_start)) * qd +
 				                   (size_t)gg * R * d;
 				float *dst = ar->probe_q + ((((size_t)l * G + gg) * np + u) * R) * d;
@@ -354,12 +367,14 @@ static inline int k_grace_from_trace(const struct kvp_ctx *ctx, const rt_kv *kv,
                                      rt_err *err)
 {
 	const struct kvp_trace *tr = ctx->trace;
-	const int L = kv->n_layer, G = kv->n_kv_head, R = kv->group, d = kv->head_dim;
-	if (!tr || tr->n < pl->n || pl->n <= 0)
+	const int L = cfg->view_layer ? cfg->view_of : kv->n_layer;
+	const int G = kv->n_kv_head, R = kv->group, d = kv->head_dim;
+	const int32_t end = pl->pos0 + pl->n; /* the positions the trace must cover */
+	if (!tr || tr->n < end || pl->n <= 0)
 		return 0;
 	if (tr->n_layer != L || tr->head_dim != d || tr->n_head != G * R ||
 	    tr->n_embd > G * R * d || tr->n_sample < 1 || tr->n_sample > KVP_TRACE_LAYERS ||
-	    tr->cap < pl->n)
+	    tr->cap < end)
 		return rt_err_set(err, "policy %s: the prompt trace (%d layers, %d heads of %d, hidden %d) does not match the KV store (%d layers, %d heads of %d)",
 		                  cfg->name ? cfg->name : "gracekv", tr->n_layer, tr->n_head,
 		                  tr->head_dim, tr->n_embd, L, G * R, d);
@@ -367,6 +382,9 @@ static inline int k_grace_from_trace(const struct kvp_ctx *ctx, const rt_kv *kv,
 	    k_grace_segments(tr, cfg, pl, ar, in, err))
 		return -1;
 	k_grace_probes_of(tr, kv, cfg, pl, ar, in);
+	if (cfg->hops > 1 && tr->q && cfg->view_layer)
+		return rt_err_set(err, "policy %s: value flow over %d hops needs every layer to hold the whole prompt; a sliding-window layer holds only its window",
+		                  cfg->name ? cfg->name : "gracekv", cfg->hops);
 	if (cfg->hops > 1 && tr->q) {
 		*hu = (struct k_grace_hop_user){ tr, kv, ar->row };
 		in->hop_attn = k_grace_hop_row;
@@ -375,22 +393,25 @@ static inline int k_grace_from_trace(const struct kvp_ctx *ctx, const rt_kv *kv,
 	return 0;
 }
 
-/* The policy's score per entry as the direct relevance rel [L × G × n]: computed per
- * query head with score_fn, reduced over the group by cfg->reduce (no pooling, no guards:
- * the competition treats the guarded prefix, suffix and recent window itself). qs:
- * [R × cap], tmp: [n_tmp × cap] floats; vec: [2 × head_dim] doubles. */
-static inline void k_grace_score(const struct kvp_ctx *ctx, rt_kv *kv,
+/* The policy's score per entry as the direct relevance rel [Lv × G × n] of the layers
+ * layer[0..Lv-1] of kv, whose lists all hold n entries: computed per query head with
+ * score_fn (on the store's own heads and layer numbers), reduced over the group by
+ * cfg->reduce (no pooling, no guards: the competition treats the guarded prefix, suffix and
+ * recent window itself). qs: [R × cap], tmp: [n_tmp × cap] floats; vec: [2 × head_dim]
+ * doubles. */
+static inline void k_grace_score(const struct kvp_ctx *ctx, rt_kv *kv, const int *layer, int Lv,
                                  const struct k_compress_cfg *cfg, k_score_fn score_fn,
                                  float *rel, float *qs, float *tmp, double *vec)
 {
-	const int L = kv->n_layer, G = kv->n_kv_head, R = kv->group;
+	const int G = kv->n_kv_head, R = kv->group;
 	const size_t c = (size_t)kv->cap;
-	const int32_t n = kv->heads[0].n;
-	for (int l = 0; l < L; l++)
+	const int32_t n = rt_kv_head_at(kv, layer[0], 0)->n;
+	for (int v = 0; v < Lv; v++)
 		for (int g = 0; g < G; g++) {
+			const int l = layer[v];
 			rt_kv_head *h = rt_kv_head_at(kv, l, g);
 			RT_ASSERT(h->n == n);
-			float *s = rel + ((size_t)l * G + g) * (size_t)n;
+			float *s = rel + ((size_t)v * G + g) * (size_t)n;
 			if (cfg->reduce < 0) {
 				score_fn(ctx, kv, h, l, 0, s, tmp, vec);
 				continue;
@@ -501,7 +522,7 @@ static inline int k_grace_apply(const struct kvp_ctx *ctx, rt_kv *kv, const stru
 		info->prefix = pl.prefix;
 		info->suffix = pl.suffix;
 		info->x = pl.x;
-		info->used_trace = tr && tr->n >= pl.n && pl.n > 0;
+		info->used_trace = tr && tr->n >= pl.pos0 + pl.n && pl.n > 0;
 		info->n_seg = in.seg_start ? in.n_seg : 0;
 		info->seg_start = in.seg_start;
 		info->n_probe = in.n_probe;
@@ -510,20 +531,55 @@ static inline int k_grace_apply(const struct kvp_ctx *ctx, rt_kv *kv, const stru
 	return 0;
 }
 
+/* The next layer group of kv after the layers marked in done[L]: the unmarked layers
+ * whose lists hold as many entries as the first unmarked layer's, into layer[] (marked);
+ * returns their number, 0 when every layer is done. A sliding-window layer holds only its
+ * window once the prompt is longer (rt_model's window_trim), so on such a model (Gemma 3)
+ * the full-attention layers form one group and the window layers another. Errors (-1): a
+ * layer whose KV heads hold different numbers of entries. */
+static inline int k_grace_group_next(const rt_kv *kv, int *done, int *layer, const char *name,
+                                     rt_err *err)
+{
+	const int L = kv->n_layer, G = kv->n_kv_head;
+	int nv = 0;
+	int32_t n = -1;
+	for (int l = 0; l < L; l++) {
+		if (done[l]) /* compressed: its heads may differ now */
+			continue;
+		const int32_t nl = kv->heads[(size_t)l * G].n;
+		for (int g = 1; g < G; g++)
+			if (kv->heads[(size_t)l * G + g].n != nl)
+				return rt_err_set(err, "policy %s: layer %d holds %d entries in KV head 0 and %d in KV head %d; GraceKV compresses the prompt of every head of a layer at once",
+				                  name, l, (int)nl, (int)kv->heads[(size_t)l * G + g].n, g);
+		if (n >= 0 && nl != n)
+			continue;
+		n = nl;
+		done[l] = 1;
+		layer[nv++] = l;
+	}
+	return nv;
+}
+
 /* Compress kv with GraceKV's actions at the prompt end, as a generated compress does: the
- * budget check of every policy on gc's values, then, when the policy has a score
- * (score_fn != NULL and cfg->has_score), the direct relevance from it (k_grace_score), then
- * k_grace_apply in the rest of ctx->scratch (>= k_grace_scratch_bytes(kv, cfg->n_tmp)).
- * Returns 0, or -1 with err set (scratch too small, the budget check, and every error of
- * k_grace_apply). */
+ * budget check of every policy on gc's values, then per layer group (k_grace_group_next:
+ * all layers, or on a model with sliding-window layers the full-attention layers and the
+ * window layers apart) the direct relevance from the policy's score when it has one
+ * (score_fn != NULL and cfg->has_score; k_grace_score), then k_grace_apply in the rest of
+ * ctx->scratch (>= k_grace_scratch_bytes(kv, cfg->n_tmp)). A group that is not the whole
+ * store competes on a view of it (its head structs copied into the scratch and back), at
+ * the policy's budget per head: a window layer holding fewer entries than the budget keeps
+ * them all. Returns 0, or -1 with err set (scratch too small, the budget check, a layer
+ * whose heads differ in length, and every error of k_grace_apply; a group compressed
+ * before a later group's error stays compressed). */
 static inline int k_grace_run(const struct kvp_ctx *ctx, rt_kv *kv,
                               const struct k_compress_cfg *cfg, k_score_fn score_fn,
                               struct k_grace_cfg *gc, rt_err *err)
 {
+	const char *name = cfg->name ? cfg->name : "?";
 	size_t need = k_grace_scratch_bytes(kv, cfg->n_tmp);
 	if (!ctx->scratch || need == 0 || need == SIZE_MAX || ctx->scratch_len < need)
 		return rt_err_set(err, "policy %s: compress needs %zu bytes of scratch, runtime gave %zu",
-		                  cfg->name ? cfg->name : "?", need, ctx->scratch_len);
+		                  name, need, ctx->scratch_len);
 	/* the same budget check as every policy, on the run's values */
 	struct k_compress_cfg bc = *cfg;
 	bc.budget = bc.target = gc->budget;
@@ -534,19 +590,47 @@ static inline int k_grace_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	bc.layers = K_LAYERS_UNIFORM;
 	if (k_budget_check(ctx, kv, &bc, (double)ctx->seen, 0, NULL, err) < 0)
 		return -1;
+	const int L = kv->n_layer, G = kv->n_kv_head;
 	struct k_grace_sizes z = k_grace_sizes_of(kv, cfg->n_tmp);
 	uint8_t *p = (uint8_t *)(((uintptr_t)ctx->scratch + 63) & ~(uintptr_t)63);
 	float *rel = (float *)(void *)p; p += z.rel;
 	float *qs = (float *)(void *)p; p += z.qs;
 	float *tmp = (float *)(void *)p; p += z.tmp;
 	double *vec = (double *)(void *)p; p += z.vec;
-	gc->rel = NULL;
-	if (score_fn && cfg->has_score) {
-		k_grace_score(ctx, kv, cfg, score_fn, rel, qs, tmp, vec);
-		gc->rel = rel;
+	rt_kv_head *vheads = (rt_kv_head *)(void *)p; p += z.vheads;
+	int *layer = (int *)(void *)p, *done = layer + L; p += z.vlayer;
+	const size_t used = (size_t)(p - (uint8_t *)ctx->scratch);
+	memset(done, 0, (size_t)L * sizeof *done);
+	int nv;
+	while ((nv = k_grace_group_next(kv, done, layer, name, err)) > 0) {
+		rt_kv view, *vk = kv;
+		gc->view_layer = NULL;
+		if (nv < L) { /* the group's heads, in its layers' order */
+			memcpy(&view, kv, sizeof view);
+			view.n_layer = nv;
+			view.heads = vheads;
+			for (int v = 0; v < nv; v++)
+				for (int g = 0; g < G; g++)
+					vheads[v * G + g] = *rt_kv_head_at(kv, layer[v], g);
+			vk = &view;
+			gc->view_layer = layer;
+			gc->view_of = L;
+		}
+		gc->rel = NULL;
+		if (score_fn && cfg->has_score) {
+			k_grace_score(ctx, kv, layer, nv, cfg, score_fn, rel, qs, tmp, vec);
+			gc->rel = rel;
+		}
+		const int rc = k_grace_apply(ctx, vk, gc, p, ctx->scratch_len - used, NULL, err);
+		if (vk != kv)
+			for (int v = 0; v < nv; v++)
+				for (int g = 0; g < G; g++)
+					*rt_kv_head_at(kv, layer[v], g) = vheads[v * G + g];
+		gc->view_layer = NULL;
+		if (rc)
+			return -1;
 	}
-	size_t used = (size_t)(p - (uint8_t *)ctx->scratch);
-	return k_grace_apply(ctx, kv, gc, p, ctx->scratch_len - used, NULL, err);
+	return nv < 0 ? -1 : 0;
 }
 
 #endif

@@ -1400,6 +1400,149 @@ START_TEST(test_glue_x1_and_spans)
 }
 END_TEST
 
+/* A store of the layers layer[0..nl-1] of src (in that order): the same entries (keys,
+ * values, positions, spans, statistics) appended to a fresh store. */
+static void copy_layers(rt_kv *dst, const rt_kv *src, const int *layer, int nl)
+{
+	rt_err err = {0};
+	const int G = src->n_kv_head, d = src->head_dim;
+	ck_assert_int_eq(rt_kv_init(dst, nl, G, src->group, d, src->cap, src->stat_bytes, 0, &err), 0);
+	for (int v = 0; v < nl; v++)
+		for (int g = 0; g < G; g++) {
+			const rt_kv_head *s = &src->heads[(size_t)layer[v] * G + g];
+			rt_kv_head *h = rt_kv_head_at(dst, v, g);
+			for (int32_t i = 0; i < s->n; i++) {
+				int32_t e = rt_kv_append(dst, h, s->k + (size_t)i * d, s->v + (size_t)i * d, s->pos[i]);
+				h->span[e] = s->span[i];
+				memcpy(h->stats + (size_t)e * src->stat_bytes, s->stats + (size_t)i * src->stat_bytes,
+				       src->stat_bytes);
+			}
+		}
+}
+
+/* The trace of st restricted to the layers layer[0..nl-1] (their tail queries, in that
+ * order); hidden states, surprisal and sampled layers as st's. q_tail: caller's buffer. */
+static struct kvp_trace trace_of_layers(const syn_trace *st, const int *layer, int nl, float *q_tail)
+{
+	struct kvp_trace tr = st->tr;
+	const size_t row = (size_t)KVP_TRACE_TAIL * tr.n_head * tr.head_dim;
+	for (int v = 0; v < nl; v++)
+		memcpy(q_tail + (size_t)v * row, st->q_tail + (size_t)layer[v] * row, row * sizeof(float));
+	tr.n_layer = nl;
+	tr.q_tail = q_tail;
+	tr.sample_layer[0] = 0;
+	tr.sample_layer[1] = nl - 1;
+	return tr;
+}
+
+/* Are heads a and b (of stores ka, kb) the same list: entries, positions, counts, keys,
+ * values, spans, statistics? */
+static void assert_same_head(const rt_kv *ka, const rt_kv_head *a, const rt_kv *kb,
+                             const rt_kv_head *b)
+{
+	const size_t d = (size_t)ka->head_dim;
+	ck_assert_int_eq(a->n, b->n);
+	ck_assert_int_eq(kb->stat_bytes, ka->stat_bytes);
+	for (int32_t i = 0; i < a->n; i++) {
+		ck_assert_int_eq(a->pos[i], b->pos[i]);
+		ck_assert_float_eq(a->count[i], b->count[i]);
+		ck_assert_int_eq(a->span[i], b->span[i]);
+		ck_assert_int_eq(memcmp(a->k + i * d, b->k + i * d, d * sizeof(float)), 0);
+		ck_assert_int_eq(memcmp(a->v + i * d, b->v + i * d, d * sizeof(float)), 0);
+		ck_assert_int_eq(memcmp(a->stats + i * ka->stat_bytes, b->stats + i * ka->stat_bytes,
+		                        ka->stat_bytes), 0);
+	}
+}
+
+START_TEST(test_glue_window_layers)
+{
+	/* A model with sliding-window layers (Gemma 3: five of six): after a prompt longer than
+	 * the window, a window layer's lists hold only the newest w positions (the model's
+	 * window_trim), the other layers the whole prompt. k_grace_run competes per layer group:
+	 * the result must equal GraceKV run on a store of the full layers alone and on a store
+	 * of the window layer alone (positions n-w..n-1), with and without a trace and a score,
+	 * at a budget below the window (the window layer compressed too) and above it (kept
+	 * as the window holds it). Before the groups, k_grace_score asserted equal lengths. */
+	const int32_t n = 100, w = 40;
+	const int full[2] = { 0, 2 }, win[1] = { 1 };
+	for (int si = 0; si < 2; si++)
+		for (int mode = 0; mode < 3; mode++)
+			for (int bi = 0; bi < 2; bi++) {
+				const int G = shapes[si].G, R = shapes[si].R, d = 16;
+				const double budget = bi == 0 ? n / 4 : 50;
+				rt_kv kv, ka, kb;
+				make_store(&kv, 3, G, R, d, d, n, n, 130 + si);
+				rng_seed(140 + si);
+				syn_trace st; /* before the window cut: it reads every layer's keys */
+				syn_trace_make(&st, &kv, n, 40, 4, 70);
+				int32_t keep[100];
+				for (int32_t i = 0; i < w; i++)
+					keep[i] = n - w + i;
+				for (int g = 0; g < G; g++)
+					rt_kv_head_keep(&kv, rt_kv_head_at(&kv, 1, g), keep, w);
+				copy_layers(&ka, &kv, full, 2);
+				copy_layers(&kb, &kv, win, 1);
+				float *qa = malloc((size_t)2 * KVP_TRACE_TAIL * G * R * d * sizeof(float));
+				float *qb = malloc((size_t)KVP_TRACE_TAIL * G * R * d * sizeof(float));
+				struct kvp_trace ta = trace_of_layers(&st, full, 2, qa);
+				struct kvp_trace tb = trace_of_layers(&st, win, 1, qb);
+				rt_kv *stores[3] = { &kv, &ka, &kb };
+				const struct kvp_trace *traces[3] = { &st.tr, &ta, &tb };
+				for (int k = 0; k < 3; k++) {
+					struct kvp_ctx ctx;
+					memset(&ctx, 0, sizeof ctx);
+					ctx.seen = n;
+					ctx.prompt_len = n;
+					ctx.prompt_done = 1;
+					ctx.trace = mode >= 1 ? traces[k] : NULL;
+					struct k_compress_cfg cfg;
+					memset(&cfg, 0, sizeof cfg);
+					cfg.name = "t";
+					cfg.has_score = mode == 2;
+					cfg.reduce = K_REDUCE_SUM;
+					cfg.n_tmp = 1;
+					struct k_grace_cfg gc;
+					k_grace_cfg_default(&gc);
+					gc.budget = budget;
+					gc.sinks = 4;
+					gc.recent = 8;
+					gc.slot = 16;
+					gc.probe = 4;
+					ctx.scratch_len = k_grace_scratch_bytes(stores[k], 1);
+					ctx.scratch = scratch_new(ctx.scratch_len);
+					rt_err err = {0};
+					ck_assert_msg(k_grace_run(&ctx, stores[k], &cfg, mode == 2 ? score_knorm : NULL,
+					                          &gc, &err) == 0, "%s", err.msg);
+					free(ctx.scratch);
+				}
+				/* each group holds its budget per head in all (the competition moves entries
+				 * between heads), the window group at most its window */
+				int64_t held_full = 0, held_win = 0;
+				for (int g = 0; g < G; g++) {
+					for (int v = 0; v < 2; v++) {
+						const rt_kv_head *h = &kv.heads[(size_t)full[v] * G + g];
+						held_full += h->n;
+						ck_assert_int_eq(h->pos[0], 0); /* the sinks */
+						assert_same_head(&kv, h, &ka, &ka.heads[(size_t)v * G + g]);
+					}
+					const rt_kv_head *h = &kv.heads[(size_t)G + g];
+					held_win += h->n;
+					ck_assert_int_ge(h->pos[0], n - w);
+					ck_assert_int_eq(h->pos[h->n - 1], n - 1);
+					assert_same_head(&kv, h, &kb, &kb.heads[g]);
+				}
+				ck_assert_int_eq(held_full, (int64_t)2 * G * (int32_t)budget);
+				ck_assert_int_eq(held_win, (int64_t)G * (budget < w ? (int32_t)budget : w));
+				free(qa);
+				free(qb);
+				syn_trace_free(&st);
+				rt_kv_free(&kv);
+				rt_kv_free(&ka);
+				rt_kv_free(&kb);
+			}
+}
+END_TEST
+
 START_TEST(test_glue_errors)
 {
 	const int d = 16;
@@ -1857,6 +2000,7 @@ static Suite *grace_suite(void)
 	tcase_add_test(tc, test_coverage_share_and_floor_each);
 	tcase_add_test(tc, test_glue_plumbing);
 	tcase_add_test(tc, test_glue_x1_and_spans);
+	tcase_add_test(tc, test_glue_window_layers);
 	tcase_add_test(tc, test_glue_errors);
 	tcase_add_test(tc, test_seq_ratio1_equals_full);
 	tcase_add_test(tc, test_emit_gracekv);
