@@ -14,20 +14,20 @@
 
 static const char *const help_top =
 	"NAME\n"
-	"    %s - run, evaluate and benchmark a GGUF llama model under KV-cache policies\n"
+	"    {prog} - run, evaluate and benchmark a GGUF llama model under KV-cache policies\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s info\n"
-	"    %s ppl --model MODEL --text FILE [--policy NAME] [--set K=V]... [--ratio R] ...\n"
-	"    %s needle --model MODEL [--task passkey|niah] [--lengths L,...] [--depths D,...] ...\n"
-	"    %s run --model MODEL --prompt TEXT [-n N] [--chat] [--policy NAME] ...\n"
-	"    %s tokenize --model MODEL --text FILE\n"
-	"    %s bench --model MODEL [--ctx N,N,...]\n"
-	"    %s keepmap --model MODEL --text FILE [--policy NAME] ... --svg OUT\n"
-	"    %s serve --model MODEL [--port N] [--kv-memory SIZE] [--policy NAME] ...\n"
-	"    %s ab --model MODEL --text FILE [--a NAME] [--b NAME] [--ratio LIST] ...\n"
-	"    %s tune --model MODEL --text FILE... --max-kld X [--min-passkey P] ...\n"
-	"    %s COMMAND --help\n"
+	"    {prog} info\n"
+	"    {prog} ppl --model MODEL --text FILE [--policy NAME] [--set K=V]... [--ratio R] ...\n"
+	"    {prog} needle --model MODEL [--task passkey|niah] [--lengths L,...] [--depths D,...] ...\n"
+	"    {prog} run --model MODEL --prompt TEXT [-n N] [--chat] [--policy NAME] ...\n"
+	"    {prog} tokenize --model MODEL --text FILE\n"
+	"    {prog} bench --model MODEL [--ctx N,N,...]\n"
+	"    {prog} keepmap --model MODEL --text FILE [--policy NAME] ... --svg OUT\n"
+	"    {prog} serve --model MODEL [--port N] [--kv-memory SIZE] [--policy NAME] ...\n"
+	"    {prog} ab --model MODEL --text FILE [--a NAME] [--b NAME] [--ratio LIST] ...\n"
+	"    {prog} tune --model MODEL --text FILE... --max-kld X [--min-passkey P] ...\n"
+	"    {prog} COMMAND --help\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Drives the kvpc transformer runtime on a GGUF model of the llama, qwen2, qwen3\n"
@@ -41,7 +41,8 @@ static const char *const help_top =
 	"    by kvpc decides which entries each list keeps; the runtime feeds the largest\n"
 	"    chunks that cannot cross the policy's next trigger, so chunked evaluation equals\n"
 	"    token-by-token evaluation (unless --prefill-chunk allows a per-step policy's\n"
-	"    prompt chunks to cross it).\n"
+	"    prompt chunks to cross it). ppl and bench also run on the GPU with their option\n"
+	"    --device cuda, in binaries built with kvpc build --cuda (docs/cuda.md).\n"
 	"\n"
 	"COMMANDS\n"
 	"    info      list the policies of this binary with their parameters\n"
@@ -62,8 +63,6 @@ static const char *const help_top =
 	"\n"
 	"OPTIONS\n"
 	"    -h, --help     show this text (or a command's, after the command)\n"
-	"    --device cuda  run ppl or bench on the GPU (binaries built with kvpc build --cuda;\n"
-	"                   docs/cuda.md); the default is --device cpu\n"
 	"    --version      the commit the runtime was built from\n"
 	"\n"
 	"ENVIRONMENT\n"
@@ -71,7 +70,7 @@ static const char *const help_top =
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error (file, model, text or policy problem), 2 usage error.\n"
-	"    Errors are one line on standard error: \"%s: PATH: reason\".\n";
+	"    Errors are one line on standard error: \"{prog}: PATH: reason\".\n";
 
 /* ---- entry --------------------------------------------------------------------------------- */
 
@@ -96,9 +95,7 @@ int rt_cli_main(int argc, char **argv, const struct kvp_policy *const *reg, int 
 		                    "ab, tune)");
 	const char *cmd = argv[1];
 	if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
-		rt_cli_help(help_top, 13, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog,
-		            rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog,
-		            rt_cli_prog, rt_cli_prog, rt_cli_prog);
+		rt_cli_help(help_top);
 		return 0;
 	}
 	if (!strcmp(cmd, "--version")) {

@@ -23,12 +23,24 @@ const char *rt_cli_prog = "kvrt";
 const struct kvp_policy *const *rt_cli_reg;
 int rt_cli_n_reg;
 
-void rt_cli_help(const char *page, int n_args, ...)
+void rt_cli_help(const char *page)
 {
-	va_list ap;
-	va_start(ap, n_args);
-	vprintf(page, ap);
-	va_end(ap);
+	static const char *const slots[] = { "{prog}", "{policy}" };
+	const char *at;
+	while ((at = strchr(page, '{'))) {
+		fwrite(page, 1, (size_t)(at - page), stdout);
+		size_t i = 0, n = sizeof slots / sizeof slots[0];
+		while (i < n && strncmp(at, slots[i], strlen(slots[i])))
+			i++;
+		if (i == n) { /* a brace of the text ("kv": {...}) */
+			fputc('{', stdout);
+			page = at + 1;
+			continue;
+		}
+		fputs(i == 0 ? rt_cli_prog : rt_cli_default_policy(), stdout);
+		page = at + strlen(slots[i]);
+	}
+	fputs(page, stdout);
 }
 
 /* ---- errors ---------------------------------------------------------------------------- */
@@ -311,7 +323,7 @@ static int ids_have(const int *ids, int id)
 	return 0;
 }
 
-int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, rt_cli_opts *o,
+int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cli_opts *o,
                  const int *ids, int need)
 {
 	struct option lo[N_OPTS + 1];
@@ -338,7 +350,7 @@ int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, 
 	int c, rc;
 	while ((c = getopt_long(argc, argv, so, lo, NULL)) != -1) {
 		if (c == 'h') {
-			help_fn();
+			rt_cli_help(help);
 			return 1;
 		}
 		if (c == O_VERSION) {

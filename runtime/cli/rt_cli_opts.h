@@ -99,10 +99,10 @@ extern int rt_cli_n_reg;
  * "--prefill-chunk", "--min-kv"; serve's defaults are spelled the same. */
 extern const char *const rt_cli_spellings[RT_PICK_N_FIELDS];
 
-/* Print a help page: a printf format whose %s slots the caller fills in order (the
- * program name, and the default policy's name where a page says "default %s"); n_args
- * documents how many the page has. */
-void rt_cli_help(const char *page, int n_args, ...);
+/* Print a help page on stdout, its named slots filled: {prog} the program's name
+ * (rt_cli_prog), {policy} the default policy's (rt_cli_default_policy); every other
+ * character as written. */
+void rt_cli_help(const char *page);
 
 /* Usage error (see above); cmd "" for the top level. Returns RT_CLI_USAGE. */
 int rt_cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -119,12 +119,12 @@ int rt_cli_parse_list(const char *s, double lo, double hi, int integral, double 
 
 /* Parse argv (argv[0] is the command name) into o. ids: the options the command accepts,
  * ending with 0 (-h/--help and --version are always accepted). Returns 0, 1 after
- * printing help (help_fn) or the version, or RT_CLI_USAGE after printing the error.
+ * printing the help page help (rt_cli_help) or the version, or RT_CLI_USAGE after printing the error.
  * need: RT_CLI_NEED_MODEL (1): --model is required; | RT_CLI_NEED_TEXT: --text is too,
  * checked last ("--text is required"). */
 #define RT_CLI_NEED_MODEL 1
 #define RT_CLI_NEED_TEXT 2
-int rt_cli_parse(const char *cmd, void (*help_fn)(void), int argc, char **argv, rt_cli_opts *o,
+int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cli_opts *o,
                  const int *ids, int need);
 
 /* The KV element type of the run: --kv-type when given; else f32 on the exact path, and on

@@ -15,10 +15,10 @@
 
 static const char help_ab[] =
 	"NAME\n"
-	"    %s ab - compare two compiled policies (A, B) against the full cache and each other\n"
+	"    {prog} ab - compare two compiled policies (A, B) against the full cache and each other\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s ab --model M --text FILE [--a NAME] [--b NAME] [--ratio 2,4,8 | --byte-ratio 2,4,8]\n"
+	"    {prog} ab --model M --text FILE [--a NAME] [--b NAME] [--ratio 2,4,8 | --byte-ratio 2,4,8]\n"
 	"           [--task ppl|needle] [--ctx N] [--prompt N] [--score-from P] [--chunk N]\n"
 	"           [--prefill-chunk C] [--threads N]\n"
 	"           [--set k=v]... [--set-a k=v]... [--set-b k=v]...\n"
@@ -45,9 +45,9 @@ static const char help_ab[] =
 	"    kv_bytes_peak, the compression each side reached (in entries and in bytes against\n"
 	"    an f16 full cache, at the end and at peak: the one definition every command\n"
 	"    uses), tokens_per_s, compress_events and policy_seconds; then the paired circular\n"
-	"    block bootstrap 95%% CI of the mean per-token NLL difference B - A over the scored\n"
+	"    block bootstrap 95% CI of the mean per-token NLL difference B - A over the scored\n"
 	"    tokens (block length by Politis & White 2004) and a verdict. The verdict names no\n"
-	"    winner when the sides' compression at the end differs by more than 10%% (in\n"
+	"    winner when the sides' compression at the end differs by more than 10% (in\n"
 	"    entries or in bytes) or a side compressed before none of the scored tokens:\n"
 	"    quality at unequal memory says nothing about the policies. How to read it:\n"
 	"    docs/measuring.md, \"Reading an A/B verdict\".\n"
@@ -91,12 +91,6 @@ static const char help_ab[] =
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error (\"ab: PATH: reason\" on stderr), 2 usage error.\n";
-
-
-static void help_ab_fn(void)
-{
-	rt_cli_help(help_ab, 2, rt_cli_prog, rt_cli_prog);
-}
 
 /* The comma lists: ratios (each >= 1), lengths (whole numbers >= 16), depths (0..100). */
 static int ab_lists(const rt_cli_opts *c, rt_ab_opts *o)
@@ -158,7 +152,7 @@ int rt_cmd_ab(int argc, char **argv)
 	rt_ab_opts o;
 	rt_ab_opts_init(&o);
 	rt_cli_opts c = { .chunk = o.chunk, .resamples = o.resamples, .exact = 1, .prompt_len = -1 };
-	int rc = rt_cli_parse("ab", help_ab_fn, argc, argv, &c, opt_ids, 1);
+	int rc = rt_cli_parse("ab", help_ab, argc, argv, &c, opt_ids, 1);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	if ((rc = ab_lists(&c, &o)) != 0 || (rc = ab_sets(&c, &o)) != 0)

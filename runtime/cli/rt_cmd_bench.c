@@ -22,14 +22,14 @@
 
 static const char *const help_bench =
 	"NAME\n"
-	"    %s bench - prefill and decode speed\n"
+	"    {prog} bench - prefill and decode speed\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s bench --model MODEL [--ctx N,N,...] [--decode N] [--chunk N] [--threads N]\n"
+	"    {prog} bench --model MODEL [--ctx N,N,...] [--decode N] [--chunk N] [--threads N]\n"
 	"             [--exact] [--kv-type f32|f16|q8_0] [--pp N] [--tg N] [--depth D,D,...]\n"
-	"    %s bench --model MODEL --pp N | --tg N [--depth D,...] --policy NAME [--ratio R]\n"
+	"    {prog} bench --model MODEL --pp N | --tg N [--depth D,...] --policy NAME [--ratio R]\n"
 	"             [--set NAME=VALUE]... [--prefill-chunk C]\n"
-	"    %s bench ... --device cuda [--f16]\n"
+	"    {prog} bench ... --device cuda [--f16]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    For each context length L: prefills L synthetic tokens (the first the file's BOS\n"
@@ -72,11 +72,6 @@ static const char *const help_bench =
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error, 2 usage error.\n";
-
-static void help_bench_fn(void)
-{
-	rt_cli_help(help_bench, 4, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog);
-}
 
 /* cap token ids below n_vocab from a fixed LCG (the same ids every run), the first one
  * the file's BOS when it adds one (bos >= 0), as llama-bench starts its prompt; malloc'ed
@@ -212,7 +207,7 @@ int rt_cmd_bench(int argc, char **argv)
 	static const int opt_ids[] = { 'm', O_CTX, O_DECODE, O_CHUNK, O_THREADS, O_PP, O_TG, O_DEPTH,
 		O_EXACT, O_FAST, O_QUIET, O_POLICY, O_RATIO, O_SET, O_PREFILL, O_KVTYPE, O_DEVICE, O_F16, 0 };
 	rt_cli_opts o = { .ctx_list = "128,1024,4096", .decode = 32, .chunk = RT_CLI_CHUNK };
-	int rc = rt_cli_parse("bench", help_bench_fn, argc, argv, &o, opt_ids, 1);
+	int rc = rt_cli_parse("bench", help_bench, argc, argv, &o, opt_ids, 1);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	double ctxd[RT_CLI_MAX_LIST];

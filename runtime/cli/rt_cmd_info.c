@@ -19,10 +19,10 @@
 
 static const char *const help_info =
 	"NAME\n"
-	"    %s info - list the KV-cache policies compiled into this binary\n"
+	"    {prog} info - list the KV-cache policies compiled into this binary\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s info [--json]\n"
+	"    {prog} info [--json]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    For each policy: its name, one-line summary, the .kvp source it was compiled\n"
@@ -41,11 +41,6 @@ static const char *const help_info =
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success, 2 usage error.\n";
-
-static void help_info_fn(void)
-{
-	rt_cli_help(help_info, 2, rt_cli_prog, rt_cli_prog);
-}
 
 static void info_one(const struct kvp_policy *p, int json, int first)
 {
@@ -105,7 +100,7 @@ int rt_cmd_info(int argc, char **argv)
 {
 	static const int opt_ids[] = { O_JSON, 0 };
 	rt_cli_opts o = { 0 };
-	int rc = rt_cli_parse("info", help_info_fn, argc, argv, &o, opt_ids, 0);
+	int rc = rt_cli_parse("info", help_info, argc, argv, &o, opt_ids, 0);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	int first = 1;

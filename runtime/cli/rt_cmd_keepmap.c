@@ -20,10 +20,10 @@
 
 static const char *const help_keepmap =
 	"NAME\n"
-	"    %s keepmap - draw which positions a KV-cache policy keeps, per layer and KV head\n"
+	"    {prog} keepmap - draw which positions a KV-cache policy keeps, per layer and KV head\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s keepmap --model MODEL --text FILE [--ctx N] [--policy NAME]\n"
+	"    {prog} keepmap --model MODEL --text FILE [--ctx N] [--policy NAME]\n"
 	"             [--set NAME=VALUE]... [--ratio R | --byte-ratio R] [--prompt N] [--chunk N]\n"
 	"             [--threads N] --svg OUT\n"
 	"\n"
@@ -44,7 +44,7 @@ static const char *const help_keepmap =
 	"    -t, --text FILE     the text; must be valid UTF-8\n"
 	"    --ctx N             feed the first N tokens (default: the whole text, up to the\n"
 	"                        model's context_length)\n"
-	"    --policy NAME       policy (default %s); --set, --ratio, --byte-ratio as for ppl\n"
+	"    --policy NAME       policy (default {policy}); --set, --ratio, --byte-ratio as for ppl\n"
 	"    --prompt N          the prompt length given to the policy (default: N)\n"
 	"    --svg OUT           the SVG file to write (required)\n"
 	"    --chunk N, --threads N, --fast, --quiet, -h/--help  as for ppl\n"
@@ -53,13 +53,8 @@ static const char *const help_keepmap =
 	"    0 success, 1 runtime error, 2 usage error.\n"
 	"\n"
 	"EXAMPLE\n"
-	"    %s keepmap --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text t.txt \\\n"
+	"    {prog} keepmap --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text t.txt \\\n"
 	"           --ctx 512 --policy h2o --ratio 4 --svg h2o.svg\n";
-
-static void help_keepmap_fn(void)
-{
-	rt_cli_help(help_keepmap, 4, rt_cli_prog, rt_cli_prog, rt_cli_default_policy(), rt_cli_prog);
-}
 
 /* Feed the tokens in blocks of `block` (the chunk bound), with progress. */
 static int keepmap_feed(rt_seq *s, const int32_t *ids, int64_t n, int block, int quiet,
@@ -82,7 +77,7 @@ int rt_cmd_keepmap(int argc, char **argv)
 	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_THREADS, O_POLICY, O_SET, O_RATIO,
 		O_BYTERATIO, O_PROMPTLEN, O_SVG, O_EXACT, O_FAST, O_QUIET, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
-	int rc = rt_cli_parse("keepmap", help_keepmap_fn, argc, argv, &o, opt_ids,
+	int rc = rt_cli_parse("keepmap", help_keepmap, argc, argv, &o, opt_ids,
 	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
 	if (rc)
 		return rc == 1 ? 0 : rc;

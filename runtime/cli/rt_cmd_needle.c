@@ -26,10 +26,10 @@
 
 static const char *const help_needle =
 	"NAME\n"
-	"    %s needle - long-context retrieval accuracy under a KV-cache policy\n"
+	"    {prog} needle - long-context retrieval accuracy under a KV-cache policy\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s needle --model MODEL [--task passkey|niah] [--haystack FILE]\n"
+	"    {prog} needle --model MODEL [--task passkey|niah] [--haystack FILE]\n"
 	"             [--lengths L,...] [--depths D,...] [--policy NAME] [--set NAME=VALUE]...\n"
 	"             [--ratio R] [--mode aware|agnostic] [--gen N] [--seed S] [--chat]\n"
 	"             [--chunk N] [--threads N] [--json] [--batch RUNS] [--mark-question]\n"
@@ -37,9 +37,9 @@ static const char *const help_needle =
 	"DESCRIPTION\n"
 	"    For every length L and depth D builds a prompt of exactly L tokens with the\n"
 	"    model's tokenizer (rt_needle): passkey (Mohtashami & Jaggi 2023: filler text\n"
-	"    with \"The pass key is K\" at D%% of it, K from the seed, length and depth) or\n"
+	"    with \"The pass key is K\" at D% of it, K from the seed, length and depth) or\n"
 	"    niah (a real text, by default the Info manual of coreutils, with the San\n"
-	"    Francisco needle at D%%). The context is prefilled under the policy, then the\n"
+	"    Francisco needle at D%). The context is prefilled under the policy, then the\n"
 	"    answer is generated greedily (--gen tokens, default 8 for passkey, 20 for niah)\n"
 	"    and scored by exact match (the first number equals K; both \"sandwich\" and\n"
 	"    \"Dolores Park\" present). Modes (kvpress's distinction): aware (default) puts\n"
@@ -62,7 +62,7 @@ static const char *const help_needle =
 	"    --lengths LIST      comma-separated prompt lengths in tokens (default\n"
 	"                        1024,2048,4096)\n"
 	"    --depths LIST       comma-separated depths in percent (default 0,25,50,75,100)\n"
-	"    --policy NAME       policy (default %s); --set, --ratio, --byte-ratio as for ppl\n"
+	"    --policy NAME       policy (default {policy}); --set, --ratio, --byte-ratio as for ppl\n"
 	"    --mode M            aware (default) or agnostic\n"
 	"    --gen N             answer tokens to generate\n"
 	"    --seed S            passkey seed (default 1); the key of (L, D) is drawn from\n"
@@ -88,11 +88,6 @@ static const char *const help_needle =
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success (whatever the accuracy), 1 runtime error, 2 usage error.\n";
-
-static void help_needle_fn(void)
-{
-	rt_cli_help(help_needle, 3, rt_cli_prog, rt_cli_prog, rt_cli_default_policy());
-}
 
 /* Everything one `needle` command holds. */
 typedef struct needle_job {
@@ -331,7 +326,7 @@ int rt_cmd_needle(int argc, char **argv)
 		                 .lengths = "1024,2048,4096",
 		                 .depths = "0,25,50,75,100" } };
 	rt_cli_opts *o = &nj.o;
-	int rc = rt_cli_parse("needle", help_needle_fn, argc, argv, o, opt_ids, 1);
+	int rc = rt_cli_parse("needle", help_needle, argc, argv, o, opt_ids, 1);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	if (rt_cli_parse_list(o->lengths, 16, 1 << 24, 1, nj.lens, &nj.n_len))

@@ -27,14 +27,14 @@
 
 static const char *const help_ppl =
 	"NAME\n"
-	"    %s ppl - streaming perplexity of a text under a KV-cache policy\n"
+	"    {prog} ppl - streaming perplexity of a text under a KV-cache policy\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s ppl --model MODEL --text FILE [--policy NAME] [--set NAME=VALUE]...\n"
+	"    {prog} ppl --model MODEL --text FILE [--policy NAME] [--set NAME=VALUE]...\n"
 	"             [--ratio R] [--ctx N] [--prompt N] [--chunk N] [--prefill-chunk C]\n"
 	"             [--threads N] [--json] [--dump FILE] [--logits FILE] [--no-ref] [--fast]\n"
 	"             [--kv-type T] [--device cpu|cuda [--f16]]\n"
-	"    %s ppl --model MODEL --text FILE --batch RUNS [--ctx N] [--prompt N]\n"
+	"    {prog} ppl --model MODEL --text FILE --batch RUNS [--ctx N] [--prompt N]\n"
 	"             [--score-from P] [--json] ...\n"
 	"\n"
 	"DESCRIPTION\n"
@@ -82,7 +82,7 @@ static const char *const help_ppl =
 	"OPTIONS\n"
 	"    -m, --model MODEL   GGUF model file\n"
 	"    -t, --text FILE     the text; must be valid UTF-8\n"
-	"    --policy NAME       policy (see `%s info`; default %s)\n"
+	"    --policy NAME       policy (see `{prog} info`; default {policy})\n"
 	"    --set NAME=VALUE    override a policy parameter (repeatable)\n"
 	"    --ratio R           compression factor: budget = context / R entries per head\n"
 	"                        (R >= 1) in place of the policy's own budget\n"
@@ -167,13 +167,8 @@ static const char *const help_ppl =
 	"    --ctx beyond the model's context_length).\n"
 	"\n"
 	"EXAMPLE\n"
-	"    %s ppl --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text t.txt \\\n"
+	"    {prog} ppl --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text t.txt \\\n"
 	"           --ctx 1024 --policy h2o --ratio 4 --json\n";
-
-static void help_ppl_fn(void)
-{
-	rt_cli_help(help_ppl, 6, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_default_policy(), rt_cli_prog);
-}
 
 /* The warnings of one run on stderr: a compressing policy that compressed before none of
  * the scored tokens measured the full cache (KL 0 beside a compression it reached only
@@ -517,7 +512,7 @@ int rt_cmd_ppl(int argc, char **argv)
 		O_POLICY, O_SET, O_RATIO, O_BYTERATIO, O_NOREF, O_PROMPTLEN, O_BATCH, O_SCOREFROM, O_EXACT, O_FAST,
 		O_QUIET, O_PREFILL, O_KVTYPE, O_F32ACT, O_DEVICE, O_F16, 0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
-	int rc = rt_cli_parse("ppl", help_ppl_fn, argc, argv, &o, opt_ids,
+	int rc = rt_cli_parse("ppl", help_ppl, argc, argv, &o, opt_ids,
 	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
 	if (rc)
 		return rc == 1 ? 0 : rc;

@@ -19,10 +19,10 @@
 
 static const char *const help_run =
 	"NAME\n"
-	"    %s run - greedy generation from a prompt under a KV-cache policy\n"
+	"    {prog} run - greedy generation from a prompt under a KV-cache policy\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s run --model MODEL --prompt TEXT [-n N] [--chat] [--system TEXT]\n"
+	"    {prog} run --model MODEL --prompt TEXT [-n N] [--chat] [--system TEXT]\n"
 	"             [--policy NAME] [--set NAME=VALUE]... [--ratio R | --byte-ratio R] [--stats]\n"
 	"             [--chunk N] [--prefill-chunk C] [--threads N] [--exact]\n"
 	"             [--kv-type f32|f16|q8_0] [--min-kv N]\n"
@@ -41,7 +41,7 @@ static const char *const help_run =
 	"    --chat             wrap the prompt in the model's chat template (ChatML, Llama 3,\n"
 	"                       Gemma, Mistral, ...: from tokenizer.chat_template)\n"
 	"    --system TEXT      system message for --chat (default: the template's)\n"
-	"    --policy NAME      policy (default %s); --set, --ratio, --byte-ratio as for ppl\n"
+	"    --policy NAME      policy (default {policy}); --set, --ratio, --byte-ratio as for ppl\n"
 	"    --stats            print token counts, speed, KV peak and compressions on stderr\n"
 	"    --chunk N          prompt prefill chunk (default 512)\n"
 	"    --prefill-chunk C  chunked prefill for a per-step policy: prompt chunks of up to\n"
@@ -60,18 +60,12 @@ static const char *const help_run =
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error, 2 usage error.\n";
-
-static void help_run_fn(void)
-{
-	rt_cli_help(help_run, 3, rt_cli_prog, rt_cli_prog, rt_cli_default_policy());
-}
-
 int rt_cmd_run(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 'p', 'n', O_CHAT, O_SYSTEM, O_STATS, O_THREADS, O_CHUNK, O_POLICY,
 		O_SET, O_RATIO, O_BYTERATIO, O_EXACT, O_FAST, O_PREFILL, O_KVTYPE, O_MINKV, 0 };
 	rt_cli_opts o = { .n_gen = 128, .chunk = RT_CLI_CHUNK, .min_kv = RT_CLI_MIN_KV };
-	int rc = rt_cli_parse("run", help_run_fn, argc, argv, &o, opt_ids, 1);
+	int rc = rt_cli_parse("run", help_run, argc, argv, &o, opt_ids, 1);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	if (!o.prompt)

@@ -13,10 +13,10 @@
 
 static const char *const help_serve =
 	"NAME\n"
-	"    %s serve - an OpenAI-compatible HTTP server under the binary's KV-cache policies\n"
+	"    {prog} serve - an OpenAI-compatible HTTP server under the binary's KV-cache policies\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s serve --model MODEL [--host 127.0.0.1] [--port 8080] [--policy NAME]\n"
+	"    {prog} serve --model MODEL [--host 127.0.0.1] [--port 8080] [--policy NAME]\n"
 	"             [--set NAME=VALUE]... [--ratio R | --byte-ratio R] [--kv-memory SIZE]\n"
 	"             [--max-seqs N] [--queue N] [--chunk N] [--prefill-chunk C]\n"
 	"             [--step-rows N] [--threads N]\n"
@@ -46,7 +46,7 @@ static const char *const help_serve =
 	"    -m, --model MODEL   GGUF model file\n"
 	"    --host ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
 	"    --port N            TCP port (default 8080; 0 picks a free one, printed)\n"
-	"    --policy NAME       default policy of requests without \"kv\" (default %s)\n"
+	"    --policy NAME       default policy of requests without \"kv\" (default {policy})\n"
 	"    --set NAME=VALUE    default parameter of that policy (repeatable)\n"
 	"    --ratio R           default compression ratio in entries (>= 1)\n"
 	"    --byte-ratio R      or in bytes against an f16 full cache (>= 1), as for ppl\n"
@@ -84,11 +84,6 @@ static const char *const help_serve =
 	"EXIT STATUS\n"
 	"    0 after a drain, 1 runtime error (model, address), 2 usage error.\n";
 
-static void help_serve_fn(void)
-{
-	rt_cli_help(help_serve, 3, rt_cli_prog, rt_cli_prog, rt_cli_default_policy());
-}
-
 int rt_cmd_serve(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', O_HOST, O_PORT, O_POLICY, O_SET, O_RATIO, O_BYTERATIO,
@@ -97,7 +92,7 @@ int rt_cmd_serve(int argc, char **argv)
 	rt_cli_opts o = { .host = "127.0.0.1", .port = 8080, .kv_memory = 1LL << 30, .max_seqs = 16,
 	                  .queue = 64, .chunk = 64, .step_rows = 256, .max_body = 1 << 20,
 	                  .timeout = 30, .prefill_chunk = -1, .min_kv = RT_SERVE_MIN_KV };
-	int rc = rt_cli_parse("serve", help_serve_fn, argc, argv, &o, opt_ids, RT_CLI_NEED_MODEL);
+	int rc = rt_cli_parse("serve", help_serve, argc, argv, &o, opt_ids, RT_CLI_NEED_MODEL);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	if (o.step_rows < o.max_seqs)

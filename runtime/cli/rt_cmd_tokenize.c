@@ -17,10 +17,10 @@
 
 static const char *const help_tokenize =
 	"NAME\n"
-	"    %s tokenize - print the token ids of a text\n"
+	"    {prog} tokenize - print the token ids of a text\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s tokenize --model MODEL --text FILE [--special]\n"
+	"    {prog} tokenize --model MODEL --text FILE [--special]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Reads FILE (UTF-8), tokenizes it with MODEL's tokenizer as a prompt (the file's\n"
@@ -39,16 +39,11 @@ static const char *const help_tokenize =
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error, 2 usage error.\n";
 
-static void help_tokenize_fn(void)
-{
-	rt_cli_help(help_tokenize, 2, rt_cli_prog, rt_cli_prog);
-}
-
 int rt_cmd_tokenize(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_SPECIAL, 0 };
 	rt_cli_opts o = { 0 };
-	int rc = rt_cli_parse("tokenize", help_tokenize_fn, argc, argv, &o, opt_ids,
+	int rc = rt_cli_parse("tokenize", help_tokenize, argc, argv, &o, opt_ids,
 	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
 	if (rc)
 		return rc == 1 ? 0 : rc;

@@ -20,14 +20,14 @@
 
 static const char *const help_tune =
 	"NAME\n"
-	"    %s tune - the highest compression within a quality limit on your texts\n"
+	"    {prog} tune - the highest compression within a quality limit on your texts\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    %s tune --model MODEL --text FILE [--text FILE]... --max-kld X\n"
+	"    {prog} tune --model MODEL --text FILE [--text FILE]... --max-kld X\n"
 	"             [--min-passkey P] [--policy NAME] [--ctx N]\n"
 	"             [--ratio LIST | --byte-ratio LIST | --bytes | --entries]\n"
 	"             [--lengths N] [--depths LIST] [--out FILE.tune]\n"
-	"    %s tune --gate [--ratio R | --byte-ratio R] --model MODEL --text FILE...\n"
+	"    {prog} tune --gate [--ratio R | --byte-ratio R] --model MODEL --text FILE...\n"
 	"             --max-kld X ...\n"
 	"\n"
 	"DESCRIPTION\n"
@@ -65,7 +65,7 @@ static const char *const help_tune =
 	"    `kvpc build` bakes it in as the policy's default budget, `kvpc build --gate`\n"
 	"    re-checks it).\n"
 	"\n"
-	"    A policy that evicts nothing (KIVI-style: budget = 100%%, every old entry at a\n"
+	"    A policy that evicts nothing (KIVI-style: budget = 100%, every old entry at a\n"
 	"    fixed low tier) has a fixed compression in bytes: a byte ratio below it changes\n"
 	"    nothing (the frontier marks it 'does not bind'). When the highest byte ratio\n"
 	"    within the limits does not bind, tune says so, writes no sidecar and exits 1:\n"
@@ -81,7 +81,7 @@ static const char *const help_tune =
 	"    -t, --text FILE     a text of yours (repeatable, at most 32)\n"
 	"    --max-kld X         the limit on every text's mean KL, nats per token\n"
 	"    --min-passkey P     the limit on passkey accuracy, 0..1 (default: not checked)\n"
-	"    --policy NAME       policy (default %s)\n"
+	"    --policy NAME       policy (default {policy})\n"
 	"    --ctx N             tokens of each text to score (default 256; fewer when a text\n"
 	"                        is shorter): the cost of the search is linear in N\n"
 	"    --ratio LIST        the grid in entries, increasing, each >= 1 (default\n"
@@ -102,16 +102,10 @@ static const char *const help_tune =
 	"    runtime error, 2 usage error.\n"
 	"\n"
 	"EXAMPLE\n"
-	"    %s tune --model models/SmolLM2-135M-Instruct.Q4_1.gguf --policy h2o \\\n"
+	"    {prog} tune --model models/SmolLM2-135M-Instruct.Q4_1.gguf --policy h2o \\\n"
 	"           --text notes.txt --ctx 256 --max-kld 0.05 --out h2o.tune\n"
-	"    %s tune --model models/SmolLM2-135M-Instruct.Q4_1.gguf --policy tova_tiers \\\n"
+	"    {prog} tune --model models/SmolLM2-135M-Instruct.Q4_1.gguf --policy tova_tiers \\\n"
 	"           --text notes.txt --ctx 1024 --max-kld 0.03 --byte-ratio 4,6,8,12,16\n";
-
-static void help_tune_fn(void)
-{
-	rt_cli_help(help_tune, 6, rt_cli_prog, rt_cli_prog, rt_cli_prog, rt_cli_default_policy(),
-	            rt_cli_prog, rt_cli_prog);
-}
 
 /* Everything one `tune` command holds. */
 typedef struct tune_job {
@@ -489,7 +483,7 @@ int rt_cmd_tune(int argc, char **argv)
 	tune_job j = { .o = { .chunk = RT_CLI_CHUNK, .exact = 1, .ctx = 256, .seed = 1,
 		              .max_kld = -1, .min_passkey = -1, .lengths = "256",
 		              .depths = "10,50,90" } };
-	int rc = rt_cli_parse("tune", help_tune_fn, argc, argv, &j.o, opt_ids, 1);
+	int rc = rt_cli_parse("tune", help_tune, argc, argv, &j.o, opt_ids, 1);
 	if (rc)
 		return rc == 1 ? 0 : rc;
 	rt_cli_threads(j.o.threads);
