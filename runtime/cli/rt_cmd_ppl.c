@@ -238,64 +238,53 @@ static void ppl_report_json(const ppl_fig *f, const char *msha, const char *tsha
 {
 	const rt_cli_run *r = f->r;
 	const rt_eval_score *sc = f->sc;
-	const rt_cli_opts *o = f->o;
-	const struct kvp_policy *p = r->p;
-	const rt_seq_stats st = f->st;
-	const rt_kld_summary ks = f->ks;
-	const double mean_entries = f->mean_entries, nll_mean = f->nll_mean, ppl = f->ppl;
-	const double tps = f->tps;
-	const int64_t kv_held = f->kv_held, kv_f16 = f->kv_f16, use = f->use;
-	const int64_t prompt_len = f->prompt_len;
-	const int threads = f->threads, block = f->block, pf = f->pf, batch = f->batch, ref = f->ref;
-	const rt_compression cx = f->cx;
-	const rt_model *m = f->m;
 	fputc('{', stdout);
 	rt_cli_json_policy(stdout, &r->seq, r->o.ratio);
 	fputs(",\"model\":", stdout);
-	rt_json_str(stdout, m->path);
+	rt_json_str(stdout, f->m->path);
 	if (msha[0]) {
 		fputs(",\"model_sha256\":", stdout);
 		rt_json_str(stdout, msha);
 	}
 	fputs(",\"text\":", stdout);
-	rt_json_str(stdout, o->text);
+	rt_json_str(stdout, f->o->text);
 	fputs(",\"text_sha256\":", stdout);
 	rt_json_str(stdout, tsha);
 	printf(",\"threads\":%d,\"chunk\":%d,\"prefill_chunk\":%d,\"prompt\":%ld,"
 	       "\"tokens\":%lld,\"scored\":%lld,\"score_from\":%ld,\"batch\":%d",
-	       threads, block, pf, (long)prompt_len, (long long)use, (long long)sc->scored,
-	       o->score_from > 1 ? o->score_from : 1, batch);
-	rt_json_member_num(stdout, "ppl", ppl);
-	rt_json_member_num(stdout, "nll_mean", nll_mean);
+	       f->threads, f->block, f->pf, (long)f->prompt_len, (long long)f->use, (long long)sc->scored,
+	       f->o->score_from > 1 ? f->o->score_from : 1, f->batch);
+	rt_json_member_num(stdout, "ppl", f->ppl);
+	rt_json_member_num(stdout, "nll_mean", f->nll_mean);
 	rt_json_member_num(stdout, "top1_acc", (double)sc->hits / (double)sc->scored);
 	printf(",\"kv_entries_peak\":%lld,\"kv_bytes_peak\":%lld",
-	       (long long)st.kv_entries_peak, (long long)st.kv_bytes_peak);
-	rt_json_member_num(stdout, "kv_entries_per_head", mean_entries);
-	printf(",\"kv_bytes_kv\":%lld,\"kv_bytes_f16\":%lld", (long long)kv_held,
-	       (long long)kv_f16);
-	rt_compression_json(stdout, &cx);
+	       (long long)f->st.kv_entries_peak, (long long)f->st.kv_bytes_peak);
+	rt_json_member_num(stdout, "kv_entries_per_head", f->mean_entries);
+	printf(",\"kv_bytes_kv\":%lld,\"kv_bytes_f16\":%lld", (long long)f->kv_held,
+	       (long long)f->kv_f16);
+	rt_compression_json(stdout, &f->cx);
 	printf(",\"protocol\":\"%s\",\"scored_compressed\":%lld",
-	       rt_eval_measure_name(p->measure), (long long)sc->compressed);
-	rt_json_member_num(stdout, "tokens_per_s", tps);
-	printf(",\"compress_events\":%lld", (long long)st.compress_events);
-	rt_json_member_num(stdout, "policy_seconds", st.policy_seconds);
-	rt_json_member_num(stdout, "seconds", st.seconds);
+	       rt_eval_measure_name(r->p->measure), (long long)sc->compressed);
+	rt_json_member_num(stdout, "tokens_per_s", f->tps);
+	printf(",\"compress_events\":%lld", (long long)f->st.compress_events);
+	rt_json_member_num(stdout, "policy_seconds", f->st.policy_seconds);
+	rt_json_member_num(stdout, "seconds", f->st.seconds);
 	if (rt_cli_device_weights()) {
 		fputs(",\"device\":", stdout);
 		rt_json_str(stdout, rt_seq_device(&r->seq));
 		fputs(",\"weights\":", stdout);
 		rt_json_str(stdout, rt_cli_device_weights());
 	}
-	if (ref) {
-		rt_json_member_num(stdout, "kld_mean", ks.kld_mean);
-		rt_json_member_num(stdout, "kld_mean_err", ks.kld_mean_err);
-		rt_json_member_num(stdout, "kld_median", ks.kld_median);
-		rt_json_member_num(stdout, "kld_p99", ks.kld_p99);
-		rt_json_member_num(stdout, "kld_max", ks.kld_max);
-		rt_json_member_num(stdout, "ppl_ref", ks.ppl_p);
-		rt_json_member_num(stdout, "ppl_ratio", ks.ppl_ratio);
-		rt_json_member_num(stdout, "same_top1", ks.same_top1);
-		rt_json_member_num(stdout, "rms_dp", ks.rms_dp);
+	if (f->ref) {
+		rt_json_member_num(stdout, "kld_mean", f->ks.kld_mean);
+		rt_json_member_num(stdout, "kld_mean_err", f->ks.kld_mean_err);
+		rt_json_member_num(stdout, "kld_median", f->ks.kld_median);
+		rt_json_member_num(stdout, "kld_p99", f->ks.kld_p99);
+		rt_json_member_num(stdout, "kld_max", f->ks.kld_max);
+		rt_json_member_num(stdout, "ppl_ref", f->ks.ppl_p);
+		rt_json_member_num(stdout, "ppl_ratio", f->ks.ppl_ratio);
+		rt_json_member_num(stdout, "same_top1", f->ks.same_top1);
+		rt_json_member_num(stdout, "rms_dp", f->ks.rms_dp);
 	}
 	fputs("}\n", stdout);
 }
@@ -305,60 +294,50 @@ static void ppl_report_table(const ppl_fig *f)
 {
 	const rt_cli_run *r = f->r;
 	const rt_eval_score *sc = f->sc;
-	const rt_cli_opts *o = f->o;
-	const struct kvp_policy *p = r->p;
-	const rt_seq_stats st = f->st;
-	const rt_kld_summary ks = f->ks;
-	const double mean_entries = f->mean_entries, nll_mean = f->nll_mean, ppl = f->ppl;
-	const double tps = f->tps;
-	const int64_t kv_held = f->kv_held, kv_f16 = f->kv_f16, use = f->use, n = f->n;
-	const int threads = f->threads, pf = f->pf, batch = f->batch, ref = f->ref;
-	const rt_compression cx = f->cx;
-	const rt_model *m = f->m;
-	printf("model            %s\n", m->path);
+	printf("model            %s\n", f->m->path);
 	/* token 0 has no prediction, so `use` tokens score at most use - 1 (fewer with
 	 * --score-from) */
 	printf("text             %s (%lld tokens; the first %lld fed, %lld of them scored)\n",
-	       o->text, (long long)n, (long long)use, (long long)sc->scored);
-	printf("policy           %s", p->name);
-	for (int i = 0; i < p->n_params; i++) /* those in effect: a ratio replaces the budget */
-		if (kvp_param_in_effect(p, i, r->o.ratio > 0 ? r->o.ratio : r->o.byte_ratio))
-			printf(" %s=%g", p->params[i].name, r->seq.run.params[i]);
+	       f->o->text, (long long)f->n, (long long)f->use, (long long)sc->scored);
+	printf("policy           %s", r->p->name);
+	for (int i = 0; i < r->p->n_params; i++) /* those in effect: a ratio replaces the budget */
+		if (kvp_param_in_effect(r->p, i, r->o.ratio > 0 ? r->o.ratio : r->o.byte_ratio))
+			printf(" %s=%g", r->p->params[i].name, r->seq.run.params[i]);
 	if (r->o.ratio > 0)
 		printf(" ratio=%g", r->o.ratio);
 	if (r->o.byte_ratio > 0)
 		printf(" byte_ratio=%g", r->o.byte_ratio);
-	if (pf > 0)
-		printf(" (chunked prefill: %d tokens)", pf);
+	if (f->pf > 0)
+		printf(" (chunked prefill: %d tokens)", f->pf);
 	putchar('\n');
-	printf("ppl              %.4f\n", ppl);
-	printf("nll_mean         %.6f nats/token\n", nll_mean);
+	printf("ppl              %.4f\n", f->ppl);
+	printf("nll_mean         %.6f nats/token\n", f->nll_mean);
 	printf("top1_acc         %.4f\n", (double)sc->hits / (double)sc->scored);
-	if (ref) {
-		printf("ppl_ref          %.4f (full cache), ppl_ratio %.4f\n", ks.ppl_p, ks.ppl_ratio);
-		printf("kld              mean %.6f ± %.6f, p99 %.6f, max %.6f nats\n", ks.kld_mean,
-		       ks.kld_mean_err, ks.kld_p99, ks.kld_max);
-		printf("same_top1        %.4f, rms_dp %.4f\n", ks.same_top1, ks.rms_dp);
+	if (f->ref) {
+		printf("ppl_ref          %.4f (full cache), ppl_ratio %.4f\n", f->ks.ppl_p, f->ks.ppl_ratio);
+		printf("kld              mean %.6f ± %.6f, p99 %.6f, max %.6f nats\n", f->ks.kld_mean,
+		       f->ks.kld_mean_err, f->ks.kld_p99, f->ks.kld_max);
+		printf("same_top1        %.4f, rms_dp %.4f\n", f->ks.same_top1, f->ks.rms_dp);
 	}
-	printf("kv peak          %lld entries, %.2f MiB\n", (long long)st.kv_entries_peak,
-	       (double)st.kv_bytes_peak / (1024.0 * 1024.0));
+	printf("kv peak          %lld entries, %.2f MiB\n", (long long)f->st.kv_entries_peak,
+	       (double)f->st.kv_bytes_peak / (1024.0 * 1024.0));
 	printf("kv at the end    %.1f entries per head, %.2f MiB of keys and values (an f16 full "
-	       "cache: %.2f MiB)\n", mean_entries, (double)kv_held / (1024.0 * 1024.0),
-	       (double)kv_f16 / (1024.0 * 1024.0));
-	rt_compression_table(stdout, &cx);
-	if (p->compress)
+	       "cache: %.2f MiB)\n", f->mean_entries, (double)f->kv_held / (1024.0 * 1024.0),
+	       (double)f->kv_f16 / (1024.0 * 1024.0));
+	rt_compression_table(stdout, &f->cx);
+	if (r->p->compress)
 		printf("scored           %lld of %lld from a cache the policy had compressed\n",
 		       (long long)sc->compressed, (long long)sc->scored);
-	printf("compressions     %lld (%.3f s in policy code)\n", (long long)st.compress_events,
-	       st.policy_seconds);
+	printf("compressions     %lld (%.3f s in policy code)\n", (long long)f->st.compress_events,
+	       f->st.policy_seconds);
 	if (rt_cli_device_weights())
-		printf("speed            %.1f tokens/s (%.2f s, on %s with %s weights%s)\n", tps,
-		       st.seconds, rt_seq_device(&r->seq), rt_cli_device_weights(),
-		       batch > 1 ? ", runs fed one after the other" : "");
+		printf("speed            %.1f tokens/s (%.2f s, on %s with %s weights%s)\n", f->tps,
+		       f->st.seconds, rt_seq_device(&r->seq), rt_cli_device_weights(),
+		       f->batch > 1 ? ", runs fed one after the other" : "");
 	else
-		printf("speed            %.1f tokens/s (%.2f s, %d threads%s)\n", tps, st.seconds,
-		       threads, batch > 1 ? ", shared by the batch" : "");
-	if (batch > 1)
+		printf("speed            %.1f tokens/s (%.2f s, %d threads%s)\n", f->tps, f->st.seconds,
+		       f->threads, f->batch > 1 ? ", shared by the batch" : "");
+	if (f->batch > 1)
 		putchar('\n');
 }
 
