@@ -249,3 +249,11 @@ int32_t rt_argmax(const float *v, int n)
 			best = i;
 	return best;
 }
+
+int rt_name_index(const char *const *names, int n, const char *name)
+{
+	for (int i = 0; i < n; i++)
+		if (strcmp(name, names[i]) == 0)
+			return i;
+	return -1;
+}

@@ -86,4 +86,8 @@ double rt_now(void);
  * larger than anything, so it wins only at index 0. */
 int32_t rt_argmax(const float *v, int n);
 
+/* A name table's lookup: the index of name in names[0..n) (an enum's ORDER table, e.g.
+ * runtime/kv/rt_kv.c's KV types and tiers), or -1 when it is none of them. */
+int rt_name_index(const char *const *names, int n, const char *name);
+
 #endif

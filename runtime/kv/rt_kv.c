@@ -81,10 +81,7 @@ const char *rt_kv_type_name(enum rt_kv_type t)
 
 int rt_kv_type_parse(const char *name)
 {
-	for (int t = 0; t < RT_KV_N_TYPE; t++)
-		if (strcmp(name, type_names[t]) == 0)
-			return t;
-	return -1;
+	return rt_name_index(type_names, RT_KV_N_TYPE, name);
 }
 
 size_t rt_kv_row_bytes(enum rt_kv_type t, int head_dim)
@@ -126,10 +123,7 @@ const char *rt_kv_tier_name(int t)
 
 int rt_kv_tier_parse(const char *name)
 {
-	for (int t = 0; t < RT_KV_N_TIER; t++)
-		if (strcmp(name, tier_names[t]) == 0)
-			return t;
-	return -1;
+	return rt_name_index(tier_names, RT_KV_N_TIER, name);
 }
 
 /* The codec of tier t's key (value == 0) or value rows (tier 0: the store's type). */
@@ -278,24 +272,9 @@ static int kv_check(rt_kv *kv, enum rt_kv_type type, int n_layer, int n_kv_head,
 	return 0;
 }
 
-int rt_kv_init_typed(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_layer,
-                     int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
-                     size_t state_bytes, rt_err *err)
+/* A tiered store's checks and per-tier row sizes (before kv_init, which lays them out). */
+static int kv_tiers_setup(rt_kv *kv, enum rt_kv_type top, int head_dim, rt_err *err)
 {
-	if (kv_check(kv, type, n_layer, n_kv_head, group, head_dim, cap, stat_bytes, state_bytes,
-	             err) != 0)
-		return -1;
-	return kv_init(kv, pool ? pool : rt_kvpool_process(), type, n_layer, n_kv_head, group,
-	               head_dim, cap, stat_bytes, state_bytes, err);
-}
-
-int rt_kv_init_tiered(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type top, int n_layer,
-                      int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
-                      size_t state_bytes, rt_err *err)
-{
-	if (kv_check(kv, top, n_layer, n_kv_head, group, head_dim, cap, stat_bytes, state_bytes,
-	             err) != 0)
-		return -1;
 	if (top != RT_KV_F16 && top != RT_KV_F32)
 		return rt_err_set(err, "kv: tiered store: the top tier is f16 or f32, not %s",
 		                  rt_kv_type_name(top));
@@ -313,8 +292,37 @@ int rt_kv_init_tiered(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type top, int n_lay
 		/* both are whole groups of even byte counts, so the mean is exact */
 		kv->tier_row[t] = (kv->tier_krow[t] + kv->tier_vrow[t]) / 2;
 	}
-	return kv_init(kv, pool ? pool : rt_kvpool_process(), top, n_layer, n_kv_head, group,
+	return 0;
+}
+
+/* Both constructors: the shape's checks, the tiers' (tiered), then the layout. */
+static int kv_open(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int tiered, int n_layer,
+                   int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
+                   size_t state_bytes, rt_err *err)
+{
+	if (kv_check(kv, type, n_layer, n_kv_head, group, head_dim, cap, stat_bytes, state_bytes,
+	             err) != 0)
+		return -1;
+	if (tiered && kv_tiers_setup(kv, type, head_dim, err) != 0)
+		return -1;
+	return kv_init(kv, pool ? pool : rt_kvpool_process(), type, n_layer, n_kv_head, group,
 	               head_dim, cap, stat_bytes, state_bytes, err);
+}
+
+int rt_kv_init_typed(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_layer,
+                     int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
+                     size_t state_bytes, rt_err *err)
+{
+	return kv_open(kv, pool, type, 0, n_layer, n_kv_head, group, head_dim, cap, stat_bytes,
+	               state_bytes, err);
+}
+
+int rt_kv_init_tiered(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type top, int n_layer,
+                      int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
+                      size_t state_bytes, rt_err *err)
+{
+	return kv_open(kv, pool, top, 1, n_layer, n_kv_head, group, head_dim, cap, stat_bytes,
+	               state_bytes, err);
 }
 
 int rt_kv_set_rotation(rt_kv *kv, int keys, int values, rt_err *err)

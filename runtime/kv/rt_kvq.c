@@ -25,10 +25,7 @@ const char *rt_kvq_name(rt_kvq_kind kind)
 
 int rt_kvq_parse(const char *name)
 {
-	for (int i = 0; i < RT_KVQ_N_KIND; i++)
-		if (strcmp(name, rt_kvq_names[i]) == 0)
-			return i;
-	return -1;
+	return rt_name_index(rt_kvq_names, RT_KVQ_N_KIND, name);
 }
 
 static int is_quant(rt_kvq_kind kind)
