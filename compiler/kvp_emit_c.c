@@ -313,7 +313,7 @@ static void emit_tables(struct kvp_em *em)
 	if (ir->tiers.n > 0) {
 		/* ORDER(tier): enum rt_kv_tier (runtime/kv/rt_kv.h), by name */
 		static const char *const tiers[KVP_IR_MAX_TIERS] = {
-			"RT_KV_TIER_TOP", "RT_KV_TIER_Q8", "RT_KV_TIER_Q4", "RT_KV_TIER_Q2",
+			"RT_KV_TIER_TOP", "RT_KV_TIER_Q8", "RT_KV_TIER_K8V4", "RT_KV_TIER_Q4", "RT_KV_TIER_Q2",
 		};
 		const struct kvp_ir_tiers *t = &ir->tiers;
 		kvp_em_out(em, "/* precision: the storage tiers, highest precision first%s */\n",

@@ -279,8 +279,8 @@ struct kvp_ir_trig {
 };
 
 /* Storage tiers (`precision = tiers(...)`, kernels/k_tier.h). Tier numbers are enum
- * rt_kv_tier (runtime/kv/rt_kv.h): 0 the store's own type, 1 q8, 2 q4, 3 q2. */
-#define KVP_IR_MAX_TIERS 4
+ * rt_kv_tier (runtime/kv/rt_kv.h): 0 the store's own type, 1 q8, 2 k8v4, 3 q4, 4 q2. */
+#define KVP_IR_MAX_TIERS 5
 struct kvp_ir_tiers {
 	int n;                   /* tiers given, highest precision first; 0: no precision action */
 	int tier[KVP_IR_MAX_TIERS];

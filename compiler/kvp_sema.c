@@ -94,16 +94,25 @@ static const setting_word SETTING_WORDS[] = {
 	{ "tiers", "a precision action", "precision" },
 	{ "f16", "a storage tier", "precision" },
 	{ "q8", "a storage tier", "precision" },
+	{ "k8v8", "a storage tier", "precision" },
+	{ "k8v4", "a storage tier", "precision" },
 	{ "q4", "a storage tier", "precision" },
+	{ "k4v4", "a storage tier", "precision" },
 	{ "q2", "a storage tier", "precision" },
+	{ "k4v2", "a storage tier", "precision" },
 	{ "rest", "a tier's share", "precision" },
 	{ "bytes", "a byte budget", "budget" },
 };
 
 /* ORDER(tier): the storage tiers of runtime/kv/rt_kv.h enum rt_kv_tier, highest precision
- * first (f16 is the store's own type: f32 on the exact path). */
-static const char *const TIER_NAMES[] = { "f16", "q8", "q4", "q2" };
-#define N_TIERS 4
+ * first (f16 is the store's own type: f32 on the exact path), and the same tiers spelled by
+ * their key and value bits (NULL: none other). */
+static const char *const TIER_NAMES[] = { "f16", "q8", "k8v4", "q4", "q2" };
+static const char *const TIER_BITS_NAMES[] = { NULL, "k8v8", "k8v4", "k4v4", "k4v2" };
+#define N_TIERS 5
+/* every word that names a tier, for suggestions */
+static const char *const TIER_WORDS[] = { "f16", "q8", "k8v4", "q4", "q2", "k8v8", "k4v4", "k4v2" };
+#define TIER_LIST "f16, q8 (k8v8), k8v4, q4 (k4v4) and q2 (k4v2)"
 #define N_SETTING_WORDS (int)(sizeof SETTING_WORDS / sizeof SETTING_WORDS[0])
 
 static const builtin_sig *find_signal(const char *name)
@@ -1730,19 +1739,19 @@ static int tier_of(sema *S, const kvp_expr *a)
 	const char *w = a->kind == KVP_E_ARG ? a->name : a->kind == KVP_E_NAME ? a->name : NULL;
 	kvp_srcloc at = a->kind == KVP_E_ARG ? a->name_loc : a->loc;
 	if (!w) {
-		ERR(S, a->loc, "a tier is f16, q8, q4 or q2, with its share of the kept entries or without (`q8 = 25%%`, `q4 = rest`)");
+		ERR(S, a->loc, "a tier is one of " TIER_LIST ", with its share of the kept entries or without (`q8 = 25%%`, `q4 = rest`)");
 		return -1;
 	}
 	for (int t = 0; t < N_TIERS; t++)
-		if (!strcmp(w, TIER_NAMES[t]))
+		if (!strcmp(w, TIER_NAMES[t]) || (TIER_BITS_NAMES[t] && !strcmp(w, TIER_BITS_NAMES[t])))
 			return t;
 	/* a two-letter near miss (q3) is as near to q2 as to q4: no suggestion */
 	int d = 1000;
-	const char *s = strlen(w) > 2 ? suggest_from(w, TIER_NAMES, N_TIERS, NULL, &d) : NULL;
+	const char *s = strlen(w) > 2 ? suggest_from(w, TIER_WORDS, (int)(sizeof TIER_WORDS / sizeof *TIER_WORDS), NULL, &d) : NULL;
 	if (s)
-		ERR(S, at, "unknown tier '%s'; did you mean '%s'? (the tiers are f16, q8, q4 and q2)", w, s);
+		ERR(S, at, "unknown tier '%s'; did you mean '%s'? (the tiers are " TIER_LIST ")", w, s);
 	else
-		ERR(S, at, "unknown tier '%s'; the tiers are f16, q8, q4 and q2", w);
+		ERR(S, at, "unknown tier '%s'; the tiers are " TIER_LIST, w);
 	return -1;
 }
 
@@ -1772,7 +1781,7 @@ static int tier_share(sema *S, const kvp_expr *e, int last, double *v)
 }
 
 /* precision = tiers '(' TIER [ '=' SHARE ] { ',' TIER [ '=' SHARE ] } ')'
- * TIER = f16 | q8 | q4 | q2, highest precision first; SHARE = a constant ratio, or `rest` for
+ * TIER = f16 | q8 | k8v4 | q4 | q2 (or k8v8, k4v4, k4v2), highest precision first; SHARE = a constant ratio, or `rest` for
  * the last. With shares the kept entries outside the guards take the tiers by score rank;
  * without, every entry is evicted or given a tier by utility per byte (docs/language.md
  * section 7.8, kernels/k_tier.h). */
@@ -1847,7 +1856,7 @@ static void check_precision(sema *S, const kvp_stmt *st)
 		na = i;
 	}
 	if (na > N_TIERS) {
-		ERR(S, v->args[N_TIERS]->loc, "too many tiers: there are four (f16, q8, q4 and q2)");
+		ERR(S, v->args[N_TIERS]->loc, "too many tiers: there are five (" TIER_LIST ")");
 		return;
 	}
 	int named = 0, shares = 0;

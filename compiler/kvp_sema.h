@@ -115,8 +115,8 @@ typedef struct kvp_sema {
 	 * with shares (tier_shares) their cumulative shares of the kept entries (the last 1),
 	 * without, the allocator chooses by utility per byte. n_tier 0: no precision action. */
 	int n_tier;
-	int tier[4];
-	double tier_cum[4];
+	int tier[5];
+	double tier_cum[5];
 	int tier_shares;
 	/* `rotate = hadamard` in tiers(...): bit 0 keys, bit 1 values stored rotated at the
 	 * quantised tiers (rt_kv_set_rotation); 0 none */

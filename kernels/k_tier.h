@@ -1,7 +1,7 @@
 /*
  * k_tier: entry precision as a compress action — which storage tier every entry of a
  * (layer, KV head) list keeps (runtime/kv/rt_kv.h enum rt_kv_tier: 0 the store's own type,
- * then 8, 4 and 2 bits), or whether it is evicted. Two rules, both downgrade-only (an
+ * then keys/values at 8/8, 8/4, 4/4 and 4/2 bits), or whether it is evicted. Two rules, both downgrade-only (an
  * entry already at a lower tier never goes back up: its precision is gone):
  *
  *   shares   (`precision = tiers(f16 = 25%, q8 = 25%, q4 = rest)`): the kept entries
@@ -32,7 +32,11 @@
  * step is range / (2^b − 1), the rounding error is uniform with RMS step / √12, and the
  * expected range of 32 normal samples is 4.08 σ (the mean range of 32 normal samples),
  * so e_b = 4.08 / ((2^b − 1) √12) = 1.178 / (2^b − 1): e_8 = 0.0046, e_4 = 0.0785,
- * e_2 = 0.393. The top tier is exact for f32 and within 2^-11 for f16: 1.
+ * e_2 = 0.393. A tier whose keys and values differ in bits (k8v4, q2 = k4v2) takes the
+ * larger error of its two halves. The top tier is exact for f32 and within 2^-11 for f16: 1.
+ * So k8v4 has q4's fidelity at more bytes and is never on a utility chain that also
+ * offers q4 (the row-error model does not see what 8-bit keys buy in the logits): it
+ * serves shares and the per-layer and window limits of docs/language.md section 7.8.
  * On rows of normal values the store's codecs measure 1 − e = 0.9954, 0.9217, 0.6076
  * (tests/test_k_tier.c fidelity_measured). ORDER(tier): K_TIER_FIDELITY follows enum rt_kv_tier.
  *
@@ -52,11 +56,12 @@
 
 /* Tiers of the store (RT_KV_N_TIER in runtime/kv/rt_kv.h) and the mark of an evicted
  * entry in the allocator's output. */
-#define K_TIER_MAX 4
+#define K_TIER_MAX 5
 #define K_TIER_EVICT 0xffu
 
-/* ORDER(tier): fidelity of top, q8, q4, q2 (see the top). */
-#define K_TIER_FIDELITY { 1.0, 0.9954, 0.9215, 0.6073 }
+/* ORDER(tier): fidelity of top, q8, k8v4, q4, q2 (see the top): 1 − the larger of the key
+ * and the value error, e_8, e_4 (k8v4's 4-bit values), e_4, e_2 (q2's 2-bit values). */
+#define K_TIER_FIDELITY { 1.0, 0.9954, 0.9215, 0.9215, 0.6073 }
 
 /* One entry's upgrade chain: the points of the upper concave hull after (0, 0), cheapest
  * first: tier[j] with its increments dc[j] (bytes) and df[j] (fidelity) from point j − 1

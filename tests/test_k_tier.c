@@ -38,9 +38,11 @@ extern const struct kvp_policy kvp_policy_tier_pos_shares, kvp_policy_tier_pos_u
 	kvp_policy_tier_acc_layer, kvp_policy_tier_acc_global;
 
 static const double FID[K_TIER_MAX] = K_TIER_FIDELITY;
+enum { Q8 = RT_KV_TIER_Q8, K8V4 = RT_KV_TIER_K8V4, Q4 = RT_KV_TIER_Q4, Q2 = RT_KV_TIER_Q2 };
 /* bytes of one entry (key + value rows) at head_dim 64: f16 128 + 128; q8 2 × (64 + 2 × 4);
- * q4 2 × (32 + 2 × 4); q2 2 × (16 + 2 × 4) (groups of 32 with an f16 scale and minimum) */
-static const double BYTES[K_TIER_MAX] = { 256, 144, 80, 48 };
+ * k8v4 (64 + 2 × 4) + (32 + 2 × 4); q4 2 × (32 + 2 × 4); q2 2 × (16 + 2 × 4) (groups of 32
+ * with an f16 scale and minimum) */
+static const double BYTES[K_TIER_MAX] = { 256, 144, 112, 80, 48 };
 
 static uint64_t rng;
 static double urand(void)
@@ -78,39 +80,46 @@ static int ref_chain(const double *bytes, const double *fid, unsigned allowed, i
 START_TEST(chain_hand)
 {
 	struct k_tier_menu m;
-	/* every tier is on the hull: rates 0.6073/48 > 0.3142/32 > 0.0739/64 > 0.0046/112 */
-	k_tier_menu_make(BYTES, FID, 0xf, 0, &m);
+	/* every tier but k8v4 is on the hull: rates 0.6073/48 > 0.3142/32 > 0.0739/64 >
+	 * 0.0046/112; k8v4 (112 bytes, F 0.9215) costs more than q4 for no more fidelity */
+	k_tier_menu_make(BYTES, FID, 0x1f, 0, &m);
 	ck_assert_int_eq(m.n, 4);
-	ck_assert_int_eq(m.tier[0], 3);
-	ck_assert_int_eq(m.tier[1], 2);
-	ck_assert_int_eq(m.tier[2], 1);
+	ck_assert_int_eq(m.tier[0], Q2);
+	ck_assert_int_eq(m.tier[1], Q4);
+	ck_assert_int_eq(m.tier[2], Q8);
 	ck_assert_int_eq(m.tier[3], 0);
 	ck_assert(fabs(m.dc[0] - 48) < 1e-12 && fabs(m.df[0] - 0.6073) < 1e-12);
 	ck_assert(fabs(m.dc[1] - 32) < 1e-12 && fabs(m.df[1] - (0.9215 - 0.6073)) < 1e-12);
 	ck_assert(fabs(m.dc[3] - 112) < 1e-12 && fabs(m.df[3] - (1 - 0.9954)) < 1e-12);
 	/* an entry already at q4: q4 then q2 only, and q2 is cheaper, so q2 then q4 */
-	k_tier_menu_make(BYTES, FID, 0xf, 2, &m);
+	k_tier_menu_make(BYTES, FID, 0x1f, Q4, &m);
 	ck_assert_int_eq(m.n, 2);
-	ck_assert_int_eq(m.tier[0], 3);
-	ck_assert_int_eq(m.tier[1], 2);
+	ck_assert_int_eq(m.tier[0], Q2);
+	ck_assert_int_eq(m.tier[1], Q4);
+	/* k8v4 and the top only: k8v4 (112 bytes, 0.9215) then the top (144 more, 0.0785) */
+	k_tier_menu_make(BYTES, FID, 1u | 1u << K8V4, 0, &m);
+	ck_assert_int_eq(m.n, 2);
+	ck_assert_int_eq(m.tier[0], K8V4);
+	ck_assert_int_eq(m.tier[1], 0);
+	ck_assert(fabs(m.dc[1] - 144) < 1e-12 && fabs(m.df[1] - (1 - 0.9215)) < 1e-12);
 	/* not concave: (10, .3) (50, .45) (60, .5) (100, 1): 50 and 60 lie below the chord
-	 * from 10 to 100 (slope .7/90 = .0078 > .005 and > .00375) */
-	const double b2[4] = { 100, 60, 50, 10 }, f2[4] = { 1, 0.5, 0.45, 0.3 };
+	 * from 10 to 100 (slope .7/90 = .0078 > .005 and > .00375); tier 4 not allowed */
+	const double b2[K_TIER_MAX] = { 100, 60, 50, 10, 5 }, f2[K_TIER_MAX] = { 1, 0.5, 0.45, 0.3, 0.1 };
 	k_tier_menu_make(b2, f2, 0xf, 0, &m);
 	ck_assert_int_eq(m.n, 2);
 	ck_assert_int_eq(m.tier[0], 3);
 	ck_assert_int_eq(m.tier[1], 0);
 	ck_assert(fabs(m.dc[1] - 90) < 1e-12 && fabs(m.df[1] - 0.7) < 1e-12);
 	/* a dominated tier (costlier, no better) never appears */
-	const double b3[4] = { 100, 120, 50, 10 }, f3[4] = { 1, 0.9, 0.8, 0.2 };
-	k_tier_menu_make(b3, f3, 0xf, 0, &m);
+	const double b3[K_TIER_MAX] = { 100, 120, 50, 10, 5 }, f3[K_TIER_MAX] = { 1, 0.9, 0.8, 0.2, 0.1 };
+	k_tier_menu_make(b3, f3, 0x1f, 0, &m);
 	for (int j = 0; j < m.n; j++)
 		ck_assert_int_ne(m.tier[j], 1);
 	/* only q8 and q4 allowed */
-	k_tier_menu_make(BYTES, FID, 0x6, 0, &m);
+	k_tier_menu_make(BYTES, FID, 1u << Q8 | 1u << Q4, 0, &m);
 	ck_assert_int_eq(m.n, 2);
-	ck_assert_int_eq(m.tier[0], 2);
-	ck_assert_int_eq(m.tier[1], 1);
+	ck_assert_int_eq(m.tier[0], Q4);
+	ck_assert_int_eq(m.tier[1], Q8);
 }
 END_TEST
 
@@ -118,16 +127,16 @@ START_TEST(chain_random)
 {
 	rng = 7;
 	for (int trial = 0; trial < 2000; trial++) {
-		double b[4], f[4];
-		for (int t = 0; t < 4; t++) {
+		double b[K_TIER_MAX], f[K_TIER_MAX];
+		for (int t = 0; t < K_TIER_MAX; t++) {
 			b[t] = 1 + floor(urand() * 20);
 			f[t] = floor(urand() * 10) / 10;
 		}
-		unsigned allowed = (unsigned)(urand() * 16);
-		int cur = (int)(urand() * 4);
+		unsigned allowed = (unsigned)(urand() * (1u << K_TIER_MAX));
+		int cur = (int)(urand() * K_TIER_MAX);
 		struct k_tier_menu m;
 		k_tier_menu_make(b, f, allowed, cur, &m);
-		uint8_t ref[4];
+		uint8_t ref[K_TIER_MAX];
 		int n = ref_chain(b, f, allowed, cur, ref);
 		/* collinear points: the kernel keeps them, the wrap takes the cheaper first and
 		 * then the next, so both list the same points */
@@ -143,7 +152,7 @@ END_TEST
  * e0 q4 (5 left), e1 q4 (4), e0 top (1), e1 top does not fit, e2 q4 (0). */
 START_TEST(alloc_hand)
 {
-	const double b[4] = { 4, 2, 1, 0.5 }, f[4] = { 1, 0.8, 0.5, 0.1 };
+	const double b[K_TIER_MAX] = { 4, 2, 1.5, 1, 0.5 }, f[K_TIER_MAX] = { 1, 0.8, 0.6, 0.5, 0.1 };
 	const float score[3] = { 1, 0.5f, 0.1f };
 	const int32_t pos[3] = { 0, 1, 2 }, n = 3, layer = 0, kvh = 0;
 	const int32_t *pp = pos;
@@ -151,15 +160,15 @@ START_TEST(alloc_hand)
 	struct k_tier_pool p = { 1, 3, &n, score, cand, cur, &pp, &layer, &kvh };
 	uint8_t out[3];
 	struct k_uheap_item heap[3];
-	double used = k_tier_alloc(&p, b, f, 1u << 0 | 1u << 2, 6, out, heap);
+	double used = k_tier_alloc(&p, b, f, 1u << 0 | 1u << Q4, 6, out, heap);
 	ck_assert(fabs(used - 6) < 1e-12);
 	ck_assert_int_eq(out[0], 0);
-	ck_assert_int_eq(out[1], 2);
-	ck_assert_int_eq(out[2], 2);
+	ck_assert_int_eq(out[1], Q4);
+	ck_assert_int_eq(out[2], Q4);
 	/* 2 bytes: e0 q4, e1 q4; 0.5 bytes: nothing fits, all evicted */
-	k_tier_alloc(&p, b, f, 1u << 0 | 1u << 2, 2, out, heap);
-	ck_assert(out[0] == 2 && out[1] == 2 && out[2] == K_TIER_EVICT);
-	k_tier_alloc(&p, b, f, 1u << 0 | 1u << 2, 0.5, out, heap);
+	k_tier_alloc(&p, b, f, 1u << 0 | 1u << Q4, 2, out, heap);
+	ck_assert(out[0] == Q4 && out[1] == Q4 && out[2] == K_TIER_EVICT);
+	k_tier_alloc(&p, b, f, 1u << 0 | 1u << Q4, 0.5, out, heap);
 	ck_assert(out[0] == K_TIER_EVICT && out[1] == K_TIER_EVICT && out[2] == K_TIER_EVICT);
 }
 END_TEST
@@ -175,9 +184,9 @@ START_TEST(alloc_ties)
 	struct k_tier_pool p = { 1, 5, &n, score, cand, cur, &pp, &layer, &kvh };
 	uint8_t out[5] = { 0, 0, 0, 0, 77 };
 	struct k_uheap_item heap[5];
-	k_tier_alloc(&p, BYTES, FID, 1u << 3, 2 * 48, out, heap);
-	ck_assert_int_eq(out[1], 3); /* pos 10 */
-	ck_assert_int_eq(out[3], 3); /* pos 20 */
+	k_tier_alloc(&p, BYTES, FID, 1u << Q2, 2 * 48, out, heap);
+	ck_assert_int_eq(out[1], Q2); /* pos 10 */
+	ck_assert_int_eq(out[3], Q2); /* pos 20 */
 	ck_assert_int_eq(out[0], K_TIER_EVICT);
 	ck_assert_int_eq(out[2], K_TIER_EVICT);
 	ck_assert_int_eq(out[4], 77);
@@ -185,12 +194,12 @@ START_TEST(alloc_ties)
 	const uint8_t all[5] = { 1, 1, 1, 1, 1 };
 	p.score = zero;
 	p.cand = all;
-	k_tier_alloc(&p, BYTES, FID, 0xf, 5 * 48 + 32, out, heap);
+	k_tier_alloc(&p, BYTES, FID, 0x1f, 5 * 48 + 32, out, heap);
 	/* every entry at q2 first (rate F/48 beats (F4 - F2)/32 at equal score), then the
 	 * lowest position (0, entry 4) takes q4 */
-	ck_assert_int_eq(out[4], 2);
+	ck_assert_int_eq(out[4], Q4);
 	for (int i = 0; i < 4; i++)
-		ck_assert_int_eq(out[i], 3);
+		ck_assert_int_eq(out[i], Q2);
 }
 END_TEST
 
@@ -202,7 +211,7 @@ static double ref_greedy(int H, int32_t stride, const int32_t *n, const float *s
                          double budget, uint8_t *out)
 {
 	int lvl[64 * 8];
-	uint8_t chain[64 * 8][4];
+	uint8_t chain[64 * 8][K_TIER_MAX];
 	int nch[64 * 8], dead[64 * 8];
 	for (int h = 0; h < H; h++)
 		for (int32_t i = 0; i < n[h]; i++) {
@@ -328,12 +337,12 @@ static void random_pools(int G)
 				/* coarse scores so that ties happen */
 				score[e] = (float)(floor(urand() * 5) / 4);
 				cand[e] = urand() < 0.85;
-				cur[e] = (uint8_t)(urand() < 0.6 ? 0 : urand() * 4);
+				cur[e] = (uint8_t)(urand() < 0.6 ? 0 : urand() * K_TIER_MAX);
 				out[e] = ref[e] = 200;
 			}
 			pos[h] = posv[h];
 		}
-		unsigned allowed = 1u | (unsigned)(urand() * 16);
+		unsigned allowed = 1u | (unsigned)(urand() * (1u << K_TIER_MAX));
 		double budget = floor(urand() * 1200);
 		struct k_uheap_item heap[48];
 		struct k_tier_pool p = { H, stride, n, score, cand, cur, pos, layer, kvh };
@@ -403,8 +412,8 @@ START_TEST(shares_hand)
 	const int32_t pos[10] = { 0, 1, 2, 4, 3, 5, 6, 7, 8, 9 };
 	const uint8_t kept[10] = { 1, 1, 1, 1, 1, 1, 0, 1, 1, 0 };
 	uint8_t cur[10] = { 0 };
-	cur[5] = 3;
-	const uint8_t tier[3] = { 0, 1, 2 };
+	cur[5] = Q2;
+	const uint8_t tier[3] = { 0, Q8, Q4 };
 	const double cum[3] = { 0.25, 0.5, 1 };
 	uint8_t want[10];
 	memset(want, 99, sizeof want);
@@ -413,12 +422,12 @@ START_TEST(shares_hand)
 	/* ranks: 9 (i0), 8 (i2), 7@pos3 (i4), 7@pos4 (i3), 6 (i8), 2 (i5), 1 (i1), 0.5 (i7) */
 	ck_assert_int_eq(want[0], 0);
 	ck_assert_int_eq(want[2], 0);
-	ck_assert_int_eq(want[4], 1);
-	ck_assert_int_eq(want[3], 1);
-	ck_assert_int_eq(want[8], 2);
-	ck_assert_int_eq(want[5], 3); /* already q2 */
-	ck_assert_int_eq(want[1], 2);
-	ck_assert_int_eq(want[7], 2);
+	ck_assert_int_eq(want[4], Q8);
+	ck_assert_int_eq(want[3], Q8);
+	ck_assert_int_eq(want[8], Q4);
+	ck_assert_int_eq(want[5], Q2); /* already q2 */
+	ck_assert_int_eq(want[1], Q4);
+	ck_assert_int_eq(want[7], Q4);
 	ck_assert_int_eq(want[6], 99);
 	ck_assert_int_eq(want[9], 99);
 	/* 25% f16 + 25% q8 + 50% q4: .25·256 + .25·144 + .5·80 = 140 bytes per entry */
@@ -432,7 +441,9 @@ END_TEST
 START_TEST(fidelity_measured)
 {
 	static const double F[K_TIER_MAX] = K_TIER_FIDELITY;
-	static const rt_kvq_kind kind[K_TIER_MAX] = { RT_KVQ_F16, RT_KVQ_Q8, RT_KVQ_Q4, RT_KVQ_Q2 };
+	/* the codec of the half with the larger error: k8v4's 4-bit values, q2's 2-bit values */
+	static const rt_kvq_kind kind[K_TIER_MAX] = { RT_KVQ_F16, RT_KVQ_Q8, RT_KVQ_Q4, RT_KVQ_Q4,
+		                                      RT_KVQ_Q2 };
 	rng = 99;
 	for (int t = 1; t < K_TIER_MAX; t++) {
 		enum { D = 64 };
@@ -602,12 +613,12 @@ static void e2e_shares(int si, enum rt_kv_type t)
 			continue;
 		}
 		int k = pass == 0 ? 22 :
-		        (int)floor((16 * e16 - 10 * c[0]) / (c[0] / 4 + c[1] / 4 + c[2] / 2));
+		        (int)floor((16 * e16 - 10 * c[0]) / (c[0] / 4 + c[Q8] / 4 + c[Q4] / 2));
 		int top = (int)floor(0.25 * k + 0.5), q8 = (int)floor(0.5 * k + 0.5);
 		double bytes = 10 * c[0];
 		for (int q = 0; q < E2E_P; q++) {
 			int r = 55 - q; /* rank among the candidates 2..55 */
-			want[q] = q < 2 || q >= 56 ? 0 : r >= k ? -1 : r < top ? 0 : r < q8 ? 1 : 2;
+			want[q] = q < 2 || q >= 56 ? 0 : r >= k ? -1 : r < top ? 0 : r < q8 ? Q8 : Q4;
 			if (q >= 2 && q < 56 && want[q] >= 0)
 				bytes += c[want[q]];
 		}
@@ -633,14 +644,14 @@ static void e2e_utility(int si, enum rt_kv_type t)
 	e2e_costs(m, c, &e16);
 	static const double F[K_TIER_MAX] = K_TIER_FIDELITY;
 	double R = 0.4 * E2E_P * e16 - 10 * c[0];
-	int mq = R > 0 ? (int)floor(R / c[2]) : 0;
+	int mq = R > 0 ? (int)floor(R / c[Q4]) : 0;
 	ck_assert_int_le(mq, 54);
 	/* the ordering used above, from the oldest candidate given q4 on */
-	ck_assert((56 - mq) * F[2] / c[2] > 55 * (1 - F[2]) / (c[0] - c[2]));
-	ck_assert(R - mq * c[2] < c[0] - c[2]);                      /* no top step fits */
+	ck_assert((56 - mq) * F[Q4] / c[Q4] > 55 * (1 - F[Q4]) / (c[0] - c[Q4]));
+	ck_assert(R - mq * c[Q4] < c[0] - c[Q4]);                    /* no top step fits */
 	int want[E2E_P];
 	for (int q = 0; q < E2E_P; q++)
-		want[q] = q < 2 || q >= 56 ? 0 : q >= 56 - mq ? 2 : -1;
+		want[q] = q < 2 || q >= 56 ? 0 : q >= 56 - mq ? Q4 : -1;
 	const double bytes = e2e_trim(want, c, 0.4 * E2E_P * e16);
 	e2e_check(m, &kvp_policy_tier_pos_utility, 0, want, bytes);
 	rt_model_free(m);

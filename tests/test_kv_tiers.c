@@ -55,9 +55,10 @@ static void fill_row(float *x, int d, unsigned *s, int outliers)
  * below are computed by hand for it) */
 enum { KG = 64 };
 
-/* bits of the values and of the keys at each tier (the 2-bit tier keeps keys at 4) */
-static const int vbits_of[RT_KV_N_TIER] = { 16, 8, 4, 2 };
-static const int kbits_of[RT_KV_N_TIER] = { 16, 8, 4, 4 };
+/* bits of the values and of the keys at each tier: top, q8, k8v4, q4, q2 (the 2-bit tier
+ * keeps keys at 4) */
+static const int vbits_of[RT_KV_N_TIER] = { 16, 8, 4, 4, 2 };
+static const int kbits_of[RT_KV_N_TIER] = { 16, 8, 8, 4, 4 };
 
 /* Largest error allowed for a key channel coded at `bits` against a key group whose
  * members' values span [lo, hi]: half a step (hi - lo) / (2^bits - 1), the f16 rounding of
@@ -97,11 +98,11 @@ START_TEST(round_trip_per_tier)
 		fill_row(V[i], D, &s, 0);
 		rt_kv_append(&kv, h, K[i], V[i], i);
 	}
-	/* entry i to tier i % 4 (keys with channel outliers, as real keys have) */
+	/* entry i to tier i % 5 (keys with channel outliers, as real keys have) */
 	uint8_t want[N];
 	for (int i = 0; i < N; i++)
 		want[i] = (uint8_t)(i % RT_KV_N_TIER);
-	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), N - N / 4);
+	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), N - N / RT_KV_N_TIER);
 	/* one key group, positions 0..39, every member at the top tier when fitted */
 	ck_assert_int_eq(RT_KV_KGROUP, KG);
 	ck_assert_int_eq(rt_kv_kgroups(&kv), 1);
@@ -128,10 +129,13 @@ START_TEST(round_trip_per_tier)
 			}
 		}
 	}
-	/* precision lost is not regained: asking entry 3 (q2) back to top leaves it at q2 */
-	want[3] = RT_KV_TIER_TOP;
+	/* precision lost is not regained: asking entry 4 (q2) back to top, or entry 2 (k8v4)
+	 * to q8 (8-bit values again), leaves them where they are */
+	want[4] = RT_KV_TIER_TOP;
+	want[2] = RT_KV_TIER_Q8;
 	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), 0);
-	ck_assert_int_eq(h->tier[3], RT_KV_TIER_Q2);
+	ck_assert_int_eq(h->tier[4], RT_KV_TIER_Q2);
+	ck_assert_int_eq(h->tier[2], RT_KV_TIER_K8V4);
 	/* refusals */
 	want[0] = RT_KV_N_TIER;
 	ck_assert_int_eq(rt_kv_head_set_tiers(&kv, h, want, &err), -1);
@@ -264,7 +268,7 @@ START_TEST(set_keys_refits_groups)
 	}
 	uint8_t want[N], changed[N] = { 0 };
 	for (int i = 0; i < N; i++)
-		want[i] = i % 5 == 0 ? RT_KV_TIER_TOP : (uint8_t)(1 + i % 3);
+		want[i] = i % 5 == 0 ? RT_KV_TIER_TOP : (uint8_t)(1 + i % (RT_KV_N_TIER - 1));
 	ck_assert_int_gt(rt_kv_head_set_tiers(&kv, h, want, &err), 0);
 	ck_assert_int_eq(rt_kv_kgroups(&kv), 2);
 	/* every key as stored now; block 0 then changed */
@@ -339,7 +343,7 @@ typedef struct list_model {
 /* half an entry's key + value row bytes at tier t, head_dim 64, from the layouts (f16
  * top; keys: 64 codes of 8, 4 or 2 bits; values: two groups of 32 channels, each a 4-byte
  * header and the codes) */
-static const int64_t row64[RT_KV_N_TIER] = { 128, (64 + 2 * (4 + 32)) / 2,
+static const int64_t row64[RT_KV_N_TIER] = { 128, (64 + 2 * (4 + 32)) / 2, (64 + 2 * (4 + 16)) / 2,
 	                                     (32 + 2 * (4 + 16)) / 2, (32 + 2 * (4 + 8)) / 2 };
 /* a key group's range: 64 f16 minima and 64 f16 maxima */
 enum { RANGE64 = 4 * MD };
@@ -475,6 +479,9 @@ START_TEST(random_mix_against_model)
 	ck_assert_int_eq(rt_kv_init_tiered(&kv, &pool, RT_KV_F16, L, H, G, MD, MCAP, 8, 16, &err), 0);
 	/* the rows plus a full group's share of its range, 256 / 64 */
 	ck_assert_int_eq((int)rt_kv_tier_row_bytes(&kv, RT_KV_TIER_Q4), (32 + 40 + 4) / 2);
+	ck_assert_int_eq((int)rt_kv_tier_row_bytes(&kv, RT_KV_TIER_K8V4), (64 + 40 + 4) / 2);
+	ck_assert_int_eq((int)kv.tier_krow[RT_KV_TIER_K8V4], 64);
+	ck_assert_int_eq((int)kv.tier_vrow[RT_KV_TIER_K8V4], 40);
 	ck_assert_int_eq((int)rt_kv_tier_row_bytes(&kv, RT_KV_TIER_Q2), (32 + 24 + 4) / 2);
 	ck_assert_int_eq((int)rt_kv_tier_row_bytes(&kv, RT_KV_TIER_TOP), 128);
 	ck_assert_int_eq((int)rt_kv_tier_entry_bytes(&kv, RT_KV_TIER_Q2), 31 + 32 + 24 + 4);
@@ -679,7 +686,7 @@ START_TEST(attention_over_dequantised_entries)
 		rt_kv_head *h = &kv.heads[i];
 		uint8_t want[P];
 		for (int e = 0; e < h->n; e++)
-			want[e] = (uint8_t)(e < 4 || e >= P - 8 ? RT_KV_TIER_TOP : 1 + (e * 7 + i) % 3);
+			want[e] = (uint8_t)(e < 4 || e >= P - 8 ? RT_KV_TIER_TOP : 1 + (e * 7 + i) % (RT_KV_N_TIER - 1));
 		ck_assert_int_gt(rt_kv_head_set_tiers(&kv, h, want, &err), 0);
 		int32_t keep[P];
 		int nk = 0;

@@ -26,6 +26,7 @@
 #include "kvp_ir.h"
 #include "kvp_sema.h"
 #include "kvp_src.h"
+#include "kv/rt_kv.h"
 
 #define GOLDEN "tests/golden/kvp"
 
@@ -566,7 +567,7 @@ START_TEST(test_lower_tiers)
 	struct kvp_ir ir;
 	compile_file("policies/kivi_q4.kvp", &ir);
 	ck_assert_int_eq(ir.tiers.n, 1);
-	ck_assert_int_eq(ir.tiers.tier[0], 2); /* RT_KV_TIER_Q4 */
+	ck_assert_int_eq(ir.tiers.tier[0], RT_KV_TIER_Q4);
 	ck_assert_int_eq(ir.tiers.kind, K_TIERS_SHARES);
 	ck_assert(ir.tiers.cum[0] == 1);
 	ck_assert_int_eq(ir.alloc.budget_bytes, 0);
@@ -578,14 +579,15 @@ START_TEST(test_lower_tiers)
 	compile_file("policies/mikv_h2o.kvp", &ir);
 	ck_assert_int_eq(ir.tiers.n, 2);
 	ck_assert_int_eq(ir.tiers.tier[0], 0);
-	ck_assert_int_eq(ir.tiers.tier[1], 2);
+	ck_assert_int_eq(ir.tiers.tier[1], RT_KV_TIER_Q4);
 	ck_assert(fabs(ir.tiers.cum[0] - 0.1) < 1e-15 && ir.tiers.cum[1] == 1);
 	kvp_ir_free(&ir);
 
 	compile_file("policies/h2o_tiers.kvp", &ir);
 	ck_assert_int_eq(ir.tiers.n, 3); /* f16, q8, q4: no 2-bit tier (measured, the file) */
-	for (int j = 0; j < 3; j++)
-		ck_assert_int_eq(ir.tiers.tier[j], j);
+	ck_assert_int_eq(ir.tiers.tier[0], RT_KV_TIER_TOP);
+	ck_assert_int_eq(ir.tiers.tier[1], RT_KV_TIER_Q8);
+	ck_assert_int_eq(ir.tiers.tier[2], RT_KV_TIER_Q4);
 	ck_assert_int_eq(ir.tiers.kind, K_TIERS_UTILITY);
 	ck_assert_int_eq(ir.alloc.budget_bytes, 1);
 	ck_assert_int_eq(ir.alloc.budget_unit, KVP_UNIT_RATIO);
@@ -609,8 +611,9 @@ START_TEST(test_lower_tiers)
 	expect_param(&ir, ir.guards.sinks, 1);
 	expect_param(&ir, ir.guards.recent, 2);
 	ck_assert_int_eq(ir.tiers.n, 3);
-	for (int j = 0; j < 3; j++)
-		ck_assert_int_eq(ir.tiers.tier[j], j);
+	ck_assert_int_eq(ir.tiers.tier[0], RT_KV_TIER_TOP);
+	ck_assert_int_eq(ir.tiers.tier[1], RT_KV_TIER_Q8);
+	ck_assert_int_eq(ir.tiers.tier[2], RT_KV_TIER_Q4);
 	ck_assert_int_eq(ir.tiers.kind, K_TIERS_UTILITY);
 	ck_assert_int_eq(ir.alloc.budget_bytes, 1);
 	b = node(&ir, ir.alloc.budget);
@@ -633,6 +636,21 @@ START_TEST(test_lower_tiers)
 	ck_assert_ptr_nonnull(strstr(buf, "cfg->tiers = K_TIERS_UTILITY;"));
 	ck_assert_ptr_nonnull(strstr(buf, "{ RT_KV_TIER_TOP, RT_KV_TIER_Q8, RT_KV_TIER_Q4 }"));
 	ck_assert_ptr_nonnull(strstr(buf, "k_tier_scratch_bytes(kv)"));
+	free(buf);
+	kvp_ir_free(&ir);
+
+	/* keys and values at different bits: k8v4 by name, q2 spelled k4v2, shares 25/25/50 */
+	compile_file("tests/golden/kvp/good/tiers_kv_bits.kvp", &ir);
+	ck_assert_int_eq(ir.tiers.n, 3);
+	ck_assert_int_eq(ir.tiers.tier[0], RT_KV_TIER_TOP);
+	ck_assert_int_eq(ir.tiers.tier[1], RT_KV_TIER_K8V4);
+	ck_assert_int_eq(ir.tiers.tier[2], RT_KV_TIER_Q2);
+	ck_assert(ir.tiers.cum[0] == 0.25 && ir.tiers.cum[1] == 0.5 && ir.tiers.cum[2] == 1);
+	ck_assert_int_eq(ir.tiers.rotate, 3);
+	f = open_memstream(&buf, &len);
+	ck_assert_int_eq(kvp_emit_c(&ir, &eo, f), 0);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(buf, "{ RT_KV_TIER_TOP, RT_KV_TIER_K8V4, RT_KV_TIER_Q2 }"));
 	free(buf);
 	kvp_ir_free(&ir);
 }

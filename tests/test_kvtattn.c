@@ -223,8 +223,8 @@ END_TEST
 
 /* bits of the values and keys at each tier (runtime/kv/rt_kv.h: the 2-bit tier keeps 4-bit
  * keys) */
-static const int vbits_of[RT_KV_N_TIER] = { 16, 8, 4, 2 };
-static const int kbits_of[RT_KV_N_TIER] = { 16, 8, 4, 4 };
+static const int vbits_of[RT_KV_N_TIER] = { 16, 8, 4, 4, 2 };
+static const int kbits_of[RT_KV_N_TIER] = { 16, 8, 8, 4, 4 };
 
 /* The L2 bound of a row coded per group of `gs` channels of y (rotated, double) at b bits
  * against ranges lo/hi per channel: half a step per channel plus the f16 rounding of the

@@ -108,13 +108,13 @@ int rt_kv_init_pool(rt_kv *kv, rt_kvpool *pool, int n_layer, int n_kv_head, int 
 }
 
 /* ORDER RT_KV_TIER */
-static const char *const tier_names[RT_KV_N_TIER] = { "top", "q8", "q4", "q2" };
+static const char *const tier_names[RT_KV_N_TIER] = { "top", "q8", "k8v4", "q4", "q2" };
 /* codecs of the quantised tiers' value rows and key codes ([0]: unused, the store's type);
  * the 2-bit tier keeps 4-bit keys (rt_kv.h) */
 static const rt_kvq_kind tier_vkind[RT_KV_N_TIER] = { RT_KVQ_F32, RT_KVQ_Q8, RT_KVQ_Q4,
-	                                              RT_KVQ_Q2 };
-static const rt_kvq_kind tier_kkind[RT_KV_N_TIER] = { RT_KVQ_F32, RT_KVQ_Q8, RT_KVQ_Q4,
-	                                              RT_KVQ_Q4 };
+	                                              RT_KVQ_Q4, RT_KVQ_Q2 };
+static const rt_kvq_kind tier_kkind[RT_KV_N_TIER] = { RT_KVQ_F32, RT_KVQ_Q8, RT_KVQ_Q8,
+	                                              RT_KVQ_Q4, RT_KVQ_Q4 };
 
 const char *rt_kv_tier_name(int t)
 {

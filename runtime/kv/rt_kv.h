@@ -46,7 +46,7 @@
  *
  * Precision tiers (rt_kv_init_tiered): every entry has its own storage tier, h->tier[i]
  * (enum rt_kv_tier): tier 0 is the store's top type (f16, or f32 on the exact path), then
- * 8, 4 and 2 bits. An entry only moves down (rt_kv_head_set_tiers), and a downgraded entry
+ * keys/values at 8/8, 8/4, 4/4 and 4/2 bits. An entry only moves down (rt_kv_head_set_tiers), and a downgraded entry
  * occupies its tier's bytes only:
  *   - the per-entry metadata (pos, count, log_count, span, stats, tier, slot, kgrp) stays
  *     in the list's arrays, blocks of RT_KV_BLOCK entries as above;
@@ -91,10 +91,11 @@
  *     rt_kv_head_set_keys, which refits every group with a rotated member.
  * The 2-bit tier keeps 4-bit keys: 2-bit keys, per token or per channel, cost several times
  * the KL of 4-bit ones on SmolLM2-135M (docs/architecture.md has the table; keys are the
- * sensitive half, QAQ, Dong et al. 2024, arXiv 2403.04643). Bytes at head_dim 64: key codes
- * + value row of 64 + 72 (q8), 32 + 40 (q4), 32 + 24 (q2) against f16's 128 + 128, and a
+ * sensitive half, QAQ, Dong et al. 2024, arXiv 2403.04643; K8V4 spends the bits the other
+ * way round from q2). Bytes at head_dim 64: key codes + value row of 64 + 72 (q8), 64 + 40
+ * (k8v4), 32 + 40 (q4), 32 + 24 (q2) against f16's 128 + 128, and a
  * 256-byte range per key group: 4 bytes an entry of a full group, half what per-token key
- * scales took (140, 76, 60 bytes an entry against 144, 80, 64). Eviction thins groups:
+ * scales took (140, 108, 76, 60 bytes an entry against 144, 112, 80, 64). Eviction thins groups:
  * rt_kvbytes_held counts every range held, and the byte-budget allocator charges each
  * quantised entry the range over the store's mean members per group (rt_kv_kgroup_fill).
   */
@@ -128,9 +129,18 @@ size_t rt_kv_row_bytes(enum rt_kv_type t, int head_dim);
 /* Storage tier of an entry in a tiered store. ORDER RT_KV_TIER: tier_names[],
  * tier_vkind[] and tier_kkind[] in rt_kv.c. Tier 0 is the store's own type (f16 on the
  * fast path, f32 on the exact path); the others code values per token and keys per
- * channel against their key group's range (see the header comment): Q8 both at 8 bits, Q4
- * both at 4, Q2 values at 2 bits and keys at 4. */
-enum rt_kv_tier { RT_KV_TIER_TOP = 0, RT_KV_TIER_Q8, RT_KV_TIER_Q4, RT_KV_TIER_Q2, RT_KV_N_TIER };
+ * channel against their key group's range (see the header comment): Q8 both at 8 bits, K8V4
+ * keys at 8 and values at 4, Q4 both at 4, Q2 values at 2 bits and keys at 4. The order is
+ * a chain in both halves (neither the key bits nor the value bits ever grow along it), so
+ * a downgrade (a higher tier index) never regains precision on either side. */
+enum rt_kv_tier {
+	RT_KV_TIER_TOP = 0,
+	RT_KV_TIER_Q8,   /* keys 8 bits, values 8 */
+	RT_KV_TIER_K8V4, /* keys 8 bits, values 4 */
+	RT_KV_TIER_Q4,   /* keys 4 bits, values 4 */
+	RT_KV_TIER_Q2,   /* keys 4 bits, values 2 */
+	RT_KV_N_TIER
+};
 
 /* Index of the key-group table among a head's arenas (h->arena[RT_KV_KGROUPS]), and the
  * positions a key group covers: the entries of positions [b·RT_KV_KGROUP, (b+1)·RT_KV_KGROUP)
@@ -139,7 +149,7 @@ enum rt_kv_tier { RT_KV_TIER_TOP = 0, RT_KV_TIER_Q8, RT_KV_TIER_Q4, RT_KV_TIER_Q
 #define RT_KV_KGROUPS RT_KV_N_TIER
 #define RT_KV_KGROUP 64
 
-/* "top", "q8", "q4", "q2"; rt_kv_tier_parse returns the tier or -1. */
+/* "top", "q8", "k8v4", "q4", "q2"; rt_kv_tier_parse returns the tier or -1. */
 const char *rt_kv_tier_name(int t);
 int rt_kv_tier_parse(const char *name);
 

@@ -37,8 +37,9 @@
 #include "base/rt_pool.h"
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 10 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq;
-                            10: kvp_ctx.layer_window, kvp_policy.global_only */
+#define KVP_ABI_VERSION 11 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq;
+                            10: kvp_ctx.layer_window, kvp_policy.global_only;
+                            11: enum rt_kv_tier gains RT_KV_TIER_K8V4 (q4, q2 renumbered) */
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
