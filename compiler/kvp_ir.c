@@ -413,24 +413,10 @@ int kvp_ir_same_tree(const struct kvp_ir *ir, int32_t a, int32_t b)
 	       kvp_ir_same_tree(ir, x->c, y->c);
 }
 
-int kvp_ir_fold(const struct kvp_ir *ir, int32_t e, double *out)
+int kvp_ir_fold_op(enum kvp_ir_op op, double a, double b, double c, double *out)
 {
-	if (!node_ok(ir, e) || !operands_ok(ir, e))
-		return 0;
-	const struct kvp_ir_expr *x = &ir->nodes[e];
-	double a = 0, b = 0, c = 0;
-	int n = arity(x->op);
-	if (x->op == KVP_OP_NUM) {
-		*out = x->num;
-		return 1;
-	}
-	if (n == 0 || x->op == KVP_OP_CAOTE || x->op == KVP_OP_NORMALIZE || x->op == KVP_OP_EXPATTN)
-		return 0;
-	if (!kvp_ir_fold(ir, x->a, &a) || (n > 1 && !kvp_ir_fold(ir, x->b, &b)) ||
-	    (n > 2 && !kvp_ir_fold(ir, x->c, &c)))
-		return 0;
 	double r;
-	switch (x->op) {
+	switch (op) {
 	case KVP_OP_NEG: r = -a; break;
 	case KVP_OP_NOT: r = a == 0; break;
 	case KVP_OP_LOG: r = log(a); break;
@@ -457,6 +443,25 @@ int kvp_ir_fold(const struct kvp_ir *ir, int32_t e, double *out)
 	}
 	*out = r;
 	return 1;
+}
+
+int kvp_ir_fold(const struct kvp_ir *ir, int32_t e, double *out)
+{
+	if (!node_ok(ir, e) || !operands_ok(ir, e))
+		return 0;
+	const struct kvp_ir_expr *x = &ir->nodes[e];
+	double a = 0, b = 0, c = 0;
+	int n = arity(x->op);
+	if (x->op == KVP_OP_NUM) {
+		*out = x->num;
+		return 1;
+	}
+	if (n == 0 || x->op == KVP_OP_CAOTE || x->op == KVP_OP_NORMALIZE || x->op == KVP_OP_EXPATTN)
+		return 0;
+	if (!kvp_ir_fold(ir, x->a, &a) || (n > 1 && !kvp_ir_fold(ir, x->b, &b)) ||
+	    (n > 2 && !kvp_ir_fold(ir, x->c, &c)))
+		return 0;
+	return kvp_ir_fold_op(x->op, a, b, c, out);
 }
 
 void kvp_ir_layout(struct kvp_ir *ir)

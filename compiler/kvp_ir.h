@@ -387,6 +387,14 @@ int kvp_ir_expr_allowed(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c);
  * expression. */
 int kvp_ir_same_tree(const struct kvp_ir *ir, int32_t a, int32_t b);
 
+/* The compiler's one constant-folding rule: the value of op on the constants a, b, c (as
+ * many as its arity; the IR's operand order, KVP_OP_SELECT: a ? b : c), as the emitted code
+ * computes it. Used by kvp_ir_fold and by the semantic check's folding of the source's
+ * constants (compiler/kvp_sema.c). Returns 1 and *out, or 0 for an op that is not plain
+ * arithmetic (a number, parameter, signal, statistic or whole-head transform); the caller
+ * decides what a non-finite result means. */
+int kvp_ir_fold_op(enum kvp_ir_op op, double a, double b, double c, double *out);
+
 /* Fold e to a constant if it uses only numbers (params are not constant). Returns 1 and
  * *out on success. */
 int kvp_ir_fold(const struct kvp_ir *ir, int32_t e, double *out);

@@ -74,25 +74,6 @@ static int32_t lower_budget(lower *lw, kvp_srcloc at)
 	return v;
 }
 
-static enum kvp_ir_op binop(kvp_op op)
-{
-	switch (op) {
-	case KVP_ASTOP_ADD: return KVP_OP_ADD;
-	case KVP_ASTOP_SUB: return KVP_OP_SUB;
-	case KVP_ASTOP_MUL: return KVP_OP_MUL;
-	case KVP_ASTOP_DIV: return KVP_OP_DIV;
-	case KVP_ASTOP_LT: return KVP_OP_LT;
-	case KVP_ASTOP_LE: return KVP_OP_LE;
-	case KVP_ASTOP_GT: return KVP_OP_GT;
-	case KVP_ASTOP_GE: return KVP_OP_GE;
-	case KVP_ASTOP_EQ: return KVP_OP_EQ;
-	case KVP_ASTOP_NE: return KVP_OP_NE;
-	case KVP_ASTOP_AND: return KVP_OP_AND;
-	case KVP_ASTOP_OR: return KVP_OP_OR;
-	default: return KVP_OP_COUNT_;
-	}
-}
-
 static int32_t lower_call(lower *lw, const kvp_expr *e)
 {
 	struct kvp_ir *ir = lw->ir;
@@ -101,15 +82,11 @@ static int32_t lower_call(lower *lw, const kvp_expr *e)
 	if (!strcmp(f, "min") || !strcmp(f, "max") || !strcmp(f, "pow")) {
 		int32_t a = lower_expr(lw, kvp_call_arg(e, "a", 0));
 		int32_t b = lower_expr(lw, kvp_call_arg(e, "b", 1));
-		enum kvp_ir_op op = !strcmp(f, "min") ? KVP_OP_MIN : !strcmp(f, "max") ? KVP_OP_MAX :
-		                    KVP_OP_POW;
-		return kvp_ir_binary(ir, at, op, a, b);
+		return kvp_ir_binary(ir, at, kvp_sema_ir_op(e), a, b);
 	}
 	if (!strcmp(f, "abs") || !strcmp(f, "log") || !strcmp(f, "exp") || !strcmp(f, "sqrt")) {
 		int32_t a = lower_expr(lw, kvp_call_arg(e, "x", 0));
-		enum kvp_ir_op op = !strcmp(f, "abs") ? KVP_OP_ABS : !strcmp(f, "log") ? KVP_OP_LOG :
-		                    !strcmp(f, "exp") ? KVP_OP_EXP : KVP_OP_SQRT;
-		return kvp_ir_unary(ir, at, op, a);
+		return kvp_ir_unary(ir, at, kvp_sema_ir_op(e), a);
 	}
 	if (!strcmp(f, "if")) {
 		int32_t c = lower_expr(lw, kvp_call_arg(e, "cond", 0));
@@ -162,10 +139,9 @@ static int32_t lower_expr(lower *lw, const kvp_expr *e)
 	case KVP_E_CALL:
 		return lower_call(lw, e);
 	case KVP_E_UNARY:
-		return kvp_ir_unary(ir, at, e->op == KVP_ASTOP_NOT ? KVP_OP_NOT : KVP_OP_NEG,
-		                    lower_expr(lw, e->a));
+		return kvp_ir_unary(ir, at, kvp_sema_ir_op(e), lower_expr(lw, e->a));
 	case KVP_E_BINARY:
-		return kvp_ir_binary(ir, at, binop(e->op), lower_expr(lw, e->a),
+		return kvp_ir_binary(ir, at, kvp_sema_ir_op(e), lower_expr(lw, e->a),
 		                     lower_expr(lw, e->b));
 	case KVP_E_BUDGET:
 		return lower_budget(lw, e->loc);

@@ -57,10 +57,16 @@ static const builtin_sig SIGNALS[] = {
 
 /* functions usable inside expressions */
 static const char *const FUNCTIONS[] = {
-#define KVP_FUNCTION(name) name,
+#define KVP_FUNCTION(name, OP) name,
 #include "kvp_builtin.def"
 };
 #define N_FUNCTIONS (int)(sizeof FUNCTIONS / sizeof FUNCTIONS[0])
+
+/* the IR operation of each function, in FUNCTIONS' order */
+static const enum kvp_ir_op FUNCTION_OPS[] = {
+#define KVP_FUNCTION(name, OP) KVP_OP_##OP,
+#include "kvp_builtin.def"
+};
 
 /* a statistic's aggregations, indexed by enum kvp_ir_stat_kind */
 static const char *const AGGREGATES[] = {
@@ -425,6 +431,46 @@ static int need_number(sema *S, const kvp_expr *at, ty t, const char *what)
 	return 0;
 }
 
+enum kvp_ir_op kvp_sema_ir_op(const kvp_expr *e)
+{
+	switch (e->kind) {
+	case KVP_E_UNARY:
+		return e->op == KVP_ASTOP_NOT ? KVP_OP_NOT : KVP_OP_NEG;
+	case KVP_E_BINARY:
+		switch (e->op) {
+		case KVP_ASTOP_ADD: return KVP_OP_ADD;
+		case KVP_ASTOP_SUB: return KVP_OP_SUB;
+		case KVP_ASTOP_MUL: return KVP_OP_MUL;
+		case KVP_ASTOP_DIV: return KVP_OP_DIV;
+		case KVP_ASTOP_LT: return KVP_OP_LT;
+		case KVP_ASTOP_LE: return KVP_OP_LE;
+		case KVP_ASTOP_GT: return KVP_OP_GT;
+		case KVP_ASTOP_GE: return KVP_OP_GE;
+		case KVP_ASTOP_EQ: return KVP_OP_EQ;
+		case KVP_ASTOP_NE: return KVP_OP_NE;
+		case KVP_ASTOP_AND: return KVP_OP_AND;
+		case KVP_ASTOP_OR: return KVP_OP_OR;
+		default: return KVP_OP_COUNT_;
+		}
+	case KVP_E_CALL:
+		for (int i = 0; i < N_FUNCTIONS; i++)
+			if (!strcmp(e->name, FUNCTIONS[i]))
+				return FUNCTION_OPS[i];
+		return KVP_OP_COUNT_;
+	default:
+		return KVP_OP_COUNT_;
+	}
+}
+
+/* The constant value of e's operation on a, b, c (kvp_ir_fold_op: the rule the IR folds
+ * and the emitted code computes by). */
+static double fold(const kvp_expr *e, double a, double b, double c)
+{
+	double r = 0;
+	kvp_ir_fold_op(kvp_sema_ir_op(e), a, b, c, &r);
+	return r;
+}
+
 static ty check_binary(sema *S, const kvp_expr *e, unsigned cx)
 {
 	ty a = check_expr(S, e->a, cx);
@@ -498,31 +544,15 @@ static ty check_binary(sema *S, const kvp_expr *e, unsigned cx)
 	}
 	ty t = combine(a, b, u);
 	if (t.known) {
-		double x = a.v, y = b.v, r = 0;
-		switch (e->op) {
-		case KVP_ASTOP_ADD: r = x + y; break;
-		case KVP_ASTOP_SUB: r = x - y; break;
-		case KVP_ASTOP_MUL: r = x * y; break;
-		case KVP_ASTOP_DIV:
-			if (y == 0) {
-				if (t.constant) {
-					ERR(S, e->b->loc, "division by zero");
-					return TY_ERR;
-				}
-				t.known = 0;
-			} else {
-				r = x / y;
+		double r = 0;
+		if (e->op == KVP_ASTOP_DIV && b.v == 0) {
+			if (t.constant) {
+				ERR(S, e->b->loc, "division by zero");
+				return TY_ERR;
 			}
-			break;
-		case KVP_ASTOP_LT: r = x < y; break;
-		case KVP_ASTOP_LE: r = x <= y; break;
-		case KVP_ASTOP_GT: r = x > y; break;
-		case KVP_ASTOP_GE: r = x >= y; break;
-		case KVP_ASTOP_EQ: r = x == y; break;
-		case KVP_ASTOP_NE: r = x != y; break;
-		case KVP_ASTOP_AND: r = (x != 0) && (y != 0); break;
-		case KVP_ASTOP_OR: r = (x != 0) || (y != 0); break;
-		default: break;
+			t.known = 0;
+		} else {
+			r = fold(e, a.v, b.v, 0);
 		}
 		t.v = r;
 		if (!isfinite(r))
@@ -647,8 +677,7 @@ static ty check_call_binary(sema *S, const kvp_expr *e, unsigned cx)
 	}
 	ty t = combine(a, b, u);
 	if (t.known)
-		t.v = !strcmp(f, "min") ? fmin(a.v, b.v) :
-		      !strcmp(f, "max") ? fmax(a.v, b.v) : pow(a.v, b.v);
+		t.v = fold(e, a.v, b.v, 0);
 	if (!isfinite(t.v))
 		t.known = 0;
 	return t;
@@ -670,8 +699,7 @@ static ty check_call_unary(sema *S, const kvp_expr *e, unsigned cx)
 	if (strcmp(f, "abs") != 0)
 		t.u = KVP_SU_NUM;
 	if (t.known) {
-		t.v = !strcmp(f, "abs") ? fabs(a.v) : !strcmp(f, "log") ? log(a.v) :
-		      !strcmp(f, "exp") ? exp(a.v) : sqrt(a.v);
+		t.v = fold(e, a.v, 0, 0);
 		if (!isfinite(t.v))
 			t.known = 0;
 	}
@@ -705,7 +733,7 @@ static ty check_call_if(sema *S, const kvp_expr *e, unsigned cx)
 	}
 	ty t = combine(combine(c, a, u), b, u);
 	if (t.known)
-		t.v = c.v != 0 ? a.v : b.v;
+		t.v = fold(e, c.v, a.v, b.v);
 	return t;
 }
 
@@ -897,12 +925,12 @@ static ty check_expr(sema *S, const kvp_expr *e, unsigned cx)
 				ERR(S, e->a->loc, "'not' needs a condition, not %s", unit_name(a.u));
 				return TY_ERR;
 			}
-			a.v = a.v == 0;
+			a.v = fold(e, a.v, 0, 0);
 			return a;
 		}
 		if (need_number(S, e->a, a, "'-'"))
 			return TY_ERR;
-		a.v = -a.v;
+		a.v = fold(e, a.v, 0, 0);
 		return a;
 	}
 	case KVP_E_BINARY:

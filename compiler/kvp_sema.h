@@ -132,6 +132,11 @@ void kvp_sema_free(kvp_sema *s);
 /* The symbol called name, or NULL. */
 const kvp_sym *kvp_sema_lookup(const kvp_sema *s, const char *name);
 
+/* The IR operation an expression is (the lowering builds it; the check folds constants
+ * with kvp_ir_fold_op of it): a unary or binary operator's, or a call's (its
+ * KVP_FUNCTION row in compiler/kvp_builtin.def); KVP_OP_COUNT_ for anything else. */
+enum kvp_ir_op kvp_sema_ir_op(const kvp_expr *e);
+
 /* The value of a named argument of a call (or the positional argument at index pos when
  * it is not named; pos < 0: named only); NULL when absent. */
 const kvp_expr *kvp_call_arg(const kvp_expr *call, const char *name, int pos);
