@@ -123,6 +123,7 @@ test: $(TEST_BINS) $(B)/tests/serve_bin random-models
 	@KVRT_MODEL=$(abspath $(MODEL)) KVRT_GEMMA=$(abspath $(GEMMA)) KVRT_VOCAB_DIR=$(VOCAB_DIR) KVRT_RANDOM_DIR=$(abspath $(RANDOM_DIR)) scripts/run_tests.sh $(B) $(TEST_BINS)
 	@$(PYTHON) tests/serve/test_serve.py $(B)/tests/serve_bin $(MODEL)
 	@$(PYTHON) tests/serve/test_serve_gemma.py $(B)/tests/serve_bin $(GEMMA)
+	@$(PYTHON) tests/results/test_doc_rule.py $(B) $(MODEL)
 
 # the serving tests' binary: two library policies and one that keeps the pinned span
 $(B)/tests/serve_bin: $(B)/kvpc $(B)/libkvrt.a policies/h2o.kvp policies/snapkv.kvp tests/serve/h2o_pinned.kvp

@@ -10,17 +10,19 @@ lower mean KL) and an SVG plot of
 mean KL against bytes, one line per (policy, store), into SVGDIR.
 
 Usage: frontier.py OUT DOC SVGDIR TOKENS "TEXTS" NKEY "POLICIES" "PROMPT_END"
-       "PROTOCOLS" MIN_X MAX_X
+       "PROTOCOLS" MIN_X MAX_X; environment RESULTS_NARROWED (0: the full run; unset or 1:
+       narrowed, refused a DOC in the tree: cells.py doc_refusal), RESULTS_FAST.
 """
 import glob
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cells import load  # noqa: E402
+from cells import doc_check, load  # noqa: E402
 from svg import line_plot  # noqa: E402
 
 (out, doc, svgdir, tokens, texts, nkey, policies, pe, prots, fmin, fmax) = sys.argv[1:]
+doc_check(doc, "results/frontier.py")  # a narrowed run never writes into the tree
 tokens = int(tokens)
 texts, policies, pe, prots = texts.split(), policies.split(), set(pe.split()), prots.split()
 fmin, fmax = float(fmin), float(fmax)

@@ -3,16 +3,17 @@
 
 Usage (as results.sh calls it, from the repository root): render.py OUT DOC TOKENS "RATIOS"
 "TEXTS" "POLICIES" "NEEDLE_POLICIES" "NEEDLE_RATIOS" NKEY THREADS COMMIT MODEL MODEL_SHA WALL
-CMDLINE ENVLINE NOTE "PROMPT_END_POLICIES"; environment RESULTS_SVGDIR, RESULTS_NARROWED,
-RESULTS_FAST.
+CMDLINE ENVLINE NOTE "PROMPT_END_POLICIES"; environment RESULTS_SVGDIR, RESULTS_NARROWED (0: the
+full run; unset or 1: narrowed, refused a DOC in the tree: cells.py doc_refusal), RESULTS_FAST.
 """
 import json, os, sys, glob, math
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cells import load  # noqa: E402
+from cells import doc_check, load  # noqa: E402
 from svg import line_plot  # noqa: E402
 svgdir = os.environ["RESULTS_SVGDIR"]
 (out, doc, tokens, ratios, texts, policies, npolicies, nratios, nkey, threads, commit,
  model, model_sha, wall, cmdline, envline, note, pe_policies) = sys.argv[1:]
+doc_check(doc, "results/render.py")  # a narrowed run never writes into the tree
 pe_policies = set(pe_policies.split())
 tokens = int(tokens); ratios = [int(r) for r in ratios.split()]
 texts = texts.split(); policies = policies.split()

@@ -82,7 +82,10 @@
 #                                2 4 8 16 in f16 and q8_0 stores (each knob above overrides)
 # Where the document goes: only the full run (none of the knobs above set) writes
 # docs/results.md and docs/results/*.svg in the tree; a narrowed run writes OUT/docs/results.md
-# and OUT/docs/results/*.svg (RESULTS_DOC may name another place outside the tree).
+# and OUT/docs/results/*.svg (RESULTS_DOC may name another place outside the tree, or under
+# the ignored build folder; one inside the tree is refused before anything runs). The rule
+# is scripts/results/cells.py doc_refusal, applied here and again by render.py and
+# frontier.py before they write; tests/results/test_doc_rule.py checks it (`make test`).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)  # render.py, frontier.py, cells.py, svg.py
 quiet=${RESULTS_QUIET:-0}
@@ -115,17 +118,8 @@ out=${OUT:-$bdir/results}
 if [ "$narrowed" = 1 ]; then doc=${RESULTS_DOC:-$out/docs/results.md}; else doc=${RESULTS_DOC:-docs/results.md}; fi
 svgdir="$(dirname "$doc")/results"
 # a narrowed run may write its document only outside the tree or under an ignored path (the
-# build folder): never beside the tracked docs
-if [ "$narrowed" = 1 ] && top=$(git rev-parse --show-toplevel 2>/dev/null); then
-	mkdir -p "$(dirname "$doc")"
-	d=$(cd "$(dirname "$doc")" && pwd -P)
-	case "$d/" in "$(cd "$top" && pwd -P)/"*)
-		if ! git check-ignore -q "$d/$(basename "$doc")"; then
-			echo "results.sh: $doc: a narrowed run writes no generated file into the tree (only the full run writes docs/results.md); leave RESULTS_DOC unset or point it outside the tree" >&2
-			exit 2
-		fi ;;
-	esac
-fi
+# build folder): never beside the tracked docs (the rule: scripts/results/cells.py doc_refusal)
+RESULTS_NARROWED=$narrowed python3 "$here/cells.py" --check-doc "$doc" || exit 2
 if [ -z "${POLICIES+x}" ] && [ -z "${POLICIES_SET:-}" ]; then
 	POLICIES=$(for f in policies/*.kvp; do b=$(basename "$f" .kvp); [ "$b" = full ] || printf '%s ' "$b"; done)
 fi
@@ -450,7 +444,7 @@ RESULTS_SVGDIR=$svgdir RESULTS_NARROWED=$narrowed RESULTS_FAST=${RESULTS_FAST:-0
 	"$needle_ratios" "$nkey" "$threads" "$commit$dirty" "$model" "$model_sha" "$wall" \
 	"$cmdline" "$envline" "${RESULTS_NOTE:-}" \
 	"$(for p in $policies; do prompt_end "$p" && printf '%s ' "$p"; done)"
-[ "$frontier" = 1 ] && RESULTS_FAST=${RESULTS_FAST:-0} python3 "$here/frontier.py" "$out" "$doc" "$svgdir" "$tokens" "$texts" \
+[ "$frontier" = 1 ] && RESULTS_NARROWED=$narrowed RESULTS_FAST=${RESULTS_FAST:-0} python3 "$here/frontier.py" "$out" "$doc" "$svgdir" "$tokens" "$texts" \
 	"$nkey" "$fpolicies" "$(for p in $fpolicies; do prompt_end "$p" && printf '%s ' "$p"; done)" \
 	"$fprot" "$fmin" "$fmax"
 exit 0
