@@ -56,6 +56,11 @@ static const struct kvp_emit_target C_TARGET = {
 
 static const struct kvp_emit_view C_VIEW = { "h->", "d", "n", "layer" };
 
+/* ORDER(tier): enum rt_kv_tier (runtime/kv/rt_kv.h), by name */
+static const char *const TIER_ENUM[KVP_IR_MAX_TIERS] = {
+	"RT_KV_TIER_TOP", "RT_KV_TIER_Q8", "RT_KV_TIER_K8V4", "RT_KV_TIER_Q4", "RT_KV_TIER_Q2",
+};
+
 /* ---- locals: a generated function declares only the names its body uses ---------- */
 
 /* One local a body may need: its name and its declaration (one line, no tab). */
@@ -311,17 +316,13 @@ static void emit_tables(struct kvp_em *em)
 	if (ir->guards.n_spans > 0)
 		emit_array(em, "char *const policy_spans", ir->guards.n_spans, span_row);
 	if (ir->tiers.n > 0) {
-		/* ORDER(tier): enum rt_kv_tier (runtime/kv/rt_kv.h), by name */
-		static const char *const tiers[KVP_IR_MAX_TIERS] = {
-			"RT_KV_TIER_TOP", "RT_KV_TIER_Q8", "RT_KV_TIER_K8V4", "RT_KV_TIER_Q4", "RT_KV_TIER_Q2",
-		};
 		const struct kvp_ir_tiers *t = &ir->tiers;
 		kvp_em_out(em, "/* precision: the storage tiers, highest precision first%s */\n",
 		    t->kind == K_TIERS_SHARES ? ", and their cumulative shares of\n * the kept entries by score rank" :
 		                "; each entry is evicted or\n * given one by utility per byte (kernels/k_tier.h)");
 		kvp_em_out(em, "static const uint8_t policy_tiers[%d] = {", t->n);
 		for (int j = 0; j < t->n; j++)
-			kvp_em_out(em, "%s %s", j ? "," : "", tiers[t->tier[j]]);
+			kvp_em_out(em, "%s %s", j ? "," : "", TIER_ENUM[t->tier[j]]);
 		kvp_em_out(em, " };\n");
 		if (t->kind == K_TIERS_SHARES) {
 			kvp_em_out(em, "static const double policy_tier_cum[%d] = {", t->n);
@@ -785,6 +786,11 @@ static void config_body(struct kvp_em *em, const void *arg)
 		    K_TIERS_NAMES[ir->tiers.kind], ir->tiers.n);
 		if (ir->tiers.kind == K_TIERS_SHARES)
 			kvp_em_out(em, "\tcfg->tier_cum = policy_tier_cum;\n");
+		if (ir->tiers.window > 0)
+			kvp_em_out(em, "\tcfg->tier_window = %.17g;\n", ir->tiers.window);
+		if (ir->tiers.edge_layers > 0)
+			kvp_em_out(em, "\tcfg->tier_edge = %s;\n\tcfg->tier_edge_layers = %d;\n",
+			           TIER_ENUM[ir->tiers.edge], ir->tiers.edge_layers);
 		kvp_em_line_back(em);
 	}
 }

@@ -664,8 +664,14 @@ static void check_tiers(struct checker *ck, const struct kvp_ir *ir)
 	const struct kvp_ir_tiers *t = &ir->tiers;
 	if (t->rotate > 3u || (t->rotate && t->n == 0))
 		problem(ck, t->loc, "a rotation rotates keys (1), values (2) or both (3) of precision tiers");
+	if ((t->window != 0 || t->edge_layers != 0) && t->n == 0)
+		problem(ck, t->loc, "a tiers() window or edge layers need precision tiers");
 	if (t->n == 0 && t->kind == K_TIERS_NONE)
 		return;
+	if (!(t->window >= 0) || t->window != floor(t->window) || t->edge_layers < 0)
+		problem(ck, t->loc, "a tiers() window and edge layers are whole numbers >= 0");
+	if (t->edge_layers > 0 && (t->edge < 0 || t->edge >= t->tier[t->n - 1]))
+		problem(ck, t->loc, "the edge layers' tier is above the lowest tier listed");
 	if (t->n < 1 || t->n > KVP_IR_MAX_TIERS) {
 		problem(ck, t->loc, "1 to %d precision tiers", KVP_IR_MAX_TIERS);
 		return;

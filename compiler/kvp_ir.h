@@ -291,6 +291,9 @@ struct kvp_ir_tiers {
 	double cum[KVP_IR_MAX_TIERS];
 	unsigned rotate;         /* `rotate = hadamard`: bit 0 keys, bit 1 values stored rotated
 	                            at the quantised tiers (kvp_policy.tier_rotate); 0 none */
+	double window;           /* `window = W`: the newest W tokens stay at the top tier; 0 none */
+	int edge, edge_layers;   /* `edges = TIER, edge_layers = N`: the first N and the last N
+	                            layers store no entry below tier `edge`; edge_layers 0: none */
 	struct kvp_loc loc;
 };
 

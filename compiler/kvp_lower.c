@@ -379,6 +379,9 @@ static void lower_tiers(lower *lw)
 	t->kind = t->n == 0 ? K_TIERS_NONE : s->tier_shares ? K_TIERS_SHARES : K_TIERS_UTILITY;
 	t->loc = at_stmt(lw, st);
 	t->rotate = st ? s->tier_rotate : 0;
+	t->window = st ? s->tier_window : 0;
+	t->edge = st ? s->tier_edge : 0;
+	t->edge_layers = st ? s->tier_edge_layers : 0;
 	for (int j = 0; j < t->n; j++) {
 		t->tier[j] = s->tier[j];
 		t->cum[j] = s->tier_shares ? s->tier_cum[j] : 0;

@@ -1847,6 +1847,94 @@ static int check_rotate(sema *S, const kvp_expr *a)
 	return 0;
 }
 
+/* The options of tiers(...), after its tiers (docs/language.md section 7.8). */
+static const char *const TIER_OPTIONS[] = { "rotate", "window", "edges", "edge_layers" };
+enum { OPT_ROTATE, OPT_WINDOW, OPT_EDGES, OPT_EDGE_LAYERS, N_TIER_OPTIONS };
+
+/* The option a tiers() argument sets (`NAME = ...` with an option's name), or -1. */
+static int tier_option(const kvp_expr *a)
+{
+	for (int o = 0; a->kind == KVP_E_ARG && o < N_TIER_OPTIONS; o++)
+		if (!strcmp(a->name, TIER_OPTIONS[o]))
+			return o;
+	return -1;
+}
+
+/* A compile-time whole number >= lo of unit acc (what names it in messages) into *v. */
+static int tier_count(sema *S, const kvp_expr *e, const kvp_sunit *acc, double lo,
+                      const char *what, double *v)
+{
+	ty t = check_unit(S, e, CX_SCALAR, acc, 1, what);
+	if (need_const(S, e, t, what))
+		return -1;
+	if (t.v < lo || !is_int(t.v)) {
+		char b[32];
+		fmt_num(t.v, b, sizeof b);
+		ERR(S, e->loc, "%s must be a whole number%s >= %g; got %s", what,
+		    acc[0] == KVP_SU_TOKENS ? " of tokens" : "", lo, b);
+		return -1;
+	}
+	*v = t.v;
+	return 0;
+}
+
+/* The options after the na tiers of tiers(...) v: `rotate = ...` (check_rotate),
+ * `window = W tokens` (the newest W entries stay at the top tier), `edges = TIER` and
+ * `edge_layers = N` (the first N and the last N layers, default 1, store no entry below
+ * TIER), each once; no tier after them. Into S->out. 0 when fine. */
+static int check_tier_options(sema *S, const kvp_expr *v, int na)
+{
+	kvp_sema *o = S->out;
+	const kvp_expr *seen[N_TIER_OPTIONS] = { 0 };
+	for (int i = na; i < v->n_args; i++) {
+		const kvp_expr *a = v->args[i];
+		const int opt = tier_option(a);
+		if (opt < 0) {
+			const kvp_expr *prev = v->args[i - 1];
+			ERR(S, prev->name_loc, "`%s = ...` comes after the tiers, last in tiers(...)", prev->name);
+			return -1;
+		}
+		if (seen[opt]) {
+			ERR(S, a->name_loc, "`%s` is given twice in tiers(...)", a->name);
+			return -1;
+		}
+		seen[opt] = a;
+	}
+	if (seen[OPT_ROTATE] && check_rotate(S, seen[OPT_ROTATE]))
+		return -1;
+	if (seen[OPT_WINDOW] && tier_count(S, seen[OPT_WINDOW]->a, U_TOKENS, 1, "a tiers() window",
+	                                   &o->tier_window))
+		return -1;
+	if (seen[OPT_EDGE_LAYERS] && !seen[OPT_EDGES]) {
+		ERR(S, seen[OPT_EDGE_LAYERS]->name_loc,
+		    "`edge_layers` needs `edges = TIER`, the tier the edge layers keep (as in `edges = q8, edge_layers = 2`)");
+		return -1;
+	}
+	if (!seen[OPT_EDGES])
+		return 0;
+	const kvp_expr *e = seen[OPT_EDGES]->a;
+	const int t = e->kind == KVP_E_NAME ? tier_of(S, e) : -1;
+	if (e->kind != KVP_E_NAME) {
+		ERR(S, e->loc, "`edges` takes a tier, as in `edges = q8`");
+		return -1;
+	}
+	if (t < 0)
+		return -1;
+	const int last = tier_of(S, v->args[na - 1]);
+	if (last >= 0 && t >= last) {
+		ERR(S, e->loc, "`edges = %s` is no higher than the lowest tier listed (%s): the edge layers would keep what the others keep",
+		    TIER_NAMES[t], TIER_NAMES[last]);
+		return -1;
+	}
+	double n = 1;
+	if (seen[OPT_EDGE_LAYERS] && tier_count(S, seen[OPT_EDGE_LAYERS]->a, U_NUM, 1,
+	                                        "`edge_layers` (the first and the last layers)", &n))
+		return -1;
+	o->tier_edge = t;
+	o->tier_edge_layers = (int)n;
+	return 0;
+}
+
 static void check_precision(sema *S, const kvp_stmt *st)
 {
 	static const char *const choices[] = { "tiers(...)" };
@@ -1866,23 +1954,19 @@ static void check_precision(sema *S, const kvp_stmt *st)
 		ERR(S, v->loc, "tiers() needs the tiers, highest precision first, as in `tiers(f16 = 25%%, q8 = 25%%, q4 = rest)` or `tiers(f16, q8, q4, q2)`");
 		return;
 	}
-	int na = v->n_args; /* the tiers: the arguments before a trailing `rotate = ...` */
-	for (int i = 0; i < v->n_args; i++) {
-		const kvp_expr *a = v->args[i];
-		if (a->kind != KVP_E_ARG || strcmp(a->name, "rotate"))
-			continue;
-		if (i != v->n_args - 1) {
-			ERR(S, a->name_loc, "`rotate = ...` comes after the tiers, last in tiers(...)");
-			return;
+	int na = v->n_args; /* the tiers: the arguments before the options */
+	for (int i = 0; i < v->n_args; i++)
+		if (tier_option(v->args[i]) >= 0) {
+			na = i;
+			break;
 		}
-		if (i == 0) {
-			ERR(S, a->name_loc, "tiers() needs the tiers before `rotate = ...`, as in `tiers(q4 = rest, rotate = hadamard)`");
-			return;
-		}
-		if (check_rotate(S, a))
-			return;
-		na = i;
+	if (na == 0) {
+		ERR(S, v->args[0]->name_loc, "tiers() needs the tiers before `%s = ...`, as in `tiers(q4 = rest, rotate = hadamard)`",
+		    v->args[0]->name);
+		return;
 	}
+	if (check_tier_options(S, v, na))
+		return;
 	if (na > N_TIERS) {
 		ERR(S, v->args[N_TIERS]->loc, "too many tiers: there are five (" TIER_LIST ")");
 		return;

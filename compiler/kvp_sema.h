@@ -121,6 +121,11 @@ typedef struct kvp_sema {
 	/* `rotate = hadamard` in tiers(...): bit 0 keys, bit 1 values stored rotated at the
 	 * quantised tiers (rt_kv_set_rotation); 0 none */
 	unsigned tier_rotate;
+	/* `window = W` in tiers(...): the newest W tokens' entries stay at the top tier (0: none) */
+	double tier_window;
+	/* `edges = TIER, edge_layers = N` in tiers(...): the first N and the last N layers store
+	 * no entry below tier_edge (tier_edge_layers 0: none) */
+	int tier_edge, tier_edge_layers;
 } kvp_sema;
 
 /* Check a tree that parsed without errors. Diagnostics go to f->src; the result is

@@ -80,6 +80,10 @@ struct k_compress_cfg {
 	int n_tier;             /* tiers given (1..K_TIER_MAX) */
 	const uint8_t *tier;    /* [n_tier] enum rt_kv_tier, highest precision first */
 	const double *tier_cum; /* SHARES: [n_tier] cumulative shares of the kept entries */
+	double tier_window;     /* `window = W` in tiers(): entries at pos >= seen - W stay at the
+	                           top tier (0: none) */
+	int tier_edge;          /* `edges = TIER`: the lowest tier of the edge layers */
+	int tier_edge_layers;   /* `edge_layers = N`: layers l < N and l >= n_layer - N (0: none) */
 };
 
 /* Per-query-head score of every entry of head h into out[h->n]; r is the query head in
@@ -122,11 +126,11 @@ static inline void k_tier_costs(const rt_kv *kv, double *cost)
 }
 
 /* Scratch bytes the precision action adds to k_compress_scratch_bytes: per entry its tier
- * now and the chosen one, a utility heap item; per head its byte budget, layer and KV head. */
+ * now, the chosen one and its limit (k_tier_entry_limit), a utility heap item; per head its byte budget, layer and KV head. */
 static inline size_t k_tier_scratch_bytes(const rt_kv *kv)
 {
 	size_t H = (size_t)kv->n_layer * kv->n_kv_head, c = (size_t)kv->cap;
-	return 2 * k_align64(H * c) + k_align64(H * c * sizeof(struct k_uheap_item)) +
+	return 3 * k_align64(H * c) + k_align64(H * c * sizeof(struct k_uheap_item)) +
 	       k_align64(H * sizeof(double)) + 2 * k_align64(H * sizeof(int32_t)) + 64;
 }
 
@@ -484,6 +488,8 @@ struct k_run {
 	/* the precision action (cfg->tiers, k_tier_scratch_bytes), else NULL: */
 	uint8_t *cur, *want;         /* [H × cap] each entry's tier now, and the tier it gets
 	                                (by utility: K_TIER_EVICT for an evicted entry) */
+	uint8_t *lim;                /* [H × cap] each entry's lowest tier (k_tier_entry_limits);
+	                                NULL without a tiers() window or edge layers */
 	struct k_uheap_item *heap;   /* [H × cap] the utility heap */
 	double *hbytes;              /* [H] bytes for the head's entries outside the guards */
 	int32_t *lay, *kvh;          /* [H] layer and KV head of each head (the heap's order) */
@@ -529,6 +535,8 @@ static inline void k_run_carve(struct k_run *r, void *scratch)
 		return;
 	r->cur = p; p += k_align64(H * c);
 	r->want = p; p += k_align64(H * c);
+	r->lim = cfg->tier_window > 0 || cfg->tier_edge_layers > 0 ? p : NULL;
+	p += k_align64(H * c);
 	r->heap = (struct k_uheap_item *)(void *)p; p += k_align64(H * c * sizeof(struct k_uheap_item));
 	r->hbytes = (double *)(void *)p; p += k_align64(H * sizeof(double));
 	r->lay = (int32_t *)(void *)p; p += k_align64(H * sizeof(int32_t));
@@ -581,9 +589,24 @@ static inline void k_run_alloc_tier_pool(const struct k_run *r, size_t u)
 		budget += r->hbytes[h0 + k];
 	struct k_tier_pool pool = {
 		(int)per, (int32_t)c, r->nn + h0, r->score + h0 * c, r->candm + h0 * c,
-		r->cur + h0 * c, r->pp + h0, r->lay + h0, r->kvh + h0,
+		r->cur + h0 * c, r->pp + h0, r->lay + h0, r->kvh + h0, r->lim ? r->lim + h0 * c : NULL,
 	};
 	k_tier_alloc(&pool, r->cost, fid, allowed, budget, r->want + h0 * c, r->heap + h0 * c);
+}
+
+/* The lowest tier each entry of head h (layer l of kv) may take, into lim[h->n]: the top
+ * tier for an entry of the tiers() window (pos >= seen - cfg->tier_window), cfg->tier_edge
+ * on an edge layer (the first or the last cfg->tier_edge_layers), else K_TIER_MAX (none).
+ * docs/language.md section 7.8. */
+static inline void k_tier_entry_limits(const struct k_compress_cfg *cfg, const rt_kv *kv, int l,
+                                       const rt_kv_head *h, double seen, uint8_t *lim)
+{
+	const int N = cfg->tier_edge_layers;
+	const int edge = N > 0 && (l < N || l >= kv->n_layer - N);
+	const uint8_t other = edge ? (uint8_t)cfg->tier_edge : (uint8_t)K_TIER_MAX;
+	const double from = cfg->tier_window > 0 ? seen - cfg->tier_window : INFINITY;
+	for (int32_t i = 0; i < h->n; i++)
+		lim[i] = h->pos[i] >= from ? (uint8_t)RT_KV_TIER_TOP : other;
 }
 
 /* 1. Scores, guard flags and candidate mask of head hi (thread w), and what allocation
@@ -623,6 +646,8 @@ static inline void k_run_head_scores(const struct k_run *r, const struct k_thr *
 	}
 	for (int32_t i = 0; r->cur && i < n; i++)
 		r->cur[hi * c + i] = (uint8_t)rt_kv_tier_of(h, i);
+	if (r->lim)
+		k_tier_entry_limits(cfg, kv, l, h, seen, r->lim + hi * c);
 	const int32_t b = r->bytes ? k_head_bytes(r, h, f, r->lb[l], hi) :
 	                  k_floor_entries(r->lb[l]) - n_guard;
 	r->base[hi] = b > 0 ? b : 0;
@@ -721,6 +746,8 @@ static inline int k_apply_tiers(const struct k_run *r, rt_kv_head *h, size_t hi,
 	for (int32_t i = 0; i < h->n; i++)
 		if (!(f[i] & K_FLAG_KEEP) || (f[i] & K_FLAG_GUARD) || want[i] == K_TIER_EVICT)
 			want[i] = cur[i];
+		else if (r->lim && cfg->tiers == K_TIERS_SHARES) /* by utility: chosen within it */
+			want[i] = (uint8_t)k_tier_limit_want(want[i], cur[i], r->lim[hi * c + i]);
 	return rt_kv_head_set_tiers(r->kv, h, want, err) < 0 ? -1 : 0;
 }
 

@@ -132,10 +132,36 @@ struct k_tier_pool {
 	const uint8_t *cur;           /* the entry's tier now (enum rt_kv_tier) */
 	const int32_t *const *pos;    /* [n_head] → [n[h]] positions (the tie rule) */
 	const int32_t *layer, *kv_head; /* [n_head] for the heap's order */
+	const uint8_t *lim;           /* NULL, or the lowest tier each entry may take (a tiers()
+	                                 window or edge layer, k_tier_limit_allowed); K_TIER_MAX:
+	                                 no limit */
 };
 
+/* The tiers an entry now at tier cur, limited to tier lim (K_TIER_MAX: no limit), may take
+ * out of `allowed`: the allowed tiers at or above lim, and lim itself (a window or edge
+ * layer holds its entries at a tier the list may not name: `tiers(q4 = rest, window = 64)`
+ * keeps the window at the top). An entry already below its limit (cur > lim) keeps the
+ * tiers it has. */
+static inline unsigned k_tier_limit_allowed(unsigned allowed, int cur, int lim)
+{
+	if (lim >= K_TIER_MAX || cur > lim)
+		return allowed;
+	return (allowed & ((2u << lim) - 1u)) | 1u << lim;
+}
+
+/* The chain of entry e of pool p out of k_tier_alloc's menus [cur][lim]. */
+static inline const struct k_tier_menu *k_tier_menu_of(const struct k_tier_pool *p,
+                                                       const struct k_tier_menu (*menu)[K_TIER_MAX + 1],
+                                                       size_t e)
+{
+	const int cur = p->cur[e] < K_TIER_MAX ? p->cur[e] : 0;
+	const int lim = p->lim && p->lim[e] < K_TIER_MAX ? p->lim[e] : K_TIER_MAX;
+	return &menu[cur][lim];
+}
+
 /* Choose evict-or-tier for every candidate of pool p within `budget` bytes by utility per
- * byte (see the top): out[h·stride + i] = the tier (>= cur: downgrade only) or K_TIER_EVICT
+ * byte (see the top), each entry among the tiers k_tier_limit_allowed leaves it (p->lim):
+ * out[h·stride + i] = the tier (>= cur: downgrade only) or K_TIER_EVICT
  * for candidates; non-candidates are not written. bytes[t] (> 0): bytes of one entry at
  * tier t; fid: K_TIER_FIDELITY or the caller's; allowed: bit t set when tier t may be
  * given. heap: [Σ n[h]] items of scratch. Returns the bytes the candidates take. An entry
@@ -145,9 +171,12 @@ static inline double k_tier_alloc(const struct k_tier_pool *p, const double *byt
                                   const double *fid, unsigned allowed, double budget,
                                   uint8_t *out, struct k_uheap_item *heap)
 {
-	struct k_tier_menu menu[K_TIER_MAX];
+	/* menu[cur][lim]: the chain of an entry at tier cur limited to lim (K_TIER_MAX: none) */
+	struct k_tier_menu menu[K_TIER_MAX][K_TIER_MAX + 1];
 	for (int t = 0; t < K_TIER_MAX; t++)
-		k_tier_menu_make(bytes, fid, allowed, t, &menu[t]);
+		for (int l = 0; l <= K_TIER_MAX; l++)
+			if (l == K_TIER_MAX || p->lim)
+				k_tier_menu_make(bytes, fid, k_tier_limit_allowed(allowed, t, l), t, &menu[t][l]);
 	int64_t total = 0;
 	for (int h = 0; h < p->n_head; h++)
 		total += p->n[h];
@@ -160,7 +189,7 @@ static inline double k_tier_alloc(const struct k_tier_pool *p, const double *byt
 			if (!p->cand[e])
 				continue;
 			out[e] = K_TIER_EVICT;
-			const struct k_tier_menu *m = &menu[p->cur[e] < K_TIER_MAX ? p->cur[e] : 0];
+			const struct k_tier_menu *m = k_tier_menu_of(p, menu, e);
 			if (m->n == 0)
 				continue;
 			double s = p->score[e] > 0 ? (double)p->score[e] : 0.0;
@@ -172,7 +201,7 @@ static inline double k_tier_alloc(const struct k_tier_pool *p, const double *byt
 	struct k_uheap_item it;
 	while (k_uheap_pop(&hp, &it)) {
 		size_t e = (size_t)it.id;
-		const struct k_tier_menu *m = &menu[p->cur[e] < K_TIER_MAX ? p->cur[e] : 0];
+		const struct k_tier_menu *m = k_tier_menu_of(p, menu, e);
 		int j = out[e] == K_TIER_EVICT ? 0 : out[e] + 1;
 		if (m->dc[j] > left)
 			continue; /* does not fit: the entry stays at its level */
@@ -189,7 +218,7 @@ static inline double k_tier_alloc(const struct k_tier_pool *p, const double *byt
 		for (int32_t i = 0; i < p->n[h]; i++) {
 			size_t e = (size_t)h * p->stride + i;
 			if (p->cand[e] && out[e] != K_TIER_EVICT)
-				out[e] = menu[p->cur[e] < K_TIER_MAX ? p->cur[e] : 0].tier[out[e]];
+				out[e] = k_tier_menu_of(p, menu, e)->tier[out[e]];
 		}
 	return used;
 }
@@ -216,6 +245,15 @@ static inline void k_tier_shares(const float *score, const int32_t *pos, const u
 		int32_t i = buf[r].idx;
 		want[i] = tier[j] > cur[i] ? tier[j] : cur[i];
 	}
+}
+
+/* Shares under a limit: the tier an entry wanting tier want (by its share), now at cur and
+ * limited to lim (K_TIER_MAX: none), takes: lim when want lies below it, never above cur
+ * (downgrade only). */
+static inline int k_tier_limit_want(int want, int cur, int lim)
+{
+	const int w = want > lim ? lim : want;
+	return w > cur ? w : cur;
 }
 
 /* Bytes per entry, on average, of the shares' mix: Σ_j (cum[j] − cum[j − 1]) · bytes[tier[j]]

@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/rt_pool.h"
 #include "k_tier.h"
@@ -29,11 +30,13 @@
 #include "kv/rt_kvbytes.h"
 #include "kv/rt_kvq.h"
 #include "model/rt_model.h"
+#include "model/rt_quant.h"
 #include "policy/rt_seq.h"
 #include "support/tiny_model.h"
 
 #include <stdio.h>
 
+extern const struct kvp_policy kvp_policy_tier_pos_limits, kvp_policy_tier_pos_limits_utility;
 extern const struct kvp_policy kvp_policy_tier_pos_shares, kvp_policy_tier_pos_utility,
 	kvp_policy_tier_acc_layer, kvp_policy_tier_acc_global;
 
@@ -657,6 +660,110 @@ static void e2e_utility(int si, enum rt_kv_type t)
 	rt_model_free(m);
 }
 
+/* A tiny model of 4 layers (the first and the last are the edge layers of 1), shapes as
+ * e2e_model (si 0: 9/3, 1: 4/1), f16 store. */
+static rt_model *e2e_model4(int si)
+{
+	tiny_model_cfg c = { .n_layer = 4, .n_ff = 96, .n_vocab = 300, .n_ctx = 128,
+		             .rope_base = 10000.0f, .seed = 91u + (uint32_t)si, .wtype = RT_GGML_F32 };
+	if (si == 0)
+		c.n_head = 9, c.n_head_kv = 3, c.n_embd = 288;
+	else
+		c.n_head = 4, c.n_head_kv = 1, c.n_embd = 128;
+	char path[96];
+	snprintf(path, sizeof path, "tests/tmp/tier_limits_%d_%d.gguf", (int)getpid(), si);
+	ck_assert_int_eq(tiny_model_write(&c, path), 0);
+	rt_model_opts o = { .threads = 1, .kv_type = RT_KV_F16 };
+	rt_err err = { "" };
+	rt_model *m = rt_model_open(path, &o, &err);
+	unlink(path);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	return m;
+}
+
+/* Feed the prompt of e2e_check through policy p on m; the sequence is left to the caller. */
+static void e2e_feed(rt_model *m, const struct kvp_policy *p, rt_seq *s)
+{
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_init(s, m, p, E2E_P, 16, E2E_P, &err) == 0, "%s", err.msg);
+	int32_t tok[E2E_P];
+	for (int i = 0; i < E2E_P; i++)
+		tok[i] = (int32_t)((i * 37 + 11) % 290);
+	ck_assert_msg(rt_seq_feed(s, tok, E2E_P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(rt_seq_stats_get(s).compress_events, 1);
+}
+
+/* tier_pos_limits, by hand: nothing is evicted (budget 100%); sinks 0, 1 stay at the top
+ * (guards); the window keeps positions >= 64 - 16 = 48 at the top; every other entry takes
+ * q4, except on layers 0 and 3 (edges = q8, 1 layer each end) where q4 lies below the edge
+ * tier and the entry takes q8. Bytes per head, from the store's row sizes at head_dim 32
+ * (runtime/kv/rt_kv.h): 18 top entries × 2 × 64, 46 quantised entries × (key codes + value
+ * row) and the one key group's range (4 × 32 bytes) of positions 0..63. */
+static void e2e_limits(int si)
+{
+	rt_model *m = e2e_model4(si);
+	rt_seq s;
+	e2e_feed(m, &kvp_policy_tier_pos_limits, &s);
+	ck_assert_int_eq(s.kv.head_dim, 32);
+	const int64_t q8 = 32 + (32 + 4), q4 = 16 + (16 + 4); /* key codes + value row */
+	int64_t want_bytes = 0;
+	for (int l = 0; l < 4; l++)
+		for (int g = 0; g < s.kv.n_kv_head; g++) {
+			rt_kv_head *h = rt_kv_head_at(&s.kv, l, g);
+			const int edge = l == 0 || l == 3;
+			ck_assert_int_eq(h->n, E2E_P);
+			for (int32_t i = 0; i < h->n; i++) {
+				const int q = h->pos[i];
+				const int want = q < 2 || q >= 48 ? RT_KV_TIER_TOP : edge ? Q8 : Q4;
+				ck_assert_msg(rt_kv_tier_of(h, i) == want, "layer %d head %d pos %d: tier %d, want %d",
+				              l, g, q, rt_kv_tier_of(h, i), want);
+			}
+			want_bytes += 18 * 2 * 64 + 46 * (edge ? q8 : q4) + 4 * 32;
+		}
+	ck_assert_int_eq(rt_kvbytes_held(&s.kv), want_bytes);
+	rt_seq_free(&s);
+
+	/* by utility (40% of the f16 bytes): each head spends at most its bytes, a window
+	 * entry is evicted or at the top, an edge layer's entry is evicted or at q8 or above
+	 * (q8 is not listed: the limit's own tier), a middle layer's at f16 or q4 */
+	e2e_feed(m, &kvp_policy_tier_pos_limits_utility, &s);
+	int edge_q8 = 0, win_kept = 0;
+	for (int l = 0; l < 4; l++)
+		for (int g = 0; g < s.kv.n_kv_head; g++) {
+			rt_kv_head *h = rt_kv_head_at(&s.kv, l, g);
+			const int edge = l == 0 || l == 3;
+			ck_assert_int_le(rt_kvbytes_head_held(&s.kv, l * s.kv.n_kv_head + g),
+			                 (int64_t)(0.4 * E2E_P * rt_kv_f16_entry_bytes(&s.kv)) + 1);
+			for (int32_t i = 0; i < h->n; i++) {
+				const int q = h->pos[i], t = rt_kv_tier_of(h, i);
+				if (q >= 48 || q < 2)
+					ck_assert_msg(t == RT_KV_TIER_TOP, "layer %d pos %d: tier %d", l, q, t);
+				else if (edge)
+					ck_assert_msg(t == RT_KV_TIER_TOP || t == Q8, "layer %d pos %d: tier %d", l, q, t);
+				else
+					ck_assert_msg(t == RT_KV_TIER_TOP || t == Q4, "layer %d pos %d: tier %d", l, q, t);
+				edge_q8 += edge && t == Q8;
+				win_kept += q >= 48;
+			}
+		}
+	ck_assert_int_gt(edge_q8, 0);  /* the limit's tier is used */
+	ck_assert_int_gt(win_kept, 0); /* the window is not all evicted */
+	rt_seq_free(&s);
+	rt_model_free(m);
+}
+
+START_TEST(e2e_limits_9_3)
+{
+	e2e_limits(0);
+}
+END_TEST
+
+START_TEST(e2e_limits_4_1)
+{
+	e2e_limits(1);
+}
+END_TEST
+
 START_TEST(e2e_shares_9_3)
 {
 	e2e_shares(0, RT_KV_F16);
@@ -802,6 +909,8 @@ static Suite *tier_suite(void)
 	tcase_add_test(tc, e2e_shares_4_1);
 	tcase_add_test(tc, e2e_utility_9_3);
 	tcase_add_test(tc, e2e_utility_4_1);
+	tcase_add_test(tc, e2e_limits_9_3);
+	tcase_add_test(tc, e2e_limits_4_1);
 	tcase_add_test(tc, threads_9_3);
 	tcase_add_test(tc, threads_4_1);
 	suite_add_tcase(s, tc);
