@@ -157,11 +157,13 @@ typedef struct kvp_stmt {
 	kvp_expr *window_len;    /* STAT: W of `over last W` / `over prompt tail W` */
 	kvp_srcloc window_loc;   /* STAT: the `over ...` clause */
 	kvp_word *words;         /* GROUP: reducer then modifiers; KEEP: the kind;
-	                            COMPRESS (AT): the two words */
+	                            COMPRESS (AT): the two words; SETTING: the word before
+	                            target (`min`), or none */
 	int n_words;
 	kvp_trigger_kind trigger; /* COMPRESS */
 	kvp_srcloc trigger_loc;  /* COMPRESS: the trigger words */
-	kvp_expr *target;        /* COMPRESS: `to T`, or NULL */
+	kvp_expr *target;        /* COMPRESS: `to T`; SETTING (budget): the floor of
+	                            `budget = B min F`; or NULL */
 } kvp_stmt;
 
 /* A comment as written: text starts with '#'; own_line when only blanks precede it. */

@@ -776,6 +776,13 @@ static void config_body(struct kvp_em *em, const void *arg)
 	kvp_em_out(em, "\";\n\tcfg->budget = budget_of(ctx, kv, seen);\n");
 	if (ir->alloc.budget_unit == KVP_UNIT_RATIO)
 		kvp_em_out(em, "\tcfg->budget_shared = 1;\n");
+	if (ir->alloc.min >= 0) { /* the floor: k_budget_check applies it under any override */
+		kvp_em_line_src(em, ir->alloc.loc);
+		kvp_em_out(em, "\tcfg->min_kv = ");
+		kvp_em_expr(em, ir->alloc.min);
+		kvp_em_out(em, ";\n");
+		kvp_em_line_back(em);
+	}
 	if (ir->alloc.budget_bytes)
 		kvp_em_out(em, "\tcfg->budget_bytes = 1;\n");
 	emit_cfg_score_guards(em);

@@ -164,6 +164,10 @@ static void put_stmt(FILE *f, const kvp_stmt *s)
 	case KVP_S_SETTING:
 		fprintf(f, "%s = ", kvp_setting_text(s->setting));
 		put_expr(f, s->value, 0);
+		if (s->target) {
+			fprintf(f, " %s ", s->words[0].s);
+			put_expr(f, s->target, 0);
+		}
 		break;
 	case KVP_S_GROUP:
 		fprintf(f, "group = %s", s->words[0].s);

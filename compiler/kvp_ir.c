@@ -66,6 +66,7 @@ void kvp_ir_init(struct kvp_ir *ir, const char *name, const char *source,
 	ir->alloc.from = -1;
 	ir->alloc.to = -1;
 	ir->alloc.floor = -1;
+	ir->alloc.min = -1;
 	ir->action.run = -1;
 	ir->action.floor = -1;
 	ir->action.seg_min = ir->action.seg_max = ir->action.seg_cut = ir->action.seg_length = -1;
@@ -764,6 +765,7 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 	if ((unsigned)al->layers >= K_LAYERS_COUNT_ || (unsigned)al->heads >= K_HEADS_COUNT_)
 		problem(&ck, al->loc, "unknown allocation");
 	check_expr(&ck, al->floor, KVP_CTX_SCALAR, 0, al->loc, "the allocation floor");
+	check_expr(&ck, al->min, KVP_CTX_SCALAR, 0, al->loc, "the budget's floor");
 	if (sc->over_layer && al->heads != K_HEADS_EACH)
 		problem(&ck, sc->loc, "a layer-wide score reduction needs every KV head of a layer to keep the same entries; it cannot be combined with adaptive or global allocation");
 	if (sc->over_layer && ir->action.kind != K_ACT_EVICT)

@@ -237,6 +237,8 @@ struct kvp_ir_alloc {
 	enum kvp_unit budget_unit; /* ENTRIES or RATIO: how the source wrote it (docs only) */
 	int budget_bytes;        /* 1: `budget = bytes(P)`: the budget counts bytes, as the
 	                            bytes of that many f16 entries (budget = P · context) */
+	int32_t min;             /* `budget = B min F`: SCALAR entries per head, the floor of
+	                            the budget and the target under every override; -1 = none */
 	enum k_layers layers;
 	int32_t beta;            /* PYRAMID/FUNNEL: SCALAR; -1 = 20 */
 	int32_t from, to;        /* LINEAR: SCALAR */

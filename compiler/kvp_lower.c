@@ -263,6 +263,7 @@ static int lower_alloc(lower *lw)
 	ir->alloc.budget = budget ? lower_budget(lw, budget->loc) : -1;
 	ir->alloc.budget_unit = s->budget_unit == KVP_SU_RATIO ? KVP_UNIT_RATIO : KVP_UNIT_ENTRIES;
 	ir->alloc.budget_bytes = s->budget_bytes;
+	ir->alloc.min = lower_opt(lw, s->budget_min);
 	ir->alloc.loc = at_stmt(lw, budget);
 	ir->alloc.layers = s->layers;
 	ir->alloc.beta = lower_opt(lw, s->beta);

@@ -1282,6 +1282,45 @@ static int positive(sema *S, const kvp_expr *e, ty t, const char *what, int inte
 	return 0;
 }
 
+/* `budget = B min F`: the floor F, entries (tokens) per head, a whole number > 0 and not
+ * above a budget of a fixed size (docs/language.md section 7.9). It survives every
+ * override of the budget (a compression ratio, --set), which is why it is not written as
+ * max(B, F) inside the budget. */
+static void check_budget_floor(sema *S, const kvp_stmt *st)
+{
+	kvp_sema *o = S->out;
+	const kvp_expr *fl = st->target;
+	static const kvp_sunit U_COUNT[] = { KVP_SU_ENTRIES, KVP_SU_TOKENS };
+	ty t = check_expr(S, fl, CX_SCALAR); /* a ratio gets its own message, */
+	if (t.u == KVP_SU_ERR)
+		return;
+	if (t.u != KVP_SU_RATIO) /* every other unit check_unit's (fl checked once already) */
+		t = check_unit(S, fl, CX_SCALAR, U_COUNT, 2, "the budget's floor");
+	if (t.u == KVP_SU_ERR)
+		return;
+	if (t.u == KVP_SU_RATIO) {
+		ERR(S, fl->loc, "the budget's floor is a number of entries, as in `min 64 tokens`, not a share of the context: it keeps short contexts whole where a share would not");
+		return;
+	}
+	if (!t.known) {
+		ERR(S, fl->loc, "the budget's floor is fixed for a sequence: a number, a `const` or a `param`, not a signal that follows the context");
+		return;
+	}
+	if (positive(S, fl, t, "the budget's floor", 1))
+		return;
+	if (t.known && S->budget.known && o->budget_unit != KVP_SU_RATIO && !o->budget_bytes &&
+	    t.v > S->budget.v) {
+		char fb[32], bb[32];
+		fmt_num(t.v, fb, sizeof fb);
+		fmt_num(S->budget.v, bb, sizeof bb);
+		ERR(S, fl->loc, "the floor (%s entries) is above the budget (%s entries), so the policy's own budget never holds; a floor is for a budget that shrinks with the context or a compression ratio",
+		    fb, bb);
+		NOTE(S, st->value->loc, "the budget is set here");
+		return;
+	}
+	o->budget_min = fl;
+}
+
 /* budget = SIZE | bytes '(' SHARE ')'
  * SIZE: entries (tokens) or a ratio of the context; bytes(SHARE): a ratio of the bytes of
  * an f16 full cache of the context (docs/language.md section 7.8), checked as the ratio. */
@@ -1336,6 +1375,8 @@ static void check_budget(sema *S, const kvp_stmt *st)
 	S->out->budget_unit = t.u;
 	S->budget = t;
 	S->have_budget = 1;
+	if (st->target)
+		check_budget_floor(S, st);
 }
 
 static void check_layers(sema *S, const kvp_stmt *st)
@@ -2543,6 +2584,27 @@ static void cross_checks(sema *S)
 	cross_check_combinations(S);
 }
 
+/* `setting = X WORD Y` parses for every setting; only `budget = B min F` means something.
+ * 1 when st is that form. */
+static int floor_word_ok(sema *S, const kvp_stmt *st)
+{
+	static const char *const mins[] = { "min" };
+	const kvp_word *w = &st->words[0];
+	if (st->setting != KVP_SET_BUDGET) {
+		ERR(S, w->loc, "unexpected '%s' after the %s; only the budget takes a floor (`budget = 20%% min 64 tokens`)",
+		    w->s, kvp_setting_text(st->setting));
+		return 0;
+	}
+	if (strcmp(w->s, "min") != 0) {
+		int d = 1000;
+		const char *sug = suggest_from(w->s, mins, 1, NULL, &d);
+		ERR(S, w->loc, "unexpected '%s' after the budget; %s the budget's floor is written `budget = B min F`",
+		    w->s, sug ? "did you mean 'min'?" : "a budget ends at its value;");
+		return 0;
+	}
+	return 1;
+}
+
 kvp_sema *kvp_sema_check(const kvp_file *f)
 {
 	kvp_sema *o = calloc(1, sizeof *o);
@@ -2565,6 +2627,8 @@ kvp_sema *kvp_sema_check(const kvp_file *f)
 		if (st->kind == KVP_S_SETTING) {
 			char what[48];
 			snprintf(what, sizeof what, "`%s`", kvp_setting_text(st->setting));
+			if (st->target && !floor_word_ok(&S, st))
+				continue;
 			set_once(&S, &o->setting[st->setting], st, what);
 		} else if (st->kind == KVP_S_GROUP) {
 			set_once(&S, &o->group, st, "`group`");

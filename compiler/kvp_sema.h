@@ -111,6 +111,8 @@ typedef struct kvp_sema {
 	/* `budget = bytes(P)`: the budget is the share P of an f16 full cache's bytes */
 	int budget_bytes;
 	const kvp_expr *budget_share;
+	/* `budget = B min F`: the floor F (entries per head), or NULL */
+	const kvp_expr *budget_min;
 	/* `precision = tiers(...)`: n_tier tiers (enum rt_kv_tier), highest precision first;
 	 * with shares (tier_shares) their cumulative shares of the kept entries (the last 1),
 	 * without, the allocator chooses by utility per byte. n_tier 0: no precision action. */

@@ -224,6 +224,15 @@ stmt:
 	$$ = kvp_stmt_new(ps->f, KVP_S_SETTING, @$);
 	$$->setting = (kvp_setting)$1; $$->name_loc = @1; $$->value = $3;
       }
+  /* setting = expr IDENT expr: the budget's floor, `budget = 20% min 64 tokens` (IDENT is
+   * `min`, checked by sema with the setting) */
+  | setting '=' expr IDENT expr
+      {
+	$$ = kvp_stmt_new(ps->f, KVP_S_SETTING, @$);
+	$$->setting = (kvp_setting)$1; $$->name_loc = @1; $$->value = $3; $$->target = $5;
+	kvp_list *l = kvp_list_push(kvp_list_new(), word_new(ps, $4, @4, 0));
+	$$->words = words_finish(ps, l, &$$->n_words);
+      }
   | GROUP '=' IDENT group_mods
       {
 	$$ = kvp_stmt_new(ps->f, KVP_S_GROUP, @$);

@@ -58,6 +58,8 @@ struct k_compress_cfg {
 	                           store of a narrow element type each head's rows are decoded
 	                           to f32 for it (k_head_f32) */
 	double target;          /* average entries per head to keep */
+	double min_kv;          /* the policy's floor (`budget = B min F`), entries per head;
+	                           0: none (k_budget_check) */
 	int has_sinks, has_recent; /* the policy has `keep sinks` / `keep recent` */
 	double sinks;           /* keep pos < sinks (tokens) */
 	double recent;          /* keep pos >= seen - recent (tokens) */
@@ -377,21 +379,33 @@ static inline void k_layers_window_keep(const struct kvp_ctx *ctx, const rt_kv *
  * or a --ratio, while the prompt length is unknown or passed) fails only early in a
  * stream: then every layer keeps at least 1 entry, and guards of a fixed size stay whole
  * (returns 1); guards that grow with the context too never fit and are an error.
- * Graceful budgets, when the runtime sets a floor (ctx->min_kv > 0, serve's and run's
- * default): the budget and the target are at least min(floor, context), and guards that
- * exceed the budget raise it to hold them instead of failing (sinks that keep nothing
- * still fail); each is recorded in ctx->notes. Without a floor (the measuring commands)
- * such guards are an error, as kvpc check says.
+ * Graceful budgets, under a floor F = max(the policy's `min` (cfg->min_kv), the runtime's
+ * ctx->min_kv: serve's and run's default), F > 0: the budget and the target are at least
+ * min(F, context), whatever the budget or a ratio override, and guards that exceed the
+ * budget raise it to hold them instead of failing (sinks that keep nothing still fail);
+ * each is recorded in ctx->notes. Without a floor such guards are an error, as kvpc check
+ * says. in_force (NULL, or [2]) receives the budget and the target in force.
  * Returns 0, 1 (early in a stream), or -1 with err "policy NAME: reason". */
-static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
+/* The floor of a graceful budget in force, entries per head: the larger of the policy's
+ * `min` and the runtime's min_kv; 0: none (strict budgets), also under KVP_MIN_KV_STRICT. */
+static inline double k_floor_of(const struct kvp_ctx *ctx, const struct k_compress_cfg *cfg)
+{
+	if (ctx->min_kv < 0)
+		return 0;
+	return ctx->min_kv > cfg->min_kv ? ctx->min_kv : cfg->min_kv;
+}
+
+static inline int k_budget_force(const struct kvp_ctx *ctx, const rt_kv *kv,
                                  const struct k_compress_cfg *cfg_in, double seen, double n,
-                                 double *lb, rt_err *err)
+                                 double *lb, double *in_force, rt_err *err)
 {
 	struct k_compress_cfg fc = *cfg_in; /* the budget and target in force, floored */
 	const struct k_compress_cfg *cfg = &fc;
 	const double context = k_context(ctx, seen);
-	if (ctx->min_kv > 0) {
-		const double f = ctx->min_kv < context ? ctx->min_kv : context;
+	const double floor_kv = k_floor_of(ctx, cfg_in);
+	const int graceful = floor_kv > 0;
+	if (graceful) {
+		const double f = floor_kv < context ? floor_kv : context;
 		if (fc.budget < f && ctx->notes)
 			*ctx->notes |= KVP_NOTE_FLOOR;
 		fc.budget = fc.budget > f ? fc.budget : f;
@@ -430,10 +444,10 @@ static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
 	}
 	if (!early && rt_budget_check(&b, msg, sizeof msg) != 0) {
 		int sinks_bad = cfg->has_sinks && !(cfg->sinks > 0);
-		if (sinks_bad || (!(ctx->min_kv > 0) && (!growing || cfg->guards_follow_context)))
+		if (sinks_bad || (!graceful && (!growing || cfg->guards_follow_context)))
 			return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s", cfg->name ? cfg->name : "?",
 			                   msg);
-		if (!(ctx->min_kv > 0)) {
+		if (!graceful) {
 			early = 1; /* guards of a fixed size: the budget will grow past them */
 		} else { /* graceful: the budget and target grow to hold the guards, in entries
 			  * ceil(sinks) + floor(recent), in bytes their top-tier rows' worth */
@@ -453,7 +467,19 @@ static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
 		for (int l = 0; early && l < L; l++)
 			lb[l] = lb[l] > 1 ? lb[l] : 1;
 	}
+	if (in_force) {
+		in_force[0] = fc.budget;
+		in_force[1] = fc.target;
+	}
 	return early;
+}
+
+/* k_budget_force without the values in force: what check() and compress run. */
+static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
+                                 const struct k_compress_cfg *cfg, double seen, double n,
+                                 double *lb, rt_err *err)
+{
+	return k_budget_force(ctx, kv, cfg, seen, n, lb, NULL, err);
 }
 
 /* One thread's areas (k_thr_bytes), reused head after head. */
@@ -968,6 +994,34 @@ static inline void k_step_job(void *arg, int ith, int nth)
 	}
 }
 
+/* After the scores: a protected span that leaves a head more guarded entries than its
+ * layer's budget is kept whole (the head then holds more than its budget), recorded as
+ * KVP_NOTE_SPAN in ctx->notes so the report and the response say so. Entries mode only
+ * (in bytes the guards are charged by k_head_bytes). */
+static inline void k_run_note_spans(const struct k_run *r)
+{
+	const struct kvp_ctx *ctx = r->ctx;
+	const struct k_compress_cfg *cfg = r->cfg;
+	if (!ctx->notes || r->bytes || !(cfg->protect_all_spans || cfg->n_spans > 0))
+		return;
+	const rt_kv *kv = r->kv;
+	const int G = kv->n_kv_head;
+	const size_t H = (size_t)kv->n_layer * G, c = (size_t)kv->cap;
+	for (size_t hi = 0; hi < H; hi++) {
+		const rt_kv_head *h = &kv->heads[hi];
+		const uint8_t *f = r->flags + hi * c;
+		int32_t guarded = 0, spanned = 0;
+		for (int32_t i = 0; i < h->n; i++) {
+			guarded += (f[i] & K_FLAG_GUARD) != 0;
+			spanned += k_span_protected(ctx, cfg, h->span[i]);
+		}
+		if (spanned > 0 && guarded > k_floor_entries(r->lb[hi / (size_t)G])) {
+			*ctx->notes |= KVP_NOTE_SPAN;
+			return;
+		}
+	}
+}
+
 /* Run one step on every unit, on ctx->pool's threads (inline when it has one). Returns 0,
  * or -1 with err set to the error of the lowest (layer, KV head) list that failed
  * (K_STEP_SELECT under a precision action: the threads' shares are in list order). */
@@ -1027,6 +1081,7 @@ static inline int k_compress_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	if (k_budget_check(ctx, kv, cfg, r.seen, (double)rt_kv_entries(kv) / H, r.lb, err) < 0)
 		return -1;
 	(void)k_run_step(&r, K_STEP_SCORES, err);
+	k_run_note_spans(&r);
 	if (cfg->over_layer && cfg->has_score && kv->n_kv_head > 1)
 		(void)k_run_step(&r, K_STEP_LAYER_REDUCE, err);
 	k_run_alloc(&r);

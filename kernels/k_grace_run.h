@@ -44,6 +44,8 @@
 struct k_grace_cfg {
 	const char *name;       /* policy name, for messages */
 	double budget;          /* [entries per head, average] over all entries of the prompt */
+	int graceful;           /* 1 under a floor (k_budget_force): guards and protected spans
+	                           over the budget raise it, with a note, instead of failing */
 	double sinks;           /* [tokens] positions < sinks join the exact prefix; <= 0: none */
 	double recent;          /* [tokens] r: newest context tokens kept exactly (charged) */
 	double slot;            /* [tokens] target segment length; the fixed slot length with
@@ -246,7 +248,12 @@ static inline int k_grace_plan_of(const struct kvp_ctx *ctx, const rt_kv *kv,
 	const int64_t r_eff = recent < n_ctx ? recent : n_ctx;
 	/* the policy's budget covers every entry; B_total is what the uncharged prefix and
 	 * suffix leave of it */
-	const double per_head = cfg->budget;
+	double per_head = cfg->budget;
+	if (cfg->graceful && per_head >= 0.0 && per_head < (double)(prefix + suffix + r_eff)) {
+		per_head = (double)(prefix + suffix + r_eff); /* graceful: hold the guards */
+		if (ctx->notes)
+			*ctx->notes |= prefix + suffix > 0 ? KVP_NOTE_SPAN : KVP_NOTE_GUARDS;
+	}
 	const int64_t b_all = (int64_t)floor((double)LG * per_head + 1e-9);
 	const int64_t b_core = b_all - (int64_t)LG * (prefix + suffix);
 	if (!(per_head >= 0.0) || b_core < (int64_t)LG * r_eff)
@@ -588,8 +595,11 @@ static inline int k_grace_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	bc.has_recent = gc->recent > 0;
 	bc.recent = gc->recent;
 	bc.layers = K_LAYERS_UNIFORM;
-	if (k_budget_check(ctx, kv, &bc, (double)ctx->seen, 0, NULL, err) < 0)
+	double in_force[2] = { gc->budget, gc->budget };
+	if (k_budget_force(ctx, kv, &bc, (double)ctx->seen, 0, NULL, in_force, err) < 0)
 		return -1;
+	gc->budget = in_force[0]; /* the floor, and guards raised under it (graceful) */
+	gc->graceful = k_floor_of(ctx, cfg) > 0;
 	const int L = kv->n_layer, G = kv->n_kv_head;
 	struct k_grace_sizes z = k_grace_sizes_of(kv, cfg->n_tmp);
 	uint8_t *p = (uint8_t *)(((uintptr_t)ctx->scratch + 63) & ~(uintptr_t)63);

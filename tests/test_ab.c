@@ -783,9 +783,11 @@ START_TEST(bad_arguments)
 	ck_assert_str_eq(err, "ab: --plot: no/such/dir/p.svg: directory 'no/such/dir' does not exist\n");
 	free(out);
 	free(err);
-	/* guards larger than the ratio's budget: a clear error, not a crash */
-	ck_assert_int_eq(run_ab(&out, &err, "--a", "h2o", "--b", "h2o", "--ratio", "16", NULL), 1);
-	ck_assert_msg(strstr(err, "h2o") && strstr(err, "ratio"), "%s", err);
+	/* guards larger than the ratio's budget: the library h2o's own floor (`min 64
+	 * tokens`) makes the budget graceful, so the run is measured, not refused (the clear
+	 * error of a policy without a floor: test_seq's cli_ppl_json, mikv_h2o --ratio 16) */
+	ck_assert_msg(run_ab(&out, &err, "--a", "h2o", "--b", "h2o", "--ratio", "16", NULL) == 0,
+	              "%s", err);
 	free(out);
 	free(err);
 }

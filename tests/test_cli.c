@@ -242,6 +242,41 @@ START_TEST(reports_list_the_parameters_in_effect)
 }
 END_TEST
 
+/* A short chat under the library H2O (20% of the context, `budget = ... min 64 tokens`)
+ * answers as the full cache does, greedy, also under a ratio override that would leave
+ * 5 entries of the 42-token prompt: the policy's own floor keeps it whole (run's runtime
+ * floor is off, --min-kv 0), and --stats says the floor raised the budget. Without the
+ * floor this question got "I'm glad to help. I'm here to assist you". */
+START_TEST(short_chat_under_h2o_answers_as_full)
+{
+	const char *model = getenv("KVRT_MODEL");
+	if (!model || access(model, R_OK) != 0) {
+		printf("test_cli: KVRT_MODEL unset or unreadable: chat case skipped\n");
+		return;
+	}
+	char *q = "What is the capital of France? Answer in one word.";
+	char *full_out, *out, *err;
+	char *full[] = { "kvrt", "run", "--model", (char *)model, "--chat", "-p", q, "-n", "12",
+		         "--threads", "2", NULL };
+	ck_assert_int_eq(run(NULL, full, kvp_registry, kvp_registry_count, &full_out, &err), 0);
+	ck_assert_msg(strstr(full_out, "Paris"), "full cache: %s", full_out);
+	free(err);
+	const char *ratio[] = { NULL, "8" };
+	for (int i = 0; i < 2; i++) {
+		char *h2o[] = { "kvrt", "run", "--model", (char *)model, "--chat", "-p", q, "-n", "12",
+			        "--threads", "2", "--policy", "h2o", "--min-kv", "0", "--stats",
+			        ratio[i] ? "--ratio" : NULL, (char *)ratio[i], NULL };
+		ck_assert_int_eq(run(NULL, h2o, kvp_registry, kvp_registry_count, &out, &err), 0);
+		ck_assert_msg(!strcmp(out, full_out), "h2o%s%s: '%s', full: '%s'",
+		              ratio[i] ? " --ratio " : "", ratio[i] ? ratio[i] : "", out, full_out);
+		ck_assert_msg(strstr(err, "note: the floor (min_kv, or the policy's budget min) raised the budget"),
+		              "%s", err);
+		free(out), free(err);
+	}
+	free(full_out);
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
 	Suite *s = suite_create("cli");
@@ -253,6 +288,7 @@ static Suite *cli_suite(void)
 	tcase_add_test(tc, every_kvpc_command_has_help_and_version);
 	tcase_add_test(tc, ppl_counts_the_scored_tokens);
 	tcase_add_test(tc, reports_list_the_parameters_in_effect);
+	tcase_add_test(tc, short_chat_under_h2o_answers_as_full);
 	suite_add_tcase(s, tc);
 	return s;
 }

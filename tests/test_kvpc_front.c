@@ -416,6 +416,9 @@ START_TEST(test_lower_h2o)
 	expect_param(&ir, node(&ir, b->a)->b, 1);
 	expect_signal(&ir, b->b, KVP_SIG_CONTEXT);
 	ck_assert_int_eq(ir.alloc.budget_unit, KVP_UNIT_RATIO);
+	/* budget ... min 64 tokens: a constant floor beside the budget, not inside it (a ratio
+	 * override replaces the budget's tree only) */
+	expect_fold(&ir, ir.alloc.min, 64);
 	/* keep recent recent = recent * context */
 	const struct kvp_ir_expr *r = node(&ir, ir.guards.recent);
 	ck_assert_int_eq(r->op, KVP_OP_MUL);
@@ -451,6 +454,7 @@ START_TEST(test_lower_snapkv_family)
 	expect_param(&ir, ir.guards.recent, 1); /* tokens: no context factor */
 	expect_param(&ir, ir.alloc.budget, 0);
 	ck_assert_int_eq(ir.alloc.budget_unit, KVP_UNIT_ENTRIES);
+	ck_assert_int_eq(ir.alloc.min, -1); /* a budget of a fixed size: no floor */
 	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_PROMPT_END);
 	ck_assert_int_eq(ir.alloc.layers, K_LAYERS_UNIFORM);
 	kvp_ir_free(&ir);

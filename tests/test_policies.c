@@ -69,6 +69,9 @@ static void h_open(struct harness *h, const char *name, int L, int G, int R, int
 	rt_err err = { "" };
 	ck_assert_msg(rt_run_init(&h->run, &h->kv, h->p, L, G, R, d, cap, prompt_len, &err) == 0,
 	              "%s", err.msg);
+	/* the papers' algorithms at a few tokens: without the library's `min` floors (their
+	 * own case: floor_survives_ratio_and_set) */
+	h->run.ctx.min_kv = KVP_MIN_KV_STRICT;
 	ck_assert_uint_eq(h->kv.stat_bytes, kvp_policy_stat_bytes(h->p, R));
 	h->probs = calloc((size_t)R * cap, sizeof(float));
 	h->outs = calloc((size_t)R * d, sizeof(float));
@@ -994,6 +997,67 @@ START_TEST(gracekv_spans_and_relevance)
 }
 END_TEST
 
+/* The library H2O's floor (`budget = heavy + recent min 64 tokens`) under every override,
+ * hand-computed: after t tokens a head keeps floor(max(budget, min(64, t))) entries.
+ * Ratio 4 (budget t / 4): all t up to 64, then 64 up to t = 256 (t / 4 <= 64), then t / 4.
+ * --set heavy=1% recent=1% (budget 2% of t): 64 once t > 64. A runtime floor of 100
+ * (--min-kv, kvp_ctx.min_kv) above the policy's: 100 once t > 100. Each time the
+ * sequence's notes say the floor raised the budget. */
+START_TEST(floor_survives_ratio_and_set)
+{
+	for (int c = 0; c < 3; c++) {
+		struct harness h;
+		h_open(&h, "h2o", 2, 1, 4, 4, 320, -1);
+		h.run.ctx.min_kv = c == 2 ? 100 : 0; /* the policy's floor, or the runtime's above it */
+		rt_err err = { "" };
+		if (c == 0)
+			ck_assert_int_eq(rt_run_set_ratio(&h.run, 4, &err), 0);
+		if (c == 1) {
+			h_set(&h, "heavy=0.01");
+			h_set(&h, "recent=0.01");
+		}
+		const int f = c == 2 ? 100 : 64;
+		h.w = w_heavy_2_5;
+		for (int t = 1; t <= 300; t++) {
+			h_step(&h);
+			int want = t <= f ? t : f;
+			if (c == 0 && t / 4 > want)
+				want = t / 4;
+			for (int l = 0; l < 2; l++)
+				ck_assert_msg(rt_kv_head_at(&h.kv, l, 0)->n == want,
+				              "case %d, t %d: %d entries, want %d", c, t,
+				              (int)rt_kv_head_at(&h.kv, l, 0)->n, want);
+		}
+		ck_assert(h.run.notes & KVP_NOTE_FLOOR);
+		h_close(&h);
+	}
+}
+END_TEST
+
+/* GraceKV honours the floor: the library's `min 64 tokens` over its 12.5% budget. A
+ * 16-token prompt stays whole (min(64, 16) = 16 entries); a 100-token prompt keeps 64
+ * entries in all (its budget counts every entry: 12.5 by the share, 64 by the floor),
+ * where strict budgets (KVP_MIN_KV_STRICT) keep floor(100 / 8) = 12. */
+START_TEST(gracekv_honours_the_floor)
+{
+	const int prompts[3] = { 16, 100, 100 }, want[3] = { 16, 64, 12 };
+	for (int c = 0; c < 3; c++) {
+		struct harness h;
+		h_open(&h, "gracekv", 1, 1, 4, 4, 128, prompts[c]);
+		h.run.ctx.min_kv = c == 2 ? KVP_MIN_KV_STRICT : 0;
+		h_set(&h, "question=4");
+		h_set(&h, "recent=2");
+		h.w = w_grace;
+		h_feed(&h, prompts[c]);
+		ck_assert_int_eq(h.compresses, 1);
+		ck_assert_msg(rt_kv_head_at(&h.kv, 0, 0)->n == want[c], "case %d: %d entries, want %d",
+		              c, (int)rt_kv_head_at(&h.kv, 0, 0)->n, want[c]);
+		ck_assert_int_eq((h.run.notes & KVP_NOTE_FLOOR) != 0, c < 2);
+		h_close(&h);
+	}
+}
+END_TEST
+
 /* Chunked feeding through rt_run_chunk (chunks of at most `want` tokens that never
  * cross a trigger or the prompt end) gives the same cache as token-by-token feeding,
  * for policies with every-step, batch, block and prompt-end triggers. */
@@ -1316,6 +1380,7 @@ START_TEST(guards_count_bytes_under_byte_budget)
 		ck_assert_msg(rt_run_init_typed(&run, &kv, f32 ? RT_KV_F32 : RT_KV_F16,
 		                                policy("tova_tiers"), 1, 1, 3, 32, 64, 16, &err) == 0,
 		              "%s", err.msg);
+		run.ctx.min_kv = KVP_MIN_KV_STRICT; /* tova_tiers' `min 64 tokens` off */
 		ck_assert_msg(rt_run_set(&run, "sinks=1", &err) == 0 &&
 		              rt_run_set(&run, "recent=2", &err) == 0 &&
 		              rt_run_set_byte_ratio(&run, 4, &err) == 0, "%s", err.msg);
@@ -1424,6 +1489,8 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, adakv_adaptive_heads_gqa);
 	tcase_add_test(tc, pyramidkv_layer_budgets);
 	tcase_add_test(tc, gracekv_spans_and_relevance);
+	tcase_add_test(tc, floor_survives_ratio_and_set);
+	tcase_add_test(tc, gracekv_honours_the_floor);
 	tcase_add_test(tc, chunked_equals_stepwise);
 	tcase_add_test(tc, prefill_chunk_h2o);
 	tcase_add_test(tc, ratio_override_h2o);

@@ -216,8 +216,9 @@ START_TEST(select_equals_runtime)
 }
 END_TEST
 
-/* knorm's rule from the keys alone: per head the N/R lowest norms, ties to the lower
- * position (norms summed in double and rounded to f32, the precision of a score) */
+/* knorm's rule from the keys alone: per head the max(N/R, min(64, N)) lowest norms (the
+ * library knorm's floor, `min 64 tokens`, over N/R = 24), ties to the lower position
+ * (norms summed in double and rounded to f32, the precision of a score) */
 START_TEST(knorm_oracle)
 {
 	rt_model *m = open_gqa(0);
@@ -225,7 +226,7 @@ START_TEST(knorm_oracle)
 	test_tokens(tok, N_PROMPT, m->hp.n_vocab, 11u);
 	struct capture c;
 	capture_prompt(m, tok, &c);
-	const int HL = c.L * c.H, B = N_PROMPT / 4;
+	const int HL = c.L * c.H, B = N_PROMPT / 4 > 64 ? N_PROMPT / 4 : 64;
 	int32_t *keep = calloc((size_t)HL * N_PROMPT, sizeof *keep), *nk = calloc(HL, sizeof *nk);
 	char err[256];
 	ck_assert_int_eq(kvpc_select("knorm", "", 4, c.L, c.H, c.G, c.d, c.n, c.keys, NULL, NULL, 0,

@@ -55,7 +55,7 @@ static const char *const help_run =
 	"                       whatever the budget or --ratio, so a prompt of N tokens or fewer\n"
 	"                       stays whole, and guards larger than the budget raise it (a note\n"
 	"                       with --stats) instead of failing; 0: the policy's budget as\n"
-	"                       written (default 64)\n"
+	"                       written, its own `min` floor included (default 64)\n"
 	"    -h, --help         show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -152,7 +152,7 @@ int rt_cmd_run(int argc, char **argv)
 		        gen ? (double)gen / (t2 - t1) : 0.0, p->name, (long long)st.kv_entries_peak,
 		        (double)st.kv_bytes_peak / (1024.0 * 1024.0), (long long)st.compress_events,
 		        st.policy_seconds);
-		for (unsigned b = 1; b <= KVP_NOTE_GUARDS; b <<= 1)
+		for (unsigned b = 1; b <= KVP_NOTE_LAST; b <<= 1)
 			if (s.run.notes & b)
 				fprintf(stderr, "note: %s\n", rt_pick_note(b));
 	}

@@ -72,7 +72,7 @@ static const char *const help_serve =
 	"                        fewer stays whole), and guards larger than the budget raise\n"
 	"                        it instead of a 400; the response's kv object says so\n"
 	"                        (budget_notes); a request may set kv.min_kv; 0: budgets as\n"
-	"                        written (default 64)\n"
+	"                        written, a policy's own `min` floor included (default 64)\n"
 	"    --api-key KEY       require \"Authorization: Bearer KEY\"\n"
 	"    --trace FILE        append one JSON line per finished request\n"
 	"    --max-body SIZE     request body limit (default 1M)\n"

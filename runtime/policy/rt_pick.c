@@ -19,9 +19,12 @@ const char *rt_pick_note(unsigned bit)
 {
 	switch (bit) {
 	case KVP_NOTE_FLOOR:
-		return "the floor (min_kv) raised the budget";
+		return "the floor (min_kv, or the policy's budget min) raised the budget";
 	case KVP_NOTE_GUARDS:
 		return "the guards exceeded the budget, which was raised to hold them";
+	case KVP_NOTE_SPAN:
+		return "a protected span exceeded the budget and was kept whole: the cache holds "
+		       "more than the budget";
 	}
 	return NULL;
 }

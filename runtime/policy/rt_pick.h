@@ -96,7 +96,7 @@ const struct kvp_policy *rt_pick_find(const struct kvp_policy *const *reg, int n
                                       const char *name);
 
 /* The text of one note of a graceful budget (kvp_ctx.notes: KVP_NOTE_FLOOR,
- * KVP_NOTE_GUARDS), for a report or a response; NULL for any other bit. */
+ * KVP_NOTE_GUARDS, KVP_NOTE_SPAN), for a report or a response; NULL for any other bit. */
 const char *rt_pick_note(unsigned bit);
 
 #endif

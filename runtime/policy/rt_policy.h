@@ -197,16 +197,28 @@ struct kvp_ctx {
 	double min_kv;          /* the runtime's floor in tokens (--min-kv N), 0 = none: the
 	                           budget and the target are at least min(N, context) entries
 	                           per head, whatever the policy's budget or a ratio, so a
-	                           prompt of N tokens or fewer stays whole */
+	                           prompt of N tokens or fewer stays whole (a policy's own
+	                           `budget = B min F` is a floor too: the larger one holds) */
+	                        /* KVP_MIN_KV_STRICT: no floor at all, not even the policy's
+	                           (no door sets it: the oracle tests of the papers' algorithms
+	                           at a few tokens, tests/test_policies.c) */
 	unsigned *notes;        /* where check and compress record what they did instead of
 	                           failing (KVP_NOTE_*, or-ed), or NULL */
 };
+
+/* kvp_ctx.min_kv: budgets exactly as the policy's budget expression says, without its
+ * `min` floor either. */
+#define KVP_MIN_KV_STRICT (-1.0)
 
 /* What a graceful budget did (kvp_ctx.notes). */
 enum {
 	KVP_NOTE_FLOOR = 1u << 0,  /* the floor (min_kv) raised the budget */
 	KVP_NOTE_GUARDS = 1u << 1, /* the guards exceeded the budget, which was raised to hold
 	                              them (an error before) */
+	KVP_NOTE_SPAN = 1u << 2,   /* a protected span held more entries than the budget left
+	                              after the other guards: it was kept whole, so the head
+	                              holds more than its budget */
+	KVP_NOTE_LAST = KVP_NOTE_SPAN /* the highest note (a loop over the notes ends here) */
 };
 
 /* What observe receives for one query token (one step) over one KV head. The entries

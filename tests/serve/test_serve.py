@@ -354,13 +354,14 @@ def main():
             check(r.choices[0].message.content == ref_chat, "chat (not streamed) equals `run --chat`")
             # h2o's default budget is 20% of the context: 0.8 entries for a 4-token prompt;
             # under the server's floor (--min-kv 64) the prompt stays whole and is answered,
-            # without it (kv.min_kv 0) it is refused as kvpc check refuses it (a 400 naming
-            # the budget, not an empty cache)
+            # without any floor (kv.min_kv 0, and h2o_pinned has no `min` of its own, unlike
+            # the library h2o) it is refused as kvpc check refuses it (a 400 naming the
+            # budget, not an empty cache)
             r = cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=4)
             check(r.choices[0].text != "", "a budget below 1 entry under the floor is answered")
             try:
                 cl.completions.create(model=MODEL_ID, prompt="Once upon a time", max_tokens=8,
-                                      extra_body={"kv": {"min_kv": 0}})
+                                      extra_body={"kv": {"policy": "h2o_pinned", "min_kv": 0}})
                 check(False, "a budget below 1 entry is refused")
             except openai.BadRequestError as e:
                 check("below 1 entry" in str(e), "a budget below 1 entry is a 400: %s" % e)
@@ -415,9 +416,13 @@ def main():
         msgs = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": req, "protect": True},
                 {"role": "user", "content": filler + " Now summarise."}]
+        # (the library h2o's own floor, 64 tokens, would keep this short chat whole: its
+        # case gets a longer filler, so that ratio 4 evicts)
+        long_msgs = msgs[:2] + [{"role": "user", "content": " ".join(
+            "Item %d is a plain filler sentence about nothing much." % i for i in range(30)) + " Now summarise."}]
         bodies = [("/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0,
                                               "kv": {"policy": "h2o_pinned", "ratio": 4, "min_kv": 0}}),
-                  ("/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0,
+                  ("/v1/chat/completions", {"messages": long_msgs, "max_tokens": 4, "temperature": 0,
                                               "kv": {"policy": "h2o", "ratio": 4, "min_kv": 0}}),
                   ("/v1/completions", {"prompt": [{"text": req, "protect": True}, filler],
                                        "max_tokens": 2, "temperature": 0,
@@ -429,6 +434,11 @@ def main():
         check(kv.get("pinned_tokens", 0) > 5 and kv["pinned_kept"] == kv["pinned_tokens"]
               and kv["compress_events"] > 0,
               "pinned span kept under h2o_pinned x4: %s" % {k: kv.get(k) for k in ("pinned_tokens", "pinned_kept", "compress_events")})
+        # the protected spans (system and pinned, about 30 tokens) hold more than the budget
+        # (a quarter of the context, about 15 entries, less the recent window): kept whole,
+        # and the response says the cache holds more than its budget
+        check(any("protected span exceeded the budget" in n for n in kv.get("budget_notes", [])),
+              "a span over the budget is reported: %s" % kv.get("budget_notes"))
         kv = kvs[1]
         check(kv.get("pinned_kept", 99) < kv.get("pinned_tokens", 0),
               "without `keep span pinned` h2o x4 evicts part of it: %s/%s" % (kv.get("pinned_kept"), kv.get("pinned_tokens")))
@@ -453,8 +463,8 @@ def main():
             ("byte_ratio below 1", {"prompt": "x", "kv": {"byte_ratio": 0.5}}, 400, "in bytes must be a finite number >= 1"),
             ("ratio and byte_ratio", {"prompt": "x", "kv": {"ratio": 2, "byte_ratio": 4}}, 400, "give one of them"),
             ("unknown kv field", {"prompt": "x", "kv": {"budget": 3}}, 400, "unknown field"),
-            ("budget below the guards", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 16, "min_kv": 0}}, 400, "guards (recent 3 tokens) exceed the budget (2.25 entries"),
-            ("budget below 1 entry", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o", "ratio": 200, "min_kv": 0}}, 400, "below 1 entry"),
+            ("budget below the guards", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o_pinned", "ratio": 16, "min_kv": 0}}, 400, "guards (recent 3 tokens) exceed the budget (2.25 entries"),
+            ("budget below 1 entry", {"prompt": filler, "max_tokens": 4, "kv": {"policy": "h2o_pinned", "ratio": 200, "min_kv": 0}}, 400, "below 1 entry"),
             ("max_tokens beyond the context", {"prompt": "x", "max_tokens": 100000}, 400, "beyond the context"),
             ("prompt over the context", {"prompt": long_prompt, "max_tokens": 1}, 400, "context_length"),
             ("unknown model", {"model": "gpt-9", "prompt": "x"}, 404, "does not exist"),
@@ -498,7 +508,7 @@ def main():
                         "kv": {"policy": "snapkv", "ratio": 8}}, timeout=120)
         check(st == 200, "snapkv x8 on 'Hello' is answered under the floor: %d %s" % (st, str(a)[:120]))
         st, a, _ = post(port, "/v1/completions", {"prompt": filler, "max_tokens": 4, "temperature": 0,
-                        "kv": {"policy": "h2o", "ratio": 16, "min_kv": 1}}, timeout=120)
+                        "kv": {"policy": "h2o_pinned", "ratio": 16, "min_kv": 1}}, timeout=120)
         kv = a.get("kv", {}) if isinstance(a, dict) else {}
         check(st == 200 and kv.get("min_kv") == 1 and
               any("guards exceeded the budget" in n for n in kv.get("budget_notes", [])),
@@ -687,6 +697,8 @@ def main():
           and gone[-1]["status"] == 499,
           "each disconnect is a trace line, finish_reason cancelled, with its tokens: %s" %
           [(l["status"], l["generated_tokens"]) for l in gone[-2:]])
+    check(any(any("protected span exceeded" in n for n in l.get("budget_notes", [])) for l in lines),
+          "the span over the budget (h2o_pinned x4) is in the trace too")
     late = [l for l in lines if l.get("status") == 400]
     check(late and all(l["finish_reason"] == "error" for l in late),
           "a 400 raised after admission is traced with finish_reason error, not stop: %s" %
