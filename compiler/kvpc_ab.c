@@ -48,6 +48,8 @@ static void ab_help(void)
 	      "  --set k=v, --set-a k=v, --set-b k=v   parameter overrides\n"
 	      "  --json OUT, --csv OUT, --plot OUT.svg   reports with run metadata\n"
 	      "  --lengths L,.., --depths D,.., --mode agnostic|aware   needle task\n"
+	      "  --equal-memory           each ratio's more compressing side matched to the\n"
+	      "                           other's memory at the end (task ppl)\n"
 	      "  --threads N, --chunk N, --resamples B, --seed S\n"
 	      "\n"
 	      "exit status: 0 success, 1 build or runtime error, 2 usage error\n",

@@ -589,7 +589,8 @@ END_TEST
  * after it (kernels/k_signal.h k_context), 160 / 4 = 40 entries at the end (4x); every
  * scored token of both comes from a compressed cache, and the verdict names no winner, as
  * the two hold different memory. --prompt 120 --score-from 130 moves the split: SnapKV
- * 30 + 40 entries, TOVA 40. */
+ * 30 + 40 entries, TOVA 40. --equal-memory runs TOVA at 160 / 100 = 1.6, SnapKV's
+ * compression at ratio 4, so both end at 100 entries and the verdict is the CI's. */
 START_TEST(prompt_end_vs_streaming_compresses_both)
 {
 	char json[PATH_MAX + 16], ctx[16];
@@ -598,8 +599,10 @@ START_TEST(prompt_end_vs_streaming_compresses_both)
 	const struct {
 		const char *prompt, *from;
 		double prompt_n, from_n, snap_x, tova_x;
-	} cases[] = { { NULL, NULL, 80, 81, 160.0 / 100, 160.0 / 40 },
-		      { "120", "130", 120, 130, 160.0 / 70, 160.0 / 40 } };
+		int equal;    /* --equal-memory: TOVA at the ratio holding SnapKV's 100 entries */
+	} cases[] = { { NULL, NULL, 80, 81, 160.0 / 100, 160.0 / 40, 0 },
+		      { "120", "130", 120, 130, 160.0 / 70, 160.0 / 40, 0 },
+		      { NULL, NULL, 80, 81, 160.0 / 100, 160.0 / 100, 1 } };
 	for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
 		char *argv[24] = { g_kvpc, "ab", "policies/snapkv.kvp", "policies/tova.kvp", "--model",
 			           g_model, "--text", g_text, "--ctx", ctx, "--ratio", "4", "--set",
@@ -611,11 +614,14 @@ START_TEST(prompt_end_vs_streaming_compresses_both)
 			argv[k++] = "--score-from";
 			argv[k++] = (char *)cases[c].from;
 		}
+		if (cases[c].equal)
+			argv[k++] = "--equal-memory";
 		argv[k] = NULL;
 		char *out, *err;
 		int rc = run(argv, &out, &err);
 		ck_assert_msg(rc == 0, "kvpc ab snapkv tova failed (%d): %s", rc, err);
-		ck_assert_msg(strstr(out, "prompt-end protocol") && strstr(out, "no winner"), "%s", out);
+		ck_assert_msg(strstr(out, "prompt-end protocol") &&
+		              (strstr(out, "no winner") == NULL) == cases[c].equal, "%s", out);
 		jv j;
 		load_json(json, &j);
 		ck_assert_str_eq(jstrv(&j, "meta.protocol"), "prompt_end");
@@ -632,6 +638,17 @@ START_TEST(prompt_end_vs_streaming_compresses_both)
 		}
 		ck_assert_double_eq_tol(at(&j, 0, "A", "compression"), cases[c].snap_x, 1e-7); /* %.9g */
 		ck_assert_double_eq_tol(at(&j, 0, "B", "compression"), cases[c].tova_x, 1e-7);
+		/* the ratio each side ran at: TOVA at 160 / 100 = 1.6 under --equal-memory */
+		ck_assert_double_eq_tol(at(&j, 0, "A", "ratio"), 4, 1e-12);
+		ck_assert_double_eq_tol(at(&j, 0, "B", "ratio"), cases[c].equal ? 1.6 : 4, 1e-12);
+		if (cases[c].equal) { /* equal memory: a verdict from the CI, not "no winner" */
+			ck_assert_msg(!strstr(jstrv(&j, "results.0.verdict"), "no winner"), "%s",
+			              jstrv(&j, "results.0.verdict"));
+			jfree(&j);
+			free(out);
+			free(err);
+			continue;
+		}
 		ck_assert_str_eq(jstrv(&j, "results.0.better"), "tie");
 		ck_assert(jnum(&j, "results.0.significant") == 0);
 		ck_assert_msg(strstr(jstrv(&j, "results.0.verdict"), "no winner: A (snapkv) holds"),
@@ -640,6 +657,20 @@ START_TEST(prompt_end_vs_streaming_compresses_both)
 		free(out);
 		free(err);
 	}
+	/* task needle: a prompt-end side gets the question after its compress (agnostic), by
+	 * default, and the report says which protocol ran */
+	char *nd[] = { g_kvpc, "ab", "policies/snapkv.kvp", "policies/tova.kvp", "--model", g_model,
+		       "--task", "needle", "--lengths", "300", "--depths", "50", "--ratio", "2",
+		       "--set", "window=4", "--json", json, "--quiet", NULL };
+	char *out, *err;
+	ck_assert_msg(run(nd, &out, &err) == 0, "%s", err);
+	ck_assert_msg(strstr(out, "question-agnostic"), "%s", out);
+	jv j;
+	load_json(json, &j);
+	ck_assert_str_eq(jstrv(&j, "meta.needle.mode"), "agnostic");
+	jfree(&j);
+	free(out);
+	free(err);
 }
 END_TEST
 

@@ -149,6 +149,7 @@ static const opt_def OPTS[] = {
 	FLAGOPT(O_JSON, "json", json, 1), FLAGOPT(O_NOREF, "no-ref", no_ref, 1),
 	FLAGOPT(O_CHAT, "chat", chat, 1), FLAGOPT(O_SPECIAL, "special", special, 1),
 	FLAGOPT(O_STATS, "stats", stats, 1), FLAGOPT(O_MARKQ, "mark-question", mark_question, 1),
+	FLAGOPT(O_EQMEM, "equal-memory", equal_memory, 1),
 	OPT('h', "help", 0), OPT(O_VERSION, "version", 0),
 	FLAGOPT(O_EXACT, "exact", exact, 1), FLAGOPT(O_FAST, "fast", exact, 0),
 	FLAGOPT(O_F32ACT, "f32-act", f32_act, 1),
@@ -292,6 +293,7 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 	}
 	case O_MODE:
 		o->mode_agnostic = !strcmp(arg, "agnostic");
+		o->mode_given = 1;
 		return one_of(cmd, nm, arg, "aware", "agnostic");
 	case O_KVTYPE:
 		if (rt_kv_type_parse(arg) < 0)

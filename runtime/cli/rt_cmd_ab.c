@@ -24,6 +24,7 @@ static const char help_ab[] =
 	"           [--set k=v]... [--set-a k=v]... [--set-b k=v]...\n"
 	"           [--json OUT] [--csv OUT] [--plot OUT.svg] [--resamples B] [--seed S]\n"
 	"           [--lengths 1024,2048] [--depths 0,50,100] [--mode aware|agnostic]\n"
+	"           [--equal-memory]\n"
 	"    (normally started by `kvpc ab A.kvp B.kvp ...`, which builds this binary)\n"
 	"\n"
 	"DESCRIPTION\n"
@@ -67,6 +68,11 @@ static const char help_ab[] =
 	"                       triggers fire after it, ratio budgets are N / R), scored from\n"
 	"                       N + 1 (default: the protocol above)\n"
 	"    --score-from P     task ppl: score the tokens at positions >= P\n"
+	"    --equal-memory     task ppl, --ratio: at each R the side that would compress more\n"
+	"                       runs at the ratio that holds what the other holds at the end\n"
+	"                       at R (a prompt-end policy appends every token after its\n"
+	"                       prompt, a streaming one holds N / R), so the verdict compares\n"
+	"                       equal memory; each side's ratio is in the table and JSON\n"
 	"    --chunk N          tokens per forward chunk (default 512; results do not depend on it)\n"
 	"    --prefill-chunk C  chunked prefill for both sides (as for ppl): prompt chunks of up\n"
 	"                       to C tokens cross a per-step policy's triggers; default 0, the\n"
@@ -85,8 +91,9 @@ static const char help_ab[] =
 	"    --resamples B      bootstrap resamples (default 1000); --seed S its seed\n"
 	"    --lengths LIST     needle: prompt lengths in tokens (default 1024,2048)\n"
 	"    --depths LIST      needle: depths in percent (default 0,25,50,75,100)\n"
-	"    --mode M           needle: aware (the question inside the compressed prompt,\n"
-	"                       default, as for `needle`) or agnostic (compress before it)\n"
+	"    --mode M           needle: aware (the question inside the compressed prompt)\n"
+	"                       or agnostic (compress before it); default, as for `needle`:\n"
+	"                       agnostic when a side compresses at the prompt end, else aware\n"
 	"    --commit C, --source-sha256-a HEX, --source-sha256-b HEX   metadata (set by kvpc ab)\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -148,7 +155,7 @@ int rt_cmd_ab(int argc, char **argv)
 	static const int opt_ids[] = { 'm', 't', O_A, O_B, O_RATIOS, O_BYTERATIOS, O_ABTASK, O_CTX, O_CHUNK,
 		O_THREADS, O_SET, O_SETA, O_SETB, O_JSONOUT, O_CSV, O_PLOT, O_RES, O_SEED64,
 		O_LENGTHS, O_DEPTHS, O_MODE, O_COMMIT, O_SHAA, O_SHAB, O_QUIET, O_PREFILL, O_KVTYPE,
-		O_PROMPTLEN, O_SCOREFROM, 0 };
+		O_PROMPTLEN, O_SCOREFROM, O_EQMEM, 0 };
 	rt_ab_opts o;
 	rt_ab_opts_init(&o);
 	rt_cli_opts c = { .chunk = o.chunk, .resamples = o.resamples, .exact = 1, .prompt_len = -1 };
@@ -163,10 +170,15 @@ int rt_cmd_ab(int argc, char **argv)
 	o.name[1] = c.name_b;
 	if (c.ab_task)
 		o.task = c.ab_task;
-	o.mode = c.mode_agnostic ? "agnostic" : "aware";
+	if (c.mode_given)
+		o.mode = c.mode_agnostic ? "agnostic" : "aware";
+	o.equal_memory = c.equal_memory;
 	o.ctx = c.ctx;
 	o.prompt = c.prompt_len >= 1 ? c.prompt_len : -1;
 	o.score_from = c.score_from >= 1 ? c.score_from : -1;
+	if (o.equal_memory && (strcmp(o.task, "ppl") || c.byte_ratio_list))
+		return rt_cli_usage("ab", "%s", "--equal-memory matches compression ratios in entries "
+		                    "(--ratio) of --task ppl");
 	if ((o.prompt > 0 || o.score_from > 0) && strcmp(o.task, "ppl"))
 		return rt_cli_usage("ab", "%s", "--prompt and --score-from split the text of --task "
 		                    "ppl; a needle prompt is its own");

@@ -21,6 +21,7 @@
 #include "cli/rt_cli_opts.h"
 #include "cli/rt_cli_runs.h"
 #include "eval/rt_compression.h"
+#include "eval/rt_eval.h"
 #include "eval/rt_needle.h"
 #include "report/rt_json.h"
 
@@ -42,9 +43,10 @@ static const char *const help_needle =
 	"    Francisco needle at D%). The context is prefilled under the policy, then the\n"
 	"    answer is generated greedily (--gen tokens, default 8 for passkey, 20 for niah)\n"
 	"    and scored by exact match (the first number equals K; both \"sandwich\" and\n"
-	"    \"Dolores Park\" present). Modes (kvpress's distinction): aware (default) puts\n"
-	"    the question inside the compressed prompt; agnostic compresses the context\n"
-	"    first (the prompt ends before the question) and appends the question after.\n"
+	"    \"Dolores Park\" present). Modes (kvpress's distinction): aware puts the\n"
+	"    question inside the compressed prompt; agnostic compresses the context first\n"
+	"    (the prompt ends before the question) and appends the question after, the\n"
+	"    default for a prompt-end policy (aware for a streaming one).\n"
 	"    In aware mode the first answer token comes from the prefill's last position,\n"
 	"    computed before the prompt-end compression (as kvpress's presses compress\n"
 	"    during the prefill forward); every later token sees the compressed cache.\n"
@@ -63,7 +65,9 @@ static const char *const help_needle =
 	"                        1024,2048,4096)\n"
 	"    --depths LIST       comma-separated depths in percent (default 0,25,50,75,100)\n"
 	"    --policy NAME       policy (default {policy}); --set, --ratio, --byte-ratio as for ppl\n"
-	"    --mode M            aware (default) or agnostic\n"
+	"    --mode M            aware or agnostic; default: agnostic when a policy\n"
+	"                        compresses at the prompt end (it cannot see the question,\n"
+	"                        as a cache reused for later questions), else aware\n"
 	"    --gen N             answer tokens to generate\n"
 	"    --seed S            passkey seed (default 1); the key of (L, D) is drawn from\n"
 	"                        seed + 1000003 L + D\n"
@@ -136,6 +140,13 @@ static int needle_setup(needle_job *nj)
 			max_len = (int64_t)nj->lens[i];
 	}
 	const int V = m->hp.n_vocab, K = nj->K;
+	if (!o->mode_given) { /* the protocol the policies call for (rt_eval_needle_agnostic) */
+		const struct kvp_policy **ps = RT_MALLOC((size_t)K * sizeof *ps);
+		for (int i = 0; i < K; i++)
+			ps[i] = nj->runs[i].p;
+		nj->o.mode_agnostic = rt_eval_needle_agnostic(ps, K);
+		free(ps);
+	}
 	/* prompt chunk: a batch stacks K × chunk rows, so it is bounded as in ppl */
 	int chunk = (int)o->chunk;
 	if (K > 1 && chunk > 512 / K)
@@ -194,9 +205,12 @@ static int needle_trials(needle_job *nj)
 	rt_progress_init(&prog, "needle", "trials", (int64_t)nj->n_len * nj->n_dep,
 	                 nj->o.quiet || (table && isatty(fileno(stderr))));
 	if (table) {
-		printf("%s under %s (%s mode), exact match per length and depth (%%)\n",
+		printf("%s under %s (%s mode%s), exact match per length and depth (%%)\n",
 		       nj->o.task_niah ? "niah" : "passkey", nj->runs[0].p->name,
-		       nj->o.mode_agnostic ? "agnostic" : "aware");
+		       nj->o.mode_agnostic ? "agnostic" : "aware",
+		       nj->o.mode_given ? "" : nj->o.mode_agnostic
+		       ? ": a prompt-end policy, the question follows the compressed context"
+		       : ": a streaming policy, the question inside the prompt");
 		printf("%8s", "length");
 		for (int j = 0; j < nj->n_dep; j++)
 			printf(" %6g", nj->deps[j]);
@@ -240,8 +254,9 @@ static void needle_mean_x(const needle_job *nj, int k, rt_compression *x)
 /* Run k's JSON object. */
 static void needle_json(const needle_job *nj, int k, const char *msha, int correct, int total)
 {
-	printf(",\"task\":\"%s\",\"mode\":\"%s\",\"model\":", nj->o.task_niah ? "niah" : "passkey",
-	       nj->o.mode_agnostic ? "agnostic" : "aware");
+	printf(",\"task\":\"%s\",\"mode\":\"%s\",\"mode_from\":\"%s\",\"model\":",
+	       nj->o.task_niah ? "niah" : "passkey", nj->o.mode_agnostic ? "agnostic" : "aware",
+	       nj->o.mode_given ? "--mode" : "protocol");
 	rt_json_str(stdout, nj->m->path);
 	if (msha[0]) {
 		fputs(",\"model_sha256\":", stdout);

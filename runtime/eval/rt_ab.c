@@ -30,7 +30,7 @@ void rt_ab_opts_init(rt_ab_opts *o)
 {
 	memset(o, 0, sizeof *o);
 	o->task = "ppl";
-	o->mode = "aware"; /* as `needle`'s default */
+	o->mode = NULL; /* as `needle`'s default: the policies' protocol (run_needle) */
 	o->commit = "unknown";
 	o->chunk = 512;
 	o->resamples = RT_BOOT_DEFAULT_B;
@@ -85,7 +85,7 @@ static int side_apply(ab_run *r, ab_row *row, int side, rt_err *err)
 		if (!r->o.set_all[side][i] || kvp_policy_param_index(r->pol[side], name) >= 0)
 			sets[n++] = a;
 	}
-	const double R = s->ratio_applied ? row->ratio : 0;
+	const double R = s->ratio_applied ? s->ratio : 0; /* the row's, or --equal-memory's */
 	const struct rt_pick_in in = { .reg = &r->pol[side], .n_reg = 1,
 		.kv_type = (int)s->seq.kv.type, .sets = sets, .n_sets = n,
 		.ratio = r->o.bytes ? 0 : R, .byte_ratio = r->o.bytes ? R : 0,
@@ -106,6 +106,8 @@ static int side_init(ab_run *r, ab_row *row, int side, int32_t cap, int64_t prom
 		return -1;
 	s->ready = 1;
 	s->ratio_applied = r->pol[side]->compress != NULL;
+	if (!(s->ratio > 0))
+		s->ratio = row->ratio;
 	return side_apply(r, row, side, err);
 }
 
@@ -178,6 +180,49 @@ static void ppl_progress(void *user, int64_t done, int64_t total)
 
 /* Task ppl: the reference and every (ratio, side) run through the one evaluation loop
  * (rt_eval_runs), fed one after the other in blocks of at most 128 tokens. */
+/* The compression in entries at the end that policy p reaches at ratio R over n tokens
+ * under the split (docs/measuring.md): a streaming policy holds n / R (its ratio budget
+ * follows the tokens seen once the prompt is done), a prompt-end one the prompt's P / R
+ * plus every token after it (SnapKV does not evict while decoding), one that never
+ * compresses all n. */
+static double ab_end_x(const struct kvp_policy *p, const rt_eval_split *sp, int64_t n, double R)
+{
+	if (!p->compress)
+		return 1;
+	if (p->measure != KVP_MEASURE_PROMPT_END)
+		return R;
+	return (double)n / ((double)sp->prompt / R + (double)(n - sp->prompt));
+}
+
+/* The inverse of ab_end_x: the ratio at which p reaches compression x at the end, at least
+ * 1 (x below what p can reach gives 1, x above it the largest finite ratio p needs). */
+static double ab_ratio_for(const struct kvp_policy *p, const rt_eval_split *sp, int64_t n,
+                           double x)
+{
+	if (p->measure != KVP_MEASURE_PROMPT_END)
+		return x > 1 ? x : 1;
+	const double left = (double)n / x - (double)(n - sp->prompt); /* what the prompt keeps */
+	const double R = left > 0 ? (double)sp->prompt / left : 1e9;
+	return R > 1 ? R : 1;
+}
+
+/* --equal-memory: at row k's ratio R, the side that would compress more at the end runs
+ * at the ratio that holds what the other holds at R (SnapKV against TOVA at R = 4 over 512
+ * tokens split 256 + 256: SnapKV ends at 512 / (64 + 256) = 1.6x, so TOVA runs at 1.6).
+ * The verdict's rule (ab_comparable) still compares what each side reached. */
+static void ab_equal_memory(ab_run *r, ab_row *row)
+{
+	double x[2];
+	for (int s = 0; s < 2; s++) {
+		row->side[s].ratio = row->ratio;
+		x[s] = ab_end_x(r->pol[s], &r->split, r->n, row->ratio);
+	}
+	if (!r->pol[0]->compress || !r->pol[1]->compress || x[0] == x[1])
+		return;
+	const int hi = x[0] > x[1] ? 0 : 1;
+	row->side[hi].ratio = ab_ratio_for(r->pol[hi], &r->split, r->n, x[1 - hi]);
+}
+
 static int run_ppl(ab_run *r, rt_err *err)
 {
 	const int64_t n = r->n;
@@ -198,6 +243,8 @@ static int run_ppl(ab_run *r, rt_err *err)
 	for (int k = 0; k < K; k++)
 		rt_eval_score_init(&sc[k]);
 	int rc = 0;
+	for (int k = 0; k < r->o.n_ratios && r->o.equal_memory; k++)
+		ab_equal_memory(r, &r->rows[k]);
 	for (int k = 0; k < r->o.n_ratios && rc == 0; k++)
 		for (int s = 0; s < 2 && rc == 0; s++) {
 			ab_side *sd = &r->rows[k].side[s];
@@ -348,6 +395,8 @@ static int run_needle(ab_run *r, rt_err *err)
 	if (n_trials > AB_MAX_TRIALS)
 		return rt_err_set(err, "needle: %d trials; at most %d (lengths x depths)", n_trials,
 		                  AB_MAX_TRIALS);
+	if (!r->o.mode) /* agnostic when a side compresses at the prompt end */
+		r->o.mode = rt_eval_needle_agnostic(r->pol, 2) ? "agnostic" : "aware";
 	int32_t cap = (int32_t)(maxlen + NEEDLE_GEN);
 	if (rt_seq_init(&r->ref, r->m, &rt_policy_full, cap, r->o.chunk, -1, err) != 0)
 		return -1;

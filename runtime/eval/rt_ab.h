@@ -70,9 +70,13 @@ typedef struct rt_ab_opts {
 	double depths[16];
 	int n_depths;
 	int quiet;           /* no progress on stderr */
+	int equal_memory;    /* task ppl, ratios in entries: the side that would compress more
+	                        at R runs at the ratio matching the other's compression at the
+	                        end (rt_ab.c, ab_equal_memory) */
 } rt_ab_opts;
 
-/* The defaults: task ppl, mode aware (as `needle`), ratio 4, chunk 512, 1000 resamples,
+/* The defaults: task ppl, mode NULL (as `needle`: agnostic when a side compresses at the
+ * prompt end, else aware; rt_eval_needle_agnostic), ratio 4, chunk 512, 1000 resamples,
  * RT_BOOT_DEFAULT_SEED, lengths 1024,2048, depths 0,25,50,75,100, commit "unknown". */
 void rt_ab_opts_init(rt_ab_opts *o);
 

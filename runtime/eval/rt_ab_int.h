@@ -20,6 +20,8 @@
 
 /* One policy at one ratio. */
 typedef struct ab_side {
+	double ratio;         /* the ratio it runs at: the row's, or under --equal-memory the
+	                         one matching the other side's memory */
 	rt_seq seq;
 	int ready;            /* seq initialised */
 	int ratio_applied;    /* 0: the policy never compresses, it keeps every token */

@@ -156,6 +156,10 @@ static void write_table(const ab_run *r, FILE *out)
 			fprintf(out, "\n== compression ratio %g (budget = %lld / %g = %.1f entries per KV "
 			        "head)\n", row->ratio, (long long)r->split.prompt, row->ratio,
 			        (double)r->split.prompt / row->ratio);
+		if (r->o.equal_memory)
+			fprintf(out, "equal memory: %s at ratio %.4g, %s at ratio %.4g (each side's "
+			        "ratio chosen to hold what the other holds at the end)\n",
+			        r->pol[0]->name, row->side[0].ratio, r->pol[1]->name, row->side[1].ratio);
 		fprintf(out, "%-16s %16s %16s %16s\n", "metric", "full (ref)", r->pol[0]->name,
 		        r->pol[1]->name);
 		for (int m = 0; m < M_COUNT; m++) {
@@ -240,8 +244,8 @@ static void json_head(FILE *f, const ab_run *r, int needle)
 		fputs(k ? ", " : "", f);
 		rt_json_num(f, r->rows[k].ratio);
 	}
-	fprintf(f, "], \"ratio_kind\": \"%s\", \"bootstrap\": {\"resamples\": %d, \"seed\": ",
-	        r->o.bytes ? "bytes" : "entries", r->o.resamples);
+	fprintf(f, "], \"ratio_kind\": \"%s\", \"equal_memory\": %s, \"bootstrap\": {\"resamples\": %d, \"seed\": ",
+	        r->o.bytes ? "bytes" : "entries", r->o.equal_memory ? "true" : "false", r->o.resamples);
 	rt_json_uint(f, r->o.seed);
 	fputs(", \"level\": 0.95}", f);
 	if (needle) {
@@ -280,6 +284,8 @@ static void json_row(FILE *f, const ab_run *r, int k, int needle)
 	for (int s = 0; s < 2; s++) {
 		fprintf(f, ", \"%s\": {\"policy\": ", s ? "B" : "A");
 		rt_json_str(f, r->pol[s]->name);
+		fputs(", \"ratio\": ", f); /* the side's own under --equal-memory */
+		rt_json_num(f, row->side[s].ratio > 0 ? row->side[s].ratio : row->ratio);
 		for (int m = 0; m < M_COUNT; m++) {
 			if (!metric_on(r, m))
 				continue;

@@ -63,6 +63,11 @@ void rt_eval_split_of(enum kvp_measure m, int64_t n, int64_t prompt, int64_t fro
 		out->score_from = from;
 }
 
+int rt_eval_needle_agnostic(const struct kvp_policy *const *p, int K)
+{
+	return rt_eval_measure_of(p, K) == KVP_MEASURE_PROMPT_END;
+}
+
 const char *rt_eval_measure_name(enum kvp_measure m)
 {
 	return m == KVP_MEASURE_PROMPT_END ? "prompt_end" : "stream";

@@ -92,6 +92,15 @@ enum kvp_measure rt_eval_measure_of(const struct kvp_policy *const *p, int K);
 void rt_eval_split_of(enum kvp_measure m, int64_t n, int64_t prompt, int64_t from,
                       rt_eval_split *out);
 
+/* needle's and `ab --task needle`'s protocol for the policies p[0..K) when no --mode is
+ * given: 1, question-agnostic (the context is prefilled and compressed, then the question
+ * follows, so the policy cannot see it: kvpress's question-agnostic setting, a cache
+ * reused for questions not yet asked), when any is a prompt-end policy
+ * (rt_eval_measure_of); else 0, question-aware (the question inside the prompt: a
+ * streaming policy compresses as it streams in either way, and its budget then counts
+ * the question too). docs/measuring.md, "Needle". */
+int rt_eval_needle_agnostic(const struct kvp_policy *const *p, int K);
+
 /* "stream" or "prompt_end": the protocol's name in tables and JSON. */
 const char *rt_eval_measure_name(enum kvp_measure m);
 
