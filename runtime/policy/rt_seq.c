@@ -262,6 +262,27 @@ int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_
 	return rt_seq_init_typed(s, m, p, m->kv_type, cap, max_chunk, prompt_len, err);
 }
 
+/* The COMPACTED position map and re-rotation scratch as one block (rot_mem): the cos/sin
+ * of a delta [n_rot + 1], the rotated-at index of each entry [n], a decoded key row (a
+ * tiered store re-rotates a whole head's keys at once: [cap rows]) and, tiered, the
+ * rotated marks [cap]. Each part's size keeps the next one aligned. Returns 0 or -1. */
+static int rot_alloc(rt_seq *s, size_t n, int n_rot, int head_dim)
+{
+	const size_t rows = s->kv.tiered ? (size_t)s->kv.cap : 1;
+	const size_t cs = (size_t)(n_rot + 1) * sizeof *s->rot_cs, idx = n * sizeof *s->rot_idx;
+	const size_t row = rows * (size_t)head_dim * sizeof *s->rot_row;
+	const size_t mark = s->kv.tiered ? (size_t)s->kv.cap : 0;
+	uint8_t *mem = malloc(cs + idx + row + mark);
+	if (!mem)
+		return -1;
+	s->rot_mem = mem;
+	s->rot_cs = (double *)mem;
+	s->rot_idx = (int32_t *)(mem + cs);
+	s->rot_row = (float *)(mem + cs + idx);
+	s->rot_mark = mark ? mem + cs + idx + row : NULL;
+	return 0;
+}
+
 int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
                       enum rt_kv_type kv_type, int32_t cap, int max_chunk, int64_t prompt_len,
                       rt_err *err)
@@ -285,14 +306,7 @@ int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
 	}
 	if (p->positions == KVP_POS_COMPACTED) {
 		size_t n = (size_t)hp->n_layer * hp->n_head_kv * (size_t)hp->n_ctx;
-		s->rot_idx = malloc(n * sizeof *s->rot_idx);
-		s->rot_cs = malloc((size_t)(hp->n_rot + 1) * sizeof *s->rot_cs);
-		/* a tiered store re-rotates a whole head's keys at once */
-		const size_t rows = s->kv.tiered ? (size_t)s->kv.cap : 1;
-		s->rot_row = malloc(rows * (size_t)hp->head_dim * sizeof *s->rot_row);
-		s->rot_mark = s->kv.tiered ? malloc((size_t)s->kv.cap) : NULL;
-		if (!s->rot_idx || !s->rot_cs || !s->rot_row ||
-		    (s->kv.tiered && !s->rot_mark)) {
+		if (rot_alloc(s, n, hp->n_rot, hp->head_dim) != 0) {
 			rt_seq_free(s);
 			return rt_err_set(err, "%s: sequence: cannot allocate %zu bytes of position map",
 			                  m->path, n * sizeof(int32_t));
@@ -339,10 +353,7 @@ void rt_seq_free(rt_seq *s)
 		rt_run_free(&s->run);
 	rt_kv_free(&s->kv);
 	rt_fwd_free(&s->fwd);
-	free(s->rot_idx);
-	free(s->rot_cs);
-	free(s->rot_row);
-	free(s->rot_mark);
+	free(s->rot_mem);
 	free(s->tr_mem);
 	free(s->obs_seconds);
 	memset(s, 0, sizeof *s);

@@ -110,6 +110,8 @@ typedef struct rt_seq {
 	rt_fwd fwd;              /* forward scratch for chunks of max_chunk tokens */
 	int max_chunk;
 	int32_t cap;
+	void *rot_mem;           /* COMPACTED only: the one allocation rot_cs, rot_idx, rot_row
+	                          * and rot_mark point into (rt_seq.c rot_alloc) */
 	int32_t *rot_idx;        /* COMPACTED only: [n_layer·n_kv_head × n_ctx] index each
 	                          * entry's key is rotated at, by (head, original position) */
 	double *rot_cs;          /* COMPACTED only: [n_rot] cos, sin of the current delta */
