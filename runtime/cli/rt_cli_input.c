@@ -101,27 +101,35 @@ void rt_cli_buf_sha256(const void *p, size_t n, char out[65])
  * tokens in *ids (caller frees), *use = min(n, --ctx or the model's context_length). Returns
  * 0, or -1 after printing the error with *rc the exit status (usage error: --ctx beyond the
  * model's context_length). */
-int rt_cli_open_text_model(const rt_cli_opts *o, const char *text, size_t len, rt_tokenizer **tk,
-                           rt_model **m, int32_t **ids, int64_t *n, int64_t *use, int *rc)
+int rt_cli_open_text_model(const rt_cli_opts *o, const char *text, size_t len,
+                           rt_cli_text_model *tm, int *rc)
 {
 	rt_gguf *g = NULL;
 	*rc = EXIT_FAILURE;
-	if (rt_cli_open_model(o->model, o, &g, tk, m) < 0) {
+	if (rt_cli_open_model(o->model, o, &g, &tm->tk, &tm->m) < 0) {
 		rt_gguf_close(g);
 		return -1;
 	}
 	rt_gguf_close(g);
-	if (o->ctx > (*m)->hp.n_ctx) {
+	if (o->ctx > tm->m->hp.n_ctx) {
 		fprintf(stderr, "%s: %s: --ctx %ld exceeds the model's context_length %d\n", rt_cli_prog,
-		        o->model, o->ctx, (int)(*m)->hp.n_ctx);
+		        o->model, o->ctx, (int)tm->m->hp.n_ctx);
 		*rc = RT_CLI_USAGE;
 		return -1;
 	}
-	if (!(*ids = rt_cli_tokenize(*tk, o->text, text, len, 0, n)))
+	if (!(tm->ids = rt_cli_tokenize(tm->tk, o->text, text, len, 0, &tm->n)))
 		return -1;
-	*use = o->ctx ? o->ctx : (*m)->hp.n_ctx;
-	if (*use > *n)
-		*use = *n;
+	tm->use = o->ctx ? o->ctx : tm->m->hp.n_ctx;
+	if (tm->use > tm->n)
+		tm->use = tm->n;
 	return 0;
+}
+
+void rt_cli_text_model_free(rt_cli_text_model *tm)
+{
+	free(tm->ids);
+	rt_model_free(tm->m);
+	rt_tokenizer_free(tm->tk);
+	*tm = (rt_cli_text_model){ 0 };
 }
 

@@ -38,12 +38,21 @@ void rt_cli_file_sha256(const char *path, char out[65]);
 /* Hex SHA-256 of p[0..n) into out[65]. */
 void rt_cli_buf_sha256(const void *p, size_t n, char out[65]);
 
-/* The model of --model and the tokens of the text (len bytes) for ppl and keepmap: *n
- * tokens in *ids (caller frees), *use = min(n, --ctx or the model's context_length).
- * Returns 0, or -1 after printing the error with *rc the exit status (usage error: --ctx
- * beyond the model's context_length). */
+/* What ppl and keepmap work on: the model of --model, its tokenizer and the tokens of the
+ * text. Zero-initialise; rt_cli_text_model_free frees what was made. */
+typedef struct rt_cli_text_model {
+	rt_tokenizer *tk;
+	rt_model *m;
+	int32_t *ids;   /* [n] the text's tokens */
+	int64_t n;
+	int64_t use;    /* min(n, --ctx or the model's context_length): the tokens fed */
+} rt_cli_text_model;
+
+/* Open --model into tm and tokenize the text (len bytes). Returns 0, or -1 after printing
+ * the error with *rc the exit status (usage error: --ctx beyond the model's
+ * context_length); tm holds what was made either way. */
 int rt_cli_open_text_model(const rt_cli_opts *o, const char *text, size_t len,
-                           rt_tokenizer **tk, rt_model **m, int32_t **ids, int64_t *n,
-                           int64_t *use, int *rc);
+                           rt_cli_text_model *tm, int *rc);
+void rt_cli_text_model_free(rt_cli_text_model *tm);
 
 #endif

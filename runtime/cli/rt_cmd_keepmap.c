@@ -91,25 +91,22 @@ int rt_cmd_keepmap(int argc, char **argv)
 	char *text = rt_cli_read_text(o.text, &len);
 	if (!text)
 		return EXIT_FAILURE;
-	rt_tokenizer *tk = NULL;
-	rt_model *m = NULL;
-	int32_t *ids = NULL;
+	rt_cli_text_model tm = { 0 };
 	rt_keepmap_head *heads = NULL;
 	rt_seq s = { 0 };
 	rt_err err = { "" };
-	int64_t n = 0;
-	rc = EXIT_FAILURE;
-	int64_t use;
-	if (rt_cli_open_text_model(&o, text, len, &tk, &m, &ids, &n, &use, &rc) < 0)
+	if (rt_cli_open_text_model(&o, text, len, &tm, &rc) < 0)
 		goto out;
+	rc = EXIT_FAILURE;
+	const int64_t use = tm.use;
 	if (use < 1) {
 		fprintf(stderr, "%s: %s: text has no tokens\n", rt_cli_prog, o.text);
 		goto out;
 	}
 	int block = (int)(o.chunk < use ? o.chunk : use);
 	int64_t prompt_len = o.prompt_len >= 0 ? o.prompt_len : use;
-	if (rt_seq_init(&s, m, p, (int32_t)use, block, prompt_len, &err) != 0 ||
-	    rt_cli_seq_apply(&s, &o, &err) != 0 || keepmap_feed(&s, ids, use, block, o.quiet, &err) != 0) {
+	if (rt_seq_init(&s, tm.m, p, (int32_t)use, block, prompt_len, &err) != 0 ||
+	    rt_cli_seq_apply(&s, &o, &err) != 0 || keepmap_feed(&s, tm.ids, use, block, o.quiet, &err) != 0) {
 		rt_cli_fail(&err);
 		goto out;
 	}
@@ -153,9 +150,7 @@ int rt_cmd_keepmap(int argc, char **argv)
 out:
 	rt_seq_free(&s);
 	free(heads);
-	free(ids);
-	rt_model_free(m);
-	rt_tokenizer_free(tk);
+	rt_cli_text_model_free(&tm);
 	free(text);
 	return rc;
 }

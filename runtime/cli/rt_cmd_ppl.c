@@ -504,9 +504,7 @@ int rt_cmd_ppl(int argc, char **argv)
 	rt_cli_threads(o.threads);
 	size_t len;
 	char *text = rt_cli_read_text(o.text, &len);
-	rt_tokenizer *tk = NULL;
-	rt_model *m = NULL;
-	int32_t *ids = NULL;
+	rt_cli_text_model tm = { 0 };
 	rt_err err = { "" };
 	rc = EXIT_FAILURE;
 	if (!text)
@@ -516,10 +514,12 @@ int rt_cmd_ppl(int argc, char **argv)
 	rc = EXIT_FAILURE;
 	if (pp.K == 1 && !strcmp(pp.runs[0].p->name, "full"))
 		pp.ref = 0;
-	if (rt_cli_open_text_model(&o, text, len, &tk, &m, &ids, &pp.n, &pp.use, &rc) < 0 ||
-	    (rc = rt_cli_device_open("ppl", &o, m)) != 0)
+	if (rt_cli_open_text_model(&o, text, len, &tm, &rc) < 0 ||
+	    (rc = rt_cli_device_open("ppl", &o, tm.m)) != 0)
 		goto out;
 	rc = EXIT_FAILURE;
+	pp.n = tm.n;
+	pp.use = tm.use;
 	if (pp.use < 2) {
 		fprintf(stderr, "%s: %s: text has %lld token%s; perplexity needs at least 2\n", rt_cli_prog,
 		        o.text, (long long)pp.n, pp.n == 1 ? "" : "s");
@@ -531,17 +531,15 @@ int rt_cmd_ppl(int argc, char **argv)
 		rc = RT_CLI_USAGE;
 		goto out;
 	}
-	if (ppl_pass_init(&pp, m, &o, &err) != 0 || ppl_pass_run(&pp, &o, ids, &err) != 0) {
+	if (ppl_pass_init(&pp, tm.m, &o, &err) != 0 || ppl_pass_run(&pp, &o, tm.ids, &err) != 0) {
 		rt_cli_fail(&err);
 		goto out;
 	}
-	rc = ppl_pass_report(&pp, m, &o, text, len);
+	rc = ppl_pass_report(&pp, tm.m, &o, text, len);
 out:
 	ppl_pass_free(&pp);
 	rt_cli_device_close();
-	free(ids);
-	rt_model_free(m);
-	rt_tokenizer_free(tk);
+	rt_cli_text_model_free(&tm);
 	free(text);
 	return rc;
 }
