@@ -479,7 +479,7 @@ $(B)/cuda/cuda_probe: runtime/cuda/rt_cuda_probe_main.cu $(B)/libkvrt_cuda.a $(B
 	$(NVCC) $(NVFLAGS) $< $(B)/libkvrt_cuda.a $(B)/libkvrt.a -o $@ $(CUDA_LIBS) $(LDLIBS)
 
 # the selection kernel against the CPU kernel on random heads with ties and NaN (GPU)
-$(B)/cuda/k_select_check: kernels/k_select_check.cu kernels/k_select.cuh kernels/k_select.h
+$(B)/cuda/k_select_check: tests/cuda/k_select_check.cu kernels/k_select.cuh kernels/k_select.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $< -o $@
 

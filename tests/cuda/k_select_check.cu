@@ -1,8 +1,9 @@
 /*
  * k_select_check.cu: GPU-vs-CPU check of the selection kernel (k_select.cuh against
  * k_select_topk of k_select.h) on random heads with many ties, equal positions' order
- * and NaN scores. Build and run on a machine with a GPU:
- *   nvcc -std=c++17 -Ikernels -Iruntime kernels/k_select_check.cu -o build/k_select_check
+ * and NaN scores. `make cuda` builds it (build/cuda/k_select_check) and
+ * scripts/gpu_check.sh runs it; by hand, on a machine with a GPU:
+ *   nvcc -std=c++17 -Ikernels -Iruntime tests/cuda/k_select_check.cu -o build/k_select_check
  *   build/k_select_check      # prints "k_select_check: N heads identical" or the first mismatch
  */
 #include <cstdio>
