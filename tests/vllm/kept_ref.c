@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "model/rt_model.h"
+#include "policy/rt_pick.h"
 #include "policy/rt_policy.h"
 #include "policy/rt_seq.h"
 
@@ -89,13 +90,22 @@ int main(int argc, char **argv)
 	if (rt_seq_init(&s, m, p, n + gen, 64, P, &err) != 0 ||
 	    rt_seq_init(&full, m, &rt_policy_full, n + gen, 64, P, &err) != 0)
 		return die("init", err.msg);
+	/* SET and RATIO through the one policy choice of every front door (rt_pick) */
+	static const char *const spellings[RT_PICK_N_FIELDS] = { "POLICY", "kv type", "SET",
+		"RATIO", "byte ratio", "prefill chunk", "min_kv" };
+	const char *sets[64];
+	int n_sets = 0;
 	char *set = strdup(argv[3]);
 	for (char *sv = NULL, *a = strtok_r(set, ",", &sv); a; a = strtok_r(NULL, ",", &sv))
-		if (rt_seq_set(&s, a, &err) != 0)
-			return die("set", err.msg);
+		if (n_sets < 64)
+			sets[n_sets++] = a;
 	const double R = atof(argv[4]);
-	if (R > 0 && rt_seq_set_ratio(&s, R, &err) != 0)
-		return die("ratio", err.msg);
+	const struct rt_pick_in in = { .reg = &p, .n_reg = 1, .kv_type = (int)s.kv.type,
+		.sets = sets, .n_sets = n_sets, .ratio = R > 0 ? R : 0, .spellings = spellings };
+	struct rt_pick pk;
+	if (rt_pick(&in, &pk, &err) != 0 || rt_seq_apply(&s, &pk, &err) != 0)
+		return die("policy", err.msg);
+	rt_pick_free(&pk);
 	const int nv = m->hp.n_vocab, rest = n - P;
 	float *lg = malloc((size_t)(rest > 1 ? rest : 1) * nv * sizeof *lg);
 	float *lf = malloc((size_t)(rest > 1 ? rest : 1) * nv * sizeof *lf);
