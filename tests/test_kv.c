@@ -403,6 +403,98 @@ START_TEST(test_narrow_types)
 }
 END_TEST
 
+/* Shared prefixes (rt_kv.h, "Shared prefixes") on f16 stores of 2 layers x 3 KV heads (9/3
+ * GQA), head_dim 64: 128-byte rows, so a page of 4096 bytes holds 32 rows and the unit is 32
+ * entries. Every figure is hand-computed: a list's shared 32 entries are 2 blocks whose key
+ * and value rows are 32 x 256 = 8192 bytes. */
+START_TEST(test_shared_prefix)
+{
+	rt_kvpool pool = { .limit = INT64_MAX };
+	rt_kv a, b, ctl, odd;
+	rt_err err = { "" };
+	rt_kv *all[4] = { &a, &b, &ctl, &odd };
+	for (int i = 0; i < 4; i++) {
+		ck_assert_int_eq(rt_kv_init_typed(all[i], &pool, RT_KV_F16, 2, 3, 3, 64, 64, 8, 0, &err), 0);
+		fill(all[i], 40);
+	}
+	const int64_t bb = 16 * (2 * 128 + 4 + 4 + 4 + 2 + 8); /* 16 entries of 278 bytes */
+	const int64_t kvb = 32 * 256; /* a list's 32 shared entries' key and value rows */
+	ck_assert_int_eq(a.block_bytes, bb);
+	ck_assert_int_eq(rt_kv_prefix_unit(&a), 32);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 4 * 18 * bb);
+	float x[64];
+	for (int d = 0; d < 64; d++)
+		x[d] = 0.5f + (float)d;
+	rt_kv_set_key(&odd, rt_kv_head_at(&odd, 1, 1), 7, x); /* one row differs */
+
+	ck_assert_ptr_null(rt_kv_prefix_make(&a, 40, &err)); /* not a multiple of 32 */
+	ck_assert_msg(strstr(err.msg, "multiple of 32") != NULL, "%s", err.msg);
+	rt_kv_prefix *px = rt_kv_prefix_make(&a, 32, &err);
+	ck_assert_msg(px != NULL, "%s", err.msg);
+	ck_assert_int_eq(rt_kv_prefix_lists(px), 6);
+	ck_assert_int_eq(rt_kv_prefix_bytes(px), 6 * 32 * 256);
+	/* a's copy left the pool and the prefix came in: the same bytes and blocks */
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 4 * 18 * bb);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 4 * 18);
+	ck_assert_int_eq(rt_kv_prefix_attach(&odd, px, &err), 0);
+	ck_assert_int_eq(rt_kv_prefix_attach(&b, px, &err), 1);
+	ck_assert_int_eq(rt_kv_prefix_attach(&b, px, &err), 0); /* already sharing */
+	ck_assert_int_eq(rt_kv_prefix_lists(px), 12);
+	ck_assert_int_eq(rt_kv_shared_lists(&b), 6);
+	/* counted once: b's 6 lists x 2 blocks left the pool */
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 4 * 18 * bb - 6 * kvb);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 4 * 18 - 12);
+	ck_assert_int_eq(rt_kv_bytes_held(&b), 18 * bb); /* the store's own figure: whole lists */
+	for (int i = 0; i < 6; i++) {
+		ck_assert(!memcmp(a.heads[i].kr, ctl.heads[i].kr, 40 * 128));
+		ck_assert(!memcmp(b.heads[i].vr, ctl.heads[i].vr, 40 * 128));
+	}
+	/* copy on write: a merge-like rewrite of b's entry 3 in list 4 */
+	rt_kv_set_key(&b, &b.heads[4], 3, x);
+	ck_assert_ptr_null(b.heads[4].px);
+	ck_assert_int_eq(rt_kv_prefix_lists(px), 11);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 4 * 18 * bb - 5 * kvb);
+	ck_assert(!memcmp(a.heads[4].kr, ctl.heads[4].kr, 40 * 128)); /* a's row untouched */
+	ck_assert(memcmp(b.heads[4].kr + 3 * 128, ctl.heads[4].kr + 3 * 128, 128) != 0);
+	ck_assert(!memcmp(b.heads[4].kr, ctl.heads[4].kr, 3 * 128));  /* the rest copied */
+	ck_assert(!memcmp(b.heads[4].vr, ctl.heads[4].vr, 40 * 128));
+	/* an eviction that keeps [0, 32) in place keeps sharing; one below 32 stops it */
+	int32_t keep[40], nk = 0;
+	for (int32_t i = 0; i < 40; i++)
+		if (i != 35)
+			keep[nk++] = i;
+	rt_kv_head_evict(&a, &a.heads[1], keep, nk);
+	ck_assert_ptr_nonnull(a.heads[1].px);
+	for (int32_t i = 0; i < 39; i++)
+		keep[i] = i + 1;
+	rt_kv_head_keep(&a, &a.heads[0], keep, 39);
+	ck_assert_ptr_null(a.heads[0].px);
+	ck_assert_int_eq(rt_kv_prefix_lists(px), 10);
+	ck_assert_int_eq(a.heads[0].pos[0], 1);
+	ck_assert(!memcmp(a.heads[0].kr, ctl.heads[0].kr + 128, 39 * 128));
+	/* 39 entries still need 3 blocks; the copy is counted again */
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 4 * 18 * bb - 4 * kvb);
+	/* a reset leaves private, empty lists; free gives back what a still shares */
+	rt_kv_reset(&b);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 3 * 18 * bb - 5 * kvb + 6 * kvb);
+	ck_assert_int_eq(rt_kv_shared_lists(&b), 0);
+	ck_assert_int_eq(rt_kv_prefix_lists(px), 5);
+	fill(&b, 40);
+	ck_assert(!memcmp(b.heads[2].kr, ctl.heads[2].kr, 40 * 128));
+	rt_kv_free(&a);
+	ck_assert_int_eq(rt_kv_prefix_lists(px), 0);
+	/* the three stores' blocks and the prefix's 6 lists x 2 blocks, held until its owner lets go */
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 3 * 18 * bb + 6 * kvb);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 3 * 18 + 12);
+	rt_kv_prefix_unref(px);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 3 * 18 * bb);
+	for (int i = 1; i < 4; i++)
+		rt_kv_free(all[i]);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 0);
+}
+END_TEST
+
 static Suite *kv_suite(void)
 {
 	Suite *s = suite_create("kv");
@@ -416,6 +508,7 @@ static Suite *kv_suite(void)
 	tcase_add_test(tc, test_pool_parse_size);
 	tcase_add_test(tc, test_narrow_types);
 	tcase_add_test(tc, test_evict_moves_only_the_tail);
+	tcase_add_test(tc, test_shared_prefix);
 	suite_add_tcase(s, tc);
 	return s;
 }

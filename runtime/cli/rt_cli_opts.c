@@ -153,6 +153,7 @@ static const opt_def OPTS[] = {
 	OPT('h', "help", 0), OPT(O_VERSION, "version", 0),
 	FLAGOPT(O_EXACT, "exact", exact, 1), FLAGOPT(O_FAST, "fast", exact, 0),
 	FLAGOPT(O_F32ACT, "f32-act", f32_act, 1),
+	FLAGOPT(O_NOSHARE, "no-share-prefix", no_share, 1),
 	STROPT(O_DEPTH, "depth", depths), STROPT(O_A, "a", name_a), STROPT(O_B, "b", name_b),
 	STROPT(O_RATIOS, "ratio", ratio_list), OPT(O_ABTASK, "task", 1),
 	OPT(O_SETA, "set-a", 1), OPT(O_SETB, "set-b", 1), STROPT(O_JSONOUT, "json", json_out),

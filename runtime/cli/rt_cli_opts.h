@@ -54,6 +54,7 @@ typedef struct rt_cli_opts {
 	                       (agnostic for a prompt-end one: rt_eval_needle_agnostic) */
 	int exact;  /* 1: the exact path, 0: the fast path (each command sets its default) */
 	int f32_act; /* --f32-act: the fast path's f32 activations at every chunk size */
+	int no_share; /* serve --no-share-prefix: requests never share prompt prefixes */
 	const char *kv_type; /* --kv-type f32|f16|q8_0 as given (checked), NULL: the default
 	                        (rt_cli_kv_type) */
 	const char *device;  /* --device cpu|cuda as given (checked), NULL: the CPU
@@ -90,7 +91,7 @@ enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECI
        O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE, O_KVTYPE, O_BYTERATIO,
        O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT, O_MINKV, O_HOST, O_PORT, O_KVMEM,
        O_MAXSEQS, O_QUEUE, O_SERVECHUNK, O_SERVEPREFILL, O_STEPROWS, O_APIKEY, O_TRACE,
-       O_MAXBODY, O_TIMEOUT, O_DEVICE, O_F16, O_EQMEM };
+       O_MAXBODY, O_TIMEOUT, O_DEVICE, O_F16, O_EQMEM, O_NOSHARE };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;

@@ -21,7 +21,7 @@ static const char *const help_serve =
 	"             [--max-seqs N] [--queue N] [--chunk N] [--prefill-chunk C]\n"
 	"             [--step-rows N] [--threads N]\n"
 	"             [--api-key KEY] [--trace FILE] [--max-body SIZE] [--timeout S] [--exact]\n"
-	"             [--kv-type f32|f16|q8_0] [--min-kv N]\n"
+	"             [--kv-type f32|f16|q8_0] [--min-kv N] [--no-share-prefix]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Serves POST /v1/completions and /v1/chat/completions (in the model's chat\n"
@@ -73,6 +73,9 @@ static const char *const help_serve =
 	"                        it instead of a 400; the response's kv object says so\n"
 	"                        (budget_notes); a request may set kv.min_kv; 0: budgets as\n"
 	"                        written, a policy's own `min` floor included (default 64)\n"
+	"    --no-share-prefix   requests never share the keys and values of a common\n"
+	"                        protected prompt prefix (a system prompt); by default they\n"
+	"                        do, counted once in the pool (docs/serving.md)\n"
 	"    --api-key KEY       require \"Authorization: Bearer KEY\"\n"
 	"    --trace FILE        append one JSON line per finished request\n"
 	"    --max-body SIZE     request body limit (default 1M)\n"
@@ -88,7 +91,7 @@ int rt_cmd_serve(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', O_HOST, O_PORT, O_POLICY, O_SET, O_RATIO, O_BYTERATIO,
 		O_KVMEM, O_MAXSEQS, O_QUEUE, O_SERVECHUNK, O_SERVEPREFILL, O_STEPROWS, O_THREADS,
-		O_APIKEY, O_TRACE, O_MAXBODY, O_TIMEOUT, O_EXACT, O_KVTYPE, O_MINKV, 0 };
+		O_APIKEY, O_TRACE, O_MAXBODY, O_TIMEOUT, O_EXACT, O_KVTYPE, O_MINKV, O_NOSHARE, 0 };
 	rt_cli_opts o = { .host = "127.0.0.1", .port = 8080, .kv_memory = 1LL << 30, .max_seqs = 16,
 	                  .queue = 64, .chunk = 64, .step_rows = 256, .max_body = 1 << 20,
 	                  .timeout = 30, .prefill_chunk = -1, .min_kv = RT_SERVE_MIN_KV };
@@ -114,7 +117,7 @@ int rt_cmd_serve(int argc, char **argv)
 		.queue = (int)o.queue, .chunk = (int)o.chunk, .prefill_chunk = (int)o.prefill_chunk,
 		.min_kv = (int)o.min_kv, .step_rows = (int)o.step_rows, .max_body = o.max_body,
 		.timeout_s = (int)o.timeout, .api_key = o.api_key, .trace = o.trace, .exact = o.exact,
-		.kv_type = rt_cli_kv_type(&o), .threads = (int)o.threads,
+		.kv_type = rt_cli_kv_type(&o), .threads = (int)o.threads, .share_prefix = !o.no_share,
 	};
 	return rt_serve_run(&c, rt_cli_reg, rt_cli_n_reg);
 }

@@ -6,6 +6,7 @@
 #include "kv/rt_kv.h"
 #include "kv/rt_kvq.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -385,6 +386,223 @@ static void block_take_or_die(rt_kv *kv, int64_t bb)
 		               __LINE__);
 }
 
+/* ---- shared prefixes (rt_kv.h, "Shared prefixes") --------------------------------------- */
+
+struct rt_kv_prefix {
+	int fd;                  /* the memory file: per list, n key rows then n value rows */
+	int32_t n;               /* entries per list */
+	int n_layer, n_kv_head;
+	size_t row_bytes;
+	rt_kvpool *pool;
+	_Atomic int64_t refs;    /* the owner's reference and one per sharing list */
+	_Atomic int64_t lists;   /* lists sharing it */
+};
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+	while (b) {
+		int64_t t = a % b;
+		a = b, b = t;
+	}
+	return a;
+}
+
+int32_t rt_kv_prefix_unit(const rt_kv *kv)
+{
+	if (kv->tiered || !kv->row_bytes)
+		return 0;
+	const int64_t ps = (int64_t)page_size(), rb = (int64_t)kv->row_bytes;
+	const int64_t per_page = ps / gcd64(ps, rb); /* entries whose rows fill whole pages */
+	const int64_t u = per_page / gcd64(per_page, RT_KV_BLOCK) * RT_KV_BLOCK;
+	return u <= 4096 ? (int32_t)u : 0;
+}
+
+int32_t rt_kv_prefix_len(const rt_kv_prefix *px)
+{
+	return px->n;
+}
+
+int64_t rt_kv_prefix_bytes(const rt_kv_prefix *px)
+{
+	return (int64_t)px->n_layer * px->n_kv_head * px->n * 2 * (int64_t)px->row_bytes;
+}
+
+int64_t rt_kv_prefix_lists(const rt_kv_prefix *px)
+{
+	return atomic_load(&px->lists);
+}
+
+void rt_kv_prefix_unref(rt_kv_prefix *px)
+{
+	if (!px || atomic_fetch_sub(&px->refs, 1) != 1)
+		return;
+	const int64_t nh = (int64_t)px->n_layer * px->n_kv_head;
+	rt_kvpool_adjust(px->pool, -nh * (px->n / RT_KV_BLOCK), -rt_kv_prefix_bytes(px));
+	close(px->fd);
+	free(px);
+}
+
+/* The pool's side of list h sharing (+1) or no longer sharing (-1) px: its own copy's
+ * blocks and bytes leave the pool or come back. */
+static void share_count(const rt_kv *kv, rt_kv_prefix *px, int sign)
+{
+	const int64_t sb = px->n / RT_KV_BLOCK;
+	rt_kvpool_adjust(kv->pool, -sign * sb, -sign * sb * RT_KV_BLOCK * 2 * (int64_t)kv->row_bytes);
+	atomic_fetch_add(&px->lists, sign);
+}
+
+/* Map px's rows of list i over list h's rows [0, n). Returns 0 or -1 (errno set). */
+static int share_map(const rt_kv *kv, rt_kv_head *h, rt_kv_prefix *px, size_t i)
+{
+	const size_t len = (size_t)px->n * kv->row_bytes;
+	uint8_t *arr[2] = { h->kr, h->vr };
+	for (int k = 0; k < 2; k++) {
+		void *p = mmap(arr[k], len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, px->fd,
+		               (off_t)((2 * i + (size_t)k) * len));
+		if (p == MAP_FAILED)
+			return -1;
+	}
+	return 0;
+}
+
+/* List h stops sharing (copy on write): its rows [0, n) go back to private anonymous pages,
+ * copied from the shared ones when copy is set (else they are left zero: a reset). */
+static void head_unshare(const rt_kv *kv, rt_kv_head *h, int copy)
+{
+	rt_kv_prefix *px = h->px;
+	if (!px)
+		return;
+	const size_t len = (size_t)px->n * kv->row_bytes;
+	uint8_t *arr[2] = { h->kr, h->vr };
+	uint8_t *tmp = copy ? malloc(len) : NULL;
+	if (copy && !tmp)
+		rt_assert_fail("memory for a shared prefix's copy on write", __FILE__, __LINE__);
+	for (int k = 0; k < 2; k++) {
+		if (copy)
+			memcpy(tmp, arr[k], len);
+		void *p = mmap(arr[k], len, PROT_READ | PROT_WRITE,
+		               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+		if (p == MAP_FAILED)
+			rt_assert_fail("anonymous pages replace a shared prefix's mapping", __FILE__,
+			               __LINE__);
+		if (copy)
+			memcpy(arr[k], tmp, len);
+	}
+	free(tmp);
+	h->px = NULL;
+	share_count(kv, px, -1);
+	rt_kv_prefix_unref(px);
+}
+
+/* Whether kv's lists can share a prefix of n entries: untiered, n a positive multiple of
+ * the unit, every list at least n entries and sharing nothing. */
+static int share_ok(const rt_kv *kv, int32_t n)
+{
+	const int32_t u = rt_kv_prefix_unit(kv);
+	if (!u || n <= 0 || n % u)
+		return 0;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		if (kv->heads[i].n < n || kv->heads[i].px)
+			return 0;
+	return 1;
+}
+
+/* Every list of kv shares px (rows already equal). 0, or -1 with err (no list shares). */
+static int share_all(rt_kv *kv, rt_kv_prefix *px, rt_err *err)
+{
+	const int nh = kv->n_layer * kv->n_kv_head;
+	for (int i = 0; i < nh; i++) {
+		rt_kv_head *h = &kv->heads[i];
+		if (share_map(kv, h, px, (size_t)i) != 0) {
+			int e = errno;
+			h->px = px; /* the list's mapping may be half replaced: restore it with a copy */
+			atomic_fetch_add(&px->refs, 1);
+			share_count(kv, px, 1);
+			for (int j = 0; j <= i; j++)
+				head_unshare(kv, &kv->heads[j], 1);
+			return rt_err_set(err, "kv: shared prefix: mmap: %s", strerror(e));
+		}
+		h->px = px;
+		atomic_fetch_add(&px->refs, 1);
+		share_count(kv, px, 1);
+	}
+	return 0;
+}
+
+rt_kv_prefix *rt_kv_prefix_make(rt_kv *kv, int32_t n, rt_err *err)
+{
+	if (!share_ok(kv, n)) {
+		rt_err_set(err, "kv: shared prefix: %d entries are not a multiple of %d held by "
+		           "every list of an unshared, untiered store", (int)n,
+		           (int)rt_kv_prefix_unit(kv));
+		return NULL;
+	}
+	const int nh = kv->n_layer * kv->n_kv_head;
+	const size_t len = (size_t)n * kv->row_bytes;
+	rt_kv_prefix *px = calloc(1, sizeof *px);
+	int fd = memfd_create("kvpc-prefix", MFD_CLOEXEC);
+	if (!px || fd < 0) {
+		rt_err_set(err, "kv: shared prefix: memfd_create: %s", strerror(errno));
+		goto fail;
+	}
+	if (ftruncate(fd, (off_t)(2 * len * (size_t)nh)) != 0) {
+		rt_err_set(err, "kv: shared prefix: ftruncate: %s", strerror(errno));
+		goto fail;
+	}
+	for (int i = 0; i < nh; i++)
+		for (int k = 0; k < 2; k++) {
+			const uint8_t *src = k ? kv->heads[i].vr : kv->heads[i].kr;
+			const off_t off = (off_t)((2 * (size_t)i + (size_t)k) * len);
+			if (pwrite(fd, src, len, off) != (ssize_t)len) {
+				rt_err_set(err, "kv: shared prefix: write: %s", strerror(errno));
+				goto fail;
+			}
+		}
+	*px = (rt_kv_prefix){ .fd = fd, .n = n, .n_layer = kv->n_layer,
+		              .n_kv_head = kv->n_kv_head, .row_bytes = kv->row_bytes,
+		              .pool = kv->pool, .refs = 1 };
+	rt_kvpool_adjust(kv->pool, (int64_t)nh * (n / RT_KV_BLOCK), rt_kv_prefix_bytes(px));
+	if (share_all(kv, px, err) != 0) {
+		rt_kv_prefix_unref(px);
+		return NULL;
+	}
+	return px;
+fail:
+	if (fd >= 0)
+		close(fd);
+	free(px);
+	return NULL;
+}
+
+int rt_kv_prefix_attach(rt_kv *kv, rt_kv_prefix *px, rt_err *err)
+{
+	if (kv->n_layer != px->n_layer || kv->n_kv_head != px->n_kv_head ||
+	    kv->row_bytes != px->row_bytes || !share_ok(kv, px->n))
+		return 0;
+	const int nh = kv->n_layer * kv->n_kv_head;
+	const size_t len = (size_t)px->n * kv->row_bytes;
+	/* the segment's pages, read where they are (a private read-only view) */
+	uint8_t *seg = mmap(NULL, 2 * len * (size_t)nh, PROT_READ, MAP_SHARED, px->fd, 0);
+	if (seg == MAP_FAILED)
+		return rt_err_set(err, "kv: shared prefix: mmap: %s", strerror(errno));
+	int same = 1;
+	for (int i = 0; i < nh && same; i++)
+		same = !memcmp(seg + 2 * (size_t)i * len, kv->heads[i].kr, len) &&
+		       !memcmp(seg + (2 * (size_t)i + 1) * len, kv->heads[i].vr, len);
+	munmap(seg, 2 * len * (size_t)nh);
+	if (!same)
+		return 0;
+	return share_all(kv, px, err) != 0 ? -1 : 1;
+}
+
+int rt_kv_shared_lists(const rt_kv *kv)
+{
+	int c = 0;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		c += kv->heads[i].px != NULL;
+	return c;
+}
+
 /* Hand the pages of list h past its first keep blocks back to the operating system. */
 static void head_unmap(rt_kv *kv, rt_kv_head *h, int32_t keep)
 {
@@ -432,6 +650,8 @@ static void arena_trim(rt_kv *kv, rt_kv_head *h, int t)
 /* List h keeps blocks for its n entries and returns the rest (and its arenas theirs). */
 static void head_trim(rt_kv *kv, rt_kv_head *h)
 {
+	if (h->px && h->n < h->px->n)
+		head_unshare(kv, h, 1); /* a compaction that set n itself cut into the prefix */
 	int32_t need = rt_kv_blocks_for(h->n);
 	RT_ASSERT(need <= h->nb);
 	blocks_give(kv, h->nb - need, list_block_bytes(kv));
@@ -446,6 +666,12 @@ void rt_kv_free(rt_kv *kv)
 {
 	for (int i = 0; kv->pool && i < kv->n_layer * kv->n_kv_head; i++) {
 		rt_kv_head *h = &kv->heads[i];
+		if (h->px) { /* the munmap below drops the mapping: no copy */
+			rt_kv_prefix *px = h->px;
+			h->px = NULL;
+			share_count(kv, px, -1);
+			rt_kv_prefix_unref(px);
+		}
 		blocks_give(kv, h->nb, list_block_bytes(kv));
 		for (int t = 0; kv->tiered && t < N_ARENA; t++)
 			blocks_give(kv, h->arena[t].nb, arena_block_bytes(kv, t));
@@ -461,6 +687,7 @@ void rt_kv_reset(rt_kv *kv)
 {
 	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++) {
 		rt_kv_head *h = &kv->heads[i];
+		head_unshare(kv, h, 0);
 		h->n = 0;
 		for (int t = 0; kv->tiered && t < N_ARENA; t++)
 			h->arena[t].n = 0;
@@ -756,6 +983,8 @@ const float *rt_kv_value(const rt_kv *kv, const rt_kv_head *h, int32_t i, float 
 void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
 {
 	RT_ASSERT(i >= 0 && i < h->n);
+	if (h->px && i < h->px->n)
+		head_unshare(kv, h, 1);
 	rt_kvq_kind kind;
 	uint8_t *row = entry_row(kv, h, i, 0, &kind);
 	if (key_grouped(kv, h, i)) {
@@ -771,6 +1000,8 @@ void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
 void rt_kv_set_value(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
 {
 	RT_ASSERT(i >= 0 && i < h->n);
+	if (h->px && i < h->px->n)
+		head_unshare(kv, h, 1);
 	rt_kvq_kind kind;
 	uint8_t *row = entry_row(kv, h, i, 1, &kind);
 	float xr[KV_TIER_MAX_DIM];
@@ -996,6 +1227,10 @@ static void keep_prepare(rt_kv *kv, rt_kv_head *h, const int32_t *keep, int32_t 
 	RT_ASSERT(n_keep >= 0 && n_keep <= h->n);
 	for (int32_t j = 0; j < n_keep; j++)
 		RT_ASSERT(keep[j] >= 0 && keep[j] < h->n && (j == 0 || keep[j] > keep[j - 1]));
+	/* a shared prefix stays shared only when every entry of it stays where it is (keep is
+	 * strictly increasing, so keep[n - 1] == n - 1 keeps all of [0, n) in place) */
+	if (h->px && (n_keep < h->px->n || keep[h->px->n - 1] != h->px->n - 1))
+		head_unshare(kv, h, 1);
 	if (!kv->tiered || n_keep == h->n)
 		return;
 	int32_t *live = h->arena[RT_KV_KGROUPS].owner;

@@ -185,6 +185,9 @@ typedef struct rt_kv_head {
 	rt_kv_arena arena[RT_KV_N_TIER + 1]; /* the tiers' row arenas, then the key groups
 	                                        (slot g: the range, owner[g]: its quantised
 	                                        members) */
+	struct rt_kv_prefix *px; /* untiered: the shared prefix whose segment holds this list's
+	                            key and value rows [0, px's entries), or NULL (see "Shared
+	                            prefixes" below) */
 } rt_kv_head;
 
 typedef struct rt_kv {
@@ -243,6 +246,62 @@ int rt_kv_init_typed(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type type, int n_lay
 int rt_kv_init_tiered(rt_kv *kv, rt_kvpool *pool, enum rt_kv_type top, int n_layer,
                       int n_kv_head, int group, int head_dim, int32_t cap, size_t stat_bytes,
                       size_t state_bytes, rt_err *err);
+
+/* ---- Shared prefixes --------------------------------------------------------------------
+ * Sequences whose prompts start with the same tokens (a system prompt, a few-shot preamble)
+ * hold the same key and value rows for them, bit for bit, when the forward computed them the
+ * same way. A shared prefix (rt_kv_prefix) is one copy of the rows [0, n) of every list of a
+ * store in a memory file (memfd), n a multiple of rt_kv_prefix_unit; a list shares it by
+ * mapping the file's pages over its own rows (mmap MAP_PRIVATE | MAP_FIXED), so attention and
+ * every policy read the same contiguous arrays as before, and the pages are resident once
+ * however many lists map them. Only the key and value rows are shared: positions, counts,
+ * spans and policy statistics stay the sequence's own.
+ *
+ * Pool: the prefix's rows are counted once (its segment: lists × n/RT_KV_BLOCK blocks and
+ * lists × n × 2 row bytes, taken when it is made), and every list that shares it gives its
+ * own copy's blocks and bytes back (rt_kvpool_adjust); the store's own figures
+ * (rt_kv_bytes_held, its blocks) still count the whole list, as an unshared run holds it.
+ *
+ * Copy on write: the store never writes a shared row. Before anything would (an entry moved
+ * or evicted below n, rt_kv_set_key / rt_kv_set_value on such an entry, a list cut below
+ * n), the list stops sharing: its rows are copied into private pages again and counted in
+ * the pool again (rt_kvpool_adjust, beyond the limit if need be: a server admits a request
+ * by its unshared footprint, so the copy fits what it reserved). Code that writes h->k /
+ * h->v directly (GraceKV, f32 merges, the compacted convention's re-rotation) is not
+ * guarded: the mapping is private, so such a write still lands in a private copy of the
+ * page (the values stay right) but the pool would not count it; callers share only
+ * stores whose policy cannot do that (docs/serving.md, "Shared prefixes"). Tiered stores
+ * do not share (rt_kv_prefix_unit 0). */
+typedef struct rt_kv_prefix rt_kv_prefix;
+
+/* Entries per list a shared prefix of kv is a multiple of: whole blocks whose key and value
+ * rows fill whole pages (32 at f16 rows of 64 values, 16 at f32); 0 when kv cannot share
+ * (tiered, or a row size no page multiple reaches within 4096 entries). */
+int32_t rt_kv_prefix_unit(const rt_kv *kv);
+
+/* A new shared prefix of the rows [0, n) of every list of kv (n > 0, a multiple of
+ * rt_kv_prefix_unit, every list holding at least n entries, none shared yet), which kv's
+ * lists then share. The caller owns one reference (rt_kv_prefix_unref); each sharing list
+ * holds one more. Returns NULL with err set when the memory file cannot be made or written
+ * ("kv: shared prefix: memfd_create: ..."); kv is then unchanged. */
+rt_kv_prefix *rt_kv_prefix_make(rt_kv *kv, int32_t n, rt_err *err);
+
+/* Share px in every list of kv when kv has px's shape (layers, KV heads, row bytes), every
+ * list holds at least px's n entries, shares nothing yet, and its rows [0, n) equal px's byte
+ * for byte. Returns 1 when it shares (the pool gives back kv's copy), 0 when it does not
+ * (nothing changed), -1 with err when a mapping fails (kv then shares nothing). */
+int rt_kv_prefix_attach(rt_kv *kv, rt_kv_prefix *px, rt_err *err);
+
+/* Drop one reference; the last frees the segment and gives its blocks back to the pool. */
+void rt_kv_prefix_unref(rt_kv_prefix *px);
+
+/* Entries per list of px; its bytes in the pool (counted once); the lists sharing it now. */
+int32_t rt_kv_prefix_len(const rt_kv_prefix *px);
+int64_t rt_kv_prefix_bytes(const rt_kv_prefix *px);
+int64_t rt_kv_prefix_lists(const rt_kv_prefix *px);
+
+/* Lists of kv that share a prefix now. */
+int rt_kv_shared_lists(const rt_kv *kv);
 
 /* Return every block to the pool and release the address space. */
 void rt_kv_free(rt_kv *kv);

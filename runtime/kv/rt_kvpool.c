@@ -48,6 +48,13 @@ void rt_kvpool_give(rt_kvpool *p, int64_t n, int64_t block_bytes)
 	atomic_fetch_sub(&p->blocks, n);
 }
 
+void rt_kvpool_adjust(rt_kvpool *p, int64_t dblocks, int64_t dbytes)
+{
+	int64_t before = atomic_fetch_add(&p->used, dbytes);
+	RT_ASSERT(before + dbytes >= 0);
+	atomic_fetch_add(&p->blocks, dblocks);
+}
+
 rt_kvpool_stats rt_kvpool_get(const rt_kvpool *p)
 {
 	rt_kvpool_stats s = {

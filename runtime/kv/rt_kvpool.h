@@ -58,6 +58,12 @@ int rt_kvpool_take(rt_kvpool *p, int64_t n, int64_t block_bytes);
 /* Return n blocks of block_bytes each (taken earlier with rt_kvpool_take). */
 void rt_kvpool_give(rt_kvpool *p, int64_t n, int64_t block_bytes);
 
+/* Add dblocks blocks and dbytes bytes (either sign) to the counters, whatever the limit,
+ * without touching the high-water mark: the shared prefixes' accounting (rt_kv.h, "Shared
+ * prefixes"), which moves bytes already granted between a sequence and a shared segment,
+ * or gives back a copy that a write forced (copy on write). */
+void rt_kvpool_adjust(rt_kvpool *p, int64_t dblocks, int64_t dbytes);
+
 rt_kvpool_stats rt_kvpool_get(const rt_kvpool *p);
 
 /* Start a new high-water mark at the bytes in use now. */

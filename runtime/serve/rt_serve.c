@@ -64,6 +64,7 @@ static int srv_open(srv *S, rt_err *err)
 
 static void srv_close(srv *S)
 {
+	srv_prefix_free(S);
 	rt_seq_multi_free(&S->mb);
 	free(S->lg), free(S->sp), free(S->tp), free(S->tn), free(S->why), free(S->stepped);
 	free(S->active), free(S->compress_by_p), free(S->evicted_by_p);

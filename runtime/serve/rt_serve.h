@@ -54,6 +54,8 @@ typedef struct rt_serve_cfg {
 	int exact;                 /* 1: the exact path (f32 weights, OpenBLAS); 0: the fast path */
 	enum rt_kv_type kv_type;   /* KV storage of every sequence (f32 on the exact path) */
 	int threads;               /* threads of the model (0: every online core) */
+	int share_prefix;          /* 1: requests share their prompts' protected prefixes
+	                              (docs/serving.md, "Shared prefixes"); 0: never */
 } rt_serve_cfg;
 
 /* Load the model, listen and serve until SIGTERM/SIGINT; the policies are reg[0..n_reg)

@@ -522,6 +522,26 @@ static enum MHD_Result serve_metrics(srv *S, struct MHD_Connection *c, conn *cc)
 	metric(&b, &l, &cp, "kvpc_kv_bytes_compression", "gauge",
 	       "kvpc_kv_f16_bytes / kvpc_kv_bytes_in_use (0 with no active sequence)",
 	       S->kv_bytes_now > 0 ? (double)S->f16_bytes_now / (double)S->kv_bytes_now : 0);
+	metric(&b, &l, &cp, "kvpc_step_pool_bytes_in_use", "gauge",
+	       "kvpc_pool_bytes_in_use at the end of the last step", (double)S->pool_used_now);
+	metric(&b, &l, &cp, "kvpc_step_kv_bytes_held", "gauge",
+	       "pool bytes the active sequences' lists would hold unshared, at the end of the last "
+	       "step", (double)S->kv_held_now);
+	metric(&b, &l, &cp, "kvpc_prefix_segments", "gauge", "shared prompt prefixes held",
+	       S->n_pfx);
+	metric(&b, &l, &cp, "kvpc_prefix_bytes", "gauge",
+	       "key and value bytes of the shared prefixes, counted once in the pool",
+	       (double)S->pfx_bytes_now);
+	metric(&b, &l, &cp, "kvpc_prefix_bytes_saved", "gauge",
+	       "pool bytes the sequences sharing prefixes do not hold twice",
+	       (double)S->pfx_saved_now);
+	metric(&b, &l, &cp, "kvpc_prefix_sequences", "gauge",
+	       "active sequences sharing a prompt prefix", (double)S->pfx_seqs_now);
+	metric(&b, &l, &cp, "kvpc_prefix_shared_total", "counter",
+	       "sequences that shared a prompt prefix", (double)S->pfx_shared);
+	metric(&b, &l, &cp, "kvpc_prefix_differed_total", "counter",
+	       "sequences whose prefix rows differed from the shared copy's (kept their own)",
+	       (double)S->pfx_differ);
 	metric(&b, &l, &cp, "kvpc_sequences_active", "gauge", "sequences being decoded or prefilled",
 	       S->n_active);
 	metric(&b, &l, &cp, "kvpc_sequences_queued", "gauge", "requests waiting for admission",

@@ -111,6 +111,9 @@ typedef struct req {
 	double ratio_used;           /* the sequence's ratio and parameters, kept when it ends */
 	unsigned notes;              /* KVP_NOTE_* of the finished sequence (graceful budgets) */
 	double min_kv;               /* the floor in force (kvp_ctx.min_kv), tokens */
+	int share_tried;             /* its shared prefix was looked up (rt_serve_prefix.c) */
+	int no_share;                /* kv.share_prefix false: it never shares its prefix */
+	int32_t shared;              /* prompt tokens whose keys and values it shares, 0: none */
 	double byte_ratio_used;
 	double *params;
 	pthread_cond_t cv;
@@ -154,6 +157,18 @@ struct srv {
 	int64_t rejected, cancelled, prompt_tokens, gen_tokens, entries_now;
 	int64_t kv_bytes_now, f16_bytes_now; /* the active sequences' K/V bytes, as f16 full caches */
 	int64_t *compress_by_p, *evicted_by_p;
+	/* shared prompt prefixes (rt_serve_prefix.c) */
+	struct srv_prefix *pfx;
+	int n_pfx, cap_pfx;
+	int64_t pfx_shared, pfx_differ;     /* sequences that shared a prefix; that found one
+	                                       whose rows differed from theirs */
+	int64_t pfx_bytes_now, pfx_saved_now, pfx_seqs_now; /* after a step: the prefixes'
+	                                       bytes (counted once in the pool), the bytes the
+	                                       sequences sharing them do not hold twice, those
+	                                       sequences */
+	int64_t pool_used_now, kv_held_now; /* after a step: the pool's bytes in use and the
+	                                       active sequences' block bytes (rt_kv_bytes_held,
+	                                       each counting its whole lists) */
 	srv_hist hist[SRV_N_HISTS];
 	double busy_seconds;
 };
@@ -239,6 +254,11 @@ json_t *srv_kv_obj(const srv *S, const req *r);
 json_t *srv_base_obj(const srv *S, const req *r, const char *object);
 int srv_err_status(const rt_err *e);
 void *srv_scheduler(void *arg); /* the scheduler thread (arg: the srv) */
+
+/* rt_serve_prefix.c (S->mu held, the scheduler thread) */
+void srv_prefix_step(srv *S, req *r); /* after a step that fed r's prompt: share its prefix */
+void srv_prefix_sweep(srv *S);        /* drop prefixes no list shares; the pool gauges */
+void srv_prefix_free(srv *S);
 
 /* rt_serve_http.c */
 enum MHD_Result srv_handler(void *cls, struct MHD_Connection *c, const char *url,

@@ -339,16 +339,23 @@ static int parse_kv(srv *S, req *r, json_t *kv, verr *e)
 	if (kv && !json_is_null(kv)) {
 		if (!json_is_object(kv))
 			return bad(e, 400, "kv", "kv must be an object {\"policy\", \"ratio\", "
-			           "\"byte_ratio\", \"set\", \"prefill_chunk\", \"min_kv\"}");
+			           "\"byte_ratio\", \"set\", \"prefill_chunk\", \"min_kv\", "
+			           "\"share_prefix\"}");
 		const char *key;
 		json_t *v;
 		json_object_foreach(kv, key, v)
 		{
 			if (strcmp(key, "policy") && strcmp(key, "ratio") && strcmp(key, "byte_ratio") &&
-			    strcmp(key, "set") && strcmp(key, "prefill_chunk") && strcmp(key, "min_kv"))
+			    strcmp(key, "set") && strcmp(key, "prefill_chunk") && strcmp(key, "min_kv") &&
+			    strcmp(key, "share_prefix"))
 				return bad(e, 400, "kv", "kv: unknown field '%s' (policy, ratio, byte_ratio, "
-				           "set, prefill_chunk, min_kv)", key);
+				           "set, prefill_chunk, min_kv, share_prefix)", key);
 		}
+		json_t *sh = json_object_get(kv, "share_prefix");
+		if (sh && !json_is_boolean(sh))
+			return bad(e, 400, "kv.share_prefix", "kv.share_prefix must be true or false");
+		if (sh)
+			r->no_share = json_is_false(sh);
 		const int got_pf = num_field(kv, "prefill_chunk", 0, 65536, 1, &pf, e);
 		if (got_pf < 0 || num_field(kv, "min_kv", 0, 1 << 30, 1, &mkv, e) < 0)
 			return -1;

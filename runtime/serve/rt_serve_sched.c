@@ -115,6 +115,7 @@ json_t *srv_kv_obj(const srv *S, const req *r)
 	json_object_set_new(k, "policy_seconds", json_real(r->policy_s));
 	json_object_set_new(k, "prefill_chunk", json_integer(r->prefill_chunk));
 	json_object_set_new(k, "prompt_steps", json_integer(r->prompt_steps));
+	json_object_set_new(k, "prefix_shared_tokens", json_integer(r->shared));
 	json_object_set_new(k, "entries_evicted", json_integer(r->evicted));
 	json_object_set_new(k, "system_tokens", json_integer(r->n_system));
 	json_object_set_new(k, "pinned_tokens", json_integer(r->n_pinned));
@@ -487,6 +488,7 @@ static void step_done(srv *S, int K)
 			r->prompt_steps++;
 			r->fed += S->tn[k];
 			S->prompt_tokens += S->tn[k];
+			srv_prefix_step(S, r);
 			if (r->fed < r->n_prompt)
 				continue;
 		}
@@ -505,6 +507,7 @@ static void step_done(srv *S, int K)
 	S->entries_now = e;
 	S->kv_bytes_now = kb;
 	S->f16_bytes_now = fb;
+	srv_prefix_sweep(S);
 }
 
 void *srv_scheduler(void *arg)
@@ -517,6 +520,7 @@ void *srv_scheduler(void *arg)
 				req_finish(S, S->active[i]);
 			else
 				i++;
+		srv_prefix_sweep(S);
 		admit(S);
 		if (S->n_active == 0) {
 			if (S->stop && !S->qhead)

@@ -204,6 +204,75 @@ def prefill_order(port, filler, kv):
     return ids
 
 
+SHARED_SYS = ("You are the archive assistant of a small coastal museum. You answer questions "
+              "about the lighthouse, the harbour and the fishing fleet in one or two short "
+              "sentences, plainly, without lists, and you say so when the archive holds no "
+              "record of what is asked. Dates are given as day, month and year. ") * 2
+SHARED_USERS = ["When was the lighthouse built?", "Who kept the harbour records?",
+                "How many boats were in the fleet?"]
+
+
+def shared_prefix(port, ref_full):
+    """Requests that start with the same protected tokens (one system prompt) share their key
+    and value rows (docs/serving.md, "Shared prefixes"): three chat requests sent together,
+    under the full cache and under h2o_pinned x2 (keep span system; fixed prefill chunks), give token for token
+    the answers each gives alone with kv.share_prefix false (an unshared run: its
+    prefix_shared_tokens is 0) and, for the full cache, `run --chat --system`'s (ref_full:
+    the first user turn). At least two of the three share (a sequence whose prompt was
+    computed beside other rows may hold rows that differ in the last bits: it keeps its own). While they run, /metrics counts the prefix once: in one
+    step's snapshot the pool holds the sequences' own bytes less (sharers - 1) copies of the
+    prefix, whose bytes are hand-computed: 30 layers x 3 KV heads x P entries x 2 rows of 64
+    f16 values (256 bytes), P = the system turn's tokens cut to a multiple of 32 (a 4096-byte
+    page of 128-byte rows, two 16-entry blocks)."""
+    sysmsg, users = SHARED_SYS, SHARED_USERS
+    # h2o_pinned's chunks are fixed (kv.prefill_chunk): a per-step policy's answer depends
+    # on its chunk sizes, which otherwise follow the load (docs/serving.md)
+    for kv in ({"policy": "full"}, {"policy": "h2o_pinned", "ratio": 2, "prefill_chunk": PREFILL}):
+        def ask(u, share=True):
+            return post(port, "/v1/chat/completions", {"messages": [
+                {"role": "system", "content": sysmsg}, {"role": "user", "content": u}],
+                "max_tokens": 24, "temperature": 0, "kv": dict(kv, share_prefix=share)}, timeout=120)
+        alone = [ask(u, False) for u in users]
+        snaps = []
+        stop = threading.Event()
+
+        def watch():
+            while not stop.is_set():
+                _, t = get(port, "/metrics")
+                g = {k: float(v) for k, v in re.findall(r"^(kvpc_(?:step|prefix)_\w+) (\S+)$", t, re.M)}
+                if g.get("kvpc_prefix_sequences", 0) >= 2:
+                    snaps.append(g)
+                time.sleep(0.01)
+        w = threading.Thread(target=watch)
+        w.start()
+        with cf.ThreadPoolExecutor(3) as ex:
+            together = list(ex.map(ask, users))
+        stop.set()
+        w.join()
+        ok = all(a[0] == 200 for a in alone + together)
+        texts = lambda rs: [r[1]["choices"][0]["message"]["content"] if r[0] == 200 else r for r in rs]
+        shared = [r[1]["kv"]["prefix_shared_tokens"] for r in together] if ok else []
+        P = alone[0][1]["kv"]["system_tokens"] // 32 * 32 if ok else -1
+        check(ok and texts(together) == texts(alone) and
+              [r[1]["kv"]["prefix_shared_tokens"] for r in alone] == [0, 0, 0] and
+              shared.count(P) >= 2 and P >= 64,
+              "%s: a shared system prompt (%d tokens shared of %s) answers as unshared runs: %s" %
+              (kv["policy"], P, shared, texts(together)))
+        if kv["policy"] == "full" and ref_full is not None:
+            check(ok and texts(alone)[0] == ref_full,
+                  "full: the lone chat answer is `run --chat --system`'s: %r vs %r" % (texts(alone)[0], ref_full))
+        seg = 30 * 3 * P * 256
+        good = [g for g in snaps if g["kvpc_prefix_bytes"] == seg and
+                g["kvpc_prefix_bytes_saved"] == (g["kvpc_prefix_sequences"] - 1) * seg and
+                g["kvpc_step_pool_bytes_in_use"] == g["kvpc_step_kv_bytes_held"] - g["kvpc_prefix_bytes_saved"]]
+        check(snaps and len(good) == len(snaps),
+              "%s: /metrics counts the shared prefix (%d bytes) once in the pool: %d of %d snapshots, e.g. %s" %
+              (kv["policy"], seg, len(good), len(snaps), snaps[-1] if snaps else None))
+    check(wait_freed(port) is not None and metric(port, "kvpc_prefix_segments") == 0,
+          "every block and shared prefix is back when the requests end")
+
+
+
 def raw_request(port, body):
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -317,8 +386,9 @@ def main():
                         ex.submit(run_cli, story, 12, "h2o", 4, False, None, 0),
                         ex.submit(run_cli, story, 12, "h2o", 4),
                         ex.submit(run_cli, prompt, 40, "full", 0),
-                        ex.submit(run_cli, story, 12, "h2o", 4, False, None, 256, 256)]
-                ref_h2o, ref_snap, ref_chat, ref_exact, ref_chunked, ref_full, ref_whole = \
+                        ex.submit(run_cli, story, 12, "h2o", 4, False, None, 256, 256),
+                        ex.submit(run_cli, SHARED_USERS[0], 24, "full", 0, True, SHARED_SYS)]
+                ref_h2o, ref_snap, ref_chat, ref_exact, ref_chunked, ref_full, ref_whole, ref_shared = \
                     [f.result() for f in refs]
 
         # ---- the openai client: completions, chat, streaming, per-request policy
@@ -597,6 +667,7 @@ def main():
         metrics_ops(port)
         order_ids = [(kv, prefill_order(port, filler, kv))
                      for kv in ({"policy": "full"}, {"policy": "h2o", "ratio": 8})]
+        shared_prefix(port, None if QUICK else ref_shared)
         cancelled0, gone0 = count(port, "kvpc_requests_cancelled_total"), req_count(port, "/v1/completions", 499)
         # a client that disconnects mid-stream frees its sequence at once (2000 tokens to
         # go: without the disconnect it would run for many seconds)
