@@ -354,12 +354,12 @@ int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cl
 	while ((c = getopt_long(argc, argv, so, lo, NULL)) != -1) {
 		if (c == 'h') {
 			rt_cli_help(help);
-			return 1;
+			return EXIT_SUCCESS;
 		}
 		if (c == O_VERSION) {
 			printf("%s %s (kvpc runtime, commit %s%s)\n", rt_cli_prog, cmd, rt_cli_commit(),
 			       rt_cli_tree_modified() ? ", tree modified" : "");
-			return 1;
+			return EXIT_SUCCESS;
 		}
 		if (c == ':')
 			return rt_cli_usage(cmd, "option '%s' needs a value", argv[optind - 1]);
@@ -387,7 +387,7 @@ int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cl
 	}
 	if ((need & RT_CLI_NEED_TEXT) && !o->text)
 		return rt_cli_usage(cmd, "%s", "--text is required");
-	return 0;
+	return RT_CLI_GO;
 }
 
 /* ---- policies -------------------------------------------------------------------------- */

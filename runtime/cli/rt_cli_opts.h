@@ -122,10 +122,12 @@ int rt_cli_parse_int(const char *s, long lo, long hi, long *out);
 int rt_cli_parse_list(const char *s, double lo, double hi, int integral, double *out, int *n);
 
 /* Parse argv (argv[0] is the command name) into o. ids: the options the command accepts,
- * ending with 0 (-h/--help and --version are always accepted). Returns 0, 1 after
- * printing the help page help (rt_cli_help) or the version, or RT_CLI_USAGE after printing the error.
+ * ending with 0 (-h/--help and --version are always accepted). Returns RT_CLI_GO when the
+ * command goes on, else the command's exit status: 0 after printing the help page help
+ * (rt_cli_help) or the version, RT_CLI_USAGE after printing the error.
  * need: RT_CLI_NEED_MODEL (1): --model is required; | RT_CLI_NEED_TEXT: --text is too,
  * checked last ("--text is required"). */
+#define RT_CLI_GO (-1)
 #define RT_CLI_NEED_MODEL 1
 #define RT_CLI_NEED_TEXT 2
 int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cli_opts *o,

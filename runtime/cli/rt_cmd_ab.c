@@ -160,8 +160,8 @@ int rt_cmd_ab(int argc, char **argv)
 	rt_ab_opts_init(&o);
 	rt_cli_opts c = { .chunk = o.chunk, .resamples = o.resamples, .exact = 1, .prompt_len = -1 };
 	int rc = rt_cli_parse("ab", help_ab, argc, argv, &c, opt_ids, 1);
-	if (rc)
-		return rc == 1 ? 0 : rc;
+	if (rc != RT_CLI_GO)
+		return rc;
 	if ((rc = ab_lists(&c, &o)) != 0 || (rc = ab_sets(&c, &o)) != 0)
 		return rc;
 	o.model = c.model;

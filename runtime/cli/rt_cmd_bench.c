@@ -208,8 +208,8 @@ int rt_cmd_bench(int argc, char **argv)
 		O_EXACT, O_FAST, O_QUIET, O_POLICY, O_RATIO, O_SET, O_PREFILL, O_KVTYPE, O_DEVICE, O_F16, 0 };
 	rt_cli_opts o = { .ctx_list = "128,1024,4096", .decode = 32, .chunk = RT_CLI_CHUNK };
 	int rc = rt_cli_parse("bench", help_bench, argc, argv, &o, opt_ids, 1);
-	if (rc)
-		return rc == 1 ? 0 : rc;
+	if (rc != RT_CLI_GO)
+		return rc;
 	double ctxd[RT_CLI_MAX_LIST];
 	int n_ctx = 0;
 	if (rt_cli_parse_list(o.ctx_list, 1, INT_MAX, 1, ctxd, &n_ctx))

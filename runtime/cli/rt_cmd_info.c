@@ -101,8 +101,8 @@ int rt_cmd_info(int argc, char **argv)
 	static const int opt_ids[] = { O_JSON, 0 };
 	rt_cli_opts o = { 0 };
 	int rc = rt_cli_parse("info", help_info, argc, argv, &o, opt_ids, 0);
-	if (rc)
-		return rc == 1 ? 0 : rc;
+	if (rc != RT_CLI_GO)
+		return rc;
 	int first = 1;
 	if (o.json)
 		fputs("{\"policies\":[", stdout);

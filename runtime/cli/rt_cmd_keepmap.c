@@ -79,8 +79,8 @@ int rt_cmd_keepmap(int argc, char **argv)
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = rt_cli_parse("keepmap", help_keepmap, argc, argv, &o, opt_ids,
 	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
-	if (rc)
-		return rc == 1 ? 0 : rc;
+	if (rc != RT_CLI_GO)
+		return rc;
 	if (!o.svg)
 		return rt_cli_usage("keepmap", "%s", "--svg is required");
 	const struct kvp_policy *p = rt_cli_pick("keepmap", &o, 1, &rc); /* with a tuned default */

@@ -342,8 +342,8 @@ int rt_cmd_needle(int argc, char **argv)
 		                 .depths = "0,25,50,75,100" } };
 	rt_cli_opts *o = &nj.o;
 	int rc = rt_cli_parse("needle", help_needle, argc, argv, o, opt_ids, 1);
-	if (rc)
-		return rc == 1 ? 0 : rc;
+	if (rc != RT_CLI_GO)
+		return rc;
 	if (rt_cli_parse_list(o->lengths, 16, 1 << 24, 1, nj.lens, &nj.n_len))
 		return rt_cli_usage("needle", "--lengths: '%s' is not a comma-separated list of token "
 		                    "counts", o->lengths);

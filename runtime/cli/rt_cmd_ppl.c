@@ -493,8 +493,8 @@ int rt_cmd_ppl(int argc, char **argv)
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = rt_cli_parse("ppl", help_ppl, argc, argv, &o, opt_ids,
 	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
-	if (rc)
-		return rc == 1 ? 0 : rc;
+	if (rc != RT_CLI_GO)
+		return rc;
 	if (o.batch && (o.dump || o.logits))
 		return rt_cli_usage("ppl", "%s", "--dump and --logits write one run's tokens; they cannot "
 		                 "be combined with --batch");

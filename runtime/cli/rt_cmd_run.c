@@ -66,8 +66,8 @@ int rt_cmd_run(int argc, char **argv)
 		O_SET, O_RATIO, O_BYTERATIO, O_EXACT, O_FAST, O_PREFILL, O_KVTYPE, O_MINKV, 0 };
 	rt_cli_opts o = { .n_gen = 128, .chunk = RT_CLI_CHUNK, .min_kv = RT_CLI_MIN_KV };
 	int rc = rt_cli_parse("run", help_run, argc, argv, &o, opt_ids, 1);
-	if (rc)
-		return rc == 1 ? 0 : rc;
+	if (rc != RT_CLI_GO)
+		return rc;
 	if (!o.prompt)
 		return rt_cli_usage("run", "%s", "--prompt is required");
 	if (!o.prompt[0])

@@ -96,8 +96,8 @@ int rt_cmd_serve(int argc, char **argv)
 	                  .queue = 64, .chunk = 64, .step_rows = 256, .max_body = 1 << 20,
 	                  .timeout = 30, .prefill_chunk = -1, .min_kv = RT_SERVE_MIN_KV };
 	int rc = rt_cli_parse("serve", help_serve, argc, argv, &o, opt_ids, RT_CLI_NEED_MODEL);
-	if (rc)
-		return rc == 1 ? 0 : rc;
+	if (rc != RT_CLI_GO)
+		return rc;
 	if (o.step_rows < o.max_seqs)
 		return rt_cli_usage("serve", "--step-rows %ld is below --max-seqs %ld (each active "
 		                    "sequence needs a row)", o.step_rows, o.max_seqs);

@@ -45,8 +45,8 @@ int rt_cmd_tokenize(int argc, char **argv)
 	rt_cli_opts o = { 0 };
 	int rc = rt_cli_parse("tokenize", help_tokenize, argc, argv, &o, opt_ids,
 	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
-	if (rc)
-		return rc == 1 ? 0 : rc;
+	if (rc != RT_CLI_GO)
+		return rc;
 	size_t len;
 	char *text = rt_cli_read_text(o.text, &len);
 	if (!text)

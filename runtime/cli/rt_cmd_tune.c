@@ -484,8 +484,8 @@ int rt_cmd_tune(int argc, char **argv)
 		              .max_kld = -1, .min_passkey = -1, .lengths = "256",
 		              .depths = "10,50,90" } };
 	int rc = rt_cli_parse("tune", help_tune, argc, argv, &j.o, opt_ids, 1);
-	if (rc)
-		return rc == 1 ? 0 : rc;
+	if (rc != RT_CLI_GO)
+		return rc;
 	rt_cli_threads(j.o.threads);
 	if ((rc = tune_args(&j)) == 0 && (rc = tune_load(&j)) == 0)
 		rc = tune_run(&j);
