@@ -542,6 +542,86 @@ START_TEST(test_evicted_cache_oracle)
 }
 END_TEST
 
+/* A window layer whose list a policy compacted out of position order (rt_kv_head_evict's
+ * tail fill: the newest entries move into the evicted slots): the window mask and the
+ * window trim must go by each entry's position, not by its index. Oracle: the reference
+ * forward attending, from each new token, to the kept entries and the new ones inside the
+ * window W (pos - pos_i < W), dense otherwise. Mistral-style window W = 8 on every layer;
+ * 20 prompt tokens (the trim leaves positions 13..19), then per (layer, KV head) two of
+ * them evicted by tail fill, then 10 tokens one at a time (each entry ages out of the
+ * window in turn). */
+enum { WO_W = 8, WO_P = 20, WO_N = 10 };
+
+static int wo_evicted(int layer, int kvh, int pos)
+{
+	return pos == 13 + (layer + kvh) % 3 || pos == 17 + (layer + 2 * kvh) % 2;
+}
+
+static int vis_window_out_of_order(const void *u, int layer, int kvh, int qp, int kp)
+{
+	(void)u;
+	if (kp > qp || qp - kp >= WO_W)
+		return 0;
+	return qp < WO_P || kp >= WO_P || !wo_evicted(layer, kvh, kp);
+}
+
+START_TEST(test_window_out_of_order_oracle)
+{
+	tiny_model_cfg c = shape_cfg(_i, RT_GGML_F32);
+	c.n_swa = WO_W;
+	const char *path = write_model(&c);
+	rt_model *m = load_ok(path);
+	ref r;
+	ref_load(&r, &c, path);
+	int32_t tok[WO_P + WO_N];
+	test_tokens(tok, WO_P + WO_N, c.n_vocab, 11u);
+	rt_err err = {0};
+	rt_kv kv;
+	rt_fwd f;
+	ck_assert_int_eq(rt_model_kv_init(m, &kv, WO_P + WO_N, &err), 0);
+	ck_assert_int_eq(rt_fwd_init(&f, m, 8, WO_P + WO_N, &err), 0);
+	ck_assert_int_eq(rt_model_forward(&f, &kv, tok, WO_P, 0, NULL, RT_LOGITS_NONE, &err), 0);
+	int disordered = 0;
+	for (int l = 0; l < c.n_layer; l++)
+		for (int j = 0; j < c.n_head_kv; j++) {
+			rt_kv_head *h = rt_kv_head_at(&kv, l, j);
+			ck_assert_int_eq(h->n, WO_W - 1); /* the window trim: positions 13..19 */
+			int32_t keep[WO_W];
+			int nk = 0;
+			for (int i = 0; i < h->n; i++)
+				if (!wo_evicted(l, j, h->pos[i]))
+					keep[nk++] = i;
+			rt_kv_head_evict(&kv, h, keep, nk);
+			for (int i = 1; i < h->n; i++)
+				disordered += h->pos[i] < h->pos[i - 1];
+		}
+	ck_assert_int_gt(disordered, 0); /* the lists really are out of position order */
+	float *lg = malloc((size_t)WO_N * c.n_vocab * sizeof *lg);
+	for (int t = 0; t < WO_N; t++)
+		ck_assert_msg(rt_model_forward(&f, &kv, tok + WO_P + t, 1, WO_P + t,
+		                               lg + (size_t)t * c.n_vocab, RT_LOGITS_ALL, &err) == 0,
+		              "%s", err.msg);
+	/* the trim after the last token kept exactly what a later query sees */
+	for (int l = 0; l < c.n_layer; l++)
+		for (int j = 0; j < c.n_head_kv; j++) {
+			const rt_kv_head *h = rt_kv_head_at(&kv, l, j);
+			ck_assert_int_eq(h->n, WO_W - 1);
+			for (int i = 0; i < h->n; i++)
+				ck_assert_int_gt(h->pos[i], WO_P + WO_N - WO_W);
+		}
+	double *rl = malloc((size_t)(WO_P + WO_N) * c.n_vocab * sizeof *rl);
+	ref_forward(&r, tok, WO_P + WO_N, vis_window_out_of_order, NULL, rl);
+	double d = max_diff_fd(lg, rl + (size_t)WO_P * c.n_vocab, (size_t)WO_N * c.n_vocab);
+	ck_assert_msg(d <= 1e-5, "window over an out-of-order list: max |logit - ref| = %g", d);
+	free(lg), free(rl);
+	rt_fwd_free(&f);
+	rt_kv_free(&kv);
+	ref_free(&r);
+	rt_model_free(m);
+	unlink(path);
+}
+END_TEST
+
 START_TEST(test_count_oracle)
 {
 	tiny_model_cfg c = shape_cfg(_i, RT_GGML_F32);
@@ -1203,6 +1283,7 @@ static Suite *model_suite(void)
 	tcase_add_loop_test(tc, test_chunking_invariance, 0, 3);
 	tcase_add_loop_test(tc, test_fast_path, 0, 6);
 	tcase_add_loop_test(tc, test_evicted_cache_oracle, 0, 3);
+	tcase_add_loop_test(tc, test_window_out_of_order_oracle, 0, 3);
 	tcase_add_loop_test(tc, test_count_oracle, 0, 3);
 	tcase_add_test(tc, test_observe_hook);
 	tcase_add_loop_test(tc, test_narrow_kv_types, 0, 4);

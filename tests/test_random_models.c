@@ -326,13 +326,6 @@ START_TEST(test_random_policies)
 	int k_ok = 0;
 	for (int k = 0; k < K; k++) {
 		const struct kvp_policy *p = kvp_registry[k];
-		if (m->hp.n_swa > 0 && strcmp(p->name, "gracekv") == 0) {
-			/* known bug: k_grace_score (kernels/k_grace_run.h) asserts that every list
-			 * holds as many entries, which sliding-window layers break: an abort */
-			printf("test_random_models: %s: gracekv NOT RUN (known bug: aborts once the "
-			       "sliding-window layers hold fewer entries)\n", b->name);
-			continue;
-		}
 		if (rt_seq_init(&seq[k_ok], m, p, n, 16, n / 2, &err) < 0) {
 			printf("test_random_models: %s: %s refused: %s\n", b->name, p->name, err.msg);
 			ck_assert(err.msg[0] != 0);
@@ -363,14 +356,8 @@ START_TEST(test_random_policies)
 		}
 		ck_assert_msg(isfinite(sc[k].nll) && sc[k].scored == 16, "%s: %s: nll %g over %lld",
 		              b->name, pn, sc[k].nll, (long long)sc[k].scored);
-		/* known gap: positions = compacted skips the window trim (rt_model.c window_trim) */
-		outside = 0;
-		const int64_t held = check_kept(m, &runs[k]->kv, n, pn, !runs[k]->fwd.rope_at_index,
-		                                &outside);
-		if (outside)
-			printf("test_random_models: %s: %s (positions compacted) holds %lld entries "
-			       "outside the sliding windows (known gap: no window trim)\n", b->name, pn,
-			       (long long)outside);
+		/* every policy, `positions compacted` included, holds nothing the window hides */
+		const int64_t held = check_kept(m, &runs[k]->kv, n, pn, 1, &outside);
 		finished++;
 		evicting += held < full;
 	}

@@ -534,6 +534,53 @@ START_TEST(evicted_snapkv_prompt_end)
 }
 END_TEST
 
+/* StreamingLLM (compacted positions) on a model whose layers all attend over a window
+ * W = 8 (Mistral style): the window hides every entry 8 or more positions back, so with
+ * recent >= W every entry a query sees is kept and the logits equal the full cache's (the
+ * oracle: dense attention over the kept entries, which are the visible ones). The store
+ * drops what the window hides (every list at most W - 1 entries after a chunk, where the
+ * policy alone holds sinks + recent = 12), and the kept keys are re-rotated to their new
+ * indices (without that the logits differ). Shapes 9/3 and 4/1, chunks of 1 and 5. */
+START_TEST(compacted_window_trimmed)
+{
+	enum { W = 8, N = 40 };
+	const int shape = _i % 2, chunk = _i < 2 ? 1 : 5;
+	tiny_model_cfg c = shape_cfg(shape);
+	c.n_swa = W;
+	char path[256];
+	snprintf(path, sizeof path, "tests/tmp/test_seq_swa_%d_%d.gguf", (int)getpid(), _i);
+	ck_assert_int_eq(tiny_model_write(&c, path), 0);
+	rt_err err = { "" };
+	rt_model *m = rt_model_open(path, &exact_opts, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	unlink(path);
+	rt_seq s, f;
+	ck_assert_msg(rt_seq_init(&s, m, find_policy("streaming_llm"), N, chunk, -1, &err) == 0 &&
+	              rt_seq_init(&f, m, &rt_policy_full, N, chunk, -1, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_seq_set(&s, "sinks=2", &err) == 0 && rt_seq_set(&s, "recent=10", &err) == 0,
+	              "%s", err.msg);
+	int32_t toks[N];
+	test_tokens(toks, N, m->hp.n_vocab, 91u + (unsigned)_i);
+	const int V = m->hp.n_vocab;
+	float *a = malloc((size_t)chunk * V * sizeof *a), *b = malloc((size_t)chunk * V * sizeof *b);
+	double worst = 0;
+	for (int t = 0; t < N; t += chunk) {
+		feed_ok(&s, toks + t, chunk, a);
+		feed_ok(&f, toks + t, chunk, b);
+		for (size_t k = 0; k < (size_t)chunk * V; k++)
+			worst = fmax(worst, fabs((double)a[k] - b[k]));
+		for (int hi = 0; hi < m->hp.n_layer * m->hp.n_head_kv; hi++)
+			ck_assert_int_le(s.kv.heads[hi].n, W - 1);
+	}
+	ck_assert_msg(worst <= 1e-4, "streaming_llm under a window of %d: logits differ from the "
+	              "full cache's by %g", W, worst);
+	free(a), free(b);
+	rt_seq_free(&s);
+	rt_seq_free(&f);
+	rt_model_free(m);
+}
+END_TEST
+
 /* `positions compacted` on a narrow store: after each compress the runtime decodes every
  * kept key that moved, rotates it in f32 from the index it was rotated at to its new index
  * and stores it again (rt_seq.c seq_rerotate). StreamingLLM (sinks 3, recent 7, one token
@@ -2028,6 +2075,7 @@ static Suite *seq_suite(void)
 	tcase_add_loop_test(tc, evicted_tova_original, 0, 3);
 	tcase_add_loop_test(tc, evicted_streaming_compacted, 0, 3);
 	tcase_add_loop_test(tc, compacted_rerotation_narrow_store, 0, 3);
+	tcase_add_loop_test(tc, compacted_window_trimmed, 0, 4);
 	tcase_add_loop_test(tc, evicted_snapkv_prompt_end, 0, 3);
 	tcase_add_loop_test(tc, chunked_equals_stepwise_every_policy, 0, 3 * (kvp_registry_count + 1));
 	tcase_add_loop_test(tc, batch_equals_alone_every_policy, 0, 3);

@@ -1107,29 +1107,52 @@ static void observe_row(rt_fwd *f, rt_kv_head *h, int layer, int j, int r, int32
 	f->observe(f->observe_user, &v);
 }
 
-/* The first of head h's entries 0..lim-1 that a query at position pos sees on a layer with
- * window w (0: all): entries with pos - pos_i >= w are masked, as llama.cpp's
- * LLAMA_SWA_TYPE_STANDARD (src/llama-hparams.h is_masked_swa). Entries are in position
- * order (appends are, and eviction keeps the order). */
+/* Does a query at position pos see an entry at position p on a layer with window w (0:
+ * all)? Not when pos - p >= w, as llama.cpp's LLAMA_SWA_TYPE_STANDARD (src/llama-hparams.h
+ * is_masked_swa). */
+static inline int window_masked(int32_t pos, int32_t p, int32_t w)
+{
+	return w && (int64_t)pos - p >= w;
+}
+
+/* The entries of head h that a query at position pos cannot see (window_masked), among
+ * 0..lim-1: lo when they are exactly the first lo (always so in position order: appends,
+ * rt_kv_head_keep), -1 when they are not (rt_kv_head_evict fills evicted slots from the
+ * list's tail, so a list a policy compressed is out of position order), and the caller
+ * masks entry by entry. */
 static int window_first(const rt_kv_head *h, int lim, int32_t pos, int32_t w)
 {
 	if (!w)
 		return 0;
-	int lo = 0, hi = lim; /* the answer is in [lo, hi] */
-	while (lo < hi) {
-		const int mid = lo + (hi - lo) / 2;
-		if ((int64_t)pos - h->pos[mid] >= w)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
+	int lo = 0;
+	while (lo < lim && window_masked(pos, h->pos[lo], w))
+		lo++;
+	for (int t = lo; t < lim; t++)
+		if (window_masked(pos, h->pos[t], w))
+			return -1;
 	return lo;
 }
 
 /* rt_attn_softmax over the entries [lo, lim) of each of the G rows of S (ld apart), with
- * probability 0 for the masked entries before lo and from lim on. */
-static void softmax_window(float *S, size_t ld, int G, int lo, int lim, const float *log_count)
+ * probability 0 for the masked entries before lo and from lim on; lo < 0: over the entries
+ * of [0, lim) a query at pos sees on a window-w layer (window_masked of epos[t]), each
+ * masked one given probability exactly 0. */
+static void softmax_window(float *S, size_t ld, int G, int lo, int lim, const float *log_count,
+                           const int32_t *epos, int32_t pos, int32_t w)
 {
+	if (lo < 0) {
+		/* the query's own entry is never masked, so the row's maximum is finite */
+		for (int g = 0; g < G; g++)
+			for (int t = 0; t < lim; t++)
+				if (window_masked(pos, epos[t], w))
+					S[(size_t)g * ld + (size_t)t] = -INFINITY;
+		rt_attn_softmax(S, ld, G, lim, log_count);
+		for (int g = 0; g < G; g++)
+			for (int t = 0; t < lim; t++)
+				if (window_masked(pos, epos[t], w))
+					S[(size_t)g * ld + (size_t)t] = 0.0f;
+		return;
+	}
 	if (lo == 0) {
 		rt_attn_softmax(S, ld, G, lim, log_count);
 		return;
@@ -1163,7 +1186,8 @@ static void attend_head_rows(rt_fwd *f, rt_kv *kv, rt_kv_head *h, int layer, int
 			ka->scores(h->kr, lim, hd, qr, (size_t)hd, G, scale, S, (size_t)lim);
 		else
 			rt_kvattn_tier_scores(kv, h, lim, qr, (size_t)hd, G, scale, S, (size_t)lim, isa);
-		softmax_window(S, (size_t)lim, G, window_first(h, lim, pos0 + r, w), lim, h->log_count);
+		softmax_window(S, (size_t)lim, G, window_first(h, lim, pos0 + r, w), lim, h->log_count,
+		               h->pos, pos0 + r, w);
 		if (ka)
 			ka->mix(h->vr, lim, hd, S, (size_t)lim, G, og, (size_t)hd);
 		else
@@ -1230,7 +1254,8 @@ static void attend_head(rt_fwd *f, rt_kv *kv, int layer, int j, int C, int32_t p
 		            qg + (size_t)r0 * G * hd, hd, K, hd, 0.0f, S, ncol);
 		for (int r = r0; r < r1; r++)
 			softmax_window(S + (size_t)(r - r0) * G * ncol, (size_t)ncol, G,
-			               window_first(h, nb + r + 1, pos0 + r, w), nb + r + 1, h->log_count);
+			               window_first(h, nb + r + 1, pos0 + r, w), nb + r + 1, h->log_count,
+			               h->pos, pos0 + r, w);
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr * G, hd, ncol, 1.0f, S,
 		            ncol, V, hd, 0.0f, og, hd);
 		for (int r = r0; r < r1; r++) {
@@ -1665,23 +1690,25 @@ static int batch_member_check(const rt_fwd *big, const rt_fwd *fk, int K, rt_err
 }
 
 /* After a chunk whose last row is at position last: each sliding-window layer keeps only
- * the entries a query at last + 1 or later can see (window_first), the rest evicted with
- * their blocks (rt_model_forward's contract). */
-static void window_trim(rt_fwd *f, rt_kv *kv, int32_t last)
+ * the entries a query at last + 1 or later can see (window_masked), in their list order,
+ * the rest evicted with their blocks (rt_model_forward's contract). Under rope_at_index
+ * only at the end of the call (at_end): the kept keys then sit at the wrong index until
+ * the caller re-rotates them, which it does between calls. */
+static void window_trim(rt_fwd *f, rt_kv *kv, int32_t last, int at_end)
 {
 	const rt_model *m = f->m;
-	if (!f->win_keep || f->rope_at_index)
+	if (!f->win_keep || (f->rope_at_index && !at_end))
 		return;
 	for (int l = 0; l < m->hp.n_layer; l++) {
 		const int32_t w = m->layers[l].window;
 		for (int j = 0; w && j < m->hp.n_head_kv; j++) {
 			rt_kv_head *h = rt_kv_head_at(kv, l, j);
-			const int lo = window_first(h, h->n, last + 1, w);
-			if (lo == 0)
-				continue;
-			for (int i = lo; i < h->n; i++)
-				f->win_keep[i - lo] = i;
-			rt_kv_head_keep(kv, h, f->win_keep, h->n - lo);
+			int32_t nk = 0;
+			for (int32_t i = 0; i < h->n; i++)
+				if (!window_masked(last + 1, h->pos[i], w))
+					f->win_keep[nk++] = i;
+			if (nk < h->n)
+				rt_kv_head_keep(kv, h, f->win_keep, nk);
 		}
 	}
 }
@@ -1714,7 +1741,7 @@ int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t
 		sg[0] = (fwd_seg){ .tok = tokens + done, .C = C, .pos0 = pos0 + done, .off = 0,
 		                   .lg = lg, .lrow_from = from };
 		forward_chunk(f, &f, &kv, 1, sg, 1);
-		window_trim(f, kv, pos0 + done + C - 1);
+		window_trim(f, kv, pos0 + done + C - 1, done + C == n);
 		done += C;
 	}
 	return 0;
@@ -1749,6 +1776,6 @@ int rt_model_forward_multi(rt_fwd *big, rt_fwd *const *f, rt_kv *const *kv, int 
 	}
 	forward_chunk(big, f, kv, K, sg, 0);
 	for (int k = 0; k < K; k++)
-		window_trim(f[k], kv[k], pos0[k] + n[k] - 1);
+		window_trim(f[k], kv[k], pos0[k] + n[k] - 1, 1);
 	return 0;
 }

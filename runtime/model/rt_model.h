@@ -283,7 +283,8 @@ typedef struct rt_fwd {
 	 * compacted convention (StreamingLLM's pos_shift): per (layer, KV head), the key of
 	 * chunk row r is rotated at the index it gets in that head's entry list (entries
 	 * before the chunk + r) and the group's queries of row r at the same index; the caller
-	 * re-rotates kept keys to their new index after each eviction (rt_seq does). */
+	 * re-rotates kept keys to their new index after each eviction, its own and the
+	 * window trim at the end of each forward call (rt_seq does). */
 	int rope_at_index;
 	int32_t rope_at[2];     /* internal: the position each rope_cs table's row 0 holds */
 	/* scratch (one allocation) */
@@ -363,8 +364,10 @@ enum rt_logits_mode {
  * head needs room for n more entries; after each chunk a sliding-window layer (rt_layer
  * window > 0) drops the entries no later query can see (pos <= last position + 1 -
  * window), which returns their blocks (the model's rule: no policy decides it, and the
- * logits are those of the window mask alone), except under rope_at_index, whose caller
- * re-rotates after the evictions it makes. Errors (-1, err set, checked before anything is computed, so
+ * logits are those of the window mask alone; a list out of position order, as a policy's
+ * tail-fill eviction leaves it, is masked and trimmed entry by entry); under rope_at_index
+ * only after the last chunk of the call, and the caller re-rotates the kept keys to their
+ * new indices before the next call (rt_seq does). Errors (-1, err set, checked before anything is computed, so
  * kv is unchanged): token id out of range, pos0+n beyond the model's context_length, a
  * head whose entries + n exceed kv->cap or f->cap ("KV cache full"), a KV pool that cannot
  * grant the blocks of the n new entries ("KV pool exhausted"; rt_kv_reserve), a KV store of another

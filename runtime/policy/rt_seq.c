@@ -504,7 +504,9 @@ static int seq_chunk_done(rt_seq *s, const int32_t *tok, int C, const float *lg,
 		s->st.prompt_compression = me > 0 ? (double)pl / me : 0;
 		s->st.prompt_bytes_compression = rt_kvbytes_compression(&s->kv, pl);
 	}
-	if (rc == 1 && s->rot_idx) {
+	/* a compress, or on a model with sliding-window layers the forward's window trim,
+	 * moved kept entries to new indices */
+	if (s->rot_idx && (rc == 1 || s->m->hp.n_swa > 0)) {
 		double t1 = rt_now();
 		seq_rerotate(s);
 		s->hook_seconds += rt_now() - t1;

@@ -16,7 +16,8 @@
  * Positions. KVP_POS_ORIGINAL: keys keep the RoPE of their token position. KVP_POS_
  * COMPACTED (StreamingLLM's pos_shift, Xiao et al. 2024): the forward rotates the key and
  * the queries of a new token at the index the key gets in its (layer, KV head) list
- * (rt_fwd.rope_at_index), and after every compress rt_seq re-rotates each kept key from
+ * (rt_fwd.rope_at_index), and after every compress (and every chunk on a model with
+ * sliding-window layers, whose forward drops what the window hides) rt_seq re-rotates each kept key from
  * the index it was rotated at to its new index by the delta rotation (ggml "normal" RoPE:
  * adjacent pairs (x[2i], x[2i+1]) turned by delta·base^(-2i/n_rot), computed in double).
  * The index each entry was rotated at is kept per (head, original position) in rt_seq,
