@@ -11,7 +11,9 @@
  * |q_c| (|lo_c| + |step_c · code_c|) <= |q_c| · 2 · kmax_c (the range's ends decode to
  * values of the group, so |lo_c| <= kmax_c and |k_c - lo_c| <= 2 kmax_c). Every tier holds
  * entries, entries were evicted (slots out of entry order), and entries at or past lim are
- * neither read nor written. The same with keys and values stored rotated
+ * neither read nor written. The vector kernels round a key group's folded query to 16 bits,
+ * which adds at most d/65534 of the largest channel term q_c · 2 kmax_c to a quantised key's
+ * score (derived beside the check). The same with keys and values stored rotated
  * (rt_kv_set_rotation), the bounds taken over both bases (the top tier's and the rotated
  * codes').
  *
@@ -148,11 +150,19 @@ START_TEST(tier_scores_and_mix_equal_decoded_rows)
 			/* the rotation's rounding: log2 d passes, each 2^-24 relative */
 			const double gk = (d + 2 + 2 * log2(d)) * ldexp(1.0, -23);
 			for (int g = 0; g < G; g++) {
-				double mag = 0;
+				double mag = 0, big = 0;
 				if (rot)
 					hadamard_ref(q + (size_t)g * d, d, qr);
-				for (int c = 0; c < d; c++)
+				for (int c = 0; c < d; c++) {
 					mag += fabs(q[(size_t)g * d + c]) * 2 * kmax[c] + (rot ? fabs(qr[c]) * 2 * krmax[c] : 0);
+					big = fmax(big, rot ? fabs(qr[c]) * 2 * krmax[c] : fabs(q[(size_t)g * d + c]) * 2 * kmax[c]);
+				}
+				/* the vector kernels round a key group's folded query to 16 bits (rt_kvattn.c
+				 * tier_qfold_avx2): a quantised key's score moves by at most
+				 * (1/2 + 2^-10) · d · (2^b − 1) · D, D = max_c |scale · q_c · step_c| / 32767
+				 * <= scale · max_c |q_c| · 2 kmax_c / ((2^b − 1) · 32767) (a key group's range
+				 * is within ±kmax_c; 1 % for the f16 rounding of its ends) */
+				const double q16 = isa > RT_ISA_SCALAR ? 1.01 * (0.5 + ldexp(1.0, -10)) * d * scale * big / 32767 : 0;
 				for (int i = 0; i < n; i++) {
 					const float got = S[(size_t)g * n + i];
 					if (i >= lim) {
@@ -163,7 +173,7 @@ START_TEST(tier_scores_and_mix_equal_decoded_rows)
 					for (int c = 0; c < d; c++)
 						ref += (double)q[(size_t)g * d + c] * K[(size_t)i * d + c];
 					ref *= scale;
-					ck_assert_msg(fabs(got - ref) <= gk * scale * mag,
+					ck_assert_msg(fabs(got - ref) <= gk * scale * mag + (h->tier[i] != RT_KV_TIER_TOP ? q16 : 0),
 					              "isa %d d %d G %d: score g %d entry %d tier %d: %.9g vs %.9g", isa,
 					              d, G, g, i, h->tier[i], got, ref);
 				}

@@ -377,39 +377,28 @@ AVX2_ATTR static void tier_fold_avx2(int kind, const uint16_t *range, int d, con
 	}
 }
 
-/* Scores over one arena: qs[G × d] the (folded) queries, base[G] (0 for the top tier);
- * fold != NULL for a quantised tier: the arena's key codec, refolded at each new key group.
- * Entries are taken 8 at a time (of one group), their dots reduced together. */
-AVX2_ATTR static void tarena_scores_avx2(const rt_kv *kv, const rt_kv_head *h, int t,
-                                         int32_t lim, const float *q, size_t ldq, int G,
-                                         float scale, float *qs, float *base, float *S,
-                                         size_t ldS)
+/* Scores over the top tier's arena (f16 rows): qs[G × d] the queries times scale. Entries
+ * are taken 8 at a time, their dots reduced together. */
+AVX2_ATTR static void ttop_scores_avx2(const rt_kv *kv, const rt_kv_head *h, int32_t lim, int G,
+                                       const float *qs, float *S, size_t ldS)
 {
-	const int d = kv->head_dim, kind = rt_kv_tier_codec(kv, t, 0);
-	const int bits = t == RT_KV_TIER_TOP ? 16 : rt_kvq_bits((rt_kvq_kind)kind);
-	const size_t sb = 2 * kv->tier_row[t], cb = (size_t)32 * bits / 8;
-	const rt_kv_arena *a = &h->arena[t];
+	const int d = kv->head_dim;
+	const size_t sb = 2 * kv->tier_row[RT_KV_TIER_TOP];
+	const rt_kv_arena *a = &h->arena[RT_KV_TIER_TOP];
+	const float base[TIER_QG] = { 0 };
 	__m256 acc[TIER_QG * 8];
-	int32_t ent[8], g_have = -1;
+	int32_t ent[8];
 	int nb = 0;
 	for (int32_t s = 0; s < a->n; s++) {
 		const int32_t e = a->owner[s];
 		if (e >= lim)
 			continue;
-		if (t != RT_KV_TIER_TOP && h->kgrp[e] != g_have) {
-			if (nb)
-				tier_flush_avx2(acc, ent, nb, G, base, S, ldS);
-			nb = 0;
-			g_have = h->kgrp[e];
-			tier_fold_avx2(kind, rt_kv_kgroup_range(kv, h, g_have), d, q, ldq, G, scale, qs,
-			               base);
-		}
 		const uint8_t *row = a->rows + (size_t)s * sb;
 		for (int g = 0; g < G; g++)
 			acc[g * 8 + nb] = _mm256_setzero_ps();
-		for (int c0 = 0; c0 < d; c0 += 32, row += cb) {
+		for (int c0 = 0; c0 < d; c0 += 32, row += 64) {
 			__m256 x[4];
-			chunk32_avx2(bits, row, x);
+			chunk32_avx2(16, row, x);
 			for (int g = 0; g < G; g++) {
 				const float *w = qs + (size_t)g * d + c0;
 				__m256 u = _mm256_mul_ps(x[0], _mm256_loadu_ps(w));
@@ -429,18 +418,123 @@ AVX2_ATTR static void tarena_scores_avx2(const rt_kv *kv, const rt_kv_head *h, i
 		tier_flush_avx2(acc, ent, nb, G, base, S, ldS);
 }
 
+/* A key group's folded queries qs[G × d] (tier_fold_avx2) as 16-bit integers: per query row
+ * g, D[g] = max_c |qs_gc| / 32767 and iq_gc = round(qs_gc / D[g]) (all 0 when D[g] = 0), so
+ * Σ_c qs_gc code_c = D[g] Σ_c iq_gc code_c within D[g] (1/2 + 2^-10) Σ_c code_c (the
+ * rounding to the integer, then f32's in qs_gc / D[g]): at most d (2^b − 1) D[g] / 2, i.e.
+ * d / 65534 of the largest channel's term (q_c times its key group's range), some 2^-10 of it
+ * at head_dim 64, against the half step of the key's own codes. The integer dot then takes
+ * 25 instructions per 32 channels and three query heads against the float one's 43
+ * (tqscores_avx2). */
+AVX2_ATTR static void tier_qfold_avx2(const float *qs, int d, int G, int16_t *iq, float *D)
+{
+	const __m256 sign = _mm256_set1_ps(-0.0f);
+	for (int g = 0; g < G; g++) {
+		const float *x = qs + (size_t)g * d;
+		__m256 m = _mm256_setzero_ps();
+		for (int c = 0; c < d; c += 8)
+			m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + c)));
+		float mm[8], mx = 0;
+		_mm256_storeu_ps(mm, m);
+		for (int k = 0; k < 8; k++)
+			mx = mm[k] > mx ? mm[k] : mx;
+		D[g] = mx / 32767.0f;
+		const __m256 inv = _mm256_set1_ps(mx > 0 ? 32767.0f / mx : 0.0f);
+		for (int c = 0; c < d; c += 16) {
+			/* packs saturates a product rounded up to 32768 */
+			const __m256i lo = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + c), inv));
+			const __m256i hi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + c + 8), inv));
+			_mm256_storeu_si256((__m256i *)(void *)(iq + (size_t)g * d + c),
+			                    _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xd8));
+		}
+	}
+}
+
+/* Up to 8 entries' integer partial dots acc[g·8 + k] (32-bit lanes) reduced into
+ * S[g·ldS + ent[k]] = base[g] + D[g] · Σ: each lane is converted to f32 before the
+ * horizontal sum, so no 32-bit sum of more than d/8 products is formed. */
+AVX2_ATTR static void tier_qflush_avx2(const __m256i *acc, const int32_t *ent, int nb, int G,
+                                       const float *base, const float *D, float *S, size_t ldS)
+{
+	__m256 f[8];
+	float sum[8];
+	for (int g = 0; g < G; g++) {
+		for (int k = 0; k < 8; k++)
+			f[k] = k < nb ? _mm256_cvtepi32_ps(acc[g * 8 + k]) : _mm256_setzero_ps();
+		_mm256_storeu_ps(sum, hsum8_avx2(f));
+		for (int k = 0; k < nb; k++)
+			S[(size_t)g * ldS + ent[k]] = base[g] + D[g] * sum[k];
+	}
+}
+
+/* Scores over a quantised tier's arena t: at each new key group the range is folded into
+ * the queries q (H·q when keys are rotated) and the fold is rounded to 16 bits
+ * (tier_qfold_avx2); an entry's codes, widened to 16 bits, are dotted with it by madd
+ * (pairs of 16-bit products summed in 32-bit lanes: per lane at most d/8 products of
+ * 255 · 32767, below 2^31 for d <= 1024). Entries are taken 8 at a time (of one group). */
+AVX2_ATTR static void tqscores_avx2(const rt_kv *kv, const rt_kv_head *h, int t, int32_t lim,
+                                    const float *q, size_t ldq, int G, float scale, float *S,
+                                    size_t ldS)
+{
+	const int d = kv->head_dim, kind = rt_kv_tier_codec(kv, t, 0);
+	const int bits = rt_kvq_bits((rt_kvq_kind)kind);
+	const size_t sb = 2 * kv->tier_row[t], cb = (size_t)32 * bits / 8;
+	const rt_kv_arena *a = &h->arena[t];
+	float qs[TIER_QG * TIER_MAXD], base[TIER_QG], D[TIER_QG];
+	int16_t iq[TIER_QG * TIER_MAXD];
+	__m256i acc[TIER_QG * 8];
+	int32_t ent[8], g_have = -1;
+	int nb = 0;
+	for (int32_t s = 0; s < a->n; s++) {
+		const int32_t e = a->owner[s];
+		if (e >= lim)
+			continue;
+		if (h->kgrp[e] != g_have) {
+			if (nb)
+				tier_qflush_avx2(acc, ent, nb, G, base, D, S, ldS);
+			nb = 0;
+			g_have = h->kgrp[e];
+			tier_fold_avx2(kind, rt_kv_kgroup_range(kv, h, g_have), d, q, ldq, G, scale, qs,
+			               base);
+			tier_qfold_avx2(qs, d, G, iq, D);
+		}
+		const uint8_t *row = a->rows + (size_t)s * sb;
+		for (int g = 0; g < G; g++)
+			acc[g * 8 + nb] = _mm256_setzero_si256();
+		for (int c0 = 0; c0 < d; c0 += 32, row += cb) {
+			__m128i lo, hi;
+			codes32_avx2(bits, row, &lo, &hi);
+			const __m256i x0 = _mm256_cvtepu8_epi16(lo), x1 = _mm256_cvtepu8_epi16(hi);
+			for (int g = 0; g < G; g++) {
+				const int16_t *w = iq + (size_t)g * d + c0;
+				const __m256i u = _mm256_madd_epi16(x0, _mm256_loadu_si256((const __m256i *)(const void *)w));
+				const __m256i v = _mm256_madd_epi16(x1, _mm256_loadu_si256((const __m256i *)(const void *)(w + 16)));
+				acc[g * 8 + nb] = _mm256_add_epi32(acc[g * 8 + nb], _mm256_add_epi32(u, v));
+			}
+		}
+		ent[nb++] = e;
+		if (nb == 8) {
+			tier_qflush_avx2(acc, ent, nb, G, base, D, S, ldS);
+			nb = 0;
+		}
+	}
+	if (nb)
+		tier_qflush_avx2(acc, ent, nb, G, base, D, S, ldS);
+}
+
 AVX2_ATTR static void tscores_avx2(const rt_kv *kv, const rt_kv_head *h, int32_t lim,
                                    const float *q, size_t ldq, const float *qr, size_t ldqr,
                                    int G, float scale, float *S, size_t ldS)
 {
 	const int d = kv->head_dim;
-	float qs[TIER_QG * TIER_MAXD], base[TIER_QG] = { 0 };
+	float qs[TIER_QG * TIER_MAXD];
 	for (int g = 0; g < G; g++)
 		for (int c = 0; c < d; c++)
 			qs[(size_t)g * d + c] = scale * q[(size_t)g * ldq + c];
-	tarena_scores_avx2(kv, h, RT_KV_TIER_TOP, lim, q, ldq, G, scale, qs, base, S, ldS);
+	ttop_scores_avx2(kv, h, lim, G, qs, S, ldS);
 	for (int t = RT_KV_TIER_TOP + 1; t < RT_KV_N_TIER; t++)
-		tarena_scores_avx2(kv, h, t, lim, qr, ldqr, G, scale, qs, base, S, ldS);
+		if (h->arena[t].n)
+			tqscores_avx2(kv, h, t, lim, qr, ldqr, G, scale, S, ldS);
 }
 
 /* Channels [c0, c0 + 32) of out for query heads [g0, g0 + ng) (ng <= 3: 12 accumulators in

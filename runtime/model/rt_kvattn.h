@@ -47,16 +47,23 @@ const rt_kvattn_kernels *rt_kvattn_get(enum rt_kv_type type, int isa);
  * (f16). A quantised key is never dequantised: its key group's per-channel range is
  * folded into the query once per run of slots of the same group (scale · q·k = base +
  * Σ_c qs_c · code_c with base = scale · Σ_c q_c lo_c, qs_c = scale · q_c · step_c), and
- * the codes, unpacked to floats, are dotted against qs. A quantised value row is
+ * the codes, unpacked to floats, are dotted against qs (the scalar reference); the vector
+ * versions round qs to 16-bit integers per query row and key group (D = max |qs_c| / 32767)
+ * and dot them with the codes widened to 16 bits by integer multiply-adds (25 instructions
+ * per 32 channels and three query heads against the float dot's 43), which moves a
+ * quantised key's score by at most
+ * (1/2 + 2^-10) · d · (2^b − 1) · D, i.e. d / 65534 of the largest channel term (bounded in
+ * tests/test_kvtattn.c). A quantised value row is
  * added as Σ (p · scale) · code per group of 32 channels plus p · minimum once (the scalar
  * reference dequantises the row into the L1 buffer instead). The AVX2 version takes eight
- * entries of a key group at a time and reduces their dots together, and keeps a 32-channel
+ * entries of a key group at a time and reduces their dots together (8 f32 or 8 32-bit
+ * integer partial sums, each lane converted to f32 before the horizontal sum), and keeps a 32-channel
  * slice of the output of three query heads in registers over all entries; the AVX-512
  * level runs it too (a row's codes are 16 to 64 bytes: the loop over entries, not the
  * vector width, bounds it). Rotated tiers (rt_kv_set_rotation): the quantised keys are
  * dotted with H·q, and the quantised values' share of the output is summed apart and
- * rotated back once (H Σ p·(H v) = Σ p·v). The versions differ only in the order of f32
- * additions and in fused multiply-adds (tests/test_kvtattn.c bounds each against
+ * rotated back once (H Σ p·(H v) = Σ p·v). Otherwise the versions differ only in the order
+ * of f32 additions and in fused multiply-adds (tests/test_kvtattn.c bounds each against
  * attention over rt_kv_head_decode's rows).
  * Shapes: q, P and out hold G rows (ldq, ldP, ldo apart) of head_dim floats (P: entries);
  * S and P are indexed by entry (S[g·ldS + i], i < lim), entries >= lim are neither read
