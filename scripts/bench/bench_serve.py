@@ -21,11 +21,19 @@ Servers (BENCH_SERVERS, comma-separated; default full,h2o,tova_tiers,llama).
 
 The KV memory defaults to 1.5x the full cache's footprint for one request of the row (asked
 of the server: a request over --kv-memory is refused with its footprint), so `full` admits
-one sequence at a time and the policies' admission is limited by the pool or the clients.
+one sequence at a time and the policies' admission is limited by the pool or the clients;
+the chat row's is 1.5x that of 4 requests, so that the full cache runs several at once and
+they share the system prompt.
+
+The chat row's kvrt lines also give the shared system prompt's figures from /metrics
+(docs/serving.md, "Shared prefixes"): the sequences that held it in a shared prefix (the
+first one of a run makes it), the most at once, and the most pool bytes sharing saved at
+once (kvpc_prefix_bytes_saved; the prefix counted once).
 
 Usage: bench_serve.py BIN MODEL   (BIN built by kvpc with h2o and tova_tiers)
 Environment: BENCH_ROWS, BENCH_SERVERS (above), BENCH_CLIENTS, BENCH_PROMPT, BENCH_GEN
-(override the row's), BENCH_KV_MEMORY (auto: see above; or a size such as 256M),
+(override the row's), BENCH_QUICK=1 (a smoke run: at most 4 clients, an eighth of each
+prompt, a quarter of the system prompt, at most 32 generated tokens, a 300 s cut-off), BENCH_KV_MEMORY (auto: see above; or a size such as 256M),
 BENCH_SECONDS (600: a configuration still running then is cut off and its row counts what
 finished), BENCH_THREADS (threads, default all).
 """
@@ -42,13 +50,17 @@ import time
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 MEM = os.environ.get("BENCH_KV_MEMORY", "auto")
-LIMIT = float(os.environ.get("BENCH_SECONDS", "600"))
+QUICK = os.environ.get("BENCH_QUICK") == "1"
+LIMIT = float(os.environ.get("BENCH_SECONDS", "300" if QUICK else "600"))
 THREADS = os.environ.get("BENCH_THREADS", "")
 N_MAX = 8  # the clients of the row being run (the server's --max-seqs)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # name: clients, prompt tokens (the user turn's for chat), generated tokens, shared system
 # prompt tokens (chat only)
 ROWS = {"prefill": (1, 2048, 1, 0), "decode": (8, 2048, 256, 0), "chat": (16, 200, 128, 500), "long": (4, 6144, 128, 0)}
+# the automatic --kv-memory in full caches of one request: chat's holds 4, so the full
+# cache runs several sequences at once and they can share the system prompt
+MEM_SEQS = {"chat": 4}
 # name: label, policy, kv fields of the request
 SERVERS = {"full": ("kvrt full", "full", {}),
            "h2o": ("kvrt h2o x8", "h2o", {"ratio": 8}),
@@ -79,6 +91,8 @@ def words_text(n_tokens, tag, i):
 class Row:
     def __init__(self, name):
         n, prompt, gen, system = ROWS[name]
+        if QUICK:
+            n, prompt, gen, system = min(n, 4), prompt // 8, min(gen, 32), system // 4
         self.name = name
         self.n = int(os.environ.get("BENCH_CLIENTS", n))
         self.prompt = int(os.environ.get("BENCH_PROMPT", prompt))
@@ -168,15 +182,20 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * (len(xs) - 1) + 0.5))] if xs else float("nan")
 
 
-def load(port, row, extra, active_metric):
+def load(port, row, extra, active_metric, peaks=()):
+    """Run the row's clients; the most active sequences seen, and the most of each metric
+    named in peaks (polled every 0.25 s)."""
     cl = [Client(port, row.path(), row.body(i, extra)) for i in range(row.n)]
     t0 = time.time()
     for c in cl:
         c.start()
     peak = 0
+    most = {k: 0.0 for k in peaks}
     while any(c.is_alive() for c in cl) and time.time() - t0 < LIMIT:
         a = active_metric()
         peak = max(peak, a or 0)
+        for k in peaks:
+            most[k] = max(most[k], metric(port, k) or 0)
         time.sleep(0.25)
     wall = time.time() - t0
     done = sum(1 for c in cl if c.t_end)
@@ -186,7 +205,8 @@ def load(port, row, extra, active_metric):
     ptoks = [c.prompt_tokens for c in cl if c.prompt_tokens]
     return {"admitted": int(peak), "tok_s": toks / wall, "p50": pct(ttft, 0.5),
             "p99": pct(ttft, 0.99), "itl50": pct(itl, 0.5), "itl99": pct(itl, 0.99),
-            "done": done, "wall": wall, "prompt_tokens": sum(ptoks) / len(ptoks) if ptoks else 0}
+            "done": done, "wall": wall, "prompt_tokens": sum(ptoks) / len(ptoks) if ptoks else 0,
+            "most": most}
 
 
 def serve(mem, extra):
@@ -232,7 +252,12 @@ def kvrt_row(row, key, mem):
     p, port = serve(mem, [])
     r = load(port, row, {"kv": dict(kv, policy=policy),
                          "stream_options": {"include_usage": True}},
-             lambda: metric(port, "kvpc_sequences_active"))
+             lambda: metric(port, "kvpc_sequences_active"),
+             ("kvpc_prefix_bytes_saved", "kvpc_prefix_bytes", "kvpc_prefix_sequences")
+             if row.system else ())
+    if row.system:
+        r["shared"] = metric(port, "kvpc_prefix_shared_total") or 0
+        r["differed"] = metric(port, "kvpc_prefix_differed_total") or 0
     p.send_signal(signal.SIGKILL if r["done"] < row.n else signal.SIGTERM)
     p.wait()
     return r
@@ -306,10 +331,12 @@ def prefill_rates(rows):
 def run_row(row, servers):
     keys = [k for k in servers if k in SERVERS]
     fp = footprints(row, keys + ([] if "full" in keys else ["full"]))
-    mem = mem_bytes(MEM) if MEM != "auto" else int(1.5 * fp["full"])
+    k = MEM_SEQS.get(row.name, 1)
+    mem = mem_bytes(MEM) if MEM != "auto" else int(1.5 * k * fp["full"])
     print("bench-serve %s: %s, --kv-memory %d (%.1f MiB%s)" % (
         row.name, row.describe(), mem, mem / 1048576.0,
-        ": 1.5x the full cache's footprint" if MEM == "auto" else ""), flush=True)
+        ": 1.5x the full cache's footprint%s" % (" of %d requests" % k if k > 1 else "")
+        if MEM == "auto" else ""), flush=True)
     rows = []
     for key in keys:
         r = kvrt_row(row, key, mem)
@@ -333,6 +360,15 @@ def run_row(row, servers):
         print("| %s | %s | %s | %d/%d | %.0f | %.1f | %.2f | %.2f | %.3f | %.3f |" % (
             name, r["admitted"], r["fit"], r["done"], row.n, r["prompt_tokens"], r["tok_s"],
             r["p50"], r["p99"], r["itl50"], r["itl99"]))
+    for name, r in rows:
+        if "shared" in r:
+            print("%s: %d of %d sequences held the system prompt's keys and values in a shared "
+                  "prefix (%d differed and kept their own), at most %d at once; the prefix "
+                  "%.1f MiB counted once, sharing saved at most %.1f MiB of pool at once" % (
+                      name, r["shared"], row.n, r["differed"],
+                      r["most"]["kvpc_prefix_sequences"],
+                      r["most"]["kvpc_prefix_bytes"] / 1048576.0,
+                      r["most"]["kvpc_prefix_bytes_saved"] / 1048576.0))
     if why:
         print("\nllama-server skipped: %s" % why)
     if row.name == "prefill":
