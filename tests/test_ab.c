@@ -33,6 +33,7 @@
 #include "support/tiny_model.h"
 #include "support/proc_run.h"
 #include "support/xml_check.h"
+#include "support/check_run.h"
 
 static char g_kvpc[PATH_MAX + 16];
 static char g_tmp[PATH_MAX];
@@ -882,10 +883,7 @@ int main(void)
 		fprintf(stderr, "test_ab: `%s build` failed (build kvpc first, or set KVPC)\n", g_kvpc);
 		return EXIT_FAILURE;
 	}
-	SRunner *sr = srunner_create(ab_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(ab_suite());
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
 	if (!failed && system(cmd) != 0)
 		fprintf(stderr, "test_ab: could not remove %s\n", g_tmp);

@@ -25,6 +25,7 @@
 #include "base/rt_sha256.h"
 #include "eval/rt_ab.h"
 #include "support/proc_run.h"
+#include "support/check_run.h"
 
 static char g_kvpc[PATH_MAX + 16];
 static char g_tmp[PATH_MAX];
@@ -375,10 +376,7 @@ int main(int argc, char **argv)
 	char cache[PATH_MAX + 16];
 	snprintf(cache, sizeof cache, "%s/cache", g_tmp);
 	setenv("KVPC_CACHE", cache, 1);
-	SRunner *sr = srunner_create(build_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(build_suite());
 	char cmd[PATH_MAX + 16];
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
 	if (!failed && system(cmd) != 0)

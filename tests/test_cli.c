@@ -22,6 +22,7 @@
 #include "cli/rt_cli.h"
 #include "policy/rt_policy.h"
 #include "support/proc_run.h"
+#include "support/check_run.h"
 
 static char g_dir[PATH_MAX];
 static char g_kvpc[PATH_MAX + 8];
@@ -300,10 +301,7 @@ int main(void)
 		return EXIT_FAILURE;
 	if (proc_bin_path("kvpc", NULL, g_kvpc, sizeof g_kvpc) != 0)
 		return EXIT_FAILURE;
-	SRunner *sr = srunner_create(cli_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(cli_suite());
 	char cmd[PATH_MAX + 16];
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
 	if (system(cmd) != 0)

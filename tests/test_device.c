@@ -16,6 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "support/check_run.h"
+
 static char kvrt_path[1024];
 
 /* Run kvrt with args; stderr (first line) into err. Returns the exit status. */
@@ -125,9 +127,6 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, test_device_usage);
 	tcase_add_test(tc, test_device_same_refusals);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int nf = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int nf = check_run(s);
 	return nf ? EXIT_FAILURE : EXIT_SUCCESS;
 }

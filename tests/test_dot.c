@@ -33,6 +33,7 @@
 #include "model/rt_kvattn.h"
 #include "model/rt_matmul.h"
 #include "model/rt_quant.h"
+#include "support/check_run.h"
 
 static uint32_t g_rng = 12345;
 
@@ -524,9 +525,6 @@ int main(void)
 {
 	/* rt_matmul calls sgemm from the pool's threads (see rt_matmul.h) */
 	openblas_set_num_threads(1);
-	SRunner *sr = srunner_create(dot_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int nf = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int nf = check_run(dot_suite());
 	return nf == 0 ? 0 : 1;
 }

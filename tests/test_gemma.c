@@ -57,6 +57,7 @@
 #include "policy/rt_policy.h"
 #include "policy/rt_seq.h"
 #include "eval/rt_compression.h"
+#include "support/check_run.h"
 
 extern const struct kvp_policy kvp_policy_h2o_global_only;
 
@@ -577,9 +578,6 @@ static Suite *gemma_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(gemma_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int nf = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int nf = check_run(gemma_suite());
 	return nf ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -20,6 +20,7 @@
 #include "model/rt_quant.h"
 #include "base/rt_util.h"
 #include "support/gguf_writer.h"
+#include "support/check_run.h"
 
 static char g_dir[64];
 
@@ -840,10 +841,7 @@ int main(void)
 		perror("mkdtemp");
 		return EXIT_FAILURE;
 	}
-	SRunner *sr = srunner_create(gguf_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(gguf_suite());
 	rm_tree(g_dir);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

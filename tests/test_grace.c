@@ -31,6 +31,7 @@
 #include "model/rt_model.h"
 #include "policy/rt_seq.h"
 #include "support/tiny_model.h"
+#include "support/check_run.h"
 
 /* the exact path: these tests compare against f32 references */
 static const rt_model_opts exact_opts = { .exact = 1, .threads = 0 };
@@ -2013,9 +2014,6 @@ static Suite *grace_suite(void)
 int main(void)
 {
 	mkdir("tests/tmp", 0755); /* scratch models and sources of the compiled-path tests */
-	SRunner *sr = srunner_create(grace_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(grace_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -12,6 +12,7 @@
 
 #include "base/rt_buf.h"
 #include "report/rt_json.h"
+#include "support/check_run.h"
 
 
 static char *capture(void (*fn)(FILE *), size_t *len)
@@ -131,9 +132,6 @@ int main(void)
 	tcase_add_test(tc, test_integers_survive_a_parser);
 	tcase_add_test(tc, test_buf);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -36,6 +36,8 @@
 
 #include <stdio.h>
 
+#include "support/check_run.h"
+
 extern const struct kvp_policy kvp_policy_tier_pos_limits, kvp_policy_tier_pos_limits_utility;
 extern const struct kvp_policy kvp_policy_tier_pos_shares, kvp_policy_tier_pos_utility,
 	kvp_policy_tier_acc_layer, kvp_policy_tier_acc_global;
@@ -919,9 +921,6 @@ static Suite *tier_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(tier_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(tier_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -16,6 +16,7 @@
 #include "report/rt_keepmap.h"
 
 #include "support/xml_check.h"
+#include "support/check_run.h"
 
 #define ASSERT_WF(xml)                                                          \
 	do {                                                                    \
@@ -256,9 +257,6 @@ static Suite *keepmap_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(keepmap_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(keepmap_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -19,6 +19,7 @@
 #include "k_score.h"
 #include "k_select.h"
 #include "k_stat.h"
+#include "support/check_run.h"
 
 START_TEST(select_ties_keep_lower_position)
 {
@@ -513,9 +514,6 @@ static Suite *kernels_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(kernels_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int nf = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int nf = check_run(kernels_suite());
 	return nf == 0 ? 0 : 1;
 }

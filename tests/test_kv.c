@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kv/rt_kv.h"
+#include "support/check_run.h"
 
 /* A value that encodes (head, position, dim) so any misplaced copy is detected. */
 static float tag(int head, int pos, int d)
@@ -515,9 +516,6 @@ static Suite *kv_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(kv_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(kv_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

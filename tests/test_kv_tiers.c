@@ -32,6 +32,7 @@
 #include "policy/rt_policy.h"
 #include "policy/rt_seq.h"
 #include "support/tiny_model.h"
+#include "support/check_run.h"
 
 static unsigned rng(unsigned *s)
 {
@@ -844,9 +845,6 @@ int main(void)
 	tcase_add_loop_test(tc, attention_over_dequantised_entries, 0, 4);
 	tcase_add_loop_test(tc, policy_needs_tiers_through_seq, 0, 2);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -10,6 +10,7 @@
 
 #include "kv/rt_kv.h"
 #include "kv/rt_kvbytes.h"
+#include "support/check_run.h"
 
 /* Append n[i] entries to head i of kv. */
 static void fill(rt_kv *kv, const int *n)
@@ -69,9 +70,6 @@ int main(void)
 	tcase_add_test(tc, gqa_9_3_by_hand);
 	tcase_add_test(tc, gqa_4_1_by_hand_and_empty);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

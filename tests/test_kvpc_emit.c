@@ -29,6 +29,7 @@
 #include "kvp_sema.h"
 #include "kvp_src.h"
 #include "k_score.h"
+#include "support/check_run.h"
 
 /* ---- IR-built policies (shaped like the policies/ files but built here, so the back
  * end is tested without the front end; their sources are named ir/NAME.kvp) ---------- */
@@ -1120,9 +1121,6 @@ static Suite *emit_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(emit_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int nf = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int nf = check_run(emit_suite());
 	return nf == 0 ? 0 : 1;
 }

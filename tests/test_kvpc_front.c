@@ -27,6 +27,7 @@
 #include "kvp_sema.h"
 #include "kvp_src.h"
 #include "kv/rt_kv.h"
+#include "support/check_run.h"
 
 #define GOLDEN "tests/golden/kvp"
 
@@ -1019,10 +1020,7 @@ int main(int argc, char **argv)
 			kvpc_path[0] = '\0';
 	}
 	bad_files = list_kvp(GOLDEN "/bad", &n_bad);
-	SRunner *sr = srunner_create(front_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(front_suite());
 	free_list(bad_files, n_bad);
 	return failed == 0 ? 0 : 1;
 }

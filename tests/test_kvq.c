@@ -21,6 +21,7 @@
 
 #include "base/rt_util.h"
 #include "kv/rt_kvq.h"
+#include "support/check_run.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ULL;
 
@@ -292,9 +293,6 @@ static Suite *kvq_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(kvq_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int nf = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int nf = check_run(kvq_suite());
 	return nf == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

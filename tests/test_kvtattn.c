@@ -33,6 +33,7 @@
 #include "kv/rt_kvq.h"
 #include "model/rt_dot.h"
 #include "model/rt_kvattn.h"
+#include "support/check_run.h"
 
 static unsigned rng(unsigned *s)
 {
@@ -366,9 +367,6 @@ int main(void)
 	tcase_add_loop_test(tc, rotated_round_trip_and_gain, 0, 9);
 	tcase_add_test(tc, rotation_refusals);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -32,6 +32,7 @@
 #include "model/rt_model.h"
 #include "model/rt_quant.h"
 #include "support/tiny_model.h"
+#include "support/check_run.h"
 
 /* the exact path: these tests compare against f32 references */
 static const rt_model_opts exact_opts = { .exact = 1, .threads = 0 };
@@ -1304,9 +1305,6 @@ static Suite *model_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(model_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(model_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

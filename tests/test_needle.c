@@ -26,6 +26,7 @@
 #include "base/rt_text.h"
 #include "eval/rt_needle.h"
 #include "support/gguf_writer.h"
+#include "support/check_run.h"
 
 /* ---- scorers ------------------------------------------------------------------------- */
 
@@ -518,9 +519,6 @@ static Suite *needle_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(needle_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(needle_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "policy/rt_policy.h"
+#include "support/check_run.h"
 
 static const struct kvp_param PARAMS[] = {
 	{ "sinks", 4, KVP_UNIT_ENTRIES, "" },
@@ -129,9 +130,6 @@ static Suite *params_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(params_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(params_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "policy/rt_pick.h"
+#include "support/check_run.h"
 
 static const struct kvp_param PARAMS[] = {
 	{ "sinks", 4, KVP_UNIT_ENTRIES, "" },
@@ -257,9 +258,6 @@ int main(void)
 	tcase_add_test(tc, overrides_in_order);
 	tcase_add_test(tc, ratio_rule);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(s);
 	return failed ? 1 : 0;
 }

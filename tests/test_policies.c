@@ -20,6 +20,7 @@
 #include "k_expattn.h"
 #include "kv/rt_kv.h"
 #include "policy/rt_policy.h"
+#include "support/check_run.h"
 
 /* ---- harness -------------------------------------------------------------------------- */
 
@@ -1506,9 +1507,6 @@ static Suite *policies_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(policies_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int nf = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int nf = check_run(policies_suite());
 	return nf == 0 ? 0 : 1;
 }

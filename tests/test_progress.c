@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/rt_progress.h"
+#include "support/check_run.h"
 
 static char *run(int tty, int quiet, size_t *len)
 {
@@ -66,9 +67,6 @@ int main(void)
 	tcase_add_test(tc, test_plain);
 	tcase_add_test(tc, test_tty_and_quiet);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -16,6 +16,7 @@
 #include "model/rt_gguf.h"
 #include "model/rt_quant.h"
 #include "base/rt_util.h"
+#include "support/check_run.h"
 
 #define GOLDEN_DIR "tests/golden/quant/"
 
@@ -435,9 +436,6 @@ static Suite *quant_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(quant_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(quant_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -40,6 +40,7 @@
 #include "model/rt_model.h"
 #include "policy/rt_policy.h"
 #include "policy/rt_seq.h"
+#include "support/check_run.h"
 
 #define GOLDEN_DIR "tests/golden/model/random"
 #define TOPK_MAX 64
@@ -390,9 +391,6 @@ static Suite *random_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(random_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int nf = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int nf = check_run(random_suite());
 	return nf ? EXIT_FAILURE : EXIT_SUCCESS;
 }

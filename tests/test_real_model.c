@@ -21,6 +21,7 @@
 
 #include "eval/rt_eval.h"
 #include "model/rt_model.h"
+#include "support/check_run.h"
 
 /* the exact path: these tests compare against f32 references */
 static const rt_model_opts exact_opts = { .exact = 1, .threads = 0 };
@@ -204,9 +205,6 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, test_matches_reference);
 	tcase_add_test(tc, test_decode_matches_reference);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

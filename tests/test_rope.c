@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "base/rt_rope.h"
+#include "support/check_run.h"
 
 static uint64_t rng = 1;
 
@@ -171,9 +172,6 @@ int main(void)
 	tcase_add_test(tc, test_precisions_and_inverse);
 	tcase_add_test(tc, test_scaling_hand);
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

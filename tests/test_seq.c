@@ -49,6 +49,7 @@
 #include "policy/rt_seq.h"
 #include "serve/rt_serve.h"
 #include "support/tiny_model.h"
+#include "support/check_run.h"
 
 /* the exact path: these tests compare against f32 references */
 static const rt_model_opts exact_opts = { .exact = 1, .threads = 0 };
@@ -2114,10 +2115,7 @@ int main(void)
 			return EXIT_FAILURE;
 		}
 	}
-	SRunner *sr = srunner_create(seq_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(seq_suite());
 	cleanup();
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -39,6 +39,7 @@
 #include "policy/rt_seq.h"
 #include "policy/rt_shared.h"
 #include "support/tiny_model.h"
+#include "support/check_run.h"
 
 #define N_PROMPT 96
 #define W_ROWS 40
@@ -439,9 +440,6 @@ static Suite *shared_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(shared_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	const int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	const int failed = check_run(shared_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

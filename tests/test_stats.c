@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "eval/rt_stats.h"
+#include "support/check_run.h"
 
 #define GOLDEN "tests/golden/stats/golden.txt"
 
@@ -666,9 +667,6 @@ static Suite *stats_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(stats_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(stats_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -20,6 +20,7 @@
 #include "report/rt_svg.h"
 
 #include "support/xml_check.h"
+#include "support/check_run.h"
 
 #define ASSERT_WF(xml)                                                          \
 	do {                                                                    \
@@ -368,9 +369,6 @@ static Suite *svg_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(svg_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(svg_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

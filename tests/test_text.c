@@ -24,6 +24,7 @@
 #include "cli/rt_cli.h"
 #include "kvp_src.h"
 #include "support/proc_run.h"
+#include "support/check_run.h"
 
 static char g_dir[PATH_MAX];
 
@@ -317,10 +318,7 @@ int main(void)
 	snprintf(g_dir, sizeof g_dir, "/tmp/test_text_XXXXXX");
 	if (!mkdtemp(g_dir))
 		return 1;
-	SRunner *sr = srunner_create(text_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(text_suite());
 	char cmd[PATH_MAX + 16];
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
 	if (system(cmd) != 0)

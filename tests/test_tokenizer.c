@@ -20,6 +20,7 @@
 #include "support/gguf_writer.h"
 #include "model/rt_chat.h"
 #include "model/rt_tokenizer.h"
+#include "support/check_run.h"
 
 #define GOLDEN "tests/golden/tokenizer/golden.txt"
 
@@ -1189,9 +1190,6 @@ static Suite *tokenizer_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(tokenizer_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(tokenizer_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

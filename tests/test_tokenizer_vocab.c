@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "model/rt_tokenizer.h"
+#include "support/check_run.h"
 
 static const char *g_dir;
 
@@ -177,9 +178,6 @@ int main(void)
 	tcase_add_loop_test(tc, vocab_vectors, 0, (int)(sizeof VOCABS / sizeof VOCABS[0]));
 	tcase_add_loop_test(tc, vocab_refused, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
 	suite_add_tcase(s, tc);
-	SRunner *sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	int nf = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int nf = check_run(s);
 	return nf ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -46,6 +46,7 @@
 #include "policy/rt_tuned.h"
 #include "support/proc_run.h"
 #include "support/tiny_model.h"
+#include "support/check_run.h"
 
 static char g_kvpc[PATH_MAX + 16];
 static char g_tmp[PATH_MAX];
@@ -762,10 +763,7 @@ int main(void)
 		fprintf(stderr, "test_tune: cannot write the text or the policy under %s\n", g_tmp);
 		return EXIT_FAILURE;
 	}
-	SRunner *sr = srunner_create(tune_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	int failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	int failed = check_run(tune_suite());
 	snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
 	if (!failed && system(cmd) != 0)
 		fprintf(stderr, "test_tune: could not remove %s\n", g_tmp);
