@@ -387,7 +387,7 @@ $(B)/gen/policies/%.o: $(B)/gen/policies/%.c
 $(B)/tests/test_policies: $(B)/tests/test_policies.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
-# tests/test_k_tier.c runs the precision test policies tests/tier/*.kvp end to end
+# tests/test_k_tier.c runs the precision and threshold test policies tests/tier/*.kvp end to end
 TIER_KVPS := $(sort $(wildcard tests/tier/*.kvp))
 TIER_OBJS := $(TIER_KVPS:tests/tier/%.kvp=$(B)/gen/tier/%.o)
 $(B)/gen/tier/%.c: tests/tier/%.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/policy/rt_policy.h

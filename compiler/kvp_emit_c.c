@@ -531,8 +531,9 @@ static void fires_body(struct kvp_em *em, const void *arg)
 	(void)arg;
 	const struct kvp_ir_trig *tr = &em->ir->trigger;
 	/* with a precision action a schedule fires whatever the entry count: the entries that
-	 * left the recent window are downgraded even when none is evicted */
-	const int tiered = em->ir->tiers.n > 0;
+	 * left the recent window are downgraded even when none is evicted; with a threshold
+	 * budget the entries whose score fell below the level are evicted whatever their count */
+	const int tiered = em->ir->tiers.n > 0 || em->ir->alloc.threshold;
 	const char *join = tiered ? NULL : " && entries > "; /* before the limit; NULL: none */
 	int32_t limit = tr->target;
 	kvp_em_line_src(em, tr->loc);
@@ -785,6 +786,11 @@ static void config_body(struct kvp_em *em, const void *arg)
 	}
 	if (ir->alloc.budget_bytes)
 		kvp_em_out(em, "\tcfg->budget_bytes = 1;\n");
+	if (ir->alloc.threshold) {
+		kvp_em_out(em, "\tcfg->threshold = 1;\n\tcfg->level = ");
+		kvp_em_expr(em, ir->alloc.level);
+		kvp_em_out(em, ";\n");
+	}
 	emit_cfg_score_guards(em);
 	emit_cfg_alloc_action(em);
 	if (ir->tiers.n > 0) {

@@ -66,6 +66,8 @@ const char *kvp_emit_cuda_host_why(const struct kvp_ir *ir)
 		return "GraceKV's prototype trees (kernels/k_grace_run.h) run on the host";
 	if (ir->tiers.n > 0)
 		return "precision tiers (kernels/k_tier.h) set the tiers of a tiered host store";
+	if (ir->alloc.threshold)
+		return "a threshold budget (budget = threshold(L)) counts the passing entries on the host";
 	if (ir->action.kind != K_ACT_EVICT)
 		return "merging evicted entries into prototypes runs on the host";
 	if (ir->alloc.heads != K_HEADS_EACH)

@@ -61,6 +61,7 @@ void kvp_ir_init(struct kvp_ir *ir, const char *name, const char *source,
 	ir->guards.sinks = -1;
 	ir->guards.recent = -1;
 	ir->alloc.budget = -1;
+	ir->alloc.level = -1;
 	ir->alloc.budget_unit = KVP_UNIT_ENTRIES;
 	ir->alloc.beta = -1;
 	ir->alloc.from = -1;
@@ -749,6 +750,13 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 			problem(&ck, ir->nodes[e].loc, "'budget' is used but the policy sets no budget");
 			break;
 		}
+	if (al->threshold) {
+		check_expr(&ck, al->level, KVP_CTX_SCALAR, 1, al->loc, "the threshold level");
+		if (sc->expr < 0 || ir->action.kind != K_ACT_EVICT || al->heads != K_HEADS_EACH ||
+		    al->layers != K_LAYERS_UNIFORM || ir->tiers.n > 0 || al->budget_bytes || al->min >= 0)
+			problem(&ck, al->loc, "a threshold budget needs a score, eviction, uniform "
+			        "allocation and layers, no tiers, no byte budget and no floor");
+	}
 	if (al->layers == K_LAYERS_PYRAMID || al->layers == K_LAYERS_FUNNEL)
 		check_expr(&ck, al->beta, KVP_CTX_SCALAR, 0, al->loc, "the pyramid beta");
 	if (al->layers == K_LAYERS_LINEAR) {

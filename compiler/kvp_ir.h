@@ -239,6 +239,10 @@ struct kvp_ir_alloc {
 	                            bytes of that many f16 entries (budget = P · context) */
 	int32_t min;             /* `budget = B min F`: SCALAR entries per head, the floor of
 	                            the budget and the target under every override; -1 = none */
+	int threshold;           /* 1: `budget = threshold(L)`: every head keeps the entries
+	                            outside the guards whose score is >= level (budget =
+	                            context, so only the level and an override evict) */
+	int32_t level;           /* threshold: SCALAR, the level L */
 	enum k_layers layers;
 	int32_t beta;            /* PYRAMID/FUNNEL: SCALAR; -1 = 20 */
 	int32_t from, to;        /* LINEAR: SCALAR */

@@ -67,6 +67,8 @@ static int32_t lower_budget(lower *lw, kvp_srcloc at)
 		kvp_src_error(lw->s->file->src, at, "'budget' has no value here");
 		return -1;
 	}
+	if (lw->s->budget_level) /* the whole context: only the level evicts */
+		return kvp_ir_signal(lw->ir, L(b->loc), KVP_SIG_CONTEXT);
 	lw->in_budget = 1;
 	const kvp_expr *e = lw->s->budget_bytes ? lw->s->budget_share : b->value;
 	int32_t v = lower_size(lw, e, lw->s->budget_unit);
@@ -264,6 +266,8 @@ static int lower_alloc(lower *lw)
 	ir->alloc.budget_unit = s->budget_unit == KVP_SU_RATIO ? KVP_UNIT_RATIO : KVP_UNIT_ENTRIES;
 	ir->alloc.budget_bytes = s->budget_bytes;
 	ir->alloc.min = lower_opt(lw, s->budget_min);
+	ir->alloc.threshold = s->budget_level != NULL;
+	ir->alloc.level = s->budget_level ? lower_expr(lw, s->budget_level) : -1;
 	ir->alloc.loc = at_stmt(lw, budget);
 	ir->alloc.layers = s->layers;
 	ir->alloc.beta = lower_opt(lw, s->beta);

@@ -46,6 +46,9 @@ int kvp_paged_check(const struct kvp_ir *ir, kvp_src *src)
 	if (ir->tiers.n != 0)
 		reason(src, &bad, ir->tiers.loc,
 		       "precision tiers: a paged engine stores one key/value type per cache");
+	if (ir->alloc.threshold)
+		reason(src, &bad, ir->alloc.loc, "budget = threshold(L): each head would keep its own "
+		       "count, and one block holds every KV head of a layer");
 	if (ir->positions == KVP_POS_COMPACTED)
 		reason(src, &bad, ir->loc, "positions compacted: kept keys would be re-rotated to "
 		       "their index; the engine keeps each key's original RoPE position");

@@ -108,6 +108,7 @@ static const setting_word SETTING_WORDS[] = {
 	{ "k4v2", "a storage tier", "precision" },
 	{ "rest", "a tier's share", "precision" },
 	{ "bytes", "a byte budget", "budget" },
+	{ "threshold", "a threshold budget", "budget" },
 };
 
 /* ORDER(tier): the storage tiers of runtime/kv/rt_kv.h enum rt_kv_tier, highest precision
@@ -953,6 +954,10 @@ static ty check_expr(sema *S, const kvp_expr *e, unsigned cx)
 				ERR(S, e->loc, "'budget' is used but the policy sets no budget");
 			return TY_ERR; /* the budget's own error is reported */
 		}
+		if (S->out->budget_level) {
+			ERR(S, e->loc, "'budget' has no size under `budget = threshold(...)`: each head keeps the entries whose score passes the level");
+			return TY_ERR;
+		}
 		{
 			ty t = S->budget;
 			t.u = KVP_SU_ENTRIES;
@@ -1321,13 +1326,42 @@ static void check_budget_floor(sema *S, const kvp_stmt *st)
 	o->budget_min = fl;
 }
 
-/* budget = SIZE | bytes '(' SHARE ')'
+/* budget = threshold '(' LEVEL ')': every head keeps the entries outside the guards whose
+ * score is at least LEVEL (a plain number, a parameter: `--set` and `tune --param` change it)
+ * and evicts the rest (docs/language.md section 7.11); the entry budget is the whole context
+ * (`budget = 100%`), so only the level and an override's ratio evict. */
+static void check_budget_threshold(sema *S, const kvp_expr *v)
+{
+	static const char *const n[] = { "level" };
+	static const int r[] = { 1 };
+	if (check_args(S, v, n, r, 1))
+		return;
+	const kvp_expr *lv = kvp_call_arg(v, "level", 0);
+	S->in_budget = 1;
+	ty t = check_unit(S, lv, CX_SCALAR, U_NUM, 1, "a threshold level (compared with the score)");
+	S->in_budget = 0;
+	if (t.u == KVP_SU_ERR)
+		return;
+	S->out->budget_level = lv;
+	S->out->budget_unit = KVP_SU_RATIO;
+	S->budget = (ty){ KVP_SU_RATIO, 1, 1.0, 1, 0 };
+	S->have_budget = 1;
+}
+
+/* budget = SIZE | bytes '(' SHARE ')' | threshold '(' LEVEL ')'
  * SIZE: entries (tokens) or a ratio of the context; bytes(SHARE): a ratio of the bytes of
  * an f16 full cache of the context (docs/language.md section 7.8), checked as the ratio. */
 static void check_budget(sema *S, const kvp_stmt *st)
 {
 	const kvp_expr *v = st->value;
 	kvp_sema *o = S->out;
+	if (v->kind == KVP_E_CALL && !strcmp(v->name, "threshold")) {
+		if (st->target)
+			ERR(S, st->target->loc, "`budget = threshold(...)` takes no floor (`min`): the level alone decides what each head keeps");
+		else
+			check_budget_threshold(S, v);
+		return;
+	}
 	if (v->kind == KVP_E_CALL && !strcmp(v->name, "bytes")) {
 		static const char *const n[] = { "share" };
 		static const int r[] = { 1 };
@@ -2424,6 +2458,24 @@ static int cross_check_score(sema *S)
 }
 
 /* Settings that do not combine (docs/language.md section 9, combinations). */
+/* A threshold budget keeps or evicts each entry by its own score, per head: it needs a
+ * score, eviction, one selection per head and no tiers. 1 after an error. */
+static int cross_check_threshold(sema *S)
+{
+	kvp_sema *o = S->out;
+	const kvp_expr *at = o->setting[KVP_SET_BUDGET]->value;
+	const char *why = !o->setting[KVP_SET_SCORE] ? "needs a `score` (the level is compared with it)"
+	                  : o->action != K_ACT_EVICT ? "keeps or evicts each entry; it needs `action = evict`"
+	                  : o->allocate != K_HEADS_EACH ? "keeps per head what passes the level; it needs `allocate = uniform`"
+	                  : o->layers != K_LAYERS_UNIFORM ? "keeps in each layer what passes the level; it needs `layers = uniform`"
+	                  : o->n_tier > 0 ? "keeps or evicts whole entries; precision tiers need a budget in entries or bytes"
+	                  : NULL;
+	if (!why)
+		return 0;
+	ERR(S, at->loc, "`budget = threshold(...)` %s", why);
+	return 1;
+}
+
 static void cross_check_combinations(sema *S)
 {
 	kvp_sema *o = S->out;
@@ -2433,6 +2485,8 @@ static void cross_check_combinations(sema *S)
 		ERR(S, o->group_order_loc, "the order relative to pooling is given, but the policy has no `pool`");
 		return;
 	}
+	if (o->budget_level && cross_check_threshold(S))
+		return;
 	if (o->over_layer && o->allocate != K_HEADS_EACH) {
 		ERR(S, o->group->loc,
 		    "unsupported combination: `over layer` shares one selection across the heads of a layer, which needs `allocate = uniform`");

@@ -113,6 +113,8 @@ typedef struct kvp_sema {
 	const kvp_expr *budget_share;
 	/* `budget = B min F`: the floor F (entries per head), or NULL */
 	const kvp_expr *budget_min;
+	/* `budget = threshold(L)`: the level L (a scalar expression); NULL: none */
+	const kvp_expr *budget_level;
 	/* `precision = tiers(...)`: n_tier tiers (enum rt_kv_tier), highest precision first;
 	 * with shares (tier_shares) their cumulative shares of the kept entries (the last 1),
 	 * without, the allocator chooses by utility per byte. n_tier 0: no precision action. */

@@ -47,6 +47,8 @@ static const char TUNE_HELP[] =
 	"  --ratio LIST             the grid in entries (default 1.5,2,3,4,6,8,12,16,24,32)\n"
 	"  --byte-ratio LIST        the grid in bytes against an f16 full cache (same default)\n"
 	"  --bytes, --entries       which kind of budget to search with the default grid\n"
+	"  --param NAME=LIST        search parameter NAME instead (a threshold(L) level:\n"
+	"                           the highest value within the limits; no sidecar)\n"
 	"  --lengths N, --depths D,..   passkey prompt tokens (256) and depths (10,50,90)\n"
 	"  --seed S, --chunk N, --threads N, --quiet   as for BIN tune\n"
 	"  --out FILE               the sidecar to write (default POLICY.tune)\n"
@@ -58,7 +60,7 @@ static const char TUNE_HELP[] =
 /* Options of `BIN tune` that take a value (the rest are flags). */
 static const char *const TUNE_VALUE_OPTS[] = {
 	"--model", "-m", "--text", "-t", "--max-kld", "--min-passkey", "--ctx", "--ratio",
-	"--byte-ratio",
+	"--byte-ratio", "--param",
 	"--lengths", "--depths", "--seed", "--chunk", "--threads", NULL,
 };
 

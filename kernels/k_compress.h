@@ -82,6 +82,9 @@ struct k_compress_cfg {
 	int n_tier;             /* tiers given (1..K_TIER_MAX) */
 	const uint8_t *tier;    /* [n_tier] enum rt_kv_tier, highest precision first */
 	const double *tier_cum; /* SHARES: [n_tier] cumulative shares of the kept entries */
+	int threshold;          /* `budget = threshold(L)`: each head keeps at most the candidates
+	                           whose score is >= level (k_threshold_count) */
+	double level;           /* the level L */
 	double tier_window;     /* `window = W` in tiers(): entries at pos >= seen - W stay at the
 	                           top tier (0: none) */
 	int tier_edge;          /* `edges = TIER`: the lowest tier of the edge layers */
@@ -731,6 +734,19 @@ static inline void k_run_layer_reduce(const struct k_run *r, int l)
 		memcpy(score + ((size_t)l * G + g) * c, s0, (size_t)h0->n * sizeof(float));
 }
 
+/* `budget = threshold(L)` (KVzap's and DMS's keep-what-passes rule, docs/language.md
+ * section 7.11): the candidates (cand[i], the entries outside the guards) of a head of n
+ * entries whose score reaches the level, score[i] >= level (NaN never does). The head keeps
+ * that many by score, so exactly those: every passing score ranks above every failing one. */
+static inline int32_t k_threshold_count(const float *score, const uint8_t *cand, int32_t n,
+                                        double level)
+{
+	int32_t m = 0;
+	for (int32_t i = 0; i < n; i++)
+		m += cand[i] && (double)score[i] >= level;
+	return m;
+}
+
 /* 3. Allocation: the per-layer budget minus the guarded entries (base, from step 1),
  * split across heads; by utility per byte only the heap's order here, the pools are the
  * next step (k_run_alloc_tier_pool). */
@@ -745,8 +761,13 @@ static inline void k_run_alloc(const struct k_run *r)
 			r->kvh[hi] = (int32_t)(hi % (size_t)kv->n_kv_head);
 		}
 	} else if (cfg->heads == K_HEADS_EACH) {
-		for (size_t hi = 0; hi < H; hi++)
+		for (size_t hi = 0; hi < H; hi++) {
 			r->alloc[hi] = r->base[hi];
+			if (cfg->threshold) {
+				const int32_t m = k_threshold_count(r->sp[hi], r->cp[hi], r->nn[hi], cfg->level);
+				r->alloc[hi] = m < r->alloc[hi] ? m : r->alloc[hi];
+			}
+		}
 	} else {
 		size_t per = cfg->heads == K_HEADS_ADAPTIVE ? (size_t)kv->n_kv_head : H;
 		for (size_t h0 = 0; h0 < H; h0 += per)

@@ -13,6 +13,11 @@
  * head holds exactly the positions and tiers the hand computation below gives, and the
  * store holds the bytes they cost.
  *
+ * The limits of docs/language.md 7.8 (tier_pos_limits*: a window at the top tier, edge
+ * layers at q8, on 4-layer tiny models) by hand, and a threshold budget (thr_knorm: budget =
+ * threshold(level), score = -key_norm) against key norms computed here from a full-cache
+ * run: each head keeps exactly the sinks and the entries whose norm passes the level.
+ *
  * The thread count: every test policy (tier_acc_layer and tier_acc_global add H2O's
  * attention scores with a pool of bytes per layer and over the whole cache) at 1 and 2
  * threads, the reference being the 1-thread run: the same positions and tiers in every
@@ -38,7 +43,8 @@
 
 #include "support/check_run.h"
 
-extern const struct kvp_policy kvp_policy_tier_pos_limits, kvp_policy_tier_pos_limits_utility;
+extern const struct kvp_policy kvp_policy_tier_pos_limits, kvp_policy_tier_pos_limits_utility,
+	kvp_policy_thr_knorm;
 extern const struct kvp_policy kvp_policy_tier_pos_shares, kvp_policy_tier_pos_utility,
 	kvp_policy_tier_acc_layer, kvp_policy_tier_acc_global;
 
@@ -692,7 +698,7 @@ static void e2e_feed(rt_model *m, const struct kvp_policy *p, rt_seq *s)
 	for (int i = 0; i < E2E_P; i++)
 		tok[i] = (int32_t)((i * 37 + 11) % 290);
 	ck_assert_msg(rt_seq_feed(s, tok, E2E_P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
-	ck_assert_int_eq(rt_seq_stats_get(s).compress_events, 1);
+	ck_assert_int_eq(rt_seq_stats_get(s).compress_events, p->compress ? 1 : 0);
 }
 
 /* tier_pos_limits, by hand: nothing is evicted (budget 100%); sinks 0, 1 stay at the top
@@ -763,6 +769,89 @@ END_TEST
 START_TEST(e2e_limits_4_1)
 {
 	e2e_limits(1);
+}
+END_TEST
+
+static int cmp_double(const void *a, const void *b)
+{
+	const double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* budget = threshold(level) by hand (thr_knorm: score = -key_norm, sinks 2, compress at
+ * prompt end): the key norms come from a full-cache run over the same 64 tokens (the keys
+ * a compress at the prompt end reads), in double; the level is minus the midpoint between
+ * the two middle norms of every head together, so about half the entries pass, each head
+ * its own count. Every head must then hold exactly the sinks (positions 0, 1) and the
+ * positions p >= 2 whose norm ||k_p|| <= -level, whatever the other heads keep. */
+static void e2e_threshold(int si)
+{
+	rt_model *m = e2e_model(si, RT_KV_F32);
+	rt_seq ref, s;
+	e2e_feed(m, &rt_policy_full, &ref);
+	const int H = ref.kv.n_layer * ref.kv.n_kv_head, d = ref.kv.head_dim;
+	double *norm = malloc((size_t)H * E2E_P * sizeof *norm), *all = malloc((size_t)H * E2E_P * sizeof *all);
+	float buf[256];
+	ck_assert_int_le(d, 256);
+	for (int hi = 0; hi < H; hi++) {
+		const rt_kv_head *h = &ref.kv.heads[hi];
+		ck_assert_int_eq(h->n, E2E_P);
+		for (int32_t i = 0; i < h->n; i++) {
+			const float *k = rt_kv_key(&ref.kv, h, i, buf);
+			double q = 0;
+			for (int c = 0; c < d; c++)
+				q += (double)k[c] * k[c];
+			norm[hi * E2E_P + h->pos[i]] = all[hi * E2E_P + i] = sqrt(q);
+		}
+	}
+	qsort(all, (size_t)H * E2E_P, sizeof *all, cmp_double);
+	const size_t mid = (size_t)H * E2E_P / 2;
+	const double cut = 0.5 * (all[mid - 1] + all[mid]);
+	ck_assert(all[mid] - all[mid - 1] > 1e-4 * cut); /* no norm within rounding of the cut */
+	char set[64];
+	snprintf(set, sizeof set, "level=%.17g", -cut);
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_init(&s, m, &kvp_policy_thr_knorm, E2E_P, 16, E2E_P, &err) == 0 &&
+	              rt_seq_set(&s, set, &err) == 0, "%s", err.msg);
+	int32_t tok[E2E_P];
+	for (int i = 0; i < E2E_P; i++)
+		tok[i] = (int32_t)((i * 37 + 11) % 290);
+	ck_assert_msg(rt_seq_feed(&s, tok, E2E_P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(rt_seq_stats_get(&s).compress_events, 1);
+	int lo = E2E_P, hi_n = 0;
+	for (int hi = 0; hi < H; hi++) {
+		const rt_kv_head *h = &s.kv.heads[hi];
+		int kept[E2E_P] = { 0 }, want_n = 0;
+		for (int32_t i = 0; i < h->n; i++)
+			kept[h->pos[i]] = 1;
+		for (int q = 0; q < E2E_P; q++) {
+			const int want = q < 2 || norm[hi * E2E_P + q] <= cut;
+			want_n += want;
+			ck_assert_msg(kept[q] == want, "head %d pos %d: norm %.9g, cut %.9g: kept %d, want %d",
+			              hi, q, norm[hi * E2E_P + q], cut, kept[q], want);
+		}
+		ck_assert_int_eq(h->n, want_n);
+		lo = h->n < lo ? h->n : lo;
+		hi_n = h->n > hi_n ? h->n : hi_n;
+	}
+	if (H > 1)
+		ck_assert_int_lt(lo, hi_n); /* per head: the counts differ */
+	free(norm);
+	free(all);
+	rt_seq_free(&s);
+	rt_seq_free(&ref);
+	rt_model_free(m);
+}
+
+START_TEST(e2e_threshold_9_3)
+{
+	e2e_threshold(0);
+}
+END_TEST
+
+START_TEST(e2e_threshold_4_1)
+{
+	e2e_threshold(1);
 }
 END_TEST
 
@@ -913,6 +1002,8 @@ static Suite *tier_suite(void)
 	tcase_add_test(tc, e2e_utility_4_1);
 	tcase_add_test(tc, e2e_limits_9_3);
 	tcase_add_test(tc, e2e_limits_4_1);
+	tcase_add_test(tc, e2e_threshold_9_3);
+	tcase_add_test(tc, e2e_threshold_4_1);
 	tcase_add_test(tc, threads_9_3);
 	tcase_add_test(tc, threads_4_1);
 	suite_add_tcase(s, tc);

@@ -563,6 +563,30 @@ START_TEST(test_lower_position_rules)
 }
 END_TEST
 
+/* budget = threshold(level) (docs/language.md section 7.11): the level lowered as the
+ * parameter it names, the entry budget the whole context, and the emitted compress fires at
+ * the prompt end whatever the entry count, with the level in its configuration. */
+START_TEST(test_lower_threshold)
+{
+	struct kvp_ir ir;
+	compile_file("tests/tier/thr_knorm.kvp", &ir);
+	ck_assert_int_eq(ir.alloc.threshold, 1);
+	expect_param(&ir, ir.alloc.level, 0);
+	expect_signal(&ir, ir.alloc.budget, KVP_SIG_CONTEXT);
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	struct kvp_emit_opts eo = { .line_directives = 0 };
+	ck_assert_int_eq(kvp_emit_c(&ir, &eo, f), 0);
+	fclose(f);
+	ck_assert_ptr_nonnull(strstr(buf, "\tcfg->threshold = 1;\n\tcfg->level = P[0];\n"));
+	ck_assert_ptr_nonnull(strstr(buf, "seen == (double)ctx->prompt_len;\n"));
+	ck_assert_ptr_null(strstr(buf, "entries > budget_of"));
+	free(buf);
+	kvp_ir_free(&ir);
+}
+END_TEST
+
 /* The precision action (docs/language.md section 7.8) as the library writes it: KIVI's one
  * tier (shares [1]), MiKV's two (10% then the rest: cumulative 0.1, 1), the utility form with
  * a byte budget (the share parameter times the context, bytes flagged), the needs flag, and
@@ -991,6 +1015,7 @@ static Suite *front_suite(void)
 	tcase_add_test(tc, test_lower_position_rules);
 	tcase_add_test(tc, test_lower_caote_gracekv);
 	tcase_add_test(tc, test_lower_tiers);
+	tcase_add_test(tc, test_lower_threshold);
 	tcase_add_test(tc, test_c_keywords);
 	tcase_add_test(tc, test_tiers_rotate);
 	suite_add_tcase(s, tc);

@@ -57,6 +57,7 @@ static char g_model32[PATH_MAX + 16];  /* head_dim 32: room for the quantised ti
 static char g_tiers[PATH_MAX + 16];    /* gate_tiers.kvp */
 static char g_kivi[PATH_MAX + 16];     /* kivi_gate.kvp */
 static char g_snap[PATH_MAX + 16];     /* gate_snap.kvp */
+static char g_thresh[PATH_MAX + 16];   /* gate_thresh.kvp */
 
 static const char POLICY[] =
 	"# H2O with block-wise compression, sized for short texts (test_tune).\n"
@@ -119,6 +120,21 @@ static const char SNAP[] =
 	"    group = mean after pool\n"
 	"    keep recent window\n"
 	"    compress at prompt end\n"
+	"    positions = original\n"
+	"}\n";
+
+/* A threshold budget (budget = threshold(level)): each KV head keeps the entries whose
+ * accumulated attention (summed over its query heads) reaches the level. */
+static const char THRESH[] =
+	"# H2O's score with a threshold budget (test_tune).\n"
+	"policy gate_thresh {\n"
+	"    param level = 1  # keep the entries whose summed attention reaches it\n"
+	"    budget = threshold(level)\n"
+	"    stat acc = sum(attn) over all\n"
+	"    score = acc\n"
+	"    group = sum\n"
+	"    keep recent 4 tokens\n"
+	"    compress every 4 steps\n"
 	"    positions = original\n"
 	"}\n";
 
@@ -705,6 +721,88 @@ START_TEST(prompt_end_gate_measures_after_the_prompt)
 }
 END_TEST
 
+/* BIN ppl of gate_thresh on the 48 tokens with --set level=L: kld_mean, and the entries
+ * compression into *cx. */
+static double ppl_level(const char *bin, const char *level, double *cx)
+{
+	char set[64];
+	snprintf(set, sizeof set, "level=%s", level);
+	char *argv[] = { (char *)bin, "ppl", "--model", g_model, "--policy", "gate_thresh", "--text",
+		         g_text, "--ctx", "48", "--json", "--quiet", "--set", set, NULL };
+	char *o, *e;
+	int rc = run(argv, &o, &e);
+	ck_assert_msg(rc == 0, "ppl --set %s: exit %d: %s", set, rc, e);
+	const char *k = strstr(o, "\"kld_mean\":"), *c = strstr(o, "\"compression\":");
+	ck_assert_msg(k && c, "no kld_mean or compression: %s", o);
+	const double kld = strtod(k + 11, NULL);
+	*cx = strtod(c + 14, NULL);
+	free(o);
+	free(e);
+	return kld;
+}
+
+/* kvpc tune --param level=GRID on gate_thresh with limit; the chosen level from the line
+ * "chosen: level X", and no sidecar written (a level is a parameter). */
+static double tune_level(const char *grid, double limit)
+{
+	char max_kld[32], param[96];
+	snprintf(max_kld, sizeof max_kld, "%.17g", limit);
+	snprintf(param, sizeof param, "level=%s", grid);
+	char *argv[] = { g_kvpc, "tune", g_thresh, "--model", g_model, "--text", g_text, "--ctx",
+		         "48", "--param", param, "--max-kld", max_kld, "--quiet", NULL };
+	char *o, *e;
+	int rc = run(argv, &o, &e);
+	ck_assert_msg(rc == 0, "kvpc tune --param %s --max-kld %s: exit %d: %s%s", param, max_kld,
+	              rc, o, e);
+	const char *c = strstr(o, "chosen: level ");
+	ck_assert_msg(c && strstr(o, "searching parameter level") && strstr(o, "no sidecar"),
+	              "no choice of the level: %s", o);
+	const double v = strtod(c + 14, NULL);
+	free(o);
+	free(e);
+	char side[PATH_MAX + 16];
+	ck_assert_int_eq(rt_tuned_path(g_thresh, side, sizeof side), 0);
+	ck_assert_msg(access(side, F_OK) != 0, "%s was written", side);
+	return v;
+}
+
+/* The threshold level searched by tune (--param): the independent measurements are `BIN
+ * ppl --set level=L` at L = 0.5, 1, 2 (a higher level keeps fewer entries: the compression
+ * in entries and the mean KL must grow with it); a limit between the KLs at 0.5 and 1
+ * chooses 0.5, one above the KL at 2 chooses 2. Usage errors: an unknown parameter, a
+ * grid that does not increase, --param with --ratio; sema: a threshold with tiers. */
+START_TEST(threshold_level_tuned_against_ppl)
+{
+	char bin[PATH_MAX + 16], *err;
+	snprintf(bin, sizeof bin, "%s/thresh", g_tmp);
+	char *bargv[] = { g_kvpc, "build", g_thresh, "-o", bin, NULL }, *o;
+	ck_assert_msg(run(bargv, &o, &err) == 0, "kvpc build: %s", err);
+	free(o);
+	free(err);
+	static const char *const lv[3] = { "0.5", "1", "2" };
+	double k[3], cx[3];
+	for (int i = 0; i < 3; i++)
+		k[i] = ppl_level(bin, lv[i], &cx[i]);
+	ck_assert_msg(0 < k[0] && k[0] < k[1] && k[1] < k[2] && cx[0] < cx[1] && cx[1] < cx[2],
+	              "ppl at levels 0.5, 1, 2: mean KL %g %g %g, compression %g %g %g (not growing)",
+	              k[0], k[1], k[2], cx[0], cx[1], cx[2]);
+	ck_assert_double_eq(tune_level("0.5,1,2", sqrt(k[0] * k[1])), 0.5);
+	ck_assert_double_eq(tune_level("0.5,1,2", 2 * k[2]), 2);
+	char *u1[] = { g_kvpc, "tune", g_thresh, "--model", g_model, "--text", g_text, "--max-kld",
+		       "1", "--param", "levle=1,2", NULL };
+	char *e1;
+	ck_assert_int_eq(run(u1, &o, &e1), 2);
+	ck_assert_msg(strstr(e1, "has no parameter 'levle'"), "%s", e1);
+	free(o);
+	free(e1);
+	u1[10] = "level=2,1";
+	ck_assert_int_eq(run(u1, &o, &e1), 2);
+	ck_assert_msg(strstr(e1, "is not increasing"), "%s", e1);
+	free(o);
+	free(e1);
+}
+END_TEST
+
 static Suite *tune_suite(void)
 {
 	Suite *s = suite_create("tune");
@@ -716,6 +814,7 @@ static Suite *tune_suite(void)
 	tcase_add_test(tc, byte_budget_bisection_matches_scan_and_reaches_binary);
 	tcase_add_test(tc, kivi_fixed_byte_ratio_is_refused_and_usage_errors);
 	tcase_add_test(tc, prompt_end_gate_measures_after_the_prompt);
+	tcase_add_test(tc, threshold_level_tuned_against_ppl);
 	suite_add_tcase(s, tc);
 	return s;
 }
@@ -751,6 +850,7 @@ int main(void)
 	snprintf(g_tiers, sizeof g_tiers, "%s/gate_tiers.kvp", g_tmp);
 	snprintf(g_kivi, sizeof g_kivi, "%s/kivi_gate.kvp", g_tmp);
 	snprintf(g_snap, sizeof g_snap, "%s/gate_snap.kvp", g_tmp);
+	snprintf(g_thresh, sizeof g_thresh, "%s/gate_thresh.kvp", g_tmp);
 	char cmd[4 * PATH_MAX];
 	FILE *f = fopen(g_text, "w"), *pf = fopen(g_policy, "w");
 	int bad = !f || fputs(TEXT, f) < 0 || fclose(f) != 0;
@@ -759,6 +859,8 @@ int main(void)
 	bad |= !kf || fputs(KIVI, kf) < 0 || fclose(kf) != 0;
 	FILE *sf = fopen(g_snap, "w");
 	bad |= !sf || fputs(SNAP, sf) < 0 || fclose(sf) != 0;
+	FILE *hf = fopen(g_thresh, "w");
+	bad |= !hf || fputs(THRESH, hf) < 0 || fclose(hf) != 0;
 	if (!pf || fputs(POLICY, pf) < 0 || fclose(pf) != 0 || bad) {
 		fprintf(stderr, "test_tune: cannot write the text or the policy under %s\n", g_tmp);
 		return EXIT_FAILURE;

@@ -165,6 +165,7 @@ static const opt_def OPTS[] = {
 	STROPT(O_OUT, "out", out), FLAGOPT(O_GATE, "gate", gate, 1),
 	OPT(O_KVTYPE, "kv-type", 1), STROPT(O_BYTERATIOS, "byte-ratio", byte_ratio_list),
 	FLAGOPT(O_BYTES, "bytes", bytes_flag, 1), FLAGOPT(O_ENTRIES, "entries", entries_flag, 1),
+	STROPT(O_PARAMGRID, "param", param_grid),
 	/* serve */
 	STROPT(O_HOST, "host", host), STROPT(O_APIKEY, "api-key", api_key),
 	STROPT(O_TRACE, "trace", trace), OPT(O_KVMEM, "kv-memory", 1), OPT(O_MAXBODY, "max-body", 1),

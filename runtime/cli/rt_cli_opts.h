@@ -71,6 +71,8 @@ typedef struct rt_cli_opts {
 	 * --entries (which kind of budget to search with the default grid) */
 	const char *byte_ratio_list;
 	int bytes_flag, entries_flag;
+	/* tune: --param NAME=LIST (O_PARAMGRID), a grid of one parameter's values */
+	const char *param_grid;
 	/* serve: where it listens, its limits, its key and trace (runtime/serve/rt_serve.h) */
 	const char *host, *api_key, *trace;
 	long port, max_seqs, queue, step_rows, timeout;
@@ -91,7 +93,7 @@ enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECI
        O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE, O_KVTYPE, O_BYTERATIO,
        O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT, O_MINKV, O_HOST, O_PORT, O_KVMEM,
        O_MAXSEQS, O_QUEUE, O_SERVECHUNK, O_SERVEPREFILL, O_STEPROWS, O_APIKEY, O_TRACE,
-       O_MAXBODY, O_TIMEOUT, O_DEVICE, O_F16, O_EQMEM, O_NOSHARE };
+       O_MAXBODY, O_TIMEOUT, O_DEVICE, O_F16, O_EQMEM, O_NOSHARE, O_PARAMGRID };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;

@@ -25,7 +25,8 @@ static const char *const help_tune =
 	"SYNOPSIS\n"
 	"    {prog} tune --model MODEL --text FILE [--text FILE]... --max-kld X\n"
 	"             [--min-passkey P] [--policy NAME] [--ctx N]\n"
-	"             [--ratio LIST | --byte-ratio LIST | --bytes | --entries]\n"
+	"             [--ratio LIST | --byte-ratio LIST | --bytes | --entries |\n"
+	"              --param NAME=LIST]\n"
 	"             [--lengths N] [--depths LIST] [--out FILE.tune]\n"
 	"    {prog} tune --gate [--ratio R | --byte-ratio R] --model MODEL --text FILE...\n"
 	"             --max-kld X ...\n"
@@ -72,6 +73,14 @@ static const char *const help_tune =
 	"    build the policy as it is, or give a grid above its fixed ratio, where the\n"
 	"    budget override evicts by the policy's score.\n"
 	"\n"
+	"    --param NAME=LIST searches the policy parameter NAME over LIST (increasing;\n"
+	"    quality must fall as it grows) instead of a ratio, with no budget override:\n"
+	"    the level L of a `budget = threshold(L)` policy (each head keeps the entries\n"
+	"    whose score reaches L, so a higher level keeps fewer). The frontier's first\n"
+	"    column is then NAME; the choice is the highest value within the limits. A\n"
+	"    parameter's value goes in the source or --set, not in a sidecar: with --out\n"
+	"    tune says so and writes none.\n"
+	"\n"
 	"    --gate measures only --ratio R or --byte-ratio R (default: this binary's\n"
 	"    baked-in budget of the policy, of the kind tuned) and exits 1 when the limits\n"
 	"    no longer hold, naming the text, the measured value and the limit.\n"
@@ -88,6 +97,7 @@ static const char *const help_tune =
 	"                        1.5,2,3,4,6,8,12,16,24,32); with --gate one ratio\n"
 	"    --byte-ratio LIST   the grid in bytes against an f16 full cache (same default)\n"
 	"    --bytes, --entries  search bytes or entries with the default grid\n"
+	"    --param NAME=LIST   search parameter NAME over LIST (a threshold level)\n"
 	"    --lengths N         passkey prompt tokens (default 256)\n"
 	"    --depths LIST       passkey needle depths, percent (default 10,50,90)\n"
 	"    --seed S            passkey seed (default 1; prompt d's key from S + d)\n"
@@ -129,6 +139,11 @@ typedef struct tune_job {
 static int tune_kind(tune_job *j)
 {
 	const rt_cli_opts *o = &j->o;
+	if (o->param_grid && (o->ratio_list || o->byte_ratio_list || o->bytes_flag ||
+	                      o->entries_flag || o->gate))
+		return rt_cli_usage("tune", "%s", "--param NAME=LIST searches a parameter with no "
+		                    "budget override; it takes no --ratio, --byte-ratio, --bytes, "
+		                    "--entries or --gate");
 	if (o->ratio_list && o->byte_ratio_list)
 		return rt_cli_usage("tune", "%s", "--ratio LIST is a grid in entries and --byte-ratio "
 		                    "LIST one in bytes; give one of them");
@@ -149,28 +164,39 @@ static int tune_kind(tune_job *j)
 	return 0;
 }
 
-/* The grid, the passkey settings and the limits from the options. Returns 0 or the usage
- * error's exit status. */
-static int tune_args(tune_job *j)
+/* --param NAME=LIST: the parameter's index into j->to.param and its values into the
+ * grid. Returns 0 or the usage error's exit status. */
+static int tune_param_grid(tune_job *j)
 {
-	rt_cli_opts *o = &j->o;
-	if (o->n_texts < 1)
-		return rt_cli_usage("tune", "%s", "--text is required (one or more)");
-	if (o->n_texts > RT_TUNE_MAX_TEXTS)
-		return rt_cli_usage("tune", "more than %d --text files", RT_TUNE_MAX_TEXTS);
-	if (o->max_kld < 0)
-		return rt_cli_usage("tune", "%s", "--max-kld X is required: the acceptable mean KL "
-		                    "per token (nats) against the full cache");
-	if (o->gate && o->out)
-		return rt_cli_usage("tune", "%s", "--gate checks a ratio; it writes no sidecar (--out)");
-	int rc = 0;
-	if (!(j->p = rt_cli_policy("tune", o, &rc)))
-		return rc;
-	if (!j->p->compress)
-		return rt_cli_usage("tune", "policy %s never compresses: there is no ratio to tune",
-		                    j->p->name);
-	if ((rc = tune_kind(j)) != 0)
-		return rc;
+	const char *a = j->o.param_grid, *eq = strchr(a, '=');
+	char name[128];
+	if (!eq || eq == a || (size_t)(eq - a) >= sizeof name)
+		return rt_cli_usage("tune", "--param: '%s' is not NAME=LIST (as in --param "
+		                    "level=0.001,0.003,0.01)", a);
+	memcpy(name, a, (size_t)(eq - a));
+	name[eq - a] = 0;
+	const int k = kvp_policy_param_index(j->p, name);
+	if (k < 0)
+		return rt_cli_usage("tune", "--param: policy %s has no parameter '%s'", j->p->name,
+		                    name);
+	if (rt_cli_parse_list(eq + 1, -1e300, 1e300, 0, j->grid, &j->n_grid) ||
+	    j->n_grid > RT_TUNE_MAX_GRID)
+		return rt_cli_usage("tune", "--param %s: '%s' is not a comma list of at most %d "
+		                    "numbers", name, eq + 1, RT_TUNE_MAX_GRID);
+	for (int i = 1; i < j->n_grid; i++)
+		if (!(j->grid[i] > j->grid[i - 1]))
+			return rt_cli_usage("tune", "--param %s: '%s' is not increasing", name, eq + 1);
+	j->to.param = k;
+	j->to.bytes = 0;
+	return 0;
+}
+
+/* The ratio grid: --ratio LIST or --byte-ratio LIST (by j->to.bytes), with --gate the
+ * binary's tuned ratio when none is given, else the default grid. Returns 0 or the usage
+ * error's exit status. */
+static int tune_ratio_grid(tune_job *j)
+{
+	const rt_cli_opts *o = &j->o;
 	const char *grid = j->to.bytes ? o->byte_ratio_list : o->ratio_list;
 	const char *gopt = j->to.bytes ? "--byte-ratio" : "--ratio";
 	char dflt[64];
@@ -199,6 +225,33 @@ static int tune_args(tune_job *j)
 	for (int i = 1; i < j->n_grid; i++)
 		if (!(j->grid[i] > j->grid[i - 1]))
 			return rt_cli_usage("tune", "%s: '%s' is not increasing", gopt, grid);
+	return 0;
+}
+
+/* The grid, the passkey settings and the limits from the options. Returns 0 or the usage
+ * error's exit status. */
+static int tune_args(tune_job *j)
+{
+	rt_cli_opts *o = &j->o;
+	if (o->n_texts < 1)
+		return rt_cli_usage("tune", "%s", "--text is required (one or more)");
+	if (o->n_texts > RT_TUNE_MAX_TEXTS)
+		return rt_cli_usage("tune", "more than %d --text files", RT_TUNE_MAX_TEXTS);
+	if (o->max_kld < 0)
+		return rt_cli_usage("tune", "%s", "--max-kld X is required: the acceptable mean KL "
+		                    "per token (nats) against the full cache");
+	if (o->gate && o->out)
+		return rt_cli_usage("tune", "%s", "--gate checks a ratio; it writes no sidecar (--out)");
+	int rc = 0;
+	if (!(j->p = rt_cli_policy("tune", o, &rc)))
+		return rc;
+	if (!j->p->compress)
+		return rt_cli_usage("tune", "policy %s never compresses: there is no ratio to tune",
+		                    j->p->name);
+	if ((rc = tune_kind(j)) != 0)
+		return rc;
+	if ((rc = o->param_grid ? tune_param_grid(j) : tune_ratio_grid(j)) != 0)
+		return rc;
 	double len[RT_CLI_MAX_LIST];
 	int n_len = 0;
 	if (rt_cli_parse_list(o->lengths, 16, 1 << 24, 1, len, &n_len) || n_len != 1)
@@ -258,9 +311,11 @@ static int tune_load(tune_job *j)
 	return 0;
 }
 
-/* "ratio" or "byte ratio": how messages name the grid's unit. */
+/* "ratio", "byte ratio" or the parameter's name (--param): how messages name the grid. */
 static const char *kind_name(const tune_job *j)
 {
+	if (j->to.param >= 0)
+		return j->p->params[j->to.param].name;
 	return j->to.bytes ? "byte ratio" : "ratio";
 }
 
@@ -295,9 +350,10 @@ static int over_budget(const rt_tune_point *pt)
 static void tune_table(const tune_job *j, const rt_tune_point *w, int n, int chosen)
 {
 	const int cols = j->n_texts <= TUNE_TEXT_COLS ? j->n_texts : 0;
-	printf("tune %s on %d text%s (at most %ld tokens each), budget in %s, %s: mean KL <= %g "
+	printf("tune %s on %d text%s (at most %ld tokens each), %s %s, %s: mean KL <= %g "
 	       "on every text", j->p->name, j->n_texts, j->n_texts == 1 ? "" : "s", j->o.ctx,
-	       j->to.bytes ? "bytes" : "entries",
+	       j->to.param >= 0 ? "searching parameter" : "budget in",
+	       j->to.param >= 0 ? kind_name(j) : j->to.bytes ? "bytes" : "entries",
 	       j->p->measure == KVP_MEASURE_PROMPT_END
 	               ? "prompt-end protocol (the first half of each text is the prompt, the "
 	                 "tokens after it are scored)"
@@ -306,7 +362,7 @@ static void tune_table(const tune_job *j, const rt_tune_point *w, int n, int cho
 	if (j->to.min_passkey >= 0)
 		printf(", passkey >= %g (%d prompts of %lld tokens)", j->to.min_passkey,
 		       j->to.n_depths, (long long)j->to.passkey_len);
-	printf("\n%10s %8s %9s %10s", j->to.bytes ? "byte ratio" : "ratio", "bytes x", "entries x",
+	printf("\n%10s %8s %9s %10s", kind_name(j), "bytes x", "entries x",
 	       "mean KL");
 	for (int t = 0; t < cols; t++)
 		printf("   KL %-5d", t + 1);
@@ -467,7 +523,11 @@ static int tune_run(tune_job *j)
 		printf("; the top of the grid");
 	}
 	putchar('\n');
-	if (j->o.out) {
+	if (j->o.out && j->to.param >= 0) {
+		printf("no sidecar: a sidecar bakes a ratio, and %s is a parameter; write `param %s = "
+		       "%g` in the policy's source or run it with --set %s=%g\n", kind_name(j),
+		       kind_name(j), walked[chosen].ratio, kind_name(j), walked[chosen].ratio);
+	} else if (j->o.out) {
 		if (tune_write(j, &walked[chosen], &err) != 0)
 			return rt_cli_fail(&err);
 		printf("wrote %s\n", j->o.out);
@@ -479,10 +539,11 @@ int rt_cmd_tune(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_POLICY, O_SET, O_CTX, O_RATIOS, O_MAXKLD,
 		O_MINPASSKEY, O_LENGTHS, O_DEPTHS, O_SEED, O_OUT, O_GATE, O_CHUNK, O_THREADS, O_EXACT,
-		O_FAST, O_QUIET, O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT, 0 };
+		O_FAST, O_QUIET, O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT, O_PARAMGRID, 0 };
 	tune_job j = { .o = { .chunk = RT_CLI_CHUNK, .exact = 1, .ctx = 256, .seed = 1,
 		              .max_kld = -1, .min_passkey = -1, .lengths = "256",
-		              .depths = "10,50,90" } };
+		              .depths = "10,50,90" },
+		       .to = { .param = -1 } };
 	int rc = rt_cli_parse("tune", help_tune, argc, argv, &j.o, opt_ids, 1);
 	if (rc != RT_CLI_GO)
 		return rc;

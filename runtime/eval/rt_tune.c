@@ -19,7 +19,7 @@
 #define TUNE_PASSKEY_GEN 8
 
 /* Give a fresh sequence the point's choice: the parameters (NULL: the policy's defaults)
- * and the ratio R in entries or in bytes, applied as every front door's choice is
+ * and the ratio R in entries or in bytes, or R as parameter o->param's value, applied as every front door's choice is
  * (rt_seq_apply). */
 static int tune_seq_setup(rt_seq *s, const double *params, const rt_tune_opts *o, double R,
                           rt_err *err)
@@ -32,8 +32,12 @@ static int tune_seq_setup(rt_seq *s, const double *params, const rt_tune_opts *o
 		memcpy(vals, params, (size_t)n * sizeof *vals);
 	else
 		kvp_policy_param_defaults(s->p, vals);
+	const int by_param = o->param >= 0 && o->param < n;
+	if (by_param)
+		vals[o->param] = R;
 	const struct rt_pick pk = { .p = s->p, .kv_type = s->kv.type, .vals = vals,
-		                    .ratio = o->bytes ? 0 : R, .byte_ratio = o->bytes ? R : 0 };
+		                    .ratio = by_param || o->bytes ? 0 : R,
+		                    .byte_ratio = !by_param && o->bytes ? R : 0 };
 	const int rc = rt_seq_apply(s, &pk, err);
 	free(vals);
 	return rc;
@@ -157,10 +161,12 @@ int rt_tune_measure(const rt_model *m, const rt_tokenizer *tk, const struct kvp_
 	memset(pt, 0, sizeof *pt);
 	pt->ratio = R;
 	pt->bytes = o->bytes;
-	if (n_texts < 1 || n_texts > RT_TUNE_MAX_TEXTS || !(R >= 1) || o->block < 1 ||
+	if (n_texts < 1 || n_texts > RT_TUNE_MAX_TEXTS || !(o->param >= 0 ? isfinite(R) : R >= 1) ||
+	    o->block < 1 || (o->param >= 0 && o->param >= p->n_params) ||
 	    (o->min_passkey >= 0 && (!tk || o->n_depths < 1 || o->n_depths > RT_TUNE_MAX_DEPTHS)))
-		return rt_err_set(err, "tune: %d texts at ratio %g (1..%d texts, ratio >= 1, passkey "
-		                  "needs the tokenizer and 1..%d depths)", n_texts, R,
+		return rt_err_set(err, "tune: %d texts at ratio %g (1..%d texts, ratio >= 1 or a "
+		                  "finite value of a parameter of the policy, passkey needs the "
+		                  "tokenizer and 1..%d depths)", n_texts, R,
 		                  RT_TUNE_MAX_TEXTS, RT_TUNE_MAX_DEPTHS);
 	double wsum = 0;
 	int64_t scored = 0;
@@ -205,8 +211,9 @@ int rt_tune_search(const rt_model *m, const rt_tokenizer *tk, const struct kvp_p
 	if (n_grid < 1 || n_grid > RT_TUNE_MAX_GRID)
 		return rt_err_set(err, "tune: %d ratios in the grid (1..%d)", n_grid, RT_TUNE_MAX_GRID);
 	for (int i = 0; i < n_grid; i++)
-		if (!(grid[i] >= 1) || (i > 0 && !(grid[i] > grid[i - 1])))
-			return rt_err_set(err, "tune: the ratio grid must be increasing and >= 1 "
+		if (!(o->param >= 0 ? isfinite(grid[i]) : grid[i] >= 1) ||
+		    (i > 0 && !(grid[i] > grid[i - 1])))
+			return rt_err_set(err, "tune: the grid must be increasing and finite, ratios >= 1 "
 			                  "(%g at place %d)", grid[i], i + 1);
 	int lo = -1, hi = n_grid; /* grid[lo] passes, grid[hi] fails (-1, n_grid: none yet) */
 	while (hi - lo > 1) {

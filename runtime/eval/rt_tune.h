@@ -33,8 +33,14 @@
  * A ratio at which the policy cannot run (guards above the budget, "KV cache full") fails
  * the limits, with the reason kept in the point.
  *
+ * A parameter instead of a ratio (rt_tune_opts.param, `tune --param NAME=LIST`): the grid
+ * holds values of one policy parameter, set at each point with no budget override, for a
+ * policy whose compression follows a parameter rather than a budget: `budget =
+ * threshold(level)` keeps per head the entries whose score reaches the level (KVzap's and
+ * DMS's rule), so the level is what trades quality for entries.
+ *
  * Search (rt_tune_search): bisection over the increasing grid, assuming quality falls as R
- * grows: with lo the highest ratio known to pass (none at first) and hi the lowest known to
+ * grows (as a threshold level rises): with lo the highest ratio known to pass (none at first) and hi the lowest known to
  * fail (none at first), measure the middle grid point and move lo or hi to it, until they
  * are neighbours: about log2(grid size) measurements. The chosen ratio is lo; the grid
  * point after it, when there is one, was measured and failed.
@@ -72,11 +78,15 @@ typedef struct rt_tune_opts {
 	int block;               /* tokens per lockstep block of the KL pass, >= 1 */
 	int bytes;               /* 1: R is a compression factor in bytes (rt_seq_set_byte_ratio),
 	                            0: in entries (rt_seq_set_ratio) */
+	int param;               /* -1: the grid holds ratios; else the index of the policy
+	                            parameter each grid value sets, with no ratio override (a
+	                            `budget = threshold(L)` policy's level: tune --param) */
 } rt_tune_opts;
 
 /* The quality at one ratio. */
 typedef struct rt_tune_point {
-	double ratio;            /* R, in entries or in bytes (rt_tune_opts.bytes) */
+	double ratio;            /* R, in entries or in bytes (rt_tune_opts.bytes), or the
+	                            parameter's value (rt_tune_opts.param) */
 	int bytes;               /* rt_tune_opts.bytes of the measurement */
 	double kld_mean;         /* token-weighted mean KL over every text, nats */
 	double kld_worst;        /* the largest text mean KL */
