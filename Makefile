@@ -372,7 +372,8 @@ POLICY_KVPS := $(sort $(wildcard policies/*.kvp))
 POLICY_CS   := $(POLICY_KVPS:policies/%.kvp=$(B)/gen/policies/%.c)
 POLICY_OBJS := $(POLICY_CS:.c=.o) $(if $(POLICY_KVPS),$(B)/gen/policies/registry.o)
 
-$(B)/gen/policies/%.c: policies/%.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/policy/rt_policy.h
+# head_score("FILE") bakes a policies/*.heads file into the generated C (docs/language.md 7.10)
+$(B)/gen/policies/%.c: policies/%.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/policy/rt_policy.h $(wildcard policies/*.heads)
 	@mkdir -p $(dir $@)
 	$(B)/kvpc emit --target c $< -o $@
 

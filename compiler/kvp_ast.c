@@ -154,6 +154,14 @@ kvp_expr *kvp_expr_keyword(kvp_file *f, kvp_srcloc loc, kvp_expr_kind kind)
 	return expr_new(f, kind, loc);
 }
 
+kvp_expr *kvp_expr_str(kvp_file *f, kvp_srcloc loc, const char *text)
+{
+	kvp_expr *e = expr_new(f, KVP_E_STR, loc);
+	e->name = text;
+	e->name_loc = loc;
+	return e;
+}
+
 kvp_expr *kvp_expr_unary(kvp_file *f, kvp_srcloc loc, kvp_op op, kvp_expr *a)
 {
 	kvp_expr *e = expr_new(f, KVP_E_UNARY, loc);

@@ -16,6 +16,7 @@
 /* Limits that keep every later (recursive) pass bounded. */
 #define KVP_MAX_IDENT 64   /* bytes of an identifier */
 #define KVP_MAX_NUMBER 32  /* bytes of a number literal */
+#define KVP_MAX_STRING 1024 /* bytes of a string literal (a file path) */
 #define KVP_MAX_PARENS 64  /* nesting of ( ) and [ ] */
 #define KVP_MAX_DEPTH 256  /* depth of an expression tree */
 
@@ -56,6 +57,7 @@ typedef enum kvp_expr_kind {
 	KVP_E_LIST,    /* [args] */
 	KVP_E_BUDGET,  /* the keyword `budget` used as a value */
 	KVP_E_ENTRIES, /* the keyword `entries` used as a value */
+	KVP_E_STR,     /* "text": name holds the bytes between the quotes (a file path) */
 } kvp_expr_kind;
 
 typedef enum kvp_op {
@@ -85,7 +87,7 @@ struct kvp_expr {
 	double num;            /* NUM: the value (percent already divided by 100) */
 	kvp_unit_lit unit;     /* NUM */
 	const char *text;      /* NUM: the literal as written (without the unit word) */
-	const char *name;      /* NAME, CALL (callee), ARG (argument name) */
+	const char *name;      /* NAME, CALL (callee), ARG (argument name), STR (the text) */
 	kvp_srcloc name_loc;   /* CALL, ARG: the name's span */
 	kvp_expr *a, *b;       /* UNARY: a; BINARY: a, b; ARG: a = the value */
 	kvp_expr **args;       /* CALL, LIST: [n_args] */
@@ -197,6 +199,7 @@ kvp_expr *kvp_expr_num(kvp_file *f, kvp_srcloc loc, double v, kvp_unit_lit unit,
                        const char *text);
 kvp_expr *kvp_expr_name(kvp_file *f, kvp_srcloc loc, const char *name);
 kvp_expr *kvp_expr_keyword(kvp_file *f, kvp_srcloc loc, kvp_expr_kind kind);
+kvp_expr *kvp_expr_str(kvp_file *f, kvp_srcloc loc, const char *text);
 kvp_expr *kvp_expr_unary(kvp_file *f, kvp_srcloc loc, kvp_op op, kvp_expr *a);
 kvp_expr *kvp_expr_binary(kvp_file *f, kvp_srcloc loc, kvp_op op, kvp_expr *a,
                           kvp_expr *b);

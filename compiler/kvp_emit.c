@@ -311,6 +311,13 @@ void kvp_em_expr(struct kvp_em *em, int32_t e)
 		else
 			kvp_em_out(em, "0.0");
 		break;
+	case KVP_OP_HEADW:
+		if (em->t->host_score)
+			kvp_em_out(em, "k_head_weight(kv, %s, h, policy_head_w, %d, %d)", em->view->layer,
+			           em->ir->head_layers, em->ir->head_kv);
+		else
+			kvp_em_out(em, "0.0");
+		break;
 	default:
 		kvp_em_out(em, "0.0");
 		break;
@@ -341,6 +348,9 @@ void kvp_em_expr_comment(struct kvp_em *em, int32_t e)
 		return;
 	case KVP_OP_SELECT:
 		select_by(em, kvp_em_expr_comment, x, "if(", ", ", ", ", ")");
+		return;
+	case KVP_OP_HEADW:
+		kvp_em_out(em, "head_score(%dx%d weights)", ir->head_layers, ir->head_kv);
 		return;
 	case KVP_OP_CAOTE:
 		kvp_em_out(em, "caote(");

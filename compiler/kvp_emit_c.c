@@ -265,6 +265,16 @@ static void layer_row(struct kvp_em *em, int i)
 	kvp_em_num(em, em->ir->alloc.list[i]);
 }
 
+/* head_score()'s weights of layer i, one row of the table */
+static void head_row(struct kvp_em *em, int i)
+{
+	const struct kvp_ir *ir = em->ir;
+	for (int g = 0; g < ir->head_kv; g++) {
+		kvp_em_out(em, g ? ", " : "");
+		kvp_em_num(em, ir->head_w[(size_t)i * (size_t)ir->head_kv + (size_t)g]);
+	}
+}
+
 /* A constant array of the policy, one row a line: "static const DECL[n] = {\n\tROW,\n...};". */
 static void emit_array(struct kvp_em *em, const char *decl, int n,
                        void (*row)(struct kvp_em *em, int i))
@@ -336,6 +346,17 @@ static void emit_tables(struct kvp_em *em)
 	}
 	if (ir->alloc.layers == K_LAYERS_LIST && ir->alloc.n_list > 0)
 		emit_array(em, "double policy_layer_list", ir->alloc.n_list, layer_row);
+	if (ir->head_w) {
+		kvp_em_out(em, "/* head_score(): the weight of each (layer, KV head), %d layers of %d KV heads\n"
+		           " * (docs/language.md 7.12) */\n", ir->head_layers, ir->head_kv);
+		kvp_em_out(em, "static const double policy_head_w[%d] = {\n", ir->head_layers * ir->head_kv);
+		for (int l = 0; l < ir->head_layers; l++) {
+			kvp_em_out(em, "\t");
+			head_row(em, l);
+			kvp_em_out(em, ",\n");
+		}
+		kvp_em_out(em, "};\n\n");
+	}
 }
 
 static const struct local P_LOCAL[] = { { "P", "const double *P = ctx->params;" } };

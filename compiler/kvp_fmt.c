@@ -110,6 +110,9 @@ static void put_expr(FILE *f, const kvp_expr *e, int min_prec)
 	case KVP_E_ENTRIES:
 		fputs("entries", f);
 		break;
+	case KVP_E_STR:
+		fprintf(f, "\"%s\"", e->name);
+		break;
 	}
 	if (paren)
 		fputc(')', f);

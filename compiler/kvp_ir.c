@@ -94,6 +94,7 @@ void kvp_ir_free(struct kvp_ir *ir)
 		free(ir->guards.spans[i]);
 	free(ir->guards.spans);
 	free(ir->alloc.list);
+	free(ir->head_w);
 	free(ir->params);
 	free(ir->consts);
 	free(ir->stats);
@@ -232,6 +233,20 @@ int32_t kvp_ir_expattn(struct kvp_ir *ir, struct kvp_loc loc, int32_t future, in
 	return kvp_ir_binary(ir, loc, KVP_OP_EXPATTN, future, skip);
 }
 
+int32_t kvp_ir_headw(struct kvp_ir *ir, struct kvp_loc loc)
+{
+	return add_node(ir, loc, KVP_OP_HEADW);
+}
+
+void kvp_ir_set_heads(struct kvp_ir *ir, const double *w, int layers, int kv_heads)
+{
+	free(ir->head_w);
+	ir->head_w = RT_MALLOC((size_t)layers * (size_t)kv_heads * sizeof(double));
+	memcpy(ir->head_w, w, (size_t)layers * (size_t)kv_heads * sizeof(double));
+	ir->head_layers = layers;
+	ir->head_kv = kv_heads;
+}
+
 void kvp_ir_add_span(struct kvp_ir *ir, const char *name)
 {
 	int n = ir->guards.n_spans;
@@ -267,7 +282,7 @@ const char *kvp_ir_op_name(enum kvp_ir_op op)
 		[KVP_OP_LT] = "<", [KVP_OP_LE] = "<=", [KVP_OP_GT] = ">", [KVP_OP_GE] = ">=",
 		[KVP_OP_EQ] = "==", [KVP_OP_NE] = "!=", [KVP_OP_AND] = "and", [KVP_OP_OR] = "or",
 		[KVP_OP_SELECT] = "if", [KVP_OP_CAOTE] = "caote", [KVP_OP_NORMALIZE] = "normalize",
-		[KVP_OP_EXPATTN] = "expected_attention",
+		[KVP_OP_EXPATTN] = "expected_attention", [KVP_OP_HEADW] = "head_score",
 	};
 	return (unsigned)op < KVP_OP_COUNT_ && names[op] ? names[op] : "?";
 }
@@ -310,6 +325,7 @@ static int arity(enum kvp_ir_op op)
 {
 	switch (op) {
 	case KVP_OP_NUM: case KVP_OP_PARAM: case KVP_OP_STAT: case KVP_OP_SIGNAL:
+	case KVP_OP_HEADW:
 		return 0;
 	case KVP_OP_NEG: case KVP_OP_NOT: case KVP_OP_LOG: case KVP_OP_EXP: case KVP_OP_ABS:
 	case KVP_OP_SQRT: case KVP_OP_CAOTE: case KVP_OP_NORMALIZE:
@@ -379,6 +395,8 @@ int kvp_ir_expr_allowed(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c)
 		if (c != KVP_CTX_SCORE)
 			return 0;
 		break;
+	case KVP_OP_HEADW:
+		return c == KVP_CTX_SCORE && ir->head_w && ir->head_layers > 0 && ir->head_kv > 0;
 	case KVP_OP_EXPATTN: /* its operands are scalars (future, skip) */
 		return c == KVP_CTX_SCORE && kvp_ir_expr_allowed(ir, x->a, KVP_CTX_SCALAR) &&
 		       kvp_ir_expr_allowed(ir, x->b, KVP_CTX_SCALAR);
@@ -636,7 +654,8 @@ static void check_expr(struct checker *ck, int32_t e, enum kvp_ir_ctx c, int req
 			problem(ck, x->loc, "%s: '%s' cannot be used in %s", what,
 			        kvp_ir_signal_name(x->sig), ctx_name(c));
 		else if (bad >= 0 && (x->op == KVP_OP_STAT || x->op == KVP_OP_CAOTE ||
-		                      x->op == KVP_OP_NORMALIZE || x->op == KVP_OP_EXPATTN))
+		                      x->op == KVP_OP_NORMALIZE || x->op == KVP_OP_EXPATTN ||
+		                      x->op == KVP_OP_HEADW))
 			problem(ck, x->loc, "%s: %s cannot be used in %s", what,
 			        x->op == KVP_OP_STAT ? "a statistic" : kvp_ir_op_name(x->op), ctx_name(c));
 		else

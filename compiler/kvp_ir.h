@@ -108,6 +108,10 @@ enum kvp_ir_op {
 	                     KVP_NEED_QUERY), rotated by the RoPE averaged over the next a
 	                     positions. a (future, tokens) and b (skip, tokens) are SCALAR
 	                     expressions, not per-entry ones; depends on the query head */
+	/* leaf, SCORE only: */
+	KVP_OP_HEADW,     /* head_score("FILE"): the weight of the entry's (layer, KV head),
+	                     ir->head_w (docs/language.md 7.12); the same for every entry and
+	                     query head of a head */
 	KVP_OP_COUNT_
 };
 
@@ -326,6 +330,11 @@ struct kvp_ir {
 	struct kvp_ir_trig trigger;
 	struct kvp_ir_tiers tiers;
 	enum kvp_positions positions;
+	/* head_score("FILE"): [head_layers × head_kv] weights (owned), compiled into the
+	 * generated code; a model of another shape reads them resampled by nearest index
+	 * (kernels/k_score.h k_head_weight); NULL when no KVP_OP_HEADW node */
+	double *head_w;
+	int head_layers, head_kv;
 
 	/* layout, filled by kvp_ir_layout (called by kvp_ir_check): */
 	int checked;             /* 1 once kvp_ir_check passed (the emitters assert it) */
@@ -373,6 +382,10 @@ int32_t kvp_ir_caote(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_caote_mo
 int32_t kvp_ir_normalize(struct kvp_ir *ir, struct kvp_loc loc, int32_t a);
 /* expected_attention(future = a, skip = b): a, b SCALAR expressions (tokens). */
 int32_t kvp_ir_expattn(struct kvp_ir *ir, struct kvp_loc loc, int32_t future, int32_t skip);
+
+/* head_score(): its node, and the weights [layers × kv_heads] (copied). */
+int32_t kvp_ir_headw(struct kvp_ir *ir, struct kvp_loc loc);
+void kvp_ir_set_heads(struct kvp_ir *ir, const double *w, int layers, int kv_heads);
 
 /* Spans to protect (copied). */
 void kvp_ir_add_span(struct kvp_ir *ir, const char *name);

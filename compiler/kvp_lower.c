@@ -109,6 +109,10 @@ static int32_t lower_call(lower *lw, const kvp_expr *e)
 		int32_t b = es ? lower_expr(lw, es) : kvp_ir_num(ir, at, 4);
 		return kvp_ir_expattn(ir, at, a, b);
 	}
+	if (!strcmp(f, "head_score")) {
+		kvp_ir_set_heads(ir, lw->s->head_w, lw->s->head_layers, lw->s->head_kv);
+		return kvp_ir_headw(ir, at);
+	}
 	if (!strcmp(f, "normalize") || !strcmp(f, "flow")) {
 		const kvp_expr *x = kvp_call_arg(e, !strcmp(f, "flow") ? "relevance" : "score", 0);
 		return kvp_ir_normalize(ir, at, lower_expr(lw, x));

@@ -9,6 +9,7 @@
  * involved and a "did you mean" for near-miss names.
  */
 #include "kvp_sema.h"
+#include "kvp_heads.h"
 
 #include "policy/rt_budget.h"
 #include "policy/rt_span.h"
@@ -821,6 +822,48 @@ static ty check_call_expattn(sema *S, const kvp_expr *e, unsigned cx)
 	return t;
 }
 
+/* head_score("FILE"): the weight of the entry's (layer, KV head) in FILE (kvp_heads.h),
+ * read now, relative to the directory of the .kvp file, and baked into the generated code
+ * (docs/language.md 7.12). Score only, once per policy. */
+static ty check_call_heads(sema *S, const kvp_expr *e, unsigned cx)
+{
+	static const char *const nh[] = { "file" };
+	static const int rh[] = { 1 };
+	if (!(cx & CX_SCORE)) {
+		ERR(S, e->loc, "head_score() is a per-head weight of the score; it can be used only in the score");
+		return TY_ERR;
+	}
+	if (S->out->head_call) {
+		ERR(S, e->loc, "head_score() may be used once in a policy (one weight file per policy)");
+		return TY_ERR;
+	}
+	if (check_args(S, e, nh, rh, 1))
+		return TY_ERR;
+	const kvp_expr *fe = kvp_call_arg(e, "file", 0);
+	if (fe->kind != KVP_E_STR || !fe->name[0]) {
+		ERR(S, fe->loc, "head_score() takes the weight file as a string: head_score(\"FILE\")");
+		return TY_ERR;
+	}
+	const char *src = S->src->path, *slash = strrchr(src, '/');
+	int dir = fe->name[0] == '/' || !slash ? 0 : (int)(slash - src) + 1;
+	size_t n = (size_t)dir + strlen(fe->name) + 1;
+	char *path = malloc(n), err[512];
+	if (!path) {
+		ERR(S, fe->loc, "out of memory");
+		return TY_ERR;
+	}
+	snprintf(path, n, "%.*s%s", dir, src, fe->name);
+	int rc = kvp_heads_read(path, &S->out->head_layers, &S->out->head_kv, &S->out->head_w,
+	                        err, sizeof err);
+	free(path);
+	if (rc != 0) {
+		ERR(S, fe->loc, "head_score(): %s", err);
+		return TY_ERR;
+	}
+	S->out->head_call = e;
+	return ty_make(KVP_SU_NUM);
+}
+
 /* flow(question_stat, hops = 1): GraceKV's relevance from the question */
 static ty check_call_flow(sema *S, const kvp_expr *e, unsigned cx)
 {
@@ -884,6 +927,8 @@ static ty check_call(sema *S, const kvp_expr *e, unsigned cx)
 		return check_call_unary(S, e, cx);
 	if (!strcmp(f, "if"))
 		return check_call_if(S, e, cx);
+	if (!strcmp(f, "head_score"))
+		return check_call_heads(S, e, cx);
 	/* whole-head transforms: score only */
 	if (!(cx & CX_SCORE)) {
 		ERR(S, e->loc, "%s() transforms the score of every entry of a head; it can be used only in the score",
@@ -965,6 +1010,9 @@ static ty check_expr(sema *S, const kvp_expr *e, unsigned cx)
 			t.constant = 0;
 			return t;
 		}
+	case KVP_E_STR:
+		ERR(S, e->loc, "a string can only name the file of head_score(\"FILE\")");
+		return TY_ERR;
 	case KVP_E_ENTRIES:
 		if (!(cx & (CX_OBSERVE | CX_SCORE))) {
 			ERR(S, e->loc, "'entries' (the entries a head holds) cannot be used in %s; a trigger writes `compress when entries > LIMIT`",
@@ -2739,6 +2787,7 @@ void kvp_sema_free(kvp_sema *s)
 		return;
 	free(s->syms);
 	free(s->spans);
+	free(s->head_w);
 	free(s);
 }
 

@@ -130,6 +130,11 @@ typedef struct kvp_sema {
 	/* `edges = TIER, edge_layers = N` in tiers(...): the first N and the last N layers store
 	 * no entry below tier_edge (tier_edge_layers 0: none) */
 	int tier_edge, tier_edge_layers;
+	/* `head_score("FILE")` (docs/language.md 7.12): the file as written, and its weights
+	 * [head_layers × head_kv] read by kvp_heads_read (owned; NULL when not used) */
+	const kvp_expr *head_call;
+	double *head_w;
+	int head_layers, head_kv;
 } kvp_sema;
 
 /* Check a tree that parsed without errors. Diagnostics go to f->src; the result is

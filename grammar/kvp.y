@@ -117,6 +117,7 @@ static kvp_word *word_new(struct kvp_parse *ps, const char *s, kvp_srcloc loc, i
 %token <str> IDENT "identifier"
 %token <num> NUMBER "number"
 %token <num> PERCENT "percentage"
+%token <str> STRING "string"
 %token NL "end of line"
 %token POLICY "policy" PARAM "param" CONST "const" STAT "stat" SCORE "score"
 %token BUDGET "budget" GROUP "group" LAYERS "layers" ALLOCATE "allocate" POOL "pool"
@@ -366,6 +367,7 @@ primary:
   | NUMBER unit     { $$ = kvp_expr_num(ps->f, @$, $1.v, (kvp_unit_lit)$2, $1.text); }
   | PERCENT         { $$ = kvp_expr_num(ps->f, @$, $1.v, KVP_LIT_PERCENT, $1.text); }
   | IDENT           { $$ = kvp_expr_name(ps->f, @$, $1); }
+  | STRING          { $$ = kvp_expr_str(ps->f, @$, $1); }
   | IDENT '(' ')'   { $$ = kvp_expr_call(ps->f, @$, $1, @1, NULL, 0); }
   | IDENT '(' args ')'
       {
@@ -449,7 +451,7 @@ static void describe_symbol(yysymbol_kind_t k, char *buf, size_t n)
 	else if (k == YYSYMBOL_YYUNDEF || k == YYSYMBOL_YYerror)
 		snprintf(buf, n, "invalid token");
 	else if (k == YYSYMBOL_IDENT || k == YYSYMBOL_NUMBER || k == YYSYMBOL_PERCENT ||
-	         k == YYSYMBOL_NL || s[0] == '\'')
+	         k == YYSYMBOL_STRING || k == YYSYMBOL_NL || s[0] == '\'')
 		snprintf(buf, n, "%s", s);
 	else
 		snprintf(buf, n, "'%s'", s);
@@ -468,7 +470,8 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner,
 	}
 	char what[160];
 	describe_symbol(tok, what, sizeof what);
-	if (tok == YYSYMBOL_IDENT || tok == YYSYMBOL_NUMBER || tok == YYSYMBOL_PERCENT) {
+	if (tok == YYSYMBOL_IDENT || tok == YYSYMBOL_NUMBER || tok == YYSYMBOL_PERCENT ||
+	    tok == YYSYMBOL_STRING) {
 		size_t l = strlen(what);
 		int w = (int)(loc.end - loc.off);
 		snprintf(what + l, sizeof what - l, " '%.*s'", w > 40 ? 40 : w,

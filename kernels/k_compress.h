@@ -228,6 +228,22 @@ static inline void k_merge_entry(const rt_kv *kv, rt_kv_head *h, int32_t dst, in
 	h->log_count[dst] = (float)log(c);
 }
 
+/* head_score() (docs/language.md 7.12): the weight of head h of layer `layer` in w[L × G]
+ * (row = layer), the table resampled to the store's shape by nearest index as a layer
+ * list is (layer l reads row l·L / n_layer, KV head j column j·G / n_kv_head), so a table
+ * calibrated on one model is exact on it. h may be the f32 view k_head_f32 made of the
+ * head, which shares its position array, so the head is found by that array. */
+static inline double k_head_weight(const rt_kv *kv, int layer, const rt_kv_head *h,
+                                   const double *w, int L, int G)
+{
+	int j = 0;
+	for (int g = 0; g < kv->n_kv_head; g++)
+		if (kv->heads[(size_t)layer * (size_t)kv->n_kv_head + (size_t)g].pos == h->pos)
+			j = g;
+	const int64_t l = (int64_t)layer * L / kv->n_layer, c = (int64_t)j * G / kv->n_kv_head;
+	return w[l * G + c];
+}
+
 /* cos(k_a, k_b) of two entries of h (0 when either key is zero). */
 static inline double k_entry_cos(const rt_kv *kv, const rt_kv_head *h, int32_t a, int32_t b)
 {

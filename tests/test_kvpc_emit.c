@@ -1015,6 +1015,123 @@ START_TEST(value_l1_vatp)
 }
 END_TEST
 
+/* DuoAttention's head classes (arXiv 2410.10819, docs/language.md 7.12): a policy compiled
+ * from source with `head_score("duo.heads")` over one global pool, on 2 layers x 3 KV heads
+ * (group 3, GQA 9/3), a prompt of 20 tokens, sinks 2 and recent 3 (guards g = 5), keeps
+ * what the rule says, computed here on its own: every head keeps its guards; the heads in
+ * decreasing weight take their n - g = 15 other entries whole while the pool
+ * H * (B - g) lasts; the head at the boundary keeps its oldest candidates. The weights
+ * 0.5 3 0.1 / 2 0.2 1 rank (0,1) > (1,0) > (1,2) > (0,0) > (1,1) > (0,2); a budget of
+ * B = 12 gives a pool of 6 * 7 = 42 = 15 + 15 + 12, so (0,1) and (1,0) are retrieval heads,
+ * (1,2) keeps positions 2..13 besides its guards, and the other three stream (0, 1, 17, 18,
+ * 19). B = 10 (pool 30) streams (1,2) too. */
+static const char duo_src[] =
+	"policy %s {\n"
+	"    budget = %d entries\n"
+	"    score = head_score(\"duo.heads\")\n"
+	"    allocate = global(floor = 0)\n"
+	"    keep sinks 2\n"
+	"    keep recent 3\n"
+	"    compress at prompt end\n"
+	"}\n";
+
+/* The kept positions of head hd by the rule above, independent of the kernels: kept[p]. */
+static void duo_rule(const double *w, int H, int n, int B, int sinks, int recent, int hd,
+                     int *kept)
+{
+	int order[16];
+	for (int j = 0; j < H; j++)
+		order[j] = j;
+	for (int a = 0; a < H; a++) /* selection sort by weight, descending */
+		for (int b = a + 1; b < H; b++)
+			if (w[order[b]] > w[order[a]]) {
+				int t = order[a];
+				order[a] = order[b];
+				order[b] = t;
+			}
+	const int g = sinks + recent;
+	int pool = H * (B - g), take = 0;
+	for (int r = 0; r < H; r++) {
+		int got = pool < n - g ? pool : n - g;
+		pool -= got;
+		if (order[r] == hd)
+			take = got;
+	}
+	for (int p = 0; p < n; p++)
+		kept[p] = p < sinks || p >= n - recent || (p - sinks) < take;
+}
+
+static void duo_case(const char *dir, int B)
+{
+	static const double W[6] = { 0.5, 3, 0.1, 2, 0.2, 1 };
+	char text[512], path[256], name[32];
+	snprintf(name, sizeof name, "duo_b%d", B);
+	snprintf(text, sizeof text, duo_src, name, B);
+	snprintf(path, sizeof path, "%s/duo.kvp", dir);
+	kvp_src *src = kvp_src_from_mem(path, text, strlen(text));
+	struct kvp_ir ir;
+	ck_assert_msg(kvp_compile(src, &ir) == 0, "%s", kvp_src_diags(src));
+	ck_assert_int_eq(ir.head_layers, 2);
+	ck_assert_int_eq(ir.head_kv, 3);
+	ck_assert(!kvp_ir_expr_per_qhead(&ir, ir.score.expr));
+	char *c = emit_str(&ir, 0, "duo.c");
+	void *handle = NULL;
+	const struct kvp_policy *p = load_policy(c, name, &handle);
+	ck_assert_ptr_nonnull(p);
+	enum { L = 2, G = 3, R = 3, D = 4, N = 20 };
+	rt_kv kv;
+	struct rt_run run;
+	rt_err err = { "" };
+	ck_assert_int_eq(rt_run_init(&run, &kv, p, L, G, R, D, 24, N, &err), 0);
+	const float k[D] = { 1, 0, 0, 0 }, v[D] = { 0, 1, 0, 0 };
+	for (int32_t t = 0; t < N; t++) {
+		ck_assert_int_ge(rt_run_chunk(&run, &kv, 1), 1);
+		for (int l = 0; l < L; l++)
+			for (int g = 0; g < G; g++)
+				rt_kv_append(&kv, rt_kv_head_at(&kv, l, g), k, v, t);
+		ck_assert_msg(rt_run_advance(&run, &kv, 1, &err) >= 0, "%s", err.msg);
+	}
+	ck_assert_int_eq(run.compressions, 1);
+	for (int hd = 0; hd < L * G; hd++) {
+		int want[N], got[N] = { 0 };
+		duo_rule(W, L * G, N, B, 2, 3, hd, want);
+		const rt_kv_head *h = rt_kv_head_at(&kv, hd / G, hd % G);
+		for (int32_t i = 0; i < h->n; i++)
+			got[h->pos[i]] = 1;
+		for (int pp = 0; pp < N; pp++)
+			ck_assert_msg(got[pp] == want[pp], "B %d head (%d,%d) position %d: kept %d, rule %d",
+			              B, hd / G, hd % G, pp, got[pp], want[pp]);
+	}
+	rt_run_free(&run);
+	rt_kv_free(&kv);
+	dlclose(handle);
+	free(c);
+	kvp_ir_free(&ir);
+	kvp_src_free(src);
+}
+
+START_TEST(duo_head_classes)
+{
+	char dir[] = "/tmp/kvpc_duo_XXXXXX", hp[64];
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(hp, sizeof hp, "%s/duo.heads", dir);
+	write_all(hp, "# hand-written classes: 2 layers of 3 KV heads\nheads 2 3\n0.5 3 0.1\n2 0.2 1\n");
+	/* the rule itself, by hand: B = 12 keeps (1,2)'s positions 0..13 and 17..19 */
+	static const double W[6] = { 0.5, 3, 0.1, 2, 0.2, 1 };
+	int kept[20];
+	duo_rule(W, 6, 20, 12, 2, 3, 5, kept);
+	for (int pp = 0; pp < 20; pp++)
+		ck_assert_int_eq(kept[pp], pp <= 13 || pp >= 17);
+	duo_rule(W, 6, 20, 12, 2, 3, 4, kept);
+	for (int pp = 0; pp < 20; pp++)
+		ck_assert_int_eq(kept[pp], pp <= 1 || pp >= 17);
+	duo_case(dir, 12);
+	duo_case(dir, 10);
+	unlink(hp);
+	rmdir(dir);
+}
+END_TEST
+
 /* Every signal of the language (the kvp_builtin.def rows with lang 1) has its row in the
  * table of docs/language.md section 7.1 ("| `name` |"): a signal added without its
  * documentation fails here. */
@@ -1098,6 +1215,7 @@ static Suite *emit_suite(void)
 	TCase *tc = tcase_create("emit");
 	tcase_set_timeout(tc, 1200);
 	tcase_add_test(tc, golden_h2o);
+	tcase_add_test(tc, duo_head_classes);
 	tcase_add_test(tc, golden_snapkv);
 	tcase_add_test(tc, golden_scissorhands);
 	tcase_add_test(tc, golden_caote_exact);

@@ -329,12 +329,12 @@ END_TEST
 START_TEST(test_caret_tabs_utf8)
 {
 	/* columns count code points; a tab is copied into the caret line */
-	const char *t = "policy x {\n\tbudget = 64 # é\n\tscore = \"\n}\n";
+	const char *t = "policy x {\n\tbudget = 64 # é\n\tscore = $\n}\n";
 	char *diags;
 	int errors = compile_text("u.kvp", t, strlen(t), &diags);
 	ck_assert_int_eq(errors, 1);
-	ck_assert_str_eq(diags, "u.kvp:3:10: error: unexpected character '\"'\n"
-	                        "    3 | \tscore = \"\n"
+	ck_assert_str_eq(diags, "u.kvp:3:10: error: unexpected character '$'\n"
+	                        "    3 | \tscore = $\n"
 	                        "      | \t        ^\n");
 	free(diags);
 	const char *u = "policy x {\n    param é = 1\n}\n";
