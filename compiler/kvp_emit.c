@@ -200,6 +200,12 @@ static void signal_expr(struct kvp_em *em, enum kvp_ir_signal s)
 		else
 			kvp_em_out(em, "0.0");
 		break;
+	case KVP_SIG_KEY_REDUNDANCY: /* the whole-head vector score_q computed into tmp */
+		if (t->host_score)
+			kvp_em_out(em, "(double)tmp[(size_t)%d * cap + (size_t)i]", em->n_vec);
+		else
+			kvp_em_out(em, "0.0");
+		break;
 	case KVP_SIG_ENTRIES: kvp_em_out(em, "(double)%s", em->view->n); break;
 	case KVP_SIG_LAYER: kvp_em_out(em, "(double)%s", em->view->layer); break;
 	case KVP_SIG_BUDGET: kvp_em_out(em, "%s", t->budget); break;

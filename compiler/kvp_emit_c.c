@@ -471,6 +471,14 @@ static void emit_observe(struct kvp_em *em)
 	kvp_em_out(em, "}\n\n");
 }
 
+/* [cap] float temporaries score_q uses (cfg->n_tmp and scratch_bytes read this one
+ * count): one per whole-head transform, then key_redundancy's result and norms. */
+static int n_tmp_of(const struct kvp_em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	return em->n_vec + 2 * kvp_em_uses_signal(ir, ir->score.expr, KVP_SIG_KEY_REDUNDANCY);
+}
+
 /* The body of score_q: the whole-head transforms, then the elementwise tree. */
 static void score_body(struct kvp_em *em, const void *arg)
 {
@@ -479,6 +487,12 @@ static void score_body(struct kvp_em *em, const void *arg)
 	int32_t e = ir->score.expr;
 	if (kvp_em_uses_signal(ir, e, KVP_SIG_KEY_COS_MEAN))
 		kvp_em_out(em, "\tk_key_anchor(h->k, n, d, vec + d);\n");
+	/* tmp slots n_vec (the result) and n_vec + 1 (norms) after the transforms'; computed
+	 * for query head 0 and kept for the group's others, which k_run_head_scores
+	 * (kernels/k_compress.h) scores next on the same thread and scratch */
+	if (kvp_em_uses_signal(ir, e, KVP_SIG_KEY_REDUNDANCY))
+		kvp_em_out(em, "\tif (r == 0)\n\t\tk_key_redundancy(h->k, h->pos, n, d, tmp + (size_t)%d * cap, "
+		           "tmp + (size_t)%d * cap);\n", em->n_vec, em->n_vec + 1);
 	for (int32_t v = 0; v <= e; v++) {
 		if (em->vec_of[v] < 0)
 			continue;
@@ -734,7 +748,7 @@ static void emit_cfg_score_guards(struct kvp_em *em)
 		kvp_em_out(em, "\tcfg->pool = %s;\n\tcfg->kernel = %d;\n\tcfg->pool_before_reduce = %d;\n",
 		    K_POOL_NAMES[sc->pool], (int)k, sc->pool_before_reduce);
 	}
-	kvp_em_out(em, "\tcfg->n_tmp = %d;\n", em->n_vec);
+	kvp_em_out(em, "\tcfg->n_tmp = %d;\n", n_tmp_of(em));
 	kvp_em_out(em, "\tcfg->reads_rows = %d;\n", (ir->needs & (KVP_NEED_KEYS | KVP_NEED_VALUES)) != 0);
 	kvp_em_out(em, "\tcfg->keep_order = %d;\n", ir->positions == KVP_POS_COMPACTED);
 	kvp_em_line_src(em, ir->alloc.loc);
@@ -896,10 +910,10 @@ static void emit_compress(struct kvp_em *em)
 	kvp_em_out(em, "\treturn k_budget_check(ctx, kv, &cfg, seen, seen, lb, err) < 0 ? -1 : 0;\n}\n\n");
 	kvp_em_out(em, "static size_t scratch_bytes(const rt_kv *kv, int n_threads)\n{\n");
 	if (grace) /* k_grace_run works on the calling thread */
-		kvp_em_out(em, "\treturn k_grace_scratch_bytes(kv, %d)%s;\n}\n\n", em->n_vec,
+		kvp_em_out(em, "\treturn k_grace_scratch_bytes(kv, %d)%s;\n}\n\n", n_tmp_of(em),
 		    ir->tiers.n > 0 ? " + k_tier_scratch_bytes(kv)" : "");
 	else
-		kvp_em_out(em, "\treturn k_compress_scratch_bytes(kv, %d, n_threads)%s;\n}\n\n", em->n_vec,
+		kvp_em_out(em, "\treturn k_compress_scratch_bytes(kv, %d, n_threads)%s;\n}\n\n", n_tmp_of(em),
 		    ir->tiers.n > 0 ? " + k_tier_scratch_bytes(kv)" : "");
 }
 

@@ -65,6 +65,57 @@ static inline double k_cos_anchor(const float *x, const double *a, int d)
 	return xx > 0 && aa > 0 ? xy / sqrt(xx * aa) : 0.0;
 }
 
+/* R-KV's redundancy of each of the n keys k[n × d] of a head (Cai et al., arXiv 2505.24133,
+ * as kvpress rkv_press.py cal_similarity with threshold 0.5 and retain_direction "last"):
+ * c_ij = k_iᵀk_j / ((||k_i|| + 1e-8)(||k_j|| + 1e-8)) for j != i, c_ii = 0; in row i the
+ * entry of the newest position among those with c_ij > 0.5 is set to 0 (the one similar key
+ * a token may keep; with none, the oldest position's, as kvpress zeroes index 0); then
+ * r_i = (1/n) sum_j c_ij and out[i] = exp(r_i) / sum_m exp(r_m). pos[n]: the entries'
+ * positions (the list may be out of position order after an eviction); nrm[n]: scratch.
+ * O(n² d). */
+static inline void k_key_redundancy(const float *k, const int32_t *pos, int32_t n, int d,
+                                    float *out, float *nrm)
+{
+	for (int32_t i = 0; i < n; i++)
+		nrm[i] = (float)(k_norm(k + (size_t)i * d, d) + 1e-8);
+	double mx = -INFINITY;
+	for (int32_t i = 0; i < n; i++) {
+		const float *ki = k + (size_t)i * d;
+		double sum = 0, c_last = 0, c_old = 0;
+		int32_t last = -1, old = -1;
+		for (int32_t j = 0; j < n; j++) {
+			if (j == i)
+				continue;
+			const float *kj = k + (size_t)j * d;
+			double dot = 0;
+			for (int t = 0; t < d; t++)
+				dot += (double)ki[t] * kj[t];
+			const double c = dot / ((double)nrm[i] * nrm[j]);
+			sum += c;
+			if (c > 0.5 && (last < 0 || pos[j] > pos[last])) {
+				last = j;
+				c_last = c;
+			}
+			if (old < 0 || pos[j] < pos[old]) {
+				old = j;
+				c_old = c;
+			}
+		}
+		/* the oldest is the diagonal when i itself is the oldest: nothing to remove */
+		if (last >= 0)
+			sum -= c_last;
+		else if (old >= 0 && pos[old] < pos[i])
+			sum -= c_old;
+		out[i] = (float)(sum / n);
+		mx = out[i] > mx ? out[i] : mx;
+	}
+	double z = 0;
+	for (int32_t i = 0; i < n; i++)
+		z += exp(out[i] - mx);
+	for (int32_t i = 0; i < n; i++)
+		out[i] = (float)(exp(out[i] - mx) / z);
+}
+
 /* s[j] <- s[j] / sum_i s[i] over n entries (all 0 when the sum is 0). */
 static inline void k_normalize(float *s, int32_t n)
 {

@@ -1132,6 +1132,81 @@ START_TEST(duo_head_classes)
 }
 END_TEST
 
+/* R-KV's redundancy (arXiv 2505.24133; kvpress rkv_press.py, threshold 0.5, "last"), by
+ * hand for five keys (head_dim 4): k0 = k1 = k2 = e1, k3 = e2, k4 = e1 + e2. Cosines: 1
+ * among k0..k2, 0 between them and k3, 1/sqrt(2) between k4 and every other. Row 0: the
+ * similar keys are 1, 2, 4, the newest (4) is left out: r0 = (1 + 1) / 5 = 0.4, and so
+ * r1 = r2 = 0.4; row 3: only k4 is similar and left out: r3 = 0; row 4: all four are
+ * similar, k3 (the newest) left out: r4 = 3 / sqrt(2) / 5 = 0.424264. Softmax: e^0.4 =
+ * 1.4918247, e^0.424264 = 1.5284652, sum 3 * 1.4918247 + 1 + 1.5284652 = 7.0039393, so
+ * R = 0.2129979 (x3), 0.1427768, 0.2182294. A budget of 3 at prompt end with
+ * score = obs - key_redundancy (obs never observed: 0; per query head of a group of 3, so
+ * query heads 1 and 2 reuse query head 0's vector) keeps the least redundant, 3 then the
+ * tie 0, 1 (lower positions); score = key_redundancy + 0 * obs keeps 4, 0, 1. */
+static const float rkv_k[5][4] = { { 1, 0, 0, 0 }, { 1, 0, 0, 0 }, { 1, 0, 0, 0 },
+                                   { 0, 1, 0, 0 }, { 1, 1, 0, 0 } };
+
+static void rkv_kept(const char *name, const char *score, const int32_t want[3])
+{
+	static const char src_fmt[] = "policy %s {\n    budget = 3 entries\n"
+	                              "    stat obs = sum(attn)\n    score = %s\n    group = mean\n"
+	                              "    compress at prompt end\n}\n";
+	char text[256];
+	snprintf(text, sizeof text, src_fmt, name, score);
+	kvp_src *src = kvp_src_from_mem("rkv.kvp", text, strlen(text));
+	struct kvp_ir ir;
+	ck_assert_msg(kvp_compile(src, &ir) == 0, "%s", kvp_src_diags(src));
+	ck_assert(ir.needs & KVP_NEED_KEYS);
+	char *c = emit_str(&ir, 0, "rkv.c");
+	void *handle = NULL;
+	const struct kvp_policy *p = load_policy(c, name, &handle);
+	ck_assert_ptr_nonnull(p);
+	rt_kv kv;
+	struct rt_run run;
+	rt_err err = { "" };
+	ck_assert_int_eq(rt_run_init(&run, &kv, p, 1, 1, 3, 4, 8, 5, &err), 0);
+	const float v[4] = { 0, 0, 1, 0 };
+	for (int32_t t = 0; t < 5; t++) {
+		ck_assert_int_ge(rt_run_chunk(&run, &kv, 1), 1);
+		rt_kv_append(&kv, rt_kv_head_at(&kv, 0, 0), rkv_k[t], v, t);
+		ck_assert_msg(rt_run_advance(&run, &kv, 1, &err) >= 0, "%s", err.msg);
+	}
+	const rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
+	ck_assert_int_eq(h->n, 3);
+	int got[5] = { 0 };
+	for (int i = 0; i < 3; i++)
+		got[h->pos[i]] = 1;
+	for (int i = 0; i < 3; i++)
+		ck_assert_msg(got[want[i]], "%s: position %d not kept", name, want[i]);
+	rt_run_free(&run);
+	rt_kv_free(&kv);
+	dlclose(handle);
+	free(c);
+	kvp_ir_free(&ir);
+	kvp_src_free(src);
+}
+
+START_TEST(rkv_redundancy)
+{
+	static const int32_t pos[5] = { 0, 1, 2, 3, 4 }, rev[5] = { 4, 3, 2, 1, 0 };
+	static const double want[5] = { 0.2129979, 0.2129979, 0.2129979, 0.1427768, 0.2182294 };
+	float out[5], nrm[5];
+	k_key_redundancy(&rkv_k[0][0], pos, 5, 4, out, nrm);
+	for (int i = 0; i < 5; i++)
+		ck_assert_msg(fabs(out[i] - want[i]) < 1e-6, "R%d = %.7f, by hand %.7f", i, out[i], want[i]);
+	/* the same keys listed newest first (a list out of position order after an eviction):
+	 * "newest" follows the positions, not the list order */
+	float rk[5][4], out2[5];
+	for (int i = 0; i < 5; i++)
+		memcpy(rk[i], rkv_k[4 - i], sizeof rk[i]);
+	k_key_redundancy(&rk[0][0], rev, 5, 4, out2, nrm);
+	for (int i = 0; i < 5; i++)
+		ck_assert(fabs(out2[i] - want[4 - i]) < 1e-6);
+	rkv_kept("rkv_least", "obs - key_redundancy", (const int32_t[3]){ 0, 1, 3 });
+	rkv_kept("rkv_most", "key_redundancy + 0 * obs", (const int32_t[3]){ 0, 1, 4 });
+}
+END_TEST
+
 /* Every signal of the language (the kvp_builtin.def rows with lang 1) has its row in the
  * table of docs/language.md section 7.1 ("| `name` |"): a signal added without its
  * documentation fails here. */
@@ -1216,6 +1291,7 @@ static Suite *emit_suite(void)
 	tcase_set_timeout(tc, 1200);
 	tcase_add_test(tc, golden_h2o);
 	tcase_add_test(tc, duo_head_classes);
+	tcase_add_test(tc, rkv_redundancy);
 	tcase_add_test(tc, golden_snapkv);
 	tcase_add_test(tc, golden_scissorhands);
 	tcase_add_test(tc, golden_caote_exact);
