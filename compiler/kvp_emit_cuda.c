@@ -208,6 +208,13 @@ static void emit_compress(struct kvp_em *em)
 	kvp_em_out(em, "\tcfg.name = \"");
 	kvp_em_cstr(em, ir->name);
 	kvp_em_out(em, "\";\n\tcfg.budget = budget_of(x, seen);\n");
+	if (al->min >= 0) { /* the floor: rt_cuda_compress_run applies it as the C side does */
+		kvp_em_line_src(em, al->loc);
+		kvp_em_out(em, "\tcfg.min_kv = ");
+		kvp_em_expr(em, al->min);
+		kvp_em_out(em, ";\n");
+		kvp_em_line_back(em);
+	}
 	int has_score = sc->expr >= 0;
 	int per_q = has_score && kvp_ir_expr_per_qhead(ir, sc->expr);
 	kvp_em_out(em, "\tcfg.has_score = %d;\n\tcfg.reduce = %s;\n", has_score,

@@ -62,6 +62,24 @@ static inline void rt_cuda_compress_conf(struct k_cu_compress_args *a, const str
 		a->P.v[i] = ctx->params[i];
 }
 
+/* The configuration and per-layer budgets compress applies to kv: cfg's budget and target
+ * as a graceful budget's floor raises them (k_budget_force, kernels/k_compress.h, as the C
+ * compress takes them), then lb[kv->n_layer] (k_layer_budgets) from the target. Host code;
+ * the device pipeline and its CPU reference in tests/cuda/test_cuda_host.cu both call it.
+ * Returns 0, or -1 with err set (the budget check's errors). */
+static inline int rt_cuda_compress_plan(const struct kvp_ctx *ctx, const rt_kv *kv,
+                                        struct k_compress_cfg *cfg, double *lb, rt_err *err)
+{
+	double in_force[2] = { cfg->budget, cfg->target };
+	if (k_budget_force(ctx, kv, cfg, (double)ctx->seen, 0, NULL, in_force, err) < 0)
+		return -1;
+	cfg->budget = in_force[0];
+	cfg->target = in_force[1];
+	k_layer_budgets(cfg, kv->n_layer, cfg->target,
+	                (double)rt_kv_entries(kv) / ((double)kv->n_layer * kv->n_kv_head), lb);
+	return 0;
+}
+
 template <class Score>
 static inline int rt_cuda_compress_run(const struct kvp_cuda_compress_in *in,
                                        const struct k_compress_cfg *cfg, int n_params, rt_err *err)
@@ -70,6 +88,15 @@ static inline int rt_cuda_compress_run(const struct kvp_cuda_compress_in *in,
 	const rt_kv *kv = in->shadow;
 	const rt_cuda_kv *d = in->dkv;
 	cudaStream_t st = (cudaStream_t)in->stream;
+	const size_t L = (size_t)kv->n_layer;
+	if (L > 1024)
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: more than 1024 layers",
+		                   cfg->name ? cfg->name : "?");
+	struct k_compress_cfg fc = *cfg;
+	double lb[1024];
+	if (rt_cuda_compress_plan(ctx, kv, &fc, lb, err) < 0)
+		return -1;
+	cfg = &fc;
 	if (ctx->ratio > 0) {
 		double sk = cfg->sinks > 0 ? cfg->sinks : 0, rc = cfg->recent > 0 ? cfg->recent : 0;
 		if (sk + rc > cfg->target)
@@ -78,16 +105,10 @@ static inline int rt_cuda_compress_run(const struct kvp_cuda_compress_in *in,
 			                   cfg->name ? cfg->name : "?", ctx->ratio, floor(cfg->budget), sk, rc);
 	}
 	const size_t H = (size_t)kv->n_layer * kv->n_kv_head, cap = (size_t)kv->cap, R = (size_t)kv->group;
-	const size_t L = (size_t)kv->n_layer;
 	const size_t W = (size_t)kv->head_dim > kv->stat_bytes / 4 ? (size_t)kv->head_dim : kv->stat_bytes / 4;
 	if (in->scratch_len < k_cu_compress_scratch_bytes(H, cap, R, W, L))
 		return rt_err_set(err, "policy %s: device compress scratch of %zu bytes is too small",
 		                  cfg->name ? cfg->name : "?", in->scratch_len);
-	double lb[1024];
-	if (L > 1024)
-		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: more than 1024 layers",
-		                   cfg->name ? cfg->name : "?");
-	k_layer_budgets(cfg, L, cfg->target, (double)rt_kv_entries(kv) / ((double)L * kv->n_kv_head), lb);
 	uint8_t keep[65536];
 	const int n_ids = ctx->n_spans < 65535 ? ctx->n_spans : 65535;
 	for (int s = 0; s <= n_ids; s++)

@@ -204,8 +204,10 @@ static int compress_compare(const struct kvp_cuda_policy *cp, struct rt_run *run
 	struct k_compress_cfg cfg;
 	cp->compress_cfg(&run->ctx, kv, &cfg);
 	double lb[64];
-	k_layer_budgets(&cfg, kv->n_layer, cfg.target,
-	                (double)rt_kv_entries(kv) / ((double)kv->n_layer * kv->n_kv_head), lb);
+	if (rt_cuda_compress_plan(&run->ctx, kv, &cfg, lb, &err) != 0) {
+		printf("test_cuda_host: %s: device budget: %s\n", p->name, err.msg);
+		return 1;
+	}
 	struct k_cu_compress_args ca;
 	memset(&ca, 0, sizeof ca);
 	ca.k = s->k;
