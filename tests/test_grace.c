@@ -1320,6 +1320,34 @@ static void score_knorm(const struct kvp_ctx *ctx, const rt_kv *kv, const rt_kv_
 	}
 }
 
+/* What the generated compress of a GraceKV policy hands k_grace_run at the prompt end of
+ * n tokens: ctx (the trace tr, NULL for none; a scratch sized for kv, the caller frees
+ * ctx->scratch), cfg (the key-norm score score_knorm when scored, summed over the group) and
+ * gc (the kernel's defaults, then the budget in entries per head, 8 recent entries, slots of
+ * 16 tokens, 4 probes). */
+static void glue_prompt_end(struct kvp_ctx *ctx, struct k_compress_cfg *cfg,
+                            struct k_grace_cfg *gc, const rt_kv *kv, int32_t n,
+                            const struct kvp_trace *tr, int scored, double budget)
+{
+	memset(ctx, 0, sizeof *ctx);
+	ctx->seen = n;
+	ctx->prompt_len = n;
+	ctx->prompt_done = 1;
+	ctx->trace = tr;
+	memset(cfg, 0, sizeof *cfg);
+	cfg->name = "t";
+	cfg->has_score = scored;
+	cfg->reduce = K_REDUCE_SUM;
+	cfg->n_tmp = 1;
+	k_grace_cfg_default(gc);
+	gc->budget = budget;
+	gc->recent = 8;
+	gc->slot = 16;
+	gc->probe = 4;
+	ctx->scratch_len = k_grace_scratch_bytes(kv, 1);
+	ctx->scratch = scratch_new(ctx->scratch_len);
+}
+
 START_TEST(test_glue_x1_and_spans)
 {
 	/* Compression 1 (budget = the prompt) through k_grace_run, the code the generated
@@ -1344,29 +1372,13 @@ START_TEST(test_glue_x1_and_spans)
 			const char *names[3] = { NULL, "system", "question" };
 			const char *const prot[2] = { "system", "question" };
 			struct kvp_ctx ctx;
-			memset(&ctx, 0, sizeof ctx);
-			ctx.seen = n;
-			ctx.prompt_len = n;
-			ctx.prompt_done = 1;
+			struct k_compress_cfg cfg;
+			struct k_grace_cfg gc;
+			glue_prompt_end(&ctx, &cfg, &gc, &kv, n, mode >= 1 ? &st.tr : NULL, mode == 2, n);
 			ctx.span_names = names;
 			ctx.n_spans = 2;
-			ctx.trace = mode >= 1 ? &st.tr : NULL;
-			struct k_compress_cfg cfg;
-			memset(&cfg, 0, sizeof cfg);
-			cfg.name = "t";
-			cfg.has_score = mode == 2;
-			cfg.reduce = K_REDUCE_SUM;
-			cfg.n_tmp = 1;
-			struct k_grace_cfg gc;
-			k_grace_cfg_default(&gc);
-			gc.budget = n;
-			gc.recent = 8;
-			gc.slot = 16;
-			gc.probe = 4;
 			gc.spans = prot;
 			gc.n_spans = 2;
-			ctx.scratch_len = k_grace_scratch_bytes(&kv, 1);
-			ctx.scratch = scratch_new(ctx.scratch_len);
 			rt_err err = {0};
 			ck_assert_msg(k_grace_run(&ctx, &kv, &cfg, mode == 2 ? score_knorm : NULL, &gc, &err) == 0,
 			              "%s", err.msg);
@@ -1491,26 +1503,11 @@ START_TEST(test_glue_window_layers)
 				const struct kvp_trace *traces[3] = { &st.tr, &ta, &tb };
 				for (int k = 0; k < 3; k++) {
 					struct kvp_ctx ctx;
-					memset(&ctx, 0, sizeof ctx);
-					ctx.seen = n;
-					ctx.prompt_len = n;
-					ctx.prompt_done = 1;
-					ctx.trace = mode >= 1 ? traces[k] : NULL;
 					struct k_compress_cfg cfg;
-					memset(&cfg, 0, sizeof cfg);
-					cfg.name = "t";
-					cfg.has_score = mode == 2;
-					cfg.reduce = K_REDUCE_SUM;
-					cfg.n_tmp = 1;
 					struct k_grace_cfg gc;
-					k_grace_cfg_default(&gc);
-					gc.budget = budget;
+					glue_prompt_end(&ctx, &cfg, &gc, stores[k], n,
+					                mode >= 1 ? traces[k] : NULL, mode == 2, budget);
 					gc.sinks = 4;
-					gc.recent = 8;
-					gc.slot = 16;
-					gc.probe = 4;
-					ctx.scratch_len = k_grace_scratch_bytes(stores[k], 1);
-					ctx.scratch = scratch_new(ctx.scratch_len);
 					rt_err err = {0};
 					ck_assert_msg(k_grace_run(&ctx, stores[k], &cfg, mode == 2 ? score_knorm : NULL,
 					                          &gc, &err) == 0, "%s", err.msg);
@@ -1734,17 +1731,9 @@ START_TEST(test_seq_ratio1_equals_full)
 	 * one. At ratio 1 the core keeps everything (bit-identical store), so every logit
 	 * equals the full cache's; at ratio 4 it compresses to the budget and differs. */
 	for (int si = 0; si < 2; si++) {
-		tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 128,
-		                     .rope_base = 10000.0f, .seed = 4242u + (uint32_t)si, .wtype = RT_GGML_F32 };
-		if (si == 0)
-			c.n_head = 9, c.n_head_kv = 3, c.n_embd = 288;
-		else
-			c.n_head = 4, c.n_head_kv = 1, c.n_embd = 64;
-		char path[128];
-		snprintf(path, sizeof path, "tests/tmp/test_grace_%d_%d.gguf", (int)getpid(), si);
-		ck_assert_int_eq(tiny_model_write(&c, path), 0);
+		const tiny_model_cfg c = tiny_model_gqa_cfg(si, 2, si == 0 ? 32 : 16, 4242u + (uint32_t)si);
 		rt_err err = {0};
-		rt_model *m = rt_model_open(path, &exact_opts, &err);
+		rt_model *m = tiny_model_open(&c, &exact_opts, &err);
 		ck_assert_msg(m != NULL, "%s", err.msg);
 		const int64_t P = 70, T = 10;
 		int32_t tok[80];
@@ -1793,7 +1782,6 @@ START_TEST(test_seq_ratio1_equals_full)
 		free(lf);
 		free(lg);
 		rt_model_free(m);
-		unlink(path);
 	}
 }
 END_TEST

@@ -672,19 +672,10 @@ static void e2e_utility(int si, enum rt_kv_type t)
  * e2e_model (si 0: 9/3, 1: 4/1), f16 store. */
 static rt_model *e2e_model4(int si)
 {
-	tiny_model_cfg c = { .n_layer = 4, .n_ff = 96, .n_vocab = 300, .n_ctx = 128,
-		             .rope_base = 10000.0f, .seed = 91u + (uint32_t)si, .wtype = RT_GGML_F32 };
-	if (si == 0)
-		c.n_head = 9, c.n_head_kv = 3, c.n_embd = 288;
-	else
-		c.n_head = 4, c.n_head_kv = 1, c.n_embd = 128;
-	char path[96];
-	snprintf(path, sizeof path, "tests/tmp/tier_limits_%d_%d.gguf", (int)getpid(), si);
-	ck_assert_int_eq(tiny_model_write(&c, path), 0);
+	const tiny_model_cfg c = tiny_model_gqa_cfg(si, 4, 32, 91u + (uint32_t)si);
 	rt_model_opts o = { .threads = 1, .kv_type = RT_KV_F16 };
 	rt_err err = { "" };
-	rt_model *m = rt_model_open(path, &o, &err);
-	unlink(path);
+	rt_model *m = tiny_model_open(&c, &o, &err);
 	ck_assert_msg(m != NULL, "%s", err.msg);
 	return m;
 }

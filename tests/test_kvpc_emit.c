@@ -953,6 +953,43 @@ START_TEST(random_ir_compiles)
 }
 END_TEST
 
+/* The positions a policy compiled from source keeps of five prompt tokens: text (one
+ * policy named name, whose needs must include need) compiled, emitted as C, built and
+ * loaded, then run over one layer of one KV head with group query heads, head_dim 4, the
+ * entries (k[t], v[t]) appended at positions t = 0..4, one token a step. pos receives the
+ * kept positions in list order; returns their number. Everything it made is freed. */
+static int kept_of_five(const char *name, const char *text, unsigned need, int group,
+                        const float k[5][4], const float v[5][4], int32_t pos[5])
+{
+	kvp_src *src = kvp_src_from_mem("five.kvp", text, strlen(text));
+	struct kvp_ir ir;
+	ck_assert_msg(kvp_compile(src, &ir) == 0, "%s", kvp_src_diags(src));
+	ck_assert(ir.needs & need);
+	char *c = emit_str(&ir, 0, "five.c");
+	void *handle = NULL;
+	const struct kvp_policy *p = load_policy(c, name, &handle);
+	ck_assert_ptr_nonnull(p);
+	rt_kv kv;
+	struct rt_run run;
+	rt_err err = { "" };
+	ck_assert_int_eq(rt_run_init(&run, &kv, p, 1, 1, group, 4, 8, 5, &err), 0);
+	for (int32_t t = 0; t < 5; t++) {
+		ck_assert_int_ge(rt_run_chunk(&run, &kv, 1), 1);
+		rt_kv_append(&kv, rt_kv_head_at(&kv, 0, 0), k[t], v[t], t);
+		ck_assert_msg(rt_run_advance(&run, &kv, 1, &err) >= 0, "%s", err.msg);
+	}
+	const rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
+	const int n = h->n;
+	memcpy(pos, h->pos, (size_t)n * sizeof *pos);
+	rt_run_free(&run);
+	rt_kv_free(&kv);
+	dlclose(handle);
+	free(c);
+	kvp_ir_free(&ir);
+	kvp_src_free(src);
+	return n;
+}
+
 /* VATP's value norm (arXiv 2406.12335): `score = value_l1` compiled from source keeps
  * the entries of largest ||v||_1. Five entries (head_dim 4) whose l1 and l2 rankings
  * differ, by hand:
@@ -972,38 +1009,16 @@ static const char l1_src[] =
 
 static void kept_by(const char *name, const char *score, const int32_t want[3])
 {
+	static const float K[5][4] = { { 1, 0, 0, 0 }, { 1, 0, 0, 0 }, { 1, 0, 0, 0 },
+	                               { 1, 0, 0, 0 }, { 1, 0, 0, 0 } };
 	static const float V[5][4] = { { 3, 0, 0, 0 }, { 1, 1, 1, 1 }, { 0, 0, 0, 0.5f },
 	                               { -2.2f, 0, 0, 0 }, { 1, -1, 1, -1.5f } };
 	char text[256];
 	snprintf(text, sizeof text, l1_src, name, score);
-	kvp_src *src = kvp_src_from_mem("l1.kvp", text, strlen(text));
-	struct kvp_ir ir;
-	ck_assert_msg(kvp_compile(src, &ir) == 0, "%s", kvp_src_diags(src));
-	ck_assert(ir.needs & KVP_NEED_VALUES);
-	char *c = emit_str(&ir, 0, "l1.c");
-	void *handle = NULL;
-	const struct kvp_policy *p = load_policy(c, name, &handle);
-	ck_assert_ptr_nonnull(p);
-	rt_kv kv;
-	struct rt_run run;
-	rt_err err = { "" };
-	ck_assert_int_eq(rt_run_init(&run, &kv, p, 1, 1, 1, 4, 8, 5, &err), 0);
-	const float k[4] = { 1, 0, 0, 0 };
-	for (int32_t t = 0; t < 5; t++) {
-		ck_assert_int_ge(rt_run_chunk(&run, &kv, 1), 1);
-		rt_kv_append(&kv, rt_kv_head_at(&kv, 0, 0), k, V[t], t);
-		ck_assert_msg(rt_run_advance(&run, &kv, 1, &err) >= 0, "%s", err.msg);
-	}
-	const rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
-	ck_assert_int_eq(h->n, 3);
+	int32_t pos[5];
+	ck_assert_int_eq(kept_of_five(name, text, KVP_NEED_VALUES, 1, K, V, pos), 3);
 	for (int i = 0; i < 3; i++)
-		ck_assert_int_eq(h->pos[i], want[i]);
-	rt_run_free(&run);
-	rt_kv_free(&kv);
-	dlclose(handle);
-	free(c);
-	kvp_ir_free(&ir);
-	kvp_src_free(src);
+		ck_assert_int_eq(pos[i], want[i]);
 }
 
 START_TEST(value_l1_vatp)
@@ -1151,39 +1166,17 @@ static void rkv_kept(const char *name, const char *score, const int32_t want[3])
 	static const char src_fmt[] = "policy %s {\n    budget = 3 entries\n"
 	                              "    stat obs = sum(attn)\n    score = %s\n    group = mean\n"
 	                              "    compress at prompt end\n}\n";
+	static const float V[5][4] = { { 0, 0, 1, 0 }, { 0, 0, 1, 0 }, { 0, 0, 1, 0 },
+	                               { 0, 0, 1, 0 }, { 0, 0, 1, 0 } };
 	char text[256];
 	snprintf(text, sizeof text, src_fmt, name, score);
-	kvp_src *src = kvp_src_from_mem("rkv.kvp", text, strlen(text));
-	struct kvp_ir ir;
-	ck_assert_msg(kvp_compile(src, &ir) == 0, "%s", kvp_src_diags(src));
-	ck_assert(ir.needs & KVP_NEED_KEYS);
-	char *c = emit_str(&ir, 0, "rkv.c");
-	void *handle = NULL;
-	const struct kvp_policy *p = load_policy(c, name, &handle);
-	ck_assert_ptr_nonnull(p);
-	rt_kv kv;
-	struct rt_run run;
-	rt_err err = { "" };
-	ck_assert_int_eq(rt_run_init(&run, &kv, p, 1, 1, 3, 4, 8, 5, &err), 0);
-	const float v[4] = { 0, 0, 1, 0 };
-	for (int32_t t = 0; t < 5; t++) {
-		ck_assert_int_ge(rt_run_chunk(&run, &kv, 1), 1);
-		rt_kv_append(&kv, rt_kv_head_at(&kv, 0, 0), rkv_k[t], v, t);
-		ck_assert_msg(rt_run_advance(&run, &kv, 1, &err) >= 0, "%s", err.msg);
-	}
-	const rt_kv_head *h = rt_kv_head_at(&kv, 0, 0);
-	ck_assert_int_eq(h->n, 3);
+	int32_t pos[5];
+	ck_assert_int_eq(kept_of_five(name, text, KVP_NEED_KEYS, 3, rkv_k, V, pos), 3);
 	int got[5] = { 0 };
 	for (int i = 0; i < 3; i++)
-		got[h->pos[i]] = 1;
+		got[pos[i]] = 1;
 	for (int i = 0; i < 3; i++)
 		ck_assert_msg(got[want[i]], "%s: position %d not kept", name, want[i]);
-	rt_run_free(&run);
-	rt_kv_free(&kv);
-	dlclose(handle);
-	free(c);
-	kvp_ir_free(&ir);
-	kvp_src_free(src);
 }
 
 START_TEST(rkv_redundancy)

@@ -142,6 +142,35 @@ static void expect_fold(const struct kvp_ir *ir, int32_t e, double v)
 
 /* ---- golden diagnostics ------------------------------------------------------------ */
 
+/* The C that kvp_emit_c writes for ir, without #line directives; the caller frees it. */
+static char *emit_c_str(const struct kvp_ir *ir)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	struct kvp_emit_opts eo = { .line_directives = 0 };
+	ck_assert_int_eq(kvp_emit_c(ir, &eo, f), 0);
+	fclose(f);
+	return buf;
+}
+
+/* The byte allocator's precision tiers as the library writes them: f16, q8, q4 (no 2-bit
+ * tier), utility-ranked, under a byte budget of the share parameter (index 0) times the
+ * context. */
+static void expect_utility_tiers(const struct kvp_ir *ir)
+{
+	ck_assert_int_eq(ir->tiers.n, 3);
+	ck_assert_int_eq(ir->tiers.tier[0], RT_KV_TIER_TOP);
+	ck_assert_int_eq(ir->tiers.tier[1], RT_KV_TIER_Q8);
+	ck_assert_int_eq(ir->tiers.tier[2], RT_KV_TIER_Q4);
+	ck_assert_int_eq(ir->tiers.kind, K_TIERS_UTILITY);
+	ck_assert_int_eq(ir->alloc.budget_bytes, 1);
+	const struct kvp_ir_expr *b = node(ir, ir->alloc.budget);
+	ck_assert_int_eq(b->op, KVP_OP_MUL);
+	expect_param(ir, b->a, 0);
+	expect_signal(ir, b->b, KVP_SIG_CONTEXT);
+}
+
 static char **bad_files;
 static int n_bad;
 
@@ -573,12 +602,7 @@ START_TEST(test_lower_threshold)
 	ck_assert_int_eq(ir.alloc.threshold, 1);
 	expect_param(&ir, ir.alloc.level, 0);
 	expect_signal(&ir, ir.alloc.budget, KVP_SIG_CONTEXT);
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	struct kvp_emit_opts eo = { .line_directives = 0 };
-	ck_assert_int_eq(kvp_emit_c(&ir, &eo, f), 0);
-	fclose(f);
+	char *buf = emit_c_str(&ir);
 	ck_assert_ptr_nonnull(strstr(buf, "\tcfg->threshold = 1;\n\tcfg->level = P[0];\n"));
 	ck_assert_ptr_nonnull(strstr(buf, "seen == (double)ctx->prompt_len;\n"));
 	ck_assert_ptr_null(strstr(buf, "entries > budget_of"));
@@ -613,17 +637,8 @@ START_TEST(test_lower_tiers)
 	kvp_ir_free(&ir);
 
 	compile_file("policies/h2o_tiers.kvp", &ir);
-	ck_assert_int_eq(ir.tiers.n, 3); /* f16, q8, q4: no 2-bit tier (measured, the file) */
-	ck_assert_int_eq(ir.tiers.tier[0], RT_KV_TIER_TOP);
-	ck_assert_int_eq(ir.tiers.tier[1], RT_KV_TIER_Q8);
-	ck_assert_int_eq(ir.tiers.tier[2], RT_KV_TIER_Q4);
-	ck_assert_int_eq(ir.tiers.kind, K_TIERS_UTILITY);
-	ck_assert_int_eq(ir.alloc.budget_bytes, 1);
+	expect_utility_tiers(&ir); /* no 2-bit tier (measured, the file) */
 	ck_assert_int_eq(ir.alloc.budget_unit, KVP_UNIT_RATIO);
-	const struct kvp_ir_expr *b = node(&ir, ir.alloc.budget);
-	ck_assert_int_eq(b->op, KVP_OP_MUL);
-	expect_param(&ir, b->a, 0);
-	expect_signal(&ir, b->b, KVP_SIG_CONTEXT);
 	ck_assert(ir.needs & KVP_NEED_TIERS);
 	kvp_ir_free(&ir);
 
@@ -639,28 +654,14 @@ START_TEST(test_lower_tiers)
 	ck_assert_int_eq(ir.score.reduce, K_REDUCE_MEAN);
 	expect_param(&ir, ir.guards.sinks, 1);
 	expect_param(&ir, ir.guards.recent, 2);
-	ck_assert_int_eq(ir.tiers.n, 3);
-	ck_assert_int_eq(ir.tiers.tier[0], RT_KV_TIER_TOP);
-	ck_assert_int_eq(ir.tiers.tier[1], RT_KV_TIER_Q8);
-	ck_assert_int_eq(ir.tiers.tier[2], RT_KV_TIER_Q4);
-	ck_assert_int_eq(ir.tiers.kind, K_TIERS_UTILITY);
-	ck_assert_int_eq(ir.alloc.budget_bytes, 1);
-	b = node(&ir, ir.alloc.budget);
-	ck_assert_int_eq(b->op, KVP_OP_MUL);
-	expect_param(&ir, b->a, 0);
-	expect_signal(&ir, b->b, KVP_SIG_CONTEXT);
+	expect_utility_tiers(&ir);
 	ck_assert_int_eq(ir.trigger.kind, KVP_TRIG_PROMPT_END);
 	ck_assert(ir.needs & KVP_NEED_TIERS);
 	kvp_ir_free(&ir);
 
 	/* the emitted trigger: every 32 steps, with no entry-count condition */
 	compile_file("policies/tova_tiers.kvp", &ir);
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	struct kvp_emit_opts eo = { .line_directives = 0 };
-	ck_assert_int_eq(kvp_emit_c(&ir, &eo, f), 0);
-	fclose(f);
+	char *buf = emit_c_str(&ir);
 	ck_assert_ptr_nonnull(strstr(buf, "\treturn k_every(seen, 32.0);\n"));
 	ck_assert_ptr_nonnull(strstr(buf, "cfg->tiers = K_TIERS_UTILITY;"));
 	ck_assert_ptr_nonnull(strstr(buf, "{ RT_KV_TIER_TOP, RT_KV_TIER_Q8, RT_KV_TIER_Q4 }"));
@@ -676,9 +677,7 @@ START_TEST(test_lower_tiers)
 	ck_assert_int_eq(ir.tiers.tier[2], RT_KV_TIER_Q2);
 	ck_assert(ir.tiers.cum[0] == 0.25 && ir.tiers.cum[1] == 0.5 && ir.tiers.cum[2] == 1);
 	ck_assert_int_eq(ir.tiers.rotate, 3);
-	f = open_memstream(&buf, &len);
-	ck_assert_int_eq(kvp_emit_c(&ir, &eo, f), 0);
-	fclose(f);
+	buf = emit_c_str(&ir);
 	ck_assert_ptr_nonnull(strstr(buf, "{ RT_KV_TIER_TOP, RT_KV_TIER_K8V4, RT_KV_TIER_Q2 }"));
 	free(buf);
 	kvp_ir_free(&ir);
@@ -779,12 +778,7 @@ START_TEST(test_tiers_rotate)
 	ck_assert_int_eq(ir.tiers.kind, K_TIERS_SHARES);
 	ck_assert_int_eq(ir.tiers.rotate, 1);
 	ck_assert_double_eq_tol(ir.tiers.cum[0], 0.5, 1e-15);
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	struct kvp_emit_opts opts = { .line_directives = 0 };
-	ck_assert_int_eq(kvp_emit_c(&ir, &opts, f), 0);
-	fclose(f);
+	char *buf = emit_c_str(&ir);
 	ck_assert_ptr_nonnull(strstr(buf, "\t.tier_rotate = 1,\n"));
 	free(buf);
 	kvp_ir_free(&ir);
@@ -800,12 +794,7 @@ START_TEST(test_c_keywords)
 	ck_assert_str_eq(ir.params[1].name, "return");
 	ck_assert_int_eq(ir.params[1].unit, KVP_UNIT_TOKENS);
 	expect_fold(&ir, ir.stats[0].window, 400);
-	char *buf = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&buf, &len);
-	struct kvp_emit_opts opts = { .line_directives = 0 };
-	ck_assert_int_eq(kvp_emit_c(&ir, &opts, f), 0);
-	fclose(f);
+	char *buf = emit_c_str(&ir);
 	/* the names appear only as string literals */
 	ck_assert_ptr_nonnull(strstr(buf, "\"while\""));
 	ck_assert_ptr_null(strstr(buf, " while ="));

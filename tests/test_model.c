@@ -305,6 +305,56 @@ static double max_diff_fd(const float *a, const double *b, size_t n)
 	return d;
 }
 
+/* An oracle case over a policy-edited store: the model of c written and loaded, its
+ * reference (ref_load), n test tokens from seed, a store and a forward (chunks of
+ * max_chunk) for n positions, and the first n_prompt tokens fed; the test then edits the
+ * store and decodes the rest. oracle_close frees it all. */
+typedef struct oracle_case {
+	tiny_model_cfg c;
+	const char *path;
+	rt_model *m;
+	ref r;
+	rt_kv kv;
+	rt_fwd f;
+} oracle_case;
+
+static void oracle_open(oracle_case *o, const tiny_model_cfg *c, int32_t *tok, int n,
+                        unsigned seed, int max_chunk, int n_prompt)
+{
+	o->c = *c;
+	o->path = write_model(c);
+	o->m = load_ok(o->path);
+	ref_load(&o->r, c, o->path);
+	test_tokens(tok, n, c->n_vocab, seed);
+	rt_err err = {0};
+	ck_assert_int_eq(rt_model_kv_init(o->m, &o->kv, n, &err), 0);
+	ck_assert_int_eq(rt_fwd_init(&o->f, o->m, max_chunk, n, &err), 0);
+	ck_assert_int_eq(rt_model_forward(&o->f, &o->kv, tok, n_prompt, 0, NULL, RT_LOGITS_NONE,
+	                                  &err), 0);
+}
+
+/* max |logit - reference| over rows positions from..from+rows-1: lg holds those rows
+ * ([rows × V]), the reference runs tok[0..n) with visibility vis(u). */
+static double oracle_diff(const oracle_case *o, const int32_t *tok, int n, ref_visible_fn vis,
+                          const void *u, const float *lg, int from, int rows)
+{
+	const size_t V = (size_t)o->c.n_vocab;
+	double *rl = malloc((size_t)n * V * sizeof *rl);
+	ref_forward(&o->r, tok, n, vis, u, rl);
+	double d = max_diff_fd(lg, rl + (size_t)from * V, (size_t)rows * V);
+	free(rl);
+	return d;
+}
+
+static void oracle_close(oracle_case *o)
+{
+	rt_fwd_free(&o->f);
+	rt_kv_free(&o->kv);
+	ref_free(&o->r);
+	rt_model_free(o->m);
+	unlink(o->path);
+}
+
 /* ---- tests --------------------------------------------------------------------------- */
 
 static const uint32_t wtypes[3] = { RT_GGML_F32, RT_GGML_Q4_1, RT_GGML_Q8_0 };
@@ -488,24 +538,15 @@ static int vis_kept(const void *u, int layer, int kvh, int qp, int kp)
 
 START_TEST(test_evicted_cache_oracle)
 {
-	tiny_model_cfg c = shape_cfg(_i, RT_GGML_F32);
-	const char *path = write_model(&c);
-	rt_model *m = load_ok(path);
-	ref r;
-	ref_load(&r, &c, path);
+	const tiny_model_cfg c = shape_cfg(_i, RT_GGML_F32);
 	enum { P = 17 };
 	int32_t tok[P + 2];
-	test_tokens(tok, P + 2, c.n_vocab, 5u);
-	rt_err err = {0};
-	rt_kv kv;
-	rt_fwd f;
-	ck_assert_int_eq(rt_model_kv_init(m, &kv, P + 2, &err), 0);
-	ck_assert_int_eq(rt_fwd_init(&f, m, 6, P + 2, &err), 0);
-	ck_assert_int_eq(rt_model_forward(&f, &kv, tok, P, 0, NULL, RT_LOGITS_NONE, &err), 0);
+	oracle_case o;
+	oracle_open(&o, &c, tok, P + 2, 5u, 6, P);
 	int distinct = 0, first_mask = -1;
 	for (int l = 0; l < c.n_layer; l++)
 		for (int j = 0; j < c.n_head_kv; j++) {
-			rt_kv_head *h = rt_kv_head_at(&kv, l, j);
+			rt_kv_head *h = rt_kv_head_at(&o.kv, l, j);
 			int32_t keep[P];
 			int nk = 0, mask = 0;
 			for (int i = 0; i < h->n; i++) {
@@ -513,33 +554,26 @@ START_TEST(test_evicted_cache_oracle)
 				if (kept(l, j, h->pos[i]))
 					keep[nk++] = i, mask |= 1 << i;
 			}
-			rt_kv_head_keep(&kv, h, keep, nk);
+			rt_kv_head_keep(&o.kv, h, keep, nk);
 			if (first_mask == -1)
 				first_mask = mask;
 			distinct += mask != first_mask;
 		}
 	/* two more tokens after the eviction: both must match the reference */
+	rt_err err = {0};
 	float *lg = malloc(2 * (size_t)c.n_vocab * sizeof *lg);
-	ck_assert_int_eq(rt_model_forward(&f, &kv, tok + P, 1, P, lg, RT_LOGITS_ALL, &err), 0);
-	ck_assert_int_eq(rt_model_forward(&f, &kv, tok + P + 1, 1, P + 1, lg + c.n_vocab,
+	ck_assert_int_eq(rt_model_forward(&o.f, &o.kv, tok + P, 1, P, lg, RT_LOGITS_ALL, &err), 0);
+	ck_assert_int_eq(rt_model_forward(&o.f, &o.kv, tok + P + 1, 1, P + 1, lg + c.n_vocab,
 	                                  RT_LOGITS_ALL, &err), 0);
-	double *rl = malloc((size_t)(P + 2) * c.n_vocab * sizeof *rl);
 	keep_rule rule = { P };
-	ref_forward(&r, tok, P + 2, vis_kept, &rule, rl);
-	double d = max_diff_fd(lg, rl + (size_t)P * c.n_vocab, 2 * (size_t)c.n_vocab);
+	double d = oracle_diff(&o, tok, P + 2, vis_kept, &rule, lg, P, 2);
 	ck_assert_msg(d <= 1e-5, "evicted cache: max |logit - ref| = %g", d);
 	/* and the eviction really changed the answer */
-	double *full = malloc((size_t)(P + 2) * c.n_vocab * sizeof *full);
-	ref_forward(&r, tok, P + 2, vis_all, NULL, full);
-	ck_assert_msg(max_diff_fd(lg, full + (size_t)P * c.n_vocab, (size_t)c.n_vocab) > 1e-3,
+	ck_assert_msg(oracle_diff(&o, tok, P + 2, vis_all, NULL, lg, P, 1) > 1e-3,
 	              "eviction had no effect");
 	ck_assert_int_gt(distinct, 0); /* the kept sets really differ between heads */
-	free(lg), free(rl), free(full);
-	rt_fwd_free(&f);
-	rt_kv_free(&kv);
-	ref_free(&r);
-	rt_model_free(m);
-	unlink(path);
+	free(lg);
+	oracle_close(&o);
 }
 END_TEST
 
@@ -570,56 +604,42 @@ START_TEST(test_window_out_of_order_oracle)
 {
 	tiny_model_cfg c = shape_cfg(_i, RT_GGML_F32);
 	c.n_swa = WO_W;
-	const char *path = write_model(&c);
-	rt_model *m = load_ok(path);
-	ref r;
-	ref_load(&r, &c, path);
 	int32_t tok[WO_P + WO_N];
-	test_tokens(tok, WO_P + WO_N, c.n_vocab, 11u);
-	rt_err err = {0};
-	rt_kv kv;
-	rt_fwd f;
-	ck_assert_int_eq(rt_model_kv_init(m, &kv, WO_P + WO_N, &err), 0);
-	ck_assert_int_eq(rt_fwd_init(&f, m, 8, WO_P + WO_N, &err), 0);
-	ck_assert_int_eq(rt_model_forward(&f, &kv, tok, WO_P, 0, NULL, RT_LOGITS_NONE, &err), 0);
+	oracle_case o;
+	oracle_open(&o, &c, tok, WO_P + WO_N, 11u, 8, WO_P);
 	int disordered = 0;
 	for (int l = 0; l < c.n_layer; l++)
 		for (int j = 0; j < c.n_head_kv; j++) {
-			rt_kv_head *h = rt_kv_head_at(&kv, l, j);
+			rt_kv_head *h = rt_kv_head_at(&o.kv, l, j);
 			ck_assert_int_eq(h->n, WO_W - 1); /* the window trim: positions 13..19 */
 			int32_t keep[WO_W];
 			int nk = 0;
 			for (int i = 0; i < h->n; i++)
 				if (!wo_evicted(l, j, h->pos[i]))
 					keep[nk++] = i;
-			rt_kv_head_evict(&kv, h, keep, nk);
+			rt_kv_head_evict(&o.kv, h, keep, nk);
 			for (int i = 1; i < h->n; i++)
 				disordered += h->pos[i] < h->pos[i - 1];
 		}
 	ck_assert_int_gt(disordered, 0); /* the lists really are out of position order */
+	rt_err err = {0};
 	float *lg = malloc((size_t)WO_N * c.n_vocab * sizeof *lg);
 	for (int t = 0; t < WO_N; t++)
-		ck_assert_msg(rt_model_forward(&f, &kv, tok + WO_P + t, 1, WO_P + t,
+		ck_assert_msg(rt_model_forward(&o.f, &o.kv, tok + WO_P + t, 1, WO_P + t,
 		                               lg + (size_t)t * c.n_vocab, RT_LOGITS_ALL, &err) == 0,
 		              "%s", err.msg);
 	/* the trim after the last token kept exactly what a later query sees */
 	for (int l = 0; l < c.n_layer; l++)
 		for (int j = 0; j < c.n_head_kv; j++) {
-			const rt_kv_head *h = rt_kv_head_at(&kv, l, j);
+			const rt_kv_head *h = rt_kv_head_at(&o.kv, l, j);
 			ck_assert_int_eq(h->n, WO_W - 1);
 			for (int i = 0; i < h->n; i++)
 				ck_assert_int_gt(h->pos[i], WO_P + WO_N - WO_W);
 		}
-	double *rl = malloc((size_t)(WO_P + WO_N) * c.n_vocab * sizeof *rl);
-	ref_forward(&r, tok, WO_P + WO_N, vis_window_out_of_order, NULL, rl);
-	double d = max_diff_fd(lg, rl + (size_t)WO_P * c.n_vocab, (size_t)WO_N * c.n_vocab);
+	double d = oracle_diff(&o, tok, WO_P + WO_N, vis_window_out_of_order, NULL, lg, WO_P, WO_N);
 	ck_assert_msg(d <= 1e-5, "window over an out-of-order list: max |logit - ref| = %g", d);
-	free(lg), free(rl);
-	rt_fwd_free(&f);
-	rt_kv_free(&kv);
-	ref_free(&r);
-	rt_model_free(m);
-	unlink(path);
+	free(lg);
+	oracle_close(&o);
 }
 END_TEST
 

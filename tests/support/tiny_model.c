@@ -222,24 +222,37 @@ int tiny_model_write(const tiny_model_cfg *c, const char *path)
 	return rc ? -1 : 0;
 }
 
-struct rt_model *tiny_model_open_gqa(int gqa, uint32_t seed, const struct rt_model_opts *o,
-                                     struct rt_err *err)
+tiny_model_cfg tiny_model_gqa_cfg(int gqa, int n_layer, int head_dim, uint32_t seed)
 {
-	static _Atomic unsigned serial; /* one file per call, even within a process */
-	tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 128,
+	tiny_model_cfg c = { .n_layer = n_layer, .n_ff = 96, .n_vocab = 300, .n_ctx = 128,
 		             .rope_base = 10000.0f, .seed = seed, .wtype = RT_GGML_F32 };
 	if (gqa == 0)
-		c.n_head = 9, c.n_head_kv = 3, c.n_embd = 288;
+		c.n_head = 9, c.n_head_kv = 3;
 	else
-		c.n_head = 4, c.n_head_kv = 1, c.n_embd = 128;
+		c.n_head = 4, c.n_head_kv = 1;
+	c.n_embd = c.n_head * head_dim;
+	return c;
+}
+
+struct rt_model *tiny_model_open(const tiny_model_cfg *c, const struct rt_model_opts *o,
+                                 struct rt_err *err)
+{
+	static _Atomic unsigned serial; /* one file per call, even within a process */
 	char path[128];
 	mkdir("tests/tmp", 0755);
 	snprintf(path, sizeof path, "tests/tmp/tiny_gqa_%d_%u.gguf", (int)getpid(), serial++);
-	if (tiny_model_write(&c, path) != 0) {
+	if (tiny_model_write(c, path) != 0) {
 		rt_err_set(err, "%s: cannot write the tiny model", path);
 		return NULL;
 	}
 	struct rt_model *m = rt_model_open(path, o, err);
 	unlink(path);
 	return m;
+}
+
+struct rt_model *tiny_model_open_gqa(int gqa, uint32_t seed, const struct rt_model_opts *o,
+                                     struct rt_err *err)
+{
+	const tiny_model_cfg c = tiny_model_gqa_cfg(gqa, 2, 32, seed);
+	return tiny_model_open(&c, o, err);
 }

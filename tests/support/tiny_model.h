@@ -26,14 +26,21 @@ typedef struct tiny_model_cfg {
 /* Write the model to path. Returns 0 or -1. */
 int tiny_model_write(const tiny_model_cfg *cfg, const char *path);
 
+/* The grouped-query test shape gqa (0: 9 query / 3 KV heads; 1: 4 / 1) with n_layer layers
+ * and head_dim (n_embd = query heads × head_dim; the precision tiers' codes need a multiple
+ * of 32), n_ff 96, 300 tokens, 128 positions, f32 weights, from seed. */
+tiny_model_cfg tiny_model_gqa_cfg(int gqa, int n_layer, int head_dim, uint32_t seed);
+
 struct rt_model;
 struct rt_model_opts;
 struct rt_err;
-/* The grouped-query test shape gqa (0: 9 query / 3 KV heads, n_embd 288; 1: 4 / 1, n_embd
- * 128; head_dim 32, which the precision tiers' codes need; 2 layers, n_ff 96, 300 tokens,
- * 128 positions, f32 weights) from seed, written to a file of its own under tests/tmp,
- * opened with o and the file removed. The model is the caller's (rt_model_free); NULL
- * with err set when the file cannot be written or opened. */
+/* The model of c written to a file of its own under tests/tmp, opened with o and the file
+ * removed. The model is the caller's (rt_model_free); NULL with err set when the file
+ * cannot be written or opened. */
+struct rt_model *tiny_model_open(const tiny_model_cfg *c, const struct rt_model_opts *o,
+                                 struct rt_err *err);
+/* tiny_model_open of tiny_model_gqa_cfg(gqa, 2 layers, head_dim 32, seed): the model is
+ * the caller's (rt_model_free); NULL with err set when it cannot be written or opened. */
 struct rt_model *tiny_model_open_gqa(int gqa, uint32_t seed, const struct rt_model_opts *o,
                                      struct rt_err *err);
 
