@@ -980,13 +980,21 @@ const float *rt_kv_value(const rt_kv *kv, const rt_kv_head *h, int32_t i, float 
 	return row_get(kv, h, i, 1, buf);
 }
 
-void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
+/* entry_row for a write: a list that shares a prefix's rows is first given rows of its own
+ * (the shared rows are read-only; runtime/kv/rt_kv.h, "Shared prefixes"). */
+static uint8_t *entry_row_own(const rt_kv *kv, rt_kv_head *h, int32_t i, int value,
+                              rt_kvq_kind *kind)
 {
 	RT_ASSERT(i >= 0 && i < h->n);
 	if (h->px && i < h->px->n)
 		head_unshare(kv, h, 1);
+	return entry_row(kv, h, i, value, kind);
+}
+
+void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
+{
 	rt_kvq_kind kind;
-	uint8_t *row = entry_row(kv, h, i, 0, &kind);
+	uint8_t *row = entry_row_own(kv, h, i, 0, &kind);
 	if (key_grouped(kv, h, i)) {
 		float lo[KV_TIER_MAX_DIM], step[KV_TIER_MAX_DIM], xr[KV_TIER_MAX_DIM];
 		key_range(kv, h, i, lo, step);
@@ -999,11 +1007,8 @@ void rt_kv_set_key(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
 
 void rt_kv_set_value(const rt_kv *kv, rt_kv_head *h, int32_t i, const float *x)
 {
-	RT_ASSERT(i >= 0 && i < h->n);
-	if (h->px && i < h->px->n)
-		head_unshare(kv, h, 1);
 	rt_kvq_kind kind;
-	uint8_t *row = entry_row(kv, h, i, 1, &kind);
+	uint8_t *row = entry_row_own(kv, h, i, 1, &kind);
 	float xr[KV_TIER_MAX_DIM];
 	if (key_grouped(kv, h, i) && kv->rot_values)
 		x = rot_copy(kv, 1, x, xr);
