@@ -76,12 +76,17 @@ struct kvp_em {
 };
 
 /* ---- buffer ------------------------------------------------------------------------- */
+/* Append s[0..n) to em's buffer (grown by doubling, kept NUL-terminated) and count its
+ * newlines into em->lines. Running out of memory aborts (RT_ASSERT): the compiler has no
+ * partial output to give back. */
 void kvp_em_put(struct kvp_em *em, const char *s, size_t n);
+/* kvp_em_put of the printf-formatted text (any length). */
 void kvp_em_out(struct kvp_em *em, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The line number the next byte will be on. */
 int kvp_em_line_now(const struct kvp_em *em);
 /* Write the buffer to f: 0, or -1 when writing fails. */
 int kvp_em_write(const struct kvp_em *em, FILE *f);
+/* Free the buffer and leave em's buffer empty (the rest of em is the caller's). */
 void kvp_em_free(struct kvp_em *em);
 
 /* ---- escaping ----------------------------------------------------------------------- */

@@ -383,8 +383,10 @@ int32_t kvp_ir_normalize(struct kvp_ir *ir, struct kvp_loc loc, int32_t a);
 /* expected_attention(future = a, skip = b): a, b SCALAR expressions (tokens). */
 int32_t kvp_ir_expattn(struct kvp_ir *ir, struct kvp_loc loc, int32_t future, int32_t skip);
 
-/* head_score(): its node, and the weights [layers × kv_heads] (copied). */
+/* head_score() (DuoAttention's head classes, docs/language.md 7.12): its node at loc. */
 int32_t kvp_ir_headw(struct kvp_ir *ir, struct kvp_loc loc);
+/* The head weights w[layers × kv_heads] (row = layer, as compiler/kvp_heads.h reads them)
+ * copied into ir->head_w, replacing any earlier table (ir owns the copy: kvp_ir_free). */
 void kvp_ir_set_heads(struct kvp_ir *ir, const double *w, int layers, int kv_heads);
 
 /* Spans to protect (copied). */

@@ -83,6 +83,8 @@ struct k_cu_compress_args {
 	int32_t *n_new;          /* [H] */
 };
 
+/* k_floor_entries of kernels/k_alloc.h on the device: a budget x (entries) as the largest
+ * whole number of entries not above it, 0 for x <= 0 or NaN. */
 K_HD int32_t k_cu_floor_entries(double x)
 {
 	if (!(x > 0))
@@ -92,6 +94,10 @@ K_HD int32_t k_cu_floor_entries(double x)
 	return (int32_t)floor(x + 1e-9 * x);
 }
 
+/* 1 when the entry at position pos (tokens) with span id span is guarded: a sink
+ * (pos < a.sinks), in the recent window (pos >= a.seen - a.recent) or in a protected span
+ * (a.span_keep[span], ids 1..a.n_span_ids); the C compress's guards (kernels/k_compress.h,
+ * struct k_compress_cfg). */
 K_HD int k_cu_guarded(const struct k_cu_compress_args &a, int32_t pos, uint16_t span)
 {
 	return (a.sinks > 0 && pos < a.sinks) || (a.recent > 0 && pos >= a.seen - a.recent) ||
@@ -132,6 +138,9 @@ K_HD float k_cu_reduce_at(const float *src, int group, size_t stride, int32_t i,
 	return (float)(kind == K_CU_RED_MEAN ? acc / group : kind == K_CU_RED_L2 ? sqrt(acc) : acc);
 }
 
+/* The view a score gets of head hi (layer hi / n_kv_head, KV head hi % n_kv_head) of the
+ * device store a: its rows [cap × hd], positions, counts and statistics [cap ×
+ * stat_bytes], borrowed from a, with the policy's scalars. */
 K_HD struct k_cu_sc k_cu_sc_of(const struct k_cu_compress_args &a, size_t hi)
 {
 	struct k_cu_sc sc;

@@ -131,7 +131,8 @@ static inline void k_tier_costs(const rt_kv *kv, double *cost)
 }
 
 /* Scratch bytes the precision action adds to k_compress_scratch_bytes: per entry its tier
- * now, the chosen one and its limit (k_tier_entry_limit), a utility heap item; per head its byte budget, layer and KV head. */
+ * now, the chosen one and its limit (k_tier_entry_limits), a utility heap item; per head
+ * its byte budget, layer and KV head. */
 static inline size_t k_tier_scratch_bytes(const rt_kv *kv)
 {
 	size_t H = (size_t)kv->n_layer * kv->n_kv_head, c = (size_t)kv->cap;
@@ -388,6 +389,15 @@ static inline void k_layers_window_keep(const struct kvp_ctx *ctx, const rt_kv *
 			lb[l] = (double)kv->cap;
 }
 
+/* The floor of a graceful budget in force, entries per head: the larger of the policy's
+ * `min` and the runtime's min_kv; 0: none (strict budgets), also under KVP_MIN_KV_STRICT. */
+static inline double k_floor_of(const struct kvp_ctx *ctx, const struct k_compress_cfg *cfg)
+{
+	if (ctx->min_kv < 0)
+		return 0;
+	return ctx->min_kv > cfg->min_kv ? ctx->min_kv : cfg->min_kv;
+}
+
 /* The budget and guards in force after `seen` tokens, with n entries per head before
  * compression, checked by rt_budget_check (runtime/policy/rt_budget.h: every layer's
  * budget and the target at least 1 entry, the guards inside the budget; in bytes
@@ -405,15 +415,6 @@ static inline void k_layers_window_keep(const struct kvp_ctx *ctx, const rt_kv *
  * each is recorded in ctx->notes. Without a floor such guards are an error, as kvpc check
  * says. in_force (NULL, or [2]) receives the budget and the target in force.
  * Returns 0, 1 (early in a stream), or -1 with err "policy NAME: reason". */
-/* The floor of a graceful budget in force, entries per head: the larger of the policy's
- * `min` and the runtime's min_kv; 0: none (strict budgets), also under KVP_MIN_KV_STRICT. */
-static inline double k_floor_of(const struct kvp_ctx *ctx, const struct k_compress_cfg *cfg)
-{
-	if (ctx->min_kv < 0)
-		return 0;
-	return ctx->min_kv > cfg->min_kv ? ctx->min_kv : cfg->min_kv;
-}
-
 static inline int k_budget_force(const struct kvp_ctx *ctx, const rt_kv *kv,
                                  const struct k_compress_cfg *cfg_in, double seen, double n,
                                  double *lb, double *in_force, rt_err *err)

@@ -40,6 +40,7 @@ K_HD uint32_t *k_stat_at(uint8_t *stats, size_t stat_bytes, int32_t i)
 	return (uint32_t *)(void *)(stats + (size_t)i * stat_bytes);
 }
 
+/* k_stat_at of a read-only stats array. */
 K_HD const uint32_t *k_stat_cat(const uint8_t *stats, size_t stat_bytes, int32_t i)
 {
 	return (const uint32_t *)(const void *)(stats + (size_t)i * stat_bytes);
@@ -51,6 +52,7 @@ static inline uint32_t *k_stat_block(const rt_kv *kv, const rt_kv_head *h, int32
 	return k_stat_at(h->stats, kv->stat_bytes, i);
 }
 
+/* A statistic word read and written as the f32 it holds (bit copies, no aliasing). */
 K_HD float k_stat_getf(const uint32_t *w)
 {
 	float f;
@@ -63,6 +65,8 @@ K_HD void k_stat_setf(uint32_t *w, float f)
 	memcpy(w, &f, sizeof f);
 }
 
+/* The one-float updates of the table above, on word w: sum (+= x), count (+= 1 when
+ * cond != 0), ema (s = (1 - alpha) s + alpha x, in double, stored as f32), last (s = x). */
 K_HD void k_stat_sum(uint32_t *w, double x)
 {
 	k_stat_setf(w, k_stat_getf(w) + (float)x);
@@ -110,6 +114,7 @@ K_HD double k_stat_ring_sum(const uint32_t *ring, int32_t W)
 	return s;
 }
 
+/* Set bits of x (the device's __popc on the GPU). */
 K_HD int k_popcount(uint32_t x)
 {
 #ifdef __CUDA_ARCH__

@@ -16,9 +16,9 @@
 struct ab_run; /* the run's state, private to rt_ab.c and rt_ab_report.c: eval/rt_ab_int.h */
 
 /* The report writer of `BIN ab`, passed to rt_ab_run (runtime/cli/rt_cmd_ab.c), so the
- * engine does not know its reports. Print the table of the finished run r to out, then write the files its options name
- * (r->o.json, .csv, .plot; their paths were checked before the run). Returns 0, or -1
- * with err "PATH: reason" when a file cannot be written. */
+ * engine does not know its reports. Print the table of the finished run r to out, then
+ * write the files its options name (r->o.json, .csv, .plot; their paths were checked before
+ * the run). Returns 0, or -1 with err "PATH: reason" when a file cannot be written. */
 int rt_ab_report_write(const struct ab_run *r, FILE *out, rt_err *err);
 
 #endif

@@ -456,8 +456,9 @@ void rt_kv_trim(rt_kv *kv);
  * statistics; tiered: and the key groups' ranges and member counts). */
 int64_t rt_kv_entries(const rt_kv *kv);
 int64_t rt_kv_bytes_used(const rt_kv *kv);
-/* Bytes of the blocks the store holds now (list blocks and, in a tiered store, every
- * tier arena's blocks), and their peak since init / reset: the pool memory the sequence really occupies ("KV bytes" of evaluation). */
+/* Bytes of the blocks the store holds now (list blocks and, in a tiered store, every tier
+ * arena's blocks), and their peak since init / reset: the pool memory the sequence really
+ * occupies ("KV bytes" of evaluation). */
 int64_t rt_kv_bytes_held(const rt_kv *kv);
 int64_t rt_kv_bytes_peak(const rt_kv *kv);
 /* Bytes one entry occupies (keys + values + metadata + statistics; tiered: at the top

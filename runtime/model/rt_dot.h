@@ -75,9 +75,9 @@ typedef struct rt_dot_kernel {
 	rt_dot_rows_fn rows;     /* several rows per call, or NULL (call dot per row) */
 } rt_dot_kernel;
 
-/* The kernel for weights of type wtype at ISA level isa (clamped to rt_dot_isa_best()),
- * or NULL when wtype is not one of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, F32. The table is
- * static: the pointer stays valid for the process. */
+/* The kernel for weights of type wtype at ISA level isa (clamped to rt_dot_isa_best()), or
+ * NULL when wtype is not one of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, F32.
+ * The table is static: the pointer stays valid for the process. */
 const rt_dot_kernel *rt_dot_kernel_get(uint32_t wtype, int isa);
 
 /* Bytes of the activation buffer for a row of n values in front of weights of type

@@ -362,17 +362,18 @@ enum rt_logits_mode {
  * token to every (layer, KV head) of kv (shapes must match the model), in internal chunks
  * of at most f->max_chunk tokens. Within the call no entry is evicted by a policy, so every
  * head needs room for n more entries; after each chunk a sliding-window layer (rt_layer
- * window > 0) drops the entries no later query can see (pos <= last position + 1 -
- * window), which returns their blocks (the model's rule: no policy decides it, and the
- * logits are those of the window mask alone; a list out of position order, as a policy's
- * tail-fill eviction leaves it, is masked and trimmed entry by entry); under rope_at_index
- * only after the last chunk of the call, and the caller re-rotates the kept keys to their
- * new indices before the next call (rt_seq does). Errors (-1, err set, checked before anything is computed, so
- * kv is unchanged): token id out of range, pos0+n beyond the model's context_length, a
- * head whose entries + n exceed kv->cap or f->cap ("KV cache full"), a KV pool that cannot
- * grant the blocks of the n new entries ("KV pool exhausted"; rt_kv_reserve), a KV store of another
- * shape, logits requested with a NULL buffer. Logits are f32 pre-softmax scores; the
- * observe hook, when set, is called per (layer, KV head, query row) in that nesting. */
+ * window > 0) drops the entries no later query can see (pos <= last position + 1 - window),
+ * which returns their blocks (the model's rule: no policy decides it, and the logits are
+ * those of the window mask alone; a list out of position order, as a policy's tail-fill
+ * eviction leaves it, is masked and trimmed entry by entry); under rope_at_index only after
+ * the last chunk of the call, and the caller re-rotates the kept keys to their new indices
+ * before the next call (rt_seq does). Errors (-1, err set, checked before anything is
+ * computed, so kv is unchanged): token id out of range, pos0+n beyond the model's
+ * context_length, a head whose entries + n exceed kv->cap or f->cap ("KV cache full"), a KV
+ * pool that cannot grant the blocks of the n new entries ("KV pool exhausted";
+ * rt_kv_reserve), a KV store of another shape, logits requested with a NULL buffer. Logits
+ * are f32 pre-softmax scores; the observe hook, when set, is called per (layer, KV head,
+ * query row) in that nesting. */
 int rt_model_forward(rt_fwd *f, rt_kv *kv, const int32_t *tokens, int n, int32_t pos0,
                      float *logits, enum rt_logits_mode mode, rt_err *err);
 

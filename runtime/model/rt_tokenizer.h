@@ -33,9 +33,9 @@ int32_t rt_tokenizer_n_vocab(const rt_tokenizer *t);
 
 /* Tokenize len bytes of UTF-8 text. parse_special=1 lets control tokens such as
  * "<|im_start|>" in the text map to their ids (needed for chat prompts); 0 treats them as
- * plain text. No BOS is added (rt_tokenize_prompt adds it). Returns the number of ids; writes at most cap ids to out
- * (call with out=NULL, cap=0 to size). Returns -1 with err set on invalid UTF-8
- * ("text: invalid UTF-8 at byte N"). */
+ * plain text. No BOS is added (rt_tokenize_prompt adds it). Returns the number of ids;
+ * writes at most cap ids to out (call with out=NULL, cap=0 to size). Returns -1 with err
+ * set on invalid UTF-8 ("text: invalid UTF-8 at byte N"). */
 int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
                     int32_t *out, int64_t cap, rt_err *err);
 

@@ -82,6 +82,7 @@ struct rt_pick {
  * does not apply", "unknown policy 'x' (this binary has: h2o, full)". Nothing is
  * allocated after an error. */
 int rt_pick(const struct rt_pick_in *in, struct rt_pick *out, rt_err *err);
+/* Free what rt_pick allocated in pk (its vals); pk->p is the registry's, not freed. */
 void rt_pick_free(struct rt_pick *pk);
 
 /* The parameter values of policy p: its defaults, then "name=value" sets[0..n_sets) in

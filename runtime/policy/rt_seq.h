@@ -155,11 +155,11 @@ void rt_seq_free(rt_seq *s);
 
 /* Hand the forward of s (initialised, not yet fed) to device d: from now on rt_seq_feed
  * runs d->forward and the policy's compress runs through d->compress; chunks are at most
- * d->max_chunk tokens; the CPU forward scratch is released; d->state belongs to s
- * (d->free runs in rt_seq_free) and may point back at s, so s stays at its address. Refused (-1, err; d is then not taken): a sequence
- * already fed or already on a device, a policy with a prompt trace (KVP_NEED_TRACE) or
- * compacted positions (the CPU records and re-rotates them). The device refuses what it
- * cannot run before calling this. */
+ * d->max_chunk tokens; the CPU forward scratch is released; d->state belongs to s (d->free
+ * runs in rt_seq_free) and may point back at s, so s stays at its address. Refused (-1,
+ * err; d is then not taken): a sequence already fed or already on a device, a policy with a
+ * prompt trace (KVP_NEED_TRACE) or compacted positions (the CPU records and re-rotates
+ * them). The device refuses what it cannot run before calling this. */
 int rt_seq_attach(rt_seq *s, const rt_seq_dev *d, rt_err *err);
 
 /* The name of the device s runs on: "cpu", or the attached device's. */
