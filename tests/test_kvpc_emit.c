@@ -953,6 +953,35 @@ START_TEST(random_ir_compiles)
 }
 END_TEST
 
+/* A policy compiled from the .kvp text (file names it in diagnostics), emitted as C (no
+ * #line), built and loaded (load_policy, symbol of policy name); src_policy_free frees
+ * the source, the IR, the C and the library. */
+typedef struct src_policy {
+	kvp_src *src;
+	struct kvp_ir ir;
+	char *c;
+	void *handle;
+	const struct kvp_policy *p;
+} src_policy;
+
+static void src_policy_open(src_policy *sp, const char *file, const char *text, const char *name)
+{
+	sp->src = kvp_src_from_mem(file, text, strlen(text));
+	ck_assert_msg(kvp_compile(sp->src, &sp->ir) == 0, "%s", kvp_src_diags(sp->src));
+	sp->c = emit_str(&sp->ir, 0, "policy.c");
+	sp->handle = NULL;
+	sp->p = load_policy(sp->c, name, &sp->handle);
+	ck_assert_ptr_nonnull(sp->p);
+}
+
+static void src_policy_free(src_policy *sp)
+{
+	dlclose(sp->handle);
+	free(sp->c);
+	kvp_ir_free(&sp->ir);
+	kvp_src_free(sp->src);
+}
+
 /* The positions a policy compiled from source keeps of five prompt tokens: text (one
  * policy named name, whose needs must include need) compiled, emitted as C, built and
  * loaded, then run over one layer of one KV head with group query heads, head_dim 4, the
@@ -961,18 +990,13 @@ END_TEST
 static int kept_of_five(const char *name, const char *text, unsigned need, int group,
                         const float k[5][4], const float v[5][4], int32_t pos[5])
 {
-	kvp_src *src = kvp_src_from_mem("five.kvp", text, strlen(text));
-	struct kvp_ir ir;
-	ck_assert_msg(kvp_compile(src, &ir) == 0, "%s", kvp_src_diags(src));
-	ck_assert(ir.needs & need);
-	char *c = emit_str(&ir, 0, "five.c");
-	void *handle = NULL;
-	const struct kvp_policy *p = load_policy(c, name, &handle);
-	ck_assert_ptr_nonnull(p);
+	src_policy sp;
+	src_policy_open(&sp, "five.kvp", text, name);
+	ck_assert(sp.ir.needs & need);
 	rt_kv kv;
 	struct rt_run run;
 	rt_err err = { "" };
-	ck_assert_int_eq(rt_run_init(&run, &kv, p, 1, 1, group, 4, 8, 5, &err), 0);
+	ck_assert_int_eq(rt_run_init(&run, &kv, sp.p, 1, 1, group, 4, 8, 5, &err), 0);
 	for (int32_t t = 0; t < 5; t++) {
 		ck_assert_int_ge(rt_run_chunk(&run, &kv, 1), 1);
 		rt_kv_append(&kv, rt_kv_head_at(&kv, 0, 0), k[t], v[t], t);
@@ -983,10 +1007,7 @@ static int kept_of_five(const char *name, const char *text, unsigned need, int g
 	memcpy(pos, h->pos, (size_t)n * sizeof *pos);
 	rt_run_free(&run);
 	rt_kv_free(&kv);
-	dlclose(handle);
-	free(c);
-	kvp_ir_free(&ir);
-	kvp_src_free(src);
+	src_policy_free(&sp);
 	return n;
 }
 
@@ -1083,21 +1104,16 @@ static void duo_case(const char *dir, int B)
 	snprintf(name, sizeof name, "duo_b%d", B);
 	snprintf(text, sizeof text, duo_src, name, B);
 	snprintf(path, sizeof path, "%s/duo.kvp", dir);
-	kvp_src *src = kvp_src_from_mem(path, text, strlen(text));
-	struct kvp_ir ir;
-	ck_assert_msg(kvp_compile(src, &ir) == 0, "%s", kvp_src_diags(src));
-	ck_assert_int_eq(ir.head_layers, 2);
-	ck_assert_int_eq(ir.head_kv, 3);
-	ck_assert(!kvp_ir_expr_per_qhead(&ir, ir.score.expr));
-	char *c = emit_str(&ir, 0, "duo.c");
-	void *handle = NULL;
-	const struct kvp_policy *p = load_policy(c, name, &handle);
-	ck_assert_ptr_nonnull(p);
+	src_policy sp;
+	src_policy_open(&sp, path, text, name);
+	ck_assert_int_eq(sp.ir.head_layers, 2);
+	ck_assert_int_eq(sp.ir.head_kv, 3);
+	ck_assert(!kvp_ir_expr_per_qhead(&sp.ir, sp.ir.score.expr));
 	enum { L = 2, G = 3, R = 3, D = 4, N = 20 };
 	rt_kv kv;
 	struct rt_run run;
 	rt_err err = { "" };
-	ck_assert_int_eq(rt_run_init(&run, &kv, p, L, G, R, D, 24, N, &err), 0);
+	ck_assert_int_eq(rt_run_init(&run, &kv, sp.p, L, G, R, D, 24, N, &err), 0);
 	const float k[D] = { 1, 0, 0, 0 }, v[D] = { 0, 1, 0, 0 };
 	for (int32_t t = 0; t < N; t++) {
 		ck_assert_int_ge(rt_run_chunk(&run, &kv, 1), 1);
@@ -1119,10 +1135,7 @@ static void duo_case(const char *dir, int B)
 	}
 	rt_run_free(&run);
 	rt_kv_free(&kv);
-	dlclose(handle);
-	free(c);
-	kvp_ir_free(&ir);
-	kvp_src_free(src);
+	src_policy_free(&sp);
 }
 
 START_TEST(duo_head_classes)
@@ -1254,26 +1267,19 @@ START_TEST(same_message_compile_and_run)
 	                 "raise the budget");
 
 	snprintf(text, sizeof text, same_src, 8);
-	kvp_src *ok = kvp_src_from_mem("same.kvp", text, strlen(text));
-	ck_assert_msg(kvp_compile(ok, &ir) == 0, "%s", kvp_src_diags(ok));
-	char *c = emit_str(&ir, 0, "same.c");
-	void *handle = NULL;
-	const struct kvp_policy *p = load_policy(c, "same", &handle);
-	ck_assert_ptr_nonnull(p);
+	src_policy ok;
+	src_policy_open(&ok, "same.kvp", text, "same");
 	rt_kv kv;
 	struct rt_run run;
 	rt_err err = { "" };
-	ck_assert_int_eq(rt_run_init(&run, &kv, p, 2, 1, 4, 4, 128, 100, &err), 0);
+	ck_assert_int_eq(rt_run_init(&run, &kv, ok.p, 2, 1, 4, 4, 128, 100, &err), 0);
 	ck_assert_msg(rt_policy_check(&run, &kv, &err) == 0, "%s", err.msg);
 	ck_assert_int_eq(rt_run_set(&run, "r=62", &err), 0);
 	ck_assert_int_eq(rt_policy_check(&run, &kv, &err), -1);
 	ck_assert_str_eq(err.msg + strlen("policy same: "), compile_msg);
 	rt_run_free(&run);
 	rt_kv_free(&kv);
-	dlclose(handle);
-	free(c);
-	kvp_ir_free(&ir);
-	kvp_src_free(ok);
+	src_policy_free(&ok);
 }
 END_TEST
 

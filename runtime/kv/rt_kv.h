@@ -149,7 +149,8 @@ enum rt_kv_tier {
 #define RT_KV_KGROUPS RT_KV_N_TIER
 #define RT_KV_KGROUP 64
 
-/* "top", "q8", "k8v4", "q4", "q2"; rt_kv_tier_parse returns the tier or -1. */
+/* "top", "q8", "k8v4", "q4", "q2" (static strings; "?" for t outside 0..RT_KV_N_TIER-1);
+ * rt_kv_tier_parse returns the tier or -1. */
 const char *rt_kv_tier_name(int t);
 int rt_kv_tier_parse(const char *name);
 

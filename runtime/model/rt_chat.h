@@ -63,7 +63,8 @@ char *rt_chat_render_msgs(const rt_tokenizer *t, const rt_chat_msg *m, int n, rt
  * has one) and the user's. Heap string, or NULL with err. */
 char *rt_chat_render(const rt_tokenizer *t, const char *system, const char *user, rt_err *err);
 
-/* The family chosen for t's file ("chatml", "gemma", ...), or NULL with err. */
+/* The family chosen for t's file ("chatml", "gemma", ...; a static string), or NULL with
+ * err as rt_chat_segments gives it for an unsupported template. */
 const char *rt_chat_family(const rt_tokenizer *t, rt_err *err);
 
 #endif

@@ -86,7 +86,8 @@ typedef struct rt_arch_info {
 	int qkv_bias, qk_norm, post_norm, gelu, embd_scale, neox, swa;
 } rt_arch_info;
 
-/* The row of arch (RT_ARCH_LLAMA .. RT_ARCH_N - 1). */
+/* The row of arch (RT_ARCH_LLAMA .. RT_ARCH_N - 1; another value asserts): a static
+ * table, valid for the process. */
 const rt_arch_info *rt_arch_get(enum rt_arch arch);
 
 /* Hyper-parameters as read from the GGUF metadata (and tensor shapes). */
