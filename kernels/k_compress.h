@@ -494,12 +494,13 @@ static inline int k_budget_force(const struct kvp_ctx *ctx, const rt_kv *kv,
 	return early;
 }
 
-/* k_budget_force without the values in force: what check() and compress run. */
+/* k_budget_force with the values in force recorded where ctx->in_force points (NULL: not
+ * at all; rt_policy_budget_at): what check() and compress run. */
 static inline int k_budget_check(const struct kvp_ctx *ctx, const rt_kv *kv,
                                  const struct k_compress_cfg *cfg, double seen, double n,
                                  double *lb, rt_err *err)
 {
-	return k_budget_force(ctx, kv, cfg, seen, n, lb, NULL, err);
+	return k_budget_force(ctx, kv, cfg, seen, n, lb, ctx->in_force, err);
 }
 
 /* One thread's areas (k_thr_bytes), reused head after head. */

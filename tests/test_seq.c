@@ -475,32 +475,46 @@ START_TEST(threads_same_kept_sets)
 END_TEST
 
 /* serve's admission footprint (rt_serve_footprint) in entries per list, by hand for a
- * 64-token prompt and 16 generated tokens at ratio 8 with steps of 16 tokens: H2O (every
- * step) holds ceil(80/8) = 10 entries at the end plus the one its trigger lets a decode step
- * add (11); with a prefill chunk C its prompt chunks add up to min(C, 16) entries to the
- * prompt's budget ceil(64/8) = 8 (C = 16: 24; C = 64 is bounded by the step's 16: 24; C = 2:
- * 10 < 11). SnapKV (prompt end) holds the whole prompt whatever C (64); the full cache all
- * 80; and the probe leaves the sequence at its start with its prefill chunk. */
+ * 64-token prompt and 16 generated tokens at ratio 8 with steps of 16 tokens.
+ * Strict budgets (no floor): H2O (every step) holds ceil(80/8) = 10 entries at the end plus
+ * the one its trigger lets a decode step add (11); with a prefill chunk C its prompt chunks
+ * add up to min(C, 16) entries to the prompt's budget ceil(64/8) = 8 (C = 16: 24; C = 64 is
+ * bounded by the step's 16: 24; C = 2: 10 < 11). SnapKV (prompt end) holds the whole prompt
+ * whatever C (64); the full cache all 80.
+ * Graceful budgets, what the policy really keeps: H2O's own floor (`min 64 tokens`) raises
+ * ceil(80/8) = 10 to min(64, 80) = 64, so 65 at the end; with C = 2 the prompt's
+ * min(64, 64) = 64 plus 2 is 66. SnapKV at min_kv 16, 64 generated tokens: ceil(64/8) = 8,
+ * raised to the floor 16, then to its observation window (a guard, 32 tokens) that the
+ * floor lets exceed the budget: 32 after the prompt-end compress, plus 64 decoded: 96
+ * (ceil(64/8) + 64 = 72 and 16 + 64 = 80 would over-admit).
+ * The probe leaves the sequence at its start with its prefill chunk. */
 START_TEST(serve_footprint_prefill_chunk)
 {
 	rt_model *m = load_shape(0);
 	rt_err err = { "" };
-	const struct { const char *name; int32_t pf; int64_t want; } cases[] = {
-		{ "h2o", 0, 11 }, { "h2o", 16, 24 }, { "h2o", 64, 24 }, { "h2o", 2, 11 },
-		{ "snapkv", 0, 64 }, { "snapkv", 16, 64 }, { "full", 16, 80 },
+	const struct { const char *name; int32_t pf; double min_kv; int64_t gen, want; } cases[] = {
+		{ "h2o", 0, KVP_MIN_KV_STRICT, 16, 11 }, { "h2o", 16, KVP_MIN_KV_STRICT, 16, 24 },
+		{ "h2o", 64, KVP_MIN_KV_STRICT, 16, 24 }, { "h2o", 2, KVP_MIN_KV_STRICT, 16, 11 },
+		{ "snapkv", 0, KVP_MIN_KV_STRICT, 16, 64 }, { "snapkv", 16, KVP_MIN_KV_STRICT, 16, 64 },
+		{ "full", 16, KVP_MIN_KV_STRICT, 16, 80 },
+		{ "h2o", 0, 0, 16, 65 }, { "h2o", 2, 0, 16, 66 }, { "snapkv", 0, 16, 64, 96 },
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		const struct kvp_policy *p = find_policy(cases[i].name);
 		rt_seq s;
-		ck_assert_msg(rt_seq_init(&s, m, p, 80, 16, 64, &err) == 0, "%s", err.msg);
+		const int64_t N = 64 + cases[i].gen;
+		ck_assert_msg(rt_seq_init(&s, m, p, (int32_t)N, 16, 64, &err) == 0, "%s", err.msg);
+		s.run.ctx.min_kv = cases[i].min_kv;
 		if (p->compress)
 			ck_assert_msg(rt_seq_set_ratio(&s, 8, &err) == 0, "%s", err.msg);
 		ck_assert_msg(rt_seq_set_prefill_chunk(&s, cases[i].pf, &err) == 0, "%s", err.msg);
-		const int64_t f = rt_serve_footprint(&s, 64, 16, 16);
-		ck_assert_msg(f == cases[i].want, "%s prefill chunk %d: footprint %lld, expected %lld",
-		              cases[i].name, (int)cases[i].pf, (long long)f, (long long)cases[i].want);
+		const int64_t f = rt_serve_footprint(&s, 64, cases[i].gen, 16);
+		ck_assert_msg(f == cases[i].want, "%s prefill chunk %d min_kv %g: footprint %lld, "
+		              "expected %lld", cases[i].name, (int)cases[i].pf, cases[i].min_kv,
+		              (long long)f, (long long)cases[i].want);
 		ck_assert_int_eq(rt_seq_seen(&s), 0);
 		ck_assert_int_eq(s.run.prefill_chunk, cases[i].pf < 16 ? cases[i].pf : 16);
+		ck_assert(s.run.ctx.in_force == NULL && s.run.ctx.prompt_len == 64);
 		rt_seq_free(&s);
 	}
 	rt_model_free(m);

@@ -275,6 +275,26 @@ int rt_policy_check(struct rt_run *r, const rt_kv *kv, rt_err *err)
 	return r->p->check(&r->ctx, kv, err);
 }
 
+int rt_policy_budget_at(struct rt_run *r, const rt_kv *kv, int64_t context, double *budget,
+                        rt_err *err)
+{
+	if (!r->p->check || context < 1)
+		return rt_err_set(err, "policy %s: no budget to compute (%s)", r->p->name,
+		                  r->p->check ? "empty context" : "it never compresses");
+	const int64_t pl = r->ctx.prompt_len;
+	unsigned *notes = r->ctx.notes;
+	double f[2] = { 0, 0 };
+	r->ctx.prompt_len = context; /* check's context is the prompt */
+	r->ctx.notes = NULL;
+	r->ctx.in_force = f;
+	const int rc = r->p->check(&r->ctx, kv, err);
+	r->ctx.prompt_len = pl;
+	r->ctx.notes = notes;
+	r->ctx.in_force = NULL;
+	*budget = f[0];
+	return rc;
+}
+
 int rt_run_set_prefill_chunk(struct rt_run *r, int32_t C, rt_err *err)
 {
 	if (C < 0 || C > 65536)

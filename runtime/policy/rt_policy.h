@@ -204,6 +204,10 @@ struct kvp_ctx {
 	                           at a few tokens, tests/test_policies.c) */
 	unsigned *notes;        /* where check and compress record what they did instead of
 	                           failing (KVP_NOTE_*, or-ed), or NULL */
+	double *in_force;       /* NULL, or [2] where check and compress record the budget and
+	                           the target in force, entries per (layer, KV head) on average
+	                           (k_budget_check: the floor and guards raised, as compress
+	                           keeps them); rt_policy_budget_at sets it */
 };
 
 /* kvp_ctx.min_kv: budgets exactly as the policy's budget expression says, without its
@@ -434,6 +438,16 @@ int rt_run_set_byte_ratio(struct rt_run *r, double R, rt_err *err);
  * after rt_run_init/rt_run_reset and the --set/--ratio overrides; request parameters
  * of a server go through the same call. */
 int rt_policy_check(struct rt_run *r, const rt_kv *kv, rt_err *err);
+
+/* The budget compress keeps in force once the context is `context` tokens (> 0), with r's
+ * parameters and ratio, on kv's shape: entries per (layer, KV head) on average, into
+ * *budget — the ratio's or the policy's budget raised by the floor (`budget = B min F`,
+ * kvp_ctx.min_kv) and by guards that exceed it under that floor (k_budget_check in
+ * kernels/k_compress.h), what the policy really keeps. r is left as it was (no notes
+ * recorded). Returns 0, or -1 with err: a policy that never compresses (no check), or a
+ * budget check that fails at that context. */
+int rt_policy_budget_at(struct rt_run *r, const rt_kv *kv, int64_t context, double *budget,
+                        rt_err *err);
 
 /* Chunked prefill: prompt chunks of up to C tokens (1..65536) cross the policy's triggers
  * and the policy compresses once at each chunk's end; 0 restores the exact schedule.

@@ -73,8 +73,10 @@ int rt_serve_run(const rt_serve_cfg *cfg, const struct kvp_policy *const *reg, i
  * compresses at the prompt end (the whole prompt is held before it runs), else
  * the larger of ceil((P+T)/R) plus the longest chunk its trigger allows at that budget,
  * and ceil(P/R) plus its prefill chunk (rt_seq_set_prefill_chunk, bounded by `chunk`:
- * what a prompt chunk adds before the compress at its end); each ceil(x/R) at least
- * min(min_kv, x) under a graceful budget's floor (kvp_ctx.min_kv). */
+ * what a prompt chunk adds before the compress at its end); each ceil(x/R) is the budget
+ * the policy really keeps at context x (rt_policy_budget_at: raised by the floor, the
+ * larger of kvp_ctx.min_kv and the policy's `budget = B min F`, and by guards that exceed
+ * it under that floor). */
 struct rt_seq;
 int64_t rt_serve_footprint(struct rt_seq *s, int64_t n_prompt, int64_t max_tokens, int chunk);
 

@@ -548,19 +548,26 @@ void *srv_scheduler(void *arg)
 	return NULL;
 }
 
-/* Entries per list that a ratio-R budget keeps of a context of x tokens: ceil(x / R), and
- * at least min(min_kv, x) under a graceful budget's floor (kernels/k_compress.h). */
-static int64_t ratio_budget(int64_t x, double R, double min_kv)
+/* Entries per list that sequence s's policy keeps at ratio R once the context is x tokens:
+ * the budget in force (rt_policy_budget_at: ceil(x / R) raised by the floor, the larger of
+ * min_kv and the policy's `budget = B min F`, and by guards that exceed it under that
+ * floor, as compress keeps them), rounded up; ceil(x / R) when the check fails at x (the
+ * request then fails when it starts, or compress keeps at least that early in a stream). */
+static int64_t ratio_budget(rt_seq *s, int64_t x, double R)
 {
 	const int64_t b = (int64_t)ceil((double)x / R);
-	const int64_t f = min_kv > 0 ? (min_kv < (double)x ? (int64_t)ceil(min_kv) : x) : 0;
-	return b > f ? b : f;
+	double in_force = 0;
+	rt_err e = { "" };
+	if (rt_policy_budget_at(&s->run, &s->kv, x, &in_force, &e) != 0)
+		return b;
+	const int64_t f = (int64_t)ceil(in_force - 1e-9);
+	return f > b ? f : b;
 }
 
 int64_t rt_serve_footprint(rt_seq *s, int64_t n_prompt, int64_t max_tokens, int chunk)
 {
 	const int64_t P = n_prompt, T = max_tokens, N = P + T;
-	const double R = s->run.ctx.ratio, mk = s->run.ctx.min_kv;
+	const double R = s->run.ctx.ratio;
 	if (!s->p->compress || R <= 0)
 		return N;
 	/* the policy's own triggers (the probes below), then the prefill chunk */
@@ -570,14 +577,14 @@ int64_t rt_serve_footprint(rt_seq *s, int64_t n_prompt, int64_t max_tokens, int 
 	int32_t k0 = rt_run_chunk(&s->run, &s->kv, (int32_t)(P < 65536 ? P : 65536));
 	if (P > 1 && k0 >= (P < 65536 ? P : 65536)) {
 		s->run.prefill_chunk = pf;
-		int64_t a = ratio_budget(P, R, mk) + T;
+		int64_t a = ratio_budget(s, P, R) + T;
 		return a > P ? (a < N ? a : N) : P;
 	}
 	/* streaming: at the end the store holds about ceil(N / R) entries; the longest chunk
 	 * its trigger allows there bounds what an append adds. While the prompt is fed the
 	 * budget is ceil(P / R) (the context is the prompt), and a chunked prefill's chunk
 	 * adds at most pf entries to it before the compress at the chunk's end */
-	const int64_t b = ratio_budget(N, R, mk);
+	const int64_t b = ratio_budget(s, N, R);
 	const int H = s->kv.n_layer * s->kv.n_kv_head;
 	const int64_t seen = s->run.ctx.seen;
 	for (int i = 0; i < H; i++)
@@ -592,7 +599,7 @@ int64_t rt_serve_footprint(rt_seq *s, int64_t n_prompt, int64_t max_tokens, int 
 	rt_seq_reset(s, P);
 	s->run.prefill_chunk = pf;
 	int64_t f = b + (k > 0 ? k : chunk);
-	const int64_t fp = ratio_budget(P, R, mk) + pf;
+	const int64_t fp = ratio_budget(s, P, R) + pf;
 	f = fp > f ? fp : f;
 	return f < N ? f : N;
 }
