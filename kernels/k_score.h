@@ -206,7 +206,7 @@ static inline void k_pool(const float *in, float *out, int32_t n, int32_t k, int
 	}
 }
 
-/* L2: sqrt of the sum of squares (CAOTE's GQA rule, algorithms.md section 8: the
+/* L2: sqrt of the sum of squares (CAOTE's GQA rule, docs/language.md section 7.6: the
  * squared output errors of the query heads sharing an entry add up). kind: enum k_reduce
  * (k_abi.h), not K_REDUCE_NONE. */
 

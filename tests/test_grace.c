@@ -245,7 +245,8 @@ START_TEST(test_exact_case_attention)
 	/* five tokens with the SAME post-RoPE key (only unrotated dims are non-zero, n_rot 4
 	 * of d 8) and different values, plus three other tokens; a 4/1 group of queries.
 	 * Merging the five into one entry with count 5 (log 5 on its logit) and the mean value
-	 * gives the same attention output as the five originals (algorithms.md 10.1). */
+	 * gives the same attention output as the five originals (docs/gracekv.md section 3, the
+	 * exact case). */
 	const int d = 8, nr = 4, G = 4;
 	float K[8 * 8], V[8 * 8], lc[8] = { 0 };
 	int32_t P[8];

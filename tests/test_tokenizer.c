@@ -837,7 +837,7 @@ END_TEST
 
 /* SmolLM2's own template (tokenizer.chat_template of the model file) against the golden
  * renders jinja2 made of it (make_golden.py), and its default system message spelled
- * out (model_and_data.md 1.6). */
+ * out (the template's own default, as jinja2 renders it without a system turn). */
 START_TEST(test_chat_render)
 {
 	golden g;
@@ -891,7 +891,7 @@ static int sanitized(void)
 
 START_TEST(test_model_selfcheck)
 {
-	/* model_and_data.md 1.6 vectors, also in the golden file (verified by llama.cpp) */
+	/* hand-picked vectors, also in tests/golden/tokenizer/golden.txt (llama.cpp's ids) */
 	static const struct {
 		const char *text;
 		int32_t ids[20];

@@ -1,6 +1,6 @@
 /*
  * rt_needle: synthetic long-context retrieval prompts built to an exact token length with
- * the model's own tokenizer, and their scorers (shared/research/model_and_data.md 2.1):
+ * the model's own tokenizer, and their scorers:
  *
  *  - passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"): an instruction,
  *    repeats of the filler "The grass is green. The sky is blue. ...", the needle "The pass
@@ -40,7 +40,7 @@ typedef enum rt_needle_kind {
 	RT_NEEDLE_NIAH = 1,
 } rt_needle_kind;
 
-/* The exact strings (model_and_data.md 2.1). */
+/* The exact strings of the two tasks (the sources named at the top). */
 #define RT_PASSKEY_INSTRUCTION                                                          \
 	"There is an important info hidden inside a lot of irrelevant text. Find it and " \
 	"memorize them. I will quiz you about the important information there."

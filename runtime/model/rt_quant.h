@@ -1,6 +1,7 @@
 /*
  * rt_quant: dequantisation of ggml block formats to f32, following the block layouts of
- * ggml-common.h / ggml-quants.c (see shared/research/model_and_data.md section 1.5).
+ * ggml (ggml-org/ggml src/ggml-common.h, the block structs, and src/ggml-quants.c,
+ * dequantize_row_*).
  * Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q6_K (and any added later).
  */
 #ifndef RT_QUANT_H

@@ -119,7 +119,7 @@ enum {
  * the KV store does not keep, recorded by the runtime (rt_seq) for positions
  * 0 .. n-1 of the prompt (row = position), so a one-shot compress at the prompt end can
  * segment the text by its hidden-state trajectory and surprisal and probe the cache with
- * the question's queries (GraceKV, algorithms.md section 9). All arrays are runtime-owned
+ * the question's queries (GraceKV, docs/gracekv.md). All arrays are runtime-owned
  * and valid during compress; rows at positions >= n are undefined. Queries are post-RoPE
  * exactly as the attention used them (under KVP_POS_COMPACTED: rotated at the entry
  * index, not the position). */
