@@ -7,7 +7,9 @@
  * (tests/golden/stats/make_golden.py's Rng), haystack reading (plain, gzip, errors), and the
  * builders with a synthetic byte-level tokenizer written with gguf_writer: exact lengths,
  * needle tokens at the reported place, depth within one filler repeat, sentence-end
- * placement for NIAH, error cases.
+ * placement for NIAH, the multi-key needles' texts and places against the slot rule computed
+ * here, the multi-instruction prompt's system message, filler and question, its keyword
+ * checks and its score against the full cache's checks on hand-counted cases, error cases.
  * Model cases (env KVRT_MODEL = the SmolLM2 GGUF): for 1024, 2048 and 4096 tokens and
  * depths 0/25/50/75/100, plain and ChatML: context + question == requested length, the
  * decoded needle/filler/question texts are the published strings, the needle is within
@@ -287,6 +289,174 @@ START_TEST(test_syn_passkey)
 }
 END_TEST
 
+/* Multi-key: lengths, every needle's text and place computed here from the slot rule
+ * (needle j at the filler-repeat boundary nearest D + 25·j percent, less 100 above 100,
+ * needles at one boundary in j order), the question, the answer and the distractor rule. */
+START_TEST(test_syn_multikey)
+{
+	static const char *const labels[4] = {"north", "south", "east", "west"};
+	rt_tokenizer *t = syn_tokenizer();
+	const int64_t lens[] = {1000, 1500};
+	const double depths[] = {0, 30, 50, 100};
+	for (int c = 0; c < 2; c++)
+		for (int i = 0; i < 2; i++)
+			for (int k = 0; k < 4; k++) {
+				const uint64_t seed = (uint64_t)(i * 4 + k + 3);
+				rt_needle_prompt p;
+				rt_err err = {0};
+				ck_assert_msg(rt_needle_multikey(t, lens[i], depths[k], seed, c, &p, &err) == 0,
+				              "%s", err.msg);
+				ck_assert_int_eq(p.kind, RT_NEEDLE_MULTIKEY);
+				ck_assert_int_eq(p.n_ctx + p.n_question, lens[i]);
+				ck_assert_uint_eq(p.keys[0], rt_needle_passkey_for_seed(seed * 4));
+				ck_assert_uint_eq(p.passkey, p.keys[0]);
+				int64_t nn[4], slot[4], F = p.hay_tokens, unit = p.unit;
+				char want[4][200];
+				for (int j = 0; j < 4; j++) {
+					for (int q = 0; q < j; q++)
+						ck_assert_uint_ne(p.keys[q], p.keys[j]);
+					const char *lb = labels[(seed + (uint64_t)j) % 4];
+					snprintf(want[j], sizeof want[j], " The pass key of the %s door is %u. "
+					         "Remember it. %u is the pass key of the %s door.", lb, p.keys[j],
+					         p.keys[j], lb);
+					nn[j] = (int64_t)strlen(want[j]) - 3 * (strstr(want[j], " The ") != NULL);
+					double d = depths[k] + 25.0 * j;
+					d = d > 100 ? d - 100 : d;
+					slot[j] = (int64_t)llround(d / 100.0 * (double)F / (double)unit) * unit;
+					while (slot[j] > F)
+						slot[j] -= unit;
+				}
+				/* byte-level: " The" is one token, so a needle is its bytes less 3 */
+				int64_t total = 0;
+				for (int j = 0; j < 4; j++)
+					total += nn[j];
+				ck_assert_int_eq(p.n_ctx, p.hay_start + F + total);
+				for (int j = 0; j < 4; j++) {
+					int64_t pos = p.hay_start + slot[j];
+					for (int q = 0; q < 4; q++)
+						if (slot[q] < slot[j] || (slot[q] == slot[j] && q < j))
+							pos += nn[q];
+					ck_assert_int_eq(p.key_pos[j], pos);
+					char *nd = decode(t, p.ctx + pos, nn[j]);
+					ck_assert_str_eq(nd, want[j]);
+					free(nd);
+				}
+				ck_assert_int_eq(p.needle_pos, p.key_pos[0]);
+				char *q = decode(t, p.question, p.n_question);
+				char wq[200];
+				const char *asked = labels[seed % 4];
+				if (c)
+					snprintf(wq, sizeof wq, "\nWhat is the pass key of the %s door?<|im_end|>\n"
+					         "<|im_start|>assistant\nThe pass key of the %s door is", asked, asked);
+				else
+					snprintf(wq, sizeof wq, "\nWhat is the pass key of the %s door? The pass key "
+					         "of the %s door is", asked, asked);
+				ck_assert_str_eq(q, wq);
+				free(q);
+				/* the asked key scores, a distractor's does not */
+				char g[64];
+				snprintf(g, sizeof g, " %u.\n", p.keys[0]);
+				ck_assert_int_eq(rt_needle_score(&p, g), 1);
+				snprintf(g, sizeof g, " %u.\n", p.keys[2]);
+				ck_assert_int_eq(rt_needle_score(&p, g), 0);
+				rt_needle_prompt_free(&p);
+			}
+	rt_needle_prompt p;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_needle_multikey(t, 150, 50, 1, 0, &p, &err), -1);
+	ck_assert_msg(!strncmp(err.msg, "multikey: 150 tokens is too short", 33), "%s", err.msg);
+	ck_assert_int_eq(rt_needle_multikey(t, 1000, -1, 1, 0, &p, &err), -1);
+	ck_assert_str_eq(err.msg, "multikey: depth -1% outside [0, 100]");
+	rt_tokenizer_free(t);
+}
+END_TEST
+
+/* Multi-instruction: the system message with the drawn words, whole filler repeats, the
+ * question in the template, exact lengths; every word of the lists drawn over 64 seeds. */
+START_TEST(test_syn_instruct)
+{
+	static const char *const lists[3][4] = {{"Zorblax", "Quimby", "Marlowe", "Bexley"},
+	                                        {"tortoise", "parrot", "hedgehog", "llama"},
+	                                        {"Lisbon", "Oslo", "Cairo", "Lima"}};
+	rt_tokenizer *t = syn_tokenizer();
+	int seen[3][4] = {{0}};
+	for (uint64_t seed = 0; seed < 64; seed++) {
+		rt_needle_prompt p;
+		rt_err err = {0};
+		const int64_t len = 500 + (int64_t)seed;
+		ck_assert_msg(rt_needle_instruct(t, len, seed, &p, &err) == 0, "%s", err.msg);
+		ck_assert_int_eq(p.kind, RT_NEEDLE_INSTRUCT);
+		ck_assert_int_eq(p.n_ctx + p.n_question, len);
+		for (int i = 0; i < 3; i++) {
+			int f = -1;
+			for (int w = 0; w < 4; w++)
+				if (!strcmp(p.words[i], lists[i][w]))
+					f = w;
+			ck_assert_int_ge(f, 0);
+			seen[i][f] = 1;
+		}
+		char want[400];
+		snprintf(want, sizeof want, "<|im_start|>system\nFollow these three instructions in "
+		         "every answer. 1. Say that your name is %s. 2. Mention your pet %s. 3. Mention "
+		         "the city of %s.<|im_end|>\n<|im_start|>user\n", p.words[0], p.words[1],
+		         p.words[2]);
+		char *head = decode(t, p.ctx, p.hay_start);
+		ck_assert_str_eq(head, want);
+		free(head);
+		ck_assert_int_eq(p.hay_tokens, p.n_ctx - p.hay_start);
+		char *fill = decode(t, p.ctx + p.hay_start, p.hay_tokens);
+		size_t fl = strlen(RT_PASSKEY_FILLER);
+		for (size_t o = 0; o < strlen(fill); o += fl)
+			ck_assert(!strncmp(fill + o, RT_PASSKEY_FILLER,
+			                   strlen(fill) - o < fl ? strlen(fill) - o : fl));
+		free(fill);
+		char *q = decode(t, p.question, p.n_question);
+		ck_assert_str_eq(q, "\nTell me about yourself.<|im_end|>\n<|im_start|>assistant\n");
+		free(q);
+		snprintf(want, sizeof want, "%s; %s; %s", p.words[0], p.words[1], p.words[2]);
+		ck_assert_str_eq(p.answer, want);
+		rt_needle_prompt_free(&p);
+	}
+	for (int i = 0; i < 3; i++)
+		for (int w = 0; w < 4; w++)
+			ck_assert_msg(seen[i][w], "list %d word %d never drawn", i, w);
+	rt_needle_prompt p;
+	rt_err err = {0};
+	ck_assert_int_eq(rt_needle_instruct(t, 40, 1, &p, &err), -1);
+	ck_assert_msg(!strncmp(err.msg, "instruct: 40 tokens is too short", 32), "%s", err.msg);
+	rt_tokenizer_free(t);
+}
+END_TEST
+
+/* Multi-instruction checks on hand-written answers, and the score against the full
+ * cache's checks (hand-counted). */
+START_TEST(test_instruct_score)
+{
+	rt_needle_prompt p;
+	memset(&p, 0, sizeof p);
+	p.kind = RT_NEEDLE_INSTRUCT;
+	strcpy(p.words[0], "Zorblax");
+	strcpy(p.words[1], "tortoise");
+	strcpy(p.words[2], "Lisbon");
+	ck_assert_uint_eq(rt_needle_instruct_checks(&p, "I am ZORBLAX, and my Tortoise sleeps."), 3);
+	ck_assert_uint_eq(rt_needle_instruct_checks(&p, "Greetings from lisbon."), 4);
+	ck_assert_uint_eq(rt_needle_instruct_checks(&p, "Zorb the tortois of Lisb"), 0);
+	ck_assert_int_eq(rt_needle_score(&p, "Zorblax, tortoise, Lisbon"), 1);
+	ck_assert_int_eq(rt_needle_score(&p, "Zorblax, tortoise"), 0);
+	int f = 0, fr = 0;
+	ck_assert_int_eq(rt_needle_instruct_vs_ref(3, 1, &f, &fr), 1); /* more than the full cache */
+	ck_assert_int_eq(f, 1);
+	ck_assert_int_eq(fr, 1);
+	ck_assert_int_eq(rt_needle_instruct_vs_ref(2, 3, &f, &fr), 0); /* the name lost */
+	ck_assert_int_eq(f, 2);
+	ck_assert_int_eq(fr, 3);
+	ck_assert_int_eq(rt_needle_instruct_vs_ref(7, 0, &f, &fr), 1); /* nothing to follow */
+	ck_assert_int_eq(rt_needle_instruct_vs_ref(0, 5, &f, &fr), 0);
+	ck_assert_int_eq(f, 2);
+	ck_assert_int_eq(fr, 5);
+}
+END_TEST
+
 /* Checks common to every NIAH prompt. */
 static void check_niah(const rt_tokenizer *t, const rt_needle_prompt *p, int64_t n_tokens,
                        double depth, int chat, int64_t *max_back)
@@ -502,6 +672,9 @@ static Suite *needle_suite(void)
 	tcase_add_test(tc, test_info_body);
 	tcase_add_test(tc, test_syn_passkey);
 	tcase_add_test(tc, test_syn_niah);
+	tcase_add_test(tc, test_syn_multikey);
+	tcase_add_test(tc, test_syn_instruct);
+	tcase_add_test(tc, test_instruct_score);
 	suite_add_tcase(s, tc);
 	const char *model = getenv("KVRT_MODEL");
 	if (model && *model) {

@@ -302,9 +302,15 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 			return rt_cli_usage(cmd, "--kv-type: '%s' is not f32, f16 or q8_0", arg);
 		o->kv_type = arg;
 		return 0;
-	case O_TASK:
-		o->task_niah = !strcmp(arg, "niah");
-		return one_of(cmd, nm, arg, "passkey", "niah");
+	case O_TASK: { /* the names in rt_needle_kind's order */
+		static const char *const tasks[] = { "passkey", "niah", "multikey", "instruct" };
+		for (int i = 0; i < (int)(sizeof tasks / sizeof *tasks); i++)
+			if (!strcmp(arg, tasks[i])) {
+				o->task = i;
+				return 0;
+			}
+		return rt_cli_usage(cmd, "%s: '%s' is not passkey, niah, multikey or instruct", nm, arg);
+	}
 	case O_KVMEM: case O_MAXBODY: {
 		rt_err err = { "" };
 		if (rt_kvpool_parse_size(arg, d->id == O_KVMEM ? &o->kv_memory : &o->max_body, &err))

@@ -48,7 +48,8 @@ typedef struct rt_cli_opts {
 	                       0 strict budgets (each command sets its default) */
 	double ratio;
 	double byte_ratio;     /* --byte-ratio R: the budget in bytes (rt_seq_set_byte_ratio) */
-	int json, chat, special, stats, no_ref, task_niah, mode_agnostic, mark_question, quiet;
+	int json, chat, special, stats, no_ref, mode_agnostic, mark_question, quiet;
+	int task;  /* needle --task: an rt_needle_kind (eval/rt_needle.h), 0 passkey */
 	int equal_memory;    /* ab --equal-memory */
 	int mode_given;      /* --mode was given; else needle's protocol follows the policies
 	                       (agnostic for a prompt-end one: rt_eval_needle_agnostic) */

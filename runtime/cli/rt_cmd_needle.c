@@ -30,7 +30,8 @@ static const char *const help_needle =
 	"    {prog} needle - long-context retrieval accuracy under a KV-cache policy\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    {prog} needle --model MODEL [--task passkey|niah] [--haystack FILE]\n"
+	"    {prog} needle --model MODEL [--task passkey|niah|multikey|instruct]\n"
+	"             [--haystack FILE]\n"
 	"             [--lengths L,...] [--depths D,...] [--policy NAME] [--set NAME=VALUE]...\n"
 	"             [--ratio R] [--mode aware|agnostic] [--gen N] [--seed S] [--chat]\n"
 	"             [--chunk N] [--threads N] [--json] [--batch RUNS] [--mark-question]\n"
@@ -40,10 +41,21 @@ static const char *const help_needle =
 	"    model's tokenizer (rt_needle): passkey (Mohtashami & Jaggi 2023: filler text\n"
 	"    with \"The pass key is K\" at D% of it, K from the seed, length and depth) or\n"
 	"    niah (a real text, by default the Info manual of coreutils, with the San\n"
-	"    Francisco needle at D%). The context is prefilled under the policy, then the\n"
-	"    answer is generated greedily (--gen tokens, default 8 for passkey, 20 for niah)\n"
-	"    and scored by exact match (the first number equals K; both \"sandwich\" and\n"
-	"    \"Dolores Park\" present). Modes (kvpress's distinction): aware puts the\n"
+	"    Francisco needle at D%), multikey (four pass keys of the north, south, east\n"
+	"    and west doors in the filler, the one asked at D%, the others distractors) or\n"
+	"    instruct (the chat template's system message gives three instructions: say\n"
+	"    your name is NAME, mention your pet PET, mention the city CITY; the filler\n"
+	"    follows and the user asks \"Tell me about yourself.\"; NAME, PET and CITY\n"
+	"    drawn from the seed, D only varies the seed). The context is prefilled under\n"
+	"    the policy, then the answer is generated greedily (--gen tokens, default 8 for\n"
+	"    passkey and multikey, 20 for niah, 48 for instruct) and scored by exact match\n"
+	"    (the first number equals the key asked; both \"sandwich\" and \"Dolores\n"
+	"    Park\" present). instruct checks each instruction by its word in the answer\n"
+	"    and is scored against the full cache, run beside the policies on every\n"
+	"    prompt: a trial is correct when the answer follows every instruction the full\n"
+	"    cache's answer follows, and the accuracy is the instructions followed out of\n"
+	"    those the full cache follows (a small model does not follow all three even\n"
+	"    with its whole context). Modes (kvpress's distinction): aware puts the\n"
 	"    question inside the compressed prompt; agnostic compresses the context first\n"
 	"    (the prompt ends before the question) and appends the question after, the\n"
 	"    default for a prompt-end policy (aware for a streaming one).\n"
@@ -58,7 +70,7 @@ static const char *const help_needle =
 	"\n"
 	"OPTIONS\n"
 	"    -m, --model MODEL   GGUF model file\n"
-	"    --task T            passkey (default) or niah\n"
+	"    --task T            passkey (default), niah, multikey or instruct\n"
 	"    --haystack FILE     niah text (plain or .gz; default\n"
 	"                        /usr/share/info/coreutils.info.gz, from its second node)\n"
 	"    --lengths LIST      comma-separated prompt lengths in tokens (default\n"
@@ -88,7 +100,12 @@ static const char *const help_needle =
 	"                        bytes_compression_peak}], accuracy, policy_seconds (over\n"
 	"                        every trial) and the same compression figures, the means\n"
 	"                        over the trials (after the answer, over the tokens seen: the\n"
-	"                        one definition of docs/measuring.md, \"Compression\")\n"
+	"                        one definition of docs/measuring.md, \"Compression\");\n"
+	"                        instruct adds per result checks and checks_ref (bit i: the\n"
+	"                        run's and the full cache's answers follow instruction i)\n"
+	"                        and per run followed and followed_ref (their sums of bits\n"
+	"                        in common and of the full cache's), accuracy their ratio\n"
+	"                        (null when the full cache followed none)\n"
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success (whatever the accuracy), 1 runtime error, 2 usage error.\n";
@@ -98,6 +115,9 @@ typedef struct needle_job {
 	rt_cli_opts o;
 	double lens[RT_CLI_MAX_LIST], deps[RT_CLI_MAX_LIST];
 	int n_len, n_dep, K;
+	int KR;                /* sequences per trial: the K runs, and the full cache for instruct */
+	rt_seq ref;            /* instruct: the full cache its checks are read against */
+	int ref_ready;
 	int64_t n_gen;
 	rt_cli_run *runs;
 	rt_tokenizer *tk;
@@ -107,7 +127,7 @@ typedef struct needle_job {
 	float *logits, *one;
 	rt_seq **all;
 	rt_seq_batch b;
-	rt_needle_answer *res; /* [(length·n_dep + depth)·K + run] */
+	rt_needle_answer *res; /* [(length·n_dep + depth)·KR + run]; run K is the reference */
 } needle_job;
 
 /* Haystack, model, length check, sequences and batch. Returns 0, or the exit status after
@@ -117,7 +137,7 @@ static int needle_setup(needle_job *nj)
 	const rt_cli_opts *o = &nj->o;
 	rt_err err = { "" };
 	rt_gguf *g = NULL;
-	if (o->task_niah) {
+	if (o->task == RT_NEEDLE_NIAH) {
 		const char *path = o->haystack ? o->haystack : "/usr/share/info/coreutils.info.gz";
 		if (!(nj->hay = rt_text_read(path, &nj->hay_len, &err)))
 			return rt_cli_fail(&err);
@@ -139,7 +159,7 @@ static int needle_setup(needle_job *nj)
 		if ((int64_t)nj->lens[i] > max_len)
 			max_len = (int64_t)nj->lens[i];
 	}
-	const int V = m->hp.n_vocab, K = nj->K;
+	const int V = m->hp.n_vocab, K = nj->K, KR = nj->KR;
 	if (!o->mode_given) { /* the protocol the policies call for (rt_eval_needle_agnostic) */
 		const struct kvp_policy **ps = RT_MALLOC((size_t)K * sizeof *ps);
 		for (int i = 0; i < K; i++)
@@ -149,11 +169,11 @@ static int needle_setup(needle_job *nj)
 	}
 	/* prompt chunk: a batch stacks K × chunk rows, so it is bounded as in ppl */
 	int chunk = (int)o->chunk;
-	if (K > 1 && chunk > 512 / K)
-		chunk = 512 / K < 1 ? 1 : 512 / K;
-	if (!(nj->all = calloc((size_t)K, sizeof *nj->all)) ||
-	    !(nj->res = calloc((size_t)K * nj->n_len * nj->n_dep, sizeof *nj->res)) ||
-	    !(nj->logits = malloc((size_t)K * V * sizeof *nj->logits)) ||
+	if (KR > 1 && chunk > 512 / KR)
+		chunk = 512 / KR < 1 ? 1 : 512 / KR;
+	if (!(nj->all = calloc((size_t)KR, sizeof *nj->all)) ||
+	    !(nj->res = calloc((size_t)KR * nj->n_len * nj->n_dep, sizeof *nj->res)) ||
+	    !(nj->logits = malloc((size_t)KR * V * sizeof *nj->logits)) ||
 	    !(nj->one = malloc((size_t)V * sizeof *nj->one))) {
 		fprintf(stderr, "%s: out of memory\n", rt_cli_prog);
 		return EXIT_FAILURE;
@@ -167,32 +187,64 @@ static int needle_setup(needle_job *nj)
 		nj->all[i] = &r->seq;
 		rt_seq_use_spans(nj->all[i]);
 	}
-	if (K > 1 && rt_seq_batch_init(&nj->b, nj->all, K, chunk, &err) != 0)
+	if (KR > K) { /* the full cache in the command's store, the reference of instruct */
+		if (rt_seq_init_typed(&nj->ref, m, &rt_policy_full, m->kv_type,
+		                      (int32_t)(max_len + nj->n_gen), chunk, -1, &err) != 0)
+			return rt_cli_fail(&err);
+		nj->ref_ready = 1;
+		nj->all[K] = &nj->ref;
+	}
+	if (KR > 1 && rt_seq_batch_init(&nj->b, nj->all, KR, chunk, &err) != 0)
 		return rt_cli_fail(&err);
 	return 0;
 }
 
-/* One trial (length i, depth j) for every run. */
+/* The prompt of trial (length i, depth j) for the command's task. */
+static int needle_prompt(const needle_job *nj, int i, int j, rt_needle_prompt *np, rt_err *err)
+{
+	const rt_cli_opts *o = &nj->o;
+	const int64_t len = (int64_t)nj->lens[i];
+	const uint64_t seed = (uint64_t)o->seed + 1000003ull * (uint64_t)len + (uint64_t)nj->deps[j];
+	switch (o->task) {
+	case RT_NEEDLE_NIAH:
+		return rt_needle_niah(nj->tk, nj->hay + nj->hay_off, nj->hay_len - nj->hay_off, len,
+		                      nj->deps[j], o->chat, np, err);
+	case RT_NEEDLE_MULTIKEY:
+		return rt_needle_multikey(nj->tk, len, nj->deps[j], seed, o->chat, np, err);
+	case RT_NEEDLE_INSTRUCT:
+		return rt_needle_instruct(nj->tk, len, seed, np, err);
+	}
+	return rt_needle_passkey(nj->tk, len, nj->deps[j], seed, o->chat, np, err);
+}
+
+/* One trial (length i, depth j) for every run (and the reference). For instruct a run's
+ * answer is correct when it follows every instruction the full cache's answer follows. */
 static int needle_one(needle_job *nj, int i, int j, rt_err *err)
 {
 	const rt_cli_opts *o = &nj->o;
 	rt_needle_prompt np;
-	int rc = o->task_niah
-		? rt_needle_niah(nj->tk, nj->hay + nj->hay_off, nj->hay_len - nj->hay_off,
-		                 (int64_t)nj->lens[i], nj->deps[j], o->chat, &np, err)
-		: rt_needle_passkey(nj->tk, (int64_t)nj->lens[i], nj->deps[j],
-		                    (uint64_t)o->seed + 1000003ull * (uint64_t)nj->lens[i] +
-		                            (uint64_t)nj->deps[j],
-		                    o->chat, &np, err);
-	if (rc != 0)
+	if (needle_prompt(nj, i, j, &np, err) != 0)
 		return -1;
 	const rt_needle_how how = { .agnostic = o->mode_agnostic, .mark_question = o->mark_question,
 		                    .n_gen = nj->n_gen };
-	rt_needle_answer *ans = &nj->res[((size_t)i * nj->n_dep + j) * nj->K];
-	rc = rt_needle_trial(nj->all, nj->K, nj->K > 1 ? &nj->b : NULL, nj->tk, &np, &how,
-	                     nj->logits, nj->one, ans, err);
+	rt_needle_answer *ans = &nj->res[((size_t)i * nj->n_dep + j) * nj->KR];
+	int rc = rt_needle_trial(nj->all, nj->KR, nj->KR > 1 ? &nj->b : NULL, nj->tk, &np, &how,
+	                         nj->logits, nj->one, ans, err);
 	rt_needle_prompt_free(&np);
+	if (rc == 0 && nj->KR > nj->K) {
+		int f = 0, fr = 0; /* summed again by the report */
+		for (int k = 0; k < nj->K; k++)
+			ans[k].correct = !ans[k].left &&
+			                 rt_needle_instruct_vs_ref(ans[k].checks, ans[nj->K].checks, &f, &fr);
+	}
 	return rc;
+}
+
+/* The task's name, as --task spells it. */
+static const char *task_name(int task)
+{
+	static const char *const names[] = { "passkey", "niah", "multikey", "instruct" };
+	return names[task];
 }
 
 /* Every trial, with the 1/0 table on stdout for one run without --json. */
@@ -206,7 +258,7 @@ static int needle_trials(needle_job *nj)
 	                 nj->o.quiet || (table && isatty(fileno(stderr))));
 	if (table) {
 		printf("%s under %s (%s mode%s), exact match per length and depth (%%)\n",
-		       nj->o.task_niah ? "niah" : "passkey", nj->runs[0].p->name,
+		       task_name(nj->o.task), nj->runs[0].p->name,
 		       nj->o.mode_agnostic ? "agnostic" : "aware",
 		       nj->o.mode_given ? "" : nj->o.mode_agnostic
 		       ? ": a prompt-end policy, the question follows the compressed context"
@@ -229,7 +281,7 @@ static int needle_trials(needle_job *nj)
 			}
 			rt_progress_update(&prog, (int64_t)i * nj->n_dep + j + 1);
 			if (table) {
-				int ok = nj->res[(size_t)i * nj->n_dep + j].correct; /* K == 1 */
+				int ok = nj->res[((size_t)i * nj->n_dep + j) * nj->KR].correct; /* K == 1 */
 				row_ok += ok;
 				printf(" %6d", ok);
 				fflush(stdout);
@@ -248,14 +300,14 @@ static void needle_mean_x(const needle_job *nj, int k, rt_compression *x)
 	const int total = nj->n_len * nj->n_dep;
 	memset(x, 0, sizeof *x);
 	for (int q = 0; q < total; q++)
-		rt_compression_add(x, &nj->res[(size_t)q * nj->K + k].x, total);
+		rt_compression_add(x, &nj->res[(size_t)q * nj->KR + k].x, total);
 }
 
 /* Run k's JSON object. */
 static void needle_json(const needle_job *nj, int k, const char *msha, int correct, int total)
 {
 	printf(",\"task\":\"%s\",\"mode\":\"%s\",\"mode_from\":\"%s\",\"model\":",
-	       nj->o.task_niah ? "niah" : "passkey", nj->o.mode_agnostic ? "agnostic" : "aware",
+	       task_name(nj->o.task), nj->o.mode_agnostic ? "agnostic" : "aware",
 	       nj->o.mode_given ? "--mode" : "protocol");
 	rt_json_str(stdout, nj->m->path);
 	if (msha[0]) {
@@ -264,9 +316,11 @@ static void needle_json(const needle_job *nj, int k, const char *msha, int corre
 	}
 	printf(",\"batch\":%d,\"results\":[", nj->K);
 	double policy_s = 0;
+	const int instruct = nj->KR > nj->K;
+	int followed = 0, followed_ref = 0;
 	for (int i = 0; i < nj->n_len; i++)
 		for (int j = 0; j < nj->n_dep; j++) {
-			const rt_needle_answer *nr = &nj->res[((size_t)i * nj->n_dep + j) * nj->K + k];
+			const rt_needle_answer *nr = &nj->res[((size_t)i * nj->n_dep + j) * nj->KR + k];
 			printf("%s{\"length\":%lld,\"depth\":%g,\"answer\":", i + j ? "," : "",
 			       (long long)nj->lens[i], nj->deps[j]);
 			rt_json_str(stdout, nr->answer);
@@ -275,13 +329,25 @@ static void needle_json(const needle_job *nj, int k, const char *msha, int corre
 			printf(",\"correct\":%s,\"kv_entries_peak\":%lld,\"compress_events\":%lld",
 			       nr->correct ? "true" : "false", (long long)nr->st.kv_entries_peak,
 			       (long long)nr->st.compress_events);
+			if (instruct) {
+				const unsigned ref = nr[nj->K - k].checks;
+				printf(",\"checks\":%u,\"checks_ref\":%u", nr->checks, ref);
+				rt_needle_instruct_vs_ref(nr->checks, ref, &followed, &followed_ref);
+			}
 			policy_s += nr->st.policy_seconds;
 			rt_compression_json(stdout, &nr->x);
 			fputc('}', stdout);
 		}
 	rt_compression x;
 	needle_mean_x(nj, k, &x);
-	printf("],\"accuracy\":%.6g,\"policy_seconds\":%.6g", (double)correct / total, policy_s);
+	if (!instruct)
+		printf("],\"accuracy\":%.6g", (double)correct / total);
+	else if (followed_ref)
+		printf("],\"followed\":%d,\"followed_ref\":%d,\"accuracy\":%.6g", followed,
+		       followed_ref, (double)followed / followed_ref);
+	else
+		printf("],\"followed\":0,\"followed_ref\":0,\"accuracy\":null");
+	printf(",\"policy_seconds\":%.6g", policy_s);
 	rt_compression_json(stdout, &x);
 	fputs("}\n", stdout);
 }
@@ -295,10 +361,10 @@ static int needle_report(const needle_job *nj)
 	int failed = 0, K = nj->K;
 	for (int k = 0; k < K; k++) {
 		const rt_cli_run *r = &nj->runs[k];
-		const char *why = K > 1 ? rt_seq_batch_error(&nj->b, k) : NULL;
+		const char *why = nj->KR > 1 ? rt_seq_batch_error(&nj->b, k) : NULL;
 		int correct = 0, total = nj->n_len * nj->n_dep;
 		for (int q = 0; q < total; q++)
-			correct += nj->res[(size_t)q * K + k].correct;
+			correct += nj->res[(size_t)q * nj->KR + k].correct;
 		if (why) {
 			failed++;
 			fprintf(stderr, "%s: %s\n", rt_cli_prog, why); /* why names the policy */
@@ -350,11 +416,13 @@ int rt_cmd_needle(int argc, char **argv)
 	if (rt_cli_parse_list(o->depths, 0, 100, 0, nj.deps, &nj.n_dep))
 		return rt_cli_usage("needle", "--depths: '%s' is not a comma-separated list of "
 		                    "percentages in 0..100", o->depths);
-	if (o->haystack && !o->task_niah)
+	if (o->haystack && o->task != RT_NEEDLE_NIAH)
 		return rt_cli_usage("needle", "%s", "--haystack needs --task niah");
 	if (!(nj.runs = rt_cli_runs("needle", o, &nj.K, &rc)))
 		return rc;
-	nj.n_gen = o->n_gen ? o->n_gen : o->task_niah ? 20 : 8;
+	nj.n_gen = o->n_gen ? o->n_gen
+	         : o->task == RT_NEEDLE_NIAH ? 20 : o->task == RT_NEEDLE_INSTRUCT ? 48 : 8;
+	nj.KR = nj.K + (o->task == RT_NEEDLE_INSTRUCT);
 	rt_cli_threads(o->threads);
 	rc = needle_setup(&nj);
 	if (rc == 0)
@@ -368,6 +436,8 @@ int rt_cmd_needle(int argc, char **argv)
 	free(nj.logits);
 	free(nj.one);
 	free(nj.hay);
+	if (nj.ref_ready)
+		rt_seq_free(&nj.ref);
 	rt_model_free(nj.m);
 	rt_tokenizer_free(nj.tk);
 	return rc;

@@ -123,27 +123,52 @@ static int64_t hay_room(const char *task, int64_t n_tokens, int64_t fixed, rt_er
 }
 
 /* out->ctx (allocated here, owned by out) = the prefix tp[np], then nh_total hay tokens
- * cycling over th[nh] with the needle tn[nn] inserted after the first ins of them; sets
- * n_ctx, needle_pos, needle_len, hay_start and hay_tokens to match. */
-static void ctx_assemble(rt_needle_prompt *out, const int32_t *tp, int64_t np,
-                         const int32_t *th, int64_t nh, int64_t nh_total, const int32_t *tn,
-                         int64_t nn, int64_t ins)
+ * cycling over th[nh] with needle j (tn[j][nn[j]]) inserted after the first ins[j] of them
+ * (needles at one offset in j order); pos[j] gets needle j's offset in ctx. Sets n_ctx,
+ * hay_start and hay_tokens. */
+static void ctx_assemble_n(rt_needle_prompt *out, const int32_t *tp, int64_t np,
+                           const int32_t *th, int64_t nh, int64_t nh_total,
+                           int32_t *const *tn, const int64_t *nn, const int64_t *ins, int n,
+                           int64_t *pos)
 {
-	out->n_ctx = np + nh_total + nn;
-	out->ctx = RT_MALLOC((size_t)out->n_ctx * sizeof(int32_t));
+	int64_t total = np + nh_total;
+	for (int j = 0; j < n; j++)
+		total += nn[j];
+	out->n_ctx = total;
+	out->ctx = RT_MALLOC((size_t)total * sizeof(int32_t));
 	memcpy(out->ctx, tp, (size_t)np * sizeof(int32_t));
 	int64_t o = np;
-	for (int64_t i = 0; i < ins; i++)
-		out->ctx[o++] = th[i % nh];
-	memcpy(out->ctx + o, tn, (size_t)nn * sizeof(int32_t));
-	o += nn;
-	for (int64_t i = ins; i < nh_total; i++)
-		out->ctx[o++] = th[i % nh];
+	for (int64_t i = 0; i <= nh_total; i++) {
+		for (int j = 0; j < n; j++)
+			if (ins[j] == i) {
+				pos[j] = o;
+				memcpy(out->ctx + o, tn[j], (size_t)nn[j] * sizeof(int32_t));
+				o += nn[j];
+			}
+		if (i < nh_total)
+			out->ctx[o++] = th[i % nh];
+	}
 	RT_ASSERT(o == out->n_ctx);
-	out->needle_pos = np + ins;
-	out->needle_len = nn;
 	out->hay_start = np;
 	out->hay_tokens = nh_total;
+}
+
+/* ctx_assemble_n with one needle; sets needle_pos and needle_len too. */
+static void ctx_assemble(rt_needle_prompt *out, const int32_t *tp, int64_t np,
+                         const int32_t *th, int64_t nh, int64_t nh_total, int32_t *tn,
+                         int64_t nn, int64_t ins)
+{
+	ctx_assemble_n(out, tp, np, th, nh, nh_total, &tn, &nn, &ins, 1, &out->needle_pos);
+	out->needle_len = nn;
+}
+
+/* The filler-repeat boundary (a multiple of nf, at most F) nearest to depth% of F. */
+static int64_t filler_slot(double depth, int64_t F, int64_t nf)
+{
+	int64_t s = (int64_t)llround(depth / 100.0 * (double)F / (double)nf) * nf;
+	while (s > F)
+		s -= nf;
+	return s;
 }
 
 int rt_needle_passkey(const rt_tokenizer *t, int64_t n_tokens, double depth, uint64_t seed,
@@ -176,11 +201,8 @@ int rt_needle_passkey(const rt_tokenizer *t, int64_t n_tokens, double depth, uin
 	if (F < 0)
 		goto done;
 	double want = depth / 100.0 * (double)F;
-	int64_t s = (int64_t)llround(want / (double)nf) * nf;
-	while (s > F)
-		s -= nf;
 	out->kind = RT_NEEDLE_PASSKEY;
-	ctx_assemble(out, tp, np, tf, nf, F, tn, nn, s);
+	ctx_assemble(out, tp, np, tf, nf, F, tn, nn, filler_slot(depth, F, nf));
 	out->question = tq;
 	out->n_question = nq;
 	tq = NULL;
@@ -194,6 +216,131 @@ done:
 	free(tp);
 	free(tf);
 	free(tn);
+	free(tq);
+	return rc;
+}
+
+int rt_needle_multikey(const rt_tokenizer *t, int64_t n_tokens, double depth, uint64_t seed,
+                       int chat, rt_needle_prompt *out, rt_err *err)
+{
+	enum { N = RT_MULTIKEY_N };
+	static const char *const labels[N] = RT_MULTIKEY_LABELS;
+	memset(out, 0, sizeof(*out));
+	if (!(depth >= 0.0 && depth <= 100.0))
+		return rt_err_set(err, "multikey: depth %g%% outside [0, 100]", depth);
+	uint64_t ks = seed * N;
+	for (int j = 0; j < N; j++) {
+		int again;
+		do {
+			out->keys[j] = rt_needle_passkey_for_seed(ks++);
+			again = 0;
+			for (int i = 0; i < j; i++)
+				again |= out->keys[i] == out->keys[j];
+		} while (again);
+	}
+	const char *asked = labels[seed % N];
+	char q[96], prime[96];
+	snprintf(q, sizeof q, "What is the pass key of the %s door?", asked);
+	snprintf(prime, sizeof prime, "The pass key of the %s door is", asked);
+	char *prefix, *qs;
+	if (task_strings(t, chat, RT_PASSKEY_INSTRUCTION, q, prime, &prefix, &qs, err) != 0)
+		return -1;
+	int64_t np = 0, nf = 0, nq = 0, nn[N] = { 0 }, fixed = 0;
+	int32_t *tn[N] = { NULL };
+	int32_t *tp = tok_str(t, prefix, strlen(prefix), chat, 1, &np, err);
+	int32_t *tf = tp ? tok_str(t, RT_PASSKEY_FILLER, strlen(RT_PASSKEY_FILLER), 0, 0, &nf, err)
+	                 : NULL;
+	int ok = tf != NULL;
+	for (int j = 0; j < N && ok; j++) {
+		const char *lb = labels[(seed + (uint64_t)j) % N];
+		char needle[200];
+		snprintf(needle, sizeof needle, " The pass key of the %s door is %u. Remember it. %u "
+		         "is the pass key of the %s door.", lb, out->keys[j], out->keys[j], lb);
+		ok = (tn[j] = tok_str(t, needle, strlen(needle), 0, 0, &nn[j], err)) != NULL;
+		fixed += nn[j];
+	}
+	int32_t *tq = ok ? tok_str(t, qs, strlen(qs), chat, 0, &nq, err) : NULL;
+	free(prefix);
+	free(qs);
+	int rc = -1;
+	if (!tq)
+		goto done;
+	int64_t F = hay_room("multikey", n_tokens, np + fixed + nq, err);
+	if (F < 0)
+		goto done;
+	int64_t ins[N];
+	for (int j = 0; j < N; j++) {
+		double d = depth + j * 100.0 / N;
+		ins[j] = filler_slot(d > 100.0 ? d - 100.0 : d, F, nf);
+	}
+	out->kind = RT_NEEDLE_MULTIKEY;
+	ctx_assemble_n(out, tp, np, tf, nf, F, tn, nn, ins, N, out->key_pos);
+	out->needle_pos = out->key_pos[0];
+	out->needle_len = nn[0];
+	out->question = tq;
+	out->n_question = nq;
+	tq = NULL;
+	out->target_pos = np + (int64_t)llround(depth / 100.0 * (double)F);
+	out->unit = nf;
+	out->depth = depth;
+	out->passkey = out->keys[0];
+	snprintf(out->answer, sizeof(out->answer), "%u", out->keys[0]);
+	rc = 0;
+done:
+	free(tp);
+	free(tf);
+	for (int j = 0; j < N; j++)
+		free(tn[j]);
+	free(tq);
+	return rc;
+}
+
+int rt_needle_instruct(const rt_tokenizer *t, int64_t n_tokens, uint64_t seed,
+                       rt_needle_prompt *out, rt_err *err)
+{
+	static const char *const lists[RT_INSTRUCT_N][4] = { RT_INSTRUCT_NAMES, RT_INSTRUCT_PETS,
+		                                             RT_INSTRUCT_CITIES };
+	memset(out, 0, sizeof(*out));
+	rt_rng r;
+	rt_rng_seed(&r, seed);
+	for (int i = 0; i < RT_INSTRUCT_N; i++)
+		snprintf(out->words[i], sizeof out->words[i], "%s", lists[i][rt_rng_below(&r, 4)]);
+	char sys[256];
+	snprintf(sys, sizeof sys, RT_INSTRUCT_SYSTEM, out->words[0], out->words[1], out->words[2]);
+	static const char mark[] = "\x01kvpc-user\x01";
+	char *rd = rt_chat_render(t, sys, mark, err);
+	if (!rd)
+		return -1;
+	char *m = strstr(rd, mark);
+	RT_ASSERT(m != NULL);
+	*m = '\0';
+	char *qs = cat("\n", RT_INSTRUCT_QUESTION, m + strlen(mark), NULL);
+	int64_t np = 0, nf = 0, nq = 0;
+	int32_t *tp = tok_str(t, rd, strlen(rd), 1, 1, &np, err);
+	int32_t *tf = tp ? tok_str(t, RT_PASSKEY_FILLER, strlen(RT_PASSKEY_FILLER), 0, 0, &nf, err)
+	                 : NULL;
+	int32_t *tq = tf ? tok_str(t, qs, strlen(qs), 1, 0, &nq, err) : NULL;
+	free(rd);
+	free(qs);
+	int rc = -1;
+	if (!tq)
+		goto done;
+	int64_t F = hay_room("instruct", n_tokens, np + nq, err);
+	if (F < 0)
+		goto done;
+	out->kind = RT_NEEDLE_INSTRUCT;
+	ctx_assemble_n(out, tp, np, tf, nf, F, NULL, NULL, NULL, 0, NULL);
+	out->needle_pos = np;
+	out->question = tq;
+	out->n_question = nq;
+	tq = NULL;
+	out->unit = nf;
+	snprintf(out->answer, sizeof(out->answer), "%s; %s; %s", out->words[0], out->words[1],
+	         out->words[2]);
+	rc = 0;
+done:
+	free(tp);
+	free(tf);
 	free(tq);
 	return rc;
 }
@@ -360,10 +507,41 @@ int rt_needle_score_niah(const char *g)
 	return contains_ci(g, "sandwich") && contains_ci(g, "Dolores Park");
 }
 
+unsigned rt_needle_instruct_checks(const rt_needle_prompt *p, const char *g)
+{
+	unsigned c = 0;
+	for (int i = 0; i < RT_INSTRUCT_N; i++)
+		if (p->words[i][0] && contains_ci(g, p->words[i]))
+			c |= 1u << i;
+	return c;
+}
+
+static int bits_set(unsigned c)
+{
+	int n = 0;
+	for (; c; c &= c - 1)
+		n++;
+	return n;
+}
+
+int rt_needle_instruct_vs_ref(unsigned run, unsigned ref, int *followed, int *followed_ref)
+{
+	*followed += bits_set(run & ref);
+	*followed_ref += bits_set(ref);
+	return (run & ref) == ref;
+}
+
 int rt_needle_score(const rt_needle_prompt *p, const char *generated)
 {
-	if (p->kind == RT_NEEDLE_PASSKEY)
+	switch (p->kind) {
+	case RT_NEEDLE_PASSKEY:
+	case RT_NEEDLE_MULTIKEY:
 		return rt_needle_score_passkey(generated, p->passkey);
+	case RT_NEEDLE_INSTRUCT:
+		return rt_needle_instruct_checks(p, generated) == (1u << RT_INSTRUCT_N) - 1;
+	case RT_NEEDLE_NIAH:
+		break;
+	}
 	return rt_needle_score_niah(generated);
 }
 
@@ -404,6 +582,7 @@ int rt_needle_trial(rt_seq *const *s, int K, rt_seq_batch *b, const rt_tokenizer
 		if (rt_decode_greedy(s[k], tk, one, how->n_gen, a->gen, sizeof a->gen, NULL, err) < 0)
 			return -1;
 		a->correct = rt_needle_score(np, a->gen);
+		a->checks = np->kind == RT_NEEDLE_INSTRUCT ? rt_needle_instruct_checks(np, a->gen) : 0;
 		snprintf(a->answer, sizeof a->answer, "%s", np->answer);
 		/* an answer cut inside a multi-byte character keeps its valid prefix */
 		size_t bad;

@@ -12,6 +12,21 @@
  *    is eat a sandwich and sit in Dolores Park on a sunny day." inserted at d% of the
  *    haystack tokens moved back to just after the previous '.' token (as the original
  *    does), and a primed question. Scored by keywords ("sandwich" and "Dolores Park").
+ *  - multi-key passkey (RULER's niah_multikey, Hsieh et al. 2024, arXiv 2404.06654, on the
+ *    passkey filler): RT_MULTIKEY_N needles "The pass key of the LABEL door is K. Remember
+ *    it. K is the pass key of the LABEL door." with distinct labels and keys, one asked
+ *    ("What is the pass key of the LABEL door? The pass key of the LABEL door is"), the
+ *    others distractors. Scored by exact match of the first number with the asked key (a
+ *    distractor's key is a miss).
+ *  - multi-instruction (a system prompt of three instructions, IFEval-style checks by
+ *    keyword, Zhou et al. 2023, arXiv 2311.07911): always in the chat template, the system
+ *    message "Follow these three instructions in every answer. 1. Say that your name is
+ *    NAME. 2. Mention your pet PET. 3. Mention the city of CITY." (the three drawn from
+ *    the seed), the filler as the user turn's body, then "Tell me about yourself." and the
+ *    assistant's turn. Each instruction is checked by its word in the answer (ASCII
+ *    case-insensitive). A small model follows only some of them even with the full cache
+ *    (SmolLM2-135M: the name, and the pet at short lengths), so a policy is scored against
+ *    what the full cache follows on the same prompt (`needle` runs the full cache beside it).
  *
  * The context (everything up to the question) and the question are returned as separate
  * token arrays, so a caller can compress the cache after the context only
@@ -38,6 +53,8 @@
 typedef enum rt_needle_kind {
 	RT_NEEDLE_PASSKEY = 0,
 	RT_NEEDLE_NIAH = 1,
+	RT_NEEDLE_MULTIKEY = 2,
+	RT_NEEDLE_INSTRUCT = 3,
 } rt_needle_kind;
 
 /* The exact strings of the two tasks (the sources named at the top). */
@@ -54,6 +71,19 @@ typedef enum rt_needle_kind {
 	"on a sunny day."
 #define RT_NIAH_QUESTION "What is the best thing to do in San Francisco?"
 #define RT_NIAH_PRIME "The best thing to do in San Francisco is"
+/* Multi-key: needles per prompt and their labels (words the passkey filler does not use). */
+#define RT_MULTIKEY_N 4
+#define RT_MULTIKEY_LABELS { "north", "south", "east", "west" }
+/* Multi-instruction: the system message's format (NAME, PET, CITY), the question, and the
+ * word lists the three are drawn from (rt_needle_instruct). */
+#define RT_INSTRUCT_SYSTEM                                                                 \
+	"Follow these three instructions in every answer. 1. Say that your name is %s. "     \
+	"2. Mention your pet %s. 3. Mention the city of %s."
+#define RT_INSTRUCT_QUESTION "Tell me about yourself."
+#define RT_INSTRUCT_NAMES { "Zorblax", "Quimby", "Marlowe", "Bexley" }
+#define RT_INSTRUCT_PETS { "tortoise", "parrot", "hedgehog", "llama" }
+#define RT_INSTRUCT_CITIES { "Lisbon", "Oslo", "Cairo", "Lima" }
+#define RT_INSTRUCT_N 3 /* instructions per prompt: bits 0 (name), 1 (pet), 2 (city) */
 /* How far (tokens) the NIAH needle may move back from the requested depth. */
 #define RT_NIAH_MAX_BACK 128
 
@@ -71,9 +101,12 @@ typedef struct rt_needle_prompt {
 	int64_t hay_tokens;    /* filler/haystack tokens in ctx (excluding the needle) */
 	int64_t unit;          /* passkey: tokens per filler repeat; NIAH: 0 */
 	double depth;          /* requested depth, percent of the filler/haystack */
-	uint32_t passkey;      /* passkey task: the key (1..50000) */
-	char answer[64];       /* expected answer: the key's digits, or RT_NIAH_NEEDLE's
-	                        * keywords "sandwich; Dolores Park" */
+	uint32_t passkey;      /* passkey and multi-key: the key asked (1..50000) */
+	uint32_t keys[RT_MULTIKEY_N];    /* multi-key: every needle's key; keys[0] is asked */
+	int64_t key_pos[RT_MULTIKEY_N];  /* multi-key: token offset of needle j in ctx */
+	char words[RT_INSTRUCT_N][16];   /* multi-instruction: NAME, PET, CITY */
+	char answer[64];       /* expected answer: the key's digits, RT_NIAH_NEEDLE's keywords
+	                        * "sandwich; Dolores Park", or "NAME; PET; CITY" */
 } rt_needle_prompt;
 
 /* The passkey for a seed: 1 + rt_rng_below(50000) of rt_rng seeded with seed (rt_stats.h),
@@ -90,6 +123,28 @@ uint32_t rt_needle_passkey_for_seed(uint64_t seed);
  * ("passkey: N tokens is too short; the fixed parts take M"), tokenizer failures. */
 int rt_needle_passkey(const rt_tokenizer *t, int64_t n_tokens, double depth, uint64_t seed,
                       int chat, rt_needle_prompt *out, rt_err *err);
+
+/* Build a multi-key passkey prompt of exactly n_tokens tokens: as rt_needle_passkey with
+ * RT_MULTIKEY_N needles in the filler, each at the filler-repeat boundary nearest to its
+ * depth (never past the filler): needle j at D + j·100/N percent, less 100 above 100 (D =
+ * depth; so the asked needle, j = 0, sits at the requested depth and the distractors spread
+ * over the rest of the filler; needles at one boundary follow each other in j order).
+ * Needle j's label is RT_MULTIKEY_LABELS[(seed + j) mod N]; its key is
+ * rt_needle_passkey_for_seed(seed·N + j), the next seed up while it equals an earlier key.
+ * needle_pos/needle_len are the asked needle's, key_pos[j] every needle's offset.
+ * Errors: as rt_needle_passkey ("multikey: ..."). */
+int rt_needle_multikey(const rt_tokenizer *t, int64_t n_tokens, double depth, uint64_t seed,
+                       int chat, rt_needle_prompt *out, rt_err *err);
+
+/* Build a multi-instruction prompt of exactly n_tokens tokens in the model's chat template
+ * (rt_chat_render; the task has no plain form): ctx = the template's opening with the system
+ * message RT_INSTRUCT_SYSTEM and the user turn's opening, then the passkey filler to length;
+ * question = "\n" RT_INSTRUCT_QUESTION, the user turn's close and the assistant's opening.
+ * NAME, PET and CITY are drawn from their lists by rt_rng seeded with seed (one draw
+ * each, in that order). hay_start/hay_tokens delimit the filler; no needle (needle_len 0).
+ * Errors: as rt_needle_passkey ("instruct: ..."), a model without a chat template. */
+int rt_needle_instruct(const rt_tokenizer *t, int64_t n_tokens, uint64_t seed,
+                       rt_needle_prompt *out, rt_err *err);
 
 /* Build a needle-in-a-haystack prompt of exactly n_tokens tokens from haystack text[len]
  * (UTF-8; invalid bytes and control bytes other than tab/newline are replaced by ' ').
@@ -120,7 +175,19 @@ int rt_needle_score_passkey(const char *generated, uint32_t key);
  * case-insensitive), else 0. */
 int rt_needle_score_niah(const char *generated);
 
-/* Score by the prompt's kind. */
+/* Multi-instruction: the instructions generated text follows, bit i for words[i] found in
+ * it (ASCII case-insensitive substring). */
+unsigned rt_needle_instruct_checks(const rt_needle_prompt *p, const char *generated);
+
+/* Multi-instruction against the full cache: 1 when the run's checks include every check of
+ * the full cache's (ref), else 0 (1 too when ref is 0: nothing to follow); adds the bits of
+ * run & ref to *followed and those of ref to *followed_ref (the accuracy `needle` reports is
+ * their ratio over the trials). */
+int rt_needle_instruct_vs_ref(unsigned run, unsigned ref, int *followed, int *followed_ref);
+
+/* Score by the prompt's kind: passkey and multi-key by rt_needle_score_passkey of the asked
+ * key, NIAH by its keywords, multi-instruction 1 when every instruction is followed (the
+ * absolute score; `needle` reads it against the full cache's checks instead). */
 int rt_needle_score(const rt_needle_prompt *p, const char *generated);
 
 /* ---- one trial ---------------------------------------------------------------------- */
@@ -139,6 +206,7 @@ typedef struct rt_needle_answer {
 	char gen[512];       /* the generated text, cut to its longest valid UTF-8 prefix */
 	char answer[64];     /* the prompt's expected answer (rt_needle_prompt.answer) */
 	int correct;         /* rt_needle_score of the text as generated */
+	unsigned checks;     /* multi-instruction: rt_needle_instruct_checks of it; else 0 */
 	int left;            /* 1: the sequence had left the batch (nothing generated) */
 	rt_seq_stats st;     /* the sequence's counters after the answer */
 	rt_compression x;    /* after the answer, over the tokens seen (rt_compression.h) */

@@ -5,13 +5,21 @@ JSON line per (policy, KV store type, ratio): POLICY.KV.rR.json, KV "own" for a 
 chooses its own precision, R then its byte ratio, r0 its own budget) and appends to DOC, per text and
 protocol: every cell's compression in entries and in bytes (against an f16 full cache, as
 the binary measured it: bytes_compression), mean KL against the full cache of the same pass
-(f32 rows on the exact path, f16 with RESULTS_FAST=1) and passkey accuracy; then the frontier (the Pareto set: no other cell of its class compresses as far with a
+(f32 rows on the exact path, f16 with RESULTS_FAST=1) and retrieval accuracy; then the frontier (the Pareto set: no other cell of its class compresses as far with a
 lower mean KL) and an SVG plot of
 mean KL against bytes, one line per (policy, store), into SVGDIR.
 
 Usage: frontier.py OUT DOC SVGDIR TOKENS "TEXTS" NKEY "POLICIES" "PROMPT_END"
        "PROTOCOLS" MIN_X MAX_X; environment RESULTS_NARROWED (0: the full run; unset or 1:
-       narrowed, refused a DOC in the tree: cells.py doc_refusal), RESULTS_FAST.
+       narrowed, refused a DOC in the tree: cells.py doc_refusal), RESULTS_FAST,
+       RESULTS_NEEDLE_TASKS (the retrieval columns, `needle --task` names; default passkey).
+
+Retrieval columns, one per task: passkey and multikey read "correct / trials" (the first
+number generated is the key asked; for multikey the other keys in the context are
+distractors); instruct reads "followed / followed by the full cache" (the instructions of
+the system prompt the run's answers follow, out of those the full cache's answers follow
+on the same prompts: `needle --task instruct`). Cells live under OUT/frontier/needle/NKEY
+(passkey) and OUT/frontier/needle-TASK/NKEY (the others).
 """
 import glob
 import os
@@ -65,19 +73,35 @@ def cell_class(kv, j, pe_prot):
     return "quantisation only" if x <= 1.0005 else "mixed"
 
 
-def passkey(j):
+def retrieval(j):
+    """a retrieval cell: correct/trials, or followed/followed_ref for instruct"""
     if j is None:
         return "not run"
     if "error" in j:
         return "refused"
+    if j.get("task") == "instruct":
+        return "%d/%d" % (j.get("followed", 0), j.get("followed_ref", 0))
     res = j.get("results", [])
     return "%d/%d" % (sum(1 for x in res if x.get("correct")), len(res))
+
+
+TASKS = os.environ.get("RESULTS_NEEDLE_TASKS", "passkey").split()
+TASK_HEAD = {"passkey": "passkey", "multikey": "multi-key", "instruct": "instructions",
+             "niah": "niah"}
+
+
+def task_dir(task):
+    return os.path.join(out, "frontier", "needle" if task == "passkey" else "needle-" + task, nkey)
 
 
 L = ["## Byte frontier: quality against compression in bytes\n"]
 L.append("Each cell is one run of a lockstep `BIN ppl --batch` pass (the full cache of the same "
          "pass is the reference: %s) and, where measured, of `BIN needle "
-         "--batch --task passkey` (prompt lengths and depths `%s`). `store` is the element type of "
+         "--batch --task T` for each retrieval column (prompt lengths and depths `%s`: passkey, "
+         "multikey with four keys in the context and one asked, instruct with three "
+         "instructions in the system prompt, scored against what the full cache's answers "
+         "follow). `same top-1` is the share of scored tokens whose most likely next token "
+         "is the full cache's. `store` is the element type of "
          "the KV rows (`--kv-type` of the batch line: f32 4 bytes, f16 2, q8_0 34/32 per element; "
          "`own precision`: the policy chooses it, and `ratio` is its `--byte-ratio`, or – for its "
          "own budget). `x bytes` is the compression in bytes against an "
@@ -89,13 +113,25 @@ L.append("Each cell is one run of a lockstep `BIN ppl --batch` pass (the full ca
          "column: blocks of the KV pool, metadata and statistics included).\n"
          % ("f16 rows on the fast path, RESULTS_FAST=1" if os.environ.get("RESULTS_FAST") == "1"
             else "f32 rows on the exact path", nkey, fmin, fmax))
-nd = os.path.join(out, "frontier", "needle", nkey)
-needle = cells(nd)
-# the full cache's passkey: the frontier's own cell, else the sweep's (results.sh step 4)
-full_needle = load(os.path.join(nd, "full.json")) or load(os.path.join(out, "needle", nkey, "full.json"))
-if full_needle is not None:
-    L.append("Passkey of the full cache on the same prompts: %s (the reference the passkey "
-             "column is read against).\n" % passkey(full_needle))
+needles = {task: cells(task_dir(task)) for task in TASKS}
+# the full cache's cells: the frontier's own, else (passkey) the sweep's (results.sh step 4)
+for task in TASKS:
+    full_needle = load(os.path.join(task_dir(task), "full.json"))
+    if full_needle is None and task == "passkey":
+        full_needle = load(os.path.join(out, "needle", nkey, "full.json"))
+    if full_needle is not None and task == "instruct":
+        L.append("Instructions the full cache's answers follow on the same prompts: %d of %d "
+                 "(%d prompts × 3 instructions; the instructions column reads a run's "
+                 "answers against these).\n" % (full_needle.get("followed_ref", 0),
+                                                  3 * len(full_needle.get("results", [])),
+                                                  len(full_needle.get("results", []))))
+    elif full_needle is not None:
+        L.append("%s of the full cache on the same prompts: %s (the reference the %s column "
+                 "is read against).\n" % (TASK_HEAD.get(task, task).capitalize(),
+                                           retrieval(full_needle), TASK_HEAD.get(task, task)))
+rhead = " | ".join(TASK_HEAD.get(task, task) for task in TASKS)
+rsep = "---|" * len(TASKS)
+rnone = " |" * len(TASKS)
 plots = []
 for t in texts:
     ppl = cells(os.path.join(out, "frontier", "ppl", "%s.%d" % (t, tokens)))
@@ -116,24 +152,25 @@ for t in texts:
                      "prompt are appended at the top tier with no further compress (the "
                      "language gives a policy one trigger), so the store after the last token "
                      "holds `x bytes at the end`.\n")
-        L.append("| policy | store | ratio | x entries | x bytes |%s mean KL | ± err | kld_p99 | passkey | peak KV bytes |"
-                 % (" x bytes at the end |" if pe_prot else ""))
-        L.append("|---|---|---|---|---|%s---|---|---|---|---|" % ("---|" if pe_prot else ""))
+        L.append("| policy | store | ratio | x entries | x bytes |%s mean KL | ± err | kld_p99 | same top-1 | %s | peak KV bytes |"
+                 % (" x bytes at the end |" if pe_prot else "", rhead))
+        L.append("|---|---|---|---|---|%s---|---|---|---|%s---|" % ("---|" if pe_prot else "", rsep))
         series = {}
         ok = []
         for (p, kv, r), j in sorted(sel.items(), key=lambda c: (c[0][0], c[0][1], c[0][2])):
-            nj = needle.get((p, kv, r))
+            nj = [needles[task].get((p, kv, r)) for task in TASKS]
             if "error" in j:
-                L.append("| %s | %s | %g | | |%s refused: %s | | | | |" % (
-                    p, STORE.get(kv, kv), r, " |" if pe_prot else "", j["error"]))
+                L.append("| %s | %s | %g | | |%s refused: %s | | | |%s |" % (
+                    p, STORE.get(kv, kv), r, " |" if pe_prot else "", j["error"], rnone))
                 continue
             bx = j.get("prompt_bytes_compression" if pe_prot else "bytes_compression")
             ex = j.get("prompt_compression" if pe_prot else "compression")
-            L.append("| %s | %s | %s | %s | %s |%s %s | %s | %s | %s | %s |" % (
+            L.append("| %s | %s | %s | %s | %s |%s %s | %s | %s | %s | %s | %s |" % (
                 p, STORE.get(kv, kv), "%g" % r if r else "–", fmt(ex, 2), fmt(bx, 2),
                 " %s |" % fmt(j.get("bytes_compression"), 2) if pe_prot else "",
                 kl(j.get("kld_mean")), kl(j.get("kld_mean_err")),
-                kl(j.get("kld_p99")), passkey(nj), j.get("kv_bytes_peak", "–")))
+                kl(j.get("kld_p99")), fmt(j.get("same_top1"), 3),
+                " | ".join(retrieval(x) for x in nj), j.get("kv_bytes_peak", "–")))
             if bx and j.get("kld_mean") is not None:
                 series.setdefault("%s (%s)" % (p, kv), []).append((bx, j["kld_mean"]))
                 ok.append((p, kv, r, bx, j["kld_mean"], nj))
@@ -144,23 +181,24 @@ for t in texts:
                      "KL), by increasing compression in bytes. The classes: eviction-only (rows of one store "
                      "type), quantisation only (the policy chooses each entry's precision and keeps "
                      "every entry: 1x in entries), mixed (it chooses precision and evicts):\n")
-            L.append("| class | x bytes | policy | store | ratio | mean KL | passkey |")
-            L.append("|---|---|---|---|---|---|---|")
+            L.append("| class | x bytes | policy | store | ratio | mean KL | %s |" % rhead)
+            L.append("|---|---|---|---|---|---|%s" % rsep)
             for name in CLASSES:
                 c = [o for o in ok if cell_class(o[1], sel[o[:3]], pe_prot) == name]
                 front = [o for o in c if not any(q[3] >= o[3] and q[4] < o[4] for q in c)]
                 for o in sorted(front, key=lambda o: (o[3], o[4])):
                     L.append("| %s | %.2f | %s | %s | %s | %s | %s |" % (
                         name, o[3], o[0], STORE.get(o[1], o[1]),
-                        "%g" % o[2] if o[2] else "–", kl(o[4]), passkey(o[5])))
+                        "%g" % o[2] if o[2] else "–", kl(o[4]),
+                        " | ".join(retrieval(x) for x in o[5])))
             L.append("")
             svg = os.path.join(svgdir, "frontier_%s_%s.svg" % (t, prot))
             line_plot(svg, "mean KL vs full cache against bytes — %s, %s, %d tokens" % (t, prot, tokens),
                       "compression in bytes (against an f16 full cache)", series,
                       lambda name: name.endswith("(own)"))
             plots.append(svg)
-            L.append("![mean KL against the compression in bytes, %s, %s](results/%s)\n" % (
-                t, prot, os.path.basename(svg)))
+            L.append("![mean KL against the compression in bytes, %s, %s](%s)\n" % (
+                t, prot, os.path.relpath(svg, os.path.dirname(os.path.abspath(doc)))))
 if not plots:
     L.append("No frontier cell was measured in this run.\n")
 with open(doc, "a") as f:

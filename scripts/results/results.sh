@@ -2,7 +2,7 @@
 # `make results`: every policy in policies/ on the real model
 # (SmolLM2-135M-Instruct, Q4_1) and two offline texts, at several compression ratios, with
 # the full cache as the reference, and passkey accuracy at several prompt lengths and
-# depths, and the byte frontier (mean KL and passkey accuracy against the compression in
+# depths, and the byte frontier (mean KL and retrieval accuracy against the compression in
 # bytes); writes docs/results.md (tables, commit, model hash, parameters, command, wall
 # time) and docs/results/*.svg (kld_mean against the ratio, one line per policy; kld_mean
 # against bytes, one line per policy and store type) — a narrowed run writes them under
@@ -24,7 +24,8 @@
 #  4. `BIN needle --task passkey --lengths LENGTHS --depths DEPTHS --ratio R` per policy
 #     in NEEDLE_POLICIES at each ratio in NEEDLE_RATIOS, plus the full cache;
 #  5. the byte frontier (scripts/results/frontier.py): mean KL (`ppl --batch`, against the
-#     f32 full cache of the exact path) and passkey accuracy (`needle --batch`) of
+#     f32 full cache of the exact path) and retrieval accuracy (`needle --batch --task T`
+#     for each of FRONTIER_NEEDLE_TASKS: passkey, multi-key, multi-instruction) of
 #     FRONTIER_POLICIES against the compression in bytes over an f16 full cache, 2x to 32x:
 #     each eviction-only policy at each ratio in each KV store type (a batch line's
 #     `--kv-type T`: f32 rows are 4 bytes, f16 2, q8_0 34/32 per element, so ratio R gives
@@ -68,8 +69,13 @@
 #   FRONTIER_RATIOS ["1 2 4 8 16 32 64"] FRONTIER_MIN_X [2] FRONTIER_MAX_X [32]
 #   FRONTIER_PROTOCOLS ["stream prompt_end"]
 #   FRONTIER_NEEDLE [1]          0: no passkey cells in the frontier
-#   FRONTIER_NEEDLE_POLICIES [$FRONTIER_POLICIES] the frontier policies whose cells also get a
-#                                passkey run (the full cache's passkey is measured beside them)
+#   FRONTIER_NEEDLE_POLICIES [$FRONTIER_POLICIES] the frontier policies whose cells also get
+#                                retrieval runs (the full cache is measured beside them)
+#   FRONTIER_NEEDLE_TASKS ["passkey multikey instruct"] the retrieval columns, `needle --task`
+#                                names: passkey; multikey (four keys in the context, one
+#                                asked, the others distractors); instruct (three instructions
+#                                in the system prompt, scored against what the full cache's
+#                                answers follow); one needle pass per task and protocol
 #   RESULTS_FAST=1               every pass on the fast path with an f16 store (`--fast --kv-type
 #                                f16`: the full-cache reference and the top tier are f16 rows;
 #                                a batch line's own --kv-type still chooses its store); the
@@ -93,7 +99,7 @@ narrowed=0
 for v in RESULTS_TOKENS RATIOS POLICIES TEXTS LENGTHS DEPTHS NEEDLE_POLICIES NEEDLE_RATIOS \
 	FRONTIER FRONTIER_POLICIES FRONTIER_OWN_KV_POLICIES FRONTIER_KV_TYPES FRONTIER_RATIOS \
 	FRONTIER_MIN_X FRONTIER_MAX_X FRONTIER_PROTOCOLS FRONTIER_NEEDLE FRONTIER_NEEDLE_POLICIES \
-	RESULTS_QUICK RESULTS_FAST; do
+	FRONTIER_NEEDLE_TASKS RESULTS_QUICK RESULTS_FAST; do
 	[ -z "${!v+x}" ] || narrowed=1
 done
 if [ "${RESULTS_QUICK:-0}" = 1 ]; then
@@ -155,7 +161,8 @@ fmax=${FRONTIER_MAX_X:-32}
 fprot=${FRONTIER_PROTOCOLS:-stream prompt_end}
 fneedle=${FRONTIER_NEEDLE:-1}
 fnpolicies=${FRONTIER_NEEDLE_POLICIES-$fpolicies}
-envline="$envline FRONTIER_POLICIES=\"$fpolicies\" FRONTIER_KV_TYPES=\"$fkv\" FRONTIER_RATIOS=\"$fratios\" FRONTIER_PROTOCOLS=\"$fprot\" FRONTIER_NEEDLE=$fneedle FRONTIER_NEEDLE_POLICIES=\"$fnpolicies\""
+fntasks=${FRONTIER_NEEDLE_TASKS:-passkey multikey instruct}
+envline="$envline FRONTIER_POLICIES=\"$fpolicies\" FRONTIER_KV_TYPES=\"$fkv\" FRONTIER_RATIOS=\"$fratios\" FRONTIER_PROTOCOLS=\"$fprot\" FRONTIER_NEEDLE=$fneedle FRONTIER_NEEDLE_POLICIES=\"$fnpolicies\" FRONTIER_NEEDLE_TASKS=\"$fntasks\""
 mkdir -p "$out/ppl" "$out/needle" "$(dirname "$doc")" "$svgdir"
 start=$(date +%s)
 
@@ -400,39 +407,45 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 		split_pass "frontier ppl $t $group" "$runs" "$rc" '"x bytes \(.bytes_compression) kld_mean \(.kld_mean)"' "${cells[@]}"
 	done
 done
-# the full cache on the same prompts, once: the passkey the frontier's cells are read against
-# (the sweep's cell of step 4 when it has one, else in the prompt-end pass, which like the
-# full cache prefills in chunks, else in the only pass)
+# the full cache on the same prompts, once per task: the retrieval the frontier's cells are
+# read against (for passkey the sweep's cell of step 4 when it has one; else in the
+# prompt-end pass, which like the full cache prefills in chunks, else in the only pass).
+# Each task's cells go under frontier/needle/NKEY (passkey) or frontier/needle-TASK/NKEY.
 fullgroup=stream
 case " $fprot " in *" prompt_end "*) fullgroup=prompt_end ;; esac
-for group in $fprot; do
-	[ "$render_only" = 1 ] || [ "$fneedle" != 1 ] && break
-	runs="$out/frontier/needle/$nkey/$group.runs"
-	: >"$runs"
-	cells=()
-	if [ "$group" = $fullgroup ] && [ -n "$fnpolicies" ] && [ ! -s "$out/frontier/needle/$nkey/full.json" ] &&
-		[ ! -s "$out/needle/$nkey/full.json" ]; then
-		echo "full" >>"$runs"
-		cells+=("$out/frontier/needle/$nkey/full.json")
-	fi
-	for p in $fnpolicies; do
-		if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
-		while read -r kv r; do
-			j="$out/frontier/needle/$nkey/$p.$kv.r$r.json"
-			if [ -s "$j" ] && [ "$(jq -r '.policy_hash // ""' "$j")" = "$(policy_hash "$p")" ]; then continue; fi
-			frun "$p" "$kv" "$r" "${lengths%%,*}" >>"$runs"
-			cells+=("$j")
-		done < <(fcells "$p")
+for task in $fntasks; do
+	nd="$out/frontier/needle/$nkey"
+	[ "$task" = passkey ] || nd="$out/frontier/needle-$task/$nkey"
+	mkdir -p "$nd"
+	for group in $fprot; do
+		[ "$render_only" = 1 ] || [ "$fneedle" != 1 ] && break
+		runs="$nd/$group.runs"
+		: >"$runs"
+		cells=()
+		if [ "$group" = $fullgroup ] && [ -n "$fnpolicies" ] && [ ! -s "$nd/full.json" ] &&
+			{ [ "$task" != passkey ] || [ ! -s "$out/needle/$nkey/full.json" ]; }; then
+			echo "full" >>"$runs"
+			cells+=("$nd/full.json")
+		fi
+		for p in $fnpolicies; do
+			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
+			while read -r kv r; do
+				j="$nd/$p.$kv.r$r.json"
+				if [ -s "$j" ] && [ "$(jq -r '.policy_hash // ""' "$j")" = "$(policy_hash "$p")" ]; then continue; fi
+				frun "$p" "$kv" "$r" "${lengths%%,*}" >>"$runs"
+				cells+=("$j")
+			done < <(fcells "$p")
+		done
+		[ ${#cells[@]} -gt 0 ] || continue
+		say_pass "frontier needle $task $group, ${#cells[@]} runs"
+		set +e
+		run_pass "$runs.jsonl" "$runs.err" "$bin" needle --model "$model" --task "$task" \
+			--lengths "$lengths" --depths "$depths" --threads "$threads" --json --batch "$runs" \
+			${fast[@]+"${fast[@]}"}
+		rc=$?
+		set -e
+		split_pass "frontier needle $task $group" "$runs" "$rc" '"accuracy \(.accuracy) x bytes \(.bytes_compression)"' "${cells[@]}"
 	done
-	[ ${#cells[@]} -gt 0 ] || continue
-	say_pass "frontier needle $group, ${#cells[@]} runs"
-	set +e
-	run_pass "$runs.jsonl" "$runs.err" "$bin" needle --model "$model" --task passkey \
-		--lengths "$lengths" --depths "$depths" --threads "$threads" --json --batch "$runs" \
-		${fast[@]+"${fast[@]}"}
-	rc=$?
-	set -e
-	split_pass "frontier needle $group" "$runs" "$rc" '"accuracy \(.accuracy) x bytes \(.bytes_compression)"' "${cells[@]}"
 done
 
 # 6. render
@@ -444,7 +457,7 @@ RESULTS_SVGDIR=$svgdir RESULTS_NARROWED=$narrowed RESULTS_FAST=${RESULTS_FAST:-0
 	"$needle_ratios" "$nkey" "$threads" "$commit$dirty" "$model" "$model_sha" "$wall" \
 	"$cmdline" "$envline" "${RESULTS_NOTE:-}" \
 	"$(for p in $policies; do prompt_end "$p" && printf '%s ' "$p"; done)"
-[ "$frontier" = 1 ] && RESULTS_NARROWED=$narrowed RESULTS_FAST=${RESULTS_FAST:-0} python3 "$here/frontier.py" "$out" "$doc" "$svgdir" "$tokens" "$texts" \
+[ "$frontier" = 1 ] && RESULTS_NARROWED=$narrowed RESULTS_FAST=${RESULTS_FAST:-0} RESULTS_NEEDLE_TASKS="$fntasks" python3 "$here/frontier.py" "$out" "$doc" "$svgdir" "$tokens" "$texts" \
 	"$nkey" "$fpolicies" "$(for p in $fpolicies; do prompt_end "$p" && printf '%s ' "$p"; done)" \
 	"$fprot" "$fmin" "$fmax"
 exit 0
