@@ -388,6 +388,10 @@ $(B)/gen/policies/%.o: $(B)/gen/policies/%.c
 $(B)/tests/test_policies: $(B)/tests/test_policies.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
 
+# test_model checks KVzip's replay (policies/kvzip.kvp) against its naive forward
+$(B)/tests/test_model: $(B)/tests/test_model.o $(POLICY_OBJS) $(SUP_OBJS) $(B)/libkvpc.a $(B)/libkvrt.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(CHECK_LIBS) $(LDLIBS)
+
 # tests/test_k_tier.c runs the precision and threshold test policies tests/tier/*.kvp end to end
 TIER_KVPS := $(sort $(wildcard tests/tier/*.kvp))
 TIER_OBJS := $(TIER_KVPS:tests/tier/%.kvp=$(B)/gen/tier/%.o)

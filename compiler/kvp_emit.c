@@ -206,6 +206,12 @@ static void signal_expr(struct kvp_em *em, enum kvp_ir_signal s)
 		else
 			kvp_em_out(em, "0.0");
 		break;
+	case KVP_SIG_REPLAY_ATTN: /* the runtime's replay scores, by (layer, KV head, position) */
+		if (t->host_score)
+			kvp_em_out(em, "k_replay_attn(ctx, kv, %s, h, %spos[i])", em->view->layer, E);
+		else
+			kvp_em_out(em, "0.0");
+		break;
 	case KVP_SIG_ENTRIES: kvp_em_out(em, "(double)%s", em->view->n); break;
 	case KVP_SIG_LAYER: kvp_em_out(em, "(double)%s", em->view->layer); break;
 	case KVP_SIG_BUDGET: kvp_em_out(em, "%s", t->budget); break;

@@ -956,8 +956,8 @@ static void emit_policy(struct kvp_em *em)
 	static const char *const needs[] = { "KVP_NEED_ATTN", "KVP_NEED_OUT", "KVP_NEED_KEYS",
 	                                     "KVP_NEED_VALUES", "KVP_NEED_SPANS", "KVP_NEED_PROMPT_LEN",
 	                                     "KVP_NEED_TRACE", "KVP_NEED_F32_KV", "KVP_NEED_TIERS",
-	                                     "KVP_NEED_QUERY" };
-	_Static_assert(sizeof needs / sizeof needs[0] == 10, "ORDER(needs): one name per KVP_NEED_ bit");
+	                                     "KVP_NEED_QUERY", "KVP_NEED_REPLAY" };
+	_Static_assert(sizeof needs / sizeof needs[0] == 11, "ORDER(needs): one name per KVP_NEED_ bit");
 	int first = 1;
 	for (int b = 0; b < (int)(sizeof needs / sizeof needs[0]); b++)
 		if (ir->needs & (1u << b)) {

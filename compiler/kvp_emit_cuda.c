@@ -83,6 +83,8 @@ const char *kvp_emit_cuda_host_why(const struct kvp_ir *ir)
 		return "head_score()'s weights are read on the host";
 	if (uses(ir, e, KVP_OP_SIGNAL, KVP_SIG_KEY_REDUNDANCY))
 		return "key_redundancy (every pair of a head's keys) runs on the host";
+	if (uses(ir, e, KVP_OP_SIGNAL, KVP_SIG_REPLAY_ATTN))
+		return "replay_attn (the context replay's scores) is read on the host";
 	if (uses(ir, e, KVP_OP_SIGNAL, KVP_SIG_KEY_COS_MEAN))
 		return "key_cos_mean (a whole-head anchor) runs on the host";
 	return NULL;

@@ -72,5 +72,9 @@ int kvp_paged_check(const struct kvp_ir *ir, kvp_src *src)
 		       "%s: the engine gives post-RoPE keys and window queries only",
 		       (ir->needs & KVP_NEED_TRACE) ? "reads the prompt trace (hidden states, surprisal)"
 		                                    : "reads pre-RoPE query statistics");
+	if (ir->needs & KVP_NEED_REPLAY)
+		reason(src, &bad, ir->score.loc,
+		       "reads the context replay's scores (replay_attn): the engine does not replay "
+		       "the prompt");
 	return bad;
 }

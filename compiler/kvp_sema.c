@@ -167,6 +167,7 @@ typedef struct sema {
 	ty budget;
 	const kvp_expr *ea_call; /* an expected_attention() call, for the sinks check */
 	ty ea_skip;      /* its skip (positions left out of the query statistics) */
+	const kvp_expr *replay_use; /* a use of replay_attn, for the trigger check */
 } sema;
 
 #define ERR(S, loc, ...) kvp_src_error((S)->src, (loc), __VA_ARGS__)
@@ -623,6 +624,8 @@ static ty check_name(sema *S, const kvp_expr *e, unsigned cx)
 			}
 			return TY_ERR;
 		}
+		if (!strcmp(name, "replay_attn") && !S->replay_use)
+			S->replay_use = e;
 		ty t = ty_make(sg->unit);
 		t.per_qhead = sg->per_qhead;
 		return t;
@@ -2620,6 +2623,18 @@ static void cross_checks(sema *S)
 		fmt_num(S->ea_skip.v, b, sizeof b);
 		ERR(S, S->ea_call->loc, "expected_attention() leaves the first %s positions out of its softmax (skip), so they score 0; keep them with `keep sinks %s`, or set skip = 0",
 		    b, b);
+		return;
+	}
+	/* the replay runs once, when the prompt ends (runtime/policy/rt_replay.h): its scores
+	 * exist only for a compress at that moment, over keys at their original positions */
+	if (S->replay_use && (!o->compress || o->compress->trigger != KVP_T_AT)) {
+		ERR(S, S->replay_use->loc,
+		    "replay_attn is measured by replaying the prompt once, at its end (KVzip); the policy must compress then: `compress at prompt end`");
+		return;
+	}
+	if (S->replay_use && o->compacted) {
+		ERR(S, o->setting[KVP_SET_POSITIONS]->value->loc,
+		    "replay_attn scores entries by their original positions; use `positions = original`");
 		return;
 	}
 	if (o->setting[KVP_SET_PRECISION] && !o->compress) {

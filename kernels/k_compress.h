@@ -245,6 +245,23 @@ static inline double k_head_weight(const rt_kv *kv, int layer, const rt_kv_head 
 	return w[l * G + c];
 }
 
+/* replay_attn (docs/language.md 7.13): the context replay's score of the entry at original
+ * position pos in head h of layer `layer` (ctx->replay, runtime/policy/rt_replay.h); 0 for a
+ * position the replay did not score (after the prompt) or when it has not run. h may be the
+ * f32 view k_head_f32 made, which shares the position array, so the head is found by it. */
+static inline double k_replay_attn(const struct kvp_ctx *ctx, const rt_kv *kv, int layer,
+                                   const rt_kv_head *h, int32_t pos)
+{
+	if (!ctx->replay || pos < 0 || pos >= ctx->replay_n)
+		return 0.0;
+	int j = 0;
+	for (int g = 0; g < kv->n_kv_head; g++)
+		if (kv->heads[(size_t)layer * (size_t)kv->n_kv_head + (size_t)g].pos == h->pos)
+			j = g;
+	const size_t row = (size_t)layer * (size_t)kv->n_kv_head + (size_t)j;
+	return (double)ctx->replay[row * (size_t)ctx->replay_n + (size_t)pos];
+}
+
 /* cos(k_a, k_b) of two entries of h (0 when either key is zero). */
 static inline double k_entry_cos(const rt_kv *kv, const rt_kv_head *h, int32_t a, int32_t b)
 {

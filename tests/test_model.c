@@ -31,6 +31,9 @@
 #include "base/rt_rope.h"
 #include "model/rt_model.h"
 #include "model/rt_quant.h"
+#include "model/rt_chat.h"
+#include "model/rt_tokenizer.h"
+#include "policy/rt_seq.h"
 #include "support/tiny_model.h"
 #include "support/check_run.h"
 
@@ -180,6 +183,12 @@ static void ref_rope(double *v, int hd, int pos, double base)
 	}
 }
 
+/* NULL, or called by ref_forward with every query head's attention row: query h of layer l
+ * at position t, p[0..t] the unnormalised weights (0 where not visible), sum their total. */
+typedef void (*ref_attn_fn)(void *u, int layer, int h, int t, const double *p, double sum);
+static ref_attn_fn ref_attn_hook;
+static void *ref_attn_user;
+
 /* Full forward over tokens[0..n) at positions 0..n-1; logits [n × V]. Attention of query
  * t over keys s <= t with vis(layer, kvh, t, s). */
 static void ref_forward(const ref *r, const int32_t *tok, int n, ref_visible_fn vis,
@@ -231,6 +240,8 @@ static void ref_forward(const ref *r, const int32_t *tok, int n, ref_visible_fn 
 					p[s] = p[s] == -INFINITY ? 0.0 : exp(p[s] - mx);
 					sum += p[s];
 				}
+				if (ref_attn_hook)
+					ref_attn_hook(ref_attn_user, l, h, t, p, sum);
 				for (int i = 0; i < hd; i++) {
 					double o = 0;
 					for (int s = 0; s <= t; s++)
@@ -574,6 +585,199 @@ START_TEST(test_evicted_cache_oracle)
 	ck_assert_int_gt(distinct, 0); /* the kept sets really differ between heads */
 	free(lg);
 	oracle_close(&o);
+}
+END_TEST
+
+/* ---- KVzip's context replay (runtime/policy/rt_replay.h, policies/kvzip.kvp) --------- */
+
+/* The reference replay score: max over the group's query heads and the replay's queries
+ * (positions >= P) of the attention on prompt position i < P (one chunk: the whole softmax). */
+typedef struct replay_ref {
+	int P, G, HKV;
+	double *score; /* [L × HKV × P] */
+} replay_ref;
+
+static void replay_ref_attn(void *u, int layer, int h, int t, const double *p, double sum)
+{
+	replay_ref *r = u;
+	if (t < r->P)
+		return;
+	double *row = r->score + ((size_t)layer * r->HKV + (size_t)(h / r->G)) * r->P;
+	for (int i = 0; i < r->P; i++)
+		row[i] = fmax(row[i], p[i] / sum);
+}
+
+/* what a head kept: kept[(layer · HKV + kvh) · P + pos] */
+typedef struct kept_mask {
+	int P, HKV;
+	const uint8_t *kept;
+} kept_mask;
+
+static int vis_mask(const void *u, int layer, int kvh, int qp, int kp)
+{
+	const kept_mask *k = u;
+	if (kp > qp)
+		return 0;
+	return qp < k->P || kp >= k->P || k->kept[((size_t)layer * k->HKV + kvh) * k->P + kp];
+}
+
+/* The replay's input as kvpress builds it for one chunk: the instruction, the template's
+ * suffix (the rendered chat prompt of a dummy user message after the message: the tiny
+ * vocabulary's turn tokens give ChatML), the prompt; tokenized here. */
+static int replay_input(const char *path, const int32_t *prompt, int P, int32_t *out, int cap)
+{
+	static const char instr[] = "\n\nRepeat the previous context exactly.";
+	rt_err err = {0};
+	rt_gguf *g = rt_gguf_open(path, &err);
+	ck_assert_msg(g != NULL, "%s", err.msg);
+	rt_tokenizer *tk = rt_tokenizer_init(g, &err);
+	ck_assert_msg(tk != NULL, "%s", err.msg);
+	int64_t n = rt_tokenize(tk, instr, sizeof instr - 1, 0, out, cap, &err);
+	ck_assert_int_gt(n, 0);
+	char *chat = rt_chat_render(tk, NULL, "dummy context", &err);
+	ck_assert_msg(chat != NULL, "%s", err.msg);
+	const char *suffix = strstr(chat, "dummy context") + strlen("dummy context");
+	ck_assert_msg(strstr(suffix, "<|im_start|>assistant") != NULL, "suffix %s", suffix);
+	const int64_t ns = rt_tokenize(tk, suffix, strlen(suffix), 1, out + n, cap - n, &err);
+	ck_assert_int_gt(ns, 0);
+	n += ns;
+	free(chat);
+	ck_assert_int_le(n + P, cap);
+	memcpy(out + n, prompt, (size_t)P * sizeof *prompt);
+	rt_tokenizer_free(tk);
+	rt_gguf_close(g);
+	return (int)n + P;
+}
+
+/* A tiny model (9/3 and 4/1 heads) under policies/kvzip.kvp with a prompt of P tokens: the
+ * scores the runtime measured equal max attention over a replay computed here by the naive
+ * forward over prompt + instruction + prompt; the kept set equals the top of all heads'
+ * non-sink positions by that score (kvzip: one global pool, `keep sinks`); the replay's rows
+ * are gone (the next token sits at position P and its logits equal the naive forward with
+ * attention restricted to the kept entries). */
+START_TEST(test_kvzip_replay_oracle)
+{
+	tiny_model_cfg c = shape_cfg(_i, RT_GGML_F32);
+	c.n_ctx = 128;
+	const char *path = write_model(&c);
+	rt_model *m = load_ok(path);
+	ref r;
+	ref_load(&r, &c, path);
+	enum { P = 14, SINKS = 2, BUDGET = 6 };
+	const int L = c.n_layer, HKV = c.n_head_kv, G = c.n_head / c.n_head_kv;
+	int32_t tok[P + 1], seq[128];
+	test_tokens(tok, P + 1, 256, 11u + (unsigned)_i);
+	const int n = replay_input(path, tok, P, seq + P, 128 - P);
+	memcpy(seq, tok, P * sizeof *tok);
+	/* the naive forward over prompt + replay, scoring */
+	replay_ref rr = { P, G, HKV, calloc((size_t)L * HKV * P, sizeof(double)) };
+	double *lg_ref = malloc((size_t)(P + n) * c.n_vocab * sizeof *lg_ref);
+	ref_attn_hook = replay_ref_attn;
+	ref_attn_user = &rr;
+	ref_forward(&r, seq, P + n, vis_all, NULL, lg_ref);
+	ref_attn_hook = NULL;
+	/* the runtime under kvzip, strict budget: 6 entries per head on average, 2 sinks */
+	const struct kvp_policy *p = rt_registry_find(kvp_registry, kvp_registry_count, "kvzip");
+	ck_assert_ptr_nonnull(p);
+	ck_assert(p->needs & KVP_NEED_REPLAY);
+	rt_err err = {0};
+	rt_seq s;
+	ck_assert_msg(rt_seq_init(&s, m, p, P + 1, 5, P, &err) == 0, "%s", err.msg);
+	s.run.ctx.min_kv = KVP_MIN_KV_STRICT;
+	char a[64];
+	snprintf(a, sizeof a, "kept=%.17g", (double)BUDGET / P);
+	ck_assert_msg(rt_seq_set(&s, a, &err) == 0 && rt_seq_set(&s, "sinks=2", &err) == 0, "%s",
+	              err.msg);
+	ck_assert_msg(rt_seq_feed(&s, tok, P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(rt_seq_stats_get(&s).compress_events, 1);
+	ck_assert_int_eq(s.rp.tokens, n);
+	ck_assert_ptr_nonnull(s.run.ctx.replay);
+	ck_assert_int_eq(s.run.ctx.replay_n, P);
+	double dmax = 0, smax = 0;
+	for (size_t i = 0; i < (size_t)L * HKV * P; i++) {
+		dmax = fmax(dmax, fabs(s.run.ctx.replay[i] - rr.score[i]));
+		smax = fmax(smax, rr.score[i]);
+	}
+	ck_assert_msg(dmax <= 1e-5, "replay scores: max |runtime - reference| = %g", dmax);
+	ck_assert_msg(smax > 0 && smax <= 1.0 + 1e-12, "replay scores: max %g", smax);
+	/* the kept set: every head's sinks, then the L·HKV·(BUDGET - SINKS) best other entries
+	 * over all heads together (ties: lower position first, then lower head) */
+	const int H = L * HKV, nc = H * (P - SINKS), take = H * (BUDGET - SINKS);
+	uint8_t *want = calloc((size_t)H * P, 1);
+	for (int h = 0; h < H; h++)
+		for (int i = 0; i < SINKS; i++)
+			want[(size_t)h * P + i] = 1;
+	for (int k = 0; k < take; k++) {
+		int best = -1;
+		for (int q = 0; q < nc; q++) {
+			const int h = q / (P - SINKS), i = SINKS + q % (P - SINKS);
+			if (want[(size_t)h * P + i])
+				continue;
+			if (best < 0 || rr.score[(size_t)h * P + i] >
+			                rr.score[(size_t)(best / (P - SINKS)) * P + SINKS + best % (P - SINKS)])
+				best = q;
+		}
+		want[(size_t)(best / (P - SINKS)) * P + SINKS + best % (P - SINKS)] = 1;
+	}
+	uint8_t *got = calloc((size_t)H * P, 1);
+	for (int h = 0; h < H; h++) {
+		const rt_kv_head *hd = &s.kv.heads[h];
+		for (int i = 0; i < hd->n; i++) {
+			ck_assert_int_lt(hd->pos[i], P); /* no replay row left */
+			got[(size_t)h * P + hd->pos[i]] = 1;
+		}
+	}
+	for (int h = 0; h < H; h++)
+		for (int i = 0; i < P; i++)
+			ck_assert_msg(got[(size_t)h * P + i] == want[(size_t)h * P + i],
+			              "head %d position %d: kept %d, reference %d (score %g)", h, i,
+			              got[(size_t)h * P + i], want[(size_t)h * P + i],
+			              rr.score[(size_t)h * P + i]);
+	ck_assert_int_eq(rt_kv_entries(&s.kv), (int64_t)H * BUDGET);
+	/* the next token after the compressed prompt: dense attention over the kept entries */
+	float *lg = malloc((size_t)c.n_vocab * sizeof *lg);
+	ck_assert_msg(rt_seq_feed(&s, tok + P, 1, lg, RT_LOGITS_LAST, &err) == 0, "%s", err.msg);
+	double *rl = malloc((size_t)(P + 1) * c.n_vocab * sizeof *rl);
+	kept_mask km = { P, HKV, want };
+	ref_forward(&r, tok, P + 1, vis_mask, &km, rl);
+	const double d = max_diff_fd(lg, rl + (size_t)P * c.n_vocab, (size_t)c.n_vocab);
+	ck_assert_msg(d <= 1e-5, "after the replay and compress: max |logit - ref| = %g", d);
+	free(lg), free(rl), free(want), free(got), free(rr.score), free(lg_ref);
+	rt_seq_free(&s);
+	ref_free(&r);
+	rt_model_free(m);
+	unlink(path);
+}
+END_TEST
+
+/* What the replay cannot run is refused with the reason: a model with sliding-window
+ * layers, a prompt whose replay would pass the model's context_length. */
+START_TEST(test_kvzip_replay_refusals)
+{
+	const struct kvp_policy *p = rt_registry_find(kvp_registry, kvp_registry_count, "kvzip");
+	ck_assert_ptr_nonnull(p);
+	tiny_model_cfg c = shape_cfg(1, RT_GGML_F32);
+	c.n_swa = 16;
+	const char *path = write_model(&c);
+	rt_model *m = load_ok(path);
+	rt_err err = {0};
+	rt_seq s;
+	ck_assert_int_eq(rt_seq_init(&s, m, p, 32, 8, 16, &err), -1);
+	ck_assert_msg(strstr(err.msg, "sliding-window layers") != NULL, "%s", err.msg);
+	rt_model_free(m);
+	unlink(path);
+	c.n_swa = 0; /* n_ctx 64: a prompt of 40 and its replay (40 + instruction) pass it */
+	path = write_model(&c);
+	m = load_ok(path);
+	ck_assert_msg(rt_seq_init(&s, m, p, 41, 8, 40, &err) == 0, "%s", err.msg);
+	int32_t tok[40];
+	test_tokens(tok, 40, 256, 3u);
+	ck_assert_int_eq(rt_seq_feed(&s, tok, 40, NULL, RT_LOGITS_NONE, &err), -1);
+	ck_assert_msg(strstr(err.msg, "policy kvzip: replay:") && strstr(err.msg, "context_length 64"),
+	              "%s", err.msg);
+	rt_seq_free(&s);
+	rt_model_free(m);
+	unlink(path);
 }
 END_TEST
 
@@ -1304,6 +1508,8 @@ static Suite *model_suite(void)
 	tcase_add_loop_test(tc, test_chunking_invariance, 0, 3);
 	tcase_add_loop_test(tc, test_fast_path, 0, 6);
 	tcase_add_loop_test(tc, test_evicted_cache_oracle, 0, 3);
+	tcase_add_loop_test(tc, test_kvzip_replay_oracle, 0, 2);
+	tcase_add_test(tc, test_kvzip_replay_refusals);
 	tcase_add_loop_test(tc, test_window_out_of_order_oracle, 0, 3);
 	tcase_add_loop_test(tc, test_count_oracle, 0, 3);
 	tcase_add_test(tc, test_observe_hook);

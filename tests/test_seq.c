@@ -103,7 +103,9 @@ static tiny_model_cfg shape_cfg(int shape)
 {
 	/* shape 0: 9q/3kv head_dim 32; 1: 4q/1kv head_dim 32; 2: 4q/4kv head_dim 32 (the
 	 * precision tiers' codes need a multiple of 32) */
-	tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 96,
+	/* n_ctx 160: kvzip replays the 32-token prompt after its instruction at positions
+	 * 32 .. 108 (runtime/policy/rt_replay.h) */
+	tiny_model_cfg c = { .n_layer = 2, .n_ff = 96, .n_vocab = 300, .n_ctx = 160,
 		             .rope_base = 10000.0f, .seed = 777u + (uint32_t)shape,
 		             .wtype = RT_GGML_F32 };
 	if (shape == 0)

@@ -145,6 +145,8 @@ static const opt_def OPTS[] = {
 	STROPT(O_HAYSTACK, "haystack", haystack), STROPT(O_LENGTHS, "lengths", lengths),
 	STROPT(O_DEPTHS, "depths", depths), STROPT(O_SVG, "svg", svg),
 	STROPT(O_BATCH, "batch", batch), STROPT(O_DUMP, "dump", dump),
+	STROPT(O_DUMPSCORES, "dump-scores", dump_scores),
+	STROPT(O_DUMPHIDDEN, "dump-hidden", dump_hidden),
 	STROPT(O_LOGITS, "logits", logits), STROPT(O_SYSTEM, "system", system),
 	FLAGOPT(O_JSON, "json", json, 1), FLAGOPT(O_NOREF, "no-ref", no_ref, 1),
 	FLAGOPT(O_CHAT, "chat", chat, 1), FLAGOPT(O_SPECIAL, "special", special, 1),
@@ -386,7 +388,8 @@ int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cl
 		                    ids_have(ids, O_FAST) ? "give --fast" : "drop --exact");
 	/* every file written at the end must be writable before any work starts */
 	const char *outs[][2] = { { "--svg", o->svg }, { "--dump", o->dump },
-		                  { "--logits", o->logits } };
+		                  { "--logits", o->logits }, { "--dump-scores", o->dump_scores },
+		                  { "--dump-hidden", o->dump_hidden } };
 	for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
 		rt_err err = { "" };
 		if (outs[i][1] && rt_outpath_check(outs[i][1], &err) != 0)

@@ -33,6 +33,7 @@
 typedef struct rt_cli_opts {
 	const char *model, *text, *prompt, *system, *dump, *logits, *ctx_list;
 	const char *policy, *haystack, *lengths, *depths, *svg, *batch;
+	const char *dump_scores, *dump_hidden; /* keepmap: the replay's scores, the hidden states */
 	const char *sets[RT_CLI_MAX_SETS];
 	int set_side[RT_CLI_MAX_SETS]; /* 0: --set (every policy), 1: --set-a, 2: --set-b */
 	int n_sets;
@@ -94,7 +95,8 @@ enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECI
        O_QUIET, O_PREFILL, O_MAXKLD, O_MINPASSKEY, O_OUT, O_GATE, O_KVTYPE, O_BYTERATIO,
        O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT, O_MINKV, O_HOST, O_PORT, O_KVMEM,
        O_MAXSEQS, O_QUEUE, O_SERVECHUNK, O_SERVEPREFILL, O_STEPROWS, O_APIKEY, O_TRACE,
-       O_MAXBODY, O_TIMEOUT, O_DEVICE, O_F16, O_EQMEM, O_NOSHARE, O_PARAMGRID };
+       O_MAXBODY, O_TIMEOUT, O_DEVICE, O_F16, O_EQMEM, O_NOSHARE, O_PARAMGRID,
+       O_DUMPSCORES, O_DUMPHIDDEN };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;

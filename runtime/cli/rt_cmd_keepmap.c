@@ -16,6 +16,7 @@
 
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_opts.h"
+#include "base/rt_outpath.h"
 #include "report/rt_keepmap.h"
 
 static const char *const help_keepmap =
@@ -25,7 +26,7 @@ static const char *const help_keepmap =
 	"SYNOPSIS\n"
 	"    {prog} keepmap --model MODEL --text FILE [--ctx N] [--policy NAME]\n"
 	"             [--set NAME=VALUE]... [--ratio R | --byte-ratio R] [--prompt N] [--chunk N]\n"
-	"             [--threads N] --svg OUT\n"
+	"             [--threads N] [--svg OUT] [--dump-scores FILE] [--dump-hidden FILE]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Tokenizes FILE, feeds its first N tokens through the model under the policy\n"
@@ -46,7 +47,17 @@ static const char *const help_keepmap =
 	"                        model's context_length)\n"
 	"    --policy NAME       policy (default {policy}); --set, --ratio, --byte-ratio as for ppl\n"
 	"    --prompt N          the prompt length given to the policy (default: N)\n"
-	"    --svg OUT           the SVG file to write (required)\n"
+	"    --svg OUT           the SVG file to write\n"
+	"    --dump-scores FILE  write the context replay's scores (a policy reading replay_attn,\n"
+	"                        e.g. kvzip) as a NumPy .npy file: float32 [n_layer, n_kv_head,\n"
+	"                        P], P the prompt length; [l, g, i] is the largest attention\n"
+	"                        prompt position i received from the query heads of KV head g\n"
+	"                        of layer l during the replay, before the policy compressed\n"
+	"    --dump-hidden FILE  write each layer's attention input for the prompt as a NumPy\n"
+	"                        .npy file: float32 [n_layer, P, n_embd], [l, i] = RMSNorm of\n"
+	"                        the residual stream entering layer l at position i times the\n"
+	"                        layer's attn_norm weight (what its K, V and Q projections read)\n"
+	"                        At least one of --svg, --dump-scores, --dump-hidden is needed.\n"
 	"    --chunk N, --threads N, --fast, --quiet, -h/--help  as for ppl\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -54,7 +65,9 @@ static const char *const help_keepmap =
 	"\n"
 	"EXAMPLE\n"
 	"    {prog} keepmap --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text t.txt \\\n"
-	"           --ctx 512 --policy h2o --ratio 4 --svg h2o.svg\n";
+	"           --ctx 512 --policy h2o --ratio 4 --svg h2o.svg\n"
+	"    {prog} keepmap --model M --text t.txt --ctx 1024 --policy kvzip \\\n"
+	"           --dump-scores kvzip.npy --dump-hidden hidden.npy\n";
 
 /* Feed the tokens in blocks of `block` (the chunk bound), with progress. */
 static int keepmap_feed(rt_seq *s, const int32_t *ids, int64_t n, int block, int quiet,
@@ -72,20 +85,116 @@ static int keepmap_feed(rt_seq *s, const int32_t *ids, int64_t n, int block, int
 	return rc;
 }
 
+/* A NumPy .npy file (format 1.0: magic, header length, a dict padded to 64 bytes, then
+ * the little-endian float32 data in C order) of shape dims[0..nd) from data. */
+static int npy_write(const char *path, const float *data, const int64_t *dims, int nd,
+                     rt_err *err)
+{
+	char dict[256];
+	int n = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (");
+	size_t count = 1;
+	for (int i = 0; i < nd; i++) {
+		n += snprintf(dict + n, sizeof dict - (size_t)n, "%lld, ", (long long)dims[i]);
+		count *= (size_t)dims[i];
+	}
+	n += snprintf(dict + n, sizeof dict - (size_t)n, "), }");
+	const size_t head = ((10 + (size_t)n + 1 + 63) / 64) * 64, bytes = count * sizeof(float);
+	char *buf = malloc(head + bytes);
+	if (!buf)
+		return rt_err_set(err, "%s: out of memory for %zu bytes", path, head + bytes);
+	memcpy(buf, "\x93NUMPY\x01\x00", 8);
+	buf[8] = (char)((head - 10) & 0xff);
+	buf[9] = (char)((head - 10) >> 8);
+	memset(buf + 10, ' ', head - 10);
+	memcpy(buf + 10, dict, (size_t)n);
+	buf[head - 1] = '\n';
+	memcpy(buf + head, data, bytes);
+	const int rc = rt_outpath_write(path, buf, head + bytes, err);
+	free(buf);
+	return rc;
+}
+
+/* --dump-hidden: layer l's attention input at each prompt position, [L × P × E]. The forward
+ * hands the residual after layer l, which is layer l + 1's input; layer 0's is the
+ * embedding (filled after the feed). */
+typedef struct hidden_dump {
+	const rt_model *m;
+	float *h;
+	int64_t P;
+} hidden_dump;
+
+static void hidden_on_layer(void *user, int layer, int C, int32_t pos0, const float *x,
+                            const float *q)
+{
+	(void)q;
+	hidden_dump *d = user;
+	const rt_model *m = d->m;
+	const int E = m->hp.n_embd;
+	if (layer + 1 >= m->hp.n_layer)
+		return;
+	for (int r = 0; r < C && pos0 + r < d->P; r++)
+		rt_rms_norm(d->h + ((size_t)(layer + 1) * d->P + (size_t)(pos0 + r)) * E,
+		            x + (size_t)r * E, m->layers[layer + 1].attn_norm, 1, E, m->hp.norm_eps);
+}
+
+static int hidden_first(hidden_dump *d, const int32_t *ids)
+{
+	const int E = d->m->hp.n_embd;
+	float *x = malloc((size_t)E * sizeof *x);
+	if (!x)
+		return -1;
+	for (int64_t p = 0; p < d->P; p++) {
+		rt_model_embed(d->m, ids[p], x);
+		rt_rms_norm(d->h + (size_t)p * E, x, d->m->layers[0].attn_norm, 1, E, d->m->hp.norm_eps);
+	}
+	free(x);
+	return 0;
+}
+
+/* The dumps after the feed: the replay's scores and the hidden states, each .npy. */
+static int keepmap_dumps(const rt_cli_opts *o, const rt_seq *s, hidden_dump *hd,
+                         const int32_t *ids, rt_err *err)
+{
+	if (o->dump_scores) {
+		if (!s->run.ctx.replay)
+			return rt_err_set(err, "--dump-scores: the replay did not run (the prompt of %lld "
+			                  "tokens did not end within the fed tokens)",
+			                  (long long)s->run.ctx.prompt_len);
+		const int64_t dims[3] = { s->kv.n_layer, s->kv.n_kv_head, s->run.ctx.replay_n };
+		if (npy_write(o->dump_scores, s->run.ctx.replay, dims, 3, err) != 0)
+			return -1;
+	}
+	if (hd->h) {
+		if (hidden_first(hd, ids) != 0)
+			return rt_err_set(err, "--dump-hidden: out of memory");
+		const int64_t dims[3] = { hd->m->hp.n_layer, hd->P, hd->m->hp.n_embd };
+		if (npy_write(o->dump_hidden, hd->h, dims, 3, err) != 0)
+			return -1;
+	}
+	return 0;
+}
+
 int rt_cmd_keepmap(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 't', O_CTX, O_CHUNK, O_THREADS, O_POLICY, O_SET, O_RATIO,
-		O_BYTERATIO, O_PROMPTLEN, O_SVG, O_EXACT, O_FAST, O_QUIET, 0 };
+		O_BYTERATIO, O_PROMPTLEN, O_SVG, O_DUMPSCORES, O_DUMPHIDDEN, O_EXACT, O_FAST, O_QUIET,
+		0 };
 	rt_cli_opts o = { .chunk = RT_CLI_CHUNK, .prompt_len = -1, .exact = 1 };
 	int rc = rt_cli_parse("keepmap", help_keepmap, argc, argv, &o, opt_ids,
 	                      RT_CLI_NEED_MODEL | RT_CLI_NEED_TEXT);
 	if (rc != RT_CLI_GO)
 		return rc;
-	if (!o.svg)
-		return rt_cli_usage("keepmap", "%s", "--svg is required");
+	if (!o.svg && !o.dump_scores && !o.dump_hidden)
+		return rt_cli_usage("keepmap", "%s", "--svg, --dump-scores or --dump-hidden is required");
 	const struct kvp_policy *p = rt_cli_pick("keepmap", &o, 1, &rc); /* with a tuned default */
 	if (!p)
 		return rc;
+	if (o.dump_scores && !(p->needs & KVP_NEED_REPLAY))
+		return rt_cli_usage("keepmap", "--dump-scores: policy %s reads no context replay "
+		                    "scores (replay_attn); use a policy that does, e.g. kvzip", p->name);
+	if (o.dump_hidden && (p->needs & KVP_NEED_TRACE))
+		return rt_cli_usage("keepmap", "--dump-hidden: policy %s records a prompt trace, "
+		                    "which uses the forward's layer hook; use another policy", p->name);
 	rt_cli_threads(o.threads);
 	size_t len;
 	char *text = rt_cli_read_text(o.text, &len);
@@ -95,6 +204,7 @@ int rt_cmd_keepmap(int argc, char **argv)
 	rt_keepmap_head *heads = NULL;
 	rt_seq s = { 0 };
 	rt_err err = { "" };
+	hidden_dump hd = { 0 };
 	if (rt_cli_open_text_model(&o, text, len, &tm, &rc) < 0)
 		goto out;
 	rc = EXIT_FAILURE;
@@ -106,8 +216,31 @@ int rt_cmd_keepmap(int argc, char **argv)
 	int block = (int)(o.chunk < use ? o.chunk : use);
 	int64_t prompt_len = o.prompt_len >= 0 ? o.prompt_len : use;
 	if (rt_seq_init(&s, tm.m, p, (int32_t)use, block, prompt_len, &err) != 0 ||
-	    rt_cli_seq_apply(&s, &o, &err) != 0 || keepmap_feed(&s, tm.ids, use, block, o.quiet, &err) != 0) {
+	    rt_cli_seq_apply(&s, &o, &err) != 0) {
 		rt_cli_fail(&err);
+		goto out;
+	}
+	if (o.dump_hidden) {
+		hd.m = tm.m;
+		hd.P = prompt_len < use ? prompt_len : use;
+		const size_t nf = (size_t)tm.m->hp.n_layer * (size_t)hd.P * (size_t)tm.m->hp.n_embd;
+		if (!(hd.h = calloc(nf, sizeof *hd.h))) {
+			fprintf(stderr, "%s: --dump-hidden: out of memory for %zu floats\n", rt_cli_prog, nf);
+			goto out;
+		}
+		s.fwd.on_layer = hidden_on_layer;
+		s.fwd.layer_user = &hd;
+	}
+	if (keepmap_feed(&s, tm.ids, use, block, o.quiet, &err) != 0 ||
+	    keepmap_dumps(&o, &s, &hd, tm.ids, &err) != 0) {
+		rt_cli_fail(&err);
+		goto out;
+	}
+	if (!o.svg) {
+		printf("keepmap: policy %s, %lld tokens%s%s%s%s\n", p->name, (long long)use,
+		       o.dump_scores ? ", scores in " : "", o.dump_scores ? o.dump_scores : "",
+		       o.dump_hidden ? ", hidden states in " : "", o.dump_hidden ? o.dump_hidden : "");
+		rc = fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
 		goto out;
 	}
 	rt_seq_stats st = rt_seq_stats_get(&s);
@@ -149,6 +282,7 @@ int rt_cmd_keepmap(int argc, char **argv)
 	rc = fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
 out:
 	rt_seq_free(&s);
+	free(hd.h);
 	free(heads);
 	rt_cli_text_model_free(&tm);
 	free(text);

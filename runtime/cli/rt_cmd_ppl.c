@@ -132,6 +132,8 @@ static const char *const help_ppl =
 	"                        prompt_compression, prompt_bytes_compression, protocol,\n"
 	"                        scored_compressed,\n"
 	"                        tokens_per_s, compress_events, policy_seconds,\n"
+	"                        replay_seconds and replay_tokens (a policy reading\n"
+	"                        replay_attn: its replay of the prompt, inside seconds),\n"
 	"                        seconds and, with the reference, the KL statistics above\n"
 	"    --dump FILE         one JSON line per scored token: {\"pos\":P,\"token\":T,\n"
 	"                        \"logprob\":L,\"top1\":A} plus \"logprob_ref\" and \"kld\" with\n"
@@ -268,6 +270,10 @@ static void ppl_report_json(const ppl_fig *f, const char *msha, const char *tsha
 	rt_json_member_num(stdout, "tokens_per_s", f->tps);
 	printf(",\"compress_events\":%lld", (long long)f->st.compress_events);
 	rt_json_member_num(stdout, "policy_seconds", f->st.policy_seconds);
+	if (r->p->needs & KVP_NEED_REPLAY) { /* the context replay (KVzip), inside seconds */
+		rt_json_member_num(stdout, "replay_seconds", f->st.replay_seconds);
+		printf(",\"replay_tokens\":%lld", (long long)f->st.replay_tokens);
+	}
 	rt_json_member_num(stdout, "seconds", f->st.seconds);
 	if (rt_cli_device_weights()) {
 		fputs(",\"device\":", stdout);
@@ -330,6 +336,9 @@ static void ppl_report_table(const ppl_fig *f)
 		       (long long)sc->compressed, (long long)sc->scored);
 	printf("compressions     %lld (%.3f s in policy code)\n", (long long)f->st.compress_events,
 	       f->st.policy_seconds);
+	if (r->p->needs & KVP_NEED_REPLAY)
+		printf("replay           %lld tokens in %.2f s (the context replay, a second pass over "
+		       "the prompt)\n", (long long)f->st.replay_tokens, f->st.replay_seconds);
 	if (rt_cli_device_weights())
 		printf("speed            %.1f tokens/s (%.2f s, on %s with %s weights%s)\n", f->tps,
 		       f->st.seconds, rt_seq_device(&r->seq), rt_cli_device_weights(),

@@ -1309,24 +1309,27 @@ static void attend_layer(rt_fwd *f, rt_kv *kv, int layer, int C, int32_t pos0, c
 		attend_head(f, kv, layer, j, C, pos0, q, att, f->qg, f->og, f->s, f->kvf);
 }
 
+void rt_model_embed(const rt_model *m, int32_t t, float *xr)
+{
+	const int E = m->hp.n_embd;
+	if (m->tok_embd)
+		memcpy(xr, m->tok_embd + (size_t)t * E, (size_t)E * sizeof(float));
+	else
+		rt_dequant(m->embd.type, (const uint8_t *)m->embd.data + (size_t)t * m->embd.row_bytes,
+		           xr, E);
+	if (m->hp.embd_scale != 1.0f)
+		for (int i = 0; i < E; i++)
+			xr[i] *= m->hp.embd_scale;
+}
+
 /* The token embeddings of every segment's rows into big->x (rows stacked by segment). */
 static void chunk_embed(rt_fwd *big, int K, const fwd_seg *sg)
 {
 	const rt_model *m = big->m;
 	const int E = m->hp.n_embd;
 	for (int k = 0; k < K; k++)
-		for (int r = 0; r < sg[k].C; r++) {
-			float *xr = big->x + ((size_t)sg[k].off + r) * E;
-			const int32_t t = sg[k].tok[r];
-			if (m->tok_embd)
-				memcpy(xr, m->tok_embd + (size_t)t * E, (size_t)E * sizeof(float));
-			else
-				rt_dequant(m->embd.type,
-				           (const uint8_t *)m->embd.data + (size_t)t * m->embd.row_bytes, xr, E);
-			if (m->hp.embd_scale != 1.0f)
-				for (int i = 0; i < E; i++)
-					xr[i] *= m->hp.embd_scale;
-		}
+		for (int r = 0; r < sg[k].C; r++)
+			rt_model_embed(m, sg[k].tok[r], big->x + ((size_t)sg[k].off + r) * E);
 }
 
 /* Number of RoPE tables the model's layers use: 2 when sliding-window layers have their

@@ -352,6 +352,10 @@ int rt_fwd_keep_queries(rt_fwd *f, rt_err *err);
  * forward's exact path, and the CPU reference of the CUDA rmsnorm kernel. */
 void rt_rms_norm(float *y, const float *x, const float *w, int C, int n, float eps);
 
+/* The residual stream the forward starts token t from (layer 0's input): its embedding row
+ * times hp.embd_scale, into xr[0..n_embd). t must be in 0..n_vocab-1. */
+void rt_model_embed(const rt_model *m, int32_t t, float *xr);
+
 /* Which logits rt_model_forward writes. */
 enum rt_logits_mode {
 	RT_LOGITS_NONE = 0,   /* logits may be NULL */

@@ -37,9 +37,10 @@
 #include "base/rt_pool.h"
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 11 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq;
+#define KVP_ABI_VERSION 12 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq;
                             10: kvp_ctx.layer_window, kvp_policy.global_only;
-                            11: enum rt_kv_tier gains RT_KV_TIER_K8V4 (q4, q2 renumbered) */
+                            11: enum rt_kv_tier gains RT_KV_TIER_K8V4 (q4, q2 renumbered);
+                            12: kvp_ctx.replay, replay_n (KVP_NEED_REPLAY) */
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
@@ -108,6 +109,10 @@ enum {
 	KVP_NEED_QUERY = 1u << 9,  /* observe needs the pre-RoPE query rows (kvp_obs.query) and
 	                              compress the model's RoPE (kvp_ctx.rope_base, n_rot):
 	                              Expected Attention's query statistics */
+	KVP_NEED_REPLAY = 1u << 10, /* compress reads the context replay's scores (kvp_ctx.replay:
+	                               KVzip's largest attention over a replay of the prompt,
+	                               runtime/policy/rt_replay.h), which the runtime measures
+	                               when the prompt ends, before the compress there */
 };
 
 /* Layers the prompt trace samples, and the prompt-tail length whose queries it keeps for
@@ -208,6 +213,12 @@ struct kvp_ctx {
 	                           the target in force, entries per (layer, KV head) on average
 	                           (k_budget_check: the floor and guards raised, as compress
 	                           keeps them); rt_policy_budget_at sets it */
+	const float *replay;    /* KVP_NEED_REPLAY: [n_layer × n_kv_head × replay_n] the largest
+	                           attention each prompt position received during the context
+	                           replay, row (layer · n_kv_head + kv_head), column = the entry's
+	                           original position (runtime/policy/rt_replay.h); NULL until the
+	                           replay ran */
+	int64_t replay_n;       /* positions per row of replay (the prompt length) */
 };
 
 /* kvp_ctx.min_kv: budgets exactly as the policy's budget expression says, without its

@@ -292,9 +292,19 @@ int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
 	if (cap < 1 || max_chunk < 1 || max_chunk > 65536)
 		return rt_err_set(err, "%s: sequence: invalid capacity %d or chunk %d", m->path, (int)cap,
 		                  max_chunk);
+	if (p->needs & KVP_NEED_REPLAY) { /* room for one replayed chunk (rt_replay.h) */
+		if (cap > INT32_MAX - RT_REPLAY_CHUNK - RT_REPLAY_ROOM)
+			return rt_err_set(err, "%s: sequence: invalid capacity %d", m->path, (int)cap);
+		cap += RT_REPLAY_CHUNK + RT_REPLAY_ROOM;
+		if (rt_replay_init(&s->rp, m, cap, err) != 0)
+			return -1;
+		rt_replay_reserve(&s->rp, prompt_len); /* feeding allocates nothing (else lazily) */
+	}
 	if (rt_run_init_typed(&s->run, &s->kv, kv_type, p, hp->n_layer, hp->n_head_kv,
-	                      hp->group, hp->head_dim, cap, prompt_len, err) != 0)
+	                      hp->group, hp->head_dim, cap, prompt_len, err) != 0) {
+		rt_replay_free(&s->rp);
 		return -1;
+	}
 	s->m = m;
 	s->p = p;
 	s->cap = cap;
@@ -356,6 +366,7 @@ void rt_seq_free(rt_seq *s)
 	free(s->rot_mem);
 	free(s->tr_mem);
 	free(s->obs_seconds);
+	rt_replay_free(&s->rp);
 	memset(s, 0, sizeof *s);
 }
 
@@ -368,6 +379,11 @@ void rt_seq_reset(rt_seq *s, int64_t prompt_len)
 		s->obs_seconds[j] = 0;
 	s->cur_span = 0;
 	trace_reset(s);
+	rt_replay_reset(&s->rp);
+	if (s->p->needs & KVP_NEED_REPLAY)
+		rt_replay_reserve(&s->rp, prompt_len);
+	s->run.ctx.replay = NULL;
+	s->run.ctx.replay_n = 0;
 	if (s->dev.reset)
 		s->dev.reset(s->dev.state);
 }
@@ -384,6 +400,7 @@ int rt_seq_attach(rt_seq *s, const rt_seq_dev *d, rt_err *err)
 	const char *why = s->dev.forward ? "it already runs on a device"
 	                : s->run.ctx.seen > 0 ? "it has been fed"
 	                : (s->p->needs & KVP_NEED_TRACE) ? "its policy records a prompt trace on the CPU"
+	                : (s->p->needs & KVP_NEED_REPLAY) ? "its policy replays the context on the CPU forward (replay_attn)"
 	                : s->rot_idx ? "its policy re-rotates compacted positions on the CPU"
 	                : d->max_chunk < 1 ? "the device takes no tokens" : NULL;
 	if (why)
@@ -469,12 +486,38 @@ rt_seq_stats rt_seq_stats_get(const rt_seq *s)
 	rt_seq_stats st = s->st;
 	st.compress_events = s->run.compressions;
 	st.policy_seconds = s->run.policy_seconds + s->hook_seconds;
+	st.replay_seconds = s->rp.seconds;
+	st.replay_tokens = s->rp.tokens;
 	for (int j = 0; j < s->kv.n_kv_head; j++)
 		st.policy_seconds += s->obs_seconds[j];
 	return st;
 }
 
 /* ---- feeding ------------------------------------------------------------------------- */
+
+/* The context replay's part of a chunk (KVP_NEED_REPLAY): record its prompt tokens, and
+ * when it ends the prompt, replay the prompt before rt_run_advance's compress sees it. */
+static int seq_replay(rt_seq *s, const int32_t *tok, int C, rt_err *err)
+{
+	const int64_t pl = s->run.ctx.prompt_len, pos = s->run.ctx.seen;
+	if (rt_replay_record(&s->rp, tok, C, pos, pl, err) != 0)
+		return -1;
+	if (pl <= 0 || pos + C != pl)
+		return 0;
+	rt_err e = { "" };
+	if (rt_replay_run(&s->rp, &s->fwd, &s->kv, pl, &e) != 0)
+		return rt_err_setc(err, e.code, "policy %s: %s", s->p->name, e.msg);
+	s->run.ctx.replay = s->rp.score;
+	s->run.ctx.replay_n = s->rp.score_n;
+	/* the prompt and a replayed chunk were held at once: that is the sequence's peak */
+	if (s->rp.peak_entries > s->st.kv_entries_peak)
+		s->st.kv_entries_peak = s->rp.peak_entries;
+	if (s->rp.peak_bytes > s->st.kv_bytes_peak)
+		s->st.kv_bytes_peak = s->rp.peak_bytes;
+	if (s->rp.peak_kvbytes > s->st.kv_kvbytes_peak)
+		s->st.kv_kvbytes_peak = s->rp.peak_kvbytes;
+	return 0;
+}
 
 /* The policy-side half of one chunk: after the forward appended and observed the C tokens
  * tok[0..C) (logits rows lg [C × n_vocab], or NULL when none were computed): the trace,
@@ -492,6 +535,8 @@ static int seq_chunk_done(rt_seq *s, const int32_t *tok, int C, const float *lg,
 	const int64_t kvb = rt_kvbytes_held(&s->kv);
 	if (kvb > s->st.kv_kvbytes_peak)
 		s->st.kv_kvbytes_peak = kvb;
+	if ((s->p->needs & KVP_NEED_REPLAY) && seq_replay(s, tok, C, err) != 0)
+		return -1;
 	int rc = rt_run_advance(&s->run, &s->kv, C, err);
 	if (rc < 0)
 		return -1;

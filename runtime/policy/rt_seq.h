@@ -24,6 +24,11 @@
  * not in rt_kv. Repeated delta rotations accumulate float rounding (about 1e-7 relative
  * per compress that moves the key).
  *
+ * Context replay (KVP_NEED_REPLAY, KVzip's `replay_attn`): the sequence records the prompt's
+ * tokens; when its last chunk has been forwarded, before the policy's compress, it replays
+ * them (rt_replay_run) and points run.ctx.replay at the scores. The store's capacity is then
+ * cap + RT_REPLAY_CHUNK + RT_REPLAY_ROOM (room for one replayed chunk).
+ *
  * Capacity: a store of cap entries per head must hold the policy's largest budget plus
  * one chunk. Ratio budgets in streaming mode grow with the tokens seen, so rt_cli uses
  * cap = tokens to process. The capacity is reserved address space only: the store's
@@ -37,6 +42,7 @@
 
 #include "kv/rt_kv.h"
 #include "model/rt_model.h"
+#include "policy/rt_replay.h"
 #include "policy/rt_span.h"
 #include "policy/rt_policy.h"
 #include "base/rt_util.h"
@@ -76,6 +82,9 @@ typedef struct rt_seq_stats {
 	                          * summed over the threads that ran it (KV heads in
 	                          * parallel), so with several threads this is CPU seconds */
 	double seconds;          /* wall time inside rt_seq_feed */
+	double replay_seconds;   /* of which the context replay's (KVP_NEED_REPLAY: KVzip's
+	                          * second pass over the prompt, runtime/policy/rt_replay.h) */
+	int64_t replay_tokens;   /* tokens the replay fed (the prompt and its instructions) */
 } rt_seq_stats;
 
 /* A device that runs a sequence's forward and holds its store's contents: the backend
@@ -131,6 +140,9 @@ typedef struct rt_seq {
 	float *tr_prev;          /* [n_vocab] logits of the last prompt row seen so far */
 	double tr_prev_lse;      /* their log-sum-exp; < -1e300 when there is none */
 	float *tr_lg;            /* [RT_SEQ_TRACE_CHUNK × n_vocab] logits when the caller asks none */
+	/* the context replay (KVP_NEED_REPLAY only; run.ctx.replay points at its scores once
+	 * it ran) */
+	rt_replay rp;
 	rt_seq_stats st;
 	rt_seq_dev dev;          /* .forward NULL: the CPU (rt_model_forward on fwd and kv) */
 } rt_seq;
@@ -158,15 +170,17 @@ void rt_seq_free(rt_seq *s);
  * d->max_chunk tokens; the CPU forward scratch is released; d->state belongs to s (d->free
  * runs in rt_seq_free) and may point back at s, so s stays at its address. Refused (-1,
  * err; d is then not taken): a sequence already fed or already on a device, a policy with a
- * prompt trace (KVP_NEED_TRACE) or compacted positions (the CPU records and re-rotates
- * them). The device refuses what it cannot run before calling this. */
+ * prompt trace (KVP_NEED_TRACE), a context replay (KVP_NEED_REPLAY) or compacted positions
+ * (the CPU records, replays and re-rotates them). The device refuses what it cannot run
+ * before calling this. */
 int rt_seq_attach(rt_seq *s, const rt_seq_dev *d, rt_err *err);
 
 /* The name of the device s runs on: "cpu", or the attached device's. */
 const char *rt_seq_device(const rt_seq *s);
 
 /* Start a new sequence on the same allocation: empty store, zeroed policy state and
- * counters, the given prompt length; parameters and ratio are kept. */
+ * counters, the given prompt length; parameters and ratio are kept. A policy with a context
+ * replay has its prompt buffers sized for the new length here (rt_replay_reserve). */
 void rt_seq_reset(rt_seq *s, int64_t prompt_len);
 
 /* Protected spans (`keep span NAME` in a policy, docs/language.md): names[1..n] name
