@@ -21,7 +21,9 @@
 
 #include "cli/rt_cli.h"
 #include "policy/rt_policy.h"
+#include "model/rt_gguf.h"
 #include "support/proc_run.h"
+#include "support/tiny_model.h"
 #include "support/check_run.h"
 
 static char g_dir[PATH_MAX];
@@ -54,6 +56,70 @@ static int run(const char *exe, char **argv, const struct kvp_policy *const *reg
 	ck_assert_msg(rc < 128, "killed by signal %d (hung?)", rc - 128);
 	return rc;
 }
+
+/* keepmap's dumps for training a KVzap-style surrogate (docs/language.md 7.13) on a tiny
+ * model (9 query / 3 KV heads, 2 layers): the .npy files parse as NumPy's format 1.0 says
+ * (magic, version, header length, a dict ending in a newline at a multiple of 64 bytes),
+ * with the shapes [2, 3, P] and [2, P, 288] and as many float32 values; every score is an
+ * attention probability (0 < s <= 1); a policy without the replay is refused for
+ * --dump-scores, exit 2, before any model work. */
+static unsigned char *npy_read(const char *path, const char *shape, size_t n_values)
+{
+	FILE *f = fopen(path, "rb");
+	ck_assert_msg(f != NULL, "%s not written", path);
+	unsigned char *b = malloc(64 * 1024 + n_values * 4);
+	const size_t len = fread(b, 1, 64 * 1024 + n_values * 4, f);
+	fclose(f);
+	ck_assert(len >= 10 && !memcmp(b, "\x93NUMPY\x01\x00", 8));
+	const size_t hl = (size_t)b[8] | (size_t)b[9] << 8;
+	ck_assert_int_eq((10 + hl) % 64, 0);
+	ck_assert_int_eq(b[10 + hl - 1], '\n');
+	char *hd = strndup((const char *)b + 10, hl);
+	ck_assert_msg(strstr(hd, "'descr': '<f4'") && strstr(hd, "'fortran_order': False") &&
+	              strstr(hd, shape), "%s: header %s, want shape %s", path, hd, shape);
+	free(hd);
+	ck_assert_int_eq(len, 10 + hl + n_values * 4);
+	memmove(b, b + 10 + hl, n_values * 4);
+	return b;
+}
+
+START_TEST(keepmap_dumps_replay_scores_and_hidden_states)
+{
+	char model[PATH_MAX + 64], text[PATH_MAX + 64], sc[PATH_MAX + 64], hid[PATH_MAX + 64];
+	snprintf(model, sizeof model, "%s/keepmap_dump_%d.gguf", g_dir, (int)getpid());
+	snprintf(text, sizeof text, "%s/keepmap_dump_%d.txt", g_dir, (int)getpid());
+	snprintf(sc, sizeof sc, "%s/keepmap_dump_%d.scores.npy", g_dir, (int)getpid());
+	snprintf(hid, sizeof hid, "%s/keepmap_dump_%d.hidden.npy", g_dir, (int)getpid());
+	tiny_model_cfg c = { .n_layer = 2, .n_embd = 288, .n_head = 9, .n_head_kv = 3, .n_ff = 96,
+		             .n_vocab = 300, .n_ctx = 128, .rope_base = 10000.0f, .seed = 5u,
+		             .wtype = RT_GGML_F32 };
+	ck_assert_int_eq(tiny_model_write(&c, model), 0);
+	FILE *f = fopen(text, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("the quick brown fox jumps over the lazy dog", f);
+	fclose(f);
+	char *out, *err;
+	char *bad[] = { "kvrt", "keepmap", "--model", model, "--text", text, "--policy", "snapkv",
+		        "--dump-scores", sc, NULL };
+	ck_assert_int_eq(run(NULL, bad, kvp_registry, kvp_registry_count, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--dump-scores: policy snapkv reads no context replay scores"),
+	              "%s", err);
+	free(out), free(err);
+	enum { P = 20 };
+	char *ok[] = { "kvrt", "keepmap", "--model", model, "--text", text, "--ctx", "20", "--policy",
+		       "kvzip", "--dump-scores", sc, "--dump-hidden", hid, "--quiet", NULL };
+	ck_assert_msg(run(NULL, ok, kvp_registry, kvp_registry_count, &out, &err) == 0, "%s", err);
+	free(out), free(err);
+	float *s = (float *)npy_read(sc, "'shape': (2, 3, 20, )", 2 * 3 * P);
+	for (int i = 0; i < 2 * 3 * P; i++)
+		ck_assert_msg(s[i] > 0.0f && s[i] <= 1.0f, "score %d = %g", i, s[i]);
+	float *h = (float *)npy_read(hid, "'shape': (2, 20, 288, )", 2 * P * 288);
+	for (int i = 0; i < 2 * P * 288; i++)
+		ck_assert(h[i] == h[i]);
+	free(s), free(h);
+	unlink(model), unlink(text), unlink(sc), unlink(hid);
+}
+END_TEST
 
 START_TEST(run_refuses_an_empty_prompt_and_no_tokens)
 {
@@ -284,6 +350,7 @@ static Suite *cli_suite(void)
 	TCase *tc = tcase_create("cli");
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, run_refuses_an_empty_prompt_and_no_tokens);
+	tcase_add_test(tc, keepmap_dumps_replay_scores_and_hidden_states);
 	tcase_add_test(tc, serve_checks_its_options_before_the_model);
 	tcase_add_test(tc, check_says_what_it_checked);
 	tcase_add_test(tc, every_kvpc_command_has_help_and_version);
