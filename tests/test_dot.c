@@ -226,6 +226,61 @@ START_TEST(test_rows_kernels)
 }
 END_TEST
 
+/* The xrows kernels (one weight row, several activation rows per call, for decode batches):
+ * each of nx = 1..RT_DOT_XROWS activation rows gives the bits of the same level's dot of
+ * that row alone, and agrees with the scalar kernel within 1e-5 of Σ|w·x| (the dequantised
+ * weights, as above); the activation rows sit back to back at their act_bytes stride at
+ * the end of a buffer of exactly their size (ASan: no read past the last one). */
+START_TEST(test_xrows_kernels)
+{
+	static const int lens[] = { 32, 96, 576, 1536 };
+	const uint32_t t = types[_i];
+	g_rng = 777 + (uint32_t)_i;
+	for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+		const int n = lens[li];
+		if (n % rt_quant_block_values(t))
+			continue;
+		const size_t rb = rt_quant_row_bytes(t, n), ab = rt_dot_act_bytes(t, n);
+		uint8_t *w = malloc(rb);
+		float *x = malloc(sizeof(float) * (size_t)n * RT_DOT_XROWS);
+		uint8_t *xa = aligned_alloc(64, ab * RT_DOT_XROWS);
+		float *wf = malloc(sizeof(float) * (size_t)n);
+		random_row(t, w, n);
+		rt_dequant(t, w, wf, n);
+		const rt_dot_kernel *ks = rt_dot_kernel_get(t, RT_ISA_SCALAR);
+		for (int c = 0; c < RT_DOT_XROWS; c++) {
+			for (int i = 0; i < n; i++)
+				x[(size_t)c * n + i] = urand(-1.0f, 1.0f) * (rnd() % 97 == 0 ? 20.0f : 1.0f);
+			ks->quant(x + (size_t)c * n, xa + ab * c, n);
+		}
+		for (int isa = RT_ISA_SCALAR; isa <= rt_dot_isa_best(); isa++) {
+			const rt_dot_kernel *k = rt_dot_kernel_get(t, isa);
+			if (!k->xrows)
+				continue;
+			for (int nx = 1; nx <= RT_DOT_XROWS; nx++) {
+				float out[RT_DOT_XROWS];
+				const int c0 = RT_DOT_XROWS - nx; /* the last nx rows: the buffer's end */
+				k->xrows(w, xa + ab * c0, ab, n, nx, out);
+				for (int c = 0; c < nx; c++) {
+					const uint8_t *xc = xa + ab * (c0 + c);
+					const float one = k->dot(w, xc, n), vs = ks->dot(w, xc, n);
+					ck_assert_msg(memcmp(&out[c], &one, sizeof one) == 0,
+					              "type %u n %d %s nx %d row %d: %.9g vs dot %.9g", t, n,
+					              rt_dot_isa_name(isa), nx, c, out[c], one);
+					double mag = 0.0;
+					for (int i = 0; i < n; i++)
+						mag += fabs((double)wf[i] * x[(size_t)(c0 + c) * n + i]);
+					ck_assert_msg(fabs(out[c] - vs) <= 1e-5 * mag + 1e-30,
+					              "type %u n %d %s nx %d: %.9g vs scalar %.9g", t, n,
+					              rt_dot_isa_name(isa), nx, out[c], vs);
+				}
+			}
+		}
+		free(w), free(x), free(xa), free(wf);
+	}
+}
+END_TEST
+
 /* Every level's activation quantiser writes the scalar one's bytes: random blocks with
  * outliers, exact halves (x·(1/d) = k + 1/2 must round away from zero, as roundf does), a
  * zero block, one below the smallest scale, and blocks holding a NaN or an infinity. */
@@ -398,16 +453,17 @@ START_TEST(test_matmul_threads_and_reference)
 }
 END_TEST
 
-/* Batch invariance: rt_matmul over segments of 3, 20, 1 and 17 rows (both ways in one
- * call), and accumulating, gives every segment the bits of the same rows multiplied
- * alone (oracle: one call per segment), on 2 threads. */
+/* Batch invariance: rt_matmul over segments of 3, 20, six of 1 (a decode step's rows of
+ * six sequences, taken RT_DOT_XROWS at a time where the kernel has an xrows form) and 17
+ * rows (both ways in one call), and accumulating, gives every segment the bits of the
+ * same rows multiplied alone (oracle: one call per segment), on 2 threads. */
 START_TEST(test_matmul_segments_alone)
 {
 	const uint32_t t = types[_i];
 	g_rng = 7 + (uint32_t)_i;
 	const int in = is_k(t) ? 512 : 96, out = 150;
-	static const int len[] = { 3, 20, 1, 17 };
-	enum { NSEG = 4, C = 41 };
+	static const int len[] = { 3, 20, 1, 1, 1, 1, 1, 1, 17 };
+	enum { NSEG = 9, C = 46 };
 	const size_t rb = rt_quant_row_bytes(t, in);
 	uint8_t *w = malloc(rb * out);
 	for (int o = 0; o < out; o++)
@@ -510,6 +566,7 @@ static Suite *dot_suite(void)
 	tcase_set_timeout(tc, 30);
 	tcase_add_loop_test(tc, test_kernels_vs_dequantised_and_scalar, 0, N_TYPES);
 	tcase_add_loop_test(tc, test_rows_kernels, 0, N_TYPES);
+	tcase_add_loop_test(tc, test_xrows_kernels, 0, N_TYPES);
 	tcase_add_test(tc, test_quant_levels_agree);
 	tcase_add_test(tc, test_q4_1_hand);
 	tcase_add_test(tc, test_kvattn_vs_decoded_rows);

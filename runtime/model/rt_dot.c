@@ -492,6 +492,63 @@ AVX2_ATTR static float dot_q4_1_avx2(const void *wv, const void *xa, int n)
 	return hsum256(acc) + mins;
 }
 
+/* Decode batches (rt_dot_xrows_fn): one Q4_1 weight row against nx activation rows, the
+ * block's nibbles and scales decoded once for all of them; each row's accumulator takes
+ * the operations dot_q4_1_avx2 does, in its order, so each result has its bits. */
+AVX2_ATTR static void xrows_q4_1_avx2(const void *wv, const void *xa, size_t xs, int n, int nx,
+                                      float *out)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const size_t qo = q8b_codes_off(n);
+	__m256 acc[RT_DOT_XROWS];
+	float mins[RT_DOT_XROWS];
+	for (int c = 0; c < nx; c++)
+		acc[c] = _mm256_setzero_ps(), mins[c] = 0.0f;
+	for (int b = 0; b < nb; b++, w += 20) {
+		prefetch_ahead(w);
+		const __m256i nib = nibbles_avx2(w + 4);
+		const float dw = f16_avx2(w), mw = f16_avx2(w + 2);
+		for (int c = 0; c < nx; c++) {
+			const uint8_t *x = (const uint8_t *)xa + (size_t)c * xs;
+			const float *d = (const float *)x, *s = d + nb;
+			const __m256i y = _mm256_loadu_si256((const __m256i *)(x + qo + (size_t)b * QK));
+			const __m256i p = dot_u8s8_avx2(nib, y);
+			acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * d[b]), acc[c]);
+			mins[c] += mw * s[b];
+		}
+	}
+	for (int c = 0; c < nx; c++)
+		out[c] = hsum256(acc[c]) + mins[c];
+}
+
+/* The same for Q8_0 (dot_q8_0_avx2's operations per row). */
+AVX2_ATTR static void xrows_q8_0_avx2(const void *wv, const void *xa, size_t xs, int n, int nx,
+                                      float *out)
+{
+	const uint8_t *w = wv;
+	const int nb = n / QK;
+	const size_t qo = q8b_codes_off(n);
+	__m256 acc[RT_DOT_XROWS];
+	for (int c = 0; c < nx; c++)
+		acc[c] = _mm256_setzero_ps();
+	for (int b = 0; b < nb; b++, w += 34) {
+		prefetch_ahead(w);
+		const __m256i x = _mm256_loadu_si256((const __m256i *)(w + 2));
+		const __m256i ax = _mm256_sign_epi8(x, x);
+		const float dw = f16_avx2(w);
+		for (int c = 0; c < nx; c++) {
+			const uint8_t *xr = (const uint8_t *)xa + (size_t)c * xs;
+			const float *d = (const float *)xr;
+			const __m256i y = _mm256_loadu_si256((const __m256i *)(xr + qo + (size_t)b * QK));
+			const __m256i p = dot_u8s8_avx2(ax, _mm256_sign_epi8(y, x));
+			acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * d[b]), acc[c]);
+		}
+	}
+	for (int c = 0; c < nx; c++)
+		out[c] = hsum256(acc[c]);
+}
+
 /* the 32 bits of qh as bytes: 0xFF where bit j is set (ggml's bytes_from_bits_32) */
 AVX2_ATTR static inline __m256i bits_avx2(uint32_t qh)
 {
@@ -973,7 +1030,7 @@ static const rt_dot_kernel kernels[][3] = {
 	  { RT_GGML_Q4_0, QK, RT_ISA_AVX2, quant_q8b, dot_q4_0_avx2 },
 	  { RT_GGML_Q4_0, QK, RT_ISA_AVX512, quant_q8b_avx512, dot_q4_0_avx512, rows_q4_0_avx512 } },
 	{ { RT_GGML_Q4_1, QK, RT_ISA_SCALAR, quant_q8b, dot_q4_1_scalar },
-	  { RT_GGML_Q4_1, QK, RT_ISA_AVX2, quant_q8b, dot_q4_1_avx2 },
+	  { RT_GGML_Q4_1, QK, RT_ISA_AVX2, quant_q8b, dot_q4_1_avx2, NULL, xrows_q4_1_avx2 },
 	  { RT_GGML_Q4_1, QK, RT_ISA_AVX512, quant_q8b_avx512, dot_q4_1_avx512, rows_q4_1_avx512 } },
 	{ { RT_GGML_Q5_0, QK, RT_ISA_SCALAR, quant_q8b, dot_q5_0_scalar },
 	  { RT_GGML_Q5_0, QK, RT_ISA_AVX2, quant_q8b, dot_q5_0_avx2 },
@@ -982,7 +1039,7 @@ static const rt_dot_kernel kernels[][3] = {
 	  { RT_GGML_Q5_1, QK, RT_ISA_AVX2, quant_q8b, dot_q5_1_avx2 },
 	  { RT_GGML_Q5_1, QK, RT_ISA_AVX512, quant_q8b_avx512, dot_q5_1_avx2 } },
 	{ { RT_GGML_Q8_0, QK, RT_ISA_SCALAR, quant_q8b, dot_q8_0_scalar },
-	  { RT_GGML_Q8_0, QK, RT_ISA_AVX2, quant_q8b, dot_q8_0_avx2 },
+	  { RT_GGML_Q8_0, QK, RT_ISA_AVX2, quant_q8b, dot_q8_0_avx2, NULL, xrows_q8_0_avx2 },
 	  { RT_GGML_Q8_0, QK, RT_ISA_AVX512, quant_q8b_avx512, dot_q8_0_avx512, rows_q8_0_avx512 } },
 	{ { RT_GGML_Q4_K, QK_K, RT_ISA_SCALAR, quant_q8k, dot_q4_k_scalar },
 	  { RT_GGML_Q4_K, QK_K, RT_ISA_AVX2, quant_q8k, dot_q4_k_avx2 },

@@ -66,6 +66,16 @@ typedef void (*rt_dot_quant_fn)(const float *x, void *xa, int n);
 typedef void (*rt_dot_rows_fn)(const void *w, size_t row_bytes, const void *xa, int n, int nr,
                                float *out);
 
+/* Activation rows kept together by an xrows kernel (rt_dot_xrows_fn). */
+#define RT_DOT_XROWS 4
+
+/* Dots of one weight row w with nx (1..RT_DOT_XROWS) activation rows, row c at
+ * xa + c·xstride bytes: out[c] = Σ_i w_i·x_c,i, each bit for bit the value the kernel's
+ * dot returns for that row alone (the rows only share the decoding of the weight
+ * blocks): a decode step's rows of several sequences (runtime/model/rt_matmul.c). */
+typedef void (*rt_dot_xrows_fn)(const void *w, const void *xa, size_t xstride, int n, int nx,
+                                float *out);
+
 typedef struct rt_dot_kernel {
 	uint32_t wtype;          /* GGUF weight type */
 	int block;               /* values per activation block (1 for F16/F32) */
@@ -73,6 +83,8 @@ typedef struct rt_dot_kernel {
 	rt_dot_quant_fn quant;   /* activation preparation (F16/F32: a copy) */
 	rt_dot_fn dot;
 	rt_dot_rows_fn rows;     /* several rows per call, or NULL (call dot per row) */
+	rt_dot_xrows_fn xrows;   /* several activation rows per call (AVX2 Q4_1 and Q8_0), or
+	                            NULL (call dot per activation row) */
 } rt_dot_kernel;
 
 /* The kernel for weights of type wtype at ISA level isa (clamped to rt_dot_isa_best()), or

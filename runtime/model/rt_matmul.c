@@ -68,6 +68,7 @@ typedef struct mm_job {
 	size_t act_off[4];   /* byte offset of matrix i's quantised rows within each act row */
 	long row0[5];        /* prefix sums of rows (dot path) or tiles (gemm path) */
 	atomic_long next;    /* the dot path's next chunk */
+	int n_dot;           /* rows of X on the dot path (dot_xrows when several) */
 } mm_job;
 
 /* A segment of len rows takes the GEMM path (1) or the dot path (0): by its own size,
@@ -86,6 +87,42 @@ static int which(const long *row0, int n, long g)
 	return i;
 }
 
+/* Rows [r0, r1) of matrix i against every dot-way row of X, RT_DOT_XROWS activation rows
+ * per kernel call (rt_dot_xrows_fn: each output has dot's bits): a decode step's rows of
+ * several sequences share the decoding of each weight block. */
+static void dot_xrows(mm_job *j, int i, long r0, long r1)
+{
+	const size_t st = j->s->act_stride;
+	const rt_wmat *W = j->W[i];
+	const rt_dot_xrows_fn xr = j->k[i]->xrows;
+	const uint8_t *act = j->s->act + j->act_off[i];
+	float *Y = j->Y[i];
+	const int out = W->rows;
+	for (long r = r0; r < r1; r++) {
+		const uint8_t *wr = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
+		int sg = 0, c0 = 0;
+		while (sg < j->nseg) {
+			if (seg_gemm(j, j->len[sg])) {
+				c0 += j->len[sg++];
+				continue;
+			}
+			int c1 = c0; /* a run of consecutive dot-way segments: rows [c0, c1) */
+			while (sg < j->nseg && !seg_gemm(j, j->len[sg]))
+				c1 += j->len[sg++];
+			for (int c = c0; c < c1; c += RT_DOT_XROWS) {
+				const int nx = c1 - c < RT_DOT_XROWS ? c1 - c : RT_DOT_XROWS;
+				float v[RT_DOT_XROWS];
+				xr(wr, act + (size_t)c * st, st, j->in, nx, v);
+				for (int k = 0; k < nx; k++) {
+					float *y = Y + (size_t)(c + k) * out + r;
+					*y = j->accumulate ? *y + v[k] : v[k];
+				}
+			}
+			c0 = c1;
+		}
+	}
+}
+
 /* Rows [lo, hi) of the job's concatenated matrices, every output of X's rows. */
 static void dot_rows(mm_job *j, long lo, long hi)
 {
@@ -99,6 +136,11 @@ static void dot_rows(mm_job *j, long lo, long hi)
 		const uint8_t *act = j->s->act + j->act_off[i];
 		float *Y = j->Y[i];
 		const int out = W->rows;
+		if (!rows && j->k[i]->xrows && j->n_dot > 1) {
+			dot_xrows(j, i, g - j->row0[i], end - j->row0[i]);
+			g = end;
+			continue;
+		}
 		/* RT_DOT_ROWS rows per call where the kernel has a rows form (each row's value is
 		 * the same bits as dot's, so the grouping does not change results) */
 		for (long r = g - j->row0[i], re = end - j->row0[i]; r < re;) {
@@ -221,6 +263,7 @@ static void run(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y, const 
 		dot_rows_n += seg_gemm(&j, len[sg]) ? 0 : len[sg];
 	}
 	RT_ASSERT(C <= s->max_rows);
+	j.n_dot = dot_rows_n;
 	j.nth = rt_pool_threads(p) < s->n_threads ? rt_pool_threads(p) : s->n_threads;
 	for (int i = 0; i < n; i++) {
 		RT_ASSERT(W[i]->cols == j.in);

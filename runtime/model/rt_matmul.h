@@ -6,8 +6,10 @@
  *  - C < RT_MATMUL_GEMM_ROWS (decoding): each row of X is quantised once per call to the
  *    activation blocks rt_dot pairs with W's type, and every output element comes from an
  *    rt_dot kernel (weights read once, in their compressed form, for all such rows; up to
- *    RT_DOT_ROWS weight rows per call where the kernel has a rows form); the threads take
- *    chunks of 64 rows from a shared counter;
+ *    RT_DOT_ROWS weight rows per call where the kernel has a rows form, else, for several
+ *    such rows (a decode step of several sequences), up to RT_DOT_XROWS of them per call
+ *    where it has an xrows form, which decodes each weight block once for all of them);
+ *    the threads take chunks of 64 rows from a shared counter;
  *  - C >= RT_MATMUL_GEMM_ROWS (prefill, GEMM-bound): W is dequantised in tiles of
  *    RT_MATMUL_TILE rows into per-thread f32 scratch and multiplied by OpenBLAS's sgemm,
  *    one call per segment (X stays f32: no activation quantisation).

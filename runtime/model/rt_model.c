@@ -6,6 +6,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1294,6 +1295,59 @@ static void att_job_fn(void *a, int ith, int nth)
 		            f->kvf ? f->kvf + (size_t)ith * f->kvf_stride : NULL);
 }
 
+/* One pool job for the attention of a batch of K sequences at one layer: the K × n_head_kv
+ * (sequence, KV head) pairs taken from a shared counter by the first nt threads (nt: at
+ * most every sequence's n_att), each thread with its own slice of that sequence's scratch.
+ * A decode step of K sequences then costs one job per layer instead of K, and the pairs
+ * spread evenly over the threads (a sequence alone deals its 3 KV heads 2:1 over 2
+ * threads); a head's result does not depend on which thread ran it or when. */
+typedef struct att_batch_job {
+	rt_fwd *const *fs;
+	rt_kv *const *kvs;
+	const fwd_seg *sg;
+	int K, layer, nt;
+	const float *q;
+	float *att;
+	atomic_int next;
+} att_batch_job;
+
+static void att_batch_fn(void *a, int ith, int nth)
+{
+	att_batch_job *j = a;
+	(void)nth;
+	if (ith >= j->nt)
+		return;
+	const rt_model_hparams *hp = &j->fs[0]->m->hp;
+	const int H = hp->n_head_kv, qd = hp->n_head * hp->head_dim;
+	for (;;) {
+		const int i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		if (i >= j->K * H)
+			break;
+		const int s = i / H, h = i % H;
+		rt_fwd *f = j->fs[s];
+		const size_t o = (size_t)j->sg[s].off * qd;
+		attend_head(f, j->kvs[s], j->layer, h, j->sg[s].C, j->sg[s].pos0, j->q + o, j->att + o,
+		            f->qg + (size_t)ith * f->qg_stride, f->og + (size_t)ith * f->qg_stride,
+		            f->s + (size_t)ith * f->s_stride,
+		            f->kvf ? f->kvf + (size_t)ith * f->kvf_stride : NULL);
+	}
+}
+
+/* The threads a batch's attention job may use: 0 when some sequence must attend head
+ * by head on the calling thread (the exact path, one attention slice, an observe hook
+ * not declared parallel-safe), else the fewest attention slices of any of them. */
+static int att_batch_threads(rt_fwd *const *fs, int K)
+{
+	int nt = fs[0]->m->exact ? 0 : rt_pool_threads(fs[0]->m->pool);
+	for (int s = 0; s < K && nt > 1; s++) {
+		const rt_fwd *f = fs[s];
+		if (f->n_att < 2 || (f->observe && !f->observe_parallel))
+			return 0;
+		nt = f->n_att < nt ? f->n_att : nt;
+	}
+	return nt > 1 ? nt : 0;
+}
+
 /* Attention of the C chunk rows for every KV head of one layer: in parallel over the KV
  * heads on the fast path (unless an observe hook that is not declared parallel-safe is
  * set), else head by head in order. */
@@ -1472,12 +1526,15 @@ static void seg_append(rt_fwd *f, rt_kv *kv, int l, int C, int32_t pos0, const f
 
 /* Layer l's attention for every segment, each with its own forward context and cache:
  * the queries before RoPE kept (q_pre, when the forward keeps them), RoPE, the append of
- * its keys and values, attention into its rows of big->att. */
+ * its keys and values, attention into its rows of big->att (for a batch of several, one
+ * pool job over every sequence's heads: att_batch_job). */
 static void layer_attention(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, int K,
                             const fwd_seg *sg, int shared, int l)
 {
 	const rt_model_hparams *hp = &big->m->hp;
 	const int qd = hp->n_head * hp->head_dim, kd = hp->n_head_kv * hp->head_dim;
+	/* a batch: every sequence's keys and values first, then one job for all their heads */
+	const int nt = K > 1 ? att_batch_threads(fs, K) : 0;
 	for (int s = 0; s < K; s++) {
 		rt_fwd *f = fs[s];
 		const int C = sg[s].C, o = sg[s].off;
@@ -1488,7 +1545,14 @@ static void layer_attention(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, i
 		const int t = big->m->layers[l].rope_slot;
 		seg_rope(f, kvs[s], l, C, q, kk, rope_table(shared ? big : f, t));
 		seg_append(f, kvs[s], l, C, sg[s].pos0, kk, vv);
-		attend_layer(f, kvs[s], l, C, sg[s].pos0, q, att);
+		if (!nt)
+			attend_layer(f, kvs[s], l, C, sg[s].pos0, q, att);
+	}
+	if (nt) {
+		att_batch_job j = { .fs = fs, .kvs = kvs, .sg = sg, .K = K, .layer = l, .nt = nt,
+		                    .q = big->q, .att = big->att };
+		atomic_init(&j.next, 0);
+		rt_pool_run(big->m->pool, att_batch_fn, &j);
 	}
 }
 
