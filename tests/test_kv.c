@@ -496,6 +496,80 @@ START_TEST(test_shared_prefix)
 }
 END_TEST
 
+/* Prefix caching (rt_kv_prefix_fork) on the same f16 stores as test_shared_prefix (2 layers x
+ * 3 KV heads, 9/3 GQA, head_dim 64, 8 statistics bytes and 4 bytes of policy state a list):
+ * a store forked from a prefix of 32 rows made when every list held 40 entries holds, array
+ * for array, what the maker's lists held (rows 0..31 through the shared pages, 32..39
+ * copied), and the pool holds its 3 blocks a list less the 32 x 256 row bytes a list it
+ * shares. Refused: a prefix made from lists of different lengths, a store already holding
+ * entries, another statistics size. */
+START_TEST(test_prefix_fork)
+{
+	rt_kvpool pool = { .limit = INT64_MAX };
+	rt_kv a, b, c, ragged, odd;
+	rt_err err = { "" };
+	rt_kv *all[5] = { &a, &b, &c, &ragged, &odd };
+	for (int i = 0; i < 5; i++)
+		ck_assert_int_eq(rt_kv_init_typed(all[i], &pool, RT_KV_F16, 2, 3, 3, 64, 64,
+		                                  i == 4 ? 4 : 8, 4, &err), 0);
+	fill(&a, 40);
+	fill(&ragged, 40);
+	int32_t keep[39];
+	for (int32_t i = 0; i < 39; i++)
+		keep[i] = i;
+	rt_kv_head_keep(&ragged, &ragged.heads[5], keep, 39); /* one list holds 39, the rest 40 */
+	fill(&c, 1);
+	for (int i = 0; i < 6; i++) {
+		a.heads[i].span[5] = 1; /* a protected entry, as a system turn's */
+		a.heads[i].count[36] = 2.0f;
+		memcpy(a.heads[i].state, (uint8_t[4]){ 1, 2, 3, (uint8_t)i }, 4);
+	}
+	const int64_t bb = 16 * (2 * 128 + 4 + 4 + 4 + 2 + 8), kvb = 32 * 256;
+	rt_kv_prefix *px = rt_kv_prefix_make(&a, 32, &err);
+	ck_assert_msg(px != NULL, "%s", err.msg);
+	ck_assert_int_eq(rt_kv_prefix_fork_len(px), 40);
+	ck_assert_int_eq(rt_kv_prefix_fork(&c, px, &err), 0);   /* c holds an entry */
+	ck_assert_int_eq(rt_kv_prefix_fork(&odd, px, &err), 0); /* 4 statistics bytes, not 8 */
+	const int64_t used = rt_kvpool_get(&pool).used;
+	ck_assert_int_eq(rt_kv_prefix_fork(&b, px, &err), 1);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, used + 6 * (3 * bb - kvb));
+	ck_assert_int_eq(rt_kv_prefix_lists(px), 12);
+	ck_assert_int_eq(rt_kv_bytes_held(&b), 6 * 3 * bb);
+	for (int i = 0; i < 6; i++) {
+		const rt_kv_head *x = &a.heads[i], *y = &b.heads[i];
+		ck_assert_int_eq(y->n, 40);
+		ck_assert_ptr_eq(y->px, px);
+		ck_assert(!memcmp(x->kr, y->kr, 40 * 128) && !memcmp(x->vr, y->vr, 40 * 128));
+		ck_assert(!memcmp(x->pos, y->pos, 40 * 4) && !memcmp(x->count, y->count, 40 * 4) &&
+		          !memcmp(x->log_count, y->log_count, 40 * 4) && !memcmp(x->span, y->span, 40 * 2) &&
+		          !memcmp(x->stats, y->stats, 40 * 8) && !memcmp(x->state, y->state, 4));
+		ck_assert_int_eq(y->pos[39], 39);
+		ck_assert_int_eq(y->span[5], 1);
+		ck_assert(y->count[36] == 2.0f);
+		ck_assert_int_eq(y->state[3], i);
+	}
+	/* b's entries past the shared rows are its own: a rewrite there keeps sharing */
+	float k[64] = { 0 };
+	k[0] = 9.0f;
+	rt_kv_set_key(&b, &b.heads[2], 35, k);
+	ck_assert_ptr_eq(b.heads[2].px, px);
+	ck_assert(memcmp(a.heads[2].kr + 35 * 128, b.heads[2].kr + 35 * 128, 128) != 0);
+	rt_kv_prefix *pr = rt_kv_prefix_make(&ragged, 32, &err); /* rows shared, no fork */
+	ck_assert_msg(pr != NULL, "%s", err.msg);
+	ck_assert_int_eq(rt_kv_prefix_fork_len(pr), 0);
+	ck_assert_int_eq(rt_kv_prefix_fork(&odd, pr, &err), 0);
+	rt_kv_prefix_unref(pr);
+	rt_kv_free(&b);
+	ck_assert_int_eq(rt_kv_prefix_lists(px), 6);
+	rt_kv_prefix_unref(px);
+	for (int i = 0; i < 5; i++)
+		if (i != 1)
+			rt_kv_free(all[i]);
+	ck_assert_int_eq(rt_kvpool_get(&pool).used, 0);
+	ck_assert_int_eq(rt_kvpool_get(&pool).blocks, 0);
+}
+END_TEST
+
 static Suite *kv_suite(void)
 {
 	Suite *s = suite_create("kv");
@@ -510,6 +584,7 @@ static Suite *kv_suite(void)
 	tcase_add_test(tc, test_narrow_types);
 	tcase_add_test(tc, test_evict_moves_only_the_tail);
 	tcase_add_test(tc, test_shared_prefix);
+	tcase_add_test(tc, test_prefix_fork);
 	suite_add_tcase(s, tc);
 	return s;
 }

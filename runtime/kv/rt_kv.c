@@ -396,7 +396,45 @@ struct rt_kv_prefix {
 	rt_kvpool *pool;
 	_Atomic int64_t refs;    /* the owner's reference and one per sharing list */
 	_Atomic int64_t lists;   /* lists sharing it */
+	/* what a fork copies (rt_kv_prefix_fork), NULL when the maker's lists held different
+	 * entry counts: per list, the m entries' positions, counts, log counts, spans and
+	 * statistics, the key rows then the value rows of entries [n, m) (not in the memory
+	 * file: they do not fill a page), then the list's policy state (meta_list bytes) */
+	uint8_t *meta;
+	int32_t m;               /* entries every list of the maker held (>= n) */
+	size_t stat_bytes, state_bytes;
 };
+
+/* The per-entry arrays a fork copies whole (every array of an untiered list but the rows). */
+enum { A_META0 = A_POS, A_META1 = A_STATS + 1 };
+
+/* Bytes of one list's snapshot in rt_kv_prefix.meta (m entries, rows from n). */
+static size_t meta_list(const rt_kv *kv, int32_t n, int32_t m)
+{
+	size_t b = kv->state_bytes + 2 * (size_t)(m - n) * kv->row_bytes;
+	for (int a = A_META0; a < A_META1; a++)
+		b += (size_t)m * elem_bytes(kv, a);
+	return b;
+}
+
+/* Copy between list h and its snapshot s (to_list 1: into the list): the first m entries'
+ * metadata, the rows of entries [n, m), the policy state. */
+static void meta_copy(const rt_kv *kv, rt_kv_head *h, uint8_t *s, int32_t n, int32_t m,
+                      int to_list)
+{
+	const size_t rb = kv->row_bytes, tail = (size_t)(m - n) * rb;
+	uint8_t *at[A_META1 - A_META0 + 3]; /* the arrays, the two row tails, the state */
+	size_t len[A_META1 - A_META0 + 3];
+	int k = 0;
+	for (int a = A_META0; a < A_META1; a++, k++)
+		at[k] = array_base(h, a), len[k] = (size_t)m * elem_bytes(kv, a);
+	at[k] = h->kr + (size_t)n * rb, len[k++] = tail;
+	at[k] = h->vr + (size_t)n * rb, len[k++] = tail;
+	at[k] = h->state, len[k++] = kv->state_bytes;
+	for (int i = 0; i < k; s += len[i++])
+		if (len[i])
+			memcpy(to_list ? at[i] : s, to_list ? s : at[i], len[i]);
+}
 
 static int64_t gcd64(int64_t a, int64_t b)
 {
@@ -439,6 +477,7 @@ void rt_kv_prefix_unref(rt_kv_prefix *px)
 	const int64_t nh = (int64_t)px->n_layer * px->n_kv_head;
 	rt_kvpool_adjust(px->pool, -nh * (px->n / RT_KV_BLOCK), -rt_kv_prefix_bytes(px));
 	close(px->fd);
+	free(px->meta);
 	free(px);
 }
 
@@ -560,7 +599,16 @@ rt_kv_prefix *rt_kv_prefix_make(rt_kv *kv, int32_t n, rt_err *err)
 		}
 	*px = (rt_kv_prefix){ .fd = fd, .n = n, .n_layer = kv->n_layer,
 		              .n_kv_head = kv->n_kv_head, .row_bytes = kv->row_bytes,
-		              .pool = kv->pool, .refs = 1 };
+		              .pool = kv->pool, .refs = 1, .stat_bytes = kv->stat_bytes,
+		              .state_bytes = kv->state_bytes };
+	int32_t m = kv->heads[0].n; /* every list holds m entries: a fork can start from them */
+	for (int i = 1; i < nh; i++)
+		m = kv->heads[i].n == m ? m : 0;
+	const size_t ml = m ? meta_list(kv, n, m) : 0;
+	px->meta = m ? malloc((size_t)nh * ml) : NULL;
+	px->m = px->meta ? m : 0;
+	for (int i = 0; px->meta && i < nh; i++)
+		meta_copy(kv, &kv->heads[i], px->meta + (size_t)i * ml, n, m, 0);
 	rt_kvpool_adjust(kv->pool, (int64_t)nh * (n / RT_KV_BLOCK), rt_kv_prefix_bytes(px));
 	if (share_all(kv, px, err) != 0) {
 		rt_kv_prefix_unref(px);
@@ -593,6 +641,42 @@ int rt_kv_prefix_attach(rt_kv *kv, rt_kv_prefix *px, rt_err *err)
 	if (!same)
 		return 0;
 	return share_all(kv, px, err) != 0 ? -1 : 1;
+}
+
+int32_t rt_kv_prefix_fork_len(const rt_kv_prefix *px)
+{
+	return px->m;
+}
+
+int rt_kv_prefix_forkable(const rt_kv *kv, const rt_kv_prefix *px)
+{
+	if (!px->meta || kv->tiered || kv->n_layer != px->n_layer ||
+	    kv->n_kv_head != px->n_kv_head || kv->row_bytes != px->row_bytes ||
+	    kv->stat_bytes != px->stat_bytes || kv->state_bytes != px->state_bytes)
+		return 0;
+	for (int i = 0; i < kv->n_layer * kv->n_kv_head; i++)
+		if (kv->heads[i].n != 0 || kv->heads[i].px || kv->heads[i].cap < px->m)
+			return 0;
+	return 1;
+}
+
+int rt_kv_prefix_fork(rt_kv *kv, rt_kv_prefix *px, rt_err *err)
+{
+	if (!rt_kv_prefix_forkable(kv, px))
+		return 0;
+	if (rt_kv_reserve(kv, px->m, err) != 0)
+		return -1;
+	const int nh = kv->n_layer * kv->n_kv_head;
+	const size_t ml = meta_list(kv, px->n, px->m);
+	for (int i = 0; i < nh; i++) {
+		meta_copy(kv, &kv->heads[i], px->meta + (size_t)i * ml, px->n, px->m, 1);
+		kv->heads[i].n = px->m;
+	}
+	if (share_all(kv, px, err) != 0) {
+		rt_kv_reset(kv); /* empty again: the rows half mapped are dropped */
+		return -1;
+	}
+	return 1;
 }
 
 int rt_kv_shared_lists(const rt_kv *kv)

@@ -293,6 +293,24 @@ rt_kv_prefix *rt_kv_prefix_make(rt_kv *kv, int32_t n, rt_err *err);
  * (nothing changed), -1 with err when a mapping fails (kv then shares nothing). */
 int rt_kv_prefix_attach(rt_kv *kv, rt_kv_prefix *px, rt_err *err);
 
+/* Prefix caching (vLLM's automatic prefix caching, llama-server's prompt cache): start the
+ * empty store kv where the maker of px stood when px was made, without computing it. When
+ * every list of the maker held the same number m >= n of entries then, px keeps a copy of
+ * what those lists held besides the shared rows (rt_kv_prefix_fork_len is m; else 0): the m
+ * entries' positions, counts, log counts, spans and policy statistics, the key and value
+ * rows of entries [n, m) (less than a page: not shared) and the list's policy state
+ * (h->state). A fork gives every list of kv those m entries: rows [0, n) shared, the rest
+ * copied, so kv is then, array for array, the maker's store at that moment. Possible
+ * (rt_kv_prefix_forkable) when kv has px's shape, statistics and state sizes, a capacity of
+ * at least m, and every list empty and unshared. Returns 1 when kv forked, 0 when it cannot
+ * (nothing changed), -1 with err when the pool refuses the entries' blocks ("KV pool
+ * exhausted: ...") or a mapping fails (kv is then empty again). The caller moves the
+ * sequence's own state (tokens seen, counters) to the maker's: runtime/policy/rt_seq.h
+ * rt_seq_fork. */
+int32_t rt_kv_prefix_fork_len(const rt_kv_prefix *px);
+int rt_kv_prefix_forkable(const rt_kv *kv, const rt_kv_prefix *px);
+int rt_kv_prefix_fork(rt_kv *kv, rt_kv_prefix *px, rt_err *err);
+
 /* Drop one reference; the last frees the segment and gives its blocks back to the pool. */
 void rt_kv_prefix_unref(rt_kv_prefix *px);
 

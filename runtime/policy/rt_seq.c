@@ -388,6 +388,40 @@ void rt_seq_reset(rt_seq *s, int64_t prompt_len)
 		s->dev.reset(s->dev.state);
 }
 
+rt_seq_mark rt_seq_mark_get(const rt_seq *s)
+{
+	const struct kvp_ctx *c = &s->run.ctx;
+	return (rt_seq_mark){ .seen = c->seen, .compress_count = c->compress_count,
+		              .last_compress_seen = c->last_compress_seen,
+		              .compressions = s->run.compressions, .phase = c->phase,
+		              .prompt_done = c->prompt_done, .notes = s->run.notes,
+		              .cur_span = s->cur_span, .st = s->st };
+}
+
+int rt_seq_fork(rt_seq *s, rt_kv_prefix *px, const rt_seq_mark *mk, rt_err *err)
+{
+	if (s->run.ctx.seen != 0 || s->dev.forward ||
+	    (s->p->needs & (KVP_NEED_TRACE | KVP_NEED_REPLAY)) ||
+	    s->rot_idx || mk->seen != rt_kv_prefix_fork_len(px))
+		return 0;
+	const int rc = rt_kv_prefix_fork(&s->kv, px, err);
+	if (rc != 1)
+		return rc;
+	struct kvp_ctx *c = &s->run.ctx;
+	c->seen = mk->seen;
+	c->phase = mk->phase;
+	c->prompt_done = mk->prompt_done;
+	c->compress_count = mk->compress_count;
+	c->last_compress_seen = mk->last_compress_seen;
+	s->run.compressions = mk->compressions;
+	s->run.notes = mk->notes;
+	s->cur_span = mk->cur_span;
+	s->st = mk->st;
+	s->st.seconds = 0;
+	s->st.policy_seconds = 0;
+	return 1;
+}
+
 /* rt_run's compress hook of a sequence on a device. */
 static int seq_dev_compress(void *user, struct kvp_ctx *ctx, rt_kv *kv, rt_err *err)
 {

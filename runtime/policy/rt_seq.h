@@ -183,6 +183,34 @@ const char *rt_seq_device(const rt_seq *s);
  * replay has its prompt buffers sized for the new length here (rt_replay_reserve). */
 void rt_seq_reset(rt_seq *s, int64_t prompt_len);
 
+/* Prefix caching: where a sequence stands after its first tokens, besides its store (the
+ * tokens seen, the phase, the policy's compress counters and notes, the counters of
+ * rt_seq_stats, the current span), so that another sequence can start there
+ * (rt_seq_fork). */
+typedef struct rt_seq_mark {
+	int64_t seen, compress_count, last_compress_seen, compressions;
+	enum kvp_phase phase;
+	int prompt_done;
+	unsigned notes;
+	uint16_t cur_span;
+	rt_seq_stats st;
+} rt_seq_mark;
+
+rt_seq_mark rt_seq_mark_get(const rt_seq *s);
+
+/* Start the fresh sequence s (nothing fed, on the CPU, its policy without a prompt trace, a
+ * context replay or compacted positions: they record the prompt's tokens) where the
+ * sequence that made px stood when it was made (mk: its rt_seq_mark then, mk->seen equal to
+ * rt_kv_prefix_fork_len(px)): its store forks px (rt_kv_prefix_fork: the rows shared, the
+ * entries' metadata and policy state copied) and its run state and counters become mk's,
+ * but for the time counters (zero: s spent none). So s is then in the state an unshared run
+ * of the same policy, parameters and chunks reaches after those tokens, bit for bit,
+ * without computing them. The caller must give s the same policy, parameters, ratio,
+ * floor, prefill chunk and tokens as the maker (for a compressing policy also its prompt
+ * length: its budgets follow it). Returns 1 when s forked, 0 when it cannot (nothing
+ * changed), -1 with err (rt_kv_prefix_fork's errors). */
+int rt_seq_fork(rt_seq *s, rt_kv_prefix *px, const rt_seq_mark *mk, rt_err *err);
+
 /* Protected spans (`keep span NAME` in a policy, docs/language.md): names[1..n] name
  * span ids 1..n (names[0] is unused; the array must outlive the sequence), n <= 65535.
  * rt_seq_span(s, id) gives every entry appended afterwards span id `id` (0 = none) until

@@ -454,6 +454,18 @@ static void metric(char **b, size_t *l, size_t *cp, const char *name, const char
 	buf_add(b, l, cp, t, (size_t)n);
 }
 
+/* One row of /metrics: a gauge or counter without labels. */
+typedef struct metric_row {
+	const char *name, *type, *help;
+	double v;
+} metric_row;
+
+static void metric_rows(char **b, size_t *l, size_t *cp, const metric_row *r, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		metric(b, l, cp, r[i].name, r[i].type, r[i].help, r[i].v);
+}
+
 /* kvpc_requests_total{endpoint, status} (S->mu held). */
 static void metric_requests(const srv *S, char **b, size_t *l, size_t *cp)
 {
@@ -504,48 +516,52 @@ static enum MHD_Result serve_metrics(srv *S, struct MHD_Connection *c, conn *cc)
 	size_t l = 0, cp = 0;
 	rt_kvpool_stats ps = rt_kvpool_get(rt_kvpool_process());
 	pthread_mutex_lock(&S->mu);
-	metric(&b, &l, &cp, "kvpc_pool_bytes_total", "gauge", "KV pool size (--kv-memory), bytes",
-	       (double)S->cfg->kv_memory);
-	metric(&b, &l, &cp, "kvpc_pool_bytes_in_use", "gauge", "KV pool bytes held by sequences",
-	       (double)ps.used);
-	metric(&b, &l, &cp, "kvpc_pool_bytes_reserved", "gauge",
-	       "worst-case KV bytes reserved by admitted requests", (double)S->reserved);
-	metric(&b, &l, &cp, "kvpc_pool_blocks_in_use", "gauge", "KV pool blocks held",
-	       (double)ps.blocks);
-	metric(&b, &l, &cp, "kvpc_kv_entries_in_use", "gauge",
-	       "KV entries held by the active sequences", (double)S->entries_now);
-	metric(&b, &l, &cp, "kvpc_kv_bytes_in_use", "gauge",
-	       "key and value bytes the active sequences hold, as stored", (double)S->kv_bytes_now);
-	metric(&b, &l, &cp, "kvpc_kv_f16_bytes", "gauge",
-	       "key and value bytes of f16 full caches of the active sequences' tokens",
-	       (double)S->f16_bytes_now);
-	metric(&b, &l, &cp, "kvpc_kv_bytes_compression", "gauge",
-	       "kvpc_kv_f16_bytes / kvpc_kv_bytes_in_use (0 with no active sequence)",
-	       S->kv_bytes_now > 0 ? (double)S->f16_bytes_now / (double)S->kv_bytes_now : 0);
-	metric(&b, &l, &cp, "kvpc_step_pool_bytes_in_use", "gauge",
-	       "kvpc_pool_bytes_in_use at the end of the last step", (double)S->pool_used_now);
-	metric(&b, &l, &cp, "kvpc_step_kv_bytes_held", "gauge",
-	       "pool bytes the active sequences' lists would hold unshared, at the end of the last "
-	       "step", (double)S->kv_held_now);
-	metric(&b, &l, &cp, "kvpc_prefix_segments", "gauge", "shared prompt prefixes held",
-	       S->n_pfx);
-	metric(&b, &l, &cp, "kvpc_prefix_bytes", "gauge",
-	       "key and value bytes of the shared prefixes, counted once in the pool",
-	       (double)S->pfx_bytes_now);
-	metric(&b, &l, &cp, "kvpc_prefix_bytes_saved", "gauge",
-	       "pool bytes the sequences sharing prefixes do not hold twice",
-	       (double)S->pfx_saved_now);
-	metric(&b, &l, &cp, "kvpc_prefix_sequences", "gauge",
-	       "active sequences sharing a prompt prefix", (double)S->pfx_seqs_now);
-	metric(&b, &l, &cp, "kvpc_prefix_shared_total", "counter",
-	       "sequences that shared a prompt prefix", (double)S->pfx_shared);
-	metric(&b, &l, &cp, "kvpc_prefix_differed_total", "counter",
-	       "sequences whose prefix rows differed from the shared copy's (kept their own)",
-	       (double)S->pfx_differ);
-	metric(&b, &l, &cp, "kvpc_sequences_active", "gauge", "sequences being decoded or prefilled",
-	       S->n_active);
-	metric(&b, &l, &cp, "kvpc_sequences_queued", "gauge", "requests waiting for admission",
-	       S->n_queued);
+	const int64_t kvb = S->kv_bytes_now;
+	const metric_row rows[] = {
+		{ "kvpc_pool_bytes_total", "gauge", "KV pool size (--kv-memory), bytes",
+		  (double)S->cfg->kv_memory },
+		{ "kvpc_pool_bytes_in_use", "gauge", "KV pool bytes held by sequences", (double)ps.used },
+		{ "kvpc_pool_bytes_reserved", "gauge",
+		  "worst-case KV bytes reserved by admitted requests (a shared prefix's rows once)",
+		  (double)S->reserved },
+		{ "kvpc_pool_blocks_in_use", "gauge", "KV pool blocks held", (double)ps.blocks },
+		{ "kvpc_kv_entries_in_use", "gauge", "KV entries held by the active sequences",
+		  (double)S->entries_now },
+		{ "kvpc_kv_bytes_in_use", "gauge",
+		  "key and value bytes the active sequences hold, as stored", (double)kvb },
+		{ "kvpc_kv_f16_bytes", "gauge",
+		  "key and value bytes of f16 full caches of the active sequences' tokens",
+		  (double)S->f16_bytes_now },
+		{ "kvpc_kv_bytes_compression", "gauge",
+		  "kvpc_kv_f16_bytes / kvpc_kv_bytes_in_use (0 with no active sequence)",
+		  kvb > 0 ? (double)S->f16_bytes_now / (double)kvb : 0 },
+		{ "kvpc_step_pool_bytes_in_use", "gauge",
+		  "kvpc_pool_bytes_in_use at the end of the last step", (double)S->pool_used_now },
+		{ "kvpc_step_kv_bytes_held", "gauge",
+		  "pool bytes the active sequences' lists would hold unshared, at the end of the "
+		  "last step", (double)S->kv_held_now },
+		{ "kvpc_prefix_segments", "gauge", "shared prompt prefixes held", S->n_pfx },
+		{ "kvpc_prefix_bytes", "gauge",
+		  "key and value bytes of the shared prefixes, counted once in the pool",
+		  (double)S->pfx_bytes_now },
+		{ "kvpc_prefix_bytes_saved", "gauge",
+		  "pool bytes the sequences sharing prefixes do not hold twice",
+		  (double)S->pfx_saved_now },
+		{ "kvpc_prefix_sequences", "gauge", "active sequences sharing a prompt prefix",
+		  (double)S->pfx_seqs_now },
+		{ "kvpc_prefix_shared_total", "counter", "sequences that shared a prompt prefix",
+		  (double)S->pfx_shared },
+		{ "kvpc_prefix_differed_total", "counter",
+		  "sequences whose prefix rows differed from the shared copy's (kept their own)",
+		  (double)S->pfx_differ },
+		{ "kvpc_prefix_skipped_tokens_total", "counter",
+		  "prompt tokens not prefilled: their sequences forked a shared prefix",
+		  (double)S->pfx_skipped },
+		{ "kvpc_sequences_active", "gauge", "sequences being decoded or prefilled",
+		  S->n_active },
+		{ "kvpc_sequences_queued", "gauge", "requests waiting for admission", S->n_queued },
+	};
+	metric_rows(&b, &l, &cp, rows, sizeof rows / sizeof *rows);
 	metric_requests(S, &b, &l, &cp);
 	metric(&b, &l, &cp, "kvpc_requests_rejected_total", "counter",
 	       "requests refused with 503 (queue full or draining)", (double)S->rejected);

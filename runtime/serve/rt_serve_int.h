@@ -114,6 +114,8 @@ typedef struct req {
 	int share_tried;             /* its shared prefix was looked up (rt_serve_prefix.c) */
 	int no_share;                /* kv.share_prefix false: it never shares its prefix */
 	int32_t shared;              /* prompt tokens whose keys and values it shares, 0: none */
+	int32_t skipped;             /* prompt tokens it did not prefill: it forked a shared
+	                                prefix (rt_serve_prefix.c) */
 	double byte_ratio_used;
 	double *params;
 	pthread_cond_t cv;
@@ -162,6 +164,7 @@ struct srv {
 	int n_pfx, cap_pfx;
 	int64_t pfx_shared, pfx_differ;     /* sequences that shared a prefix; that found one
 	                                       whose rows differed from theirs */
+	int64_t pfx_skipped;                /* prompt tokens not prefilled: forked prefixes */
 	int64_t pfx_bytes_now, pfx_saved_now, pfx_seqs_now; /* after a step: the prefixes'
 	                                       bytes (counted once in the pool), the bytes the
 	                                       sequences sharing them do not hold twice, those
@@ -256,6 +259,11 @@ int srv_err_status(const rt_err *e);
 void *srv_scheduler(void *arg); /* the scheduler thread (arg: the srv) */
 
 /* rt_serve_prefix.c (S->mu held, the scheduler thread) */
+int64_t srv_prefix_discount(const srv *S, const req *r); /* footprint bytes r would not
+                                        need now: a prefix it could fork, counted once */
+int srv_prefix_start(srv *S, req *r); /* before r's first prompt chunk: fork a prefix (r
+                                        skips its prefill); 1: r waits, an earlier request
+                                        is computing the prefix it would fork */
 void srv_prefix_step(srv *S, req *r); /* after a step that fed r's prompt: share its prefix */
 void srv_prefix_sweep(srv *S);        /* drop prefixes no list shares; the pool gauges */
 void srv_prefix_free(srv *S);

@@ -116,6 +116,7 @@ json_t *srv_kv_obj(const srv *S, const req *r)
 	json_object_set_new(k, "prefill_chunk", json_integer(r->prefill_chunk));
 	json_object_set_new(k, "prompt_steps", json_integer(r->prompt_steps));
 	json_object_set_new(k, "prefix_shared_tokens", json_integer(r->shared));
+	json_object_set_new(k, "prefix_skipped_tokens", json_integer(r->skipped));
 	json_object_set_new(k, "entries_evicted", json_integer(r->evicted));
 	json_object_set_new(k, "system_tokens", json_integer(r->n_system));
 	json_object_set_new(k, "pinned_tokens", json_integer(r->n_pinned));
@@ -310,7 +311,8 @@ static void admit(srv *S)
 	const int64_t limit = S->cfg->kv_memory;
 	while (S->qhead && S->n_active < S->cfg->max_seqs) {
 		req *r = S->qhead;
-		if (!r->cancelled && S->reserved + r->footprint > limit)
+		/* a prefix r can fork now counts once: r reserves the rest (rt_serve_prefix.c) */
+		if (!r->cancelled && S->reserved + r->footprint - srv_prefix_discount(S, r) > limit)
 			break;
 		S->qhead = r->next_q;
 		if (!S->qhead)
@@ -323,6 +325,7 @@ static void admit(srv *S)
 		r->state = RQ_ACTIVE;
 		S->reserved += r->footprint;
 		S->active[S->n_active++] = r;
+		srv_prefix_start(S, r);
 	}
 }
 
@@ -423,7 +426,8 @@ static int32_t prompt_chunk(req *r, int32_t n, const srv *S, int64_t *slack)
  * the prompts in arrival order, each a chunk of up to its chunk_max tokens within one
  * protected span (prompt_chunk), so the oldest prompt takes as many rows as it can and a
  * younger one starts only with the rows it leaves (docs/serving.md, "Continuous
- * batching"). Returns K. */
+ * batching"). A prompt not yet started first forks a shared prefix, or waits for the one
+ * an earlier request is computing (srv_prefix_start). Returns K. */
 static int plan_step(srv *S)
 {
 	const int R = S->cfg->step_rows;
@@ -438,6 +442,8 @@ static int plan_step(srv *S)
 				continue;
 			int n = 1;
 			if (!dec) {
+				if (srv_prefix_start(S, r))
+					continue; /* the prefix it will fork is being computed */
 				int64_t run = 1;
 				while (r->fed + run < r->n_prompt && r->span[r->fed + run] == r->span[r->fed])
 					run++;

@@ -26,9 +26,12 @@ the chat row's is 1.5x that of 4 requests, so that the full cache runs several a
 they share the system prompt.
 
 The chat row's kvrt lines also give the shared system prompt's figures from /metrics
-(docs/serving.md, "Shared prefixes"): the sequences that held it in a shared prefix (the
-first one of a run makes it), the most at once, and the most pool bytes sharing saved at
-once (kvpc_prefix_bytes_saved; the prefix counted once).
+(docs/serving.md, "Shared prefixes and prefix caching"): the sequences that held it in a
+shared prefix (the first one of a run makes it), the most at once, the most pool bytes
+sharing saved at once (kvpc_prefix_bytes_saved; the prefix counted once), and the prompt
+tokens prefilled and skipped (forked from the prefix); the chat row also runs the full
+cache with kv.share_prefix false ("prefix not shared"), the peer the sharing is measured
+against.
 
 Usage: bench_serve.py BIN MODEL   (BIN built by kvpc with h2o and tova_tiers)
 Environment: BENCH_ROWS, BENCH_SERVERS (above), BENCH_CLIENTS, BENCH_PROMPT, BENCH_GEN
@@ -63,6 +66,7 @@ ROWS = {"prefill": (1, 2048, 1, 0), "decode": (8, 2048, 256, 0), "chat": (16, 20
 MEM_SEQS = {"chat": 4}
 # name: label, policy, kv fields of the request
 SERVERS = {"full": ("kvrt full", "full", {}),
+           "full_noshare": ("kvrt full, prefix not shared", "full", {"share_prefix": False}),
            "h2o": ("kvrt h2o x8", "h2o", {"ratio": 8}),
            "tova_tiers": ("kvrt tova_tiers x8 bytes", "tova_tiers", {"byte_ratio": 8})}
 
@@ -258,6 +262,8 @@ def kvrt_row(row, key, mem):
     if row.system:
         r["shared"] = metric(port, "kvpc_prefix_shared_total") or 0
         r["differed"] = metric(port, "kvpc_prefix_differed_total") or 0
+        r["skipped"] = metric(port, "kvpc_prefix_skipped_tokens_total") or 0
+        r["prefilled"] = metric(port, "kvpc_prompt_tokens_total") or 0
     p.send_signal(signal.SIGKILL if r["done"] < row.n else signal.SIGTERM)
     p.wait()
     return r
@@ -330,6 +336,8 @@ def prefill_rates(rows):
 
 def run_row(row, servers):
     keys = [k for k in servers if k in SERVERS]
+    if row.system and "full" in keys and "full_noshare" not in keys:  # the peer of sharing
+        keys.insert(keys.index("full") + 1, "full_noshare")
     fp = footprints(row, keys + ([] if "full" in keys else ["full"]))
     k = MEM_SEQS.get(row.name, 1)
     mem = mem_bytes(MEM) if MEM != "auto" else int(1.5 * k * fp["full"])
@@ -364,11 +372,13 @@ def run_row(row, servers):
         if "shared" in r:
             print("%s: %d of %d sequences held the system prompt's keys and values in a shared "
                   "prefix (%d differed and kept their own), at most %d at once; the prefix "
-                  "%.1f MiB counted once, sharing saved at most %.1f MiB of pool at once" % (
+                  "%.1f MiB counted once, sharing saved at most %.1f MiB of pool at once; "
+                  "%d prompt tokens prefilled, %d skipped (forked from a shared prefix)" % (
                       name, r["shared"], row.n, r["differed"],
                       r["most"]["kvpc_prefix_sequences"],
                       r["most"]["kvpc_prefix_bytes"] / 1048576.0,
-                      r["most"]["kvpc_prefix_bytes_saved"] / 1048576.0))
+                      r["most"]["kvpc_prefix_bytes_saved"] / 1048576.0,
+                      r["prefilled"], r["skipped"]))
     if why:
         print("\nllama-server skipped: %s" % why)
     if row.name == "prefill":

@@ -214,24 +214,31 @@ SHARED_USERS = ["When was the lighthouse built?", "Who kept the harbour records?
 
 def shared_prefix(port, ref_full):
     """Requests that start with the same protected tokens (one system prompt) share their key
-    and value rows (docs/serving.md, "Shared prefixes"): three chat requests sent together,
-    under the full cache and under h2o_pinned x2 (keep span system; fixed prefill chunks), give token for token
-    the answers each gives alone with kv.share_prefix false (an unshared run: its
+    and value rows, and a request that finds them in the pool skips their prefill
+    (docs/serving.md, "Shared prefixes"): three chat requests sent together, under the full
+    cache and under h2o_pinned x2 (keep span system; fixed prefill chunks), give token for
+    token the answers each gives alone with kv.share_prefix false (an unshared run: its
     prefix_shared_tokens is 0) and, for the full cache, `run --chat --system`'s (ref_full:
-    the first user turn). At least two of the three share (a sequence whose prompt was
-    computed beside other rows may hold rows that differ in the last bits: it keeps its own). While they run, /metrics counts the prefix once: in one
-    step's snapshot the pool holds the sequences' own bytes less (sharers - 1) copies of the
-    prefix, whose bytes are hand-computed: 30 layers x 3 KV heads x P entries x 2 rows of 64
-    f16 values (256 bytes), P = the system turn's tokens cut to a multiple of 32 (a 4096-byte
-    page of 128-byte rows, two 16-entry blocks)."""
+    the first user turn). All three share P tokens' rows: the first to arrive computes them,
+    the other two wait for it and start from its store and state where its first prompt step
+    at or past P ended (the system turn's end under the full cache), so each reports those
+    tokens skipped, as /metrics does; under h2o_pinned only a request with the
+    prompt length of an earlier one starts from its state (a compressing policy's budget
+    follows the prompt length), the others compute their own prefix, each its own copy. While they run, /metrics counts the prefix
+    once: in one step's snapshot the pool holds the sequences' own bytes less (sharers -
+    prefixes) copies of a prefix, whose bytes are hand-computed: 30 layers x 3 KV heads x P entries
+    x 2 rows of 64 f16 values (256 bytes), P = the system turn's tokens cut to a multiple of
+    32 (a 4096-byte page of 128-byte rows, two 16-entry blocks). Returns (the first user
+    turn's prompt tokens, P)."""
     sysmsg, users = SHARED_SYS, SHARED_USERS
     # h2o_pinned's chunks are fixed (kv.prefill_chunk): a per-step policy's answer depends
     # on its chunk sizes, which otherwise follow the load (docs/serving.md)
+    n_prompt = P = -1
     for kv in ({"policy": "full"}, {"policy": "h2o_pinned", "ratio": 2, "prefill_chunk": PREFILL}):
         def ask(u, share=True):
             return post(port, "/v1/chat/completions", {"messages": [
                 {"role": "system", "content": sysmsg}, {"role": "user", "content": u}],
-                "max_tokens": 24, "temperature": 0, "kv": dict(kv, share_prefix=share)}, timeout=120)
+                "max_tokens": 24, "temperature": 0, "kv": dict(kv, share_prefix=share)}, timeout=300)
         alone = [ask(u, False) for u in users]
         snaps = []
         stop = threading.Event()
@@ -243,6 +250,7 @@ def shared_prefix(port, ref_full):
                 if g.get("kvpc_prefix_sequences", 0) >= 2:
                     snaps.append(g)
                 time.sleep(0.01)
+        skipped0 = count(port, "kvpc_prefix_skipped_tokens_total")
         w = threading.Thread(target=watch)
         w.start()
         with cf.ThreadPoolExecutor(3) as ex:
@@ -251,26 +259,91 @@ def shared_prefix(port, ref_full):
         w.join()
         ok = all(a[0] == 200 for a in alone + together)
         texts = lambda rs: [r[1]["choices"][0]["message"]["content"] if r[0] == 200 else r for r in rs]
-        shared = [r[1]["kv"]["prefix_shared_tokens"] for r in together] if ok else []
+        kvs = lambda rs, k: [r[1]["kv"][k] for r in rs] if ok else []
         P = alone[0][1]["kv"]["system_tokens"] // 32 * 32 if ok else -1
-        check(ok and texts(together) == texts(alone) and
-              [r[1]["kv"]["prefix_shared_tokens"] for r in alone] == [0, 0, 0] and
-              shared.count(P) >= 2 and P >= 64,
-              "%s: a shared system prompt (%d tokens shared of %s) answers as unshared runs: %s" %
-              (kv["policy"], P, shared, texts(together)))
+        n_prompt = alone[0][1]["usage"]["prompt_tokens"] if ok else -1
+        # a compressing policy's state after the prefix follows the prompt's length (its
+        # budget): only a request with the same length starts from another's
+        makers = 1 if kv["policy"] == "full" else len({r[1]["usage"]["prompt_tokens"] for r in alone}) if ok else 0
+        # a fork starts where its maker's first prompt step at or past P ended: under the
+        # full cache (chunks of up to the step's rows within one span) the system turn's end
+        n_sys = alone[0][1]["kv"]["system_tokens"] if ok else -1
+        skipped = sorted(kvs(together, "prefix_skipped_tokens"))
+        forks = skipped[makers:]
+        check(ok and texts(together) == texts(alone) and kvs(alone, "prefix_shared_tokens") == [0, 0, 0] and
+              kvs(alone, "prefix_skipped_tokens") == [0, 0, 0] and
+              kvs(together, "prefix_shared_tokens") == [P] * 3 and P >= 64 and
+              skipped[:makers] == [0] * makers and len(set(forks)) == 1 and
+              (forks[0] == n_sys if kv["policy"] == "full" else P <= forks[0] <= n_sys) and
+              count(port, "kvpc_prefix_skipped_tokens_total") - skipped0 == sum(forks),
+              "%s: a shared system prompt (%d tokens shared of %s, skipped %s) answers as unshared runs: %s" %
+              (kv["policy"], P, kvs(together, "prefix_shared_tokens"),
+               kvs(together, "prefix_skipped_tokens"), texts(together)))
         if kv["policy"] == "full" and ref_full is not None:
             check(ok and texts(alone)[0] == ref_full,
                   "full: the lone chat answer is `run --chat --system`'s: %r vs %r" % (texts(alone)[0], ref_full))
         seg = 30 * 3 * P * 256
-        good = [g for g in snaps if g["kvpc_prefix_bytes"] == seg and
-                g["kvpc_prefix_bytes_saved"] == (g["kvpc_prefix_sequences"] - 1) * seg and
+        good = [g for g in snaps if g["kvpc_prefix_bytes"] == g["kvpc_prefix_segments"] * seg and
+                g["kvpc_prefix_bytes_saved"] == (g["kvpc_prefix_sequences"] - g["kvpc_prefix_segments"]) * seg and
                 g["kvpc_step_pool_bytes_in_use"] == g["kvpc_step_kv_bytes_held"] - g["kvpc_prefix_bytes_saved"]]
         check(snaps and len(good) == len(snaps),
-              "%s: /metrics counts the shared prefix (%d bytes) once in the pool: %d of %d snapshots, e.g. %s" %
+              "%s: /metrics counts each shared prefix (%d bytes) once in the pool: %d of %d snapshots, e.g. %s" %
               (kv["policy"], seg, len(good), len(snaps), snaps[-1] if snaps else None))
-    check(wait_freed(port) is not None and metric(port, "kvpc_prefix_segments") == 0,
-          "every block and shared prefix is back when the requests end")
+    check(wait_freed(port) is not None and metric(port, "kvpc_prefix_segments") == 0 and
+          metric(port, "kvpc_pool_bytes_reserved") == 0,
+          "every block, reservation and shared prefix is back when the requests end")
+    return n_prompt, P
 
+
+def shared_admission(trace, n_prompt, P):
+    """Admission counts a shared prefix once under the full cache: four requests with one
+    system prompt and user turn (n_prompt tokens, P shared) and max_tokens T on a pool
+    that holds one unshared footprint F but not two, where F = ceil((n_prompt + T) / 16)
+    blocks x 90 lists x 4320 bytes (a block: 16 entries of a 128-byte f16 key row and value
+    row, a 4-byte position, count and log count, a 2-byte span), and the prefix's rows are
+    S = 90 x P x 256 bytes. Unshared, one runs at a time; shared, the first reserves F (its
+    own rows less the prefix, and the prefix once) and each later one F - S, so three run at
+    once (3F - 2S fits, 4F - 3S does not), and while three run the server reserves exactly
+    3F - 2S. The answers are the same either way."""
+    T = 32
+    F = -(-(n_prompt + T) // 16) * 90 * 4320
+    S = 90 * P * 256
+    mem = 3 * F - 2 * S + 65536
+    assert 2 * F > mem and 4 * F - 3 * S > mem
+    srv, port = start(trace, kv_memory=str(mem), max_seqs=8, queue=8)
+    try:
+        for share in (True, False):
+            seen = []
+            stop = threading.Event()
+
+            def watch():
+                while not stop.is_set():
+                    _, t = get(port, "/metrics")  # one scrape: the two figures together
+                    g = dict(re.findall(r"^(kvpc_sequences_active|kvpc_pool_bytes_reserved) (\S+)$", t, re.M))
+                    seen.append((float(g["kvpc_sequences_active"]), float(g["kvpc_pool_bytes_reserved"])))
+                    time.sleep(0.01)
+            w = threading.Thread(target=watch)
+            w.start()
+            body = {"messages": [{"role": "system", "content": SHARED_SYS},
+                                 {"role": "user", "content": SHARED_USERS[0]}],
+                    "max_tokens": T, "temperature": 0, "kv": {"policy": "full", "share_prefix": share}}
+            with cf.ThreadPoolExecutor(4) as ex:
+                rs = list(ex.map(lambda _: post(port, "/v1/chat/completions", body, timeout=300), range(4)))
+            stop.set()
+            w.join()
+            texts = [r[1]["choices"][0]["message"]["content"] if r[0] == 200 else r for r in rs]
+            most = max(a for a, _ in seen)
+            at_most = sorted({r for a, r in seen if a == most})
+            want = (3, [3 * F - 2 * S]) if share else (1, [F])
+            check(all(r[0] == 200 for r in rs) and len(set(texts)) == 1 and (most, at_most) == want,
+                  "a %d-byte pool, footprint %d, prefix %d: %s, at most %d requests ran at once "
+                  "(want %d) reserving %s (want %s): %s" %
+                  (mem, F, S, "shared" if share else "unshared", most, want[0], at_most, want[1], texts[0]))
+        check(wait_freed(port) is not None and metric(port, "kvpc_pool_bytes_reserved") == 0,
+              "the small pool's blocks and reservations are back")
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        srv.wait(timeout=20)
 
 
 def raw_request(port, body):
@@ -366,6 +439,7 @@ def main():
         openai = None
         print("SERVE_QUICK=1: no `run` references, no openai client")
     trace = tempfile.mktemp(suffix=".jsonl")
+    n_shared_prompt = P_shared = -1
     srv, port = start(trace)
     t_start = time.time()
     base = "http://127.0.0.1:%d/v1" % port
@@ -667,11 +741,7 @@ def main():
         metrics_ops(port)
         order_ids = [(kv, prefill_order(port, filler, kv))
                      for kv in ({"policy": "full"}, {"policy": "h2o", "ratio": 8})]
-        if QUICK:  # sharing needs the three requests to overlap, which the sanitized server's
-            # speed leaves to timing (seen: one of three shared); the plain pass checks it
-            print("SERVE_QUICK=1: shared prefixes are checked in the plain pass")
-        else:
-            shared_prefix(port, ref_shared)
+        n_shared_prompt, P_shared = shared_prefix(port, ref_shared)
         cancelled0, gone0 = count(port, "kvpc_requests_cancelled_total"), req_count(port, "/v1/completions", 499)
         # a client that disconnects mid-stream frees its sequence at once (2000 tokens to
         # go: without the disconnect it would run for many seconds)
@@ -753,6 +823,8 @@ def main():
     check(rc == 0, "SIGTERM drains and exits 0 (rc %s)" % rc)
     queue_full(trace + ".small", prompt, ref_full)
     prefill_fallback(trace + ".small", story, None if QUICK else ref_chunked)
+    if n_shared_prompt > 0:
+        shared_admission(trace + ".small", n_shared_prompt, P_shared)
     os.unlink(trace + ".small")
     lines = [json.loads(l) for l in open(trace)]
     check(len(lines) > 10 and all(k in lines[0] for k in ("id", "policy", "params", "prompt_tokens",
