@@ -124,6 +124,7 @@ test: $(TEST_BINS) $(B)/tests/serve_bin random-models
 	@$(PYTHON) tests/serve/test_serve.py $(B)/tests/serve_bin $(MODEL)
 	@$(PYTHON) tests/serve/test_serve_gemma.py $(B)/tests/serve_bin $(GEMMA)
 	@$(PYTHON) tests/results/test_doc_rule.py $(B) $(MODEL)
+	@$(PYTHON) scripts/calibrate/kvzap_train.py --synthetic
 
 # the serving tests' binary: two library policies and one that keeps the pinned span
 $(B)/tests/serve_bin: $(B)/kvpc $(B)/libkvrt.a policies/h2o.kvp policies/snapkv.kvp tests/serve/h2o_pinned.kvp
@@ -372,8 +373,9 @@ POLICY_KVPS := $(sort $(wildcard policies/*.kvp))
 POLICY_CS   := $(POLICY_KVPS:policies/%.kvp=$(B)/gen/policies/%.c)
 POLICY_OBJS := $(POLICY_CS:.c=.o) $(if $(POLICY_KVPS),$(B)/gen/policies/registry.o)
 
-# head_score("FILE") bakes a policies/*.heads file into the generated C (docs/language.md 7.10)
-$(B)/gen/policies/%.c: policies/%.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/policy/rt_policy.h $(wildcard policies/*.heads)
+# head_score("FILE") and linear_score("FILE") bake a policies/*.heads or *.kvzap file into the
+# generated C (docs/language.md 7.12, 7.13)
+$(B)/gen/policies/%.c: policies/%.kvp $(B)/kvpc $(wildcard kernels/*.h) runtime/policy/rt_policy.h $(wildcard policies/*.heads) $(wildcard policies/*.kvzap)
 	@mkdir -p $(dir $@)
 	$(B)/kvpc emit --target c $< -o $@
 

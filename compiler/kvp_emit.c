@@ -330,6 +330,12 @@ void kvp_em_expr(struct kvp_em *em, int32_t e)
 		else
 			kvp_em_out(em, "0.0");
 		break;
+	case KVP_OP_LINEAR: /* the shared word init_entries wrote (k_linear_init) */
+		if (em->t->host_score)
+			kvp_em_out(em, "(double)k_stat_getf(k_stat_block(kv, h, i) + %d)", (int)em->ir->lin_word);
+		else
+			kvp_em_out(em, "0.0");
+		break;
 	default:
 		kvp_em_out(em, "0.0");
 		break;
@@ -363,6 +369,9 @@ void kvp_em_expr_comment(struct kvp_em *em, int32_t e)
 		return;
 	case KVP_OP_HEADW:
 		kvp_em_out(em, "head_score(%dx%d weights)", ir->head_layers, ir->head_kv);
+		return;
+	case KVP_OP_LINEAR:
+		kvp_em_out(em, "linear_score(%dx%dx%d weights)", ir->lin_layers, ir->lin_kv, ir->lin_embd + 1);
 		return;
 	case KVP_OP_CAOTE:
 		kvp_em_out(em, "caote(");

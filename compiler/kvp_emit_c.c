@@ -160,6 +160,9 @@ static void emit_header(struct kvp_em *em)
 	    ir->stat_words_entry, ir->stat_words_qhead);
 	if (ir->uses_obs_count)
 		kvp_em_out(em, " *   word %d (shared): steps the entry was visible\n", (int)ir->obs_count_word);
+	if (ir->lin_word >= 0)
+		kvp_em_out(em, " *   word %d (shared): linear_score() of the entry, set when it is appended\n",
+		    (int)ir->lin_word);
 	for (int i = 0; i < ir->n_stats; i++) {
 		const struct kvp_ir_stat *s = &ir->stats[i];
 		kvp_em_out(em, " *   stat_%d ", i);
@@ -275,6 +278,32 @@ static void head_row(struct kvp_em *em, int i)
 	}
 }
 
+/* linear_score()'s rows as float literals, one (layer, KV head) a line: w_0 .. w_{E-1}, b */
+static void emit_linear(struct kvp_em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	const int E = ir->lin_embd, rows = ir->lin_layers * ir->lin_kv;
+	kvp_em_out(em, "/* linear_score(): per (layer, KV head) the weights over the hidden size %d, then the\n"
+	           " * bias, %d layers of %d KV heads (docs/language.md 7.14) */\n", E, ir->lin_layers, ir->lin_kv);
+	kvp_em_out(em, "static const float policy_lin_w[%d] = {\n", rows * (E + 1));
+	for (int r = 0; r < rows; r++) {
+		kvp_em_out(em, "\t");
+		for (int i = 0; i <= E; i++) {
+			char b[48];
+			snprintf(b, sizeof b, "%.9g", (double)ir->lin_w[(size_t)r * (size_t)(E + 1) + (size_t)i]);
+			kvp_em_out(em, "%s%s%sf", i ? ", " : "", b, strpbrk(b, ".e") ? "" : ".0");
+		}
+		kvp_em_out(em, ",\n");
+	}
+	kvp_em_out(em, "};\n\n");
+	kvp_em_out(em, "/* init_entries: linear_score() of the new entries from the layer's input rows\n"
+	           " * (kernels/k_compress.h k_linear_init), into shared word %d */\n", (int)ir->lin_word);
+	kvp_em_out(em, "static void init_entries(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,\n"
+	           "                         int32_t first, int32_t n)\n{\n");
+	kvp_em_out(em, "\tk_linear_init(ctx, kv, layer, kv_head, first, n, policy_lin_w, %d, %d, %d, %d);\n}\n\n",
+	           ir->lin_layers, ir->lin_kv, E, (int)ir->lin_word);
+}
+
 /* A constant array of the policy, one row a line: "static const DECL[n] = {\n\tROW,\n...};". */
 static void emit_array(struct kvp_em *em, const char *decl, int n,
                        void (*row)(struct kvp_em *em, int i))
@@ -357,6 +386,8 @@ static void emit_tables(struct kvp_em *em)
 		}
 		kvp_em_out(em, "};\n\n");
 	}
+	if (ir->lin_w)
+		emit_linear(em);
 }
 
 static const struct local P_LOCAL[] = { { "P", "const double *P = ctx->params;" } };
@@ -949,6 +980,12 @@ static void emit_policy(struct kvp_em *em)
 		kvp_em_out(em, "\t.measure = KVP_MEASURE_PROMPT_END,\n");
 	if (ir->alloc.layers == K_LAYERS_GLOBAL_ONLY)
 		kvp_em_out(em, "\t.global_only = 1,\n");
+	if (ir->lin_w) { /* the model shape rt_seq_init requires (KVP_NEED_HIDDEN) */
+		kvp_em_out(em, "\t.hidden_shape = { %d, %d, %d },\n\t.hidden_file = \"", ir->lin_layers,
+		    ir->lin_kv, ir->lin_embd);
+		kvp_em_cstr(em, ir->lin_file);
+		kvp_em_out(em, "\",\n");
+	}
 	kvp_em_out(em, "\t.positions = %s,\n",
 	    ir->positions == KVP_POS_COMPACTED ? "KVP_POS_COMPACTED" : "KVP_POS_ORIGINAL");
 	kvp_em_out(em, "\t.needs = ");
@@ -956,8 +993,8 @@ static void emit_policy(struct kvp_em *em)
 	static const char *const needs[] = { "KVP_NEED_ATTN", "KVP_NEED_OUT", "KVP_NEED_KEYS",
 	                                     "KVP_NEED_VALUES", "KVP_NEED_SPANS", "KVP_NEED_PROMPT_LEN",
 	                                     "KVP_NEED_TRACE", "KVP_NEED_F32_KV", "KVP_NEED_TIERS",
-	                                     "KVP_NEED_QUERY", "KVP_NEED_REPLAY" };
-	_Static_assert(sizeof needs / sizeof needs[0] == 11, "ORDER(needs): one name per KVP_NEED_ bit");
+	                                     "KVP_NEED_QUERY", "KVP_NEED_REPLAY", "KVP_NEED_HIDDEN" };
+	_Static_assert(sizeof needs / sizeof needs[0] == 12, "ORDER(needs): one name per KVP_NEED_ bit");
 	int first = 1;
 	for (int b = 0; b < (int)(sizeof needs / sizeof needs[0]); b++)
 		if (ir->needs & (1u << b)) {
@@ -966,7 +1003,7 @@ static void emit_policy(struct kvp_em *em)
 		}
 	if (first)
 		kvp_em_out(em, "0");
-	kvp_em_out(em, ",\n\t.init_entries = NULL,\n");
+	kvp_em_out(em, ",\n\t.init_entries = %s,\n", ir->lin_w ? "init_entries" : "NULL");
 	kvp_em_out(em, "\t.observe = %s,\n",
 	    ir->n_stats > 0 || (ir->needs & (KVP_NEED_OUT | KVP_NEED_QUERY)) ? "observe" : "NULL");
 	kvp_em_out(em, "\t.should_compress = should_compress,\n");

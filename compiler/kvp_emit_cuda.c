@@ -81,6 +81,8 @@ const char *kvp_emit_cuda_host_why(const struct kvp_ir *ir)
 		return "Expected Attention's score (query statistics) runs on the host";
 	if (uses(ir, e, KVP_OP_HEADW, 0))
 		return "head_score()'s weights are read on the host";
+	if (uses(ir, e, KVP_OP_LINEAR, 0))
+		return "linear_score() reads the hidden states on the host";
 	if (uses(ir, e, KVP_OP_SIGNAL, KVP_SIG_KEY_REDUNDANCY))
 		return "key_redundancy (every pair of a head's keys) runs on the host";
 	if (uses(ir, e, KVP_OP_SIGNAL, KVP_SIG_REPLAY_ATTN))

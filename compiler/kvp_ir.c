@@ -95,6 +95,8 @@ void kvp_ir_free(struct kvp_ir *ir)
 	free(ir->guards.spans);
 	free(ir->alloc.list);
 	free(ir->head_w);
+	free(ir->lin_w);
+	free(ir->lin_file);
 	free(ir->params);
 	free(ir->consts);
 	free(ir->stats);
@@ -247,6 +249,25 @@ void kvp_ir_set_heads(struct kvp_ir *ir, const double *w, int layers, int kv_hea
 	ir->head_kv = kv_heads;
 }
 
+int32_t kvp_ir_linear(struct kvp_ir *ir, struct kvp_loc loc)
+{
+	return add_node(ir, loc, KVP_OP_LINEAR);
+}
+
+void kvp_ir_set_linear(struct kvp_ir *ir, const float *w, int layers, int kv_heads, int embd,
+                       const char *file)
+{
+	const size_t n = (size_t)layers * (size_t)kv_heads * (size_t)(embd + 1);
+	free(ir->lin_w);
+	free(ir->lin_file);
+	ir->lin_w = RT_MALLOC(n * sizeof(float));
+	memcpy(ir->lin_w, w, n * sizeof(float));
+	ir->lin_file = dupstr(file);
+	ir->lin_layers = layers;
+	ir->lin_kv = kv_heads;
+	ir->lin_embd = embd;
+}
+
 void kvp_ir_add_span(struct kvp_ir *ir, const char *name)
 {
 	int n = ir->guards.n_spans;
@@ -283,6 +304,7 @@ const char *kvp_ir_op_name(enum kvp_ir_op op)
 		[KVP_OP_EQ] = "==", [KVP_OP_NE] = "!=", [KVP_OP_AND] = "and", [KVP_OP_OR] = "or",
 		[KVP_OP_SELECT] = "if", [KVP_OP_CAOTE] = "caote", [KVP_OP_NORMALIZE] = "normalize",
 		[KVP_OP_EXPATTN] = "expected_attention", [KVP_OP_HEADW] = "head_score",
+		[KVP_OP_LINEAR] = "linear_score",
 	};
 	return (unsigned)op < KVP_OP_COUNT_ && names[op] ? names[op] : "?";
 }
@@ -325,7 +347,7 @@ static int arity(enum kvp_ir_op op)
 {
 	switch (op) {
 	case KVP_OP_NUM: case KVP_OP_PARAM: case KVP_OP_STAT: case KVP_OP_SIGNAL:
-	case KVP_OP_HEADW:
+	case KVP_OP_HEADW: case KVP_OP_LINEAR:
 		return 0;
 	case KVP_OP_NEG: case KVP_OP_NOT: case KVP_OP_LOG: case KVP_OP_EXP: case KVP_OP_ABS:
 	case KVP_OP_SQRT: case KVP_OP_CAOTE: case KVP_OP_NORMALIZE:
@@ -397,6 +419,9 @@ int kvp_ir_expr_allowed(const struct kvp_ir *ir, int32_t e, enum kvp_ir_ctx c)
 		break;
 	case KVP_OP_HEADW:
 		return c == KVP_CTX_SCORE && ir->head_w && ir->head_layers > 0 && ir->head_kv > 0;
+	case KVP_OP_LINEAR:
+		return c == KVP_CTX_SCORE && ir->lin_w && ir->lin_layers > 0 && ir->lin_kv > 0 &&
+		       ir->lin_embd > 0;
 	case KVP_OP_EXPATTN: /* its operands are scalars (future, skip) */
 		return c == KVP_CTX_SCORE && kvp_ir_expr_allowed(ir, x->a, KVP_CTX_SCALAR) &&
 		       kvp_ir_expr_allowed(ir, x->b, KVP_CTX_SCALAR);
@@ -530,6 +555,13 @@ void kvp_ir_layout(struct kvp_ir *ir)
 		if (s->hist == KVP_HIST_PROMPT_TAIL)
 			needs |= KVP_NEED_PROMPT_LEN;
 	}
+	/* linear_score() is computed once, when the entry is appended: a shared word */
+	ir->lin_word = -1;
+	for (int32_t e = 0; e < ir->n_nodes; e++)
+		if (ir->nodes[e].op == KVP_OP_LINEAR && ir->lin_word < 0) {
+			ir->lin_word = (int32_t)we++;
+			needs |= KVP_NEED_HIDDEN;
+		}
 	ir->stat_words_entry = we;
 	ir->stat_words_qhead = wq;
 	/* key/value reads */
@@ -655,7 +687,7 @@ static void check_expr(struct checker *ck, int32_t e, enum kvp_ir_ctx c, int req
 			        kvp_ir_signal_name(x->sig), ctx_name(c));
 		else if (bad >= 0 && (x->op == KVP_OP_STAT || x->op == KVP_OP_CAOTE ||
 		                      x->op == KVP_OP_NORMALIZE || x->op == KVP_OP_EXPATTN ||
-		                      x->op == KVP_OP_HEADW))
+		                      x->op == KVP_OP_HEADW || x->op == KVP_OP_LINEAR))
 			problem(ck, x->loc, "%s: %s cannot be used in %s", what,
 			        x->op == KVP_OP_STAT ? "a statistic" : kvp_ir_op_name(x->op), ctx_name(c));
 		else

@@ -112,6 +112,11 @@ enum kvp_ir_op {
 	KVP_OP_HEADW,     /* head_score("FILE"): the weight of the entry's (layer, KV head),
 	                     ir->head_w (docs/language.md 7.12); the same for every entry and
 	                     query head of a head */
+	KVP_OP_LINEAR,    /* linear_score("FILE"): KVzap's w·h + b (arXiv 2601.07891), h the
+	                     entry's hidden state at its layer's input, w, b the (layer, KV
+	                     head)'s row of ir->lin_w; computed when the entry is appended
+	                     (init_entries, KVP_NEED_HIDDEN) into the shared statistics word
+	                     ir->lin_word (docs/language.md 7.14) */
 	KVP_OP_COUNT_
 };
 
@@ -335,6 +340,12 @@ struct kvp_ir {
 	 * (kernels/k_score.h k_head_weight); NULL when no KVP_OP_HEADW node */
 	double *head_w;
 	int head_layers, head_kv;
+	/* linear_score("FILE"): [lin_layers × lin_kv × (lin_embd + 1)] rows w then b (owned),
+	 * compiled into the generated code; a model of another shape is refused when a
+	 * sequence starts (kernels/k_score.h k_linear_check); NULL when no KVP_OP_LINEAR */
+	float *lin_w;
+	int lin_layers, lin_kv, lin_embd;
+	char *lin_file;          /* the file as the policy names it (messages) */
 
 	/* layout, filled by kvp_ir_layout (called by kvp_ir_check): */
 	int checked;             /* 1 once kvp_ir_check passed (the emitters assert it) */
@@ -347,6 +358,7 @@ struct kvp_ir {
 	uint32_t state_words_dim2; /* per head_dim²: K_EA_MAX_GROUP query co-moment matrices */
 	int uses_obs_count;      /* a per-entry word counts visible steps (MEAN stats) */
 	int32_t obs_count_word;
+	int32_t lin_word;        /* the shared word holding linear_score(), -1 when none */
 };
 
 /* One diagnostic from kvp_ir_check: "source:line:col: error: msg". */
@@ -388,6 +400,11 @@ int32_t kvp_ir_headw(struct kvp_ir *ir, struct kvp_loc loc);
 /* The head weights w[layers × kv_heads] (row = layer, as compiler/kvp_heads.h reads them)
  * copied into ir->head_w, replacing any earlier table (ir owns the copy: kvp_ir_free). */
 void kvp_ir_set_heads(struct kvp_ir *ir, const double *w, int layers, int kv_heads);
+/* linear_score(): its node, and the rows [layers × kv_heads × (embd + 1)] and the file
+ * name (copied). */
+int32_t kvp_ir_linear(struct kvp_ir *ir, struct kvp_loc loc);
+void kvp_ir_set_linear(struct kvp_ir *ir, const float *w, int layers, int kv_heads, int embd,
+                       const char *file);
 
 /* Spans to protect (copied). */
 void kvp_ir_add_span(struct kvp_ir *ir, const char *name);

@@ -113,6 +113,11 @@ static int32_t lower_call(lower *lw, const kvp_expr *e)
 		kvp_ir_set_heads(ir, lw->s->head_w, lw->s->head_layers, lw->s->head_kv);
 		return kvp_ir_headw(ir, at);
 	}
+	if (!strcmp(f, "linear_score")) {
+		kvp_ir_set_linear(ir, lw->s->lin_w, lw->s->lin_layers, lw->s->lin_kv, lw->s->lin_embd,
+		                  kvp_call_arg(e, "file", 0)->name);
+		return kvp_ir_linear(ir, at);
+	}
 	if (!strcmp(f, "normalize") || !strcmp(f, "flow")) {
 		const kvp_expr *x = kvp_call_arg(e, !strcmp(f, "flow") ? "relevance" : "score", 0);
 		return kvp_ir_normalize(ir, at, lower_expr(lw, x));

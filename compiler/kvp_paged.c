@@ -67,11 +67,12 @@ int kvp_paged_check(const struct kvp_ir *ir, kvp_src *src)
 		reason(src, &bad, ir->stats[k].loc, "per-step observe: statistic '%s' is updated at "
 		       "every step; the engine gives only the queries of the last prompt window",
 		       ir->stats[k].name);
-	if (ir->needs & (KVP_NEED_QUERY | KVP_NEED_TRACE))
+	if (ir->needs & (KVP_NEED_QUERY | KVP_NEED_TRACE | KVP_NEED_HIDDEN))
 		reason(src, &bad, ir->score.loc,
 		       "%s: the engine gives post-RoPE keys and window queries only",
-		       (ir->needs & KVP_NEED_TRACE) ? "reads the prompt trace (hidden states, surprisal)"
-		                                    : "reads pre-RoPE query statistics");
+		       (ir->needs & KVP_NEED_TRACE)    ? "reads the prompt trace (hidden states, surprisal)"
+		       : (ir->needs & KVP_NEED_HIDDEN) ? "reads the layers' hidden states (linear_score)"
+		                                       : "reads pre-RoPE query statistics");
 	if (ir->needs & KVP_NEED_REPLAY)
 		reason(src, &bad, ir->score.loc,
 		       "reads the context replay's scores (replay_attn): the engine does not replay "

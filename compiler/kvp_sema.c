@@ -825,37 +825,58 @@ static ty check_call_expattn(sema *S, const kvp_expr *e, unsigned cx)
 	return t;
 }
 
+/* The path of a weight file named in a policy: relative to the directory of the .kvp file
+ * unless absolute (malloc'ed; NULL when out of memory). */
+static char *policy_file(const sema *S, const char *name)
+{
+	const char *src = S->src->path, *slash = strrchr(src, '/');
+	int dir = name[0] == '/' || !slash ? 0 : (int)(slash - src) + 1;
+	size_t n = (size_t)dir + strlen(name) + 1;
+	char *path = malloc(n);
+	if (path)
+		snprintf(path, n, "%.*s%s", dir, src, name);
+	return path;
+}
+
+/* FN("FILE") of a weight file: score only, once per policy, one string argument. The
+ * argument's expression, or NULL after an error. */
+static const kvp_expr *check_file_call(sema *S, const kvp_expr *e, unsigned cx, const char *fn,
+                                       const char *what, const kvp_expr *before)
+{
+	static const char *const nh[] = { "file" };
+	static const int rh[] = { 1 };
+	if (!(cx & CX_SCORE)) {
+		ERR(S, e->loc, "%s() is %s; it can be used only in the score", fn, what);
+		return NULL;
+	}
+	if (before) {
+		ERR(S, e->loc, "%s() may be used once in a policy (one weight file per policy)", fn);
+		return NULL;
+	}
+	if (check_args(S, e, nh, rh, 1))
+		return NULL;
+	const kvp_expr *fe = kvp_call_arg(e, "file", 0);
+	if (fe->kind != KVP_E_STR || !fe->name[0]) {
+		ERR(S, fe->loc, "%s() takes the weight file as a string: %s(\"FILE\")", fn, fn);
+		return NULL;
+	}
+	return fe;
+}
+
 /* head_score("FILE"): the weight of the entry's (layer, KV head) in FILE (kvp_heads.h),
  * read now, relative to the directory of the .kvp file, and baked into the generated code
  * (docs/language.md 7.12). Score only, once per policy. */
 static ty check_call_heads(sema *S, const kvp_expr *e, unsigned cx)
 {
-	static const char *const nh[] = { "file" };
-	static const int rh[] = { 1 };
-	if (!(cx & CX_SCORE)) {
-		ERR(S, e->loc, "head_score() is a per-head weight of the score; it can be used only in the score");
+	const kvp_expr *fe = check_file_call(S, e, cx, "head_score", "a per-head weight of the score",
+	                                     S->out->head_call);
+	if (!fe)
 		return TY_ERR;
-	}
-	if (S->out->head_call) {
-		ERR(S, e->loc, "head_score() may be used once in a policy (one weight file per policy)");
-		return TY_ERR;
-	}
-	if (check_args(S, e, nh, rh, 1))
-		return TY_ERR;
-	const kvp_expr *fe = kvp_call_arg(e, "file", 0);
-	if (fe->kind != KVP_E_STR || !fe->name[0]) {
-		ERR(S, fe->loc, "head_score() takes the weight file as a string: head_score(\"FILE\")");
-		return TY_ERR;
-	}
-	const char *src = S->src->path, *slash = strrchr(src, '/');
-	int dir = fe->name[0] == '/' || !slash ? 0 : (int)(slash - src) + 1;
-	size_t n = (size_t)dir + strlen(fe->name) + 1;
-	char *path = malloc(n), err[512];
+	char *path = policy_file(S, fe->name), err[512];
 	if (!path) {
 		ERR(S, fe->loc, "out of memory");
 		return TY_ERR;
 	}
-	snprintf(path, n, "%.*s%s", dir, src, fe->name);
 	int rc = kvp_heads_read(path, &S->out->head_layers, &S->out->head_kv, &S->out->head_w,
 	                        err, sizeof err);
 	free(path);
@@ -864,6 +885,32 @@ static ty check_call_heads(sema *S, const kvp_expr *e, unsigned cx)
 		return TY_ERR;
 	}
 	S->out->head_call = e;
+	return ty_make(KVP_SU_NUM);
+}
+
+/* linear_score("FILE"): KVzap's w·h + b of the entry's hidden state h with the
+ * (layer, KV head)'s row of FILE (kvp_heads.h), read now like head_score()'s and baked into
+ * the generated code (docs/language.md 7.14). Score only, once per policy. */
+static ty check_call_linear(sema *S, const kvp_expr *e, unsigned cx)
+{
+	const kvp_expr *fe = check_file_call(S, e, cx, "linear_score",
+	                                     "a per-entry score read from the hidden states",
+	                                     S->out->lin_call);
+	if (!fe)
+		return TY_ERR;
+	char *path = policy_file(S, fe->name), err[512];
+	if (!path) {
+		ERR(S, fe->loc, "out of memory");
+		return TY_ERR;
+	}
+	int rc = kvp_linear_read(path, &S->out->lin_layers, &S->out->lin_kv, &S->out->lin_embd,
+	                         &S->out->lin_w, err, sizeof err);
+	free(path);
+	if (rc != 0) {
+		ERR(S, fe->loc, "linear_score(): %s", err);
+		return TY_ERR;
+	}
+	S->out->lin_call = e;
 	return ty_make(KVP_SU_NUM);
 }
 
@@ -932,6 +979,8 @@ static ty check_call(sema *S, const kvp_expr *e, unsigned cx)
 		return check_call_if(S, e, cx);
 	if (!strcmp(f, "head_score"))
 		return check_call_heads(S, e, cx);
+	if (!strcmp(f, "linear_score"))
+		return check_call_linear(S, e, cx);
 	/* whole-head transforms: score only */
 	if (!(cx & CX_SCORE)) {
 		ERR(S, e->loc, "%s() transforms the score of every entry of a head; it can be used only in the score",
@@ -1014,7 +1063,7 @@ static ty check_expr(sema *S, const kvp_expr *e, unsigned cx)
 			return t;
 		}
 	case KVP_E_STR:
-		ERR(S, e->loc, "a string can only name the file of head_score(\"FILE\")");
+		ERR(S, e->loc, "a string can only name the file of head_score(\"FILE\") or linear_score(\"FILE\")");
 		return TY_ERR;
 	case KVP_E_ENTRIES:
 		if (!(cx & (CX_OBSERVE | CX_SCORE))) {
@@ -2803,6 +2852,7 @@ void kvp_sema_free(kvp_sema *s)
 	free(s->syms);
 	free(s->spans);
 	free(s->head_w);
+	free(s->lin_w);
 	free(s);
 }
 

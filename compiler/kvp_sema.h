@@ -135,6 +135,12 @@ typedef struct kvp_sema {
 	const kvp_expr *head_call;
 	double *head_w;
 	int head_layers, head_kv;
+	/* `linear_score("FILE")` (docs/language.md 7.14): the file as written, and its rows
+	 * [lin_layers × lin_kv × (lin_embd + 1)] read by kvp_linear_read (owned; NULL when not
+	 * used) */
+	const kvp_expr *lin_call;
+	float *lin_w;
+	int lin_layers, lin_kv, lin_embd;
 } kvp_sema;
 
 /* Check a tree that parsed without errors. Diagnostics go to f->src; the result is

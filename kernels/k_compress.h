@@ -29,6 +29,7 @@
 #include "k_score.h"
 #include "k_select.h"
 #include "k_signal.h"
+#include "k_stat.h"
 #include "k_tier.h"
 #include "base/rt_pool.h"
 #include "kv/rt_kv.h"
@@ -260,6 +261,24 @@ static inline double k_replay_attn(const struct kvp_ctx *ctx, const rt_kv *kv, i
 			j = g;
 	const size_t row = (size_t)layer * (size_t)kv->n_kv_head + (size_t)j;
 	return (double)ctx->replay[row * (size_t)ctx->replay_n + (size_t)pos];
+}
+
+/* linear_score() (docs/language.md 7.14): for entries [first, first + n) of head
+ * (layer, kv_head), appended from the layer input rows ctx->layer_in ([n × E], row r =
+ * entry first + r), k_linear of the head's row of w [L × G × (E + 1)] into shared
+ * statistics word `word`. rt_seq_init refused a model of another shape; without input
+ * rows (no forward: rt_shared refuses such policies) the words stay 0. */
+static inline void k_linear_init(const struct kvp_ctx *ctx, rt_kv *kv, int layer, int kv_head,
+                                 int32_t first, int32_t n, const float *w, int L, int G, int E,
+                                 int word)
+{
+	if (!ctx->layer_in || ctx->n_embd != E || layer >= L || kv_head >= G)
+		return;
+	const float *row = w + ((size_t)layer * (size_t)G + (size_t)kv_head) * (size_t)(E + 1);
+	rt_kv_head *h = rt_kv_head_at(kv, layer, kv_head);
+	for (int32_t r = 0; r < n; r++)
+		k_stat_setf(k_stat_block(kv, h, first + r) + word,
+		            (float)k_linear(row, ctx->layer_in + (size_t)r * (size_t)E, E));
 }
 
 /* cos(k_a, k_b) of two entries of h (0 when either key is zero). */

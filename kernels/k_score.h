@@ -35,6 +35,17 @@ K_HD double k_norm_l1(const float *x, int d)
 	return s;
 }
 
+/* KVzap's linear scorer (arXiv 2601.07891, kvpress KVzapPress with model_type
+ * "linear"): w·x + b over the hidden size E, row = [w_0 .. w_{E-1}, b], accumulated in
+ * double in index order. */
+K_HD double k_linear(const float *row, const float *x, int E)
+{
+	double s = 0;
+	for (int j = 0; j < E; j++)
+		s += (double)row[j] * x[j];
+	return s + row[E];
+}
+
 /* KeyDiff anchor (arXiv 2504.15364): a[d] = mean over the n keys k[n × d] of k_i/||k_i||
  * (zero keys contribute 0). */
 static inline void k_key_anchor(const float *k, int32_t n, int d, double *a)

@@ -29,7 +29,10 @@
 #include "kvp_sema.h"
 #include "kvp_src.h"
 #include "k_score.h"
+#include "model/rt_model.h"
+#include "policy/rt_seq.h"
 #include "support/check_run.h"
+#include "support/tiny_model.h"
 
 /* ---- IR-built policies (shaped like the policies/ files but built here, so the back
  * end is tested without the front end; their sources are named ir/NAME.kvp) ---------- */
@@ -1160,6 +1163,230 @@ START_TEST(duo_head_classes)
 }
 END_TEST
 
+/* ---- KVzap's linear_score() (docs/language.md 7.14) ----------------------------------- */
+
+enum { LIN_P = 48 };
+
+/* The tiny GQA model si (0: 9 query / 3 KV heads, n_embd 288; 1: 4 / 1, n_embd 128; 2
+ * layers, f32 weights) on the exact path with an f32 store. */
+static rt_model *lin_model(int si)
+{
+	rt_model_opts o = { .exact = 1, .threads = 1, .kv_type = RT_KV_F32 };
+	rt_err err = { "" };
+	rt_model *m = tiny_model_open_gqa(si, 55u + (uint32_t)si, &o, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	return m;
+}
+
+/* The value dimension layer l >= 1's KV head g scores by (its row of W_v is the weights). */
+static int lin_vdim(int l, int g, int hd)
+{
+	return (5 * g + 3 * l) % hd;
+}
+
+/* Weights [L × G × (E + 1)]: layer 0 pseudo-random in [-0.5, 0.5), layer l >= 1 the row of
+ * W_v that projects KV head g's value dimension lin_vdim; bias 0.25 (l + 1) - 0.1 g. */
+static float *lin_weights(const rt_model *m)
+{
+	const rt_model_hparams *hp = &m->hp;
+	const int L = hp->n_layer, G = hp->n_head_kv, E = hp->n_embd, hd = hp->head_dim;
+	float *w = malloc((size_t)L * G * (E + 1) * sizeof *w);
+	uint32_t x = 12345u;
+	for (int l = 0; l < L; l++)
+		for (int g = 0; g < G; g++) {
+			float *row = w + ((size_t)l * G + g) * (E + 1);
+			for (int c = 0; c < E; c++) {
+				x = x * 1664525u + 1013904223u;
+				row[c] = l == 0 ? (float)(x >> 8) / 16777216.0f - 0.5f
+				                : m->layers[l].wv[(size_t)(g * hd + lin_vdim(l, g, hd)) * E + c];
+			}
+			row[E] = 0.25f * (float)(l + 1) - 0.1f * (float)g;
+		}
+	return w;
+}
+
+static void lin_write(const char *path, const float *w, int L, int G, int E)
+{
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "# test scorer\nlinear %d %d %d\n", L, G, E);
+	for (int r = 0; r < L * G; r++)
+		for (int c = 0; c <= E; c++)
+			fprintf(f, "%.9g%s", (double)w[(size_t)r * (E + 1) + c], c == E ? "\n" : " ");
+	fclose(f);
+}
+
+/* Compile `score = linear_score("PATH")` under budget = threshold(level) at the prompt end
+ * and load it (NULL with the diagnostics in diag when it does not compile). */
+static const struct kvp_policy *lin_policy(const char *path, struct kvp_ir *ir, void **handle,
+                                           char *diag, size_t nd)
+{
+	char text[512];
+	snprintf(text, sizeof text, "policy lin {\n    param level = 0\n    budget = threshold(level)\n"
+	         "    score = linear_score(\"%s\")\n    compress at prompt end\n}\n", path);
+	kvp_src *src = kvp_src_from_mem("lin.kvp", text, strlen(text));
+	int rc = kvp_compile(src, ir);
+	snprintf(diag, nd, "%s", kvp_src_diags(src));
+	kvp_src_free(src);
+	if (rc != 0)
+		return NULL;
+	char *c = emit_str(ir, 0, "lin.c");
+	const struct kvp_policy *p = load_policy(c, "lin", handle);
+	free(c);
+	return p;
+}
+
+static void lin_feed(rt_model *m, const struct kvp_policy *p, const char *set, rt_seq *s)
+{
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_init(s, m, p, LIN_P, 16, LIN_P, &err) == 0 && rt_seq_set(s, set, &err) == 0,
+	              "%s", err.msg);
+	int32_t tok[LIN_P];
+	for (int i = 0; i < LIN_P; i++)
+		tok[i] = (int32_t)((i * 37 + 11) % 290);
+	ck_assert_msg(rt_seq_feed(s, tok, LIN_P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
+}
+
+/* The score by hand, in double: layer 0's input is the token's embedding row, RMS-normalised
+ * and scaled by attn_norm (the post-norm hidden state KVzap reads); a later layer's score
+ * is its value component lin_vdim plus the bias, since v = W_v h of the same input. */
+static double lin_want(const rt_model *m, const float *w, rt_seq *s, int l, int g, int32_t i)
+{
+	const rt_model_hparams *hp = &m->hp;
+	const int G = hp->n_head_kv, E = hp->n_embd;
+	const float *row = w + ((size_t)l * G + g) * (E + 1);
+	const rt_kv_head *h = rt_kv_head_at(&s->kv, l, g);
+	if (l > 0) {
+		float buf[256];
+		return rt_kv_value(&s->kv, h, i, buf)[lin_vdim(l, g, hp->head_dim)] + (double)row[E];
+	}
+	const float *e = m->tok_embd + (size_t)((h->pos[i] * 37 + 11) % 290) * E;
+	double ss = 0, dot = 0;
+	for (int c = 0; c < E; c++)
+		ss += (double)e[c] * e[c];
+	const double inv = 1.0 / sqrt(ss / E + hp->norm_eps);
+	for (int c = 0; c < E; c++)
+		dot += (double)row[c] * e[c] * inv * m->layers[0].attn_norm[c];
+	return dot + row[E];
+}
+
+static void kvzap_case(int si)
+{
+	rt_model *m = lin_model(si);
+	const rt_model_hparams *hp = &m->hp;
+	const int L = hp->n_layer, G = hp->n_head_kv, E = hp->n_embd;
+	char dir[] = "/tmp/kvpc_lin_XXXXXX", path[64], diag[2048];
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/t.kvzap", dir);
+	float *w = lin_weights(m);
+	lin_write(path, w, L, G, E);
+	struct kvp_ir ir;
+	void *handle = NULL;
+	const struct kvp_policy *p = lin_policy(path, &ir, &handle, diag, sizeof diag);
+	ck_assert_msg(p != NULL, "%s", diag);
+	ck_assert(p->needs & KVP_NEED_HIDDEN);
+	/* every entry passes a level of -1e30: the stored scores against the hand values */
+	rt_seq s;
+	lin_feed(m, p, "level=-1e30", &s);
+	double *want = malloc((size_t)L * G * LIN_P * sizeof *want);
+	for (int l = 0; l < L; l++)
+		for (int g = 0; g < G; g++) {
+			rt_kv_head *h = rt_kv_head_at(&s.kv, l, g);
+			ck_assert_int_eq(h->n, LIN_P);
+			for (int32_t i = 0; i < h->n; i++) {
+				const uint32_t *b = (const uint32_t *)(const void *)(h->stats + (size_t)i * s.kv.stat_bytes);
+				float got;
+				memcpy(&got, b + ir.lin_word, sizeof got);
+				const double x = lin_want(m, w, &s, l, g, i);
+				want[((size_t)l * G + g) * LIN_P + h->pos[i]] = x;
+				ck_assert_msg(fabs(got - x) <= 1e-4 * (1 + fabs(x)),
+				              "layer %d head %d pos %d: linear_score %.9g, by hand %.9g", l, g,
+				              h->pos[i], (double)got, x);
+			}
+		}
+	rt_seq_free(&s);
+	/* level 0.3: every head keeps exactly the positions whose hand score reaches it */
+	lin_feed(m, p, "level=0.3", &s);
+	int kept_any = 0, dropped_any = 0;
+	for (int l = 0; l < L; l++)
+		for (int g = 0; g < G; g++) {
+			rt_kv_head *h = rt_kv_head_at(&s.kv, l, g);
+			int kept[LIN_P] = { 0 };
+			for (int32_t i = 0; i < h->n; i++)
+				kept[h->pos[i]] = 1;
+			for (int q = 0; q < LIN_P; q++) {
+				const double x = want[((size_t)l * G + g) * LIN_P + q];
+				if (fabs(x - 0.3) < 1e-5)
+					continue; /* within rounding of the level */
+				ck_assert_msg(kept[q] == (x >= 0.3), "layer %d head %d pos %d: score %.9g, kept %d",
+				              l, g, q, x, kept[q]);
+				kept_any |= kept[q], dropped_any |= !kept[q];
+			}
+		}
+	ck_assert(kept_any && dropped_any);
+	rt_seq_free(&s);
+	/* the other test shape is refused with the file and both shapes named */
+	rt_model *m2 = lin_model(1 - si);
+	rt_err err = { "" };
+	ck_assert_int_ne(rt_seq_init(&s, m2, p, LIN_P, 16, LIN_P, &err), 0);
+	ck_assert_msg(strstr(err.msg, path) && strstr(err.msg, "linear scorer for 2 layers") &&
+	              strstr(err.msg, "but the model"), "%s", err.msg);
+	rt_model_free(m2);
+	free(want);
+	free(w);
+	dlclose(handle);
+	kvp_ir_free(&ir);
+	unlink(path);
+	rmdir(dir);
+	rt_model_free(m);
+}
+
+START_TEST(linear_score_kvzap_9_3)
+{
+	kvzap_case(0);
+}
+END_TEST
+
+START_TEST(linear_score_kvzap_4_1)
+{
+	kvzap_case(1);
+}
+END_TEST
+
+/* A bad weight file is refused at compile time, at the file's line with the reason. */
+START_TEST(linear_score_bad_files)
+{
+	static const struct {
+		const char *text, *why;
+	} bad[] = {
+		{ "linear 2 3\n", ":1: expected `linear LAYERS KV_HEADS HIDDEN`" },
+		{ "# two rows of three missing\nlinear 1 2 2\n1 2 3\n",
+		  ": truncated: 2 rows of 3 numbers expected (1 layers x 2 KV heads), the file ends after 1" },
+		{ "linear 1 1 2\n1 nan 3\n", ":2: weight 2 is not a finite number" },
+		{ "linear 1 1 2\n1 2\n", ":2: expected 3 weights on this line, found 2" },
+		{ "linear 1 1 2\n1 2 3\n4 5 6\n", ":3: more than the 1 rows the header declares" },
+		{ "", ": empty; expected a first line `linear LAYERS KV_HEADS HIDDEN`" },
+	};
+	char dir[] = "/tmp/kvpc_linbad_XXXXXX", path[64], diag[2048], want[256];
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/bad.kvzap", dir);
+	for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+		write_all(path, bad[k].text);
+		struct kvp_ir ir;
+		void *handle = NULL;
+		ck_assert_ptr_null(lin_policy(path, &ir, &handle, diag, sizeof diag));
+		snprintf(want, sizeof want, "linear_score(): %s%s", path, bad[k].why);
+		ck_assert_msg(strstr(diag, want), "case %zu: got %s, want %s", k, diag, want);
+	}
+	unlink(path);
+	struct kvp_ir ir;
+	void *handle = NULL;
+	ck_assert_ptr_null(lin_policy(path, &ir, &handle, diag, sizeof diag));
+	ck_assert_msg(strstr(diag, "cannot open"), "%s", diag);
+	rmdir(dir);
+}
+END_TEST
+
 /* R-KV's redundancy (arXiv 2505.24133; kvpress rkv_press.py, threshold 0.5, "last"), by
  * hand for five keys (head_dim 4): k0 = k1 = k2 = e1, k3 = e2, k4 = e1 + e2. Cosines: 1
  * among k0..k2, 0 between them and k3, 1/sqrt(2) between k4 and every other. Row 0: the
@@ -1291,6 +1518,9 @@ static Suite *emit_suite(void)
 	tcase_add_test(tc, golden_h2o);
 	tcase_add_test(tc, duo_head_classes);
 	tcase_add_test(tc, rkv_redundancy);
+	tcase_add_test(tc, linear_score_kvzap_9_3);
+	tcase_add_test(tc, linear_score_kvzap_4_1);
+	tcase_add_test(tc, linear_score_bad_files);
 	tcase_add_test(tc, golden_snapkv);
 	tcase_add_test(tc, golden_scissorhands);
 	tcase_add_test(tc, golden_caote_exact);

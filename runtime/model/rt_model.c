@@ -1508,9 +1508,9 @@ static void seg_rope(rt_fwd *f, rt_kv *kv, int l, int C, float *q, float *kk, co
 
 /* One segment's C keys kk and values vv of layer l appended to every KV head of its
  * store (positions pos0..pos0 + C - 1), then the on_append hook told of each head's new
- * entries. */
+ * entries and given xn, the segment's normalised layer input rows. */
 static void seg_append(rt_fwd *f, rt_kv *kv, int l, int C, int32_t pos0, const float *kk,
-                       const float *vv)
+                       const float *vv, const float *xn)
 {
 	const rt_model_hparams *hp = &f->m->hp;
 	const int hd = hp->head_dim, kd = hp->n_head_kv * hd;
@@ -1521,7 +1521,7 @@ static void seg_append(rt_fwd *f, rt_kv *kv, int l, int C, int32_t pos0, const f
 			             vv + (size_t)r * kd + (size_t)j * hd, pos0 + r);
 	}
 	for (int j = 0; f->on_append && j < hp->n_head_kv; j++)
-		f->on_append(f->append_user, l, j, rt_kv_head_at(kv, l, j)->n - C, C);
+		f->on_append(f->append_user, l, j, rt_kv_head_at(kv, l, j)->n - C, C, xn);
 }
 
 /* Layer l's attention for every segment, each with its own forward context and cache:
@@ -1544,7 +1544,7 @@ static void layer_attention(rt_fwd *big, rt_fwd *const *fs, rt_kv *const *kvs, i
 			memcpy(f->q_pre, q, (size_t)C * qd * sizeof(float));
 		const int t = big->m->layers[l].rope_slot;
 		seg_rope(f, kvs[s], l, C, q, kk, rope_table(shared ? big : f, t));
-		seg_append(f, kvs[s], l, C, sg[s].pos0, kk, vv);
+		seg_append(f, kvs[s], l, C, sg[s].pos0, kk, vv, big->xn + (size_t)o * hp->n_embd);
 		if (!nt)
 			attend_layer(f, kvs[s], l, C, sg[s].pos0, q, att);
 	}

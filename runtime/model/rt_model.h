@@ -254,8 +254,11 @@ typedef struct rt_attn_view {
 typedef void (*rt_observe_fn)(void *user, const rt_attn_view *v);
 
 /* Append hook (a compiled policy's `init_entries`): entries [first, first + n) of
- * (layer, kv_head) were just appended. */
-typedef void (*rt_append_fn)(void *user, int layer, int kv_head, int32_t first, int32_t n);
+ * (layer, kv_head) were just appended. xn: [n × n_embd] the layer's input after its
+ * attention RMSNorm (weight applied) for those rows, the vectors the keys and values were
+ * projected from; valid only during the call. */
+typedef void (*rt_append_fn)(void *user, int layer, int kv_head, int32_t first, int32_t n,
+                             const float *xn);
 
 /* Layer hook (the prompt trace of rt_seq): layer `layer` has run for the C rows of a
  * chunk at positions pos0 .. pos0+C-1. x: [C × n_embd] the residual stream after the

@@ -37,10 +37,12 @@
 #include "base/rt_pool.h"
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 12 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq;
+#define KVP_ABI_VERSION 13 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq;
                             10: kvp_ctx.layer_window, kvp_policy.global_only;
                             11: enum rt_kv_tier gains RT_KV_TIER_K8V4 (q4, q2 renumbered);
-                            12: kvp_ctx.replay, replay_n (KVP_NEED_REPLAY) */
+                            12: kvp_ctx.replay, replay_n (KVP_NEED_REPLAY);
+                            13: kvp_ctx.n_embd, layer_in, kvp_policy.hidden_shape,
+                            hidden_file (KVP_NEED_HIDDEN) */
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
@@ -113,6 +115,8 @@ enum {
 	                               KVzip's largest attention over a replay of the prompt,
 	                               runtime/policy/rt_replay.h), which the runtime measures
 	                               when the prompt ends, before the compress there */
+	KVP_NEED_HIDDEN = 1u << 11, /* init_entries reads the layer's normalised input rows of
+	                              the new entries (kvp_ctx.layer_in): linear_score(), KVzap */
 };
 
 /* Layers the prompt trace samples, and the prompt-tail length whose queries it keeps for
@@ -219,6 +223,13 @@ struct kvp_ctx {
 	                           original position (runtime/policy/rt_replay.h); NULL until the
 	                           replay ran */
 	int64_t replay_n;       /* positions per row of replay (the prompt length) */
+	/* KVP_NEED_HIDDEN (linear_score(), KVzap arXiv 2601.07891): */
+	int n_embd;             /* the model's hidden size (set by rt_seq; 0 = unknown) */
+	const float *layer_in;  /* during init_entries only: [n × n_embd] the rows the layer's
+	                           attention projected into the n new entries' keys and values,
+	                           i.e. the residual stream after the layer's input RMSNorm
+	                           (weight applied), row r = entry first + r; NULL elsewhere,
+	                           and NULL when no forward computed them (rt_shared) */
 };
 
 /* kvp_ctx.min_kv: budgets exactly as the policy's budget expression says, without its
@@ -310,6 +321,11 @@ struct kvp_policy {
 	int global_only;        /* 1: `layers = global_only`: the sliding-window layers are the
 	                           model's, not compressed, and compression is counted over the
 	                           other layers (eval/rt_compression.h) */
+	/* KVP_NEED_HIDDEN (linear_score("FILE")): the model the compiled-in scorer was trained
+	 * for, {layers, KV heads, hidden size}, and FILE as the policy names it; rt_seq_init
+	 * refuses a model of another shape */
+	int hidden_shape[3];
+	const char *hidden_file;
 };
 
 /* Bytes of per-entry statistics and per-head state a store needs for policy p with this

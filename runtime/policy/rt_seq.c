@@ -16,7 +16,8 @@
 
 /* ---- hooks from the forward ------------------------------------------------------------ */
 
-static void seq_on_append(void *user, int layer, int kv_head, int32_t first, int32_t n)
+static void seq_on_append(void *user, int layer, int kv_head, int32_t first, int32_t n,
+                          const float *xn)
 {
 	rt_seq *s = user;
 	if (s->cur_span) {
@@ -33,7 +34,9 @@ static void seq_on_append(void *user, int layer, int kv_head, int32_t first, int
 	}
 	if (s->p->init_entries) {
 		double t0 = rt_now();
+		s->run.ctx.layer_in = xn; /* linear_score(): KVP_NEED_HIDDEN */
 		s->p->init_entries(&s->run.ctx, &s->kv, layer, kv_head, first, n);
+		s->run.ctx.layer_in = NULL;
 		s->hook_seconds += rt_now() - t0;
 	}
 }
@@ -256,6 +259,22 @@ static void seq_rerotate(rt_seq *s)
 
 /* ---- lifecycle ----------------------------------------------------------------------- */
 
+/* A policy whose scorer reads the hidden states (KVP_NEED_HIDDEN) was trained for one
+ * model shape: another model is refused before anything is allocated. */
+static int hidden_shape_check(const rt_model *m, const struct kvp_policy *p, rt_err *err)
+{
+	const rt_model_hparams *hp = &m->hp;
+	const int *w = p->hidden_shape;
+	if (!(p->needs & KVP_NEED_HIDDEN) ||
+	    (w[0] == hp->n_layer && w[1] == hp->n_head_kv && w[2] == hp->n_embd))
+		return 0;
+	return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s holds a linear scorer for %d layers x %d "
+	                   "KV heads x hidden size %d, but the model %s has %d x %d x %d; train one for "
+	                   "this model (scripts/calibrate/kvzap_train.py)", p->name,
+	                   p->hidden_file ? p->hidden_file : "its weight file", w[0], w[1], w[2],
+	                   m->path, hp->n_layer, hp->n_head_kv, hp->n_embd);
+}
+
 int rt_seq_init(rt_seq *s, const rt_model *m, const struct kvp_policy *p, int32_t cap,
                 int max_chunk, int64_t prompt_len, rt_err *err)
 {
@@ -292,6 +311,8 @@ int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
 	if (cap < 1 || max_chunk < 1 || max_chunk > 65536)
 		return rt_err_set(err, "%s: sequence: invalid capacity %d or chunk %d", m->path, (int)cap,
 		                  max_chunk);
+	if (hidden_shape_check(m, p, err) != 0)
+		return -1;
 	if (p->needs & KVP_NEED_REPLAY) { /* room for one replayed chunk (rt_replay.h) */
 		if (cap > INT32_MAX - RT_REPLAY_CHUNK - RT_REPLAY_ROOM)
 			return rt_err_set(err, "%s: sequence: invalid capacity %d", m->path, (int)cap);
@@ -327,6 +348,7 @@ int rt_seq_init_typed(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
 	s->run.ctx.rope_freq = m->rope_freq;  /* at each layer's own frequencies */
 	s->run.ctx.layer_window = m->layer_window; /* `layers = global_only` skips the windowed */
 	s->run.ctx.n_rot = hp->n_rot;
+	s->run.ctx.n_embd = hp->n_embd; /* linear_score()'s shape check (KVP_NEED_HIDDEN) */
 	if ((p->needs & KVP_NEED_QUERY) && rt_fwd_keep_queries(&s->fwd, err) != 0) {
 		rt_seq_free(s);
 		return -1;
@@ -435,6 +457,7 @@ int rt_seq_attach(rt_seq *s, const rt_seq_dev *d, rt_err *err)
 	                : s->run.ctx.seen > 0 ? "it has been fed"
 	                : (s->p->needs & KVP_NEED_TRACE) ? "its policy records a prompt trace on the CPU"
 	                : (s->p->needs & KVP_NEED_REPLAY) ? "its policy replays the context on the CPU forward (replay_attn)"
+	                : (s->p->needs & KVP_NEED_HIDDEN) ? "its policy scores entries from the hidden states on the CPU"
 	                : s->rot_idx ? "its policy re-rotates compacted positions on the CPU"
 	                : d->max_chunk < 1 ? "the device takes no tokens" : NULL;
 	if (why)

@@ -10,7 +10,8 @@
 #include "model/rt_model.h"
 
 /* needs a one-shot replay from keys and window queries cannot supply */
-#define SHARED_UNSUPPORTED (KVP_NEED_TRACE | KVP_NEED_QUERY | KVP_NEED_F32_KV | KVP_NEED_TIERS)
+#define SHARED_UNSUPPORTED \
+	(KVP_NEED_TRACE | KVP_NEED_QUERY | KVP_NEED_F32_KV | KVP_NEED_TIERS | KVP_NEED_HIDDEN)
 
 /* set err, give the status code (err must be in scope) */
 #define FAIL(code, ...) (rt_err_set(err, __VA_ARGS__), (code))
@@ -73,6 +74,7 @@ static int policy_find(const struct kvp_policy *const *reg, int n_reg,
 		            "from keys and window queries cannot give (needs 0x%llx)", p->name,
 		            (p->needs & KVP_NEED_TRACE) ? "the prompt trace"
 		            : (p->needs & KVP_NEED_QUERY) ? "pre-RoPE query statistics"
+		            : (p->needs & KVP_NEED_HIDDEN) ? "the layers' hidden states"
 		            : (p->needs & KVP_NEED_TIERS) ? "precision tiers" : "f32 row rewrites",
 		            (long long)p->needs);
 	*out = p;
