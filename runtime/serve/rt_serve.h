@@ -76,7 +76,9 @@ int rt_serve_run(const rt_serve_cfg *cfg, const struct kvp_policy *const *reg, i
  * what a prompt chunk adds before the compress at its end); each ceil(x/R) is the budget
  * the policy really keeps at context x (rt_policy_budget_at: raised by the floor, the
  * larger of kvp_ctx.min_kv and the policy's `budget = B min F`, and by guards that exceed
- * it under that floor). */
+ * it under that floor). A policy with a context replay (KVP_NEED_REPLAY) holds at least
+ * P + min(P, RT_REPLAY_CHUNK) + RT_REPLAY_ROOM entries at the prompt end (the prompt and one
+ * replayed chunk, runtime/policy/rt_replay.h). */
 struct rt_seq;
 int64_t rt_serve_footprint(struct rt_seq *s, int64_t n_prompt, int64_t max_tokens, int chunk);
 

@@ -63,12 +63,15 @@ static int key_eq(const srv *S, const struct start_key *a, const struct start_ke
 /* Whether r's policy may share: one that never compresses, or one that keeps protected
  * spans (and so may leave the prefix as it is) and writes rows only through the store's
  * guarded calls: not GraceKV's f32 rewrites, not tiers, not the compacted convention's
- * re-rotation (runtime/kv/rt_kv.h, "Shared prefixes"). */
+ * re-rotation (runtime/kv/rt_kv.h, "Shared prefixes"); not the context replay either, which
+ * reads the prompt's tokens again as the sequence was fed them (runtime/policy/rt_replay.h),
+ * and a shared prefix is not fed. */
 static int policy_shares(const struct kvp_policy *p)
 {
 	if (!p->compress)
 		return 1;
-	return (p->needs & KVP_NEED_SPANS) && !(p->needs & (KVP_NEED_F32_KV | KVP_NEED_TIERS)) &&
+	return (p->needs & KVP_NEED_SPANS) &&
+	       !(p->needs & (KVP_NEED_F32_KV | KVP_NEED_TIERS | KVP_NEED_REPLAY)) &&
 	       p->positions == KVP_POS_ORIGINAL;
 }
 

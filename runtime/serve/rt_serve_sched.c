@@ -574,8 +574,11 @@ int64_t rt_serve_footprint(rt_seq *s, int64_t n_prompt, int64_t max_tokens, int 
 {
 	const int64_t P = n_prompt, T = max_tokens, N = P + T;
 	const double R = s->run.ctx.ratio;
+	/* a context replay holds the prompt and one replayed chunk at once (rt_replay.h) */
+	const int64_t rp = (s->p->needs & KVP_NEED_REPLAY)
+	                 ? P + (P < RT_REPLAY_CHUNK ? P : RT_REPLAY_CHUNK) + RT_REPLAY_ROOM : 0;
 	if (!s->p->compress || R <= 0)
-		return N;
+		return N > rp ? N : rp;
 	/* the policy's own triggers (the probes below), then the prefill chunk */
 	const int32_t pf = s->run.prefill_chunk < chunk ? s->run.prefill_chunk : chunk;
 	s->run.prefill_chunk = 0;
@@ -584,7 +587,8 @@ int64_t rt_serve_footprint(rt_seq *s, int64_t n_prompt, int64_t max_tokens, int 
 	if (P > 1 && k0 >= (P < 65536 ? P : 65536)) {
 		s->run.prefill_chunk = pf;
 		int64_t a = ratio_budget(s, P, R) + T;
-		return a > P ? (a < N ? a : N) : P;
+		a = a > P ? (a < N ? a : N) : P;
+		return a > rp ? a : rp;
 	}
 	/* streaming: at the end the store holds about ceil(N / R) entries; the longest chunk
 	 * its trigger allows there bounds what an append adds. While the prompt is fed the
