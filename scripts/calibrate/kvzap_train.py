@@ -213,6 +213,7 @@ def main():
 	ap.add_argument("--alpha", type=float, default=1.0, help="ridge penalty (default 1)")
 	ap.add_argument("--floor", type=float, default=1e-8, help="scores below are clipped before the log")
 	ap.add_argument("--kvrt", default="build/kvrt")
+	ap.add_argument("--note", default="", help="a line for the file's header (how the dumps were made)")
 	ap.add_argument("--synthetic", action="store_true")
 	a = ap.parse_args()
 	if a.synthetic:
@@ -251,9 +252,10 @@ def main():
 	          "w . h + b predicting log KVzip score (clipped at %g), h the layer's input after\n"
 	          "its attention RMSNorm; ridge lambda %g on %s;\n"
 	          "held-out R^2 %.3f, Spearman %.3f (mean over layers); model %s.\n"
-	          "Written by scripts/calibrate/kvzap_train.py."
+	          "%sWritten by scripts/calibrate/kvzap_train.py."
 	          % (a.floor, a.alpha, source, np.mean([q[0] for q in quality]),
-	             np.mean([q[1] for q in quality]), os.path.basename(a.model)))
+	             np.mean([q[1] for q in quality]), os.path.basename(a.model),
+	             a.note + "\n" if a.note else ""))
 	write_linear(a.out, W, b, header)
 	return 0
 
