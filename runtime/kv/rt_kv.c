@@ -664,19 +664,25 @@ int rt_kv_prefix_fork(rt_kv *kv, rt_kv_prefix *px, rt_err *err)
 {
 	if (!rt_kv_prefix_forkable(kv, px))
 		return 0;
-	if (rt_kv_reserve(kv, px->m, err) != 0)
-		return -1;
+	/* the shared rows never come from the pool: credit them before the blocks are taken
+	 * (share_all gives them back once more, the credit is then cancelled), so the fork
+	 * needs only the bytes it does not share, even in a nearly full pool */
 	const int nh = kv->n_layer * kv->n_kv_head;
-	const size_t ml = meta_list(kv, px->n, px->m);
-	for (int i = 0; i < nh; i++) {
-		meta_copy(kv, &kv->heads[i], px->meta + (size_t)i * ml, px->n, px->m, 1);
-		kv->heads[i].n = px->m;
+	const int64_t sb = px->n / RT_KV_BLOCK, rows = sb * RT_KV_BLOCK * 2 * (int64_t)kv->row_bytes;
+	rt_kvpool_adjust(kv->pool, -nh * sb, -nh * rows);
+	int rc = rt_kv_reserve(kv, px->m, err);
+	if (rc == 0) {
+		const size_t ml = meta_list(kv, px->n, px->m);
+		for (int i = 0; i < nh; i++) {
+			meta_copy(kv, &kv->heads[i], px->meta + (size_t)i * ml, px->n, px->m, 1);
+			kv->heads[i].n = px->m;
+		}
+		rc = share_all(kv, px, err);
+		if (rc != 0)
+			rt_kv_reset(kv); /* empty again: the rows half mapped are dropped */
 	}
-	if (share_all(kv, px, err) != 0) {
-		rt_kv_reset(kv); /* empty again: the rows half mapped are dropped */
-		return -1;
-	}
-	return 1;
+	rt_kvpool_adjust(kv->pool, nh * sb, nh * rows);
+	return rc == 0 ? 1 : -1;
 }
 
 int rt_kv_shared_lists(const rt_kv *kv)

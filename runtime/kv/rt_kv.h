@@ -303,8 +303,8 @@ int rt_kv_prefix_attach(rt_kv *kv, rt_kv_prefix *px, rt_err *err);
  * copied, so kv is then, array for array, the maker's store at that moment. Possible
  * (rt_kv_prefix_forkable) when kv has px's shape, statistics and state sizes, a capacity of
  * at least m, and every list empty and unshared. Returns 1 when kv forked, 0 when it cannot
- * (nothing changed), -1 with err when the pool refuses the entries' blocks ("KV pool
- * exhausted: ...") or a mapping fails (kv is then empty again). The caller moves the
+ * (nothing changed), -1 with err when the pool refuses what the entries need beyond the
+ * shared rows ("KV pool exhausted: ...") or a mapping fails (kv is then empty again). The caller moves the
  * sequence's own state (tokens seen, counters) to the maker's: runtime/policy/rt_seq.h
  * rt_seq_fork. */
 int32_t rt_kv_prefix_fork_len(const rt_kv_prefix *px);
