@@ -142,12 +142,19 @@ START_TEST(tier_scores_and_mix_equal_decoded_rows)
 		q[j] = rnd(&s);
 	const float scale = 1.0f / sqrtf((float)d);
 	const int lims[2] = { n, n - 7 };
+	/* AVX2's results, which the AVX-512 kernels reproduce bit for bit (rt_kvattn.c) */
+	float *S2 = malloc(2 * (size_t)G * n * sizeof *S2), *out2 = malloc(2 * (size_t)G * d * sizeof *out2);
 	for (int isa = RT_ISA_SCALAR; isa <= rt_dot_isa_best(); isa++)
 		for (int li = 0; li < 2; li++) {
 			const int lim = lims[li];
 			for (int j = 0; j < G * n; j++)
 				S[j] = SENT;
 			rt_kvattn_tier_scores(&kv, h, lim, q, (size_t)d, G, scale, S, (size_t)n, isa);
+			if (isa == RT_ISA_AVX2)
+				memcpy(S2 + (size_t)li * G * n, S, (size_t)G * n * sizeof *S);
+			if (isa == RT_ISA_AVX512)
+				ck_assert_msg(!memcmp(S2 + (size_t)li * G * n, S, (size_t)G * n * sizeof *S),
+				              "d %d G %d lim %d: AVX-512 scores differ from AVX2's", d, G, lim);
 			/* the rotation's rounding: log2 d passes, each 2^-24 relative */
 			const double gk = (d + 2 + 2 * log2(d)) * ldexp(1.0, -23);
 			for (int g = 0; g < G; g++) {
@@ -179,11 +186,18 @@ START_TEST(tier_scores_and_mix_equal_decoded_rows)
 					              d, G, g, i, h->tier[i], got, ref);
 				}
 			}
-			/* probabilities: any non-negative weights (entries past lim get poison) */
+			/* probabilities: any non-negative weights (entries past lim get poison), the
+			 * same at every ISA */
+			unsigned sp = s + (unsigned)li;
 			for (int g = 0; g < G; g++)
 				for (int i = 0; i < n; i++)
-					P[(size_t)g * n + i] = i < lim ? (float)rng(&s) / (float)0xffffff : NAN;
+					P[(size_t)g * n + i] = i < lim ? (float)rng(&sp) / (float)0xffffff : NAN;
 			rt_kvattn_tier_mix(&kv, h, lim, P, (size_t)n, G, out, (size_t)d, isa);
+			if (isa == RT_ISA_AVX2)
+				memcpy(out2 + (size_t)li * G * d, out, (size_t)G * d * sizeof *out);
+			if (isa == RT_ISA_AVX512)
+				ck_assert_msg(!memcmp(out2 + (size_t)li * G * d, out, (size_t)G * d * sizeof *out),
+				              "d %d G %d lim %d: AVX-512 mix differs from AVX2's", d, G, lim);
 			const double gv = (lim + 2 + 2 * log2(d)) * ldexp(1.0, -23);
 			for (int g = 0; g < G; g++)
 				for (int c = 0; c < d; c++) {
@@ -202,7 +216,7 @@ START_TEST(tier_scores_and_mix_equal_decoded_rows)
 				}
 		}
 	free(K), free(V), free(q), free(P), free(S), free(out), free(kmax), free(vmax);
-	free(krmax), free(vrmax), free(qr);
+	free(krmax), free(vrmax), free(qr), free(S2), free(out2);
 	rt_kv_free(&kv);
 }
 END_TEST

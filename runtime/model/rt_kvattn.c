@@ -648,6 +648,176 @@ AVX512_ATTR static void axpy_avx512(float *y, float a, const float *x, int w)
 	axpy_scalar(y + j, a, x + j, w - j);
 }
 
+
+/* The tiered kernels at 512 bits: the quantised tiers' scores and every tier's mix in about
+ * half AVX2's instructions per entry (the top tier's f16 scores stay AVX2's: 512 bits
+ * measured no faster there). Each gives AVX2's bits: tqscores_avx512's 32-bit lanes are
+ * folded (upper half onto lower) into the very integer sums AVX2's lanes hold before
+ * tier_qflush_avx2 converts them, and tmix_avx512 does per channel the fused multiply-adds
+ * of tmix_chunk_avx2 in the same entry order, 64 channels (two value groups) per walk of
+ * an arena instead of 32. test_kvtattn checks both against the decoded rows at every ISA
+ * and for bits equal to AVX2's. */
+
+/* codes32_avx2's 32 codes widened to 16-bit lanes in channel order */
+AVX512_ATTR static inline __m512i codes32_w16_avx512(int bits, const uint8_t *p)
+{
+	__m128i lo, hi;
+	codes32_avx2(bits, p, &lo, &hi);
+	return _mm512_cvtepu8_epi16(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
+/* tier_qflush_avx2 over 512-bit accumulators: lane k + 8 added to lane k (exact) */
+AVX512_ATTR static void tier_qflush_avx512(const __m512i *acc, const int32_t *ent, int nb, int G,
+                                           const float *base, const float *D, float *S,
+                                           size_t ldS)
+{
+	__m256i a[TIER_QG * 8];
+	for (int g = 0; g < G; g++)
+		for (int k = 0; k < nb; k++)
+			a[g * 8 + k] = _mm256_add_epi32(_mm512_castsi512_si256(acc[g * 8 + k]),
+			                                _mm512_extracti64x4_epi64(acc[g * 8 + k], 1));
+	tier_qflush_avx2(a, ent, nb, G, base, D, S, ldS);
+}
+
+/* tqscores_avx2 with one 512-bit madd per 32 channels and query row (AVX2: two, plus an
+ * add) */
+AVX512_ATTR static void tqscores_avx512(const rt_kv *kv, const rt_kv_head *h, int t, int32_t lim,
+                                        const float *q, size_t ldq, int G, float scale,
+                                        float *S, size_t ldS)
+{
+	const int d = kv->head_dim, kind = rt_kv_tier_codec(kv, t, 0);
+	const int bits = rt_kvq_bits((rt_kvq_kind)kind);
+	const size_t sb = 2 * kv->tier_row[t], cb = (size_t)32 * bits / 8;
+	const rt_kv_arena *a = &h->arena[t];
+	float qs[TIER_QG * TIER_MAXD], base[TIER_QG], D[TIER_QG];
+	int16_t iq[TIER_QG * TIER_MAXD];
+	__m512i acc[TIER_QG * 8];
+	int32_t ent[8], g_have = -1;
+	int nb = 0;
+	for (int32_t s = 0; s < a->n; s++) {
+		const int32_t e = a->owner[s];
+		if (e >= lim)
+			continue;
+		if (h->kgrp[e] != g_have) {
+			if (nb)
+				tier_qflush_avx512(acc, ent, nb, G, base, D, S, ldS);
+			nb = 0;
+			g_have = h->kgrp[e];
+			tier_fold_avx2(kind, rt_kv_kgroup_range(kv, h, g_have), d, q, ldq, G, scale, qs,
+			               base);
+			tier_qfold_avx2(qs, d, G, iq, D);
+		}
+		const uint8_t *row = a->rows + (size_t)s * sb;
+		for (int g = 0; g < G; g++)
+			acc[g * 8 + nb] = _mm512_setzero_si512();
+		for (int c0 = 0; c0 < d; c0 += 32, row += cb) {
+			const __m512i x = codes32_w16_avx512(bits, row);
+			for (int g = 0; g < G; g++)
+				acc[g * 8 + nb] = _mm512_add_epi32(
+					acc[g * 8 + nb],
+					_mm512_madd_epi16(x, _mm512_loadu_si512((const void *)(iq + (size_t)g * d + c0))));
+		}
+		ent[nb++] = e;
+		if (nb == 8) {
+			tier_qflush_avx512(acc, ent, nb, G, base, D, S, ldS);
+			nb = 0;
+		}
+	}
+	if (nb)
+		tier_qflush_avx512(acc, ent, nb, G, base, D, S, ldS);
+}
+
+AVX512_ATTR static void tscores_avx512(const rt_kv *kv, const rt_kv_head *h, int32_t lim,
+                                       const float *q, size_t ldq, const float *qr, size_t ldqr,
+                                       int G, float scale, float *S, size_t ldS)
+{
+	const int d = kv->head_dim;
+	float qs[TIER_QG * TIER_MAXD];
+	for (int g = 0; g < G; g++)
+		for (int c = 0; c < d; c++)
+			qs[(size_t)g * d + c] = scale * q[(size_t)g * ldq + c];
+	ttop_scores_avx2(kv, h, lim, G, qs, S, ldS); /* 512 bits gained nothing here */
+	for (int t = RT_KV_TIER_TOP + 1; t < RT_KV_N_TIER; t++)
+		if (h->arena[t].n)
+			tqscores_avx512(kv, h, t, lim, qr, ldqr, G, scale, S, ldS);
+}
+
+/* 32 channels of a row as floats x[0..2) (chunk32_avx2's, 16 lanes each) */
+AVX512_ATTR static inline void chunk32_avx512(int bits, const uint8_t *p, __m512 x[2])
+{
+	if (bits == 16) {
+		x[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)p));
+		x[1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p + 32)));
+		return;
+	}
+	__m128i lo, hi;
+	codes32_avx2(bits, p, &lo, &hi);
+	x[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo));
+	x[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi));
+}
+
+/* tmix_chunk_avx2 for channels [c0, c0 + 32·nc), nc <= 2 value groups, query heads
+ * [g0, g0 + ng), ng <= 3 (12 accumulators) */
+AVX512_ATTR static void tmix_chunk_avx512(const rt_kv *kv, const rt_kv_head *h, int32_t lim,
+                                          const float *P, size_t ldP, int g0, int ng, int c0,
+                                          int nc, float *out, size_t ldo, int t0, int t1)
+{
+	__m512 acc[3][4];
+	float bias[3][2] = { { 0, 0 }, { 0, 0 }, { 0, 0 } };
+	for (int g = 0; g < 3; g++)
+		for (int j = 0; j < 4; j++)
+			acc[g][j] = _mm512_setzero_ps();
+	for (int t = t0; t < t1; t++) {
+		const rt_kv_arena *a = &h->arena[t];
+		const int top = t == RT_KV_TIER_TOP;
+		const int bits = top ? 16 : rt_kvq_bits((rt_kvq_kind)rt_kv_tier_codec(kv, t, 1));
+		const size_t sb = 2 * kv->tier_row[t], gb = top ? 64 : (size_t)(4 + 4 * bits);
+		const size_t off = kv->tier_krow[t] + (size_t)(c0 / 32) * gb;
+		for (int32_t s = 0; s < a->n; s++) {
+			const int32_t e = a->owner[s];
+			if (e >= lim)
+				continue;
+			const uint8_t *row = a->rows + (size_t)s * sb + off;
+			for (int k = 0; k < nc; k++, row += gb) {
+				float sc = 1, mn = 0;
+				const uint8_t *codes = row;
+				if (!top) {
+					uint16_t hdr[2];
+					memcpy(hdr, row, 4);
+					sc = _cvtsh_ss(hdr[0]);
+					mn = _cvtsh_ss(hdr[1]);
+					codes += 4;
+				}
+				__m512 x[2];
+				chunk32_avx512(bits, codes, x);
+				for (int g = 0; g < ng; g++) {
+					const float p = P[(size_t)(g0 + g) * ldP + e];
+					const __m512 w = _mm512_set1_ps(p * sc);
+					bias[g][k] += p * mn;
+					acc[g][2 * k] = _mm512_fmadd_ps(w, x[0], acc[g][2 * k]);
+					acc[g][2 * k + 1] = _mm512_fmadd_ps(w, x[1], acc[g][2 * k + 1]);
+				}
+			}
+		}
+	}
+	for (int g = 0; g < ng; g++)
+		for (int j = 0; j < 2 * nc; j++)
+			_mm512_storeu_ps(out + (size_t)(g0 + g) * ldo + c0 + 16 * j,
+			                 _mm512_add_ps(acc[g][j], _mm512_set1_ps(bias[g][j / 2])));
+}
+
+AVX512_ATTR static void tmix_avx512(const rt_kv *kv, const rt_kv_head *h, int32_t lim,
+                                    const float *P, size_t ldP, int G, float *out, size_t ldo,
+                                    int t0, int t1)
+{
+	for (int c0 = 0; c0 < kv->head_dim; c0 += 64) {
+		const int nc = kv->head_dim - c0 >= 64 ? 2 : 1;
+		for (int g0 = 0; g0 < G; g0 += 3)
+			tmix_chunk_avx512(kv, h, lim, P, ldP, g0, G - g0 < 3 ? G - g0 : 3, c0, nc, out,
+			                  ldo, t0, t1);
+	}
+}
+
 KVATTN_DEFINE(f16_avx512, AVX512_ATTR, dec_f16_avx512, off_f16, dot_avx512, axpy_avx512)
 KVATTN_DEFINE(q8_avx512, AVX512_ATTR, dec_q8_avx512, off_q8, dot_avx512, axpy_avx512)
 #endif
@@ -694,8 +864,7 @@ static const tier_kernels tier_table[3] = {
 	{ tscores_scalar, tmix_scalar },
 #ifdef KVATTN_X86
 	{ tscores_avx2, tmix_avx2 },
-	/* AVX2's: a row's codes are 16 to 64 bytes, and the entry's loop, not the width, bounds it */
-	{ tscores_avx2, tmix_avx2 },
+	{ tscores_avx512, tmix_avx512 },
 #endif
 };
 
