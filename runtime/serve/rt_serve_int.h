@@ -249,12 +249,23 @@ int srv_parse_request(srv *S, req *r, const char *body, size_t len, verr *e);
 
 /* rt_serve_sched.c */
 extern const srv_hist_def srv_hists[SRV_N_HISTS];
-void srv_hist_observe(srv *S, int h, double seconds); /* S->mu held */
+/* Count one observation of `seconds` in histogram h (SRV_HISTS' ids) of S (S->mu held). */
+void srv_hist_observe(srv *S, int h, double seconds);
+/* Free r and everything it owns (its live sequence's blocks back to the pool, its prompt,
+ * stop strings, output, SSE buffer); S->live drops by one. Only srv_req_unref calls it
+ * when the last reference goes. */
 void srv_req_free(req *r);
 void srv_req_unref(req *r);    /* drop one reference (S->mu held) */
+/* OpenAI's "usage" object of r (prompt, completion, total tokens); the caller owns it. */
 json_t *srv_usage_obj(const req *r);
+/* The "kv" extension of r's response or trace line: its policy, ratios, parameters and
+ * the KV figures (docs/serving.md, "Responses"), from the live sequence or, once r
+ * finished, from what req_finish kept; the caller owns it (S->mu held). */
 json_t *srv_kv_obj(const srv *S, const req *r);
+/* A response object's common fields (id, object = `object`, created, model); the caller
+ * owns it. */
 json_t *srv_base_obj(const srv *S, const req *r, const char *object);
+/* The HTTP status of runtime error e by its code: input 400, resource 503, else 500. */
 int srv_err_status(const rt_err *e);
 void *srv_scheduler(void *arg); /* the scheduler thread (arg: the srv) */
 
@@ -266,14 +277,22 @@ int srv_prefix_start(srv *S, req *r); /* before r's first prompt chunk: fork a p
                                         is computing the prefix it would fork */
 void srv_prefix_step(srv *S, req *r); /* after a step that fed r's prompt: share its prefix */
 void srv_prefix_sweep(srv *S);        /* drop prefixes no list shares; the pool gauges */
-void srv_prefix_free(srv *S);
+void srv_prefix_free(srv *S);         /* drop every prefix and the registry (at shutdown,
+                                        after the sequences are freed) */
 
 /* rt_serve_http.c */
+/* libmicrohttpd's access handler (MHD_AccessHandlerCallback; cls the srv): collects a POST
+ * body (413 past the limit), checks the API key (401), then dispatches on the route table
+ * (404 unknown path, 405 wrong method). */
 enum MHD_Result srv_handler(void *cls, struct MHD_Connection *c, const char *url,
                             const char *method, const char *version, const char *upload,
                             size_t *upload_size, void **con_cls);
+/* libmicrohttpd's completion callback (MHD_RequestCompletedCallback): frees the
+ * connection's state and takes it off the list of incomplete uploads. */
 void srv_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                    enum MHD_RequestTerminationCode toe);
+/* Answer 408 to requests whose body has stalled for --timeout seconds and shut
+ * them down (rt_serve_http.c says why); the main thread calls it every 100 ms. */
 void srv_upload_sweep(srv *S);
 
 #endif
