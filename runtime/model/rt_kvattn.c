@@ -471,70 +471,100 @@ AVX2_ATTR static void tier_qflush_avx2(const __m256i *acc, const int32_t *ent, i
  * the queries q (H·q when keys are rotated) and the fold is rounded to 16 bits
  * (tier_qfold_avx2); an entry's codes, widened to 16 bits, are dotted with it by madd
  * (pairs of 16-bit products summed in 32-bit lanes: per lane at most d/8 products of
- * 255 · 32767, below 2^31 for d <= 1024). Entries are taken 8 at a time (of one group). */
-AVX2_ATTR static void tqscores_avx2(const rt_kv *kv, const rt_kv_head *h, int t, int32_t lim,
-                                    const float *q, size_t ldq, int G, float scale, float *S,
-                                    size_t ldS)
+ * 255 · 32767, below 2^31 for d <= 1024). Entries are taken 8 at a time (of one group).
+ * One walk for every ISA: tq_entry_SUF accumulates an entry's dots into its ACC_T lanes
+ * acc[g·8 + nb], tier_qflush_SUF reduces up to 8 entries into S; tscores_SUF runs it on
+ * every quantised tier after the top one. */
+#define TSCORES_DEFINE(SUF, ATTR, ACC_T)                                                    \
+	ATTR static void tqscores_##SUF(const rt_kv *kv, const rt_kv_head *h, int t, int32_t lim,  \
+	                                const float *q, size_t ldq, int G, float scale, float *S,  \
+	                                size_t ldS)                                                \
+	{                                                                                          \
+		const int d = kv->head_dim, kind = rt_kv_tier_codec(kv, t, 0);                         \
+		const int bits = rt_kvq_bits((rt_kvq_kind)kind);                                       \
+		const size_t sb = 2 * kv->tier_row[t];                                                 \
+		const rt_kv_arena *a = &h->arena[t];                                                   \
+		float qs[TIER_QG * TIER_MAXD], base[TIER_QG], D[TIER_QG];                              \
+		int16_t iq[TIER_QG * TIER_MAXD];                                                       \
+		ACC_T acc[TIER_QG * 8];                                                                \
+		int32_t ent[8], g_have = -1;                                                           \
+		int nb = 0;                                                                            \
+		for (int32_t s = 0; s < a->n; s++) {                                                   \
+			const int32_t e = a->owner[s];                                                     \
+			if (e >= lim)                                                                      \
+				continue;                                                                      \
+			if (h->kgrp[e] != g_have) {                                                        \
+				if (nb)                                                                        \
+					tier_qflush_##SUF(acc, ent, nb, G, base, D, S, ldS);                       \
+				nb = 0;                                                                        \
+				g_have = h->kgrp[e];                                                           \
+				tier_fold_avx2(kind, rt_kv_kgroup_range(kv, h, g_have), d, q, ldq, G, scale,   \
+				               qs, base);                                                      \
+				tier_qfold_avx2(qs, d, G, iq, D);                                              \
+			}                                                                                  \
+			tq_entry_##SUF(acc + nb, G, bits, a->rows + (size_t)s * sb, iq, d);                \
+			ent[nb++] = e;                                                                     \
+			if (nb == 8) {                                                                     \
+				tier_qflush_##SUF(acc, ent, nb, G, base, D, S, ldS);                           \
+				nb = 0;                                                                        \
+			}                                                                                  \
+		}                                                                                      \
+		if (nb)                                                                                \
+			tier_qflush_##SUF(acc, ent, nb, G, base, D, S, ldS);                               \
+	}                                                                                          \
+	/* every tier: the top one's f16 rows by ttop_scores_avx2 (at 512 bits no faster) */       \
+	ATTR static void tscores_##SUF(const rt_kv *kv, const rt_kv_head *h, int32_t lim,         \
+	                               const float *q, size_t ldq, const float *qr, size_t ldqr,   \
+	                               int G, float scale, float *S, size_t ldS)                   \
+	{                                                                                          \
+		const int d = kv->head_dim;                                                            \
+		float qs[TIER_QG * TIER_MAXD];                                                         \
+		for (int g = 0; g < G; g++)                                                            \
+			for (int c = 0; c < d; c++)                                                        \
+				qs[(size_t)g * d + c] = scale * q[(size_t)g * ldq + c];                        \
+		ttop_scores_avx2(kv, h, lim, G, qs, S, ldS);                                           \
+		for (int t = RT_KV_TIER_TOP + 1; t < RT_KV_N_TIER; t++)                                \
+			if (h->arena[t].n)                                                                 \
+				tqscores_##SUF(kv, h, t, lim, qr, ldqr, G, scale, S, ldS);                     \
+	}
+
+/* One entry's integer dots with the G folded queries iq[G × d]: acc[g·8] (the entry's lane
+ * of query row g), two 256-bit madds per 32 channels and query row. */
+AVX2_ATTR static inline void tq_entry_avx2(__m256i *acc, int G, int bits, const uint8_t *row,
+                                           const int16_t *iq, int d)
 {
-	const int d = kv->head_dim, kind = rt_kv_tier_codec(kv, t, 0);
-	const int bits = rt_kvq_bits((rt_kvq_kind)kind);
-	const size_t sb = 2 * kv->tier_row[t], cb = (size_t)32 * bits / 8;
-	const rt_kv_arena *a = &h->arena[t];
-	float qs[TIER_QG * TIER_MAXD], base[TIER_QG], D[TIER_QG];
-	int16_t iq[TIER_QG * TIER_MAXD];
-	__m256i acc[TIER_QG * 8];
-	int32_t ent[8], g_have = -1;
-	int nb = 0;
-	for (int32_t s = 0; s < a->n; s++) {
-		const int32_t e = a->owner[s];
-		if (e >= lim)
-			continue;
-		if (h->kgrp[e] != g_have) {
-			if (nb)
-				tier_qflush_avx2(acc, ent, nb, G, base, D, S, ldS);
-			nb = 0;
-			g_have = h->kgrp[e];
-			tier_fold_avx2(kind, rt_kv_kgroup_range(kv, h, g_have), d, q, ldq, G, scale, qs,
-			               base);
-			tier_qfold_avx2(qs, d, G, iq, D);
-		}
-		const uint8_t *row = a->rows + (size_t)s * sb;
-		for (int g = 0; g < G; g++)
-			acc[g * 8 + nb] = _mm256_setzero_si256();
-		for (int c0 = 0; c0 < d; c0 += 32, row += cb) {
-			__m128i lo, hi;
-			codes32_avx2(bits, row, &lo, &hi);
-			const __m256i x0 = _mm256_cvtepu8_epi16(lo), x1 = _mm256_cvtepu8_epi16(hi);
-			for (int g = 0; g < G; g++) {
-				const int16_t *w = iq + (size_t)g * d + c0;
-				const __m256i u = _mm256_madd_epi16(x0, _mm256_loadu_si256((const __m256i *)(const void *)w));
-				const __m256i v = _mm256_madd_epi16(x1, _mm256_loadu_si256((const __m256i *)(const void *)(w + 16)));
-				acc[g * 8 + nb] = _mm256_add_epi32(acc[g * 8 + nb], _mm256_add_epi32(u, v));
-			}
-		}
-		ent[nb++] = e;
-		if (nb == 8) {
-			tier_qflush_avx2(acc, ent, nb, G, base, D, S, ldS);
-			nb = 0;
+	const size_t cb = (size_t)32 * bits / 8;
+	for (int g = 0; g < G; g++)
+		acc[g * 8] = _mm256_setzero_si256();
+	for (int c0 = 0; c0 < d; c0 += 32, row += cb) {
+		__m128i lo, hi;
+		codes32_avx2(bits, row, &lo, &hi);
+		const __m256i x0 = _mm256_cvtepu8_epi16(lo), x1 = _mm256_cvtepu8_epi16(hi);
+		for (int g = 0; g < G; g++) {
+			const int16_t *w = iq + (size_t)g * d + c0;
+			const __m256i u = _mm256_madd_epi16(x0, _mm256_loadu_si256((const __m256i *)(const void *)w));
+			const __m256i v = _mm256_madd_epi16(x1, _mm256_loadu_si256((const __m256i *)(const void *)(w + 16)));
+			acc[g * 8] = _mm256_add_epi32(acc[g * 8], _mm256_add_epi32(u, v));
 		}
 	}
-	if (nb)
-		tier_qflush_avx2(acc, ent, nb, G, base, D, S, ldS);
 }
 
-AVX2_ATTR static void tscores_avx2(const rt_kv *kv, const rt_kv_head *h, int32_t lim,
-                                   const float *q, size_t ldq, const float *qr, size_t ldqr,
-                                   int G, float scale, float *S, size_t ldS)
+TSCORES_DEFINE(avx2, AVX2_ATTR, __m256i)
+
+/* A value group at row: its f16 scale and minimum (*sc, *mn) and its codes, or, in the top
+ * tier's f16 rows (top), 1, 0 and the row itself. */
+AVX2_ATTR static inline const uint8_t *vgroup_avx2(int top, const uint8_t *row, float *sc,
+                                                   float *mn)
 {
-	const int d = kv->head_dim;
-	float qs[TIER_QG * TIER_MAXD];
-	for (int g = 0; g < G; g++)
-		for (int c = 0; c < d; c++)
-			qs[(size_t)g * d + c] = scale * q[(size_t)g * ldq + c];
-	ttop_scores_avx2(kv, h, lim, G, qs, S, ldS);
-	for (int t = RT_KV_TIER_TOP + 1; t < RT_KV_N_TIER; t++)
-		if (h->arena[t].n)
-			tqscores_avx2(kv, h, t, lim, qr, ldqr, G, scale, S, ldS);
+	if (top) {
+		*sc = 1, *mn = 0;
+		return row;
+	}
+	uint16_t hdr[2];
+	memcpy(hdr, row, 4);
+	*sc = _cvtsh_ss(hdr[0]);
+	*mn = _cvtsh_ss(hdr[1]);
+	return row + 4;
 }
 
 /* Channels [c0, c0 + 32) of out for query heads [g0, g0 + ng) (ng <= 3: 12 accumulators in
@@ -560,17 +590,11 @@ AVX2_ATTR static void tmix_chunk_avx2(const rt_kv *kv, const rt_kv_head *h, int3
 			const int32_t e = a->owner[s];
 			if (e >= lim)
 				continue;
-			const uint8_t *row = a->rows + (size_t)s * sb + off;
-			float sc = 1, mn = 0;
-			if (t != RT_KV_TIER_TOP) {
-				uint16_t hdr[2];
-				memcpy(hdr, row, 4);
-				sc = _cvtsh_ss(hdr[0]);
-				mn = _cvtsh_ss(hdr[1]);
-				row += 4;
-			}
+			float sc, mn;
+			const uint8_t *codes = vgroup_avx2(t == RT_KV_TIER_TOP, a->rows + (size_t)s * sb + off,
+			                                   &sc, &mn);
 			__m256 x[4];
-			chunk32_avx2(bits, row, x);
+			chunk32_avx2(bits, codes, x);
 			for (int g = 0; g < ng; g++) {
 				const float p = P[(size_t)(g0 + g) * ldP + e];
 				const __m256 w = _mm256_set1_ps(p * sc);
@@ -679,68 +703,23 @@ AVX512_ATTR static void tier_qflush_avx512(const __m512i *acc, const int32_t *en
 	tier_qflush_avx2(a, ent, nb, G, base, D, S, ldS);
 }
 
-/* tqscores_avx2 with one 512-bit madd per 32 channels and query row (AVX2: two, plus an
+/* tq_entry_avx2 with one 512-bit madd per 32 channels and query row (AVX2: two, plus an
  * add) */
-AVX512_ATTR static void tqscores_avx512(const rt_kv *kv, const rt_kv_head *h, int t, int32_t lim,
-                                        const float *q, size_t ldq, int G, float scale,
-                                        float *S, size_t ldS)
+AVX512_ATTR static inline void tq_entry_avx512(__m512i *acc, int G, int bits, const uint8_t *row,
+                                               const int16_t *iq, int d)
 {
-	const int d = kv->head_dim, kind = rt_kv_tier_codec(kv, t, 0);
-	const int bits = rt_kvq_bits((rt_kvq_kind)kind);
-	const size_t sb = 2 * kv->tier_row[t], cb = (size_t)32 * bits / 8;
-	const rt_kv_arena *a = &h->arena[t];
-	float qs[TIER_QG * TIER_MAXD], base[TIER_QG], D[TIER_QG];
-	int16_t iq[TIER_QG * TIER_MAXD];
-	__m512i acc[TIER_QG * 8];
-	int32_t ent[8], g_have = -1;
-	int nb = 0;
-	for (int32_t s = 0; s < a->n; s++) {
-		const int32_t e = a->owner[s];
-		if (e >= lim)
-			continue;
-		if (h->kgrp[e] != g_have) {
-			if (nb)
-				tier_qflush_avx512(acc, ent, nb, G, base, D, S, ldS);
-			nb = 0;
-			g_have = h->kgrp[e];
-			tier_fold_avx2(kind, rt_kv_kgroup_range(kv, h, g_have), d, q, ldq, G, scale, qs,
-			               base);
-			tier_qfold_avx2(qs, d, G, iq, D);
-		}
-		const uint8_t *row = a->rows + (size_t)s * sb;
+	const size_t cb = (size_t)32 * bits / 8;
+	for (int g = 0; g < G; g++)
+		acc[g * 8] = _mm512_setzero_si512();
+	for (int c0 = 0; c0 < d; c0 += 32, row += cb) {
+		const __m512i x = codes32_w16_avx512(bits, row);
 		for (int g = 0; g < G; g++)
-			acc[g * 8 + nb] = _mm512_setzero_si512();
-		for (int c0 = 0; c0 < d; c0 += 32, row += cb) {
-			const __m512i x = codes32_w16_avx512(bits, row);
-			for (int g = 0; g < G; g++)
-				acc[g * 8 + nb] = _mm512_add_epi32(
-					acc[g * 8 + nb],
-					_mm512_madd_epi16(x, _mm512_loadu_si512((const void *)(iq + (size_t)g * d + c0))));
-		}
-		ent[nb++] = e;
-		if (nb == 8) {
-			tier_qflush_avx512(acc, ent, nb, G, base, D, S, ldS);
-			nb = 0;
-		}
+			acc[g * 8] = _mm512_add_epi32(
+				acc[g * 8], _mm512_madd_epi16(x, _mm512_loadu_si512((const void *)(iq + (size_t)g * d + c0))));
 	}
-	if (nb)
-		tier_qflush_avx512(acc, ent, nb, G, base, D, S, ldS);
 }
 
-AVX512_ATTR static void tscores_avx512(const rt_kv *kv, const rt_kv_head *h, int32_t lim,
-                                       const float *q, size_t ldq, const float *qr, size_t ldqr,
-                                       int G, float scale, float *S, size_t ldS)
-{
-	const int d = kv->head_dim;
-	float qs[TIER_QG * TIER_MAXD];
-	for (int g = 0; g < G; g++)
-		for (int c = 0; c < d; c++)
-			qs[(size_t)g * d + c] = scale * q[(size_t)g * ldq + c];
-	ttop_scores_avx2(kv, h, lim, G, qs, S, ldS); /* 512 bits gained nothing here */
-	for (int t = RT_KV_TIER_TOP + 1; t < RT_KV_N_TIER; t++)
-		if (h->arena[t].n)
-			tqscores_avx512(kv, h, t, lim, qr, ldqr, G, scale, S, ldS);
-}
+TSCORES_DEFINE(avx512, AVX512_ATTR, __m512i)
 
 /* 32 channels of a row as floats x[0..2) (chunk32_avx2's, 16 lanes each) */
 AVX512_ATTR static inline void chunk32_avx512(int bits, const uint8_t *p, __m512 x[2])
@@ -779,15 +758,8 @@ AVX512_ATTR static void tmix_chunk_avx512(const rt_kv *kv, const rt_kv_head *h, 
 				continue;
 			const uint8_t *row = a->rows + (size_t)s * sb + off;
 			for (int k = 0; k < nc; k++, row += gb) {
-				float sc = 1, mn = 0;
-				const uint8_t *codes = row;
-				if (!top) {
-					uint16_t hdr[2];
-					memcpy(hdr, row, 4);
-					sc = _cvtsh_ss(hdr[0]);
-					mn = _cvtsh_ss(hdr[1]);
-					codes += 4;
-				}
+				float sc, mn;
+				const uint8_t *codes = vgroup_avx2(top, row, &sc, &mn);
 				__m512 x[2];
 				chunk32_avx512(bits, codes, x);
 				for (int g = 0; g < ng; g++) {
