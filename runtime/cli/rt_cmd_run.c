@@ -141,6 +141,8 @@ int rt_cmd_run(int argc, char **argv)
 		goto out;
 	}
 	putchar('\n');
+	/* the answer before the stats: stdout is buffered when piped, stderr is not */
+	const int flushed = fflush(stdout) == 0;
 	double t2 = rt_now();
 	if (o.stats) {
 		rt_seq_stats st = rt_seq_stats_get(&s);
@@ -156,7 +158,7 @@ int rt_cmd_run(int argc, char **argv)
 			if (s.run.notes & b)
 				fprintf(stderr, "note: %s\n", rt_pick_note(b));
 	}
-	rc = fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
+	rc = flushed && fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
 out:
 	rt_seq_free(&s);
 	free(logits);
