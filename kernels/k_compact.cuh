@@ -74,6 +74,8 @@ struct k_cu_compress_args {
 	double sinks, recent, seen, budget, ratio, byte_ratio;
 	int64_t prompt_len;
 	struct k_cu_params P;
+	int bytes;               /* lb counts f16 entries' bytes (k_bytes_mode, kernels/k_compress.h) */
+	double e16, entry_cost;  /* bytes of one f16 entry; of one stored entry (keys + values) */
 	/* scratch (device) */
 	float *score;            /* [H × cap] */
 	float *qs;               /* [H × group × cap] */
@@ -92,6 +94,20 @@ K_HD int32_t k_cu_floor_entries(double x)
 	if (x > 2147483647.0)
 		return INT32_MAX;
 	return (int32_t)floor(x + 1e-9 * x);
+}
+
+/* The entries a head keeps besides its n_guard guards under layer budget lb: in entries,
+ * lb less the guards; in bytes (a.bytes), lb f16 entries' bytes less the guards' rows, over
+ * one stored entry's bytes (k_head_bytes of kernels/k_compress.h on an untiered store: an
+ * f32 store under a byte ratio keeps half the entries an f16 one would). Never negative. */
+K_HD int32_t k_cu_head_budget(const struct k_cu_compress_args &a, double lb, int32_t n_guard)
+{
+	if (!a.bytes) {
+		const int32_t kb = k_cu_floor_entries(lb) - n_guard;
+		return kb > 0 ? kb : 0;
+	}
+	const double left = lb * a.e16 - (double)n_guard * a.entry_cost;
+	return a.entry_cost > 0 && left > 0 ? k_cu_floor_entries(left / a.entry_cost) : 0;
 }
 
 /* 1 when the entry at position pos (tokens) with span id span is guarded: a sink
@@ -222,8 +238,7 @@ static __global__ void k_cu_compress_select(struct k_cu_compress_args a)
 			s[i] = pl[i];
 		__syncthreads();
 	}
-	int32_t kb = k_cu_floor_entries(a.lb[sc.layer]) - n_guard;
-	const int32_t k = kb > 0 ? kb : 0;
+	const int32_t k = k_cu_head_budget(a, a.lb[sc.layer], n_guard);
 	for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
 		if (f[i] & 1) {
 			f[i] |= 2;
@@ -323,8 +338,7 @@ static inline void k_cu_compress_ref(const struct k_cu_compress_args &a, size_t 
 		for (int32_t i = 0; i < n_dom; i++)
 			s[i] = pl[i];
 	}
-	int32_t kb = k_cu_floor_entries(a.lb[sc.layer]) - n_guard;
-	const int32_t k = kb > 0 ? kb : 0;
+	const int32_t k = k_cu_head_budget(a, a.lb[sc.layer], n_guard);
 	int32_t m = 0;
 	for (int32_t i = 0; i < n; i++) {
 		if (!(f[i] & 1)) {

@@ -4,8 +4,8 @@
 # built here and packed into DIR (default .dev) for a transfer of at most 64 MiB:
 #   DIR/bundle.tar.xz   build/cuda/{cuda_probe,gpu_check,k_select_check,kv-gpu-check}
 #                       (stripped; nvcc for sm_90 + PTX, docs/cuda.md) and lib/ with the
-#                       shared libraries they need beyond glibc, CUDA and cuBLAS
-#                       (OpenBLAS, gfortran, quadmath, subunit, PCRE2)
+#                       shared libraries they need beyond glibc, the GCC runtime, the CUDA
+#                       runtime and cuBLAS (which the GPU machine has)
 #   DIR/model.gguf      the first LAYERS (12) layers of models/SmolLM2-135M-Instruct.Q4_1.gguf,
 #                       token_embd re-quantised to Q4_1 (scripts/models/cut_gguf.py), for
 #                       the equivalence checks: the full file (94 MB) does not fit
@@ -28,11 +28,14 @@ mkdir -p "$stage/build/cuda" "$stage/lib" "$dir"
 for b in cuda_probe gpu_check k_select_check kv-gpu-check; do
 	strip -o "$stage/build/cuda/$b" "$B/cuda/$b"
 done
-# the libraries outside glibc and CUDA: resolved here by ldd, copied with their soname
-ldd "$B/cuda/gpu_check" "$B/cuda/kv-gpu-check" | awk '$2 == "=>" { print $1, $3 }' | sort -u |
+# every library outside glibc, the GCC runtime and CUDA (OpenBLAS, gfortran, PCRE2, zlib,
+# jansson, libmicrohttpd and GnuTLS's chain, check's subunit): resolved here by ldd, copied
+# under their sonames; the GPU machine's own glibc (newer) runs them
+ldd "$B"/cuda/gpu_check "$B"/cuda/kv-gpu-check | awk '$2 == "=>" { print $1, $3 }' | sort -u |
 	while read -r so path; do
 		case "$so" in
-		libopenblas* | libgfortran* | libquadmath* | libsubunit* | libpcre2*) cp -L "$path" "$stage/lib/$so" ;;
+		libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | libstdc++* | libgcc_s* | libcu*) ;;
+		*) cp -L "$path" "$stage/lib/$so" ;;
 		esac
 	done
 tar -C "$stage" -cJf "$dir/bundle.tar.xz" build lib

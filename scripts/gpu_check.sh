@@ -18,6 +18,7 @@
 set -u
 cd "$(dirname "$0")/.."
 prebuilt=
+unset py_ld
 if [ "${1:-}" = --prebuilt ]; then
 	prebuilt=${2:?gpu_check: --prebuilt needs the folder gpu_bundle.sh wrote}
 	shift 2
@@ -32,13 +33,14 @@ if [ -n "$prebuilt" ]; then
 	# cuBLAS and the CUDA runtime of the machine: the toolkit's or the Python wheels'
 	cudalibs=$(find /usr/local /usr/lib /opt -name 'libcublas.so.13*' -o -name 'libcudart.so.13*' 2>/dev/null |
 		xargs -r -n1 dirname | sort -u | paste -sd: -)
+	py_ld=${LD_LIBRARY_PATH:-} # python3 keeps the machine's own zlib and libffi
 	export LD_LIBRARY_PATH=$prebuilt/lib${cudalibs:+:$cudalibs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 	echo "## machine"
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -2
 	echo "cuBLAS / CUDA runtime from: ${cudalibs:-none found}"
 	bench_model=$prebuilt/model30.gguf
-	if python3 -m pip install -q --no-index --no-deps --target "$prebuilt/site" "$prebuilt"/whl/gguf-*.whl >/dev/null 2>&1 &&
-		PYTHONPATH=$prebuilt/site python3 scripts/models/cut_gguf.py "$model" "$bench_model" --repeat-to 30; then :; else
+	if LD_LIBRARY_PATH=$py_ld python3 -m pip install -q --no-index --no-deps --target "$prebuilt/site" "$prebuilt"/whl/gguf-*.whl >/dev/null 2>&1 &&
+		LD_LIBRARY_PATH=$py_ld PYTHONPATH=$prebuilt/site python3 scripts/models/cut_gguf.py "$model" "$bench_model" --repeat-to 30; then :; else
 		echo "gpu_check: could not grow $model to 30 layers: the speed rows use it as it is"
 		bench_model=$model
 	fi
@@ -73,7 +75,7 @@ if [ -n "$prebuilt" ] || "$B/kvpc" build --cuda policies/h2o.kvp policies/tova.k
 		timeout 240 "$bin" ppl --device "$d" --model "$model" --text "$text" --ctx 512 --prompt 256 \
 			--batch "$runs" --json --quiet >"$B/gpu_check.ppl.$d.json" || rc=1
 	done
-	python3 scripts/gpu_check_ppl.py "$B/gpu_check.ppl.cpu.json" "$B/gpu_check.ppl.cuda.json" || rc=1
+	LD_LIBRARY_PATH=${py_ld-$LD_LIBRARY_PATH} python3 scripts/gpu_check_ppl.py "$B/gpu_check.ppl.cpu.json" "$B/gpu_check.ppl.cuda.json" || rc=1
 	for w in "" --f16; do
 		timeout 300 "$bin" bench --device cuda $w --model "$bench_model" --pp 512 --tg 128 --depth 0,1024 \
 			--quiet || rc=1

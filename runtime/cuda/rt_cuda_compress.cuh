@@ -41,11 +41,16 @@ static inline int rt_cuda_compact_array(void *arr, int W, void *tmp, const struc
 	return 0;
 }
 
-/* Fill a's configuration fields from cfg and the context (everything but the store and
- * scratch pointers); lb: the per-layer budgets. */
+/* Fill a's configuration fields from cfg, the context and kv (the shadow of the device
+ * store: its entry bytes), everything but the store and scratch pointers. */
 static inline void rt_cuda_compress_conf(struct k_cu_compress_args *a, const struct kvp_ctx *ctx,
-                                         const struct k_compress_cfg *cfg, int n_params)
+                                         const struct k_compress_cfg *cfg, const rt_kv *kv, int n_params)
 {
+	double cost[K_TIER_MAX];
+	k_tier_costs(kv, cost);
+	a->bytes = k_bytes_mode(ctx, cfg);
+	a->e16 = (double)rt_kv_f16_entry_bytes(kv);
+	a->entry_cost = cost[0];
 	a->has_score = cfg->has_score;
 	a->reduce = cfg->reduce;
 	a->pool = cfg->pool;
@@ -62,21 +67,22 @@ static inline void rt_cuda_compress_conf(struct k_cu_compress_args *a, const str
 		a->P.v[i] = ctx->params[i];
 }
 
-/* The configuration and per-layer budgets compress applies to kv: cfg's budget and target
- * as a graceful budget's floor raises them (k_budget_force, kernels/k_compress.h, as the C
- * compress takes them), then lb[kv->n_layer] (k_layer_budgets) from the target. Host code;
- * the device pipeline and its CPU reference in tests/cuda/test_cuda_host.cu both call it.
- * Returns 0, or -1 with err set (the budget check's errors). */
+/* The configuration and per-layer budgets compress applies to kv: k_budget_force
+ * (kernels/k_compress.h), the call the C compress makes (k_budget_check), so the budget
+ * check, a graceful budget's floor, the layer budgets lb[kv->n_layer] from the target, the
+ * windows' keep and the early clamp are the C code's; cfg takes the budget and target in
+ * force. Host code; the device pipeline and its CPU reference in
+ * tests/cuda/test_cuda_host.cu both call it. Returns 0, or -1 with err set (the budget
+ * check's errors, the C compress's messages). */
 static inline int rt_cuda_compress_plan(const struct kvp_ctx *ctx, const rt_kv *kv,
                                         struct k_compress_cfg *cfg, double *lb, rt_err *err)
 {
 	double in_force[2] = { cfg->budget, cfg->target };
-	if (k_budget_force(ctx, kv, cfg, (double)ctx->seen, 0, NULL, in_force, err) < 0)
+	const double per_head = (double)rt_kv_entries(kv) / ((double)kv->n_layer * kv->n_kv_head);
+	if (k_budget_force(ctx, kv, cfg, (double)ctx->seen, per_head, lb, in_force, err) < 0)
 		return -1;
 	cfg->budget = in_force[0];
 	cfg->target = in_force[1];
-	k_layer_budgets(cfg, kv->n_layer, cfg->target,
-	                (double)rt_kv_entries(kv) / ((double)kv->n_layer * kv->n_kv_head), lb);
 	return 0;
 }
 
@@ -143,7 +149,7 @@ static inline int rt_cuda_compress_run(const struct kvp_cuda_compress_in *in,
 	a.lb = dlb;
 	a.span_keep = dkeep;
 	a.n_span_ids = n_ids;
-	rt_cuda_compress_conf(&a, ctx, cfg, n_params);
+	rt_cuda_compress_conf(&a, ctx, cfg, kv, n_params);
 	k_cu_compress_select<Score><<<(unsigned)H, K_CU_THREADS, 0, st>>>(a);
 	RT_CU_TRY(err, cudaGetLastError());
 	const int hd = d->head_dim;

@@ -10,8 +10,9 @@
  *   gpu_check --equiv MODEL TEXT [TOKENS]
  *       for every policy compiled in: the text's first TOKENS (512) tokens through the
  *       CPU exact path (rt_seq) and the GPU (rt_cuda_seq, f32 weights); max |logit
- *       difference| over every row, and whether every (layer, KV head) keeps the same
- *       positions at the end. Pass: logits within 1e-3 and equal kept sets.
+ *       difference| over every row, and how the kept positions of every (layer, KV head)
+ *       differ at the end. Pass: logits within 1e-3, equal counts per head, at most 1% of
+ *       entries swapped (near-ties, see equiv), and a second GPU run bit-identical.
  *   gpu_check --bench MODEL
  *       prefill tokens/s (512 tokens in chunks of 256) and decode tokens/s (128 steps)
  *       of the full cache, f32 and f16 weights
@@ -198,6 +199,93 @@ static rt_model *load(const char *path, rt_tokenizer **tk)
 	return m;
 }
 
+static int cmp_i32(const void *a, const void *b)
+{
+	const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+	return (x > y) - (x < y);
+}
+
+/* The positions each (layer, KV head) of a store keeps, sorted: H heads, head h's n[h]
+ * positions at pos + off[h]. kept_free frees it. */
+struct kept {
+	int H, n_kv_head;
+	int32_t *n;
+	long *off;
+	int32_t *pos;
+};
+
+static void kept_of(struct kept *k, const rt_kv *kv)
+{
+	k->H = kv->n_layer * kv->n_kv_head;
+	k->n_kv_head = kv->n_kv_head;
+	k->n = (int32_t *)malloc((size_t)k->H * 4);
+	k->off = (long *)malloc((size_t)(k->H + 1) * sizeof(long));
+	k->off[0] = 0;
+	for (int h = 0; h < k->H; h++)
+		k->off[h + 1] = k->off[h] + (k->n[h] = kv->heads[h].n);
+	k->pos = (int32_t *)malloc((size_t)(k->off[k->H] + 1) * 4);
+	for (int h = 0; h < k->H; h++) {
+		memcpy(k->pos + k->off[h], kv->heads[h].pos, (size_t)k->n[h] * 4);
+		qsort(k->pos + k->off[h], (size_t)k->n[h], 4, cmp_i32);
+	}
+}
+
+static void kept_free(struct kept *k)
+{
+	free(k->n);
+	free(k->off);
+	free(k->pos);
+	memset(k, 0, sizeof *k);
+}
+
+/* How two kept sets differ: positions kept by a head of one and not by the same head of
+ * the other, both directions, every head; *total: entries of a; *sizes: every head keeps as
+ * many in both; *first: the first head that differs, -1 if none. */
+static long kept_diff(const struct kept *a, const struct kept *b, long *total, int *sizes, int *first)
+{
+	long d = 0;
+	*total = a->off[a->H];
+	*sizes = 1;
+	*first = -1;
+	for (int h = 0; h < a->H; h++) {
+		const int na = a->n[h], nb = b->n[h];
+		const int32_t *x = a->pos + a->off[h], *y = b->pos + b->off[h];
+		*sizes &= na == nb;
+		long common = 0;
+		for (int i = 0, j = 0; i < na && j < nb;)
+			if (x[i] == y[j])
+				common++, i++, j++;
+			else if (x[i] < y[j])
+				i++;
+			else
+				j++;
+		if (na + nb - 2 * common && *first < 0)
+			*first = h;
+		d += na + nb - 2 * common;
+	}
+	return d;
+}
+
+/* One policy through the GPU: logits of every row into lg, the kept positions into *k.
+ * Returns 0, or -1 with err set. */
+static int gpu_run(const rt_model *m, rt_cuda_model *dm, const struct kvp_cuda_policy *cp, const int32_t *tok,
+                   int n, float *lg, struct kept *k, rt_err *err)
+{
+	rt_cuda_seq *g = rt_cuda_seq_init(m, dm, cp, n, 64, n, err);
+	const rt_kv *gk = g && rt_cuda_seq_feed(g, tok, n, lg, RT_LOGITS_ALL, err) == 0 ? rt_cuda_seq_kv(g, err) : NULL;
+	if (gk)
+		kept_of(k, gk);
+	rt_cuda_seq_free(g);
+	return gk ? 0 : -1;
+}
+
+/* The CPU exact path and the GPU compute keys, values and attention with different GEMMs
+ * (OpenBLAS, cuBLAS: about 1e-7 relative apart), so an entry whose score is that close to
+ * a head's cut-off can be kept by one and evicted by the other: the check asks equal
+ * counts per head and at most 1% of entries swapped, beside logits within 1e-3. The
+ * selection itself is checked for exact equality on identical scores by k_select_check
+ * and, with the observe and compress, by test_cuda_host. The GPU runs twice: its logits and
+ * kept sets must repeat bit for bit. */
 static int equiv(const char *model, const char *text, int T)
 {
 	rt_tokenizer *tk = NULL;
@@ -210,43 +298,57 @@ static int equiv(const char *model, const char *text, int T)
 		fprintf(stderr, "gpu_check: %s\n", err.msg);
 		return 1;
 	}
-	const size_t V = (size_t)m->hp.n_vocab;
-	float *lc = (float *)malloc((size_t)n * V * 4), *lg = (float *)malloc((size_t)n * V * 4);
+	const size_t V = (size_t)m->hp.n_vocab, NV = (size_t)n * V;
+	float *lc = (float *)malloc(NV * 4), *lg = (float *)malloc(NV * 4), *lg2 = (float *)malloc(NV * 4);
 	int bad = 0;
-	printf("| policy | tokens | max abs logit diff | kept sets | compress on | result |\n");
+	printf("| policy | tokens | max abs logit diff | kept sets (CPU vs GPU) | GPU repeat | compress on | result |\n");
 	for (int i = 0; i < kvp_registry_count; i++) {
 		const struct kvp_policy *p = kvp_registry[i];
-		const struct kvp_cuda_policy *cp = rt_cuda_policy_find(&kvp_cuda_backend, p);
+		const struct kvp_cuda_policy *cp = strcmp(p->name, "full") ? rt_cuda_policy_find(&kvp_cuda_backend, p) : NULL;
 		rt_seq s;
 		if (rt_seq_init(&s, m, p, n, 64, n, &err) != 0 || rt_seq_feed(&s, tok, n, lc, RT_LOGITS_ALL, &err) != 0) {
-			printf("| %s | %d | - | - | - | CPU: %s |\n", p->name, n, err.msg);
+			printf("| %s | %d | - | - | - | - | CPU: %s |\n", p->name, n, err.msg);
 			rt_seq_free(&s);
 			continue;
 		}
-		rt_cuda_seq *g = rt_cuda_seq_init(m, dm, strcmp(p->name, "full") ? cp : NULL, n, 64, n, &err);
-		if (!g || rt_cuda_seq_feed(g, tok, n, lg, RT_LOGITS_ALL, &err) != 0) {
-			printf("| %s | %d | - | - | - | not run on the GPU: %s |\n", p->name, n, err.msg);
-			rt_cuda_seq_free(g);
+		struct kept c, g1, g2;
+		memset(&g1, 0, sizeof g1);
+		memset(&g2, 0, sizeof g2);
+		kept_of(&c, &s.kv);
+		if (gpu_run(m, dm, cp, tok, n, lg, &g1, &err) != 0 || gpu_run(m, dm, cp, tok, n, lg2, &g2, &err) != 0) {
+			printf("| %s | %d | - | - | - | - | not run on the GPU: %s |\n", p->name, n, err.msg);
+			kept_free(&c);
+			kept_free(&g1);
+			kept_free(&g2);
 			rt_seq_free(&s);
 			continue;
 		}
 		double md = 0;
-		for (size_t k = 0; k < (size_t)n * V; k++)
+		for (size_t k = 0; k < NV; k++)
 			md = fmax(md, fabs((double)lc[k] - lg[k]));
-		const rt_kv *gk = rt_cuda_seq_kv(g, &err);
-		int same = gk != NULL;
-		for (int h = 0; same && h < s.kv.n_layer * s.kv.n_kv_head; h++)
-			same = s.kv.heads[h].n == gk->heads[h].n &&
-			       !memcmp(s.kv.heads[h].pos, gk->heads[h].pos, (size_t)s.kv.heads[h].n * 4);
-		const int ok = md <= 1e-3 && same;
+		long total = 0, t2 = 0;
+		int sizes = 0, first = -1, s2 = 0, f2 = -1;
+		const long d = kept_diff(&c, &g1, &total, &sizes, &first);
+		const int repeat = !memcmp(lg, lg2, NV * 4) && kept_diff(&g1, &g2, &t2, &s2, &f2) == 0;
+		char kept[160];
+		if (!d)
+			snprintf(kept, sizeof kept, "equal (%ld entries)", total);
+		else
+			snprintf(kept, sizeof kept, "%ld of %ld swapped (%.2f%%), counts %s, first at layer %d KV head %d", d / 2,
+			         total, 50.0 * d / total, sizes ? "equal" : "DIFFER", first / s.kv.n_kv_head,
+			         first % s.kv.n_kv_head);
+		const int ok = md <= 1e-3 && sizes && 50.0 * d / total <= 1.0 && repeat;
 		bad |= !ok;
-		printf("| %s | %d | %.3g | %s | %s | %s |\n", p->name, n, md, same ? "equal" : "DIFFER",
+		printf("| %s | %d | %.3g | %s | %s | %s | %s |\n", p->name, n, md, kept, repeat ? "same" : "DIFFERS",
 		       cp && cp->compress ? "device" : "host", ok ? "ok" : "FAIL");
-		rt_cuda_seq_free(g);
+		kept_free(&c);
+		kept_free(&g1);
+		kept_free(&g2);
 		rt_seq_free(&s);
 	}
 	free(lc);
 	free(lg);
+	free(lg2);
 	free(tok);
 	rt_cuda_model_free(dm);
 	rt_model_free(m);

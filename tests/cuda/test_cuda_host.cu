@@ -194,7 +194,7 @@ static int observe_steps(const struct kvp_cuda_policy *cp, struct rt_run *run, r
  * printing the first disagreement. */
 static int compress_compare(const struct kvp_cuda_policy *cp, struct rt_run *run, rt_kv *kv,
                             struct store *s, int32_t cap, int L, int NKV, int G, int hd,
-                            int *n_cmp, long *n_evicted)
+                            int *n_cmp, long *n_evicted, int *n_refused)
 {
 	const struct kvp_policy *p = cp->host;
 	const int H = L * NKV;
@@ -205,7 +205,14 @@ static int compress_compare(const struct kvp_cuda_policy *cp, struct rt_run *run
 	cp->compress_cfg(&run->ctx, kv, &cfg);
 	double lb[64];
 	if (rt_cuda_compress_plan(&run->ctx, kv, &cfg, lb, &err) != 0) {
-		printf("test_cuda_host: %s: device budget: %s\n", p->name, err.msg);
+		/* a budget the device refuses: the C compress must refuse it with the same words */
+		rt_err ce = { "" };
+		if (p->compress(&run->ctx, kv, &ce) != 0 && !strcmp(ce.msg, err.msg)) {
+			(*n_refused)++;
+			return 0;
+		}
+		printf("test_cuda_host: %s: the device budget is refused (%s), the C compress says '%s'\n",
+		       p->name, err.msg, ce.msg);
 		return 1;
 	}
 	struct k_cu_compress_args ca;
@@ -230,7 +237,7 @@ static int compress_compare(const struct kvp_cuda_policy *cp, struct rt_run *run
 	ca.flags = s->flags;
 	ca.dst = s->dst;
 	ca.n_new = s->n_new;
-	rt_cuda_compress_conf(&ca, &run->ctx, &cfg, p->n_params);
+	rt_cuda_compress_conf(&ca, &run->ctx, &cfg, kv, p->n_params);
 	for (int hi = 0; hi < H; hi++)
 		cp->compress_ref(&ca, (size_t)hi);
 	if (p->compress(&run->ctx, kv, &err) != 0) {
@@ -269,9 +276,11 @@ static int compress_compare(const struct kvp_cuda_policy *cp, struct rt_run *run
 	return bad;
 }
 
-/* One policy on one shape; returns 0 when CUDA and C agree. */
-static int run_policy(const struct kvp_cuda_policy *cp, int L, int NKV, int G, int hd, int *n_cmp,
-                      long *n_evicted, long *n_words)
+/* One policy on one shape, under byte ratio br when br > 0 (the compress then counts the
+ * budget in f16 entries' bytes, k_bytes_mode, and the f32 store keeps half the entries);
+ * returns 0 when CUDA and C agree. */
+static int run_policy(const struct kvp_cuda_policy *cp, int L, int NKV, int G, int hd, double br, int *n_cmp,
+                      long *n_evicted, long *n_words, int *n_refused)
 {
 	const struct kvp_policy *p = cp->host;
 	/* T: every layer's share of T tokens under Scissorhands' schedule (10% at layer 0) must
@@ -281,7 +290,8 @@ static int run_policy(const struct kvp_cuda_policy *cp, int L, int NKV, int G, i
 	struct rt_run run;
 	rt_kv kv;
 	rt_err err = { "" };
-	if (rt_run_init(&run, &kv, p, L, NKV, G, hd, cap, T, &err) != 0) {
+	if (rt_run_init(&run, &kv, p, L, NKV, G, hd, cap, T, &err) != 0 ||
+	    (br > 0 && rt_run_set_byte_ratio(&run, br, &err) != 0)) {
 		printf("test_cuda_host: %s: %s\n", p->name, err.msg);
 		return 1;
 	}
@@ -299,7 +309,7 @@ static int run_policy(const struct kvp_cuda_policy *cp, int L, int NKV, int G, i
 	run.ctx.seen = T;
 	run.ctx.prompt_done = 1;
 	if (!bad && cp->compress_ref)
-		bad = compress_compare(cp, &run, &kv, &s, cap, L, NKV, G, hd, n_cmp, n_evicted);
+		bad = compress_compare(cp, &run, &kv, &s, cap, L, NKV, G, hd, n_cmp, n_evicted, n_refused);
 	store_free(&s);
 	free(probs);
 	rt_run_free(&run);
@@ -365,7 +375,7 @@ static int refusal_matches(const struct kvp_cuda_policy *cp, const char *why)
 int main(void)
 {
 	const struct rt_cuda_backend *b = &kvp_cuda_backend;
-	int bad = 0, n_cmp = 0;
+	int bad = 0, n_cmp = 0, n_budget_refused = 0;
 	long n_evicted = 0, n_words = 0;
 	const int shapes[2][4] = { { 2, 3, 3, 16 }, { 2, 1, 4, 16 } };
 	bad |= check_error_classes();
@@ -392,15 +402,18 @@ int main(void)
 		}
 		n_run++;
 		for (int sh = 0; sh < 2; sh++)
-			bad |= run_policy(b->policies[i], shapes[sh][0], shapes[sh][1], shapes[sh][2], shapes[sh][3], &n_cmp,
-			                  &n_evicted, &n_words);
+			bad |= run_policy(b->policies[i], shapes[sh][0], shapes[sh][1], shapes[sh][2], shapes[sh][3], 0,
+			                  &n_cmp, &n_evicted, &n_words, &n_budget_refused);
+		if (hp->compress) /* and in bytes: the budget's unit is an f16 entry's bytes */
+			bad |= run_policy(b->policies[i], shapes[0][0], shapes[0][1], shapes[0][2], shapes[0][3], 2,
+			                  &n_cmp, &n_evicted, &n_words, &n_budget_refused);
 	}
 	if (bad)
 		return 1;
-	printf("cuda: host tests passed: %d policies x 2 shapes (9/3-style 3x3, 4/1; %d policies whose "
+	printf("cuda: host tests passed: %d policies x 2 shapes (9/3-style 3x3, 4/1; the first at byte ratio 2 too; %d policies whose "
 	       "entries the CUDA store cannot hold, not run): CUDA observe == C observe "
 	       "bit for bit (%ld non-zero statistic words); device-compress reference == C compress kept sets "
-	       "in %d cases (%ld entries evicted); error classes as documented\n",
-	       n_run, n_refused, n_words, n_cmp, n_evicted);
+	       "in %d cases (%ld entries evicted), the same budget refusal in %d; error classes as documented\n",
+	       n_run, n_refused, n_words, n_cmp, n_evicted, n_budget_refused);
 	return 0;
 }
