@@ -750,23 +750,118 @@ START_TEST(test_kvzip_replay_oracle)
 }
 END_TEST
 
-/* What the replay cannot run is refused with the reason: a model with sliding-window
- * layers, a prompt whose replay would pass the model's context_length. */
+/* On a window model: visible when kp <= qp inside the window W (qp - kp < W, as
+ * rt_model.c's window_masked), and, for a query after the prompt, kept by the head. */
+typedef struct win_kept {
+	int W;
+	kept_mask k;
+} win_kept;
+
+static int vis_win(const void *u, int layer, int kvh, int qp, int kp)
+{
+	const win_kept *w = u;
+	(void)layer, (void)kvh;
+	return kp <= qp && qp - kp < w->W;
+}
+
+static int vis_win_kept(const void *u, int layer, int kvh, int qp, int kp)
+{
+	const win_kept *w = u;
+	return vis_win(u, layer, kvh, qp, kp) && vis_mask(&w->k, layer, kvh, qp, kp);
+}
+
+/* KVzip on a model whose every layer has a window of W = 8 (Mistral style), shapes 9/3
+ * and 4/1, a prompt of P = 14: the prefill's trim leaves positions 7..13 in each list; the
+ * replay (instruction + prompt, about 30 tokens at positions 14..) masks by the window but
+ * trims nothing, so its scores equal max attention over a naive forward with the window
+ * mask, 0 for the trimmed positions; after it no replay row is left, every list holds a
+ * subset of 7..13, fewer entries in all than before (the budget: 6 of the 14 tokens per
+ * head), and the next token's logits equal the naive forward over the window and the kept
+ * entries (evicted cache = dense attention over what is kept). */
+START_TEST(test_kvzip_replay_window_oracle)
+{
+	tiny_model_cfg c = shape_cfg(_i, RT_GGML_F32);
+	c.n_ctx = 128;
+	c.n_swa = 8;
+	const char *path = write_model(&c);
+	rt_model *m = load_ok(path);
+	ref r;
+	ref_load(&r, &c, path);
+	enum { P = 14, W = 8, BUDGET = 6 };
+	const int L = c.n_layer, HKV = c.n_head_kv, G = c.n_head / c.n_head_kv, H = L * HKV;
+	int32_t tok[P + 1], seq[128];
+	test_tokens(tok, P + 1, 256, 17u + (unsigned)_i);
+	const int n = replay_input(path, tok, P, seq + P, 128 - P);
+	ck_assert_int_gt(n, 2 * W); /* later replayed queries see none of the prompt */
+	memcpy(seq, tok, P * sizeof *tok);
+	win_kept wk = { W, { P, HKV, NULL } };
+	replay_ref rr = { P, G, HKV, calloc((size_t)H * P, sizeof(double)) };
+	double *lg_ref = malloc((size_t)(P + n) * c.n_vocab * sizeof *lg_ref);
+	ref_attn_hook = replay_ref_attn;
+	ref_attn_user = &rr;
+	ref_forward(&r, seq, P + n, vis_win, &wk, lg_ref);
+	ref_attn_hook = NULL;
+	const struct kvp_policy *p = rt_registry_find(kvp_registry, kvp_registry_count, "kvzip");
+	ck_assert_ptr_nonnull(p);
+	rt_err err = {0};
+	rt_seq s;
+	ck_assert_msg(rt_seq_init(&s, m, p, P + 1, 5, P, &err) == 0, "%s", err.msg);
+	s.run.ctx.min_kv = KVP_MIN_KV_STRICT;
+	char a[64];
+	snprintf(a, sizeof a, "kept=%.17g", (double)BUDGET / P);
+	ck_assert_msg(rt_seq_set(&s, a, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_seq_feed(&s, tok, P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(rt_seq_stats_get(&s).compress_events, 1);
+	ck_assert_int_eq(s.rp.tokens, n);
+	double dmax = 0, smax = 0;
+	for (size_t i = 0; i < (size_t)H * P; i++) {
+		const int pos = (int)(i % P);
+		if (pos < P - W + 1)
+			ck_assert_msg(rr.score[i] == 0.0 && s.run.ctx.replay[i] == 0.0f,
+			              "trimmed position %d scored %g (reference %g)", pos,
+			              (double)s.run.ctx.replay[i], rr.score[i]);
+		dmax = fmax(dmax, fabs(s.run.ctx.replay[i] - rr.score[i]));
+		smax = fmax(smax, rr.score[i]);
+	}
+	ck_assert_msg(dmax <= 1e-5, "window replay scores: max |runtime - reference| = %g", dmax);
+	ck_assert_msg(smax > 0, "window replay scores: all 0");
+	uint8_t *got = calloc((size_t)H * P, 1);
+	for (int h = 0; h < H; h++) {
+		const rt_kv_head *hd = &s.kv.heads[h];
+		for (int i = 0; i < hd->n; i++) {
+			ck_assert_msg(hd->pos[i] >= P - W + 1 && hd->pos[i] < P, "head %d holds position %d", h,
+			              hd->pos[i]);
+			got[(size_t)h * P + hd->pos[i]] = 1;
+		}
+	}
+	ck_assert_int_lt(rt_kv_entries(&s.kv), (int64_t)H * (W - 1));
+	float *lg = malloc((size_t)c.n_vocab * sizeof *lg);
+	ck_assert_msg(rt_seq_feed(&s, tok + P, 1, lg, RT_LOGITS_LAST, &err) == 0, "%s", err.msg);
+	double *rl = malloc((size_t)(P + 1) * c.n_vocab * sizeof *rl);
+	wk.k.kept = got;
+	ref_forward(&r, tok, P + 1, vis_win_kept, &wk, rl);
+	const double d = max_diff_fd(lg, rl + (size_t)P * c.n_vocab, (size_t)c.n_vocab);
+	ck_assert_msg(d <= 1e-5, "window model after the replay and compress: max |logit - ref| = %g", d);
+	free(lg), free(rl), free(got), free(rr.score), free(lg_ref);
+	rt_seq_free(&s);
+	ref_free(&r);
+	rt_model_free(m);
+	unlink(path);
+}
+END_TEST
+
+/* What the replay cannot run is refused with the reason: a prompt whose replay would pass
+ * the model's context_length. */
 START_TEST(test_kvzip_replay_refusals)
 {
 	const struct kvp_policy *p = rt_registry_find(kvp_registry, kvp_registry_count, "kvzip");
 	ck_assert_ptr_nonnull(p);
 	tiny_model_cfg c = shape_cfg(1, RT_GGML_F32);
-	c.n_swa = 16;
-	const char *path = write_model(&c);
-	rt_model *m = load_ok(path);
 	rt_err err = {0};
 	rt_seq s;
-	ck_assert_int_eq(rt_seq_init(&s, m, p, 32, 8, 16, &err), -1);
-	ck_assert_msg(strstr(err.msg, "sliding-window layers") != NULL, "%s", err.msg);
-	rt_model_free(m);
-	unlink(path);
-	c.n_swa = 0; /* n_ctx 64: a prompt of 40 and its replay (40 + instruction) pass it */
+	const char *path;
+	rt_model *m;
+	/* n_ctx 64: a prompt of 40 and its replay (40 + instruction) pass it */
 	path = write_model(&c);
 	m = load_ok(path);
 	ck_assert_msg(rt_seq_init(&s, m, p, 41, 8, 40, &err) == 0, "%s", err.msg);
@@ -1509,6 +1604,7 @@ static Suite *model_suite(void)
 	tcase_add_loop_test(tc, test_fast_path, 0, 6);
 	tcase_add_loop_test(tc, test_evicted_cache_oracle, 0, 3);
 	tcase_add_loop_test(tc, test_kvzip_replay_oracle, 0, 2);
+	tcase_add_loop_test(tc, test_kvzip_replay_window_oracle, 0, 2);
 	tcase_add_test(tc, test_kvzip_replay_refusals);
 	tcase_add_loop_test(tc, test_window_out_of_order_oracle, 0, 3);
 	tcase_add_loop_test(tc, test_count_oracle, 0, 3);

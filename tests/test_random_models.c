@@ -297,17 +297,14 @@ static int64_t check_kept(const rt_model *m, rt_kv *kv, int32_t n, const char *w
  * refused with a message (a budget its guards exceed); what it keeps must be positions of
  * the text, once each, inside the window on sliding-window layers; the log-probabilities are
  * finite; at least half hold fewer entries than the full cache, and all finish but 2 and
- * those the model itself rules out (model_refuses: a context replay on a model with
- * sliding-window layers, a linear scorer trained for another shape), each refused at
+ * those the model itself rules out (model_refuses: a linear scorer trained for another
+ * shape), each refused at
  * rt_seq_init with its reason. Budgets are graceful (a floor of 16, run's --min-kv): guards
- * that exceed a budget raise it. Measured (36 policies): 35 finish on a file without
- * windows (kvzap's SmolLM2 scorer is refused), 33 on Gemma 3's (kvzip and kvzip_rot_q4q2
- * refused too), 20 of them evicting. */
+ * that exceed a budget raise it. Measured (36 policies): 35 finish on every file, Gemma 3's
+ * windows included (kvzap's SmolLM2 scorer is refused), 20 of them evicting. */
 static int model_refuses(const rt_model *m, const struct kvp_policy *p)
 {
 	const int *w = p->hidden_shape;
-	if ((p->needs & KVP_NEED_REPLAY) && m->hp.n_swa > 0)
-		return 1;
 	return (p->needs & KVP_NEED_HIDDEN) &&
 	       (w[0] != m->hp.n_layer || w[1] != m->hp.n_head_kv || w[2] != m->hp.n_embd);
 }

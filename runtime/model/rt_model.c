@@ -1764,7 +1764,7 @@ static int batch_member_check(const rt_fwd *big, const rt_fwd *fk, int K, rt_err
 static void window_trim(rt_fwd *f, rt_kv *kv, int32_t last, int at_end)
 {
 	const rt_model *m = f->m;
-	if (!f->win_keep || (f->rope_at_index && !at_end))
+	if (!f->win_keep || f->keep_windows || (f->rope_at_index && !at_end))
 		return;
 	for (int l = 0; l < m->hp.n_layer; l++) {
 		const int32_t w = m->layers[l].window;

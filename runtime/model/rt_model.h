@@ -322,6 +322,11 @@ typedef struct rt_fwd {
 	/* models with sliding-window layers: [cap] indices of the entries a layer keeps when
 	 * the entries that fell out of its window are evicted (rt_model_forward); NULL else */
 	int32_t *win_keep;
+	/* 1: the window trim is skipped (the lists keep entries that fell out of a layer's
+	 * window; the mask still hides them from every query). KVzip's context replay sets it
+	 * for its forward, whose rows it removes after (runtime/policy/rt_replay.h), so the
+	 * window lists hold what they held before. 0 (rt_fwd_init's default): trimmed. */
+	int keep_windows;
 	rt_matmul_scratch mm;   /* fast path: quantised activations and dequantised tiles */
 	void *segs;     /* [max_chunk] internal: the sequences' rows of a batched chunk */
 	int *seg_len;   /* [max_chunk] internal: their row counts, the matmuls' segments */

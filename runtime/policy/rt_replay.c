@@ -79,12 +79,6 @@ static int32_t *suffix_of(const rt_tokenizer *t, int *n, rt_err *err)
 int rt_replay_init(rt_replay *rp, const rt_model *m, int32_t cap, rt_err *err)
 {
 	memset(rp, 0, sizeof *rp);
-	if (m->hp.n_swa > 0)
-		return rt_err_setc(err, RT_ERR_INPUT,
-		                   "%s: the context replay (replay_attn) does not run on a model with "
-		                   "sliding-window layers: their forward would drop the prompt's "
-		                   "entries outside the window",
-		                   m->path);
 	rt_gguf *g = rt_gguf_open(m->path, err);
 	if (!g)
 		return -1;
@@ -259,7 +253,9 @@ static int replay_chunk(rt_replay *rp, rt_fwd *f, rt_kv *kv, int64_t start, int6
 	f->observe_parallel = 1; /* each call writes its own (layer, KV head) row */
 	f->on_append = NULL;
 	f->on_layer = NULL;
+	f->keep_windows = 1; /* the replay's rows go below; the window lists stay as they are */
 	const int rc = rt_model_forward(f, kv, rp->in, n, (int32_t)pl, NULL, RT_LOGITS_NONE, err);
+	f->keep_windows = saved.keep_windows;
 	f->observe = saved.observe;
 	f->observe_user = saved.observe_user;
 	f->observe_parallel = saved.observe_parallel;

@@ -33,8 +33,16 @@
  * the prefill; the store needs room for one replayed chunk beyond the prompt
  * (RT_REPLAY_CHUNK + RT_REPLAY_ROOM entries per head, reserved address space: rt_seq adds
  * it to the capacity), and the positions prompt_len .. prompt_len + that must be inside the
- * model's context_length. The replay runs on the CPU forward; models with sliding-window
- * layers are refused (their forward would drop the prompt's entries outside the window).
+ * model's context_length. The replay runs on the CPU forward.
+ *
+ * Sliding-window layers (Gemma 3's five of six, a Mistral window): the replay's forward
+ * masks as any forward does (a replayed query at position t sees the entries at positions
+ * above t - window), but skips the window trim (rt_fwd.keep_windows), so the prompt's
+ * entries in a window list stay while the replay runs and the list holds after it what it
+ * held before. Such a list holds only the prompt's last `window` tokens, and only the first
+ * `window` replayed queries of chunk 0 (the instruction and the start of the prompt) reach
+ * them: their scores measure that, not the reconstruction of the whole prompt. Compression
+ * counts every list, so a ratio applies to the window lists too.
  */
 #ifndef RT_REPLAY_H
 #define RT_REPLAY_H
@@ -75,7 +83,7 @@ typedef struct rt_replay {
 /* Prepare the replay of sequences of model m on stores of cap entries per head: reads the
  * tokenizer of the model's file (m->path) and tokenizes the instructions. Errors (-1, err):
  * the file cannot be opened or has no tokenizer, instructions longer than RT_REPLAY_ROOM
- * allows, a model with sliding-window layers, allocation failure (rp is then safe to free). */
+ * allows, allocation failure (rp is then safe to free). */
 int rt_replay_init(rt_replay *rp, const rt_model *m, int32_t cap, rt_err *err);
 void rt_replay_free(rt_replay *rp);
 /* Forget the recorded prompt and the counters (a new sequence); keeps the allocations. */
