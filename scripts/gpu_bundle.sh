@@ -31,10 +31,11 @@ done
 # every library outside glibc, the GCC runtime and CUDA (OpenBLAS, gfortran, PCRE2, zlib,
 # jansson, libmicrohttpd and GnuTLS's chain, check's subunit): resolved here by ldd, copied
 # under their sonames; the GPU machine's own glibc (newer) runs them
-ldd "$B"/cuda/gpu_check "$B"/cuda/kv-gpu-check | awk '$2 == "=>" { print $1, $3 }' | sort -u |
+ldd "$B"/cuda/gpu_check "$B"/cuda/kv-gpu-check "$B"/cuda/k_select_check "$B"/cuda/cuda_probe | awk '$2 == "=>" { print $1, $3 }' | sort -u |
 	while read -r so path; do
 		case "$so" in
-		libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | libstdc++* | libgcc_s* | libcu*) ;;
+		libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | libresolv.so* | libutil.so* | \
+			libanl.so* | libnsl.so* | libstdc++* | libgcc_s* | libcublas* | libcudart* | libcuda.so*) ;;
 		*) cp -L "$path" "$stage/lib/$so" ;;
 		esac
 	done

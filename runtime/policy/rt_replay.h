@@ -39,10 +39,11 @@
  * masks as any forward does (a replayed query at position t sees the entries at positions
  * above t - window), but skips the window trim (rt_fwd.keep_windows), so the prompt's
  * entries in a window list stay while the replay runs and the list holds after it what it
- * held before. Such a list holds only the prompt's last `window` tokens, and only the first
- * `window` replayed queries of chunk 0 (the instruction and the start of the prompt) reach
- * them: their scores measure that, not the reconstruction of the whole prompt. Compression
- * counts every list, so a ratio applies to the window lists too.
+ * held before. Such a list holds only what the next position sees (the prompt's last window -
+ * 1 tokens), and every replayed chunk sits at the positions right after the prompt, so only
+ * its first window - 1 queries (its instruction and the start of its text) reach them: their
+ * scores measure that, not the reconstruction of the whole prompt. Compression counts every
+ * list, so a ratio applies to the window lists too.
  */
 #ifndef RT_REPLAY_H
 #define RT_REPLAY_H

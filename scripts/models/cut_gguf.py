@@ -51,6 +51,8 @@ def main():
 		r = gguf.GGUFReader(a.inp)
 	except Exception as e:  # gguf-py raises ValueError/OSError on bad files
 		sys.exit("cut_gguf: %s: not a readable GGUF file (%s)" % (a.inp, e))
+	if "general.architecture" not in r.fields:
+		sys.exit("cut_gguf: %s: no general.architecture" % a.inp)
 	arch = r.fields["general.architecture"].contents()
 	key = "%s.block_count" % arch
 	if key not in r.fields:
@@ -61,8 +63,10 @@ def main():
 		sys.exit("cut_gguf: %s: %d layers asked, the file has %d" % (a.inp, n_out, n_in))
 
 	w = gguf.GGUFWriter(a.out, arch)
+	if "general.alignment" in r.fields:  # the writer pads tensor data to its own alignment
+		w.add_custom_alignment(int(r.fields["general.alignment"].contents()))
 	for f in r.fields.values():
-		if f.name == "general.architecture" or f.name.startswith("GGUF."):
+		if f.name in ("general.architecture", "general.alignment") or f.name.startswith("GGUF."):
 			continue
 		v, t, sub = field_value(f)
 		if f.name == key:

@@ -375,7 +375,7 @@ static int refusal_matches(const struct kvp_cuda_policy *cp, const char *why)
 int main(void)
 {
 	const struct rt_cuda_backend *b = &kvp_cuda_backend;
-	int bad = 0, n_cmp = 0, n_budget_refused = 0;
+	int bad = 0, n_cmp = 0, n_budget_refused = 0, n_bytes_cmp = 0;
 	long n_evicted = 0, n_words = 0;
 	const int shapes[2][4] = { { 2, 3, 3, 16 }, { 2, 1, 4, 16 } };
 	bad |= check_error_classes();
@@ -404,16 +404,23 @@ int main(void)
 		for (int sh = 0; sh < 2; sh++)
 			bad |= run_policy(b->policies[i], shapes[sh][0], shapes[sh][1], shapes[sh][2], shapes[sh][3], 0,
 			                  &n_cmp, &n_evicted, &n_words, &n_budget_refused);
-		if (hp->compress) /* and in bytes: the budget's unit is an f16 entry's bytes */
+		if (hp->compress) { /* and in bytes: the budget's unit is an f16 entry's bytes */
+			const int before = n_cmp;
 			bad |= run_policy(b->policies[i], shapes[0][0], shapes[0][1], shapes[0][2], shapes[0][3], 2,
 			                  &n_cmp, &n_evicted, &n_words, &n_budget_refused);
+			n_bytes_cmp += n_cmp - before;
+		}
+	}
+	if (n_bytes_cmp == 0) { /* the byte-ratio comparison must compare, not only refuse */
+		printf("test_cuda_host: no policy was compared under a byte ratio\n");
+		bad = 1;
 	}
 	if (bad)
 		return 1;
 	printf("cuda: host tests passed: %d policies x 2 shapes (9/3-style 3x3, 4/1; the first at byte ratio 2 too; %d policies whose "
 	       "entries the CUDA store cannot hold, not run): CUDA observe == C observe "
 	       "bit for bit (%ld non-zero statistic words); device-compress reference == C compress kept sets "
-	       "in %d cases (%ld entries evicted), the same budget refusal in %d; error classes as documented\n",
-	       n_run, n_refused, n_words, n_cmp, n_evicted, n_budget_refused);
+	       "in %d cases (%d at byte ratio 2; %ld entries evicted), the same budget refusal in %d; error classes as documented\n",
+	       n_run, n_refused, n_words, n_cmp, n_bytes_cmp, n_evicted, n_budget_refused);
 	return 0;
 }
