@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "k_abi.h"
 #include "k_select.h"
 
 static inline int32_t k_round_entries(double x)
@@ -31,14 +32,24 @@ static inline int32_t k_round_entries(double x)
 
 /* A budget or target in entries: the largest whole number of entries not above x, so
  * after a compress `entries > budget` no longer holds. A relative tolerance of 1e-9
- * absorbs rounding of ratio × context (0.29 × 100 = 28.999999999999996 keeps 29). */
-static inline int32_t k_floor_entries(double x)
+ * absorbs rounding of ratio × context (0.29 × 100 = 28.999999999999996 keeps 29). Both
+ * back ends (K_HD): the device compress (kernels/k_compact.cuh) floors the same way. */
+K_HD int32_t k_floor_entries(double x)
 {
 	if (!(x > 0))
 		return 0;
 	if (x > 2147483647.0)
 		return INT32_MAX;
 	return (int32_t)floor(x + 1e-9 * x);
+}
+
+/* A budget in bytes as entries: left bytes (a head's layer budget, f16 entries' bytes, less
+ * its guards' bytes) at per bytes an entry, floored (k_floor_entries); 0 when either is not
+ * positive. The C compress (k_head_bytes, kernels/k_compress.h) and the device compress
+ * (k_cu_head_budget, kernels/k_compact.cuh) both call it. */
+K_HD int32_t k_bytes_entries(double left, double per)
+{
+	return per > 0 && left > 0 ? k_floor_entries(left / per) : 0;
 }
 
 /* PyramidKV per-layer budgets (entries, window included). B: average budget per head

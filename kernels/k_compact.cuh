@@ -34,6 +34,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "k_alloc.h"
 #include "k_cu.cuh"
 #include "k_select.cuh"
 
@@ -85,17 +86,6 @@ struct k_cu_compress_args {
 	int32_t *n_new;          /* [H] */
 };
 
-/* k_floor_entries of kernels/k_alloc.h on the device: a budget x (entries) as the largest
- * whole number of entries not above it, 0 for x <= 0 or NaN. */
-K_HD int32_t k_cu_floor_entries(double x)
-{
-	if (!(x > 0))
-		return 0;
-	if (x > 2147483647.0)
-		return INT32_MAX;
-	return (int32_t)floor(x + 1e-9 * x);
-}
-
 /* The entries a head keeps besides its n_guard guards under layer budget lb: in entries,
  * lb less the guards; in bytes (a.bytes), lb f16 entries' bytes less the guards' rows, over
  * one stored entry's bytes (k_head_bytes of kernels/k_compress.h on an untiered store: an
@@ -103,11 +93,10 @@ K_HD int32_t k_cu_floor_entries(double x)
 K_HD int32_t k_cu_head_budget(const struct k_cu_compress_args &a, double lb, int32_t n_guard)
 {
 	if (!a.bytes) {
-		const int32_t kb = k_cu_floor_entries(lb) - n_guard;
+		const int32_t kb = k_floor_entries(lb) - n_guard;
 		return kb > 0 ? kb : 0;
 	}
-	const double left = lb * a.e16 - (double)n_guard * a.entry_cost;
-	return a.entry_cost > 0 && left > 0 ? k_cu_floor_entries(left / a.entry_cost) : 0;
+	return k_bytes_entries(lb * a.e16 - (double)n_guard * a.entry_cost, a.entry_cost);
 }
 
 /* 1 when the entry at position pos (tokens) with span id span is guarded: a sink

@@ -643,7 +643,7 @@ static inline int32_t k_head_bytes(const struct k_run *r, const rt_kv_head *h, c
 		r->hbytes[hi] = left > 0 ? left : 0;
 	double per = cfg->tiers == K_TIERS_SHARES ?
 	             k_tier_share_cost(cfg->tier, cfg->tier_cum, cfg->n_tier, r->cost) : r->cost[0];
-	return per > 0 && left > 0 ? k_floor_entries(left / per) : 0;
+	return k_bytes_entries(left, per);
 }
 
 /* By utility per byte, the (layer, KV head) lists one pool of bytes spans: 1 for
