@@ -649,6 +649,56 @@ static int replay_input(const char *path, const int32_t *prompt, int P, int32_t 
 	return (int)n + P;
 }
 
+/* The replay both oracles share: the naive forward over prompt + instruction + prompt with
+ * visibility vis (ref_forward) records the reference scores rr->score [L × HKV × P]
+ * (allocated here, the caller frees); the runtime feeds tok[0..P) under kvzip into s (capacity
+ * P + 1, a strict budget of kept = budget / P and, when sinks >= 0, that many sinks): one
+ * compress, the replay's token count, and its scores equal the reference's within 1e-5 with
+ * a positive maximum (returned). */
+static double kvzip_replay_run(const char *path, rt_model *m, const ref *r, const int32_t *tok, int P,
+                               int budget, int sinks, ref_visible_fn vis, const void *vu, replay_ref *rr,
+                               rt_seq *s)
+{
+	int32_t seq[128];
+	const int n = replay_input(path, tok, P, seq + P, 128 - P);
+	memcpy(seq, tok, (size_t)P * sizeof *tok);
+	const size_t H = (size_t)r->L * r->HKV;
+	rr->P = P;
+	rr->G = r->H / r->HKV;
+	rr->HKV = r->HKV;
+	rr->score = calloc(H * P, sizeof(double));
+	double *lg_ref = malloc((size_t)(P + n) * r->V * sizeof *lg_ref);
+	ref_attn_hook = replay_ref_attn;
+	ref_attn_user = rr;
+	ref_forward(r, seq, P + n, vis, vu, lg_ref);
+	ref_attn_hook = NULL;
+	free(lg_ref);
+	const struct kvp_policy *p = rt_registry_find(kvp_registry, kvp_registry_count, "kvzip");
+	ck_assert_ptr_nonnull(p);
+	ck_assert(p->needs & KVP_NEED_REPLAY);
+	rt_err err = {0};
+	ck_assert_msg(rt_seq_init(s, m, p, P + 1, 5, P, &err) == 0, "%s", err.msg);
+	s->run.ctx.min_kv = KVP_MIN_KV_STRICT;
+	char a[64];
+	snprintf(a, sizeof a, "kept=%.17g", (double)budget / P);
+	ck_assert_msg(rt_seq_set(s, a, &err) == 0, "%s", err.msg);
+	snprintf(a, sizeof a, "sinks=%d", sinks);
+	ck_assert_msg(sinks < 0 || rt_seq_set(s, a, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_seq_feed(s, tok, P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
+	ck_assert_int_eq(rt_seq_stats_get(s).compress_events, 1);
+	ck_assert_int_eq(s->rp.tokens, n);
+	ck_assert_ptr_nonnull(s->run.ctx.replay);
+	ck_assert_int_eq(s->run.ctx.replay_n, P);
+	double dmax = 0, smax = 0;
+	for (size_t i = 0; i < H * P; i++) {
+		dmax = fmax(dmax, fabs(s->run.ctx.replay[i] - rr->score[i]));
+		smax = fmax(smax, rr->score[i]);
+	}
+	ck_assert_msg(dmax <= 1e-5, "replay scores: max |runtime - reference| = %g", dmax);
+	ck_assert_msg(smax > 0, "replay scores: all 0");
+	return smax;
+}
+
 /* A tiny model (9/3 and 4/1 heads) under policies/kvzip.kvp with a prompt of P tokens: the
  * scores the runtime measured equal max attention over a replay computed here by the naive
  * forward over prompt + instruction + prompt; the kept set equals the top of all heads'
@@ -664,42 +714,15 @@ START_TEST(test_kvzip_replay_oracle)
 	ref r;
 	ref_load(&r, &c, path);
 	enum { P = 14, SINKS = 2, BUDGET = 6 };
-	const int L = c.n_layer, HKV = c.n_head_kv, G = c.n_head / c.n_head_kv;
-	int32_t tok[P + 1], seq[128];
+	const int L = c.n_layer, HKV = c.n_head_kv;
+	int32_t tok[P + 1];
 	test_tokens(tok, P + 1, 256, 11u + (unsigned)_i);
-	const int n = replay_input(path, tok, P, seq + P, 128 - P);
-	memcpy(seq, tok, P * sizeof *tok);
-	/* the naive forward over prompt + replay, scoring */
-	replay_ref rr = { P, G, HKV, calloc((size_t)L * HKV * P, sizeof(double)) };
-	double *lg_ref = malloc((size_t)(P + n) * c.n_vocab * sizeof *lg_ref);
-	ref_attn_hook = replay_ref_attn;
-	ref_attn_user = &rr;
-	ref_forward(&r, seq, P + n, vis_all, NULL, lg_ref);
-	ref_attn_hook = NULL;
 	/* the runtime under kvzip, strict budget: 6 entries per head on average, 2 sinks */
-	const struct kvp_policy *p = rt_registry_find(kvp_registry, kvp_registry_count, "kvzip");
-	ck_assert_ptr_nonnull(p);
-	ck_assert(p->needs & KVP_NEED_REPLAY);
-	rt_err err = {0};
+	replay_ref rr;
 	rt_seq s;
-	ck_assert_msg(rt_seq_init(&s, m, p, P + 1, 5, P, &err) == 0, "%s", err.msg);
-	s.run.ctx.min_kv = KVP_MIN_KV_STRICT;
-	char a[64];
-	snprintf(a, sizeof a, "kept=%.17g", (double)BUDGET / P);
-	ck_assert_msg(rt_seq_set(&s, a, &err) == 0 && rt_seq_set(&s, "sinks=2", &err) == 0, "%s",
-	              err.msg);
-	ck_assert_msg(rt_seq_feed(&s, tok, P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
-	ck_assert_int_eq(rt_seq_stats_get(&s).compress_events, 1);
-	ck_assert_int_eq(s.rp.tokens, n);
-	ck_assert_ptr_nonnull(s.run.ctx.replay);
-	ck_assert_int_eq(s.run.ctx.replay_n, P);
-	double dmax = 0, smax = 0;
-	for (size_t i = 0; i < (size_t)L * HKV * P; i++) {
-		dmax = fmax(dmax, fabs(s.run.ctx.replay[i] - rr.score[i]));
-		smax = fmax(smax, rr.score[i]);
-	}
-	ck_assert_msg(dmax <= 1e-5, "replay scores: max |runtime - reference| = %g", dmax);
-	ck_assert_msg(smax > 0 && smax <= 1.0 + 1e-12, "replay scores: max %g", smax);
+	const double smax = kvzip_replay_run(path, m, &r, tok, P, BUDGET, SINKS, vis_all, NULL, &rr, &s);
+	ck_assert_msg(smax <= 1.0 + 1e-12, "replay scores: max %g", smax);
+	rt_err err = {0};
 	/* the kept set: every head's sinks, then the L·HKV·(BUDGET - SINKS) best other entries
 	 * over all heads together (ties: lower position first, then lower head) */
 	const int H = L * HKV, nc = H * (P - SINKS), take = H * (BUDGET - SINKS);
@@ -742,7 +765,7 @@ START_TEST(test_kvzip_replay_oracle)
 	ref_forward(&r, tok, P + 1, vis_mask, &km, rl);
 	const double d = max_diff_fd(lg, rl + (size_t)P * c.n_vocab, (size_t)c.n_vocab);
 	ck_assert_msg(d <= 1e-5, "after the replay and compress: max |logit - ref| = %g", d);
-	free(lg), free(rl), free(want), free(got), free(rr.score), free(lg_ref);
+	free(lg), free(rl), free(want), free(got), free(rr.score);
 	rt_seq_free(&s);
 	ref_free(&r);
 	rt_model_free(m);
@@ -788,43 +811,20 @@ START_TEST(test_kvzip_replay_window_oracle)
 	ref r;
 	ref_load(&r, &c, path);
 	enum { P = 14, W = 8, BUDGET = 6 };
-	const int L = c.n_layer, HKV = c.n_head_kv, G = c.n_head / c.n_head_kv, H = L * HKV;
-	int32_t tok[P + 1], seq[128];
+	const int HKV = c.n_head_kv, H = c.n_layer * HKV;
+	int32_t tok[P + 1];
 	test_tokens(tok, P + 1, 256, 17u + (unsigned)_i);
-	const int n = replay_input(path, tok, P, seq + P, 128 - P);
-	ck_assert_int_gt(n, 2 * W); /* later replayed queries see none of the prompt */
-	memcpy(seq, tok, P * sizeof *tok);
 	win_kept wk = { W, { P, HKV, NULL } };
-	replay_ref rr = { P, G, HKV, calloc((size_t)H * P, sizeof(double)) };
-	double *lg_ref = malloc((size_t)(P + n) * c.n_vocab * sizeof *lg_ref);
-	ref_attn_hook = replay_ref_attn;
-	ref_attn_user = &rr;
-	ref_forward(&r, seq, P + n, vis_win, &wk, lg_ref);
-	ref_attn_hook = NULL;
-	const struct kvp_policy *p = rt_registry_find(kvp_registry, kvp_registry_count, "kvzip");
-	ck_assert_ptr_nonnull(p);
-	rt_err err = {0};
+	replay_ref rr;
 	rt_seq s;
-	ck_assert_msg(rt_seq_init(&s, m, p, P + 1, 5, P, &err) == 0, "%s", err.msg);
-	s.run.ctx.min_kv = KVP_MIN_KV_STRICT;
-	char a[64];
-	snprintf(a, sizeof a, "kept=%.17g", (double)BUDGET / P);
-	ck_assert_msg(rt_seq_set(&s, a, &err) == 0, "%s", err.msg);
-	ck_assert_msg(rt_seq_feed(&s, tok, P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
-	ck_assert_int_eq(rt_seq_stats_get(&s).compress_events, 1);
-	ck_assert_int_eq(s.rp.tokens, n);
-	double dmax = 0, smax = 0;
-	for (size_t i = 0; i < (size_t)H * P; i++) {
-		const int pos = (int)(i % P);
-		if (pos < P - W + 1)
+	kvzip_replay_run(path, m, &r, tok, P, BUDGET, -1, vis_win, &wk, &rr, &s);
+	ck_assert_int_gt(s.rp.tokens, 2 * W); /* later replayed queries see none of the prompt */
+	for (size_t i = 0; i < (size_t)H * P; i++)
+		if ((int)(i % P) < P - W + 1)
 			ck_assert_msg(rr.score[i] == 0.0 && s.run.ctx.replay[i] == 0.0f,
-			              "trimmed position %d scored %g (reference %g)", pos,
+			              "trimmed position %d scored %g (reference %g)", (int)(i % P),
 			              (double)s.run.ctx.replay[i], rr.score[i]);
-		dmax = fmax(dmax, fabs(s.run.ctx.replay[i] - rr.score[i]));
-		smax = fmax(smax, rr.score[i]);
-	}
-	ck_assert_msg(dmax <= 1e-5, "window replay scores: max |runtime - reference| = %g", dmax);
-	ck_assert_msg(smax > 0, "window replay scores: all 0");
+	rt_err err = {0};
 	uint8_t *got = calloc((size_t)H * P, 1);
 	for (int h = 0; h < H; h++) {
 		const rt_kv_head *hd = &s.kv.heads[h];
@@ -842,7 +842,7 @@ START_TEST(test_kvzip_replay_window_oracle)
 	ref_forward(&r, tok, P + 1, vis_win_kept, &wk, rl);
 	const double d = max_diff_fd(lg, rl + (size_t)P * c.n_vocab, (size_t)c.n_vocab);
 	ck_assert_msg(d <= 1e-5, "window model after the replay and compress: max |logit - ref| = %g", d);
-	free(lg), free(rl), free(got), free(rr.score), free(lg_ref);
+	free(lg), free(rl), free(got), free(rr.score);
 	rt_seq_free(&s);
 	ref_free(&r);
 	rt_model_free(m);
