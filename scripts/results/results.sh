@@ -21,23 +21,31 @@
 #     by the binary and reported as "n/a (guards exceed budget)". StreamingLLM and the
 #     sliding window have no budget but their guards, so their window is set to the
 #     ratio's budget (recent = N/R - sinks; window = N/R), as `make demo` does;
-#  4. `BIN needle --task passkey --lengths LENGTHS --depths DEPTHS --ratio R` per policy
+#  4. the byte frontier (scripts/results/frontier.py): mean KL (`ppl --batch`, against the
+#     full cache of the same path) of FRONTIER_POLICIES against the compression in bytes
+#     over an f16 full cache, 2x to 32x: each eviction-only policy at each ratio in each KV
+#     store type (a batch line's `--kv-type T`: f32 rows are 4 bytes, f16 2, q8_0 34/32 per
+#     element, so ratio R gives R/2, R and about 1.9R in bytes; a cell outside
+#     FRONTIER_MIN_X..FRONTIER_MAX_X in bytes is not run; on the fast path an f16 cell is the
+#     sweep's cell of step 3, copied, not run twice), and each policy that chooses its own
+#     precision (`precision = tiers(...)`, FRONTIER_OWN_KV_POLICIES) in the default store: at
+#     each byte ratio in bounds (`--byte-ratio R`) when its budget is `bytes(P)`, else once
+#     at its own budget (quantisation only); streaming and prompt-end as in step 3 (a
+#     prompt-end cell's bytes are its prompt's, right after the compress: ppl's
+#     prompt_bytes_compression);
+#  5. `BIN needle --task passkey --lengths LENGTHS --depths DEPTHS --ratio R` per policy
 #     in NEEDLE_POLICIES at each ratio in NEEDLE_RATIOS, plus the full cache;
-#  5. the byte frontier (scripts/results/frontier.py): mean KL (`ppl --batch`, against the
-#     f32 full cache of the exact path) and retrieval accuracy (`needle --batch --task T`
-#     for each of FRONTIER_NEEDLE_TASKS: passkey, multi-key, multi-instruction) of
-#     FRONTIER_POLICIES against the compression in bytes over an f16 full cache, 2x to 32x:
-#     each eviction-only policy at each ratio in each KV store type (a batch line's
-#     `--kv-type T`: f32 rows are 4 bytes, f16 2, q8_0 34/32 per element, so ratio R gives
-#     R/2, R and about 1.9R in bytes; a cell outside FRONTIER_MIN_X..FRONTIER_MAX_X in bytes
-#     is not run), and each policy that chooses its own precision (`precision = tiers(...)`,
-#     FRONTIER_OWN_KV_POLICIES) in the default store: at each byte ratio in bounds
-#     (`--byte-ratio R`) when its budget is `bytes(P)`, else once at its own budget
-#     (quantisation only); streaming and prompt-end as in step 3 (a prompt-end cell's bytes
-#     are its prompt's, right after the compress: ppl's prompt_bytes_compression);
-#  6. render docs/results.md and the SVG plots from the collected JSON (python3, stdlib).
+#  6. the frontier's retrieval accuracy (`needle --batch --task T` for each of
+#     FRONTIER_NEEDLE_TASKS: passkey, multi-key, multi-instruction) of its cells (passkey
+#     cells in f16 are step 5's where it ran them);
+#  7. render docs/results.md and the SVG plots from the collected JSON (python3, stdlib).
 # Each measurement is cached as one JSON file under OUT (keyed by text, tokens, policy,
-# ratio), so an interrupted run resumes where it stopped; RESULTS_FRESH=1 discards them.
+# ratio, and the policy's source hash), written when its pass ends, so an interrupted run
+# resumes where it stopped, losing at most the passes that were running; RESULTS_FRESH=1
+# discards them. Perplexity comes before retrieval (steps 3-4, then 5-6): a run cut short
+# still has every policy's sweep. Passes run RESULTS_JOBS at once, each of at most
+# RESULTS_PASS_CELLS cells; neither changes a result (a run's output does not depend on the
+# pass it is in), so neither narrows the run.
 #
 # Progress: a line "results: pass K: WHAT (time)" as each pass starts, then the pass's
 # binary reports on stderr (a bar with tok/s and ETA on a terminal, a plain line per tenth
@@ -55,7 +63,12 @@
 #   DEPTHS [0,25,50,75,100]      passkey depths (percent)
 #   NEEDLE_POLICIES [$POLICIES]  policies run through the passkey test
 #   NEEDLE_RATIOS [8 16 32]      ratios of the passkey test
-#   THREADS [nproc]              BLAS threads
+#   THREADS [1; nproc when RESULTS_JOBS=1]  BLAS threads per pass
+#   RESULTS_JOBS [nproc]         passes at once (decode on 2 cores gains 1.41x from a second
+#                                BLAS thread, 2x from a second pass)
+#   RESULTS_PASS_CELLS [10]      cells per lockstep pass (each pass recomputes the full-cache
+#                                reference, about one cell's cost; a smaller pass loses less
+#                                when the run is interrupted)
 #   RESULTS_DOC [docs/results.md] RESULTS_NOTE: a paragraph put at the top of the document
 #   OUT [BUILD_DIR/results]      where the binary, texts and JSON go
 #   RESULTS_RENDER_ONLY=1        measure nothing: render what the cache holds (cells not
@@ -65,7 +78,8 @@
 #                                then every policy with a `precision` statement]
 #   FRONTIER_OWN_KV_POLICIES [those with a `precision` statement] policies run in the default
 #                                store (their own precision) instead of per KV type
-#   FRONTIER_KV_TYPES ["f32 f16 q8_0"]  store types of the eviction-only cells
+#   FRONTIER_KV_TYPES ["f16 q8_0"]  store types of the eviction-only cells (f32 rows,
+#                                at twice f16's bytes, are RESULTS_FAST=0's reference)
 #   FRONTIER_RATIOS ["1 2 4 8 16 32 64"] FRONTIER_MIN_X [2] FRONTIER_MAX_X [32]
 #   FRONTIER_PROTOCOLS ["stream prompt_end"]
 #   FRONTIER_NEEDLE [1]          0: no passkey cells in the frontier
@@ -76,10 +90,12 @@
 #                                asked, the others distractors); instruct (three instructions
 #                                in the system prompt, scored against what the full cache's
 #                                answers follow); one needle pass per task and protocol
-#   RESULTS_FAST=1               every pass on the fast path with an f16 store (`--fast --kv-type
-#                                f16`: the full-cache reference and the top tier are f16 rows;
-#                                a batch line's own --kv-type still chooses its store); the
-#                                document's header says so
+#   RESULTS_FAST [1]             1: every pass on the fast path with an f16 store (`--fast
+#                                --kv-type f16`: the full-cache reference and the top tier are
+#                                f16 rows, the store a deployment runs and the byte frontier's
+#                                reference; a batch line's own --kv-type still chooses its
+#                                store); 0: the exact path (f32 rows, f32 reference); the
+#                                document's header says which
 #   RESULTS_QUICK=1              a narrowed run in minutes: 2048 tokens of coreutils, no
 #                                per-policy sweep and no passkey, the streaming frontier of
 #                                three block-wise policies (caote_tova, expected_attention,
@@ -116,10 +132,21 @@ ratios=${RATIOS:-2 4 8 16 32 64 128}
 texts=${TEXTS-coreutils gettext}
 lengths=${LENGTHS:-1024,2048,4096}
 depths=${DEPTHS:-0,25,50,75,100}
-threads=${THREADS:-$(nproc)}
-# the store of every pass (RESULTS_FAST=1: the fast path, f16 rows)
+# passes at once (RESULTS_JOBS) and BLAS threads per pass: one thread per pass and one pass per
+# core, since decode on 2 cores gains 1.41x from a second BLAS thread and 2x from a second pass
+jobs=${RESULTS_JOBS:-$(nproc)}
+[ "$jobs" -ge 1 ] 2>/dev/null || { echo "results.sh: RESULTS_JOBS=$jobs: not a count of passes" >&2; exit 2; }
+if [ "$jobs" -gt 1 ]; then threads=${THREADS:-1}; else threads=${THREADS:-$(nproc)}; fi
+# cells per pass: a pass's cells are cached when it ends, so an interrupted run loses at most
+# one pass per job; each pass recomputes the full-cache reference (about one cell's cost)
+pass_cells=${RESULTS_PASS_CELLS:-10}
+[ "$pass_cells" -ge 1 ] 2>/dev/null || { echo "results.sh: RESULTS_PASS_CELLS=$pass_cells: not a count of cells" >&2; exit 2; }
+# the store of every pass: the fast path with f16 rows (the store a deployment runs, and the
+# reference the byte frontier counts against, so the whole document has one reference);
+# RESULTS_FAST=0 measures on the exact path (f32 rows and reference)
+RESULTS_FAST=${RESULTS_FAST-1}
 fast=()
-[ "${RESULTS_FAST:-0}" = 1 ] && fast=(--fast --kv-type f16)
+[ "$RESULTS_FAST" = 1 ] && fast=(--fast --kv-type f16)
 out=${OUT:-$bdir/results}
 if [ "$narrowed" = 1 ]; then doc=${RESULTS_DOC:-$out/docs/results.md}; else doc=${RESULTS_DOC:-docs/results.md}; fi
 svgdir="$(dirname "$doc")/results"
@@ -133,7 +160,7 @@ policies=$POLICIES
 needle_policies=${NEEDLE_POLICIES-$policies}
 needle_ratios=${NEEDLE_RATIOS-8 16 32}
 cmdline="$0 $*"
-envline="RESULTS_FAST=${RESULTS_FAST:-0} RESULTS_TOKENS=$tokens RATIOS=\"$ratios\" TEXTS=\"$texts\" LENGTHS=$lengths DEPTHS=$depths THREADS=$threads POLICIES=\"$policies\" NEEDLE_POLICIES=\"$needle_policies\" NEEDLE_RATIOS=\"$needle_ratios\""
+envline="RESULTS_FAST=$RESULTS_FAST RESULTS_TOKENS=$tokens RATIOS=\"$ratios\" TEXTS=\"$texts\" LENGTHS=$lengths DEPTHS=$depths THREADS=$threads POLICIES=\"$policies\" NEEDLE_POLICIES=\"$needle_policies\" NEEDLE_RATIOS=\"$needle_ratios\""
 
 [ -r "$model" ] || { echo "results.sh: $model: model not found (scripts/fetch_model.sh)" >&2; exit 1; }
 [ "${RESULTS_FRESH:-0}" = 1 ] && rm -rf "$out/ppl" "$out/needle"
@@ -154,7 +181,7 @@ if [ -z "${FRONTIER_OWN_KV_POLICIES+x}" ]; then
 	FRONTIER_OWN_KV_POLICIES=$(for p in $fpolicies; do if has_precision "$p"; then printf '%s ' "$p"; fi; done)
 fi
 fown=$FRONTIER_OWN_KV_POLICIES
-fkv=${FRONTIER_KV_TYPES:-f32 f16 q8_0}
+fkv=${FRONTIER_KV_TYPES:-f16 q8_0}
 fratios=${FRONTIER_RATIOS:-1 2 4 8 16 32 64}
 fmin=${FRONTIER_MIN_X:-2}
 fmax=${FRONTIER_MAX_X:-32}
@@ -260,88 +287,90 @@ say_pass() {
 	[ "$quiet" = 1 ] || echo "results: pass $npass: $1 ($(date -u +%H:%M:%S))" >&2
 }
 
+# The pass queue. queue_cell LINE CELL adds one run (a --batch line) and the cache file its
+# JSON line goes to; queue_flush WHAT BASE FMT CMD... splits what was queued into passes of at
+# most $pass_cells runs (near-equal sizes), each `CMD --batch BASE.K.runs` started in the
+# background once fewer than $jobs passes run; phase_end waits for every pass (a later phase
+# reads what an earlier one cached). The runs of a pass are independent of the pass they are
+# in (tests/test_seq.c), so splitting changes no result.
+qlines=() qcells=()
+queue_cell() { qlines+=("$1"); qcells+=("$2"); }
+pass_job() { # pass_job WHAT RUNS FMT CMD...: one pass, then its cells' cache files
+	local what=$1 runs=$2 fmt=$3 rc cells
+	shift 3
+	set +e
+	run_pass "$runs.jsonl" "$runs.err" "$@" --batch "$runs"
+	rc=$?
+	set -e
+	mapfile -t cells <"$runs.cells"
+	split_pass "$what" "$runs" "$rc" "$fmt" "${cells[@]}"
+}
+queue_flush() {
+	local what=$1 base=$2 fmt=$3 n=${#qlines[@]} k i=0 m np part
+	shift 3
+	[ "$n" -gt 0 ] || return 0
+	np=$(((n + pass_cells - 1) / pass_cells))
+	for ((k = 0; k < np; k++)); do
+		m=$(((n - i) / (np - k)))
+		printf '%s\n' "${qlines[@]:i:m}" >"$base.$k.runs"
+		printf '%s\n' "${qcells[@]:i:m}" >"$base.$k.runs.cells"
+		i=$((i + m))
+		while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+		part=""
+		[ "$np" -gt 1 ] && part=" (part $((k + 1)) of $np)"
+		say_pass "$what, $m runs$part"
+		pass_job "$what" "$base.$k.runs" "$fmt" "$@" &
+	done
+	qlines=() qcells=()
+}
+phase_end() { wait; }
+# cached CELL POLICY: the cell holds a measurement of this source of the policy (a cell of
+# another hash is stale and measured again)
+cached() { [ -s "$1" ] && [ "$(jq -r '.policy_hash // ""' "$1")" = "$(policy_hash "$2")" ]; }
+# reuse CELL SWEEP_CELL POLICY: on the fast path a frontier cell in the f16 store runs the
+# very batch line of the sweep's cell (the store of every pass is f16), so it is that cell
+reuse() { [ "$RESULTS_FAST" = 1 ] && cached "$2" "$3" && cp "$2" "$1"; }
+
 render_only=${RESULTS_RENDER_ONLY:-0}
 [ "$render_only" = 1 ] && textfiles=()
 # policy_hash NAME: the source hash the binary holds (a cached cell of another hash is stale)
 "$bin" info --json >"$out/info.json"
 policy_hash() { jq -r --arg p "$1" '.policies[] | select(.name == $p) | .source_hash' "$out/info.json"; }
-# One lockstep pass (`BIN ppl --batch`) per text and protocol runs every (policy, ratio)
-# cell not cached yet: the weights are read once per token for all of them, and the
-# full-cache reference is computed once. Streaming policies score every token; prompt-end
-# policies get the first half as the prompt and score the tokens after it (--score-from).
+# Lockstep passes (`BIN ppl --batch`) per text and protocol run every (policy, ratio) cell not
+# cached yet: the weights are read once per token for all of a pass's runs, and the
+# full-cache reference is computed once per pass. Streaming policies score every token;
+# prompt-end policies get the first half as the prompt and score the tokens after it
+# (--score-from).
+ppl_cmd() { # ppl_cmd TEXTFILE GROUP: the pass command (without --batch) into cmd
+	local pe=()
+	[ "$2" = prompt_end ] && pe=(--prompt $((tokens / 2)) --score-from $((tokens / 2 + 1)))
+	cmd=("$bin" ppl --model "$model" --text "$1" --ctx "$tokens" --threads "$threads" --json
+		${pe[@]+"${pe[@]}"} ${fast[@]+"${fast[@]}"})
+}
 for f in ${textfiles[@]+"${textfiles[@]}"}; do
 	t=$(basename "$f" ".$tokens.txt")
 	mkdir -p "$out/ppl/$t.$tokens"
 	for group in stream prompt_end; do
-		runs="$out/ppl/$t.$tokens/$group.runs"
-		: >"$runs"
-		cells=()
 		for p in $policies; do
 			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
-			h=$(policy_hash "$p")
 			for r in $ratios; do
 				j="$out/ppl/$t.$tokens/$p.r$r.json"
-				if [ -s "$j" ] && [ "$(jq -r '.policy_hash // ""' "$j")" = "$h" ]; then continue; fi
+				cached "$j" "$p" && continue
 				n=$tokens
 				[ $group = prompt_end ] && n=$((tokens / 2))
-				echo "$p --ratio $r $(extra_sets "$p" "$r" "$n")" >>"$runs"
-				cells+=("$j")
+				queue_cell "$p --ratio $r $(extra_sets "$p" "$r" "$n")" "$j"
 			done
 		done
-		[ ${#cells[@]} -gt 0 ] || continue
-		pe=()
-		[ $group = prompt_end ] && pe=(--prompt $((tokens / 2)) --score-from $((tokens / 2 + 1)))
-		say_pass "ppl $t $group, ${#cells[@]} runs in lockstep over $tokens tokens"
-		set +e
-		run_pass "$runs.jsonl" "$runs.err" "$bin" ppl --model "$model" --text "$f" --ctx "$tokens" \
-			--threads "$threads" --json --batch "$runs" ${pe[@]+"${pe[@]}"} ${fast[@]+"${fast[@]}"}
-		rc=$?
-		set -e
-		split_pass "ppl $t $group" "$runs" "$rc" '"ppl \(.ppl) kld_mean \(.kld_mean)"' "${cells[@]}"
+		ppl_cmd "$f" $group
+		queue_flush "ppl $t $group" "$out/ppl/$t.$tokens/$group" '"ppl \(.ppl) kld_mean \(.kld_mean)"' "${cmd[@]}"
 	done
 done
+phase_end
 
-# 4. passkey accuracy: `BIN needle --batch` per protocol (the streaming policies prefill
-# token by token once their budget fills, the prompt-end ones and the full cache in large
-# chunks), every (policy, ratio) cell not cached yet, one JSON file per cell
-# the guard-only policies sized to the shortest length's budget
-extra_sets_needle() { extra_sets "$1" "$2" "${lengths%%,*}"; }
-nkey="L${lengths//,/-}.D${depths//,/-}"
-mkdir -p "$out/needle/$nkey"
-for group in stream prompt_end; do
-	[ "$render_only" = 1 ] && break
-	[ -n "$needle_ratios" ] && [ -n "$needle_policies" ] || break
-	runs="$out/needle/$nkey/$group.runs"
-	: >"$runs"
-	cells=()
-	if [ $group = prompt_end ] && [ ! -s "$out/needle/$nkey/full.json" ]; then
-		echo "full" >>"$runs"
-		cells+=("$out/needle/$nkey/full.json")
-	fi
-	for r in $needle_ratios; do
-		for p in $needle_policies; do
-			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
-			j="$out/needle/$nkey/$p.r$r.json"
-			if [ -s "$j" ] && [ "$(jq -r '.policy_hash // ""' "$j")" = "$(policy_hash "$p")" ]; then continue; fi
-			echo "$p --ratio $r $(extra_sets_needle "$p" "$r")" >>"$runs"
-			cells+=("$j")
-		done
-	done
-	[ ${#cells[@]} -gt 0 ] || continue
-	say_pass "needle $group, ${#cells[@]} runs"
-	set +e
-	run_pass "$runs.jsonl" "$runs.err" "$bin" needle --model "$model" --task passkey \
-		--lengths "$lengths" --depths "$depths" --threads "$threads" --json --batch "$runs" \
-		${fast[@]+"${fast[@]}"}
-	rc=$?
-	set -e
-	split_pass "needle $group" "$runs" "$rc" '"accuracy \(.accuracy)"' "${cells[@]}"
-done
-
-# 5. the byte frontier: every cell (policy, store type, ratio) whose bytes compression is in
-# [fmin, fmax] (expected from the row size: f32 R/2, f16 R, q8_0 R·64/34), cached as
-# frontier/{ppl,needle}/.../POLICY.KV.rR.json; a policy with its own precision runs in the
-# default store (KV "own"), once ("r0") when it has no budget
+# 4. the byte frontier's perplexity: every cell (policy, store type, ratio) whose bytes
+# compression is in [fmin, fmax] (expected from the row size: f32 R/2, f16 R, q8_0 R·64/34),
+# cached as frontier/{ppl,needle}/.../POLICY.KV.rR.json; a policy with its own precision runs
+# in the default store (KV "own"), once ("r0") when it has no budget
 has_budget() { grep -q '^[[:space:]]*budget[[:space:]]*=' "policies/$1.kvp"; }
 fcells() { # fcells POLICY: "KV R" per line
 	local p=$1 own=0 kv r
@@ -374,43 +403,64 @@ frun() { # frun POLICY KV R N: the batch line of one frontier cell over N tokens
 	[ "$2" != own ] && line="$line --kv-type $2"
 	echo "$line"
 }
-mkdir -p "$out/frontier/needle/$nkey"
 for f in ${textfiles[@]+"${textfiles[@]}"}; do
 	t=$(basename "$f" ".$tokens.txt")
 	d="$out/frontier/ppl/$t.$tokens"
 	mkdir -p "$d"
 	for group in $fprot; do
-		runs="$d/$group.runs"
-		: >"$runs"
-		cells=()
 		for p in $fpolicies; do
 			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
-			h=$(policy_hash "$p")
 			n=$tokens
 			[ $group = prompt_end ] && n=$((tokens / 2))
 			while read -r kv r; do
 				j="$d/$p.$kv.r$r.json"
-				if [ -s "$j" ] && [ "$(jq -r '.policy_hash // ""' "$j")" = "$h" ]; then continue; fi
-				frun "$p" "$kv" "$r" "$n" >>"$runs"
-				cells+=("$j")
+				cached "$j" "$p" && continue
+				[ "$kv" = f16 ] && reuse "$j" "$out/ppl/$t.$tokens/$p.r$r.json" "$p" && continue
+				queue_cell "$(frun "$p" "$kv" "$r" "$n")" "$j"
 			done < <(fcells "$p")
 		done
-		[ ${#cells[@]} -gt 0 ] || continue
-		pe=()
-		[ $group = prompt_end ] && pe=(--prompt $((tokens / 2)) --score-from $((tokens / 2 + 1)))
-		say_pass "frontier ppl $t $group, ${#cells[@]} runs in lockstep over $tokens tokens"
-		set +e
-		run_pass "$runs.jsonl" "$runs.err" "$bin" ppl --model "$model" --text "$f" --ctx "$tokens" \
-			--threads "$threads" --json --batch "$runs" ${pe[@]+"${pe[@]}"} ${fast[@]+"${fast[@]}"}
-		rc=$?
-		set -e
-		split_pass "frontier ppl $t $group" "$runs" "$rc" '"x bytes \(.bytes_compression) kld_mean \(.kld_mean)"' "${cells[@]}"
+		ppl_cmd "$f" $group
+		queue_flush "frontier ppl $t $group" "$d/$group" '"x bytes \(.bytes_compression) kld_mean \(.kld_mean)"' "${cmd[@]}"
 	done
 done
-# the full cache on the same prompts, once per task: the retrieval the frontier's cells are
-# read against (for passkey the sweep's cell of step 4 when it has one; else in the
-# prompt-end pass, which like the full cache prefills in chunks, else in the only pass).
-# Each task's cells go under frontier/needle/NKEY (passkey) or frontier/needle-TASK/NKEY.
+phase_end
+
+# 5. passkey accuracy: `BIN needle --batch` per protocol (the streaming policies prefill
+# token by token once their budget fills, the prompt-end ones and the full cache in large
+# chunks), every (policy, ratio) cell not cached yet, one JSON file per cell
+# the guard-only policies sized to the shortest length's budget
+extra_sets_needle() { extra_sets "$1" "$2" "${lengths%%,*}"; }
+nkey="L${lengths//,/-}.D${depths//,/-}"
+mkdir -p "$out/needle/$nkey"
+needle_cmd() { # needle_cmd TASK: the pass command (without --batch) into cmd
+	cmd=("$bin" needle --model "$model" --task "$1" --lengths "$lengths" --depths "$depths"
+		--threads "$threads" --json ${fast[@]+"${fast[@]}"})
+}
+for group in stream prompt_end; do
+	[ "$render_only" = 1 ] && break
+	[ -n "$needle_ratios" ] && [ -n "$needle_policies" ] || break
+	if [ $group = prompt_end ] && [ ! -s "$out/needle/$nkey/full.json" ]; then
+		queue_cell "full" "$out/needle/$nkey/full.json"
+	fi
+	for r in $needle_ratios; do
+		for p in $needle_policies; do
+			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
+			j="$out/needle/$nkey/$p.r$r.json"
+			cached "$j" "$p" && continue
+			queue_cell "$p --ratio $r $(extra_sets_needle "$p" "$r")" "$j"
+		done
+	done
+	needle_cmd passkey
+	queue_flush "needle $group" "$out/needle/$nkey/$group" '"accuracy \(.accuracy)"' "${cmd[@]}"
+done
+phase_end
+
+# 6. the frontier's retrieval: the full cache on the same prompts, once per task: the
+# retrieval the frontier's cells are read against (for passkey the sweep's cell of step 5
+# when it has one; else in the prompt-end pass, which like the full cache prefills in chunks,
+# else in the only pass). Each task's cells go under frontier/needle/NKEY (passkey) or
+# frontier/needle-TASK/NKEY.
+mkdir -p "$out/frontier/needle/$nkey"
 fullgroup=stream
 case " $fprot " in *" prompt_end "*) fullgroup=prompt_end ;; esac
 for task in $fntasks; do
@@ -419,45 +469,36 @@ for task in $fntasks; do
 	mkdir -p "$nd"
 	for group in $fprot; do
 		[ "$render_only" = 1 ] || [ "$fneedle" != 1 ] && break
-		runs="$nd/$group.runs"
-		: >"$runs"
-		cells=()
 		if [ "$group" = $fullgroup ] && [ -n "$fnpolicies" ] && [ ! -s "$nd/full.json" ] &&
 			{ [ "$task" != passkey ] || [ ! -s "$out/needle/$nkey/full.json" ]; }; then
-			echo "full" >>"$runs"
-			cells+=("$nd/full.json")
+			queue_cell "full" "$nd/full.json"
 		fi
 		for p in $fnpolicies; do
 			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
 			while read -r kv r; do
 				j="$nd/$p.$kv.r$r.json"
-				if [ -s "$j" ] && [ "$(jq -r '.policy_hash // ""' "$j")" = "$(policy_hash "$p")" ]; then continue; fi
-				frun "$p" "$kv" "$r" "${lengths%%,*}" >>"$runs"
-				cells+=("$j")
+				cached "$j" "$p" && continue
+				[ "$task" = passkey ] && [ "$kv" = f16 ] && reuse "$j" "$out/needle/$nkey/$p.r$r.json" "$p" && continue
+				queue_cell "$(frun "$p" "$kv" "$r" "${lengths%%,*}")" "$j"
 			done < <(fcells "$p")
 		done
-		[ ${#cells[@]} -gt 0 ] || continue
-		say_pass "frontier needle $task $group, ${#cells[@]} runs"
-		set +e
-		run_pass "$runs.jsonl" "$runs.err" "$bin" needle --model "$model" --task "$task" \
-			--lengths "$lengths" --depths "$depths" --threads "$threads" --json --batch "$runs" \
-			${fast[@]+"${fast[@]}"}
-		rc=$?
-		set -e
-		split_pass "frontier needle $task $group" "$runs" "$rc" '"accuracy \(.accuracy) x bytes \(.bytes_compression)"' "${cells[@]}"
+		needle_cmd "$task"
+		queue_flush "frontier needle $task $group" "$nd/$group" \
+			'"accuracy \(.accuracy) x bytes \(.bytes_compression)"' "${cmd[@]}"
 	done
 done
+phase_end
 
-# 6. render
+# 7. render
 wall=$(($(date +%s) - start))
 commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=$(git status --porcelain 2>/dev/null | grep -v '^??' | grep -qv ' docs/results' && echo " (with uncommitted changes)" || true)
 model_sha=$(sha256sum "$model" | cut -d' ' -f1)
-RESULTS_SVGDIR=$svgdir RESULTS_NARROWED=$narrowed RESULTS_FAST=${RESULTS_FAST:-0} python3 "$here/render.py" "$out" "$doc" "$tokens" "$ratios" "$texts" "$policies" "$needle_policies" \
+RESULTS_SVGDIR=$svgdir RESULTS_NARROWED=$narrowed RESULTS_FAST=$RESULTS_FAST python3 "$here/render.py" "$out" "$doc" "$tokens" "$ratios" "$texts" "$policies" "$needle_policies" \
 	"$needle_ratios" "$nkey" "$threads" "$commit$dirty" "$model" "$model_sha" "$wall" \
 	"$cmdline" "$envline" "${RESULTS_NOTE:-}" \
 	"$(for p in $policies; do prompt_end "$p" && printf '%s ' "$p"; done)"
-[ "$frontier" = 1 ] && RESULTS_NARROWED=$narrowed RESULTS_FAST=${RESULTS_FAST:-0} RESULTS_NEEDLE_TASKS="$fntasks" python3 "$here/frontier.py" "$out" "$doc" "$svgdir" "$tokens" "$texts" \
+[ "$frontier" = 1 ] && RESULTS_NARROWED=$narrowed RESULTS_FAST=$RESULTS_FAST RESULTS_NEEDLE_TASKS="$fntasks" python3 "$here/frontier.py" "$out" "$doc" "$svgdir" "$tokens" "$texts" \
 	"$nkey" "$fpolicies" "$(for p in $fpolicies; do prompt_end "$p" && printf '%s ' "$p"; done)" \
 	"$fprot" "$fmin" "$fmax"
 exit 0
