@@ -42,7 +42,8 @@
 # Each measurement is cached as one JSON file under OUT (keyed by text, tokens, policy,
 # ratio, and the policy's source hash), written when its pass ends, so an interrupted run
 # resumes where it stopped, losing at most the passes that were running; RESULTS_FRESH=1
-# discards them. Perplexity comes before retrieval (steps 3-4, then 5-6): a run cut short
+# discards them; `touch OUT/stop` ends a run after its running passes (the document is
+# rendered from the cache). Perplexity comes before retrieval (steps 3-4, then 5-6): a run cut short
 # still has every policy's sweep. Passes run RESULTS_JOBS at once, each of at most
 # RESULTS_PASS_CELLS cells; neither changes a result (a run's output does not depend on the
 # pass it is in), so neither narrows the run.
@@ -311,11 +312,16 @@ queue_flush() {
 	[ "$n" -gt 0 ] || return 0
 	np=$(((n + pass_cells - 1) / pass_cells))
 	for ((k = 0; k < np; k++)); do
+		while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+		if [ -e "$out/stop" ]; then
+			[ "$stopping" = 1 ] || echo "results: $out/stop exists: no new pass; the running ones end, then the cached cells are rendered (a later run resumes)" >&2
+			stopping=1
+			break
+		fi
 		m=$(((n - i) / (np - k)))
 		printf '%s\n' "${qlines[@]:i:m}" >"$base.$k.runs"
 		printf '%s\n' "${qcells[@]:i:m}" >"$base.$k.runs.cells"
 		i=$((i + m))
-		while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
 		part=""
 		[ "$np" -gt 1 ] && part=" (part $((k + 1)) of $np)"
 		say_pass "$what, $m runs$part"
@@ -324,6 +330,11 @@ queue_flush() {
 	qlines=() qcells=()
 }
 phase_end() { wait; }
+# `touch OUT/stop` ends a run early: the running passes end and cache their cells, no new one
+# starts, and the document is rendered from what the cache holds (cells not measured read
+# "not run"); the next run removes the file and resumes
+stopping=0
+rm -f "$out/stop"
 # cached CELL POLICY: the cell holds a measurement of this source of the policy (a cell of
 # another hash is stale and measured again)
 cached() { [ -s "$1" ] && [ "$(jq -r '.policy_hash // ""' "$1")" = "$(policy_hash "$2")" ]; }
