@@ -1,4 +1,4 @@
-"""frontier: the byte frontier section of docs/results.md (scripts/results/results.sh step 6).
+"""frontier: the byte frontier section of docs/results.md (scripts/results/results.sh step 7).
 
 Reads the cells results.sh cached under OUT/frontier (one `ppl --batch` or `needle --batch`
 JSON line per (policy, KV store type, ratio): POLICY.KV.rR.json, KV "own" for a policy that
@@ -114,7 +114,7 @@ L.append("Each cell is one run of a lockstep `BIN ppl --batch` pass (the full ca
          % ("f16 rows on the fast path, RESULTS_FAST=1" if os.environ.get("RESULTS_FAST") == "1"
             else "f32 rows on the exact path", nkey, fmin, fmax))
 needles = {task: cells(task_dir(task)) for task in TASKS}
-# the full cache's cells: the frontier's own, else (passkey) the sweep's (results.sh step 4)
+# the full cache's cells: the frontier's own, else (passkey) the sweep's (results.sh step 5)
 for task in TASKS:
     full_needle = load(os.path.join(task_dir(task), "full.json"))
     if full_needle is None and task == "passkey":

@@ -1,5 +1,5 @@
 """render: docs/results.md and its plots from the cells `make results` cached
-(scripts/results/results.sh step 6; the byte frontier is appended by frontier.py).
+(scripts/results/results.sh step 7; the byte frontier is appended by frontier.py).
 
 Usage (as results.sh calls it, from the repository root): render.py OUT DOC TOKENS "RATIOS"
 "TEXTS" "POLICIES" "NEEDLE_POLICIES" "NEEDLE_RATIOS" NKEY THREADS COMMIT MODEL MODEL_SHA WALL
@@ -59,6 +59,19 @@ L.append("| | |\n|---|---|")
 L.append("| commit | `%s` |" % commit)
 L.append("| model | `%s`, sha256 `%s` |" % (model, model_sha))
 L.append("| scope | %s |" % ("**a narrowed run**: the knobs in the command row below narrow the sweep (policies, ratios, texts, lengths or the frontier), so cells or sections a full `make results` holds may be missing or read \"not run\"" if os.environ.get("RESULTS_NARROWED") == "1" else "the full sweep (`make results`, no knob set)"))
+# coverage: how many of the cells this run asks for the cache holds (a run stopped early,
+# `touch OUT/stop`, renders what it has; the rest read "not run")
+def covered(paths):
+    return sum(1 for q in paths if load(q) is not None), len(paths)
+sweep_have, sweep_all = covered([os.path.join(out, "ppl", "%s.%d" % (t, tokens), "%s.r%d.json" % (p, r))
+                                 for t in texts for p in policies for r in ratios])
+needle_have, needle_all = covered([os.path.join(out, "needle", nkey, "%s.r%s.json" % (p, r))
+                                   for p in npolicies for r in nratios])
+L.append("| cells measured | %s |" % ("sweep %d of %d, passkey %d of %d%s" % (
+    sweep_have, sweep_all, needle_have, needle_all,
+    "" if (sweep_have, needle_have) == (sweep_all, needle_all) else
+    " (**incomplete**: the run was stopped before the rest; the cells not measured read "
+    "\"not run\", and `make results` resumes from the cache)")))
 L.append("| path | %s |" % ("the fast path with an f16 store (`RESULTS_FAST=1`: `--fast --kv-type f16`; the full-cache reference and the top tier are f16 rows; a run in a lockstep pass computes, bit for bit, what a separate `BIN ppl --fast --chunk C` computes with C = 512 / the pass's runs (each sequence's rows are their own matmul segment, tests/test_seq.c)" if os.environ.get("RESULTS_FAST") == "1" else "the exact path (f32 rows; the full-cache reference is f32)"))
 L.append("| tokens scored per text | %d |" % tokens)
 L.append("| ratios | %s |" % (", ".join(map(str, ratios)) if policies else "– (no per-policy sweep; the frontier's are in its section)"))
