@@ -96,8 +96,8 @@ if not policies:
     L.append("No per-policy sweep in this run (POLICIES is empty): the byte frontier at the "
              "end is what was measured.\n")
 else:
-    L.append("Every cell of the sweep is one run of a `BIN ppl --batch` pass (all cells of a text and protocol "
-         "fed in lockstep with one full-cache reference; each run computes what a separate "
+    L.append("Every cell of the sweep is one run of a `BIN ppl --batch` pass (up to RESULTS_PASS_CELLS cells of one text and protocol "
+         "fed in lockstep with one full-cache reference, passes side by side; each run computes what a separate "
          "`BIN ppl --ctx N --ratio R --json` computes, tests/test_seq.c checks it): streaming perplexity "
          "(teacher forcing, each token scored from the cache the policy left) and the mean "
          "KL divergence (nats per token) of the policy's next-token distribution from the "
