@@ -59,19 +59,33 @@ L.append("| | |\n|---|---|")
 L.append("| commit | `%s` |" % commit)
 L.append("| model | `%s`, sha256 `%s` |" % (model, model_sha))
 L.append("| scope | %s |" % ("**a narrowed run**: the knobs in the command row below narrow the sweep (policies, ratios, texts, lengths or the frontier), so cells or sections a full `make results` holds may be missing or read \"not run\"" if os.environ.get("RESULTS_NARROWED") == "1" else "the full sweep (`make results`, no knob set)"))
-# coverage: how many of the cells this run asks for the cache holds (a run stopped early,
-# `touch OUT/stop`, renders what it has; the rest read "not run")
-def covered(paths):
-    return sum(1 for q in paths if load(q) is not None), len(paths)
-sweep_have, sweep_all = covered([os.path.join(out, "ppl", "%s.%d" % (t, tokens), "%s.r%d.json" % (p, r))
-                                 for t in texts for p in policies for r in ratios])
-needle_have, needle_all = covered([os.path.join(out, "needle", nkey, "%s.r%s.json" % (p, r))
-                                   for p in npolicies for r in nratios])
-L.append("| cells measured | %s |" % ("sweep %d of %d, passkey %d of %d%s" % (
-    sweep_have, sweep_all, needle_have, needle_all,
-    "" if (sweep_have, needle_have) == (sweep_all, needle_all) else
-    " (**incomplete**: the run was stopped before the rest; the cells not measured read "
-    "\"not run\", and `make results` resumes from the cache)")))
+# coverage: how many of the cells this run asks for (OUT/expected.cells, written by
+# results.sh: a path and the policy's source hash per cell, "-" for the full cache) the cache
+# holds at that hash; a run stopped early (`touch OUT/stop`) renders what it has, the rest
+# read "not run"
+KINDS = (("frontier/ppl/", "frontier perplexity"), ("frontier/needle", "frontier retrieval"),
+         ("ppl/", "sweep"), ("needle/", "passkey"))
+have, want = {}, {}
+try:
+    with open(os.path.join(out, "expected.cells")) as f:
+        expected = [ln.split() for ln in f if ln.strip()]
+except OSError:
+    expected = []
+for path, h in expected:
+    rel = os.path.relpath(path, out)
+    kind = next((k for pre, k in KINDS if rel.startswith(pre)), "other")
+    want[kind] = want.get(kind, 0) + 1
+    j = load(path)
+    if j is not None and (h == "-" or j.get("policy_hash") == h):
+        have[kind] = have.get(kind, 0) + 1
+if want:
+    complete = all(have.get(k, 0) == n for k, n in want.items())
+    L.append("| cells measured | %s%s |" % (", ".join(
+        "%s %d of %d" % (k, have.get(k, 0), want[k])
+        for k in ("sweep", "frontier perplexity", "passkey", "frontier retrieval") if k in want),
+        "" if complete else " (**incomplete**: the rest were not measured, by a run stopped early or a render-only one; they "
+        "read \"not run\" or are missing from the frontier's tables, and `make "
+        "results` resumes from the cache)"))
 L.append("| path | %s |" % ("the fast path with an f16 store (`RESULTS_FAST=1`: `--fast --kv-type f16`; the full-cache reference and the top tier are f16 rows; a run in a lockstep pass computes, bit for bit, what a separate `BIN ppl --fast --chunk C` computes with C = 512 / the pass's runs (each sequence's rows are their own matmul segment, tests/test_seq.c)" if os.environ.get("RESULTS_FAST") == "1" else "the exact path (f32 rows; the full-cache reference is f32)"))
 L.append("| tokens scored per text | %d |" % tokens)
 L.append("| ratios | %s |" % (", ".join(map(str, ratios)) if policies else "– (no per-policy sweep; the frontier's are in its section)"))

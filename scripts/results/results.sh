@@ -37,7 +37,7 @@
 #     in NEEDLE_POLICIES at each ratio in NEEDLE_RATIOS, plus the full cache;
 #  6. the frontier's retrieval accuracy (`needle --batch --task T` for each of
 #     FRONTIER_NEEDLE_TASKS: passkey, multi-key, multi-instruction) of its cells (passkey
-#     cells in f16 are step 5's where it ran them);
+#     cells in f16 are step 5's where it ran them, on the fast path);
 #  7. render docs/results.md and the SVG plots from the collected JSON (python3, stdlib).
 # Each measurement is cached as one JSON file under OUT (keyed by text, tokens, policy,
 # ratio, and the policy's source hash), written when its pass ends, so an interrupted run
@@ -45,8 +45,11 @@
 # discards them; `touch OUT/stop` ends a run after its running passes (the document is
 # rendered from the cache). Perplexity comes before retrieval (steps 3-4, then 5-6): a run cut short
 # still has every policy's sweep. Passes run RESULTS_JOBS at once, each of at most
-# RESULTS_PASS_CELLS cells; neither changes a result (a run's output does not depend on the
-# pass it is in), so neither narrows the run.
+# RESULTS_PASS_CELLS cells, every pass with the same forward chunk (512 / (RESULTS_PASS_CELLS
+# + 1) tokens), so a cell does not depend on the pass it was in (tests/test_seq.c: a run of a
+# lockstep pass computes what a separate run with that chunk computes); RESULTS_JOBS does not
+# change a result, RESULTS_PASS_CELLS does through the chunk (at the fast path's rounding)
+# and is kept at its default by a full run that resumes.
 #
 # Progress: a line "results: pass K: WHAT (time)" as each pass starts, then the pass's
 # binary reports on stderr (a bar with tok/s and ETA on a terminal, a plain line per tenth
@@ -67,9 +70,9 @@
 #   THREADS [1; nproc when RESULTS_JOBS=1]  BLAS threads per pass
 #   RESULTS_JOBS [nproc]         passes at once (decode on 2 cores gains 1.41x from a second
 #                                BLAS thread, 2x from a second pass)
-#   RESULTS_PASS_CELLS [10]      cells per lockstep pass (each pass recomputes the full-cache
+#   RESULTS_PASS_CELLS [9]       cells per lockstep pass (each pass recomputes the full-cache
 #                                reference, about one cell's cost; a smaller pass loses less
-#                                when the run is interrupted)
+#                                when the run is interrupted), and the chunk 512 / (cells + 1)
 #   RESULTS_DOC [docs/results.md] RESULTS_NOTE: a paragraph put at the top of the document
 #   OUT [BUILD_DIR/results]      where the binary, texts and JSON go
 #   RESULTS_RENDER_ONLY=1        measure nothing: render what the cache holds (cells not
@@ -116,9 +119,10 @@ narrowed=0
 for v in RESULTS_TOKENS RATIOS POLICIES TEXTS LENGTHS DEPTHS NEEDLE_POLICIES NEEDLE_RATIOS \
 	FRONTIER FRONTIER_POLICIES FRONTIER_OWN_KV_POLICIES FRONTIER_KV_TYPES FRONTIER_RATIOS \
 	FRONTIER_MIN_X FRONTIER_MAX_X FRONTIER_PROTOCOLS FRONTIER_NEEDLE FRONTIER_NEEDLE_POLICIES \
-	FRONTIER_NEEDLE_TASKS RESULTS_QUICK RESULTS_FAST; do
+	FRONTIER_NEEDLE_TASKS RESULTS_QUICK; do
 	[ -z "${!v+x}" ] || narrowed=1
 done
+[ "${RESULTS_FAST-1}" = 1 ] || narrowed=1 # the exact path: another reference
 if [ "${RESULTS_QUICK:-0}" = 1 ]; then
 	: "${RESULTS_TOKENS:=2048}" "${TEXTS=coreutils}" "${POLICIES=}" "${NEEDLE_RATIOS=}"
 	: "${FRONTIER_POLICIES:=caote_tova expected_attention h2o_block}" "${FRONTIER_KV_TYPES:=f16 q8_0}"
@@ -139,9 +143,16 @@ jobs=${RESULTS_JOBS:-$(nproc)}
 [ "$jobs" -ge 1 ] 2>/dev/null || { echo "results.sh: RESULTS_JOBS=$jobs: not a count of passes" >&2; exit 2; }
 if [ "$jobs" -gt 1 ]; then threads=${THREADS:-1}; else threads=${THREADS:-$(nproc)}; fi
 # cells per pass: a pass's cells are cached when it ends, so an interrupted run loses at most
-# one pass per job; each pass recomputes the full-cache reference (about one cell's cost)
-pass_cells=${RESULTS_PASS_CELLS:-10}
+# one pass per job; each pass recomputes the full-cache reference (about one cell's cost).
+# Every pass runs with one forward chunk, 512 / (pass_cells + 1) tokens per sequence (what a
+# lockstep pass of pass_cells runs and the reference gets by default): the chunk moves the
+# fast path's rounding, and through it a score-driven eviction's choices (tova's mean KL by
+# about 2 % between chunks of 46 and 51 tokens), so a cell must not depend on how many
+# other cells shared its pass
+pass_cells=${RESULTS_PASS_CELLS:-9}
 [ "$pass_cells" -ge 1 ] 2>/dev/null || { echo "results.sh: RESULTS_PASS_CELLS=$pass_cells: not a count of cells" >&2; exit 2; }
+chunk=$((512 / (pass_cells + 1)))
+[ "$chunk" -ge 16 ] || { echo "results.sh: RESULTS_PASS_CELLS=$pass_cells: passes above 31 cells would chunk below 16 tokens (the fast path's f32-activation case)" >&2; exit 2; }
 # the store of every pass: the fast path with f16 rows (the store a deployment runs, and the
 # reference the byte frontier counts against, so the whole document has one reference);
 # RESULTS_FAST=0 measures on the exact path (f32 rows and reference)
@@ -164,7 +175,7 @@ cmdline="$0 $*"
 envline="RESULTS_FAST=$RESULTS_FAST RESULTS_TOKENS=$tokens RATIOS=\"$ratios\" TEXTS=\"$texts\" LENGTHS=$lengths DEPTHS=$depths THREADS=$threads POLICIES=\"$policies\" NEEDLE_POLICIES=\"$needle_policies\" NEEDLE_RATIOS=\"$needle_ratios\""
 
 [ -r "$model" ] || { echo "results.sh: $model: model not found (scripts/fetch_model.sh)" >&2; exit 1; }
-[ "${RESULTS_FRESH:-0}" = 1 ] && rm -rf "$out/ppl" "$out/needle"
+[ "${RESULTS_FRESH:-0}" = 1 ] && rm -rf "$out/ppl" "$out/needle" "$out/frontier"
 frontier=${FRONTIER:-1}
 # has_precision NAME: the policy chooses its entries' precision (`precision = tiers(...)`)
 has_precision() { grep -q '^[[:space:]]*precision[[:space:]]*=' "policies/$1.kvp"; }
@@ -192,6 +203,7 @@ fnpolicies=${FRONTIER_NEEDLE_POLICIES-$fpolicies}
 fntasks=${FRONTIER_NEEDLE_TASKS:-passkey multikey instruct}
 envline="$envline FRONTIER_POLICIES=\"$fpolicies\" FRONTIER_KV_TYPES=\"$fkv\" FRONTIER_RATIOS=\"$fratios\" FRONTIER_PROTOCOLS=\"$fprot\" FRONTIER_NEEDLE=$fneedle FRONTIER_NEEDLE_POLICIES=\"$fnpolicies\" FRONTIER_NEEDLE_TASKS=\"$fntasks\""
 mkdir -p "$out/ppl" "$out/needle" "$(dirname "$doc")" "$svgdir"
+rm -f "$out/stop" # a stop left by an earlier run (one touched from now on counts)
 start=$(date +%s)
 
 # 1. one binary with the policies measured (the full cache is built in, for the needle
@@ -292,10 +304,14 @@ say_pass() {
 # JSON line goes to; queue_flush WHAT BASE FMT CMD... splits what was queued into passes of at
 # most $pass_cells runs (near-equal sizes), each `CMD --batch BASE.K.runs` started in the
 # background once fewer than $jobs passes run; phase_end waits for every pass (a later phase
-# reads what an earlier one cached). The runs of a pass are independent of the pass they are
-# in (tests/test_seq.c), so splitting changes no result.
+# reads what an earlier one cached). Every pass has the same chunk ($chunk), so splitting
+# changes no result (tests/test_seq.c).
 qlines=() qcells=()
 queue_cell() { qlines+=("$1"); qcells+=("$2"); }
+# expect CELL POLICY: the run asks for this cell (measured now or cached): OUT/expected.cells
+# lists each with the policy's source hash ("-" for the full cache), render.py's count of
+# what the document holds
+expect() { echo "$1 $([ "$2" = full ] && echo - || policy_hash "$2")" >>"$out/expected.cells"; }
 pass_job() { # pass_job WHAT RUNS FMT CMD...: one pass, then its cells' cache files
 	local what=$1 runs=$2 fmt=$3 rc cells
 	shift 3
@@ -309,10 +325,10 @@ pass_job() { # pass_job WHAT RUNS FMT CMD...: one pass, then its cells' cache fi
 queue_flush() {
 	local what=$1 base=$2 fmt=$3 n=${#qlines[@]} k i=0 m np part
 	shift 3
-	[ "$n" -gt 0 ] || return 0
+	[ "$n" -gt 0 ] && [ "$render_only" != 1 ] || { qlines=() qcells=(); return 0; }
 	np=$(((n + pass_cells - 1) / pass_cells))
 	for ((k = 0; k < np; k++)); do
-		while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+		while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || failed=1; done
 		if [ -e "$out/stop" ]; then
 			[ "$stopping" = 1 ] || echo "results: $out/stop exists: no new pass; the running ones end, then the cached cells are rendered (a later run resumes)" >&2
 			stopping=1
@@ -329,24 +345,50 @@ queue_flush() {
 	done
 	qlines=() qcells=()
 }
-phase_end() { wait; }
+# phase_end: wait for every pass; a pass that failed (its cells not cached: a jq or write
+# error, not a refusal, which is a cell) makes the run end with status 1 after rendering
+phase_end() {
+	local rc
+	while :; do
+		rc=0
+		wait -n || rc=$?
+		[ "$rc" != 127 ] || break # no job left
+		[ "$rc" = 0 ] || failed=1
+	done
+}
+failed=0
+# an interrupted or failed script takes its passes with it (a background job ignores SIGINT,
+# so Ctrl-C alone would leave them writing cells)
+stop_passes() {
+	local p
+	for p in $(jobs -p); do
+		pkill -TERM -P "$p" 2>/dev/null || true
+		kill -TERM "$p" 2>/dev/null || true
+	done
+}
+trap stop_passes EXIT
+trap 'exit 130' INT TERM
 # `touch OUT/stop` ends a run early: the running passes end and cache their cells, no new one
 # starts, and the document is rendered from what the cache holds (cells not measured read
 # "not run"); the next run removes the file and resumes
 stopping=0
-rm -f "$out/stop"
 # cached CELL POLICY: the cell holds a measurement of this source of the policy (a cell of
 # another hash is stale and measured again)
-cached() { [ -s "$1" ] && [ "$(jq -r '.policy_hash // ""' "$1")" = "$(policy_hash "$2")" ]; }
+# (and of this run's path: a cell of the exact path, activations f32, is not the fast path's)
+act=f32
+[ "$RESULTS_FAST" = 1 ] && act=q8
+cached() {
+	[ -s "$1" ] && [ "$(jq -r '"\(.policy_hash // "") \(.activations // "")"' "$1")" = "$(policy_hash "$2") $act" ]
+}
 # reuse CELL SWEEP_CELL POLICY: on the fast path a frontier cell in the f16 store runs the
 # very batch line of the sweep's cell (the store of every pass is f16), so it is that cell
 reuse() { [ "$RESULTS_FAST" = 1 ] && cached "$2" "$3" && cp "$2" "$1"; }
 
 render_only=${RESULTS_RENDER_ONLY:-0}
-[ "$render_only" = 1 ] && textfiles=()
 # policy_hash NAME: the source hash the binary holds (a cached cell of another hash is stale)
 "$bin" info --json >"$out/info.json"
 policy_hash() { jq -r --arg p "$1" '.policies[] | select(.name == $p) | .source_hash' "$out/info.json"; }
+: >"$out/expected.cells"
 # Lockstep passes (`BIN ppl --batch`) per text and protocol run every (policy, ratio) cell not
 # cached yet: the weights are read once per token for all of a pass's runs, and the
 # full-cache reference is computed once per pass. Streaming policies score every token;
@@ -355,7 +397,7 @@ policy_hash() { jq -r --arg p "$1" '.policies[] | select(.name == $p) | .source_
 ppl_cmd() { # ppl_cmd TEXTFILE GROUP: the pass command (without --batch) into cmd
 	local pe=()
 	[ "$2" = prompt_end ] && pe=(--prompt $((tokens / 2)) --score-from $((tokens / 2 + 1)))
-	cmd=("$bin" ppl --model "$model" --text "$1" --ctx "$tokens" --threads "$threads" --json
+	cmd=("$bin" ppl --model "$model" --text "$1" --ctx "$tokens" --threads "$threads" --json --chunk "$chunk"
 		${pe[@]+"${pe[@]}"} ${fast[@]+"${fast[@]}"})
 }
 for f in ${textfiles[@]+"${textfiles[@]}"}; do
@@ -366,6 +408,7 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
 			for r in $ratios; do
 				j="$out/ppl/$t.$tokens/$p.r$r.json"
+				expect "$j" "$p"
 				cached "$j" "$p" && continue
 				n=$tokens
 				[ $group = prompt_end ] && n=$((tokens / 2))
@@ -425,6 +468,7 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 			[ $group = prompt_end ] && n=$((tokens / 2))
 			while read -r kv r; do
 				j="$d/$p.$kv.r$r.json"
+				expect "$j" "$p"
 				cached "$j" "$p" && continue
 				[ "$kv" = f16 ] && reuse "$j" "$out/ppl/$t.$tokens/$p.r$r.json" "$p" && continue
 				queue_cell "$(frun "$p" "$kv" "$r" "$n")" "$j"
@@ -443,13 +487,17 @@ phase_end
 extra_sets_needle() { extra_sets "$1" "$2" "${lengths%%,*}"; }
 nkey="L${lengths//,/-}.D${depths//,/-}"
 mkdir -p "$out/needle/$nkey"
-needle_cmd() { # needle_cmd TASK: the pass command (without --batch) into cmd
+needle_cmd() { # needle_cmd TASK GROUP: the pass command (without --batch) into cmd; the
+	# mode is the group's (question after the compressed prompt for prompt-end policies and
+	# the full cache beside them), not left to which runs share the pass
+	local mode=aware
+	[ "$2" = prompt_end ] && mode=agnostic
 	cmd=("$bin" needle --model "$model" --task "$1" --lengths "$lengths" --depths "$depths"
-		--threads "$threads" --json ${fast[@]+"${fast[@]}"})
+		--threads "$threads" --json --chunk "$chunk" --mode "$mode" ${fast[@]+"${fast[@]}"})
 }
 for group in stream prompt_end; do
-	[ "$render_only" = 1 ] && break
 	[ -n "$needle_ratios" ] && [ -n "$needle_policies" ] || break
+	[ $group = prompt_end ] && expect "$out/needle/$nkey/full.json" full
 	if [ $group = prompt_end ] && [ ! -s "$out/needle/$nkey/full.json" ]; then
 		queue_cell "full" "$out/needle/$nkey/full.json"
 	fi
@@ -457,11 +505,12 @@ for group in stream prompt_end; do
 		for p in $needle_policies; do
 			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
 			j="$out/needle/$nkey/$p.r$r.json"
+			expect "$j" "$p"
 			cached "$j" "$p" && continue
 			queue_cell "$p --ratio $r $(extra_sets_needle "$p" "$r")" "$j"
 		done
 	done
-	needle_cmd passkey
+	needle_cmd passkey $group
 	queue_flush "needle $group" "$out/needle/$nkey/$group" '"accuracy \(.accuracy)"' "${cmd[@]}"
 done
 phase_end
@@ -479,7 +528,7 @@ for task in $fntasks; do
 	[ "$task" = passkey ] || nd="$out/frontier/needle-$task/$nkey"
 	mkdir -p "$nd"
 	for group in $fprot; do
-		[ "$render_only" = 1 ] || [ "$fneedle" != 1 ] && break
+		[ "$fneedle" = 1 ] || break
 		if [ "$group" = $fullgroup ] && [ -n "$fnpolicies" ] && [ ! -s "$nd/full.json" ] &&
 			{ [ "$task" != passkey ] || [ ! -s "$out/needle/$nkey/full.json" ]; }; then
 			queue_cell "full" "$nd/full.json"
@@ -488,12 +537,13 @@ for task in $fntasks; do
 			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
 			while read -r kv r; do
 				j="$nd/$p.$kv.r$r.json"
+				expect "$j" "$p"
 				cached "$j" "$p" && continue
 				[ "$task" = passkey ] && [ "$kv" = f16 ] && reuse "$j" "$out/needle/$nkey/$p.r$r.json" "$p" && continue
 				queue_cell "$(frun "$p" "$kv" "$r" "${lengths%%,*}")" "$j"
 			done < <(fcells "$p")
 		done
-		needle_cmd "$task"
+		needle_cmd "$task" $group
 		queue_flush "frontier needle $task $group" "$nd/$group" \
 			'"accuracy \(.accuracy) x bytes \(.bytes_compression)"' "${cmd[@]}"
 	done
@@ -512,4 +562,8 @@ RESULTS_SVGDIR=$svgdir RESULTS_NARROWED=$narrowed RESULTS_FAST=$RESULTS_FAST pyt
 [ "$frontier" = 1 ] && RESULTS_NARROWED=$narrowed RESULTS_FAST=$RESULTS_FAST RESULTS_NEEDLE_TASKS="$fntasks" python3 "$here/frontier.py" "$out" "$doc" "$svgdir" "$tokens" "$texts" \
 	"$nkey" "$fpolicies" "$(for p in $fpolicies; do prompt_end "$p" && printf '%s ' "$p"; done)" \
 	"$fprot" "$fmin" "$fmax"
+if [ "$failed" = 1 ]; then
+	echo "results.sh: a pass failed (its cells were not cached; its log: the .runs.err beside its .runs); rendered what the cache holds" >&2
+	exit 1
+fi
 exit 0
