@@ -194,7 +194,8 @@ demo: deps model
 # (RESULTS_TOKENS, RATIOS, LENGTHS, POLICIES narrow the sweep, FRONTIER_* the byte frontier,
 # RESULTS_QUICK=1 runs a narrowed frontier in minutes; a narrowed run writes its document under
 # OUT (build/results/docs), only the full run writes docs/results.md; RESULTS_QUIET=1 silences
-# the progress lines; see scripts/results/results.sh)
+# the progress lines; `touch build/results/stop` ends a run after its running passes and
+# renders the cache, the next run resumes; see scripts/results/results.sh)
 results: deps model
 	@$(MAKE) --no-print-directory $(BINS) $(B)/libkvrt.a
 	@scripts/results/results.sh $(B) $(MODEL)
