@@ -43,8 +43,9 @@
 # ratio, and the policy's source hash), written when its pass ends, so an interrupted run
 # resumes where it stopped, losing at most the passes that were running; RESULTS_FRESH=1
 # discards them; `touch OUT/stop` ends a run after its running passes (the document is
-# rendered from the cache). Perplexity comes before retrieval (steps 3-4, then 5-6): a run cut short
-# still has every policy's sweep. Passes run RESULTS_JOBS at once, each of at most
+# rendered from the cache). Perplexity comes before retrieval: steps 3 and 4 text by text
+# (the first text's sweep and frontier, then the next text's), then 5 and 6, so a run cut
+# short holds whole texts' perplexity before any retrieval. Passes run RESULTS_JOBS at once, each of at most
 # RESULTS_PASS_CELLS cells, every pass with the same forward chunk (512 / (RESULTS_PASS_CELLS
 # + 1) tokens), so a cell does not depend on the pass it was in (tests/test_seq.c: a run of a
 # lockstep pass computes what a separate run with that chunk computes); RESULTS_JOBS does not
@@ -400,31 +401,13 @@ ppl_cmd() { # ppl_cmd TEXTFILE GROUP: the pass command (without --batch) into cm
 	cmd=("$bin" ppl --model "$model" --text "$1" --ctx "$tokens" --threads "$threads" --json --chunk "$chunk"
 		${pe[@]+"${pe[@]}"} ${fast[@]+"${fast[@]}"})
 }
-for f in ${textfiles[@]+"${textfiles[@]}"}; do
-	t=$(basename "$f" ".$tokens.txt")
-	mkdir -p "$out/ppl/$t.$tokens"
-	for group in stream prompt_end; do
-		for p in $policies; do
-			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
-			for r in $ratios; do
-				j="$out/ppl/$t.$tokens/$p.r$r.json"
-				expect "$j" "$p"
-				cached "$j" "$p" && continue
-				n=$tokens
-				[ $group = prompt_end ] && n=$((tokens / 2))
-				queue_cell "$p --ratio $r $(extra_sets "$p" "$r" "$n")" "$j"
-			done
-		done
-		ppl_cmd "$f" $group
-		queue_flush "ppl $t $group" "$out/ppl/$t.$tokens/$group" '"ppl \(.ppl) kld_mean \(.kld_mean)"' "${cmd[@]}"
-	done
-done
-phase_end
-
-# 4. the byte frontier's perplexity: every cell (policy, store type, ratio) whose bytes
-# compression is in [fmin, fmax] (expected from the row size: f32 R/2, f16 R, q8_0 R·64/34),
-# cached as frontier/{ppl,needle}/.../POLICY.KV.rR.json; a policy with its own precision runs
-# in the default store (KV "own"), once ("r0") when it has no budget
+# Steps 3 and 4, text by text (a run stopped early has one text's sweep and frontier whole
+# rather than two halves): the sweep's cells, then the frontier's. The byte frontier: every
+# cell (policy, store type, ratio) whose bytes compression is in [fmin, fmax] (expected from
+# the row size: f32 R/2, f16 R, q8_0 R·64/34), cached as frontier/{ppl,needle}/.../
+# POLICY.KV.rR.json; a policy with its own precision runs in the default store (KV "own"),
+# once ("r0") when it has no budget. On the fast path an f16 cell whose line the sweep runs
+# is the sweep's cell, copied once the passes end (deferred).
 has_budget() { grep -q '^[[:space:]]*budget[[:space:]]*=' "policies/$1.kvp"; }
 fcells() { # fcells POLICY: "KV R" per line
 	local p=$1 own=0 kv r
@@ -457,8 +440,31 @@ frun() { # frun POLICY KV R N: the batch line of one frontier cell over N tokens
 	[ "$2" != own ] && line="$line --kv-type $2"
 	echo "$line"
 }
+in_list() { # in_list WORD LIST...: WORD is one of LIST
+	local w=$1 x
+	shift
+	for x; do [ "$x" = "$w" ] && return 0; done
+	return 1
+}
+deferred=()
 for f in ${textfiles[@]+"${textfiles[@]}"}; do
 	t=$(basename "$f" ".$tokens.txt")
+	mkdir -p "$out/ppl/$t.$tokens"
+	for group in stream prompt_end; do
+		for p in $policies; do
+			if prompt_end "$p"; then [ $group = prompt_end ] || continue; else [ $group = stream ] || continue; fi
+			for r in $ratios; do
+				j="$out/ppl/$t.$tokens/$p.r$r.json"
+				expect "$j" "$p"
+				cached "$j" "$p" && continue
+				n=$tokens
+				[ $group = prompt_end ] && n=$((tokens / 2))
+				queue_cell "$p --ratio $r $(extra_sets "$p" "$r" "$n")" "$j"
+			done
+		done
+		ppl_cmd "$f" $group
+		queue_flush "ppl $t $group" "$out/ppl/$t.$tokens/$group" '"ppl \(.ppl) kld_mean \(.kld_mean)"' "${cmd[@]}"
+	done
 	d="$out/frontier/ppl/$t.$tokens"
 	mkdir -p "$d"
 	for group in $fprot; do
@@ -470,7 +476,10 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 				j="$d/$p.$kv.r$r.json"
 				expect "$j" "$p"
 				cached "$j" "$p" && continue
-				[ "$kv" = f16 ] && reuse "$j" "$out/ppl/$t.$tokens/$p.r$r.json" "$p" && continue
+				if [ "$kv" = f16 ] && [ "$RESULTS_FAST" = 1 ] && in_list "$p" $policies && in_list "$r" $ratios; then
+					deferred+=("$j $out/ppl/$t.$tokens/$p.r$r.json $p") # the sweep's cell
+					continue
+				fi
 				queue_cell "$(frun "$p" "$kv" "$r" "$n")" "$j"
 			done < <(fcells "$p")
 		done
@@ -479,6 +488,10 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 	done
 done
 phase_end
+for x in ${deferred[@]+"${deferred[@]}"}; do
+	# shellcheck disable=SC2086 # three words: the frontier cell, the sweep's cell, the policy
+	reuse $x || true
+done
 
 # 5. passkey accuracy: `BIN needle --batch` per protocol (the streaming policies prefill
 # token by token once their budget fills, the prompt-end ones and the full cache in large
