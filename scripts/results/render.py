@@ -120,7 +120,11 @@ else:
          "the full-cache row is the reference (KL 0 by definition). `n/a` marks a ratio "
          "at which the policy's guards exceed the budget (the binary refuses it). "
          "StreamingLLM's recent window and the sliding window are set to the ratio's "
-         "budget. The founding methods (Scissorhands, CAOTE, GraceKV) are in **bold**.\n")
+         "budget. A cell whose compression in entries (after the last token; a prompt-end "
+         "cell's, of its prompt) is more than 10 % off the ratio asked gives the compression "
+         "reached in brackets: a threshold budget keeps the fewer of its level's entries and "
+         "N / R per head (docs/language.md 7.11), DuoAttention's retrieval heads keep every "
+         "entry. The founding methods (Scissorhands, CAOTE, GraceKV) are in **bold**.\n")
 
 plots = []
 for t in (texts if policies else []):
@@ -178,7 +182,11 @@ for t in (texts if policies else []):
                 cells.append("n/a (guards exceed budget)" if "exceed" in j["error"] or
                              "guard" in j["error"] else "error (rc %s)" % j.get("rc"))
             else:
-                cells.append("%s / %s" % (fmt(j["ppl"]), fmt(j["kld_mean"], 4)))
+                # the compression reached, where it is not the ratio asked (a threshold
+                # level under the override, heads that keep everything, guards above N / R)
+                x = j.get("prompt_compression") if part == "prompt" else j.get("compression")
+                at = " (%.1fx)" % x if x and abs(x / r - 1) > 0.1 else ""
+                cells.append("%s / %s%s" % (fmt(j["ppl"]), fmt(j["kld_mean"], 4), at))
                 series.setdefault(p + (" (prompt)" if part == "prompt" else ""), []).append((r, j["kld_mean"]))
         name = "**%s**" % p if p in founding else p
         L.append("| %s | %s |" % (name, " | ".join(cells)))

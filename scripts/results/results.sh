@@ -79,7 +79,7 @@
 #   RESULTS_RENDER_ONLY=1        measure nothing: render what the cache holds (cells not
 #                                measured read "not run")
 #   FRONTIER [1]                 0: no byte frontier
-#   FRONTIER_POLICIES [caote_tova tova snapkv h2o expected_attention expected_attention_prompt,
+#   FRONTIER_POLICIES [caote_tova tova snapkv h2o expected_attention expected_attention_prompt kvzip,
 #                                then every policy with a `precision` statement]
 #   FRONTIER_OWN_KV_POLICIES [those with a `precision` statement] policies run in the default
 #                                store (their own precision) instead of per KV type
@@ -183,7 +183,7 @@ has_precision() { grep -q '^[[:space:]]*precision[[:space:]]*=' "policies/$1.kvp
 # byte_budget NAME: its budget is a share of an f16 full cache's bytes (`budget = bytes(P)`)
 byte_budget() { grep -q '^[[:space:]]*budget[[:space:]]*=[[:space:]]*bytes(' "policies/$1.kvp"; }
 if [ -z "${FRONTIER_POLICIES+x}" ]; then
-	FRONTIER_POLICIES="caote_tova tova snapkv h2o expected_attention expected_attention_prompt"
+	FRONTIER_POLICIES="caote_tova tova snapkv h2o expected_attention expected_attention_prompt kvzip"
 	for f in policies/*.kvp; do
 		if has_precision "$(basename "$f" .kvp)"; then FRONTIER_POLICIES="$FRONTIER_POLICIES $(basename "$f" .kvp)"; fi
 	done
