@@ -2120,6 +2120,22 @@ START_TEST(cli_needle_and_run)
 		char nm[80];
 		snprintf(nm, sizeof nm, "{\"name\":\"%s\"", kvp_registry[i]->name);
 		ck_assert_msg(strstr(out, nm) != NULL, "info lacks %s", nm);
+		/* kv_f32_only is the store refusal's flag: every policy with KVP_NEED_F32_KV,
+		 * and only those (rt_run_init_typed refuses them an f16 store) */
+		const char *at = strstr(out, nm), *f = strstr(at, "\"kv_f32_only\":");
+		const int need = (kvp_registry[i]->needs & KVP_NEED_F32_KV) != 0;
+		ck_assert_msg(f && strncmp(f + 14, need ? "true" : "false", need ? 4 : 5) == 0,
+		              "%s: kv_f32_only is not %d", kvp_registry[i]->name, need);
+		if (need) { /* refused before anything is allocated */
+			rt_kv kv;
+			struct rt_run r;
+			rt_err er = { "" };
+			const int rc = rt_run_init_typed(&r, &kv, RT_KV_F16, kvp_registry[i], 2, 1, 1,
+			                                 32, 64, -1, &er);
+			ck_assert_msg(rc != 0 && strstr(er.msg, "needs --kv-type f32") != NULL,
+			              "%s: f32-only, but an f16 store was not refused: %s",
+			              kvp_registry[i]->name, er.msg);
+		}
 	}
 }
 END_TEST

@@ -29,14 +29,16 @@ static const char *const help_info =
 	"    from with the FNV-1a 64 hash of the source bytes, its position convention\n"
 	"    (original: keys keep the RoPE of their token position; compacted: kept keys are\n"
 	"    re-rotated to their index in the cache), how its quality is measured (streaming,\n"
-	"    or prompt_end: scored on the tokens after a prompt, docs/measuring.md), and its\n"
-	"    parameters with default value,\n"
+	"    or prompt_end: scored on the tokens after a prompt, docs/measuring.md), whether\n"
+	"    its compress needs an f32 store (it reads and rewrites key/value rows: GraceKV;\n"
+	"    such a policy is refused --kv-type f16 or q8_0), and its parameters with default value,\n"
 	"    unit and documentation. Parameters are changed at run time with --set NAME=VALUE.\n"
 	"    The built-in policy `full` keeps every token.\n"
 	"\n"
 	"OPTIONS\n"
 	"    --json      one JSON object: {\"policies\":[{name, summary, source, source_hash,\n"
-	"                positions, measure, params:[{name, default, unit, doc}]}]}\n"
+	"                positions, measure, kv_f32_only, params:[{name, default, unit,\n"
+	"                doc}]}]}\n"
 	"    -h, --help  show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -45,6 +47,7 @@ static const char *const help_info =
 static void info_one(const struct kvp_policy *p, int json, int first)
 {
 	const char *pos = p->positions == KVP_POS_COMPACTED ? "compacted" : "original";
+	const int f32_only = (p->needs & KVP_NEED_F32_KV) != 0; /* rt_run_init_typed's refusal */
 	if (json) {
 		fputs(first ? "{\"name\":" : ",{\"name\":", stdout);
 		rt_json_str(stdout, p->name);
@@ -54,8 +57,8 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 		rt_json_str(stdout, p->source ? p->source : "");
 		fputs(",\"source_hash\":", stdout);
 		rt_json_str(stdout, p->source_hash ? p->source_hash : "");
-		printf(",\"positions\":\"%s\",\"measure\":\"%s\",\"params\":[", pos,
-		       rt_eval_measure_name(p->measure));
+		printf(",\"positions\":\"%s\",\"measure\":\"%s\",\"kv_f32_only\":%s,\"params\":[", pos,
+		       rt_eval_measure_name(p->measure), f32_only ? "true" : "false");
 		for (int i = 0; i < p->n_params; i++) {
 			const struct kvp_param *q = &p->params[i];
 			fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
@@ -80,6 +83,8 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 	       p->source_hash ? p->source_hash : "?", pos,
 	       p->measure == KVP_MEASURE_PROMPT_END ? "after a prompt (prompt-end protocol)"
 	                                            : "streaming");
+	if (f32_only)
+		printf("    needs an f32 store (--kv-type f32): its compress rewrites key/value rows\n");
 	int tuned_bytes = 0;
 	const double tuned = rt_cli_tuned_ratio(p, &tuned_bytes);
 	if (tuned > 0)

@@ -373,6 +373,14 @@ trap 'exit 130' INT TERM
 # starts, and the document is rendered from what the cache holds (cells not measured read
 # "not run"); the next run removes the file and resumes
 stopping=0
+# own_store POLICY: on the fast path, " --kv-type f32" for a policy whose compress rewrites
+# f32 rows (BIN info's kv_f32_only: GraceKV; an f16 store is refused it, and the refusal
+# would end its whole pass), so it runs in f32 rows against the same f16 reference
+own_store() {
+	[ "$RESULTS_FAST" = 1 ] && jq -e --arg p "$1" 'any(.policies[]; .name == $p and .kv_f32_only)' \
+		"$out/info.json" >/dev/null && echo " --kv-type f32"
+	return 0
+}
 # cached CELL POLICY: the cell holds a measurement of this source of the policy (a cell of
 # another hash is stale and measured again)
 # (and of this run's path: a cell of the exact path, activations f32, is not the fast path's)
@@ -459,7 +467,7 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 				cached "$j" "$p" && continue
 				n=$tokens
 				[ $group = prompt_end ] && n=$((tokens / 2))
-				queue_cell "$p --ratio $r $(extra_sets "$p" "$r" "$n")" "$j"
+				queue_cell "$p --ratio $r $(extra_sets "$p" "$r" "$n")$(own_store "$p")" "$j"
 			done
 		done
 		ppl_cmd "$f" $group
@@ -520,7 +528,7 @@ for group in stream prompt_end; do
 			j="$out/needle/$nkey/$p.r$r.json"
 			expect "$j" "$p"
 			cached "$j" "$p" && continue
-			queue_cell "$p --ratio $r $(extra_sets_needle "$p" "$r")" "$j"
+			queue_cell "$p --ratio $r $(extra_sets_needle "$p" "$r")$(own_store "$p")" "$j"
 		done
 	done
 	needle_cmd passkey $group
