@@ -86,7 +86,7 @@ if want:
         "" if complete else " (**incomplete**: the rest were not measured, by a run stopped early or a render-only one; they "
         "read \"not run\" or are missing from the frontier's tables, and `make "
         "results` resumes from the cache)"))
-L.append("| path | %s |" % ("the fast path with an f16 store (`RESULTS_FAST=1`: `--fast --kv-type f16`; the full-cache reference and the top tier are f16 rows; a run in a lockstep pass computes, bit for bit, what a separate `BIN ppl --fast --chunk C` computes with C = 512 / the pass's runs (each sequence's rows are their own matmul segment, tests/test_seq.c)" if os.environ.get("RESULTS_FAST") == "1" else "the exact path (f32 rows; the full-cache reference is f32)"))
+L.append("| path | %s |" % ("the fast path with an f16 store (`RESULTS_FAST=1`: `--fast --kv-type f16`; the full-cache reference and the top tier are f16 rows; a run in a lockstep pass computes, bit for bit, what a separate `BIN ppl --fast --chunk C` computes, with C = 512 / (RESULTS_PASS_CELLS + 1) in every pass (each sequence's rows are their own matmul segment, tests/test_seq.c); a policy whose compress rewrites f32 rows (`info`'s kv_f32_only: GraceKV) runs in an f32 store against the same f16 reference" if os.environ.get("RESULTS_FAST") == "1" else "the exact path (f32 rows; the full-cache reference is f32)"))
 L.append("| tokens scored per text | %d |" % tokens)
 L.append("| ratios | %s |" % (", ".join(map(str, ratios)) if policies else "– (no per-policy sweep; the frontier's are in its section)"))
 L.append("| BLAS threads | %s |" % threads)
