@@ -69,8 +69,8 @@
 #   NEEDLE_POLICIES [$POLICIES]  policies run through the passkey test
 #   NEEDLE_RATIOS [8 16 32]      ratios of the passkey test
 #   THREADS [1; nproc when RESULTS_JOBS=1]  BLAS threads per pass
-#   RESULTS_JOBS [nproc]         passes at once (decode on 2 cores gains 1.41x from a second
-#                                BLAS thread, 2x from a second pass)
+#   RESULTS_JOBS [nproc]         passes at once (independent processes keep every core busy;
+#                                decode gains only 1.41x from a second BLAS thread, README)
 #   RESULTS_PASS_CELLS [9]       cells per lockstep pass (each pass recomputes the full-cache
 #                                reference, about one cell's cost; a smaller pass loses less
 #                                when the run is interrupted), and the chunk 512 / (cells + 1)
@@ -139,7 +139,8 @@ texts=${TEXTS-coreutils gettext}
 lengths=${LENGTHS:-1024,2048,4096}
 depths=${DEPTHS:-0,25,50,75,100}
 # passes at once (RESULTS_JOBS) and BLAS threads per pass: one thread per pass and one pass per
-# core, since decode on 2 cores gains 1.41x from a second BLAS thread and 2x from a second pass
+# core: independent passes keep every core busy, where decode gains only 1.41x from a second
+# BLAS thread (the README's bench figure)
 jobs=${RESULTS_JOBS:-$(nproc)}
 [ "$jobs" -ge 1 ] 2>/dev/null || { echo "results.sh: RESULTS_JOBS=$jobs: not a count of passes" >&2; exit 2; }
 if [ "$jobs" -gt 1 ]; then threads=${THREADS:-1}; else threads=${THREADS:-$(nproc)}; fi
@@ -148,7 +149,7 @@ if [ "$jobs" -gt 1 ]; then threads=${THREADS:-1}; else threads=${THREADS:-$(npro
 # Every pass runs with one forward chunk, 512 / (pass_cells + 1) tokens per sequence (what a
 # lockstep pass of pass_cells runs and the reference gets by default): the chunk moves the
 # fast path's rounding, and through it a score-driven eviction's choices (tova's mean KL by
-# about 2 % between chunks of 46 and 51 tokens), so a cell must not depend on how many
+# about 2 % between chunks of 46 and 51 tokens on 384 tokens of coreutils), so a cell must not depend on how many
 # other cells shared its pass
 pass_cells=${RESULTS_PASS_CELLS:-9}
 [ "$pass_cells" -ge 1 ] 2>/dev/null || { echo "results.sh: RESULTS_PASS_CELLS=$pass_cells: not a count of cells" >&2; exit 2; }
