@@ -69,8 +69,7 @@
 #   NEEDLE_POLICIES [$POLICIES]  policies run through the passkey test
 #   NEEDLE_RATIOS [8 16 32]      ratios of the passkey test
 #   THREADS [1; nproc when RESULTS_JOBS=1]  BLAS threads per pass
-#   RESULTS_JOBS [nproc]         passes at once (independent processes keep every core busy;
-#                                decode gains only 1.41x from a second BLAS thread, README)
+#   RESULTS_JOBS [nproc]         passes at once (independent processes keep every core busy)
 #   RESULTS_PASS_CELLS [9]       cells per lockstep pass (each pass recomputes the full-cache
 #                                reference, about one cell's cost; a smaller pass loses less
 #                                when the run is interrupted), and the chunk 512 / (cells + 1)
@@ -139,8 +138,7 @@ texts=${TEXTS-coreutils gettext}
 lengths=${LENGTHS:-1024,2048,4096}
 depths=${DEPTHS:-0,25,50,75,100}
 # passes at once (RESULTS_JOBS) and BLAS threads per pass: one thread per pass and one pass per
-# core: independent passes keep every core busy, where decode gains only 1.41x from a second
-# BLAS thread (the README's bench figure)
+# core: independent passes keep every core busy with no thread synchronisation between them
 jobs=${RESULTS_JOBS:-$(nproc)}
 [ "$jobs" -ge 1 ] 2>/dev/null || { echo "results.sh: RESULTS_JOBS=$jobs: not a count of passes" >&2; exit 2; }
 if [ "$jobs" -gt 1 ]; then threads=${THREADS:-1}; else threads=${THREADS:-$(nproc)}; fi
