@@ -1983,6 +1983,22 @@ START_TEST(cli_ppl_json)
 	double k16 = atof(strstr(l2, "\"kld_mean\":") + 11);
 	ck_assert_msg(k16 > 0 && k16 < 1e-3, "f16 rows: kld_mean %g", k16);
 	ck_assert(fabs(atof(strstr(l2, "\"bytes_compression\":") + 20) - 1.0) < 1e-9);
+	/* on the fast path a line that names no store gets what a single run of its policy
+	 * gets: GraceKV (it rewrites f32 rows) f32, the h2o beside it the f16 of the
+	 * reference; a command that names f16 has chosen every line's store, and GraceKV's
+	 * line is refused with the reason */
+	const char *gr = "gracekv --ratio 2\nh2o --ratio 2\n";
+	write_text(bp, "runs", gr, strlen(gr));
+	const char *g1[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--batch", bf, "--fast",
+		             "--ctx", "80", "--json", NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, g1) == 0, "%s", e);
+	l2 = strchr(out, '\n') + 1;
+	const char *t32 = strstr(out, "\"kv_type\":\"f32\""), *t16 = strstr(l2, "\"kv_type\":\"f16\"");
+	ck_assert_msg(t32 && t32 < l2 && t16, "%s", out);
+	const char *g2[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--batch", bf, "--fast",
+		             "--kv-type", "f16", "--ctx", "80", "--json", NULL };
+	ck_assert_int_ne(cli(out, sizeof out, e, sizeof e, g2), 0);
+	ck_assert_msg(strstr(e, "needs --kv-type f32") != NULL, "%s", e);
 	const char *kvbad = "full --kv-type f8\n";
 	write_text(bp, "runs", kvbad, strlen(kvbad));
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, c2), 2);

@@ -420,8 +420,10 @@ enum rt_kv_type rt_cli_kv_type(const rt_cli_opts *o)
 		return (enum rt_kv_type)rt_kv_type_parse(o->kv_type);
 	if (o->exact)
 		return RT_KV_F32;
-	const char *names[3] = { o->policy ? o->policy : rt_cli_default_policy(), o->name_a,
-		                 o->name_b };
+	/* a --batch command names no policy: its lines choose their own stores
+	 * (rt_cli_runs), and the reference keeps f16 whatever the registry's first policy */
+	const char *names[3] = { o->policy ? o->policy : o->batch ? NULL : rt_cli_default_policy(),
+		                 o->name_a, o->name_b };
 	for (int i = 0; i < 3; i++) {
 		const struct kvp_policy *p = names[i] ? find_policy(names[i]) : NULL;
 		if (p && (p->needs & KVP_NEED_F32_KV))

@@ -140,8 +140,9 @@ int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cl
 
 /* The KV element type of the run: --kv-type when given; else f32 on the exact path, and on
  * the fast path f16 unless a policy the options name (--policy, --a, --b) needs f32 rows
- * (KVP_NEED_F32_KV, GraceKV), then f32. rt_cli_parse has refused --kv-type other than f32
- * on the exact path. */
+ * (KVP_NEED_F32_KV, GraceKV), then f32 (a --batch command's own type: its lines' policies
+ * choose theirs, rt_cli_runs). rt_cli_parse has refused --kv-type other than f32 on the exact
+ * path. */
 enum rt_kv_type rt_cli_kv_type(const rt_cli_opts *o);
 
 /* The default policy's name: the binary's first, else "full". */

@@ -177,8 +177,16 @@ rt_cli_run *rt_cli_runs(const char *cmd, const rt_cli_opts *o, int *K, int *rc)
 			rt_cli_runs_free(runs, *K);
 			return NULL;
 		}
-		for (int i = 0; i < *K; i++) /* the command line's schedule, for every run */
+		for (int i = 0; i < *K; i++) { /* the command line's schedule, for every run */
 			runs[i].o.prefill_chunk = o->prefill_chunk;
+			/* a line that names no store, in a command that names none, gets the one
+			 * rule of a single run (rt_cli_kv_type: f32 rows for a policy that needs
+			 * them, GraceKV, on the fast path too), not the reference's f16 */
+			if (!runs[i].o.kv_type && !o->kv_type) {
+				rt_cli_opts one = { .policy = runs[i].p->name, .exact = o->exact };
+				runs[i].o.kv_type = rt_kv_type_name(rt_cli_kv_type(&one));
+			}
+		}
 		return runs;
 	}
 	rt_cli_opts one = *o;

@@ -30,9 +30,11 @@ typedef struct rt_cli_run {
  * RT_CLI_CAP_SLACK plus its --prefill-chunk. */
 int32_t rt_cli_run_cap(const rt_cli_run *r, int64_t len, int64_t extra);
 
-/* The KV store type of run r on model m: its batch line's --kv-type, else the model's (the
- * command's --kv-type). A batch line may give a narrow store on the exact path too: the
- * reference keeps the model's type, so one pass compares store types against it. */
+/* The KV store type of run r on model m: its batch line's --kv-type, else the command's
+ * --kv-type (the model's type), else the single-run rule for the line's policy
+ * (rt_cli_kv_type; rt_cli_runs sets it). A batch line may give a narrow store on the exact
+ * path too: the reference keeps the model's type, so one pass compares store types
+ * against it. */
 enum rt_kv_type rt_cli_run_kv_type(const rt_cli_run *r, const rt_model *m);
 
 /* Free K runs (their sequences and batch lines) and the array; K < 0 counts as 0. */

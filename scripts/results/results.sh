@@ -94,12 +94,13 @@
 #                                asked, the others distractors); instruct (three instructions
 #                                in the system prompt, scored against what the full cache's
 #                                answers follow); one needle pass per task and protocol
-#   RESULTS_FAST [1]             1: every pass on the fast path with an f16 store (`--fast
-#                                --kv-type f16`: the full-cache reference and the top tier are
-#                                f16 rows, the store a deployment runs and the byte frontier's
-#                                reference; a batch line's own --kv-type still chooses its
-#                                store); 0: the exact path (f32 rows, f32 reference); the
-#                                document's header says which
+#   RESULTS_FAST [1]             1: every pass on the fast path (`--fast`: the full-cache
+#                                reference and the top tier are f16 rows, the store a
+#                                deployment runs and the byte frontier's reference; a batch
+#                                line's own --kv-type still chooses its store, and a line
+#                                without one gets its policy's default, f32 rows for GraceKV
+#                                as for a single run); 0: the exact path (f32 rows, f32
+#                                reference); the document's header says which
 #   RESULTS_QUICK=1              a narrowed run in minutes: 2048 tokens of coreutils, no
 #                                per-policy sweep and no passkey, the streaming frontier of
 #                                three block-wise policies (caote_tova, expected_attention,
@@ -153,12 +154,13 @@ pass_cells=${RESULTS_PASS_CELLS:-9}
 [ "$pass_cells" -ge 1 ] 2>/dev/null || { echo "results.sh: RESULTS_PASS_CELLS=$pass_cells: not a count of cells" >&2; exit 2; }
 chunk=$((512 / (pass_cells + 1)))
 [ "$chunk" -ge 16 ] || { echo "results.sh: RESULTS_PASS_CELLS=$pass_cells: passes above 31 cells would chunk below 16 tokens (the fast path's f32-activation case)" >&2; exit 2; }
-# the store of every pass: the fast path with f16 rows (the store a deployment runs, and the
-# reference the byte frontier counts against, so the whole document has one reference);
+# the store of every pass: the fast path, f16 rows (the store a deployment runs, and the
+# reference the byte frontier counts against, so the whole document has one reference; a
+# policy that rewrites f32 rows, GraceKV, gets them from the runtime's rule for its line);
 # RESULTS_FAST=0 measures on the exact path (f32 rows and reference)
 RESULTS_FAST=${RESULTS_FAST-1}
 fast=()
-[ "$RESULTS_FAST" = 1 ] && fast=(--fast --kv-type f16)
+[ "$RESULTS_FAST" = 1 ] && fast=(--fast)
 out=${OUT:-$bdir/results}
 if [ "$narrowed" = 1 ]; then doc=${RESULTS_DOC:-$out/docs/results.md}; else doc=${RESULTS_DOC:-docs/results.md}; fi
 svgdir="$(dirname "$doc")/results"
@@ -372,14 +374,6 @@ trap 'exit 130' INT TERM
 # starts, and the document is rendered from what the cache holds (cells not measured read
 # "not run"); the next run removes the file and resumes
 stopping=0
-# own_store POLICY: on the fast path, " --kv-type f32" for a policy whose compress rewrites
-# f32 rows (BIN info's kv_f32_only: GraceKV; an f16 store is refused it, and the refusal
-# would end its whole pass), so it runs in f32 rows against the same f16 reference
-own_store() {
-	[ "$RESULTS_FAST" = 1 ] && jq -e --arg p "$1" 'any(.policies[]; .name == $p and .kv_f32_only)' \
-		"$out/info.json" >/dev/null && echo " --kv-type f32"
-	return 0
-}
 # cached CELL POLICY: the cell holds a measurement of this source of the policy (a cell of
 # another hash is stale and measured again)
 # (and of this run's path: a cell of the exact path, activations f32, is not the fast path's)
@@ -466,7 +460,7 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 				cached "$j" "$p" && continue
 				n=$tokens
 				[ $group = prompt_end ] && n=$((tokens / 2))
-				queue_cell "$p --ratio $r $(extra_sets "$p" "$r" "$n")$(own_store "$p")" "$j"
+				queue_cell "$p --ratio $r $(extra_sets "$p" "$r" "$n")" "$j"
 			done
 		done
 		ppl_cmd "$f" $group
@@ -527,7 +521,7 @@ for group in stream prompt_end; do
 			j="$out/needle/$nkey/$p.r$r.json"
 			expect "$j" "$p"
 			cached "$j" "$p" && continue
-			queue_cell "$p --ratio $r $(extra_sets_needle "$p" "$r")$(own_store "$p")" "$j"
+			queue_cell "$p --ratio $r $(extra_sets_needle "$p" "$r")" "$j"
 		done
 	done
 	needle_cmd passkey $group
