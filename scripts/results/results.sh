@@ -382,10 +382,30 @@ act=f32
 cached() {
 	[ -s "$1" ] && [ "$(jq -r '"\(.policy_hash // "") \(.activations // "")"' "$1")" = "$(policy_hash "$2") $act" ]
 }
-# reuse CELL SWEEP_CELL POLICY: on the fast path a frontier cell in the f16 store runs the
-# very batch line of the sweep's cell (the store of every pass is f16), so it is that cell
-reuse() { [ "$RESULTS_FAST" = 1 ] && cached "$2" "$3" && cp "$2" "$1"; }
-
+# A frontier cell in the f16 store on the fast path runs the very batch line of the sweep's
+# cell of that (policy, ratio) (the store of every pass is f16): defer_sweep lists it instead
+# of queueing it, and copy_deferred, once the phase's passes have ended, copies the sweep's
+# cell when it is cached and was measured in that store (its kv_type; a policy that needs f32
+# rows, GraceKV, has its own); a cell the sweep did not measure stays "not run".
+deferred=()
+defer_sweep() { # defer_sweep CELL SWEEP_CELL POLICY KV RATIO SWEEP_POLICIES SWEEP_RATIOS
+	[ "$4" = f16 ] && [ "$RESULTS_FAST" = 1 ] && in_list "$3" $6 && in_list "$5" $7 || return 1
+	deferred+=("$1 $2 $3")
+}
+copy_deferred() {
+	local x j sj p
+	for x in ${deferred[@]+"${deferred[@]}"}; do
+		read -r j sj p <<<"$x"
+		cached "$sj" "$p" && [ "$(jq -r .kv_type "$sj")" = f16 ] && cp "$sj" "$j"
+	done
+	deferred=()
+}
+in_list() { # in_list WORD LIST...: WORD is one of LIST
+	local w=$1 x
+	shift
+	for x; do [ "$x" = "$w" ] && return 0; done
+	return 1
+}
 render_only=${RESULTS_RENDER_ONLY:-0}
 # policy_hash NAME: the source hash the binary holds (a cached cell of another hash is stale)
 "$bin" info --json >"$out/info.json"
@@ -441,13 +461,6 @@ frun() { # frun POLICY KV R N: the batch line of one frontier cell over N tokens
 	[ "$2" != own ] && line="$line --kv-type $2"
 	echo "$line"
 }
-in_list() { # in_list WORD LIST...: WORD is one of LIST
-	local w=$1 x
-	shift
-	for x; do [ "$x" = "$w" ] && return 0; done
-	return 1
-}
-deferred=()
 for f in ${textfiles[@]+"${textfiles[@]}"}; do
 	t=$(basename "$f" ".$tokens.txt")
 	mkdir -p "$out/ppl/$t.$tokens"
@@ -477,10 +490,7 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 				j="$d/$p.$kv.r$r.json"
 				expect "$j" "$p"
 				cached "$j" "$p" && continue
-				if [ "$kv" = f16 ] && [ "$RESULTS_FAST" = 1 ] && in_list "$p" $policies && in_list "$r" $ratios; then
-					deferred+=("$j $out/ppl/$t.$tokens/$p.r$r.json $p") # the sweep's cell
-					continue
-				fi
+				defer_sweep "$j" "$out/ppl/$t.$tokens/$p.r$r.json" "$p" "$kv" "$r" "$policies" "$ratios" && continue
 				queue_cell "$(frun "$p" "$kv" "$r" "$n")" "$j"
 			done < <(fcells "$p")
 		done
@@ -489,10 +499,7 @@ for f in ${textfiles[@]+"${textfiles[@]}"}; do
 	done
 done
 phase_end
-for x in ${deferred[@]+"${deferred[@]}"}; do
-	# shellcheck disable=SC2086 # three words: the frontier cell, the sweep's cell, the policy
-	reuse $x || true
-done
+copy_deferred
 
 # 5. passkey accuracy: `BIN needle --batch` per protocol (the streaming policies prefill
 # token by token once their budget fills, the prompt-end ones and the full cache in large
@@ -553,7 +560,7 @@ for task in $fntasks; do
 				j="$nd/$p.$kv.r$r.json"
 				expect "$j" "$p"
 				cached "$j" "$p" && continue
-				[ "$task" = passkey ] && [ "$kv" = f16 ] && reuse "$j" "$out/needle/$nkey/$p.r$r.json" "$p" && continue
+				[ "$task" = passkey ] && defer_sweep "$j" "$out/needle/$nkey/$p.r$r.json" "$p" "$kv" "$r" "$needle_policies" "$needle_ratios" && continue
 				queue_cell "$(frun "$p" "$kv" "$r" "${lengths%%,*}")" "$j"
 			done < <(fcells "$p")
 		done
@@ -563,6 +570,7 @@ for task in $fntasks; do
 	done
 done
 phase_end
+copy_deferred
 
 # 7. render
 wall=$(($(date +%s) - start))
