@@ -390,13 +390,14 @@ cached() {
 deferred=()
 defer_sweep() { # defer_sweep CELL SWEEP_CELL POLICY KV RATIO SWEEP_POLICIES SWEEP_RATIOS
 	[ "$4" = f16 ] && [ "$RESULTS_FAST" = 1 ] && in_list "$3" $6 && in_list "$5" $7 || return 1
-	deferred+=("$1 $2 $3")
+	deferred+=("$1" "$2" "$3") # three entries per cell
 }
-copy_deferred() {
-	local x j sj p
-	for x in ${deferred[@]+"${deferred[@]}"}; do
-		read -r j sj p <<<"$x"
-		cached "$sj" "$p" && [ "$(jq -r .kv_type "$sj")" = f16 ] && cp "$sj" "$j"
+copy_deferred() { # a copy that fails marks the run failed (rendered, then exit 1)
+	local i
+	for ((i = 0; i + 2 < ${#deferred[@]}; i += 3)); do
+		cached "${deferred[i + 1]}" "${deferred[i + 2]}" &&
+			[ "$(jq -r .kv_type "${deferred[i + 1]}")" = f16 ] &&
+			{ cp "${deferred[i + 1]}" "${deferred[i]}" || failed=1; }
 	done
 	deferred=()
 }
@@ -430,8 +431,10 @@ ppl_cmd() { # ppl_cmd TEXTFILE GROUP: the pass command (without --batch) into cm
 # once ("r0") when it has no budget. On the fast path an f16 cell whose line the sweep runs
 # is the sweep's cell, copied once the passes end (deferred).
 has_budget() { grep -q '^[[:space:]]*budget[[:space:]]*=' "policies/$1.kvp"; }
-fcells() { # fcells POLICY: "KV R" per line
-	local p=$1 own=0 kv r
+fcells() { # fcells POLICY: "KV R" per line (a policy that rewrites f32 rows, `info`'s
+	# kv_f32_only, GraceKV: its f32 cells only, the other stores being refused it)
+	local p=$1 own=0 kv r kvs=$fkv
+	jq -e --arg p "$p" 'any(.policies[]; .name == $p and .kv_f32_only)' "$out/info.json" >/dev/null && kvs=f32
 	for q in $fown; do [ "$q" = "$p" ] && own=1; done
 	if [ $own = 1 ]; then # a byte budget at each byte ratio in bounds, else its own budget once
 		if byte_budget "$p"; then
@@ -443,7 +446,7 @@ fcells() { # fcells POLICY: "KV R" per line
 		fi
 		return
 	fi
-	for kv in $fkv; do
+	for kv in $kvs; do
 		for r in $fratios; do
 			awk -v r="$r" -v k="$kv" -v lo="$fmin" -v hi="$fmax" 'BEGIN {
 				f = k == "f32" ? 0.5 : k == "q8_0" ? 64 / 34 : 1; x = r * f
