@@ -1992,6 +1992,7 @@ START_TEST(cli_ppl_json)
 	const char *g1[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--batch", bf, "--fast",
 		             "--ctx", "80", "--json", NULL };
 	ck_assert_msg(cli(out, sizeof out, e, sizeof e, g1) == 0, "%s", e);
+	ck_assert_int_eq(count_lines(out), 2);
 	l2 = strchr(out, '\n') + 1;
 	const char *t32 = strstr(out, "\"kv_type\":\"f32\""), *t16 = strstr(l2, "\"kv_type\":\"f16\"");
 	ck_assert_msg(t32 && t32 < l2 && t16, "%s", out);
