@@ -18,6 +18,8 @@
 
 /* Threads per block of every template kernel (a multiple of 32, at most 1024). */
 #define K_CU_THREADS 256
+/* the block reductions below shuffle over full warps and keep one slot per warp */
+static_assert(K_CU_THREADS % 32 == 0 && K_CU_THREADS <= 1024, "K_CU_THREADS: full warps, <= 1024");
 
 /* Parameters of a policy (kvp_ctx.params), by value in kernel arguments. */
 #define K_CU_MAX_PARAMS 32
@@ -27,8 +29,9 @@ struct k_cu_params {
 
 /* K_CU_BLOCK_REDUCE(NAME, T, OP): NAME(x, sh), the block-wide reduction of one T per
  * thread by OP (a sum or a maximum; every thread gets the result). sh: at least 33 slots
- * of shared memory; callers separate consecutive calls with their own __syncthreads (the
- * function ends with one). The order is fixed (shuffles down within each warp, then
+ * of shared memory, which consecutive calls may share with no barrier between them (the
+ * function ends with one). The block is whole warps (the full-mask shuffle; launch with
+ * K_CU_THREADS). The order is fixed (shuffles down within each warp, then
  * thread 0 over the warps' results in warp order), so a reduction repeats bit for bit;
  * a NaN in a maximum is kept or dropped as the comparison OP makes it. */
 #define K_CU_ADD(a, b) ((a) + (b))

@@ -429,7 +429,7 @@ static int layer_fwd(rt_cuda_seq *s, int l, int C, int64_t pos0, rt_err *err)
 	const rt_cuda_layer *L = &s->dm->layers[l];
 	const int E = hp->n_embd, F = hp->n_ff, hd = hp->head_dim;
 	const int qd = hp->n_head * hd, kd = hp->n_head_kv * hd;
-	rt_cu_rmsnorm<<<C, 256, 0, s->st>>>(s->xn, s->x, L->attn_norm, E, hp->norm_eps);
+	rt_cu_rmsnorm<<<C, K_CU_THREADS, 0, s->st>>>(s->xn, s->x, L->attn_norm, E, hp->norm_eps);
 	RT_CU_TRY(err, cudaGetLastError());
 	if (gemm(s, s->q, s->xn, L->wq, C, qd, E, 0.0f, err) || gemm(s, s->k, s->xn, L->wk, C, kd, E, 0.0f, err) ||
 	    gemm(s, s->v, s->xn, L->wv, C, kd, E, 0.0f, err))
@@ -446,7 +446,7 @@ static int layer_fwd(rt_cuda_seq *s, int l, int C, int64_t pos0, rt_err *err)
 		return -1;
 	if (gemm(s, s->x, s->att, L->wo, C, E, qd, 1.0f, err) != 0)
 		return -1;
-	rt_cu_rmsnorm<<<C, 256, 0, s->st>>>(s->xn, s->x, L->ffn_norm, E, hp->norm_eps);
+	rt_cu_rmsnorm<<<C, K_CU_THREADS, 0, s->st>>>(s->xn, s->x, L->ffn_norm, E, hp->norm_eps);
 	RT_CU_TRY(err, cudaGetLastError());
 	if (gemm(s, s->gate, s->xn, L->w_gate, C, F, E, 0.0f, err) || gemm(s, s->up, s->xn, L->w_up, C, F, E, 0.0f, err))
 		return -1;
@@ -475,7 +475,7 @@ static int forward_chunk(rt_cuda_seq *s, const int32_t *tok, int C, int64_t pos0
 	RT_CU_TRY(err, cudaGetLastError());
 	if (lg) {
 		const int nr = C - from;
-		rt_cu_rmsnorm<<<nr, 256, 0, s->st>>>(s->xn, s->x + (size_t)from * E, s->dm->out_norm, E, hp->norm_eps);
+		rt_cu_rmsnorm<<<nr, K_CU_THREADS, 0, s->st>>>(s->xn, s->x + (size_t)from * E, s->dm->out_norm, E, hp->norm_eps);
 		RT_CU_TRY(err, cudaGetLastError());
 		if (gemm(s, s->logits, s->xn, s->dm->output, nr, V, E, 0.0f, err) != 0)
 			return -1;

@@ -84,7 +84,7 @@ static int check_kernels(double peak)
 		w[i] = frand();
 	float *dx = dup_dev(x, n), *dw = dup_dev(w, E), *dy;
 	CK(cudaMalloc((void **)&dy, n * 4));
-	rt_cu_rmsnorm<<<C, 256>>>(dy, dx, dw, E, 1e-5f);
+	rt_cu_rmsnorm<<<C, K_CU_THREADS>>>(dy, dx, dw, E, 1e-5f);
 	CK(cudaDeviceSynchronize());
 	rt_cu_rmsnorm_ref(y, x, w, C, E, 1e-5f);
 	printf("| kernel rmsnorm | max abs diff %.3g | %s |\n", max_diff(y, dy, n), max_diff(y, dy, n) < 1e-5 ? "ok" : "FAIL");
