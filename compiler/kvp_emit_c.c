@@ -645,19 +645,25 @@ static void fires_body(struct kvp_em *em, const void *arg)
 static void emit_trigger(struct kvp_em *em)
 {
 	kvp_em_out(em, "/* fires: would the trigger fire after `seen` tokens with `entries` entries per head\n"
-	        " * on average? (should_compress asks now; next_trigger asks ahead) */\n");
+	        " * on average (in f16 entries' worth under a byte budget, k_trigger_weight)?\n"
+	        " * (should_compress asks now; next_trigger asks ahead) */\n");
 	kvp_em_out(em, "static int fires(const struct kvp_ctx *ctx, const rt_kv *kv, double seen, double entries)\n{\n");
 	with_locals(em, P_LOCAL, 1, fires_body, NULL);
 	kvp_em_out(em, "}\n\n");
+	/* `entries` in the budget's unit: under a byte budget an f32 row counts as two f16
+	 * entries (k_trigger_weight) */
+	const int bb = em->ir->alloc.budget_bytes;
 	kvp_em_out(em, "static int should_compress(const struct kvp_ctx *ctx, const rt_kv *kv)\n{\n");
-	kvp_em_out(em, "\treturn fires(ctx, kv, (double)ctx->seen, k_avg_entries(kv));\n}\n\n");
+	kvp_em_out(em, "\treturn fires(ctx, kv, (double)ctx->seen,\n"
+	        "\t             k_trigger_weight(ctx, kv, %d) * k_avg_entries(kv));\n}\n\n", bb);
 	kvp_em_out(em, "/* next_trigger: the first k (tokens) after which fires() may hold, bounded by the\n"
 	        " * room left in the store; 0 when no head has room. */\n");
 	kvp_em_out(em, "static int32_t next_trigger(const struct kvp_ctx *ctx, const rt_kv *kv)\n{\n");
 	kvp_em_out(em, "\tconst int32_t room = k_room(kv);\n");
-	kvp_em_out(em, "\tconst double seen = (double)ctx->seen, avg = k_avg_entries(kv);\n");
+	kvp_em_out(em, "\tconst double seen = (double)ctx->seen, w = k_trigger_weight(ctx, kv, %d),\n"
+	        "\t             avg = k_avg_entries(kv);\n", bb);
 	kvp_em_out(em, "\tfor (int32_t k = 1; k <= room; k++)\n");
-	kvp_em_out(em, "\t\tif (fires(ctx, kv, seen + k, avg + k))\n\t\t\treturn k;\n");
+	kvp_em_out(em, "\t\tif (fires(ctx, kv, seen + k, w * (avg + k)))\n\t\t\treturn k;\n");
 	kvp_em_out(em, "\treturn room;\n}\n\n");
 }
 

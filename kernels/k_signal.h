@@ -60,6 +60,22 @@ static inline double k_avg_entries(const rt_kv *kv)
 	return (double)rt_kv_entries(kv) / ((double)kv->n_layer * kv->n_kv_head);
 }
 
+/* What one entry counts for when a trigger compares the entries with budget_of: 1, or
+ * where the budget counts bytes (a byte ratio, kvp_ctx.byte_ratio, or the policy's
+ * `budget = bytes(P)` that no entry ratio replaces: k_bytes_mode) an untiered store's key
+ * and value rows in f16 entries' worth (rt_kv_f16_entry_bytes): 2 for f32 rows, 34/64 for
+ * q8_0. Compress keeps the bytes of budget_of f16 entries, so a trigger that counted plain
+ * entries would fire at the wrong fill (an f32 store under --byte-ratio 4 refilled from
+ * N/8 to N/4 entries between compressions). A tiered store: 1 (its schedules fire
+ * whatever the count, docs/language.md 7.8). */
+static inline double k_trigger_weight(const struct kvp_ctx *ctx, const rt_kv *kv,
+                                      int budget_bytes)
+{
+	if (kv->tiered || !(ctx->byte_ratio > 0 || (budget_bytes && !(ctx->ratio > 0))))
+		return 1.0;
+	return 2.0 * (double)kv->row_bytes / (double)rt_kv_f16_entry_bytes(kv);
+}
+
 /* Entries every head can still append: min over heads of cap - n. */
 static inline int32_t k_room(const rt_kv *kv)
 {

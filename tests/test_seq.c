@@ -43,6 +43,7 @@
 
 #include "cli/rt_cli.h"
 #include "eval/rt_eval.h"
+#include "kv/rt_kvbytes.h"
 #include "model/rt_gguf.h"
 #include "model/rt_model.h"
 #include "policy/rt_policy.h"
@@ -1824,6 +1825,47 @@ static const char k_text[] =
 	"The quick brown fox jumps over the lazy dog. A stitch in time saves nine. "
 	"All that glitters is not gold; the early bird catches the worm.";
 
+/* A byte budget holds on every store type (docs/language.md 7.8: --byte-ratio R keeps the
+ * bytes of context / R f16 entries): tova (compress every step, no guard) at byte ratio 4
+ * over 96 tokens fed one at a time never holds more than 24 f16 entries' bytes plus the
+ * entry each step appends, and ends with the entries those bytes buy, by hand at head_dim
+ * 32: 24 x 128 bytes = 12 f32 entries (256 bytes of key and value rows), 24 f16 entries,
+ * 45 q8_0 entries (68 bytes: 32 codes and an f16 scale per row). A trigger that counted
+ * plain entries against the budget let an f32 store refill to 24 entries, twice its
+ * bytes, between compressions. */
+START_TEST(byte_budget_every_store)
+{
+	const enum rt_kv_type types[3] = { RT_KV_F32, RT_KV_F16, RT_KV_Q8_0 };
+	const int want_n[3] = { 12, 24, 45 };
+	enum { N = 96 };
+	rt_model *m = load_shape(0);
+	const struct kvp_policy *p = find_policy("tova");
+	int32_t tok[N];
+	test_tokens(tok, N, 300, 5u);
+	for (int t = 0; t < 3; t++) {
+		rt_seq s;
+		rt_err err = { "" };
+		ck_assert_msg(rt_seq_init_typed(&s, m, p, types[t], N, 1, N, &err) == 0, "%s", err.msg);
+		ck_assert_msg(rt_seq_set_byte_ratio(&s, 4, &err) == 0, "%s", err.msg);
+		ck_assert_int_eq(s.kv.head_dim, 32);
+		const double H = (double)s.kv.n_layer * s.kv.n_kv_head;
+		const double budget = H * (N / 4.0) * 128.0, entry = H * 2.0 * (double)s.kv.row_bytes;
+		for (int i = 0; i < N; i++) {
+			ck_assert_msg(rt_seq_feed(&s, tok + i, 1, NULL, RT_LOGITS_NONE, &err) == 0, "%s",
+			              err.msg);
+			const double held = (double)rt_kvbytes_held(&s.kv);
+			ck_assert_msg(held <= budget + entry, "%s store, token %d: %g bytes held, budget %g",
+			              rt_kv_type_name(types[t]), i, held, budget);
+		}
+		ck_assert_msg(rt_kv_entries(&s.kv) == (int64_t)H * want_n[t], "%s store: %lld entries, "
+		              "want %d per head", rt_kv_type_name(types[t]),
+		              (long long)rt_kv_entries(&s.kv), want_n[t]);
+		rt_seq_free(&s);
+	}
+	rt_model_free(m);
+}
+END_TEST
+
 START_TEST(cli_bad_input)
 {
 	char out[8192], e[2048];
@@ -2196,6 +2238,7 @@ static Suite *seq_suite(void)
 	tcase_add_test(tc, budget_edges);
 	tcase_add_test(tc, cli_bad_input);
 	tcase_add_test(tc, cli_ppl_json);
+	tcase_add_test(tc, byte_budget_every_store);
 	tcase_add_test(tc, cli_needle_and_run);
 	tcase_add_test(tc, hidden_scorer_refused);
 	suite_add_tcase(s, tc);
