@@ -426,7 +426,8 @@ static inline void k_layers_window_keep(const struct kvp_ctx *ctx, const rt_kv *
 }
 
 /* The floor of a graceful budget in force, entries per head: the larger of the policy's
- * `min` and the runtime's min_kv; 0: none (strict budgets), also under KVP_MIN_KV_STRICT. */
+ * `min` and the runtime's min_kv; 0: none (strict budgets), also under KVP_MIN_KV_STRICT.
+ * Entries at the store's top tier: k_budget_force charges a byte budget their rows. */
 static inline double k_floor_of(const struct kvp_ctx *ctx, const struct k_compress_cfg *cfg)
 {
 	if (ctx->min_kv < 0)
@@ -461,7 +462,13 @@ static inline int k_budget_force(const struct kvp_ctx *ctx, const rt_kv *kv,
 	const double floor_kv = k_floor_of(ctx, cfg_in);
 	const int graceful = floor_kv > 0;
 	if (graceful) {
-		const double f = floor_kv < context ? floor_kv : context;
+		/* F entries at the top tier, so at least F entries are kept (more where lower
+		 * tiers buy them); in bytes that is F top-tier rows in f16 entries' worth, the
+		 * budget's unit: twice F on an f32 store, as the guards below */
+		const double top = k_bytes_mode(ctx, cfg_in) ?
+		                   2.0 * (double)rt_kv_tier_row_bytes(kv, RT_KV_TIER_TOP) /
+		                   (double)rt_kv_f16_entry_bytes(kv) : 1.0;
+		const double f = (floor_kv < context ? floor_kv : context) * top;
 		if (fc.budget < f && ctx->notes)
 			*ctx->notes |= KVP_NOTE_FLOOR;
 		fc.budget = fc.budget > f ? fc.budget : f;

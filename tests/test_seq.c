@@ -1866,6 +1866,39 @@ START_TEST(byte_budget_every_store)
 }
 END_TEST
 
+/* A floor counts entries on every store (docs/language.md 7.10: `min 64 tokens` keeps at
+ * least min(64, context) entries per head): tova_tiers (sinks 4, recent 32 at the top
+ * tier, the rest bought by utility per byte) at byte ratio 8 over 96 tokens of an f32
+ * store keeps at least 64 entries per head, though 96 / 8 = 12 f16 entries' bytes buy
+ * fewer; a floor counted in f16 entries' bytes (32 f32 rows) fell below its guards'
+ * 36 f32 rows and kept the guards alone. On f16 rows the floor's 64 entries' bytes hold
+ * the guards and buy more entries at the lower tiers. */
+START_TEST(byte_floor_counts_entries)
+{
+	enum { N = 96 };
+	const enum rt_kv_type types[2] = { RT_KV_F32, RT_KV_F16 };
+	rt_model *m = load_shape(0);
+	const struct kvp_policy *p = find_policy("tova_tiers");
+	int32_t tok[N];
+	test_tokens(tok, N, 300, 9u);
+	for (int t = 0; t < 2; t++) {
+		rt_seq s;
+		rt_err err = { "" };
+		ck_assert_msg(rt_seq_init_typed(&s, m, p, types[t], N, 8, N, &err) == 0, "%s", err.msg);
+		ck_assert_msg(rt_seq_set_byte_ratio(&s, 8, &err) == 0, "%s", err.msg);
+		ck_assert_msg(rt_seq_feed(&s, tok, N, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
+		ck_assert(rt_seq_stats_get(&s).compress_events > 0);
+		for (int l = 0; l < s.kv.n_layer; l++)
+			for (int g = 0; g < s.kv.n_kv_head; g++)
+				ck_assert_msg(rt_kv_head_at(&s.kv, l, g)->n >= 64, "%s store: layer %d head "
+				              "%d keeps %d entries, under the floor of 64",
+				              rt_kv_type_name(types[t]), l, g, rt_kv_head_at(&s.kv, l, g)->n);
+		rt_seq_free(&s);
+	}
+	rt_model_free(m);
+}
+END_TEST
+
 START_TEST(cli_bad_input)
 {
 	char out[8192], e[2048];
@@ -1978,6 +2011,10 @@ START_TEST(cli_ppl_json)
 	/* ratio 2 of 80 tokens asks for 40 entries per head; the library H2O's floor
 	 * (`min 64 tokens`) keeps 64: 80 / 64 = 1.25 */
 	ck_assert_msg(fabs(comp - 1.25) < 0.01, "compression %g at ratio 2 under the floor 64", comp);
+	/* and says so: the JSON's budget_notes and a note on stderr */
+	ck_assert_msg(strstr(out, "\"budget_notes\":[\"the floor (min_kv, or the policy's budget "
+	                     "min) raised the budget\"]") != NULL, "%s", out);
+	ck_assert_msg(strstr(e, "note: policy h2o: the floor") != NULL, "%s", e);
 	ck_assert(atof(strstr(out, "\"kld_mean\":") + 11) > 0);
 	ck_assert_int_eq(count_lines(out), 1);
 	char out_h2o_keep[8192];
@@ -1988,6 +2025,7 @@ START_TEST(cli_ppl_json)
 		            "--ctx", "80", "--json", NULL };
 	ck_assert_msg(cli(out, sizeof out, e, sizeof e, b) == 0, "%s", e);
 	ck_assert(strstr(out, "kld_mean") == NULL);
+	ck_assert_msg(strstr(out, "\"budget_notes\":[]") != NULL, "%s", out);
 	double ppl = atof(strstr(out, "\"ppl\":") + 6);
 	ck_assert_msg(fabs(ppl - ppl_ref) < 1e-4 * ppl, "full ppl %g vs reference %g", ppl, ppl_ref);
 	/* --batch: the h2o run above and a tova run in one lockstep pass give what separate runs
@@ -2078,6 +2116,13 @@ START_TEST(cli_ppl_json)
 	/* (the JSON prints 9 significant digits) */
 	ck_assert_msg(fabs(atof(strstr(out, "\"compression\":") + 14) - 80.0 / 44) < 1e-7, "%s", out);
 	ck_assert_msg(fabs(atof(strstr(out, "\"bytes_compression\":") + 20) - 40.0 / 44) < 1e-7, "%s", out);
+	/* snapkv's own budget (1024 entries) keeps the whole 48-token prompt: the warning says
+	 * that, not to pass the --prompt and --score-from already given */
+	const char *p0[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "snapkv",
+		             "--ctx", "80", "--prompt", "48", "--score-from", "49", "--json", NULL };
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, p0) == 0, "%s", e);
+	ck_assert_msg(strstr(e, "compressed before none") && strstr(e, "its budget keeps every "
+	              "entry of the 48-token prompt") && !strstr(e, "measure it with"), "%s", e);
 	const char *pr = "snapkv --set window=8 --ratio 4 --kv-type f16\n";
 	write_text(bp, "runs", pr, strlen(pr));
 	const char *p2[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--batch", bf,
@@ -2239,6 +2284,7 @@ static Suite *seq_suite(void)
 	tcase_add_test(tc, cli_bad_input);
 	tcase_add_test(tc, cli_ppl_json);
 	tcase_add_test(tc, byte_budget_every_store);
+	tcase_add_test(tc, byte_floor_counts_entries);
 	tcase_add_test(tc, cli_needle_and_run);
 	tcase_add_test(tc, hidden_scorer_refused);
 	suite_add_tcase(s, tc);

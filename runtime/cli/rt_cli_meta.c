@@ -3,6 +3,7 @@
  */
 #include "cli/rt_cli_meta.h"
 
+#include "policy/rt_pick.h"
 #include "report/rt_json.h"
 
 const char *rt_cli_commit(void)
@@ -52,6 +53,16 @@ void rt_cli_json_policy(FILE *out, const rt_seq *s, double ratio)
 	/* the activations of chunks under 16 rows: f32 (exact path, --f32-act) or 8-bit */
 	fputs(s->m->exact || s->m->f32_act ? ",\"activations\":\"f32\"" : ",\"activations\":\"q8\"",
 	      out);
+	/* what a graceful budget did (a floor or guards raised it): the figures are then
+	 * not the ratio's alone */
+	fputs(",\"budget_notes\":[", out);
+	for (unsigned b = 1, first = 1; b <= KVP_NOTE_LAST; b <<= 1)
+		if (s->run.notes & b) {
+			fputs(first ? "" : ",", out);
+			rt_json_str(out, rt_pick_note(b));
+			first = 0;
+		}
+	fputc(']', out);
 #ifdef KVPC_COMMIT
 	fputs(",\"commit\":", out);
 	rt_json_str(out, rt_cli_commit());

@@ -23,6 +23,7 @@
 #include "eval/rt_eval.h"
 #include "eval/rt_stats.h"
 #include "kv/rt_kvbytes.h"
+#include "policy/rt_pick.h"
 #include "report/rt_json.h"
 
 static const char *const help_ppl =
@@ -177,7 +178,8 @@ static const char *const help_ppl =
 /* The warnings of one run on stderr: a compressing policy that compressed before none of
  * the scored tokens measured the full cache (KL 0 beside a compression it reached only
  * after the last scored token); a prompt-end policy scored on tokens of its own prompt
- * (before its compress) dilutes its KL with the full cache's. */
+ * (before its compress) dilutes its KL with the full cache's; and the notes of a graceful
+ * budget (a floor or guards raised it: the figures are not the ratio's alone). */
 static void ppl_warn(const rt_cli_run *r, const rt_eval_score *sc, int64_t use,
                      int64_t prompt_len)
 {
@@ -186,7 +188,10 @@ static void ppl_warn(const rt_cli_run *r, const rt_eval_score *sc, int64_t use,
 		fprintf(stderr, "%s: warning: policy %s compressed before none of the %lld scored "
 		        "tokens: its figures are the full cache's, not the policy's", rt_cli_prog,
 		        p->name, (long long)sc->scored);
-		if (p->measure == KVP_MEASURE_PROMPT_END)
+		if (p->measure == KVP_MEASURE_PROMPT_END && prompt_len < use)
+			fprintf(stderr, " (its budget keeps every entry of the %lld-token prompt: give "
+			        "a --ratio, or a prompt longer than the budget)\n", (long long)prompt_len);
+		else if (p->measure == KVP_MEASURE_PROMPT_END)
 			fprintf(stderr, " (it compresses once, after the prompt's last token; measure "
 			        "it with --prompt %lld --score-from %lld, docs/measuring.md)\n",
 			        (long long)(use / 2), (long long)(use / 2 + 1));
@@ -201,6 +206,9 @@ static void ppl_warn(const rt_cli_run *r, const rt_eval_score *sc, int64_t use,
 		        (long long)(sc->scored - sc->compressed), (long long)sc->scored, p->name,
 		        (long long)prompt_len + 1);
 	}
+	for (unsigned b = 1; b <= KVP_NOTE_LAST; b <<= 1) /* what a graceful budget did */
+		if (r->seq.run.notes & b)
+			fprintf(stderr, "%s: note: policy %s: %s\n", rt_cli_prog, p->name, rt_pick_note(b));
 }
 
 /* What one run's report says, computed once for the table and the JSON. */
