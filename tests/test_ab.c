@@ -559,6 +559,17 @@ START_TEST(kvpc_ab_front_builds_and_runs)
 	              "%s", out);
 	free(out);
 	free(err);
+	/* a ratio whose budget cannot hold a side's guards (streaming_llm's sinks 4 + recent 8
+	 * over 160 / 16 = 10 entries, no floor) fails before the pass, naming the ratio, and
+	 * no table is written for the ratio that would fit (2: 80 entries) */
+	char *infeasible[] = { g_kvpc, "ab", "policies/streaming_llm.kvp", "policies/h2o.kvp",
+		               "--model", g_model, "--text", g_text, "--ctx", ctx, "--set-a",
+		               "recent=8", "--ratio", "2,16", NULL };
+	ck_assert_int_eq(run(infeasible, &out, &err), 1);
+	ck_assert_msg(strstr(err, "at ratio 16: policy streaming_llm: ") &&
+	              strstr(err, "no ratio was measured") && !strstr(out, "A = "), "%s\n%s", err, out);
+	free(out);
+	free(err);
 	/* the front needs two files */
 	char *bad[] = { g_kvpc, "ab", "policies/h2o.kvp", "--model", g_model, NULL };
 	ck_assert_int_eq(run(bad, &out, &err), 2);

@@ -252,6 +252,15 @@ static int run_ppl(ab_run *r, rt_err *err)
 			sd->nll = RT_MALLOC((size_t)(n - 1) * sizeof(double));
 			sc[2 * k + s].nll_tok = sd->nll;
 			seqs[2 * k + s] = &sd->seq;
+			/* a budget that cannot hold its guards at this ratio fails now, before
+			 * the pass computes every other run for nothing (the pass's own check,
+			 * at the first token, would fail only this run) */
+			if (rc == 0 && rt_policy_check(&sd->seq.run, &sd->seq.kv, err) != 0) {
+				char why[sizeof err->msg];
+				snprintf(why, sizeof why, "%s", err->msg);
+				rc = rt_err_set(err, "at ratio %g: %s (no ratio was measured; drop it "
+				                "from the list)", r->rows[k].ratio, why);
+			}
 		}
 	rt_eval_loop lo = { .block = r->o.chunk < 128 ? r->o.chunk : 128,
 		            .score_from = r->split.score_from, .progress = ppl_progress,
