@@ -165,7 +165,8 @@ int kvpc_cmd_ab(int argc, char **argv)
 	int verbose = 0, np = 0;
 	char **pass = calloc((size_t)argc + 32, sizeof *pass);
 	int rc = ab_parse(argc, argv, files, &verbose, pass, &np);
-	if (rc < 0 && !(rc = ab_check_paths(pass, np)))
+	if (rc < 0 && !(rc = kvpc_need_model("ab", pass, np, AB_VALUE_OPTS)) &&
+	    !(rc = ab_check_paths(pass, np)))
 		rc = ab_build_exec(files, verbose, pass, np);
 	free(pass);
 	return rc;

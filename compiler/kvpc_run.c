@@ -28,6 +28,9 @@ int kvpc_exec_built(const char *bin, char *const *head, int nh, char *const *pas
 	int nf = 0;
 	for (int i = 0; i < nh; i++)
 		full[nf++] = head[i];
+	/* the built binary speaks as the front the user typed: "kvpc: ..." and "Try 'kvpc ab
+	 * --help'", not the cache's file name */
+	full[0] = "kvpc";
 	for (int i = 0; i < np; i++)
 		full[nf++] = pass[i];
 	full[nf] = NULL;
@@ -42,6 +45,27 @@ int kvpc_exec_built(const char *bin, char *const *head, int nh, char *const *pas
 	fprintf(stderr, "%s: error: cannot run: %s\n", bin, strerror(errno));
 	free(full);
 	return 1;
+}
+
+int kvpc_need_model(const char *cmd, char *const *pass, int np, const char *const *value_opts)
+{
+	for (int i = 0; i < np; i++) {
+		const char *o = pass[i], *eq = strchr(o, '=');
+		const size_t ol = eq ? (size_t)(eq - o) : strlen(o);
+		const int is_model = (ol == 7 && !strncmp(o, "--model", 7)) || (ol == 2 && !strncmp(o, "-m", 2));
+		if (is_model) {
+			const char *val = eq ? eq + 1 : i + 1 < np ? pass[i + 1] : "";
+			if (access(val, R_OK) != 0) {
+				fprintf(stderr, "kvpc %s: --model %s: %s\n", cmd, val, strerror(errno));
+				return 1;
+			}
+			return 0;
+		}
+		if (!eq && kvpc_takes_value(value_opts, o))
+			i++;
+	}
+	fprintf(stderr, "kvpc %s: --model M is required (the GGUF model to measure on)\n", cmd);
+	return 2;
 }
 
 int kvpc_takes_value(const char *const *value_opts, const char *opt)

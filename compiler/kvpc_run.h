@@ -15,11 +15,17 @@
 int kvpc_wait(pid_t pid);
 
 /* Run the built binary bin (execv, no return on success) with the arguments head[0..nh)
- * (head[0] is argv[0]) then pass[0..np), printing the command line to stderr first when
+ * (head[0] is replaced by "kvpc": the binary's messages name the front) then pass[0..np), printing the command line to stderr first when
  * verbose. When execv fails: prints "BIN: error: cannot run: REASON" and returns 1; the
  * caller still owns head and pass. */
 int kvpc_exec_built(const char *bin, char *const *head, int nh, char *const *pass, int np,
                     int verbose);
+
+/* The front `kvpc CMD` checks --model (or -m) among the passed options pass[0..np) before
+ * it builds anything (value_opts: the options that take a value, so a value is not read as
+ * an option): 0 when given and readable; else the message on stderr and the exit status
+ * (2: not given, 1: the file cannot be read). */
+int kvpc_need_model(const char *cmd, char *const *pass, int np, const char *const *value_opts);
 
 /* 1 when opt is in the NULL-terminated list value_opts (the options of a built binary's
  * command that take a value, as in `--text FILE`), else 0. */

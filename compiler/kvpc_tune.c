@@ -125,6 +125,11 @@ int kvpc_cmd_tune(int argc, char **argv)
 		free(pass);
 		return tune_usage("no policy file");
 	}
+	int mrc = kvpc_need_model("tune", pass, np, TUNE_VALUE_OPTS);
+	if (mrc) {
+		free(pass);
+		return mrc;
+	}
 	char sidecar[PATH_MAX];
 	if (!out && rt_tuned_path(file, sidecar, sizeof sidecar) != 0) {
 		free(pass);

@@ -570,6 +570,20 @@ START_TEST(kvpc_ab_front_builds_and_runs)
 	              strstr(err, "no ratio was measured") && !strstr(out, "A = "), "%s\n%s", err, out);
 	free(out);
 	free(err);
+	/* the front checks --model before it builds; the built binary's own messages name the
+	 * front the user typed, not the cached binary's file */
+	char *nomodel[] = { g_kvpc, "ab", "policies/h2o.kvp", "policies/h2o.kvp", "--text", g_text,
+		            NULL };
+	ck_assert_int_eq(run(nomodel, &out, &err), 2);
+	ck_assert_str_eq(err, "kvpc ab: --model M is required (the GGUF model to measure on)\n");
+	free(out);
+	free(err);
+	char *badratio[] = { g_kvpc, "ab", "policies/h2o.kvp", "policies/h2o.kvp", "--model", g_model,
+		             "--text", g_text, "--ratio", "0.5", NULL };
+	ck_assert_int_eq(run(badratio, &out, &err), 2);
+	ck_assert_msg(strstr(err, "kvpc: --ratio: ") && strstr(err, "Try 'kvpc ab --help'"), "%s", err);
+	free(out);
+	free(err);
 	/* the front needs two files */
 	char *bad[] = { g_kvpc, "ab", "policies/h2o.kvp", "--model", g_model, NULL };
 	ck_assert_int_eq(run(bad, &out, &err), 2);
