@@ -160,7 +160,8 @@ static void write_table(const ab_run *r, FILE *out)
 			fprintf(out, "equal memory: %s at ratio %.4g, %s at ratio %.4g (each side's "
 			        "ratio chosen to hold what the other holds at the end)\n",
 			        r->pol[0]->name, row->side[0].ratio, r->pol[1]->name, row->side[1].ratio);
-		fprintf(out, "%-16s %16s %16s %16s\n", "metric", "full (ref)", r->pol[0]->name,
+		/* the name column as wide as the longest metric (bytes_compression_peak) */
+		fprintf(out, "%-22s %16s %16s %16s\n", "metric", "full (ref)", r->pol[0]->name,
 		        r->pol[1]->name);
 		for (int m = 0; m < M_COUNT; m++) {
 			if (!metric_on(r, m))
@@ -169,7 +170,7 @@ static void write_table(const ab_run *r, FILE *out)
 			fmt_val(a, sizeof a, METRICS[m].fmt, metric_val(r, NULL, m));
 			fmt_val(b, sizeof b, METRICS[m].fmt, metric_val(r, &row->side[0], m));
 			fmt_val(c, sizeof c, METRICS[m].fmt, metric_val(r, &row->side[1], m));
-			fprintf(out, "%-16s %16s %16s %16s\n", METRICS[m].name, a, b, c);
+			fprintf(out, "%-22s %16s %16s %16s\n", METRICS[m].name, a, b, c);
 		}
 		if (!needle)
 			fprintf(out, "dNLL (B - A)     mean %+.5f nats/token, 95%% CI [%+.5f, %+.5f] "
