@@ -573,10 +573,21 @@ static const kvp_stmt *later_def(const sema *S, const char *name)
 	return NULL;
 }
 
+/* The definition of name (NULL: none), marked used: an expression names it. */
+static const kvp_sym *sym_use(sema *S, const char *name)
+{
+	for (int i = 0; i < S->out->n_syms; i++)
+		if (strcmp(S->out->syms[i].name, name) == 0) {
+			S->out->syms[i].used = 1;
+			return &S->out->syms[i];
+		}
+	return NULL;
+}
+
 static ty check_name(sema *S, const kvp_expr *e, unsigned cx)
 {
 	const char *name = e->name;
-	const kvp_sym *y = kvp_sema_lookup(S->out, name);
+	const kvp_sym *y = sym_use(S, name);
 	if (y) {
 		if (y->stmt == S->current) {
 			ERR(S, e->loc, "'%s' is used in its own definition", name);
@@ -923,7 +934,7 @@ static ty check_call_flow(sema *S, const kvp_expr *e, unsigned cx)
 		return TY_ERR;
 	const kvp_expr *ex = kvp_call_arg(e, "relevance", 0);
 	const kvp_expr *eh = kvp_call_arg(e, "hops", 1);
-	const kvp_sym *y = ex->kind == KVP_E_NAME ? kvp_sema_lookup(S->out, ex->name) : NULL;
+	const kvp_sym *y = ex->kind == KVP_E_NAME ? sym_use(S, ex->name) : NULL;
 	if (!y || y->kind != KVP_SYM_STAT || y->stmt->window != KVP_W_PROMPT_TAIL ||
 	    y->agg != KVP_STAT_SUM || !y->per_qhead) {
 		ty a = check_expr(S, ex, cx);
@@ -2771,6 +2782,27 @@ static int floor_word_ok(sema *S, const kvp_stmt *st)
 	return 1;
 }
 
+/* A definition no expression names is a warning, not an error: a param that nothing reads
+ * would still be listed, shown and accepted by --set while changing nothing (a budget
+ * rewritten as bytes(P) leaves the share it used to read); a statistic outside the score
+ * is computed at every step for nothing. */
+static void warn_unused(sema *S)
+{
+	for (int i = 0; i < S->out->n_syms; i++) {
+		const kvp_sym *y = &S->out->syms[i];
+		if (y->used)
+			continue;
+		if (y->kind == KVP_SYM_PARAM)
+			kvp_src_warning(S->src, y->stmt->loc, "param '%s' is never used: it changes "
+			                "nothing, and a --set of it would be accepted to no effect", y->name);
+		else if (y->kind == KVP_SYM_STAT)
+			kvp_src_warning(S->src, y->stmt->loc, "statistic '%s' is never used: it would "
+			                "be kept for every entry and step for nothing", y->name);
+		else
+			kvp_src_warning(S->src, y->stmt->loc, "const '%s' is never used", y->name);
+	}
+}
+
 kvp_sema *kvp_sema_check(const kvp_file *f)
 {
 	kvp_sema *o = calloc(1, sizeof *o);
@@ -2841,6 +2873,8 @@ kvp_sema *kvp_sema_check(const kvp_file *f)
 	}
 	if (f->src->n_errors == 0)
 		cross_checks(&S);
+	if (f->src->n_errors == 0)
+		warn_unused(&S);
 	free(S.defs);
 	return o;
 }

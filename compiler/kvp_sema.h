@@ -58,6 +58,7 @@ typedef struct kvp_sym {
 	const kvp_expr *alpha; /* ema rate, or NULL */
 	int per_qhead;         /* the argument reads attn */
 	int ir_index;          /* index in the IR (params, stats), filled by kvp_lower */
+	int used;              /* some expression names it (warn_unused) */
 } kvp_sym;
 
 

@@ -395,6 +395,14 @@ void kvp_src_error(kvp_src *src, kvp_srcloc loc, const char *fmt, ...)
 	va_end(ap);
 }
 
+void kvp_src_warning(kvp_src *src, kvp_srcloc loc, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vreport(src, loc, "warning", fmt, ap);
+	va_end(ap);
+}
+
 void kvp_src_note(kvp_src *src, kvp_srcloc loc, const char *fmt, ...)
 {
 	if (src->n_errors > KVP_MAX_ERRORS)

@@ -76,6 +76,11 @@ kvp_srcloc kvp_src_loc_at(kvp_src *src, int line, int col);
 void kvp_src_error(kvp_src *src, kvp_srcloc loc, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
+/* Report a warning at loc ("FILE:LINE:COL: warning: MESSAGE" and the source line): the
+ * file still compiles (n_errors is not counted). */
+void kvp_src_warning(kvp_src *src, kvp_srcloc loc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 /* A note attached to the previous error (e.g. "first defined here"); dropped when the
  * error before it was dropped. */
 void kvp_src_note(kvp_src *src, kvp_srcloc loc, const char *fmt, ...)

@@ -390,6 +390,38 @@ END_TEST
 
 /* ---- every policy compiles; the IR is what the reference promises ------------------ */
 
+/* A definition nothing names is a warning and the policy still compiles: a param a budget
+ * rewritten as bytes(P) stopped reading (it would be listed and --set-able to no effect),
+ * a statistic outside the score, a const. A name used anywhere (a guard, the budget, the
+ * score) is not reported; a file with errors gets no warnings on top. */
+START_TEST(test_unused_warning)
+{
+	static const char text[] =
+		"policy q {\n"
+		"    const c = 2\n"
+		"    param share = 25%\n"
+		"    param window = 16 tokens\n"
+		"    budget = bytes(12.5%)\n"
+		"    stat obs = sum(attn) over prompt tail window\n"
+		"    stat spare = sum(attn)\n"
+		"    score = obs\n"
+		"    keep recent window\n"
+		"    compress at prompt end\n"
+		"}\n";
+	char *d = NULL;
+	ck_assert_int_eq(compile_text("q.kvp", text, strlen(text), &d), 0);
+	ck_assert_msg(strstr(d, "q.kvp:2:5: warning: const 'c' is never used\n") &&
+	              strstr(d, "q.kvp:3:5: warning: param 'share' is never used: it changes nothing") &&
+	              strstr(d, "q.kvp:7:5: warning: statistic 'spare' is never used") &&
+	              !strstr(d, "'window'") && !strstr(d, "'obs'") && !strstr(d, "error"), "%s", d);
+	free(d);
+	static const char bad[] = "policy q {\n    param share = 25%\n    budget = nosuch\n}\n";
+	ck_assert_int_gt(compile_text("b.kvp", bad, strlen(bad), &d), 0);
+	ck_assert_msg(!strstr(d, "warning"), "%s", d);
+	free(d);
+}
+END_TEST
+
 START_TEST(test_policies_compile)
 {
 	int n;
@@ -998,6 +1030,7 @@ static Suite *front_suite(void)
 
 	tc = tcase_create("lower");
 	tcase_add_test(tc, test_policies_compile);
+	tcase_add_test(tc, test_unused_warning);
 	tcase_add_test(tc, test_lower_h2o);
 	tcase_add_test(tc, test_lower_snapkv_family);
 	tcase_add_test(tc, test_lower_scissorhands);
