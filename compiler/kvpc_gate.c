@@ -18,9 +18,9 @@ int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t)
 	snprintf(pklen, sizeof pklen, "%ld", t->passkey_len);
 	const char *argv[32 + 2 * RT_TUNED_MAX_TEXTS];
 	int n = 0;
-	/* argv[0]: the binary's messages name the command the user ran, not the file being
-	 * built ("kvpc build --gate: gate failed: ...") */
-	const char *fixed[] = { "kvpc build --gate", "tune", "--gate", "--quiet", "--policy", name,
+	/* argv[0]: the binary's messages name the driver the user ran, not the file being
+	 * built ("kvpc: gate failed: ...") */
+	const char *fixed[] = { "kvpc", "tune", "--gate", "--quiet", "--policy", name,
 		                t->bytes ? "--byte-ratio" : "--ratio", ratio,
 		                "--model", t->model, "--ctx", ctx, "--max-kld", kld };
 	for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)

@@ -34,9 +34,9 @@ int kvpc_exec_built(const char *bin, char *const *head, int nh, char *const *pas
 	for (int i = 0; i < np; i++)
 		full[nf++] = pass[i];
 	full[nf] = NULL;
-	if (verbose) {
+	if (verbose) { /* the command that can be run again: the binary's path first */
 		for (int i = 0; i < nf; i++)
-			fprintf(stderr, "%s%s", i ? " " : "", full[i]);
+			fprintf(stderr, "%s%s", i ? " " : "", i ? full[i] : bin);
 		fputc('\n', stderr);
 	}
 	fflush(stdout);
@@ -49,23 +49,28 @@ int kvpc_exec_built(const char *bin, char *const *head, int nh, char *const *pas
 
 int kvpc_need_model(const char *cmd, char *const *pass, int np, const char *const *value_opts)
 {
+	const char *val = NULL; /* the last one given, as the runtime's getopt takes it */
 	for (int i = 0; i < np; i++) {
 		const char *o = pass[i], *eq = strchr(o, '=');
 		const size_t ol = eq ? (size_t)(eq - o) : strlen(o);
-		const int is_model = (ol == 7 && !strncmp(o, "--model", 7)) || (ol == 2 && !strncmp(o, "-m", 2));
-		if (is_model) {
-			const char *val = eq ? eq + 1 : i + 1 < np ? pass[i + 1] : "";
-			if (access(val, R_OK) != 0) {
-				fprintf(stderr, "kvpc %s: --model %s: %s\n", cmd, val, strerror(errno));
-				return 1;
-			}
-			return 0;
-		}
+		if (ol == 7 && !strncmp(o, "--model", 7))
+			val = eq ? eq + 1 : i + 1 < np ? pass[i + 1] : "";
+		else if (!strncmp(o, "-m", 2) && o[2]) /* -mFILE */
+			val = o + 2;
+		else if (!strcmp(o, "-m"))
+			val = i + 1 < np ? pass[i + 1] : "";
 		if (!eq && kvpc_takes_value(value_opts, o))
 			i++;
 	}
-	fprintf(stderr, "kvpc %s: --model M is required (the GGUF model to measure on)\n", cmd);
-	return 2;
+	if (!val) {
+		fprintf(stderr, "kvpc %s: --model M is required (the GGUF model to measure on)\n", cmd);
+		return 2;
+	}
+	if (access(val, R_OK) != 0) {
+		fprintf(stderr, "kvpc %s: --model %s: %s\n", cmd, val, strerror(errno));
+		return 1;
+	}
+	return 0;
 }
 
 int kvpc_takes_value(const char *const *value_opts, const char *opt)

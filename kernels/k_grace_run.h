@@ -599,6 +599,11 @@ static inline int k_grace_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	if (k_budget_force(ctx, kv, &bc, (double)ctx->seen, 0, NULL, in_force, err) < 0)
 		return -1;
 	gc->budget = in_force[0]; /* the floor, and guards raised under it (graceful) */
+	/* in bytes (a --byte-ratio) the budget is f16 entries' worth and the core counts
+	 * entries of its f32 rows: half as many (the top tier's rows over an f16 entry) */
+	if (k_bytes_mode(ctx, cfg))
+		gc->budget /= 2.0 * (double)rt_kv_tier_row_bytes(kv, RT_KV_TIER_TOP) /
+		              (double)rt_kv_f16_entry_bytes(kv);
 	gc->graceful = k_floor_of(ctx, cfg) > 0;
 	const int L = kv->n_layer, G = kv->n_kv_head;
 	struct k_grace_sizes z = k_grace_sizes_of(kv, cfg->n_tmp);

@@ -1899,6 +1899,35 @@ START_TEST(byte_floor_counts_entries)
 }
 END_TEST
 
+/* GraceKV (f32 rows only) under a byte ratio keeps the bytes the ratio asks: its core
+ * counts entries of f32 rows, so at byte ratio 4 over a 128-token prompt (scaled down, no
+ * floor) it keeps 128 / 4 = 32 f16 entries' bytes per head, 16 f32 entries: 4x in bytes
+ * against the f16 full cache, 8x in entries. A core that read the budget's f16 entries'
+ * worth as entries kept 32 f32 rows, 2x in bytes. */
+START_TEST(gracekv_byte_ratio)
+{
+	enum { N = 128 };
+	rt_model *m = load_shape(0);
+	const struct kvp_policy *p = find_policy("gracekv");
+	int32_t tok[N];
+	test_tokens(tok, N, 300, 3u);
+	rt_seq s;
+	rt_err err = { "" };
+	seq_open(&s, m, p, N, 16, N);
+	s.run.ctx.min_kv = -1; /* strict: no floor */
+	ck_assert_msg(rt_seq_set_byte_ratio(&s, 4, &err) == 0, "%s", err.msg);
+	feed_ok(&s, tok, N, NULL);
+	ck_assert_int_eq(s.kv.type, RT_KV_F32);
+	const double H = (double)s.kv.n_layer * s.kv.n_kv_head;
+	ck_assert_msg(fabs((double)rt_kv_entries(&s.kv) / H - 16.0) < 0.5, "%g entries per head",
+	              (double)rt_kv_entries(&s.kv) / H);
+	ck_assert_msg(fabs(H * N * 128.0 / (double)rt_kvbytes_held(&s.kv) - 4.0) < 0.15,
+	              "%g x in bytes", H * N * 128.0 / (double)rt_kvbytes_held(&s.kv));
+	rt_seq_free(&s);
+	rt_model_free(m);
+}
+END_TEST
+
 START_TEST(cli_bad_input)
 {
 	char out[8192], e[2048];
@@ -2285,6 +2314,7 @@ static Suite *seq_suite(void)
 	tcase_add_test(tc, cli_ppl_json);
 	tcase_add_test(tc, byte_budget_every_store);
 	tcase_add_test(tc, byte_floor_counts_entries);
+	tcase_add_test(tc, gracekv_byte_ratio);
 	tcase_add_test(tc, cli_needle_and_run);
 	tcase_add_test(tc, hidden_scorer_refused);
 	suite_add_tcase(s, tc);

@@ -473,7 +473,7 @@ START_TEST(byte_budget_bisection_matches_scan_and_reaches_binary)
 	char measured[48];
 	snprintf(measured, sizeof measured, "mean KL %.6f", scan[want].kld);
 	ck_assert_msg(strstr(err, "at byte ratio 3") && strstr(err, measured) &&
-	              strstr(err, "refused") && strstr(err, "kvpc build --gate: gate failed: "),
+	              strstr(err, "refused") && strstr(err, "kvpc: gate failed: "),
 	              "the refusal lacks 'at byte ratio 3', '%s' or the command's name: %s",
 	              measured, err);
 	free(err);

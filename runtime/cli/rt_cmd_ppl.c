@@ -188,9 +188,13 @@ static void ppl_warn(const rt_cli_run *r, const rt_eval_score *sc, int64_t use,
 		fprintf(stderr, "%s: warning: policy %s compressed before none of the %lld scored "
 		        "tokens: its figures are the full cache's, not the policy's", rt_cli_prog,
 		        p->name, (long long)sc->scored);
-		if (p->measure == KVP_MEASURE_PROMPT_END && prompt_len < use)
-			fprintf(stderr, " (its budget keeps every entry of the %lld-token prompt: give "
-			        "a --ratio, or a prompt longer than the budget)\n", (long long)prompt_len);
+		const int floor = (r->seq.run.notes & KVP_NOTE_FLOOR) != 0;
+		if (p->measure == KVP_MEASURE_PROMPT_END && prompt_len < use &&
+		    r->seq.st.prompt_compression <= 1.0 + 1e-9) /* its compress kept the prompt */
+			fprintf(stderr, " (its budget%s keeps every entry of the %lld-token prompt: "
+			        "give %s)\n", floor ? ", raised by its floor," : "", (long long)prompt_len,
+			        floor ? "a prompt longer than the floor" :
+			        "a --ratio, or a prompt longer than the budget");
 		else if (p->measure == KVP_MEASURE_PROMPT_END)
 			fprintf(stderr, " (it compresses once, after the prompt's last token; measure "
 			        "it with --prompt %lld --score-from %lld, docs/measuring.md)\n",

@@ -259,7 +259,7 @@ static int run_ppl(ab_run *r, rt_err *err)
 				char why[sizeof err->msg];
 				snprintf(why, sizeof why, "%s", err->msg);
 				rc = rt_err_set(err, "at ratio %g: %s (no ratio was measured; drop it "
-				                "from the list)", r->rows[k].ratio, why);
+				                "from the list)", sd->ratio, why);
 			}
 		}
 	rt_eval_loop lo = { .block = r->o.chunk < 128 ? r->o.chunk : 128,
