@@ -465,9 +465,7 @@ static inline int k_budget_force(const struct kvp_ctx *ctx, const rt_kv *kv,
 		/* F entries at the top tier, so at least F entries are kept (more where lower
 		 * tiers buy them); in bytes that is F top-tier rows in f16 entries' worth, the
 		 * budget's unit: twice F on an f32 store, as the guards below */
-		const double top = k_bytes_mode(ctx, cfg_in) ?
-		                   2.0 * (double)rt_kv_tier_row_bytes(kv, RT_KV_TIER_TOP) /
-		                   (double)rt_kv_f16_entry_bytes(kv) : 1.0;
+		const double top = k_bytes_mode(ctx, cfg_in) ? k_top_worth(kv) : 1.0;
 		const double f = (floor_kv < context ? floor_kv : context) * top;
 		if (fc.budget < f && ctx->notes)
 			*ctx->notes |= KVP_NOTE_FLOOR;

@@ -602,8 +602,7 @@ static inline int k_grace_run(const struct kvp_ctx *ctx, rt_kv *kv,
 	/* in bytes (a --byte-ratio) the budget is f16 entries' worth and the core counts
 	 * entries of its f32 rows: half as many (the top tier's rows over an f16 entry) */
 	if (k_bytes_mode(ctx, cfg))
-		gc->budget /= 2.0 * (double)rt_kv_tier_row_bytes(kv, RT_KV_TIER_TOP) /
-		              (double)rt_kv_f16_entry_bytes(kv);
+		gc->budget /= k_top_worth(kv);
 	gc->graceful = k_floor_of(ctx, cfg) > 0;
 	const int L = kv->n_layer, G = kv->n_kv_head;
 	struct k_grace_sizes z = k_grace_sizes_of(kv, cfg->n_tmp);

@@ -60,6 +60,16 @@ static inline double k_avg_entries(const rt_kv *kv)
 	return (double)rt_kv_entries(kv) / ((double)kv->n_layer * kv->n_kv_head);
 }
 
+/* One entry at the store's top tier in f16 entries' worth: its key and value rows' bytes
+ * over an f16 entry's (rt_kv_f16_entry_bytes): 2 for f32 rows, 1 for f16, 34/64 for q8_0.
+ * The one conversion between a budget counted in bytes (k_bytes_mode) and entries kept at
+ * the top tier: triggers, floors, guards and GraceKV's core. */
+static inline double k_top_worth(const rt_kv *kv)
+{
+	return 2.0 * (double)rt_kv_tier_row_bytes(kv, RT_KV_TIER_TOP) /
+	       (double)rt_kv_f16_entry_bytes(kv);
+}
+
 /* What one entry counts for when a trigger compares the entries with budget_of: 1, or
  * where the budget counts bytes (a byte ratio, kvp_ctx.byte_ratio, or the policy's
  * `budget = bytes(P)` that no entry ratio replaces: k_bytes_mode) an untiered store's key
@@ -73,7 +83,7 @@ static inline double k_trigger_weight(const struct kvp_ctx *ctx, const rt_kv *kv
 {
 	if (kv->tiered || !(ctx->byte_ratio > 0 || (budget_bytes && !(ctx->ratio > 0))))
 		return 1.0;
-	return 2.0 * (double)kv->row_bytes / (double)rt_kv_f16_entry_bytes(kv);
+	return k_top_worth(kv);
 }
 
 /* Entries every head can still append: min over heads of cap - n. */

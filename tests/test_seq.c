@@ -1825,6 +1825,16 @@ static const char k_text[] =
 	"The quick brown fox jumps over the lazy dog. A stitch in time saves nine. "
 	"All that glitters is not gold; the early bird catches the worm.";
 
+/* A sequence of policy p over an N-token prompt in a store of type t at byte ratio R,
+ * prompt chunks of `chunk` (the byte-budget tests below). */
+static void seq_open_bytes(rt_seq *s, const rt_model *m, const struct kvp_policy *p,
+                           enum rt_kv_type t, int n, int chunk, double R)
+{
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_init_typed(s, m, p, t, n, chunk, n, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_seq_set_byte_ratio(s, R, &err) == 0, "%s", err.msg);
+}
+
 /* A byte budget holds on every store type (docs/language.md 7.8: --byte-ratio R keeps the
  * bytes of context / R f16 entries): tova (compress every step, no guard) at byte ratio 4
  * over 96 tokens fed one at a time never holds more than 24 f16 entries' bytes plus the
@@ -1845,8 +1855,7 @@ START_TEST(byte_budget_every_store)
 	for (int t = 0; t < 3; t++) {
 		rt_seq s;
 		rt_err err = { "" };
-		ck_assert_msg(rt_seq_init_typed(&s, m, p, types[t], N, 1, N, &err) == 0, "%s", err.msg);
-		ck_assert_msg(rt_seq_set_byte_ratio(&s, 4, &err) == 0, "%s", err.msg);
+		seq_open_bytes(&s, m, p, types[t], N, 1, 4);
 		ck_assert_int_eq(s.kv.head_dim, 32);
 		const double H = (double)s.kv.n_layer * s.kv.n_kv_head;
 		const double budget = H * (N / 4.0) * 128.0, entry = H * 2.0 * (double)s.kv.row_bytes;
@@ -1883,10 +1892,8 @@ START_TEST(byte_floor_counts_entries)
 	test_tokens(tok, N, 300, 9u);
 	for (int t = 0; t < 2; t++) {
 		rt_seq s;
-		rt_err err = { "" };
-		ck_assert_msg(rt_seq_init_typed(&s, m, p, types[t], N, 8, N, &err) == 0, "%s", err.msg);
-		ck_assert_msg(rt_seq_set_byte_ratio(&s, 8, &err) == 0, "%s", err.msg);
-		ck_assert_msg(rt_seq_feed(&s, tok, N, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
+		seq_open_bytes(&s, m, p, types[t], N, 8, 8);
+		feed_ok(&s, tok, N, NULL);
 		ck_assert(rt_seq_stats_get(&s).compress_events > 0);
 		for (int l = 0; l < s.kv.n_layer; l++)
 			for (int g = 0; g < s.kv.n_kv_head; g++)
