@@ -168,6 +168,10 @@ typedef struct sema {
 	const kvp_expr *ea_call; /* an expected_attention() call, for the sinks check */
 	ty ea_skip;      /* its skip (positions left out of the query statistics) */
 	const kvp_expr *replay_use; /* a use of replay_attn, for the trigger check */
+	/* uses of one definition by another (syms indices [user, used]): a name that only
+	 * unused definitions name is unused too (warn_unused) */
+	int (*uses)[2];
+	int n_uses, cap_uses;
 } sema;
 
 #define ERR(S, loc, ...) kvp_src_error((S)->src, (loc), __VA_ARGS__)
@@ -573,12 +577,22 @@ static const kvp_stmt *later_def(const sema *S, const char *name)
 	return NULL;
 }
 
-/* The definition of name (NULL: none), marked used: an expression names it. */
+/* The definition of name (NULL: none), marked used when a statement names it; a use
+ * inside another definition (S->current, the last symbol added: pass_definitions adds
+ * each before checking it) is recorded as an edge for warn_unused instead. */
 static const kvp_sym *sym_use(sema *S, const char *name)
 {
 	for (int i = 0; i < S->out->n_syms; i++)
 		if (strcmp(S->out->syms[i].name, name) == 0) {
-			S->out->syms[i].used = 1;
+			int user = S->out->n_syms - 1;
+			if (!S->current || S->out->syms[user].stmt != S->current) {
+				S->out->syms[i].used = 1;
+			} else if (user != i) {
+				if (S->n_uses == S->cap_uses)
+					S->uses = kvp_grow(S->uses, &S->cap_uses, 16, sizeof *S->uses);
+				S->uses[S->n_uses][0] = user;
+				S->uses[S->n_uses++][1] = i;
+			}
 			return &S->out->syms[i];
 		}
 	return NULL;
@@ -2788,18 +2802,32 @@ static int floor_word_ok(sema *S, const kvp_stmt *st)
  * is computed at every step for nothing. */
 static void warn_unused(sema *S)
 {
+	kvp_sym *sy = S->out->syms;
+	/* a definition names only earlier ones, so one sweep from the last definition back
+	 * carries "used" down every chain of definitions a statement names */
+	for (int k = S->n_uses - 1; k >= 0; k--)
+		if (sy[S->uses[k][0]].used)
+			sy[S->uses[k][1]].used = 1;
 	for (int i = 0; i < S->out->n_syms; i++) {
-		const kvp_sym *y = &S->out->syms[i];
+		const kvp_sym *y = &sy[i];
 		if (y->used)
 			continue;
+		char by[96] = "";
+		for (int k = 0; k < S->n_uses; k++)
+			if (S->uses[k][1] == i) {
+				snprintf(by, sizeof by, " (only '%.40s' names it, and it is unused)",
+				         sy[S->uses[k][0]].name);
+				break;
+			}
 		if (y->kind == KVP_SYM_PARAM)
-			kvp_src_warning(S->src, y->stmt->loc, "param '%s' is never used: it changes "
-			                "nothing, and a --set of it would be accepted to no effect", y->name);
+			kvp_src_warning(S->src, y->stmt->loc, "param '%s' is never used%s: it changes "
+			                "nothing, and a --set of it would be accepted to no effect",
+			                y->name, by);
 		else if (y->kind == KVP_SYM_STAT)
-			kvp_src_warning(S->src, y->stmt->loc, "statistic '%s' is never used: it would "
-			                "be kept for every entry and step for nothing", y->name);
+			kvp_src_warning(S->src, y->stmt->loc, "statistic '%s' is never used%s: it would "
+			                "be kept for every entry and step for nothing", y->name, by);
 		else
-			kvp_src_warning(S->src, y->stmt->loc, "const '%s' is never used", y->name);
+			kvp_src_warning(S->src, y->stmt->loc, "const '%s' is never used%s", y->name, by);
 	}
 }
 
@@ -2875,6 +2903,7 @@ kvp_sema *kvp_sema_check(const kvp_file *f)
 		cross_checks(&S);
 	if (f->src->n_errors == 0)
 		warn_unused(&S);
+	free(S.uses);
 	free(S.defs);
 	return o;
 }

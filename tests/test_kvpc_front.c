@@ -393,7 +393,8 @@ END_TEST
 /* A definition nothing names is a warning and the policy still compiles: a param a budget
  * rewritten as bytes(P) stopped reading (it would be listed and --set-able to no effect),
  * a statistic outside the score, a const. A name used anywhere (a guard, the budget, the
- * score) is not reported; a file with errors gets no warnings on top. */
+ * score) is not reported, one named only by unused definitions is; a file with errors gets
+ * no warnings on top. */
 START_TEST(test_unused_warning)
 {
 	static const char text[] =
@@ -404,15 +405,21 @@ START_TEST(test_unused_warning)
 		"    budget = bytes(12.5%)\n"
 		"    stat obs = sum(attn) over prompt tail window\n"
 		"    stat spare = sum(attn)\n"
+		"    const hist = 8 steps\n"
+		"    stat old = count(attn < 1 / seen) over last hist\n"
 		"    score = obs\n"
 		"    keep recent window\n"
 		"    compress at prompt end\n"
 		"}\n";
 	char *d = NULL;
 	ck_assert_int_eq(compile_text("q.kvp", text, strlen(text), &d), 0);
+	/* hist is named only by the unused statistic old: unused as well, saying by whom */
 	ck_assert_msg(strstr(d, "q.kvp:2:5: warning: const 'c' is never used\n") &&
 	              strstr(d, "q.kvp:3:5: warning: param 'share' is never used: it changes nothing") &&
 	              strstr(d, "q.kvp:7:5: warning: statistic 'spare' is never used") &&
+	              strstr(d, "q.kvp:8:5: warning: const 'hist' is never used (only 'old' "
+	                        "names it, and it is unused)\n") &&
+	              strstr(d, "q.kvp:9:5: warning: statistic 'old' is never used: ") &&
 	              !strstr(d, "'window'") && !strstr(d, "'obs'") && !strstr(d, "error"), "%s", d);
 	free(d);
 	static const char bad[] = "policy q {\n    param share = 25%\n    budget = nosuch\n}\n";
