@@ -515,7 +515,7 @@ static inline int k_budget_force(const struct kvp_ctx *ctx, const rt_kv *kv,
 			double g = (cfg->has_sinks ? ceil(cfg->sinks) : 0) +
 			           (cfg->has_recent ? floor(cfg->recent) : 0);
 			if (b.entry_bytes > 0)
-				g *= b.guard_bytes / b.entry_bytes;
+				g *= k_top_worth(kv); /* = b.guard_bytes / b.entry_bytes */
 			fc.budget = fc.budget > g ? fc.budget : g;
 			fc.target = fc.target > g ? fc.target : g;
 			if (ctx->notes)
