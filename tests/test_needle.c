@@ -27,6 +27,9 @@
 
 #include "base/rt_text.h"
 #include "eval/rt_needle.h"
+#include "model/rt_model.h"
+#include "policy/rt_seq.h"
+#include "policy/rt_span.h"
 #include "support/gguf_writer.h"
 #include "support/check_run.h"
 
@@ -403,6 +406,15 @@ START_TEST(test_syn_instruct)
 		char *head = decode(t, p.ctx, p.hay_start);
 		ck_assert_str_eq(head, want);
 		free(head);
+		/* the system span: exactly the system message's tokens (the template's around it
+		 * not counted, as serve marks a chat's) */
+		char *sys = decode(t, p.ctx + p.sys_pos, p.sys_len);
+		snprintf(want, sizeof want, RT_INSTRUCT_SYSTEM, p.words[0], p.words[1], p.words[2]);
+		ck_assert_str_eq(sys, want);
+		free(sys);
+		head = decode(t, p.ctx, p.sys_pos);
+		ck_assert_str_eq(head, "<|im_start|>system\n");
+		free(head);
 		ck_assert_int_eq(p.hay_tokens, p.n_ctx - p.hay_start);
 		char *fill = decode(t, p.ctx + p.hay_start, p.hay_tokens);
 		size_t fl = strlen(RT_PASSKEY_FILLER);
@@ -661,6 +673,63 @@ START_TEST(test_model_niah)
 }
 END_TEST
 
+/* A multi-instruction trial with mark_system marks exactly the system message's tokens
+ * (their text decoded is the message, the span's ends the template's own tokens) as span
+ * `system` in every sequence of a lockstep pass, as serve marks a chat's, so `keep span
+ * system` protects them; without it no entry carries the span. Full-cache sequences keep
+ * every entry in order, so entry e is prompt token e. */
+START_TEST(test_model_instruct_system_span)
+{
+	ck_assert_msg(g_tok != NULL, "tokenizer did not load");
+	rt_needle_prompt p;
+	rt_err err = {0};
+	ck_assert_msg(rt_needle_instruct(g_tok, 160, 7, &p, &err) == 0, "%s", err.msg);
+	char want[256];
+	snprintf(want, sizeof want, RT_INSTRUCT_SYSTEM, p.words[0], p.words[1], p.words[2]);
+	char *sys = decode(g_tok, p.ctx + p.sys_pos, p.sys_len);
+	ck_assert_str_eq(sys, want);
+	free(sys);
+	static const rt_model_opts fast = { .exact = 0, .threads = 1, .kv_type = RT_KV_F16 };
+	rt_model *m = rt_model_open(getenv("KVRT_MODEL"), &fast, &err);
+	ck_assert_msg(m != NULL, "%s", err.msg);
+	const int V = m->hp.n_vocab;
+	rt_seq a, b2;
+	rt_seq *sp[2] = { &a, &b2 };
+	for (int k = 0; k < 2; k++) {
+		ck_assert_msg(rt_seq_init(sp[k], m, &rt_policy_full, 200, 16, -1, &err) == 0, "%s",
+		              err.msg);
+		rt_seq_use_spans(sp[k]);
+	}
+	rt_seq_batch b;
+	ck_assert_msg(rt_seq_batch_init(&b, sp, 2, 16, &err) == 0, "%s", err.msg);
+	float *logits = malloc((size_t)2 * V * sizeof *logits), *one = malloc((size_t)V * sizeof *one);
+	rt_needle_answer ans[2];
+	for (int mark = 1; mark >= 0; mark--) {
+		const rt_needle_how how = { .agnostic = 1, .mark_system = mark, .n_gen = 1 };
+		ck_assert_msg(rt_needle_trial(sp, 2, &b, g_tok, &p, &how, logits, one, ans, &err) == 0,
+		              "%s", err.msg);
+		for (int k = 0; k < 2; k++)
+			for (int h = 0; h < m->hp.n_layer * m->hp.n_head_kv; h++) {
+				const rt_kv_head *kh = &sp[k]->kv.heads[h];
+				ck_assert_int_ge(kh->n, p.n_ctx);
+				for (int64_t e = 0; e < p.n_ctx; e++) {
+					const int in = e >= p.sys_pos && e < p.sys_pos + p.sys_len;
+					ck_assert_msg(kh->span[e] == (mark && in ? RT_SPAN_SYSTEM : 0),
+					              "mark %d seq %d head %d entry %lld: span %d", mark, k, h,
+					              (long long)e, (int)kh->span[e]);
+				}
+			}
+	}
+	free(logits);
+	free(one);
+	rt_seq_batch_free(&b);
+	rt_seq_free(&a);
+	rt_seq_free(&b2);
+	rt_model_free(m);
+	rt_needle_prompt_free(&p);
+}
+END_TEST
+
 static Suite *needle_suite(void)
 {
 	Suite *s = suite_create("needle");
@@ -683,6 +752,7 @@ static Suite *needle_suite(void)
 		tcase_add_unchecked_fixture(tm, model_setup, model_teardown);
 		tcase_add_test(tm, test_model_passkey);
 		tcase_add_test(tm, test_model_niah);
+		tcase_add_test(tm, test_model_instruct_system_span);
 		suite_add_tcase(s, tm);
 	} else {
 		fprintf(stderr, "test_needle: KVRT_MODEL not set, real-model cases skipped\n");

@@ -65,7 +65,9 @@ static const char *const help_needle =
 	"    With --mark-question the question's tokens (with the answer's opening) are\n"
 	"    marked as the protected span `question`: a policy with `keep span question`\n"
 	"    keeps them exactly, and GraceKV probes the cache with them (otherwise with its\n"
-	"    `question` parameter's prompt tail).\n"
+	"    `question` parameter's prompt tail). In instruct, when a run keeps spans,\n"
+	"    the system message is the span `system`, as serve marks a chat's, so a\n"
+	"    policy with `keep span system` keeps the instructions.\n"
 	"    Prints a table of 1/0 per length and depth and the accuracy.\n"
 	"\n"
 	"OPTIONS\n"
@@ -193,6 +195,7 @@ static int needle_setup(needle_job *nj)
 			return rt_cli_fail(&err);
 		nj->ref_ready = 1;
 		nj->all[K] = &nj->ref;
+		rt_seq_use_spans(nj->all[K]); /* a trial marks spans on every sequence */
 	}
 	if (KR > 1 && rt_seq_batch_init(&nj->b, nj->all, KR, chunk, &err) != 0)
 		return rt_cli_fail(&err);
@@ -225,8 +228,14 @@ static int needle_one(needle_job *nj, int i, int j, rt_err *err)
 	rt_needle_prompt np;
 	if (needle_prompt(nj, i, j, &np, err) != 0)
 		return -1;
+	/* a multi-instruction prompt's system message is the span `system`, as serve marks a
+	 * chat's, when a run keeps spans (the cut feed moves the others' prefill chunks, so a
+	 * pass without one feeds the prompt whole, as before) */
+	int spans = 0;
+	for (int k = 0; k < nj->K; k++)
+		spans |= (nj->runs[k].p->needs & KVP_NEED_SPANS) != 0;
 	const rt_needle_how how = { .agnostic = o->mode_agnostic, .mark_question = o->mark_question,
-		                    .n_gen = nj->n_gen };
+		                    .mark_system = spans, .n_gen = nj->n_gen };
 	rt_needle_answer *ans = &nj->res[((size_t)i * nj->n_dep + j) * nj->KR];
 	int rc = rt_needle_trial(nj->all, nj->KR, nj->KR > 1 ? &nj->b : NULL, nj->tk, &np, &how,
 	                         nj->logits, nj->one, ans, err);

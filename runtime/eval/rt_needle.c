@@ -295,6 +295,36 @@ done:
 	return rc;
 }
 
+/* The tokens tp[0..np) of the rendered text rd whose bytes overlap the system message sys
+ * (found in rd): *pos, *len. Each token's bytes must follow on in rd (a first token that
+ * does not, the BOS the tokenizer adds, takes none); else -1 with err. */
+static int sys_span(const rt_tokenizer *t, const char *rd, const char *sys, const int32_t *tp,
+                    int64_t np, int64_t *pos, int64_t *len, rt_err *err)
+{
+	const char *m = strstr(rd, sys);
+	RT_ASSERT(m != NULL);
+	const size_t lo = (size_t)(m - rd), hi = lo + strlen(sys), n = strlen(rd);
+	size_t at = 0;
+	*pos = *len = 0;
+	for (int64_t i = 0; i < np; i++) {
+		char buf[256];
+		int b = rt_token_to_bytes(t, tp[i], buf, sizeof buf);
+		if (b < 0 || b > (int)sizeof buf || at + (size_t)b > n || memcmp(rd + at, buf, (size_t)b)) {
+			if (i == 0)
+				continue; /* an added BOS */
+			return rt_err_set(err, "instruct: token %lld of the chat opening is not its text "
+			                  "(the system message's tokens cannot be placed)", (long long)i);
+		}
+		if (at < hi && at + (size_t)b > lo && b > 0) {
+			if (*len == 0)
+				*pos = i;
+			*len = i + 1 - *pos;
+		}
+		at += (size_t)b;
+	}
+	return 0;
+}
+
 int rt_needle_instruct(const rt_tokenizer *t, int64_t n_tokens, uint64_t seed,
                        rt_needle_prompt *out, rt_err *err)
 {
@@ -317,6 +347,10 @@ int rt_needle_instruct(const rt_tokenizer *t, int64_t n_tokens, uint64_t seed,
 	char *qs = cat("\n", RT_INSTRUCT_QUESTION, m + strlen(mark), NULL);
 	int64_t np = 0, nf = 0, nq = 0;
 	int32_t *tp = tok_str(t, rd, strlen(rd), 1, 1, &np, err);
+	if (tp && sys_span(t, rd, sys, tp, np, &out->sys_pos, &out->sys_len, err) != 0) {
+		free(tp);
+		tp = NULL;
+	}
 	int32_t *tf = tp ? tok_str(t, RT_PASSKEY_FILLER, strlen(RT_PASSKEY_FILLER), 0, 0, &nf, err)
 	                 : NULL;
 	int32_t *tq = tf ? tok_str(t, qs, strlen(qs), 1, 0, &nq, err) : NULL;
@@ -566,7 +600,21 @@ int rt_needle_trial(rt_seq *const *s, int K, rt_seq_batch *b, const rt_tokenizer
 		rt_seq_reset(s[k], plen);
 	/* the prompt in lockstep (or alone), the question's tokens marked when asked, then
 	 * each sequence's answer on its own */
-	int rc = trial_feed(s, b, np->ctx, np->n_ctx, NULL, RT_LOGITS_NONE, err);
+	int rc;
+	if (how->mark_system && np->sys_len > 0) { /* before, the system message, after */
+		const int64_t cut[3] = { np->sys_pos, np->sys_len,
+			                 np->n_ctx - np->sys_pos - np->sys_len };
+		int64_t o = 0;
+		rc = 0;
+		for (int c = 0; rc == 0 && c < 3; o += cut[c], c++) {
+			for (int k = 0; k < K; k++)
+				rt_seq_span(s[k], c == 1 ? RT_SPAN_SYSTEM : 0);
+			if (cut[c] > 0)
+				rc = trial_feed(s, b, np->ctx + o, cut[c], NULL, RT_LOGITS_NONE, err);
+		}
+	} else {
+		rc = trial_feed(s, b, np->ctx, np->n_ctx, NULL, RT_LOGITS_NONE, err);
+	}
 	for (int k = 0; how->mark_question && k < K; k++)
 		rt_seq_span(s[k], RT_SPAN_QUESTION);
 	if (rc == 0)
