@@ -344,6 +344,33 @@ START_TEST(short_chat_under_h2o_answers_as_full)
 }
 END_TEST
 
+/* needle's instruct task runs the full cache beside the policy; with --mark-question every
+ * sequence, that reference too, marks the question as a span (it aborted on an internal
+ * assertion when the reference had no span names), and a policy keeping spans gets the
+ * system message marked as well: both run to their report, exit 0. */
+START_TEST(needle_instruct_marks_spans_on_every_sequence)
+{
+	const char *model = getenv("KVRT_MODEL");
+	if (!model || access(model, R_OK) != 0) {
+		printf("test_cli: KVRT_MODEL unset or unreadable: needle case skipped\n");
+		return;
+	}
+	const char *pol[] = { "tova", "gracekv" };
+	for (int i = 0; i < 2; i++) {
+		char *out, *err;
+		char *a[] = { "kvrt", "needle", "--model", (char *)model, "--task", "instruct",
+			      "--mark-question", "--lengths", "160", "--depths", "0", "--policy",
+			      (char *)pol[i], "--ratio", "2", "--gen", "4", "--threads", "2", "--json",
+			      "--quiet", NULL };
+		ck_assert_msg(run(NULL, a, kvp_registry, kvp_registry_count, &out, &err) == 0,
+		              "%s: %s", pol[i], err);
+		ck_assert_msg(strstr(out, "\"followed_ref\"") && strstr(out, "\"accuracy\""), "%s: %s",
+		              pol[i], out);
+		free(out), free(err);
+	}
+}
+END_TEST
+
 static Suite *cli_suite(void)
 {
 	Suite *s = suite_create("cli");
@@ -357,6 +384,7 @@ static Suite *cli_suite(void)
 	tcase_add_test(tc, ppl_counts_the_scored_tokens);
 	tcase_add_test(tc, reports_list_the_parameters_in_effect);
 	tcase_add_test(tc, short_chat_under_h2o_answers_as_full);
+	tcase_add_test(tc, needle_instruct_marks_spans_on_every_sequence);
 	suite_add_tcase(s, tc);
 	return s;
 }
