@@ -2812,13 +2812,25 @@ static void warn_unused(sema *S)
 		const kvp_sym *y = &sy[i];
 		if (y->used)
 			continue;
-		char by[96] = "";
-		for (int k = 0; k < S->n_uses; k++)
-			if (S->uses[k][1] == i) {
-				snprintf(by, sizeof by, " (only '%.40s' names it, and it is unused)",
+		/* the unused definitions that name it: " (only 'a' names it, and it is unused)",
+		 * or " (only unused definitions name it: 'a', 'b')" */
+		char by[160] = "", list[120] = "";
+		int users = 0;
+		for (int k = 0; k < S->n_uses; k++) {
+			int seen = S->uses[k][1] != i; /* not a user of i, or one listed already */
+			for (int q = 0; !seen && q < k; q++)
+				seen = S->uses[q][0] == S->uses[k][0] && S->uses[q][1] == i;
+			if (!seen) {
+				size_t o = strlen(list);
+				snprintf(list + o, sizeof list - o, "%s'%.40s'", users ? ", " : "",
 				         sy[S->uses[k][0]].name);
-				break;
+				users++;
 			}
+		}
+		if (users == 1)
+			snprintf(by, sizeof by, " (only %s names it, and it is unused)", list);
+		else if (users > 1)
+			snprintf(by, sizeof by, " (only unused definitions name it: %s)", list);
 		if (y->kind == KVP_SYM_PARAM)
 			kvp_src_warning(S->src, y->stmt->loc, "param '%s' is never used%s: it changes "
 			                "nothing, and a --set of it would be accepted to no effect",

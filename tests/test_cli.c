@@ -10,7 +10,7 @@
  *
  * Commands run in a child: kvrt's through rt_cli_main (the library entry every binary
  * uses), kvpc as the program next to this test's build directory. The real model
- * ($KVRT_MODEL) is needed by the ppl and ab cases only; without it they are skipped.
+ * ($KVRT_MODEL) is needed by the ppl, ab, chat and needle cases; without it they are skipped.
  */
 #include <check.h>
 #include <limits.h>
@@ -346,8 +346,9 @@ END_TEST
 
 /* needle's instruct task runs the full cache beside the policy; with --mark-question every
  * sequence, that reference too, marks the question as a span (it aborted on an internal
- * assertion when the reference had no span names), and a policy keeping spans gets the
- * system message marked as well: both run to their report, exit 0. */
+ * assertion when the reference had no span names): under a policy without spans and one
+ * keeping them (which cuts the feed at the system message, test_needle checks the marks)
+ * the run reaches its report, exit 0. */
 START_TEST(needle_instruct_marks_spans_on_every_sequence)
 {
 	const char *model = getenv("KVRT_MODEL");

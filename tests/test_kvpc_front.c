@@ -407,6 +407,9 @@ START_TEST(test_unused_warning)
 		"    stat spare = sum(attn)\n"
 		"    const hist = 8 steps\n"
 		"    stat old = count(attn < 1 / seen) over last hist\n"
+		"    const base = 2 steps\n"
+		"    const twice = base * 2\n"
+		"    stat older = count(attn < base / seen) over last twice\n"
 		"    score = obs\n"
 		"    keep recent window\n"
 		"    compress at prompt end\n"
@@ -420,6 +423,11 @@ START_TEST(test_unused_warning)
 	              strstr(d, "q.kvp:8:5: warning: const 'hist' is never used (only 'old' "
 	                        "names it, and it is unused)\n") &&
 	              strstr(d, "q.kvp:9:5: warning: statistic 'old' is never used: ") &&
+	              /* a chain: base is named by twice and older, both unused */
+	              strstr(d, "q.kvp:10:5: warning: const 'base' is never used (only unused "
+	                        "definitions name it: 'twice', 'older')\n") &&
+	              strstr(d, "q.kvp:11:5: warning: const 'twice' is never used (only 'older' "
+	                        "names it, and it is unused)\n") &&
 	              !strstr(d, "'window'") && !strstr(d, "'obs'") && !strstr(d, "error"), "%s", d);
 	free(d);
 	static const char bad[] = "policy q {\n    param share = 25%\n    budget = nosuch\n}\n";

@@ -234,6 +234,11 @@ static int needle_one(needle_job *nj, int i, int j, rt_err *err)
 	int spans = 0;
 	for (int k = 0; k < nj->K; k++)
 		spans |= (nj->runs[k].p->needs & KVP_NEED_SPANS) != 0;
+	static int warned;
+	if (spans && np.kind == RT_NEEDLE_INSTRUCT && np.sys_len == 0 && !warned++)
+		fprintf(stderr, "%s: warning: the system message's tokens could not be placed in "
+		        "this model's chat opening; it is not marked as the span `system`\n",
+		        rt_cli_prog);
 	const rt_needle_how how = { .agnostic = o->mode_agnostic, .mark_question = o->mark_question,
 		                    .mark_system = spans, .n_gen = nj->n_gen };
 	rt_needle_answer *ans = &nj->res[((size_t)i * nj->n_dep + j) * nj->KR];

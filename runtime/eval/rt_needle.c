@@ -295,34 +295,45 @@ done:
 	return rc;
 }
 
-/* The tokens tp[0..np) of the rendered text rd whose bytes overlap the system message sys
- * (found in rd): *pos, *len. Each token's bytes must follow on in rd (a first token that
- * does not, the BOS the tokenizer adds, takes none); else -1 with err. */
-static int sys_span(const rt_tokenizer *t, const char *rd, const char *sys, const int32_t *tp,
-                    int64_t np, int64_t *pos, int64_t *len, rt_err *err)
+/* The tokens tp[0..np) of the rendered text rd whose bytes overlap the system message sys:
+ * *pos, *len. Each token's bytes (rt_token_to_bytes) must follow on in rd; a BOS the
+ * tokenizer adds before the text takes none, and a SentencePiece token that carries the
+ * space its tokenizer put before the text (add_space_prefix) takes its bytes but that space.
+ * Where the walk fails (a template that rewrites the message, a token that is not its
+ * text) *len is 0: the message is not placed, and nothing is marked (needle says so). */
+static void sys_span(const rt_tokenizer *t, const char *rd, const char *sys, const int32_t *tp,
+                     int64_t np, int64_t *pos, int64_t *len)
 {
+	*pos = *len = 0;
 	const char *m = strstr(rd, sys);
-	RT_ASSERT(m != NULL);
+	if (!m || !*sys)
+		return;
 	const size_t lo = (size_t)(m - rd), hi = lo + strlen(sys), n = strlen(rd);
 	size_t at = 0;
-	*pos = *len = 0;
+	int64_t p0 = 0, p1 = 0;
 	for (int64_t i = 0; i < np; i++) {
-		char buf[256];
-		int b = rt_token_to_bytes(t, tp[i], buf, sizeof buf);
-		if (b < 0 || b > (int)sizeof buf || at + (size_t)b > n || memcmp(rd + at, buf, (size_t)b)) {
-			if (i == 0)
+		const int need = rt_token_to_bytes(t, tp[i], NULL, 0);
+		char *buf = need > 0 ? malloc((size_t)need) : NULL;
+		int b = buf ? rt_token_to_bytes(t, tp[i], buf, need) : need;
+		const char *x = buf;
+		if (b > 0 && buf[0] == ' ' && (at >= n || rd[at] != ' '))
+			x++, b--; /* the tokenizer's own space prefix */
+		const int ok = b >= 0 && at + (size_t)b <= n && (b == 0 || !memcmp(rd + at, x, (size_t)b));
+		free(buf);
+		if (!ok) {
+			if (i == 0 && tp[0] == rt_tokenizer_bos(t))
 				continue; /* an added BOS */
-			return rt_err_set(err, "instruct: token %lld of the chat opening is not its text "
-			                  "(the system message's tokens cannot be placed)", (long long)i);
+			return;
 		}
-		if (at < hi && at + (size_t)b > lo && b > 0) {
-			if (*len == 0)
-				*pos = i;
-			*len = i + 1 - *pos;
+		if (b > 0 && at < hi && at + (size_t)b > lo) {
+			if (p1 == 0)
+				p0 = i;
+			p1 = i + 1;
 		}
 		at += (size_t)b;
 	}
-	return 0;
+	*pos = p0;
+	*len = p1 - p0;
 }
 
 int rt_needle_instruct(const rt_tokenizer *t, int64_t n_tokens, uint64_t seed,
@@ -347,10 +358,8 @@ int rt_needle_instruct(const rt_tokenizer *t, int64_t n_tokens, uint64_t seed,
 	char *qs = cat("\n", RT_INSTRUCT_QUESTION, m + strlen(mark), NULL);
 	int64_t np = 0, nf = 0, nq = 0;
 	int32_t *tp = tok_str(t, rd, strlen(rd), 1, 1, &np, err);
-	if (tp && sys_span(t, rd, sys, tp, np, &out->sys_pos, &out->sys_len, err) != 0) {
-		free(tp);
-		tp = NULL;
-	}
+	if (tp)
+		sys_span(t, rd, sys, tp, np, &out->sys_pos, &out->sys_len);
 	int32_t *tf = tp ? tok_str(t, RT_PASSKEY_FILLER, strlen(RT_PASSKEY_FILLER), 0, 0, &nf, err)
 	                 : NULL;
 	int32_t *tq = tf ? tok_str(t, qs, strlen(qs), 1, 0, &nq, err) : NULL;

@@ -101,8 +101,10 @@ typedef struct rt_needle_prompt {
 	int64_t hay_tokens;    /* filler/haystack tokens in ctx (excluding the needle) */
 	int64_t unit;          /* passkey: tokens per filler repeat; NIAH: 0 */
 	int64_t sys_pos;       /* multi-instruction: the system message's first token in ctx */
-	int64_t sys_len;       /* and its tokens (the template's own around it not counted, as
-	                        * serve marks a chat's system span); 0 for the other tasks */
+	int64_t sys_len;       /* and its tokens: those whose text overlaps the message's (the
+	                        * template's own around it not counted, as serve marks a chat's
+	                        * system span); 0 for the other tasks and where the message could
+	                        * not be placed */
 	double depth;          /* requested depth, percent of the filler/haystack */
 	uint32_t passkey;      /* passkey and multi-key: the key asked (1..50000) */
 	uint32_t keys[RT_MULTIKEY_N];    /* multi-key: every needle's key; keys[0] is asked */
@@ -147,7 +149,7 @@ int rt_needle_multikey(const rt_tokenizer *t, int64_t n_tokens, double depth, ui
  * each, in that order). hay_start/hay_tokens delimit the filler; no needle (needle_len 0);
  * sys_pos/sys_len: the tokens whose text overlaps the system message's (each token's
  * bytes, rt_token_to_bytes, walked along the rendered opening; a BOS the tokenizer adds
- * before it takes none).
+ * takes none, a SentencePiece space prefix is not counted), sys_len 0 where the walk fails.
  * Errors: as rt_needle_passkey ("instruct: ..."), a model without a chat template. */
 int rt_needle_instruct(const rt_tokenizer *t, int64_t n_tokens, uint64_t seed,
                        rt_needle_prompt *out, rt_err *err);
@@ -207,7 +209,9 @@ typedef struct rt_needle_how {
 	int mark_system;     /* 1: a multi-instruction prompt's system message carries span
 	                      * RT_SPAN_SYSTEM, as serve marks a chat's (runtime/policy/rt_span.h);
 	                      * its feed is then cut at the span's ends, which moves the prefill's
-	                      * chunks: the caller sets it only when a run keeps spans */
+	                      * chunks: the caller sets it only when a run keeps spans. Every
+	                      * sequence must have its span names (rt_seq_use_spans), as for
+	                      * mark_question */
 	int64_t n_gen;       /* answer tokens to generate at most */
 } rt_needle_how;
 

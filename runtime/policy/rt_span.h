@@ -3,7 +3,8 @@
  * keeps the entries of the span called NAME whole (docs/language.md, section 2); kvpc
  * accepts only the names below (compiler/kvp_sema.c), since any other name would be marked
  * by no caller and protect nothing. Who marks each (rt_seq_set_span_names, rt_seq_span):
- *   system    the system message of a chat request (runtime/serve)
+ *   system    the system message of a chat request (runtime/serve), and of needle's
+ *             multi-instruction prompt when a run keeps spans (runtime/eval/rt_needle.c)
  *   pinned    a message or prompt segment a request sends with "protect": true
  *             (runtime/serve)
  *   question  the question after the context in needle's and tune's passkey trials
