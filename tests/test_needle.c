@@ -677,7 +677,9 @@ END_TEST
  * (their text decoded is the message, the span's ends the template's own tokens) as span
  * `system` in every sequence of a lockstep pass, as serve marks a chat's, so `keep span
  * system` protects them; without it no entry carries the span. Full-cache sequences keep
- * every entry in order, so entry e is prompt token e. */
+ * every entry in order, so entry e is prompt token e. The marking is by position, so the
+ * prompt is fed in the same chunks either way: the question's logits are the same bits
+ * with and without it (a feed cut at the span's ends moves the fast path's rounding). */
 START_TEST(test_model_instruct_system_span)
 {
 	ck_assert_msg(g_tok != NULL, "tokenizer did not load");
@@ -703,11 +705,17 @@ START_TEST(test_model_instruct_system_span)
 	rt_seq_batch b;
 	ck_assert_msg(rt_seq_batch_init(&b, sp, 2, 16, &err) == 0, "%s", err.msg);
 	float *logits = malloc((size_t)2 * V * sizeof *logits), *one = malloc((size_t)V * sizeof *one);
+	float *marked = malloc((size_t)2 * V * sizeof *marked);
 	rt_needle_answer ans[2];
 	for (int mark = 1; mark >= 0; mark--) {
 		const rt_needle_how how = { .agnostic = 1, .mark_system = mark, .n_gen = 1 };
 		ck_assert_msg(rt_needle_trial(sp, 2, &b, g_tok, &p, &how, logits, one, ans, &err) == 0,
 		              "%s", err.msg);
+		if (mark)
+			memcpy(marked, logits, (size_t)2 * V * sizeof *logits);
+		else
+			ck_assert_msg(!memcmp(marked, logits, (size_t)2 * V * sizeof *logits),
+			              "marking the system span changed the question's logits");
 		for (int k = 0; k < 2; k++)
 			for (int h = 0; h < m->hp.n_layer * m->hp.n_head_kv; h++) {
 				const rt_kv_head *kh = &sp[k]->kv.heads[h];
@@ -721,6 +729,7 @@ START_TEST(test_model_instruct_system_span)
 			}
 	}
 	free(logits);
+	free(marked);
 	free(one);
 	rt_seq_batch_free(&b);
 	rt_seq_free(&a);

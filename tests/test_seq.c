@@ -1289,7 +1289,9 @@ START_TEST(trace_records_the_prompt)
 END_TEST
 
 /* Protected spans: entries appended after rt_seq_span(s, id) carry that id, alone and in a
- * lockstep batch, and the policy sees the names. */
+ * lockstep batch, and the policy sees the names; a range (rt_seq_span_range) marks the
+ * entries at its token positions inside one feed, across its chunks, over the current
+ * span. */
 START_TEST(spans_mark_appended_entries)
 {
 	static const char *const names[] = { "", "system", "question" };
@@ -1330,6 +1332,32 @@ START_TEST(spans_mark_appended_entries)
 	feed_ok(&a, toks, 2, NULL);
 	ck_assert_int_eq(a.kv.heads[0].span[0], 0);
 	ck_assert(a.run.ctx.span_names == names);
+	/* positions 5..10 (chunks of 4: across two chunk ends) as question, inside one feed
+	 * under the current span system; then both cleared */
+	for (int k = 0; k < 2; k++) {
+		rt_seq_reset(sp[k], -1);
+		rt_seq_span(sp[k], 1);
+		rt_seq_span_range(sp[k], 2, 5, 6);
+	}
+	ck_assert(rt_seq_batch_feed(&b, toks, 16, NULL, RT_LOGITS_NONE, &err) == 0);
+	for (int k = 0; k < 2; k++) {
+		rt_seq_span(sp[k], 0);
+		rt_seq_span_range(sp[k], 0, 0, 0);
+	}
+	ck_assert(rt_seq_batch_feed(&b, toks + 16, 2, NULL, RT_LOGITS_NONE, &err) == 0);
+	for (int k = 0; k < 2; k++)
+		for (int i = 0; i < m->hp.n_layer * m->hp.n_head_kv; i++) {
+			const rt_kv_head *h = &sp[k]->kv.heads[i];
+			ck_assert_int_eq(h->n, 18);
+			for (int e = 0; e < 18; e++)
+				ck_assert_msg(h->span[e] == (e >= 16 ? 0 : e >= 5 && e < 11 ? 2 : 1),
+				              "seq %d head %d entry %d: span %d", k, i, e, h->span[e]);
+		}
+	/* reset clears a range too */
+	rt_seq_span_range(&a, 2, 0, 4);
+	rt_seq_reset(&a, -1);
+	feed_ok(&a, toks, 2, NULL);
+	ck_assert_int_eq(a.kv.heads[0].span[0], 0);
 	rt_seq_batch_free(&b);
 	rt_seq_free(&a);
 	rt_seq_free(&b2);

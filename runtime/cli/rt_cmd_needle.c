@@ -65,9 +65,10 @@ static const char *const help_needle =
 	"    With --mark-question the question's tokens (with the answer's opening) are\n"
 	"    marked as the protected span `question`: a policy with `keep span question`\n"
 	"    keeps them exactly, and GraceKV probes the cache with them (otherwise with its\n"
-	"    `question` parameter's prompt tail). In instruct, when a run keeps spans,\n"
-	"    the system message is the span `system`, as serve marks a chat's, so a\n"
-	"    policy with `keep span system` keeps the instructions.\n"
+	"    `question` parameter's prompt tail). In instruct the system message is the\n"
+	"    span `system`, as serve marks a chat's (by position: the prompt is fed\n"
+	"    whole either way), so a policy with `keep span system` keeps the\n"
+	"    instructions.\n"
 	"    Prints a table of 1/0 per length and depth and the accuracy.\n"
 	"\n"
 	"OPTIONS\n"
@@ -130,6 +131,7 @@ typedef struct needle_job {
 	rt_seq **all;
 	rt_seq_batch b;
 	rt_needle_answer *res; /* [(length·n_dep + depth)·KR + run]; run K is the reference */
+	int warned_sys;        /* the system message's placement warning was printed */
 } needle_job;
 
 /* Haystack, model, length check, sequences and batch. Returns 0, or the exit status after
@@ -229,18 +231,17 @@ static int needle_one(needle_job *nj, int i, int j, rt_err *err)
 	if (needle_prompt(nj, i, j, &np, err) != 0)
 		return -1;
 	/* a multi-instruction prompt's system message is the span `system`, as serve marks a
-	 * chat's, when a run keeps spans (the cut feed moves the others' prefill chunks, so a
-	 * pass without one feeds the prompt whole, as before) */
+	 * chat's; marked by position, so the feed is the same with or without it. A failed
+	 * placement matters only to a run that keeps spans. */
 	int spans = 0;
 	for (int k = 0; k < nj->K; k++)
 		spans |= (nj->runs[k].p->needs & KVP_NEED_SPANS) != 0;
-	static int warned;
-	if (spans && np.kind == RT_NEEDLE_INSTRUCT && np.sys_len == 0 && !warned++)
+	if (spans && np.kind == RT_NEEDLE_INSTRUCT && np.sys_len == 0 && !nj->warned_sys++)
 		fprintf(stderr, "%s: warning: the system message's tokens could not be placed in "
 		        "this model's chat opening; it is not marked as the span `system`\n",
 		        rt_cli_prog);
 	const rt_needle_how how = { .agnostic = o->mode_agnostic, .mark_question = o->mark_question,
-		                    .mark_system = spans, .n_gen = nj->n_gen };
+		                    .mark_system = np.kind == RT_NEEDLE_INSTRUCT, .n_gen = nj->n_gen };
 	rt_needle_answer *ans = &nj->res[((size_t)i * nj->n_dep + j) * nj->KR];
 	int rc = rt_needle_trial(nj->all, nj->KR, nj->KR > 1 ? &nj->b : NULL, nj->tk, &np, &how,
 	                         nj->logits, nj->one, ans, err);

@@ -11,7 +11,7 @@
  *             rope_table of rt_model.c
  *   swiglu    g ← g / (1 + exp(-g)) · u
  *   append    the chunk's keys/values into each (layer, KV head) list at its entry count,
- *             count 1, log count 0, span id, zeroed statistics
+ *             count 1, log count 0, span id (rt_span_mark_at), zeroed statistics
  *   to_half   f32 → f16 (round to nearest even) for the f16 GEMM path
  *
  * Versions: 1 for each (one thread per element; rmsnorm one block per row).
@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "k_cu.cuh"
+#include "policy/rt_span.h"
 
 extern "C" {
 #include "model/rt_model.h"
@@ -136,7 +137,7 @@ static inline void rt_cu_swiglu_ref(float *g, const float *u, size_t n)
 static __global__ void rt_cu_append(float *K, float *V, int32_t *pos, float *count, float *log_count,
                              uint16_t *span, uint8_t *stats, const float *k, const float *v,
                              const int32_t *nb, int layer, int n_kv_head, int hd, int32_t cap,
-                             size_t stat_bytes, int64_t pos0, uint16_t span_id)
+                             size_t stat_bytes, int64_t pos0, rt_span_mark sm)
 {
 	const int j = blockIdx.x, r = blockIdx.y;
 	const size_t hi = (size_t)layer * n_kv_head + j;
@@ -152,7 +153,7 @@ static __global__ void rt_cu_append(float *K, float *V, int32_t *pos, float *cou
 		pos[e] = (int32_t)(pos0 + r);
 		count[e] = 1.0f;
 		log_count[e] = 0.0f;
-		span[e] = span_id;
+		span[e] = rt_span_mark_at(sm, pos0 + r);
 	}
 }
 

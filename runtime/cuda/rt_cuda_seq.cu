@@ -440,7 +440,7 @@ static int layer_fwd(rt_cuda_seq *s, int l, int C, int64_t pos0, rt_err *err)
 	RT_CU_TRY(err, cudaGetLastError());
 	rt_cu_append<<<dim3(hp->n_head_kv, C), 64, 0, s->st>>>(
 		s->d.k, s->d.v, s->d.pos, s->d.count, s->d.log_count, s->d.span, s->d.stats, s->k, s->v,
-		s->d.n, l, hp->n_head_kv, hd, s->cap, s->d.stat_bytes, pos0, s->h->cur_span);
+		s->d.n, l, hp->n_head_kv, hd, s->cap, s->d.stat_bytes, pos0, s->h->span);
 	RT_CU_TRY(err, cudaGetLastError());
 	if (attend(s, l, C, pos0, err) != 0)
 		return -1;

@@ -609,21 +609,11 @@ int rt_needle_trial(rt_seq *const *s, int K, rt_seq_batch *b, const rt_tokenizer
 		rt_seq_reset(s[k], plen);
 	/* the prompt in lockstep (or alone), the question's tokens marked when asked, then
 	 * each sequence's answer on its own */
-	int rc;
-	if (how->mark_system && np->sys_len > 0) { /* before, the system message, after */
-		const int64_t cut[3] = { np->sys_pos, np->sys_len,
-			                 np->n_ctx - np->sys_pos - np->sys_len };
-		int64_t o = 0;
-		rc = 0;
-		for (int c = 0; rc == 0 && c < 3; o += cut[c], c++) {
-			for (int k = 0; k < K; k++)
-				rt_seq_span(s[k], c == 1 ? RT_SPAN_SYSTEM : 0);
-			if (cut[c] > 0)
-				rc = trial_feed(s, b, np->ctx + o, cut[c], NULL, RT_LOGITS_NONE, err);
-		}
-	} else {
-		rc = trial_feed(s, b, np->ctx, np->n_ctx, NULL, RT_LOGITS_NONE, err);
-	}
+	for (int k = 0; how->mark_system && k < K; k++) /* the prompt stays one feed */
+		rt_seq_span_range(s[k], RT_SPAN_SYSTEM, np->sys_pos, np->sys_len);
+	int rc = trial_feed(s, b, np->ctx, np->n_ctx, NULL, RT_LOGITS_NONE, err);
+	for (int k = 0; k < K; k++)
+		rt_seq_span_range(s[k], 0, 0, 0);
 	for (int k = 0; how->mark_question && k < K; k++)
 		rt_seq_span(s[k], RT_SPAN_QUESTION);
 	if (rc == 0)

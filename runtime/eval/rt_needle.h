@@ -207,11 +207,10 @@ typedef struct rt_needle_how {
 	int agnostic;        /* 0: question-aware (the default of `needle` and `ab`), 1: agnostic */
 	int mark_question;   /* 1: the question's tokens carry span RT_SPAN_QUESTION */
 	int mark_system;     /* 1: a multi-instruction prompt's system message carries span
-	                      * RT_SPAN_SYSTEM, as serve marks a chat's (runtime/policy/rt_span.h);
-	                      * its feed is then cut at the span's ends, which moves the prefill's
-	                      * chunks: the caller sets it only when a run keeps spans. Every
-	                      * sequence must have its span names (rt_seq_use_spans), as for
-	                      * mark_question */
+	                      * RT_SPAN_SYSTEM, as serve marks a chat's (runtime/policy/rt_span.h),
+	                      * by its positions (rt_seq_span_range), so the prompt is fed whole
+	                      * as without it. Every sequence must have its span names
+	                      * (rt_seq_use_spans), as for mark_question */
 	int64_t n_gen;       /* answer tokens to generate at most */
 } rt_needle_how;
 

@@ -20,10 +20,10 @@ static void seq_on_append(void *user, int layer, int kv_head, int32_t first, int
                           const float *xn)
 {
 	rt_seq *s = user;
-	if (s->cur_span) {
+	if (s->span.cur || s->span.range_id) {
 		rt_kv_head *h = rt_kv_head_at(&s->kv, layer, kv_head);
 		for (int32_t i = first; i < first + n; i++)
-			h->span[i] = s->cur_span;
+			h->span[i] = rt_span_mark_at(s->span, h->pos[i]);
 	}
 	if (s->rot_idx) {
 		const rt_kv_head *h = rt_kv_head_at(&s->kv, layer, kv_head);
@@ -399,7 +399,7 @@ void rt_seq_reset(rt_seq *s, int64_t prompt_len)
 	s->hook_seconds = 0;
 	for (int j = 0; j < s->kv.n_kv_head; j++)
 		s->obs_seconds[j] = 0;
-	s->cur_span = 0;
+	s->span = (rt_span_mark){ 0 };
 	trace_reset(s);
 	rt_replay_reset(&s->rp);
 	if (s->p->needs & KVP_NEED_REPLAY)
@@ -417,7 +417,7 @@ rt_seq_mark rt_seq_mark_get(const rt_seq *s)
 		              .last_compress_seen = c->last_compress_seen,
 		              .compressions = s->run.compressions, .phase = c->phase,
 		              .prompt_done = c->prompt_done, .notes = s->run.notes,
-		              .cur_span = s->cur_span, .st = s->st };
+		              .span = s->span, .st = s->st };
 }
 
 int rt_seq_fork(rt_seq *s, rt_kv_prefix *px, const rt_seq_mark *mk, rt_err *err)
@@ -437,7 +437,7 @@ int rt_seq_fork(rt_seq *s, rt_kv_prefix *px, const rt_seq_mark *mk, rt_err *err)
 	c->last_compress_seen = mk->last_compress_seen;
 	s->run.compressions = mk->compressions;
 	s->run.notes = mk->notes;
-	s->cur_span = mk->cur_span;
+	s->span = mk->span;
 	s->st = mk->st;
 	s->st.seconds = 0;
 	s->st.policy_seconds = 0;
@@ -493,7 +493,15 @@ void rt_seq_use_spans(rt_seq *s)
 void rt_seq_span(rt_seq *s, int id)
 {
 	RT_ASSERT(id >= 0 && id <= s->run.ctx.n_spans);
-	s->cur_span = (uint16_t)id;
+	s->span.cur = (uint16_t)id;
+}
+
+void rt_seq_span_range(rt_seq *s, int id, int64_t pos, int64_t n)
+{
+	RT_ASSERT(id >= 0 && id <= s->run.ctx.n_spans && pos >= 0 && n >= 0);
+	s->span.range_id = n > 0 ? (uint16_t)id : 0;
+	s->span.lo = pos;
+	s->span.hi = pos + n;
 }
 
 int rt_seq_set(rt_seq *s, const char *assign, rt_err *err)

@@ -133,7 +133,8 @@ typedef struct rt_seq {
 	                          * KV heads of a layer in parallel and calls observe from the
 	                          * thread that attended the head, so each slot has one writer
 	                          * at a time */
-	uint16_t cur_span;       /* protected-span id given to the entries appended next */
+	rt_span_mark span;       /* protected-span ids given to the entries appended next
+	                          * (rt_seq_span, rt_seq_span_range) */
 	/* the prompt trace (KVP_NEED_TRACE only; run.ctx.trace points at tr) */
 	struct kvp_trace tr;
 	float *tr_mem;           /* one allocation: hid, q, q_tail, surprisal, prev, lg */
@@ -192,7 +193,7 @@ typedef struct rt_seq_mark {
 	enum kvp_phase phase;
 	int prompt_done;
 	unsigned notes;
-	uint16_t cur_span;
+	rt_span_mark span;
 	rt_seq_stats st;
 } rt_seq_mark;
 
@@ -215,9 +216,14 @@ int rt_seq_fork(rt_seq *s, rt_kv_prefix *px, const rt_seq_mark *mk, rt_err *err)
  * span ids 1..n (names[0] is unused; the array must outlive the sequence), n <= 65535.
  * rt_seq_span(s, id) gives every entry appended afterwards span id `id` (0 = none) until
  * the next call, so a caller marks a system prompt or a question by setting the span
- * before feeding it. rt_seq_reset keeps the names and sets the current span to 0. */
+ * before feeding it. rt_seq_span_range(s, id, pos, n) gives span `id` to the entries
+ * appended afterwards whose token position (from the sequence's start) lies in
+ * [pos, pos + n), over the current span, until the next call (n = 0: no range): a span
+ * inside a prompt fed in one piece, without cutting the prefill's chunks. rt_seq_reset
+ * keeps the names and clears both. The rule: rt_span_mark_at (runtime/policy/rt_span.h). */
 void rt_seq_set_span_names(rt_seq *s, const char *const *names, int n);
 void rt_seq_span(rt_seq *s, int id);
+void rt_seq_span_range(rt_seq *s, int id, int64_t pos, int64_t n);
 /* Name the runtime's spans (runtime/policy/rt_span.h): span id RT_SPAN_SYSTEM is
  * "system", and so on; what serve, needle and tune use. */
 void rt_seq_use_spans(rt_seq *s);
