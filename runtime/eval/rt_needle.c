@@ -300,7 +300,8 @@ done:
  * tokenizer adds before the text takes none, and a SentencePiece token that carries the
  * space its tokenizer put before the text (add_space_prefix) takes its bytes but that space.
  * Where the walk fails (a template that rewrites the message, a token that is not its
- * text) *len is 0: the message is not placed, and nothing is marked (needle says so). */
+ * text, no memory for a token longer than the stack buffer) *len is 0: the message is not
+ * placed, and nothing is marked (needle says so). */
 static void sys_span(const rt_tokenizer *t, const char *rd, const char *sys, const int32_t *tp,
                      int64_t np, int64_t *pos, int64_t *len)
 {
@@ -311,15 +312,19 @@ static void sys_span(const rt_tokenizer *t, const char *rd, const char *sys, con
 	const size_t lo = (size_t)(m - rd), hi = lo + strlen(sys), n = strlen(rd);
 	size_t at = 0;
 	int64_t p0 = 0, p1 = 0;
+	char stack[256]; /* a token's bytes; a longer one gets the heap */
 	for (int64_t i = 0; i < np; i++) {
 		const int need = rt_token_to_bytes(t, tp[i], NULL, 0);
-		char *buf = need > 0 ? malloc((size_t)need) : NULL;
-		int b = buf ? rt_token_to_bytes(t, tp[i], buf, need) : need;
+		char *buf = need > (int)sizeof stack ? malloc((size_t)need) : stack;
+		if (!buf)
+			return;
+		int b = need > 0 ? rt_token_to_bytes(t, tp[i], buf, need) : need;
 		const char *x = buf;
 		if (b > 0 && buf[0] == ' ' && (at >= n || rd[at] != ' '))
 			x++, b--; /* the tokenizer's own space prefix */
 		const int ok = b >= 0 && at + (size_t)b <= n && (b == 0 || !memcmp(rd + at, x, (size_t)b));
-		free(buf);
+		if (buf != stack)
+			free(buf);
 		if (!ok) {
 			if (i == 0 && tp[0] == rt_tokenizer_bos(t))
 				continue; /* an added BOS */
