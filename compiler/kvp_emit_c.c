@@ -954,6 +954,34 @@ static void emit_compress(struct kvp_em *em)
 		    ir->tiers.n > 0 ? " + k_tier_scratch_bytes(kv)" : "");
 }
 
+/* check_params: the value rules of the settings that read parameters (the IR's rules),
+ * on a run's values; kvpc applied them to the defaults. */
+static void emit_check_params(struct kvp_em *em)
+{
+	const struct kvp_ir *ir = em->ir;
+	if (ir->n_rules == 0)
+		return;
+	static const char *const rule_enum[KVP_RULE_COUNT_] = {
+#define RULE_ENUM_(id, test, text) [KVP_RULE_##id] = "KVP_RULE_" #id,
+		KVP_RULES(RULE_ENUM_)
+#undef RULE_ENUM_
+	};
+	kvp_em_out(em, "/* check_params: the value rules of the settings that read parameters (kvpc checked\n"
+	           " * them on the defaults), on a run's values (runtime/policy/rt_policy.h KVP_RULES) */\n");
+	kvp_em_out(em, "static int check_params(const struct kvp_policy *self, const double *P, rt_err *err)\n{\n");
+	kvp_em_out(em, "\tdouble v;\n");
+	for (int i = 0; i < ir->n_rules; i++) {
+		const struct kvp_ir_rule *r = &ir->rules[i];
+		kvp_em_out(em, "\tv = ");
+		kvp_em_expr(em, r->expr);
+		kvp_em_out(em, ";\n\tif (!kvp_rule_ok(%s, v))\n", rule_enum[r->rule]);
+		kvp_em_out(em, "\t\treturn kvp_rule_fail(err, self, %s, \"", rule_enum[r->rule]);
+		kvp_em_cstr(em, r->what);
+		kvp_em_out(em, "\", %d, v);\n", r->loc.line);
+	}
+	kvp_em_out(em, "\treturn 0;\n}\n\n");
+}
+
 static void emit_policy(struct kvp_em *em)
 {
 	const struct kvp_ir *ir = em->ir;
@@ -1016,7 +1044,8 @@ static void emit_policy(struct kvp_em *em)
 	kvp_em_out(em, "\t.compress = %s,\n", compresses ? "compress" : "NULL");
 	kvp_em_out(em, "\t.next_trigger = next_trigger,\n");
 	kvp_em_out(em, "\t.scratch_bytes = %s,\n", compresses ? "scratch_bytes" : "NULL");
-	kvp_em_out(em, "\t.check = %s,\n};\n", compresses ? "check" : "NULL");
+	kvp_em_out(em, "\t.check = %s,\n", compresses ? "check" : "NULL");
+	kvp_em_out(em, "\t.check_params = %s,\n};\n", ir->n_rules > 0 ? "check_params" : "NULL");
 }
 
 int kvp_emit_c(const struct kvp_ir *ir, const struct kvp_emit_opts *opts, FILE *f)
@@ -1042,6 +1071,7 @@ int kvp_emit_c(const struct kvp_ir *ir, const struct kvp_emit_opts *opts, FILE *
 	emit_score(&em);
 	emit_trigger(&em);
 	emit_compress(&em);
+	emit_check_params(&em);
 	emit_policy(&em);
 	int rc = kvp_em_write(&em, f);
 	kvp_em_free(&em);

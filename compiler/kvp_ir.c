@@ -97,6 +97,9 @@ void kvp_ir_free(struct kvp_ir *ir)
 	free(ir->head_w);
 	free(ir->lin_w);
 	free(ir->lin_file);
+	for (int i = 0; i < ir->n_rules; i++)
+		free(ir->rules[i].what);
+	free(ir->rules);
 	free(ir->params);
 	free(ir->consts);
 	free(ir->stats);
@@ -119,6 +122,14 @@ int kvp_ir_add_param(struct kvp_ir *ir, struct kvp_loc loc, const char *name, do
 	p->doc = dupstr(doc);
 	p->loc = loc;
 	return ir->n_params++;
+}
+
+int kvp_ir_add_rule(struct kvp_ir *ir, struct kvp_loc loc, int32_t e, enum kvp_rule rule,
+                    const char *what)
+{
+	grow((void **)&ir->rules, &ir->cap_rules, ir->n_rules, sizeof *ir->rules);
+	ir->rules[ir->n_rules] = (struct kvp_ir_rule){ e, rule, dupstr(what), loc };
+	return ir->n_rules++;
 }
 
 int kvp_ir_add_const(struct kvp_ir *ir, struct kvp_loc loc, const char *name, double value)
@@ -777,6 +788,12 @@ int kvp_ir_check(struct kvp_ir *ir, kvp_ir_diag_fn diag, void *user)
 			check_expr(&ck, s->window, KVP_CTX_SCALAR, 1, s->loc, "the observation window");
 		else if (s->hist != KVP_HIST_WHOLE)
 			problem(&ck, s->loc, "stat '%s' has an unknown history", s->name);
+	}
+	for (int i = 0; i < ir->n_rules; i++) {
+		const struct kvp_ir_rule *r = &ir->rules[i];
+		check_expr(&ck, r->expr, KVP_CTX_SCALAR, 1, r->loc, "a value rule's setting");
+		if ((unsigned)r->rule >= KVP_RULE_COUNT_)
+			problem(&ck, r->loc, "unknown value rule");
 	}
 	struct kvp_ir_score *sc = &ir->score;
 	check_expr(&ck, sc->expr, KVP_CTX_SCORE, 0, sc->loc, "the score");

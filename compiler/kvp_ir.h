@@ -159,6 +159,16 @@ struct kvp_ir_param {
 	struct kvp_loc loc;
 };
 
+/* A value rule (enum kvp_rule, runtime/policy/rt_policy.h) of a setting whose value reads
+ * parameters (compiler/kvp_sema.c rule_holds): the policy's check_params applies it to a
+ * run's values, as kvpc did to the defaults. */
+struct kvp_ir_rule {
+	int32_t expr;            /* SCALAR expression of numbers and parameters only */
+	enum kvp_rule rule;
+	char *what;              /* the setting, as the checker names it */
+	struct kvp_loc loc;
+};
+
 struct kvp_ir_const {
 	char *name;
 	double value;
@@ -346,6 +356,8 @@ struct kvp_ir {
 	float *lin_w;
 	int lin_layers, lin_kv, lin_embd;
 	char *lin_file;          /* the file as the policy names it (messages) */
+	struct kvp_ir_rule *rules; /* [n_rules] (owned) */
+	int n_rules, cap_rules;
 
 	/* layout, filled by kvp_ir_layout (called by kvp_ir_check): */
 	int checked;             /* 1 once kvp_ir_check passed (the emitters assert it) */
@@ -382,6 +394,9 @@ int kvp_ir_add_stat(struct kvp_ir *ir, struct kvp_loc loc, const char *name,
                     enum kvp_ir_stat_kind kind, int32_t arg, int32_t alpha,
                     enum kvp_ir_history hist, int32_t window);
 int32_t kvp_ir_num(struct kvp_ir *ir, struct kvp_loc loc, double v);
+/* A value rule on expression e (what is copied). Returns its index. */
+int kvp_ir_add_rule(struct kvp_ir *ir, struct kvp_loc loc, int32_t e, enum kvp_rule rule,
+                    const char *what);
 int32_t kvp_ir_param_ref(struct kvp_ir *ir, struct kvp_loc loc, int param);
 int32_t kvp_ir_stat_ref(struct kvp_ir *ir, struct kvp_loc loc, int stat);
 int32_t kvp_ir_signal(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_signal sig);

@@ -402,6 +402,30 @@ static void lower_tiers(lower *lw)
 	}
 }
 
+/* 1 when expression e reads numbers and parameters only: a value check_params can
+ * compute from a run's parameter values alone. */
+static int params_only(const struct kvp_ir *ir, int32_t e)
+{
+	if (e < 0)
+		return 1;
+	const struct kvp_ir_expr *x = &ir->nodes[e];
+	if (x->op == KVP_OP_STAT || x->op == KVP_OP_SIGNAL || x->op >= KVP_OP_CAOTE)
+		return 0;
+	return params_only(ir, x->a) && params_only(ir, x->b) && params_only(ir, x->c);
+}
+
+/* The checker's value rules of settings that read parameters (compiler/kvp_sema.c
+ * rule_holds), for the emitted check_params. */
+static void lower_rules(lower *lw)
+{
+	for (int i = 0; i < lw->s->n_rules; i++) {
+		const struct kvp_sema_rule *r = &lw->s->rules[i];
+		int32_t e = lower_expr(lw, r->e);
+		if (e >= 0 && params_only(lw->ir, e))
+			kvp_ir_add_rule(lw->ir, L(r->e->loc), e, r->rule, r->what);
+	}
+}
+
 int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 {
 	lower lw = { s, ir, 0 };
@@ -412,6 +436,7 @@ int kvp_lower(kvp_sema *s, struct kvp_ir *ir)
 		return -1;
 	lower_action_trigger(&lw);
 	lower_tiers(&lw);
+	lower_rules(&lw);
 	ir->positions = s->compacted ? KVP_POS_COMPACTED : KVP_POS_ORIGINAL;
 	return 0;
 }

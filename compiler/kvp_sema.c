@@ -809,6 +809,7 @@ static ty check_call_normalize(sema *S, const kvp_expr *e, unsigned cx)
 static ty check_unit(sema *S, const kvp_expr *e, unsigned cx, const kvp_sunit *acc, int n,
                      const char *what);
 static int positive(sema *S, const kvp_expr *e, ty t, const char *what, int integer);
+static int rule_holds(sema *S, const kvp_expr *e, ty t, enum kvp_rule r, const char *what);
 
 /* expected_attention(future = F, skip = S), a whole-head transform (docs/language.md 7.8):
  * F future positions the RoPE is averaged over (a whole number of tokens >= 1, default
@@ -838,7 +839,7 @@ static ty check_call_expattn(sema *S, const kvp_expr *e, unsigned cx)
 		k = check_unit(S, es, CX_SCALAR, tok, 1, "expected_attention() skip");
 		if (k.u == KVP_SU_ERR)
 			return TY_ERR;
-		if (k.known && (k.v < 0 || k.v != floor(k.v))) {
+		if (!rule_holds(S, es, k, KVP_RULE_NONNEG_INT, "expected_attention() skip")) {
 			ERR(S, es->loc, "expected_attention() skip must be a whole number of tokens >= 0");
 			return TY_ERR;
 		}
@@ -1252,7 +1253,7 @@ static void check_stat(sema *S, const kvp_stmt *st, kvp_sym *y)
 		ty t = check_unit(S, al, CX_SCALAR, U_FRACTION, 2, "the ema rate alpha");
 		if (t.u == KVP_SU_ERR)
 			return;
-		if (t.known && (t.v <= 0 || t.v > 1)) {
+		if (!rule_holds(S, al, t, KVP_RULE_RATE, "the ema rate alpha")) {
 			char b[32];
 			fmt_num(t.v, b, sizeof b);
 			ERR(S, al->loc, "the ema rate alpha must be in (0, 1]; got %s", b);
@@ -1291,7 +1292,7 @@ static void check_stat(sema *S, const kvp_stmt *st, kvp_sym *y)
 		ty w = check_unit(S, st->window_len, CX_SCALAR, U_TOKENS, 1, "an observation window");
 		if (w.u == KVP_SU_ERR)
 			return;
-		if (w.known && (w.v < 1 || !is_int(w.v))) {
+		if (!rule_holds(S, st->window_len, w, KVP_RULE_PERIOD, "an observation window")) {
 			char b[32];
 			fmt_num(w.v, b, sizeof b);
 			ERR(S, st->window_len->loc,
@@ -1398,11 +1399,37 @@ static void bad_choice(sema *S, const kvp_expr *v, const char *setting,
 		ERR(S, v->loc, "%s must be %s", setting, list);
 }
 
+/* Rule r (runtime/policy/rt_policy.h KVP_RULES) of a setting's value t, the checked
+ * expression e; what names the setting (a string literal, kept). 1 when the rule holds or
+ * the value is not known here; a value that reads parameters is also recorded, and the
+ * lowering hands it to the policy's check_params, which applies the rule to the values a
+ * run sets (--set, a request's kv.set). The caller reports a broken rule in its words. */
+static int rule_holds(sema *S, const kvp_expr *e, ty t, enum kvp_rule r, const char *what)
+{
+	if (t.u == KVP_SU_ERR || !t.known)
+		return 1;
+	if (!kvp_rule_ok(r, t.v))
+		return 0;
+	if (t.constant)
+		return 1;
+	kvp_sema *o = S->out;
+	if (o->n_rules == o->cap_rules) {
+		int cap = o->cap_rules ? 2 * o->cap_rules : 8;
+		struct kvp_sema_rule *nr = realloc(o->rules, sizeof *nr * (size_t)cap);
+		if (!nr)
+			abort();
+		o->rules = nr;
+		o->cap_rules = cap;
+	}
+	o->rules[o->n_rules++] = (struct kvp_sema_rule){ e, r, what };
+	return 1;
+}
+
 static int positive(sema *S, const kvp_expr *e, ty t, const char *what, int integer)
 {
 	if (t.u == KVP_SU_ERR)
 		return -1;
-	if (t.known && (t.v <= 0 || (integer && !is_int(t.v)))) {
+	if (!rule_holds(S, e, t, integer ? KVP_RULE_POSITIVE_INT : KVP_RULE_POSITIVE, what)) {
 		char b[32];
 		fmt_num(t.v, b, sizeof b);
 		ERR(S, e->loc, "%s must be %s > 0; got %s", what,
@@ -1628,7 +1655,7 @@ static int check_floor(sema *S, const kvp_expr *fl)
 	ty t = check_unit(S, fl, CX_SCALAR, U_FRACTION, 2, "the floor");
 	if (t.u == KVP_SU_ERR)
 		return -1;
-	if (t.known && (t.v < 0 || t.v > 1)) {
+	if (!rule_holds(S, fl, t, KVP_RULE_FRACTION, "the floor (a fraction of the budget)")) {
 		char b[32];
 		fmt_num(t.v, b, sizeof b);
 		ERR(S, fl->loc, "the floor is a fraction of the budget in [0, 1]; got %s", b);
@@ -1714,7 +1741,7 @@ static int grace_number(sema *S, const kvp_expr *e, const char *what, int strict
 	ty t = check_unit(S, e, CX_SCALAR, U_NUM, 1, what);
 	if (t.u == KVP_SU_ERR)
 		return -1;
-	if (t.known && (t.v < 0 || (strict && t.v == 0))) {
+	if (!rule_holds(S, e, t, strict ? KVP_RULE_POSITIVE : KVP_RULE_NONNEG, what)) {
 		char b[32];
 		fmt_num(t.v, b, sizeof b);
 		ERR(S, e->loc, "%s must be %s 0; got %s", what, strict ? ">" : ">=", b);
@@ -1915,7 +1942,7 @@ static void check_singletons(sema *S, const kvp_stmt *st)
 		return;
 	}
 	ty t = check_unit(S, st->value, CX_SCALAR, U_SIZE, 3, "the singleton floor");
-	if (t.u != KVP_SU_ERR && t.known && t.v < 0) {
+	if (!rule_holds(S, st->value, t, KVP_RULE_NONNEG, "the singleton floor")) {
 		ERR(S, st->value->loc, "the singleton floor must be >= 0");
 		t.u = KVP_SU_ERR;
 	}
@@ -2342,7 +2369,8 @@ static void check_keep(sema *S, const kvp_stmt *st)
 		ty t = sinks ? check_unit(S, st->value, CX_SCALAR, U_TOKENS, 1, "the sink count")
 		             : check_unit(S, st->value, CX_SCALAR, U_TOKENS_RATIO, 2,
 		                          "the recent window");
-		if (t.u != KVP_SU_ERR && t.known && t.v <= 0) {
+		if (!rule_holds(S, st->value, t, KVP_RULE_POSITIVE,
+		                sinks ? "the sink count" : "the recent window")) {
 			ERR(S, st->value->loc, "`keep %s %s` keeps nothing; remove it or keep at least 1 token",
 			    w->s, t.v == 0 ? "0" : "a negative count");
 			t.u = KVP_SU_ERR;
@@ -2420,7 +2448,7 @@ static void check_compress(sema *S, const kvp_stmt *st)
 		ty t = check_unit(S, st->value, CX_SCALAR, U_STEPS, 1, "the trigger period");
 		if (t.u == KVP_SU_ERR)
 			bad = 1;
-		else if (t.known && (t.v < 1 || !is_int(t.v))) {
+		else if (!rule_holds(S, st->value, t, KVP_RULE_PERIOD, "the trigger period")) {
 			char b[32];
 			fmt_num(t.v, b, sizeof b);
 			ERR(S, st->value->loc, "`compress every %s steps` %s; the period must be a whole number >= 1",
@@ -2928,6 +2956,7 @@ void kvp_sema_free(kvp_sema *s)
 	free(s->spans);
 	free(s->head_w);
 	free(s->lin_w);
+	free(s->rules);
 	free(s);
 }
 

@@ -142,6 +142,16 @@ typedef struct kvp_sema {
 	const kvp_expr *lin_call;
 	float *lin_w;
 	int lin_layers, lin_kv, lin_embd;
+	/* the value rules (enum kvp_rule, runtime/policy/rt_policy.h) of the settings whose
+	 * value reads parameters, checked on the defaults and lowered for the policy's
+	 * check_params, which applies them to a run's values: the setting's expression, its
+	 * rule and what it is ("the ema rate alpha", a string literal) */
+	struct kvp_sema_rule {
+		const kvp_expr *e;
+		enum kvp_rule rule;
+		const char *what;
+	} *rules;
+	int n_rules, cap_rules;
 } kvp_sema;
 
 /* Check a tree that parsed without errors. Diagnostics go to f->src; the result is

@@ -30,6 +30,7 @@
 #include "kvp_src.h"
 #include "k_score.h"
 #include "model/rt_model.h"
+#include "policy/rt_pick.h"
 #include "policy/rt_seq.h"
 #include "support/check_run.h"
 #include "support/tiny_model.h"
@@ -1510,6 +1511,83 @@ START_TEST(same_message_compile_and_run)
 }
 END_TEST
 
+/* The value rules a run's parameter values obey are the compiler's: for each value of a
+ * parameter that an ema rate (an expression of it), a trigger period and an observation
+ * window read, the policy compiled with that value as its default is accepted exactly when
+ * the policy compiled with the valid default accepts it by --set (rt_pick_vals, the rule of
+ * --set and kv.set), and a refusal names the setting, the value and the source line, as
+ * the compiler does. A --set of an ema rate of 5 used to run, with degenerate scores. */
+static const char rules_src[] =
+	"policy rules {\n"
+	"    param half = %s\n"
+	"    param period = %s steps\n"
+	"    param win = %s tokens\n"
+	"    stat e = ema(attn, half * 2)\n"
+	"    stat w = sum(attn) over prompt tail win\n"
+	"    score = e + w\n"
+	"    budget = 64 entries\n"
+	"    keep sinks 4\n"
+	"    compress every period\n"
+	"}\n";
+
+START_TEST(value_rules_compile_and_run)
+{
+	char text[768];
+	snprintf(text, sizeof text, rules_src, "0.25", "8", "16");
+	src_policy ok;
+	src_policy_open(&ok, "rules.kvp", text, "rules");
+	ck_assert_ptr_nonnull(ok.p->check_params);
+	static const struct {
+		const char *half, *period, *win, *what;
+	} cases[] = {
+		{ "0.5", "8", "16", NULL }, { "0.05", "1", "1", NULL },
+		{ "0", "8", "16", "the ema rate alpha must be in (0, 1]; got 0" },
+		{ "0.6", "8", "16", "the ema rate alpha must be in (0, 1]; got 1.2" },
+		{ "-1", "8", "16", "the ema rate alpha must be in (0, 1]; got -2" },
+		{ "0.25", "0", "16", "the period must be a whole number >= 1" },
+		{ "0.25", "8", "0", "an observation window must be a whole number of tokens >= 1" },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		snprintf(text, sizeof text, rules_src, cases[i].half, cases[i].period, cases[i].win);
+		kvp_src *src = kvp_src_from_mem("rules.kvp", text, strlen(text));
+		struct kvp_ir ir;
+		const int compiles = kvp_compile(src, &ir) == 0;
+		if (compiles)
+			kvp_ir_free(&ir);
+		else
+			ck_assert_msg(cases[i].what && strstr(kvp_src_diags(src), cases[i].what), "%zu: %s",
+			              i, kvp_src_diags(src));
+		kvp_src_free(src);
+		ck_assert_int_eq(compiles, cases[i].what == NULL);
+		char s0[64], s1[64], s2[64];
+		snprintf(s0, sizeof s0, "half=%s", cases[i].half);
+		snprintf(s1, sizeof s1, "period=%s", cases[i].period);
+		snprintf(s2, sizeof s2, "win=%s", cases[i].win);
+		const char *sets[] = { s0, s1, s2 };
+		double vals[3];
+		rt_err err = { "" };
+		const int runs = rt_pick_vals(ok.p, sets, 3, vals, &err) == 0;
+		ck_assert_msg(runs == compiles, "%zu: compiles %d, --set %d (%s)", i, compiles, runs,
+		              err.msg);
+		if (!runs) { /* the compiler's words, with the value and the line */
+			const char *want = strstr(cases[i].what, "ema") ? cases[i].what :
+			                   strstr(cases[i].what, "period") ? "the trigger period must be a whole number >= 1; got 0" :
+			                   "an observation window must be a whole number >= 1; got 0";
+			ck_assert_msg(strncmp(err.msg, "policy rules: ", 14) == 0 && strstr(err.msg, want) &&
+			              strstr(err.msg, "(rules.kvp line "), "%zu: %s", i, err.msg);
+		}
+	}
+	src_policy_free(&ok);
+	/* a policy whose settings read no parameter has none to check */
+	static const char fixed[] = "policy fixed {\n    budget = 64 entries\n    stat acc = sum(attn) over all\n"
+	                            "    score = acc\n    keep sinks 4\n    compress every step\n}\n";
+	src_policy c;
+	src_policy_open(&c, "fixed.kvp", fixed, "fixed");
+	ck_assert_ptr_null(c.p->check_params);
+	src_policy_free(&c);
+}
+END_TEST
+
 static Suite *emit_suite(void)
 {
 	Suite *s = suite_create("kvpc_emit");
@@ -1525,6 +1603,7 @@ static Suite *emit_suite(void)
 	tcase_add_test(tc, golden_scissorhands);
 	tcase_add_test(tc, golden_caote_exact);
 	tcase_add_test(tc, same_message_compile_and_run);
+	tcase_add_test(tc, value_rules_compile_and_run);
 	tcase_add_test(tc, value_l1_vatp);
 	tcase_add_test(tc, signals_documented);
 	tcase_add_test(tc, compiles_all_paths);

@@ -2,7 +2,8 @@
  * test_params: run-time parameter overrides (`--set NAME=VALUE`, kvp_policy_param_set in
  * runtime/policy/rt_policy.c). The values a user types are untrusted input: they get the same
  * unit rules kvpc applies to the defaults (whole non-negative counts for entries, tokens
- * and steps; non-negative ratios, which may be written as percentages) and a one-line error
+ * and steps; non-negative ratios, which may be written as percentages and are above 1 only
+ * with the percent sign) and a one-line error
  * that names the policy and the parameter.
  */
 #include <check.h>
@@ -47,6 +48,10 @@ START_TEST(test_accepts_valid_values)
 	ck_assert_int_eq(set(v, "every=1", &err), 0);
 	ck_assert_int_eq(set(v, "heavy=0.25", &err), 0);
 	ck_assert_double_eq_tol(v[3], 0.25, 1e-15);
+	ck_assert_int_eq(set(v, "heavy=1", &err), 0); /* a fraction up to 1 */
+	ck_assert_double_eq(v[3], 1);
+	ck_assert_int_eq(set(v, "heavy=150%", &err), 0); /* above 1 only with its sign */
+	ck_assert_double_eq_tol(v[3], 1.5, 1e-15);
 	ck_assert_int_eq(set(v, "heavy=25%", &err), 0); /* a percentage, as in .kvp files */
 	ck_assert_double_eq_tol(v[3], 0.25, 1e-15);
 	ck_assert_int_eq(set(v, "alpha=-3.5", &err), 0); /* scalars may be negative */
@@ -66,6 +71,8 @@ START_TEST(test_rejects_bad_values)
 		{ "sinks=2.5", "parameter sinks counts entries: it needs a whole number" },
 		{ "every=1e12", "parameter every counts steps" },
 		{ "heavy=-0.1", "parameter heavy is a ratio: it cannot be negative" },
+		/* a bare 20 is 2000%: a percentage without its sign */
+		{ "heavy=20", "parameter heavy is a ratio: '20' would be 2000%; write a percentage (20%) or a fraction" },
 		{ "heavy=abc", "parameter heavy needs a finite number" },
 		{ "recent=10%", "parameter recent needs a number, got '10%'" },
 		{ "heavy=5%%", "parameter heavy needs a number or a percentage" },

@@ -271,6 +271,8 @@ static int tune_args(tune_job *j)
 	for (int i = 0; i < o->n_sets; i++)
 		if (kvp_policy_param_set(j->p, j->params, o->sets[i], &err) != 0)
 			return rt_cli_usage("tune", "--set: %s", err.msg);
+	if (kvp_policy_params_check(j->p, j->params, &err) != 0)
+		return rt_cli_usage("tune", "--set: %s", err.msg);
 	return 0;
 }
 

@@ -150,7 +150,7 @@ int rt_pick_vals(const struct kvp_policy *p, const char *const *sets, int n_sets
 	for (int i = 0; i < n_sets; i++)
 		if (kvp_policy_param_set(p, vals, sets[i], err) != 0)
 			return -1;
-	return 0;
+	return kvp_policy_params_check(p, vals, err); /* once all are set */
 }
 
 void rt_pick_free(struct rt_pick *pk)

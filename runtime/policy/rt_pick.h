@@ -88,7 +88,9 @@ void rt_pick_free(struct rt_pick *pk);
 /* The parameter values of policy p: its defaults, then "name=value" sets[0..n_sets) in
  * order, into vals[0..p->n_params) (rt_pick's rule for --set and kv.set, for a door that
  * applies a choice it has already checked). Returns 0, or -1 with kvp_policy_param_set's
- * error in err (RT_ERR_INPUT, without a field's spelling). */
+ * error, or the policy's check_params' once every set is applied (a value its compiler
+ * would refuse: kvp_policy_params_check), in err (RT_ERR_INPUT, without a field's
+ * spelling). */
 int rt_pick_vals(const struct kvp_policy *p, const char *const *sets, int n_sets, double *vals,
                  rt_err *err);
 

@@ -64,7 +64,8 @@ int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *a
 		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s needs a finite number, got '%.64s'",
 		                  p->name, pp->name, eq + 1);
 	/* a ratio may be written as a percentage, as in the .kvp source ("25%") */
-	if (*end == '%' && end[1] == 0 && pp->unit == KVP_UNIT_RATIO) {
+	const int percent = *end == '%' && end[1] == 0 && pp->unit == KVP_UNIT_RATIO;
+	if (percent) {
 		v /= 100.0;
 		end++;
 	}
@@ -86,12 +87,22 @@ int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *a
 		if (v < 0)
 			return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s is a ratio: it cannot be negative, "
 			                  "got '%.64s'", p->name, pp->name, eq + 1);
+		/* a bare 20 is 2000%: almost always a percentage without its sign */
+		if (v > 1 && !percent)
+			return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s is a ratio: '%.64s' "
+			                  "would be %.9g%%; write a percentage (%.64s%%) or a fraction",
+			                  p->name, pp->name, eq + 1, v * 100, eq + 1);
 		break;
 	default:
 		break;
 	}
 	vals[idx] = v;
 	return 0;
+}
+
+int kvp_policy_params_check(const struct kvp_policy *p, const double *vals, rt_err *err)
+{
+	return p->check_params ? p->check_params(p, vals, err) : 0;
 }
 
 void rt_param_format_set(const struct kvp_param *q, double v, char *buf, size_t n)

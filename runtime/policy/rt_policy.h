@@ -31,18 +31,20 @@
 #ifndef RT_POLICY_H
 #define RT_POLICY_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "base/rt_pool.h"
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 13 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq;
+#define KVP_ABI_VERSION 14 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq;
                             10: kvp_ctx.layer_window, kvp_policy.global_only;
                             11: enum rt_kv_tier gains RT_KV_TIER_K8V4 (q4, q2 renumbered);
                             12: kvp_ctx.replay, replay_n (KVP_NEED_REPLAY);
                             13: kvp_ctx.n_embd, layer_in, kvp_policy.hidden_shape,
-                            hidden_file (KVP_NEED_HIDDEN) */
+                            hidden_file (KVP_NEED_HIDDEN);
+                            14: kvp_policy.check_params */
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
@@ -326,7 +328,68 @@ struct kvp_policy {
 	 * refuses a model of another shape */
 	int hidden_shape[3];
 	const char *hidden_file;
+	/* The value rules (enum kvp_rule) of the settings whose value reads parameters (an
+	 * ema rate, a window, a trigger period written with a parameter), on params
+	 * [n_params]: kvpc checked them on the defaults, this on the values a run sets.
+	 * Returns 0, or -1 with err (kvp_rule_fail). NULL: no such setting. */
+	int (*check_params)(const struct kvp_policy *self, const double *params, rt_err *err);
 };
+
+/* The value rules of a policy's scalar settings, one row each: X(ID, test of double v,
+ * what a valid value is). kvpc's checker (compiler/kvp_sema.c) applies them to the values
+ * under the defaults, and the policy's emitted check_params to a run's values, so a
+ * --set or a request's kv.set cannot give a value the compiler would refuse. */
+#define KVP_RULES(X)                                                                 \
+	X(POSITIVE, v > 0, "a number > 0")                                           \
+	X(POSITIVE_INT, v > 0 && v == floor(v), "a whole number > 0")                \
+	X(NONNEG, v >= 0, "a number >= 0")                                           \
+	X(NONNEG_INT, v >= 0 && v == floor(v), "a whole number >= 0")                \
+	X(RATE, v > 0 && v <= 1, "in (0, 1]")                                        \
+	X(FRACTION, v >= 0 && v <= 1, "in [0, 1]")                                   \
+	X(PERIOD, v >= 1 && v == floor(v), "a whole number >= 1")
+
+enum kvp_rule {
+#define KVP_RULE_ID_(id, test, text) KVP_RULE_##id,
+	KVP_RULES(KVP_RULE_ID_)
+#undef KVP_RULE_ID_
+	KVP_RULE_COUNT_
+};
+
+/* 1 when v obeys rule r (a NaN obeys none). */
+static inline int kvp_rule_ok(enum kvp_rule r, double v)
+{
+	switch (r) {
+#define KVP_RULE_OK_(id, test, text) case KVP_RULE_##id: return (test);
+	KVP_RULES(KVP_RULE_OK_)
+#undef KVP_RULE_OK_
+	default: return 0;
+	}
+}
+
+/* What a value obeying rule r is ("in (0, 1]"). */
+static inline const char *kvp_rule_text(enum kvp_rule r)
+{
+	static const char *const text[KVP_RULE_COUNT_] = {
+#define KVP_RULE_TEXT_(id, test, txt) [KVP_RULE_##id] = txt,
+		KVP_RULES(KVP_RULE_TEXT_)
+#undef KVP_RULE_TEXT_
+	};
+	return (unsigned)r < KVP_RULE_COUNT_ ? text[r] : "?";
+}
+
+/* check_params' error: "policy NAME: WHAT must be TEXT; got V with the values set (SOURCE
+ * line L)" with code RT_ERR_INPUT. Returns -1. Inline, as the emitted policy calls it
+ * and may be linked without the rest of the runtime (a test's shared object). */
+static inline int kvp_rule_fail(rt_err *err, const struct kvp_policy *p, enum kvp_rule r,
+                                const char *what, int line, double v)
+{
+	return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s must be %s; got %.9g with the values "
+	                   "set (%s line %d)", p->name, what, kvp_rule_text(r), v, p->source, line);
+}
+
+/* p's check_params on vals [n_params] (0 when it has none); kvp_policy_param_set's callers
+ * run it once the last "name=value" is applied (rt_pick_vals, tune, the shared library). */
+int kvp_policy_params_check(const struct kvp_policy *p, const double *vals, rt_err *err);
 
 /* Bytes of per-entry statistics and per-head state a store needs for policy p with this
  * GQA group size and head_dim (pass them to rt_kv_init). */
@@ -345,7 +408,8 @@ void kvp_policy_param_defaults(const struct kvp_policy *p, double *vals);
 
 /* Apply one "name=value" override to vals. A ratio parameter also accepts a percentage
  * ("25%" = 0.25). Fails (-1, err "policy NAME: ...") on an unknown name, a value that is not
- * a finite number, a negative ratio, or an entries/tokens/steps value that is not a whole
+ * a finite number, a negative ratio, a ratio above 1 written without its percent sign
+ * ("20": 2000%; "150%" passes), or an entries/tokens/steps value that is not a whole
  * number in [0, 1e9] (the same unit rules kvpc applies to the defaults). Budget-versus-guard
  * feasibility is checked when compress runs, against the values then in force. */
 int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *assign,

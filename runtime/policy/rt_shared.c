@@ -99,6 +99,8 @@ static int run_params(struct rt_run *r, const struct rt_shared_req *q, rt_err *e
 		free(copy);
 		if (rc)
 			return rc;
+		if (kvp_policy_params_check(r->p, r->params, err) != 0)
+			return RT_SHARED_E_PARAM;
 	}
 	if (q->ratio != 0 && rt_run_set_ratio(r, q->ratio, err) != 0)
 		return RT_SHARED_E_PARAM;
