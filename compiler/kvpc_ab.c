@@ -4,6 +4,7 @@
  */
 #include "kvpc_ab.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "base/rt_outpath.h"
 #include "base/rt_sha256.h"
 #include "base/rt_text.h"
+#include "policy/rt_policy.h"
 
 #ifndef KVPC_COMMIT
 #define KVPC_COMMIT "unknown"
@@ -98,9 +100,27 @@ static int ab_parse(int argc, char **argv, const char *files[2], int *verbose, c
 	return -1;
 }
 
-/* The text and the output paths among the passed options pass[0..np), checked first: a
- * bad one is reported before the build. 0, or the exit status (1: the text cannot be
- * read, 2: an output path is not writable) with the message on stderr. */
+/* 1 when v is a comma-separated list of compression factors (each a finite number >= 1,
+ * rt_ratio_check), the form the built binary's --ratio and --byte-ratio take. */
+static int ab_ratio_list_ok(const char *v, int bytes)
+{
+	for (const char *p = v;; p++) {
+		char *end;
+		errno = 0;
+		const double x = strtod(p, &end);
+		if (end == p || errno || x == 0 || rt_ratio_check(x, bytes, NULL) != 0 ||
+		    (*end != ',' && *end != 0))
+			return 0;
+		if (*end == 0)
+			return 1;
+		p = end;
+	}
+}
+
+/* The text, the ratio lists and the output paths among the passed options pass[0..np),
+ * checked first: a bad one is reported before the build. 0, or the exit status (1: the
+ * text cannot be read, 2: a ratio list is malformed or an output path is not writable)
+ * with the message on stderr. */
 static int ab_check_paths(char *const *pass, int np)
 {
 	for (int i = 0; i < np; i++) {
@@ -117,6 +137,14 @@ static int ab_check_paths(char *const *pass, int np)
 			if (!t) {
 				fprintf(stderr, "kvpc ab: %s\n", e.msg);
 				return 1;
+			}
+		} else if ((ol == 7 && !strncmp(o, "--ratio", 7)) ||
+		           (ol == 12 && !strncmp(o, "--byte-ratio", 12))) {
+			if (!ab_ratio_list_ok(val, ol == 12)) {
+				fprintf(stderr, "kvpc ab: %.*s: '%s' is not a comma-separated list of "
+				        "compression factors >= 1\n", (int)ol, o, val);
+				fputs(AB_USAGE, stderr);
+				return 2;
 			}
 		} else if (((ol == 6 && (!strncmp(o, "--json", 6) || !strncmp(o, "--plot", 6))) ||
 		            (ol == 5 && !strncmp(o, "--csv", 5))) && rt_outpath_check(val, &e) != 0) {

@@ -578,12 +578,19 @@ START_TEST(kvpc_ab_front_builds_and_runs)
 	ck_assert_str_eq(err, "kvpc ab: --model M is required (the GGUF model to measure on)\n");
 	free(out);
 	free(err);
-	char *badratio[] = { g_kvpc, "ab", "policies/h2o.kvp", "policies/h2o.kvp", "--model", g_model,
-		             "--text", g_text, "--ratio", "0.5", NULL };
-	ck_assert_int_eq(run(badratio, &out, &err), 2);
-	ck_assert_msg(strstr(err, "kvpc: --ratio: ") && strstr(err, "Try 'kvpc ab --help'"), "%s", err);
-	free(out);
-	free(err);
+	/* so are the ratio lists: a typo costs no build */
+	static const char *const badlists[] = { "0.5", "0,4", "2,,4", "4x" };
+	for (int i = 0; i < 4; i++) {
+		char *badratio[] = { g_kvpc, "ab", "policies/h2o.kvp", "policies/tova.kvp", "--model",
+			             g_model, "--text", g_text, "--ratio", (char *)badlists[i], NULL };
+		ck_assert_int_eq(run(badratio, &out, &err), 2);
+		char want[128];
+		snprintf(want, sizeof want, "kvpc ab: --ratio: '%s' is not a comma-separated list of "
+		         "compression factors >= 1\n", badlists[i]);
+		ck_assert_msg(!strncmp(err, want, strlen(want)) && !strstr(err, "built"), "%s", err);
+		free(out);
+		free(err);
+	}
 	/* the front needs two files */
 	char *bad[] = { g_kvpc, "ab", "policies/h2o.kvp", "--model", g_model, NULL };
 	ck_assert_int_eq(run(bad, &out, &err), 2);

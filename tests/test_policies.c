@@ -423,7 +423,7 @@ START_TEST(scissorhands_window_rolloff)
 	for (int s = 0; s < 3; s++) {
 		struct harness h;
 		h_open(&h, "scissorhands", 1, shapes[s][0], shapes[s][1], 4, 704, -1);
-		h_set(&h, "capacity=1000");
+		h_set(&h, "capacity=100000%"); /* never binds */
 		h_set(&h, "recent=1");
 		h.w = w_sciss;
 		h_feed(&h, 700);
@@ -450,7 +450,7 @@ START_TEST(scissorhands_whole_history)
 	for (int s = 0; s < 3; s++) {
 		struct harness h;
 		h_open(&h, "scissorhands_whole", 1, shapes[s][0], shapes[s][1], 4, 704, -1);
-		h_set(&h, "capacity=1000");
+		h_set(&h, "capacity=100000%"); /* never binds */
 		h_set(&h, "recent=1");
 		h.w = w_sciss;
 		h_feed(&h, 700);
@@ -529,7 +529,7 @@ START_TEST(scissorhands_uniform_is_not_low)
 {
 	struct harness h;
 	h_open(&h, "scissorhands", 1, 3, 3, 4, 400, -1);
-	h_set(&h, "capacity=1000");
+	h_set(&h, "capacity=100000%"); /* never binds */
 	h_set(&h, "recent=1");
 	h_feed(&h, 390);
 	for (int g = 0; g < 3; g++) {

@@ -994,10 +994,11 @@ static int echo_attach(rt_seq *s, echo_dev *d, rt_err *err)
 
 START_TEST(device_interface_equals_cpu)
 {
-	/* h2o at ratio 4 (a compress every step once over budget) and the full-cache
-	 * reference, through rt_eval_runs: on the CPU, and both sequences on the echo device */
+	/* tova at ratio 4 (a compress every step once over budget; h2o's 64-token floor would
+	 * keep all 48 tokens) and the full-cache reference, through rt_eval_runs: on the CPU,
+	 * and both sequences on the echo device */
 	rt_model *m = load_shape(0);
-	const struct kvp_policy *p = find_policy("h2o");
+	const struct kvp_policy *p = find_policy("tova");
 	int32_t toks[N_TOK];
 	test_tokens(toks, N_TOK, m->hp.n_vocab, 99u);
 	rt_err err = { "" };
@@ -1054,7 +1055,7 @@ START_TEST(device_interface_equals_cpu)
 	rt_seq *pair[2] = { &run[0], &run[1] };
 	rt_seq_batch bt;
 	ck_assert_int_eq(rt_seq_batch_init(&bt, pair, 2, 8, &err), -1);
-	ck_assert_msg(strstr(err.msg, "h2o runs on echo") != NULL, "%s", err.msg);
+	ck_assert_msg(strstr(err.msg, "tova runs on echo") != NULL, "%s", err.msg);
 	rt_seq_batch_free(&bt);
 	echo_dev dx;
 	ck_assert_int_eq(echo_attach(&run[0], &dx, &err), -1);
@@ -1361,6 +1362,38 @@ START_TEST(spans_mark_appended_entries)
 	rt_seq_batch_free(&b);
 	rt_seq_free(&a);
 	rt_seq_free(&b2);
+	rt_model_free(m);
+}
+END_TEST
+
+/* first_compress_seen (the tokens after which the figures are the policy's, not the full
+ * cache's: rt_eval's scored_compressed) is where the cache first held fewer entries than
+ * the tokens fed, not the first compress call: h2o at ratio 4 compresses every step from
+ * the first token, but its 64-token floor keeps every entry until token 65. Oracle: the
+ * store's entry count, fed one token at a time. */
+START_TEST(first_compress_is_the_first_that_changed_the_cache)
+{
+	rt_model *m = load_shape(_i);
+	enum { N = 96 };
+	int32_t toks[N];
+	test_tokens(toks, N, m->hp.n_vocab, 7u);
+	rt_seq s;
+	rt_err err = { "" };
+	ck_assert_msg(rt_seq_init(&s, m, find_policy("h2o"), N, 1, -1, &err) == 0, "%s", err.msg);
+	ck_assert_msg(rt_seq_set_ratio(&s, 4, &err) == 0, "%s", err.msg);
+	const int64_t heads = (int64_t)m->hp.n_layer * m->hp.n_head_kv;
+	int64_t first = 0, calls_before = 0;
+	for (int t = 1; t <= N; t++) {
+		feed_ok(&s, toks + t - 1, 1, NULL);
+		if (!first && rt_kv_entries(&s.kv) < t * heads) {
+			first = t;
+			calls_before = rt_seq_stats_get(&s).compress_events - 1;
+		}
+		ck_assert_int_eq(rt_seq_stats_get(&s).first_compress_seen, first);
+	}
+	ck_assert_int_eq(first, 65);
+	ck_assert_int_ge(calls_before, 60); /* compress ran all along, keeping everything */
+	rt_seq_free(&s);
 	rt_model_free(m);
 }
 END_TEST
@@ -2335,6 +2368,7 @@ static Suite *seq_suite(void)
 	tcase_add_loop_test(tc, batch_equals_alone_fast_path, 0, 2);
 	tcase_add_loop_test(tc, trace_records_the_prompt, 0, 3);
 	tcase_add_loop_test(tc, spans_mark_appended_entries, 0, 3);
+	tcase_add_loop_test(tc, first_compress_is_the_first_that_changed_the_cache, 0, 3);
 	tcase_add_test(tc, second_sequence_equals_fresh);
 	tcase_add_test(tc, device_interface_equals_cpu);
 	tcase_add_loop_test(tc, init_entries_before_observe, 0, 3);

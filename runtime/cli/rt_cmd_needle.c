@@ -269,6 +269,18 @@ static int needle_trials(needle_job *nj)
 	rt_err err = { "" };
 	rt_progress prog;
 	/* on a terminal the 1/0 table, drawn as the trials finish, is the progress */
+	/* every prompt first: a length too short for a task's fixed parts (which vary with
+	 * the key and the depth) is refused before any output or forward */
+	for (int i = 0; i < nj->n_len; i++)
+		for (int j = 0; j < nj->n_dep; j++) {
+			rt_needle_prompt np;
+			if (needle_prompt(nj, i, j, &np, &err) != 0) {
+				fprintf(stderr, "%s: needle: --lengths %lld at depth %g: %s\n", rt_cli_prog,
+				        (long long)nj->lens[i], nj->deps[j], err.msg);
+				return EXIT_FAILURE;
+			}
+			rt_needle_prompt_free(&np);
+		}
 	rt_progress_init(&prog, "needle", "trials", (int64_t)nj->n_len * nj->n_dep,
 	                 nj->o.quiet || (table && isatty(fileno(stderr))));
 	if (table) {
@@ -427,7 +439,7 @@ int rt_cmd_needle(int argc, char **argv)
 		return rc;
 	if (rt_cli_parse_list(o->lengths, 16, 1 << 24, 1, nj.lens, &nj.n_len))
 		return rt_cli_usage("needle", "--lengths: '%s' is not a comma-separated list of token "
-		                    "counts", o->lengths);
+		                    "counts, each a whole number in 16..16777216", o->lengths);
 	if (rt_cli_parse_list(o->depths, 0, 100, 0, nj.deps, &nj.n_dep))
 		return rt_cli_usage("needle", "--depths: '%s' is not a comma-separated list of "
 		                    "percentages in 0..100", o->depths);

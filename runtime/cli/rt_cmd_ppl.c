@@ -67,7 +67,9 @@ static const char *const help_ppl =
 	"    prompt_bytes_compression are the figures for the prompt's N tokens right after\n"
 	"    its last chunk and its compress (what a prompt-end policy made of the prompt,\n"
 	"    before the tokens after it were appended). scored_compressed counts the scored\n"
-	"    tokens predicted from a cache the policy had compressed: when it is 0 the\n"
+	"    tokens predicted from a cache the policy had compressed (a compress that\n"
+	"    evicted, merged or requantised entries; one that kept them all does not\n"
+	"    count): when it is 0 the\n"
 	"    figures are the full cache's and ppl warns (a prompt-end policy such as snapkv\n"
 	"    without --prompt compresses after the last token; measure it with --prompt N\n"
 	"    --score-from N+1, the protocol tune, the gate and ab use: docs/measuring.md);\n"
@@ -200,8 +202,8 @@ static void ppl_warn(const rt_cli_run *r, const rt_eval_score *sc, int64_t use,
 			        "it with --prompt %lld --score-from %lld, docs/measuring.md)\n",
 			        (long long)(use / 2), (long long)(use / 2 + 1));
 		else
-			fprintf(stderr, " (its budget or trigger was not reached on these %lld tokens)\n",
-			        (long long)use);
+			fprintf(stderr, " (on these %lld tokens its trigger never fired, or its budget, "
+			        "with its floor if it has one, kept every entry)\n", (long long)use);
 	} else if (p->compress && p->measure == KVP_MEASURE_PROMPT_END &&
 	           sc->compressed < sc->scored) {
 		fprintf(stderr, "%s: note: %lld of the %lld scored tokens precede policy %s's "

@@ -605,7 +605,11 @@ static int seq_chunk_done(rt_seq *s, const int32_t *tok, int C, const float *lg,
 	int rc = rt_run_advance(&s->run, &s->kv, C, err);
 	if (rc < 0)
 		return -1;
-	if (rc == 1 && s->st.first_compress_seen == 0)
+	/* the first compress that changed the cache: fewer entries (evicted or merged) or
+	 * fewer bytes (stored at a lower tier); one under a budget that still holds every
+	 * entry leaves the full cache, whose figures are not the policy's */
+	if (rc == 1 && s->st.first_compress_seen == 0 &&
+	    (rt_kv_entries(&s->kv) < e || rt_kvbytes_held(&s->kv) < kvb))
 		s->st.first_compress_seen = s->run.ctx.seen;
 	/* chunks stop at the prompt's end (rt_run_chunk), so this chunk ended it exactly */
 	const int64_t pl = s->run.ctx.prompt_len;

@@ -65,9 +65,10 @@ typedef struct rt_seq_stats {
 	                          * chunk's append: the peak of the figure compression in bytes
 	                          * counts (runtime/eval/rt_compression.h) */
 	int64_t compress_events; /* compress calls */
-	int64_t first_compress_seen; /* tokens seen when the first compress ran (0: none yet):
-	                              * the logits of position i >= it came from a cache the
-	                              * policy had compressed */
+	int64_t first_compress_seen; /* tokens seen when the first compress that changed the
+	                              * cache ran (it evicted or merged entries, or stored some
+	                              * at a lower tier; 0: none yet): the logits of position
+	                              * i >= it came from a cache the policy had compressed */
 	double prompt_compression;       /* with a prompt (prompt_len > 0): prompt_len over the
 	                                  * mean entries per (layer, KV head) right after the
 	                                  * prompt's last chunk and its compress, if any; 0 until

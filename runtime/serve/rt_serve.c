@@ -41,6 +41,16 @@ static int srv_open(srv *S, rt_err *err)
 	if (dot)
 		*dot = 0;
 	S->H = S->m->hp.n_layer * S->m->hp.n_head_kv;
+	/* the least any request holds: one block per (layer, KV head) list at the smallest
+	 * store type (a policy's statistics and tiers only add to it); a pool below it could
+	 * admit nothing */
+	const int64_t least = (int64_t)S->H * RT_KV_BLOCK * 2 *
+	                      (int64_t)rt_kv_row_bytes(RT_KV_Q8_0, S->m->hp.head_dim);
+	if (c->kv_memory < least)
+		return rt_err_set(err, "--kv-memory %lld bytes cannot hold one KV block per list "
+		                  "(%d layers x %d KV heads x %d entries of key and value, at least "
+		                  "%lld bytes): no request could be admitted", (long long)c->kv_memory,
+		                  S->m->hp.n_layer, S->m->hp.n_head_kv, RT_KV_BLOCK, (long long)least);
 	const int K = c->max_seqs, V = S->m->hp.n_vocab;
 	if (rt_seq_multi_init(&S->mb, S->m, K, c->step_rows > K ? c->step_rows : K, err) != 0)
 		return -1;

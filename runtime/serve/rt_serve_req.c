@@ -604,11 +604,18 @@ int srv_parse_request(srv *S, req *r, const char *body, size_t len, verr *e)
 	    rt_serve_footprint(&r->seq, r->n_prompt, r->max_tokens, r->seq.max_chunk) <= fp)
 		r->chunk_max = r->seq.max_chunk;
 	if (r->footprint > S->cfg->kv_memory) {
-		bad(e, 400, "max_tokens",
+		/* the field to change: the answer's length when a shorter one fits, else the
+		 * prompt (or the policy, which the message names) */
+		const int64_t fp1 = rt_serve_footprint(&r->seq, r->n_prompt, 1, S->cfg->chunk);
+		const int prompt = (int64_t)rt_kv_blocks_for((int32_t)fp1) * S->H *
+		                   r->seq.kv.block_bytes > S->cfg->kv_memory;
+		bad(e, 400, prompt ? (r->chat ? "messages" : "prompt") : mt_key,
 		    "the request needs up to %lld bytes of KV memory (%lld entries per list under "
-		    "policy %s), more than the server's --kv-memory %lld",
+		    "policy %s), more than the server's --kv-memory %lld%s",
 		    (long long)r->footprint, (long long)fp, policy_at(S, r->pi)->name,
-		    (long long)S->cfg->kv_memory);
+		    (long long)S->cfg->kv_memory,
+		    prompt ? ": the prompt alone does not fit (a shorter prompt, or a policy or "
+		             "kv.ratio that keeps fewer entries)" : "; a smaller max_tokens may fit");
 		goto out;
 	}
 	rc = 0;

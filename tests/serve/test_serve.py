@@ -386,8 +386,13 @@ def queue_full(trace, prompt, ref):
         check(metric(port, "kvpc_requests_rejected_total") == len(busy),
               "kvpc_requests_rejected_total counts the 503s")
         st, a, _ = post(port, "/v1/completions", dict(body, max_tokens=2000))
-        check(st == 400 and "kv-memory" in a["error"]["message"],
-              "a footprint beyond the whole pool is a 400: %d %s" % (st, a["error"]["message"][:90]))
+        check(st == 400 and "kv-memory" in a["error"]["message"] and a["error"]["param"] == "max_tokens",
+              "a footprint beyond the whole pool is a 400 naming max_tokens (a shorter answer "
+              "fits): %d %s" % (st, a["error"]))
+        st, a, _ = post(port, "/v1/completions", dict(body, prompt=prompt * 200, max_tokens=1))
+        check(st == 400 and "the prompt alone does not fit" in a["error"]["message"] and
+              a["error"]["param"] == "prompt",
+              "a prompt beyond the whole pool is a 400 naming the prompt: %d %s" % (st, a["error"]))
         st, a, _ = post(port, "/v1/completions", body)
         check(st == 200 and a["choices"][0]["text"] == ref, "served after the 503s")
         check(wait_freed(port) is not None, "every block is back in the small pool")
@@ -429,7 +434,18 @@ def prefill_fallback(trace, story, ref):
             srv.kill()
 
 
+def pool_below_one_block():
+    """A --kv-memory that cannot hold one block per list refuses to start (exit 1, the
+    least it needs), rather than listening and refusing every request."""
+    p = subprocess.run([BIN, "serve", "--model", MODEL, "--port", "0", "--kv-memory", "1K"],
+                       capture_output=True, text=True, timeout=60)
+    check(p.returncode == 1 and "--kv-memory 1024 bytes cannot hold one KV block per list" in p.stderr
+          and "listening" not in p.stderr,
+          "serve --kv-memory 1K refuses to start: rc %d %s" % (p.returncode, p.stderr.strip()[-160:]))
+
+
 def main():
+    pool_below_one_block()
     try:
         import openai
     except ImportError:
