@@ -549,6 +549,11 @@ static ty check_binary(sema *S, const kvp_expr *e, unsigned cx)
 	default:
 		return TY_ERR;
 	}
+	if (e->op == KVP_ASTOP_DIV && b.known && b.constant && b.v == 0) {
+		/* X / 0 is infinite or NaN whatever X is (a score of NaN ranks nothing) */
+		ERR(S, e->b->loc, "division by zero");
+		return TY_ERR;
+	}
 	ty t = combine(a, b, u);
 	if (t.known) {
 		double r = 0;
@@ -1576,7 +1581,6 @@ static void check_layers(sema *S, const kvp_stmt *st)
 			ERR(S, v->loc, "a layer list needs between 1 and 1024 multipliers");
 			return;
 		}
-		int nonzero = 0;
 		for (int i = 0; i < v->n_args; i++) {
 			if (v->args[i]->kind == KVP_E_ARG) {
 				ERR(S, v->args[i]->loc, "a layer list holds numbers, not named arguments");
@@ -1585,15 +1589,13 @@ static void check_layers(sema *S, const kvp_stmt *st)
 			ty t = check_unit(S, v->args[i], CX_SCALAR, U_NUM, 1, "a layer multiplier");
 			if (need_const(S, v->args[i], t, "a layer multiplier"))
 				return;
-			if (t.v < 0) {
-				ERR(S, v->args[i]->loc, "a layer multiplier must be >= 0");
+			/* a 0 leaves the layers it maps to without a budget, which every run
+			 * refuses (below 1 entry per KV head: runtime/policy/rt_budget.c) */
+			if (!(t.v > 0)) {
+				ERR(S, v->args[i]->loc, "a layer multiplier must be > 0 (the layers a 0 "
+				    "maps to would keep no entry, which every run refuses); got %g", t.v);
 				return;
 			}
-			nonzero |= t.v > 0;
-		}
-		if (!nonzero) {
-			ERR(S, v->loc, "every layer multiplier is 0; the policy would keep nothing");
-			return;
 		}
 		o->layers = K_LAYERS_LIST;
 		o->list = v;
@@ -2916,6 +2918,11 @@ kvp_sema *kvp_sema_check(const kvp_file *f)
 				o->setting[k] = NULL;
 			} else {
 				o->score_per_qhead = t.per_qhead;
+				if (t.known) /* numbers and parameters only */
+					kvp_src_warning(S.src, st->value->loc, "the score is a constant: every "
+					                "entry ties, so compress keeps them by position, not by "
+					                "any signal; score a signal or a statistic (or leave "
+					                "`score` out where the policy allows it)");
 			}
 			break;
 		}

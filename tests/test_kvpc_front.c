@@ -434,6 +434,19 @@ START_TEST(test_unused_warning)
 	ck_assert_int_gt(compile_text("b.kvp", bad, strlen(bad), &d), 0);
 	ck_assert_msg(!strstr(d, "warning"), "%s", d);
 	free(d);
+	/* a constant score ranks nothing (every entry ties): compiled, with a warning; so is a
+	 * score that reads parameters only; one that reads a signal is not */
+	static const char *const scores[] = { "1", "2 * 3 - 1", "share", "pos", "-key_norm" };
+	for (int i = 0; i < 5; i++) {
+		char t[256];
+		snprintf(t, sizeof t, "policy q {\n    param share = 25%%\n    budget = share * context\n"
+		         "    score = %s\n    compress every step\n}\n", scores[i]);
+		ck_assert_int_eq(compile_text("s.kvp", t, strlen(t), &d), 0);
+		const int warned = strstr(d, "s.kvp:4:13: warning: the score is a constant: every "
+		                             "entry ties") != NULL;
+		ck_assert_msg(warned == (i < 3), "score = %s: %s", scores[i], d);
+		free(d);
+	}
 }
 END_TEST
 
