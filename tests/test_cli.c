@@ -288,10 +288,10 @@ START_TEST(reports_list_the_parameters_in_effect)
 		       "10", "--threads", "1", "--quiet", "--set-b", "window=16", NULL };
 	if (ab_too) {
 		ck_assert_int_eq(run(NULL, ab, kvp_registry, kvp_registry_count, &out, &err), 0);
-		ck_assert_msg(strstr(out, "\n  A: recent=0.1; budget = context / ratio, in place of heavy\n"),
-		              "%s", out);
-		ck_assert_msg(strstr(out, "\n  B: window=16; budget = context / ratio, in place of capacity\n"),
-		              "%s", out);
+		ck_assert_msg(strstr(out, "\n  A: recent=0.1; budget = context / ratio, replacing the "
+		                          "policy's (heavy has no effect)\n"), "%s", out);
+		ck_assert_msg(strstr(out, "\n  B: window=16; budget = context / ratio, replacing the "
+		                          "policy's (capacity has no effect)\n"), "%s", out);
 		free(out), free(err);
 	}
 	/* without a ratio every parameter is in force */

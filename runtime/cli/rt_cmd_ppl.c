@@ -360,8 +360,8 @@ static void ppl_report_table(const ppl_fig *f)
 		       f->st.seconds, rt_seq_device(&r->seq), rt_cli_device_weights(),
 		       f->batch > 1 ? ", runs fed one after the other" : "");
 	else
-		printf("speed            %.1f tokens/s (%.2f s, %d threads%s)\n", f->tps, f->st.seconds,
-		       f->threads, f->batch > 1 ? ", shared by the batch" : "");
+		printf("speed            %.1f tokens/s (%.2f s, %d thread%s%s)\n", f->tps, f->st.seconds,
+		       f->threads, f->threads == 1 ? "" : "s", f->batch > 1 ? ", shared by the batch" : "");
 	if (f->batch > 1)
 		putchar('\n');
 }

@@ -93,8 +93,9 @@ static void fmt_val(char *buf, size_t cap, int fmt, double v)
 		snprintf(buf, cap, "%.5f", v);
 }
 
-/* The parameters in effect, "recent=0.1 window=32"; under a ratio the ones only the budget
- * reads are named after it: "recent=0.1; budget = context / ratio, in place of heavy". */
+/* The parameters in effect, "recent=0.1 window=32"; under a ratio, the budget that replaces
+ * the policy's whole budget expression, and the parameters only that expression read:
+ * "recent=0.1; budget = context / ratio, replacing the policy's (heavy has no effect)". */
 static void params_str(const rt_seq *s, char *buf, size_t cap)
 {
 	const double R = s->run.ctx.ratio > 0 ? s->run.ctx.ratio : s->run.ctx.byte_ratio;
@@ -106,19 +107,18 @@ static void params_str(const rt_seq *s, char *buf, size_t cap)
 			len += (size_t)snprintf(buf + len, cap - len, "%s%s=%g", shown++ ? " " : "",
 			                        s->p->params[i].name, s->run.params[i]);
 	if (!shown && len < cap)
-		len += (size_t)snprintf(buf + len, cap - len, "(no parameters)");
-	for (int i = 0; i < s->p->n_params && len < cap; i++) {
-		if (kvp_param_in_effect(s->p, i, R))
-			continue;
-		const char *nm = s->p->params[i].name;
-		if (replaced++)
-			len += (size_t)snprintf(buf + len, cap - len, ", %s", nm);
-		else
-			len += (size_t)snprintf(buf + len, cap - len, s->run.ctx.byte_ratio > 0
-			                        ? "; budget = 1/ratio of an f16 full cache's bytes, in "
-			                          "place of %s"
-			                        : "; budget = context / ratio, in place of %s", nm);
-	}
+		len += (size_t)snprintf(buf + len, cap - len, "(no parameters in effect)");
+	if (R <= 0 || !s->p->compress || len >= cap)
+		return;
+	len += (size_t)snprintf(buf + len, cap - len, "; budget = %s, replacing the policy's",
+	                        s->run.ctx.byte_ratio > 0 ? "1/ratio of an f16 full cache's bytes"
+	                                                  : "context / ratio");
+	for (int i = 0; i < s->p->n_params && len < cap; i++)
+		if (!kvp_param_in_effect(s->p, i, R))
+			len += (size_t)snprintf(buf + len, cap - len, "%s%s", replaced++ ? ", " : " (",
+			                        s->p->params[i].name);
+	if (replaced && len < cap)
+		snprintf(buf + len, cap - len, " %s no effect)", replaced > 1 ? "have" : "has");
 }
 
 static void write_table(const ab_run *r, FILE *out)
