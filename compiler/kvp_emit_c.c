@@ -328,6 +328,10 @@ static void emit_tables(struct kvp_em *em)
 			mark_budget_copies(ir, ir->trigger.target, mark);
 			mark_budget_copies(ir, ir->trigger.threshold, mark);
 		}
+		/* a value rule's expression repeats a setting's (check_params): its
+		 * references decide nothing about the budget */
+		for (int r = 0; r < ir->n_rules; r++)
+			mark_tree(ir, ir->rules[r].expr, mark);
 		kvp_em_out(em, "static const struct kvp_param policy_params[%d] = {\n", ir->n_params);
 		for (int i = 0; i < ir->n_params; i++) {
 			const struct kvp_ir_param *p = &ir->params[i];
@@ -954,12 +958,20 @@ static void emit_compress(struct kvp_em *em)
 		    ir->tiers.n > 0 ? " + k_tier_scratch_bytes(kv)" : "");
 }
 
-/* check_params: the value rules of the settings that read parameters (the IR's rules),
- * on a run's values; kvpc applied them to the defaults. */
+static int live_rules(const struct kvp_ir *ir)
+{
+	int n = 0;
+	for (int i = 0; i < ir->n_rules; i++)
+		n += ir->rules[i].live;
+	return n;
+}
+
+/* check_params: the value rules of the settings that read parameters (the IR's live
+ * rules), on a run's values; kvpc applied them to the defaults. */
 static void emit_check_params(struct kvp_em *em)
 {
 	const struct kvp_ir *ir = em->ir;
-	if (ir->n_rules == 0)
+	if (live_rules(ir) == 0)
 		return;
 	static const char *const rule_enum[KVP_RULE_COUNT_] = {
 #define RULE_ENUM_(id, test, text) [KVP_RULE_##id] = "KVP_RULE_" #id,
@@ -972,6 +984,8 @@ static void emit_check_params(struct kvp_em *em)
 	kvp_em_out(em, "\tdouble v;\n");
 	for (int i = 0; i < ir->n_rules; i++) {
 		const struct kvp_ir_rule *r = &ir->rules[i];
+		if (!r->live)
+			continue;
 		kvp_em_out(em, "\tv = ");
 		kvp_em_expr(em, r->expr);
 		kvp_em_out(em, ";\n\tif (!kvp_rule_ok(%s, v))\n", rule_enum[r->rule]);
@@ -1045,7 +1059,7 @@ static void emit_policy(struct kvp_em *em)
 	kvp_em_out(em, "\t.next_trigger = next_trigger,\n");
 	kvp_em_out(em, "\t.scratch_bytes = %s,\n", compresses ? "scratch_bytes" : "NULL");
 	kvp_em_out(em, "\t.check = %s,\n", compresses ? "check" : "NULL");
-	kvp_em_out(em, "\t.check_params = %s,\n};\n", ir->n_rules > 0 ? "check_params" : "NULL");
+	kvp_em_out(em, "\t.check_params = %s,\n};\n", live_rules(ir) > 0 ? "check_params" : "NULL");
 }
 
 int kvp_emit_c(const struct kvp_ir *ir, const struct kvp_emit_opts *opts, FILE *f)

@@ -125,10 +125,10 @@ int kvp_ir_add_param(struct kvp_ir *ir, struct kvp_loc loc, const char *name, do
 }
 
 int kvp_ir_add_rule(struct kvp_ir *ir, struct kvp_loc loc, int32_t e, enum kvp_rule rule,
-                    const char *what)
+                    const char *what, int live)
 {
 	grow((void **)&ir->rules, &ir->cap_rules, ir->n_rules, sizeof *ir->rules);
-	ir->rules[ir->n_rules] = (struct kvp_ir_rule){ e, rule, dupstr(what), loc };
+	ir->rules[ir->n_rules] = (struct kvp_ir_rule){ e, rule, dupstr(what), loc, live };
 	return ir->n_rules++;
 }
 

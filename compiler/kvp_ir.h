@@ -163,10 +163,13 @@ struct kvp_ir_param {
  * parameters (compiler/kvp_sema.c rule_holds): the policy's check_params applies it to a
  * run's values, as kvpc did to the defaults. */
 struct kvp_ir_rule {
-	int32_t expr;            /* SCALAR expression of numbers and parameters only */
+	int32_t expr;            /* SCALAR expression */
 	enum kvp_rule rule;
 	char *what;              /* the setting, as the checker names it */
 	struct kvp_loc loc;
+	int live;                /* 1: check_params applies it (its expression reads numbers
+	                            and parameters only, not the budget); 0: kept only so that
+	                            its nodes are known to repeat a setting's */
 };
 
 struct kvp_ir_const {
@@ -394,9 +397,10 @@ int kvp_ir_add_stat(struct kvp_ir *ir, struct kvp_loc loc, const char *name,
                     enum kvp_ir_stat_kind kind, int32_t arg, int32_t alpha,
                     enum kvp_ir_history hist, int32_t window);
 int32_t kvp_ir_num(struct kvp_ir *ir, struct kvp_loc loc, double v);
-/* A value rule on expression e (what is copied). Returns its index. */
+/* A value rule on expression e (what is copied; live: see struct kvp_ir_rule). Returns
+ * its index. */
 int kvp_ir_add_rule(struct kvp_ir *ir, struct kvp_loc loc, int32_t e, enum kvp_rule rule,
-                    const char *what);
+                    const char *what, int live);
 int32_t kvp_ir_param_ref(struct kvp_ir *ir, struct kvp_loc loc, int param);
 int32_t kvp_ir_stat_ref(struct kvp_ir *ir, struct kvp_loc loc, int stat);
 int32_t kvp_ir_signal(struct kvp_ir *ir, struct kvp_loc loc, enum kvp_ir_signal sig);

@@ -414,15 +414,31 @@ static int params_only(const struct kvp_ir *ir, int32_t e)
 	return params_only(ir, x->a) && params_only(ir, x->b) && params_only(ir, x->c);
 }
 
+/* 1 when expression e holds a copy of the budget's expression: a trigger limit or target
+ * written with `budget`, which a compression-ratio override replaces (budget_of in the
+ * emitted code), so its value is not the parameters' alone. */
+static int reads_budget(const struct kvp_ir *ir, int32_t e)
+{
+	if (e < 0 || ir->alloc.budget < 0)
+		return 0;
+	if (kvp_ir_same_tree(ir, e, ir->alloc.budget))
+		return 1;
+	const struct kvp_ir_expr *x = &ir->nodes[e];
+	return reads_budget(ir, x->a) || reads_budget(ir, x->b) || reads_budget(ir, x->c);
+}
+
 /* The checker's value rules of settings that read parameters (compiler/kvp_sema.c
- * rule_holds), for the emitted check_params. */
+ * rule_holds), for the emitted check_params; live only where the value is the
+ * parameters' alone, not where it holds the budget (runtime/policy/rt_budget.c checks the
+ * budget in force when a sequence starts). Runs after the budget is lowered. */
 static void lower_rules(lower *lw)
 {
 	for (int i = 0; i < lw->s->n_rules; i++) {
 		const struct kvp_sema_rule *r = &lw->s->rules[i];
 		int32_t e = lower_expr(lw, r->e);
-		if (e >= 0 && params_only(lw->ir, e))
-			kvp_ir_add_rule(lw->ir, L(r->e->loc), e, r->rule, r->what);
+		if (e >= 0)
+			kvp_ir_add_rule(lw->ir, L(r->e->loc), e, r->rule, r->what,
+			                params_only(lw->ir, e) && !reads_budget(lw->ir, e));
 	}
 }
 

@@ -168,6 +168,7 @@ typedef struct sema {
 	const kvp_expr *ea_call; /* an expected_attention() call, for the sinks check */
 	ty ea_skip;      /* its skip (positions left out of the query statistics) */
 	const kvp_expr *replay_use; /* a use of replay_attn, for the trigger check */
+	const kvp_expr *const_score; /* a score of numbers and parameters only (a warning) */
 	/* uses of one definition by another (syms indices [user, used]): a name that only
 	 * unused definitions name is unused too (warn_unused) */
 	int (*uses)[2];
@@ -2918,11 +2919,8 @@ kvp_sema *kvp_sema_check(const kvp_file *f)
 				o->setting[k] = NULL;
 			} else {
 				o->score_per_qhead = t.per_qhead;
-				if (t.known) /* numbers and parameters only */
-					kvp_src_warning(S.src, st->value->loc, "the score is a constant: every "
-					                "entry ties, so compress keeps them by position, not by "
-					                "any signal; score a signal or a statistic (or leave "
-					                "`score` out where the policy allows it)");
+				if (t.known) /* numbers and parameters only: warned if all else is ok */
+					S.const_score = st->value;
 			}
 			break;
 		}
@@ -2950,6 +2948,11 @@ kvp_sema *kvp_sema_check(const kvp_file *f)
 		cross_checks(&S);
 	if (f->src->n_errors == 0)
 		warn_unused(&S);
+	if (f->src->n_errors == 0 && S.const_score)
+		kvp_src_warning(S.src, S.const_score->loc, "the score is a constant: every entry "
+		                "ties, so compress keeps them by position, not by any signal; score a "
+		                "signal or a statistic (or leave `score` out where the policy allows "
+		                "it)");
 	free(S.uses);
 	free(S.defs);
 	return o;

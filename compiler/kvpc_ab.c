@@ -101,15 +101,16 @@ static int ab_parse(int argc, char **argv, const char *files[2], int *verbose, c
 }
 
 /* 1 when v is a comma-separated list of compression factors (each a finite number >= 1,
- * rt_ratio_check), the form the built binary's --ratio and --byte-ratio take. */
+ * rt_ratio_check, without spaces), the form the built binary's --ratio and --byte-ratio
+ * take; the binary also bounds the count (RT_AB_MAX_RATIOS), which it checks itself. */
 static int ab_ratio_list_ok(const char *v, int bytes)
 {
 	for (const char *p = v;; p++) {
 		char *end;
 		errno = 0;
 		const double x = strtod(p, &end);
-		if (end == p || errno || x == 0 || rt_ratio_check(x, bytes, NULL) != 0 ||
-		    (*end != ',' && *end != 0))
+		if (end == p || *p == ' ' || *p == '\t' || errno || x == 0 ||
+		    rt_ratio_check(x, bytes, NULL) != 0 || (*end != ',' && *end != 0))
 			return 0;
 		if (*end == 0)
 			return 1;

@@ -447,6 +447,10 @@ START_TEST(test_unused_warning)
 		ck_assert_msg(warned == (i < 3), "score = %s: %s", scores[i], d);
 		free(d);
 	}
+	static const char both[] = "policy q {\n    budget = nosuch\n    score = 1\n}\n";
+	ck_assert_int_gt(compile_text("c.kvp", both, strlen(both), &d), 0);
+	ck_assert_msg(!strstr(d, "warning"), "a file with errors gets no warnings: %s", d);
+	free(d);
 }
 END_TEST
 

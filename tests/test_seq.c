@@ -1393,6 +1393,7 @@ START_TEST(first_compress_is_the_first_that_changed_the_cache)
 	}
 	ck_assert_int_eq(first, 65);
 	ck_assert_int_ge(calls_before, 60); /* compress ran all along, keeping everything */
+	ck_assert_int_eq(rt_seq_stats_get(&s).first_call_seen, 1); /* from the first token */
 	rt_seq_free(&s);
 	rt_model_free(m);
 }

@@ -268,7 +268,6 @@ static int needle_trials(needle_job *nj)
 	const int table = !nj->o.json && nj->K == 1;
 	rt_err err = { "" };
 	rt_progress prog;
-	/* on a terminal the 1/0 table, drawn as the trials finish, is the progress */
 	/* every prompt first: a length too short for a task's fixed parts (which vary with
 	 * the key and the depth) is refused before any output or forward */
 	for (int i = 0; i < nj->n_len; i++)
@@ -281,6 +280,7 @@ static int needle_trials(needle_job *nj)
 			}
 			rt_needle_prompt_free(&np);
 		}
+	/* on a terminal the 1/0 table, drawn as the trials finish, is the progress */
 	rt_progress_init(&prog, "needle", "trials", (int64_t)nj->n_len * nj->n_dep,
 	                 nj->o.quiet || (table && isatty(fileno(stderr))));
 	if (table) {

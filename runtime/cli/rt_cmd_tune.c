@@ -271,8 +271,24 @@ static int tune_args(tune_job *j)
 	for (int i = 0; i < o->n_sets; i++)
 		if (kvp_policy_param_set(j->p, j->params, o->sets[i], &err) != 0)
 			return rt_cli_usage("tune", "--set: %s", err.msg);
-	if (kvp_policy_params_check(j->p, j->params, &err) != 0)
+	if (!o->param_grid && kvp_policy_params_check(j->p, j->params, &err) != 0)
 		return rt_cli_usage("tune", "--set: %s", err.msg);
+	/* each --param value as a --set of it would be, with the --set values */
+	for (int g = 0; o->param_grid && g < j->n_grid; g++) {
+		const struct kvp_param *q = &j->p->params[j->to.param];
+		char v[64], a[256];
+		rt_param_format_set(q, j->grid[g], v, sizeof v);
+		snprintf(a, sizeof a, "%s=%s", q->name, v);
+		double *vals = malloc(((size_t)j->p->n_params + 1) * sizeof *vals);
+		if (!vals)
+			return EXIT_FAILURE;
+		memcpy(vals, j->params, (size_t)j->p->n_params * sizeof *vals);
+		const int bad = kvp_policy_param_set(j->p, vals, a, &err) != 0 ||
+		                kvp_policy_params_check(j->p, vals, &err) != 0;
+		free(vals);
+		if (bad)
+			return rt_cli_usage("tune", "--param %s: %s", q->name, err.msg);
+	}
 	return 0;
 }
 

@@ -125,6 +125,8 @@ static int score_block(const eval_ctx *e, int k, rt_eval_score *sc, const float 
 		 * compress ran after at most pos - 1 of them */
 		const int64_t first = e->runs[k]->st.first_compress_seen;
 		sc->compressed += first > 0 && first <= pos - 1;
+		const int64_t call = e->runs[k]->st.first_call_seen;
+		sc->after_call += call > 0 && call <= pos - 1;
 		sc->hits += top1 == tgt;
 		rt_tok_cmp cmp;
 		if (lp) {

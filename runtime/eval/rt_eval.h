@@ -59,6 +59,9 @@ typedef struct rt_eval_score {
 	                        * compressed (position > rt_seq_stats.first_compress_seen);
 	                        * 0 with scored > 0: the run measured the full cache, not the
 	                        * policy (rt_eval_uncompressed) */
+	int64_t after_call;    /* scored tokens after compress first ran at all (position >
+	                        * rt_seq_stats.first_call_seen), whether or not it changed
+	                        * the cache: 0 means the budget was never even applied */
 	rt_kld_acc acc;        /* with a reference: every scored token's rt_tok_cmp */
 	double *nll_tok;       /* NULL, or caller-owned [n - 1]: nll_tok[i] = NLL of token i+1
 	                        * (with a reference rt_tok_cmp.nll_q, else -rt_logprob) */

@@ -84,7 +84,10 @@ static int tune_text(const rt_model *m, const struct kvp_policy *p, const double
 		snprintf(pt->error, sizeof pt->error, "%.80s: %.400s", t->name, sc.error);
 		goto out;
 	}
-	if (rt_eval_uncompressed(p, &sc)) {
+	/* a compress that kept every entry is a point whose budget does not bind (KL 0, the
+	 * frontier says so: rt_tune_point_binds), not an error; one that never ran before the
+	 * scored tokens is */
+	if (p->compress && sc.scored > 0 && sc.after_call == 0) {
 		snprintf(pt->error, sizeof pt->error, "%.80s: the policy compressed before none of "
 		         "the %lld scored tokens (%s protocol, prompt %lld tokens): its KL would be "
 		         "the full cache's", t->name, (long long)sc.scored,

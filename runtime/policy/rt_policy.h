@@ -378,8 +378,9 @@ static inline const char *kvp_rule_text(enum kvp_rule r)
 }
 
 /* check_params' error: "policy NAME: WHAT must be TEXT; got V with the values set (SOURCE
- * line L)" with code RT_ERR_INPUT. Returns -1. Inline, as the emitted policy calls it
- * and may be linked without the rest of the runtime (a test's shared object). */
+ * line L)" with code RT_ERR_INPUT. Returns -1. Inline (with kvp_rule_text), as the
+ * emitted policy calls it: a test builds a policy as a shared object with a few runtime
+ * files (base/, kv/, rt_budget.c), not rt_policy.c. */
 static inline int kvp_rule_fail(rt_err *err, const struct kvp_policy *p, enum kvp_rule r,
                                 const char *what, int line, double v)
 {

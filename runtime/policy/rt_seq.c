@@ -611,6 +611,8 @@ static int seq_chunk_done(rt_seq *s, const int32_t *tok, int C, const float *lg,
 	if (rc == 1 && s->st.first_compress_seen == 0 &&
 	    (rt_kv_entries(&s->kv) < e || rt_kvbytes_held(&s->kv) < kvb))
 		s->st.first_compress_seen = s->run.ctx.seen;
+	if (rc == 1 && s->st.first_call_seen == 0)
+		s->st.first_call_seen = s->run.ctx.seen;
 	/* chunks stop at the prompt's end (rt_run_chunk), so this chunk ended it exactly */
 	const int64_t pl = s->run.ctx.prompt_len;
 	if (pl > 0 && s->run.ctx.seen == pl) {

@@ -69,6 +69,9 @@ typedef struct rt_seq_stats {
 	                              * cache ran (it evicted or merged entries, or stored some
 	                              * at a lower tier; 0: none yet): the logits of position
 	                              * i >= it came from a cache the policy had compressed */
+	int64_t first_call_seen; /* tokens seen when compress first ran at all (0: never): a
+	                          * compress that kept every entry (a budget that does not
+	                          * bind) still ran */
 	double prompt_compression;       /* with a prompt (prompt_len > 0): prompt_len over the
 	                                  * mean entries per (layer, KV head) right after the
 	                                  * prompt's last chunk and its compress, if any; 0 until

@@ -42,10 +42,13 @@ static int srv_open(srv *S, rt_err *err)
 		*dot = 0;
 	S->H = S->m->hp.n_layer * S->m->hp.n_head_kv;
 	/* the least any request holds: one block per (layer, KV head) list at the smallest
-	 * store type (a policy's statistics and tiers only add to it); a pool below it could
-	 * admit nothing */
-	const int64_t least = (int64_t)S->H * RT_KV_BLOCK * 2 *
-	                      (int64_t)rt_kv_row_bytes(RT_KV_Q8_0, S->m->hp.head_dim);
+	 * store type (a policy's statistics and tiers only add to it; q8_0 needs a head_dim
+	 * that is a multiple of 32, else f16 is the smallest); a pool below it could admit
+	 * nothing */
+	size_t row = rt_kv_row_bytes(RT_KV_Q8_0, S->m->hp.head_dim);
+	if (row == 0)
+		row = rt_kv_row_bytes(RT_KV_F16, S->m->hp.head_dim);
+	const int64_t least = (int64_t)S->H * RT_KV_BLOCK * 2 * (int64_t)row;
 	if (c->kv_memory < least)
 		return rt_err_set(err, "--kv-memory %lld bytes cannot hold one KV block per list "
 		                  "(%d layers x %d KV heads x %d entries of key and value, at least "
