@@ -1289,6 +1289,19 @@ START_TEST(trace_records_the_prompt)
 }
 END_TEST
 
+/* Every head of sequences s[0..n) holds 18 entries whose span ids are want[0..18). */
+static void spans_are(rt_seq *const *s, int n, const uint16_t want[18])
+{
+	for (int k = 0; k < n; k++)
+		for (int i = 0; i < s[k]->kv.n_layer * s[k]->kv.n_kv_head; i++) {
+			const rt_kv_head *h = &s[k]->kv.heads[i];
+			ck_assert_int_eq(h->n, 18);
+			for (int e = 0; e < 18; e++)
+				ck_assert_msg(h->span[e] == want[e], "seq %d head %d entry %d: span %d, "
+				              "want %d", k, i, e, h->span[e], want[e]);
+		}
+}
+
 /* Protected spans: entries appended after rt_seq_span(s, id) carry that id, alone and in a
  * lockstep batch, and the policy sees the names; a range (rt_seq_span_range) marks the
  * entries at its token positions inside one feed, across its chunks, over the current
@@ -1321,13 +1334,8 @@ START_TEST(spans_mark_appended_entries)
 	for (int k = 0; k < 2; k++)
 		rt_seq_span(sp[k], 2);
 	ck_assert(rt_seq_batch_feed(&b, toks + 13, 5, NULL, RT_LOGITS_NONE, &err) == 0);
-	for (int k = 0; k < 2; k++)
-		for (int i = 0; i < m->hp.n_layer * m->hp.n_head_kv; i++) {
-			const rt_kv_head *h = &sp[k]->kv.heads[i];
-			ck_assert_int_eq(h->n, 18);
-			for (int e = 0; e < 18; e++)
-				ck_assert_int_eq(h->span[e], e < 3 ? 1 : e < 13 ? 0 : 2);
-		}
+	static const uint16_t fed[18] = { 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2 };
+	spans_are(sp, 2, fed);
 	/* reset keeps the names, clears the current span */
 	rt_seq_reset(&a, -1);
 	feed_ok(&a, toks, 2, NULL);
@@ -1346,14 +1354,8 @@ START_TEST(spans_mark_appended_entries)
 		rt_seq_span_range(sp[k], 0, 0, 0);
 	}
 	ck_assert(rt_seq_batch_feed(&b, toks + 16, 2, NULL, RT_LOGITS_NONE, &err) == 0);
-	for (int k = 0; k < 2; k++)
-		for (int i = 0; i < m->hp.n_layer * m->hp.n_head_kv; i++) {
-			const rt_kv_head *h = &sp[k]->kv.heads[i];
-			ck_assert_int_eq(h->n, 18);
-			for (int e = 0; e < 18; e++)
-				ck_assert_msg(h->span[e] == (e >= 16 ? 0 : e >= 5 && e < 11 ? 2 : 1),
-				              "seq %d head %d entry %d: span %d", k, i, e, h->span[e]);
-		}
+	static const uint16_t ranged[18] = { 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 0, 0 };
+	spans_are(sp, 2, ranged);
 	/* reset clears a range too */
 	rt_seq_span_range(&a, 2, 0, 4);
 	rt_seq_reset(&a, -1);
