@@ -4,14 +4,15 @@
  */
 #include "kvpc_ab.h"
 
-#include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvpc_build.h"
 #include "kvpc_run.h"
+#include "base/rt_numparse.h"
 #include "base/rt_outpath.h"
 #include "base/rt_sha256.h"
 #include "base/rt_text.h"
@@ -101,21 +102,15 @@ static int ab_parse(int argc, char **argv, const char *files[2], int *verbose, c
 }
 
 /* 1 when v is a comma-separated list of compression factors (each a finite number >= 1,
- * rt_ratio_check, without spaces), the form the built binary's --ratio and --byte-ratio
- * take; the binary also bounds the count (RT_AB_MAX_RATIOS), which it checks itself. */
-static int ab_ratio_list_ok(const char *v, int bytes)
+ * without spaces): the built binary's own parse of --ratio and --byte-ratio (rt_parse_list
+ * with the bounds of runtime/cli/rt_cmd_ab.c ab_lists), so kvpc refuses a list exactly when
+ * the binary would, except the count bound (RT_AB_MAX_RATIOS, an eval constant the
+ * compiler does not include), which the binary checks itself. */
+static int ab_ratio_list_ok(const char *v)
 {
-	for (const char *p = v;; p++) {
-		char *end;
-		errno = 0;
-		const double x = strtod(p, &end);
-		if (end == p || *p == ' ' || *p == '\t' || errno || x == 0 ||
-		    rt_ratio_check(x, bytes, NULL) != 0 || (*end != ',' && *end != 0))
-			return 0;
-		if (*end == 0)
-			return 1;
-		p = end;
-	}
+	double x[RT_NUMPARSE_MAX_LIST];
+	int n;
+	return rt_parse_list(v, 1, INFINITY, 0, x, RT_NUMPARSE_MAX_LIST, &n) == 0;
 }
 
 /* The text, the ratio lists and the output paths among the passed options pass[0..np),
@@ -141,7 +136,7 @@ static int ab_check_paths(char *const *pass, int np)
 			}
 		} else if ((ol == 7 && !strncmp(o, "--ratio", 7)) ||
 		           (ol == 12 && !strncmp(o, "--byte-ratio", 12))) {
-			if (!ab_ratio_list_ok(val, ol == 12)) {
+			if (!ab_ratio_list_ok(val)) {
 				fprintf(stderr, "kvpc ab: %.*s: '%s' is not a comma-separated list of "
 				        "compression factors >= 1\n", (int)ol, o, val);
 				fputs(AB_USAGE, stderr);

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "base/rt_numparse.h"
 #include "base/rt_outpath.h"
 #include "base/rt_text.h"
 #include "cli/rt_cli.h"
@@ -297,12 +299,42 @@ START_TEST(cli_refuses_bad_inputs_before_the_model)
 }
 END_TEST
 
+/* The command lines' number syntax, against hand-written cases: bounds, whole numbers,
+ * the count cap, and the spellings strtod would take but a strict parse must not. */
+START_TEST(number_lists_parse_strictly)
+{
+	double v[RT_NUMPARSE_MAX_LIST];
+	int n = -1;
+	ck_assert_int_eq(rt_parse_list("2,4,8.5", 1, INFINITY, 0, v, 8, &n), 0);
+	ck_assert_int_eq(n, 3);
+	ck_assert(v[0] == 2 && v[1] == 4 && v[2] == 8.5);
+	ck_assert_int_eq(rt_parse_list("0,100", 0, 100, 1, v, 8, &n), 0);
+	ck_assert(n == 2 && v[0] == 0 && v[1] == 100);
+	static const char *const bad[] = { "", ",", "2,", ",2", "2,,4", " 2", "2 ", "2, 4", "4x",
+		                           "inf", "nan", "0.5", "101", "1e999" };
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+		ck_assert_msg(rt_parse_list(bad[i], 1, 100, 0, v, 8, &n) == -1, "'%s' accepted", bad[i]);
+	ck_assert_int_eq(rt_parse_list("2.5", 1, 100, 1, v, 8, &n), -1); /* not whole */
+	ck_assert_int_eq(rt_parse_list("1,2,3", 1, 100, 1, v, 3, &n), 0);
+	ck_assert_int_eq(rt_parse_list("1,2,3,4", 1, 100, 1, v, 3, &n), -1); /* over the cap */
+	long x = 7;
+	ck_assert_int_eq(rt_parse_int("42", 0, 100, &x), 0);
+	ck_assert_int_eq(x, 42);
+	static const char *const badint[] = { "", " 4", "4 ", "4.0", "0x10", "101", "-1" };
+	for (size_t i = 0; i < sizeof badint / sizeof *badint; i++) {
+		x = 7;
+		ck_assert_msg(rt_parse_int(badint[i], 0, 100, &x) == -1 && x == 7, "'%s'", badint[i]);
+	}
+}
+END_TEST
+
 static Suite *text_suite(void)
 {
 	Suite *s = suite_create("text");
 	TCase *tc = tcase_create("text");
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, plain_and_gzip_texts_read_alike);
+	tcase_add_test(tc, number_lists_parse_strictly);
 	tcase_add_test(tc, non_files_are_refused_before_reading);
 	tcase_add_test(tc, binary_and_invalid_utf8_are_refused_at_their_place);
 	tcase_add_test(tc, size_cap_is_enforced);

@@ -62,42 +62,6 @@ int rt_cli_fail(const rt_err *err)
 	return EXIT_FAILURE;
 }
 
-/* Strict decimal integer in [lo, hi]; -1 on anything else. */
-int rt_cli_parse_int(const char *s, long lo, long hi, long *out)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi)
-		return -1;
-	*out = v;
-	return 0;
-}
-
-/* Comma-separated list of numbers in [lo, hi] (integers when integral), at most RT_CLI_MAX_LIST. */
-int rt_cli_parse_list(const char *s, double lo, double hi, int integral, double *out, int *n)
-{
-	*n = 0;
-	for (const char *p = s;;) {
-		char item[32];
-		size_t len = strcspn(p, ",");
-		if (*n == RT_CLI_MAX_LIST || len == 0 || len >= sizeof item)
-			return -1;
-		memcpy(item, p, len);
-		item[len] = 0;
-		char *end;
-		errno = 0;
-		double v = strtod(item, &end);
-		if (errno || end == item || *end || !isfinite(v) || v < lo || v > hi ||
-		    (integral && v != floor(v)))
-			return -1;
-		out[(*n)++] = v;
-		if (!p[len])
-			return 0;
-		p += len + 1;
-	}
-}
-
 /* ---- the option table ------------------------------------------------------------------- */
 
 /* How an option's value is stored: by opt_value's own case (OPT), as a checked long
@@ -234,7 +198,7 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 		return 0;
 	case K_LONG: {
 		long v;
-		if (rt_cli_parse_int(arg, d->lo, d->hi, &v))
+		if (rt_parse_int(arg, d->lo, d->hi, &v))
 			return rt_cli_usage(cmd, "%s: '%s' %s", nm, arg, d->what);
 		*(long *)(void *)((char *)o + d->off) = v;
 		return 0;
@@ -253,7 +217,7 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 			o->ctx_list = arg;
 			return 0;
 		}
-		if (rt_cli_parse_int(arg, 2, INT_MAX, &v))
+		if (rt_parse_int(arg, 2, INT_MAX, &v))
 			return rt_cli_usage(cmd, "--ctx: '%s' is not a token count >= 2", arg);
 		o->ctx = v;
 		return 0;

@@ -19,12 +19,13 @@
 #include "policy/rt_pick.h"
 #include "policy/rt_policy.h"
 #include "policy/rt_seq.h"
+#include "base/rt_numparse.h"
 #include "base/rt_util.h"
 
 #define RT_CLI_USAGE 2        /* exit status of a usage error */
 #define RT_CLI_CHUNK 512      /* default tokens per forward chunk */
 #define RT_CLI_MAX_SETS 64    /* --set overrides per run */
-#define RT_CLI_MAX_LIST 32    /* entries of a comma list */
+#define RT_CLI_MAX_LIST RT_NUMPARSE_MAX_LIST /* entries of a comma list */
 #define RT_CLI_MIN_KV 64      /* run's and serve's default floor (--min-kv): a short chat
                                  keeps its whole context under any policy */
 
@@ -118,13 +119,6 @@ int rt_cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(pr
 
 /* Runtime error: "PROG: msg" on stderr. Returns EXIT_FAILURE. */
 int rt_cli_fail(const rt_err *err);
-
-/* Strict decimal integer in [lo, hi]: 0, or -1 on anything else. */
-int rt_cli_parse_int(const char *s, long lo, long hi, long *out);
-
-/* Comma-separated list of numbers in [lo, hi] (integers when integral), at most
- * RT_CLI_MAX_LIST, into out (count in *n): 0, or -1 on anything else. */
-int rt_cli_parse_list(const char *s, double lo, double hi, int integral, double *out, int *n);
 
 /* Parse argv (argv[0] is the command name) into o. ids: the options the command accepts,
  * ending with 0 (-h/--help and --version are always accepted). Returns RT_CLI_GO when the

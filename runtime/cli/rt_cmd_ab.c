@@ -110,7 +110,7 @@ static int ab_lists(const rt_cli_opts *c, rt_ab_opts *o)
 	const char *rl = c->ratio_list ? c->ratio_list : c->byte_ratio_list;
 	if (rl) {
 		o->bytes = c->byte_ratio_list != NULL;
-		if (rt_cli_parse_list(rl, 1, INFINITY, 0, v, &n) || n > RT_AB_MAX_RATIOS)
+		if (rt_parse_list(rl, 1, INFINITY, 0, v, RT_AB_MAX_RATIOS, &n))
 			return rt_cli_usage("ab", "%s: '%s' is not a comma list of at most %d "
 			                    "compression factors >= 1", o->bytes ? "--byte-ratio" : "--ratio",
 			                    rl, RT_AB_MAX_RATIOS);
@@ -118,7 +118,7 @@ static int ab_lists(const rt_cli_opts *c, rt_ab_opts *o)
 		o->n_ratios = n;
 	}
 	if (c->lengths) {
-		if (rt_cli_parse_list(c->lengths, 16, 1e7, 1, v, &n) || n > 16)
+		if (rt_parse_list(c->lengths, 16, 1e7, 1, v, 16, &n))
 			return rt_cli_usage("ab", "--lengths: '%s' is not a comma list of at most 16 token "
 			                    "counts in 16..10000000", c->lengths);
 		for (int i = 0; i < n; i++)
@@ -126,7 +126,7 @@ static int ab_lists(const rt_cli_opts *c, rt_ab_opts *o)
 		o->n_lengths = n;
 	}
 	if (c->depths) {
-		if (rt_cli_parse_list(c->depths, 0, 100, 0, v, &n) || n > 16)
+		if (rt_parse_list(c->depths, 0, 100, 0, v, 16, &n))
 			return rt_cli_usage("ab", "--depths: '%s' is not a comma list of at most 16 "
 			                    "percentages in 0..100", c->depths);
 		memcpy(o->depths, v, (size_t)n * sizeof *v);

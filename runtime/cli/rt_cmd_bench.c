@@ -165,7 +165,7 @@ static int bench_llama(rt_model *m, int32_t bos, const rt_cli_opts *o, long pp, 
 {
 	double dd[RT_CLI_MAX_LIST];
 	int nd = 0;
-	if (rt_cli_parse_list(depths, 0, INT_MAX, 1, dd, &nd))
+	if (rt_parse_list(depths, 0, INT_MAX, 1, dd, RT_CLI_MAX_LIST, &nd))
 		return rt_cli_usage("bench", "--depth: '%s' is not a comma-separated list of token counts",
 		                 depths);
 	for (int i = 0; i < nd; i++)
@@ -212,7 +212,7 @@ int rt_cmd_bench(int argc, char **argv)
 		return rc;
 	double ctxd[RT_CLI_MAX_LIST];
 	int n_ctx = 0;
-	if (rt_cli_parse_list(o.ctx_list, 1, INT_MAX, 1, ctxd, &n_ctx))
+	if (rt_parse_list(o.ctx_list, 1, INT_MAX, 1, ctxd, RT_CLI_MAX_LIST, &n_ctx))
 		return rt_cli_usage("bench", "--ctx: '%s' is not a comma-separated list of token counts",
 		                 o.ctx_list);
 	const struct kvp_policy *p = NULL;

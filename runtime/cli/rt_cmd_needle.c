@@ -437,10 +437,10 @@ int rt_cmd_needle(int argc, char **argv)
 	int rc = rt_cli_parse("needle", help_needle, argc, argv, o, opt_ids, 1);
 	if (rc != RT_CLI_GO)
 		return rc;
-	if (rt_cli_parse_list(o->lengths, 16, 1 << 24, 1, nj.lens, &nj.n_len))
+	if (rt_parse_list(o->lengths, 16, 1 << 24, 1, nj.lens, RT_CLI_MAX_LIST, &nj.n_len))
 		return rt_cli_usage("needle", "--lengths: '%s' is not a comma-separated list of token "
 		                    "counts, each a whole number in 16..16777216", o->lengths);
-	if (rt_cli_parse_list(o->depths, 0, 100, 0, nj.deps, &nj.n_dep))
+	if (rt_parse_list(o->depths, 0, 100, 0, nj.deps, RT_CLI_MAX_LIST, &nj.n_dep))
 		return rt_cli_usage("needle", "--depths: '%s' is not a comma-separated list of "
 		                    "percentages in 0..100", o->depths);
 	if (o->haystack && o->task != RT_NEEDLE_NIAH)

@@ -179,8 +179,7 @@ static int tune_param_grid(tune_job *j)
 	if (k < 0)
 		return rt_cli_usage("tune", "--param: policy %s has no parameter '%s'", j->p->name,
 		                    name);
-	if (rt_cli_parse_list(eq + 1, -1e300, 1e300, 0, j->grid, &j->n_grid) ||
-	    j->n_grid > RT_TUNE_MAX_GRID)
+	if (rt_parse_list(eq + 1, -1e300, 1e300, 0, j->grid, RT_TUNE_MAX_GRID, &j->n_grid))
 		return rt_cli_usage("tune", "--param %s: '%s' is not a comma list of at most %d "
 		                    "numbers", name, eq + 1, RT_TUNE_MAX_GRID);
 	for (int i = 1; i < j->n_grid; i++)
@@ -217,7 +216,7 @@ static int tune_ratio_grid(tune_job *j)
 	}
 	if (!grid)
 		grid = "1.5,2,3,4,6,8,12,16,24,32";
-	if (rt_cli_parse_list(grid, 1, 1e9, 0, j->grid, &j->n_grid) || j->n_grid > RT_TUNE_MAX_GRID)
+	if (rt_parse_list(grid, 1, 1e9, 0, j->grid, RT_TUNE_MAX_GRID, &j->n_grid))
 		return rt_cli_usage("tune", "%s: '%s' is not a comma list of at most %d compression "
 		                    "factors >= 1", gopt, grid, RT_TUNE_MAX_GRID);
 	if (o->gate && j->n_grid != 1)
@@ -254,9 +253,9 @@ static int tune_args(tune_job *j)
 		return rc;
 	double len[RT_CLI_MAX_LIST];
 	int n_len = 0;
-	if (rt_cli_parse_list(o->lengths, 16, 1 << 24, 1, len, &n_len) || n_len != 1)
+	if (rt_parse_list(o->lengths, 16, 1 << 24, 1, len, RT_CLI_MAX_LIST, &n_len) || n_len != 1)
 		return rt_cli_usage("tune", "--lengths: '%s' is not one token count", o->lengths);
-	if (rt_cli_parse_list(o->depths, 0, 100, 0, j->to.depths, &j->to.n_depths))
+	if (rt_parse_list(o->depths, 0, 100, 0, j->to.depths, RT_TUNE_MAX_DEPTHS, &j->to.n_depths))
 		return rt_cli_usage("tune", "--depths: '%s' is not a comma list of percentages "
 		                    "in 0..100", o->depths);
 	j->to.max_kld = o->max_kld;

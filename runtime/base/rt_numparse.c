@@ -1,0 +1,45 @@
+#include "base/rt_numparse.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int rt_parse_int(const char *s, long lo, long hi, long *out)
+{
+	char *end;
+	errno = 0;
+	if (isspace((unsigned char)*s))
+		return -1;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+int rt_parse_list(const char *s, double lo, double hi, int integral, double *out, int cap,
+                  int *n)
+{
+	*n = 0;
+	for (const char *p = s;;) {
+		char item[32];
+		size_t len = strcspn(p, ",");
+		if (*n == cap || *n == RT_NUMPARSE_MAX_LIST || len == 0 || len >= sizeof item ||
+		    isspace((unsigned char)*p))
+			return -1;
+		memcpy(item, p, len);
+		item[len] = 0;
+		char *end;
+		errno = 0;
+		double v = strtod(item, &end);
+		if (errno || end == item || *end || !isfinite(v) || v < lo || v > hi ||
+		    (integral && v != floor(v)))
+			return -1;
+		out[(*n)++] = v;
+		if (!p[len])
+			return 0;
+		p += len + 1;
+	}
+}
