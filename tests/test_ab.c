@@ -578,8 +578,8 @@ START_TEST(kvpc_ab_front_builds_and_runs)
 	ck_assert_str_eq(err, "kvpc ab: --model M is required (the GGUF model to measure on)\n");
 	free(out);
 	free(err);
-	/* so are the ratio lists: a typo costs no build ("2, 4" and "inf" passed kvpc's own
-	 * check and failed in the built binary before both used rt_parse_list) */
+	/* so are the ratio lists: a typo costs no build (kvpc and the built binary share one
+	 * parse, rt_parse_list: "2, 4" was kvpc's error and the binary's valid list) */
 	static const char *const badlists[] = { "0.5", "0,4", "2,,4", "4x", "2, 4", "inf" };
 	for (int i = 0; i < 6; i++) {
 		char *badratio[] = { g_kvpc, "ab", "policies/h2o.kvp", "policies/tova.kvp", "--model",
