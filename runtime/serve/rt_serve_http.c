@@ -82,7 +82,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, cons
 static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *j,
                                  int retry_after)
 {
-	char *s = json_dumps(j, JSON_COMPACT);
+	char *s = json_dumps(j, SRV_JSON_FLAGS);
 	json_decref(j);
 	if (!s)
 		return MHD_NO;
@@ -206,7 +206,7 @@ void srv_upload_sweep(srv *S)
 		snprintf(msg, sizeof msg, "the request body was not received within %d s (%s arrived)",
 		         S->cfg->timeout_s, got);
 		json_t *o = error_obj(msg, "invalid_request_error", NULL, "request_timeout");
-		char *b = o ? json_dumps(o, JSON_COMPACT) : NULL;
+		char *b = o ? json_dumps(o, SRV_JSON_FLAGS) : NULL;
 		json_decref(o);
 		const size_t bl = b ? strlen(b) : 0;
 		int hl = snprintf(head, sizeof head, "HTTP/1.1 408 Request Timeout\r\nContent-Type: "

@@ -25,6 +25,12 @@
 
 #define MAX_STOP 4
 
+/* How every response body is written: compact, and numbers to 15 significant digits
+ * (DBL_DIG: a value the client sent with up to 15 digits comes back as it was typed, where
+ * jansson's default 17 echoed kv.set's 0.1 as 0.10000000000000001; a computed figure keeps
+ * 15 digits, a relative error below 1e-15). */
+#define SRV_JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(15))
+
 /* The histograms of /metrics, in seconds: X(id, name, help, upper bounds...). The request
  * latencies are vLLM's (vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
  * vllm:e2e_request_latency_seconds, with its bucket bounds) under the kvpc_ prefix;

@@ -167,7 +167,7 @@ static void sse_chunk(srv *S, req *r, const char *delta, size_t n, int final)
 		json_object_set_new(o, "usage", srv_usage_obj(r));
 		json_object_set_new(o, "kv", srv_kv_obj(S, r));
 	}
-	char *s = json_dumps(o, JSON_COMPACT);
+	char *s = json_dumps(o, SRV_JSON_FLAGS);
 	json_decref(o);
 	if (s) {
 		buf_add(&r->sse, &r->sse_len, &r->sse_cap, "data: ", 6);
@@ -269,7 +269,7 @@ static void req_finish(srv *S, req *r)
 		                                                : json_null());
 		json_object_set_new(t, "total_s", json_real(r->t_end - r->t0));
 		json_object_set_new(t, "finish_reason", json_string(r->finish));
-		char *s = json_dumps(t, JSON_COMPACT);
+		char *s = json_dumps(t, SRV_JSON_FLAGS);
 		json_decref(t);
 		if (s) {
 			fprintf(S->trace, "%s\n", s);

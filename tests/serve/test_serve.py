@@ -663,6 +663,17 @@ def main():
         kv = a.get("kv", {}) if isinstance(a, dict) else {}
         check(st == 200 and kv.get("byte_ratio") == 2 and kv.get("ratio") is None,
               "kv.byte_ratio 2 is the request's budget: %d %s" % (st, {k: kv.get(k) for k in ("ratio", "byte_ratio")}))
+        # a parameter sent as 0.3 reads back as 0.3 (jansson's default 17 digits wrote
+        # 0.29999999999999999, and h2o's default heavy 10% 0.10000000000000001)
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        c.request("POST", "/v1/completions", body=json.dumps(
+            {"prompt": "Hello", "max_tokens": 1, "kv": {"policy": "h2o", "set": {"recent": 0.3}}}).encode(),
+            headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        txt = r.read().decode()
+        c.close()
+        check(r.status == 200 and '"params":{"heavy":0.1,"recent":0.3}' in txt,
+              "kv.params echo the values as sent: %d %s" % (r.status, txt[txt.find('"params"'):][:80]))
         # graceful budgets (the server's default --min-kv 64): a short prompt under a ratio
         # is answered whole, and guards over the budget raise it with a note, not a 400
         st, a, _ = post(port, "/v1/completions", {"prompt": "Hello", "max_tokens": 2, "temperature": 0,
