@@ -609,6 +609,78 @@ START_TEST(keydiff_least_similar)
 }
 END_TEST
 
+/* keydiff_rot_q4q2: KeyDiff's score ranks the q4 / k4v2 split. head_dim 32, every key in the
+ * (e0, e1) plane: the three guards (sinks=1: position 0; recent=2: 30, 31) at angle -1.5 rad,
+ * candidate p (1..29) at 0.05 · ((11 p) mod 29) rad, lengths 1 + p mod 3 (only directions
+ * count). The oracle, computed here in double: the anchor a = mean of the 32 unit keys (the
+ * head's every entry, guards included: language.md's key_cos_mean), each candidate's cos to
+ * a, ranked by -cos (the least anchor-like first); when compress fires at the 32nd token the
+ * first round(0.6 · 29) = 17 ranks go to q4, the other 12 to k4v2 (q2), the guards stay at
+ * the top tier and nothing is evicted. */
+static void e_kd_tiers(int layer, int g, int32_t pos, float *k, float *v, int d, void *u)
+{
+	(void)layer, (void)g, (void)u;
+	const double th = pos == 0 || pos >= 30 ? -1.5 : 0.05 * ((11 * pos) % 29);
+	const double len = 1 + pos % 3;
+	for (int j = 0; j < d; j++) {
+		k[j] = 0;
+		v[j] = (float)((pos * 5 + j) % 7) - 3.0f;
+	}
+	k[0] = (float)(len * cos(th));
+	k[1] = (float)(len * sin(th));
+}
+
+START_TEST(keydiff_ranks_the_tier_split)
+{
+	enum { N = 32, D = 32 };
+	double ax = 0, ay = 0, c[N];
+	float k[D], v[D];
+	for (int p = 0; p < N; p++) {
+		e_kd_tiers(0, 0, p, k, v, D, NULL);
+		const double nk = sqrt((double)k[0] * k[0] + (double)k[1] * k[1]);
+		ax += k[0] / nk / N, ay += k[1] / nk / N;
+	}
+	int rank[N] = { 0 };
+	for (int p = 0; p < N; p++) {
+		e_kd_tiers(0, 0, p, k, v, D, NULL);
+		c[p] = (k[0] * ax + k[1] * ay) / sqrt(((double)k[0] * k[0] + (double)k[1] * k[1]) *
+		                                      (ax * ax + ay * ay));
+	}
+	for (int p = 1; p < 30; p++)
+		for (int q = 1; q < 30; q++) {
+			ck_assert_msg(p == q || fabs(c[p] - c[q]) > 1e-4, "no near ties: %d %d", p, q);
+			rank[p] += c[q] < c[p]; /* lower cos = more distinctive = earlier rank */
+		}
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "keydiff_rot_q4q2", 1, shapes[s][0], shapes[s][1], D, 64, N);
+		h_set(&h, "sinks=1");
+		h_set(&h, "recent=2");
+		h.e = e_kd_tiers;
+		rt_err err = { "" };
+		for (int t = 0; t < N; t++) {
+			h_append(&h, t);
+			ck_assert_msg(rt_run_advance(&h.run, &h.kv, 1, &err) == (t == N - 1), "token %d: %s",
+			              t, err.msg);
+		}
+		for (int g = 0; g < h.G; g++) {
+			rt_kv_head *hd = rt_kv_head_at(&h.kv, 0, g);
+			ck_assert_int_eq(hd->n, N);
+			for (int32_t i = 0; i < hd->n; i++) {
+				const int p = hd->pos[i];
+				const int want = p == 0 || p >= 30 ? RT_KV_TIER_TOP
+				                 : rank[p] < 17   ? RT_KV_TIER_Q4
+				                                  : RT_KV_TIER_Q2;
+				ck_assert_msg(rt_kv_tier_of(hd, i) == want, "shape %d/%d head %d position %d "
+				              "(rank %d): tier %s, expected %s", h.G * h.R, h.G, g, p, rank[p],
+				              rt_kv_tier_name(rt_kv_tier_of(hd, i)), rt_kv_tier_name(want));
+			}
+		}
+		h_close(&h);
+	}
+}
+END_TEST
+
 /* CAOTE over H2O, blocks of 3, heavy 2, recent 0: one eviction among three entries
  * after the first block. Steps 0 and 1 attend uniformly, step 2 with weights 1:1:5, so
  * acc = (1 + 1/2 + 1/7, 1/2 + 1/7, 5/7) = (23/14, 9/14, 10/14) and alpha = acc / 3 =
@@ -1478,6 +1550,7 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, scissorhands_uniform_is_not_low);
 	tcase_add_test(tc, knorm_lowest_norms);
 	tcase_add_test(tc, keydiff_least_similar);
+	tcase_add_test(tc, keydiff_ranks_the_tier_split);
 	tcase_add_test(tc, caote_true_output);
 	tcase_add_test(tc, caote_gqa_l2);
 	tcase_add_test(tc, expected_attention_numpy);
