@@ -311,12 +311,20 @@ START_TEST(number_lists_parse_strictly)
 	ck_assert_int_eq(rt_parse_list("0,100", 0, 100, 1, v, 8, &n), 0);
 	ck_assert(n == 2 && v[0] == 0 && v[1] == 100);
 	static const char *const bad[] = { "", ",", "2,", ",2", "2,,4", " 2", "2 ", "2, 4", "4x",
-		                           "inf", "nan", "0.5", "101", "1e999" };
+		                           "inf", "nan", "0.5", "101", "1e999", "0x10", "0x1p3", "+inf" };
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
 		ck_assert_msg(rt_parse_list(bad[i], 1, 100, 0, v, 8, &n) == -1, "'%s' accepted", bad[i]);
 	ck_assert_int_eq(rt_parse_list("2.5", 1, 100, 1, v, 8, &n), -1); /* not whole */
 	ck_assert_int_eq(rt_parse_list("1,2,3", 1, 100, 1, v, 3, &n), 0);
 	ck_assert_int_eq(rt_parse_list("1,2,3,4", 1, 100, 1, v, 3, &n), -1); /* over the cap */
+	double y = 7;
+	ck_assert_int_eq(rt_parse_double("-1.5e-3", &y), 0);
+	ck_assert(y == -1.5e-3);
+	static const char *const baddbl[] = { "", " 2", "2 ", "0x10", "inf", "nan", "1e999", "2x" };
+	for (size_t i = 0; i < sizeof baddbl / sizeof *baddbl; i++) {
+		y = 7;
+		ck_assert_msg(rt_parse_double(baddbl[i], &y) == -1 && y == 7, "'%s'", baddbl[i]);
+	}
 	long x = 7;
 	ck_assert_int_eq(rt_parse_int("42", 0, 100, &x), 0);
 	ck_assert_int_eq(x, 42);

@@ -19,6 +19,19 @@ int rt_parse_int(const char *s, long lo, long hi, long *out)
 	return 0;
 }
 
+int rt_parse_double(const char *s, double *out)
+{
+	if (!*s || strspn(s, "0123456789.eE+-") != strlen(s))
+		return -1;
+	char *end;
+	errno = 0;
+	const double v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v))
+		return -1;
+	*out = v;
+	return 0;
+}
+
 int rt_parse_list(const char *s, double lo, double hi, int integral, double *out, int cap,
                   int *n)
 {
@@ -26,16 +39,12 @@ int rt_parse_list(const char *s, double lo, double hi, int integral, double *out
 	for (const char *p = s;;) {
 		char item[32];
 		size_t len = strcspn(p, ",");
-		if (*n == cap || *n == RT_NUMPARSE_MAX_LIST || len == 0 || len >= sizeof item ||
-		    isspace((unsigned char)*p))
+		if (*n == cap || *n == RT_NUMPARSE_MAX_LIST || len == 0 || len >= sizeof item)
 			return -1;
 		memcpy(item, p, len);
 		item[len] = 0;
-		char *end;
-		errno = 0;
-		double v = strtod(item, &end);
-		if (errno || end == item || *end || !isfinite(v) || v < lo || v > hi ||
-		    (integral && v != floor(v)))
+		double v;
+		if (rt_parse_double(item, &v) || v < lo || v > hi || (integral && v != floor(v)))
 			return -1;
 		out[(*n)++] = v;
 		if (!p[len])

@@ -1,8 +1,9 @@
 /*
- * rt_numparse: the strict number syntax of every command line (kvrt's options, serve's
- * flags, kvpc ab's checks before its build): a decimal integer, or a comma list of
- * numbers, each with bounds. One parser, so that kvpc refuses a list exactly when the
- * binary it builds would.
+ * rt_numparse: the strict number syntax of the command lines (kvrt's and serve's numeric
+ * options, batch lines' ratios, kvpc ab's checks before its build): a decimal integer, a
+ * decimal number, or a comma list of numbers with bounds. Strict: no spaces, no hex, no
+ * inf or nan, nothing after the number. One parser, so that kvpc refuses a ratio list when
+ * the binary it builds would.
  */
 #ifndef RT_NUMPARSE_H
 #define RT_NUMPARSE_H
@@ -14,10 +15,15 @@
  * anything else (*out untouched). */
 int rt_parse_int(const char *s, long lo, long hi, long *out);
 
+/* Strict finite decimal number: only digits, '.', an exponent and signs ("2", "-0.5",
+ * "1e-3"), the whole string. 0 with *out, or -1 on anything else ("", " 2", "2 ", "0x10",
+ * "inf", "nan", "1e999": *out untouched). */
+int rt_parse_double(const char *s, double *out);
+
 /* Comma-separated list of finite numbers in [lo, hi] (whole numbers when integral), no
  * spaces and no empty item, at most cap entries (cap <= RT_NUMPARSE_MAX_LIST), into
- * out[0..*n). 0, or -1 on anything else (out and *n then undefined). "2,4,8" with lo 1:
- * {2, 4, 8}; "2,,8", "2, 4", "inf", "0x10" with integral: -1. */
+ * out[0..*n), each item as rt_parse_double. 0, or -1 on anything else (out and *n then
+ * undefined). "2,4,8" with lo 1: {2, 4, 8}; "2,,8", "2, 4", "inf", "0x10": -1. */
 int rt_parse_list(const char *s, double lo, double hi, int integral, double *out, int cap,
                   int *n);
 

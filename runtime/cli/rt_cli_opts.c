@@ -165,13 +165,10 @@ static const char *opt_spelling(const opt_def *d, char *buf, size_t cap)
 	return buf;
 }
 
-/* *v = the whole of s as a finite number (strtod); 0, or -1 on anything else. */
+/* *v = the whole of s as a finite number (rt_parse_double); 0, or -1 on anything else. */
 static int parse_finite(const char *s, double *v)
 {
-	char *end;
-	errno = 0;
-	*v = strtod(s, &end);
-	return errno || end == s || *end || !isfinite(*v) ? -1 : 0;
+	return rt_parse_double(s, v);
 }
 
 /* 0 when arg is the word a or the word b; else RT_CLI_USAGE after printing

@@ -4,6 +4,7 @@
  */
 #include "cli/rt_cli_runs.h"
 
+#include "base/rt_numparse.h"
 #include "base/rt_text.h"
 #include "policy/rt_pick.h"
 
@@ -104,11 +105,8 @@ static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc
 				}
 				r->o.kv_type = v;
 			} else if (!strcmp(w, "--ratio") || bytes) {
-				char *end;
-				errno = 0;
-				double x = strtod(v, &end);
-				if (errno || end == v || *end || x == 0 ||
-				    rt_ratio_check(x, bytes, NULL) != 0) {
+				double x = 0;
+				if (rt_parse_double(v, &x) || x == 0 || rt_ratio_check(x, bytes, NULL) != 0) {
 					snprintf(whybuf, sizeof whybuf, "%s: '%s' is not a compression "
 					         "factor >= 1", w, v);
 					why = whybuf;

@@ -25,10 +25,10 @@
 
 #define MAX_STOP 4
 
-/* How every response body is written: compact, and numbers to 15 significant digits
- * (DBL_DIG: a value the client sent with up to 15 digits comes back as it was typed, where
- * jansson's default 17 echoed kv.set's 0.1 as 0.10000000000000001; a computed figure keeps
- * 15 digits, a relative error below 1e-15). */
+/* How every response body and --trace line is written: compact, and numbers to 15
+ * significant digits (DBL_DIG: a value the client sent with up to 15 digits comes back as it
+ * was typed, where jansson's default 17 echoed kv.set's 0.1 as 0.10000000000000001; a
+ * computed figure keeps 15 digits, a relative error of at most 5e-15). */
 #define SRV_JSON_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(15))
 
 /* The histograms of /metrics, in seconds: X(id, name, help, upper bounds...). The request
