@@ -651,9 +651,10 @@ START_TEST(keydiff_ranks_the_tier_split)
 			ck_assert_msg(p == q || fabs(c[p] - c[q]) > 1e-4, "no near ties: %d %d", p, q);
 			rank[p] += c[q] < c[p]; /* lower cos = more distinctive = earlier rank */
 		}
+	static const int gqa[3][2] = { { 3, 3 }, { 1, 4 }, { 1, 8 } }; /* 9/3, 4/1, 8/1 */
 	for (int s = 0; s < 3; s++) {
 		struct harness h;
-		h_open(&h, "keydiff_rot_q4q2", 1, shapes[s][0], shapes[s][1], D, 64, N);
+		h_open(&h, "keydiff_rot_q4q2", 1, gqa[s][0], gqa[s][1], D, 64, N);
 		h_set(&h, "sinks=1");
 		h_set(&h, "recent=2");
 		h.e = e_kd_tiers;
