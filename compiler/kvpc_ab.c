@@ -101,16 +101,14 @@ static int ab_parse(int argc, char **argv, const char *files[2], int *verbose, c
 	return -1;
 }
 
-/* 1 when v is a comma-separated list of compression factors (each a finite number >= 1,
- * without spaces): the built binary's own parse of --ratio and --byte-ratio (rt_parse_list
- * with the bounds of runtime/cli/rt_cmd_ab.c ab_lists), so kvpc refuses a list exactly when
- * the binary would, except the count bound (RT_AB_MAX_RATIOS, an eval constant the
- * compiler does not include), which the binary checks itself. */
+/* 1 when v is a list of compression factors as the built binary parses --ratio and
+ * --byte-ratio (rt_parse_ratio_list, its count bound included), so kvpc refuses a list
+ * exactly when the binary would, before the build. */
 static int ab_ratio_list_ok(const char *v)
 {
-	double x[RT_NUMPARSE_MAX_LIST];
+	double x[RT_RATIO_LIST_MAX];
 	int n;
-	return rt_parse_list(v, 1, INFINITY, 0, x, RT_NUMPARSE_MAX_LIST, &n) == 0;
+	return rt_parse_ratio_list(v, x, &n) == 0;
 }
 
 /* The text, the ratio lists and the output paths among the passed options pass[0..np),
@@ -138,7 +136,8 @@ static int ab_check_paths(char *const *pass, int np)
 		           (ol == 12 && !strncmp(o, "--byte-ratio", 12))) {
 			if (!ab_ratio_list_ok(val)) {
 				fprintf(stderr, "kvpc ab: %.*s: '%s' is not a comma-separated list of "
-				        "compression factors >= 1\n", (int)ol, o, val);
+				        "at most %d compression factors >= 1\n", (int)ol, o, val,
+				        RT_RATIO_LIST_MAX);
 				fputs(AB_USAGE, stderr);
 				return 2;
 			}

@@ -579,15 +579,17 @@ START_TEST(kvpc_ab_front_builds_and_runs)
 	free(out);
 	free(err);
 	/* so are the ratio lists: a typo costs no build (kvpc and the built binary share one
-	 * parse, rt_parse_list: "2, 4" was kvpc's error and the binary's valid list) */
-	static const char *const badlists[] = { "0.5", "0,4", "2,,4", "4x", "2, 4", "inf" };
-	for (int i = 0; i < 6; i++) {
+	 * parse, rt_parse_ratio_list: "2, 4" was kvpc's error and the binary's valid list, and
+	 * 17 ratios cost a build before the binary refused them) */
+	static const char *const badlists[] = { "0.5", "0,4", "2,,4", "4x", "2, 4", "inf",
+		                                "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17" };
+	for (int i = 0; i < 7; i++) {
 		char *badratio[] = { g_kvpc, "ab", "policies/h2o.kvp", "policies/tova.kvp", "--model",
 			             g_model, "--text", g_text, "--ratio", (char *)badlists[i], NULL };
 		ck_assert_int_eq(run(badratio, &out, &err), 2);
-		char want[128];
+		char want[192];
 		snprintf(want, sizeof want, "kvpc ab: --ratio: '%s' is not a comma-separated list of "
-		         "compression factors >= 1\n", badlists[i]);
+		         "at most 16 compression factors >= 1\n", badlists[i]);
 		ck_assert_msg(!strncmp(err, want, strlen(want)) && !strstr(err, "built"), "%s", err);
 		free(out);
 		free(err);

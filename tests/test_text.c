@@ -317,6 +317,11 @@ START_TEST(number_lists_parse_strictly)
 	ck_assert_int_eq(rt_parse_list("2.5", 1, 100, 1, v, 8, &n), -1); /* not whole */
 	ck_assert_int_eq(rt_parse_list("1,2,3", 1, 100, 1, v, 3, &n), 0);
 	ck_assert_int_eq(rt_parse_list("1,2,3,4", 1, 100, 1, v, 3, &n), -1); /* over the cap */
+	/* a ratio list: factors >= 1, at most 16 (kvrt ab's and kvpc ab's one bound) */
+	ck_assert_int_eq(rt_parse_ratio_list("1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16.5", v, &n), 0);
+	ck_assert(n == 16 && v[15] == 16.5);
+	ck_assert_int_eq(rt_parse_ratio_list("1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", v, &n), -1);
+	ck_assert_int_eq(rt_parse_ratio_list("0.99", v, &n), -1);
 	double y = 7;
 	ck_assert_int_eq(rt_parse_double("-1.5e-3", &y), 0);
 	ck_assert(y == -1.5e-3);

@@ -52,3 +52,8 @@ int rt_parse_list(const char *s, double lo, double hi, int integral, double *out
 		p += len + 1;
 	}
 }
+
+int rt_parse_ratio_list(const char *s, double *out, int *n)
+{
+	return rt_parse_list(s, 1, INFINITY, 0, out, RT_RATIO_LIST_MAX, n);
+}

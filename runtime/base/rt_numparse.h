@@ -27,4 +27,14 @@ int rt_parse_double(const char *s, double *out);
 int rt_parse_list(const char *s, double lo, double hi, int integral, double *out, int cap,
                   int *n);
 
+/* The most compression factors one ratio list holds: `ab --ratio` / `--byte-ratio` of the
+ * built binary, and kvpc ab's check of the same list before it builds (one bound, so kvpc
+ * refuses a list exactly when the binary would). */
+#define RT_RATIO_LIST_MAX 16
+
+/* A list of compression factors: rt_parse_list with each item finite and >= 1, at most
+ * RT_RATIO_LIST_MAX items, into out[0..*n) (out holds RT_RATIO_LIST_MAX). 0, or -1 ("2,0.5",
+ * "2, 4", seventeen items: -1; out and *n then undefined). */
+int rt_parse_ratio_list(const char *s, double *out, int *n);
+
 #endif

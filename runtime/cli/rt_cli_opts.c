@@ -165,12 +165,6 @@ static const char *opt_spelling(const opt_def *d, char *buf, size_t cap)
 	return buf;
 }
 
-/* *v = the whole of s as a finite number (rt_parse_double); 0, or -1 on anything else. */
-static int parse_finite(const char *s, double *v)
-{
-	return rt_parse_double(s, v);
-}
-
 /* 0 when arg is the word a or the word b; else RT_CLI_USAGE after printing
  * "NAME: 'ARG' is not A or B" (nm: the option as spelled). The caller stores arg first:
  * after a usage error nothing reads the options. */
@@ -222,14 +216,14 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 	case O_RATIO: case O_BYTERATIO: {
 		const int bytes = d->id == O_BYTERATIO;
 		double r;
-		if (parse_finite(arg, &r) != 0 || r == 0 || rt_ratio_check(r, bytes, NULL) != 0)
+		if (rt_parse_double(arg, &r) != 0 || r == 0 || rt_ratio_check(r, bytes, NULL) != 0)
 			return rt_cli_usage(cmd, "%s: '%s' is not a compression factor >= 1", nm, arg);
 		*(bytes ? &o->byte_ratio : &o->ratio) = r;
 		return 0;
 	}
 	case O_MAXKLD: case O_MINPASSKEY: {
 		double v;
-		if (parse_finite(arg, &v) != 0 || v < 0 || (d->id == O_MINPASSKEY && v > 1))
+		if (rt_parse_double(arg, &v) != 0 || v < 0 || (d->id == O_MINPASSKEY && v > 1))
 			return rt_cli_usage(cmd, "%s: '%s' is not %s", nm, arg,
 			                    d->id == O_MAXKLD ? "a KL divergence >= 0 (nats per token)"
 			                                      : "an accuracy in 0..1");

@@ -110,7 +110,7 @@ static int ab_lists(const rt_cli_opts *c, rt_ab_opts *o)
 	const char *rl = c->ratio_list ? c->ratio_list : c->byte_ratio_list;
 	if (rl) {
 		o->bytes = c->byte_ratio_list != NULL;
-		if (rt_parse_list(rl, 1, INFINITY, 0, v, RT_AB_MAX_RATIOS, &n))
+		if (rt_parse_ratio_list(rl, v, &n))
 			return rt_cli_usage("ab", "%s: '%s' is not a comma list of at most %d "
 			                    "compression factors >= 1", o->bytes ? "--byte-ratio" : "--ratio",
 			                    rl, RT_AB_MAX_RATIOS);

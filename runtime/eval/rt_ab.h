@@ -38,9 +38,10 @@
 #include <stdio.h>
 
 #include "policy/rt_policy.h"
+#include "base/rt_numparse.h"
 #include "base/rt_util.h"
 
-#define RT_AB_MAX_RATIOS 16
+#define RT_AB_MAX_RATIOS RT_RATIO_LIST_MAX /* the ratio list's bound (base/rt_numparse.h) */
 #define RT_AB_MAX_SETS 64
 /* The most the two sides' compression at the end may differ (a fraction of the larger, in
  * entries and in bytes) for the verdict to name a winner. */

@@ -205,7 +205,10 @@ fnpolicies=${FRONTIER_NEEDLE_POLICIES-$fpolicies}
 fntasks=${FRONTIER_NEEDLE_TASKS:-passkey multikey instruct}
 envline="$envline FRONTIER_POLICIES=\"$fpolicies\" FRONTIER_KV_TYPES=\"$fkv\" FRONTIER_RATIOS=\"$fratios\" FRONTIER_PROTOCOLS=\"$fprot\" FRONTIER_NEEDLE=$fneedle FRONTIER_NEEDLE_POLICIES=\"$fnpolicies\" FRONTIER_NEEDLE_TASKS=\"$fntasks\""
 mkdir -p "$out/ppl" "$out/needle" "$(dirname "$doc")" "$svgdir"
-rm -f "$out/stop" # a stop left by an earlier run (one touched from now on counts)
+# A stop left by an earlier run is cleared by an invocation that measures (one touched from
+# now on counts); a render-only invocation leaves it, so rendering beside a resumed run that
+# was told to stop does not let that run start new passes.
+[ "${RESULTS_RENDER_ONLY:-0}" = 1 ] || rm -f "$out/stop"
 start=$(date +%s)
 
 # 1. one binary with the policies measured (the full cache is built in, for the needle
