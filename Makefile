@@ -124,6 +124,7 @@ test: $(TEST_BINS) $(B)/tests/serve_bin random-models
 	@$(PYTHON) tests/serve/test_serve.py $(B)/tests/serve_bin $(MODEL)
 	@$(PYTHON) tests/serve/test_serve_gemma.py $(B)/tests/serve_bin $(GEMMA)
 	@$(PYTHON) tests/results/test_doc_rule.py $(B) $(MODEL)
+	@$(PYTHON) scripts/results/paired.py --self-test
 	@$(PYTHON) scripts/calibrate/kvzap_train.py --synthetic
 
 # the serving tests' binary: two library policies and one that keeps the pinned span

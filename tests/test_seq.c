@@ -2291,6 +2291,8 @@ START_TEST(cli_needle_and_run)
 		            NULL };
 	ck_assert_msg(cli(out, sizeof out, e, sizeof e, a) == 0, "%s", e);
 	ck_assert_msg(strstr(out, "\"task\":\"passkey\",\"mode\":\"agnostic\"") != NULL, "%s", out);
+	/* what remakes the prompts is recorded: the default seed, answer length and chunk */
+	ck_assert_msg(strstr(out, "\"seed\":1,\"gen\":8,\"chunk\":512,") != NULL, "%s", out);
 	ck_assert_msg(strstr(out, "{\"length\":600,\"depth\":0,") != NULL, "%s", out);
 	ck_assert_msg(strstr(out, "{\"length\":600,\"depth\":100,") != NULL, "%s", out);
 	ck_assert_msg(strstr(out, "\"accuracy\":") != NULL, "%s", out);

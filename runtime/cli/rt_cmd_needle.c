@@ -333,9 +333,12 @@ static void needle_mean_x(const needle_job *nj, int k, rt_compression *x)
 /* Run k's JSON object. */
 static void needle_json(const needle_job *nj, int k, const char *msha, int correct, int total)
 {
-	printf(",\"task\":\"%s\",\"mode\":\"%s\",\"mode_from\":\"%s\",\"model\":",
+	/* the seed and answer length: with the model and the grid, what remakes the prompts */
+	printf(",\"task\":\"%s\",\"mode\":\"%s\",\"mode_from\":\"%s\",\"seed\":%ld,"
+	       "\"gen\":%lld,\"chunk\":%ld,\"model\":",
 	       task_name(nj->o.task), nj->o.mode_agnostic ? "agnostic" : "aware",
-	       nj->o.mode_given ? "--mode" : "protocol");
+	       nj->o.mode_given ? "--mode" : "protocol", nj->o.seed, (long long)nj->n_gen,
+	       nj->o.chunk);
 	rt_json_str(stdout, nj->m->path);
 	if (msha[0]) {
 		fputs(",\"model_sha256\":", stdout);

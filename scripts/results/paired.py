@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Paired retrieval counts of needle runs against the full cache, over several seeds.
+
+    scripts/results/paired.py FILE...          # needle --json outputs (one object per line)
+    scripts/results/paired.py --self-test
+
+Each FILE holds `BIN needle --json` objects (a --batch pass writes one per line; a cell of
+`make results` holds one). Prompts are paired by (seed, length, depth): the reference is the
+full cache's run (policy "full") on the same prompt, from any FILE. A cell written before
+needle recorded "seed" is seed 1, needle's default (make results passes none). The
+reference is the full cache's run in the same mode (aware or agnostic) when the inputs have
+one, else its run in the other mode (the full cache compresses nothing; only its chunking
+differs), and the table says which.
+
+For each run (policy with its --ratio / --byte-ratio) it prints the prompts, the correct
+answers, the full cache's on the same prompts, the prompts the full cache answers and the
+run does not (lost), the reverse (gained), and the two-sided exact sign test on the
+discordant prompts (McNemar's exact test, as `ab --task needle` reports it:
+runtime/eval/rt_ab.c sign_test_p): p = min(1, 2 P(X <= min(lost, gained))), X ~ Bin(lost +
+gained, 1/2). A small p says the run and the full cache differ on these prompts; a large p
+says the prompts cannot tell them apart, not that they are equal. Markdown on stdout;
+exit 1 with "paired.py: FILE: reason" on unreadable input or a run without its reference.
+"""
+import json
+import math
+import sys
+
+
+def sign_test_p(k, n):
+    """Two-sided exact sign test of k successes in n fair flips; 1 for n = 0."""
+    if n == 0:
+        return 1.0
+    m = min(k, n - k)
+    p = sum(math.comb(n, i) for i in range(m + 1)) / 2.0 ** n
+    return min(1.0, 2 * p)
+
+
+def label(d):
+    """A run's name: its policy and the budget it was given."""
+    if d.get("byte_ratio") is not None:
+        return "%s --byte-ratio %g" % (d["policy"], d["byte_ratio"])
+    if d.get("ratio") is not None:
+        return "%s --ratio %g" % (d["policy"], d["ratio"])
+    return d["policy"]
+
+
+def load(paths):
+    """{(label, mode): {(seed, length, depth): correct}} over every object of every file."""
+    runs = {}
+    for path in paths:
+        try:
+            text = open(path).read()
+        except OSError as e:
+            sys.exit("paired.py: %s: %s" % (path, e.strerror))
+        for no, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                seed = d.get("seed", 1)
+                res = {(seed, r["length"], r["depth"]): bool(r["correct"]) for r in d["results"]}
+            except (ValueError, KeyError, TypeError) as e:
+                sys.exit("paired.py: %s:%d: not a needle --json object (%s)" % (path, no, e))
+            runs.setdefault((label(d), d.get("mode", "aware")), {}).update(res)
+    return runs
+
+
+def table(runs):
+    """The markdown lines: one row per run and mode, the full cache's first."""
+    refs = {mode: r for (name, mode), r in runs.items() if name == "full"}
+    if not refs:
+        sys.exit("paired.py: no full-cache run among the inputs (the reference)")
+    seeds = sorted({k[0] for r in runs.values() for k in r})
+    out = ["| run | mode | prompts | correct | full cache (its mode), same prompts | lost | "
+           "gained | sign test p |", "|---|---|---|---|---|---|---|---|"]
+    for name, mode in sorted(runs, key=lambda k: (k[0] != "full", k)):
+        r = runs[(name, mode)]
+        rmode = mode if mode in refs else sorted(refs)[0]
+        ref = refs[rmode]
+        missing = [k for k in r if k not in ref]
+        if missing:
+            sys.exit("paired.py: %s: prompt seed %s, length %s, depth %s has no full-cache "
+                     "run" % ((name,) + missing[0]))
+        lost = sum(1 for k, c in r.items() if ref[k] and not c)
+        gained = sum(1 for k, c in r.items() if c and not ref[k])
+        out.append("| %s | %s | %d | %d | %d (%s) | %d | %d | %.3g |" % (
+            name, mode, len(r), sum(r.values()), sum(ref[k] for k in r), rmode, lost, gained,
+            sign_test_p(lost, lost + gained)))
+    out.append("")
+    out.append("Seeds %s; prompts paired by (seed, length, depth)." %
+               ", ".join(str(s) for s in seeds))
+    return out
+
+
+def self_test():
+    # hand-computed: P(X <= 0) for n = 5 is 1/32, two-sided 1/16; n = 2, k = 0: 2 * 1/4
+    assert sign_test_p(0, 5) == 0.0625
+    assert sign_test_p(0, 2) == 0.5
+    assert sign_test_p(1, 2) == 1.0 and sign_test_p(0, 0) == 1.0
+    # n = 10, k = 1: 2 * (1 + 10) / 1024
+    assert abs(sign_test_p(1, 10) - 22 / 1024) < 1e-15
+    assert sign_test_p(9, 10) == sign_test_p(1, 10)
+    # two prompts of seed 1, the run loses one: lost 1, gained 0, p = 1
+    runs = {("full", "aware"): {(1, 1024, 0): True, (1, 1024, 50): True},
+            ("h2o --ratio 8", "aware"): {(1, 1024, 0): True, (1, 1024, 50): False},
+            ("kvzip --ratio 8", "agnostic"): {(1, 1024, 0): False, (1, 1024, 50): False}}
+    rows = table(runs)
+    assert rows[3] == "| h2o --ratio 8 | aware | 2 | 1 | 2 (aware) | 1 | 0 | 1 |", rows[3]
+    assert rows[4] == "| kvzip --ratio 8 | agnostic | 2 | 0 | 2 (aware) | 2 | 0 | 0.5 |", rows[4]
+    assert label({"policy": "kvzip", "ratio": None, "byte_ratio": 8}) == "kvzip --byte-ratio 8"
+    print("paired.py: self-test passed")
+
+
+def main(argv):
+    if argv == ["--self-test"]:
+        self_test()
+        return 0
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    print("\n".join(table(load(argv))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
