@@ -2320,6 +2320,30 @@ START_TEST(cli_needle_and_run)
 		            "--policy", "streaming_llm", "--set", "sinks=1", "--set", "recent=4", NULL };
 	ck_assert_msg(cli(out, sizeof out, e, sizeof e, c) == 0, "%s", e);
 	ck_assert_int_eq(count_lines(out), 1);
+	/* sampling: top-k 1 at any temperature is the greedy text; a seed repeats its text */
+	const char *base[] = { "kvx", "run", "--model", mp, "--prompt", "hello there", "-n", "12",
+		               NULL, NULL, NULL, NULL, NULL, NULL, NULL };
+	static char greedy[1 << 17], first[1 << 17];
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, base) == 0, "%s", e);
+	memcpy(greedy, out, sizeof greedy);
+	const char *k1[] = { "--temp", "1.5", "--top-k", "1" };
+	memcpy(&base[8], k1, sizeof k1);
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, base) == 0, "%s", e);
+	ck_assert_str_eq(out, greedy);
+	const char *s7[] = { "--temp", "2", "--seed", "7" };
+	memcpy(&base[8], s7, sizeof s7);
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, base) == 0, "%s", e);
+	memcpy(first, out, sizeof first);
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, base) == 0, "%s", e);
+	ck_assert_str_eq(out, first);
+	const char *bads[][2] = { { "--temp", "2.5" }, { "--top-p", "0" }, { "--seed", "0x10" },
+		                  { "--top-k", "-1" } };
+	for (int i = 0; i < 4; i++) {
+		memcpy(&base[8], bads[i], sizeof bads[i]);
+		base[10] = NULL;
+		ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, base), 2);
+		ck_assert_msg(strstr(e, bads[i][0]) && strstr(e, bads[i][1]), "%s", e);
+	}
 	const char *d[] = { "kvx", "info", "--json", NULL };
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, d), 0);
 	for (int i = 0; i < kvp_registry_count; i++) {

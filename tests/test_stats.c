@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "eval/rt_sample.h"
 #include "eval/rt_stats.h"
 #include "support/check_run.h"
 
@@ -119,6 +120,57 @@ static int close_rel(double a, double b, double tol)
 	              (double)(a), (double)(b))
 
 /* ---- hand-computed KL ------------------------------------------------------------ */
+
+/* rt_sample's draws against hand-computed distributions over four tokens with logits
+ * {0, ln 3, ln 2, ln 2} (softmax 1/8, 3/8, 2/8, 2/8): each frequency of 40000 draws within
+ * 0.012 (about five standard errors), the truncations' excluded tokens never drawn, and
+ * the greedy cases (temperature 0, top-k 1) the argmax, lowest id on ties. */
+static void draws(double temp, double top_p, int top_k, uint64_t seed, double *freq)
+{
+	const float lg[4] = { 0.0f, logf(3.0f), logf(2.0f), logf(2.0f) };
+	rt_sampler s;
+	ck_assert_int_eq(rt_sampler_init(&s, 4, temp, top_p, top_k, seed), 0);
+	for (int i = 0; i < 4; i++)
+		freq[i] = 0;
+	for (int n = 0; n < 40000; n++) {
+		const int32_t t = rt_sample(&s, lg);
+		ck_assert(t >= 0 && t < 4);
+		freq[t] += 1.0 / 40000;
+	}
+	rt_sampler_free(&s);
+}
+
+static void want(const double *freq, double a, double b, double c, double d)
+{
+	const double w[4] = { a, b, c, d };
+	for (int i = 0; i < 4; i++)
+		ck_assert_msg(w[i] == 0 ? freq[i] == 0 : fabs(freq[i] - w[i]) < 0.012,
+		              "token %d: drawn %.4f, expected %.4f", i, freq[i], w[i]);
+}
+
+START_TEST(test_sampler_hand)
+{
+	double f[4], g[4];
+	draws(1.0, 1.0, 0, 1, f);
+	want(f, 1 / 8.0, 3 / 8.0, 2 / 8.0, 2 / 8.0);
+	draws(0.5, 1.0, 0, 2, f); /* exp(2 logit): 1, 9, 4, 4 */
+	want(f, 1 / 18.0, 9 / 18.0, 4 / 18.0, 4 / 18.0);
+	draws(1.0, 1.0, 2, 3, f); /* the two best: id 1, and id 2 of the tie (lower id) */
+	want(f, 0, 3 / 5.0, 2 / 5.0, 0);
+	draws(1.0, 0.5, 0, 4, f); /* 3/8 < 0.5 <= 3/8 + 2/8: ids 1 and 2, renormalised */
+	want(f, 0, 3 / 5.0, 2 / 5.0, 0);
+	draws(0.0, 1.0, 0, 5, f);
+	want(f, 0, 1, 0, 0);
+	draws(1.5, 1.0, 1, 6, f);
+	want(f, 0, 1, 0, 0);
+	/* the seed makes the draws: the same one repeats them exactly, another differs */
+	draws(1.0, 1.0, 0, 7, f);
+	draws(1.0, 1.0, 0, 7, g);
+	ck_assert(memcmp(f, g, sizeof f) == 0);
+	draws(1.0, 1.0, 0, 8, g);
+	ck_assert(memcmp(f, g, sizeof f) != 0);
+}
+END_TEST
 
 START_TEST(test_kl_hand)
 {
@@ -661,6 +713,7 @@ static Suite *stats_suite(void)
 	tcase_add_test(tc, test_block_len_and_autocorrelation);
 	tcase_add_test(tc, test_block_len_auto);
 	tcase_add_test(tc, test_json);
+	tcase_add_test(tc, test_sampler_hand);
 	suite_add_tcase(s, tc);
 	return s;
 }

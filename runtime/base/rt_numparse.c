@@ -19,6 +19,19 @@ int rt_parse_int(const char *s, long lo, long hi, long *out)
 	return 0;
 }
 
+int rt_parse_u64(const char *s, unsigned long long *out)
+{
+	if (!*s || strspn(s, "0123456789") != strlen(s))
+		return -1;
+	char *end;
+	errno = 0;
+	const unsigned long long v = strtoull(s, &end, 10);
+	if (errno || *end)
+		return -1;
+	*out = v;
+	return 0;
+}
+
 int rt_parse_double(const char *s, double *out)
 {
 	if (!*s || strspn(s, "0123456789.eE+-") != strlen(s))

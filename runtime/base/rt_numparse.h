@@ -15,6 +15,10 @@
  * anything else (*out untouched). */
 int rt_parse_int(const char *s, long lo, long hi, long *out);
 
+/* Strict decimal unsigned 64-bit integer (digits only: no sign, no spaces, no hex): 0 with
+ * *out, or -1 on anything else, 18446744073709551616 included (*out untouched). */
+int rt_parse_u64(const char *s, unsigned long long *out);
+
 /* Strict finite decimal number: only digits, '.', an exponent and signs ("2", "-0.5",
  * "1e-3"), the whole string. 0 with *out, or -1 on anything else ("", " 2", "2 ", "0x10",
  * "inf", "nan", "1e999": *out untouched). */

@@ -144,6 +144,9 @@ static const opt_def OPTS[] = {
 	INTOPT(O_STEPROWS, "step-rows", 1, 65536, step_rows, "is not a whole number in 1..65536"),
 	INTOPT(O_TIMEOUT, "timeout", 1, 86400, timeout, "is not a whole number in 1..86400"),
 	OPT(O_DEVICE, "device", 1), FLAGOPT(O_F16, "f16", f16_weights, 1),
+	/* run's sampling: serve's request fields' bounds (runtime/serve/rt_serve_req.c) */
+	OPT(O_TEMP, "temp", 1), OPT(O_TOPP, "top-p", 1),
+	INTOPT(O_TOPK, "top-k", 0, 1000000, top_k, "is not a whole number in 0..1000000"),
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
 
@@ -242,12 +245,18 @@ static int opt_value(const char *cmd, const opt_def *d, const char *arg, rt_cli_
 		o->ab_task = arg;
 		return one_of(cmd, nm, arg, "ppl", "needle");
 	case O_SEED64: {
-		char *end;
-		errno = 0;
-		o->seed64 = strtoull(arg, &end, 0);
-		if (errno || end == arg || *end || arg[0] == '-')
+		if (rt_parse_u64(arg, &o->seed64))
 			return rt_cli_usage(cmd, "--seed: '%s' is not a 64-bit unsigned integer", arg);
 		o->seed64_set = 1;
+		return 0;
+	}
+	case O_TEMP: case O_TOPP: {
+		const int temp = d->id == O_TEMP;
+		double v;
+		if (rt_parse_double(arg, &v) != 0 || (temp ? v < 0 || v > 2 : v <= 0 || v > 1))
+			return rt_cli_usage(cmd, "%s: '%s' is not %s", nm, arg,
+			                    temp ? "a temperature in 0..2" : "a probability in (0, 1]");
+		*(temp ? &o->temp : &o->top_p) = v;
 		return 0;
 	}
 	case O_MODE:

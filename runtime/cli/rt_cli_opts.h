@@ -76,6 +76,9 @@ typedef struct rt_cli_opts {
 	int bytes_flag, entries_flag;
 	/* tune: --param NAME=LIST (O_PARAMGRID), a grid of one parameter's values */
 	const char *param_grid;
+	/* run: sampling (runtime/eval/rt_sample.h); temp 0 is greedy, run's default */
+	double temp, top_p;
+	long top_k;
 	/* serve: where it listens, its limits, its key and trace (runtime/serve/rt_serve.h) */
 	const char *host, *api_key, *trace;
 	long port, max_seqs, queue, step_rows, timeout;
@@ -86,7 +89,7 @@ typedef struct rt_cli_opts {
  * TEXT, 'n' -n N), long-only options these. O_CTX takes a list when ctx_list was preset.
  * One long name may have two ids where commands give it two meanings: `ab`'s and `tune`'s
  * --ratio and --byte-ratio are lists (O_RATIOS, O_BYTERATIOS), its --task is ppl|needle (O_ABTASK), its --json takes a path (O_JSONOUT)
- * and its --seed a 64-bit integer (O_SEED64); serve's --chunk and --prefill-chunk stop at
+ * and its --seed (and run's) a 64-bit integer (O_SEED64); serve's --chunk and --prefill-chunk stop at
  * 4096 (O_SERVECHUNK, O_SERVEPREFILL). */
 enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECIAL, O_STATS,
        O_THREADS, O_DECODE, O_POLICY, O_SET, O_RATIO, O_NOREF, O_PROMPTLEN, O_HAYSTACK,
@@ -97,7 +100,7 @@ enum { O_CTX = 256, O_CHUNK, O_JSON, O_DUMP, O_LOGITS, O_CHAT, O_SYSTEM, O_SPECI
        O_BYTERATIOS, O_BYTES, O_ENTRIES, O_F32ACT, O_MINKV, O_HOST, O_PORT, O_KVMEM,
        O_MAXSEQS, O_QUEUE, O_SERVECHUNK, O_SERVEPREFILL, O_STEPROWS, O_APIKEY, O_TRACE,
        O_MAXBODY, O_TIMEOUT, O_DEVICE, O_F16, O_EQMEM, O_NOSHARE, O_PARAMGRID,
-       O_DUMPSCORES, O_DUMPHIDDEN };
+       O_DUMPSCORES, O_DUMPHIDDEN, O_TEMP, O_TOPP, O_TOPK };
 
 /* The program name in messages (argv[0]'s base name) and the binary's policies. */
 extern const char *rt_cli_prog;

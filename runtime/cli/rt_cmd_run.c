@@ -1,5 +1,6 @@
 /*
- * rt_cmd_run: `run` — greedy generation from a prompt under a policy; the man page is
+ * rt_cmd_run: `run` — generation from a prompt under a policy (greedy, or sampled with
+ * serve's sampler); the man page is
  * help_run below.
  */
 #include "cli/rt_cmd.h"
@@ -19,20 +20,23 @@
 
 static const char *const help_run =
 	"NAME\n"
-	"    {prog} run - greedy generation from a prompt under a KV-cache policy\n"
+	"    {prog} run - generation from a prompt under a KV-cache policy\n"
 	"\n"
 	"SYNOPSIS\n"
 	"    {prog} run --model MODEL --prompt TEXT [-n N] [--chat] [--system TEXT]\n"
 	"             [--policy NAME] [--set NAME=VALUE]... [--ratio R | --byte-ratio R] [--stats]\n"
 	"             [--chunk N] [--prefill-chunk C] [--threads N] [--exact]\n"
 	"             [--kv-type f32|f16|q8_0] [--min-kv N]\n"
+	"             [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
 	"\n"
 	"DESCRIPTION\n"
 	"    Tokenizes TEXT, prefills it under the policy (the prompt is its prompt: prompt-\n"
-	"    end triggers fire after it), then repeatedly appends the most likely next token\n"
-	"    (greedy, lowest id on ties), writing each token's bytes to standard output as\n"
-	"    it is produced. Stops after N tokens, at an end-of-generation token, or at the\n"
-	"    model's context_length.\n"
+	"    end triggers fire after it), then repeatedly appends the next token, writing\n"
+	"    its bytes to standard output as it is produced: by default the most likely one\n"
+	"    (greedy, lowest id on ties); with --temp T > 0 one drawn as serve draws it\n"
+	"    (top-k, then top-p over the softmax at temperature T, then a draw from a\n"
+	"    generator seeded with S: the same S gives the same text). Stops after N\n"
+	"    tokens, at an end-of-generation token, or at the model's context_length.\n"
 	"\n"
 	"OPTIONS\n"
 	"    -m, --model MODEL  GGUF model file\n"
@@ -56,6 +60,11 @@ static const char *const help_run =
 	"                       stays whole, and guards larger than the budget raise it (a note\n"
 	"                       with --stats) instead of failing; 0: the policy's budget as\n"
 	"                       written, its own `min` floor included (default 64)\n"
+	"    --temp T           sampling temperature in 0..2 (default 0: greedy)\n"
+	"    --top-k K          sample among the K most likely tokens (default 0: all)\n"
+	"    --top-p P          nucleus: the smallest set of most likely tokens whose\n"
+	"                       probability reaches P, in (0, 1] (default 1: all)\n"
+	"    --seed S           the sampler's seed, a 64-bit unsigned integer (default 0)\n"
 	"    -h, --help         show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -63,8 +72,9 @@ static const char *const help_run =
 int rt_cmd_run(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 'p', 'n', O_CHAT, O_SYSTEM, O_STATS, O_THREADS, O_CHUNK, O_POLICY,
-		O_SET, O_RATIO, O_BYTERATIO, O_EXACT, O_FAST, O_PREFILL, O_KVTYPE, O_MINKV, 0 };
-	rt_cli_opts o = { .n_gen = 128, .chunk = RT_CLI_CHUNK, .min_kv = RT_CLI_MIN_KV };
+		O_SET, O_RATIO, O_BYTERATIO, O_EXACT, O_FAST, O_PREFILL, O_KVTYPE, O_MINKV, O_TEMP,
+		O_TOPK, O_TOPP, O_SEED64, 0 };
+	rt_cli_opts o = { .n_gen = 128, .chunk = RT_CLI_CHUNK, .min_kv = RT_CLI_MIN_KV, .top_p = 1 };
 	int rc = rt_cli_parse("run", help_run, argc, argv, &o, opt_ids, 1);
 	if (rc != RT_CLI_GO)
 		return rc;
@@ -90,6 +100,7 @@ int rt_cmd_run(int argc, char **argv)
 	float *logits = NULL;
 	char *rendered = NULL;
 	rt_seq s = { 0 };
+	rt_sampler smp = { 0 };
 	rt_err err = { "" };
 	int64_t n = 0;
 	rc = EXIT_FAILURE;
@@ -121,7 +132,8 @@ int rt_cmd_run(int argc, char **argv)
 		cap = m->hp.n_ctx;
 	int chunk = (int)(o.chunk < n ? o.chunk : n);
 	if (rt_seq_init(&s, m, p, (int32_t)cap, chunk, n, &err) != 0 || rt_cli_seq_apply(&s, &o, &err) != 0 ||
-	    !(logits = malloc((size_t)m->hp.n_vocab * sizeof *logits))) {
+	    !(logits = malloc((size_t)m->hp.n_vocab * sizeof *logits)) ||
+	    rt_sampler_init(&smp, m->hp.n_vocab, o.temp, o.top_p, (int)o.top_k, o.seed64) != 0) {
 		if (!err.msg[0])
 			rt_err_set(&err, "out of memory");
 		rt_cli_fail(&err);
@@ -134,7 +146,9 @@ int rt_cmd_run(int argc, char **argv)
 	}
 	double t1 = rt_now();
 	char sink[1];
-	int64_t gen = rt_decode_greedy(&s, tk, logits, o.n_gen, sink, 0, stdout, &err);
+	/* greedy unless a temperature is given (rt_sample's temperature 0 is the same argmax) */
+	int64_t gen = rt_decode(&s, tk, o.temp > 0 ? &smp : NULL, logits, o.n_gen, sink, 0, stdout,
+	                        &err);
 	if (gen < 0) {
 		putchar('\n');
 		rt_cli_fail(&err);
@@ -160,6 +174,7 @@ int rt_cmd_run(int argc, char **argv)
 	}
 	rc = flushed && fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
 out:
+	rt_sampler_free(&smp);
 	rt_seq_free(&s);
 	free(logits);
 	free(rendered);

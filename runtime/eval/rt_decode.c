@@ -1,19 +1,19 @@
 /*
- * rt_decode: greedy decoding on a sequence; see rt_decode.h.
+ * rt_decode: greedy or sampled decoding on a sequence; see rt_decode.h.
  */
 #include "eval/rt_decode.h"
 
 #include <string.h>
 
-int64_t rt_decode_greedy(rt_seq *s, const rt_tokenizer *tk, float *logits, int64_t n_gen,
-                         char *text, size_t cap, FILE *out, rt_err *err)
+int64_t rt_decode(rt_seq *s, const rt_tokenizer *tk, rt_sampler *smp, float *logits,
+                  int64_t n_gen, char *text, size_t cap, FILE *out, rt_err *err)
 {
 	size_t used = 0;
 	if (cap)
 		text[0] = 0;
 	int64_t gen = 0;
 	while (gen < n_gen) {
-		int32_t t = rt_argmax(logits, s->m->hp.n_vocab);
+		int32_t t = smp ? rt_sample(smp, logits) : rt_argmax(logits, s->m->hp.n_vocab);
 		if (rt_tokenizer_is_eog(tk, t))
 			break;
 		char piece[256];

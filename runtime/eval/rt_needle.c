@@ -631,7 +631,7 @@ int rt_needle_trial(rt_seq *const *s, int K, rt_seq_batch *b, const rt_tokenizer
 		if (a->left)
 			continue;
 		memcpy(one, logits + (size_t)k * V, (size_t)V * sizeof *one);
-		if (rt_decode_greedy(s[k], tk, one, how->n_gen, a->gen, sizeof a->gen, NULL, err) < 0)
+		if (rt_decode(s[k], tk, NULL, one, how->n_gen, a->gen, sizeof a->gen, NULL, err) < 0)
 			return -1;
 		a->correct = rt_needle_score(np, a->gen);
 		a->checks = np->kind == RT_NEEDLE_INSTRUCT ? rt_needle_instruct_checks(np, a->gen) : 0;

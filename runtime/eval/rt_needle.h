@@ -228,7 +228,7 @@ typedef struct rt_needle_answer {
 /* One trial of prompt np on K sequences s[0..K): each is reset (prompt length by the
  * mode), the context is prefilled (in lockstep through b when b is not NULL, which must be
  * a batch over s[0..K); else K must be 1), the question is fed (marked when asked), and
- * each sequence still in the batch generates its answer with rt_decode_greedy and is
+ * each sequence still in the batch generates its answer with rt_decode (greedy) and is
  * scored into ans[k]. logits: [K × n_vocab] floats, one: [n_vocab] scratch. Returns 0, or
  * -1 with err set (a forward or decoding error). */
 int rt_needle_trial(rt_seq *const *s, int K, rt_seq_batch *b, const rt_tokenizer *tk,

@@ -20,7 +20,7 @@
 #include "model/rt_model.h"
 #include "model/rt_tokenizer.h"
 #include "policy/rt_seq.h"
-#include "serve/rt_sample.h"
+#include "eval/rt_sample.h"
 #include "serve/rt_serve.h"
 
 #define MAX_STOP 4

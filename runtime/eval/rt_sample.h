@@ -1,5 +1,6 @@
 /*
- * rt_sample: next-token sampling for the server — temperature, top-k, top-p (nucleus,
+ * rt_sample: next-token sampling for the server and `BIN run` (through the one decoder,
+ * runtime/eval/rt_decode.h) — temperature, top-k, top-p (nucleus,
  * Holtzman et al. 2020, arXiv 1904.09751) with a per-request seeded generator, in the
  * order llama.cpp's sampler chain applies them (top-k, then top-p over the renormalised
  * softmax at the temperature, then a draw). Temperature 0 is greedy: the most likely

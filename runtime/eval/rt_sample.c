@@ -1,7 +1,7 @@
 /*
  * rt_sample: temperature / top-k / top-p sampling; see rt_sample.h.
  */
-#include "serve/rt_sample.h"
+#include "eval/rt_sample.h"
 
 #include "base/rt_util.h"
 
