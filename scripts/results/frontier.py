@@ -27,6 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cells import doc_check, load  # noqa: E402
+from paired import against_full  # noqa: E402
 from svg import line_plot  # noqa: E402
 
 (out, doc, svgdir, tokens, texts, nkey, policies, pe, prots, fmin, fmax) = sys.argv[1:]
@@ -73,8 +74,9 @@ def cell_class(kv, j, pe_prot):
     return "quantisation only" if x <= 1.0005 else "mixed"
 
 
-def retrieval(j):
-    """a retrieval cell: correct/trials, or followed/followed_ref for instruct"""
+def retrieval(j, ref=None):
+    """a retrieval cell: correct/trials with the prompts lost and gained against ref, the
+    full cache's cell (paired.py against_full), or followed/followed_ref for instruct"""
     if j is None:
         return "not run"
     if "error" in j:
@@ -82,7 +84,8 @@ def retrieval(j):
     if j.get("task") == "instruct":
         return "%d/%d" % (j.get("followed", 0), j.get("followed_ref", 0))
     res = j.get("results", [])
-    return "%d/%d" % (sum(1 for x in res if x.get("correct")), len(res))
+    return "%d/%d%s" % (sum(1 for x in res if x.get("correct")), len(res),
+                        against_full(j, ref) if ref else "")
 
 
 TASKS = os.environ.get("RESULTS_NEEDLE_TASKS", "passkey").split()
@@ -115,10 +118,12 @@ L.append("Each cell is one run of a lockstep `BIN ppl --batch` pass (the full ca
             else "f32 rows on the exact path", nkey, fmin, fmax))
 needles = {task: cells(task_dir(task)) for task in TASKS}
 # the full cache's cells: the frontier's own, else (passkey) the sweep's (results.sh step 5)
+full_cells = {}
 for task in TASKS:
     full_needle = load(os.path.join(task_dir(task), "full.json"))
     if full_needle is None and task == "passkey":
         full_needle = load(os.path.join(out, "needle", nkey, "full.json"))
+    full_cells[task] = full_needle
     if full_needle is not None and task == "instruct":
         L.append("Instructions the full cache's answers follow on the same prompts: %d of %d "
                  "(%d prompts × 3 instructions; the instructions column reads a run's "
@@ -129,6 +134,17 @@ for task in TASKS:
         L.append("%s of the full cache on the same prompts: %s (the reference the %s column "
                  "is read against).\n" % (TASK_HEAD.get(task, task).capitalize(),
                                            retrieval(full_needle), TASK_HEAD.get(task, task)))
+if any(full_cells.get(t) for t in TASKS if t != "instruct"):
+    L.append("A passkey or multi-key cell that differs from the full cache on some prompt reads "
+             "`n/15 (-L/+G)`: L prompts the full cache answers and the run misses, G the "
+             "reverse (scripts/results/paired.py; the full cache's passkey cell is measured "
+             "in the prompt-end group, the question after the context, and compresses "
+             "nothing either way). The two-sided exact sign test on the "
+             "discordant prompts needs at least 6 of them, all one way, for p < 0.05 (-5/+0 "
+             "gives p = 0.0625, -6/+0 0.031): on 15 prompts a smaller difference is not a "
+             "finding; "
+             "docs/results_frontier_2026-12-04.md section 8 compares the target cells on more "
+             "seeds.\n")
 rhead = " | ".join(TASK_HEAD.get(task, task) for task in TASKS)
 rsep = "---|" * len(TASKS)
 rnone = " |" * len(TASKS)
@@ -170,7 +186,8 @@ for t in texts:
                 " %s |" % fmt(j.get("bytes_compression"), 2) if pe_prot else "",
                 kl(j.get("kld_mean")), kl(j.get("kld_mean_err")),
                 kl(j.get("kld_p99")), fmt(j.get("same_top1"), 3),
-                " | ".join(retrieval(x) for x in nj), j.get("kv_bytes_peak", "–")))
+                " | ".join(retrieval(x, full_cells.get(task)) for x, task in zip(nj, TASKS)),
+                j.get("kv_bytes_peak", "–")))
             if bx and j.get("kld_mean") is not None:
                 series.setdefault("%s (%s)" % (p, kv), []).append((bx, j["kld_mean"]))
                 ok.append((p, kv, r, bx, j["kld_mean"], nj))
@@ -190,7 +207,8 @@ for t in texts:
                     L.append("| %s | %.2f | %s | %s | %s | %s | %s |" % (
                         name, o[3], o[0], STORE.get(o[1], o[1]),
                         "%g" % o[2] if o[2] else "–", kl(o[4]),
-                        " | ".join(retrieval(x) for x in o[5])))
+                        " | ".join(retrieval(x, full_cells.get(task))
+                                   for x, task in zip(o[5], TASKS))))
             L.append("")
             svg = os.path.join(svgdir, "frontier_%s_%s.svg" % (t, prot))
             line_plot(svg, "mean KL vs full cache against bytes — %s, %s, %d tokens" % (t, prot, tokens),

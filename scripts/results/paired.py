@@ -35,6 +35,22 @@ def sign_test_p(k, n):
     return min(1.0, 2 * p)
 
 
+def against_full(run, ref):
+    """" (-L/+G)" for a needle cell against the full cache's cell of the same prompts
+    (paired by length and depth; both make results cells, one seed): L prompts the full
+    cache answers and the run misses, G the reverse; "" when they agree on every prompt or
+    either cell lacks per-prompt results (render.py and frontier.py print it after the
+    count, so "11/15 (-2/+0)" reads "two of the full cache's hits lost, none gained")."""
+    try:
+        ref_ok = {(r["length"], r["depth"]): bool(r["correct"]) for r in ref["results"]}
+        pairs = [(ref_ok[(r["length"], r["depth"])], bool(r["correct"])) for r in run["results"]]
+    except (KeyError, TypeError):
+        return ""
+    lost = sum(1 for f, c in pairs if f and not c)
+    gained = sum(1 for f, c in pairs if c and not f)
+    return " (-%d/+%d)" % (lost, gained) if lost or gained else ""
+
+
 def label(d):
     """A run's name: its policy and the budget it was given."""
     if d.get("byte_ratio") is not None:
@@ -108,6 +124,12 @@ def self_test():
     assert rows[3] == "| h2o --ratio 8 | aware | 2 | 1 | 2 (aware) | 1 | 0 | 1 |", rows[3]
     assert rows[4] == "| kvzip --ratio 8 | agnostic | 2 | 0 | 2 (aware) | 2 | 0 | 0.5 |", rows[4]
     assert label({"policy": "kvzip", "ratio": None, "byte_ratio": 8}) == "kvzip --byte-ratio 8"
+    full = {"results": [{"length": 1024, "depth": d, "correct": c}
+                        for d, c in ((0, True), (50, True), (100, False))]}
+    run = {"results": [{"length": 1024, "depth": d, "correct": c}
+                       for d, c in ((0, False), (50, True), (100, True))]}
+    assert against_full(run, full) == " (-1/+1)"
+    assert against_full(full, full) == "" and against_full({"error": "x"}, full) == ""
     print("paired.py: self-test passed")
 
 

@@ -9,6 +9,7 @@ full run; unset or 1: narrowed, refused a DOC in the tree: cells.py doc_refusal)
 import json, os, sys, glob, math
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cells import doc_check, load  # noqa: E402
+from paired import against_full  # noqa: E402
 from svg import line_plot  # noqa: E402
 svgdir = os.environ["RESULTS_SVGDIR"]
 (out, doc, tokens, ratios, texts, policies, npolicies, nratios, nkey, threads, commit,
@@ -289,6 +290,11 @@ else:
     L.append("Each cell gives the correct answers out of %d depths at each length (%s tokens), "
              "then the total, and the compression in bytes against an f16 full cache after "
              "the answers (mean over the prompts).\n" % (nd_dep, " / ".join(str(x) for x in lens)))
+    L.append("A total that differs from the full cache's on some prompt carries `(-L/+G)`: "
+             "L prompts the full cache answers and the policy misses, G the reverse "
+             "(scripts/results/paired.py; the two-sided exact sign test on the discordant "
+             "prompts needs at least 6 of them, all one way, for p < 0.05: -5/+0 gives "
+             "p = 0.0625).\n")
     def acc(j):
         if j is None: return "not run"
         if "error" in j:
@@ -296,9 +302,10 @@ else:
         res = j["results"]
         per = [sum(1 for x in res if x["correct"] and x["length"] == n) for n in lens]
         bx = j.get("bytes_compression")
-        return "%s (%d/%d)%s" % (" / ".join(str(c) for c in per),
-                                 sum(1 for x in res if x["correct"]), len(res),
-                                 ", %.2fx bytes" % bx if bx else "")
+        return "%s (%d/%d%s)%s" % (" / ".join(str(c) for c in per),
+                                   sum(1 for x in res if x["correct"]), len(res),
+                                   against_full(j, full) if full and j is not full else "",
+                                   ", %.2fx bytes" % bx if bx else "")
     L.append("| policy | " + " | ".join("×%s" % r for r in nratios) + " |")
     L.append("|---|" + "---|" * len(nratios))
     L.append("| full cache (reference) | " + " | ".join(acc(full) for _ in nratios) + " |")
