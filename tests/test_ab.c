@@ -710,6 +710,50 @@ START_TEST(prompt_end_vs_streaming_compresses_both)
 }
 END_TEST
 
+/* Equal memory is equal bytes: under --byte-ratio a tiered TOVA holds more entries at fewer
+ * bits in the bytes plain TOVA holds, and the verdict compares them (it named no winner
+ * while entries counted as memory). Floors small enough for 160 tokens, so both reach the
+ * byte budget: 160 / 2 = 80 f16 entries' bytes per KV head. */
+START_TEST(byte_ratio_compares_tiers_at_equal_bytes)
+{
+	char kvp[PATH_MAX + 32], json[PATH_MAX + 16], ctx[16];
+	tmp_path(kvp, sizeof kvp, "tova_tiers_small.kvp");
+	tmp_path(json, sizeof json, "tiers.json");
+	snprintf(ctx, sizeof ctx, "%d", CTX_TOKENS);
+	FILE *f = fopen(kvp, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("policy tova_tiers_small {\n    budget = bytes(50%) min 8 tokens\n"
+	      "    stat now = last(attn)\n    score = now\n    group = mean over layer\n"
+	      "    keep sinks 2 tokens\n    keep recent 4 tokens\n"
+	      "    precision = tiers(f16, q8, q4)\n    compress every 8 steps\n}\n", f);
+	ck_assert_int_eq(fclose(f), 0);
+	/* the q8/q4 tiers need head_dim a multiple of 32: a 4/1 GQA model with head_dim 32 */
+	char model[PATH_MAX + 32];
+	tmp_path(model, sizeof model, "tiny_hd32.gguf");
+	tiny_model_cfg c = { .n_layer = 2, .n_embd = 128, .n_head = 4, .n_head_kv = 1, .n_ff = 96,
+		             .n_vocab = 300, .n_ctx = 1024, .rope_base = 10000, .seed = 11,
+		             .wtype = RT_GGML_F32 };
+	ck_assert_int_eq(tiny_model_write(&c, model), 0);
+	char *argv[] = { g_kvpc, "ab", "policies/tova.kvp", kvp, "--model", model, "--text",
+		         g_text, "--ctx", ctx, "--byte-ratio", "2", "--json", json, "--quiet", NULL };
+	char *out, *err;
+	ck_assert_msg(run(argv, &out, &err) == 0, "%s", err);
+	jv j;
+	load_json(json, &j);
+	const double ea = at(&j, 0, "A", "compression"), eb = at(&j, 0, "B", "compression");
+	const double ba = at(&j, 0, "A", "bytes_compression"), bb = at(&j, 0, "B", "bytes_compression");
+	ck_assert_msg(ea > 1.5 * eb, "entries %g and %g: the tiers kept no more entries", ea, eb);
+	ck_assert_msg(fabs(ba - bb) <= 0.1 * fmax(ba, bb), "bytes %g and %g differ", ba, bb);
+	ck_assert_msg(!strstr(jstrv(&j, "results.0.verdict"), "no winner"), "%s",
+	              jstrv(&j, "results.0.verdict"));
+	jfree(&j);
+	free(out);
+	free(err);
+	unlink(kvp);
+	unlink(model);
+}
+END_TEST
+
 START_TEST(needle_task_runs)
 {
 	char json[PATH_MAX + 16], svg[PATH_MAX + 16];
@@ -870,6 +914,7 @@ static Suite *ab_suite(void)
 	tcase_add_test(tc, full_vs_small_budget);
 	tcase_add_test(tc, kvpc_ab_front_builds_and_runs);
 	tcase_add_test(tc, needle_task_runs);
+	tcase_add_test(tc, byte_ratio_compares_tiers_at_equal_bytes);
 	tcase_add_test(tc, prompt_end_vs_streaming_compresses_both);
 	tcase_add_test(tc, cli_convention);
 	tcase_add_test(tc, progress_lines);

@@ -569,6 +569,12 @@ START_TEST(test_verdict)
 	rt_verdict_format(&ci, "x", "y", NULL, NULL, buf, sizeof(buf));
 	ck_assert_str_eq(buf, "A (x) and B (y) tie: mean dNLL(B-A) = +0.00000 nats/token, "
 	                      "95% CI [-0.00600, +0.00100], not significant (CI includes 0)");
+	/* the head alone, as needle's sign-test verdict uses it: no winner inside the noise */
+	rt_verdict_head(RT_VERDICT_A_BETTER, 0, "kvzip", "snapkv", buf, sizeof buf);
+	ck_assert_str_eq(buf, "no significant difference between A (kvzip) and B (snapkv), point "
+	                      "estimate favours A");
+	rt_verdict_head(RT_VERDICT_B_BETTER, 1, "kvzip", "snapkv", buf, sizeof buf);
+	ck_assert_str_eq(buf, "B (snapkv) better");
 	/* truncation keeps a NUL and reports the full length */
 	char small[8];
 	n = rt_verdict_format(&ci, "a", "b", NULL, NULL, small, sizeof(small));

@@ -112,8 +112,9 @@ static int side_init(ab_run *r, ab_row *row, int side, int32_t cap, int64_t prom
 }
 
 /* 1 when the row's two sides may be compared: each compressed before some scored token
- * (ppl) and their compression at the end is within RT_AB_X_TOL of each other; else 0 with
- * the reason in why. */
+ * (ppl) and their compression in bytes at the end (their memory) is within RT_AB_X_TOL of
+ * each other, whatever their entries (rt_compression_differ); else 0 with the reason in
+ * why. */
 static int ab_comparable(const ab_run *r, const ab_row *row, int needle, char *why, size_t cap)
 {
 	for (int s = 0; s < 2; s++) {
@@ -129,10 +130,10 @@ static int ab_comparable(const ab_run *r, const ab_row *row, int needle, char *w
 	if (!rt_compression_differ(a, b, RT_AB_X_TOL))
 		return 1;
 	snprintf(why, cap, "A (%s) holds %.2fx in entries and %.2fx in bytes at the end, B (%s) "
-	         "%.2fx and %.2fx: they differ by more than %.0f%%, so a difference in quality is "
-	         "one of memory, not of policy (compare at ratios where both reach the same "
-	         "compression)", r->pol[0]->name, a->entries_end, a->bytes_end, r->pol[1]->name,
-	         b->entries_end, b->bytes_end, RT_AB_X_TOL * 100);
+	         "%.2fx and %.2fx: their bytes differ by more than %.0f%%, so a difference in "
+	         "quality is one of memory, not of policy (compare at ratios where both reach the "
+	         "same bytes: --byte-ratio, or --equal-memory)", r->pol[0]->name, a->entries_end,
+	         a->bytes_end, r->pol[1]->name, b->entries_end, b->bytes_end, RT_AB_X_TOL * 100);
 	return 0;
 }
 
@@ -461,11 +462,9 @@ static void needle_verdicts(ab_run *r, int n_trials)
 			rt_compression_mean(row->side[s].xt, row->side[s].trials, &row->side[s].x);
 		const char *na = r->pol[0]->name, *nb = r->pol[1]->name;
 		char head[300];
-		if (row->better == 0)
-			snprintf(head, sizeof head, "A (%s) and B (%s) tie", na, nb);
-		else
-			snprintf(head, sizeof head, "%s (%s) better", row->better == 1 ? "A" : "B",
-			         row->better == 1 ? na : nb);
+		rt_verdict_head(row->better == 1 ? RT_VERDICT_A_BETTER
+		                : row->better == 2 ? RT_VERDICT_B_BETTER : RT_VERDICT_TIE,
+		                row->significant, na, nb, head, sizeof head);
 		snprintf(row->verdict, sizeof row->verdict,
 		         "%s: accuracy %d/%d vs %d/%d, discordant trials %d (A only) vs %d (B only), "
 		         "exact sign test p = %.3g, %s", head, row->side[0].hits, n_trials,

@@ -43,8 +43,10 @@ void rt_compression_mean(const rt_compression *c, int n, rt_compression *out);
  * at a time. */
 void rt_compression_add(rt_compression *acc, const rt_compression *c, int n);
 
-/* 1 when a and b differ by more than `tol` (a fraction, e.g. 0.10) in entries or in bytes
- * at the end: |a - b| > tol × max(a, b). */
+/* 1 when a and b hold different memory: their compression in bytes at the end differs by
+ * more than `tol` (a fraction, e.g. 0.10) of the larger, |a - b| > tol × max(a, b). Entries
+ * alone do not count: a tiered policy holding more entries at fewer bits in the same bytes
+ * holds the same memory (its entries are its policy's choice). */
 int rt_compression_differ(const rt_compression *a, const rt_compression *b, double tol);
 
 /* The JSON members, each preceded by a comma: "compression", "bytes_compression" (at the

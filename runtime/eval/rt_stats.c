@@ -295,26 +295,26 @@ rt_verdict rt_verdict_of(const rt_boot_ci *ci, int *significant)
 	return RT_VERDICT_TIE;
 }
 
+int rt_verdict_head(rt_verdict v, int significant, const char *name_a, const char *name_b,
+                    char *buf, size_t cap)
+{
+	const char *na = name_a ? name_a : "A", *nb = name_b ? name_b : "B";
+	const char *who = v == RT_VERDICT_A_BETTER ? "A" : "B";
+	if (v == RT_VERDICT_TIE)
+		return snprintf(buf, cap, "A (%s) and B (%s) tie", na, nb);
+	if (!significant) /* a point estimate inside the noise names no winner */
+		return snprintf(buf, cap, "no significant difference between A (%s) and B (%s), "
+		                "point estimate favours %s", na, nb, who);
+	return snprintf(buf, cap, "%s (%s) better", who, v == RT_VERDICT_A_BETTER ? na : nb);
+}
+
 int rt_verdict_format(const rt_boot_ci *ci, const char *name_a, const char *name_b,
                       const char *metric, const char *unit, char *buf, size_t cap)
 {
 	int sig;
 	rt_verdict v = rt_verdict_of(ci, &sig);
 	char head[300];
-	if (v == RT_VERDICT_TIE) {
-		snprintf(head, sizeof(head), "A (%s) and B (%s) tie", name_a ? name_a : "A",
-		         name_b ? name_b : "B");
-	} else if (!sig) {
-		/* a point estimate inside a CI that includes 0 names no winner */
-		const char *who = v == RT_VERDICT_A_BETTER ? "A" : "B";
-		snprintf(head, sizeof(head),
-		         "no significant difference between A (%s) and B (%s), point estimate "
-		         "favours %s", name_a ? name_a : "A", name_b ? name_b : "B", who);
-	} else {
-		const char *who = v == RT_VERDICT_A_BETTER ? "A" : "B";
-		const char *nm = v == RT_VERDICT_A_BETTER ? name_a : name_b;
-		snprintf(head, sizeof(head), "%s (%s) better", who, nm ? nm : who);
-	}
+	rt_verdict_head(v, sig, name_a, name_b, head, sizeof head);
 	return snprintf(buf, cap, "%s: mean d%s(B-A) = %+.5f %s, %g%% CI [%+.5f, %+.5f], %s",
 	                head, metric ? metric : "NLL", ci->mean, unit ? unit : "nats/token",
 	                ci->level * 100.0, ci->lo, ci->hi,

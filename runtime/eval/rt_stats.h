@@ -182,6 +182,14 @@ typedef enum rt_verdict {
  * lo > 0 or hi < 0). */
 rt_verdict rt_verdict_of(const rt_boot_ci *ci, int *significant);
 
+/* The head of every A/B verdict line (ppl's bootstrap CI and needle's sign test alike):
+ * "A (x) and B (y) tie" (v TIE), "no significant difference between A (x) and B (y), point
+ * estimate favours B" (not significant: no winner named inside the noise), or "B (y)
+ * better". Names may be NULL ("A", "B"). Writes at most cap bytes (NUL-terminated) and
+ * returns the full length like snprintf. */
+int rt_verdict_head(rt_verdict v, int significant, const char *name_a, const char *name_b,
+                    char *buf, size_t cap);
+
 /* One verdict line for a per-token metric where lower is better (metric NULL = "NLL",
  * unit NULL = "nats/token"; e.g. "KLD" works the same way with d_i = kld_B,i - kld_A,i):
  *   "A (snapkv) better: mean dNLL(B-A) = +0.01234 nats/token, 95% CI [+0.00800, +0.01700],
