@@ -1610,9 +1610,32 @@ static void layer_ffn(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_seg *sg,
 			                big->x + (size_t)sg[s].off * E, big->q + (size_t)sg[s].off * qd);
 }
 
+/* The output GEMM of c normed rows xs into lg. On the fast path the rows take the way of
+ * the chunk they came from: a chunk of gemm_rows rows or more ran its layers the GEMM way
+ * (f32 activations), so its last row's logits do too (gemm_rows 1 for the call), though it
+ * is one row; else the dot way with 8-bit activations, as decoding does. So a prompt's last
+ * logits (`run`'s first token, RT_LOGITS_LAST) have the bits of the exact path's (f32 KV),
+ * not those of a decode step (docs/exactness.md). */
+static void logits_rows(rt_fwd *big, float *lg, const float *xs, const int *len, int nseg,
+                        int gemm_way)
+{
+	const rt_model *m = big->m;
+	const int V = m->hp.n_vocab, E = m->hp.n_embd;
+	if (m->exact) {
+		matmul_wt(lg, xs, m->output, len, nseg, V, E, 0.0f);
+		return;
+	}
+	const int keep = big->mm.gemm_rows;
+	if (gemm_way)
+		big->mm.gemm_rows = 1;
+	rt_matmul(m->pool, &big->mm, lg, xs, &m->out, len, nseg, 0);
+	big->mm.gemm_rows = keep;
+}
+
 /* The logits of the rows each segment asked for (from lrow_from on, into its lg; none
  * when lg is NULL): the output norm, then one output GEMM when the rows land in
- * consecutive rows of one buffer, else one per segment. */
+ * consecutive rows of one buffer and their chunks took one way (logits_rows), else one per
+ * segment. */
 static void chunk_logits(rt_fwd *big, int K, const fwd_seg *sg)
 {
 	const rt_model *m = big->m;
@@ -1620,7 +1643,7 @@ static void chunk_logits(rt_fwd *big, int K, const fwd_seg *sg)
 	const int E = hp->n_embd;
 	/* the requested rows of every segment, normed into consecutive rows of xn, one
 	 * matmul segment each */
-	int nr = 0, ns = 0, contig = 1;
+	int nr = 0, ns = 0, contig = 1, ways = 0; /* ways: bit 1 dot, bit 2 GEMM */
 	float *lg0 = NULL;
 	for (int s = 0; s < K; s++) {
 		if (!sg[s].lg)
@@ -1632,28 +1655,22 @@ static void chunk_logits(rt_fwd *big, int K, const fwd_seg *sg)
 			lg0 = sg[s].lg;
 		else if (sg[s].lg != lg0 + (size_t)nr * hp->n_vocab)
 			contig = 0;
+		ways |= sg[s].C >= big->mm.gemm_rows ? 2 : 1;
 		big->seg_len[ns++] = c;
 		nr += c;
 	}
 	if (!nr)
 		return;
-	if (contig) {
+	if (contig && ways != 3) {
 		/* the requested rows are consecutive rows of the output */
-		if (m->exact)
-			matmul_wt(lg0, big->xn, m->output, big->seg_len, ns, hp->n_vocab, E, 0.0f);
-		else
-			rt_matmul(m->pool, &big->mm, lg0, big->xn, &m->out, big->seg_len, ns, 0);
+		logits_rows(big, lg0, big->xn, big->seg_len, ns, ways == 2);
 		return;
 	}
 	for (int s = 0, r = 0; s < K; s++) {
 		if (!sg[s].lg)
 			continue;
 		const int c = sg[s].C - sg[s].lrow_from;
-		const float *xs = big->xn + (size_t)r * E;
-		if (m->exact)
-			matmul_wt(sg[s].lg, xs, m->output, &c, 1, hp->n_vocab, E, 0.0f);
-		else
-			rt_matmul(m->pool, &big->mm, sg[s].lg, xs, &m->out, &c, 1, 0);
+		logits_rows(big, sg[s].lg, big->xn + (size_t)r * E, &c, 1, sg[s].C >= big->mm.gemm_rows);
 		r += c;
 	}
 }
