@@ -392,6 +392,13 @@ static void fvh_check_results(const jv *j)
 	}
 	ck_assert(jnum(j, "results.1.B.kld_mean") > jnum(j, "results.0.B.kld_mean"));
 	ck_assert(jnum(j, "results.1.B.compression") > jnum(j, "results.0.B.compression"));
+	/* at ratio 8 h2o's budget, 160 / 8 = 20 entries, is under its `min 64 tokens`: the
+	 * floor holds 64 (160 / 64 = 2.5x) and the side says so, as ppl does; the full cache
+	 * has no note */
+	ck_assert_double_eq_tol(jnum(j, "results.1.B.compression"), 160.0 / 64, 1e-7);
+	ck_assert_str_eq(jstrv(j, "results.1.B.budget_notes.0"),
+	                 "the floor (min_kv, or the policy's budget min) raised the budget");
+	ck_assert_ptr_null(jget(j, "results.1.A.budget_notes.0"));
 }
 
 /* full_vs_small_budget's run metadata (j, read from the file json): the given commit,

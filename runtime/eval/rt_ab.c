@@ -129,11 +129,18 @@ static int ab_comparable(const ab_run *r, const ab_row *row, int needle, char *w
 	const rt_compression *a = &row->side[0].x, *b = &row->side[1].x;
 	if (!rt_compression_differ(a, b, RT_AB_X_TOL))
 		return 1;
-	snprintf(why, cap, "A (%s) holds %.2fx in entries and %.2fx in bytes at the end, B (%s) "
-	         "%.2fx and %.2fx: their bytes differ by more than %.0f%%, so a difference in "
-	         "quality is one of memory, not of policy (compare at ratios where both reach the "
-	         "same bytes: --byte-ratio, or --equal-memory)", r->pol[0]->name, a->entries_end,
-	         a->bytes_end, r->pol[1]->name, b->entries_end, b->bytes_end, RT_AB_X_TOL * 100);
+	int n = snprintf(why, cap, "A (%s) holds %.2fx in entries and %.2fx in bytes at the end, "
+	                 "B (%s) %.2fx and %.2fx: their bytes differ by more than %.0f%%, so a "
+	                 "difference in quality is one of memory, not of policy (compare at ratios "
+	                 "where both reach the same bytes: --byte-ratio, or --equal-memory)",
+	                 r->pol[0]->name, a->entries_end, a->bytes_end, r->pol[1]->name,
+	                 b->entries_end, b->bytes_end, RT_AB_X_TOL * 100);
+	/* a budget a floor or guards raised is often why: say so */
+	for (int s = 0; s < 2; s++)
+		for (unsigned bit = 1; bit <= KVP_NOTE_LAST; bit <<= 1)
+			if ((row->side[s].notes & bit) && n >= 0 && (size_t)n < cap)
+				n += snprintf(why + n, cap - (size_t)n, "; %s (%s): %s", s ? "B" : "A",
+				              r->pol[s]->name, rt_pick_note(bit));
 	return 0;
 }
 
@@ -144,7 +151,7 @@ static void verdict_refuse(ab_row *row, const char *why)
 	snprintf(was, sizeof was, "%s", row->verdict);
 	row->better = 0;
 	row->significant = 0;
-	snprintf(row->verdict, sizeof row->verdict, "no winner: %.300s [as measured: %.250s]", why,
+	snprintf(row->verdict, sizeof row->verdict, "no winner: %.800s [as measured: %.350s]", why,
 	         was);
 }
 
@@ -166,7 +173,7 @@ static int ppl_verdict(ab_run *r, ab_row *row, rt_err *err)
 	row->better = v == RT_VERDICT_A_BETTER ? 1 : v == RT_VERDICT_B_BETTER ? 2 : 0;
 	rt_verdict_format(&row->ci, r->pol[0]->name, r->pol[1]->name, NULL, NULL, row->verdict,
 	                  sizeof row->verdict);
-	char why[400];
+	char why[800];
 	if (!ab_comparable(r, row, 0, why, sizeof why))
 		verdict_refuse(row, why);
 	return 0;
@@ -284,6 +291,7 @@ static int run_ppl(ab_run *r, rt_err *err)
 			rt_kld_acc_summary(&sc[k].acc, &sd->sum);
 			sd->st = rt_seq_stats_get(&sd->seq);
 			rt_compression_of(&sd->seq, n, &sd->x);
+			sd->notes |= sd->seq.run.notes;
 			sd->scored = sc[k].scored;
 			sd->compressed = sc[k].compressed;
 		}
@@ -384,6 +392,7 @@ static int needle_prompt_all(ab_run *r, const rt_needle_prompt *pr, float *logit
 				break;
 			}
 			side_add_stats(sd);
+			sd->notes |= sd->seq.run.notes;
 			rt_compression_of(&sd->seq, rt_seq_seen(&sd->seq), &sd->xt[sd->trials]);
 			sd->ok[sd->trials++] = (uint8_t)hit;
 			sd->hits += hit;
@@ -470,7 +479,7 @@ static void needle_verdicts(ab_run *r, int n_trials)
 		         "exact sign test p = %.3g, %s", head, row->side[0].hits, n_trials,
 		         row->side[1].hits, n_trials, row->n10, row->n01, row->p_value,
 		         row->significant ? "significant" : "not significant");
-		char why[400];
+		char why[800];
 		if (!ab_comparable(r, row, 1, why, sizeof why))
 			verdict_refuse(row, why);
 	}

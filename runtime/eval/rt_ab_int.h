@@ -33,6 +33,8 @@ typedef struct ab_side {
 	int64_t scored, compressed; /* ppl: tokens scored, of them from a compressed cache */
 	int hits, trials;
 	uint8_t ok[AB_MAX_TRIALS];
+	unsigned notes;       /* KVP_NOTE_* of its run (needle: of any trial): what a graceful
+	                         budget did (rt_pick_note), so a floor is not hidden */
 } ab_side;
 
 typedef struct ab_row {
@@ -43,7 +45,7 @@ typedef struct ab_row {
 	double p_value;       /* needle: exact two-sided sign test on n01 vs n10 */
 	int better;           /* 0 tie, 1 A, 2 B */
 	int significant;
-	char verdict[600];
+	char verdict[1200];  /* a refusal's reason (up to 800 bytes, notes included), then the measured verdict */
 } ab_row;
 
 typedef struct ab_run {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "policy/rt_pick.h"
 #include "report/rt_json.h"
 #include "report/rt_svg.h"
 
@@ -177,6 +178,11 @@ static void write_table(const ab_run *r, FILE *out)
 			        "(paired circular block bootstrap, block %lld tokens, %d resamples)\n",
 			        row->ci.mean, row->ci.lo, row->ci.hi, (long long)row->ci.block_len,
 			        row->ci.n_resamples);
+		for (int s = 0; s < 2; s++) /* a floor or guards raised the budget (as ppl's notes) */
+			for (unsigned bit = 1; bit <= KVP_NOTE_LAST; bit <<= 1)
+				if (row->side[s].notes & bit)
+					fprintf(out, "note: %s (%s): %s\n", s ? "B" : "A", r->pol[s]->name,
+					        rt_pick_note(bit));
 		fprintf(out, "verdict: %s\n", row->verdict);
 	}
 }
@@ -302,7 +308,14 @@ static void json_row(FILE *f, const ab_run *r, int k, int needle)
 			fprintf(f, ", \"hits\": %d, \"trials\": %d", row->side[s].hits,
 			        row->side[s].trials);
 		}
-		fputs("}", f);
+		fputs(", \"budget_notes\": [", f); /* as ppl's and needle's JSON */
+		for (unsigned bit = 1, first = 1; bit <= KVP_NOTE_LAST; bit <<= 1)
+			if (row->side[s].notes & bit) {
+				fputs(first ? "" : ", ", f);
+				rt_json_str(f, rt_pick_note(bit));
+				first = 0;
+			}
+		fputs("]}", f);
 	}
 	if (!needle) {
 		fputs(", \"nll_diff\": {", f);
