@@ -2344,6 +2344,11 @@ START_TEST(cli_needle_and_run)
 		ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, base), 2);
 		ck_assert_msg(strstr(e, bads[i][0]) && strstr(e, bads[i][1]), "%s", e);
 	}
+	/* a truncation without a temperature would be greedy: refused, not ignored */
+	base[8] = "--top-k";
+	base[9] = "5";
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, base), 2);
+	ck_assert_msg(strstr(e, "needs --temp T > 0"), "%s", e);
 	const char *d[] = { "kvx", "info", "--json", NULL };
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, d), 0);
 	for (int i = 0; i < kvp_registry_count; i++) {

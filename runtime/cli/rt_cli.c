@@ -49,7 +49,7 @@ static const char *const help_top =
 	"    ppl       streaming perplexity of a text under a policy, with KL statistics\n"
 	"              against the full cache computed in the same run\n"
 	"    needle    passkey / needle-in-a-haystack retrieval accuracy under a policy\n"
-	"    run       greedy generation from a prompt under a policy\n"
+	"    run       generation from a prompt under a policy (greedy, or --temp)\n"
 	"    tokenize  print the token ids of a text file\n"
 	"    bench     prefill and decode speed at several context lengths (full cache)\n"
 	"    keepmap   draw (SVG) which positions every layer and KV head keeps under a\n"

@@ -60,7 +60,8 @@ static const char *const help_run =
 	"                       stays whole, and guards larger than the budget raise it (a note\n"
 	"                       with --stats) instead of failing; 0: the policy's budget as\n"
 	"                       written, its own `min` floor included (default 64)\n"
-	"    --temp T           sampling temperature in 0..2 (default 0: greedy)\n"
+	"    --temp T           sampling temperature in 0..2 (default 0: greedy; --top-k,\n"
+	"                       --top-p and --seed need T > 0)\n"
 	"    --top-k K          sample among the K most likely tokens (default 0: all)\n"
 	"    --top-p P          nucleus: the smallest set of most likely tokens whose\n"
 	"                       probability reaches P, in (0, 1] (default 1: all)\n"
@@ -84,6 +85,10 @@ int rt_cmd_run(int argc, char **argv)
 		return rt_cli_usage("run", "%s", "--prompt: the prompt is empty; give the text to continue");
 	if (o.system && !o.chat)
 		return rt_cli_usage("run", "%s", "--system needs --chat");
+	/* a truncation without a temperature would be silently greedy: say so instead */
+	if (!(o.temp > 0) && (o.top_k > 0 || o.top_p < 1 || o.seed64_set))
+		return rt_cli_usage("run", "%s", "--top-k, --top-p and --seed shape sampling, which "
+		                    "needs --temp T > 0 (run is greedy by default)");
 	const struct kvp_policy *p = rt_cli_pick("run", &o, 1, &rc); /* with a tuned default */
 	if (!p)
 		return rc;
