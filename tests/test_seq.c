@@ -2311,6 +2311,15 @@ START_TEST(cli_needle_and_run)
 	const char *gs = strstr(single, "\"results\":"), *gb = strstr(h, "\"results\":");
 	size_t glen = (size_t)(strstr(gs, "],\"accuracy\"") - gs);
 	ck_assert_msg(strncmp(gs, gb, glen) == 0, "alone %.*s\nbatch %.*s", (int)glen, gs, (int)glen, gb);
+	/* the batch's text report: the mode once, then each run with its budget as given and
+	 * its 1/0 answers per length (one length here: one row of two depths) */
+	a2[12] = NULL;
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, a2) == 0, "%s", e);
+	ck_assert_msg(strstr(out, "passkey, 3 runs in lockstep (agnostic mode)") &&
+	              strstr(out, "\nfull at its own budget: accuracy ") &&
+	              strstr(out, "\nh2o at ratio 2: accuracy ") &&
+	              strstr(out, "\nsnapkv (with --set) at ratio 2: accuracy "), "%s", out);
+	ck_assert_int_eq(count_lines(out), 2 + 3 * 2);
 	unlink(bf);
 	/* a length too short for the fixed parts is a clear runtime error */
 	const char *b[] = { "kvx", "needle", "--model", mp, "--lengths", "20", NULL };

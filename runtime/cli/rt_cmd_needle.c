@@ -382,6 +382,33 @@ static void needle_json(const needle_job *nj, int k, const char *msha, int corre
 	fputs("}\n", stdout);
 }
 
+/* A batch run's text report (K > 1): its budget as given ("ratio R", "byte ratio R" or its
+ * own), accuracy and compression, then its 1/0 answers per length at the depths of the
+ * header needle_report printed. */
+static void needle_batch_run(const needle_job *nj, int k, int correct, int total)
+{
+	const rt_cli_run *r = &nj->runs[k];
+	char budget[48];
+	if (r->o.byte_ratio > 0)
+		snprintf(budget, sizeof budget, "byte ratio %g", r->o.byte_ratio);
+	else if (r->o.ratio > 0)
+		snprintf(budget, sizeof budget, "ratio %g", r->o.ratio);
+	else
+		snprintf(budget, sizeof budget, "its own budget");
+	rt_compression x;
+	needle_mean_x(nj, k, &x);
+	printf("%s%s at %s: accuracy %d/%d = %.3f, compression %.2fx in entries, %.2fx in bytes "
+	       "at the end, %.2fx, %.2fx at peak\n", r->p->name, r->o.n_sets ? " (with --set)" : "",
+	       budget, correct, total, (double)correct / total, x.entries_end, x.bytes_end,
+	       x.entries_peak, x.bytes_peak);
+	for (int i = 0; i < nj->n_len; i++) {
+		printf("  %8lld", (long long)nj->lens[i]);
+		for (int j = 0; j < nj->n_dep; j++)
+			printf(" %6d", nj->res[((size_t)i * nj->n_dep + j) * nj->KR + k].correct);
+		putchar('\n');
+	}
+}
+
 /* Accuracy lines or JSON objects per run; returns the exit status. */
 static int needle_report(const needle_job *nj)
 {
@@ -389,6 +416,13 @@ static int needle_report(const needle_job *nj)
 	if (nj->o.json)
 		rt_cli_file_sha256(nj->o.model, msha);
 	int failed = 0, K = nj->K;
+	if (K > 1 && !nj->o.json) {
+		printf("%s, %d runs in lockstep (%s mode), exact match per length and depth\n  %8s",
+		       task_name(nj->o.task), K, nj->o.mode_agnostic ? "agnostic" : "aware", "length");
+		for (int j = 0; j < nj->n_dep; j++)
+			printf(" %6g", nj->deps[j]);
+		putchar('\n');
+	}
 	for (int k = 0; k < K; k++) {
 		const rt_cli_run *r = &nj->runs[k];
 		const char *why = nj->KR > 1 ? rt_seq_batch_error(&nj->b, k) : NULL;
@@ -403,11 +437,7 @@ static int needle_report(const needle_job *nj)
 			rt_compression x;
 			needle_mean_x(nj, k, &x);
 			if (K > 1 && !why)
-				printf("%s%s ratio %g: accuracy %d/%d = %.3f, compression %.2fx in entries, "
-				       "%.2fx in bytes at the end, %.2fx, %.2fx at peak\n", r->p->name,
-				       r->o.n_sets ? " (with --set)" : "", r->o.ratio, correct, total,
-				       (double)correct / total, x.entries_end, x.bytes_end, x.entries_peak,
-				       x.bytes_peak);
+				needle_batch_run(nj, k, correct, total);
 			else if (!why)
 				printf("accuracy %d/%d = %.3f\n(after the answers, mean over the trials; "
 				       "docs/measuring.md)\n", correct, total, (double)correct / total);
