@@ -16,6 +16,7 @@
 #include "cli/rt_cli_input.h"
 #include "cli/rt_cli_opts.h"
 #include "eval/rt_tune.h"
+#include "policy/rt_pick.h"
 #include "policy/rt_tuned.h"
 
 static const char *const help_tune =
@@ -92,7 +93,10 @@ static const char *const help_tune =
 	"    --min-passkey P     the limit on passkey accuracy, 0..1 (default: not checked)\n"
 	"    --policy NAME       policy (default {policy})\n"
 	"    --ctx N             tokens of each text to score (default 256; fewer when a text\n"
-	"                        is shorter): the cost of the search is linear in N\n"
+	"                        is shorter): the cost of the search is linear in N; a\n"
+	"                        policy's floor (`min 64 tokens`) holds a quarter of 256\n"
+	"                        tokens, so past 4x in entries (2x in bytes on the exact\n"
+	"                        path's f32 rows) its budget binds only with a longer N\n"
 	"    --ratio LIST        the grid in entries, increasing, each >= 1 (default\n"
 	"                        1.5,2,3,4,6,8,12,16,24,32); with --gate one ratio\n"
 	"    --byte-ratio LIST   the grid in bytes against an f16 full cache (same default)\n"
@@ -367,6 +371,7 @@ static int over_budget(const rt_tune_point *pt)
 static void tune_table(const tune_job *j, const rt_tune_point *w, int n, int chosen)
 {
 	const int cols = j->n_texts <= TUNE_TEXT_COLS ? j->n_texts : 0;
+	unsigned notes = 0;
 	printf("tune %s on %d text%s (at most %ld tokens each), %s %s, %s: mean KL <= %g "
 	       "on every text", j->p->name, j->n_texts, j->n_texts == 1 ? "" : "s", j->o.ctx,
 	       j->to.param >= 0 ? "searching parameter" : "budget in",
@@ -403,12 +408,19 @@ static void tune_table(const tune_job *j, const rt_tune_point *w, int n, int cho
 			printf(" %10.6f", pt->kld_text[t]);
 		if (!cols)
 			printf(" %10.6f", pt->kld_worst);
-		printf("  %-8s %s%s%s\n", pk, pt->pass ? "yes" : "no",
+		printf("  %-8s %s%s%s%s\n", pk, pt->pass ? "yes" : "no",
 		       !rt_tune_point_binds(pt) ? " (budget does not bind)"
-		       : over_budget(pt) ? " (over the budget)" : "", i == chosen ? "  <- chosen" : "");
+		       : over_budget(pt) ? " (over the budget)" : "",
+		       pt->notes ? " (budget raised: note)" : "", i == chosen ? "  <- chosen" : "");
+		notes |= pt->notes;
 	}
 	for (int t = 0; t < cols && j->n_texts > 1; t++)
 		printf("    KL %d: %s\n", t + 1, j->texts[t].name);
+	for (unsigned b = 1; b <= KVP_NOTE_LAST; b <<= 1) /* as ppl's notes */
+		if (notes & b)
+			printf("note: at the points marked \"budget raised\", %s: their compression is "
+			       "that, not the %s's (a longer --ctx lets the %s bind)\n", rt_pick_note(b),
+			       kind_name(j), kind_name(j));
 }
 
 /* Why a point is beyond the limits: "text T: mean KL X > limit Y" or the passkey's. */

@@ -99,6 +99,7 @@ static int tune_text(const rt_model *m, const struct kvp_policy *p, const double
 	*kld = ks.kld_mean;
 	*scored = sc.scored;
 	rt_compression_of(&s, t->n, x);
+	pt->notes |= s.run.notes;
 out:
 	rt_eval_score_free(&sc);
 	rt_seq_free(&s);

@@ -98,6 +98,8 @@ typedef struct rt_tune_point {
 	enum kvp_measure measure; /* the protocol the texts were measured under */
 	int passkey_ok, passkey_n; /* correct trials, trials (0 without passkey) */
 	int pass;                /* 1: within every limit */
+	unsigned notes;          /* KVP_NOTE_* of any text's run: a floor or guards raised the
+	                            budget, so the point's compression is theirs, not R's */
 	char error[512];         /* "" or why the policy could not run at R (then pass = 0) */
 } rt_tune_point;
 
