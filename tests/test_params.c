@@ -74,10 +74,13 @@ START_TEST(test_rejects_bad_values)
 		/* a bare 20 is 2000%: a percentage without its sign */
 		{ "heavy=20", "parameter heavy is a ratio: '20' would be 2000%; write a percentage (20%) or a fraction" },
 		{ "heavy=abc", "parameter heavy needs a finite number" },
-		{ "recent=10%", "parameter recent needs a number, got '10%'" },
-		{ "heavy=5%%", "parameter heavy needs a number or a percentage" },
+		{ "recent=10%", "parameter recent needs a finite number, got '10%'" },
+		{ "heavy=5%%", "parameter heavy needs a finite number or a percentage" },
 		{ "alpha=inf", "needs a finite number" },
-		{ "nosuch=1", "policy demo: no parameter 'nosuch'" },
+		/* the command lines' strict syntax (base/rt_numparse.h), as --ratio's */
+		{ "heavy=0x10", "parameter heavy needs a finite number or a percentage, got '0x10'" },
+		{ "recent= 8", "parameter recent needs a finite number, got ' 8'" },
+		{ "nosuch=1", "policy demo: no parameter 'nosuch' (its parameters: sinks, recent, every, heavy, alpha)" },
 		{ "=1", "--set expects NAME=VALUE" },
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -94,7 +94,7 @@ static const struct cell CELLS[] = {
 	{ "squeeze", -1, 0, 0, 0, "sinks=2.5", 0, RT_PICK_SET,
 	  "--set: policy squeeze: parameter sinks counts entries: it needs a whole number between 0 and 1e9, got '2.5'", NULL, 0 },
 	{ "squeeze", -1, 0, 0, 0, "nosuch=1", 0, RT_PICK_SET,
-	  "--set: policy squeeze: no parameter 'nosuch'", NULL, 0 },
+	  "--set: policy squeeze: no parameter 'nosuch' (its parameters: sinks, heavy)", NULL, 0 },
 	/* f32 rows: the default follows the policy, a chosen narrow type is refused */
 	{ "rows", -1, 0, 0, 0, NULL, 1, 0, NULL, "none", F32 },
 	{ "rows", -1, 0, 0, 1, NULL, 1, 0, NULL, "bytes 3", F32 },        /* tuned in bytes */
@@ -173,7 +173,7 @@ START_TEST(the_door_spells_the_field)
 		{ 2, "kv.ratio: policy keep never compresses, so a ratio does not apply" },
 		{ 8, "kv.ratio counts entries and kv.byte_ratio bytes; give one of them" },
 		{ 10, "kv.byte_ratio: compression ratio in bytes must be a finite number >= 1, got 0.5" },
-		{ 16, "kv.set: policy squeeze: no parameter 'nosuch'" },
+		{ 16, "kv.set: policy squeeze: no parameter 'nosuch' (its parameters: sinks, heavy)" },
 		{ 20, "this server's --kv-type f16: policy rows reads and rewrites f32 key/value rows; "
 		      "it needs --kv-type f32" },
 	};

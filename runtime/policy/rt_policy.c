@@ -5,6 +5,8 @@
  */
 #include "policy/rt_policy.h"
 
+#include "base/rt_numparse.h"
+
 
 #include <errno.h>
 #include <math.h>
@@ -53,25 +55,37 @@ int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *a
 	for (int i = 0; i < p->n_params; i++)
 		if (strlen(p->params[i].name) == nl && memcmp(p->params[i].name, assign, nl) == 0)
 			idx = i;
-	if (idx < 0)
-		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: no parameter '%.*s'", p->name, (int)(nl > 64 ? 64 : nl),
-		                  assign);
-	const struct kvp_param *pp = &p->params[idx];
-	char *end = NULL;
-	errno = 0;
-	double v = strtod(eq + 1, &end);
-	if (end == eq + 1 || errno == ERANGE || !isfinite(v))
-		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s needs a finite number, got '%.64s'",
-		                  p->name, pp->name, eq + 1);
-	/* a ratio may be written as a percentage, as in the .kvp source ("25%") */
-	const int percent = *end == '%' && end[1] == 0 && pp->unit == KVP_UNIT_RATIO;
-	if (percent) {
-		v /= 100.0;
-		end++;
+	if (idx < 0) { /* name the ones it has: a typo is then one glance away */
+		char names[256] = "";
+		for (int i = 0, n = 0; i < p->n_params && n >= 0 && (size_t)n < sizeof names; i++)
+			n += snprintf(names + n, sizeof names - (size_t)n, "%s%s", i ? ", " : "",
+			              p->params[i].name);
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: no parameter '%.*s' (%s%s)", p->name,
+		                   (int)(nl > 64 ? 64 : nl), assign,
+		                   p->n_params ? "its parameters: " : "it has no parameters",
+		                   names);
 	}
-	if (*end != 0)
-		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s needs a number%s, got '%.64s'", p->name,
-		                  pp->name, pp->unit == KVP_UNIT_RATIO ? " or a percentage" : "", eq + 1);
+	const struct kvp_param *pp = &p->params[idx];
+	/* the command lines' number syntax (base/rt_numparse.h: no hex, inf or spaces); a
+	 * ratio may be written as a percentage, as in the .kvp source ("25%") */
+	char num[64];
+	const char *val = eq + 1;
+	const size_t vl = strlen(val);
+	const int percent = vl > 1 && val[vl - 1] == '%' && pp->unit == KVP_UNIT_RATIO;
+	const size_t nlen = vl - (size_t)percent; /* the number without its '%' */
+	double v = 0;
+	int bad = nlen >= sizeof num;
+	if (!bad) {
+		memcpy(num, val, nlen);
+		num[nlen] = 0;
+		bad = rt_parse_double(num, &v) != 0;
+	}
+	if (bad)
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s needs a finite number%s, "
+		                   "got '%.64s'", p->name, pp->name,
+		                   pp->unit == KVP_UNIT_RATIO ? " or a percentage" : "", val);
+	if (percent)
+		v /= 100.0;
 	/* the compile-time unit rules, re-checked for run-time values: sizes and windows count
 	 * entries, tokens or steps, so they are whole and non-negative; ratios are non-negative */
 	switch (pp->unit) {
