@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Paired retrieval counts of needle runs against the full cache, over several seeds.
 
-    scripts/results/paired.py FILE...          # needle --json outputs (one object per line)
+    scripts/results/paired.py [--seed S] FILE... [--seed S FILE...]  # needle --json outputs
     scripts/results/paired.py --self-test
 
 Each FILE holds `BIN needle --json` objects (a --batch pass writes one per line; a cell of
 `make results` holds one). Prompts are paired by (seed, length, depth): the reference is the
-full cache's run (policy "full") on the same prompt, from any FILE. A cell written before
-needle recorded "seed" is seed 1, needle's default (make results passes none). The
+full cache's run (policy "full") on the same prompt, from any FILE. An object written
+before needle recorded "seed" takes the seed of the last --seed before its FILE, else 1,
+needle's default (make results passes none). The
 reference is the full cache's run in the same mode (aware or agnostic) when the inputs have
 one, else its run in the other mode (the full cache compresses nothing; only its chunking
 differs), and the table says which.
@@ -61,9 +62,10 @@ def label(d):
 
 
 def load(paths):
-    """{(label, mode): {(seed, length, depth): correct}} over every object of every file."""
+    """{(label, mode): {(seed, length, depth): correct}} over every object of every file;
+    paths: (path, the seed of an object that records none) pairs."""
     runs = {}
-    for path in paths:
+    for path, dseed in paths:
         try:
             text = open(path).read()
         except OSError as e:
@@ -73,7 +75,7 @@ def load(paths):
                 continue
             try:
                 d = json.loads(line)
-                seed = d.get("seed", 1)
+                seed = d.get("seed", dseed)
                 res = {(seed, r["length"], r["depth"]): bool(r["correct"]) for r in d["results"]}
             except (ValueError, KeyError, TypeError) as e:
                 sys.exit("paired.py: %s:%d: not a needle --json object (%s)" % (path, no, e))
@@ -140,7 +142,17 @@ def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
-    print("\n".join(table(load(argv))))
+    paths, dseed = [], 1
+    it = iter(argv)
+    for a in it:
+        if a == "--seed":
+            try:
+                dseed = int(next(it))
+            except (StopIteration, ValueError):
+                sys.exit("paired.py: --seed needs a whole number")
+        else:
+            paths.append((a, dseed))
+    print("\n".join(table(load(paths))))
     return 0
 
 
