@@ -2010,6 +2010,11 @@ START_TEST(cli_bad_input)
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, a1), 2);
 	ck_assert_msg(strstr(e, "kvx: unknown policy 'nosuch'") == e && strstr(e, "h2o"), "%s", e);
 	ck_assert_int_le(count_lines(e), 2);
+	/* a flag given a value: the stray word is explained by the flag before it */
+	const char *aj[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--json", "out.json", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, aj), 2);
+	ck_assert_msg(strstr(e, "unexpected argument 'out.json': --json takes no value (the JSON "
+	                     "goes to standard output"), "%s", e);
 	/* unknown --set name */
 	const char *a2[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--policy", "h2o",
 		             "--set", "bogus=3", NULL };

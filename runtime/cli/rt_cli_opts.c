@@ -323,6 +323,11 @@ int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cl
 	so[ns] = 0;
 	optind = 1;
 	opterr = 0;
+	/* argv as given: getopt_long moves the operands last, and a stray one is best explained
+	 * by what it followed */
+	char *given[64];
+	const int ng = argc < 64 ? argc : 64;
+	memcpy(given, argv, (size_t)ng * sizeof *given);
 	int c, rc;
 	while ((c = getopt_long(argc, argv, so, lo, NULL)) != -1) {
 		if (c == 'h') {
@@ -342,8 +347,19 @@ int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cl
 		if ((rc = opt_value(cmd, d, optarg, o)) != 0)
 			return rc;
 	}
-	if (optind < argc)
+	if (optind < argc) {
+		for (int i = 1; i < ng; i++) /* "--json out.json": a flag given a value */
+			if (given[i] == argv[optind] && given[i - 1][0] == '-') {
+				const char *f = given[i - 1] + (given[i - 1][1] == '-' ? 2 : 1);
+				for (int k = 0; k < nl; k++)
+					if (!strcmp(lo[k].name, f) && lo[k].has_arg == no_argument)
+						return rt_cli_usage(cmd, "unexpected argument '%s': %s takes no "
+						                    "value%s", argv[optind], given[i - 1],
+						                    !strcmp(f, "json") ? " (the JSON goes to standard "
+						                    "output: redirect it, > FILE)" : "");
+			}
 		return rt_cli_usage(cmd, "unexpected argument '%s'", argv[optind]);
+	}
 	if ((need & RT_CLI_NEED_MODEL) && !o->model)
 		return rt_cli_usage(cmd, "%s", "--model is required");
 	if (o->kv_type && o->exact && rt_kv_type_parse(o->kv_type) != RT_KV_F32)
