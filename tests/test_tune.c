@@ -291,6 +291,9 @@ START_TEST(build_bakes_ratio_and_gate_refuses_tighter_limit)
 	snprintf(bin, sizeof bin, "%s/tuned", g_tmp);
 	char *err, *o;
 	ck_assert_msg(build(bin, 0, &err) == 0, "kvpc build: %s", err);
+	/* the build says the default it bakes in */
+	ck_assert_msg(strstr(err, "note: policy gate_h2o defaults to its tuned ratio 2 (from "),
+	              "%s", err);
 	free(err);
 	char *info[] = { bin, "info", NULL };
 	ck_assert_int_eq(run(info, &o, &err), 0);
