@@ -2238,10 +2238,13 @@ START_TEST(cli_ppl_json)
 	/* without --prompt the whole text is the prompt: no prompt figures */
 	ck_assert(strstr(out_h2o_keep, "prompt_compression") == NULL);
 	/* a bad batch line names the file and the line; --batch excludes --policy */
-	const char *bad = "h2o --ratio 2\nh2o --ratio 0.5\n";
+	const char *bad = "h2o --ratio 2\nh2o --ratio 0.5\nh2o --sett x=1\nnosuch\n";
 	write_text(bp, "runs", bad, strlen(bad));
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, c2), 2);
-	ck_assert_msg(strstr(e, ":2: --ratio: '0.5' is not a compression factor >= 1") != NULL, "%s", e);
+	/* every bad line, not the first only */
+	ck_assert_msg(strstr(e, ":2: --ratio: '0.5' is not a compression factor >= 1") &&
+	              strstr(e, ":3: unknown word '--sett'") && strstr(e, "unknown policy 'nosuch'") &&
+	              strstr(e, ":4: the run above is refused"), "%s", e);
 	const char *bad2 = "nosuch\n";
 	write_text(bp, "runs", bad2, strlen(bad2));
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, c2), 2);

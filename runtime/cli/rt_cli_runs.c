@@ -47,8 +47,9 @@ void rt_cli_runs_free(rt_cli_run *runs, int K)
 /* Parse a --batch file: one run per non-blank line that does not start with '#':
  * `POLICY [--ratio R | --byte-ratio R] [--set NAME=VALUE]... [--kv-type T]` (T: the run's KV
  * store type in place of the command's, rt_cli_run_kv_type). Checks every policy, override and ratio
- * (as --policy/--set/--ratio would) and reports FILE:LINE: reason. Returns the runs (n in
- * *n) or NULL after printing the error (*rc set). */
+ * (as --policy/--set/--ratio would) and reports FILE:LINE: reason for every bad line, not
+ * the first only. Returns the runs (n in *n; *rc 0), or with *rc set after printing the
+ * errors (the caller frees what it returns). */
 static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc)
 {
 	size_t len;
@@ -62,7 +63,7 @@ static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc
 	}
 	int cap = 8;
 	rt_cli_run *runs = calloc((size_t)cap, sizeof *runs);
-	int lineno = 0, ok = runs != NULL;
+	int lineno = 0, ok = runs != NULL, bad = 0;
 	for (char *save = NULL, *ln = strtok_r(txt, "\n", &save); ok && ln;
 	     ln = strtok_r(NULL, "\n", &save)) {
 		lineno++;
@@ -130,19 +131,19 @@ static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc
 			r->p = rt_cli_policy(cmd, &r->o, &prc);
 			if (!r->p) {
 				fprintf(stderr, "%s: %s:%d: the run above is refused\n", rt_cli_prog, path, lineno);
-				free(txt);
-				*rc = prc;
-				return runs; /* caller frees; r->p NULL marks failure */
+				if (!bad++ || prc != RT_CLI_USAGE)
+					*rc = prc;
 			}
 		}
 		if (why) {
 			fprintf(stderr, "%s: %s:%d: %s\n", rt_cli_prog, path, lineno, why);
-			free(txt);
 			r->p = NULL;
-			return runs;
+			bad++;
 		}
 	}
 	free(txt);
+	if (bad) /* every bad line was reported; *rc is the first's status (a usage error) */
+		return runs;
 	if (!ok) {
 		fprintf(stderr, "%s: out of memory reading %s\n", rt_cli_prog, path);
 		*rc = EXIT_FAILURE;
