@@ -134,16 +134,19 @@ static void write_table(const ab_run *r, FILE *out)
 		        r->rows[0].side[s].ratio_applied ? "" : "; never compresses, ratio ignored");
 	}
 	if (needle)
-		fprintf(out, "task needle (passkey, question-%s): %d trials (%d lengths x %d depths); "
-		        "model %s; %d threads\n", r->o.mode, r->ref_trials, r->o.n_lengths,
-		        r->o.n_depths, r->o.model, r->threads);
+		fprintf(out, "task needle (passkey, question-%s): %d trial%s (%d length%s x %d "
+		        "depth%s); model %s; %d thread%s\n", r->o.mode, r->ref_trials,
+		        r->ref_trials == 1 ? "" : "s", r->o.n_lengths, r->o.n_lengths == 1 ? "" : "s",
+		        r->o.n_depths, r->o.n_depths == 1 ? "" : "s", r->o.model, r->threads,
+		        r->threads == 1 ? "" : "s");
 	else
 		fprintf(out, "task ppl, %s protocol: %lld tokens of %s, the first %lld the prompt, "
-		        "positions %lld..%lld scored (%lld tokens); model %s; %d threads\n",
+		        "positions %lld..%lld scored (%lld tokens); model %s; %d thread%s\n",
 		        r->split.measure == KVP_MEASURE_PROMPT_END ? "prompt-end" : "streaming",
 		        (long long)r->n, r->o.text, (long long)r->split.prompt,
 		        (long long)r->split.score_from, (long long)(r->n - 1),
-		        (long long)(r->n - r->split.score_from), r->o.model, r->threads);
+		        (long long)(r->n - r->split.score_from), r->o.model, r->threads,
+		        r->threads == 1 ? "" : "s");
 	for (int k = 0; k < r->o.n_ratios; k++) {
 		const ab_row *row = &r->rows[k];
 		if (r->o.bytes)
