@@ -212,7 +212,7 @@ static int cmd_emit(int argc, char **argv)
 		}
 	}
 	if (!target) {
-		rc = usage("emit: --target c or --target registry is required");
+		rc = usage("emit: --target c, registry, cuda or cuda-registry is required");
 		goto done;
 	}
 	const int is_cu = !strcmp(target, "cuda"), is_cureg = !strcmp(target, "cuda-registry");
