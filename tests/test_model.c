@@ -548,6 +548,71 @@ START_TEST(test_fast_path)
 }
 END_TEST
 
+/* A continuous-batching step that stacks a 20-row prefill (its last row's logits: the GEMM
+ * way, logits_rows) with a 1-row decode step (the 8-bit way) takes both ways in one call
+ * (chunk_logits' per-segment path): each sequence's logits equal, bit for bit, those of
+ * rt_model_forward with the same chunks alone, as rt_model_forward_multi promises. GQA 9/3
+ * on Q4_1 weights, the fast path. */
+START_TEST(test_multi_mixed_ways)
+{
+	tiny_model_cfg c = shape_cfg(0, RT_GGML_Q4_1);
+	const char *path = write_model(&c);
+	rt_err err = {0};
+	const rt_model_opts fo = { .exact = 0, .threads = 2 };
+	rt_model *m = rt_model_open(path, &fo, &err);
+	ck_assert_msg(m, "%s", err.msg);
+	enum { NA = 20, NB = 6 };
+	int32_t ta[NA], tb[NB];
+	test_tokens(ta, NA, c.n_vocab, 3u);
+	test_tokens(tb, NB, c.n_vocab, 5u);
+	const int V = c.n_vocab;
+	float *solo_a = malloc((size_t)V * sizeof(float)), *solo_b = malloc((size_t)V * sizeof(float));
+	/* the two rows of one buffer, as a lockstep batch lays them out: the stacked call's
+	 * logits are consecutive, so only the ways tell chunk_logits to split them */
+	float *lab = malloc(2 * (size_t)V * sizeof(float)), *la = lab, *lb = lab + V;
+	rt_kv kv[2];
+	rt_fwd f[2], big;
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(rt_model_kv_init(m, &kv[k], 64, &err), 0);
+		ck_assert_int_eq(rt_fwd_init(&f[k], m, 32, 64, &err), 0);
+	}
+	ck_assert_int_eq(rt_fwd_init(&big, m, 32, 64, &err), 0);
+	/* alone: A's 20-token prefill; B's 5-token prefill, then its 6th token as a step */
+	ck_assert_int_eq(rt_model_forward(&f[0], &kv[0], ta, NA, 0, solo_a, RT_LOGITS_LAST, &err), 0);
+	ck_assert_int_eq(rt_model_forward(&f[1], &kv[1], tb, NB - 1, 0, lb, RT_LOGITS_LAST, &err), 0);
+	ck_assert_int_eq(rt_model_forward(&f[1], &kv[1], tb + NB - 1, 1, NB - 1, solo_b,
+	                                  RT_LOGITS_LAST, &err), 0);
+	/* together: fresh caches, B's prefill alone, then A's prefill and B's step stacked */
+	for (int k = 0; k < 2; k++) {
+		rt_fwd_free(&f[k]);
+		rt_kv_free(&kv[k]);
+		ck_assert_int_eq(rt_model_kv_init(m, &kv[k], 64, &err), 0);
+		ck_assert_int_eq(rt_fwd_init(&f[k], m, 32, 64, &err), 0);
+	}
+	ck_assert_int_eq(rt_model_forward(&f[1], &kv[1], tb, NB - 1, 0, lb, RT_LOGITS_LAST, &err), 0);
+	rt_fwd *const fs[2] = { &f[0], &f[1] };
+	rt_kv *const ks[2] = { &kv[0], &kv[1] };
+	const int32_t *toks[2] = { ta, tb + NB - 1 };
+	const int n[2] = { NA, 1 };
+	const int32_t pos[2] = { 0, NB - 1 };
+	float *const lg[2] = { la, lb };
+	ck_assert_msg(rt_model_forward_multi(&big, fs, ks, 2, toks, n, pos, lg, NULL, &err) == 0,
+	              "%s", err.msg);
+	ck_assert_msg(memcmp(la, solo_a, (size_t)V * sizeof(float)) == 0,
+	              "the prefill's last row differs stacked with a decode step");
+	ck_assert_msg(memcmp(lb, solo_b, (size_t)V * sizeof(float)) == 0,
+	              "the decode step differs stacked with a prefill");
+	for (int k = 0; k < 2; k++) {
+		rt_fwd_free(&f[k]);
+		rt_kv_free(&kv[k]);
+	}
+	rt_fwd_free(&big);
+	free(solo_a), free(solo_b), free(lab);
+	rt_model_free(m);
+	unlink(path);
+}
+END_TEST
+
 /* kept-set oracle: per (layer, kv head) a different subset of prefix positions */
 typedef struct keep_rule {
 	int n_prefix;
@@ -1624,6 +1689,7 @@ static Suite *model_suite(void)
 	tcase_add_loop_test(tc, test_logits_match_reference, 0, 9);
 	tcase_add_loop_test(tc, test_chunking_invariance, 0, 3);
 	tcase_add_loop_test(tc, test_fast_path, 0, 6);
+	tcase_add_test(tc, test_multi_mixed_ways);
 	tcase_add_loop_test(tc, test_evicted_cache_oracle, 0, 3);
 	tcase_add_loop_test(tc, test_kvzip_replay_oracle, 0, 2);
 	tcase_add_loop_test(tc, test_kvzip_replay_window_oracle, 0, 2);

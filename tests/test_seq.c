@@ -2353,6 +2353,12 @@ START_TEST(cli_needle_and_run)
 	memcpy(first, out, sizeof first);
 	ck_assert_msg(cli(out, sizeof out, e, sizeof e, base) == 0, "%s", e);
 	ck_assert_str_eq(out, first);
+	/* and it is the seed that makes it: another seed, another text (12 draws at
+	 * temperature 2 over 300 tokens), and not the greedy one */
+	base[11] = "8";
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, base) == 0, "%s", e);
+	ck_assert_msg(strcmp(out, first) != 0 && strcmp(first, greedy) != 0, "seed 7 '%s', seed 8 "
+	              "'%s', greedy '%s'", first, out, greedy);
 	const char *bads[][2] = { { "--temp", "2.5" }, { "--top-p", "0" }, { "--seed", "0x10" },
 		                  { "--top-k", "-1" } };
 	for (int i = 0; i < 4; i++) {

@@ -55,14 +55,8 @@ void rt_cli_json_policy(FILE *out, const rt_seq *s, double ratio)
 	      out);
 	/* what a graceful budget did (a floor or guards raised it): the figures are then
 	 * not the ratio's alone */
-	fputs(",\"budget_notes\":[", out);
-	for (unsigned b = 1, first = 1; b <= KVP_NOTE_LAST; b <<= 1)
-		if (s->run.notes & b) {
-			fputs(first ? "" : ",", out);
-			rt_json_str(out, rt_pick_note(b));
-			first = 0;
-		}
-	fputc(']', out);
+	fputs(",\"budget_notes\":", out);
+	rt_pick_notes_json(out, s->run.notes);
 #ifdef KVPC_COMMIT
 	fputs(",\"commit\":", out);
 	rt_json_str(out, rt_cli_commit());

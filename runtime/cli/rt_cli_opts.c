@@ -324,7 +324,8 @@ int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cl
 	optind = 1;
 	opterr = 0;
 	/* argv as given: getopt_long moves the operands last, and a stray one is best explained
-	 * by what it followed */
+	 * by what it followed (the first 64 words: a longer command line gets the plain
+	 * message past them) */
 	char *given[64];
 	const int ng = argc < 64 ? argc : 64;
 	memcpy(given, argv, (size_t)ng * sizeof *given);

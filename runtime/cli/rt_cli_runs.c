@@ -142,13 +142,14 @@ static rt_cli_run *runs_parse(const char *cmd, const char *path, int *n, int *rc
 		}
 	}
 	free(txt);
-	if (bad) /* every bad line was reported; *rc is the first's status (a usage error) */
-		return runs;
-	if (!ok) {
+	if (!ok) { /* reported even after bad lines: the lines after it were not checked */
 		fprintf(stderr, "%s: out of memory reading %s\n", rt_cli_prog, path);
 		*rc = EXIT_FAILURE;
 		return runs;
 	}
+	if (bad) /* every bad line was reported; *rc: a usage error, unless a policy lookup
+	          * failed otherwise (its status wins) */
+		return runs;
 	if (*n == 0) {
 		fprintf(stderr, "%s: %s: no runs (one `POLICY [--ratio R] [--set NAME=VALUE]...` per "
 		        "line)\n", rt_cli_prog, path);

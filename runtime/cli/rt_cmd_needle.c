@@ -122,6 +122,7 @@ typedef struct needle_job {
 	rt_seq ref;            /* instruct: the full cache its checks are read against */
 	int ref_ready;
 	int64_t n_gen;
+	int chunk;             /* the prompt chunk used: --chunk, bounded in a batch */
 	rt_cli_run *runs;
 	rt_tokenizer *tk;
 	rt_model *m;
@@ -175,6 +176,7 @@ static int needle_setup(needle_job *nj)
 	int chunk = (int)o->chunk;
 	if (KR > 1 && chunk > 512 / KR)
 		chunk = 512 / KR < 1 ? 1 : 512 / KR;
+	nj->chunk = chunk;
 	if (!(nj->all = calloc((size_t)KR, sizeof *nj->all)) ||
 	    !(nj->res = calloc((size_t)KR * nj->n_len * nj->n_dep, sizeof *nj->res)) ||
 	    !(nj->logits = malloc((size_t)KR * V * sizeof *nj->logits)) ||
@@ -333,12 +335,13 @@ static void needle_mean_x(const needle_job *nj, int k, rt_compression *x)
 /* Run k's JSON object. */
 static void needle_json(const needle_job *nj, int k, const char *msha, int correct, int total)
 {
-	/* the seed and answer length: with the model and the grid, what remakes the prompts */
+	/* the seed, answer length and prompt chunk as used: with the model and the grid, what
+	 * remakes the prompts and the schedule */
 	printf(",\"task\":\"%s\",\"mode\":\"%s\",\"mode_from\":\"%s\",\"seed\":%ld,"
-	       "\"gen\":%lld,\"chunk\":%ld,\"model\":",
+	       "\"gen\":%lld,\"chunk\":%d,\"model\":",
 	       task_name(nj->o.task), nj->o.mode_agnostic ? "agnostic" : "aware",
 	       nj->o.mode_given ? "--mode" : "protocol", nj->o.seed, (long long)nj->n_gen,
-	       nj->o.chunk);
+	       nj->chunk);
 	rt_json_str(stdout, nj->m->path);
 	if (msha[0]) {
 		fputs(",\"model_sha256\":", stdout);

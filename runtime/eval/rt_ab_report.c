@@ -311,14 +311,9 @@ static void json_row(FILE *f, const ab_run *r, int k, int needle)
 			fprintf(f, ", \"hits\": %d, \"trials\": %d", row->side[s].hits,
 			        row->side[s].trials);
 		}
-		fputs(", \"budget_notes\": [", f); /* as ppl's and needle's JSON */
-		for (unsigned bit = 1, first = 1; bit <= KVP_NOTE_LAST; bit <<= 1)
-			if (row->side[s].notes & bit) {
-				fputs(first ? "" : ", ", f);
-				rt_json_str(f, rt_pick_note(bit));
-				first = 0;
-			}
-		fputs("]}", f);
+		fputs(", \"budget_notes\": ", f); /* as ppl's and needle's JSON */
+		rt_pick_notes_json(f, row->side[s].notes);
+		fputs("}", f);
 	}
 	if (!needle) {
 		fputs(", \"nll_diff\": {", f);

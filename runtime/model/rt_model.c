@@ -1613,9 +1613,11 @@ static void layer_ffn(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_seg *sg,
 /* The output GEMM of c normed rows xs into lg. On the fast path the rows take the way of
  * the chunk they came from: a chunk of gemm_rows rows or more ran its layers the GEMM way
  * (f32 activations), so its last row's logits do too (gemm_rows 1 for the call), though it
- * is one row; else the dot way with 8-bit activations, as decoding does. So a prompt's last
- * logits (`run`'s first token, RT_LOGITS_LAST) have the bits of the exact path's (f32 KV),
- * not those of a decode step (docs/exactness.md). */
+ * is one row; else the dot way with 8-bit activations, as decoding does. So when a prompt's
+ * last chunk has gemm_rows rows or more, its last logits (RT_LOGITS_LAST: `run`'s first
+ * token) have the exact path's bits (f32 KV), not a decode step's (docs/exactness.md); a
+ * shorter last chunk (a needle question fed after its context, a prompt's tail) keeps the
+ * 8-bit way its layers took. */
 static void logits_rows(rt_fwd *big, float *lg, const float *xs, const int *len, int nseg,
                         int gemm_way)
 {

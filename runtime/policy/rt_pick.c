@@ -3,6 +3,8 @@
  */
 #include "policy/rt_pick.h"
 
+#include "report/rt_json.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -27,6 +29,18 @@ const char *rt_pick_note(unsigned bit)
 		       "more than the budget";
 	}
 	return NULL;
+}
+
+void rt_pick_notes_json(FILE *out, unsigned notes)
+{
+	fputc('[', out);
+	for (unsigned b = 1, first = 1; b <= KVP_NOTE_LAST; b <<= 1)
+		if (notes & b) {
+			fputs(first ? "" : ",", out);
+			rt_json_str(out, rt_pick_note(b));
+			first = 0;
+		}
+	fputc(']', out);
 }
 
 /* An error of field f: out->field = f, the message in err (RT_ERR_INPUT). Returns -1. */

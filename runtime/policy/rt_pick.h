@@ -24,6 +24,7 @@
 #define RT_PICK_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/rt_util.h"
 #include "kv/rt_kv.h"
@@ -101,5 +102,9 @@ const struct kvp_policy *rt_pick_find(const struct kvp_policy *const *reg, int n
 /* The text of one note of a graceful budget (kvp_ctx.notes: KVP_NOTE_FLOOR,
  * KVP_NOTE_GUARDS, KVP_NOTE_SPAN), for a report or a response; NULL for any other bit. */
 const char *rt_pick_note(unsigned bit);
+
+/* The notes of `notes` (KVP_NOTE_* bits) as a JSON array of their texts, "[]" for none, on
+ * out: every report's `budget_notes` (ppl, needle, ab). */
+void rt_pick_notes_json(FILE *out, unsigned notes);
 
 #endif

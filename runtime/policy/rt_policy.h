@@ -407,9 +407,11 @@ int kvp_policy_param_index(const struct kvp_policy *p, const char *name);
 /* Fill vals[0..n_params) with the defaults. */
 void kvp_policy_param_defaults(const struct kvp_policy *p, double *vals);
 
-/* Apply one "name=value" override to vals. A ratio parameter also accepts a percentage
- * ("25%" = 0.25). Fails (-1, err "policy NAME: ...") on an unknown name, a value that is not
- * a finite number, a negative ratio, a ratio above 1 written without its percent sign
+/* Apply one "name=value" override to vals. The value is the command lines' strict number
+ * (base/rt_numparse.h rt_parse_double: no spaces, hex, inf or nan; at most 63 characters);
+ * a ratio parameter also accepts a percentage ("25%" = 0.25). Fails (-1, err "policy NAME:
+ * ...", an unknown name's listing the policy's parameters, cut at 255 bytes) on an unknown
+ * name, a value that is not such a number, a negative ratio, a ratio above 1 written without its percent sign
  * ("20": 2000%; "150%" passes), or an entries/tokens/steps value that is not a whole
  * number in [0, 1e9] (the same unit rules kvpc applies to the defaults). Budget-versus-guard
  * feasibility is checked when compress runs, against the values then in force. */

@@ -140,9 +140,9 @@ if any(full_cells.get(t) for t in TASKS if t != "instruct"):
              "reverse (scripts/results/paired.py; the full cache's passkey cell is measured "
              "in the prompt-end group, the question after the context, and compresses "
              "nothing either way). The two-sided exact sign test on the "
-             "discordant prompts needs at least 6 of them, all one way, for p < 0.05 (-5/+0 "
-             "gives p = 0.0625, -6/+0 0.031): on 15 prompts a smaller difference is not a "
-             "finding; "
+             "discordant prompts reaches p < 0.05 only with 6 or more of them, nearly all one "
+             "way (-6/+0 gives p = 0.031, -8/+1 0.039, -5/+0 0.0625): on 15 prompts a smaller "
+             "difference is not a finding; "
              "docs/results_frontier_2026-12-04.md section 8 compares the target cells on more "
              "seeds.\n")
 rhead = " | ".join(TASK_HEAD.get(task, task) for task in TASKS)

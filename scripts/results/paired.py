@@ -62,8 +62,10 @@ def label(d):
 
 
 def load(paths):
-    """{(label, mode): {(seed, length, depth): correct}} over every object of every file;
-    paths: (path, the seed of an object that records none) pairs."""
+    """{(label, mode, variant): {(seed, length, depth): correct}} over every object of every
+    file, variant the task, KV store type and parameters (runs that differ only there are
+    kept apart); paths: (path, the seed of an object that records none) pairs. A prompt
+    given twice for one run is an error (two inputs measured the same thing)."""
     runs = {}
     for path, dseed in paths:
         try:
@@ -79,22 +81,40 @@ def load(paths):
                 res = {(seed, r["length"], r["depth"]): bool(r["correct"]) for r in d["results"]}
             except (ValueError, KeyError, TypeError) as e:
                 sys.exit("paired.py: %s:%d: not a needle --json object (%s)" % (path, no, e))
-            runs.setdefault((label(d), d.get("mode", "aware")), {}).update(res)
+            variant = "%s %s %s" % (d.get("task", "passkey"), d.get("kv_type", ""),
+                                    json.dumps(d.get("params", {}), sort_keys=True))
+            r = runs.setdefault((label(d), d.get("mode", "aware"), variant), {})
+            twice = [k for k in res if k in r]
+            if twice:
+                sys.exit("paired.py: %s:%d: %s (%s) has prompt seed %s, length %s, depth %s "
+                         "already (give each seed once, --seed S for files that lack it)" %
+                         ((path, no, label(d), variant) + twice[0]))
+            r.update(res)
     return runs
 
 
 def table(runs):
-    """The markdown lines: one row per run and mode, the full cache's first."""
-    refs = {mode: r for (name, mode), r in runs.items() if name == "full"}
+    """The markdown lines: one row per run and mode, the full cache's first; a run's
+    reference is the full cache's run of its task in its mode, else in the other mode."""
+    task = lambda v: v.split(" ")[0]  # noqa: E731
+    refs = {(mode, task(v)): r for (name, mode, v), r in runs.items() if name == "full"}
     if not refs:
         sys.exit("paired.py: no full-cache run among the inputs (the reference)")
+    shown = {}
+    for name, mode, v in runs:
+        shown[(name, mode)] = shown.get((name, mode), 0) + 1
     seeds = sorted({k[0] for r in runs.values() for k in r})
     out = ["| run | mode | prompts | correct | full cache (its mode), same prompts | lost | "
            "gained | sign test p |", "|---|---|---|---|---|---|---|---|"]
-    for name, mode in sorted(runs, key=lambda k: (k[0] != "full", k)):
-        r = runs[(name, mode)]
-        rmode = mode if mode in refs else sorted(refs)[0]
-        ref = refs[rmode]
+    for name, mode, v in sorted(runs, key=lambda k: (k[0] != "full", k)):
+        r = runs[(name, mode, v)]
+        same = [m for (m, t) in refs if t == task(v)]
+        if not same:
+            sys.exit("paired.py: %s: no full-cache run of task %s" % (name, task(v)))
+        rmode = mode if mode in same else sorted(same)[0]
+        ref = refs[(rmode, task(v))]
+        if shown[(name, mode)] > 1 or task(v) != "passkey":
+            name = "%s (%s)" % (name, v)
         missing = [k for k in r if k not in ref]
         if missing:
             sys.exit("paired.py: %s: prompt seed %s, length %s, depth %s has no full-cache "
@@ -119,9 +139,10 @@ def self_test():
     assert abs(sign_test_p(1, 10) - 22 / 1024) < 1e-15
     assert sign_test_p(9, 10) == sign_test_p(1, 10)
     # two prompts of seed 1, the run loses one: lost 1, gained 0, p = 1
-    runs = {("full", "aware"): {(1, 1024, 0): True, (1, 1024, 50): True},
-            ("h2o --ratio 8", "aware"): {(1, 1024, 0): True, (1, 1024, 50): False},
-            ("kvzip --ratio 8", "agnostic"): {(1, 1024, 0): False, (1, 1024, 50): False}}
+    v = "passkey f16 {}"
+    runs = {("full", "aware", v): {(1, 1024, 0): True, (1, 1024, 50): True},
+            ("h2o --ratio 8", "aware", v): {(1, 1024, 0): True, (1, 1024, 50): False},
+            ("kvzip --ratio 8", "agnostic", v): {(1, 1024, 0): False, (1, 1024, 50): False}}
     rows = table(runs)
     assert rows[3] == "| h2o --ratio 8 | aware | 2 | 1 | 2 (aware) | 1 | 0 | 1 |", rows[3]
     assert rows[4] == "| kvzip --ratio 8 | agnostic | 2 | 0 | 2 (aware) | 2 | 0 | 0.5 |", rows[4]

@@ -293,8 +293,8 @@ else:
     L.append("A total that differs from the full cache's on some prompt carries `(-L/+G)`: "
              "L prompts the full cache answers and the policy misses, G the reverse "
              "(scripts/results/paired.py; the two-sided exact sign test on the discordant "
-             "prompts needs at least 6 of them, all one way, for p < 0.05: -5/+0 gives "
-             "p = 0.0625).\n")
+             "prompts reaches p < 0.05 only with 6 or more of them, nearly all one way: "
+             "-6/+0 gives p = 0.031, -5/+0 0.0625).\n")
     def acc(j):
         if j is None: return "not run"
         if "error" in j:
