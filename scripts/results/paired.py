@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Paired retrieval counts of needle runs against the full cache, over several seeds.
 
-    scripts/results/paired.py [--seed S] FILE... [--seed S FILE...]  # needle --json outputs
+    scripts/results/paired.py [--ref RUN] [--seed S] FILE... [--seed S FILE...]
     scripts/results/paired.py --self-test
 
 Each FILE holds `BIN needle --json` objects (a --batch pass writes one per line; a cell of
@@ -12,6 +12,9 @@ needle's default (make results passes none). The
 reference is the full cache's run in the same mode (aware or agnostic) when the inputs have
 one, else its run in the other mode (the full cache compresses nothing; only its chunking
 differs), and the table says which.
+
+--ref RUN pairs every run with another run instead of the full cache (RUN as the table
+names it, e.g. "mikv_rot_q4q2_75": is one policy's difference from another a finding?).
 
 For each run (policy with its --ratio / --byte-ratio) it prints the prompts, the correct
 answers, the full cache's on the same prompts, the prompts the full cache answers and the
@@ -93,32 +96,33 @@ def load(paths):
     return runs
 
 
-def table(runs):
+def table(runs, ref_name="full"):
     """The markdown lines: one row per run and mode, the full cache's first; a run's
     reference is the full cache's run of its task in its mode, else in the other mode."""
     task = lambda v: v.split(" ")[0]  # noqa: E731
-    refs = {(mode, task(v)): r for (name, mode, v), r in runs.items() if name == "full"}
+    refs = {(mode, task(v)): r for (name, mode, v), r in runs.items() if name == ref_name}
     if not refs:
-        sys.exit("paired.py: no full-cache run among the inputs (the reference)")
+        sys.exit("paired.py: no run %s among the inputs (the reference)" % ref_name)
     shown = {}
     for name, mode, v in runs:
         shown[(name, mode)] = shown.get((name, mode), 0) + 1
     seeds = sorted({k[0] for r in runs.values() for k in r})
-    out = ["| run | mode | prompts | correct | full cache (its mode), same prompts | lost | "
-           "gained | sign test p |", "|---|---|---|---|---|---|---|---|"]
-    for name, mode, v in sorted(runs, key=lambda k: (k[0] != "full", k)):
+    out = ["| run | mode | prompts | correct | %s (its mode), same prompts | lost | "
+           "gained | sign test p |" % ("full cache" if ref_name == "full" else ref_name),
+           "|---|---|---|---|---|---|---|---|"]
+    for name, mode, v in sorted(runs, key=lambda k: (k[0] != ref_name, k[0] != "full", k)):
         r = runs[(name, mode, v)]
         same = [m for (m, t) in refs if t == task(v)]
         if not same:
-            sys.exit("paired.py: %s: no full-cache run of task %s" % (name, task(v)))
+            sys.exit("paired.py: %s: no %s run of task %s" % (name, ref_name, task(v)))
         rmode = mode if mode in same else sorted(same)[0]
         ref = refs[(rmode, task(v))]
         if shown[(name, mode)] > 1 or task(v) != "passkey":
             name = "%s (%s)" % (name, v)
         missing = [k for k in r if k not in ref]
         if missing:
-            sys.exit("paired.py: %s: prompt seed %s, length %s, depth %s has no full-cache "
-                     "run" % ((name,) + missing[0]))
+            sys.exit("paired.py: %s: prompt seed %s, length %s, depth %s has no %s run" %
+                     ((name,) + missing[0] + (ref_name,)))
         lost = sum(1 for k, c in r.items() if ref[k] and not c)
         gained = sum(1 for k, c in r.items() if c and not ref[k])
         out.append("| %s | %s | %d | %d | %d (%s) | %d | %d | %.3g |" % (
@@ -146,6 +150,9 @@ def self_test():
     rows = table(runs)
     assert rows[3] == "| h2o --ratio 8 | aware | 2 | 1 | 2 (aware) | 1 | 0 | 1 |", rows[3]
     assert rows[4] == "| kvzip --ratio 8 | agnostic | 2 | 0 | 2 (aware) | 2 | 0 | 0.5 |", rows[4]
+    # against another run: h2o as the reference, kvzip loses the one h2o answers
+    rows = table(runs, "h2o --ratio 8")
+    assert rows[4] == "| kvzip --ratio 8 | agnostic | 2 | 0 | 1 (aware) | 1 | 0 | 1 |", rows
     assert label({"policy": "kvzip", "ratio": None, "byte_ratio": 8}) == "kvzip --byte-ratio 8"
     full = {"results": [{"length": 1024, "depth": d, "correct": c}
                         for d, c in ((0, True), (50, True), (100, False))]}
@@ -163,7 +170,7 @@ def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if argv else 2
-    paths, dseed = [], 1
+    paths, dseed, ref = [], 1, "full"
     it = iter(argv)
     for a in it:
         if a == "--seed":
@@ -171,9 +178,13 @@ def main(argv):
                 dseed = int(next(it))
             except (StopIteration, ValueError):
                 sys.exit("paired.py: --seed needs a whole number")
+        elif a == "--ref":
+            ref = next(it, None)
+            if not ref:
+                sys.exit("paired.py: --ref needs a run's name")
         else:
             paths.append((a, dseed))
-    print("\n".join(table(load(paths))))
+    print("\n".join(table(load(paths), ref)))
     return 0
 
 
