@@ -9,9 +9,9 @@ Each FILE holds `BIN needle --json` objects (a --batch pass writes one per line;
 full cache's run (policy "full") on the same prompt, from any FILE. An object written
 before needle recorded "seed" takes the seed of the last --seed before its FILE, else 1,
 needle's default (make results passes none). The
-reference is the full cache's run in the same mode (aware or agnostic) when the inputs have
-one, else its run in the other mode (the full cache compresses nothing; only its chunking
-differs), and the table says which.
+reference of a prompt is the full cache's answer in the run's mode (aware or agnostic) when
+the inputs have it, else in the other mode (the full cache compresses nothing; only its
+chunking differs), and the table says which modes it used.
 
 --ref RUN pairs every run with another run instead of the full cache (RUN as the table
 names it, e.g. "mikv_rot_q4q2_75": is one policy's difference from another a finding?).
@@ -115,8 +115,15 @@ def table(runs, ref_name="full"):
         same = [m for (m, t) in refs if t == task(v)]
         if not same:
             sys.exit("paired.py: %s: no %s run of task %s" % (name, ref_name, task(v)))
-        rmode = mode if mode in same else sorted(same)[0]
-        ref = refs[(rmode, task(v))]
+        # per prompt: the reference's answer in the run's mode, else in the other mode
+        ref, used = {}, set()
+        for m in sorted(same, key=lambda m: m == mode):
+            ref.update(refs[(m, task(v))])
+        for k in r:
+            if k in ref:
+                used.add(mode if k in refs.get((mode, task(v)), {}) else
+                         next(m for m in same if k in refs[(m, task(v))]))
+        rmode = "+".join(sorted(used)) or mode
         if shown[(name, mode)] > 1 or task(v) != "passkey":
             name = "%s (%s)" % (name, v)
         missing = [k for k in r if k not in ref]
