@@ -151,9 +151,8 @@ int rt_cmd_run(int argc, char **argv)
 	}
 	double t1 = rt_now();
 	char sink[1];
-	/* greedy unless a temperature is given (rt_sample's temperature 0 is the same argmax) */
-	int64_t gen = rt_decode(&s, tk, o.temp > 0 ? &smp : NULL, logits, o.n_gen, sink, 0, stdout,
-	                        &err);
+	/* the sampler decides: temperature 0 (the default) is rt_sample's argmax, greedy */
+	int64_t gen = rt_decode(&s, tk, &smp, logits, o.n_gen, sink, 0, stdout, &err);
 	if (gen < 0) {
 		putchar('\n');
 		rt_cli_fail(&err);
