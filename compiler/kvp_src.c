@@ -60,6 +60,7 @@ static kvp_src *src_new(const char *name, char *text, size_t len)
 	src->diags = xrealloc(NULL, 256);
 	src->diags_cap = 256;
 	src->diags[0] = '\0';
+	src->cur_group = -1;
 	build_lines(src);
 	return src;
 }
@@ -135,6 +136,7 @@ void kvp_src_free(kvp_src *src)
 	free(src->text);
 	free(src->line_start);
 	free(src->diags);
+	free(src->groups);
 	free(src);
 }
 
@@ -206,16 +208,48 @@ kvp_srcloc kvp_src_loc_at(kvp_src *src, int line, int col)
 	return kvp_src_loc(src, off, off + 1 <= src->len ? off + 1 : off);
 }
 
+/* Key of a group that sorts after every place: the "too many errors" line. */
+#define KEY_LAST UINT64_MAX
+
+/* Start a new group of diagnostics sorting at key (after the groups of equal key, so two
+ * reports at one place keep the order they were made in): later text goes into it. */
+static void group_begin(kvp_src *src, uint64_t key)
+{
+	if (src->n_groups == src->groups_cap) {
+		src->groups_cap = src->groups_cap ? 2 * src->groups_cap : 8;
+		src->groups = xrealloc(src->groups, sizeof *src->groups * (size_t)src->groups_cap);
+	}
+	int i = src->n_groups;
+	while (i > 0 && src->groups[i - 1].key > key)
+		i--;
+	memmove(src->groups + i + 1, src->groups + i,
+	        sizeof *src->groups * (size_t)(src->n_groups - i));
+	src->groups[i] = (struct kvp_diag_group){
+		.key = key,
+		.off = i < src->n_groups ? src->groups[i + 1].off : src->diags_len,
+	};
+	src->n_groups++;
+	src->cur_group = i;
+}
+
+/* Append s[0..n) to the current group (a note with no report before it starts its own). */
 static void diag_put(kvp_src *src, const char *s, size_t n)
 {
+	if (src->cur_group < 0)
+		group_begin(src, KEY_LAST - 1);
 	if (src->diags_len + n + 1 > src->diags_cap) {
 		while (src->diags_len + n + 1 > src->diags_cap)
 			src->diags_cap *= 2;
 		src->diags = xrealloc(src->diags, src->diags_cap);
 	}
-	memcpy(src->diags + src->diags_len, s, n);
+	struct kvp_diag_group *g = &src->groups[src->cur_group];
+	size_t at = g->off + g->len;
+	memmove(src->diags + at + n, src->diags + at, src->diags_len - at + 1); /* with the NUL */
+	memcpy(src->diags + at, s, n);
+	g->len += n;
+	for (int i = src->cur_group + 1; i < src->n_groups; i++)
+		src->groups[i].off += n;
 	src->diags_len += n;
-	src->diags[src->diags_len] = '\0';
 }
 
 static void diag_printf(kvp_src *src, const char *fmt, ...)
@@ -374,6 +408,8 @@ static void vreport(kvp_src *src, kvp_srcloc loc, const char *kind, const char *
 {
 	char msg[768];
 	vsnprintf(msg, sizeof msg, fmt, ap);
+	if (strcmp(kind, "note") != 0) /* a note stays with the report before it */
+		group_begin(src, (uint64_t)loc.off + 1);
 	int line, col;
 	kvp_src_pos(src, loc.off, &line, &col);
 	diag_printf(src, "%s:%d:%d: %s: %s\n", src->path, line, col, kind, msg);
@@ -384,9 +420,11 @@ void kvp_src_error(kvp_src *src, kvp_srcloc loc, const char *fmt, ...)
 {
 	src->n_errors++;
 	if (src->n_errors > KVP_MAX_ERRORS) {
-		if (src->n_errors == KVP_MAX_ERRORS + 1)
+		if (src->n_errors == KVP_MAX_ERRORS + 1) {
+			group_begin(src, KEY_LAST);
 			diag_printf(src, "%s: error: too many errors; stopping after %d\n",
 			            src->path, KVP_MAX_ERRORS);
+		}
 		return;
 	}
 	va_list ap;
@@ -424,6 +462,7 @@ void kvp_src_error_file(kvp_src *src, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
+	group_begin(src, 0);
 	diag_printf(src, "%s: error: %s\n", src->path, msg);
 }
 

@@ -15,8 +15,10 @@
  * source is copied into the caret line so the caret stays aligned. Lines longer than
  * 160 bytes are shown as a window around the column with "..." at the cut ends. Bytes
  * that are not printable UTF-8 (control characters, invalid sequences) are shown as '?'.
- * Diagnostics are collected in memory (kvp_src_diags) and printed by the driver; after
- * KVP_MAX_ERRORS errors further errors are dropped and one line says so.
+ * Diagnostics are collected in memory (kvp_src_diags) and printed by the driver in source
+ * order (by the offset of each error or warning, its notes kept after it; errors about the
+ * whole file first), whatever order the passes found them in; after KVP_MAX_ERRORS errors
+ * further errors are dropped and one line, printed last, says so.
  */
 #ifndef KVP_SRC_H
 #define KVP_SRC_H
@@ -49,6 +51,14 @@ typedef struct kvp_src {
 	uint32_t pos_off;
 	int pos_line, pos_col;
 	size_t diags_len, diags_cap;
+	/* diags is the concatenation of these groups (an error or warning with its notes) in
+	 * order of key (the source offset); a report inserts its group in place */
+	struct kvp_diag_group {
+		uint64_t key;     /* sort key: source offset, 0 for the whole file, then the cap */
+		size_t off, len;  /* bytes [off, off + len) of diags */
+	} *groups;
+	int n_groups, groups_cap;
+	int cur_group;       /* the group the next text goes to (the last report's), -1: none */
 } kvp_src;
 
 /* Read PATH into a new kvp_src. Returns NULL and writes "PATH: reason" into err[errlen]

@@ -340,6 +340,39 @@ START_TEST(test_error_cap)
 }
 END_TEST
 
+/* Diagnostics come out in source order whatever order they were reported in: a file-wide
+ * error first, then each located report by offset (equal places in report order), each
+ * note after the report it belongs to, the cap's line last. Expected order by hand. */
+START_TEST(test_diags_source_order)
+{
+	const char *text = "aaa\nbbb\nccc\n";
+	kvp_src *src = kvp_src_from_mem("o.kvp", text, strlen(text));
+	kvp_src_error(src, kvp_src_loc_at(src, 3, 1), "third line");
+	kvp_src_note(src, kvp_src_loc_at(src, 1, 2), "note of the third");
+	kvp_src_warning(src, kvp_src_loc_at(src, 2, 1), "second line");
+	kvp_src_error(src, kvp_src_loc_at(src, 1, 1), "first line");
+	kvp_src_error(src, kvp_src_loc_at(src, 3, 1), "third line again");
+	kvp_src_error_file(src, "whole file");
+	const char *want[] = { "o.kvp: error: whole file", "o.kvp:1:1: error: first line",
+		               "o.kvp:2:1: warning: second line", "o.kvp:3:1: error: third line\n",
+		               "o.kvp:1:2: note: note of the third", "o.kvp:3:1: error: third line again" };
+	const char *d = kvp_src_diags(src), *at = d;
+	for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+		const char *f = strstr(at, want[i]);
+		ck_assert_msg(f != NULL, "'%s' missing or out of order in:\n%s", want[i], d);
+		at = f + strlen(want[i]);
+	}
+	for (int i = 0; i < KVP_MAX_ERRORS; i++)
+		kvp_src_error(src, kvp_src_loc_at(src, 1, 1), "more");
+	d = kvp_src_diags(src);
+	const char *cap = strstr(d, "o.kvp: error: too many errors");
+	ck_assert_ptr_nonnull(cap);
+	ck_assert_int_eq(strchr(cap, '\n')[1], '\0'); /* nothing after the cap's line */
+	ck_assert_uint_eq(strlen(d), src->diags_len);
+	kvp_src_free(src);
+}
+END_TEST
+
 START_TEST(test_every_byte)
 {
 	/* each byte value inside a statement: an error or a valid program, never a crash */
@@ -1055,6 +1088,7 @@ static Suite *front_suite(void)
 	tcase_add_test(tc, test_deep_unary);
 	tcase_add_test(tc, test_depth_limit_boundary);
 	tcase_add_test(tc, test_error_cap);
+	tcase_add_test(tc, test_diags_source_order);
 	tcase_add_test(tc, test_every_byte);
 	tcase_add_test(tc, test_caret_tabs_utf8);
 	tcase_add_test(tc, test_edit_distance);

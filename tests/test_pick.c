@@ -12,6 +12,7 @@
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "policy/rt_pick.h"
@@ -249,6 +250,34 @@ START_TEST(ratio_rule)
 }
 END_TEST
 
+
+/* The notes of a graceful budget, walked in bit order: each set bit's text once, unknown
+ * bits dropped; the JSON writer walks them the same way. */
+START_TEST(notes_walk)
+{
+	unsigned n = KVP_NOTE_SPAN | KVP_NOTE_FLOOR | (KVP_NOTE_LAST << 3);
+	const char *t = rt_pick_note_next(&n);
+	ck_assert_ptr_nonnull(t);
+	ck_assert_ptr_nonnull(strstr(t, "floor"));
+	t = rt_pick_note_next(&n);
+	ck_assert_ptr_nonnull(t);
+	ck_assert_ptr_nonnull(strstr(t, "protected span"));
+	ck_assert_ptr_null(rt_pick_note_next(&n));
+	ck_assert_uint_eq(n, 0);
+	ck_assert_ptr_null(rt_pick_note_next(&n));
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	ck_assert_ptr_nonnull(f);
+	rt_pick_notes_json(f, KVP_NOTE_GUARDS);
+	fputc(' ', f);
+	rt_pick_notes_json(f, 0);
+	fclose(f);
+	ck_assert_str_eq(buf, "[\"the guards exceeded the budget, which was raised to hold them\"] []");
+	free(buf);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("pick");
@@ -257,6 +286,7 @@ int main(void)
 	tcase_add_test(tc, the_door_spells_the_field);
 	tcase_add_test(tc, overrides_in_order);
 	tcase_add_test(tc, ratio_rule);
+	tcase_add_test(tc, notes_walk);
 	suite_add_tcase(s, tc);
 	int failed = check_run(s);
 	return failed ? 1 : 0;

@@ -213,9 +213,9 @@ static void ppl_warn(const rt_cli_run *r, const rt_eval_score *sc, int64_t use,
 		        (long long)(sc->scored - sc->compressed), (long long)sc->scored, p->name,
 		        (long long)prompt_len + 1);
 	}
-	for (unsigned b = 1; b <= KVP_NOTE_LAST; b <<= 1) /* what a graceful budget did */
-		if (r->seq.run.notes & b)
-			fprintf(stderr, "%s: note: policy %s: %s\n", rt_cli_prog, p->name, rt_pick_note(b));
+	const char *t;
+	for (unsigned n = r->seq.run.notes; (t = rt_pick_note_next(&n));) /* a graceful budget */
+		fprintf(stderr, "%s: note: policy %s: %s\n", rt_cli_prog, p->name, t);
 }
 
 /* What one run's report says, computed once for the table and the JSON. */

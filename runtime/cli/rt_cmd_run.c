@@ -172,9 +172,9 @@ int rt_cmd_run(int argc, char **argv)
 		        gen ? (double)gen / (t2 - t1) : 0.0, p->name, (long long)st.kv_entries_peak,
 		        (double)st.kv_bytes_peak / (1024.0 * 1024.0), (long long)st.compress_events,
 		        st.policy_seconds);
-		for (unsigned b = 1; b <= KVP_NOTE_LAST; b <<= 1)
-			if (s.run.notes & b)
-				fprintf(stderr, "note: %s\n", rt_pick_note(b));
+		const char *t;
+		for (unsigned n = s.run.notes; (t = rt_pick_note_next(&n));)
+			fprintf(stderr, "note: %s\n", t);
 	}
 	rc = flushed && fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
 out:

@@ -416,11 +416,11 @@ static void tune_table(const tune_job *j, const rt_tune_point *w, int n, int cho
 	}
 	for (int t = 0; t < cols && j->n_texts > 1; t++)
 		printf("    KL %d: %s\n", t + 1, j->texts[t].name);
-	for (unsigned b = 1; b <= KVP_NOTE_LAST; b <<= 1) /* as ppl's notes */
-		if (notes & b)
-			printf("note: at the points marked \"budget raised\", %s: their compression is "
-			       "that, not the %s's (a longer --ctx lets the %s bind)\n", rt_pick_note(b),
-			       kind_name(j), kind_name(j));
+	const char *t;
+	for (unsigned n = notes; (t = rt_pick_note_next(&n));) /* as ppl's notes */
+		printf("note: at the points marked \"budget raised\", %s: their compression is "
+		       "that, not the %s's (a longer --ctx lets the %s bind)\n", t, kind_name(j),
+		       kind_name(j));
 }
 
 /* Why a point is beyond the limits: "text T: mean KL X > limit Y" or the passkey's. */

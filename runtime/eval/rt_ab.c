@@ -136,11 +136,12 @@ static int ab_comparable(const ab_run *r, const ab_row *row, int needle, char *w
 	                 r->pol[0]->name, a->entries_end, a->bytes_end, r->pol[1]->name,
 	                 b->entries_end, b->bytes_end, RT_AB_X_TOL * 100);
 	/* a budget a floor or guards raised is often why: say so */
+	const char *t;
 	for (int s = 0; s < 2; s++)
-		for (unsigned bit = 1; bit <= KVP_NOTE_LAST; bit <<= 1)
-			if ((row->side[s].notes & bit) && n >= 0 && (size_t)n < cap)
+		for (unsigned m = row->side[s].notes; (t = rt_pick_note_next(&m));)
+			if (n >= 0 && (size_t)n < cap)
 				n += snprintf(why + n, cap - (size_t)n, "; %s (%s): %s", s ? "B" : "A",
-				              r->pol[s]->name, rt_pick_note(bit));
+				              r->pol[s]->name, t);
 	return 0;
 }
 

@@ -181,11 +181,10 @@ static void write_table(const ab_run *r, FILE *out)
 			        "(paired circular block bootstrap, block %lld tokens, %d resamples)\n",
 			        row->ci.mean, row->ci.lo, row->ci.hi, (long long)row->ci.block_len,
 			        row->ci.n_resamples);
+		const char *t;
 		for (int s = 0; s < 2; s++) /* a floor or guards raised the budget (as ppl's notes) */
-			for (unsigned bit = 1; bit <= KVP_NOTE_LAST; bit <<= 1)
-				if (row->side[s].notes & bit)
-					fprintf(out, "note: %s (%s): %s\n", s ? "B" : "A", r->pol[s]->name,
-					        rt_pick_note(bit));
+			for (unsigned n = row->side[s].notes; (t = rt_pick_note_next(&n));)
+				fprintf(out, "note: %s (%s): %s\n", s ? "B" : "A", r->pol[s]->name, t);
 		fprintf(out, "verdict: %s\n", row->verdict);
 	}
 }

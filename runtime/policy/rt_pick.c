@@ -17,7 +17,8 @@ const struct kvp_policy *rt_pick_find(const struct kvp_policy *const *reg, int n
 	return rt_registry_find(reg, reg ? n_reg : 0, name); /* "full" is reserved: built in */
 }
 
-const char *rt_pick_note(unsigned bit)
+/* The text of one note bit; NULL for any other bit. */
+static const char *pick_note(unsigned bit)
 {
 	switch (bit) {
 	case KVP_NOTE_FLOOR:
@@ -31,15 +32,25 @@ const char *rt_pick_note(unsigned bit)
 	return NULL;
 }
 
+const char *rt_pick_note_next(unsigned *notes)
+{
+	for (unsigned b = 1; b <= KVP_NOTE_LAST; b <<= 1)
+		if (*notes & b) {
+			*notes &= ~b;
+			return pick_note(b);
+		}
+	*notes = 0; /* bits above the last note name nothing */
+	return NULL;
+}
+
 void rt_pick_notes_json(FILE *out, unsigned notes)
 {
 	fputc('[', out);
-	for (unsigned b = 1, first = 1; b <= KVP_NOTE_LAST; b <<= 1)
-		if (notes & b) {
-			fputs(first ? "" : ",", out);
-			rt_json_str(out, rt_pick_note(b));
-			first = 0;
-		}
+	const char *t;
+	for (unsigned n = notes, first = 1; (t = rt_pick_note_next(&n)); first = 0) {
+		fputs(first ? "" : ",", out);
+		rt_json_str(out, t);
+	}
 	fputc(']', out);
 }
 

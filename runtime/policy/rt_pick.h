@@ -99,9 +99,12 @@ int rt_pick_vals(const struct kvp_policy *p, const char *const *sets, int n_sets
 const struct kvp_policy *rt_pick_find(const struct kvp_policy *const *reg, int n_reg,
                                       const char *name);
 
-/* The text of one note of a graceful budget (kvp_ctx.notes: KVP_NOTE_FLOOR,
- * KVP_NOTE_GUARDS, KVP_NOTE_SPAN), for a report or a response; NULL for any other bit. */
-const char *rt_pick_note(unsigned bit);
+/* The next note of a graceful budget in *notes (KVP_NOTE_* bits, kvp_ctx.notes: the floor,
+ * the guards, a protected span): the text of its lowest set bit, which it clears, for a report
+ * or a response; NULL once no known bit is left (unknown bits are cleared unread). Every
+ * report walks its notes with it, `for (unsigned n = notes; (t = rt_pick_note_next(&n));)`,
+ * so the notes and their order are written here only. */
+const char *rt_pick_note_next(unsigned *notes);
 
 /* The notes of `notes` (KVP_NOTE_* bits) as a JSON array of their texts, "[]" for none, on
  * out: every report's `budget_notes` (ppl, needle, ab). */

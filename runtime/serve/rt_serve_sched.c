@@ -124,9 +124,9 @@ json_t *srv_kv_obj(const srv *S, const req *r)
 	/* graceful budgets: the floor in force and what it did (rt_pick_note) */
 	json_object_set_new(k, "min_kv", json_integer((json_int_t)r->min_kv));
 	json_t *notes = json_array();
-	for (unsigned b = 1; b <= KVP_NOTE_LAST; b <<= 1)
-		if ((r->seq_live ? r->seq.run.notes : r->notes) & b)
-			json_array_append_new(notes, json_string(rt_pick_note(b)));
+	const char *t;
+	for (unsigned n = r->seq_live ? r->seq.run.notes : r->notes; (t = rt_pick_note_next(&n));)
+		json_array_append_new(notes, json_string(t));
 	json_object_set_new(k, "budget_notes", notes);
 	return k;
 }
