@@ -2329,10 +2329,12 @@ START_TEST(cli_needle_and_run)
 	              strstr(out, "\nsnapkv (with --set) at ratio 2: accuracy "), "%s", out);
 	ck_assert_int_eq(count_lines(out), 2 + 3 * 2);
 	unlink(bf);
-	/* a length too short for the fixed parts is a clear runtime error */
+	/* a length too short for the fixed parts is a usage error naming the option, before
+	 * any output */
 	const char *b[] = { "kvx", "needle", "--model", mp, "--lengths", "20", NULL };
-	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, b), 1);
-	ck_assert_msg(strstr(e, "too short") != NULL, "%s", e);
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, b), 2);
+	ck_assert_msg(strstr(e, "--lengths 20 at depth") && strstr(e, "too short"), "%s", e);
+	ck_assert_str_eq(out, "");
 	const char *c[] = { "kvx", "run", "--model", mp, "--prompt", "hello there", "-n", "6",
 		            "--policy", "streaming_llm", "--set", "sinks=1", "--set", "recent=4", NULL };
 	ck_assert_msg(cli(out, sizeof out, e, sizeof e, c) == 0, "%s", e);

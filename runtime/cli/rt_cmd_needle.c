@@ -275,11 +275,9 @@ static int needle_trials(needle_job *nj)
 	for (int i = 0; i < nj->n_len; i++)
 		for (int j = 0; j < nj->n_dep; j++) {
 			rt_needle_prompt np;
-			if (needle_prompt(nj, i, j, &np, &err) != 0) {
-				fprintf(stderr, "%s: needle: --lengths %lld at depth %g: %s\n", rt_cli_prog,
-				        (long long)nj->lens[i], nj->deps[j], err.msg);
-				return EXIT_FAILURE;
-			}
+			if (needle_prompt(nj, i, j, &np, &err) != 0) /* the option's value: usage */
+				return rt_cli_usage("needle", "--lengths %lld at depth %g: %s",
+				                    (long long)nj->lens[i], nj->deps[j], err.msg);
 			rt_needle_prompt_free(&np);
 		}
 	/* on a terminal the 1/0 table, drawn as the trials finish, is the progress */
