@@ -421,6 +421,7 @@ START_TEST(test_matmul_threads_and_reference)
 		const int C = Cs[ci];
 		float *X = malloc(sizeof(float) * (size_t)C * in);
 		float *Y1 = malloc(sizeof(float) * (size_t)C * out), *Y3 = malloc(sizeof(float) * (size_t)C * out);
+		float *Yg = malloc(sizeof(float) * (size_t)C * out);
 		for (int i = 0; i < C * in; i++)
 			X[i] = urand(-1.0f, 1.0f);
 		for (int nt = 1; nt <= 3; nt += 2) {
@@ -428,10 +429,16 @@ START_TEST(test_matmul_threads_and_reference)
 			rt_matmul_scratch s;
 			ck_assert_int_eq(rt_matmul_scratch_init(&s, nt, C, in, &err), 0);
 			rt_matmul(p, &s, nt == 1 ? Y1 : Y3, X, &W, &C, 1, 0);
+			if (nt == 1) { /* the GEMM way whatever C, the scratch's rule left as it was */
+				rt_matmul_gemm(p, &s, Yg, X, &W, &C, 1);
+				ck_assert_int_eq(s.gemm_rows, RT_MATMUL_GEMM_ROWS);
+			}
 			rt_matmul_scratch_free(&s);
 			rt_pool_free(p);
 		}
 		ck_assert_int_eq(memcmp(Y1, Y3, sizeof(float) * (size_t)C * out), 0);
+		if (C >= RT_MATMUL_GEMM_ROWS) /* rt_matmul took the GEMM way itself */
+			ck_assert_int_eq(memcmp(Y1, Yg, sizeof(float) * (size_t)C * out), 0);
 		for (int r = 0; r < C; r++)
 			for (int o = 0; o < out; o++) {
 				double ref = 0.0, mag = 0.0, bound = 0.0;
@@ -446,8 +453,12 @@ START_TEST(test_matmul_threads_and_reference)
 				ck_assert_msg(fabs(Y1[(size_t)r * out + o] - ref) <= bound + 1e-5 * mag + 1e-30,
 				              "type %u C %d row %d out %d: %.9g vs %.9g", t, C, r, o,
 				              Y1[(size_t)r * out + o], ref);
+				/* f32 activations: no quantisation bound even for one row */
+				ck_assert_msg(fabs(Yg[(size_t)r * out + o] - ref) <= 1e-5 * mag + 1e-30,
+				              "gemm way: type %u C %d row %d out %d: %.9g vs %.9g", t, C, r,
+				              o, Yg[(size_t)r * out + o], ref);
 			}
-		free(X), free(Y1), free(Y3);
+		free(X), free(Y1), free(Y3), free(Yg);
 	}
 	free(w), free(wf);
 }

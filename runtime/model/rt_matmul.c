@@ -59,6 +59,7 @@ int rt_matmul_supported(uint32_t type, int cols)
 typedef struct mm_job {
 	rt_matmul_scratch *s;
 	int n, in, accumulate, nth;
+	int gemm_rows;       /* segments of this many rows or more take the GEMM way */
 	const int *len;      /* [nseg] the rows of each segment of X (consecutive) */
 	int nseg;
 	const float *X;
@@ -75,7 +76,7 @@ typedef struct mm_job {
  * never by the call's total, so a row's bits do not depend on the other segments. */
 static int seg_gemm(const mm_job *j, int len)
 {
-	return len >= j->s->gemm_rows;
+	return len >= j->gemm_rows;
 }
 
 /* the matrix holding global index g of a prefix-sum table */
@@ -250,11 +251,12 @@ static void job_prepare(mm_job *j, int gemm)
 }
 
 static void run(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y, const float *X,
-                const rt_wmat *const *W, const int *len, int nseg, int accumulate)
+                const rt_wmat *const *W, const int *len, int nseg, int accumulate,
+                int gemm_rows)
 {
-	RT_ASSERT(n >= 1 && n <= 4 && nseg >= 1);
+	RT_ASSERT(n >= 1 && n <= 4 && nseg >= 1 && gemm_rows >= 1);
 	mm_job j = { .s = s, .n = n, .in = W[0]->cols, .accumulate = accumulate, .X = X,
-		     .Y = Y, .W = W, .len = len, .nseg = nseg };
+		     .Y = Y, .W = W, .len = len, .nseg = nseg, .gemm_rows = gemm_rows };
 	RT_ASSERT(j.in <= s->max_in);
 	int C = 0, dot_rows_n = 0;
 	for (int sg = 0; sg < nseg; sg++) {
@@ -284,11 +286,17 @@ static void run(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y, const 
 void rt_matmul(rt_pool *p, rt_matmul_scratch *s, float *Y, const float *X, const rt_wmat *W,
                const int *len, int nseg, int accumulate)
 {
-	run(p, s, 1, &Y, X, &W, len, nseg, accumulate);
+	run(p, s, 1, &Y, X, &W, len, nseg, accumulate, s->gemm_rows);
+}
+
+void rt_matmul_gemm(rt_pool *p, rt_matmul_scratch *s, float *Y, const float *X,
+                    const rt_wmat *W, const int *len, int nseg)
+{
+	run(p, s, 1, &Y, X, &W, len, nseg, 0, 1);
 }
 
 void rt_matmul_multi(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y,
                      const float *X, const rt_wmat *const *W, const int *len, int nseg)
 {
-	run(p, s, n, Y, X, W, len, nseg, 0);
+	run(p, s, n, Y, X, W, len, nseg, 0, s->gemm_rows);
 }

@@ -70,6 +70,12 @@ int rt_matmul_supported(uint32_t type, int cols);
 void rt_matmul(rt_pool *p, rt_matmul_scratch *s, float *Y, const float *X, const rt_wmat *W,
                const int *len, int nseg, int accumulate);
 
+/* Y = X·W^T as rt_matmul, every segment the GEMM way (f32 activations) whatever its size
+ * and s->gemm_rows: the logits of a chunk's last row that took the GEMM way in its layers
+ * (rt_model.c, logits_rows), so they have that way's bits though they are one row. */
+void rt_matmul_gemm(rt_pool *p, rt_matmul_scratch *s, float *Y, const float *X,
+                    const rt_wmat *W, const int *len, int nseg);
+
 /* The same for n matrices with one input X (W[i]->cols equal), in one pool job per way:
  * Y[i] = X·W[i]^T. The matrices may be of different types. n <= 4. */
 void rt_matmul_multi(rt_pool *p, rt_matmul_scratch *s, int n, float *const *Y,

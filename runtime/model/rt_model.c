@@ -1612,8 +1612,8 @@ static void layer_ffn(rt_fwd *big, rt_fwd *const *fs, int K, const fwd_seg *sg,
 
 /* The output GEMM of c normed rows xs into lg. On the fast path the rows take the way of
  * the chunk they came from: a chunk of gemm_rows rows or more ran its layers the GEMM way
- * (f32 activations), so its last row's logits do too (gemm_rows 1 for the call), though it
- * is one row; else the dot way with 8-bit activations, as decoding does. So when a prompt's
+ * (f32 activations), so its last row's logits do too (rt_matmul_gemm), though it is one
+ * row; else the dot way with 8-bit activations, as decoding does. So when a prompt's
  * last chunk has gemm_rows rows or more, its last logits (RT_LOGITS_LAST: `run`'s first
  * token) have the exact path's bits (f32 KV), not a decode step's (docs/exactness.md); a
  * shorter last chunk (a needle question fed after its context, a prompt's tail) keeps the
@@ -1627,11 +1627,10 @@ static void logits_rows(rt_fwd *big, float *lg, const float *xs, const int *len,
 		matmul_wt(lg, xs, m->output, len, nseg, V, E, 0.0f);
 		return;
 	}
-	const int keep = big->mm.gemm_rows;
 	if (gemm_way)
-		big->mm.gemm_rows = 1;
-	rt_matmul(m->pool, &big->mm, lg, xs, &m->out, len, nseg, 0);
-	big->mm.gemm_rows = keep;
+		rt_matmul_gemm(m->pool, &big->mm, lg, xs, &m->out, len, nseg);
+	else
+		rt_matmul(m->pool, &big->mm, lg, xs, &m->out, len, nseg, 0);
 }
 
 /* The logits of the rows each segment asked for (from lrow_from on, into its lg; none
