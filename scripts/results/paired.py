@@ -39,6 +39,15 @@ def sign_test_p(k, n):
     return min(1.0, 2 * p)
 
 
+def discordant(run, ref):
+    """(lost, gained) of a run's answers against a reference's, both {prompt: correct} with
+    every prompt of run in ref: the prompts the reference answers and the run misses, and
+    the reverse (the pairing of both the table and a cell's "(-L/+G)")."""
+    lost = sum(1 for k, c in run.items() if ref[k] and not c)
+    gained = sum(1 for k, c in run.items() if c and not ref[k])
+    return lost, gained
+
+
 def against_full(run, ref):
     """" (-L/+G)" for a needle cell against the full cache's cell of the same prompts
     (paired by length and depth; both make results cells, one seed): L prompts the full
@@ -46,12 +55,11 @@ def against_full(run, ref):
     either cell lacks per-prompt results (render.py and frontier.py print it after the
     count, so "11/15 (-2/+0)" reads "two of the full cache's hits lost, none gained")."""
     try:
-        ref_ok = {(r["length"], r["depth"]): bool(r["correct"]) for r in ref["results"]}
-        pairs = [(ref_ok[(r["length"], r["depth"])], bool(r["correct"])) for r in run["results"]]
+        ok = [{(r["length"], r["depth"]): bool(r["correct"]) for r in d["results"]}
+              for d in (run, ref)]
+        lost, gained = discordant(ok[0], ok[1])
     except (KeyError, TypeError):
         return ""
-    lost = sum(1 for f, c in pairs if f and not c)
-    gained = sum(1 for f, c in pairs if c and not f)
     return " (-%d/+%d)" % (lost, gained) if lost or gained else ""
 
 
@@ -130,8 +138,7 @@ def table(runs, ref_name="full"):
         if missing:
             sys.exit("paired.py: %s: prompt seed %s, length %s, depth %s has no %s run" %
                      ((name,) + missing[0] + (ref_name,)))
-        lost = sum(1 for k, c in r.items() if ref[k] and not c)
-        gained = sum(1 for k, c in r.items() if c and not ref[k])
+        lost, gained = discordant(r, ref)
         out.append("| %s | %s | %d | %d | %d (%s) | %d | %d | %.3g |" % (
             name, mode, len(r), sum(r.values()), sum(ref[k] for k in r), rmode, lost, gained,
             sign_test_p(lost, lost + gained)))
