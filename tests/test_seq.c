@@ -2208,6 +2208,14 @@ START_TEST(cli_ppl_json)
 	const char *d2[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--ctx", "80",
 		             "--score-from", "80", NULL };
 	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, d2), 2);
+	/* a prompt longer than the 80 tokens fed is a usage error (its ratio budget would be
+	 * sized on tokens that never come); the whole fed text as the prompt is fine */
+	const char *d3[] = { "kvx", "ppl", "--model", mp, "--text", txt, "--ctx", "80",
+		             "--prompt", "81", "--no-ref", NULL };
+	ck_assert_int_eq(cli(out, sizeof out, e, sizeof e, d3), 2);
+	ck_assert_msg(strstr(e, "--prompt 81: only 80 tokens are fed") != NULL, "%s", e);
+	d3[9] = "80";
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, d3) == 0, "%s", e);
 	/* --prompt 48 with a prompt-end policy at ratio 4: its budget is 48 / 4 = 12 entries
 	 * per head, so right after the prompt's compress the prompt is 4x in entries and, f32
 	 * rows against f16, 2x in bytes; the 32 tokens after it are appended, 44 entries of 80

@@ -122,6 +122,15 @@ int rt_cli_open_text_model(const rt_cli_opts *o, const char *text, size_t len,
 	tm->use = o->ctx ? o->ctx : tm->m->hp.n_ctx;
 	if (tm->use > tm->n)
 		tm->use = tm->n;
+	/* a prompt longer than what is fed would size a ratio budget on tokens that never
+	 * come (and a prompt-end trigger would never fire) */
+	if (o->prompt_len > tm->use) {
+		fprintf(stderr, "%s: --prompt %ld: only %lld tokens are fed (%s); the prompt is at "
+		        "most that\n", rt_cli_prog, o->prompt_len, (long long)tm->use,
+		        tm->use == tm->n ? "the whole text" : "--ctx, or the model's context_length");
+		*rc = RT_CLI_USAGE;
+		return -1;
+	}
 	return 0;
 }
 

@@ -50,7 +50,7 @@ typedef struct rt_cli_text_model {
 
 /* Open --model into tm and tokenize the text (len bytes). Returns 0, or -1 after printing
  * the error with *rc the exit status (usage error: --ctx beyond the model's
- * context_length); tm holds what was made either way. */
+ * context_length, --prompt beyond the tokens fed); tm holds what was made either way. */
 int rt_cli_open_text_model(const rt_cli_opts *o, const char *text, size_t len,
                            rt_cli_text_model *tm, int *rc);
 void rt_cli_text_model_free(rt_cli_text_model *tm);
