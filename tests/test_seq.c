@@ -2336,6 +2336,13 @@ START_TEST(cli_needle_and_run)
 	              strstr(out, "\nh2o at ratio 2: accuracy ") &&
 	              strstr(out, "\nsnapkv (with --set) at ratio 2: accuracy "), "%s", out);
 	ck_assert_int_eq(count_lines(out), 2 + 3 * 2);
+	/* without --mode the batch's prompt-end policy (snapkv) sets agnostic for every run:
+	 * a note names the streaming one it moves (h2o), not snapkv or the full cache */
+	a2[10] = NULL;
+	ck_assert_msg(cli(out, sizeof out, e, sizeof e, a2) == 0, "%s", e);
+	ck_assert_msg(strstr(out, "(agnostic mode)") &&
+	              strstr(e, "note: h2o is a streaming policy measured in agnostic mode") &&
+	              !strstr(e, "snapkv is") && !strstr(e, "full is"), "%s", e);
 	unlink(bf);
 	/* a length too short for the fixed parts is a usage error naming the option, before
 	 * any output */

@@ -82,7 +82,10 @@ static const char *const help_needle =
 	"    --policy NAME       policy (default {policy}); --set, --ratio, --byte-ratio as for ppl\n"
 	"    --mode M            aware or agnostic; default: agnostic when a policy\n"
 	"                        compresses at the prompt end (it cannot see the question,\n"
-	"                        as a cache reused for later questions), else aware\n"
+	"                        as a cache reused for later questions), else aware; a\n"
+	"                        batch runs in one mode, agnostic when any of its policies\n"
+	"                        compresses at the prompt end (a note names the streaming\n"
+	"                        ones it moves)\n"
 	"    --gen N             answer tokens to generate\n"
 	"    --seed S            passkey seed (default 1); the key of (L, D) is drawn from\n"
 	"                        seed + 1000003 L + D\n"
@@ -171,6 +174,15 @@ static int needle_setup(needle_job *nj)
 			ps[i] = nj->runs[i].p;
 		nj->o.mode_agnostic = rt_eval_needle_agnostic(ps, K);
 		free(ps);
+		/* one mode for the whole batch: say so when it is not a run's own */
+		for (int i = 0; nj->o.mode_agnostic && !o->quiet && i < K; i++) {
+			const struct kvp_policy *p = nj->runs[i].p;
+			if (p->compress && p->measure != KVP_MEASURE_PROMPT_END)
+				fprintf(stderr, "%s: needle: note: %s is a streaming policy measured in "
+				        "agnostic mode, the batch's one mode (a prompt-end policy in it sets "
+				        "it); alone it would run aware: give --mode, or batch it apart\n",
+				        rt_cli_prog, p->name);
+		}
 	}
 	/* prompt chunk: a batch stacks K × chunk rows, so it is bounded as in ppl */
 	int chunk = (int)o->chunk;
