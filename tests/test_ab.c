@@ -761,6 +761,28 @@ START_TEST(byte_ratio_compares_tiers_at_equal_bytes)
 }
 END_TEST
 
+/* A bad --set, --set-a or --set-b value is a usage error (exit 2) before the model loads,
+ * naming the option as typed and its side, whichever side's policy refuses it (it was exit
+ * 1, "--set: ...", after loading the model, for a side's own option). */
+START_TEST(set_values_are_usage_errors)
+{
+	static const char *const cases[][3] = {
+		{ "--set-b", "recent=20", "--set-b recent=20 (side B): policy h2o: parameter recent is a ratio" },
+		{ "--set-a", "heavy=0.2", "--set-a heavy=0.2 (side A): policy full" },
+		{ "--set", "heavy=20", "--set heavy=20 (side B): policy h2o: parameter heavy is a ratio" },
+		{ "--set", "nosuch=1", "--set nosuch=1: neither full nor h2o has a parameter 'nosuch'" },
+	};
+	for (int i = 0; i < 4; i++) {
+		char *out, *err;
+		int rc = run_ab(&out, &err, "--a", "full", "--b", "h2o", (char *)cases[i][0],
+		                (char *)cases[i][1], NULL);
+		ck_assert_msg(rc == 2 && strstr(err, cases[i][2]) && !out[0], "%s %s: rc %d: %s",
+		              cases[i][0], cases[i][1], rc, err);
+		free(out), free(err);
+	}
+}
+END_TEST
+
 START_TEST(needle_task_runs)
 {
 	char json[PATH_MAX + 16], svg[PATH_MAX + 16];
@@ -920,6 +942,7 @@ static Suite *ab_suite(void)
 	tcase_add_test(tc, policy_against_itself_ties_exactly);
 	tcase_add_test(tc, full_vs_small_budget);
 	tcase_add_test(tc, kvpc_ab_front_builds_and_runs);
+	tcase_add_test(tc, set_values_are_usage_errors);
 	tcase_add_test(tc, needle_task_runs);
 	tcase_add_test(tc, byte_ratio_compares_tiers_at_equal_bytes);
 	tcase_add_test(tc, prompt_end_vs_streaming_compresses_both);

@@ -49,19 +49,53 @@ void rt_ab_opts_init(rt_ab_opts *o)
 
 /* ---- the run ------------------------------------------------------------------------------ */
 
+/* The name of the "name=value" a (at most 255 bytes) into name[256]. */
+static void set_name(const char *a, char name[256])
+{
+	size_t len = (size_t)(strchr(a, '=') - a);
+	snprintf(name, 256, "%.*s", (int)(len < 255 ? len : 255), a);
+}
+
+/* Every --set, --set-a and --set-b against its side's policy, before the model loads (the
+ * caller makes an error a usage error, exit 2), the option named as it was given: a --set
+ * for both sides needs a policy with the name (a side without it skips it); each value
+ * alone, then each side's values together (a policy's check of them as a whole,
+ * rt_pick_vals: the rule side_apply's rt_pick applies again at every row). */
 static int check_sets(ab_run *r, rt_err *err)
 {
+	char name[256];
 	for (int i = 0; i < r->o.n_sets[0]; i++) {
 		if (!r->o.set_all[0][i])
 			continue;
 		const char *a = r->o.sets[0][i];
-		char name[256];
-		size_t len = (size_t)(strchr(a, '=') - a);
-		snprintf(name, sizeof name, "%.*s", (int)(len < 255 ? len : 255), a);
+		set_name(a, name);
 		if (kvp_policy_param_index(r->pol[0], name) < 0 &&
 		    kvp_policy_param_index(r->pol[1], name) < 0)
 			return rt_err_set(err, "--set %s: neither %s nor %s has a parameter '%s'", a,
 			                  r->pol[0]->name, r->pol[1]->name, name);
+	}
+	for (int side = 0; side < 2; side++) {
+		const struct kvp_policy *p = r->pol[side];
+		double *vals = RT_MALLOC(((size_t)p->n_params + 1) * sizeof *vals);
+		const char *sets[RT_AB_MAX_SETS];
+		int n = 0, rc = 0;
+		rt_err e = { "" };
+		for (int i = 0; rc == 0 && i < r->o.n_sets[side]; i++) {
+			const char *a = r->o.sets[side][i];
+			set_name(a, name);
+			const int all = r->o.set_all[side][i];
+			if (all && kvp_policy_param_index(p, name) < 0)
+				continue;
+			if (rt_pick_vals(p, &a, 1, vals, &e) != 0)
+				rc = rt_err_set(err, "%s %s (side %s): %s", all ? "--set" : side ?
+				                "--set-b" : "--set-a", a, side ? "B" : "A", e.msg);
+			sets[n++] = a;
+		}
+		if (rc == 0 && rt_pick_vals(p, sets, n, vals, &e) != 0)
+			rc = rt_err_set(err, "the values set for side %s: %s", side ? "B" : "A", e.msg);
+		free(vals);
+		if (rc)
+			return -1;
 	}
 	return 0;
 }
@@ -80,8 +114,7 @@ static int side_apply(ab_run *r, ab_row *row, int side, rt_err *err)
 	for (int i = 0; i < r->o.n_sets[side]; i++) {
 		const char *a = r->o.sets[side][i];
 		char name[256];
-		size_t len = (size_t)(strchr(a, '=') - a);
-		snprintf(name, sizeof name, "%.*s", (int)(len < 255 ? len : 255), a);
+		set_name(a, name);
 		if (!r->o.set_all[side][i] || kvp_policy_param_index(r->pol[side], name) >= 0)
 			sets[n++] = a;
 	}
