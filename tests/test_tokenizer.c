@@ -831,6 +831,19 @@ START_TEST(test_chat_refused_and_fallback)
 	ck_assert_msg(r != NULL, "%s", err.msg);
 	ck_assert_str_eq(r, "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n");
 	free(r);
+	/* the guess is said: the note names the file and the format guessed */
+	char note[512] = "";
+	ck_assert_int_eq(rt_chat_guess_note(t, note, sizeof note), 1);
+	ck_assert_msg(strstr(note, "/tmp/test_tokenizer_spm_") &&
+	              strstr(note, "has no tokenizer.chat_template: chat uses the gemma turn format"),
+	              "%s", note);
+	rt_tokenizer_free(t);
+	/* a file with a template, or with no family at all, gets no note */
+	t = open_spm_ex(0, "<s>", "{{ messages }}", NULL);
+	ck_assert_int_eq(rt_chat_guess_note(t, note, sizeof note), 0);
+	rt_tokenizer_free(t);
+	t = open_spm_ex(0, "<s>", NULL, NULL);
+	ck_assert_int_eq(rt_chat_guess_note(t, note, sizeof note), 0);
 	rt_tokenizer_free(t);
 }
 END_TEST

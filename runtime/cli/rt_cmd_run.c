@@ -120,6 +120,9 @@ int rt_cmd_run(int argc, char **argv)
 			goto out;
 		}
 		prompt = rendered;
+		char note[512];
+		if (rt_chat_guess_note(tk, note, sizeof note))
+			fprintf(stderr, "%s: run: note: %s\n", rt_cli_prog, note);
 	}
 	if (!(ids = rt_cli_tokenize(tk, "prompt", prompt, strlen(prompt), o.chat, &n)))
 		goto out;

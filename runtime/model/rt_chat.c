@@ -5,6 +5,7 @@
 #include "model/rt_chat.h"
 
 #include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -183,6 +184,22 @@ const char *rt_chat_family(const rt_tokenizer *t, rt_err *err)
 	const char *ds;
 	int id = family_of(t, &ds, err);
 	return id < 0 ? NULL : TMPL[id].name;
+}
+
+int rt_chat_guess_note(const rt_tokenizer *t, char *buf, size_t cap)
+{
+	size_t n;
+	rt_err err = { "" };
+	const char *ds, *path = rt_tokenizer_path(t);
+	if (rt_tokenizer_chat_template(t, &n))
+		return 0;
+	const int id = family_of(t, &ds, &err);
+	if (id < 0)
+		return 0; /* no family at all: the render's own error says so */
+	snprintf(buf, cap, "%s has no tokenizer.chat_template: chat uses the %s turn format, "
+	         "guessed from its turn tokens; a base model (not instruction-tuned) may not "
+	         "follow it", path, TMPL[id].name);
+	return 1;
 }
 
 /* ---- rendering ------------------------------------------------------------------ */

@@ -67,4 +67,11 @@ char *rt_chat_render(const rt_tokenizer *t, const char *system, const char *user
  * err as rt_chat_segments gives it for an unsupported template. */
 const char *rt_chat_family(const rt_tokenizer *t, rt_err *err);
 
+/* For a file without tokenizer.chat_template whose family is guessed from its turn tokens:
+ * a note for the user into buf[cap] ("... has no tokenizer.chat_template: the gemma turn
+ * format is guessed ...; a base model ... may not follow it") and 1; else 0, buf untouched.
+ * `run --chat` and serve print it: a base model's answers in a guessed format can be
+ * nonsense, and nothing else would say why. */
+int rt_chat_guess_note(const rt_tokenizer *t, char *buf, size_t cap);
+
 #endif

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kv/rt_kvpool.h"
+#include "model/rt_chat.h"
 #include "model/rt_gguf.h"
 #include "model/rt_model.h"
 #include "model/rt_tokenizer.h"
@@ -133,6 +134,9 @@ int rt_serve_run(const rt_serve_cfg *cfg, const struct kvp_policy *const *reg, i
 	fprintf(stderr, "%s: serve: listening on http://%s:%u (model %s, KV pool %lld bytes)\n",
 	        cfg->prog, cfg->host, di ? (unsigned)di->port : (unsigned)cfg->port, S->model_id,
 	        (long long)cfg->kv_memory);
+	char note[512];
+	if (rt_chat_guess_note(S->tk, note, sizeof note))
+		fprintf(stderr, "%s: serve: note: %s (/v1/chat/completions)\n", cfg->prog, note);
 	fflush(stderr);
 	int sig = -1;
 	const struct timespec tick = { 0, 100 * 1000 * 1000 };
