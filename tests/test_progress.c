@@ -60,12 +60,33 @@ START_TEST(test_tty_and_quiet)
 }
 END_TEST
 
+/* Slower than one unit a second, the line gives the seconds each takes (a rate would read
+ * "0.0 trials/s"): one trial of three after 95 s is "95 s per trial", ETA 190 s. */
+START_TEST(test_slow_units)
+{
+	char *s = NULL;
+	size_t n;
+	FILE *f = open_memstream(&s, &n);
+	rt_progress p;
+	rt_progress_init(&p, "needle", "trials", 3, 0);
+	p.out = f;
+	p.tty = 0;
+	p.t0 -= 95.0;
+	rt_progress_update(&p, 1);
+	fclose(f);
+	const char *want = "needle: 33% (1/3 trials, 95 s per trial, ETA 190 s)\n";
+	ck_assert_msg(strcmp(s, want) == 0, "%s", s);
+	free(s);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("progress");
 	TCase *tc = tcase_create("core");
 	tcase_add_test(tc, test_plain);
 	tcase_add_test(tc, test_tty_and_quiet);
+	tcase_add_test(tc, test_slow_units);
 	suite_add_tcase(s, tc);
 	int failed = check_run(s);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -28,6 +28,19 @@ static void rate_eta(const rt_progress *p, int64_t done, double dt, double *rate
 	*eta = *rate > 0 ? (double)(p->total - done) / *rate : -1;
 }
 
+/* "12.5 tok/s", or for less than one unit a second the seconds each takes ("95 s per
+ * trial": a rate of "0.0 trials/s" says nothing). */
+static void speed(char *buf, size_t cap, double rate, const char *unit)
+{
+	if (rate > 0 && rate < 1) {
+		size_t n = strlen(unit);
+		snprintf(buf, cap, "%.0f s per %.*s", 1.0 / rate,
+		         (int)(n > 1 && unit[n - 1] == 's' ? n - 1 : n), unit);
+	} else {
+		snprintf(buf, cap, "%.1f %s/s", rate, unit);
+	}
+}
+
 void rt_progress_update(rt_progress *p, int64_t done)
 {
 	if (p->quiet)
@@ -43,8 +56,10 @@ void rt_progress_update(rt_progress *p, int64_t done)
 		if (dec <= p->decile)
 			return;
 		p->decile = dec;
-		fprintf(p->out, "%s: %d%% (%lld/%lld %s, %.1f %s/s", p->what, pct, (long long)done,
-		        (long long)p->total, p->unit, rate, ru);
+		char sp[48];
+		speed(sp, sizeof sp, rate, ru);
+		fprintf(p->out, "%s: %d%% (%lld/%lld %s, %s", p->what, pct, (long long)done,
+		        (long long)p->total, p->unit, sp);
 		if (eta >= 0 && done < p->total)
 			fprintf(p->out, ", ETA %.0f s", eta);
 		fputs(")\n", p->out);
@@ -59,8 +74,10 @@ void rt_progress_update(rt_progress *p, int64_t done)
 	for (int i = 0; i < 20; i++)
 		bar[i] = i < k ? '#' : '.';
 	bar[20] = 0;
-	fprintf(p->out, "\r\033[K%s [%s] %3d%% %lld/%lld %s, %.1f %s/s", p->what, bar, pct,
-	        (long long)done, (long long)p->total, p->unit, rate, ru);
+	char sp[48];
+	speed(sp, sizeof sp, rate, ru);
+	fprintf(p->out, "\r\033[K%s [%s] %3d%% %lld/%lld %s, %s", p->what, bar, pct,
+	        (long long)done, (long long)p->total, p->unit, sp);
 	if (eta >= 0 && done < p->total)
 		fprintf(p->out, ", ETA %d:%02d", (int)eta / 60, (int)eta % 60);
 	fflush(p->out);

@@ -362,7 +362,8 @@ static void ppl_report_table(const ppl_fig *f)
 		       f->batch > 1 ? ", runs fed one after the other" : "");
 	else
 		printf("speed            %.1f tokens/s (%.2f s, %d thread%s%s)\n", f->tps, f->st.seconds,
-		       f->threads, f->threads == 1 ? "" : "s", f->batch > 1 ? ", shared by the batch" : "");
+		       f->threads, f->threads == 1 ? "" : "s", f->batch > 1 + f->ref ? ", shared by the batch"
+		       : f->batch > 1 ? ", shared with the full-cache reference" : "");
 	if (f->batch > 1)
 		putchar('\n');
 }

@@ -169,12 +169,12 @@ int rt_cmd_run(int argc, char **argv)
 		rt_seq_stats st = rt_seq_stats_get(&s);
 		fprintf(stderr,
 		        "prompt %lld tokens (%.1f tokens/s), generated %lld tokens (%.1f tokens/s); "
-		        "policy %s: KV peak %lld entries (%.2f MiB), %lld compressions, %.3f s in "
+		        "policy %s: KV peak %lld entries (%.2f MiB), %lld compression%s, %.3f s in "
 		        "policy code\n",
 		        (long long)n, (double)n / (t1 - t0), (long long)gen,
 		        gen ? (double)gen / (t2 - t1) : 0.0, p->name, (long long)st.kv_entries_peak,
 		        (double)st.kv_bytes_peak / (1024.0 * 1024.0), (long long)st.compress_events,
-		        st.policy_seconds);
+		        st.compress_events == 1 ? "" : "s", st.policy_seconds);
 		const char *t;
 		for (unsigned n = s.run.notes; (t = rt_pick_note_next(&n));)
 			fprintf(stderr, "note: %s\n", t);

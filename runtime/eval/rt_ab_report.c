@@ -125,7 +125,7 @@ static void params_str(const rt_seq *s, char *buf, size_t cap)
 static void write_table(const ab_run *r, FILE *out)
 {
 	const int needle = !strcmp(r->o.task, "needle");
-	fprintf(out, "kvpc ab: A = %s (%s), B = %s (%s)\n", r->pol[0]->name, r->pol[0]->source,
+	fprintf(out, "ab: A = %s (%s), B = %s (%s)\n", r->pol[0]->name, r->pol[0]->source,
 	        r->pol[1]->name, r->pol[1]->source);
 	for (int s = 0; s < 2; s++) {
 		char ps[1024];
