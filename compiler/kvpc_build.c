@@ -35,13 +35,13 @@
 #define MAX_ARGS 96
 
 static const char BUILD_USAGE[] =
-	"usage: kvpc build FILE.kvp... -o BIN [--gate] [--cuda] [-v]\n"
+	"usage: kvpc build FILE.kvp... -o BIN [--gate [--threads N]] [--cuda] [-v]\n"
 	"       kvpc build --shared FILE.kvp... -o LIB.so [-v]\n";
 
 static const char BUILD_HELP[] =
 	"kvpc build: compile policies into a per-deployment binary.\n"
 	"\n"
-	"  kvpc build FILE.kvp... -o BIN [--gate] [--cuda] [-v]\n"
+	"  kvpc build FILE.kvp... -o BIN [--gate [--threads N]] [--cuda] [-v]\n"
 	"\n"
 	"Emits C for each policy, a registry and a main, compiles them with $CC (default cc)\n"
 	"and links them against libkvrt.a, OpenBLAS, PCRE2, zlib, libmicrohttpd and jansson.\n"
@@ -59,6 +59,8 @@ static const char BUILD_HELP[] =
 	"             to write BIN\n"
 	"             (exit 1, naming the text, the measured value and the limit) when one\n"
 	"             fails; every policy must have a sidecar\n"
+	"  --threads N  the threads of --gate's model runs (BIN tune --threads; default:\n"
+	"             the binary's, every core)\n"
 	"  --shared   build a shared library instead (LIB.so) exporting the C ABI of\n"
 	"             docs/shared_abi.md (kvpc_select: the kept entries of a request's keys\n"
 	"             and window queries, runtime/policy/rt_shared.h); only policies a paged\n"
@@ -1026,7 +1028,7 @@ static int tuned_load(const char *const *files, int n, int gate, struct tuned_in
 
 /* --gate: run each tuned policy's gate with the cached binary. Returns 0 when all hold. */
 static int gate_all(const char *bin, const char *out, const char *const *files, int n,
-                    const struct tuned_in *tuned)
+                    const struct tuned_in *tuned, const char *threads)
 {
 	for (int i = 0; i < n; i++) {
 		if (!tuned[i].path[0])
@@ -1040,7 +1042,7 @@ static int gate_all(const char *bin, const char *out, const char *const *files, 
 		fprintf(stderr, "kvpc build --gate: %s: %s %g, mean KL <= %g on %d text%s%s\n",
 		        t->policy, t->bytes ? "byte ratio" : "ratio", t->ratio, t->max_kld, t->n_texts, t->n_texts == 1 ? "" : "s",
 		        t->min_passkey >= 0 ? ", passkey limit too" : "");
-		int st = kvpc_gate_run(bin, t->policy, t);
+		int st = kvpc_gate_run(bin, t->policy, t, threads);
 		if (st != 0) {
 			errf("kvpc build: %s: refused: the quality gate of %s (%s, from %s) %s; %s was not "
 			     "written", out, t->policy, tuned[i].path, files[i],
@@ -1053,7 +1055,7 @@ static int gate_all(const char *bin, const char *out, const char *const *files, 
 
 int kvpc_cmd_build(int argc, char **argv)
 {
-	const char *out = NULL;
+	const char *out = NULL, *threads = NULL;
 	int verbose = 0, n_files = 0, cuda = 0, gate = 0, shared = 0;
 	const char **files = calloc((size_t)argc + 1, sizeof *files);
 	for (int i = 0; i < argc; i++) {
@@ -1075,6 +1077,18 @@ int kvpc_cmd_build(int argc, char **argv)
 			cuda = 1;
 		} else if (!strcmp(argv[i], "--gate")) {
 			gate = 1;
+		} else if (!strcmp(argv[i], "--threads")) {
+			char *end;
+			long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+			if (i + 1 >= argc || end == argv[i + 1] || *end || v < 1 || v > 1024) {
+				fprintf(stderr, "kvpc build: --threads needs a thread count 1..1024%s%s%s\n",
+				        i + 1 < argc ? " (got '" : "", i + 1 < argc ? argv[i + 1] : "",
+				        i + 1 < argc ? "')" : "");
+				fputs(BUILD_USAGE, stderr);
+				free(files);
+				return 2;
+			}
+			threads = argv[++i];
 		} else if (!strcmp(argv[i], "--shared")) {
 			shared = 1;
 		} else if (argv[i][0] == '-' && argv[i][1]) {
@@ -1086,8 +1100,9 @@ int kvpc_cmd_build(int argc, char **argv)
 			files[n_files++] = argv[i];
 		}
 	}
-	if (!n_files || !out || (shared && (cuda || gate))) {
+	if (!n_files || !out || (shared && (cuda || gate)) || (threads && !gate)) {
 		fprintf(stderr, "kvpc build: %s\n", !n_files ? "no input file" : !out ? "-o BIN is required"
+		        : threads && !gate ? "--threads sets the threads of --gate's runs; give --gate"
 		        : "--shared takes neither --cuda nor --gate");
 		fputs(BUILD_USAGE, stderr);
 		free(files);
@@ -1115,7 +1130,7 @@ int kvpc_cmd_build(int argc, char **argv)
 		rc = build_cached(files, n_files, verbose, cuda, shared, tuned, bin, sizeof bin, NULL,
 		                  &n_names, &compiled, &secs);
 	if (!rc && gate)
-		rc = gate_all(bin, out, files, n_files, tuned);
+		rc = gate_all(bin, out, files, n_files, tuned, threads);
 	for (int i = 0; tuned && i < n_files; i++)
 		rt_tuned_free(&tuned[i].t);
 	free(tuned);

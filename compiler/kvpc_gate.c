@@ -8,7 +8,7 @@
 
 #include "kvpc_run.h"
 
-int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t)
+int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t, const char *threads)
 {
 	char ratio[64], kld[64], ctx[32], pk[64], pklen[32];
 	snprintf(ratio, sizeof ratio, "%.17g", t->ratio);
@@ -33,6 +33,10 @@ int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t)
 		const char *more[] = { "--min-passkey", pk, "--lengths", pklen, "--depths", t->depths };
 		for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
 			argv[n++] = more[i];
+	}
+	if (threads) {
+		argv[n++] = "--threads";
+		argv[n++] = threads;
 	}
 	argv[n] = NULL;
 	fflush(stdout);

@@ -11,9 +11,9 @@
 #include "policy/rt_tuned.h"
 
 /* Run `bin tune --gate` for policy name with the sidecar t's ratio (--ratio, or
- * --byte-ratio when t->bytes), texts and limits, its output going to kvpc's stdout and
- * stderr. Returns its exit status (0: the gate holds), or -1 when it cannot be run
- * (message printed). */
-int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t);
+ * --byte-ratio when t->bytes), texts and limits, on `threads` threads (its --threads; NULL:
+ * the binary's default), its output going to kvpc's stdout and stderr. Returns its exit
+ * status (0: the gate holds), or -1 when it cannot be run (message printed). */
+int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t, const char *threads);
 
 #endif

@@ -283,6 +283,17 @@ START_TEST(usage_errors)
 	ck_assert_msg(strstr(err, "--frobnicate"), "%s", err);
 	free(out);
 	free(err);
+	/* --threads is --gate's, a count of 1 or more */
+	char *a4[] = { g_kvpc, "build", "policies/h2o.kvp", "-o", "x", "--threads", "1", NULL };
+	ck_assert_int_eq(run(a4, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--threads sets the threads of --gate's runs"), "%s", err);
+	free(out);
+	free(err);
+	char *a5[] = { g_kvpc, "build", "policies/h2o.kvp", "-o", "x", "--gate", "--threads", "0", NULL };
+	ck_assert_int_eq(run(a5, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--threads needs a thread count 1..1024 (got '0')"), "%s", err);
+	free(out);
+	free(err);
 	char *a3[] = { g_kvpc, "ab", "policies/h2o.kvp", NULL }; /* one policy */
 	ck_assert_int_eq(run(a3, &out, &err), 2);
 	free(out);

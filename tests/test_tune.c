@@ -236,7 +236,9 @@ static double ppl_kld(const char *bin, const char *ratio, double *ratio_out)
 
 static int build(const char *out, int gate, char **err)
 {
-	char *argv[] = { g_kvpc, "build", g_policy, "-o", (char *)out, gate ? "--gate" : NULL, NULL };
+	/* --threads reaches the gate's `tune --gate` (a binary refusing it would exit 2) */
+	char *argv[] = { g_kvpc, "build", g_policy, "-o", (char *)out, gate ? "--gate" : NULL,
+		         "--threads", "1", NULL };
 	char *o;
 	int rc = run(argv, &o, err);
 	free(o);
