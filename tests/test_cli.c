@@ -288,7 +288,7 @@ START_TEST(reports_list_the_parameters_in_effect)
 		       "10", "--threads", "1", "--quiet", "--set-b", "window=16", NULL };
 	if (ab_too) {
 		ck_assert_int_eq(run(NULL, ab, kvp_registry, kvp_registry_count, &out, &err), 0);
-		ck_assert_msg(strstr(out, "\n  A: recent=0.1; budget = context / ratio, replacing the "
+		ck_assert_msg(strstr(out, "\n  A: recent=10%; budget = context / ratio, replacing the "
 		                          "policy's (heavy has no effect)\n"), "%s", out);
 		ck_assert_msg(strstr(out, "\n  B: window=16; budget = context / ratio, replacing the "
 		                          "policy's (capacity has no effect)\n"), "%s", out);
@@ -298,13 +298,13 @@ START_TEST(reports_list_the_parameters_in_effect)
 	char *ppl[] = { "kvrt", "ppl", "--model", (char *)model, "--text", "README.md", "--ctx", "16",
 		        "--policy", "h2o", "--no-ref", "--fast", "--threads", "1", "--quiet", NULL };
 	ck_assert_int_eq(run(NULL, ppl, kvp_registry, kvp_registry_count, &out, &err), 0);
-	ck_assert_msg(strstr(out, "\npolicy           h2o heavy=0.1 recent=0.1\n"), "%s", out);
+	ck_assert_msg(strstr(out, "\npolicy           h2o heavy=10% recent=10%\n"), "%s", out);
 	free(out), free(err);
 	char *pplr[] = { "kvrt", "ppl", "--model", (char *)model, "--text", "README.md", "--ctx", "16",
 		         "--policy", "h2o", "--ratio", "4", "--no-ref", "--fast", "--threads", "1",
 		         "--quiet", NULL };
 	ck_assert_int_eq(run(NULL, pplr, kvp_registry, kvp_registry_count, &out, &err), 0);
-	ck_assert_msg(strstr(out, "\npolicy           h2o recent=0.1 ratio=4\n"), "%s", out);
+	ck_assert_msg(strstr(out, "\npolicy           h2o recent=10% ratio=4\n"), "%s", out);
 	free(out), free(err);
 }
 END_TEST

@@ -260,8 +260,10 @@ int rt_cmd_keepmap(int argc, char **argv)
 	char params[1024] = "";
 	size_t used = 0;
 	for (int i = 0; i < p->n_params && used < sizeof params - 1; i++) {
-		int w = snprintf(params + used, sizeof params - used, "%s%s=%g", i ? " " : "",
-		                 p->params[i].name, s.run.params[i]);
+		char v[48]; /* as --set takes it: a ratio as a percentage */
+		rt_param_format_set(&p->params[i], s.run.params[i], v, sizeof v);
+		int w = snprintf(params + used, sizeof params - used, "%s%s=%s", i ? " " : "",
+		                 p->params[i].name, v);
 		if (w < 0)
 			break;
 		used += (size_t)w;

@@ -324,8 +324,11 @@ static void ppl_report_table(const ppl_fig *f)
 	       f->o->text, (long long)f->n, (long long)f->use, (long long)sc->scored);
 	printf("policy           %s", r->p->name);
 	for (int i = 0; i < r->p->n_params; i++) /* those in effect: a ratio replaces the budget */
-		if (kvp_param_in_effect(r->p, i, r->o.ratio > 0 ? r->o.ratio : r->o.byte_ratio))
-			printf(" %s=%g", r->p->params[i].name, r->seq.run.params[i]);
+		if (kvp_param_in_effect(r->p, i, r->o.ratio > 0 ? r->o.ratio : r->o.byte_ratio)) {
+			char v[48]; /* as --set takes it: a ratio as a percentage */
+			rt_param_format_set(&r->p->params[i], r->seq.run.params[i], v, sizeof v);
+			printf(" %s=%s", r->p->params[i].name, v);
+		}
 	if (r->o.ratio > 0)
 		printf(" ratio=%g", r->o.ratio);
 	if (r->o.byte_ratio > 0)

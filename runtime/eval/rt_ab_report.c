@@ -104,9 +104,12 @@ static void params_str(const rt_seq *s, char *buf, size_t cap)
 	int shown = 0, replaced = 0;
 	buf[0] = 0;
 	for (int i = 0; i < s->p->n_params && len < cap; i++)
-		if (kvp_param_in_effect(s->p, i, R))
-			len += (size_t)snprintf(buf + len, cap - len, "%s%s=%g", shown++ ? " " : "",
-			                        s->p->params[i].name, s->run.params[i]);
+		if (kvp_param_in_effect(s->p, i, R)) {
+			char v[48]; /* as --set takes it: a ratio as a percentage */
+			rt_param_format_set(&s->p->params[i], s->run.params[i], v, sizeof v);
+			len += (size_t)snprintf(buf + len, cap - len, "%s%s=%s", shown++ ? " " : "",
+			                        s->p->params[i].name, v);
+		}
 	if (!shown && len < cap)
 		len += (size_t)snprintf(buf + len, cap - len, "(no parameters in effect)");
 	if (R <= 0 || !s->p->compress || len >= cap)
