@@ -1080,8 +1080,9 @@ int kvpc_cmd_build(int argc, char **argv)
 		} else if (!strcmp(argv[i], "--threads")) {
 			char *end;
 			long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
-			if (i + 1 >= argc || end == argv[i + 1] || *end || v < 1 || v > 1024) {
-				fprintf(stderr, "kvpc build: --threads needs a thread count 1..1024%s%s%s\n",
+			/* the binary's own bound (runtime/cli/rt_cli_opts.c, --threads) */
+			if (i + 1 >= argc || end == argv[i + 1] || *end || v < 1 || v > 256) {
+				fprintf(stderr, "kvpc build: --threads needs a thread count 1..256%s%s%s\n",
 				        i + 1 < argc ? " (got '" : "", i + 1 < argc ? argv[i + 1] : "",
 				        i + 1 < argc ? "')" : "");
 				fputs(BUILD_USAGE, stderr);
@@ -1100,10 +1101,10 @@ int kvpc_cmd_build(int argc, char **argv)
 			files[n_files++] = argv[i];
 		}
 	}
-	if (!n_files || !out || (shared && (cuda || gate)) || (threads && !gate)) {
+	if (!n_files || !out || (shared && (cuda || gate || threads)) || (threads && !gate)) {
 		fprintf(stderr, "kvpc build: %s\n", !n_files ? "no input file" : !out ? "-o BIN is required"
-		        : threads && !gate ? "--threads sets the threads of --gate's runs; give --gate"
-		        : "--shared takes neither --cuda nor --gate");
+		        : shared ? "--shared takes neither --cuda nor --gate (nor its --threads)"
+		        : "--threads sets the threads of --gate's runs; give --gate");
 		fputs(BUILD_USAGE, stderr);
 		free(files);
 		return 2;

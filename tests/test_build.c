@@ -291,7 +291,7 @@ START_TEST(usage_errors)
 	free(err);
 	char *a5[] = { g_kvpc, "build", "policies/h2o.kvp", "-o", "x", "--gate", "--threads", "0", NULL };
 	ck_assert_int_eq(run(a5, &out, &err), 2);
-	ck_assert_msg(strstr(err, "--threads needs a thread count 1..1024 (got '0')"), "%s", err);
+	ck_assert_msg(strstr(err, "--threads needs a thread count 1..256 (got '0')"), "%s", err);
 	free(out);
 	free(err);
 	char *a3[] = { g_kvpc, "ab", "policies/h2o.kvp", NULL }; /* one policy */

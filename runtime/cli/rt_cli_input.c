@@ -100,7 +100,7 @@ void rt_cli_buf_sha256(const void *p, size_t n, char out[65])
 /* The model of --model and the tokens of the text (len bytes) for ppl and keepmap: *n
  * tokens in *ids (caller frees), *use = min(n, --ctx or the model's context_length). Returns
  * 0, or -1 after printing the error with *rc the exit status (usage error: --ctx beyond the
- * model's context_length). */
+ * model's context_length, --prompt beyond the tokens fed). */
 int rt_cli_open_text_model(const rt_cli_opts *o, const char *text, size_t len,
                            rt_cli_text_model *tm, int *rc)
 {

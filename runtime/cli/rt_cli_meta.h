@@ -23,7 +23,7 @@ int rt_cli_tree_modified(void);
 /* The run metadata of a JSON record, written to out as members (each with its leading
  * comma but the first): "policy":..,"policy_source":..,"policy_hash":..,"params":{..},
  * "ratio":.. (null when ratio is 0: no --ratio), "byte_ratio" (under --byte-ratio),
- * "kv_type", "activations", "budget_notes" (what a graceful budget did, rt_pick_note:
+ * "kv_type", "activations", "budget_notes" (what a graceful budget did, rt_pick_note_next:
  * [] when nothing) and, in a stamped build, "commit". */
 void rt_cli_json_policy(FILE *out, const rt_seq *s, double ratio);
 

@@ -46,7 +46,8 @@ static const char *const help_keepmap =
 	"    --ctx N             feed the first N tokens (default: the whole text, up to the\n"
 	"                        model's context_length)\n"
 	"    --policy NAME       policy (default {policy}); --set, --ratio, --byte-ratio as for ppl\n"
-	"    --prompt N          the prompt length given to the policy (default: N)\n"
+	"    --prompt N          the prompt length given to the policy (default: N; at\n"
+	"                        most N)\n"
 	"    --svg OUT           the SVG file to write\n"
 	"    --dump-scores FILE  write the context replay's scores (a policy reading replay_attn,\n"
 	"                        e.g. kvzip) as a NumPy .npy file: float32 [n_layer, n_kv_head,\n"
@@ -157,8 +158,8 @@ static int keepmap_dumps(const rt_cli_opts *o, const rt_seq *s, hidden_dump *hd,
 {
 	if (o->dump_scores) {
 		if (!s->run.ctx.replay)
-			return rt_err_set(err, "--dump-scores: the replay did not run (the prompt of %lld "
-			                  "tokens did not end within the fed tokens)",
+			return rt_err_set(err, "--dump-scores: the replay did not run (no prompt-end "
+			                  "compress fired after the prompt of %lld tokens)",
 			                  (long long)s->run.ctx.prompt_len);
 		const int64_t dims[3] = { s->kv.n_layer, s->kv.n_kv_head, s->run.ctx.replay_n };
 		if (npy_write(o->dump_scores, s->run.ctx.replay, dims, 3, err) != 0)
@@ -222,7 +223,7 @@ int rt_cmd_keepmap(int argc, char **argv)
 	}
 	if (o.dump_hidden) {
 		hd.m = tm.m;
-		hd.P = prompt_len < use ? prompt_len : use;
+		hd.P = prompt_len; /* at most use (rt_cli_open_text_model) */
 		const size_t nf = (size_t)tm.m->hp.n_layer * (size_t)hd.P * (size_t)tm.m->hp.n_embd;
 		if (!(hd.h = calloc(nf, sizeof *hd.h))) {
 			fprintf(stderr, "%s: --dump-hidden: out of memory for %zu floats\n", rt_cli_prog, nf);

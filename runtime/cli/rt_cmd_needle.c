@@ -92,7 +92,7 @@ static const char *const help_needle =
 	"    --chat              wrap the prompt in the model's chat template\n"
 	"    --chunk N, --threads N, --fast, --f32-act, --kv-type T, -h/--help  as for ppl\n"
 	"    --mark-question     mark the question as the protected span `question`\n"
-	"    --quiet             no progress on stderr (a bar with trials/s and ETA on a\n"
+	"    --quiet             no progress on stderr (a bar with the trials' speed and ETA on a\n"
 	"                        terminal, a line per tenth of the trials elsewhere)\n"
 	"    --batch RUNS        several runs (`POLICY [--ratio R] [--set NAME=VALUE]...\n"
 	"                        [--kv-type T]` per line, as for ppl) on the same prompts:\n"

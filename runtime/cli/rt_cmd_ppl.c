@@ -99,7 +99,7 @@ static const char *const help_ppl =
 	"                        triggers such as SnapKV's fire after it; ratio budgets\n"
 	"                        refer to it); default: every scored token, so a ratio\n"
 	"                        budget is a fixed N / R entries per head from the first\n"
-	"                        token, as in `kvpc ab`\n"
+	"                        token, as in `kvpc ab`; at most the tokens fed\n"
 	"    --chunk N           most tokens per forward chunk (default 512)\n"
 	"    --prefill-chunk C   chunked prefill for a per-step policy (`compress every step`:\n"
 	"                        h2o, tova, scissorhands): while the prompt is fed, chunks of\n"
@@ -362,7 +362,8 @@ static void ppl_report_table(const ppl_fig *f)
 	if (rt_cli_device_weights())
 		printf("speed            %.1f tokens/s (%.2f s, on %s with %s weights%s)\n", f->tps,
 		       f->st.seconds, rt_seq_device(&r->seq), rt_cli_device_weights(),
-		       f->batch > 1 ? ", runs fed one after the other" : "");
+		       f->batch > 1 + f->ref ? ", runs fed one after the other"
+		       : f->batch > 1 ? ", its full-cache reference fed apart" : "");
 	else
 		printf("speed            %.1f tokens/s (%.2f s, %d thread%s%s)\n", f->tps, f->st.seconds,
 		       f->threads, f->threads == 1 ? "" : "s", f->batch > 1 + f->ref ? ", shared by the batch"

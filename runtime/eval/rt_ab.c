@@ -58,9 +58,11 @@ static void set_name(const char *a, char name[256])
 
 /* Every --set, --set-a and --set-b against its side's policy, before the model loads (the
  * caller makes an error a usage error, exit 2), the option named as it was given: a --set
- * for both sides needs a policy with the name (a side without it skips it); each value
- * alone, then each side's values together (a policy's check of them as a whole,
- * rt_pick_vals: the rule side_apply's rt_pick applies again at every row). */
+ * for both sides needs a policy with the name (a side without it skips it); each value's
+ * name, unit and range as it is applied (kvp_policy_param_set), then the policy's check of
+ * the values once every one is set (kvp_policy_params_check: a rule may read several
+ * parameters): rt_pick_vals' rule, split to name the option, which side_apply's rt_pick
+ * applies again at every row. */
 static int check_sets(ab_run *r, rt_err *err)
 {
 	char name[256];
@@ -77,21 +79,20 @@ static int check_sets(ab_run *r, rt_err *err)
 	for (int side = 0; side < 2; side++) {
 		const struct kvp_policy *p = r->pol[side];
 		double *vals = RT_MALLOC(((size_t)p->n_params + 1) * sizeof *vals);
-		const char *sets[RT_AB_MAX_SETS];
-		int n = 0, rc = 0;
+		int rc = 0;
 		rt_err e = { "" };
+		kvp_policy_param_defaults(p, vals);
 		for (int i = 0; rc == 0 && i < r->o.n_sets[side]; i++) {
 			const char *a = r->o.sets[side][i];
 			set_name(a, name);
 			const int all = r->o.set_all[side][i];
 			if (all && kvp_policy_param_index(p, name) < 0)
 				continue;
-			if (rt_pick_vals(p, &a, 1, vals, &e) != 0)
+			if (kvp_policy_param_set(p, vals, a, &e) != 0)
 				rc = rt_err_set(err, "%s %s (side %s): %s", all ? "--set" : side ?
 				                "--set-b" : "--set-a", a, side ? "B" : "A", e.msg);
-			sets[n++] = a;
 		}
-		if (rc == 0 && rt_pick_vals(p, sets, n, vals, &e) != 0)
+		if (rc == 0 && kvp_policy_params_check(p, vals, &e) != 0)
 			rc = rt_err_set(err, "the values set for side %s: %s", side ? "B" : "A", e.msg);
 		free(vals);
 		if (rc)

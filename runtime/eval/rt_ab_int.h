@@ -34,7 +34,7 @@ typedef struct ab_side {
 	int hits, trials;
 	uint8_t ok[AB_MAX_TRIALS];
 	unsigned notes;       /* KVP_NOTE_* of its run (needle: of any trial): what a graceful
-	                         budget did (rt_pick_note), so a floor is not hidden */
+	                         budget did (rt_pick_note_next), so a floor is not hidden */
 } ab_side;
 
 typedef struct ab_row {

@@ -94,9 +94,10 @@ static void fmt_val(char *buf, size_t cap, int fmt, double v)
 		snprintf(buf, cap, "%.5f", v);
 }
 
-/* The parameters in effect, "recent=0.1 window=32"; under a ratio, the budget that replaces
- * the policy's whole budget expression, and the parameters only that expression read:
- * "recent=0.1; budget = context / ratio, replacing the policy's (heavy has no effect)". */
+/* The parameters in effect as --set takes them, "recent=10% window=32"; under a ratio, the
+ * budget that replaces the policy's whole budget expression, and the parameters only that
+ * expression read: "recent=10%; budget = context / ratio, replacing the policy's (heavy has
+ * no effect)". */
 static void params_str(const rt_seq *s, char *buf, size_t cap)
 {
 	const double R = s->run.ctx.ratio > 0 ? s->run.ctx.ratio : s->run.ctx.byte_ratio;
@@ -517,7 +518,7 @@ static int write_plot(const ab_run *r, const char *path, rt_err *err)
 	        cols * W, rows * H + 40, cols * W, rows * H + 40);
 	rt_buf esc = RT_BUF_INIT;
 	char title[1024];
-	int tl = snprintf(title, sizeof title, "kvpc ab (%s): A = %s, B = %s", r->o.task,
+	int tl = snprintf(title, sizeof title, "ab (%s): A = %s, B = %s", r->o.task,
 	                  r->pol[0]->name, r->pol[1]->name);
 	if (!needle && tl > 0 && (size_t)tl < sizeof title)
 		snprintf(title + tl, sizeof title - (size_t)tl, "; %s, %lld tokens (%lld scored)",

@@ -38,7 +38,7 @@ typedef struct rt_keepmap {
 	int64_t n_tokens;             /* N: positions 0..N-1 drawn, >= 1 */
 	const rt_keepmap_head *heads; /* [n_layer × n_kv_head], index layer·n_kv_head + head */
 	const char *policy;           /* policy name (UTF-8, escaped), may be NULL */
-	const char *params;           /* parameter text, e.g. "heavy=0.5 recent=0.5", may be NULL */
+	const char *params;           /* parameter text, e.g. "heavy=50% recent=50%", may be NULL */
 	double ratio;                 /* compression ratio asked for, 0 = the policy's own */
 } rt_keepmap;
 

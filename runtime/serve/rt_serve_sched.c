@@ -121,7 +121,7 @@ json_t *srv_kv_obj(const srv *S, const req *r)
 	json_object_set_new(k, "system_tokens", json_integer(r->n_system));
 	json_object_set_new(k, "pinned_tokens", json_integer(r->n_pinned));
 	json_object_set_new(k, "pinned_kept", json_integer(r->pinned_kept));
-	/* graceful budgets: the floor in force and what it did (rt_pick_note) */
+	/* graceful budgets: the floor in force and what it did (rt_pick_note_next) */
 	json_object_set_new(k, "min_kv", json_integer((json_int_t)r->min_kv));
 	json_t *notes = json_array();
 	const char *t;
