@@ -28,6 +28,18 @@ import threading
 import time
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
+# The answers are compared token for token with `run`'s, whose chunks the server's need not
+# match: that holds only while sgemm gives a row the same bits whatever the call's row count.
+# OpenBLAS's SkylakeX kernels do not (their small-matrix path, M·N·K <= 10^6, sums in another
+# order), so on such a CPU the server and `run` here use its Haswell kernels, whose bits do not
+# depend on the row count (docs/exactness.md); a CPU without AVX2 and FMA keeps its own.
+if "OPENBLAS_CORETYPE" not in os.environ:
+    try:
+        flags = set(re.search(r"^flags\s*:(.*)$", open("/proc/cpuinfo").read(), re.M).group(1).split())
+    except (OSError, AttributeError):
+        flags = set()
+    if {"avx2", "fma"} <= flags:
+        os.environ["OPENBLAS_CORETYPE"] = "Haswell"
 MODEL_ID = os.path.basename(MODEL).replace(".gguf", "")
 CHUNK = 32
 PREFILL = 16  # serve's default --prefill-chunk (RT_SERVE_PREFILL_CHUNK, at most --chunk)
