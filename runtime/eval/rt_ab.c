@@ -56,6 +56,25 @@ static void set_name(const char *a, char name[256])
 	snprintf(name, 256, "%.*s", (int)(len < 255 ? len : 255), a);
 }
 
+/* The "name=value" overrides side `side` applies, in order, into sets[RT_AB_MAX_SETS]
+ * (with, in all[], 1 for a --set given for both sides): its --set-a or --set-b, and each
+ * --set whose name its policy has (a --set for both sides skips a side without it).
+ * Returns their count. */
+static int side_sets(const ab_run *r, int side, const char **sets, int *all)
+{
+	int n = 0;
+	for (int i = 0; i < r->o.n_sets[side]; i++) {
+		const char *a = r->o.sets[side][i];
+		char name[256];
+		set_name(a, name);
+		if (!r->o.set_all[side][i] || kvp_policy_param_index(r->pol[side], name) >= 0) {
+			all[n] = r->o.set_all[side][i];
+			sets[n++] = a;
+		}
+	}
+	return n;
+}
+
 /* Every --set, --set-a and --set-b against its side's policy, before the model loads (the
  * caller makes an error a usage error, exit 2), the option named as it was given: a --set
  * for both sides needs a policy with the name (a side without it skips it); each value's
@@ -79,19 +98,15 @@ static int check_sets(ab_run *r, rt_err *err)
 	for (int side = 0; side < 2; side++) {
 		const struct kvp_policy *p = r->pol[side];
 		double *vals = RT_MALLOC(((size_t)p->n_params + 1) * sizeof *vals);
-		int rc = 0;
+		const char *sets[RT_AB_MAX_SETS];
+		int all[RT_AB_MAX_SETS], rc = 0;
+		const int n = side_sets(r, side, sets, all);
 		rt_err e = { "" };
 		kvp_policy_param_defaults(p, vals);
-		for (int i = 0; rc == 0 && i < r->o.n_sets[side]; i++) {
-			const char *a = r->o.sets[side][i];
-			set_name(a, name);
-			const int all = r->o.set_all[side][i];
-			if (all && kvp_policy_param_index(p, name) < 0)
-				continue;
-			if (kvp_policy_param_set(p, vals, a, &e) != 0)
-				rc = rt_err_set(err, "%s %s (side %s): %s", all ? "--set" : side ?
-				                "--set-b" : "--set-a", a, side ? "B" : "A", e.msg);
-		}
+		for (int i = 0; rc == 0 && i < n; i++)
+			if (kvp_policy_param_set(p, vals, sets[i], &e) != 0)
+				rc = rt_err_set(err, "%s %s (side %s): %s", all[i] ? "--set" : side ?
+				                "--set-b" : "--set-a", sets[i], side ? "B" : "A", e.msg);
 		if (rc == 0 && kvp_policy_params_check(p, vals, &e) != 0)
 			rc = rt_err_set(err, "the values set for side %s: %s", side ? "B" : "A", e.msg);
 		free(vals);
@@ -111,14 +126,8 @@ static int side_apply(ab_run *r, ab_row *row, int side, rt_err *err)
 		"--ratio", "--byte-ratio", "--prefill-chunk", "--min-kv" };
 	const ab_side *s = &row->side[side];
 	const char *sets[RT_AB_MAX_SETS];
-	int n = 0;
-	for (int i = 0; i < r->o.n_sets[side]; i++) {
-		const char *a = r->o.sets[side][i];
-		char name[256];
-		set_name(a, name);
-		if (!r->o.set_all[side][i] || kvp_policy_param_index(r->pol[side], name) >= 0)
-			sets[n++] = a;
-	}
+	int all[RT_AB_MAX_SETS];
+	const int n = side_sets(r, side, sets, all);
 	const double R = s->ratio_applied ? s->ratio : 0; /* the row's, or --equal-memory's */
 	const struct rt_pick_in in = { .reg = &r->pol[side], .n_reg = 1,
 		.kv_type = (int)s->seq.kv.type, .sets = sets, .n_sets = n,

@@ -212,14 +212,14 @@ SHARED_USERS = ["When was the lighthouse built?", "Who kept the harbour records?
                 "How many boats were in the fleet?"]
 
 
-def shared_prefix(port, ref_full):
+def shared_prefix(port, with_run):
     """Requests that start with the same protected tokens (one system prompt) share their key
     and value rows, and a request that finds them in the pool skips their prefill
     (docs/serving.md, "Shared prefixes"): three chat requests sent together, under the full
     cache and under h2o_pinned x2 (keep span system; fixed prefill chunks), give token for
     token the answers each gives alone with kv.share_prefix false (an unshared run: its
-    prefix_shared_tokens is 0) and, for the full cache, `run --chat --system`'s with the
-    server's cut (ref_full, not None: the plain pass; the first user turn, all but the last
+    prefix_shared_tokens is 0) and, for the full cache when with_run (the plain pass),
+    `run --chat --system`'s with the server's cut (the first user turn, all but the last
     token of its prompt in one chunk, then the last). All three share P tokens' rows: the first to arrive computes them,
     the other two wait for it and start from its store and state where its first prompt step
     at or past P ended (the system turn's end under the full cache), so each reports those
@@ -281,12 +281,12 @@ def shared_prefix(port, ref_full):
               "%s: a shared system prompt (%d tokens shared of %s, skipped %s) answers as unshared runs: %s" %
               (kv["policy"], P, kvs(together, "prefix_shared_tokens"),
                kvs(together, "prefix_skipped_tokens"), texts(together)))
-        if kv["policy"] == "full" and ref_full is not None and ok:
+        if kv["policy"] == "full" and with_run and ok:
             # the server's schedule: a lone full-cache prompt takes two steps, which `run`
             # reproduces with all but the last token in one chunk, then the last; on the fast
             # path the cut can tip a near-tie (docs/exactness.md), so `run` is given it
             n_p, steps = alone[0][1]["usage"]["prompt_tokens"], alone[0][1]["kv"]["prompt_steps"]
-            ref = run_cli(users[0], 8 if QUICK else 24, "full", 0, True, sysmsg, PREFILL, n_p - 1)
+            ref = run_cli(users[0], 24, "full", 0, True, sysmsg, PREFILL, n_p - 1)
             check(steps == 2 and texts(alone)[0] == ref,
                   "full: the lone chat answer (%d prompt tokens in %d steps) is `run --chat --system "
                   "--chunk %d`'s: %r vs %r" % (n_p, steps, n_p - 1, texts(alone)[0], ref))
@@ -476,7 +476,7 @@ def main():
         if QUICK:
             st, a, _ = post(port, "/v1/completions", {"prompt": prompt, "max_tokens": 12,
                             "temperature": 0, "kv": {"ratio": 2}}, timeout=120)
-            ref_h2o, ref_full, ref_shared = a["choices"][0]["text"], None, None
+            ref_h2o, ref_full = a["choices"][0]["text"], None
         else:
             with cf.ThreadPoolExecutor(3) as ex:
                 refs = [ex.submit(run_cli, prompt, 12, "h2o", 2), ex.submit(run_cli, story, 12, "snapkv", 2),
@@ -484,9 +484,8 @@ def main():
                         ex.submit(run_cli, story, 12, "h2o", 4, False, None, 0),
                         ex.submit(run_cli, story, 12, "h2o", 4),
                         ex.submit(run_cli, prompt, 40, "full", 0),
-                        ex.submit(run_cli, story, 12, "h2o", 4, False, None, 256, 256),
-                        ex.submit(run_cli, SHARED_USERS[0], 24, "full", 0, True, SHARED_SYS)]
-                ref_h2o, ref_snap, ref_chat, ref_exact, ref_chunked, ref_full, ref_whole, ref_shared = \
+                        ex.submit(run_cli, story, 12, "h2o", 4, False, None, 256, 256)]
+                ref_h2o, ref_snap, ref_chat, ref_exact, ref_chunked, ref_full, ref_whole = \
                     [f.result() for f in refs]
 
         # ---- the openai client: completions, chat, streaming, per-request policy
@@ -776,7 +775,7 @@ def main():
         metrics_ops(port)
         order_ids = [(kv, prefill_order(port, filler, kv))
                      for kv in ({"policy": "full"}, {"policy": "h2o", "ratio": 8})]
-        n_shared_prompt, P_shared = shared_prefix(port, ref_shared)
+        n_shared_prompt, P_shared = shared_prefix(port, not QUICK)
         cancelled0, gone0 = count(port, "kvpc_requests_cancelled_total"), req_count(port, "/v1/completions", 499)
         # a client that disconnects mid-stream frees its sequence at once (2000 tokens to
         # go: without the disconnect it would run for many seconds)
