@@ -133,6 +133,27 @@ START_TEST(run_refuses_an_empty_prompt_and_no_tokens)
 	ck_assert_msg(strstr(err, "-n: '0' is not a token count >= 1") && !strstr(err, NOMODEL),
 	              "%s", err);
 	free(out), free(err);
+	/* the prompt one way, --prompt or --file, checked before the model */
+	char *both[] = { "kvrt", "run", "--model", NOMODEL, "--prompt", "Hi", "--file", "x", NULL };
+	ck_assert_int_eq(run(NULL, both, NULL, 0, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--prompt and --file: give the prompt one way") &&
+	              !strstr(err, NOMODEL), "%s", err);
+	free(out), free(err);
+	char *neither[] = { "kvrt", "run", "--model", NOMODEL, NULL };
+	ck_assert_int_eq(run(NULL, neither, NULL, 0, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--prompt TEXT or --file FILE is required"), "%s", err);
+	free(out), free(err);
+	/* an empty or missing prompt file is named, before the model */
+	char empty_file[PATH_MAX + 64];
+	snprintf(empty_file, sizeof empty_file, "%s/empty.txt", g_dir);
+	FILE *f = fopen(empty_file, "w");
+	ck_assert(f != NULL);
+	fclose(f);
+	char *ef[] = { "kvrt", "run", "--model", NOMODEL, "-f", empty_file, NULL };
+	ck_assert_int_eq(run(NULL, ef, NULL, 0, &out, &err), 1);
+	ck_assert_msg(strstr(err, "the prompt file is empty") && strstr(err, empty_file) &&
+	              !strstr(err, NOMODEL), "%s", err);
+	free(out), free(err);
 	/* with both good, the model is the first thing that fails (a runtime error) */
 	char *good[] = { "kvrt", "run", "--model", NOMODEL, "--prompt", "Hi", "-n", "1", NULL };
 	ck_assert_int_eq(run(NULL, good, NULL, 0, &out, &err), 1);
@@ -328,6 +349,16 @@ START_TEST(short_chat_under_h2o_answers_as_full)
 	ck_assert_int_eq(run(NULL, full, kvp_registry, kvp_registry_count, &full_out, &err), 0);
 	ck_assert_msg(strstr(full_out, "Paris"), "full cache: %s", full_out);
 	free(err);
+	/* the same question read from a file (--file) is the same prompt */
+	char qfile[PATH_MAX + 64];
+	snprintf(qfile, sizeof qfile, "%s/question.txt", g_dir);
+	FILE *f = fopen(qfile, "w");
+	ck_assert(f && fputs(q, f) >= 0 && fclose(f) == 0);
+	char *ff[] = { "kvrt", "run", "--model", (char *)model, "--chat", "--file", qfile, "-n",
+		       "12", "--threads", "2", NULL };
+	ck_assert_int_eq(run(NULL, ff, kvp_registry, kvp_registry_count, &out, &err), 0);
+	ck_assert_msg(!strcmp(out, full_out), "--file: '%s', -p: '%s'", out, full_out);
+	free(out), free(err);
 	const char *ratio[] = { NULL, "8" };
 	for (int i = 0; i < 2; i++) {
 		char *h2o[] = { "kvrt", "run", "--model", (char *)model, "--chat", "-p", q, "-n", "12",

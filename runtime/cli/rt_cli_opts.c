@@ -90,7 +90,7 @@ typedef struct opt_def {
 
 static const opt_def OPTS[] = {
 	STROPT('m', "model", model), OPT('t', "text", 1), STROPT('p', "prompt", prompt),
-	OPT(O_CTX, "ctx", 1),
+	STROPT('f', "file", prompt_file), OPT(O_CTX, "ctx", 1),
 	INTOPT('n', "", 1, INT_MAX, n_gen, "is not a token count >= 1"),
 	INTOPT(O_GEN, "gen", 1, 4096, n_gen, "is not a token count in 1..4096"),
 	INTOPT(O_PROMPTLEN, "prompt", 0, INT_MAX, prompt_len, "is not a token count"),

@@ -33,6 +33,7 @@
  * default before parsing). */
 typedef struct rt_cli_opts {
 	const char *model, *text, *prompt, *system, *dump, *logits, *ctx_list;
+	const char *prompt_file; /* run -f/--file: the prompt read from a file */
 	const char *policy, *haystack, *lengths, *depths, *svg, *batch;
 	const char *dump_scores, *dump_hidden; /* keepmap: the replay's scores, the hidden states */
 	const char *sets[RT_CLI_MAX_SETS];
@@ -86,7 +87,7 @@ typedef struct rt_cli_opts {
 } rt_cli_opts;
 
 /* Option ids: short options are their letter ('m' --model, 't' --text, 'p' --prompt
- * TEXT, 'n' -n N), long-only options these. O_CTX takes a list when ctx_list was preset.
+ * TEXT, 'f' --file FILE, 'n' -n N), long-only options these. O_CTX takes a list when ctx_list was preset.
  * One long name may have two ids where commands give it two meanings: `ab`'s and `tune`'s
  * --ratio and --byte-ratio are lists (O_RATIOS, O_BYTERATIOS), its --task is ppl|needle (O_ABTASK), its --json takes a path (O_JSONOUT)
  * and its --seed (and run's) a 64-bit integer (O_SEED64); serve's --chunk and --prefill-chunk stop at

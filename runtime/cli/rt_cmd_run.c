@@ -23,7 +23,8 @@ static const char *const help_run =
 	"    {prog} run - generation from a prompt under a KV-cache policy\n"
 	"\n"
 	"SYNOPSIS\n"
-	"    {prog} run --model MODEL --prompt TEXT [-n N] [--chat] [--system TEXT]\n"
+	"    {prog} run --model MODEL (--prompt TEXT | --file FILE) [-n N] [--chat]\n"
+	"             [--system TEXT]\n"
 	"             [--policy NAME] [--set NAME=VALUE]... [--ratio R | --byte-ratio R] [--stats]\n"
 	"             [--chunk N] [--prefill-chunk C] [--threads N] [--exact]\n"
 	"             [--kv-type f32|f16|q8_0] [--min-kv N]\n"
@@ -41,6 +42,9 @@ static const char *const help_run =
 	"OPTIONS\n"
 	"    -m, --model MODEL  GGUF model file\n"
 	"    -p, --prompt TEXT  the prompt (UTF-8)\n"
+	"    -f, --file FILE    the prompt read from FILE (UTF-8 text, gzip when it ends in\n"
+	"                       .gz; the whole file, its last newline included), in place\n"
+	"                       of --prompt\n"
 	"    -n N               tokens to generate at most, N >= 1 (default 128)\n"
 	"    --chat             wrap the prompt in the model's chat template (ChatML, Llama 3,\n"
 	"                       Gemma, Mistral, ...: from tokenizer.chat_template)\n"
@@ -72,16 +76,17 @@ static const char *const help_run =
 	"    0 success, 1 runtime error, 2 usage error.\n";
 int rt_cmd_run(int argc, char **argv)
 {
-	static const int opt_ids[] = { 'm', 'p', 'n', O_CHAT, O_SYSTEM, O_STATS, O_THREADS, O_CHUNK, O_POLICY,
+	static const int opt_ids[] = { 'm', 'p', 'f', 'n', O_CHAT, O_SYSTEM, O_STATS, O_THREADS, O_CHUNK, O_POLICY,
 		O_SET, O_RATIO, O_BYTERATIO, O_EXACT, O_FAST, O_PREFILL, O_KVTYPE, O_MINKV, O_TEMP,
 		O_TOPK, O_TOPP, O_SEED64, 0 };
 	rt_cli_opts o = { .n_gen = 128, .chunk = RT_CLI_CHUNK, .min_kv = RT_CLI_MIN_KV, .top_p = 1 };
 	int rc = rt_cli_parse("run", help_run, argc, argv, &o, opt_ids, 1);
 	if (rc != RT_CLI_GO)
 		return rc;
-	if (!o.prompt)
-		return rt_cli_usage("run", "%s", "--prompt is required");
-	if (!o.prompt[0])
+	if (!o.prompt == !o.prompt_file)
+		return rt_cli_usage("run", "%s", o.prompt ? "--prompt and --file: give the prompt "
+		                    "one way" : "--prompt TEXT or --file FILE is required");
+	if (o.prompt && !o.prompt[0])
 		return rt_cli_usage("run", "%s", "--prompt: the prompt is empty; give the text to continue");
 	if (o.system && !o.chat)
 		return rt_cli_usage("run", "%s", "--system needs --chat");
@@ -92,8 +97,19 @@ int rt_cmd_run(int argc, char **argv)
 	const struct kvp_policy *p = rt_cli_pick("run", &o, 1, &rc); /* with a tuned default */
 	if (!p)
 		return rc;
-	size_t bad;
-	if (!rt_utf8_valid(o.prompt, strlen(o.prompt), &bad)) {
+	size_t bad, len;
+	char *file_text = NULL; /* --file's text, read before the model (rt_text_read's checks) */
+	if (o.prompt_file) {
+		if (!(file_text = rt_cli_read_text(o.prompt_file, &len)))
+			return EXIT_FAILURE;
+		if (!len) {
+			fprintf(stderr, "%s: %s: the prompt file is empty; give the text to continue\n",
+			        rt_cli_prog, o.prompt_file);
+			free(file_text);
+			return EXIT_FAILURE;
+		}
+		o.prompt = file_text;
+	} else if (!rt_utf8_valid(o.prompt, strlen(o.prompt), &bad)) {
 		fprintf(stderr, "%s: prompt: not valid UTF-8 at byte %zu\n", rt_cli_prog, bad);
 		return EXIT_FAILURE;
 	}
@@ -124,15 +140,16 @@ int rt_cmd_run(int argc, char **argv)
 		if (rt_chat_guess_note(tk, note, sizeof note))
 			fprintf(stderr, "%s: run: note: %s\n", rt_cli_prog, note);
 	}
-	if (!(ids = rt_cli_tokenize(tk, "prompt", prompt, strlen(prompt), o.chat, &n)))
+	const char *what = o.prompt_file ? o.prompt_file : "prompt"; /* the input, in messages */
+	if (!(ids = rt_cli_tokenize(tk, what, prompt, strlen(prompt), o.chat, &n)))
 		goto out;
 	if (n < 1) {
-		fprintf(stderr, "%s: prompt: empty after tokenization\n", rt_cli_prog);
+		fprintf(stderr, "%s: %s: empty after tokenization\n", rt_cli_prog, what);
 		goto out;
 	}
 	if (n >= m->hp.n_ctx) {
-		fprintf(stderr, "%s: prompt: %lld tokens leave no room in the context_length %d\n",
-		        rt_cli_prog, (long long)n, (int)m->hp.n_ctx);
+		fprintf(stderr, "%s: %s: %lld tokens leave no room in the context_length %d\n",
+		        rt_cli_prog, what, (long long)n, (int)m->hp.n_ctx);
 		goto out;
 	}
 	int64_t cap = n + o.n_gen;
@@ -181,6 +198,7 @@ int rt_cmd_run(int argc, char **argv)
 	}
 	rc = flushed && fflush(stdout) == 0 ? 0 : EXIT_FAILURE;
 out:
+	free(file_text);
 	rt_sampler_free(&smp);
 	rt_seq_free(&s);
 	free(logits);
