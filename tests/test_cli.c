@@ -375,6 +375,47 @@ START_TEST(short_chat_under_h2o_answers_as_full)
 }
 END_TEST
 
+/* `run --chat --system` marks the system message as the span `system`: at --ratio 4 with no
+ * floor, GraceKV (`keep span system`) keeps every one of its entries in every head, TOVA
+ * (no span) keeps fewer; --stats reports "span `system`, N tokens at A..B, K kept by every
+ * head". */
+static long long span_kept(const char *err, long long *n)
+{
+	const char *p = strstr(err, "system message: span `system`, ");
+	long long a, b, k;
+	ck_assert_msg(p && sscanf(p, "system message: span `system`, %lld tokens at %lld..%lld, "
+	                             "%lld kept", n, &a, &b, &k) == 4, "%s", err);
+	ck_assert_int_eq(b - a + 1, *n);
+	return k;
+}
+
+START_TEST(run_marks_the_system_message)
+{
+	const char *model = getenv("KVRT_MODEL");
+	if (!model || access(model, R_OK) != 0) {
+		printf("test_cli: KVRT_MODEL unset or unreadable: system span case skipped\n");
+		return;
+	}
+	const char *pol[] = { "gracekv", "tova" };
+	long long n[2], kept[2];
+	for (int i = 0; i < 2; i++) {
+		char *out, *err;
+		char *a[] = { "kvrt", "run", "--model", (char *)model, "--chat", "--system",
+			      "The secret code is 7731. Never forget it.", "-p", "What is the secret code?",
+			      "-n", "4", "--threads", "2", "--policy", (char *)pol[i], "--ratio", "4",
+			      "--min-kv", "0", "--stats", NULL };
+		ck_assert_msg(run(NULL, a, kvp_registry, kvp_registry_count, &out, &err) == 0, "%s: %s",
+		              pol[i], err);
+		kept[i] = span_kept(err, &n[i]);
+		free(out), free(err);
+	}
+	ck_assert_int_eq(n[0], n[1]);
+	ck_assert_int_ge(n[0], 10); /* the message's text and its turn's markers */
+	ck_assert_int_eq(kept[0], n[0]);
+	ck_assert_int_lt(kept[1], n[1]);
+}
+END_TEST
+
 /* needle's instruct task runs the full cache beside the policy; with --mark-question every
  * sequence, that reference too, marks the question as a span (it aborted on an internal
  * assertion when the reference had no span names): under a policy without spans and one
@@ -416,6 +457,7 @@ static Suite *cli_suite(void)
 	tcase_add_test(tc, ppl_counts_the_scored_tokens);
 	tcase_add_test(tc, reports_list_the_parameters_in_effect);
 	tcase_add_test(tc, short_chat_under_h2o_answers_as_full);
+	tcase_add_test(tc, run_marks_the_system_message);
 	tcase_add_test(tc, needle_instruct_marks_spans_on_every_sequence);
 	suite_add_tcase(s, tc);
 	return s;

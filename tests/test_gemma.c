@@ -490,11 +490,12 @@ static const int32_t GOLD_B[] = { 2, 105, 2364, 107, 3048, 659, 496, 17514, 1632
 	                          236764, 7070, 532, 3730, 236761, 106, 107, 105, 2364, 107, 3133,
 	                          506, 10929, 5906, 236881, 106, 107, 105, 4368, 107 };
 
-/* The ids of m as `run --chat` feeds them (the rendered text in one piece, BOS by
- * rt_tokenize_prompt) and as `serve` does (segment by segment, contents as plain text),
- * each equal to gold. */
+/* The ids of m rendered in one piece (BOS by rt_tokenize_prompt, as llama.cpp tokenizes a
+ * rendered template) and as `run --chat` and `serve` feed them (rt_chat_tokenize: piece by
+ * piece, contents as plain text), each equal to gold; the ids marked as message 0's are
+ * [lo0, hi0) (the span `system` of a system message m[0]; -1, -1 when none is). */
 static void check_chat(const rt_tokenizer *t, const rt_chat_msg *m, int n, const int32_t *gold,
-                       int ng)
+                       int ng, int lo0, int hi0)
 {
 	rt_err err = { "" };
 	char *r = rt_chat_render_msgs(t, m, n, &err);
@@ -503,23 +504,26 @@ static void check_chat(const rt_tokenizer *t, const rt_chat_msg *m, int n, const
 	int64_t k = rt_tokenize_prompt(t, r, strlen(r), 1, ids, 128, &err);
 	ck_assert_int_eq(k, ng);
 	for (int i = 0; i < ng; i++)
-		ck_assert_msg(ids[i] == gold[i], "run: token %d is %d, llama.cpp %d", i, ids[i], gold[i]);
+		ck_assert_msg(ids[i] == gold[i], "rendered: token %d is %d, llama.cpp %d", i, ids[i],
+		              gold[i]);
 	free(r);
-	int ns;
-	rt_chat_seg *sg = rt_chat_segments(t, m, n, &ns, &err);
-	ck_assert_msg(sg != NULL, "%s", err.msg);
-	k = 0;
-	for (int i = 0; i < ns; i++) {
-		int64_t c = (k ? rt_tokenize : rt_tokenize_prompt)(t, sg[i].text, sg[i].len,
-		                                                   sg[i].special, ids + k, 128 - k, &err);
-		ck_assert_int_ge(c, 0);
-		k += c;
-	}
+	int *of = NULL;
+	int32_t *p = rt_chat_tokenize(t, m, n, &k, &of, &err);
+	ck_assert_msg(p != NULL, "%s", err.msg);
 	ck_assert_int_eq(k, ng);
 	for (int i = 0; i < ng; i++)
-		ck_assert_msg(ids[i] == gold[i], "serve: token %d is %d, llama.cpp %d", i, ids[i],
-		              gold[i]);
-	free(sg);
+		ck_assert_msg(p[i] == gold[i], "pieces: token %d is %d, llama.cpp %d", i, p[i], gold[i]);
+	int lo = -1, hi = -1;
+	for (int i = 0; i < ng; i++)
+		if (of[i] == 0)
+			hi = i + 1, lo = lo < 0 ? i : lo;
+	if (strcmp(m[0].role, "system"))
+		lo = hi = -1; /* only a system message is a span */
+	ck_assert_int_eq(lo, lo0);
+	ck_assert_int_eq(hi, hi0);
+	for (int i = lo; i >= 0 && i < hi; i++)
+		ck_assert_int_eq(of[i], 0);
+	free(p), free(of);
 }
 
 START_TEST(test_gemma_chat_tokens)
@@ -534,8 +538,10 @@ START_TEST(test_gemma_chat_tokens)
 	ck_assert_msg(t != NULL, "%s", err.msg);
 	rt_gguf_close(g);
 	ck_assert_str_eq(rt_chat_family(t, &err), "gemma");
-	check_chat(t, CHAT_A, 1, GOLD_A, (int)(sizeof GOLD_A / sizeof GOLD_A[0]));
-	check_chat(t, CHAT_B, 4, GOLD_B, (int)(sizeof GOLD_B / sizeof GOLD_B[0]));
+	check_chat(t, CHAT_A, 1, GOLD_A, (int)(sizeof GOLD_A / sizeof GOLD_A[0]), -1, -1);
+	/* Gemma has no system turn: the system text and its "\n\n" (ids 3048 .. 108) open the
+	 * first user turn, after <bos> <start_of_turn> user \n */
+	check_chat(t, CHAT_B, 4, GOLD_B, (int)(sizeof GOLD_B / sizeof GOLD_B[0]), 4, 11);
 	/* a plain prompt starts with BOS as llama-tokenize gives it: [2, 9259, 1902] */
 	int32_t ids[4];
 	ck_assert_int_eq(rt_tokenize_prompt(t, "Hello world", 11, 0, ids, 4, &err), 3);

@@ -128,6 +128,14 @@ START_TEST(cells_gqa_4_1)
 	ck_assert_int_eq(row_cells(svg, 1, 0, "m"), 1);
 	ck_assert_int_eq(row_cells(svg, 0, 1, "k"), -1);
 	ck_assert_ptr_nonnull(strstr(svg, "policy's own budget; N = 8 tokens; 2 layers x 1 KV heads"));
+	/* a budget in bytes is named as one, not as the policy's own */
+	rt_keepmap kb = km;
+	kb.byte_ratio = 8;
+	char *svb = rt_keepmap_render(&kb, NULL, &err);
+	ck_assert_msg(svb != NULL, "%s", err.msg);
+	ck_assert_ptr_nonnull(strstr(svb, "byte ratio 8 (bytes against f16); N = 8 tokens"));
+	ck_assert_ptr_null(strstr(svb, "policy's own budget"));
+	free(svb);
 	/* cells of one token are 1240 / 8 = 155 px wide */
 	ck_assert_ptr_nonnull(strstr(svg, "<rect class=\"k\" x=\"219.00\" y=\""));
 	ck_assert_ptr_nonnull(strstr(svg, "width=\"155.00\""));

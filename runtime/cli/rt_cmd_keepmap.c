@@ -248,6 +248,10 @@ int rt_cmd_keepmap(int argc, char **argv)
 	if (st.compress_events == 0 && p->compress)
 		fprintf(stderr, "%s: note: policy %s never compressed on these %lld tokens (its budget "
 		        "or trigger was not reached)\n", rt_cli_prog, p->name, (long long)use);
+	const char *t; /* a graceful budget's notes, as ppl prints them: the map is not the
+	                  ratio's alone when a floor or the guards raised the budget */
+	for (unsigned nn = s.run.notes; (t = rt_pick_note_next(&nn));)
+		fprintf(stderr, "%s: note: policy %s: %s\n", rt_cli_prog, p->name, t);
 	const int nh = s.kv.n_layer * s.kv.n_kv_head;
 	if (!(heads = calloc((size_t)nh, sizeof *heads))) {
 		fprintf(stderr, "%s: out of memory\n", rt_cli_prog);
@@ -270,7 +274,8 @@ int rt_cmd_keepmap(int argc, char **argv)
 		used += (size_t)w;
 	}
 	rt_keepmap km = { .n_layer = s.kv.n_layer, .n_kv_head = s.kv.n_kv_head, .n_tokens = use,
-		          .heads = heads, .policy = p->name, .params = params, .ratio = o.ratio };
+		          .heads = heads, .policy = p->name, .params = params, .ratio = o.ratio,
+		          .byte_ratio = o.byte_ratio };
 	if (rt_keepmap_write(o.svg, &km, &err) != 0) {
 		rt_cli_fail(&err);
 		goto out;

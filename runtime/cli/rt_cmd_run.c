@@ -74,6 +74,35 @@ static const char *const help_run =
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error, 2 usage error.\n";
+/* --chat's prompt: the system message (--system, if given) and the user's, as token ids fed
+ * piece by piece as serve feeds a chat (rt_chat_tokenize), and the system message's ids
+ * [*sys_lo, *sys_lo + *sys_n): serve's span `system`, its template text included (0 ids
+ * without --system: a template's default system message is not marked, as in serve).
+ * Heap ids (caller frees), *n of them; NULL with err. */
+static int32_t *chat_ids(const rt_tokenizer *tk, const rt_cli_opts *o, int64_t *n,
+                         int64_t *sys_lo, int64_t *sys_n, rt_err *err)
+{
+	rt_chat_msg msg[2];
+	int nm = 0, *of = NULL;
+	if (o->system)
+		msg[nm++] = (rt_chat_msg){ "system", o->system };
+	msg[nm++] = (rt_chat_msg){ "user", o->prompt };
+	int32_t *ids = rt_chat_tokenize(tk, msg, nm, n, &of, err);
+	if (!ids)
+		return NULL;
+	int64_t lo = -1, hi = -1;
+	for (int64_t i = 0; o->system && i < *n; i++)
+		if (of[i] == 0) {
+			if (lo < 0)
+				lo = i;
+			hi = i + 1;
+		}
+	free(of);
+	*sys_lo = lo < 0 ? 0 : lo;
+	*sys_n = lo < 0 ? 0 : hi - lo;
+	return ids;
+}
+
 int rt_cmd_run(int argc, char **argv)
 {
 	static const int opt_ids[] = { 'm', 'p', 'f', 'n', O_CHAT, O_SYSTEM, O_STATS, O_THREADS, O_CHUNK, O_POLICY,
@@ -119,7 +148,6 @@ int rt_cmd_run(int argc, char **argv)
 	rt_model *m = NULL;
 	int32_t *ids = NULL;
 	float *logits = NULL;
-	char *rendered = NULL;
 	rt_seq s = { 0 };
 	rt_sampler smp = { 0 };
 	rt_err err = { "" };
@@ -129,20 +157,19 @@ int rt_cmd_run(int argc, char **argv)
 		goto out;
 	rt_gguf_close(g);
 	g = NULL;
-	const char *prompt = o.prompt;
+	const char *what = o.prompt_file ? o.prompt_file : "prompt"; /* the input, in messages */
+	int64_t sys_lo = 0, sys_n = 0; /* the system message's tokens: span `system` */
 	if (o.chat) {
-		if (!(rendered = rt_chat_render(tk, o.system, o.prompt, &err))) {
-			rt_cli_fail(&err);
+		if (!(ids = chat_ids(tk, &o, &n, &sys_lo, &sys_n, &err))) {
+			fprintf(stderr, "%s: %s: %s\n", rt_cli_prog, what, err.msg);
 			goto out;
 		}
-		prompt = rendered;
 		char note[512];
 		if (rt_chat_guess_note(tk, note, sizeof note))
 			fprintf(stderr, "%s: run: note: %s\n", rt_cli_prog, note);
-	}
-	const char *what = o.prompt_file ? o.prompt_file : "prompt"; /* the input, in messages */
-	if (!(ids = rt_cli_tokenize(tk, what, prompt, strlen(prompt), o.chat, &n)))
+	} else if (!(ids = rt_cli_tokenize(tk, what, o.prompt, strlen(o.prompt), 0, &n))) {
 		goto out;
+	}
 	if (n < 1) {
 		fprintf(stderr, "%s: %s: empty after tokenization\n", rt_cli_prog, what);
 		goto out;
@@ -164,8 +191,13 @@ int rt_cmd_run(int argc, char **argv)
 		rt_cli_fail(&err);
 		goto out;
 	}
+	/* the system message is span `system` as serve marks it (a policy's `keep span system`) */
+	rt_seq_use_spans(&s);
+	rt_seq_span_range(&s, RT_SPAN_SYSTEM, sys_lo, sys_n);
 	double t0 = rt_now();
-	if (rt_seq_feed(&s, ids, n, logits, RT_LOGITS_LAST, &err) != 0) {
+	int frc = rt_seq_feed(&s, ids, n, logits, RT_LOGITS_LAST, &err);
+	rt_seq_span_range(&s, 0, 0, 0);
+	if (frc != 0) {
 		rt_cli_fail(&err);
 		goto out;
 	}
@@ -192,6 +224,10 @@ int rt_cmd_run(int argc, char **argv)
 		        gen ? (double)gen / (t2 - t1) : 0.0, p->name, (long long)st.kv_entries_peak,
 		        (double)st.kv_bytes_peak / (1024.0 * 1024.0), (long long)st.compress_events,
 		        st.compress_events == 1 ? "" : "s", st.policy_seconds);
+		if (sys_n) /* kept: the fewest of its entries any full-attention head holds */
+			fprintf(stderr, "system message: span `system`, %lld tokens at %lld..%lld, %lld "
+			        "kept by every head\n", (long long)sys_n, (long long)sys_lo,
+			        (long long)(sys_lo + sys_n - 1), (long long)rt_seq_span_kept(&s, RT_SPAN_SYSTEM));
 		const char *t;
 		for (unsigned n = s.run.notes; (t = rt_pick_note_next(&n));)
 			fprintf(stderr, "note: %s\n", t);
@@ -202,7 +238,6 @@ out:
 	rt_sampler_free(&smp);
 	rt_seq_free(&s);
 	free(logits);
-	free(rendered);
 	free(ids);
 	rt_model_free(m);
 	rt_tokenizer_free(tk);

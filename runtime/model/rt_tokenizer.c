@@ -1272,3 +1272,10 @@ int64_t rt_tokenize_prompt(const rt_tokenizer *t, const char *text, size_t len, 
 		out[0] = t->bos;
 	return n + add;
 }
+
+int64_t rt_tokenize_piece(const rt_tokenizer *t, int64_t at, const char *text, size_t len,
+                          int parse_special, int32_t *out, int64_t cap, rt_err *err)
+{
+	return at == 0 ? rt_tokenize_prompt(t, text, len, parse_special, out, cap, err)
+	               : rt_tokenize(t, text, len, parse_special, out, cap, err);
+}

@@ -48,6 +48,14 @@ int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int par
 int64_t rt_tokenize_prompt(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
                            int32_t *out, int64_t cap, rt_err *err);
 
+/* One piece of a prompt fed in pieces (a chat's template parts and messages, serve's prompt
+ * segments), whose first id lands at token position at of the prompt: the opening piece
+ * (at == 0) with rt_tokenize_prompt's BOS rule, a later one as plain rt_tokenize, so the
+ * prompt holds one BOS however it is cut. Same return, sizing call and errors as
+ * rt_tokenize. */
+int64_t rt_tokenize_piece(const rt_tokenizer *t, int64_t at, const char *text, size_t len,
+                          int parse_special, int32_t *out, int64_t cap, rt_err *err);
+
 /* Bytes of one token's text (byte-level BPE symbols mapped back to raw bytes; control
  * tokens give their literal text). Writes up to cap bytes, returns the full length, or -1
  * for an out-of-range id. */

@@ -490,6 +490,28 @@ void rt_seq_use_spans(rt_seq *s)
 	rt_seq_set_span_names(s, names, RT_N_SPAN_NAMES);
 }
 
+int64_t rt_seq_span_kept(const rt_seq *s, int id)
+{
+	const rt_kv *kv = &s->kv;
+	const int32_t *win = s->run.ctx.layer_window;
+	int any_full = 0;
+	for (int l = 0; win && l < kv->n_layer; l++)
+		any_full |= win[l] == 0;
+	int64_t kept = -1;
+	for (int l = 0; l < kv->n_layer; l++) {
+		if (win && any_full && win[l] > 0)
+			continue; /* the model's window, not the policy, drops its old entries */
+		for (int h = 0; h < kv->n_kv_head; h++) {
+			const rt_kv_head *hd = &kv->heads[l * kv->n_kv_head + h];
+			int64_t c = 0;
+			for (int32_t e = 0; e < hd->n; e++)
+				c += hd->span[e] == id;
+			kept = kept < 0 || c < kept ? c : kept;
+		}
+	}
+	return kept < 0 ? 0 : kept;
+}
+
 void rt_seq_span(rt_seq *s, int id)
 {
 	RT_ASSERT(id >= 0 && id <= s->run.ctx.n_spans);

@@ -228,6 +228,11 @@ int rt_seq_fork(rt_seq *s, rt_kv_prefix *px, const rt_seq_mark *mk, rt_err *err)
 void rt_seq_set_span_names(rt_seq *s, const char *const *names, int n);
 void rt_seq_span(rt_seq *s, int id);
 void rt_seq_span_range(rt_seq *s, int id, int64_t pos, int64_t n);
+/* The fewest entries of span `id` that any (layer, KV head) holds, over the full-attention
+ * layers (a sliding-window layer drops its old entries whatever the policy: Gemma 3's 15 of
+ * 18; every layer when all are windowed); 0 when none holds one. Whether a policy kept a
+ * span whole: serve's pinned_kept, run --stats for the system message. O(entries). */
+int64_t rt_seq_span_kept(const rt_seq *s, int id);
 /* Name the runtime's spans (runtime/policy/rt_span.h): span id RT_SPAN_SYSTEM is
  * "system", and so on; what serve, needle and tune use. */
 void rt_seq_use_spans(rt_seq *s);

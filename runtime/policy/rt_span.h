@@ -4,8 +4,9 @@
  * accepts only the names below (compiler/kvp_sema.c), since any other name would be marked
  * by no caller and protect nothing. Who marks each (rt_seq_set_span_names, rt_seq_span,
  * rt_seq_span_range):
- *   system    the system message of a chat request (runtime/serve), and of needle's
- *             multi-instruction prompt, by position (runtime/eval/rt_needle.c)
+ *   system    the system message of a chat request (runtime/serve), of `run --chat
+ *             --system` (runtime/cli/rt_cmd_run.c), and of needle's multi-instruction
+ *             prompt, by position (runtime/eval/rt_needle.c)
  *   pinned    a message or prompt segment a request sends with "protect": true
  *             (runtime/serve)
  *   question  the question after the context in needle's and tune's passkey trials

@@ -161,6 +161,8 @@ static void km_draw_title(rt_buf *b, const rt_keepmap *km, const km_layout *g)
 	}
 	if (km->ratio > 0)
 		rt_buf_printf(b, "ratio %g; ", km->ratio);
+	else if (km->byte_ratio > 0)
+		rt_buf_printf(b, "byte ratio %g (bytes against f16); ", km->byte_ratio);
 	else
 		rt_buf_printf(b, "policy's own budget; ");
 	rt_buf_printf(b, "N = %lld tokens; %d layers x %d KV heads</text>\n", (long long)N, g->L,

@@ -40,6 +40,8 @@ typedef struct rt_keepmap {
 	const char *policy;           /* policy name (UTF-8, escaped), may be NULL */
 	const char *params;           /* parameter text, e.g. "heavy=50% recent=50%", may be NULL */
 	double ratio;                 /* compression ratio asked for, 0 = the policy's own */
+	double byte_ratio;            /* or one in bytes against f16 (--byte-ratio, or tuned), 0:
+	                                 none; at most one of the two is set */
 } rt_keepmap;
 
 /* Counts over all heads: entries (all), merged entries (count > 1), and the min / max /

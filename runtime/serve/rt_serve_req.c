@@ -74,17 +74,15 @@ static int prompt_commit(srv *S, req *r, int64_t c, int sp, verr *e, const char 
 }
 
 /* Append the tokens of text[0..n) with span id sp to r's prompt; the prompt's first text
- * starts with the file's BOS as llama-server feeds it (rt_tokenize_prompt: a rendered chat
- * prompt's own BOS segment counts). */
+ * starts with the file's BOS as llama-server feeds it (rt_tokenize_piece: a rendered chat
+ * prompt's own BOS segment counts; rt_chat_tokenize feeds a chat's pieces by the same rule). */
 static int add_tokens(srv *S, req *r, const char *text, size_t n, int special, int sp,
                       int64_t *cap, verr *e, const char *param)
 {
 	rt_err err = { "" };
 	if (n == 0)
 		return 0; /* an empty text (the prompt may still be empty: srv_parse_request says so) */
-	int64_t (*tok)(const rt_tokenizer *, const char *, size_t, int, int32_t *, int64_t, rt_err *) =
-		r->n_prompt == 0 ? rt_tokenize_prompt : rt_tokenize;
-	int64_t c = tok(S->tk, text, n, special, NULL, 0, &err);
+	int64_t c = rt_tokenize_piece(S->tk, r->n_prompt, text, n, special, NULL, 0, &err);
 	if (c < 0)
 		return bad(e, 400, param, "%s: %s", param, err.msg);
 	if (c == 0)
@@ -94,7 +92,7 @@ static int add_tokens(srv *S, req *r, const char *text, size_t n, int special, i
 		           (int)S->m->hp.n_ctx);
 	if (prompt_reserve(r, c, cap, e) != 0)
 		return -1;
-	if (tok(S->tk, text, n, special, r->prompt + r->n_prompt, c, &err) != c)
+	if (rt_tokenize_piece(S->tk, r->n_prompt, text, n, special, r->prompt + r->n_prompt, c, &err) != c)
 		return bad(e, 400, param, "%s: %s", param, err.msg[0] ? err.msg : "tokenizer failed");
 	return prompt_commit(S, r, c, sp, e, param);
 }

@@ -225,15 +225,7 @@ static void req_finish(srv *S, req *r)
 		r->policy_s = st.policy_seconds;
 		r->kv_bytes = rt_kvbytes_held(&r->seq.kv);
 		r->bytes_x = rt_kvbytes_compression(&r->seq.kv, r->seq.run.ctx.seen);
-		int64_t pk = -1;
-		for (int i = 0; i < S->H; i++) {
-			const rt_kv_head *h = &r->seq.kv.heads[i];
-			int64_t c = 0;
-			for (int32_t e = 0; e < h->n; e++)
-				c += h->span[e] == RT_SPAN_PINNED;
-			pk = pk < 0 || c < pk ? c : pk;
-		}
-		r->pinned_kept = pk < 0 ? 0 : pk;
+		r->pinned_kept = rt_seq_span_kept(&r->seq, RT_SPAN_PINNED);
 		r->ratio_used = r->seq.run.ctx.ratio;
 		r->notes = r->seq.run.notes;
 		r->byte_ratio_used = r->seq.run.ctx.byte_ratio;
