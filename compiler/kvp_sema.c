@@ -1133,9 +1133,11 @@ static ty check_unit(sema *S, const kvp_expr *e, unsigned cx, const kvp_sunit *a
 	if (y && y->kind != KVP_SYM_STAT && t.u == KVP_SU_NUM) {
 		char b[32];
 		fmt_num(y->value, b, sizeof b);
-		ERR(S, e->loc, "%s must be %s, not a plain number; give '%s' a unit, as in `%s %s = %s %s`",
+		/* a percentage is written against its number (`12.5%`; `12.5 %` does not lex) */
+		const int pct = acc[0] == KVP_SU_RATIO;
+		ERR(S, e->loc, "%s must be %s, not a plain number; give '%s' a unit, as in `%s %s = %s%s%s`",
 		    what, want, e->name, y->kind == KVP_SYM_PARAM ? "param" : "const", e->name, b,
-		    acc[0] == KVP_SU_RATIO ? "%" : unit_name(acc[0]));
+		    pct ? "" : " ", pct ? "%" : unit_name(acc[0]));
 		return TY_ERR;
 	}
 	int wants_count = 0;
@@ -1540,7 +1542,11 @@ static void check_budget(sema *S, const kvp_stmt *st)
 	S->in_budget = 0;
 	if (t.u == KVP_SU_ERR)
 		return;
-	if (t.known) {
+	/* a byte budget that reads parameters is re-checked with the values a run sets (a
+	 * share above 100% of an f16 full cache is refused here, so at run time too) */
+	const int bytes_ok = !o->budget_bytes ||
+	                     rule_holds(S, v, t, KVP_RULE_RATE, "the byte budget (a share of an f16 full cache's bytes)");
+	if (t.known && (!bytes_ok || !o->budget_bytes)) {
 		char b[32];
 		fmt_num(t.u == KVP_SU_RATIO ? t.v * 100 : t.v, b, sizeof b);
 		if (t.v == 0) {

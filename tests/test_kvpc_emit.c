@@ -1588,12 +1588,54 @@ START_TEST(value_rules_compile_and_run)
 }
 END_TEST
 
+/* A byte budget's share that reads a parameter obeys the compiler's rule at run time too:
+ * a share above 100% of an f16 full cache (or 0) is refused by kvpc as a default and by
+ * --set as a value (it ran, keeping every entry, when only the literal was checked). */
+START_TEST(byte_share_rule_compile_and_run)
+{
+	static const char src_fmt[] = "policy share {\n    param share = %s\n"
+	                              "    budget = bytes(share)\n    score = pos\n"
+	                              "    compress every step\n}\n";
+	char text[256];
+	snprintf(text, sizeof text, src_fmt, "12.5%");
+	src_policy ok;
+	src_policy_open(&ok, "share.kvp", text, "share");
+	static const struct {
+		const char *v;
+		int good;
+	} cases[] = { { "12.5%", 1 }, { "100%", 1 }, { "1%", 1 }, { "150%", 0 }, { "0%", 0 } };
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		snprintf(text, sizeof text, src_fmt, cases[i].v);
+		kvp_src *src = kvp_src_from_mem("share.kvp", text, strlen(text));
+		struct kvp_ir ir;
+		const int compiles = kvp_compile(src, &ir) == 0;
+		if (compiles)
+			kvp_ir_free(&ir);
+		kvp_src_free(src);
+		ck_assert_msg(compiles == cases[i].good, "%s: compiles %d", cases[i].v, compiles);
+		char set[64];
+		snprintf(set, sizeof set, "share=%s", cases[i].v);
+		const char *sets[] = { set };
+		double vals[1];
+		rt_err err = { "" };
+		const int runs = rt_pick_vals(ok.p, sets, 1, vals, &err) == 0;
+		ck_assert_msg(runs == cases[i].good, "%s: --set %d (%s)", cases[i].v, runs, err.msg);
+		if (!runs)
+			ck_assert_msg(strstr(err.msg, "the byte budget (a share of an f16 full cache's bytes) "
+			                     "must be in (0, 1]") && strstr(err.msg, "(share.kvp line 3)"),
+			              "%s", err.msg);
+	}
+	src_policy_free(&ok);
+}
+END_TEST
+
 static Suite *emit_suite(void)
 {
 	Suite *s = suite_create("kvpc_emit");
 	TCase *tc = tcase_create("emit");
 	tcase_set_timeout(tc, 1200);
 	tcase_add_test(tc, golden_h2o);
+	tcase_add_test(tc, byte_share_rule_compile_and_run);
 	tcase_add_test(tc, duo_head_classes);
 	tcase_add_test(tc, rkv_redundancy);
 	tcase_add_test(tc, linear_score_kvzap_9_3);

@@ -74,7 +74,8 @@ START_TEST(test_rejects_bad_values)
 		/* a bare 20 is 2000%: a percentage without its sign */
 		{ "heavy=20", "parameter heavy is a ratio: '20' would be 2000%; write a percentage (20%) or a fraction" },
 		{ "heavy=abc", "parameter heavy needs a finite number" },
-		{ "recent=10%", "parameter recent needs a finite number, got '10%'" },
+		{ "recent=10%", "parameter recent counts tokens: a percentage is for a ratio parameter, got '10%'" },
+		{ "alpha=5%", "parameter alpha is a plain number: a percentage is for a ratio parameter" },
 		{ "heavy=5%%", "parameter heavy needs a finite number or a percentage" },
 		{ "alpha=inf", "needs a finite number" },
 		/* the command lines' strict syntax (base/rt_numparse.h), as --ratio's */

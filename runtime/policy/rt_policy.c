@@ -80,6 +80,11 @@ int kvp_policy_param_set(const struct kvp_policy *p, double *vals, const char *a
 		num[nlen] = 0;
 		bad = rt_parse_double(num, &v) != 0;
 	}
+	if (bad && vl > 1 && val[vl - 1] == '%' && pp->unit != KVP_UNIT_RATIO) /* "recent=10%" */
+		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s %s%s: a percentage is "
+		                   "for a ratio parameter, got '%.64s'", p->name, pp->name,
+		                   pp->unit == KVP_UNIT_SCALAR ? "is a plain number" : "counts ",
+		                   pp->unit == KVP_UNIT_SCALAR ? "" : kvp_unit_name(pp->unit), val);
 	if (bad)
 		return rt_err_setc(err, RT_ERR_INPUT, "policy %s: parameter %s needs a finite number%s, "
 		                   "got '%.64s'", p->name, pp->name,
