@@ -2880,6 +2880,28 @@ static void warn_unused(sema *S)
 	}
 }
 
+/* A used statistic over the prompt tail under a trigger other than `compress at prompt end`:
+ * its observation window holds no query until the prompt's last W tokens arrive, so every
+ * compression before them (a streaming policy's whole prefill, all of a ppl run that scores
+ * the prompt) ranks entries on scores that are all 0, i.e. by position. Legal (a decode-time
+ * compression after the prompt reads it), so a warning. Runs after warn_unused (its `used`). */
+static void warn_prompt_tail(sema *S)
+{
+	const kvp_stmt *c = S->out->compress;
+	if (!c || c->trigger == KVP_T_AT)
+		return;
+	for (int i = 0; i < S->out->n_syms; i++) {
+		const kvp_sym *y = &S->out->syms[i];
+		if (y->kind == KVP_SYM_STAT && y->used && y->stmt->window == KVP_W_PROMPT_TAIL)
+			kvp_src_warning(S->src, y->stmt->loc, "statistic '%s' reads the prompt's last "
+			                "queries (`over prompt tail`), which exist only once the prompt "
+			                "ends, but this policy compresses before that (its trigger is not "
+			                "`compress at prompt end`): those compressions read it as 0 for "
+			                "every entry (a score of it alone keeps entries by position)",
+			                y->name);
+	}
+}
+
 kvp_sema *kvp_sema_check(const kvp_file *f)
 {
 	kvp_sema *o = calloc(1, sizeof *o);
@@ -2952,8 +2974,10 @@ kvp_sema *kvp_sema_check(const kvp_file *f)
 	}
 	if (f->src->n_errors == 0)
 		cross_checks(&S);
-	if (f->src->n_errors == 0)
+	if (f->src->n_errors == 0) {
 		warn_unused(&S);
+		warn_prompt_tail(&S);
+	}
 	if (f->src->n_errors == 0 && S.const_score)
 		kvp_src_warning(S.src, S.const_score->loc, "the score is a constant: every entry "
 		                "ties, so compress keeps them by position, not by any signal; score a "

@@ -461,7 +461,17 @@ START_TEST(test_unused_warning)
 	                        "definitions name it: 'twice', 'older')\n") &&
 	              strstr(d, "q.kvp:11:5: warning: const 'twice' is never used (only 'older' "
 	                        "names it, and it is unused)\n") &&
-	              !strstr(d, "'window'") && !strstr(d, "'obs'") && !strstr(d, "error"), "%s", d);
+	              !strstr(d, "'window'") && !strstr(d, "'obs'") && !strstr(d, "prompt tail") &&
+	              !strstr(d, "error"), "%s", d);
+	free(d);
+	/* a prompt-tail statistic under a trigger that fires before the tail is a warning; under
+	 * `compress at prompt end` (above) it is not */
+	static const char tail[] = "policy t {\n    stat obs = sum(attn) over prompt tail 16\n"
+	                           "    score = obs\n    budget = 25%\n    keep recent 16\n"
+	                           "    compress every step\n}\n";
+	ck_assert_int_eq(compile_text("t.kvp", tail, strlen(tail), &d), 0);
+	ck_assert_msg(strstr(d, "t.kvp:2:5: warning: statistic 'obs' reads the prompt's last "
+	                        "queries (`over prompt tail`)") && !strstr(d, "error"), "%s", d);
 	free(d);
 	static const char bad[] = "policy q {\n    param share = 25%\n    budget = nosuch\n}\n";
 	ck_assert_int_gt(compile_text("b.kvp", bad, strlen(bad), &d), 0);
