@@ -505,10 +505,14 @@ static inline int k_budget_force(const struct kvp_ctx *ctx, const rt_kv *kv,
 	}
 	if (!early && rt_budget_check(&b, msg, sizeof msg) != 0) {
 		int sinks_bad = cfg->has_sinks && !(cfg->sinks > 0);
-		if (sinks_bad || (!graceful && (!growing || cfg->guards_follow_context)))
+		/* a threshold budget is the whole context: guards beyond it (a context shorter than
+		 * them) guard every entry, so there is nothing to fit and nothing to refuse */
+		if (cfg->threshold && !sinks_bad) {
+			early = 1;
+		} else if (sinks_bad || (!graceful && (!growing || cfg->guards_follow_context))) {
 			return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s", cfg->name ? cfg->name : "?",
 			                   msg);
-		if (!graceful) {
+		} else if (!graceful) {
 			early = 1; /* guards of a fixed size: the budget will grow past them */
 		} else { /* graceful: the budget and target grow to hold the guards, in entries
 			  * ceil(sinks) + floor(recent), in bytes their top-tier rows' worth */

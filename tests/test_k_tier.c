@@ -827,6 +827,16 @@ static void e2e_threshold(int si)
 	}
 	if (H > 1)
 		ck_assert_int_lt(lo, hi_n); /* per head: the counts differ */
+	rt_seq_free(&s);
+	/* guards longer than the context (sinks 100 of 64 tokens) guard every entry: a
+	 * threshold budget is the whole context, so nothing is refused and all is kept (it
+	 * failed with "the guards exceed the budget ... raise the budget", which it cannot) */
+	ck_assert_msg(rt_seq_init(&s, m, &kvp_policy_thr_knorm, E2E_P, 16, E2E_P, &err) == 0 &&
+	              rt_seq_set(&s, set, &err) == 0 && rt_seq_set(&s, "sinks=100", &err) == 0,
+	              "%s", err.msg);
+	ck_assert_msg(rt_seq_feed(&s, tok, E2E_P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
+	for (int hi = 0; hi < H; hi++)
+		ck_assert_int_eq(s.kv.heads[hi].n, E2E_P);
 	free(norm);
 	free(all);
 	rt_seq_free(&s);
