@@ -191,11 +191,17 @@ static void ppl_warn(const rt_cli_run *r, const rt_eval_score *sc, int64_t use,
 		fprintf(stderr, "%s: warning: policy %s compressed before none of the %lld scored "
 		        "tokens: its figures are the full cache's, not the policy's", rt_cli_prog,
 		        p->name, (long long)sc->scored);
-		const int floor = (r->seq.run.notes & KVP_NOTE_FLOOR) != 0;
+		/* what raised the budget, when something did: the guards (a window longer than the
+		 * prompt) before the floor, whose note a raise by the guards may also carry */
+		const unsigned notes = r->seq.run.notes;
+		const int guards = (notes & KVP_NOTE_GUARDS) != 0;
+		const int floor = !guards && (notes & KVP_NOTE_FLOOR) != 0;
 		if (p->measure == KVP_MEASURE_PROMPT_END && prompt_len < use &&
 		    r->seq.st.prompt_compression <= 1.0 + 1e-9) /* its compress kept the prompt */
 			fprintf(stderr, " (its budget%s keeps every entry of the %lld-token prompt: "
-			        "give %s)\n", floor ? ", raised by its floor," : "", (long long)prompt_len,
+			        "give %s)\n", guards ? ", raised to hold its guards," :
+			        floor ? ", raised by its floor," : "", (long long)prompt_len,
+			        guards ? "guards shorter than the prompt (--set), or a longer prompt" :
 			        floor ? "a prompt longer than the floor" :
 			        "a --ratio, or a prompt longer than the budget");
 		else if (p->measure == KVP_MEASURE_PROMPT_END)
