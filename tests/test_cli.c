@@ -286,6 +286,15 @@ START_TEST(ppl_counts_the_scored_tokens)
 	ck_assert_int_eq(run(NULL, from, NULL, 0, &out, &err), 0);
 	ck_assert_msg(strstr(out, "tokens; the first 16 fed, 11 of them scored)\n"), "%s", out);
 	free(out), free(err);
+	/* a prompt-end policy whose window (40 tokens) outgrows a 24-token prompt compresses to
+	 * nothing: the warning names the guards as what raised its budget, not its floor */
+	char *win[] = { "kvrt", "ppl", "--model", (char *)model, "--text", "README.md", "--ctx", "48",
+		        "--policy", "snapkv_tiers_k15", "--set", "window=40", "--prompt", "24",
+		        "--no-ref", "--fast", "--threads", "1", "--quiet", NULL };
+	ck_assert_int_eq(run(NULL, win, kvp_registry, kvp_registry_count, &out, &err), 0);
+	ck_assert_msg(strstr(err, "(its budget, raised to hold its guards, keeps every entry of the "
+	                          "24-token prompt"), "%s", err);
+	free(out), free(err);
 }
 END_TEST
 
