@@ -14,38 +14,55 @@
 #include "report/rt_json.h"
 #include "report/rt_svg.h"
 
-enum { M_PPL, M_KLD_MEAN, M_KLD_P99, M_KLD_MAX, M_PPL_RATIO, M_SAME_TOP1, M_RMS_DP, M_ACC,
-       M_ENTRIES, M_BYTES, M_COMPRESSION, M_BYTES_X, M_COMPRESSION_PEAK, M_BYTES_X_PEAK,
-       M_TPS, M_EVENTS, M_POLICY_S, M_COUNT };
+/* The metrics of every report (table, JSON, CSV, plots), one row each: X(ID, name, fmt,
+ * task, axis). fmt: 0 %.5f, 1 integer, 2 bytes (MiB in the table), 3 %.1f, 4 %.2fx; task:
+ * 0 ppl only, 1 needle only, 2 both, 3 both with a prompt split (prompt-end: the prompt's
+ * compression at its compress, what the budget was asked of, where the end figures also
+ * count the uncompressed tokens after it). Each row's value is metric_val's case. */
+#define AB_METRICS(X)                                                                      \
+	X(PPL, "ppl", 0, 0, "perplexity")                                                  \
+	X(KLD_MEAN, "kld_mean", 0, 0, "mean KL(full || policy), nats")                     \
+	X(KLD_P99, "kld_p99", 0, 0, "99th percentile KL, nats")                            \
+	X(KLD_MAX, "kld_max", 0, 0, "max KL, nats")                                        \
+	X(PPL_RATIO, "ppl_ratio", 0, 0, "ppl / ppl(full)")                                 \
+	X(SAME_TOP1, "same_top1", 0, 0, "same top-1 token as full")                        \
+	X(RMS_DP, "rms_dp", 0, 0, "RMS dp of the correct token")                           \
+	X(ACC, "accuracy", 0, 1, "passkey accuracy")                                       \
+	X(ENTRIES, "kv_entries_peak", 1, 2, "peak KV entries (all heads)")                 \
+	X(BYTES, "kv_bytes_peak", 2, 2, "peak KV bytes")                                   \
+	X(COMPRESSION, "compression", 4, 2, "compression in entries at the end")           \
+	X(BYTES_X, "bytes_compression", 4, 2, "compression in bytes (f16 full cache) at the end") \
+	X(COMPRESSION_PEAK, "compression_peak", 4, 2, "compression in entries at peak")    \
+	X(BYTES_X_PEAK, "bytes_compression_peak", 4, 2, "compression in bytes (f16 full cache) at peak") \
+	X(COMPRESSION_PROMPT, "prompt_compression", 4, 3, "compression in entries of the prompt") \
+	X(BYTES_X_PROMPT, "prompt_bytes_compression", 4, 3, "compression in bytes of the prompt") \
+	X(TPS, "tokens_per_s", 3, 2, "tokens/s")                                           \
+	X(EVENTS, "compress_events", 1, 2, "compress calls")                               \
+	X(POLICY_S, "policy_seconds", 0, 2, "seconds in policy code")
+
+enum {
+#define AB_METRIC_ID_(id, name, fmt, task, axis) M_##id,
+	AB_METRICS(AB_METRIC_ID_)
+#undef AB_METRIC_ID_
+	M_COUNT
+};
 
 static const struct {
 	const char *name;
 	int fmt;        /* 0 %.5f, 1 integer, 2 bytes (MiB in the table), 3 %.1f, 4 %.2fx */
-	int needle;     /* 0 ppl only, 1 needle only, 2 both */
+	int needle;     /* 0 ppl only, 1 needle only, 2 both, 3 both with a prompt split */
 	const char *axis;
 } METRICS[M_COUNT] = {
-	{ "ppl", 0, 0, "perplexity" },
-	{ "kld_mean", 0, 0, "mean KL(full || policy), nats" },
-	{ "kld_p99", 0, 0, "99th percentile KL, nats" },
-	{ "kld_max", 0, 0, "max KL, nats" },
-	{ "ppl_ratio", 0, 0, "ppl / ppl(full)" },
-	{ "same_top1", 0, 0, "same top-1 token as full" },
-	{ "rms_dp", 0, 0, "RMS dp of the correct token" },
-	{ "accuracy", 0, 1, "passkey accuracy" },
-	{ "kv_entries_peak", 1, 2, "peak KV entries (all heads)" },
-	{ "kv_bytes_peak", 2, 2, "peak KV bytes" },
-	{ "compression", 4, 2, "compression in entries at the end" },
-	{ "bytes_compression", 4, 2, "compression in bytes (f16 full cache) at the end" },
-	{ "compression_peak", 4, 2, "compression in entries at peak" },
-	{ "bytes_compression_peak", 4, 2, "compression in bytes (f16 full cache) at peak" },
-	{ "tokens_per_s", 3, 2, "tokens/s" },
-	{ "compress_events", 1, 2, "compress calls" },
-	{ "policy_seconds", 0, 2, "seconds in policy code" },
+#define AB_METRIC_ROW_(id, name, fmt, task, axis) [M_##id] = { name, fmt, task, axis },
+	AB_METRICS(AB_METRIC_ROW_)
+#undef AB_METRIC_ROW_
 };
 
 static int metric_on(const ab_run *r, int m)
 {
 	int needle = !strcmp(r->o.task, "needle");
+	if (METRICS[m].needle == 3) /* the reference's split: the same prompt as both sides' */
+		return r->ref_x.prompt > 0;
 	return METRICS[m].needle == 2 || METRICS[m].needle == needle;
 }
 
@@ -71,6 +88,8 @@ static double metric_val(const ab_run *r, const ab_side *sd, int m)
 	case M_BYTES_X: return sd ? sd->x.bytes_end : r->ref_x.bytes_end;
 	case M_COMPRESSION_PEAK: return sd ? sd->x.entries_peak : r->ref_x.entries_peak;
 	case M_BYTES_X_PEAK: return sd ? sd->x.bytes_peak : r->ref_x.bytes_peak;
+	case M_COMPRESSION_PROMPT: return sd ? sd->x.entries_prompt : r->ref_x.entries_prompt;
+	case M_BYTES_X_PROMPT: return sd ? sd->x.bytes_prompt : r->ref_x.bytes_prompt;
 	case M_TPS: return st->seconds > 0 ? (double)st->tokens / st->seconds : NAN;
 	case M_EVENTS: return (double)st->compress_events;
 	case M_POLICY_S: return st->policy_seconds;
@@ -168,8 +187,8 @@ static void write_table(const ab_run *r, FILE *out)
 			fprintf(out, "equal memory: %s at ratio %.4g, %s at ratio %.4g (each side's "
 			        "ratio chosen to hold what the other holds at the end)\n",
 			        r->pol[0]->name, row->side[0].ratio, r->pol[1]->name, row->side[1].ratio);
-		/* the name column as wide as the longest metric (bytes_compression_peak) */
-		fprintf(out, "%-22s %16s %16s %16s\n", "metric", "full (ref)", r->pol[0]->name,
+		/* the name column as wide as the longest metric (prompt_bytes_compression) */
+		fprintf(out, "%-24s %16s %16s %16s\n", "metric", "full (ref)", r->pol[0]->name,
 		        r->pol[1]->name);
 		for (int m = 0; m < M_COUNT; m++) {
 			if (!metric_on(r, m))
@@ -178,7 +197,7 @@ static void write_table(const ab_run *r, FILE *out)
 			fmt_val(a, sizeof a, METRICS[m].fmt, metric_val(r, NULL, m));
 			fmt_val(b, sizeof b, METRICS[m].fmt, metric_val(r, &row->side[0], m));
 			fmt_val(c, sizeof c, METRICS[m].fmt, metric_val(r, &row->side[1], m));
-			fprintf(out, "%-22s %16s %16s %16s\n", METRICS[m].name, a, b, c);
+			fprintf(out, "%-24s %16s %16s %16s\n", METRICS[m].name, a, b, c);
 		}
 		if (!needle)
 			fprintf(out, "dNLL (B - A)     mean %+.5f nats/token, 95%% CI [%+.5f, %+.5f] "
