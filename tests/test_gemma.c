@@ -493,7 +493,8 @@ static const int32_t GOLD_B[] = { 2, 105, 2364, 107, 3048, 659, 496, 17514, 1632
 /* The ids of m rendered in one piece (BOS by rt_tokenize_prompt, as llama.cpp tokenizes a
  * rendered template) and as `run --chat` and `serve` feed them (rt_chat_tokenize: piece by
  * piece, contents as plain text), each equal to gold; the ids marked as message 0's are
- * [lo0, hi0) (the span `system` of a system message m[0]; -1, -1 when none is). */
+ * [lo0, hi0) (of a system message m[0], the span `system`), the template's own (BOS, the
+ * generation prompt) -1. */
 static void check_chat(const rt_tokenizer *t, const rt_chat_msg *m, int n, const int32_t *gold,
                        int ng, int lo0, int hi0)
 {
@@ -517,12 +518,12 @@ static void check_chat(const rt_tokenizer *t, const rt_chat_msg *m, int n, const
 	for (int i = 0; i < ng; i++)
 		if (of[i] == 0)
 			hi = i + 1, lo = lo < 0 ? i : lo;
-	if (strcmp(m[0].role, "system"))
-		lo = hi = -1; /* only a system message is a span */
 	ck_assert_int_eq(lo, lo0);
 	ck_assert_int_eq(hi, hi0);
 	for (int i = lo; i >= 0 && i < hi; i++)
 		ck_assert_int_eq(of[i], 0);
+	ck_assert_int_eq(of[0], -1);      /* <bos> */
+	ck_assert_int_eq(of[ng - 1], -1); /* the generation prompt's last id */
 	free(p), free(of);
 }
 
@@ -538,7 +539,9 @@ START_TEST(test_gemma_chat_tokens)
 	ck_assert_msg(t != NULL, "%s", err.msg);
 	rt_gguf_close(g);
 	ck_assert_str_eq(rt_chat_family(t, &err), "gemma");
-	check_chat(t, CHAT_A, 1, GOLD_A, (int)(sizeof GOLD_A / sizeof GOLD_A[0]), -1, -1);
+	/* the user's turn, its markers included (<start_of_turn> user \n ... <end_of_turn> \n),
+	 * between <bos> and the generation prompt */
+	check_chat(t, CHAT_A, 1, GOLD_A, (int)(sizeof GOLD_A / sizeof GOLD_A[0]), 1, 13);
 	/* Gemma has no system turn: the system text and its "\n\n" (ids 3048 .. 108) open the
 	 * first user turn, after <bos> <start_of_turn> user \n */
 	check_chat(t, CHAT_B, 4, GOLD_B, (int)(sizeof GOLD_B / sizeof GOLD_B[0]), 4, 11);

@@ -159,6 +159,66 @@ START_TEST(vocab_refused)
 }
 END_TEST
 
+/* A prompt given in pieces (rt_tokenize_pieces: a chat's template parts and messages,
+ * serve's segments) gives the ids of the whole text tokenized at once, the way llama.cpp
+ * tokenizes a rendered chat (rt_tokenize_prompt with parse_special, whose ids the vectors
+ * above check): on every supported vocabulary, with Llama 2's plain-text "[INST]" markers,
+ * whose SentencePiece leading space must come once, not once per piece. Control tokens
+ * are parsed only in the pieces marked special: the file's EOS text inside a plain piece
+ * is not the EOS id. piece_of says where each id starts. */
+START_TEST(pieces_as_one_text)
+{
+	if (!g_dir)
+		return;
+	rt_err err = { "" };
+	rt_tokenizer *t = open_vocab(VOCABS[_i].name, &err);
+	ck_assert_msg(t != NULL, "%s", err.msg);
+	const rt_tok_piece p[] = { { "[INST] ", 7, 1 }, { "Hi there, friend", 16, 0 },
+		                   { " [/INST]", 8, 1 }, { " Fine.", 6, 0 } };
+	const char *whole = "[INST] Hi there, friend [/INST] Fine.";
+	int32_t want[64], *of = NULL;
+	int64_t nw = rt_tokenize_prompt(t, whole, strlen(whole), 1, want, 64, &err), n = 0;
+	ck_assert_msg(nw > 0, "%s", err.msg);
+	int32_t *ids = rt_tokenize_pieces(t, p, 4, &n, &of, &err);
+	ck_assert_msg(ids != NULL, "%s", err.msg);
+	ck_assert_int_eq(n, nw);
+	for (int64_t i = 0; i < n; i++) {
+		ck_assert_msg(ids[i] == want[i], "%s: id %lld is %d, the whole text's %d",
+		              VOCABS[_i].name, (long long)i, ids[i], want[i]);
+		ck_assert(of[i] >= 0 && of[i] < 4 && (i == 0 || of[i] >= of[i - 1]));
+	}
+	ck_assert_int_eq(of[n - 1], 3); /* " Fine." ends the prompt */
+	free(ids), free(of);
+	/* the EOS text in a plain piece stays text; in a special piece it is the EOS id */
+	static const char *const ends[] = { "</s>", "<|endoftext|>", "<|end_of_text|>",
+		                            "<|END_OF_TURN_TOKEN|>" };
+	int32_t eos = -1;
+	for (int k = 0; k < 4 && eos < 0; k++) {
+		int32_t id = rt_tokenizer_find(t, ends[k]);
+		eos = id >= 0 && rt_tokenizer_is_eog(t, id) ? id : -1;
+	}
+	ck_assert_msg(eos >= 0, "%s: no end-of-text token found", VOCABS[_i].name);
+	size_t el = 0;
+	const char *et = rt_tokenizer_text(t, eos, &el);
+	if (et && el > 0 && el < 32) {
+		char txt[40];
+		memcpy(txt, et, el);
+		const rt_tok_piece q[2] = { { "Hi", 2, 0 }, { txt, el, 0 } };
+		ids = rt_tokenize_pieces(t, q, 2, &n, NULL, &err);
+		ck_assert_msg(ids != NULL, "%s", err.msg);
+		for (int64_t i = 0; i < n; i++)
+			ck_assert_msg(ids[i] != eos, "%s: plain text became the EOS id", VOCABS[_i].name);
+		free(ids);
+		const rt_tok_piece r[2] = { { "Hi", 2, 0 }, { txt, el, 1 } };
+		ids = rt_tokenize_pieces(t, r, 2, &n, NULL, &err);
+		ck_assert_msg(ids != NULL && ids[n - 1] == eos, "%s: the special piece's EOS",
+		              VOCABS[_i].name);
+		free(ids);
+	}
+	rt_tokenizer_free(t);
+}
+END_TEST
+
 int main(void)
 {
 	g_dir = getenv("KVRT_VOCAB_DIR");
@@ -177,6 +237,7 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, vocab_vectors, 0, (int)(sizeof VOCABS / sizeof VOCABS[0]));
 	tcase_add_loop_test(tc, vocab_refused, 0, (int)(sizeof REFUSED / sizeof REFUSED[0]));
+	tcase_add_loop_test(tc, pieces_as_one_text, 0, (int)(sizeof VOCABS / sizeof VOCABS[0]));
 	suite_add_tcase(s, tc);
 	int nf = check_run(s);
 	return nf ? EXIT_FAILURE : EXIT_SUCCESS;

@@ -20,7 +20,7 @@ static const char *const help_top =
 	"    {prog} info\n"
 	"    {prog} ppl --model MODEL --text FILE [--policy NAME] [--set K=V]... [--ratio R] ...\n"
 	"    {prog} needle --model MODEL [--task passkey|niah] [--lengths L,...] [--depths D,...] ...\n"
-	"    {prog} run --model MODEL --prompt TEXT [-n N] [--chat] [--policy NAME] ...\n"
+	"    {prog} run --model MODEL (--prompt TEXT | --file FILE) [-n N] [--chat] ...\n"
 	"    {prog} tokenize --model MODEL --text FILE\n"
 	"    {prog} bench --model MODEL [--ctx N,N,...]\n"
 	"    {prog} keepmap --model MODEL --text FILE [--policy NAME] ... --svg OUT\n"

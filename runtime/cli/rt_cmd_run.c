@@ -31,8 +31,8 @@ static const char *const help_run =
 	"             [--temp T] [--top-k K] [--top-p P] [--seed S]\n"
 	"\n"
 	"DESCRIPTION\n"
-	"    Tokenizes TEXT, prefills it under the policy (the prompt is its prompt: prompt-\n"
-	"    end triggers fire after it), then repeatedly appends the next token, writing\n"
+	"    Tokenizes the prompt, prefills it under the policy (the prompt is its prompt:\n"
+	"    prompt-end triggers fire after it), then repeatedly appends the next token, writing\n"
 	"    its bytes to standard output as it is produced: by default the most likely one\n"
 	"    (greedy, lowest id on ties); with --temp T > 0 one drawn as serve draws it\n"
 	"    (top-k, then top-p over the softmax at temperature T, then a draw from a\n"
@@ -77,8 +77,8 @@ static const char *const help_run =
 	"\n"
 	"EXIT STATUS\n"
 	"    0 success, 1 runtime error, 2 usage error.\n";
-/* --chat's prompt: the system message (--system, if given) and the user's, as token ids fed
- * piece by piece as serve feeds a chat (rt_chat_tokenize), and the system message's ids
+/* --chat's prompt: the system message (--system, if given) and the user's, as token ids
+ * tokenized as serve tokenizes a chat (rt_chat_tokenize), and the system message's ids
  * [*sys_lo, *sys_lo + *sys_n): serve's span `system`, its template text included (0 ids
  * without --system: a template's default system message is not marked, as in serve).
  * Heap ids (caller frees), *n of them; NULL with err. */
@@ -145,6 +145,11 @@ int rt_cmd_run(int argc, char **argv)
 		fprintf(stderr, "%s: prompt: not valid UTF-8 at byte %zu\n", rt_cli_prog, bad);
 		return EXIT_FAILURE;
 	}
+	if (o.system && !rt_utf8_valid(o.system, strlen(o.system), &bad)) {
+		fprintf(stderr, "%s: --system: not valid UTF-8 at byte %zu\n", rt_cli_prog, bad);
+		free(file_text);
+		return EXIT_FAILURE;
+	}
 	rt_cli_threads(o.threads);
 	rt_gguf *g = NULL;
 	rt_tokenizer *tk = NULL;
@@ -164,7 +169,7 @@ int rt_cmd_run(int argc, char **argv)
 	int64_t sys_lo = 0, sys_n = 0; /* the system message's tokens: span `system` */
 	if (o.chat) {
 		if (!(ids = chat_ids(tk, &o, &n, &sys_lo, &sys_n, &err))) {
-			fprintf(stderr, "%s: %s: %s\n", rt_cli_prog, what, err.msg);
+			rt_cli_fail(&err); /* the template's error (the texts were checked above) */
 			goto out;
 		}
 		char note[512];
@@ -229,7 +234,7 @@ int rt_cmd_run(int argc, char **argv)
 		        st.compress_events == 1 ? "" : "s", st.policy_seconds);
 		if (sys_n) /* kept: the fewest of its entries any full-attention head holds */
 			fprintf(stderr, "system message: span `system`, %lld tokens at %lld..%lld, %lld "
-			        "kept by every head\n", (long long)sys_n, (long long)sys_lo,
+			        "kept by every full-attention head\n", (long long)sys_n, (long long)sys_lo,
 			        (long long)(sys_lo + sys_n - 1), (long long)rt_seq_span_kept(&s, RT_SPAN_SYSTEM));
 		const char *t;
 		for (unsigned n = s.run.notes; (t = rt_pick_note_next(&n));)

@@ -18,7 +18,11 @@
 #include "model/rt_chat.h"
 
 /* Tokenize a NUL-terminated string into a fresh heap array; first: the prompt's first
- * piece, which starts with the file's BOS as llama.cpp feeds a prompt (rt_tokenize_prompt). */
+ * piece, which starts with the file's BOS as llama.cpp feeds a prompt (rt_tokenize_prompt).
+ * A needle prompt is assembled from its pieces' ids on purpose (the needle lands at an
+ * exact token position, the filler repeats exactly), not tokenized as one text as a chat
+ * is (rt_tokenize_pieces): on a SentencePiece vocabulary each piece then starts with its
+ * own space, the same for every policy the prompt is run under. */
 static int32_t *tok_str(const rt_tokenizer *t, const char *s, size_t len, int special, int first,
                         int64_t *n, rt_err *err)
 {

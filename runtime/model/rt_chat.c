@@ -349,14 +349,6 @@ char *rt_chat_render_msgs(const rt_tokenizer *t, const rt_chat_msg *m, int n, rt
 	return o;
 }
 
-/* "messages[i]: " before err's message (the piece of message i failed to tokenize). */
-static void piece_error(rt_err *err, int msg)
-{
-	char e[sizeof err->msg];
-	snprintf(e, sizeof e, "%s", err->msg[0] ? err->msg : "tokenizer count changed");
-	rt_err_set(err, "messages[%d]: %s", msg, e);
-}
-
 int32_t *rt_chat_tokenize(const rt_tokenizer *t, const rt_chat_msg *m, int n, int64_t *n_ids,
                           int **msg_of, rt_err *err)
 {
@@ -364,42 +356,20 @@ int32_t *rt_chat_tokenize(const rt_tokenizer *t, const rt_chat_msg *m, int n, in
 	rt_chat_seg *s = rt_chat_segments(t, m, n, &ns, err);
 	if (!s)
 		return NULL;
-	/* two passes: the pieces' counts (each piece's BOS rule needs its position), then ids */
-	int64_t len = 0;
-	for (int i = 0; i < ns; i++) {
-		if (!s[i].len) /* an empty piece holds no ids (nor the BOS of the next) */
-			continue;
-		int64_t c = rt_tokenize_piece(t, len, s[i].text, s[i].len, s[i].special, NULL, 0, err);
-		if (c < 0) {
-			piece_error(err, s[i].msg);
-			free(s);
-			return NULL;
-		}
-		len += c;
-	}
-	int32_t *ids = RT_MALLOC((size_t)(len ? len : 1) * sizeof *ids);
-	int *of = RT_MALLOC((size_t)(len ? len : 1) * sizeof *of);
-	int64_t at = 0;
-	for (int i = 0; i < ns; i++) {
-		if (!s[i].len)
-			continue;
-		int64_t c = rt_tokenize_piece(t, at, s[i].text, s[i].len, s[i].special, NULL, 0, err);
-		if (c < 0 || at + c > len ||
-		    rt_tokenize_piece(t, at, s[i].text, s[i].len, s[i].special, ids + at, c, err) != c) {
-			piece_error(err, s[i].msg);
-			free(s), free(ids), free(of);
-			return NULL;
-		}
-		for (int64_t k = 0; k < c; k++)
-			of[at + k] = s[i].msg;
-		at += c;
-	}
-	free(s);
-	*n_ids = len;
-	if (msg_of)
+	rt_tok_piece *p = RT_MALLOC((size_t)(ns ? ns : 1) * sizeof *p);
+	for (int i = 0; i < ns; i++)
+		p[i] = (rt_tok_piece){ s[i].text, s[i].len, s[i].special };
+	int32_t *piece = NULL;
+	int32_t *ids = rt_tokenize_pieces(t, p, ns, n_ids, msg_of ? &piece : NULL, err);
+	free(p);
+	if (ids && msg_of) { /* the piece's message */
+		int *of = RT_MALLOC((size_t)(*n_ids ? *n_ids : 1) * sizeof *of);
+		for (int64_t i = 0; i < *n_ids; i++)
+			of[i] = ns ? s[piece[i]].msg : -1;
 		*msg_of = of;
-	else
-		free(of);
+	}
+	free(piece);
+	free(s);
 	return ids;
 }
 

@@ -59,13 +59,13 @@ rt_chat_seg *rt_chat_segments(const rt_tokenizer *t, const rt_chat_msg *m, int n
 /* The pieces concatenated (tokenize with parse_special = 1). Heap string, or NULL with err. */
 char *rt_chat_render_msgs(const rt_tokenizer *t, const rt_chat_msg *m, int n, rt_err *err);
 
-/* The prompt for n messages as token ids, fed piece by piece as serve feeds a chat
- * (rt_tokenize_piece per piece of rt_chat_segments: template text with control tokens
- * parsed, message content as plain text, so a message cannot forge a turn). Returns a heap
- * array of *n_ids ids the caller frees and, when msg_of is not NULL, in *msg_of a heap
- * array of each id's message index (-1: the prompt's own parts: BOS, a default system
- * message, the generation prompt) the caller frees; NULL with err as rt_chat_segments
- * gives it, or "messages[i]: " and the tokenizer's error. */
+/* The prompt for n messages as token ids, as llama.cpp tokenizes the rendered prompt
+ * (rt_tokenize_pieces over rt_chat_segments: one tokenization of the whole, with control
+ * tokens parsed only in the template's text, so a message cannot forge a turn). Returns a
+ * heap array of *n_ids ids the caller frees and, when msg_of is not NULL, in *msg_of a heap
+ * array of each id's message index (the message of the piece the id starts in; -1: the
+ * prompt's own parts: BOS, a default system message, the generation prompt) the caller
+ * frees; NULL with err as rt_chat_segments or rt_tokenize_pieces gives it. */
 int32_t *rt_chat_tokenize(const rt_tokenizer *t, const rt_chat_msg *m, int n, int64_t *n_ids,
                           int **msg_of, rt_err *err);
 

@@ -886,6 +886,8 @@ typedef struct bpe_pair {
 typedef struct tok_run {
 	const rt_tokenizer *t;
 	int32_t *out;
+	int64_t *offs;    /* NULL, or [cap]: the byte offset in base where each id starts */
+	const char *base; /* the whole text of the call */
 	int64_t cap, n;
 	bpe_sym *sym;
 	bpe_pair *heap;
@@ -894,10 +896,14 @@ typedef struct tok_run {
 	rt_err *err;
 } tok_run;
 
-static void emit(tok_run *r, int32_t id)
+/* Append id, which starts at p (a pointer into the call's text). */
+static void emit(tok_run *r, int32_t id, const char *p)
 {
-	if (r->n < r->cap)
+	if (r->n < r->cap) {
 		r->out[r->n] = id;
+		if (r->offs)
+			r->offs[r->n] = (int64_t)(p - r->base);
+	}
 	r->n++;
 }
 
@@ -985,7 +991,7 @@ static int bpe_whole(tok_run *r, const char *p, size_t n)
 		free(w);
 	if (id < 0 || id >= t->n_vocab)
 		return 0;
-	emit(r, id);
+	emit(r, id, p);
 	return 1;
 }
 
@@ -1023,12 +1029,12 @@ static void bpe_piece(tok_run *r, const char *p, size_t n)
 	}
 	for (int32_t i = 0; i >= 0; i = s[i].next) {
 		if (s[i].id < t->n_vocab) {
-			emit(r, s[i].id);
+			emit(r, s[i].id, p + s[i].start);
 		} else { /* a string outside the vocabulary: its bytes that have tokens */
 			for (int32_t k = 0; k < s[i].len; k++) {
 				int32_t b = t->byte_sym[(uint8_t)p[s[i].start + k]];
 				if (b < t->n_vocab)
-					emit(r, b);
+					emit(r, b, p + s[i].start + k);
 			}
 		}
 	}
@@ -1108,16 +1114,20 @@ static void spm_fragment(tok_run *r, const char *s, size_t n, int prefix)
 {
 	const rt_tokenizer *t = r->t;
 	char *buf = RT_MALLOC(3 * (n + 1));
+	size_t *at = RT_MALLOC(3 * (n + 1) * sizeof *at); /* buf byte -> byte of s it came from */
 	size_t m = 0;
 	if (prefix) {
 		memcpy(buf, "\xe2\x96\x81", 3);
+		at[0] = at[1] = at[2] = 0;
 		m = 3;
 	}
 	for (size_t i = 0; i < n; i++) {
 		if (s[i] == ' ') {
 			memcpy(buf + m, "\xe2\x96\x81", 3);
+			at[m] = at[m + 1] = at[m + 2] = i;
 			m += 3;
 		} else {
+			at[m] = i;
 			buf[m++] = s[i];
 		}
 	}
@@ -1155,28 +1165,47 @@ static void spm_fragment(tok_run *r, const char *s, size_t n, int prefix)
 	for (int32_t i = 0; ns > 0 && i >= 0; i = y[i].next) {
 		int32_t id = strtab_find(&t->st, buf + y[i].start, (size_t)y[i].len);
 		if (id >= 0 && id < t->n_vocab) {
-			emit(r, id);
+			emit(r, id, s + at[y[i].start]);
 			continue;
 		}
 		for (int32_t k = 0; k < y[i].len; k++) { /* byte fallback */
 			int32_t b = t->byte_sym[(uint8_t)buf[y[i].start + k]];
 			if (b >= 0 || t->unk >= 0)
-				emit(r, b >= 0 ? b : t->unk);
+				emit(r, b >= 0 ? b : t->unk, s + at[y[i].start + k]);
 		}
 	}
+	free(at);
 	free(buf);
 }
 
 /* tokenizer_st_partition: cut special tokens out of s[0..n) (the longest token first,
  * every occurrence left to right within each remaining raw fragment), then tokenize the
- * raw fragments. Fragments live in a list of (start, len, id) where id -1 is raw text. */
+ * raw fragments. Fragments live in a list of (start, len, id) where id -1 is raw text;
+ * ctl: control tokens may be cut from it (parse_special, or its bytes' mask). */
 typedef struct frag {
 	size_t start, len;
 	int32_t id;
+	int ctl;
 } frag;
 
-int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
-                    int32_t *out, int64_t cap, rt_err *err)
+/* Room for one more fragment in both lists. */
+static void frag_room(frag **fr, frag **nx, size_t nn, size_t *fcap)
+{
+	if (nn + 3 <= *fcap)
+		return;
+	*fcap *= 2;
+	*fr = realloc(*fr, *fcap * sizeof **fr);
+	*nx = realloc(*nx, *fcap * sizeof **nx);
+	RT_ASSERT(*fr && *nx);
+}
+
+/* rt_tokenize with control tokens parsed where mask[i] != 0 (mask NULL: everywhere when
+ * parse_special, nowhere else; user-defined tokens are parsed everywhere, as llama.cpp
+ * does), raw text next to raw text tokenized together (across the mask's edges), and the
+ * byte offset of each id in offs (NULL: none). */
+static int64_t tokenize_core(const rt_tokenizer *t, const char *text, size_t len,
+                             int parse_special, const uint8_t *mask, int32_t *out,
+                             int64_t *offs, int64_t cap, rt_err *err)
 {
 	size_t bad;
 	if (len && !text)
@@ -1186,41 +1215,44 @@ int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int par
 	if (cap < 0 || (cap > 0 && !out))
 		return rt_err_set(err, "text: bad output buffer (cap %lld)", (long long)cap);
 
-	/* two fragment lists: each special token rewrites cur into nxt, O(fragments) */
-	size_t nf = 1, fcap = 16;
+	/* two fragment lists: each special token rewrites cur into nxt, O(fragments); with a
+	 * mask, one raw fragment per run of equal mask bytes to start with */
+	size_t nf = 0, fcap = 16;
 	frag *fr = RT_MALLOC(fcap * sizeof *fr), *nx = RT_MALLOC(fcap * sizeof *nx);
-	fr[0] = (frag){0, len, -1};
+	if (!mask) {
+		fr[nf++] = (frag){0, len, -1, parse_special};
+	} else {
+		for (size_t a = 0; a < len;) {
+			size_t b = a;
+			while (b < len && !mask[b] == !mask[a])
+				b++;
+			frag_room(&fr, &nx, nf, &fcap);
+			fr[nf++] = (frag){a, b - a, -1, mask[a] != 0};
+			a = b;
+		}
+		if (!nf)
+			fr[nf++] = (frag){0, 0, -1, 0};
+	}
 	for (int k = 0; k < t->n_specials; k++) {
 		const special_tok *sp = &t->specials[k];
-		if (!parse_special && sp->type != TT_USER_DEFINED)
-			continue;
+		const int user = sp->type == TT_USER_DEFINED;
 		size_t nn = 0;
 		for (size_t f = 0; f < nf; f++) {
 			frag cur = fr[f];
-			while (cur.id < 0 && cur.len >= sp->len) {
+			while (cur.id < 0 && (cur.ctl || user) && cur.len >= sp->len) {
 				const char *base = text + cur.start;
 				const char *hit = memmem(base, cur.len, sp->text, sp->len);
 				if (!hit)
 					break;
 				size_t off = (size_t)(hit - base);
-				if (nn + 3 > fcap) {
-					fcap *= 2;
-					fr = realloc(fr, fcap * sizeof *fr);
-					nx = realloc(nx, fcap * sizeof *nx);
-					RT_ASSERT(fr && nx);
-				}
+				frag_room(&fr, &nx, nn, &fcap);
 				if (off > 0)
-					nx[nn++] = (frag){cur.start, off, -1};
-				nx[nn++] = (frag){cur.start + off, sp->len, sp->id};
-				cur = (frag){cur.start + off + sp->len, cur.len - off - sp->len, -1};
+					nx[nn++] = (frag){cur.start, off, -1, cur.ctl};
+				nx[nn++] = (frag){cur.start + off, sp->len, sp->id, cur.ctl};
+				cur = (frag){cur.start + off + sp->len, cur.len - off - sp->len, -1, cur.ctl};
 			}
 			if (cur.id >= 0 || cur.len > 0) {
-				if (nn + 1 > fcap) {
-					fcap *= 2;
-					fr = realloc(fr, fcap * sizeof *fr);
-					nx = realloc(nx, fcap * sizeof *nx);
-					RT_ASSERT(fr && nx);
-				}
+				frag_room(&fr, &nx, nn, &fcap);
 				nx[nn++] = cur;
 			}
 		}
@@ -1229,14 +1261,23 @@ int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int par
 		nx = tmp;
 		nf = nn;
 	}
+	/* raw text that a mask's edge cut in two is one fragment, as in the whole text */
+	size_t w = 0;
+	for (size_t f = 0; f < nf; f++) {
+		if (w > 0 && fr[f].id < 0 && fr[w - 1].id < 0 && fr[w - 1].start + fr[w - 1].len == fr[f].start)
+			fr[w - 1].len += fr[f].len;
+		else
+			fr[w++] = fr[f];
+	}
+	nf = w;
 
-	tok_run r = {.t = t, .out = out, .cap = cap, .err = err};
+	tok_run r = {.t = t, .out = out, .offs = offs, .base = text, .cap = cap, .err = err};
 	r.md = pcre2_match_data_create(4, NULL);
 	RT_ASSERT(r.md);
 	int rc = 0, prev_special = 1; /* SentencePiece: the text start counts as a special */
 	for (size_t f = 0; f < nf && rc == 0; f++) {
 		if (fr[f].id >= 0) {
-			emit(&r, fr[f].id);
+			emit(&r, fr[f].id, text + fr[f].start);
 			prev_special = 1;
 		} else if (t->kind == TOK_SPM) {
 			if (fr[f].len > 0)
@@ -1254,28 +1295,102 @@ int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int par
 	return rc < 0 ? -1 : r.n;
 }
 
-int64_t rt_tokenize_prompt(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
-                           int32_t *out, int64_t cap, rt_err *err)
+int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
+                    int32_t *out, int64_t cap, rt_err *err)
+{
+	return tokenize_core(t, text, len, parse_special, NULL, out, NULL, cap, err);
+}
+
+/* The BOS rule of a prompt (rt_tokenize_prompt) over tokenize_core: 1 when the file's BOS
+ * is put first, i.e. it adds one and the text does not start with its text where control
+ * tokens are parsed (a rendered chat prompt carries its BOS as text: llama.cpp strips it
+ * from the template's output before tokenizing with add_special, so the prompt holds one
+ * BOS either way). */
+static int bos_added(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
+                     const uint8_t *mask)
 {
 	size_t bl = 0;
 	const char *bt = t->bos >= 0 ? rt_tokenizer_text(t, t->bos, &bl) : NULL;
-	/* a rendered chat prompt carries its BOS as text: llama.cpp strips it from the template's
-	 * output before tokenizing with add_special, so the prompt holds one BOS either way */
-	int add = bt && !(parse_special && bl && len >= bl && text && !memcmp(text, bt, bl));
+	if (!bt)
+		return 0;
+	const int ctl = mask ? len > 0 && mask[0] : parse_special;
+	return !(ctl && bl && len >= bl && text && !memcmp(text, bt, bl));
+}
+
+static int64_t tokenize_prompt_core(const rt_tokenizer *t, const char *text, size_t len,
+                                    int parse_special, const uint8_t *mask, int32_t *out,
+                                    int64_t *offs, int64_t cap, rt_err *err)
+{
+	const int add = bos_added(t, text, len, parse_special, mask);
 	if (cap < 0 || (cap > 0 && !out))
 		return rt_err_set(err, "text: bad output buffer (cap %lld)", (long long)cap);
-	int64_t n = rt_tokenize(t, text, len, parse_special, cap > add ? out + add : NULL,
-	                        cap > add ? cap - add : 0, err);
+	int64_t n = tokenize_core(t, text, len, parse_special, mask, cap > add ? out + add : NULL,
+	                          offs && cap > add ? offs + add : NULL, cap > add ? cap - add : 0,
+	                          err);
 	if (n < 0)
 		return -1;
-	if (add && cap > 0)
+	if (add && cap > 0) {
 		out[0] = t->bos;
+		if (offs)
+			offs[0] = 0;
+	}
 	return n + add;
 }
 
-int64_t rt_tokenize_piece(const rt_tokenizer *t, int64_t at, const char *text, size_t len,
-                          int parse_special, int32_t *out, int64_t cap, rt_err *err)
+int64_t rt_tokenize_prompt(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
+                           int32_t *out, int64_t cap, rt_err *err)
 {
-	return at == 0 ? rt_tokenize_prompt(t, text, len, parse_special, out, cap, err)
-	               : rt_tokenize(t, text, len, parse_special, out, cap, err);
+	return tokenize_prompt_core(t, text, len, parse_special, NULL, out, NULL, cap, err);
+}
+
+int32_t *rt_tokenize_pieces(const rt_tokenizer *t, const rt_tok_piece *p, int n, int64_t *n_ids,
+                            int32_t **piece_of, rt_err *err)
+{
+	size_t len = 0;
+	for (int i = 0; i < n; i++)
+		len += p[i].len;
+	char *text = RT_MALLOC(len + 1);
+	uint8_t *mask = RT_MALLOC(len + 1);
+	size_t *start = RT_MALLOC(((size_t)n + 1) * sizeof *start); /* each piece's first byte */
+	size_t at = 0;
+	for (int i = 0; i < n; i++) {
+		start[i] = at;
+		if (p[i].len)
+			memcpy(text + at, p[i].text, p[i].len);
+		memset(mask + at, p[i].special != 0, p[i].len);
+		at += p[i].len;
+	}
+	text[len] = 0;
+	int32_t *ids = NULL, *of = NULL;
+	int64_t *offs = NULL;
+	int64_t c = tokenize_prompt_core(t, text, len, 0, mask, NULL, NULL, 0, err);
+	if (c >= 0) {
+		ids = RT_MALLOC((size_t)(c ? c : 1) * sizeof *ids);
+		offs = RT_MALLOC((size_t)(c ? c : 1) * sizeof *offs);
+		if (tokenize_prompt_core(t, text, len, 0, mask, ids, offs, c, err) != c) {
+			if (!err->msg[0])
+				rt_err_set(err, "text: tokenizer count changed");
+			c = -1;
+		}
+	}
+	if (c >= 0 && piece_of) { /* the piece each id starts in: offsets ascend */
+		of = RT_MALLOC((size_t)(c ? c : 1) * sizeof *of);
+		int k = 0;
+		for (int64_t i = 0; i < c; i++) {
+			while (k + 1 < n && (size_t)offs[i] >= start[k + 1])
+				k++;
+			of[i] = n ? k : 0;
+		}
+		*piece_of = of;
+	}
+	free(offs);
+	free(start);
+	free(mask);
+	free(text);
+	if (c < 0) {
+		free(ids);
+		return NULL;
+	}
+	*n_ids = c;
+	return ids;
 }

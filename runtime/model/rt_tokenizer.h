@@ -48,13 +48,25 @@ int64_t rt_tokenize(const rt_tokenizer *t, const char *text, size_t len, int par
 int64_t rt_tokenize_prompt(const rt_tokenizer *t, const char *text, size_t len, int parse_special,
                            int32_t *out, int64_t cap, rt_err *err);
 
-/* One piece of a prompt fed in pieces (a chat's template parts and messages, serve's prompt
- * segments), whose first id lands at token position at of the prompt: the opening piece
- * (at == 0) with rt_tokenize_prompt's BOS rule, a later one as plain rt_tokenize, so the
- * prompt holds one BOS however it is cut. Same return, sizing call and errors as
- * rt_tokenize. */
-int64_t rt_tokenize_piece(const rt_tokenizer *t, int64_t at, const char *text, size_t len,
-                          int parse_special, int32_t *out, int64_t cap, rt_err *err);
+/* One piece of a prompt given in pieces (a chat's template parts and messages, serve's
+ * prompt segments): text[0..len), UTF-8; special = 1 lets control tokens be parsed in it
+ * (template text), 0 keeps it plain text (a message's content cannot forge a turn). */
+typedef struct rt_tok_piece {
+	const char *text;
+	size_t len;
+	int special;
+} rt_tok_piece;
+
+/* The ids of a prompt given in n pieces, as llama.cpp tokenizes their concatenation with
+ * add_special (rt_tokenize_prompt's BOS rule; raw text is tokenized across the pieces'
+ * edges, so cutting a prompt into pieces changes no id, e.g. SentencePiece's leading space
+ * is added once, not per piece), except that control tokens are parsed only inside pieces
+ * with special = 1. Returns a heap array of *n_ids ids the caller frees and, when piece_of
+ * is not NULL, in *piece_of a heap array of the index of the piece each id starts in (an
+ * added BOS: the first piece), caller frees; NULL with err as rt_tokenize's ("text: invalid
+ * UTF-8 at byte N", N counted in the concatenation). */
+int32_t *rt_tokenize_pieces(const rt_tokenizer *t, const rt_tok_piece *p, int n, int64_t *n_ids,
+                            int32_t **piece_of, rt_err *err);
 
 /* Bytes of one token's text (byte-level BPE symbols mapped back to raw bytes; control
  * tokens give their literal text). Writes up to cap bytes, returns the full length, or -1

@@ -234,7 +234,7 @@ void rt_seq_span_range(rt_seq *s, int id, int64_t pos, int64_t n);
  * span whole: serve's pinned_kept, run --stats for the system message. O(entries). */
 int64_t rt_seq_span_kept(const rt_seq *s, int id);
 /* Name the runtime's spans (runtime/policy/rt_span.h): span id RT_SPAN_SYSTEM is
- * "system", and so on; what serve, needle and tune use. */
+ * "system", and so on; what serve, run, needle and tune use. */
 void rt_seq_use_spans(rt_seq *s);
 
 /* "name=value" parameter override (kvp_policy_param_set's errors). */

@@ -73,28 +73,37 @@ static int prompt_commit(srv *S, req *r, int64_t c, int sp, verr *e, const char 
 	return 0;
 }
 
-/* Append the tokens of text[0..n) with span id sp to r's prompt; the prompt's first text
- * starts with the file's BOS as llama-server feeds it (rt_tokenize_piece: a rendered chat
- * prompt's own BOS segment counts; rt_chat_tokenize feeds a chat's pieces by the same rule). */
-static int add_tokens(srv *S, req *r, const char *text, size_t n, int special, int sp,
+/* The prompt r->prompt from np pieces of text (a completion's segments, a chat's
+ * template parts and messages), piece k of span id span[k], tokenized as llama.cpp
+ * tokenizes their concatenation with the file's BOS first as llama-server feeds it
+ * (rt_tokenize_pieces: control tokens parsed only in pieces with special = 1); an id
+ * belongs to the span of the piece it starts in. */
+static int add_pieces(srv *S, req *r, const rt_tok_piece *p, const int *span, int np,
                       int64_t *cap, verr *e, const char *param)
 {
 	rt_err err = { "" };
-	if (n == 0)
-		return 0; /* an empty text (the prompt may still be empty: srv_parse_request says so) */
-	int64_t c = rt_tokenize_piece(S->tk, r->n_prompt, text, n, special, NULL, 0, &err);
-	if (c < 0)
+	int64_t c = 0;
+	int32_t *of = NULL;
+	int32_t *ids = rt_tokenize_pieces(S->tk, p, np, &c, &of, &err);
+	if (!ids)
 		return bad(e, 400, param, "%s: %s", param, err.msg);
-	if (c == 0)
-		return 0;
+	int rc = 0;
 	if (r->n_prompt + c > S->m->hp.n_ctx)
-		return bad(e, 400, param, "the prompt is longer than the model's context_length %d",
-		           (int)S->m->hp.n_ctx);
-	if (prompt_reserve(r, c, cap, e) != 0)
-		return -1;
-	if (rt_tokenize_piece(S->tk, r->n_prompt, text, n, special, r->prompt + r->n_prompt, c, &err) != c)
-		return bad(e, 400, param, "%s: %s", param, err.msg[0] ? err.msg : "tokenizer failed");
-	return prompt_commit(S, r, c, sp, e, param);
+		rc = bad(e, 400, param, "the prompt is longer than the model's context_length %d",
+		         (int)S->m->hp.n_ctx);
+	else if (c > 0)
+		rc = prompt_reserve(r, c, cap, e);
+	for (int64_t a = 0; rc == 0 && a < c;) { /* one commit per run of one span */
+		int64_t b = a + 1;
+		while (b < c && span[of[b]] == span[of[a]])
+			b++;
+		memcpy(r->prompt + r->n_prompt, ids + a, (size_t)(b - a) * sizeof *ids);
+		rc = prompt_commit(S, r, b - a, span[of[a]], e, param);
+		a = b;
+	}
+	free(ids);
+	free(of);
+	return rc;
 }
 
 /* OpenAI's token prompt: "prompt": [id, ...], every element an integer id of the model's
@@ -145,41 +154,58 @@ static int parse_prompt(srv *S, req *r, json_t *pr, verr *e)
 	if (json_is_string(pr)) {
 		if (get_text(pr, "prompt", &s, &n, e) != 0)
 			return -1;
-		return add_tokens(S, r, s, n, 0, 0, &cap, e, "prompt");
+		const rt_tok_piece one = { s, n, 0 };
+		const int plain = 0;
+		return add_pieces(S, r, &one, &plain, 1, &cap, e, "prompt");
 	}
 	if (!json_is_array(pr) || json_array_size(pr) == 0)
 		return bad(e, 400, "prompt", "prompt must be a string or a non-empty array");
 	if (json_is_number(json_array_get(pr, 0)))
 		return add_ids(S, r, pr, &cap, e);
+	const size_t np = json_array_size(pr);
+	rt_tok_piece *pc = RT_MALLOC(np * sizeof *pc);
+	int *span = RT_MALLOC(np * sizeof *span);
 	size_t i;
 	json_t *it;
-	int strings = 0;
+	int strings = 0, rc = -1;
 	json_array_foreach(pr, i, it)
 	{
 		int sp = 0;
 		json_t *tx = it;
 		if (json_is_string(it)) {
-			if (++strings > 1)
-				return bad(e, 400, "prompt", "one prompt per request (batched prompts are not served)");
+			if (++strings > 1) {
+				bad(e, 400, "prompt", "one prompt per request (batched prompts are not served)");
+				goto out;
+			}
 		} else if (json_is_array(it)) {
-			return bad(e, 400, "prompt", "one prompt per request (batched prompts are not served)");
+			bad(e, 400, "prompt", "one prompt per request (batched prompts are not served)");
+			goto out;
 		} else if (json_is_object(it)) {
 			tx = json_object_get(it, "text");
 			json_t *pt = json_object_get(it, "protect");
-			if (pt && !json_is_boolean(pt))
-				return bad(e, 400, "prompt", "prompt[%zu].protect must be a boolean", i);
+			if (pt && !json_is_boolean(pt)) {
+				bad(e, 400, "prompt", "prompt[%zu].protect must be a boolean", i);
+				goto out;
+			}
 			sp = json_is_true(pt) ? RT_SPAN_PINNED : 0;
 		} else {
-			return bad(e, 400, "prompt", "prompt[%zu] must be a string or {\"text\", \"protect\"} "
-			           "(or, in a token prompt, every element an integer)", i);
+			bad(e, 400, "prompt", "prompt[%zu] must be a string or {\"text\", \"protect\"} "
+			    "(or, in a token prompt, every element an integer)", i);
+			goto out;
 		}
 		char what[48];
 		snprintf(what, sizeof what, json_is_object(it) ? "prompt[%zu].text" : "prompt[%zu]", i);
-		if (get_text(tx, what, &s, &n, e) != 0 ||
-		    add_tokens(S, r, s, n, 0, sp, &cap, e, "prompt") != 0)
-			return -1;
+		if (get_text(tx, what, &s, &n, e) != 0)
+			goto out;
+		pc[i] = (rt_tok_piece){ s, n, 0 };
+		span[i] = sp;
 	}
-	return 0;
+	/* the segments as one text: their edges change no id, only which span an id is in */
+	rc = add_pieces(S, r, pc, span, (int)np, &cap, e, "prompt");
+out:
+	free(pc);
+	free(span);
+	return rc;
 }
 
 /* The messages of /v1/chat/completions, rendered in the model's chat template
@@ -195,8 +221,9 @@ static int parse_messages(srv *S, req *r, json_t *ms, verr *e)
 	const size_t nm = json_array_size(ms);
 	rt_chat_msg *cm = RT_MALLOC(nm * sizeof *cm);
 	int *span = RT_MALLOC(nm * sizeof *span);
-	int rc = -1, ns = 0;
+	int rc = -1, ns = 0, *psp = NULL;
 	rt_chat_seg *sg = NULL;
+	rt_tok_piece *pc = NULL;
 	size_t i;
 	json_t *m;
 	json_array_foreach(ms, i, m)
@@ -231,12 +258,16 @@ static int parse_messages(srv *S, req *r, json_t *ms, verr *e)
 		bad(e, 400, "messages", "%s", err.msg);
 		goto out;
 	}
-	for (int k = 0; k < ns; k++)
-		if (add_tokens(S, r, sg[k].text, sg[k].len, sg[k].special, sg[k].msg >= 0 ? span[sg[k].msg] : 0,
-		               &cap, e, "messages") != 0)
-			goto out;
-	rc = 0;
+	pc = RT_MALLOC((size_t)(ns ? ns : 1) * sizeof *pc);
+	psp = RT_MALLOC((size_t)(ns ? ns : 1) * sizeof *psp);
+	for (int k = 0; k < ns; k++) {
+		pc[k] = (rt_tok_piece){ sg[k].text, sg[k].len, sg[k].special };
+		psp[k] = sg[k].msg >= 0 ? span[sg[k].msg] : 0;
+	}
+	rc = add_pieces(S, r, pc, psp, ns, &cap, e, "messages");
 out:
+	free(pc);
+	free(psp);
 	free(sg);
 	free(cm);
 	free(span);
