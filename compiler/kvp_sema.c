@@ -1545,7 +1545,7 @@ static void check_budget(sema *S, const kvp_stmt *st)
 	/* a byte budget that reads parameters is re-checked with the values a run sets (a
 	 * share above 100% of an f16 full cache is refused here, so at run time too) */
 	const int bytes_ok = !o->budget_bytes ||
-	                     rule_holds(S, v, t, KVP_RULE_RATE, "the byte budget (a share of an f16 full cache's bytes)");
+	                     rule_holds(S, v, t, KVP_RULE_SHARE, "the byte budget (a share of an f16 full cache's bytes)");
 	if (t.known && (!bytes_ok || !o->budget_bytes)) {
 		char b[32];
 		fmt_num(t.u == KVP_SU_RATIO ? t.v * 100 : t.v, b, sizeof b);

@@ -450,7 +450,9 @@ static inline double k_floor_of(const struct kvp_ctx *ctx, const struct k_compre
  * min(F, context), whatever the budget or a ratio override, and guards that exceed the
  * budget raise it to hold them instead of failing (sinks that keep nothing still fail);
  * each is recorded in ctx->notes. Without a floor such guards are an error, as kvpc check
- * says. in_force (NULL, or [2]) receives the budget and the target in force.
+ * says; a threshold budget (the whole context) without an override takes guards longer
+ * than the context as guarding every entry (returns 1, nothing to evict). in_force (NULL,
+ * or [2]) receives the budget and the target in force.
  * Returns 0, 1 (early in a stream), or -1 with err "policy NAME: reason". */
 static inline int k_budget_force(const struct kvp_ctx *ctx, const rt_kv *kv,
                                  const struct k_compress_cfg *cfg_in, double seen, double n,
@@ -506,8 +508,9 @@ static inline int k_budget_force(const struct kvp_ctx *ctx, const rt_kv *kv,
 	if (!early && rt_budget_check(&b, msg, sizeof msg) != 0) {
 		int sinks_bad = cfg->has_sinks && !(cfg->sinks > 0);
 		/* a threshold budget is the whole context: guards beyond it (a context shorter than
-		 * them) guard every entry, so there is nothing to fit and nothing to refuse */
-		if (cfg->threshold && !sinks_bad) {
+		 * them) guard every entry, so there is nothing to fit and nothing to refuse; under a
+		 * --ratio or --byte-ratio the budget is the override's, and its rules hold */
+		if (cfg->threshold && !sinks_bad && !(ctx->ratio > 0) && !(ctx->byte_ratio > 0)) {
 			early = 1;
 		} else if (sinks_bad || (!graceful && (!growing || cfg->guards_follow_context))) {
 			return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s", cfg->name ? cfg->name : "?",

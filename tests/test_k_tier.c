@@ -837,6 +837,15 @@ static void e2e_threshold(int si)
 	ck_assert_msg(rt_seq_feed(&s, tok, E2E_P, NULL, RT_LOGITS_NONE, &err) == 0, "%s", err.msg);
 	for (int hi = 0; hi < H; hi++)
 		ck_assert_int_eq(s.kv.heads[hi].n, E2E_P);
+	rt_seq_free(&s);
+	/* under --ratio 2 the budget is the override's, 32 entries, and sinks of 40 exceed it:
+	 * refused as for any budget */
+	ck_assert_msg(rt_seq_init(&s, m, &kvp_policy_thr_knorm, E2E_P, 16, E2E_P, &err) == 0 &&
+	              rt_seq_set(&s, "sinks=40", &err) == 0, "%s", err.msg);
+	const int rc = rt_seq_set_ratio(&s, 2, &err) != 0 ||
+	               rt_seq_feed(&s, tok, E2E_P, NULL, RT_LOGITS_NONE, &err) != 0;
+	ck_assert_msg(rc && strstr(err.msg, "the guards (sinks 40 tokens) exceed the budget"), "%s",
+	              err.msg);
 	free(norm);
 	free(all);
 	rt_seq_free(&s);

@@ -1622,7 +1622,8 @@ START_TEST(byte_share_rule_compile_and_run)
 		ck_assert_msg(runs == cases[i].good, "%s: --set %d (%s)", cases[i].v, runs, err.msg);
 		if (!runs)
 			ck_assert_msg(strstr(err.msg, "the byte budget (a share of an f16 full cache's bytes) "
-			                     "must be in (0, 1]") && strstr(err.msg, "(share.kvp line 3)"),
+			                     "must be above 0% and at most 100%; got ") &&
+			              strstr(err.msg, cases[i].v) && strstr(err.msg, "(share.kvp line 3)"),
 			              "%s", err.msg);
 	}
 	src_policy_free(&ok);

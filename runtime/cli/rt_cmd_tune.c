@@ -487,11 +487,23 @@ static int tune_write(const tune_job *j, const rt_tune_point *pt, rt_err *err)
 	return rc;
 }
 
-/* The highest ratio within the limits does not bind (a policy whose tiers alone compress
- * further, evicting nothing: KIVI-style): say so. Returns 1 (no sidecar is written). */
+/* The chosen ratio within the limits does not bind (a floor or the guards held the
+ * budget at this length; or a policy whose tiers alone compress further, evicting
+ * nothing: KIVI-style): say so. Returns 1 (no sidecar is written). */
 static int tune_unbound(const tune_job *j, const rt_tune_point *w, int n, int chosen)
 {
 	const rt_tune_point *c = &w[chosen];
+	if (c->notes & (KVP_NOTE_FLOOR | KVP_NOTE_GUARDS)) { /* the length decides, not R */
+		unsigned nb = c->notes;
+		const char *t = rt_pick_note_next(&nb);
+		fprintf(stderr, "%s: tune: policy %s at %s %g: %s, so on texts of this length the "
+		        "budget in force is theirs (%.2fx in bytes, %.2fx in entries) at this ratio "
+		        "and every higher one: there is no %s to bake in. Tune on longer texts "
+		        "(--ctx, with a longer --text), or lower the floor (--set, or the policy's "
+		        "`min`)\n", rt_cli_prog, j->p->name, kind_name(j), c->ratio, t ? t : "the "
+		        "budget was raised", c->bytes_x, c->entries_x, kind_name(j));
+		return EXIT_FAILURE;
+	}
 	fprintf(stderr, "%s: tune: policy %s evicts nothing at byte ratio %g: its tiers alone store "
 	        "%.2fx fewer bytes than an f16 full cache, so its compression in bytes is fixed by "
 	        "its precision and a budget of at most %.2fx changes nothing; there is no byte "
@@ -541,10 +553,20 @@ static int tune_run(tune_job *j)
 		return tune_unbound(j, walked, n_walked, chosen);
 	printf("chosen: %s %g, %.2fx in bytes against an f16 full cache, %.2fx in entries",
 	       kind_name(j), walked[chosen].ratio, walked[chosen].bytes_x, walked[chosen].entries_x);
-	if (over_budget(&walked[chosen]))
-		printf(" (over the budget: the entries the guards keep at the top tier take more "
-		       "bytes than 1/%g of the full cache)", walked[chosen].ratio);
-	if (chosen + 1 < n_walked) {
+	if (over_budget(&walked[chosen])) { /* why, when the run said: its budget notes */
+		unsigned nb = walked[chosen].notes;
+		const char *why1 = rt_pick_note_next(&nb);
+		printf(" (over the budget: it holds more than 1/%g of the full cache's bytes%s%s)",
+		       walked[chosen].ratio, why1 ? "; " : "", why1 ? why1 : "");
+	}
+	if (chosen + 1 < n_walked && walked[chosen + 1].pass) { /* rt_tune_search moved down */
+		double top = walked[chosen + 1].ratio;
+		for (int i = chosen + 1; i < n_walked && walked[i].pass; i++)
+			top = walked[i].ratio;
+		printf("; the higher ratios measured, up to %g, are within the limits but compress "
+		       "no further at this length (a floor or the guards hold the budget; a longer "
+		       "--ctx lets them bind)", top);
+	} else if (chosen + 1 < n_walked) {
 		tune_why(j, &walked[chosen + 1], why, sizeof why);
 		printf("; the next step, %g, is not within the limits (%s)", walked[chosen + 1].ratio,
 		       why);

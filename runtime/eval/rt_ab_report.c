@@ -40,7 +40,7 @@
 	X(EVENTS, "compress_events", 1, 2, "compress calls")                               \
 	X(POLICY_S, "policy_seconds", 0, 2, "seconds in policy code")
 
-enum {
+enum ab_metric {
 #define AB_METRIC_ID_(id, name, fmt, task, axis) M_##id,
 	AB_METRICS(AB_METRIC_ID_)
 #undef AB_METRIC_ID_
@@ -71,7 +71,7 @@ static double metric_val(const ab_run *r, const ab_side *sd, int m)
 {
 	const rt_seq_stats *st = sd ? &sd->st : &r->ref_st;
 	const int64_t scored = r->n - r->split.score_from;
-	switch (m) {
+	switch ((enum ab_metric)m) { /* every row (-Wswitch names a missing one) */
 	case M_PPL: return sd ? sd->sum.ppl_q : exp(r->ref_nll_sum / (double)scored);
 	case M_KLD_MEAN: return sd ? sd->sum.kld_mean : 0;
 	case M_KLD_P99: return sd ? sd->sum.kld_p99 : 0;
@@ -93,6 +93,7 @@ static double metric_val(const ab_run *r, const ab_side *sd, int m)
 	case M_TPS: return st->seconds > 0 ? (double)st->tokens / st->seconds : NAN;
 	case M_EVENTS: return (double)st->compress_events;
 	case M_POLICY_S: return st->policy_seconds;
+	case M_COUNT: break;
 	}
 	return NAN;
 }

@@ -45,7 +45,13 @@ static int tune_seq_setup(rt_seq *s, const double *params, const rt_tune_opts *o
 
 int rt_tune_point_binds(const rt_tune_point *pt)
 {
-	if (!pt->bytes || pt->error[0])
+	if (pt->error[0])
+		return 1;
+	/* a floor or the guards raised the budget above R's: the budget in force is theirs,
+	 * the same at every higher R (kernels/k_compress.h k_budget_force) */
+	if (pt->notes & (KVP_NOTE_FLOOR | KVP_NOTE_GUARDS))
+		return 0;
+	if (!pt->bytes)
 		return 1;
 	return pt->entries_x > 1 + 1e-9 || !(pt->bytes_x > pt->ratio * 1.02);
 }
@@ -193,8 +199,11 @@ int rt_tune_measure(const rt_model *m, const rt_tokenizer *tk, const struct kvp_
 	}
 	pt->kld_mean = wsum / (double)scored;
 	rt_compression_mean(xs, n_texts, &pt->x);
-	pt->entries_x = pt->x.entries_end;
-	pt->bytes_x = pt->x.bytes_end;
+	/* what the budget was asked of: a prompt-end policy's prompt at its compress (its end
+	 * figures also count the continuation, which no policy compresses) */
+	const int pe = pt->measure == KVP_MEASURE_PROMPT_END && pt->x.prompt > 0;
+	pt->entries_x = pe ? pt->x.entries_prompt : pt->x.entries_end;
+	pt->bytes_x = pe ? pt->x.bytes_prompt : pt->x.bytes_end;
 	if (o->min_passkey >= 0 && tune_passkey(m, tk, p, params, o, R, pt, err) != 0)
 		return -1;
 	pt->pass = !pt->error[0] && pt->kld_worst <= o->max_kld &&
@@ -242,5 +251,16 @@ int rt_tune_search(const rt_model *m, const rt_tokenizer *tk, const struct kvp_p
 	for (int i = 0; lo >= 0 && i < *n_walked; i++)
 		if (walked[i].ratio == grid[lo])
 			*chosen = i;
+	/* a higher ratio that compresses no further than a lower passing one measured (a floor
+	 * or the guards hold the budget at this length) is not chosen: the lowest such is */
+	for (int i = 0; *chosen > 0 && o->param < 0 && i < *chosen; i++) {
+		const rt_tune_point *a = &walked[i], *c = &walked[*chosen];
+		const double xa = o->bytes ? a->bytes_x : a->entries_x;
+		const double xc = o->bytes ? c->bytes_x : c->entries_x;
+		if (a->pass && xa >= xc * (1 - 0.01)) {
+			*chosen = i;
+			break;
+		}
+	}
 	return 0;
 }

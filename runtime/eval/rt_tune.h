@@ -92,7 +92,9 @@ typedef struct rt_tune_point {
 	double kld_worst;        /* the largest text mean KL */
 	int worst;               /* index of that text */
 	double kld_text[RT_TUNE_MAX_TEXTS]; /* each text's mean KL */
-	double entries_x;        /* compression in entries at the end, mean over the texts */
+	double entries_x;        /* compression in entries, mean over the texts: at the end, or
+	                            a prompt-end policy's prompt at its compress (what its
+	                            budget was asked of; the end also counts the continuation) */
 	double bytes_x;          /* the same in bytes against an f16 full cache */
 	rt_compression x;        /* the compression (rt_compression.h), mean over the texts */
 	enum kvp_measure measure; /* the protocol the texts were measured under */
@@ -112,15 +114,18 @@ int rt_tune_measure(const rt_model *m, const rt_tokenizer *tk, const struct kvp_
                     const double *params, const rt_tune_text *texts, int n_texts,
                     const rt_tune_opts *o, double R, rt_tune_point *pt, rt_err *err);
 
-/* 1 when the budget at pt's ratio constrains the policy: always for an entry ratio; for a
- * byte ratio unless nothing was evicted and the bytes stored are below the budget (bytes x
- * more than 2% above R: the policy's tiers alone compress further than R asks). */
+/* 1 when the budget at pt's ratio constrains the policy: not when a floor or the guards
+ * raised it on a text (pt->notes: the budget in force was theirs, the same at any higher
+ * R); else always for an entry ratio; for a byte ratio unless nothing was evicted and the
+ * bytes stored are below the budget (bytes x more than 2% above R: the policy's tiers
+ * alone compress further than R asks). */
 int rt_tune_point_binds(const rt_tune_point *pt);
 
 /* Bisection over grid[0..n_grid) (strictly increasing, each >= 1, 1..RT_TUNE_MAX_GRID) as
  * described above. The measured points go to walked[0..*n_walked) in increasing ratio
  * order (at most n_grid); *chosen is the index in walked of the highest passing ratio, or
- * -1 when even grid[0] fails. progress (may be NULL) is called after every measurement.
+ * -1 when even grid[0] fails; but when a lower passing ratio measured reaches its
+ * compression (within 1%: a floor or the guards held the budget), the lowest such one. progress (may be NULL) is called after every measurement.
  * Returns 0, or -1 with err set (rt_tune_measure's errors). */
 int rt_tune_search(const rt_model *m, const rt_tokenizer *tk, const struct kvp_policy *p,
                    const double *params, const rt_tune_text *texts, int n_texts,

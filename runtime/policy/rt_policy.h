@@ -346,7 +346,8 @@ struct kvp_policy {
 	X(NONNEG_INT, v >= 0 && v == floor(v), "a whole number >= 0")                \
 	X(RATE, v > 0 && v <= 1, "in (0, 1]")                                        \
 	X(FRACTION, v >= 0 && v <= 1, "in [0, 1]")                                   \
-	X(PERIOD, v >= 1 && v == floor(v), "a whole number >= 1")
+	X(PERIOD, v >= 1 && v == floor(v), "a whole number >= 1")                    \
+	X(SHARE, v > 0 && v <= 1, "above 0% and at most 100%")
 
 enum kvp_rule {
 #define KVP_RULE_ID_(id, test, text) KVP_RULE_##id,
@@ -384,8 +385,10 @@ static inline const char *kvp_rule_text(enum kvp_rule r)
 static inline int kvp_rule_fail(rt_err *err, const struct kvp_policy *p, enum kvp_rule r,
                                 const char *what, int line, double v)
 {
-	return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s must be %s; got %.9g with the values "
-	                   "set (%s line %d)", p->name, what, kvp_rule_text(r), v, p->source, line);
+	const int pct = r == KVP_RULE_SHARE; /* a share reads as the percentage it was set as */
+	return rt_err_setc(err, RT_ERR_INPUT, "policy %s: %s must be %s; got %.9g%s with the values "
+	                   "set (%s line %d)", p->name, what, kvp_rule_text(r), pct ? v * 100 : v,
+	                   pct ? "%" : "", p->source, line);
 }
 
 /* p's check_params on vals [n_params] (0 when it has none); kvp_policy_param_set's callers
