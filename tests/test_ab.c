@@ -761,6 +761,54 @@ START_TEST(byte_ratio_compares_tiers_at_equal_bytes)
 }
 END_TEST
 
+/* Two prompt-end policies hold the same continuation uncompressed, so their bytes at the
+ * end can agree while their prompts' do not: SnapKV against the same score storing its
+ * ranked entries at q4, at ratio 4 on a 60-token prompt of 160 tokens. Hand-computed: both
+ * keep 15 entries per KV head of the prompt (4x in entries); the q4 side stores 11 of them
+ * at 18 bytes per 32 elements against f16's 64, so its prompt holds about 7.1 f16 entries'
+ * bytes (8.5x) against 15 (4x), while at the end 115 and about 107 entries' bytes of 160
+ * differ by 7%, inside the 10% tolerance. The verdict names no winner, quoting the prompts'
+ * bytes (it compared the two as equal memory). */
+START_TEST(prompt_end_pair_compares_the_prompts_bytes)
+{
+	char kvp[PATH_MAX + 32], json[PATH_MAX + 16], ctx[16], model[PATH_MAX + 32];
+	tmp_path(kvp, sizeof kvp, "snap_q4.kvp");
+	tmp_path(json, sizeof json, "snap_q4.json");
+	tmp_path(model, sizeof model, "tiny_hd32_pe.gguf");
+	snprintf(ctx, sizeof ctx, "%d", CTX_TOKENS);
+	FILE *f = fopen(kvp, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("policy snap_q4 {\n    budget = 1024 entries\n"
+	      "    stat obs = sum(attn) over prompt tail 4\n    score = obs\n    keep recent 4\n"
+	      "    precision = tiers(q4 = rest)\n    compress at prompt end\n}\n", f);
+	ck_assert_int_eq(fclose(f), 0);
+	tiny_model_cfg c = { .n_layer = 2, .n_embd = 128, .n_head = 4, .n_head_kv = 1, .n_ff = 96,
+		             .n_vocab = 300, .n_ctx = 1024, .rope_base = 10000, .seed = 11,
+		             .wtype = RT_GGML_F32 };
+	ck_assert_int_eq(tiny_model_write(&c, model), 0);
+	char *argv[] = { g_kvpc, "ab", "policies/snapkv.kvp", kvp, "--model", model, "--text",
+		         g_text, "--ctx", ctx, "--ratio", "4", "--set-a", "window=4", "--prompt", "60",
+		         "--score-from", "61", "--json", json, "--quiet", NULL };
+	char *out, *err;
+	ck_assert_msg(run(argv, &out, &err) == 0, "%s", err);
+	jv j;
+	load_json(json, &j);
+	const double pa = at(&j, 0, "A", "prompt_bytes_compression");
+	const double pb = at(&j, 0, "B", "prompt_bytes_compression");
+	const double ba = at(&j, 0, "A", "bytes_compression"), bb = at(&j, 0, "B", "bytes_compression");
+	ck_assert_msg(pb > 1.8 * pa, "prompt bytes %g and %g", pa, pb);
+	ck_assert_msg(fabs(ba - bb) <= 0.1 * fmax(ba, bb), "bytes at the end %g and %g", ba, bb);
+	ck_assert_msg(strstr(jstrv(&j, "results.0.verdict"), "no winner: A (snapkv) holds") &&
+	              strstr(jstrv(&j, "results.0.verdict"), "(the prompt after its compress: A "),
+	              "%s", jstrv(&j, "results.0.verdict"));
+	jfree(&j);
+	free(out);
+	free(err);
+	unlink(kvp);
+	unlink(model);
+}
+END_TEST
+
 /* A bad --set, --set-a or --set-b value is a usage error (exit 2) before the model loads,
  * naming the option as typed and its side, whichever side's policy refuses it (it was exit
  * 1, "--set: ...", after loading the model, for a side's own option). */
@@ -945,6 +993,7 @@ static Suite *ab_suite(void)
 	tcase_add_test(tc, set_values_are_usage_errors);
 	tcase_add_test(tc, needle_task_runs);
 	tcase_add_test(tc, byte_ratio_compares_tiers_at_equal_bytes);
+	tcase_add_test(tc, prompt_end_pair_compares_the_prompts_bytes);
 	tcase_add_test(tc, prompt_end_vs_streaming_compresses_both);
 	tcase_add_test(tc, cli_convention);
 	tcase_add_test(tc, progress_lines);

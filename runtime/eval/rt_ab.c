@@ -170,14 +170,26 @@ static int ab_comparable(const ab_run *r, const ab_row *row, int needle, char *w
 		}
 	}
 	const rt_compression *a = &row->side[0].x, *b = &row->side[1].x;
-	if (!rt_compression_differ(a, b, RT_AB_X_TOL))
+	const int both_pe = r->pol[0]->measure == KVP_MEASURE_PROMPT_END &&
+	                    r->pol[1]->measure == KVP_MEASURE_PROMPT_END;
+	if (!rt_compression_differ(a, b, RT_AB_X_TOL, both_pe))
 		return 1;
+	char pr[160] = ""; /* the prompts' bytes, when compared */
+	if (both_pe && a->prompt > 0 && b->prompt > 0)
+		snprintf(pr, sizeof pr, " (the prompt after its compress: A %.2fx, B %.2fx in bytes)",
+		         a->bytes_prompt, b->bytes_prompt);
+	/* the way to equal bytes: byte ratios, unless they were given (then a floor, the guards
+	 * or a policy's own tiers kept a side from its budget: the notes below say which) */
+	const char *how = r->o.bytes ? "a side did not reach the byte ratio: a longer --ctx lets "
+	                               "a floor or guards bind, and a policy whose tiers alone "
+	                               "compress further holds fewer bytes at any ratio"
+	                             : "compare at ratios where both reach the same bytes: "
+	                               "--byte-ratio, or --equal-memory";
 	int n = snprintf(why, cap, "A (%s) holds %.2fx in entries and %.2fx in bytes at the end, "
-	                 "B (%s) %.2fx and %.2fx: their bytes differ by more than %.0f%%, so a "
-	                 "difference in quality is one of memory, not of policy (compare at ratios "
-	                 "where both reach the same bytes: --byte-ratio, or --equal-memory)",
+	                 "B (%s) %.2fx and %.2fx%s: their bytes differ by more than %.0f%%, so a "
+	                 "difference in quality is one of memory, not of policy (%s)",
 	                 r->pol[0]->name, a->entries_end, a->bytes_end, r->pol[1]->name,
-	                 b->entries_end, b->bytes_end, RT_AB_X_TOL * 100);
+	                 b->entries_end, b->bytes_end, pr, RT_AB_X_TOL * 100, how);
 	/* a budget a floor or guards raised is often why: say so */
 	const char *t;
 	for (int s = 0; s < 2; s++)

@@ -82,9 +82,12 @@ static int differ(double a, double b, double tol)
 	return fabs(a - b) > tol * (a > b ? a : b);
 }
 
-int rt_compression_differ(const rt_compression *a, const rt_compression *b, double tol)
+int rt_compression_differ(const rt_compression *a, const rt_compression *b, double tol,
+                          int prompt)
 {
-	return differ(a->bytes_end, b->bytes_end, tol);
+	return differ(a->bytes_end, b->bytes_end, tol) ||
+	       (prompt && a->prompt > 0 && b->prompt > 0 &&
+	        differ(a->bytes_prompt, b->bytes_prompt, tol));
 }
 
 void rt_compression_json(FILE *out, const rt_compression *c)

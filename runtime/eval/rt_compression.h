@@ -44,10 +44,14 @@ void rt_compression_mean(const rt_compression *c, int n, rt_compression *out);
 void rt_compression_add(rt_compression *acc, const rt_compression *c, int n);
 
 /* 1 when a and b hold different memory: their compression in bytes at the end differs by
- * more than `tol` (a fraction, e.g. 0.10) of the larger, |a - b| > tol × max(a, b). Entries
- * alone do not count: a tiered policy holding more entries at fewer bits in the same bytes
- * holds the same memory (its entries are its policy's choice). */
-int rt_compression_differ(const rt_compression *a, const rt_compression *b, double tol);
+ * more than `tol` (a fraction, e.g. 0.10) of the larger, |a - b| > tol × max(a, b); with
+ * prompt = 1 (both compress once at the prompt end, so the continuation after it is the
+ * same uncompressed tokens for both and the end hides what they kept) their prompt's bytes
+ * right after its compress are compared too. Entries alone do not count: a tiered policy
+ * holding more entries at fewer bits in the same bytes holds the same memory (its entries
+ * are its policy's choice). */
+int rt_compression_differ(const rt_compression *a, const rt_compression *b, double tol,
+                          int prompt);
 
 /* The JSON members, each preceded by a comma: "compression", "bytes_compression" (at the
  * end), "compression_peak", "bytes_compression_peak" and with a prompt split
