@@ -34,6 +34,8 @@ int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t, const ch
 		for (size_t i = 0; i < sizeof more / sizeof more[0]; i++)
 			argv[n++] = more[i];
 	}
+	if (t->fast) /* the path tune measured on: another path reaches other bytes and KL */
+		argv[n++] = "--fast";
 	if (threads) {
 		argv[n++] = "--threads";
 		argv[n++] = threads;

@@ -971,6 +971,27 @@ START_TEST(bad_arguments)
 	ck_assert_str_eq(err, "ab: --plot: no/such/dir/p.svg: directory 'no/such/dir' does not exist\n");
 	free(out);
 	free(err);
+	/* two reports to one file, a second --text, an f16 store on this exact-only command:
+	 * usage errors before the model (the last report or text won silently) */
+	char *same[] = { g_bin, "ab", "--model", "no/such/model.gguf", "--text", g_text,
+		         "--json", "r.out", "--csv", "r.out", NULL };
+	ck_assert_int_eq(run(same, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--json and --csv both write r.out"), "%s", err);
+	free(out);
+	free(err);
+	char *two[] = { g_bin, "ab", "--model", "no/such/model.gguf", "--text", g_text, "--text",
+		        g_text, NULL };
+	ck_assert_int_eq(run(two, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--text given 2 times"), "%s", err);
+	free(out);
+	free(err);
+	char *kv[] = { g_bin, "ab", "--model", "no/such/model.gguf", "--text", g_text,
+		       "--kv-type", "f16", NULL };
+	ck_assert_int_eq(run(kv, &out, &err), 2);
+	ck_assert_msg(strstr(err, "this command runs the exact path only") && !strstr(err, "--exact"),
+	              "%s", err);
+	free(out);
+	free(err);
 	/* guards larger than the ratio's budget: the library h2o's own floor (`min 64
 	 * tokens`) makes the budget graceful, so the run is measured, not refused (the clear
 	 * error of a policy without a floor: test_seq's cli_ppl_json, mikv_h2o --ratio 16) */

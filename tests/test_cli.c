@@ -154,6 +154,13 @@ START_TEST(run_refuses_an_empty_prompt_and_no_tokens)
 	ck_assert_msg(strstr(err, "the prompt file is empty") && strstr(err, empty_file) &&
 	              !strstr(err, NOMODEL), "%s", err);
 	free(out), free(err);
+	/* tune's sidecar path is checked before any measurement (it failed after the search) */
+	char *tout[] = { "kvrt", "tune", "--model", NOMODEL, "--text", "README.md", "--out",
+		         "/no/such/dir/x.tune", NULL };
+	ck_assert_int_eq(run(NULL, tout, NULL, 0, &out, &err), 2);
+	ck_assert_msg(strstr(err, "--out: /no/such/dir/x.tune: directory '/no/such/dir' does not "
+	                          "exist") && !strstr(err, NOMODEL), "%s", err);
+	free(out), free(err);
 	/* with both good, the model is the first thing that fails (a runtime error) */
 	char *good[] = { "kvrt", "run", "--model", NOMODEL, "--prompt", "Hi", "-n", "1", NULL };
 	ck_assert_int_eq(run(NULL, good, NULL, 0, &out, &err), 1);

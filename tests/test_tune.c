@@ -590,7 +590,16 @@ START_TEST(sidecar_round_trip_and_errors)
 	ck_assert_str_eq(u.texts[1], "/t/b c.txt");
 	ck_assert_str_eq(u.model, "/m/model.gguf");
 	ck_assert(u.bytes == 0 && u.bytes_x == -1 && u.entries_x == -1);
+	ck_assert_int_eq(u.fast, 0); /* the exact path, written as such */
 	rt_tuned_free(&u);
+	/* the fast path is recorded (the gate measures on it again) */
+	t.fast = 1;
+	ck_assert_msg(rt_tuned_write(p, &t, NULL, &e) == 0, "%s", e.msg);
+	rt_tuned_init(&u);
+	ck_assert_msg(rt_tuned_read(p, &u, &e) == 0, "%s", e.msg);
+	ck_assert_int_eq(u.fast, 1);
+	rt_tuned_free(&u);
+	t.fast = 0;
 	/* a byte budget: `byte_ratio` and the measured compressions */
 	t.bytes = 1;
 	t.ratio = 8;
@@ -616,6 +625,7 @@ START_TEST(sidecar_round_trip_and_errors)
 		  "model /m\ntext /t\nmin_passkey 1\n", "min_passkey needs passkey_len and depths" },
 		{ "ratio 2\nbyte_ratio 3\n", ":2: both ratio (entries) and byte_ratio (bytes)" },
 		{ "byte_ratio 0\n", ":1: byte_ratio: expected a compression factor in bytes >= 1" },
+		{ "path quick\n", ":1: path: expected exact or fast, got 'quick'" },
 		{ "policy h2o\nsource_hash 0123456789abcdef\nmax_kld 0.1\nctx 64\nmodel /m\n"
 		  "text /t\n", "no 'ratio' or 'byte_ratio' line" },
 	};
@@ -727,6 +737,72 @@ START_TEST(prompt_end_gate_measures_after_the_prompt)
 }
 END_TEST
 
+/* A prompt-end policy's compression in tune's frontier is its prompt's (hand-computed: the
+ * 32-token prompt of 64 tokens at ratio 4 keeps 8 entries, 4.00x in entries and, in the
+ * exact path's f32 rows, 32 x 2 / (8 x 4) = 2.00x in bytes; the end, with the 32 tokens
+ * after it, would read 64 / 40 = 1.60x). With a floor of 8 entries (`budget = capacity min
+ * 8 entries`) the budget at ratio 8 (4 entries) is the floor's, as at ratio 4: both reach
+ * 4.00x, so tune bakes 4, not 8, and says the higher ratio compresses no further; on a grid
+ * where the floor holds every ratio (8, 16) there is no ratio to bake in: exit 1, no
+ * sidecar. */
+START_TEST(prompt_end_compression_and_floor_in_tune)
+{
+	char kvp[PATH_MAX + 32], side[PATH_MAX + 16], *o, *err;
+	snprintf(kvp, sizeof kvp, "%s/gate_snap_floor.kvp", g_tmp);
+	FILE *f = fopen(kvp, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("policy gate_snap_floor {\n    param capacity = 16 entries\n"
+	      "    budget = capacity min 8 entries\n    stat obs = sum(attn) over prompt tail 2\n"
+	      "    score = obs\n    keep recent 2\n    compress at prompt end\n}\n", f);
+	ck_assert_int_eq(fclose(f), 0);
+	ck_assert_int_eq(rt_tuned_path(kvp, side, sizeof side), 0);
+	char *t[] = { g_kvpc, "tune", kvp, "--model", g_model, "--text", g_text, "--ctx", "64",
+		      "--ratio", "2,4,8", "--max-kld", "100", "--quiet", NULL };
+	int rc = run(t, &o, &err);
+	ck_assert_msg(rc == 0, "kvpc tune: exit %d: %s%s", rc, o, err);
+	ck_assert_msg(strstr(o, "\n         4     2.00      4.00 "), "ratio 4's row: %s", o);
+	ck_assert_msg(strstr(o, "chosen: ratio 4, ") && strstr(o, "up to 8, are within the limits "
+	              "but compress no further"), "%s", o);
+	free(o);
+	free(err);
+	rt_tuned tu;
+	rt_tuned_init(&tu);
+	rt_err e = { "" };
+	ck_assert_msg(rt_tuned_read(side, &tu, &e) == 0 && tu.ratio == 4, "%s: ratio %g", e.msg,
+	              tu.ratio);
+	rt_tuned_free(&tu);
+	unlink(side);
+	char *t2[] = { g_kvpc, "tune", kvp, "--model", g_model, "--text", g_text, "--ctx", "64",
+		       "--ratio", "8,16", "--max-kld", "100", "--quiet", NULL };
+	rc = run(t2, &o, &err);
+	ck_assert_msg(rc == 1 && strstr(err, "raised the budget, so on texts of this length the "
+	              "budget in force is theirs") && access(side, F_OK) != 0, "exit %d: %s%s", rc,
+	              o, err);
+	free(o);
+	free(err);
+	/* tuned on the fast path, the sidecar says so and the gate measures there again (f16
+	 * rows: 32 x 2 / (8 x 2) = 4.00x in bytes at ratio 4, where the exact path's f32 rows
+	 * gave 2.00x) */
+	char *t3[] = { g_kvpc, "tune", kvp, "--model", g_model, "--text", g_text, "--ctx", "64",
+		       "--ratio", "2,4", "--max-kld", "100", "--fast", "--quiet", NULL };
+	rc = run(t3, &o, &err);
+	ck_assert_msg(rc == 0 && strstr(o, "the fast path)"), "exit %d: %s%s", rc, o, err);
+	free(o);
+	free(err);
+	char bin[PATH_MAX + 32];
+	snprintf(bin, sizeof bin, "%s/snap_floor_gated", g_tmp);
+	char *g[] = { g_kvpc, "build", kvp, "-o", bin, "--gate", NULL };
+	rc = run(g, &o, &err);
+	ck_assert_msg(rc == 0 && strstr(o, "gate holds: policy gate_snap_floor at ratio 4 (4.00x in "
+	              "bytes, 4.00x in entries, the fast path)"), "exit %d: %s%s", rc, o, err);
+	free(o);
+	free(err);
+	unlink(side);
+	unlink(bin);
+	unlink(kvp);
+}
+END_TEST
+
 /* BIN ppl of gate_thresh on the 48 tokens with --set level=L: kld_mean, and the entries
  * compression into *cx. */
 static double ppl_level(const char *bin, const char *level, double *cx)
@@ -820,6 +896,7 @@ static Suite *tune_suite(void)
 	tcase_add_test(tc, byte_budget_bisection_matches_scan_and_reaches_binary);
 	tcase_add_test(tc, kivi_fixed_byte_ratio_is_refused_and_usage_errors);
 	tcase_add_test(tc, prompt_end_gate_measures_after_the_prompt);
+	tcase_add_test(tc, prompt_end_compression_and_floor_in_tune);
 	tcase_add_test(tc, threshold_level_tuned_against_ppl);
 	suite_add_tcase(s, tc);
 	return s;

@@ -19,7 +19,7 @@ static const char *const help_top =
 	"SYNOPSIS\n"
 	"    {prog} info\n"
 	"    {prog} ppl --model MODEL --text FILE [--policy NAME] [--set K=V]... [--ratio R] ...\n"
-	"    {prog} needle --model MODEL [--task passkey|niah] [--lengths L,...] [--depths D,...] ...\n"
+	"    {prog} needle --model MODEL [--task passkey|multikey|instruct|niah] [--lengths L,...] ...\n"
 	"    {prog} run --model MODEL (--prompt TEXT | --file FILE) [-n N] [--chat] ...\n"
 	"    {prog} tokenize --model MODEL --text FILE\n"
 	"    {prog} bench --model MODEL [--ctx N,N,...]\n"

@@ -365,12 +365,15 @@ int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cl
 		return rt_cli_usage(cmd, "%s", "--model is required");
 	if (o->kv_type && o->exact && rt_kv_type_parse(o->kv_type) != RT_KV_F32)
 		return rt_cli_usage(cmd, "--kv-type %s: the exact path stores f32 keys and values "
-		                    "(%s, or --kv-type f32)", o->kv_type,
-		                    ids_have(ids, O_FAST) ? "give --fast" : "drop --exact");
+		                    "(%s)", o->kv_type,
+		                    ids_have(ids, O_FAST) ? "give --fast, or --kv-type f32"
+		                    : ids_have(ids, O_EXACT) ? "drop --exact, or --kv-type f32"
+		                    : "this command runs the exact path only: --kv-type f32, or "
+		                      "leave it out");
 	/* every file written at the end must be writable before any work starts */
 	const char *outs[][2] = { { "--svg", o->svg }, { "--dump", o->dump },
 		                  { "--logits", o->logits }, { "--dump-scores", o->dump_scores },
-		                  { "--dump-hidden", o->dump_hidden } };
+		                  { "--dump-hidden", o->dump_hidden }, { "--out", o->out } };
 	for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
 		rt_err err = { "" };
 		if (outs[i][1] && rt_outpath_check(outs[i][1], &err) != 0)
@@ -378,6 +381,9 @@ int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cl
 	}
 	if ((need & RT_CLI_NEED_TEXT) && !o->text)
 		return rt_cli_usage(cmd, "%s", "--text is required");
+	if (o->n_texts > 1 && !(need & RT_CLI_MANY_TEXTS)) /* the last would win, silently */
+		return rt_cli_usage(cmd, "--text given %d times: this command reads one text",
+		                    o->n_texts);
 	return RT_CLI_GO;
 }
 

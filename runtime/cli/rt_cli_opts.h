@@ -129,10 +129,13 @@ int rt_cli_fail(const rt_err *err);
  * command goes on, else the command's exit status: 0 after printing the help page help
  * (rt_cli_help) or the version, RT_CLI_USAGE after printing the error.
  * need: RT_CLI_NEED_MODEL (1): --model is required; | RT_CLI_NEED_TEXT: --text is too,
- * checked last ("--text is required"). */
+ * checked last ("--text is required"); | RT_CLI_MANY_TEXTS: --text may be repeated (without
+ * it a second --text is a usage error). Every output file (--svg, --dump, --logits,
+ * --dump-scores, --dump-hidden, --out) must be writable (rt_outpath_check). */
 #define RT_CLI_GO (-1)
 #define RT_CLI_NEED_MODEL 1
 #define RT_CLI_NEED_TEXT 2
+#define RT_CLI_MANY_TEXTS 4 /* --text may be repeated (tune); elsewhere twice is refused */
 int rt_cli_parse(const char *cmd, const char *help, int argc, char **argv, rt_cli_opts *o,
                  const int *ids, int need);
 

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/rt_cli_meta.h"
 #include "cli/rt_cli_opts.h"
 #include "eval/rt_ab.h"
 #include "eval/rt_ab_report.h"
@@ -192,8 +193,15 @@ int rt_cmd_ab(int argc, char **argv)
 	o.json = c.json_out;
 	o.csv = c.csv;
 	o.plot = c.plot;
-	if (c.commit)
-		o.commit = c.commit;
+	/* one file per report: two written to one path would leave only the last */
+	const char *outs[3][2] = { { "--json", o.json }, { "--csv", o.csv }, { "--plot", o.plot } };
+	for (int i = 0; i < 3; i++)
+		for (int k = i + 1; k < 3; k++)
+			if (outs[i][1] && outs[k][1] && !strcmp(outs[i][1], outs[k][1]))
+				return rt_cli_usage("ab", "%s and %s both write %s: give each report its own "
+				                    "file", outs[i][0], outs[k][0], outs[i][1]);
+
+	o.commit = c.commit ? c.commit : rt_cli_commit(); /* the build's, as ppl's JSON records */
 	o.sha[0] = c.sha_a;
 	o.sha[1] = c.sha_b;
 	o.quiet = c.quiet;

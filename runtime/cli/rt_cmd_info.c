@@ -37,7 +37,8 @@ static const char *const help_info =
 	"\n"
 	"OPTIONS\n"
 	"    --json      one JSON object: {\"policies\":[{name, summary, source, source_hash,\n"
-	"                positions, measure, kv_f32_only, params:[{name, default, unit,\n"
+	"                positions, measure, kv_f32_only, tuned (with a baked-in ratio:\n"
+	"                {ratio or byte_ratio, sidecar}), params:[{name, default, unit,\n"
 	"                doc}]}]}\n"
 	"    -h, --help  show this text\n"
 	"\n"
@@ -48,6 +49,8 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 {
 	const char *pos = p->positions == KVP_POS_COMPACTED ? "compacted" : "original";
 	const int f32_only = (p->needs & KVP_NEED_F32_KV) != 0; /* rt_run_init_typed's refusal */
+	int tuned_bytes = 0; /* a sidecar's ratio baked in by kvpc build (0: none) */
+	const double tuned = rt_cli_tuned_ratio(p, &tuned_bytes);
 	if (json) {
 		fputs(first ? "{\"name\":" : ",{\"name\":", stdout);
 		rt_json_str(stdout, p->name);
@@ -57,8 +60,16 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 		rt_json_str(stdout, p->source ? p->source : "");
 		fputs(",\"source_hash\":", stdout);
 		rt_json_str(stdout, p->source_hash ? p->source_hash : "");
-		printf(",\"positions\":\"%s\",\"measure\":\"%s\",\"kv_f32_only\":%s,\"params\":[", pos,
+		printf(",\"positions\":\"%s\",\"measure\":\"%s\",\"kv_f32_only\":%s", pos,
 		       rt_eval_measure_name(p->measure), f32_only ? "true" : "false");
+		if (tuned > 0) { /* as the text's "tuned default" line */
+			printf(",\"tuned\":{\"%s\":", tuned_bytes ? "byte_ratio" : "ratio");
+			rt_json_num(stdout, tuned);
+			fputs(",\"sidecar\":", stdout);
+			rt_json_str(stdout, rt_cli_tuned_sidecar(p));
+			fputc('}', stdout);
+		}
+		fputs(",\"params\":[", stdout);
 		for (int i = 0; i < p->n_params; i++) {
 			const struct kvp_param *q = &p->params[i];
 			fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
@@ -85,8 +96,6 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 	                                            : "streaming");
 	if (f32_only)
 		printf("    needs an f32 store (--kv-type f32): its compress rewrites key/value rows\n");
-	int tuned_bytes = 0;
-	const double tuned = rt_cli_tuned_ratio(p, &tuned_bytes);
 	if (tuned > 0)
 		printf("    tuned default %s %g (baked in from %s; --ratio or --byte-ratio overrides "
 		       "it)\n", tuned_bytes ? "byte ratio" : "ratio", tuned, rt_cli_tuned_sidecar(p));

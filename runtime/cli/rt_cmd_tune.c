@@ -372,8 +372,9 @@ static void tune_table(const tune_job *j, const rt_tune_point *w, int n, int cho
 {
 	const int cols = j->n_texts <= TUNE_TEXT_COLS ? j->n_texts : 0;
 	unsigned notes = 0;
-	printf("tune %s on %d text%s (at most %ld tokens each), %s %s, %s: mean KL <= %g "
-	       "on every text", j->p->name, j->n_texts, j->n_texts == 1 ? "" : "s", j->o.ctx,
+	printf("tune %s on %d text%s (at most %ld tokens each, the %s path), %s %s, %s: mean KL "
+	       "<= %g on every text", j->p->name, j->n_texts, j->n_texts == 1 ? "" : "s", j->o.ctx,
+	       j->o.exact ? "exact" : "fast",
 	       j->to.param >= 0 ? "searching parameter" : "budget in",
 	       j->to.param >= 0 ? kind_name(j) : j->to.bytes ? "bytes" : "entries",
 	       j->p->measure == KVP_MEASURE_PROMPT_END
@@ -465,6 +466,7 @@ static int tune_write(const tune_job *j, const rt_tune_point *pt, rt_err *err)
 	t.passkey_len = (long)j->to.passkey_len;
 	snprintf(t.depths, sizeof t.depths, "%s", j->o.depths);
 	t.ctx = j->o.ctx;
+	t.fast = !j->o.exact;
 	t.model = abs_path(j->o.model);
 	for (int i = 0; i < j->n_texts; i++)
 		if ((t.texts[t.n_texts] = abs_path(j->o.texts[i])))
@@ -539,8 +541,9 @@ static int tune_run(tune_job *j)
 			        j->p->name, kind_name(j), j->grid[0], why);
 			return EXIT_FAILURE;
 		}
-		printf("gate holds: policy %s at %s %g (%.2fx in bytes, %.2fx in entries)\n",
-		       j->p->name, kind_name(j), j->grid[0], walked[0].bytes_x, walked[0].entries_x);
+		printf("gate holds: policy %s at %s %g (%.2fx in bytes, %.2fx in entries, the %s "
+		       "path)\n", j->p->name, kind_name(j), j->grid[0], walked[0].bytes_x,
+		       walked[0].entries_x, j->o.exact ? "exact" : "fast");
 		return 0;
 	}
 	if (chosen < 0) {
@@ -595,7 +598,8 @@ int rt_cmd_tune(int argc, char **argv)
 		              .max_kld = -1, .min_passkey = -1, .lengths = "256",
 		              .depths = "10,50,90" },
 		       .to = { .param = -1 } };
-	int rc = rt_cli_parse("tune", help_tune, argc, argv, &j.o, opt_ids, 1);
+	int rc = rt_cli_parse("tune", help_tune, argc, argv, &j.o, opt_ids,
+	                      RT_CLI_NEED_MODEL | RT_CLI_MANY_TEXTS);
 	if (rc != RT_CLI_GO)
 		return rc;
 	rt_cli_threads(j.o.threads);

@@ -292,10 +292,10 @@ static int run_ppl(ab_run *r, rt_err *err)
 	const int64_t n = r->n;
 	const int32_t cap = (int32_t)n;
 	const int K = 2 * r->o.n_ratios;
-	if (r->o.prompt >= n || r->o.score_from >= n)
-		return rt_err_set(err, "%s: %lld tokens: --prompt %lld / --score-from %lld must be "
-		                  "below them", r->o.text, (long long)n, (long long)r->o.prompt,
-		                  (long long)r->o.score_from);
+	if (r->o.prompt >= n || r->o.score_from >= n) /* name the option given (-1: not) */
+		return rt_err_set(err, "%s: %lld tokens: --%s %lld must be below them", r->o.text,
+		                  (long long)n, r->o.prompt >= n ? "prompt" : "score-from",
+		                  (long long)(r->o.prompt >= n ? r->o.prompt : r->o.score_from));
 	rt_eval_split_of(rt_eval_measure_of(r->pol, 2), n, r->o.prompt, r->o.score_from,
 	                 &r->split);
 	const int64_t prompt = r->split.prompt;

@@ -27,6 +27,10 @@
  *   passkey_len N         passkey prompt tokens (with min_passkey)
  *   depths LIST           passkey needle depths, percent, comma-separated
  *   ctx N                 tokens of each text the gate scores (its first N)
+ *   path exact|fast       the forward path tune measured on (its --exact, the default, or
+ *                         --fast: f16 store and 8-bit activations), which the gate uses
+ *                         again: a budget reaches other bytes and KL on the other path
+ *                         (absent, as in older sidecars: exact)
  *   model PATH            the GGUF model
  *   text PATH             a text of the gate (repeated, 1..RT_TUNED_MAX_TEXTS)
  *   kld MEAN              measured at ratio: the worst text's mean KL (information)
@@ -54,6 +58,7 @@ typedef struct rt_tuned {
 	long passkey_len;        /* > 0 with min_passkey */
 	char depths[256];        /* "" or a comma list */
 	long ctx;                /* >= 2 */
+	int fast;                /* 1: measured on the fast path (`path fast`), 0: exact */
 	char *model;             /* heap */
 	char *texts[RT_TUNED_MAX_TEXTS]; /* heap */
 	int n_texts;
