@@ -549,7 +549,12 @@ static int tune_run(tune_job *j)
 	if (chosen < 0) {
 		tune_why(j, &walked[0], why, sizeof why);
 		fprintf(stderr, "%s: tune: no %s of the grid is within the limits: at the lowest, "
-		        "%g, %s\n", rt_cli_prog, kind_name(j), walked[0].ratio, why);
+		        "%g, %s%s\n", rt_cli_prog, kind_name(j), walked[0].ratio, why,
+		        j->o.exact && j->to.bytes && (j->p->needs & KVP_NEED_TIERS)
+		                ? " (on the exact path the top tier is f32 rows, twice f16's bytes, "
+		                  "so a byte budget evicts sooner than in the f16 store a deployment "
+		                  "runs: --fast measures that store)"
+		                : "");
 		return EXIT_FAILURE;
 	}
 	if (!rt_tune_point_binds(&walked[chosen]))
