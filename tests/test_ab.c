@@ -717,30 +717,39 @@ START_TEST(prompt_end_vs_streaming_compresses_both)
 }
 END_TEST
 
+/* Write the policy text to the temporary file NAME (path into kvp) and a tiny 4/1 GQA model
+ * with head_dim 32 (the q8/q4 tiers need head_dim a multiple of 32) to MODEL_NAME (path
+ * into model). */
+static void tiered_setup(char *kvp, size_t kcap, const char *name, const char *text,
+                         char *model, size_t mcap, const char *model_name)
+{
+	tmp_path(kvp, kcap, name);
+	FILE *f = fopen(kvp, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	ck_assert_int_eq(fclose(f), 0);
+	tmp_path(model, mcap, model_name);
+	tiny_model_cfg c = { .n_layer = 2, .n_embd = 128, .n_head = 4, .n_head_kv = 1, .n_ff = 96,
+		             .n_vocab = 300, .n_ctx = 1024, .rope_base = 10000, .seed = 11,
+		             .wtype = RT_GGML_F32 };
+	ck_assert_int_eq(tiny_model_write(&c, model), 0);
+}
+
 /* Equal memory is equal bytes: under --byte-ratio a tiered TOVA holds more entries at fewer
  * bits in the bytes plain TOVA holds, and the verdict compares them (it named no winner
  * while entries counted as memory). Floors small enough for 160 tokens, so both reach the
  * byte budget: 160 / 2 = 80 f16 entries' bytes per KV head. */
 START_TEST(byte_ratio_compares_tiers_at_equal_bytes)
 {
-	char kvp[PATH_MAX + 32], json[PATH_MAX + 16], ctx[16];
-	tmp_path(kvp, sizeof kvp, "tova_tiers_small.kvp");
+	char kvp[PATH_MAX + 32], json[PATH_MAX + 16], ctx[16], model[PATH_MAX + 32];
+	tiered_setup(kvp, sizeof kvp, "tova_tiers_small.kvp",
+	             "policy tova_tiers_small {\n    budget = bytes(50%) min 8 tokens\n"
+	             "    stat now = last(attn)\n    score = now\n    group = mean over layer\n"
+	             "    keep sinks 2 tokens\n    keep recent 4 tokens\n"
+	             "    precision = tiers(f16, q8, q4)\n    compress every 8 steps\n}\n",
+	             model, sizeof model, "tiny_hd32.gguf");
 	tmp_path(json, sizeof json, "tiers.json");
 	snprintf(ctx, sizeof ctx, "%d", CTX_TOKENS);
-	FILE *f = fopen(kvp, "w");
-	ck_assert_ptr_nonnull(f);
-	fputs("policy tova_tiers_small {\n    budget = bytes(50%) min 8 tokens\n"
-	      "    stat now = last(attn)\n    score = now\n    group = mean over layer\n"
-	      "    keep sinks 2 tokens\n    keep recent 4 tokens\n"
-	      "    precision = tiers(f16, q8, q4)\n    compress every 8 steps\n}\n", f);
-	ck_assert_int_eq(fclose(f), 0);
-	/* the q8/q4 tiers need head_dim a multiple of 32: a 4/1 GQA model with head_dim 32 */
-	char model[PATH_MAX + 32];
-	tmp_path(model, sizeof model, "tiny_hd32.gguf");
-	tiny_model_cfg c = { .n_layer = 2, .n_embd = 128, .n_head = 4, .n_head_kv = 1, .n_ff = 96,
-		             .n_vocab = 300, .n_ctx = 1024, .rope_base = 10000, .seed = 11,
-		             .wtype = RT_GGML_F32 };
-	ck_assert_int_eq(tiny_model_write(&c, model), 0);
 	char *argv[] = { g_kvpc, "ab", "policies/tova.kvp", kvp, "--model", model, "--text",
 		         g_text, "--ctx", ctx, "--byte-ratio", "2", "--json", json, "--quiet", NULL };
 	char *out, *err;
@@ -772,20 +781,14 @@ END_TEST
 START_TEST(prompt_end_pair_compares_the_prompts_bytes)
 {
 	char kvp[PATH_MAX + 32], json[PATH_MAX + 16], ctx[16], model[PATH_MAX + 32];
-	tmp_path(kvp, sizeof kvp, "snap_q4.kvp");
+	tiered_setup(kvp, sizeof kvp, "snap_q4.kvp",
+	             "policy snap_q4 {\n    budget = 1024 entries\n"
+	             "    stat obs = sum(attn) over prompt tail 4\n    score = obs\n"
+	             "    keep recent 4\n    precision = tiers(q4 = rest)\n"
+	             "    compress at prompt end\n}\n",
+	             model, sizeof model, "tiny_hd32_pe.gguf");
 	tmp_path(json, sizeof json, "snap_q4.json");
-	tmp_path(model, sizeof model, "tiny_hd32_pe.gguf");
 	snprintf(ctx, sizeof ctx, "%d", CTX_TOKENS);
-	FILE *f = fopen(kvp, "w");
-	ck_assert_ptr_nonnull(f);
-	fputs("policy snap_q4 {\n    budget = 1024 entries\n"
-	      "    stat obs = sum(attn) over prompt tail 4\n    score = obs\n    keep recent 4\n"
-	      "    precision = tiers(q4 = rest)\n    compress at prompt end\n}\n", f);
-	ck_assert_int_eq(fclose(f), 0);
-	tiny_model_cfg c = { .n_layer = 2, .n_embd = 128, .n_head = 4, .n_head_kv = 1, .n_ff = 96,
-		             .n_vocab = 300, .n_ctx = 1024, .rope_base = 10000, .seed = 11,
-		             .wtype = RT_GGML_F32 };
-	ck_assert_int_eq(tiny_model_write(&c, model), 0);
 	char *argv[] = { g_kvpc, "ab", "policies/snapkv.kvp", kvp, "--model", model, "--text",
 		         g_text, "--ctx", ctx, "--ratio", "4", "--set-a", "window=4", "--prompt", "60",
 		         "--score-from", "61", "--json", json, "--quiet", NULL };
