@@ -394,7 +394,7 @@ END_TEST
 /* `run --chat --system` marks the system message as the span `system`: at --ratio 4 with no
  * floor, GraceKV (`keep span system`) keeps every one of its entries in every head, TOVA
  * (no span) keeps fewer; --stats reports "span `system`, N tokens at A..B, K kept by every
- * head". */
+ * full-attention head". */
 static long long span_kept(const char *err, long long *n)
 {
 	const char *p = strstr(err, "system message: span `system`, ");
