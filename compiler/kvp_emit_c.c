@@ -1007,8 +1007,9 @@ static void emit_policy(struct kvp_em *em)
 	kvp_em_out(em, "\t.abi_version = KVP_ABI_VERSION,\n");
 	const char *const strs[][2] = { { "name", ir->name }, { "source", ir->source },
 	                                { "source_hash", ir->source_hash },
-	                                { "summary", ir->summary } };
-	for (int i = 0; i < 4; i++) {
+	                                { "summary", ir->summary },
+	                                { "statements", ir->statements ? ir->statements : "" } };
+	for (int i = 0; i < 5; i++) {
 		kvp_em_out(em, "\t.%s = \"", strs[i][0]);
 		kvp_em_cstr(em, strs[i][1]);
 		kvp_em_out(em, "\",\n");

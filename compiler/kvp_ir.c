@@ -54,6 +54,7 @@ void kvp_ir_init(struct kvp_ir *ir, const char *name, const char *source,
 	ir->source = dupstr(source);
 	ir->source_hash = dupstr(source_hash ? source_hash : "0000000000000000");
 	ir->summary = dupstr(summary);
+	ir->statements = dupstr("");
 	ir->score.expr = -1;
 	ir->score.kernel = -1;
 	ir->score.reduce = K_REDUCE_MEAN;
@@ -108,6 +109,7 @@ void kvp_ir_free(struct kvp_ir *ir)
 	free(ir->source);
 	free(ir->source_hash);
 	free(ir->summary);
+	free(ir->statements);
 	memset(ir, 0, sizeof *ir);
 }
 

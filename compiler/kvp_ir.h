@@ -332,6 +332,9 @@ struct kvp_ir {
 	char *source;            /* path of the .kvp file as given on the command line */
 	char *source_hash;       /* 16 hex digits (kvp_ir_hash of the source bytes) */
 	char *summary;           /* one-line description, "" when none */
+	char *statements;        /* the policy's statements as written, one a line, comments
+	                            dropped and each on one line (`param`s left out: info lists
+	                            them); "" until kvp_compile sets it (BIN info shows it) */
 	struct kvp_loc loc;      /* of the policy header */
 
 	int n_params, n_consts, n_stats, n_nodes;

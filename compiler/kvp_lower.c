@@ -17,6 +17,7 @@
 #include "kvp_sema.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct lower {
@@ -463,6 +464,46 @@ static void ir_diag(void *user, struct kvp_loc loc, const char *msg)
 	kvp_src_error(src, kvp_src_loc_at(src, loc.line, loc.col), "%s", msg);
 }
 
+/* The statements of f as written in src, for BIN info: each statement's bytes on one line
+ * (a newline inside its parentheses and the indentation after it become one space, a `#`
+ * comment inside it is dropped, a string literal kept whole), `param` statements left
+ * out (info lists the parameters with their defaults). Heap string. */
+static char *statements_text(const kvp_file *f, const kvp_src *src)
+{
+	size_t cap = 1;
+	for (int i = 0; i < f->n_stmts; i++)
+		cap += f->stmts[i]->loc.end - f->stmts[i]->loc.off + 1;
+	char *out = malloc(cap), *w = out;
+	if (!out)
+		abort();
+	for (int i = 0; i < f->n_stmts; i++) {
+		const kvp_stmt *st = f->stmts[i];
+		if (st->kind == KVP_S_PARAM)
+			continue;
+		int in_str = 0, space = 0;
+		for (uint32_t k = st->loc.off; k < st->loc.end && k < src->len; k++) {
+			const char c = src->text[k];
+			if (!in_str && c == '#') { /* to the end of the line */
+				while (k + 1 < st->loc.end && src->text[k + 1] != '\n')
+					k++;
+				continue;
+			}
+			if (!in_str && (c == '\n' || c == '\r' || c == ' ' || c == '\t')) {
+				space = 1;
+				continue;
+			}
+			if (space && w > out && w[-1] != '\n' && w[-1] != '(' && c != ')')
+				*w++ = ' ';
+			space = 0;
+			in_str ^= c == '"';
+			*w++ = c;
+		}
+		*w++ = '\n';
+	}
+	*w = 0;
+	return out;
+}
+
 int kvp_compile(kvp_src *src, struct kvp_ir *ir)
 {
 	memset(ir, 0, sizeof *ir);
@@ -480,6 +521,8 @@ int kvp_compile(kvp_src *src, struct kvp_ir *ir)
 	char hash[17];
 	kvp_ir_hash(src->text, src->len, hash);
 	kvp_ir_init(ir, f->name, src->path, hash, kvp_file_summary(f));
+	free(ir->statements);
+	ir->statements = statements_text(f, src);
 	if (kvp_lower(s, ir) == 0)
 		kvp_ir_check(ir, ir_diag, src);
 	kvp_sema_free(s);

@@ -127,6 +127,11 @@ START_TEST(build_info_lists_policies_and_cache_hits)
 	ck_assert_msg(strstr(out, "0.1") || strstr(out, "10%"), "h2o default 0.1 missing:\n%s", out);
 	ck_assert_msg(strstr(out, "streaming_llm") < strstr(out, "h2o"),
 	              "policies not in command-line order:\n%s", out);
+	/* h2o's statements as its source writes them, comments dropped, params not repeated */
+	ck_assert_msg(strstr(out, "    statements:\n        budget = heavy + recent min 64 tokens\n"
+	                          "        stat acc = sum(attn) over all\n        score = acc\n") &&
+	              !strstr(out, "        param heavy") && !strstr(out, "accumulated attention"),
+	              "h2o's statements:\n%s", out);
 	free(out);
 	free(err);
 

@@ -536,6 +536,40 @@ START_TEST(test_policies_compile)
 }
 END_TEST
 
+/* The statements BIN info shows (kvp_ir.statements): each on one line as written, a
+ * newline inside parentheses and its indentation one space, a comment inside them and
+ * after a statement dropped, `param`s left out (hand-written expectation). */
+START_TEST(test_statements_text)
+{
+	static const char text[] =
+		"# summary\n"
+		"policy st {\n"
+		"    param cap = 25%  # share\n"
+		"    const half = 0.5\n"
+		"    budget = cap min 8 tokens  # floor\n"
+		"    precision = tiers(f16 = 25%,  # top\n"
+		"                      q8 = 25%, q4 = rest)\n"
+		"    stat acc = sum(attn) over all\n"
+		"    score = acc * half\n"
+		"    keep span system\n"
+		"    compress every 8 steps\n"
+		"}\n";
+	kvp_src *src = kvp_src_from_mem("st.kvp", text, strlen(text));
+	struct kvp_ir ir;
+	ck_assert_msg(kvp_compile(src, &ir) == 0, "%s", kvp_src_diags(src));
+	ck_assert_str_eq(ir.statements,
+	                 "const half = 0.5\n"
+	                 "budget = cap min 8 tokens\n"
+	                 "precision = tiers(f16 = 25%, q8 = 25%, q4 = rest)\n"
+	                 "stat acc = sum(attn) over all\n"
+	                 "score = acc * half\n"
+	                 "keep span system\n"
+	                 "compress every 8 steps\n");
+	kvp_ir_free(&ir);
+	kvp_src_free(src);
+}
+END_TEST
+
 START_TEST(test_lower_h2o)
 {
 	struct kvp_ir ir;
@@ -1108,6 +1142,7 @@ static Suite *front_suite(void)
 	tcase_add_test(tc, test_policies_compile);
 	tcase_add_test(tc, test_unused_warning);
 	tcase_add_test(tc, test_lower_h2o);
+	tcase_add_test(tc, test_statements_text);
 	tcase_add_test(tc, test_lower_snapkv_family);
 	tcase_add_test(tc, test_lower_scissorhands);
 	tcase_add_test(tc, test_lower_position_rules);

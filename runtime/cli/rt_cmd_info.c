@@ -31,15 +31,17 @@ static const char *const help_info =
 	"    re-rotated to their index in the cache), how its quality is measured (streaming,\n"
 	"    or prompt_end: scored on the tokens after a prompt, docs/measuring.md), whether\n"
 	"    its compress needs an f32 store (it reads and rewrites key/value rows: GraceKV;\n"
-	"    such a policy is refused --kv-type f16 or q8_0), and its parameters with default value,\n"
-	"    unit and documentation. Parameters are changed at run time with --set NAME=VALUE.\n"
+	"    such a policy is refused --kv-type f16 or q8_0), its parameters with default value,\n"
+	"    unit and documentation, and its other statements as written in the .kvp source\n"
+	"    (budget, statistics, score, guards and spans kept, precision, trigger; comments\n"
+	"    dropped). Parameters are changed at run time with --set NAME=VALUE.\n"
 	"    The built-in policy `full` keeps every token.\n"
 	"\n"
 	"OPTIONS\n"
 	"    --json      one JSON object: {\"policies\":[{name, summary, source, source_hash,\n"
 	"                positions, measure, kv_f32_only, tuned (with a baked-in ratio:\n"
-	"                {ratio or byte_ratio, sidecar}), params:[{name, default, unit,\n"
-	"                doc}]}]}\n"
+	"                {ratio or byte_ratio, sidecar}), statements (a line each),\n"
+	"                params:[{name, default, unit, doc}]}]}\n"
 	"    -h, --help  show this text\n"
 	"\n"
 	"EXIT STATUS\n"
@@ -69,6 +71,8 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 			rt_json_str(stdout, rt_cli_tuned_sidecar(p));
 			fputc('}', stdout);
 		}
+		fputs(",\"statements\":", stdout);
+		rt_json_str(stdout, p->statements ? p->statements : "");
 		fputs(",\"params\":[", stdout);
 		for (int i = 0; i < p->n_params; i++) {
 			const struct kvp_param *q = &p->params[i];
@@ -107,6 +111,14 @@ static void info_one(const struct kvp_policy *p, int json, int first)
 		rt_param_format_set(q, q->def, v, sizeof v);
 		snprintf(set, sizeof set, "%s=%s", q->name, v);
 		printf("    --set %-22s %-8s %s\n", set, kvp_unit_name(q->unit), q->doc ? q->doc : "");
+	}
+	if (p->statements && *p->statements) { /* the algorithm as written, a line each */
+		printf("    statements:\n");
+		for (const char *l = p->statements; *l;) {
+			const size_t n = strcspn(l, "\n");
+			printf("        %.*s\n", (int)n, l);
+			l += n + (l[n] == '\n');
+		}
 	}
 }
 

@@ -38,13 +38,14 @@
 #include "base/rt_pool.h"
 #include "kv/rt_kv.h"
 
-#define KVP_ABI_VERSION 14 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq;
+#define KVP_ABI_VERSION 15 /* 7: struct kvp_policy.budget_bytes; 8: .measure; 9: kvp_ctx.rope_freq;
                             10: kvp_ctx.layer_window, kvp_policy.global_only;
                             11: enum rt_kv_tier gains RT_KV_TIER_K8V4 (q4, q2 renumbered);
                             12: kvp_ctx.replay, replay_n (KVP_NEED_REPLAY);
                             13: kvp_ctx.n_embd, layer_in, kvp_policy.hidden_shape,
                             hidden_file (KVP_NEED_HIDDEN);
-                            14: kvp_policy.check_params */
+                            14: kvp_policy.check_params;
+                            15: kvp_policy.statements */
 
 /* Unit of a parameter value: what the number counts. ORDER(unit): compiler/kvp_emit_c.c
  * names each value, runtime/policy/rt_policy.c kvp_unit_name and rt_param_format too. */
@@ -333,6 +334,9 @@ struct kvp_policy {
 	 * [n_params]: kvpc checked them on the defaults, this on the values a run sets.
 	 * Returns 0, or -1 with err (kvp_rule_fail). NULL: no such setting. */
 	int (*check_params)(const struct kvp_policy *self, const double *params, rt_err *err);
+	/* The statements as written (kvpc: one a line, comments dropped, `param`s left out as
+	 * params[] lists them): what `BIN info` shows of the algorithm. "" or NULL: none. */
+	const char *statements;
 };
 
 /* The value rules of a policy's scalar settings, one row each: X(ID, test of double v,
