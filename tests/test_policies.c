@@ -1248,6 +1248,37 @@ START_TEST(prefill_chunk_h2o)
 }
 END_TEST
 
+/* A chunk that crosses a periodic trigger compresses at its end, wherever the chunk ends:
+ * caote_tova with `per block 8` (states 4) on a 40-token prompt fed in prefill chunks of 6
+ * ends its chunks at 6, 12, 18, 24, 30, 36, 40, and the blocks end at 8, 16, 24, 32, 40,
+ * so the chunks ending at 12, 18, 24, 36 and 40 each compress once: 5, as the exact
+ * schedule's 5 blocks (hand count). Only the chunks landing on a multiple of 8 (24, 40)
+ * compressed before, and a chunk offset by a system message's span (serve) then never
+ * compressed at all. */
+START_TEST(prefill_chunk_crosses_a_periodic_trigger)
+{
+	for (int s = 0; s < 3; s++) {
+		struct harness h;
+		h_open(&h, "caote_tova", 1, shapes[s][0], shapes[s][1], 4, 48, 40);
+		h_set(&h, "states=4");
+		h_set(&h, "block=8");
+		rt_err err = { "" };
+		ck_assert_msg(rt_run_set_prefill_chunk(&h.run, 6, &err) == 0, "%s", err.msg);
+		int n = 0;
+		while (h.run.ctx.seen < 40) {
+			const int32_t k = rt_run_chunk(&h.run, &h.kv, 6);
+			ck_assert_int_eq(k, h.run.ctx.seen + 6 <= 40 ? 6 : 40 - h.run.ctx.seen);
+			h_chunk(&h, k);
+			n++;
+		}
+		ck_assert_int_eq(n, 7);
+		ck_assert_int_eq(h.compresses, 5);
+		ck_assert_int_eq(rt_kv_head_at(&h.kv, 0, 0)->n, 4);
+		h_close(&h);
+	}
+}
+END_TEST
+
 /* A compression-ratio override R (rt_run_set_ratio): the budget becomes context / R
  * entries per head. H2O streaming (context = tokens seen), R = 4, every step: the rule
  * "entries > seen / 4 -> keep floor(seen / 4)" keeps exactly floor(seen / 4) entries
@@ -1568,6 +1599,7 @@ static Suite *policies_suite(void)
 	tcase_add_test(tc, gracekv_honours_the_floor);
 	tcase_add_test(tc, chunked_equals_stepwise);
 	tcase_add_test(tc, prefill_chunk_h2o);
+	tcase_add_test(tc, prefill_chunk_crosses_a_periodic_trigger);
 	tcase_add_test(tc, ratio_override_h2o);
 	tcase_add_test(tc, ratio_override_moves_targets);
 	tcase_add_test(tc, ratio_override_errors);

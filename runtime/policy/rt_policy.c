@@ -248,6 +248,7 @@ void rt_run_reset(struct rt_run *r, rt_kv *kv, int64_t prompt_len)
 	r->compressions = 0;
 	r->notes = 0;
 	r->policy_seconds = 0;
+	r->due_at = 0;
 }
 
 int rt_run_set(struct rt_run *r, const char *assign, rt_err *err)
@@ -351,7 +352,9 @@ int32_t rt_run_chunk(struct rt_run *r, const rt_kv *kv, int32_t want)
 	r->policy_seconds += rt_now() - t0;
 	const int in_prompt = r->ctx.prompt_len >= 0 && r->ctx.seen < r->ctx.prompt_len;
 	if (r->prefill_chunk > k && in_prompt && k > 0) {
-		/* chunked prefill: cross the triggers up to C tokens, within the store's room */
+		/* chunked prefill: cross the triggers up to C tokens, within the store's room;
+		 * where the first one fell, for rt_run_advance (the chunk's end compresses) */
+		r->due_at = r->ctx.seen + k;
 		int32_t room = run_room(kv);
 		k = r->prefill_chunk < room ? r->prefill_chunk : room;
 	}
@@ -371,6 +374,13 @@ int rt_run_advance(struct rt_run *r, rt_kv *kv, int32_t n, rt_err *err)
 	c->prompt_done = c->prompt_len >= 0 && c->seen >= c->prompt_len;
 	double t0 = rt_now();
 	int fire = r->p->should_compress(c, kv);
+	if (!fire && r->due_at > 0 && c->seen >= r->due_at) { /* a crossed trigger: its test */
+		const int64_t seen = c->seen;
+		c->seen = r->due_at;
+		fire = r->p->should_compress(c, kv);
+		c->seen = seen;
+	}
+	r->due_at = 0;
 	int rc = 0;
 	if (fire && r->p->compress) {
 		c->notes = &r->notes; /* set at each call: a run may have moved */

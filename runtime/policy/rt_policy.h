@@ -475,6 +475,8 @@ struct rt_run {
 	double policy_seconds;   /* time spent in should_compress/compress/next_trigger */
 	int32_t prefill_chunk;   /* 0: exact schedule; C > 0: prompt chunks of up to C
 	                            tokens may cross triggers (see above) */
+	int64_t due_at;          /* the token count at which the trigger a chunk crossed fell
+	                            (rt_run_chunk), so the chunk's end compresses; 0: none */
 	unsigned notes;          /* KVP_NOTE_* of this sequence (ctx.notes points here) */
 	/* NULL, or the compress rt_run_advance calls in place of the policy's when it fires:
 	 * a device that holds the store (rt_seq_attach, runtime/cuda) runs the policy's
@@ -562,8 +564,10 @@ int rt_run_set_prefill_chunk(struct rt_run *r, int32_t C, rt_err *err);
 int32_t rt_run_chunk(struct rt_run *r, const rt_kv *kv, int32_t want);
 
 /* After n tokens were appended and observed: advance ctx.seen/phase and compress if
- * should_compress says so; after a compress every emptied block returns to the pool
- * (rt_kv_trim). Returns 1 when it compressed, 0 when not, -1 with err set
+ * should_compress says so, or, for a prefill chunk that crossed a trigger, if it said so
+ * where the trigger fell (a periodic trigger, `every N steps`, fires at multiples of N,
+ * which a chunk's end after an offset, say a system message's span, may never be); after a
+ * compress every emptied block returns to the pool (rt_kv_trim). Returns 1 when it compressed, 0 when not, -1 with err set
  * when compress failed. */
 int rt_run_advance(struct rt_run *r, rt_kv *kv, int32_t n, rt_err *err);
 
