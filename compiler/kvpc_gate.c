@@ -10,7 +10,7 @@
 
 int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t, const char *threads)
 {
-	char ratio[64], kld[64], ctx[32], pk[64], pklen[32];
+	char ratio[64], kld[64], ctx[32], pk[64], pklen[32], chunk[32];
 	snprintf(ratio, sizeof ratio, "%.17g", t->ratio);
 	snprintf(kld, sizeof kld, "%.17g", t->max_kld);
 	snprintf(ctx, sizeof ctx, "%ld", t->ctx);
@@ -36,6 +36,13 @@ int kvpc_gate_run(const char *bin, const char *name, const rt_tuned *t, const ch
 	}
 	if (t->fast) /* the path tune measured on: another path reaches other bytes and KL */
 		argv[n++] = "--fast";
+	if (t->f32_act)
+		argv[n++] = "--f32-act";
+	if (t->chunk > 0) { /* its chunk too: on the fast path it moves the rounding */
+		snprintf(chunk, sizeof chunk, "%ld", t->chunk);
+		argv[n++] = "--chunk";
+		argv[n++] = chunk;
+	}
 	if (threads) {
 		argv[n++] = "--threads";
 		argv[n++] = threads;

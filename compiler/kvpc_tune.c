@@ -36,9 +36,9 @@ static const char TUNE_HELP[] =
 	"choose for any policy. The sidecar records which. `kvpc build POLICY.kvp -o BIN`\n"
 	"then bakes the budget in as the policy's default (BIN ppl without --ratio or\n"
 	"--byte-ratio runs at it), and `kvpc build --gate` re-checks the limits and refuses\n"
-	"the build when they fail. A policy that evicts nothing (KIVI-style) has a fixed\n"
-	"compression in bytes; tune says so and writes no sidecar when the highest byte ratio\n"
-	"within the limits does not bind.\n"
+	"the build when they fail. A budget that changes nothing (a policy that evicts\n"
+	"nothing, KIVI-style, below its fixed compression; a floor or guards holding the\n"
+	"budget on every text) does not bind: tune says so and writes no sidecar.\n"
 	"\n"
 	"  --model M, --text FILE   the GGUF model and your texts (--text repeatable)\n"
 	"  --max-kld X              the limit on every text's mean KL (nats per token)\n"
@@ -54,8 +54,8 @@ static const char TUNE_HELP[] =
 	"  --out FILE               the sidecar to write (default POLICY.tune)\n"
 	"  -v                       show the build and the binary's command line\n"
 	"\n"
-	"exit status: 0 a ratio was chosen, 1 none is within the limits (or the highest does\n"
-	"not bind) or an error, 2 usage\n";
+	"exit status: 0 a ratio was chosen, 1 none is within the limits (or the chosen one\n"
+	"does not bind) or an error, 2 usage\n";
 
 /* Options of `BIN tune` that take a value (the rest are flags). */
 static const char *const TUNE_VALUE_OPTS[] = {

@@ -491,8 +491,8 @@ static const int32_t GOLD_B[] = { 2, 105, 2364, 107, 3048, 659, 496, 17514, 1632
 	                          506, 10929, 5906, 236881, 106, 107, 105, 4368, 107 };
 
 /* The ids of m rendered in one piece (BOS by rt_tokenize_prompt, as llama.cpp tokenizes a
- * rendered template) and as `run --chat` and `serve` feed them (rt_chat_tokenize: piece by
- * piece, contents as plain text), each equal to gold; the ids marked as message 0's are
+ * rendered template) and as `run --chat` and `serve` feed them (rt_chat_tokenize: one text,
+ * control tokens parsed only in the template's pieces), each equal to gold; the ids marked as message 0's are
  * [lo0, hi0) (of a system message m[0], the span `system`), the template's own (BOS, the
  * generation prompt) -1. */
 static void check_chat(const rt_tokenizer *t, const rt_chat_msg *m, int n, const int32_t *gold,

@@ -189,6 +189,18 @@ START_TEST(pieces_as_one_text)
 	}
 	ck_assert_int_eq(of[n - 1], 3); /* " Fine." ends the prompt */
 	free(ids), free(of);
+	/* a word whose leading space ends the piece before belongs to its own piece: "there"
+	 * (one id with its space, ▁there / Ġthere) is piece 1's, so a protected segment's
+	 * first word is protected */
+	const rt_tok_piece sp2[] = { { "Hi ", 3, 0 }, { "there", 5, 0 } };
+	ids = rt_tokenize_pieces(t, sp2, 2, &n, &of, &err);
+	ck_assert_msg(ids != NULL, "%s", err.msg);
+	ck_assert_int_eq(of[n - 1], 1);
+	int64_t in1 = 0;
+	for (int64_t i = 0; i < n; i++)
+		in1 += of[i] == 1;
+	ck_assert_msg(in1 == 1, "%s: %lld ids in 'there'", VOCABS[_i].name, (long long)in1);
+	free(ids), free(of);
 	/* the EOS text in a plain piece stays text; in a special piece it is the EOS id */
 	static const char *const ends[] = { "</s>", "<|endoftext|>", "<|end_of_text|>",
 		                            "<|END_OF_TURN_TOKEN|>" };

@@ -598,8 +598,18 @@ START_TEST(sidecar_round_trip_and_errors)
 	rt_tuned_init(&u);
 	ck_assert_msg(rt_tuned_read(p, &u, &e) == 0, "%s", e.msg);
 	ck_assert_int_eq(u.fast, 1);
+	ck_assert(u.f32_act == 0 && u.chunk == 0);
+	rt_tuned_free(&u);
+	t.f32_act = 1; /* and its activations and chunk, which the gate passes on */
+	t.chunk = 51;
+	ck_assert_msg(rt_tuned_write(p, &t, NULL, &e) == 0, "%s", e.msg);
+	rt_tuned_init(&u);
+	ck_assert_msg(rt_tuned_read(p, &u, &e) == 0, "%s", e.msg);
+	ck_assert(u.fast == 1 && u.f32_act == 1 && u.chunk == 51);
 	rt_tuned_free(&u);
 	t.fast = 0;
+	t.f32_act = 0;
+	t.chunk = 0;
 	/* a byte budget: `byte_ratio` and the measured compressions */
 	t.bytes = 1;
 	t.ratio = 8;
@@ -625,7 +635,8 @@ START_TEST(sidecar_round_trip_and_errors)
 		  "model /m\ntext /t\nmin_passkey 1\n", "min_passkey needs passkey_len and depths" },
 		{ "ratio 2\nbyte_ratio 3\n", ":2: both ratio (entries) and byte_ratio (bytes)" },
 		{ "byte_ratio 0\n", ":1: byte_ratio: expected a compression factor in bytes >= 1" },
-		{ "path quick\n", ":1: path: expected exact or fast, got 'quick'" },
+		{ "path quick\n", ":1: path: expected exact, fast or fast-f32-act, got 'quick'" },
+		{ "chunk 0\n", ":1: chunk: expected a token count in 1..65536, got '0'" },
 		{ "policy h2o\nsource_hash 0123456789abcdef\nmax_kld 0.1\nctx 64\nmodel /m\n"
 		  "text /t\n", "no 'ratio' or 'byte_ratio' line" },
 	};
@@ -775,11 +786,26 @@ START_TEST(prompt_end_compression_and_floor_in_tune)
 	char *t2[] = { g_kvpc, "tune", kvp, "--model", g_model, "--text", g_text, "--ctx", "64",
 		       "--ratio", "8,16", "--max-kld", "100", "--quiet", NULL };
 	rc = run(t2, &o, &err);
-	ck_assert_msg(rc == 1 && strstr(err, "raised the budget, so on texts of this length the "
-	              "budget in force is theirs") && access(side, F_OK) != 0, "exit %d: %s%s", rc,
-	              o, err);
+	ck_assert_msg(rc == 1 && strstr(err, "raised the budget on every text, so on texts of "
+	              "this length the budget in force is theirs") && access(side, F_OK) != 0,
+	              "exit %d: %s%s", rc, o, err);
 	free(o);
 	free(err);
+	/* a floor that holds only on a short text does not make the ratio non-binding: with
+	 * the long text (128-token prompt at --ctx 256: 32 and 16 entries at ratios 4 and 8,
+	 * above the floor) beside a 26-byte one (the floor holds at both), ratio 8 is chosen */
+	char shorttxt[PATH_MAX + 32];
+	snprintf(shorttxt, sizeof shorttxt, "%s/short.txt", g_tmp);
+	FILE *sf = fopen(shorttxt, "w");
+	ck_assert(sf && fputs("A short note about caches.", sf) >= 0 && fclose(sf) == 0);
+	char *t4[] = { g_kvpc, "tune", kvp, "--model", g_model, "--text", shorttxt, "--text",
+		       g_text, "--ctx", "256", "--ratio", "4,8", "--max-kld", "100", "--quiet", NULL };
+	rc = run(t4, &o, &err);
+	ck_assert_msg(rc == 0 && strstr(o, "chosen: ratio 8, "), "exit %d: %s%s", rc, o, err);
+	free(o);
+	free(err);
+	unlink(side);
+	unlink(shorttxt);
 	/* tuned on the fast path, the sidecar says so and the gate measures there again (f16
 	 * rows: 32 x 2 / (8 x 2) = 4.00x in bytes at ratio 4, where the exact path's f32 rows
 	 * gave 2.00x) */

@@ -59,20 +59,24 @@ static const char *const help_tune =
 	"    log2(grid size) measurements, and prints the frontier it walked: the ratio (or\n"
 	"    byte ratio), bytes x (measured compression in bytes against an f16 full cache:\n"
 	"    keys and values as stored, scales included), entries x (tokens / mean entries\n"
-	"    per list), the mean KL over the texts (token-weighted), each text's mean KL (the\n"
-	"    worst only beyond 4 texts), passkey and the verdict. The chosen ratio is the\n"
-	"    highest within the limits; the next grid ratio, when there is one, was measured\n"
-	"    and is not. With --out the choice, its kind (ratio or byte_ratio) and the gate go\n"
+	"    per list; a prompt-end policy's compression is its prompt's after the compress),\n"
+	"    the mean KL over the texts (token-weighted), each text's mean KL (the worst only\n"
+	"    beyond 4 texts), passkey and the verdict. The chosen ratio is the highest within\n"
+	"    the limits (the next grid ratio, when there is one, was measured and is not),\n"
+	"    unless a lower one measured reaches its compression (a floor or the guards held\n"
+	"    the budget: then the lowest such). With --out the choice, its kind (ratio or\n"
+	"    byte_ratio), the path and the gate go\n"
 	"    to a sidecar file (what `kvpc tune` writes next to the policy as POLICY.tune;\n"
 	"    `kvpc build` bakes it in as the policy's default budget, `kvpc build --gate`\n"
 	"    re-checks it).\n"
 	"\n"
-	"    A policy that evicts nothing (KIVI-style: budget = 100%, every old entry at a\n"
-	"    fixed low tier) has a fixed compression in bytes: a byte ratio below it changes\n"
-	"    nothing (the frontier marks it 'does not bind'). When the highest byte ratio\n"
-	"    within the limits does not bind, tune says so, writes no sidecar and exits 1:\n"
-	"    build the policy as it is, or give a grid above its fixed ratio, where the\n"
-	"    budget override evicts by the policy's score.\n"
+	"    A budget that changes nothing does not bind (the frontier marks it): a policy\n"
+	"    that evicts nothing (KIVI-style: budget = 100%, every old entry at a fixed low\n"
+	"    tier) has a fixed compression in bytes, which a byte ratio below it does not\n"
+	"    move; and where a floor or the guards raised the budget on every text, the\n"
+	"    budget in force is theirs at that ratio and every higher one. When the chosen\n"
+	"    ratio does not bind, tune says why, writes no sidecar and exits 1: build the\n"
+	"    policy as it is, give a grid above its fixed ratio, or tune on longer texts.\n"
 	"\n"
 	"    --param NAME=LIST searches the policy parameter NAME over LIST (increasing;\n"
 	"    quality must fall as it grows) instead of a ratio, with no budget override:\n"
@@ -95,8 +99,10 @@ static const char *const help_tune =
 	"    --ctx N             tokens of each text to score (default 256; fewer when a text\n"
 	"                        is shorter): the cost of the search is linear in N; a\n"
 	"                        policy's floor (`min 64 tokens`) holds a quarter of 256\n"
-	"                        tokens, so past 4x in entries (2x in bytes on the exact\n"
-	"                        path's f32 rows) its budget binds only with a longer N\n"
+	"                        tokens (half of a prompt-end policy's prompt of N/2), so\n"
+	"                        past 4x in entries (2x on a prompt-end policy; half that in\n"
+	"                        bytes on the exact path's f32 rows) its budget binds only\n"
+	"                        with a longer N\n"
 	"    --ratio LIST        the grid in entries, increasing, each >= 1 (default\n"
 	"                        1.5,2,3,4,6,8,12,16,24,32); with --gate one ratio\n"
 	"    --byte-ratio LIST   the grid in bytes against an f16 full cache (same default)\n"
@@ -112,8 +118,8 @@ static const char *const help_tune =
 	"\n"
 	"EXIT STATUS\n"
 	"    0 a ratio was chosen (or the gate holds), 1 none of the grid is within the\n"
-	"    limits (or the gate fails, or the highest within them does not bind) or a\n"
-	"    runtime error, 2 usage error.\n"
+	"    limits (or the gate fails, or the chosen one does not bind) or a runtime\n"
+	"    error, 2 usage error.\n"
 	"\n"
 	"EXAMPLE\n"
 	"    {prog} tune --model models/SmolLM2-135M-Instruct.Q4_1.gguf --policy h2o \\\n"
@@ -467,6 +473,8 @@ static int tune_write(const tune_job *j, const rt_tune_point *pt, rt_err *err)
 	snprintf(t.depths, sizeof t.depths, "%s", j->o.depths);
 	t.ctx = j->o.ctx;
 	t.fast = !j->o.exact;
+	t.f32_act = t.fast && j->o.f32_act;
+	t.chunk = j->o.chunk != RT_CLI_CHUNK ? j->o.chunk : 0; /* the default stays implicit */
 	t.model = abs_path(j->o.model);
 	for (int i = 0; i < j->n_texts; i++)
 		if ((t.texts[t.n_texts] = abs_path(j->o.texts[i])))
@@ -495,27 +503,28 @@ static int tune_write(const tune_job *j, const rt_tune_point *pt, rt_err *err)
 static int tune_unbound(const tune_job *j, const rt_tune_point *w, int n, int chosen)
 {
 	const rt_tune_point *c = &w[chosen];
-	if (c->notes & (KVP_NOTE_FLOOR | KVP_NOTE_GUARDS)) { /* the length decides, not R */
-		unsigned nb = c->notes;
-		const char *t = rt_pick_note_next(&nb);
-		fprintf(stderr, "%s: tune: policy %s at %s %g: %s, so on texts of this length the "
-		        "budget in force is theirs (%.2fx in bytes, %.2fx in entries) at this ratio "
-		        "and every higher one: there is no %s to bake in. Tune on longer texts "
-		        "(--ctx, with a longer --text), or lower the floor (--set, or the policy's "
-		        "`min`)\n", rt_cli_prog, j->p->name, kind_name(j), c->ratio, t ? t : "the "
-		        "budget was raised", c->bytes_x, c->entries_x, kind_name(j));
+	if (c->raised_all) { /* the length decides, not the ratio (rt_tune_point_binds) */
+		const int guards = (c->raised_all & KVP_NOTE_GUARDS) != 0; /* as ppl names them */
+		fprintf(stderr, "%s: tune: policy %s at %s %g: %s raised the budget on every text, "
+		        "so on texts of this length the budget in force is theirs (%.2fx in bytes, "
+		        "%.2fx in entries) at this ratio and every higher one: there is no %s to "
+		        "bake in. Tune on longer texts (--ctx, with a longer --text), or lower %s\n",
+		        rt_cli_prog, j->p->name, kind_name(j), c->ratio,
+		        guards ? "the guards" : "the floor (min_kv, or the policy's budget min)",
+		        c->bytes_x, c->entries_x, kind_name(j),
+		        guards ? "the guards (--set)" : "the floor (--set, or the policy's `min`)");
 		return EXIT_FAILURE;
 	}
 	fprintf(stderr, "%s: tune: policy %s evicts nothing at byte ratio %g: its tiers alone store "
 	        "%.2fx fewer bytes than an f16 full cache, so its compression in bytes is fixed by "
 	        "its precision and a budget of at most %.2fx changes nothing; there is no byte "
 	        "budget to bake in", rt_cli_prog, j->p->name, c->ratio, c->bytes_x, c->bytes_x);
-	if (chosen + 1 < n) {
+	if (chosen + 1 < n && !w[chosen + 1].pass) {
 		char why[768];
 		tune_why(j, &w[chosen + 1], why, sizeof why);
 		fprintf(stderr, ", and the next byte ratio, %g (where the budget evicts by the "
 		        "policy's score), is beyond the limits: %s", w[chosen + 1].ratio, why);
-	} else {
+	} else { /* the higher ones passed, compressing no further (rt_tune_search) */
 		fprintf(stderr, " within this grid");
 	}
 	fprintf(stderr, ". Build the policy as it is (its own budget), or give --byte-ratio LIST "
@@ -564,8 +573,9 @@ static int tune_run(tune_job *j)
 	if (over_budget(&walked[chosen])) { /* why, when the run said: its budget notes */
 		unsigned nb = walked[chosen].notes;
 		const char *why1 = rt_pick_note_next(&nb);
-		printf(" (over the budget: it holds more than 1/%g of the full cache's bytes%s%s)",
-		       walked[chosen].ratio, why1 ? "; " : "", why1 ? why1 : "");
+		printf(" (over the budget: it holds more than 1/%g of the full cache's bytes: %s)",
+		       walked[chosen].ratio, why1 ? why1 : "the entries the guards keep at the top "
+		       "tier take more bytes than that");
 	}
 	if (chosen + 1 < n_walked && walked[chosen + 1].pass) { /* rt_tune_search moved down */
 		double top = walked[chosen + 1].ratio;

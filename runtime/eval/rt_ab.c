@@ -155,9 +155,9 @@ static int side_init(ab_run *r, ab_row *row, int side, int32_t cap, int64_t prom
 }
 
 /* 1 when the row's two sides may be compared: each compressed before some scored token
- * (ppl) and their compression in bytes at the end (their memory) is within RT_AB_X_TOL of
- * each other, whatever their entries (rt_compression_differ); else 0 with the reason in
- * why. */
+ * (ppl) and their compression in bytes at the end (their memory), and for two prompt-end
+ * policies their prompts' after the compress, is within RT_AB_X_TOL of each other, whatever
+ * their entries (rt_compression_differ); else 0 with the reason in why. */
 static int ab_comparable(const ab_run *r, const ab_row *row, int needle, char *why, size_t cap)
 {
 	for (int s = 0; s < 2; s++) {
@@ -180,11 +180,12 @@ static int ab_comparable(const ab_run *r, const ab_row *row, int needle, char *w
 		         a->bytes_prompt, b->bytes_prompt);
 	/* the way to equal bytes: byte ratios, unless they were given (then a floor, the guards
 	 * or a policy's own tiers kept a side from its budget: the notes below say which) */
-	const char *how = r->o.bytes ? "a side did not reach the byte ratio: a longer --ctx lets "
-	                               "a floor or guards bind, and a policy whose tiers alone "
-	                               "compress further holds fewer bytes at any ratio"
-	                             : "compare at ratios where both reach the same bytes: "
-	                               "--byte-ratio, or --equal-memory";
+	const char *how = r->o.bytes || r->o.equal_memory
+	                          ? "a side did not reach its ratio: a longer --ctx lets a floor "
+	                            "or guards bind, and a policy whose tiers alone compress "
+	                            "further holds fewer bytes at any ratio"
+	                          : "compare at ratios where both reach the same bytes: "
+	                            "--byte-ratio, or --equal-memory";
 	int n = snprintf(why, cap, "A (%s) holds %.2fx in entries and %.2fx in bytes at the end, "
 	                 "B (%s) %.2fx and %.2fx%s: their bytes differ by more than %.0f%%, so a "
 	                 "difference in quality is one of memory, not of policy (%s)",

@@ -17,9 +17,9 @@
  * policy_seconds; then a paired circular block bootstrap 95% CI for the mean per-token NLL
  * difference B - A over the scored tokens (block length by Politis & White 2004,
  * rt_bootstrap_block_len_auto; 1000 resamples, fixed seed) and one verdict line. The
- * verdict names no winner when the sides' compression in bytes at the end (their memory)
- * differs by more than RT_AB_X_TOL, or when a side compressed before none of the
- * scored tokens: quality at unequal memory says nothing about the policies
+ * verdict names no winner when the sides' compression in bytes at the end (their memory),
+ * or for two prompt-end policies their prompts' right after the compress, differs by more
+ * than RT_AB_X_TOL, or when a side compressed before none of the scored tokens: quality at unequal memory says nothing about the policies
  * (docs/measuring.md, "Reading an A/B verdict"). Task needle: passkey retrieval accuracy (rt_needle.h) over lengths
  * x depths for the reference, A and B, with an exact McNemar-style sign count.
  *
@@ -43,8 +43,9 @@
 
 #define RT_AB_MAX_RATIOS RT_RATIO_LIST_MAX /* the ratio list's bound (base/rt_numparse.h) */
 #define RT_AB_MAX_SETS 64
-/* The most the two sides' compression in bytes at the end (their memory) may differ, a
- * fraction of the larger, for the verdict to name a winner (rt_compression_differ). */
+/* The most the two sides' compression in bytes at the end (their memory; for two
+ * prompt-end policies their prompts' too) may differ, a fraction of the larger, for the
+ * verdict to name a winner (rt_compression_differ). */
 #define RT_AB_X_TOL 0.10
 
 /* What to compare (filled by the command line, runtime/cli/rt_cmd_ab.c). */

@@ -47,9 +47,10 @@ int rt_tune_point_binds(const rt_tune_point *pt)
 {
 	if (pt->error[0])
 		return 1;
-	/* a floor or the guards raised the budget above R's: the budget in force is theirs,
-	 * the same at every higher R (kernels/k_compress.h k_budget_force) */
-	if (pt->notes & (KVP_NOTE_FLOOR | KVP_NOTE_GUARDS))
+	/* a floor or the guards raised the budget above R's on every text: the budget in
+	 * force is theirs, the same at every higher R (kernels/k_compress.h k_budget_force);
+	 * not so for a parameter's value (a guard length, say), nor where one text binds */
+	if (!pt->by_param && pt->raised_all)
 		return 0;
 	if (!pt->bytes)
 		return 1;
@@ -106,6 +107,7 @@ static int tune_text(const rt_model *m, const struct kvp_policy *p, const double
 	*scored = sc.scored;
 	rt_compression_of(&s, t->n, x);
 	pt->notes |= s.run.notes;
+	pt->raised_all &= s.run.notes; /* a floor's or guards' bit kept only if every text has it */
 out:
 	rt_eval_score_free(&sc);
 	rt_seq_free(&s);
@@ -171,6 +173,8 @@ int rt_tune_measure(const rt_model *m, const rt_tokenizer *tk, const struct kvp_
 	memset(pt, 0, sizeof *pt);
 	pt->ratio = R;
 	pt->bytes = o->bytes;
+	pt->by_param = o->param >= 0;
+	pt->raised_all = KVP_NOTE_FLOOR | KVP_NOTE_GUARDS;
 	if (n_texts < 1 || n_texts > RT_TUNE_MAX_TEXTS || !(o->param >= 0 ? isfinite(R) : R >= 1) ||
 	    o->block < 1 || (o->param >= 0 && o->param >= p->n_params) ||
 	    (o->min_passkey >= 0 && (!tk || o->n_depths < 1 || o->n_depths > RT_TUNE_MAX_DEPTHS)))

@@ -9,8 +9,10 @@
  * of an f16 full cache of the context per (layer, KV head), which a precision policy spends
  * on entries at its tiers (kernels/k_tier.h) and any other policy on f16 entries. A policy
  * whose own tiers already store fewer bytes than the budget (KIVI-style: nothing evicted,
- * every old entry at a fixed low tier) is not constrained by it: the point records that
- * (rt_tune_point_binds), because baking such a budget in would change nothing.
+ * every old entry at a fixed low tier) is not constrained by it, nor is one whose floor or
+ * guards raised the budget on every text: the point records that (rt_tune_point_binds),
+ * because baking such a budget in would change nothing. A prompt-end policy's compression
+ * is its prompt's after the compress.
  *
  * Quality at R (rt_tune_measure):
  *   - every text's mean KL(P || Q) per scored token, nats, against the full cache P fed the
@@ -42,8 +44,9 @@
  * Search (rt_tune_search): bisection over the increasing grid, assuming quality falls as R
  * grows (as a threshold level rises): with lo the highest ratio known to pass (none at first) and hi the lowest known to
  * fail (none at first), measure the middle grid point and move lo or hi to it, until they
- * are neighbours: about log2(grid size) measurements. The chosen ratio is lo; the grid
- * point after it, when there is one, was measured and failed.
+ * are neighbours: about log2(grid size) measurements. The chosen ratio is lo (the grid
+ * point after it, when there is one, was measured and failed), or, for a ratio search, the
+ * lowest ratio measured that passes and reaches lo's compression within 1%.
  */
 #ifndef RT_TUNE_H
 #define RT_TUNE_H
@@ -102,6 +105,9 @@ typedef struct rt_tune_point {
 	int pass;                /* 1: within every limit */
 	unsigned notes;          /* KVP_NOTE_* of any text's run: a floor or guards raised the
 	                            budget, so the point's compression is theirs, not R's */
+	unsigned raised_all;     /* of KVP_NOTE_FLOOR | KVP_NOTE_GUARDS, the bits every text's run
+	                            has (the budget in force was theirs on every text) */
+	int by_param;            /* R is a parameter's value (rt_tune_opts.param), not a ratio */
 	char error[512];         /* "" or why the policy could not run at R (then pass = 0) */
 } rt_tune_point;
 
@@ -115,17 +121,18 @@ int rt_tune_measure(const rt_model *m, const rt_tokenizer *tk, const struct kvp_
                     const rt_tune_opts *o, double R, rt_tune_point *pt, rt_err *err);
 
 /* 1 when the budget at pt's ratio constrains the policy: not when a floor or the guards
- * raised it on a text (pt->notes: the budget in force was theirs, the same at any higher
- * R); else always for an entry ratio; for a byte ratio unless nothing was evicted and the
- * bytes stored are below the budget (bytes x more than 2% above R: the policy's tiers
- * alone compress further than R asks). */
+ * raised it on every text (pt->raised_all: the budget in force was theirs, the same at any
+ * higher ratio; a parameter search is not judged so); else always for an entry ratio; for
+ * a byte ratio unless nothing was evicted and the bytes stored are below the budget (bytes
+ * x more than 2% above R: the policy's tiers alone compress further than R asks). */
 int rt_tune_point_binds(const rt_tune_point *pt);
 
 /* Bisection over grid[0..n_grid) (strictly increasing, each >= 1, 1..RT_TUNE_MAX_GRID) as
  * described above. The measured points go to walked[0..*n_walked) in increasing ratio
  * order (at most n_grid); *chosen is the index in walked of the highest passing ratio, or
- * -1 when even grid[0] fails; but when a lower passing ratio measured reaches its
- * compression (within 1%: a floor or the guards held the budget), the lowest such one. progress (may be NULL) is called after every measurement.
+ * -1 when even grid[0] fails; for a ratio search (not --param) the lowest passing ratio
+ * measured that reaches that one's compression within 1% (a floor or the guards held the
+ * budget).
  * Returns 0, or -1 with err set (rt_tune_measure's errors). */
 int rt_tune_search(const rt_model *m, const rt_tokenizer *tk, const struct kvp_policy *p,
                    const double *params, const rt_tune_text *texts, int n_texts,

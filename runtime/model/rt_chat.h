@@ -63,9 +63,9 @@ char *rt_chat_render_msgs(const rt_tokenizer *t, const rt_chat_msg *m, int n, rt
  * (rt_tokenize_pieces over rt_chat_segments: one tokenization of the whole, with control
  * tokens parsed only in the template's text, so a message cannot forge a turn). Returns a
  * heap array of *n_ids ids the caller frees and, when msg_of is not NULL, in *msg_of a heap
- * array of each id's message index (the message of the piece the id starts in; -1: the
- * prompt's own parts: BOS, a default system message, the generation prompt) the caller
- * frees; NULL with err as rt_chat_segments or rt_tokenize_pieces gives it. */
+ * array of each id's message index (the message of the piece holding the id's last
+ * byte; -1: the prompt's own parts: BOS, a default system message, the generation prompt)
+ * the caller frees; NULL with err as rt_chat_segments or rt_tokenize_pieces gives it. */
 int32_t *rt_chat_tokenize(const rt_tokenizer *t, const rt_chat_msg *m, int n, int64_t *n_ids,
                           int **msg_of, rt_err *err);
 

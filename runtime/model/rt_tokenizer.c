@@ -1114,20 +1114,24 @@ static void spm_fragment(tok_run *r, const char *s, size_t n, int prefix)
 {
 	const rt_tokenizer *t = r->t;
 	char *buf = RT_MALLOC(3 * (n + 1));
-	size_t *at = RT_MALLOC(3 * (n + 1) * sizeof *at); /* buf byte -> byte of s it came from */
+	/* buf byte -> byte of s it came from, only when the caller wants offsets */
+	size_t *at = r->offs ? RT_MALLOC(3 * (n + 1) * sizeof *at) : NULL;
 	size_t m = 0;
 	if (prefix) {
 		memcpy(buf, "\xe2\x96\x81", 3);
-		at[0] = at[1] = at[2] = 0;
+		if (at)
+			at[0] = at[1] = at[2] = 0;
 		m = 3;
 	}
 	for (size_t i = 0; i < n; i++) {
 		if (s[i] == ' ') {
 			memcpy(buf + m, "\xe2\x96\x81", 3);
-			at[m] = at[m + 1] = at[m + 2] = i;
+			if (at)
+				at[m] = at[m + 1] = at[m + 2] = i;
 			m += 3;
 		} else {
-			at[m] = i;
+			if (at)
+				at[m] = i;
 			buf[m++] = s[i];
 		}
 	}
@@ -1165,13 +1169,13 @@ static void spm_fragment(tok_run *r, const char *s, size_t n, int prefix)
 	for (int32_t i = 0; ns > 0 && i >= 0; i = y[i].next) {
 		int32_t id = strtab_find(&t->st, buf + y[i].start, (size_t)y[i].len);
 		if (id >= 0 && id < t->n_vocab) {
-			emit(r, id, s + at[y[i].start]);
+			emit(r, id, at ? s + at[y[i].start] : s);
 			continue;
 		}
 		for (int32_t k = 0; k < y[i].len; k++) { /* byte fallback */
 			int32_t b = t->byte_sym[(uint8_t)buf[y[i].start + k]];
 			if (b >= 0 || t->unk >= 0)
-				emit(r, b >= 0 ? b : t->unk, s + at[y[i].start + k]);
+				emit(r, b >= 0 ? b : t->unk, at ? s + at[y[i].start + k] : s);
 		}
 	}
 	free(at);
@@ -1373,11 +1377,13 @@ int32_t *rt_tokenize_pieces(const rt_tokenizer *t, const rt_tok_piece *p, int n,
 			c = -1;
 		}
 	}
-	if (c >= 0 && piece_of) { /* the piece each id starts in: offsets ascend */
+	if (c >= 0 && piece_of) { /* the piece of each id's last byte: offsets ascend */
 		of = RT_MALLOC((size_t)(c ? c : 1) * sizeof *of);
 		int k = 0;
 		for (int64_t i = 0; i < c; i++) {
-			while (k + 1 < n && (size_t)offs[i] >= start[k + 1])
+			const int64_t end = i + 1 < c ? offs[i + 1] : (int64_t)len;
+			const size_t last = (size_t)(end > offs[i] ? end - 1 : offs[i]);
+			while (k + 1 < n && last >= start[k + 1])
 				k++;
 			of[i] = n ? k : 0;
 		}

@@ -62,9 +62,13 @@ typedef struct rt_tok_piece {
  * edges, so cutting a prompt into pieces changes no id, e.g. SentencePiece's leading space
  * is added once, not per piece), except that control tokens are parsed only inside pieces
  * with special = 1. Returns a heap array of *n_ids ids the caller frees and, when piece_of
- * is not NULL, in *piece_of a heap array of the index of the piece each id starts in (an
- * added BOS: the first piece), caller frees; NULL with err as rt_tokenize's ("text: invalid
- * UTF-8 at byte N", N counted in the concatenation). */
+ * is not NULL, in *piece_of a heap array of the index of the piece each id's last byte lies
+ * in (a word's leading space may lie in the piece before it: the word belongs to the piece
+ * that holds it, so a protected segment's first word is protected; an added BOS: the first
+ * non-empty piece), caller frees; NULL with err as rt_tokenize's ("text: invalid UTF-8 at
+ * byte N", N counted in the concatenation). A control token is found only inside one
+ * special piece; a user-defined token (found in any text) only inside one piece too, so one
+ * cut by a piece's edge is tokenized as text, unlike in the whole text. */
 int32_t *rt_tokenize_pieces(const rt_tokenizer *t, const rt_tok_piece *p, int n, int64_t *n_ids,
                             int32_t **piece_of, rt_err *err);
 

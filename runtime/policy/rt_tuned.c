@@ -55,10 +55,11 @@ static int num_in(const char *s, double lo, double hi, double *out)
 
 /* The keys in file order of rt_tuned.h; seen[] marks repeats. */
 enum { K_POLICY, K_HASH, K_RATIO, K_MAXKLD, K_MINPK, K_PKLEN, K_DEPTHS, K_CTX, K_MODEL,
-       K_TEXT, K_KLD, K_PASSKEY, K_BYTERATIO, K_BYTESX, K_ENTRIESX, K_PATH, K_COUNT };
+       K_TEXT, K_KLD, K_PASSKEY, K_BYTERATIO, K_BYTESX, K_ENTRIESX, K_PATH, K_CHUNK,
+       K_COUNT };
 static const char *const KEYS[K_COUNT] = { "policy", "source_hash", "ratio", "max_kld",
 	"min_passkey", "passkey_len", "depths", "ctx", "model", "text", "kld", "passkey",
-	"byte_ratio", "bytes_x", "entries_x", "path" };
+	"byte_ratio", "bytes_x", "entries_x", "path", "chunk" };
 
 /* Store one key's value; returns "" or why it is bad. */
 static const char *tuned_set(rt_tuned *t, int k, const char *v)
@@ -100,9 +101,15 @@ static const char *tuned_set(rt_tuned *t, int k, const char *v)
 		*(k == K_CTX ? &t->ctx : &t->passkey_len) = (long)x;
 		return "";
 	case K_PATH:
-		if (strcmp(v, "exact") && strcmp(v, "fast"))
-			return "path: expected exact or fast";
-		t->fast = !strcmp(v, "fast");
+		if (strcmp(v, "exact") && strcmp(v, "fast") && strcmp(v, "fast-f32-act"))
+			return "path: expected exact, fast or fast-f32-act";
+		t->fast = strcmp(v, "exact") != 0;
+		t->f32_act = !strcmp(v, "fast-f32-act");
+		return "";
+	case K_CHUNK:
+		if (num_in(v, 1, 65536, &x) || x != floor(x))
+			return "chunk: expected a token count in 1..65536";
+		t->chunk = (long)x;
 		return "";
 	case K_DEPTHS:
 		if (!v[0] || strlen(v) >= sizeof t->depths || strspn(v, "0123456789.,") != strlen(v))
@@ -153,7 +160,7 @@ int rt_tuned_read(const char *path, rt_tuned *t, rt_err *err)
 		if (k == K_COUNT)
 			rc = rt_err_set(err, "%s:%d: unknown key '%.*s' (expected policy, source_hash, "
 			                "ratio, byte_ratio, max_kld, min_passkey, passkey_len, depths, "
-			                "ctx, path, model, text, kld, passkey, bytes_x or entries_x)", path, line,
+			                "ctx, path, chunk, model, text, kld, passkey, bytes_x or entries_x)", path, line,
 			                (int)kl, l);
 		else if ((k == K_RATIO && seen[K_BYTERATIO]) || (k == K_BYTERATIO && seen[K_RATIO]))
 			rc = rt_err_set(err, "%s:%d: both ratio (entries) and byte_ratio (bytes): the "
@@ -221,7 +228,11 @@ int rt_tuned_write(const char *path, const rt_tuned *t, const char *comment, rt_
 	if (t->min_passkey >= 0)
 		fprintf(f, "min_passkey %s\npasskey_len %ld\ndepths %s\n", p, t->passkey_len,
 		        t->depths);
-	fprintf(f, "ctx %ld\npath %s\nmodel %s\n", t->ctx, t->fast ? "fast" : "exact", t->model);
+	fprintf(f, "ctx %ld\npath %s\n", t->ctx,
+	        !t->fast ? "exact" : t->f32_act ? "fast-f32-act" : "fast");
+	if (t->chunk > 0)
+		fprintf(f, "chunk %ld\n", t->chunk);
+	fprintf(f, "model %s\n", t->model);
 	for (int i = 0; i < t->n_texts; i++)
 		fprintf(f, "text %s\n", t->texts[i]);
 	if (t->kld >= 0)

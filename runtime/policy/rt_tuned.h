@@ -27,10 +27,12 @@
  *   passkey_len N         passkey prompt tokens (with min_passkey)
  *   depths LIST           passkey needle depths, percent, comma-separated
  *   ctx N                 tokens of each text the gate scores (its first N)
- *   path exact|fast       the forward path tune measured on (its --exact, the default, or
- *                         --fast: f16 store and 8-bit activations), which the gate uses
- *                         again: a budget reaches other bytes and KL on the other path
- *                         (absent, as in older sidecars: exact)
+ *   path exact|fast|fast-f32-act  the forward path tune measured on (its --exact, the
+ *                         default; --fast: f16 store and 8-bit activations; --fast
+ *                         --f32-act), which the gate uses again: a budget reaches other
+ *                         bytes and KL on another path (absent, as in older sidecars: exact)
+ *   chunk N               tune's forward chunk (--chunk), which the gate uses again (on the
+ *                         fast path it moves the rounding); absent: the default
  *   model PATH            the GGUF model
  *   text PATH             a text of the gate (repeated, 1..RT_TUNED_MAX_TEXTS)
  *   kld MEAN              measured at ratio: the worst text's mean KL (information)
@@ -58,7 +60,9 @@ typedef struct rt_tuned {
 	long passkey_len;        /* > 0 with min_passkey */
 	char depths[256];        /* "" or a comma list */
 	long ctx;                /* >= 2 */
-	int fast;                /* 1: measured on the fast path (`path fast`), 0: exact */
+	int fast;                /* 1: measured on the fast path (`path fast...`), 0: exact */
+	int f32_act;             /* 1: with --f32-act (`path fast-f32-act`) */
+	long chunk;              /* tune's --chunk, or 0: the default */
 	char *model;             /* heap */
 	char *texts[RT_TUNED_MAX_TEXTS]; /* heap */
 	int n_texts;

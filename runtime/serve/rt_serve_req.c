@@ -77,10 +77,16 @@ static int prompt_commit(srv *S, req *r, int64_t c, int sp, verr *e, const char 
  * template parts and messages), piece k of span id span[k], tokenized as llama.cpp
  * tokenizes their concatenation with the file's BOS first as llama-server feeds it
  * (rt_tokenize_pieces: control tokens parsed only in pieces with special = 1); an id
- * belongs to the span of the piece it starts in. */
+ * belongs to the span of the piece holding its last byte (a protected segment's first word
+ * is protected though its leading space ends the segment before). */
 static int add_pieces(srv *S, req *r, const rt_tok_piece *p, const int *span, int np,
                       int64_t *cap, verr *e, const char *param)
 {
+	size_t bytes = 0;
+	for (int k = 0; k < np; k++)
+		bytes += p[k].len;
+	if (bytes == 0) /* no text: no ids, not a lone BOS (the empty prompt is refused later) */
+		return 0;
 	rt_err err = { "" };
 	int64_t c = 0;
 	int32_t *of = NULL;
