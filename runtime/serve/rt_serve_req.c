@@ -249,6 +249,17 @@ static int parse_messages(srv *S, req *r, json_t *ms, verr *e)
 			bad(e, 400, "messages", "messages[%zu].protect must be a boolean", i);
 			goto out;
 		}
+		const char *mk;
+		json_t *mv;
+		json_object_foreach(m, mk, mv) /* a misspelt "protect" must not drop the protection */
+		{
+			if (strcmp(mk, "role") && strcmp(mk, "content") && strcmp(mk, "protect") &&
+			    strcmp(mk, "name")) {
+				bad(e, 400, "messages", "messages[%zu]: unknown field '%s' (role, content, "
+				    "protect; name is read and ignored)", i, mk);
+				goto out;
+			}
+		}
 		const char *s;
 		size_t n;
 		char what[48];

@@ -703,6 +703,10 @@ def main():
              400, "prompt is a field of /v1/completions"),
             ("two limits on chat", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
                                     "max_completion_tokens": 2}, 400, "give one"),
+            # a misspelt "protect" must not drop the protection silently
+            ("unknown message field", {"messages": [{"role": "user", "content": "x",
+                                                     "protected": True}]}, 400,
+             "messages[0]: unknown field 'protected'"),
         ]
         for name, body, want, text in chat_cases:
             st, a, resp = post(port, "/v1/chat/completions", body)
