@@ -434,6 +434,13 @@ static struct rt_pick_in pick_in(const rt_cli_opts *o, int tuned)
 	};
 }
 
+void rt_cli_print_notes(const char *policy, unsigned notes)
+{
+	const char *t;
+	while ((t = rt_pick_note_next(&notes)))
+		fprintf(stderr, "%s: note: policy %s: %s\n", rt_cli_prog, policy, t);
+}
+
 const struct kvp_policy *rt_cli_pick(const char *cmd, rt_cli_opts *o, int tuned, int *rc)
 {
 	struct rt_pick_in in = pick_in(o, tuned);

@@ -157,6 +157,10 @@ const char *rt_cli_default_policy(void);
  * ran out). */
 const struct kvp_policy *rt_cli_pick(const char *cmd, rt_cli_opts *o, int tuned, int *rc);
 
+/* A graceful budget's notes of one run (KVP_NOTE_* bits, rt_pick_note_next) on stderr, one
+ * line each: "PROG: note: policy NAME: TEXT" (ppl, keepmap); nothing when notes is 0. */
+void rt_cli_print_notes(const char *policy, unsigned notes);
+
 /* rt_cli_pick without the tuned default, leaving o as it is. */
 const struct kvp_policy *rt_cli_policy(const char *cmd, const rt_cli_opts *o, int *rc);
 

@@ -248,10 +248,8 @@ int rt_cmd_keepmap(int argc, char **argv)
 	if (st.compress_events == 0 && p->compress)
 		fprintf(stderr, "%s: note: policy %s never compressed on these %lld tokens (its budget "
 		        "or trigger was not reached)\n", rt_cli_prog, p->name, (long long)use);
-	const char *t; /* a graceful budget's notes, as ppl prints them: the map is not the
-	                  ratio's alone when a floor or the guards raised the budget */
-	for (unsigned nn = s.run.notes; (t = rt_pick_note_next(&nn));)
-		fprintf(stderr, "%s: note: policy %s: %s\n", rt_cli_prog, p->name, t);
+	/* as ppl: the map is not the ratio's alone when a floor or the guards raised the budget */
+	rt_cli_print_notes(p->name, s.run.notes);
 	const int nh = s.kv.n_layer * s.kv.n_kv_head;
 	if (!(heads = calloc((size_t)nh, sizeof *heads))) {
 		fprintf(stderr, "%s: out of memory\n", rt_cli_prog);

@@ -219,9 +219,7 @@ static void ppl_warn(const rt_cli_run *r, const rt_eval_score *sc, int64_t use,
 		        (long long)(sc->scored - sc->compressed), (long long)sc->scored, p->name,
 		        (long long)prompt_len + 1);
 	}
-	const char *t;
-	for (unsigned n = r->seq.run.notes; (t = rt_pick_note_next(&n));) /* a graceful budget */
-		fprintf(stderr, "%s: note: policy %s: %s\n", rt_cli_prog, p->name, t);
+	rt_cli_print_notes(p->name, r->seq.run.notes); /* a graceful budget's */
 }
 
 /* What one run's report says, computed once for the table and the JSON. */
